@@ -1,0 +1,136 @@
+"""The one pydantic configuration tree of pdserve.
+
+`DeploymentSpec` is what the tuner produces, what MLflow registers, what `promote` renders into
+Kubernetes objects and what the runtime (router + planner) runs from. Every field has a description
+and, where it has one, a unit in its name (``*_ms``, ``*_s``, ``*_tokens``, ``num_*``).
+
+Validation happens at the edge (CLI, pipeline components, server start); the pure core receives
+validated objects. No globals are read at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Precision = Literal["bf16", "fp8"]
+TP_DEGREES = (1, 2, 4, 8)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ModelRef(_Strict):
+    """Which model is served and where its weights are."""
+
+    name: str = Field(description="Model name used in the OpenAI API (`model` field) and in MLflow.")
+    path: str = Field(
+        default="",
+        description="Folder with config.json, weights and tokenizer (a staged FSx path or a local folder).",
+    )
+    storage_uri: str = Field(
+        default="",
+        description="Where KServe finds the weights on the cluster, e.g. pvc://fsx-claim/models/<name>.",
+    )
+
+
+class SloSpec(_Strict):
+    """Latency service-level objectives, both as 90th percentiles."""
+
+    ttft_p90_ms: float = Field(default=2000.0, gt=0, description="Time to first token, p90, milliseconds.")
+    itl_p90_ms: float = Field(default=50.0, gt=0, description="Inter-token latency (TPOT), p90, milliseconds.")
+
+
+class WorkloadSpec(_Strict):
+    """The traffic the deployment is sized for."""
+
+    isl_tokens: int = Field(default=3000, gt=0, description="Mean input sequence length, tokens.")
+    osl_tokens: int = Field(default=150, gt=0, description="Mean output sequence length, tokens.")
+    request_rate_per_s: float = Field(default=10.0, gt=0, description="Target request rate, requests/s.")
+
+
+class PoolSpec(_Strict):
+    """One worker pool (prefill or decode)."""
+
+    tp: int = Field(default=1, description="Tensor-parallel degree = GPUs per worker.")
+    replicas: int = Field(default=1, ge=0, description="Number of workers.")
+    min_replicas: int = Field(default=1, ge=0, description="Planner lower bound.")
+    max_replicas: int = Field(default=8, ge=1, description="Planner upper bound.")
+
+    @field_validator("tp")
+    @classmethod
+    def _tp_is_power_of_two(cls, v: int) -> int:
+        if v not in TP_DEGREES:
+            raise ValueError(f"tp must be one of {TP_DEGREES}, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "PoolSpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
+class EngineSpec(_Strict):
+    """vLLM worker settings that prefill and decode must share (NixlConnector requires it)."""
+
+    dtype: str = Field(default="bfloat16", description="Weights/activation dtype passed to vLLM --dtype.")
+    block_size_tokens: int = Field(default=16, gt=0, description="KV block size, tokens (vLLM --block-size).")
+    max_model_len_tokens: int = Field(default=4096, gt=0, description="vLLM --max-model-len, tokens.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM memory fraction.")
+    kv_backends: list[str] = Field(
+        default_factory=lambda: ["UCX"],
+        description="NIXL backends; LIBFABRIC on EKS nodes with EFA (UCX silently falls back to TCP there).",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="Extra vLLM CLI arguments.")
+
+
+class RouterSpec(_Strict):
+    """KV-cache-aware disaggregated router settings (see runtime/router)."""
+
+    policy: str = Field(default="kv_aware", description="Routing policy name (registry in runtime/router).")
+    overlap_weight: float = Field(default=1.0, ge=0, description="Weight of cached-prefix blocks in the cost.")
+    temperature: float = Field(default=0.0, ge=0, description="Softmax temperature; 0 = argmin.")
+    disagg_min_uncached_tokens: int = Field(
+        default=512,
+        ge=0,
+        description="Prefill locally on the decode worker when the uncached prompt part is shorter (tokens).",
+    )
+    migration_limit: int = Field(default=1, ge=0, description="Decode-worker failovers allowed per request.")
+    approx_ttl_s: float = Field(default=120.0, gt=0, description="TTL of learned (approximate) prefix entries, s.")
+
+
+class PlannerSpec(_Strict):
+    """SLO planner settings (see runtime/planner)."""
+
+    mode: Literal["off", "sla", "load"] = Field(default="off", description="Scaling mode.")
+    predictor: str = Field(default="moving_average", description="Load predictor name.")
+    interval_s: float = Field(default=30.0, gt=0, description="Planner tick interval, seconds.")
+    gpu_budget: int = Field(default=64, ge=1, description="Total GPUs the planner may use.")
+
+
+class DeploymentSpec(_Strict):
+    """Everything needed to deploy one disaggregated model endpoint."""
+
+    model: ModelRef
+    gpu: str = Field(default="H100-SXM", description="GPU catalog name (runtime/perf).")
+    precision: Precision = Field(default="bf16", description="Weight and KV precision.")
+    slo: SloSpec = Field(default_factory=SloSpec)
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    prefill: PoolSpec = Field(default_factory=PoolSpec)
+    decode: PoolSpec = Field(default_factory=PoolSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    planner: PlannerSpec = Field(default_factory=PlannerSpec)
+
+    @model_validator(mode="after")
+    def _prefill_tp_le_decode_tp(self) -> "DeploymentSpec":
+        # vLLM NixlConnector refuses prefill TP > decode TP for non-MLA models (DESIGN.md).
+        if self.prefill.tp > self.decode.tp:
+            raise ValueError(
+                f"prefill.tp ({self.prefill.tp}) > decode.tp ({self.decode.tp}): NixlConnector "
+                "requires prefill TP <= decode TP"
+            )
+        return self
