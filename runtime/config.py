@@ -100,15 +100,92 @@ class RouterSpec(_Strict):
     )
     migration_limit: int = Field(default=1, ge=0, description="Decode-worker failovers allowed per request.")
     approx_ttl_s: float = Field(default=120.0, gt=0, description="TTL of learned (approximate) prefix entries, s.")
+    decode_weight: float = Field(
+        default=0.1,
+        ge=0,
+        description="kv_aware cost: weight of one active decode token relative to one queued prefill token "
+        "(dimensionless; see runtime/router/policies.py).",
+    )
+    balance_weight: float = Field(
+        default=0.02,
+        ge=0,
+        description="kv_aware cost: penalty per token a worker's cumulative routed prefill exceeds the pool "
+        "mean (dimensionless; evens out long-run busy time at some cache-hit cost).",
+    )
+    disagg_max_prefill_queue_tokens: int = Field(
+        default=32768,
+        ge=0,
+        description="Prefill pool counts as saturated (prefill locally on the decode worker) when even the "
+        "chosen prefill worker has more queued uncached prompt tokens than this (tokens).",
+    )
 
 
 class PlannerSpec(_Strict):
     """SLO planner settings (see runtime/planner)."""
 
     mode: Literal["off", "sla", "load"] = Field(default="off", description="Scaling mode.")
-    predictor: str = Field(default="moving_average", description="Load predictor name.")
+    predictor: str = Field(
+        default="moving_average",
+        description="Load predictor name: constant, moving_average, arima or burst_quantile.",
+    )
     interval_s: float = Field(default=30.0, gt=0, description="Planner tick interval, seconds.")
     gpu_budget: int = Field(default=64, ge=1, description="Total GPUs the planner may use.")
+    predictor_window_ticks: int = Field(
+        default=10, ge=1, description="Ticks of history the predictor looks at (moving average, quantile)."
+    )
+    burst_quantile: float = Field(
+        default=0.9, gt=0, le=1, description="Quantile of recent per-tick rates used by burst_quantile (0-1)."
+    )
+    worker_start_s: float = Field(
+        default=60.0, ge=0, description="Lead time for a new worker to become ready, seconds (scale up early)."
+    )
+    scale_down_delay_s: float = Field(
+        default=180.0, ge=0, description="A lower target must persist this long before scaling down, seconds."
+    )
+    cooldown_s: float = Field(
+        default=120.0, ge=0, description="Minimum time between two scaling-direction changes of a pool, seconds."
+    )
+    target_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="Highest planned busy fraction of a prefill worker (0-1)."
+    )
+    reserved_priority_share: float = Field(
+        default=0.0, ge=0, lt=1, description="Share of gpu_budget kept for priority traffic (0-1)."
+    )
+    burst_headroom: float = Field(
+        default=0.25, ge=0, description="Extra capacity fraction added while a burst is detected (0.25 = +25%)."
+    )
+    burst_factor: float = Field(
+        default=1.5, gt=1, description="A burst is an observed rate above this multiple of the predicted rate."
+    )
+    burst_max_s: float = Field(
+        default=300.0, ge=0, description="Longest a burst mode may last, seconds."
+    )
+    allow_aggregated: bool = Field(
+        default=True, description="At low load, serve aggregated (decode workers also prefill) if it needs fewer GPUs."
+    )
+    load_queue_up_per_worker: float = Field(
+        default=2.0, ge=0, description="Load mode: scale prefill up above this many waiting requests per worker."
+    )
+    load_queue_down_per_worker: float = Field(
+        default=0.2, ge=0, description="Load mode: scale prefill down below this many waiting requests per worker."
+    )
+    load_kv_up: float = Field(
+        default=0.85, gt=0, le=1, description="Load mode: scale decode up above this mean KV-cache usage (0-1)."
+    )
+    load_kv_down: float = Field(
+        default=0.4, ge=0, lt=1, description="Load mode: scale decode down below this mean KV-cache usage (0-1)."
+    )
+
+    @model_validator(mode="after")
+    def _load_thresholds_ordered(self) -> "PlannerSpec":
+        if self.load_kv_down >= self.load_kv_up:
+            raise ValueError(f"planner.load_kv_down ({self.load_kv_down}) must be < load_kv_up ({self.load_kv_up})")
+        if self.load_queue_down_per_worker >= self.load_queue_up_per_worker:
+            raise ValueError(
+                f"planner.load_queue_down_per_worker ({self.load_queue_down_per_worker}) must be < "
+                f"load_queue_up_per_worker ({self.load_queue_up_per_worker})"
+            )
+        return self
 
 
 class DeploymentSpec(_Strict):

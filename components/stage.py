@@ -1,0 +1,20 @@
+"""KFP component `stage-weights`: S3 prefix → FSx for Lustre mount path, verified and published atomically."""
+
+from kfp import dsl
+from kfp.dsl import Model, Output
+
+from components.image import PDSERVE_IMAGE
+
+
+@dsl.component(base_image=PDSERVE_IMAGE, install_kfp_package=False)
+def stage_weights(
+    source_uri: str,
+    fsx_root: str,
+    model_name: str,
+    s3_endpoint_url: str,
+    model: Output[Model],
+):
+    """Copy `source_uri` (s3://bucket/prefix) to `<fsx_root>/models/<model_name>`; credentials come from env."""
+    from runtime.steps import stage_step
+
+    model.metadata.update(stage_step(source_uri, fsx_root, model_name, s3_endpoint_url))

@@ -1,0 +1,34 @@
+"""KFP component `tune-tp`: prefill TP × decode TP search under TTFT/ITL SLOs, every candidate an MLflow run."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
+
+from components.image import PDSERVE_IMAGE
+
+
+@dsl.component(base_image=PDSERVE_IMAGE, install_kfp_package=False)
+def tune_tp(
+    model: Input[Model],
+    gpu: str,
+    precision: str,
+    ttft_p90_ms: float,
+    itl_p90_ms: float,
+    isl_tokens: int,
+    osl_tokens: int,
+    request_rate_per_s: float,
+    mlflow_tracking_uri: str,
+    registered_model: str,
+    metrics: Output[Metrics],
+    table: Output[Markdown],
+    plot: Output[HTML],
+) -> NamedTuple("TuneOutputs", champion_version=str, prefill_tp=int, decode_tp=int):
+    """Tune the staged model (`model.metadata['path']`) and register the winner with alias `champion`."""
+    from runtime.steps import tune_step
+
+    return tune_step(
+        model.metadata["path"], model.metadata["name"], gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens,
+        osl_tokens, request_rate_per_s, mlflow_tracking_uri, registered_model,
+        metrics=metrics, table_path=table.path, plot_path=plot.path,
+    )

