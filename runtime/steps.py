@@ -132,8 +132,11 @@ def promote_step(
         ValueError: the registry's `champion` is not `champion_version` (a newer tuning raced this one).
         runtime.deploy.validate.ManifestError: an object fails its schema (object and field named).
         RuntimeError: `apply` without a `kube_context`.
+        runtime.deploy.errors.ApplyError: the cluster refused an object or a PVC is missing (nothing applied).
     """
+    from runtime.deploy.mlflow_recorder import revision_for
     from runtime.deploy.render import render_all, write_yaml
+    from runtime.deploy.target import dns_label
     from runtime.deploy.validate import validate_objects
     from runtime.tracking.mlflow_runs import load_champion
 
@@ -143,18 +146,22 @@ def promote_step(
             f"registered model {registered_model!r}: alias champion is version {version}, "
             f"but this run tuned version {champion_version}; refusing to promote a different version"
         )
-    name = spec.model.name
-    objs = render_all(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name)
+    name = dns_label(spec.model.name)
+    revision = revision_for(version)
+    objs = render_all(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name, revision=revision)
     validate_objects(objs)
     write_yaml(objs, Path(out_path))
     applied = False
     if apply:
         if not kube_context:
             raise RuntimeError("promote: apply=True needs kube_context (no cluster is assumed)")
-        from runtime.deploy.apply import apply_objects
+        from runtime.deploy.promote import promote_version
 
-        apply_objects(objs, kube_context=kube_context)
-        applied = True
+        # Canary beside the current champion, SLO probe, automatic rollback; every step tagged in MLflow.
+        result = promote_version(spec, str(version), name=name, namespace=namespace, image=image,
+                                 pvc_name=pvc_name, kube_context=kube_context, tracking_uri=mlflow_tracking_uri,
+                                 registered_model=registered_model)
+        applied = result.outcome == "promoted"
     return {"path": out_path, "num_objects": len(objs), "version": str(version), "applied": applied,
             "kinds": json.dumps(sorted({o["kind"] for o in objs}))}
 

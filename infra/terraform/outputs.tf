@@ -1,0 +1,33 @@
+output "cluster_name" {
+  description = "EKS cluster name (aws eks update-kubeconfig --name ...)."
+  value       = module.eks.cluster_name
+}
+
+output "karpenter_node_role" {
+  description = "IAM role of Karpenter-launched nodes (EC2NodeClass spec.role)."
+  value       = module.karpenter.node_iam_role_name
+}
+
+output "fsx_env" {
+  description = "Values for infra/k8s/storage/fsx.env (static PV of the FSx file system)."
+  value       = <<-EOT
+    FSX_FILE_SYSTEM_ID=${aws_fsx_lustre_file_system.models.id}
+    FSX_DNS_NAME=${aws_fsx_lustre_file_system.models.dns_name}
+    FSX_MOUNT_NAME=${aws_fsx_lustre_file_system.models.mount_name}
+  EOT
+}
+
+output "mlflow_db_endpoint" {
+  description = "host:port of the MLflow PostgreSQL database."
+  value       = aws_db_instance.mlflow.endpoint
+}
+
+output "mlflow_db_secret_arn" {
+  description = "Secrets Manager secret with the MLflow database master credentials."
+  value       = aws_db_instance.mlflow.master_user_secret[0].secret_arn
+}
+
+output "model_bucket" {
+  description = "S3 bucket for model weights (stage-weights source)."
+  value       = aws_s3_bucket.this["models"].bucket
+}

@@ -1,0 +1,331 @@
+#!/usr/bin/env python
+"""Static validation of pdserve's infrastructure (`make validate-infra`); no cloud or cluster needed.
+
+Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any FAIL):
+  terraform-hcl     every infra/terraform/*.tf parses (python-hcl2)
+  terraform-pins    every module has a version constraint; every provider a version in required_providers
+  terraform-fmt     `terraform fmt -check` (SKIP when terraform is not installed)
+  manifests         every Kubernetes YAML in infra/k8s and kserve/ validates against its schema
+                    (runtime.deploy.validate: upstream Kubernetes schemas + vendored CRD schemas)
+  kustomizations    local resources exist, remote resources are pinned to a release, Helm charts to a version
+  kustomize-build   `kubectl kustomize` of every fully local kustomization, output validated (SKIP w/o kubectl)
+  consistency       NodePools cover runtime/deploy/instances.py; EC2NodeClass role/discovery tag match Terraform
+                    defaults; the FSx claim `fsx-claim` exists in namespace pdserve
+  checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
+                    no severities, so EVERY failed check counts as a failure unless suppressed inline with a
+                    reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
+
+Usage: python infra/validate.py [--checkov PATH|auto|skip] [--require-checkov]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+PINNED_REMOTE = (re.compile(r"[?&]ref=v?\d[\w.\-]*$"), re.compile(r"/releases/download/[\w.\-]*\d[\w.\-]*/"))
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # PASS | FAIL | SKIP
+    detail: str
+
+
+def _yaml_docs(path: Path) -> list[Any]:
+    import yaml
+
+    with open(path) as f:
+        return [d for d in yaml.load_all(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]
+
+
+def check_terraform_hcl(root: Path) -> tuple[Check, dict[str, dict]]:
+    import hcl2
+
+    parsed, errors = {}, []
+    files = sorted((root / "infra" / "terraform").rglob("*.tf"))
+    for f in files:
+        try:
+            with open(f) as fh:
+                parsed[str(f.relative_to(root))] = hcl2.load(fh)
+        except Exception as e:  # noqa: BLE001 - report every parse error with its file
+            errors.append(f"{f.relative_to(root)}: {str(e).splitlines()[0][:200]}")
+    if not files:
+        return Check("terraform-hcl", "FAIL", "no .tf files under infra/terraform"), parsed
+    if errors:
+        return Check("terraform-hcl", "FAIL", "; ".join(errors)), parsed
+    blocks = sum(len(v) for d in parsed.values() for k, v in d.items() if k in ("resource", "module", "data"))
+    return Check("terraform-hcl", "PASS", f"{len(files)} files, {blocks} resource/module/data blocks"), parsed
+
+
+def check_terraform_pins(parsed: dict[str, dict]) -> Check:
+    problems, modules, providers = [], 0, 0
+    for f, doc in parsed.items():
+        for mod in doc.get("module", []):
+            for name, body in mod.items():
+                if name.startswith("__"):
+                    continue
+                modules += 1
+                name = name.strip('"')
+                src = str(body.get("source", "")).strip('"')
+                if not src.startswith((".", "/")) and not body.get("version"):
+                    problems.append(f"{f}: module {name!r} ({src}) has no version constraint")
+        for tf in doc.get("terraform", []):
+            for rp in tf.get("required_providers", []):
+                for pname, spec in rp.items():
+                    if pname.startswith("__"):  # python-hcl2 metadata keys
+                        continue
+                    pname = pname.strip('"')
+                    providers += 1
+                    if not (isinstance(spec, dict) and spec.get("version")):
+                        problems.append(f"{f}: provider {pname!r} has no version constraint")
+    if problems:
+        return Check("terraform-pins", "FAIL", "; ".join(problems))
+    return Check("terraform-pins", "PASS", f"{modules} modules and {providers} providers pinned")
+
+
+def check_terraform_fmt(root: Path) -> Check:
+    tf = shutil.which("terraform")
+    if not tf:
+        return Check("terraform-fmt", "SKIP", "terraform not installed")
+    r = subprocess.run([tf, "fmt", "-check", "-recursive", str(root / "infra" / "terraform")],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return Check("terraform-fmt", "FAIL", "not formatted: " + " ".join(r.stdout.split()))
+    return Check("terraform-fmt", "PASS", "terraform fmt -check clean")
+
+
+def manifest_files(root: Path) -> list[Path]:
+    out = []
+    for base in (root / "infra" / "k8s", root / "kserve"):
+        out += [p for p in sorted(base.rglob("*.y*ml")) if p.name not in ("kustomization.yaml", "kustomization.yml")]
+    return out
+
+
+def check_manifests(root: Path) -> tuple[Check, list[dict]]:
+    from runtime.deploy.validate import ManifestError, validate_objects
+
+    errors, all_objs, n = [], [], 0
+    for f in manifest_files(root):
+        try:
+            docs = _yaml_docs(f)
+            n += validate_objects(docs)
+            all_objs += docs
+        except ManifestError as e:
+            errors.append(f"{f.relative_to(root)}: {e}")
+        except Exception as e:  # noqa: BLE001 - YAML syntax errors etc.
+            errors.append(f"{f.relative_to(root)}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    if errors:
+        return Check("manifests", "FAIL", "; ".join(errors)), all_objs
+    return Check("manifests", "PASS", f"{n} objects in {len(manifest_files(root))} files valid"), all_objs
+
+
+def kustomization_files(root: Path) -> list[Path]:
+    return sorted(list((root / "infra" / "k8s").rglob("kustomization.yaml")) + list((root / "kserve").glob("kustomization.yaml")))
+
+
+def _is_remote(entry: str) -> bool:
+    return entry.startswith(("http://", "https://", "github.com/", "git@")) or "://" in entry
+
+
+def check_kustomizations(root: Path) -> tuple[Check, list[Path]]:
+    problems, local_only = [], []
+    files = kustomization_files(root)
+    for k in files:
+        doc = _yaml_docs(k)[0]
+        rel = k.relative_to(root)
+        remote = bool(doc.get("helmCharts"))
+        for entry in doc.get("resources", []):
+            if _is_remote(entry):
+                remote = True
+                if not any(p.search(entry) for p in PINNED_REMOTE):
+                    problems.append(f"{rel}: remote resource not pinned to a release: {entry}")
+                continue
+            target = (k.parent / entry).resolve()
+            if target.is_dir():
+                if not (target / "kustomization.yaml").exists():
+                    problems.append(f"{rel}: {entry}: folder without kustomization.yaml")
+            elif not target.exists():
+                problems.append(f"{rel}: resource {entry} does not exist")
+        for chart in doc.get("helmCharts", []):
+            for key in ("name", "repo", "version"):
+                if not chart.get(key):
+                    problems.append(f"{rel}: helmCharts {chart.get('name', '?')}: {key} missing")
+        for gen in doc.get("configMapGenerator", []):
+            for env in gen.get("envs", []):
+                if not (k.parent / env).exists():
+                    problems.append(f"{rel}: configMapGenerator env file {env} does not exist")
+        if not remote and all(not _is_remote(e) for e in doc.get("resources", [])):
+            local_only.append(k.parent)
+    if problems:
+        return Check("kustomizations", "FAIL", "; ".join(problems)), local_only
+    return Check("kustomizations", "PASS", f"{len(files)} kustomizations, remote bases pinned"), local_only
+
+
+def check_kustomize_build(root: Path, dirs: list[Path]) -> Check:
+    import yaml
+
+    from runtime.deploy.validate import ManifestError, validate_objects
+
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        return Check("kustomize-build", "SKIP", "kubectl not installed")
+    built, errors = 0, []
+    for d in dirs:
+        # a kustomization that includes a remote base (directly or through a sub-folder) needs network
+        r = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            if re.search(r"(http|github\.com|dial|no such host|network)", r.stderr, re.I):
+                continue
+            errors.append(f"{d.relative_to(root)}: {r.stderr.strip().splitlines()[-1][:200]}")
+            continue
+        try:
+            built += validate_objects([o for o in yaml.safe_load_all(r.stdout) if o])
+        except ManifestError as e:
+            errors.append(f"{d.relative_to(root)} (built): {e}")
+    if errors:
+        return Check("kustomize-build", "FAIL", "; ".join(errors))
+    return Check("kustomize-build", "PASS", f"{built} built objects valid")
+
+
+def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> Check:
+    from runtime.deploy.instances import INSTANCES
+
+    problems = []
+    pools = {o["metadata"]["name"]: o for o in objs if o.get("kind") == "NodePool"}
+    for inst in INSTANCES.values():
+        pool = pools.get(inst.node_pool)
+        if pool is None:
+            problems.append(f"NodePool {inst.node_pool} (for {inst.name}) missing in infra/k8s/karpenter")
+            continue
+        reqs = {r["key"]: r.get("values", []) for r in pool["spec"]["template"]["spec"]["requirements"]}
+        if inst.name not in reqs.get("node.kubernetes.io/instance-type", []):
+            problems.append(f"NodePool {inst.node_pool} does not allow instance type {inst.name}")
+    tf_text = "\n".join((root / f).read_text() for f in parsed)
+    cluster = re.search(r'variable "cluster_name" \{[^}]*default\s*=\s*"([^"]+)"', tf_text, re.S)
+    cluster_name = cluster.group(1) if cluster else None
+    node_role = re.search(r'node_iam_role_name\s*=\s*"([^"]+)"', tf_text)
+    for nc in (o for o in objs if o.get("kind") == "EC2NodeClass"):
+        role = nc["spec"].get("role")
+        if node_role and cluster_name and role != node_role.group(1).replace("${var.cluster_name}", cluster_name):
+            problems.append(f"EC2NodeClass {nc['metadata']['name']}: role {role!r} != Terraform node role")
+        for term in nc["spec"].get("subnetSelectorTerms", []) + nc["spec"].get("securityGroupSelectorTerms", []):
+            tag = term.get("tags", {}).get("karpenter.sh/discovery")
+            if tag is not None and tag != cluster_name:
+                problems.append(f"EC2NodeClass {nc['metadata']['name']}: discovery tag {tag!r} != {cluster_name!r}")
+    if not any(o.get("kind") == "PersistentVolumeClaim" and o["metadata"]["name"] == "fsx-claim"
+               and o["metadata"].get("namespace") == "pdserve" for o in objs):
+        problems.append("PersistentVolumeClaim pdserve/fsx-claim (promote's default pvc_name) missing")
+    if problems:
+        return Check("consistency", "FAIL", "; ".join(problems))
+    return Check("consistency", "PASS", f"{len(pools)} NodePools cover {len(INSTANCES)} instance types")
+
+
+def find_checkov(root: Path, choice: str) -> str | None:
+    if choice == "skip":
+        return None
+    if choice != "auto":
+        return choice if Path(choice).exists() or shutil.which(choice) else None
+    local = root / ".venv-infra" / "bin" / "checkov"
+    return str(local) if local.exists() else shutil.which("checkov")
+
+
+def _json_documents(text: str) -> list[Any]:
+    """checkov may print several JSON documents back to back; decode them all."""
+    dec, out, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text):
+            return out
+        doc, i = dec.raw_decode(text, i)
+        out += doc if isinstance(doc, list) else [doc]
+
+
+def check_checkov(root: Path, exe: str | None, require: bool) -> Check:
+    if exe is None:
+        return Check("checkov", "FAIL" if require else "SKIP", "checkov not installed (make validate-infra installs it)")
+    targets = [("infra/terraform", ["terraform"]), ("infra/k8s", ["kubernetes"]),
+               ("kserve", ["kubernetes", "dockerfile"])]
+    failed, passed, skipped, unjustified = [], 0, 0, []
+    for folder, frameworks in targets:
+        r = subprocess.run([exe, "-d", str(root / folder), "--framework", *frameworks, "-o", "json",
+                            "--skip-download"], capture_output=True, text=True, timeout=600)
+        try:
+            reports = _json_documents(r.stdout)
+        except json.JSONDecodeError:
+            return Check("checkov", "FAIL", f"{folder}: unreadable checkov output: {r.stderr[-300:]}")
+        if not reports:
+            return Check("checkov", "FAIL", f"{folder}: checkov printed no report (exit {r.returncode}): "
+                                            f"{r.stderr.strip()[-300:]}")
+        for rep in reports:
+            res = rep.get("results", {})
+            passed += rep.get("summary", {}).get("passed", 0)
+            for c in res.get("failed_checks", []):
+                failed.append(f"{c['check_id']} {c['resource']} ({folder}{c['file_path']}): {c['check_name']}")
+            for c in res.get("skipped_checks", []):
+                skipped += 1
+                reason = ((c.get("check_result") or {}).get("suppress_comment") or c.get("suppress_comment") or "").strip()
+                if not reason or reason == "No comment provided":
+                    unjustified.append(f"{c['check_id']} {c['resource']} ({folder}{c['file_path']})")
+    if failed or unjustified:
+        detail = "; ".join(failed + [f"skip without reason: {u}" for u in unjustified])
+        return Check("checkov", "FAIL", f"{len(failed)} failed: {detail}")
+    return Check("checkov", "PASS", f"{passed} passed, 0 failed, {skipped} suppressed with a reason")
+
+
+def run_all(root: Path = REPO, *, checkov: str = "auto", require_checkov: bool = False, tools: bool = True,
+            progress: Callable[[str], None] = lambda s: None) -> list[Check]:
+    """Run every check (see module docstring); returns the results in order.
+
+    `tools=False` skips the checks that shell out to terraform/kubectl (used by fast tests).
+    """
+    results = []
+    hcl, parsed = check_terraform_hcl(root)
+    results.append(hcl)
+    results.append(check_terraform_pins(parsed))
+    results.append(check_terraform_fmt(root) if tools else Check("terraform-fmt", "SKIP", "tools=False"))
+    man, objs = check_manifests(root)
+    results.append(man)
+    kust, local_dirs = check_kustomizations(root)
+    results.append(kust)
+    results.append(check_kustomize_build(root, local_dirs) if tools
+                   else Check("kustomize-build", "SKIP", "tools=False"))
+    results.append(check_consistency(root, objs, parsed))
+    progress("running checkov ...")
+    results.append(check_checkov(root, find_checkov(root, checkov), require_checkov))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkov", default="auto", help="checkov executable, 'auto' (.venv-infra or PATH) or 'skip'")
+    ap.add_argument("--require-checkov", action="store_true", help="fail when checkov is not available")
+    ap.add_argument("--root", type=Path, default=REPO, help="repository root")
+    args = ap.parse_args(argv)
+    results = run_all(args.root, checkov=args.checkov, require_checkov=args.require_checkov,
+                      progress=lambda s: print(s, flush=True))
+    width = max(len(r.name) for r in results)
+    print("\nvalidate-infra summary")
+    for r in results:
+        print(f"  {r.status:<4}  {r.name:<{width}}  {r.detail}")
+    failed = [r for r in results if r.status == "FAIL"]
+    print(f"{len(results) - len(failed)}/{len(results)} checks without failure"
+          + (f"; FAILED: {', '.join(r.name for r in failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Worker discovery for the runtime: static URLs (local) or the EndpointSlices of the worker Services.
+
+`EndpointSliceDiscovery.updates()` lists the EndpointSlices of the prefill and decode headless Services
+(label `kubernetes.io/service-name`), yields the pool membership, then watches and yields a new
+membership whenever it changes. A watch that ends is resumed from the last resourceVersion; `410 Gone`
+(expired resourceVersion) triggers a fresh list — the list-then-watch protocol of
+kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes. An endpoint counts
+while `conditions.ready` is not false (a missing value means ready, per the EndpointSlice API).
+
+Talks HTTP with an injected `httpx.AsyncClient` (tests use `httpx.MockTransport`); `in_cluster()`
+builds one from the pod's service-account token (re-read on every request: bound tokens rotate) and CA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+
+import httpx
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+SERVICE_LABEL = "kubernetes.io/service-name"
+
+
+@dataclass(frozen=True)
+class PoolMembership:
+    """Base URLs (`http://ip:port`, sorted) of the ready prefill and decode workers."""
+
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+
+
+def membership_from_slices(slices: Iterable[dict[str, Any]], *, roles: dict[str, str],
+                           port_name: str = "http") -> PoolMembership:
+    """Pure: pool membership from EndpointSlice objects.
+
+    Args:
+        slices: EndpointSlice dicts (discovery.k8s.io/v1).
+        roles: Service name → "prefill" | "decode".
+        port_name: the Service port whose number is used in the URL.
+    """
+    pools: dict[str, set[str]] = {"prefill": set(), "decode": set()}
+    for s in slices:
+        role = roles.get(s.get("metadata", {}).get("labels", {}).get(SERVICE_LABEL, ""))
+        if role is None:
+            continue
+        port = next((p.get("port") for p in s.get("ports") or [] if p.get("name") == port_name), None)
+        if port is None:
+            continue
+        v6 = s.get("addressType") == "IPv6"
+        for ep in s.get("endpoints") or []:
+            if (ep.get("conditions") or {}).get("ready") is False:
+                continue
+            for addr in ep.get("addresses") or []:
+                pools[role].add(f"http://[{addr}]:{port}" if v6 else f"http://{addr}:{port}")
+    return PoolMembership(prefill=tuple(sorted(pools["prefill"])), decode=tuple(sorted(pools["decode"])))
+
+
+class StaticDiscovery:
+    """Fixed worker URLs (local runs): yields one membership."""
+
+    def __init__(self, prefill_urls: Iterable[str], decode_urls: Iterable[str]) -> None:
+        self.membership = PoolMembership(tuple(sorted(prefill_urls)), tuple(sorted(decode_urls)))
+
+    async def updates(self) -> AsyncIterator[PoolMembership]:
+        yield self.membership
+
+
+class _FileTokenAuth(httpx.Auth):
+    def __init__(self, token_path: Path) -> None:
+        self.token_path = token_path
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[override]
+        request.headers["Authorization"] = f"Bearer {self.token_path.read_text().strip()}"
+        yield request
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion expired (HTTP 410): list again."""
+
+
+class EndpointSliceDiscovery:
+    """List + watch the EndpointSlices of the prefill and decode Services in one namespace."""
+
+    def __init__(self, *, namespace: str, prefill_service: str, decode_service: str, client: httpx.AsyncClient,
+                 port_name: str = "http", retry_s: float = 1.0, max_retry_s: float = 30.0,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.namespace, self.client, self.port_name = namespace, client, port_name
+        self.roles = {prefill_service: "prefill", decode_service: "decode"}
+        self.retry_s, self.max_retry_s, self.sleep = retry_s, max_retry_s, sleep
+        self.path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+        self.selector = f"{SERVICE_LABEL} in ({','.join(sorted(self.roles))})"
+
+    @classmethod
+    def in_cluster(cls, *, namespace: str, prefill_service: str, decode_service: str,
+                   sa_dir: Path = SA_DIR, host: str | None = None, **kw: Any) -> "EndpointSliceDiscovery":
+        """From the pod's service account (`KUBERNETES_SERVICE_HOST`/`_PORT`, token, ca.crt).
+
+        Raises:
+            RuntimeError: not running in a pod (no KUBERNETES_SERVICE_HOST and no `host`).
+        """
+        if host is None:
+            h, p = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            if not h:
+                raise RuntimeError("KUBERNETES_SERVICE_HOST is not set: not running in a Kubernetes pod")
+            host = f"https://{h}:{p}" if ":" not in h else f"https://[{h}]:{p}"
+        ca = sa_dir / "ca.crt"
+        client = httpx.AsyncClient(base_url=host, auth=_FileTokenAuth(sa_dir / "token"),
+                                   verify=str(ca) if ca.exists() else True, timeout=httpx.Timeout(10, read=None))
+        return cls(namespace=namespace, prefill_service=prefill_service, decode_service=decode_service,
+                   client=client, **kw)
+
+    async def _list(self) -> tuple[dict[str, dict[str, Any]], str]:
+        r = await self.client.get(self.path, params={"labelSelector": self.selector})
+        r.raise_for_status()
+        body = r.json()
+        return {i["metadata"]["name"]: i for i in body.get("items", [])}, body["metadata"]["resourceVersion"]
+
+    async def _watch(self, slices: dict[str, dict[str, Any]], rv: str) -> AsyncIterator[str]:
+        params = {"labelSelector": self.selector, "watch": "1", "resourceVersion": rv,
+                  "allowWatchBookmarks": "true"}
+        async with self.client.stream("GET", self.path, params=params) as r:
+            if r.status_code == 410:
+                raise _Gone()
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if not line.strip():
+                    continue
+                ev = json.loads(line)
+                typ, obj = ev.get("type"), ev.get("object") or {}
+                if typ == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise httpx.HTTPError(f"watch error: {obj.get('message', obj)}")
+                rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                if typ in ("ADDED", "MODIFIED"):
+                    slices[obj["metadata"]["name"]] = obj
+                elif typ == "DELETED":
+                    slices.pop(obj["metadata"]["name"], None)
+                yield rv
+
+    def _membership(self, slices: dict[str, dict[str, Any]]) -> PoolMembership:
+        return membership_from_slices(slices.values(), roles=self.roles, port_name=self.port_name)
+
+    async def updates(self) -> AsyncIterator[PoolMembership]:
+        """Yield the membership now and after every change (runs until the consumer stops)."""
+        last: PoolMembership | None = None
+        delay = self.retry_s
+        slices: dict[str, dict[str, Any]] = {}
+        rv: str | None = None
+        while True:
+            try:
+                if rv is None:
+                    slices, rv = await self._list()
+                    m = self._membership(slices)
+                    if m != last:
+                        last = m
+                        yield m
+                async for rv in self._watch(slices, rv):
+                    m = self._membership(slices)
+                    if m != last:
+                        last = m
+                        yield m
+                delay = self.retry_s
+                await asyncio.sleep(0)  # the server closed the watch (its timeout): resume it
+            except _Gone:
+                rv = None
+            except httpx.HTTPError:
+                await self.sleep(delay)
+                delay = min(delay * 2, self.max_retry_s)
+                rv = None

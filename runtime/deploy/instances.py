@@ -1,0 +1,98 @@
+"""EC2 GPU instance catalog used to place worker pools on Karpenter GPU NodePools.
+
+Each entry is a fact from the AWS documentation page "Amazon EC2 instance types — accelerated
+computing" (docs.aws.amazon.com/ec2/latest/instancetypes/ac.html): GPUs per instance, vCPUs, memory
+(GiB) and the number of EFA network interfaces (0 = EFA not supported). The NodePool names match the
+Karpenter NodePools in infra/k8s/karpenter/ (a test checks that they agree).
+
+This module is pure data + lookups (no I/O).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """One EC2 GPU instance type.
+
+    Attributes:
+        name: EC2 instance type, e.g. "p5.48xlarge".
+        gpu: GPU catalog name as used in `DeploymentSpec.gpu` (runtime/perf), e.g. "H100-SXM".
+        num_gpus: GPUs per instance.
+        num_vcpus: vCPUs per instance.
+        memory_gib: instance memory, GiB.
+        num_efa_interfaces: EFA interfaces (0 = no EFA).
+        node_pool: Karpenter NodePool that provisions it (infra/k8s/karpenter/nodepools.yaml).
+    """
+
+    name: str
+    gpu: str
+    num_gpus: int
+    num_vcpus: int
+    memory_gib: int
+    num_efa_interfaces: int
+    node_pool: str
+
+    @property
+    def efa_capable(self) -> bool:
+        return self.num_efa_interfaces > 0
+
+    def efa_interfaces_for(self, num_gpus: int) -> int:
+        """EFA interfaces to request for a pod using `num_gpus` GPUs (proportional share, >= 1)."""
+        if not self.efa_capable:
+            return 0
+        return max(1, self.num_efa_interfaces * num_gpus // self.num_gpus)
+
+
+INSTANCES: dict[str, InstanceType] = {
+    i.name: i
+    for i in (
+        InstanceType("p5.48xlarge", "H100-SXM", 8, 192, 2048, 32, "gpu-p5"),
+        InstanceType("p5e.48xlarge", "H200-SXM", 8, 192, 2048, 32, "gpu-p5e"),
+        InstanceType("p5en.48xlarge", "H200-SXM", 8, 192, 2048, 16, "gpu-p5e"),
+        InstanceType("p4de.24xlarge", "A100-SXM-80GB", 8, 96, 1152, 4, "gpu-p4de"),
+        InstanceType("g6e.xlarge", "L40S", 1, 4, 32, 0, "gpu-g6e"),
+        InstanceType("g6e.2xlarge", "L40S", 1, 8, 64, 0, "gpu-g6e"),
+        InstanceType("g6e.4xlarge", "L40S", 1, 16, 128, 0, "gpu-g6e"),
+        InstanceType("g6e.8xlarge", "L40S", 1, 32, 256, 1, "gpu-g6e"),
+        InstanceType("g6e.12xlarge", "L40S", 4, 48, 384, 1, "gpu-g6e"),
+        InstanceType("g6e.24xlarge", "L40S", 4, 96, 768, 2, "gpu-g6e"),
+        InstanceType("g6e.48xlarge", "L40S", 8, 192, 1536, 4, "gpu-g6e"),
+    )
+}
+
+# The instance a GPU name maps to by default: the largest of its family (most GPUs, EFA).
+DEFAULT_INSTANCE_FOR_GPU: dict[str, str] = {
+    "H100-SXM": "p5.48xlarge",
+    "H200-SXM": "p5e.48xlarge",
+    "A100-SXM-80GB": "p4de.24xlarge",
+    "L40S": "g6e.48xlarge",
+}
+
+CPU_GPU_NAME = "CPU"
+
+
+def instance_for(gpu: str, instance_type: str | None = None) -> InstanceType | None:
+    """The instance type to run `gpu` workers on; None for the "CPU" pseudo-GPU (no GPU node).
+
+    Raises:
+        KeyError: unknown instance type, no default instance for the GPU, or an instance whose GPU
+            differs from `gpu` (message names the field `gpu`/`instance_type` and the known values).
+    """
+    if gpu == CPU_GPU_NAME and instance_type is None:
+        return None
+    if instance_type is None:
+        if gpu not in DEFAULT_INSTANCE_FOR_GPU:
+            raise KeyError(
+                f"gpu {gpu!r} has no default EC2 instance type; known: {sorted(DEFAULT_INSTANCE_FOR_GPU)} "
+                f"(or set instance_type)"
+            )
+        instance_type = DEFAULT_INSTANCE_FOR_GPU[gpu]
+    if instance_type not in INSTANCES:
+        raise KeyError(f"instance_type {instance_type!r} unknown; known: {sorted(INSTANCES)}")
+    inst = INSTANCES[instance_type]
+    if inst.gpu != gpu:
+        raise KeyError(f"instance_type {instance_type!r} carries {inst.gpu}, but gpu is {gpu!r}")
+    return inst

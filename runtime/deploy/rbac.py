@@ -1,0 +1,112 @@
+"""ServiceAccounts and least-privilege RBAC for a pdserve deployment and for the promoter.
+
+* runtime (`<name>-runtime`): reads EndpointSlices (worker discovery) and, when the planner is on,
+  may get/patch/update the `deployments/scale` subresource of exactly its two worker Deployments.
+* workers (`<name>-worker`): no API access at all (token not mounted).
+* promoter (`pdserve-promoter`, see `promoter_rbac`): manages the rendered kinds in ONE namespace,
+  plus get/create/patch on the cluster-scoped ClusterServingRuntime. Kubernetes RBAC forbids granting
+  permissions one does not hold (escalation prevention, kubernetes.io/docs/reference/access-authn-authz/
+  rbac/#privilege-escalation-prevention-and-bootstrapping), so the promoter also holds what the runtime
+  role grants (endpointslices read, deployments/scale).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MANAGE = ["get", "list", "watch", "create", "patch", "update", "delete"]
+READ = ["get", "list", "watch"]
+SCALE = ["get", "patch", "update"]
+PROMOTER_NAME = "pdserve-promoter"
+
+
+def service_account(name: str, namespace: str, labels: dict[str, str], *, automount: bool) -> dict[str, Any]:
+    """v1 ServiceAccount; `automount` False keeps the API token out of pods that need no API access."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "automountServiceAccountToken": automount,
+    }
+
+
+def role(name: str, namespace: str, labels: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "rules": rules,
+    }
+
+
+def role_binding(name: str, namespace: str, labels: dict[str, str], *, role_name: str,
+                 sa_name: str, cluster: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": dict(labels)}
+    if not cluster:
+        meta["namespace"] = namespace
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding" if cluster else "RoleBinding",
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole" if cluster else "Role",
+                    "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": namespace}],
+    }
+
+
+def runtime_rbac(*, name: str, namespace: str, labels: dict[str, str], runtime_sa: str,
+                 worker_deployments: list[str], planner: bool) -> list[dict[str, Any]]:
+    """Roles + bindings for the runtime ServiceAccount (discovery always, planner scale if `planner`)."""
+    objs = [
+        role(f"{name}-discovery", namespace, labels,
+             [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ}]),
+        role_binding(f"{name}-discovery", namespace, labels, role_name=f"{name}-discovery", sa_name=runtime_sa),
+    ]
+    if planner:
+        objs += [
+            role(f"{name}-planner", namespace, labels,
+                 [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
+                   "resourceNames": list(worker_deployments), "verbs": SCALE}]),
+            role_binding(f"{name}-planner", namespace, labels, role_name=f"{name}-planner", sa_name=runtime_sa),
+        ]
+    return objs
+
+
+def promoter_rbac(namespace: str, *, sa_name: str = PROMOTER_NAME,
+                  runtime_name: str = "pdserve") -> list[dict[str, Any]]:
+    """Bootstrap objects a cluster admin applies once per namespace so `promote` can run there.
+
+    Returns: ServiceAccount, Role (namespaced kinds), RoleBinding, ClusterRole (only the
+    ClusterServingRuntime `runtime_name`; `create` cannot be limited by name in RBAC), ClusterRoleBinding.
+    """
+    lab = {"app.kubernetes.io/name": "pdserve", "app.kubernetes.io/component": "promoter"}
+    rules = [
+        {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": MANAGE},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": MANAGE},
+        {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": SCALE},
+        {"apiGroups": [""], "resources": ["services", "serviceaccounts"], "verbs": MANAGE},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": MANAGE},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": MANAGE},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": MANAGE},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ},
+        {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": MANAGE},
+    ]
+    cluster_name = f"{sa_name}-{namespace}-runtimes"
+    return [
+        service_account(sa_name, namespace, lab, automount=True),
+        role(sa_name, namespace, lab, rules),
+        role_binding(sa_name, namespace, lab, role_name=sa_name, sa_name=sa_name),
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": cluster_name, "labels": dict(lab)},
+            "rules": [
+                {"apiGroups": ["serving.kserve.io"], "resources": ["clusterservingruntimes"],
+                 "verbs": ["create"]},
+                {"apiGroups": ["serving.kserve.io"], "resources": ["clusterservingruntimes"],
+                 "resourceNames": [runtime_name], "verbs": ["get", "patch", "update"]},
+            ],
+        },
+        role_binding(cluster_name, namespace, lab, role_name=cluster_name, sa_name=sa_name, cluster=True),
+    ]

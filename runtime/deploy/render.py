@@ -1,0 +1,308 @@
+"""Render every Kubernetes object of a pdserve deployment from a DeploymentSpec (no YAML copies).
+
+Objects, in apply order (see `render_all`):
+  ServiceAccounts → Roles/RoleBindings → ClusterServingRuntime `pdserve` → worker Services (headless)
+  → worker Deployments (prefill, decode) → PodDisruptionBudgets → ServiceMonitor → InferenceService.
+
+The InferenceService's predictor is the pdserve runtime (`python -m runtime.server`, a KServe
+ModelServer with OpenAI routes, router and planner) reading weights/tokenizer from
+`storageUri: pvc://<pvc>/models/<model>` (KServe mounts it at /mnt/models); the runtime finds its
+workers through the EndpointSlices of the headless worker Services (runtime/deploy/discovery.py).
+
+Bad input (an InferenceService name that is not a DNS-1035 label, a TP larger than the instance's
+GPUs, EFA on an instance without it) raises ManifestError before anything is written or applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from runtime.config import DeploymentSpec
+from runtime.deploy import rbac, workers
+from runtime.deploy.errors import ManifestError
+from runtime.deploy.instances import InstanceType, instance_for
+from runtime.deploy.target import (
+    DNS1035_LABEL, DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_SUBDOMAIN_CHARS, ClusterTarget, check_name,
+)
+
+RUNTIME_NAME = "pdserve"
+MODEL_FORMAT = "pdserve"
+MODEL_FORMAT_VERSION = "1"
+SPEC_ENV = "PDSERVE_DEPLOYMENT_SPEC"
+
+
+def spec_digest(spec: DeploymentSpec) -> str:
+    """First 16 hex digits of the SHA-256 of the spec's canonical JSON (annotation pdserve.io/spec-sha256)."""
+    canon = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def runtime_server_args(*, port: int) -> list[str]:
+    """Arguments of `python -m runtime.server` set by the ClusterServingRuntime (runtime/server/__main__.py)."""
+    return ["--host=0.0.0.0", f"--http-port={port}"]
+
+
+def worker_url(service: str, namespace: str, port: int) -> str:
+    """Cluster DNS URL of a headless worker Service (resolves to every ready worker pod)."""
+    return f"http://{service}.{namespace}.svc.cluster.local:{port}"
+
+
+def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, decode_service: str,
+                      worker_port: int) -> list[str]:
+    """Per-InferenceService runtime arguments (KServe appends them to the runtime's): the OpenAI model
+    name and the worker pools. Pod-level membership comes from EndpointSlices (runtime/deploy/discovery.py)."""
+    return [
+        f"--model-name={model_name}",
+        f"--prefill-url={worker_url(prefill_service, namespace, worker_port)}",
+        f"--decode-url={worker_url(decode_service, namespace, worker_port)}",
+    ]
+
+
+def cluster_serving_runtime(*, image: str, target: ClusterTarget, name: str = RUNTIME_NAME) -> dict[str, Any]:
+    """serving.kserve.io/v1alpha1 ClusterServingRuntime of the pdserve runtime (one per cluster)."""
+    port = target.runtime_port
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ClusterServingRuntime",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pdserve",
+                                              "app.kubernetes.io/component": "runtime"}},
+        "spec": {
+            "supportedModelFormats": [
+                {"name": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION, "autoSelect": True, "priority": 1}
+            ],
+            "protocolVersions": ["v1"],
+            "annotations": {"prometheus.kserve.io/port": str(port), "prometheus.kserve.io/path": "/metrics"},
+            "containers": [
+                {
+                    "name": "kserve-container",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-m", "runtime.server"],
+                    "args": runtime_server_args(port=port),
+                    "ports": [{"containerPort": port, "protocol": "TCP"}],
+                    "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": port},
+                                       "periodSeconds": 5, "failureThreshold": 3},
+                    "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": port},
+                                      "periodSeconds": 15, "failureThreshold": 4, "timeoutSeconds": 5},
+                    "resources": {
+                        "requests": {"cpu": target.runtime_cpu, "memory": target.runtime_memory},
+                        "limits": {"memory": target.runtime_memory},
+                    },
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "runAsNonRoot": True,
+                        "runAsUser": target.run_as_user,
+                        "capabilities": {"drop": ["ALL"]},
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_name: str, image: str,
+                      target: ClusterTarget, revision: str | None, service_account: str,
+                      canary_traffic_percent: int | None = None) -> dict[str, Any]:
+    """serving.kserve.io/v1beta1 InferenceService whose predictor is the pdserve runtime.
+
+    `canary_traffic_percent` (0..100) sends that share of traffic to the newest revision (KServe
+    Serverless mode); None omits the field (100 % to the latest ready revision).
+    """
+    labels = workers.labels(name, "runtime", revision)
+    predictor: dict[str, Any] = {
+        "serviceAccountName": service_account,
+        "minReplicas": 1,
+        "model": {
+            "modelFormat": {"name": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION},
+            "runtime": RUNTIME_NAME,
+            "protocolVersion": "v1",
+            "storageUri": f"pvc://{pvc_name}/models/{spec.model.name}",
+            "args": runtime_pool_args(
+                model_name=spec.model.name,
+                namespace=namespace,
+                prefill_service=workers.pool_name(name, "prefill", revision),
+                decode_service=workers.pool_name(name, "decode", revision),
+                worker_port=target.worker_port,
+            ),
+            "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()}],
+        },
+    }
+    if canary_traffic_percent is not None:
+        if not 0 <= canary_traffic_percent <= 100:
+            raise ManifestError(f"canary_traffic_percent: {canary_traffic_percent} is not in 0..100")
+        predictor["canaryTrafficPercent"] = canary_traffic_percent
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                "pdserve.io/spec-sha256": spec_digest(spec),
+                "pdserve.io/image": image,
+                # Knative-backed mode: the one that supports canaryTrafficPercent
+                "serving.kserve.io/deploymentMode": "Serverless",
+                # a separate URL per revision, so the SLO probe can target the canary (KServe tag routing)
+                "serving.kserve.io/enable-tag-routing": "true",
+            },
+        },
+        "spec": {"predictor": predictor},
+    }
+
+
+def service_monitor(*, name: str, namespace: str, target: ClusterTarget) -> dict[str, Any]:
+    """monitoring.coreos.com/v1 ServiceMonitor scraping `/metrics` of every worker of `name` (all revisions)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {
+            "name": f"{name}-workers",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "pdserve", "app.kubernetes.io/instance": name,
+                       "release": target.prometheus_release_label},
+        },
+        "spec": {
+            "selector": {
+                "matchLabels": {"app.kubernetes.io/name": "pdserve", "app.kubernetes.io/instance": name},
+                "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
+                                      "values": ["prefill", "decode"]}],
+            },
+            "namespaceSelector": {"matchNames": [namespace]},
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s", "scheme": "http"}],
+        },
+    }
+
+
+def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_name: str,
+                  revision: str | None, target: ClusterTarget) -> tuple[InstanceType | None, bool]:
+    check_name("name (InferenceService)", name, pattern=DNS1035_LABEL)
+    check_name("namespace", namespace, pattern=DNS1123_LABEL)
+    check_name("pvc_name", pvc_name, pattern=DNS1123_SUBDOMAIN, max_chars=MAX_SUBDOMAIN_CHARS)
+    if revision is not None:
+        check_name("revision", revision, pattern=DNS1123_LABEL)
+    if not image or any(c.isspace() for c in image):
+        raise ManifestError(f"image: {image!r} is not a container image reference")
+    mname = spec.model.name
+    if not mname or mname.startswith("/") or ".." in mname.split("/") or any(c.isspace() for c in mname):
+        raise ManifestError(f"spec.model.name: {mname!r} cannot be a path under models/ on the PVC")
+    longest = max(workers.pool_name(name, r, revision) for r in ("prefill", "decode"))
+    for derived in (longest, f"{name}-discovery", f"{name}-workers", f"{name}-planner"):
+        check_name(f"name (derived object name {derived!r})", derived, pattern=DNS1035_LABEL)
+    try:
+        inst = instance_for(spec.gpu, target.instance_type)
+    except KeyError as e:
+        raise ManifestError(f"gpu/instance_type: {e.args[0]}") from None
+    for role in ("prefill", "decode"):
+        tp = getattr(spec, role).tp
+        if inst is not None and tp > inst.num_gpus:
+            raise ManifestError(
+                f"spec.{role}.tp: {tp} GPUs per worker, but {inst.name} has only {inst.num_gpus} GPUs"
+            )
+    if target.efa and (inst is None or not inst.efa_capable):
+        where = inst.name if inst else "the CPU pseudo-GPU"
+        raise ManifestError(f"target.efa: EFA requested but {where} has no EFA interfaces")
+    efa = bool(inst is not None and inst.efa_capable if target.efa is None else target.efa)
+    return inst, efa
+
+
+def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_name: str,
+               target: ClusterTarget | None = None, revision: str | None = None,
+               canary_traffic_percent: int | None = None, validate: bool = True) -> list[dict[str, Any]]:
+    """Render every object of one deployment, in apply order.
+
+    Args:
+        spec: the (tuned) DeploymentSpec; prefill/decode TP become GPU requests and vLLM args.
+        name: InferenceService name (DNS-1035 label); prefixes every namespaced object.
+        namespace: target namespace (DNS-1123 label).
+        image: container image of runtime and workers (kserve/Dockerfile).
+        pvc_name: FSx PersistentVolumeClaim holding `models/<spec.model.name>`.
+        target: placement settings (instance type, EFA, ports); default `ClusterTarget()`.
+        revision: optional worker-pool revision (e.g. MLflow version "v3"); worker objects are then
+            named `<name>-<revision>-{prefill,decode}` so a canary runs beside the current champion.
+        canary_traffic_percent: set `spec.predictor.canaryTrafficPercent` (0..100).
+        validate: check every object against its schema (runtime/deploy/validate.py).
+
+    Returns:
+        list of Kubernetes object dicts (ServiceAccount ×2, Role/RoleBinding ×1–2, ClusterServingRuntime,
+        Service ×2, Deployment ×2, PodDisruptionBudget ×2, NetworkPolicy, ServiceMonitor, InferenceService).
+
+    Raises:
+        ManifestError: bad name/namespace/pvc/image, TP larger than the instance's GPUs, EFA requested
+            on an instance without EFA, or an object failing schema validation.
+    """
+    target = target or ClusterTarget()
+    inst, efa = _check_inputs(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name,
+                              revision=revision, target=target)
+    runtime_sa, worker_sa = f"{name}-runtime", f"{name}-worker"
+    base = workers.labels(name, "runtime", None)
+    deps = [workers.pool_name(name, r, revision) for r in ("prefill", "decode")]
+    objs: list[dict[str, Any]] = [
+        rbac.service_account(runtime_sa, namespace, base, automount=True),
+        rbac.service_account(worker_sa, namespace, workers.labels(name, "worker", None), automount=False),
+        *rbac.runtime_rbac(name=name, namespace=namespace, labels=base, runtime_sa=runtime_sa,
+                           worker_deployments=deps, planner=spec.planner.mode != "off"),
+        cluster_serving_runtime(image=image, target=target),
+    ]
+    for role in ("prefill", "decode"):
+        objs.append(workers.worker_service(role, name=name, namespace=namespace, target=target, revision=revision))
+    for role in ("prefill", "decode"):
+        objs.append(workers.worker_deployment(
+            spec, role, name=name, namespace=namespace, image=image, pvc_name=pvc_name, inst=inst, efa=efa,
+            target=target, revision=revision, service_account=worker_sa))
+    for role in ("prefill", "decode"):
+        objs.append(workers.worker_pdb(role, name=name, namespace=namespace, revision=revision))
+    objs.append(workers.worker_network_policy(name=name, namespace=namespace,
+                                              monitoring_namespace=target.monitoring_namespace))
+    objs.append(service_monitor(name=name, namespace=namespace, target=target))
+    objs.append(inference_service(spec, name=name, namespace=namespace, pvc_name=pvc_name, image=image,
+                                  target=target,
+                                  revision=revision, service_account=runtime_sa,
+                                  canary_traffic_percent=canary_traffic_percent))
+    if validate:
+        from runtime.deploy.validate import validate_objects
+
+        validate_objects(objs)
+    return objs
+
+
+def find(objs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    """The one object of `kind` (and `name`, if given). Raises KeyError naming what was not found."""
+    hits = [o for o in objs if o.get("kind") == kind and (name is None or o["metadata"]["name"] == name)]
+    if len(hits) != 1:
+        raise KeyError(f"{len(hits)} objects of kind {kind!r} named {name!r}")
+    return hits[0]
+
+
+def write_yaml(objs: list[dict[str, Any]], path: str | Path, *, header: str = "") -> Path:
+    """Write `objs` as one multi-document YAML file, atomically (temp file + rename); `header` (e.g. a
+    comment line) is written first.
+
+    Returns the path. Raises OSError if the folder cannot be written; never leaves a partial file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = header + yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False, width=120)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_yaml(path: str | Path) -> list[dict[str, Any]]:
+    """Read a multi-document YAML file of objects (empty documents skipped)."""
+    with open(path) as f:
+        return [d for d in yaml.load_all(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]

@@ -1,0 +1,90 @@
+"""Where and how a DeploymentSpec is placed on a cluster (deploy-side settings, not tuned values).
+
+`ClusterTarget` holds what the tuner does not decide: EC2 instance type and EFA, NodePool taints,
+per-worker CPU/memory headroom, shared-memory size, ports and probe timings. Defaults target EKS with
+the Karpenter GPU NodePools of infra/k8s/karpenter/. Name checks follow the Kubernetes rules
+(kubernetes.io/docs/concepts/overview/working-with-objects/names/): DNS-1035 labels for Service-backed
+names (InferenceService, worker Services), DNS-1123 labels for namespaces, DNS-1123 subdomains for PVCs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.deploy.errors import ManifestError
+
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_LABEL_CHARS = 63
+MAX_SUBDOMAIN_CHARS = 253
+
+
+class ClusterTarget(BaseModel):
+    """Cluster-side placement settings for the rendered objects."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instance_type: str | None = Field(
+        default=None, description="EC2 instance type of the GPU workers; None = default for spec.gpu."
+    )
+    efa: bool | None = Field(
+        default=None,
+        description="Use EFA (NIXL LIBFABRIC backend, vpc.amazonaws.com/efa requests); None = if the "
+        "instance supports EFA.",
+    )
+    gpu_taint_key: str = Field(default="nvidia.com/gpu", description="Taint on the Karpenter GPU nodes.")
+    cpu_share: float = Field(
+        default=0.75, gt=0, le=1, description="Fraction of the instance's per-GPU vCPUs/memory a worker requests."
+    )
+    shm_size_gib: int = Field(default=16, gt=0, description="/dev/shm emptyDir (Memory) size, GiB.")
+    worker_port: int = Field(default=8000, description="vLLM OpenAI HTTP port on workers.")
+    nixl_side_channel_port: int = Field(default=5600, description="VLLM_NIXL_SIDE_CHANNEL_PORT on workers.")
+    kv_events_port: int = Field(default=5557, description="ZMQ KV-event publisher port on workers.")
+    runtime_port: int = Field(default=8080, description="HTTP port of the pdserve runtime (KServe).")
+    fsx_mount_path: str = Field(default="/mnt/fsx", description="Where the FSx PVC is mounted in workers.")
+    worker_startup_timeout_s: int = Field(
+        default=1800, gt=0, description="Startup probe budget for a worker (weights load), seconds."
+    )
+    runtime_cpu: str = Field(default="2", description="CPU request of the runtime container (cores).")
+    runtime_memory: str = Field(default="4Gi", description="Memory request of the runtime container.")
+    run_as_user: int = Field(default=10001, ge=1, description="Non-root UID of every container (image user).")
+    monitoring_namespace: str = Field(default="monitoring", description="Namespace Prometheus scrapes from.")
+    prometheus_release_label: str = Field(
+        default="kube-prometheus-stack", description="`release` label the Prometheus operator selects."
+    )
+
+
+def check_name(field: str, value: str, *, pattern: re.Pattern[str] = DNS1035_LABEL,
+               max_chars: int = MAX_LABEL_CHARS) -> str:
+    """Return `value` if it is a valid Kubernetes name, else raise ManifestError naming `field`."""
+    if not value:
+        raise ManifestError(f"{field}: must not be empty")
+    if len(value) > max_chars:
+        raise ManifestError(f"{field}: {value!r} is {len(value)} characters, more than {max_chars}")
+    if not pattern.match(value):
+        rule = {
+            DNS1035_LABEL.pattern: "a DNS-1035 label (lower-case letters, digits, '-'; starts with a letter)",
+            DNS1123_LABEL.pattern: "a DNS-1123 label (lower-case letters, digits, '-')",
+            DNS1123_SUBDOMAIN.pattern: "a DNS-1123 subdomain (lower-case letters, digits, '-', '.')",
+        }.get(pattern.pattern, pattern.pattern)
+        raise ManifestError(f"{field}: {value!r} is not {rule}")
+    return value
+
+
+def dns_label(text: str, *, max_chars: int = 45) -> str:
+    """A DNS-1035 label derived from `text` (e.g. a model name) for use as an InferenceService name:
+    lower-cased, runs of other characters replaced by '-', a leading 'm-' if it does not start with a
+    letter, cut to `max_chars` (45 leaves room for the `-<revision>-prefill` suffixes under 63).
+
+    Raises:
+        ManifestError: `text` has no letter or digit at all.
+    """
+    label = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    if not label:
+        raise ManifestError(f"name: {text!r} has no letters or digits to build a DNS label from")
+    if not label[0].isalpha():
+        label = "m-" + label
+    return label[:max_chars].rstrip("-")

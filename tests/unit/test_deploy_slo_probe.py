@@ -1,0 +1,87 @@
+"""The SLO probe measures TTFT and ITL of real streaming HTTP responses (loopback SSE server whose
+first-token delay and inter-token gap are set by the test)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from runtime.config import SloSpec
+from runtime.deploy.slo_probe import probe
+
+
+def sse_server(first_delay_s: float, gap_s: float, tokens: int, fail_every: int = 0):
+    calls = {"n": 0, "bodies": []}
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls["n"] += 1
+            calls["bodies"].append((self.path, body))
+            if fail_every and calls["n"] % fail_every == 0:
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            time.sleep(first_delay_s)
+            for i in range(tokens):
+                if i:
+                    time.sleep(gap_s)
+                chunk = {"choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    return srv, t, calls
+
+
+@pytest.fixture
+def server(request):
+    srv, t, calls = sse_server(*request.param)
+    yield f"http://127.0.0.1:{srv.server_address[1]}", calls
+    srv.shutdown()
+    srv.server_close()
+    t.join(timeout=5)
+
+
+@pytest.mark.parametrize("server", [(0.15, 0.03, 6)], indirect=True)
+def test_probe_measures_ttft_and_itl_from_the_stream(server):
+    url, calls = server
+    res = probe(url, model="smollm2", prompts=["a", "b", "c"], max_tokens=6)
+    assert res.num_requests == 3 and res.num_errors == 0
+    assert 150 <= res.ttft_p90_ms < 150 + 400
+    assert 30 * 0.8 <= res.itl_p90_ms < 30 + 200
+    path, body = calls["bodies"][0]
+    assert path == "/openai/v1/chat/completions"
+    assert body["stream"] is True and body["model"] == "smollm2" and body["max_tokens"] == 6
+    assert res.verdict(SloSpec(ttft_p90_ms=2000, itl_p90_ms=500))[0] is True
+    assert res.verdict(SloSpec(ttft_p90_ms=100, itl_p90_ms=500))[0] is False
+
+
+@pytest.mark.parametrize("server", [(0.0, 0.0, 3, 2)], indirect=True)
+def test_failed_requests_are_counted_and_fail_the_verdict(server):
+    url, _ = server
+    res = probe(url, model="m", prompts=["a", "b", "c", "d"])
+    assert res.num_requests == 4 and res.num_errors == 2
+    ok, why = res.verdict(SloSpec())
+    assert not ok and "2/4 probe requests failed" in why
+
+
+def test_unreachable_url_counts_every_request_as_error():
+    res = probe("http://127.0.0.1:9", model="m", prompts=["a", "b"], timeout_s=2)
+    assert res.num_errors == 2 and res.verdict(SloSpec())[0] is False
