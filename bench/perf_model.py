@@ -1,0 +1,169 @@
+"""Benchmark: predicted vs published per-GPU max output throughput (TensorRT-LLM perf-overview tables).
+
+    python bench/perf_model.py --table ../shared/data/perf/trtllm_throughput_dev.csv [--out bench/results/...]
+
+Prints ONE JSON line: rows (compared), skipped (no config / unknown GPU), not_fit (model says the weights
+don't fit where the table has a number), median_abs_pct_error, p90_abs_pct_error, by_gpu {gpu: {rows,
+median, p90}}, by_precision, sweep_s (one model's full tune sweep: 4 prefill TPs x 4 decode TPs x every
+ISL/OSL pair of the table), and aiconfigurator (null unless the optional package is importable).
+
+Prediction per row: runtime.perf.throughput.max_agg_throughput (steady-state in-flight batching, best batch up
+to TensorRT-LLM's defaults max_batch_size 2048 / max_num_tokens 8192, KV = 0.9 of the memory free after
+weights) with the efficiency factors fitted from the aiconfigurator sample (``python -m runtime.perf.fit``);
+GPUs without measurements (A100, L40S) use factors transferred from H100 SXM. The table itself is never
+used for fitting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from runtime.config import SloSpec, WorkloadSpec  # noqa: E402
+from runtime.models.load import load_model_spec  # noqa: E402
+from runtime.paths import data_dir  # noqa: E402
+from runtime.perf.gpus import get_gpu  # noqa: E402
+from runtime.perf.model import PerfModel  # noqa: E402
+from runtime.perf.throughput import max_agg_throughput, trtllm_kv_capacity_tokens  # noqa: E402
+from runtime.tuner.search import TuningError, tune  # noqa: E402
+
+# Table model names -> config files in ../shared/data/models. Llama 3 / 3.3 70B share Llama-3.1-70B's
+# architecture (same layers, heads, FFN and vocabulary sizes).
+MODEL_CONFIGS = {
+    "llama v3 70b": "meta-llama--Meta-Llama-3.1-70B",
+    "llama v3.1 70b": "meta-llama--Meta-Llama-3.1-70B",
+    "llama 3.3 70b": "meta-llama--Meta-Llama-3.1-70B",
+    "llama v3.1 8b": "meta-llama--Meta-Llama-3.1-8B",
+    "llama 3.1 8b": "meta-llama--Meta-Llama-3.1-8B",
+    "llama 3.1 405b": "meta-llama--Meta-Llama-3.1-405B",
+    "llama v3.1 405b": "meta-llama--Meta-Llama-3.1-405B",
+    "mistral 7b": "mistralai--Mistral-7B-v0.1",
+    "mixtral 8x7b": "mistralai--Mixtral-8x7B-v0.1",
+    "mixtral 8x22b": "mistralai--Mixtral-8x22B-v0.1",
+    "llama 4 scout": "meta-llama--Llama-4-Scout-17B-16E-Instruct",
+    "llama 4 maverick": "meta-llama--Llama-4-Maverick-17B-128E-Instruct",
+    "qwen3-235b-a22b": "Qwen--Qwen3-235B-A22B",
+    "qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B",
+}
+# TensorRT-LLM engine defaults (BuildConfig: max_batch_size 2048, max_num_tokens 8192).
+TRTLLM_MAX_BATCH = 2048
+TRTLLM_MAX_NUM_TOKENS = 8192
+PRECISIONS = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "nvfp4": "fp4"}
+
+
+def _pct(errs: list[float], q: float) -> float | None:
+    if not errs:
+        return None
+    s = sorted(errs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def _summary(errs: list[float]) -> dict:
+    return {"rows": len(errs), "median_abs_pct_error": _r(statistics.median(errs) if errs else None),
+            "p90_abs_pct_error": _r(_pct(errs, 0.9))}
+
+
+def _r(x):
+    return None if x is None else round(x, 2)
+
+
+def evaluate_table(path: Path) -> tuple[dict, list[dict]]:
+    rows = list(csv.DictReader(Path(path).open()))
+    models_dir = data_dir() / "models"
+    cache: dict = {}
+    errs, by_gpu, by_prec, details = [], {}, {}, []
+    skipped = not_fit = 0
+    for r in rows:
+        stem = MODEL_CONFIGS.get(r["model"].strip().lower())
+        prec = PRECISIONS.get(r["precision"].strip().lower())
+        try:
+            gpu = get_gpu(r["gpu"])
+        except KeyError:
+            gpu = None
+        if stem is None or prec is None or gpu is None or int(r.get("pp") or 1) != 1:
+            skipped += 1
+            continue
+        if stem not in cache:
+            cache[stem] = load_model_spec(models_dir / f"{stem}_config.json")
+        pm = PerfModel(cache[stem], gpu, prec)
+        tp, isl, osl = int(r["tp"]), int(r["isl"]), int(r["osl"])
+        pt = max_agg_throughput(pm, isl, osl, tp, max_batch=TRTLLM_MAX_BATCH, max_num_tokens=TRTLLM_MAX_NUM_TOKENS,
+                                kv_capacity_tokens=trtllm_kv_capacity_tokens(pm, tp))
+        measured = float(r["per_gpu_output_tok_s"])
+        if pt is None:
+            not_fit += 1
+            details.append({**_key(r), "measured": measured, "predicted": None})
+            continue
+        e = abs(pt.output_tokens_per_s_per_gpu - measured) / measured * 100
+        errs.append(e)
+        by_gpu.setdefault(gpu.name, []).append(e)
+        by_prec.setdefault(prec, []).append(e)
+        details.append({**_key(r), "measured": measured, "predicted": round(pt.output_tokens_per_s_per_gpu, 1),
+                        "batch": pt.batch, "abs_pct_error": round(e, 1)})
+    out = {
+        "rows": len(errs),
+        "skipped": skipped,
+        "not_fit": not_fit,
+        "median_abs_pct_error": _r(statistics.median(errs)) if errs else None,
+        "p90_abs_pct_error": _r(_pct(errs, 0.9)),
+        "by_gpu": {g: _summary(v) for g, v in sorted(by_gpu.items())},
+        "by_precision": {p: _summary(v) for p, v in sorted(by_prec.items())},
+    }
+    return out, details
+
+
+def sweep_seconds(path: Path) -> float:
+    """Wall time of one model's full sweep: 4 x 4 TPs for every ISL/OSL pair in the table (Llama-3.1-70B,
+    H100-SXM, fp8)."""
+    pairs = sorted({(int(r["isl"]), int(r["osl"])) for r in csv.DictReader(Path(path).open())})
+    m = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+    t0 = time.perf_counter()
+    for isl, osl in pairs:
+        try:
+            tune(m, "H100-SXM", SloSpec(ttft_p90_ms=5000, itl_p90_ms=100),
+                 WorkloadSpec(isl_tokens=isl, osl_tokens=osl), precision="fp8")
+        except TuningError:
+            pass
+    return time.perf_counter() - t0
+
+
+def aiconfigurator_side_by_side(path: Path) -> dict | None:
+    try:
+        import aiconfigurator  # noqa: F401  (optional, separate venv)
+    except ImportError:
+        return None
+    return {"note": "aiconfigurator importable but side-by-side runner not implemented"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", type=Path, default=data_dir() / "perf" / "trtllm_throughput_dev.csv")
+    ap.add_argument("--out", type=Path, help="also write the JSON line (+ per-row details) here")
+    a = ap.parse_args(argv)
+    if not a.table.is_file():
+        ap.error(f"--table {a.table} does not exist")
+    out, details = evaluate_table(a.table)
+    out["sweep_s"] = round(sweep_seconds(a.table), 3)
+    out["aiconfigurator"] = aiconfigurator_side_by_side(a.table)
+    line = json.dumps(out)
+    print(line)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(line + "\n")
+        a.out.with_suffix(".rows.json").write_text(json.dumps(details, indent=0))
+    return 0
+
+
+def _key(r: dict) -> dict:
+    return {k: r[k] for k in ("model", "gpu", "precision", "tp", "isl", "osl")}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,402 @@
+"""Model architecture from a Hugging Face ``config.json``: parameters, active parameters, KV bytes/token.
+
+Pure: takes the already-parsed ``config.json`` dict (see ``runtime.models.load`` for the file adapter).
+
+Supported families (field names as the model owners publish them, ../shared/data/models):
+
+* dense / GQA decoders: Llama 3.x, Mistral, Qwen3 (``head_dim`` may differ from hidden/heads)
+* MoE: Mixtral (``num_local_experts``), Qwen3-MoE (``num_experts``, ``moe_intermediate_size``),
+  gpt-oss (``num_local_experts``, ``experts_per_token``, biases), Llama 4 (``text_config``,
+  ``interleave_moe_layer_step``, one shared expert), DeepSeek-V3/R1 (``n_routed_experts``,
+  ``n_shared_experts``, ``first_k_dense_replace``)
+* MLA (multi-head latent attention, DeepSeek-V2/V3/R1): the KV cache holds one compressed latent of
+  ``kv_lora_rank + qk_rope_head_dim`` values per layer and token (DeepSeek-V2 paper, arXiv:2405.04434
+  section 2.1), replicated on every tensor-parallel rank (vLLM MLA backends).
+
+Parameter counting follows the module shapes of the Hugging Face ``transformers`` implementations
+(``modeling_llama.py``, ``modeling_mixtral.py``, ``modeling_qwen3_moe.py``, ``modeling_deepseek.py``,
+``modeling_gpt_oss.py``, ``modeling_llama4.py``); norms are counted, rotary buffers are not. DeepSeek's
+multi-token-prediction layer (``num_nextn_predict_layers``) is not served by default and not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Config keys of architectures whose layers this module cannot count (state-space / hybrid / linear
+# attention). Seeing one is an error naming it rather than a silently wrong parameter count.
+UNSUPPORTED_ARCHITECTURE_KEYS = (
+    "ssm_cfg",
+    "mamba_d_state",
+    "mamba_d_conv",
+    "mamba_expand",
+    "attn_layer_period",
+    "attn_layer_offset",
+    "layers_block_type",
+    "hybrid_override_pattern",
+    "linear_attn_config",
+    "linear_num_key_heads",
+    "rwkv_version",
+    "full_attn_interval",
+)
+
+KNOWN_MODEL_TYPES = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "deepseek_v2",
+        "deepseek_v3",
+        "llama4",
+        "llama4_text",
+        "gpt_oss",
+    }
+)
+
+
+class ModelConfigError(ValueError):
+    """A ``config.json`` lacks a needed field, has an invalid value, or describes an unsupported layer type.
+
+    The message names every offending field.
+    """
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of a decoder-only transformer, enough for memory and FLOP arithmetic.
+
+    Build with :meth:`from_hf_config`. All counts are whole numbers of parameters / heads / tokens.
+    ``num_experts == 0`` means dense. ``is_mla`` selects the DeepSeek latent KV cache.
+    """
+
+    name: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # FFN width of dense layers
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    # MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0
+    num_moe_layers: int = 0
+    moe_bias: bool = False
+    # MLA
+    is_mla: bool = False
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # Sliding-window layers (gpt-oss alternates sliding/full): the window in tokens, 0 if none.
+    sliding_window_tokens: int = 0
+    num_sliding_layers: int = 0
+    quant_method: str = ""  # from config.json quantization_config (fp8, mxfp4, ...), "" if none
+    _counts: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], name: str) -> "ModelSpec":
+        """Parse a Hugging Face ``config.json`` dict.
+
+        Args:
+            cfg: the parsed JSON object. Multimodal configs with a ``text_config`` (Llama 4) use it.
+            name: model name for messages and MLflow (e.g. ``meta-llama/Llama-3.1-8B``).
+
+        Raises:
+            ModelConfigError: naming every missing required field, non-positive value, or unsupported
+                architecture key (see ``UNSUPPORTED_ARCHITECTURE_KEYS``).
+        """
+        if not isinstance(cfg, dict):
+            raise ModelConfigError(f"{name}: config.json must be a JSON object, got {type(cfg).__name__}")
+        text = cfg.get("text_config")
+        c: dict[str, Any] = {**cfg, **text} if isinstance(text, dict) else dict(cfg)
+
+        unsupported = [k for k in UNSUPPORTED_ARCHITECTURE_KEYS if k in c]
+        if unsupported:
+            raise ModelConfigError(
+                f"{name}: unsupported architecture field(s) {', '.join(unsupported)} "
+                f"(model_type={c.get('model_type')!r}); only attention+MLP/MoE decoders are modelled"
+            )
+
+        model_type = str(c.get("model_type", ""))
+        is_mla = "kv_lora_rank" in c and c.get("kv_lora_rank") is not None
+        num_experts = int(_first(c, "num_local_experts", "num_experts", "n_routed_experts") or 0)
+
+        required = ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"]
+        if num_experts == 0 or _needs_dense_ffn(c, num_experts):
+            required.append("intermediate_size")
+        if num_experts:
+            if _first(c, "num_experts_per_tok", "experts_per_token") is None:
+                required.append("num_experts_per_tok")
+        if is_mla:
+            required += ["qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"]
+        missing = [k for k in required if c.get(k) is None]
+        if missing:
+            raise ModelConfigError(
+                f"{name}: config.json is missing required field(s): {', '.join(missing)}"
+                + (f" (model_type={model_type!r})" if model_type else "")
+            )
+
+        hidden = _pos_int(c, "hidden_size", name)
+        layers = _pos_int(c, "num_hidden_layers", name)
+        heads = _pos_int(c, "num_attention_heads", name)
+        kv_heads = int(c.get("num_key_value_heads") or heads)  # HF default: MHA when absent
+        if kv_heads <= 0 or heads % kv_heads:
+            raise ModelConfigError(
+                f"{name}: num_key_value_heads={kv_heads} must be positive and divide num_attention_heads={heads}"
+            )
+        head_dim = int(c.get("head_dim") or 0) or hidden // heads
+        vocab = _pos_int(c, "vocab_size", name)
+        inter = int(c.get("intermediate_size") or 0)
+
+        kw: dict[str, Any] = {}
+        if num_experts:
+            top_k = int(_first(c, "num_experts_per_tok", "experts_per_token"))
+            if not 0 < top_k <= num_experts:
+                raise ModelConfigError(f"{name}: num_experts_per_tok={top_k} not in 1..{num_experts}")
+            moe_inter = int(c.get("moe_intermediate_size") or inter)
+            dense_inter = inter
+            shared, shared_inter = 0, 0
+            if model_type.startswith("llama4"):
+                step = int(c.get("interleave_moe_layer_step") or 1)
+                num_moe = layers // step
+                dense_inter = int(c.get("intermediate_size_mlp") or inter)
+                shared, shared_inter = 1, inter  # Llama4TextMoe: one shared expert of intermediate_size
+            elif "n_routed_experts" in c:  # DeepSeek
+                first_dense = int(c.get("first_k_dense_replace") or 0)
+                freq = int(c.get("moe_layer_freq") or 1)
+                num_moe = sum(1 for i in range(first_dense, layers) if i % freq == 0)
+                shared = int(c.get("n_shared_experts") or 0)
+                shared_inter = moe_inter
+            else:
+                sparse_step = int(c.get("decoder_sparse_step") or 1)
+                dense_only = set(c.get("mlp_only_layers") or [])
+                num_moe = sum(
+                    1 for i in range(layers) if i not in dense_only and (i + 1) % sparse_step == 0
+                )
+                shared_inter = int(c.get("shared_expert_intermediate_size") or 0)
+                shared = 1 if shared_inter else 0
+            kw.update(
+                num_experts=num_experts,
+                num_experts_per_tok=top_k,
+                moe_intermediate_size=moe_inter,
+                num_shared_experts=shared,
+                shared_expert_intermediate_size=shared_inter,
+                num_moe_layers=num_moe,
+                moe_bias=model_type == "gpt_oss",
+            )
+            inter = dense_inter
+        if is_mla:
+            kw.update(
+                is_mla=True,
+                q_lora_rank=int(c.get("q_lora_rank") or 0),
+                kv_lora_rank=int(c["kv_lora_rank"]),
+                qk_nope_head_dim=int(c["qk_nope_head_dim"]),
+                qk_rope_head_dim=int(c["qk_rope_head_dim"]),
+                v_head_dim=int(c["v_head_dim"]),
+            )
+            head_dim = int(c["qk_nope_head_dim"]) + int(c["qk_rope_head_dim"])
+        layer_types = c.get("layer_types") or []
+        window = int(c.get("sliding_window") or 0)
+        if window and layer_types:
+            kw.update(
+                sliding_window_tokens=window,
+                num_sliding_layers=sum(1 for t in layer_types if t == "sliding_attention"),
+            )
+        quant = cfg.get("quantization_config") or c.get("quantization_config") or {}
+        return cls(
+            name=name,
+            model_type=model_type,
+            num_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=inter,
+            vocab_size=vocab,
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            attention_bias=bool(c.get("attention_bias", False)),
+            qk_norm=model_type.startswith("qwen3") or bool(c.get("use_qk_norm", False)),
+            quant_method=str(quant.get("quant_method", "")) if isinstance(quant, dict) else "",
+            **kw,
+        )
+
+    # ------------------------------------------------------------------ parameter counts
+    @property
+    def num_moe_layers_or_zero(self) -> int:
+        return self.num_moe_layers if self.num_experts else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Layers with a dense (non-MoE) FFN."""
+        return self.num_layers - self.num_moe_layers_or_zero
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """Weights (+ biases, + attention norms) of one attention block, parameters."""
+        h = self.hidden_size
+        if self.is_mla:
+            qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            n = self.num_attention_heads
+            if self.q_lora_rank:
+                q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * n * qk_head
+            else:
+                q = h * n * qk_head
+            kv = (
+                h * (self.kv_lora_rank + self.qk_rope_head_dim)
+                + self.kv_lora_rank
+                + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+            )
+            o = n * self.v_head_dim * h
+            return q + kv + o
+        q_out = self.num_attention_heads * self.head_dim
+        kv_out = self.num_kv_heads * self.head_dim
+        p = h * q_out + 2 * h * kv_out + q_out * h
+        if self.attention_bias:
+            p += q_out + 2 * kv_out + h
+        if self.model_type == "gpt_oss":
+            p += self.num_attention_heads  # attention sinks
+        if self.qk_norm:
+            p += 2 * self.head_dim
+        return p
+
+    def _mlp_params(self, inter: int, bias: bool = False) -> int:
+        # gated (SwiGLU) MLP: gate, up (hidden x inter) and down (inter x hidden)
+        return 3 * self.hidden_size * inter + ((2 * inter + self.hidden_size) if bias else 0)
+
+    @property
+    def moe_params_per_layer(self) -> tuple[int, int]:
+        """(total, active-per-token) parameters of one MoE FFN incl. router and shared experts."""
+        expert = self._mlp_params(self.moe_intermediate_size, self.moe_bias)
+        router = self.hidden_size * self.num_experts + (self.num_experts if self.moe_bias else 0)
+        if self.model_type.startswith("deepseek"):
+            router += self.num_experts  # e_score_correction_bias
+        shared = self.num_shared_experts * self._mlp_params(self.shared_expert_intermediate_size)
+        total = self.num_experts * expert + router + shared
+        active = self.num_experts_per_tok * expert + router + shared
+        return total, active
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding + LM head (0 extra when tied), parameters."""
+        e = self.vocab_size * self.hidden_size
+        return e if self.tie_word_embeddings else 2 * e
+
+    def _count(self) -> tuple[int, int]:
+        if "n" not in self._counts:
+            norms = 2 * self.hidden_size
+            per_layer_common = self.attention_params_per_layer + norms
+            dense_ffn = self._mlp_params(self.intermediate_size)
+            moe_total, moe_active = self.moe_params_per_layer if self.num_experts else (0, 0)
+            body_total = (
+                self.num_layers * per_layer_common
+                + self.num_dense_layers * dense_ffn
+                + self.num_moe_layers_or_zero * moe_total
+            )
+            body_active = (
+                self.num_layers * per_layer_common
+                + self.num_dense_layers * dense_ffn
+                + self.num_moe_layers_or_zero * moe_active
+            )
+            tail = self.embedding_params + self.hidden_size  # + final norm
+            self._counts["n"] = (body_total + tail, body_active + tail)
+        return self._counts["n"]
+
+    @property
+    def num_params(self) -> int:
+        """All parameters (embedding, LM head unless tied, every expert), parameters."""
+        return self._count()[0]
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters touched per token (top-k experts + shared + dense parts), parameters."""
+        return self._count()[1]
+
+    @property
+    def num_active_matmul_params(self) -> int:
+        """Active parameters that take part in per-token matmuls: active minus the input embedding
+        (a lookup), plus the LM head even when tied. ``2 *`` this is the linear FLOPs per token."""
+        return self.num_active_params - self.vocab_size * self.hidden_size + (
+            self.vocab_size * self.hidden_size if self.tie_word_embeddings else 0
+        )
+
+    # ------------------------------------------------------------------ KV cache
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """KV heads stored on one TP rank; vLLM replicates KV heads when ``tp > num_kv_heads``."""
+        _check_tp(tp)
+        return max(1, math.ceil(self.num_kv_heads / tp))
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: float, tp: int = 1) -> float:
+        """KV-cache bytes one token occupies on ONE tensor-parallel rank.
+
+        GQA/MHA: ``2 (K and V) * num_layers * kv_heads_per_rank(tp) * head_dim * kv_dtype_bytes``.
+        MLA: ``num_layers * (kv_lora_rank + qk_rope_head_dim) * kv_dtype_bytes`` on every rank (the
+        latent is not split by TP). All layers are counted, sliding-window ones included (conservative).
+
+        Args:
+            kv_dtype_bytes: bytes per cached value (2 for bf16, 1 for fp8).
+            tp: tensor-parallel degree, >= 1.
+
+        Raises:
+            ValueError: tp < 1 or kv_dtype_bytes <= 0.
+        """
+        if kv_dtype_bytes <= 0:
+            raise ValueError(f"kv_dtype_bytes must be > 0, got {kv_dtype_bytes}")
+        _check_tp(tp)
+        if self.is_mla:
+            return float(self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype_bytes)
+        return float(2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * kv_dtype_bytes)
+
+    def tp_divides_heads(self, tp: int) -> bool:
+        """True when ``tp`` divides both the attention-head and the KV-head count (vLLM requires the
+        former; the latter avoids replicated KV heads). MLA has no KV heads: only attention heads count."""
+        _check_tp(tp)
+        if self.num_attention_heads % tp:
+            return False
+        return self.is_mla or self.num_kv_heads % tp == 0
+
+
+def _first(c: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if c.get(k) is not None:
+            return c[k]
+    return None
+
+
+def _needs_dense_ffn(c: dict[str, Any], num_experts: int) -> bool:
+    if "n_routed_experts" in c:
+        return int(c.get("first_k_dense_replace") or 0) > 0
+    if str(c.get("model_type", "")).startswith("llama4"):
+        return True
+    if c.get("moe_intermediate_size") is None:
+        return True  # Mixtral / gpt-oss: experts use intermediate_size
+    return bool(c.get("mlp_only_layers")) or int(c.get("decoder_sparse_step") or 1) > 1
+
+
+def _pos_int(c: dict[str, Any], key: str, name: str) -> int:
+    try:
+        v = int(c[key])
+    except (TypeError, ValueError):
+        raise ModelConfigError(f"{name}: field {key} must be an integer, got {c[key]!r}") from None
+    if v <= 0:
+        raise ModelConfigError(f"{name}: field {key} must be > 0, got {v}")
+    return v
+
+
+def _check_tp(tp: int) -> None:
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be an integer >= 1, got {tp!r}")

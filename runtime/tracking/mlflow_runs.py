@@ -1,0 +1,218 @@
+"""Adapter: record a tuning in MLflow and register the winner with alias ``champion``.
+
+Layout in MLflow (any tracking URI; tested with the sqlite backend ``sqlite:///.../mlflow.db``):
+
+* experiment ``experiment`` (created with an explicit artifact location so nothing lands in ``./mlruns``);
+* one parent run per tuning (params: model, gpu, precision, SLO, workload; metrics: the winner's);
+* one nested child run per candidate (tag ``mlflow.parentRunId``): params model/gpu/precision/prefill_tp/
+  decode_tp/slo_*; metrics predicted_ttft_ms, predicted_itl_ms, goodput_per_gpu, usd_per_mtok, ...;
+* parent artifacts: ``pareto.png``, ``pareto.html``, ``candidates.md``, ``profiles/*.json``,
+  ``deployment/deployment_spec.json`` (the winner's DeploymentSpec);
+* registered model ``registered_model``: a new version whose source is the parent run's ``deployment``
+  artifact folder, alias ``champion`` moved to it. No pyfunc flavour: the version is data, not code.
+
+Only ``MlflowClient`` is used (no global ``mlflow.set_tracking_uri``), so callers with other tracking URIs
+are unaffected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from runtime.config import DeploymentSpec, ModelRef
+from runtime.tracking.plots import pareto_html, pareto_png
+from runtime.tracking.profiles_io import write_profiles
+from runtime.tuner.profiles import build_profiles
+from runtime.tuner.search import Candidate, TuneResult
+
+CHAMPION_ALIAS = "champion"
+SPEC_ARTIFACT = "deployment/deployment_spec.json"
+
+
+class TrackingError(RuntimeError):
+    """MLflow has no champion / no spec artifact for a registered model (message names which)."""
+
+
+def default_artifact_root(tracking_uri: str) -> Path | None:
+    """``<db folder>/mlartifacts`` for ``sqlite:///path/to/mlflow.db``; None for other URIs."""
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(unquote(tracking_uri[len("sqlite:///"):])).resolve().parent / "mlartifacts"
+    if tracking_uri.startswith(("file:", "/")):
+        p = urlparse(tracking_uri).path if tracking_uri.startswith("file:") else tracking_uri
+        return Path(p) / "mlartifacts"
+    return None
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def _experiment_id(client, experiment: str, artifacts_dir: Path | None) -> str:
+    exp = client.get_experiment_by_name(experiment)
+    if exp is not None:
+        return exp.experiment_id
+    loc = None if artifacts_dir is None else Path(artifacts_dir).resolve().as_uri()
+    return client.create_experiment(experiment, artifact_location=loc)
+
+
+def _candidate_params(result: TuneResult, c: Candidate) -> dict[str, str]:
+    return {
+        "model": result.model.name,
+        "gpu": result.gpu.name,
+        "precision": result.precision,
+        "prefill_tp": str(c.prefill_tp),
+        "decode_tp": str(c.decode_tp),
+        "slo_ttft_p90_ms": f"{result.slo.ttft_p90_ms:g}",
+        "slo_itl_p90_ms": f"{result.slo.itl_p90_ms:g}",
+        "isl_tokens": str(result.workload.isl_tokens),
+        "osl_tokens": str(result.workload.osl_tokens),
+        "request_rate_per_s": f"{result.workload.request_rate_per_s:g}",
+    }
+
+
+def _candidate_metrics(c: Candidate) -> dict[str, float]:
+    m = {
+        "predicted_ttft_ms": c.ttft_ms,
+        "predicted_ttft_unloaded_ms": c.ttft_unloaded_ms,
+        "predicted_itl_ms": c.itl_ms,
+        "goodput_per_gpu": c.goodput_per_gpu,
+        "usd_per_mtok": c.usd_per_mtok if c.usd_per_mtok is not None else math.nan,
+        "decode_batch": float(c.decode_batch),
+        "prefill_replicas": float(c.prefill_replicas),
+        "decode_replicas": float(c.decode_replicas),
+        "num_gpus": float(c.num_gpus),
+        "kv_capacity_tokens": float(c.kv_capacity_tokens),
+        "feasible": 1.0 if c.feasible else 0.0,
+    }
+    return {k: float(v) for k, v in m.items() if math.isfinite(v)}
+
+
+def _log(client, run_id: str, params: dict[str, str], metrics: dict[str, float], tags: dict[str, str]):
+    from mlflow.entities import Metric, Param, RunTag
+
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()],
+        params=[Param(k, v) for k, v in params.items()],
+        tags=[RunTag(k, v) for k, v in tags.items()],
+    )
+
+
+def log_tuning(
+    result: TuneResult,
+    *,
+    tracking_uri: str,
+    experiment: str,
+    registered_model: str,
+    artifacts_dir: Path | None = None,
+    model_ref: ModelRef | None = None,
+) -> str:
+    """Log ``result`` (parent + one child run per candidate, plot, profiles, spec) and register the winner.
+
+    Args:
+        tracking_uri: e.g. ``sqlite:///.pdserve/mlflow.db``.
+        experiment: experiment name (created when absent).
+        registered_model: registry name; the new version gets alias ``champion``.
+        artifacts_dir: artifact root for a NEW experiment (default: ``mlartifacts`` beside a sqlite db).
+        model_ref: ModelRef for the DeploymentSpec (default: ``ModelRef(name=result.model.name)``).
+
+    Returns:
+        The registered model version (a string such as ``"3"``).
+    """
+    client = _client(tracking_uri)
+    exp_id = _experiment_id(client, experiment, artifacts_dir or default_artifact_root(tracking_uri))
+    spec = result.to_deployment_spec(model_ref or ModelRef(name=result.model.name))
+    b = result.best
+    parent = client.create_run(exp_id, run_name=f"tune-{result.model.name.split('/')[-1]}-{result.gpu.name}")
+    pid = parent.info.run_id
+    try:
+        params = _candidate_params(result, b)
+        params = {k: v for k, v in params.items() if k not in ("prefill_tp", "decode_tp")}
+        params["num_candidates"] = str(len(result.candidates))
+        metrics = {f"best_{k}": v for k, v in _candidate_metrics(b).items()}
+        metrics.update(best_prefill_tp=float(b.prefill_tp), best_decode_tp=float(b.decode_tp),
+                       num_feasible=float(sum(c.feasible for c in result.candidates)))
+        _log(client, pid, params, metrics, {"pdserve.kind": "tuning", "pdserve.winner": b.label})
+        for c in result.candidates:
+            child = client.create_run(
+                exp_id, run_name=c.label, tags={"mlflow.parentRunId": pid, "pdserve.kind": "candidate"}
+            )
+            tags = {"feasible": str(c.feasible).lower(), "reason": c.reason[:4000],
+                    "champion": str(c == b).lower()}
+            _log(client, child.info.run_id, _candidate_params(result, c), _candidate_metrics(c), tags)
+            client.set_terminated(child.info.run_id)
+
+        with tempfile.TemporaryDirectory(prefix="pdserve-tune-") as tmp:
+            t = Path(tmp)
+            png = pareto_png(result, t / "pareto.png")
+            (t / "pareto.html").write_text(pareto_html(result, png))
+            (t / "candidates.md").write_text(result.markdown_table())
+            from runtime.perf.model import PerfModel
+            from runtime.tuner.profiles import ProfilePerf
+
+            if isinstance(result.perf, ProfilePerf):  # measured mode: log the measurements
+                prof = result.perf.profiles
+            else:
+                prof = build_profiles(result.perf or PerfModel(result.model, result.gpu, result.precision),
+                                      tuple(sorted({c.prefill_tp for c in result.candidates})),
+                                      tuple(sorted({c.decode_tp for c in result.candidates})))
+            write_profiles(prof, t / "profiles")
+            (t / "deployment").mkdir()
+            (t / SPEC_ARTIFACT).write_text(spec.model_dump_json(indent=2))
+            for name in ("pareto.png", "pareto.html", "candidates.md"):
+                client.log_artifact(pid, str(t / name))
+            client.log_artifacts(pid, str(t / "profiles"), "profiles")
+            client.log_artifacts(pid, str(t / "deployment"), "deployment")
+        client.set_terminated(pid)
+    except BaseException:
+        client.set_terminated(pid, status="FAILED")
+        raise
+
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(registered_model)
+    except MlflowException as e:
+        if "already exists" not in str(e).lower() and "RESOURCE_ALREADY_EXISTS" not in str(e):
+            raise
+    source = f"{client.get_run(pid).info.artifact_uri}/deployment"
+    mv = client.create_model_version(
+        registered_model, source=source, run_id=pid,
+        tags={"prefill_tp": str(b.prefill_tp), "decode_tp": str(b.decode_tp), "gpu": result.gpu.name},
+        description=f"pdserve tuning winner {b.label} for {result.model.name} on {result.gpu.name}",
+    )
+    client.set_registered_model_alias(registered_model, CHAMPION_ALIAS, mv.version)
+    return str(mv.version)
+
+
+def load_champion(tracking_uri: str, registered_model: str) -> tuple[str, DeploymentSpec]:
+    """The version behind alias ``champion`` and its DeploymentSpec (validated).
+
+    Raises:
+        TrackingError: no such registered model / alias, or the spec artifact is missing.
+        pydantic.ValidationError: the stored spec is not a valid DeploymentSpec.
+    """
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    try:
+        mv = client.get_model_version_by_alias(registered_model, CHAMPION_ALIAS)
+    except MlflowException as e:
+        raise TrackingError(
+            f"registered model {registered_model!r} has no {CHAMPION_ALIAS!r} version at {tracking_uri}: {e}"
+        ) from None
+    with tempfile.TemporaryDirectory(prefix="pdserve-champion-") as tmp:
+        try:
+            local = client.download_artifacts(mv.run_id, SPEC_ARTIFACT, tmp)
+        except (MlflowException, OSError) as e:
+            raise TrackingError(
+                f"{registered_model} v{mv.version}: artifact {SPEC_ARTIFACT} missing in run {mv.run_id}: {e}"
+            ) from None
+        data = json.loads(Path(local).read_text())
+    return str(mv.version), DeploymentSpec.model_validate(data)

@@ -1,0 +1,328 @@
+"""Prefill-TP x decode-TP search under TTFT/ITL SLOs (DistServe-style placement, one GPU type).
+
+For every pair (prefill TP ``p``, decode TP ``d``) in ``tps x tps``:
+
+1. Rules: ``p`` and ``d`` divide the attention and KV heads (``ModelSpec.tp_divides_heads``); weights +
+   activations + one (p90-length) request's KV fit (``PerfModel.fits``); ``p <= d`` unless the model uses
+   MLA (vLLM NixlConnector refuses prefill TP > decode TP for non-MLA models).
+2. Prefill: service times ``S = prefill_time_s(isl, p)`` over the workload's prompt lengths (one length:
+   M/D/1 as in DistServe, OSDI 2024; a sample or trace: M/G/1 with Pollaczek-Khinchine moments); TTFT p90 =
+   p90 of (S + KV transfer) + p90 queueing delay (``runtime.tuner.queueing``); per-worker goodput = the
+   largest Poisson rate meeting the TTFT SLO.
+3. Decode: the largest batch ``B`` with ``decode_step_time_s(B, p90 context, d) <= ITL SLO`` and
+   ``B * mean(isl + osl) <= kv_capacity_tokens(d)``; per-worker goodput = ``B / step(B, mean isl + osl/2) /
+   mean osl`` requests/s.
+4. Goodput per GPU (requests/s/GPU) at the ideal P:D ratio = ``1 / (p / g_p + d / g_d)``; replicas for the
+   workload rate = ``ceil(rate / g)`` per pool; $/Mtok = GPU-hours per request x on-demand price / mean osl.
+
+The winner needs the fewest GPUs for the workload rate, i.e. has the highest goodput per GPU at that rate
+(ties: higher ideal-ratio goodput per GPU, then smaller TPs). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from runtime.config import DeploymentSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
+from runtime.models.spec import ModelSpec
+from runtime.perf.gpus import GpuSpec, get_gpu
+from runtime.perf.instances import get_instance, usd_per_gpu_hour
+from runtime.perf.model import PerfModel
+from runtime.tuner.queueing import max_rate_under_ttft_mg1, mg1_wait_quantile_s
+from runtime.tuner.workload import LengthSample, quantile
+
+SLO_QUANTILE = 0.9
+# NIXL KV transfer bandwidth per prefill GPU: EFA 3.2 Tb/s per 8-GPU p5 node = 50 GB/s per GPU
+# (aiconfigurator h100_sxm.yaml node.inter_node_bw); the CPU dev machine moves KV over UCX TCP loopback.
+KV_TRANSFER_BW_BYTES_PER_S = {"CPU": 1e9}
+DEFAULT_KV_TRANSFER_BW_BYTES_PER_S = 50e9
+MAX_DECODE_BATCH = 1024  # vLLM max_num_seqs upper bound searched
+
+
+class TuningError(ValueError):
+    """No deployment can be chosen; the message says why, with numbers."""
+
+
+class InfeasibleSLOError(TuningError):
+    """Every candidate misses the SLO; the message names the best candidate's predicted TTFT/ITL."""
+
+
+class ModelDoesNotFitError(TuningError):
+    """No candidate TP holds the weights and one request's KV; the message shows the memory arithmetic."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One (prefill TP, decode TP) configuration and its predictions.
+
+    Times in ms, rates in requests/s, ``goodput_per_gpu`` in requests/s/GPU, ``usd_per_mtok`` in USD per
+    million output tokens (None when the GPU has no AWS price). ``feasible`` is False with ``reason`` set
+    when a rule or the SLO is violated (predictions are still filled in where computable).
+    """
+
+    prefill_tp: int
+    decode_tp: int
+    feasible: bool
+    reason: str = ""
+    ttft_ms: float = math.inf  # p90 at the operating point (unloaded when infeasible)
+    ttft_unloaded_ms: float = math.inf
+    itl_ms: float = math.inf  # p90: step time at the chosen decode batch and the longest context
+    decode_batch: int = 0
+    prefill_goodput_rps: float = 0.0  # per prefill worker
+    decode_goodput_rps: float = 0.0  # per decode worker
+    goodput_per_gpu: float = 0.0
+    prefill_replicas: int = 0
+    decode_replicas: int = 0
+    num_gpus: int = 0
+    usd_per_mtok: float | None = None
+    kv_capacity_tokens: int = 0  # per decode worker
+
+    @property
+    def label(self) -> str:
+        return f"p{self.prefill_tp}d{self.decode_tp}"
+
+
+@dataclass
+class TuneResult:
+    """All candidates (feasible or not) and the winner; see :func:`tune`."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    precision: str
+    slo: SloSpec
+    workload: WorkloadSpec
+    candidates: list[Candidate]
+    best: Candidate
+    notes: list[str] = field(default_factory=list)
+    perf: object = field(default=None, repr=False, compare=False)  # the PerfModel / ProfilePerf used
+
+    def to_deployment_spec(self, model_ref: ModelRef) -> DeploymentSpec:
+        """The winner as a DeploymentSpec (planner bounds: 1 .. max(8, 2 x replicas) per pool).
+
+        Raises:
+            pydantic.ValidationError: when the precision is not one DeploymentSpec accepts (bf16/fp8).
+        """
+        b = self.best
+        return DeploymentSpec(
+            model=model_ref,
+            gpu=self.gpu.name,
+            precision=self.precision,
+            slo=self.slo.model_copy(),
+            workload=self.workload.model_copy(),
+            prefill=PoolSpec(tp=b.prefill_tp, replicas=b.prefill_replicas, min_replicas=1,
+                             max_replicas=max(8, 2 * b.prefill_replicas)),
+            decode=PoolSpec(tp=b.decode_tp, replicas=b.decode_replicas, min_replicas=1,
+                            max_replicas=max(8, 2 * b.decode_replicas)),
+        )
+
+    def markdown_table(self) -> str:
+        """All candidates as a GitHub-flavoured Markdown table, winner marked with a star."""
+        head = (
+            "| | prefill TP | decode TP | TTFT p90 ms | ITL p90 ms | decode batch | goodput/GPU req/s "
+            "| P:D replicas | GPUs | $/Mtok | status |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        )
+        rows = []
+        for c in self.candidates:
+            star = "★" if c == self.best else ""
+            usd = "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.3f}"
+            rows.append(
+                f"| {star} | {c.prefill_tp} | {c.decode_tp} | {_fmt(c.ttft_ms)} | {_fmt(c.itl_ms)} | "
+                f"{c.decode_batch} | {c.goodput_per_gpu:.3f} | {c.prefill_replicas}:{c.decode_replicas} | "
+                f"{c.num_gpus} | {usd} | {'ok' if c.feasible else c.reason} |"
+            )
+        title = (
+            f"**{self.model.name}** on {self.gpu.name} ({self.precision}); SLO TTFT p90 ≤ "
+            f"{self.slo.ttft_p90_ms:g} ms, ITL p90 ≤ {self.slo.itl_p90_ms:g} ms; workload ISL "
+            f"{self.workload.isl_tokens}, OSL {self.workload.osl_tokens}, "
+            f"{self.workload.request_rate_per_s:g} req/s\n\n"
+        )
+        return title + head + "\n".join(rows) + "\n"
+
+
+def _fmt(ms: float) -> str:
+    return "-" if math.isinf(ms) or math.isnan(ms) else f"{ms:.1f}"
+
+
+def evaluate(
+    perf: PerfModel,
+    prefill_tp: int,
+    decode_tp: int,
+    slo: SloSpec,
+    workload: WorkloadSpec,
+    gpu_memory_utilization: float = 0.9,
+    sample: LengthSample | None = None,
+) -> Candidate:
+    """Predict one candidate (see the module docstring for the rules and formulas).
+
+    ``sample`` (ISL/OSL pairs, e.g. from a trace) replaces the workload's mean lengths: prefill uses the
+    M/G/1 moments of its prompts' prefill times and their p90, decode the p90 context for ITL and the mean
+    lengths for throughput and KV. ``workload.request_rate_per_s`` is the rate either way.
+    """
+    m = perf.model
+    smp = sample or LengthSample.from_spec(workload)
+    mean_osl = smp.mean_osl
+    max_ctx = smp.context_quantile(SLO_QUANTILE)
+    c = Candidate(prefill_tp, decode_tp, feasible=False)
+    for tp in sorted({prefill_tp, decode_tp}):
+        if not m.tp_divides_heads(tp):
+            return replace(c, reason=f"TP {tp} does not divide {m.num_attention_heads} attention / "
+                                     f"{m.num_kv_heads} KV heads")
+        if tp > perf.gpu.num_gpus_per_node:
+            return replace(c, reason=f"TP {tp} > {perf.gpu.num_gpus_per_node} GPUs per node")
+        if not perf.fits(tp, gpu_memory_utilization):
+            return replace(c, reason=f"weights do not fit at TP {tp}")
+    if prefill_tp > decode_tp and not m.is_mla:
+        return replace(c, reason="prefill TP > decode TP (NixlConnector, non-MLA)")
+    kv_cap = perf.kv_capacity_tokens(decode_tp, gpu_memory_utilization)
+    c = replace(c, kv_capacity_tokens=kv_cap)
+    if kv_cap < max_ctx:
+        return replace(c, reason=f"KV capacity {kv_cap} tokens < one request ({max_ctx})")
+
+    # prefill: M/G/1 over the sample's prompts (M/D/1 for a single length)
+    bw = KV_TRANSFER_BW_BYTES_PER_S.get(perf.gpu.name, DEFAULT_KV_TRANSFER_BW_BYTES_PER_S)
+    kv_tok = m.kv_bytes_per_token(perf.kv_dtype_bytes, 1)
+    by_isl = {i: perf.prefill_time_s(i, prefill_tp) for i in set(smp.isl_tokens)}
+    services = [by_isl[i] for i in smp.isl_tokens]
+    totals = [s + i * kv_tok / (bw * prefill_tp) for s, i in zip(services, smp.isl_tokens)]
+    mean_s = sum(services) / len(services)
+    m2_s = sum(s * s for s in services) / len(services)
+    p90_total_s = quantile(totals, SLO_QUANTILE)
+    ttft_slo_s = slo.ttft_p90_ms / 1e3
+    g_p = max_rate_under_ttft_mg1(mean_s, m2_s, p90_total_s, ttft_slo_s, SLO_QUANTILE)
+    ttft_unloaded_ms = p90_total_s * 1e3
+
+    # decode: largest batch meeting ITL at the p90 context and fitting the KV (bisection; step time grows with B)
+    itl_slo_s = slo.itl_p90_ms / 1e3
+    mean_ctx = max(1, round(smp.mean_isl + mean_osl / 2))
+    b_kv = min(MAX_DECODE_BATCH, int(kv_cap // (smp.mean_isl + mean_osl)))
+    step1_s = perf.decode_step_time_s(1, max_ctx, decode_tp)
+    batch = 0
+    if step1_s <= itl_slo_s and b_kv >= 1:
+        lo, hi = 1, b_kv
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if perf.decode_step_time_s(mid, max_ctx, decode_tp) <= itl_slo_s:
+                lo = mid
+            else:
+                hi = mid - 1
+        batch = lo
+    itl_ms = (perf.decode_step_time_s(batch, max_ctx, decode_tp) if batch else step1_s) * 1e3
+    g_d = batch / perf.decode_step_time_s(batch, mean_ctx, decode_tp) / mean_osl if batch else 0.0
+
+    c = replace(c, ttft_unloaded_ms=ttft_unloaded_ms, ttft_ms=ttft_unloaded_ms, itl_ms=itl_ms,
+                decode_batch=batch, prefill_goodput_rps=g_p, decode_goodput_rps=g_d)
+    misses = []
+    if g_p <= 0:
+        misses.append(f"TTFT {ttft_unloaded_ms:.1f} ms > {slo.ttft_p90_ms:g} ms")
+    if g_d <= 0:
+        misses.append(f"ITL {itl_ms:.1f} ms > {slo.itl_p90_ms:g} ms")
+    if misses:
+        return replace(c, reason="SLO miss: " + ", ".join(misses))
+
+    rate = workload.request_rate_per_s
+    n_p, n_d = math.ceil(rate / g_p - 1e-9), math.ceil(rate / g_d - 1e-9)
+    ttft_ms = (p90_total_s + mg1_wait_quantile_s(rate / n_p, mean_s, m2_s, SLO_QUANTILE)) * 1e3
+    goodput_per_gpu = 1.0 / (prefill_tp / g_p + decode_tp / g_d)
+    price_p = usd_per_gpu_hour(perf.gpu.name, prefill_tp)
+    price_d = usd_per_gpu_hour(perf.gpu.name, decode_tp)
+    usd = None
+    if price_p is not None and price_d is not None:
+        usd_per_request = (prefill_tp * price_p / g_p + decode_tp * price_d / g_d) / 3600.0
+        usd = usd_per_request / mean_osl * 1e6
+    return replace(c, feasible=True, ttft_ms=ttft_ms, goodput_per_gpu=goodput_per_gpu,
+                   prefill_replicas=n_p, decode_replicas=n_d,
+                   num_gpus=n_p * prefill_tp + n_d * decode_tp, usd_per_mtok=usd)
+
+
+def resolve_gpu(name: str) -> GpuSpec:
+    """A GPU catalog name/alias, or an AWS instance type (``p5.48xlarge`` -> H100-SXM).
+
+    Raises:
+        KeyError: neither a GPU nor an instance type; the message lists the GPU names.
+    """
+    try:
+        return get_gpu(name)
+    except KeyError as gpu_err:
+        try:
+            return get_gpu(get_instance(name).gpu)
+        except KeyError:
+            raise gpu_err from None
+
+
+def tune(
+    model: ModelSpec,
+    gpu: GpuSpec | str,
+    slo: SloSpec,
+    workload: WorkloadSpec,
+    precision: str = "bf16",
+    tps: tuple[int, ...] = (1, 2, 4, 8),
+    gpu_memory_utilization: float = 0.9,
+    perf: PerfModel | None = None,
+    sample: LengthSample | None = None,
+) -> TuneResult:
+    """Search prefill TP x decode TP and pick the configuration with the highest goodput per GPU.
+
+    Args:
+        model: architecture; gpu: catalog name, AWS instance type (e.g. ``p5.48xlarge``) or spec;
+        slo: TTFT/ITL p90 targets (ms);
+        workload: mean ISL/OSL (tokens) and request rate (req/s); precision: bf16/fp8/fp4;
+        tps: TP degrees to try for each pool; perf: a prebuilt PerfModel (e.g. with other efficiencies, or
+        ``runtime.tuner.profiles.ProfilePerf`` for measured mode); sample: ISL/OSL pairs (e.g. a trace,
+        ``runtime.tuner.workload.LengthSample``) used instead of the workload's mean lengths.
+
+    Returns:
+        TuneResult with all ``len(tps)**2`` candidates in (prefill TP, decode TP) order.
+
+    Raises:
+        ModelDoesNotFitError: no TP in ``tps`` holds the weights + one request's KV (message: memory
+            arithmetic of the largest TP).
+        InfeasibleSLOError: candidates fit but none meets the SLO (message: the best candidate's
+            predicted TTFT/ITL).
+    """
+    g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
+    pm = perf or PerfModel(model, g, precision)
+    cands = [evaluate(pm, p, d, slo, workload, gpu_memory_utilization, sample) for p in tps for d in tps]
+    ok = [c for c in cands if c.feasible]
+    if ok:
+        best = max(ok, key=lambda c: (-c.num_gpus, c.goodput_per_gpu, -c.decode_tp, -c.prefill_tp))
+        return TuneResult(model, g, pm.precision, slo, workload, cands, best, perf=pm)
+
+    rated = [c for c in cands if c.reason.startswith("SLO miss")]
+    if not rated:
+        big = max((t for t in tps if model.tp_divides_heads(t)), default=max(tps))
+        mb = pm.memory_breakdown(big, gpu_memory_utilization)
+        need = workload.isl_tokens + workload.osl_tokens
+        raise ModelDoesNotFitError(
+            f"{model.name} fits on no candidate on {g.name} ({pm.precision}): at TP {big} per GPU "
+            f"{mb.explain()}; one request needs {need} tokens x "
+            f"{model.kv_bytes_per_token(pm.kv_dtype_bytes, big):.0f} B/token. Rules: "
+            + "; ".join(sorted({c.reason for c in cands}))
+        )
+
+    def violation(c: Candidate) -> float:
+        return max(c.ttft_unloaded_ms / slo.ttft_p90_ms, c.itl_ms / slo.itl_p90_ms)
+
+    b = min(rated, key=violation)
+    raise InfeasibleSLOError(
+        f"no candidate meets TTFT p90 <= {slo.ttft_p90_ms:g} ms and ITL p90 <= {slo.itl_p90_ms:g} ms for "
+        f"{model.name} on {g.name} ({pm.precision}, ISL {workload.isl_tokens}, OSL {workload.osl_tokens}); "
+        f"best candidate prefill TP {b.prefill_tp} / decode TP {b.decode_tp} predicts TTFT "
+        f"{b.ttft_unloaded_ms:.1f} ms and ITL {b.itl_ms:.1f} ms"
+    )
+
+
+def tune_from_config_path(
+    config_json, gpu: str, slo: SloSpec, workload: WorkloadSpec, precision: str = "bf16", **kw
+) -> TuneResult:
+    """Adapter convenience: read ``config_json`` (file or model folder) with
+    ``runtime.models.load.load_model_spec`` and :func:`tune` it. The only function here that touches the
+    filesystem (lazily, through the models adapter).
+
+    Raises:
+        ModelConfigError, ModelDoesNotFitError, InfeasibleSLOError.
+    """
+    from runtime.models.load import load_model_spec  # adapter, imported on use only
+
+    return tune(load_model_spec(config_json), gpu, slo, workload, precision, **kw)
