@@ -150,8 +150,9 @@ class PlannerSpec(_Strict):
 
     mode: Literal["off", "sla", "load"] = Field(default="off", description="Scaling mode.")
     predictor: str = Field(
-        default="burst_quantile",
-        description="Load predictor name: burst_quantile, constant, moving_average or arima.",
+        default="moving_average",
+        description="Load predictor name: moving_average, burst_quantile (recommended for SLA mode, what "
+        "bench/planner.py runs), constant or arima.",
     )
     interval_s: float = Field(default=30.0, gt=0, description="Planner tick interval, seconds.")
     gpu_budget: int = Field(default=64, ge=1, description="Total GPUs the planner may use.")

@@ -1,0 +1,103 @@
+"""Baseline: NVIDIA Dynamo's published SLA-planner replica formula, as a controller on our ticks.
+
+Re-stated from ai-dynamo/dynamo ``components/src/dynamo/planner/utils/prefill_planner.py`` and
+``decode_planner.py`` (``_compute_replica_requirements``, ``_update_correction_factor``) with the
+defaults of ``planner/defaults.py`` (``adjustment_interval = 180`` s, ``load_predictor = "arima"``,
+``min_endpoint = 1``):
+
+* prefill: ``num_p = ceil(num_req * isl / interval * min(1, p_corr) / thpt_per_gpu(isl) / tp_p)``
+  with ``thpt_per_gpu(isl) = isl / ttft(isl) / tp_p`` (profiled prefill at batch 1) and
+  ``p_corr = observed TTFT / ttft(isl)``;
+* decode: ``num_d = ceil(num_req * osl / interval / thpt_per_gpu(itl / d_corr, isl + osl/2) / tp_d)``
+  with the best profiled per-GPU decode throughput under the corrected ITL and
+  ``d_corr = observed ITL / itl(concurrency, context)``;
+* both at least ``min_endpoint``, then the GPU budget; no lead time, no scale-down delay.
+
+It acts every ``adjustment_interval_s`` (a multiple of the tick) and returns None in between.
+"""
+
+from __future__ import annotations
+
+import math
+
+from runtime.planner.predictors import make_predictor
+from runtime.planner.profiles import ServiceProfile
+from runtime.planner.stability import fit_budget
+from runtime.planner.types import ScalingDecision, TickInput
+
+
+class DynamoSlaBaseline:
+    """Dynamo SLA planner arithmetic. Times in seconds; ``itl_target_s`` / ``ttft_target_s`` SLOs."""
+
+    def __init__(
+        self,
+        profile: ServiceProfile,
+        *,
+        prefill_tp: int,
+        decode_tp: int,
+        ttft_target_s: float,
+        itl_target_s: float,
+        gpu_budget: int,
+        adjustment_interval_s: float = 180.0,
+        predictor: str = "arima",
+        min_endpoint: int = 1,
+    ) -> None:
+        self.prof = profile
+        self.tp_p, self.tp_d = prefill_tp, decode_tp
+        self.ttft_s, self.itl_s = ttft_target_s, itl_target_s
+        self.budget = gpu_budget
+        self.interval_s = adjustment_interval_s
+        self.min_endpoint = min_endpoint
+        self._num_req = make_predictor(predictor)
+        self._isl = make_predictor(predictor)
+        self._osl = make_predictor(predictor)
+        self.p_corr = self.d_corr = 1.0
+        self._acc: list[TickInput] = []
+        self._window_start: float | None = None
+
+    def on_tick(self, tick: TickInput) -> ScalingDecision | None:
+        if self._window_start is None:
+            self._window_start = tick.now_s - tick.interval_s
+        self._acc.append(tick)
+        if tick.now_s - self._window_start < self.interval_s - 1e-9:
+            return None
+        ticks, self._acc, self._window_start = self._acc, [], tick.now_s
+        num_req = sum(t.num_requests for t in ticks)
+        if num_req:
+            isl = sum(t.mean_isl_tokens * t.num_requests for t in ticks) / num_req
+            osl = sum(t.mean_osl_tokens * t.num_requests for t in ticks) / num_req
+            self._num_req.observe(num_req)
+            self._isl.observe(isl)
+            self._osl.observe(osl)
+            self._update_corrections(ticks, isl, osl)
+        next_num = self._num_req.predict()
+        next_isl, next_osl = self._isl.predict(), self._osl.predict()
+        if next_isl <= 0 or next_osl <= 0:
+            return ScalingDecision(tick.now_s, self.min_endpoint, self.min_endpoint, reason="dynamo_no_data")
+        p_thpt_per_gpu = next_isl / float(self.prof.prefill.prefill_time_s(next_isl)) / self.tp_p
+        pred_p = next_num * next_isl / self.interval_s * min(1.0, self.p_corr)
+        num_p = max(math.ceil(pred_p / p_thpt_per_gpu / self.tp_p), self.min_endpoint)
+        corrected_itl = self.itl_s / self.d_corr if self.d_corr > 0 else self.itl_s
+        ctx = next_isl + next_osl / 2
+        d_thpt_per_gpu = self.prof.decode.tokens_per_s(corrected_itl, ctx, ctx) / self.tp_d
+        if d_thpt_per_gpu <= 0:
+            num_d = self.min_endpoint
+        else:
+            num_d = max(math.ceil(next_num * next_osl / self.interval_s / d_thpt_per_gpu / self.tp_d), self.min_endpoint)
+        num_p, num_d = fit_budget(
+            num_p, num_d, prefill_tp=self.tp_p, decode_tp=self.tp_d, min_prefill=self.min_endpoint,
+            min_decode=self.min_endpoint, budget_gpus=self.budget,
+        )
+        return ScalingDecision(
+            tick.now_s, num_p, num_d, predicted_rate_per_s=next_num / self.interval_s,
+            predicted_isl_tokens=next_isl, predicted_osl_tokens=next_osl,
+            ttft_correction=self.p_corr, itl_correction=self.d_corr, reason="dynamo_sla",
+        )
+
+    def _update_corrections(self, ticks: list[TickInput], isl: float, osl: float) -> None:
+        last = ticks[-1]
+        if last.observed_ttft_p90_s is not None:
+            self.p_corr = last.observed_ttft_p90_s / float(self.prof.prefill.prefill_time_s(isl))
+        if last.observed_itl_p90_s is not None and last.decode.running_per_worker > 0:
+            exp = self.prof.decode.step_s(last.decode.running_per_worker, isl + osl / 2)
+            self.d_corr = last.observed_itl_p90_s / exp

@@ -1,0 +1,147 @@
+"""SLA replica arithmetic: how many prefill and decode workers a predicted load needs.
+
+Prefill: a pool of ``c`` workers behind a least-loaded router is modelled as an M/M/c queue
+(Erlang C) with service time ``s = prefill_time(ISL) * ttft_correction``. The pool size is the
+smallest ``c`` with utilisation ``rate * s / c <= target_utilization`` and
+``P(wait > ttft_budget - s) <= 1 - quantile`` where ``P(W > t) = C(c, a) * exp(-(c/s - rate) t)``
+(Kleinrock, Queueing Systems vol. 1, §3.5; Erlang C via the Erlang-B recursion).
+
+Decode: like Dynamo's ``DecodePlanner._compute_replica_requirements``, demand
+``rate * OSL`` tokens/s divided by one worker's throughput at its largest batch whose step time
+meets ``itl_target / itl_correction`` and whose KV fits (context ``ISL + OSL/2``).
+
+Aggregated: ``n`` workers at the decode TP both prefill and decode; a worker busy prefilling a
+fraction ``u`` of the time stretches decode steps by ``1 / (1 - u)`` (prefill and decode
+share the GPU, as with chunked prefill), so decode must meet ``itl_target * (1 - u)``.
+
+All functions are pure; rates in requests/s, lengths in tokens, times in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+from runtime.planner.profiles import DecodeProfile, PrefillProfile
+
+MAX_REPLICAS_SEARCH = 4096
+AGG_MAX_PREFILL_SHARE = 0.5
+
+
+def erlang_c(num_servers: int, offered_load: float) -> float:
+    """Probability an arrival waits in M/M/c with ``num_servers`` = c and ``offered_load`` = a
+    (Erlangs = rate * service time). Returns 1.0 when ``a >= c`` (unstable). Raises ValueError
+    for c < 1 or a < 0."""
+    if num_servers < 1:
+        raise ValueError(f"num_servers must be >= 1, got {num_servers}")
+    if offered_load < 0:
+        raise ValueError(f"offered_load must be >= 0, got {offered_load}")
+    a, c = offered_load, num_servers
+    if a >= c:
+        return 1.0
+    b = 1.0
+    for k in range(1, c + 1):  # Erlang B recursion
+        b = a * b / (k + a * b)
+    return c * b / (c - a * (1.0 - b))
+
+
+def wait_quantile_s(num_servers: int, rate_per_s: float, service_s: float, quantile: float) -> float:
+    """``quantile`` of the M/M/c waiting time, seconds (``inf`` when unstable, 0 when the chance of
+    waiting is below ``1 - quantile``)."""
+    if rate_per_s <= 0:
+        return 0.0
+    a = rate_per_s * service_s
+    if a >= num_servers:
+        return math.inf
+    p_wait = erlang_c(num_servers, a)
+    tail = 1.0 - quantile
+    if p_wait <= tail:
+        return 0.0
+    return math.log(p_wait / tail) / (num_servers / service_s - rate_per_s)
+
+
+def prefill_replicas(
+    rate_per_s: float,
+    isl_tokens: float,
+    profile: PrefillProfile,
+    *,
+    ttft_budget_s: float,
+    ttft_correction: float = 1.0,
+    target_utilization: float = 0.9,
+    quantile: float = 0.99,
+) -> int:
+    """Smallest prefill pool meeting the TTFT budget at ``quantile`` (see module doc).
+
+    Returns 0 for zero load. When the service time alone exceeds the budget no pool size helps;
+    the utilisation bound is returned then (the caller reports the SLO as infeasible)."""
+    if rate_per_s <= 0:
+        return 0
+    s = float(profile.prefill_time_s(max(isl_tokens, 1.0))) * ttft_correction
+    a = rate_per_s * s
+    c = max(1, math.ceil(a / target_utilization - 1e-9))
+    slack = ttft_budget_s - s
+    if slack <= 0:
+        return c
+    while c < MAX_REPLICAS_SEARCH:
+        if wait_quantile_s(c, rate_per_s, s, quantile) <= slack:
+            return c
+        c += 1
+    return c
+
+
+def expected_ttft_s(rate_per_s: float, isl_tokens: float, num_workers: int, profile: PrefillProfile, quantile: float = 0.9) -> float:
+    """Model TTFT at ``quantile``: prefill time + M/M/c waiting-time quantile (inf if overloaded)."""
+    if num_workers < 1:
+        return math.inf
+    s = float(profile.prefill_time_s(max(isl_tokens, 1.0)))
+    return s + wait_quantile_s(num_workers, rate_per_s, s, quantile)
+
+
+def decode_replicas(
+    rate_per_s: float,
+    isl_tokens: float,
+    osl_tokens: float,
+    profile: DecodeProfile,
+    *,
+    itl_target_s: float,
+    itl_correction: float = 1.0,
+    kv_headroom: float = 0.9,
+) -> int | None:
+    """Decode workers for ``rate * OSL`` tokens/s at the ITL target (Dynamo's decode formula with a
+    KV limit). Returns 0 for zero load and None when no batch meets the corrected target."""
+    if rate_per_s <= 0 or osl_tokens <= 0:
+        return 0
+    ctx = isl_tokens + osl_tokens / 2.0
+    per_worker = profile.tokens_per_s(itl_target_s / itl_correction, ctx, ctx / kv_headroom)
+    if per_worker <= 0:
+        return None
+    return max(1, math.ceil(rate_per_s * osl_tokens / per_worker - 1e-9))
+
+
+def aggregated_replicas(
+    rate_per_s: float,
+    isl_tokens: float,
+    osl_tokens: float,
+    prefill_on_decode: PrefillProfile,
+    decode: DecodeProfile,
+    *,
+    ttft_budget_s: float,
+    itl_target_s: float,
+    max_workers: int,
+    quantile: float = 0.99,
+) -> int | None:
+    """Smallest number of aggregated workers (decode TP) serving both phases within SLO, or None
+    if ``max_workers`` are not enough. See the module doc for the interference model."""
+    if rate_per_s <= 0:
+        return 1
+    s = float(prefill_on_decode.prefill_time_s(max(isl_tokens, 1.0)))
+    ctx = isl_tokens + osl_tokens / 2.0
+    for n in range(1, max_workers + 1):
+        u = rate_per_s * s / n
+        if u > AGG_MAX_PREFILL_SHARE:
+            continue
+        if s + wait_quantile_s(n, rate_per_s, s, quantile) > ttft_budget_s:
+            continue
+        per_worker = decode.tokens_per_s(itl_target_s * (1.0 - u), ctx, ctx / 0.9)
+        if per_worker > 0 and rate_per_s * osl_tokens / n <= per_worker:
+            return n
+    return None

@@ -1,0 +1,87 @@
+"""Stability rules applied to a pool's raw desired replica count, tick by tick.
+
+* Scale up early: a higher target is taken at once (the predictor already looks a worker start
+  ahead, see the state machine).
+* Scale down late: a lower target is taken only as the *maximum* desired over the last
+  ``scale_down_delay_s`` (sliding window; Kubernetes HPA's ``stabilizationWindowSeconds`` for
+  scale-down), and not before the window has been observed in full.
+* Cooldown: the scaling direction may flip at most once per ``cooldown_s``; a flip requested
+  sooner holds the current count.
+* :func:`fit_budget` trims two pools into a GPU budget without going below their minimums.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+
+class PoolStabilizer:
+    """Sliding-window + cooldown filter for one pool. Times are seconds on the caller's clock."""
+
+    def __init__(self, scale_down_delay_s: float, cooldown_s: float) -> None:
+        if scale_down_delay_s < 0 or cooldown_s < 0:
+            raise ValueError("scale_down_delay_s and cooldown_s must be >= 0")
+        self._delay = scale_down_delay_s
+        self._cooldown = cooldown_s
+        self._window: deque[tuple[float, int]] = deque()
+        self._first_s: float | None = None
+        self._last_dir = 0
+        self._last_flip_s = -math.inf
+
+    def propose(self, now_s: float, current: int, desired: int) -> int:
+        """Return the stabilised target for ``desired`` given the ``current`` target (no commit)."""
+        if self._first_s is None:
+            self._first_s = now_s
+        self._window.append((now_s, desired))
+        while self._window and self._window[0][0] < now_s - self._delay:
+            self._window.popleft()
+        if desired >= current:
+            target = desired
+        elif now_s - self._first_s < self._delay:
+            target = current  # window not yet observed in full: never scale down
+        else:
+            target = min(current, max(d for _, d in self._window))
+        if not self.may_move(now_s, current, target):
+            return current
+        return target
+
+    def may_move(self, now_s: float, current: int, target: int) -> bool:
+        """False when moving ``current`` → ``target`` would flip direction within the cooldown."""
+        direction = (target > current) - (target < current)
+        return not (
+            direction != 0
+            and self._last_dir != 0
+            and direction != self._last_dir
+            and now_s - self._last_flip_s < self._cooldown
+        )
+
+    def commit(self, now_s: float, current: int, target: int) -> None:
+        """Record the move actually made (after budget trimming)."""
+        direction = (target > current) - (target < current)
+        if direction == 0:
+            return
+        if direction != self._last_dir:
+            self._last_flip_s = now_s
+        self._last_dir = direction
+
+
+def fit_budget(
+    prefill: int, decode: int, *, prefill_tp: int, decode_tp: int, min_prefill: int, min_decode: int, budget_gpus: int
+) -> tuple[int, int]:
+    """Trim (prefill, decode) replicas until ``prefill*prefill_tp + decode*decode_tp <= budget_gpus``,
+    taking one replica at a time from the pool using more GPUs above its minimum.
+    Raises ValueError naming ``gpu_budget`` when even the minimums do not fit."""
+    if min_prefill * prefill_tp + min_decode * decode_tp > budget_gpus:
+        raise ValueError(
+            f"gpu_budget {budget_gpus} < GPUs of the minimum replicas "
+            f"({min_prefill}x{prefill_tp} + {min_decode}x{decode_tp})"
+        )
+    p, d = max(prefill, min_prefill), max(decode, min_decode)
+    while p * prefill_tp + d * decode_tp > budget_gpus:
+        can_p, can_d = p > min_prefill, d > min_decode
+        if can_p and (not can_d or p * prefill_tp >= d * decode_tp):
+            p -= 1
+        else:
+            d -= 1
+    return p, d

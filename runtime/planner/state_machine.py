@@ -1,0 +1,319 @@
+"""The planner as a pure state machine: ``on_tick(TickInput) -> ScalingDecision``.
+
+No clock and no I/O: time arrives in ``TickInput.now_s``; the caller (runtime/server/planner_loop.py
+or the fleet simulator) reads metrics and applies decisions through an actuator.
+
+Per tick (SLA mode):
+1. Observe rate, ISL, OSL; predict the rate ``1 + ceil(worker_start_s / interval_s)`` ticks ahead
+   (scale up early: a worker started now is ready when that load arrives) and never plan below the
+   rate just observed; requests queued for prefill add ``queue / BACKLOG_DRAIN_S`` to the rate.
+2. Burst mode: an observed rate above ``burst_factor`` x the rate predicted for this tick adds
+   ``burst_headroom`` and lifts the reserved-priority cap (never the total budget) for at most
+   ``burst_max_s``.
+3. Correction factors: observed TTFT p90 / model TTFT p90 and observed ITL p90 / model step time
+   (EWMA, clamped), applied to prefill service time and to the ITL target (Dynamo SLA planner).
+   While observed TTFT p90 is under half the target the TTFT factor may only fall (bursty
+   arrivals queue more than M/M/c predicts, but slack that large needs no extra workers).
+4. Size pools with runtime.planner.sla (decode at ``DECODE_ITL_MARGIN`` of the ITL target); at low
+   load pick aggregated serving when it needs fewer GPUs for a whole scale-down window
+   (conditional disaggregation at pool level).
+5. Per pool: min/max, GPU budget minus the unused priority reserve (on the desired sizes),
+   sliding-window scale-down and direction cooldown (runtime.planner.stability), then the hard
+   total budget by trimming growth only.
+
+Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from runtime.planner import sla
+from runtime.planner.predictors import LoadPredictor, MovingAveragePredictor, make_predictor
+from runtime.planner.profiles import ServiceProfile
+from runtime.planner.stability import PoolStabilizer, fit_budget
+from runtime.planner.types import PlannerConfig, ScalingDecision, ServingMode, TickInput
+
+CORRECTION_MIN, CORRECTION_MAX, CORRECTION_EWMA = 0.8, 2.0, 0.3
+MIN_REQUESTS_FOR_CORRECTION = 20
+BACKLOG_DRAIN_S = 60.0  # queued prefill requests are planned to drain within this time, s
+DECODE_ITL_MARGIN = 0.9  # decode is sized for this share of the ITL target (p90 over batch swings)
+TTFT_SLACK_SHARE = 0.5  # observed TTFT p90 below this share of the target never raises the correction
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Raw (unstabilised) pool sizes for one load; ``feasible`` is False when the SLO cannot be met."""
+
+    mode: ServingMode
+    prefill: int
+    decode: int
+    feasible: bool = True
+
+
+class PlannerStateMachine:
+    """SLA or load planner for one prefill pool and one decode pool.
+
+    ``profile`` is required in SLA mode (ValueError otherwise). State: predictors, correction
+    factors, burst timer, stabilisers and the last targets. Start targets: ``initial_*`` (the
+    running fleet) or the pool minimums.
+    """
+
+    def __init__(
+        self,
+        cfg: PlannerConfig,
+        profile: ServiceProfile | None = None,
+        *,
+        initial_prefill: int | None = None,
+        initial_decode: int | None = None,
+    ) -> None:
+        if cfg.mode == "sla" and profile is None:
+            raise ValueError("planner mode 'sla' needs a ServiceProfile (profile=None given)")
+        self.cfg = cfg
+        self.profile = profile
+        w = cfg.predictor_window_ticks
+        self._rate: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
+        self._prio: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
+        self._isl = MovingAveragePredictor(window=w)
+        self._osl = MovingAveragePredictor(window=w)
+        self._p_stab = PoolStabilizer(cfg.scale_down_delay_s, cfg.cooldown_s)
+        self._d_stab = PoolStabilizer(cfg.scale_down_delay_s, cfg.cooldown_s)
+        self._mode_votes: list[tuple[float, bool]] = []
+        self.mode: ServingMode = "disaggregated"
+        self.prefill = cfg.min_prefill if initial_prefill is None else initial_prefill
+        self.decode = cfg.min_decode if initial_decode is None else initial_decode
+        self.ttft_correction = 1.0
+        self.itl_correction = 1.0
+        self._predicted_for_next: float | None = None
+        self._burst_since: float | None = None
+        self._last_now: float | None = None
+        self._has_isl = False
+
+    # ----------------------------------------------------------------------------- sizing
+    @property
+    def lead_ticks(self) -> int:
+        """Ticks ahead the rate is predicted: this one plus a worker start."""
+        return 1 + math.ceil(self.cfg.worker_start_s / self.cfg.interval_s)
+
+    def size_for_load(self, rate_per_s: float, isl_tokens: float, osl_tokens: float, *, with_agg: bool = True) -> Sizing:
+        """Pool sizes for a load before min/max, budget and stability (pure; uses current corrections).
+
+        Aggregated serving is considered only at low load (disaggregated sizing at its minimum: one
+        prefill and ``min_decode`` decode workers) and chosen when it needs fewer GPUs."""
+        cfg, prof = self.cfg, self.profile
+        assert prof is not None
+        budget_s = max(cfg.ttft_target_s - 2 * cfg.itl_target_s, 1e-3)
+        p = sla.prefill_replicas(
+            rate_per_s,
+            isl_tokens,
+            prof.prefill,
+            ttft_budget_s=budget_s,
+            ttft_correction=self.ttft_correction,
+            target_utilization=cfg.target_utilization,
+            quantile=cfg.slo_quantile,
+        )
+        service_s = float(prof.prefill.prefill_time_s(max(isl_tokens, 1.0))) * self.ttft_correction
+        d = sla.decode_replicas(
+            rate_per_s, isl_tokens, osl_tokens, prof.decode, itl_target_s=cfg.itl_target_s * DECODE_ITL_MARGIN,
+            itl_correction=self.itl_correction,
+        )
+        feasible = d is not None and service_s <= budget_s
+        p = max(p, cfg.min_prefill)
+        d = max(cfg.max_decode if d is None else d, cfg.min_decode)
+        disagg = Sizing("disaggregated", p, d, feasible)
+        at_minimum = p <= max(cfg.min_prefill, 1) and d <= cfg.min_decode
+        if not (with_agg and cfg.allow_aggregated and at_minimum):
+            return disagg
+        n = sla.aggregated_replicas(
+            rate_per_s,
+            isl_tokens,
+            osl_tokens,
+            prof.agg_prefill,
+            prof.decode,
+            ttft_budget_s=budget_s,
+            itl_target_s=cfg.itl_target_s / self.itl_correction,
+            max_workers=cfg.max_decode,
+            quantile=cfg.slo_quantile,
+        )
+        if n is not None and max(n, cfg.min_decode) * cfg.decode_tp < p * cfg.prefill_tp + d * cfg.decode_tp:
+            return Sizing("aggregated", 0, max(n, cfg.min_decode), True)
+        return disagg
+
+    def _gpus(self, s: Sizing) -> int:
+        return s.prefill * self.cfg.prefill_tp + s.decode * self.cfg.decode_tp
+
+    # ----------------------------------------------------------------------------- tick
+    def on_tick(self, tick: TickInput) -> ScalingDecision:
+        """Advance one tick; returns the target replicas. Raises ValueError if time goes backwards."""
+        cfg = self.cfg
+        if self._last_now is not None and tick.now_s < self._last_now:
+            raise ValueError(f"TickInput.now_s went backwards ({tick.now_s} < {self._last_now})")
+        self._last_now = tick.now_s
+        rate = tick.rate_per_s
+        self._rate.observe(rate)
+        self._prio.observe(tick.num_priority_requests / tick.interval_s)
+        if tick.num_requests > 0:
+            self._isl.observe(tick.mean_isl_tokens)
+            self._osl.observe(tick.mean_osl_tokens)
+            self._has_isl = True
+        isl, osl = self._isl.predict(), self._osl.predict()
+        pred = max(self._rate.predict(1), self._rate.predict(self.lead_ticks))
+        burst = self._update_burst(tick.now_s, rate)
+        self._predicted_for_next = self._rate.predict(1)
+        plan_rate = max(pred, rate)
+        if burst:
+            plan_rate *= 1.0 + cfg.burst_headroom
+
+        if cfg.mode == "load":
+            mode: ServingMode = "disaggregated"
+            p_des, d_des = self._load_step(tick)
+            reason = "load"
+        else:
+            self._update_corrections(tick)
+            # backlog: requests already queued for prefill must drain within BACKLOG_DRAIN_S on top
+            backlog_rate = tick.prefill.queue_per_worker * tick.prefill.num_ready / max(BACKLOG_DRAIN_S, cfg.interval_s)
+            if not self._has_isl:
+                sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
+            else:
+                sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl)
+            mode = self._choose_mode(tick.now_s, sizing)
+            if mode != sizing.mode:  # hysteresis kept the other mode: size for it
+                sizing = self.size_for_load(plan_rate, isl, osl, with_agg=False) if mode == "disaggregated" else sizing
+            p_des, d_des = (sizing.prefill, sizing.decode)
+            if mode == "aggregated":
+                p_des = 0
+            reason = "sla" if sizing.feasible else "sla_infeasible"
+
+        min_p = 0 if mode == "aggregated" else cfg.min_prefill
+        p_des = min(max(p_des, min_p), cfg.max_prefill)
+        d_des = min(max(d_des, cfg.min_decode), cfg.max_decode)
+        cap = self._budget_cap(burst, isl, osl)
+        p_des, d_des = fit_budget(
+            p_des, d_des, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp, min_prefill=min_p,
+            min_decode=cfg.min_decode, budget_gpus=cap,
+        )
+        d_tgt = self._d_stab.propose(tick.now_s, self.decode, d_des)
+        if mode == "aggregated":
+            # release prefill only once the decode workers that take over prefill are ready
+            ready = tick.decode.num_ready >= d_tgt and self._p_stab.may_move(tick.now_s, self.prefill, 0)
+            p_tgt = 0 if ready else self.prefill
+        else:
+            p_tgt = self._p_stab.propose(tick.now_s, self.prefill, p_des)
+        p_tgt, d_tgt = self._fit_growth(p_tgt, d_tgt)
+        self._p_stab.commit(tick.now_s, self.prefill, p_tgt)
+        self._d_stab.commit(tick.now_s, self.decode, d_tgt)
+        self.prefill, self.decode, self.mode = p_tgt, d_tgt, mode
+        return ScalingDecision(
+            now_s=tick.now_s,
+            prefill_replicas=p_tgt,
+            decode_replicas=d_tgt,
+            serving_mode=mode,
+            predicted_rate_per_s=pred,
+            predicted_isl_tokens=isl,
+            predicted_osl_tokens=osl,
+            burst=burst,
+            ttft_correction=self.ttft_correction,
+            itl_correction=self.itl_correction,
+            reason=reason + ("+burst" if burst else ""),
+        )
+
+    # ----------------------------------------------------------------------------- parts
+    def _fit_growth(self, p: int, d: int) -> tuple[int, int]:
+        """Keep the total budget by trimming only the pools that grow, back toward their current
+        size (the current fleet is within budget). Never forces a scale-down, so the cooldown
+        holds; the priority reserve is reclaimed through the normal (late) scale-down path."""
+        cfg = self.cfg
+        while p * cfg.prefill_tp + d * cfg.decode_tp > cfg.gpu_budget:
+            if p > self.prefill and (d <= self.decode or p * cfg.prefill_tp >= d * cfg.decode_tp):
+                p -= 1
+            elif d > self.decode:
+                d -= 1
+            else:  # pragma: no cover - current fleet over budget (budget lowered at run time)
+                return fit_budget(p, d, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp,
+                                  min_prefill=0 if p == 0 else cfg.min_prefill, min_decode=cfg.min_decode,
+                                  budget_gpus=cfg.gpu_budget)
+        return p, d
+
+    def _update_burst(self, now_s: float, rate: float) -> bool:
+        expected = self._predicted_for_next
+        cfg = self.cfg
+        if self._burst_since is not None:
+            if now_s - self._burst_since >= cfg.burst_max_s or (expected is not None and rate <= expected):
+                self._burst_since = None
+        elif expected is not None and expected > 0 and rate > cfg.burst_factor * expected:
+            self._burst_since = now_s
+        return self._burst_since is not None and cfg.burst_max_s > 0
+
+    def _budget_cap(self, burst: bool, isl: float, osl: float) -> int:
+        cfg = self.cfg
+        reserved = math.floor(cfg.reserved_priority_share * cfg.gpu_budget)
+        if burst or reserved == 0:
+            return cfg.gpu_budget
+        prio_rate = self._prio.predict(self.lead_ticks)
+        prio_gpus = 0
+        if prio_rate > 0 and cfg.mode == "sla" and self._has_isl:
+            prio_gpus = self._gpus(self.size_for_load(prio_rate, isl, osl, with_agg=False))
+        floor_gpus = cfg.min_prefill * cfg.prefill_tp + cfg.min_decode * cfg.decode_tp
+        return max(cfg.gpu_budget - reserved + min(reserved, prio_gpus), floor_gpus)
+
+    def _update_corrections(self, tick: TickInput) -> None:
+        prof, cfg = self.profile, self.cfg
+        assert prof is not None
+        if tick.num_requests < MIN_REQUESTS_FOR_CORRECTION or self.mode != "disaggregated":
+            return
+        if tick.observed_ttft_p90_s is not None and tick.prefill.num_ready > 0:
+            exp = sla.expected_ttft_s(tick.rate_per_s, tick.mean_isl_tokens, tick.prefill.num_ready, prof.prefill, 0.9)
+            if tick.p90_isl_tokens is not None:  # p90 TTFT is set by long prompts, not the mean one
+                exp += float(prof.prefill.prefill_time_s(tick.p90_isl_tokens)) - float(
+                    prof.prefill.prefill_time_s(max(tick.mean_isl_tokens, 1.0))
+                )
+            exp += cfg.itl_target_s  # first decode step
+            if math.isfinite(exp) and exp > 0:
+                sample = tick.observed_ttft_p90_s / exp
+                if tick.observed_ttft_p90_s < TTFT_SLACK_SHARE * cfg.ttft_target_s:
+                    sample = min(sample, 1.0)  # ample slack: only ever correct downwards
+                self.ttft_correction = _ewma(self.ttft_correction, sample)
+        if tick.observed_itl_p90_s is not None and tick.decode.num_ready > 0 and tick.decode.running_per_worker > 0:
+            ctx = tick.mean_isl_tokens + tick.mean_osl_tokens / 2.0
+            exp = prof.decode.step_s(tick.decode.running_per_worker, ctx)
+            if exp > 0:
+                self.itl_correction = _ewma(self.itl_correction, tick.observed_itl_p90_s / exp)
+
+    def _choose_mode(self, now_s: float, sizing: Sizing) -> ServingMode:
+        """Aggregated only after it was the cheaper choice on every tick of a scale-down window;
+        back to disaggregated at once."""
+        votes = self._mode_votes
+        votes.append((now_s, sizing.mode == "aggregated"))
+        while votes and votes[0][0] < now_s - self.cfg.scale_down_delay_s:
+            votes.pop(0)
+        if sizing.mode == "disaggregated":
+            return "disaggregated"
+        if self.mode == "aggregated":
+            return "aggregated"
+        spans = votes[0][0] <= now_s - self.cfg.scale_down_delay_s or self.cfg.scale_down_delay_s == 0
+        return "aggregated" if spans and all(v for _, v in votes) else "disaggregated"
+
+    def _load_step(self, tick: TickInput) -> tuple[int, int]:
+        cfg = self.cfg
+        p, d = self.prefill, self.decode
+        ttft, itl = tick.observed_ttft_p90_s, tick.observed_itl_p90_s
+        q = tick.prefill.queue_per_worker
+        if q > cfg.load_queue_up_per_worker or (ttft is not None and ttft > 0.9 * cfg.ttft_target_s):
+            p += 1
+        elif q < cfg.load_queue_down_per_worker and (ttft is None or ttft < 0.5 * cfg.ttft_target_s):
+            p -= 1
+        kv = tick.decode.kv_usage
+        if kv > cfg.load_kv_up or (itl is not None and itl > 0.9 * cfg.itl_target_s):
+            d += 1
+        elif kv < cfg.load_kv_down and (itl is None or itl < 0.6 * cfg.itl_target_s):
+            d -= 1
+        return p, d
+
+
+def _ewma(old: float, sample: float) -> float:
+    sample = min(max(sample, CORRECTION_MIN), CORRECTION_MAX)
+    return (1 - CORRECTION_EWMA) * old + CORRECTION_EWMA * sample
+
+
+__all__ = ["PlannerStateMachine", "Sizing"]

@@ -1,0 +1,169 @@
+"""Value types of the planner: what a tick sees (:class:`TickInput`) and what it decides
+(:class:`ScalingDecision`), plus the flat :class:`PlannerConfig` the state machine runs from.
+
+Units are in the names: ``*_s`` seconds, ``*_tokens`` tokens, ``*_per_s`` per second.
+Sources: Dynamo planner ``core/types.py`` (TickInput → ScalingDecision as plain values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from runtime.config import DeploymentSpec
+
+ServingMode = Literal["disaggregated", "aggregated"]
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """Per-pool metrics averaged over the last interval (as read from the workers' /metrics).
+
+    ``num_ready`` workers serving; ``num_starting`` launched but not ready;
+    ``queue_per_worker`` mean waiting requests per ready worker (``vllm:num_requests_waiting``);
+    ``running_per_worker`` mean running sequences per ready worker (``vllm:num_requests_running``);
+    ``kv_usage`` mean KV-cache usage 0-1 (``vllm:kv_cache_usage_perc``).
+    """
+
+    num_ready: int = 0
+    num_starting: int = 0
+    queue_per_worker: float = 0.0
+    running_per_worker: float = 0.0
+    kv_usage: float = 0.0
+
+
+@dataclass(frozen=True)
+class TickInput:
+    """Everything one planner tick sees. ``now_s`` is the tick time (any epoch), ``interval_s``
+    the length of the window the counters cover. ``observed_*`` are None when no request
+    finished in the window. ``p90_isl_tokens`` (optional) is the 90th percentile prompt length of the
+    window's requests; it makes the expected TTFT p90 used for the correction factor comparable."""
+
+    now_s: float
+    interval_s: float
+    num_requests: int
+    mean_isl_tokens: float
+    mean_osl_tokens: float
+    prefill: PoolObservation = field(default_factory=PoolObservation)
+    decode: PoolObservation = field(default_factory=PoolObservation)
+    observed_ttft_p90_s: float | None = None
+    observed_itl_p90_s: float | None = None
+    num_priority_requests: int = 0
+    p90_isl_tokens: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError(f"TickInput.interval_s must be > 0, got {self.interval_s}")
+        if self.num_requests < 0 or self.num_priority_requests < 0:
+            raise ValueError("TickInput.num_requests and num_priority_requests must be >= 0")
+        if self.num_priority_requests > self.num_requests:
+            raise ValueError("TickInput.num_priority_requests must be <= num_requests")
+        if self.mean_isl_tokens < 0 or self.mean_osl_tokens < 0:
+            raise ValueError("TickInput.mean_isl_tokens/mean_osl_tokens must be >= 0")
+
+    @property
+    def rate_per_s(self) -> float:
+        return self.num_requests / self.interval_s
+
+
+@dataclass(frozen=True)
+class ScalingDecision:
+    """Target replicas per pool. In ``aggregated`` mode ``prefill_replicas`` is 0 and the decode
+    workers also prefill (the router prefills locally)."""
+
+    now_s: float
+    prefill_replicas: int
+    decode_replicas: int
+    serving_mode: ServingMode = "disaggregated"
+    predicted_rate_per_s: float = 0.0
+    predicted_isl_tokens: float = 0.0
+    predicted_osl_tokens: float = 0.0
+    burst: bool = False
+    ttft_correction: float = 1.0
+    itl_correction: float = 1.0
+    reason: str = ""
+
+    def num_gpus(self, prefill_tp: int, decode_tp: int) -> int:
+        return self.prefill_replicas * prefill_tp + self.decode_replicas * decode_tp
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Flat, validated planner settings (build with :meth:`from_spec`). Times in seconds."""
+
+    mode: Literal["sla", "load"] = "sla"
+    prefill_tp: int = 1
+    decode_tp: int = 1
+    min_prefill: int = 1
+    max_prefill: int = 8
+    min_decode: int = 1
+    max_decode: int = 8
+    gpu_budget: int = 64
+    ttft_target_s: float = 2.0
+    itl_target_s: float = 0.05
+    interval_s: float = 30.0
+    predictor: str = "burst_quantile"
+    predictor_window_ticks: int = 10
+    burst_quantile: float = 0.9
+    worker_start_s: float = 60.0
+    scale_down_delay_s: float = 180.0
+    cooldown_s: float = 120.0
+    target_utilization: float = 0.9
+    reserved_priority_share: float = 0.0
+    burst_headroom: float = 0.25
+    burst_factor: float = 1.5
+    burst_max_s: float = 300.0
+    allow_aggregated: bool = True
+    load_queue_up_per_worker: float = 2.0
+    load_queue_down_per_worker: float = 0.2
+    load_kv_up: float = 0.85
+    load_kv_down: float = 0.4
+    slo_quantile: float = 0.99
+
+    def __post_init__(self) -> None:
+        if self.min_prefill > self.max_prefill or self.min_decode > self.max_decode:
+            raise ValueError("planner min replicas must be <= max replicas for prefill and decode")
+        floor_gpus = self.min_prefill * self.prefill_tp + self.min_decode * self.decode_tp
+        if floor_gpus > self.gpu_budget:
+            raise ValueError(
+                f"planner.gpu_budget {self.gpu_budget} is below the GPUs the minimum replicas need ({floor_gpus})"
+            )
+        if self.min_decode < 1:
+            raise ValueError("planner: decode min_replicas must be >= 1 (someone has to decode)")
+
+    @classmethod
+    def from_spec(cls, spec: "DeploymentSpec", **overrides: object) -> "PlannerConfig":
+        """Flatten a DeploymentSpec (slo, pools, planner); ``mode='off'`` maps to 'sla'."""
+        p = spec.planner
+        kw: dict[str, object] = dict(
+            mode="load" if p.mode == "load" else "sla",
+            prefill_tp=spec.prefill.tp,
+            decode_tp=spec.decode.tp,
+            min_prefill=spec.prefill.min_replicas,
+            max_prefill=spec.prefill.max_replicas,
+            min_decode=spec.decode.min_replicas,
+            max_decode=spec.decode.max_replicas,
+            gpu_budget=p.gpu_budget,
+            ttft_target_s=spec.slo.ttft_p90_ms / 1000.0,
+            itl_target_s=spec.slo.itl_p90_ms / 1000.0,
+            interval_s=p.interval_s,
+            predictor=p.predictor,
+            predictor_window_ticks=p.predictor_window_ticks,
+            burst_quantile=p.burst_quantile,
+            worker_start_s=p.worker_start_s,
+            scale_down_delay_s=p.scale_down_delay_s,
+            cooldown_s=p.cooldown_s,
+            target_utilization=p.target_utilization,
+            reserved_priority_share=p.reserved_priority_share,
+            burst_headroom=p.burst_headroom,
+            burst_factor=p.burst_factor,
+            burst_max_s=p.burst_max_s,
+            allow_aggregated=p.allow_aggregated,
+            load_queue_up_per_worker=p.load_queue_up_per_worker,
+            load_queue_down_per_worker=p.load_queue_down_per_worker,
+            load_kv_up=p.load_kv_up,
+            load_kv_down=p.load_kv_down,
+        )
+        kw.update(overrides)
+        return cls(**kw)  # type: ignore[arg-type]

@@ -1,0 +1,239 @@
+"""The runtime's planner loop (adapter): every ``interval_s`` read the workers' ``/metrics`` and the
+runtime's own request window, run the pure planner (``PlannerStateMachine.on_tick``), apply the
+decision with an actuator, and export what it saw and decided as Prometheus gauges.
+
+Worker metrics read (vLLM v1 names, vllm/v1/metrics/loggers.py): ``vllm:num_requests_waiting``,
+``vllm:num_requests_running`` (gauges, requests) and ``vllm:kv_cache_usage_perc`` (0-1; older
+releases ``vllm:gpu_cache_usage_perc``). A worker whose ``/metrics`` does not answer counts as
+starting, not ready.
+
+Exported gauges (prefix ``pdserve_planner_``): ``prefill_replicas``, ``decode_replicas``,
+``aggregated`` (0/1), ``burst`` (0/1), ``predicted_rate_per_second``, ``predicted_isl_tokens``,
+``predicted_osl_tokens``, ``observed_rate_per_second``, ``observed_ttft_p90_seconds``,
+``observed_itl_p90_seconds``, ``ttft_correction``, ``itl_correction``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import httpx
+import numpy as np
+from prometheus_client import CollectorRegistry, Gauge
+
+from runtime.config import DeploymentSpec
+from runtime.engines.metrics import sample_sum
+from runtime.planner.state_machine import PlannerStateMachine
+from runtime.planner.types import PlannerConfig, PoolObservation, ScalingDecision, TickInput
+from runtime.server.actuators import Actuator
+
+log = logging.getLogger(__name__)
+
+KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """Requests seen by the runtime since the last drain."""
+
+    num_requests: int
+    num_priority_requests: int
+    mean_isl_tokens: float
+    p90_isl_tokens: float | None
+    mean_osl_tokens: float
+    ttft_p90_s: float | None
+    itl_p90_s: float | None
+
+
+class RequestWindow:
+    """Thread-safe request counters the runtime feeds: ``record_arrival`` when a request comes in,
+    ``record_finish`` when it ends. ``drain`` returns and resets them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._isl: list[int] = []
+        self._prio = 0
+        self._osl: list[int] = []
+        self._ttft: list[float] = []
+        self._itl: list[float] = []
+
+    def record_arrival(self, isl_tokens: int, *, priority: bool = False) -> None:
+        if isl_tokens < 0:
+            raise ValueError(f"isl_tokens must be >= 0, got {isl_tokens}")
+        with self._lock:
+            self._isl.append(int(isl_tokens))
+            self._prio += int(priority)
+
+    def record_finish(self, osl_tokens: int, ttft_s: float, itl_s: float | None = None) -> None:
+        with self._lock:
+            self._osl.append(int(osl_tokens))
+            self._ttft.append(float(ttft_s))
+            if itl_s is not None:
+                self._itl.append(float(itl_s))
+
+    def drain(self) -> WindowStats:
+        with self._lock:
+            isl, osl, ttft, itl, prio = self._isl, self._osl, self._ttft, self._itl, self._prio
+            self._isl, self._osl, self._ttft, self._itl, self._prio = [], [], [], [], 0
+        return WindowStats(
+            num_requests=len(isl),
+            num_priority_requests=prio,
+            mean_isl_tokens=float(np.mean(isl)) if isl else 0.0,
+            p90_isl_tokens=float(np.quantile(isl, 0.9)) if isl else None,
+            mean_osl_tokens=float(np.mean(osl)) if osl else 0.0,
+            ttft_p90_s=float(np.quantile(ttft, 0.9)) if ttft else None,
+            itl_p90_s=float(np.quantile(itl, 0.9)) if itl else None,
+        )
+
+
+def read_pool(client: httpx.Client, metrics_urls: list[str], num_starting: int = 0) -> PoolObservation:
+    """Average vLLM gauges over the workers that answer; the others count as starting."""
+    waiting, running, kv = [], [], []
+    for url in metrics_urls:
+        try:
+            r = client.get(url)
+            r.raise_for_status()
+            text = r.text
+            waiting.append(sample_sum(text, "vllm:num_requests_waiting"))
+            running.append(sample_sum(text, "vllm:num_requests_running"))
+            kv.append(max(sample_sum(text, n) for n in KV_USAGE_NAMES))
+        except (httpx.HTTPError, ValueError) as e:
+            log.warning("planner: worker metrics %s unreadable: %s", url, e)
+    ready = len(waiting)
+    return PoolObservation(
+        num_ready=ready,
+        num_starting=num_starting + len(metrics_urls) - ready,
+        queue_per_worker=float(np.mean(waiting)) if ready else 0.0,
+        running_per_worker=float(np.mean(running)) if ready else 0.0,
+        kv_usage=float(np.mean(kv)) if ready else 0.0,
+    )
+
+
+class PlannerGauges:
+    """The planner's Prometheus gauges on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def g(name: str, doc: str) -> Gauge:
+            return Gauge(f"pdserve_planner_{name}", doc, registry=registry)
+
+        self.prefill = g("prefill_replicas", "Target prefill workers")
+        self.decode = g("decode_replicas", "Target decode workers")
+        self.aggregated = g("aggregated", "1 when serving aggregated (decode workers prefill)")
+        self.burst = g("burst", "1 while burst mode is on")
+        self.pred_rate = g("predicted_rate_per_second", "Predicted request rate, requests/s")
+        self.pred_isl = g("predicted_isl_tokens", "Predicted mean input length, tokens")
+        self.pred_osl = g("predicted_osl_tokens", "Predicted mean output length, tokens")
+        self.obs_rate = g("observed_rate_per_second", "Observed request rate in the last interval, requests/s")
+        self.obs_ttft = g("observed_ttft_p90_seconds", "Observed TTFT p90 in the last interval, s")
+        self.obs_itl = g("observed_itl_p90_seconds", "Observed ITL p90 in the last interval, s")
+        self.ttft_corr = g("ttft_correction", "Observed / model TTFT factor")
+        self.itl_corr = g("itl_correction", "Observed / model ITL factor")
+
+    def export(self, tick: TickInput, d: ScalingDecision) -> None:
+        self.prefill.set(d.prefill_replicas)
+        self.decode.set(d.decode_replicas)
+        self.aggregated.set(1 if d.serving_mode == "aggregated" else 0)
+        self.burst.set(1 if d.burst else 0)
+        self.pred_rate.set(d.predicted_rate_per_s)
+        self.pred_isl.set(d.predicted_isl_tokens)
+        self.pred_osl.set(d.predicted_osl_tokens)
+        self.obs_rate.set(tick.rate_per_s)
+        if tick.observed_ttft_p90_s is not None:
+            self.obs_ttft.set(tick.observed_ttft_p90_s)
+        if tick.observed_itl_p90_s is not None:
+            self.obs_itl.set(tick.observed_itl_p90_s)
+        self.ttft_corr.set(d.ttft_correction)
+        self.itl_corr.set(d.itl_correction)
+
+
+def planner_from_spec(spec: DeploymentSpec, model_config: dict) -> PlannerStateMachine:
+    """The state machine for a deployment: config from ``spec`` (``PlannerConfig.from_spec``), profile
+    from the perf model of ``spec.gpu`` and the model's HF ``config.json`` dict (SLA mode only).
+    Raises ``runtime.models.spec.ModelConfigError`` naming a missing config field, ValueError naming
+    a TP that does not fit."""
+    cfg = PlannerConfig.from_spec(spec)
+    profile = None
+    if cfg.mode == "sla":
+        from runtime.models.spec import ModelSpec
+        from runtime.perf.gpus import get_gpu
+        from runtime.perf.model import PerfModel
+        from runtime.planner.profiles import build_profile
+
+        perf = PerfModel(ModelSpec.from_hf_config(model_config, spec.model.name), get_gpu(spec.gpu), spec.precision)
+        profile = build_profile(perf, spec.prefill.tp, spec.decode.tp,
+                                gpu_memory_utilization=spec.engine.gpu_memory_utilization)
+    return PlannerStateMachine(cfg, profile, initial_prefill=spec.prefill.replicas, initial_decode=spec.decode.replicas)
+
+
+class PlannerLoop:
+    """Runs ``machine`` every ``interval_s`` on a daemon thread (``start``/``stop``) or on demand
+    (``tick(now_s)``). ``metrics_urls()`` returns the current ``{"prefill": [...], "decode": [...]}``
+    worker /metrics URLs (from the actuator or the router's worker set)."""
+
+    def __init__(
+        self,
+        machine: PlannerStateMachine,
+        actuator: Actuator,
+        window: RequestWindow,
+        *,
+        metrics_urls: Callable[[], dict[str, list[str]]],
+        client: httpx.Client,
+        registry: CollectorRegistry,
+        interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.machine = machine
+        self.actuator = actuator
+        self.window = window
+        self.metrics_urls = metrics_urls
+        self.client = client
+        self.gauges = PlannerGauges(registry)
+        self.interval_s = interval_s or machine.cfg.interval_s
+        self.clock = clock
+        self.last_decision: ScalingDecision | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self, now_s: float) -> ScalingDecision:
+        """One planner step at ``now_s`` (seconds, any monotone clock)."""
+        urls = self.metrics_urls()
+        want_p, want_d = self.actuator.current()
+        pre = read_pool(self.client, urls.get("prefill", []), max(want_p - len(urls.get("prefill", [])), 0))
+        dec = read_pool(self.client, urls.get("decode", []), max(want_d - len(urls.get("decode", [])), 0))
+        w = self.window.drain()
+        tick = TickInput(
+            now_s=now_s, interval_s=self.interval_s, num_requests=w.num_requests,
+            num_priority_requests=w.num_priority_requests, mean_isl_tokens=w.mean_isl_tokens,
+            mean_osl_tokens=w.mean_osl_tokens, p90_isl_tokens=w.p90_isl_tokens, prefill=pre, decode=dec,
+            observed_ttft_p90_s=w.ttft_p90_s, observed_itl_p90_s=w.itl_p90_s,
+        )
+        decision = self.machine.on_tick(tick)
+        self.actuator.apply(decision)
+        self.gauges.export(tick, decision)
+        self.last_decision = decision
+        return decision
+
+    def _run(self) -> None:
+        next_s = self.clock() + self.interval_s
+        while not self._stop.wait(max(next_s - self.clock(), 0.0)):
+            try:
+                self.tick(self.clock())
+            except Exception:  # keep serving; the next tick retries
+                log.exception("planner tick failed")
+            next_s += self.interval_s
+
+    def start(self) -> "PlannerLoop":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pdserve-planner", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None

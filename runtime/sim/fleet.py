@@ -1,0 +1,383 @@
+"""Fleet simulator: a prefill pool and a decode pool of perf-model engines serving a request trace,
+resized by a controller (the planner) every interval. Pure: no clock, no I/O; arrays in, result out.
+
+Model (like Dynamo's mocker, at interval/step granularity so an hour of 200k requests replays in
+seconds):
+
+* Prefill: one central FIFO queue in front of the prefill workers (the router sends each request
+  to the worker that frees first). A request takes ``ServiceProfile.prefill.prefill_time_s(ISL)``;
+  a worker launched at ``t`` serves from ``t + worker_start_s``. When no prefill worker is ready
+  (aggregated serving, or before the first one starts) the ready decode workers prefill
+  (``agg_prefill`` profile) and their decode steps stretch by ``1 / (1 - busy share)``.
+* Decode: the ready decode workers form one pool with perfect balancing. Every ``decode_dt_s``
+  admitted sequences advance ``dt / step`` tokens, ``step = decode.step_s(running / workers,
+  mean context)``; admission is FIFO while KV (ISL + generated tokens) stays under
+  ``kv_watermark`` of capacity and running sequences under ``max_num_seqs`` per worker.
+* TTFT = first decode token time - arrival (queueing + prefill + decode admission + one step);
+  ITL = (finish - first token) / (OSL - 1). NIXL KV transfer time is not modelled.
+* Scale-down: a starting worker is cancelled first; a ready prefill worker leaves after its
+  assigned prefills; a decode worker drains until the rest hold its sequences.
+* GPU time: every worker from launch to leave, times its TP, counted over [0, last arrival].
+
+The controller sees a :class:`runtime.planner.types.TickInput` per interval and returns a
+:class:`runtime.planner.types.ScalingDecision` (or None to keep the fleet).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from runtime.planner.profiles import ServiceProfile
+from runtime.planner.types import PoolObservation, ScalingDecision, TickInput
+
+Controller = Callable[[TickInput], "ScalingDecision | None"]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests sorted by arrival. ``arrival_s`` seconds from 0; token counts >= 1."""
+
+    arrival_s: np.ndarray
+    isl_tokens: np.ndarray
+    osl_tokens: np.ndarray
+    priority: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        if len(self.isl_tokens) != n or len(self.osl_tokens) != n:
+            raise ValueError("Trace: arrival_s, isl_tokens and osl_tokens must have the same length")
+        if n and np.any(np.diff(self.arrival_s) < 0):
+            raise ValueError("Trace.arrival_s must be sorted")
+        if n and (np.min(self.isl_tokens) < 1 or np.min(self.osl_tokens) < 1):
+            raise ValueError("Trace: isl_tokens and osl_tokens must be >= 1")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def window(self, start_s: float, end_s: float) -> "Trace":
+        """Requests arriving in [start_s, end_s), re-based to start at 0."""
+        i, j = np.searchsorted(self.arrival_s, [start_s, end_s])
+        pr = None if self.priority is None else self.priority[i:j]
+        return Trace(self.arrival_s[i:j] - start_s, self.isl_tokens[i:j], self.osl_tokens[i:j], pr)
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Simulator settings. Times in seconds."""
+
+    prefill_tp: int
+    decode_tp: int
+    interval_s: float = 30.0
+    worker_start_s: float = 60.0
+    decode_dt_s: float = 0.25
+    initial_prefill: int = 1
+    initial_decode: int = 1
+    slowdown: float = 1.0  # true engine time / profile time (tests the correction factors)
+    kv_watermark: float = 0.95
+    max_num_seqs: int = 512
+    drain_limit_s: float = 1800.0
+
+
+@dataclass
+class SimResult:
+    """Per-request outcomes (NaN = never served) and fleet cost."""
+
+    ttft_s: np.ndarray
+    itl_s: np.ndarray
+    gpu_seconds: float
+    span_s: float
+    timeline: list[dict] = field(default_factory=list)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600.0
+
+    def slo_attainment(self, ttft_target_s: float, itl_target_s: float) -> float:
+        """Fraction of requests with TTFT <= target and ITL <= target (unserved count as misses)."""
+        if len(self.ttft_s) == 0:
+            return 1.0
+        ok = (self.ttft_s <= ttft_target_s) & (self.itl_s <= itl_target_s)
+        return float(np.mean(ok))
+
+    def p90(self, which: str) -> float:
+        a = self.ttft_s if which == "ttft" else self.itl_s
+        a = np.where(np.isnan(a), np.inf, a)
+        return float(np.quantile(a, 0.9)) if len(a) else 0.0
+
+
+class _Worker:
+    __slots__ = ("launch_s", "ready_s", "free_s", "draining")
+
+    def __init__(self, launch_s: float, ready_s: float) -> None:
+        self.launch_s, self.ready_s, self.free_s, self.draining = launch_s, ready_s, ready_s, False
+
+
+class FleetSim:
+    """One simulation run; use :func:`simulate`."""
+
+    def __init__(self, trace: Trace, profile: ServiceProfile, cfg: FleetConfig) -> None:
+        self.tr, self.prof, self.cfg = trace, profile, cfg
+        n = len(trace)
+        self.svc_p = np.asarray(profile.prefill.prefill_time_s(trace.isl_tokens.astype(float)), float) * cfg.slowdown
+        self.svc_a = np.asarray(profile.agg_prefill.prefill_time_s(trace.isl_tokens.astype(float)), float) * cfg.slowdown
+        self.first_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.span_s = float(trace.arrival_s[-1]) if n else 0.0
+        self.gpu_s = 0.0
+        self.prefill = [_Worker(0.0, 0.0) for _ in range(cfg.initial_prefill)]
+        self.decode = [_Worker(0.0, 0.0) for _ in range(cfg.initial_decode)]
+        self.pending: deque[int] = deque()
+        self.ready_heap: list[tuple[float, int]] = []  # (prefill done, request)
+        self.waiting: deque[tuple[float, int]] = deque()
+        self.act_idx = np.zeros(0, int)
+        self.act_admit = np.zeros(0)
+        self.act_done = np.zeros(0)
+        self.timeline: list[dict] = []
+
+    # ------------------------------------------------------------------ accounting
+    def _leave(self, w: _Worker, at_s: float, tp: int) -> None:
+        end = min(at_s, self.span_s)
+        self.gpu_s += max(0.0, end - max(w.launch_s, 0.0)) * tp
+
+    def _apply(self, now_s: float, d: ScalingDecision) -> None:
+        c = self.cfg
+        self._resize(self.prefill, max(d.prefill_replicas, 0), now_s, c.prefill_tp, drain=False)
+        self._resize(self.decode, max(d.decode_replicas, 1), now_s, c.decode_tp, drain=True)
+
+    def _resize(self, pool: list[_Worker], target: int, now_s: float, tp: int, drain: bool) -> None:
+        live = [w for w in pool if not w.draining]
+        if target > len(live):
+            revive = [w for w in pool if w.draining][: target - len(live)]
+            for w in revive:
+                w.draining = False
+            for _ in range(target - len(live) - len(revive)):
+                pool.append(_Worker(now_s, now_s + self.cfg.worker_start_s))
+            return
+        extra = len(live) - target
+        starting = sorted((w for w in live if w.ready_s > now_s), key=lambda w: -w.ready_s)
+        for w in starting[:extra]:
+            pool.remove(w)
+            self._leave(w, now_s, tp)
+        extra -= min(extra, len(starting))
+        ready = sorted((w for w in live if w.ready_s <= now_s), key=lambda w: (-w.launch_s, w.free_s))
+        for w in ready[:extra]:
+            if drain:
+                w.draining = True
+            else:
+                pool.remove(w)
+                self._leave(w, max(now_s, w.free_s), tp)
+
+    # ------------------------------------------------------------------ prefill
+    def _dispatch(self, t0: float, t1: float) -> float:
+        """Start queued prefills that can start before t1; returns busy seconds put on decode workers."""
+        ready_p = [w for w in self.prefill if w.ready_s <= t0]
+        servers, svc, agg = (self.prefill, self.svc_p, False)
+        if not ready_p:
+            servers, svc, agg = ([w for w in self.decode if w.ready_s <= t0 and not w.draining], self.svc_a, True)
+        if not servers:
+            return 0.0
+        avail = [max(w.ready_s, w.free_s) for w in servers]
+        arr = self.tr.arrival_s
+        busy = 0.0
+        while self.pending:
+            i = self.pending[0]
+            k = min(range(len(avail)), key=avail.__getitem__)
+            start = max(arr[i], avail[k])
+            if start >= t1:
+                break
+            self.pending.popleft()
+            done = start + svc[i]
+            avail[k] = servers[k].free_s = done
+            busy += svc[i]
+            heapq.heappush(self.ready_heap, (done, i))
+        return busy if agg else 0.0
+
+    # ------------------------------------------------------------------ decode
+    def _decode_steps(self, t0: float, t1: float, agg_busy_s: float) -> dict:
+        c, prof, tr = self.cfg, self.prof, self.tr
+        kv_cap = prof.decode.kv_capacity_tokens
+        isl, osl = tr.isl_tokens, tr.osl_tokens
+        n_steps = max(1, int(round((t1 - t0) / c.decode_dt_s)))
+        dt = (t1 - t0) / n_steps
+        run_sum = kv_sum = 0.0
+        ready_ct = 0
+        for k in range(n_steps):
+            s, se = t0 + k * dt, t0 + (k + 1) * dt
+            pool = [w for w in self.decode if w.ready_s <= s]
+            n_pool = len(pool)
+            n_live = sum(1 for w in pool if not w.draining)
+            while self.ready_heap and self.ready_heap[0][0] < se:
+                self.waiting.append(heapq.heappop(self.ready_heap))
+            kv_used = float(np.sum(isl[self.act_idx] + self.act_done)) if len(self.act_idx) else 0.0
+            if self.waiting and n_live:
+                cap_seq, cap_kv = n_live * c.max_num_seqs, n_live * kv_cap * c.kv_watermark
+                new_i, new_t = [], []
+                n_act = len(self.act_idx)
+                while self.waiting and n_act + len(new_i) < cap_seq and kv_used + isl[self.waiting[0][1]] <= cap_kv:
+                    done, i = self.waiting.popleft()
+                    new_i.append(i)
+                    new_t.append(max(done, s))
+                    kv_used += isl[i]
+                if new_i:
+                    self.act_idx = np.concatenate([self.act_idx, np.asarray(new_i, int)])
+                    self.act_admit = np.concatenate([self.act_admit, np.asarray(new_t)])
+                    self.act_done = np.concatenate([self.act_done, np.zeros(len(new_i))])
+            if any(w.draining for w in self.decode) and n_live:
+                if len(self.act_idx) <= n_live * c.max_num_seqs and kv_used <= n_live * kv_cap * c.kv_watermark:
+                    for w in [w for w in self.decode if w.draining]:
+                        self.decode.remove(w)
+                        self._leave(w, s, c.decode_tp)
+                    n_pool = n_live
+            run_sum += len(self.act_idx) / max(n_pool, 1)
+            kv_sum += kv_used / max(n_pool * kv_cap, 1)
+            ready_ct += n_pool
+            if not len(self.act_idx) or not n_pool:
+                continue
+            idx = self.act_idx
+            ctx = float(np.mean(isl[idx] + self.act_done))
+            u = min(agg_busy_s / (n_live * (t1 - t0)), 0.9) if (agg_busy_s and n_live) else 0.0
+            step = prof.decode.step_s(len(idx) / n_pool, ctx) * c.slowdown / (1.0 - u)
+            start = np.maximum(self.act_admit, s)
+            gain = np.maximum(se - start, 0.0) / step
+            before = self.act_done
+            after = before + gain
+            firsts = (before < 1.0) & (after >= 1.0)
+            self.first_s[idx[firsts]] = start[firsts] + (1.0 - before[firsts]) * step
+            fin = after >= osl[idx]
+            self.finish_s[idx[fin]] = start[fin] + (osl[idx[fin]] - before[fin]) * step
+            keep = ~fin
+            self.act_idx, self.act_admit, self.act_done = idx[keep], self.act_admit[keep], after[keep]
+        return {
+            "running_per_worker": run_sum / n_steps,
+            "kv_usage": kv_sum / n_steps,
+        }
+
+    # ------------------------------------------------------------------ loop
+    def run(self, controller: Controller) -> SimResult:
+        c, tr = self.cfg, self.tr
+        arr = tr.arrival_s
+        n, ai, t = len(tr), 0, 0.0
+        end_limit = self.span_s + c.drain_limit_s
+        while t < end_limit:
+            t1 = t + c.interval_s
+            bi = int(np.searchsorted(arr, t1, side="left"))
+            self.pending.extend(range(ai, bi))
+            new = slice(ai, bi)
+            ai = bi
+            agg_busy = self._dispatch(t, t1)
+            stats = self._decode_steps(t, t1, agg_busy)
+            ready_p = sum(1 for w in self.prefill if w.ready_s <= t1)
+            first_in = (self.first_s >= t) & (self.first_s < t1)
+            fin_in = (self.finish_s >= t) & (self.finish_s < t1) & (tr.osl_tokens > 1)
+            ttft = self.first_s[first_in] - arr[first_in]
+            itl = (self.finish_s[fin_in] - self.first_s[fin_in]) / (tr.osl_tokens[fin_in] - 1)
+            num = bi - new.start
+            tick = TickInput(
+                now_s=t1,
+                interval_s=c.interval_s,
+                num_requests=num,
+                mean_isl_tokens=float(np.mean(tr.isl_tokens[new])) if num else 0.0,
+                mean_osl_tokens=float(np.mean(tr.osl_tokens[new])) if num else 0.0,
+                num_priority_requests=int(np.sum(tr.priority[new])) if tr.priority is not None else 0,
+                p90_isl_tokens=float(np.quantile(tr.isl_tokens[new], 0.9)) if num else None,
+                prefill=PoolObservation(
+                    num_ready=ready_p,
+                    num_starting=len(self.prefill) - ready_p,
+                    queue_per_worker=len(self.pending) / max(ready_p, 1),
+                ),
+                decode=PoolObservation(
+                    num_ready=sum(1 for w in self.decode if w.ready_s <= t1),
+                    num_starting=sum(1 for w in self.decode if w.ready_s > t1),
+                    running_per_worker=stats["running_per_worker"],
+                    kv_usage=stats["kv_usage"],
+                ),
+                observed_ttft_p90_s=float(np.quantile(ttft, 0.9)) if len(ttft) else None,
+                observed_itl_p90_s=float(np.quantile(itl, 0.9)) if len(itl) else None,
+            )
+            decision = controller(tick)
+            if decision is not None:
+                self._apply(t1, decision)
+            self.timeline.append(
+                {"t_s": t1, "rate_per_s": tick.rate_per_s, "prefill": len(self.prefill),
+                 "decode": sum(1 for w in self.decode if not w.draining),
+                 "mode": decision.serving_mode if decision is not None else None}
+            )
+            t = t1
+            idle = not (self.pending or self.ready_heap or self.waiting or len(self.act_idx))
+            if ai >= n and idle:
+                break
+        for w in self.prefill:
+            self._leave(w, t, c.prefill_tp)
+        for w in self.decode:
+            self._leave(w, t, c.decode_tp)
+        ttft = self.first_s - arr
+        osl = tr.osl_tokens
+        itl = np.where(osl > 1, (self.finish_s - self.first_s) / np.maximum(osl - 1, 1), 0.0)
+        itl = np.where(np.isnan(self.finish_s), np.nan, itl)
+        return SimResult(ttft_s=ttft, itl_s=itl, gpu_seconds=self.gpu_s, span_s=self.span_s, timeline=self.timeline)
+
+
+def simulate(trace: Trace, profile: ServiceProfile, cfg: FleetConfig, controller: Controller) -> SimResult:
+    """Replay ``trace`` on a fleet resized by ``controller`` every ``cfg.interval_s``."""
+    return FleetSim(trace, profile, cfg).run(controller)
+
+
+def static_controller(prefill: int, decode: int) -> Controller:
+    """A controller that always asks for the same fleet."""
+    return lambda tick: ScalingDecision(now_s=tick.now_s, prefill_replicas=prefill, decode_replicas=decode)
+
+
+def _min_count(ok: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Smallest n in [lo, hi] with ok(n) (ok monotone); hi if none."""
+    if ok(lo):
+        return lo
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def oracle_gpu_seconds(
+    trace: Trace,
+    profile: ServiceProfile,
+    cfg: FleetConfig,
+    *,
+    ttft_target_s: float,
+    itl_target_s: float,
+    interval_s: float = 60.0,
+    attainment: float = 0.99,
+    max_replicas: int = 64,
+) -> tuple[float, list[tuple[int, int]]]:
+    """Hindsight lower bound: for each ``interval_s`` window, the fewest (prefill, decode) workers
+    that, started warm and ready, serve that window's requests with ``attainment`` of them within
+    both SLOs; GPU-seconds summed over the windows. Returns (gpu_seconds, [(prefill, decode)])."""
+    iso = replace(cfg, worker_start_s=0.0, interval_s=interval_s)
+    total, plan = 0.0, []
+    t = 0.0
+    span = float(trace.arrival_s[-1]) if len(trace) else 0.0
+    while t < span:
+        sub = trace.window(t, t + interval_s)
+        length = min(interval_s, span - t)
+        if len(sub) == 0:
+            p, d = 0, 1
+        else:
+            def run(p: int, d: int) -> float:
+                c = replace(iso, initial_prefill=p, initial_decode=d)
+                return simulate(sub, profile, c, static_controller(p, d)).slo_attainment(ttft_target_s, itl_target_s)
+
+            p = _min_count(lambda k: run(k, max_replicas) >= attainment, 1, max_replicas)
+            d = _min_count(lambda k: run(p, k) >= attainment, 1, max_replicas)
+            if run(p, d) < attainment:
+                p = _min_count(lambda k: run(k, d) >= attainment, p, max_replicas)
+        plan.append((p, d))
+        total += (p * cfg.prefill_tp + d * cfg.decode_tp) * length
+        t += interval_s
+    return total, plan

@@ -1,0 +1,138 @@
+"""The runtime's planner loop: reads real worker /metrics over HTTP on 127.0.0.1 (vLLM metric names),
+runs the SLA planner, applies through an actuator and exports Prometheus gauges."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from runtime.planner.profiles import analytic_profile
+from runtime.planner.state_machine import PlannerStateMachine
+from runtime.planner.types import PlannerConfig
+from runtime.server.actuators import DryRunActuator
+from runtime.server.planner_loop import PlannerLoop, RequestWindow, read_pool
+
+pytestmark = pytest.mark.integration
+
+PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
+
+VLLM_METRICS = """# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} {running}
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}
+"""
+
+
+class MetricsServer:
+    """A loopback HTTP server answering /metrics with vLLM-format text."""
+
+    def __init__(self, waiting: float, running: float, kv: float) -> None:
+        body = VLLM_METRICS.format(waiting=waiting, running=running, kv=kv).encode()
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def servers():
+    made = [MetricsServer(4, 2, 0.1), MetricsServer(2, 2, 0.3), MetricsServer(0, 120, 0.6)]
+    yield made
+    for s in made:
+        s.close()
+
+
+def test_read_pool_averages_workers_and_counts_dead_ones_as_starting(servers):
+    with httpx.Client(timeout=2.0) as c:
+        dead = "http://127.0.0.1:9/metrics"  # discard port: nothing listens
+        obs = read_pool(c, [servers[0].url, servers[1].url, dead])
+    assert obs.num_ready == 2 and obs.num_starting == 1
+    assert obs.queue_per_worker == pytest.approx(3.0) and obs.kv_usage == pytest.approx(0.2)
+
+
+def test_planner_loop_tick_decides_applies_and_exports_gauges(servers):
+    cfg = PlannerConfig(mode="sla", interval_s=30.0, predictor="constant", allow_aggregated=False,
+                        max_prefill=10, max_decode=10)
+    window = RequestWindow()
+    for _ in range(900):  # 30 req/s over a 30 s window
+        window.record_arrival(1000)
+        window.record_finish(200, ttft_s=0.3, itl_s=0.02)
+    registry = CollectorRegistry()
+    act = DryRunActuator()
+    with httpx.Client(timeout=2.0) as client:
+        loop = PlannerLoop(PlannerStateMachine(cfg, PROF), act, window, client=client, registry=registry,
+                           metrics_urls=lambda: {"prefill": [servers[0].url, servers[1].url], "decode": [servers[2].url]})
+        d = loop.tick(now_s=30.0)
+    # 30 req/s x 0.1 s prefill -> ceil(3 / 0.9) = 4 prefill; 6000 tok/s / 4475 per worker -> 2 decode
+    assert (d.prefill_replicas, d.decode_replicas) == (4, 2) and act.current() == (4, 2)
+    text = generate_latest(registry).decode()
+    assert "pdserve_planner_prefill_replicas 4.0" in text
+    assert "pdserve_planner_decode_replicas 2.0" in text
+    assert "pdserve_planner_observed_rate_per_second 30.0" in text
+    assert "pdserve_planner_observed_ttft_p90_seconds 0.3" in text
+    assert window.drain().num_requests == 0  # the tick consumed the window
+
+
+def test_planner_loop_thread_ticks_on_its_interval(servers):
+    cfg = PlannerConfig(mode="sla", interval_s=0.05, predictor="constant", allow_aggregated=False)
+    act = DryRunActuator()
+    with httpx.Client(timeout=2.0) as client:
+        loop = PlannerLoop(PlannerStateMachine(cfg, PROF), act, RequestWindow(), client=client,
+                           registry=CollectorRegistry(), metrics_urls=lambda: {"decode": [servers[2].url]})
+        loop.start()
+        try:
+            deadline = time.monotonic() + 10
+            while len(act.decisions) < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            loop.stop()
+    assert len(act.decisions) >= 3
+    times = [d.now_s for d in act.decisions]
+    assert times == sorted(times)
+
+
+def test_planner_from_a_deployment_spec_uses_the_perf_model():
+    import json
+    from pathlib import Path
+
+    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
+    from runtime.server.planner_loop import planner_from_spec
+
+    cfg_path = Path(__file__).resolve().parents[2].parent / "shared/data/models/meta-llama--Meta-Llama-3.1-70B_config.json"
+    if not cfg_path.exists():
+        pytest.skip("shared model configs not present")
+    spec = DeploymentSpec(model=ModelRef(name="llama-70b"), gpu="H100-SXM",
+                          prefill=PoolSpec(tp=2, replicas=3, max_replicas=16), decode=PoolSpec(tp=4, replicas=1),
+                          planner=PlannerSpec(mode="sla", predictor="constant"))
+    sm = planner_from_spec(spec, json.loads(cfg_path.read_text()))
+    assert (sm.prefill, sm.decode) == (3, 1)
+    assert sm.profile is not None and sm.profile.decode.kv_capacity_tokens > 0
+    low, high = sm.size_for_load(5.0, 1000, 200, with_agg=False), sm.size_for_load(50.0, 1000, 200, with_agg=False)
+    assert high.prefill > low.prefill >= 1
+    with pytest.raises(Exception, match="num_hidden_layers|hidden_size|num_attention_heads"):
+        planner_from_spec(spec, {"model_type": "llama"})

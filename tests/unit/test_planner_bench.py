@@ -1,0 +1,53 @@
+"""bench/planner.py on a small Azure-format trace: one JSON line with every planner's figures."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA_70B = ROOT.parent / "shared" / "data" / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
+pytestmark = pytest.mark.skipif(not LLAMA_70B.exists(), reason="shared model configs not present")
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_planner", ROOT / "bench" / "planner.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def write_trace(path: Path, n: int = 240, span_s: float = 130.0) -> Path:
+    rng = np.random.default_rng(0)
+    t = np.sort(rng.uniform(0, span_s, n))
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for s, i, o in zip(t, rng.integers(100, 3000, n), rng.integers(10, 400, n)):
+        m, sec = divmod(s, 60.0)
+        lines.append(f"2023-11-16 18:{int(m):02d}:{sec:010.7f},{i},{o}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_bench_prints_one_json_line_with_all_planners(tmp_path, capsys):
+    bench = load_bench()
+    trace = write_trace(tmp_path / "t.csv")
+    out = tmp_path / "r.json"
+    res = bench.main(["--trace", str(trace), "--rate-scale", "2", "--out", str(out), "--interval-s", "20",
+                      "--planners", "pdserve_sla,pdserve_load,dynamo_sla,static_peak"])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert len(lines) == 1 and json.loads(lines[0]) == res == json.loads(out.read_text())
+    assert res["num_requests"] == 480
+    assert set(res["planners"]) == {"pdserve_sla", "pdserve_load", "dynamo_sla", "static_peak"}
+    for figures in res["planners"].values():
+        assert 0.0 <= figures["slo_attainment"] <= 1.0 and figures["gpu_hours"] > 0
+    assert 0 < res["oracle_gpu_hours"] <= res["static_peak_gpu_hours"]
+    assert res["planners"]["static_peak"]["slo_attainment"] >= 0.9
+
+
+def test_bench_names_a_missing_column(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,374\n")
+    with pytest.raises(SystemExit, match="GeneratedTokens"):
+        load_bench().main(["--trace", str(bad)])

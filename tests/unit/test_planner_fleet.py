@@ -1,0 +1,101 @@
+"""Fleet simulator (runtime/sim/fleet.py) with hand-checkable engines: prefill 0.1 ms/token,
+decode step 10 ms + 0.1 ms per running sequence per worker, KV 100k tokens per worker."""
+
+import numpy as np
+import pytest
+
+from runtime.planner.profiles import analytic_profile
+from runtime.planner.state_machine import PlannerStateMachine
+from runtime.planner.types import PlannerConfig, ScalingDecision
+from runtime.sim.fleet import FleetConfig, Trace, oracle_gpu_seconds, simulate, static_controller
+
+PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
+                        prefill_tp=2, decode_tp=4)
+
+
+def trace(arrivals, isl=1000, osl=11) -> Trace:
+    n = len(arrivals)
+    return Trace(np.asarray(arrivals, float), np.full(n, isl), np.full(n, osl))
+
+
+def fleet(**kw) -> FleetConfig:
+    return FleetConfig(**{"prefill_tp": 2, "decode_tp": 4, "interval_s": 10.0, "worker_start_s": 20.0, **kw})
+
+
+def test_one_request_ttft_and_itl_by_hand():
+    res = simulate(trace([0.0]), PROF, fleet(), static_controller(1, 1))
+    # prefill 1000 x 0.1 ms = 0.1 s, admitted to decode at 0.1 s, one step at batch 1 = 10.1 ms
+    assert res.ttft_s[0] == pytest.approx(0.1 + 0.0101)
+    assert res.itl_s[0] == pytest.approx(0.0101)
+    assert res.slo_attainment(0.2, 0.02) == 1.0 and res.slo_attainment(0.1, 0.02) == 0.0
+
+
+def test_prefill_queue_is_fifo_over_workers():
+    one = simulate(trace([0.0, 0.0, 0.0]), PROF, fleet(), static_controller(1, 1))
+    two = simulate(trace([0.0, 0.0, 0.0]), PROF, fleet(initial_prefill=2), static_controller(2, 1))
+    # one worker: prefills end at 0.1, 0.2, 0.3 s; two workers: 0.1, 0.1, 0.2 s
+    assert sorted(np.round(one.ttft_s - one.itl_s, 4)) == pytest.approx([0.1, 0.2, 0.3], abs=0.002)
+    assert sorted(np.round(two.ttft_s - two.itl_s, 4)) == pytest.approx([0.1, 0.1, 0.2], abs=0.002)
+
+
+def test_gpu_seconds_of_a_static_fleet_by_hand():
+    res = simulate(trace(np.linspace(0, 90, 10)), PROF, fleet(initial_prefill=2), static_controller(2, 1))
+    assert res.gpu_seconds == pytest.approx((2 * 2 + 1 * 4) * 90.0)  # counted over [0, last arrival]
+    assert res.gpu_hours == pytest.approx(720 / 3600)
+
+
+def test_new_workers_serve_only_after_the_start_time_and_cost_from_launch():
+    calls = []
+
+    def grow(tick):
+        calls.append(tick)
+        return ScalingDecision(tick.now_s, prefill_replicas=3, decode_replicas=1)
+
+    res = simulate(trace(np.linspace(0, 100, 200)), PROF, fleet(), grow)
+    # ticks at 10, 20, 30 s: two prefill workers launch at 10 s and are ready at 30 s
+    assert calls[0].prefill.num_ready == 1
+    assert calls[1].prefill.num_ready == 1 and calls[1].prefill.num_starting == 2
+    assert calls[2].prefill.num_ready == 3
+    assert res.gpu_seconds == pytest.approx(2 * 100 + 2 * 2 * 90 + 4 * 100)
+
+
+def test_aggregated_decode_workers_prefill_when_no_prefill_worker_exists():
+    res = simulate(trace([0.0, 5.0]), PROF, fleet(initial_prefill=0), static_controller(0, 1))
+    assert np.all(np.isfinite(res.ttft_s))
+    assert res.ttft_s[0] == pytest.approx(0.1 + 0.0101 / (1 - 0.01), rel=0.05)  # prefill on the decode worker
+    assert res.gpu_seconds == pytest.approx(4 * 5.0)
+
+
+def test_sla_planner_on_the_simulator_learns_slow_engines():
+    rng = np.random.default_rng(1)
+    arr = np.sort(rng.uniform(0, 600, 6000))  # 10 req/s for 10 minutes
+    tr = trace(arr, isl=1000, osl=50)
+    cfg = PlannerConfig(prefill_tp=2, decode_tp=4, interval_s=10.0, worker_start_s=20.0, scale_down_delay_s=60.0,
+                        cooldown_s=30.0, predictor="moving_average", allow_aggregated=False, max_prefill=16, max_decode=8)
+    fast = PlannerStateMachine(cfg, PROF, initial_prefill=2, initial_decode=1)
+    res_fast = simulate(tr, PROF, fleet(initial_prefill=2), fast.on_tick)
+    slow = PlannerStateMachine(cfg, PROF, initial_prefill=2, initial_decode=1)
+    res_slow = simulate(tr, PROF, fleet(initial_prefill=2, slowdown=3.0), slow.on_tick)
+    assert res_fast.slo_attainment(2.0, 0.05) >= 0.99
+    assert slow.itl_correction > 1.5  # engines 3x slower than the profile: ITL 3x the model
+    assert res_slow.gpu_seconds > res_fast.gpu_seconds
+
+
+def test_oracle_is_the_smallest_fleet_per_window():
+    rng = np.random.default_rng(2)
+    tr = trace(np.sort(rng.uniform(0, 60, 1500)), isl=1000, osl=20)  # 25 req/s = 2.5 Erlangs of prefill
+    cfg = fleet(interval_s=60.0)
+    total, plan = oracle_gpu_seconds(tr, PROF, cfg, ttft_target_s=0.5, itl_target_s=0.05, interval_s=60.0)
+    (p, d), = plan
+    assert p >= 3  # below 2.5 Erlangs plus queueing no fleet can meet a 0.5 s TTFT
+    assert total == pytest.approx((p * 2 + d * 4) * float(tr.arrival_s[-1]))
+    worse = simulate(tr, PROF, fleet(interval_s=60.0, initial_prefill=p - 1, initial_decode=d),
+                     static_controller(p - 1, d))
+    assert worse.slo_attainment(0.5, 0.05) < 0.99
+
+
+def test_bad_trace_is_rejected_with_the_field_named():
+    with pytest.raises(ValueError, match="sorted"):
+        Trace(np.array([1.0, 0.0]), np.array([1, 1]), np.array([1, 1]))
+    with pytest.raises(ValueError, match="isl_tokens and osl_tokens must be >= 1"):
+        Trace(np.array([0.0]), np.array([0]), np.array([1]))

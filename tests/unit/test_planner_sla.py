@@ -1,0 +1,86 @@
+"""Replica arithmetic of the SLA planner, checked by hand against a linear profile:
+prefill 0.1 ms/token (1000 tokens = 0.1 s), decode step 10 ms + 0.1 ms per running sequence,
+KV capacity 100,000 tokens per worker."""
+
+import math
+
+import pytest
+
+from runtime.planner import sla
+from runtime.planner.dynamo_baseline import DynamoSlaBaseline
+from runtime.planner.profiles import analytic_profile
+from runtime.planner.types import PoolObservation, TickInput
+
+PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
+
+
+def test_erlang_c_matches_textbook_values():
+    assert sla.erlang_c(1, 0.5) == pytest.approx(0.5)  # M/M/1: P(wait) = utilisation
+    assert sla.erlang_c(2, 1.0) == pytest.approx(1 / 3)  # B(2,1) = 0.2; C = 2*0.2/(2-0.8)
+    assert sla.erlang_c(3, 1.0) == pytest.approx(0.1875 / 2.0625)  # B(3,1) = 1/16
+    assert sla.erlang_c(2, 2.0) == 1.0  # unstable
+    with pytest.raises(ValueError, match="num_servers"):
+        sla.erlang_c(0, 1.0)
+
+
+def test_prefill_replicas_hand_checked():
+    # 10 req/s x 0.1 s = 1 Erlang; utilisation bound ceil(1/0.9) = 2 workers;
+    # M/M/2 p99 wait = ln((1/3)/0.01) / (20 - 10) = 0.351 s <= 2.0 - 0.1 s slack -> 2
+    assert sla.prefill_replicas(10, 1000, PROF.prefill, ttft_budget_s=2.0) == 2
+    # a 0.3 s budget leaves 0.2 s slack: 2 workers wait 0.351 s (too long);
+    # 3 workers: C = 0.0909, p99 wait = ln(9.09) / (30 - 10) = 0.110 s -> 3
+    assert sla.prefill_replicas(10, 1000, PROF.prefill, ttft_budget_s=0.3) == 3
+    # a correction factor of 2 doubles the service time: 2 Erlangs / 0.9 -> at least 3
+    assert sla.prefill_replicas(10, 1000, PROF.prefill, ttft_budget_s=2.0, ttft_correction=2.0) == 3
+    assert sla.prefill_replicas(0, 1000, PROF.prefill, ttft_budget_s=2.0) == 0
+
+
+def test_wait_quantile_hand_checked():
+    assert sla.wait_quantile_s(2, 10, 0.1, 0.99) == pytest.approx(math.log((1 / 3) / 0.01) / 10)
+    assert sla.wait_quantile_s(1, 20, 0.1, 0.99) == math.inf
+    assert sla.wait_quantile_s(8, 1, 0.1, 0.99) == 0.0  # P(wait) below 1%
+
+
+def test_decode_replicas_hand_checked():
+    # ISL 1000, OSL 200: context 1100, KV per sequence 1100/0.9 = 1222 tokens -> 81 sequences fit;
+    # step at batch 81 = 10 + 8.1 ms = 18.1 ms <= 50 ms -> 81 / 0.0181 = 4475 tokens/s per worker
+    per_worker = 81 / 0.0181
+    assert PROF.decode.max_batch(0.05, 1100, 1100 / 0.9) == 81
+    assert PROF.decode.tokens_per_s(0.05, 1100, 1100 / 0.9) == pytest.approx(per_worker)
+    assert sla.decode_replicas(10, 1000, 200, PROF.decode, itl_target_s=0.05) == 1  # 2000 tok/s
+    assert sla.decode_replicas(50, 1000, 200, PROF.decode, itl_target_s=0.05) == math.ceil(10_000 / per_worker) == 3
+    # an ITL target of 15.1 ms caps the batch at (15.1-10)/0.1 = 51 -> 51/0.0151 = 3377 tokens/s
+    assert PROF.decode.max_batch(0.0151, 1100, 1100 / 0.9) == 51
+    assert sla.decode_replicas(50, 1000, 200, PROF.decode, itl_target_s=0.0151) == math.ceil(10_000 / (51 / 0.0151)) == 3
+    assert sla.decode_replicas(20, 1000, 200, PROF.decode, itl_target_s=0.0151) == 2  # 4000 / 3377
+    # a target below one empty step is infeasible
+    assert sla.decode_replicas(10, 1000, 200, PROF.decode, itl_target_s=0.005) is None
+
+
+def test_aggregated_replicas_hand_checked():
+    # 1 req/s x 0.1 s prefill = 10% of one worker; decode must meet 50 ms * 0.9 = 45 ms: easily -> 1
+    assert sla.aggregated_replicas(1, 1000, 200, PROF.agg_prefill, PROF.decode, ttft_budget_s=1.9,
+                                   itl_target_s=0.05, max_workers=8) == 1
+    # 8 req/s: 0.8 Erlangs of prefill; share per worker must be <= 0.5 -> at least 2 workers
+    assert sla.aggregated_replicas(8, 1000, 200, PROF.agg_prefill, PROF.decode, ttft_budget_s=1.9,
+                                   itl_target_s=0.05, max_workers=8) == 2
+    assert sla.aggregated_replicas(80, 1000, 200, PROF.agg_prefill, PROF.decode, ttft_budget_s=1.9,
+                                   itl_target_s=0.05, max_workers=8) is None
+
+
+def _tick(now_s: float, rate: float, interval_s: float = 60.0) -> TickInput:
+    return TickInput(now_s=now_s, interval_s=interval_s, num_requests=int(rate * interval_s), mean_isl_tokens=1000,
+                     mean_osl_tokens=200, decode=PoolObservation(num_ready=1))
+
+
+def test_dynamo_baseline_formula_hand_checked():
+    # Dynamo: num_p = ceil(num_req * isl / interval / (isl / ttft(isl) / tp) / tp)
+    #         num_d = ceil(num_req * osl / interval / (decode thpt per GPU) / tp)
+    dyn = DynamoSlaBaseline(PROF, prefill_tp=2, decode_tp=1, ttft_target_s=2.0, itl_target_s=0.05, gpu_budget=64,
+                            adjustment_interval_s=180.0, predictor="constant")
+    assert dyn.on_tick(_tick(60, 30)) is None and dyn.on_tick(_tick(120, 30)) is None
+    d = dyn.on_tick(_tick(180, 30))
+    # 5400 requests in 180 s = 30 req/s: prefill 30000 tok/s; one worker (2 GPUs) does 1000/0.1 = 10000
+    assert d is not None and d.prefill_replicas == 3
+    # decode: 6000 tok/s; KV holds 100000 / 1100 = 90 sequences -> 90 / 0.019 = 4737 tok/s -> 2
+    assert d.decode_replicas == math.ceil(6000 / (90 / 0.019)) == 2

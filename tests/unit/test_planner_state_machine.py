@@ -1,0 +1,164 @@
+"""The planner state machine: TickInput in, ScalingDecision out, time only from the input.
+
+Profile (hand-checkable): prefill 0.1 ms/token, decode step 10 ms + 0.1 ms per sequence, KV 100k
+tokens per worker. Requests: ISL 1000, OSL 200. One prefill worker serves ~9 req/s (0.9 of 10)."""
+
+import pytest
+
+from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
+from runtime.planner.profiles import analytic_profile
+from runtime.planner.state_machine import PlannerStateMachine
+from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+
+PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
+
+
+def cfg(**kw) -> PlannerConfig:
+    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=20, min_decode=1, max_decode=20,
+                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, scale_down_delay_s=120.0, cooldown_s=60.0,
+                predictor="constant", allow_aggregated=False)
+    base.update(kw)
+    return PlannerConfig(**base)
+
+
+def tick(now_s: float, rate: float, *, prio: float = 0.0, ready_p: int = 1, ready_d: int = 1, running_d: float = 0.0,
+         **kw) -> TickInput:
+    return TickInput(now_s=now_s, interval_s=30.0, num_requests=round(rate * 30), mean_isl_tokens=1000,
+                     mean_osl_tokens=200, num_priority_requests=round(prio * 30),
+                     prefill=PoolObservation(num_ready=ready_p),
+                     decode=PoolObservation(num_ready=ready_d, running_per_worker=running_d), **kw)
+
+
+def test_sla_sizes_pools_from_the_rate():
+    sm = PlannerStateMachine(cfg(), PROF)
+    d = sm.on_tick(tick(30, 30.0))
+    # 30 req/s x 0.1 s = 3 Erlangs -> ceil(3 / 0.9) = 4 prefill; 6000 tok/s / 4475 -> 2 decode
+    assert (d.prefill_replicas, d.decode_replicas) == (4, 2)
+    assert d.serving_mode == "disaggregated" and d.predicted_rate_per_s == pytest.approx(30.0)
+    assert d.num_gpus(1, 1) == 6
+
+
+def test_scale_up_at_once_scale_down_only_after_the_delay():
+    sm = PlannerStateMachine(cfg(), PROF)
+    assert sm.on_tick(tick(30, 30.0)).prefill_replicas == 4
+    high = [sm.on_tick(tick(t, 30.0)).prefill_replicas for t in (60, 90, 120, 150)]
+    assert high == [4, 4, 4, 4]
+    low = [sm.on_tick(tick(t, 5.0)).prefill_replicas for t in (180, 210, 240, 270, 300, 330)]
+    # the 120 s window still holds a 4 until t=270+: the drop happens only after the delay
+    assert low[:3] == [4, 4, 4] and low[-1] == 1
+    back = sm.on_tick(tick(360, 30.0))  # back up at once (cooldown 60 s passed); 6x the prediction is a burst:
+    assert back.burst and back.prefill_replicas == 5  # 30 x 1.25 = 37.5 req/s -> ceil(3.75 / 0.9) = 5
+
+
+def test_lead_time_predicts_ahead_with_a_trend_predictor():
+    sm = PlannerStateMachine(cfg(predictor="burst_quantile", predictor_window_ticks=3, burst_quantile=0.5, burst_factor=10), PROF)
+    assert sm.lead_ticks == 3  # this tick + 60 s / 30 s
+    for t, r in ((30, 9.0), (60, 18.0)):
+        sm.on_tick(tick(t, r))
+    d = sm.on_tick(tick(90, 27.0))
+    # +9 req/s per tick: mean of the last two (22.5) + 3 ticks x 9 = 49.5 req/s planned
+    # -> 4.95 Erlangs / 0.9 = 5.5 -> 6 prefill workers, where the observed 27 req/s alone needs 3
+    assert d.predicted_rate_per_s == pytest.approx(49.5)
+    assert d.prefill_replicas == 6
+
+
+def test_min_max_and_budget_bound_the_decision():
+    sm = PlannerStateMachine(cfg(max_prefill=3, max_decode=20, gpu_budget=8, prefill_tp=2, decode_tp=2), PROF)
+    d = sm.on_tick(tick(30, 300.0))
+    assert d.prefill_replicas <= 3
+    assert d.num_gpus(2, 2) <= 8 and d.decode_replicas >= 1
+    with pytest.raises(ValueError, match="gpu_budget"):
+        cfg(min_prefill=4, prefill_tp=8, gpu_budget=16)
+
+
+def test_reserved_priority_share_caps_normal_traffic_but_not_priority():
+    sm = PlannerStateMachine(cfg(gpu_budget=10, reserved_priority_share=0.4), PROF)
+    d = sm.on_tick(tick(30, 300.0))
+    assert d.num_gpus(1, 1) == 6  # 10 GPUs minus 4 reserved for priority traffic
+    sm2 = PlannerStateMachine(cfg(gpu_budget=10, reserved_priority_share=0.4), PROF)
+    d2 = sm2.on_tick(tick(30, 300.0, prio=30.0))
+    assert d2.num_gpus(1, 1) == 10  # priority traffic needs the whole reserve (4 + 2 GPUs for 30 req/s)
+
+
+def test_burst_mode_adds_headroom_within_the_budget():
+    c = cfg(burst_factor=1.5, burst_headroom=0.5, gpu_budget=14, reserved_priority_share=0.3)
+    sm = PlannerStateMachine(c, PROF)
+    for t in (30, 60, 90):
+        assert not sm.on_tick(tick(t, 20.0)).burst
+    d = sm.on_tick(tick(120, 50.0))  # 2.5x the prediction
+    assert d.burst and "burst" in d.reason
+    # 50 x 1.5 = 75 req/s: ceil(7.5 / 0.9) = 9 prefill + ceil(15000 / 4475) = 4 decode = 13 GPUs:
+    # above the 14 - 4 reserved = 10 GPUs normal traffic may use, within the whole budget
+    assert d.num_gpus(1, 1) == 13
+    assert not sm.on_tick(tick(150, 10.0)).burst  # back under the prediction: burst over
+
+
+def test_aggregated_at_low_load_after_a_full_window_and_back_at_once():
+    sm = PlannerStateMachine(cfg(allow_aggregated=True, scale_down_delay_s=60.0), PROF)
+    modes = [sm.on_tick(tick(t, 0.5)).serving_mode for t in (30, 60, 90, 120)]
+    assert modes[0] == "disaggregated" and modes[-1] == "aggregated"
+    d = sm.on_tick(tick(150, 0.5))
+    assert d.prefill_replicas == 0 and d.decode_replicas == 1
+    d = sm.on_tick(tick(180, 30.0, ready_p=0))
+    assert d.serving_mode == "disaggregated" and d.prefill_replicas >= 4
+
+
+def test_aggregated_keeps_prefill_until_decode_workers_are_ready():
+    sm = PlannerStateMachine(cfg(allow_aggregated=True, scale_down_delay_s=0.0, min_decode=1), PROF,
+                             initial_prefill=1, initial_decode=1)
+    d = sm.on_tick(tick(30, 0.5, ready_d=0))
+    assert d.serving_mode == "aggregated" and d.prefill_replicas == 1  # no ready decode worker yet
+    assert sm.on_tick(tick(60, 0.5, ready_d=1)).prefill_replicas == 0
+
+
+def test_correction_factor_follows_slow_engines():
+    sm = PlannerStateMachine(cfg(), PROF, initial_prefill=4, initial_decode=2)
+    base = sm.size_for_load(30.0, 1000, 200).prefill
+    for t in range(30, 330, 30):  # TTFT 1.5 s where the model expects ~0.2 s; ITL 40 ms vs 20 ms at batch 100
+        sm.on_tick(tick(t, 30.0, ready_p=4, ready_d=2, running_d=100, observed_ttft_p90_s=1.5, observed_itl_p90_s=0.04))
+    assert sm.ttft_correction == pytest.approx(2.0, rel=0.05)  # clamped at 2
+    assert sm.itl_correction == pytest.approx(2.0, rel=0.05)  # 40 ms / 20 ms
+    assert sm.size_for_load(30.0, 1000, 200).prefill > base
+
+
+def test_load_mode_steps_by_one():
+    sm = PlannerStateMachine(cfg(mode="load", scale_down_delay_s=0.0, cooldown_s=0.0), None,
+                             initial_prefill=3, initial_decode=3)
+    up = TickInput(now_s=30, interval_s=30, num_requests=100, mean_isl_tokens=1000, mean_osl_tokens=200,
+                   prefill=PoolObservation(num_ready=3, queue_per_worker=5.0), decode=PoolObservation(num_ready=3, kv_usage=0.95))
+    d = sm.on_tick(up)
+    assert (d.prefill_replicas, d.decode_replicas) == (4, 4)
+    down = TickInput(now_s=60, interval_s=30, num_requests=10, mean_isl_tokens=1000, mean_osl_tokens=200,
+                     prefill=PoolObservation(num_ready=4, queue_per_worker=0.0), decode=PoolObservation(num_ready=4, kv_usage=0.1),
+                     observed_ttft_p90_s=0.2, observed_itl_p90_s=0.01)
+    d = sm.on_tick(down)
+    assert (d.prefill_replicas, d.decode_replicas) == (3, 3)
+    slow = TickInput(now_s=90, interval_s=30, num_requests=10, mean_isl_tokens=1000, mean_osl_tokens=200,
+                     prefill=PoolObservation(num_ready=3), decode=PoolObservation(num_ready=3, kv_usage=0.5),
+                     observed_ttft_p90_s=1.9, observed_itl_p90_s=0.049)
+    assert (sm.on_tick(slow).prefill_replicas, sm.decode) == (4, 4)  # latency near SLO -> +1 each
+
+
+def test_bad_input_names_the_field():
+    with pytest.raises(ValueError, match="interval_s"):
+        TickInput(now_s=0, interval_s=0, num_requests=1, mean_isl_tokens=1, mean_osl_tokens=1)
+    with pytest.raises(ValueError, match="num_priority_requests"):
+        TickInput(now_s=0, interval_s=1, num_requests=1, mean_isl_tokens=1, mean_osl_tokens=1, num_priority_requests=2)
+    with pytest.raises(ValueError, match="ServiceProfile"):
+        PlannerStateMachine(cfg(), None)
+    sm = PlannerStateMachine(cfg(), PROF)
+    sm.on_tick(tick(60, 1.0))
+    with pytest.raises(ValueError, match="backwards"):
+        sm.on_tick(tick(30, 1.0))
+    with pytest.raises(ValueError, match="load_kv_down"):
+        PlannerSpec(load_kv_down=0.9, load_kv_up=0.8)
+
+
+def test_config_from_deployment_spec():
+    spec = DeploymentSpec(model=ModelRef(name="m"), prefill=PoolSpec(tp=2, min_replicas=1, max_replicas=6),
+                          decode=PoolSpec(tp=4, min_replicas=1, max_replicas=3),
+                          planner=PlannerSpec(mode="sla", predictor="arima", gpu_budget=32, worker_start_s=90))
+    c = PlannerConfig.from_spec(spec)
+    assert (c.prefill_tp, c.decode_tp, c.max_prefill, c.max_decode, c.gpu_budget) == (2, 4, 6, 3, 32)
+    assert c.ttft_target_s == pytest.approx(2.0) and c.itl_target_s == pytest.approx(0.05)
+    assert c.predictor == "arima" and c.worker_start_s == 90
