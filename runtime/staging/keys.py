@@ -1,0 +1,108 @@
+"""Object-key safety and file selection (include/exclude globs, safetensors preference).
+
+Pure functions over key strings; no I/O.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from pathlib import PurePosixPath
+from typing import Iterable, Sequence
+
+from runtime.staging.manifest import MARKER_NAME, StagingError
+
+DEFAULT_INCLUDE: tuple[str, ...] = (
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "*.tiktoken",
+    "chat_template*",
+    "preprocessor_config.json",
+    "*.bin",
+    "*.pth",
+    "*.pt",
+    "*.bin.index.json",
+)
+"""Default include globs: safetensors + config + tokenizer (HF layout). `.bin`/`.pth`/`.pt` weights are
+included here but dropped by `prefer_safetensors` whenever any safetensors file is selected."""
+
+LEGACY_WEIGHT_SUFFIXES = (".bin", ".pth", ".pt")
+LEGACY_INDEX_SUFFIX = ".bin.index.json"
+
+
+class UnsafeKeyError(StagingError):
+    """An object key would escape the destination folder."""
+
+
+def relative_path(key: str, prefix: str) -> str:
+    """Destination path (relative, POSIX) of `key` under `prefix`, refusing keys that could escape.
+
+    Rejects: NUL bytes, backslashes, absolute paths, empty segments after the prefix, `.` and `..`
+    segments, and the reserved marker name.
+
+    Raises:
+        UnsafeKeyError: naming the key and the reason.
+    """
+    if "\x00" in key:
+        raise UnsafeKeyError(f"unsafe object key {key!r}: contains a NUL byte")
+    if "\\" in key:
+        raise UnsafeKeyError(f"unsafe object key {key!r}: contains a backslash")
+    if not key.startswith(prefix):
+        raise UnsafeKeyError(f"unsafe object key {key!r}: not under prefix {prefix!r}")
+    rel = key[len(prefix):]
+    if rel.startswith("/") or PurePosixPath(rel).is_absolute():
+        raise UnsafeKeyError(f"unsafe object key {key!r}: absolute path after prefix")
+    parts = rel.split("/")
+    if not rel or any(p == "" for p in parts):
+        raise UnsafeKeyError(f"unsafe object key {key!r}: empty path segment")
+    if any(p in (".", "..") for p in parts):
+        raise UnsafeKeyError(f"unsafe object key {key!r}: '.' or '..' segment escapes the destination")
+    if parts[-1] == MARKER_NAME or any(p.endswith(".pdserve-part") for p in parts):
+        raise UnsafeKeyError(f"unsafe object key {key!r}: reserved name")
+    return rel
+
+
+def _matches(rel: str, pattern: str) -> bool:
+    # A pattern with "/" matches the whole relative path; otherwise the file name (like .gitignore).
+    target = rel if "/" in pattern else rel.rsplit("/", 1)[-1]
+    return fnmatchcase(target, pattern)
+
+
+def select_paths(
+    rel_paths: Iterable[str],
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] = (),
+    prefer_safetensors: bool = True,
+) -> list[str]:
+    """Filter relative paths by globs.
+
+    Args:
+        rel_paths: candidate paths relative to the model root.
+        include: globs to keep (None → `DEFAULT_INCLUDE`; ["*"] keeps everything).
+        exclude: globs to drop (applied after include).
+        prefer_safetensors: when any selected path ends in `.safetensors`, drop `.bin`/`.pth`/`.pt`
+            weights and `*.bin.index.json` (duplicate PyTorch checkpoints of the same weights).
+
+    Returns:
+        The selected paths, sorted.
+    """
+    inc = DEFAULT_INCLUDE if include is None else tuple(include)
+    chosen = [
+        p
+        for p in rel_paths
+        if any(_matches(p, g) for g in inc) and not any(_matches(p, g) for g in exclude)
+    ]
+    if prefer_safetensors and any(p.endswith(".safetensors") for p in chosen):
+        chosen = [
+            p
+            for p in chosen
+            if not (p.endswith(LEGACY_WEIGHT_SUFFIXES) or p.endswith(LEGACY_INDEX_SUFFIX))
+        ]
+    return sorted(chosen)

@@ -1,0 +1,342 @@
+"""Where model files come from: S3 prefix, local folder, or Hugging Face Hub (`hf://`).
+
+Each source lists its objects (`SourceObject`: key, relative path, size, ETag, checksums) and
+reads byte ranges, so one transfer engine (`runtime.staging.transfer`) serves all three with
+concurrent ranged reads and part-level resume.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+from runtime.staging.keys import relative_path
+from runtime.staging.manifest import StagingError
+
+
+@dataclass(frozen=True)
+class SourceObject:
+    """One source file.
+
+    Attributes:
+        key: source key (S3 key, repo path, or local relative path).
+        rel: destination path relative to the model folder (safety-checked).
+        size_bytes: object size, bytes.
+        etag: S3 ETag without quotes; hf: LFS sha256 or git blob id; local: "<size>-<mtime_ns>".
+        checksum_sha256: S3 ChecksumSHA256 (base64; composite objects end in "-<parts>") or None.
+        checksum_crc32c / checksum_crc32: S3 ChecksumCRC32C / ChecksumCRC32, same format, or None.
+        part_size_bytes: upload part size of a multipart S3 object (ETag/checksum "-N"), else None.
+        sha256_hex: the source's own SHA-256 of the content (hf LFS files) or None.
+        git_blob_sha1: git blob id of a non-LFS hf file (sha1 of "blob <size>\\0" + content) or None.
+        sse_kms: the object is SSE-KMS encrypted (its ETag is not an MD5).
+    """
+
+    key: str
+    rel: str
+    size_bytes: int
+    etag: str
+    checksum_sha256: str | None = None
+    checksum_crc32c: str | None = None
+    checksum_crc32: str | None = None
+    part_size_bytes: int | None = None
+    sha256_hex: str | None = None
+    git_blob_sha1: str | None = None
+    sse_kms: bool = False
+
+
+class Source(Protocol):
+    """A readable collection of model files.
+
+    * `list_objects()` → every object under the source (keys safety-checked), or StagingError
+      (missing bucket/folder, empty prefix).
+    * `needs_describe(obj)` / `describe(obj)` → whether / how to fetch extra metadata (S3: HEAD for
+      ChecksumSHA256, SSE and the multipart part size) before a multi-range download.
+    * `read_whole(obj, chunk)` → (described obj, chunks) for one-request files (S3: the checksum
+      comes back in the GET's headers).
+    * `read_range(obj, start, end, chunk)` → the bytes [start, end) in chunks of ≤ `chunk` bytes.
+    * `retryable` → exception types worth retrying mid-stream (connection resets, timeouts).
+    """
+
+    uri: str
+    retryable: tuple[type[BaseException], ...]
+
+    def list_objects(self) -> list[SourceObject]: ...
+
+    def needs_describe(self, obj: SourceObject) -> bool: ...
+
+    def describe(self, obj: SourceObject) -> SourceObject: ...
+
+    def read_whole(self, obj: SourceObject, chunk_bytes: int) -> tuple[SourceObject, Iterator[bytes]]: ...
+
+    def read_range(self, obj: SourceObject, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]: ...
+
+
+class _WholeByRange:
+    """`needs_describe`/`read_whole` for sources whose listing already carries all metadata."""
+
+    def needs_describe(self, obj: SourceObject) -> bool:
+        return False
+
+    def read_whole(self, obj: SourceObject, chunk_bytes: int) -> tuple[SourceObject, Iterator[bytes]]:
+        return obj, self.read_range(obj, 0, obj.size_bytes, chunk_bytes)  # type: ignore[attr-defined]
+
+
+def _s3_retryable() -> tuple[type[BaseException], ...]:
+    from botocore.exceptions import (
+        ConnectionClosedError,
+        EndpointConnectionError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
+    from urllib3.exceptions import ProtocolError
+
+    return (
+        ConnectionClosedError,
+        EndpointConnectionError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+        ProtocolError,
+        ConnectionError,
+    )
+
+
+def _with_checksums(obj: SourceObject, response: dict) -> SourceObject:
+    """Copy S3's additional checksums and SSE mode from a HEAD/GET response onto `obj`."""
+    return replace(
+        obj,
+        checksum_sha256=response.get("ChecksumSHA256"),
+        checksum_crc32c=response.get("ChecksumCRC32C"),
+        checksum_crc32=response.get("ChecksumCRC32"),
+        sse_kms=response.get("ServerSideEncryption") == "aws:kms",
+    )
+
+
+class S3Source:
+    """Objects under ``s3://bucket/prefix/`` read with ranged GETs (If-Match on the listed ETag)."""
+
+    def __init__(self, uri: str, s3_client: Any) -> None:
+        from runtime.staging.s3 import parse_s3_uri
+
+        self.uri = uri
+        self.bucket, self.prefix = parse_s3_uri(uri)
+        self.client = s3_client
+        self.retryable = _s3_retryable()
+
+    def list_objects(self) -> list[SourceObject]:
+        """List the prefix (paginated). Raises StagingError: missing bucket, denied, or empty prefix."""
+        from botocore.exceptions import ClientError
+
+        out: list[SourceObject] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+            for page in pages:
+                for o in page.get("Contents", []):
+                    key = o["Key"]
+                    if key.endswith("/") and o["Size"] == 0:
+                        continue  # "folder" marker objects
+                    rel = relative_path(key, self.prefix)
+                    out.append(SourceObject(key=key, rel=rel, size_bytes=o["Size"], etag=o["ETag"].strip('"')))
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchBucket", "404"):
+                raise StagingError(f"source {self.uri}: bucket '{self.bucket}' does not exist") from e
+            raise StagingError(f"source {self.uri}: cannot list objects ({code}): {e}") from e
+        if not out:
+            raise StagingError(f"source {self.uri}: no objects under prefix '{self.prefix}' (empty prefix)")
+        return out
+
+    def describe(self, obj: SourceObject) -> SourceObject:
+        """HEAD the object for ChecksumSHA256 / SSE and, for multipart objects, the part size."""
+        h = self.client.head_object(Bucket=self.bucket, Key=obj.key, ChecksumMode="ENABLED")
+        etag = h["ETag"].strip('"')
+        if etag != obj.etag or h["ContentLength"] != obj.size_bytes:
+            raise StagingError(f"object '{obj.key}' changed while staging (ETag/size differ from listing)")
+        described = _with_checksums(obj, h)
+        part_size = None
+        sums = (described.checksum_sha256, described.checksum_crc32c, described.checksum_crc32)
+        if "-" in etag or any(c and "-" in c for c in sums):
+            p1 = self.client.head_object(Bucket=self.bucket, Key=obj.key, PartNumber=1)
+            part_size = int(p1["ContentLength"])
+        return replace(described, part_size_bytes=part_size)
+
+    def needs_describe(self, obj: SourceObject) -> bool:
+        """Multipart objects: their part size is needed to check a composite checksum / the ETag."""
+        return "-" in obj.etag
+
+    def read_whole(self, obj: SourceObject, chunk_bytes: int) -> tuple[SourceObject, Iterator[bytes]]:
+        """One GET of a single-part object; its ChecksumSHA256 comes back in the response headers
+        (no HEAD needed). botocore also validates that checksum while streaming."""
+        from botocore.exceptions import ClientError, FlexibleChecksumError
+
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code", "") in ("PreconditionFailed", "412"):
+                raise StagingError(f"object '{obj.key}' changed while staging (ETag no longer {obj.etag})") from e
+            raise
+        described = _with_checksums(obj, r)
+
+        def chunks() -> Iterator[bytes]:
+            body = r["Body"]
+            try:
+                yield from body.iter_chunks(chunk_bytes)
+            except FlexibleChecksumError as e:
+                raise StagingError(
+                    f"object '{obj.key}': ChecksumSHA256 mismatch detected by botocore while streaming (corrupted): {e}"
+                ) from e
+            finally:
+                body.close()
+
+        return described, chunks()
+
+    def read_range(self, obj: SourceObject, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]:
+        """Bytes [start, end) of the object; fails (PreconditionFailed) if its ETag changed."""
+        from botocore.exceptions import ClientError
+
+        try:
+            r = self.client.get_object(
+                Bucket=self.bucket, Key=obj.key, Range=f"bytes={start}-{end - 1}", IfMatch=f'"{obj.etag}"'
+            )
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("PreconditionFailed", "412"):
+                raise StagingError(f"object '{obj.key}' changed while staging (ETag no longer {obj.etag})") from e
+            raise
+        body = r["Body"]
+        try:
+            yield from body.iter_chunks(chunk_bytes)
+        finally:
+            body.close()
+
+
+class LocalSource(_WholeByRange):
+    """Files under a local folder (plain path or file:// URI)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.root = Path(uri[7:] if uri.startswith("file://") else uri).expanduser()
+        self.retryable: tuple[type[BaseException], ...] = ()
+
+    def list_objects(self) -> list[SourceObject]:
+        """Recursive listing. Raises StagingError: not a folder, or no files."""
+        if not self.root.is_dir():
+            raise StagingError(f"source {self.uri}: local folder does not exist")
+        out = []
+        for p in sorted(self.root.rglob("*")):
+            if not p.is_file():
+                continue
+            key = p.relative_to(self.root).as_posix()
+            st = p.stat()
+            out.append(
+                SourceObject(key=key, rel=relative_path(key, ""), size_bytes=st.st_size, etag=f"{st.st_size}-{st.st_mtime_ns}")
+            )
+        if not out:
+            raise StagingError(f"source {self.uri}: folder holds no files")
+        return out
+
+    def describe(self, obj: SourceObject) -> SourceObject:
+        return obj
+
+    def read_range(self, obj: SourceObject, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]:
+        fd = os.open(self.root / obj.key, os.O_RDONLY)
+        try:
+            pos = start
+            while pos < end:
+                b = os.pread(fd, min(chunk_bytes, end - pos), pos)
+                if not b:
+                    raise StagingError(f"local file '{obj.key}' shrank while staging")
+                pos += len(b)
+                yield b
+        finally:
+            os.close(fd)
+
+
+class HfSource(_WholeByRange):
+    """A Hugging Face Hub repo: ``hf://org/name[@revision][/subfolder]`` (huggingface_hub + httpx ranges).
+
+    LFS files are verified against the Hub's sha256, others against their git blob id. Needs the
+    Hub to be reachable (HF_ENDPOINT and HF_TOKEN are honoured by huggingface_hub).
+    """
+
+    def __init__(self, uri: str) -> None:
+        import httpx
+
+        self.uri = uri
+        rest = uri[5:]
+        parts = rest.split("/")
+        if len(parts) < 2 or not parts[0] or not parts[1]:
+            raise StagingError(f"source {uri!r}: expected hf://org/name[@revision][/subfolder]")
+        name, _, rev = parts[1].partition("@")
+        self.repo_id = f"{parts[0]}/{name}"
+        self.revision = rev or "main"
+        sub = "/".join(parts[2:]).strip("/")
+        self.prefix = sub + "/" if sub else ""
+        self.retryable = (httpx.TransportError,)
+        self._http = httpx.Client(follow_redirects=True, timeout=httpx.Timeout(60.0, connect=10.0))
+
+    def list_objects(self) -> list[SourceObject]:
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFile
+
+        try:
+            tree = list(
+                HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).list_repo_tree(self.repo_id, revision=self.revision, recursive=True, path_in_repo=self.prefix or None)
+            )
+        except Exception as e:  # noqa: BLE001 - offline, 401, 404: one clear error
+            raise StagingError(f"source {self.uri}: cannot list the Hub repo: {type(e).__name__}: {e}") from e
+        out = []
+        for f in tree:
+            if not isinstance(f, RepoFile):
+                continue
+            lfs_sha = f.lfs.sha256 if f.lfs else None
+            out.append(
+                SourceObject(
+                    key=f.path,
+                    rel=relative_path(f.path, self.prefix),
+                    size_bytes=f.size,
+                    etag=lfs_sha or f.blob_id,
+                    sha256_hex=lfs_sha,
+                    git_blob_sha1=None if lfs_sha else f.blob_id,
+                )
+            )
+        if not out:
+            raise StagingError(f"source {self.uri}: no files")
+        return out
+
+    def describe(self, obj: SourceObject) -> SourceObject:
+        return obj
+
+    def read_range(self, obj: SourceObject, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]:
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
+
+        url = hf_hub_url(self.repo_id, obj.key, revision=self.revision, endpoint=os.environ.get("HF_ENDPOINT") or None)
+        headers = build_hf_headers()
+        headers["Range"] = f"bytes={start}-{end - 1}"
+        with self._http.stream("GET", url, headers=headers) as r:
+            if r.status_code not in (200, 206) or (r.status_code == 200 and start > 0):
+                raise StagingError(f"hf file '{obj.key}': HTTP {r.status_code} for a range request")
+            yield from r.iter_bytes(chunk_bytes)
+
+
+def open_source(source: str, s3_client: Any = None) -> Source:
+    """Source for a URI: ``s3://`` (client: `s3_client` or `make_client()`), ``hf://``, else a local folder.
+
+    Raises:
+        StagingError: malformed URI.
+    """
+    if source.startswith("s3://"):
+        if s3_client is None:
+            from runtime.staging.s3 import make_client
+
+            s3_client = make_client()
+        return S3Source(source, s3_client)
+    if source.startswith("hf://"):
+        return HfSource(source)
+    if "://" in source and not source.startswith("file://"):
+        raise StagingError(f"source {source!r}: unsupported scheme (use s3://, hf://, file:// or a path)")
+    return LocalSource(source)

@@ -1,0 +1,271 @@
+"""`stage_model`: copy a model from S3 / a local folder / the Hugging Face Hub into the FSx path.
+
+Steps (all under an exclusive per-model lock, see `runtime.staging.publish`):
+1. list the source, reject unsafe keys, select files (include/exclude globs, safetensors over .bin);
+2. if the published folder's manifest already lists the same (path, size, ETag) set → nothing to do;
+3. unchanged files are hard-linked from the published folder into the staging folder, changed or
+   new ones are fetched (concurrent ranged reads, resumable, verified: `runtime.staging.transfer`);
+4. the manifest is written as the marker, and the staging folder replaces the destination atomically.
+A failure leaves the destination untouched (the previous version or nothing) and keeps completed
+parts in the staging folder for the next run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runtime.staging.keys import select_paths
+from runtime.staging.manifest import (
+    Manifest,
+    ManifestEntry,
+    StagingError,
+    fsync_path,
+    read_marker,
+    sha256_file,
+    verify_staged,
+    write_marker,
+)
+from runtime.staging.publish import StageLock, check_free_space, publish, recover, sibling
+from runtime.staging.sources import SourceObject, open_source
+from runtime.staging.transfer import TransferEngine, TransferStats
+
+
+class StageOptions(BaseModel):
+    """Tuning knobs of `stage_model` (all optional keyword arguments)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include: list[str] | None = Field(default=None, description="Globs to take; None = safetensors+config+tokenizer.")
+    exclude: list[str] = Field(default_factory=list, description="Globs to skip (after include).")
+    prefer_safetensors: bool = Field(default=True, description="Skip .bin/.pth/.pt when safetensors exist.")
+    concurrency: int = Field(
+        default_factory=lambda: min(64, max(16, 4 * (os.cpu_count() or 2))),
+        ge=1,
+        le=256,
+        description="Parallel ranged reads (threads); default 4 per CPU within 16..64 (measured on 2 "
+        "cores: 16 beat 8 and 32, see bench/staging.py).",
+    )
+    part_size_bytes: int = Field(
+        default=8 << 20,
+        ge=4096,
+        description="Bytes per ranged read and resume unit (multipart S3 objects are read along their "
+        "upload parts when those are ≤ 64 MiB, so each part's checksum is computed while streaming).",
+    )
+    read_chunk_bytes: int = Field(default=1 << 20, ge=4096, description="Bytes per body read (memory/thread).")
+    max_attempts: int = Field(default=8, ge=1, description="Attempts per part on streaming errors.")
+    backoff_initial_s: float = Field(default=0.2, ge=0, description="First retry backoff, seconds.")
+    backoff_max_s: float = Field(default=10.0, ge=0, description="Largest retry backoff, seconds.")
+    hash_workers: int = Field(default=2, ge=1, description="Threads verifying finished files.")
+    fsync: bool = Field(default=True, description="fsync files and folders before publishing.")
+    lock_timeout_s: float = Field(default=600.0, ge=0, description="Wait for another stager, seconds.")
+    free_space_margin_bytes: int = Field(default=256 << 20, ge=0, description="Free space kept, bytes.")
+    recheck_sha256: bool = Field(
+        default=False, description="Re-hash the published files before trusting them (catches bit rot)."
+    )
+
+
+@dataclass
+class StageResult:
+    """Outcome of one `Stager.run`."""
+
+    manifest: Manifest
+    path: Path
+    unchanged: bool
+    files_linked: int
+    wall_s: float
+    transfer: TransferStats
+
+
+def _select(objs: list[SourceObject], opts: StageOptions, uri: str) -> list[SourceObject]:
+    chosen = set(select_paths([o.rel for o in objs], opts.include, opts.exclude, opts.prefer_safetensors))
+    out = [o for o in objs if o.rel in chosen]
+    if not out:
+        found = ", ".join(sorted(o.rel for o in objs)[:10])
+        raise StagingError(f"source {uri}: no file matches include {opts.include or 'default'} (found: {found})")
+    return out
+
+
+def _allocated_bytes(staging: Path, skip: set[str]) -> int:
+    """Bytes already on disk in the staging folder (st_blocks: partial files are sparse)."""
+    return sum(
+        p.stat().st_blocks * 512
+        for p in staging.rglob("*")
+        if p.is_file() and p.relative_to(staging).as_posix() not in skip
+    )
+
+
+class Stager:
+    """One staging run; see the module docstring. `run()` returns a `StageResult`."""
+
+    def __init__(
+        self, source: str, dest_dir: Path, *, s3_client: Any = None, options: StageOptions | None = None,
+        progress: bool = False,
+    ) -> None:
+        self.uri = source
+        self.dest = Path(dest_dir).absolute()
+        self.s3_client = s3_client
+        self.opts = options or StageOptions()
+        self.progress = progress
+
+    def run(self) -> StageResult:
+        t0 = time.monotonic()
+        source = open_source(self.uri, self.s3_client)
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        with StageLock(self.dest, self.opts.lock_timeout_s):
+            recover(self.dest)
+            objs = _select(source.list_objects(), self.opts, self.uri)
+            current = self._current()
+            if current is None and self.dest.exists():
+                if self.dest.is_dir() and not any(self.dest.iterdir()):
+                    self.dest.rmdir()
+                else:
+                    raise StagingError(
+                        f"{self.dest} exists but is not a pdserve-staged folder (no valid marker); "
+                        "refusing to replace it — move it away or choose another destination"
+                    )
+            if current and current.source == self.uri and self._same(current, objs) and self._intact():
+                return StageResult(current, self.dest, True, 0, time.monotonic() - t0, TransferStats())
+            staging = sibling(self.dest, "staging")
+            staging.mkdir(exist_ok=True)
+            linked = self._link_unchanged(current, objs, staging)
+            to_fetch = [o for o in objs if o.rel not in linked]
+            need = max(0, sum(o.size_bytes for o in to_fetch) - _allocated_bytes(staging, set(linked)))
+            check_free_space(self.dest.parent, need, self.opts.free_space_margin_bytes)
+            stats, fetched = self._fetch(source, to_fetch, staging, sum(o.size_bytes for o in objs) - sum(
+                e.size_bytes for e in linked.values()))
+            by_rel = {**linked, **{e.path: e for e in fetched}}
+            manifest = Manifest(source=self.uri, files=[by_rel[o.rel] for o in sorted(objs, key=lambda o: o.rel)])
+            self._prune(staging, set(by_rel))
+            write_marker(staging, manifest)
+            publish(staging, self.dest)
+        return StageResult(manifest, self.dest, False, len(linked), time.monotonic() - t0, stats)
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _current(self) -> Manifest | None:
+        if not self.dest.exists():
+            return None
+        try:
+            return read_marker(self.dest)
+        except StagingError:
+            return None
+
+    def _intact(self) -> bool:
+        if not self.opts.recheck_sha256:
+            return True
+        try:
+            verify_staged(self.dest, check_sha256=True)
+            return True
+        except StagingError:
+            return False
+
+    def _same(self, m: Manifest, objs: list[SourceObject]) -> bool:
+        have = {(f.path, f.size_bytes, f.etag) for f in m.files}
+        if have != {(o.rel, o.size_bytes, o.etag) for o in objs}:
+            return False
+        return all((self.dest / f.path).is_file() and (self.dest / f.path).stat().st_size == f.size_bytes for f in m.files)
+
+    def _link_unchanged(self, current: Manifest | None, objs: list[SourceObject], staging: Path) -> dict[str, ManifestEntry]:
+        """Hard-link files whose (path, size, ETag) did not change from the published folder."""
+        linked: dict[str, ManifestEntry] = {}
+        if current is None:
+            return linked
+        old = current.by_path()
+        for o in objs:
+            e = old.get(o.rel)
+            src = self.dest / o.rel
+            if not e or e.size_bytes != o.size_bytes or e.etag != o.etag or not src.is_file():
+                continue
+            if self.opts.recheck_sha256 and sha256_file(src) != e.sha256:
+                continue  # bit rot in the published copy: fetch it again
+            dst = staging / o.rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.unlink(missing_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+            linked[o.rel] = e
+        return linked
+
+    def _fetch(self, source: Any, objs: list[SourceObject], staging: Path, total_bytes: int) -> tuple[TransferStats, list[ManifestEntry]]:
+        o = self.opts
+        kwargs = dict(
+            concurrency=o.concurrency, part_size_bytes=o.part_size_bytes, read_chunk_bytes=o.read_chunk_bytes,
+            max_attempts=o.max_attempts, backoff_initial_s=o.backoff_initial_s, backoff_max_s=o.backoff_max_s,
+            hash_workers=o.hash_workers, fsync=o.fsync,
+        )
+        if not self.progress:
+            eng = TransferEngine(source, staging, **kwargs)
+            return eng.stats, eng.fetch(objs)
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        with Progress(
+            TextColumn("[bold]stage[/] {task.description}"), BarColumn(), DownloadColumn(),
+            TransferSpeedColumn(), TimeRemainingColumn(), transient=False,
+        ) as bar:
+            task = bar.add_task(self.dest.name, total=total_bytes)
+            eng = TransferEngine(source, staging, on_bytes=lambda n: bar.advance(task, n), **kwargs)
+            entries = eng.fetch(objs)
+        return eng.stats, entries
+
+    def _prune(self, staging: Path, keep: set[str]) -> None:
+        """Remove journals, partial files and files not in the manifest from the staging folder."""
+        shutil.rmtree(staging / ".pdserve-journal", ignore_errors=True)
+        for p in sorted(staging.rglob("*"), reverse=True):
+            rel = p.relative_to(staging).as_posix()
+            if p.is_file() and rel not in keep:
+                p.unlink()
+            elif p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+        if self.opts.fsync:
+            for d in {(staging / r).parent for r in keep}:
+                fsync_path(d)
+
+
+def stage_model(
+    source: str, dest_dir: Path, *, s3_client: Any = None, progress: bool = True, **opts: Any
+) -> Manifest:
+    """Stage a model into `dest_dir` (e.g. ``.pdserve/fsx/models/<name>``) and return its manifest.
+
+    Args:
+        source: ``s3://bucket/prefix``, ``hf://org/name[@rev][/sub]``, ``file://…`` or a local folder.
+        dest_dir: published model folder; created/replaced atomically, holds the marker file.
+        s3_client: boto3 S3 client for s3:// sources (None → `make_client()` from the environment).
+        progress: show a rich progress bar (bytes, rate, ETA) and a final summary on stderr.
+        **opts: `StageOptions` fields (include, exclude, concurrency, part_size_bytes, …).
+
+    Returns:
+        The published `Manifest` (key, path, size, ETag, SHA-256 per file).
+
+    Raises:
+        StagingError: missing bucket, empty prefix, no matching files, unsafe key, checksum mismatch,
+            not enough free space, lock timeout, unknown option — the message names the key/field.
+            The destination is never left half-written.
+    """
+    try:
+        options = StageOptions(**opts)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise StagingError(f"stage option '{'.'.join(map(str, first['loc']))}': {first['msg']}") from e
+    res = Stager(source, dest_dir, s3_client=s3_client, options=options, progress=progress).run()
+    if progress:
+        from rich.console import Console
+
+        t = res.transfer
+        mb = (t.bytes_downloaded) / 1e6
+        Console(stderr=True).print(
+            f"[green]staged[/] {res.path} — {len(res.manifest.files)} files, "
+            f"{res.manifest.total_bytes / 1e6:.1f} MB; "
+            + ("unchanged, nothing fetched" if res.unchanged else
+               f"fetched {mb:.1f} MB in {res.wall_s:.1f} s ({mb / max(res.wall_s, 1e-9):.1f} MB/s), "
+               f"resumed {t.bytes_resumed / 1e6:.1f} MB, linked {res.files_linked} unchanged files")
+        )
+    return res.manifest

@@ -1,0 +1,405 @@
+"""Concurrent, resumable, verified transfer of source objects into a staging folder.
+
+Every file is cut into parts of `part_size_bytes`; parts of all files go to one pool of
+`concurrency` threads that each issue a ranged read (S3: ranged GET with If-Match) and stream it in
+`read_chunk_bytes` pieces with `os.pwrite` into ``<rel>.pdserve-part``. Memory stays bounded at
+about concurrency × read_chunk_bytes, whatever the file sizes.
+
+Resume: when a part's bytes are written its index is appended to a per-file journal
+(``.pdserve-journal/<id>.parts``, first line = the object's ETag, size and part size). A run killed at
+any point (kill -9) restarts with only the missing parts; a journal whose ETag/size/part size differ
+is discarded (changed object → re-fetched). The journal guards against process death; a torn write
+after a node crash is caught by the verification below and the file is re-fetched on the next run.
+
+Verification (see `runtime.staging.verify`): files of one part are hashed while they stream.
+Multipart objects are read along their upload parts so each worker hashes its own part (composite
+ChecksumSHA256 / multipart ETag); the whole-file SHA-256 for the manifest follows the contiguous
+prefix of finished parts ("frontier") in a hash thread, reading them back from the page cache while
+later parts still download, so little is left to hash when the last part lands. Then the file is
+checked, fsynced (writeback was started per part with sync_file_range) and renamed to its final
+name, and its manifest entry is appended to ``.pdserve-journal/verified.jsonl`` so a resumed run
+skips it.
+
+Retries: botocore retries each request (standard mode); failures while streaming a body
+(connection reset, read timeout, incomplete read) are retried here by tenacity with exponential
+backoff and jitter, continuing from the last written byte.
+
+Why not s3transfer's TransferManager (which also does concurrent ranged GETs): it downloads into a
+temporary file that it deletes on failure, so a killed or failed run cannot resume from its
+completed parts, and it cannot hash parts along the object's upload-part boundaries.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
+
+from runtime.staging.manifest import HASH_CHUNK_BYTES, ManifestEntry, StagingError
+from runtime.staging.sources import Source, SourceObject
+from runtime.staging.verify import FileDigests, Hasher, check, new_digest, plan
+
+JOURNAL_DIR = ".pdserve-journal"
+VERIFIED_LOG = "verified.jsonl"
+PART_SUFFIX = ".pdserve-part"
+MAX_ALIGNED_PART_BYTES = 64 << 20
+
+
+SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
+
+
+def _load_sync_file_range() -> Callable[[int, int, int], None]:
+    """`sync_file_range(fd, off, n, SYNC_FILE_RANGE_WRITE)` via libc, or a no-op where missing.
+
+    Starting writeback as each part lands spreads the disk writes over the transfer, so the final
+    per-file fsync has little left to flush (same idea as PostgreSQL's checkpoint_flush_after).
+    """
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return lambda fd, off, n: None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+    def start_writeback(fd: int, off: int, n: int) -> None:
+        fn(fd, off, n, SYNC_FILE_RANGE_WRITE)  # best effort: errors (e.g. unsupported fs) ignored
+
+    return start_writeback
+
+
+_start_writeback = _load_sync_file_range()
+
+
+@dataclass
+class TransferStats:
+    """What a transfer did (bytes, files, parts)."""
+
+    bytes_downloaded: int = 0
+    bytes_resumed: int = 0
+    files_fetched: int = 0
+    files_resumed_verified: int = 0
+    parts_downloaded: int = 0
+    parts_resumed: int = 0
+
+
+@dataclass
+class _FileState:
+    obj: SourceObject
+    data_path: Path
+    final_path: Path
+    journal_path: Path
+    num_parts: int
+    part_size: int
+    fd: int = -1
+    journal: object = None
+    whole: bool = False  # one plain GET, hashed while streaming
+    part_kind: str | None = None  # digest per upload part computed by the workers (sha256/md5/crc32/crc32c)
+    part_digests: dict[int, bytes] = field(default_factory=dict)
+    digests: FileDigests | None = None  # set when the whole file is hashed
+    hasher: Hasher | None = None  # frontier hasher (multi-part files)
+    done_parts: set[int] = field(default_factory=set)
+    frontier: int = 0  # parts [0, frontier) are hashed
+    hashing: bool = False
+
+
+def _journal_id(rel: str) -> str:
+    return hashlib.sha256(rel.encode()).hexdigest()[:24]
+
+
+def load_verified(staging: Path) -> dict[str, ManifestEntry]:
+    """Entries already verified in `staging` by an earlier (killed) run, keyed by relative path."""
+    log = staging / JOURNAL_DIR / VERIFIED_LOG
+    out: dict[str, ManifestEntry] = {}
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                e = ManifestEntry.model_validate_json(line)
+            except ValueError:
+                continue  # torn last line after a kill
+            out[e.path] = e
+    return out
+
+
+class TransferEngine:
+    """Fetch objects from one source into `staging` (see module docstring).
+
+    Args:
+        source: where bytes come from.
+        staging: staging folder on the destination filesystem.
+        concurrency: parallel ranged reads (threads).
+        part_size_bytes: bytes per ranged read / resume unit (multipart objects: their upload part
+            size when ≤ 64 MiB).
+        read_chunk_bytes: bytes per read of a response body (memory per thread).
+        max_attempts: attempts per part for streaming errors (tenacity).
+        backoff_initial_s / backoff_max_s: exponential backoff bounds, seconds.
+        hash_workers: threads hashing/verifying files.
+        fsync: fsync each file before it is renamed (and start writeback per part).
+        on_bytes: progress callback, called with a byte count from worker threads.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        staging: Path,
+        *,
+        concurrency: int = 16,
+        part_size_bytes: int = 8 << 20,
+        read_chunk_bytes: int = 1 << 20,
+        max_attempts: int = 8,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 10.0,
+        hash_workers: int = 2,
+        fsync: bool = True,
+        on_bytes: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self.source = source
+        self.staging = Path(staging)
+        self.concurrency = concurrency
+        self.part_size = part_size_bytes
+        self.chunk = read_chunk_bytes
+        self.max_attempts = max_attempts
+        self.backoff = (backoff_initial_s, backoff_max_s)
+        self.hash_workers = hash_workers
+        self.fsync = fsync
+        self.on_bytes = on_bytes
+        self.stats = TransferStats()
+        self._abort = threading.Event()
+        self._done: queue.Queue = queue.Queue()
+        self._outstanding = 0
+
+    # ---- worker-thread work ---------------------------------------------------------------------
+    def _fetch_part(self, fs: _FileState, idx: int) -> int:
+        start = idx * fs.part_size
+        end = min(start + fs.part_size, fs.obj.size_bytes)
+        pos = start
+        hasher: Hasher | None = None
+        p_dig = new_digest(fs.part_kind) if fs.part_kind else None
+        for attempt in Retrying(
+            stop=stop_after_attempt(self.max_attempts),
+            wait=wait_exponential(multiplier=self.backoff[0], max=self.backoff[1]) + wait_random(0, self.backoff[0]),
+            retry=retry_if_exception_type(self.source.retryable) if self.source.retryable else lambda _: False,
+            reraise=True,
+        ):
+            with attempt:
+                if fs.whole and pos == 0:  # single-part file: one plain GET (checksum in its headers)
+                    fs.obj, chunks = self.source.read_whole(fs.obj, self.chunk)
+                    hasher = Hasher(fs.obj)
+                else:
+                    chunks = self.source.read_range(fs.obj, pos, end, self.chunk)
+                for b in chunks:  # bytes of this part arrive in order, also after a retry
+                    if self._abort.is_set():
+                        raise StagingError("aborted")
+                    if pos + len(b) > end:
+                        raise StagingError(f"object '{fs.obj.key}': server sent more bytes than the range")
+                    os.pwrite(fs.fd, b, pos)
+                    if hasher:
+                        hasher.update(b)
+                    if p_dig:
+                        p_dig.update(b)
+                    pos += len(b)
+                    self.on_bytes(len(b))
+                if pos != end:
+                    raise StagingError(f"object '{fs.obj.key}': short read at byte {pos} of part {idx}")
+        if hasher:
+            fs.digests = hasher.result()
+        elif self.fsync and end > start:
+            _start_writeback(fs.fd, start, end - start)
+        if p_dig:
+            fs.part_digests[idx] = p_dig.digest()
+        return end - start
+
+    def _hash_span(self, fs: _FileState, first: int, stop: int) -> int:
+        """Feed parts [first, stop) to the file's frontier hasher (page-cache reads); returns stop."""
+        assert fs.hasher is not None
+        pos, end = first * fs.part_size, min(stop * fs.part_size, fs.obj.size_bytes)
+        while pos < end:
+            b = os.pread(fs.fd, min(HASH_CHUNK_BYTES, end - pos), pos)
+            if not b:
+                raise StagingError(f"object '{fs.obj.key}': staged file shorter than expected at byte {pos}")
+            fs.hasher.update(b)
+            pos += len(b)
+        return stop
+
+    def _finish(self, fs: _FileState) -> ManifestEntry:
+        """Check digests against the source, fsync, rename to the final name."""
+        if fs.digests is None:
+            assert fs.hasher is not None
+            fs.digests = fs.hasher.result()
+            if fs.part_kind:
+                fs.digests.parts = [fs.part_digests[i] for i in range(fs.num_parts)]
+        try:
+            verified_by = check(fs.obj, fs.digests)
+        except StagingError:
+            fs.data_path.unlink(missing_ok=True)  # never reuse bad bytes: re-fetch next time
+            fs.journal_path.unlink(missing_ok=True)
+            raise
+        if self.fsync:
+            os.fsync(fs.fd)
+        os.close(fs.fd)
+        fs.fd = -1
+        os.replace(fs.data_path, fs.final_path)
+        return ManifestEntry(
+            key=fs.obj.key, path=fs.obj.rel, size_bytes=fs.obj.size_bytes, etag=fs.obj.etag,
+            sha256=fs.digests.sha256_hex, verified_by=verified_by,
+        )
+
+    def _run(self, kind: str, fs: _FileState, idx: int, fn: Callable[[], object]) -> None:
+        try:
+            res = None if self._abort.is_set() else fn()
+            self._done.put((kind, fs, idx, res, None))
+        except BaseException as e:  # noqa: BLE001 - forwarded to the main thread
+            self._done.put((kind, fs, idx, None, e))
+
+    # ---- main-thread bookkeeping ----------------------------------------------------------------
+    def _submit(self, pool: ThreadPoolExecutor, kind: str, fs: _FileState, idx: int, fn: Callable[[], object]) -> None:
+        self._outstanding += 1
+        pool.submit(self._run, kind, fs, idx, fn)
+
+    def _prepare(self, obj: SourceObject, jdir: Path, whole: bool = False) -> tuple[_FileState, list[int]]:
+        final = self.staging / obj.rel
+        final.parent.mkdir(parents=True, exist_ok=True)
+        data = final.with_name(final.name + PART_SUFFIX)
+        jpath = jdir / (_journal_id(obj.rel) + ".parts")
+        if whole:  # one part, no journal: resume unit is the file
+            fd = os.open(data, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.ftruncate(fd, obj.size_bytes)
+            return _FileState(obj, data, final, jpath, 1, max(obj.size_bytes, 1), fd=fd, whole=True), [0]
+        # Multipart objects are read along their upload parts (up to 64 MiB) so each worker hashes
+        # its part for the composite checksum / multipart ETag while streaming.
+        aligned = obj.part_size_bytes is not None and 0 < obj.part_size_bytes <= MAX_ALIGNED_PART_BYTES
+        part_size = obj.part_size_bytes if aligned else self.part_size
+        part_kind = plan(obj).part_kind if aligned else None
+        num_parts = -(-obj.size_bytes // part_size) if obj.size_bytes else 0
+        header = json.dumps({"etag": obj.etag, "size": obj.size_bytes, "part": part_size, "rel": obj.rel, "kind": part_kind})
+        done: set[int] = set()
+        digests: dict[int, bytes] = {}
+        if jpath.is_file() and data.is_file():
+            lines = jpath.read_text().split("\n")
+            if lines[0] == header:
+                for line in lines[1:-1]:  # "<idx> <part digest hex|->"; a torn last line is skipped
+                    f = line.split(" ")
+                    if len(f) == 2 and f[0].isdigit() and int(f[0]) < num_parts:
+                        done.add(int(f[0]))
+                        digests[int(f[0])] = b"" if f[1] == "-" else bytes.fromhex(f[1])
+        fd = os.open(data, os.O_RDWR | os.O_CREAT, 0o644)
+        if not done:
+            os.ftruncate(fd, obj.size_bytes)
+            jpath.write_text(header + "\n")
+        fs = _FileState(
+            obj, data, final, jpath, num_parts, part_size, fd=fd, journal=open(jpath, "a", buffering=1),
+            part_kind=part_kind, part_digests=digests, done_parts=done,
+            hasher=Hasher(obj, whole_only=part_kind is not None),
+        )
+        resumed = sum(min(part_size, obj.size_bytes - i * part_size) for i in done)
+        self.stats.parts_resumed += len(done)
+        self.stats.bytes_resumed += resumed
+        if resumed:
+            self.on_bytes(resumed)
+        return fs, [i for i in range(num_parts) if i not in done]
+
+    def _advance(self, fs: _FileState, hash_pool: ThreadPoolExecutor) -> None:
+        """Hash the next run of finished parts, or finish the file when all are hashed."""
+        if fs.hashing:
+            return
+        stop = fs.frontier
+        while stop in fs.done_parts:
+            stop += 1
+        if stop > fs.frontier:
+            fs.hashing = True
+            first = fs.frontier
+            self._submit(hash_pool, "hashed", fs, stop, lambda: self._hash_span(fs, first, stop))
+        elif fs.frontier == fs.num_parts:
+            fs.hashing = True
+            self._submit(hash_pool, "finished", fs, -1, lambda: self._finish(fs))
+
+    def fetch(self, objects: list[SourceObject]) -> list[ManifestEntry]:
+        """Fetch and verify `objects` into the staging folder; returns their manifest entries.
+
+        Objects already verified by an earlier run (same path, size, ETag) are not fetched again.
+
+        Raises:
+            StagingError: a checksum/ETag mismatch, a changed object, or a part failing after
+                `max_attempts`; names the key. Completed parts stay for the next run.
+        """
+        jdir = self.staging / JOURNAL_DIR
+        jdir.mkdir(parents=True, exist_ok=True)
+        verified = load_verified(self.staging)
+        entries: dict[str, ManifestEntry] = {}
+        todo_objs = []
+        for obj in objects:
+            e = verified.get(obj.rel)
+            f = self.staging / obj.rel
+            if e and e.size_bytes == obj.size_bytes and e.etag == obj.etag and f.is_file() and f.stat().st_size == obj.size_bytes:
+                entries[obj.rel] = e
+                self.stats.files_resumed_verified += 1
+                self.on_bytes(obj.size_bytes)
+            else:
+                todo_objs.append(obj)
+        vlog = open(jdir / VERIFIED_LOG, "a", buffering=1)
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="stage-get")
+        hash_pool = ThreadPoolExecutor(max_workers=self.hash_workers, thread_name_prefix="stage-hash")
+        states: list[_FileState] = []
+
+        def start(fs: _FileState, parts: list[int]) -> None:
+            states.append(fs)
+            for i in parts:
+                self._submit(pool, "part", fs, i, lambda i=i: self._fetch_part(fs, i))
+            if not fs.whole:
+                self._advance(fs, hash_pool)  # resumed parts (or an empty file) need hashing too
+
+        try:
+            for obj in todo_objs:  # big or multipart files need a HEAD first; the rest start at once
+                if obj.size_bytes > self.part_size or self.source.needs_describe(obj):
+                    stub = _FileState(obj, Path(), Path(), Path(), 0, 1)
+                    self._submit(pool, "described", stub, -1, lambda obj=obj: self.source.describe(obj))
+                else:
+                    start(*self._prepare(obj, jdir, whole=True))
+            while self._outstanding:
+                kind, fs, idx, res, err = self._done.get()
+                self._outstanding -= 1
+                if err is not None:
+                    raise err if isinstance(err, StagingError) else StagingError(
+                        f"object '{fs.obj.key}': {type(err).__name__}: {err}"
+                    ) from err
+                if kind == "described":
+                    start(*self._prepare(res, jdir))
+                elif kind == "part":
+                    self.stats.parts_downloaded += 1
+                    self.stats.bytes_downloaded += res
+                    if fs.whole:
+                        self._submit(hash_pool, "finished", fs, -1, lambda fs=fs: self._finish(fs))
+                        continue
+                    fs.journal.write(f"{idx} {fs.part_digests.get(idx, b'').hex() or '-'}\n")
+                    fs.done_parts.add(idx)
+                    self._advance(fs, hash_pool)
+                elif kind == "hashed":
+                    fs.hashing = False
+                    fs.frontier = res
+                    self._advance(fs, hash_pool)
+                else:  # finished
+                    entries[res.path] = res
+                    vlog.write(res.model_dump_json() + "\n")
+                    if fs.journal:
+                        fs.journal.close()
+                    fs.journal_path.unlink(missing_ok=True)
+                    self.stats.files_fetched += 1
+        finally:
+            self._abort.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            hash_pool.shutdown(wait=True, cancel_futures=True)
+            for fs in states:
+                if fs.fd >= 0:
+                    os.close(fs.fd)
+                if fs.journal and not fs.journal.closed:
+                    fs.journal.close()
+            vlog.close()
+        return [entries[o.rel] for o in objects]

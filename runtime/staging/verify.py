@@ -1,0 +1,192 @@
+"""Checking downloaded bytes against what the source says they are.
+
+Order of preference (first available wins); everything is computed in one ordered pass over the
+bytes (plus per-upload-part digests that the download workers compute while streaming):
+1. S3 additional checksums, ChecksumSHA256 > ChecksumCRC32C > ChecksumCRC32: FULL_OBJECT (base64
+   of the digest of the whole object) or COMPOSITE ``<b64>-<N>`` (digest of the concatenated binary
+   digests of the N upload parts; CRCs as 4 big-endian bytes)
+   (https://docs.aws.amazon.com/AmazonS3/latest/userguide/checking-object-integrity.html).
+   CRC32C needs `awscrt` (the boto3[crt] extra); without it CRC32C objects fall through to 3./4.
+2. Source SHA-256 (Hugging Face LFS pointer) or git blob id (sha1 of ``b"blob <size>\\0" + data``).
+3. S3 ETag: MD5 of the bytes for single-part objects; for multipart ``<hex>-<N>`` the MD5 of the
+   concatenated binary MD5s of the parts (not for SSE-KMS objects, whose ETag is not an MD5).
+4. Otherwise only the self-computed SHA-256 is recorded (``verified_by="sha256"``).
+The whole-file SHA-256 is always computed and goes into the manifest.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from runtime.staging.manifest import HASH_CHUNK_BYTES, StagingError
+from runtime.staging.sources import SourceObject
+
+
+def _crc_fn(kind: str) -> Callable[[bytes, int], int] | None:
+    """Incremental CRC function (data, previous) -> crc; awscrt (hardware) when installed."""
+    try:
+        from awscrt import checksums
+
+        return {"crc32": checksums.crc32, "crc32c": checksums.crc32c}[kind]
+    except ImportError:
+        return zlib.crc32 if kind == "crc32" else None
+
+
+class _Crc:
+    """hashlib-like wrapper: update(bytes), digest() → 4 big-endian bytes."""
+
+    def __init__(self, kind: str) -> None:
+        fn = _crc_fn(kind)
+        assert fn is not None
+        self.fn, self.value = fn, 0
+
+    def update(self, b: Any) -> None:
+        self.value = self.fn(bytes(b) if isinstance(b, memoryview) else b, self.value)
+
+    def digest(self) -> bytes:
+        return self.value.to_bytes(4, "big")
+
+
+def new_digest(kind: str) -> Any:
+    """A fresh digest object for "sha256", "md5", "crc32" or "crc32c"."""
+    if kind in ("sha256", "md5"):
+        return hashlib.new(kind)
+    return _Crc(kind)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to compute for one object and what to compare it with."""
+
+    method: str  # verified_by value: checksum-sha256 | checksum-crc32c | checksum-crc32 | source-sha256 |
+    #              git-blob-sha1 | etag-md5 | sha256
+    kind: str | None = None  # digest kind compared with the source (sha256/md5/crc32/crc32c)
+    composite: bool = False  # per-upload-part digests, combined
+    expected: str = ""  # source value (base64 checksum, hex ETag, hex sha)
+
+    @property
+    def part_kind(self) -> str | None:
+        """Digest the download workers compute per upload part (None: none needed)."""
+        return self.kind if self.composite else None
+
+
+def plan(obj: SourceObject) -> Plan:
+    """Pick the strongest check the source offers for `obj` (see the module docstring)."""
+    for kind, value in (("sha256", obj.checksum_sha256), ("crc32c", obj.checksum_crc32c), ("crc32", obj.checksum_crc32)):
+        if value and (kind == "sha256" or _crc_fn(kind) is not None):
+            return Plan(f"checksum-{kind}", kind, "-" in value, value)
+    if obj.sha256_hex:
+        return Plan("source-sha256", "sha256", False, obj.sha256_hex)
+    if obj.git_blob_sha1:
+        return Plan("git-blob-sha1", "git", False, obj.git_blob_sha1)
+    head = obj.etag.split("-", 1)[0].lower()
+    if not obj.sse_kms and len(head) == 32 and all(c in "0123456789abcdef" for c in head):
+        return Plan("etag-md5", "md5", "-" in obj.etag, obj.etag)
+    return Plan("sha256")
+
+
+@dataclass
+class FileDigests:
+    """Whole-file SHA-256 (hex), the plan's whole-file digest, and per-upload-part digests."""
+
+    sha256_hex: str
+    whole: bytes = b""
+    parts: list[bytes] = field(default_factory=list)
+
+
+class Hasher:
+    """Incremental digests of one object's bytes fed in order (any chunking); bounded memory.
+
+    `whole_only`: skip per-upload-part digests (the download workers computed them).
+    """
+
+    def __init__(self, obj: SourceObject, whole_only: bool = False) -> None:
+        self.plan = plan(obj)
+        p = self.plan
+        self.part = obj.part_size_bytes if (p.composite and obj.part_size_bytes and not whole_only) else None
+        self.sha = hashlib.sha256()
+        self.extra: Any = None
+        if p.kind == "git":
+            self.extra = hashlib.sha1(f"blob {obj.size_bytes}\0".encode())
+        elif p.kind and p.kind != "sha256" and not p.composite:
+            self.extra = new_digest(p.kind)
+        self.p_dig = new_digest(p.kind) if self.part else None
+        self.in_part = 0
+        self.parts: list[bytes] = []
+
+    def update(self, b: bytes | memoryview) -> None:
+        """Feed the next bytes of the file."""
+        self.sha.update(b)
+        if self.extra is not None:
+            self.extra.update(b)
+        if self.p_dig is None:
+            return
+        view = memoryview(b)
+        while len(view):
+            take = min(len(view), self.part - self.in_part)
+            self.p_dig.update(view[:take])
+            view = view[take:]
+            self.in_part += take
+            if self.in_part == self.part:
+                self._close_part()
+
+    def _close_part(self) -> None:
+        self.parts.append(self.p_dig.digest())
+        self.p_dig = new_digest(self.plan.kind)
+        self.in_part = 0
+
+    def result(self) -> FileDigests:
+        """Digests of everything fed so far (call once, at the end)."""
+        if self.p_dig is not None and self.in_part:
+            self._close_part()
+        whole = self.extra.digest() if self.extra is not None else b""
+        return FileDigests(sha256_hex=self.sha.hexdigest(), whole=whole, parts=self.parts)
+
+
+def hash_file(path: Path, obj: SourceObject, chunk_bytes: int = HASH_CHUNK_BYTES) -> FileDigests:
+    """Read `path` once and compute what `check` needs for `obj` (bounded memory: one chunk).
+
+    Raises:
+        OSError: unreadable file.
+    """
+    h = Hasher(obj)
+    with open(path, "rb", buffering=0) as f:
+        while b := f.read(chunk_bytes):
+            h.update(b)
+    return h.result()
+
+
+def check(obj: SourceObject, d: FileDigests) -> str:
+    """Compare digests with the source's checksum/ETag; return what was used (`verified_by`).
+
+    Raises:
+        StagingError: naming the key and both values on a mismatch (corrupted or wrong bytes).
+    """
+    p = plan(obj)
+    if p.kind is None or (p.composite and obj.part_size_bytes is None):
+        return "sha256"  # nothing to compare with (or part size unknown: not recomputable)
+    b64 = p.method.startswith("checksum-")
+    if p.composite:
+        want, _, n = p.expected.partition("-")
+        combined = new_digest(p.kind)
+        combined.update(b"".join(d.parts))
+        got_raw = combined.digest()
+        got = base64.b64encode(got_raw).decode() if b64 else got_raw.hex()
+        ok = got == want and len(d.parts) == int(n)
+        got = f"{got}-{len(d.parts)}"
+    else:
+        raw = bytes.fromhex(d.sha256_hex) if p.kind == "sha256" else d.whole
+        got = base64.b64encode(raw).decode() if b64 else raw.hex()
+        ok = got == p.expected
+    if not ok:
+        what = {"checksum-sha256": "ChecksumSHA256", "checksum-crc32c": "ChecksumCRC32C", "checksum-crc32": "ChecksumCRC32",
+                "source-sha256": "SHA-256", "git-blob-sha1": "git blob sha1", "etag-md5": "ETag (MD5)"}[p.method]
+        raise StagingError(
+            f"object '{obj.key}': {what} mismatch: downloaded {got}, source says {p.expected} (corrupted)"
+        )
+    return p.method

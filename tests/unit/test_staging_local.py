@@ -1,0 +1,157 @@
+"""Specification of `stage_model` on a local-folder source (same engine as S3, no server needed):
+publish with a marker, idempotent re-runs, changed files re-fetched, clear errors that leave the
+destination untouched, the per-model lock, and crash recovery between the publish renames."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from runtime.staging.manifest import MARKER_NAME, StagingError, verify_staged
+from runtime.staging.publish import StageLock, recover, sibling
+from runtime.staging.stage import Stager, StageOptions, stage_model
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    d = tmp_path / "src"
+    (d / "original").mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    (d / "model.safetensors").write_bytes(os.urandom(300_000))
+    (d / "pytorch_model.bin").write_bytes(os.urandom(1000))
+    (d / "tokenizer.json").write_text("{}")
+    (d / "README.md").write_text("hi")
+    (d / "original" / "params.json").write_text("{}")
+    return d
+
+
+def _stage(src: Path, dest: Path, **kw) -> object:  # noqa: ANN003
+    opts = StageOptions(part_size_bytes=64 * 1024, concurrency=4, **kw)
+    return Stager(str(src), dest, options=opts).run()
+
+
+def test_stages_default_selection_with_marker_and_hashes(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "fsx" / "models" / "m"
+    m = stage_model(str(src), dest, progress=False, part_size_bytes=64 * 1024)
+    assert [f.path for f in m.files] == ["config.json", "model.safetensors", "tokenizer.json"]
+    for f in m.files:
+        assert f.sha256 == hashlib.sha256((src / f.path).read_bytes()).hexdigest()
+        assert (dest / f.path).read_bytes() == (src / f.path).read_bytes()
+    assert verify_staged(dest) == m
+    # only the model files and the marker: no journals, partial files or staging folders left
+    assert sorted(p.name for p in dest.iterdir()) == sorted([MARKER_NAME, "config.json", "model.safetensors", "tokenizer.json"])
+    assert not sibling(dest, "staging").exists()
+
+
+def test_rerun_on_unchanged_source_does_nothing(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    first = _stage(src, dest)
+    inode = (dest / "model.safetensors").stat().st_ino
+    again = _stage(src, dest)
+    assert again.unchanged and again.transfer.bytes_downloaded == 0
+    assert again.manifest == first.manifest
+    assert (dest / "model.safetensors").stat().st_ino == inode
+
+
+def test_changed_file_is_refetched_and_unchanged_files_are_linked(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    _stage(src, dest)
+    inode = (dest / "model.safetensors").stat().st_ino
+    (src / "config.json").write_text(json.dumps({"hidden_size": 128}))
+    res = _stage(src, dest)
+    assert not res.unchanged
+    assert res.files_linked == 2 and res.transfer.files_fetched == 1
+    assert json.loads((dest / "config.json").read_text()) == {"hidden_size": 128}
+    assert (dest / "model.safetensors").stat().st_ino == inode  # hard link, not a copy
+    verify_staged(dest)
+    assert not sibling(dest, "old").exists() and not sibling(dest, "staging").exists()
+
+
+def test_include_everything_and_exclude(src: Path, tmp_path: Path) -> None:
+    res = _stage(src, tmp_path / "m", include=["*"], exclude=["*.md"], prefer_safetensors=False)
+    assert [f.path for f in res.manifest.files] == [
+        "config.json", "model.safetensors", "original/params.json", "pytorch_model.bin", "tokenizer.json",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("setup", "kwargs", "message"),
+    [
+        (lambda s: [p.unlink() for p in s.rglob("*") if p.is_file()], {}, "holds no files"),
+        (lambda s: None, {"include": ["*.gguf"]}, "no file matches include"),
+        (lambda s: None, {"free_space_margin_bytes": 1 << 60}, "not enough free space"),
+        (lambda s: None, {"concurency": 3}, "stage option 'concurency'"),
+        (lambda s: None, {"part_size_bytes": 10}, "stage option 'part_size_bytes'"),
+    ],
+)
+def test_bad_input_gives_a_clear_error_and_writes_nothing(src: Path, tmp_path: Path, setup, kwargs, message) -> None:  # noqa: ANN001
+    setup(src)
+    dest = tmp_path / "fsx" / "m"
+    with pytest.raises(StagingError, match=message):
+        stage_model(str(src), dest, progress=False, **kwargs)
+    assert not dest.exists()
+
+
+def test_missing_source_folder(tmp_path: Path) -> None:
+    with pytest.raises(StagingError, match="does not exist"):
+        stage_model(str(tmp_path / "nope"), tmp_path / "m", progress=False)
+    with pytest.raises(StagingError, match="unsupported scheme"):
+        stage_model("gs://bucket/x", tmp_path / "m", progress=False)
+
+
+def test_failed_restage_keeps_the_published_version(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    first = _stage(src, dest)
+    (src / "config.json").write_text("{}")
+    with pytest.raises(StagingError, match="free space"):
+        _stage(src, dest, free_space_margin_bytes=1 << 60)
+    assert verify_staged(dest) == first.manifest
+
+
+def test_second_stager_waits_for_the_lock_then_times_out(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    with StageLock(dest):
+        with pytest.raises(StagingError, match="another stager holds the lock"):
+            _stage(src, dest, lock_timeout_s=0.3)
+    assert not dest.exists()
+    assert _stage(src, dest).manifest.files  # lock released: works
+
+
+def test_crash_between_publish_renames_is_recovered(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    first = _stage(src, dest)
+    os.rename(dest, sibling(dest, "old"))  # state after "dest → old" and before "staging → dest"
+    recover(dest)
+    assert verify_staged(dest) == first.manifest
+    assert not sibling(dest, "old").exists()
+
+
+def test_existing_unmarked_destination_is_never_replaced(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    dest.mkdir()
+    (dest / "precious.txt").write_text("user data")
+    with pytest.raises(StagingError, match="not a pdserve-staged folder"):
+        _stage(src, dest)
+    assert (dest / "precious.txt").read_text() == "user data"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert verify_staged(_stage(src, empty).path)
+
+
+def test_recheck_sha256_refetches_a_rotted_published_file(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    _stage(src, dest)
+    p = dest / "model.safetensors"
+    data = bytearray(p.read_bytes())
+    data[100] ^= 0xFF
+    os.unlink(p)  # published files may be hard links shared with nothing else; write a new inode
+    p.write_bytes(bytes(data))
+    assert _stage(src, dest).unchanged  # size + ETag only: rot unnoticed
+    res = _stage(src, dest, recheck_sha256=True)
+    assert not res.unchanged and res.transfer.files_fetched == 1 and res.files_linked == 2
+    assert p.read_bytes() == (src / "model.safetensors").read_bytes()
+    verify_staged(dest)

@@ -1,0 +1,62 @@
+"""Specification: an S3 listing that contains a key escaping the destination is refused before any
+byte is written, naming the key. Real S3 stores such keys verbatim; SeaweedFS normalises them on
+upload, so the listing comes from botocore's Stubber with the real ListObjectsV2 response shape."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from botocore.stub import Stubber
+
+from runtime.staging.keys import UnsafeKeyError
+from runtime.staging.s3 import make_client, parse_s3_uri
+from runtime.staging.stage import stage_model
+
+
+def _listing(keys: list[str]) -> dict:
+    return {
+        "IsTruncated": False,
+        "Name": "models",
+        "Prefix": "m/",
+        "KeyCount": len(keys),
+        "MaxKeys": 1000,
+        "Contents": [
+            {"Key": k, "Size": 10, "ETag": '"0123456789abcdef0123456789abcdef"',
+             "LastModified": datetime(2026, 1, 1, tzinfo=timezone.utc), "StorageClass": "STANDARD"}
+            for k in keys
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["m/../../../etc/cron.d/x", "m//etc/passwd", "m/sub\\..\\..\\x", "m/a\x00.safetensors", "m/./config.json"],
+)
+def test_unsafe_key_in_listing_is_rejected_naming_it(tmp_path: Path, bad: str) -> None:
+    client = make_client("http://127.0.0.1:9", aws_access_key_id="a", aws_secret_access_key="b")
+    with Stubber(client) as stub:
+        stub.add_response("list_objects_v2", _listing(["m/config.json", bad]), {"Bucket": "models", "Prefix": "m/"})
+        dest = tmp_path / "fsx" / "m"
+        with pytest.raises(UnsafeKeyError) as exc:
+            stage_model("s3://models/m", dest, s3_client=client, progress=False)
+        assert repr(bad) in str(exc.value)
+    assert not dest.exists()
+    assert list((tmp_path / "fsx").iterdir()) == [tmp_path / "fsx" / ".m.pdserve-lock"]
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [("s3://b/p", ("b", "p/")), ("s3://b/p/q/", ("b", "p/q/")), ("s3://b", ("b", "")), ("s3://b/", ("b", ""))],
+)
+def test_parse_s3_uri(uri: str, expected: tuple[str, str]) -> None:
+    assert parse_s3_uri(uri) == expected
+
+
+@pytest.mark.parametrize("uri", ["s3://", "s3:///p", "http://b/p"])
+def test_parse_s3_uri_rejects_malformed(uri: str) -> None:
+    from runtime.staging.manifest import StagingError
+
+    with pytest.raises(StagingError, match="s3://"):
+        parse_s3_uri(uri)
