@@ -4,14 +4,18 @@
 
 Prints ONE JSON line: rows (compared), skipped (no config / unknown GPU), not_fit (model says the weights
 don't fit where the table has a number), median_abs_pct_error, p90_abs_pct_error, by_gpu {gpu: {rows,
-median, p90}}, by_precision, sweep_s (one model's full tune sweep: 4 prefill TPs x 4 decode TPs x every
-ISL/OSL pair of the table), and aiconfigurator (null unless the optional package is importable).
+median, p90}}, by_precision, by_trtllm_version, sweep_s (one model's full tune sweep: 4 prefill TPs x 4 decode TPs x every
+ISL/OSL pair of the table), and aiconfigurator: NVIDIA AIConfigurator's error on a sample of the same rows
+next to ours on those rows (null unless bench/perf_model_aic.py has been run in the optional venv
+``.venv-bench-perf``; ``--aiconfigurator run`` runs it first).
 
-Prediction per row: runtime.perf.throughput.max_agg_throughput (steady-state in-flight batching, best batch up
-to TensorRT-LLM's defaults max_batch_size 2048 / max_num_tokens 8192, KV = 0.9 of the memory free after
-weights) with the efficiency factors fitted from the aiconfigurator sample (``python -m runtime.perf.fit``);
-GPUs without measurements (A100, L40S) use factors transferred from H100 SXM. The table itself is never
-used for fitting.
+Prediction per row: runtime.perf.throughput.max_agg_throughput (steady-state in-flight batching: every
+iteration mixes B decodes with B * ISL/OSL prompt tokens; best batch up to the limits trtllm-bench derives for
+the dataset, ``trtllm_bench_settings``: max_batch_size <= 4096, max_num_tokens <= 32768, from the KV memory at
+ISL+OSL; KV = 0.9 of the memory free after weights, activations at max_num_tokens and the runtime reserve),
+with ``PerfModel(..., backend="trtllm")``: the efficiency factors pooled-fitted on the aiconfigurator silicon
+sample (``python -m runtime.perf.fit``) and that sample's TensorRT-LLM overheads. The table itself is never
+used for fitting; GPUs absent from the sample (A100, L40S) use the same pooled factors.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import csv
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +36,11 @@ from runtime.models.load import load_model_spec  # noqa: E402
 from runtime.paths import data_dir  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402
-from runtime.perf.throughput import max_agg_throughput, trtllm_kv_capacity_tokens  # noqa: E402
+from runtime.perf.throughput import (  # noqa: E402
+    max_agg_throughput,
+    trtllm_bench_settings,
+    trtllm_kv_capacity_tokens,
+)
 from runtime.tuner.search import TuningError, tune  # noqa: E402
 
 # Table model names -> config files in ../shared/data/models. Llama 3 / 3.3 70B share Llama-3.1-70B's
@@ -52,9 +61,6 @@ MODEL_CONFIGS = {
     "qwen3-235b-a22b": "Qwen--Qwen3-235B-A22B",
     "qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B",
 }
-# TensorRT-LLM engine defaults (BuildConfig: max_batch_size 2048, max_num_tokens 8192).
-TRTLLM_MAX_BATCH = 2048
-TRTLLM_MAX_NUM_TOKENS = 8192
 PRECISIONS = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp4": "fp4", "nvfp4": "fp4"}
 
 
@@ -78,7 +84,7 @@ def evaluate_table(path: Path) -> tuple[dict, list[dict]]:
     rows = list(csv.DictReader(Path(path).open()))
     models_dir = data_dir() / "models"
     cache: dict = {}
-    errs, by_gpu, by_prec, details = [], {}, {}, []
+    errs, by_gpu, by_prec, by_version, details = [], {}, {}, {}, []
     skipped = not_fit = 0
     for r in rows:
         stem = MODEL_CONFIGS.get(r["model"].strip().lower())
@@ -92,10 +98,11 @@ def evaluate_table(path: Path) -> tuple[dict, list[dict]]:
             continue
         if stem not in cache:
             cache[stem] = load_model_spec(models_dir / f"{stem}_config.json")
-        pm = PerfModel(cache[stem], gpu, prec)
+        pm = PerfModel(cache[stem], gpu, prec, backend="trtllm")
         tp, isl, osl = int(r["tp"]), int(r["isl"]), int(r["osl"])
-        pt = max_agg_throughput(pm, isl, osl, tp, max_batch=TRTLLM_MAX_BATCH, max_num_tokens=TRTLLM_MAX_NUM_TOKENS,
-                                kv_capacity_tokens=trtllm_kv_capacity_tokens(pm, tp))
+        max_batch, max_tokens = trtllm_bench_settings(pm, isl, osl, tp)
+        pt = max_agg_throughput(pm, isl, osl, tp, max_batch=max(1, max_batch), max_num_tokens=max(1, max_tokens),
+                                kv_capacity_tokens=trtllm_kv_capacity_tokens(pm, tp, max_num_tokens=max(1, max_tokens)))
         measured = float(r["per_gpu_output_tok_s"])
         if pt is None:
             not_fit += 1
@@ -105,6 +112,7 @@ def evaluate_table(path: Path) -> tuple[dict, list[dict]]:
         errs.append(e)
         by_gpu.setdefault(gpu.name, []).append(e)
         by_prec.setdefault(prec, []).append(e)
+        by_version.setdefault(r.get("trtllm_version") or "?", []).append(e)
         details.append({**_key(r), "measured": measured, "predicted": round(pt.output_tokens_per_s_per_gpu, 1),
                         "batch": pt.batch, "abs_pct_error": round(e, 1)})
     out = {
@@ -115,6 +123,7 @@ def evaluate_table(path: Path) -> tuple[dict, list[dict]]:
         "p90_abs_pct_error": _r(_pct(errs, 0.9)),
         "by_gpu": {g: _summary(v) for g, v in sorted(by_gpu.items())},
         "by_precision": {p: _summary(v) for p, v in sorted(by_prec.items())},
+        "by_trtllm_version": {p: _summary(v) for p, v in sorted(by_version.items())},
     }
     return out, details
 
@@ -134,24 +143,57 @@ def sweep_seconds(path: Path) -> float:
     return time.perf_counter() - t0
 
 
-def aiconfigurator_side_by_side(path: Path) -> dict | None:
-    try:
-        import aiconfigurator  # noqa: F401  (optional, separate venv)
-    except ImportError:
+AIC_RESULTS = Path(__file__).resolve().parent / "results" / "perf_model_aic.json"
+AIC_VENV_PYTHON = Path(__file__).resolve().parent.parent / ".venv-bench-perf" / "bin" / "python"
+
+
+def aiconfigurator_side_by_side(path: Path, details: list[dict], mode: str = "cached") -> dict | None:
+    """AIConfigurator's error on the rows it covered, next to ours on the same rows.
+
+    ``mode``: ``off`` -> None; ``run`` -> run bench/perf_model_aic.py in the optional venv
+    ``.venv-bench-perf`` first (skipped, with a note, when that venv is absent; ~7 s per row); ``cached`` ->
+    read ``bench/results/perf_model_aic.json`` from an earlier run (None when absent or for another table).
+    """
+    if mode == "off":
         return None
-    return {"note": "aiconfigurator importable but side-by-side runner not implemented"}
+    if mode == "run":
+        if not AIC_VENV_PYTHON.is_file():
+            return {"note": f"aiconfigurator not installed ({AIC_VENV_PYTHON} missing); skipped"}
+        subprocess.run([str(AIC_VENV_PYTHON), str(Path(__file__).with_name("perf_model_aic.py")), "--table",
+                        str(path), "--out", str(AIC_RESULTS)], check=True, stdout=subprocess.DEVNULL)
+    if not AIC_RESULTS.is_file():
+        return None
+    aic = json.loads(AIC_RESULTS.read_text())
+    if aic.get("table") != Path(path).name:
+        return None
+    ours = {tuple(d[k] for k in KEY_FIELDS): d for d in details}
+    mine, theirs = [], []
+    for d in aic["details"]:
+        o = ours.get(tuple(d[k] for k in KEY_FIELDS))
+        if d.get("predicted") and o and o.get("predicted"):
+            theirs.append(abs(d["predicted"] - d["measured"]) / d["measured"] * 100)
+            mine.append(o["abs_pct_error"])
+    return {"tool": aic["tool"], "rows_sampled": aic["rows"], "covered": aic["covered"],
+            "coverage_pct": _r(100 * aic["covered"] / aic["rows"]) if aic["rows"] else None,
+            "median_abs_pct_error": _r(statistics.median(theirs)) if theirs else None,
+            "p90_abs_pct_error": _r(_pct(theirs, 0.9)),
+            "ours_on_same_rows": {"rows": len(mine), "median_abs_pct_error": _r(statistics.median(mine))
+                                  if mine else None, "p90_abs_pct_error": _r(_pct(mine, 0.9))},
+            "wall_s": aic.get("wall_s")}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", type=Path, default=data_dir() / "perf" / "trtllm_throughput_dev.csv")
     ap.add_argument("--out", type=Path, help="also write the JSON line (+ per-row details) here")
+    ap.add_argument("--aiconfigurator", choices=("cached", "run", "off"), default="cached",
+                    help="side-by-side AIConfigurator numbers: from the last run (default), run now, or none")
     a = ap.parse_args(argv)
     if not a.table.is_file():
         ap.error(f"--table {a.table} does not exist")
     out, details = evaluate_table(a.table)
     out["sweep_s"] = round(sweep_seconds(a.table), 3)
-    out["aiconfigurator"] = aiconfigurator_side_by_side(a.table)
+    out["aiconfigurator"] = aiconfigurator_side_by_side(a.table, details, a.aiconfigurator)
     line = json.dumps(out)
     print(line)
     if a.out:
@@ -161,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+KEY_FIELDS = ("model", "gpu", "precision", "tp", "isl", "osl")
+
+
 def _key(r: dict) -> dict:
-    return {k: r[k] for k in ("model", "gpu", "precision", "tp", "isl", "osl")}
+    return {k: r[k] for k in KEY_FIELDS}
 
 
 if __name__ == "__main__":

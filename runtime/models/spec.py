@@ -101,7 +101,8 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    # Sliding-window layers (gpt-oss alternates sliding/full): the window in tokens, 0 if none.
+    # Sliding-window layers (gpt-oss alternates sliding/full; Llama 4's chunked-attention layers are counted
+    # here too, with the chunk as window): the window in tokens, 0 if none.
     sliding_window_tokens: int = 0
     num_sliding_layers: int = 0
     quant_method: str = ""  # from config.json quantization_config (fp8, mxfp4, ...), "" if none
@@ -217,6 +218,15 @@ class ModelSpec:
                 sliding_window_tokens=window,
                 num_sliding_layers=sum(1 for t in layer_types if t == "sliding_attention"),
             )
+        chunk = int(c.get("attention_chunk_size") or 0)
+        if chunk and model_type.startswith("llama4"):
+            # Llama 4: RoPE layers attend within 8192-token chunks, every 4th layer (NoPE) globally
+            # (transformers Llama4TextConfig: no_rope_layers[i] = 1 -> chunked, default interval 4).
+            rope_layers = c.get("no_rope_layers")
+            if not rope_layers:
+                step = int(c.get("no_rope_layer_interval") or 4)
+                rope_layers = [int((i + 1) % step != 0) for i in range(layers)]
+            kw.update(sliding_window_tokens=chunk, num_sliding_layers=sum(1 for x in rope_layers if x))
         quant = cfg.get("quantization_config") or c.get("quantization_config") or {}
         return cls(
             name=name,

