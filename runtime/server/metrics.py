@@ -1,0 +1,47 @@
+"""Prometheus metrics of the pdserve runtime (exported on the KServe server's /metrics).
+
+Names follow Prometheus conventions (unit suffix, `_total` counters). Buckets of TTFT/ITL cover 10 ms … 60 s,
+the range between a GPU TTFT SLO and a CPU test run.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class RuntimeMetrics:
+    """The runtime's counters and histograms, registered once in `registry`.
+
+    Attributes:
+        requests: `pdserve_requests_total{endpoint, mode, status}`; mode "remote" (P/D) or "local".
+        ttft: `pdserve_ttft_seconds{endpoint, mode}`, arrival → first token (streaming: first streamed token
+            as the client sees it; non-streaming remote: prefill answer, which carries the first token;
+            non-streaming local: whole request, an upper bound).
+        e2e: `pdserve_request_duration_seconds{endpoint, mode}`, arrival → last byte.
+        prefill_fallbacks: `pdserve_prefill_fallbacks_total`, remote prefills that failed and were redone
+            locally on the decode worker.
+        routes: `pdserve_routes_total{reason}`, routing decisions by reason (remote, local_short, ...).
+        migrations: `pdserve_migrations_total`, requests moved to another decode worker after theirs died.
+    """
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.requests = Counter(
+            "pdserve_requests", "Requests served by the runtime.", ["endpoint", "mode", "status"], registry=registry
+        )
+        self.ttft = Histogram(
+            "pdserve_ttft_seconds", "Time to first token, seconds.", ["endpoint", "mode"],
+            buckets=_LATENCY_BUCKETS_S, registry=registry,
+        )
+        self.e2e = Histogram(
+            "pdserve_request_duration_seconds", "Request duration, seconds.", ["endpoint", "mode"],
+            buckets=_LATENCY_BUCKETS_S, registry=registry,
+        )
+        self.prefill_fallbacks = Counter(
+            "pdserve_prefill_fallbacks", "Remote prefills that failed and ran locally on the decode worker.",
+            registry=registry,
+        )
+        self.routes = Counter("pdserve_routes", "Routing decisions by reason.", ["reason"], registry=registry)
+        self.migrations = Counter("pdserve_migrations", "Requests continued on another decode worker.",
+                                  registry=registry)

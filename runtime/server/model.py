@@ -1,0 +1,328 @@
+"""The pdserve runtime model: a KServe OpenAI model that serves each request prefill → decode.
+
+For every /openai/v1/chat/completions or /openai/v1/completions request:
+1. the `Pairing` (runtime.server.pairing round robin, or runtime.server.routing over the KV-aware
+   runtime.router, fed the prompt's token ids) picks a prefill worker (or none) and a decode worker from the
+   configured pool;
+2. remote prefill: the request with max_tokens=1 and remote-decode `kv_transfer_params` goes to the prefill
+   worker (runtime.engines.client protocol); a 4xx answer is the client's fault and is returned as is; a
+   failure or 5xx makes the runtime prefill locally on the decode worker instead (counted in
+   `pdserve_prefill_fallbacks_total`, reported as mode "local", never as a transfer);
+3. decode: the original request (every field the client sent) plus the prefill's `kv_transfer_params`, with
+   one `X-Request-Id` for both calls; streamed back as SSE or returned whole. A decode worker that becomes
+   unreachable is reported to the pairing and the request continues on another decode worker (streaming:
+   with the text already sent appended, runtime.server.migration) while the pairing allows it; otherwise the
+   client gets an OpenAI error (an error event inside a started stream).
+
+Client-supplied `kv_transfer_params` are dropped: no request field or header can make a worker talk to an
+address outside the configured pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import Request
+from kserve.protocol.rest.openai import OpenAIGenerativeModel
+from kserve.protocol.rest.openai.errors import create_error_response
+from kserve.protocol.rest.openai.types import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+)
+
+from runtime.engines.client import CHAT_PATH, COMPLETIONS_PATH, BackendError, VllmClient
+from runtime.server.errors import openai_error_body
+from runtime.server.metrics import RuntimeMetrics
+from runtime.server.migration import chunk_text, continuation_body
+from runtime.server.pairing import Pairing, Route, RouteRequest
+from runtime.server.tokenize import PromptTokenizer
+
+_DROPPED_FIELDS = ("kv_transfer_params",)
+
+
+def _backend_error_response(exc: BackendError) -> ErrorResponse:
+    """OpenAI error for a worker failure: a worker's 4xx passes through (the request was bad); anything else
+    is a 502/5xx whose message names no internal address."""
+    detail = exc.body
+    if isinstance(detail, dict) and isinstance(detail.get("error"), dict):
+        detail = detail["error"].get("message", detail)
+    elif isinstance(detail, dict) and "message" in detail:
+        detail = detail["message"]
+    known = exc.status_code in HTTPStatus._value2member_map_
+    if 400 <= exc.status_code < 500:
+        return create_error_response(message=str(detail), err_type="BadRequestError",
+                                     status_code=HTTPStatus(exc.status_code) if known else HTTPStatus.BAD_REQUEST)
+    status = HTTPStatus(exc.status_code) if known and exc.status_code >= 500 else HTTPStatus.BAD_GATEWAY
+    return create_error_response(message=f"inference worker failed: {str(detail)[:300]}",
+                                 err_type="BackendError", status_code=status)
+
+
+ROUTE_HEADERS = ("x-pdserve-route", "x-pdserve-prefill-worker", "x-pdserve-decode-worker",
+                 "x-pdserve-overlap-blocks")
+
+
+def _set_route_headers(context: dict | None, route: Route) -> None:
+    """Worker ids (never addresses) and the route reason as response headers (non-streaming responses)."""
+    response = (context or {}).get("response")
+    if response is None:
+        return
+    values = (route.reason, route.prefill_worker or "local", route.decode_worker, str(route.overlap_blocks))
+    for name, value in zip(ROUTE_HEADERS, values):
+        response.headers[name] = value
+
+
+def _is_first_token(chunk: dict) -> bool:
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if delta.get("content") or choice.get("text") or choice.get("finish_reason"):
+            return True
+    return False
+
+
+class PDModel(OpenAIGenerativeModel):
+    """KServe OpenAI model that forwards to vLLM prefill/decode workers.
+
+    Args:
+        name: the OpenAI `model` name clients use (also the workers' `--served-model-name`).
+        pairing: chooses the workers of each request (URLs from configuration only).
+        metrics: Prometheus metrics holder.
+        timeout_s: read timeout of each worker call, seconds.
+        clock: monotonic clock in seconds (injected for tests).
+        client_factory: builds the client of one worker URL (default `VllmClient(url, timeout_s=...)`; tests
+            pass one with an httpx transport).
+        tokenizer: when given, each request's prompt token ids go to the pairing (KV-aware routing).
+        prefill_timeout_s: a remote prefill slower than this counts as failed (local prefill instead), so a
+            stuck prefill worker cannot hang requests, seconds.
+        observer: optional request window of the planner loop (runtime.server.planner_loop.RequestWindow:
+            `record_arrival(isl_tokens)`, `record_finish(osl_tokens, ttft_s, itl_s)`).
+
+    TTFT (`pdserve_ttft_seconds`): streaming — arrival to the first streamed token, as the client sees it
+    (remote: prefill + NIXL pull + first decode step); non-streaming remote — arrival to the prefill answer,
+    which carries the first token; non-streaming local — the whole request (an upper bound).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        pairing: Pairing,
+        *,
+        metrics: RuntimeMetrics,
+        timeout_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+        client_factory: Callable[[str], VllmClient] | None = None,
+        tokenizer: PromptTokenizer | None = None,
+        prefill_timeout_s: float = 120.0,
+        observer: Any | None = None,
+    ) -> None:
+        super().__init__(name)
+        self.pairing = pairing
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._client_factory = client_factory or (lambda url: VllmClient(url, timeout_s=timeout_s))
+        self._clients: dict[str, VllmClient] = {}
+        self.tokenizer = tokenizer
+        self.prefill_timeout_s = prefill_timeout_s
+        self.observer = observer
+        self.ready = True
+
+    def _client(self, url: str) -> VllmClient:
+        if url not in self._clients:
+            self._clients[url] = self._client_factory(url)
+        return self._clients[url]
+
+    async def worker_healthy(self, url: str) -> bool:
+        """GET <url>/health answered 200."""
+        return await self._client(url).healthy()
+
+    async def aclose(self) -> None:
+        """Close every worker client."""
+        for c in self._clients.values():
+            await c.aclose()
+        self._clients.clear()
+
+    async def _request_body(self, request: Any, raw_request: Request | None) -> dict:
+        """The body as the client sent it (all fields), minus internal fields; `model` set to ours."""
+        body: Any = None
+        if raw_request is not None:
+            try:
+                body = await raw_request.json()
+            except (ValueError, RuntimeError):
+                body = None
+        if not isinstance(body, dict):
+            body = request.model_dump(mode="json", exclude_unset=True)
+        for f in _DROPPED_FIELDS:
+            body.pop(f, None)
+        body["model"] = self.name
+        return body
+
+    async def create_completion(
+        self, request: CompletionRequest, raw_request: Request | None = None, context: dict | None = None
+    ) -> AsyncGenerator[str, None] | Completion | ErrorResponse:
+        body = await self._request_body(request, raw_request)
+        return await self._serve(COMPLETIONS_PATH, "completions", body, Completion, context)
+
+    async def create_chat_completion(
+        self, request: ChatCompletionRequest, raw_request: Request | None = None, context: dict | None = None
+    ) -> AsyncGenerator[str, None] | ChatCompletion | ErrorResponse:
+        body = await self._request_body(request, raw_request)
+        return await self._serve(CHAT_PATH, "chat", body, ChatCompletion, context)
+
+    async def _prefill(self, route: Route, path: str, body: dict, rid: str) -> tuple[Route, dict | None]:
+        """Run the remote prefill; on worker failure switch to local prefill. Re-raises 4xx BackendErrors."""
+        if route.prefill_url is None:
+            return route, None
+        try:
+            kv = await asyncio.wait_for(self._client(route.prefill_url).prefill(path, body, rid),
+                                        self.prefill_timeout_s)
+        except asyncio.TimeoutError:
+            kv = None
+        except BackendError as exc:
+            if 400 <= exc.status_code < 500:
+                raise
+            if exc.status_code == 502:  # unreachable
+                self.pairing.on_worker_unreachable(route.prefill_url)
+            kv = None
+        if kv is None:  # worker down, 5xx, or a worker without a KV connector
+            self.metrics.prefill_fallbacks.inc()
+            return self.pairing.on_prefill_failed(rid, self.clock()), None
+        return route, kv
+
+    async def _serve(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None = None) -> Any:
+        t0 = self.clock()
+        rid = f"pdserve-{uuid.uuid4().hex}"
+        token_ids = self.tokenizer.token_ids(path, body) if self.tokenizer is not None else None
+        try:
+            route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
+        except RuntimeError as exc:
+            self.metrics.requests.labels(endpoint, "none", "error").inc()
+            return create_error_response(str(exc), err_type="ServiceUnavailable",
+                                         status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+        try:
+            route, kv = await self._prefill(route, path, body, rid)
+        except BackendError as exc:
+            self._finish(rid, endpoint, route, t0, ok=False)
+            return _backend_error_response(exc)
+        mode = "remote" if kv is not None else "local"
+        self.metrics.routes.labels(route.reason or "none").inc()
+        _set_route_headers(context, route)
+        if token_ids is not None and self.observer is not None:
+            self.observer.record_arrival(len(token_ids))
+        prefill_done_s = None
+        if kv is not None:  # the prefill produced the first token; its load is gone
+            prefill_done_s = self.clock() - t0
+            self.pairing.on_first_token(rid, self.clock())
+        decode = self._client(route.decode_url)
+        if body.get("stream"):
+            return self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None)
+        while True:
+            try:
+                answer = await decode.complete(path, body, rid, kv)
+                break
+            except BackendError as exc:
+                new = self._migrate(exc, route, rid)
+                if new is None:
+                    self._finish(rid, endpoint, route, t0, ok=False, mode=mode)
+                    return _backend_error_response(exc)
+                route, kv, decode, mode = new, None, self._client(new.decode_url), "local"
+        answer.pop("kv_transfer_params", None)
+        total_s = self.clock() - t0
+        ttft_s = prefill_done_s if (kv is not None and prefill_done_s is not None) else total_s
+        self.metrics.ttft.labels(endpoint, mode).observe(ttft_s)
+        self._finish(rid, endpoint, route, t0, ok=True, mode=mode)
+        usage = answer.get("usage") or {}
+        self._observe(usage, token_ids is not None, ttft_s, total_s, usage.get("completion_tokens") or 0)
+        return response_type.model_validate(answer)
+
+    def _observe(self, usage: dict, arrival_recorded: bool, ttft_s: float, total_s: float, osl_tokens: int,
+                 itl_s: float | None = None) -> None:
+        """Feed the planner's request window (if any) with one finished request."""
+        if self.observer is None:
+            return
+        if not arrival_recorded:
+            self.observer.record_arrival(int(usage.get("prompt_tokens") or 0))
+        if itl_s is None and osl_tokens > 1:
+            itl_s = (total_s - ttft_s) / (osl_tokens - 1)
+        self.observer.record_finish(int(osl_tokens), ttft_s, itl_s)
+
+    def _migrate(self, exc: BackendError, route: Route, rid: str) -> Route | None:
+        """After a decode failure: the route to continue on, or None (not a dead worker, or no migration)."""
+        if exc.status_code != 502:  # the worker answered: not a dead worker
+            return None
+        self.pairing.on_worker_unreachable(route.decode_url)
+        new = self.pairing.on_decode_failed(rid, self.clock())
+        if new is not None:
+            self.metrics.migrations.inc()
+        return new
+
+    async def _stream(
+        self, decode: VllmClient, path: str, endpoint: str, body: dict, rid: str, kv: dict | None,
+        route: Route, t0: float, mode: str, arrival_recorded: bool = False,
+    ) -> AsyncGenerator[str, None]:
+        ok = False
+        local_prefill = kv is None  # the router's prefill load ends at the first streamed token
+        first_s = last_s = None
+        usage: dict = {}
+        sent: list[str] = []
+        stream_id = None
+        # Ask the worker for usage (prompt/completion tokens for metrics); hide it if the client did not.
+        client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        base = body if client_wants_usage else {**body, "stream_options": {
+            **(body.get("stream_options") or {}), "include_usage": True}}
+        attempt = base
+        try:
+            while True:
+                try:
+                    async for chunk in decode.stream(path, attempt, rid, kv):
+                        chunk.pop("kv_transfer_params", None)
+                        stream_id = stream_id or chunk.get("id")
+                        if stream_id and "id" in chunk:
+                            chunk["id"] = stream_id  # one id across a migration
+                        if first_s is None and _is_first_token(chunk):
+                            first_s = self.clock() - t0  # what the client sees, NIXL pull included
+                            self.metrics.ttft.labels(endpoint, mode).observe(first_s)
+                            if local_prefill:
+                                self.pairing.on_first_token(rid, self.clock())
+                        usage = chunk.get("usage") or usage
+                        if not client_wants_usage:
+                            chunk.pop("usage", None)
+                            if not chunk.get("choices"):
+                                continue  # the usage-only final chunk the client did not ask for
+                        text = chunk_text(chunk)
+                        if text:
+                            sent.append(text)
+                            last_s = self.clock() - t0
+                        yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+                    ok = True
+                    break
+                except BackendError as exc:
+                    new = self._migrate(exc, route, rid)
+                    cont = continuation_body(path, base, "".join(sent), len(sent)) if new is not None else None
+                    if cont is None:
+                        status = exc.status_code if 400 <= exc.status_code < 600 else 502
+                        err = _backend_error_response(exc).error
+                        body_err = openai_error_body(err.message, err_type=err.type, status=status)
+                        yield f"data: {json.dumps(body_err)}\n\n"
+                        break
+                    route, kv, decode, attempt, mode = new, None, self._client(new.decode_url), cont, "local"
+        finally:
+            self._finish(rid, endpoint, route, t0, ok=ok, mode=mode)
+        if ok and first_s is not None:
+            itl_s = (last_s - first_s) / (len(sent) - 1) if len(sent) > 1 and last_s is not None else None
+            self._observe(usage, arrival_recorded, first_s, self.clock() - t0, len(sent), itl_s)
+        yield "data: [DONE]\n\n"
+
+    def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None) -> None:
+        mode = mode or ("remote" if route.prefill_url else "local")
+        self.metrics.requests.labels(endpoint, mode, "ok" if ok else "error").inc()
+        self.metrics.e2e.labels(endpoint, mode).observe(self.clock() - t0)
+        self.pairing.on_complete(rid, self.clock(), ok)

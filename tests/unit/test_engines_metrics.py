@@ -1,0 +1,54 @@
+"""Reading vLLM's Prometheus text (runtime.engines.metrics).
+
+The exposition text is produced by prometheus_client itself with vLLM's metric names and labels, so the
+parser is checked against the real format; expected values come from what was observed, not constants.
+"""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from runtime.engines.metrics import nixl_transfer_count, parse_worker_metrics, sample_sum
+
+
+def _vllm_like_text(num_xfers_by_engine: dict[str, int], queries: float, hits: float, running: int) -> str:
+    reg = CollectorRegistry()
+    h = Histogram("vllm:nixl_xfer_time_seconds", "NIXL transfers", ["model_name", "engine"], registry=reg)
+    for engine, n in num_xfers_by_engine.items():
+        for i in range(n):
+            h.labels("m", engine).observe(0.001 * (i + 1))
+    Counter("vllm:prefix_cache_queries", "q", ["model_name", "engine"], registry=reg).labels("m", "0").inc(queries)
+    Counter("vllm:prefix_cache_hits", "h", ["model_name", "engine"], registry=reg).labels("m", "0").inc(hits)
+    Gauge("vllm:num_requests_running", "r", ["model_name", "engine"], registry=reg).labels("m", "0").set(running)
+    Gauge("vllm:num_requests_waiting", "w", ["model_name", "engine"], registry=reg).labels("m", "0").set(0)
+    return generate_latest(reg).decode()
+
+
+def test_nixl_count_sums_observations_over_engines():
+    text = _vllm_like_text({"0": 3, "1": 2}, 10, 4, 1)
+    assert nixl_transfer_count(text) == 5
+
+
+def test_nixl_count_is_zero_when_metric_absent():
+    assert nixl_transfer_count("# nothing here\n") == 0
+
+
+def test_worker_snapshot_reads_prefix_cache_and_queue():
+    m = parse_worker_metrics(_vllm_like_text({"0": 1}, queries=320, hits=256, running=2))
+    assert m.nixl_transfers == 1
+    assert m.prefix_cache_queries_tokens == 320
+    assert m.prefix_cache_hits_tokens == 256
+    assert m.prefix_hit_rate == pytest.approx(256 / 320)
+    assert m.num_requests_running == 2
+    assert m.num_requests_waiting == 0
+
+
+def test_label_filter_selects_one_series():
+    text = _vllm_like_text({"0": 3, "1": 2}, 0, 0, 0)
+    assert sample_sum(text, "vllm:nixl_xfer_time_seconds_count", engine="1") == 2
+
+
+def test_malformed_text_raises_value_error():
+    with pytest.raises(ValueError):
+        sample_sum('metric{label="unterminated} 1\n', "metric")

@@ -1,0 +1,118 @@
+"""vLLM worker command line and environment (runtime.engines.vllm_worker), per DESIGN.md's CPU P/D recipe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.config import EngineSpec
+from runtime.engines.vllm_worker import (
+    KV_EVENTS_TOPIC,
+    WorkerProcess,
+    build_vllm_args,
+    build_worker_env,
+    free_port,
+)
+
+
+def _flag(args: list[str], name: str) -> str:
+    assert name in args, f"{name} missing from {args}"
+    return args[args.index(name) + 1]
+
+
+def _args(role="prefill", **kw):
+    engine = kw.pop("engine", EngineSpec(block_size_tokens=32, max_model_len_tokens=1024, kv_backends=["UCX"]))
+    return build_vllm_args(engine, model_dir=Path("/m"), served_model_name="tiny", role=role, host="127.0.0.1",
+                           port=8123, python="/py", **kw)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_pd_roles_use_nixl_connector_with_cpu_buffer(role):
+    args = _args(role)
+    assert args[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    cfg = json.loads(_flag(args, "--kv-transfer-config"))
+    assert cfg["kv_connector"] == "NixlConnector"
+    assert cfg["kv_role"] == "kv_both"
+    assert cfg["kv_buffer_device"] == "cpu"
+    assert cfg["kv_connector_extra_config"]["backends"] == ["UCX"]
+
+
+def test_engine_settings_reach_the_command_line():
+    engine = EngineSpec(dtype="bfloat16", block_size_tokens=64, max_model_len_tokens=4096, extra_args=["--seed", "7"])
+    args = _args("decode", engine=engine)
+    assert _flag(args, "--block-size") == "64"
+    assert _flag(args, "--max-model-len") == "4096"
+    assert _flag(args, "--dtype") == "bfloat16"
+    assert _flag(args, "--served-model-name") == "tiny"
+    assert _flag(args, "--port") == "8123"
+    assert _flag(args, "--host") == "127.0.0.1"
+    assert "--enforce-eager" in args
+    assert args[-2:] == ["--seed", "7"]
+
+
+def test_dtype_override_wins_over_engine_dtype():
+    assert _flag(_args("prefill", dtype="float32"), "--dtype") == "float32"
+
+
+def test_aggregated_role_has_no_kv_transfer():
+    assert "--kv-transfer-config" not in _args("both")
+
+
+def test_kv_events_enable_prefix_caching_and_zmq_publisher():
+    args = _args("decode", kv_events_port=5599)
+    assert "--enable-prefix-caching" in args
+    events = json.loads(_flag(args, "--kv-events-config"))
+    assert events == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5599",
+                      "topic": KV_EVENTS_TOPIC}
+    assert "--kv-events-config" not in _args("decode")
+
+
+def test_unknown_role_is_rejected_naming_it():
+    with pytest.raises(ValueError, match="'router'"):
+        _args("router")
+
+
+def test_worker_env_sets_nixl_side_channel_and_cpu_transport_without_touching_base():
+    base = {"PATH": "/bin", "UCX_TLS": "rc"}
+    env = build_worker_env(base, side_channel_port=5601, cpu=True, cpu_kv_cache_space_gib=2)
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert env["UCX_TLS"] == "tcp,self"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and env["OMP_NUM_THREADS"] == "1"
+    assert env["PATH"] == "/bin"
+    assert base == {"PATH": "/bin", "UCX_TLS": "rc"}
+
+
+def test_gpu_env_leaves_ucx_transports_alone():
+    env = build_worker_env({"UCX_TLS": "rc"}, side_channel_port=1, cpu=False)
+    assert env["UCX_TLS"] == "rc"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
+def test_worker_process_picks_distinct_ports_and_exposes_urls(tmp_path):
+    w = WorkerProcess(EngineSpec(), tmp_path, served_model_name="m", role="decode", log_path=tmp_path / "w.log",
+                      enable_kv_events=True)
+    ports = {w.port, w.side_channel_port, w.kv_events_port}
+    assert len(ports) == 3
+    assert w.base_url == f"http://127.0.0.1:{w.port}"
+    assert w.metrics_url == f"{w.base_url}/metrics"
+    assert w.kv_events_endpoint == f"tcp://127.0.0.1:{w.kv_events_port}"
+    assert w.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(w.side_channel_port)
+    assert not w.alive()
+    assert w.stop() is None  # never started: nothing to stop
+
+
+def test_free_port_is_bindable():
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_gpu_worker_keeps_its_kv_buffer_on_the_gpu():
+    cfg = json.loads(_flag(_args("prefill", cpu=False), "--kv-transfer-config"))
+    assert cfg["kv_buffer_device"] == "cuda"

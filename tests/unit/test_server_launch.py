@@ -1,0 +1,76 @@
+"""LocalDeployment wiring (runtime.server.launch), checked without starting processes.
+
+Specification: one prefill and one decode worker at most per pool locally, CPU dtype override, the runtime
+pointed at exactly those workers; with router="kv" the runtime gets the router settings, block size,
+tokenizer folder and each worker's KV-event endpoint; a bad router name is rejected.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.config import DeploymentSpec, ModelRef, PoolSpec, RouterSpec
+from runtime.server.launch import LocalDeployment
+
+
+def _spec(**kw) -> DeploymentSpec:
+    return DeploymentSpec(model=ModelRef(name="tiny", path="/m"), prefill=PoolSpec(tp=1, replicas=3),
+                          decode=PoolSpec(tp=2, replicas=4), **kw)
+
+
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+def test_pools_are_capped_and_runtime_points_at_the_workers(tmp_path):
+    dep = LocalDeployment(_spec(), Path("/m"), log_dir=tmp_path)
+    assert [w.role for w in dep.workers] == ["prefill", "decode"]
+    assert all(w.args[w.args.index("--dtype") + 1] == "float32" for w in dep.workers)
+    args = dep.runtime.args
+    assert _flag_values(args, "--prefill-url") == [dep.prefill_workers[0].base_url]
+    assert _flag_values(args, "--decode-url") == [dep.decode_workers[0].base_url]
+    assert "--router" not in args
+    assert dep.decode_metrics_url == dep.decode_workers[0].metrics_url
+    assert dep.runtime_url == f"http://127.0.0.1:{dep.runtime.port}"
+
+
+def test_aggregated_spec_starts_no_prefill_worker(tmp_path):
+    spec = DeploymentSpec(model=ModelRef(name="tiny"), prefill=PoolSpec(replicas=0, min_replicas=0))
+    dep = LocalDeployment(spec, Path("/m"), log_dir=tmp_path)
+    assert dep.prefill_workers == [] and dep.prefill_metrics_url is None
+    assert _flag_values(dep.runtime.args, "--prefill-url") == []
+
+
+def test_kv_router_gets_settings_tokenizer_and_event_endpoints(tmp_path):
+    spec = _spec(router=RouterSpec(policy="kv_aware", disagg_min_uncached_tokens=64))
+    dep = LocalDeployment(spec, Path("/models/tiny"), log_dir=tmp_path, router="kv", enable_kv_events=True)
+    args = dep.runtime.args
+    assert _flag_values(args, "--router") == ["kv"]
+    assert json.loads(_flag_values(args, "--router-spec")[0])["disagg_min_uncached_tokens"] == 64
+    assert _flag_values(args, "--block-size") == [str(spec.engine.block_size_tokens)]
+    assert _flag_values(args, "--tokenizer-dir") == ["/models/tiny"]
+    assert _flag_values(args, "--prefill-kv-events") == [dep.prefill_workers[0].kv_events_endpoint]
+    assert _flag_values(args, "--decode-kv-events") == [dep.decode_workers[0].kv_events_endpoint]
+
+
+def test_unknown_router_is_rejected():
+    with pytest.raises(ValueError, match="router"):
+        LocalDeployment(_spec(), Path("/m"), router="magic")
+
+
+def test_stop_before_start_is_harmless(tmp_path):
+    LocalDeployment(_spec(), Path("/m"), log_dir=tmp_path).stop()
+
+
+def test_local_workers_use_ucx_even_when_the_spec_names_libfabric(tmp_path):
+    from runtime.config import EngineSpec
+
+    spec = _spec(engine=EngineSpec(kv_backends=["LIBFABRIC"]))
+    dep = LocalDeployment(spec, Path("/m"), log_dir=tmp_path)
+    for w in dep.workers:
+        cfg = json.loads(w.args[w.args.index("--kv-transfer-config") + 1])
+        assert cfg["kv_connector_extra_config"]["backends"] == ["UCX"]
+    assert spec.engine.kv_backends == ["LIBFABRIC"]  # the spec itself is untouched

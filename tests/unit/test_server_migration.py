@@ -1,0 +1,166 @@
+"""Decode-worker failover (runtime.server.migration + PDModel), workers faked at the HTTP transport.
+
+Specification (issue #3, item 5): when the decode worker dies mid-stream, the request continues on another
+decode worker with the text generated so far appended to its prompt and the token budget reduced, up to
+`migration_limit` times; the client sees one uninterrupted stream with one id; beyond the limit (or with no
+other decode worker) the stream ends with an OpenAI error event, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from runtime.server.migration import chunk_text, continuation_body
+
+CHAT = "/v1/chat/completions"
+COMPL = "/v1/completions"
+
+
+def test_chat_continuation_appends_an_assistant_message_to_continue():
+    body = {"messages": [{"role": "user", "content": "Capital of France?"}], "max_tokens": 10, "stream": True}
+    c = continuation_body(CHAT, body, "The capital", 2)
+    assert c["messages"][-1] == {"role": "assistant", "content": "The capital"}
+    assert c["continue_final_message"] is True and c["add_generation_prompt"] is False
+    assert c["max_tokens"] == 8
+    assert body["max_tokens"] == 10 and len(body["messages"]) == 1  # original untouched
+
+
+def test_completion_continuation_extends_the_prompt():
+    c = continuation_body(COMPL, {"prompt": "The capital of France is", "max_tokens": 5}, " Paris", 1)
+    assert c["prompt"] == "The capital of France is Paris" and c["max_tokens"] == 4
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": [1, 2, 3], "max_tokens": 5},            # token-id prompt: text cannot be appended
+    {"prompt": "x", "max_tokens": 5, "n": 2},           # several choices
+    {"prompt": "x", "max_tokens": 2},                   # budget used up
+    {"prompt": "x", "max_tokens": 9, "echo": True},     # echo would repeat the generated text
+])
+def test_uncontinuable_requests_return_none(body):
+    assert continuation_body(COMPL, body, "ab", 2) is None
+
+
+def test_chunk_text_reads_chat_and_completion_chunks():
+    assert chunk_text({"choices": [{"delta": {"content": "Pa"}}]}) == "Pa"
+    assert chunk_text({"choices": [{"text": "ris"}]}) == "ris"
+    assert chunk_text({"choices": []}) == ""
+
+
+# --- PDModel over two decode workers, the first dying mid-stream ------------------------------------------
+
+pytest.importorskip("kserve")
+
+
+class _DyingStream(httpx.AsyncByteStream):
+    def __init__(self, chunks: list[bytes]):
+        self.chunks = chunks
+
+    async def __aiter__(self):
+        for c in self.chunks:
+            yield c
+        raise httpx.ReadError("connection reset by peer")
+
+
+def _sse(cid: str, texts: list[str]) -> list[bytes]:
+    return [f"data: {json.dumps({'id': cid, 'choices': [{'index': 0, 'delta': {'content': t}}]})}\n\n".encode()
+            for t in texts]
+
+
+class TwoDecoders:
+    def __init__(self, d1_dies: bool = False):
+        self.d1_dies = d1_dies
+        self.bodies: dict[str, list[dict]] = {"d0": [], "d1": []}
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        if host == "d0" or self.d1_dies:
+            return httpx.Response(200, stream=_DyingStream(_sse(f"id-{host}", ["The", " capital"])))
+        chunks = _sse("id-d1", [" of", " France", " is", " Paris."]) + [b"data: [DONE]\n\n"]
+        return httpx.Response(200, content=b"".join(chunks))
+
+
+def _model(workers: TwoDecoders, limit: int = 1):
+    from prometheus_client import CollectorRegistry
+
+    from runtime.engines.client import VllmClient
+    from runtime.server.metrics import RuntimeMetrics
+    from runtime.server.model import PDModel
+    from runtime.server.pairing import RoundRobinPairing
+
+    reg = CollectorRegistry()
+    transport = httpx.MockTransport(workers.handler)
+    model = PDModel("m", RoundRobinPairing([], ["http://d0", "http://d1"], migration_limit=limit),
+                    metrics=RuntimeMetrics(reg), client_factory=lambda url: VllmClient(url, transport=transport))
+    return model, reg
+
+
+def _chat_request():
+    from kserve.protocol.rest.openai.types import ChatCompletionRequest
+
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Capital of France?"}],
+                                 max_tokens=12, temperature=0, stream=True)
+
+
+async def test_stream_continues_on_another_decode_worker_with_generated_text_appended():
+    w = TwoDecoders()
+    model, reg = _model(w)
+    events = [e async for e in await model.create_chat_completion(_chat_request())]
+    assert events[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "".join(chunk_text(c) for c in chunks) == "The capital of France is Paris."
+    assert {c["id"] for c in chunks} == {"id-d0"}
+    cont = w.bodies["d1"][0]
+    assert cont["messages"][-1] == {"role": "assistant", "content": "The capital"}
+    assert cont["continue_final_message"] is True and cont["max_tokens"] == 10
+    assert reg.get_sample_value("pdserve_migrations_total") == 1
+    assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "local", "status": "ok"}) == 1
+
+
+async def test_beyond_the_migration_limit_the_stream_ends_with_an_error_event():
+    w = TwoDecoders(d1_dies=True)
+    model, reg = _model(w, limit=1)
+    events = [e async for e in await model.create_chat_completion(_chat_request())]
+    assert events[-1] == "data: [DONE]\n\n"
+    last = json.loads(events[-2][6:])
+    assert last["error"]["code"] == "502" and "inference worker failed" in last["error"]["message"]
+    assert len(w.bodies["d0"]) == 1 and len(w.bodies["d1"]) == 1
+    assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "local", "status": "error"}) == 1
+
+
+async def test_zero_migration_limit_never_migrates():
+    w = TwoDecoders()
+    model, _ = _model(w, limit=0)
+    events = [e async for e in await model.create_chat_completion(_chat_request())]
+    assert "error" in json.loads(events[-2][6:])
+    assert w.bodies["d1"] == []
+
+
+async def test_two_migrations_append_the_text_once():
+    class ThreeDecoders(TwoDecoders):
+        def handler(self, req: httpx.Request) -> httpx.Response:
+            host, body = req.url.host, json.loads(req.content)
+            self.bodies.setdefault(host, []).append(body)
+            if host in ("d0", "d1"):
+                return httpx.Response(200, stream=_DyingStream(_sse(f"id-{host}", ["a" if host == "d0" else "b"])))
+            return httpx.Response(200, content=b"".join(_sse("id-d2", ["c"]) + [b"data: [DONE]\n\n"]))
+
+    from prometheus_client import CollectorRegistry
+
+    from runtime.engines.client import VllmClient
+    from runtime.server.metrics import RuntimeMetrics
+    from runtime.server.model import PDModel
+    from runtime.server.pairing import RoundRobinPairing
+
+    w = ThreeDecoders()
+    transport = httpx.MockTransport(w.handler)
+    model = PDModel("m", RoundRobinPairing([], ["http://d0", "http://d1", "http://d2"], migration_limit=2),
+                    metrics=RuntimeMetrics(CollectorRegistry()),
+                    client_factory=lambda url: VllmClient(url, transport=transport))
+    events = [e async for e in await model.create_chat_completion(_chat_request())]
+    assert "".join(chunk_text(json.loads(e[6:])) for e in events[:-1]) == "abc"
+    assert w.bodies["d2"][0]["messages"][-1] == {"role": "assistant", "content": "ab"}
+    assert w.bodies["d2"][0]["max_tokens"] == 10

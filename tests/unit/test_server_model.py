@@ -1,0 +1,194 @@
+"""The runtime's P/D request flow (runtime.server.model.PDModel), workers faked at the HTTP transport.
+
+Specification:
+* remote prefill then decode, with the prefill's kv_transfer_params, one request id, the client's fields;
+* a prefill worker that fails (5xx / unreachable) → local prefill on the decode worker, counted as fallback;
+* a prefill worker that rejects the request (4xx) → that error to the client, decode never called;
+* streaming returns SSE strings ending in [DONE]; TTFT and request counters are recorded;
+* client-supplied kv_transfer_params never reach a worker.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+pytest.importorskip("kserve")
+
+from kserve.protocol.rest.openai.types import ChatCompletion, ChatCompletionRequest, ErrorResponse  # noqa: E402
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from runtime.engines.client import VllmClient  # noqa: E402
+from runtime.engines.metrics import sample_sum  # noqa: E402
+from runtime.server.metrics import RuntimeMetrics  # noqa: E402
+from runtime.server.model import PDModel  # noqa: E402
+from runtime.server.pairing import RoundRobinPairing  # noqa: E402
+
+KV = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [1], "remote_host": "127.0.0.1",
+      "remote_port": 1}
+
+
+def _completion(content: str) -> dict:
+    return {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}, "kv_transfer_params": None}
+
+
+class FakeWorkers:
+    """Records every call per worker host; `prefill_status` decides how the prefill worker answers."""
+
+    def __init__(self, prefill_status: int = 200):
+        self.prefill_status = prefill_status
+        self.calls: list[tuple[str, dict, str]] = []
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content)
+        self.calls.append((req.url.host, body, req.headers.get("x-request-id")))
+        if req.url.host == "prefill":
+            if self.prefill_status == 599:
+                raise httpx.ConnectError("down", request=req)
+            if self.prefill_status != 200:
+                return httpx.Response(self.prefill_status, json={"error": {"message": "nope", "code": 400}})
+            return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+        if body.get("stream"):
+            chunks = [{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "delta": {"content": t}}]} for t in ("Pa", "ris")]
+            if (body.get("stream_options") or {}).get("include_usage"):
+                chunks.append({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                               "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2,
+                                                        "total_tokens": 7}})
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return httpx.Response(200, text=text)
+        return httpx.Response(200, json=_completion("Paris"))
+
+
+def _model(workers: FakeWorkers) -> tuple[PDModel, CollectorRegistry]:
+    reg = CollectorRegistry()
+    transport = httpx.MockTransport(workers.handler)
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(reg),
+                    client_factory=lambda url: VllmClient(url, transport=transport))
+    return model, reg
+
+
+def _request(**extra) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "capital?"}], max_tokens=7,
+                                 temperature=0, **extra)
+
+
+def _metric(reg: CollectorRegistry, name: str, **labels) -> float:
+    return reg.get_sample_value(name, labels) or 0.0
+
+
+async def test_remote_prefill_then_decode_with_kv_params_and_one_request_id():
+    w = FakeWorkers()
+    model, reg = _model(w)
+    out = await model.create_chat_completion(_request())
+    assert isinstance(out, ChatCompletion)
+    assert out.choices[0].message.content == "Paris"
+    (h1, pre, rid1), (h2, dec, rid2) = w.calls
+    assert (h1, h2) == ("prefill", "decode")
+    assert rid1 == rid2 and rid1.startswith("pdserve-")
+    assert pre["max_tokens"] == 1 and pre["kv_transfer_params"]["do_remote_decode"] is True
+    assert dec["kv_transfer_params"] == KV and dec["max_tokens"] == 7
+    assert _metric(reg, "pdserve_requests_total", endpoint="chat", mode="remote", status="ok") == 1
+    assert _metric(reg, "pdserve_ttft_seconds_count", endpoint="chat", mode="remote") == 1
+
+
+@pytest.mark.parametrize("status", [500, 599])
+async def test_failed_prefill_worker_falls_back_to_local_prefill(status):
+    w = FakeWorkers(prefill_status=status)
+    model, reg = _model(w)
+    out = await model.create_chat_completion(_request())
+    assert isinstance(out, ChatCompletion)
+    hosts = [c[0] for c in w.calls]
+    assert hosts == ["prefill", "decode"]
+    assert "kv_transfer_params" not in w.calls[1][1]
+    assert _metric(reg, "pdserve_prefill_fallbacks_total") == 1
+    assert _metric(reg, "pdserve_requests_total", endpoint="chat", mode="local", status="ok") == 1
+
+
+async def test_prefill_rejecting_the_request_returns_that_error_without_decoding():
+    w = FakeWorkers(prefill_status=400)
+    model, reg = _model(w)
+    out = await model.create_chat_completion(_request())
+    assert isinstance(out, ErrorResponse)
+    assert out.error.code == "400" and out.error.message == "nope"
+    assert [c[0] for c in w.calls] == ["prefill"]
+    assert _metric(reg, "pdserve_requests_total", endpoint="chat", mode="remote", status="error") == 1
+
+
+async def test_streaming_yields_sse_and_done():
+    w = FakeWorkers()
+    model, reg = _model(w)
+    gen = await model.create_chat_completion(_request(stream=True))
+    events = [e async for e in gen]
+    assert not any('"usage"' in e for e in events)  # asked of the worker for metrics, hidden from the client
+    assert events[-1] == "data: [DONE]\n\n"
+    assert all(e.startswith("data: ") and e.endswith("\n\n") for e in events)
+    text = "".join(json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events[:-1])
+    assert text == "Paris"
+    assert w.calls[1][1]["stream"] is True
+    assert _metric(reg, "pdserve_requests_total", endpoint="chat", mode="remote", status="ok") == 1
+
+
+async def test_client_kv_transfer_params_never_reach_a_worker():
+    w = FakeWorkers()
+    model, _ = _model(w)
+    evil = {"do_remote_prefill": True, "remote_host": "203.0.113.7", "remote_port": 9}
+    await model.create_chat_completion(_request(kv_transfer_params=evil))
+    pre, dec = w.calls[0][1], w.calls[1][1]
+    assert pre["kv_transfer_params"]["remote_host"] is None
+    assert dec["kv_transfer_params"] == KV
+    assert "203.0.113.7" not in json.dumps([c[1] for c in w.calls])
+
+
+def test_metrics_exposition_is_readable_by_the_engine_parser():
+    from prometheus_client import generate_latest
+
+    reg = CollectorRegistry()
+    m = RuntimeMetrics(reg)
+    m.requests.labels("chat", "remote", "ok").inc(3)
+    assert sample_sum(generate_latest(reg).decode(), "pdserve_requests_total", mode="remote") == 3
+
+
+async def test_stuck_prefill_worker_times_out_into_local_prefill():
+    import asyncio
+
+    class Stuck(FakeWorkers):
+        async def handle_async(self, req: httpx.Request) -> httpx.Response:
+            if req.url.host == "prefill":
+                self.calls.append((req.url.host, json.loads(req.content), req.headers.get("x-request-id")))
+                await asyncio.sleep(30)
+            return self.handler(req)
+
+    w = Stuck()
+    reg = CollectorRegistry()
+    transport = httpx.MockTransport(w.handle_async)
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(reg),
+                    client_factory=lambda url: VllmClient(url, transport=transport), prefill_timeout_s=0.2)
+    out = await asyncio.wait_for(model.create_chat_completion(_request()), 5)
+    assert isinstance(out, ChatCompletion)
+    assert [c[0] for c in w.calls] == ["prefill", "decode"]
+    assert "kv_transfer_params" not in w.calls[1][1]
+    assert _metric(reg, "pdserve_prefill_fallbacks_total") == 1
+
+
+async def test_finished_requests_feed_the_planner_request_window():
+    from runtime.server.planner_loop import RequestWindow
+
+    w = FakeWorkers()
+    reg = CollectorRegistry()
+    transport = httpx.MockTransport(w.handler)
+    window = RequestWindow()
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(reg),
+                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    await model.create_chat_completion(_request())
+    [e async for e in await model.create_chat_completion(_request(stream=True))]
+    stats = window.drain()
+    assert stats.num_requests == 2
+    assert stats.mean_isl_tokens == 5  # usage.prompt_tokens (streaming: usage asked of the worker)
+    assert stats.mean_osl_tokens == (2 + 2) / 2  # usage.completion_tokens / two streamed text chunks
+    assert stats.ttft_p90_s is not None and stats.ttft_p90_s >= 0
+    assert _metric(reg, "pdserve_ttft_seconds_count", endpoint="chat", mode="remote") == 2
