@@ -78,7 +78,8 @@ def stream_chat(base_url: str, model: str, question: str, max_tokens: int, timeo
                 text = (choice.get("delta") or {}).get("content") or ""
                 if text and not parts:
                     ttft_s = time.perf_counter() - t0
-                parts.append(text)
+                if text:
+                    parts.append(text)
     return ChatResult("".join(parts), ttft_s, time.perf_counter() - t0)
 
 
