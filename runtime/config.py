@@ -166,10 +166,30 @@ class PlannerSpec(_Strict):
         default=60.0, ge=0, description="Lead time for a new worker to become ready, seconds (scale up early)."
     )
     scale_down_delay_s: float = Field(
-        default=180.0, ge=0, description="A lower target must persist this long before scaling down, seconds."
+        default=60.0,
+        ge=0,
+        description="A lower prefill target must persist this long before scaling down, seconds (decode: "
+        "decode_scale_down_delay_s).",
+    )
+    decode_scale_down_delay_s: float = Field(
+        default=180.0,
+        ge=0,
+        description="A lower decode target must persist this long before scaling down, seconds (a decode worker "
+        "drains its sequences and takes worker_start_s to come back).",
     )
     cooldown_s: float = Field(
-        default=120.0, ge=0, description="Minimum time between two scaling-direction changes of a pool, seconds."
+        default=60.0, ge=0, description="Minimum time between two scaling-direction changes of a pool, seconds."
+    )
+    size_on_peak: bool = Field(
+        default=True,
+        description="SLA mode: also size prefill to clear the predicted peak second of prompt tokens within the "
+        "TTFT budget (sub-interval bursts).",
+    )
+    ttft_correction_max: float = Field(
+        default=1.0,
+        gt=0,
+        description="SLA mode: cap on one observed/expected TTFT sample while peak sizing is active "
+        "(1.0 = the correction only ever lowers the prefill service time).",
     )
     target_utilization: float = Field(
         default=0.9, gt=0, le=1, description="Highest planned busy fraction of a prefill worker (0-1)."

@@ -14,6 +14,16 @@ defaults of ``planner/defaults.py`` (``adjustment_interval = 180`` s, ``load_pre
 * both at least ``min_endpoint``, then the GPU budget; no lead time, no scale-down delay.
 
 It acts every ``adjustment_interval_s`` (a multiple of the tick) and returns None in between.
+
+``load_scaling=True`` adds Dynamo 1.x's load-based mode on top (``enable_load_scaling``,
+``planner_core.py`` + ``PrefillPlanner/DecodePlanner.loadbased_plan_adjustment``): the throughput
+result becomes a lower bound, and every tick each pool steps +1 when its per-worker load is above
+the load the SLO allows, -1 when below ``(n-1)/n * sensitivity`` of it (default sensitivity 80 %).
+Prefill load is active prefill tokens per worker against ``x_sla - ISL`` where the TTFT regression
+``TTFT = a + b * (active_tokens + ISL)`` is solved for the TTFT target; decode load is active KV
+tokens per worker against the KV at which the ITL regression meets the ITL target. Dynamo learns
+both regressions online; here they are taken from the profile (a perfectly trained regression),
+which favours the baseline.
 """
 
 from __future__ import annotations
@@ -41,6 +51,8 @@ class DynamoSlaBaseline:
         adjustment_interval_s: float = 180.0,
         predictor: str = "arima",
         min_endpoint: int = 1,
+        load_scaling: bool = False,
+        load_down_sensitivity: float = 0.8,
     ) -> None:
         self.prof = profile
         self.tp_p, self.tp_d = prefill_tp, decode_tp
@@ -54,8 +66,57 @@ class DynamoSlaBaseline:
         self.p_corr = self.d_corr = 1.0
         self._acc: list[TickInput] = []
         self._window_start: float | None = None
+        self.load_scaling = load_scaling
+        self.down_sensitivity = load_down_sensitivity
+        self._floor: tuple[int, int] | None = None
+        self._current: tuple[int, int] | None = None
 
     def on_tick(self, tick: TickInput) -> ScalingDecision | None:
+        """Throughput decision every ``adjustment_interval_s``; with ``load_scaling`` a load step
+        on every tick above that floor. None when nothing changes."""
+        thpt = self._throughput_tick(tick)
+        if not self.load_scaling:
+            return thpt
+        if thpt is not None:
+            self._floor = (thpt.prefill_replicas, thpt.decode_replicas)
+        if self._current is None:
+            self._current = (max(tick.prefill.num_ready + tick.prefill.num_starting, self.min_endpoint),
+                             max(tick.decode.num_ready + tick.decode.num_starting, self.min_endpoint))
+        p, d = self._load_step(tick)
+        if self._floor is not None:
+            p, d = max(p, self._floor[0]), max(d, self._floor[1])
+        p, d = fit_budget(p, d, prefill_tp=self.tp_p, decode_tp=self.tp_d, min_prefill=self.min_endpoint,
+                          min_decode=self.min_endpoint, budget_gpus=self.budget)
+        self._current = (p, d)
+        return ScalingDecision(tick.now_s, p, d, ttft_correction=self.p_corr, itl_correction=self.d_corr,
+                               reason="dynamo_sla+load")
+
+    def _load_step(self, tick: TickInput) -> tuple[int, int]:
+        """Dynamo's load-based +-1 per pool (see the module doc); needs requests in the window."""
+        assert self._current is not None
+        p, d = self._current
+        if tick.num_requests == 0:
+            return p, d
+        isl = max(tick.mean_isl_tokens, 1.0)
+        s_per_token = float(self.prof.prefill.prefill_time_s(isl)) / isl
+        target_tokens = self.ttft_s / s_per_token - isl  # x_sla - ISL
+        active = tick.prefill.queue_per_worker * isl  # queued prompt tokens per ready worker
+        n_p = max(tick.prefill.num_ready, 1)
+        if target_tokens > 0 and active > target_tokens:
+            p += 1
+        elif p > 1 and active < target_tokens * (n_p - 1) / n_p * self.down_sensitivity:
+            p -= 1
+        ctx = isl + tick.mean_osl_tokens / 2.0
+        x_sla = self.prof.decode.max_batch(self.itl_s, ctx, ctx) * ctx  # KV tokens at the ITL target
+        kv_tokens = tick.decode.kv_usage * self.prof.decode.kv_capacity_tokens
+        n_d = max(tick.decode.num_ready, 1)
+        if x_sla > 0 and kv_tokens > x_sla:
+            d += 1
+        elif d > 1 and kv_tokens < x_sla * (n_d - 1) / n_d * self.down_sensitivity:
+            d -= 1
+        return p, d
+
+    def _throughput_tick(self, tick: TickInput) -> ScalingDecision | None:
         if self._window_start is None:
             self._window_start = tick.now_s - tick.interval_s
         self._acc.append(tick)

@@ -97,6 +97,52 @@ class BurstQuantilePredictor:
         return max(q, float(np.mean(h[-2:])) + max(trend, 0.0) * steps_ahead)
 
 
+class ResidualQuantilePredictor:
+    """Level plus an empirical quantile of past forecast errors at the same horizon.
+
+    The level is the mean of the last ``LEVEL_POINTS`` observations; the forecast ``steps_ahead``
+    ticks out is ``level + quantile_q(x[t + steps] - level_t)`` over the errors the same rule made
+    in the last ``window`` ticks (0 while fewer than ``MIN_RESIDUALS`` exist, never below 0 extra
+    when ``quantile >= 0.5``). Provisioning for a high quantile of the *change* over the worker
+    lead time sizes headroom from how bursty the series has been, instead of a fixed factor
+    (conformal-style prediction interval; Shafer & Vovk, "A tutorial on conformal prediction",
+    JMLR 2008).
+    """
+
+    LEVEL_POINTS = 2
+    MIN_RESIDUALS = 4
+
+    def __init__(self, window: int = 40, quantile: float = 0.9) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if not 0 < quantile <= 1:
+            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        self._window = window
+        self._q = quantile
+        self._hist: deque[float] = deque(maxlen=window + 16)
+
+    def observe(self, value: float) -> None:
+        self._hist.append(_check(value))
+
+    def predict(self, steps_ahead: int = 1) -> float:
+        if not self._hist:
+            return 0.0
+        h = np.asarray(self._hist, dtype=float)
+        k = self.LEVEL_POINTS
+        level = float(np.mean(h[-k:]))
+        s = max(int(steps_ahead), 1)
+        n = len(h)
+        if n < k + s + self.MIN_RESIDUALS - 1:
+            return max(level, float(h[-1]))
+        # level at each past t (mean of h[t-k+1..t]) vs the value s ticks later
+        csum = np.concatenate([[0.0], np.cumsum(h)])
+        t = np.arange(k - 1, n - s)
+        levels = (csum[t + 1] - csum[t + 1 - k]) / k
+        resid = h[t + s] - levels
+        resid = resid[-self._window:]
+        return max(level + float(np.quantile(resid, self._q)), 0.0)
+
+
 class ArimaPredictor:
     """ARIMA(p, d, q) from statsmodels refitted on the last ``window`` observations.
 
@@ -146,6 +192,7 @@ PREDICTORS: dict[str, type] = {
     "moving_average": MovingAveragePredictor,
     "burst_quantile": BurstQuantilePredictor,
     "arima": ArimaPredictor,
+    "residual_quantile": ResidualQuantilePredictor,
 }
 
 
@@ -155,6 +202,8 @@ def make_predictor(name: str, *, window: int = 10, quantile: float = 0.9) -> Loa
         raise ValueError(f"unknown planner.predictor {name!r}; choose one of {sorted(PREDICTORS)}")
     if name == "burst_quantile":
         return BurstQuantilePredictor(window=window, quantile=quantile)
+    if name == "residual_quantile":
+        return ResidualQuantilePredictor(window=window, quantile=quantile)
     if name == "arima":
         return ArimaPredictor(window=max(window, 20))
     return PREDICTORS[name](window=window)

@@ -14,12 +14,19 @@ Per tick (SLA mode):
    (EWMA, clamped), applied to prefill service time and to the ITL target (Dynamo SLA planner).
    While observed TTFT p90 is under half the target the TTFT factor may only fall (bursty
    arrivals queue more than M/M/c predicts, but slack that large needs no extra workers).
+   While peak sizing (6) is active one sample is capped at ``ttft_correction_max`` (default 1:
+   the peak term, not the correction, pays for sub-tick bursts).
 4. Size pools with runtime.planner.sla (decode at ``DECODE_ITL_MARGIN`` of the ITL target); at low
    load pick aggregated serving when it needs fewer GPUs for a whole scale-down window
    (conditional disaggregation at pool level).
 5. Per pool: min/max, GPU budget minus the unused priority reserve (on the desired sizes),
-   sliding-window scale-down and direction cooldown (runtime.planner.stability), then the hard
-   total budget by trimming growth only.
+   sliding-window scale-down (prefill ``scale_down_delay_s``, decode ``decode_scale_down_delay_s``)
+   and direction cooldown (runtime.planner.stability), then the hard total budget by trimming
+   growth only.
+6. Peak sizing (``size_on_peak``, when the tick reports ``peak_prefill_tokens_per_s``): prefill is
+   at least the workers that clear the predicted peak second of prompt tokens plus ``B - 1`` s of
+   the planned mean load within the TTFT budget ``B`` (:meth:`PlannerStateMachine.peak_prefill_replicas`).
+   Long-prompt clusters shorter than a tick drive TTFT misses; a tick's mean hides them.
 
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """
@@ -75,10 +82,16 @@ class PlannerStateMachine:
         w = cfg.predictor_window_ticks
         self._rate: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
         self._prio: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
+        # token-rate predictors: prefill work is rate x ISL, decode work rate x OSL (see on_tick)
+        self._ptok: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
+        self._dtok: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
+        self._peak: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
+        self._has_peak = False
         self._isl = MovingAveragePredictor(window=w)
         self._osl = MovingAveragePredictor(window=w)
         self._p_stab = PoolStabilizer(cfg.scale_down_delay_s, cfg.cooldown_s)
-        self._d_stab = PoolStabilizer(cfg.scale_down_delay_s, cfg.cooldown_s)
+        d_delay = cfg.scale_down_delay_s if cfg.decode_scale_down_delay_s is None else cfg.decode_scale_down_delay_s
+        self._d_stab = PoolStabilizer(d_delay, max(cfg.cooldown_s, d_delay))
         self._mode_votes: list[tuple[float, bool]] = []
         self.mode: ServingMode = "disaggregated"
         self.prefill = cfg.min_prefill if initial_prefill is None else initial_prefill
@@ -96,7 +109,15 @@ class PlannerStateMachine:
         """Ticks ahead the rate is predicted: this one plus a worker start."""
         return 1 + math.ceil(self.cfg.worker_start_s / self.cfg.interval_s)
 
-    def size_for_load(self, rate_per_s: float, isl_tokens: float, osl_tokens: float, *, with_agg: bool = True) -> Sizing:
+    def size_for_load(
+        self,
+        rate_per_s: float,
+        isl_tokens: float,
+        osl_tokens: float,
+        *,
+        with_agg: bool = True,
+        decode_rate_per_s: float | None = None,
+    ) -> Sizing:
         """Pool sizes for a load before min/max, budget and stability (pure; uses current corrections).
 
         Aggregated serving is considered only at low load (disaggregated sizing at its minimum: one
@@ -114,8 +135,9 @@ class PlannerStateMachine:
             quantile=cfg.slo_quantile,
         )
         service_s = float(prof.prefill.prefill_time_s(max(isl_tokens, 1.0))) * self.ttft_correction
+        d_rate = rate_per_s if decode_rate_per_s is None else decode_rate_per_s
         d = sla.decode_replicas(
-            rate_per_s, isl_tokens, osl_tokens, prof.decode, itl_target_s=cfg.itl_target_s * DECODE_ITL_MARGIN,
+            d_rate, isl_tokens, osl_tokens, prof.decode, itl_target_s=cfg.itl_target_s * DECODE_ITL_MARGIN,
             itl_correction=self.itl_correction,
         )
         feasible = d is not None and service_s <= budget_s
@@ -126,7 +148,7 @@ class PlannerStateMachine:
         if not (with_agg and cfg.allow_aggregated and at_minimum):
             return disagg
         n = sla.aggregated_replicas(
-            rate_per_s,
+            max(rate_per_s, d_rate),
             isl_tokens,
             osl_tokens,
             prof.agg_prefill,
@@ -139,6 +161,19 @@ class PlannerStateMachine:
         if n is not None and max(n, cfg.min_decode) * cfg.decode_tp < p * cfg.prefill_tp + d * cfg.decode_tp:
             return Sizing("aggregated", 0, max(n, cfg.min_decode), True)
         return disagg
+
+    def peak_prefill_replicas(self, rate_per_s: float, isl_tokens: float) -> int:
+        """Prefill workers that clear a sub-tick burst within the TTFT budget ``B``: the predicted
+        peak second of prompt tokens plus ``B - 1`` seconds at the planned mean rate, in
+        worker-seconds, divided by ``B``. Pure; uses the peak predictor's forecast."""
+        cfg, prof = self.cfg, self.profile
+        assert prof is not None
+        budget_s = max(cfg.ttft_target_s - 2 * cfg.itl_target_s, 1.0)
+        isl = max(isl_tokens, 1.0)
+        s_per_token = float(prof.prefill.prefill_time_s(isl)) / isl
+        peak_tok = max(self._peak.predict(1), self._peak.predict(self.lead_ticks))
+        work_s = (peak_tok * 1.0 + rate_per_s * isl * (budget_s - 1.0)) * s_per_token
+        return max(math.ceil(work_s / budget_s - 1e-9), 1)
 
     def _gpus(self, s: Sizing) -> int:
         return s.prefill * self.cfg.prefill_tp + s.decode * self.cfg.decode_tp
@@ -157,13 +192,27 @@ class PlannerStateMachine:
             self._isl.observe(tick.mean_isl_tokens)
             self._osl.observe(tick.mean_osl_tokens)
             self._has_isl = True
+        if tick.peak_prefill_tokens_per_s is not None:
+            self._peak.observe(tick.peak_prefill_tokens_per_s)
+            self._has_peak = True
         isl, osl = self._isl.predict(), self._osl.predict()
         pred = max(self._rate.predict(1), self._rate.predict(self.lead_ticks))
         burst = self._update_burst(tick.now_s, rate)
         self._predicted_for_next = self._rate.predict(1)
         plan_rate = max(pred, rate)
+        plan_rate_d = plan_rate
+        if cfg.size_on_tokens and self._has_isl:
+            # prefill work is tokens/s (rate x ISL), decode work tokens/s (rate x OSL): predict the
+            # products, so a burst of long prompts at a steady request rate still scales prefill
+            self._ptok.observe(rate * tick.mean_isl_tokens)
+            self._dtok.observe(rate * tick.mean_osl_tokens)
+            ptok = max(self._ptok.predict(1), self._ptok.predict(self.lead_ticks), rate * tick.mean_isl_tokens)
+            dtok = max(self._dtok.predict(1), self._dtok.predict(self.lead_ticks), rate * tick.mean_osl_tokens)
+            plan_rate = ptok / max(isl, 1.0)
+            plan_rate_d = dtok / max(osl, 1.0)
         if burst:
             plan_rate *= 1.0 + cfg.burst_headroom
+            plan_rate_d *= 1.0 + cfg.burst_headroom
 
         if cfg.mode == "load":
             mode: ServingMode = "disaggregated"
@@ -172,17 +221,23 @@ class PlannerStateMachine:
         else:
             self._update_corrections(tick)
             # backlog: requests already queued for prefill must drain within BACKLOG_DRAIN_S on top
-            backlog_rate = tick.prefill.queue_per_worker * tick.prefill.num_ready / max(BACKLOG_DRAIN_S, cfg.interval_s)
+            backlog_rate = tick.prefill.queue_per_worker * tick.prefill.num_ready / max(cfg.backlog_drain_s, cfg.interval_s)
             if not self._has_isl:
                 sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
             else:
-                sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl)
+                sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, decode_rate_per_s=plan_rate_d)
             mode = self._choose_mode(tick.now_s, sizing)
             if mode != sizing.mode:  # hysteresis kept the other mode: size for it
-                sizing = self.size_for_load(plan_rate, isl, osl, with_agg=False) if mode == "disaggregated" else sizing
+                sizing = (
+                    self.size_for_load(plan_rate, isl, osl, with_agg=False, decode_rate_per_s=plan_rate_d)
+                    if mode == "disaggregated"
+                    else sizing
+                )
             p_des, d_des = (sizing.prefill, sizing.decode)
             if mode == "aggregated":
                 p_des = 0
+            elif cfg.size_on_peak and self._has_peak and self._has_isl:
+                p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
             reason = "sla" if sizing.feasible else "sla_infeasible"
 
         min_p = 0 if mode == "aggregated" else cfg.min_prefill
@@ -201,6 +256,8 @@ class PlannerStateMachine:
         else:
             p_tgt = self._p_stab.propose(tick.now_s, self.prefill, p_des)
         p_tgt, d_tgt = self._fit_growth(p_tgt, d_tgt)
+        if p_tgt == 0:  # back from aggregated but the cooldown holds prefill at 0: decode still prefills
+            mode = "aggregated"
         self._p_stab.commit(tick.now_s, self.prefill, p_tgt)
         self._d_stab.commit(tick.now_s, self.decode, d_tgt)
         self.prefill, self.decode, self.mode = p_tgt, d_tgt, mode
@@ -273,6 +330,8 @@ class PlannerStateMachine:
                 sample = tick.observed_ttft_p90_s / exp
                 if tick.observed_ttft_p90_s < TTFT_SLACK_SHARE * cfg.ttft_target_s:
                     sample = min(sample, 1.0)  # ample slack: only ever correct downwards
+                if cfg.size_on_peak and self._has_peak:  # the peak term sizes for sub-tick bursts
+                    sample = min(sample, cfg.ttft_correction_max)
                 self.ttft_correction = _ewma(self.ttft_correction, sample)
         if tick.observed_itl_p90_s is not None and tick.decode.num_ready > 0 and tick.decode.running_per_worker > 0:
             ctx = tick.mean_isl_tokens + tick.mean_osl_tokens / 2.0

@@ -38,7 +38,9 @@ class TickInput:
     """Everything one planner tick sees. ``now_s`` is the tick time (any epoch), ``interval_s``
     the length of the window the counters cover. ``observed_*`` are None when no request
     finished in the window. ``p90_isl_tokens`` (optional) is the 90th percentile prompt length of the
-    window's requests; it makes the expected TTFT p90 used for the correction factor comparable."""
+    window's requests; it makes the expected TTFT p90 used for the correction factor comparable.
+    ``peak_prefill_tokens_per_s`` (optional) is a high quantile (the adapter's choice; the simulator
+    uses the 90th) of the prompt tokens arriving per 1-s bin within the window: sub-tick bursts."""
 
     now_s: float
     interval_s: float
@@ -51,6 +53,7 @@ class TickInput:
     observed_itl_p90_s: float | None = None
     num_priority_requests: int = 0
     p90_isl_tokens: float | None = None
+    peak_prefill_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -90,7 +93,15 @@ class ScalingDecision:
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """Flat, validated planner settings (build with :meth:`from_spec`). Times in seconds."""
+    """Flat, validated planner settings (build with :meth:`from_spec`). Times in seconds.
+
+    ``scale_down_delay_s`` holds prefill scale-downs, ``decode_scale_down_delay_s`` decode ones
+    (None: the same). ``size_on_peak`` adds the sub-tick burst term for prefill (needs
+    ``TickInput.peak_prefill_tokens_per_s``); while it is active one TTFT correction sample is
+    capped at ``ttft_correction_max``. ``size_on_tokens`` predicts prompt/output token rates
+    instead of request rates. ``backlog_drain_s``: queued prefill requests are planned to drain
+    within this time.
+    """
 
     mode: Literal["sla", "load"] = "sla"
     prefill_tp: int = 1
@@ -107,8 +118,8 @@ class PlannerConfig:
     predictor_window_ticks: int = 10
     burst_quantile: float = 0.9
     worker_start_s: float = 60.0
-    scale_down_delay_s: float = 180.0
-    cooldown_s: float = 120.0
+    scale_down_delay_s: float = 60.0
+    cooldown_s: float = 60.0
     target_utilization: float = 0.9
     reserved_priority_share: float = 0.0
     burst_headroom: float = 0.25
@@ -120,6 +131,11 @@ class PlannerConfig:
     load_kv_up: float = 0.85
     load_kv_down: float = 0.4
     slo_quantile: float = 0.99
+    size_on_tokens: bool = False
+    ttft_correction_max: float = 1.0
+    backlog_drain_s: float = 60.0
+    size_on_peak: bool = True
+    decode_scale_down_delay_s: float | None = 180.0
 
     def __post_init__(self) -> None:
         if self.min_prefill > self.max_prefill or self.min_decode > self.max_decode:
@@ -153,6 +169,9 @@ class PlannerConfig:
             burst_quantile=p.burst_quantile,
             worker_start_s=p.worker_start_s,
             scale_down_delay_s=p.scale_down_delay_s,
+            decode_scale_down_delay_s=p.decode_scale_down_delay_s,
+            size_on_peak=p.size_on_peak,
+            ttft_correction_max=p.ttft_correction_max,
             cooldown_s=p.cooldown_s,
             target_utilization=p.target_utilization,
             reserved_priority_share=p.reserved_priority_share,

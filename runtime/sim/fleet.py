@@ -35,6 +35,7 @@ import numpy as np
 from runtime.planner.profiles import ServiceProfile
 from runtime.planner.types import PoolObservation, ScalingDecision, TickInput
 
+PEAK_BIN_QUANTILE = 0.9  # quantile of per-second prompt-token arrivals reported as the tick's peak
 Controller = Callable[[TickInput], "ScalingDecision | None"]
 
 
@@ -257,6 +258,13 @@ class FleetSim:
             "kv_usage": kv_sum / n_steps,
         }
 
+    def _peak_tokens_per_s(self, new: slice, t0: float) -> float:
+        """PEAK_BIN_QUANTILE of the prompt tokens arriving per 1-s bin of this tick, tokens/s."""
+        bins = max(int(np.ceil(self.cfg.interval_s)), 1)
+        idx = np.clip((self.tr.arrival_s[new] - t0).astype(int), 0, bins - 1)
+        per_s = np.bincount(idx, weights=self.tr.isl_tokens[new], minlength=bins)
+        return float(np.quantile(per_s, PEAK_BIN_QUANTILE))
+
     # ------------------------------------------------------------------ loop
     def run(self, controller: Controller) -> SimResult:
         c, tr = self.cfg, self.tr
@@ -285,6 +293,7 @@ class FleetSim:
                 mean_osl_tokens=float(np.mean(tr.osl_tokens[new])) if num else 0.0,
                 num_priority_requests=int(np.sum(tr.priority[new])) if tr.priority is not None else 0,
                 p90_isl_tokens=float(np.quantile(tr.isl_tokens[new], 0.9)) if num else None,
+                peak_prefill_tokens_per_s=self._peak_tokens_per_s(new, t) if num else None,
                 prefill=PoolObservation(
                     num_ready=ready_p,
                     num_starting=len(self.prefill) - ready_p,

@@ -16,7 +16,7 @@ PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_p
 def cfg(**kw) -> PlannerConfig:
     base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=20, min_decode=1, max_decode=20,
                 gpu_budget=64, interval_s=30.0, worker_start_s=60.0, scale_down_delay_s=120.0, cooldown_s=60.0,
-                predictor="constant", allow_aggregated=False)
+                predictor="constant", allow_aggregated=False, decode_scale_down_delay_s=None)
     base.update(kw)
     return PlannerConfig(**base)
 
