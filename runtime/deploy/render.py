@@ -54,15 +54,31 @@ def worker_url(service: str, namespace: str, port: int) -> str:
     return f"http://{service}.{namespace}.svc.cluster.local:{port}"
 
 
+MODEL_MOUNT = "/mnt/models"  # where KServe mounts the storageUri in the predictor container
+
+
 def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, decode_service: str,
-                      worker_port: int) -> list[str]:
+                      worker_port: int, planner: bool = False) -> list[str]:
     """Per-InferenceService runtime arguments (KServe appends them to the runtime's): the OpenAI model
-    name and the worker pools. Pod-level membership comes from EndpointSlices (runtime/deploy/discovery.py)."""
-    return [
+    name and where the worker pools come from: the EndpointSlices of the headless prefill/decode Services
+    (`--discovery=kubernetes`, runtime/server/discovery_sync.py over runtime/deploy/discovery.py), so only
+    ready worker pods become routing targets. `worker_port` is the Services' port named "http" (the
+    discovery reads the port number from the EndpointSlices). With `planner` the runtime also runs the
+    SLO planner scaling the worker Deployments (named like their Services, runtime/deploy/workers.py
+    `pool_name`) through their `scale` subresource (RBAC: runtime/deploy/rbac.py), with the spec from env
+    PDSERVE_DEPLOYMENT_SPEC and the model's config.json from the KServe model mount."""
+    del worker_port  # carried by the EndpointSlices' "http" port
+    args = [
         f"--model-name={model_name}",
-        f"--prefill-url={worker_url(prefill_service, namespace, worker_port)}",
-        f"--decode-url={worker_url(decode_service, namespace, worker_port)}",
+        "--discovery=kubernetes",
+        f"--namespace={namespace}",
+        f"--prefill-service={prefill_service}",
+        f"--decode-service={decode_service}",
     ]
+    if planner:
+        args += ["--planner=kubernetes", f"--prefill-deployment={prefill_service}",
+                 f"--decode-deployment={decode_service}", f"--model-dir={MODEL_MOUNT}"]
+    return args
 
 
 def cluster_serving_runtime(*, image: str, target: ClusterTarget, name: str = RUNTIME_NAME) -> dict[str, Any]:
@@ -131,6 +147,7 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
                 prefill_service=workers.pool_name(name, "prefill", revision),
                 decode_service=workers.pool_name(name, "decode", revision),
                 worker_port=target.worker_port,
+                planner=spec.planner.mode != "off",
             ),
             "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()}],
         },

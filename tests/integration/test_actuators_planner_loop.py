@@ -78,10 +78,13 @@ def test_read_pool_averages_workers_and_counts_dead_ones_as_starting(servers):
 def test_planner_loop_tick_decides_applies_and_exports_gauges(servers):
     cfg = PlannerConfig(mode="sla", interval_s=30.0, predictor="constant", allow_aggregated=False,
                         max_prefill=10, max_decode=10)
-    window = RequestWindow()
-    for _ in range(900):  # 30 req/s over a 30 s window
+    now = [0.0]
+    window = RequestWindow(clock=lambda: now[0])
+    for i in range(900):  # 30 req/s spread evenly over a 30 s window (so the peak second is the mean)
+        now[0] = i / 30
         window.record_arrival(1000)
         window.record_finish(200, ttft_s=0.3, itl_s=0.02)
+    now[0] = 30.0
     registry = CollectorRegistry()
     act = DryRunActuator()
     with httpx.Client(timeout=2.0) as client:
@@ -95,6 +98,7 @@ def test_planner_loop_tick_decides_applies_and_exports_gauges(servers):
     assert "pdserve_planner_decode_replicas 2.0" in text
     assert "pdserve_planner_observed_rate_per_second 30.0" in text
     assert "pdserve_planner_observed_ttft_p90_seconds 0.3" in text
+    assert "pdserve_planner_observed_peak_prefill_tokens_per_second 30000.0" in text  # 30 x 1000 tokens each second
     assert window.drain().num_requests == 0  # the tick consumed the window
 
 

@@ -61,9 +61,8 @@ def test_inference_service_points_at_fsx_pvc_and_pdserve_runtime(objs):
     assert model["storageUri"] == "pvc://fsx-claim/models/smollm2-135m-instruct"
     assert model["runtime"] == "pdserve"
     assert model["modelFormat"]["name"] == "pdserve"
-    assert model["args"] == ["--model-name=smollm2-135m-instruct",
-                             "--prefill-url=http://smollm2-prefill.pdserve.svc.cluster.local:8000",
-                             "--decode-url=http://smollm2-decode.pdserve.svc.cluster.local:8000"]
+    assert model["args"] == ["--model-name=smollm2-135m-instruct", "--discovery=kubernetes", "--namespace=pdserve",
+                             "--prefill-service=smollm2-prefill", "--decode-service=smollm2-decode"]
     assert isvc["spec"]["predictor"]["serviceAccountName"] == "smollm2-runtime"
     assert "canaryTrafficPercent" not in isvc["spec"]["predictor"]
     assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Serverless"
@@ -221,8 +220,7 @@ def test_revision_names_worker_objects_for_a_canary_beside_the_champion():
     assert find(objs, "Deployment", f"{NAME}-v7-prefill")["metadata"]["labels"]["pdserve.io/revision"] == "v7"
     isvc = find(objs, "InferenceService", NAME)
     assert isvc["spec"]["predictor"]["canaryTrafficPercent"] == 10
-    assert "--decode-url=http://smollm2-v7-decode.pdserve.svc.cluster.local:8000" in isvc["spec"]["predictor"][
-        "model"]["args"]
+    assert "--decode-service=smollm2-v7-decode" in isvc["spec"]["predictor"]["model"]["args"]
 
 
 @pytest.mark.parametrize("bad", ["Smollm2", "2fast", "a_b", "x" * 64, "", "ends-"])
@@ -289,8 +287,10 @@ def test_runtime_args_parse_with_the_runtime_server_cli(objs):
     isvc_args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
     args = server_main.parse_args(csr_args + isvc_args)  # KServe appends the ISVC args to the runtime's
     assert args.model_name == "smollm2-135m-instruct" and args.http_port == 8080 and args.host == "0.0.0.0"
-    assert args.prefill_url == ["http://smollm2-prefill.pdserve.svc.cluster.local:8000"]
-    assert args.decode_url == ["http://smollm2-decode.pdserve.svc.cluster.local:8000"]
+    assert args.discovery == "kubernetes" and args.namespace == "pdserve"
+    assert (args.prefill_service, args.decode_service) == ("smollm2-prefill", "smollm2-decode")
+    assert args.prefill_url == [] and args.decode_url == []  # only discovered pods become targets
+    assert server_main.discovery_settings(args)["decode_service"] == "smollm2-decode"
 
 
 def test_instance_catalog_agrees_with_the_perf_price_table():

