@@ -49,11 +49,6 @@ def runtime_server_args(*, port: int) -> list[str]:
     return ["--host=0.0.0.0", f"--http-port={port}"]
 
 
-def worker_url(service: str, namespace: str, port: int) -> str:
-    """Cluster DNS URL of a headless worker Service (resolves to every ready worker pod)."""
-    return f"http://{service}.{namespace}.svc.cluster.local:{port}"
-
-
 MODEL_MOUNT = "/mnt/models"  # where KServe mounts the storageUri in the predictor container
 
 
