@@ -26,6 +26,7 @@ from typing import Literal
 import httpx
 
 from runtime.config import EngineSpec
+from runtime.procs import stop_process
 
 Role = Literal["prefill", "decode", "both"]
 ROLES: tuple[str, ...] = ("prefill", "decode", "both")
@@ -315,16 +316,8 @@ class WorkerProcess:
         so no engine-core child outlives the worker.
         """
         proc, self._proc = self._proc, None
-        code = None
+        code = stop_process(proc, timeout_s)
         if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=timeout_s)
-            code = proc.returncode
             try:
                 os.killpg(proc.pid, 9)  # leftovers of our own session only
             except (ProcessLookupError, PermissionError):

@@ -20,6 +20,7 @@ import httpx
 from runtime.config import DeploymentSpec
 from runtime.engines.vllm_worker import WorkerProcess, WorkerStartError, free_port
 from runtime.paths import REPO_ROOT, state_dir
+from runtime.procs import stop_process
 
 
 class RuntimeProcess:
@@ -101,16 +102,7 @@ class RuntimeProcess:
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """terminate → wait → kill, through our own handle."""
         proc, self._proc = self._proc, None
-        code = None
-        if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=timeout_s)
-            code = proc.returncode
+        code = stop_process(proc, timeout_s)
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None

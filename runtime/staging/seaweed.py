@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from runtime.procs import stop_process
+
 PORT_FLAGS: tuple[str, ...] = (
     "master.port",
     "master.port.grpc",
@@ -219,13 +221,7 @@ class SeaweedServer:
     def stop(self, timeout_s: float = 3.0) -> None:
         """Stop via the Popen handle: terminate, wait `timeout_s`, then kill (weed may ignore SIGTERM)."""
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=timeout_s)
+        stop_process(proc, timeout_s)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
