@@ -54,7 +54,8 @@ class Source(Protocol):
     * `needs_describe(obj)` / `describe(obj)` → whether / how to fetch extra metadata (S3: HEAD for
       ChecksumSHA256, SSE and the multipart part size) before a multi-range download.
     * `read_whole(obj, chunk)` → (described obj, chunks) for one-request files (S3: the checksum
-      comes back in the GET's headers).
+      comes back in the GET's headers). The chunks may be a `VerifiedBody`: then the transport
+      itself computes the SHA-256 of the bytes and checks it (no second SHA-256 pass needed).
     * `read_range(obj, start, end, chunk)` → the bytes [start, end) in chunks of ≤ `chunk` bytes.
     * `retryable` → exception types worth retrying mid-stream (connection resets, timeouts).
     """
@@ -71,6 +72,22 @@ class Source(Protocol):
     def read_whole(self, obj: SourceObject, chunk_bytes: int) -> tuple[SourceObject, Iterator[bytes]]: ...
 
     def read_range(self, obj: SourceObject, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]: ...
+
+
+class VerifiedBody:
+    """Chunks of a response body whose SHA-256 the transport computes while they are read and
+    checks against the object's full-object ChecksumSHA256 at the end (raising `StagingError` on a
+    mismatch). Iterate it once; then `sha256_hex()` is the SHA-256 of exactly the bytes yielded."""
+
+    def __init__(self, chunks: Iterator[bytes], digest: Any) -> None:
+        self._chunks, self._digest = chunks, digest
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._chunks
+
+    def sha256_hex(self) -> str:
+        """Hex SHA-256 of the bytes read (call after the iteration ended)."""
+        return self._digest().hex()
 
 
 class _WholeByRange:
@@ -169,8 +186,10 @@ class S3Source:
 
     def read_whole(self, obj: SourceObject, chunk_bytes: int) -> tuple[SourceObject, Iterator[bytes]]:
         """One GET of a single-part object; its ChecksumSHA256 comes back in the response headers
-        (no HEAD needed). botocore also validates that checksum while streaming."""
+        (no HEAD needed). botocore validates that checksum while streaming; for a full-object
+        ChecksumSHA256 its digest is the file's SHA-256, so the chunks come as a `VerifiedBody`."""
         from botocore.exceptions import ClientError, FlexibleChecksumError
+        from botocore.httpchecksum import Sha256Checksum
 
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED")
@@ -191,6 +210,9 @@ class S3Source:
             finally:
                 body.close()
 
+        digest = getattr(r["Body"], "checksum", None)  # botocore's StreamingChecksumBody
+        if isinstance(digest, Sha256Checksum) and described.checksum_sha256 and "-" not in described.checksum_sha256:
+            return described, VerifiedBody(chunks(), digest.digest)
         return described, chunks()
 
     def read_range(self, obj: SourceObject, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]:

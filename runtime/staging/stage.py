@@ -53,16 +53,27 @@ class StageOptions(BaseModel):
         "cores: 16 beat 8 and 32, see bench/staging.py).",
     )
     part_size_bytes: int = Field(
-        default=8 << 20,
+        default=32 << 20,
         ge=4096,
-        description="Bytes per ranged read and resume unit (multipart S3 objects are read along their "
-        "upload parts when those are ≤ 64 MiB, so each part's checksum is computed while streaming).",
+        description="Bytes per ranged read and resume unit, independent of the objects' upload parts "
+        "(the hasher splits at those itself). 32 MiB: botocore spends ~2 ms CPU per request, so fewer, "
+        "larger GETs save CPU (measured on 2 cores: 2.0-2.2 vs 2.2-2.3 CPU s/GB at 8 MiB, "
+        "bench/staging.py); memory does not grow with it (bodies stream in read_chunk_bytes).",
     )
-    read_chunk_bytes: int = Field(default=1 << 20, ge=4096, description="Bytes per body read (memory/thread).")
+    read_chunk_bytes: int = Field(
+        default=1 << 20, ge=4096,
+        description="Bytes per body read (memory/thread); 1 MiB beat 4 MiB (larger reads cost fresh "
+        "allocations per read in http.client).",
+    )
     max_attempts: int = Field(default=8, ge=1, description="Attempts per part on streaming errors.")
     backoff_initial_s: float = Field(default=0.2, ge=0, description="First retry backoff, seconds.")
     backoff_max_s: float = Field(default=10.0, ge=0, description="Largest retry backoff, seconds.")
-    hash_workers: int = Field(default=2, ge=1, description="Threads verifying finished files.")
+    hash_workers: int = Field(
+        default=4, ge=1,
+        description="Threads hashing multi-part files in order, one file each at a time (hashlib releases "
+        "the GIL; fsync and rename run in a separate pool). 4 beat 2 on 2 cores (4 large shards in "
+        "bench/staging.py: 303-478 → 348-504 MB/s), 8 MiB buffer each.",
+    )
     fsync: bool = Field(default=True, description="fsync files and folders before publishing.")
     lock_timeout_s: float = Field(default=600.0, ge=0, description="Wait for another stager, seconds.")
     free_space_margin_bytes: int = Field(default=256 << 20, ge=0, description="Free space kept, bytes.")

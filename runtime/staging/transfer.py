@@ -11,14 +11,19 @@ any point (kill -9) restarts with only the missing parts; a journal whose ETag/s
 is discarded (changed object → re-fetched). The journal guards against process death; a torn write
 after a node crash is caught by the verification below and the file is re-fetched on the next run.
 
-Verification (see `runtime.staging.verify`): files of one part are hashed while they stream.
-Multipart objects are read along their upload parts so each worker hashes its own part (composite
-ChecksumSHA256 / multipart ETag); the whole-file SHA-256 for the manifest follows the contiguous
-prefix of finished parts ("frontier") in a hash thread, reading them back from the page cache while
-later parts still download, so little is left to hash when the last part lands. Then the file is
-checked, fsynced (writeback was started per part with sync_file_range) and renamed to its final
-name, and its manifest entry is appended to ``.pdserve-journal/verified.jsonl`` so a resumed run
-skips it.
+Verification (see `runtime.staging.verify`): single-request files are hashed while they stream
+(for an S3 object with a full-object ChecksumSHA256 the SHA-256 botocore computes to check it IS the
+manifest SHA-256: one pass). Multi-part files are hashed by a per-file hash thread that follows the
+contiguous prefix of finished parts ("frontier"), reading them back from the page cache into a
+preallocated buffer while later parts still download; each buffer feeds every digest the check needs
+at once (whole-file SHA-256, the per-upload-part digests of a composite checksum / multipart ETag), so
+every byte is read once and SHA-256'd at most twice (composite SHA-256: once per part, once whole —
+the minimum, the two digests differ). hashlib and awscrt release the GIL on these large buffers, so
+hashing runs in parallel with the downloads. Ranged GETs are therefore independent of the upload part
+size (fewer, larger requests: botocore costs ~2 ms CPU per request). Then the file is checked,
+fsynced (writeback was started per part with sync_file_range) and renamed to its final name by a
+separate pool (an fsync never stalls hashing), and its manifest entry is appended to
+``.pdserve-journal/verified.jsonl`` so a resumed run skips it.
 
 Retries: botocore retries each request (standard mode); failures while streaming a body
 (connection reset, read timeout, incomplete read) are retried here by tenacity with exponential
@@ -26,7 +31,9 @@ backoff and jitter, continuing from the last written byte.
 
 Why not s3transfer's TransferManager (which also does concurrent ranged GETs): it downloads into a
 temporary file that it deletes on failure, so a killed or failed run cannot resume from its
-completed parts, and it cannot hash parts along the object's upload-part boundaries.
+completed parts. Why not the CRT S3 client (awscrt 0.38): it writes a whole object to one file
+(no write-at-offset for a ranged request) and skips composite checksums, so neither part-level
+resume nor verification of multipart SHA-256 objects would remain.
 """
 
 from __future__ import annotations
@@ -46,13 +53,14 @@ from typing import Callable
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
 
 from runtime.staging.manifest import HASH_CHUNK_BYTES, ManifestEntry, StagingError
-from runtime.staging.sources import Source, SourceObject
-from runtime.staging.verify import FileDigests, Hasher, check, new_digest, plan
+from runtime.staging.sources import Source, SourceObject, VerifiedBody
+from runtime.staging.verify import FileDigests, Hasher, check
 
 JOURNAL_DIR = ".pdserve-journal"
 VERIFIED_LOG = "verified.jsonl"
 PART_SUFFIX = ".pdserve-part"
-MAX_ALIGNED_PART_BYTES = 64 << 20
+MAX_ALIGNED_PART_BYTES = 64 << 20  # GETs are never smaller than an upload part up to this size
+FINISH_WORKERS = 8  # fsync + rename threads (I/O waits, no CPU): never stall hashing
 
 
 SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
@@ -102,8 +110,6 @@ class _FileState:
     fd: int = -1
     journal: object = None
     whole: bool = False  # one plain GET, hashed while streaming
-    part_kind: str | None = None  # digest per upload part computed by the workers (sha256/md5/crc32/crc32c)
-    part_digests: dict[int, bytes] = field(default_factory=dict)
     digests: FileDigests | None = None  # set when the whole file is hashed
     hasher: Hasher | None = None  # frontier hasher (multi-part files)
     done_parts: set[int] = field(default_factory=set)
@@ -136,8 +142,8 @@ class TransferEngine:
         source: where bytes come from.
         staging: staging folder on the destination filesystem.
         concurrency: parallel ranged reads (threads).
-        part_size_bytes: bytes per ranged read / resume unit (multipart objects: their upload part
-            size when ≤ 64 MiB).
+        part_size_bytes: bytes per ranged read / resume unit (multipart objects: at least their
+            upload part size when that is ≤ 64 MiB).
         read_chunk_bytes: bytes per read of a response body (memory per thread).
         max_attempts: attempts per part for streaming errors (tenacity).
         backoff_initial_s / backoff_max_s: exponential backoff bounds, seconds.
@@ -152,12 +158,12 @@ class TransferEngine:
         staging: Path,
         *,
         concurrency: int = 16,
-        part_size_bytes: int = 8 << 20,
+        part_size_bytes: int = 32 << 20,
         read_chunk_bytes: int = 1 << 20,
         max_attempts: int = 8,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 10.0,
-        hash_workers: int = 2,
+        hash_workers: int = 4,
         fsync: bool = True,
         on_bytes: Callable[[int], None] = lambda n: None,
     ) -> None:
@@ -175,6 +181,7 @@ class TransferEngine:
         self._abort = threading.Event()
         self._done: queue.Queue = queue.Queue()
         self._outstanding = 0
+        self._tls = threading.local()
 
     # ---- worker-thread work ---------------------------------------------------------------------
     def _fetch_part(self, fs: _FileState, idx: int) -> int:
@@ -182,7 +189,7 @@ class TransferEngine:
         end = min(start + fs.part_size, fs.obj.size_bytes)
         pos = start
         hasher: Hasher | None = None
-        p_dig = new_digest(fs.part_kind) if fs.part_kind else None
+        body: object = None
         for attempt in Retrying(
             stop=stop_after_attempt(self.max_attempts),
             wait=wait_exponential(multiplier=self.backoff[0], max=self.backoff[1]) + wait_random(0, self.backoff[0]),
@@ -190,43 +197,52 @@ class TransferEngine:
             reraise=True,
         ):
             with attempt:
-                if fs.whole and pos == 0:  # single-part file: one plain GET (checksum in its headers)
-                    fs.obj, chunks = self.source.read_whole(fs.obj, self.chunk)
-                    hasher = Hasher(fs.obj)
+                if fs.whole:  # single-part file: one plain GET (checksum in its headers); a retry restarts it
+                    if pos:
+                        self.on_bytes(-pos)
+                        pos = 0
+                    fs.obj, body = self.source.read_whole(fs.obj, self.chunk)
+                    # the transport's own SHA-256 (botocore checking ChecksumSHA256) is the manifest's
+                    hasher = Hasher(fs.obj, sha256=not isinstance(body, VerifiedBody))
+                    chunks = iter(body)
                 else:
                     chunks = self.source.read_range(fs.obj, pos, end, self.chunk)
                 for b in chunks:  # bytes of this part arrive in order, also after a retry
                     if self._abort.is_set():
                         raise StagingError("aborted")
-                    if pos + len(b) > end:
+                    n = len(b)
+                    if pos + n > end:
                         raise StagingError(f"object '{fs.obj.key}': server sent more bytes than the range")
                     os.pwrite(fs.fd, b, pos)
                     if hasher:
                         hasher.update(b)
-                    if p_dig:
-                        p_dig.update(b)
-                    pos += len(b)
-                    self.on_bytes(len(b))
+                    pos += n
+                    self.on_bytes(n)
                 if pos != end:
                     raise StagingError(f"object '{fs.obj.key}': short read at byte {pos} of part {idx}")
         if hasher:
             fs.digests = hasher.result()
+            if isinstance(body, VerifiedBody):
+                fs.digests.sha256_hex = body.sha256_hex()
         elif self.fsync and end > start:
             _start_writeback(fs.fd, start, end - start)
-        if p_dig:
-            fs.part_digests[idx] = p_dig.digest()
         return end - start
 
     def _hash_span(self, fs: _FileState, first: int, stop: int) -> int:
-        """Feed parts [first, stop) to the file's frontier hasher (page-cache reads); returns stop."""
+        """Feed parts [first, stop) to the file's frontier hasher (page-cache reads into this thread's
+        preallocated buffer: no allocation per chunk); returns stop."""
         assert fs.hasher is not None
+        buf = getattr(self._tls, "buf", None)
+        if buf is None:
+            buf = self._tls.buf = memoryview(bytearray(HASH_CHUNK_BYTES))
         pos, end = first * fs.part_size, min(stop * fs.part_size, fs.obj.size_bytes)
         while pos < end:
-            b = os.pread(fs.fd, min(HASH_CHUNK_BYTES, end - pos), pos)
-            if not b:
+            view = buf[: min(len(buf), end - pos)]
+            n = os.preadv(fs.fd, [view], pos)
+            if not n:
                 raise StagingError(f"object '{fs.obj.key}': staged file shorter than expected at byte {pos}")
-            fs.hasher.update(b)
-            pos += len(b)
+            fs.hasher.update(view[:n])
+            pos += n
         return stop
 
     def _finish(self, fs: _FileState) -> ManifestEntry:
@@ -234,8 +250,6 @@ class TransferEngine:
         if fs.digests is None:
             assert fs.hasher is not None
             fs.digests = fs.hasher.result()
-            if fs.part_kind:
-                fs.digests.parts = [fs.part_digests[i] for i in range(fs.num_parts)]
         try:
             verified_by = check(fs.obj, fs.digests)
         except StagingError:
@@ -273,31 +287,27 @@ class TransferEngine:
             fd = os.open(data, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             os.ftruncate(fd, obj.size_bytes)
             return _FileState(obj, data, final, jpath, 1, max(obj.size_bytes, 1), fd=fd, whole=True), [0]
-        # Multipart objects are read along their upload parts (up to 64 MiB) so each worker hashes
-        # its part for the composite checksum / multipart ETag while streaming.
-        aligned = obj.part_size_bytes is not None and 0 < obj.part_size_bytes <= MAX_ALIGNED_PART_BYTES
-        part_size = obj.part_size_bytes if aligned else self.part_size
-        part_kind = plan(obj).part_kind if aligned else None
+        # Ranged GETs need not follow the upload parts: the frontier hasher splits the bytes at the
+        # upload-part boundaries itself (composite checksum / multipart ETag). A GET smaller than an
+        # upload part (≤ 64 MiB) buys nothing but more requests, so it is raised to the upload part.
+        up = obj.part_size_bytes
+        part_size = max(self.part_size, up) if up and up <= MAX_ALIGNED_PART_BYTES else self.part_size
         num_parts = -(-obj.size_bytes // part_size) if obj.size_bytes else 0
-        header = json.dumps({"etag": obj.etag, "size": obj.size_bytes, "part": part_size, "rel": obj.rel, "kind": part_kind})
+        header = json.dumps({"etag": obj.etag, "size": obj.size_bytes, "part": part_size, "rel": obj.rel, "v": 2})
         done: set[int] = set()
-        digests: dict[int, bytes] = {}
         if jpath.is_file() and data.is_file():
             lines = jpath.read_text().split("\n")
             if lines[0] == header:
-                for line in lines[1:-1]:  # "<idx> <part digest hex|->"; a torn last line is skipped
-                    f = line.split(" ")
-                    if len(f) == 2 and f[0].isdigit() and int(f[0]) < num_parts:
-                        done.add(int(f[0]))
-                        digests[int(f[0])] = b"" if f[1] == "-" else bytes.fromhex(f[1])
+                for line in lines[1:-1]:  # "<idx>"; a torn last line is skipped
+                    if line.isdigit() and int(line) < num_parts:
+                        done.add(int(line))
         fd = os.open(data, os.O_RDWR | os.O_CREAT, 0o644)
         if not done:
             os.ftruncate(fd, obj.size_bytes)
             jpath.write_text(header + "\n")
         fs = _FileState(
             obj, data, final, jpath, num_parts, part_size, fd=fd, journal=open(jpath, "a", buffering=1),
-            part_kind=part_kind, part_digests=digests, done_parts=done,
-            hasher=Hasher(obj, whole_only=part_kind is not None),
+            done_parts=done, hasher=Hasher(obj),
         )
         resumed = sum(min(part_size, obj.size_bytes - i * part_size) for i in done)
         self.stats.parts_resumed += len(done)
@@ -319,7 +329,7 @@ class TransferEngine:
             self._submit(hash_pool, "hashed", fs, stop, lambda: self._hash_span(fs, first, stop))
         elif fs.frontier == fs.num_parts:
             fs.hashing = True
-            self._submit(hash_pool, "finished", fs, -1, lambda: self._finish(fs))
+            self._submit(self._fin_pool, "finished", fs, -1, lambda: self._finish(fs))
 
     def fetch(self, objects: list[SourceObject]) -> list[ManifestEntry]:
         """Fetch and verify `objects` into the staging folder; returns their manifest entries.
@@ -347,6 +357,7 @@ class TransferEngine:
         vlog = open(jdir / VERIFIED_LOG, "a", buffering=1)
         pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="stage-get")
         hash_pool = ThreadPoolExecutor(max_workers=self.hash_workers, thread_name_prefix="stage-hash")
+        self._fin_pool = ThreadPoolExecutor(max_workers=FINISH_WORKERS, thread_name_prefix="stage-fsync")
         states: list[_FileState] = []
 
         def start(fs: _FileState, parts: list[int]) -> None:
@@ -376,9 +387,9 @@ class TransferEngine:
                     self.stats.parts_downloaded += 1
                     self.stats.bytes_downloaded += res
                     if fs.whole:
-                        self._submit(hash_pool, "finished", fs, -1, lambda fs=fs: self._finish(fs))
+                        self._submit(self._fin_pool, "finished", fs, -1, lambda fs=fs: self._finish(fs))
                         continue
-                    fs.journal.write(f"{idx} {fs.part_digests.get(idx, b'').hex() or '-'}\n")
+                    fs.journal.write(f"{idx}\n")
                     fs.done_parts.add(idx)
                     self._advance(fs, hash_pool)
                 elif kind == "hashed":
@@ -396,6 +407,7 @@ class TransferEngine:
             self._abort.set()
             pool.shutdown(wait=True, cancel_futures=True)
             hash_pool.shutdown(wait=True, cancel_futures=True)
+            self._fin_pool.shutdown(wait=True, cancel_futures=True)
             for fs in states:
                 if fs.fd >= 0:
                     os.close(fs.fd)

@@ -1,7 +1,7 @@
 """Checking downloaded bytes against what the source says they are.
 
 Order of preference (first available wins); everything is computed in one ordered pass over the
-bytes (plus per-upload-part digests that the download workers compute while streaming):
+bytes (`Hasher`; per-upload-part digests included):
 1. S3 additional checksums, ChecksumSHA256 > ChecksumCRC32C > ChecksumCRC32: FULL_OBJECT (base64
    of the digest of the whole object) or COMPOSITE ``<b64>-<N>`` (digest of the concatenated binary
    digests of the N upload parts; CRCs as 4 big-endian bytes)
@@ -46,7 +46,7 @@ class _Crc:
         self.fn, self.value = fn, 0
 
     def update(self, b: Any) -> None:
-        self.value = self.fn(bytes(b) if isinstance(b, memoryview) else b, self.value)
+        self.value = self.fn(b, self.value)  # zlib and awscrt take any buffer (no copy)
 
     def digest(self) -> bytes:
         return self.value.to_bytes(4, "big")
@@ -99,17 +99,25 @@ class FileDigests:
     parts: list[bytes] = field(default_factory=list)
 
 
+SLICE_BYTES = 256 << 10
+"""Bytes fed to each digest in turn when several digests read the same buffer: small enough to stay
+in the CPU's L2 cache between the digests, large enough that hashlib releases the GIL (> 2 KiB)."""
+
+
 class Hasher:
     """Incremental digests of one object's bytes fed in order (any chunking); bounded memory.
 
-    `whole_only`: skip per-upload-part digests (the download workers computed them).
+    One pass feeds every digest `check` needs: the whole-file SHA-256 (unless `sha256=False`: the
+    caller gets it elsewhere, e.g. from botocore checking a full-object ChecksumSHA256), the plan's
+    whole-file digest (MD5 ETag, CRC, git blob sha1) and, for composite checksums / multipart ETags,
+    one digest per upload part (split at multiples of the object's `part_size_bytes`).
     """
 
-    def __init__(self, obj: SourceObject, whole_only: bool = False) -> None:
+    def __init__(self, obj: SourceObject, *, sha256: bool = True) -> None:
         self.plan = plan(obj)
         p = self.plan
-        self.part = obj.part_size_bytes if (p.composite and obj.part_size_bytes and not whole_only) else None
-        self.sha = hashlib.sha256()
+        self.part = obj.part_size_bytes if (p.composite and obj.part_size_bytes) else None
+        self.sha = hashlib.sha256() if sha256 else None
         self.extra: Any = None
         if p.kind == "git":
             self.extra = hashlib.sha1(f"blob {obj.size_bytes}\0".encode())
@@ -118,22 +126,29 @@ class Hasher:
         self.p_dig = new_digest(p.kind) if self.part else None
         self.in_part = 0
         self.parts: list[bytes] = []
+        self._whole = [d for d in (self.sha, self.extra) if d is not None]
 
-    def update(self, b: bytes | memoryview) -> None:
+    def update(self, b: bytes | bytearray | memoryview) -> None:
         """Feed the next bytes of the file."""
-        self.sha.update(b)
-        if self.extra is not None:
-            self.extra.update(b)
-        if self.p_dig is None:
+        whole = self._whole
+        if self.p_dig is None and len(whole) <= 1:
+            if whole:
+                whole[0].update(b)
             return
         view = memoryview(b)
         while len(view):
-            take = min(len(view), self.part - self.in_part)
-            self.p_dig.update(view[:take])
+            take = len(view) if len(view) <= SLICE_BYTES else SLICE_BYTES
+            if self.p_dig is not None:
+                take = min(take, self.part - self.in_part)
+            piece = view[:take]
+            for d in whole:
+                d.update(piece)
             view = view[take:]
-            self.in_part += take
-            if self.in_part == self.part:
-                self._close_part()
+            if self.p_dig is not None:
+                self.p_dig.update(piece)
+                self.in_part += take
+                if self.in_part == self.part:
+                    self._close_part()
 
     def _close_part(self) -> None:
         self.parts.append(self.p_dig.digest())
@@ -141,11 +156,12 @@ class Hasher:
         self.in_part = 0
 
     def result(self) -> FileDigests:
-        """Digests of everything fed so far (call once, at the end)."""
+        """Digests of everything fed so far (call once, at the end). `sha256_hex` is "" when the
+        hasher was made with `sha256=False`."""
         if self.p_dig is not None and self.in_part:
             self._close_part()
         whole = self.extra.digest() if self.extra is not None else b""
-        return FileDigests(sha256_hex=self.sha.hexdigest(), whole=whole, parts=self.parts)
+        return FileDigests(sha256_hex=self.sha.hexdigest() if self.sha else "", whole=whole, parts=self.parts)
 
 
 def hash_file(path: Path, obj: SourceObject, chunk_bytes: int = HASH_CHUNK_BYTES) -> FileDigests:
