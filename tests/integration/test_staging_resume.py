@@ -21,6 +21,7 @@ from runtime.staging.manifest import StagingError, verify_staged
 from runtime.staging.publish import sibling
 from runtime.staging.s3 import upload_folder
 from runtime.staging.stage import Stager, StageOptions
+from runtime.staging.transfer import JOURNAL_DIR
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -92,6 +93,21 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=5)
 
 
+def _wait_for_journaled_part(dest: Path, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Poll the staging area until some per-file journal holds a part index (its first line is a header)."""
+    journal_dir = sibling(dest, "staging") / JOURNAL_DIR
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        for j in journal_dir.glob("*.parts") if journal_dir.exists() else []:
+            try:
+                if len(j.read_text().splitlines()) >= 2:
+                    return
+            except FileNotFoundError:
+                continue
+        time.sleep(0.001)
+    raise AssertionError("no part was journaled before the child finished or timed out")
+
+
 def test_kill9_at_random_points_always_resumes_to_a_verified_model(s3_server, source, tmp_path) -> None:  # noqa: ANN001
     uri, digests = source
     client = s3_server.client()
@@ -109,7 +125,12 @@ def test_kill9_at_random_points_always_resumes_to_a_verified_model(s3_server, so
             proc = _start_child(s3_server, uri, dest)
             try:
                 assert proc.stdout.readline().strip() == "START"
-                time.sleep(rng.uniform(0.0, 1.3 * transfer_s))
+                if run % 3 == 0:
+                    # Deterministic mid-transfer kill: right after the first part is journaled. The random
+                    # delays below are calibrated in-process and may all miss on a loaded machine.
+                    _wait_for_journaled_part(dest, proc)
+                else:
+                    time.sleep(rng.uniform(0.0, 1.3 * transfer_s))
                 proc.kill()  # SIGKILL: no cleanup handlers run
                 proc.wait(timeout=10)
             finally:
