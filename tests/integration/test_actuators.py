@@ -4,17 +4,14 @@ on 127.0.0.1 (no kube-apiserver can run here), the local actuator starts and sto
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from runtime.planner.types import ScalingDecision
+from tests.integration.standin_worker import TinyWorker
 from runtime.server.actuators import (
     DryRunActuator,
     KubernetesActuator,
@@ -145,54 +142,6 @@ def test_rbac_rules_cover_only_the_scale_of_two_deployments():
     assert [r["resources"] for r in rules] == [["deployments/scale"]]
     assert all(r["resourceNames"] == ["m-prefill", "m-decode"] for r in rules)
     assert all(set(r["verbs"]) <= {"get", "patch", "update"} for r in rules)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class TinyWorker:
-    """A real lightweight worker process (python -m http.server) with WorkerProcess's interface."""
-
-    def __init__(self, role: str, index: int) -> None:
-        self.role, self.index, self.port = role, index, _free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "TinyWorker":
-        self.proc = subprocess.Popen([sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_ready(self, timeout_s: float = 30.0, poll_interval_s: float = 0.05) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.base_url, timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(poll_interval_s)
-        raise TimeoutError(f"{self.role} worker {self.base_url} not ready")
-
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return None
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout_s)
-        return proc.returncode
 
 
 def test_local_actuator_starts_and_stops_real_processes_up_to_the_cap():

@@ -10,9 +10,6 @@ the base stops them and they leave the pool; closing the planner stops every wor
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
@@ -25,49 +22,9 @@ from runtime.server.app import build_router_pairing
 from runtime.server.pairing import RouteRequest
 from runtime.server.planner_loop import RequestWindow
 from runtime.server.planner_runtime import build_planner
+from tests.integration.standin_worker import TinyWorker
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class TinyWorker:
-    """A real lightweight worker process with WorkerProcess's interface."""
-
-    def __init__(self, role: str, index: int) -> None:
-        self.role, self.index, self.port = role, index, _free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "TinyWorker":
-        self.proc = subprocess.Popen([sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_ready(self, timeout_s: float = 30.0, poll_interval_s: float = 0.05) -> None:
-        pass
-
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return None
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout_s)
-        return proc.returncode
 
 
 async def _answers(url: str) -> bool:
