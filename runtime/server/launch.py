@@ -23,6 +23,37 @@ from runtime.paths import REPO_ROOT, state_dir
 from runtime.procs import stop_process
 
 
+WARM_UP_PROMPT = ("Disaggregated serving moves the key-value cache of a prompt from the prefill worker to the "
+                  "decode worker, so the first token arrives quickly and later tokens keep a steady pace.")
+
+
+def warm_up_nixl(prefill_url: str, decode_url: str, model: str, *, attempts: int = 3, timeout_s: float = 300.0) -> str:
+    """Do one prefill → decode round so the NIXL handshake between the two workers happens now, not on a user's
+    first request. vLLM gives the handshake a fixed 5 s receive timeout (nixl/base_worker.py), which a starved
+    2-core machine can miss; a failed handshake fails that request on the decode worker, and the next one
+    succeeds. Returns a one-line status; never raises (the runtime falls back to local prefill anyway).
+    """
+    from runtime.engines.client import PREFILL_KV_TRANSFER_PARAMS
+
+    body = {"model": model, "prompt": WARM_UP_PROMPT, "max_tokens": 1, "temperature": 0, "stream": False}
+    last = ""
+    for attempt in range(1, attempts + 1):
+        rid = f"pdserve-warm-up-{attempt}"
+        try:
+            with httpx.Client(timeout=timeout_s, headers={"X-Request-Id": rid}) as http:
+                r = http.post(f"{prefill_url}/v1/completions",
+                              json={**body, "kv_transfer_params": PREFILL_KV_TRANSFER_PARAMS})
+                r.raise_for_status()
+                kv = r.json().get("kv_transfer_params")
+                r = http.post(f"{decode_url}/v1/completions", json={**body, "kv_transfer_params": kv})
+                r.raise_for_status()
+            return f"NIXL handshake prefill → decode done (attempt {attempt})"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+            time.sleep(2.0)
+    return f"NIXL warm-up failed after {attempts} attempts ({last}); requests fall back to local prefill"
+
+
 class RuntimeProcess:
     """`python -m runtime.server` as a subprocess.
 
@@ -248,6 +279,9 @@ class LocalDeployment:
                 self._say(f"{w.role} worker ready after {time.monotonic() - t0:.0f} s")
             self.runtime.wait_ready(self.startup_timeout_s)
             self._say(f"runtime ready after {time.monotonic() - t0:.0f} s")
+            for p in self.prefill_workers:
+                for d in self.decode_workers:
+                    self._say(warm_up_nixl(p.base_url, d.base_url, self.spec.model.name))
         except BaseException:
             self.stop()
             raise
