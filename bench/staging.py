@@ -4,8 +4,9 @@ Starts SeaweedFS (`weed mini`) on 127.0.0.1, uploads a model-like mix (a few lar
 ones, `--size-mb` in total), then downloads it with each tool into a fresh folder on the same disk
 and prints ONE JSON line: MB/s of each (MB = 1e6 bytes), the ratios, pdserve's peak RSS (the stager
 runs in its own process; ru_maxrss from wait4), and the settings. pdserve verifies every byte
-(the objects' S3 checksum, `--checksum`), records a SHA-256 per file and fsyncs before publishing;
-s5cmd does neither; in the boto3 loop botocore checks only the small (single-request) files.
+against the objects' S3 checksum (`--checksum`; default CRC32, what boto3 ≥ 1.36 uploads carry
+unless told otherwise; SHA256 is the costliest) and fsyncs before publishing; s5cmd does neither;
+in the boto3 loop botocore checks only the small (single-request) files.
 `client_cpu_s_per_gb` (user+sys of each client process) is the stable figure on a shared host;
 MB/s moves with the host's load.
 
@@ -111,7 +112,7 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=2048, help="total data size, MB (1e6 bytes)")
     ap.add_argument("--concurrency", type=int, default=None, help="pdserve threads (default: the stager's)")
     ap.add_argument("--part-size-mb", type=int, default=None, help="pdserve ranged-GET size, MiB (default: the stager's)")
-    ap.add_argument("--checksum", default="SHA256", choices=["SHA256", "CRC32", "CRC32C"],
+    ap.add_argument("--checksum", default="CRC32", choices=["SHA256", "CRC32", "CRC32C", "CRC64NVME"],
                     help="S3 checksum the objects are uploaded with (what pdserve verifies)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool (median reported)")
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp dir)")
@@ -186,9 +187,10 @@ def main() -> None:
         "part_size_mb": part_size_mb,
         "object_checksum": args.checksum,
         "verify": "pdserve: every byte checked against the S3 checksum (multipart shards: composite, the digest of "
-                  "each upload part) + whole-file SHA-256 manifest; fsync unless _nofsync; s5cmd: no check, "
-                  "no fsync; boto3 loop: botocore checks the full-object checksum of single-request GETs (the "
-                  "small files) only, no fsync",
+                  "each upload part, computed by the download threads range by range; single-request files: "
+                  "botocore's check), the checksum recorded in the manifest; fsync unless _nofsync; s5cmd: no "
+                  "check, no fsync; boto3 loop: botocore checks the full-object checksum of single-request GETs "
+                  "(the small files) only, no fsync",
         "server": "SeaweedFS weed mini on 127.0.0.1 (same host)",
         "cpus": os.cpu_count(),
         "python": platform.python_version(),

@@ -12,8 +12,14 @@ is discarded (changed object → re-fetched). The journal guards against process
 after a node crash is caught by the verification below and the file is re-fetched on the next run.
 
 Verification (see `runtime.staging.verify`): single-request files are hashed while they stream
-(for an S3 object with a full-object ChecksumSHA256 the SHA-256 botocore computes to check it IS the
-manifest SHA-256: one pass). Multi-part files are hashed by a per-file hash thread that follows the
+(for an S3 object with a full-object checksum, botocore's own digest is the check: one pass, none
+of ours). Multi-part files whose check can be computed by ranges (composite checksums, multipart
+ETags, full-object CRCs: `verify.by_range`) are digested by the download threads as the bytes
+arrive, each range on its own (ranges aligned to the upload parts for composite checks); the range
+digests go into the journal with the part index, so a resumed run needs no re-read, and are joined
+when the last range lands (`verify.assemble`: CRCs combine). No byte is read back. Only when the
+check needs the bytes in order (full-object SHA-256 or MD5 of a large single-part object, hf
+sources) or the caller asks for a whole-file SHA-256 (`record_sha256`), a per-file hash thread follows the
 contiguous prefix of finished parts ("frontier"), reading them back from the page cache into a
 preallocated buffer while later parts still download; each buffer feeds every digest the check needs
 at once (whole-file SHA-256, the per-upload-part digests of a composite checksum / multipart ETag), so
@@ -54,7 +60,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 
 from runtime.staging.manifest import HASH_CHUNK_BYTES, ManifestEntry, StagingError
 from runtime.staging.sources import Source, SourceObject, VerifiedBody
-from runtime.staging.verify import FileDigests, Hasher, check
+from runtime.staging.verify import (FileDigests, Hasher, RangeHasher, assemble, by_range, check, checksum_record,
+                                    needs_whole_sha256, plan)
 
 JOURNAL_DIR = ".pdserve-journal"
 VERIFIED_LOG = "verified.jsonl"
@@ -111,7 +118,9 @@ class _FileState:
     journal: object = None
     whole: bool = False  # one plain GET, hashed while streaming
     digests: FileDigests | None = None  # set when the whole file is hashed
-    hasher: Hasher | None = None  # frontier hasher (multi-part files)
+    hasher: Hasher | None = None  # frontier hasher (multi-part files not digested by ranges)
+    by_range: bool = False  # digested range by range in the download threads
+    range_digests: dict[int, list[bytes]] = field(default_factory=dict)
     done_parts: set[int] = field(default_factory=set)
     frontier: int = 0  # parts [0, frontier) are hashed
     hashing: bool = False
@@ -149,6 +158,8 @@ class TransferEngine:
         backoff_initial_s / backoff_max_s: exponential backoff bounds, seconds.
         hash_workers: threads hashing/verifying files.
         fsync: fsync each file before it is renamed (and start writeback per part).
+        record_sha256: compute every file's whole-file SHA-256 for the manifest even when the
+            source's checksum verified the bytes (one more pass: ~0.6 CPU s/GB with SHA-NI).
         on_bytes: progress callback, called with a byte count from worker threads.
     """
 
@@ -165,6 +176,7 @@ class TransferEngine:
         backoff_max_s: float = 10.0,
         hash_workers: int = 4,
         fsync: bool = True,
+        record_sha256: bool = False,
         on_bytes: Callable[[int], None] = lambda n: None,
     ) -> None:
         self.source = source
@@ -176,6 +188,7 @@ class TransferEngine:
         self.backoff = (backoff_initial_s, backoff_max_s)
         self.hash_workers = hash_workers
         self.fsync = fsync
+        self.record_sha256 = record_sha256
         self.on_bytes = on_bytes
         self.stats = TransferStats()
         self._abort = threading.Event()
@@ -184,11 +197,12 @@ class TransferEngine:
         self._tls = threading.local()
 
     # ---- worker-thread work ---------------------------------------------------------------------
-    def _fetch_part(self, fs: _FileState, idx: int) -> int:
+    def _fetch_part(self, fs: _FileState, idx: int) -> tuple[int, list[bytes] | None]:
+        """Fetch part `idx` into the staging file; returns (bytes, its range digests when `by_range`)."""
         start = idx * fs.part_size
         end = min(start + fs.part_size, fs.obj.size_bytes)
         pos = start
-        hasher: Hasher | None = None
+        hasher: Hasher | RangeHasher | None = RangeHasher(fs.obj, start, end) if fs.by_range else None
         body: object = None
         for attempt in Retrying(
             stop=stop_after_attempt(self.max_attempts),
@@ -202,8 +216,7 @@ class TransferEngine:
                         self.on_bytes(-pos)
                         pos = 0
                     fs.obj, body = self.source.read_whole(fs.obj, self.chunk)
-                    # the transport's own SHA-256 (botocore checking ChecksumSHA256) is the manifest's
-                    hasher = Hasher(fs.obj, sha256=not isinstance(body, VerifiedBody))
+                    hasher = self._whole_hasher(fs.obj, body)
                     chunks = iter(body)
                 else:
                     chunks = self.source.read_range(fs.obj, pos, end, self.chunk)
@@ -220,13 +233,27 @@ class TransferEngine:
                     self.on_bytes(n)
                 if pos != end:
                     raise StagingError(f"object '{fs.obj.key}': short read at byte {pos} of part {idx}")
-        if hasher:
-            fs.digests = hasher.result()
-            if isinstance(body, VerifiedBody):
-                fs.digests.sha256_hex = body.sha256_hex()
-        elif self.fsync and end > start:
+        if fs.whole:
+            fs.digests = hasher.result() if hasher else FileDigests(sha256_hex="")
+            if isinstance(body, VerifiedBody) and body.kind == plan(fs.obj).kind:
+                if body.kind == "sha256":
+                    fs.digests.sha256_hex = body.sha256_hex()
+                else:
+                    fs.digests.whole = body.digest()
+            return end - start, None
+        if self.fsync and end > start:
             _start_writeback(fs.fd, start, end - start)
-        return end - start
+        return end - start, (hasher.result() if isinstance(hasher, RangeHasher) else None)
+
+    def _whole_hasher(self, obj: SourceObject, body: object) -> Hasher | None:
+        """Our digests for a single-request file: none when the transport verified its full-object
+        checksum and no extra SHA-256 is wanted; else what `check` (and the manifest) need."""
+        p = plan(obj)
+        verified = isinstance(body, VerifiedBody) and body.kind == p.kind
+        if verified:
+            want_sha = self.record_sha256 and body.kind != "sha256"
+            return Hasher(obj, sha256=True) if want_sha else None
+        return Hasher(obj, sha256=self.record_sha256 or needs_whole_sha256(p))
 
     def _hash_span(self, fs: _FileState, first: int, stop: int) -> int:
         """Feed parts [first, stop) to the file's frontier hasher (page-cache reads into this thread's
@@ -247,6 +274,9 @@ class TransferEngine:
 
     def _finish(self, fs: _FileState) -> ManifestEntry:
         """Check digests against the source, fsync, rename to the final name."""
+        if fs.digests is None and fs.by_range:
+            sizes = [min(fs.part_size, fs.obj.size_bytes - i * fs.part_size) for i in range(fs.num_parts)]
+            fs.digests = assemble(fs.obj, [(sizes[i], fs.range_digests[i]) for i in range(fs.num_parts)])
         if fs.digests is None:
             assert fs.hasher is not None
             fs.digests = fs.hasher.result()
@@ -261,9 +291,11 @@ class TransferEngine:
         os.close(fs.fd)
         fs.fd = -1
         os.replace(fs.data_path, fs.final_path)
+        checksum, checksum_part_bytes = checksum_record(fs.obj, verified_by)
         return ManifestEntry(
             key=fs.obj.key, path=fs.obj.rel, size_bytes=fs.obj.size_bytes, etag=fs.obj.etag,
-            sha256=fs.digests.sha256_hex, verified_by=verified_by,
+            sha256=fs.digests.sha256_hex or None, checksum=checksum, checksum_part_bytes=checksum_part_bytes,
+            verified_by=verified_by,
         )
 
     def _run(self, kind: str, fs: _FileState, idx: int, fn: Callable[[], object]) -> None:
@@ -291,23 +323,44 @@ class TransferEngine:
         # upload-part boundaries itself (composite checksum / multipart ETag). A GET smaller than an
         # upload part (≤ 64 MiB) buys nothing but more requests, so it is raised to the upload part.
         up = obj.part_size_bytes
-        part_size = max(self.part_size, up) if up and up <= MAX_ALIGNED_PART_BYTES else self.part_size
+        p = plan(obj)
+        stream = by_range(obj) and not self.record_sha256 and not needs_whole_sha256(p)
+        if stream and p.composite:  # ranges must hold whole upload parts: a multiple of them
+            part_size = up * max(1, self.part_size // up)
+        else:
+            part_size = max(self.part_size, up) if up and up <= MAX_ALIGNED_PART_BYTES else self.part_size
         num_parts = -(-obj.size_bytes // part_size) if obj.size_bytes else 0
-        header = json.dumps({"etag": obj.etag, "size": obj.size_bytes, "part": part_size, "rel": obj.rel, "v": 2})
+        header = json.dumps({"etag": obj.etag, "size": obj.size_bytes, "part": part_size, "rel": obj.rel,
+                             "by_range": stream, "v": 3})
         done: set[int] = set()
+        digests: dict[int, list[bytes]] = {}
         if jpath.is_file() and data.is_file():
             lines = jpath.read_text().split("\n")
             if lines[0] == header:
-                for line in lines[1:-1]:  # "<idx>"; a torn last line is skipped
-                    if line.isdigit() and int(line) < num_parts:
-                        done.add(int(line))
+                for line in lines[1:-1]:  # "<idx>[ <hex>,<hex>…]"; a torn last line is skipped
+                    idx_s, _, hexes = line.partition(" ")
+                    if not idx_s.isdigit() or int(idx_s) >= num_parts:
+                        continue
+                    i = int(idx_s)
+                    if stream:
+                        n = min(part_size, obj.size_bytes - i * part_size)
+                        want = -(-n // up) if p.composite else 1
+                        try:
+                            ds = [bytes.fromhex(h) for h in hexes.split(",")] if hexes else []
+                        except ValueError:
+                            continue
+                        if len(ds) != want:
+                            continue
+                        digests[i] = ds
+                    done.add(i)
         fd = os.open(data, os.O_RDWR | os.O_CREAT, 0o644)
         if not done:
             os.ftruncate(fd, obj.size_bytes)
             jpath.write_text(header + "\n")
         fs = _FileState(
             obj, data, final, jpath, num_parts, part_size, fd=fd, journal=open(jpath, "a", buffering=1),
-            done_parts=done, hasher=Hasher(obj),
+            done_parts=done, by_range=stream, range_digests=digests,
+            hasher=None if stream else Hasher(obj, sha256=self.record_sha256 or needs_whole_sha256(p)),
         )
         resumed = sum(min(part_size, obj.size_bytes - i * part_size) for i in done)
         self.stats.parts_resumed += len(done)
@@ -319,6 +372,11 @@ class TransferEngine:
     def _advance(self, fs: _FileState, hash_pool: ThreadPoolExecutor) -> None:
         """Hash the next run of finished parts, or finish the file when all are hashed."""
         if fs.hashing:
+            return
+        if fs.by_range:  # digests came with the parts: finish when the last one is in
+            if len(fs.done_parts) == fs.num_parts:
+                fs.hashing = True
+                self._submit(self._fin_pool, "finished", fs, -1, lambda: self._finish(fs))
             return
         stop = fs.frontier
         while stop in fs.done_parts:
@@ -384,12 +442,17 @@ class TransferEngine:
                 if kind == "described":
                     start(*self._prepare(res, jdir))
                 elif kind == "part":
+                    nbytes, range_digests = res
                     self.stats.parts_downloaded += 1
-                    self.stats.bytes_downloaded += res
+                    self.stats.bytes_downloaded += nbytes
                     if fs.whole:
                         self._submit(self._fin_pool, "finished", fs, -1, lambda fs=fs: self._finish(fs))
                         continue
-                    fs.journal.write(f"{idx}\n")
+                    if fs.by_range:
+                        fs.range_digests[idx] = range_digests
+                        fs.journal.write(f"{idx} {','.join(d.hex() for d in range_digests)}\n")
+                    else:
+                        fs.journal.write(f"{idx}\n")
                     fs.done_parts.add(idx)
                     self._advance(fs, hash_pool)
                 elif kind == "hashed":

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runtime.paths import REPO_ROOT
-from runtime.staging.manifest import StagingError, verify_staged
+from runtime.staging.manifest import StagingError, sha256_file, verify_staged
 from runtime.staging.publish import sibling
 from runtime.staging.s3 import upload_folder
 from runtime.staging.stage import Stager, StageOptions
@@ -65,7 +65,7 @@ class MarkerWatcher(threading.Thread):
         while not self.stop.is_set():
             if self.dest.exists():
                 try:
-                    verify_staged(self.dest, check_sha256=False)
+                    verify_staged(self.dest, check_digests=False)
                     self.seen_published += 1
                 except StagingError as e:
                     if self.dest.exists():  # vanished between the two calls is fine
@@ -140,7 +140,7 @@ def test_kill9_at_random_points_always_resumes_to_a_verified_model(s3_server, so
         watcher.join()
         assert watcher.violations == [], f"run {run}: destination visible without valid marker"
         m = verify_staged(dest)
-        assert {f.path: f.sha256 for f in m.files} == digests, f"run {run}"
+        assert {f.path: sha256_file(dest / f.path) for f in m.files} == digests, f"run {run}"
         assert not sibling(dest, "staging").exists() and not sibling(dest, "old").exists()
         if res.transfer.bytes_resumed or res.transfer.files_resumed_verified:
             resumed_runs += 1
@@ -159,4 +159,4 @@ def test_two_concurrent_stagers_publish_one_verified_model(s3_server, source, tm
             _stop(p)
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     m = verify_staged(dest)
-    assert {f.path: f.sha256 for f in m.files} == digests
+    assert {f.path: sha256_file(dest / f.path) for f in m.files} == digests

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.staging.manifest import StagingError, verify_staged
+from runtime.staging.manifest import StagingError, sha256_file, verify_staged
 from runtime.staging.publish import sibling
 from runtime.staging.s3 import make_client, upload_folder
 from runtime.staging.stage import Stager, StageOptions, stage_model
@@ -53,7 +53,8 @@ def test_stage_from_s3_verifies_against_server_checksums(s3_client, s3_bucket, m
     ]  # .bin skipped: safetensors exist
     assert {f.verified_by for f in m.files} == {"checksum-sha256"}
     for f in m.files:
-        assert f.sha256 == hashlib.sha256((model_dir / f.path).read_bytes()).hexdigest()
+        assert sha256_file(dest / f.path) == hashlib.sha256((model_dir / f.path).read_bytes()).hexdigest()
+        assert f.checksum.startswith("sha256:")
         head = s3_client.head_object(Bucket=s3_bucket, Key=f.key)
         assert f.etag == head["ETag"].strip('"') and f.size_bytes == head["ContentLength"]
     big = next(f for f in m.files if f.path.startswith("model-00001"))
@@ -63,7 +64,7 @@ def test_stage_from_s3_verifies_against_server_checksums(s3_client, s3_bucket, m
 
 @pytest.mark.parametrize(
     ("algorithm", "method"),
-    [(None, "checksum-crc32"), ("CRC32C", "checksum-crc32c"), ("none", "etag-md5")],
+    [(None, "checksum-crc32"), ("CRC32C", "checksum-crc32c"), ("CRC64NVME", "checksum-crc64nvme"), ("none", "etag-md5")],
 )
 def test_objects_without_sha256_are_verified_by_crc_or_etag(s3_server, s3_bucket, tmp_path, algorithm, method) -> None:  # noqa: ANN001
     """None: boto3's default (CRC32, full-object or composite); "none": no checksum at all → ETag."""
@@ -88,7 +89,10 @@ def test_objects_without_sha256_are_verified_by_crc_or_etag(s3_server, s3_bucket
     by = m.by_path()
     assert by["b.safetensors"].etag.endswith("-3")
     assert {e.verified_by for e in m.files} == {method}
-    assert by["b.safetensors"].sha256 == hashlib.sha256(multi).hexdigest()
+    assert sha256_file(tmp_path / "dest" / "b.safetensors") == hashlib.sha256(multi).hexdigest()
+    assert by["b.safetensors"].checksum.split(":")[0] == method.split("-")[-1].replace("etag", "md5")
+    assert by["b.safetensors"].sha256 is None  # the verified checksum is the record (no extra SHA-256 pass)
+    assert verify_staged(tmp_path / "dest") == m  # deep check recomputes that checksum from the bytes
 
 
 def test_missing_bucket_is_a_clear_error_and_writes_nothing(s3_client, tmp_path) -> None:  # noqa: ANN001
@@ -228,7 +232,7 @@ def test_bytes_corrupted_on_the_wire_are_detected_by_checksum(s3_server, s3_clie
         assert not (staging / "w.safetensors").exists()  # bad bytes are not kept for a resume
         # the next run (no proxy) fetches good bytes and publishes
         m = stage_model(f"s3://{s3_bucket}/m", dest, s3_client=s3_client, progress=False, **_opts())
-        assert m.files[0].sha256 == hashlib.sha256(data).hexdigest()
+        assert sha256_file(dest / "w.safetensors") == hashlib.sha256(data).hexdigest()
     finally:
         proxy.close()
 

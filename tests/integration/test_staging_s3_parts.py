@@ -1,7 +1,9 @@
 """Specification against a real S3 server (SeaweedFS on 127.0.0.1): ranged GETs need not follow the
 objects' upload parts — with GETs larger than, or not a multiple of, the 5 MiB upload parts, the
-composite ChecksumSHA256 is still recomputed per upload part and the whole-file SHA-256 is right;
-a single-request object's SHA-256 comes from botocore's own ChecksumSHA256 check (one pass), and a
+composite ChecksumSHA256 is still recomputed per upload part (by the download threads, range by
+range) and the staged bytes are right; the manifest records the verified checksum, and the whole-file
+SHA-256 only on request; a single-request object's SHA-256 comes from botocore's own ChecksumSHA256
+check (one pass), and a
 dropped connection restarts such a GET rather than continuing a digest it cannot resume."""
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.staging.manifest import verify_staged
+from runtime.staging.manifest import sha256_file, verify_staged
 from runtime.staging.s3 import upload_folder
 from runtime.staging.sources import S3Source, VerifiedBody
 from runtime.staging.stage import stage_model
@@ -38,10 +40,22 @@ def test_gets_larger_than_upload_parts_verify_the_composite_checksum(s3_client, 
     uri, digests = uploaded
     m = stage_model(uri, tmp_path / "m", s3_client=s3_client, progress=False, part_size_bytes=part_size_bytes,
                     concurrency=3)
-    assert {f.path: f.sha256 for f in m.files} == digests
+    assert {f.path: sha256_file(tmp_path / "m" / f.path) for f in m.files} == digests
     assert {f.verified_by for f in m.files} == {"checksum-sha256"}
     big = m.by_path()["model-00001-of-00002.safetensors"]
     assert big.etag.endswith("-5")  # the composite path was exercised
+    assert big.checksum.startswith("sha256:") and big.checksum.endswith("-5") and big.checksum_part_bytes == 5 * MiB
+    assert big.sha256 is None  # not asked for: the composite checksum is the record
+    small = m.by_path()["model-00002-of-00002.safetensors"]
+    assert small.sha256 == digests[small.path]  # a full-object ChecksumSHA256 IS the file's SHA-256
+    assert verify_staged(tmp_path / "m") == m
+
+
+def test_record_sha256_adds_the_whole_file_sha256_to_every_entry(s3_client, uploaded, tmp_path) -> None:  # noqa: ANN001
+    uri, digests = uploaded
+    m = stage_model(uri, tmp_path / "m", s3_client=s3_client, progress=False, record_sha256=True, concurrency=3)
+    assert {f.path: f.sha256 for f in m.files} == digests
+    assert {f.verified_by for f in m.files} == {"checksum-sha256"}
     assert verify_staged(tmp_path / "m") == m
 
 

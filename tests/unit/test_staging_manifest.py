@@ -61,7 +61,7 @@ def test_corrupted_byte_is_detected_naming_the_file(tmp_path: Path) -> None:
     data = bytearray(p.read_bytes())
     data[1234] ^= 0xFF
     p.write_bytes(bytes(data))
-    assert verify_staged(folder, check_sha256=False)  # same size: the quick check passes
+    assert verify_staged(folder, check_digests=False)  # same size: the quick check passes
     with pytest.raises(StagingError, match="sub/model.safetensors.*corrupted"):
         verify_staged(folder)
 
@@ -70,7 +70,7 @@ def test_truncated_and_missing_files_are_detected(tmp_path: Path) -> None:
     folder, _ = _folder(tmp_path)
     (folder / "config.json").write_bytes(b"{}")
     with pytest.raises(StagingError, match="'config.json' has 2 bytes"):
-        verify_staged(folder, check_sha256=False)
+        verify_staged(folder, check_digests=False)
     (folder / "config.json").unlink()
     with pytest.raises(StagingError, match="'config.json'.*missing"):
         verify_staged(folder)
