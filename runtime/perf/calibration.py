@@ -1,20 +1,25 @@
 """Efficiency factors that turn roofline peaks into predicted times, per precision and serving backend.
 
 A roofline time is ``max(linear_flops / (peak * compute), weight_bytes / (mem_bw * memory)) +
-max(attn_flops / (peak_bf16 * attention), kv_bytes / (mem_bw * memory * kv_memory)) + comm_bytes /
-(link_bw * comm) + overheads`` (``runtime.perf.model``). The factors are fitted by least squares from
-measured TTFT/TPOT (``python -m runtime.perf.fit`` writes ``runtime/perf/fitted.py``), POOLED over GPUs:
-an efficiency is a fraction of each GPU's own peak, so one value per *compute class* (the tensor-core format
-the GEMMs run in: bf16, fp8, fp4) carries over between GPUs far better than a per-GPU fit on a few dozen
-rows does; fixed CPU-side overheads (scheduler, sampling, launches) belong to the serving *backend*
-(vLLM, SGLang, TensorRT-LLM), not to the GPU. Where nothing is fitted, the defaults below apply:
+max(attn_flops / (peak_bf16 * attention), kv_bytes / (mem_bw * memory * kv_memory)) + all-reduces +
+overheads`` (``runtime.perf.model``; an all-reduce costs NCCL's faster protocol at ``comm`` times the fabric's
+nccl-tests bus bandwidth, ``GpuSpec.allreduce_bus_bw_bytes_per_s``, plus ``allreduce_latency_s``; expert
+GEMMs of MoE layers run at ``compute * moe``). The factors are fitted by least squares from measured
+TTFT/TPOT (``python -m runtime.perf.fit`` writes ``runtime/perf/fitted.py``), POOLED over GPUs: an efficiency
+is a fraction of each GPU's own peak, so one value per *compute class* (the tensor-core format the GEMMs run
+in: bf16, fp8, fp4) carries over between GPUs far better than a per-GPU fit on a few dozen rows does; fixed
+CPU-side overheads (scheduler, sampling, launches) and the attention kernels (``kv_memory``, ``attention``)
+belong to the serving *backend* (vLLM, SGLang, TensorRT-LLM), not to the GPU. Where nothing is fitted, the
+defaults below apply:
 
 * ``memory = 0.8``: aiconfigurator ``systems/*.yaml`` ``mem_bw_empirical_scaling_factor`` (NVIDIA).
 * ``compute = 0.6``: typical large-GEMM utilisation of dense tensor cores in inference engines
   (cuBLAS reaches ~70% of peak on H100 BF16 for large square GEMMs; attention and small GEMMs less).
 * ``attention = 0.5``: FlashAttention-2 reaches 50-73% of A100 peak in the forward pass (Dao 2023, fig. 4).
-* ``comm = 0.7``: NCCL ring all-reduce bus bandwidth vs NVLink per-direction peak (nccl-tests on DGX H100).
-* ``allreduce_latency_s = 10 us``: aiconfigurator systems/*.yaml ``p2p_latency`` (one NVLink hop).
+* ``comm = 0.7``: share of the nccl-tests large-message bus bandwidth an all-reduce reaches inside a
+  serving step (messages of 1-100 MB, below the asymptote).
+* ``allreduce_latency_s = 10 us``: aiconfigurator systems/*.yaml ``p2p_latency`` (one NVLink hop), added to
+  NCCL's protocol latency.
 * overheads: per decode step ~2 ms and per prefill ~5 ms (scheduler, sampling, launches; order of the
   constant terms of DistServe's A100 latency fits, ../shared/data/perf/distserve_profiler-*.json).
 
@@ -42,6 +47,10 @@ class Efficiency:
     kv_memory: float = 1.0  # KV-cache read/write efficiency relative to ``memory`` (paged gathers)
     attention: float = 0.5  # attention-kernel FLOP efficiency vs the bf16 (fp32 on CPU) peak
     allreduce_latency_s: float = 10e-6  # fixed cost of one TP all-reduce (launch + synchronisation)
+    # Fused-MoE (grouped GEMM) efficiency relative to a dense GEMM with the same rows per expert: routing,
+    # token permutation / un-permutation and uneven per-expert tiles cost time a dense GEMM does not
+    # (MegaBlocks, Gale et al. MLSys 2023). At most 1; 1 = no extra cost.
+    moe: float = 1.0
     source: str = "defaults (runtime/perf/calibration.py)"
 
 

@@ -10,19 +10,27 @@ data parallelism and expert parallelism other than EP = TP are not modelled, so 
 rather than absorbed into the factors), and fits ONE set of factors for all GPUs by robust non-linear least
 squares on log-ratios (``scipy.optimize.least_squares``, soft-L1 loss, TTFT residuals weighted 0.5):
 
-* shared by every row: ``memory``, ``kv_memory``, ``comm``, ``attention`` efficiencies, the GEMM
-  half-efficiency row count and the fixed latency of one all-reduce (fractions of each GPU's own peaks /
-  properties of the kernels);
+* shared by every row: ``memory`` (weight streaming) and ``comm`` efficiencies (fractions of each GPU's HBM
+  bandwidth and all-reduce bus bandwidth), the GEMM half-efficiency row count (>= 64 on GPUs: the smallest
+  tensor-core tile), the engine-side latency of one all-reduce (on top of NCCL's own protocol latencies,
+  ``model.nccl_allreduce_s``) and the fused-MoE efficiency ``moe`` of the expert GEMMs relative to dense ones;
 * one ``compute`` efficiency per compute class (bf16, fp8, fp4: ``calibration.compute_class``);
-* per serving backend (vllm, sglang, trtllm): decode step, decode per-sequence and prefill overheads.
+* per serving backend (vllm, sglang, trtllm): decode step, decode per-sequence and prefill overheads, and the
+  efficiencies of its attention kernels (``kv_memory``, ``attention``): each engine ships its own (TensorRT-LLM
+  XQA / trtllm-gen FMHA, vLLM FlashAttention / FlashInfer, SGLang FlashInfer / FlashMLA); ``attention`` is
+  bounded by 0.75, FlashAttention-3's share of H100 peak.
 
 Rows are turned into observations as follows. Aggregated rows (``mode == agg``, concurrency ``B`` on ``n``
 GPUs): SGLang rows behave like synchronised waves (TTFT grows with B as the wave's prompts prefill together):
 TPOT = ``decode_step(B, isl + osl/2, n)``, TTFT = prefill of ``B * isl`` tokens in 8192-token chunks (mean
 completion ``(chunks + 1) / (2 chunks)``). vLLM and TensorRT-LLM rows behave like a steady state: each
 iteration mixes ``B`` decodes with ``B * isl / osl`` prompt tokens (``mixed_step``), TPOT = that step, TTFT
-= prefill of one prompt + one mixed step + the M/D/1 wait of the prefill. Disaggregated rows: TPOT from the
-recorded decode batch and TP (their TTFT includes queueing at an unrecorded load and is not used).
+= prefill of one prompt + one mixed step + the M/D/1 wait of the prefill. Only as many sequences run as the
+KV cache holds (``running_batch``: TensorRT-LLM reserves ``isl + osl`` per request, vLLM/SGLang hold
+``isl + osl/2`` on average): the decode batch is that running count ``R <= B``, and the ``B - R`` other clients
+of the closed loop wait ``(B / R - 1)`` request times before their prefill starts (Little's law). Disaggregated
+rows: TPOT from the recorded decode batch and TP (their TTFT includes queueing at an unrecorded load and is
+not used).
 
 It writes ``runtime/perf/fitted.py`` (Python data: ``FITTED`` factors keyed ``("*", compute class,
 backend)`` plus the CPU entry, and ``RESIDUALS`` per (GPU, precision, backend) group — rows, median and p90
@@ -46,6 +54,7 @@ from runtime.models.spec import ModelSpec
 from runtime.paths import REPO_ROOT, data_dir
 from runtime.perf.calibration import Efficiency, compute_class
 from runtime.perf.gpus import get_gpu
+from runtime.perf.collectives import NCCL_LL_BW_FACTOR
 from runtime.perf.model import MAX_NUM_BATCHED_TOKENS, PerfModel
 
 # aiconfigurator model_path -> config stem in ../shared/data/models (same architecture).
@@ -67,14 +76,27 @@ MAX_TP = 8  # the tuner's largest TP (one 8-GPU node); wider TP rows (GB200 NVL7
 TTFT_WEIGHT = 0.5  # TTFT rows carry load-dependent queueing we only approximate: half weight
 _IDEAL = Efficiency(compute=1.0, memory=1.0, comm=1.0, decode_step_overhead_s=0.0, prefill_overhead_s=0.0,
                     attention=1.0, allreduce_latency_s=0.0)
-# shared theta: memory, kv_memory, comm, gemm_half_tokens, attention, all-reduce latency s
-_SHARED_X0 = [0.8, 0.8, 0.7, 64.0, 0.5, 10e-6]
-_SHARED_LO = [0.3, 0.1, 0.05, 0.0, 0.05, 0.0]
-_SHARED_HI = [1.0, 1.0, 1.0, 2048.0, 1.0, 200e-6]
+# shared theta: memory, comm, gemm_half_tokens, all-reduce latency s, fused-MoE efficiency (<= 1: routing and
+# permutation only add work to the expert GEMMs). On GPUs the GEMM half-efficiency row count is at least 64:
+# a GEMM of M < T rows fills M/T of a T-row tensor-core tile (M/(M+h) ~ M/T needs h ~ T) and the smallest
+# tile is 64 rows (Hopper ``wgmma.m64nNk16``, Blackwell ``tcgen05.mma`` M = 64/128: PTX ISA 8.x; NVIDIA
+# "Matrix Multiplication Background User's Guide", tile quantisation).
+_SHARED_X0 = [0.8, 0.7, 64.0, 10e-6, 0.8]
+_SHARED_LO = [0.3, 0.05, 64.0, 0.0, 0.05]
+_SHARED_HI = [1.0, 1.0, 2048.0, 200e-6, 1.0]
+_GEMM_HALF_INDEX = 2
+_ATTENTION_INDEX = 4  # within a backend's block
 _NS = len(_SHARED_X0)
-# per compute class: compute; per backend: decode step overhead s, prefill overhead s, per-sequence overhead s
+# per compute class: compute; per backend: decode step overhead s, prefill overhead s, per-sequence overhead s,
+# and the efficiencies of its attention kernels (each engine ships its own: TensorRT-LLM XQA / trtllm-gen FMHA,
+# vLLM FlashAttention / FlashInfer paged kernels, SGLang FlashInfer / FlashMLA): KV-read efficiency relative to
+# ``memory`` and attention FLOP efficiency
 _CLASS_X0, _CLASS_LO, _CLASS_HI = 0.5, 0.03, 1.0
-_BACKEND_X0, _BACKEND_LO, _BACKEND_HI = [0.003, 0.01, 1e-5], [0.0, 0.0, 0.0], [0.1, 0.5, 1e-3]
+# (attention at most 0.75 of peak: FlashAttention-3 reaches 75% of H100 BF16 peak in the forward pass, the
+# best published attention kernel, Shah et al. 2024 "FlashAttention-3", section 4.1)
+_BACKEND_X0, _BACKEND_LO, _BACKEND_HI = [0.003, 0.01, 1e-5, 0.8, 0.5], [0.0, 0.0, 0.0, 0.1, 0.05], \
+    [0.1, 0.5, 1e-3, 1.0, 0.75]
+_NB = len(_BACKEND_X0)
 
 
 @dataclass
@@ -83,10 +105,10 @@ class _Obs:
 
     Each term is ``(dense_peak_s, expert_peak_s, attn_peak_s, gemm_tokens, expert_tokens, weights_peak_s,
     comm_peak_s, n_decode_overheads, n_prefill_overheads, n_sequences, kv_peak_s, lm_head_peak_s, logits_rows,
-    num_allreduces)`` (times at 100% efficiency) and contributes ``max(dense/(ec g(M)) + lm_head/(ec g(rows))
-    + expert/(ec g(Me)), weights/em) + max(attn/ea, kv/(em ekv)) + comm/ek + n_ar lat + n_d o_d + n_p o_p +
-    n_s o_s`` with
-    ``g(M) = M / (M + h)``; the sum is scaled by ``factor``.
+    num_allreduces, allreduce_ll_latency_s, allreduce_simple_latency_s)`` (times at 100% efficiency) and
+    contributes ``max(dense/(ec g(M)) + lm_head/(ec g(rows)) + expert/(ec g(Me)), weights/em) + max(attn/ea,
+    kv/(em ekv)) + n_ar (min(lat_LL + 4 x, lat_Simple + x) + lat) + n_d o_d + n_p o_p + n_s o_s`` with
+    ``x = comm / (n_ar ek)`` and ``g(M) = M / (M + h)``; the sum is scaled by ``factor``.
     """
 
     kind: str  # "ttft" | "tpot"
@@ -98,6 +120,9 @@ class _Obs:
     # fed by the closed loop's arrival rate B / (osl * step + prefill) (DistServe section 3.1)
     queue_batch: int = 0
     queue_osl: int = 0
+    # sequences that actually run at once (<= queue_batch when the KV cache holds fewer, see running_batch);
+    # the other queue_batch - running requests of the closed loop wait for a whole request to finish
+    queue_running: int = 0
     cls: str = "bf16"  # compute class (calibration.compute_class)
     group: tuple[str, str, str] = ("", "", "")  # (GPU, precision, backend) for the residual report
 
@@ -109,13 +134,25 @@ def _int(x: str) -> int:
 def _term(br, n_dec: float = 0.0, n_pre: float = 0.0, n_seq: float = 0.0) -> tuple[float, ...]:
     return (br.dense_peak_s, br.expert_peak_s, br.attn_peak_s, br.gemm_tokens, max(br.expert_tokens, 1e-9),
             br.weights_peak_s, br.comm_peak_s, n_dec, n_pre, n_seq, br.kv_peak_s, br.lm_head_peak_s,
-            max(br.logits_rows, 1e-9), br.num_allreduces)
+            max(br.logits_rows, 1e-9), br.num_allreduces, br.allreduce_ll_latency_s, br.allreduce_simple_latency_s)
 
 
 def _plain_tp(row: dict, prefix: str = "") -> bool:
     """True when the row's (``prefix``-ed) mapping is pure tensor parallelism (EP = TP counts: same bytes)."""
     tp, adp, ep = (_int(row[f"{prefix}{k}"]) for k in ("tp_size", "attention_dp_size", "moe_ep_size"))
     return adp <= 1 and (ep <= 1 or ep == tp)
+
+
+def running_batch(pm: PerfModel, backend: str, batch: int, isl: int, osl: int, tp: int) -> int:
+    """Sequences a closed loop of ``batch`` clients actually keeps running: at most what the KV cache holds.
+
+    TensorRT-LLM's default capacity scheduler (``GUARANTEED_NO_EVICT``) admits a request only when the blocks
+    for its whole ``isl + osl`` fit (TensorRT-LLM docs, "useful runtime options": capacity scheduler policy);
+    vLLM and SGLang allocate blocks as tokens are produced (and preempt when out of blocks), so a running
+    sequence holds ``isl + osl / 2`` tokens on average (vLLM paged attention, Kwon et al. SOSP 2023). The
+    capacity is ``PerfModel.kv_capacity_tokens`` (vLLM ``gpu_memory_utilization`` 0.9). At least 1."""
+    per_seq = isl + osl if backend == "trtllm" else isl + osl / 2
+    return max(1, min(batch, int(pm.kv_capacity_tokens(tp) // per_seq)))
 
 
 def observations(row: dict, model: ModelSpec) -> list[_Obs]:
@@ -138,20 +175,21 @@ def observations(row: dict, model: ModelSpec) -> list[_Obs]:
         b = _int(row["batch_size"])
         if not _plain_tp(row) or b < 1 or n > MAX_TP or not pm.fits(n):
             return []
+        run = running_batch(pm, backend, b, isl, osl, n)
         if backend == "sglang":
             # waves: the B requests prefill together, then decode together
-            out.append(_Obs("tpot", backend, tpot_s, [_term(pm.decode_breakdown(b, ctx, n), n_dec=1, n_seq=b)],
-                            **kw))
-            br = pm.prefill_breakdown(isl, n, b)
-            chunks = max(1, math.ceil(b * isl / MAX_NUM_BATCHED_TOKENS))
+            out.append(_Obs("tpot", backend, tpot_s, [_term(pm.decode_breakdown(run, ctx, n), n_dec=1,
+                                                                    n_seq=run)], **kw))
+            br = pm.prefill_breakdown(isl, n, run)
+            chunks = max(1, math.ceil(run * isl / MAX_NUM_BATCHED_TOKENS))
             out.append(_Obs("ttft", backend, ttft_s, [_term(br, n_pre=chunks)], (chunks + 1) / (2 * chunks), **kw))
         else:
             # steady state: every iteration mixes B decodes with B * isl / osl prompt tokens
-            mixed = pm.mixed_step_breakdown(b, ctx, b * isl / osl, isl, n)
-            out.append(_Obs("tpot", backend, tpot_s, [_term(mixed, n_dec=1, n_seq=b)], **kw))
+            mixed = pm.mixed_step_breakdown(run, ctx, run * isl / osl, isl, n)
+            out.append(_Obs("tpot", backend, tpot_s, [_term(mixed, n_dec=1, n_seq=run)], **kw))
             out.append(_Obs("ttft", backend, ttft_s,
-                            [_term(pm.prefill_breakdown(isl, n, 1), n_pre=1), _term(mixed, n_dec=1, n_seq=b)],
-                            queue_batch=b, queue_osl=osl, **kw))
+                            [_term(pm.prefill_breakdown(isl, n, 1), n_pre=1), _term(mixed, n_dec=1, n_seq=run)],
+                            queue_batch=b, queue_osl=osl, queue_running=run, **kw))
         return out
     # disaggregated: only TPOT is modelled (TTFT rows carry unrecorded queueing at the measured load)
     dn = max(1, _int(row["decode_tp_size"]))
@@ -163,30 +201,36 @@ def observations(row: dict, model: ModelSpec) -> list[_Obs]:
 
 
 class _Layout:
-    """Index map of the pooled parameter vector: 6 shared, one per compute class, three per backend."""
+    """Index map of the pooled parameter vector: 4 shared, one per compute class, five per backend."""
 
     def __init__(self, obs: list[_Obs]) -> None:
         self.classes = sorted({o.cls for o in obs})
         self.backends = sorted({o.backend for o in obs})
-        self.n = _NS + len(self.classes) + 3 * len(self.backends)
+        self.n = _NS + len(self.classes) + _NB * len(self.backends)
 
-    def x0_bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def x0_bounds(self, tensor_cores: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Start point and bounds; ``tensor_cores=False`` (the measured CPU entry) drops the two GPU-kernel
+        bounds: GEMM half-efficiency rows >= 64 (tile size) and attention <= 0.75 (FlashAttention-3)."""
         nc, nb = len(self.classes), len(self.backends)
         x0 = _SHARED_X0 + [_CLASS_X0] * nc + _BACKEND_X0 * nb
         lo = _SHARED_LO + [_CLASS_LO] * nc + _BACKEND_LO * nb
         hi = _SHARED_HI + [_CLASS_HI] * nc + _BACKEND_HI * nb
-        return np.array(x0), np.array(lo), np.array(hi)
+        lo, hi = np.array(lo), np.array(hi)
+        if not tensor_cores:
+            lo[_GEMM_HALF_INDEX] = 0.0
+            hi[_NS + len(self.classes):].reshape(-1, _NB)[:, _ATTENTION_INDEX] = 1.0
+        return np.array(x0), lo, hi
 
     def efficiency(self, x: np.ndarray, cls: str, backend: str, source: str) -> Efficiency:
-        em, ekv, ek, h, ea, lat = x[:_NS]
+        em, ek, h, lat, emoe = x[:_NS]
         ec = x[_NS + self.classes.index(cls)]
-        o_d, o_p, o_s = x[_NS + len(self.classes) + 3 * self.backends.index(backend):][:3]
+        o_d, o_p, o_s, ekv, ea = x[_NS + len(self.classes) + _NB * self.backends.index(backend):][:_NB]
         return Efficiency(
             compute=round(float(ec), 4), memory=round(float(em), 4), comm=round(float(ek), 4),
             decode_step_overhead_s=round(float(o_d), 6), prefill_overhead_s=round(float(o_p), 6),
             gemm_half_tokens=round(float(h), 2), decode_seq_overhead_s=round(float(o_s), 8),
             kv_memory=round(float(ekv), 4), attention=round(float(ea), 4),
-            allreduce_latency_s=round(float(lat), 8), source=source,
+            allreduce_latency_s=round(float(lat), 8), moe=round(float(emoe), 4), source=source,
         )
 
 
@@ -200,25 +244,29 @@ def _arrays(obs: list[_Obs], lay: _Layout) -> dict[str, np.ndarray]:
             ci.append(lay.classes.index(o.cls))
             bi.append(lay.backends.index(o.backend))
     t = np.array(terms)
-    names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml", "nar")
+    names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml", "nar", "lll", "lls")
     out = {name: t[:, i] for i, name in enumerate(names)}
     q = np.array([o.queue_batch > 0 for o in obs])
     out.update(idx=np.array(idx), f=np.array([o.factor for o in obs]), n=np.array(len(obs)),
+               qr=np.array([float(o.queue_running or o.queue_batch) for o in obs]),
                first=np.array(first), q=q, qb=np.array([float(o.queue_batch) for o in obs]),
                qo=np.array([float(max(1, o.queue_osl)) for o in obs]), ci=np.array(ci), bi=np.array(bi))
     return out
 
 
 def _predict(theta: np.ndarray, lay: _Layout, a: dict) -> np.ndarray:
-    em, ekv, ek, h, ea, lat = theta[:_NS]
+    em, ek, h, lat, emoe = theta[:_NS]
     nc = len(lay.classes)
     ec = theta[_NS:_NS + nc][a["ci"]]
-    per_backend = theta[_NS + nc:].reshape(-1, 3)[a["bi"]]
-    o_d, o_p, o_s = per_backend[:, 0], per_backend[:, 1], per_backend[:, 2]
+    per_backend = theta[_NS + nc:].reshape(-1, _NB)[a["bi"]]
+    o_d, o_p, o_s, ekv, ea = (per_backend[:, i] for i in range(_NB))
     linear = (a["dense"] * (a["mt"] + h) / a["mt"] + a["lm"] * (a["ml"] + h) / a["ml"]
-              + a["expert"] * (a["me"] + h) / a["me"]) / ec
+              + a["expert"] * (a["me"] + h) / (a["me"] * emoe)) / ec
     attn = np.maximum(a["attn"] / ea, a["kv"] / (em * ekv))
-    per_term = (np.maximum(linear, a["m"] / em) + attn + a["k"] / ek + a["nar"] * lat
+    # all-reduces: the faster NCCL protocol per all-reduce (model.nccl_allreduce_s) + fitted engine latency
+    x = a["k"] / np.maximum(a["nar"], 1.0) / ek
+    comm = a["nar"] * (np.minimum(a["lll"] + NCCL_LL_BW_FACTOR * x, a["lls"] + x) + lat)
+    per_term = (np.maximum(linear, a["m"] / em) + attn + comm
                 + a["nd"] * o_d + a["np"] * o_p + a["ns"] * o_s)
     total = np.zeros(int(a["n"]))
     np.add.at(total, a["idx"], per_term)
@@ -226,9 +274,14 @@ def _predict(theta: np.ndarray, lay: _Layout, a: dict) -> np.ndarray:
     if q.any():
         prefill = per_term[a["first"][q]]
         step = per_term[a["first"][q] + 1]
-        rate = a["qb"][q] / (a["qo"][q] * step + prefill)
+        running = a["qr"][q]
+        request_s = a["qo"][q] * step + prefill
+        rate = running / request_s
         rho = np.minimum(rate * prefill, 0.95)
-        total[q] = prefill + step + rho * prefill / (2 * (1 - rho))
+        # KV-limited closed loop: the qb - running clients beyond what fits wait for running slots that free
+        # up one request time apart (Little's law: B clients / throughput running / request_s)
+        kv_wait = (a["qb"][q] / running - 1.0) * request_s
+        total[q] = prefill + step + rho * prefill / (2 * (1 - rho)) + kv_wait
     return a["f"] * total
 
 
@@ -243,7 +296,8 @@ def _stats(sel_obs: list[_Obs], pct: np.ndarray) -> dict[str, float]:
     return stats
 
 
-def fit_pooled(obs: list[_Obs]) -> tuple[_Layout, np.ndarray, dict[tuple[str, str, str], dict[str, float]]]:
+def fit_pooled(obs: list[_Obs], tensor_cores: bool = True
+               ) -> tuple[_Layout, np.ndarray, dict[tuple[str, str, str], dict[str, float]]]:
     """Least-squares fit of the pooled parameters (see module docstring) on log-ratios.
 
     Returns the layout, the parameter vector and residual statistics per (GPU, precision, backend) group.
@@ -252,7 +306,7 @@ def fit_pooled(obs: list[_Obs]) -> tuple[_Layout, np.ndarray, dict[tuple[str, st
     meas = np.array([o.measured_s for o in obs])
     w = np.array([TTFT_WEIGHT if o.kind == "ttft" else 1.0 for o in obs])
     arr = _arrays(obs, lay)
-    x0, lo, hi = lay.x0_bounds()
+    x0, lo, hi = lay.x0_bounds(tensor_cores)
 
     def resid(theta: np.ndarray) -> np.ndarray:
         return w * (np.log(_predict(theta, lay, arr)) - np.log(meas))
@@ -345,6 +399,7 @@ def render(fitted: dict, residuals: dict, csv_name: str) -> str:
             f"decode_step_overhead_s={e.decode_step_overhead_s}, prefill_overhead_s={e.prefill_overhead_s}, "
             f"gemm_half_tokens={e.gemm_half_tokens}, decode_seq_overhead_s={e.decode_seq_overhead_s}, "
             f"kv_memory={e.kv_memory}, attention={e.attention}, allreduce_latency_s={e.allreduce_latency_s}, "
+            f"moe={e.moe}, "
             f"source={e.source!r}),"
         )
     lines.append("}")
@@ -370,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in a.measured:
         key, obs = measured_observations(json.loads(Path(path).read_text()))
         if len(obs) >= 4:
-            lay, x, stats = fit_pooled(obs)
+            lay, x, stats = fit_pooled(obs, tensor_cores=key[0] != "CPU")
             src = f"least-squares fit on {Path(path).name} (python -m runtime.perf.fit)"
             fitted[key] = lay.efficiency(x, key[1], "vllm", src)
             residuals[key] = stats[key]

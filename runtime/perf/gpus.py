@@ -18,6 +18,16 @@ from dataclasses import dataclass
 
 GIB = 1024**3
 
+# Large-message all-reduce bus bandwidth (nccl-tests ``all_reduce_perf`` busbw column) over the per-direction
+# link bandwidth, per intra-node fabric. Reference busbw at large sizes (Alaya NeW, "NCCL-tests in practice",
+# 2026-05-06, docs.alayanew.com): 8x H100 SXM5 NVLink-4/NVSwitch 460-480 GB/s (450 GB/s per direction: NVLS,
+# the in-switch reduction of NCCL >= 2.17, beats the ring bound), 8x A100 SXM4 NVLink-3 230-250 GB/s
+# (300 GB/s per direction), 8x H100 PCIe 35-45 GB/s (PCIe Gen5 x16, 64 GB/s). Blackwell NVLink-5 NVSwitch
+# systems are assumed to keep Hopper's ratio (no published nccl-tests figure in ../shared/data).
+NVSWITCH_BUS_RATIO = 470.0 / 450.0
+NVLINK3_BUS_RATIO = 240.0 / 300.0
+PCIE_BUS_RATIO = 40.0 / 64.0
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -59,6 +69,19 @@ class GpuSpec:
         if p == "fp4":
             return self.fp4_flops or self.fp8_flops or self.bf16_flops
         raise ValueError(f"unknown precision {precision!r}; expected bf16, fp16, fp8 or fp4")
+
+    @property
+    def allreduce_bus_bw_bytes_per_s(self) -> float:
+        """Large-message all-reduce bus bandwidth per GPU, bytes/s: ``intra_node_bw_bytes_per_s`` times the
+        nccl-tests busbw ratio of the fabric (``NVSWITCH_BUS_RATIO`` for Hopper/Blackwell NVSwitch,
+        ``NVLINK3_BUS_RATIO`` for A100 NVLink-3, ``PCIE_BUS_RATIO`` without NVLink)."""
+        if not self.has_nvlink:
+            ratio = PCIE_BUS_RATIO
+        elif self.name.startswith("A100"):
+            ratio = NVLINK3_BUS_RATIO
+        else:
+            ratio = NVSWITCH_BUS_RATIO
+        return self.intra_node_bw_bytes_per_s * ratio
 
 
 _AIC = "aiconfigurator systems/{} via ../shared/data/gpus/gpu_specs.csv"

@@ -4,8 +4,9 @@ Formulas (per TP worker of ``tp`` GPUs, weights and KV sharded Megatron-style):
 
 * weights per rank = ``num_params * weight_bytes / tp`` (weight_bytes: fp32 4, bf16/fp16 2, fp8 1, fp4 0.5625 =
   4 bits + one fp8 scale per 16 values, NVFP4; MXFP4 0.53125), except that 8/4-bit checkpoints keep the
-  embedding and LM head (MXFP4: everything but the experts) in 16 bits; a forward pass streams every weight
-  but the untied input embedding (a row lookup).
+  embedding and LM head (MXFP4: everything but the experts) in 16 bits, and NVFP4 checkpoints of MLA models
+  keep the attention projections in FP8 (bytes and GEMM rate; nvidia/DeepSeek-R1-NVFP4-v2 model card); a
+  forward pass streams every weight but the untied input embedding (a row lookup).
 * linear FLOPs = ``2 * active matmul params * tokens`` (Kaplan et al. 2020, "Scaling laws", C_forward = 2N);
   prefill computes logits for the last token only (vLLM).
 * attention FLOPs per layer and sequence: prefill (causal) ``isl^2/2 * heads * 2 * (qk_dim + v_dim)``,
@@ -15,17 +16,22 @@ Formulas (per TP worker of ``tp`` GPUs, weights and KV sharded Megatron-style):
 * decode bytes = weights touched (MoE: expected distinct experts ``E * (1 - (1 - k/E)^batch)``) +
   ``batch * context * kv_bytes_per_token(tp)``; prefill bytes = weights + KV written.
 * TP all-reduce: 2 per layer (after attention and after the MLP, Megatron-LM, Shoeybi et al. 2019) of
-  ``tokens * hidden * 2`` bytes, ring algorithm ``2 (tp-1)/tp * bytes / (link_bw * comm)`` + a fixed latency
-  per all-reduce (``Efficiency.allreduce_latency_s``, fitted; default 10 us = aiconfigurator ``p2p_latency``).
+  ``tokens * hidden * 2`` bytes; with ``x = 2 (tp-1)/tp * bytes / (bus_bw * comm)`` (ring bytes at the
+  fabric's nccl-tests bus bandwidth, ``GpuSpec.allreduce_bus_bw_bytes_per_s``) each costs what NCCL's own
+  cost model picks (NVIDIA/nccl ``src/graph/tuning.cc``): ``min(lat_LL + 4 x, lat_Simple + x)`` (the LL
+  protocol has low latency but a quarter of the bandwidth; ``nccl_latencies``: ``baseLat + 2 (tp-1) hwLat``),
+  plus a fixed engine-side latency (``Efficiency.allreduce_latency_s``, fitted; default 10 us =
+  aiconfigurator ``p2p_latency``).
 * time = ``max(linear_flops / (tp * peak * compute * g(M)), weight_bytes / (mem_bw * memory))
   + max(attn_flops / (tp * peak_bf16 * attention), kv_bytes / (mem_bw * memory * kv_memory))
-  + comm / comm_eff + overhead``: the linear layers (GEMMs) and attention are separate kernels that run one
+  + all-reduces + overhead``: the linear layers (GEMMs) and attention are separate kernels that run one
   after the other, so each gets its own roofline and their times add (a GEMM-bound large batch does not hide
   the KV reads of decode attention; FlashAttention/paged-attention kernels are distinct from the cuBLAS GEMMs,
   Dao et al. 2022; Kwon et al. SOSP 2023). Decode overhead = per step + per sequence x batch. Efficiency
   factors come from ``runtime.perf.calibration`` (fitted on measurements, per precision and serving backend);
   the GEMM-size factor is ``g(M) = M / (M + gemm_half_tokens)`` for M token rows (MoE experts: routed rows
-  per touched expert, ``M * k / (E * (1 - (1 - k/E)^M))``).
+  per touched expert, ``M * k / (E * (1 - (1 - k/E)^M))``, and the expert GEMMs run at ``compute * moe``:
+  fused-MoE kernels route, permute and un-permute tokens around the grouped GEMM, MegaBlocks, Gale et al. 2023).
 * memory: ``gpu_memory_utilization * memory - weights - activations - runtime reserve`` is KV space
   (vLLM's ``determine_num_available_blocks``); activations = ``max_num_batched_tokens`` (8192) tokens of
   ``(4 hidden + 2 intermediate/tp)`` bf16 values; reserve 3.5 GiB (aiconfigurator ``other_mem``) + NCCL buffers
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 
 from runtime.models.spec import ModelSpec
 from runtime.perf.calibration import Efficiency, efficiency_for
+from runtime.perf.collectives import nccl_allreduce_s, nccl_latencies
 from runtime.perf.gpus import GpuSpec
 
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}
@@ -84,8 +91,11 @@ class TimeBreakdown:
     logits_rows: float = 0.0
     weights_peak_s: float = 0.0  # HBM time of the weights at 100% bandwidth
     kv_peak_s: float = 0.0  # HBM time of the KV cache traffic at 100% bandwidth
-    comm_peak_s: float = 0.0  # all-reduce bytes at 100% of the link bandwidth, no latency
+    comm_peak_s: float = 0.0  # all-reduce bytes at 100% of the bus bandwidth, no latency
     num_allreduces: float = 0.0
+    # NCCL cost-model latencies of ONE ring all-reduce with the LL and the Simple protocol (nccl_latencies)
+    allreduce_ll_latency_s: float = 0.0
+    allreduce_simple_latency_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -185,8 +195,17 @@ class PerfModel:
             wide_non_expert = 0
         narrow_non_expert = self._non_expert_params - wide_non_expert
         expert_all = m.num_params - self._non_expert_params
+        # NVIDIA's NVFP4 checkpoints of MLA models keep the attention projections out of FP4 (the
+        # nvidia/DeepSeek-R1-NVFP4-v2 model card: "compared to nvidia/DeepSeek-R1-FP4, this checkpoint
+        # additionally quantizes the wo module in attention layers"; the MLA projections stay FP8 as in
+        # DeepSeek's own checkpoint): their bytes and GEMMs are costed at the fp8 width and rate.
+        fp8_attn = (m.num_layers * m.attention_params_per_layer
+                    if p == "fp4" and m.is_mla and m.quant_method != "mxfp4" else 0)
+        self._fp8_attention_params = fp8_attn
+        attn_extra_bytes = fp8_attn * (WEIGHT_BYTES["fp8"] - self.weight_dtype_bytes)
         self._resident_bytes = (
             (narrow_non_expert + expert_all) * self.weight_dtype_bytes + wide_non_expert * self._wide_dtype_bytes
+            + attn_extra_bytes
         )
         # Bytes streamed per forward pass besides the experts: the untied input embedding is a row lookup,
         # not a full read.
@@ -194,7 +213,7 @@ class PerfModel:
         embed_width = self._wide_dtype_bytes if wide_non_expert else self.weight_dtype_bytes
         self._non_expert_read_bytes = (
             narrow_non_expert * self.weight_dtype_bytes + wide_non_expert * self._wide_dtype_bytes
-            - untied_embed * embed_width
+            - untied_embed * embed_width + attn_extra_bytes
         )
 
     # ------------------------------------------------------------------ memory
@@ -238,15 +257,22 @@ class PerfModel:
 
     # ------------------------------------------------------------------ time
     def _allreduce(self, tokens: int, tp: int) -> dict:
-        """All-reduce time of one forward pass: ``2 * layers`` ring all-reduces of ``tokens * hidden`` bf16
-        values, each ``2 (tp-1)/tp * bytes / (link_bw * comm) + allreduce_latency_s``."""
+        """All-reduce time of one forward pass: ``2 * layers`` all-reduces of ``tokens * hidden`` bf16 values.
+
+        Each costs what NCCL's own cost model picks (``ncclTopoGetAlgoTime``: the faster protocol,
+        ``nccl_allreduce_s``): ``min(LL, Simple)`` with ``x = 2 (tp-1)/tp * bytes / (bus_bw * comm)`` (ring;
+        ``bus_bw = GpuSpec.allreduce_bus_bw_bytes_per_s``), LL = ``lat_LL + 4 x`` (LL moves 8-byte lines of
+        4 data + 4 flag bytes and NCCL rates its all-reduce bandwidth at 1/4), Simple = ``lat_Simple + x``,
+        plus ``allreduce_latency_s`` (engine-side launch/synchronisation, fitted)."""
         if tp == 1:
             return {"comm_s": 0.0}
         n = 2 * self.model.num_layers
         msg = tokens * self.model.hidden_size * ACT_BYTES
-        peak = n * 2 * (tp - 1) / tp * msg / self.gpu.intra_node_bw_bytes_per_s
-        return {"comm_s": peak / self.eff.comm + n * self.eff.allreduce_latency_s, "comm_peak_s": peak,
-                "num_allreduces": float(n)}
+        x = 2 * (tp - 1) / tp * msg / self.gpu.allreduce_bus_bw_bytes_per_s
+        lat_ll, lat_simple = nccl_latencies(tp, self.gpu.has_nvlink)
+        one = nccl_allreduce_s(x / self.eff.comm, lat_ll, lat_simple) + self.eff.allreduce_latency_s
+        return {"comm_s": n * one, "comm_peak_s": n * x, "num_allreduces": float(n),
+                "allreduce_ll_latency_s": lat_ll, "allreduce_simple_latency_s": lat_simple}
 
     def gemm_efficiency(self, tokens: float) -> float:
         """Fraction of the compute efficiency a GEMM with ``tokens`` rows reaches: ``m / (m + h)`` with
@@ -272,11 +298,14 @@ class PerfModel:
             expert_tokens = max(1.0, tokens * k / touched)
         peak = tp * self.gpu.peak_flops(self.compute_precision)
         dense_s, lm_s, expert_s = dense_flops / peak, lm_flops / peak, expert_flops / peak
+        if self._fp8_attention_params:  # attention projections of NVFP4 MLA checkpoints run in FP8
+            fp8_flops = 2.0 * self._fp8_attention_params * tokens
+            dense_s += fp8_flops / (tp * self.gpu.peak_flops("fp8")) - fp8_flops / peak
         attn_s = attn_flops / (tp * self.gpu.peak_flops("fp32" if self.precision == "fp32" else "bf16"))
         ec = self.eff.compute
         total = (dense_s / self.gemm_efficiency(tokens) + lm_s / self.gemm_efficiency(logits_rows)) / ec
         if expert_s:
-            total += expert_s / (ec * self.gemm_efficiency(expert_tokens))
+            total += expert_s / (ec * self.eff.moe * self.gemm_efficiency(expert_tokens))
         attn_total = attn_s / self.eff.attention
         return {"compute_s": total + attn_total, "attn_compute_s": attn_total, "dense_peak_s": dense_s, "expert_peak_s": expert_s, "attn_peak_s": attn_s,
                 "gemm_tokens": float(tokens), "expert_tokens": float(expert_tokens), "lm_head_peak_s": lm_s,

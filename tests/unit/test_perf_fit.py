@@ -11,7 +11,21 @@ import pytest
 from runtime.paths import data_dir
 from runtime.perf import fitted
 from runtime.perf.calibration import DEFAULT, compute_class, efficiency_for
-from runtime.perf.fit import MIN_ROWS, fit_csv, main, observations, render
+import numpy as np
+
+from runtime.perf.fit import (
+    MIN_ROWS,
+    _arrays,
+    _Layout,
+    _Obs,
+    _predict,
+    fit_csv,
+    main,
+    observations,
+    render,
+    running_batch,
+)
+from runtime.perf.model import PerfModel
 from runtime.perf.gpus import get_gpu
 from runtime.models.load import load_model_spec
 
@@ -48,8 +62,10 @@ def test_fit_is_deterministic_bounded_and_reports_residuals(small_csv):
     for eff in (vllm, trt):
         assert 0 < eff.compute <= 1 and 0 < eff.memory <= 1 and 0 < eff.comm <= 1 and 0 < eff.attention <= 1
         assert eff.decode_step_overhead_s >= 0 and eff.prefill_overhead_s >= 0 and eff.decode_seq_overhead_s >= 0
-    # pooled: GPU-side factors are shared, only the backend overheads differ
-    assert (vllm.compute, vllm.memory, vllm.kv_memory) == (trt.compute, trt.memory, trt.kv_memory)
+    # pooled: GEMM, HBM and interconnect factors are shared; overheads and attention kernels are per backend
+    shared = ("compute", "memory", "comm", "gemm_half_tokens", "allreduce_latency_s")
+    assert [getattr(vllm, k) for k in shared] == [getattr(trt, k) for k in shared]
+    assert vllm.attention <= 0.75 and trt.attention <= 0.75  # FlashAttention-3's share of peak at most
     res = ra[("H200-SXM", "fp8", "vllm")]
     assert res["tpot_rows"] > 0 and res["ttft_rows"] > 0
     assert 0 <= res["tpot_median_abs_pct_error"] <= res["tpot_p90_abs_pct_error"]
@@ -106,3 +122,70 @@ def test_efficiency_lookup_order():
     other = efficiency_for("H100-SXM", "fp8", "some-engine")
     assert other.compute == fitted.FITTED[("*", "fp8", "vllm")].compute and "none fitted" in other.source
     assert DEFAULT.memory == 0.8
+
+
+def test_running_batch_is_what_the_kv_cache_holds():
+    pm = PerfModel(L70, get_gpu("H200-SXM"), "fp8")
+    cap = pm.kv_capacity_tokens(1)
+    assert 300_000 < cap < 400_000  # ~56 GB of 160 KiB fp8 tokens after 70 GB of weights
+    # TensorRT-LLM GUARANTEED_NO_EVICT reserves isl + osl per request; vLLM holds isl + osl/2 on average
+    assert running_batch(pm, "trtllm", 128, 8192, 1024, 1) == cap // (8192 + 1024)
+    assert running_batch(pm, "vllm", 128, 8192, 1024, 1) == int(cap // (8192 + 512))
+    assert running_batch(pm, "trtllm", 4, 8192, 1024, 1) == 4  # fits: the whole closed loop runs
+    assert running_batch(PerfModel(L70, get_gpu("L4"), "fp8"), "vllm", 8, 1024, 1024, 1) == 1  # floor 1
+
+
+def test_kv_limited_rows_decode_at_the_running_batch():
+    rows, _ = _rows(lambda r: r["model_path"] == "meta-llama/Llama-3.1-70B" and r["system"] == "h200_sxm"
+                    and r["mode"] == "agg" and r["backend"] == "trtllm" and r["tp_size"] == "1"
+                    and r["batch_size"] == "128" and r["isl"] == "8192")
+    tpot, ttft = observations(rows[0], L70)
+    run = running_batch(PerfModel(L70, get_gpu("H200-SXM"), "fp8"), "trtllm", 128, 8192, 1024, 1)
+    assert run < 128
+    assert tpot.terms[0][9] == run  # per-sequence overheads counted for the running sequences only
+    assert ttft.queue_batch == 128 and ttft.queue_running == run
+
+
+def test_closed_loop_ttft_waits_for_kv_slots_by_hand():
+    """TTFT = prefill + step + M/D/1 wait + (B / running - 1) * request time (Little's law)."""
+    zero = [0.0] * 16
+    prefill, step = list(zero), list(zero)
+    for t in (prefill, step):
+        t[3] = t[4] = t[12] = 1.0  # GEMM row counts (unused: no FLOPs)
+    prefill[8] = 1.0  # one prefill overhead
+    step[7] = 1.0  # one decode-step overhead
+    obs = [_Obs("ttft", "trtllm", 1.0, [tuple(prefill), tuple(step)], queue_batch=8, queue_osl=10,
+                queue_running=2, cls="bf16")]
+    lay = _Layout(obs)
+    shared = [1.0, 1.0, 0.0, 0.0, 1.0]  # memory, comm, gemm_half_tokens, all-reduce latency, fused MoE
+    per_class, per_backend = [1.0], [0.01, 0.01, 0.0, 1.0, 0.5]  # compute; o_d = o_p = 10 ms, o_s, kv, attn
+    theta = np.array(shared + per_class + per_backend)
+    assert len(theta) == lay.n
+    got = _predict(theta, lay, _arrays(obs, lay))[0]
+    request_s = 10 * 0.01 + 0.01  # osl decode steps + the prefill
+    rho = 2 / request_s * 0.01
+    expected = 0.01 + 0.01 + rho * 0.01 / (2 * (1 - rho)) + (8 / 2 - 1) * request_s
+    assert expected == pytest.approx(0.351111, rel=1e-5)
+    assert got == pytest.approx(expected)
+
+
+def test_shipped_fit_has_per_backend_attention_kernels():
+    trt, vllm = fitted.FITTED[("*", "fp8", "trtllm")], fitted.FITTED[("*", "fp8", "vllm")]
+    assert trt.compute == vllm.compute and trt.comm == vllm.comm
+    assert (trt.kv_memory, trt.attention) != (vllm.kv_memory, vllm.attention)
+    assert all(0 < e.attention <= 0.75 for k, e in fitted.FITTED.items() if k[0] == "*")
+
+
+def test_gpu_fits_respect_kernel_bounds_and_the_cpu_entry_does_not_need_them():
+    for key, e in fitted.FITTED.items():
+        if key[0] == "*":
+            assert e.gemm_half_tokens >= 64  # smallest tensor-core tile: 64 rows
+            assert e.attention <= 0.75  # FlashAttention-3's share of peak
+            assert 0 < e.moe <= 1  # routing / permutation only add work
+    cpu = fitted.FITTED[("CPU", "fp32", "vllm")]
+    assert cpu.gemm_half_tokens < 64  # no tensor-core tiles on the CPU
+    lay = _Layout([_Obs("tpot", "vllm", 1.0, [], cls="fp32")])
+    _, lo_gpu, hi_gpu = lay.x0_bounds(True)
+    _, lo_cpu, hi_cpu = lay.x0_bounds(False)
+    assert lo_gpu[2] == 64 and lo_cpu[2] == 0
+    assert hi_gpu[-1] == 0.75 and hi_cpu[-1] == 1.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ from runtime.models.load import load_model_spec
 from runtime.perf.calibration import Efficiency
 from runtime.perf.gpus import get_gpu, gpu_names
 from runtime.perf.instances import INSTANCES, get_instance, instance_for, usd_per_gpu_hour
+from runtime.perf.collectives import nccl_allreduce_s, nccl_latencies
 from runtime.perf.model import PerfModel
 from runtime.paths import data_dir
 
@@ -94,9 +97,56 @@ def test_prefill_flops_by_hand_when_compute_bound():
 def test_tp_allreduce_by_hand():
     pm = PerfModel(L70, get_gpu("H100-SXM"), "bf16", efficiency=IDEAL)
     tokens = 1000
-    per = 2 * 7 / 8 * tokens * 8192 * 2 / 450e9 + 10e-6
-    assert pm.prefill_breakdown(tokens, tp=8).comm_s == pytest.approx(2 * 80 * per)
+    # 16.384 MB per all-reduce; ring factor 2*7/8; H100 NVSwitch bus bandwidth 470 GB/s (nccl-tests busbw)
+    bus_s = 2 * 7 / 8 * tokens * 8192 * 2 / 470e9  # 61.0 us
+    ll, simple = 3.6e-6 + 14 * 0.47e-6, 8.4e-6 + 14 * 3.4e-6  # NCCL tuning.cc, 8 GPUs: 10.18 us, 56.0 us
+    per = min(ll + 4 * bus_s, simple + bus_s) + 10e-6  # Simple wins at 16 MB: 117 us + engine latency
+    assert per == pytest.approx(127.0e-6, rel=1e-3)
+    br = pm.prefill_breakdown(tokens, tp=8)
+    assert br.comm_s == pytest.approx(2 * 80 * per)
+    assert br.comm_peak_s == pytest.approx(2 * 80 * bus_s) and br.num_allreduces == 160
     assert pm.prefill_breakdown(tokens, tp=1).comm_s == 0
+
+
+def test_nccl_protocol_choice_by_hand():
+    """LL (low latency, 1/4 of the bus bandwidth) for small messages, Simple for large ones (NCCL tuning.cc)."""
+    ll, simple = nccl_latencies(8, nvlink=True)
+    assert (ll, simple) == pytest.approx((10.18e-6, 56.0e-6))
+    assert nccl_latencies(2, nvlink=False) == pytest.approx((3.6e-6 + 2 * 1.0e-6, 8.4e-6 + 2 * 5.7e-6))
+    # 1 us of bytes at bus bandwidth: LL 10.18 + 4 = 14.18 us beats Simple 57 us
+    assert nccl_allreduce_s(1e-6, ll, simple) == pytest.approx(14.18e-6)
+    # 100 us: Simple 156 us beats LL 410.18 us; the crossover is at (56 - 10.18) / 3 = 15.27 us
+    assert nccl_allreduce_s(100e-6, ll, simple) == pytest.approx(156e-6)
+    x = (simple - ll) / 3
+    assert nccl_allreduce_s(x, ll, simple) == pytest.approx(ll + 4 * x) == pytest.approx(simple + x)
+
+
+def test_allreduce_bus_bandwidth_per_fabric():
+    """nccl-tests large-message busbw: 8x H100 NVSwitch ~470 GB/s, 8x A100 NVLink-3 ~240, PCIe ~40/64 of link."""
+    assert get_gpu("H100-SXM").allreduce_bus_bw_bytes_per_s == pytest.approx(470e9)
+    assert get_gpu("H200-SXM").allreduce_bus_bw_bytes_per_s == pytest.approx(470e9)
+    assert get_gpu("B200-SXM").allreduce_bus_bw_bytes_per_s == pytest.approx(900e9 * 470 / 450)
+    assert get_gpu("A100-SXM-80GB").allreduce_bus_bw_bytes_per_s == pytest.approx(240e9)
+    assert get_gpu("H100-PCIe").allreduce_bus_bw_bytes_per_s == pytest.approx(40e9)
+    assert get_gpu("L40S").allreduce_bus_bw_bytes_per_s == pytest.approx(20e9)  # PCIe Gen4: 32 * 40/64
+    # a slower fabric never makes the same all-reduce faster
+    times = [PerfModel(L70, get_gpu(g), "bf16", efficiency=IDEAL).prefill_breakdown(4096, tp=4).comm_s
+             for g in ("H100-SXM", "A100-SXM-80GB", "L40S")]
+    assert times == sorted(times)
+
+
+def test_fused_moe_efficiency_slows_only_the_expert_gemms():
+    """Expert GEMM time / moe (grouped GEMM with routing and permutation); dense GEMMs and attention unchanged."""
+    base = PerfModel(MIXTRAL, get_gpu("H100-SXM"), "bf16", efficiency=IDEAL).prefill_breakdown(4096, tp=1)
+    half = PerfModel(MIXTRAL, get_gpu("H100-SXM"), "bf16",
+                     efficiency=replace(IDEAL, moe=0.5)).prefill_breakdown(4096, tp=1)
+    assert base.expert_peak_s > 0
+    # 8 experts, top-2, 4096 rows: every expert touched, so IDEAL (no GEMM-size loss) gives peak times
+    assert half.compute_s - base.compute_s == pytest.approx(base.expert_peak_s)
+    assert half.attn_compute_s == base.attn_compute_s and half.memory_s == base.memory_s
+    dense = PerfModel(L8, get_gpu("H100-SXM"), "bf16", efficiency=replace(IDEAL, moe=0.5))
+    assert dense.prefill_breakdown(4096, tp=1).compute_s == pytest.approx(
+        PerfModel(L8, get_gpu("H100-SXM"), "bf16", efficiency=IDEAL).prefill_breakdown(4096, tp=1).compute_s)
 
 
 def test_moe_decode_reads_fewer_expert_weights_at_small_batch():
@@ -184,6 +234,28 @@ def test_mxfp4_experts_compute_at_the_fp8_rate():
     assert br.expert_peak_s > 0
     dense = PerfModel(L8, get_gpu("B200-SXM"), "fp4", efficiency=IDEAL)
     assert dense.compute_precision == "fp4"
+
+
+def test_nvfp4_mla_checkpoints_keep_attention_projections_in_fp8_by_hand():
+    """nvidia/DeepSeek-R1-FP4 quantises the MoE/MLP linears to NVFP4 but not the MLA projections."""
+    fp4 = PerfModel(DSV3, get_gpu("B200-SXM"), "fp4", efficiency=IDEAL)
+    # per layer: q_a 7168x1536 + norm 1536 + q_b 1536x(128*192) + kv_a 7168x576 + norm 512
+    #            + kv_b 512x(128*(128+128)) + o (128*128)x7168
+    per_layer = (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256
+                 + 128 * 128 * 7168)
+    assert DSV3.attention_params_per_layer == per_layer == 187_107_328
+    attn = 61 * per_layer
+    embed = 129280 * 7168
+    quantised = DSV3.num_params - 2 * embed  # untied embedding + LM head stay 16-bit
+    expected = (quantised - attn) * 0.5625 + attn * 1.0 + 2 * embed * 2
+    assert fp4.weight_bytes_per_rank(1) == pytest.approx(expected)
+    # their GEMM FLOPs run at the fp8 rate: prefill dense time = other / fp4 peak + attention / fp8 peak
+    br = fp4.prefill_breakdown(1000, tp=1)
+    experts_active = 58 * 8 * 3 * 7168 * 2048  # 58 MoE layers, top-8 routed experts of 2048 intermediate
+    dense = DSV3.num_active_matmul_params - 129280 * 7168 - experts_active  # minus the LM head
+    assert br.dense_peak_s == pytest.approx(2 * (dense - attn) * 1000 / 9000e12 + 2 * attn * 1000 / 4500e12)
+    llama = PerfModel(L70, get_gpu("B200-SXM"), "fp4", efficiency=IDEAL)  # not MLA: everything NVFP4
+    assert llama._fp8_attention_params == 0
 
 
 def test_runtime_reserve_and_nccl_buffers_follow_aiconfigurator():
