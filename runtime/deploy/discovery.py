@@ -7,6 +7,11 @@ membership whenever it changes. A watch that ends is resumed from the last resou
 kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes. An endpoint counts
 while `conditions.ready` is not false (a missing value means ready, per the EndpointSlice API).
 
+Besides the base URL (`http://<pod IP>:<port "http">`) the membership carries, per worker URL, the ZMQ
+endpoint of its vLLM KV-event publisher, `tcp://<pod IP>:<port "kv-events">`, read from the same
+EndpointSlice (the worker Services of runtime/deploy/workers.py expose that named port). A slice without
+the port gives its workers no endpoint: the router then tracks their caches approximately.
+
 Talks HTTP with an injected `httpx.AsyncClient` (tests use `httpx.MockTransport`); `in_cluster()`
 builds one from the pod's service-account token (re-read on every request: bound tokens rotate) and CA.
 """
@@ -18,7 +23,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 
 import httpx
 
@@ -26,45 +31,83 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SERVICE_LABEL = "kubernetes.io/service-name"
 
 
+KV_EVENTS_PORT_NAME = "kv-events"  # = the worker Services' port name (runtime/deploy/workers.py)
+
+
 @dataclass(frozen=True)
 class PoolMembership:
-    """Base URLs (`http://ip:port`, sorted) of the ready prefill and decode workers."""
+    """Ready workers of the two pools.
+
+    Attributes:
+        prefill, decode: base URLs (`http://ip:port`, sorted) of the ready prefill and decode workers.
+        kv_events: `(worker URL, "tcp://ip:port")` pairs, sorted by URL: the ZMQ KV-event endpoint of each
+            worker whose EndpointSlice has the KV-event port; workers without one are absent.
+    """
 
     prefill: tuple[str, ...]
     decode: tuple[str, ...]
+    kv_events: tuple[tuple[str, str], ...] = ()
+
+    def kv_events_endpoint(self, url: str) -> str | None:
+        """The KV-event endpoint of the worker at base URL `url` (trailing "/" ignored), or None."""
+        url = url.rstrip("/")
+        return next((ep for u, ep in self.kv_events if u.rstrip("/") == url), None)
+
+
+def _port(slice_: dict[str, Any], name: str | None) -> int | None:
+    if name is None:
+        return None
+    return next((p.get("port") for p in slice_.get("ports") or [] if p.get("name") == name), None)
 
 
 def membership_from_slices(slices: Iterable[dict[str, Any]], *, roles: dict[str, str],
-                           port_name: str = "http") -> PoolMembership:
+                           port_name: str = "http",
+                           kv_events_port_name: str | None = KV_EVENTS_PORT_NAME) -> PoolMembership:
     """Pure: pool membership from EndpointSlice objects.
 
     Args:
         slices: EndpointSlice dicts (discovery.k8s.io/v1).
         roles: Service name → "prefill" | "decode".
         port_name: the Service port whose number is used in the URL.
+        kv_events_port_name: the Service port of the workers' ZMQ KV-event publisher; its number gives
+            each worker's `tcp://ip:port` endpoint (None: report no endpoints).
     """
     pools: dict[str, set[str]] = {"prefill": set(), "decode": set()}
+    events: dict[str, str] = {}
     for s in slices:
         role = roles.get(s.get("metadata", {}).get("labels", {}).get(SERVICE_LABEL, ""))
         if role is None:
             continue
-        port = next((p.get("port") for p in s.get("ports") or [] if p.get("name") == port_name), None)
+        port = _port(s, port_name)
         if port is None:
             continue
+        ev_port = _port(s, kv_events_port_name)
         v6 = s.get("addressType") == "IPv6"
         for ep in s.get("endpoints") or []:
             if (ep.get("conditions") or {}).get("ready") is False:
                 continue
             for addr in ep.get("addresses") or []:
-                pools[role].add(f"http://[{addr}]:{port}" if v6 else f"http://{addr}:{port}")
-    return PoolMembership(prefill=tuple(sorted(pools["prefill"])), decode=tuple(sorted(pools["decode"])))
+                host = f"[{addr}]" if v6 else addr
+                url = f"http://{host}:{port}"
+                pools[role].add(url)
+                if ev_port is not None:
+                    events[url] = f"tcp://{host}:{ev_port}"
+    return PoolMembership(prefill=tuple(sorted(pools["prefill"])), decode=tuple(sorted(pools["decode"])),
+                          kv_events=tuple(sorted(events.items())))
 
 
 class StaticDiscovery:
-    """Fixed worker URLs (local runs): yields one membership."""
+    """Fixed worker URLs (local runs): yields one membership.
 
-    def __init__(self, prefill_urls: Iterable[str], decode_urls: Iterable[str]) -> None:
-        self.membership = PoolMembership(tuple(sorted(prefill_urls)), tuple(sorted(decode_urls)))
+    `kv_events` maps a worker URL to its ZMQ KV-event endpoint (optional; URLs outside the pools ignored).
+    """
+
+    def __init__(self, prefill_urls: Iterable[str], decode_urls: Iterable[str],
+                 kv_events: Mapping[str, str] | None = None) -> None:
+        prefill, decode = tuple(sorted(prefill_urls)), tuple(sorted(decode_urls))
+        urls = {u.rstrip("/") for u in (*prefill, *decode)}
+        ev = {u.rstrip("/"): e for u, e in (kv_events or {}).items() if u.rstrip("/") in urls}
+        self.membership = PoolMembership(prefill, decode, tuple(sorted(ev.items())))
 
     async def updates(self) -> AsyncIterator[PoolMembership]:
         yield self.membership
@@ -84,12 +127,18 @@ class _Gone(Exception):
 
 
 class EndpointSliceDiscovery:
-    """List + watch the EndpointSlices of the prefill and decode Services in one namespace."""
+    """List + watch the EndpointSlices of the prefill and decode Services in one namespace.
+
+    `port_name` names the Services' HTTP port (worker base URLs), `kv_events_port_name` their KV-event
+    port (`PoolMembership.kv_events`; None reports none).
+    """
 
     def __init__(self, *, namespace: str, prefill_service: str, decode_service: str, client: httpx.AsyncClient,
-                 port_name: str = "http", retry_s: float = 1.0, max_retry_s: float = 30.0,
+                 port_name: str = "http", kv_events_port_name: str | None = KV_EVENTS_PORT_NAME,
+                 retry_s: float = 1.0, max_retry_s: float = 30.0,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.namespace, self.client, self.port_name = namespace, client, port_name
+        self.kv_events_port_name = kv_events_port_name
         self.roles = {prefill_service: "prefill", decode_service: "decode"}
         self.retry_s, self.max_retry_s, self.sleep = retry_s, max_retry_s, sleep
         self.path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
@@ -144,7 +193,8 @@ class EndpointSliceDiscovery:
                 yield rv
 
     def _membership(self, slices: dict[str, dict[str, Any]]) -> PoolMembership:
-        return membership_from_slices(slices.values(), roles=self.roles, port_name=self.port_name)
+        return membership_from_slices(slices.values(), roles=self.roles, port_name=self.port_name,
+                                      kv_events_port_name=self.kv_events_port_name)
 
     async def updates(self) -> AsyncIterator[PoolMembership]:
         """Yield the membership now and after every change (runs until the consumer stops)."""

@@ -7,7 +7,8 @@ Objects, in apply order (see `render_all`):
 The InferenceService's predictor is the pdserve runtime (`python -m runtime.server`, a KServe
 ModelServer with OpenAI routes, router and planner) reading weights/tokenizer from
 `storageUri: pvc://<pvc>/models/<model>` (KServe mounts it at /mnt/models); the runtime finds its
-workers through the EndpointSlices of the headless worker Services (runtime/deploy/discovery.py).
+workers through the EndpointSlices of the headless worker Services (runtime/deploy/discovery.py) and,
+for KV-aware router policies (`--router kv`), their KV-event publishers (port "kv-events") there too.
 
 Bad input (an InferenceService name that is not a DNS-1035 label, a TP larger than the instance's
 GPUs, EFA on an instance without it) raises ManifestError before anything is written or applied.
@@ -24,7 +25,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from runtime.config import DeploymentSpec
+from runtime.config import DeploymentSpec, RouterSpec
 from runtime.deploy import rbac, workers
 from runtime.deploy.errors import ManifestError
 from runtime.deploy.instances import InstanceType, instance_for
@@ -52,8 +53,21 @@ def runtime_server_args(*, port: int) -> list[str]:
 MODEL_MOUNT = "/mnt/models"  # where KServe mounts the storageUri in the predictor container
 
 
+# Policies the runtime's discovery pairing serves without the KV-aware router: cache- and load-blind, so
+# they need neither tokens nor KV events (the dynamic pool then round-robins, runtime/server/app.py `serve`).
+FIXED_PAIRING_POLICIES = frozenset({"round_robin", "random"})
+
+
+def uses_kv_router(router: RouterSpec) -> bool:
+    """True when the runtime must run `--router kv` for `router.policy`: every policy that scores workers
+    by cached prefix (kv_aware, dynamo_cost) or by in-flight tokens (least_loaded), i.e. all but
+    FIXED_PAIRING_POLICIES."""
+    return router.policy not in FIXED_PAIRING_POLICIES
+
+
 def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, decode_service: str,
-                      worker_port: int, planner: bool = False) -> list[str]:
+                      worker_port: int, planner: bool = False, router: RouterSpec | None = None,
+                      block_size_tokens: int = 16, tokenizer_dir: str = MODEL_MOUNT) -> list[str]:
     """Per-InferenceService runtime arguments (KServe appends them to the runtime's): the OpenAI model
     name and where the worker pools come from: the EndpointSlices of the headless prefill/decode Services
     (`--discovery=kubernetes`, runtime/server/discovery_sync.py over runtime/deploy/discovery.py), so only
@@ -61,7 +75,13 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     discovery reads the port number from the EndpointSlices). With `planner` the runtime also runs the
     SLO planner scaling the worker Deployments (named like their Services, runtime/deploy/workers.py
     `pool_name`) through their `scale` subresource (RBAC: runtime/deploy/rbac.py), with the spec from env
-    PDSERVE_DEPLOYMENT_SPEC and the model's config.json from the KServe model mount."""
+    PDSERVE_DEPLOYMENT_SPEC and the model's config.json from the KServe model mount.
+
+    With a `router` whose policy needs it (`uses_kv_router`) the runtime runs the KV-aware router:
+    `--router=kv`, `--router-spec=<RouterSpec JSON>`, `--block-size=<block_size_tokens>` (must equal the
+    workers' vLLM `--block-size`, spec.engine.block_size_tokens) and `--tokenizer-dir=<tokenizer_dir>`
+    (the served model folder: the KServe mount of `pvc://<fsx-claim>/models/<model>`, /mnt/models). It
+    subscribes to each discovered worker's KV events at the EndpointSlices' "kv-events" port."""
     del worker_port  # carried by the EndpointSlices' "http" port
     args = [
         f"--model-name={model_name}",
@@ -70,6 +90,9 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
         f"--prefill-service={prefill_service}",
         f"--decode-service={decode_service}",
     ]
+    if router is not None and uses_kv_router(router):
+        args += ["--router=kv", f"--router-spec={router.model_dump_json()}",
+                 f"--block-size={block_size_tokens}", f"--tokenizer-dir={tokenizer_dir}"]
     if planner:
         args += ["--planner=kubernetes", f"--prefill-deployment={prefill_service}",
                  f"--decode-deployment={decode_service}", f"--model-dir={MODEL_MOUNT}"]
@@ -143,6 +166,8 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
                 decode_service=workers.pool_name(name, "decode", revision),
                 worker_port=target.worker_port,
                 planner=spec.planner.mode != "off",
+                router=spec.router,
+                block_size_tokens=spec.engine.block_size_tokens,
             ),
             "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()}],
         },

@@ -2,9 +2,15 @@
 
 vLLM's ZMQ publisher (`--kv-events-config '{"publisher":"zmq","endpoint":"tcp://*:PORT","topic":"kv-events"}'`,
 vllm/distributed/kv_events.py) sends multipart messages `[topic, seq (8 bytes big-endian), msgpack payload]`
-from a PUB socket. `KvEventSubscriber` keeps one SUB socket per worker in the running asyncio loop and hands
-each decoded batch to a callback, in arrival order per worker. Gaps in the sequence numbers (a slow
-subscriber, a restarted worker) are counted; the router's index then lags until later events correct it.
+from a PUB socket. `KvEventSubscriber` keeps one SUB socket and one reader task per worker in the running
+asyncio loop and hands each decoded batch to a callback, in arrival order per worker. Gaps in the sequence
+numbers (a slow subscriber, a restarted worker) are counted; the router's index then lags until later events
+correct it.
+
+Workers come and go at run time (discovery, runtime/server/discovery_sync.py): `add(worker_id, endpoint)`
+opens a subscription, `remove(worker_id)` closes it at once — once `remove` returns, no further batch of that
+worker reaches the callback, so a worker dropped from the router index cannot re-enter it through a late
+event.
 """
 
 from __future__ import annotations
@@ -23,20 +29,39 @@ OnBatch = Callable[[str, KvEventBatch], None]
 
 @dataclass
 class SubscriberStats:
-    """Per-worker counters: batches received, decode errors, sequence gaps (missed batches)."""
+    """Per-worker counters of the current subscriptions: batches received, decode errors, sequence gaps
+    (missed batches). A removed worker's counters are dropped with its subscription (keys ⊆ subscribed
+    workers); `num_opened`/`num_closed` count subscriptions opened and closed over the subscriber's life."""
 
     num_batches: dict[str, int] = field(default_factory=dict)
     num_decode_errors: dict[str, int] = field(default_factory=dict)
     num_missed_batches: dict[str, int] = field(default_factory=dict)
+    num_opened: int = 0
+    num_closed: int = 0
+
+    def forget(self, worker_id: str) -> None:
+        """Drop one worker's counters."""
+        for d in (self.num_batches, self.num_decode_errors, self.num_missed_batches):
+            d.pop(worker_id, None)
+
+
+def _log_reader_end(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s: KV-event reader ended: %r (the router's index of this worker now lags)",
+                  task.get_name(), task.exception())
 
 
 class KvEventSubscriber:
     """SUB sockets on every worker's KV-event endpoint, feeding `on_batch(worker_id, batch)`.
 
     Args:
-        endpoints: `{worker_id: "tcp://host:port"}` (from configuration / WorkerProcess.kv_events_endpoint).
+        endpoints: initial `{worker_id: "tcp://host:port"}` (configuration / WorkerProcess.kv_events_endpoint);
+            more are added with `add` and dropped with `remove`, before or after `start`.
         on_batch: called in the event loop for each decoded batch; exceptions are logged, not raised.
         topic: ZMQ topic prefix to subscribe to ("" = everything).
+
+    `endpoints` holds the current subscriptions (`{worker_id: endpoint}`); after `start`, each has a reader
+    task and a socket until `remove` or `stop`.
     """
 
     def __init__(self, endpoints: Mapping[str, str], on_batch: OnBatch, *, topic: str = "kv-events") -> None:
@@ -44,22 +69,86 @@ class KvEventSubscriber:
         self.on_batch = on_batch
         self.topic = topic
         self.stats = SubscriberStats()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._socks: dict[str, object] = {}
         self._ctx = None
         self._last_seq: dict[str, int] = {}
 
+    @property
+    def active_workers(self) -> tuple[str, ...]:
+        """Sorted ids of the workers with an open socket and a running reader (empty before `start`)."""
+        return tuple(sorted(self._tasks))
+
     def start(self) -> None:
-        """Connect and start one reader task per worker in the running loop."""
-        import zmq
+        """Connect and start one reader task per worker in the running loop.
+
+        Raises:
+            ValueError: an endpoint ZMQ cannot connect to (message names the worker and endpoint); the
+                subscriptions opened before it stay open (close them with `stop`).
+        """
         import zmq.asyncio
 
-        self._ctx = zmq.asyncio.Context()
-        for worker_id, endpoint in self.endpoints.items():
-            sock = self._ctx.socket(zmq.SUB)
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        for worker_id, endpoint in list(self.endpoints.items()):
+            if worker_id not in self._tasks:
+                self._open(worker_id, endpoint)
+
+    def add(self, worker_id: str, endpoint: str) -> bool:
+        """Subscribe to `worker_id`'s events at `endpoint` ("tcp://host:port"; IPv6 hosts in brackets).
+
+        Before `start` the endpoint is only recorded. A worker already subscribed elsewhere is
+        resubscribed (its old socket closed, its counters reset).
+
+        Returns:
+            False when the worker is already subscribed to `endpoint` (nothing done), else True.
+
+        Raises:
+            ValueError: ZMQ cannot connect to `endpoint` (nothing recorded; an old subscription of the
+                worker is closed).
+        """
+        if self.endpoints.get(worker_id) == endpoint:
+            return False
+        self.remove(worker_id)
+        if self._ctx is not None:
+            self._open(worker_id, endpoint)
+        self.endpoints[worker_id] = endpoint
+        return True
+
+    def remove(self, worker_id: str) -> bool:
+        """Unsubscribe `worker_id`: cancel its reader, close its socket and drop its counters; no batch
+        of it reaches `on_batch` afterwards. Returns False for an unknown worker."""
+        if self.endpoints.pop(worker_id, None) is None:
+            return False
+        task = self._tasks.pop(worker_id, None)
+        sock = self._socks.pop(worker_id, None)
+        if task is not None:
+            task.cancel()
+        if sock is not None:
+            sock.close(linger=0)
+            self.stats.num_closed += 1
+        self._last_seq.pop(worker_id, None)
+        self.stats.forget(worker_id)
+        return True
+
+    def _open(self, worker_id: str, endpoint: str) -> None:
+        import zmq
+
+        sock = self._ctx.socket(zmq.SUB)
+        try:
             sock.setsockopt(zmq.LINGER, 0)
+            if "://[" in endpoint:
+                sock.setsockopt(zmq.IPV6, 1)
             sock.setsockopt_string(zmq.SUBSCRIBE, self.topic)
             sock.connect(endpoint)
-            self._tasks.append(asyncio.get_running_loop().create_task(self._read(worker_id, sock)))
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ValueError(f"worker {worker_id!r}: cannot subscribe to KV events at {endpoint!r}: {exc}") from None
+        self._socks[worker_id] = sock
+        task = asyncio.get_running_loop().create_task(self._read(worker_id, sock), name=f"kv-events:{worker_id}")
+        task.add_done_callback(_log_reader_end)
+        self._tasks[worker_id] = task
+        self.stats.num_opened += 1
 
     async def _read(self, worker_id: str, sock) -> None:
         try:
@@ -85,15 +174,21 @@ class KvEventSubscriber:
             sock.close(linger=0)
 
     async def stop(self) -> None:
-        """Cancel the readers and close the sockets."""
-        for t in self._tasks:
+        """Cancel the readers, close the sockets and the ZMQ context (`endpoints` is kept: `start` again
+        resubscribes)."""
+        tasks = list(self._tasks.values())
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             try:
                 await t
             except (asyncio.CancelledError, Exception):
                 pass
+        self.stats.num_closed += len(self._socks)
+        for sock in self._socks.values():
+            sock.close(linger=0)
         self._tasks.clear()
+        self._socks.clear()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

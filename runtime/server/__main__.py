@@ -19,6 +19,9 @@ pool; `kubernetes` scales `--prefill-deployment`/`--decode-deployment` in `--nam
 `--discovery kubernetes --prefill-service P --decode-service D --namespace NS` (on a cluster) takes the pools
 from the EndpointSlices of the headless worker Services instead of `--prefill-url`/`--decode-url` (which it
 refuses): the runtime watches them and adds/removes workers in the router's pool as pods come and go.
+With `--router kv` too, each discovered worker's KV-event endpoint comes from the same EndpointSlices (port
+`--worker-kv-events-port-name`, default "kv-events"): the runtime subscribes to it when the pod appears and
+unsubscribes when it goes (`--prefill-kv-events`/`--decode-kv-events` are refused in this mode).
 `--deployment-spec` defaults to the env PDSERVE_DEPLOYMENT_SPEC (set by runtime/deploy/render.py).
 """
 
@@ -45,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-service", default="", help="--discovery kubernetes: headless decode Service.")
     p.add_argument("--worker-port-name", default="http",
                    help="--discovery kubernetes: name of the worker Services' HTTP port.")
+    p.add_argument("--worker-kv-events-port-name", default="kv-events",
+                   help="--discovery kubernetes with --router kv: name of the worker Services' KV-event port.")
     p.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
     p.add_argument("--http-port", type=int, default=8080, help="HTTP port.")
     p.add_argument("--timeout-s", type=float, default=600.0, help="Read timeout of each worker call, seconds.")
@@ -119,7 +124,8 @@ def discovery_settings(args: argparse.Namespace) -> dict | None:
     """The `serve(discovery=...)` settings; None with `--discovery static`.
 
     Raises:
-        SystemExit: static without a decode URL; kubernetes without both Services or with static URLs.
+        SystemExit: static without a decode URL; kubernetes without both Services, with static URLs or
+            with static KV-event endpoints (the EndpointSlices carry them).
     """
     if args.discovery == "static":
         if not args.decode_url:
@@ -129,8 +135,12 @@ def discovery_settings(args: argparse.Namespace) -> dict | None:
         sys.exit("--discovery kubernetes needs --prefill-service and --decode-service")
     if args.prefill_url or args.decode_url:
         sys.exit("--discovery kubernetes takes the pools from the Services: drop --prefill-url/--decode-url")
+    if args.prefill_kv_events or args.decode_kv_events:
+        sys.exit("--discovery kubernetes takes the KV-event endpoints from the Services' EndpointSlices: "
+                 "drop --prefill-kv-events/--decode-kv-events")
     return dict(namespace=args.namespace, prefill_service=args.prefill_service,
-                decode_service=args.decode_service, port_name=args.worker_port_name)
+                decode_service=args.decode_service, port_name=args.worker_port_name,
+                kv_events_port_name=args.worker_kv_events_port_name)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -134,26 +134,30 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
 
 
 async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, planner=None,
-                     discovery=None) -> None:
+                     discovery=None, discovered_kv_events: bool = False) -> None:
     """Serve `rest` with the model's background work: KV-event subscription and worker health checks when
     its pairing is a RouterPairing, and the planner task (runtime.server.planner_runtime.PlannerRuntime)
     when given. Returns when the server stops (SIGINT/SIGTERM); the planner's actuator is closed then
     (a local planner's workers are stopped). `discovery` (anything with an async `updates()` of
-    runtime.deploy.discovery.PoolMembership) feeds the RouterPairing's pool (runtime.server.discovery_sync)."""
+    runtime.deploy.discovery.PoolMembership) feeds the RouterPairing's pool (runtime.server.discovery_sync);
+    with `discovered_kv_events` (the KV-aware router) the discovered workers' KV-event endpoints are
+    subscribed to as they come and unsubscribed as they go."""
     pairing = model.pairing
     subscriber = None
     tasks: list[asyncio.Task] = []
+    if isinstance(pairing, RouterPairing):
+        endpoints = pairing.kv_event_endpoints()
+        if endpoints or (discovery is not None and discovered_kv_events):
+            subscriber = KvEventSubscriber(endpoints, pairing.apply_batch)
+            subscriber.start()
     if discovery is not None:
         from runtime.server.discovery_sync import follow_discovery
 
-        tasks.append(asyncio.create_task(follow_discovery(discovery, pairing)))
+        tasks.append(asyncio.create_task(follow_discovery(
+            discovery, pairing, subscriber=subscriber if discovered_kv_events else None)))
     if planner is not None:
         tasks.append(asyncio.create_task(planner.run()))
     if isinstance(pairing, RouterPairing):
-        endpoints = pairing.kv_event_endpoints()
-        if endpoints:
-            subscriber = KvEventSubscriber(endpoints, pairing.apply_batch)
-            subscriber.start()
         tasks.append(asyncio.create_task(health_loop(pairing, model.worker_healthy, interval_s=health_interval_s)))
     try:
         await rest.start()
@@ -192,13 +196,16 @@ def serve(
     `planner` holds the keyword arguments of runtime.server.planner_runtime.build_planner (less pairing,
     window, is_healthy); None runs no planner. `discovery` (namespace, prefill_service, decode_service,
     port_name) takes the pools from the Kubernetes EndpointSlices of those Services (in-cluster credentials)
-    instead of the URLs, through a RouterPairing that starts empty.
+    instead of the URLs, through a RouterPairing that starts empty; with `router_spec` too, the KV-event
+    endpoints come from the EndpointSlices (port "kv-events", `discovery["kv_events_port_name"]`) and
+    `prefill_kv_events`/`decode_kv_events` are ignored.
 
     Raises:
         ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings.
     """
     pairing = None
     tokenizer = None
+    kv_router = router_spec is not None
     dynamic_pool = discovery is not None or (planner is not None and planner.get("kind") == "local")
     if router_spec is None and dynamic_pool:
         router_spec = RouterSpec(policy="round_robin", disagg_min_uncached_tokens=0)
@@ -233,4 +240,5 @@ def serve(
 
         planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy, **planner)
     rest = build_rest_server(model, host=host, http_port=http_port)
-    asyncio.run(run_server(rest, model, planner=planner_rt, discovery=source))
+    asyncio.run(run_server(rest, model, planner=planner_rt, discovery=source,
+                           discovered_kv_events=kv_router))

@@ -6,6 +6,12 @@ and `follow_discovery` turns every membership change into `RouterPairing.add_wor
 only addresses the discovery reports ever become routing targets. `--discovery static` (the default) uses
 the `--prefill-url`/`--decode-url` flags as the whole pool.
 
+With a KV-event subscriber (the runtime runs `--router kv`), each discovered worker whose EndpointSlice
+carries a KV-event port (`PoolMembership.kv_events`) is added as a KV-event worker and subscribed to
+(`KvEventSubscriber.add`); a worker that leaves is unsubscribed before it leaves the pool (and the router's
+index), so no late event re-adds its blocks. Workers without an endpoint, or without a subscriber, are
+tracked approximately (the router learns their caches from its own decisions).
+
 Worker ids of discovered workers are `"<role>@<base URL>"`, so a pod that comes back at the same address
 gets the same id (its old index entry was dropped when it left).
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from runtime.deploy.discovery import PoolMembership
 from runtime.server.routing import RouterPairing, WorkerEndpoint
@@ -23,17 +30,29 @@ log = logging.getLogger(__name__)
 DISCOVERY_KINDS = ("static", "kubernetes")
 
 
+class EventSubscriptions(Protocol):
+    """What apply_membership needs of runtime.engines.kv_events.KvEventSubscriber."""
+
+    def add(self, worker_id: str, endpoint: str) -> bool: ...
+
+    def remove(self, worker_id: str) -> bool: ...
+
+
 def discovered_id(role: str, url: str) -> str:
     """Worker id of a discovered worker: `"<role>@<base URL>"`."""
     return f"{role}@{url.rstrip('/')}"
 
 
-def apply_membership(pairing: RouterPairing, membership: PoolMembership) -> tuple[list[str], list[str]]:
+def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,
+                     subscriber: EventSubscriptions | None = None) -> tuple[list[str], list[str]]:
     """Make the pairing's pool equal `membership` (prefill and decode base URLs).
 
     Workers that left are removed (their in-flight requests are then migrated or failed by the model);
     new ones are added with an empty KV index entry. A URL reported in both pools keeps its first role
-    (prefill) and is logged.
+    (prefill) and is logged. With `subscriber`, a new worker with a KV-event endpoint in `membership` is
+    subscribed to and routed precisely; a removed one is unsubscribed first; a worker whose endpoint
+    changed (appeared, moved, vanished) is removed and added again (empty index entry). An endpoint ZMQ
+    refuses (malformed) is logged and its worker tracked approximately until the next membership.
 
     Returns:
         (added worker ids, removed worker ids), each sorted.
@@ -46,15 +65,28 @@ def apply_membership(pairing: RouterPairing, membership: PoolMembership) -> tupl
                 log.warning("discovery: %s is in both pools; kept as %s", url, wanted[url])
                 continue
             wanted[url] = role
-    want_ids = {discovered_id(role, url): (role, url) for url, role in wanted.items()}
-    removed = sorted(wid for wid in pairing.workers if wid not in want_ids)
+    want: dict[str, tuple[str, str, str | None]] = {}
+    for url, role in wanted.items():
+        ep = membership.kv_events_endpoint(url) if subscriber is not None else None
+        want[discovered_id(role, url)] = (role, url, ep)
+    removed = sorted(wid for wid, w in pairing.workers.items()
+                     if wid not in want or (subscriber is not None and w.kv_events_endpoint != want[wid][2]))
     for wid in removed:
+        if subscriber is not None:
+            subscriber.remove(wid)
         pairing.remove_worker(wid)
     added = []
-    for wid, (role, url) in sorted(want_ids.items()):
-        if wid not in pairing.workers:
-            pairing.add_worker(WorkerEndpoint(wid, role, url))
-            added.append(wid)
+    for wid, (role, url, ep) in sorted(want.items()):
+        if wid in pairing.workers:
+            continue
+        if ep is not None:
+            try:
+                subscriber.add(wid, ep)
+            except ValueError as exc:
+                log.warning("discovery: %s; its cache is tracked approximately", exc)
+                ep = None
+        pairing.add_worker(WorkerEndpoint(wid, role, url, ep))
+        added.append(wid)
     if added or removed:
         log.info("discovery: pool now %d prefill, %d decode (added %s, removed %s)", len(membership.prefill),
                  len(membership.decode), added, removed)
@@ -62,10 +94,12 @@ def apply_membership(pairing: RouterPairing, membership: PoolMembership) -> tupl
 
 
 async def follow_discovery(discovery, pairing: RouterPairing,
-                           on_change: Callable[[PoolMembership], None] | None = None) -> None:
+                           on_change: Callable[[PoolMembership], None] | None = None, *,
+                           subscriber: EventSubscriptions | None = None) -> None:
     """Apply every membership `discovery.updates()` yields to `pairing` (runs until the updates end or the
-    task is cancelled). `on_change` is called after each applied membership (tests, metrics)."""
+    task is cancelled), subscribing to discovered KV-event endpoints through `subscriber` when given (see
+    apply_membership). `on_change` is called after each applied membership (tests, metrics)."""
     async for membership in discovery.updates():
-        apply_membership(pairing, membership)
+        apply_membership(pairing, membership, subscriber=subscriber)
         if on_change is not None:
             on_change(membership)

@@ -66,7 +66,7 @@ async def test_batches_arrive_in_order_and_gaps_and_garbage_are_counted():
         await sub.stop()
         pub.close(0)
         ctx.term()
-    assert sub._tasks == []
+    assert sub.active_workers == ()
 
 
 async def test_callback_errors_do_not_end_the_subscription():

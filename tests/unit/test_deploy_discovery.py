@@ -169,3 +169,57 @@ def test_in_cluster_reads_the_service_account_token_per_request(tmp_path, monkey
     assert next(flow).headers["Authorization"] == "Bearer tok"
     (tmp_path / "token").write_text("rotated")
     assert next(d.client.auth.auth_flow(httpx.Request("GET", "https://x/"))).headers["Authorization"] == "Bearer rotated"
+
+
+def with_kv_events(s: dict, port: int = 5557) -> dict:
+    s["ports"] = s["ports"] + [{"name": "kv-events", "port": port, "protocol": "TCP"}]
+    return s
+
+
+def test_kv_event_endpoints_come_from_the_same_slice_named_port_for_ready_workers_only():
+    slices = [
+        with_kv_events(eps("p-1", "smollm2-prefill", {"10.0.0.1": True, "10.0.0.2": False})),
+        with_kv_events(eps("d-1", "smollm2-decode", {"10.0.1.1": None}), port=6000),
+        eps("d-2", "smollm2-decode", {"10.0.1.2": True}),  # no kv-events port: no endpoint, still a worker
+    ]
+    m = membership_from_slices(slices, roles=ROLES)
+    assert m.prefill == ("http://10.0.0.1:8000",)
+    assert m.decode == ("http://10.0.1.1:8000", "http://10.0.1.2:8000")
+    assert m.kv_events == (("http://10.0.0.1:8000", "tcp://10.0.0.1:5557"),
+                           ("http://10.0.1.1:8000", "tcp://10.0.1.1:6000"))
+    assert m.kv_events_endpoint("http://10.0.1.1:8000/") == "tcp://10.0.1.1:6000"
+    assert m.kv_events_endpoint("http://10.0.1.2:8000") is None
+    assert m.kv_events_endpoint("http://10.0.0.2:8000") is None  # not ready
+    assert membership_from_slices(slices, roles=ROLES, kv_events_port_name=None).kv_events == ()
+    assert membership_from_slices(slices, roles=ROLES, kv_events_port_name="zmq").kv_events == ()
+
+
+def test_ipv6_kv_event_endpoints_are_bracketed_like_the_urls():
+    s = with_kv_events(eps("d-1", "smollm2-decode", {"fd00::1": True}))
+    s["addressType"] = "IPv6"
+    assert membership_from_slices([s], roles=ROLES).kv_events == (("http://[fd00::1]:8000", "tcp://[fd00::1]:5557"),)
+
+
+def test_membership_without_event_endpoints_is_backward_compatible():
+    m = membership_from_slices([eps("d-1", "smollm2-decode", {"10.0.1.1": True})], roles=ROLES)
+    assert m == PoolMembership(prefill=(), decode=("http://10.0.1.1:8000",))  # kv_events defaults to ()
+    assert hash(m) == hash(PoolMembership((), ("http://10.0.1.1:8000",)))  # still a frozen, hashable value
+
+
+def test_static_discovery_carries_the_given_event_endpoints_of_pool_workers():
+    d = StaticDiscovery(["http://p:1/"], ["http://d:2"], kv_events={"http://p:1": "tcp://p:5557",
+                                                                    "http://x:9": "tcp://x:5557"})
+    assert d.membership.kv_events == (("http://p:1", "tcp://p:5557"),)
+    assert d.membership.kv_events_endpoint("http://p:1") == "tcp://p:5557"
+
+
+async def test_a_slice_gaining_its_kv_events_port_is_a_membership_change():
+    api = FakeApi(slices=[eps("d-1", "smollm2-decode", {"10.0.1.1": True})],
+                  watches=[[{"type": "MODIFIED",
+                             "object": with_kv_events(eps("d-1", "smollm2-decode", {"10.0.1.1": True}, rv="11"))}]])
+    got = await take(discovery(api).updates(), 2)
+    assert [m.decode for m in got] == [("http://10.0.1.1:8000",)] * 2
+    assert [m.kv_events for m in got] == [(), (("http://10.0.1.1:8000", "tcp://10.0.1.1:5557"),)]
+    api = FakeApi(slices=[with_kv_events(eps("d-1", "smollm2-decode", {"10.0.1.1": True}))], watches=[])
+    got = await take(discovery(api, kv_events_port_name=None).updates(), 1)
+    assert got[0].decode == ("http://10.0.1.1:8000",) and got[0].kv_events == ()

@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
+from runtime.config import DeploymentSpec, EngineSpec, ModelRef, PlannerSpec, PoolSpec, RouterSpec
 from runtime.deploy.errors import ManifestError
 from runtime.deploy.render import find, read_yaml, render_all, spec_digest, write_yaml
 from runtime.deploy.target import ClusterTarget
@@ -61,8 +61,9 @@ def test_inference_service_points_at_fsx_pvc_and_pdserve_runtime(objs):
     assert model["storageUri"] == "pvc://fsx-claim/models/smollm2-135m-instruct"
     assert model["runtime"] == "pdserve"
     assert model["modelFormat"]["name"] == "pdserve"
-    assert model["args"] == ["--model-name=smollm2-135m-instruct", "--discovery=kubernetes", "--namespace=pdserve",
-                             "--prefill-service=smollm2-prefill", "--decode-service=smollm2-decode"]
+    assert model["args"][:5] == ["--model-name=smollm2-135m-instruct", "--discovery=kubernetes",
+                                 "--namespace=pdserve", "--prefill-service=smollm2-prefill",
+                                 "--decode-service=smollm2-decode"]
     assert isvc["spec"]["predictor"]["serviceAccountName"] == "smollm2-runtime"
     assert "canaryTrafficPercent" not in isvc["spec"]["predictor"]
     assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Serverless"
@@ -319,3 +320,49 @@ def test_dns_label_rejects_text_without_letters_or_digits():
 
     with pytest.raises(ManifestError, match="^name"):
         dns_label("//__")
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in args)
+
+
+def test_kv_aware_router_policies_run_the_kv_router_with_the_workers_block_size_and_the_model_mount():
+    spec = make_spec(engine=EngineSpec(block_size_tokens=32),
+                     router=RouterSpec(policy="dynamo_cost", overlap_weight=2.5, disagg_min_uncached_tokens=256))
+    objs = render(spec)
+    args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
+    flags = _flags(args)
+    assert args[5:] == ["--router=kv", f"--router-spec={flags['--router-spec']}", "--block-size=32",
+                        "--tokenizer-dir=/mnt/models"]
+    assert RouterSpec.model_validate_json(flags["--router-spec"]) == spec.router  # the spec's router, verbatim
+    for role in ("prefill", "decode"):  # the router hashes blocks of the size the workers cache
+        worker_args = container(find(objs, "Deployment", f"{NAME}-{role}"))["args"]
+        assert arg_value(worker_args, "--block-size") == "32"
+        events = json.loads(arg_value(worker_args, "--kv-events-config"))
+        assert events["publisher"] == "zmq" and events["enable_kv_cache_events"] is True
+    svc_ports = {p["name"]: p["port"] for p in find(objs, "Service", f"{NAME}-decode")["spec"]["ports"]}
+    assert events["endpoint"] == f"tcp://*:{svc_ports['kv-events']}"  # discovery reads this named port
+
+
+@pytest.mark.parametrize("policy,kv", [("kv_aware", True), ("dynamo_cost", True), ("least_loaded", True),
+                                       ("round_robin", False), ("random", False)])
+def test_only_cache_and_load_blind_policies_keep_the_fixed_pairing(policy, kv):
+    args = find(render(make_spec(router=RouterSpec(policy=policy))), "InferenceService", NAME)[
+        "spec"]["predictor"]["model"]["args"]
+    assert ("--router=kv" in args) is kv
+    assert any(a.startswith("--tokenizer-dir=") for a in args) is kv
+    assert any(a.startswith("--router-spec=") for a in args) is kv
+
+
+def test_kv_router_args_start_discovery_with_kv_events_in_the_runtime_cli():
+    server_main = pytest.importorskip("runtime.server.__main__")
+    spec = make_spec(router=RouterSpec(policy="kv_aware", temperature=0.5))
+    objs = render(spec)
+    csr_args = find(objs, "ClusterServingRuntime", "pdserve")["spec"]["containers"][0]["args"]
+    isvc_args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
+    args = server_main.parse_args(csr_args + isvc_args)
+    assert args.router == "kv" and str(args.tokenizer_dir) == "/mnt/models" and args.block_size == 16
+    assert RouterSpec.model_validate_json(args.router_spec) == spec.router
+    settings = server_main.discovery_settings(args)  # kubernetes discovery + kv router: accepted
+    svc_ports = [p["name"] for p in find(objs, "Service", f"{NAME}-prefill")["spec"]["ports"]]
+    assert settings["kv_events_port_name"] in svc_ports and settings["port_name"] in svc_ports

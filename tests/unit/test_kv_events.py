@@ -110,3 +110,38 @@ def test_encode_is_the_inverse_of_decode():
     batch = KvEventBatch(2.0, (BlockStored((1, 2), 9, (1, 2, 3, 4), 2, None, None, (("salt",), None)),
                                BlockRemoved((1,)), AllBlocksCleared()))
     assert decode_payload(encode_payload(batch)) == batch
+
+
+def test_subscriber_add_and_remove_before_start_only_record_endpoints():
+    from runtime.engines.kv_events import KvEventSubscriber
+
+    sub = KvEventSubscriber({"w0": "tcp://127.0.0.1:5557"}, lambda w, b: None)
+    assert sub.add("w1", "tcp://127.0.0.1:5558") is True
+    assert sub.add("w1", "tcp://127.0.0.1:5558") is False  # already subscribed there
+    assert sub.remove("w0") is True and sub.remove("w0") is False
+    assert sub.endpoints == {"w1": "tcp://127.0.0.1:5558"}
+    assert sub.active_workers == () and sub.stats.num_opened == 0  # nothing opened before start
+
+
+async def test_subscriber_remove_closes_the_socket_and_drops_the_workers_counters():
+    from runtime.engines.kv_events import KvEventSubscriber
+
+    sub = KvEventSubscriber({"w0": "tcp://127.0.0.1:5557"}, lambda w, b: None)
+    sub.start()
+    try:
+        assert sub.add("w1", "tcp://[::1]:5558") is True  # IPv6 endpoints need ZMQ's IPV6 option
+        assert sub.active_workers == ("w0", "w1")
+        sock = sub._socks["w1"]
+        sub.stats.num_batches["w1"] = 3  # as if it had received batches
+        assert sub.add("w1", "tcp://127.0.0.1:5559") is True  # moved: old socket closed, counters reset
+        assert sock.closed and "w1" not in sub.stats.num_batches
+        sock = sub._socks["w1"]
+        assert sub.remove("w1") is True
+        assert sock.closed and sub.active_workers == ("w0",)
+        assert (sub.stats.num_opened, sub.stats.num_closed) == (3, 2)
+        with pytest.raises(ValueError, match="'w2'.*tcp://nowhere"):
+            sub.add("w2", "tcp://nowhere")
+        assert "w2" not in sub.endpoints and sub.active_workers == ("w0",)
+    finally:
+        await sub.stop()
+    assert sub.active_workers == () and sub.stats.num_closed == 3

@@ -18,6 +18,7 @@ from runtime.config import RouterSpec
 from runtime.deploy.discovery import EndpointSliceDiscovery, PoolMembership
 from runtime.server.__main__ import discovery_settings, parse_args
 from runtime.server.app import build_router_pairing
+from runtime.engines.kv_events import KvEventSubscriber
 from runtime.server.discovery_sync import apply_membership, follow_discovery
 from runtime.server.pairing import RouteRequest
 
@@ -117,6 +118,15 @@ def _args(*extra: str):
     return parse_args(["--model-name", "m", *extra])
 
 
+def test_discovery_settings_configure_the_in_cluster_endpointslice_watch(tmp_path):
+    (tmp_path / "token").write_text("tok")
+    s = discovery_settings(_args("--discovery", "kubernetes", "--prefill-service", "p", "--decode-service", "d",
+                                 "--router", "kv", "--worker-kv-events-port-name", "zmq"))
+    d = EndpointSliceDiscovery.in_cluster(**s, sa_dir=tmp_path, host="https://127.0.0.1:6443")  # as serve() does
+    assert (d.port_name, d.kv_events_port_name) == ("http", "zmq")
+    assert d.roles == {"p": "prefill", "d": "decode"}
+
+
 def test_discovery_flags_are_checked_naming_the_flag():
     assert discovery_settings(_args("--decode-url", "http://d:1")) is None
     with pytest.raises(SystemExit, match="--decode-url"):
@@ -128,7 +138,14 @@ def test_discovery_flags_are_checked_naming_the_flag():
                                  "--decode-url", "http://d:1"))
     s = discovery_settings(_args("--discovery", "kubernetes", "--prefill-service", "p", "--decode-service", "d",
                                  "--namespace", "llm"))
-    assert s == {"namespace": "llm", "prefill_service": "p", "decode_service": "d", "port_name": "http"}
+    assert s == {"namespace": "llm", "prefill_service": "p", "decode_service": "d", "port_name": "http",
+                 "kv_events_port_name": "kv-events"}
+    with pytest.raises(SystemExit, match="--prefill-kv-events"):  # discovered endpoints are the only source
+        discovery_settings(_args("--discovery", "kubernetes", "--prefill-service", "p", "--decode-service", "d",
+                                 "--router", "kv", "--prefill-kv-events", "tcp://p:5557"))
+    s = discovery_settings(_args("--discovery", "kubernetes", "--prefill-service", "p", "--decode-service", "d",
+                                 "--router", "kv", "--worker-kv-events-port-name", "zmq"))
+    assert s["kv_events_port_name"] == "zmq"
 
 
 def test_rendered_runtime_args_start_discovery_and_the_kubernetes_planner(monkeypatch):
@@ -144,9 +161,72 @@ def test_rendered_runtime_args_start_discovery_and_the_kubernetes_planner(monkey
     monkeypatch.setenv(SPEC_ENV, env[SPEC_ENV])
     args = parse_args(csr + model["args"])  # KServe appends the ISVC args to the runtime's
     assert discovery_settings(args) == {"namespace": "llm", "prefill_service": "m-v3-prefill",
-                                        "decode_service": "m-v3-decode", "port_name": "http"}
+                                        "decode_service": "m-v3-decode", "port_name": "http",
+                                        "kv_events_port_name": "kv-events"}
     assert args.planner == "kubernetes" and str(args.model_dir) == "/mnt/models"
     assert (args.prefill_deployment, args.decode_deployment) == ("m-v3-prefill", "m-v3-decode")
     assert DeploymentSpec.model_validate_json(args.deployment_spec) == spec  # from the env the ISVC sets
     role = find(objs, "Role", "m-planner")  # the RBAC the planner's scale patches need
     assert role["rules"][0]["resourceNames"] == ["m-v3-prefill", "m-v3-decode"]
+
+
+def kv_pairing():
+    return build_router_pairing(RouterSpec(policy="kv_aware"), block_size_tokens=16, prefill_urls=[],
+                                decode_urls=[])
+
+
+async def test_discovered_event_endpoints_are_subscribed_and_unsubscribed_with_their_workers():
+    pairing = kv_pairing()
+    sub = KvEventSubscriber({}, pairing.apply_batch)
+    sub.start()  # real SUB sockets; ZMQ connects lazily, so no publisher is needed here
+    try:
+        m1 = PoolMembership(("http://10.0.0.1:8000",), ("http://10.0.1.1:8000",),
+                            kv_events=(("http://10.0.0.1:8000", "tcp://10.0.0.1:5557"),))
+        added, removed = apply_membership(pairing, m1, subscriber=sub)
+        assert added == ["decode@http://10.0.1.1:8000", "prefill@http://10.0.0.1:8000"] and removed == []
+        assert sub.endpoints == {"prefill@http://10.0.0.1:8000": "tcp://10.0.0.1:5557"}
+        assert sub.active_workers == ("prefill@http://10.0.0.1:8000",)
+        loads = pairing.router.workers
+        assert loads["prefill@http://10.0.0.1:8000"].kv_events is True  # precise: index fed by its events
+        assert loads["decode@http://10.0.1.1:8000"].kv_events is False  # no endpoint: approximate
+        assert apply_membership(pairing, m1, subscriber=sub) == ([], [])  # unchanged: nothing reopened
+        assert sub.stats.num_opened == 1
+
+        # the decode pod's slice gains its kv-events port: it is re-added as an event-fed worker
+        m2 = PoolMembership(m1.prefill, m1.decode, kv_events=m1.kv_events + (
+            ("http://10.0.1.1:8000", "tcp://10.0.1.1:5557"),))
+        assert apply_membership(pairing, m2, subscriber=sub) == (["decode@http://10.0.1.1:8000"],
+                                                                 ["decode@http://10.0.1.1:8000"])
+        assert pairing.router.workers["decode@http://10.0.1.1:8000"].kv_events is True
+        assert sub.active_workers == ("decode@http://10.0.1.1:8000", "prefill@http://10.0.0.1:8000")
+
+        # the prefill pod leaves: its subscription closes with it
+        m3 = PoolMembership((), m2.decode, kv_events=m2.kv_events[1:])
+        assert apply_membership(pairing, m3, subscriber=sub) == ([], ["prefill@http://10.0.0.1:8000"])
+        assert sub.active_workers == ("decode@http://10.0.1.1:8000",)
+        assert set(sub.endpoints) == set(sub.active_workers) == set(pairing.kv_event_endpoints())
+        assert sub.stats.num_closed == 1
+    finally:
+        await sub.stop()
+    assert sub.active_workers == ()
+
+
+async def test_without_a_subscriber_discovered_endpoints_are_ignored_and_workers_are_approximate():
+    pairing = kv_pairing()
+    m = PoolMembership((), ("http://10.0.1.1:8000",), kv_events=(("http://10.0.1.1:8000", "tcp://10.0.1.1:5557"),))
+    apply_membership(pairing, m)
+    assert pairing.kv_event_endpoints() == {}
+    assert pairing.router.workers["decode@http://10.0.1.1:8000"].kv_events is False
+
+
+async def test_an_endpoint_zmq_refuses_leaves_its_worker_routable_but_approximate():
+    pairing = kv_pairing()
+    sub = KvEventSubscriber({}, pairing.apply_batch)
+    sub.start()
+    try:
+        m = PoolMembership((), ("http://10.0.1.1:8000",), kv_events=(("http://10.0.1.1:8000", "tcp://10.0.1.1"),))
+        assert apply_membership(pairing, m, subscriber=sub) == (["decode@http://10.0.1.1:8000"], [])
+        assert sub.active_workers == () and sub.endpoints == {}
+        assert pairing.router.workers["decode@http://10.0.1.1:8000"].kv_events is False
+    finally:
+        await sub.stop()
