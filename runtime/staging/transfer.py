@@ -111,7 +111,7 @@ class _FileState:
     obj: SourceObject
     data_path: Path
     final_path: Path
-    journal_path: Path
+    journal_path: Path | None  # None: a single-request file (no journal)
     num_parts: int
     part_size: int
     fd: int = -1
@@ -195,6 +195,7 @@ class TransferEngine:
         self._done: queue.Queue = queue.Queue()
         self._outstanding = 0
         self._tls = threading.local()
+        self._made_dirs: set[Path] = set()
 
     # ---- worker-thread work ---------------------------------------------------------------------
     def _fetch_part(self, fs: _FileState, idx: int) -> tuple[int, list[bytes] | None]:
@@ -284,7 +285,8 @@ class TransferEngine:
             verified_by = check(fs.obj, fs.digests)
         except StagingError:
             fs.data_path.unlink(missing_ok=True)  # never reuse bad bytes: re-fetch next time
-            fs.journal_path.unlink(missing_ok=True)
+            if fs.journal_path is not None:
+                fs.journal_path.unlink(missing_ok=True)
             raise
         if self.fsync:
             os.fsync(fs.fd)
@@ -312,13 +314,15 @@ class TransferEngine:
 
     def _prepare(self, obj: SourceObject, jdir: Path, whole: bool = False) -> tuple[_FileState, list[int]]:
         final = self.staging / obj.rel
-        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.parent not in self._made_dirs:  # many small files share a few folders: one mkdir each
+            final.parent.mkdir(parents=True, exist_ok=True)
+            self._made_dirs.add(final.parent)
         data = final.with_name(final.name + PART_SUFFIX)
-        jpath = jdir / (_journal_id(obj.rel) + ".parts")
         if whole:  # one part, no journal: resume unit is the file
             fd = os.open(data, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             os.ftruncate(fd, obj.size_bytes)
-            return _FileState(obj, data, final, jpath, 1, max(obj.size_bytes, 1), fd=fd, whole=True), [0]
+            return _FileState(obj, data, final, None, 1, max(obj.size_bytes, 1), fd=fd, whole=True), [0]
+        jpath = jdir / (_journal_id(obj.rel) + ".parts")
         # Ranged GETs need not follow the upload parts: the frontier hasher splits the bytes at the
         # upload-part boundaries itself (composite checksum / multipart ETag). A GET smaller than an
         # upload part (≤ 64 MiB) buys nothing but more requests, so it is raised to the upload part.
@@ -428,7 +432,7 @@ class TransferEngine:
         try:
             for obj in todo_objs:  # big or multipart files need a HEAD first; the rest start at once
                 if obj.size_bytes > self.part_size or self.source.needs_describe(obj):
-                    stub = _FileState(obj, Path(), Path(), Path(), 0, 1)
+                    stub = _FileState(obj, Path(), Path(), None, 0, 1)
                     self._submit(pool, "described", stub, -1, lambda obj=obj: self.source.describe(obj))
                 else:
                     start(*self._prepare(obj, jdir, whole=True))
@@ -464,7 +468,8 @@ class TransferEngine:
                     vlog.write(res.model_dump_json() + "\n")
                     if fs.journal:
                         fs.journal.close()
-                    fs.journal_path.unlink(missing_ok=True)
+                    if fs.journal_path is not None:
+                        fs.journal_path.unlink(missing_ok=True)
                     self.stats.files_fetched += 1
         finally:
             self._abort.set()
