@@ -150,7 +150,9 @@ def running_batch(pm: PerfModel, backend: str, batch: int, isl: int, osl: int, t
     for its whole ``isl + osl`` fit (TensorRT-LLM docs, "useful runtime options": capacity scheduler policy);
     vLLM and SGLang allocate blocks as tokens are produced (and preempt when out of blocks), so a running
     sequence holds ``isl + osl / 2`` tokens on average (vLLM paged attention, Kwon et al. SOSP 2023). The
-    capacity is ``PerfModel.kv_capacity_tokens`` (vLLM ``gpu_memory_utilization`` 0.9). At least 1."""
+    capacity is ``PerfModel.kv_capacity_tokens`` at the engine's default knob (vLLM ``gpu_memory_utilization``
+    0.9 of the total; TensorRT-LLM ``free_gpu_memory_fraction`` 0.9 of the free memory when ``pm`` was built
+    with ``backend="trtllm"``: ``model.KV_MEMORY_RULES``). At least 1."""
     per_seq = isl + osl if backend == "trtllm" else isl + osl / 2
     return max(1, min(batch, int(pm.kv_capacity_tokens(tp) // per_seq)))
 
@@ -161,10 +163,11 @@ def observations(row: dict, model: ModelSpec) -> list[_Obs]:
     prec = GEMM_PRECISION.get(row["gemm_quant_mode"])
     if prec is None:
         return []
-    pm = PerfModel(model, gpu, prec, efficiency=_IDEAL)
+    backend = row["backend"]
+    # the row's own engine decides how its KV cache was sized (model.KV_MEMORY_RULES)
+    pm = PerfModel(model, gpu, prec, efficiency=_IDEAL, backend=backend)
     isl, osl = _int(row["isl"]), _int(row["osl"])
     ttft_s, tpot_s = float(row["silicon_ttft_ms"]) / 1e3, float(row["silicon_tpot_ms"]) / 1e3
-    backend = row["backend"]
     if isl < 1 or osl < 1 or ttft_s <= 0 or tpot_s <= 0:
         return []
     ctx = isl + osl // 2

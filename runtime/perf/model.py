@@ -32,10 +32,16 @@ Formulas (per TP worker of ``tp`` GPUs, weights and KV sharded Megatron-style):
   the GEMM-size factor is ``g(M) = M / (M + gemm_half_tokens)`` for M token rows (MoE experts: routed rows
   per touched expert, ``M * k / (E * (1 - (1 - k/E)^M))``, and the expert GEMMs run at ``compute * moe``:
   fused-MoE kernels route, permute and un-permute tokens around the grouped GEMM, MegaBlocks, Gale et al. 2023).
-* memory: ``gpu_memory_utilization * memory - weights - activations - runtime reserve`` is KV space
-  (vLLM's ``determine_num_available_blocks``); activations = ``max_num_batched_tokens`` (8192) tokens of
-  ``(4 hidden + 2 intermediate/tp)`` bf16 values; reserve 3.5 GiB (aiconfigurator ``other_mem``) + NCCL buffers
-  (aiconfigurator ``nccl_mem``: ~0.4 GB for tp > 1).
+* memory: ``memory`` is what the CUDA driver reports (``GpuSpec.cuda_memory_bytes``: nvidia-smi / cudaMemGetInfo
+  total, less than the marketing GiB). KV space per serving backend (``KV_MEMORY_RULES``): vLLM / SGLang
+  ``gpu_memory_utilization * memory - weights - activations - runtime reserve`` (vLLM's
+  ``determine_num_available_blocks``; SGLang's ``mem_fraction_static`` is also a fraction of the total);
+  TensorRT-LLM ``free_fraction * (memory - weights - activations - runtime reserve)`` (``KvCacheConfig``
+  ``free_gpu_memory_fraction``, default 0.9, "fraction of free GPU memory" after the engine / model is loaded:
+  TensorRT-LLM docs "Memory Usage of TensorRT-LLM" and ``trtllm-bench throughput
+  --kv_cache_free_gpu_mem_fraction``), where ``gpu_memory_utilization`` carries that fraction. Activations =
+  ``max_num_batched_tokens`` (8192) tokens of ``(4 hidden + 2 intermediate/tp)`` bf16 values; reserve 3.5 GiB
+  (aiconfigurator ``other_mem``) + NCCL buffers (aiconfigurator ``nccl_mem``: ~0.4 GB for tp > 1).
 
 Pure: no I/O. All times in seconds, sizes in bytes, token counts in tokens.
 """
@@ -63,6 +69,11 @@ RUNTIME_RESERVE_BYTES = 3_758_096_384
 NCCL_BYTES_BY_TP = {1: 0, 2: 358_612_992, 4: 411_041_792}
 NCCL_BYTES = 411_041_792
 MIN_KV_TOKENS = 16  # one vLLM KV block
+# How each serving backend turns its memory knob into KV-cache bytes (see the module docstring):
+# "of_total": knob x total - weights - activations - reserve (vLLM gpu_memory_utilization, SGLang
+# mem_fraction_static); "of_free": knob x (total - weights - activations - reserve) (TensorRT-LLM
+# KvCacheConfig.free_gpu_memory_fraction, default 0.9, applied to the memory free after the model is loaded).
+KV_MEMORY_RULES = {"vllm": "of_total", "sglang": "of_total", "trtllm": "of_free"}
 
 
 @dataclass(frozen=True)
@@ -107,19 +118,22 @@ class TimeBreakdown:
 class MemoryBreakdown:
     """Per-GPU memory plan of one worker, bytes."""
 
-    budget_bytes: float  # gpu_memory_utilization * memory
+    budget_bytes: float  # gpu_memory_utilization * memory (vLLM); the whole memory (TensorRT-LLM)
     weights_bytes: float
     activations_bytes: float
     reserve_bytes: float
     kv_bytes: float  # what is left for the KV cache (may be negative)
+    kv_free_fraction: float = 1.0  # share of the free memory the KV cache takes (TensorRT-LLM; 1 for vLLM)
 
     def explain(self) -> str:
         g = 1e9
-        return (
+        free = (
             f"budget {self.budget_bytes / g:.1f} GB - weights {self.weights_bytes / g:.1f} GB - "
-            f"activations {self.activations_bytes / g:.1f} GB - reserve {self.reserve_bytes / g:.1f} GB "
-            f"= KV {self.kv_bytes / g:.1f} GB"
+            f"activations {self.activations_bytes / g:.1f} GB - reserve {self.reserve_bytes / g:.1f} GB"
         )
+        if self.kv_free_fraction != 1.0:
+            return f"{self.kv_free_fraction:g} x ({free}) = KV {self.kv_bytes / g:.1f} GB"
+        return f"{free} = KV {self.kv_bytes / g:.1f} GB"
 
 
 class PerfModel:
@@ -228,22 +242,34 @@ class PerfModel:
     ) -> MemoryBreakdown:
         """Per-GPU memory plan; ``kv_bytes`` < 0 means the weights do not fit. Activations are sized for one
         forward pass of ``max_num_tokens`` tokens (vLLM ``max_num_batched_tokens``, TensorRT-LLM
-        ``max_num_tokens``)."""
+        ``max_num_tokens``). ``gpu_memory_utilization`` is the backend's memory knob (``KV_MEMORY_RULES``):
+        vLLM/SGLang a fraction of the total, TensorRT-LLM the fraction of the FREE memory (after weights,
+        activations and reserve) given to the KV cache (``kv_cache_free_gpu_mem_fraction``, default 0.9).
+
+        Raises:
+            ValueError: tp < 1 or gpu_memory_utilization outside (0, 1].
+        """
         _check_tp(tp)
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         m = self.model
-        budget = self.gpu.memory_bytes * gpu_memory_utilization
+        of_free = KV_MEMORY_RULES.get(self.backend, "of_total") == "of_free"
+        budget = self.gpu.cuda_memory_bytes * (1.0 if of_free else gpu_memory_utilization)
         weights = self.weight_bytes_per_rank(tp)
         ffn = max(m.intermediate_size, m.moe_intermediate_size * max(1, m.num_experts_per_tok))
         acts = max_num_tokens * (4 * m.hidden_size + 2 * ffn / tp) * ACT_BYTES
         reserve = (RUNTIME_RESERVE_BYTES if self.gpu.name != "CPU" else 0.5 * 1024**3) + (
             NCCL_BYTES_BY_TP.get(tp, NCCL_BYTES)
         )
-        return MemoryBreakdown(budget, weights, acts, reserve, budget - weights - acts - reserve)
+        free = budget - weights - acts - reserve
+        if of_free:
+            return MemoryBreakdown(budget, weights, acts, reserve, gpu_memory_utilization * free if free > 0 else free,
+                                   gpu_memory_utilization)
+        return MemoryBreakdown(budget, weights, acts, reserve, free)
 
     def kv_capacity_tokens(self, tp: int, gpu_memory_utilization: float = 0.9) -> int:
-        """KV-cache capacity of one worker in tokens (each rank holds its shard), 0 if weights don't fit."""
+        """KV-cache capacity of one worker in tokens (each rank holds its shard), 0 if weights don't fit.
+        ``gpu_memory_utilization`` is the backend's memory knob (see :meth:`memory_breakdown`)."""
         kv = self.memory_breakdown(tp, gpu_memory_utilization).kv_bytes
         if kv <= 0:
             return 0

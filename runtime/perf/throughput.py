@@ -5,7 +5,12 @@ on average, prefills ``B * isl / osl`` prompt tokens (each sequence is replaced 
 iterations). Mean context is ``isl + osl / 2``. Throughput = ``B / mixed_step_time_s(B, ...)`` tokens/s per
 worker; the maximum is searched over ``B`` up to the KV-cache limit ``kv_capacity / (isl + osl)`` and
 ``max_batch`` (TensorRT-LLM / vLLM ``max_num_seqs``), and over per-iteration tokens ``<= max_num_tokens``.
-This is what TensorRT-LLM's ``trtllm-bench`` max-throughput tables measure (perf-overview.md).
+This is the steady state the tuner assumes (requests arriving at random times).
+
+TensorRT-LLM's ``trtllm-bench`` max-throughput tables (perf-overview.md) are measured differently: a FINITE
+dataset of ``num_requests`` identical requests is queued at once and the run's throughput is total output
+tokens over total time. :func:`trtllm_bench_throughput` models that run from the documented scheduler
+(cycles of concurrent requests, chunked context, the last partial cycle); see its docstring.
 
 Pure functions.
 """
@@ -80,7 +85,7 @@ def trtllm_bench_settings(perf: PerfModel, isl: int, osl: int, tp: int,
     per_token = (m.kv_bytes_per_token(perf.kv_dtype_bytes, 1) if m.is_mla
                  else 2 * m.num_layers * heads * m.head_dim * perf.kv_dtype_bytes)
     bytes_per_param = {"fp8": 1.0, "fp4": 0.5}.get(perf.precision, 2.0)  # tuning.py BYTES_PER_ELEM
-    free = perf.gpu.memory_bytes * tp - m.num_params * bytes_per_param
+    free = perf.gpu.cuda_memory_bytes * tp - m.num_params * bytes_per_param  # tuning.py get_device_memory()
     requests = free * kv_cache_gpu_mem_fraction / (per_token * (isl + osl))
     if requests < 1:
         return 0, 0
@@ -103,9 +108,97 @@ def trtllm_bench_settings(perf: PerfModel, isl: int, osl: int, tp: int,
 
 def trtllm_kv_capacity_tokens(perf: PerfModel, tp: int, free_fraction: float = 0.9,
                               max_num_tokens: int = 8192) -> int:
-    """KV capacity as TensorRT-LLM sizes it: ``kv_cache_free_gpu_mem_fraction`` (default 0.9) of the memory
-    still free after weights, activations and runtime reserve (TensorRT-LLM docs, "KV cache memory")."""
+    """KV capacity as TensorRT-LLM sizes it, whatever ``perf.backend`` is: ``kv_cache_free_gpu_mem_fraction``
+    (default 0.9) of the memory still free after weights, activations at ``max_num_tokens`` and runtime
+    reserve (TensorRT-LLM docs, "Memory Usage of TensorRT-LLM"; the "of_free" rule of
+    ``runtime.perf.model.KV_MEMORY_RULES``, which ``PerfModel(..., backend="trtllm").kv_capacity_tokens``
+    applies at 8192 tokens)."""
     mb = perf.memory_breakdown(tp, 1.0, max_num_tokens=max_num_tokens)
     if mb.kv_bytes <= 0:
         return 0
     return int(mb.kv_bytes * free_fraction // perf.model.kv_bytes_per_token(perf.kv_dtype_bytes, tp))
+
+
+def bench_cycle_s(perf: PerfModel, isl: int, osl: int, tp: int, batch: int, max_num_tokens: int) -> float:
+    """Seconds for ``batch`` identical requests (ISL ``isl``, OSL ``osl``) admitted together to finish, when the
+    previous cycle's requests are finishing at the same time (a saturated ``trtllm-bench`` run).
+
+    TensorRT-LLM's in-flight batching scheduler schedules generation tokens first and fills the rest of the
+    per-iteration token budget (``max_num_tokens``) with context chunks, first come first served (TensorRT-LLM
+    docs, "Tuning Max Batch Size and Max Num Tokens": the scheduler visualisation and "Revisiting Paged Context
+    Attention and Context Chunking"; trtllm-bench runs ``ContextChunkingPolicy.FIRST_COME_FIRST_SERVED`` with
+    chunking on, ``tensorrt_llm/bench/run/dataclasses.py``). Requests of one cycle are admitted at the same
+    iteration, so their prompts (``batch * isl`` tokens) are prefilled in ``K = ceil(batch * isl /
+    (max_num_tokens - batch))`` context-carrying iterations, each also carrying ``batch`` generation tokens,
+    and the remaining ``osl - K`` iterations are generation only:
+
+        cycle = K * mixed_step(batch, chunk = batch * isl / K) + (osl - K) * decode_step(batch)
+
+    at the mean context ``isl + osl / 2``. When ``K > osl`` the run is context-bound: ``K`` mixed iterations with
+    ``batch * osl / K`` generation tokens each. Unlike the steady state of :func:`agg_throughput`, the prompt
+    tokens arrive in bursts, so they cannot all ride along for free on memory-bound decode iterations.
+
+    Raises:
+        ValueError: batch < 1 or max_num_tokens <= batch.
+    """
+    if batch < 1 or max_num_tokens <= batch:
+        raise ValueError(f"need 1 <= batch < max_num_tokens, got batch={batch}, max_num_tokens={max_num_tokens}")
+    ctx = isl + max(1, osl // 2)
+    prompt_tokens = batch * isl
+    k = math.ceil(prompt_tokens / (max_num_tokens - batch))
+    if k <= osl:
+        t = k * perf.mixed_step_breakdown(batch, ctx, prompt_tokens / k, isl, tp).total_s
+        if osl > k:
+            t += (osl - k) * perf.decode_breakdown(batch, ctx, tp).total_s
+        return t
+    gen = max(1, round(batch * osl / k))
+    return k * perf.mixed_step_breakdown(gen, ctx, prompt_tokens / k, isl, tp).total_s
+
+
+def trtllm_bench_throughput(
+    perf: PerfModel,
+    isl: int,
+    osl: int,
+    tp: int,
+    max_batch: int,
+    max_num_tokens: int,
+    kv_capacity_tokens: int,
+    num_requests: int | None = None,
+) -> ThroughputPoint | None:
+    """Output tokens/s of one ``trtllm-bench throughput`` run of ``num_requests`` identical requests, or None
+    when not one request fits.
+
+    The run (TensorRT-LLM perf-overview.md, 0.14 and 1.0: "a local inference client is fed requests at an
+    infinite rate", uniform ISL/OSL from ``prepare_dataset.py ... --input-stdev=0 --output-stdev=0``,
+    ``$num_requests`` per ISL/OSL listed there; reported throughput = output tokens / total latency):
+
+    * concurrency ``B = min(max_batch, kv_capacity_tokens // (isl + osl), max_num_tokens / (1 + isl/osl),
+      num_requests)``: the default GUARANTEED_NO_EVICT capacity scheduler admits a request only when the KV
+      blocks for its whole ISL + OSL are free (TensorRT-LLM docs, "Useful Runtime Options": capacity scheduler
+      policy; trtllm-bench sets ``IFBSchedulingPolicy.NO_EVICT``) and never beyond ``max_batch_size``;
+    * the requests run in ``ceil(N / B)`` cycles (:func:`bench_cycle_s`): identical requests admitted together
+      finish together and free their blocks together; the last cycle holds the ``N mod B`` left over;
+    * ``num_requests=None``: an endless run, i.e. every cycle full.
+
+    Returns the point with ``batch = B``, ``step_s`` = the decode iteration (ITL) at ``B``.
+    """
+    if tp > perf.gpu.num_gpus_per_node:
+        return None
+    b = min(max_batch, kv_capacity_tokens // (isl + osl), int(max_num_tokens / (1 + isl / osl)))
+    if num_requests is not None:
+        if num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {num_requests}")
+        b = min(b, num_requests)
+    if b < 1:
+        return None
+    if num_requests is None:
+        n, total_s = b, bench_cycle_s(perf, isl, osl, tp, b, max_num_tokens)
+    else:
+        n = num_requests
+        full, last = divmod(n, b)
+        total_s = full * bench_cycle_s(perf, isl, osl, tp, b, max_num_tokens)
+        if last:
+            total_s += bench_cycle_s(perf, isl, osl, tp, last, max_num_tokens)
+    tps = n * osl / total_s
+    step = perf.decode_breakdown(b, isl + max(1, osl // 2), tp).total_s
+    return ThroughputPoint(tps, tps / tp, b, step)

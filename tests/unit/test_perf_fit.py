@@ -140,10 +140,27 @@ def test_kv_limited_rows_decode_at_the_running_batch():
                     and r["mode"] == "agg" and r["backend"] == "trtllm" and r["tp_size"] == "1"
                     and r["batch_size"] == "128" and r["isl"] == "8192")
     tpot, ttft = observations(rows[0], L70)
-    run = running_batch(PerfModel(L70, get_gpu("H200-SXM"), "fp8"), "trtllm", 128, 8192, 1024, 1)
+    # the row's engine sizes the KV cache: TensorRT-LLM gives 0.9 of the FREE memory (model.KV_MEMORY_RULES)
+    run = running_batch(PerfModel(L70, get_gpu("H200-SXM"), "fp8", backend="trtllm"), "trtllm", 128, 8192, 1024, 1)
     assert run < 128
+    assert run > running_batch(PerfModel(L70, get_gpu("H200-SXM"), "fp8"), "trtllm", 128, 8192, 1024, 1)
     assert tpot.terms[0][9] == run  # per-sequence overheads counted for the running sequences only
     assert ttft.queue_batch == 128 and ttft.queue_running == run
+
+
+def test_rows_are_sized_by_their_own_engines_memory_rule():
+    """DeepSeek-V3 FP8 on 4 B200s: ~168 GB of weights per GPU. vLLM/SGLang-style 0.9 x 178.35 GiB leaves no KV
+    space; TensorRT-LLM's 0.9 x (free memory) does, so only the trtllm row is modelled."""
+    rows, _ = _rows(lambda r: r["model_path"].startswith("deepseek-ai/DeepSeek-V3") and r["system"] == "b200_sxm"
+                    and r["mode"] == "agg" and r["tp_size"] == "4" and r["gemm_quant_mode"] == "fp8"
+                    and r["attention_dp_size"] in ("", "1") and r["moe_ep_size"] in ("", "1", "4"))
+    by_backend = {r["backend"]: r for r in rows}
+    assert {"trtllm", "sglang"} <= set(by_backend)
+    dsv3 = load_model_spec(data_dir() / "models" / "deepseek-ai--DeepSeek-V3_config.json")
+    assert not PerfModel(dsv3, get_gpu("B200-SXM"), "fp8").fits(4)
+    assert PerfModel(dsv3, get_gpu("B200-SXM"), "fp8", backend="trtllm").fits(4)
+    assert observations(by_backend["trtllm"], dsv3)
+    assert observations(by_backend["sglang"], dsv3) == []
 
 
 def test_closed_loop_ttft_waits_for_kv_slots_by_hand():

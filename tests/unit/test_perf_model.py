@@ -280,3 +280,32 @@ def test_sliding_window_layers_attend_to_the_window_only_by_hand():
     assert pre.attn_peak_s == pytest.approx(pairs * 64 * 2 * (64 + 64) / 989e12, rel=1e-9)
     short = pm.decode_breakdown(1, 100, tp=1)  # shorter than the window: every layer sees all 100 tokens
     assert short.attn_peak_s == pytest.approx(2 * 36 * 100 * 64 * 128 / 989e12, rel=1e-9)
+
+
+def test_device_memory_is_what_the_driver_reports():
+    """nvidia-smi memory.total / cudaMemGetInfo totals are below the marketing GiB; KV sizing starts there."""
+    h100, h200, a100 = get_gpu("H100-SXM"), get_gpu("H200-SXM"), get_gpu("A100-SXM-80GB")
+    assert h100.cuda_memory_bytes == 81559 * 2**20 < h100.memory_bytes == 80 * 2**30
+    assert h200.cuda_memory_bytes == 143771 * 2**20
+    assert get_gpu("B200-SXM").cuda_memory_bytes == int(178.35 * 2**30)
+    assert a100.cuda_memory_bytes == a100.memory_bytes == 81920 * 2**20
+    pm = PerfModel(L8, h100, "bf16")
+    assert pm.memory_breakdown(1).budget_bytes == pytest.approx(0.9 * 81559 * 2**20)
+
+
+def test_trtllm_kv_cache_takes_a_fraction_of_the_free_memory_by_hand():
+    """vLLM: 0.9 x total - weights - activations - reserve; TensorRT-LLM: 0.9 x (total - weights - activations
+    - reserve) (KvCacheConfig.free_gpu_memory_fraction)."""
+    total = 81559 * 2**20
+    weights = L70.num_params + 2 * 128256 * 8192  # fp8 body, 16-bit embedding and LM head
+    acts = 8192 * (4 * 8192 + 2 * 28672) * 2
+    reserve = 3_758_096_384
+    vllm = PerfModel(L70, get_gpu("H100-SXM"), "fp8").memory_breakdown(1)
+    trt = PerfModel(L70, get_gpu("H100-SXM"), "fp8", backend="trtllm").memory_breakdown(1)
+    assert vllm.kv_bytes == pytest.approx(0.9 * total - weights - acts - reserve)
+    assert trt.kv_bytes == pytest.approx(0.9 * (total - weights - acts - reserve))
+    assert trt.kv_free_fraction == 0.9 and vllm.kv_free_fraction == 1.0
+    assert trt.explain().startswith("0.9 x (")
+    cap = PerfModel(L70, get_gpu("H100-SXM"), "fp8", backend="trtllm").kv_capacity_tokens(1)
+    assert cap == int(trt.kv_bytes // (2 * 80 * 8 * 128))  # fp8 KV, 8 KV heads
+    assert PerfModel(L70, get_gpu("H100-SXM"), "fp8", backend="sglang").memory_breakdown(1) == vllm
