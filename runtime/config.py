@@ -166,24 +166,47 @@ class PlannerSpec(_Strict):
         default=60.0, ge=0, description="Lead time for a new worker to become ready, seconds (scale up early)."
     )
     scale_down_delay_s: float = Field(
-        default=60.0,
+        default=30.0,
         ge=0,
         description="A lower prefill target must persist this long before scaling down, seconds (decode: "
         "decode_scale_down_delay_s).",
     )
     decode_scale_down_delay_s: float = Field(
-        default=180.0,
+        default=120.0,
         ge=0,
         description="A lower decode target must persist this long before scaling down, seconds (a decode worker "
         "drains its sequences and takes worker_start_s to come back).",
     )
     cooldown_s: float = Field(
-        default=60.0, ge=0, description="Minimum time between two scaling-direction changes of a pool, seconds."
+        default=30.0, ge=0, description="Minimum time between two scaling-direction changes of a pool, seconds."
     )
     size_on_peak: bool = Field(
-        default=True,
+        default=False,
         description="SLA mode: also size prefill to clear the predicted peak second of prompt tokens within the "
         "TTFT budget (sub-interval bursts).",
+    )
+    peak_window_ticks: int | None = Field(
+        default=None,
+        ge=1,
+        description="SLA mode: ticks of history of the prefill peak predictor (None: predictor_window_ticks).",
+    )
+    peak_quantile: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="SLA mode: quantile (0-1) of recent per-tick prompt-token peaks the prefill peak predictor "
+        "provisions for (None: burst_quantile).",
+    )
+    prefill_staffing_beta: float | None = Field(
+        default=1.5,
+        ge=0,
+        description="SLA mode: square-root staffing of the prefill pool, at least R + beta * sqrt(R) workers for "
+        "the offered load R in Erlangs (dimensionless beta; None: off).",
+    )
+    prefill_level_window_ticks: int = Field(
+        default=2,
+        ge=1,
+        description="SLA mode: ticks whose maximum offered prefill load the square-root staffing plans for.",
     )
     ttft_correction_max: float = Field(
         default=1.0,
@@ -198,7 +221,7 @@ class PlannerSpec(_Strict):
         default=0.0, ge=0, lt=1, description="Share of gpu_budget kept for priority traffic (0-1)."
     )
     burst_headroom: float = Field(
-        default=0.25, ge=0, description="Extra capacity fraction added while a burst is detected (0.25 = +25%)."
+        default=0.0, ge=0, description="Extra capacity fraction added while a burst is detected (0.25 = +25%)."
     )
     burst_factor: float = Field(
         default=1.5, gt=1, description="A burst is an observed rate above this multiple of the predicted rate."

@@ -15,7 +15,9 @@ Per tick (SLA mode):
    While observed TTFT p90 is under half the target the TTFT factor may only fall (bursty
    arrivals queue more than M/M/c predicts, but slack that large needs no extra workers).
    While peak sizing (6) is active one sample is capped at ``ttft_correction_max`` (default 1:
-   the peak term, not the correction, pays for sub-tick bursts).
+   the peak term, not the correction, pays for sub-tick bursts); while square-root staffing (7) is
+   active, too, unless the observed TTFT p90 misses the target (then the engines are slower than
+   the profile, or the staffing too thin, and the correction may rise to ``CORRECTION_MAX``).
 4. Size pools with runtime.planner.sla (decode at ``DECODE_ITL_MARGIN`` of the ITL target); at low
    load pick aggregated serving when it needs fewer GPUs for a whole scale-down window
    (conditional disaggregation at pool level).
@@ -23,10 +25,22 @@ Per tick (SLA mode):
    sliding-window scale-down (prefill ``scale_down_delay_s``, decode ``decode_scale_down_delay_s``)
    and direction cooldown (runtime.planner.stability), then the hard total budget by trimming
    growth only.
-6. Peak sizing (``size_on_peak``, when the tick reports ``peak_prefill_tokens_per_s``): prefill is
+6. Peak sizing (``size_on_peak``, off by default since 7; when the tick reports
+   ``peak_prefill_tokens_per_s``): prefill is
    at least the workers that clear the predicted peak second of prompt tokens plus ``B - 1`` s of
    the planned mean load within the TTFT budget ``B`` (:meth:`PlannerStateMachine.peak_prefill_replicas`).
    Long-prompt clusters shorter than a tick drive TTFT misses; a tick's mean hides them.
+7. Square-root staffing (``prefill_staffing_beta``, default on): prefill is at least
+   ``ceil(R + beta * sqrt(R))`` workers, ``R`` the offered prefill load in Erlangs (requests/s x
+   prefill time at the tick's mean ISL x TTFT correction) forecast as the maximum of the last
+   ``prefill_level_window_ticks`` ticks (:meth:`PlannerStateMachine.staffing_prefill_replicas`).
+   Headroom grows with the square root of the load, not in proportion to it (Halfin & Whitt 1981,
+   "Heavy-traffic limits for queues with many exponential servers", Oper. Res. 29(3); the QED
+   staffing rule of Borst, Mandelbaum & Reiman 2004, Oper. Res. 52(1)); a short memory lets the
+   stateless prefill pool follow the load down instead of holding a burst for a whole window.
+   ``beta = 1.5`` (Halfin-Whitt delay probability ~8.5 % for Poisson arrivals) was chosen on the
+   Azure conversation trace at ``--rate-scale 10`` (clumped arrivals) under three versions of the
+   performance model; 1.2 falls below 99 % attainment there (bench/planner.py ``--ablations``).
 
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """
@@ -37,7 +51,7 @@ import math
 from dataclasses import dataclass
 
 from runtime.planner import sla
-from runtime.planner.predictors import LoadPredictor, MovingAveragePredictor, make_predictor
+from runtime.planner.predictors import BurstQuantilePredictor, LoadPredictor, MovingAveragePredictor, make_predictor
 from runtime.planner.profiles import ServiceProfile
 from runtime.planner.stability import PoolStabilizer, fit_budget
 from runtime.planner.types import PlannerConfig, ScalingDecision, ServingMode, TickInput
@@ -85,8 +99,15 @@ class PlannerStateMachine:
         # token-rate predictors: prefill work is rate x ISL, decode work rate x OSL (see on_tick)
         self._ptok: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
         self._dtok: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
-        self._peak: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
+        self._peak: LoadPredictor = make_predictor(
+            cfg.predictor,
+            window=w if cfg.peak_window_ticks is None else cfg.peak_window_ticks,
+            quantile=cfg.burst_quantile if cfg.peak_quantile is None else cfg.peak_quantile,
+        )
         self._has_peak = False
+        # offered prefill load (Erlangs) per tick: the square-root staffing level (rule 7)
+        self._erlangs: LoadPredictor = BurstQuantilePredictor(window=cfg.prefill_level_window_ticks, quantile=1.0)
+        self._has_erlangs = False
         self._isl = MovingAveragePredictor(window=w)
         self._osl = MovingAveragePredictor(window=w)
         self._p_stab = PoolStabilizer(cfg.scale_down_delay_s, cfg.cooldown_s)
@@ -175,6 +196,19 @@ class PlannerStateMachine:
         work_s = (peak_tok * 1.0 + rate_per_s * isl * (budget_s - 1.0)) * s_per_token
         return max(math.ceil(work_s / budget_s - 1e-9), 1)
 
+    def staffing_prefill_replicas(self) -> int:
+        """Square-root staffing ``ceil(R + beta * sqrt(R))`` for the forecast offered load ``R``
+        (Erlangs: the maximum over the last ``prefill_level_window_ticks`` ticks, through the lead
+        time); 0 before any load was observed or when ``prefill_staffing_beta`` is None. Pure."""
+        beta = self.cfg.prefill_staffing_beta
+        if beta is None or not self._has_erlangs:
+            return 0
+        r = max(self._erlangs.predict(1), self._erlangs.predict(self.lead_ticks))
+        return max(math.ceil(r + beta * math.sqrt(r) - 1e-9), 0)
+
+    def _staffing_active(self) -> bool:
+        return self.cfg.mode == "sla" and self.cfg.prefill_staffing_beta is not None and self._has_erlangs
+
     def _gpus(self, s: Sizing) -> int:
         return s.prefill * self.cfg.prefill_tp + s.decode * self.cfg.decode_tp
 
@@ -196,6 +230,11 @@ class PlannerStateMachine:
             self._peak.observe(tick.peak_prefill_tokens_per_s)
             self._has_peak = True
         isl, osl = self._isl.predict(), self._osl.predict()
+        if cfg.mode == "sla" and self.profile is not None:
+            isl_now = max(tick.mean_isl_tokens, 1.0)
+            service_s = float(self.profile.prefill.prefill_time_s(isl_now)) if tick.num_requests else 0.0
+            self._erlangs.observe(rate * service_s * self.ttft_correction)
+            self._has_erlangs = self._has_erlangs or tick.num_requests > 0
         pred = max(self._rate.predict(1), self._rate.predict(self.lead_ticks))
         burst = self._update_burst(tick.now_s, rate)
         self._predicted_for_next = self._rate.predict(1)
@@ -236,8 +275,10 @@ class PlannerStateMachine:
             p_des, d_des = (sizing.prefill, sizing.decode)
             if mode == "aggregated":
                 p_des = 0
-            elif cfg.size_on_peak and self._has_peak and self._has_isl:
-                p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
+            else:
+                if cfg.size_on_peak and self._has_peak and self._has_isl:
+                    p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
+                p_des = max(p_des, self.staffing_prefill_replicas())
             reason = "sla" if sizing.feasible else "sla_infeasible"
 
         min_p = 0 if mode == "aggregated" else cfg.min_prefill
@@ -331,6 +372,9 @@ class PlannerStateMachine:
                 if tick.observed_ttft_p90_s < TTFT_SLACK_SHARE * cfg.ttft_target_s:
                     sample = min(sample, 1.0)  # ample slack: only ever correct downwards
                 if cfg.size_on_peak and self._has_peak:  # the peak term sizes for sub-tick bursts
+                    sample = min(sample, cfg.ttft_correction_max)
+                elif self._staffing_active() and tick.observed_ttft_p90_s <= cfg.ttft_target_s:
+                    # square-root staffing sizes for bursts; raise the service time only on a missed SLO
                     sample = min(sample, cfg.ttft_correction_max)
                 self.ttft_correction = _ewma(self.ttft_correction, sample)
         if tick.observed_itl_p90_s is not None and tick.decode.num_ready > 0 and tick.decode.running_per_worker > 0:

@@ -40,7 +40,9 @@ class TickInput:
     finished in the window. ``p90_isl_tokens`` (optional) is the 90th percentile prompt length of the
     window's requests; it makes the expected TTFT p90 used for the correction factor comparable.
     ``peak_prefill_tokens_per_s`` (optional) is a high quantile (the adapter's choice; the simulator
-    uses the 90th) of the prompt tokens arriving per 1-s bin within the window: sub-tick bursts."""
+    uses the 90th) of the prompt tokens arriving per 1-s bin within the window: sub-tick bursts.
+    ``observed_ttft_mean_s`` / ``observed_itl_mean_s`` / ``mean_request_duration_s`` (optional): means
+    over the window (Dynamo's planner corrects on means, ``observe_traffic_stats``)."""
 
     now_s: float
     interval_s: float
@@ -54,6 +56,9 @@ class TickInput:
     num_priority_requests: int = 0
     p90_isl_tokens: float | None = None
     peak_prefill_tokens_per_s: float | None = None
+    observed_ttft_mean_s: float | None = None
+    observed_itl_mean_s: float | None = None
+    mean_request_duration_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -100,7 +105,11 @@ class PlannerConfig:
     ``TickInput.peak_prefill_tokens_per_s``); while it is active one TTFT correction sample is
     capped at ``ttft_correction_max``. ``size_on_tokens`` predicts prompt/output token rates
     instead of request rates. ``backlog_drain_s``: queued prefill requests are planned to drain
-    within this time.
+    within this time. ``peak_window_ticks`` / ``peak_quantile``: history and quantile of the
+    prefill peak predictor (per-pool predictors; None: ``predictor_window_ticks`` /
+    ``burst_quantile``, the request-rate predictor's). ``prefill_staffing_beta``: square-root
+    staffing of prefill, ``ceil(R + beta * sqrt(R))`` for the offered load ``R`` (Erlangs) forecast
+    as the maximum of the last ``prefill_level_window_ticks`` ticks (None: off).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -118,11 +127,11 @@ class PlannerConfig:
     predictor_window_ticks: int = 10
     burst_quantile: float = 0.9
     worker_start_s: float = 60.0
-    scale_down_delay_s: float = 60.0
-    cooldown_s: float = 60.0
+    scale_down_delay_s: float = 30.0
+    cooldown_s: float = 30.0
     target_utilization: float = 0.9
     reserved_priority_share: float = 0.0
-    burst_headroom: float = 0.25
+    burst_headroom: float = 0.0
     burst_factor: float = 1.5
     burst_max_s: float = 300.0
     allow_aggregated: bool = True
@@ -134,8 +143,12 @@ class PlannerConfig:
     size_on_tokens: bool = False
     ttft_correction_max: float = 1.0
     backlog_drain_s: float = 60.0
-    size_on_peak: bool = True
-    decode_scale_down_delay_s: float | None = 180.0
+    size_on_peak: bool = False
+    decode_scale_down_delay_s: float | None = 120.0
+    peak_window_ticks: int | None = None
+    peak_quantile: float | None = None
+    prefill_staffing_beta: float | None = 1.5
+    prefill_level_window_ticks: int = 2
 
     def __post_init__(self) -> None:
         if self.min_prefill > self.max_prefill or self.min_decode > self.max_decode:
@@ -147,6 +160,14 @@ class PlannerConfig:
             )
         if self.min_decode < 1:
             raise ValueError("planner: decode min_replicas must be >= 1 (someone has to decode)")
+        if self.prefill_staffing_beta is not None and self.prefill_staffing_beta < 0:
+            raise ValueError(f"planner.prefill_staffing_beta must be >= 0, got {self.prefill_staffing_beta}")
+        if self.prefill_level_window_ticks < 1:
+            raise ValueError(f"planner.prefill_level_window_ticks must be >= 1, got {self.prefill_level_window_ticks}")
+        if self.peak_window_ticks is not None and self.peak_window_ticks < 1:
+            raise ValueError(f"planner.peak_window_ticks must be >= 1, got {self.peak_window_ticks}")
+        if self.peak_quantile is not None and not 0 < self.peak_quantile <= 1:
+            raise ValueError(f"planner.peak_quantile must be in (0, 1], got {self.peak_quantile}")
 
     @classmethod
     def from_spec(cls, spec: "DeploymentSpec", **overrides: object) -> "PlannerConfig":
@@ -171,6 +192,10 @@ class PlannerConfig:
             scale_down_delay_s=p.scale_down_delay_s,
             decode_scale_down_delay_s=p.decode_scale_down_delay_s,
             size_on_peak=p.size_on_peak,
+            peak_window_ticks=p.peak_window_ticks,
+            peak_quantile=p.peak_quantile,
+            prefill_staffing_beta=p.prefill_staffing_beta,
+            prefill_level_window_ticks=p.prefill_level_window_ticks,
             ttft_correction_max=p.ttft_correction_max,
             cooldown_s=p.cooldown_s,
             target_utilization=p.target_utilization,

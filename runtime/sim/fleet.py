@@ -25,6 +25,7 @@ The controller sees a :class:`runtime.planner.types.TickInput` per interval and 
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -86,13 +87,15 @@ class FleetConfig:
 
 @dataclass
 class SimResult:
-    """Per-request outcomes (NaN = never served) and fleet cost."""
+    """Per-request outcomes (NaN = never served) and fleet cost. ``gpu_seconds_by_pool`` splits
+    ``gpu_seconds`` into ``{"prefill": ..., "decode": ...}`` (aggregated serving counts as decode)."""
 
     ttft_s: np.ndarray
     itl_s: np.ndarray
     gpu_seconds: float
     span_s: float
     timeline: list[dict] = field(default_factory=list)
+    gpu_seconds_by_pool: dict[str, float] = field(default_factory=dict)
 
     @property
     def gpu_hours(self) -> float:
@@ -130,6 +133,7 @@ class FleetSim:
         self.finish_s = np.full(n, np.nan)
         self.span_s = float(trace.arrival_s[-1]) if n else 0.0
         self.gpu_s = 0.0
+        self.gpu_s_by_pool = {"prefill": 0.0, "decode": 0.0}
         self.prefill = [_Worker(0.0, 0.0) for _ in range(cfg.initial_prefill)]
         self.decode = [_Worker(0.0, 0.0) for _ in range(cfg.initial_decode)]
         self.pending: deque[int] = deque()
@@ -141,9 +145,11 @@ class FleetSim:
         self.timeline: list[dict] = []
 
     # ------------------------------------------------------------------ accounting
-    def _leave(self, w: _Worker, at_s: float, tp: int) -> None:
+    def _leave(self, w: _Worker, at_s: float, tp: int, pool: str) -> None:
         end = min(at_s, self.span_s)
-        self.gpu_s += max(0.0, end - max(w.launch_s, 0.0)) * tp
+        gpu_s = max(0.0, end - max(w.launch_s, 0.0)) * tp
+        self.gpu_s += gpu_s
+        self.gpu_s_by_pool[pool] += gpu_s
 
     def _apply(self, now_s: float, d: ScalingDecision) -> None:
         c = self.cfg
@@ -151,6 +157,7 @@ class FleetSim:
         self._resize(self.decode, max(d.decode_replicas, 1), now_s, c.decode_tp, drain=True)
 
     def _resize(self, pool: list[_Worker], target: int, now_s: float, tp: int, drain: bool) -> None:
+        name = "decode" if drain else "prefill"
         live = [w for w in pool if not w.draining]
         if target > len(live):
             revive = [w for w in pool if w.draining][: target - len(live)]
@@ -163,7 +170,7 @@ class FleetSim:
         starting = sorted((w for w in live if w.ready_s > now_s), key=lambda w: -w.ready_s)
         for w in starting[:extra]:
             pool.remove(w)
-            self._leave(w, now_s, tp)
+            self._leave(w, now_s, tp, name)
         extra -= min(extra, len(starting))
         ready = sorted((w for w in live if w.ready_s <= now_s), key=lambda w: (-w.launch_s, w.free_s))
         for w in ready[:extra]:
@@ -171,7 +178,7 @@ class FleetSim:
                 w.draining = True
             else:
                 pool.remove(w)
-                self._leave(w, max(now_s, w.free_s), tp)
+                self._leave(w, max(now_s, w.free_s), tp, name)
 
     # ------------------------------------------------------------------ prefill
     def _dispatch(self, t0: float, t1: float) -> float:
@@ -232,7 +239,7 @@ class FleetSim:
                 if len(self.act_idx) <= n_live * c.max_num_seqs and kv_used <= n_live * kv_cap * c.kv_watermark:
                     for w in [w for w in self.decode if w.draining]:
                         self.decode.remove(w)
-                        self._leave(w, s, c.decode_tp)
+                        self._leave(w, s, c.decode_tp, "decode")
                     n_pool = n_live
             run_sum += len(self.act_idx) / max(n_pool, 1)
             kv_sum += kv_used / max(n_pool * kv_cap, 1)
@@ -307,6 +314,9 @@ class FleetSim:
                 ),
                 observed_ttft_p90_s=float(np.quantile(ttft, 0.9)) if len(ttft) else None,
                 observed_itl_p90_s=float(np.quantile(itl, 0.9)) if len(itl) else None,
+                observed_ttft_mean_s=float(np.mean(ttft)) if len(ttft) else None,
+                observed_itl_mean_s=float(np.mean(itl)) if len(itl) else None,
+                mean_request_duration_s=float(np.mean(self.finish_s[fin_in] - arr[fin_in])) if len(itl) else None,
             )
             decision = controller(tick)
             if decision is not None:
@@ -321,14 +331,15 @@ class FleetSim:
             if ai >= n and idle:
                 break
         for w in self.prefill:
-            self._leave(w, t, c.prefill_tp)
+            self._leave(w, t, c.prefill_tp, "prefill")
         for w in self.decode:
-            self._leave(w, t, c.decode_tp)
+            self._leave(w, t, c.decode_tp, "decode")
         ttft = self.first_s - arr
         osl = tr.osl_tokens
         itl = np.where(osl > 1, (self.finish_s - self.first_s) / np.maximum(osl - 1, 1), 0.0)
         itl = np.where(np.isnan(self.finish_s), np.nan, itl)
-        return SimResult(ttft_s=ttft, itl_s=itl, gpu_seconds=self.gpu_s, span_s=self.span_s, timeline=self.timeline)
+        return SimResult(ttft_s=ttft, itl_s=itl, gpu_seconds=self.gpu_s, span_s=self.span_s, timeline=self.timeline,
+                         gpu_seconds_by_pool=dict(self.gpu_s_by_pool))
 
 
 def simulate(trace: Trace, profile: ServiceProfile, cfg: FleetConfig, controller: Controller) -> SimResult:
@@ -354,6 +365,26 @@ def _min_count(ok: Callable[[int], bool], lo: int, hi: int) -> int:
     return hi
 
 
+ORACLE_MAX_EXTRA_PREFILL = 8  # prefill workers above the minimum the oracle tries trading for decode
+
+
+def _trade_prefill_for_decode(
+    run: Callable[[int, int], float], p: int, d: int, attainment: float, prefill_tp: int, decode_tp: int,
+    max_replicas: int,
+) -> tuple[int, int]:
+    """From a feasible (p, d), try ``p + 1 ...`` prefill workers (at most ``ORACLE_MAX_EXTRA_PREFILL``
+    more, while they could still save GPUs) each with its fewest decode workers; keep the fewest GPUs."""
+    best, best_gpus = (p, d), p * prefill_tp + d * decode_tp
+    for p2 in range(p + 1, min(p + ORACLE_MAX_EXTRA_PREFILL, max_replicas) + 1):
+        if p2 * prefill_tp + decode_tp >= best_gpus:
+            break
+        d2 = _min_count(lambda k: run(p2, k) >= attainment, 1, best[1])
+        gpus = p2 * prefill_tp + d2 * decode_tp
+        if gpus < best_gpus and run(p2, d2) >= attainment:
+            best, best_gpus = (p2, d2), gpus
+    return best
+
+
 def oracle_gpu_seconds(
     trace: Trace,
     profile: ServiceProfile,
@@ -365,9 +396,13 @@ def oracle_gpu_seconds(
     attainment: float = 0.99,
     max_replicas: int = 64,
 ) -> tuple[float, list[tuple[int, int]]]:
-    """Hindsight lower bound: for each ``interval_s`` window, the fewest (prefill, decode) workers
-    that, started warm and ready, serve that window's requests with ``attainment`` of them within
-    both SLOs; GPU-seconds summed over the windows. Returns (gpu_seconds, [(prefill, decode)])."""
+    """Hindsight lower bound: for each ``interval_s`` window, the (prefill, decode) workers with the
+    fewest GPUs that, started warm and ready, serve that window's requests with ``attainment`` of them
+    within both SLOs; GPU-seconds summed over the windows. Returns (gpu_seconds, [(prefill, decode)]).
+
+    Search: the fewest prefill workers with ample decode, then the fewest decode workers for them,
+    then :func:`_trade_prefill_for_decode` (a window whose TTFT sits at the attainment boundary can
+    need many decode workers with the fewest prefill workers and few with one prefill worker more)."""
     iso = replace(cfg, worker_start_s=0.0, interval_s=interval_s)
     total, plan = 0.0, []
     t = 0.0
@@ -378,6 +413,7 @@ def oracle_gpu_seconds(
         if len(sub) == 0:
             p, d = 0, 1
         else:
+            @functools.lru_cache(maxsize=None)
             def run(p: int, d: int) -> float:
                 c = replace(iso, initial_prefill=p, initial_decode=d)
                 return simulate(sub, profile, c, static_controller(p, d)).slo_attainment(ttft_target_s, itl_target_s)
@@ -386,6 +422,7 @@ def oracle_gpu_seconds(
             d = _min_count(lambda k: run(p, k) >= attainment, 1, max_replicas)
             if run(p, d) < attainment:
                 p = _min_count(lambda k: run(k, d) >= attainment, p, max_replicas)
+            p, d = _trade_prefill_for_decode(run, p, d, attainment, cfg.prefill_tp, cfg.decode_tp, max_replicas)
         plan.append((p, d))
         total += (p * cfg.prefill_tp + d * cfg.decode_tp) * length
         t += interval_s

@@ -91,10 +91,11 @@ def test_planner_loop_tick_decides_applies_and_exports_gauges(servers):
         loop = PlannerLoop(PlannerStateMachine(cfg, PROF), act, window, client=client, registry=registry,
                            metrics_urls=lambda: {"prefill": [servers[0].url, servers[1].url], "decode": [servers[2].url]})
         d = loop.tick(now_s=30.0)
-    # 30 req/s x 0.1 s prefill -> ceil(3 / 0.9) = 4 prefill; 6000 tok/s / 4475 per worker -> 2 decode
-    assert (d.prefill_replicas, d.decode_replicas) == (4, 2) and act.current() == (4, 2)
+    # 30 req/s x 0.1 s prefill = 3 Erlangs -> square-root staffing 3 + 1.5 x sqrt(3) = 5.6 -> 6 prefill
+    # (M/M/c alone: ceil(3 / 0.9) = 4); 6000 tok/s / 4475 per worker -> 2 decode
+    assert (d.prefill_replicas, d.decode_replicas) == (6, 2) and act.current() == (6, 2)
     text = generate_latest(registry).decode()
-    assert "pdserve_planner_prefill_replicas 4.0" in text
+    assert "pdserve_planner_prefill_replicas 6.0" in text
     assert "pdserve_planner_decode_replicas 2.0" in text
     assert "pdserve_planner_observed_rate_per_second 30.0" in text
     assert "pdserve_planner_observed_ttft_p90_seconds 0.3" in text

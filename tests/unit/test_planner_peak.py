@@ -18,8 +18,10 @@ PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_p
 
 
 def cfg(**kw) -> PlannerConfig:
+    # the peak term on its own (square-root staffing, now the default, is off: test_planner_staffing.py)
     base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=40, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="constant", allow_aggregated=False)
+                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="constant", allow_aggregated=False,
+                size_on_peak=True, prefill_staffing_beta=None)
     base.update(kw)
     return PlannerConfig(**base)
 

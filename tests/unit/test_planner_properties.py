@@ -4,6 +4,8 @@
 2. GPUs always within the budget;
 3. at most one scaling-direction change per pool in any cooldown window;
 4. sizing is monotone in the predicted load (more load never means fewer prefill, decode or GPUs).
+Configurations include the burst terms: the sub-tick peak term and square-root staffing
+(monotonicity of the staffing term itself: test_planner_staffing.py).
 """
 
 from hypothesis import given, settings
@@ -29,6 +31,8 @@ configs = st.builds(
     reserved_priority_share=st.sampled_from([0.0, 0.25]),
     allow_aggregated=st.booleans(),
     mode=st.sampled_from(["sla", "load"]),
+    prefill_staffing_beta=st.sampled_from([None, 0.0, 1.5, 3.0]),
+    size_on_peak=st.booleans(),
 )
 loads = st.lists(st.tuples(st.floats(0, 120), st.floats(0, 1), st.floats(0, 8), st.floats(0, 1)), min_size=5, max_size=40)
 
@@ -52,7 +56,8 @@ def test_bounds_budget_and_cooldown_under_noisy_load(c, series):
                       mean_osl_tokens=200, num_priority_requests=int(r * 30 * noise * 0.2),
                       prefill=PoolObservation(num_ready=prev["prefill"], queue_per_worker=queue),
                       decode=PoolObservation(num_ready=prev["decode"], kv_usage=kv, running_per_worker=50 * kv),
-                      observed_ttft_p90_s=2.5 * noise if k % 2 else None, observed_itl_p90_s=0.06 * noise)
+                      observed_ttft_p90_s=2.5 * noise if k % 2 else None, observed_itl_p90_s=0.06 * noise,
+                      peak_prefill_tokens_per_s=r * (1000 + 500 * noise) * (1 + 3 * noise))
         d = sm.on_tick(t)
         min_p = 0 if d.serving_mode == "aggregated" else cfg.min_prefill
         assert min_p <= d.prefill_replicas <= cfg.max_prefill

@@ -16,7 +16,8 @@ PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_p
 def cfg(**kw) -> PlannerConfig:
     base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=20, min_decode=1, max_decode=20,
                 gpu_budget=64, interval_s=30.0, worker_start_s=60.0, scale_down_delay_s=120.0, cooldown_s=60.0,
-                predictor="constant", allow_aggregated=False, decode_scale_down_delay_s=None)
+                predictor="constant", allow_aggregated=False, decode_scale_down_delay_s=None,
+                prefill_staffing_beta=None)  # M/M/c sizing alone; square-root staffing: test_planner_staffing.py
     base.update(kw)
     return PlannerConfig(**base)
 
@@ -39,7 +40,7 @@ def test_sla_sizes_pools_from_the_rate():
 
 
 def test_scale_up_at_once_scale_down_only_after_the_delay():
-    sm = PlannerStateMachine(cfg(), PROF)
+    sm = PlannerStateMachine(cfg(burst_headroom=0.25), PROF)
     assert sm.on_tick(tick(30, 30.0)).prefill_replicas == 4
     high = [sm.on_tick(tick(t, 30.0)).prefill_replicas for t in (60, 90, 120, 150)]
     assert high == [4, 4, 4, 4]
