@@ -17,7 +17,7 @@ after weights, activations at max_num_tokens and the runtime reserve; GUARANTEED
 requests as the KV cache holds at ISL+OSL each; they run in cycles (prompts prefilled in max_num_tokens
 chunks behind the generation tokens, then generation only), the last cycle holding the remainder. Step times
 come from ``PerfModel(..., backend="trtllm")``: the efficiency factors pooled-fitted on the aiconfigurator
-silicon sample (``python -m runtime.perf.fit``) and that sample's TensorRT-LLM overheads. The table itself is
+silicon sample (``python -m runtime.tracking.perf_fit``) and that sample's TensorRT-LLM overheads. The table itself is
 never used for fitting; GPUs absent from the sample (A100, L40S) use the same pooled factors.
 
 Honesty note (also in the JSON line, ``model_notes``): this table is the validation set and HAS BEEN LOOKED AT
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 KEY_FIELDS = ("model", "gpu", "precision", "tp", "isl", "osl")
 MODEL_NOTES = {
     "validation_table_seen": True,
-    "fitted_on": "aiconfigurator_silicon_sample.csv only (python -m runtime.perf.fit)",
+    "fitted_on": "aiconfigurator_silicon_sample.csv only (python -m runtime.tracking.perf_fit)",
     "session3_changes": [
         "trtllm-bench run model (throughput.trtllm_bench_throughput): the page's num_requests identical requests "
         "queued at once, admitted while their ISL+OSL KV fits (GUARANTEED_NO_EVICT), run in cycles whose prompts "

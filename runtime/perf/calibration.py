@@ -5,7 +5,7 @@ max(attn_flops / (peak_bf16 * attention), kv_bytes / (mem_bw * memory * kv_memor
 overheads`` (``runtime.perf.model``; an all-reduce costs NCCL's faster protocol at ``comm`` times the fabric's
 nccl-tests bus bandwidth, ``GpuSpec.allreduce_bus_bw_bytes_per_s``, plus ``allreduce_latency_s``; expert
 GEMMs of MoE layers run at ``compute * moe``). The factors are fitted by least squares from measured
-TTFT/TPOT (``python -m runtime.perf.fit`` writes ``runtime/perf/fitted.py``), POOLED over GPUs: an efficiency
+TTFT/TPOT (``python -m runtime.tracking.perf_fit`` writes ``runtime/perf/fitted.py``), POOLED over GPUs: an efficiency
 is a fraction of each GPU's own peak, so one value per *compute class* (the tensor-core format the GEMMs run
 in: bf16, fp8, fp4) carries over between GPUs far better than a per-GPU fit on a few dozen rows does; fixed
 CPU-side overheads (scheduler, sampling, launches) and the attention kernels (``kv_memory``, ``attention``)

@@ -1,9 +1,9 @@
-"""Adapter + command: fit efficiency factors from measured TTFT/TPOT, pooled over GPUs.
+"""Fit efficiency factors from measured TTFT/TPOT, pooled over GPUs (pure: observations in, factors out).
 
-    python -m runtime.perf.fit [--csv ../shared/data/perf/aiconfigurator_silicon_sample.csv]
-                               [--out runtime/perf/fitted.py]
+The command that reads the data and writes ``runtime/perf/fitted.py`` is the adapter
+``python -m runtime.tracking.perf_fit`` (runtime/tracking/perf_fit.py).
 
-Reads NVIDIA aiconfigurator's silicon sample (measured vLLM / SGLang / TensorRT-LLM runs: model, system,
+It takes NVIDIA aiconfigurator's silicon sample (measured vLLM / SGLang / TensorRT-LLM runs: model, system,
 precision, ISL/OSL, concurrency, TP, TTFT and TPOT), keeps rows whose model has a config in
 ../shared/data/models, whose TP is at most 8 (one HGX node, the tuner's range) and which use plain tensor parallelism (attention
 data parallelism and expert parallelism other than EP = TP are not modelled, so those rows are left out
@@ -32,26 +32,20 @@ of the closed loop wait ``(B / R - 1)`` request times before their prefill start
 rows: TPOT from the recorded decode batch and TP (their TTFT includes queueing at an unrecorded load and is
 not used).
 
-It writes ``runtime/perf/fitted.py`` (Python data: ``FITTED`` factors keyed ``("*", compute class,
+The command writes ``runtime/perf/fitted.py`` (`render`; Python data: ``FITTED`` factors keyed ``("*", compute class,
 backend)`` plus the CPU entry, and ``RESIDUALS`` per (GPU, precision, backend) group — rows, median and p90
 absolute % error of TTFT and TPOT after the fit). Deterministic: same CSV, same file.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from runtime.models.load import load_model_spec
 from runtime.models.spec import ModelSpec
-from runtime.paths import REPO_ROOT, data_dir
 from runtime.perf.calibration import Efficiency, compute_class
 from runtime.perf.gpus import get_gpu
 from runtime.perf.collectives import NCCL_LL_BW_FACTOR
@@ -325,37 +319,32 @@ def fit_pooled(obs: list[_Obs], tensor_cores: bool = True
     return lay, res.x, stats
 
 
-def csv_observations(path: Path) -> list[_Obs]:
-    """All observations of a silicon-sample CSV (rows of unknown models / formats are skipped)."""
-    models_dir = data_dir() / "models"
-    cache: dict[str, ModelSpec] = {}
-    out: list[_Obs] = []
-    with Path(path).open() as f:
-        for row in csv.DictReader(f):
-            stem = MODEL_CONFIGS.get(row["model_path"])
-            if stem is None or GEMM_PRECISION.get(row["gemm_quant_mode"]) is None:
-                continue
-            if stem not in cache:
-                cache[stem] = load_model_spec(models_dir / f"{stem}_config.json")
-            try:
-                out.extend(observations(row, cache[stem]))
-            except (KeyError, ValueError):
-                continue
-    return out
+def fit_observations(obs: list[_Obs], source: str
+                     ) -> tuple[dict[tuple[str, str, str], Efficiency], dict[tuple[str, str, str], dict]]:
+    """Pooled fit of silicon-sample observations: factors keyed ``("*", compute class, backend)`` for every
+    class and backend with at least ``MIN_ROWS`` observations (`source` is recorded in each), and residual
+    statistics per group.
 
-
-def fit_csv(path: Path) -> tuple[dict[tuple[str, str, str], Efficiency], dict[tuple[str, str, str], dict]]:
-    """Pooled fit of a silicon-sample CSV: factors keyed ``("*", compute class, backend)`` for every class
-    and backend with at least ``MIN_ROWS`` observations, and residual statistics per group."""
-    obs = csv_observations(path)
+    Raises:
+        ValueError: fewer than ``MIN_ROWS`` observations.
+    """
     if len(obs) < MIN_ROWS:
-        raise ValueError(f"{path}: only {len(obs)} usable observations (need {MIN_ROWS})")
+        raise ValueError(f"only {len(obs)} usable observations (need {MIN_ROWS})")
     lay, x, stats = fit_pooled(obs)
-    src = f"pooled least-squares fit on {Path(path).name} (python -m runtime.perf.fit)"
     count = lambda attr, v: sum(1 for o in obs if getattr(o, attr) == v)  # noqa: E731
-    fitted = {("*", c, b): lay.efficiency(x, c, b, src) for c in lay.classes for b in lay.backends
+    fitted = {("*", c, b): lay.efficiency(x, c, b, source) for c in lay.classes for b in lay.backends
               if count("cls", c) >= MIN_ROWS and count("backend", b) >= MIN_ROWS}
     return fitted, stats
+
+
+def fit_measured(result: dict, source: str) -> tuple[tuple[str, str, str], Efficiency, dict] | None:
+    """Fit one measured-mode result (see `measured_observations`): (key, factors, residual stats), or None
+    with fewer than 4 observations."""
+    key, obs = measured_observations(result)
+    if len(obs) < 4:
+        return None
+    lay, x, stats = fit_pooled(obs, tensor_cores=key[0] != "CPU")
+    return key, lay.efficiency(x, key[1], "vllm", source), stats[key]
 
 
 def measured_observations(result: dict) -> tuple[tuple[str, str, str], list[_Obs]]:
@@ -384,7 +373,7 @@ def measured_observations(result: dict) -> tuple[tuple[str, str, str], list[_Obs
 def render(fitted: dict, residuals: dict, csv_name: str) -> str:
     """The text of ``runtime/perf/fitted.py``."""
     lines = [
-        '"""Fitted efficiency factors (GENERATED by ``python -m runtime.perf.fit``; do not edit by hand).',
+        '"""Fitted efficiency factors (GENERATED by ``python -m runtime.tracking.perf_fit``; do not edit by hand).',
         "",
         f"Source: ../shared/data/perf/{csv_name} (NVIDIA aiconfigurator silicon sample, Apache-2.0), pooled over",
         "GPUs: keys ``('*', compute class, backend)``; the CPU entry from bench/results/perf_model_measure_cpu.json",
@@ -411,37 +400,3 @@ def render(fitted: dict, residuals: dict, csv_name: str) -> str:
         lines.append(f"    {key!r}: {dict(sorted(s.items()))!r},")
     lines.append("}")
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Fit perf-model efficiency factors (writes runtime/perf/fitted.py)")
-    ap.add_argument("--csv", type=Path, default=data_dir() / "perf" / "aiconfigurator_silicon_sample.csv")
-    ap.add_argument("--out", type=Path, default=REPO_ROOT / "runtime" / "perf" / "fitted.py")
-    measured_default = REPO_ROOT / "bench" / "results" / "perf_model_measure_cpu.json"
-    ap.add_argument("--measured", type=Path, nargs="*",
-                    default=[measured_default] if measured_default.is_file() else [],
-                    help="measured-mode results to fit too (default: bench/results/perf_model_measure_cpu.json)")
-    a = ap.parse_args(argv)
-    if not a.csv.is_file():
-        ap.error(f"--csv {a.csv} does not exist")
-    fitted, residuals = fit_csv(a.csv)
-    for path in a.measured:
-        key, obs = measured_observations(json.loads(Path(path).read_text()))
-        if len(obs) >= 4:
-            lay, x, stats = fit_pooled(obs, tensor_cores=key[0] != "CPU")
-            src = f"least-squares fit on {Path(path).name} (python -m runtime.perf.fit)"
-            fitted[key] = lay.efficiency(x, key[1], "vllm", src)
-            residuals[key] = stats[key]
-    text = render(fitted, residuals, a.csv.name)
-    tmp = a.out.with_suffix(".py.tmp")
-    tmp.write_text(text)
-    tmp.replace(a.out)
-    for k, e in fitted.items():
-        print(k, e)
-    for k, s in residuals.items():
-        print(k, s)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -92,7 +92,8 @@ class TimeBreakdown:
     attn_compute_s: float = 0.0
     kv_memory_s: float = 0.0
     # FLOP-time parts at 100% of peak (before efficiency), and the GEMM row counts they ran with; used by
-    # the calibration fit (runtime.perf.fit) to re-scale predictions without re-running the model.
+    # the calibration fit (runtime.perf.fit; command: runtime.tracking.perf_fit) to re-scale predictions
+    # without re-running the model.
     dense_peak_s: float = 0.0
     expert_peak_s: float = 0.0
     attn_peak_s: float = 0.0

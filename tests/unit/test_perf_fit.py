@@ -19,12 +19,11 @@ from runtime.perf.fit import (
     _Layout,
     _Obs,
     _predict,
-    fit_csv,
-    main,
     observations,
     render,
     running_batch,
 )
+from runtime.tracking.perf_fit import fit_csv, main
 from runtime.perf.model import PerfModel
 from runtime.perf.gpus import get_gpu
 from runtime.models.load import load_model_spec
