@@ -16,8 +16,11 @@ Verification (see `runtime.staging.verify`): single-request files are hashed whi
 of ours). Multi-part files whose check can be computed by ranges (composite checksums, multipart
 ETags, full-object CRCs: `verify.by_range`) are digested by the download threads as the bytes
 arrive, each range on its own (ranges aligned to the upload parts for composite checks); the range
-digests go into the journal with the part index, so a resumed run needs no re-read, and are joined
-when the last range lands (`verify.assemble`: CRCs combine). No byte is read back. Only when the
+digests go into the journal with the part index and are joined when the last range lands
+(`verify.assemble`: CRCs combine). No byte is read back on a fresh run; a resumed run re-reads each
+journaled part from the staging file and compares its digests with the journal's before trusting it (a
+node crash can leave a journal line on disk whose data pages never reached it): a part that differs is
+fetched again. Only when the
 check needs the bytes in order (full-object SHA-256 or MD5 of a large single-part object, hf
 sources) or the caller asks for a whole-file SHA-256 (`record_sha256`), a per-file hash thread follows the
 contiguous prefix of finished parts ("frontier"), reading them back from the page cache into a
@@ -121,6 +124,7 @@ class _FileState:
     hasher: Hasher | None = None  # frontier hasher (multi-part files not digested by ranges)
     by_range: bool = False  # digested range by range in the download threads
     range_digests: dict[int, list[bytes]] = field(default_factory=dict)
+    journaled: dict[int, list[bytes]] = field(default_factory=dict)  # resumed by-range parts to re-check
     done_parts: set[int] = field(default_factory=set)
     frontier: int = 0  # parts [0, frontier) are hashed
     hashing: bool = False
@@ -246,6 +250,28 @@ class TransferEngine:
             _start_writeback(fs.fd, start, end - start)
         return end - start, (hasher.result() if isinstance(hasher, RangeHasher) else None)
 
+    def _recheck_part(self, fs: _FileState, idx: int, expected: list[bytes]) -> tuple[int, list[bytes], bool]:
+        """A journaled part of a by-range file: hash its bytes in the staging file; (bytes, digests, True)
+        when they match the journal, else the part is fetched again: (bytes, new digests, False)."""
+        start = idx * fs.part_size
+        end = min(start + fs.part_size, fs.obj.size_bytes)
+        h = RangeHasher(fs.obj, start, end)
+        buf = getattr(self._tls, "buf", None)
+        if buf is None:
+            buf = self._tls.buf = memoryview(bytearray(HASH_CHUNK_BYTES))
+        pos = start
+        while pos < end:
+            view = buf[: min(len(buf), end - pos)]
+            n = os.preadv(fs.fd, [view], pos)
+            if not n:
+                break
+            h.update(view[:n])
+            pos += n
+        if pos == end and h.result() == expected:
+            return end - start, expected, True
+        n, digests = self._fetch_part(fs, idx)
+        return n, digests or [], False
+
     def _whole_hasher(self, obj: SourceObject, body: object) -> Hasher | None:
         """Our digests for a single-request file: none when the transport verified its full-object
         checksum and no extra SHA-256 is wanted; else what `check` (and the manifest) need."""
@@ -361,9 +387,12 @@ class TransferEngine:
         if not done:
             os.ftruncate(fd, obj.size_bytes)
             jpath.write_text(header + "\n")
+        journaled: dict[int, list[bytes]] = {}
+        if stream:  # re-checked against the bytes on disk before they count (see the module docstring)
+            journaled, digests, done = digests, {}, set()
         fs = _FileState(
             obj, data, final, jpath, num_parts, part_size, fd=fd, journal=open(jpath, "a", buffering=1),
-            done_parts=done, by_range=stream, range_digests=digests,
+            done_parts=done, by_range=stream, range_digests=digests, journaled=journaled,
             hasher=None if stream else Hasher(obj, sha256=self.record_sha256 or needs_whole_sha256(p)),
         )
         resumed = sum(min(part_size, obj.size_bytes - i * part_size) for i in done)
@@ -371,7 +400,7 @@ class TransferEngine:
         self.stats.bytes_resumed += resumed
         if resumed:
             self.on_bytes(resumed)
-        return fs, [i for i in range(num_parts) if i not in done]
+        return fs, [i for i in range(num_parts) if i not in done and i not in journaled]
 
     def _advance(self, fs: _FileState, hash_pool: ThreadPoolExecutor) -> None:
         """Hash the next run of finished parts, or finish the file when all are hashed."""
@@ -426,6 +455,8 @@ class TransferEngine:
             states.append(fs)
             for i in parts:
                 self._submit(pool, "part", fs, i, lambda i=i: self._fetch_part(fs, i))
+            for i, expected in fs.journaled.items():
+                self._submit(hash_pool, "part", fs, i, lambda i=i, e=expected: self._recheck_part(fs, i, e))
             if not fs.whole:
                 self._advance(fs, hash_pool)  # resumed parts (or an empty file) need hashing too
 
@@ -446,7 +477,15 @@ class TransferEngine:
                 if kind == "described":
                     start(*self._prepare(res, jdir))
                 elif kind == "part":
-                    nbytes, range_digests = res
+                    nbytes, range_digests, *checked = res
+                    if checked and checked[0]:  # a journaled part whose bytes on disk still match
+                        self.stats.parts_resumed += 1
+                        self.stats.bytes_resumed += nbytes
+                        self.on_bytes(nbytes)
+                        fs.range_digests[idx] = range_digests
+                        fs.done_parts.add(idx)
+                        self._advance(fs, hash_pool)
+                        continue
                     self.stats.parts_downloaded += 1
                     self.stats.bytes_downloaded += nbytes
                     if fs.whole:
