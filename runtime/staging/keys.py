@@ -64,8 +64,10 @@ def relative_path(key: str, prefix: str) -> str:
         raise UnsafeKeyError(f"unsafe object key {key!r}: empty path segment")
     if any(p in (".", "..") for p in parts):
         raise UnsafeKeyError(f"unsafe object key {key!r}: '.' or '..' segment escapes the destination")
-    if parts[-1] == MARKER_NAME or any(p.endswith(".pdserve-part") for p in parts):
-        raise UnsafeKeyError(f"unsafe object key {key!r}: reserved name")
+    if (parts[-1].startswith(MARKER_NAME) or parts[0] == ".pdserve-journal"
+            or any(p.endswith(".pdserve-part") for p in parts)):
+        raise UnsafeKeyError(f"unsafe object key {key!r}: reserved name (the stager's marker, journal or "
+                             "partial files)")
     return rel
 
 

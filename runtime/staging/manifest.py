@@ -179,7 +179,8 @@ def digest_mismatch(folder: Path, entry: ManifestEntry) -> str | None:
     try:
         check(obj, hash_file(f, obj, sha256=False))
     except StagingError as e:
-        return f"file '{entry.path}' does not match its manifest checksum {entry.checksum}: {e}"
+        detail = str(e).removesuffix(" (corrupted)")
+        return f"file '{entry.path}' does not match its manifest checksum {entry.checksum}: {detail}"
     return None
 
 

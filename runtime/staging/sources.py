@@ -164,7 +164,7 @@ class S3Source:
 
     def list_objects(self) -> list[SourceObject]:
         """List the prefix (paginated). Raises StagingError: missing bucket, denied, or empty prefix."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         out: list[SourceObject] = []
         try:
@@ -181,6 +181,8 @@ class S3Source:
             if code in ("NoSuchBucket", "404"):
                 raise StagingError(f"source {self.uri}: bucket '{self.bucket}' does not exist") from e
             raise StagingError(f"source {self.uri}: cannot list objects ({code}): {e}") from e
+        except BotoCoreError as e:  # no credentials, invalid bucket name, endpoint unreachable, ...
+            raise StagingError(f"source {self.uri}: cannot list objects: {type(e).__name__}: {e}") from e
         if not out:
             raise StagingError(f"source {self.uri}: no objects under prefix '{self.prefix}' (empty prefix)")
         return out

@@ -135,6 +135,14 @@ class Stager:
     def run(self) -> StageResult:
         t0 = time.monotonic()
         source = open_source(self.uri, self.s3_client)
+        for path in (self.dest, sibling(self.dest, "staging"), sibling(self.dest, "old")):
+            if path.is_symlink():  # staging through a link would write into another folder, unlocked
+                raise StagingError(f"{path} is a symbolic link; pass the real destination path "
+                                   f"({self.dest.resolve()})" if path == self.dest else
+                                   f"{path} is a symbolic link, not pdserve's own folder; remove it")
+        for parent in self.dest.parents:
+            if parent.exists() and not parent.is_dir():
+                raise StagingError(f"destination {self.dest}: {parent} is a file, not a folder")
         self.dest.parent.mkdir(parents=True, exist_ok=True)
         with StageLock(self.dest, self.opts.lock_timeout_s):
             recover(self.dest)
@@ -184,6 +192,8 @@ class Stager:
             return False
 
     def _same(self, m: Manifest, objs: list[SourceObject]) -> bool:
+        if self.opts.record_sha256 and any(f.sha256 is None for f in m.files):
+            return False  # asked for SHA-256s the published manifest lacks
         have = {(f.path, f.size_bytes, f.etag) for f in m.files}
         if have != {(o.rel, o.size_bytes, o.etag) for o in objs}:
             return False
@@ -200,6 +210,8 @@ class Stager:
             src = self.dest / o.rel
             if not e or e.size_bytes != o.size_bytes or e.etag != o.etag or not src.is_file():
                 continue
+            if self.opts.record_sha256 and e.sha256 is None:
+                continue  # fetched again so its SHA-256 gets recorded
             if self.opts.recheck_sha256 and digest_mismatch(self.dest, e):
                 continue  # bit rot in the published copy: fetch it again
             dst = staging / o.rel

@@ -439,7 +439,8 @@ class TransferEngine:
         for obj in objects:
             e = verified.get(obj.rel)
             f = self.staging / obj.rel
-            if e and e.size_bytes == obj.size_bytes and e.etag == obj.etag and f.is_file() and f.stat().st_size == obj.size_bytes:
+            if (e and e.size_bytes == obj.size_bytes and e.etag == obj.etag and f.is_file()
+                    and f.stat().st_size == obj.size_bytes and (e.sha256 is not None or not self.record_sha256)):
                 entries[obj.rel] = e
                 self.stats.files_resumed_verified += 1
                 self.on_bytes(obj.size_bytes)

@@ -266,3 +266,27 @@ def test_object_overwritten_between_listing_and_download_is_refused(s3_client, s
         list(src.read_range(obj, 0, 100, 1024))
     with pytest.raises(StagingError, match="'m/a.safetensors' changed while staging"):
         src.describe(obj)
+
+
+def test_client_side_errors_are_named_staging_errors(s3_server, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """No credentials, or a bucket name botocore refuses: a StagingError naming the source, not a traceback."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    no_creds = make_client(s3_server.endpoint_url)
+    with pytest.raises(StagingError, match=r"s3://models/x.*NoCredentialsError"):
+        stage_model("s3://models/x", tmp_path / "m", s3_client=no_creds, progress=False)
+    with pytest.raises(StagingError, match=r"s3://Bad_Bucket!/x.*ParamValidationError"):
+        stage_model("s3://Bad_Bucket!/x", tmp_path / "m", s3_client=s3_server.client(), progress=False)
+    assert not (tmp_path / "m").exists()
+
+
+def test_record_sha256_on_an_unchanged_source_adds_the_missing_sha256s(s3_client, s3_bucket, model_dir, tmp_path) -> None:  # noqa: ANN001
+    upload_folder(model_dir, s3_bucket, "m", s3_client, multipart_chunk_bytes=5 * MiB)
+    dest = tmp_path / "m"
+    first = stage_model(f"s3://{s3_bucket}/m", dest, s3_client=s3_client, progress=False, **_opts())
+    assert any(f.sha256 is None for f in first.files)
+    again = stage_model(f"s3://{s3_bucket}/m", dest, s3_client=s3_client, progress=False, record_sha256=True, **_opts())
+    assert all(f.sha256 == sha256_file(dest / f.path) for f in again.files)

@@ -20,6 +20,10 @@ from runtime.staging.manifest import StagingError
         ("models/m/nul\x00.safetensors", "NUL"),
         ("models/m/a//b", "empty path segment"),
         ("models/m/.pdserve-staged.json", "reserved"),
+        ("models/m/.pdserve-staged.json.tmp", "reserved"),
+        ("models/m/.pdserve-journal/verified.jsonl", "reserved"),
+        ("models/m/.pdserve-journal/x.safetensors", "reserved"),
+        ("models/m/sub/w.safetensors.pdserve-part", "reserved"),
         ("other/config.json", "not under prefix"),
     ],
 )

@@ -155,3 +155,24 @@ def test_recheck_sha256_refetches_a_rotted_published_file(src: Path, tmp_path: P
     assert not res.unchanged and res.transfer.files_fetched == 1 and res.files_linked == 2
     assert p.read_bytes() == (src / "model.safetensors").read_bytes()
     verify_staged(dest)
+
+
+def test_a_symlinked_destination_is_refused_and_its_target_untouched(src: Path, tmp_path: Path) -> None:
+    real = tmp_path / "fsx" / "a"
+    first = _stage(src, real)
+    link = tmp_path / "fsx" / "link"
+    link.symlink_to(real)
+    with pytest.raises(StagingError, match="symbolic link"):
+        _stage(src, link)
+    assert verify_staged(real).files == first.manifest.files and link.is_symlink()
+    staging_link = tmp_path / "fsx" / ".b.pdserve-staging"
+    staging_link.symlink_to(real)  # a planted staging folder must not redirect the writes either
+    with pytest.raises(StagingError, match="symbolic link"):
+        _stage(src, tmp_path / "fsx" / "b")
+    assert verify_staged(real).files == first.manifest.files
+
+
+def test_a_destination_below_a_file_is_a_named_error(src: Path, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(StagingError, match="is a file, not a folder"):
+        _stage(src, tmp_path / "afile" / "sub" / "m")
