@@ -201,6 +201,14 @@ class S3Source:
             part_size = int(p1["ContentLength"])
         return replace(described, part_size_bytes=part_size)
 
+    def part_sizes(self, obj: SourceObject) -> list[int]:
+        """Size of every upload part of a multipart object (HEAD with PartNumber = 1..N, N from the
+        ETag's "-N"), for objects whose parts differ in size (S3 allows any part ≥ 5 MiB); [] when the
+        object is not multipart."""
+        n = int(obj.etag.rsplit("-", 1)[1]) if "-" in obj.etag and obj.etag.rsplit("-", 1)[1].isdigit() else 0
+        return [int(self.client.head_object(Bucket=self.bucket, Key=obj.key, PartNumber=i)["ContentLength"])
+                for i in range(1, n + 1)]
+
     def needs_describe(self, obj: SourceObject) -> bool:
         """Multipart objects: their part size is needed to check a composite checksum / the ETag."""
         return "-" in obj.etag

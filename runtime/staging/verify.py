@@ -139,13 +139,17 @@ class Hasher:
     One pass feeds every digest `check` needs: the whole-file SHA-256 (unless `sha256=False`: the
     caller gets it elsewhere, e.g. from botocore checking a full-object ChecksumSHA256), the plan's
     whole-file digest (MD5 ETag, CRC, git blob sha1) and, for composite checksums / multipart ETags,
-    one digest per upload part (split at multiples of the object's `part_size_bytes`).
+    one digest per upload part (split at multiples of the object's `part_size_bytes`, or at the given
+    `part_sizes` when the upload parts differ in size, which S3 allows).
     """
 
-    def __init__(self, obj: SourceObject, *, sha256: bool = True) -> None:
+    def __init__(self, obj: SourceObject, *, sha256: bool = True, part_sizes: list[int] | None = None) -> None:
         self.plan = plan(obj)
         p = self.plan
         self.part = obj.part_size_bytes if (p.composite and obj.part_size_bytes) else None
+        self.part_sizes = list(part_sizes) if (p.composite and part_sizes) else None
+        if self.part_sizes:
+            self.part = self.part_sizes[0]
         self.sha = hashlib.sha256() if sha256 else None
         self.extra: Any = None
         if p.kind == "git":
@@ -183,6 +187,8 @@ class Hasher:
         self.parts.append(self.p_dig.digest())
         self.p_dig = new_digest(self.plan.kind)
         self.in_part = 0
+        if self.part_sizes and len(self.parts) < len(self.part_sizes):
+            self.part = self.part_sizes[len(self.parts)]
 
     def result(self) -> FileDigests:
         """Digests of everything fed so far (call once, at the end). `sha256_hex` is "" when the

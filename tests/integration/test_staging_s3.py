@@ -290,3 +290,26 @@ def test_record_sha256_on_an_unchanged_source_adds_the_missing_sha256s(s3_client
     assert any(f.sha256 is None for f in first.files)
     again = stage_model(f"s3://{s3_bucket}/m", dest, s3_client=s3_client, progress=False, record_sha256=True, **_opts())
     assert all(f.sha256 == sha256_file(dest / f.path) for f in again.files)
+
+
+@pytest.mark.parametrize("algorithm", ["CRC32", None])
+def test_multipart_objects_with_uneven_part_sizes_are_verified(s3_client, s3_bucket, tmp_path, algorithm) -> None:  # noqa: ANN001
+    """S3 allows upload parts of different sizes (all but the last ≥ 5 MiB): the composite checksum /
+    multipart ETag is checked at the real part boundaries (not reported as corruption)."""
+    parts = [os.urandom(5 * MiB), os.urandom(7 * MiB), os.urandom(MiB)]
+    extra = {"ChecksumAlgorithm": algorithm} if algorithm else {}
+    up = s3_client.create_multipart_upload(Bucket=s3_bucket, Key="m/w.safetensors", **extra)
+    done = []
+    for i, body in enumerate(parts, start=1):
+        r = s3_client.upload_part(Bucket=s3_bucket, Key="m/w.safetensors", UploadId=up["UploadId"], PartNumber=i,
+                                  Body=body, **extra)
+        done.append({"PartNumber": i, "ETag": r["ETag"], **({"ChecksumCRC32": r["ChecksumCRC32"]} if algorithm else {})})
+    s3_client.complete_multipart_upload(Bucket=s3_bucket, Key="m/w.safetensors", UploadId=up["UploadId"],
+                                        MultipartUpload={"Parts": done})
+    dest = tmp_path / "m"
+    m = stage_model(f"s3://{s3_bucket}/m", dest, s3_client=s3_client, progress=False, **_opts())
+    entry = m.files[0]
+    assert entry.etag.endswith("-3")
+    assert entry.verified_by == ("checksum-crc32" if algorithm else "etag-md5")
+    assert entry.sha256 == hashlib.sha256(b"".join(parts)).hexdigest() == sha256_file(dest / "w.safetensors")
+    assert verify_staged(dest) == m

@@ -87,3 +87,20 @@ def test_sha256_false_skips_only_the_whole_file_sha256() -> None:
     d = h.result()
     assert d.sha256_hex == ""
     assert d.whole == hashlib.md5(DATA).digest()  # the ETag check still has its MD5
+
+
+def test_uneven_upload_parts_split_at_the_given_sizes() -> None:
+    sizes = [PART + 1000, PART - 7, len(DATA) - 2 * PART - 993]
+    cuts = [0, sizes[0], sizes[0] + sizes[1], len(DATA)]
+    pieces = [DATA[a:b] for a, b in zip(cuts, cuts[1:])]
+    crcs = [zlib.crc32(p).to_bytes(4, "big") for p in pieces]
+    obj = SourceObject(key="k", rel="k", size_bytes=len(DATA), etag="x", part_size_bytes=PART,
+                       checksum_crc32=f"{_b64(zlib.crc32(b''.join(crcs)).to_bytes(4, 'big'))}-3")
+    h = Hasher(obj, part_sizes=sizes)
+    _feed(h, 4)
+    d = h.result()
+    assert d.parts == crcs and check(obj, d) == "checksum-crc32"
+    h = Hasher(obj)  # uniform parts assumed: the same bytes do not match
+    _feed(h, 4)
+    with pytest.raises(Exception, match="mismatch"):
+        check(obj, h.result())
