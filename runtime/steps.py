@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from runtime.config import DeploymentSpec
 
 
 class MetricsSink(Protocol):
@@ -22,6 +25,31 @@ class TuneOutputs(NamedTuple):
     champion_version: str
     prefill_tp: int
     decode_tp: int
+
+
+class GpuBudgetError(ValueError):
+    """The tuned deployment needs more GPUs than its planner.gpu_budget; the message has both numbers."""
+
+
+def deployment_gpus(spec: "DeploymentSpec") -> int:
+    """GPUs a DeploymentSpec runs on: replicas × TP of the prefill pool plus replicas × TP of the decode pool."""
+    return spec.prefill.replicas * spec.prefill.tp + spec.decode.replicas * spec.decode.tp
+
+
+def check_gpu_budget(spec: "DeploymentSpec") -> int:
+    """Return `deployment_gpus(spec)` when it fits `spec.planner.gpu_budget`.
+
+    Raises:
+        GpuBudgetError: it does not (message: the P:D replicas and TPs, GPUs needed, the budget).
+    """
+    need = deployment_gpus(spec)
+    budget = spec.planner.gpu_budget
+    if need > budget:
+        raise GpuBudgetError(
+            f"the tuned deployment needs {need} GPUs (P:D replicas {spec.prefill.replicas}:{spec.decode.replicas} "
+            f"at prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp}) but planner.gpu_budget is {budget} GPUs"
+        )
+    return need
 
 
 def staged_model_dir(fsx_root: str | Path, model_name: str) -> Path:
@@ -75,11 +103,13 @@ def tune_step(
     """Tune prefill TP × decode TP for the staged model; log every candidate to MLflow; register the winner.
 
     Reads `<model_path>/config.json` (the staged copy; a folder without a valid staging marker is refused).
+    Nothing is logged or registered when the winner does not fit the GPU budget.
 
     Raises:
         runtime.staging.manifest.StagingError: `model_path` is not a verified staged model.
         runtime.models.spec.ModelConfigError: config.json lacks a field the model needs (named).
         runtime.tuner.search.InfeasibleSLOError: no candidate meets the SLO (message has the best TTFT/ITL).
+        GpuBudgetError: the winner needs more GPUs than DeploymentSpec's planner.gpu_budget.
     """
     from runtime.config import ModelRef, SloSpec, WorkloadSpec
     from runtime.models.load import load_model_spec
@@ -94,9 +124,14 @@ def tune_step(
     slo = SloSpec(ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms)
     workload = WorkloadSpec(isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s)
     result = tune(model, get_gpu(gpu), slo, workload, precision=precision)
+    model_ref = ModelRef(name=model_name, path=model_path)
+    try:
+        check_gpu_budget(result.to_deployment_spec(model_ref))
+    except GpuBudgetError as e:
+        raise GpuBudgetError(f"{e}; lower request_rate_per_s ({request_rate_per_s:g}/s) or raise the budget") from None
     version = log_tuning(
         result, tracking_uri=mlflow_tracking_uri, experiment=f"pdserve-tune-{model_name}",
-        registered_model=registered_model, model_ref=ModelRef(name=model_name, path=model_path),
+        registered_model=registered_model, model_ref=model_ref,
     )
     if table_path:
         Path(table_path).write_text(result.markdown_table())
@@ -125,10 +160,19 @@ def promote_step(
     apply: bool,
     kube_context: str,
     out_path: str,
+    *,
+    require_staged: bool = True,
 ) -> dict[str, Any]:
     """Render the champion's KServe + Kubernetes objects, validate them, write YAML; apply when asked.
 
+    With `require_staged` (default; the pipeline's promote runs with the FSx PVC mounted) the champion's
+    model path (`spec.model.path`, the staged copy the tune step read) must be a staged folder with a valid
+    marker (`verify_staged(..., check_digests=False)`: marker, every listed file with its size), checked
+    before anything is written.
+
     Raises:
+        runtime.staging.manifest.StagingError: `require_staged` and the champion's model path is empty or not
+            a verified staged folder (folder and missing file/marker named).
         ValueError: the registry's `champion` is not `champion_version` (a newer tuning raced this one).
         runtime.deploy.validate.ManifestError: an object fails its schema (object and field named).
         RuntimeError: `apply` without a `kube_context`.
@@ -146,6 +190,17 @@ def promote_step(
             f"registered model {registered_model!r}: alias champion is version {version}, "
             f"but this run tuned version {champion_version}; refusing to promote a different version"
         )
+    if require_staged:
+        from runtime.staging.manifest import StagingError, verify_staged
+
+        if not spec.model.path:
+            raise StagingError(f"registered model {registered_model!r} version {version}: the champion records no "
+                               "model path, so its staged copy cannot be verified")
+        try:
+            verify_staged(Path(spec.model.path), check_digests=False)
+        except StagingError as e:
+            raise StagingError(f"registered model {registered_model!r} version {version}: refusing to promote a "
+                               f"model folder that is not a verified staged copy: {e}") from e
     name = dns_label(spec.model.name)
     revision = revision_for(version)
     objs = render_all(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name, revision=revision)

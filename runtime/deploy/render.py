@@ -77,6 +77,9 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     `pool_name`) through their `scale` subresource (RBAC: runtime/deploy/rbac.py), with the spec from env
     PDSERVE_DEPLOYMENT_SPEC and the model's config.json from the KServe model mount.
 
+    Always `--model-dir=<MODEL_MOUNT> --require-staged`: the runtime refuses to start unless the mounted
+    model folder (and `--tokenizer-dir`) is a staged copy with a valid `.pdserve-staged.json` marker.
+
     With a `router` whose policy needs it (`uses_kv_router`) the runtime runs the KV-aware router:
     `--router=kv`, `--router-spec=<RouterSpec JSON>`, `--block-size=<block_size_tokens>` (must equal the
     workers' vLLM `--block-size`, spec.engine.block_size_tokens) and `--tokenizer-dir=<tokenizer_dir>`
@@ -89,13 +92,15 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
         f"--namespace={namespace}",
         f"--prefill-service={prefill_service}",
         f"--decode-service={decode_service}",
+        f"--model-dir={MODEL_MOUNT}",
+        "--require-staged",
     ]
     if router is not None and uses_kv_router(router):
         args += ["--router=kv", f"--router-spec={router.model_dump_json()}",
                  f"--block-size={block_size_tokens}", f"--tokenizer-dir={tokenizer_dir}"]
     if planner:
         args += ["--planner=kubernetes", f"--prefill-deployment={prefill_service}",
-                 f"--decode-deployment={decode_service}", f"--model-dir={MODEL_MOUNT}"]
+                 f"--decode-deployment={decode_service}"]
     return args
 
 

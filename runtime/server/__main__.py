@@ -23,6 +23,11 @@ With `--router kv` too, each discovered worker's KV-event endpoint comes from th
 `--worker-kv-events-port-name`, default "kv-events"): the runtime subscribes to it when the pod appears and
 unsubscribes when it goes (`--prefill-kv-events`/`--decode-kv-events` are refused in this mode).
 `--deployment-spec` defaults to the env PDSERVE_DEPLOYMENT_SPEC (set by runtime/deploy/render.py).
+
+`--require-staged` (passed by the rendered KServe runtime, runtime/deploy/render.py) makes the runtime refuse
+to start unless `--model-dir` and `--tokenizer-dir` (at least one is needed) are staged model folders with a
+valid marker `.pdserve-staged.json` listing files that all exist with their sizes (runtime.staging.manifest
+`verify_staged(check_digests=False)`). Without it (local runs on a prepared HF folder) no marker is needed.
 """
 
 from __future__ import annotations
@@ -75,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--planner-max-workers", type=int, default=2,
                    help="planner local: workers it may start beyond the configured ones.")
     p.add_argument("--namespace", default="default", help="Kubernetes namespace of the workers.")
+    p.add_argument("--require-staged", action="store_true",
+                   help="Refuse to start unless --model-dir/--tokenizer-dir are verified staged model folders "
+                        "(marker .pdserve-staged.json; the KServe runtime sets it).")
     p.add_argument("--prefill-deployment", default="", help="planner kubernetes: prefill worker Deployment.")
     p.add_argument("--decode-deployment", default="", help="planner kubernetes: decode worker Deployment.")
     return p.parse_args(argv)
@@ -120,6 +128,32 @@ def planner_settings(args: argparse.Namespace) -> dict | None:
                 prefill_deployment=args.prefill_deployment, decode_deployment=args.decode_deployment)
 
 
+def check_staged(args: argparse.Namespace) -> list[Path]:
+    """With `--require-staged`: the served model folders (`--model-dir`, `--tokenizer-dir`), each checked.
+
+    Returns the folders checked ([] without `--require-staged`).
+
+    Raises:
+        SystemExit: `--require-staged` without either folder flag, or a folder without a valid staging marker
+            (message names the flag, the folder and what is wrong).
+    """
+    if not args.require_staged:
+        return []
+    from runtime.staging.manifest import StagingError, verify_staged
+
+    folders = {flag: d for flag, d in (("--model-dir", args.model_dir), ("--tokenizer-dir", args.tokenizer_dir))
+               if d is not None}
+    if not folders:
+        sys.exit("--require-staged needs --model-dir or --tokenizer-dir (the served model folder)")
+    for flag, folder in folders.items():
+        try:
+            verify_staged(folder, check_digests=False)
+        except StagingError as exc:
+            sys.exit(f"--require-staged: {flag} {folder} is not a verified staged model folder, refusing to start: "
+                     f"{exc}")
+    return list(folders.values())
+
+
 def discovery_settings(args: argparse.Namespace) -> dict | None:
     """The `serve(discovery=...)` settings; None with `--discovery static`.
 
@@ -145,6 +179,7 @@ def discovery_settings(args: argparse.Namespace) -> dict | None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    check_staged(args)
     discovery = discovery_settings(args)
     from pydantic import ValidationError
 

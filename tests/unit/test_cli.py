@@ -60,3 +60,126 @@ def test_tune_measure_refuses_to_write_a_deployable_spec(tmp_path):
     assert res.exit_code == 1
     assert "not a deployable GPU spec" in " ".join(res.output.split())  # rich wraps long lines
     assert not (tmp_path / "s.json").exists()
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())  # rich wraps long lines
+
+
+def test_error_messages_are_printed_verbatim_not_as_rich_markup(tmp_path):
+    state = tmp_path / "run[/x]" / "[x]"
+    res = runner.invoke(app, ["show-summary", "--state-dir", str(state)], env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert res.exception is None or isinstance(res.exception, SystemExit)  # no MarkupError
+    assert f"{state / 'demo' / 'summary.json'} does not exist" in _flat(res.output)
+
+
+def test_stage_errors_with_brackets_keep_them(tmp_path):
+    res = runner.invoke(app, ["stage", "hf://onlyorg", str(tmp_path / "out")], env={"COLUMNS": "300"})
+    assert res.exit_code == 1, res.output
+    assert "[/subfolder]" in res.output and "hf://onlyorg" in res.output  # was: rich MarkupError traceback
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    res = runner.invoke(app, ["stage", str(src), str(tmp_path / "out"), "--include", "nomatch[x]"],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert "nomatch[x]" in res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_stage_prints_its_summary_once_and_leaves_concurrency_to_stage_options(tmp_path):
+    import typer.main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (src / "tokenizer.json").write_text("{}")
+    res = runner.invoke(app, ["stage", str(src), str(tmp_path / "out")], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    assert res.output.count("2 files") == 1, res.output
+    assert (tmp_path / "out" / "config.json").read_text() == (src / "config.json").read_text()
+    stage_cmd = typer.main.get_command(app).commands["stage"]
+    (conc,) = [p for p in stage_cmd.params if p.name == "concurrency"]
+    assert conc.default is None  # nothing passed → StageOptions' own default (4 per CPU within 16..64)
+
+
+def test_stage_bad_concurrency_names_the_option_before_touching_the_destination(tmp_path):
+    res = runner.invoke(app, ["stage", str(tmp_path), str(tmp_path / "out"), "--concurrency", "0"],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert "--concurrency: Input should be greater than or equal to 1" in res.output
+    assert "pydantic.dev" not in res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_tune_bad_options_name_the_cli_options_not_the_fields():
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--ttft-ms", "-5", "--rate", "0"], env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    out = _flat(res.output)
+    assert "--ttft-ms: Input should be greater than 0, got -5.0" in out
+    assert "--rate: Input should be greater than 0, got 0.0" in out
+    assert "ttft_p90_ms" not in out and "request_rate_per_s" not in out and "pydantic.dev" not in out
+    assert "★" not in out  # failed before tuning
+
+
+def test_demo_bad_slo_fails_before_starting_anything(tmp_path):
+    res = runner.invoke(app, ["demo", "--state-dir", str(tmp_path), "--itl-ms", "0"], env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert "--itl-ms: Input should be greater than 0" in res.output
+    assert list(tmp_path.iterdir()) == []  # no model prepared, no S3 server, no demo folder
+
+
+def test_tune_out_creates_missing_parent_folders(tmp_path):
+    out = tmp_path / "st" / "deep" / "spec.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--out", str(out)], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    assert DeploymentSpec.model_validate_json(out.read_text()).decode.tp >= 2
+    assert [p.name for p in out.parent.iterdir()] == ["spec.json"]  # no temporary file left
+
+
+def test_tune_out_under_a_file_fails_before_tuning(tmp_path):
+    (tmp_path / "f").write_text("x")
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--out", str(tmp_path / "f" / "spec.json")],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert "is not a folder" in res.output and "★" not in res.output
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def test_tune_winner_over_the_gpu_budget_fails_and_names_both_numbers(tmp_path):
+    import re
+
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--rate", "100", "--out", str(out)], env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    msg = _flat(res.output)
+    need = int(re.search(r"needs (\d+) GPUs", msg).group(1))
+    assert need > 64 and "planner.gpu_budget is 64 GPUs" in msg and "--rate" in msg
+    assert not out.exists()
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--rate", "100", "--gpu-budget", str(need), "--out", str(out)],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    spec = DeploymentSpec.model_validate_json(out.read_text())
+    assert spec.planner.gpu_budget == need
+    assert spec.prefill.replicas * spec.prefill.tp + spec.decode.replicas * spec.decode.tp == need
+
+
+def test_tune_huge_rate_is_refused_not_written(tmp_path):
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--rate", "1e9", "--out", str(out)], env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert "but planner.gpu_budget is 64 GPUs" in _flat(res.output)
+    assert not out.exists()
+
+
+def test_serve_unreadable_spec_is_named_before_starting_workers(tmp_path):
+    res = runner.invoke(app, ["serve", "--spec", str(tmp_path / "missing.json"), "--state-dir", str(tmp_path)],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert f"--spec {tmp_path / 'missing.json'}" in _flat(res.output)
+    (tmp_path / "bad.json").write_text(json.dumps({"model": {"name": "m"}, "prefill": {"tp": 3}}))
+    res = runner.invoke(app, ["serve", "--spec", str(tmp_path / "bad.json"), "--state-dir", str(tmp_path)],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert "prefill.tp" in res.output and "pydantic.dev" not in res.output

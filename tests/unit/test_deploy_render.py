@@ -294,6 +294,17 @@ def test_runtime_args_parse_with_the_runtime_server_cli(objs):
     assert server_main.discovery_settings(args)["decode_service"] == "smollm2-decode"
 
 
+def test_runtime_args_make_the_runtime_refuse_a_mounted_model_without_a_staging_marker(objs):
+    server_main = pytest.importorskip("runtime.server.__main__")
+    csr_args = find(objs, "ClusterServingRuntime", "pdserve")["spec"]["containers"][0]["args"]
+    isvc_args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
+    args = server_main.parse_args(csr_args + isvc_args)
+    assert args.require_staged is True and str(args.model_dir) == "/mnt/models"  # the storageUri mount
+    assert isvc_args.count("--model-dir=/mnt/models") == 1
+    with pytest.raises(SystemExit, match="/mnt/models is not a verified staged model folder"):
+        server_main.check_staged(args)  # no staged model is mounted on this machine
+
+
 def test_instance_catalog_agrees_with_the_perf_price_table():
     perf = pytest.importorskip("runtime.perf.instances")
     from runtime.deploy.instances import INSTANCES
@@ -323,7 +334,7 @@ def test_dns_label_rejects_text_without_letters_or_digits():
 
 
 def _flags(args: list[str]) -> dict[str, str]:
-    return dict(a.split("=", 1) for a in args)
+    return dict(a.split("=", 1) if "=" in a else (a, "") for a in args)
 
 
 def test_kv_aware_router_policies_run_the_kv_router_with_the_workers_block_size_and_the_model_mount():
@@ -332,7 +343,7 @@ def test_kv_aware_router_policies_run_the_kv_router_with_the_workers_block_size_
     objs = render(spec)
     args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
     flags = _flags(args)
-    assert args[5:] == ["--router=kv", f"--router-spec={flags['--router-spec']}", "--block-size=32",
+    assert args[7:] == ["--router=kv", f"--router-spec={flags['--router-spec']}", "--block-size=32",
                         "--tokenizer-dir=/mnt/models"]
     assert RouterSpec.model_validate_json(flags["--router-spec"]) == spec.router  # the spec's router, verbatim
     for role in ("prefill", "decode"):  # the router hashes blocks of the size the workers cache
