@@ -254,27 +254,12 @@ def tune(
         console.print(f"registered {escape(register)} version {version} (alias champion)")
     if out:
         try:
-            _write_atomically(out, spec.model_dump_json(indent=2))
+            from runtime.paths import write_text_atomically
+
+            write_text_atomically(out, spec.model_dump_json(indent=2))
         except OSError as e:
             _fail(f"--out {out}: {e}")
         console.print(f"wrote {escape(str(out))}")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` (parent folders created) through a temporary file and a rename: a reader never
-    sees a half-written file. Raises OSError."""
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _measured_perf(model_dir: Path, model, state: Path):

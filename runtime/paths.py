@@ -30,3 +30,25 @@ def data_dir() -> Path:
 def state_dir() -> Path:
     """Working state (.pdserve/: MLflow sqlite, FSx stand-in, demo output). `PDSERVE_HOME` overrides."""
     return Path(os.environ.get("PDSERVE_HOME", REPO_ROOT / ".pdserve"))
+
+
+def write_text_atomically(path: Path, text: str) -> Path:
+    """Write `text` to `path` (parent folders created) through a temporary file in the same folder and a
+    rename, so a reader never sees a half-written file; returns `path`.
+
+    Raises:
+        OSError: the folder cannot be created or written (the temporary file is removed).
+    """
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

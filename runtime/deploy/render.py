@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -32,6 +30,7 @@ from runtime.deploy.instances import InstanceType, instance_for
 from runtime.deploy.target import (
     DNS1035_LABEL, DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_SUBDOMAIN_CHARS, ClusterTarget, check_name,
 )
+from runtime.paths import write_text_atomically
 
 RUNTIME_NAME = "pdserve"
 MODEL_FORMAT = "pdserve"
@@ -330,18 +329,8 @@ def write_yaml(objs: list[dict[str, Any]], path: str | Path, *, header: str = ""
 
     Returns the path. Raises OSError if the folder cannot be written; never leaves a partial file.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = header + yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False, width=120)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomically(Path(path), text)
 
 
 def read_yaml(path: str | Path) -> list[dict[str, Any]]:
