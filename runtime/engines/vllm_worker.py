@@ -46,29 +46,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True) -> dict:
     """The `--kv-transfer-config` of a NIXL worker: kv_both, KV buffer on "cpu" (CPU workers) or "cuda",
-    NIXL backends from `engine.kv_backends`; CPU workers also get a `kv_lease_duration` of
-    `CPU_KV_LEASE_S`.
+    NIXL backends from `engine.kv_backends`.
 
-    Source: vLLM `NixlConnector` docs (docs/features/nixl_connector_usage.md) and DESIGN.md; the lease:
-    vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py (`kv_lease_duration`, default 30 s).
+    Source: vLLM `NixlConnector` docs (docs/features/nixl_connector_usage.md) and DESIGN.md.
     """
-    extra: dict = {"backends": list(engine.kv_backends)}
-    if cpu:
-        extra["kv_lease_duration"] = CPU_KV_LEASE_S
     return {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both",
         "kv_buffer_device": "cpu" if cpu else "cuda",
-        "kv_connector_extra_config": extra,
+        "kv_connector_extra_config": {"backends": list(engine.kv_backends)},
     }
-
-
-CPU_KV_LEASE_S = 300
-"""Seconds a prefill worker keeps a finished request's KV blocks for the decode worker to pull (vLLM's
-default is 30 s, extended by the consumer's heartbeats). On a CPU-starved host (2 cores shared by both
-workers) a decode pull was seen to start after 30+ s without heartbeats: the prefill worker freed the
-blocks and vLLM logged "Potentially invalid KV blocks ... retrieved by a decode worker". A longer lease
-on CPU keeps those blocks valid; GPU workers keep vLLM's default."""
 
 
 def build_vllm_args(

@@ -37,7 +37,6 @@ def test_pd_roles_use_nixl_connector_with_cpu_buffer(role):
     assert cfg["kv_role"] == "kv_both"
     assert cfg["kv_buffer_device"] == "cpu"
     assert cfg["kv_connector_extra_config"]["backends"] == ["UCX"]
-    assert cfg["kv_connector_extra_config"]["kv_lease_duration"] >= 120  # CPU: blocks outlive a starved pull
 
 
 def test_engine_settings_reach_the_command_line():
