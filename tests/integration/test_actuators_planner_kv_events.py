@@ -27,7 +27,8 @@ from runtime.server.planner_loop import RequestWindow
 from runtime.server.planner_runtime import build_planner
 from tests.integration.standin_worker import TinyWorker
 from tests.integration.test_actuators_planner_runtime import _answers
-from tests.integration.test_server_discovery_kv_events import BLOCK, vllm_frame, wait_for
+from tests.integration.test_server_discovery_kv_events import BLOCK, vllm_frame
+from tests.integration.zmq_publisher import bound_publisher
 
 pytestmark = pytest.mark.integration
 zmq = pytest.importorskip("zmq")
@@ -47,8 +48,6 @@ def _decision(p: int, d: int) -> ScalingDecision:
 
 @pytest.mark.parametrize("with_subscriber", [True, False])
 def test_planner_started_workers_are_routed_on_their_kv_events(with_subscriber: bool) -> None:
-    import zmq.asyncio
-
     kv_port = free_port()
     endpoint = f"tcp://127.0.0.1:{kv_port}"
     made: list[PublishingWorker] = []
@@ -66,10 +65,7 @@ def test_planner_started_workers_are_routed_on_their_kv_events(with_subscriber: 
     hashes = pairing.router.hashes_for(prompt)
 
     async def scenario() -> None:
-        ctx = zmq.asyncio.Context()
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.LINGER, 0)
-        pub.bind(endpoint)
+        pub, _, close_pub = bound_publisher(kv_port)
         sub = KvEventSubscriber({}, pairing.apply_batch)
         sub.start()
         if with_subscriber:
@@ -108,8 +104,7 @@ def test_planner_started_workers_are_routed_on_their_kv_events(with_subscriber: 
             assert pairing.router.overlaps(hashes) == {}
         finally:
             await sub.stop()
-            pub.close(0)
-            ctx.term()
+            close_pub()
 
     try:
         asyncio.run(scenario())

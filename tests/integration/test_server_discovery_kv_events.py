@@ -27,6 +27,7 @@ from runtime.server.app import build_router_pairing
 from runtime.server.discovery_sync import discovered_id, follow_discovery
 from runtime.server.pairing import RouteRequest
 from tests.unit.test_deploy_discovery import NS, PATH, eps
+from tests.integration.zmq_publisher import bound_publisher, wait_for
 
 pytestmark = pytest.mark.integration
 zmq = pytest.importorskip("zmq")
@@ -79,22 +80,10 @@ def vllm_frame(seq: int, token_ids: list[int]) -> list[bytes]:
     return [b"kv-events", seq.to_bytes(8, "big"), payload]
 
 
-async def wait_for(pred, what: str, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not pred():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def test_a_discovered_workers_kv_events_reach_the_router_until_it_leaves():
-    import zmq.asyncio
 
     kv_port = free_port()
-    ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.bind(f"tcp://127.0.0.1:{kv_port}")
+    pub, _, close_pub = bound_publisher(kv_port)
 
     # at first: one decode pod and one prefill pod that publishes nothing (no kv-events port)
     api = QueuedWatchApi([eps("d-1", DECODE, {"127.0.0.9": True}), eps("p-0", PREFILL, {"127.0.0.8": True})])
@@ -155,8 +144,7 @@ async def test_a_discovered_workers_kv_events_reach_the_router_until_it_leaves()
         await asyncio.gather(follow, return_exceptions=True)
         await sub.stop()
         await client.aclose()
-        pub.close(0)
-        ctx.term()
+        close_pub()
     assert sub.active_workers == ()
 
 
@@ -175,16 +163,12 @@ class ServingUntilStopped:
 async def test_the_runtime_subscribes_discovered_workers_only_with_the_kv_router(kv_router):
     """run_server's wiring: with the KV-aware router the discovered worker's events fill the index; without
     it the worker stays approximate and its events are not subscribed to."""
-    import zmq.asyncio
     from prometheus_client import CollectorRegistry
 
     from runtime.server.app import build_model, run_server
 
     kv_port = free_port()
-    ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.bind(f"tcp://127.0.0.1:{kv_port}")
+    pub, _, close_pub = bound_publisher(kv_port)
     api = QueuedWatchApi([slice_with_events("d-1", DECODE, {"127.0.0.1": True}, kv_port, rv="9")])
     client = httpx.AsyncClient(base_url="https://k8s.test", transport=httpx.MockTransport(api))
     discovery = EndpointSliceDiscovery(namespace=NS, prefill_service=PREFILL, decode_service=DECODE, client=client)
@@ -211,5 +195,4 @@ async def test_the_runtime_subscribes_discovered_workers_only_with_the_kv_router
         rest.stopped.set()
         await asyncio.wait_for(server, timeout=10)  # stops the discovery task and the subscriber
         await client.aclose()
-        pub.close(0)
-        ctx.term()
+        close_pub()

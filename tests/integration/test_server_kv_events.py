@@ -12,8 +12,8 @@ import asyncio
 import pytest
 
 from runtime.engines.kv_events import KvEventSubscriber
-from runtime.engines.vllm_worker import free_port
 from runtime.kv.events import BlockRemoved, BlockStored, KvEventBatch, encode_payload
+from tests.integration.zmq_publisher import bound_publisher, wait_for
 
 pytestmark = pytest.mark.integration
 zmq = pytest.importorskip("zmq")
@@ -23,24 +23,10 @@ def _batch(i: int) -> KvEventBatch:
     return KvEventBatch(ts_s=float(i), events=(BlockStored((i,), None, tuple(range(16)), 16), BlockRemoved((i,))))
 
 
-async def _wait_for(pred, timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not pred():
-        assert loop.time() < end, "timed out"
-        await asyncio.sleep(0.02)
-
-
 async def test_batches_arrive_in_order_and_gaps_and_garbage_are_counted():
-    import zmq.asyncio
-
-    port = free_port()
-    ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.bind(f"tcp://127.0.0.1:{port}")
+    pub, endpoint, close_pub = bound_publisher()
     got: list[tuple[str, KvEventBatch]] = []
-    sub = KvEventSubscriber({"decode-0": f"tcp://127.0.0.1:{port}"}, lambda w, b: got.append((w, b)))
+    sub = KvEventSubscriber({"decode-0": endpoint}, lambda w, b: got.append((w, b)))
     sub.start()
     try:
         # PUB/SUB joins asynchronously: publish a probe until the subscriber sees one (slow-joiner).
@@ -55,7 +41,7 @@ async def test_batches_arrive_in_order_and_gaps_and_garbage_are_counted():
             await pub.send_multipart([b"kv-events", i.to_bytes(8, "big"), encode_payload(_batch(i))])
         await pub.send_multipart([b"kv-events", b"short", b"junk"])
         await pub.send_multipart([b"kv-events", (start + 4).to_bytes(8, "big"), encode_payload(_batch(start + 4))])
-        await _wait_for(lambda: len(got) >= n_before + 4)
+        await wait_for(lambda: len(got) >= n_before + 4)
         tail = got[n_before:]
         assert [w for w, _ in tail] == ["decode-0"] * 4
         assert [b.ts_s for _, b in tail] == [start, start + 1, start + 3, start + 4]
@@ -64,26 +50,19 @@ async def test_batches_arrive_in_order_and_gaps_and_garbage_are_counted():
         assert sub.stats.num_decode_errors["decode-0"] == 1
     finally:
         await sub.stop()
-        pub.close(0)
-        ctx.term()
+        close_pub()
     assert sub.active_workers == ()
 
 
 async def test_callback_errors_do_not_end_the_subscription():
-    import zmq.asyncio
-
-    port = free_port()
-    ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.bind(f"tcp://127.0.0.1:{port}")
+    pub, endpoint, close_pub = bound_publisher()
     seen: list[float] = []
 
     def on_batch(worker_id, batch):
         seen.append(batch.ts_s)
         raise RuntimeError("boom")
 
-    sub = KvEventSubscriber({"w": f"tcp://127.0.0.1:{port}"}, on_batch)
+    sub = KvEventSubscriber({"w": endpoint}, on_batch)
     sub.start()
     try:
         i = 0
@@ -95,5 +74,4 @@ async def test_callback_errors_do_not_end_the_subscription():
         assert seen == sorted(seen)
     finally:
         await sub.stop()
-        pub.close(0)
-        ctx.term()
+        close_pub()
