@@ -85,6 +85,12 @@ def efficiency_for(gpu, precision: str, backend: str = "vllm") -> Efficiency:
     4. the pooled fit for this compute class with the vLLM backend (the tuner's engine);
     5. ``DEFAULT``.
 
+    The pooled ``comm`` is fitted on NVLink systems only (every system of the silicon sample): there the engines
+    run their own NVLink all-reduce kernels (vLLM's custom all-reduce is disabled on more than two PCIe-only
+    GPUs, vLLM ``custom_all_reduce.py``; TensorRT-LLM's one-/two-shot kernels need peer access). GPUs without
+    NVLink (``GpuSpec.has_nvlink`` False: L40S, L4, A10G, PCIe cards) therefore keep ``DEFAULT.comm`` of their
+    fabric's nccl-tests bus bandwidth rather than an efficiency nothing measured for them.
+
     Raises:
         KeyError: unknown GPU name.
     """
@@ -103,5 +109,9 @@ def efficiency_for(gpu, precision: str, backend: str = "vllm") -> Efficiency:
     for key in (("*", cls, b), ("*", cls, "vllm")):
         if key in table:
             e = table[key]
-            return e if key[2] == b else replace(e, source=e.source + f" ({key[2]} overheads; none fitted for {b})")
+            if key[2] != b:
+                e = replace(e, source=e.source + f" ({key[2]} overheads; none fitted for {b})")
+            if not g.has_nvlink and e.comm != DEFAULT.comm:
+                e = replace(e, comm=DEFAULT.comm, source=e.source + "; comm: default (PCIe, not in the sample)")
+            return e
     return DEFAULT

@@ -32,6 +32,19 @@ of the closed loop wait ``(B / R - 1)`` request times before their prefill start
 rows: TPOT from the recorded decode batch and TP (their TTFT includes queueing at an unrecorded load and is
 not used).
 
+Every TTFT also carries a fixed latency of the DEPLOYMENT it was measured on (``deployment``: model, system,
+backend, backend version), fitted as one non-negative constant per deployment (a fixed effect, 53 of them on
+the shipped sample) instead of the backend's prefill overhead. Measured TTFTs at concurrency 4 show why: on
+the same B200s and TensorRT-LLM, Llama-3.1-70B TP8 at ISL 1024 measures 58-79 ms, DeepSeek-R1/V3 TP8 at
+ISL 1024 measures 159-210 ms although the rooflines of the two prefills differ by ~5 ms; Qwen3-235B TP4 on
+H100 measures ~173 ms at ISL 512 and at ISL 1024 alike. Such constants (client, HTTP/frontend, tokenizer and chat template, request admission) are
+no property of the GPU kernels; with one shared constant per backend the fit pushed them into the compute
+efficiencies instead (the large-ISL prefills are what identify ``compute``), e.g. NVFP4 GEMMs at 0.21 of peak
+while the sample's own B200 Llama-3.1-70B TP1 ISL-8192 rows (FP8 590 ms, NVFP4 395 ms) need >= 0.37 even
+with attention at FlashAttention-3's 75% of peak. The
+backend's ``prefill_overhead_s`` (what TTFT predictions add) is the median of its deployments' constants.
+Nothing of this enters TPOT, which is what throughput predictions use.
+
 The command writes ``runtime/perf/fitted.py`` (`render`; Python data: ``FITTED`` factors keyed ``("*", compute class,
 backend)`` plus the CPU entry, and ``RESIDUALS`` per (GPU, precision, backend) group — rows, median and p90
 absolute % error of TTFT and TPOT after the fit). Deterministic: same CSV, same file.
@@ -91,6 +104,8 @@ _CLASS_X0, _CLASS_LO, _CLASS_HI = 0.5, 0.03, 1.0
 _BACKEND_X0, _BACKEND_LO, _BACKEND_HI = [0.003, 0.01, 1e-5, 0.8, 0.5], [0.0, 0.0, 0.0, 0.1, 0.05], \
     [0.1, 0.5, 1e-3, 1.0, 0.75]
 _NB = len(_BACKEND_X0)
+# per deployment: the fixed latency (s) every TTFT it measured carries (non-negative; 60 s = no real bound)
+_OFFSET_X0, _OFFSET_LO, _OFFSET_HI = 0.05, 0.0, 60.0
 
 
 @dataclass
@@ -119,6 +134,18 @@ class _Obs:
     queue_running: int = 0
     cls: str = "bf16"  # compute class (calibration.compute_class)
     group: tuple[str, str, str] = ("", "", "")  # (GPU, precision, backend) for the residual report
+    # TTFT only: the deployment whose fixed latency this measurement carries (``deployment``); "" = none
+    # (then the backend's prefill overhead applies, as for the measured CPU entry)
+    deployment: str = ""
+
+
+def deployment(row: dict) -> str:
+    """Key of the deployment a silicon row was measured on: ``model_path|system|backend|backend_version``.
+
+    Every TTFT of one deployment shares one fitted fixed latency (see the module docstring): the client,
+    HTTP / frontend, tokenizer and chat-template path and the engine's request admission differ per
+    deployment, not per GPU or number format."""
+    return "|".join(row[k] for k in ("model_path", "system", "backend", "backend_version"))
 
 
 def _int(x: str) -> int:
@@ -166,6 +193,7 @@ def observations(row: dict, model: ModelSpec) -> list[_Obs]:
         return []
     ctx = isl + osl // 2
     kw = {"cls": compute_class(gpu, pm.compute_precision), "group": (gpu.name, prec, backend)}
+    dep = {"deployment": deployment(row)}
     out: list[_Obs] = []
     if row["mode"] == "agg":
         n = max(1, _int(row["tp_size"]))
@@ -179,14 +207,15 @@ def observations(row: dict, model: ModelSpec) -> list[_Obs]:
                                                                     n_seq=run)], **kw))
             br = pm.prefill_breakdown(isl, n, run)
             chunks = max(1, math.ceil(run * isl / MAX_NUM_BATCHED_TOKENS))
-            out.append(_Obs("ttft", backend, ttft_s, [_term(br, n_pre=chunks)], (chunks + 1) / (2 * chunks), **kw))
+            out.append(_Obs("ttft", backend, ttft_s, [_term(br, n_pre=chunks)], (chunks + 1) / (2 * chunks), **kw,
+                            **dep))
         else:
             # steady state: every iteration mixes B decodes with B * isl / osl prompt tokens
             mixed = pm.mixed_step_breakdown(run, ctx, run * isl / osl, isl, n)
             out.append(_Obs("tpot", backend, tpot_s, [_term(mixed, n_dec=1, n_seq=run)], **kw))
             out.append(_Obs("ttft", backend, ttft_s,
                             [_term(pm.prefill_breakdown(isl, n, 1), n_pre=1), _term(mixed, n_dec=1, n_seq=run)],
-                            queue_batch=b, queue_osl=osl, queue_running=run, **kw))
+                            queue_batch=b, queue_osl=osl, queue_running=run, **kw, **dep))
         return out
     # disaggregated: only TPOT is modelled (TTFT rows carry unrecorded queueing at the measured load)
     dn = max(1, _int(row["decode_tp_size"]))
@@ -198,30 +227,37 @@ def observations(row: dict, model: ModelSpec) -> list[_Obs]:
 
 
 class _Layout:
-    """Index map of the pooled parameter vector: 4 shared, one per compute class, five per backend."""
+    """Index map of the pooled parameter vector: five shared, one per compute class, five per backend
+    (``n_core`` in all), then one fixed TTFT latency per deployment."""
 
     def __init__(self, obs: list[_Obs]) -> None:
         self.classes = sorted({o.cls for o in obs})
         self.backends = sorted({o.backend for o in obs})
-        self.n = _NS + len(self.classes) + _NB * len(self.backends)
+        self.deployments = sorted({o.deployment for o in obs if o.deployment})
+        self.n_core = _NS + len(self.classes) + _NB * len(self.backends)
+        self.n = self.n_core + len(self.deployments)
 
     def x0_bounds(self, tensor_cores: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Start point and bounds; ``tensor_cores=False`` (the measured CPU entry) drops the two GPU-kernel
         bounds: GEMM half-efficiency rows >= 64 (tile size) and attention <= 0.75 (FlashAttention-3)."""
         nc, nb = len(self.classes), len(self.backends)
-        x0 = _SHARED_X0 + [_CLASS_X0] * nc + _BACKEND_X0 * nb
-        lo = _SHARED_LO + [_CLASS_LO] * nc + _BACKEND_LO * nb
-        hi = _SHARED_HI + [_CLASS_HI] * nc + _BACKEND_HI * nb
+        nd = len(self.deployments)
+        x0 = _SHARED_X0 + [_CLASS_X0] * nc + _BACKEND_X0 * nb + [_OFFSET_X0] * nd
+        lo = _SHARED_LO + [_CLASS_LO] * nc + _BACKEND_LO * nb + [_OFFSET_LO] * nd
+        hi = _SHARED_HI + [_CLASS_HI] * nc + _BACKEND_HI * nb + [_OFFSET_HI] * nd
         lo, hi = np.array(lo), np.array(hi)
         if not tensor_cores:
             lo[_GEMM_HALF_INDEX] = 0.0
-            hi[_NS + len(self.classes):].reshape(-1, _NB)[:, _ATTENTION_INDEX] = 1.0
+            hi[_NS + len(self.classes):self.n_core].reshape(-1, _NB)[:, _ATTENTION_INDEX] = 1.0
         return np.array(x0), lo, hi
 
     def efficiency(self, x: np.ndarray, cls: str, backend: str, source: str) -> Efficiency:
         em, ek, h, lat, emoe = x[:_NS]
         ec = x[_NS + self.classes.index(cls)]
         o_d, o_p, o_s, ekv, ea = x[_NS + len(self.classes) + _NB * self.backends.index(backend):][:_NB]
+        offsets = [x[self.n_core + i] for i, d in enumerate(self.deployments) if d.split("|")[2] == backend]
+        if offsets:  # the backend's prefill overhead: the median fixed TTFT latency of its deployments
+            o_p = float(np.median(offsets))
         return Efficiency(
             compute=round(float(ec), 4), memory=round(float(em), 4), comm=round(float(ek), 4),
             decode_step_overhead_s=round(float(o_d), 6), prefill_overhead_s=round(float(o_p), 6),
@@ -247,7 +283,11 @@ def _arrays(obs: list[_Obs], lay: _Layout) -> dict[str, np.ndarray]:
     out.update(idx=np.array(idx), f=np.array([o.factor for o in obs]), n=np.array(len(obs)),
                qr=np.array([float(o.queue_running or o.queue_batch) for o in obs]),
                first=np.array(first), q=q, qb=np.array([float(o.queue_batch) for o in obs]),
-               qo=np.array([float(max(1, o.queue_osl)) for o in obs]), ci=np.array(ci), bi=np.array(bi))
+               qo=np.array([float(max(1, o.queue_osl)) for o in obs]), ci=np.array(ci), bi=np.array(bi),
+               di=np.array([lay.deployments.index(o.deployment) if o.deployment else -1 for o in obs]))
+    # a TTFT with a deployment offset carries no separate prefill overhead (the offset holds it)
+    has_dep = np.array([bool(obs[i].deployment) for i in idx])
+    out["np"] = np.where(has_dep, 0.0, out["np"])
     return out
 
 
@@ -255,7 +295,7 @@ def _predict(theta: np.ndarray, lay: _Layout, a: dict) -> np.ndarray:
     em, ek, h, lat, emoe = theta[:_NS]
     nc = len(lay.classes)
     ec = theta[_NS:_NS + nc][a["ci"]]
-    per_backend = theta[_NS + nc:].reshape(-1, _NB)[a["bi"]]
+    per_backend = theta[_NS + nc:lay.n_core].reshape(-1, _NB)[a["bi"]]
     o_d, o_p, o_s, ekv, ea = (per_backend[:, i] for i in range(_NB))
     linear = (a["dense"] * (a["mt"] + h) / a["mt"] + a["lm"] * (a["ml"] + h) / a["ml"]
               + a["expert"] * (a["me"] + h) / (a["me"] * emoe)) / ec
@@ -279,7 +319,11 @@ def _predict(theta: np.ndarray, lay: _Layout, a: dict) -> np.ndarray:
         # up one request time apart (Little's law: B clients / throughput running / request_s)
         kv_wait = (a["qb"][q] / running - 1.0) * request_s
         total[q] = prefill + step + rho * prefill / (2 * (1 - rho)) + kv_wait
-    return a["f"] * total
+    out = a["f"] * total
+    d = a["di"] >= 0
+    if d.any():  # fixed latency of the deployment a TTFT was measured on
+        out[d] += theta[lay.n_core:][a["di"][d]]
+    return out
 
 
 def _stats(sel_obs: list[_Obs], pct: np.ndarray) -> dict[str, float]:

@@ -4,6 +4,7 @@ not describe, and its output is importable data looked up per compute class and 
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ import numpy as np
 from runtime.perf.fit import (
     MIN_ROWS,
     _arrays,
+    deployment,
+    fit_pooled,
     _Layout,
     _Obs,
     _predict,
@@ -205,3 +208,66 @@ def test_gpu_fits_respect_kernel_bounds_and_the_cpu_entry_does_not_need_them():
     _, lo_cpu, hi_cpu = lay.x0_bounds(False)
     assert lo_gpu[2] == 64 and lo_cpu[2] == 0
     assert hi_gpu[-1] == 0.75 and hi_cpu[-1] == 1.0
+
+
+def test_ttft_observations_carry_their_deployment_and_tpot_does_not():
+    rows, _ = _rows(lambda r: r["model_path"] == "meta-llama/Llama-3.1-70B" and r["system"] == "h200_sxm"
+                    and r["mode"] == "agg" and r["backend"] == "trtllm")
+    row = rows[0]
+    tpot, ttft = observations(row, L70)
+    assert tpot.kind == "tpot" and tpot.deployment == ""
+    assert ttft.kind == "ttft"
+    assert ttft.deployment == f"meta-llama/Llama-3.1-70B|h200_sxm|trtllm|{row['backend_version']}"
+    assert deployment({**row, "backend_version": "9.9"}) != ttft.deployment
+
+
+def _term16(**kw) -> tuple[float, ...]:
+    """A roofline term (see ``_Obs``) with huge GEMM row counts (g(M) = 1) and the given fields set."""
+    names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml", "nar", "lll", "lls")
+    t = dict.fromkeys(names, 0.0) | {"mt": 1e12, "me": 1e12, "ml": 1e12} | kw
+    return tuple(t[n] for n in names)
+
+
+def test_a_deployments_latency_replaces_the_prefill_overhead_by_hand():
+    """TTFT = roofline + the deployment's constant; without a deployment: roofline + prefill overhead."""
+    term = _term16(m=0.1, np=1.0)  # 0.1 s of weights at 100% HBM, one prefill overhead
+    with_dep = _Obs("ttft", "trtllm", 1.0, [term], cls="fp8", deployment="m|gpu|trtllm|1")
+    without = _Obs("ttft", "trtllm", 1.0, [term], cls="fp8")
+    lay = _Layout([with_dep, without])
+    assert lay.deployments == ["m|gpu|trtllm|1"] and lay.n == lay.n_core + 1
+    shared = [0.5, 1.0, 64.0, 0.0, 1.0]  # memory 0.5, comm, gemm_half_tokens, all-reduce latency, fused MoE
+    theta = np.array(shared + [0.4] + [0.0, 0.01, 0.0, 1.0, 0.5] + [0.3])  # o_p = 10 ms; deployment 0.3 s
+    got = _predict(theta, lay, _arrays([with_dep, without], lay))
+    assert got == pytest.approx([0.1 / 0.5 + 0.3, 0.1 / 0.5 + 0.01])
+
+
+def test_fit_separates_deployment_latencies_from_compute():
+    """Synthetic TTFTs: compute-bound prefills (time ~ ISL) on three deployments with very different fixed
+    latencies, plus weight-bound TPOTs. The fit recovers the compute and memory efficiencies and each
+    deployment's constant, and reports the median constant as the backend's prefill overhead."""
+    lats = {"a|gpu|trtllm|1": 0.05, "b|gpu|trtllm|1": 0.4, "c|gpu|trtllm|1": 0.1}
+    obs = [_Obs("ttft", "trtllm", 1.0, [_term16(dense=0.05 * k)], cls="fp8", deployment=d)
+           for d in lats for k in (1, 2, 4, 8)]
+    obs += [_Obs("tpot", "trtllm", 1.0, [_term16(m=0.002 * k, nd=1.0)], cls="fp8") for k in (1, 2, 3, 5)]
+    lay = _Layout(obs)
+    true = np.array([0.8, 0.7, 64.0, 0.0, 0.8] + [0.45] + [0.001, 0.0, 0.0, 0.8, 0.5] + [lats[d] for d in lay.deployments])
+    measured = _predict(true, lay, _arrays(obs, lay))
+    obs = [replace(o, measured_s=float(t)) for o, t in zip(obs, measured)]
+    lay, x, _ = fit_pooled(obs)
+    eff = lay.efficiency(x, "fp8", "trtllm", "test")
+    assert eff.compute == pytest.approx(0.45, rel=1e-3)
+    assert eff.memory == pytest.approx(0.8, rel=1e-3)
+    assert [round(float(v), 4) for v in x[lay.n_core:]] == [lats[d] for d in lay.deployments]
+    assert eff.prefill_overhead_s == pytest.approx(0.1, abs=1e-4)  # median of 0.05, 0.1, 0.4
+
+
+def test_pcie_gpus_keep_the_default_comm_efficiency():
+    """The pooled comm is fitted on NVLink systems only; PCIe GPUs keep ``DEFAULT.comm``."""
+    fit = fitted.FITTED[("*", "fp8", "trtllm")]
+    assert fit.comm != DEFAULT.comm
+    assert efficiency_for("H100-SXM", "fp8", "trtllm").comm == fit.comm
+    l40s = efficiency_for("L40S", "fp8", "trtllm")
+    assert l40s.comm == DEFAULT.comm and "PCIe" in l40s.source
+    assert l40s.compute == fit.compute and l40s.memory == fit.memory
+    assert efficiency_for("A100-PCIe-80GB", "bf16").comm == DEFAULT.comm
+    assert efficiency_for("A100-SXM-80GB", "bf16").comm == fitted.FITTED[("*", "bf16", "vllm")].comm
