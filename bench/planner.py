@@ -7,7 +7,7 @@ and compare planners. Prints ONE JSON line; ``--out`` also writes it to a file.
 ``--rate-scale K`` replays each request K times with uniform sub-second jitter (seeded), so the
 hour keeps its shape and bursts while the cluster grows to tens of GPUs. Planners:
 ``pdserve_sla`` (runtime.planner SLA mode: burst_quantile rate predictor, square-root staffing of
-prefill), ``pdserve_load`` (load mode),
+prefill, prefill service time corrected by the engines' observed prefill time), ``pdserve_load`` (load mode),
 ``dynamo_sla`` (Dynamo's published throughput-based replica formula, runtime.planner.dynamo_baseline,
 ticking at its default 180 s), ``dynamo_sla_load`` (the same plus Dynamo 1.x's load-based +-1 steps as
 the throughput result's upper layer, on a 10-s tick like its ``load_adjustment_interval``),
@@ -67,23 +67,31 @@ MODELS_DIR = ROOT.parent / "shared" / "data" / "models"
 DYNAMO_VENV = ROOT / ".venv-bench-planner"  # ai-dynamo==1.0.2 + its planner's imports (optional)
 DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are 5 or 10
 
-# pdserve_sla with one change undone (PlannerConfig overrides): what each change buys. Session 2 made
-# square-root staffing the prefill burst term (instead of the sub-tick peak term), shortened the
-# prefill scale-down delay/cooldown to 30 s and the decode delay to 120 s, and dropped the +25 %
-# burst headroom; "previous_defaults" undoes all of that at once.
+# pdserve_sla with one change undone (PlannerConfig overrides; "interval_s" also sets the simulator's
+# tick): what each change buys. Session 3 corrects the prefill service time by the engines' observed
+# prefill time instead of TTFT p90 (a burst's TTFT misses no longer inflate it), plans prefill on a
+# one-tick Erlang level with beta 1.4 (was two ticks, 1.5) and lets the M/M/c term plan up to 100 %
+# utilisation (was 90 %); "previous_defaults" undoes all of that at once, "session1_defaults" also
+# session 2's changes (peak term instead of staffing, 60 s prefill / 180 s decode scale-down delay,
+# +25 % burst headroom). "tick_10s" is a negative result: 10-s ticks (windows scaled to the same
+# seconds) cost GPU-hours with these tick-based predictors (noisier per-tick rates, steeper trends).
+_PREVIOUS = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
+                 correct_by_prefill_time=False)
 ABLATIONS: dict[str, dict] = {
-    "previous_defaults": dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
-                              cooldown_s=60.0, burst_headroom=0.25, decode_scale_down_delay_s=180.0),
-    "peak_term_instead_of_staffing": dict(size_on_peak=True, prefill_staffing_beta=None),
+    "previous_defaults": _PREVIOUS,
+    "session1_defaults": _PREVIOUS | dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
+                                          cooldown_s=60.0, burst_headroom=0.25, decode_scale_down_delay_s=180.0),
+    "ttft_p90_correction": dict(correct_by_prefill_time=False),
+    "staffing_beta_1.3": dict(prefill_staffing_beta=1.3),
+    "staffing_beta_1.5": dict(prefill_staffing_beta=1.5),
+    "staffing_level_window_2": dict(prefill_level_window_ticks=2),
+    "target_utilization_0.9": dict(target_utilization=0.9),
     "peak_term_and_staffing": dict(size_on_peak=True),
-    "staffing_beta_1.2": dict(prefill_staffing_beta=1.2),
-    "staffing_beta_1.8": dict(prefill_staffing_beta=1.8),
-    "staffing_level_window_4": dict(prefill_level_window_ticks=4),
     "prefill_scale_down_60s": dict(scale_down_delay_s=60.0, cooldown_s=60.0),
     "decode_scale_down_180s": dict(decode_scale_down_delay_s=180.0),
     "burst_headroom_25pct": dict(burst_headroom=0.25),
     "token_rate_predictors": dict(size_on_tokens=True),
-    "target_utilization_1": dict(target_utilization=1.0),
+    "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
 }
 
 
@@ -267,9 +275,10 @@ def main(argv: list[str] | None = None) -> dict:
     for name in wanted:
         t0 = time.time()
         if name.startswith("ablation_"):
-            sm = PlannerStateMachine(pd_cfg("sla", **ABLATIONS[name.removeprefix("ablation_")]), profile,
-                                     initial_prefill=init_p, initial_decode=init_d)
-            res = simulate(trace, profile, fleet, sm.on_tick)
+            ov = ABLATIONS[name.removeprefix("ablation_")]
+            sm = PlannerStateMachine(pd_cfg("sla", **ov), profile, initial_prefill=init_p, initial_decode=init_d)
+            ab_fleet = replace(fleet, interval_s=ov.get("interval_s", fleet.interval_s))
+            res = simulate(trace, profile, ab_fleet, sm.on_tick)
         elif name.startswith("pdserve_sla_"):
             sm = PlannerStateMachine(pd_cfg("sla", name.removeprefix("pdserve_sla_")), profile,
                                      initial_prefill=init_p, initial_decode=init_d)

@@ -198,13 +198,13 @@ class PlannerSpec(_Strict):
         "provisions for (None: burst_quantile).",
     )
     prefill_staffing_beta: float | None = Field(
-        default=1.5,
+        default=1.4,
         ge=0,
         description="SLA mode: square-root staffing of the prefill pool, at least R + beta * sqrt(R) workers for "
         "the offered load R in Erlangs (dimensionless beta; None: off).",
     )
     prefill_level_window_ticks: int = Field(
-        default=2,
+        default=1,
         ge=1,
         description="SLA mode: ticks whose maximum offered prefill load the square-root staffing plans for.",
     )
@@ -215,7 +215,11 @@ class PlannerSpec(_Strict):
         "(1.0 = the correction only ever lowers the prefill service time).",
     )
     target_utilization: float = Field(
-        default=0.9, gt=0, le=1, description="Highest planned busy fraction of a prefill worker (0-1)."
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Highest planned busy fraction of a prefill worker in the M/M/c sizing (0-1; 1: only the "
+        "TTFT wait quantile limits it, square-root staffing adds the headroom).",
     )
     reserved_priority_share: float = Field(
         default=0.0, ge=0, lt=1, description="Share of gpu_budget kept for priority traffic (0-1)."

@@ -10,14 +10,19 @@ Per tick (SLA mode):
 2. Burst mode: an observed rate above ``burst_factor`` x the rate predicted for this tick adds
    ``burst_headroom`` and lifts the reserved-priority cap (never the total budget) for at most
    ``burst_max_s``.
-3. Correction factors: observed TTFT p90 / model TTFT p90 and observed ITL p90 / model step time
-   (EWMA, clamped), applied to prefill service time and to the ITL target (Dynamo SLA planner).
+3. Correction factors (EWMA, clamped), applied to prefill service time and to the ITL target
+   (Dynamo SLA planner). Prefill: when the tick reports ``observed_prefill_time_mean_s`` (vLLM
+   ``vllm:request_prefill_time_seconds``), observed / profiled prefill time at the tick's mean ISL;
+   queueing behind a burst does not enter it, so a burst's TTFT misses do not inflate the service
+   time for minutes after it (``correct_by_prefill_time``; on the Azure trace this saved ~0.6
+   GPU-h and raised attainment). Without that metric: observed TTFT p90 / model TTFT p90.
    While observed TTFT p90 is under half the target the TTFT factor may only fall (bursty
    arrivals queue more than M/M/c predicts, but slack that large needs no extra workers).
    While peak sizing (6) is active one sample is capped at ``ttft_correction_max`` (default 1:
    the peak term, not the correction, pays for sub-tick bursts); while square-root staffing (7) is
    active, too, unless the observed TTFT p90 misses the target (then the engines are slower than
    the profile, or the staffing too thin, and the correction may rise to ``CORRECTION_MAX``).
+   Decode: observed ITL p90 / model step time at the observed batch.
 4. Size pools with runtime.planner.sla (decode at ``DECODE_ITL_MARGIN`` of the ITL target); at low
    load pick aggregated serving when it needs fewer GPUs for a whole scale-down window
    (conditional disaggregation at pool level).
@@ -38,9 +43,13 @@ Per tick (SLA mode):
    "Heavy-traffic limits for queues with many exponential servers", Oper. Res. 29(3); the QED
    staffing rule of Borst, Mandelbaum & Reiman 2004, Oper. Res. 52(1)); a short memory lets the
    stateless prefill pool follow the load down instead of holding a burst for a whole window.
-   ``beta = 1.5`` (Halfin-Whitt delay probability ~8.5 % for Poisson arrivals) was chosen on the
-   Azure conversation trace at ``--rate-scale 10`` (clumped arrivals) under three versions of the
-   performance model; 1.2 falls below 99 % attainment there (bench/planner.py ``--ablations``).
+   ``beta = 1.4`` with a one-tick level (the prefill scale-down delay holds it a second tick) was
+   chosen on the Azure conversation trace at ``--rate-scale 10`` (clumped arrivals), checked on
+   three jitter seeds under two versions of the performance model (>= 99.09 % attainment on each);
+   1.3 falls below 99 % and 1.5 with a two-tick level (session 2) costs ~3 % more GPU-hours
+   (bench/planner.py ``--ablations``).
+   The M/M/c term of (4) plans prefill up to ``target_utilization`` (default 1: the wait-quantile
+   bound, not a utilisation cap, limits it; the staffing term carries the headroom).
 
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """
@@ -360,7 +369,12 @@ class PlannerStateMachine:
         assert prof is not None
         if tick.num_requests < MIN_REQUESTS_FOR_CORRECTION or self.mode != "disaggregated":
             return
-        if tick.observed_ttft_p90_s is not None and tick.prefill.num_ready > 0:
+        if cfg.correct_by_prefill_time and tick.observed_prefill_time_mean_s is not None and tick.prefill.num_ready > 0:
+            # the engines' own prefill time: slower engines raise it, queueing behind a burst does not
+            exp = float(prof.prefill.prefill_time_s(max(tick.mean_isl_tokens, 1.0)))
+            if exp > 0:
+                self.ttft_correction = _ewma(self.ttft_correction, tick.observed_prefill_time_mean_s / exp)
+        elif tick.observed_ttft_p90_s is not None and tick.prefill.num_ready > 0:
             exp = sla.expected_ttft_s(tick.rate_per_s, tick.mean_isl_tokens, tick.prefill.num_ready, prof.prefill, 0.9)
             if tick.p90_isl_tokens is not None:  # p90 TTFT is set by long prompts, not the mean one
                 exp += float(prof.prefill.prefill_time_s(tick.p90_isl_tokens)) - float(

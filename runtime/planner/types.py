@@ -42,7 +42,10 @@ class TickInput:
     ``peak_prefill_tokens_per_s`` (optional) is a high quantile (the adapter's choice; the simulator
     uses the 90th) of the prompt tokens arriving per 1-s bin within the window: sub-tick bursts.
     ``observed_ttft_mean_s`` / ``observed_itl_mean_s`` / ``mean_request_duration_s`` (optional): means
-    over the window (Dynamo's planner corrects on means, ``observe_traffic_stats``)."""
+    over the window (Dynamo's planner corrects on means, ``observe_traffic_stats``).
+    ``observed_prefill_time_mean_s`` (optional): mean prefill time of the requests whose prefill
+    finished in the window (vLLM ``vllm:request_prefill_time_seconds`` sum/count); queueing does
+    not enter it, so SLA mode corrects the prefill service time by it instead of by TTFT."""
 
     now_s: float
     interval_s: float
@@ -59,6 +62,7 @@ class TickInput:
     observed_ttft_mean_s: float | None = None
     observed_itl_mean_s: float | None = None
     mean_request_duration_s: float | None = None
+    observed_prefill_time_mean_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -69,6 +73,8 @@ class TickInput:
             raise ValueError("TickInput.num_priority_requests must be <= num_requests")
         if self.mean_isl_tokens < 0 or self.mean_osl_tokens < 0:
             raise ValueError("TickInput.mean_isl_tokens/mean_osl_tokens must be >= 0")
+        if self.observed_prefill_time_mean_s is not None and self.observed_prefill_time_mean_s < 0:
+            raise ValueError("TickInput.observed_prefill_time_mean_s must be >= 0")
 
     @property
     def rate_per_s(self) -> float:
@@ -110,6 +116,9 @@ class PlannerConfig:
     ``burst_quantile``, the request-rate predictor's). ``prefill_staffing_beta``: square-root
     staffing of prefill, ``ceil(R + beta * sqrt(R))`` for the offered load ``R`` (Erlangs) forecast
     as the maximum of the last ``prefill_level_window_ticks`` ticks (None: off).
+    ``correct_by_prefill_time``: when the tick reports ``observed_prefill_time_mean_s`` the prefill
+    service-time correction is observed / profiled prefill time (False: observed / expected TTFT
+    p90, as when the metric is absent; kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -129,7 +138,7 @@ class PlannerConfig:
     worker_start_s: float = 60.0
     scale_down_delay_s: float = 30.0
     cooldown_s: float = 30.0
-    target_utilization: float = 0.9
+    target_utilization: float = 1.0
     reserved_priority_share: float = 0.0
     burst_headroom: float = 0.0
     burst_factor: float = 1.5
@@ -147,8 +156,9 @@ class PlannerConfig:
     decode_scale_down_delay_s: float | None = 120.0
     peak_window_ticks: int | None = None
     peak_quantile: float | None = None
-    prefill_staffing_beta: float | None = 1.5
-    prefill_level_window_ticks: int = 2
+    prefill_staffing_beta: float | None = 1.4
+    prefill_level_window_ticks: int = 1
+    correct_by_prefill_time: bool = True
 
     def __post_init__(self) -> None:
         if self.min_prefill > self.max_prefill or self.min_decode > self.max_decode:

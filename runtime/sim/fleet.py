@@ -18,6 +18,8 @@ seconds):
 * Scale-down: a starting worker is cancelled first; a ready prefill worker leaves after its
   assigned prefills; a decode worker drains until the rest hold its sequences.
 * GPU time: every worker from launch to leave, times its TP, counted over [0, last arrival].
+* Metrics per tick as the engines export them: besides queue/KV/latency, the mean prefill time of
+  the requests whose prefill finished in the tick (vLLM ``vllm:request_prefill_time_seconds``).
 
 The controller sees a :class:`runtime.planner.types.TickInput` per interval and returns a
 :class:`runtime.planner.types.ScalingDecision` (or None to keep the fleet).
@@ -130,6 +132,8 @@ class FleetSim:
         self.svc_p = np.asarray(profile.prefill.prefill_time_s(trace.isl_tokens.astype(float)), float) * cfg.slowdown
         self.svc_a = np.asarray(profile.agg_prefill.prefill_time_s(trace.isl_tokens.astype(float)), float) * cfg.slowdown
         self.first_s = np.full(n, np.nan)
+        self.prefill_done_s = np.full(n, np.nan)  # when each request's prefill finished
+        self.prefill_used_s = np.full(n, np.nan)  # the prefill time it took (profile x slowdown)
         self.finish_s = np.full(n, np.nan)
         self.span_s = float(trace.arrival_s[-1]) if n else 0.0
         self.gpu_s = 0.0
@@ -201,6 +205,7 @@ class FleetSim:
             self.pending.popleft()
             done = start + svc[i]
             avail[k] = servers[k].free_s = done
+            self.prefill_done_s[i], self.prefill_used_s[i] = done, svc[i]
             busy += svc[i]
             heapq.heappush(self.ready_heap, (done, i))
         return busy if agg else 0.0
@@ -292,6 +297,7 @@ class FleetSim:
             ttft = self.first_s[first_in] - arr[first_in]
             itl = (self.finish_s[fin_in] - self.first_s[fin_in]) / (tr.osl_tokens[fin_in] - 1)
             num = bi - new.start
+            pre_in = (self.prefill_done_s >= t) & (self.prefill_done_s < t1)
             tick = TickInput(
                 now_s=t1,
                 interval_s=c.interval_s,
@@ -317,6 +323,7 @@ class FleetSim:
                 observed_ttft_mean_s=float(np.mean(ttft)) if len(ttft) else None,
                 observed_itl_mean_s=float(np.mean(itl)) if len(itl) else None,
                 mean_request_duration_s=float(np.mean(self.finish_s[fin_in] - arr[fin_in])) if len(itl) else None,
+                observed_prefill_time_mean_s=float(np.mean(self.prefill_used_s[pre_in])) if np.any(pre_in) else None,
             )
             decision = controller(tick)
             if decision is not None:

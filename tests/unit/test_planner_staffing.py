@@ -23,7 +23,9 @@ PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_p
 
 def cfg(**kw) -> PlannerConfig:
     base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=40, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="constant", allow_aggregated=False)
+                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="constant", allow_aggregated=False,
+                # session-2 staffing settings, which the hand arithmetic below uses (defaults: test_planner_correction.py)
+                prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9)
     return PlannerConfig(**(base | kw))
 
 

@@ -17,7 +17,8 @@ def cfg(**kw) -> PlannerConfig:
     base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=20, min_decode=1, max_decode=20,
                 gpu_budget=64, interval_s=30.0, worker_start_s=60.0, scale_down_delay_s=120.0, cooldown_s=60.0,
                 predictor="constant", allow_aggregated=False, decode_scale_down_delay_s=None,
-                prefill_staffing_beta=None)  # M/M/c sizing alone; square-root staffing: test_planner_staffing.py
+                prefill_staffing_beta=None,  # M/M/c sizing alone; square-root staffing: test_planner_staffing.py
+                target_utilization=0.9)  # the hand arithmetic below caps a prefill worker at 90 % busy
     base.update(kw)
     return PlannerConfig(**base)
 
