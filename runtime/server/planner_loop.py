@@ -5,13 +5,17 @@ decision with an actuator, and export what it saw and decided as Prometheus gaug
 Worker metrics read (vLLM v1 names, vllm/v1/metrics/loggers.py): ``vllm:num_requests_waiting``,
 ``vllm:num_requests_running`` (gauges, requests) and ``vllm:kv_cache_usage_perc`` (0-1; older
 releases ``vllm:gpu_cache_usage_perc``). A worker whose ``/metrics`` does not answer counts as
-starting, not ready.
+starting, not ready. From the prefill workers also the histogram ``vllm:request_prefill_time_seconds``
+(cumulative ``_sum``/``_count``): the mean prefill time of the requests that finished prefill in the
+interval (:class:`PrefillTimeMeter`, deltas per worker) goes to the planner as
+``TickInput.observed_prefill_time_mean_s``; queueing does not enter it, so the SLA correction of the
+prefill service time follows slower engines, not bursts.
 
 Exported gauges (prefix ``pdserve_planner_``): ``prefill_replicas``, ``decode_replicas``,
 ``aggregated`` (0/1), ``burst`` (0/1), ``predicted_rate_per_second``, ``predicted_isl_tokens``,
 ``predicted_osl_tokens``, ``observed_rate_per_second``, ``observed_ttft_p90_seconds``,
 ``observed_itl_p90_seconds``, ``ttft_correction``, ``itl_correction``,
-``observed_peak_prefill_tokens_per_second``.
+``observed_peak_prefill_tokens_per_second``, ``observed_prefill_time_mean_seconds``.
 
 The sub-tick peak handed to the planner (``TickInput.peak_prefill_tokens_per_s``) is computed exactly as
 the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prompt tokens arriving in each
@@ -40,6 +44,7 @@ log = logging.getLogger(__name__)
 
 PEAK_BIN_QUANTILE = 0.9  # same quantile as the simulator (runtime/sim/fleet.py)
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+PREFILL_TIME = "vllm:request_prefill_time_seconds"  # histogram, seconds (vllm/v1/metrics/loggers.py)
 
 
 @dataclass(frozen=True)
@@ -136,8 +141,15 @@ class RequestWindow:
         )
 
 
-def read_pool(client: httpx.Client, metrics_urls: list[str], num_starting: int = 0) -> PoolObservation:
-    """Average vLLM gauges over the workers that answer; the others count as starting."""
+def read_pool(
+    client: httpx.Client,
+    metrics_urls: list[str],
+    num_starting: int = 0,
+    prefill_time_totals: dict[str, tuple[float, float]] | None = None,
+) -> PoolObservation:
+    """Average vLLM gauges over the workers that answer; the others count as starting.
+    ``prefill_time_totals``, when given, receives ``url -> (sum_s, count)`` of each answering worker's
+    ``vllm:request_prefill_time_seconds`` histogram (cumulative, as exported)."""
     waiting, running, kv = [], [], []
     for url in metrics_urls:
         try:
@@ -147,6 +159,9 @@ def read_pool(client: httpx.Client, metrics_urls: list[str], num_starting: int =
             waiting.append(sample_sum(text, "vllm:num_requests_waiting"))
             running.append(sample_sum(text, "vllm:num_requests_running"))
             kv.append(max(sample_sum(text, n) for n in KV_USAGE_NAMES))
+            if prefill_time_totals is not None:
+                prefill_time_totals[url] = (sample_sum(text, PREFILL_TIME + "_sum"),
+                                            sample_sum(text, PREFILL_TIME + "_count"))
         except (httpx.HTTPError, ValueError) as e:
             log.warning("planner: worker metrics %s unreadable: %s", url, e)
     ready = len(waiting)
@@ -157,6 +172,32 @@ def read_pool(client: httpx.Client, metrics_urls: list[str], num_starting: int =
         running_per_worker=float(np.mean(running)) if ready else 0.0,
         kv_usage=float(np.mean(kv)) if ready else 0.0,
     )
+
+
+class PrefillTimeMeter:
+    """Mean prefill time (s) per interval from cumulative histogram totals, per worker.
+
+    ``update({url: (sum_s, count)})`` returns the mean over the requests counted since the previous
+    update: sum of the workers' sum deltas / sum of their count deltas; None when no request finished
+    prefill. A worker seen for the first time only sets its baseline (its history predates the
+    interval); a count that went down (the worker restarted) counts from zero. Workers absent from
+    an update are forgotten."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, float]] = {}
+
+    def update(self, totals: dict[str, tuple[float, float]]) -> float | None:
+        d_sum = d_count = 0.0
+        for url, (s, c) in totals.items():
+            if url not in self._last:
+                continue
+            ps, pc = self._last[url]
+            if c < pc:  # counter reset: the worker restarted
+                ps, pc = 0.0, 0.0
+            d_sum += s - ps
+            d_count += c - pc
+        self._last = dict(totals)
+        return d_sum / d_count if d_count > 0 else None
 
 
 class PlannerGauges:
@@ -178,6 +219,8 @@ class PlannerGauges:
         self.obs_itl = g("observed_itl_p90_seconds", "Observed ITL p90 in the last interval, s")
         self.ttft_corr = g("ttft_correction", "Observed / model TTFT factor")
         self.itl_corr = g("itl_correction", "Observed / model ITL factor")
+        self.obs_prefill_time = g("observed_prefill_time_mean_seconds",
+                                  "Mean engine prefill time of the requests prefilled in the last interval, s")
         self.obs_peak = g("observed_peak_prefill_tokens_per_second",
                           "p90 of prompt tokens arriving per 1-s bin in the last interval, tokens/s")
         self.ticks = Counter("pdserve_planner_ticks", "Planner ticks run", registry=registry)
@@ -195,6 +238,8 @@ class PlannerGauges:
             self.obs_ttft.set(tick.observed_ttft_p90_s)
         if tick.observed_itl_p90_s is not None:
             self.obs_itl.set(tick.observed_itl_p90_s)
+        if tick.observed_prefill_time_mean_s is not None:
+            self.obs_prefill_time.set(tick.observed_prefill_time_mean_s)
         self.ttft_corr.set(d.ttft_correction)
         self.itl_corr.set(d.itl_correction)
         self.obs_peak.set(tick.peak_prefill_tokens_per_s or 0.0)
@@ -246,6 +291,7 @@ class PlannerLoop:
         self.interval_s = interval_s or machine.cfg.interval_s
         self.clock = clock
         self.last_decision: ScalingDecision | None = None
+        self.prefill_time = PrefillTimeMeter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -253,7 +299,10 @@ class PlannerLoop:
         """One planner step at ``now_s`` (seconds, any monotone clock)."""
         urls = self.metrics_urls()
         want_p, want_d = self.actuator.current()
-        pre = read_pool(self.client, urls.get("prefill", []), max(want_p - len(urls.get("prefill", [])), 0))
+        totals: dict[str, tuple[float, float]] = {}
+        pre = read_pool(self.client, urls.get("prefill", []), max(want_p - len(urls.get("prefill", [])), 0),
+                        prefill_time_totals=totals)
+        prefill_time_mean_s = self.prefill_time.update(totals)
         dec = read_pool(self.client, urls.get("decode", []), max(want_d - len(urls.get("decode", [])), 0))
         w = self.window.drain()
         tick = TickInput(
@@ -262,6 +311,7 @@ class PlannerLoop:
             mean_osl_tokens=w.mean_osl_tokens, p90_isl_tokens=w.p90_isl_tokens, prefill=pre, decode=dec,
             observed_ttft_p90_s=w.ttft_p90_s, observed_itl_p90_s=w.itl_p90_s,
             peak_prefill_tokens_per_s=w.peak_prefill_tokens_per_s,
+            observed_prefill_time_mean_s=prefill_time_mean_s,
         )
         decision = self.machine.on_tick(tick)
         self.actuator.apply(decision)

@@ -33,17 +33,29 @@ vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}
 """
 
 
+PREFILL_HISTOGRAM = """# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} {count}
+vllm:request_prefill_time_seconds_count{{engine="0",model_name="m"}} {count}
+vllm:request_prefill_time_seconds_sum{{engine="0",model_name="m"}} {sum}
+"""
+
+
 class MetricsServer:
-    """A loopback HTTP server answering /metrics with vLLM-format text."""
+    """A loopback HTTP server answering /metrics with vLLM-format text; ``set_prefill(sum_s, count)``
+    adds the cumulative prefill-time histogram."""
 
     def __init__(self, waiting: float, running: float, kv: float) -> None:
-        body = VLLM_METRICS.format(waiting=waiting, running=running, kv=kv).encode()
+        self.base = VLLM_METRICS.format(waiting=waiting, running=running, kv=kv)
+        self.body = self.base.encode()
+        server = self
 
         class H(BaseHTTPRequestHandler):
             def log_message(self, *a):
                 pass
 
             def do_GET(self):
+                body = server.body
                 self.send_response(200 if self.path == "/metrics" else 404)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -53,6 +65,9 @@ class MetricsServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def set_prefill(self, sum_s: float, count: int) -> None:
+        self.body = (self.base + PREFILL_HISTOGRAM.format(sum=sum_s, count=count)).encode()
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -91,8 +106,8 @@ def test_planner_loop_tick_decides_applies_and_exports_gauges(servers):
         loop = PlannerLoop(PlannerStateMachine(cfg, PROF), act, window, client=client, registry=registry,
                            metrics_urls=lambda: {"prefill": [servers[0].url, servers[1].url], "decode": [servers[2].url]})
         d = loop.tick(now_s=30.0)
-    # 30 req/s x 0.1 s prefill = 3 Erlangs -> square-root staffing 3 + 1.5 x sqrt(3) = 5.6 -> 6 prefill
-    # (M/M/c alone: ceil(3 / 0.9) = 4); 6000 tok/s / 4475 per worker -> 2 decode
+    # 30 req/s x 0.1 s prefill = 3 Erlangs -> square-root staffing 3 + 1.4 x sqrt(3) = 5.4 -> 6 prefill
+    # (M/M/c alone: 4); 6000 tok/s / 4475 per worker -> 2 decode
     assert (d.prefill_replicas, d.decode_replicas) == (6, 2) and act.current() == (6, 2)
     text = generate_latest(registry).decode()
     assert "pdserve_planner_prefill_replicas 6.0" in text
@@ -101,6 +116,52 @@ def test_planner_loop_tick_decides_applies_and_exports_gauges(servers):
     assert "pdserve_planner_observed_ttft_p90_seconds 0.3" in text
     assert "pdserve_planner_observed_peak_prefill_tokens_per_second 30000.0" in text  # 30 x 1000 tokens each second
     assert window.drain().num_requests == 0  # the tick consumed the window
+
+
+def test_planner_loop_corrects_prefill_by_the_engines_prefill_time_deltas(servers):
+    """Tick 1 sets each prefill worker's histogram baseline (no sample); tick 2 hands the planner the
+    mean over the new requests only, (12 + 4) s / (60 + 20) = 0.2 s, twice the profile's 0.1 s at
+    1000 tokens, so the prefill correction moves one EWMA step: 0.7 x 1 + 0.3 x 2 = 1.3."""
+    cfg = PlannerConfig(mode="sla", interval_s=30.0, predictor="constant", allow_aggregated=False,
+                        max_prefill=10, max_decode=10)
+    now = [0.0]
+    window = RequestWindow(clock=lambda: now[0])
+    registry = CollectorRegistry()
+    machine = PlannerStateMachine(cfg, PROF)
+    servers[0].set_prefill(100.0, 1000)  # history before the loop started: 0.1 s each
+    servers[1].set_prefill(50.0, 500)
+
+    def fill(t0: float) -> None:
+        for i in range(300):
+            now[0] = t0 + i / 10
+            window.record_arrival(1000)
+            window.record_finish(200, ttft_s=0.3, itl_s=0.02)
+
+    with httpx.Client(timeout=2.0) as client:
+        loop = PlannerLoop(machine, DryRunActuator(), window, client=client, registry=registry,
+                           metrics_urls=lambda: {"prefill": [servers[0].url, servers[1].url], "decode": [servers[2].url]})
+        fill(0.0)
+        loop.tick(now_s=30.0)
+        assert machine.ttft_correction == pytest.approx(1.0)  # baseline only: TTFT 0.3 s is under half the SLO
+        servers[0].set_prefill(112.0, 1060)
+        servers[1].set_prefill(54.0, 520)
+        fill(30.0)
+        loop.tick(now_s=60.0)
+    assert machine.ttft_correction == pytest.approx(1.3)
+    assert "pdserve_planner_observed_prefill_time_mean_seconds 0.2" in generate_latest(registry).decode()
+
+
+def test_prefill_time_meter_baselines_new_workers_and_survives_restarts():
+    from runtime.server.planner_loop import PrefillTimeMeter
+
+    m = PrefillTimeMeter()
+    assert m.update({"a": (10.0, 100)}) is None  # first sight: baseline only
+    assert m.update({"a": (10.0, 100)}) is None  # nothing new
+    assert m.update({"a": (13.0, 110), "b": (99.0, 9)}) == pytest.approx(0.3)  # b: baseline
+    # a restarted (count fell): counts from zero; b adds 1 s over 2 requests -> (2 + 1) / (4 + 2)
+    assert m.update({"a": (2.0, 4), "b": (100.0, 11)}) == pytest.approx(0.5)
+    assert m.update({"b": (100.0, 11)}) is None  # a forgotten
+    assert m.update({"a": (5.0, 10), "b": (100.0, 11)}) is None  # a is new again
 
 
 def test_planner_loop_thread_ticks_on_its_interval(servers):
