@@ -1,8 +1,8 @@
 """Efficiency factors that turn roofline peaks into predicted times, per precision and serving backend.
 
 A roofline time is ``max(linear_flops / (peak * compute), weight_bytes / (mem_bw * memory)) +
-max(attn_flops / (peak_bf16 * attention), kv_bytes / (mem_bw * memory * kv_memory)) + all-reduces +
-overheads`` (``runtime.perf.model``; an all-reduce costs NCCL's faster protocol at ``comm`` times the fabric's
+max(attn_flops / (peak_bf16 * attention), kv_bytes / (mem_bw * memory * kv_memory)) + activation_bytes /
+(mem_bw * memory) + all-reduces + overheads`` (``runtime.perf.model``; an all-reduce costs NCCL's faster protocol at ``comm`` times the fabric's
 nccl-tests bus bandwidth, ``GpuSpec.allreduce_bus_bw_bytes_per_s``, plus ``allreduce_latency_s``; expert
 GEMMs of MoE layers run at ``compute * moe``). The factors are fitted by least squares from measured
 TTFT/TPOT (``python -m runtime.tracking.perf_fit`` writes ``runtime/perf/fitted.py``), POOLED over GPUs: an efficiency

@@ -114,9 +114,9 @@ class _Obs:
 
     Each term is ``(dense_peak_s, expert_peak_s, attn_peak_s, gemm_tokens, expert_tokens, weights_peak_s,
     comm_peak_s, n_decode_overheads, n_prefill_overheads, n_sequences, kv_peak_s, lm_head_peak_s, logits_rows,
-    num_allreduces, allreduce_ll_latency_s, allreduce_simple_latency_s)`` (times at 100% efficiency) and
-    contributes ``max(dense/(ec g(M)) + lm_head/(ec g(rows)) + expert/(ec g(Me)), weights/em) + max(attn/ea,
-    kv/(em ekv)) + n_ar (min(lat_LL + 4 x, lat_Simple + x) + lat) + n_d o_d + n_p o_p + n_s o_s`` with
+    num_allreduces, allreduce_ll_latency_s, allreduce_simple_latency_s, act_peak_s)`` (times at 100% efficiency)
+    and contributes ``max(dense/(ec g(M)) + lm_head/(ec g(rows)) + expert/(ec g(Me)), weights/em) + max(attn/ea,
+    kv/(em ekv)) + act/em + n_ar (min(lat_LL + 4 x, lat_Simple + x) + lat) + n_d o_d + n_p o_p + n_s o_s`` with
     ``x = comm / (n_ar ek)`` and ``g(M) = M / (M + h)``; the sum is scaled by ``factor``.
     """
 
@@ -155,7 +155,8 @@ def _int(x: str) -> int:
 def _term(br, n_dec: float = 0.0, n_pre: float = 0.0, n_seq: float = 0.0) -> tuple[float, ...]:
     return (br.dense_peak_s, br.expert_peak_s, br.attn_peak_s, br.gemm_tokens, max(br.expert_tokens, 1e-9),
             br.weights_peak_s, br.comm_peak_s, n_dec, n_pre, n_seq, br.kv_peak_s, br.lm_head_peak_s,
-            max(br.logits_rows, 1e-9), br.num_allreduces, br.allreduce_ll_latency_s, br.allreduce_simple_latency_s)
+            max(br.logits_rows, 1e-9), br.num_allreduces, br.allreduce_ll_latency_s, br.allreduce_simple_latency_s,
+            br.act_peak_s)
 
 
 def _plain_tp(row: dict, prefix: str = "") -> bool:
@@ -277,7 +278,8 @@ def _arrays(obs: list[_Obs], lay: _Layout) -> dict[str, np.ndarray]:
             ci.append(lay.classes.index(o.cls))
             bi.append(lay.backends.index(o.backend))
     t = np.array(terms)
-    names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml", "nar", "lll", "lls")
+    names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml", "nar", "lll", "lls",
+             "act")
     out = {name: t[:, i] for i, name in enumerate(names)}
     q = np.array([o.queue_batch > 0 for o in obs])
     out.update(idx=np.array(idx), f=np.array([o.factor for o in obs]), n=np.array(len(obs)),
@@ -303,7 +305,7 @@ def _predict(theta: np.ndarray, lay: _Layout, a: dict) -> np.ndarray:
     # all-reduces: the faster NCCL protocol per all-reduce (model.nccl_allreduce_s) + fitted engine latency
     x = a["k"] / np.maximum(a["nar"], 1.0) / ek
     comm = a["nar"] * (np.minimum(a["lll"] + NCCL_LL_BW_FACTOR * x, a["lls"] + x) + lat)
-    per_term = (np.maximum(linear, a["m"] / em) + attn + comm
+    per_term = (np.maximum(linear, a["m"] / em) + attn + a["act"] / em + comm
                 + a["nd"] * o_d + a["np"] * o_p + a["ns"] * o_s)
     total = np.zeros(int(a["n"]))
     np.add.at(total, a["idx"], per_term)

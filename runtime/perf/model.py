@@ -24,11 +24,13 @@ Formulas (per TP worker of ``tp`` GPUs, weights and KV sharded Megatron-style):
   aiconfigurator ``p2p_latency``).
 * time = ``max(linear_flops / (tp * peak * compute * g(M)), weight_bytes / (mem_bw * memory))
   + max(attn_flops / (tp * peak_bf16 * attention), kv_bytes / (mem_bw * memory * kv_memory))
-  + all-reduces + overhead``: the linear layers (GEMMs) and attention are separate kernels that run one
-  after the other, so each gets its own roofline and their times add (a GEMM-bound large batch does not hide
-  the KV reads of decode attention; FlashAttention/paged-attention kernels are distinct from the cuBLAS GEMMs,
-  Dao et al. 2022; Kwon et al. SOSP 2023). Decode overhead = per step + per sequence x batch. Efficiency
-  factors come from ``runtime.perf.calibration`` (fitted on measurements, per precision and serving backend);
+  + activation_bytes / (mem_bw * memory) + all-reduces + overhead``: the linear layers (GEMMs) and attention
+  are separate kernels that run one after the other, so each gets its own roofline and their times add (a
+  GEMM-bound large batch does not hide the KV reads of decode attention; FlashAttention/paged-attention
+  kernels are distinct from the cuBLAS GEMMs, Dao et al. 2022; Kwon et al. SOSP 2023). ``activation_bytes`` is
+  the memory-bound element-wise traffic of norms, residual adds, the gated activation and the MoE token copies
+  (``activation_bytes_per_token``), again separate kernels. Decode overhead = per step + per sequence x batch.
+  Efficiency factors come from ``runtime.perf.calibration`` (fitted on measurements, per precision and serving backend);
   the GEMM-size factor is ``g(M) = M / (M + gemm_half_tokens)`` for M token rows (MoE experts: routed rows
   per touched expert, ``M * k / (E * (1 - (1 - k/E)^M))``, and the expert GEMMs run at ``compute * moe``:
   fused-MoE kernels route, permute and un-permute tokens around the grouped GEMM, MegaBlocks, Gale et al. 2023).
@@ -69,6 +71,16 @@ RUNTIME_RESERVE_BYTES = 3_758_096_384
 NCCL_BYTES_BY_TP = {1: 0, 2: 358_612_992, 4: 411_041_792}
 NCCL_BYTES = 411_041_792
 MIN_KV_TOKENS = 16  # one vLLM KV block
+# Memory-bound element-wise traffic per token, in 16-bit values moved (read + write), outside the GEMMs and
+# attention (``PerfModel.activation_bytes_per_token``): per layer two RMSNorms (read + write the hidden state:
+# 2 x 2) and two residual adds (read two, write one: 2 x 3) = 10 hidden; the gated MLP activation reads gate
+# and up and writes their product (3 intermediate); an MoE layer also copies each token to its ``top_k``
+# experts (expand: read + write hidden per copy, 2) and sums them back (finalize: read each copy, 1), i.e.
+# ``top_k x (3 hidden + 3 moe_intermediate)`` (TensorRT-LLM / vLLM fused-MoE: ``expandInputRowsKernel``,
+# ``finalizeMoeRoutingKernel``, moe_align + permute in vLLM; MegaBlocks, Gale et al. 2023, section 3).
+ELEMENTWISE_HIDDEN_VALUES = 10
+ELEMENTWISE_GATED_VALUES = 3
+MOE_COPY_HIDDEN_VALUES = 3
 # How each serving backend turns its memory knob into KV-cache bytes (see the module docstring):
 # "of_total": knob x total - weights - activations - reserve (vLLM gpu_memory_utilization, SGLang
 # mem_fraction_static); "of_free": knob x (total - weights - activations - reserve) (TensorRT-LLM
@@ -81,8 +93,9 @@ class TimeBreakdown:
     """Components of one predicted time, seconds.
 
     ``compute_s`` / ``memory_s`` are all FLOP / all HBM time at the calibrated efficiencies; of them
-    ``attn_compute_s`` / ``kv_memory_s`` belong to the attention kernels. ``total_s = max(linear compute,
-    weight reads) + max(attention compute, KV traffic) + comm_s + overhead_s``.
+    ``attn_compute_s`` / ``kv_memory_s`` belong to the attention kernels; ``act_memory_s`` (element-wise
+    activation traffic) is not part of ``memory_s``. ``total_s = max(linear compute, weight reads) +
+    max(attention compute, KV traffic) + act_memory_s + comm_s + overhead_s``.
     """
 
     compute_s: float
@@ -103,6 +116,8 @@ class TimeBreakdown:
     logits_rows: float = 0.0
     weights_peak_s: float = 0.0  # HBM time of the weights at 100% bandwidth
     kv_peak_s: float = 0.0  # HBM time of the KV cache traffic at 100% bandwidth
+    act_peak_s: float = 0.0  # HBM time of the element-wise activation traffic at 100% bandwidth
+    act_memory_s: float = 0.0  # the same at the ``memory`` efficiency (its own kernels: adds to the total)
     comm_peak_s: float = 0.0  # all-reduce bytes at 100% of the bus bandwidth, no latency
     num_allreduces: float = 0.0
     # NCCL cost-model latencies of ONE ring all-reduce with the LL and the Simple protocol (nccl_latencies)
@@ -112,7 +127,8 @@ class TimeBreakdown:
     @property
     def total_s(self) -> float:
         linear = max(self.compute_s - self.attn_compute_s, self.memory_s - self.kv_memory_s)
-        return linear + max(self.attn_compute_s, self.kv_memory_s) + self.comm_s + self.overhead_s
+        return (linear + max(self.attn_compute_s, self.kv_memory_s) + self.act_memory_s + self.comm_s
+                + self.overhead_s)
 
 
 @dataclass(frozen=True)
@@ -346,6 +362,27 @@ class PerfModel:
         kv_total = kv_s / (self.eff.memory * self.eff.kv_memory)
         return w_s / self.eff.memory + kv_total, {"weights_peak_s": w_s, "kv_peak_s": kv_s, "kv_memory_s": kv_total}
 
+    def activation_bytes_per_token(self, tp: int) -> float:
+        """Bytes of memory-bound element-wise traffic one token causes on ONE rank per forward pass (norms,
+        residual adds, gated activation, MoE expand / finalize; see ``ELEMENTWISE_HIDDEN_VALUES``). The hidden
+        state is whole on every rank after each all-reduce; intermediate activations are split by ``tp``;
+        MoE copies are whole hidden rows on every rank (plain TP shards each expert's intermediate)."""
+        _check_tp(tp)
+        m = self.model
+        moe_layers = m.num_moe_layers if m.num_experts else 0
+        dense_layers = m.num_layers - moe_layers
+        hidden = ELEMENTWISE_HIDDEN_VALUES * m.hidden_size * m.num_layers
+        gated = ELEMENTWISE_GATED_VALUES * (dense_layers * m.intermediate_size + moe_layers * (
+            m.num_experts_per_tok * m.moe_intermediate_size
+            + m.num_shared_experts * m.shared_expert_intermediate_size)) / tp
+        copies = moe_layers * m.num_experts_per_tok * MOE_COPY_HIDDEN_VALUES * m.hidden_size
+        return (hidden + gated + copies) * ACT_BYTES
+
+    def _act(self, tokens: float, tp: int) -> dict:
+        """Element-wise activation traffic of ``tokens`` rows: ``{act_peak_s, act_memory_s}``."""
+        peak = tokens * self.activation_bytes_per_token(tp) / self.gpu.mem_bw_bytes_per_s
+        return {"act_peak_s": peak, "act_memory_s": peak / self.eff.memory}
+
     def _expert_bytes_touched(self, tokens: int) -> float:
         m = self.model
         if not m.num_experts:
@@ -383,7 +420,7 @@ class PerfModel:
         kv_write = tokens * m.kv_bytes_per_token(self.kv_dtype_bytes, tp)
         memory, mem_parts = self._memory_s(weights, kv_write)
         return TimeBreakdown(memory_s=memory, **self._allreduce(tokens, tp),
-                             overhead_s=self.eff.prefill_overhead_s, **comp, **mem_parts)
+                             overhead_s=self.eff.prefill_overhead_s, **comp, **mem_parts, **self._act(tokens, tp))
 
     def prefill_time_s(self, isl_tokens: int, tp: int, batch: int = 1) -> float:
         """Time to prefill ``batch`` prompts of ``isl_tokens`` tokens together on one TP worker, seconds.
@@ -406,7 +443,7 @@ class PerfModel:
         memory, mem_parts = self._memory_s(weights, kv_read)
         return TimeBreakdown(memory_s=memory, **self._allreduce(batch, tp),
                              overhead_s=self.eff.decode_step_overhead_s + batch * self.eff.decode_seq_overhead_s,
-                             **comp, **mem_parts)
+                             **comp, **mem_parts, **self._act(batch, tp))
 
     def mixed_step_breakdown(
         self, decode_batch: int, context_tokens: int, prefill_tokens: float, prefill_isl_tokens: int, tp: int
@@ -431,7 +468,8 @@ class PerfModel:
         memory, mem_parts = self._memory_s(weights, kv)
         return TimeBreakdown(memory_s=memory, **self._allreduce(int(math.ceil(tokens)), tp),
                              overhead_s=self.eff.decode_step_overhead_s
-                             + decode_batch * self.eff.decode_seq_overhead_s, **comp, **mem_parts)
+                             + decode_batch * self.eff.decode_seq_overhead_s, **comp, **mem_parts,
+                             **self._act(tokens, tp))
 
     def decode_step_time_s(self, batch: int, context_tokens: int, tp: int) -> float:
         """Time of one decode iteration producing one token for each of ``batch`` sequences whose mean

@@ -167,7 +167,7 @@ def test_rows_are_sized_by_their_own_engines_memory_rule():
 
 def test_closed_loop_ttft_waits_for_kv_slots_by_hand():
     """TTFT = prefill + step + M/D/1 wait + (B / running - 1) * request time (Little's law)."""
-    zero = [0.0] * 16
+    zero = [0.0] * 17
     prefill, step = list(zero), list(zero)
     for t in (prefill, step):
         t[3] = t[4] = t[12] = 1.0  # GEMM row counts (unused: no FLOPs)
@@ -223,7 +223,8 @@ def test_ttft_observations_carry_their_deployment_and_tpot_does_not():
 
 def _term16(**kw) -> tuple[float, ...]:
     """A roofline term (see ``_Obs``) with huge GEMM row counts (g(M) = 1) and the given fields set."""
-    names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml", "nar", "lll", "lls")
+    names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml", "nar", "lll", "lls",
+             "act")
     t = dict.fromkeys(names, 0.0) | {"mt": 1e12, "me": 1e12, "ml": 1e12} | kw
     return tuple(t[n] for n in names)
 
@@ -271,3 +272,25 @@ def test_pcie_gpus_keep_the_default_comm_efficiency():
     assert l40s.compute == fit.compute and l40s.memory == fit.memory
     assert efficiency_for("A100-PCIe-80GB", "bf16").comm == DEFAULT.comm
     assert efficiency_for("A100-SXM-80GB", "bf16").comm == fitted.FITTED[("*", "bf16", "vllm")].comm
+
+
+def test_fit_charges_activation_traffic_at_the_memory_efficiency_by_hand():
+    """The element-wise activation term (``act``, s at 100% HBM) runs in its own kernels: it adds ``act /
+    memory`` to the weight-vs-GEMM roofline, it is not hidden under it."""
+    obs = _Obs("tpot", "trtllm", 1.0, [_term16(m=0.1, dense=0.05, act=0.02)], cls="fp8")
+    lay = _Layout([obs])
+    theta = np.array([0.5, 1.0, 64.0, 0.0, 1.0] + [0.5] + [0.0, 0.0, 0.0, 1.0, 0.5])
+    got = _predict(theta, lay, _arrays([obs], lay))
+    assert got == pytest.approx([max(0.05 / 0.5, 0.1 / 0.5) + 0.02 / 0.5])
+
+
+def test_observations_carry_the_models_activation_traffic():
+    """A silicon row's decode term holds ``PerfModel``'s element-wise traffic at the row's batch."""
+    l70 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+    row = {"system": "h100_sxm", "gemm_quant_mode": "fp8", "backend": "vllm", "isl": "1000", "osl": "500",
+           "silicon_ttft_ms": "100", "silicon_tpot_ms": "20", "mode": "disagg", "decode_tp_size": "4",
+           "decode_batch_size": "16", "decode_attention_dp_size": "1", "decode_moe_ep_size": "1",
+           "model_path": "meta-llama/Llama-3.1-70B", "backend_version": "x"}
+    (obs,) = observations(row, l70)
+    pm = PerfModel(l70, get_gpu("H100-SXM"), "fp8")
+    assert obs.terms[0][16] == pytest.approx(16 * pm.activation_bytes_per_token(4) / 3350e9, rel=1e-9)

@@ -79,7 +79,8 @@ def test_decode_step_of_8b_at_batch_1_is_weight_bandwidth_bound_by_hand():
     pm = PerfModel(L8, get_gpu("H100-SXM"), "bf16", efficiency=IDEAL)
     t = pm.decode_step_time_s(batch=1, context_tokens=1, tp=1)
     bytes_read = (L8.num_params - 128256 * 4096) * 2 + 131072  # all weights but the embedding lookup + 1 KV
-    assert t == pytest.approx(bytes_read / 3350e9, rel=1e-6)
+    act = 32 * (10 * 4096 + 3 * 14336) * 2  # norms + residual adds, gated activation: one token
+    assert t == pytest.approx((bytes_read + act) / 3350e9, rel=1e-6)
 
 
 def test_prefill_flops_by_hand_when_compute_bound():
@@ -203,7 +204,9 @@ def test_linear_and_attention_rooflines_add_by_hand():
     weights_s = L8.num_params * 2 / 3350e9
     linear_s = br.compute_s - br.attn_compute_s
     assert br.kv_memory_s == pytest.approx(kv_s, rel=1e-9)
-    assert br.total_s == pytest.approx(max(linear_s, weights_s) + max(br.attn_compute_s, kv_s), rel=1e-9)
+    act_s = batch * 32 * (10 * 4096 + 3 * 14336) * 2 / 3350e9  # element-wise traffic, its own kernels
+    assert br.act_memory_s == pytest.approx(act_s, rel=1e-9)
+    assert br.total_s == pytest.approx(max(linear_s, weights_s) + max(br.attn_compute_s, kv_s) + act_s, rel=1e-9)
     assert br.total_s > max(br.compute_s, br.memory_s)
 
 
@@ -309,3 +312,20 @@ def test_trtllm_kv_cache_takes_a_fraction_of_the_free_memory_by_hand():
     cap = PerfModel(L70, get_gpu("H100-SXM"), "fp8", backend="trtllm").kv_capacity_tokens(1)
     assert cap == int(trt.kv_bytes // (2 * 80 * 8 * 128))  # fp8 KV, 8 KV heads
     assert PerfModel(L70, get_gpu("H100-SXM"), "fp8", backend="sglang").memory_breakdown(1) == vllm
+
+
+def test_moe_activation_traffic_counts_the_expert_copies_by_hand():
+    """Mixtral 8x7B (32 MoE layers, top-2 of 8, hidden 4096, expert FFN 14336) at TP2: per token and layer 10
+    hidden values of norms / residual adds, 3 x 2 x 14336 / 2 of gated activation and 3 x 2 hidden of expand /
+    finalize copies, 2 bytes each; the time is that traffic at the ``memory`` efficiency, added to the step."""
+    eff = replace(IDEAL, memory=0.5)
+    pm = PerfModel(MIXTRAL, get_gpu("H100-SXM"), "bf16", efficiency=eff)
+    per_token = 32 * (10 * 4096 + 3 * 2 * 14336 / 2 + 3 * 2 * 4096) * 2
+    assert pm.activation_bytes_per_token(2) == pytest.approx(per_token, rel=1e-12)
+    br = pm.decode_breakdown(64, 1024, tp=2)
+    assert br.act_peak_s == pytest.approx(64 * per_token / 3350e9, rel=1e-9)
+    assert br.act_memory_s == pytest.approx(br.act_peak_s / 0.5, rel=1e-9)
+    without = replace(br, act_memory_s=0.0)
+    assert br.total_s == pytest.approx(without.total_s + br.act_memory_s, rel=1e-12)
+    pre = pm.prefill_breakdown(1000, tp=2, batch=3)
+    assert pre.act_peak_s == pytest.approx(3000 * per_token / 3350e9, rel=1e-9)
