@@ -62,6 +62,15 @@ for k in keys:
 """
 
 
+def _has_isal() -> bool:
+    try:
+        import isal.isal_zlib  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
 def make_dataset(root: Path, total_mb: int) -> tuple[int, int]:
     """~88% in 4 large safetensors shards, ~12% in 200 small files; returns (num_files, bytes)."""
     root.mkdir(parents=True, exist_ok=True)
@@ -187,10 +196,12 @@ def main() -> None:
         "part_size_mb": part_size_mb,
         "object_checksum": args.checksum,
         "verify": "pdserve: every byte checked against the S3 checksum (multipart shards: composite, the digest of "
-                  "each upload part, computed by the download threads range by range; single-request files: "
-                  "botocore's check), the checksum recorded in the manifest; fsync unless _nofsync; s5cmd: no "
-                  "check, no fsync; boto3 loop: botocore checks the full-object checksum of single-request GETs "
-                  "(the small files) only, no fsync",
+                  "each upload part, computed by the download threads range by range; single-request files: the "
+                  "full-object checksum computed while streaming), the checksum recorded in the manifest; GETs "
+                  "signed by botocore's SigV4 signer over http.client (s3_transport 'http'), aligned chunks "
+                  "written with O_DIRECT, fsync unless _nofsync; s5cmd: no check, no fsync; boto3 loop: botocore "
+                  "checks the full-object checksum of single-request GETs (the small files) only, no fsync",
+        "crc32": "ISA-L (PyPI isal)" if _has_isal() else "zlib",
         "server": "SeaweedFS weed mini on 127.0.0.1 (same host)",
         "cpus": os.cpu_count(),
         "python": platform.python_version(),

@@ -23,6 +23,7 @@ only where it is the check itself, or where nothing else exists, or when the cal
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import zlib
 from dataclasses import dataclass, field
@@ -38,14 +39,21 @@ CRC_BYTES = {"crc32": 4, "crc32c": 4, "crc64nvme": 8}
 """Width of each CRC's digest as S3 encodes it (big-endian), bytes."""
 
 
+@functools.cache
 def _crc_fn(kind: str) -> Callable[[bytes, int], int] | None:
     """Incremental CRC function (data, previous) -> crc, or None where unavailable.
 
-    CRC32 is zlib's (3.9 GiB/s vs awscrt's 2.8 GiB/s on this host's CPU, and it releases the GIL);
-    CRC32C and CRC64NVME are awscrt's (hardware, ~25 GiB/s here).
+    CRC32 is ISA-L's (PyPI `isal`, carry-less multiply: 33 GiB/s on this host's CPU) when installed,
+    else zlib's (2.6-3.9 GiB/s; awscrt's is 2.5 GiB/s); both release the GIL and take any buffer.
+    CRC32C and CRC64NVME are awscrt's (hardware, ~50 GiB/s here).
     """
     if kind == "crc32":
-        return zlib.crc32
+        try:
+            from isal.isal_zlib import crc32
+
+            return crc32
+        except ImportError:
+            return zlib.crc32
     try:
         from awscrt import checksums
 
@@ -54,6 +62,7 @@ def _crc_fn(kind: str) -> Callable[[bytes, int], int] | None:
         return None
 
 
+@functools.cache
 def _combine_fn(kind: str) -> Callable[[int, int, int], int] | None:
     """`(crc_a, crc_b, len_b) -> crc(a || b)` for a CRC kind (awscrt ≥ 0.30), or None."""
     try:

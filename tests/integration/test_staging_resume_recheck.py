@@ -46,7 +46,7 @@ def test_a_journaled_part_whose_bytes_were_lost_is_fetched_again(s3_client, s3_b
 
     import runtime.staging.stage as stage_mod
 
-    monkeypatch.setattr(stage_mod, "open_source", lambda uri, client: FailingLastPart(uri, client))
+    monkeypatch.setattr(stage_mod, "open_source", lambda uri, client, transport="auto": FailingLastPart(uri, client, transport))
     with pytest.raises(StagingError, match="injected failure"):
         Stager(uri, dest, s3_client=s3_client, options=opts).run()
     monkeypatch.undo()

@@ -60,3 +60,22 @@ def test_parse_s3_uri_rejects_malformed(uri: str) -> None:
 
     with pytest.raises(StagingError, match="s3://"):
         parse_s3_uri(uri)
+
+
+@pytest.mark.parametrize(("bucket_region", "transport"), [("eu-west-1", "botocore"), ("us-east-1", "http"), (None, "http")])
+def test_a_bucket_in_another_region_is_read_through_botocore(bucket_region: str | None, transport: str) -> None:
+    """botocore follows S3's region redirects, the lean "http" GETs do not: HeadBucket's
+    x-amz-bucket-region decides after the listing."""
+    from runtime.staging.sources import S3Source
+
+    client = make_client("http://127.0.0.1:9", aws_access_key_id="a", aws_secret_access_key="b", region_name="us-east-1")
+    headers = {"x-amz-bucket-region": bucket_region} if bucket_region else {}
+    with Stubber(client) as stub:
+        stub.add_response("list_objects_v2", _listing(["m/config.json"]), {"Bucket": "models", "Prefix": "m/"})
+        stub.add_response("head_bucket", {"ResponseMetadata": {"HTTPStatusCode": 200, "HTTPHeaders": headers}},
+                          {"Bucket": "models"})
+        src = S3Source("s3://models/m", client)
+        assert src.transport == "http"
+        assert [o.rel for o in src.list_objects()] == ["config.json"]
+        stub.assert_no_pending_responses()
+    assert src.transport == transport and src.aligned_chunks == (transport == "http")
