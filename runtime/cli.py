@@ -132,6 +132,14 @@ def stage(
     exclude: Annotated[Optional[list[str]], typer.Option(help="Glob of files to skip (repeatable).")] = None,
     concurrency: Annotated[Optional[int], typer.Option(
         help="Concurrent ranged GETs (default: StageOptions' own, 4 per CPU within 16..64).")] = None,
+    s3_transport: Annotated[str, typer.Option(
+        help="How s3:// bytes are fetched: 'http' (SigV4-signed GETs over http.client, about half botocore's CPU "
+             "per byte), 'botocore' (the client's get_object), or 'auto' (http unless a proxy or a non-SigV4 "
+             "signer is configured).")] = "auto",
+    direct_io: Annotated[bool, typer.Option(
+        "--direct-io/--no-direct-io",
+        help="Write downloaded chunks with O_DIRECT where the filesystem supports it (falls back by itself; "
+             "--no-direct-io keeps every write in the page cache).")] = True,
 ) -> None:
     """Stage a model into a folder (the FSx mount): concurrent, resumable, verified, published atomically.
 
@@ -144,7 +152,7 @@ def stage(
     from runtime.staging.s3 import make_client
     from runtime.staging.stage import StageOptions, stage_model
 
-    opts: dict = {}
+    opts: dict = {"s3_transport": s3_transport, "direct_io": direct_io}
     if concurrency is not None:
         opts["concurrency"] = concurrency
     if include:
@@ -154,7 +162,8 @@ def stage(
     try:
         StageOptions(**opts)  # bad options fail before any client is made
     except ValidationError as e:
-        _fail(_option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude"}))
+        _fail(_option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude",
+                                 "s3_transport": "--s3-transport"}))
     client = make_client(endpoint_url) if source.startswith("s3://") else None
     try:
         stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself

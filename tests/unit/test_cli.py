@@ -183,3 +183,20 @@ def test_serve_unreadable_spec_is_named_before_starting_workers(tmp_path):
                         env={"COLUMNS": "300"})
     assert res.exit_code == 1
     assert "prefill.tp" in res.output and "pydantic.dev" not in res.output
+
+
+def test_stage_transport_options_reach_stage_model_and_bad_ones_name_the_option(tmp_path, monkeypatch):
+    import runtime.staging.stage as stage_mod
+
+    res = runner.invoke(app, ["stage", str(tmp_path), str(tmp_path / "out"), "--s3-transport", "curl"],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert "--s3-transport: Input should be 'auto', 'http' or 'botocore', got 'curl'" in _flat(res.output)
+    assert not (tmp_path / "out").exists()
+
+    seen = {}
+    monkeypatch.setattr(stage_mod, "stage_model", lambda source, dest, **kw: seen.update(kw))
+    res = runner.invoke(app, ["stage", str(tmp_path), str(tmp_path / "out"), "--s3-transport", "botocore",
+                              "--no-direct-io"], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    assert seen["s3_transport"] == "botocore" and seen["direct_io"] is False
