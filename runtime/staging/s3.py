@@ -208,12 +208,13 @@ class S3HttpGetter:
     @staticmethod
     def usable(client: Any) -> bool:
         """Whether `client`'s settings can be honoured without botocore's HTTP stack: SigV4 (or default)
-        signing, no proxy configured (client config or HTTP(S)_PROXY environment)."""
+        signing, no proxy configured (client config or HTTP(S)_PROXY environment), no TLS client
+        certificate (`Config(client_cert=...)`)."""
         import urllib.request
 
         cfg = client.meta.config
-        if cfg.signature_version not in (None, "s3v4", "v4") or cfg.proxies:
-            return False
+        if cfg.signature_version not in (None, "s3v4", "v4") or cfg.proxies or getattr(cfg, "client_cert", None):
+            return False  # client_cert: mutual TLS, which only botocore's HTTP session presents
         host = urlsplit(client.meta.endpoint_url).hostname or ""
         proxies = urllib.request.getproxies()
         return not ((proxies.get("https") or proxies.get("http")) and not urllib.request.proxy_bypass(host))
@@ -221,7 +222,11 @@ class S3HttpGetter:
     def serves_bucket(self) -> bool:
         """False when the bucket lives in another region than the client's (HeadBucket's
         x-amz-bucket-region): botocore follows S3's redirects for its own requests, this getter does
-        not, so such a bucket is read through botocore. Raises what HeadBucket raises."""
+        not, so such a bucket is read through botocore. S3 Express directory buckets (``--x-s3``) need
+        session-based signing (CreateSession), which only botocore does: False without a request.
+        Raises what HeadBucket raises."""
+        if self.bucket.endswith("--x-s3"):
+            return False
         head = self.client.head_bucket(Bucket=self.bucket)
         region = head.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
         return not region or region == self.region
@@ -232,7 +237,8 @@ class S3HttpGetter:
                 url = self.client.generate_presigned_url(
                     "get_object", Params={"Bucket": self.bucket, "Key": _KEY_SENTINEL}, ExpiresIn=60)
                 parts = urlsplit(url)
-                prefix, found, suffix = parts.path.partition(_KEY_SENTINEL)
+                # the key is the path's last component: rpartition (a path-style bucket name may hold the sentinel)
+                prefix, found, suffix = parts.path.rpartition(_KEY_SENTINEL)
                 if not found:
                     raise StagingError(f"s3://{self.bucket}: cannot derive the object URL from {parts.netloc}")
                 self._url = (parts.scheme, parts.netloc, prefix, suffix)
@@ -247,8 +253,11 @@ class S3HttpGetter:
         if scheme == "https":
             import ssl
 
+            from botocore.httpsession import get_cert_path
+
             verify = getattr(getattr(getattr(self.client, "_endpoint", None), "http_session", None), "_verify", True)
-            ctx = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+            # the CA bundle botocore itself trusts: the configured one, else certifi's (not the system store)
+            ctx = ssl.create_default_context(cafile=get_cert_path(verify) if verify else None)
             if verify is False:
                 ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
             conn = http.client.HTTPSConnection(netloc, timeout=self.timeout_s, context=ctx)
@@ -280,9 +289,11 @@ class S3HttpGetter:
             except BaseException as e:
                 conn.close()  # never reuse a connection left mid-request
                 self._tls.conn = None
-                if fresh or not isinstance(e, (ConnectionError, http.client.BadStatusLine)):
+                if fresh or not isinstance(e, (ConnectionError, http.client.BadStatusLine,
+                                               http.client.ImproperConnectionState)):
                     raise
-                # else: a kept-alive connection the server had closed; try once more on a new one
+                # else: a kept-alive connection the server had closed, or one whose last body was left
+                # unread (an abandoned reader; closing it ends that body); try once more on a new one
         resp.pdserve_conn = conn  # type: ignore[attr-defined]  # for `discard(resp)`
         if resp.status in (200, 206):
             return resp

@@ -59,6 +59,7 @@ import ctypes.util
 import errno
 import hashlib
 import json
+import mmap
 import os
 import queue
 import threading
@@ -81,7 +82,9 @@ MAX_ALIGNED_PART_BYTES = 64 << 20  # GETs are never smaller than an upload part 
 FINISH_WORKERS = 8  # fsync + rename threads (I/O waits, no CPU): never stall hashing
 
 
-DIRECT_ALIGN = 4095  # O_DIRECT offsets/lengths: multiples of 4096 (safe for 512 B and 4 KiB block devices, Lustre)
+# O_DIRECT offsets/lengths: multiples of 4096 (safe for 512 B and 4 KiB block devices, Lustre) and of the
+# page size, so a direct write never shares a page with a buffered one (64 KiB pages on some arm64 kernels)
+DIRECT_ALIGN = max(4096, mmap.PAGESIZE) - 1
 SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
 
 

@@ -247,3 +247,22 @@ def test_direct_io_writes_aligned_chunks_and_falls_back_where_unsupported(s3_cli
 
             shutil.rmtree(dest.parent, ignore_errors=True)
     assert (writes["direct"] > 0) == direct
+
+
+def test_a_get_after_an_abandoned_body_on_the_same_thread_uses_a_new_connection(s3_client, s3_bucket) -> None:  # noqa: ANN001
+    """A reader left mid-body (an exception in the consumer) must not make the thread's next GET fail:
+    the kept-alive connection is replaced; the abandoned reader ends with a retryable error, never
+    with another body's bytes."""
+    import http.client
+
+    d1, d2 = os.urandom(3 * MiB), os.urandom(MiB)
+    s3_client.put_object(Bucket=s3_bucket, Key="m/1", Body=d1)
+    s3_client.put_object(Bucket=s3_bucket, Key="m/2", Body=d2)
+    src = S3Source(f"s3://{s3_bucket}/m", s3_client, "http")
+    o1, o2 = sorted(src.list_objects(), key=lambda o: o.key)
+    abandoned = src.read_range(o1, 0, o1.size_bytes, 64 << 10)
+    assert bytes(next(abandoned)) == d1[: 64 << 10]
+    assert b"".join(bytes(b) for b in src.read_range(o2, 0, o2.size_bytes, 64 << 10)) == d2
+    with pytest.raises(http.client.IncompleteRead):
+        list(abandoned)
+    assert isinstance(http.client.IncompleteRead(b""), src.retryable)
