@@ -164,7 +164,7 @@ def stage(
     except ValidationError as e:
         _fail(_option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude",
                                  "s3_transport": "--s3-transport"}))
-    client = make_client(endpoint_url) if source.startswith("s3://") else None
+    client = make_client(endpoint_url, transfer_methods=False) if source.startswith("s3://") else None
     try:
         stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself
     except StagingError as e:

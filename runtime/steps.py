@@ -72,7 +72,7 @@ def stage_step(source_uri: str, fsx_root: str, model_name: str, s3_endpoint_url:
     from runtime.staging.stage import stage_model
 
     dest = staged_model_dir(fsx_root, model_name)
-    client = make_client(s3_endpoint_url or None) if source_uri.startswith("s3://") else None
+    client = make_client(s3_endpoint_url or None, transfer_methods=False) if source_uri.startswith("s3://") else None
     manifest = stage_model(source_uri, dest, s3_client=client, progress=False)
     return {
         "name": model_name,

@@ -509,7 +509,7 @@ def open_source(source: str, s3_client: Any = None, s3_transport: str = "auto") 
         if s3_client is None:
             from runtime.staging.s3 import make_client
 
-            s3_client = make_client()
+            s3_client = make_client(transfer_methods=False)  # list/HEAD/GET only: no boto3 import
         return S3Source(source, s3_client, s3_transport)
     if source.startswith("hf://"):
         return HfSource(source)

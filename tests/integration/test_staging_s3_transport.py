@@ -266,3 +266,22 @@ def test_a_get_after_an_abandoned_body_on_the_same_thread_uses_a_new_connection(
     with pytest.raises(http.client.IncompleteRead):
         list(abandoned)
     assert isinstance(http.client.IncompleteRead(b""), src.retryable)
+
+
+def test_staging_from_the_environment_never_imports_boto3(s3_server, mixed_model, tmp_path) -> None:  # noqa: ANN001
+    """The stager's own client comes from botocore's session (`make_client(transfer_methods=False)`):
+    importing boto3 + s3transfer would add ~0.1 s to every stage's start-up."""
+    import json
+    import subprocess
+    import sys
+
+    uri, digests = mixed_model
+    code = ("import json, sys; from pathlib import Path; from runtime.staging.stage import stage_model; "
+            "m = stage_model(sys.argv[1], Path(sys.argv[2]), progress=False); "
+            "print(json.dumps({'files': len(m.files), 'boto3': 'boto3' in sys.modules, "
+            "'s3transfer': 's3transfer' in sys.modules}))")
+    env = {**os.environ, **s3_server.env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", code, uri, str(tmp_path / "m")], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == {"files": len(digests), "boto3": False, "s3transfer": False}
+    assert verify_staged(tmp_path / "m", check_digests=True).total_bytes > 0
