@@ -151,6 +151,18 @@ def test_corruption_on_the_server_disk_fails_staging_and_publishes_nothing(s3_se
     assert not dest.exists()
 
 
+def shutdown_sockets(*socks: socket.socket, close: bool = False) -> None:
+    """Shut both directions of each socket down (errors on already-dead ones ignored); close them too
+    when `close`. The proxies' pipe threads end this way."""
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if close:
+            s.close()
+
+
 class FlipProxy:
     """TCP proxy on 127.0.0.1 in front of the S3 server that, in the server→client direction,
     flips one byte inside `needle` (mode "flip") or drops the connection right after the needle
@@ -201,12 +213,7 @@ class FlipProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+            shutdown_sockets(src, dst, close=True)
 
     def close(self) -> None:
         self.closing = True

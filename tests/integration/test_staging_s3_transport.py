@@ -20,7 +20,7 @@ from runtime.staging.s3 import S3HttpGetter, make_client, upload_folder
 from runtime.staging.sources import S3Source
 from runtime.staging.stage import stage_model
 from runtime.staging.transfer import TransferEngine
-from tests.integration.test_staging_s3 import FlipProxy, _proxied_client
+from tests.integration.test_staging_s3 import FlipProxy, _proxied_client, shutdown_sockets
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -145,11 +145,7 @@ class ThrottleProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shutdown_sockets(src, dst)
 
     def close(self) -> None:
         self.sock.close()
