@@ -44,6 +44,9 @@ PORT_FLAGS: tuple[str, ...] = (
 
 READY_BANNER = "S3 Endpoint:"
 
+DEFAULT_MAX_VOLUMES = 512
+"""Volume slots for `weed mini` (see `SeaweedServer`, `max_volumes`)."""
+
 
 class SeaweedError(RuntimeError):
     """`weed` missing, failed to start, or did not become ready in time."""
@@ -92,6 +95,11 @@ class SeaweedServer:
         access_key_id / secret_access_key: credentials the server enforces (secret: random if None).
         region: region name handed to clients (SeaweedFS ignores it but SigV4 needs one).
         start_timeout_s: how long to wait for the S3 gateway to answer, seconds.
+        max_volumes: volume slots (`-volume.max`). Every bucket that holds data takes at least one
+            128 MB volume slot until it is deleted; SeaweedFS's automatic count is free disk / 1 GiB,
+            which on a small CI disk (~20 GB free) runs out after ~20 buckets and then fails every
+            PutObject with InternalError. Volumes are sparse files, so slots cost no disk until used.
+            None keeps SeaweedFS's automatic count.
 
     Raises (from `start`):
         SeaweedError: binary missing, process exited, or not ready within `start_timeout_s`.
@@ -106,6 +114,7 @@ class SeaweedServer:
         region: str = "us-east-1",
         start_timeout_s: float = 60.0,
         weed_bin: str | None = None,
+        max_volumes: int | None = DEFAULT_MAX_VOLUMES,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.access_key_id = access_key_id
@@ -113,6 +122,7 @@ class SeaweedServer:
         self.region = region
         self.start_timeout_s = start_timeout_s
         self.weed_bin = weed_bin
+        self.max_volumes = max_volumes
         self.ports: dict[str, int] = {}
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
@@ -167,6 +177,8 @@ class SeaweedServer:
             "-s3.port.lance=0",
             "-master.telemetry=false",
         ]
+        if self.max_volumes is not None:
+            cmd.append(f"-volume.max={self.max_volumes}")
         cmd += [f"-{flag}={port}" for flag, port in self.ports.items()]
         return cmd
 

@@ -9,6 +9,8 @@ import hashlib
 import os
 import socket
 import threading
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -320,3 +322,29 @@ def test_multipart_objects_with_uneven_part_sizes_are_verified(s3_client, s3_buc
     assert entry.verified_by == ("checksum-crc32" if algorithm else "etag-md5")
     assert entry.sha256 == hashlib.sha256(b"".join(parts)).hexdigest() == sha256_file(dest / "w.safetensors")
     assert verify_staged(dest) == m
+
+
+def test_the_local_server_has_volume_slots_for_many_buckets_and_deleted_buckets_free_theirs(s3_server, s3_client) -> None:  # noqa: ANN001
+    """SeaweedFS's automatic slot count (free disk / 1 GiB) ran out on a small CI disk: each bucket
+    with data pins a volume slot until deleted, and PutObject then fails with InternalError."""
+    import httpx
+
+    from tests.conftest_s3 import delete_bucket
+
+    def free() -> int:
+        url = f"http://127.0.0.1:{s3_server.ports['master.port']}/dir/status"
+        return int(httpx.get(url, timeout=10).json()["Topology"]["Free"])
+
+    assert s3_server.max_volumes and s3_server.max_volumes >= 256
+    before = free()
+    names = [f"slots-{uuid.uuid4().hex[:12]}" for _ in range(3)]
+    for name in names:
+        s3_client.create_bucket(Bucket=name)
+        s3_client.put_object(Bucket=name, Key="k", Body=b"x")
+    assert free() <= before - 3
+    for name in names:
+        delete_bucket(s3_client, name)
+    deadline = time.monotonic() + 15
+    while free() < before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert free() == before
