@@ -27,6 +27,7 @@ The controller sees a :class:`runtime.planner.types.TickInput` per interval and 
 
 from __future__ import annotations
 
+import copy
 import functools
 import heapq
 from collections import deque
@@ -147,6 +148,23 @@ class FleetSim:
         self.act_admit = np.zeros(0)
         self.act_done = np.zeros(0)
         self.timeline: list[dict] = []
+        self.t_s = 0.0  # start of the next tick
+        self.next_arrival = 0  # index of the first request not yet queued
+        self.arrival_limit = n  # requests from this index on are never queued (what-if runs, see clone)
+        self.done = False
+
+    def clone(self) -> "FleetSim":
+        """An independent copy of the simulation state (the trace and profile arrays are shared,
+        read-only), for what-if runs from this point on."""
+        c = copy.copy(self)
+        for name in ("first_s", "prefill_done_s", "prefill_used_s", "finish_s"):
+            setattr(c, name, getattr(self, name).copy())
+        c.prefill = [copy.copy(w) for w in self.prefill]
+        c.decode = [copy.copy(w) for w in self.decode]
+        c.pending, c.waiting, c.ready_heap = deque(self.pending), deque(self.waiting), list(self.ready_heap)
+        c.timeline = []
+        c.gpu_s_by_pool = dict(self.gpu_s_by_pool)
+        return c
 
     # ------------------------------------------------------------------ accounting
     def _leave(self, w: _Worker, at_s: float, tp: int, pool: str) -> None:
@@ -279,68 +297,83 @@ class FleetSim:
 
     # ------------------------------------------------------------------ loop
     def run(self, controller: Controller) -> SimResult:
+        while self.step(controller):
+            pass
+        return self.result()
+
+    def step(self, controller: Controller) -> bool:
+        """Simulate one tick ``[t_s, t_s + interval_s)``, then ask ``controller``; False once the
+        trace is served (or ``drain_limit_s`` after the last arrival)."""
         c, tr = self.cfg, self.tr
         arr = tr.arrival_s
-        n, ai, t = len(tr), 0, 0.0
-        end_limit = self.span_s + c.drain_limit_s
-        while t < end_limit:
-            t1 = t + c.interval_s
-            bi = int(np.searchsorted(arr, t1, side="left"))
-            self.pending.extend(range(ai, bi))
-            new = slice(ai, bi)
-            ai = bi
-            agg_busy = self._dispatch(t, t1)
-            stats = self._decode_steps(t, t1, agg_busy)
-            ready_p = sum(1 for w in self.prefill if w.ready_s <= t1)
-            first_in = (self.first_s >= t) & (self.first_s < t1)
-            fin_in = (self.finish_s >= t) & (self.finish_s < t1) & (tr.osl_tokens > 1)
-            ttft = self.first_s[first_in] - arr[first_in]
-            itl = (self.finish_s[fin_in] - self.first_s[fin_in]) / (tr.osl_tokens[fin_in] - 1)
-            num = bi - new.start
-            pre_in = (self.prefill_done_s >= t) & (self.prefill_done_s < t1)
-            tick = TickInput(
-                now_s=t1,
-                interval_s=c.interval_s,
-                num_requests=num,
-                mean_isl_tokens=float(np.mean(tr.isl_tokens[new])) if num else 0.0,
-                mean_osl_tokens=float(np.mean(tr.osl_tokens[new])) if num else 0.0,
-                num_priority_requests=int(np.sum(tr.priority[new])) if tr.priority is not None else 0,
-                p90_isl_tokens=float(np.quantile(tr.isl_tokens[new], 0.9)) if num else None,
-                peak_prefill_tokens_per_s=self._peak_tokens_per_s(new, t) if num else None,
-                prefill=PoolObservation(
-                    num_ready=ready_p,
-                    num_starting=len(self.prefill) - ready_p,
-                    queue_per_worker=len(self.pending) / max(ready_p, 1),
-                ),
-                decode=PoolObservation(
-                    num_ready=sum(1 for w in self.decode if w.ready_s <= t1),
-                    num_starting=sum(1 for w in self.decode if w.ready_s > t1),
-                    running_per_worker=stats["running_per_worker"],
-                    kv_usage=stats["kv_usage"],
-                ),
-                observed_ttft_p90_s=float(np.quantile(ttft, 0.9)) if len(ttft) else None,
-                observed_itl_p90_s=float(np.quantile(itl, 0.9)) if len(itl) else None,
-                observed_ttft_mean_s=float(np.mean(ttft)) if len(ttft) else None,
-                observed_itl_mean_s=float(np.mean(itl)) if len(itl) else None,
-                mean_request_duration_s=float(np.mean(self.finish_s[fin_in] - arr[fin_in])) if len(itl) else None,
-                observed_prefill_time_mean_s=float(np.mean(self.prefill_used_s[pre_in])) if np.any(pre_in) else None,
-            )
-            decision = controller(tick)
-            if decision is not None:
-                self._apply(t1, decision)
-            self.timeline.append(
-                {"t_s": t1, "rate_per_s": tick.rate_per_s, "prefill": len(self.prefill),
-                 "decode": sum(1 for w in self.decode if not w.draining),
-                 "mode": decision.serving_mode if decision is not None else None}
-            )
-            t = t1
-            idle = not (self.pending or self.ready_heap or self.waiting or len(self.act_idx))
-            if ai >= n and idle:
-                break
+        n, ai, t = min(len(tr), self.arrival_limit), self.next_arrival, self.t_s
+        if self.done or t >= self.span_s + c.drain_limit_s:
+            self.done = True
+            return False
+        t1 = t + c.interval_s
+        bi = max(min(int(np.searchsorted(arr, t1, side="left")), n), ai)
+        self.pending.extend(range(ai, bi))
+        new = slice(ai, bi)
+        ai = bi
+        agg_busy = self._dispatch(t, t1)
+        stats = self._decode_steps(t, t1, agg_busy)
+        ready_p = sum(1 for w in self.prefill if w.ready_s <= t1)
+        first_in = (self.first_s >= t) & (self.first_s < t1)
+        fin_in = (self.finish_s >= t) & (self.finish_s < t1) & (tr.osl_tokens > 1)
+        ttft = self.first_s[first_in] - arr[first_in]
+        itl = (self.finish_s[fin_in] - self.first_s[fin_in]) / (tr.osl_tokens[fin_in] - 1)
+        num = bi - new.start
+        pre_in = (self.prefill_done_s >= t) & (self.prefill_done_s < t1)
+        tick = TickInput(
+            now_s=t1,
+            interval_s=c.interval_s,
+            num_requests=num,
+            mean_isl_tokens=float(np.mean(tr.isl_tokens[new])) if num else 0.0,
+            mean_osl_tokens=float(np.mean(tr.osl_tokens[new])) if num else 0.0,
+            num_priority_requests=int(np.sum(tr.priority[new])) if tr.priority is not None else 0,
+            p90_isl_tokens=float(np.quantile(tr.isl_tokens[new], 0.9)) if num else None,
+            peak_prefill_tokens_per_s=self._peak_tokens_per_s(new, t) if num else None,
+            prefill=PoolObservation(
+                num_ready=ready_p,
+                num_starting=len(self.prefill) - ready_p,
+                queue_per_worker=len(self.pending) / max(ready_p, 1),
+            ),
+            decode=PoolObservation(
+                num_ready=sum(1 for w in self.decode if w.ready_s <= t1),
+                num_starting=sum(1 for w in self.decode if w.ready_s > t1),
+                running_per_worker=stats["running_per_worker"],
+                kv_usage=stats["kv_usage"],
+            ),
+            observed_ttft_p90_s=float(np.quantile(ttft, 0.9)) if len(ttft) else None,
+            observed_itl_p90_s=float(np.quantile(itl, 0.9)) if len(itl) else None,
+            observed_ttft_mean_s=float(np.mean(ttft)) if len(ttft) else None,
+            observed_itl_mean_s=float(np.mean(itl)) if len(itl) else None,
+            mean_request_duration_s=float(np.mean(self.finish_s[fin_in] - arr[fin_in])) if len(itl) else None,
+            observed_prefill_time_mean_s=float(np.mean(self.prefill_used_s[pre_in])) if np.any(pre_in) else None,
+        )
+        decision = controller(tick)
+        if decision is not None:
+            self._apply(t1, decision)
+        self.timeline.append(
+            {"t_s": t1, "rate_per_s": tick.rate_per_s, "prefill": len(self.prefill),
+             "decode": sum(1 for w in self.decode if not w.draining),
+             "mode": decision.serving_mode if decision is not None else None}
+        )
+        self.t_s, self.next_arrival = t1, ai
+        idle = not (self.pending or self.ready_heap or self.waiting or len(self.act_idx))
+        if (ai >= n and idle) or t1 >= self.span_s + c.drain_limit_s:
+            self.done = True
+        return not self.done
+
+    def result(self) -> SimResult:
+        """Close the books (every worker leaves now) and return the per-request outcomes."""
+        c, tr, t = self.cfg, self.tr, self.t_s
+        arr = tr.arrival_s
         for w in self.prefill:
             self._leave(w, t, c.prefill_tp, "prefill")
         for w in self.decode:
             self._leave(w, t, c.decode_tp, "decode")
+        self.prefill, self.decode = [], []
         ttft = self.first_s - arr
         osl = tr.osl_tokens
         itl = np.where(osl > 1, (self.finish_s - self.first_s) / np.maximum(osl - 1, 1), 0.0)
@@ -434,3 +467,71 @@ def oracle_gpu_seconds(
         total += (p * cfg.prefill_tp + d * cfg.decode_tp) * length
         t += interval_s
     return total, plan
+
+
+def sequential_oracle(
+    trace: Trace,
+    profile: ServiceProfile,
+    cfg: FleetConfig,
+    *,
+    ttft_target_s: float,
+    itl_target_s: float,
+    interval_s: float = 60.0,
+    attainment: float = 0.99,
+    max_replicas: int = 64,
+) -> tuple[SimResult, list[tuple[int, int]]]:
+    """Hindsight per-window minimum that meets the SLO when replayed: the windows are sized in order
+    on one running simulation, each from the state the previous windows left (queued prefills,
+    sequences still decoding, workers draining), knowing the window's arrivals exactly, with workers
+    ready the moment they are asked for (no start lag).
+
+    For window ``[t, t + interval_s)`` the judged requests are those that arrived before its end and
+    have not finished at ``t`` (in flight or new); each candidate (prefill, decode) is tried on a
+    copy of the simulation with no later arrivals, held until the judged requests finish, and the
+    fewest GPUs with ``attainment`` of them within both SLOs are kept (same search as
+    :func:`oracle_gpu_seconds`). Unlike that lower bound, this plan is what its replay costs and
+    attains: it is the reference a causal planner with a perfect forecast and instant workers could
+    reach. Returns (the replay's :class:`SimResult`, GPU time accounted as for any controller; the
+    plan ``[(prefill, decode)]`` per window)."""
+    iso = replace(cfg, worker_start_s=0.0, interval_s=interval_s, initial_prefill=1, initial_decode=1)
+    sim = FleetSim(trace, profile, iso)
+    arr, osl = trace.arrival_s, trace.osl_tokens
+    plan: list[tuple[int, int]] = []
+
+    def keep(_tick: TickInput) -> None:
+        return None
+
+    def decide(t: float, p: int, d: int) -> ScalingDecision:
+        return ScalingDecision(now_s=t, prefill_replicas=p, decode_replicas=d)
+
+    while not sim.done and sim.t_s < sim.span_s:
+        t0 = sim.t_s
+        hi = int(np.searchsorted(arr, t0 + interval_s, side="left"))
+        judged = np.flatnonzero(np.isnan(sim.finish_s[:hi]))
+        if len(judged) == 0:
+            p, d = 0, 1
+        else:
+            @functools.lru_cache(maxsize=None)
+            def run(p: int, d: int) -> float:
+                s = sim.clone()
+                s.arrival_limit = hi
+                s._apply(t0, decide(t0, p, d))
+                while not np.all(np.isfinite(s.finish_s[judged])) and s.step(keep):
+                    pass
+                first, fin = s.first_s[judged], s.finish_s[judged]
+                o = osl[judged]
+                itl = np.where(o > 1, (fin - first) / np.maximum(o - 1, 1), 0.0)
+                ok = (first - arr[judged] <= ttft_target_s) & (itl <= itl_target_s) & np.isfinite(fin)
+                return float(np.mean(ok))
+
+            p = _min_count(lambda k: run(k, max_replicas) >= attainment, 1, max_replicas)
+            d = _min_count(lambda k: run(p, k) >= attainment, 1, max_replicas)
+            if run(p, d) < attainment:
+                p = _min_count(lambda k: run(k, d) >= attainment, p, max_replicas)
+            p, d = _trade_prefill_for_decode(run, p, d, attainment, cfg.prefill_tp, cfg.decode_tp, max_replicas)
+        plan.append((p, d))
+        sim._apply(t0, decide(t0, p, d))
+        sim.step(keep)
+    while sim.step(keep):
+        pass
+    return sim.result(), plan
