@@ -19,6 +19,7 @@ from typing import Any, Literal
 from runtime.config import DeploymentSpec, PoolSpec
 from runtime.deploy.instances import InstanceType
 from runtime.deploy.target import ClusterTarget
+from runtime.engines.vllm_worker import kv_transfer_config
 
 Role = Literal["prefill", "decode"]
 APP_LABEL = "pdserve"
@@ -56,23 +57,6 @@ def pool_name(name: str, role: Role, revision: str | None) -> str:
     return f"{name}-{revision}-{role}" if revision else f"{name}-{role}"
 
 
-def kv_transfer_config(*, gpu: bool, efa: bool, backends: list[str]) -> dict[str, Any]:
-    """vLLM `--kv-transfer-config` for NixlConnector.
-
-    LIBFABRIC replaces the configured backends on EFA nodes (DESIGN.md); `kv_buffer_device` is `cuda`
-    on GPUs and `cpu` on the CPU pseudo-GPU (the verified CPU recipe).
-    """
-    cfg: dict[str, Any] = {
-        "kv_connector": "NixlConnector",
-        "kv_role": "kv_both",
-        "kv_buffer_device": "cuda" if gpu else "cpu",
-    }
-    chosen = ["LIBFABRIC"] if efa else list(backends)
-    if chosen:
-        cfg["kv_connector_extra_config"] = {"backends": chosen}
-    return cfg
-
-
 def model_path(target: ClusterTarget, model_name: str) -> str:
     """Path of the staged weights inside a worker: `<fsx_mount_path>/models/<model_name>`."""
     return f"{target.fsx_mount_path.rstrip('/')}/models/{model_name}"
@@ -98,7 +82,8 @@ def vllm_args(spec: DeploymentSpec, pool: PoolSpec, *, target: ClusterTarget, gp
         "--max-model-len", str(eng.max_model_len_tokens),
         "--gpu-memory-utilization", str(eng.gpu_memory_utilization),
         "--enable-prefix-caching",
-        "--kv-transfer-config", json.dumps(kv_transfer_config(gpu=gpu, efa=efa, backends=eng.kv_backends),
+        # LIBFABRIC replaces the configured backends on EFA nodes (DESIGN.md)
+        "--kv-transfer-config", json.dumps(kv_transfer_config(eng, cpu=not gpu, backends=["LIBFABRIC"] if efa else None),
                                            separators=(",", ":")),
         "--kv-events-config", json.dumps(kv_events, separators=(",", ":")),
     ]

@@ -211,7 +211,8 @@ def test_cpu_pseudo_gpu_renders_for_a_plain_cluster():
     dep = find(objs, "Deployment", f"{NAME}-decode")
     c = container(dep)
     assert "nvidia.com/gpu" not in c["resources"]["requests"]
-    assert json.loads(arg_value(c["args"], "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
+    kv = json.loads(arg_value(c["args"], "--kv-transfer-config"))
+    assert kv["kv_buffer_device"] == "cpu" and kv["kv_connector_extra_config"]["kv_lease_duration"] == 120
     assert {"name": "UCX_TLS", "value": "tcp,self"} in c["env"]
     assert "nodeSelector" not in dep["spec"]["template"]["spec"]
 
