@@ -405,6 +405,19 @@ def _min_count(ok: Callable[[int], bool], lo: int, hi: int) -> int:
     return hi
 
 
+def _fewest_gpus(
+    run: Callable[[int, int], float], attainment: float, prefill_tp: int, decode_tp: int, max_replicas: int,
+) -> tuple[int, int]:
+    """The oracles' search over (prefill, decode) workers, ``run`` giving the attainment of each: the
+    fewest prefill workers with ample decode, then the fewest decode workers for them, then
+    :func:`_trade_prefill_for_decode`."""
+    p = _min_count(lambda k: run(k, max_replicas) >= attainment, 1, max_replicas)
+    d = _min_count(lambda k: run(p, k) >= attainment, 1, max_replicas)
+    if run(p, d) < attainment:
+        p = _min_count(lambda k: run(k, d) >= attainment, p, max_replicas)
+    return _trade_prefill_for_decode(run, p, d, attainment, prefill_tp, decode_tp, max_replicas)
+
+
 ORACLE_MAX_EXTRA_PREFILL = 8  # prefill workers above the minimum the oracle tries trading for decode
 
 
@@ -458,11 +471,7 @@ def oracle_gpu_seconds(
                 c = replace(iso, initial_prefill=p, initial_decode=d)
                 return simulate(sub, profile, c, static_controller(p, d)).slo_attainment(ttft_target_s, itl_target_s)
 
-            p = _min_count(lambda k: run(k, max_replicas) >= attainment, 1, max_replicas)
-            d = _min_count(lambda k: run(p, k) >= attainment, 1, max_replicas)
-            if run(p, d) < attainment:
-                p = _min_count(lambda k: run(k, d) >= attainment, p, max_replicas)
-            p, d = _trade_prefill_for_decode(run, p, d, attainment, cfg.prefill_tp, cfg.decode_tp, max_replicas)
+            p, d = _fewest_gpus(run, attainment, cfg.prefill_tp, cfg.decode_tp, max_replicas)
         plan.append((p, d))
         total += (p * cfg.prefill_tp + d * cfg.decode_tp) * length
         t += interval_s
@@ -524,11 +533,7 @@ def sequential_oracle(
                 ok = (first - arr[judged] <= ttft_target_s) & (itl <= itl_target_s) & np.isfinite(fin)
                 return float(np.mean(ok))
 
-            p = _min_count(lambda k: run(k, max_replicas) >= attainment, 1, max_replicas)
-            d = _min_count(lambda k: run(p, k) >= attainment, 1, max_replicas)
-            if run(p, d) < attainment:
-                p = _min_count(lambda k: run(k, d) >= attainment, p, max_replicas)
-            p, d = _trade_prefill_for_decode(run, p, d, attainment, cfg.prefill_tp, cfg.decode_tp, max_replicas)
+            p, d = _fewest_gpus(run, attainment, cfg.prefill_tp, cfg.decode_tp, max_replicas)
         plan.append((p, d))
         sim._apply(t0, decide(t0, p, d))
         sim.step(keep)
