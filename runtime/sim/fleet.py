@@ -124,6 +124,9 @@ class _Worker:
         self.launch_s, self.ready_s, self.free_s, self.draining = launch_s, ready_s, ready_s, False
 
 
+CLONED_ARRAYS = ("first_s", "prefill_done_s", "prefill_used_s", "finish_s", "act_idx", "act_admit", "act_done")
+
+
 class FleetSim:
     """One simulation run; use :func:`simulate`."""
 
@@ -154,10 +157,11 @@ class FleetSim:
         self.done = False
 
     def clone(self) -> "FleetSim":
-        """An independent copy of the simulation state (the trace and profile arrays are shared,
-        read-only), for what-if runs from this point on."""
+        """An independent copy of the simulation state for what-if runs from this point on: the
+        trace, profile and service-time arrays are shared (never written), everything else is copied;
+        the copy's ``timeline`` starts empty."""
         c = copy.copy(self)
-        for name in ("first_s", "prefill_done_s", "prefill_used_s", "finish_s"):
+        for name in CLONED_ARRAYS:
             setattr(c, name, getattr(self, name).copy())
         c.prefill = [copy.copy(w) for w in self.prefill]
         c.decode = [copy.copy(w) for w in self.decode]
@@ -410,7 +414,9 @@ def _fewest_gpus(
 ) -> tuple[int, int]:
     """The oracles' search over (prefill, decode) workers, ``run`` giving the attainment of each: the
     fewest prefill workers with ample decode, then the fewest decode workers for them, then
-    :func:`_trade_prefill_for_decode`."""
+    :func:`_trade_prefill_for_decode`. When even ``max_replicas`` of each cannot reach ``attainment``
+    the goal becomes what they reach (the fewest GPUs that do as well), not the largest fleet."""
+    attainment = min(attainment, run(max_replicas, max_replicas))
     p = _min_count(lambda k: run(k, max_replicas) >= attainment, 1, max_replicas)
     d = _min_count(lambda k: run(p, k) >= attainment, 1, max_replicas)
     if run(p, d) < attainment:
@@ -449,9 +455,11 @@ def oracle_gpu_seconds(
     attainment: float = 0.99,
     max_replicas: int = 64,
 ) -> tuple[float, list[tuple[int, int]]]:
-    """Hindsight lower bound: for each ``interval_s`` window, the (prefill, decode) workers with the
-    fewest GPUs that, started warm and ready, serve that window's requests with ``attainment`` of them
-    within both SLOs; GPU-seconds summed over the windows. Returns (gpu_seconds, [(prefill, decode)]).
+    """Hindsight relaxation: for each ``interval_s`` window sized from empty, the (prefill, decode)
+    workers with the fewest GPUs that, started warm and ready, serve that window's requests with
+    ``attainment`` of them within both SLOs; GPU-seconds summed over the windows. It ignores what
+    windows leave each other (queued prefills, sequences still decoding), so its plan, replayed, can
+    miss the SLO (see :func:`sequential_oracle`). Returns (gpu_seconds, [(prefill, decode)]).
 
     Search: the fewest prefill workers with ample decode, then the fewest decode workers for them,
     then :func:`_trade_prefill_for_decode` (a window whose TTFT sits at the attainment boundary can
@@ -489,19 +497,22 @@ def sequential_oracle(
     attainment: float = 0.99,
     max_replicas: int = 64,
 ) -> tuple[SimResult, list[tuple[int, int]]]:
-    """Hindsight per-window minimum that meets the SLO when replayed: the windows are sized in order
-    on one running simulation, each from the state the previous windows left (queued prefills,
-    sequences still decoding, workers draining), knowing the window's arrivals exactly, with workers
-    ready the moment they are asked for (no start lag).
+    """Hindsight plan sized window by window, greedily and in order, on one running simulation: each
+    window from the state the previous ones left (queued prefills, sequences still decoding, workers
+    draining), knowing its arrivals exactly, with workers ready the moment they are asked for (no
+    start lag). A feasible reference rather than a proven minimum: its replay's attainment is
+    measured (the returned result), not guaranteed, and a plan trading windows against each other
+    could cost less.
 
-    For window ``[t, t + interval_s)`` the judged requests are those that arrived before its end and
-    have not finished at ``t`` (in flight or new); each candidate (prefill, decode) is tried on a
-    copy of the simulation with no later arrivals, held until the judged requests finish, and the
-    fewest GPUs with ``attainment`` of them within both SLOs are kept (same search as
-    :func:`oracle_gpu_seconds`). Unlike that lower bound, this plan is what its replay costs and
-    attains: it is the reference a causal planner with a perfect forecast and instant workers could
-    reach. Returns (the replay's :class:`SimResult`, GPU time accounted as for any controller; the
-    plan ``[(prefill, decode)]`` per window)."""
+    For window ``[t, t + interval_s)`` the judged requests are those that arrived before its end, have
+    not finished at ``t`` and have not already missed the TTFT target (no first token and older than
+    the target, or a first token later than it: no fleet can save them, and they must not count
+    against every window they still run in). Each candidate (prefill, decode) is tried on a copy of
+    the simulation with no later arrivals, held until the judged requests finish, and the fewest
+    GPUs with ``attainment`` of them within both SLOs are kept (:func:`_fewest_gpus`, as in
+    :func:`oracle_gpu_seconds`). Returns (the replay's :class:`SimResult`, GPU time accounted as for
+    any controller, its timeline entry at ``t`` holding the plan of the window from ``t``; the plan
+    ``[(prefill, decode)]`` per window)."""
     iso = replace(cfg, worker_start_s=0.0, interval_s=interval_s, initial_prefill=1, initial_decode=1)
     sim = FleetSim(trace, profile, iso)
     arr, osl = trace.arrival_s, trace.osl_tokens
@@ -516,7 +527,9 @@ def sequential_oracle(
     while not sim.done and sim.t_s < sim.span_s:
         t0 = sim.t_s
         hi = int(np.searchsorted(arr, t0 + interval_s, side="left"))
-        judged = np.flatnonzero(np.isnan(sim.finish_s[:hi]))
+        first_now, arr_now = sim.first_s[:hi], arr[:hi]
+        missed = np.where(np.isnan(first_now), t0 - arr_now > ttft_target_s, first_now - arr_now > ttft_target_s)
+        judged = np.flatnonzero(np.isnan(sim.finish_s[:hi]) & ~missed)
         if len(judged) == 0:
             p, d = 0, 1
         else:
@@ -536,6 +549,8 @@ def sequential_oracle(
             p, d = _fewest_gpus(run, attainment, cfg.prefill_tp, cfg.decode_tp, max_replicas)
         plan.append((p, d))
         sim._apply(t0, decide(t0, p, d))
+        if sim.timeline:  # the entry at t0 holds from t0: this window's fleet
+            sim.timeline[-1].update(prefill=len(sim.prefill), decode=sum(1 for w in sim.decode if not w.draining))
         sim.step(keep)
     while sim.step(keep):
         pass

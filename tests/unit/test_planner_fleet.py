@@ -1,6 +1,8 @@
 """Fleet simulator (runtime/sim/fleet.py) with hand-checkable engines: prefill 0.1 ms/token,
 decode step 10 ms + 0.1 ms per running sequence per worker, KV 100k tokens per worker."""
 
+from collections import deque
+
 import numpy as np
 import pytest
 
@@ -117,6 +119,38 @@ def test_sequential_oracle_sizes_a_window_for_the_sequences_the_last_one_left():
     assert res.slo_attainment(0.5, 0.05) >= 0.99  # the sequential plan's own replay meets the SLO
     # one more decode worker (TP 4) from 60 s to the last arrival
     assert res.gpu_seconds == pytest.approx(lower_s + 4 * (float(tr.arrival_s[-1]) - 60.0))
+
+
+def test_sequential_oracle_does_not_buy_a_fleet_for_a_request_that_already_missed():
+    # one request's prefill alone (20000 tokens x 0.1 ms = 2 s) exceeds the 0.5 s TTFT target and it
+    # decodes 3000 tokens into the next windows: no fleet can save it, so it must not size them
+    rng = np.random.default_rng(0)
+    arr = np.sort(np.concatenate([rng.uniform(0, 58, 300), [58.0], rng.uniform(60, 120, 20), [150.0]]))
+    isl, osl = np.full(len(arr), 100), np.full(len(arr), 20)
+    k = int(np.flatnonzero(arr == 58.0)[0])
+    isl[k], osl[k] = 20_000, 3000
+    res, plan = sequential_oracle(Trace(arr, isl, osl), PROF, fleet(interval_s=60.0), ttft_target_s=0.5,
+                                  itl_target_s=0.05, interval_s=60.0)
+    assert plan == [(1, 1), (1, 1), (1, 1)]
+    assert np.isnan(res.ttft_s).sum() == 0 and res.ttft_s[k] > 0.5
+
+
+def test_sequential_oracle_timeline_holds_each_window_plan_from_its_start():
+    rng = np.random.default_rng(0)
+    tr = trace(np.sort(np.concatenate([rng.uniform(50, 60, 300), rng.uniform(60, 70, 300)])), isl=100, osl=400)
+    res, plan = sequential_oracle(tr, PROF, fleet(interval_s=60.0), ttft_target_s=0.5, itl_target_s=0.05,
+                                  interval_s=60.0)
+    at = {e["t_s"]: (e["prefill"], e["decode"]) for e in res.timeline}
+    assert plan == [(1, 1), (1, 2)] and at[60.0] == (1, 2)
+
+
+def test_a_clone_shares_only_the_read_only_inputs():
+    sim = FleetSim(trace(np.linspace(0, 30, 50)), PROF, fleet())
+    sim.step(static_controller(1, 1))
+    c = sim.clone()
+    shared = {k for k, v in vars(sim).items() if isinstance(v, (list, dict, set, np.ndarray, deque))
+              and vars(c)[k] is v}
+    assert shared <= {"svc_p", "svc_a"}  # service times per request: computed once, never written
 
 
 def test_a_cloned_simulation_runs_on_without_touching_the_original():
