@@ -82,14 +82,16 @@ class EngineSpec(_Strict):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM memory fraction.")
     kv_backends: list[str] = Field(
         default_factory=lambda: ["UCX"],
+        min_length=1,
         description="NIXL backends; LIBFABRIC on EKS nodes with EFA (UCX silently falls back to TCP there).",
     )
     kv_lease_s: int | None = Field(
         default=None,
-        gt=0,
+        ge=6,
         description="Seconds a prefill worker keeps a finished request's KV blocks for the decode worker to "
-        "pull (vLLM kv_connector_extra_config.kv_lease_duration). None: vLLM's own 30 s on GPUs, 120 s on CPU "
-        "workers, whose first pull on a loaded 2-core host took 20-35 s and read blocks already released.",
+        "pull (vLLM kv_connector_extra_config.kv_lease_duration; >= 6: vLLM heartbeats every lease // 6 s). "
+        "None: vLLM's own 30 s on GPUs, 120 s on CPU workers, whose first pull on a loaded 2-core host took "
+        "20-35 s and read blocks already released.",
     )
     extra_args: list[str] = Field(default_factory=list, description="Extra vLLM CLI arguments.")
 

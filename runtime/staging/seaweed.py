@@ -96,9 +96,9 @@ class SeaweedServer:
         region: region name handed to clients (SeaweedFS ignores it but SigV4 needs one).
         start_timeout_s: how long to wait for the S3 gateway to answer, seconds.
         max_volumes: volume slots (`-volume.max`). Every bucket that holds data takes at least one
-            128 MB volume slot until it is deleted; SeaweedFS's automatic count is free disk / 1 GiB,
-            which on a small CI disk (~20 GB free) runs out after ~20 buckets and then fails every
-            PutObject with InternalError. Volumes are sparse files, so slots cost no disk until used.
+            volume slot until it is deleted; SeaweedFS's automatic count is free disk / volume size
+            (`weed mini -h`; 51 slots with 52 GB free here), which on a small CI disk ran out after
+            a few dozen buckets and then failed every PutObject with InternalError. Volumes are sparse files, so slots cost no disk until used.
             None keeps SeaweedFS's automatic count.
 
     Raises (from `start`):

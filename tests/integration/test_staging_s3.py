@@ -331,11 +331,14 @@ def test_the_local_server_has_volume_slots_for_many_buckets_and_deleted_buckets_
 
     from tests.conftest_s3 import delete_bucket
 
-    def free() -> int:
+    def topology() -> dict:
         url = f"http://127.0.0.1:{s3_server.ports['master.port']}/dir/status"
-        return int(httpx.get(url, timeout=10).json()["Topology"]["Free"])
+        return httpx.get(url, timeout=10).json()["Topology"]
 
-    assert s3_server.max_volumes and s3_server.max_volumes >= 256
+    def free() -> int:
+        return int(topology()["Free"])
+
+    assert int(topology()["Max"]) == s3_server.max_volumes >= 256
     before = free()
     names = [f"slots-{uuid.uuid4().hex[:12]}" for _ in range(3)]
     for name in names:

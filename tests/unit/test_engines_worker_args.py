@@ -50,7 +50,9 @@ def test_kv_lease_is_longer_on_cpu_workers_and_configurable():
         cfg = kv_transfer_config(EngineSpec(kv_lease_s=45), cpu=cpu_flag, backends=["LIBFABRIC"])
         assert cfg["kv_connector_extra_config"] == {"backends": ["LIBFABRIC"], "kv_lease_duration": 45}
     with pytest.raises(ValueError, match="kv_lease_s"):
-        EngineSpec(kv_lease_s=0)
+        EngineSpec(kv_lease_s=5)  # vLLM would heartbeat every 0 s
+    with pytest.raises(ValueError, match="kv_backends"):
+        EngineSpec(kv_backends=[])  # vLLM would use the empty list as is
 
 
 def test_engine_settings_reach_the_command_line():
