@@ -8,7 +8,10 @@ against the objects' S3 checksum (`--checksum`; default CRC32, what boto3 ≥ 1.
 unless told otherwise; SHA256 is the costliest) and fsyncs before publishing; s5cmd does neither;
 in the boto3 loop botocore checks only the small (single-request) files.
 `client_cpu_s_per_gb` (user+sys of each client process) is the stable figure on a shared host;
-MB/s moves with the host's load.
+MB/s moves with the host's load. `fixed_cost_s` is each tool's wall on a 3-file, 1 MB model (process
+start, imports, S3 client, listing, exit; timed in a pass after the full-size runs), and
+`data_phase_mb_s` this dataset's bytes over (wall - that fixed cost): the rate less the per-process
+cost (null where a wall is not above it).
 
     .venv/bin/python bench/staging.py --size-mb 2048 --out bench/results/staging.json
 
@@ -38,6 +41,7 @@ from runtime.staging.seaweed import SeaweedServer  # noqa: E402
 
 BUCKET = "bench"
 PREFIX = "model"
+TINY_PREFIX = "tiny"
 
 PDSERVE_CHILD = """
 import json, sys
@@ -137,30 +141,39 @@ def main() -> None:
             upload_s = time.perf_counter() - t0
             shutil.rmtree(work / "src")  # keep the disk footprint to server + one copy
             env = {**os.environ, **s3.env, "PYTHONPATH": str(REPO)}
-            uri = f"s3://{BUCKET}/{PREFIX}/"
+            tiny = work / "tiny"  # a 3-file model: each tool's fixed cost (start-up, client, listing, exit)
+            tiny.mkdir()
+            for name, size in (("config.json", 2000), ("tokenizer.json", 50_000), ("model.safetensors", 1_000_000)):
+                (tiny / name).write_bytes(os.urandom(size))
+            upload_folder(tiny, BUCKET, TINY_PREFIX, s3.client(), checksum_algorithm=args.checksum)
             from runtime.staging.stage import StageOptions
 
             concurrency = args.concurrency or StageOptions().concurrency
             part_size_mb = args.part_size_mb or StageOptions().part_size_bytes >> 20
             opts = {"concurrency": concurrency, "part_size_bytes": part_size_mb << 20, "include": ["*"]}
             s5 = shutil.which("s5cmd", path=str(Path(sys.executable).parent)) or shutil.which("s5cmd")
-            tools = {
-                "pdserve": lambda d: [sys.executable, "-c", PDSERVE_CHILD, uri, str(d / "m"), json.dumps(opts)],
+            tools = {  # each: (prefix, destination) -> command
+                "pdserve": lambda p, d: [sys.executable, "-c", PDSERVE_CHILD, f"s3://{BUCKET}/{p}/", str(d / "m"),
+                                         json.dumps(opts)],
                 # same pipeline without the fsyncs: isolates the disk-flush cost the other tools skip
-                "pdserve_nofsync": lambda d: [sys.executable, "-c", PDSERVE_CHILD, uri, str(d / "m"),
-                                              json.dumps({**opts, "fsync": False})],
-                "s5cmd": (lambda d: [s5, "--endpoint-url", s3.endpoint_url, "cp", f"{uri}*", str(d) + "/"]) if s5 else None,
-                "boto3_loop": lambda d: [sys.executable, "-c", BOTO3_CHILD, BUCKET, PREFIX + "/", str(d)],
+                "pdserve_nofsync": lambda p, d: [sys.executable, "-c", PDSERVE_CHILD, f"s3://{BUCKET}/{p}/",
+                                                 str(d / "m"), json.dumps({**opts, "fsync": False})],
+                "s5cmd": (lambda p, d: [s5, "--endpoint-url", s3.endpoint_url, "cp", f"s3://{BUCKET}/{p}/*",
+                                        str(d) + "/"]) if s5 else None,
+                "boto3_loop": lambda p, d: [sys.executable, "-c", BOTO3_CHILD, BUCKET, p + "/", str(d)],
             }
             samples: dict[str, list[float]] = {k: [] for k, v in tools.items() if v}
             cpu: dict[str, list[float]] = {k: [] for k in samples}
+            walls: dict[str, list[float]] = {k: [] for k in samples}
+            fixed: dict[str, list[float]] = {k: [] for k in samples}
             rss_mb = 0.0
             for rep in range(args.repeat):  # rotate the order: the shared host's load drifts
                 names = list(samples)
                 names = names[rep % len(names):] + names[: rep % len(names)]
                 for name in names:
                     d = work / f"d-{name}"
-                    wall, rss, cpu_s, out = run_child(tools[name](d), env)
+                    wall, rss, cpu_s, out = run_child(tools[name](PREFIX, d), env)
+                    walls[name].append(wall)
                     cpu[name].append(cpu_s / (total_bytes / 1e9))
                     if name.startswith("pdserve"):
                         got = json.loads(out.strip().splitlines()[-1])
@@ -168,9 +181,18 @@ def main() -> None:
                         rss_mb = max(rss_mb, rss)
                     samples[name].append(total_bytes / 1e6 / wall)
                     shutil.rmtree(d)
+            for rep in range(args.repeat):  # the fixed costs, apart: their runs must not warm the full ones
+                for name in samples:
+                    d = work / f"t-{name}"
+                    fixed[name].append(run_child(tools[name](TINY_PREFIX, d), env)[0])
+                    shutil.rmtree(d)
             load = os.getloadavg()[0]
             results = {k: (statistics.median(v) if v else None) for k, v in samples.items()}
             results.setdefault("s5cmd", None)
+            fixed_s = {k: statistics.median(v) for k, v in fixed.items()}
+            # bytes over (wall - the tool's fixed cost): the rate a larger checkpoint approaches
+            data_phase = {k: statistics.median(total_bytes / 1e6 / (w - fixed_s[k]) for w in v)
+                          if min(v) > fixed_s[k] else None for k, v in walls.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -187,6 +209,11 @@ def main() -> None:
         "nofsync_ratio_vs_s5cmd": None if not results["s5cmd"] else round(results["pdserve_nofsync"] / results["s5cmd"], 3),
         "nofsync_ratio_vs_boto3_loop": round(results["pdserve_nofsync"] / results["boto3_loop"], 3),
         "pdserve_peak_rss_mb": round(rss_mb, 1),
+        # per tool: median wall of a 3-file, 1 MB stage (interpreter/binary start, client, listing, exit)
+        "fixed_cost_s": {k: round(v, 3) for k, v in fixed_s.items()},
+        "data_phase_mb_s": {k: None if v is None else round(v, 1) for k, v in data_phase.items()},
+        "data_phase_ratio_vs_s5cmd": round(data_phase["pdserve"] / data_phase["s5cmd"], 3)
+        if data_phase.get("s5cmd") and data_phase.get("pdserve") else None,
         "client_cpu_s_per_gb": {k: round(statistics.median(v), 2) for k, v in cpu.items()},
         "samples_mb_s": {k: [round(x, 1) for x in v] for k, v in samples.items()},
         "repeat": args.repeat,
