@@ -44,24 +44,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-CPU_KV_LEASE_S = 120
-"""KV lease of CPU workers when `EngineSpec.kv_lease_s` is None: vLLM's 30 s default expired before a
-loaded CPU decode worker's first pull (`make demo` beside a busy process: 20-35 s), and the prefill
-worker then logged "Potentially invalid KV blocks ... retrieved by a decode worker"."""
-
-
 def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True, backends: list[str] | None = None) -> dict:
     """The `--kv-transfer-config` of a NIXL worker: kv_both, KV buffer on "cpu" (CPU workers) or "cuda",
-    NIXL backends `backends` (default `engine.kv_backends`), and the KV lease (`engine.kv_lease_s`; None:
-    `CPU_KV_LEASE_S` on CPU workers, vLLM's default on GPUs).
+    NIXL backends `backends` (default `engine.kv_backends`), and the KV lease when `engine.kv_lease_s` is
+    set (else vLLM's default).
 
     Source: vLLM `NixlConnector` docs (docs/features/nixl_connector_usage.md), vLLM's nixl
     `base_scheduler.py` (`kv_lease_duration`, default 30 s), and DESIGN.md.
     """
     extra: dict = {"backends": list(engine.kv_backends if backends is None else backends)}
-    lease = engine.kv_lease_s if engine.kv_lease_s is not None else (CPU_KV_LEASE_S if cpu else None)
-    if lease is not None:
-        extra["kv_lease_duration"] = lease
+    if engine.kv_lease_s is not None:
+        extra["kv_lease_duration"] = engine.kv_lease_s
     return {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both",

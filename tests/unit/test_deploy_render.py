@@ -212,7 +212,7 @@ def test_cpu_pseudo_gpu_renders_for_a_plain_cluster():
     c = container(dep)
     assert "nvidia.com/gpu" not in c["resources"]["requests"]
     kv = json.loads(arg_value(c["args"], "--kv-transfer-config"))
-    assert kv["kv_buffer_device"] == "cpu" and kv["kv_connector_extra_config"]["kv_lease_duration"] == 120
+    assert kv["kv_buffer_device"] == "cpu" and kv["kv_connector_extra_config"] == {"backends": ["UCX"]}
     assert {"name": "UCX_TLS", "value": "tcp,self"} in c["env"]
     assert "nodeSelector" not in dep["spec"]["template"]["spec"]
 

@@ -9,7 +9,6 @@ import pytest
 
 from runtime.config import EngineSpec
 from runtime.engines.vllm_worker import (
-    CPU_KV_LEASE_S,
     KV_EVENTS_TOPIC,
     WorkerProcess,
     build_vllm_args,
@@ -41,11 +40,10 @@ def test_pd_roles_use_nixl_connector_with_cpu_buffer(role):
     assert cfg["kv_connector_extra_config"]["backends"] == ["UCX"]
 
 
-def test_kv_lease_is_longer_on_cpu_workers_and_configurable():
+def test_kv_lease_is_vllms_unless_configured():
     cpu = json.loads(_flag(_args("prefill"), "--kv-transfer-config"))
-    assert cpu["kv_connector_extra_config"]["kv_lease_duration"] == CPU_KV_LEASE_S > 30  # vLLM's default is 30 s
-    gpu = kv_transfer_config(EngineSpec(), cpu=False)
-    assert "kv_lease_duration" not in gpu["kv_connector_extra_config"]  # GPUs keep vLLM's own default
+    assert "kv_lease_duration" not in cpu["kv_connector_extra_config"]
+    assert "kv_lease_duration" not in kv_transfer_config(EngineSpec(), cpu=False)["kv_connector_extra_config"]
     for cpu_flag in (True, False):
         cfg = kv_transfer_config(EngineSpec(kv_lease_s=45), cpu=cpu_flag, backends=["LIBFABRIC"])
         assert cfg["kv_connector_extra_config"] == {"backends": ["LIBFABRIC"], "kv_lease_duration": 45}
