@@ -19,7 +19,7 @@ from typing import Any, Literal
 from runtime.config import DeploymentSpec, PoolSpec
 from runtime.deploy.instances import InstanceType
 from runtime.deploy.target import ClusterTarget
-from runtime.engines.vllm_plugin import PROGRESS_THREAD_ENV
+from runtime.engines.vllm_plugin import CPU_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
 from runtime.engines.vllm_worker import kv_transfer_config
 
 Role = Literal["prefill", "decode"]
@@ -121,8 +121,9 @@ def worker_deployment(spec: DeploymentSpec, role: Role, *, name: str, namespace:
     ]
     if efa:
         env += [{"name": "FI_PROVIDER", "value": "efa"}, {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}]
-    elif inst is None:  # CPU workers: TCP transport, and no busy-polling NIXL progress thread (vllm_plugin)
-        env += [{"name": "UCX_TLS", "value": "tcp,self"}, {"name": PROGRESS_THREAD_ENV, "value": "0"}]
+    elif inst is None:  # CPU workers: TCP transport, and a NIXL progress thread that sleeps between polls
+        env += [{"name": "UCX_TLS", "value": "tcp,self"},
+                {"name": PROGRESS_DELAY_ENV, "value": str(CPU_PROGRESS_DELAY_US)}]
     caps: dict[str, Any] = {"drop": ["ALL"]}
     if efa:
         caps["add"] = ["IPC_LOCK"]  # EFA registers (pins) memory for RDMA

@@ -1,67 +1,89 @@
-"""pdserve's vLLM general plugin: turns NIXL's UCX progress thread off where the worker's environment asks.
+"""pdserve's vLLM general plugin: gives NIXL's UCX progress thread a sleep between polls where the worker asks.
 
 vLLM loads every entry point of the `vllm.general_plugins` group in each process it starts (API server,
 engine core, workers; `vllm.plugins.load_general_plugins`). pyproject.toml registers `register` below.
 
-Why: vLLM's NixlConnector creates its agent with `nixl_agent_config(num_threads=..., capture_telemetry=True)`,
-so NIXL's defaults apply, and NIXL 1.5.1's default is a UCX progress thread that polls with no delay
-(`agent_config.pthrDelay = 0` in `nixl._api`): one core busy per worker process, idle or not. Measured on
-this 2-core machine: an idle agent with the thread uses 100 % of a core, without it 0 %. With a prefill and a
-decode worker that is both cores, and the engines, API servers and router starve: TTFT of 8 sequential chat
-requests through `pdserve serve` (SmolLM2-135M, CPU) was 13-38 s with the thread (NIXL reads of 1 KV block
-took 15-37 s, finishing when the prefill worker's 30-s KV lease expired and its engine stopped stepping) and
-0.3-1.5 s without it (direct prefill + decode calls: 0.13-0.3 s). vLLM has no setting for the thread
-(kv_connector_extra_config passes only `backends` and `num_threads`), hence this plugin.
+Why: NIXL 1.5.1's Python agent starts a progress thread and hard-codes its delay between polls to zero
+(`agent_config.pthrDelay = 0` in `nixl._api.nixl_agent.__init__`), so every agent keeps one core busy, idle or
+not. Measured on this 2-core machine: an idle agent uses 100 % of a core at delay 0, 2 % at 100 us. With a
+prefill and a decode worker that is both cores, and the engines, API servers and router starve: TTFT of 8
+sequential chat requests through `pdserve serve` (SmolLM2-135M, CPU) was 13-38 s (NIXL reads of one KV block
+took 15-37 s and ended when the prefill worker's 30-s KV lease expired and its engine stopped stepping), and
+0.3-1.5 s with the thread quiet. vLLM has no setting for it (kv_connector_extra_config passes only `backends`
+and `num_threads`), hence this plugin.
 
-Without the thread, UCX makes progress whenever the worker calls into NIXL: the decode worker polls its
-reads (`check_xfer_state`) and the prefill worker its notifications (`get_new_notifs`) on every engine step,
-and the engines keep stepping while a transfer is pending (remote-KV waits, delayed frees), so the one-sided
-reads over `UCX_TLS=tcp,self` complete.
+The thread stays on (turning it off made UCX progress depend on both engines calling NIXL, and the first
+transfer after start-up could then hang for minutes); it only sleeps `PDSERVE_NIXL_PROGRESS_DELAY_US`
+microseconds between polls, which bounds the latency it adds per progress event to that much.
 
-On GPU nodes the thread is NIXL's intended low-latency mode and cores are plentiful: the runtime sets the
-variable only for CPU workers (`vllm_worker.build_worker_env`). The environment variable wins over that
-default, both ways.
+On GPU nodes a busy progress thread is NIXL's intended low-latency mode and cores are plentiful: the runtime
+sets the variable only for CPU workers (`vllm_worker.build_worker_env`, `deploy.workers`). A value already
+in the environment wins.
 """
 
 from __future__ import annotations
 
-import functools
 import os
+import types
 
-PROGRESS_THREAD_ENV = "PDSERVE_NIXL_PROGRESS_THREAD"
-_OFF = ("0", "false", "off", "no")
-_PATCHED_FLAG = "_pdserve_progress_thread_default"
+PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
+CPU_PROGRESS_DELAY_US = 100
 
 
-def progress_thread_disabled(env: dict[str, str] | None = None) -> bool:
-    """True when `PDSERVE_NIXL_PROGRESS_THREAD` (in `env`, default `os.environ`) is 0/false/off/no."""
-    value = (os.environ if env is None else env).get(PROGRESS_THREAD_ENV, "")
-    return value.strip().lower() in _OFF
+def progress_delay_us(env: dict[str, str] | None = None) -> int | None:
+    """The progress-thread delay asked for by `PDSERVE_NIXL_PROGRESS_DELAY_US` (in `env`, default `os.environ`).
+
+    Returns None when the variable is unset or empty (NIXL's own behaviour).
+
+    Raises:
+        ValueError: the value is not a whole number of microseconds in [0, 1_000_000].
+    """
+    raw = (os.environ if env is None else env).get(PROGRESS_DELAY_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{PROGRESS_DELAY_ENV}={raw!r}: expected whole microseconds, e.g. 100") from None
+    if not 0 <= value <= 1_000_000:
+        raise ValueError(f"{PROGRESS_DELAY_ENV}={value}: expected 0..1000000 microseconds")
+    return value
+
+
+class _BindingsWithProgressDelay(types.ModuleType):
+    """`nixl._bindings` as `nixl._api` sees it, except that agents get `pthrDelay = delay_us`."""
+
+    def __init__(self, real: types.ModuleType, delay_us: int) -> None:
+        super().__init__(real.__name__, real.__doc__)
+        self._real, self.delay_us = real, delay_us
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+    def nixlAgent(self, name, config):  # noqa: N802 - the binding's own name
+        config.pthrDelay = self.delay_us
+        return self._real.nixlAgent(name, config)
 
 
 def register() -> None:
-    """vLLM plugin hook: when the environment disables it, NIXL agent configs default to no progress thread.
+    """vLLM plugin hook: NIXL agents created in this process use the configured progress-thread delay.
 
-    Patches `nixl._api.nixl_agent_config.__init__` in this process so that `enable_prog_thread` defaults to
-    False (a caller that passes it explicitly still decides). Idempotent; does nothing when the variable is
-    unset or true, or when NIXL is not installed.
+    Does nothing when `PDSERVE_NIXL_PROGRESS_DELAY_US` is unset or NIXL is not installed; idempotent (a second
+    call only updates the delay). Sets `UCX_RCACHE_MAX_UNRELEASED=1024` first unless set, as vLLM's
+    `nixl_utils` would have before its own first NIXL import (UCX registration-cache leak workaround).
+
+    Raises:
+        ValueError: the variable holds no valid delay (see `progress_delay_us`).
     """
-    if not progress_thread_disabled():
+    delay = progress_delay_us()
+    if delay is None:
         return
+    os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
     try:
         from nixl import _api
     except ImportError:
         return
-    cls = _api.nixl_agent_config
-    if getattr(cls, _PATCHED_FLAG, False):
-        return
-    original = cls.__init__
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):  # noqa: N807 - replaces the class's own __init__
-        if not args:  # enable_prog_thread is the first positional parameter
-            kwargs.setdefault("enable_prog_thread", False)
-        original(self, *args, **kwargs)
-
-    cls.__init__ = __init__
-    setattr(cls, _PATCHED_FLAG, True)
+    if isinstance(_api.nixlBind, _BindingsWithProgressDelay):
+        _api.nixlBind.delay_us = delay
+    else:
+        _api.nixlBind = _BindingsWithProgressDelay(_api.nixlBind, delay)

@@ -26,7 +26,7 @@ from typing import Literal
 import httpx
 
 from runtime.config import EngineSpec
-from runtime.engines.vllm_plugin import PROGRESS_THREAD_ENV
+from runtime.engines.vllm_plugin import CPU_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
 from runtime.procs import stop_process
 
 Role = Literal["prefill", "decode", "both"]
@@ -132,20 +132,20 @@ def build_worker_env(
     cpu_threads_bind: str | None = "nobind",
     cpu_omp_num_threads: int | None = 1,
 ) -> dict[str, str]:
-    """Environment of one worker: NIXL side channel, UCX transports, NIXL progress thread, CPU KV cache space.
+    """Environment of one worker: NIXL side channel, UCX transports, NIXL progress delay, CPU KV cache space.
 
     Args:
         base_env: environment to extend (usually `os.environ`); not modified.
         side_channel_port: `VLLM_NIXL_SIDE_CHANNEL_PORT` (NIXL handshake; unique per worker on a host).
         host: `VLLM_NIXL_SIDE_CHANNEL_HOST`.
         cpu: set the CPU-only settings (`UCX_TLS=tcp,self`, `VLLM_CPU_KVCACHE_SPACE`, and
-            `PDSERVE_NIXL_PROGRESS_THREAD=0` unless `base_env` sets it: NIXL's UCX progress thread busy-polls a
-            core per worker and starved the engines on 2 cores, TTFT 13-38 s vs 0.3-1.5 s without it; see
-            `runtime.engines.vllm_plugin`, which applies the variable inside vLLM's processes).
+            `PDSERVE_NIXL_PROGRESS_DELAY_US=100` unless `base_env` sets it: NIXL's UCX progress thread
+            busy-polls a core per worker and starved the engines on 2 cores, TTFT 13-38 s vs 0.3-1.5 s with a
+            100-us sleep between polls; `runtime.engines.vllm_plugin` applies it inside vLLM's processes).
         cpu_kv_cache_space_gib: KV cache size of a CPU worker, GiB (`VLLM_CPU_KVCACHE_SPACE`).
         cpu_threads_bind: `VLLM_CPU_OMP_THREADS_BIND` when not None. Default "nobind" with
             `cpu_omp_num_threads=1`: vLLM's "auto" binds every worker's OpenMP team to all cores of the NUMA
-            node, and with two workers (plus NIXL's busy-polling progress threads, since turned off) on a
+            node, and with two workers (plus NIXL's busy-polling progress threads, since quieted) on a
             shared 2-core machine the teams thrash — measured here 0.1 tokens/s with "auto" vs ~5 tokens/s with one
             unbound thread per worker (SmolLM2-135M, float32, load average ~12).
         cpu_omp_num_threads: `OMP_NUM_THREADS` when not None (CPU only).
@@ -159,7 +159,7 @@ def build_worker_env(
     if cpu:
         env["UCX_TLS"] = "tcp,self"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kv_cache_space_gib))
-        env.setdefault(PROGRESS_THREAD_ENV, "0")
+        env.setdefault(PROGRESS_DELAY_ENV, str(CPU_PROGRESS_DELAY_US))
         if cpu_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind
         if cpu_omp_num_threads is not None:

@@ -204,7 +204,7 @@ def test_without_efa_nixl_keeps_configured_backends_and_requests_no_efa():
     assert kv["kv_connector_extra_config"] == {"backends": ["UCX"]}
     assert "vpc.amazonaws.com/efa" not in c["resources"]["requests"]
     assert "FI_PROVIDER" not in {e["name"] for e in c["env"]}
-    assert "PDSERVE_NIXL_PROGRESS_THREAD" not in {e["name"] for e in c["env"]}  # GPU nodes keep NIXL's default
+    assert "PDSERVE_NIXL_PROGRESS_DELAY_US" not in {e["name"] for e in c["env"]}  # GPU nodes keep NIXL's default
 
 
 def test_cpu_pseudo_gpu_renders_for_a_plain_cluster():
@@ -215,7 +215,7 @@ def test_cpu_pseudo_gpu_renders_for_a_plain_cluster():
     kv = json.loads(arg_value(c["args"], "--kv-transfer-config"))
     assert kv["kv_buffer_device"] == "cpu" and kv["kv_connector_extra_config"] == {"backends": ["UCX"]}
     assert {"name": "UCX_TLS", "value": "tcp,self"} in c["env"]
-    assert {"name": "PDSERVE_NIXL_PROGRESS_THREAD", "value": "0"} in c["env"]  # no busy-polling thread on CPU
+    assert {"name": "PDSERVE_NIXL_PROGRESS_DELAY_US", "value": "100"} in c["env"]  # no busy-polling NIXL on CPU
     assert "nodeSelector" not in dep["spec"]["template"]["spec"]
 
 
