@@ -18,16 +18,22 @@ microseconds between polls, which bounds the latency it adds per progress event 
 
 On GPU nodes a busy progress thread is NIXL's intended low-latency mode and cores are plentiful: the runtime
 sets the variable only for CPU workers (`vllm_worker.build_worker_env`, `deploy.workers`). A value already
-in the environment wins.
+in the environment wins. vLLM loads only the plugins named in `VLLM_PLUGINS` when that is set; the runtime adds
+`pdserve_nixl` to it for CPU workers. On ROCm vLLM imports `nixl_rocm._api`, which this plugin does not patch.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import types
 
 PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
 CPU_PROGRESS_DELAY_US = 100
+PLUGIN_NAME = "pdserve_nixl"  # the entry point's name in pyproject.toml (what VLLM_PLUGINS lists)
+
+# a child of vLLM's "vllm" logger, so the line lands in the worker's log with vLLM's own format
+logger = logging.getLogger("vllm.pdserve_nixl")
 
 
 def progress_delay_us(env: dict[str, str] | None = None) -> int | None:
@@ -73,7 +79,9 @@ def register() -> None:
     `nixl_utils` would have before its own first NIXL import (UCX registration-cache leak workaround).
 
     Raises:
-        ValueError: the variable holds no valid delay (see `progress_delay_us`).
+        ValueError: the variable holds no valid delay (see `progress_delay_us`). vLLM's plugin loader does not
+            catch it, so the vLLM process exits at start-up; `vllm_worker.build_worker_env` checks the value
+            before any worker is spawned.
     """
     delay = progress_delay_us()
     if delay is None:
@@ -87,3 +95,4 @@ def register() -> None:
         _api.nixlBind.delay_us = delay
     else:
         _api.nixlBind = _BindingsWithProgressDelay(_api.nixlBind, delay)
+    logger.info("NIXL progress thread: %d us between polls (%s)", delay, PROGRESS_DELAY_ENV)

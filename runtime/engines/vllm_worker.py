@@ -26,7 +26,7 @@ from typing import Literal
 import httpx
 
 from runtime.config import EngineSpec
-from runtime.engines.vllm_plugin import CPU_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
+from runtime.engines.vllm_plugin import CPU_PROGRESS_DELAY_US, PLUGIN_NAME, PROGRESS_DELAY_ENV, progress_delay_us
 from runtime.procs import stop_process
 
 Role = Literal["prefill", "decode", "both"]
@@ -140,8 +140,9 @@ def build_worker_env(
         host: `VLLM_NIXL_SIDE_CHANNEL_HOST`.
         cpu: set the CPU-only settings (`UCX_TLS=tcp,self`, `VLLM_CPU_KVCACHE_SPACE`, and
             `PDSERVE_NIXL_PROGRESS_DELAY_US=100` unless `base_env` sets it: NIXL's UCX progress thread
-            busy-polls a core per worker and starved the engines on 2 cores, TTFT 13-38 s vs 0.3-1.5 s with a
-            100-us sleep between polls; `runtime.engines.vllm_plugin` applies it inside vLLM's processes).
+            busy-polls a core per worker and starved the engines on 2 cores, TTFT 13-38 s vs 0.2-1.2 s with a
+            100-us sleep between polls; `runtime.engines.vllm_plugin` applies it inside vLLM's processes, and
+            `pdserve_nixl` is added to `VLLM_PLUGINS` when that restricts vLLM's plugins).
         cpu_kv_cache_space_gib: KV cache size of a CPU worker, GiB (`VLLM_CPU_KVCACHE_SPACE`).
         cpu_threads_bind: `VLLM_CPU_OMP_THREADS_BIND` when not None. Default "nobind" with
             `cpu_omp_num_threads=1`: vLLM's "auto" binds every worker's OpenMP team to all cores of the NUMA
@@ -149,6 +150,9 @@ def build_worker_env(
             shared 2-core machine the teams thrash — measured here 0.1 tokens/s with "auto" vs ~5 tokens/s with one
             unbound thread per worker (SmolLM2-135M, float32, load average ~12).
         cpu_omp_num_threads: `OMP_NUM_THREADS` when not None (CPU only).
+
+    Raises:
+        ValueError: `base_env` sets `PDSERVE_NIXL_PROGRESS_DELAY_US` to something other than whole microseconds.
     """
     env = dict(base_env)
     env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
@@ -160,6 +164,10 @@ def build_worker_env(
         env["UCX_TLS"] = "tcp,self"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kv_cache_space_gib))
         env.setdefault(PROGRESS_DELAY_ENV, str(CPU_PROGRESS_DELAY_US))
+        progress_delay_us(env)  # a bad value fails here, not as a vLLM crash at start-up
+        allowed = env.get("VLLM_PLUGINS")
+        if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+            env["VLLM_PLUGINS"] = ",".join(filter(None, [*allowed.split(","), PLUGIN_NAME]))
         if cpu_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind
         if cpu_omp_num_threads is not None:
