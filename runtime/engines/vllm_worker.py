@@ -5,7 +5,9 @@ both workers run `python -m vllm.entrypoints.openai.api_server` (the `vllm` cons
 `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}'`, each its
 own `VLLM_NIXL_SIDE_CHANNEL_PORT`, `UCX_TLS=tcp,self` on CPU, `--dtype float32` on CPU (bf16 crashed the CPU
 AMX attention kernel after a remote prefill), `--enforce-eager` and an explicit `--block-size` (prefill and
-decode must agree on dtype, block size, KV dtype, attention backend and vLLM version).
+decode must agree on dtype, block size, KV dtype, attention backend and vLLM version). pdserve adds
+`PDSERVE_NIXL_PROGRESS_DELAY_US=100` on CPU (NIXL's progress thread otherwise busy-polls a core per worker;
+see `runtime.engines.vllm_plugin`).
 
 `build_vllm_args` and `build_worker_env` are pure functions of their arguments (unit-testable); `WorkerProcess`
 owns the subprocess: started with `Popen`, readiness polled on `/health`, stopped through its own handle
