@@ -31,6 +31,7 @@ import types
 PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
 CPU_PROGRESS_DELAY_US = 100
 PLUGIN_NAME = "pdserve_nixl"  # the entry point's name in pyproject.toml (what VLLM_PLUGINS lists)
+ENTRY_POINT = "runtime.engines.vllm_plugin:register"
 
 # a child of vLLM's "vllm" logger, so the line lands in the worker's log with vLLM's own format
 logger = logging.getLogger("vllm.pdserve_nixl")
@@ -54,6 +55,14 @@ def progress_delay_us(env: dict[str, str] | None = None) -> int | None:
     if not 0 <= value <= 1_000_000:
         raise ValueError(f"{PROGRESS_DELAY_ENV}={value}: expected 0..1000000 microseconds")
     return value
+
+
+def plugin_installed() -> bool:
+    """True when this Python environment registers the plugin for vLLM, i.e. pdserve is installed
+    (`pip install -e .`, the images); from a bare source checkout on PYTHONPATH vLLM never sees it."""
+    from importlib.metadata import entry_points
+
+    return any(ep.value == ENTRY_POINT for ep in entry_points(group="vllm.general_plugins"))
 
 
 class _BindingsWithProgressDelay(types.ModuleType):

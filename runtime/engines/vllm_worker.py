@@ -17,6 +17,7 @@ owns the subprocess: started with `Popen`, readiness polled on `/health`, stoppe
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -28,12 +29,20 @@ from typing import Literal
 import httpx
 
 from runtime.config import EngineSpec
-from runtime.engines.vllm_plugin import CPU_PROGRESS_DELAY_US, PLUGIN_NAME, PROGRESS_DELAY_ENV, progress_delay_us
+from runtime.engines.vllm_plugin import (
+    CPU_PROGRESS_DELAY_US,
+    PLUGIN_NAME,
+    PROGRESS_DELAY_ENV,
+    plugin_installed,
+    progress_delay_us,
+)
 from runtime.procs import stop_process
 
 Role = Literal["prefill", "decode", "both"]
 ROLES: tuple[str, ...] = ("prefill", "decode", "both")
 KV_EVENTS_TOPIC = "kv-events"
+
+logger = logging.getLogger(__name__)
 
 
 class WorkerStartError(RuntimeError):
@@ -276,6 +285,9 @@ class WorkerProcess:
         """Spawn the server (returns at once; call `wait_ready`). Raises RuntimeError if already started."""
         if self._proc is not None:
             raise RuntimeError(f"{self.role} worker already started (pid {self._proc.pid})")
+        if PROGRESS_DELAY_ENV in self.env and self.args[0] == sys.executable and not plugin_installed():
+            logger.warning("pdserve's vLLM plugin is not installed in %s (run `pip install -e .`): NIXL's progress "
+                           "thread will busy-poll a core in this %s worker", sys.prefix, self.role)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_fh = open(self.log_path, "ab")
         self._proc = subprocess.Popen(

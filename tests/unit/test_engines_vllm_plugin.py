@@ -161,3 +161,22 @@ def test_a_vllm_plugins_allow_list_keeps_the_plugin_on_cpu_workers(allowed, expe
 def test_bad_delay_in_the_environment_fails_before_any_worker_starts():
     with pytest.raises(ValueError, match=PROGRESS_DELAY_ENV):
         build_worker_env({PROGRESS_DELAY_ENV: "100us"}, side_channel_port=1, cpu=True)
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_starting_a_cpu_worker_without_the_installed_plugin_warns(tmp_path, monkeypatch, caplog, installed):
+    import logging
+
+    from runtime.config import EngineSpec
+    from runtime.engines import vllm_worker
+
+    assert vllm_plugin.plugin_installed()  # this checkout is installed (the entry-point test above)
+    monkeypatch.setattr(vllm_worker, "plugin_installed", lambda: installed)
+    w = vllm_worker.WorkerProcess(EngineSpec(), tmp_path, served_model_name="m", role="decode",
+                                  log_path=tmp_path / "w.log")
+    w.args = [sys.executable, "-c", "pass"]  # stand-in for the vLLM server: only the start-up check matters
+    with caplog.at_level(logging.WARNING, logger=vllm_worker.__name__):
+        w.start()
+    w.stop()
+    warned = [r for r in caplog.records if "plugin is not installed" in r.getMessage()]
+    assert bool(warned) is (not installed)
