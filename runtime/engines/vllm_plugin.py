@@ -9,8 +9,8 @@ not. Measured on this 2-core machine: an idle agent uses 100 % of a core at dela
 prefill and a decode worker that is both cores, and the engines, API servers and router starve: TTFT of 8
 sequential chat requests through `pdserve serve` (SmolLM2-135M, CPU) was 13-38 s (NIXL reads of one KV block
 took 15-37 s and ended when the prefill worker's 30-s KV lease expired and its engine stopped stepping), and
-0.3-1.5 s with the thread quiet. vLLM has no setting for it (kv_connector_extra_config passes only `backends`
-and `num_threads`), hence this plugin.
+0.2-1.2 s with the thread pausing 100 us between polls. vLLM has no setting for it (kv_connector_extra_config
+passes only `backends` and `num_threads`), hence this plugin.
 
 The thread stays on (turning it off made UCX progress depend on both engines calling NIXL, and the first
 transfer after start-up could then hang for minutes); it only sleeps `PDSERVE_NIXL_PROGRESS_DELAY_US`
