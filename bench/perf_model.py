@@ -148,7 +148,27 @@ def _r(x):
     return None if x is None else round(x, 2)
 
 
-def evaluate_table(path: Path) -> tuple[dict, list[dict]]:
+# How the 1.0-era page ran its MoE rows ("For MoE models": ``trtllm-bench --tp $tp_size --pp $pp_size --ep
+# $ep_size ...`` with ``enable_attention_dp: true`` in ``llm_options.yml``; NVIDIA/TensorRT-LLM
+# docs/source/performance/perf-overview.md @ 00f37686aa85 nests that key under ``cuda_graph_config``, a later
+# revision with the same numbers prints it at the top level). ``$ep_size`` is given for no table (the column
+# headers say only "TP8" / "TP4"): "dep" = attention DP + EP = TP (what later pages, with new measurements,
+# label "DEP<n>"), "adp" = attention DP + MoE TP (``tensorrt_llm/mapping.py`` default when no EP size is set),
+# "ep" = EP = TP without attention DP, "tp" = plain TP (default). ``MOE_MAPPINGS`` maps a --moe-mapping choice
+# to PerfModel(expert_parallel=, attention_dp=).
+MOE_MAPPINGS = {"tp": (False, False), "dep": (True, True), "adp": (False, True), "ep": (True, False)}
+V1_SOURCE_MARK = "00f37686aa85"
+
+
+def row_mapping(r: dict, spec, moe_mapping: str) -> tuple[bool, bool]:
+    """``(expert_parallel, attention_dp)`` for one table row: the page's MoE mapping for the 1.0-era rows
+    of MoE models on more than one GPU, plain TP otherwise."""
+    if spec.num_experts and int(r["tp"]) > 1 and V1_SOURCE_MARK in r.get("source", ""):
+        return MOE_MAPPINGS[moe_mapping]
+    return False, False
+
+
+def evaluate_table(path: Path, moe_mapping: str = "tp") -> tuple[dict, list[dict]]:
     rows = list(csv.DictReader(Path(path).open()))
     models_dir = data_dir() / "models"
     cache: dict = {}
@@ -166,12 +186,15 @@ def evaluate_table(path: Path) -> tuple[dict, list[dict]]:
             continue
         if stem not in cache:
             cache[stem] = load_model_spec(models_dir / f"{stem}_config.json")
-        pm = PerfModel(cache[stem], gpu, prec, backend="trtllm")
+        ep, adp = row_mapping(r, cache[stem], moe_mapping)
+        pm = PerfModel(cache[stem], gpu, prec, backend="trtllm", expert_parallel=ep, attention_dp=adp)
         tp, isl, osl = int(r["tp"]), int(r["isl"]), int(r["osl"])
         max_batch, max_tokens = trtllm_bench_settings(pm, isl, osl, tp)
+        # attention DP: every rank schedules its own requests up to max_batch_size / max_num_tokens
+        dp = tp if adp else 1
         pt = None
         if max_batch:
-            pt = trtllm_bench_throughput(pm, isl, osl, tp, max_batch, max_tokens,
+            pt = trtllm_bench_throughput(pm, isl, osl, tp, max_batch * dp, max_tokens * dp,
                                          trtllm_kv_capacity_tokens(pm, tp, max_num_tokens=max_tokens),
                                          num_requests=TRTLLM_BENCH_NUM_REQUESTS.get((isl, osl)))
         measured = float(r["per_gpu_output_tok_s"])
@@ -259,10 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the JSON line (+ per-row details) here")
     ap.add_argument("--aiconfigurator", choices=("cached", "run", "off"), default="cached",
                     help="side-by-side AIConfigurator numbers: from the last run (default), run now, or none")
+    ap.add_argument("--moe-mapping", choices=sorted(MOE_MAPPINGS), default="tp",
+                    help="mapping of the 1.0-era MoE rows on > 1 GPU (see MOE_MAPPINGS); default plain TP")
     a = ap.parse_args(argv)
     if not a.table.is_file():
         ap.error(f"--table {a.table} does not exist")
-    out, details = evaluate_table(a.table)
+    out, details = evaluate_table(a.table, a.moe_mapping)
+    out["moe_mapping"] = a.moe_mapping
     out["sweep_s"] = round(sweep_seconds(a.table), 3)
     out["aiconfigurator"] = aiconfigurator_side_by_side(a.table, details, a.aiconfigurator)
     out["model_notes"] = MODEL_NOTES
@@ -420,6 +446,27 @@ MODEL_NOTES = {
         "per token and MoE layer, ~5 MB per token for Qwen3-30B-A3B over 48 layers, ~2.5 ms per step at batch 4096 on "
         "B200 against ~2 ms of NVFP4 weight reads), "
         "which the sample's batches (<= 512) can hardly size",
+    ],
+    "session6_changes": [
+        "PerfModel(expert_parallel=, attention_dp=): MoE experts split whole across the worker's GPUs (EP = tp) "
+        "and TensorRT-LLM attention data parallelism (non-expert weights replicated, each rank its own 1/tp of the "
+        "sequences, KV = whole-model KV / tp with no replicated heads, all-gather + reduce-scatter around each MoE "
+        "layer instead of the all-reduces); defaults unchanged (plain TP), so the table and the fit are unchanged. "
+        "On the silicon sample's own attention-DP + EP decode rows (46 disaggregated TPOTs at the current fitted "
+        "efficiencies) the mapping gives rms log residual 0.228 (median ratio 0.98) against 0.751 when the same "
+        "rows are modelled as plain TP; 25 aggregated TPOTs 0.280 vs 0.362",
+        "bench --moe-mapping {tp,dep,adp,ep} for the 1.0-era MoE rows on > 1 GPU: the page runs MoE models with "
+        "'--ep $ep_size' and enable_attention_dp but gives no EP size, so the default stays tp. Table median / p90: "
+        "tp 10.00 / 31.79, dep 10.25 / 34.67, adp 9.86 / 30.49, ep 9.85 / 30.52 (1.0-era: 16.45 / 57.66, 18.26 / "
+        "55.24, 14.36 / 49.30, 14.36 / 57.66); picking adp because it scores best would fit the table",
+    ],
+    "session6_tried_and_dropped": [
+        "refit with the silicon sample's attention-DP rows admitted (+78 TPOTs): rms 0.5086 -> 0.5062, TensorRT-LLM "
+        "KV-read 0.694 -> 0.763, attention 0.20 -> 0.27; table tp 9.63 / 33.65 (1.0-era p90 57.66 -> 61.2): "
+        "median better, p90 worse; not adopted",
+        "MoE activation traffic outside the GEMMs (session5_findings): already charged by "
+        "activation_bytes_per_token (8.45 MB per token for Qwen3-30B-A3B at TP1); the uncharged remainder "
+        "(finalize output write, router logits) is ~2 %",
     ],
     "session2_changes": [
         "all-reduce: NCCL tuning.cc protocol choice (LL vs Simple latencies) at nccl-tests bus bandwidth",

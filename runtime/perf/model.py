@@ -45,6 +45,24 @@ Formulas (per TP worker of ``tp`` GPUs, weights and KV sharded Megatron-style):
   ``max_num_batched_tokens`` (8192) tokens of ``(4 hidden + 2 intermediate/tp)`` bf16 values; reserve 3.5 GiB
   (aiconfigurator ``other_mem``) + NCCL buffers (aiconfigurator ``nccl_mem``: ~0.4 GB for tp > 1).
 
+Parallel mappings (``PerfModel(..., expert_parallel=, attention_dp=)``; default plain TP). ``tp`` stays the
+worker's GPU count (TensorRT-LLM's ``tp_size`` = world size, which ``moe_ep_size`` and attention DP subdivide,
+``tensorrt_llm/mapping.py``):
+
+* expert parallelism (EP = tp, MoE TP = 1): each rank holds ``E / tp`` whole experts instead of ``1/tp`` of
+  every expert: the same expert bytes and FLOPs per rank on average, but a rank expands / finalizes only the
+  token copies routed to its own experts (``top_k x 3 hidden / tp`` per token and MoE layer);
+* attention data parallelism (TensorRT-LLM ``enable_attention_dp``; its models build the attention, dense
+  MLPs and shared experts with ``overridden_tp_size=1``, e.g. ``_torch/models/modeling_llama.py``
+  ``Llama4MoE.shared_expert``): every rank holds ALL non-expert weights (plus ``1/tp`` of the experts) and
+  runs the non-expert GEMMs over its own ``1/tp`` of the rows; KV per token and rank = whole-model KV / tp
+  (no replicated KV heads); norms / residual adds on its own rows only; no all-reduce after attention or
+  dense MLPs, instead each MoE layer all-gathers the hidden states before the experts and reduce-scatters
+  after (``2 x num_moe_layers`` collectives of ``(tp-1)/tp x tokens x hidden x 2`` bytes, same NCCL protocol
+  model); per-sequence host work ``batch / tp`` per rank. Every step is assumed to spread its rows evenly
+  over the ranks (true for the large batches of a throughput run, not for one lone prompt, which runs on one
+  rank). Expert load imbalance and the activation memory of the gathered tokens are not modelled.
+
 Pure: no I/O. All times in seconds, sizes in bytes, token counts in tokens.
 """
 
@@ -164,6 +182,13 @@ class PerfModel:
         efficiency: override the calibrated factors (default: ``efficiency_for(gpu, precision, backend)``).
         backend: serving engine whose fitted CPU-side overheads apply: ``vllm`` (default, what pdserve
             deploys), ``sglang`` or ``trtllm``.
+        expert_parallel: MoE experts split WHOLE across the ``tp`` GPUs of a worker (EP = tp, MoE TP = 1)
+            instead of each expert sharded by ``tp`` (default False: plain TP). See "Parallel mappings" in
+            the module docstring.
+        attention_dp: attention data parallelism over the worker's ``tp`` GPUs (attention TP = 1): every
+            rank holds all non-expert weights and runs its own share of the sequences (TensorRT-LLM
+            ``enable_attention_dp``). Default False. The MoE block gathers the tokens of all ranks and runs
+            them on whole experts (with ``expert_parallel``) or on every expert's ``1/tp`` shard (without).
 
     Raises:
         ValueError: unknown precision.
@@ -176,6 +201,8 @@ class PerfModel:
         precision: str = "bf16",
         efficiency: Efficiency | None = None,
         backend: str = "vllm",
+        expert_parallel: bool = False,
+        attention_dp: bool = False,
     ) -> None:
         p = precision.lower()
         if p not in WEIGHT_BYTES:
@@ -188,6 +215,8 @@ class PerfModel:
         # gpt-oss deployment guide; vLLM gpt-oss recipe): their GEMMs are costed at the fp8 rate.
         self.compute_precision = "fp8" if p == "fp4" and model.quant_method == "mxfp4" else p
         self.backend = backend.lower()
+        self.expert_parallel = bool(expert_parallel) and bool(model.num_experts)
+        self.attention_dp = bool(attention_dp)
         self.eff = efficiency or efficiency_for(gpu, self.compute_precision, self.backend)
         self.weight_dtype_bytes = WEIGHT_BYTES[p]
         self.kv_dtype_bytes = KV_BYTES[p]
@@ -238,6 +267,7 @@ class PerfModel:
             (narrow_non_expert + expert_all) * self.weight_dtype_bytes + wide_non_expert * self._wide_dtype_bytes
             + attn_extra_bytes
         )
+        self._expert_resident_bytes = expert_all * self.weight_dtype_bytes
         # Bytes streamed per forward pass besides the experts: the untied input embedding is a row lookup,
         # not a full read.
         untied_embed = 0 if m.tie_word_embeddings else embed
@@ -252,7 +282,26 @@ class PerfModel:
         """Weight bytes held by one GPU of a ``tp``-way worker (quantised layers at ``weight_dtype_bytes``,
         16-bit embedding / LM head / non-converted modules, see ``__init__``)."""
         _check_tp(tp)
+        if self.attention_dp:  # non-expert weights replicated on every rank, experts split by tp
+            return self._resident_bytes - self._expert_resident_bytes + self._expert_resident_bytes / tp
         return self._resident_bytes / tp
+
+    def kv_bytes_per_token_rank(self, tp: int) -> float:
+        """KV bytes one cached token costs ONE rank of a ``tp``-GPU worker, averaged over the ranks.
+
+        Plain TP: ``ModelSpec.kv_bytes_per_token(kv_dtype, tp)`` (each rank holds ``max(1, kv_heads / tp)``
+        heads of EVERY token, so ``kv_heads < tp`` replicates heads). Attention DP: each rank holds all heads
+        of ITS OWN sequences, i.e. ``kv_bytes_per_token(kv_dtype, 1) / tp`` on average (no replication;
+        TensorRT-LLM ``_torch/pyexecutor/_util.py`` sizes the cache per token with ``tp_size = 1 if
+        mapping.enable_attention_dp``)."""
+        _check_tp(tp)
+        if self.attention_dp:
+            return self.model.kv_bytes_per_token(self.kv_dtype_bytes, 1) / tp
+        return self.model.kv_bytes_per_token(self.kv_dtype_bytes, tp)
+
+    def _non_expert_weights_read(self, tp: int) -> float:
+        """Non-expert weight bytes one rank streams per forward pass (whole under attention DP)."""
+        return self._non_expert_read_bytes if self.attention_dp else self._non_expert_read_bytes / tp
 
     def memory_breakdown(
         self, tp: int, gpu_memory_utilization: float = 0.9, max_num_tokens: int = MAX_NUM_BATCHED_TOKENS
@@ -290,7 +339,7 @@ class PerfModel:
         kv = self.memory_breakdown(tp, gpu_memory_utilization).kv_bytes
         if kv <= 0:
             return 0
-        return int(kv // self.model.kv_bytes_per_token(self.kv_dtype_bytes, tp))
+        return int(kv // self.kv_bytes_per_token_rank(tp))
 
     def fits(self, tp: int, gpu_memory_utilization: float = 0.9) -> bool:
         """True when ``tp`` GPUs fit in one node and leave room for at least one KV block (16 tokens)."""
@@ -309,9 +358,19 @@ class PerfModel:
         plus ``allreduce_latency_s`` (engine-side launch/synchronisation, fitted)."""
         if tp == 1:
             return {"comm_s": 0.0}
-        n = 2 * self.model.num_layers
         msg = tokens * self.model.hidden_size * ACT_BYTES
-        x = 2 * (tp - 1) / tp * msg / self.gpu.allreduce_bus_bw_bytes_per_s
+        if self.attention_dp:
+            # no all-reduce after attention or dense MLPs (replicated); each MoE layer all-gathers the hidden
+            # states of all ranks before the experts and reduce-scatters their output (TensorRT-LLM fused MoE
+            # with attention DP: allgather / reducescatter): each moves (tp-1)/tp of the message, half an
+            # all-reduce's ring bytes, costed with the same protocol model.
+            n = 2 * (self.model.num_moe_layers if self.model.num_experts else 0)
+            if n == 0:
+                return {"comm_s": 0.0}
+            x = (tp - 1) / tp * msg / self.gpu.allreduce_bus_bw_bytes_per_s
+        else:
+            n = 2 * self.model.num_layers
+            x = 2 * (tp - 1) / tp * msg / self.gpu.allreduce_bus_bw_bytes_per_s
         lat_ll, lat_simple = nccl_latencies(tp, self.gpu.has_nvlink)
         one = nccl_allreduce_s(x / self.eff.comm, lat_ll, lat_simple) + self.eff.allreduce_latency_s
         return {"comm_s": n * one, "comm_peak_s": n * x, "num_allreduces": float(n),
@@ -346,13 +405,15 @@ class PerfModel:
             dense_s += fp8_flops / (tp * self.gpu.peak_flops("fp8")) - fp8_flops / peak
         attn_s = attn_flops / (tp * self.gpu.peak_flops("fp32" if self.precision == "fp32" else "bf16"))
         ec = self.eff.compute
-        total = (dense_s / self.gemm_efficiency(tokens) + lm_s / self.gemm_efficiency(logits_rows)) / ec
+        # attention DP: each rank runs the non-expert GEMMs (whole weights) over its own 1/tp of the rows
+        rows, lm_rows = (tokens / tp, logits_rows / tp) if self.attention_dp else (tokens, logits_rows)
+        total = (dense_s / self.gemm_efficiency(rows) + lm_s / self.gemm_efficiency(lm_rows)) / ec
         if expert_s:
             total += expert_s / (ec * self.eff.moe * self.gemm_efficiency(expert_tokens))
         attn_total = attn_s / self.eff.attention
         return {"compute_s": total + attn_total, "attn_compute_s": attn_total, "dense_peak_s": dense_s, "expert_peak_s": expert_s, "attn_peak_s": attn_s,
-                "gemm_tokens": float(tokens), "expert_tokens": float(expert_tokens), "lm_head_peak_s": lm_s,
-                "logits_rows": float(logits_rows)}
+                "gemm_tokens": float(rows), "expert_tokens": float(expert_tokens), "lm_head_peak_s": lm_s,
+                "logits_rows": float(lm_rows)}
 
     def _memory_s(self, weight_bytes: float, kv_bytes: float) -> tuple[float, dict]:
         """HBM time of reading the weights (``memory`` efficiency) and the KV cache (``memory * kv_memory``:
@@ -366,17 +427,25 @@ class PerfModel:
         """Bytes of memory-bound element-wise traffic one token causes on ONE rank per forward pass (norms,
         residual adds, gated activation, MoE expand / finalize; see ``ELEMENTWISE_HIDDEN_VALUES``). The hidden
         state is whole on every rank after each all-reduce; intermediate activations are split by ``tp``;
-        MoE copies are whole hidden rows on every rank (plain TP shards each expert's intermediate)."""
+        MoE copies are whole hidden rows on every rank (plain TP shards each expert's intermediate).
+        Expert parallelism: a rank copies only the rows routed to its own experts (``1/tp`` of them on
+        average); attention DP: a rank normalises and adds only its own sequences' rows (``1/tp``)."""
         _check_tp(tp)
         m = self.model
         moe_layers = m.num_moe_layers if m.num_experts else 0
         dense_layers = m.num_layers - moe_layers
-        hidden = ELEMENTWISE_HIDDEN_VALUES * m.hidden_size * m.num_layers
+        hidden = ELEMENTWISE_HIDDEN_VALUES * m.hidden_size * m.num_layers / (tp if self.attention_dp else 1)
         gated = ELEMENTWISE_GATED_VALUES * (dense_layers * m.intermediate_size + moe_layers * (
             m.num_experts_per_tok * m.moe_intermediate_size
             + m.num_shared_experts * m.shared_expert_intermediate_size)) / tp
-        copies = moe_layers * m.num_experts_per_tok * MOE_COPY_HIDDEN_VALUES * m.hidden_size
+        copies = moe_layers * m.num_experts_per_tok * MOE_COPY_HIDDEN_VALUES * m.hidden_size / (
+            tp if self.expert_parallel else 1)
         return (hidden + gated + copies) * ACT_BYTES
+
+    def seqs_per_rank(self, batch: float, tp: int) -> float:
+        """Sequences whose per-step host work one rank does: all of them under TP (every rank runs the
+        whole batch), ``batch / tp`` under attention DP (each rank's executor schedules its own)."""
+        return batch / tp if self.attention_dp else batch
 
     def _act(self, tokens: float, tp: int) -> dict:
         """Element-wise activation traffic of ``tokens`` rows: ``{act_peak_s, act_memory_s}``."""
@@ -416,8 +485,8 @@ class PerfModel:
         tokens = isl_tokens * batch
         attn = batch * self._prefill_pairs(isl_tokens) * m.num_attention_heads * 2 * (self._qk_dim + self._v_dim)
         comp = self._compute(tokens, batch, attn, tp)
-        weights = (self._non_expert_read_bytes + self._expert_bytes_touched(tokens)) / tp
-        kv_write = tokens * m.kv_bytes_per_token(self.kv_dtype_bytes, tp)
+        weights = self._non_expert_weights_read(tp) + self._expert_bytes_touched(tokens) / tp
+        kv_write = tokens * self.kv_bytes_per_token_rank(tp)
         memory, mem_parts = self._memory_s(weights, kv_write)
         return TimeBreakdown(memory_s=memory, **self._allreduce(tokens, tp),
                              overhead_s=self.eff.prefill_overhead_s, **comp, **mem_parts, **self._act(tokens, tp))
@@ -438,11 +507,12 @@ class PerfModel:
         attended = self._attended_tokens(context_tokens)
         attn = batch * 2.0 * attended * m.num_attention_heads * (self._dec_qk_dim + self._dec_v_dim)
         comp = self._compute(batch, batch, attn, tp)
-        weights = (self._non_expert_read_bytes + self._expert_bytes_touched(batch)) / tp
-        kv_read = batch * attended / m.num_layers * m.kv_bytes_per_token(self.kv_dtype_bytes, tp)
+        weights = self._non_expert_weights_read(tp) + self._expert_bytes_touched(batch) / tp
+        kv_read = batch * attended / m.num_layers * self.kv_bytes_per_token_rank(tp)
         memory, mem_parts = self._memory_s(weights, kv_read)
         return TimeBreakdown(memory_s=memory, **self._allreduce(batch, tp),
-                             overhead_s=self.eff.decode_step_overhead_s + batch * self.eff.decode_seq_overhead_s,
+                             overhead_s=self.eff.decode_step_overhead_s
+                             + self.seqs_per_rank(batch, tp) * self.eff.decode_seq_overhead_s,
                              **comp, **mem_parts, **self._act(batch, tp))
 
     def mixed_step_breakdown(
@@ -463,12 +533,13 @@ class PerfModel:
         attn = decode_batch * 2.0 * attended * dec_qkv + prefill_seqs * self._prefill_pairs(prefill_isl_tokens) * 2 * qkv
         comp = self._compute(tokens, decode_batch + prefill_seqs, attn, tp)
         touched = self._expert_bytes_touched(max(1, int(tokens)))
-        weights = (self._non_expert_read_bytes + touched) / tp
-        kv = (decode_batch * attended / m.num_layers + prefill_tokens) * m.kv_bytes_per_token(self.kv_dtype_bytes, tp)
+        weights = self._non_expert_weights_read(tp) + touched / tp
+        kv = (decode_batch * attended / m.num_layers + prefill_tokens) * self.kv_bytes_per_token_rank(tp)
         memory, mem_parts = self._memory_s(weights, kv)
         return TimeBreakdown(memory_s=memory, **self._allreduce(int(math.ceil(tokens)), tp),
                              overhead_s=self.eff.decode_step_overhead_s
-                             + decode_batch * self.eff.decode_seq_overhead_s, **comp, **mem_parts,
+                             + self.seqs_per_rank(decode_batch, tp) * self.eff.decode_seq_overhead_s, **comp,
+                             **mem_parts,
                              **self._act(tokens, tp))
 
     def decode_step_time_s(self, batch: int, context_tokens: int, tp: int) -> float:

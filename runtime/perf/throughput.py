@@ -116,7 +116,7 @@ def trtllm_kv_capacity_tokens(perf: PerfModel, tp: int, free_fraction: float = 0
     mb = perf.memory_breakdown(tp, 1.0, max_num_tokens=max_num_tokens)
     if mb.kv_bytes <= 0:
         return 0
-    return int(mb.kv_bytes * free_fraction // perf.model.kv_bytes_per_token(perf.kv_dtype_bytes, tp))
+    return int(mb.kv_bytes * free_fraction // perf.kv_bytes_per_token_rank(tp))
 
 
 def bench_cycle_s(perf: PerfModel, isl: int, osl: int, tp: int, batch: int, max_num_tokens: int) -> float:

@@ -68,3 +68,18 @@ def test_aiconfigurator_side_by_side_is_optional(bench, small_table, tmp_path, m
     side = bench.aiconfigurator_side_by_side(small_table, details, "cached")
     assert side["median_abs_pct_error"] == pytest.approx(10.0) and side["coverage_pct"] == 50.0
     assert side["ours_on_same_rows"]["median_abs_pct_error"] == d["abs_pct_error"]
+
+
+def test_moe_mapping_applies_to_the_multi_gpu_moe_rows_of_the_1_0_page_only(bench):
+    from runtime.models.load import load_model_spec
+
+    moe = load_model_spec(data_dir() / "models" / "Qwen--Qwen3-235B-A22B_config.json")
+    dense = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json")
+    v1 = {"source": "NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @ 00f37686aa85", "tp": "8"}
+    v014 = {"source": "TensorRT-LLM perf-overview.md (data generated with v0.14.0)", "tp": "8"}
+    assert bench.row_mapping(v1, moe, "dep") == (True, True)
+    assert bench.row_mapping(v1, moe, "adp") == (False, True)
+    assert bench.row_mapping(v1, moe, "tp") == (False, False)
+    assert bench.row_mapping({**v1, "tp": "1"}, moe, "dep") == (False, False)
+    assert bench.row_mapping(v1, dense, "dep") == (False, False)
+    assert bench.row_mapping(v014, moe, "dep") == (False, False)

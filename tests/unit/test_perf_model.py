@@ -329,3 +329,83 @@ def test_moe_activation_traffic_counts_the_expert_copies_by_hand():
     assert br.total_s == pytest.approx(without.total_s + br.act_memory_s, rel=1e-12)
     pre = pm.prefill_breakdown(1000, tp=2, batch=3)
     assert pre.act_peak_s == pytest.approx(3000 * per_token / 3350e9, rel=1e-9)
+
+
+# ---------------------------------------------------------------- expert parallelism / attention DP
+# Mixtral 8x7B: 32 layers, all MoE, top-2 of 8 experts, hidden 4096, expert FFN 14336, 8 KV heads of 128,
+# vocabulary 32000, untied embeddings.
+MIX_EXPERT_PARAMS = 32 * 8 * 3 * 4096 * 14336  # gate, up, down of every expert of every layer
+QWEN235 = load_model_spec(MODELS / "Qwen--Qwen3-235B-A22B_config.json")
+
+
+def test_default_mapping_is_plain_tp_and_ep_is_ignored_on_dense_models():
+    h100 = get_gpu("H100-SXM")
+    plain = PerfModel(MIXTRAL, h100, "bf16", efficiency=IDEAL)
+    explicit = PerfModel(MIXTRAL, h100, "bf16", efficiency=IDEAL, expert_parallel=False, attention_dp=False)
+    assert plain.decode_breakdown(64, 1024, 2) == explicit.decode_breakdown(64, 1024, 2)
+    assert plain.weight_bytes_per_rank(2) == explicit.weight_bytes_per_rank(2) == MIXTRAL.num_params * 2 / 2
+    assert PerfModel(L8, h100, "bf16", expert_parallel=True).expert_parallel is False  # no experts to split
+
+
+def test_expert_parallel_keeps_weights_and_comm_but_splits_the_token_copies_by_hand():
+    """EP = TP2: each rank holds 4 whole experts instead of half of all 8 (same bytes), the all-reduces are
+    those of TP, and a rank expands / finalizes only the copies routed to its own experts: per token and layer
+    10 hidden (norms, residuals) + 3 x 2 x 14336 / 2 (gated activation) + 3 x 2 x 4096 / 2 (copies), 2 B each."""
+    h100 = get_gpu("H100-SXM")
+    tp_pm = PerfModel(MIXTRAL, h100, "bf16", efficiency=IDEAL)
+    ep_pm = PerfModel(MIXTRAL, h100, "bf16", efficiency=IDEAL, expert_parallel=True)
+    assert ep_pm.weight_bytes_per_rank(2) == tp_pm.weight_bytes_per_rank(2)
+    assert ep_pm.activation_bytes_per_token(2) == pytest.approx(
+        32 * (10 * 4096 + 3 * 2 * 14336 / 2 + 3 * 2 * 4096 / 2) * 2, rel=1e-12)
+    a, b = tp_pm.decode_breakdown(64, 1024, 2), ep_pm.decode_breakdown(64, 1024, 2)
+    assert (a.comm_s, a.weights_peak_s, a.kv_peak_s, a.compute_s) == (b.comm_s, b.weights_peak_s, b.kv_peak_s,
+                                                                       b.compute_s)
+    assert b.act_peak_s == pytest.approx(64 * ep_pm.activation_bytes_per_token(2) / 3350e9, rel=1e-9)
+
+
+def test_attention_dp_replicates_non_expert_weights_and_drops_replicated_kv_heads_by_hand():
+    """Attention DP: every rank holds all non-expert weights + 1/tp of the experts; KV per token and rank is the
+    whole model's KV / tp. Qwen3-235B has 4 KV heads: plain TP8 puts 1 head of every token on each rank
+    (2 x 94 x 1 x 128 B at fp8), attention DP 2 x 94 x 4 x 128 / 8 B: half."""
+    h100 = get_gpu("H100-SXM")
+    adp = PerfModel(MIXTRAL, h100, "bf16", efficiency=IDEAL, expert_parallel=True, attention_dp=True)
+    non_expert = (MIXTRAL.num_params - MIX_EXPERT_PARAMS) * 2
+    assert adp.weight_bytes_per_rank(2) == pytest.approx(non_expert + MIX_EXPERT_PARAMS * 2 / 2, rel=1e-12)
+    assert adp.kv_bytes_per_token_rank(2) == 2 * 32 * 8 * 128 * 2 / 2  # 8 heads >= tp: same as plain TP
+    q_tp = PerfModel(QWEN235, h100, "fp8")
+    q_adp = PerfModel(QWEN235, h100, "fp8", expert_parallel=True, attention_dp=True)
+    assert q_tp.kv_bytes_per_token_rank(8) == 2 * 94 * 1 * 128 * 1
+    assert q_adp.kv_bytes_per_token_rank(8) == 2 * 94 * 4 * 128 * 1 / 8
+    kv = q_adp.memory_breakdown(8).kv_bytes
+    assert q_adp.kv_capacity_tokens(8) == int(kv // (2 * 94 * 4 * 128 / 8))
+
+
+def test_attention_dp_step_by_hand():
+    """Mixtral, TP2 with attention DP + EP, decode batch 64 at context 1024 (ideal efficiencies):
+
+    * weights read per rank: all non-expert weights but the input embedding (a lookup) + half of the 8 touched
+      experts (64 tokens x top-2 touch all 8);
+    * non-expert GEMMs run over 64 / 2 = 32 rows per rank (logits rows too); experts see the same rows as TP;
+    * comm: no all-reduce after attention; each of the 32 MoE layers all-gathers and reduce-scatters
+      ``(tp-1)/tp x 64 x 4096 x 2`` bytes: 64 collectives, half the ring bytes of TP's 64 all-reduces;
+    * element-wise traffic per token: (10 x 4096 / 2 + 3 x 2 x 14336 / 2 + 3 x 2 x 4096 / 2) x 32 x 2 B.
+    """
+    h100 = get_gpu("H100-SXM")
+    tp_pm = PerfModel(MIXTRAL, h100, "bf16", efficiency=IDEAL)
+    adp = PerfModel(MIXTRAL, h100, "bf16", efficiency=IDEAL, expert_parallel=True, attention_dp=True)
+    br, tp_br = adp.decode_breakdown(64, 1024, 2), tp_pm.decode_breakdown(64, 1024, 2)
+    non_expert_read = (MIXTRAL.num_params - MIX_EXPERT_PARAMS - 32000 * 4096) * 2
+    # expected distinct experts 8 (1 - (6/8)^64) = 8 - 8e-8: all 8 to 1e-8
+    assert br.weights_peak_s == pytest.approx((non_expert_read + MIX_EXPERT_PARAMS * 2 / 2) / 3350e9, rel=1e-7)
+    assert (br.gemm_tokens, br.logits_rows) == (32.0, 32.0)
+    assert br.expert_tokens == tp_br.expert_tokens
+    ring = (2 - 1) / 2 * 64 * 4096 * 2 / h100.allreduce_bus_bw_bytes_per_s
+    assert br.num_allreduces == 64 and br.comm_peak_s == pytest.approx(64 * ring, rel=1e-12)
+    assert tp_br.comm_peak_s == pytest.approx(2 * br.comm_peak_s, rel=1e-12)
+    assert adp.activation_bytes_per_token(2) == pytest.approx(
+        32 * (10 * 4096 / 2 + 3 * 2 * 14336 / 2 + 3 * 2 * 4096 / 2) * 2, rel=1e-12)
+    # FLOPs per rank do not change: the same work, split by rows instead of columns
+    assert br.dense_peak_s == pytest.approx(tp_br.dense_peak_s, rel=1e-12)
+    assert br.attn_peak_s == pytest.approx(tp_br.attn_peak_s, rel=1e-12)
+    # a dense model under attention DP has no collective at all
+    assert PerfModel(L8, h100, "bf16", efficiency=IDEAL, attention_dp=True).decode_breakdown(64, 1024, 2).comm_s == 0
