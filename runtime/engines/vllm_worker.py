@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from runtime.engines.vllm_plugin import (
     plugin_installed,
     progress_delay_us,
 )
+from runtime.ports import free_port  # noqa: F401 - re-exported: launch and the tests import it from here
 from runtime.procs import stop_process
 
 Role = Literal["prefill", "decode", "both"]
@@ -47,13 +47,6 @@ logger = logging.getLogger(__name__)
 
 class WorkerStartError(RuntimeError):
     """The vLLM worker exited or did not become healthy in time; the message ends with its log tail."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on `host` a moment ago (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True, backends: list[str] | None = None) -> dict:

