@@ -60,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=600.0, help="Read timeout of each worker call, seconds.")
     p.add_argument("--prefill-timeout-s", type=float, default=120.0,
                    help="A remote prefill slower than this is redone locally on the decode worker, seconds.")
+    p.add_argument("--prefill-nudge-after-s", type=float, default=None,
+                   help="When a decode has no first token this many seconds after its remote prefill, send the "
+                        "prefill worker a 1-token request (again every as many seconds): works around decode "
+                        "workers waiting for the prefill engine's next forward pass (vLLM NIXL pull connector on "
+                        "CPU). Default: off.")
     p.add_argument("--router", choices=("fixed", "kv"), default="fixed",
                    help="fixed: round-robin pairing; kv: KV-aware router (runtime.router).")
     p.add_argument("--router-spec", default="{}", help="RouterSpec as JSON (runtime/config.py), for --router kv.")
@@ -211,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         prefill_kv_events=args.prefill_kv_events,
         decode_kv_events=args.decode_kv_events,
         prefill_timeout_s=args.prefill_timeout_s,
+        prefill_nudge_after_s=args.prefill_nudge_after_s,
         planner=planner,
         discovery=discovery,
     )

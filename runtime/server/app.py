@@ -46,6 +46,7 @@ def build_model(
     prefill_timeout_s: float = 120.0,
     migration_limit: int = 1,
     observer=None,
+    prefill_nudge_after_s: float | None = None,
 ) -> PDModel:
     """The runtime model over the configured worker pools (round-robin pairing unless `pairing` is given).
 
@@ -58,7 +59,8 @@ def build_model(
         raise ValueError("model_name must not be empty")
     pairing = pairing or RoundRobinPairing(prefill_urls, decode_urls, migration_limit=migration_limit)
     return PDModel(model_name, pairing, metrics=RuntimeMetrics(registry), timeout_s=timeout_s, tokenizer=tokenizer,
-                   prefill_timeout_s=prefill_timeout_s, observer=observer)
+                   prefill_timeout_s=prefill_timeout_s, observer=observer,
+                   prefill_nudge_after_s=prefill_nudge_after_s)
 
 
 def build_router_pairing(
@@ -188,6 +190,7 @@ def serve(
     prefill_kv_events: Sequence[str] = (),
     decode_kv_events: Sequence[str] = (),
     prefill_timeout_s: float = 120.0,
+    prefill_nudge_after_s: float | None = None,
     planner: dict | None = None,
     discovery: dict | None = None,
 ) -> None:
@@ -236,7 +239,7 @@ def serve(
         window = RequestWindow()
     model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
                         tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
-                        observer=window)
+                        observer=window, prefill_nudge_after_s=prefill_nudge_after_s)
     planner_rt = None
     if planner is not None:
         from runtime.server.planner_runtime import build_planner

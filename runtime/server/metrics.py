@@ -23,6 +23,8 @@ class RuntimeMetrics:
         prefill_fallbacks: `pdserve_prefill_fallbacks_total`, remote prefills that failed and were redone
             locally on the decode worker.
         routes: `pdserve_routes_total{reason}`, routing decisions by reason (remote, local_short, ...).
+        prefill_nudges: `pdserve_prefill_nudges_total`, 1-token requests sent to a prefill worker while a decode
+            waited for its first token (PDModel `prefill_nudge_after_s`).
         migrations: `pdserve_migrations_total`, requests moved to another decode worker after theirs died.
     """
 
@@ -43,5 +45,8 @@ class RuntimeMetrics:
             registry=registry,
         )
         self.routes = Counter("pdserve_routes", "Routing decisions by reason.", ["reason"], registry=registry)
+        self.prefill_nudges = Counter(
+            "pdserve_prefill_nudges", "1-token requests sent to a prefill worker whose decode waited for a first "
+            "token (PDModel prefill_nudge_after_s).", registry=registry)
         self.migrations = Counter("pdserve_migrations", "Requests continued on another decode worker.",
                                   registry=registry)

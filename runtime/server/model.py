@@ -104,6 +104,13 @@ class PDModel(OpenAIGenerativeModel):
             stuck prefill worker cannot hang requests, seconds.
         observer: optional request window of the planner loop (runtime.server.planner_loop.RequestWindow:
             `record_arrival(isl_tokens, ago_s=...)`, `record_finish(osl_tokens, ttft_s, itl_s)`).
+        prefill_nudge_after_s: when set, a request whose decode has not produced its first token this many
+            seconds after a remote prefill sends the prefill worker a 1-token request, and again every as many
+            seconds until the first token (`pdserve_prefill_nudges_total`). Why: with vLLM's NIXL pull
+            connector on CPU, a decode worker sometimes waits for the prefill engine's next forward pass or
+            its 30-s KV lease to expire (bench/pd_tail.py: P/D TTFT p99 30.6 s, 8 % of requests over 5 s on
+            a 2-core host; a 1-token request to the prefill ends the wait, a health check does not; with a
+            nudge after 2 s, p99 3.5 s). None (default): never.
 
     TTFT (`pdserve_ttft_seconds`): streaming — arrival to the first streamed token, as the client sees it
     (remote: prefill + NIXL pull + first decode step); non-streaming remote — arrival to the prefill answer,
@@ -122,6 +129,7 @@ class PDModel(OpenAIGenerativeModel):
         tokenizer: PromptTokenizer | None = None,
         prefill_timeout_s: float = 120.0,
         observer: Any | None = None,
+        prefill_nudge_after_s: float | None = None,
     ) -> None:
         super().__init__(name)
         self.pairing = pairing
@@ -133,6 +141,9 @@ class PDModel(OpenAIGenerativeModel):
         self.tokenizer = tokenizer
         self.prefill_timeout_s = prefill_timeout_s
         self.observer = observer
+        if prefill_nudge_after_s is not None and not prefill_nudge_after_s > 0:
+            raise ValueError(f"prefill_nudge_after_s={prefill_nudge_after_s}: expected seconds > 0 or None")
+        self.prefill_nudge_after_s = prefill_nudge_after_s
         self.ready = True
 
     def _client(self, url: str) -> VllmClient:
@@ -197,6 +208,29 @@ class PDModel(OpenAIGenerativeModel):
             return self.pairing.on_prefill_failed(rid, self.clock()), None
         return route, kv
 
+    def _start_nudger(self, route: Route, kv: dict | None, first_token: asyncio.Event) -> asyncio.Task | None:
+        """The task that nudges `route`'s prefill worker until `first_token` is set (see `prefill_nudge_after_s`);
+        None when nudging is off or the prefill ran locally."""
+        if kv is None or route.prefill_url is None or self.prefill_nudge_after_s is None:
+            return None
+        return asyncio.create_task(self._nudge_prefill(route.prefill_url, first_token))
+
+    async def _nudge_prefill(self, url: str, first_token: asyncio.Event) -> None:
+        """Every `prefill_nudge_after_s` without a first token: one 1-token completion on the prefill worker
+        (its own request id, no KV transfer). Errors are ignored: the nudge is best effort."""
+        body = {"model": self.name, "prompt": ".", "max_tokens": 1, "temperature": 0}
+        while True:
+            try:
+                await asyncio.wait_for(first_token.wait(), self.prefill_nudge_after_s)
+                return
+            except asyncio.TimeoutError:
+                pass
+            self.metrics.prefill_nudges.inc()
+            try:
+                await self._client(url).complete(COMPLETIONS_PATH, body, f"pdserve-nudge-{uuid.uuid4().hex}")
+            except (BackendError, ValueError):
+                pass
+
     async def _serve(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None = None) -> Any:
         t0 = self.clock()
         rid = f"pdserve-{uuid.uuid4().hex}"
@@ -224,16 +258,23 @@ class PDModel(OpenAIGenerativeModel):
         decode = self._client(route.decode_url)
         if body.get("stream"):
             return self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None)
-        while True:
-            try:
-                answer = await decode.complete(path, body, rid, kv)
-                break
-            except BackendError as exc:
-                new = self._migrate(exc, route, rid)
-                if new is None:
-                    self._finish(rid, endpoint, route, t0, ok=False, mode=mode)
-                    return _backend_error_response(exc)
-                route, kv, decode, mode = new, None, self._client(new.decode_url), "local"
+        first_token = asyncio.Event()
+        nudger = self._start_nudger(route, kv, first_token)
+        try:
+            while True:
+                try:
+                    answer = await decode.complete(path, body, rid, kv)
+                    break
+                except BackendError as exc:
+                    new = self._migrate(exc, route, rid)
+                    if new is None:
+                        self._finish(rid, endpoint, route, t0, ok=False, mode=mode)
+                        return _backend_error_response(exc)
+                    route, kv, decode, mode = new, None, self._client(new.decode_url), "local"
+        finally:
+            first_token.set()
+            if nudger is not None:
+                nudger.cancel()
         answer.pop("kv_transfer_params", None)
         total_s = self.clock() - t0
         ttft_s = prefill_done_s if (kv is not None and prefill_done_s is not None) else total_s
@@ -279,6 +320,8 @@ class PDModel(OpenAIGenerativeModel):
         base = body if client_wants_usage else {**body, "stream_options": {
             **(body.get("stream_options") or {}), "include_usage": True}}
         attempt = base
+        first_token = asyncio.Event()
+        nudger = self._start_nudger(route, kv, first_token)
         try:
             while True:
                 try:
@@ -288,6 +331,7 @@ class PDModel(OpenAIGenerativeModel):
                         if stream_id and "id" in chunk:
                             chunk["id"] = stream_id  # one id across a migration
                         if first_s is None and _is_first_token(chunk):
+                            first_token.set()
                             first_s = self.clock() - t0  # what the client sees, NIXL pull included
                             self.metrics.ttft.labels(endpoint, mode).observe(first_s)
                             if local_prefill:
@@ -315,6 +359,9 @@ class PDModel(OpenAIGenerativeModel):
                         break
                     route, kv, decode, attempt, mode = new, None, self._client(new.decode_url), cont, "local"
         finally:
+            first_token.set()
+            if nudger is not None:
+                nudger.cancel()
             self._finish(rid, endpoint, route, t0, ok=ok, mode=mode)
         if ok and first_s is not None:
             itl_s = (last_s - first_s) / (len(sent) - 1) if len(sent) > 1 and last_s is not None else None

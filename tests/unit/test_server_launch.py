@@ -74,3 +74,14 @@ def test_local_workers_use_ucx_even_when_the_spec_names_libfabric(tmp_path):
         cfg = json.loads(w.args[w.args.index("--kv-transfer-config") + 1])
         assert cfg["kv_connector_extra_config"]["backends"] == ["UCX"]
     assert spec.engine.kv_backends == ["LIBFABRIC"]  # the spec itself is untouched
+
+
+def test_cpu_runtime_nudges_prefill_workers_unless_turned_off(tmp_path):
+    from runtime.server.launch import CPU_PREFILL_NUDGE_AFTER_S
+
+    args = LocalDeployment(_spec(), Path("/m"), log_dir=tmp_path).runtime.args
+    assert _flag_values(args, "--prefill-nudge-after-s") == [str(CPU_PREFILL_NUDGE_AFTER_S)]
+    args = LocalDeployment(_spec(), Path("/m"), log_dir=tmp_path, prefill_nudge_after_s=3.5).runtime.args
+    assert _flag_values(args, "--prefill-nudge-after-s") == ["3.5"]
+    args = LocalDeployment(_spec(), Path("/m"), log_dir=tmp_path, prefill_nudge_after_s=0).runtime.args
+    assert "--prefill-nudge-after-s" not in args

@@ -192,3 +192,70 @@ async def test_finished_requests_feed_the_planner_request_window():
     assert stats.mean_osl_tokens == (2 + 2) / 2  # usage.completion_tokens / two streamed text chunks
     assert stats.ttft_p90_s is not None and stats.ttft_p90_s >= 0
     assert _metric(reg, "pdserve_ttft_seconds_count", endpoint="chat", mode="remote") == 2
+
+
+class WaitsForNudge(FakeWorkers):
+    """A decode worker that answers only once the prefill worker got a 1-token request (the stall that
+    bench/pd_tail.py measures: vLLM's decode waits for the prefill engine's next forward pass)."""
+
+    def __init__(self):
+        super().__init__()
+        import asyncio
+
+        self.nudged = asyncio.Event()
+
+    async def handle_async(self, req: httpx.Request) -> httpx.Response:
+        import asyncio
+
+        body = json.loads(req.content)
+        if req.url.host == "prefill" and body.get("prompt") == ".":
+            self.calls.append(("nudge", body, req.headers.get("x-request-id")))
+            self.nudged.set()
+            return httpx.Response(200, json=_completion("."))
+        if req.url.host == "decode":
+            await asyncio.wait_for(self.nudged.wait(), 5)
+        return self.handler(req)
+
+
+def _nudging_model(w: FakeWorkers, after_s: float) -> tuple[PDModel, CollectorRegistry]:
+    reg = CollectorRegistry()
+    transport = httpx.MockTransport(w.handle_async)
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(reg),
+                    client_factory=lambda url: VllmClient(url, transport=transport), prefill_nudge_after_s=after_s)
+    return model, reg
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_decode_waiting_for_its_first_token_gets_the_prefill_worker_nudged(stream):
+    import asyncio
+
+    w = WaitsForNudge()
+    model, reg = _nudging_model(w, 0.05)
+    out = await asyncio.wait_for(model.create_chat_completion(_request(stream=stream)), 5)
+    if stream:
+        events = [e async for e in out]
+        assert any("Pa" in e for e in events) and events[-1] == "data: [DONE]\n\n"
+    else:
+        assert isinstance(out, ChatCompletion) and out.choices[0].message.content == "Paris"
+    nudges = [c for c in w.calls if c[0] == "nudge"]
+    assert len(nudges) >= 1
+    body, rid = nudges[0][1], nudges[0][2]
+    assert body["max_tokens"] == 1 and body["model"] == "m" and "kv_transfer_params" not in body
+    assert rid.startswith("pdserve-nudge-") and rid != w.calls[0][2]  # its own request id
+    assert _metric(reg, "pdserve_prefill_nudges_total") == len(nudges)
+
+
+async def test_no_nudge_when_the_first_token_comes_in_time_or_nudging_is_off():
+    w = FakeWorkers()
+
+    async def fast(req):
+        return w.handler(req)
+
+    w.handle_async = fast
+    model, reg = _nudging_model(w, 0.5)
+    await model.create_chat_completion(_request())
+    [e async for e in await model.create_chat_completion(_request(stream=True))]
+    assert [c[0] for c in w.calls] == ["prefill", "decode", "prefill", "decode"]
+    assert _metric(reg, "pdserve_prefill_nudges_total") == 0
+    with pytest.raises(ValueError, match="prefill_nudge_after_s"):
+        _nudging_model(w, 0)
