@@ -109,8 +109,9 @@ class PDModel(OpenAIGenerativeModel):
             seconds until the first token (`pdserve_prefill_nudges_total`). Why: with vLLM's NIXL pull
             connector on CPU, a decode worker sometimes waits for the prefill engine's next forward pass or
             its 30-s KV lease to expire (bench/pd_tail.py: P/D TTFT p99 30.6 s, 8 % of requests over 5 s on
-            a 2-core host; a 1-token request to the prefill ends the wait, a health check does not; with a
-            nudge after 2 s, p99 3.5 s). None (default): never.
+            a 2-core host; a 1-token request to the prefill ends the wait, a health check does not; with the
+            runtime nudging after 2 s, p99 6.5 s, 2 of 120 over 5 s). Non-streaming requests show no first
+            token, so they are nudged until the whole answer arrives. None (default): never.
 
     TTFT (`pdserve_ttft_seconds`): streaming — arrival to the first streamed token, as the client sees it
     (remote: prefill + NIXL pull + first decode step); non-streaming remote — arrival to the prefill answer,
