@@ -136,6 +136,9 @@ def stage(
         help="How s3:// bytes are fetched: 'http' (SigV4-signed GETs over http.client, about half botocore's CPU "
              "per byte), 'botocore' (the client's get_object), or 'auto' (http unless a proxy or a non-SigV4 "
              "signer is configured).")] = "auto",
+    prefer_safetensors: Annotated[bool, typer.Option(
+        "--prefer-safetensors/--no-prefer-safetensors",
+        help="Skip .bin/.pth/.pt weights in folders that hold safetensors (duplicate PyTorch checkpoints).")] = True,
     direct_io: Annotated[bool, typer.Option(
         "--direct-io/--no-direct-io",
         help="Write downloaded chunks with O_DIRECT where the filesystem supports it (falls back by itself; "
@@ -152,7 +155,7 @@ def stage(
     from runtime.staging.s3 import make_client
     from runtime.staging.stage import StageOptions, stage_model
 
-    opts: dict = {"s3_transport": s3_transport, "direct_io": direct_io}
+    opts: dict = {"s3_transport": s3_transport, "direct_io": direct_io, "prefer_safetensors": prefer_safetensors}
     if concurrency is not None:
         opts["concurrency"] = concurrency
     if include:
@@ -164,11 +167,19 @@ def stage(
     except ValidationError as e:
         _fail(_option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude",
                                  "s3_transport": "--s3-transport"}))
-    client = make_client(endpoint_url, transfer_methods=False) if source.startswith("s3://") else None
+    if source.startswith("s3://"):
+        try:
+            client = make_client(endpoint_url, transfer_methods=False)
+        except Exception as e:  # noqa: BLE001 - botocore: invalid endpoint or region, bad config file, ...
+            _fail(f"cannot create the S3 client: {type(e).__name__}: {e}")
+    else:
+        client = None
     try:
         stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself
     except StagingError as e:
         _fail(str(e))
+    except OSError as e:  # the destination side: read-only or missing mount, permissions, no space
+        _fail(f"{dest}: {e.strerror or e} ({e.filename or dest}); the destination keeps its previous version")
 
 
 @app.command()

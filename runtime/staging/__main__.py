@@ -5,11 +5,14 @@ For containers that only stage (a Kubernetes Job or init container, an Argo step
 start-up (~0.25 s here). Prints ONE JSON line on stdout when done::
 
     {"path": "/fsx/models/m", "files": 5, "bytes": 1052000, "unchanged": false,
-     "fetched_bytes": 1052000, "resumed_bytes": 0, "linked_files": 0, "wall_s": 0.21}
+     "fetched_bytes": 1052000, "resumed_bytes": 0, "linked_files": 0, "refetched_files": 0,
+     "wall_s": 0.21}
 
 Exit status: 0 staged (or already up to date), 1 staging failed (the message, naming the key or
 option, on stderr; the destination keeps its previous version or stays absent), 2 bad arguments,
-130 interrupted (completed parts stay for the next run).
+3 staged but the JSON line could not be written (stdout closed or full), 130 interrupted
+(completed parts stay for the next run). Warnings (a file fetched again after a failed check,
+waiting for another stager's lock) go to stderr.
 
 Credentials come from the default AWS chain (env, profile, Pod Identity / IRSA); they are never
 printed. ``--endpoint-url`` (or AWS_ENDPOINT_URL_S3) points at an S3-compatible server.
@@ -23,7 +26,46 @@ import json
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_SUMMARY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return v
+
+
+def _endpoint(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(text)
+        u.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not a URL: {text!r} ({e})") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise argparse.ArgumentTypeError(f"expected http(s)://host[:port], got {text!r}")
+    return text
+
+
+def _dest(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty destination; give the model folder, e.g. /fsx/models/<name>")
+    return Path(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,20 +76,32 @@ def build_parser() -> argparse.ArgumentParser:
         "(the FSx for Lustre mount): concurrent ranged reads, every byte verified, published atomically "
         "with a marker file; re-running on an unchanged source fetches nothing.",
         epilog="Prints one JSON line (path, files, bytes, unchanged, fetched_bytes, resumed_bytes, "
-        "linked_files, wall_s). Exit 0 ok, 1 staging failed, 2 bad arguments, 130 interrupted.",
+        "linked_files, refetched_files, wall_s). Exit 0 ok, 1 staging failed, 2 bad arguments, 3 staged but "
+        "the JSON line could not be written, 130 interrupted.",
     )
     ap.add_argument("source", help="s3://bucket/prefix/, hf://org/repo[@rev], file://… or a local folder")
-    ap.add_argument("dest", type=Path, help="model folder to publish, e.g. /fsx/models/<name>")
-    ap.add_argument("--endpoint-url", default=None,
+    ap.add_argument("dest", type=_dest, help="model folder to publish, e.g. /fsx/models/<name>")
+    ap.add_argument("--endpoint-url", default=None, type=_endpoint,
                     help="S3 endpoint of an S3-compatible server (SeaweedFS, MinIO); default AWS "
                     "(or AWS_ENDPOINT_URL_S3)")
     ap.add_argument("--include", action="append", default=None, metavar="GLOB",
                     help="take only files matching GLOB (repeatable); default: safetensors + config + tokenizer")
     ap.add_argument("--exclude", action="append", default=None, metavar="GLOB", help="skip files matching GLOB (repeatable)")
-    ap.add_argument("--concurrency", type=int, default=None,
-                    help="parallel ranged reads (default: 4 per CPU within 16..64)")
-    ap.add_argument("--part-size-mib", type=int, default=None,
-                    help="bytes per ranged read and resume unit, MiB (default 32)")
+    ap.add_argument("--no-prefer-safetensors", dest="prefer_safetensors", action="store_false",
+                    help="keep .bin/.pth/.pt weights even in folders that hold safetensors (by default those "
+                    "duplicate PyTorch checkpoints are skipped)")
+    ap.add_argument("--concurrency", type=_positive_int, default=None,
+                    help="parallel ranged reads, 1..256 (default: 4 per CPU within 16..64)")
+    ap.add_argument("--part-size-mib", type=_positive_int, default=None,
+                    help="bytes per ranged read and resume unit, MiB (default 32; keep it between runs: a "
+                    "killed run resumes only with the same part size)")
+    ap.add_argument("--connect-timeout-s", type=_positive_float, default=10.0,
+                    help="S3 connect timeout per attempt, seconds (default 10)")
+    ap.add_argument("--read-timeout-s", type=_positive_float, default=60.0,
+                    help="S3 read timeout per attempt, seconds (default 60); with 8 attempts an endpoint "
+                    "that accepts connections but never answers fails after about 8 x this")
+    ap.add_argument("--lock-timeout-s", type=float, default=600.0,
+                    help="how long to wait for another stager of the same DEST, seconds (default 600)")
     ap.add_argument("--s3-transport", choices=("auto", "http", "botocore"), default="auto",
                     help="how s3:// bytes are fetched: 'http' (SigV4-signed GETs over http.client), "
                     "'botocore' (the client's get_object), 'auto' (http unless a proxy or non-SigV4 signer)")
@@ -65,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _options(args: argparse.Namespace) -> dict:
     opts: dict = {"s3_transport": args.s3_transport, "direct_io": args.direct_io, "fsync": args.fsync,
-                  "record_sha256": args.record_sha256}
+                  "record_sha256": args.record_sha256, "prefer_safetensors": args.prefer_safetensors,
+                  "lock_timeout_s": args.lock_timeout_s}
     if args.include:
         opts["include"] = args.include
     if args.exclude:
@@ -78,7 +133,8 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 OPTION_NAMES = {"include": "--include", "exclude": "--exclude", "concurrency": "--concurrency",
-                "part_size_bytes": "--part-size-mib", "s3_transport": "--s3-transport"}
+                "part_size_bytes": "--part-size-mib", "s3_transport": "--s3-transport",
+                "lock_timeout_s": "--lock-timeout-s"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,30 +155,48 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {OPTION_NAMES.get(field, field)}: {first['msg']}, got {first.get('input')!r}", file=sys.stderr)
         return EXIT_USAGE
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    try:
-        client = None
-        if args.source.startswith("s3://"):
-            from runtime.staging.s3 import make_client
+    client = None
+    if args.source.startswith("s3://"):
+        from runtime.staging.s3 import make_client
 
-            client = make_client(args.endpoint_url, transfer_methods=False)
+        try:
+            client = make_client(args.endpoint_url, transfer_methods=False, connect_timeout_s=args.connect_timeout_s,
+                                 read_timeout_s=args.read_timeout_s)
+        except Exception as e:  # noqa: BLE001 - botocore: invalid region, bad config file, ...
+            print(f"error: cannot create the S3 client: {type(e).__name__}: {e}", file=sys.stderr)
+            return EXIT_FAILED
+    try:
         res = Stager(args.source, args.dest, s3_client=client, options=options, progress=progress).run()
     except StagingError as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as e:  # the destination side: read-only or missing mount, permissions, no space
+        print(f"error: {args.dest}: {e.strerror or e} ({e.filename or args.dest}); the destination keeps "
+              "its previous version", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted: completed parts are kept; run again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     t = res.transfer
-    print(json.dumps({
+    line = json.dumps({
         "path": str(res.path), "files": len(res.manifest.files), "bytes": res.manifest.total_bytes,
         "unchanged": res.unchanged, "fetched_bytes": t.bytes_downloaded, "resumed_bytes": t.bytes_resumed,
-        "linked_files": res.files_linked, "wall_s": round(res.wall_s, 3),
-    }), flush=True)
+        "linked_files": res.files_linked, "refetched_files": t.files_refetched, "wall_s": round(res.wall_s, 3),
+    })
+    try:
+        print(line, flush=True)
+    except OSError as e:  # stdout closed (EPIPE) or full: the model is published all the same
+        print(f"warning: staged {res.path}, but the summary line could not be written: {e}", file=sys.stderr)
+        return EXIT_NO_SUMMARY
     return EXIT_OK
 
 
 if __name__ == "__main__":
     status = main()
+    if status == EXIT_NO_SUMMARY:  # stdout is broken: keep the interpreter from failing to flush it at exit
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     # The process exits next. Interpreter shutdown runs a last cyclic-GC pass over every live
     # object, botocore's loaded service model included: ~0.05-0.09 s of a ~0.45 s start-to-exit for
     # a 3-file model on 2 cores (bench/staging.py fixed_cost_s). Frozen objects are skipped by it;

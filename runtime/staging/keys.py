@@ -31,7 +31,7 @@ DEFAULT_INCLUDE: tuple[str, ...] = (
     "*.bin.index.json",
 )
 """Default include globs: safetensors + config + tokenizer (HF layout). `.bin`/`.pth`/`.pt` weights are
-included here but dropped by `prefer_safetensors` whenever any safetensors file is selected."""
+included here but dropped by `prefer_safetensors` in folders where a safetensors file is selected."""
 
 LEGACY_WEIGHT_SUFFIXES = (".bin", ".pth", ".pt")
 LEGACY_INDEX_SUFFIX = ".bin.index.json"
@@ -71,6 +71,42 @@ def relative_path(key: str, prefix: str) -> str:
     return rel
 
 
+def is_source_marker(key: str, prefix: str) -> bool:
+    """True for the marker file at the root of the source (`key` == prefix + marker name): a folder
+    pdserve staged earlier, used as a source or copied to S3 as it is (``aws s3 sync``). Its marker
+    describes that earlier stage; the listing skips it and the new stage writes its own."""
+    return key == prefix + MARKER_NAME
+
+
+MAX_NAME_BYTES = 255  # NAME_MAX of Linux filesystems (ext4, xfs, Lustre)
+PART_SUFFIX_BYTES = len(".pdserve-part")
+
+
+def check_paths(rel_paths: Sequence[str]) -> None:
+    """Refuse a selection the stager cannot write, before any byte is fetched.
+
+    Raises:
+        StagingError: a file name longer than ``MAX_NAME_BYTES - len(".pdserve-part")`` bytes (its
+            partial file would exceed NAME_MAX), or a path that is both a file and a folder (keys
+            ``a`` and ``a/b``); the message names the paths.
+    """
+    limit = MAX_NAME_BYTES - PART_SUFFIX_BYTES
+    for rel in rel_paths:
+        name = rel.rsplit("/", 1)[-1]
+        if len(name.encode()) > limit:
+            raise StagingError(f"file name of '{rel}' is {len(name.encode())} bytes; the stager writes it as "
+                               f"'<name>.pdserve-part' first, so names are limited to {limit} bytes "
+                               f"(NAME_MAX {MAX_NAME_BYTES})")
+    files = set(rel_paths)
+    for rel in rel_paths:
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in files:
+                raise StagingError(f"'{folder}' is both a file and a folder in the source (also '{rel}'); "
+                                   "exclude one of them (--exclude)")
+
+
 def _matches(rel: str, pattern: str) -> bool:
     # A pattern with "/" matches the whole relative path; otherwise the file name (like .gitignore).
     target = rel if "/" in pattern else rel.rsplit("/", 1)[-1]
@@ -89,8 +125,9 @@ def select_paths(
         rel_paths: candidate paths relative to the model root.
         include: globs to keep (None → `DEFAULT_INCLUDE`; ["*"] keeps everything).
         exclude: globs to drop (applied after include).
-        prefer_safetensors: when any selected path ends in `.safetensors`, drop `.bin`/`.pth`/`.pt`
-            weights and `*.bin.index.json` (duplicate PyTorch checkpoints of the same weights).
+        prefer_safetensors: in each folder that holds a selected `.safetensors` file, drop the
+            `.bin`/`.pth`/`.pt` weights and `*.bin.index.json` (duplicate PyTorch checkpoints of the same
+            weights). PyTorch weights in other folders (a draft model, an adapter) are kept.
 
     Returns:
         The selected paths, sorted.
@@ -101,10 +138,15 @@ def select_paths(
         for p in rel_paths
         if any(_matches(p, g) for g in inc) and not any(_matches(p, g) for g in exclude)
     ]
-    if prefer_safetensors and any(p.endswith(".safetensors") for p in chosen):
+    if prefer_safetensors:
+        with_st = {_folder(p) for p in chosen if p.endswith(".safetensors")}
         chosen = [
             p
             for p in chosen
-            if not (p.endswith(LEGACY_WEIGHT_SUFFIXES) or p.endswith(LEGACY_INDEX_SUFFIX))
+            if not (_folder(p) in with_st and (p.endswith(LEGACY_WEIGHT_SUFFIXES) or p.endswith(LEGACY_INDEX_SUFFIX)))
         ]
     return sorted(chosen)
+
+
+def _folder(rel: str) -> str:
+    return rel.rsplit("/", 1)[0] if "/" in rel else ""

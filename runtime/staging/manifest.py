@@ -38,7 +38,7 @@ class ManifestEntry(BaseModel):
     key: str = Field(description="Source object key (S3 key, hf:// path or local relative path).")
     path: str = Field(description="POSIX path of the file relative to the model folder.")
     size_bytes: int = Field(ge=0, description="File size, bytes.")
-    etag: str = Field(description="Source ETag without quotes (S3), or a size-mtime tag for local files.")
+    etag: str = Field(description="Source ETag without quotes (S3), or `sources.local_tag` (size, mtime, ctime, inode) for local files.")
     sha256: str | None = Field(
         default=None,
         description="Hex SHA-256 of the whole staged file (64 lowercase hex chars); recorded when it was the "

@@ -19,12 +19,15 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import time
 from pathlib import Path
 
 from runtime.staging.manifest import StagingError, fsync_path, read_marker
+
+log = logging.getLogger(__name__)
 
 RENAME_EXCHANGE = 2  # linux/fs.h
 AT_FDCWD = -100
@@ -52,11 +55,16 @@ class StageLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.timeout_s
+        waited = False
         while True:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return self
             except BlockingIOError:
+                if not waited:
+                    waited = True
+                    log.warning("another stager is writing %s (lock %s); waiting up to %.0f s",
+                                self.path.parent / self.path.name[1:-len(".pdserve-lock")], self.path, self.timeout_s)
                 if time.monotonic() >= deadline:
                     os.close(self._fd)
                     raise StagingError(

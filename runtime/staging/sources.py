@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-from runtime.staging.keys import relative_path
+from runtime.staging.keys import is_source_marker, relative_path
 from runtime.staging.manifest import StagingError
 
 
@@ -199,6 +199,8 @@ class S3Source:
                     key = o["Key"]
                     if key.endswith("/") and o["Size"] == 0:
                         continue  # "folder" marker objects
+                    if is_source_marker(key, self.prefix):
+                        continue  # a staged folder copied to S3: its marker is metadata, written anew
                     rel = relative_path(key, self.prefix)
                     out.append(SourceObject(key=key, rel=rel, size_bytes=o["Size"], etag=o["ETag"].strip('"')))
         except ClientError as e:
@@ -388,6 +390,16 @@ class S3Source:
         return described, VerifiedBody(chunks(), digest.digest, kind)
 
 
+def local_tag(st: os.stat_result) -> str:
+    """The ETag stand-in of a local file: ``<size>-<mtime_ns>-<ctime_ns>-<inode>``.
+
+    Size and mtime alone let a different file pass for an unchanged one when timestamps are
+    normalised (tar, image builds, SOURCE_DATE_EPOCH, ``touch -d``): the kernel sets ctime on every
+    write or metadata change and no tool can set it back, and the inode tells two files apart.
+    A copy of the same bytes elsewhere therefore counts as changed (fetched again, never wrong)."""
+    return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}"
+
+
 class LocalSource(_WholeByRange):
     """Files under a local folder (plain path or file:// URI)."""
 
@@ -405,10 +417,10 @@ class LocalSource(_WholeByRange):
             if not p.is_file():
                 continue
             key = p.relative_to(self.root).as_posix()
+            if is_source_marker(key, ""):
+                continue  # a staged folder as the source: its marker is metadata, written anew
             st = p.stat()
-            out.append(
-                SourceObject(key=key, rel=relative_path(key, ""), size_bytes=st.st_size, etag=f"{st.st_size}-{st.st_mtime_ns}")
-            )
+            out.append(SourceObject(key=key, rel=relative_path(key, ""), size_bytes=st.st_size, etag=local_tag(st)))
         if not out:
             raise StagingError(f"source {self.uri}: folder holds no files")
         return out
@@ -417,8 +429,12 @@ class LocalSource(_WholeByRange):
         return obj
 
     def read_range(self, obj: SourceObject, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]:
+        """Bytes [start, end) of the file. Raises StagingError when the file is not the one listed
+        (its `local_tag` differs) before or after the read: the local If-Match, so a file rewritten
+        while it is copied (an FSx auto-import, a writer still at work) is never published torn."""
         fd = os.open(self.root / obj.key, os.O_RDONLY)
         try:
+            self._same_file(obj, fd)
             pos = start
             while pos < end:
                 b = os.pread(fd, min(chunk_bytes, end - pos), pos)
@@ -426,8 +442,14 @@ class LocalSource(_WholeByRange):
                     raise StagingError(f"local file '{obj.key}' shrank while staging")
                 pos += len(b)
                 yield b
+            self._same_file(obj, fd)
         finally:
             os.close(fd)
+
+    def _same_file(self, obj: SourceObject, fd: int) -> None:
+        if local_tag(os.fstat(fd)) != obj.etag:
+            raise StagingError(f"local file '{obj.key}' changed while staging (size, mtime, ctime or inode "
+                               "differ from the listing); run again to stage the new version")
 
 
 class HfSource(_WholeByRange):

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runtime.staging.keys import select_paths
+from runtime.staging.keys import MAX_NAME_BYTES, check_paths, select_paths
 from runtime.staging.manifest import (
     Manifest,
     ManifestEntry,
@@ -44,7 +44,8 @@ class StageOptions(BaseModel):
 
     include: list[str] | None = Field(default=None, description="Globs to take; None = safetensors+config+tokenizer.")
     exclude: list[str] = Field(default_factory=list, description="Globs to skip (after include).")
-    prefer_safetensors: bool = Field(default=True, description="Skip .bin/.pth/.pt when safetensors exist.")
+    prefer_safetensors: bool = Field(
+        default=True, description="Skip .bin/.pth/.pt (and *.bin.index.json) in folders that hold safetensors.")
     concurrency: int = Field(
         default_factory=lambda: min(64, max(16, 4 * (os.cpu_count() or 2))),
         ge=1,
@@ -122,7 +123,9 @@ def _select(objs: list[SourceObject], opts: StageOptions, uri: str) -> list[Sour
     out = [o for o in objs if o.rel in chosen]
     if not out:
         found = ", ".join(sorted(o.rel for o in objs)[:10])
-        raise StagingError(f"source {uri}: no file matches include {opts.include or 'default'} (found: {found})")
+        rule = f"include {opts.include or 'default'}" + (f" minus exclude {opts.exclude}" if opts.exclude else "")
+        raise StagingError(f"source {uri}: no file matches {rule} (found: {found})")
+    check_paths([o.rel for o in out])
     return out
 
 
@@ -150,6 +153,13 @@ class Stager:
 
     def run(self) -> StageResult:
         t0 = time.monotonic()
+        if not self.dest.name:
+            raise StagingError(f"destination {self.dest}: a model folder path is needed (e.g. /fsx/models/<name>), "
+                               "not a filesystem root")
+        longest = sibling(self.dest, "staging").name
+        if len(longest.encode()) > MAX_NAME_BYTES:
+            raise StagingError(f"destination name '{self.dest.name}' is too long: the stager works in '{longest}' "
+                               f"beside it, over NAME_MAX ({MAX_NAME_BYTES} bytes)")
         source = open_source(self.uri, self.s3_client, self.opts.s3_transport)
         for path in (self.dest, sibling(self.dest, "staging"), sibling(self.dest, "old")):
             if path.is_symlink():  # staging through a link would write into another folder, unlocked
@@ -251,12 +261,14 @@ class Stager:
         if not self.progress:
             eng = TransferEngine(source, staging, **kwargs)
             return eng.stats, eng.fetch(objs)
+        from rich.console import Console
         from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                    TransferSpeedColumn)
 
         with Progress(
             TextColumn("[bold]stage[/] {task.description}"), BarColumn(), DownloadColumn(),
             TransferSpeedColumn(), TimeRemainingColumn(), transient=False,
+            console=Console(stderr=True),  # stdout stays for results (`python -m runtime.staging`'s JSON line)
         ) as bar:
             task = bar.add_task(self.dest.name, total=total_bytes)
             eng = TransferEngine(source, staging, on_bytes=lambda n: bar.advance(task, n), **kwargs)

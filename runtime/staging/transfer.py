@@ -9,7 +9,8 @@ Resume: when a part's bytes are written its index is appended to a per-file jour
 (``.pdserve-journal/<id>.parts``, first line = the object's ETag, size and part size). A run killed at
 any point (kill -9) restarts with only the missing parts; a journal whose ETag/size/part size differ
 is discarded (changed object → re-fetched). The journal guards against process death; a torn write
-after a node crash is caught by the verification below and the file is re-fetched on the next run.
+after a node crash is caught by the verification below, and a file that fails it (that, or a bit
+flipped in transit) is fetched once more from scratch in the same run; a second failure fails the run.
 
 Verification (see `runtime.staging.verify`): single-request files are hashed while they stream
 (for an S3 object with a full-object checksum, botocore's own digest is the check: one pass, none
@@ -59,6 +60,7 @@ import ctypes.util
 import errno
 import hashlib
 import json
+import logging
 import mmap
 import os
 import queue
@@ -80,6 +82,8 @@ VERIFIED_LOG = "verified.jsonl"
 PART_SUFFIX = ".pdserve-part"
 MAX_ALIGNED_PART_BYTES = 64 << 20  # GETs are never smaller than an upload part up to this size
 FINISH_WORKERS = 8  # fsync + rename threads (I/O waits, no CPU): never stall hashing
+
+log = logging.getLogger(__name__)
 
 
 # O_DIRECT offsets/lengths: multiples of 4096 (safe for 512 B and 4 KiB block devices, Lustre) and of the
@@ -119,6 +123,7 @@ class TransferStats:
     files_resumed_verified: int = 0
     parts_downloaded: int = 0
     parts_resumed: int = 0
+    files_refetched: int = 0  # fetched a second time after their bytes failed the check
 
 
 @dataclass
@@ -485,6 +490,18 @@ class TransferEngine:
             self.on_bytes(resumed)
         return fs, [i for i in range(num_parts) if i not in done and i not in journaled]
 
+    @staticmethod
+    def _close(fs: _FileState) -> None:
+        """Close a file state's descriptors and journal (idempotent)."""
+        if fs.fd >= 0:
+            os.close(fs.fd)
+            fs.fd = -1
+        if fs.dfd >= 0:
+            os.close(fs.dfd)
+            fs.dfd = -1
+        if fs.journal and not fs.journal.closed:
+            fs.journal.close()
+
     def _advance(self, fs: _FileState, hash_pool: ThreadPoolExecutor) -> None:
         """Hash the next run of finished parts, or finish the file when all are hashed."""
         if fs.hashing:
@@ -510,9 +527,12 @@ class TransferEngine:
 
         Objects already verified by an earlier run (same path, size, ETag) are not fetched again.
 
+        A file whose bytes fail the check is fetched once more from scratch (a flip in transit, a
+        resumed part damaged on disk); `stats.files_refetched` counts them.
+
         Raises:
-            StagingError: a checksum/ETag mismatch, a changed object, or a part failing after
-                `max_attempts`; names the key. Completed parts stay for the next run.
+            StagingError: a checksum/ETag mismatch twice in a row, a changed object, or a part failing
+                after `max_attempts`; names the key. Completed parts stay for the next run.
         """
         jdir = self.staging / JOURNAL_DIR
         jdir.mkdir(parents=True, exist_ok=True)
@@ -534,6 +554,7 @@ class TransferEngine:
         hash_pool = ThreadPoolExecutor(max_workers=self.hash_workers, thread_name_prefix="stage-hash")
         self._fin_pool = ThreadPoolExecutor(max_workers=FINISH_WORKERS, thread_name_prefix="stage-fsync")
         states: list[_FileState] = []
+        refetched: set[str] = set()
 
         def start(fs: _FileState, parts: list[int]) -> None:
             states.append(fs)
@@ -554,6 +575,18 @@ class TransferEngine:
             while self._outstanding:
                 kind, fs, idx, res, err = self._done.get()
                 self._outstanding -= 1
+                if (err is not None and kind == "finished" and isinstance(err, StagingError)
+                        and fs.obj.rel not in refetched and not self._abort.is_set()):
+                    # the file's bytes failed the check (_finish removed them and its journal): a bit
+                    # flipped in transit or a resumed part damaged on disk. Fetch it afresh once; a
+                    # second mismatch means the source itself is bad and fails the run.
+                    refetched.add(fs.obj.rel)
+                    log.warning("%s; fetching '%s' again", err, fs.obj.rel)
+                    self.stats.files_refetched += 1
+                    self._close(fs)
+                    self.on_bytes(-fs.obj.size_bytes)
+                    start(*self._prepare(fs.obj, jdir, whole=fs.whole))
+                    continue
                 if err is not None:
                     raise err if isinstance(err, StagingError) else StagingError(
                         f"object '{fs.obj.key}': {type(err).__name__}: {err}"
@@ -600,11 +633,6 @@ class TransferEngine:
             hash_pool.shutdown(wait=True, cancel_futures=True)
             self._fin_pool.shutdown(wait=True, cancel_futures=True)
             for fs in states:
-                if fs.fd >= 0:
-                    os.close(fs.fd)
-                if fs.dfd >= 0:
-                    os.close(fs.dfd)
-                if fs.journal and not fs.journal.closed:
-                    fs.journal.close()
+                self._close(fs)
             vlog.close()
         return [entries[o.rel] for o in objects]

@@ -82,11 +82,46 @@ def test_refuses_a_folder_that_was_not_staged(src: Path, tmp_path: Path) -> None
     assert (dest / "precious.txt").read_text() == "keep me"
 
 
+def test_progress_bar_goes_to_stderr_and_stdout_keeps_one_json_line(src: Path, tmp_path: Path) -> None:
+    r = _run(str(src), str(tmp_path / "m"), "--progress")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.strip().splitlines()) == 1 and json.loads(r.stdout)["files"] == 2
+    assert "stage" in r.stderr  # the bar
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_unwritable_stdout_after_publishing_exits_3_not_1(src: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "runtime.staging", str(src), str(tmp_path / "m")], stdout=full,
+                           stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, timeout=60)
+    assert r.returncode == 3
+    assert "staged" in r.stderr and "Traceback" not in r.stderr
+    assert read_marker(tmp_path / "m").files  # published all the same
+
+
+def test_destination_errors_are_one_line_not_a_traceback(src: Path, tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        r = _run(str(src), str(ro / "m"))
+    finally:
+        ro.chmod(0o755)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize(("args", "named"), [
     (["--concurrency", "0"], "--concurrency"),
     (["--part-size-mib", "0"], "--part-size-mib"),
     (["--s3-transport", "carrier-pigeon"], "--s3-transport"),
     (["--concurrency", "many"], "--concurrency"),
+    (["--concurrency", "300"], "--concurrency"),
+    (["--endpoint-url", "notaurl"], "--endpoint-url"),
+    (["--endpoint-url", "http://[::1"], "--endpoint-url"),
+    (["--read-timeout-s", "0"], "--read-timeout-s"),
 ])
 def test_bad_options_exit_2_naming_the_option(src: Path, tmp_path: Path, args: list[str], named: str) -> None:
     r = _run(str(src), str(tmp_path / "m"), *args)
@@ -95,9 +130,27 @@ def test_bad_options_exit_2_naming_the_option(src: Path, tmp_path: Path, args: l
     assert not (tmp_path / "m").exists()
 
 
+def test_empty_destination_is_a_usage_error(src: Path) -> None:
+    r = _run(str(src), "")
+    assert r.returncode == 2 and "empty destination" in r.stderr
+
+
 def test_main_in_process_returns_status_and_help_explains_every_option(src: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     assert main([str(src), str(tmp_path / "m"), "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out)["files"] == 2
     assert main([str(tmp_path / "missing"), str(tmp_path / "m2")]) == 1
     for action in build_parser()._actions:
         assert action.help, f"{action.dest} has no help text"
+
+
+def test_oserror_on_the_destination_side_is_reported_not_raised(src: Path, tmp_path: Path, capsys,  # noqa: ANN001
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime.staging.stage as stage_mod
+
+    def refuse(self):  # noqa: ANN001, ANN202 - what a read-only FSx mount answers
+        raise OSError(30, "Read-only file system", str(tmp_path / ".m.pdserve-lock"))
+
+    monkeypatch.setattr(stage_mod.Stager, "run", refuse)
+    assert main([str(src), str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Read-only file system" in err and ".m.pdserve-lock" in err
