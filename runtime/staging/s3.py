@@ -4,6 +4,7 @@ GET path used to stage objects (`S3HttpGetter`)."""
 from __future__ import annotations
 
 import http.client
+import logging
 import os
 import re
 import socket
@@ -14,6 +15,8 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from runtime.staging.manifest import StagingError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ATTEMPTS = 8
 """botocore retry attempts (standard mode: exponential backoff with jitter on throttling, 5xx and
@@ -86,7 +89,7 @@ def make_client(
         import botocore.session
 
         new_client = botocore.session.get_session().create_client
-    return new_client(
+    client = new_client(
         "s3",
         endpoint_url=endpoint_url,
         aws_access_key_id=aws_access_key_id,
@@ -94,6 +97,34 @@ def make_client(
         region_name=region_name or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         config=config,
     )
+    # botocore retries quietly (DEBUG log only): an endpoint that accepts connections and never answers
+    # would keep a stager silent for max_attempts x read_timeout. Say so at each failed attempt.
+    client.meta.events.register_first("needs-retry.s3", _RetryWarning(max_attempts))
+    return client
+
+
+class _RetryWarning:
+    """botocore ``needs-retry`` handler that logs a warning for a failed attempt (a connection error,
+    a timeout, throttling or a 5xx) and leaves the retry decision to botocore (returns None)."""
+
+    def __init__(self, max_attempts: int) -> None:
+        self.max_attempts = max_attempts
+
+    def __call__(self, attempts: int = 0, caught_exception: BaseException | None = None, response: Any = None,
+                 operation: Any = None, **_: Any) -> None:
+        try:
+            if caught_exception is not None:
+                reason = f"{type(caught_exception).__name__}: {caught_exception}"
+            elif response is not None and (response[0].status_code >= 500 or response[0].status_code == 429):
+                reason = f"HTTP {response[0].status_code}"
+            else:
+                return None
+            name = getattr(operation, "name", "request")
+            if attempts < self.max_attempts:
+                log.warning("S3 %s attempt %d of %d failed (%s); retrying", name, attempts, self.max_attempts, reason)
+        except Exception:  # noqa: BLE001 - a logging aid must never break botocore's retry chain
+            pass
+        return None
 
 
 def ensure_bucket(s3_client: Any, bucket: str) -> None:

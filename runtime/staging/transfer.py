@@ -150,6 +150,10 @@ class _FileState:
     hashing: bool = False
 
 
+def _describe(e: BaseException | None) -> str:
+    return f"{type(e).__name__}: {e}" if e is not None else "failed"
+
+
 def _journal_id(rel: str) -> str:
     return hashlib.sha256(rel.encode()).hexdigest()[:24]
 
@@ -242,6 +246,9 @@ class TransferEngine:
             wait=wait_exponential(multiplier=self.backoff[0], max=self.backoff[1]) + wait_random(0, self.backoff[0]),
             retry=retry_if_exception_type(self.source.retryable) if self.source.retryable else lambda _: False,
             reraise=True,
+            before_sleep=lambda rs, key=fs.obj.key: log.warning(
+                "object '%s' part %d: %s; attempt %d of %d, retrying from byte %d", key, idx,
+                _describe(rs.outcome.exception()), rs.attempt_number, self.max_attempts, pos),
         ):
             with attempt:
                 if fs.whole:  # single-part file: one plain GET (checksum in its headers); a retry restarts it

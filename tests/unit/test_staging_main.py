@@ -154,3 +154,41 @@ def test_oserror_on_the_destination_side_is_reported_not_raised(src: Path, tmp_p
     assert main([str(src), str(tmp_path / "m")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Read-only file system" in err and ".m.pdserve-lock" in err
+
+
+def test_an_endpoint_that_never_answers_fails_with_warnings_per_attempt(tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # accepts and never answers
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_DEFAULT_REGION="us-east-1",
+                   PYTHONPATH=str(REPO))
+        r = subprocess.run([sys.executable, "-m", "runtime.staging", "s3://b/m/", str(tmp_path / "m"),
+                            "--endpoint-url", f"http://127.0.0.1:{srv.getsockname()[1]}", "--read-timeout-s", "0.3"],
+                           capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    finally:
+        stop.set()
+        t.join(5)
+        for c in held:
+            c.close()
+        srv.close()
+    assert r.returncode == 1 and "error: " in r.stderr
+    assert "ListObjectsV2 attempt 1 of 8 failed" in r.stderr and "retrying" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "m").exists()
