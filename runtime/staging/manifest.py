@@ -184,6 +184,17 @@ def digest_mismatch(folder: Path, entry: ManifestEntry) -> str | None:
     return None
 
 
+VERIFY_REPUBLISHED_RETRIES = 3
+
+
+def _folder_identity(folder: Path) -> tuple[int, int] | None:
+    try:
+        st = folder.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def verify_staged(path: Path, *, check_digests: bool = True) -> Manifest:
     """Check that `path` is a complete, published model folder and return its manifest.
 
@@ -191,10 +202,29 @@ def verify_staged(path: Path, *, check_digests: bool = True) -> Manifest:
     `check_digests` (default) also its recorded digest (`digest_mismatch`: reads every byte; ~1.5
     GB/s per core for SHA-256 with SHA-NI, ~4-25 GB/s for the CRCs).
 
+    A stager may publish a new version while this runs (the folder is swapped whole, see
+    `runtime.staging.publish`), so one pass can read the old marker and the new files. When the
+    folder at `path` is no longer the one the pass started on, the check runs again on the new one
+    (up to ``VERIFY_REPUBLISHED_RETRIES`` passes): the result is always one version's.
+
     Raises:
         StagingError: naming the folder and the first missing/mismatching file or manifest field.
     """
     folder = Path(path)
+    for attempt in range(VERIFY_REPUBLISHED_RETRIES):
+        before = _folder_identity(folder)
+        try:
+            manifest = _verify_once(folder, check_digests)
+        except StagingError:
+            if _folder_identity(folder) == before or attempt == VERIFY_REPUBLISHED_RETRIES - 1:
+                raise
+            continue  # republished during the pass: check the new version
+        if _folder_identity(folder) == before:
+            return manifest
+    raise StagingError(f"{folder}: republished {VERIFY_REPUBLISHED_RETRIES} times while being checked; try again")
+
+
+def _verify_once(folder: Path, check_digests: bool) -> Manifest:
     if not folder.is_dir():
         raise StagingError(f"{folder}: staged model folder does not exist")
     manifest = read_marker(folder)

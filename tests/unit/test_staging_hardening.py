@@ -174,3 +174,27 @@ def test_a_second_stager_is_told_it_waits(tmp_path: Path, caplog: pytest.LogCapt
             with StageLock(dest, timeout_s=0.3):
                 pass
     assert "another stager is writing" in caplog.text and str(dest) in caplog.text
+
+
+def test_verify_during_a_publish_reports_one_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime.staging.manifest as manifest_mod
+
+    v1, v2 = _folder(tmp_path / "v1", b"A"), tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "config.json").write_text('{"hidden_size": 128, "num_layers": 2}')  # other sizes than v1
+    (v2 / "model.safetensors").write_bytes(b"B" * 8192)
+    dest = tmp_path / "m"
+    stage_model(str(v1), dest, progress=False)
+    real = manifest_mod.read_marker
+    calls = []
+
+    def marker_then_republish(folder: Path):  # noqa: ANN202 - a stager publishes v2 right after the marker is read
+        m = real(folder)
+        calls.append(m.source)
+        if len(calls) == 1:
+            stage_model(str(v2), dest, progress=False)
+        return m
+
+    monkeypatch.setattr(manifest_mod, "read_marker", marker_then_republish)
+    m = verify_staged(dest, check_digests=True)
+    assert calls == [str(v1), str(v2)] and m.source == str(v2)
