@@ -39,6 +39,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -100,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--read-timeout-s", type=_positive_float, default=60.0,
                     help="S3 read timeout per attempt, seconds (default 60); with 8 attempts an endpoint "
                     "that accepts connections but never answers fails after about 8 x this")
+    ap.add_argument("--free-space-margin-mib", type=_nonnegative_int, default=256,
+                    help="free space to leave on the destination filesystem after staging, MiB (default 256)")
     ap.add_argument("--lock-timeout-s", type=float, default=600.0,
                     help="how long to wait for another stager of the same DEST, seconds (default 600)")
     ap.add_argument("--s3-transport", choices=("auto", "http", "botocore"), default="auto",
@@ -120,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _options(args: argparse.Namespace) -> dict:
     opts: dict = {"s3_transport": args.s3_transport, "direct_io": args.direct_io, "fsync": args.fsync,
                   "record_sha256": args.record_sha256, "prefer_safetensors": args.prefer_safetensors,
-                  "lock_timeout_s": args.lock_timeout_s}
+                  "lock_timeout_s": args.lock_timeout_s, "free_space_margin_bytes": args.free_space_margin_mib << 20}
     if args.include:
         opts["include"] = args.include
     if args.exclude:
@@ -134,7 +146,7 @@ def _options(args: argparse.Namespace) -> dict:
 
 OPTION_NAMES = {"include": "--include", "exclude": "--exclude", "concurrency": "--concurrency",
                 "part_size_bytes": "--part-size-mib", "s3_transport": "--s3-transport",
-                "lock_timeout_s": "--lock-timeout-s"}
+                "lock_timeout_s": "--lock-timeout-s", "free_space_margin_bytes": "--free-space-margin-mib"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -122,6 +122,7 @@ def test_destination_errors_are_one_line_not_a_traceback(src: Path, tmp_path: Pa
     (["--endpoint-url", "notaurl"], "--endpoint-url"),
     (["--endpoint-url", "http://[::1"], "--endpoint-url"),
     (["--read-timeout-s", "0"], "--read-timeout-s"),
+    (["--free-space-margin-mib", "-1"], "--free-space-margin-mib"),
 ])
 def test_bad_options_exit_2_naming_the_option(src: Path, tmp_path: Path, args: list[str], named: str) -> None:
     r = _run(str(src), str(tmp_path / "m"), *args)
