@@ -278,13 +278,17 @@ def aiconfigurator_side_by_side(path: Path, details: list[dict], mode: str = "ca
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, default=data_dir() / "perf" / "trtllm_throughput_dev.csv")
+    ap.add_argument("--table", type=Path, default=None,
+                    help="CSV with the columns of trtllm_throughput_dev.csv (source, model, gpu, precision, tp, isl, "
+                         "osl, per_gpu_output_tok_s, ...); default: <shared data>/perf/trtllm_throughput_dev.csv")
     ap.add_argument("--out", type=Path, help="also write the JSON line (+ per-row details) here")
     ap.add_argument("--aiconfigurator", choices=("cached", "run", "off"), default="cached",
                     help="side-by-side AIConfigurator numbers: from the last run (default), run now, or none")
     ap.add_argument("--moe-mapping", choices=sorted(MOE_MAPPINGS), default="tp",
                     help="mapping of the 1.0-era MoE rows on > 1 GPU (see MOE_MAPPINGS); default plain TP")
     a = ap.parse_args(argv)
+    if a.table is None:
+        a.table = data_dir() / "perf" / "trtllm_throughput_dev.csv"
     if not a.table.is_file():
         ap.error(f"--table {a.table} does not exist")
     out, details = evaluate_table(a.table, a.moe_mapping)

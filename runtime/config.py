@@ -34,13 +34,25 @@ class ModelRef(_Strict):
         default="",
         description="Where KServe finds the weights on the cluster, e.g. pvc://fsx-claim/models/<name>.",
     )
+    quantization: str = Field(
+        default="",
+        description="The checkpoint's own quantization (config.json quantization_config.quant_method: fp8, "
+        "modelopt, mxfp4, ...); '' for a bf16/fp16 checkpoint. vLLM reads it from the checkpoint itself.",
+    )
+    mla: bool = Field(
+        default=False,
+        description="The model caches MLA's compressed KV latent (DeepSeek-V2/V3): vLLM's NixlConnector then "
+        "accepts a prefill TP larger than the decode TP (the latent is whole on every rank).",
+    )
 
 
 class SloSpec(_Strict):
     """Latency service-level objectives, both as 90th percentiles."""
 
-    ttft_p90_ms: float = Field(default=2000.0, gt=0, description="Time to first token, p90, milliseconds.")
-    itl_p90_ms: float = Field(default=50.0, gt=0, description="Inter-token latency (TPOT), p90, milliseconds.")
+    ttft_p90_ms: float = Field(default=2000.0, gt=0, allow_inf_nan=False,
+                               description="Time to first token, p90, milliseconds.")
+    itl_p90_ms: float = Field(default=50.0, gt=0, allow_inf_nan=False,
+                              description="Inter-token latency (TPOT), p90, milliseconds.")
 
 
 class WorkloadSpec(_Strict):
@@ -48,7 +60,7 @@ class WorkloadSpec(_Strict):
 
     isl_tokens: int = Field(default=3000, gt=0, description="Mean input sequence length, tokens.")
     osl_tokens: int = Field(default=150, gt=0, description="Mean output sequence length, tokens.")
-    request_rate_per_s: float = Field(default=10.0, gt=0, description="Target request rate, requests/s.")
+    request_rate_per_s: float = Field(default=10.0, gt=0, allow_inf_nan=False, description="Target request rate, requests/s.")
 
 
 class PoolSpec(_Strict):
@@ -287,9 +299,9 @@ class DeploymentSpec(_Strict):
     @model_validator(mode="after")
     def _prefill_tp_le_decode_tp(self) -> "DeploymentSpec":
         # vLLM NixlConnector refuses prefill TP > decode TP for non-MLA models (DESIGN.md).
-        if self.prefill.tp > self.decode.tp:
+        if self.prefill.tp > self.decode.tp and not self.model.mla:
             raise ValueError(
                 f"prefill.tp ({self.prefill.tp}) > decode.tp ({self.decode.tp}): NixlConnector "
-                "requires prefill TP <= decode TP"
+                "requires prefill TP <= decode TP unless the model uses MLA (model.mla)"
             )
         return self

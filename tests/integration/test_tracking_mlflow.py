@@ -68,3 +68,17 @@ def test_log_register_and_load_champion(uri: str, result):
 def test_load_champion_of_unknown_model_names_it(uri: str):
     with pytest.raises(TrackingError, match="nosuchmodel"):
         load_champion(uri, "nosuchmodel")
+
+
+def test_log_without_registering_moves_no_alias(tmp_path, result) -> None:  # noqa: ANN001
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    assert log_tuning(result, tracking_uri=uri, experiment="pdserve-tune", registered_model=None) is None
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("pdserve-tune")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1 + len(result.candidates)  # parent + one child per candidate
+    with pytest.raises(MlflowException):
+        client.get_registered_model("llama70b")
