@@ -101,7 +101,10 @@ ABLATIONS: dict[str, dict] = {
 
 
 def load_azure_trace(path: Path, rate_scale: int, seed: int) -> Trace:
-    """Read ``TIMESTAMP, ContextTokens, GeneratedTokens``; raises SystemExit naming a missing column."""
+    """Read ``TIMESTAMP, ContextTokens, GeneratedTokens``; raises SystemExit naming a missing file or
+    column, an empty trace, or the first bad row (line number, column, value)."""
+    if not path.is_file():
+        raise SystemExit(f"--trace {path}: no such file")
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
@@ -110,9 +113,16 @@ def load_azure_trace(path: Path, rate_scale: int, seed: int) -> Trace:
             raise SystemExit(f"{path}: missing column(s) {sorted(missing)}")
         ts, isl, osl = [], [], []
         for row in reader:
-            ts.append(datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp())
-            isl.append(int(row["ContextTokens"]))
-            osl.append(int(row["GeneratedTokens"]))
+            try:
+                ts.append(datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp())
+                isl.append(int(row["ContextTokens"]))
+                osl.append(int(row["GeneratedTokens"]))
+            except (TypeError, ValueError) as e:
+                raise SystemExit(f"{path}:{reader.line_num}: bad row {dict(row)}: {e}") from None
+            if isl[-1] < 0 or osl[-1] < 0:
+                raise SystemExit(f"{path}:{reader.line_num}: negative token count in {dict(row)}")
+    if not ts:
+        raise SystemExit(f"{path}: the trace holds no requests")
     t = np.asarray(ts) - min(ts)
     rng = np.random.default_rng(seed)
     k = max(int(rate_scale), 1)
@@ -237,6 +247,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--extra-predictors", default="",
                     help="comma list (constant,moving_average,arima): also run pdserve_sla_<predictor>")
     a = ap.parse_args(argv)
+    problems = [f"{name} must be > 0, got {v}" for name, v in (
+        ("--interval-s", a.interval_s), ("--gpu-budget", a.gpu_budget), ("--rate-scale", a.rate_scale),
+        ("--ttft-s", a.ttft_s), ("--itl-s", a.itl_s)) if not v > 0]
+    problems += [f"{name} must be a power of two, got {v}" for name, v in (
+        ("--prefill-tp", a.prefill_tp), ("--decode-tp", a.decode_tp)) if v < 1 or v & (v - 1)]
+    if a.worker_start_s < 0:
+        problems.append(f"--worker-start-s must be >= 0, got {a.worker_start_s}")
+    bad_pred = sorted(set(filter(None, a.extra_predictors.split(","))) - {"constant", "moving_average", "arima"})
+    if bad_pred:
+        problems.append(f"--extra-predictors: unknown {bad_pred} (constant, moving_average, arima)")
+    if problems:  # before the minutes of oracle work
+        ap.error("; ".join(problems))
     t_start = time.time()
 
     cfg_path = find_model_config(a.model)

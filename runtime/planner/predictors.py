@@ -160,11 +160,15 @@ class ArimaPredictor:
         self._hist: deque[float] = deque(maxlen=max(window, min_points))
         self._order = order
         self._min_points = min_points
+        self._fit: object = None  # the fit of the current history (reused until the next observation)
 
     def observe(self, value: float) -> None:
         self._hist.append(_check(value))
+        self._fit = None
 
     def predict(self, steps_ahead: int = 1) -> float:
+        """Forecast ``steps_ahead`` ticks out; one ARIMA fit per observation, shared by every horizon
+        asked between two observations (a tick asks for 1 and for the lead time)."""
         if not self._hist:
             return 0.0
         h = np.asarray(self._hist, dtype=float)
@@ -177,8 +181,9 @@ class ArimaPredictor:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                fit = ARIMA(h, order=self._order).fit()
-                fc = fit.forecast(steps=steps_ahead)
+                if self._fit is None:
+                    self._fit = ARIMA(h, order=self._order).fit()
+                fc = self._fit.forecast(steps=steps_ahead)
             value = float(fc[-1])
         except (ValueError, np.linalg.LinAlgError):
             return float(h[-1])

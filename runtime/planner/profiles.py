@@ -129,9 +129,11 @@ def build_profile(
 ) -> ServiceProfile:
     """Tabulate a :class:`ServiceProfile` from a performance model.
 
-    Raises ValueError naming ``decode_tp`` when the model does not fit at that TP
-    (``kv_capacity_tokens`` is 0).
+    Raises ValueError naming ``prefill_tp`` / ``decode_tp`` when the model does not fit at that TP
+    (``kv_capacity_tokens`` is 0: a worker that could not start).
     """
+    if int(perf.kv_capacity_tokens(prefill_tp, gpu_memory_utilization)) <= 0:
+        raise ValueError(f"prefill_tp={prefill_tp}: the model leaves no KV-cache room on this GPU")
     kv = int(perf.kv_capacity_tokens(decode_tp, gpu_memory_utilization))
     if kv <= 0:
         raise ValueError(f"decode_tp={decode_tp}: the model leaves no KV-cache room on this GPU")

@@ -33,7 +33,10 @@ class PoolStabilizer:
         """Return the stabilised target for ``desired`` given the ``current`` target (no commit)."""
         if self._first_s is None:
             self._first_s = now_s
-        self._window.append((now_s, desired))
+        if self._window and self._window[-1][0] == now_s:  # same instant again: one entry, the larger ask
+            self._window[-1] = (now_s, max(self._window[-1][1], desired))
+        else:
+            self._window.append((now_s, desired))
         while self._window and self._window[0][0] < now_s - self._delay:
             self._window.popleft()
         if desired >= current:

@@ -124,8 +124,15 @@ class PlannerStateMachine:
         self._d_stab = PoolStabilizer(d_delay, max(cfg.cooldown_s, d_delay))
         self._mode_votes: list[tuple[float, bool]] = []
         self.mode: ServingMode = "disaggregated"
-        self.prefill = cfg.min_prefill if initial_prefill is None else initial_prefill
-        self.decode = cfg.min_decode if initial_decode is None else initial_decode
+        # the running fleet, held within the pool bounds from the first decision on (a fleet above
+        # max_* is brought down at once; prefill 0 = aggregated serving is kept)
+        self.prefill = cfg.min_prefill if initial_prefill is None else min(max(initial_prefill, 0), cfg.max_prefill)
+        self.decode = cfg.min_decode if initial_decode is None else min(max(initial_decode, cfg.min_decode),
+                                                                        cfg.max_decode)
+        if self.prefill * cfg.prefill_tp + self.decode * cfg.decode_tp > cfg.gpu_budget:
+            self.prefill, self.decode = fit_budget(
+                self.prefill, self.decode, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp,
+                min_prefill=min(self.prefill, cfg.min_prefill), min_decode=cfg.min_decode, budget_gpus=cfg.gpu_budget)
         self.ttft_correction = 1.0
         self.itl_correction = 1.0
         self._predicted_for_next: float | None = None
@@ -401,7 +408,10 @@ class PlannerStateMachine:
         """Aggregated only after it was the cheaper choice on every tick of a scale-down window;
         back to disaggregated at once."""
         votes = self._mode_votes
-        votes.append((now_s, sizing.mode == "aggregated"))
+        if votes and votes[-1][0] == now_s:  # same instant again: aggregated only if every ask said so
+            votes[-1] = (now_s, votes[-1][1] and sizing.mode == "aggregated")
+        else:
+            votes.append((now_s, sizing.mode == "aggregated"))
         while votes and votes[0][0] < now_s - self.cfg.scale_down_delay_s:
             votes.pop(0)
         if sizing.mode == "disaggregated":
@@ -429,6 +439,8 @@ class PlannerStateMachine:
 
 
 def _ewma(old: float, sample: float) -> float:
+    if not math.isfinite(sample):  # a NaN would stick (max/min pass it through); an inf hits the clamp
+        return old if math.isnan(sample) else _ewma(old, CORRECTION_MAX if sample > 0 else CORRECTION_MIN)
     sample = min(max(sample, CORRECTION_MIN), CORRECTION_MAX)
     return (1 - CORRECTION_EWMA) * old + CORRECTION_EWMA * sample
 

@@ -7,6 +7,7 @@ Sources: Dynamo planner ``core/types.py`` (TickInput → ScalingDecision as plai
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -31,6 +32,12 @@ class PoolObservation:
     queue_per_worker: float = 0.0
     running_per_worker: float = 0.0
     kv_usage: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("num_ready", "num_starting", "queue_per_worker", "running_per_worker", "kv_usage"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"PoolObservation.{name} must be finite and >= 0, got {v}")
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,18 @@ class TickInput:
     observed_prefill_time_mean_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.interval_s <= 0:
-            raise ValueError(f"TickInput.interval_s must be > 0, got {self.interval_s}")
+        if not math.isfinite(self.now_s):
+            raise ValueError(f"TickInput.now_s must be finite, got {self.now_s}")
+        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
+            raise ValueError(f"TickInput.interval_s must be finite and > 0, got {self.interval_s}")
+        if not (math.isfinite(self.mean_isl_tokens) and math.isfinite(self.mean_osl_tokens)):
+            raise ValueError("TickInput.mean_isl_tokens/mean_osl_tokens must be finite")
+        for name in ("observed_ttft_p90_s", "observed_itl_p90_s", "p90_isl_tokens", "peak_prefill_tokens_per_s",
+                     "observed_ttft_mean_s", "observed_itl_mean_s", "mean_request_duration_s",
+                     "observed_prefill_time_mean_s"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"TickInput.{name} must be finite and >= 0 (or None), got {v}")
         if self.num_requests < 0 or self.num_priority_requests < 0:
             raise ValueError("TickInput.num_requests and num_priority_requests must be >= 0")
         if self.num_priority_requests > self.num_requests:
@@ -161,6 +178,41 @@ class PlannerConfig:
     correct_by_prefill_time: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",
+                     "gpu_budget", "predictor_window_ticks"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"planner.{name} must be a whole number, got {v!r}")
+        if self.prefill_tp < 1 or self.decode_tp < 1:
+            raise ValueError(f"planner prefill_tp/decode_tp must be >= 1, got {self.prefill_tp}/{self.decode_tp}")
+        if self.min_prefill < 0:
+            raise ValueError(f"planner.min_prefill must be >= 0, got {self.min_prefill}")
+        if self.mode not in ("sla", "load"):
+            raise ValueError(f"planner.mode must be 'sla' or 'load', got {self.mode!r}")
+        for name in ("interval_s", "ttft_target_s", "itl_target_s", "backlog_drain_s", "burst_factor"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"planner.{name} must be finite and > 0, got {v}")
+        for name in ("worker_start_s", "scale_down_delay_s", "cooldown_s", "burst_headroom", "burst_max_s",
+                     "ttft_correction_max", "load_queue_up_per_worker", "load_queue_down_per_worker"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"planner.{name} must be finite and >= 0, got {v}")
+        if self.decode_scale_down_delay_s is not None and not (
+                math.isfinite(self.decode_scale_down_delay_s) and self.decode_scale_down_delay_s >= 0):
+            raise ValueError(f"planner.decode_scale_down_delay_s must be finite and >= 0, got "
+                             f"{self.decode_scale_down_delay_s}")
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError(f"planner.target_utilization must be in (0, 1], got {self.target_utilization}")
+        if not 0 < self.slo_quantile < 1:
+            raise ValueError(f"planner.slo_quantile must be in (0, 1), got {self.slo_quantile}")
+        if not 0 <= self.reserved_priority_share < 1:
+            raise ValueError(f"planner.reserved_priority_share must be in [0, 1), got {self.reserved_priority_share}")
+        if not 0 <= self.load_kv_down <= self.load_kv_up <= 1:
+            raise ValueError(f"planner KV thresholds need 0 <= load_kv_down ({self.load_kv_down}) <= load_kv_up "
+                             f"({self.load_kv_up}) <= 1")
+        if self.load_queue_down_per_worker > self.load_queue_up_per_worker:
+            raise ValueError("planner.load_queue_down_per_worker must be <= load_queue_up_per_worker")
         if self.min_prefill > self.max_prefill or self.min_decode > self.max_decode:
             raise ValueError("planner min replicas must be <= max replicas for prefill and decode")
         floor_gpus = self.min_prefill * self.prefill_tp + self.min_decode * self.decode_tp
@@ -170,7 +222,8 @@ class PlannerConfig:
             )
         if self.min_decode < 1:
             raise ValueError("planner: decode min_replicas must be >= 1 (someone has to decode)")
-        if self.prefill_staffing_beta is not None and self.prefill_staffing_beta < 0:
+        if self.prefill_staffing_beta is not None and not (
+                math.isfinite(self.prefill_staffing_beta) and self.prefill_staffing_beta >= 0):
             raise ValueError(f"planner.prefill_staffing_beta must be >= 0, got {self.prefill_staffing_beta}")
         if self.prefill_level_window_ticks < 1:
             raise ValueError(f"planner.prefill_level_window_ticks must be >= 1, got {self.prefill_level_window_ticks}")

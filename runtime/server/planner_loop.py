@@ -25,6 +25,7 @@ the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prom
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class WindowStats:
     ttft_p90_s: float | None
     itl_p90_s: float | None
     peak_prefill_tokens_per_s: float | None = None
+    span_s: float = 0.0  # seconds the window covered (previous drain to this one)
 
 
 def peak_tokens_per_s(
@@ -138,6 +140,7 @@ class RequestWindow:
             ttft_p90_s=float(np.quantile(ttft, 0.9)) if ttft else None,
             itl_p90_s=float(np.quantile(itl, 0.9)) if itl else None,
             peak_prefill_tokens_per_s=peak_tokens_per_s(arrival_s, isl, since_s, now_s),
+            span_s=max(now_s - since_s, 0.0),
         )
 
 
@@ -156,12 +159,15 @@ def read_pool(
             r = client.get(url)
             r.raise_for_status()
             text = r.text
-            waiting.append(sample_sum(text, "vllm:num_requests_waiting"))
-            running.append(sample_sum(text, "vllm:num_requests_running"))
-            kv.append(max(sample_sum(text, n) for n in KV_USAGE_NAMES))
-            if prefill_time_totals is not None:
-                prefill_time_totals[url] = (sample_sum(text, PREFILL_TIME + "_sum"),
-                                            sample_sum(text, PREFILL_TIME + "_count"))
+            if "vllm:" not in text:
+                raise ValueError("no vllm: metrics on the page (not a vLLM worker, or not up yet)")
+            waiting.append(_gauge(sample_sum(text, "vllm:num_requests_waiting"), url, "num_requests_waiting"))
+            running.append(_gauge(sample_sum(text, "vllm:num_requests_running"), url, "num_requests_running"))
+            kv.append(min(_gauge(max(sample_sum(text, n) for n in KV_USAGE_NAMES), url, "kv_cache_usage_perc"), 1.0))
+            if prefill_time_totals is not None and f"{PREFILL_TIME}_sum" in text and f"{PREFILL_TIME}_count" in text:
+                totals = (sample_sum(text, PREFILL_TIME + "_sum"), sample_sum(text, PREFILL_TIME + "_count"))
+                if all(math.isfinite(v) and v >= 0 for v in totals):
+                    prefill_time_totals[url] = totals
         except (httpx.HTTPError, ValueError) as e:
             log.warning("planner: worker metrics %s unreadable: %s", url, e)
     ready = len(waiting)
@@ -172,6 +178,14 @@ def read_pool(
         running_per_worker=float(np.mean(running)) if ready else 0.0,
         kv_usage=float(np.mean(kv)) if ready else 0.0,
     )
+
+
+def _gauge(v: float, url: str, name: str) -> float:
+    """A worker's gauge as the planner may use it: NaN, infinite or negative values read as 0 (warned)."""
+    if math.isfinite(v) and v >= 0:
+        return v
+    log.warning("planner: worker %s reports %s = %s; read as 0", url, name, v)
+    return 0.0
 
 
 class PrefillTimeMeter:
@@ -192,7 +206,7 @@ class PrefillTimeMeter:
             if url not in self._last:
                 continue
             ps, pc = self._last[url]
-            if c < pc:  # counter reset: the worker restarted
+            if c < pc or s < ps:  # counter reset: the worker restarted (either total went down)
                 ps, pc = 0.0, 0.0
             d_sum += s - ps
             d_count += c - pc
@@ -305,8 +319,8 @@ class PlannerLoop:
         prefill_time_mean_s = self.prefill_time.update(totals)
         dec = read_pool(self.client, urls.get("decode", []), max(want_d - len(urls.get("decode", [])), 0))
         w = self.window.drain()
-        tick = TickInput(
-            now_s=now_s, interval_s=self.interval_s, num_requests=w.num_requests,
+        tick = TickInput(  # the rate is over the window actually drained (a late tick covers more time)
+            now_s=now_s, interval_s=w.span_s if w.span_s > 0 else self.interval_s, num_requests=w.num_requests,
             num_priority_requests=w.num_priority_requests, mean_isl_tokens=w.mean_isl_tokens,
             mean_osl_tokens=w.mean_osl_tokens, p90_isl_tokens=w.p90_isl_tokens, prefill=pre, decode=dec,
             observed_ttft_p90_s=w.ttft_p90_s, observed_itl_p90_s=w.itl_p90_s,
@@ -327,6 +341,8 @@ class PlannerLoop:
             except Exception:  # keep serving; the next tick retries
                 log.exception("planner tick failed")
             next_s += self.interval_s
+            while next_s <= self.clock():  # a tick that overran (slow /metrics) skips the missed slots
+                next_s += self.interval_s
 
     def start(self) -> "PlannerLoop":
         if self._thread is None:

@@ -202,3 +202,58 @@ def test_planner_from_a_deployment_spec_uses_the_perf_model():
     assert high.prefill > low.prefill >= 1
     with pytest.raises(Exception, match="num_hidden_layers|hidden_size|num_attention_heads"):
         planner_from_spec(spec, {"model_type": "llama"})
+
+
+def test_read_pool_survives_nan_inf_and_non_vllm_pages(caplog):
+    nan_worker = MetricsServer(4, 2, 0.1)
+    nan_worker.body = VLLM_METRICS.format(waiting="NaN", running="+Inf", kv=-0.5).encode()
+    other = MetricsServer(0, 0, 0)
+    other.body = b"# HELP up 1 if up\n# TYPE up gauge\nup 1\n"
+    try:
+        with httpx.Client(timeout=2.0) as c:
+            obs = read_pool(c, [nan_worker.url, other.url])
+    finally:
+        nan_worker.close()
+        other.close()
+    assert obs.num_ready == 1 and obs.num_starting == 1  # the page without vllm: metrics is not a ready worker
+    assert obs.queue_per_worker == 0 and obs.running_per_worker == 0 and obs.kv_usage == 0
+    assert "num_requests_waiting = nan; read as 0" in caplog.text
+
+
+def test_prefill_time_needs_both_totals_and_a_restart_is_seen_when_either_drops(servers):
+    from runtime.server.planner_loop import PrefillTimeMeter
+
+    servers[0].body = (servers[0].base + "# TYPE vllm:request_prefill_time_seconds histogram\n"
+                       'vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 10\n').encode()
+    totals: dict = {}
+    with httpx.Client(timeout=2.0) as c:
+        read_pool(c, [servers[0].url], prefill_time_totals=totals)
+    assert totals == {}  # a count without a sum would read as a 0-s prefill time
+    meter = PrefillTimeMeter()
+    meter.update({"w": (10.0, 100)})
+    assert meter.update({"w": (1.0, 250)}) == pytest.approx(1.0 / 250)  # restarted: the sum went down
+
+
+def test_a_late_tick_plans_on_the_window_it_actually_covered(servers):
+    cfg = PlannerConfig(mode="sla", interval_s=30.0, predictor="constant", allow_aggregated=False,
+                        max_prefill=10, max_decode=10)
+    now = [0.0]
+    window = RequestWindow(clock=lambda: now[0])
+    for i in range(900):  # 10 req/s for 90 s: the tick came 60 s late
+        now[0] = i / 10
+        window.record_arrival(1000)
+        window.record_finish(200, ttft_s=0.3, itl_s=0.02)
+    now[0] = 90.0
+    seen = []
+
+    class Recording(PlannerStateMachine):
+        def on_tick(self, tick):  # noqa: ANN001, ANN202
+            seen.append(tick)
+            return super().on_tick(tick)
+
+    with httpx.Client(timeout=2.0) as client:
+        loop = PlannerLoop(Recording(cfg, PROF), DryRunActuator(), window, client=client, registry=CollectorRegistry(),
+                           metrics_urls=lambda: {"prefill": [servers[0].url], "decode": [servers[2].url]})
+        d = loop.tick(now_s=90.0)
+    assert seen[0].interval_s == pytest.approx(90.0) and seen[0].rate_per_s == pytest.approx(10.0)
+    assert d.predicted_rate_per_s == pytest.approx(10.0)
