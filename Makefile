@@ -48,8 +48,15 @@ test-e2e: install
 compile: install  ## compile the KFP pipeline to pipelines/stage_tune_promote.yaml
 	$(PY) -m pipelines.stage_tune_promote --compile pipelines/stage_tune_promote.yaml
 
-bench: install  ## run every benchmark; each prints one JSON line (kept under bench/results/)
-	for b in bench/*.py; do $(PY) $$b || exit 1; done
+DATA ?= ../shared/data
+bench: install  ## run the benchmarks (each prints one JSON line, written to bench/results/; ~40 min on 2 cores)
+	$(PY) bench/perf_model.py --out bench/results/perf_model.json
+	$(PY) bench/planner.py --trace $(DATA)/traces/azure2023_conv.csv --ablations --out bench/results/planner.json
+	$(PY) bench/router.py --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --out bench/results/router.json
+	$(PY) bench/staging.py --size-mb 2048 --repeat 5 --out bench/results/staging.json
+	$(PY) bench/server_pd.py --out bench/results/server_pd.json
+	$(PY) bench/pd_tail.py --out bench/results/pd_tail.json
+	$(PY) bench/perf_model_measure_cpu.py --out bench/results/perf_model_measure_cpu.json
 
 clean:
 	rm -rf .pdserve .pytest_cache

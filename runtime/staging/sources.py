@@ -411,7 +411,8 @@ class LocalSource(_WholeByRange):
     def list_objects(self) -> list[SourceObject]:
         """Recursive listing. Raises StagingError: not a folder, or no files."""
         if not self.root.is_dir():
-            raise StagingError(f"source {self.uri}: local folder does not exist")
+            raise StagingError(f"source {self.uri}: " + ("is a file, not a folder (give the model folder)"
+                                                         if self.root.exists() else "local folder does not exist"))
         out = []
         for p in sorted(self.root.rglob("*")):
             if not p.is_file():

@@ -200,3 +200,48 @@ def test_stage_transport_options_reach_stage_model_and_bad_ones_name_the_option(
                               "--no-direct-io"], env={"COLUMNS": "300"})
     assert res.exit_code == 0, res.output
     assert seen["s3_transport"] == "botocore" and seen["direct_io"] is False
+
+
+def test_promote_apply_needs_a_kube_context_before_anything_is_written(tmp_path):
+    out = tmp_path / "m.yaml"
+    res = runner.invoke(app, ["promote", "x", "--apply", "--out", str(out)], env={"COLUMNS": "300"})
+    assert res.exit_code == 1 and "--apply needs --kube-context" in res.output
+    assert not out.exists()
+
+
+def test_promote_refuses_a_missing_sqlite_database_instead_of_creating_one(tmp_path):
+    db = tmp_path / "typo.db"
+    res = runner.invoke(app, ["promote", "x", "--mlflow-uri", f"sqlite:///{db}"], env={"COLUMNS": "300"})
+    assert res.exit_code == 1 and "no such database file" in res.output
+    assert not db.exists()
+
+
+def test_written_specs_are_readable_by_others_under_the_umask(tmp_path):
+    import os
+    import stat
+
+    from runtime.paths import write_text_atomically
+
+    old = os.umask(0o022)
+    try:
+        p = write_text_atomically(tmp_path / "spec.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o644
+
+
+def test_tune_on_a_bare_config_file_records_no_model_folder(tmp_path):
+    import json
+
+    out = tmp_path / "s.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--out", str(out)], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    assert "bare config file" in res.output
+    assert json.loads(out.read_text())["model"]["path"] == ""
+
+
+def test_stage_names_a_file_given_as_the_source_folder(tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text("{}")
+    res = runner.invoke(app, ["stage", str(f), str(tmp_path / "out")], env={"COLUMNS": "300"})
+    assert res.exit_code == 1 and "is a file, not a folder" in res.output
