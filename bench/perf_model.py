@@ -95,7 +95,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.config import SloSpec, WorkloadSpec  # noqa: E402
 from runtime.models.load import load_model_spec  # noqa: E402
-from runtime.paths import data_dir  # noqa: E402
+from runtime.paths import data_dir, print_json_line  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402
 from runtime.perf.throughput import (  # noqa: E402
@@ -296,11 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     out["sweep_s"] = round(sweep_seconds(a.table), 3)
     out["aiconfigurator"] = aiconfigurator_side_by_side(a.table, details, a.aiconfigurator)
     out["model_notes"] = MODEL_NOTES
-    line = json.dumps(out)
-    print(line)
+    print_json_line(out, a.out)
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(line + "\n")
         a.out.with_suffix(".rows.json").write_text(json.dumps(details, indent=0))
     return 0
 

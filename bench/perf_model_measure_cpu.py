@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from runtime.config import SloSpec, WorkloadSpec
     from runtime.models.load import load_model_spec
-    from runtime.paths import state_dir
+    from runtime.paths import print_json_line, state_dir
     from runtime.perf.gpus import get_gpu
     from runtime.perf.model import PerfModel
     from runtime.tracking.measure import compare, measure_profiles
@@ -75,11 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         "measured_winner": winner,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    line = json.dumps(out)
-    print(line)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(line + "\n")
+    print_json_line(out, a.out)
     return 0
 
 

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runtime.models.spec import ModelSpec  # noqa: E402
+from runtime.paths import print_json_line  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402
 from runtime.planner.dynamo_baseline import DynamoSlaBaseline  # noqa: E402
@@ -411,11 +412,7 @@ def main(argv: list[str] | None = None) -> dict:
         "warm_start": a.warm_start,
         "wall_s": round(time.time() - t_start, 1),
     }
-    line = json.dumps(out)
-    print(line)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(line + "\n")
+    print_json_line(out, a.out)
     return out
 
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from runtime.config import DeploymentSpec, EngineSpec, ModelRef  # noqa: E402
 from runtime.engines.metrics import nixl_transfer_count, sample_sum  # noqa: E402
 from runtime.models.gguf_convert import convert_smollm2  # noqa: E402
+from runtime.paths import print_json_line  # noqa: E402
 from runtime.paths import state_dir  # noqa: E402
 from runtime.server.launch import LocalDeployment  # noqa: E402
 
@@ -104,11 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         "tokens_equal": equal / args.requests,
         "load_avg_1m": os.getloadavg()[0],
     }
-    line = json.dumps(result)
-    print(line)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(line + "\n")
+    print_json_line(result, args.out)
     return result
 
 

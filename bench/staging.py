@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from runtime.staging.s3 import upload_folder  # noqa: E402
+from runtime.paths import print_json_line  # noqa: E402
 from runtime.staging.seaweed import SeaweedServer  # noqa: E402
 
 BUCKET = "bench"
@@ -244,11 +245,7 @@ def main() -> None:
         "python": platform.python_version(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    text = json.dumps(line)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print_json_line(line, args.out)
 
 
 if __name__ == "__main__":

@@ -55,3 +55,15 @@ def write_text_atomically(path: Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def print_json_line(obj: dict, out: Path | None = None) -> str:
+    """Print `obj` as ONE JSON line on stdout (what every bench/ script reports) and, when `out` is
+    given, also write that line to it (`write_text_atomically`: parent folders created); returns the line."""
+    import json
+
+    line = json.dumps(obj)
+    print(line, flush=True)
+    if out:
+        write_text_atomically(Path(out), line + "\n")
+    return line

@@ -29,24 +29,22 @@ from pathlib import Path
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_SUMMARY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
+def _int_at_least(least: int):  # noqa: ANN202 - an argparse type
+    """argparse type: a whole number >= `least`, the message in the option's own unit."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {v}")
+        return v
+
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
+_positive_int, _nonnegative_int = _int_at_least(1), _int_at_least(0)
 
 
 def _positive_float(text: str) -> float:
