@@ -430,8 +430,8 @@ class LocalSource(_WholeByRange):
         return obj
 
     def read_range(self, obj: SourceObject, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]:
-        """Bytes [start, end) of the file. Raises StagingError when the file is not the one listed
-        (its `local_tag` differs) before or after the read: the local If-Match, so a file rewritten
+        """Bytes [start, end) of the file. Raises StagingError when the file is not the one listed (its
+        size, mtime or inode differ) before or after the read: the local If-Match, so a file rewritten
         while it is copied (an FSx auto-import, a writer still at work) is never published torn."""
         fd = os.open(self.root / obj.key, os.O_RDONLY)
         try:
@@ -448,9 +448,13 @@ class LocalSource(_WholeByRange):
             os.close(fd)
 
     def _same_file(self, obj: SourceObject, fd: int) -> None:
-        if local_tag(os.fstat(fd)) != obj.etag:
-            raise StagingError(f"local file '{obj.key}' changed while staging (size, mtime, ctime or inode "
-                               "differ from the listing); run again to stage the new version")
+        # size, mtime and inode, not ctime: a Lustre HSM restore triggered by this very read (an FSx file
+        # imported lazily from S3) changes ctime but not the bytes; any write changes mtime
+        size, mtime, _ctime, ino = obj.etag.split("-")
+        st = os.fstat(fd)
+        if (st.st_size, st.st_mtime_ns, st.st_ino) != (int(size), int(mtime), int(ino)):
+            raise StagingError(f"local file '{obj.key}' changed while staging (size, mtime or inode differ "
+                               "from the listing); run again to stage the new version")
 
 
 class HfSource(_WholeByRange):

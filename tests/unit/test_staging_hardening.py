@@ -198,3 +198,24 @@ def test_verify_during_a_publish_reports_one_version(tmp_path: Path, monkeypatch
     monkeypatch.setattr(manifest_mod, "read_marker", marker_then_republish)
     m = verify_staged(dest, check_digests=True)
     assert calls == [str(v1), str(v2)] and m.source == str(v2)
+
+
+class _ChmodDuringReadSource(LocalSource):
+    """Changes the weights' ctime only (as a Lustre HSM restore does) after their first chunk was read."""
+
+    def read_range(self, obj, start, end, chunk_bytes):  # noqa: ANN001, ANN201
+        for i, b in enumerate(super().read_range(obj, start, end, chunk_bytes)):
+            yield b
+            if i == 0 and obj.rel == "model.safetensors":
+                os.chmod(self.root / obj.key, 0o600)
+
+
+def test_a_metadata_only_change_during_the_copy_is_not_a_rewrite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"A" * (1 << 20))
+    monkeypatch.setattr(stage_mod, "open_source", lambda uri, *a: _ChmodDuringReadSource(uri))
+    dest = tmp_path / "m"
+    Stager(str(src), dest, options=StageOptions(read_chunk_bytes=64 << 10, concurrency=1)).run()
+    assert (dest / "model.safetensors").read_bytes() == b"A" * (1 << 20)
