@@ -33,7 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.config import DeploymentSpec, EngineSpec, ModelRef  # noqa: E402
-from runtime.engines.metrics import nixl_transfer_count, sample_sum  # noqa: E402
+from runtime.engines.metrics import nixl_transfer_stats  # noqa: E402
 from runtime.models.gguf_convert import convert_smollm2  # noqa: E402
 from runtime.paths import print_json_line  # noqa: E402
 from runtime.paths import state_dir  # noqa: E402
@@ -110,8 +110,6 @@ def main(argv: list[str] | None = None) -> dict:
         metrics = httpx.get(dep.decode_metrics_url, timeout=30).text
         expired = count_lines(prefill_log, log_offset, LEASE_EXPIRED)
         late_reads = count_lines(prefill_log, log_offset, READ_AFTER_EXPIRY)
-    xfers = nixl_transfer_count(metrics)
-    xfer_sum_s = sample_sum(metrics, "vllm:nixl_xfer_time_seconds_sum")
     result = {
         "bench": "pd_tail",
         "model": MODEL,
@@ -124,8 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
         "stalls": sum(x > args.stall_s for x in pd),
         "lease_expired": expired,
         "reads_after_expiry": late_reads,
-        "nixl_transfers": xfers,
-        "nixl_xfer_ms_mean": round(1000 * xfer_sum_s / xfers, 2) if xfers else None,
+        **nixl_transfer_stats(metrics),
         "wall_s": round(wall_s, 1),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),

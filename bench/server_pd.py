@@ -30,7 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.config import DeploymentSpec, EngineSpec, ModelRef  # noqa: E402
-from runtime.engines.metrics import nixl_transfer_count, sample_sum  # noqa: E402
+from runtime.engines.metrics import nixl_transfer_stats  # noqa: E402
 from runtime.models.gguf_convert import convert_smollm2  # noqa: E402
 from runtime.paths import print_json_line  # noqa: E402
 from runtime.paths import state_dir  # noqa: E402
@@ -87,8 +87,6 @@ def main(argv: list[str] | None = None) -> dict:
             pd.append(p)
             equal += int(a[2] == p[2])
         metrics = httpx.get(dep.decode_metrics_url, timeout=30).text
-    xfers = nixl_transfer_count(metrics)
-    xfer_sum_s = sample_sum(metrics, "vllm:nixl_xfer_time_seconds_sum")
     result = {
         "bench": "server_pd",
         "model": MODEL,
@@ -100,8 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
         "pd_minus_agg_ttft_ms_p50": round(1000 * statistics.median(p[0] - a[0] for p, a in zip(pd, agg)), 1),
         "pd_itl_ms_p50": round(1000 * statistics.median(x[1] for x in pd), 1),
         "agg_itl_ms_p50": round(1000 * statistics.median(x[1] for x in agg), 1),
-        "nixl_transfers": xfers,
-        "nixl_xfer_ms_mean": round(1000 * xfer_sum_s / xfers, 2) if xfers else None,
+        **nixl_transfer_stats(metrics),
         "tokens_equal": equal / args.requests,
         "load_avg_1m": os.getloadavg()[0],
     }

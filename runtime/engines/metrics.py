@@ -43,6 +43,14 @@ def nixl_transfer_count(text: str) -> int:
     return int(sample_sum(text, NIXL_XFER_COUNT))
 
 
+def nixl_transfer_stats(text: str) -> dict[str, float | int | None]:
+    """``{"nixl_transfers": count, "nixl_xfer_ms_mean": mean transfer time in ms (None without transfers)}``
+    from a worker's `vllm:nixl_xfer_time_seconds` histogram, as the bench scripts report them."""
+    n = nixl_transfer_count(text)
+    total_s = sample_sum(text, NIXL_XFER_COUNT.replace("_count", "_sum"))
+    return {"nixl_transfers": n, "nixl_xfer_ms_mean": round(1000 * total_s / n, 2) if n else None}
+
+
 @dataclass(frozen=True)
 class WorkerMetrics:
     """One snapshot of a worker's counters and gauges."""

@@ -55,25 +55,36 @@ def test_rewrite_in_place_with_restored_mtime_is_fetched_again(tmp_path: Path) -
     assert (dest / "model.safetensors").read_bytes() == b"C" * 4096
 
 
-class _RewritingSource(LocalSource):
-    """Rewrites the weights file after its first chunk was read (a writer still at work)."""
+class _ChangingSource(LocalSource):
+    """Calls `change(path)` on the weights file after its first chunk was read (a writer still at work, or
+    a metadata-only change such as a Lustre HSM restore)."""
+
+    def __init__(self, uri: str, change) -> None:  # noqa: ANN001
+        super().__init__(uri)
+        self.change = change
 
     def read_range(self, obj, start, end, chunk_bytes):  # noqa: ANN001, ANN201
         for i, b in enumerate(super().read_range(obj, start, end, chunk_bytes)):
             yield b
             if i == 0 and obj.rel == "model.safetensors":
-                (self.root / obj.key).write_bytes(b"B" * obj.size_bytes)
+                self.change(self.root / obj.key)
 
 
-def test_local_file_rewritten_during_copy_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _stage_while_changing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change) -> Path:  # noqa: ANN001
     src = tmp_path / "src"
     src.mkdir()
     (src / "config.json").write_text("{}")
     (src / "model.safetensors").write_bytes(b"A" * (1 << 20))
-    monkeypatch.setattr(stage_mod, "open_source", lambda uri, *a: _RewritingSource(uri))
+    monkeypatch.setattr(stage_mod, "open_source", lambda uri, *a: _ChangingSource(uri, change))
     dest = tmp_path / "m"
+    Stager(str(src), dest, options=StageOptions(read_chunk_bytes=64 << 10, concurrency=1)).run()
+    return dest
+
+
+def test_local_file_rewritten_during_copy_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, dest = tmp_path / "src", tmp_path / "m"
     with pytest.raises(StagingError, match="'model.safetensors' changed while staging"):
-        Stager(str(src), dest, options=StageOptions(read_chunk_bytes=64 << 10, concurrency=1)).run()
+        _stage_while_changing(tmp_path, monkeypatch, lambda p: p.write_bytes(b"B" * p.stat().st_size))
     assert not dest.exists()
     monkeypatch.undo()
     stage_model(str(src), dest, progress=False)  # the next run stages the new version, whole
@@ -200,22 +211,6 @@ def test_verify_during_a_publish_reports_one_version(tmp_path: Path, monkeypatch
     assert calls == [str(v1), str(v2)] and m.source == str(v2)
 
 
-class _ChmodDuringReadSource(LocalSource):
-    """Changes the weights' ctime only (as a Lustre HSM restore does) after their first chunk was read."""
-
-    def read_range(self, obj, start, end, chunk_bytes):  # noqa: ANN001, ANN201
-        for i, b in enumerate(super().read_range(obj, start, end, chunk_bytes)):
-            yield b
-            if i == 0 and obj.rel == "model.safetensors":
-                os.chmod(self.root / obj.key, 0o600)
-
-
 def test_a_metadata_only_change_during_the_copy_is_not_a_rewrite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text("{}")
-    (src / "model.safetensors").write_bytes(b"A" * (1 << 20))
-    monkeypatch.setattr(stage_mod, "open_source", lambda uri, *a: _ChmodDuringReadSource(uri))
-    dest = tmp_path / "m"
-    Stager(str(src), dest, options=StageOptions(read_chunk_bytes=64 << 10, concurrency=1)).run()
+    dest = _stage_while_changing(tmp_path, monkeypatch, lambda p: os.chmod(p, 0o600))  # ctime only
     assert (dest / "model.safetensors").read_bytes() == b"A" * (1 << 20)
