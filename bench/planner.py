@@ -76,8 +76,9 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # pdserve_sla with one change undone (PlannerConfig overrides; "interval_s" also sets the simulator's
 # tick): what each change buys. Session 3 corrects the prefill service time by the engines' observed
 # prefill time instead of TTFT p90 (a burst's TTFT misses no longer inflate it), plans prefill on a
-# one-tick Erlang level with beta 1.4 (was two ticks, 1.5) and lets the M/M/c term plan up to 100 %
-# utilisation (was 90 %); "previous_defaults" undoes all of that at once, "session1_defaults" also
+# one-tick Erlang level (was two ticks) and lets the M/M/c term plan up to 100 % utilisation (was
+# 90 %); session 8 sizes the prefill queue on the engine occupancy (PerfModel.prefill_busy_s) and
+# raises beta 1.4 -> 1.5 with it. "previous_defaults" undoes session 3 at once, "session1_defaults" also
 # session 2's changes (peak term instead of staffing, 60 s prefill / 180 s decode scale-down delay,
 # +25 % burst headroom). "tick_10s" is a negative result: 10-s ticks (windows scaled to the same
 # seconds) cost GPU-hours with these tick-based predictors (noisier per-tick rates, steeper trends).
@@ -88,8 +89,8 @@ ABLATIONS: dict[str, dict] = {
     "session1_defaults": _PREVIOUS | dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
                                           cooldown_s=60.0, burst_headroom=0.25, decode_scale_down_delay_s=180.0),
     "ttft_p90_correction": dict(correct_by_prefill_time=False),
-    "staffing_beta_1.3": dict(prefill_staffing_beta=1.3),
-    "staffing_beta_1.5": dict(prefill_staffing_beta=1.5),
+    "staffing_beta_1.4": dict(prefill_staffing_beta=1.4),
+    "staffing_beta_1.6": dict(prefill_staffing_beta=1.6),
     "staffing_level_window_2": dict(prefill_level_window_ticks=2),
     "target_utilization_0.9": dict(target_utilization=0.9),
     "peak_term_and_staffing": dict(size_on_peak=True),
@@ -405,6 +406,8 @@ def main(argv: list[str] | None = None) -> dict:
         if "pdserve_sla" in results and static_h else None,
         "profile": {
             "prefill_s_at_mean_isl": round(float(profile.prefill.prefill_time_s(float(np.mean(trace.isl_tokens)))), 4),
+            # how long that prefill holds its worker (the queueing service time; the rest is fixed latency)
+            "prefill_busy_s_at_mean_isl": round(float(profile.prefill.busy_time_s(float(np.mean(trace.isl_tokens)))), 4),
             "decode_step_s_batch64": round(profile.decode.step_s(64, float(np.mean(trace.isl_tokens))), 5),
             "decode_kv_capacity_tokens": profile.decode.kv_capacity_tokens,
         },

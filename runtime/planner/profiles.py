@@ -2,7 +2,7 @@
 ISL and decode step time by (batch, context), tabulated once from the performance model.
 
 Build them with :func:`build_profile` from anything with the ``runtime.perf.model.PerfModel``
-methods ``prefill_time_s(isl_tokens, tp, batch)``, ``decode_step_time_s(batch, context_tokens, tp)``
+methods ``prefill_time_s(isl_tokens, tp, batch)`` (and, optionally, ``prefill_busy_s``), ``decode_step_time_s(batch, context_tokens, tp)``
 and ``kv_capacity_tokens(tp, gpu_memory_utilization)`` (the PERF engineer's roofline +
 calibration; this module adds no performance formula of its own). Lookups interpolate linearly
 (numpy.interp), like Dynamo's profiling interpolators (``prefill_interpolator`` /
@@ -24,6 +24,8 @@ BATCH_GRID = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 class PerfLike(Protocol):
     def prefill_time_s(self, isl_tokens: int, tp: int, batch: int = 1) -> float: ...
 
+    # optional: ``prefill_busy_s(isl_tokens, tp, batch)`` (engine occupancy); without it busy = latency
+
     def decode_step_time_s(self, batch: int, context_tokens: int, tp: int) -> float: ...
 
     def kv_capacity_tokens(self, tp: int, gpu_memory_utilization: float = 0.9) -> int: ...
@@ -31,16 +33,24 @@ class PerfLike(Protocol):
 
 @dataclass(frozen=True)
 class PrefillProfile:
-    """Prefill time of one request on one worker with TP ``tp`` (batch 1), by ISL."""
+    """Prefill of one request on one worker with TP ``tp`` (batch 1), by ISL: ``time_s`` its latency
+    (TTFT without queueing), ``busy_s`` how long it occupies the worker (``PerfModel.prefill_busy_s``:
+    the fixed API-side latency overlaps the next prefill). ``busy_s`` None: the same as ``time_s``."""
 
     tp: int
     isl_grid_tokens: tuple[int, ...]
     time_s: tuple[float, ...]
+    busy_s: tuple[float, ...] | None = None
 
-    def prefill_time_s(self, isl_tokens: float | np.ndarray) -> float | np.ndarray:
-        """Seconds to prefill ``isl_tokens`` (scalar or array), linear interpolation/extrapolation."""
+    def __post_init__(self) -> None:
+        if self.busy_s is not None and len(self.busy_s) != len(self.isl_grid_tokens):
+            raise ValueError(f"PrefillProfile.busy_s has {len(self.busy_s)} points for {len(self.isl_grid_tokens)} ISLs")
+        if self.busy_s is not None and any(not 0 < b <= t * (1 + 1e-9) for b, t in zip(self.busy_s, self.time_s)):
+            raise ValueError("PrefillProfile.busy_s must be > 0 and <= time_s at every ISL (occupancy is part of the latency)")
+
+    def _interp(self, ys: tuple[float, ...], isl_tokens: float | np.ndarray) -> float | np.ndarray:
         x = np.asarray(self.isl_grid_tokens, dtype=float)
-        y = np.asarray(self.time_s, dtype=float)
+        y = np.asarray(ys, dtype=float)
         isl = np.asarray(isl_tokens, dtype=float)
         out = np.interp(isl, x, y)
         # linear extrapolation past the last grid point (compute grows at least linearly)
@@ -48,9 +58,18 @@ class PrefillProfile:
         out = np.where(isl > x[-1], y[-1] + slope * (isl - x[-1]), out)
         return float(out) if np.ndim(out) == 0 else out
 
+    def prefill_time_s(self, isl_tokens: float | np.ndarray) -> float | np.ndarray:
+        """Seconds from start to first token for ``isl_tokens`` (scalar or array), linear
+        interpolation/extrapolation."""
+        return self._interp(self.time_s, isl_tokens)
+
+    def busy_time_s(self, isl_tokens: float | np.ndarray) -> float | np.ndarray:
+        """Seconds the prefill of ``isl_tokens`` (scalar or array) occupies the worker (<= the latency)."""
+        return self._interp(self.time_s if self.busy_s is None else self.busy_s, isl_tokens)
+
     def tokens_per_s(self, isl_tokens: float) -> float:
         """Prefill throughput of one busy worker at this ISL, tokens/s."""
-        return float(isl_tokens) / float(self.prefill_time_s(isl_tokens))
+        return float(isl_tokens) / float(self.busy_time_s(isl_tokens))
 
 
 @dataclass(frozen=True)
@@ -116,7 +135,9 @@ class ServiceProfile:
 
 def _prefill_profile(perf: PerfLike, tp: int) -> PrefillProfile:
     times = tuple(float(perf.prefill_time_s(int(isl), tp, 1)) for isl in ISL_GRID_TOKENS)
-    return PrefillProfile(tp=tp, isl_grid_tokens=ISL_GRID_TOKENS, time_s=times)
+    busy_fn = getattr(perf, "prefill_busy_s", None)  # a stand-in without it: occupancy = latency
+    busy = None if busy_fn is None else tuple(float(busy_fn(int(isl), tp, 1)) for isl in ISL_GRID_TOKENS)
+    return PrefillProfile(tp=tp, isl_grid_tokens=ISL_GRID_TOKENS, time_s=times, busy_s=busy)
 
 
 def build_profile(

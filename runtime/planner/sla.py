@@ -1,10 +1,12 @@
 """SLA replica arithmetic: how many prefill and decode workers a predicted load needs.
 
 Prefill: a pool of ``c`` workers behind a least-loaded router is modelled as an M/M/c queue
-(Erlang C) with service time ``s = prefill_time(ISL) * ttft_correction``. The pool size is the
-smallest ``c`` with utilisation ``rate * s / c <= target_utilization`` and
-``P(wait > ttft_budget - s) <= 1 - quantile`` where ``P(W > t) = C(c, a) * exp(-(c/s - rate) t)``
-(Kleinrock, Queueing Systems vol. 1, §3.5; Erlang C via the Erlang-B recursion).
+(Erlang C) served at the engine occupancy ``s = busy_time(ISL) * ttft_correction``, each request's
+TTFT carrying the whole latency ``L = prefill_time(ISL) - busy_time(ISL) + s`` (the fixed API-side
+part overlaps other prefills: ``PerfModel.prefill_busy_s``). The pool size is the smallest ``c``
+with utilisation ``rate * s / c <= target_utilization`` and ``P(wait > ttft_budget - L) <= 1 -
+quantile`` where ``P(W > t) = C(c, a) * exp(-(c/s - rate) t)`` (Kleinrock, Queueing Systems vol. 1,
+§3.5; Erlang C via the Erlang-B recursion).
 
 Decode: like Dynamo's ``DecodePlanner._compute_replica_requirements``, demand
 ``rate * OSL`` tokens/s divided by one worker's throughput at its largest batch whose step time
@@ -22,6 +24,17 @@ from __future__ import annotations
 import math
 
 from runtime.planner.profiles import DecodeProfile, PrefillProfile
+
+
+def prefill_service_s(profile: PrefillProfile, isl_tokens: float, ttft_correction: float = 1.0) -> tuple[float, float]:
+    """``(occupancy, latency)`` of one prefill of ``isl_tokens``, seconds: the worker is busy for
+    ``busy_time * ttft_correction``; the request waits that plus the uncorrected fixed latency
+    ``prefill_time - busy_time`` for its first token. The correction scales the engine part only (it
+    is measured on vLLM's engine-side prefill time)."""
+    isl = max(isl_tokens, 1.0)
+    busy = float(profile.busy_time_s(isl))
+    fixed = max(float(profile.prefill_time_s(isl)) - busy, 0.0)
+    return busy * ttft_correction, fixed + busy * ttft_correction
 
 MAX_REPLICAS_SEARCH = 4096
 AGG_MAX_PREFILL_SHARE = 0.5
@@ -75,10 +88,10 @@ def prefill_replicas(
     the utilisation bound is returned then (the caller reports the SLO as infeasible)."""
     if rate_per_s <= 0:
         return 0
-    s = float(profile.prefill_time_s(max(isl_tokens, 1.0))) * ttft_correction
+    s, latency = prefill_service_s(profile, isl_tokens, ttft_correction)
     a = rate_per_s * s
     c = max(1, math.ceil(a / target_utilization - 1e-9))
-    slack = ttft_budget_s - s
+    slack = ttft_budget_s - latency
     if slack <= 0:
         return c
     while c < MAX_REPLICAS_SEARCH:
@@ -89,11 +102,12 @@ def prefill_replicas(
 
 
 def expected_ttft_s(rate_per_s: float, isl_tokens: float, num_workers: int, profile: PrefillProfile, quantile: float = 0.9) -> float:
-    """Model TTFT at ``quantile``: prefill time + M/M/c waiting-time quantile (inf if overloaded)."""
+    """Model TTFT at ``quantile``: prefill latency + M/M/c waiting-time quantile at the engine
+    occupancy (inf if overloaded)."""
     if num_workers < 1:
         return math.inf
-    s = float(profile.prefill_time_s(max(isl_tokens, 1.0)))
-    return s + wait_quantile_s(num_workers, rate_per_s, s, quantile)
+    s, latency = prefill_service_s(profile, isl_tokens)
+    return latency + wait_quantile_s(num_workers, rate_per_s, s, quantile)
 
 
 def decode_replicas(
@@ -133,13 +147,13 @@ def aggregated_replicas(
     if ``max_workers`` are not enough. See the module doc for the interference model."""
     if rate_per_s <= 0:
         return 1
-    s = float(prefill_on_decode.prefill_time_s(max(isl_tokens, 1.0)))
+    s, latency = prefill_service_s(prefill_on_decode, isl_tokens)
     ctx = isl_tokens + osl_tokens / 2.0
     for n in range(1, max_workers + 1):
         u = rate_per_s * s / n
         if u > AGG_MAX_PREFILL_SHARE:
             continue
-        if s + wait_quantile_s(n, rate_per_s, s, quantile) > ttft_budget_s:
+        if latency + wait_quantile_s(n, rate_per_s, s, quantile) > ttft_budget_s:
             continue
         per_worker = decode.tokens_per_s(itl_target_s * (1.0 - u), ctx, ctx / 0.9)
         if per_worker > 0 and rate_per_s * osl_tokens / n <= per_worker:

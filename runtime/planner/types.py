@@ -173,7 +173,7 @@ class PlannerConfig:
     decode_scale_down_delay_s: float | None = 120.0
     peak_window_ticks: int | None = None
     peak_quantile: float | None = None
-    prefill_staffing_beta: float | None = 1.4
+    prefill_staffing_beta: float | None = 1.5
     prefill_level_window_ticks: int = 1
     correct_by_prefill_time: bool = True
 

@@ -5,7 +5,9 @@ Model (like Dynamo's mocker, at interval/step granularity so an hour of 200k req
 seconds):
 
 * Prefill: one central FIFO queue in front of the prefill workers (the router sends each request
-  to the worker that frees first). A request takes ``ServiceProfile.prefill.prefill_time_s(ISL)``;
+  to the worker that frees first). A request occupies its worker for ``prefill.busy_time_s(ISL)``
+  and has its KV ready ``prefill.prefill_time_s(ISL)`` after it started (the fixed API-side latency
+  overlaps the worker's next prefill);
   a worker launched at ``t`` serves from ``t + worker_start_s``. When no prefill worker is ready
   (aggregated serving, or before the first one starts) the ready decode workers prefill
   (``agg_prefill`` profile) and their decode steps stretch by ``1 / (1 - busy share)``.
@@ -117,6 +119,14 @@ class SimResult:
         return float(np.quantile(a, 0.9)) if len(a) else 0.0
 
 
+def _prefill_arrays(profile, isl: np.ndarray, slowdown: float) -> tuple[np.ndarray, np.ndarray]:
+    """(occupancy, latency) per request, seconds: the engine part slowed by ``slowdown``, the fixed
+    API-side latency (``prefill_time - busy_time``) not."""
+    busy = np.asarray(profile.busy_time_s(isl), float)
+    fixed = np.maximum(np.asarray(profile.prefill_time_s(isl), float) - busy, 0.0)
+    return busy * slowdown, fixed + busy * slowdown
+
+
 class _Worker:
     __slots__ = ("launch_s", "ready_s", "free_s", "draining")
 
@@ -133,11 +143,14 @@ class FleetSim:
     def __init__(self, trace: Trace, profile: ServiceProfile, cfg: FleetConfig) -> None:
         self.tr, self.prof, self.cfg = trace, profile, cfg
         n = len(trace)
-        self.svc_p = np.asarray(profile.prefill.prefill_time_s(trace.isl_tokens.astype(float)), float) * cfg.slowdown
-        self.svc_a = np.asarray(profile.agg_prefill.prefill_time_s(trace.isl_tokens.astype(float)), float) * cfg.slowdown
+        # per request: how long its prefill occupies a worker (engine time x slowdown) and how long until
+        # its first token could be ready (+ the fixed API-side latency, which overlaps the next prefill)
+        isl = trace.isl_tokens.astype(float)
+        self.busy_p, self.lat_p = _prefill_arrays(profile.prefill, isl, cfg.slowdown)
+        self.busy_a, self.lat_a = _prefill_arrays(profile.agg_prefill, isl, cfg.slowdown)
         self.first_s = np.full(n, np.nan)
         self.prefill_done_s = np.full(n, np.nan)  # when each request's prefill finished
-        self.prefill_used_s = np.full(n, np.nan)  # the prefill time it took (profile x slowdown)
+        self.prefill_used_s = np.full(n, np.nan)  # its engine-side prefill time (occupancy x slowdown)
         self.finish_s = np.full(n, np.nan)
         self.span_s = float(trace.arrival_s[-1]) if n else 0.0
         self.gpu_s = 0.0
@@ -210,9 +223,10 @@ class FleetSim:
     def _dispatch(self, t0: float, t1: float) -> float:
         """Start queued prefills that can start before t1; returns busy seconds put on decode workers."""
         ready_p = [w for w in self.prefill if w.ready_s <= t0]
-        servers, svc, agg = (self.prefill, self.svc_p, False)
+        servers, busy_s, lat_s, agg = (self.prefill, self.busy_p, self.lat_p, False)
         if not ready_p:
-            servers, svc, agg = ([w for w in self.decode if w.ready_s <= t0 and not w.draining], self.svc_a, True)
+            servers, busy_s, lat_s, agg = ([w for w in self.decode if w.ready_s <= t0 and not w.draining],
+                                           self.busy_a, self.lat_a, True)
         if not servers:
             return 0.0
         avail = [max(w.ready_s, w.free_s) for w in servers]
@@ -225,10 +239,10 @@ class FleetSim:
             if start >= t1:
                 break
             self.pending.popleft()
-            done = start + svc[i]
-            avail[k] = servers[k].free_s = done
-            self.prefill_done_s[i], self.prefill_used_s[i] = done, svc[i]
-            busy += svc[i]
+            done = start + lat_s[i]
+            avail[k] = servers[k].free_s = start + busy_s[i]
+            self.prefill_done_s[i], self.prefill_used_s[i] = done, busy_s[i]
+            busy += busy_s[i]
             heapq.heappush(self.ready_heap, (done, i))
         return busy if agg else 0.0
 

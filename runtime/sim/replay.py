@@ -7,12 +7,13 @@ Model (like Dynamo's mocker engine, simplified to what routing changes):
   prefill time from :class:`~runtime.sim.timing.PerfTiming` given the blocks actually hit in that
   worker's :class:`~runtime.sim.worker.SimKvCache` *when the prefill starts*;
 * the KV events of that start (evictions, newly stored blocks) reach the router immediately;
-* TTFT = prefill end − arrival; then the request decodes for ``output_tokens`` steps at the decode
+* TTFT = prefill end − arrival + the fixed API-side latency (``PerfTiming.fixed_latency_s``, which
+  does not hold the worker); then the request decodes for ``output_tokens`` steps at the decode
   worker's current batch (decode overlaps prefill on the timeline: its cost shows up as KV blocks
   held, not as prefill delay), its blocks pinned until it completes;
 * disaggregated decisions prefill on ``prefill_worker`` and then pin the blocks on ``decode_worker``
   (the NIXL transfer is not timed);
-* busy time of a worker = sum of its prefill times; imbalance = max / mean busy time.
+* busy time of a worker = sum of its prefill occupancies; imbalance = max / mean busy time.
 
 The router is anything with the :class:`RouterLike` methods, so external routers (Dynamo's
 ``SelectionService`` via an adapter) replay the same trace against the same simulated workers.
@@ -162,7 +163,7 @@ def replay(requests: Sequence[TraceRequest], router: RouterLike, workers: Sequen
             start_next(pre, now)  # type: ignore[arg-type]
         elif kind == _PREFILL_DONE:
             r: _Req = obj  # type: ignore[assignment]
-            res.ttft_s.append(now - r.tr.arrival_s)
+            res.ttft_s.append(now - r.tr.arrival_s + timing.fixed_latency_s)
             res.hit_blocks += r.hit_blocks
             res.total_blocks += len(r.tr.hash_ids)
             router.on_first_token(r.tr.request_id)

@@ -1,7 +1,9 @@
 """Prefill and decode durations of simulated workers, from the roofline model in runtime/perf (pure).
 
 ``PerfTiming`` wraps a :class:`runtime.perf.model.PerfModel` (its contract: ``prefill_time_s(isl_tokens,
-tp, batch=1)`` and ``decode_step_time_s(batch, context_tokens, tp)``) for one TP degree.
+tp, batch=1)`` and ``decode_step_time_s(batch, context_tokens, tp)``, optionally ``prefill_busy_s``) for one
+TP degree. A worker is occupied for the engine's prefill time; the fixed API-side latency of TTFT
+(``prefill_time_s - prefill_busy_s``, a constant of the fit) is added to each request's TTFT only.
 """
 
 from __future__ import annotations
@@ -29,16 +31,22 @@ class PerfTiming:
         self.perf = perf
         self.tp = tp
         self._prefill_memo: dict[int, float] = {}
+        busy = getattr(perf, "prefill_busy_s", None)
+        # engine occupancy (PerfModel.prefill_busy_s) when the model has it, else the whole prefill time
+        self._busy = busy if busy is not None else perf.prefill_time_s
+        #: the fixed part of TTFT that does not hold the worker (API-side latency), seconds
+        self.fixed_latency_s = max(perf.prefill_time_s(1, tp) - self._busy(1, tp), 0.0) if busy is not None else 0.0
 
     def _p(self, tokens: int) -> float:
         t = self._prefill_memo.get(tokens)
         if t is None:
-            t = self.perf.prefill_time_s(tokens, self.tp)
+            t = self._busy(tokens, self.tp)
             self._prefill_memo[tokens] = t
         return t
 
     def prefill_s(self, isl_tokens: int, cached_tokens: int = 0) -> float:
-        """Prefill time of a prompt whose first ``cached_tokens`` are in the prefix cache, seconds.
+        """How long the prefill of a prompt whose first ``cached_tokens`` are in the prefix cache occupies
+        its worker, seconds (TTFT adds ``fixed_latency_s``).
 
         ``max(P(isl) - P(cached), P(isl - cached))`` with ``P`` the full-prefill time: the difference is
         the FLOPs of the uncached suffix *including* its attention over the cached prefix (causal

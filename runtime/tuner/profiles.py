@@ -23,8 +23,9 @@ DEFAULT_CONTEXT_GRID = (256, 1024, 4096, 16384)
 @dataclass(frozen=True)
 class PrefillPoint:
     isl_tokens: int
-    ttft_ms: float  # unloaded prefill time of one prompt
-    tokens_per_s_per_gpu: float
+    ttft_ms: float  # unloaded prefill time of one prompt (its TTFT without queueing or KV transfer)
+    tokens_per_s_per_gpu: float  # prompt tokens per second per GPU of a busy worker (isl / busy / tp)
+    busy_ms: float | None = None  # engine occupancy of that prefill (PerfModel.prefill_busy_s); None: unknown
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,8 @@ def build_profiles(
             continue
         pts = []
         for isl in isl_grid:
-            t = perf.prefill_time_s(isl, tp)
-            pts.append(PrefillPoint(isl, t * 1e3, isl / t / tp))
+            t, busy = perf.prefill_time_s(isl, tp), perf.prefill_busy_s(isl, tp)
+            pts.append(PrefillPoint(isl, t * 1e3, isl / busy / tp, busy * 1e3))
         out.prefill[tp] = pts
     for tp in decode_tps:
         cap = perf.kv_capacity_tokens(tp, gpu_memory_utilization)
@@ -149,6 +150,18 @@ class ProfilePerf:
         if not self.profiles.prefill.get(tp):
             return self.base.prefill_time_s(isl_tokens, tp, batch)
         return self.profiles.ttft_ms(tp, isl_tokens) / 1e3 * batch
+
+    def prefill_busy_s(self, isl_tokens: int, tp: int, batch: int = 1) -> float:
+        """Engine occupancy of the prefill: the profile's ``busy_ms`` curve where it has one (predicted
+        profiles), else the whole measured TTFT (a measurement cannot tell latency from occupancy, so
+        the queueing model stays on the safe side); ``base``'s for a TP the profiles do not cover."""
+        pts = self.profiles.prefill.get(tp)
+        if not pts:
+            return self.base.prefill_busy_s(isl_tokens, tp, batch)
+        if all(p.busy_ms is not None for p in pts):
+            busy = _interp(isl_tokens, [p.isl_tokens for p in pts], [p.busy_ms for p in pts]) / 1e3 * batch
+            return min(busy, self.prefill_time_s(isl_tokens, tp, batch))  # occupancy is part of the latency
+        return self.prefill_time_s(isl_tokens, tp, batch)
 
     def decode_step_time_s(self, batch: int, context_tokens: int, tp: int) -> float:
         pts = self.profiles.decode.get(tp)

@@ -5,10 +5,11 @@ For every pair (prefill TP ``p``, decode TP ``d``) in ``tps x tps``:
 1. Rules: ``p`` and ``d`` divide the attention and KV heads (``ModelSpec.tp_divides_heads``); weights +
    activations + one (p90-length) request's KV fit (``PerfModel.fits``); ``p <= d`` unless the model uses
    MLA (vLLM NixlConnector refuses prefill TP > decode TP for non-MLA models).
-2. Prefill: service times ``S = prefill_time_s(isl, p)`` over the workload's prompt lengths (one length:
-   M/D/1 as in DistServe, OSDI 2024; a sample or trace: M/G/1 with Pollaczek-Khinchine moments); TTFT p90 =
-   p90 of (S + KV transfer) + p90 queueing delay (``runtime.tuner.queueing``); per-worker goodput = the
-   largest Poisson rate meeting the TTFT SLO.
+2. Prefill: service times ``S = prefill_busy_s(isl, p)`` (the engine's occupancy, without the fixed TTFT
+   latency that overlaps other requests' prefills) over the workload's prompt lengths (one length: M/D/1 as
+   in DistServe, OSDI 2024; a sample or trace: M/G/1 with Pollaczek-Khinchine moments); TTFT p90 = p90 of
+   (``prefill_time_s`` + KV transfer) + p90 queueing delay of S (``runtime.tuner.queueing``); per-worker
+   goodput = the largest Poisson rate meeting the TTFT SLO.
 3. Decode: the largest batch ``B`` with ``decode_step_time_s(B, p90 context, d) <= ITL SLO`` and
    ``B * mean(isl + osl) <= kv_capacity_tokens(d)``; per-worker goodput = ``B / step(B, mean isl + osl/2) /
    mean osl`` requests/s.
@@ -201,8 +202,10 @@ def evaluate(
     bw = KV_TRANSFER_BW_BYTES_PER_S.get(perf.gpu.name, DEFAULT_KV_TRANSFER_BW_BYTES_PER_S)
     kv_tok = m.kv_bytes_per_token(perf.kv_dtype_bytes, 1)
     by_isl = {i: perf.prefill_time_s(i, prefill_tp) for i in set(smp.isl_tokens)}
-    services = [by_isl[i] for i in smp.isl_tokens]
-    totals = [s + i * kv_tok / (bw * prefill_tp) for s, i in zip(services, smp.isl_tokens)]
+    busy_by_isl = {i: perf.prefill_busy_s(i, prefill_tp) for i in set(smp.isl_tokens)}
+    # the queue is served at the engine's occupancy; each request's TTFT carries the whole latency
+    services = [busy_by_isl[i] for i in smp.isl_tokens]
+    totals = [by_isl[i] + i * kv_tok / (bw * prefill_tp) for i in smp.isl_tokens]
     mean_s = sum(services) / len(services)
     m2_s = sum(s * s for s in services) / len(services)
     p90_total_s = quantile(totals, SLO_QUANTILE)

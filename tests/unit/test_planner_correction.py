@@ -26,18 +26,18 @@ def cfg(**kw) -> PlannerConfig:
     return PlannerConfig(**(base | kw))
 
 
-def test_defaults_are_the_session3_staffing_settings():
+def test_defaults_are_the_session8_staffing_settings():
     c, spec = PlannerConfig(), PlannerSpec()
-    assert (c.prefill_staffing_beta, c.prefill_level_window_ticks, c.target_utilization) == (1.4, 1, 1.0)
-    assert (spec.prefill_staffing_beta, spec.prefill_level_window_ticks, spec.target_utilization) == (1.4, 1, 1.0)
+    assert (c.prefill_staffing_beta, c.prefill_level_window_ticks, c.target_utilization) == (1.5, 1, 1.0)
+    assert (spec.prefill_staffing_beta, spec.prefill_level_window_ticks, spec.target_utilization) == (1.5, 1, 1.0)
     assert c.correct_by_prefill_time
 
 
 def test_staffing_by_hand_with_the_default_beta():
     sm = PlannerStateMachine(cfg(), PROF)
     d = sm.on_tick(tick(30, 20.0))
-    # 20 req/s x 0.1 s = 2 Erlangs -> 2 + 1.4 x sqrt(2) = 3.98 -> 4 (beta 1.5 would give 4.12 -> 5)
-    assert sm.staffing_prefill_replicas() == 4 and d.prefill_replicas == 4
+    # 20 req/s x 0.1 s = 2 Erlangs -> 2 + 1.5 x sqrt(2) = 4.12 -> 5 (beta 1.4 would give 3.98 -> 4)
+    assert sm.staffing_prefill_replicas() == 5 and d.prefill_replicas == 5
     old = PlannerStateMachine(cfg(prefill_staffing_beta=1.5), PROF)
     old.on_tick(tick(30, 20.0))
     assert old.staffing_prefill_replicas() == 5

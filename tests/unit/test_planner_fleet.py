@@ -150,7 +150,7 @@ def test_a_clone_shares_only_the_read_only_inputs():
     c = sim.clone()
     shared = {k for k, v in vars(sim).items() if isinstance(v, (list, dict, set, np.ndarray, deque))
               and vars(c)[k] is v}
-    assert shared <= {"svc_p", "svc_a"}  # service times per request: computed once, never written
+    assert shared <= {"busy_p", "lat_p", "busy_a", "lat_a"}  # per-request prefill times: computed once, never written
 
 
 def test_a_cloned_simulation_runs_on_without_touching_the_original():

@@ -100,7 +100,7 @@ def test_planner_off_builds_nothing_and_sla_mode_needs_the_model_config(tmp_path
     assert s["spec"].model.name == "m"
 
 
-def test_planner_flags_are_checked_naming_the_flag(tmp_path):
+def test_planner_flags_are_checked_naming_the_flag(tmp_path, capsys):
     load = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load")).model_dump_json()
     s = planner_settings(_args("--planner", "dry-run", "--deployment-spec", load))
     assert s["spec"].planner.mode == "load" and s["model_config"] is None  # load mode needs no perf model
@@ -110,8 +110,9 @@ def test_planner_flags_are_checked_naming_the_flag(tmp_path):
         planner_settings(_args("--planner", "kubernetes", "--deployment-spec", load))
     with pytest.raises(SystemExit, match="--model-dir"):
         planner_settings(_args("--planner", "local", "--deployment-spec", load))
-    with pytest.raises(SystemExit, match="--planner-interval-s"):
-        planner_settings(_args("--planner", "dry-run", "--deployment-spec", load, "--planner-interval-s", "0"))
+    with pytest.raises(SystemExit) as exc:  # refused at parse time (argparse error naming the flag, exit 2)
+        _args("--planner", "dry-run", "--deployment-spec", load, "--planner-interval-s", "0")
+    assert exc.value.code == 2 and "argument --planner-interval-s" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _args("--planner", "magic")
     k = planner_settings(_args("--planner", "kubernetes", "--deployment-spec", load, "--namespace", "llm",

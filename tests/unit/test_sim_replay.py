@@ -80,3 +80,26 @@ def test_load_scale_factor_puts_no_cache_work_at_the_requested_fraction():
     assert load_scale_factor(reqs, timing, 2, 0.5) == pytest.approx(0.1044)
     with pytest.raises(ValueError, match="load"):
         load_scale_factor(reqs, timing, 2, 0)
+
+
+class SplitPerf(LinearPerf):
+    """LinearPerf whose 10 ms constant is API-side latency: the engine is busy 1 ms per token + 1 ms."""
+
+    def prefill_busy_s(self, isl_tokens, tp, batch=1):
+        return 0.001 + 0.001 * isl_tokens * batch
+
+
+def test_workers_are_held_for_the_engine_time_and_ttft_adds_the_fixed_latency():
+    timing = PerfTiming(SplitPerf(), 8)
+    assert timing.fixed_latency_s == pytest.approx(0.009)
+    assert timing.prefill_s(1024) == pytest.approx(1.025)
+    # a cache hit removes engine work only: the fixed latency is paid either way
+    assert timing.prefill_s(1024, 512) == pytest.approx(max(1.025 - 0.513, 0.513))
+    reqs = [_req(0, 0.0, [1, 2]), _req(1, 0.0, [3, 4])]
+    router = Router(RouterSpec(policy="round_robin"), BS)
+    workers = [SimWorkerSpec("w0", "both", 100)]
+    router.add_worker("w0", "both")
+    res = replay(reqs, router, workers, timing, BS)
+    # one worker, FCFS: the second prefill starts when the first one's engine time ends, not its TTFT
+    assert res.ttft_s == pytest.approx([1.025 + 0.009, 2 * 1.025 + 0.009])
+    assert sum(res.busy_s.values()) == pytest.approx(2 * 1.025)
