@@ -33,17 +33,35 @@ COMPLETIONS_PATH = "/v1/completions"
 
 
 class BackendError(RuntimeError):
-    """A worker answered with a non-2xx status or could not be reached.
+    """A worker answered with a non-2xx status, answered something that is not the protocol, or could not
+    be reached.
 
     Attributes:
-        status_code: HTTP status of the worker's answer; 502 when it could not be reached.
-        body: the worker's response body (parsed JSON when possible, else text).
+        status_code: HTTP status of the worker's answer; 502 when there was no usable answer, 504 when it
+            timed out.
+        body: the worker's response body (parsed JSON when possible, else text), or what went wrong.
         url: the URL called.
+        unreachable: True only when the worker process looks gone (connection refused or reset, the
+            connection dropped mid-answer): the router then takes it out of the pool and a decode request
+            may migrate. A worker that answered (any status, or a malformed body) or was only slow
+            (timeout) is not unreachable.
     """
 
-    def __init__(self, url: str, status_code: int, body: Any) -> None:
-        self.url, self.status_code, self.body = url, status_code, body
+    def __init__(self, url: str, status_code: int, body: Any, *, unreachable: bool = False) -> None:
+        self.url, self.status_code, self.body, self.unreachable = url, status_code, body, unreachable
         super().__init__(f"{url} answered {status_code}: {str(body)[:500]}")
+
+
+# httpx errors that mean the worker process is gone (refused, reset, closed mid-answer), as opposed to
+# slow (timeouts: the worker may be busy) or a local misuse
+_GONE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.CloseError)
+
+
+def _transport_error(url: str, exc: httpx.HTTPError) -> BackendError:
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        return BackendError(url, 504, f"{type(exc).__name__}: the worker did not answer in time")
+    gone = isinstance(exc, _GONE) or isinstance(exc, httpx.ConnectTimeout)
+    return BackendError(url, 502, f"{type(exc).__name__}: {exc}", unreachable=gone)
 
 
 def prefill_body(body: dict) -> dict:
@@ -54,6 +72,7 @@ def prefill_body(body: dict) -> dict:
         out["max_completion_tokens"] = 1
     out["stream"] = False
     out.pop("stream_options", None)
+    out.pop("min_tokens", None)  # vLLM refuses min_tokens > max_tokens; the decode worker enforces it
     out["kv_transfer_params"] = dict(PREFILL_KV_TRANSFER_PARAMS)
     return out
 
@@ -72,6 +91,18 @@ def _decode_error_body(resp: httpx.Response) -> Any:
         return resp.json()
     except ValueError:
         return resp.text
+
+
+def _chunk_shape_ok(chunk: dict) -> bool:
+    """The fields the runtime reads have the OpenAI chunk types: ``choices`` a list of objects whose
+    ``delta`` (if any) is an object, ``usage`` an object or null. An ``error`` event passes (vLLM sends
+    one when generation fails mid-stream)."""
+    choices = chunk.get("choices", [])
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        return False
+    if any(not isinstance(c.get("delta", {}), (dict, type(None))) for c in choices):
+        return False
+    return isinstance(chunk.get("usage"), (dict, type(None)))
 
 
 class VllmClient:
@@ -106,10 +137,16 @@ class VllmClient:
         try:
             resp = await self._http.post(path, json=body, headers={"X-Request-Id": request_id})
         except httpx.HTTPError as exc:
-            raise BackendError(url, 502, f"{type(exc).__name__}: {exc}") from exc
+            raise _transport_error(url, exc) from exc
         if resp.status_code >= 300:
             raise BackendError(url, resp.status_code, _decode_error_body(resp))
-        return resp.json()
+        try:
+            answer = resp.json()
+        except ValueError:
+            raise BackendError(url, 502, f"answered {resp.status_code} with a body that is not JSON") from None
+        if not isinstance(answer, dict):
+            raise BackendError(url, 502, f"answered {resp.status_code} with JSON that is not an object")
+        return answer
 
     async def prefill(self, path: str, body: dict, request_id: str) -> dict | None:
         """Run the prefill step of `body`; returns the `kv_transfer_params` for the decode worker (or None).
@@ -133,7 +170,9 @@ class VllmClient:
         """Streaming (decode) call: yields each SSE chunk's JSON object, stops at `data: [DONE]`.
 
         Raises:
-            BackendError: non-2xx status (raised before the first chunk) or a broken connection.
+            BackendError: non-2xx status (raised before the first chunk), a broken connection, an event
+                that is not a JSON object, or a stream that ends without `data: [DONE]` (a truncated
+                answer must not look complete).
         """
         b = decode_body(body, kv_transfer_params)
         b["stream"] = True
@@ -149,9 +188,16 @@ class VllmClient:
                     data = line[len("data:"):].strip()
                     if data == "[DONE]":
                         return
-                    yield json.loads(data)
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise BackendError(url, 502, "stream event is not JSON") from None
+                    if not isinstance(chunk, dict) or not _chunk_shape_ok(chunk):
+                        raise BackendError(url, 502, "stream event is not an OpenAI completion chunk")
+                    yield chunk
         except httpx.HTTPError as exc:
-            raise BackendError(url, 502, f"{type(exc).__name__}: {exc}") from exc
+            raise _transport_error(url, exc) from exc
+        raise BackendError(url, 502, "stream ended without data: [DONE]")
 
     async def metrics_text(self) -> str:
         """GET /metrics (Prometheus text). Raises BackendError."""
@@ -159,7 +205,7 @@ class VllmClient:
         try:
             resp = await self._http.get("/metrics")
         except httpx.HTTPError as exc:
-            raise BackendError(url, 502, str(exc)) from exc
+            raise _transport_error(url, exc) from exc
         if resp.status_code != 200:
             raise BackendError(url, resp.status_code, resp.text)
         return resp.text

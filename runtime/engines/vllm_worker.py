@@ -118,6 +118,9 @@ def build_vllm_args(
         events = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
+            # every interface: vLLM binds only an endpoint with '*' or '::' and *connects* to any other
+            # (vllm/distributed/kv_events.py ZmqEventPublisher._socket_setup), so a loopback-only bind is
+            # not expressible; the events carry prompt token ids, keep the worker host off shared networks
             "endpoint": f"tcp://*:{kv_events_port}",
             "topic": KV_EVENTS_TOPIC,
         }

@@ -5,6 +5,11 @@ The router re-hashes the ``token_ids`` carried by every ``BlockStored`` with its
 ``BlockRemoved`` (which carries engine hashes only) and the ``parent_block_hash`` of later events can be
 translated. The engine's hash seed or algorithm therefore never has to match the router's.
 
+The map counts stores per engine hash: vLLM's block pool can hold two physical blocks with one hash (two
+requests computed the same prefix at once) and then reports ``BlockStored`` twice and, on eviction,
+``BlockRemoved`` twice. The translation of an engine hash lives until its last copy is removed (the index
+counts the copies too), so the index never keeps a block the worker lacks nor drops one it still holds.
+
 When a ``BlockStored`` carries no token ids (the simulator replaying Mooncake ``hash_ids``), the engine
 hashes are used as router hashes unchanged; the caller then routes with the same ids.
 
@@ -51,7 +56,8 @@ class KvEventApplier:
             raise ValueError(f"block_size_tokens must be > 0, got {block_size_tokens}")
         self.index = index
         self.block_size_tokens = block_size_tokens
-        self._engine_to_router: dict[str, dict[Hashable, Hashable]] = {}
+        # per worker: engine hash -> [router hash, copies the worker holds]
+        self._engine_to_router: dict[str, dict[Hashable, list]] = {}
 
     def forget_worker(self, worker_id: str) -> None:
         """Drop the hash translation table of a removed worker."""
@@ -72,22 +78,39 @@ class KvEventApplier:
             if isinstance(ev, BlockStored):
                 self._stored(worker_id, table, ev, stats)
             elif isinstance(ev, BlockRemoved):
-                router_hashes = [table.pop(h, h) for h in ev.block_hashes]
+                router_hashes = []
+                for h in ev.block_hashes:
+                    entry = table.get(h)
+                    if entry is None:  # never seen (orphan, or stored before we subscribed)
+                        router_hashes.append(h)
+                    else:  # the index counts copies too; the translation lives as long as one copy does
+                        router_hashes.append(entry[0])
+                        entry[1] -= 1
+                        if entry[1] <= 0:
+                            del table[h]
                 self.index.remove(worker_id, router_hashes)
-                stats.num_removed_blocks += len(router_hashes)
+                stats.num_removed_blocks += len(ev.block_hashes)
             elif isinstance(ev, AllBlocksCleared):
                 table.clear()
                 self.index.clear(worker_id)
                 stats.num_cleared += 1
         return stats
 
-    def _stored(self, worker_id: str, table: dict[Hashable, Hashable], ev: BlockStored,
+    @staticmethod
+    def _remember(table: dict[Hashable, list], engine_hash: Hashable, router_hash: Hashable) -> None:
+        entry = table.get(engine_hash)
+        if entry is None or entry[0] != router_hash:
+            table[engine_hash] = [router_hash, 1]
+        else:
+            entry[1] += 1
+
+    def _stored(self, worker_id: str, table: dict[Hashable, list], ev: BlockStored,
                 stats: ApplyStats) -> None:
         n = len(ev.block_hashes)
         if ev.token_ids is None:
             self.index.store(worker_id, ev.block_hashes)
             for h in ev.block_hashes:
-                table[h] = h
+                self._remember(table, h, h)
             stats.num_stored_blocks += n
             return
         if ev.block_size != self.block_size_tokens:
@@ -103,13 +126,14 @@ class KvEventApplier:
         if ev.parent_block_hash is None:
             parent: Hashable | None = None
         else:
-            parent = table.get(ev.parent_block_hash)
-            if parent is None:
+            entry = table.get(ev.parent_block_hash)
+            if entry is None:
                 stats.num_orphan_blocks += n
                 return
+            parent = entry[0]
         ours = block_hashes(ev.token_ids, self.block_size_tokens, parent,  # type: ignore[arg-type]
                             extra_keys=ev.extra_keys)
         for eh, rh in zip(ev.block_hashes, ours):
-            table[eh] = rh
+            self._remember(table, eh, rh)
         self.index.store(worker_id, ours)
         stats.num_stored_blocks += n

@@ -14,8 +14,12 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    with the text already sent appended, runtime.server.migration) while the pairing allows it; otherwise the
    client gets an OpenAI error (an error event inside a started stream).
 
-Client-supplied `kv_transfer_params` are dropped: no request field or header can make a worker talk to an
-address outside the configured pool.
+Client-supplied `kv_transfer_params` (also inside `vllm_xargs`) and `ec_transfer_params` are dropped: no
+request field or header can make a worker talk to an address outside the configured pool.
+
+Every request's router load is released exactly once, whatever ends it: an answer, a worker error, or the
+client going away (KServe cancels the handler on disconnect). A streaming request contacts its decode worker
+before the response starts, so a worker error before the first chunk is an HTTP error, not a 200 stream.
 """
 
 from __future__ import annotations
@@ -46,7 +50,15 @@ from runtime.server.migration import chunk_text, continuation_body
 from runtime.server.pairing import Pairing, Route, RouteRequest
 from runtime.server.tokenize import PromptTokenizer
 
-_DROPPED_FIELDS = ("kv_transfer_params",)
+_DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+
+
+class _StreamFailedEarly(Exception):
+    """The decode stream failed before its first chunk (no migration possible): answer with an HTTP error."""
+
+    def __init__(self, exc: BackendError) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
 
 
 def _backend_error_response(exc: BackendError) -> ErrorResponse:
@@ -62,7 +74,10 @@ def _backend_error_response(exc: BackendError) -> ErrorResponse:
         return create_error_response(message=str(detail), err_type="BadRequestError",
                                      status_code=HTTPStatus(exc.status_code) if known else HTTPStatus.BAD_REQUEST)
     status = HTTPStatus(exc.status_code) if known and exc.status_code >= 500 else HTTPStatus.BAD_GATEWAY
-    return create_error_response(message=f"inference worker failed: {str(detail)[:300]}",
+    # a worker's own 5xx text may name hosts, paths or internals: the client gets the status only
+    reason = "timed out" if status == HTTPStatus.GATEWAY_TIMEOUT else f"answered {exc.status_code}" if (
+        exc.status_code >= 500 and exc.status_code != 502) else "gave no usable answer"
+    return create_error_response(message=f"inference worker failed: it {reason}",
                                  err_type="BackendError", status_code=status)
 
 
@@ -174,6 +189,11 @@ class PDModel(OpenAIGenerativeModel):
             body = request.model_dump(mode="json", exclude_unset=True)
         for f in _DROPPED_FIELDS:
             body.pop(f, None)
+        xargs = body.get("vllm_xargs")
+        if isinstance(xargs, dict):
+            body["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in _DROPPED_FIELDS}
+        # the validated value decides (pydantic reads "false" as False; the raw JSON string is truthy)
+        body["stream"] = bool(getattr(request, "stream", False))
         body["model"] = self.name
         return body
 
@@ -201,7 +221,7 @@ class PDModel(OpenAIGenerativeModel):
         except BackendError as exc:
             if 400 <= exc.status_code < 500:
                 raise
-            if exc.status_code == 502:  # unreachable
+            if exc.unreachable:
                 self.pairing.on_worker_unreachable(route.prefill_url)
             kv = None
         if kv is None:  # worker down, 5xx, or a worker without a KV connector
@@ -235,19 +255,32 @@ class PDModel(OpenAIGenerativeModel):
     async def _serve(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None = None) -> Any:
         t0 = self.clock()
         rid = f"pdserve-{uuid.uuid4().hex}"
-        token_ids = self.tokenizer.token_ids(path, body) if self.tokenizer is not None else None
+        token_ids = None
+        if self.tokenizer is not None:  # chat templates of long prompts take seconds: off the event loop
+            token_ids = await asyncio.to_thread(self.tokenizer.token_ids, path, body)
         try:
             route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
         except RuntimeError as exc:
             self.metrics.requests.labels(endpoint, "none", "error").inc()
             return create_error_response(str(exc), err_type="ServiceUnavailable",
                                          status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+        # from here on the route holds router load: released by _finish exactly once, on every path out
+        state = {"route": route, "mode": None, "owner": "serve"}
+        try:
+            return await self._serve_route(path, endpoint, body, response_type, context, rid, t0, token_ids, state)
+        finally:
+            if state["owner"] == "serve":  # an exception, a cancellation (client gone) or an early return
+                self._finish(rid, endpoint, state["route"], t0, ok=False, mode=state["mode"])
+
+    async def _serve_route(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None,
+                           rid: str, t0: float, token_ids: list[int] | None, state: dict) -> Any:
+        route = state["route"]
         try:
             route, kv = await self._prefill(route, path, body, rid)
         except BackendError as exc:
-            self._finish(rid, endpoint, route, t0, ok=False)
             return _backend_error_response(exc)
-        mode = "remote" if kv is not None else "local"
+        state["route"] = route
+        mode = state["mode"] = "remote" if kv is not None else "local"
         self.metrics.routes.labels(route.reason or "none").inc()
         _set_route_headers(context, route)
         if token_ids is not None and self.observer is not None:
@@ -258,7 +291,13 @@ class PDModel(OpenAIGenerativeModel):
             self.pairing.on_first_token(rid, self.clock())
         decode = self._client(route.decode_url)
         if body.get("stream"):
-            return self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None)
+            gen = self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None)
+            state["owner"] = "stream"  # the generator's own finally releases the load from here on
+            try:
+                first = await gen.__anext__()
+            except _StreamFailedEarly as early:
+                return _backend_error_response(early.exc)
+            return _prepend(first, gen)
         first_token = asyncio.Event()
         nudger = self._start_nudger(route, kv, first_token)
         try:
@@ -269,21 +308,26 @@ class PDModel(OpenAIGenerativeModel):
                 except BackendError as exc:
                     new = self._migrate(exc, route, rid)
                     if new is None:
-                        self._finish(rid, endpoint, route, t0, ok=False, mode=mode)
                         return _backend_error_response(exc)
                     route, kv, decode, mode = new, None, self._client(new.decode_url), "local"
+                    state["route"], state["mode"] = route, mode
         finally:
             first_token.set()
             if nudger is not None:
                 nudger.cancel()
         answer.pop("kv_transfer_params", None)
+        try:
+            result = response_type.model_validate(answer)
+        except ValueError:  # pydantic ValidationError: the worker's 200 is not an OpenAI response
+            return _backend_error_response(BackendError(route.decode_url, 502, "not an OpenAI response object"))
         total_s = self.clock() - t0
         ttft_s = prefill_done_s if (kv is not None and prefill_done_s is not None) else total_s
         self.metrics.ttft.labels(endpoint, mode).observe(ttft_s)
+        state["owner"] = "done"
         self._finish(rid, endpoint, route, t0, ok=True, mode=mode)
         usage = answer.get("usage") or {}
         self._observe(usage, token_ids is not None, ttft_s, total_s, usage.get("completion_tokens") or 0)
-        return response_type.model_validate(answer)
+        return result
 
     def _observe(self, usage: dict, arrival_recorded: bool, ttft_s: float, total_s: float, osl_tokens: int,
                  itl_s: float | None = None) -> None:
@@ -298,7 +342,7 @@ class PDModel(OpenAIGenerativeModel):
 
     def _migrate(self, exc: BackendError, route: Route, rid: str) -> Route | None:
         """After a decode failure: the route to continue on, or None (not a dead worker, or no migration)."""
-        if exc.status_code != 502:  # the worker answered: not a dead worker
+        if not exc.unreachable:  # the worker answered, or was only slow: not a dead worker
             return None
         self.pairing.on_worker_unreachable(route.decode_url)
         new = self.pairing.on_decode_failed(rid, self.clock())
@@ -321,6 +365,7 @@ class PDModel(OpenAIGenerativeModel):
         base = body if client_wants_usage else {**body, "stream_options": {
             **(body.get("stream_options") or {}), "include_usage": True}}
         attempt = base
+        yielded = False
         first_token = asyncio.Event()
         nudger = self._start_nudger(route, kv, first_token)
         try:
@@ -331,12 +376,15 @@ class PDModel(OpenAIGenerativeModel):
                         stream_id = stream_id or chunk.get("id")
                         if stream_id and "id" in chunk:
                             chunk["id"] = stream_id  # one id across a migration
-                        if first_s is None and _is_first_token(chunk):
+                        token = (local_prefill or first_s is None) and _is_first_token(chunk)
+                        if local_prefill and token:
+                            # this decode worker's own prefill is done (also after a migration)
+                            local_prefill = False
+                            self.pairing.on_first_token(rid, self.clock())
+                        if first_s is None and token:
                             first_token.set()
                             first_s = self.clock() - t0  # what the client sees, NIXL pull included
                             self.metrics.ttft.labels(endpoint, mode).observe(first_s)
-                            if local_prefill:
-                                self.pairing.on_first_token(rid, self.clock())
                         usage = chunk.get("usage") or usage
                         if not client_wants_usage:
                             chunk.pop("usage", None)
@@ -346,6 +394,7 @@ class PDModel(OpenAIGenerativeModel):
                         if text:
                             sent.append(text)
                             last_s = self.clock() - t0
+                        yielded = True
                         yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
                     ok = True
                     break
@@ -353,12 +402,15 @@ class PDModel(OpenAIGenerativeModel):
                     new = self._migrate(exc, route, rid)
                     cont = continuation_body(path, base, "".join(sent), len(sent)) if new is not None else None
                     if cont is None:
+                        if not yielded:  # nothing sent yet: the caller answers with an HTTP error instead
+                            raise _StreamFailedEarly(exc) from exc
                         status = exc.status_code if 400 <= exc.status_code < 600 else 502
                         err = _backend_error_response(exc).error
                         body_err = openai_error_body(err.message, err_type=err.type, status=status)
                         yield f"data: {json.dumps(body_err)}\n\n"
                         break
                     route, kv, decode, attempt, mode = new, None, self._client(new.decode_url), cont, "local"
+                    local_prefill = True  # the new decode worker prefills; its load ends at its first token
         finally:
             first_token.set()
             if nudger is not None:
@@ -370,7 +422,21 @@ class PDModel(OpenAIGenerativeModel):
         yield "data: [DONE]\n\n"
 
     def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None) -> None:
-        mode = mode or ("remote" if route.prefill_url else "local")
-        self.metrics.requests.labels(endpoint, mode, "ok" if ok else "error").inc()
-        self.metrics.e2e.labels(endpoint, mode).observe(self.clock() - t0)
-        self.pairing.on_complete(rid, self.clock(), ok)
+        """Release the request's router load (``Pairing.on_complete``, once per request), then count it;
+        the release does not depend on the metrics."""
+        try:
+            self.pairing.on_complete(rid, self.clock(), ok)
+        finally:
+            mode = mode or ("remote" if route.prefill_url else "local")
+            self.metrics.requests.labels(endpoint, mode, "ok" if ok else "error").inc()
+            self.metrics.e2e.labels(endpoint, mode).observe(self.clock() - t0)
+
+
+async def _prepend(first: str, rest: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    """``first``, then the rest of ``rest``; closing this closes ``rest`` (its finally releases the load)."""
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()

@@ -86,3 +86,17 @@ def test_salted_blocks_never_match_a_plain_prompt_with_the_same_tokens():
     ap.apply("A", [BlockStored((11, 12, 13, 14), None, tuple(PROMPT), BS, extra_keys=(("salt-1",), None, None, None))])
     ap.apply("B", [BlockStored((21, 22), None, tuple(PROMPT[:8]), BS, extra_keys=(None, None))])
     assert idx.match(OURS) == {"B": 2}
+
+
+def test_two_copies_of_a_block_leave_the_index_with_the_last_one():
+    # vLLM's block pool may hold two physical blocks with one hash (the same prefix computed by two requests
+    # at once): it reports BlockStored twice and, on eviction, BlockRemoved twice
+    idx, ap = _setup("A")
+    ev = BlockStored((11, 12), None, tuple(PROMPT[:8]), BS)
+    ap.apply("A", [ev, ev])
+    ap.apply("A", [BlockRemoved((11, 12))])
+    assert idx.match(OURS) == {"A": 2}  # one copy is still cached: still a prefix hit
+    ap.apply("A", [BlockRemoved((11, 12))])
+    assert idx.match(OURS) == {}  # never report a block the worker no longer has
+    ap.apply("A", [BlockStored((11, 12), None, tuple(PROMPT[:8]), BS), BlockRemoved((11, 12))])
+    assert idx.match(OURS) == {}
