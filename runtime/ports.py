@@ -7,7 +7,8 @@ outgoing connection (health polls, ZMQ, UCX, MLflow clients). Between picking a 
 `[Errno 98] ... address ('127.0.0.1', 51333): address already in use` for a runtime started by the e2e session
 fixture. Ports below the ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`) are never assigned by the
 kernel, so only a server that asked for that exact port can take one; this module also never hands out the
-same port twice in one process.
+same port twice in one process, unless its owner gave it back with `release_ports` after its server stopped
+(the local planner actuator does, so a worker that crash-loops does not drain the pool).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _bindable(host: str, port: int) -> socket.socket | None:
 def free_ports(n: int, host: str = "127.0.0.1", *, rng: random.Random | None = None,
                ephemeral: tuple[int, int] | None = None) -> list[int]:
     """`n` distinct TCP ports that are free on `host` now, below the kernel's ephemeral range, and not handed
-    out before by this process.
+    out before by this process (or given back since with `release_ports`).
 
     Args:
         n: how many ports (≥ 1).
@@ -97,6 +98,17 @@ def free_ports(n: int, host: str = "127.0.0.1", *, rng: random.Random | None = N
     finally:
         for s in held:
             s.close()
+
+
+def release_ports(ports: list[int] | tuple[int, ...], host: str = "127.0.0.1") -> None:
+    """Give `ports` on `host` back: later `free_ports` calls may hand them out again.
+
+    Call it only once the server that used them has stopped (its process exited). Ports this module never
+    handed out are ignored, so callers may pass every port a stopped server held.
+    """
+    with _lock:
+        for p in ports:
+            _given.discard((host, p))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

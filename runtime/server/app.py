@@ -13,6 +13,8 @@ and model routes, /metrics (Prometheus, including pdserve_* from runtime.server.
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -171,9 +173,11 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
             t.cancel()
         if subscriber is not None:
             await subscriber.stop()
-        if planner is not None:
-            await asyncio.to_thread(planner.close)
-        await model.aclose()
+        try:
+            if planner is not None:
+                await asyncio.to_thread(planner.close)  # idempotent: serve() closes it again if this is cancelled
+        finally:
+            await model.aclose()
 
 
 def serve(
@@ -248,5 +252,24 @@ def serve(
         planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy,
                                    **extra, **planner)
     rest = build_rest_server(model, host=host, http_port=http_port)
-    asyncio.run(run_server(rest, model, planner=planner_rt, discovery=source,
-                           discovered_kv_events=kv_router))
+    # uvicorn handles SIGTERM/SIGINT, shuts down, restores the previous handlers and raises the signal again
+    # (uvicorn Server.capture_signals): with the default SIGTERM handler the process would die right there,
+    # before any cleanup, leaving the planner's workers (own sessions) running. Make that re-raise an
+    # exception, and stop the planner's workers here, outside the event loop, whatever ended it.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if _in_main_thread() else None
+    try:
+        asyncio.run(run_server(rest, model, planner=planner_rt, discovery=source,
+                               discovered_kv_events=kv_router))
+    finally:
+        if planner_rt is not None:
+            planner_rt.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame) -> None:  # noqa: ANN001 - signal handler signature
+    raise SystemExit(128 + signum)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -4,14 +4,17 @@ decision with an actuator, and export what it saw and decided as Prometheus gaug
 
 Worker metrics read (vLLM v1 names, vllm/v1/metrics/loggers.py): ``vllm:num_requests_waiting``,
 ``vllm:num_requests_running`` (gauges, requests) and ``vllm:kv_cache_usage_perc`` (0-1; older
-releases ``vllm:gpu_cache_usage_perc``). A worker whose ``/metrics`` does not answer counts as
+releases ``vllm:gpu_cache_usage_perc``). A worker whose ``/metrics`` does not answer with a complete page
+within the read deadline (the whole request, not each network read: see ``fetch_pages``) counts as
 starting, not ready. From the prefill workers also the histogram ``vllm:request_prefill_time_seconds``
 (cumulative ``_sum``/``_count``): the mean prefill time of the requests that finished prefill in the
 interval (:class:`PrefillTimeMeter`, deltas per worker) goes to the planner as
 ``TickInput.observed_prefill_time_mean_s``; queueing does not enter it, so the SLA correction of the
 prefill service time follows slower engines, not bursts.
 
-Exported gauges (prefix ``pdserve_planner_``): ``prefill_replicas``, ``decode_replicas``,
+Exported gauges (prefix ``pdserve_planner_``): ``prefill_replicas``, ``decode_replicas`` (decided),
+``applied_replicas{pool="prefill"|"decode"}`` (what the actuator reports it runs or targets after applying the
+decision: fewer than decided under a worker cap or a restart back-off, unchanged when applying failed),
 ``aggregated`` (0/1), ``burst`` (0/1), ``predicted_rate_per_second``, ``predicted_isl_tokens``,
 ``predicted_osl_tokens``, ``observed_rate_per_second``, ``observed_ttft_p90_seconds``,
 ``observed_itl_p90_seconds``, ``ttft_correction``, ``itl_correction``,
@@ -39,7 +42,7 @@ from runtime.config import DeploymentSpec
 from runtime.engines.metrics import sample_sum
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, ScalingDecision, TickInput
-from runtime.server.actuators import Actuator
+from runtime.server.actuators import Actuator, Applied
 
 log = logging.getLogger(__name__)
 
@@ -144,21 +147,91 @@ class RequestWindow:
         )
 
 
+def fetch_pages(
+    client: httpx.Client,
+    urls: list[str],
+    deadline_s: float,
+    in_flight: dict[str, threading.Thread] | None = None,
+) -> dict[str, str | Exception]:
+    """GET every URL concurrently, each within ``deadline_s`` seconds for the whole request (connect,
+    headers and body together; httpx's own timeouts bound each network operation only, so a server
+    trickling a byte every 2 s would otherwise hold a read for ever).
+
+    Each read runs on a daemon thread; the body is read in chunks and abandoned (connection closed) past
+    the deadline. A read still blocked after the deadline (headers trickling) is left to finish on its own;
+    ``in_flight`` (url -> thread, kept by the caller across calls) makes the next call skip that URL until
+    it has, so at most one such thread per URL exists.
+
+    Returns:
+        url -> page text, or the exception that made it unreadable (``TimeoutError`` past the deadline,
+        ``httpx.HTTPError``, ...).
+    """
+    in_flight = {} if in_flight is None else in_flight
+    end_s = time.monotonic() + deadline_s
+    out: dict[str, str | Exception] = {}
+    started: dict[str, tuple[threading.Thread, dict]] = {}
+    for url in urls:
+        prev = in_flight.get(url)
+        if prev is not None and prev.is_alive():
+            out[url] = TimeoutError(f"its previous read has not ended after {deadline_s:g} s")
+            continue
+        box: dict = {}
+        t = threading.Thread(target=_fetch, args=(client, url, end_s, deadline_s, box), daemon=True,
+                             name="pdserve-planner-metrics")
+        t.start()
+        started[url] = (t, box)
+        in_flight[url] = t
+    for url, (t, box) in started.items():
+        t.join(max(end_s - time.monotonic(), 0.0))
+        if t.is_alive():
+            out[url] = TimeoutError(f"no complete page within {deadline_s:g} s")
+        else:
+            in_flight.pop(url, None)
+            out[url] = box["error"] if "error" in box else box["text"]
+    for url in [u for u, t in in_flight.items() if not t.is_alive()]:
+        del in_flight[url]
+    return out
+
+
+def _fetch(client: httpx.Client, url: str, end_s: float, deadline_s: float, box: dict) -> None:
+    try:
+        with client.stream("GET", url) as r:
+            r.raise_for_status()
+            chunks = []
+            for chunk in r.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > end_s:
+                    raise TimeoutError(f"page not complete within {deadline_s:g} s (server too slow)")
+            box["text"] = b"".join(chunks).decode(r.charset_encoding or "utf-8", "replace")
+    except Exception as e:  # noqa: BLE001 - any failure makes this worker unreadable for this tick
+        box["error"] = e
+
+
 def read_pool(
     client: httpx.Client,
     metrics_urls: list[str],
     num_starting: int = 0,
     prefill_time_totals: dict[str, tuple[float, float]] | None = None,
+    *,
+    deadline_s: float | None = None,
+    in_flight: dict[str, threading.Thread] | None = None,
 ) -> PoolObservation:
     """Average vLLM gauges over the workers that answer; the others count as starting.
     ``prefill_time_totals``, when given, receives ``url -> (sum_s, count)`` of each answering worker's
-    ``vllm:request_prefill_time_seconds`` histogram (cumulative, as exported)."""
+    ``vllm:request_prefill_time_seconds`` histogram (cumulative, as exported).
+
+    The pages are read concurrently by :func:`fetch_pages`, each within ``deadline_s`` seconds for the
+    whole request (default: the client's read timeout, else 5 s); a worker slower than that counts as
+    unreadable (starting) for this call. ``in_flight`` is passed on to :func:`fetch_pages`."""
+    if deadline_s is None:
+        deadline_s = client.timeout.read or 5.0
+    pages = fetch_pages(client, metrics_urls, deadline_s, in_flight) if metrics_urls else {}
     waiting, running, kv = [], [], []
     for url in metrics_urls:
         try:
-            r = client.get(url)
-            r.raise_for_status()
-            text = r.text
+            text = pages[url]
+            if isinstance(text, Exception):
+                raise text
             if "vllm:" not in text:
                 raise ValueError("no vllm: metrics on the page (not a vLLM worker, or not up yet)")
             waiting.append(_gauge(sample_sum(text, "vllm:num_requests_waiting"), url, "num_requests_waiting"))
@@ -168,8 +241,8 @@ def read_pool(
                 totals = (sample_sum(text, PREFILL_TIME + "_sum"), sample_sum(text, PREFILL_TIME + "_count"))
                 if all(math.isfinite(v) and v >= 0 for v in totals):
                     prefill_time_totals[url] = totals
-        except (httpx.HTTPError, ValueError) as e:
-            log.warning("planner: worker metrics %s unreadable: %s", url, e)
+        except Exception as e:  # noqa: BLE001 - HTTP errors, timeouts, unparsable pages: unreadable this tick
+            log.warning("planner: worker metrics %s unreadable: %s", url, e or type(e).__name__)
     ready = len(waiting)
     return PoolObservation(
         num_ready=ready,
@@ -238,6 +311,14 @@ class PlannerGauges:
         self.obs_peak = g("observed_peak_prefill_tokens_per_second",
                           "p90 of prompt tokens arriving per 1-s bin in the last interval, tokens/s")
         self.ticks = Counter("pdserve_planner_ticks", "Planner ticks run", registry=registry)
+        self.applied = Gauge("pdserve_planner_applied_replicas",
+                             "Workers per pool the actuator reports after applying the last decision (may differ "
+                             "from the decided *_replicas: caps, start-up back-off, failed applies)",
+                             ["pool"], registry=registry)
+
+    def export_applied(self, applied: Applied) -> None:
+        self.applied.labels(pool="prefill").set(applied.prefill_replicas)
+        self.applied.labels(pool="decode").set(applied.decode_replicas)
 
     def export(self, tick: TickInput, d: ScalingDecision) -> None:
         self.prefill.set(d.prefill_replicas)
@@ -282,7 +363,9 @@ def planner_from_spec(spec: DeploymentSpec, model_config: dict) -> PlannerStateM
 class PlannerLoop:
     """Runs ``machine`` every ``interval_s`` on a daemon thread (``start``/``stop``) or on demand
     (``tick(now_s)``). ``metrics_urls()`` returns the current ``{"prefill": [...], "decode": [...]}``
-    worker /metrics URLs (from the actuator or the router's worker set)."""
+    worker /metrics URLs (from the actuator or the router's worker set). Each worker's /metrics read has
+    ``metrics_deadline_s`` seconds in all (default: the client's read timeout; see :func:`read_pool`), so
+    one slow worker delays a tick by at most that long."""
 
     def __init__(
         self,
@@ -295,6 +378,7 @@ class PlannerLoop:
         registry: CollectorRegistry,
         interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        metrics_deadline_s: float | None = None,
     ) -> None:
         self.machine = machine
         self.actuator = actuator
@@ -305,7 +389,10 @@ class PlannerLoop:
         self.interval_s = interval_s or machine.cfg.interval_s
         self.clock = clock
         self.last_decision: ScalingDecision | None = None
+        self.last_applied: Applied | None = None
         self.prefill_time = PrefillTimeMeter()
+        self.metrics_deadline_s = metrics_deadline_s
+        self._in_flight: dict[str, threading.Thread] = {}  # /metrics reads still running past their deadline
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -315,9 +402,10 @@ class PlannerLoop:
         want_p, want_d = self.actuator.current()
         totals: dict[str, tuple[float, float]] = {}
         pre = read_pool(self.client, urls.get("prefill", []), max(want_p - len(urls.get("prefill", [])), 0),
-                        prefill_time_totals=totals)
+                        prefill_time_totals=totals, deadline_s=self.metrics_deadline_s, in_flight=self._in_flight)
         prefill_time_mean_s = self.prefill_time.update(totals)
-        dec = read_pool(self.client, urls.get("decode", []), max(want_d - len(urls.get("decode", [])), 0))
+        dec = read_pool(self.client, urls.get("decode", []), max(want_d - len(urls.get("decode", [])), 0),
+                        deadline_s=self.metrics_deadline_s, in_flight=self._in_flight)
         w = self.window.drain()
         tick = TickInput(  # the rate is over the window actually drained (a late tick covers more time)
             now_s=now_s, interval_s=w.span_s if w.span_s > 0 else self.interval_s, num_requests=w.num_requests,
@@ -328,9 +416,11 @@ class PlannerLoop:
             observed_prefill_time_mean_s=prefill_time_mean_s,
         )
         decision = self.machine.on_tick(tick)
-        self.actuator.apply(decision)
-        self.gauges.export(tick, decision)
+        self.gauges.export(tick, decision)  # the decision shows even when the actuator then fails
         self.last_decision = decision
+        applied = self.actuator.apply(decision)
+        self.gauges.export_applied(applied)
+        self.last_applied = applied
         return decision
 
     def _run(self) -> None:

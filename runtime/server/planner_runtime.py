@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -117,15 +118,27 @@ class PlannerRuntime:
         self.subscriber = subscriber
         self._ids: dict[str, str] = {}  # url -> worker id, workers this runtime added for the planner
         self._num_added = 0
+        # a tick runs in a worker thread that cancelling its task does not stop: close() waits for it
+        # under this lock and no tick starts after it (else a late tick starts workers nobody stops)
+        self._tick_lock = threading.Lock()
+        self._closed = False
+        self._closed_done = False
 
     @property
     def window(self) -> RequestWindow:
         return self.loop.window
 
-    async def tick(self) -> ScalingDecision:
-        """One tick off the event loop, then the pool sync."""
-        decision = await asyncio.to_thread(self.loop.tick, self.loop.clock())
-        await self.sync_pool()
+    def _locked_tick(self) -> ScalingDecision | None:
+        with self._tick_lock:
+            if self._closed:
+                return None
+            return self.loop.tick(self.loop.clock())
+
+    async def tick(self) -> ScalingDecision | None:
+        """One tick off the event loop, then the pool sync; None once closed."""
+        decision = await asyncio.to_thread(self._locked_tick)
+        if decision is not None:
+            await self.sync_pool()
         return decision
 
     async def run(self) -> None:
@@ -172,9 +185,17 @@ class PlannerRuntime:
             log.info("planner: worker %s (%s) joined the pool", wid, url)
 
     def close(self) -> None:
-        """Close the actuator (stops local workers) and the metrics client. Blocking."""
-        self.loop.actuator.close()
-        self.loop.client.close()
+        """Close the actuator (stops local workers) and the metrics client, after a tick in progress ends;
+        no tick runs afterwards. Blocking; idempotent."""
+        self._closed = True
+        with self._tick_lock:
+            if self._closed_done:
+                return
+            self._closed_done = True
+            try:
+                self.loop.actuator.close()
+            finally:
+                self.loop.client.close()
 
 
 def kubernetes_apps_api() -> Any:
@@ -253,7 +274,10 @@ def build_planner(
 
             worker_factory = vllm_worker_factory(spec, model_dir, log_dir or state_dir() / "logs" / "planner",
                                                  kv_events=kv_events)
-        local = LocalActuator(worker_factory, max_workers=max_workers, min_decode=0)
+        # a worker leaving the pool keeps serving its requests for one planner interval (it is out of
+        # the router's pool after this tick's sync) and is stopped by the next tick
+        local = LocalActuator(worker_factory, max_workers=max_workers, min_decode=0,
+                              drain_s=spec.planner.interval_s)
         actuator = ExtraWorkersActuator(local, base_prefill=base_p, base_decode=base_d)
     else:
         if not prefill_deployment or not decode_deployment:

@@ -40,13 +40,15 @@ class TinyWorker:
 
     def wait_ready(self, timeout_s: float = 30.0, poll_interval_s: float = 0.05) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:  # at least one try: timeout_s=0 is a single readiness probe (the local actuator's)
             try:
                 if httpx.get(self.base_url, timeout=1.0).status_code == 200:
                     return
             except httpx.HTTPError:
-                time.sleep(poll_interval_s)
-        raise TimeoutError(f"{self.role} worker {self.base_url} not ready")
+                pass
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.role} worker {self.base_url} not ready")
+            time.sleep(poll_interval_s)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         proc, self.proc = self.proc, None

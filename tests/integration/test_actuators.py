@@ -189,3 +189,58 @@ def test_dry_run_and_registry():
     assert dry.apply(decision(2, 3)).changed and dry.current() == (2, 3) and len(dry.decisions) == 1
     with pytest.raises(ValueError, match="unknown planner actuator 'slurm'"):
         make_actuator("slurm")
+
+
+@pytest.mark.parametrize("p,d,match", [
+    (2, -1, "decode_replicas must be >= 1"),
+    (2, 0, "someone has to decode"),
+    (-1, 2, "prefill_replicas must be >= 0"),
+    (2.5, 1, "prefill_replicas must be a whole number"),
+])
+def test_kubernetes_actuator_refuses_a_bad_decision_before_any_request(p, d, match):
+    with RecordingApiServer("llm", {"m-prefill": 1, "m-decode": 1}) as srv:
+        act = KubernetesActuator(apps_api(srv.url), namespace="llm", prefill_deployment="m-prefill",
+                                 decode_deployment="m-decode")
+        with pytest.raises(ValueError, match=match):
+            act.apply(decision(p, d))
+        assert srv.requests == [] and srv.replicas == {"m-prefill": 1, "m-decode": 1}
+
+
+def test_local_actuator_logs_a_real_worker_crash_backs_off_and_releases_its_ports(tmp_path, caplog):
+    """A real WorkerProcess whose interpreter is a script that fails at once (no vLLM needed)."""
+    import logging
+    import stat
+
+    from runtime import ports
+    from runtime.config import EngineSpec
+    from runtime.engines.vllm_worker import WorkerProcess
+
+    crash = tmp_path / "crash.sh"
+    crash.write_text("#!/bin/sh\necho 'ValueError: model not found' >&2\nexit 3\n")
+    crash.chmod(crash.stat().st_mode | stat.S_IXUSR)
+    made: list[WorkerProcess] = []
+
+    def factory(role, index):
+        made.append(WorkerProcess(EngineSpec(), tmp_path, served_model_name="m", role=role,
+                                  log_path=tmp_path / f"{role}-{index}.log", enable_kv_events=True,
+                                  python=str(crash)))
+        return made[-1]
+
+    now = [0.0]
+    act = LocalActuator(factory, max_workers=2, restart_backoff_s=30.0, clock=lambda: now[0])
+    try:
+        with caplog.at_level(logging.WARNING, logger="runtime.server.actuators"):
+            for t in range(8):
+                now[0] = float(t)
+                act.apply(decision(0, 1))
+                for w in act.workers("decode"):  # our own child: let it exit before the next tick
+                    w._proc.wait(timeout=10)
+        # t=0 start, t=1 crash + restart at once, t=2 crash + back off 30 s: no start until t=32
+        assert len(made) == 2 and act.num_failed["decode"] == 2 and act.current() == (0, 0)
+        text = caplog.text
+        assert "exited with code 3 before it was ready" in text and "model not found" in text
+        assert str(tmp_path / "decode-0.log") in text
+        given = {p for _, p in ports._given}
+        assert all(p not in given for w in made for p in (w.port, w.side_channel_port, w.kv_events_port))
+    finally:
+        act.close()

@@ -257,3 +257,150 @@ def test_a_late_tick_plans_on_the_window_it_actually_covered(servers):
         d = loop.tick(now_s=90.0)
     assert seen[0].interval_s == pytest.approx(90.0) and seen[0].rate_per_s == pytest.approx(10.0)
     assert d.predicted_rate_per_s == pytest.approx(10.0)
+
+
+class TrickleServer:
+    """A loopback server that answers every connection one byte at a time, one byte every `gap_s`: the
+    status line and headers too (`headers=True`) or only the body (after complete headers). It hangs up
+    after `num_bytes` trickled bytes (~7.5 s), so an unbounded reader fails the timing, not the session."""
+
+    def __init__(self, gap_s: float = 0.25, *, headers: bool, num_bytes: int = 30) -> None:
+        import socket
+
+        self.gap_s, self.headers, self.num_bytes, self.stop = gap_s, headers, num_bytes, threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/metrics"
+        self.threads: list[threading.Thread] = []
+        self.accepter = threading.Thread(target=self._accept, daemon=True)
+        self.accepter.start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _serve(self, conn) -> None:
+        body = VLLM_METRICS.format(waiting=1, running=1, kv=0.1).encode() * 50
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        try:
+            conn.recv(65536)
+            if not self.headers:
+                conn.sendall(head)
+            for b in ((head if self.headers else b"") + body)[:self.num_bytes]:
+                if self.stop.wait(self.gap_s):
+                    break
+                conn.sendall(bytes([b]))
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.accepter.join(5)
+        for t in self.threads:
+            t.join(5)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("headers", [False, True], ids=["body-trickles", "headers-trickle"])
+def test_a_trickling_metrics_endpoint_costs_one_deadline_not_the_tick(servers, headers, caplog):
+    slow = TrickleServer(headers=headers)
+    try:
+        with httpx.Client(timeout=1.0) as c:  # 1 s per network read; the page takes minutes
+            t0 = time.monotonic()
+            obs = read_pool(c, [servers[0].url, slow.url])
+            took_s = time.monotonic() - t0
+            assert took_s < 3.0
+            assert obs.num_ready == 1 and obs.num_starting == 1 and obs.queue_per_worker == pytest.approx(4.0)
+            assert f"planner: worker metrics {slow.url} unreadable" in caplog.text
+            in_flight: dict = {}
+            t0 = time.monotonic()
+            for _ in range(3):  # a read still blocked is not started again
+                obs = read_pool(c, [servers[0].url, slow.url], deadline_s=0.5, in_flight=in_flight)
+                assert obs.num_ready == 1 and obs.num_starting == 1
+            assert time.monotonic() - t0 < 4.5
+            assert len(slow.threads) <= 4  # at most one connection per read_pool call
+    finally:
+        slow.close()
+
+
+def test_planner_loop_tick_is_bounded_by_the_metrics_deadline(servers):
+    cfg = PlannerConfig(mode="sla", interval_s=30.0, predictor="constant", allow_aggregated=False)
+    slow = TrickleServer(headers=False)
+    try:
+        with httpx.Client(timeout=5.0) as client:
+            loop = PlannerLoop(PlannerStateMachine(cfg, PROF), DryRunActuator(), RequestWindow(), client=client,
+                               registry=CollectorRegistry(), metrics_deadline_s=0.5,
+                               metrics_urls=lambda: {"prefill": [slow.url], "decode": [servers[2].url]})
+            t0 = time.monotonic()
+            loop.tick(now_s=0.0)
+            assert time.monotonic() - t0 < 2.5
+    finally:
+        slow.close()
+
+
+class CappedActuator:
+    """Applies at most `cap` workers in all (decode first), like LocalActuator's max_workers; `fail` raises."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.fail, self.now = cap, False, (0, 0)
+
+    def apply(self, decision):
+        from runtime.server.actuators import Applied
+
+        if self.fail:
+            raise RuntimeError("API server unreachable")
+        d = min(decision.decode_replicas, self.cap)
+        p = min(decision.prefill_replicas, self.cap - d)
+        changed, self.now = (p, d) != self.now, (p, d)
+        return Applied(p, d, changed)
+
+    def current(self):
+        return self.now
+
+    def close(self):
+        pass
+
+
+def test_gauges_show_what_the_actuator_applied_beside_the_decision(servers):
+    cfg = PlannerConfig(mode="sla", interval_s=30.0, predictor="constant", allow_aggregated=False,
+                        max_prefill=10, max_decode=10)
+    now = [0.0]
+    window = RequestWindow(clock=lambda: now[0])
+
+    def load() -> None:
+        for i in range(900):  # 30 req/s over 30 s: the planner decides 6 prefill + 2 decode (test above)
+            now[0] = i / 30
+            window.record_arrival(1000)
+            window.record_finish(200, ttft_s=0.3, itl_s=0.02)
+        now[0] = 30.0
+
+    registry = CollectorRegistry()
+    act = CappedActuator(cap=4)
+    with httpx.Client(timeout=2.0) as client:
+        loop = PlannerLoop(PlannerStateMachine(cfg, PROF), act, window, client=client, registry=registry,
+                           metrics_urls=lambda: {"prefill": [servers[0].url, servers[1].url], "decode": [servers[2].url]})
+        load()
+        d = loop.tick(now_s=30.0)
+        assert (d.prefill_replicas, d.decode_replicas) == (6, 2)
+        text = generate_latest(registry).decode()
+        assert "pdserve_planner_prefill_replicas 6.0" in text and "pdserve_planner_decode_replicas 2.0" in text
+        assert 'pdserve_planner_applied_replicas{pool="prefill"} 2.0' in text
+        assert 'pdserve_planner_applied_replicas{pool="decode"} 2.0' in text
+        assert (loop.last_applied.prefill_replicas, loop.last_applied.decode_replicas) == (2, 2)
+        act.cap, act.fail = 10, True  # the next apply fails: the decision shows, the applied counts stay
+        load()
+        with pytest.raises(RuntimeError, match="unreachable"):
+            loop.tick(now_s=60.0)
+        text = generate_latest(registry).decode()
+        assert "pdserve_planner_ticks_total 2.0" in text
+        assert 'pdserve_planner_applied_replicas{pool="prefill"} 2.0' in text

@@ -4,7 +4,8 @@ for vLLM: the pool sync needs only a process and an answering health URL).
 
 Specification: the configured decode worker is the base; a decision for more replicas starts the extra
 workers, each joins the router's pool once it answers, the router then routes to them; a decision back to
-the base stops them and they leave the pool; closing the planner stops every worker it started.
+the base takes them out of the pool at once and stops them one planner interval later (a drain); closing
+the planner stops every worker it started.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def test_local_planner_workers_join_and_leave_the_router_pool():
     pairing = build_router_pairing(RouterSpec(policy="round_robin", disagg_min_uncached_tokens=0),
                                    block_size_tokens=16, prefill_urls=[], decode_urls=["http://127.0.0.1:1"])
     rt = build_planner("local", spec=spec, model_config=None, pairing=pairing, window=RequestWindow(),
-                       registry=CollectorRegistry(), is_healthy=_answers, max_workers=2, worker_factory=factory)
+                       registry=CollectorRegistry(), is_healthy=_answers, max_workers=2, worker_factory=factory,
+                       interval_s=0.5)  # the drain of a leaving worker lasts one interval
 
     async def scenario() -> None:
         act = rt.loop.actuator
@@ -69,11 +71,14 @@ def test_local_planner_workers_join_and_leave_the_router_pool():
         route = pairing.choose(RouteRequest("r1", "/v1/chat/completions", {}, None, 0.0))
         assert route.prefill_url == next(w.base_url for w in made if w.role == "prefill")  # the only prefill
         pairing.on_complete("r1", 0.0, True)
-        act.apply(_decision(0, 1))  # back to the base: the extra workers stop ...
-        assert not any(w.alive() for w in made)
-        await rt.sync_pool()  # ... and leave the pool
+        act.apply(_decision(0, 1))  # back to the base: the extra workers leave the pool at once ...
+        await rt.sync_pool()
         assert [w.url for w in pairing.workers.values()] == ["http://127.0.0.1:1"]
         assert set(pairing.router.workers) == set(pairing.workers)
+        assert all(w.alive() for w in made)  # ... and finish what they serve while they drain
+        await asyncio.sleep(0.6)
+        act.apply(_decision(0, 1))  # the first tick after the drain stops them
+        assert not any(w.alive() for w in made)
 
     try:
         asyncio.run(scenario())

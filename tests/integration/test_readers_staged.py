@@ -107,8 +107,10 @@ def test_pdserve_promote_names_the_folder_and_offers_allow_unstaged(registry, fo
 
 
 def _runtime(*args: str) -> subprocess.CompletedProcess:
+    from runtime.engines.vllm_worker import free_port  # the runtime exits before binding it
+
     return subprocess.run([sys.executable, "-m", "runtime.server", "--model-name", "m",
-                           "--decode-url", "http://127.0.0.1:9", "--http-port", "0", *args],
+                           "--decode-url", "http://127.0.0.1:9", "--http-port", str(free_port()), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 

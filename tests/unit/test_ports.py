@@ -1,4 +1,5 @@
-"""runtime.ports: ports for local servers come from below the ephemeral range, are bindable and never repeat."""
+"""runtime.ports: ports for local servers come from below the ephemeral range, are bindable and never repeat
+unless given back with release_ports."""
 
 from __future__ import annotations
 
@@ -77,3 +78,16 @@ def test_bad_count_and_unreadable_range_file(tmp_path):
     f = tmp_path / "range"
     f.write_text("40000\t50000\n")
     assert ports.ephemeral_range(f) == (40000, 50000)
+
+
+def test_released_ports_may_be_handed_out_again_and_unknown_ones_are_ignored():
+    got = ports.free_ports(3)
+    assert all(("127.0.0.1", p) in ports._given for p in got)
+    ports.release_ports(got + [1])  # 1 was never handed out: ignored
+    assert not any(("127.0.0.1", p) in ports._given for p in got)
+
+    class Scripted(random.Random):  # offers the released port first
+        def randint(self, a, b):
+            return got[0]
+
+    assert ports.free_ports(1, rng=Scripted()) == [got[0]]

@@ -1,0 +1,72 @@
+"""`python -m runtime.server` argument validation: a bad value is refused at parse time with argparse's one-line
+error (exit 2), naming the flag, never a traceback later.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.server.__main__ import parse_args
+
+BASE = ["--model-name", "m", "--decode-url", "http://127.0.0.1:1"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--planner-interval-s", "nan"), ("--planner-interval-s", "inf"), ("--planner-interval-s", "0"),
+    ("--planner-interval-s", "-2"), ("--planner-max-workers", "0"), ("--planner-max-workers", "-3"),
+    ("--timeout-s", "-1"), ("--timeout-s", "0"), ("--timeout-s", "nan"), ("--http-port", "70000"),
+    ("--http-port", "0"), ("--block-size", "0"), ("--block-size", "x"), ("--prefill-timeout-s", "-5"),
+    ("--prefill-nudge-after-s", "inf"),
+])
+def test_bad_values_are_refused_at_parse_time_naming_the_flag(flag, value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args([*BASE, flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("python -m runtime.server: error: argument " + flag) and value in err
+
+
+def test_good_values_parse_to_numbers():
+    a = parse_args([*BASE, "--planner-interval-s", "2.5", "--planner-max-workers", "1", "--timeout-s", "30",
+                    "--http-port", "65535", "--block-size", "32", "--prefill-timeout-s", "5"])
+    assert (a.planner_interval_s, a.planner_max_workers, a.timeout_s, a.http_port, a.block_size,
+            a.prefill_timeout_s) == (2.5, 1, 30.0, 65535, 32, 5.0)
+    assert a.prefill_nudge_after_s is None
+
+
+@pytest.mark.parametrize("flag", ["--prefill-deployment", "--decode-deployment"])
+@pytest.mark.parametrize("planner", ["off", "dry-run", "local"])
+def test_deployments_without_the_kubernetes_planner_are_refused(flag, planner, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args([*BASE, "--planner", planner, flag, "m-workers"])
+    assert exc.value.code == 2
+    assert "only by --planner kubernetes" in capsys.readouterr().err
+    a = parse_args([*BASE, "--planner", "kubernetes", "--prefill-deployment", "p", "--decode-deployment", "d"])
+    assert (a.prefill_deployment, a.decode_deployment) == ("p", "d")
+
+
+def test_the_command_line_prints_one_error_line_and_no_traceback():
+    r = subprocess.run([sys.executable, "-m", "runtime.server", *BASE, "--planner-max-workers", "0"],
+                       capture_output=True, text=True, cwd=REPO, timeout=60, env={"PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == ("python -m runtime.server: error: argument --planner-max-workers: "
+                                                 "must be >= 1, got 0")
+
+
+def test_kubernetes_discovery_refuses_the_local_planner(capsys):
+    k8s = ["--model-name", "m", "--discovery", "kubernetes", "--prefill-service", "p", "--decode-service", "d"]
+    with pytest.raises(SystemExit) as exc:
+        parse_args([*k8s, "--planner", "local", "--model-dir", "/m"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--planner local" in err and "--discovery kubernetes" in err
+    for planner in ("off", "dry-run"):  # the others stay accepted
+        assert parse_args([*k8s, "--planner", planner]).planner == planner
+    a = parse_args([*k8s, "--planner", "kubernetes", "--prefill-deployment", "p", "--decode-deployment", "d"])
+    assert a.planner == "kubernetes"
+    assert parse_args([*BASE, "--planner", "local"]).discovery == "static"
