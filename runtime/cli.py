@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from rich.table import Table
 
 from runtime.config import PlannerSpec
 from runtime.paths import state_dir
+from runtime.redact import redact_userinfo
 
 app = typer.Typer(
     name="pdserve",
@@ -39,8 +41,9 @@ StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLfl
 
 
 def _fail(msg: str, code: int = 1) -> None:
-    """Print `msg` (plain text: brackets are escaped, never read as rich markup) and exit with `code`."""
-    err.print(f"[bold red]error:[/] {escape(msg)}")
+    """Print `msg` (plain text: brackets are escaped, never read as rich markup; the `user:password@` of any
+    URI in it replaced by `***@`) and exit with `code`."""
+    err.print(f"[bold red]error:[/] {escape(redact_userinfo(msg))}")
     raise typer.Exit(code)
 
 
@@ -84,9 +87,25 @@ def install_sigterm_handler() -> object:
     return signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
 
+# MLflow's HTTP client defaults (7 retries, backoff factor 2, 120 s per request) keep a command silent for
+# minutes when the tracking server is down or the URI is wrong; an interactive command should fail within
+# about a minute. Values the user set win (the same variables, documented by mlflow.environment_variables).
+MLFLOW_CLI_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def apply_mlflow_cli_defaults(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Set each of ``MLFLOW_CLI_ENV_DEFAULTS`` in ``env`` (default ``os.environ``) unless already set;
+    returns the ones it set."""
+    env = os.environ if env is None else env
+    added = {k: v for k, v in MLFLOW_CLI_ENV_DEFAULTS.items() if k not in env}
+    env.update(added)
+    return added
+
+
 @app.callback()
 def _main(ctx: typer.Context) -> None:
     """Disaggregated (prefill/decode) LLM serving: stage weights, tune TP, promote to KServe, serve."""
+    apply_mlflow_cli_defaults()
     previous = install_sigterm_handler()
     if previous is not None:  # restore it when the command ends (matters when the app runs in-process)
         ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
@@ -251,6 +270,13 @@ def tune(
         PlannerSpec(gpu_budget=gpu_budget)
     except ValidationError as e:
         problems.append(_option_errors(e, {"gpu_budget": "--gpu-budget"}))
+    if register is not None:
+        from runtime.tracking.mlflow_runs import check_registered_model_name
+
+        try:
+            check_registered_model_name(register)
+        except ValueError as e:
+            problems.append(f"--register: {e}")
     if problems:
         _fail("; ".join(problems))
     try:
@@ -280,10 +306,14 @@ def tune(
                       "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", "" if c.feasible else escape(c.reason),
                       style="bold green" if best else (None if c.feasible else "dim"))
     console.print(table)
-    if measure:  # CPU measurements: no GPU deployment to check or write
+    if measure:  # CPU measurements: no GPU deployment to check or write; the runs are still logged
+        if mlflow_uri:
+            _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", None, None)
         return
     # the model folder: CONFIG itself, or the folder of a config.json; a bare <name>_config.json has none
-    model_folder = str(config) if config.is_dir() else (str(cfg.parent) if cfg.name == "config.json" else "")
+    # recorded absolute (not symlink-resolved): promote and serve read it from another working directory
+    model_folder = os.path.abspath(config) if config.is_dir() else (
+        os.path.abspath(cfg.parent) if cfg.name == "config.json" else "")
     if not model_folder:
         err.print(escape(f"note: {config} is a bare config file, so the spec records no model folder; pass the "
                          "(staged) model folder as CONFIG for `pdserve promote` to verify and `pdserve serve` to load it"))
@@ -293,6 +323,15 @@ def tune(
         check_gpu_budget(spec)
     except GpuBudgetError as e:
         _fail(f"{e} (--gpu-budget); lower --rate or raise --gpu-budget")
+    if register:  # before --out and MLflow: a champion `pdserve promote` cannot render is refused outright
+        from runtime.deploy.errors import ManifestError
+        from runtime.tracking.mlflow_runs import check_renderable
+
+        try:
+            check_renderable(spec, register)
+        except ManifestError as e:
+            _fail(f"--register {register}: `pdserve promote` could not render this spec, so it is not "
+                  f"registered: {e}")
     if out:  # before MLflow: a spec that cannot be written must not move the champion alias
         try:
             from runtime.paths import write_text_atomically
@@ -302,12 +341,20 @@ def tune(
             _fail(f"--out {out}: {e}")
         console.print(f"wrote {escape(str(out))}")
     if mlflow_uri:
-        from runtime.tracking.mlflow_runs import log_tuning
+        _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec)
 
-        version = log_tuning(result, tracking_uri=mlflow_uri, experiment=f"pdserve-tune-{model.name}",
-                             registered_model=register, model_ref=spec.model)
-        console.print(f"logged {len(result.candidates)} candidates to {escape(mlflow_uri)}"
-                      + (f"; registered {escape(register)} version {version} (alias champion)" if register else ""))
+
+def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | None, spec) -> None:
+    """`log_tuning` for the CLI: one redacted error line (exit 1) when MLflow refuses; a summary line."""
+    from runtime.tracking.mlflow_runs import log_tuning
+
+    try:
+        version = log_tuning(result, tracking_uri=mlflow_uri, experiment=experiment, registered_model=register,
+                             spec=spec)
+    except Exception as e:  # noqa: BLE001 - CLI edge: MLflow unreachable/refusing; message, not traceback
+        _fail(f"--mlflow-uri {mlflow_uri}: logging the tuning failed: {type(e).__name__}: {e}")
+    console.print(f"logged {len(result.candidates)} candidates to {escape(redact_userinfo(mlflow_uri))}"
+                  + (f"; registered {escape(register)} version {version} (alias champion)" if register else ""))
 
 
 def _ms(v: float, digits: int) -> str:
@@ -335,6 +382,21 @@ def _measured_perf(model_dir: Path, model, state: Path):
     return ProfilePerf(prof, base)
 
 
+def _sqlite_database(uri: str) -> Path | None:
+    """The database file of a `sqlite:` tracking URI as SQLAlchemy (which MLflow hands the URI to) reads it:
+    query string dropped, percent-escapes decoded (sqlalchemy.engine.make_url). None for other URIs and
+    in-memory databases; a URI SQLAlchemy cannot parse fails (one error line)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    try:
+        db = make_url(uri).database
+    except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and friends
+        _fail(f"--mlflow-uri {uri}: not a SQLAlchemy database URL: {e}")
+    return None if not db or db == ":memory:" else Path(db)
+
+
 @app.command()
 def promote(
     registered_model: Annotated[str, typer.Argument(help="MLflow registered model name.")],
@@ -346,32 +408,42 @@ def promote(
     apply: Annotated[bool, typer.Option("--apply", help="Server-side apply to the cluster of --kube-context: the new "
                                         "version starts as a canary beside the current champion, is probed against the "
                                         "SLO and rolled back automatically when it misses (exit 1).")] = False,
-    kube_context: Annotated[str, typer.Option(help="kubeconfig context to apply to (required with --apply).")] = "",
+    kube_context: Annotated[str, typer.Option(help="kubeconfig context to apply to (required with --apply outside a "
+                                              "Kubernetes pod; inside one, empty = the pod's service account).")] = "",
     allow_unstaged: Annotated[bool, typer.Option(
         "--allow-unstaged", help="Promote even when the champion's model path is not a verified staged folder "
         "(e.g. it is only mounted on the cluster).")] = False,
 ) -> None:
     """Render the `champion` version's ClusterServingRuntime, InferenceService and worker pools; validate; write.
 
+    The InferenceService is named after REGISTERED_MODEL: unchanged when it is a DNS-1035 label of at most
+    45 characters, else lower-cased with other characters as '-' plus an 8-hex-digit hash of the name.
+
     Refuses a champion whose model path is not a staged folder with a valid marker (see `pdserve stage`)
     unless --allow-unstaged."""
     from runtime.steps import promote_step
 
     if apply and not kube_context:
-        _fail("--apply needs --kube-context (no cluster is assumed)")
-    if mlflow_uri.startswith("sqlite:///") and not Path(mlflow_uri[len("sqlite:///"):]).is_file():
-        _fail(f"--mlflow-uri {mlflow_uri}: no such database file (run `pdserve tune ... --mlflow-uri ... --register` "
-              "or `pdserve demo` first)")
+        from runtime.deploy.kube import in_cluster_available
+
+        if not in_cluster_available():
+            _fail("--apply needs --kube-context, or must run inside a Kubernetes pod (in-cluster service-account "
+                  "config); no cluster is assumed")
+    db_file = _sqlite_database(mlflow_uri)
+    if db_file is not None and not db_file.is_file():  # MLflow would create an empty database there
+        _fail(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
+              "--register` or `pdserve demo` first)")
+    from runtime.deploy.errors import RolledBackError
+
     try:
         info = promote_step("", registered_model, mlflow_uri, namespace, image, pvc, apply, kube_context, str(out),
                             require_staged=not allow_unstaged)
+    except RolledBackError as e:  # manifests were written; the canary was rolled back
+        _fail(str(e))
     except Exception as e:  # noqa: BLE001 - CLI edge: show the message, not a traceback
         _fail(f"{type(e).__name__}: {e}")
     console.print(escape(f"version {info['version']}: {info['num_objects']} objects {info['kinds']} → {out}")
                   + (" (applied)" if info["applied"] else ""))
-    if apply and not info["applied"]:
-        _fail(f"version {info['version']} was not promoted: the canary missed its SLO probe and was rolled back "
-              "(see the MLflow version's tags)")
 
 
 @app.command()
@@ -423,9 +495,15 @@ def compile_cmd(
     out: Annotated[Path, typer.Argument(help="Output YAML path.")] = Path("pipelines/stage_tune_promote.yaml"),
 ) -> None:
     """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines)."""
+    if out.is_dir():
+        _fail(f"{out}: is a folder; give the YAML file to write, e.g. {out / 'stage_tune_promote.yaml'}")
     from pipelines.stage_tune_promote import compile_pipeline
 
-    console.print(f"wrote {escape(str(compile_pipeline(out)))}")
+    try:
+        path = compile_pipeline(out)
+    except OSError as e:  # a parent that is a file, no permission, disk full
+        _fail(f"{out}: cannot write the pipeline YAML: {e.strerror or e} ({e.filename or out})")
+    console.print(f"wrote {escape(str(path))}")
 
 
 @app.command("prepare-model")
@@ -444,7 +522,13 @@ def show_summary(state: StateOpt = state_dir()) -> None:
     p = state / "demo" / "summary.json"
     if not p.exists():
         _fail(f"{p} does not exist: run `make demo` first")
-    console.print_json(json.dumps(json.loads(p.read_text())))
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        _fail(f"{p}: {e.strerror or e}")
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError: truncated or not a summary
+        _fail(f"{p} is not valid JSON ({e}); rerun `make demo`")
+    console.print_json(json.dumps(data))
 
 
 def main() -> None:  # pragma: no cover - console entry

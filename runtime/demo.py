@@ -23,6 +23,8 @@ import httpx
 from rich.console import Console
 from rich.markup import escape
 
+from runtime.paths import write_text_atomically
+
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_BUCKET = "pdserve-models"
 DEMO_QUESTIONS = (
@@ -177,7 +179,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
         "manifests": str(outputs["manifests"]),
         "wall_s": round(time.monotonic() - t0, 1),
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_text_atomically(out_dir / "summary.json", json.dumps(summary, indent=2))  # never half-written
     console.print(f"NIXL transfers on the decode worker for these requests: {nixl}")
     console.print(escape(f"summary: {out_dir / 'summary.json'} ({summary['wall_s']} s)"))
     return summary

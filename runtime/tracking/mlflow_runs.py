@@ -17,9 +17,13 @@ are unaffected.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import posixpath
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -30,11 +34,56 @@ from runtime.tuner.profiles import build_profiles
 from runtime.tuner.search import Candidate, TuneResult
 
 CHAMPION_ALIAS = "champion"
+# MLflow error codes (mlflow/protos/databricks.proto) that mean "no such registered model / alias"; any other
+# code (INTERNAL_ERROR for a refused connection, PERMISSION_DENIED, ...) means MLflow could not be asked.
+NOT_FOUND_CODES = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 SPEC_ARTIFACT = "deployment/deployment_spec.json"
+# what a DeploymentSpec deploys (runtime/config.py Precision); measured mode tunes at fp32 on the CPU entry
+DEPLOYABLE_PRECISIONS = ("bf16", "fp8")
 
 
 class TrackingError(RuntimeError):
     """MLflow has no champion / no spec artifact for a registered model (message names which)."""
+
+
+def check_registered_model_name(name: str) -> str:
+    """Return ``name`` when MLflow's model registry accepts it as a registered model name.
+
+    Same rule as MLflow's own check (mlflow/utils/validation.py ``_validate_model_name``, MLflow 3.x), applied
+    here so a bad name is refused before any run is created or any file written.
+
+    Raises:
+        ValueError: empty/blank, contains '/' or ':', or not its own normalised path (e.g. '.', 'a/../b').
+    """
+    if name is None or not str(name).strip():
+        raise ValueError(f"registered model name {name!r}: must not be empty")
+    if "/" in name or ":" in name:
+        raise ValueError(f"registered model name {name!r}: MLflow model names cannot contain '/' or ':'")
+    norm = posixpath.normpath(name)
+    if norm != name or norm == "." or norm.startswith(".."):
+        raise ValueError(f"registered model name {name!r}: MLflow refuses names that resolve to another path "
+                         f"({norm!r})")
+    return name
+
+
+def check_renderable(spec: DeploymentSpec, registered_model: str) -> DeploymentSpec:
+    """Return ``spec`` when ``pdserve promote`` can render it as registered model ``registered_model``.
+
+    Runs the renderer (runtime/deploy/render.py ``render_all``, schema validation off) with the name promote
+    uses (``dns_label(registered_model)``, revision ``v1``) and placeholder namespace/image/PVC, so a spec that
+    could never be promoted (a model name with whitespace, empty, '..', a TP larger than the instance) is
+    refused before it is registered and moves the ``champion`` alias away from a good version.
+
+    Raises:
+        runtime.deploy.errors.ManifestError: the renderer's own message (field named).
+    """
+    from runtime.deploy.mlflow_recorder import revision_for
+    from runtime.deploy.render import render_all
+    from runtime.deploy.target import dns_label
+
+    render_all(spec, name=dns_label(registered_model), namespace="pdserve", image="pdserve-runtime:check",
+               pvc_name="fsx-claim", revision=revision_for("1"), validate=False)
+    return spec
 
 
 def default_artifact_root(tracking_uri: str) -> Path | None:
@@ -45,6 +94,27 @@ def default_artifact_root(tracking_uri: str) -> Path | None:
         p = urlparse(tracking_uri).path if tracking_uri.startswith("file:") else tracking_uri
         return Path(p) / "mlartifacts"
     return None
+
+
+# MLflow prints "🏃 View run <name> at: <tracking URI>/#/..." to stdout on every set_terminated, with the URI's
+# userinfo (user:password@) verbatim; this variable (mlflow/environment_variables.py, read on each call in
+# mlflow/tracking/_tracking_service/client.py `_log_url`) turns that print off.
+SUPPRESS_RUN_LINKS_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
+@contextlib.contextmanager
+def _no_run_links() -> Iterator[None]:
+    """Within the block, MLflow prints no run/experiment links (they would echo credentials); the variable's
+    previous value is restored afterwards."""
+    old = os.environ.get(SUPPRESS_RUN_LINKS_ENV)
+    os.environ[SUPPRESS_RUN_LINKS_ENV] = "true"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(SUPPRESS_RUN_LINKS_ENV, None)
+        else:
+            os.environ[SUPPRESS_RUN_LINKS_ENV] = old
 
 
 def _client(tracking_uri: str):
@@ -93,6 +163,14 @@ def _candidate_metrics(c: Candidate) -> dict[str, float]:
     return {k: float(v) for k, v in m.items() if math.isfinite(v)}
 
 
+def _end_failed(client, run_id: str) -> None:
+    """Mark a run FAILED while an error propagates; a failure to do so (MLflow gone) must not hide that error."""
+    try:
+        client.set_terminated(run_id, status="FAILED")
+    except Exception:  # noqa: BLE001 - best effort; the original error is what the caller sees
+        pass
+
+
 def _log(client, run_id: str, params: dict[str, str], metrics: dict[str, float], tags: dict[str, str]):
     from mlflow.entities import Metric, Param, RunTag
 
@@ -112,6 +190,7 @@ def log_tuning(
     registered_model: str | None,
     artifacts_dir: Path | None = None,
     model_ref: ModelRef | None = None,
+    spec: DeploymentSpec | None = None,
 ) -> str | None:
     """Log ``result`` (parent + one child run per candidate, plot, profiles, spec) and register the winner.
 
@@ -120,14 +199,40 @@ def log_tuning(
         experiment: experiment name (created when absent).
         registered_model: registry name; the new version gets alias ``champion``. None: log only.
         artifacts_dir: artifact root for a NEW experiment (default: ``mlartifacts`` beside a sqlite db).
-        model_ref: ModelRef for the DeploymentSpec (default: ``ModelRef(name=result.model.name)``).
+        model_ref: ModelRef for the DeploymentSpec (default: ``ModelRef(name=result.model.name)``); ignored
+            when ``spec`` is given.
+        spec: the DeploymentSpec to log and register, exactly as the caller deploys it (e.g. what
+            ``pdserve tune --out`` writes, with its planner.gpu_budget). Default:
+            ``result.to_deployment_spec(model_ref)`` (planner and engine settings at their defaults); for a
+            measured-mode result (fp32, not deployable) and no ``registered_model``, no spec is logged.
 
     Returns:
         The registered model version (a string such as ``"3"``), or None when nothing was registered.
+
+    Raises:
+        ValueError: ``registered_model`` is not a name MLflow accepts (checked before any run is created).
+        runtime.deploy.errors.ManifestError: (a ValueError) with ``registered_model``, the spec cannot be
+            rendered by ``pdserve promote`` (``check_renderable``; before any run is created).
+
+    MLflow's own "View run ... at: <URI>" lines are not printed (they would repeat a URI's password).
     """
+    with _no_run_links():
+        return _log_tuning(result, tracking_uri=tracking_uri, experiment=experiment,
+                           registered_model=registered_model, artifacts_dir=artifacts_dir, model_ref=model_ref,
+                           spec=spec)
+
+
+def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, registered_model: str | None,
+                artifacts_dir: Path | None, model_ref: ModelRef | None, spec: DeploymentSpec | None) -> str | None:
+    if registered_model is not None:
+        check_registered_model_name(registered_model)  # before any run exists
+    if spec is None and (registered_model is not None or result.precision in DEPLOYABLE_PRECISIONS):
+        spec = result.to_deployment_spec(model_ref or ModelRef(name=result.model.name))
+    # else: measured mode (CPU, fp32): not a deployable GPU spec, so the runs are logged without one
+    if registered_model is not None:
+        check_renderable(spec, registered_model)  # a champion promote cannot render must not be registered
     client = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifacts_dir or default_artifact_root(tracking_uri))
-    spec = result.to_deployment_spec(model_ref or ModelRef(name=result.model.name))
     b = result.best
     parent = client.create_run(exp_id, run_name=f"tune-{result.model.name.split('/')[-1]}-{result.gpu.name}")
     pid = parent.info.run_id
@@ -145,7 +250,11 @@ def log_tuning(
             )
             tags = {"feasible": str(c.feasible).lower(), "reason": c.reason[:4000],
                     "champion": str(c == b).lower()}
-            _log(client, child.info.run_id, _candidate_params(result, c), _candidate_metrics(c), tags)
+            try:
+                _log(client, child.info.run_id, _candidate_params(result, c), _candidate_metrics(c), tags)
+            except BaseException:
+                _end_failed(client, child.info.run_id)
+                raise
             client.set_terminated(child.info.run_id)
 
         with tempfile.TemporaryDirectory(prefix="pdserve-tune-") as tmp:
@@ -163,15 +272,16 @@ def log_tuning(
                                       tuple(sorted({c.prefill_tp for c in result.candidates})),
                                       tuple(sorted({c.decode_tp for c in result.candidates})))
             write_profiles(prof, t / "profiles")
-            (t / "deployment").mkdir()
-            (t / SPEC_ARTIFACT).write_text(spec.model_dump_json(indent=2))
             for name in ("pareto.png", "pareto.html", "candidates.md"):
                 client.log_artifact(pid, str(t / name))
             client.log_artifacts(pid, str(t / "profiles"), "profiles")
-            client.log_artifacts(pid, str(t / "deployment"), "deployment")
+            if spec is not None:
+                (t / "deployment").mkdir()
+                (t / SPEC_ARTIFACT).write_text(spec.model_dump_json(indent=2))
+                client.log_artifacts(pid, str(t / "deployment"), "deployment")
         client.set_terminated(pid)
     except BaseException:
-        client.set_terminated(pid, status="FAILED")
+        _end_failed(client, pid)
         raise
 
     if registered_model is None:
@@ -197,24 +307,46 @@ def load_champion(tracking_uri: str, registered_model: str) -> tuple[str, Deploy
     """The version behind alias ``champion`` and its DeploymentSpec (validated).
 
     Raises:
-        TrackingError: no such registered model / alias, or the spec artifact is missing.
-        pydantic.ValidationError: the stored spec is not a valid DeploymentSpec.
+        TrackingError: no such registered model / alias, the spec artifact is missing, or MLflow could not be
+            asked (connection refused, auth, server error: said so, not reported as a missing champion).
+            Also: the spec artifact is unreadable, empty, not UTF-8 JSON or not a valid DeploymentSpec (the
+            message names the registered model, version, artifact and run, and the failing fields).
+            Messages never contain the userinfo (`user:password@`) of a URI (runtime/redact.py).
     """
     from mlflow.exceptions import MlflowException
+    from pydantic import ValidationError
+
+    from runtime.redact import redact_userinfo
 
     client = _client(tracking_uri)
+    where = redact_userinfo(tracking_uri)
     try:
         mv = client.get_model_version_by_alias(registered_model, CHAMPION_ALIAS)
     except MlflowException as e:
-        raise TrackingError(
-            f"registered model {registered_model!r} has no {CHAMPION_ALIAS!r} version at {tracking_uri}: {e}"
-        ) from None
+        detail = redact_userinfo(str(e))
+        if e.error_code in NOT_FOUND_CODES:
+            raise TrackingError(
+                f"registered model {registered_model!r} has no {CHAMPION_ALIAS!r} version at {where}: {detail}"
+            ) from None
+        raise TrackingError(f"cannot read alias {CHAMPION_ALIAS!r} of registered model {registered_model!r} from "
+                            f"MLflow at {where} ({e.error_code}): {detail}") from None
     with tempfile.TemporaryDirectory(prefix="pdserve-champion-") as tmp:
         try:
             local = client.download_artifacts(mv.run_id, SPEC_ARTIFACT, tmp)
         except (MlflowException, OSError) as e:
             raise TrackingError(
-                f"{registered_model} v{mv.version}: artifact {SPEC_ARTIFACT} missing in run {mv.run_id}: {e}"
+                f"{registered_model} v{mv.version}: artifact {SPEC_ARTIFACT} missing in run {mv.run_id}: "
+                f"{redact_userinfo(str(e))}"
             ) from None
-        data = json.loads(Path(local).read_text())
-    return str(mv.version), DeploymentSpec.model_validate(data)
+        what = f"registered model {registered_model!r} version {mv.version}: artifact {SPEC_ARTIFACT} of run {mv.run_id}"
+        problem = None
+        try:
+            spec = DeploymentSpec.model_validate_json(Path(local).read_bytes())
+        except OSError as e:
+            problem = f"cannot be read: {e.strerror or e}"
+        except ValidationError as e:  # not JSON (empty, truncated, not UTF-8) or not a DeploymentSpec
+            problem = "is not a valid DeploymentSpec: " + "; ".join(
+                f"{'.'.join(map(str, x['loc'])) or 'document'}: {x['msg']}" for x in e.errors(include_url=False))
+        if problem is not None:
+            raise TrackingError(f"{what} {problem}")
+    return str(mv.version), spec

@@ -12,10 +12,12 @@ from runtime.tuner.search import Candidate, TuneResult
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Points (latency, goodput) not dominated by another with lower-or-equal latency and higher-or-equal
-    goodput, sorted by latency."""
+    goodput, sorted by latency. Points with a NaN or infinite coordinate are left out first (NaN compares
+    false both ways, so sorting with it is order-dependent and could drop valid points)."""
     front: list[tuple[float, float]] = []
     best = -math.inf
-    for lat, good in sorted(points, key=lambda p: (p[0], -p[1])):
+    finite = [(lat, good) for lat, good in points if math.isfinite(lat) and math.isfinite(good)]
+    for lat, good in sorted(finite, key=lambda p: (p[0], -p[1])):
         if good > best:
             front.append((lat, good))
             best = good

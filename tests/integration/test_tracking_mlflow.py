@@ -66,7 +66,7 @@ def test_log_register_and_load_champion(uri: str, result):
 
 
 def test_load_champion_of_unknown_model_names_it(uri: str):
-    with pytest.raises(TrackingError, match="nosuchmodel"):
+    with pytest.raises(TrackingError, match="registered model 'nosuchmodel' has no 'champion' version"):
         load_champion(uri, "nosuchmodel")
 
 

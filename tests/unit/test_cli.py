@@ -245,3 +245,62 @@ def test_stage_names_a_file_given_as_the_source_folder(tmp_path):
     f.write_text("{}")
     res = runner.invoke(app, ["stage", str(f), str(tmp_path / "out")], env={"COLUMNS": "300"})
     assert res.exit_code == 1 and "is a file, not a folder" in res.output
+
+
+def test_compile_to_an_existing_folder_is_one_error_line(tmp_path):
+    res = runner.invoke(app, ["compile", str(tmp_path)], env={"COLUMNS": "300"})
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
+    assert res.output.startswith("error:") and "is a folder" in res.output and "Traceback" not in res.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compile_under_a_file_is_one_error_line(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    res = runner.invoke(app, ["compile", str(blocker / "sub" / "p.yaml")], env={"COLUMNS": "300"})
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
+    assert res.output.startswith("error:") and "cannot write the pipeline YAML" in res.output
+    assert "Traceback" not in res.output and blocker.read_text() == "x"
+
+
+MLFLOW_FAST_FAIL = {"COLUMNS": "300", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+def test_promote_with_unreachable_mlflow_says_so_and_hides_the_password(tmp_path):
+    from runtime.ports import free_port
+
+    uri = f"http://alice:s3cret-pw@127.0.0.1:{free_port()}"  # nothing listens there
+    res = runner.invoke(app, ["promote", "m", "--mlflow-uri", uri, "--out", str(tmp_path / "m.yaml")],
+                        env=MLFLOW_FAST_FAIL)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
+    assert "s3cret-pw" not in res.output and "alice" not in res.output
+    assert "http://***@127.0.0.1" in res.output
+    assert "cannot read alias 'champion'" in res.output and "has no 'champion' version" not in res.output
+    assert not (tmp_path / "m.yaml").exists()
+
+
+def test_tune_with_unreachable_mlflow_hides_the_password(tmp_path):
+    from runtime.ports import free_port
+
+    uri = f"http://alice:s3cret-pw@127.0.0.1:{free_port()}"
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--mlflow-uri", uri], env=MLFLOW_FAST_FAIL)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
+    assert "s3cret-pw" not in res.output and "logging the tuning failed" in res.output
+
+
+def test_redact_userinfo_keeps_host_and_path():
+    from runtime.redact import redact_userinfo
+
+    assert redact_userinfo("to http://u:p@h:5000/api?x=a@b and 'https://tok@h2' s3://b/k@v") == (
+        "to http://***@h:5000/api?x=a@b and 'https://***@h2' s3://b/k@v")
+    assert redact_userinfo("mysql://u:p@ss@db/m") == "mysql://***@db/m"
+
+
+def test_cli_mlflow_http_defaults_fail_fast_but_keep_what_the_user_set():
+    from runtime.cli import MLFLOW_CLI_ENV_DEFAULTS, apply_mlflow_cli_defaults
+
+    env = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "300"}
+    added = apply_mlflow_cli_defaults(env)
+    assert added == {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": MLFLOW_CLI_ENV_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]}
+    assert env["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300"
+    assert int(env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) < 7  # MLflow's own default retries for minutes
