@@ -10,7 +10,9 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
   kustomizations    local resources exist, remote resources are pinned to a release, Helm charts to a version
   kustomize-build   `kubectl kustomize` of every fully local kustomization, output validated (SKIP w/o kubectl)
   consistency       NodePools cover runtime/deploy/instances.py; EC2NodeClass role/discovery tag match Terraform
-                    defaults; the FSx claim `fsx-claim` exists in namespace pdserve
+                    defaults; the FSx claim `fsx-claim` exists in namespace pdserve; the Linux capabilities the
+                    rendered pods add (runtime/deploy/render.py, every default GPU instance) are allowed by the
+                    Pod Security `enforce` level of namespace pdserve
   checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
                     no severities, so EVERY failed check counts as a failure unless suppressed inline with a
                     reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
@@ -35,6 +37,18 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 PINNED_REMOTE = (re.compile(r"[?&]ref=v?\d[\w.\-]*$"), re.compile(r"/releases/download/[\w.\-]*\d[\w.\-]*/"))
+
+# Capabilities a container may add under each Pod Security Standard level (None = any), from
+# kubernetes.io/docs/concepts/security/pod-security-standards/ ("Capabilities" control of Baseline and
+# Restricted). An unlabeled namespace is treated as privileged, as the admission controller does by default.
+PSS_ALLOWED_CAPABILITIES: dict[str, frozenset[str] | None] = {
+    "privileged": None,
+    "baseline": frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                           "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}),
+    "restricted": frozenset({"NET_BIND_SERVICE"}),
+}
+PSS_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+DEPLOY_NAMESPACE = "pdserve"  # promote's default namespace (runtime/cli.py, pipelines)
 
 
 @dataclass
@@ -228,9 +242,62 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
     if not any(o.get("kind") == "PersistentVolumeClaim" and o["metadata"]["name"] == "fsx-claim"
                and o["metadata"].get("namespace") == "pdserve" for o in objs):
         problems.append("PersistentVolumeClaim pdserve/fsx-claim (promote's default pvc_name) missing")
+    problems += pod_security_problems(objs, rendered_deploy_objects(DEPLOY_NAMESPACE))
     if problems:
         return Check("consistency", "FAIL", "; ".join(problems))
     return Check("consistency", "PASS", f"{len(pools)} NodePools cover {len(INSTANCES)} instance types")
+
+
+def rendered_deploy_objects(namespace: str) -> list[dict]:
+    """What `promote` renders into `namespace` for the default instance of every GPU in the catalog
+    (EFA on where the instance has it, as ClusterTarget's default) and for CPU workers."""
+    from runtime.config import DeploymentSpec, ModelRef, PoolSpec
+    from runtime.deploy.instances import CPU_GPU_NAME, DEFAULT_INSTANCE_FOR_GPU
+    from runtime.deploy.render import render_all
+
+    out = []
+    for gpu in [*DEFAULT_INSTANCE_FOR_GPU, CPU_GPU_NAME]:
+        spec = DeploymentSpec(model=ModelRef(name="pss-check"), gpu=gpu, prefill=PoolSpec(tp=1, replicas=1),
+                              decode=PoolSpec(tp=1, replicas=1))
+        out += render_all(spec, name="pss-check", namespace=namespace, image="pdserve:check", pvc_name="fsx-claim",
+                          validate=False)
+    return out
+
+
+def _pod_spec(obj: dict) -> dict | None:
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "Pod":
+        return spec
+    return (spec.get("template") or {}).get("spec")
+
+
+def pod_security_problems(infra_objs: list[dict], workloads: list[dict]) -> list[str]:
+    """Capabilities that `workloads` add but their namespace's Pod Security `enforce` level forbids.
+
+    The namespace labels come from the Namespace objects in `infra_objs`; levels and allowed capabilities
+    from PSS_ALLOWED_CAPABILITIES. Returns one message per (object, container, capability).
+    """
+    levels = {o["metadata"]["name"]: (o["metadata"].get("labels") or {}).get(PSS_ENFORCE_LABEL, "privileged")
+              for o in infra_objs if o.get("kind") == "Namespace"}
+    problems = []
+    for o in workloads:
+        pod = _pod_spec(o)
+        ns = o.get("metadata", {}).get("namespace")
+        if not pod or ns not in levels:
+            continue
+        level = levels[ns]
+        if level not in PSS_ALLOWED_CAPABILITIES:
+            problems.append(f"Namespace {ns}: unknown {PSS_ENFORCE_LABEL} level {level!r}")
+            continue
+        allowed = PSS_ALLOWED_CAPABILITIES[level]
+        if allowed is None:
+            continue
+        for c in pod.get("initContainers", []) + pod.get("containers", []):
+            for cap in ((c.get("securityContext") or {}).get("capabilities") or {}).get("add", []):
+                if cap not in allowed:
+                    problems.append(f"{o['kind']} {ns}/{o['metadata']['name']} container {c['name']} adds {cap}, "
+                                    f"which Pod Security level {level!r} of namespace {ns} forbids")
+    return list(dict.fromkeys(problems))  # the same pool rendered for several GPUs: report once
 
 
 def find_checkov(root: Path, choice: str) -> str | None:

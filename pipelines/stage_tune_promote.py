@@ -3,8 +3,12 @@
 Run locally (kfp.local, SubprocessRunner in the current venv) with `run_local(...)`, or compile to YAML for
 Kubeflow Pipelines with `python -m pipelines.stage_tune_promote --compile OUT.yaml`.
 
-On a cluster the steps mount the FSx for Lustre PVC, the S3 credentials arrive as env from a Kubernetes
-Secret (never as parameters) and caching is off for steps with side effects; kfp.local ignores those settings.
+On a cluster the steps mount the FSx for Lustre PVC named by the `pvc_name` parameter at `/fsx` (so
+`fsx_root` must stay `/fsx` there; kfp.local uses it to point at a local folder), the S3 credentials arrive
+as env from a Kubernetes Secret (never as parameters) and caching is off for steps with side effects;
+kfp.local ignores those settings. A PVC is namespaced: run the pipeline in the namespace that holds it (KFP
+multi-user mode: a profile namespace with the claim, e.g. `pdserve`, where infra/k8s/storage puts it), with
+a run service account allowed to promote (`pdserve-promoter`, kserve/promoter-rbac.yaml) when `apply` is on.
 """
 
 
@@ -25,9 +29,10 @@ S3_SECRET = "pdserve-s3"  # keys: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (opti
 MLFLOW_SECRET = "pdserve-mlflow"  # keys: MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD
 
 
-def _on_cluster(task: dsl.PipelineTask, *, secrets: dict[str, dict[str, str]]) -> dsl.PipelineTask:
-    """Kubernetes-only settings: FSx PVC mount, secrets as env, caching off (side effects)."""
-    kubernetes.mount_pvc(task, pvc_name=FSX_PVC, mount_path=FSX_MOUNT)
+def _on_cluster(task: dsl.PipelineTask, *, pvc_name, secrets: dict[str, dict[str, str]]) -> dsl.PipelineTask:
+    """Kubernetes-only settings: FSx PVC `pvc_name` (a pipeline parameter) mounted at /fsx, secrets as env,
+    caching off (side effects)."""
+    kubernetes.mount_pvc(task, pvc_name=pvc_name, mount_path=FSX_MOUNT)
     for secret, keys in secrets.items():
         kubernetes.use_secret_as_env(task, secret_name=secret, secret_key_to_env=keys, optional=True)
     task.set_caching_options(enable_caching=False)
@@ -63,7 +68,7 @@ def stage_tune_promote(
     staged = stage_weights(
         source_uri=source_uri, fsx_root=fsx_root, model_name=model_name, s3_endpoint_url=s3_endpoint_url
     ).set_display_name("stage-weights")
-    _on_cluster(staged, secrets={S3_SECRET: _S3_KEYS})
+    _on_cluster(staged, pvc_name=pvc_name, secrets={S3_SECRET: _S3_KEYS})
 
     tuned = tune_tp(
         model=staged.outputs["model"], gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms,
@@ -71,14 +76,14 @@ def stage_tune_promote(
         request_rate_per_s=request_rate_per_s, mlflow_tracking_uri=mlflow_tracking_uri,
         registered_model=registered_model,
     ).set_display_name("tune-tp")
-    _on_cluster(tuned, secrets={MLFLOW_SECRET: _MLFLOW_KEYS})
+    _on_cluster(tuned, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS})
 
     promoted = promote(
         champion_version=tuned.outputs["champion_version"], registered_model=registered_model,
         mlflow_tracking_uri=mlflow_tracking_uri, namespace=namespace, image=image, pvc_name=pvc_name,
         apply=apply, kube_context=kube_context,
     ).set_display_name("promote")
-    _on_cluster(promoted, secrets={MLFLOW_SECRET: _MLFLOW_KEYS})
+    _on_cluster(promoted, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS})
 
     Outputs = NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact)
     return Outputs(champion_version=tuned.outputs["champion_version"], manifests=promoted.outputs["manifests"])

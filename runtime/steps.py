@@ -7,6 +7,7 @@ Keeping the step bodies in the library means the same code runs in kfp.local, on
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -52,9 +53,31 @@ def check_gpu_budget(spec: "DeploymentSpec") -> int:
     return need
 
 
+def check_model_name(model_name: str) -> str:
+    """Return `model_name` when it is a clean relative path under `models/` (e.g. `llama8` or `org/llama8`).
+
+    Raises:
+        ValueError: empty, absolute, containing a NUL or a backslash, or with an empty, `.` or `..` component
+            (each of which would publish outside `<fsx_root>/models/` or at a different name).
+    """
+    if not isinstance(model_name, str) or not model_name:
+        raise ValueError(f"model_name {model_name!r}: must be a non-empty relative path under models/")
+    if "\0" in model_name or "\\" in model_name:
+        raise ValueError(f"model_name {model_name!r}: must not contain a NUL or a backslash")
+    if model_name.startswith("/"):
+        raise ValueError(f"model_name {model_name!r}: must be relative to <fsx_root>/models, not absolute")
+    if any(part in ("", ".", "..") for part in model_name.split("/")):
+        raise ValueError(f"model_name {model_name!r}: every path component must be a name (no empty, '.' or '..')")
+    return model_name
+
+
 def staged_model_dir(fsx_root: str | Path, model_name: str) -> Path:
-    """Where a model is published on the FSx mount: `<fsx_root>/models/<model_name>`."""
-    return Path(fsx_root) / "models" / model_name
+    """Where a model is published on the FSx mount: `<fsx_root>/models/<model_name>`.
+
+    Raises:
+        ValueError: `model_name` is not a clean relative path (`check_model_name`).
+    """
+    return Path(fsx_root) / "models" / check_model_name(model_name)
 
 
 def stage_step(source_uri: str, fsx_root: str, model_name: str, s3_endpoint_url: str = "") -> dict[str, Any]:
@@ -66,6 +89,8 @@ def stage_step(source_uri: str, fsx_root: str, model_name: str, s3_endpoint_url:
         {"name", "path", "num_files", "total_bytes", "source"} for the KFP Model artifact.
 
     Raises:
+        ValueError: `model_name` is not a clean relative path under models/ (checked before anything is
+            written or an S3 client made).
         runtime.staging.manifest.StagingError: missing bucket, empty prefix, checksum mismatch, unsafe key.
     """
     from runtime.staging.s3 import make_client
@@ -110,6 +135,10 @@ def tune_step(
         runtime.models.spec.ModelConfigError: config.json lacks a field the model needs (named).
         runtime.tuner.search.InfeasibleSLOError: no candidate meets the SLO (message has the best TTFT/ITL).
         GpuBudgetError: the winner needs more GPUs than DeploymentSpec's planner.gpu_budget.
+        ValueError: `registered_model` is not a name MLflow accepts (checked first), or the spec cannot be
+            rendered by promote (runtime.deploy.errors.ManifestError, before anything is logged).
+        runtime.tracking.mlflow_runs.TrackingError: logging or registering in MLflow failed; the message
+            names the URI and the cause with every `user:password@` replaced by `***@` (runtime/redact.py).
     """
     from runtime.config import ModelRef, SloSpec, WorkloadSpec
     from runtime.models.load import load_model_spec
@@ -119,20 +148,35 @@ def tune_step(
     from runtime.tracking.plots import pareto_html, pareto_png
     from runtime.tuner.search import tune
 
+    from runtime.redact import redact_userinfo
+    from runtime.tracking.mlflow_runs import TrackingError, check_registered_model_name
+
+    check_registered_model_name(registered_model)  # before reading, tuning or logging anything
     verify_staged(Path(model_path))
     model = load_model_spec(Path(model_path) / "config.json")
     slo = SloSpec(ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms)
     workload = WorkloadSpec(isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s)
     result = tune(model, get_gpu(gpu), slo, workload, precision=precision)
-    model_ref = ModelRef(name=model_name, path=model_path)
+    model_ref = ModelRef(name=model_name, path=os.path.abspath(model_path))  # promote runs elsewhere
+    spec = result.to_deployment_spec(model_ref)
     try:
-        check_gpu_budget(result.to_deployment_spec(model_ref))
+        check_gpu_budget(spec)
     except GpuBudgetError as e:
         raise GpuBudgetError(f"{e}; lower request_rate_per_s ({request_rate_per_s:g}/s) or raise the budget") from None
-    version = log_tuning(
-        result, tracking_uri=mlflow_tracking_uri, experiment=f"pdserve-tune-{model_name}",
-        registered_model=registered_model, model_ref=model_ref,
-    )
+    failure = None
+    try:
+        version = log_tuning(
+            result, tracking_uri=mlflow_tracking_uri, experiment=f"pdserve-tune-{model_name}",
+            registered_model=registered_model, spec=spec,
+        )
+    except Exception as e:  # MLflow errors repeat the request URL: never let a URI's password reach the task log
+        detail = redact_userinfo(str(e))
+        if isinstance(e, ValueError) and detail == str(e):  # our own checks (name, renderability): as raised
+            raise
+        failure = (f"logging the tuning to MLflow at {redact_userinfo(mlflow_tracking_uri)} failed: "
+                   f"{type(e).__name__}: {detail}")
+    if failure is not None:  # raised outside the handler: no __context__ carrying the unredacted original
+        raise TrackingError(failure)
     if table_path:
         Path(table_path).write_text(result.markdown_table())
     if plot_path:
@@ -175,8 +219,17 @@ def promote_step(
             a verified staged folder (folder and missing file/marker named).
         ValueError: the registry's `champion` is not `champion_version` (a newer tuning raced this one).
         runtime.deploy.validate.ManifestError: an object fails its schema (object and field named).
-        RuntimeError: `apply` without a `kube_context`.
+        RuntimeError: `apply` without a `kube_context` outside a Kubernetes pod (checked before anything else).
         runtime.deploy.errors.ApplyError: the cluster refused an object or a PVC is missing (nothing applied).
+        runtime.deploy.errors.RolledBackError: `apply` and the canary was rolled back (SLO missed or a step
+            failed; the previous champion serves again), so a KFP run fails like `pdserve promote --apply`.
+
+    The InferenceService is named `dns_label(registered_model)` (runtime/deploy/target.py): the registered
+    model name when it already is a DNS-1035 label of at most 45 characters, else its normalised form plus
+    a short hash of the original name, so different registered models never share an InferenceService.
+
+    With `apply`, `kube_context` names a kubeconfig context; empty means the in-cluster service-account
+    config of the pod this runs in (the KFP promote step).
     """
     from runtime.deploy.mlflow_recorder import revision_for
     from runtime.deploy.render import render_all, write_yaml
@@ -184,6 +237,12 @@ def promote_step(
     from runtime.deploy.validate import validate_objects
     from runtime.tracking.mlflow_runs import load_champion
 
+    if apply and not kube_context:
+        from runtime.deploy.kube import CREDENTIAL_OPTIONS, in_cluster_available
+
+        if not in_cluster_available():
+            raise RuntimeError(f"promote: apply=True without kube_context and not inside a Kubernetes pod: "
+                               f"{CREDENTIAL_OPTIONS}")
     version, spec = load_champion(mlflow_tracking_uri, registered_model)
     if champion_version and str(version) != str(champion_version):
         raise ValueError(
@@ -201,22 +260,30 @@ def promote_step(
         except StagingError as e:
             raise StagingError(f"registered model {registered_model!r} version {version}: refusing to promote a "
                                f"model folder that is not a verified staged copy: {e}") from e
-    name = dns_label(spec.model.name)
+    # Named after the registered model (what is promoted), not the served model: revisions are `v<version>`,
+    # numbered per registered model, so two registered models must never share an InferenceService.
+    name = dns_label(registered_model)
     revision = revision_for(version)
     objs = render_all(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name, revision=revision)
     validate_objects(objs)
     write_yaml(objs, Path(out_path))
     applied = False
     if apply:
-        if not kube_context:
-            raise RuntimeError("promote: apply=True needs kube_context (no cluster is assumed)")
+        from runtime.deploy.errors import RolledBackError
+        from runtime.deploy.kube import Kube
         from runtime.deploy.promote import promote_version
 
+        # No context: the pod's own service account, never whatever kubeconfig happens to be current.
+        kube = Kube.from_context(kube_context) if kube_context else Kube.in_cluster()
         # Canary beside the current champion, SLO probe, automatic rollback; every step tagged in MLflow.
         result = promote_version(spec, str(version), name=name, namespace=namespace, image=image,
-                                 pvc_name=pvc_name, kube_context=kube_context, tracking_uri=mlflow_tracking_uri,
-                                 registered_model=registered_model)
-        applied = result.outcome == "promoted"
+                                 pvc_name=pvc_name, kube_context=kube_context or None, kube=kube,
+                                 tracking_uri=mlflow_tracking_uri, registered_model=registered_model)
+        if result.outcome != "promoted":
+            raise RolledBackError(
+                f"registered model {registered_model!r} version {version} was not promoted: rolled back to "
+                f"revision {result.previous_revision}: {result.reason} (see the MLflow version's pdserve.deploy.* tags)")
+        applied = True
     return {"path": out_path, "num_objects": len(objs), "version": str(version), "applied": applied,
             "kinds": json.dumps(sorted({o["kind"] for o in objs}))}
 

@@ -10,3 +10,13 @@ class ManifestError(ValueError):
 
 class ApplyError(RuntimeError):
     """Applying objects to a cluster failed (API error, readiness timeout, missing PVC)."""
+
+
+class RolledBackError(ApplyError):
+    """A rollout did not promote the new version: it was rolled back and the previous champion serves again
+    (message: version, restored revision, reason)."""
+
+
+class ConflictError(ApplyError):
+    """The API server answered 409 Conflict: the object already exists (create) or changed since it was read
+    (update with a stale resourceVersion)."""

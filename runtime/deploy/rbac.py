@@ -1,10 +1,12 @@
 """ServiceAccounts and least-privilege RBAC for a pdserve deployment and for the promoter.
 
 * runtime (`<name>-runtime`): reads EndpointSlices (worker discovery) and, when the planner is on,
-  may get/patch/update the `deployments/scale` subresource of exactly its two worker Deployments.
+  may get/patch/update the `deployments/scale` subresource of exactly its two worker Deployments
+  (one planner Role per worker revision, `<name>-<revision>-planner`).
 * workers (`<name>-worker`): no API access at all (token not mounted).
 * promoter (`pdserve-promoter`, see `promoter_rbac`): manages the rendered kinds in ONE namespace,
-  plus get/create/patch on the cluster-scoped ClusterServingRuntime. Kubernetes RBAC forbids granting
+  plus get/create/patch on the cluster-scoped ClusterServingRuntime and get/create/update/delete on Leases
+  (the per-InferenceService promote lock, runtime/deploy/lease.py). Kubernetes RBAC forbids granting
   permissions one does not hold (escalation prevention, kubernetes.io/docs/reference/access-authn-authz/
   rbac/#privilege-escalation-prevention-and-bootstrapping), so the promoter also holds what the runtime
   role grants (endpointslices read, deployments/scale).
@@ -54,20 +56,32 @@ def role_binding(name: str, namespace: str, labels: dict[str, str], *, role_name
     }
 
 
+def planner_role_name(name: str, revision: str | None) -> str:
+    """Name of the planner Role/RoleBinding of one worker revision: `<name>[-<revision>]-planner`."""
+    return f"{name}-{revision}-planner" if revision else f"{name}-planner"
+
+
 def runtime_rbac(*, name: str, namespace: str, labels: dict[str, str], runtime_sa: str,
-                 worker_deployments: list[str], planner: bool) -> list[dict[str, Any]]:
-    """Roles + bindings for the runtime ServiceAccount (discovery always, planner scale if `planner`)."""
+                 worker_deployments: list[str], planner: bool, revision: str | None = None,
+                 planner_labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Roles + bindings for the runtime ServiceAccount (discovery always, planner scale if `planner`).
+
+    The planner Role/RoleBinding is per worker revision (`planner_role_name`, labelled `planner_labels`,
+    e.g. with `pdserve.io/revision`): during a canary both revisions' runtimes share the ServiceAccount, and
+    each must keep scaling its own two Deployments; the rollout deletes a revision's Role with its workers.
+    """
     objs = [
         role(f"{name}-discovery", namespace, labels,
              [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ}]),
         role_binding(f"{name}-discovery", namespace, labels, role_name=f"{name}-discovery", sa_name=runtime_sa),
     ]
     if planner:
+        pname, plab = planner_role_name(name, revision), planner_labels or labels
         objs += [
-            role(f"{name}-planner", namespace, labels,
+            role(pname, namespace, plab,
                  [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
                    "resourceNames": list(worker_deployments), "verbs": SCALE}]),
-            role_binding(f"{name}-planner", namespace, labels, role_name=f"{name}-planner", sa_name=runtime_sa),
+            role_binding(pname, namespace, plab, role_name=pname, sa_name=runtime_sa),
         ]
     return objs
 
@@ -91,6 +105,8 @@ def promoter_rbac(namespace: str, *, sa_name: str = PROMOTER_NAME,
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": MANAGE},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ},
         {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": MANAGE},
+        # the promote lock (runtime/deploy/lease.py): one Lease per InferenceService
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "delete"]},
     ]
     cluster_name = f"{sa_name}-{namespace}-runtimes"
     return [

@@ -11,7 +11,8 @@ workers through the EndpointSlices of the headless worker Services (runtime/depl
 for KV-aware router policies (`--router kv`), their KV-event publishers (port "kv-events") there too.
 
 Bad input (an InferenceService name that is not a DNS-1035 label, a TP larger than the instance's
-GPUs, EFA on an instance without it) raises ManifestError before anything is written or applied.
+GPUs, EFA on an instance without it, replicas over int32 or over max_replicas, a port outside 1..65535 or
+two worker ports alike) raises ManifestError naming the field before anything is written or applied.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ RUNTIME_NAME = "pdserve"
 MODEL_FORMAT = "pdserve"
 MODEL_FORMAT_VERSION = "1"
 SPEC_ENV = "PDSERVE_DEPLOYMENT_SPEC"
+INT32_MAX = 2**31 - 1  # Deployment spec.replicas is an int32 (Kubernetes API reference, DeploymentSpec)
+MAX_PORT = 65535  # containerPort / Service port range 1..65535 (Kubernetes API reference, ContainerPort)
 
 
 def spec_digest(spec: DeploymentSpec) -> str:
@@ -161,6 +164,9 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
         "model": {
             "modelFormat": {"name": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION},
             "runtime": RUNTIME_NAME,
+            # pinned here, not only on the cluster-wide runtime: promoting or rolling back another model,
+            # which re-applies the ClusterServingRuntime with its own image, must not change this one's
+            "image": image,
             "protocolVersion": "v1",
             "storageUri": f"pvc://{pvc_name}/models/{spec.model.name}",
             "args": runtime_pool_args(
@@ -235,9 +241,31 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
     mname = spec.model.name
     if not mname or mname.startswith("/") or ".." in mname.split("/") or any(c.isspace() for c in mname):
         raise ManifestError(f"spec.model.name: {mname!r} cannot be a path under models/ on the PVC")
+    if mname.startswith("-"):  # it follows --served-model-name as its own argv token: vLLM would parse a flag
+        raise ManifestError(f"spec.model.name: {mname!r} starts with '-', which the workers would read as an option")
+    if "$" in mname:  # the kubelet expands $(VAR) in container args (Kubernetes: dependent environment variables)
+        raise ManifestError(f"spec.model.name: {mname!r} contains '$', which the kubelet expands in container args")
     longest = max(workers.pool_name(name, r, revision) for r in ("prefill", "decode"))
-    for derived in (longest, f"{name}-discovery", f"{name}-workers", f"{name}-planner"):
+    for derived in (longest, f"{name}-discovery", f"{name}-workers", rbac.planner_role_name(name, revision)):
         check_name(f"name (derived object name {derived!r})", derived, pattern=DNS1035_LABEL)
+    for role in ("prefill", "decode"):
+        pool = getattr(spec, role)
+        if pool.replicas > INT32_MAX:
+            raise ManifestError(f"spec.{role}.replicas: {pool.replicas} is more than {INT32_MAX}, the largest "
+                                "Deployment spec.replicas (int32)")
+        if pool.replicas > pool.max_replicas:
+            raise ManifestError(f"spec.{role}.replicas: {pool.replicas} is more than spec.{role}.max_replicas "
+                                f"{pool.max_replicas}")
+    ports = {f: getattr(target, f) for f in ("worker_port", "nixl_side_channel_port", "kv_events_port", "runtime_port")}
+    for f, port in ports.items():
+        if not 1 <= port <= MAX_PORT:
+            raise ManifestError(f"target.{f}: {port} is not a TCP port number (1..{MAX_PORT})")
+    seen: dict[int, str] = {}
+    for f in ("worker_port", "nixl_side_channel_port", "kv_events_port"):  # one worker container, one Service
+        if ports[f] in seen:
+            raise ManifestError(f"target.{f}: {ports[f]} is also target.{seen[ports[f]]}; a worker's HTTP, NIXL "
+                                "side-channel and KV-event ports must differ (duplicate container/Service ports)")
+        seen[ports[f]] = f
     try:
         inst = instance_for(spec.gpu, target.instance_type)
     except KeyError as e:
@@ -278,7 +306,9 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
 
     Raises:
         ManifestError: bad name/namespace/pvc/image, TP larger than the instance's GPUs, EFA requested
-            on an instance without EFA, or an object failing schema validation.
+            on an instance without EFA, `spec.<pool>.replicas` over int32 or over its max_replicas, a
+            `target` port outside 1..65535 or worker ports that coincide, or an object failing schema
+            validation.
     """
     target = target or ClusterTarget()
     inst, efa = _check_inputs(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name,
@@ -290,7 +320,8 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
         rbac.service_account(runtime_sa, namespace, base, automount=True),
         rbac.service_account(worker_sa, namespace, workers.labels(name, "worker", None), automount=False),
         *rbac.runtime_rbac(name=name, namespace=namespace, labels=base, runtime_sa=runtime_sa,
-                           worker_deployments=deps, planner=spec.planner.mode != "off"),
+                           worker_deployments=deps, planner=spec.planner.mode != "off", revision=revision,
+                           planner_labels=workers.labels(name, "planner", revision)),
         cluster_serving_runtime(image=image, target=target),
     ]
     for role in ("prefill", "decode"):

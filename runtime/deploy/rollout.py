@@ -2,6 +2,7 @@
 
 Sequence (each step is reported to a `Recorder`, e.g. as MLflow model-version tags):
 
+0. lock           once the new revision renders, take the promote Lease <name>-promote (lease.py); released at the end
 1. preflight      render + validate the new revision, check the PVC, read the current champion from the
                   live InferenceService (its spec is in env PDSERVE_DEPLOYMENT_SPEC, its revision in the
                   `pdserve.io/revision` label, its image in the `pdserve.io/image` annotation)
@@ -11,10 +12,12 @@ Sequence (each step is reported to a `Recorder`, e.g. as MLflow model-version ta
                   first deployment gets 100 %) and wait for Ready
 4. slo_probe      `probe(url)` measures TTFT/ITL p90 of a small request set against the new revision
 5a. promote       SLO met: re-apply without canaryTrafficPercent (100 % to the new revision), then
-    cleanup       delete the previous revision's worker Deployments/Services/PDBs
-5b. rollback      SLO missed or any step failed: re-apply the previous champion (its objects re-rendered
-                  from its own spec, revision and image), delete the new revision's workers and tell
-                  the recorder which revision is champion again.
+    cleanup       delete the previous revision's worker Deployments/Services/PDBs and planner Role/RoleBinding
+5b. rollback      SLO missed or any step failed — including unexpected errors (a probe or recorder bug, a
+                  transport error): re-apply the previous champion (its objects re-rendered from its own
+                  spec, revision and image), delete the new revision's workers (and its planner Role/RoleBinding) and tell the recorder which
+                  revision is champion again (also when the re-apply or its wait fails, so the registry
+                  alias never keeps pointing at the failed version).
 
 The module does no MLflow import: recording is a callback (`Recorder`); see tracking adapters.
 """
@@ -26,10 +29,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from pydantic import ValidationError
+
 from runtime.config import DeploymentSpec, SloSpec
-from runtime.deploy import workers
+from runtime.deploy import lease, workers
 from runtime.deploy.apply import Progress, _noop, preflight, wait_ready
-from runtime.deploy.errors import ApplyError, ManifestError
+from runtime.deploy.errors import ApplyError, ManifestError, RolledBackError
 from runtime.deploy.kube import Kube, ident
 from runtime.deploy.render import SPEC_ENV, find, render_all
 from runtime.deploy.target import ClusterTarget
@@ -37,21 +42,28 @@ from runtime.deploy.target import ClusterTarget
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Latency of a probe request set: p90 TTFT and ITL in milliseconds, request/error counts."""
+    """Latency of a probe request set: p90 TTFT and ITL in milliseconds, request/error counts.
+
+    `itl_p90_ms` is None when ITL was not measured: no request streamed two or more content chunks, so
+    there was no inter-token gap to time (runtime/deploy/slo_probe.py)."""
 
     ttft_p90_ms: float
-    itl_p90_ms: float
+    itl_p90_ms: float | None
     num_requests: int
     num_errors: int = 0
 
     def verdict(self, slo: SloSpec) -> tuple[bool, str]:
-        """(meets SLO, explanation) — all requests must succeed and both p90s be within the SLO."""
+        """(meets SLO, explanation) — all requests must succeed and both p90s be measured and within the SLO;
+        an unmeasured ITL fails (no evidence is not a pass)."""
         problems = []
         if self.num_requests == 0 or self.num_errors:
             problems.append(f"{self.num_errors}/{self.num_requests} probe requests failed")
         if self.ttft_p90_ms > slo.ttft_p90_ms:
             problems.append(f"TTFT p90 {self.ttft_p90_ms:.1f} ms > SLO {slo.ttft_p90_ms:.1f} ms")
-        if self.itl_p90_ms > slo.itl_p90_ms:
+        if self.itl_p90_ms is None:
+            problems.append("ITL was not measured: no probe request streamed two or more content chunks, so the "
+                            f"ITL SLO ({slo.itl_p90_ms:.1f} ms) cannot be confirmed")
+        elif self.itl_p90_ms > slo.itl_p90_ms:
             problems.append(f"ITL p90 {self.itl_p90_ms:.1f} ms > SLO {slo.itl_p90_ms:.1f} ms")
         if problems:
             return False, "; ".join(problems)
@@ -83,11 +95,13 @@ class ListRecorder:
 
 @dataclass(frozen=True)
 class Champion:
-    """What is live now: its spec, worker revision and image (read from the InferenceService)."""
+    """What is live now: its spec, worker revision and image (read from the InferenceService), and the
+    fields of its live spec this pdserve version does not know and ignored (dotted paths)."""
 
     spec: DeploymentSpec
     revision: str | None
     image: str
+    ignored_fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,19 +112,63 @@ class RolloutResult:
     reason: str
 
 
+def _drop(data: Any, loc: tuple[Any, ...]) -> None:
+    for key in loc[:-1]:
+        data = data[key]
+    del data[loc[-1]]
+
+
+def read_live_spec(text: str) -> tuple[DeploymentSpec, tuple[str, ...]]:
+    """Parse a live PDSERVE_DEPLOYMENT_SPEC leniently: fields this version does not know (written by a newer
+    pdserve) are dropped and returned as dotted paths; everything else must validate as usual.
+
+    Raises:
+        ValueError: not JSON, or invalid for another reason than unknown fields (pydantic's message).
+    """
+    data = json.loads(text)
+    try:
+        return DeploymentSpec.model_validate(data), ()
+    except ValidationError as e:
+        errors = e.errors()
+        if not isinstance(data, dict) or any(err["type"] != "extra_forbidden" for err in errors):
+            raise
+    for err in errors:
+        _drop(data, tuple(err["loc"]))
+    return DeploymentSpec.model_validate(data), tuple(sorted(".".join(map(str, err["loc"])) for err in errors))
+
+
 def current_champion(kube: Kube, *, name: str, namespace: str) -> Champion | None:
-    """The live champion, or None on a first deployment. Raises ApplyError if it cannot be parsed."""
+    """The live champion, or None on a first deployment. Unknown fields in its spec are ignored
+    (`Champion.ignored_fields`; the rollout records a warning).
+
+    Raises:
+        ApplyError: the InferenceService was not rendered by pdserve (no spec env or image annotation), or its
+            spec cannot be read by this version (the message says what to do: promote with the pdserve
+            version that rendered it, or delete the InferenceService and promote again).
+    """
     live = kube.get("serving.kserve.io/v1beta1", "InferenceService", name, namespace)
     if live is None:
         return None
-    meta = live.get("metadata", {})
-    env = {e.get("name"): e.get("value") for e in live["spec"]["predictor"].get("model", {}).get("env", [])}
+    meta = live.get("metadata") or {}
+    model = ((live.get("spec") or {}).get("predictor") or {}).get("model") or {}
+    env = {e.get("name"): e.get("value") for e in model.get("env") or [] if isinstance(e, dict)}
+    image = (meta.get("annotations") or {}).get("pdserve.io/image")
+    delete = f"kubectl delete inferenceservice {name} -n {namespace}"
+    if env.get(SPEC_ENV) is None or not image:
+        raise ApplyError(f"InferenceService/{name} in namespace {namespace!r} was not rendered by pdserve (no env "
+                         f"{SPEC_ENV} or annotation pdserve.io/image), so it will not be replaced: remove it "
+                         f"(`{delete}`) or promote under another registered model name")
     try:
-        spec = DeploymentSpec.model_validate_json(env[SPEC_ENV])
-        image = meta["annotations"]["pdserve.io/image"]
-    except (KeyError, ValueError) as e:
-        raise ApplyError(f"InferenceService/{name}: live object was not rendered by pdserve ({e})") from None
-    return Champion(spec=spec, revision=meta.get("labels", {}).get("pdserve.io/revision"), image=image)
+        spec, ignored = read_live_spec(env[SPEC_ENV])
+    except ValueError as e:
+        detail = " ".join(str(e).split())
+        raise ApplyError(
+            f"InferenceService/{name}: the live champion's {SPEC_ENV} cannot be read by this pdserve version, so "
+            f"it could not be restored on rollback; nothing was applied ({detail[:500]}). Promote with the pdserve "
+            f"version that rendered it (image {image}), or accept no rollback: `{delete}` (and its worker "
+            f"Deployments/Services labelled app.kubernetes.io/instance={name}), then promote again") from None
+    return Champion(spec=spec, revision=(meta.get("labels") or {}).get("pdserve.io/revision"), image=image,
+                    ignored_fields=ignored)
 
 
 def probe_url(isvc: dict[str, Any]) -> str:
@@ -125,8 +183,22 @@ def probe_url(isvc: dict[str, Any]) -> str:
 
 
 def _worker_objects(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [o for o in objs if o["kind"] in ("Deployment", "Service", "PodDisruptionBudget")
-            and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") in ("prefill", "decode")]
+    """The per-revision objects of a rendering: worker Deployments/Services/PDBs and the planner's
+    Role/RoleBinding (what cleanup and rollback delete for a revision that no longer serves)."""
+    def component(o: dict[str, Any]) -> str | None:
+        return o["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+
+    return [o for o in objs
+            if (o["kind"] in ("Deployment", "Service", "PodDisruptionBudget") and component(o) in ("prefill", "decode"))
+            or (o["kind"] in ("Role", "RoleBinding") and component(o) == "planner")]
+
+
+def _legacy_planner_rbac(name: str, namespace: str) -> list[dict[str, Any]]:
+    """The `<name>-planner` Role/RoleBinding that pdserve shared between revisions before planner RBAC became
+    per revision; no revisioned runtime uses it, so cleanup removes it (a no-op when absent)."""
+    meta = {"name": f"{name}-planner", "namespace": namespace}
+    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": k, "metadata": dict(meta)}
+            for k in ("RoleBinding", "Role")]
 
 
 def _delete(kube: Kube, objs: list[dict[str, Any]]) -> list[str]:
@@ -142,24 +214,69 @@ def rollout(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_
             kube: Kube, probe: Callable[[str], ProbeResult], recorder: Recorder,
             target: ClusterTarget | None = None, canary_percent: int = 10, timeout_s: float = 1800.0,
             poll_s: float = 5.0, progress: Progress = _noop, clock: Callable[[], float] = time.monotonic,
-            sleep: Callable[[float], None] = time.sleep) -> RolloutResult:
+            sleep: Callable[[float], None] = time.sleep, lease_holder: str | None = None,
+            now: Callable[[], float] = time.time) -> RolloutResult:
     """Roll out `spec` as worker revision `revision` with a canary, an SLO probe and auto-rollback.
+
+    The whole rollout holds the InferenceService's promote lock (runtime/deploy/lease.py: Lease
+    `<name>-promote`, holder `lease_holder` or `lease.default_holder()`, duration
+    `lease.lease_duration_s(timeout_s)`, `now` = Unix time in seconds), taken after the new revision
+    renders and before pre-flight, and released (deleted) when the rollout ends, however it ends. A
+    second promote of the same InferenceService meanwhile fails with ApplyError naming the holder and
+    touches nothing; an expired Lease (a promote that died) is taken over.
+
+    Returns:
+        RolloutResult "promoted", or "rolled_back" when the SLO probe missed or a step raised ApplyError /
+        ManifestError (the previous champion serves again).
 
     Raises:
         ManifestError: bad input (name, TP, ...) — before anything is applied.
-        ApplyError: pre-flight failure (missing PVC; nothing applied), or a failure with no previous
-            champion to roll back to (the new revision's workers are deleted first).
+        ApplyError: another promote holds the lock (nothing applied), pre-flight failure (missing PVC;
+            nothing applied), an unreadable live spec (nothing applied), a failure with no previous
+            champion to roll back to (the new revision's workers are deleted first), or a rollback that did
+            not complete (the message names the original failure and the rollback's; the recorder was still
+            told the previous revision is champion).
+        RolledBackError: any other exception during apply/canary/probe/promote (a bug, not a verdict): the
+            rollout was rolled back as above, then this is raised with the original error chained.
     """
     if not revision:
         raise ManifestError("revision: required for a canary rollout (worker pools are named per revision)")
-    waits = dict(timeout_s=timeout_s, poll_s=poll_s, progress=progress, clock=clock, sleep=sleep)
+    new_objs = render_all(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name,
+                          target=target, revision=revision)
 
     def rec(step: str, status: str, **detail: Any) -> None:
         progress(f"{step}: {status} {json.dumps(detail, sort_keys=True) if detail else ''}".rstrip())
         recorder.record(step, status, detail)
 
-    new_objs = render_all(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name,
-                          target=target, revision=revision)
+    try:
+        held = lease.acquire(kube, name=name, namespace=namespace, holder=lease_holder or lease.default_holder(),
+                             duration_s=lease.lease_duration_s(timeout_s), now=now)
+    except ApplyError as e:
+        rec("preflight", "failed", error=str(e))
+        raise
+    if held.taken_over_from is not None:
+        progress(f"lock: took over the expired Lease/{held.name} of {held.taken_over_from!r}")
+    try:
+        return _rollout_locked(spec, new_objs, name=name, namespace=namespace, image=image, pvc_name=pvc_name,
+                               revision=revision, kube=kube, probe=probe, recorder=recorder, rec=rec, target=target,
+                               canary_percent=canary_percent, timeout_s=timeout_s, poll_s=poll_s,
+                               progress=progress, clock=clock, sleep=sleep, held=held)
+    finally:
+        try:
+            lease.release(kube, held)
+        except Exception as e:  # noqa: BLE001 - the rollout's own outcome/error wins; the Lease expires anyway
+            progress(f"lock: could not release Lease/{held.name} ({type(e).__name__}: {e}); it expires after "
+                     f"{lease.lease_duration_s(timeout_s)} s")
+
+
+def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, name: str, namespace: str,
+                    image: str, pvc_name: str, revision: str, kube: Kube, probe: Callable[[str], ProbeResult],
+                    recorder: Recorder, rec: Callable[..., None], target: ClusterTarget | None,
+                    canary_percent: int, timeout_s: float, poll_s: float, progress: Progress,
+                    clock: Callable[[], float], sleep: Callable[[float], None],
+                    held: "lease.HeldLease") -> RolloutResult:
+    """`rollout` after the lock is held (same steps, results and errors)."""
+    waits = dict(timeout_s=timeout_s, poll_s=poll_s, progress=progress, clock=clock, sleep=sleep)
     try:
         preflight(kube, new_objs)
         champ = current_champion(kube, name=name, namespace=namespace)
@@ -167,7 +284,15 @@ def rollout(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_
         rec("preflight", "failed", error=str(e))
         raise
     prev_rev = champ.revision if champ else None
-    rec("preflight", "ok", revision=revision, previous_revision=prev_rev)
+    extra: dict[str, Any] = {}
+    if held.taken_over_from is not None:
+        extra["lease_taken_over_from"] = held.taken_over_from
+    if champ is not None and champ.ignored_fields:
+        extra["ignored_live_spec_fields"] = list(champ.ignored_fields)
+        extra["warning"] = (f"the live spec of revision {prev_rev} has fields this pdserve version does not know; "
+                            f"they were ignored (a rollback re-applies it without them): "
+                            + ", ".join(champ.ignored_fields))
+    rec("preflight", "ok", revision=revision, previous_revision=prev_rev, **extra)
     isvc = find(new_objs, "InferenceService", name)
     rest = [o for o in new_objs if o is not isvc]
     try:
@@ -193,24 +318,68 @@ def rollout(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_
             kube.apply(isvc)  # no canaryTrafficPercent: 100 % to the new revision
             wait_ready(kube, [isvc], **waits)
         rec("promote", "ok", traffic_percent=100)
-    except (ApplyError, ManifestError) as e:
-        reason = str(e)
+    except Exception as e:  # noqa: BLE001 - whatever failed, the canary must not stay half rolled out
+        expected = isinstance(e, (ApplyError, ManifestError))
+        reason = str(e) if expected else f"unexpected {type(e).__name__}: {e}"
+        cause = None if expected else e
+
+        def rec_safely(step: str, status: str, **detail: Any) -> None:
+            try:
+                rec(step, status, **detail)
+            except Exception as rec_err:  # noqa: BLE001 - recording must not stop the rollback
+                progress(f"{step}: could not record ({type(rec_err).__name__}: {rec_err})")
+
         if champ is None:
-            gone = _delete(kube, _worker_objects(new_objs) + [isvc])
-            rec("rollback", "no_previous_champion", error=reason, deleted=gone)
-            raise ApplyError(f"rollout of {revision} failed and there is no previous champion: {reason}") from None
-        prev_objs = render_all(champ.spec, name=name, namespace=namespace, image=champ.image,
-                               pvc_name=pvc_name, target=target, revision=champ.revision)
-        for o in prev_objs:
-            kube.apply(o)
-        wait_ready(kube, prev_objs, **waits)
-        gone = _delete(kube, _worker_objects(new_objs)) if revision != prev_rev else []
-        rec("rollback", "ok", error=reason, restored_revision=prev_rev, deleted=gone)
-        recorder.champion_restored(prev_rev)
+            try:
+                gone = _delete(kube, _worker_objects(new_objs) + [isvc])
+            except Exception as del_err:  # noqa: BLE001
+                reason += f"; deleting the new revision failed too: {del_err}"
+                gone = []
+            rec_safely("rollback", "no_previous_champion", error=reason, deleted=gone)
+            raise ApplyError(f"rollout of {revision} failed and there is no previous champion: {reason}") from cause
+        rollback_err: Exception | None = None
+        gone = []
+        try:
+            prev_objs = render_all(champ.spec, name=name, namespace=namespace, image=champ.image,
+                                   pvc_name=pvc_name, target=target, revision=champ.revision)
+            for o in prev_objs:
+                kube.apply(o)
+        except Exception as err:  # noqa: BLE001
+            rollback_err = err
+        else:
+            # The InferenceService serves the previous revision again: the new workers are unused either way.
+            try:
+                wait_ready(kube, prev_objs, **waits)
+            except Exception as err:  # noqa: BLE001
+                rollback_err = err
+            try:
+                gone = _delete(kube, _worker_objects(new_objs)) if revision != prev_rev else []
+            except Exception as err:  # noqa: BLE001
+                rollback_err = rollback_err or err
+        if rollback_err is None:
+            rec_safely("rollback", "ok", error=reason, restored_revision=prev_rev, deleted=gone)
+        else:
+            rec_safely("rollback", "failed", error=reason, restored_revision=prev_rev, deleted=gone,
+                       rollback_error=f"{type(rollback_err).__name__}: {rollback_err}")
+        alias_err: Exception | None = None
+        try:
+            recorder.champion_restored(prev_rev)
+        except Exception as err:  # noqa: BLE001
+            alias_err = err
+        if rollback_err is not None:
+            raise ApplyError(f"rollout of {revision} failed ({reason}) and the rollback to {prev_rev} did not "
+                             f"complete: {type(rollback_err).__name__}: {rollback_err}"
+                             + (f"; restoring the champion alias failed too: {alias_err}" if alias_err else "")
+                             ) from rollback_err
+        if alias_err is not None:
+            raise ApplyError(f"rollout of {revision} was rolled back to {prev_rev} ({reason}), but restoring the "
+                             f"champion alias failed: {type(alias_err).__name__}: {alias_err}") from alias_err
+        if not expected:
+            raise RolledBackError(f"rollout of {revision} was rolled back to {prev_rev} after an {reason}") from e
         return RolloutResult("rolled_back", revision, prev_rev, reason)
     if champ is not None and prev_rev != revision:
         old = render_all(champ.spec, name=name, namespace=namespace, image=champ.image, pvc_name=pvc_name,
                          target=target, revision=prev_rev, validate=False)
-        rec("cleanup", "ok", deleted=_delete(kube, _worker_objects(old)))
+        rec("cleanup", "ok", deleted=_delete(kube, _worker_objects(old) + _legacy_planner_rbac(name, namespace)))
     rec("outcome", "promoted", revision=revision)
     return RolloutResult("promoted", revision, prev_rev, "SLO met")

@@ -3,8 +3,13 @@
 For each prompt one streaming OpenAI chat completion (`POST <url>/openai/v1/chat/completions`,
 `stream: true`) is sent; TTFT = time from sending to the first SSE chunk carrying content, ITL =
 (time of last content chunk − first) / (content chunks − 1) per request (the per-request mean TPOT, as in
-DistServe, OSDI'24, §2). Returned as p90 over requests (numpy linear interpolation). A request that fails
-(HTTP error, no content, transport error) counts in `num_errors` and not in the percentiles.
+DistServe, OSDI'24, §2). Returned as p90 over requests (numpy linear interpolation); a request with one
+content chunk has a TTFT but no ITL, and when no request has two or more, ITL is unmeasured
+(`itl_p90_ms` None), which fails the verdict rather than passing the ITL SLO on no evidence (a server that
+sends the whole answer in one chunk cannot show its ITL). A request that fails
+(HTTP error, no content, transport error, or a chunk that is not an OpenAI chat-completion chunk, e.g.
+`data: []` or `{"choices": [null]}`) counts in `num_errors` and not in the percentiles; the probe itself
+never raises on what the server sends.
 """
 
 from __future__ import annotations
@@ -26,6 +31,36 @@ DEFAULT_PROMPTS = (
 )
 
 
+class MalformedChunk(ValueError):
+    """An SSE `data:` payload that is not an OpenAI chat.completion.chunk object."""
+
+
+def delta_content(chunk: object) -> str:
+    """The text of `choices[0].delta.content` of one decoded chunk ("" when the chunk carries none: a role-only
+    delta, a usage chunk with `choices: []`, `content: null`).
+
+    Raises:
+        MalformedChunk: the chunk, a choice or a delta is not a JSON object, or content is not a string.
+    """
+    if not isinstance(chunk, dict):
+        raise MalformedChunk(f"chunk is {type(chunk).__name__}, not an object")
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list):
+        raise MalformedChunk("choices is not a list")
+    if not choices:
+        return ""
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise MalformedChunk(f"choices[0] is {type(choice).__name__}, not an object")
+    delta = choice.get("delta") or {}
+    if not isinstance(delta, dict):
+        raise MalformedChunk(f"choices[0].delta is {type(delta).__name__}, not an object")
+    content = delta.get("content")
+    if content is not None and not isinstance(content, str):
+        raise MalformedChunk(f"choices[0].delta.content is {type(content).__name__}, not a string")
+    return content or ""
+
+
 def _p90(values: list[float]) -> float:
     return float(np.percentile(values, 90)) if values else float("inf")
 
@@ -38,6 +73,10 @@ def probe(url: str, *, model: str, prompts: Iterable[str] = DEFAULT_PROMPTS, max
     Args:
         url: base URL of the runtime (an InferenceService revision URL), without `/openai/...`.
         model: OpenAI `model` field (the served model name).
+
+    Returns:
+        ProbeResult (ms); failed or malformed responses are counted in `num_errors`, never raised;
+        `itl_p90_ms` is None when no request streamed two or more content chunks.
     """
     own = client is None
     client = client or httpx.Client(timeout=timeout_s)
@@ -62,11 +101,9 @@ def probe(url: str, *, model: str, prompts: Iterable[str] = DEFAULT_PROMPTS, max
                         data = line[5:].strip()
                         if data == "[DONE]":
                             break
-                        chunk = json.loads(data)
-                        delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
-                        if delta.get("content"):
+                        if delta_content(json.loads(data)):
                             times.append(clock())
-            except (httpx.HTTPError, json.JSONDecodeError):
+            except (httpx.HTTPError, httpx.StreamError, ValueError):  # ValueError: bad JSON/UTF-8, MalformedChunk
                 errors += 1
                 continue
             if not times:
@@ -78,5 +115,5 @@ def probe(url: str, *, model: str, prompts: Iterable[str] = DEFAULT_PROMPTS, max
     finally:
         if own:
             client.close()
-    return ProbeResult(ttft_p90_ms=_p90(ttfts_ms), itl_p90_ms=_p90(itls_ms) if itls_ms else 0.0,
+    return ProbeResult(ttft_p90_ms=_p90(ttfts_ms), itl_p90_ms=_p90(itls_ms) if itls_ms else None,
                        num_requests=n, num_errors=errors)

@@ -9,6 +9,7 @@ names (InferenceService, worker Services), DNS-1123 labels for namespaces, DNS-1
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,10 +41,12 @@ class ClusterTarget(BaseModel):
         default=0.75, gt=0, le=1, description="Fraction of the instance's per-GPU vCPUs/memory a worker requests."
     )
     shm_size_gib: int = Field(default=16, gt=0, description="/dev/shm emptyDir (Memory) size, GiB.")
-    worker_port: int = Field(default=8000, description="vLLM OpenAI HTTP port on workers.")
-    nixl_side_channel_port: int = Field(default=5600, description="VLLM_NIXL_SIDE_CHANNEL_PORT on workers.")
-    kv_events_port: int = Field(default=5557, description="ZMQ KV-event publisher port on workers.")
-    runtime_port: int = Field(default=8080, description="HTTP port of the pdserve runtime (KServe).")
+    worker_port: int = Field(default=8000, ge=1, le=65535, description="vLLM OpenAI HTTP port on workers.")
+    nixl_side_channel_port: int = Field(default=5600, ge=1, le=65535,
+                                        description="VLLM_NIXL_SIDE_CHANNEL_PORT on workers.")
+    kv_events_port: int = Field(default=5557, ge=1, le=65535, description="ZMQ KV-event publisher port on workers.")
+    runtime_port: int = Field(default=8080, ge=1, le=65535,
+                              description="HTTP port of the pdserve runtime (KServe).")
     fsx_mount_path: str = Field(default="/mnt/fsx", description="Where the FSx PVC is mounted in workers.")
     worker_startup_timeout_s: int = Field(
         default=1800, gt=0, description="Startup probe budget for a worker (weights load), seconds."
@@ -74,10 +77,20 @@ def check_name(field: str, value: str, *, pattern: re.Pattern[str] = DNS1035_LAB
     return value
 
 
+NAME_HASH_CHARS = 8  # hex digits of SHA-256 appended by `dns_label` when normalisation was lossy
+
+
 def dns_label(text: str, *, max_chars: int = 45) -> str:
-    """A DNS-1035 label derived from `text` (e.g. a model name) for use as an InferenceService name:
-    lower-cased, runs of other characters replaced by '-', a leading 'm-' if it does not start with a
-    letter, cut to `max_chars` (45 leaves room for the `-<revision>-prefill` suffixes under 63).
+    """A DNS-1035 label derived from `text` (the MLflow registered model name being promoted) for use as
+    an InferenceService name; at most `max_chars` characters (45 leaves room for the
+    `-<revision>-prefill` suffixes under the 63-character label limit).
+
+    A `text` that already is a DNS-1035 label of at most `max_chars` characters is returned unchanged.
+    Otherwise the readable part is `text` lower-cased, runs of other characters replaced by '-', with a
+    leading 'm-' if it does not start with a letter, and the label is that part cut to leave room for
+    `-<h>`, where `<h>` is the first NAME_HASH_CHARS hex digits of the SHA-256 of the original `text`.
+    So names that normalise alike (`Meta-Llama-3.1-8B`, `meta_llama_3.1_8b`) or differ only after the cut
+    get different labels, and the same text always gets the same label.
 
     Raises:
         ManifestError: `text` has no letter or digit at all.
@@ -87,4 +100,7 @@ def dns_label(text: str, *, max_chars: int = 45) -> str:
         raise ManifestError(f"name: {text!r} has no letters or digits to build a DNS label from")
     if not label[0].isalpha():
         label = "m-" + label
-    return label[:max_chars].rstrip("-")
+    if label == text and len(label) <= max_chars:
+        return label
+    digest = hashlib.sha256(text.encode()).hexdigest()[:NAME_HASH_CHARS]
+    return f"{label[:max_chars - NAME_HASH_CHARS - 1].rstrip('-')}-{digest}"

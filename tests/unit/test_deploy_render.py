@@ -197,6 +197,15 @@ def test_planner_role_only_scales_its_two_deployments():
                               "verbs": ["get", "patch", "update"]}]
 
 
+def test_planner_role_is_per_revision():
+    objs = render_all(make_spec(planner=PlannerSpec(mode="sla")), name=NAME, namespace=NS, image=IMAGE,
+                      pvc_name=PVC, revision="v7")
+    role = find(objs, "Role", f"{NAME}-v7-planner")
+    assert role["rules"][0]["resourceNames"] == [f"{NAME}-v7-prefill", f"{NAME}-v7-decode"]
+    assert role["metadata"]["labels"]["pdserve.io/revision"] == "v7"
+    assert find(objs, "RoleBinding", f"{NAME}-v7-planner")["roleRef"]["name"] == f"{NAME}-v7-planner"
+
+
 def test_without_efa_nixl_keeps_configured_backends_and_requests_no_efa():
     objs = render(target=ClusterTarget(efa=False))
     c = container(find(objs, "Deployment", f"{NAME}-prefill"))
@@ -319,14 +328,39 @@ def test_instance_catalog_agrees_with_the_perf_price_table():
         assert (INSTANCES[n].gpu, INSTANCES[n].num_gpus) == (priced[n].gpu, priced[n].num_gpus), n
 
 
-@pytest.mark.parametrize("text,label", [("smollm2-135m-instruct", "smollm2-135m-instruct"),
-                                        ("meta-llama/Llama-3.1-8B", "meta-llama-llama-3-1-8b"),
-                                        ("3B_model", "m-3b-model"), ("x" * 80, "x" * 45)])
-def test_dns_label_makes_a_valid_isvc_name_from_a_model_name(text, label):
+@pytest.mark.parametrize("text,readable", [("smollm2-135m-instruct", "smollm2-135m-instruct"),
+                                           ("meta-llama/Llama-3.1-8B", "meta-llama-llama-3-1-8b-"),
+                                           ("3B_model", "m-3b-model-"), ("x" * 80, "x" * 36 + "-")])
+def test_dns_label_makes_a_valid_isvc_name_from_a_model_name(text, readable):
+    from runtime.deploy.target import DNS1035_LABEL, dns_label
+
+    label = dns_label(text)
+    assert DNS1035_LABEL.match(label) and len(label) <= 45
+    if readable.endswith("-"):  # lossy normalisation: readable part + 8 hex digits of the original's SHA-256
+        assert label.startswith(readable) and len(label) == len(readable) + 8
+    else:  # already a DNS-1035 label: unchanged
+        assert label == readable
+    assert dns_label(text) == label  # stable across calls
+    assert render_all(make_spec(), name=label, namespace=NS, image=IMAGE, pvc_name=PVC, revision="v12345678",
+                      validate=False)
+
+
+@pytest.mark.parametrize("a,b", [("Meta-Llama-3.1-8B", "meta_llama_3.1_8b"),
+                                 ("meta-llama-3-1-8b", "Meta-Llama-3.1-8B"),
+                                 ("a" * 45 + "-prod", "a" * 45 + "-test"),
+                                 ("a" * 50, "a" * 51)])
+def test_dns_label_of_different_names_differs(a, b):
     from runtime.deploy.target import dns_label
 
-    assert dns_label(text) == label
-    assert render_all(make_spec(), name=dns_label(text), namespace=NS, image=IMAGE, pvc_name=PVC, validate=False)
+    assert dns_label(a) != dns_label(b)
+
+
+def test_dns_label_is_a_fixed_function_of_the_text():
+    from runtime.deploy.target import dns_label
+
+    # the hash is part of the object names on live clusters: it must never change between releases
+    assert dns_label("Meta-Llama-3.1-8B") == "meta-llama-3-1-8b-" + __import__("hashlib").sha256(
+        b"Meta-Llama-3.1-8B").hexdigest()[:8]
 
 
 def test_dns_label_rejects_text_without_letters_or_digits():
@@ -380,3 +414,50 @@ def test_kv_router_args_start_discovery_with_kv_events_in_the_runtime_cli():
     settings = server_main.discovery_settings(args)  # kubernetes discovery + kv router: accepted
     svc_ports = [p["name"] for p in find(objs, "Service", f"{NAME}-prefill")["spec"]["ports"]]
     assert settings["kv_events_port_name"] in svc_ports and settings["port_name"] in svc_ports
+
+
+def test_each_inference_service_pins_its_own_runtime_image():
+    # the ClusterServingRuntime is one per cluster: its image is what the last promote applied, so a
+    # model whose InferenceService did not name its image would switch image when another model is promoted
+    a = render_all(make_spec(), name="llama", namespace=NS, image="reg/pdserve:0.1.0", pvc_name=PVC)
+    b = render_all(make_spec(), name="qwen", namespace=NS, image="reg/pdserve:0.2.0-rc1", pvc_name=PVC)
+    assert find(a, "InferenceService")["spec"]["predictor"]["model"]["image"] == "reg/pdserve:0.1.0"
+    assert find(b, "InferenceService")["spec"]["predictor"]["model"]["image"] == "reg/pdserve:0.2.0-rc1"
+
+
+@pytest.mark.parametrize("bad, why", [("--port=1", "starts with '-'"), ("$(HOME)", r"contains '\$'")])
+def test_model_names_the_workers_would_misread_are_rejected(bad, why):
+    with pytest.raises(ManifestError, match=why):
+        render(make_spec(model=ModelRef(name=bad)))
+
+
+@pytest.mark.parametrize("pool,match", [
+    (PoolSpec(tp=2, replicas=2**40, max_replicas=2**41),
+     r"^spec\.prefill\.replicas: 1099511627776 is more than 2147483647, the largest Deployment spec\.replicas"),
+    (PoolSpec(tp=2, replicas=9, max_replicas=8), r"^spec\.prefill\.replicas: 9 is more than spec\.prefill\.max_replicas 8"),
+])
+def test_replicas_over_int32_or_over_max_replicas_are_rejected(pool, match):
+    with pytest.raises(ManifestError, match=match):
+        render(make_spec(prefill=pool))
+
+
+@pytest.mark.parametrize("update,match", [
+    ({"worker_port": 0}, r"^target\.worker_port: 0 is not a TCP port number \(1\.\.65535\)"),
+    ({"worker_port": 70000}, r"^target\.worker_port: 70000 is not a TCP port number"),
+    ({"kv_events_port": -1}, r"^target\.kv_events_port: -1 is not a TCP port number"),
+    ({"nixl_side_channel_port": 8000}, r"^target\.nixl_side_channel_port: 8000 is also target\.worker_port"),
+    ({"kv_events_port": 5600}, r"^target\.kv_events_port: 5600 is also target\.nixl_side_channel_port"),
+])
+def test_bad_worker_ports_are_rejected_at_render(update, match):
+    target = ClusterTarget().model_copy(update=update)  # model_copy skips validation: render must check
+    with pytest.raises(ManifestError, match=match):
+        render(target=target)
+
+
+@pytest.mark.parametrize("field", ["worker_port", "nixl_side_channel_port", "kv_events_port", "runtime_port"])
+def test_cluster_target_ports_are_bounded(field):
+    from pydantic import ValidationError
+
+    for bad in (0, 70000):
+        with pytest.raises(ValidationError, match=field):
+            ClusterTarget(**{field: bad})

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from runtime.config import SloSpec
-from runtime.deploy.slo_probe import probe
+from runtime.deploy.slo_probe import MalformedChunk, delta_content, probe
 
 
 def sse_server(first_delay_s: float, gap_s: float, tokens: int, fail_every: int = 0):
@@ -85,3 +85,78 @@ def test_failed_requests_are_counted_and_fail_the_verdict(server):
 def test_unreachable_url_counts_every_request_as_error():
     res = probe("http://127.0.0.1:9", model="m", prompts=["a", "b"], timeout_s=2)
     assert res.num_errors == 2 and res.verdict(SloSpec())[0] is False
+
+
+def raw_sse_server(streams: list[list[str]]):
+    """Answers the i-th request with the `data:` payloads of streams[i] (then `[DONE]`), as sent."""
+    served = {"n": 0}
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            payloads = streams[served["n"]]
+            served["n"] += 1
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for p in payloads + ["[DONE]"]:
+                self.wfile.write(f"data: {p}\n\n".encode())
+            self.wfile.flush()
+            self.close_connection = True
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    return srv, t
+
+
+GOOD = json.dumps({"choices": [{"index": 0, "delta": {"content": "t"}}]})
+MALFORMED = ["[]", '{"choices":[null]}', '{"choices":[{"delta":"x"}]}', "null", '{"choices":[{"delta":{"content":5}}]}',
+             '{"choices":{"0":{}}}']
+
+
+def test_malformed_chunks_count_as_failed_requests_instead_of_raising():
+    streams = [[GOOD, GOOD]] + [[GOOD, bad, GOOD] for bad in MALFORMED]
+    srv, t = raw_sse_server(streams)
+    try:
+        res = probe(f"http://127.0.0.1:{srv.server_address[1]}", model="m", prompts=["p"] * len(streams))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
+    assert res.num_requests == 1 + len(MALFORMED) and res.num_errors == len(MALFORMED)
+    assert res.verdict(SloSpec())[0] is False
+
+
+def test_chunks_without_content_are_valid_but_carry_no_token():
+    assert delta_content({"choices": []}) == ""  # usage chunk
+    assert delta_content({"choices": [{"delta": {"role": "assistant"}}]}) == ""
+    assert delta_content({"choices": [{"delta": {"content": None}, "finish_reason": "stop"}]}) == ""
+    assert delta_content(json.loads(GOOD)) == "t"
+    with pytest.raises(MalformedChunk, match=r"choices\[0\] is NoneType"):
+        delta_content({"choices": [None]})
+
+
+@pytest.mark.parametrize("server", [(0.0, 0.0, 1)], indirect=True)
+def test_single_chunk_responses_leave_itl_unmeasured_and_fail_the_verdict(server):
+    url, _ = server
+    res = probe(url, model="m", prompts=["a", "b"])
+    assert res.num_errors == 0 and res.ttft_p90_ms < 2000
+    assert res.itl_p90_ms is None
+    ok, why = res.verdict(SloSpec(ttft_p90_ms=2000, itl_p90_ms=500))
+    assert not ok and why.startswith("ITL was not measured: no probe request streamed two or more content chunks")
+
+
+def test_itl_from_the_requests_that_streamed_several_chunks_is_enough():
+    srv, t = raw_sse_server([[GOOD], [GOOD, GOOD, GOOD]])
+    try:
+        res = probe(f"http://127.0.0.1:{srv.server_address[1]}", model="m", prompts=["p", "q"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
+    assert res.num_errors == 0 and res.itl_p90_ms is not None and res.itl_p90_ms >= 0
+    assert res.verdict(SloSpec(ttft_p90_ms=5000, itl_p90_ms=5000))[0] is True

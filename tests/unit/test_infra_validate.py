@@ -99,3 +99,35 @@ def test_checkov_reports_no_unjustified_findings():
         pytest.skip("checkov not installed (make validate-infra installs it into .venv-infra)")
     res = V.check_checkov(REPO, exe, require=True)
     assert res.status == "PASS", res.detail
+
+
+def test_namespace_enforce_level_allows_every_capability_the_rendered_workers_add():
+    objs = V._yaml_docs(REPO / "infra/k8s/namespaces.yaml")
+    workloads = V.rendered_deploy_objects("pdserve")
+    added = {cap for o in workloads if o["kind"] == "Deployment"
+             for c in o["spec"]["template"]["spec"]["containers"]
+             for cap in c["securityContext"]["capabilities"].get("add", [])}
+    assert "IPC_LOCK" in added  # EFA workers (p5 by default) pin memory for RDMA
+    assert V.pod_security_problems(objs, workloads) == []
+
+
+def test_baseline_enforce_on_the_deploy_namespace_is_reported(tree):
+    f = tree / "infra/k8s/namespaces.yaml"
+    text = f.read_text()
+    assert "pod-security.kubernetes.io/enforce: privileged" in text
+    f.write_text(text.replace("pod-security.kubernetes.io/enforce: privileged",
+                              "pod-security.kubernetes.io/enforce: baseline", 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    detail = res["consistency"].detail
+    assert res["consistency"].status == "FAIL"
+    assert ("Deployment pdserve/pss-check-prefill container vllm adds IPC_LOCK, which Pod Security level "
+            "'baseline' of namespace pdserve forbids") in detail
+    assert detail.count("pss-check-prefill container vllm adds IPC_LOCK") == 1
+
+
+def test_restricted_namespace_allows_only_net_bind_service():
+    ns = [{"kind": "Namespace", "metadata": {"name": "x", "labels": {V.PSS_ENFORCE_LABEL: "restricted"}}}]
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "x"}, "spec": {"containers": [
+        {"name": "c", "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE", "CHOWN"]}}}]}}
+    assert V.pod_security_problems(ns, [pod]) == [
+        "Pod x/p container c adds CHOWN, which Pod Security level 'restricted' of namespace x forbids"]

@@ -166,7 +166,7 @@ def test_rendered_runtime_args_start_discovery_and_the_kubernetes_planner(monkey
     assert args.planner == "kubernetes" and str(args.model_dir) == "/mnt/models"
     assert (args.prefill_deployment, args.decode_deployment) == ("m-v3-prefill", "m-v3-decode")
     assert DeploymentSpec.model_validate_json(args.deployment_spec) == spec  # from the env the ISVC sets
-    role = find(objs, "Role", "m-planner")  # the RBAC the planner's scale patches need
+    role = find(objs, "Role", "m-v3-planner")  # the RBAC the planner's scale patches need
     assert role["rules"][0]["resourceNames"] == ["m-v3-prefill", "m-v3-decode"]
 
 
