@@ -164,11 +164,22 @@ def stage(
         "--direct-io/--no-direct-io",
         help="Write downloaded chunks with O_DIRECT where the filesystem supports it (falls back by itself; "
              "--no-direct-io keeps every write in the page cache).")] = True,
+    fsx_file_system_id: Annotated[Optional[str], typer.Option(
+        help="FSx mode (needs --fsx-path and an s3:// SOURCE): link SOURCE into this FSx for Lustre file system "
+             "(data repository association), import and preload it (lfs hsm_restore when lfs is on PATH), then "
+             "stage the linked folder into DEST.")] = None,
+    fsx_path: Annotated[Optional[str], typer.Option(
+        help="File-system path of the association, e.g. /s3/<name> (not DEST's own path).")] = None,
+    fsx_mount: Annotated[Optional[Path], typer.Option(
+        help="Where the FSx file system is mounted (default: the mount point holding DEST).")] = None,
+    fsx_timeout_s: Annotated[float, typer.Option(
+        min=0.001, help="FSx mode: seconds for association + import + preload together.")] = 3600.0,
 ) -> None:
     """Stage a model into a folder (the FSx mount): concurrent, resumable, verified, published atomically.
 
     Credentials come from the usual AWS chain (env, profile, Pod Identity/IRSA); they are never printed.
-    Prints one summary line (files, MB, rate) on stderr when done.
+    Prints one summary line (files, MB, rate) on stderr when done. With --fsx-file-system-id/--fsx-path the
+    bytes come from S3 through FSx's own S3 link (see `python -m runtime.staging --help`).
     """
     from pydantic import ValidationError
 
@@ -188,13 +199,29 @@ def stage(
     except ValidationError as e:
         _fail(_option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude",
                                  "s3_transport": "--s3-transport"}))
-    if source.startswith("s3://"):
+    client = None
+    if fsx_file_system_id is not None or fsx_path is not None:
+        from runtime.staging import fsx
+
+        problem = fsx.fsx_options_error(fsx_file_system_id, fsx_path, source)
+        if problem:
+            _fail(problem, 2)
+        try:
+            fsx_client = fsx.make_fsx_client()
+        except Exception as e:  # noqa: BLE001 - botocore: no region, bad config file, ...
+            _fail(f"cannot create the FSx client: {type(e).__name__}: {e}")
+        try:
+            source = str(fsx.preload_source(fsx_client, file_system_id=fsx_file_system_id, file_system_path=fsx_path,
+                                            s3_uri=source, dest=dest, mount_root=fsx_mount, timeout_s=fsx_timeout_s))
+        except StagingError as e:
+            _fail(str(e))
+        except OSError as e:  # the mount: missing, unreadable
+            _fail(f"FSx mount: {e.strerror or e} ({e.filename})")
+    elif source.startswith("s3://"):
         try:
             client = make_client(endpoint_url, transfer_methods=False)
         except Exception as e:  # noqa: BLE001 - botocore: invalid endpoint or region, bad config file, ...
             _fail(f"cannot create the S3 client: {type(e).__name__}: {e}")
-    else:
-        client = None
     try:
         stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself
     except StagingError as e:

@@ -16,6 +16,12 @@ waiting for another stager's lock) go to stderr.
 
 Credentials come from the default AWS chain (env, profile, Pod Identity / IRSA); they are never
 printed. ``--endpoint-url`` (or AWS_ENDPOINT_URL_S3) points at an S3-compatible server.
+
+FSx mode (opt-in, s3:// sources): ``--fsx-file-system-id fs-… --fsx-path /s3/<name>`` links the S3
+prefix at that file-system path (a data repository association, found or created), imports its
+metadata, preloads the files with `lfs hsm_restore` when `lfs` is on PATH, then stages the linked
+folder (``--fsx-mount``/<path>, on the same Lustre file system) into DEST as a local folder: the
+bytes come from S3 once, through FSx, and DEST is still verified and published with its marker.
 """
 
 from __future__ import annotations
@@ -122,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "scratch copies and benchmarks only)")
     ap.add_argument("--record-sha256", action="store_true",
                     help="also record each file's whole-file SHA-256 in the manifest (one more pass)")
+    ap.add_argument("--fsx-file-system-id", default=None, metavar="FS_ID",
+                    help="FSx mode (needs --fsx-path and an s3:// SOURCE): link SOURCE into this FSx for Lustre "
+                    "file system, import and preload it, then stage the linked folder into DEST")
+    ap.add_argument("--fsx-path", default=None, metavar="PATH",
+                    help="file-system path of the data repository association, e.g. /s3/<name> (not DEST's own)")
+    ap.add_argument("--fsx-mount", type=Path, default=None,
+                    help="where the FSx file system is mounted (default: the mount point holding DEST)")
+    ap.add_argument("--fsx-timeout-s", type=_positive_float, default=3600.0,
+                    help="FSx mode: seconds for association + import + preload together (default 3600)")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="rich progress bar on stderr (default: when stderr is a terminal)")
     return ap
@@ -147,10 +162,30 @@ OPTION_NAMES = {"include": "--include", "exclude": "--exclude", "concurrency": "
                 "lock_timeout_s": "--lock-timeout-s", "free_space_margin_bytes": "--free-space-margin-mib"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one staging; returns the exit status (see the module doc). Never raises StagingError."""
+def _fsx_source(args: argparse.Namespace, fsx_client: object) -> str:
+    """FSx mode: the linked, preloaded folder to stage from (see the module doc)."""
+    from runtime.staging import fsx
+
+    folder = fsx.preload_source(fsx_client, file_system_id=args.fsx_file_system_id, file_system_path=args.fsx_path,
+                                s3_uri=args.source, dest=args.dest, mount_root=args.fsx_mount,
+                                timeout_s=args.fsx_timeout_s)
+    return str(folder)
+
+
+def main(argv: list[str] | None = None, *, fsx_client: object = None) -> int:
+    """Run one staging; returns the exit status (see the module doc). Never raises StagingError.
+
+    `fsx_client` (tests): the boto3 ``fsx`` client for the FSx mode; None → made from the AWS chain."""
     ap = build_parser()
     args = ap.parse_args(argv)  # exits 2 with a usage message on bad arguments
+    if args.fsx_file_system_id is not None or args.fsx_path is not None:
+        from runtime.staging.fsx import fsx_options_error
+
+        problem = fsx_options_error(args.fsx_file_system_id, args.fsx_path, args.source)
+        if problem:
+            ap.print_usage(sys.stderr)
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     from pydantic import ValidationError
 
     from runtime.staging.manifest import StagingError
@@ -166,7 +201,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     client = None
-    if args.source.startswith("s3://"):
+    source = args.source
+    if args.fsx_file_system_id is not None:
+        if fsx_client is None:
+            from runtime.staging.fsx import make_fsx_client
+
+            try:
+                fsx_client = make_fsx_client()
+            except Exception as e:  # noqa: BLE001 - botocore: no region, bad config file, ...
+                print(f"error: cannot create the FSx client: {type(e).__name__}: {e}", file=sys.stderr)
+                return EXIT_FAILED
+        try:
+            source = _fsx_source(args, fsx_client)
+        except StagingError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        except OSError as e:  # the mount: missing, unreadable
+            print(f"error: FSx mount: {e.strerror or e} ({e.filename})", file=sys.stderr)
+            return EXIT_FAILED
+    elif args.source.startswith("s3://"):
         from runtime.staging.s3 import make_client
 
         try:
@@ -176,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot create the S3 client: {type(e).__name__}: {e}", file=sys.stderr)
             return EXIT_FAILED
     try:
-        res = Stager(args.source, args.dest, s3_client=client, options=options, progress=progress).run()
+        res = Stager(source, args.dest, s3_client=client, options=options, progress=progress).run()
     except StagingError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

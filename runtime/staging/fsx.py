@@ -454,3 +454,64 @@ def preload_from_s3(
         raise StagingError(f"FSx: no files under {folder} after importing {s3_uri}")
     hsm_restore(files, lfs=lfs, **kw)
     return files
+
+
+# ---- the stager's FSx mode (`python -m runtime.staging` / `pdserve stage` --fsx-file-system-id) --------
+def make_fsx_client(endpoint_url: str | None = None) -> Any:
+    """A boto3 ``fsx`` client from the default AWS chain (only the FSx mode makes one)."""
+    import boto3
+
+    return boto3.client("fsx", endpoint_url=endpoint_url)
+
+
+def fsx_options_error(file_system_id: str | None, file_system_path: str | None, source: str) -> str | None:
+    """Why the FSx options cannot be used (a message naming the option), or None when they can."""
+    if (file_system_id is None) != (file_system_path is None):
+        return "--fsx-file-system-id and --fsx-path go together: give both or neither"
+    if file_system_id is None:
+        return None
+    if not file_system_id.startswith("fs-") or len(file_system_id) < 11:
+        return f"--fsx-file-system-id: expected an FSx file system id like fs-0123456789abcdef0, got {file_system_id!r}"
+    if not source.startswith("s3://"):
+        return f"--fsx-file-system-id: the FSx mode links an S3 prefix, so SOURCE must be s3://…, got {source!r}"
+    try:
+        _fs_path(file_system_path)  # type: ignore[arg-type]
+    except StagingError as e:
+        return f"--fsx-path: {e}"
+    return None
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point holding `path` (its nearest existing ancestor walked up to a mount)."""
+    p = Path(path).absolute()
+    while not p.exists():
+        p = p.parent
+    while not os.path.ismount(p):
+        p = p.parent
+    return p
+
+
+def preload_source(
+    fsx_client: Any, *, file_system_id: str, file_system_path: str, s3_uri: str, dest: Path,
+    mount_root: Path | None = None, timeout_s: float = 3600.0, lfs: str | None = None,
+) -> Path:
+    """The FSx mode of the stager: link `s3_uri` at `file_system_path`, import, preload (lfs when on
+    PATH), and return the linked folder on the mount, to stage into `dest` as a local folder.
+
+    Args:
+        mount_root: where the file system is mounted (None → the mount point holding `dest`).
+        timeout_s: seconds for association, import and preload together.
+
+    Raises:
+        StagingError: the linked folder is `dest`, inside it or holds it (FSx would write into the
+            published model); anything `preload_from_s3` raises.
+    """
+    root = Path(mount_root) if mount_root is not None else mount_point(dest)
+    folder = (root / _fs_path(file_system_path).lstrip("/")).absolute()
+    d = Path(dest).absolute()
+    if folder == d or folder in d.parents or d in folder.parents:
+        raise StagingError(f"--fsx-path {file_system_path} is {folder} on the mount {root}, which overlaps the "
+                           f"destination {d}; link S3 elsewhere (e.g. /s3/<name>) and stage into {d}")
+    preload_from_s3(fsx_client, file_system_id=file_system_id, mount_root=root, file_system_path=file_system_path,
+                    s3_uri=s3_uri, lfs=lfs, timeout_s=timeout_s)
+    return folder
