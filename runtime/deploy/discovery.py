@@ -7,6 +7,12 @@ membership whenever it changes. A watch that ends is resumed from the last resou
 kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes. An endpoint counts
 while `conditions.ready` is not false (a missing value means ready, per the EndpointSlice API).
 
+Nothing the API server (or a proxy in front of it) answers ends the updates: HTTP errors, malformed list
+bodies or watch lines (not JSON, not an object, a slice without `metadata.name`) are logged as warnings,
+then discovery waits and lists again. Waits double from `retry_s` up to `max_retry_s` and are also taken
+after a second `410 Gone` in a row and after a watch that ends without a single event, so a misbehaving
+API server is never polled in a tight loop; the wait goes back to `retry_s` once a watch delivers an event.
+
 Besides the base URL (`http://<pod IP>:<port "http">`) the membership carries, per worker URL, the ZMQ
 endpoint of its vLLM KV-event publisher, `tcp://<pod IP>:<port "kv-events">`, read from the same
 EndpointSlice (the worker Services of runtime/deploy/workers.py expose that named port). A slice without
@@ -20,12 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 
 import httpx
+
+log = logging.getLogger(__name__)
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SERVICE_LABEL = "kubernetes.io/service-name"
@@ -126,6 +135,23 @@ class _Gone(Exception):
     """The watch's resourceVersion expired (HTTP 410): list again."""
 
 
+class MalformedWatchError(ValueError):
+    """The API server's list body or a watch line is not the JSON object the Kubernetes API defines."""
+
+
+def _object_name(obj: Any, what: str) -> str:
+    """`obj["metadata"]["name"]` of a listed or watched EndpointSlice.
+
+    Raises:
+        MalformedWatchError: `obj` is not an object with a string `metadata.name`.
+    """
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str):
+        raise MalformedWatchError(f"{what}: EndpointSlice without metadata.name: {str(obj)[:200]}")
+    return name
+
+
 class EndpointSliceDiscovery:
     """List + watch the EndpointSlices of the prefill and decode Services in one namespace.
 
@@ -166,8 +192,14 @@ class EndpointSliceDiscovery:
     async def _list(self) -> tuple[dict[str, dict[str, Any]], str]:
         r = await self.client.get(self.path, params={"labelSelector": self.selector})
         r.raise_for_status()
-        body = r.json()
-        return {i["metadata"]["name"]: i for i in body.get("items", [])}, body["metadata"]["resourceVersion"]
+        body = r.json()  # ValueError when not JSON
+        if not isinstance(body, dict) or not isinstance(body.get("items") or [], list):
+            raise MalformedWatchError(f"list: not an EndpointSliceList: {str(body)[:200]}")
+        meta = body.get("metadata")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if not isinstance(rv, str):
+            raise MalformedWatchError("list: EndpointSliceList without metadata.resourceVersion")
+        return {_object_name(i, "list"): i for i in body.get("items") or []}, rv
 
     async def _watch(self, slices: dict[str, dict[str, Any]], rv: str) -> AsyncIterator[str]:
         params = {"labelSelector": self.selector, "watch": "1", "resourceVersion": rv,
@@ -179,17 +211,24 @@ class EndpointSliceDiscovery:
             async for line in r.aiter_lines():
                 if not line.strip():
                     continue
-                ev = json.loads(line)
+                try:
+                    ev = json.loads(line)
+                except ValueError as exc:
+                    raise MalformedWatchError(f"watch line is not JSON ({exc}): {line[:200]!r}") from exc
+                if not isinstance(ev, dict) or not isinstance(ev.get("object") or {}, dict):
+                    raise MalformedWatchError(f"watch line is not a watch event: {line[:200]!r}")
                 typ, obj = ev.get("type"), ev.get("object") or {}
                 if typ == "ERROR":
                     if obj.get("code") == 410:
                         raise _Gone()
                     raise httpx.HTTPError(f"watch error: {obj.get('message', obj)}")
-                rv = obj.get("metadata", {}).get("resourceVersion", rv)
                 if typ in ("ADDED", "MODIFIED"):
-                    slices[obj["metadata"]["name"]] = obj
+                    slices[_object_name(obj, f"watch {typ}")] = obj
                 elif typ == "DELETED":
-                    slices.pop(obj["metadata"]["name"], None)
+                    slices.pop(_object_name(obj, "watch DELETED"), None)
+                meta = obj.get("metadata")
+                new_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                rv = new_rv if isinstance(new_rv, str) else rv
                 yield rv
 
     def _membership(self, slices: dict[str, dict[str, Any]]) -> PoolMembership:
@@ -197,11 +236,26 @@ class EndpointSliceDiscovery:
                                       kv_events_port_name=self.kv_events_port_name)
 
     async def updates(self) -> AsyncIterator[PoolMembership]:
-        """Yield the membership now and after every change (runs until the consumer stops)."""
+        """Yield the membership now and after every change (runs until the consumer stops).
+
+        Never raises for what the API server answers: HTTP errors (including a watch `ERROR` event) and
+        malformed bodies or lines (ValueError, KeyError) are logged as warnings and retried after a wait of
+        `retry_s` seconds, doubling up to `max_retry_s`. The first `410 Gone` lists again at once; further
+        ones in a row wait like errors. A watch that ends without any event is reopened after the same
+        wait (an immediate reopen would poll the API server in a tight loop); one that delivered events is
+        reopened at once and resets the wait to `retry_s`.
+        """
         last: PoolMembership | None = None
         delay = self.retry_s
+        num_gone = 0  # 410 Gone answers since the last watch event
         slices: dict[str, dict[str, Any]] = {}
         rv: str | None = None
+
+        async def back_off() -> None:
+            nonlocal delay
+            await self.sleep(delay)
+            delay = min(delay * 2, self.max_retry_s)
+
         while True:
             try:
                 if rv is None:
@@ -210,16 +264,29 @@ class EndpointSliceDiscovery:
                     if m != last:
                         last = m
                         yield m
+                num_events = 0
                 async for rv in self._watch(slices, rv):
+                    num_events += 1
+                    delay, num_gone = self.retry_s, 0
                     m = self._membership(slices)
                     if m != last:
                         last = m
                         yield m
-                delay = self.retry_s
-                await asyncio.sleep(0)  # the server closed the watch (its timeout): resume it
+                if num_events:
+                    await asyncio.sleep(0)  # the server closed the watch (its timeout): resume it
+                else:
+                    log.warning("discovery: the EndpointSlice watch ended without an event; reopening it in "
+                                "%.1f s", delay)
+                    await back_off()
             except _Gone:
+                num_gone += 1
                 rv = None
-            except httpx.HTTPError:
-                await self.sleep(delay)
-                delay = min(delay * 2, self.max_retry_s)
+                if num_gone > 1:
+                    log.warning("discovery: resourceVersion expired (410 Gone) %d times in a row; listing "
+                                "again in %.1f s", num_gone, delay)
+                    await back_off()
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                log.warning("discovery: EndpointSlice list/watch failed (%s: %s); listing again in %.1f s",
+                            type(exc).__name__, exc, delay)
                 rv = None
+                await back_off()
