@@ -13,6 +13,7 @@ and model routes, /metrics (Prometheus, including pdserve_* from runtime.server.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import threading
 from collections.abc import Sequence
@@ -28,6 +29,8 @@ from runtime.server.model import PDModel
 from runtime.server.pairing import Pairing, RoundRobinPairing
 from runtime.server.routing import RouterPairing, WorkerEndpoint, health_loop
 from runtime.server.tokenize import PromptTokenizer
+
+log = logging.getLogger(__name__)
 
 OPENAI_ROUTES = ("/openai/v1/chat/completions", "/openai/v1/completions")
 
@@ -137,15 +140,32 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
     return rest
 
 
+def _report_task_death(task: asyncio.Task) -> None:
+    """Done-callback of run_server's background tasks: log, with its traceback, an exception that ended one
+    (cancellation at shutdown is not reported)."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("background task %s died: %s: %s; it no longer runs while the server serves",
+                  task.get_name(), type(exc).__name__, exc, exc_info=exc)
+
+
 async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, planner=None,
-                     discovery=None, discovered_kv_events: bool = False) -> None:
+                     discovery=None, discovered_kv_events: bool = False, discovery_retry_s: float = 1.0,
+                     discovery_max_retry_s: float = 30.0) -> None:
     """Serve `rest` with the model's background work: KV-event subscription and worker health checks when
     its pairing is a RouterPairing, and the planner task (runtime.server.planner_runtime.PlannerRuntime)
     when given. Returns when the server stops (SIGINT/SIGTERM); the planner's actuator is closed then
     (a local planner's workers are stopped). `discovery` (anything with an async `updates()` of
     runtime.deploy.discovery.PoolMembership) feeds the RouterPairing's pool (runtime.server.discovery_sync);
     with `discovered_kv_events` (the KV-aware router) the KV-event endpoints of discovered workers and of
-    workers a local planner starts are subscribed to as they come and unsubscribed as they go."""
+    workers a local planner starts are subscribed to as they come and unsubscribed as they go.
+
+    Background tasks that die are logged at ERROR with their traceback while the server runs; discovery is
+    restarted after `discovery_retry_s` seconds, doubling up to `discovery_max_retry_s`
+    (runtime.server.discovery_sync.supervise_discovery). At shutdown every background task is cancelled
+    and awaited before the subscriber, the planner's actuator and the worker clients are closed."""
     pairing = model.pairing
     subscriber = None
     tasks: list[asyncio.Task] = []
@@ -158,26 +178,33 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
     if local_planner and discovered_kv_events:
         planner.subscriber = subscriber  # workers the planner starts are subscribed as they join
     if discovery is not None:
-        from runtime.server.discovery_sync import follow_discovery
+        from runtime.server.discovery_sync import supervise_discovery
 
-        tasks.append(asyncio.create_task(follow_discovery(
-            discovery, pairing, subscriber=subscriber if discovered_kv_events else None)))
+        tasks.append(asyncio.create_task(supervise_discovery(
+            discovery, pairing, subscriber=subscriber if discovered_kv_events else None,
+            retry_s=discovery_retry_s, max_retry_s=discovery_max_retry_s), name="pdserve-discovery"))
     if planner is not None:
-        tasks.append(asyncio.create_task(planner.run()))
+        tasks.append(asyncio.create_task(planner.run(), name="pdserve-planner"))
     if isinstance(pairing, RouterPairing):
-        tasks.append(asyncio.create_task(health_loop(pairing, model.worker_healthy, interval_s=health_interval_s)))
+        tasks.append(asyncio.create_task(health_loop(pairing, model.worker_healthy, interval_s=health_interval_s),
+                                         name="pdserve-health"))
+    for t in tasks:
+        t.add_done_callback(_report_task_death)
     try:
         await rest.start()
     finally:
         for t in tasks:
             t.cancel()
-        if subscriber is not None:
-            await subscriber.stop()
         try:
-            if planner is not None:
-                await asyncio.to_thread(planner.close)  # idempotent: serve() closes it again if this is cancelled
+            await asyncio.gather(*tasks, return_exceptions=True)  # stopped before what they use is closed
         finally:
-            await model.aclose()
+            if subscriber is not None:
+                await subscriber.stop()
+            try:
+                if planner is not None:
+                    await asyncio.to_thread(planner.close)  # idempotent: serve() closes it again if cancelled
+            finally:
+                await model.aclose()
 
 
 def serve(

@@ -14,12 +14,19 @@ tracked approximately (the router learns their caches from its own decisions).
 
 Worker ids of discovered workers are `"<role>@<base URL>"`, so a pod that comes back at the same address
 gets the same id (its old index entry was dropped when it left).
+
+The runtime runs discovery under `supervise_discovery`: if `follow_discovery` dies (an exception out of the
+discovery's updates or out of applying a membership), the error is logged with its traceback and discovery
+starts again after a back-off. Restarting is safe: a fresh `updates()` lists the whole membership again and
+`apply_membership` makes the pool equal to it, so whatever changed meanwhile is reconciled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from runtime.deploy.discovery import PoolMembership
@@ -103,3 +110,33 @@ async def follow_discovery(discovery, pairing: RouterPairing,
         apply_membership(pairing, membership, subscriber=subscriber)
         if on_change is not None:
             on_change(membership)
+
+
+async def supervise_discovery(discovery, pairing: RouterPairing,
+                              on_change: Callable[[PoolMembership], None] | None = None, *,
+                              subscriber: EventSubscriptions | None = None, retry_s: float = 1.0,
+                              max_retry_s: float = 30.0,
+                              sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                              clock: Callable[[], float] = time.monotonic) -> None:
+    """`follow_discovery`, started again whenever it dies; returns when the updates end (static discovery).
+
+    An exception out of `follow_discovery` is logged at ERROR with its traceback, then discovery restarts
+    after `retry_s` seconds, doubling per failure in a row up to `max_retry_s`; a run that lasted at least
+    `max_retry_s` seconds (by `clock`, seconds) counts as healthy and resets the wait. Cancel the task to
+    stop (cancellation is never retried).
+    """
+    delay = retry_s
+    while True:
+        started_s = clock()
+        try:
+            await follow_discovery(discovery, pairing, on_change, subscriber=subscriber)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if clock() - started_s >= max_retry_s:
+                delay = retry_s
+            log.error("discovery died; the worker pool is frozen until it restarts in %.1f s", delay,
+                      exc_info=True)
+        await sleep(delay)
+        delay = min(delay * 2, max_retry_s)
