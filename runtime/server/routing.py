@@ -143,12 +143,16 @@ async def health_loop(pairing: RouterPairing, is_healthy: Callable[[str], Awaita
     A worker that has never answered healthy (still starting) is not taken out by this loop; a refused
     connection during a request still takes it out (`RouterPairing.on_worker_unreachable`).
     """
-    seen_healthy: set[str] = set()
+    # keyed by id, holding the endpoint object that answered: a worker removed and added again (a pod back
+    # at the same address gets the same discovered id) is a new object, so it counts as starting again
+    seen_healthy: dict[str, object] = {}
     while True:
         for w in list(pairing.workers.values()):
             if await is_healthy(w.url):
-                seen_healthy.add(w.worker_id)
+                seen_healthy[w.worker_id] = w
                 pairing.mark_up(w.url)
-            elif w.worker_id in seen_healthy:
+            elif seen_healthy.get(w.worker_id) is w:
                 pairing.mark_down(w.url)
+        for wid in [k for k in seen_healthy if k not in pairing.workers]:  # removed workers: forget them
+            del seen_healthy[wid]
         await asyncio.sleep(interval_s)

@@ -217,8 +217,6 @@ async def test_shutdown_awaits_the_cancelled_tasks_before_closing_the_planner_an
     assert records == []
 
 
-@pytest.mark.xfail(strict=True, reason="health_loop (runtime/server/routing.py, outside this change) keeps the "
-                   "seen-healthy ids of removed workers")
 async def test_a_worker_back_at_the_same_url_is_not_marked_down_while_it_starts():
     """health_loop's contract: a worker that has never answered healthy is not taken out by the loop. A pod
     that leaves and comes back at the same address gets the same discovered id; it is a new worker."""
