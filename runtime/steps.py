@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from runtime.config import DeploymentSpec
+    from runtime.config import DeploymentSpec, SloSpec, WorkloadSpec
+    from runtime.models.spec import ModelSpec
+    from runtime.perf.gpus import GpuSpec
 
 
 class MetricsSink(Protocol):
@@ -53,6 +55,95 @@ def check_gpu_budget(spec: "DeploymentSpec") -> int:
     return need
 
 
+PRECISIONS = ("bf16", "fp8")  # what a DeploymentSpec deploys (runtime/config.py Precision)
+AUTO_PRECISION = "auto"
+
+
+def checkpoint_precision(model: "ModelSpec") -> str:
+    """The precision a checkpoint is tuned at when none is chosen: `fp8` when its config.json
+    `quantization_config.quant_method` is `fp8` (an FP8 checkpoint serves at FP8), else `bf16`.
+
+    One rule for `pdserve tune` (no --precision) and the pipeline's tune step (precision `auto`).
+    """
+    return "fp8" if model.quant_method == "fp8" else "bf16"
+
+
+def check_precision(precision: str) -> str:
+    """Return `precision` lower-cased when it is `auto` or one of PRECISIONS.
+
+    Raises:
+        ValueError: anything else (message lists the accepted values).
+    """
+    value = precision.lower() if isinstance(precision, str) else precision
+    if value != AUTO_PRECISION and value not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: must be {AUTO_PRECISION} (the checkpoint's own: fp8 for an FP8 "
+                         f"checkpoint, else bf16) or one of {', '.join(PRECISIONS)}")
+    return value
+
+
+class TuneParameters(NamedTuple):
+    gpu: "GpuSpec"
+    precision: str  # `auto` or one of PRECISIONS
+    slo: "SloSpec"
+    workload: "WorkloadSpec"
+    gpu_budget: int
+
+
+def check_tune_parameters(
+    gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int, osl_tokens: int,
+    request_rate_per_s: float, gpu_budget: int | None, registered_model: str,
+) -> TuneParameters:
+    """Validate the tune step's parameters without reading the model; return them parsed.
+
+    `gpu` is a catalog name or an AWS instance type (`runtime.tuner.search.resolve_gpu`, as `pdserve tune`);
+    `gpu_budget` None means PlannerSpec's default (the same as `pdserve tune --gpu-budget`).
+
+    Raises:
+        ValueError: every bad parameter named in one message (unknown GPU, precision, SLO, workload,
+            gpu_budget, a registered model name MLflow refuses).
+    """
+    from pydantic import ValidationError
+
+    from runtime.config import PlannerSpec, SloSpec, WorkloadSpec
+    from runtime.tracking.mlflow_runs import check_registered_model_name
+    from runtime.tuner.search import resolve_gpu
+
+    def pydantic_errors(e: ValidationError) -> str:
+        return "; ".join(f"{err['loc'][-1] if err['loc'] else 'value'}: {err['msg']}, got {err.get('input')!r}"
+                         for err in e.errors(include_url=False))
+
+    problems: list[str] = []
+    parsed: dict[str, Any] = {}
+    try:
+        parsed["gpu"] = resolve_gpu(gpu)
+    except KeyError as e:
+        problems.append(f"gpu: {e.args[0] if e.args else e}")
+    try:
+        parsed["precision"] = check_precision(precision)
+    except ValueError as e:
+        problems.append(str(e))
+    try:
+        parsed["slo"] = SloSpec(ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms)
+    except ValidationError as e:
+        problems.append(pydantic_errors(e))
+    try:
+        parsed["workload"] = WorkloadSpec(isl_tokens=isl_tokens, osl_tokens=osl_tokens,
+                                          request_rate_per_s=request_rate_per_s)
+    except ValidationError as e:
+        problems.append(pydantic_errors(e))
+    try:
+        parsed["gpu_budget"] = (PlannerSpec() if gpu_budget is None else PlannerSpec(gpu_budget=gpu_budget)).gpu_budget
+    except ValidationError as e:
+        problems.append(pydantic_errors(e))
+    try:
+        check_registered_model_name(registered_model)
+    except ValueError as e:
+        problems.append(str(e))
+    if problems:
+        raise ValueError("; ".join(problems))
+    return TuneParameters(**parsed)
+
+
 def check_model_name(model_name: str) -> str:
     """Return `model_name` when it is a clean relative path under `models/` (e.g. `llama8` or `org/llama8`).
 
@@ -78,6 +169,31 @@ def staged_model_dir(fsx_root: str | Path, model_name: str) -> Path:
         ValueError: `model_name` is not a clean relative path (`check_model_name`).
     """
     return Path(fsx_root) / "models" / check_model_name(model_name)
+
+
+def validate_step(
+    model_name: str, gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int,
+    osl_tokens: int, request_rate_per_s: float, gpu_budget: int, registered_model: str,
+) -> None:
+    """Check every parameter that needs no model and no network, so a pipeline fails before staging copies
+    the weights (tens of GB) when tune would refuse them anyway: `model_name` (`check_model_name`) and the
+    tune parameters (`check_tune_parameters`).
+
+    Raises:
+        ValueError: every bad parameter named in one message.
+    """
+    problems = []
+    try:
+        check_model_name(model_name)
+    except ValueError as e:
+        problems.append(str(e))
+    try:
+        check_tune_parameters(gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s,
+                              gpu_budget, registered_model)
+    except ValueError as e:
+        problems.append(str(e))
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def stage_step(source_uri: str, fsx_root: str, model_name: str, s3_endpoint_url: str = "") -> dict[str, Any]:
@@ -121,6 +237,7 @@ def tune_step(
     mlflow_tracking_uri: str,
     registered_model: str,
     *,
+    gpu_budget: int | None = None,
     metrics: MetricsSink | None = None,
     table_path: str | None = None,
     plot_path: str | None = None,
@@ -128,6 +245,10 @@ def tune_step(
     """Tune prefill TP × decode TP for the staged model; log every candidate to MLflow; register the winner.
 
     Reads `<model_path>/config.json` (the staged copy; a folder without a valid staging marker is refused).
+    `gpu` is a GPU catalog name or an AWS instance type (p5.48xlarge), as in `pdserve tune --gpu`.
+    `precision` `auto` tunes at the checkpoint's own precision (`checkpoint_precision`: fp8 for an FP8
+    checkpoint, else bf16), as `pdserve tune` without --precision. `gpu_budget` (GPUs; None: PlannerSpec's
+    default, the same as `pdserve tune --gpu-budget`) is written as the spec's planner.gpu_budget.
     Nothing is logged or registered when the winner does not fit the GPU budget.
 
     Raises:
@@ -135,34 +256,35 @@ def tune_step(
         runtime.models.spec.ModelConfigError: config.json lacks a field the model needs (named).
         runtime.tuner.search.InfeasibleSLOError: no candidate meets the SLO (message has the best TTFT/ITL).
         GpuBudgetError: the winner needs more GPUs than DeploymentSpec's planner.gpu_budget.
-        ValueError: `registered_model` is not a name MLflow accepts (checked first), or the spec cannot be
-            rendered by promote (runtime.deploy.errors.ManifestError, before anything is logged).
+        ValueError: a bad parameter (`check_tune_parameters`: unknown GPU, precision, SLO, workload, gpu_budget,
+            a registered model name MLflow refuses; checked first), or the spec cannot be rendered by promote (runtime.deploy.errors.ManifestError, before anything is logged).
         runtime.tracking.mlflow_runs.TrackingError: logging or registering in MLflow failed; the message
             names the URI and the cause with every `user:password@` replaced by `***@` (runtime/redact.py).
     """
-    from runtime.config import ModelRef, SloSpec, WorkloadSpec
+    from runtime.config import ModelRef
     from runtime.models.load import load_model_spec
-    from runtime.perf.gpus import get_gpu
     from runtime.staging.manifest import verify_staged
     from runtime.tracking.mlflow_runs import log_tuning
     from runtime.tracking.plots import pareto_html, pareto_png
     from runtime.tuner.search import tune
 
     from runtime.redact import redact_userinfo
-    from runtime.tracking.mlflow_runs import TrackingError, check_registered_model_name
+    from runtime.tracking.mlflow_runs import TrackingError
 
-    check_registered_model_name(registered_model)  # before reading, tuning or logging anything
+    params = check_tune_parameters(  # before reading, tuning or logging anything
+        gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s, gpu_budget,
+        registered_model)
     verify_staged(Path(model_path))
     model = load_model_spec(Path(model_path) / "config.json")
-    slo = SloSpec(ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms)
-    workload = WorkloadSpec(isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s)
-    result = tune(model, get_gpu(gpu), slo, workload, precision=precision)
+    precision = checkpoint_precision(model) if params.precision == AUTO_PRECISION else params.precision
+    result = tune(model, params.gpu, params.slo, params.workload, precision=precision)
     model_ref = ModelRef(name=model_name, path=os.path.abspath(model_path))  # promote runs elsewhere
     spec = result.to_deployment_spec(model_ref)
+    spec.planner.gpu_budget = params.gpu_budget  # as `pdserve tune --gpu-budget`, before the check
     try:
         check_gpu_budget(spec)
     except GpuBudgetError as e:
-        raise GpuBudgetError(f"{e}; lower request_rate_per_s ({request_rate_per_s:g}/s) or raise the budget") from None
+        raise GpuBudgetError(f"{e}; lower request_rate_per_s ({request_rate_per_s:g}/s) or raise the budget (gpu_budget)") from None
     failure = None
     try:
         version = log_tuning(
