@@ -267,7 +267,7 @@ def tune(
     from runtime.config import ModelRef, SloSpec, WorkloadSpec
     from runtime.models.load import load_model_spec
     from runtime.models.spec import ModelConfigError
-    from runtime.steps import GpuBudgetError, check_gpu_budget
+    from runtime.steps import GpuBudgetError, check_gpu_budget, checkpoint_precision
     from runtime.tuner.search import InfeasibleSLOError, resolve_gpu
     from runtime.tuner.search import tune as run_tune
 
@@ -309,7 +309,7 @@ def tune(
     try:
         model = load_model_spec(cfg)
         if precision is None:
-            precision = "fp8" if model.quant_method == "fp8" else "bf16"
+            precision = checkpoint_precision(model)  # the pipeline's precision `auto` follows the same rule
             if model.quant_method:
                 err.print(escape(f"note: the checkpoint is quantized as {model.quant_method!r} (config.json "
                                  f"quantization_config); tuning at {precision} (--precision to choose)"))
