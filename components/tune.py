@@ -18,17 +18,21 @@ def tune_tp(
     isl_tokens: int,
     osl_tokens: int,
     request_rate_per_s: float,
+    gpu_budget: int,
     mlflow_tracking_uri: str,
     registered_model: str,
     metrics: Output[Metrics],
     table: Output[Markdown],
     plot: Output[HTML],
 ) -> NamedTuple("TuneOutputs", champion_version=str, prefill_tp=int, decode_tp=int):
-    """Tune the staged model (`model.metadata['path']`) and register the winner with alias `champion`."""
+    """Tune the staged model (`model.metadata['path']`) and register the winner with alias `champion`.
+
+    `precision` `auto`: the checkpoint's own (fp8 for an FP8 checkpoint, else bf16); `gpu_budget` is written
+    as the winner's planner.gpu_budget, and a winner needing more GPUs fails the step."""
     from runtime.steps import tune_step
 
     return tune_step(
         model.metadata["path"], model.metadata["name"], gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens,
         osl_tokens, request_rate_per_s, mlflow_tracking_uri, registered_model,
-        metrics=metrics, table_path=table.path, plot_path=plot.path,
+        gpu_budget=gpu_budget, metrics=metrics, table_path=table.path, plot_path=plot.path,
     )

@@ -6,7 +6,13 @@ Kubeflow Pipelines with `python -m pipelines.stage_tune_promote --compile OUT.ya
 On a cluster the steps mount the FSx for Lustre PVC named by the `pvc_name` parameter at `/fsx` (so
 `fsx_root` must stay `/fsx` there; kfp.local uses it to point at a local folder), the S3 credentials arrive
 as env from a Kubernetes Secret (never as parameters) and caching is off for steps with side effects;
-kfp.local ignores those settings. A PVC is namespaced: run the pipeline in the namespace that holds it (KFP
+kfp.local ignores those settings.
+
+Parameters tune would refuse (unknown `gpu`, `precision` other than auto/bf16/fp8, SLO or workload values out
+of range, `gpu_budget` < 1, a `registered_model` MLflow refuses, an unsafe `model_name`) fail the first step,
+validate-parameters, before stage-weights copies anything. `precision` `auto` tunes at the checkpoint's own
+precision (fp8 when its config.json quantization_config says fp8, else bf16), like `pdserve tune`;
+`gpu_budget` (GPUs, default as `pdserve tune --gpu-budget`) becomes the champion's planner.gpu_budget. A PVC is namespaced: run the pipeline in the namespace that holds it (KFP
 multi-user mode: a profile namespace with the claim, e.g. `pdserve`, where infra/k8s/storage puts it), with
 a run service account allowed to promote (`pdserve-promoter`, kserve/promoter-rbac.yaml) when `apply` is on.
 """
@@ -22,6 +28,8 @@ from kfp.dsl import Artifact
 from components.promote import promote
 from components.stage import stage_weights
 from components.tune import tune_tp
+from components.validate import validate_parameters
+from runtime.config import PlannerSpec
 
 FSX_PVC = "fsx-claim"
 FSX_MOUNT = "/fsx"
@@ -51,12 +59,13 @@ def stage_tune_promote(
     fsx_root: str = FSX_MOUNT,
     s3_endpoint_url: str = "",
     gpu: str = "H100-SXM",
-    precision: str = "bf16",
+    precision: str = "auto",
     ttft_p90_ms: float = 2000.0,
     itl_p90_ms: float = 50.0,
     isl_tokens: int = 3000,
     osl_tokens: int = 150,
     request_rate_per_s: float = 10.0,
+    gpu_budget: int = PlannerSpec.model_fields["gpu_budget"].default,
     mlflow_tracking_uri: str = "http://mlflow.mlflow.svc:5000",
     registered_model: str = "smollm2-135m-instruct-pd",
     namespace: str = "pdserve",
@@ -65,15 +74,22 @@ def stage_tune_promote(
     apply: bool = False,
     kube_context: str = "",
 ) -> NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact):
+    # Parameters tune would refuse fail here, in seconds, not after stage-weights copied the whole model.
+    validated = validate_parameters(
+        model_name=model_name, gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms,
+        isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget,
+        registered_model=registered_model,
+    ).set_display_name("validate-parameters")
+
     staged = stage_weights(
         source_uri=source_uri, fsx_root=fsx_root, model_name=model_name, s3_endpoint_url=s3_endpoint_url
-    ).set_display_name("stage-weights")
+    ).set_display_name("stage-weights").after(validated)
     _on_cluster(staged, pvc_name=pvc_name, secrets={S3_SECRET: _S3_KEYS})
 
     tuned = tune_tp(
         model=staged.outputs["model"], gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms,
         itl_p90_ms=itl_p90_ms, isl_tokens=isl_tokens, osl_tokens=osl_tokens,
-        request_rate_per_s=request_rate_per_s, mlflow_tracking_uri=mlflow_tracking_uri,
+        request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget, mlflow_tracking_uri=mlflow_tracking_uri,
         registered_model=registered_model,
     ).set_display_name("tune-tp")
     _on_cluster(tuned, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS})

@@ -1,0 +1,25 @@
+"""KFP component `validate-parameters`: the pipeline's cheap parameter checks, run before anything is staged."""
+
+from kfp import dsl
+
+from components.image import PDSERVE_IMAGE
+
+
+@dsl.component(base_image=PDSERVE_IMAGE, install_kfp_package=False)
+def validate_parameters(
+    model_name: str,
+    gpu: str,
+    precision: str,
+    ttft_p90_ms: float,
+    itl_p90_ms: float,
+    isl_tokens: int,
+    osl_tokens: int,
+    request_rate_per_s: float,
+    gpu_budget: int,
+    registered_model: str,
+):
+    """Fail (naming every bad parameter) before stage-weights copies the model when tune would refuse them."""
+    from runtime.steps import validate_step
+
+    validate_step(model_name, gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s,
+                  gpu_budget, registered_model)
