@@ -6,15 +6,15 @@ Kubeflow Pipelines with `python -m pipelines.stage_tune_promote --compile OUT.ya
 On a cluster the steps mount the FSx for Lustre PVC named by the `pvc_name` parameter at `/fsx` (so
 `fsx_root` must stay `/fsx` there; kfp.local uses it to point at a local folder), the S3 credentials arrive
 as env from a Kubernetes Secret (never as parameters) and caching is off for steps with side effects;
-kfp.local ignores those settings.
+kfp.local ignores those settings. A PVC is namespaced: run the pipeline in the namespace that holds it (KFP
+multi-user mode: a profile namespace with the claim, e.g. `pdserve`, where infra/k8s/storage puts it), with
+a run service account allowed to promote (`pdserve-promoter`, kserve/promoter-rbac.yaml) when `apply` is on.
 
 Parameters tune would refuse (unknown `gpu`, `precision` other than auto/bf16/fp8, SLO or workload values out
 of range, `gpu_budget` < 1, a `registered_model` MLflow refuses, an unsafe `model_name`) fail the first step,
 validate-parameters, before stage-weights copies anything. `precision` `auto` tunes at the checkpoint's own
 precision (fp8 when its config.json quantization_config says fp8, else bf16), like `pdserve tune`;
-`gpu_budget` (GPUs, default as `pdserve tune --gpu-budget`) becomes the champion's planner.gpu_budget. A PVC is namespaced: run the pipeline in the namespace that holds it (KFP
-multi-user mode: a profile namespace with the claim, e.g. `pdserve`, where infra/k8s/storage puts it), with
-a run service account allowed to promote (`pdserve-promoter`, kserve/promoter-rbac.yaml) when `apply` is on.
+`gpu_budget` (GPUs, default as `pdserve tune --gpu-budget`) becomes the champion's planner.gpu_budget.
 """
 
 

@@ -257,7 +257,8 @@ def tune_step(
         runtime.tuner.search.InfeasibleSLOError: no candidate meets the SLO (message has the best TTFT/ITL).
         GpuBudgetError: the winner needs more GPUs than DeploymentSpec's planner.gpu_budget.
         ValueError: a bad parameter (`check_tune_parameters`: unknown GPU, precision, SLO, workload, gpu_budget,
-            a registered model name MLflow refuses; checked first), or the spec cannot be rendered by promote (runtime.deploy.errors.ManifestError, before anything is logged).
+            a registered model name MLflow refuses; checked first), or the spec cannot be rendered by
+            promote (runtime.deploy.errors.ManifestError, before anything is logged).
         runtime.tracking.mlflow_runs.TrackingError: logging or registering in MLflow failed; the message
             names the URI and the cause with every `user:password@` replaced by `***@` (runtime/redact.py).
     """
@@ -284,7 +285,8 @@ def tune_step(
     try:
         check_gpu_budget(spec)
     except GpuBudgetError as e:
-        raise GpuBudgetError(f"{e}; lower request_rate_per_s ({request_rate_per_s:g}/s) or raise the budget (gpu_budget)") from None
+        raise GpuBudgetError(f"{e}; lower request_rate_per_s ({request_rate_per_s:g}/s) "
+                             "or raise the budget (gpu_budget)") from None
     failure = None
     try:
         version = log_tuning(
