@@ -256,9 +256,16 @@ def tune(
                                           "CONFIG must be a model folder with weights) and tune on the measurements; "
                                           "prints predicted vs measured. Runs at fp32 on the CPU entry, so it "
                                           "excludes --out, --register and --precision.")] = False,
+    fsx_root: Annotated[Optional[Path], typer.Option(
+        help="FSx mount the model folder was staged under: a folder under <fsx-root>/models/ is named by its path "
+             "there (org/llama8), which is what workers load (<mount>/models/<name>) and what the pipeline "
+             "registers. Default: <state-dir>/fsx (the local stand-in) and /fsx (the pipeline's mount).")] = None,
     state: StateOpt = state_dir(),
 ) -> None:
     """Search prefill TP × decode TP (and the P:D replica counts) under the SLO; print every candidate.
+
+    The served model name is the folder's path below <fsx-root>/models/ when CONFIG is a folder there (or a
+    config.json in one), else the folder's (or file's) own name.
 
     Fails (exit 1, nothing written or registered) when the winner needs more GPUs than --gpu-budget (the
     written spec's planner.gpu_budget)."""
@@ -307,7 +314,7 @@ def tune(
     if problems:
         _fail("; ".join(problems))
     try:
-        model = load_model_spec(cfg)
+        model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
         if precision is None:
             precision = checkpoint_precision(model)  # the pipeline's precision `auto` follows the same rule
             if model.quant_method:
@@ -369,6 +376,40 @@ def tune(
         console.print(f"wrote {escape(str(out))}")
     if mlflow_uri:
         _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec)
+
+
+FSX_MOUNT = "/fsx"  # where the pipeline's steps mount the FSx claim (pipelines/stage_tune_promote.py FSX_MOUNT)
+
+
+def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Path) -> str | None:
+    """The model name of a folder staged under `<fsx_root>/models/`: its path relative to that folder
+    (`org/llama8` for `<fsx_root>/models/org/llama8`), the name `pdserve stage`/the pipeline published it
+    under and the one workers load as `<fsx_mount>/models/<name>` (runtime/deploy/workers.py `model_path`).
+
+    `config` is the CLI argument (a folder, or a file `cfg` whose folder counts when it is a config.json);
+    `fsx_root` None tries `<state>/fsx` (the local FSx stand-in) and FSX_MOUNT. Paths compare as given,
+    made absolute but not symlink-resolved (as the recorded model path). None (the caller keeps the
+    folder's own name) when the folder is under none of them or its relative path is not a clean name.
+    """
+    from runtime.steps import check_model_name
+
+    if config.is_dir():
+        folder = Path(os.path.abspath(config))
+    elif cfg.name == "config.json":
+        folder = Path(os.path.abspath(cfg.parent))
+    else:
+        return None
+    roots = [fsx_root] if fsx_root is not None else [state / "fsx", Path(FSX_MOUNT)]
+    for root in roots:
+        try:
+            name = folder.relative_to(Path(os.path.abspath(root)) / "models").as_posix()
+        except ValueError:
+            continue
+        try:
+            return check_model_name(name)
+        except ValueError:  # `.` (the models folder itself) and the like: not a staged model's name
+            return None
+    return None
 
 
 def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | None, spec) -> None:
