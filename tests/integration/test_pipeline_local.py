@@ -8,7 +8,8 @@ Specification:
 * promote writes schema-valid KServe/Kubernetes YAML naming the tuned TPs;
 * an SLO no candidate meets fails the pipeline, naming the best candidate's predicted TTFT/ITL, and registers
   nothing;
-* a missing bucket fails the pipeline and leaves nothing under the FSx path.
+* a missing bucket fails the pipeline and leaves nothing under the FSx path;
+* a parameter tune would refuse (unknown GPU, bad registered model name) fails before anything is staged.
 """
 
 from __future__ import annotations
@@ -112,3 +113,22 @@ def test_missing_bucket_fails_and_leaves_nothing(tmp_path, s3_env):
     # Only the stagers' advisory lock file may remain (fcntl locks are never unlinked, to stay race-free).
     leftovers = [p for p in fsx.rglob("*") if p.is_file() and not p.name.endswith(".pdserve-lock")] if fsx.exists() else []
     assert leftovers == []
+
+
+@pytest.mark.parametrize("bad", [{"gpu": "H100-SMX"}, {"registered_model": "bad/name?"}, {"precision": "fp16"}])
+def test_bad_cheap_parameter_fails_before_staging(tmp_path, capfd, bad):
+    from pipelines.stage_tune_promote import run_local
+    from runtime.paths import data_dir
+
+    src = tmp_path / "src"  # a local source: staging it would succeed, so only the order can keep fsx empty
+    src.mkdir()
+    (src / "config.json").write_text((data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
+    (src / "model.safetensors").write_bytes(b"\0" * (1 << 20))  # stands for tens of GB of weights
+
+    args = dict(source_uri=str(src), model_name="m", fsx_root=str(tmp_path / "fsx"),
+                mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", registered_model="m-pd") | bad
+    with pytest.raises(RuntimeError):
+        run_local(pipeline_root=tmp_path / "kfp", **args)
+    logs = capfd.readouterr()
+    assert next(iter(bad.values())) in logs.out + logs.err  # the step's error names the bad value
+    assert not (tmp_path / "fsx" / "models" / "m").exists()

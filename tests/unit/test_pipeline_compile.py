@@ -21,3 +21,27 @@ def test_every_step_mounts_the_claim_named_by_the_pvc_name_parameter(tmp_path):
         (mount,) = ex["pvcMount"]
         assert mount["mountPath"] == FSX_MOUNT, name
         assert mount["pvcNameParameter"] == {"componentInputParameter": "pvc_name"}, name
+
+
+def _root_and_dag(tmp_path):
+    doc = next(yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text()))
+    return doc["root"]["inputDefinitions"]["parameters"], doc["root"]["dag"]["tasks"]
+
+
+def test_gpu_budget_and_precision_defaults_match_pdserve_tune(tmp_path):
+    from runtime.config import PlannerSpec
+
+    params, tasks = _root_and_dag(tmp_path)
+    assert params["gpu_budget"]["defaultValue"] == PlannerSpec.model_fields["gpu_budget"].default
+    assert params["precision"]["defaultValue"] == "auto"  # the checkpoint's own, as `pdserve tune`'s default
+    tune_inputs = tasks["tune-tp"]["inputs"]["parameters"]
+    assert tune_inputs["gpu_budget"] == {"componentInputParameter": "gpu_budget"}
+
+
+def test_parameters_are_validated_before_staging(tmp_path):
+    _, tasks = _root_and_dag(tmp_path)
+    assert tasks["stage-weights"]["dependentTasks"] == ["validate-parameters"]
+    checked = set(tasks["validate-parameters"]["inputs"]["parameters"])
+    assert checked >= {"model_name", "gpu", "precision", "ttft_p90_ms", "itl_p90_ms", "isl_tokens", "osl_tokens",
+                       "request_rate_per_s", "gpu_budget", "registered_model"}
+    assert not tasks["validate-parameters"].get("dependentTasks")
