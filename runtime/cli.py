@@ -317,7 +317,14 @@ def tune(
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
         if precision is None:
             precision = checkpoint_precision(model)  # the pipeline's precision `auto` follows the same rule
-            if model.quant_method:
+            if model.quant_method and model.quant_method != precision:
+                # e.g. mxfp4 (gpt-oss): vLLM loads the checkpoint as it is, but a DeploymentSpec deploys bf16
+                # or fp8 only, so the tuner sizes the weights wider than they are (more TP, less KV: safe)
+                err.print(escape(f"note: the checkpoint is quantized as {model.quant_method!r} (config.json "
+                                 f"quantization_config), which pdserve does not tune for; tuning at {precision} "
+                                 "sizes its weights wider than they are (conservative: possibly more TP and less "
+                                 "KV capacity than needed); --precision bf16|fp8 to choose"))
+            elif model.quant_method:
                 err.print(escape(f"note: the checkpoint is quantized as {model.quant_method!r} (config.json "
                                  f"quantization_config); tuning at {precision} (--precision to choose)"))
         perf = _measured_perf(config, model, state) if measure else None
