@@ -14,6 +14,13 @@ decode here. ``token_ids`` are all tokens of the stored full blocks (``len(block
 * ``BlockStored`` — blocks became cached; ``BlockRemoved`` — evicted; ``AllBlocksCleared`` — cache reset.
 * Events of KV-cache groups other than 0 (hybrid sliding-window models) are skipped: group 0 is the
   full-attention cache that prefix hits depend on.
+* Events of another storage tier (``medium`` other than ``"GPU"``: vLLM's KV offloading connector reports
+  its CPU/disk copies under the same engine hashes, ``vllm/distributed/kv_transfer/kv_connector/v1/
+  offloading/events.py``) and token-less ``BlockStored`` placeholders (``token_ids=[]``, ``block_size=0``,
+  that connector's default) are skipped: the router indexes what a worker can reuse without a transfer,
+  and a CPU-tier ``BlockRemoved`` must not drop the GPU copy. ``medium=None`` (older releases) is GPU.
+* :func:`decode_payload` decodes event by event: a malformed event is skipped and counted
+  (``KvEventBatch.num_invalid_events``, first reason in ``first_error``), the rest of the batch is kept.
 
 Engine block hashes may be ints or bytes (vLLM ``ExternalBlockHash``) and are kept as received. The
 socket itself belongs to the server adapter (runtime/engines); this module only turns bytes into values.
@@ -34,7 +41,8 @@ class BlockStored:
     """Blocks that became cached on a worker.
 
     ``token_ids`` is ``None`` for producers that carry no tokens (the simulator replaying Mooncake
-    ``hash_ids``); the router then uses ``block_hashes`` as its own hashes.
+    ``hash_ids``); the router then uses ``block_hashes`` as its own hashes. An empty tuple is *not* that
+    case: it is a vLLM event without tokens (nothing the router can hash), which is skipped.
     """
 
     block_hashes: tuple[Hashable, ...]
@@ -64,12 +72,34 @@ KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 @dataclass(frozen=True, slots=True)
 class KvEventBatch:
-    """One published batch: engine timestamp (s, engine clock), events, data-parallel rank."""
+    """One published batch: engine timestamp (s, engine clock), events, data-parallel rank.
+
+    Counters of the events left out of ``events``: ``num_unknown_events`` (kinds this router does not
+    know, KV-cache groups other than 0), ``num_skipped_events`` (another medium than GPU, token-less
+    placeholders), ``num_invalid_events`` (malformed; ``first_error`` names the first one).
+    """
 
     ts_s: float
     events: tuple[KvEvent, ...]
     data_parallel_rank: int | None = None
     num_unknown_events: int = field(default=0)
+    num_skipped_events: int = field(default=0)
+    num_invalid_events: int = field(default=0)
+    first_error: str | None = field(default=None)
+
+
+GPU_MEDIUM = "GPU"  # vllm/distributed/kv_events.py MEDIUM_GPU: the tier the router indexes
+
+
+class _Skipped:
+    """Sentinel of an event of another medium or a token-less placeholder (see the module docstring)."""
+
+
+_SKIPPED = _Skipped()
+
+
+def _other_medium(medium: object) -> bool:
+    return medium is not None and medium != GPU_MEDIUM
 
 
 def _hash(value: object, where: str) -> Hashable:
@@ -87,11 +117,17 @@ def _hashes(value: object, where: str) -> tuple[Hashable, ...]:
 
 
 def decode_event(raw: object, where: str = "event") -> KvEvent | None:
-    """One decoded msgpack event array → a value; ``None`` for an event kind this router ignores.
+    """One decoded msgpack event (map or array) → a value; ``None`` for an event this router ignores: an
+    unknown kind, a KV-cache group other than 0, another medium than GPU, a token-less placeholder.
 
     Raises:
-        KvEventDecodeError: naming the event kind and field when the array is malformed.
+        KvEventDecodeError: naming the event kind and field when the event is malformed.
     """
+    ev = _decode_event(raw, where)
+    return None if ev is _SKIPPED else ev  # type: ignore[return-value]
+
+
+def _decode_event(raw: object, where: str) -> KvEvent | _Skipped | None:
     if isinstance(raw, dict):
         return _decode_map(raw, where)
     if not isinstance(raw, (list, tuple)) or not raw or not isinstance(raw[0], str):
@@ -101,24 +137,29 @@ def decode_event(raw: object, where: str = "event") -> KvEvent | None:
         if len(raw) < 5:
             raise KvEventDecodeError(f"{where}: BlockStored needs block_hashes, parent_block_hash, "
                                      f"token_ids, block_size; got {len(raw) - 1} fields")
-        parent = None if raw[2] is None else _hash(raw[2], f"{where}.BlockStored.parent_block_hash")
+        medium = raw[6] if len(raw) > 6 else None
         tokens = raw[3]
         if tokens is not None and not isinstance(tokens, (list, tuple)):
             raise KvEventDecodeError(f"{where}: BlockStored.token_ids must be a list")
+        if _other_medium(medium) or (tokens is not None and len(tokens) == 0 and raw[1]):
+            return _SKIPPED  # offloaded copy or placeholder: not a GPU block the router can hash
+        parent = None if raw[2] is None else _hash(raw[2], f"{where}.BlockStored.parent_block_hash")
         block_size = raw[4]
         if not isinstance(block_size, int) or block_size <= 0:
             raise KvEventDecodeError(f"{where}: BlockStored.block_size must be a positive int, got {block_size!r}")
         return BlockStored(
             block_hashes=_hashes(raw[1], f"{where}.BlockStored.block_hashes"),
             parent_block_hash=parent,
-            token_ids=tuple(tokens) if tokens else None,
+            token_ids=None if tokens is None else tuple(tokens),
             block_size=block_size,
             lora_id=raw[5] if len(raw) > 5 else None,
-            medium=raw[6] if len(raw) > 6 else None,
+            medium=medium,
         )
     if tag == "BlockRemoved":
         if len(raw) < 2:
             raise KvEventDecodeError(f"{where}: BlockRemoved needs block_hashes")
+        if _other_medium(raw[2] if len(raw) > 2 else None):
+            return _SKIPPED
         return BlockRemoved(
             block_hashes=_hashes(raw[1], f"{where}.BlockRemoved.block_hashes"),
             medium=raw[2] if len(raw) > 2 else None,
@@ -135,7 +176,7 @@ def _freeze(value: object) -> object:
     return value
 
 
-def _decode_map(raw: dict, where: str) -> KvEvent | None:
+def _decode_map(raw: dict, where: str) -> KvEvent | _Skipped | None:
     tag = raw.get("type")
     if not isinstance(tag, str):
         raise KvEventDecodeError(f"{where}: event map has no string 'type'")
@@ -147,26 +188,32 @@ def _decode_map(raw: dict, where: str) -> KvEvent | None:
                 raise KvEventDecodeError(f"{where}: BlockStored is missing {key!r}")
         arr = ["BlockStored", raw["block_hashes"], raw.get("parent_block_hash"), raw["token_ids"],
                raw["block_size"], raw.get("lora_id"), raw.get("medium")]
-        ev = decode_event(arr, where)
+        ev = _decode_event(arr, where)
+        if not isinstance(ev, BlockStored):
+            return ev
         extra = raw.get("extra_keys")
         if extra is not None:
             if not isinstance(extra, (list, tuple)):
                 raise KvEventDecodeError(f"{where}: BlockStored.extra_keys must be a list")
             if any(e is not None for e in extra):
-                ev = BlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size,  # type: ignore[union-attr]
-                                 ev.lora_id, ev.medium, tuple(_freeze(e) for e in extra))  # type: ignore[union-attr]
+                ev = BlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size,
+                                 ev.lora_id, ev.medium, tuple(_freeze(e) for e in extra))
         return ev
     if tag == "BlockRemoved":
         if "block_hashes" not in raw:
             raise KvEventDecodeError(f"{where}: BlockRemoved is missing 'block_hashes'")
-        return decode_event(["BlockRemoved", raw["block_hashes"], raw.get("medium")], where)
+        return _decode_event(["BlockRemoved", raw["block_hashes"], raw.get("medium")], where)
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     return None
 
 
 def decode_payload(payload: bytes) -> KvEventBatch:
-    """msgpack ``EventBatch`` bytes → :class:`KvEventBatch`.
+    """msgpack ``EventBatch`` bytes → :class:`KvEventBatch`, event by event.
+
+    A malformed event is left out and counted (``num_invalid_events``, ``first_error``); ignored events
+    (see :func:`decode_event`) are counted in ``num_unknown_events`` / ``num_skipped_events``; the other
+    events of the batch are kept, in order.
 
     Raises:
         KvEventDecodeError: when the bytes are not msgpack or not ``[ts, [events...], dp_rank?]``.
@@ -182,16 +229,25 @@ def decode_payload(payload: bytes) -> KvEventBatch:
     if not isinstance(raw[0], (int, float)):
         raise KvEventDecodeError(f"payload.ts must be a number, got {raw[0]!r:.40}")
     events: list[KvEvent] = []
-    unknown = 0
+    unknown = skipped = invalid = 0
+    first_error = None
     for i, item in enumerate(raw[1]):
-        ev = decode_event(item, where=f"payload.events[{i}]")
+        try:
+            ev = _decode_event(item, where=f"payload.events[{i}]")
+        except KvEventDecodeError as exc:
+            invalid += 1
+            first_error = first_error or str(exc)
+            continue
         if ev is None:
             unknown += 1
+        elif ev is _SKIPPED:
+            skipped += 1
         else:
-            events.append(ev)
+            events.append(ev)  # type: ignore[arg-type]
     rank = raw[2] if len(raw) > 2 and isinstance(raw[2], int) else None
     return KvEventBatch(ts_s=float(raw[0]), events=tuple(events), data_parallel_rank=rank,
-                        num_unknown_events=unknown)
+                        num_unknown_events=unknown, num_skipped_events=skipped, num_invalid_events=invalid,
+                        first_error=first_error)
 
 
 def decode_multipart(frames: Sequence[bytes]) -> tuple[bytes, int, KvEventBatch]:
@@ -215,7 +271,8 @@ def encode_payload(batch: KvEventBatch) -> bytes:
         if isinstance(ev, BlockStored):
             d: dict[str, object] = {"type": "BlockStored", "block_hashes": list(ev.block_hashes),
                                     "parent_block_hash": ev.parent_block_hash,
-                                    "token_ids": list(ev.token_ids or ()), "block_size": ev.block_size,
+                                    "token_ids": None if ev.token_ids is None else list(ev.token_ids),
+                                    "block_size": ev.block_size,
                                     "lora_id": ev.lora_id, "medium": ev.medium}
             if ev.extra_keys is not None:
                 d["extra_keys"] = list(ev.extra_keys)

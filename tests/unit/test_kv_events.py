@@ -9,6 +9,7 @@ from runtime.kv.events import (
     BlockStored,
     KvEventBatch,
     KvEventDecodeError,
+    decode_event,
     decode_multipart,
     decode_payload,
     encode_payload,
@@ -60,8 +61,9 @@ def test_extra_keys_are_kept_and_other_kv_cache_groups_skipped():
 
 def test_a_map_event_missing_a_field_is_named():
     payload = msgspec.msgpack.encode([0.0, [{"type": "BlockStored", "block_hashes": [1], "block_size": 2}]])
-    with pytest.raises(KvEventDecodeError, match="missing 'token_ids'"):
-        decode_payload(payload)
+    batch = decode_payload(payload)  # the event is left out and counted, not the whole batch lost
+    assert batch.events == () and batch.num_invalid_events == 1
+    assert "missing 'token_ids'" in batch.first_error
 
 
 def test_bytes_hashes_and_trailing_fields_of_newer_versions_are_accepted():
@@ -88,15 +90,28 @@ def test_multipart_frames_give_topic_and_big_endian_sequence_number():
     [
         (b"\xc1", "not msgpack"),
         (msgspec.msgpack.encode({"ts": 1}), "expected \\[ts, \\[events"),
-        (msgspec.msgpack.encode([0.0, [["BlockStored", [1], None]]]), "BlockStored needs"),
-        (msgspec.msgpack.encode([0.0, [["BlockStored", [1.5], None, [1], 1]]]), "block_hashes"),
-        (msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, [1], 0]]]), "block_size"),
         (msgspec.msgpack.encode(["x", []]), "ts must be a number"),
     ],
 )
 def test_malformed_payloads_are_rejected_naming_the_part(payload, needle):
     with pytest.raises(KvEventDecodeError, match=needle):
         decode_payload(payload)
+
+
+@pytest.mark.parametrize(
+    "event, needle",
+    [
+        (["BlockStored", [1], None], "BlockStored needs"),
+        (["BlockStored", [1.5], None, [1], 1], "block_hashes"),
+        (["BlockStored", [1], None, [1], 0], "block_size"),
+    ],
+)
+def test_malformed_events_are_named_and_only_they_are_dropped(event, needle):
+    with pytest.raises(KvEventDecodeError, match=needle):
+        decode_event(event)
+    batch = decode_payload(msgspec.msgpack.encode([0.0, [event, ["BlockRemoved", [7], "GPU"]]]))
+    assert batch.events == (BlockRemoved((7,), "GPU"),)
+    assert batch.num_invalid_events == 1 and needle.split()[-1] in batch.first_error
 
 
 def test_wrong_frame_count_or_seq_length_is_rejected():
