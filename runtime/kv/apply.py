@@ -5,10 +5,13 @@ The router re-hashes the ``token_ids`` carried by every ``BlockStored`` with its
 ``BlockRemoved`` (which carries engine hashes only) and the ``parent_block_hash`` of later events can be
 translated. The engine's hash seed or algorithm therefore never has to match the router's.
 
-The map counts stores per engine hash: vLLM's block pool can hold two physical blocks with one hash (two
-requests computed the same prefix at once) and then reports ``BlockStored`` twice and, on eviction,
-``BlockRemoved`` twice. The translation of an engine hash lives until its last copy is removed (the index
-counts the copies too), so the index never keeps a block the worker lacks nor drops one it still holds.
+A worker's engine hash maps to one router hash and counts once, however often it is reported stored:
+vLLM re-sends ``BlockStored`` for blocks it already holds (``kv_cache_report_mode="full"``,
+vllm/v1/core/kv_cache_manager.py, re-reports every prefix-cache hit) but sends one ``BlockRemoved`` per
+physical block, so counting reports as copies would keep blocks the worker evicted long ago. The price: when
+vLLM holds two physical copies of one hash (two requests computed the same prefix at once), the first
+``BlockRemoved`` drops the block although one copy is left — the index under-reports (a missed prefix hit)
+rather than reports a block the worker lacks.
 
 When a ``BlockStored`` carries no token ids (the simulator replaying Mooncake ``hash_ids``), the engine
 hashes are used as router hashes unchanged; the caller then routes with the same ids.
@@ -16,6 +19,11 @@ hashes are used as router hashes unchanged; the caller then routes with the same
 A ``BlockStored`` whose parent the router has never seen (events missed before subscribing, or a ZMQ
 drop) cannot be chained; its blocks are skipped and counted in ``ApplyStats.num_orphan_blocks`` until
 the worker's cache is rebuilt — under-reporting overlap, never reporting a block the worker lacks.
+
+Events are applied one by one: an event that cannot be applied (another block size, a token count that
+does not fit its blocks) is skipped and counted, the rest of the batch still applies, and only then is
+:class:`KvEventError` raised. Events of another medium than GPU and ``BlockStored`` without tokens
+(``token_ids=()``) are skipped and counted (see runtime/kv/events.py).
 """
 
 from __future__ import annotations
@@ -23,23 +31,39 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
-from runtime.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from runtime.kv.events import GPU_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from runtime.kv.hashing import block_hashes
 from runtime.kv.index import PrefixIndex
 
 
 class KvEventError(ValueError):
-    """An event contradicts the router's configuration (e.g. another block size); names the field."""
+    """An event contradicts the router's configuration (e.g. another block size); names the field.
+
+    Raised by :meth:`KvEventApplier.apply` after the batch's other events were applied; ``stats`` holds
+    that call's counters (None when raised for a single event).
+    """
+
+    def __init__(self, message: str, stats: ApplyStats | None = None) -> None:
+        super().__init__(message)
+        self.stats = stats
 
 
 @dataclass(slots=True)
 class ApplyStats:
-    """Counters of one :meth:`KvEventApplier.apply` call."""
+    """Counters of one :meth:`KvEventApplier.apply` call.
+
+    ``num_rejected_events``: events that contradict the configuration (not applied; ``apply`` raises
+    after the batch). ``num_skipped_events``: events of another medium than GPU or without tokens.
+    ``num_repeated_blocks``: stored blocks the worker was already known to hold (not counted again).
+    """
 
     num_stored_blocks: int = 0
     num_removed_blocks: int = 0
     num_orphan_blocks: int = 0
     num_cleared: int = 0
+    num_rejected_events: int = 0
+    num_skipped_events: int = 0
+    num_repeated_blocks: int = 0
 
 
 class KvEventApplier:
@@ -56,62 +80,76 @@ class KvEventApplier:
             raise ValueError(f"block_size_tokens must be > 0, got {block_size_tokens}")
         self.index = index
         self.block_size_tokens = block_size_tokens
-        # per worker: engine hash -> [router hash, copies the worker holds]
-        self._engine_to_router: dict[str, dict[Hashable, list]] = {}
+        # per worker: engine hash -> router hash (one entry per block the worker holds)
+        self._engine_to_router: dict[str, dict[Hashable, Hashable]] = {}
 
     def forget_worker(self, worker_id: str) -> None:
         """Drop the hash translation table of a removed worker."""
         self._engine_to_router.pop(worker_id, None)
 
     def apply(self, worker_id: str, events: Iterable[KvEvent]) -> ApplyStats:
-        """Apply ``events`` of ``worker_id`` in order.
+        """Apply ``events`` of ``worker_id`` in order, each on its own (a bad one is skipped).
 
         Raises:
-            runtime.kv.index.UnknownWorkerError: when ``worker_id`` is not in the index.
-            KvEventError: on a block-size mismatch or a token count that is not
-                ``len(block_hashes) * block_size``.
+            runtime.kv.index.UnknownWorkerError: when ``worker_id`` is not in the index (nothing applied).
+            KvEventError: after every other event was applied, when some ``BlockStored`` had another block
+                size or a token count that is not ``len(block_hashes) * block_size``; the message names
+                the first and counts them, ``.stats`` holds the counters.
         """
         self.index.num_blocks(worker_id)  # raises UnknownWorkerError early
         table = self._engine_to_router.setdefault(worker_id, {})
         stats = ApplyStats()
+        first_error: KvEventError | None = None
         for ev in events:
-            if isinstance(ev, BlockStored):
-                self._stored(worker_id, table, ev, stats)
+            if isinstance(ev, (BlockStored, BlockRemoved)) and ev.medium not in (None, GPU_MEDIUM):
+                stats.num_skipped_events += 1  # an offloaded (CPU/disk) copy: not what prefix hits use
+            elif isinstance(ev, BlockStored):
+                try:
+                    self._stored(worker_id, table, ev, stats)
+                except KvEventError as exc:
+                    stats.num_rejected_events += 1
+                    first_error = first_error or exc
             elif isinstance(ev, BlockRemoved):
                 router_hashes = []
                 for h in ev.block_hashes:
-                    entry = table.get(h)
-                    if entry is None:  # never seen (orphan, or stored before we subscribed)
-                        router_hashes.append(h)
-                    else:  # the index counts copies too; the translation lives as long as one copy does
-                        router_hashes.append(entry[0])
-                        entry[1] -= 1
-                        if entry[1] <= 0:
-                            del table[h]
+                    # never seen (orphan, stored before we subscribed): the engine hash is tried as is
+                    router_hashes.append(table.pop(h, h))
                 self.index.remove(worker_id, router_hashes)
                 stats.num_removed_blocks += len(ev.block_hashes)
             elif isinstance(ev, AllBlocksCleared):
                 table.clear()
                 self.index.clear(worker_id)
                 stats.num_cleared += 1
+        if first_error is not None:
+            raise KvEventError(f"{stats.num_rejected_events} KV event(s) of worker {worker_id!r} not applied "
+                               f"(the others were); first: {first_error}", stats)
         return stats
 
-    @staticmethod
-    def _remember(table: dict[Hashable, list], engine_hash: Hashable, router_hash: Hashable) -> None:
-        entry = table.get(engine_hash)
-        if entry is None or entry[0] != router_hash:
-            table[engine_hash] = [router_hash, 1]
-        else:
-            entry[1] += 1
+    def _remember(self, worker_id: str, table: dict[Hashable, Hashable], engine_hashes: Iterable[Hashable],
+                  router_hashes: Iterable[Hashable], stats: ApplyStats) -> None:
+        """Record blocks stored on ``worker_id``; a block it already holds under the same engine hash and
+        router hash is not counted again (see the module docstring)."""
+        new = []
+        for eh, rh in zip(engine_hashes, router_hashes):
+            if eh in table:
+                if table[eh] == rh:
+                    stats.num_repeated_blocks += 1
+                    continue
+                # the engine reports other content under this hash: its old block is no longer there
+                self.index.remove(worker_id, [table[eh]])
+            table[eh] = rh
+            new.append(rh)
+        self.index.store(worker_id, new)
+        stats.num_stored_blocks += len(new)
 
-    def _stored(self, worker_id: str, table: dict[Hashable, list], ev: BlockStored,
+    def _stored(self, worker_id: str, table: dict[Hashable, Hashable], ev: BlockStored,
                 stats: ApplyStats) -> None:
         n = len(ev.block_hashes)
         if ev.token_ids is None:
-            self.index.store(worker_id, ev.block_hashes)
-            for h in ev.block_hashes:
-                self._remember(table, h, h)
-            stats.num_stored_blocks += n
+            self._remember(worker_id, table, ev.block_hashes, ev.block_hashes, stats)
+            return
+        if n and not ev.token_ids:  # a vLLM event without tokens: nothing the router can hash
+            stats.num_skipped_events += 1
             return
         if ev.block_size != self.block_size_tokens:
             raise KvEventError(
@@ -125,15 +163,11 @@ class KvEventApplier:
             )
         if ev.parent_block_hash is None:
             parent: Hashable | None = None
+        elif ev.parent_block_hash in table:
+            parent = table[ev.parent_block_hash]
         else:
-            entry = table.get(ev.parent_block_hash)
-            if entry is None:
-                stats.num_orphan_blocks += n
-                return
-            parent = entry[0]
-        ours = block_hashes(ev.token_ids, self.block_size_tokens, parent,  # type: ignore[arg-type]
+            stats.num_orphan_blocks += n
+            return
+        ours = block_hashes(ev.token_ids, self.block_size_tokens, parent,
                             extra_keys=ev.extra_keys)
-        for eh, rh in zip(ev.block_hashes, ours):
-            self._remember(table, eh, rh)
-        self.index.store(worker_id, ours)
-        stats.num_stored_blocks += n
+        self._remember(worker_id, table, ev.block_hashes, ours, stats)
