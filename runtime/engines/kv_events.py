@@ -3,9 +3,15 @@
 vLLM's ZMQ publisher (`--kv-events-config '{"publisher":"zmq","endpoint":"tcp://*:PORT","topic":"kv-events"}'`,
 vllm/distributed/kv_events.py) sends multipart messages `[topic, seq (8 bytes big-endian), msgpack payload]`
 from a PUB socket. `KvEventSubscriber` keeps one SUB socket and one reader task per worker in the running
-asyncio loop and hands each decoded batch to a callback, in arrival order per worker. Gaps in the sequence
-numbers (a slow subscriber, a restarted worker) are counted; the router's index then lags until later events
-correct it.
+asyncio loop and hands each decoded batch to a callback, in arrival order per worker.
+
+Events are incremental, so one lost batch (a slow subscriber overflowing ZMQ's high-water mark) can leave
+the router believing forever in a block the worker evicted. A gap in the sequence numbers (missed batches)
+or a sequence number that does not move forward (the worker restarted: vLLM's publisher counts from 0 again,
+with an empty cache) therefore resynchronises: the batch is handed on with an `AllBlocksCleared` in front,
+so the worker's index entries and hash translations are dropped and rebuilt from the events that follow —
+the router under-reports that worker's cache until then, it never reports a block the worker lacks. Both
+are counted (`SubscriberStats.num_missed_batches`, `num_resyncs`) and logged.
 
 Workers come and go at run time (discovery, runtime/server/discovery_sync.py): `add(worker_id, endpoint)`
 opens a subscription, `remove(worker_id)` closes it at once — once `remove` returns, no further batch of that
@@ -18,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from runtime.kv.events import KvEventBatch, KvEventDecodeError, decode_multipart
+from runtime.kv.events import AllBlocksCleared, KvEventBatch, KvEventDecodeError, decode_multipart
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +35,30 @@ OnBatch = Callable[[str, KvEventBatch], None]
 
 @dataclass
 class SubscriberStats:
-    """Per-worker counters of the current subscriptions: batches received, decode errors, sequence gaps
-    (missed batches). A removed worker's counters are dropped with its subscription (keys ⊆ subscribed
-    workers); `num_opened`/`num_closed` count subscriptions opened and closed over the subscriber's life."""
+    """Per-worker counters of the current subscriptions: batches received, undecodable frames, malformed
+    events left out of decoded batches, sequence gaps (missed batches), resynchronisations (a gap or a
+    restarted worker; see the module docstring). A removed worker's counters are dropped with its
+    subscription (keys ⊆ subscribed workers); `num_opened`/`num_closed` count subscriptions opened and
+    closed over the subscriber's life."""
 
     num_batches: dict[str, int] = field(default_factory=dict)
     num_decode_errors: dict[str, int] = field(default_factory=dict)
+    num_invalid_events: dict[str, int] = field(default_factory=dict)
     num_missed_batches: dict[str, int] = field(default_factory=dict)
+    num_resyncs: dict[str, int] = field(default_factory=dict)
     num_opened: int = 0
     num_closed: int = 0
 
     def forget(self, worker_id: str) -> None:
         """Drop one worker's counters."""
-        for d in (self.num_batches, self.num_decode_errors, self.num_missed_batches):
+        for d in (self.num_batches, self.num_decode_errors, self.num_invalid_events, self.num_missed_batches,
+                  self.num_resyncs):
             d.pop(worker_id, None)
+
+    @staticmethod
+    def bump(counter: dict[str, int], worker_id: str, n: int = 1) -> None:
+        """Add `n` to one worker's entry of `counter`."""
+        counter[worker_id] = counter.get(worker_id, 0) + n
 
 
 def _log_reader_end(task: asyncio.Task) -> None:
@@ -157,21 +173,38 @@ class KvEventSubscriber:
                 try:
                     _, seq, batch = decode_multipart(frames)
                 except KvEventDecodeError as exc:
-                    self.stats.num_decode_errors[worker_id] = self.stats.num_decode_errors.get(worker_id, 0) + 1
+                    self.stats.bump(self.stats.num_decode_errors, worker_id)
                     log.warning("worker %s: undecodable KV-event frame: %s", worker_id, exc)
                     continue
-                last = self._last_seq.get(worker_id)
-                if last is not None and seq > last + 1:
-                    self.stats.num_missed_batches[worker_id] = (
-                        self.stats.num_missed_batches.get(worker_id, 0) + seq - last - 1)
-                self._last_seq[worker_id] = seq
-                self.stats.num_batches[worker_id] = self.stats.num_batches.get(worker_id, 0) + 1
+                if batch.num_invalid_events:
+                    self.stats.bump(self.stats.num_invalid_events, worker_id, batch.num_invalid_events)
+                    log.warning("worker %s: %d malformed KV event(s) skipped, first: %s", worker_id,
+                                batch.num_invalid_events, batch.first_error)
+                batch = self._check_seq(worker_id, seq, batch)
+                self.stats.bump(self.stats.num_batches, worker_id)
                 try:
                     self.on_batch(worker_id, batch)
                 except Exception:  # a bad batch must not kill the subscription
                     log.exception("worker %s: applying KV events failed", worker_id)
         finally:
             sock.close(linger=0)
+
+    def _check_seq(self, worker_id: str, seq: int, batch: KvEventBatch) -> KvEventBatch:
+        """Track `worker_id`'s sequence number; after a gap or a reset, `batch` with an `AllBlocksCleared`
+        in front (the worker's index entry is rebuilt from here on)."""
+        last = self._last_seq.get(worker_id)
+        self._last_seq[worker_id] = seq
+        if last is None or seq == last + 1:
+            return batch
+        if seq > last + 1:
+            self.stats.bump(self.stats.num_missed_batches, worker_id, seq - last - 1)
+            log.warning("worker %s: %d KV-event batch(es) missed (seq %d after %d); its index entry is "
+                        "cleared and rebuilt from new events", worker_id, seq - last - 1, seq, last)
+        else:
+            log.warning("worker %s: KV-event seq went back from %d to %d (worker restarted?); its index "
+                        "entry is cleared and rebuilt from new events", worker_id, last, seq)
+        self.stats.bump(self.stats.num_resyncs, worker_id)
+        return replace(batch, events=(AllBlocksCleared(), *batch.events))
 
     async def stop(self) -> None:
         """Cancel the readers, close the sockets and the ZMQ context (`endpoints` is kept: `start` again

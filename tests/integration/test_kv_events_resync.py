@@ -1,0 +1,139 @@
+"""KV-event subscriber resynchronisation against a real ZMQ PUB socket on 127.0.0.1 (vLLM's publisher side).
+
+Specification: events are incremental, so a lost batch or a restarted worker would leave blocks in the
+router's index that the worker no longer holds. A gap in the sequence numbers, or a sequence number that
+goes back, clears that worker's index entry (and hash translations) before the batch is applied; it is
+counted (`num_missed_batches` for gaps, `num_resyncs` for both). Malformed events inside a batch are
+counted per worker and the rest of the batch still reaches the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from runtime.config import RouterSpec
+from runtime.engines.kv_events import KvEventSubscriber
+from runtime.kv.events import BlockRemoved, BlockStored, KvEventBatch, encode_payload
+from runtime.server.app import build_router_pairing
+from tests.integration.zmq_publisher import bound_publisher, wait_for
+
+pytestmark = pytest.mark.integration
+zmq = pytest.importorskip("zmq")
+
+BS = 16
+A = tuple(range(1000, 1000 + 2 * BS))  # a 2-block prompt
+B = tuple(range(5000, 5000 + 2 * BS))
+WORKER = "decode-0"
+
+
+async def _send(pub, seq: int, *events) -> None:
+    await pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), encode_payload(KvEventBatch(float(seq), events))])
+
+
+class _Rig:
+    """A router pairing with one KV-event decode worker, subscribed to a real PUB socket."""
+
+    def __init__(self) -> None:
+        self.pub, endpoint, self._close_pub = bound_publisher()
+        self.pairing = build_router_pairing(RouterSpec(policy="kv_aware"), block_size_tokens=BS, prefill_urls=[],
+                                            decode_urls=["http://127.0.0.1:1"], decode_kv_events=[endpoint])
+        self.got: list[KvEventBatch] = []
+        self.sub = KvEventSubscriber(self.pairing.kv_event_endpoints(), self._on_batch)
+
+    def _on_batch(self, worker_id: str, batch: KvEventBatch) -> None:
+        self.got.append(batch)
+        self.pairing.apply_batch(worker_id, batch)
+
+    def overlap(self, tokens) -> dict[str, int]:
+        r = self.pairing.router
+        return r.overlaps(r.hashes_for(tokens))
+
+    async def joined(self) -> int:
+        """Publish empty probes (seq 0, 1, ...) until one arrives (ZMQ slow joiner); the next seq to use."""
+        seq = 0
+        while not self.got:
+            await _send(self.pub, seq)
+            seq += 1
+            await asyncio.sleep(0.05)
+            assert seq < 200, "the subscriber never joined"
+        return seq
+
+    async def sent(self, seq: int, *events) -> None:
+        n = len(self.got)
+        await _send(self.pub, seq, *events)
+        await wait_for(lambda: len(self.got) > n, f"batch seq={seq}")
+
+    async def close(self) -> None:
+        await self.sub.stop()
+        self._close_pub()
+
+
+async def test_a_missed_batch_clears_the_worker_so_no_phantom_block_survives():
+    rig = _Rig()
+    rig.sub.start()
+    try:
+        seq = await rig.joined()
+        await rig.sent(seq, BlockStored((11, 12), None, A, BS))
+        assert rig.overlap(A) == {WORKER: 2}
+        # seq+1 (BlockRemoved of 11, 12) is lost on the way; the worker recomputes A and evicts it again
+        await rig.sent(seq + 2, BlockStored((11, 12), None, A, BS))
+        await rig.sent(seq + 3, BlockRemoved((12,)), BlockRemoved((11,)))
+        assert rig.overlap(A) == {}
+        assert rig.sub.stats.num_missed_batches[WORKER] == 1
+        assert rig.sub.stats.num_resyncs[WORKER] == 1
+    finally:
+        await rig.close()
+
+
+async def test_a_gap_drops_blocks_stored_before_it_until_they_are_reported_again():
+    rig = _Rig()
+    rig.sub.start()
+    try:
+        seq = await rig.joined()
+        await rig.sent(seq, BlockStored((11, 12), None, A, BS))
+        await rig.sent(seq + 5, BlockStored((21, 22), None, B, BS))
+        assert rig.overlap(A) == {}  # under-reported: the lost batches may have evicted it
+        assert rig.overlap(B) == {WORKER: 2}
+        assert rig.sub.stats.num_missed_batches[WORKER] == 4
+    finally:
+        await rig.close()
+
+
+async def test_a_restarted_worker_sequence_reset_drops_its_old_blocks():
+    rig = _Rig()
+    rig.sub.start()
+    try:
+        seq = await rig.joined()
+        await rig.sent(seq, BlockStored((11, 12), None, A, BS))
+        assert rig.overlap(A) == {WORKER: 2}
+        # vLLM restarts on the same endpoint: its publisher counts from 0 again, its cache is empty
+        await rig.sent(0, BlockStored((77, 78), None, B, BS))
+        assert rig.overlap(A) == {}
+        assert rig.overlap(B) == {WORKER: 2}
+        assert rig.sub.stats.num_resyncs[WORKER] == 1
+        await rig.sent(1, BlockRemoved((78,)))  # in sequence again: no further resync
+        assert rig.overlap(B) == {WORKER: 1} and rig.sub.stats.num_resyncs[WORKER] == 1
+    finally:
+        await rig.close()
+
+
+async def test_malformed_and_offloaded_events_are_counted_and_the_rest_applied():
+    rig = _Rig()
+    rig.sub.start()
+    try:
+        seq = await rig.joined()
+        good = {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None, "token_ids": list(A),
+                "block_size": BS, "lora_id": None, "medium": "GPU", "lora_name": None}
+        bad = {**good, "block_hashes": [1.5]}
+        placeholder = {**good, "block_hashes": [99], "token_ids": [], "block_size": 0, "medium": "CPU"}
+        n = len(rig.got)
+        await rig.pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"),
+                                      msgspec.msgpack.encode([1.0, [bad, placeholder, good]])])
+        await wait_for(lambda: len(rig.got) > n, "the mixed batch")
+        assert rig.overlap(A) == {WORKER: 2}
+        assert rig.sub.stats.num_invalid_events[WORKER] == 1
+    finally:
+        await rig.close()
