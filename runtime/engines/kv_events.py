@@ -208,15 +208,22 @@ class KvEventSubscriber:
 
     async def stop(self) -> None:
         """Cancel the readers, close the sockets and the ZMQ context (`endpoints` is kept: `start` again
-        resubscribes)."""
+        resubscribes).
+
+        Raises:
+            asyncio.CancelledError: when the task calling `stop` is cancelled meanwhile (the sockets and the
+                context are closed first).
+        """
         tasks = list(self._tasks.values())
         for t in tasks:
             t.cancel()
-        for t in tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        cancelled = False
+        try:
+            # return_exceptions: the readers' own cancellation (and errors) are results, not raised here;
+            # a CancelledError that escapes is the caller's own cancellation
+            await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            cancelled = True
         self.stats.num_closed += len(self._socks)
         for sock in self._socks.values():
             sock.close(linger=0)
@@ -225,3 +232,5 @@ class KvEventSubscriber:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+        if cancelled:
+            raise asyncio.CancelledError
