@@ -15,7 +15,11 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    client gets an OpenAI error (an error event inside a started stream).
 
 Client-supplied `kv_transfer_params` (also inside `vllm_xargs`) and `ec_transfer_params` are dropped: no
-request field or header can make a worker talk to an address outside the configured pool.
+request field or header can make a worker talk to an address outside the configured pool. `vllm_xargs` keys
+the runtime owns (`_RUNTIME_XARGS`, e.g. `kv_cache_report_mode`) are dropped too.
+
+Worker clients (one httpx pool per worker URL) of workers that left the pairing's pool are closed once no
+request, nudge or health check still uses them, so discovery churn does not leak connections.
 
 Every request's router load is released exactly once, whatever ends it: an answer, a worker error, or the
 client going away (KServe cancels the handler on disconnect). A streaming request contacts its decode worker
@@ -51,6 +55,11 @@ from runtime.server.pairing import Pairing, Route, RouteRequest
 from runtime.server.tokenize import PromptTokenizer
 
 _DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+# vllm_xargs keys (vLLM SamplingParams.extra_args) the runtime owns, never taken from a client: the transfer
+# params name worker addresses; kv_cache_report_mode="full" (vllm/v1/request.py, 0.28) makes a worker re-send
+# BlockStored for every prefix-cache hit, which would distort the router's KV index. A deny-list, not an
+# allow-list: other xargs are model-specific request options (e.g. DeepSeek-OCR's ngram_size).
+_RUNTIME_XARGS = frozenset(_DROPPED_FIELDS) | {"kv_cache_report_mode"}
 
 
 class _StreamFailedEarly(Exception):
@@ -154,6 +163,9 @@ class PDModel(OpenAIGenerativeModel):
         self.clock = clock
         self._client_factory = client_factory or (lambda url: VllmClient(url, timeout_s=timeout_s))
         self._clients: dict[str, VllmClient] = {}
+        self._uses: dict[object, set[str]] = {}  # user (request id, nudger, health check) -> URLs it uses now
+        self._url_users: dict[str, int] = {}  # URL -> number of users of its client now
+        self._closing: set[asyncio.Task] = set()  # clients of departed workers being closed
         self.tokenizer = tokenizer
         self.prefill_timeout_s = prefill_timeout_s
         self.observer = observer
@@ -162,20 +174,75 @@ class PDModel(OpenAIGenerativeModel):
         self.prefill_nudge_after_s = prefill_nudge_after_s
         self.ready = True
 
-    def _client(self, url: str) -> VllmClient:
-        if url not in self._clients:
-            self._clients[url] = self._client_factory(url)
-        return self._clients[url]
+    def _client(self, url: str, user: object = None) -> VllmClient:
+        """The client of worker `url`, recorded as used by `user` until `_release(user)`. Creating a client
+        also closes the unused clients of workers no longer in the pool (discovery churn)."""
+        if user is not None and url not in self._uses.setdefault(user, set()):
+            self._uses[user].add(url)
+            self._url_users[url] = self._url_users.get(url, 0) + 1
+        client = self._clients.get(url)
+        if client is None:
+            client = self._clients[url] = self._client_factory(url)
+            pool = self._pool_urls()
+            if pool is not None:
+                for old in [u for u in self._clients if u != url and u.rstrip("/") not in pool]:
+                    if not self._url_users.get(old):
+                        self._close_later(old)
+        return client
+
+    def _release(self, user: object) -> None:
+        """`user` no longer uses its clients; those of workers that left the pool are closed when unused."""
+        urls = self._uses.pop(user, ())
+        pool = None
+        for url in urls:
+            left = self._url_users.get(url, 1) - 1
+            if left > 0:
+                self._url_users[url] = left
+                continue
+            self._url_users.pop(url, None)
+            pool = self._pool_urls() if pool is None else pool
+            if pool is not None and url.rstrip("/") not in pool:
+                self._close_later(url)
+
+    def _pool_urls(self) -> frozenset[str] | None:
+        """Base URLs of the pairing's pool (runtime.server.routing.RouterPairing `workers`, including workers
+        marked down, or RoundRobinPairing's URL lists); None for a pairing that exposes neither."""
+        workers = getattr(self.pairing, "workers", None)
+        if isinstance(workers, dict):
+            urls = [getattr(w, "url", None) for w in workers.values()]
+            return frozenset(u.rstrip("/") for u in urls) if all(isinstance(u, str) for u in urls) else None
+        prefill, decode = getattr(self.pairing, "prefill_urls", None), getattr(self.pairing, "decode_urls", None)
+        if isinstance(prefill, list) and isinstance(decode, list):
+            return frozenset(u.rstrip("/") for u in [*prefill, *decode])
+        return None
+
+    def _close_later(self, url: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to close it in: the next sweep or aclose() does
+            return
+        client = self._clients.pop(url, None)
+        if client is None:
+            return
+        task = loop.create_task(client.aclose(), name=f"close-client:{url}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def worker_healthy(self, url: str) -> bool:
         """GET <url>/health answered 200."""
-        return await self._client(url).healthy()
+        user = object()
+        try:
+            return await self._client(url, user).healthy()
+        finally:
+            self._release(user)
 
     async def aclose(self) -> None:
-        """Close every worker client."""
+        """Close every worker client (also those of departed workers still being closed)."""
         for c in self._clients.values():
             await c.aclose()
         self._clients.clear()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def _request_body(self, request: Any, raw_request: Request | None) -> dict:
         """The body as the client sent it (all fields), minus internal fields; `model` set to ours."""
@@ -191,7 +258,7 @@ class PDModel(OpenAIGenerativeModel):
             body.pop(f, None)
         xargs = body.get("vllm_xargs")
         if isinstance(xargs, dict):
-            body["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in _DROPPED_FIELDS}
+            body["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in _RUNTIME_XARGS}
         # the validated value decides (pydantic reads "false" as False; the raw JSON string is truthy)
         body["stream"] = bool(getattr(request, "stream", False))
         body["model"] = self.name
@@ -214,7 +281,7 @@ class PDModel(OpenAIGenerativeModel):
         if route.prefill_url is None:
             return route, None
         try:
-            kv = await asyncio.wait_for(self._client(route.prefill_url).prefill(path, body, rid),
+            kv = await asyncio.wait_for(self._client(route.prefill_url, rid).prefill(path, body, rid),
                                         self.prefill_timeout_s)
         except asyncio.TimeoutError:
             kv = None
@@ -240,17 +307,22 @@ class PDModel(OpenAIGenerativeModel):
         """Every `prefill_nudge_after_s` without a first token: one 1-token completion on the prefill worker
         (its own request id, no KV transfer). Errors are ignored: the nudge is best effort."""
         body = {"model": self.name, "prompt": ".", "max_tokens": 1, "temperature": 0}
-        while True:
-            try:
-                await asyncio.wait_for(first_token.wait(), self.prefill_nudge_after_s)
-                return
-            except asyncio.TimeoutError:
-                pass
-            self.metrics.prefill_nudges.inc()
-            try:
-                await self._client(url).complete(COMPLETIONS_PATH, body, f"pdserve-nudge-{uuid.uuid4().hex}")
-            except (BackendError, ValueError):
-                pass
+        user = object()  # the nudger holds the client until it ends (it may outlive the request by a step)
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(first_token.wait(), self.prefill_nudge_after_s)
+                    return
+                except asyncio.TimeoutError:
+                    pass
+                self.metrics.prefill_nudges.inc()
+                try:
+                    await self._client(url, user).complete(COMPLETIONS_PATH, body,
+                                                           f"pdserve-nudge-{uuid.uuid4().hex}")
+                except (BackendError, ValueError):
+                    pass
+        finally:
+            self._release(user)
 
     async def _serve(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None = None) -> Any:
         t0 = self.clock()
@@ -289,7 +361,7 @@ class PDModel(OpenAIGenerativeModel):
         if kv is not None:  # the prefill produced the first token; its load is gone
             prefill_done_s = self.clock() - t0
             self.pairing.on_first_token(rid, self.clock())
-        decode = self._client(route.decode_url)
+        decode = self._client(route.decode_url, rid)
         if body.get("stream"):
             gen = self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None)
             state["owner"] = "stream"  # the generator's own finally releases the load from here on
@@ -309,7 +381,7 @@ class PDModel(OpenAIGenerativeModel):
                     new = self._migrate(exc, route, rid)
                     if new is None:
                         return _backend_error_response(exc)
-                    route, kv, decode, mode = new, None, self._client(new.decode_url), "local"
+                    route, kv, decode, mode = new, None, self._client(new.decode_url, rid), "local"
                     state["route"], state["mode"] = route, mode
         finally:
             first_token.set()
@@ -409,7 +481,7 @@ class PDModel(OpenAIGenerativeModel):
                         body_err = openai_error_body(err.message, err_type=err.type, status=status)
                         yield f"data: {json.dumps(body_err)}\n\n"
                         break
-                    route, kv, decode, attempt, mode = new, None, self._client(new.decode_url), cont, "local"
+                    route, kv, decode, attempt, mode = new, None, self._client(new.decode_url, rid), cont, "local"
                     local_prefill = True  # the new decode worker prefills; its load ends at its first token
         finally:
             first_token.set()
@@ -422,14 +494,21 @@ class PDModel(OpenAIGenerativeModel):
         yield "data: [DONE]\n\n"
 
     def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None) -> None:
-        """Release the request's router load (``Pairing.on_complete``, once per request), then count it;
-        the release does not depend on the metrics."""
+        """Release the request's router load (``Pairing.on_complete``, once per request) and its worker
+        clients, then count it; the releases do not depend on the metrics."""
         try:
             self.pairing.on_complete(rid, self.clock(), ok)
         finally:
-            mode = mode or ("remote" if route.prefill_url else "local")
-            self.metrics.requests.labels(endpoint, mode, "ok" if ok else "error").inc()
-            self.metrics.e2e.labels(endpoint, mode).observe(self.clock() - t0)
+            try:
+                self._release(rid)
+            finally:
+                self._count(endpoint, route, t0, ok, mode)
+
+    def _count(self, endpoint: str, route: Route, t0: float, ok: bool, mode: str | None) -> None:
+        """Count one finished request in the request and e2e metrics."""
+        mode = mode or ("remote" if route.prefill_url else "local")
+        self.metrics.requests.labels(endpoint, mode, "ok" if ok else "error").inc()
+        self.metrics.e2e.labels(endpoint, mode).observe(self.clock() - t0)
 
 
 async def _prepend(first: str, rest: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
