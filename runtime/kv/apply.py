@@ -5,13 +5,15 @@ The router re-hashes the ``token_ids`` carried by every ``BlockStored`` with its
 ``BlockRemoved`` (which carries engine hashes only) and the ``parent_block_hash`` of later events can be
 translated. The engine's hash seed or algorithm therefore never has to match the router's.
 
-A worker's engine hash maps to one router hash and counts once, however often it is reported stored:
-vLLM re-sends ``BlockStored`` for blocks it already holds (``kv_cache_report_mode="full"``,
-vllm/v1/core/kv_cache_manager.py, re-reports every prefix-cache hit) but sends one ``BlockRemoved`` per
-physical block, so counting reports as copies would keep blocks the worker evicted long ago. The price: when
-vLLM holds two physical copies of one hash (two requests computed the same prefix at once), the first
-``BlockRemoved`` drops the block although one copy is left — the index under-reports (a missed prefix hit)
-rather than reports a block the worker lacks.
+The map counts stores per engine hash: vLLM's block pool can hold two physical blocks with one hash (two
+requests computed the same prefix at once; vllm/v1/core/block_pool.py ``BlockHashToBlockMap.insert`` keeps
+both) and then reports ``BlockStored`` twice (once per block that was not ``already_cached``) and, on
+eviction, ``BlockRemoved`` twice. The translation of an engine hash lives until its last copy is removed
+(the index counts the copies too), so the index never keeps a block the worker lacks nor drops one it still
+holds. This relies on vLLM's default KV event report mode: ``kv_cache_report_mode="full"`` re-sends
+``BlockStored`` for every prefix-cache hit with no matching removal, so the runtime drops that per-request
+setting from client ``vllm_xargs`` (runtime/server/model.py). A store of other content under an engine
+hash already held replaces it (the old router block leaves the index with all its copies).
 
 When a ``BlockStored`` carries no token ids (the simulator replaying Mooncake ``hash_ids``), the engine
 hashes are used as router hashes unchanged; the caller then routes with the same ids.
@@ -54,7 +56,7 @@ class ApplyStats:
 
     ``num_rejected_events``: events that contradict the configuration (not applied; ``apply`` raises
     after the batch). ``num_skipped_events``: events of another medium than GPU or without tokens.
-    ``num_repeated_blocks``: stored blocks the worker was already known to hold (not counted again).
+    ``num_repeated_blocks``: stored blocks the worker already held under that hash (counted as another copy).
     """
 
     num_stored_blocks: int = 0
@@ -80,8 +82,8 @@ class KvEventApplier:
             raise ValueError(f"block_size_tokens must be > 0, got {block_size_tokens}")
         self.index = index
         self.block_size_tokens = block_size_tokens
-        # per worker: engine hash -> router hash (one entry per block the worker holds)
-        self._engine_to_router: dict[str, dict[Hashable, Hashable]] = {}
+        # per worker: engine hash -> [router hash, copies the worker holds]
+        self._engine_to_router: dict[str, dict[Hashable, list]] = {}
 
     def forget_worker(self, worker_id: str) -> None:
         """Drop the hash translation table of a removed worker."""
@@ -113,7 +115,14 @@ class KvEventApplier:
                 router_hashes = []
                 for h in ev.block_hashes:
                     # never seen (orphan, stored before we subscribed): the engine hash is tried as is
-                    router_hashes.append(table.pop(h, h))
+                    entry = table.get(h)
+                    if entry is None:
+                        router_hashes.append(h)
+                    else:  # the index counts copies too; the translation lives as long as one copy does
+                        router_hashes.append(entry[0])
+                        entry[1] -= 1
+                        if entry[1] <= 0:
+                            del table[h]
                 self.index.remove(worker_id, router_hashes)
                 stats.num_removed_blocks += len(ev.block_hashes)
             elif isinstance(ev, AllBlocksCleared):
@@ -125,24 +134,24 @@ class KvEventApplier:
                                f"(the others were); first: {first_error}", stats)
         return stats
 
-    def _remember(self, worker_id: str, table: dict[Hashable, Hashable], engine_hashes: Iterable[Hashable],
+    def _remember(self, worker_id: str, table: dict[Hashable, list], engine_hashes: Iterable[Hashable],
                   router_hashes: Iterable[Hashable], stats: ApplyStats) -> None:
-        """Record blocks stored on ``worker_id``; a block it already holds under the same engine hash and
-        router hash is not counted again (see the module docstring)."""
-        new = []
+        """Record blocks stored on ``worker_id``, one more copy each (see the module docstring)."""
+        stored = []
         for eh, rh in zip(engine_hashes, router_hashes):
-            if eh in table:
-                if table[eh] == rh:
-                    stats.num_repeated_blocks += 1
-                    continue
-                # the engine reports other content under this hash: its old block is no longer there
-                self.index.remove(worker_id, [table[eh]])
-            table[eh] = rh
-            new.append(rh)
-        self.index.store(worker_id, new)
-        stats.num_stored_blocks += len(new)
+            entry = table.get(eh)
+            if entry is not None and entry[0] == rh:
+                entry[1] += 1
+                stats.num_repeated_blocks += 1
+            else:
+                if entry is not None:  # other content under this hash: its old block is no longer there
+                    self.index.remove(worker_id, [entry[0]] * entry[1])
+                table[eh] = [rh, 1]
+            stored.append(rh)
+        self.index.store(worker_id, stored)
+        stats.num_stored_blocks += len(stored)
 
-    def _stored(self, worker_id: str, table: dict[Hashable, Hashable], ev: BlockStored,
+    def _stored(self, worker_id: str, table: dict[Hashable, list], ev: BlockStored,
                 stats: ApplyStats) -> None:
         n = len(ev.block_hashes)
         if ev.token_ids is None:
@@ -164,7 +173,7 @@ class KvEventApplier:
         if ev.parent_block_hash is None:
             parent: Hashable | None = None
         elif ev.parent_block_hash in table:
-            parent = table[ev.parent_block_hash]
+            parent = table[ev.parent_block_hash][0]
         else:
             stats.num_orphan_blocks += n
             return
