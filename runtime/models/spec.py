@@ -60,6 +60,13 @@ KNOWN_MODEL_TYPES = frozenset(
 )
 
 
+# ``layer_types`` entries (transformers ``configuration_utils.ALLOWED_ATTN_LAYER_TYPES`` spelling) whose layers
+# this module models: full attention, sliding-window attention (gpt-oss, Qwen2/3 with use_sliding_window) and
+# Llama 4's chunked attention (sized by ``attention_chunk_size``). Any other entry (linear_attention, hybrid,
+# ...) is an error naming it rather than a silently wrong KV / FLOP count.
+KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+
+
 class ModelConfigError(ValueError):
     """A ``config.json`` lacks a needed field, has an invalid value, or describes an unsupported layer type.
 
@@ -120,9 +127,23 @@ class ModelSpec:
             name: model name for messages and MLflow (e.g. ``meta-llama/Llama-3.1-8B``).
 
         Raises:
-            ModelConfigError: naming every missing required field, non-positive value, or unsupported
-                architecture key (see ``UNSUPPORTED_ARCHITECTURE_KEYS``).
+            ModelConfigError: naming every missing required field, non-positive value, wrongly typed field
+                (e.g. ``tie_word_embeddings`` not a JSON boolean, ``layer_types`` not a list of strings), unknown
+                layer type, or unsupported architecture key (see ``UNSUPPORTED_ARCHITECTURE_KEYS``). Any other
+                failure on a malformed config (a wrong-typed field this parser does not check by name) is
+                also a ModelConfigError naming the model, with the original exception as ``__cause__``.
         """
+        try:
+            return cls._from_hf_config(cfg, name)
+        except ModelConfigError:
+            raise
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError, OverflowError) as e:
+            raise ModelConfigError(
+                f"{name}: malformed config.json (a field has the wrong type or shape): {type(e).__name__}: {e}"
+            ) from e
+
+    @classmethod
+    def _from_hf_config(cls, cfg: Any, name: str) -> "ModelSpec":
         if not isinstance(cfg, dict):
             raise ModelConfigError(f"{name}: config.json must be a JSON object, got {type(cfg).__name__}")
         text = cfg.get("text_config")
@@ -197,7 +218,7 @@ class ModelSpec:
                 shared_inter = moe_inter
             else:
                 sparse_step = int(c.get("decoder_sparse_step") or 1)
-                dense_only = set(c.get("mlp_only_layers") or [])
+                dense_only = set(_int_list(c, "mlp_only_layers", name))
                 num_moe = sum(
                     1 for i in range(layers) if i not in dense_only and (i + 1) % sparse_step == 0
                 )
@@ -223,7 +244,7 @@ class ModelSpec:
                 v_head_dim=int(c["v_head_dim"]),
             )
             head_dim = int(c["qk_nope_head_dim"]) + int(c["qk_rope_head_dim"])
-        layer_types = c.get("layer_types") or []
+        layer_types = _layer_types(c, layers, model_type, name)
         window = int(c.get("sliding_window") or 0)
         if window and layer_types:
             kw.update(
@@ -234,7 +255,7 @@ class ModelSpec:
         if chunk and model_type.startswith("llama4"):
             # Llama 4: RoPE layers attend within 8192-token chunks, every 4th layer (NoPE) globally
             # (transformers Llama4TextConfig: no_rope_layers[i] = 1 -> chunked, default interval 4).
-            rope_layers = c.get("no_rope_layers")
+            rope_layers = _int_list(c, "no_rope_layers", name)
             if not rope_layers:
                 step = int(c.get("no_rope_layer_interval") or 4)
                 rope_layers = [int((i + 1) % step != 0) for i in range(layers)]
@@ -250,10 +271,10 @@ class ModelSpec:
             head_dim=head_dim,
             intermediate_size=inter,
             vocab_size=vocab,
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-            attention_bias=bool(c.get("attention_bias", False)),
-            qk_norm=model_type.startswith("qwen3") or bool(c.get("use_qk_norm", False)),
-            quant_method=str(quant.get("quant_method", "")) if isinstance(quant, dict) else "",
+            tie_word_embeddings=_bool(c, "tie_word_embeddings", False, name),
+            attention_bias=_bool(c, "attention_bias", False, name),
+            qk_norm=model_type.startswith("qwen3") or _bool(c, "use_qk_norm", False, name),
+            quant_method=_quant_method(quant, name),
             max_position_embeddings=int(c.get("max_position_embeddings") or 0),
             **kw,
         )
@@ -400,6 +421,82 @@ def _first(c: dict[str, Any], *keys: str) -> Any:
         if c.get(k) is not None:
             return c[k]
     return None
+
+
+def _short(v: Any, limit: int = 80) -> str:
+    """``repr(v)`` cut to ``limit`` characters for error messages."""
+    r = repr(v)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _bool(c: dict[str, Any], key: str, default: bool, name: str) -> bool:
+    """A JSON boolean field; absent or null -> ``default``. Raises ModelConfigError naming the field for any
+    other value (the string ``"false"`` would otherwise be truthy)."""
+    v = c.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ModelConfigError(f"{name}: field {key} must be a JSON boolean (true/false), got {_short(v)}")
+    return v
+
+
+def _int_list(c: dict[str, Any], key: str, name: str) -> list[int]:
+    """A list of whole numbers (layer indices or 0/1 flags); absent or null -> []. Raises ModelConfigError
+    naming the field when it is not a list or holds a non-integer (bools included)."""
+    v = c.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
+        raise ModelConfigError(f"{name}: field {key} must be a list of integers, got {_short(v)}")
+    return v
+
+
+def _layer_types(c: dict[str, Any], layers: int, model_type: str, name: str) -> list[str]:
+    """``layer_types``: absent or null -> []; else a list of one known type (``KNOWN_LAYER_TYPES``) per layer.
+
+    Raises:
+        ModelConfigError: not a list of strings, a length other than ``num_hidden_layers``, an unknown layer
+            type (named, with the known ones), or ``chunked_attention`` outside Llama 4.
+    """
+    v = c.get("layer_types")
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(isinstance(t, str) for t in v):
+        raise ModelConfigError(
+            f"{name}: field layer_types must be a list of strings (one per layer), got {_short(v)}"
+        )
+    unknown = sorted(set(v) - set(KNOWN_LAYER_TYPES))
+    if unknown:
+        raise ModelConfigError(
+            f"{name}: layer_types has layer type(s) pdserve does not model: {', '.join(unknown)}; "
+            f"known: {', '.join(KNOWN_LAYER_TYPES)}"
+        )
+    if "chunked_attention" in v and not model_type.startswith("llama4"):
+        raise ModelConfigError(
+            f"{name}: layer_types chunked_attention is modelled only for Llama 4 (attention_chunk_size), "
+            f"model_type={model_type!r}"
+        )
+    if v and len(v) != layers:
+        raise ModelConfigError(
+            f"{name}: layer_types has {len(v)} entries but num_hidden_layers={layers} (one per layer)"
+        )
+    return v
+
+
+def _quant_method(quant: Any, name: str) -> str:
+    """``quantization_config.quant_method`` as a string; "" when there is no quantization_config or the
+    method is absent / null. Raises ModelConfigError when quantization_config is not a JSON object or the
+    method is present but not a string."""
+    if not quant:
+        return ""
+    if not isinstance(quant, dict):
+        raise ModelConfigError(f"{name}: field quantization_config must be a JSON object, got {_short(quant)}")
+    v = quant.get("quant_method")
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise ModelConfigError(f"{name}: field quantization_config.quant_method must be a string, got {_short(v)}")
+    return v
 
 
 def _needs_dense_ffn(c: dict[str, Any], num_experts: int) -> bool:
