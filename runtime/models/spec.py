@@ -93,7 +93,7 @@ class ModelSpec:
     vocab_size: int
     tie_word_embeddings: bool = False
     attention_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: bool = False  # q/k RMSNorm weights, head_dim each per layer (Qwen3; Llama 4's L2 norm has none)
     # MoE
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -273,7 +273,10 @@ class ModelSpec:
             vocab_size=vocab,
             tie_word_embeddings=_bool(c, "tie_word_embeddings", False, name),
             attention_bias=_bool(c, "attention_bias", False, name),
-            qk_norm=model_type.startswith("qwen3") or _bool(c, "use_qk_norm", False, name),
+            # Qwen3: q_norm / k_norm are RMSNorms with a head_dim weight each. Llama 4's use_qk_norm is
+            # Llama4TextL2Norm, which has no weight (transformers modeling_llama4.py): nothing to count.
+            qk_norm=model_type.startswith("qwen3")
+            or (_bool(c, "use_qk_norm", False, name) and not model_type.startswith("llama4")),
             quant_method=_quant_method(quant, name),
             max_position_embeddings=int(c.get("max_position_embeddings") or 0),
             **kw,

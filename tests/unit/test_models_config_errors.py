@@ -1,5 +1,5 @@
 """config.json fields of the wrong type or shape give a ModelConfigError naming the field (never a raw
-TypeError, never a silently different model).
+TypeError, never a silently different model); Llama 4's weightless qk norm adds no parameters.
 
 Invariants:
 * boolean fields accept only JSON true/false (null/absent = the default);
@@ -159,3 +159,21 @@ def test_cli_tune_on_wrong_typed_field_exits_1_without_traceback(tmp_path: Path)
     assert res.exit_code == 1
     assert "mlp_only_layers" in res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+# ---------------------------------------------------------------- Llama 4 qk norm
+def test_llama4_qk_norm_is_weightless():
+    # transformers Llama4TextL2Norm has no weight: use_qk_norm must not add 2 * head_dim per layer
+    with_norm = cfg(SCOUT)
+    assert with_norm["text_config"]["use_qk_norm"] is True
+    without = cfg(SCOUT)
+    without["text_config"]["use_qk_norm"] = False
+    assert ModelSpec.from_hf_config(with_norm, "s").num_params == ModelSpec.from_hf_config(without, "s").num_params
+
+
+def test_qwen3_qk_norm_weights_are_counted():
+    s = ModelSpec.from_hf_config(cfg("Qwen--Qwen3-8B"), "q")
+    assert s.qk_norm
+    # q_norm + k_norm: one head_dim RMSNorm weight each per layer (transformers Qwen3Attention)
+    assert s.num_params - ModelSpec(**{**s.__dict__, "qk_norm": False, "_counts": {}}).num_params \
+        == 2 * s.head_dim * s.num_layers
