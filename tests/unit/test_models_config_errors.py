@@ -1,5 +1,6 @@
 """config.json fields of the wrong type or shape give a ModelConfigError naming the field (never a raw
-TypeError, never a silently different model); Llama 4's weightless qk norm adds no parameters.
+TypeError, never a silently different model); unreadable files name the file; Llama 4's weightless qk norm
+adds no parameters.
 
 Invariants:
 * boolean fields accept only JSON true/false (null/absent = the default);
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 import runtime.models.spec as spec_module
 from runtime.cli import app
+from runtime.models.load import load_model_spec
 from runtime.models.spec import KNOWN_LAYER_TYPES, ModelConfigError, ModelSpec
 from runtime.paths import data_dir
 
@@ -149,6 +151,35 @@ def test_model_config_errors_pass_through_the_backstop_unchanged():
     with pytest.raises(ModelConfigError) as e:
         ModelSpec.from_hf_config(dict(cfg(LLAMA8), hidden_size=0), "x")
     assert "malformed" not in str(e.value) and "hidden_size" in str(e.value)
+
+
+# ---------------------------------------------------------------- file adapter
+def test_non_utf8_config_names_the_file(tmp_path: Path):
+    p = tmp_path / "config.json"
+    p.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ModelConfigError, match="not UTF-8") as e:
+        load_model_spec(p)
+    assert str(p) in str(e.value)
+    assert isinstance(e.value.__cause__, UnicodeDecodeError)
+
+
+def test_unreadable_config_names_the_file(tmp_path: Path, monkeypatch):
+    p = tmp_path / "config.json"
+    p.write_text("{}")
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(ModelConfigError, match="cannot read") as e:
+        load_model_spec(p)
+    assert str(p) in str(e.value) and "Permission denied" in str(e.value)
+
+
+def test_utf8_bom_config_is_read(tmp_path: Path):
+    p = tmp_path / "config.json"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(cfg(LLAMA8)).encode())
+    assert load_model_spec(p).num_params == LLAMA8_PARAMS
 
 
 def test_cli_tune_on_wrong_typed_field_exits_1_without_traceback(tmp_path: Path):
