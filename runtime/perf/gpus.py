@@ -163,12 +163,12 @@ ALIASES: dict[str, str] = {
     "a100-sxm4-40gb": "A100-SXM-40GB", "a100-40gb": "A100-SXM-40GB",
     "a100-pcie-80gb": "A100-PCIe-80GB", "a100_pcie": "A100-PCIe-80GB",
     "l40s-48gb": "L40S", "l40s": "L40S", "l4-24gb": "L4",
-    "a10g-24gb": "A10G", "a10-24gb": "A10", "a30-24gb": "A30",
+    "a10g-24gb": "A10G", "a10g-24gb (aws g5)": "A10G", "a10-24gb": "A10", "a30-24gb": "A30",
     "b200-180gb": "B200-SXM", "b200-sxm-180gb": "B200-SXM", "b200_sxm": "B200-SXM", "b200": "B200-SXM",
     "gb200-192gb": "GB200", "gb200 (per gpu)": "GB200", "gb300-288gb": "GB300",
     "b300-sxm-288gb": "B300-SXM", "b300_sxm": "B300-SXM", "b300": "B300-SXM",
     "rtx-pro-6000-blackwell-server": "RTX-PRO-6000", "rtx_pro_6000_server": "RTX-PRO-6000",
-    "gh200-96gb": "GH200",
+    "gh200-96gb": "GH200", "gh200-96gb (gh200 480gb superchip gpu)": "GH200",
 }
 
 _BY_NAME = {g.name.lower(): g for g in _GPUS}
