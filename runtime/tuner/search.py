@@ -55,6 +55,11 @@ class ModelDoesNotFitError(TuningError):
     """No candidate TP holds the weights and one request's KV; the message shows the memory arithmetic."""
 
 
+class ContextTooLongError(TuningError):
+    """The workload's requests (ISL + OSL) are longer than the model's ``max_position_embeddings``; the message
+    names both numbers. vLLM refuses ``--max-model-len`` beyond the model's context at start."""
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One (prefill TP, decode TP) configuration and its predictions.
@@ -256,6 +261,40 @@ def evaluate(
                    num_gpus=n_p * prefill_tp + n_d * decode_tp, usd_per_mtok=usd)
 
 
+def check_context_length(model: ModelSpec, workload: WorkloadSpec, sample: LengthSample | None = None) -> None:
+    """Refuse a workload longer than the model's context.
+
+    The longest request the tuner plans for is the workload's ``isl_tokens + osl_tokens`` (the floor of
+    ``TuneResult.max_model_len_tokens``) and, with a ``sample``, its p90 (``SLO_QUANTILE``) ``isl + osl`` (the
+    context ``evaluate`` sizes ITL and KV for). vLLM refuses to start with ``--max-model-len`` above the
+    model's ``max_position_embeddings`` (vLLM 0.28 ``vllm/config/model.py`` ``_get_and_verify_max_len``:
+    "User-specified max_model_len (...) is greater than the derived max_model_len (...)", unless the operator
+    sets VLLM_ALLOW_LONG_MAX_MODEL_LEN, which pdserve does not). No check when the config has no
+    ``max_position_embeddings`` (0).
+
+    Raises:
+        ContextTooLongError: naming the tokens needed and ``max_position_embeddings``.
+    """
+    limit = model.max_position_embeddings
+    if not limit:
+        return
+    need = workload.isl_tokens + workload.osl_tokens
+    if need > limit:
+        raise ContextTooLongError(
+            f"{model.name}: workload ISL {workload.isl_tokens} + OSL {workload.osl_tokens} = {need} tokens "
+            f"exceeds the model's max_position_embeddings {limit} (config.json); vLLM cannot serve requests "
+            f"that long: shorten ISL/OSL to at most {limit} tokens together"
+        )
+    if sample is not None:
+        ctx = sample.context_quantile(SLO_QUANTILE)
+        if ctx > limit:
+            raise ContextTooLongError(
+                f"{model.name}: the workload sample's p{SLO_QUANTILE * 100:g} ISL + OSL is {ctx} tokens, which "
+                f"exceeds the model's max_position_embeddings {limit} (config.json); vLLM cannot serve requests "
+                f"that long"
+            )
+
+
 def resolve_gpu(name: str) -> GpuSpec:
     """A GPU catalog name/alias, or an AWS instance type (``p5.48xlarge`` -> H100-SXM).
 
@@ -300,7 +339,11 @@ def tune(
             arithmetic of the largest TP).
         InfeasibleSLOError: candidates fit but none meets the SLO (message: the best candidate's
             predicted TTFT/ITL).
+        ContextTooLongError: the model's config gives ``max_position_embeddings`` and the workload's
+            ISL + OSL (the length ``TuneResult.max_model_len_tokens`` must admit), or the p90 ISL + OSL of
+            ``sample`` (the context the search sizes for), exceeds it (message: both numbers).
     """
+    check_context_length(model, workload, sample)
     g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
     pm = perf or PerfModel(model, g, precision)
     cands = [evaluate(pm, p, d, slo, workload, gpu_memory_utilization, sample) for p in tps for d in tps]
