@@ -52,6 +52,7 @@ def _run(tmp_path: Path, s3_server, source_uri: str, **overrides):
         source_uri=source_uri, model_name="tiny-llama", fsx_root=str(tmp_path / "fsx"),
         s3_endpoint_url=s3_server.endpoint_url, mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
         registered_model="tiny-llama-pd",
+        isl_tokens=1500,  # the tiny model's context is 2048 tokens (the tuner refuses ISL + OSL beyond it)
     )
     args.update(overrides)
     return run_local(pipeline_root=tmp_path / "kfp", **args)
