@@ -115,6 +115,9 @@ class ModelSpec:
     num_sliding_layers: int = 0
     quant_method: str = ""  # from config.json quantization_config (fp8, mxfp4, ...), "" if none
     max_position_embeddings: int = 0  # longest context the model was trained for, tokens; 0 if not given
+    # longest context vLLM serves from this config (RoPE scaling applied, see `derived_max_model_len`); 0 if
+    # the config gives no max_position_embeddings
+    max_context_tokens: int = 0
     _counts: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ construction
@@ -279,6 +282,7 @@ class ModelSpec:
             or (_bool(c, "use_qk_norm", False, name) and not model_type.startswith("llama4")),
             quant_method=_quant_method(quant, name),
             max_position_embeddings=int(c.get("max_position_embeddings") or 0),
+            max_context_tokens=derived_max_model_len(c, model_type, name),
             **kw,
         )
 
@@ -554,3 +558,45 @@ def _pos_int(c: dict[str, Any], key: str, name: str) -> int:
 def _check_tp(tp: int) -> None:
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp must be an integer >= 1, got {tp!r}")
+
+
+_UNSCALED_ROPE_TYPES = ("default", "su", "longrope", "llama3")
+
+
+def derived_max_model_len(c: dict[str, Any], model_type: str, name: str) -> int:
+    """The longest context, tokens, vLLM derives from a (text) config: ``max_position_embeddings``, times the
+    RoPE scaling ``factor`` for scaling types that extend it (linear, dynamic, yarn, ...; YaRN multiplies its
+    ``original_max_position_embeddings``), unchanged for llama3/longrope/su (their ``max_position_embeddings``
+    is already the extended length) and for Gemma 3. Source: vLLM 0.28 ``vllm/config/model.py``
+    ``_get_and_verify_max_len``. 0 when the config has no ``max_position_embeddings``.
+
+    Raises:
+        ModelConfigError: ``rope_scaling`` / ``rope_parameters`` is not an object, or its factor or original
+            length is not a positive number.
+    """
+    base = int(c.get("max_position_embeddings") or 0)
+    if not base:
+        return 0
+    rope = c.get("rope_scaling") or c.get("rope_parameters")
+    if rope is None or "gemma3" in model_type:
+        return base
+    if not isinstance(rope, dict):
+        raise ModelConfigError(f"{name}: rope_scaling must be a JSON object or null, got {rope!r}")
+    nested = rope and all(isinstance(v, dict) for v in rope.values())  # transformers v5: per layer type
+    factor, limit = 1.0, float(base)
+    for rp in (rope.values() if nested else (rope,)):
+        rope_type = rp.get("rope_type") or rp.get("type") or "default"
+        if rope_type in _UNSCALED_ROPE_TYPES:
+            continue
+        f = rp.get("factor", factor)
+        f = 1.0 if f is None else f
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
+            raise ModelConfigError(f"{name}: rope_scaling.factor must be a positive number, got {f!r}")
+        factor = float(f)
+        if rope_type == "yarn" and rp.get("original_max_position_embeddings") is not None:
+            orig = rp["original_max_position_embeddings"]
+            if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 0:
+                raise ModelConfigError(f"{name}: rope_scaling.original_max_position_embeddings must be a "
+                                       f"positive integer, got {orig!r}")
+            limit = float(orig)
+    return int(limit * factor)

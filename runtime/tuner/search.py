@@ -132,7 +132,7 @@ class TuneResult:
         refuses to start when one sequence of that length does not fit); never below ISL + OSL."""
         need = self.workload.isl_tokens + self.workload.osl_tokens
         want = max(EngineSpec.model_fields["max_model_len_tokens"].default, -(-2 * need // 1024) * 1024)
-        caps = [self.model.max_position_embeddings or want]
+        caps = [self.model.max_context_tokens or self.model.max_position_embeddings or want]
         if self.best.kv_capacity_tokens:
             caps.append(self.best.kv_capacity_tokens)
         if isinstance(self.perf, PerfModel):
@@ -267,31 +267,34 @@ def check_context_length(model: ModelSpec, workload: WorkloadSpec, sample: Lengt
     The longest request the tuner plans for is the workload's ``isl_tokens + osl_tokens`` (the floor of
     ``TuneResult.max_model_len_tokens``) and, with a ``sample``, its p90 (``SLO_QUANTILE``) ``isl + osl`` (the
     context ``evaluate`` sizes ITL and KV for). vLLM refuses to start with ``--max-model-len`` above the
-    model's ``max_position_embeddings`` (vLLM 0.28 ``vllm/config/model.py`` ``_get_and_verify_max_len``:
-    "User-specified max_model_len (...) is greater than the derived max_model_len (...)", unless the operator
-    sets VLLM_ALLOW_LONG_MAX_MODEL_LEN, which pdserve does not). No check when the config has no
+    model's context (``ModelSpec.max_context_tokens``: ``max_position_embeddings`` with RoPE scaling, as
+    vLLM 0.28 ``vllm/config/model.py`` ``_get_and_verify_max_len`` derives it): "User-specified max_model_len
+    (...) is greater than the derived max_model_len (...)", unless the operator sets
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN, which pdserve does not). No check when the config has no
     ``max_position_embeddings`` (0).
 
     Raises:
-        ContextTooLongError: naming the tokens needed and ``max_position_embeddings``.
+        ContextTooLongError: naming the tokens needed and the model's context.
     """
-    limit = model.max_position_embeddings
+    limit = model.max_context_tokens or model.max_position_embeddings
     if not limit:
         return
+    what = (f"max_position_embeddings {limit}" if limit == model.max_position_embeddings
+            else f"context {limit} (max_position_embeddings {model.max_position_embeddings} with RoPE scaling)")
     need = workload.isl_tokens + workload.osl_tokens
     if need > limit:
         raise ContextTooLongError(
             f"{model.name}: workload ISL {workload.isl_tokens} + OSL {workload.osl_tokens} = {need} tokens "
-            f"exceeds the model's max_position_embeddings {limit} (config.json); vLLM cannot serve requests "
-            f"that long: shorten ISL/OSL to at most {limit} tokens together"
+            f"exceeds the model's {what} (config.json); "
+            f"vLLM cannot serve requests that long: shorten ISL/OSL to at most {limit} tokens together"
         )
     if sample is not None:
         ctx = sample.context_quantile(SLO_QUANTILE)
         if ctx > limit:
             raise ContextTooLongError(
                 f"{model.name}: the workload sample's p{SLO_QUANTILE * 100:g} ISL + OSL is {ctx} tokens, which "
-                f"exceeds the model's max_position_embeddings {limit} (config.json); vLLM cannot serve requests "
-                f"that long"
+                f"exceeds the model's {what} (config.json); "
+                f"vLLM cannot serve requests that long"
             )
 
 
