@@ -211,8 +211,14 @@ def stage(
         except Exception as e:  # noqa: BLE001 - botocore: no region, bad config file, ...
             _fail(f"cannot create the FSx client: {type(e).__name__}: {e}")
         try:
+            from runtime.staging.keys import select_paths
+
+            def select(rels: list[str]) -> list[str]:  # preload only what the stage will copy
+                return select_paths(rels, opts.get("include"), opts.get("exclude", ()), prefer_safetensors)
+
             source = str(fsx.preload_source(fsx_client, file_system_id=fsx_file_system_id, file_system_path=fsx_path,
-                                            s3_uri=source, dest=dest, mount_root=fsx_mount, timeout_s=fsx_timeout_s))
+                                            s3_uri=source, dest=dest, mount_root=fsx_mount, timeout_s=fsx_timeout_s,
+                                            select=select))
         except StagingError as e:
             _fail(str(e))
         except OSError as e:  # the mount: missing, unreadable

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -58,8 +59,8 @@ def _positive_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return v
 
 
@@ -166,9 +167,14 @@ def _fsx_source(args: argparse.Namespace, fsx_client: object) -> str:
     """FSx mode: the linked, preloaded folder to stage from (see the module doc)."""
     from runtime.staging import fsx
 
+    from runtime.staging.keys import select_paths
+
+    opts = _options(args)
     folder = fsx.preload_source(fsx_client, file_system_id=args.fsx_file_system_id, file_system_path=args.fsx_path,
                                 s3_uri=args.source, dest=args.dest, mount_root=args.fsx_mount,
-                                timeout_s=args.fsx_timeout_s)
+                                timeout_s=args.fsx_timeout_s,
+                                select=lambda rels: select_paths(rels, opts.get("include"), opts.get("exclude", ()),
+                                                                 opts["prefer_safetensors"]))
     return str(folder)
 
 

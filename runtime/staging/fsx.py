@@ -18,6 +18,7 @@ the file system, association, task or file.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -426,18 +427,22 @@ def preload_from_s3(
     timeout_s: float = 3600.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    select: Callable[[list[str]], list[str]] | None = None,
 ) -> list[Path]:
     """FSx-native staging: link `s3_uri` at `file_system_path` (DRA), import its metadata, then
-    preload every file under ``mount_root/file_system_path`` with `lfs hsm_restore` (when `lfs` is
+    preload the files under ``mount_root/file_system_path`` with `lfs hsm_restore` (when `lfs` is
     available). The folder can then be published with a marker by
     ``stage_model(str(folder), dest)`` (a local-folder source on the same Lustre file system).
 
     Args:
         mount_root: where the FSx file system is mounted (``/fsx``).
         timeout_s: seconds for all three phases together (one deadline; each gets the time left).
+        select: keeps the paths (relative to the linked folder, ``/``-separated) to preload, e.g. the
+            stager's include/exclude selection (`runtime.staging.keys.select_paths`), so duplicate
+            ``.bin`` weights the stage will skip are not pulled from S3; None preloads every file.
 
     Returns:
-        The files found under the linked folder, sorted.
+        The files preloaded (all files under the linked folder when ``select`` is None), sorted.
 
     Raises:
         StagingError: a malformed path; from the association, the import task or `lfs`; the time
@@ -452,6 +457,12 @@ def preload_from_s3(
     files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
     if not files:
         raise StagingError(f"FSx: no files under {folder} after importing {s3_uri}")
+    if select is not None:
+        by_rel = {p.relative_to(folder).as_posix(): p for p in files}
+        files = sorted(by_rel[r] for r in select(list(by_rel)))
+        if not files:
+            raise StagingError(f"FSx: none of the {len(by_rel)} files under {folder} is selected "
+                               "(--include/--exclude)")
     hsm_restore(files, lfs=lfs, **kw)
     return files
 
@@ -494,24 +505,29 @@ def mount_point(path: Path) -> Path:
 def preload_source(
     fsx_client: Any, *, file_system_id: str, file_system_path: str, s3_uri: str, dest: Path,
     mount_root: Path | None = None, timeout_s: float = 3600.0, lfs: str | None = None,
+    select: Callable[[list[str]], list[str]] | None = None,
 ) -> Path:
     """The FSx mode of the stager: link `s3_uri` at `file_system_path`, import, preload (lfs when on
     PATH), and return the linked folder on the mount, to stage into `dest` as a local folder.
 
     Args:
         mount_root: where the file system is mounted (None → the mount point holding `dest`).
-        timeout_s: seconds for association, import and preload together.
+        timeout_s: seconds for association, import and preload together (finite, > 0).
+        select: what to preload (see `preload_from_s3`): the stage's own selection.
 
     Raises:
-        StagingError: the linked folder is `dest`, inside it or holds it (FSx would write into the
-            published model); anything `preload_from_s3` raises.
+        StagingError: a timeout that is not a finite positive number; the linked folder is `dest`, inside it
+            or holds it, compared with symlinks and ``..`` resolved (FSx would write into the published
+            model); anything `preload_from_s3` raises.
     """
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise StagingError(f"--fsx-timeout-s must be a finite number of seconds above 0, got {timeout_s!r}")
     root = Path(mount_root) if mount_root is not None else mount_point(dest)
-    folder = (root / _fs_path(file_system_path).lstrip("/")).absolute()
-    d = Path(dest).absolute()
+    folder = (root / _fs_path(file_system_path).lstrip("/")).resolve()
+    d = Path(dest).resolve()  # strict=False: resolves the existing part, keeps the rest as written
     if folder == d or folder in d.parents or d in folder.parents:
         raise StagingError(f"--fsx-path {file_system_path} is {folder} on the mount {root}, which overlaps the "
                            f"destination {d}; link S3 elsewhere (e.g. /s3/<name>) and stage into {d}")
     preload_from_s3(fsx_client, file_system_id=file_system_id, mount_root=root, file_system_path=file_system_path,
-                    s3_uri=s3_uri, lfs=lfs, timeout_s=timeout_s)
+                    s3_uri=s3_uri, lfs=lfs, timeout_s=timeout_s, select=select)
     return folder

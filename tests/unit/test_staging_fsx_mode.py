@@ -150,3 +150,45 @@ def test_pdserve_stage_fsx_mode(fsx, mount: Path, tmp_path: Path, monkeypatch: p
     assert (tmp_path / "lfs.log").read_text().split()[0] == "hsm_restore"
     bad = CliRunner().invoke(app, ["stage", "/local", str(dest), "--fsx-path", "/s3/m"], env={"COLUMNS": "300"})
     assert bad.exit_code == 2 and "--fsx-file-system-id and --fsx-path go together" in bad.output
+
+
+def test_only_the_files_the_stage_selects_are_preloaded(
+        fsx, mount: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    """A duplicate PyTorch checkpoint beside the safetensors is not pulled from S3 by hsm_restore."""
+    client, stub = fsx
+    _script_fsx(stub)
+    (mount / "s3" / "m" / "pytorch_model.bin").write_bytes(b"b" * 7000)
+    log = tmp_path / "lfs-args.log"
+    (tmp_path / "bin" / "lfs").write_text(LFS.replace('echo "$1" >> "{log}"', 'echo "$@" >> "{log}"').format(log=log))
+    dest = mount / "models" / "m"
+    rc = main(["s3://bkt/models/m", str(dest), "--fsx-file-system-id", FS, "--fsx-path", "/s3/m",
+               "--fsx-mount", str(mount), "--no-fsync"], fsx_client=client)
+    assert rc == 0, capsys.readouterr().err
+    restore = next(line for line in log.read_text().splitlines() if line.startswith("hsm_restore"))
+    assert "model.safetensors" in restore and "config.json" in restore and "pytorch_model.bin" not in restore
+    assert not (dest / "pytorch_model.bin").exists()
+
+
+def test_a_dest_reaching_the_linked_folder_through_a_symlink_or_dotdot_is_refused(
+        fsx, mount: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    client, _ = fsx  # no FSx call may happen: the stub has no responses
+    (mount / "alias").symlink_to(mount / "s3")
+    for dest in (mount / "alias" / "m" / "published", mount / "models" / ".." / "s3" / "m" / "x"):
+        rc = main(["s3://bkt/models/m", str(dest), "--fsx-file-system-id", FS, "--fsx-path", "/s3/m",
+                   "--fsx-mount", str(mount)], fsx_client=client)
+        assert rc == 1 and "overlaps the destination" in capsys.readouterr().err
+
+
+def test_a_non_finite_fsx_timeout_is_refused(fsx, mount: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    client, _ = fsx
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error
+        main(["s3://bkt/models/m", str(mount / "models" / "m"), "--fsx-file-system-id", FS, "--fsx-path", "/s3/m",
+              "--fsx-mount", str(mount), "--fsx-timeout-s", "inf"], fsx_client=client)
+    assert exited.value.code == 2 and "finite" in capsys.readouterr().err
+    from runtime.staging.fsx import preload_source
+    from runtime.staging.manifest import StagingError
+
+    with pytest.raises(StagingError, match="finite"):
+        preload_source(client, file_system_id=FS, file_system_path="/s3/m", s3_uri="s3://bkt/models/m",
+                       dest=mount / "models" / "m", mount_root=mount, timeout_s=float("inf"))
