@@ -323,7 +323,7 @@ def tune(
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
         if precision is None:
             precision = checkpoint_precision(model)  # the pipeline's precision `auto` follows the same rule
-            if model.quant_method and model.quant_method != precision:
+            if model.quant_method and precision == "bf16":  # quantized, but not to a precision pdserve deploys
                 # e.g. mxfp4 (gpt-oss): vLLM loads the checkpoint as it is, but a DeploymentSpec deploys bf16
                 # or fp8 only, so the tuner sizes the weights wider than they are (more TP, less KV: safe)
                 err.print(escape(f"note: the checkpoint is quantized as {model.quant_method!r} (config.json "

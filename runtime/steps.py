@@ -60,12 +60,14 @@ AUTO_PRECISION = "auto"
 
 
 def checkpoint_precision(model: "ModelSpec") -> str:
-    """The precision a checkpoint is tuned at when none is chosen: `fp8` when its config.json
-    `quantization_config.quant_method` is `fp8` (an FP8 checkpoint serves at FP8), else `bf16`.
+    """The precision a checkpoint is tuned at when none is chosen: `fp8` when it is an FP8 checkpoint
+    (config.json `quantization_config.quant_method` `fp8`, or a TensorRT Model Optimizer checkpoint whose
+    `quant_algo` is `FP8`, also from `hf_quant_config.json`: runtime.models.load), else `bf16`.
 
     One rule for `pdserve tune` (no --precision) and the pipeline's tune step (precision `auto`).
     """
-    return "fp8" if model.quant_method == "fp8" else "bf16"
+    fp8 = model.quant_method == "fp8" or (model.quant_method == "modelopt" and model.quant_algo == "FP8")
+    return "fp8" if fp8 else "bf16"
 
 
 def check_precision(precision: str) -> str:

@@ -39,4 +39,30 @@ def load_model_spec(path: Path, name: str | None = None) -> ModelSpec:
         raise ModelConfigError(f"{name}: {cfg_path} is not valid JSON: {e}") from None
     except RecursionError:
         raise ModelConfigError(f"{name}: {cfg_path} is nested too deeply to be a config.json") from None
+    if isinstance(cfg, dict) and cfg.get("quantization_config") is None:
+        quant = _modelopt_quant_config(cfg_path.parent / "hf_quant_config.json", name)
+        if quant is not None:
+            cfg = {**cfg, "quantization_config": quant}
     return ModelSpec.from_hf_config(cfg, name)
+
+
+def _modelopt_quant_config(path: Path, name: str) -> dict | None:
+    """The quantization of a checkpoint that keeps it beside config.json in ``hf_quant_config.json``
+    (TensorRT Model Optimizer 0.29 and before, e.g. nvidia/Llama-3.1-70B-Instruct-FP8), as a
+    ``quantization_config``: ``{"quant_method": "modelopt", "quant_algo": "FP8"}``. vLLM reads the same file
+    when config.json has no quantization_config (vllm/transformers_utils/config.py). None when there is no
+    such file.
+
+    Raises:
+        ModelConfigError: the file is unreadable, not JSON, or has no ``quantization.quant_algo``.
+    """
+    if not path.is_file():
+        return None
+    try:
+        q = json.loads(path.read_bytes().decode("utf-8-sig"))
+        algo = q["quantization"]["quant_algo"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ModelConfigError(f"{name}: {path} is not a readable ModelOpt hf_quant_config.json "
+                               f"(quantization.quant_algo): {type(e).__name__}: {e}") from e
+    producer = (q.get("producer") or {}).get("name") if isinstance(q.get("producer"), dict) else None
+    return {"quant_method": producer or "modelopt", "quant_algo": algo}

@@ -113,7 +113,8 @@ class ModelSpec:
     # here too, with the chunk as window): the window in tokens, 0 if none.
     sliding_window_tokens: int = 0
     num_sliding_layers: int = 0
-    quant_method: str = ""  # from config.json quantization_config (fp8, mxfp4, ...), "" if none
+    quant_method: str = ""  # from config.json quantization_config (fp8, mxfp4, modelopt, ...), "" if none
+    quant_algo: str = ""  # quantization_config.quant_algo (ModelOpt: FP8, NVFP4, ...), "" if none
     max_position_embeddings: int = 0  # longest context the model was trained for, tokens; 0 if not given
     # longest context vLLM serves from this config (RoPE scaling applied, see `derived_max_model_len`); 0 if
     # the config gives no max_position_embeddings
@@ -281,6 +282,7 @@ class ModelSpec:
             qk_norm=model_type.startswith("qwen3")
             or (_bool(c, "use_qk_norm", False, name) and not model_type.startswith("llama4")),
             quant_method=_quant_method(quant, name),
+            quant_algo=_quant_algo(quant, name),
             max_position_embeddings=int(c.get("max_position_embeddings") or 0),
             max_context_tokens=derived_max_model_len(c, model_type, name),
             **kw,
@@ -504,6 +506,17 @@ def _quant_method(quant: Any, name: str) -> str:
     if not isinstance(v, str):
         raise ModelConfigError(f"{name}: field quantization_config.quant_method must be a string, got {_short(v)}")
     return v
+
+
+def _quant_algo(quant: Any, name: str) -> str:
+    """``quantization_config.quant_algo`` (ModelOpt checkpoints: ``FP8``, ``NVFP4``, ...), upper-cased; ""
+    when absent or null. Raises ModelConfigError when present but not a string."""
+    v = quant.get("quant_algo") if isinstance(quant, dict) else None
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise ModelConfigError(f"{name}: field quantization_config.quant_algo must be a string, got {_short(v)}")
+    return v.upper()
 
 
 def _needs_dense_ffn(c: dict[str, Any], num_experts: int) -> bool:
