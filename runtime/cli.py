@@ -400,9 +400,10 @@ def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Pa
     under and the one workers load as `<fsx_mount>/models/<name>` (runtime/deploy/workers.py `model_path`).
 
     `config` is the CLI argument (a folder, or a file `cfg` whose folder counts when it is a config.json);
-    `fsx_root` None tries `<state>/fsx` (the local FSx stand-in) and FSX_MOUNT. Paths compare as given,
-    made absolute but not symlink-resolved (as the recorded model path). None (the caller keeps the
-    folder's own name) when the folder is under none of them or its relative path is not a clean name.
+    `fsx_root` None tries `<state>/fsx` (the local FSx stand-in) and FSX_MOUNT. Paths compare as given
+    (made absolute, as the recorded model path), then symlink-resolved (a root or folder reached through a
+    link). None (the caller keeps the folder's own name) when the folder is under none of them or its
+    relative path is not a clean name.
     """
     from runtime.steps import check_model_name
 
@@ -413,9 +414,10 @@ def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Pa
     else:
         return None
     roots = [fsx_root] if fsx_root is not None else [state / "fsx", Path(FSX_MOUNT)]
-    for root in roots:
+    pairs = [(folder, Path(os.path.abspath(r))) for r in roots] + [(folder.resolve(), Path(r).resolve()) for r in roots]
+    for folder_path, root in pairs:
         try:
-            name = folder.relative_to(Path(os.path.abspath(root)) / "models").as_posix()
+            name = folder_path.relative_to(root / "models").as_posix()
         except ValueError:
             continue
         try:

@@ -68,3 +68,12 @@ def test_folder_outside_fsx_root_keeps_its_own_name(tmp_path):
 def test_flat_staged_folder_keeps_its_name(tmp_path):
     staged = _stage(tmp_path, tmp_path / "fsx" / "models" / "llama8")
     assert _tune(tmp_path, staged, "--fsx-root", str(tmp_path / "fsx")).model.name == "llama8"
+
+
+def test_a_root_or_folder_reached_through_a_symlink_is_still_named_by_its_path(tmp_path):
+    fsx = tmp_path / "real-fsx"
+    folder = _stage(tmp_path, fsx / "models" / "org" / "llama8")
+    (tmp_path / "fsx-link").symlink_to(fsx)  # --fsx-root is a link to the mount
+    assert _tune(tmp_path, folder, "--fsx-root", str(tmp_path / "fsx-link")).model.name == "org/llama8"
+    (tmp_path / "shortcut").symlink_to(folder)  # the folder is given through a link
+    assert _tune(tmp_path, tmp_path / "shortcut", "--fsx-root", str(fsx)).model.name == "org/llama8"
