@@ -242,8 +242,9 @@ def tune(
     gpu: Annotated[str, typer.Option(help="GPU catalog name (H100-SXM, H200-SXM, A100-SXM-80GB, L40S, ...) or an AWS "
                                           "instance type (p5.48xlarge).")] = "H100-SXM",
     precision: Annotated[Optional[str], typer.Option(
-        help="bf16 or fp8 (weights and KV cache). Default: the checkpoint's own (fp8 when config.json's "
-             "quantization_config says fp8), else bf16.")] = None,
+        help="bf16, fp8 (weights and KV cache) or auto (the default, as the pipeline's precision auto): the "
+             "checkpoint's own, fp8 for an FP8 checkpoint (config.json's quantization_config, or a ModelOpt "
+             "hf_quant_config.json beside it), else bf16.")] = None,
     ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
     itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
     isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = 3000,
@@ -296,8 +297,11 @@ def tune(
     problems = []  # bad options fail here, all named at once, before the model is read or measured
     if precision is not None:
         precision = precision.lower()
-        if precision not in ("bf16", "fp8") and not measure:
-            problems.append(f"--precision: must be bf16 or fp8 (what a DeploymentSpec deploys), got {precision!r}")
+        if precision == "auto":  # the pipeline's spelling of "the checkpoint's own"
+            precision = None
+        elif precision not in ("bf16", "fp8") and not measure:
+            problems.append(f"--precision: must be bf16, fp8 (what a DeploymentSpec deploys) or auto, "
+                            f"got {precision!r}")
     try:
         slo = SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms)
     except ValidationError as e:

@@ -138,13 +138,17 @@ def test_fp8_reaches_gpu_workers_and_a_quantized_checkpoint_is_loaded_as_it_is()
 def test_cli_precision_defaults_to_the_checkpoints_and_bad_ones_fail_first(tmp_path: Path) -> None:
     res = runner.invoke(app, ["tune", str(L8_PATH), "--precision", "fp4", "--out", str(tmp_path / "s.json")],
                         env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and "--precision: must be bf16 or fp8" in res.output
+    assert res.exit_code == 1 and "--precision: must be bf16, fp8" in res.output
     assert "prefill TP" not in res.output and not (tmp_path / "s.json").exists()  # failed before tuning
     fp8 = MODELS / "deepseek-ai--DeepSeek-V3_config.json"  # quantization_config.quant_method: fp8
     res = runner.invoke(app, ["tune", str(fp8), "--gpu", "p5en.48xlarge", "--out", str(tmp_path / "q.json")],
                         env={"COLUMNS": "300"})
     assert res.exit_code == 0, res.output
     assert "quantized as 'fp8'" in res.output
+    auto = runner.invoke(app, ["tune", str(fp8), "--gpu", "p5en.48xlarge", "--precision", "AUTO", "--out",
+                               str(tmp_path / "a.json")], env={"COLUMNS": "300"})  # the pipeline's spelling
+    assert auto.exit_code == 0, auto.output
+    assert DeploymentSpec.model_validate_json((tmp_path / "a.json").read_text()).precision == "fp8"
     spec = DeploymentSpec.model_validate_json((tmp_path / "q.json").read_text())
     assert spec.precision == "fp8" and spec.gpu == "H200-SXM" and spec.model.quantization == "fp8"
 
