@@ -283,6 +283,7 @@ def tune(
     from runtime.models.spec import ModelConfigError
     from runtime.steps import GpuBudgetError, check_gpu_budget, checkpoint_precision
     from runtime.tuner.search import InfeasibleSLOError, resolve_gpu
+    from runtime.tuner.search import tp_choices
     from runtime.tuner.search import tune as run_tune
 
     cfg = config / "config.json" if config.is_dir() else config
@@ -340,7 +341,8 @@ def tune(
         perf = _measured_perf(config, model, state) if measure else None
         if measure:
             gpu, precision = "CPU", "fp32"  # what the measurements ran on
-        result = run_tune(model, resolve_gpu(gpu), slo, workload, precision=precision, perf=perf)
+        result = run_tune(model, resolve_gpu(gpu), slo, workload, precision=precision, perf=perf,
+                          tps=tp_choices(gpu))  # an instance type (g6e.xlarge) bounds TP by its GPU count
     except (ModelConfigError, InfeasibleSLOError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     except KeyError as e:  # unknown GPU: the message lists the catalog

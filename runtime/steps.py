@@ -269,7 +269,7 @@ def tune_step(
     from runtime.staging.manifest import verify_staged
     from runtime.tracking.mlflow_runs import log_tuning
     from runtime.tracking.plots import pareto_html, pareto_png
-    from runtime.tuner.search import tune
+    from runtime.tuner.search import tp_choices, tune
 
     from runtime.redact import redact_userinfo
     from runtime.tracking.mlflow_runs import TrackingError
@@ -280,7 +280,8 @@ def tune_step(
     verify_staged(Path(model_path))
     model = load_model_spec(Path(model_path) / "config.json")
     precision = checkpoint_precision(model) if params.precision == AUTO_PRECISION else params.precision
-    result = tune(model, params.gpu, params.slo, params.workload, precision=precision)
+    result = tune(model, params.gpu, params.slo, params.workload, precision=precision,
+                  tps=tp_choices(gpu))  # an instance type bounds TP by its GPU count
     model_ref = ModelRef(name=model_name, path=os.path.abspath(model_path))  # promote runs elsewhere
     spec = result.to_deployment_spec(model_ref)
     spec.planner.gpu_budget = params.gpu_budget  # as `pdserve tune --gpu-budget`, before the check

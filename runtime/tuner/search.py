@@ -313,13 +313,37 @@ def resolve_gpu(name: str) -> GpuSpec:
             raise gpu_err from None
 
 
+TP_CHOICES = (1, 2, 4, 8)
+
+
+def tp_choices(gpu: str) -> tuple[int, ...]:
+    """The tensor-parallel degrees to search for a ``--gpu`` value: ``TP_CHOICES``, or for an AWS instance
+    type those that fit on one instance (``g6e.xlarge``, one L40S: TP 1 only; ``g6e.12xlarge``: 1, 2, 4), since
+    a worker's TP group lives on one node (NVLink/PCIe, not EFA). A GPU catalog name gets all of them.
+
+    Raises:
+        KeyError: neither a GPU nor an instance type (as `resolve_gpu`).
+    """
+    try:
+        get_gpu(gpu)
+        return TP_CHOICES
+    except KeyError:
+        pass
+    try:
+        inst = get_instance(gpu)
+    except KeyError:
+        resolve_gpu(gpu)  # raises the catalog's KeyError
+        return TP_CHOICES
+    return tuple(t for t in TP_CHOICES if t <= inst.num_gpus)
+
+
 def tune(
     model: ModelSpec,
     gpu: GpuSpec | str,
     slo: SloSpec,
     workload: WorkloadSpec,
     precision: str = "bf16",
-    tps: tuple[int, ...] = (1, 2, 4, 8),
+    tps: tuple[int, ...] = TP_CHOICES,
     gpu_memory_utilization: float = 0.9,
     perf: PerfModel | None = None,
     sample: LengthSample | None = None,

@@ -174,3 +174,21 @@ def test_cli_says_an_mxfp4_checkpoint_is_tuned_wider_than_it_is(tmp_path: Path) 
     assert "quantized as 'mxfp4'" in out and "pdserve does not tune for" in out and "conservative" in out
     spec = DeploymentSpec.model_validate_json((tmp_path / "g.json").read_text())
     assert spec.precision == "bf16" and spec.model.quantization == "mxfp4"  # vLLM loads the checkpoint as is
+
+
+def test_an_instance_type_bounds_tp_by_its_gpu_count(tmp_path: Path) -> None:
+    from runtime.tuner.search import TP_CHOICES, tp_choices
+
+    assert tp_choices("L40S") == TP_CHOICES and tp_choices("p5.48xlarge") == TP_CHOICES
+    assert tp_choices("g6e.xlarge") == (1,) and tp_choices("g6e.12xlarge") == (1, 2, 4)
+    with pytest.raises(KeyError):
+        tp_choices("p9.nonexistent")
+    res = runner.invoke(app, ["tune", str(L8_PATH), "--gpu", "g6e.xlarge", "--out", str(tmp_path / "s.json")],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    spec = DeploymentSpec.model_validate_json((tmp_path / "s.json").read_text())
+    assert spec.prefill.tp == 1 and spec.decode.tp == 1
+    import re
+
+    rows = [line for line in res.output.splitlines() if re.match(r"│ [★ ] │\s+\d+ │\s+\d+ │", line)]
+    assert len(rows) == 1  # the only candidate one g6e.xlarge (one L40S) holds: TP 1 / TP 1
