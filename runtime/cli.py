@@ -523,12 +523,16 @@ def promote(
         _fail(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
               "--register` or `pdserve demo` first)")
     from runtime.deploy.errors import RolledBackError
+    from runtime.staging.manifest import StagingError
 
     try:
         info = promote_step("", registered_model, mlflow_uri, namespace, image, pvc, apply, kube_context, str(out),
                             require_staged=not allow_unstaged)
     except RolledBackError as e:  # manifests were written; the canary was rolled back
         _fail(str(e))
+    except StagingError as e:  # the champion's model folder is not a verified staged copy
+        _fail(f"StagingError: {e} (`pdserve stage` the model and tune that folder, or pass --allow-unstaged to "
+              "promote it anyway)")
     except Exception as e:  # noqa: BLE001 - CLI edge: show the message, not a traceback
         _fail(f"{type(e).__name__}: {e}")
     console.print(escape(f"version {info['version']}: {info['num_objects']} objects {info['kinds']} → {out}")

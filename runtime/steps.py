@@ -50,7 +50,8 @@ def check_gpu_budget(spec: "DeploymentSpec") -> int:
     if need > budget:
         raise GpuBudgetError(
             f"the tuned deployment needs {need} GPUs (P:D replicas {spec.prefill.replicas}:{spec.decode.replicas} "
-            f"at prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp}) but planner.gpu_budget is {budget} GPUs"
+            f"at prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp}) but planner.gpu_budget is {budget} "
+            f"GPU{'' if budget == 1 else 's'}"
         )
     return need
 
