@@ -161,6 +161,12 @@ class Stager:
             raise StagingError(f"destination name '{self.dest.name}' is too long: the stager works in '{longest}' "
                                f"beside it, over NAME_MAX ({MAX_NAME_BYTES} bytes)")
         source = open_source(self.uri, self.s3_client, self.opts.s3_transport)
+        root = getattr(source, "root", None)  # a local folder source
+        if root is not None:
+            src, dst = Path(root).resolve(), self.dest.resolve()
+            if src == dst or src in dst.parents or dst in src.parents:
+                raise StagingError(f"destination {self.dest} overlaps the source folder {src}: the published copy "
+                                   "(and its marker) would land in what is copied; stage into a folder outside it")
         for path in (self.dest, sibling(self.dest, "staging"), sibling(self.dest, "old")):
             if path.is_symlink():  # staging through a link would write into another folder, unlocked
                 raise StagingError(f"{path} is a symbolic link; pass the real destination path "

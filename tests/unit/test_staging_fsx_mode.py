@@ -192,3 +192,4 @@ def test_a_non_finite_fsx_timeout_is_refused(fsx, mount: Path, capsys: pytest.Ca
     with pytest.raises(StagingError, match="finite"):
         preload_source(client, file_system_id=FS, file_system_path="/s3/m", s3_uri="s3://bkt/models/m",
                        dest=mount / "models" / "m", mount_root=mount, timeout_s=float("inf"))
+
