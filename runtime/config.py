@@ -5,7 +5,9 @@ Kubernetes objects and what the runtime (router + planner) runs from. Every fiel
 and, where it has one, a unit in its name (``*_ms``, ``*_s``, ``*_tokens``, ``num_*``).
 
 Validation happens at the edge (CLI, pipeline components, server start); the pure core receives
-validated objects. No globals are read at import time.
+validated objects. No globals are read at import time. Every float field refuses Infinity and NaN (they do
+not survive a JSON round trip); a pool's replicas lie within [min_replicas, max_replicas]; model.name and
+planner.predictor are checked against the same rules the stager and the planner apply.
 """
 
 from __future__ import annotations
@@ -19,13 +21,21 @@ TP_DEGREES = (1, 2, 4, 8)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    # allow_inf_nan=False: every float field of the tree refuses Infinity/NaN. JSON has no such numbers
+    # (model_dump_json writes them as null), so a spec holding one would not survive the trip to the
+    # runtime (`pdserve serve` hands it RouterSpec/DeploymentSpec JSON) or to MLflow / `tune --out`.
+    model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
 
 
 class ModelRef(_Strict):
     """Which model is served and where its weights are."""
 
-    name: str = Field(description="Model name used in the OpenAI API (`model` field) and in MLflow.")
+    name: str = Field(
+        min_length=1,
+        description="Model name used in the OpenAI API (`model` field), in MLflow and as the staged folder "
+        "name under models/: a clean relative path such as `llama8` or `org/llama8` (no empty, '.' or '..' "
+        "component, no leading '/', NUL or backslash; runtime.steps.check_model_name).",
+    )
     path: str = Field(
         default="",
         description="Folder with config.json, weights and tokenizer (a staged FSx path or a local folder).",
@@ -44,6 +54,16 @@ class ModelRef(_Strict):
         description="The model caches MLA's compressed KV latent (DeepSeek-V2/V3): vLLM's NixlConnector then "
         "accepts a prefill TP larger than the decode TP (the latent is whole on every rank).",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _clean_name(cls, v: str) -> str:
+        from runtime.steps import check_model_name  # lazy: no adapter module is imported with the config
+
+        try:
+            return check_model_name(v)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("model_name", "model.name", 1)) from None
 
 
 class SloSpec(_Strict):
@@ -82,6 +102,11 @@ class PoolSpec(_Strict):
     def _bounds(self) -> "PoolSpec":
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        # the planner only ever moves a pool within [min_replicas, max_replicas]; a starting point outside
+        # it would be "corrected" on the first tick (and render refuses replicas > max_replicas)
+        if not self.min_replicas <= self.replicas <= self.max_replicas:
+            raise ValueError(f"replicas {self.replicas} is outside [min_replicas {self.min_replicas}, "
+                             f"max_replicas {self.max_replicas}]")
         return self
 
 
@@ -173,7 +198,7 @@ class PlannerSpec(_Strict):
     predictor: str = Field(
         default="moving_average",
         description="Load predictor name: moving_average, burst_quantile (recommended for SLA mode, what "
-        "bench/planner.py runs), constant or arima.",
+        "bench/planner.py runs), constant or arima (registry runtime.planner.predictors.PREDICTORS).",
     )
     interval_s: float = Field(default=30.0, gt=0, description="Planner tick interval, seconds.")
     gpu_budget: int = Field(default=64, ge=1, description="Total GPUs the planner may use.")
@@ -270,6 +295,15 @@ class PlannerSpec(_Strict):
         default=0.4, ge=0, lt=1, description="Load mode: scale decode down below this mean KV-cache usage (0-1)."
     )
 
+    @field_validator("predictor")
+    @classmethod
+    def _known_predictor(cls, v: str) -> str:
+        from runtime.planner.predictors import PREDICTORS  # lazy, like RouterSpec's policy check
+
+        if v not in PREDICTORS:
+            raise ValueError(f"unknown planner.predictor {v!r}; choose one of {sorted(PREDICTORS)}")
+        return v
+
     @model_validator(mode="after")
     def _load_thresholds_ordered(self) -> "PlannerSpec":
         if self.load_kv_down >= self.load_kv_up:
@@ -285,16 +319,28 @@ class PlannerSpec(_Strict):
 class DeploymentSpec(_Strict):
     """Everything needed to deploy one disaggregated model endpoint."""
 
-    model: ModelRef
+    model: ModelRef = Field(description="The served model: API name, weights folder, storage URI (ModelRef).")
     gpu: str = Field(default="H100-SXM", description="GPU catalog name (runtime/perf).")
     precision: Precision = Field(default="bf16", description="Weight and KV precision.")
-    slo: SloSpec = Field(default_factory=SloSpec)
-    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
-    prefill: PoolSpec = Field(default_factory=PoolSpec)
-    decode: PoolSpec = Field(default_factory=PoolSpec)
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    router: RouterSpec = Field(default_factory=RouterSpec)
-    planner: PlannerSpec = Field(default_factory=PlannerSpec)
+    slo: SloSpec = Field(default_factory=SloSpec, description="Latency SLOs, p90 TTFT and ITL in ms (SloSpec).")
+    workload: WorkloadSpec = Field(
+        default_factory=WorkloadSpec, description="Traffic the deployment is sized for: ISL/OSL tokens, requests/s."
+    )
+    prefill: PoolSpec = Field(
+        default_factory=PoolSpec, description="Prefill worker pool: TP degree, replicas and planner bounds."
+    )
+    decode: PoolSpec = Field(
+        default_factory=PoolSpec, description="Decode worker pool: TP degree, replicas and planner bounds."
+    )
+    engine: EngineSpec = Field(
+        default_factory=EngineSpec, description="vLLM settings prefill and decode workers share (EngineSpec)."
+    )
+    router: RouterSpec = Field(
+        default_factory=RouterSpec, description="KV-aware disaggregated router settings (RouterSpec)."
+    )
+    planner: PlannerSpec = Field(
+        default_factory=PlannerSpec, description="SLO planner settings: mode, predictor, intervals (PlannerSpec)."
+    )
 
     @model_validator(mode="after")
     def _prefill_tp_le_decode_tp(self) -> "DeploymentSpec":

@@ -1,0 +1,91 @@
+"""DeploymentSpec refuses at the edge what the runtime would only reject after its workers started.
+
+Invariants: no float field accepts Infinity or NaN (JSON cannot carry them back); planner.predictor names a
+registered predictor; every pool starts within its planner bounds; model.name is a clean relative name;
+every top-level field documents itself in the JSON schema.
+"""
+
+import pytest
+from pydantic import ValidationError
+
+from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
+from runtime.planner.predictors import PREDICTORS
+
+
+def _float_fields():
+    """(section, field) of every float-typed field of the spec tree, read from the JSON schema."""
+    schema = DeploymentSpec.model_json_schema()
+    defs = schema["$defs"]
+    out = []
+    for section, prop in schema["properties"].items():
+        ref = prop.get("$ref") or next((a["$ref"] for a in prop.get("allOf", []) if "$ref" in a), None)
+        if not ref:
+            continue
+        for name, f in defs[ref.rsplit("/", 1)[1]]["properties"].items():
+            types = {f.get("type")} | {a.get("type") for a in f.get("anyOf", [])}
+            if "number" in types:
+                out.append((section, name))
+    return out
+
+
+FLOAT_FIELDS = _float_fields()
+
+
+def test_the_float_field_list_covers_every_section_with_floats():
+    assert {s for s, _ in FLOAT_FIELDS} == {"slo", "workload", "engine", "router", "planner"}
+    assert len(FLOAT_FIELDS) > 20
+
+
+@pytest.mark.parametrize("section,field", FLOAT_FIELDS)
+@pytest.mark.parametrize("literal,value", [("Infinity", float("inf")), ("-Infinity", float("-inf")),
+                                           ("NaN", float("nan"))])
+def test_non_finite_floats_are_refused_for_every_float_field(section, field, literal, value):
+    text = '{"model": {"name": "m"}, "%s": {"%s": %s}}' % (section, field, literal)
+    with pytest.raises(ValidationError, match=field):
+        DeploymentSpec.model_validate_json(text)  # a spec file
+    with pytest.raises(ValidationError, match=field):
+        DeploymentSpec.model_validate({"model": {"name": "m"}, section: {field: value}})  # Python callers
+
+
+def test_a_valid_spec_survives_the_json_round_trip():
+    spec = DeploymentSpec(model=ModelRef(name="org/llama8"), planner=PlannerSpec(predictor="burst_quantile"))
+    assert DeploymentSpec.model_validate_json(spec.model_dump_json()) == spec
+
+
+def test_unknown_planner_predictor_is_refused_naming_the_choices():
+    with pytest.raises(ValidationError, match=r"unknown planner\.predictor 'bogus'; choose one of \["):
+        PlannerSpec(predictor="bogus")
+
+
+@pytest.mark.parametrize("name", sorted(PREDICTORS))
+def test_every_registered_predictor_is_accepted(name):
+    assert PlannerSpec(predictor=name).predictor == name
+
+
+@pytest.mark.parametrize("pool", [dict(replicas=20, max_replicas=8), dict(replicas=1, min_replicas=3),
+                                  dict(replicas=0, min_replicas=1)])
+def test_replicas_outside_the_planner_bounds_are_refused(pool):
+    with pytest.raises(ValidationError, match=r"replicas \d+ is outside \[min_replicas \d+, max_replicas \d+\]"):
+        PoolSpec(**pool)
+
+
+@pytest.mark.parametrize("pool", [dict(replicas=0, min_replicas=0), dict(replicas=8, max_replicas=8),
+                                  dict(replicas=3, min_replicas=3, max_replicas=3)])
+def test_replicas_on_the_bounds_are_accepted(pool):
+    assert PoolSpec(**pool).replicas == pool["replicas"]
+
+
+@pytest.mark.parametrize("name", ["", "..", "a/../b", "/abs", "a//b", "./m", "a\\b", "m\0"])
+def test_empty_or_path_like_model_names_are_refused(name):
+    with pytest.raises(ValidationError, match="model|name|least 1"):
+        ModelRef(name=name)
+
+
+@pytest.mark.parametrize("name", ["m", "smollm2-135m-instruct", "meta-llama/Llama-3.1-8B"])
+def test_plain_and_org_model_names_are_accepted(name):
+    assert ModelRef(name=name).name == name
+
+
+def test_every_top_level_field_has_a_description():
+    props = DeploymentSpec.model_json_schema()["properties"]
+    assert sorted(k for k, v in props.items() if not v.get("description")) == []
