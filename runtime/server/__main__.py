@@ -70,13 +70,47 @@ def int_at_least(low: int, high: int | None = None):
     return parse
 
 
+def worker_url(text: str) -> str:
+    """argparse type: a worker base URL `http(s)://host:port[/path]` (returned unchanged).
+
+    Refuses another scheme, no host, a port outside 1-65535, a user:password@ (it would end up in logs and
+    metrics labels; workers take no credentials), a query or a fragment.
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(text)
+        port = u.port  # ValueError when not a number in 0-65535
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL with a valid port (1-65535)") from None
+    if u.scheme not in ("http", "https"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must start with http:// or https://")
+    if "@" in u.netloc:
+        raise argparse.ArgumentTypeError("a worker URL must not carry user:password@ (credentials are not sent "
+                                         "to workers and would be logged)")
+    if not u.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r}: has no host")
+    if port is not None and not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: port must be 1-65535")
+    if u.query or u.fragment or text.rstrip().endswith(("?", "#")):
+        raise argparse.ArgumentTypeError(f"{text!r}: must not have a query or fragment")
+    if any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r}: must not contain blanks")
+    return text
+
+
+worker_url.__name__ = "worker URL"  # argparse names the type in its "invalid ... value" message
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m runtime.server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-name", required=True, help="OpenAI model name (the workers' --served-model-name).")
-    p.add_argument("--prefill-url", action="append", default=[], help="Prefill worker base URL (repeatable).")
-    p.add_argument("--decode-url", action="append", default=[],
-                   help="Decode worker base URL (repeatable; at least one with --discovery static).")
+    p.add_argument("--prefill-url", action="append", default=[], type=worker_url,
+                   help="Prefill worker base URL, http(s)://host:port (repeatable).")
+    p.add_argument("--decode-url", action="append", default=[], type=worker_url,
+                   help="Decode worker base URL, http(s)://host:port (repeatable; at least one with --discovery "
+                        "static).")
     p.add_argument("--discovery", choices=("static", "kubernetes"), default="static",
                    help="static: the --*-url flags are the pools; kubernetes: EndpointSlices of the worker Services.")
     p.add_argument("--prefill-service", default="", help="--discovery kubernetes: headless prefill Service.")
@@ -129,6 +163,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--planner local starts workers on this machine, but --discovery kubernetes takes the pools only "
                 "from the worker Services and would drop them: use --planner kubernetes (or dry-run) with "
                 "--discovery kubernetes, or --discovery static with --planner local")
+    urls = [("--prefill-url", u) for u in args.prefill_url] + [("--decode-url", u) for u in args.decode_url]
+    seen: dict[str, str] = {}
+    for flag, url in urls:
+        key = url.rstrip("/")
+        if key in seen:
+            # the router and the pools key workers by URL: one URL twice would be one worker counted twice
+            p.error(f"worker URL {url!r} is given twice ({seen[key]} and {flag}): each worker belongs to one pool "
+                    "and is listed once")
+        seen[key] = flag
     if (args.prefill_deployment or args.decode_deployment) and args.planner != "kubernetes":
         p.error("--prefill-deployment/--decode-deployment are used only by --planner kubernetes "
                 f"(got --planner {args.planner})")

@@ -42,6 +42,7 @@ from runtime.config import DeploymentSpec
 from runtime.engines.metrics import sample_sum
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, ScalingDecision, TickInput
+from runtime.redact import redact_userinfo
 from runtime.server.actuators import Actuator, Applied
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,8 @@ def read_pool(
                 if all(math.isfinite(v) and v >= 0 for v in totals):
                     prefill_time_totals[url] = totals
         except Exception as e:  # noqa: BLE001 - HTTP errors, timeouts, unparsable pages: unreadable this tick
-            log.warning("planner: worker metrics %s unreadable: %s", url, e or type(e).__name__)
+            log.warning("planner: worker metrics %s unreadable: %s", redact_userinfo(url),
+                        redact_userinfo(str(e)) or type(e).__name__)
     ready = len(waiting)
     return PoolObservation(
         num_ready=ready,
@@ -257,7 +259,7 @@ def _gauge(v: float, url: str, name: str) -> float:
     """A worker's gauge as the planner may use it: NaN, infinite or negative values read as 0 (warned)."""
     if math.isfinite(v) and v >= 0:
         return v
-    log.warning("planner: worker %s reports %s = %s; read as 0", url, name, v)
+    log.warning("planner: worker %s reports %s = %s; read as 0", redact_userinfo(url), name, v)
     return 0.0
 
 

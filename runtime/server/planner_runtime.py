@@ -31,6 +31,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from runtime.config import DeploymentSpec
 from runtime.planner.types import ScalingDecision
+from runtime.redact import redact_userinfo
 from runtime.server.actuators import Actuator, Applied, DryRunActuator, KubernetesActuator, LocalActuator
 from runtime.server.pairing import Pairing, RoundRobinPairing
 from runtime.server.planner_loop import PlannerLoop, RequestWindow, planner_from_spec
@@ -169,7 +170,7 @@ class PlannerRuntime:
                     self.subscriber.remove(wid)  # no late event may re-add its blocks
                 self.pairing.remove_worker(wid)
                 del self._ids[url]
-                log.info("planner: worker %s (%s) left the pool", wid, url)
+                log.info("planner: worker %s (%s) left the pool", wid, redact_userinfo(url))
         for url, role in live.items():
             if url in self._ids:
                 continue
@@ -182,7 +183,7 @@ class PlannerRuntime:
             if endpoint:
                 self.subscriber.add(wid, endpoint)
             self._ids[url] = wid
-            log.info("planner: worker %s (%s) joined the pool", wid, url)
+            log.info("planner: worker %s (%s) joined the pool", wid, redact_userinfo(url))
 
     def close(self) -> None:
         """Close the actuator (stops local workers) and the metrics client, after a tick in progress ends;

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from runtime.config import RouterSpec
 from runtime.kv.events import KvEventBatch
+from runtime.redact import redact_userinfo
 from runtime.router.core import MigrationLimitError, NoWorkersError, Router, UnknownRequestError
 from runtime.server.pairing import Route, RouteRequest
 
@@ -101,7 +102,7 @@ class RouterPairing:
         if wid is None or wid in self.down:
             return []
         self.down.add(wid)
-        log.warning("worker %s (%s) is down: removed from the pool", wid, url)
+        log.warning("worker %s (%s) is down: removed from the pool", wid, redact_userinfo(url))
         return self.router.remove_worker(wid)
 
     def add_worker(self, endpoint: WorkerEndpoint) -> None:
@@ -133,7 +134,7 @@ class RouterPairing:
         w = self.workers[wid]
         self.router.add_worker(wid, w.role, kv_events=w.kv_events_endpoint is not None)
         self.down.discard(wid)
-        log.info("worker %s (%s) is back in the pool", wid, url)
+        log.info("worker %s (%s) is back in the pool", wid, redact_userinfo(url))
 
 
 async def health_loop(pairing: RouterPairing, is_healthy: Callable[[str], Awaitable[bool]], *,
