@@ -28,8 +28,12 @@ def data_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """Working state (.pdserve/: MLflow sqlite, FSx stand-in, demo output). `PDSERVE_HOME` overrides."""
-    return Path(os.environ.get("PDSERVE_HOME", REPO_ROOT / ".pdserve"))
+    """Working state (.pdserve/: MLflow sqlite, FSx stand-in, demo output), an absolute path.
+
+    `PDSERVE_HOME` overrides (`~` expanded; a relative value is taken from the current directory, so child
+    processes started in another folder see the same place); unset or empty: `<repo>/.pdserve`.
+    """
+    return Path(os.environ.get("PDSERVE_HOME") or REPO_ROOT / ".pdserve").expanduser().absolute()
 
 
 def write_text_atomically(path: Path, text: str) -> Path:

@@ -156,7 +156,8 @@ class LocalDeployment:
 
     Args:
         spec: the deployment (model name, engine settings, pool sizes).
-        model_dir: HF folder the workers load.
+        model_dir: HF folder the workers load (a relative path is taken from the current directory and made
+            absolute here, since the runtime process runs in the repository root).
         runtime_port: port of the runtime (free port when None).
         host: bind address of every process.
         log_dir: folder of the process logs (default `state_dir()/logs`).
@@ -210,7 +211,9 @@ class LocalDeployment:
             raise ValueError(f"planner must be 'off', 'dry-run' or 'local', got {planner!r}")
         self.spec = spec
         self.console = console
-        self.model_dir = Path(model_dir)
+        # absolute: the runtime subprocess runs with cwd=REPO_ROOT while the workers run in ours, so a
+        # relative folder would name two different places
+        self.model_dir = Path(model_dir).expanduser().absolute()
         self.host = host
         self.log_dir = Path(log_dir) if log_dir else state_dir() / "logs"
         self.startup_timeout_s = startup_timeout_s
