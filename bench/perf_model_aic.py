@@ -20,6 +20,8 @@ import argparse
 import csv
 import json
 import logging
+import math
+import os
 import statistics
 import sys
 import tempfile
@@ -30,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.models.load import load_model_spec  # noqa: E402
-from runtime.paths import data_dir  # noqa: E402
+from runtime.paths import data_dir, print_json_line, write_text_atomically  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402
 from runtime.perf.throughput import trtllm_bench_settings  # noqa: E402
@@ -59,6 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stride", type=int, default=5, help="evaluate every N-th row (calls are slow)")
     ap.add_argument("--budget-s", type=float, default=1500.0, help="stop after this many seconds")
     a = ap.parse_args(argv)
+    # checked before the (long) AIConfigurator run, so a typo cannot lose its result at the end
+    if a.stride < 1:
+        ap.error(f"--stride must be >= 1, got {a.stride}")
+    if not (math.isfinite(a.budget_s) and a.budget_s > 0):
+        ap.error(f"--budget-s must be a finite number of seconds > 0, got {a.budget_s}")
+    if a.out.is_dir():
+        ap.error(f"--out {a.out}: is a folder; give the JSON file to write")
+    try:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {a.out}: cannot create its folder: {e.strerror or e}")
+    if not os.access(a.out.parent, os.W_OK | os.X_OK):
+        ap.error(f"--out {a.out}: folder {a.out.parent} is not writable")
     if a.table is None:
         a.table = data_dir() / "perf" / "trtllm_throughput_dev.csv"
     warnings.filterwarnings("ignore")
@@ -119,9 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - t0, 1),
         "table": a.table.name, "details": out_rows,
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(summary, indent=0) + "\n")
-    print(json.dumps({k: v for k, v in summary.items() if k != "details"}))
+    print_json_line({k: v for k, v in summary.items() if k != "details"})  # first: the result is never lost
+    try:
+        write_text_atomically(a.out, json.dumps(summary, indent=0) + "\n")
+    except OSError as e:
+        print(f"error: --out {a.out}: cannot write the results ({e.strerror or e}); they follow on stderr",
+              file=sys.stderr)
+        print(json.dumps(summary), file=sys.stderr)
+        return 1
     return 0
 
 
