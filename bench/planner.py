@@ -53,6 +53,7 @@ from runtime.paths import print_json_line  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402
 from runtime.planner.dynamo_baseline import DynamoSlaBaseline  # noqa: E402
+from runtime.planner.predictors import PREDICTORS  # noqa: E402
 from runtime.planner.profiles import build_profile  # noqa: E402
 from runtime.planner.state_machine import PlannerStateMachine  # noqa: E402
 from runtime.planner.types import PlannerConfig, ScalingDecision, TickInput  # noqa: E402
@@ -259,6 +260,12 @@ def main(argv: list[str] | None = None) -> dict:
     bad_pred = sorted(set(filter(None, a.extra_predictors.split(","))) - {"constant", "moving_average", "arima"})
     if bad_pred:
         problems.append(f"--extra-predictors: unknown {bad_pred} (constant, moving_average, arima)")
+    base_planners = ("pdserve_sla", "pdserve_load", "dynamo_sla", "dynamo_sla_load", "dynamo_planner", "static_peak")
+    known = set(base_planners) | {f"ablation_{k}" for k in ABLATIONS} | {f"pdserve_sla_{p}" for p in PREDICTORS}
+    bad_planners = [n for n in a.planners.split(",") if n not in known]
+    if bad_planners:
+        problems.append(f"--planners: unknown {bad_planners} (choose from {', '.join(base_planners)}, "
+                        "ablation_<name>, pdserve_sla_<predictor>)")
     if problems:  # before the minutes of oracle work
         ap.error("; ".join(problems))
     t_start = time.time()
