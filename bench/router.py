@@ -286,7 +286,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-dynamo", action="store_true")
     ap.add_argument("--out", default="", help="also write the JSON line to this file")
     ap.add_argument("--dynamo-child", action="store_true", help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    # checked here, before prepare() and minutes of replay
+    from runtime.router.policies import POLICIES
+
+    known = set(POLICIES) | {"kv_aware_approx"}
+    names = args.policies.split(",")
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        ap.error(f"--policies: unknown {bad} (comma list of {', '.join(sorted(known))})")
+    for flag, v in (("--seeds", args.seeds), ("--timing-repeats", args.timing_repeats),
+                    ("--decision-queries", args.decision_queries)):
+        if v < 1:
+            ap.error(f"{flag} must be >= 1, got {v}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
