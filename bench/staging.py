@@ -117,7 +117,7 @@ def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float,
     return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, out.decode()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=int, default=2048, help="total data size, MB (1e6 bytes)")
     ap.add_argument("--concurrency", type=int, default=None, help="pdserve threads (default: the stager's)")
@@ -127,7 +127,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool (median reported)")
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON line to this file")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    # checked before the dataset (GBs) is written and the S3 server started
+    for flag, v in (("--size-mb", args.size_mb), ("--repeat", args.repeat), ("--concurrency", args.concurrency),
+                    ("--part-size-mb", args.part_size_mb)):
+        if v is not None and v < 1:
+            ap.error(f"{flag} must be >= 1, got {v}")
 
     work = Path(tempfile.mkdtemp(prefix="pdserve-bench-", dir=args.workdir))
     try:
