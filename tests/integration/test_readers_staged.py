@@ -129,10 +129,10 @@ def test_runtime_with_require_staged_exits_naming_a_folder_without_marker(folder
 def test_runtime_check_accepts_a_staged_folder_and_ignores_markers_without_the_flag(folders):
     from runtime.server.__main__ import check_staged, parse_args
 
-    staged = parse_args(["--model-name", "m", "--decode-url", "u", "--require-staged",
+    staged = parse_args(["--model-name", "m", "--decode-url", "http://127.0.0.1:1", "--require-staged",
                          "--model-dir", str(folders["staged"]), "--tokenizer-dir", str(folders["staged"])])
     assert check_staged(staged) == [folders["staged"], folders["staged"]]
-    local = parse_args(["--model-name", "m", "--decode-url", "u", "--tokenizer-dir", str(folders["prepared"])])
+    local = parse_args(["--model-name", "m", "--decode-url", "http://127.0.0.1:1", "--tokenizer-dir", str(folders["prepared"])])
     assert check_staged(local) == []  # local runs on a prepared HF folder need no marker
 
 
