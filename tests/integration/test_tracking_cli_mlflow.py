@@ -142,8 +142,9 @@ def test_log_tuning_refuses_an_unrenderable_spec_before_creating_a_run(tmp_path)
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     result = tune(load_model_spec(LLAMA_70B), "H100-SXM", SloSpec(), WorkloadSpec())
-    with pytest.raises(ManifestError, match="spec.model.name: ''"):
-        log_tuning(result, tracking_uri=uri, experiment="e", registered_model="ok", model_ref=ModelRef(name=""))
+    # ModelRef itself refuses an empty name; a blank in it is valid there but not in a Kubernetes object
+    with pytest.raises(ManifestError, match="spec.model.name: 'Llama 8B'"):
+        log_tuning(result, tracking_uri=uri, experiment="e", registered_model="ok", model_ref=ModelRef(name="Llama 8B"))
     assert not (tmp_path / "m.db").exists() or _runs(uri) == 0
 
 
