@@ -326,6 +326,12 @@ def tune(
         _fail("; ".join(problems))
     try:
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
+        from runtime.steps import check_model_name
+
+        try:  # the served name (ModelRef) comes from the folder: check it before minutes of tuning
+            check_model_name(model.name)
+        except ValueError as e:
+            _fail(f"{config}: {e}; the served model is named after the folder, so rename the folder")
         if precision is None:
             precision = checkpoint_precision(model)  # the pipeline's precision `auto` follows the same rule
             if model.quant_method and precision == "bf16":  # quantized, but not to a precision pdserve deploys

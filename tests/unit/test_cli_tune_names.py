@@ -77,3 +77,12 @@ def test_a_root_or_folder_reached_through_a_symlink_is_still_named_by_its_path(t
     assert _tune(tmp_path, folder, "--fsx-root", str(tmp_path / "fsx-link")).model.name == "org/llama8"
     (tmp_path / "shortcut").symlink_to(folder)  # the folder is given through a link
     assert _tune(tmp_path, tmp_path / "shortcut", "--fsx-root", str(fsx)).model.name == "org/llama8"
+
+
+def test_a_folder_name_that_cannot_be_a_model_name_fails_before_tuning(tmp_path):
+    folder = tmp_path / "we\\ird"
+    folder.mkdir()
+    (folder / "config.json").write_text(LLAMA_8B.read_text())
+    res = runner.invoke(app, ["tune", str(folder), "--out", str(tmp_path / "s.json")], env={"COLUMNS": "300"})
+    assert res.exit_code == 1 and "rename the folder" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "s.json").exists()
