@@ -12,6 +12,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _logging_back_on():
+    """bench/perf_model_aic.py's main() mutes logging process-wide (a script's choice); the benches run
+    in-process here, so switch it back on for the tests that follow (their caplog assertions)."""
+    import logging
+
+    yield
+    logging.disable(logging.NOTSET)
+
+
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(f"pdserve_bench_{name}", REPO / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
