@@ -238,9 +238,10 @@ class PDModel(OpenAIGenerativeModel):
 
     async def aclose(self) -> None:
         """Close every worker client (also those of departed workers still being closed)."""
-        for c in self._clients.values():
-            await c.aclose()
+        clients = list(self._clients.values())  # a request may add a client while we await a close
         self._clients.clear()
+        for c in clients:
+            await c.aclose()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
