@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from runtime.config import DeploymentSpec, EngineSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
+from runtime.config import TP_DEGREES, DeploymentSpec, EngineSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
 from runtime.models.spec import ModelSpec
 from runtime.perf.gpus import GpuSpec, get_gpu
 from runtime.perf.instances import get_instance, usd_per_gpu_hour
@@ -313,7 +313,7 @@ def resolve_gpu(name: str) -> GpuSpec:
             raise gpu_err from None
 
 
-TP_CHOICES = (1, 2, 4, 8)
+TP_CHOICES = TP_DEGREES  # the degrees a DeploymentSpec accepts (runtime.config)
 
 
 def tp_choices(gpu: str) -> tuple[int, ...]:
