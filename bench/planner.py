@@ -59,6 +59,7 @@ from runtime.planner.state_machine import PlannerStateMachine  # noqa: E402
 from runtime.planner.types import PlannerConfig, ScalingDecision, TickInput  # noqa: E402
 from runtime.sim.fleet import (  # noqa: E402
     Controller,
+    PREFILL_ORDERS,
     FleetConfig,
     Trace,
     oracle_gpu_seconds,
@@ -237,6 +238,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--itl-s", type=float, default=0.05)
     ap.add_argument("--worker-start-s", type=float, default=60.0)
     ap.add_argument("--interval-s", type=float, default=30.0)
+    ap.add_argument("--prefill-order", choices=PREFILL_ORDERS, default="fcfs",
+                    help="prefill queue order of the simulated cluster (every planner and the oracle): fcfs, or by prompt-length bucket (what the runtime does with router.prefill_priority=length)")
     ap.add_argument("--gpu-budget", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warm-start", choices=("oracle_lead", "oracle_first_window"), default="oracle_lead",
@@ -278,7 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"{what} {tp}: {a.model} does not fit on {a.gpu}")
     profile = build_profile(perf, a.prefill_tp, a.decode_tp)
     trace = load_azure_trace(a.trace, a.rate_scale, a.seed)
-    fleet = FleetConfig(prefill_tp=a.prefill_tp, decode_tp=a.decode_tp, interval_s=a.interval_s, worker_start_s=a.worker_start_s)
+    fleet = FleetConfig(prefill_tp=a.prefill_tp, decode_tp=a.decode_tp, interval_s=a.interval_s, worker_start_s=a.worker_start_s,
+                        prefill_order=a.prefill_order)
     max_rep = max(a.gpu_budget // min(a.prefill_tp, a.decode_tp), 1)
 
     oracle_window_s = 60.0

@@ -4,8 +4,10 @@ resized by a controller (the planner) every interval. Pure: no clock, no I/O; ar
 Model (like Dynamo's mocker, at interval/step granularity so an hour of 200k requests replays in
 seconds):
 
-* Prefill: one central FIFO queue in front of the prefill workers (the router sends each request
-  to the worker that frees first). A request occupies its worker for ``prefill.busy_time_s(ISL)``
+* Prefill: one central queue in front of the prefill workers (the router sends each request
+  to the worker that frees first), first come first served (``prefill_order="fcfs"``) or by prompt
+  length bucket, then arrival (``"length"``: :func:`runtime.router.priority.prefill_priority`, what
+  the runtime's prefill workers do with ``--scheduling-policy priority``). A request occupies its worker for ``prefill.busy_time_s(ISL)``
   and has its KV ready ``prefill.prefill_time_s(ISL)`` after it started (the fixed API-side latency
   overlaps the worker's next prefill);
   a worker launched at ``t`` serves from ``t + worker_start_s``. When no prefill worker is ready
@@ -40,7 +42,9 @@ import numpy as np
 
 from runtime.planner.profiles import ServiceProfile
 from runtime.planner.types import PoolObservation, ScalingDecision, TickInput
+from runtime.router.priority import prefill_priority
 
+PREFILL_ORDERS = ("fcfs", "length")
 PEAK_BIN_QUANTILE = 0.9  # quantile of per-second prompt-token arrivals reported as the tick's peak
 Controller = Callable[[TickInput], "ScalingDecision | None"]
 
@@ -88,6 +92,11 @@ class FleetConfig:
     kv_watermark: float = 0.95
     max_num_seqs: int = 512
     drain_limit_s: float = 1800.0
+    prefill_order: str = "fcfs"  # "fcfs" or "length" (see the module doc)
+
+    def __post_init__(self) -> None:
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"FleetConfig.prefill_order must be one of {PREFILL_ORDERS}, got {self.prefill_order!r}")
 
 
 @dataclass
@@ -157,7 +166,11 @@ class FleetSim:
         self.gpu_s_by_pool = {"prefill": 0.0, "decode": 0.0}
         self.prefill = [_Worker(0.0, 0.0) for _ in range(cfg.initial_prefill)]
         self.decode = [_Worker(0.0, 0.0) for _ in range(cfg.initial_decode)]
-        self.pending: deque[int] = deque()
+        self.pending: deque[int] = deque()  # queued, in arrival order (may not have arrived yet)
+        # "length" order: arrived, not started, as (priority bucket, arrival, request) heap
+        self.prefill_q: list[tuple[int, float, int]] = []
+        self.prio_p = (np.array([prefill_priority(int(x)) for x in trace.isl_tokens], dtype=np.int64)
+                       if cfg.prefill_order == "length" else None)
         self.ready_heap: list[tuple[float, int]] = []  # (prefill done, request)
         self.waiting: deque[tuple[float, int]] = deque()
         self.act_idx = np.zeros(0, int)
@@ -179,6 +192,7 @@ class FleetSim:
         c.prefill = [copy.copy(w) for w in self.prefill]
         c.decode = [copy.copy(w) for w in self.decode]
         c.pending, c.waiting, c.ready_heap = deque(self.pending), deque(self.waiting), list(self.ready_heap)
+        c.prefill_q = list(self.prefill_q)
         c.timeline = []
         c.gpu_s_by_pool = dict(self.gpu_s_by_pool)
         return c
@@ -229,6 +243,8 @@ class FleetSim:
                                            self.busy_a, self.lat_a, True)
         if not servers:
             return 0.0
+        if self.prio_p is not None:
+            return self._dispatch_by_priority(servers, busy_s, lat_s, t1, agg)
         avail = [max(w.ready_s, w.free_s) for w in servers]
         arr = self.tr.arrival_s
         busy = 0.0
@@ -241,6 +257,34 @@ class FleetSim:
             self.pending.popleft()
             done = start + lat_s[i]
             avail[k] = servers[k].free_s = start + busy_s[i]
+            self.prefill_done_s[i], self.prefill_used_s[i] = done, busy_s[i]
+            busy += busy_s[i]
+            heapq.heappush(self.ready_heap, (done, i))
+        return busy if agg else 0.0
+
+    def _dispatch_by_priority(self, servers: list[_Worker], busy_s: np.ndarray, lat_s: np.ndarray, t1: float,
+                              agg: bool) -> float:
+        """`_dispatch` with the queue ordered by (priority bucket, arrival): whenever a worker frees,
+        it takes the most urgent request that has arrived by then."""
+        arr, prio, q = self.tr.arrival_s, self.prio_p, self.prefill_q
+        free = [(max(w.ready_s, w.free_s), k) for k, w in enumerate(servers)]
+        heapq.heapify(free)
+        busy = 0.0
+        while q or self.pending:
+            now = free[0][0]
+            if not q:
+                now = max(now, float(arr[self.pending[0]]))
+            if now >= t1:
+                break
+            while self.pending and arr[self.pending[0]] <= now:
+                i = self.pending.popleft()
+                heapq.heappush(q, (int(prio[i]), float(arr[i]), i))
+            _, _, i = heapq.heappop(q)
+            k = free[0][1]
+            start = max(now, float(arr[i]))
+            servers[k].free_s = start + busy_s[i]
+            heapq.heapreplace(free, (servers[k].free_s, k))
+            done = start + lat_s[i]
             self.prefill_done_s[i], self.prefill_used_s[i] = done, busy_s[i]
             busy += busy_s[i]
             heapq.heappush(self.ready_heap, (done, i))
@@ -354,7 +398,7 @@ class FleetSim:
             prefill=PoolObservation(
                 num_ready=ready_p,
                 num_starting=len(self.prefill) - ready_p,
-                queue_per_worker=len(self.pending) / max(ready_p, 1),
+                queue_per_worker=(len(self.pending) + len(self.prefill_q)) / max(ready_p, 1),
             ),
             decode=PoolObservation(
                 num_ready=sum(1 for w in self.decode if w.ready_s <= t1),
@@ -378,7 +422,7 @@ class FleetSim:
              "mode": decision.serving_mode if decision is not None else None}
         )
         self.t_s, self.next_arrival = t1, ai
-        idle = not (self.pending or self.ready_heap or self.waiting or len(self.act_idx))
+        idle = not (self.pending or self.prefill_q or self.ready_heap or self.waiting or len(self.act_idx))
         if (ai >= n and idle) or t1 >= self.span_s + c.drain_limit_s:
             self.done = True
         return not self.done
