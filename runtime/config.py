@@ -174,6 +174,14 @@ class RouterSpec(_Strict):
         description="kv_aware: also count prefixes of routed requests whose prefill has not finished (before "
         "their KV events arrive) as cached; costs ~2 index updates of the prompt's blocks per request.",
     )
+    prefill_priority: Literal["length", "fcfs"] = Field(
+        default="length",
+        description="Order of each prefill worker's waiting queue. 'length': short prompts first, by "
+        "power-of-two prompt-length bucket (runtime/router/priority.py; the prefill workers run vLLM "
+        "--scheduling-policy priority and the router sets each prefill request's priority), so short "
+        "prompts do not miss TTFT behind a multi-second prefill. 'fcfs': vLLM's default first come, "
+        "first served.",
+    )
     disagg_max_prefill_queue_tokens: int = Field(
         default=32768,
         ge=0,

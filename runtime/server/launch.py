@@ -221,7 +221,7 @@ class LocalDeployment:
         num_prefill = min(spec.prefill.replicas, max_workers_per_pool)
         num_decode = max(1, min(spec.decode.replicas, max_workers_per_pool))
         common = dict(served_model_name=name, host=host, dtype=dtype, enable_kv_events=enable_kv_events,
-                      cpu_kv_cache_space_gib=cpu_kv_cache_space_gib)
+                      cpu_kv_cache_space_gib=cpu_kv_cache_space_gib, prefill_priority=spec.router.prefill_priority)
         # Locally NIXL runs over UCX on loopback (UCX_TLS=tcp,self); a spec tuned for EFA may name LIBFABRIC.
         engine = spec.engine.model_copy(update={"kv_backends": ["UCX"]})
         self.prefill_workers = [

@@ -462,3 +462,10 @@ def test_cluster_target_ports_are_bounded(field):
     for bad in (0, 70000):
         with pytest.raises(ValidationError, match=field):
             ClusterTarget(**{field: bad})
+
+
+def test_prefill_workers_schedule_by_priority_under_length_order(objs):
+    prefill = container(find(objs, "Deployment", f"{NAME}-prefill"))["args"]
+    decode = container(find(objs, "Deployment", f"{NAME}-decode"))["args"]
+    assert arg_value(prefill, "--scheduling-policy") == "priority"  # RouterSpec.prefill_priority defaults to length
+    assert "--scheduling-policy" not in decode

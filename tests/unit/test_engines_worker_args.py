@@ -130,3 +130,26 @@ def test_free_port_is_bindable():
 def test_gpu_worker_keeps_its_kv_buffer_on_the_gpu():
     cfg = json.loads(_flag(_args("prefill", cpu=False), "--kv-transfer-config"))
     assert cfg["kv_buffer_device"] == "cuda"
+
+
+def test_length_priority_puts_prefill_workers_on_vllms_priority_scheduler():
+    assert _flag(_args("prefill", prefill_priority="length"), "--scheduling-policy") == "priority"
+    for role, prio in (("decode", "length"), ("both", "length"), ("prefill", "fcfs")):
+        assert "--scheduling-policy" not in _args(role, prefill_priority=prio)
+    own = EngineSpec(extra_args=["--scheduling-policy=fcfs"])
+    assert _args("prefill", prefill_priority="length", engine=own).count("--scheduling-policy") == 0
+
+
+def test_worker_args_parse_with_vllms_own_parser():
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    for role in ("prefill", "decode", "both"):
+        args = _args(role, prefill_priority="length", kv_events_port=5599)
+        engine_args = AsyncEngineArgs.from_cli_args(parser.parse_args(args[3:]))
+        assert engine_args.scheduling_policy == ("priority" if role == "prefill" else "fcfs")
+        assert engine_args.block_size == 32 and engine_args.enable_prefix_caching
+        assert (engine_args.kv_transfer_config is None) == (role == "both")
