@@ -16,7 +16,9 @@ seconds):
 * Decode: the ready decode workers form one pool with perfect balancing. Every ``decode_dt_s``
   admitted sequences advance ``dt / step`` tokens, ``step = decode.step_s(running / workers,
   mean context)``; admission is FIFO while KV (ISL + generated tokens) stays under
-  ``kv_watermark`` of capacity and running sequences under ``max_num_seqs`` per worker.
+  ``kv_watermark`` of capacity and running sequences under ``max_num_seqs`` per worker; a prompt
+  larger than one worker's ``kv_watermark`` of capacity is refused (never served, a miss: one
+  sequence cannot span workers) instead of blocking the queue.
 * TTFT = first decode token time - arrival (queueing + prefill + decode admission + one step);
   ITL = (finish - first token) / (OSL - 1). NIXL KV transfer time is not modelled.
 * Scale-down: a starting worker is cancelled first; a ready prefill worker leaves after its
@@ -45,6 +47,7 @@ from runtime.planner.types import PoolObservation, ScalingDecision, TickInput
 from runtime.router.priority import prefill_priority
 
 PREFILL_ORDERS = ("fcfs", "length")
+MAX_DECODE_STEPS_PER_TICK = 1_000_000
 PEAK_BIN_QUANTILE = 0.9  # quantile of per-second prompt-token arrivals reported as the tick's peak
 Controller = Callable[[TickInput], "ScalingDecision | None"]
 
@@ -62,9 +65,19 @@ class Trace:
         n = len(self.arrival_s)
         if len(self.isl_tokens) != n or len(self.osl_tokens) != n:
             raise ValueError("Trace: arrival_s, isl_tokens and osl_tokens must have the same length")
-        if n and np.any(np.diff(self.arrival_s) < 0):
+        if self.priority is not None and len(self.priority) != n:
+            raise ValueError(f"Trace.priority has {len(self.priority)} entries for {n} requests")
+        if not n:
+            return
+        for name in ("arrival_s", "isl_tokens", "osl_tokens"):
+            bad = np.flatnonzero(~np.isfinite(np.asarray(getattr(self, name), float)))
+            if len(bad):
+                raise ValueError(f"Trace.{name}[{bad[0]}] is not a finite number ({getattr(self, name)[bad[0]]})")
+        if np.min(self.arrival_s) < 0:
+            raise ValueError(f"Trace.arrival_s must be >= 0 (seconds from the trace start), got {np.min(self.arrival_s)}")
+        if np.any(np.diff(self.arrival_s) < 0):
             raise ValueError("Trace.arrival_s must be sorted")
-        if n and (np.min(self.isl_tokens) < 1 or np.min(self.osl_tokens) < 1):
+        if np.min(self.isl_tokens) < 1 or np.min(self.osl_tokens) < 1:
             raise ValueError("Trace: isl_tokens and osl_tokens must be >= 1")
 
     def __len__(self) -> int:
@@ -95,6 +108,25 @@ class FleetConfig:
     prefill_order: str = "fcfs"  # "fcfs" or "length" (see the module doc)
 
     def __post_init__(self) -> None:
+        for name in ("prefill_tp", "decode_tp", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"FleetConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("initial_prefill", "initial_decode"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"FleetConfig.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("interval_s", "decode_dt_s", "slowdown"):
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v > 0):
+                raise ValueError(f"FleetConfig.{name} must be finite and > 0, got {v}")
+        for name in ("worker_start_s", "drain_limit_s"):
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"FleetConfig.{name} must be finite and >= 0, got {v}")
+        if not 0 < self.kv_watermark <= 1:
+            raise ValueError(f"FleetConfig.kv_watermark must be in (0, 1], got {self.kv_watermark}")
+        if self.interval_s / self.decode_dt_s > MAX_DECODE_STEPS_PER_TICK:
+            raise ValueError(f"FleetConfig: interval_s / decode_dt_s = {self.interval_s / self.decode_dt_s:.0f} decode "
+                             f"steps per tick; at most {MAX_DECODE_STEPS_PER_TICK} (raise decode_dt_s)")
         if self.prefill_order not in PREFILL_ORDERS:
             raise ValueError(f"FleetConfig.prefill_order must be one of {PREFILL_ORDERS}, got {self.prefill_order!r}")
 
@@ -311,8 +343,12 @@ class FleetSim:
                 cap_seq, cap_kv = n_live * c.max_num_seqs, n_live * kv_cap * c.kv_watermark
                 new_i, new_t = [], []
                 n_act = len(self.act_idx)
+                while self.waiting and isl[self.waiting[0][1]] > kv_cap * c.kv_watermark:
+                    self.waiting.popleft()  # one worker cannot hold it: refused (never served), not a queue block
                 while self.waiting and n_act + len(new_i) < cap_seq and kv_used + isl[self.waiting[0][1]] <= cap_kv:
                     done, i = self.waiting.popleft()
+                    if isl[i] > kv_cap * c.kv_watermark:
+                        continue
                     new_i.append(i)
                     new_t.append(max(done, s))
                     kv_used += isl[i]
@@ -526,7 +562,7 @@ def oracle_gpu_seconds(
     total, plan = 0.0, []
     t = 0.0
     span = float(trace.arrival_s[-1]) if len(trace) else 0.0
-    while t < span:
+    while t < span or (not plan and len(trace)):  # all arrivals at one instant: one window
         sub = trace.window(t, t + interval_s)
         length = min(interval_s, span - t)
         if len(sub) == 0:
@@ -582,7 +618,7 @@ def sequential_oracle(
     def decide(t: float, p: int, d: int) -> ScalingDecision:
         return ScalingDecision(now_s=t, prefill_replicas=p, decode_replicas=d)
 
-    while not sim.done and sim.t_s < sim.span_s:
+    while not sim.done and (sim.t_s < sim.span_s or (not plan and len(trace))):
         t0 = sim.t_s
         hi = int(np.searchsorted(arr, t0 + interval_s, side="left"))
         first_now, arr_now = sim.first_s[:hi], arr[:hi]

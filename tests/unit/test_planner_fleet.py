@@ -178,3 +178,47 @@ def test_bad_trace_is_rejected_with_the_field_named():
         Trace(np.array([1.0, 0.0]), np.array([1, 1]), np.array([1, 1]))
     with pytest.raises(ValueError, match="isl_tokens and osl_tokens must be >= 1"):
         Trace(np.array([0.0]), np.array([0]), np.array([1]))
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"interval_s": 0.0}, "interval_s"), ({"interval_s": float("inf")}, "interval_s"),
+    ({"decode_dt_s": 0.0}, "decode_dt_s"), ({"initial_prefill": -3}, "initial_prefill"),
+    ({"prefill_tp": 0}, "prefill_tp"), ({"slowdown": 0.0}, "slowdown"), ({"kv_watermark": 0.0}, "kv_watermark"),
+    ({"max_num_seqs": 0}, "max_num_seqs"), ({"worker_start_s": float("nan")}, "worker_start_s"),
+    ({"interval_s": 1e9}, "decode steps per tick"),
+])
+def test_fleet_config_refuses_bad_values_naming_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        fleet(**kw)
+
+
+@pytest.mark.parametrize("arr,isl,prio,match", [
+    ([0.0, float("nan")], [10, 10], None, "arrival_s"),
+    ([-100.0, 0.0], [10, 10], None, ">= 0"),
+    ([0.0, 1.0], [10, float("nan")], None, "isl_tokens"),
+    ([0.0, 1.0], [10, 10], [1], "priority"),
+])
+def test_trace_refuses_bad_values(arr, isl, prio, match):
+    with pytest.raises(ValueError, match=match):
+        Trace(np.asarray(arr), np.asarray(isl, float), np.full(len(arr), 5),
+              None if prio is None else np.asarray(prio))
+
+
+def test_a_prompt_no_worker_can_hold_is_refused_not_a_queue_block():
+    # KV 100k tokens per worker: a 200k-token prompt can never be admitted; the 49 after it are served
+    isl = np.full(50, 1000)
+    isl[0] = 200_000
+    tr = Trace(np.linspace(0.0, 5.0, 50), isl, np.full(50, 11))
+    res = simulate(tr, PROF, fleet(worker_start_s=0.0, initial_prefill=4), static_controller(4, 1))
+    assert np.isnan(res.ttft_s[0])
+    assert np.all(np.isfinite(res.ttft_s[1:]))
+    eight = simulate(tr, PROF, fleet(worker_start_s=0.0, initial_prefill=4, initial_decode=8), static_controller(4, 8))
+    assert np.isnan(eight.ttft_s[0])  # pooled capacity does not help one sequence
+
+
+def test_oracles_give_a_plan_when_every_request_arrives_at_once():
+    tr = trace([0.0] * 5)
+    total, plan = oracle_gpu_seconds(tr, PROF, fleet(), ttft_target_s=2.0, itl_target_s=0.05)
+    assert len(plan) == 1 and plan[0][0] >= 1 and total == 0.0  # cost over [0, last arrival] = 0 s
+    res, seq_plan = sequential_oracle(tr, PROF, fleet(), ttft_target_s=2.0, itl_target_s=0.05)
+    assert len(seq_plan) == 1 and np.all(np.isfinite(res.ttft_s))
