@@ -10,6 +10,7 @@ are used directly as KV block hashes.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -35,11 +36,17 @@ class TraceRequest:
 def parse_mooncake(lines: Iterable[str]) -> list[TraceRequest]:
     """Parse Mooncake JSONL lines (blank lines skipped) into requests sorted by arrival.
 
+    A UTF-8 byte-order mark at the start of the first line is ignored. JSON booleans are not numbers
+    here (``true`` is refused where an int is expected), and ``timestamp`` must be finite (Python's
+    JSON reader accepts bare ``NaN``/``Infinity``, which would break the sort and the replay clock).
+
     Raises:
         TraceError: naming the 1-based line number and the missing/invalid key.
     """
     out: list[TraceRequest] = []
     for lineno, line in enumerate(lines, start=1):
+        if lineno == 1:
+            line = line.removeprefix("\ufeff")
         if not line.strip():
             continue
         try:
@@ -52,27 +59,37 @@ def parse_mooncake(lines: Iterable[str]) -> list[TraceRequest]:
             if key not in obj:
                 raise TraceError(f"line {lineno}: missing key {key!r}")
         ts, isl, osl, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
-        if not isinstance(ts, (int, float)) or ts < 0:
-            raise TraceError(f"line {lineno}: 'timestamp' must be a number >= 0 (ms), got {ts!r}")
-        if not isinstance(isl, int) or isl < 1:
+        if not _is_number(ts) or not math.isfinite(ts) or ts < 0:
+            raise TraceError(f"line {lineno}: 'timestamp' must be a finite number >= 0 (ms), got {ts!r}")
+        if not _is_int(isl) or isl < 1:
             raise TraceError(f"line {lineno}: 'input_length' must be an int >= 1, got {isl!r}")
-        if not isinstance(osl, int) or osl < 0:
+        if not _is_int(osl) or osl < 0:
             raise TraceError(f"line {lineno}: 'output_length' must be an int >= 0, got {osl!r}")
-        if not isinstance(ids, list) or not all(isinstance(h, int) for h in ids):
+        if not isinstance(ids, list) or not all(_is_int(h) for h in ids):
             raise TraceError(f"line {lineno}: 'hash_ids' must be a list of ints")
         out.append(TraceRequest(f"r{lineno}", ts / 1000.0, isl, osl, tuple(ids)))
     out.sort(key=lambda r: r.arrival_s)
     return out
 
 
+def _is_int(value: object) -> bool:
+    """True for a JSON integer; ``bool`` is an ``int`` subclass in Python but not a number in a trace."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """True for a JSON number (int or float), not a boolean."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def scale_arrivals(requests: Sequence[TraceRequest], factor: float) -> list[TraceRequest]:
     """Multiply every arrival time by ``factor`` (> 1 slows the trace down, < 1 speeds it up).
 
     Raises:
-        ValueError: when ``factor`` is not positive.
+        ValueError: when ``factor`` is not a finite number > 0 (``inf`` would turn arrival 0 into NaN).
     """
-    if not factor > 0:
-        raise ValueError(f"arrival scale factor must be > 0, got {factor}")
+    if not _is_number(factor) or not math.isfinite(factor) or not factor > 0:
+        raise ValueError(f"arrival scale factor must be a finite number > 0, got {factor!r}")
     return [TraceRequest(r.request_id, r.arrival_s * factor, r.input_tokens, r.output_tokens, r.hash_ids)
             for r in requests]
 

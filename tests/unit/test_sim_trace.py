@@ -42,3 +42,42 @@ def test_scaling_multiplies_arrivals_and_rejects_non_positive_factors():
     assert [r.arrival_s for r in scale_arrivals(reqs, 0.5)] == [0.5, 1.5]
     with pytest.raises(ValueError, match="factor"):
         scale_arrivals(reqs, 0)
+
+
+_RAW = '{{"timestamp": {ts}, "input_length": {isl}, "output_length": {osl}, "hash_ids": {ids}}}'
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        # json.loads accepts bare NaN/Infinity: they must not reach the sort or the replay clock.
+        (_RAW.format(ts="NaN", isl=10, osl=5, ids="[1]"), "line 1: 'timestamp' must be a finite"),
+        (_RAW.format(ts="Infinity", isl=10, osl=5, ids="[1]"), "line 1: 'timestamp' must be a finite"),
+        (_RAW.format(ts="-Infinity", isl=10, osl=5, ids="[1]"), "line 1: 'timestamp'"),
+        # bool is an int subclass in Python but not a number in a trace.
+        (_RAW.format(ts="true", isl=10, osl=5, ids="[1]"), "line 1: 'timestamp'"),
+        (_RAW.format(ts=0, isl="true", osl=5, ids="[1]"), "line 1: 'input_length'"),
+        (_RAW.format(ts=0, isl=10, osl="false", ids="[1]"), "line 1: 'output_length'"),
+        (_RAW.format(ts=0, isl=10, osl=5, ids="[true]"), "line 1: 'hash_ids'"),
+    ],
+)
+def test_non_finite_and_boolean_values_are_refused_naming_line_and_key(line, needle):
+    with pytest.raises(TraceError, match=needle):
+        parse_mooncake([line])
+
+
+def test_bad_value_on_a_later_line_names_that_line():
+    with pytest.raises(TraceError, match="line 2: 'timestamp'"):
+        parse_mooncake([_line(0, 1, 1, [0]), _RAW.format(ts="NaN", isl=1, osl=1, ids="[0]")])
+
+
+def test_byte_order_mark_on_the_first_line_is_ignored():
+    reqs = parse_mooncake(["\ufeff" + _line(1000, 10, 5, [1])])
+    assert [(r.arrival_s, r.input_tokens) for r in reqs] == [(1.0, 10)]
+
+
+@pytest.mark.parametrize("factor", [float("inf"), float("nan"), -1.0, True])
+def test_scaling_refuses_non_finite_and_non_number_factors(factor):
+    reqs = parse_mooncake([_line(0, 1, 1, [0]), _line(1000, 1, 1, [1])])
+    with pytest.raises(ValueError, match="finite number > 0"):
+        scale_arrivals(reqs, factor)
