@@ -54,7 +54,13 @@ if str(REPO) not in sys.path:
 
 from runtime.sim.replay import SimWorkerSpec, load_scale_factor, replay  # noqa: E402
 from runtime.sim.timing import PerfTiming  # noqa: E402
-from runtime.sim.trace import MOONCAKE_BLOCK_TOKENS, oracle_hit_rate, parse_mooncake, scale_arrivals  # noqa: E402
+from runtime.sim.trace import (  # noqa: E402
+    MOONCAKE_BLOCK_TOKENS,
+    TraceError,
+    oracle_hit_rate,
+    parse_mooncake,
+    scale_arrivals,
+)
 
 POLICY_NAMES = ("kv_aware", "kv_aware_approx", "dynamo_cost", "least_loaded", "round_robin", "random")
 MODEL_FILES = {"Llama-3.1-70B": "meta-llama--Meta-Llama-3.1-70B_config.json",
@@ -258,11 +264,19 @@ def run_dynamo_peer(args: argparse.Namespace) -> dict | None:
 def prepare(args: argparse.Namespace):
     from runtime.paths import data_dir
 
-    lines = Path(args.trace).read_text().splitlines()
-    reqs = parse_mooncake(lines)
+    lines = Path(args.trace).read_text(encoding="utf-8").splitlines()
+    try:
+        reqs = parse_mooncake(lines)
+    except TraceError as exc:
+        raise SystemExit(f"--trace {args.trace}: {exc}") from exc
+    if not reqs:
+        raise SystemExit(f"--trace {args.trace}: the trace has no requests")
     timing, capacity = build_timing(args.model, args.gpu, args.tp, data_dir())
     capacity = args.kv_blocks_per_worker or capacity
-    factor = load_scale_factor(reqs, timing, args.workers, args.load)
+    try:
+        factor = load_scale_factor(reqs, timing, args.workers, args.load)
+    except ValueError as exc:  # e.g. every request arrives at the same instant
+        raise SystemExit(f"--trace {args.trace}: {exc}") from exc
     reqs = scale_arrivals(reqs, factor)
     workers = [SimWorkerSpec(f"w{i}", "both", capacity) for i in range(args.workers)]
     return reqs, workers, timing, capacity, factor

@@ -22,6 +22,7 @@ The router is anything with the :class:`RouterLike` methods, so external routers
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -108,10 +109,12 @@ def replay(requests: Sequence[TraceRequest], router: RouterLike, workers: Sequen
     """Replay ``requests`` (sorted by arrival) and return the outcomes.
 
     Raises:
-        ValueError: when ``workers`` is empty or the router names a worker not in ``workers``.
+        ValueError: when ``workers`` is empty, a request's ``arrival_s`` is not finite, or the router
+            names a worker not in ``workers``.
     """
     if not workers:
         raise ValueError("replay needs at least one worker")
+    _check_finite_arrivals(requests)
     caches = {w.worker_id: SimKvCache(w.capacity_blocks, block_size_tokens) for w in workers}
     queues: dict[str, deque[_Req]] = {w.worker_id: deque() for w in workers}
     busy = {w.worker_id: False for w in workers}
@@ -195,14 +198,25 @@ def load_scale_factor(requests: Sequence[TraceRequest], timing: PerfTiming, num_
     ``num_prefill_workers × factor × span`` seconds of prefill, so ``factor = work / (load × N × span)``.
 
     Raises:
-        ValueError: when ``load`` is not in (0, 10], no workers, or the trace spans zero time.
+        ValueError: when ``load`` is not in (0, 10], no workers, the trace is empty, an arrival is not
+            finite, or the trace spans zero time.
     """
     if not 0 < load <= 10:
         raise ValueError(f"load must be in (0, 10], got {load}")
     if num_prefill_workers <= 0:
         raise ValueError("num_prefill_workers must be > 0")
+    if not requests:
+        raise ValueError("trace has no requests; cannot scale arrivals to a load")
+    _check_finite_arrivals(requests)
     span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
     if span <= 0:
         raise ValueError("trace spans zero time; cannot scale arrivals")
     work = sum(timing.prefill_s(r.input_tokens) for r in requests)
     return work / (load * num_prefill_workers * span)
+
+
+def _check_finite_arrivals(requests: Sequence[TraceRequest]) -> None:
+    """Raise ``ValueError`` naming the first request whose ``arrival_s`` is NaN or infinite."""
+    for r in requests:
+        if not math.isfinite(r.arrival_s):
+            raise ValueError(f"request {r.request_id!r}: arrival_s must be finite, got {r.arrival_s!r}")

@@ -48,3 +48,22 @@ def test_prints_one_json_line_with_every_policy(tmp_path, capsys):
 def test_a_missing_trace_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no such file"):
         bench_router.main(["--trace", str(tmp_path / "nope.jsonl")])
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("", "the trace has no requests"),
+        ("\n\n", "the trace has no requests"),
+        ('{"timestamp": NaN, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n',
+         "line 1: 'timestamp'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n', "spans zero time"),
+    ],
+)
+def test_an_unusable_trace_is_a_clear_error_naming_the_file(tmp_path, content, needle):
+    pytest.importorskip("runtime.perf.model")
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(content)
+    with pytest.raises(SystemExit, match=f"--trace .*bad.jsonl: .*{needle}"):
+        bench_router.main(["--trace", str(trace), "--workers", "2", "--no-dynamo", "--seeds", "1",
+                           "--timing-repeats", "1", "--decision-queries", "10"])

@@ -103,3 +103,20 @@ def test_workers_are_held_for_the_engine_time_and_ttft_adds_the_fixed_latency():
     # one worker, FCFS: the second prefill starts when the first one's engine time ends, not its TTFT
     assert res.ttft_s == pytest.approx([1.025 + 0.009, 2 * 1.025 + 0.009])
     assert sum(res.busy_s.values()) == pytest.approx(2 * 1.025)
+
+
+def test_load_scale_factor_on_an_empty_trace_says_so():
+    with pytest.raises(ValueError, match="no requests"):
+        load_scale_factor([], PerfTiming(LinearPerf(), 8), 2, 0.5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_arrivals_are_refused_naming_the_request(bad):
+    reqs = [_req(0, 0.0, [1]), _req(1, bad, [2]), _req(2, 10.0, [3])]
+    timing = PerfTiming(LinearPerf(), 8)
+    with pytest.raises(ValueError, match="request 'r1': arrival_s must be finite"):
+        load_scale_factor(reqs, timing, 2, 0.5)
+    router = Router(RouterSpec(policy="round_robin"), BS)
+    router.add_worker("w0", "both")
+    with pytest.raises(ValueError, match="request 'r1': arrival_s must be finite"):
+        replay(reqs, router, [SimWorkerSpec("w0", "both", 100)], timing, BS)
