@@ -40,7 +40,7 @@ import json
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -105,34 +105,50 @@ ABLATIONS: dict[str, dict] = {
 
 
 def load_azure_trace(path: Path, rate_scale: int, seed: int) -> Trace:
-    """Read ``TIMESTAMP, ContextTokens, GeneratedTokens``; raises SystemExit naming a missing file or
-    column, an empty trace, or the first bad row (line number, column, value)."""
+    """Read ``TIMESTAMP, ContextTokens, GeneratedTokens`` (a UTF-8 file, byte-order mark allowed).
+
+    ``TIMESTAMP`` is ISO 8601 (``2023-11-16 18:15:46.6805900``; Python 3.11's ``fromisoformat`` keeps
+    microseconds of a longer fraction); a UTC offset (``+05:00``, ``Z``) is honoured and a naive timestamp
+    is read as UTC (the Azure traces are recorded in UTC), so arrivals (seconds from the first request)
+    do not depend on the host's time zone. Token counts must be integers in ``[1, 10_000_000]`` (far
+    above any context window; larger values are corrupt rows): the real Azure 2023 conversation trace
+    (../shared/data/traces/azure2023_conv.csv, 19,366 rows) has no zero counts, so a zero is refused like
+    a negative count rather than silently raised to 1.
+
+    Raises:
+        SystemExit: naming a missing file or column, an empty trace, or the first bad row (line number,
+            column, value).
+    """
     if not path.is_file():
         raise SystemExit(f"--trace {path}: no such file")
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
         missing = need - set(reader.fieldnames or [])
         if missing:
             raise SystemExit(f"{path}: missing column(s) {sorted(missing)}")
         ts, isl, osl = [], [], []
+        max_tokens = 10_000_000
         for row in reader:
             try:
-                ts.append(datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp())
+                stamp = datetime.fromisoformat(row["TIMESTAMP"].strip())
+                ts.append((stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp())
                 isl.append(int(row["ContextTokens"]))
                 osl.append(int(row["GeneratedTokens"]))
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, OverflowError) as e:
                 raise SystemExit(f"{path}:{reader.line_num}: bad row {dict(row)}: {e}") from None
-            if isl[-1] < 0 or osl[-1] < 0:
-                raise SystemExit(f"{path}:{reader.line_num}: negative token count in {dict(row)}")
+            for col, v in (("ContextTokens", isl[-1]), ("GeneratedTokens", osl[-1])):
+                if not 1 <= v <= max_tokens:
+                    raise SystemExit(f"{path}:{reader.line_num}: {col} must be in [1, {max_tokens}], "
+                                     f"got {v} in {dict(row)}")
     if not ts:
         raise SystemExit(f"{path}: the trace holds no requests")
     t = np.asarray(ts) - min(ts)
     rng = np.random.default_rng(seed)
     k = max(int(rate_scale), 1)
     arr = np.concatenate([t + (rng.uniform(0, 1, len(t)) if k > 1 else 0.0) for _ in range(k)])
-    isl_a = np.maximum(np.tile(isl, k), 1)
-    osl_a = np.maximum(np.tile(osl, k), 1)
+    isl_a = np.tile(np.asarray(isl, dtype=np.int64), k)
+    osl_a = np.tile(np.asarray(osl, dtype=np.int64), k)
     order = np.argsort(arr, kind="stable")
     return Trace(arr[order] - arr[order][0], isl_a[order], osl_a[order])
 
@@ -258,7 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
         ("--ttft-s", a.ttft_s), ("--itl-s", a.itl_s)) if not v > 0]
     problems += [f"{name} must be a power of two, got {v}" for name, v in (
         ("--prefill-tp", a.prefill_tp), ("--decode-tp", a.decode_tp)) if v < 1 or v & (v - 1)]
-    if a.worker_start_s < 0:
+    problems += [f"{name} must be a finite number, got {v}" for name, v in (
+        ("--interval-s", a.interval_s), ("--ttft-s", a.ttft_s), ("--itl-s", a.itl_s),
+        ("--worker-start-s", a.worker_start_s)) if not np.isfinite(v)]
+    if not a.worker_start_s >= 0:
         problems.append(f"--worker-start-s must be >= 0, got {a.worker_start_s}")
     bad_pred = sorted(set(filter(None, a.extra_predictors.split(","))) - {"constant", "moving_average", "arima"})
     if bad_pred:
