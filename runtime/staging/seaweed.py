@@ -169,7 +169,14 @@ class SeaweedServer:
         return cmd
 
     def start(self) -> "SeaweedServer":
-        """Start `weed mini` and wait until the S3 gateway answers a signed ListBuckets."""
+        """Start `weed mini` and wait until the S3 gateway answers a signed ListBuckets.
+
+        On any exception while starting (including KeyboardInterrupt and SystemExit) the started process
+        is stopped by its handle and the log file closed before the exception propagates.
+
+        Raises:
+            SeaweedError: the server did not become ready in three attempts (message names the log).
+        """
         weed = self.weed_bin or find_weed()
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
         last_error = ""
@@ -180,20 +187,25 @@ class SeaweedServer:
             env["AWS_SECRET_ACCESS_KEY"] = self._secret
             log_path = self.data_dir / "weed.log"
             self._log_file = open(log_path, "ab")
-            self.proc = subprocess.Popen(
-                self._command(weed),
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=self.data_dir,
-            )
             try:
+                self.proc = subprocess.Popen(
+                    self._command(weed),
+                    stdout=self._log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=self.data_dir,
+                )
                 self._wait_ready()
                 return self
             except SeaweedError as e:
                 last_error = str(e)
                 self.stop()
+            except BaseException:
+                # KeyboardInterrupt, SystemExit (SIGTERM handler), a failed exec...: `with` never reaches
+                # __exit__ when __enter__ raises, so stop our process by its handle here, then re-raise.
+                self.stop()
+                raise
         raise SeaweedError(f"weed mini did not start: {last_error} (log: {self.data_dir / 'weed.log'})")
 
     def _wait_ready(self) -> None:
