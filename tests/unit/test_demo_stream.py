@@ -15,6 +15,7 @@ CHUNKS = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]},
           {"choices": [{"delta": {"content": "The capital"}}]},
           {"choices": [{"delta": {"content": " is Paris."}}]},
           {"choices": [{"delta": {}, "finish_reason": "stop"}]}]
+EMPTY_CHUNKS = [CHUNKS[0], CHUNKS[-1]]
 
 
 class _SSE(BaseHTTPRequestHandler):
@@ -24,9 +25,12 @@ class _SSE(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
-        for c in CHUNKS:
+        question = body["messages"][0]["content"]
+        chunks = EMPTY_CHUNKS if question == "empty" else CHUNKS[:2] if question == "truncated" else CHUNKS
+        for c in chunks:
             self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
-        self.wfile.write(b"data: [DONE]\n\n")
+        if question != "truncated":  # "truncated": the connection closes without the [DONE] sentinel
+            self.wfile.write(b"data: [DONE]\n\n")
 
     def log_message(self, *args):
         pass
@@ -47,3 +51,14 @@ def test_stream_chat_joins_deltas_and_times_the_first_token(sse_server):
     res = stream_chat(sse_server, "m", "What is the capital of France?", max_tokens=8)
     assert res.answer == "The capital is Paris."
     assert 0 <= res.ttft_s <= res.total_s
+
+
+def test_a_stream_that_closes_before_done_is_an_error_not_a_short_answer(sse_server):
+    with pytest.raises(RuntimeError, match=r"closed before 'data: \[DONE\]' after 1 content chunk"):
+        stream_chat(sse_server, "m", "truncated", max_tokens=8)
+
+
+def test_an_empty_answer_has_no_ttft_and_serialises_as_strict_json(sse_server):
+    res = stream_chat(sse_server, "m", "empty", max_tokens=8)
+    assert res.answer == "" and res.ttft_s is None and res.total_s >= 0
+    assert json.dumps({"ttft_s": [res.ttft_s]}, allow_nan=False) == '{"ttft_s": [null]}'

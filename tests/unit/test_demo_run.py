@@ -1,0 +1,109 @@
+"""run_demo's own wiring, every step faked at its module: a bad --state-dir fails before any work with the
+CLI's `error: --state-dir ...` line, worker/runtime logs go to <state-dir>/logs, and summary.json is strict
+JSON (a missing TTFT is null, never a bare NaN)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import runtime.demo as demo
+from runtime.demo import ChatResult, DemoSettings, run_demo
+
+
+def test_a_state_dir_that_is_a_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        run_demo(DemoSettings(state_dir=f))
+    assert str(exc.value.code) == f"error: --state-dir {f}: is a file, not a folder"
+
+
+def test_a_state_dir_below_a_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(SystemExit, match=r"^error: --state-dir .*afile/sub: cannot create .*afile"):
+        demo.check_state_dir(f / "sub")
+
+
+def test_check_state_dir_creates_the_demo_and_logs_folders(tmp_path):
+    state = demo.check_state_dir(tmp_path / "new")
+    assert state == (tmp_path / "new").resolve()
+    assert (state / "demo").is_dir() and (state / "logs").is_dir()
+
+
+@pytest.fixture
+def faked_steps(tmp_path, monkeypatch):
+    """Replace each step run_demo imports with a recorder; return what the fakes saw."""
+    seen: dict = {}
+    model_dir = tmp_path / "fsx" / "models" / "m"
+
+    class FakeS3:
+        def __init__(self, path):
+            seen["s3_dir"] = path
+        endpoint_url, env = "http://127.0.0.1:1", {}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def client(self):
+            return None
+
+    class FakeDeployment:
+        runtime_url, decode_metrics_url = "http://runtime", "http://decode/metrics"
+
+        def __init__(self, spec, model_path, **kwargs):
+            seen["deployment_kwargs"] = kwargs
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    spec = types.SimpleNamespace(model=types.SimpleNamespace(path=str(model_dir), name="m"),
+                                 prefill=types.SimpleNamespace(tp=1), decode=types.SimpleNamespace(tp=1),
+                                 gpu="H100-SXM")
+    fakes = {
+        "pipelines.stage_tune_promote": dict(compile_pipeline=lambda p: p,
+                                             run_local=lambda **kw: {"manifests": "m.yaml"}),
+        "runtime.models.gguf_convert": dict(convert_smollm2=lambda p: p),
+        "runtime.server.launch": dict(LocalDeployment=FakeDeployment),
+        "runtime.staging.manifest": dict(verify_staged=lambda p, check_digests: None),
+        "runtime.staging.s3": dict(upload_folder=lambda *a: None),
+        "runtime.staging.seaweed": dict(SeaweedServer=FakeS3),
+        "runtime.tracking.mlflow_runs": dict(load_champion=lambda uri, name: ("1", spec)),
+    }
+    for name, attrs in fakes.items():
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, mod)
+    counts = iter(["vllm:nixl_xfer_time_seconds_count 1\n", "vllm:nixl_xfer_time_seconds_count 3\n"])
+    monkeypatch.setattr(demo.httpx, "get", lambda url, timeout: types.SimpleNamespace(text=next(counts)))
+    answers = iter([ChatResult("Paris.", 0.25, 1.0), ChatResult("Red, blue, yellow.", 0.5, 1.5)])
+    monkeypatch.setattr(demo, "stream_chat", lambda *a, **kw: next(answers))
+    return seen
+
+
+def test_worker_and_runtime_logs_go_under_the_state_dir(tmp_path, faked_steps):
+    state = tmp_path / "state"
+    summary = run_demo(DemoSettings(state_dir=state, questions=("q1", "q2")))
+    assert faked_steps["deployment_kwargs"]["log_dir"] == state.resolve() / "logs"
+    assert summary["ttft_s"] == [0.25, 0.5] and summary["nixl_transfers"] == 2
+
+
+def test_an_answer_without_a_first_token_is_null_in_summary_json(tmp_path, faked_steps, monkeypatch):
+    answers = iter([ChatResult("Paris.", 0.25, 1.0), ChatResult("", None, 0.5)])
+    monkeypatch.setattr(demo, "stream_chat", lambda *a, **kw: next(answers))
+    state = tmp_path / "state"
+    summary = run_demo(DemoSettings(state_dir=state, questions=("q1", "q2")))
+    assert summary["ttft_s"] == [0.25, None]
+    text = (state / "demo" / "summary.json").read_text()
+    assert "NaN" not in text and json.loads(text)["ttft_s"] == [0.25, None]
