@@ -9,6 +9,8 @@ Values are summed over label sets (model_name, engine index), so a multi-engine 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,25 +29,54 @@ def sample_sum(text: str, sample_name: str, **label_filter: str) -> float:
         text: Prometheus text exposition format.
         sample_name: full sample name, e.g. "vllm:prefix_cache_hits_total" or "..._count" of a histogram.
 
+    Returns the sum as read: a NaN or infinite sample makes the sum NaN or infinite (gauges are judged
+    by the caller; counts by `nixl_transfer_count`).
+
     Raises:
-        ValueError: `text` is not valid exposition format (from prometheus_client's parser).
+        ValueError: `text` is not valid exposition format; the message names the first line that does
+            not parse on its own (1-based) when there is one.
     """
     total = 0.0
-    for family in text_string_to_metric_families(text):
+    for family in _families(text):
         for s in family.samples:
             if s.name == sample_name and all(s.labels.get(k) == v for k, v in label_filter.items()):
                 total += float(s.value)
     return total
 
 
+def _families(text: str) -> Iterator:
+    """prometheus_client's metric families of `text`, with parse errors that name the bad line."""
+    try:
+        yield from list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            try:
+                list(text_string_to_metric_families(line + "\n"))
+            except ValueError as line_exc:
+                raise ValueError(f"metrics text line {lineno}: {line_exc} in {line[:200]!r}") from exc
+        raise ValueError(f"metrics text is not Prometheus exposition format: {exc}") from exc
+
+
 def nixl_transfer_count(text: str) -> int:
-    """Number of NIXL KV transfers the worker has received (count of `vllm:nixl_xfer_time_seconds`)."""
-    return int(sample_sum(text, NIXL_XFER_COUNT))
+    """Number of NIXL KV transfers the worker has received (count of `vllm:nixl_xfer_time_seconds`).
+
+    Raises:
+        ValueError: `text` does not parse (see `sample_sum`), or the count is NaN, infinite or negative
+            (the message names the metric).
+    """
+    n = sample_sum(text, NIXL_XFER_COUNT)
+    if not math.isfinite(n) or n < 0:
+        raise ValueError(f"{NIXL_XFER_COUNT} is {n}: a transfer count must be a finite number >= 0")
+    return int(n)
 
 
 def nixl_transfer_stats(text: str) -> dict[str, float | int | None]:
     """``{"nixl_transfers": count, "nixl_xfer_ms_mean": mean transfer time in ms (None without transfers)}``
-    from a worker's `vllm:nixl_xfer_time_seconds` histogram, as the bench scripts report them."""
+    from a worker's `vllm:nixl_xfer_time_seconds` histogram, as the bench scripts report them.
+
+    Raises:
+        ValueError: as `nixl_transfer_count`.
+    """
     n = nixl_transfer_count(text)
     total_s = sample_sum(text, NIXL_XFER_COUNT.replace("_count", "_sum"))
     return {"nixl_transfers": n, "nixl_xfer_ms_mean": round(1000 * total_s / n, 2) if n else None}

@@ -6,10 +6,12 @@ parser is checked against the real format; expected values come from what was ob
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from runtime.engines.metrics import nixl_transfer_count, parse_worker_metrics, sample_sum
+from runtime.engines.metrics import nixl_transfer_count, nixl_transfer_stats, parse_worker_metrics, sample_sum
 
 
 def _vllm_like_text(num_xfers_by_engine: dict[str, int], queries: float, hits: float, running: int) -> str:
@@ -52,3 +54,25 @@ def test_label_filter_selects_one_series():
 def test_malformed_text_raises_value_error():
     with pytest.raises(ValueError):
         sample_sum('metric{label="unterminated} 1\n', "metric")
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf"])
+def test_a_non_finite_transfer_count_is_an_error_naming_the_metric(value):
+    text = _vllm_like_text({"0": 2}, 0, 0, 0) + f'vllm:nixl_xfer_time_seconds_count{{engine="9"}} {value}\n'
+    with pytest.raises(ValueError, match=r"vllm:nixl_xfer_time_seconds_count is .*finite number >= 0"):
+        nixl_transfer_count(text)
+    with pytest.raises(ValueError, match="vllm:nixl_xfer_time_seconds_count"):
+        nixl_transfer_stats(text)
+
+
+def test_a_non_finite_gauge_is_returned_for_the_caller_to_judge():
+    text = _vllm_like_text({"0": 1}, 0, 0, 0) + 'vllm:num_requests_waiting{engine="1"} NaN\n'
+    assert math.isnan(sample_sum(text, "vllm:num_requests_waiting"))
+    assert nixl_transfer_count(text) == 1
+
+
+def test_a_parse_error_names_the_line():
+    text = _vllm_like_text({"0": 1}, 0, 0, 0)
+    bad_line = len(text.splitlines()) + 1
+    with pytest.raises(ValueError, match=rf"metrics text line {bad_line}: .* in 'this is not prometheus'"):
+        parse_worker_metrics(text + "this is not prometheus\n")
