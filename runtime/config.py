@@ -113,7 +113,12 @@ class PoolSpec(_Strict):
 class EngineSpec(_Strict):
     """vLLM worker settings that prefill and decode must share (NixlConnector requires it)."""
 
-    dtype: str = Field(default="bfloat16", description="Weights/activation dtype passed to vLLM --dtype.")
+    dtype: Literal["auto", "bfloat16", "float", "float16", "float32", "half"] = Field(
+        default="bfloat16",
+        description="Weights/activation dtype passed to vLLM --dtype; vLLM's own choices (vllm/config/model.py ModelDType: "
+        "auto, bfloat16, float, float16, float32, half). Precision names such as bf16/fp8 are not dtypes: "
+        "FP8 is DeploymentSpec.precision (quantization and KV-cache flags).",
+    )
     block_size_tokens: int = Field(default=16, gt=0, description="KV block size, tokens (vLLM --block-size).")
     max_model_len_tokens: int = Field(default=4096, gt=0, description="vLLM --max-model-len, tokens.")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM memory fraction.")
