@@ -95,8 +95,9 @@ class KvEventApplier:
         Raises:
             runtime.kv.index.UnknownWorkerError: when ``worker_id`` is not in the index (nothing applied).
             KvEventError: after every other event was applied, when some ``BlockStored`` had another block
-                size or a token count that is not ``len(block_hashes) * block_size``; the message names
-                the first and counts them, ``.stats`` holds the counters.
+                size, a token count that is not ``len(block_hashes) * block_size`` or tokens/extra keys
+                the router cannot hash; the message names the first and counts them, ``.stats`` holds
+                the counters.
         """
         self.index.num_blocks(worker_id)  # raises UnknownWorkerError early
         table = self._engine_to_router.setdefault(worker_id, {})
@@ -111,6 +112,10 @@ class KvEventApplier:
                 except KvEventError as exc:
                     stats.num_rejected_events += 1
                     first_error = first_error or exc
+                except (TypeError, ValueError) as exc:  # e.g. unhashable token ids of a hand-built event
+                    stats.num_rejected_events += 1
+                    first_error = first_error or KvEventError(f"BlockStored from worker {worker_id!r} cannot "
+                                                              f"be hashed: {exc}")
             elif isinstance(ev, BlockRemoved):
                 router_hashes = []
                 for h in ev.block_hashes:

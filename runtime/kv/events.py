@@ -19,7 +19,8 @@ decode here. ``token_ids`` are all tokens of the stored full blocks (``len(block
   offloading/events.py``) and token-less ``BlockStored`` placeholders (``token_ids=[]``, ``block_size=0``,
   that connector's default) are skipped: the router indexes what a worker can reuse without a transfer,
   and a CPU-tier ``BlockRemoved`` must not drop the GPU copy. ``medium=None`` (older releases) is GPU.
-* :func:`decode_payload` decodes event by event: a malformed event is skipped and counted
+* :func:`decode_payload` decodes event by event: a malformed event (also: a token id that is not an int, a
+  block hash that is not an int, bytes or str) is skipped and counted
   (``KvEventBatch.num_invalid_events``, first reason in ``first_error``), the rest of the batch is kept.
 
 Engine block hashes may be ints or bytes (vLLM ``ExternalBlockHash``) and are kept as received. The
@@ -110,6 +111,14 @@ def _hash(value: object, where: str) -> Hashable:
     raise KvEventDecodeError(f"{where}: block hash must be int or bytes, got {type(value).__name__}")
 
 
+def _token_ids(tokens: list | tuple, where: str) -> tuple[int, ...]:
+    # a nested list or map here would pass into the router's hash as an unhashable value mid-batch
+    for t in tokens:
+        if type(t) is not int:
+            raise KvEventDecodeError(f"{where}: BlockStored.token_ids must be ints, got {type(t).__name__}")
+    return tuple(tokens)
+
+
 def _hashes(value: object, where: str) -> tuple[Hashable, ...]:
     if not isinstance(value, (list, tuple)):
         raise KvEventDecodeError(f"{where}: expected a list of block hashes, got {type(value).__name__}")
@@ -150,7 +159,7 @@ def _decode_event(raw: object, where: str) -> KvEvent | _Skipped | None:
         return BlockStored(
             block_hashes=_hashes(raw[1], f"{where}.BlockStored.block_hashes"),
             parent_block_hash=parent,
-            token_ids=None if tokens is None else tuple(tokens),
+            token_ids=None if tokens is None else _token_ids(tokens, where),
             block_size=block_size,
             lora_id=raw[5] if len(raw) > 5 else None,
             medium=medium,

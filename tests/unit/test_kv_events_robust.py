@@ -116,3 +116,25 @@ def test_an_engine_hash_reported_with_other_tokens_replaces_its_old_block():
     assert idx.num_blocks("A") == 1 and idx.match(OURS) == {}
     ap.apply("A", [BlockRemoved((11,))])
     assert idx.num_blocks("A") == 0
+
+
+@pytest.mark.parametrize("bad_tokens", [[[1], 2, 3, 4], [1, {"a": 1}, 3, 4], [1, 2.5, 3, 4], [1, "2", 3, 4]])
+def test_non_int_token_ids_are_a_malformed_event_counted_and_skipped(bad_tokens):
+    bad = _stored_map([10], bad_tokens)
+    good = _stored_map([11, 12, 13, 14], PROMPT)
+    batch = decode_payload(_payload(bad, good))
+    assert batch.num_invalid_events == 1 and "token_ids must be ints" in batch.first_error
+    assert len(batch.events) == 1
+    idx, app = _setup()
+    app.apply("A", batch.events)
+    assert idx.match(OURS) == {"A": 4}
+
+
+def test_unhashable_tokens_of_a_hand_built_event_are_rejected_after_the_rest_of_the_batch():
+    idx, app = _setup()
+    bad = BlockStored((10,), None, ([1], 2, 3, 4), BS)  # type: ignore[arg-type]  # not from the decoder
+    good = BlockStored((11, 12, 13, 14), None, PROMPT, BS)
+    with pytest.raises(KvEventError) as exc:
+        app.apply("A", [bad, good])
+    assert exc.value.stats.num_rejected_events == 1 and exc.value.stats.num_stored_blocks == 4
+    assert idx.match(OURS) == {"A": 4}
