@@ -134,30 +134,52 @@ class PrefixIndex:
         else:
             del self._masks[h]
 
-    def learn(self, worker_id: str, hashes: Sequence[Hashable], expires_at_s: float) -> None:
+    def learn(self, worker_id: str, hashes: Sequence[Hashable], expires_at_s: float) -> list[Hashable]:
         """Approximate mode: assume ``worker_id`` holds ``hashes`` until ``expires_at_s``.
 
         Called with the router's own decisions for workers that publish no KV events (Dynamo's
         ``ApproxKvIndexer`` idea). Re-learning a hash refreshes its expiry. When the worker has an
         ``approx_capacity_blocks``, the oldest learned entries beyond it are dropped (the engine's LRU
         would have evicted them first).
+
+        Returns:
+            the hashes that were new to the worker's entry (for :meth:`unlearn`).
         """
         blocks = self._worker_blocks(worker_id)
         ttl = self._ttl[worker_id]
         bit = 1 << self._bit_of[worker_id]
         masks = self._masks
+        new: list[Hashable] = []
         for h in hashes:
             if h in ttl:
                 ttl.move_to_end(h)
             elif h not in blocks:
                 blocks[h] = 1
                 masks[h] = masks.get(h, 0) | bit
+                new.append(h)
             ttl[h] = expires_at_s
         cap = self._ttl_cap[worker_id]
         if cap is not None:
             while len(ttl) > cap:
                 h, _ = ttl.popitem(last=False)
                 self._drop(worker_id, blocks, h)
+        return new
+
+    def unlearn(self, worker_id: str, hashes: Iterable[Hashable], expires_at_s: float) -> int:
+        """Undo :meth:`learn` of ``hashes`` (what it returned): drop each approximate entry that still has
+        expiry ``expires_at_s`` (not re-learned since, not stored precisely). Returns how many were dropped.
+        An unknown worker is ignored."""
+        blocks = self._blocks.get(worker_id)
+        if blocks is None:
+            return 0
+        ttl = self._ttl[worker_id]
+        dropped = 0
+        for h in hashes:
+            if ttl.get(h) == expires_at_s and blocks.get(h) == 1:
+                del ttl[h]
+                self._drop(worker_id, blocks, h)
+                dropped += 1
+        return dropped
 
     def expire(self, now_s: float) -> int:
         """Drop approximate entries whose expiry is ``<= now_s``; returns how many were dropped."""

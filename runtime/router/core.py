@@ -10,7 +10,8 @@ Usage (the server adapter owns sockets, tokenizer and clock)::
     router.on_first_token("req-1"); router.on_complete("req-1")
 
 Conditional disaggregation (``route``): the decode worker is chosen among decode-capable workers — with
-the configured policy when there is no prefill pool (aggregated workers), else with the same policy
+the configured policy when there is no prefill pool (aggregated workers; ``kv_aware`` then counts their
+decode load above the pool mean with at least :data:`AGGREGATED_DECODE_WEIGHT`), else with the same policy
 re-weighted for decode (``decode_weight >= 1``: active KV blocks plus its own cache and local prefill
 queue, the "load and own cache" choice). The prompt is prefilled *locally* on it when
 
@@ -45,6 +46,23 @@ from runtime.kv.hashing import block_hashes as _block_hashes
 from runtime.kv.index import PrefixIndex
 from runtime.router.load import ROLES, WorkerLoad
 from runtime.router.policies import uncached_tokens, make_policy
+
+
+#: Most prompt tokens hashed per request for prefix matching (Llama-3.1's 128k context). Hashing is
+#: ~175 ns/token on the event loop (8M tokens blocked it 1.4 s); a longer prompt is still charged its full
+#: length, only its prefix beyond this is never matched or learned.
+MAX_HASHED_PROMPT_TOKENS = 131_072
+
+#: Least kv_aware ``decode_weight`` on an *aggregated* pool (role ``both``, no prefill workers), applied to
+#: each worker's active decode tokens above the pool mean (weight relative to one uncached prefill token of
+#: the prompt). There a worker prefills *and* decodes; with weight 0 a shared 2,048-token prefix kept 3,841
+#: of 4,000 requests on one of four workers while the others idled. The right weight is the decode
+#: interference of a context token over a request's life against one prefill token: ~0.01-0.2 for a 70B
+#: model on 8×H100 (KV reads of ~12 ns per token per step), more for small models, whose decode is
+#: KV-bound; raise ``RouterSpec.decode_weight`` to spread more. Chosen on bench/router.py (Mooncake,
+#: 16×70B TP8, whose TTFT has no decode interference so it only shows the price of spreading): pricing all
+#: decode load at 0.05 cost 1.9 % hit rate, pricing the excess over the mean at 0.05 ~0.2 %.
+AGGREGATED_DECODE_WEIGHT = 0.05
 
 
 class NoWorkersError(RuntimeError):
@@ -94,6 +112,9 @@ class _InFlight:
     hashes: Sequence[Hashable]
     num_tokens: int
     prefill_done: bool = False
+    # approximate mode: blocks this request newly taught the index about its prefiller, and their expiry
+    learned: list[Hashable] | None = None
+    learned_until_s: float = 0.0
     num_migrations: int = 0
     excluded: set[str] = field(default_factory=set)
 
@@ -143,6 +164,12 @@ class Router:
                                          decode_weight=max(1.0, spec.decode_weight),
                                          balance_weight=spec.balance_weight, prefill_cost=self.prefill_cost,
                                          seed=seed + 1)
+        # aggregated pool (no prefill workers): each worker prefills *and* decodes, so its decode load counts
+        self.aggregated_policy = make_policy(spec.policy, temperature=spec.temperature,
+                                             overlap_weight=spec.overlap_weight,
+                                             decode_weight=max(AGGREGATED_DECODE_WEIGHT, spec.decode_weight),
+                                             balance_weight=spec.balance_weight,
+                                             prefill_cost=self.prefill_cost, seed=seed, decode_excess=True)
         self.index = PrefixIndex()
         self._pending = PrefixIndex()  # blocks of routed requests whose prefill has not finished
         self._track_pending = bool(self.policy.uses_inflight_overlap and spec.inflight_overlap)
@@ -199,9 +226,37 @@ class Router:
         return [rid for rid, r in self._requests.items()
                 if r.prefill is load or r.decode is load]
 
+    def suspend_worker(self, worker_id: str) -> list[str]:
+        """Stop choosing a worker that failed a health check, keeping its index entry and load counters.
+
+        Its KV events still apply and its in-flight requests still release their load; a worker that comes
+        back after a missed health check still holds its cache (vLLM never re-reports blocks it holds, so a
+        dropped entry could not be rebuilt). A real restart clears the entry through the KV-event path
+        (sequence reset / ``AllBlocksCleared``); :meth:`remove_worker` drops it for good.
+
+        Returns:
+            ids of in-flight requests that use it (as :meth:`remove_worker`); ``[]`` for unknown or
+            already suspended workers.
+        """
+        load = self._loads.get(worker_id)
+        if load is None or not load.available:
+            return []
+        load.available = False
+        self._rebuild_pools()
+        return [rid for rid, r in self._requests.items() if r.prefill is load or r.decode is load]
+
+    def resume_worker(self, worker_id: str) -> bool:
+        """Route to a suspended worker again (index entry as kept). Returns False when it was not suspended."""
+        load = self._loads.get(worker_id)
+        if load is None or load.available:
+            return False
+        load.available = True
+        self._rebuild_pools()
+        return True
+
     def _rebuild_pools(self) -> None:
-        self._decoders = [w for w in self._loads.values() if w.can_decode]
-        self._prefillers = [w for w in self._loads.values() if w.role == "prefill"]
+        self._decoders = [w for w in self._loads.values() if w.can_decode and w.available]
+        self._prefillers = [w for w in self._loads.values() if w.role == "prefill" and w.available]
 
     @property
     def workers(self) -> dict[str, WorkerLoad]:
@@ -240,10 +295,14 @@ class Router:
         Args:
             request_id: unique among in-flight requests.
             now_s: current time, seconds (any monotonic origin; used for approximate-entry TTLs).
-            token_ids: the prompt's token ids (exactly one of ``token_ids`` / ``block_hashes``).
-            block_hashes: precomputed chained block hashes (e.g. Mooncake ``hash_ids``).
+            token_ids: the prompt's token ids (exactly one of ``token_ids`` / ``block_hashes``); only the
+                first :data:`MAX_HASHED_PROMPT_TOKENS` are hashed for prefix matching.
+            block_hashes: precomputed chained block hashes (e.g. Mooncake ``hash_ids``); ``[]`` with
+                ``num_prompt_tokens`` routes a prompt the caller could not tokenize (load only, no
+                prefix matching).
             num_prompt_tokens: prompt length, tokens; default ``len(token_ids)`` or
-                ``len(block_hashes) * block_size_tokens``.
+                ``len(block_hashes) * block_size_tokens``. Decode load is charged for
+                ``max(len(hashes), num_prompt_tokens // block_size_tokens)`` blocks.
 
         Raises:
             ValueError: duplicate ``request_id`` or not exactly one of token_ids/block_hashes.
@@ -254,20 +313,15 @@ class Router:
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         bs = self.block_size_tokens
-        if token_ids is not None:
-            hashes: Sequence[Hashable] = _block_hashes(token_ids, bs)
-            num_tokens = len(token_ids) if num_prompt_tokens is None else num_prompt_tokens
-        else:
-            hashes = block_hashes  # type: ignore[assignment]
-            num_tokens = len(hashes) * bs if num_prompt_tokens is None else num_prompt_tokens
+        hashes, num_tokens = self._prompt(token_ids, block_hashes, num_prompt_tokens)
         if not self._decoders:
             raise NoWorkersError("no decode-capable worker (role decode or both) in the pool")
         if self._num_approx:
             self.index.expire(now_s)
         overlaps = self._overlaps(hashes)
         policy = self.policy
-        nb = len(hashes)
-        decode_policy = self.decode_policy if self._prefillers else policy
+        nb = max(len(hashes), num_tokens // bs)
+        decode_policy = self.decode_policy if self._prefillers else self.aggregated_policy
         decode = decode_policy.choose(self._decoders, overlaps, nb, num_tokens, bs)
         local_uncached = max(0, num_tokens - overlaps.get(decode, 0) * bs)
         prefill: str | None = None
@@ -290,6 +344,17 @@ class Router:
         self._charge(request_id, _InFlight(loads[prefill] if prefill else None, loads[decode], uncached, nb,
                                            work, hashes, num_tokens), now_s)
         return RouteDecision(request_id, prefill, decode, overlap, nb, uncached, reason)
+
+    def _prompt(self, token_ids: Sequence[int] | None, block_hashes: Sequence[Hashable] | None,
+                num_prompt_tokens: int | None) -> tuple[Sequence[Hashable], int]:
+        bs = self.block_size_tokens
+        if token_ids is not None:
+            cap = MAX_HASHED_PROMPT_TOKENS - MAX_HASHED_PROMPT_TOKENS % bs
+            hashes: Sequence[Hashable] = _block_hashes(
+                token_ids if len(token_ids) <= cap else token_ids[:cap], bs)
+            return hashes, len(token_ids) if num_prompt_tokens is None else num_prompt_tokens
+        assert block_hashes is not None
+        return block_hashes, len(block_hashes) * bs if num_prompt_tokens is None else num_prompt_tokens
 
     def _overlaps(self, hashes: Sequence[Hashable], exclude: Iterable[str] = ()) -> dict[str, int]:
         overlaps = self.index.match(hashes)
@@ -317,8 +382,15 @@ class Router:
         if self._track_pending:
             self._pending.store(pw.worker_id, r.hashes)
         if not pw.kv_events:
-            self.index.learn(pw.worker_id, r.hashes, now_s + self.spec.approx_ttl_s)
+            r.learned_until_s = now_s + self.spec.approx_ttl_s
+            r.learned = self.index.learn(pw.worker_id, r.hashes, r.learned_until_s)
         self._requests[request_id] = r
+
+    def _unlearn(self, r: _InFlight) -> None:
+        """Its prefill never happened: forget the blocks this request alone taught the index."""
+        if r.learned and self._alive(r.prefiller):
+            self.index.unlearn(r.prefiller.worker_id, r.learned, r.learned_until_s)
+        r.learned = None
 
     # ------------------------------------------------------------------ lifecycle
     def on_first_token(self, request_id: str) -> bool:
@@ -337,12 +409,18 @@ class Router:
         if self._track_pending and self._alive(pw):
             self._pending.remove(pw.worker_id, r.hashes)
 
-    def on_complete(self, request_id: str) -> bool:
-        """Request finished (or was abandoned): free all its load. Returns False for unknown ids."""
+    def on_complete(self, request_id: str, *, ok: bool = True) -> bool:
+        """Request finished (or was abandoned): free all its load. Returns False for unknown ids.
+
+        ``ok=False`` before the first token (e.g. the worker rejected the prompt): the prefill never ran,
+        so the blocks this request taught the approximate index are forgotten again.
+        """
         r = self._requests.pop(request_id, None)
         if r is None:
             return False
         if not r.prefill_done:
+            if not ok:
+                self._unlearn(r)
             self._release_prefill(r)
         r.decode.decode_blocks -= r.decode_blocks
         r.decode.num_requests -= 1
@@ -363,11 +441,12 @@ class Router:
                              r.prefill_tokens, "remote" if r.prefill_worker else "local")
 
     # ------------------------------------------------------------------ failures
-    def fallback_local_prefill(self, request_id: str) -> RouteDecision:
+    def fallback_local_prefill(self, request_id: str, *, now_s: float | None = None) -> RouteDecision:
         """The remote prefill failed or its worker is down: prefill on the decode worker instead.
 
         Moves the prefill load to the decode worker and returns the new decision
-        (``prefill_worker=None``, ``reason="local_prefill_failed"``).
+        (``prefill_worker=None``, ``reason="local_prefill_failed"``). Blocks the failed prefill taught the
+        approximate index are forgotten; with ``now_s`` (seconds) an approximate decode worker learns them.
 
         Raises:
             UnknownRequestError: when the request is not in flight.
@@ -377,6 +456,7 @@ class Router:
             raise UnknownRequestError(f"request {request_id!r} is not in flight")
         if r.prefill is not None:
             if not r.prefill_done:
+                self._unlearn(r)
                 self._release_prefill(r)
             r.prefill.num_requests -= 1
             r.prefill = None
@@ -390,6 +470,9 @@ class Router:
             r.decode.total_prefill_work += r.prefill_work
             if self._track_pending and self._alive(r.decode):
                 self._pending.store(r.decode_worker, r.hashes)
+            if now_s is not None and not r.decode.kv_events and self._alive(r.decode):
+                r.learned_until_s = now_s + self.spec.approx_ttl_s
+                r.learned = self.index.learn(r.decode_worker, r.hashes, r.learned_until_s)
         overlap = max(0, (r.num_tokens - r.prefill_tokens) // self.block_size_tokens)
         return RouteDecision(request_id, None, r.decode_worker, overlap, r.decode_blocks,
                              r.prefill_tokens, "local_prefill_failed")
@@ -423,17 +506,14 @@ class Router:
         if not candidates:
             self.on_complete(request_id)
             raise NoWorkersError(f"request {request_id!r}: no decode worker left besides {sorted(excluded)}")
-        if token_ids is not None:
-            hashes: Sequence[Hashable] = _block_hashes(token_ids, self.block_size_tokens)
-            num_tokens = len(token_ids)
-        elif block_hashes is not None:
-            hashes, num_tokens = block_hashes, len(block_hashes) * self.block_size_tokens
+        if token_ids is not None or block_hashes is not None:
+            hashes, num_tokens = self._prompt(token_ids, block_hashes, None)
         else:
             hashes, num_tokens = r.hashes, r.num_tokens
         self.on_complete(request_id)
         overlaps = self._overlaps(hashes, exclude=excluded)
-        nb = len(hashes)
-        decode_policy = self.decode_policy if self._prefillers else self.policy
+        nb = max(len(hashes), num_tokens // self.block_size_tokens)
+        decode_policy = self.decode_policy if self._prefillers else self.aggregated_policy
         decode = decode_policy.choose(candidates, overlaps, nb, num_tokens, self.block_size_tokens)
         overlap = overlaps.get(decode, 0)
         uncached = max(0, num_tokens - overlap * self.block_size_tokens)

@@ -28,6 +28,8 @@ class WorkerLoad:
         prefill_work: predicted prefill work queued here (the router's ``prefill_cost`` unit: seconds
             when a performance model is given, else uncached tokens).
         total_prefill_work: prefill work ever routed here, same unit (evens out long-run busy time).
+        available: False while the worker is suspended (failed a health check): never chosen, but its
+            index entry and counters are kept.
     """
 
     worker_id: str
@@ -38,6 +40,7 @@ class WorkerLoad:
     kv_events: bool = True
     prefill_work: float = 0.0
     total_prefill_work: float = 0.0
+    available: bool = True
 
     @property
     def can_prefill(self) -> bool:

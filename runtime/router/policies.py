@@ -20,6 +20,9 @@ Costs (lower is better; ties broken uniformly at random with the policy's seeded
   active decode sequence of a 70B model with a 16k-token context reads ~0.65 GB of KV per H100 per
   step (≈0.2 ms at 3.35 TB/s) beside a ~100 ms 2k-token prefill chunk, i.e. ~0.2 % per sequence; the
   router picks *decode* workers of a disaggregated pool with weight ≥ 1 instead (runtime/router/core.py).
+  In an aggregated pool (workers prefill and decode) the router uses weight ≥ 0.05 on the decode blocks a
+  worker holds *above the candidates' mean* (``decode_excess``), so a cached prefix cannot pull every
+  request onto one worker while the others idle.
   The balance term (default 0.02) evens out long-run busy time when hot prefixes pile onto one worker.
   Exact ties go to the worker with the least cumulative work, then at random. With
   ``temperature > 0`` a softmax over min-max-normalised costs samples the worker.
@@ -82,14 +85,17 @@ class KvAwarePolicy:
 
     Args:
         prefill_cost: ``(num_tokens, cached_tokens) -> work`` of one prefill; default uncached tokens.
+        decode_excess: count only decode blocks above the candidates' mean (aggregated pools, where the
+            decode term balances decode load across workers instead of pricing all of it).
     """
 
     uses_inflight_overlap = True
 
     def __init__(self, *, temperature: float = 0.0, decode_weight: float = 0.0, balance_weight: float = 0.0,
-                 prefill_cost: PrefillCost | None = None, seed: int = 0) -> None:
+                 prefill_cost: PrefillCost | None = None, seed: int = 0, decode_excess: bool = False) -> None:
         self.temperature = temperature
         self.decode_weight = decode_weight
+        self.decode_excess = decode_excess
         self.balance_weight = balance_weight
         self.prefill_cost = prefill_cost or uncached_tokens
         self.rng = _random.Random(seed)
@@ -109,8 +115,11 @@ class KvAwarePolicy:
         mean_total = (sum(w.total_prefill_work for w in candidates) / len(candidates)) if bw else 0.0
         get = overlaps.get
         costs: list[float] = []
+        # decode_excess: only decode load above the candidates' mean counts (like the balance term)
+        floor = sum(w.decode_blocks for w in candidates) / len(candidates) if self.decode_excess and dw else 0.0
         for w in candidates:
-            c = w.prefill_work + own[get(w.worker_id, 0)] + dw * w.decode_blocks
+            d = w.decode_blocks
+            c = w.prefill_work + own[get(w.worker_id, 0)] + (dw * (d - floor) if d > floor else 0.0)
             t = w.total_prefill_work
             if bw and t > mean_total:
                 c += bw * (t - mean_total)
@@ -204,7 +213,7 @@ POLICIES: dict[str, type] = {
 
 def make_policy(name: str, *, temperature: float = 0.0, overlap_weight: float = 1.0,
                 decode_weight: float = 0.0, balance_weight: float = 0.0,
-                prefill_cost: PrefillCost | None = None, seed: int = 0) -> Policy:
+                prefill_cost: PrefillCost | None = None, seed: int = 0, decode_excess: bool = False) -> Policy:
     """Instantiate the policy registered as ``name``.
 
     Raises:
@@ -212,7 +221,8 @@ def make_policy(name: str, *, temperature: float = 0.0, overlap_weight: float = 
     """
     if name == "kv_aware":
         return KvAwarePolicy(temperature=temperature, decode_weight=decode_weight,
-                             balance_weight=balance_weight, prefill_cost=prefill_cost, seed=seed)
+                             balance_weight=balance_weight, prefill_cost=prefill_cost, seed=seed,
+                             decode_excess=decode_excess)
     if name == "dynamo_cost":
         return DynamoCostPolicy(overlap_weight=overlap_weight, temperature=temperature, seed=seed)
     cls = POLICIES.get(name)

@@ -2,10 +2,15 @@
 
 The pure `Router` decides among worker *ids*; this adapter owns the id → URL map (configuration only), the
 clock, the KV-event subscription and the worker health loop:
-* `choose` routes on the prompt's token ids (runtime.server.tokenize, same tokens as vLLM);
+* `choose` routes on the prompt's token ids (runtime.server.tokenize, same tokens as vLLM); a prompt the
+  runtime could not tokenize (batches, nested token-id lists, chats the template rejects) is routed and
+  charged by an estimate of its length (`estimate_prompt_tokens`), without prefix matching;
 * KV events of every worker (runtime.engines.kv_events) are applied to the router's index as they arrive;
-* a worker that fails its health check or refuses a connection leaves the pool (and the index); it is added
-  back, with an empty index entry, once /health answers again.
+* a worker that fails its health check or refuses a connection is no longer chosen, but keeps its index
+  entry (its cache survives a missed health check, and vLLM never re-reports blocks it holds); it is chosen
+  again once /health answers. A real restart clears the entry through the KV-event path (sequence reset);
+  `remove_worker` drops it for good;
+* workers without KV events are tracked approximately, each bounded to `approx_capacity_tokens`.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from runtime.config import RouterSpec
@@ -23,6 +28,50 @@ from runtime.router.core import MigrationLimitError, NoWorkersError, Router, Unk
 from runtime.server.pairing import Route, RouteRequest
 
 log = logging.getLogger(__name__)
+
+#: Default bound of the router's learned index entry per worker without KV events, tokens: the order of a
+#: large worker's KV cache (Llama-3.1-70B on 8×H100 at 0.9 memory: ~1.3M tokens; 8B on one H100: ~0.45M),
+#: so learned entries cannot grow without limit (the engine's LRU would have evicted older blocks anyway).
+DEFAULT_APPROX_CAPACITY_TOKENS = 1 << 20
+
+#: Characters per token of the prompt-length estimate for prompts the runtime could not tokenize (the
+#: usual ~4 characters per token of English BPE vocabularies, OpenAI's tokenizer guide).
+CHARS_PER_TOKEN = 4
+
+
+def _text_chars(value: object) -> int:
+    """Characters of the text in a message `content` (a string or a list of `{"type": "text", ...}` parts)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(len(p["text"]) for p in value
+                   if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0
+
+
+def estimate_prompt_tokens(body: Mapping[str, object]) -> int:
+    """Prompt length estimate, tokens, of an OpenAI request body the runtime could not tokenize.
+
+    Completions `prompt`: a string or list of strings → characters / `CHARS_PER_TOKEN` (rounded up) over all
+    of them; a token-id list → its length; a list of token-id lists → the sum of their lengths. Chat
+    `messages`: characters of every message's text content / `CHARS_PER_TOKEN`. Anything else counts 0.
+    Never raises (the body is client input).
+    """
+    chars = tokens = 0
+    prompt = body.get("prompt")
+    items: Sequence[object] = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else ()
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        tokens += len(prompt)
+    else:
+        for item in items:
+            if isinstance(item, str):
+                chars += len(item)
+            elif isinstance(item, list):
+                tokens += len(item)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        chars += sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    return tokens + -(-chars // CHARS_PER_TOKEN)
 
 
 @dataclass(frozen=True)
@@ -43,24 +92,35 @@ class RouterPairing:
         block_size_tokens: the workers' `--block-size`.
         workers: the configured pool.
         clock: monotonic seconds (injected for tests).
+        approx_capacity_tokens: bound of the learned index entry of each worker without KV events, tokens.
 
     Raises:
         ValueError: duplicate worker ids or an unknown role (from Router.add_worker).
     """
 
     def __init__(self, spec: RouterSpec, block_size_tokens: int, workers: list[WorkerEndpoint], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 approx_capacity_tokens: int = DEFAULT_APPROX_CAPACITY_TOKENS) -> None:
         self.router = Router(spec, block_size_tokens)
+        self._approx_capacity_blocks = max(1, approx_capacity_tokens // block_size_tokens)
         self.workers = {w.worker_id: w for w in workers}
         self._url_to_id = {w.url.rstrip("/"): w.worker_id for w in workers}
         self.clock = clock
         self.down: set[str] = set()
         for w in workers:
-            self.router.add_worker(w.worker_id, w.role, kv_events=w.kv_events_endpoint is not None)
+            self._add_to_router(w)
+
+    def _add_to_router(self, w: WorkerEndpoint) -> None:
+        self.router.add_worker(w.worker_id, w.role, kv_events=w.kv_events_endpoint is not None,
+                               kv_capacity_blocks=self._approx_capacity_blocks)
 
     # -- Pairing -----------------------------------------------------------------------------------
     def choose(self, req: RouteRequest) -> Route:
-        d = self.router.route(req.request_id, now_s=req.now_s, token_ids=list(req.token_ids or []))
+        if req.token_ids is None:  # not tokenizable here: route and charge by an estimate, no prefix match
+            d = self.router.route(req.request_id, now_s=req.now_s, block_hashes=[],
+                                  num_prompt_tokens=estimate_prompt_tokens(req.body))
+        else:
+            d = self.router.route(req.request_id, now_s=req.now_s, token_ids=req.token_ids)
         return Route(self._url(d.prefill_worker), self.workers[d.decode_worker].url, d.reason,
                      d.prefill_worker, d.decode_worker, d.overlap_blocks)
 
@@ -68,11 +128,11 @@ class RouterPairing:
         self.router.on_first_token(request_id)
 
     def on_prefill_failed(self, request_id: str, now_s: float) -> Route:
-        d = self.router.fallback_local_prefill(request_id)
+        d = self.router.fallback_local_prefill(request_id, now_s=now_s)
         return Route(None, self.workers[d.decode_worker].url, d.reason, None, d.decode_worker, d.overlap_blocks)
 
     def on_complete(self, request_id: str, now_s: float, ok: bool) -> None:
-        self.router.on_complete(request_id)
+        self.router.on_complete(request_id, ok=ok)
 
     def on_worker_unreachable(self, url: str) -> None:
         self.mark_down(url)
@@ -97,13 +157,13 @@ class RouterPairing:
         return {w.worker_id: w.kv_events_endpoint for w in self.workers.values() if w.kv_events_endpoint}
 
     def mark_down(self, url: str) -> list[str]:
-        """Take the worker at `url` out of the pool and the index; returns its in-flight request ids."""
+        """Stop routing to the worker at `url` (its index entry is kept); returns its in-flight request ids."""
         wid = self._url_to_id.get(url.rstrip("/"))
         if wid is None or wid in self.down:
             return []
         self.down.add(wid)
-        log.warning("worker %s (%s) is down: removed from the pool", wid, redact_userinfo(url))
-        return self.router.remove_worker(wid)
+        log.warning("worker %s (%s) is down: no longer routed to", wid, redact_userinfo(url))
+        return self.router.suspend_worker(wid)
 
     def add_worker(self, endpoint: WorkerEndpoint) -> None:
         """Add a worker started at run time (e.g. by the planner's local actuator).
@@ -113,7 +173,7 @@ class RouterPairing:
         """
         if endpoint.worker_id in self.workers or endpoint.url.rstrip("/") in self._url_to_id:
             raise ValueError(f"worker {endpoint.worker_id!r} / {endpoint.url} is already in the pool")
-        self.router.add_worker(endpoint.worker_id, endpoint.role, kv_events=endpoint.kv_events_endpoint is not None)
+        self._add_to_router(endpoint)
         self.workers[endpoint.worker_id] = endpoint
         self._url_to_id[endpoint.url.rstrip("/")] = endpoint.worker_id
 
@@ -127,12 +187,11 @@ class RouterPairing:
         return self.router.remove_worker(worker_id)
 
     def mark_up(self, url: str) -> None:
-        """Put a recovered worker back into the pool (its index entry starts empty)."""
+        """Route to a recovered worker again (its index entry as kept while it was down)."""
         wid = self._url_to_id.get(url.rstrip("/"))
         if wid is None or wid not in self.down:
             return
-        w = self.workers[wid]
-        self.router.add_worker(wid, w.role, kv_events=w.kv_events_endpoint is not None)
+        self.router.resume_worker(wid)
         self.down.discard(wid)
         log.info("worker %s (%s) is back in the pool", wid, redact_userinfo(url))
 

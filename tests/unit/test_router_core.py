@@ -237,3 +237,119 @@ def test_routing_never_picks_a_worker_outside_the_pool(ops, policy):
     for i in range(n):
         r.on_complete(f"q{i}")
     assert all((w.prefill_tokens, w.decode_blocks, w.num_requests) == (0, 0, 0) for w in r.workers.values())
+
+
+# -- aggregated pools count decode load -----------------------------------------------------------------
+
+def test_aggregated_kv_aware_counts_decode_load_so_a_cached_prefix_does_not_take_every_request():
+    import collections
+    import random
+
+    r = Router(RouterSpec(), BS, seed=1)
+    for i in range(4):
+        r.add_worker(f"w{i}", "both")
+    rng = random.Random(0)
+    hot = [rng.randrange(1000) for _ in range(2048)]
+    _stored(r, "w0", hot)
+    inflight, count = collections.deque(), collections.Counter()
+    for k in range(1000):
+        d = r.route(f"r{k}", now_s=0.0, token_ids=hot + [rng.randrange(1000) for _ in range(64)])
+        count[d.decode_worker] += 1
+        r.on_first_token(f"r{k}")  # prefill done before the next arrival: only decode load remains
+        inflight.append(f"r{k}")
+        if len(inflight) > 64:
+            r.on_complete(inflight.popleft())
+    # with decode free (weight 0) all 1000 went to w0: its cache saves 2,048 tokens a request
+    assert count["w0"] < 950 and min(count[f"w{i}"] for i in range(1, 4)) > 15
+
+
+def test_aggregated_pool_spreads_by_decode_load_with_a_higher_decode_weight():
+    r = Router(RouterSpec(decode_weight=1.0), BS)
+    r.add_worker("a", "both"), r.add_worker("b", "both")
+    _stored(r, "a", PROMPT)
+    r.route("busy", token_ids=list(range(50_000, 50_000 + 256 * BS)), now_s=0.0)  # decoding on one of them
+    r.on_first_token("busy")
+    busy = r.in_flight("busy").decode_worker
+    d = r.route("q", token_ids=PROMPT, now_s=0.0)
+    assert d.decode_worker != busy
+
+
+def test_disaggregated_prefill_choice_still_ignores_decode_load_by_default():
+    r = _router(disagg_min_uncached_tokens=0)
+    for w, role in (("p0", "prefill"), ("p1", "prefill"), ("d", "decode")):
+        r.add_worker(w, role)
+    r.workers["p0"].decode_blocks = 10**6  # not a decoder: must not matter
+    _stored(r, "p0", PROMPT)
+    assert r.route("q", token_ids=PROMPT, now_s=0.0).prefill_worker == "p0"
+
+
+# -- prompt length and hashing -----------------------------------------------------------------------
+
+def test_only_the_first_max_hashed_tokens_are_hashed_but_the_whole_prompt_is_charged():
+    from runtime.router.core import MAX_HASHED_PROMPT_TOKENS
+
+    r = _router()
+    r.add_worker("a", "both", kv_events=False)
+    n = MAX_HASHED_PROMPT_TOKENS * 4
+    d = r.route("huge", token_ids=range(n), now_s=0.0)
+    assert r.index.num_blocks("a") == MAX_HASHED_PROMPT_TOKENS // BS  # learned/matched prefix is capped
+    assert d.num_prompt_blocks == n // BS and r.workers["a"].decode_blocks == n // BS
+    assert d.uncached_tokens == n and r.workers["a"].prefill_tokens == n
+
+
+def test_a_prompt_known_only_by_its_length_is_charged_without_prefix_matching():
+    r = _router()
+    r.add_worker("a", "both"), r.add_worker("b", "both")
+    _stored(r, "a", PROMPT)
+    d = r.route("q", block_hashes=[], num_prompt_tokens=40_000, now_s=0.0)
+    assert d.overlap_blocks == 0 and d.uncached_tokens == 40_000 and d.num_prompt_blocks == 40_000 // BS
+    assert r.workers[d.decode_worker].decode_blocks == 40_000 // BS
+
+
+# -- suspended workers and learned entries of failed requests -----------------------------------------
+
+def test_a_suspended_worker_keeps_its_index_entry_and_load_but_is_never_chosen():
+    r = _router()
+    r.add_worker("a", "both"), r.add_worker("b", "both")
+    _stored(r, "a", PROMPT)
+    r.route("x", token_ids=PROMPT, now_s=0.0)
+    assert r.suspend_worker("a") == ["x"] and r.suspend_worker("a") == []
+    assert all(r.route(f"q{i}", token_ids=PROMPT, now_s=0.0).decode_worker == "b" for i in range(5))
+    assert r.overlaps(r.hashes_for(PROMPT))["a"] == 64
+    assert r.on_complete("x") and r.workers["a"].decode_blocks == 0  # its load is released as usual
+    assert r.resume_worker("a") and not r.resume_worker("a")
+    assert r.route("back", token_ids=PROMPT, now_s=0.0).decode_worker == "a"
+
+
+def test_only_suspended_decoders_means_no_workers():
+    r = _router()
+    r.add_worker("a", "both")
+    r.suspend_worker("a")
+    with pytest.raises(NoWorkersError):
+        r.route("q", token_ids=PROMPT, now_s=0.0)
+
+
+def test_a_request_failed_before_its_first_token_unlearns_only_its_own_blocks():
+    r = _router()
+    r.add_worker("a", "both", kv_events=False)
+    shared = PROMPT[: 16 * BS]
+    r.route("ok", token_ids=shared, now_s=0.0)
+    r.on_first_token("ok")
+    r.on_complete("ok")
+    r.route("bad", token_ids=PROMPT, now_s=1.0)
+    assert r.index.num_blocks("a") == 64
+    r.on_complete("bad", ok=False)
+    assert r.index.num_blocks("a") == 16
+    r.route("late", token_ids=PROMPT, now_s=2.0)
+    r.on_first_token("late")
+    r.on_complete("late", ok=False)  # failed after its prefill: the worker did compute the blocks
+    assert r.index.num_blocks("a") == 64
+
+
+def test_a_failed_remote_prefill_is_unlearned_on_the_prefill_worker_and_learned_on_the_decoder():
+    r = _router(disagg_min_uncached_tokens=0)
+    r.add_worker("p", "prefill", kv_events=False), r.add_worker("d", "decode", kv_events=False)
+    assert r.route("q", token_ids=PROMPT, now_s=0.0).prefill_worker == "p"
+    assert r.index.num_blocks("p") == 64
+    r.fallback_local_prefill("q", now_s=1.0)
+    assert r.index.num_blocks("p") == 0 and r.index.num_blocks("d") == 64

@@ -3,7 +3,9 @@
 Specification: routes name only configured workers (ids and URLs from configuration); a worker whose KV
 events say it holds the prompt's prefix gets the request, with the predicted overlap; short uncached prompts
 are prefilled locally; a failed prefill turns into a local prefill on the same decode worker; a worker marked
-down leaves the pool and the index, and comes back empty when marked up.
+down is not chosen but keeps its index entry, which it has again when marked up (only removal drops it); a
+prompt the runtime could not tokenize is routed and charged by its estimated length; learned (approximate)
+entries are bounded per worker and a prompt the worker rejected before its first token is not learned.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 from runtime.config import RouterSpec
 from runtime.kv.events import BlockStored, KvEventBatch
 from runtime.server.pairing import RouteRequest
-from runtime.server.routing import RouterPairing, WorkerEndpoint
+from runtime.server.routing import RouterPairing, WorkerEndpoint, estimate_prompt_tokens
 
 BS = 16
 
@@ -72,15 +74,38 @@ def test_failed_prefill_becomes_local_prefill_on_the_same_decode_worker():
     assert fb.reason == "local_prefill_failed"
 
 
-def test_down_worker_leaves_pool_and_index_and_returns_empty():
+def test_down_worker_is_not_chosen_and_comes_back_with_its_index_entry():
     p = _pairing()
     p.apply_batch("w1", _stored(PROMPT))
+    cached = p.router.overlaps(p.router.hashes_for(PROMPT))["w1"]
     p.mark_down("http://127.0.0.1:9001/")
     for i in range(5):
         assert p.choose(_req(f"d{i}", PROMPT)).decode_worker == "w0"
     p.mark_up("http://127.0.0.1:9001")
     assert "w1" in p.router.workers
-    assert p.router.overlaps(p.router.hashes_for(PROMPT)).get("w1", 0) == 0
+    # one missed health check is no restart: the cache it still holds stays indexed and attracts the prompt
+    assert p.router.overlaps(p.router.hashes_for(PROMPT))["w1"] == cached
+    assert p.choose(_req("back", PROMPT)).decode_worker == "w1"
+
+
+def test_blocks_chained_on_a_kept_entry_apply_after_down_up():
+    p = _pairing()
+    p.apply_batch("w1", _stored(PROMPT))
+    p.mark_down("http://127.0.0.1:9001")
+    p.mark_up("http://127.0.0.1:9001")
+    n = len(PROMPT) // BS
+    nxt = list(range(5000, 5000 + BS))
+    ev = BlockStored((10_000,), n - 1 + 100, tuple(nxt), BS)  # parent = the last engine hash of _stored
+    p.apply_batch("w1", KvEventBatch(1.0, (ev,)))
+    assert p.router.overlaps(p.router.hashes_for(PROMPT[: n * BS] + nxt))["w1"] == n + 1
+
+
+def test_removed_worker_loses_its_index_entry():
+    p = _pairing()
+    p.apply_batch("w1", _stored(PROMPT))
+    p.remove_worker("w1")
+    assert "w1" not in p.router.workers
+    assert p.router.overlaps(p.router.hashes_for(PROMPT)) == {}
 
 
 def test_unknown_url_is_ignored_by_health_marks():
@@ -98,12 +123,16 @@ def test_duplicate_worker_ids_are_rejected():
         RouterPairing(RouterSpec(), BS, [WorkerEndpoint("w", "both", "http://a"), WorkerEndpoint("w", "both", "http://b")])
 
 
-async def test_health_loop_spares_starting_workers_and_removes_ones_that_die():
+async def test_health_loop_spares_starting_workers_and_stops_routing_to_ones_that_die():
     import asyncio
 
     from runtime.server.routing import health_loop
 
     p = _pairing()
+
+    def routable() -> set[str]:
+        return {w for w, load in p.router.workers.items() if load.available}
+
     health = {"http://127.0.0.1:9000": False, "http://127.0.0.1:9001": True}
 
     async def is_healthy(url: str) -> bool:
@@ -112,15 +141,15 @@ async def test_health_loop_spares_starting_workers_and_removes_ones_that_die():
     task = asyncio.create_task(health_loop(p, is_healthy, interval_s=0.01))
     try:
         await asyncio.sleep(0.05)
-        assert set(p.router.workers) == {"w0", "w1"}  # w0 never healthy yet: still starting, kept
+        assert routable() == {"w0", "w1"}  # w0 never healthy yet: still starting, kept
         health["http://127.0.0.1:9000"] = True
         await asyncio.sleep(0.05)
         health["http://127.0.0.1:9001"] = False  # w1 was healthy and died
         await asyncio.sleep(0.05)
-        assert set(p.router.workers) == {"w0"}
+        assert routable() == {"w0"}
         health["http://127.0.0.1:9001"] = True
         await asyncio.sleep(0.05)
-        assert set(p.router.workers) == {"w0", "w1"}
+        assert routable() == {"w0", "w1"}
     finally:
         task.cancel()
 
@@ -148,3 +177,79 @@ def test_prefill_worker_found_dead_mid_request_falls_back_locally():
     nxt = p.choose(_req("b", PROMPT))
     assert nxt.prefill_url is None  # no prefill pool left: local
     assert p.on_decode_failed("b", 0.0) is None  # no other decode worker to migrate to
+
+
+# -- prompts the runtime could not tokenize ----------------------------------------------------------
+
+@pytest.mark.parametrize("body, tokens", [
+    ({"prompt": "word " * 2000}, 2500),                            # 10,000 chars / 4
+    ({"prompt": ["word " * 2000, "word " * 2000]}, 5000),          # a batch: both prompts count
+    ({"prompt": [7] * 300}, 300),                                   # token ids
+    ({"prompt": [[7] * 300, [8] * 200]}, 500),                      # a batch of token-id lists
+    ({"messages": [{"role": "user", "content": "abcd" * 100},
+                   {"role": "user", "content": [{"type": "text", "text": "abcd" * 50}, {"type": "image_url"}]}]},
+     150),
+    ({"prompt": {"weird": 1}, "messages": "no"}, 0),                 # nonsense: 0, never raises
+])
+def test_prompt_length_estimate(body, tokens):
+    assert estimate_prompt_tokens(body) == tokens
+
+
+def test_untokenizable_batch_is_charged_its_estimated_length_and_prefilled_remotely():
+    p = _pairing(roles=("prefill", "decode"))
+    big = "word " * 20000  # ~25,000 tokens each
+    r = p.choose(RouteRequest("batch", "/v1/completions", {"prompt": [big, big]}, None, 0.0))
+    assert r.reason == "remote" and r.prefill_worker == "w0"  # not local_short as a 0-token prompt would be
+    assert r.overlap_blocks == 0
+    loads = p.router.workers
+    assert loads["w0"].prefill_tokens == 50_000
+    assert loads["w1"].decode_blocks == 50_000 // BS
+    p.on_complete("batch", 1.0, False)
+    assert loads["w0"].prefill_tokens == 0 and loads["w1"].decode_blocks == 0
+
+
+def test_untokenizable_prompt_gets_no_prefix_match():
+    p = _pairing()
+    p.apply_batch("w1", _stored(PROMPT))
+    p.router.workers["w1"].prefill_work = -1e9  # w1 would win on load alone; the overlap must stay 0
+    r = p.choose(RouteRequest("x", "/v1/completions", {"prompt": "text " * 100}, None, 0.0))
+    assert r.overlap_blocks == 0
+
+
+# -- approximate (no KV events) entries --------------------------------------------------------------
+
+def _approx_pairing(**kw) -> RouterPairing:
+    return RouterPairing(RouterSpec(), BS, [WorkerEndpoint("d", "decode", "http://127.0.0.1:9100")],
+                         clock=lambda: 0.0, **kw)
+
+
+def test_learned_entries_are_bounded_per_worker():
+    p = _approx_pairing(approx_capacity_tokens=1000 * BS)
+    for i in range(5):
+        p.choose(_req(f"r{i}", list(range(i * 10**6, i * 10**6 + 600 * BS))))
+        p.on_complete(f"r{i}", 0.0, True)
+    assert p.router.index.num_blocks("d") == 1000
+
+
+def test_learned_entries_are_bounded_by_default():
+    from runtime.server.routing import DEFAULT_APPROX_CAPACITY_TOKENS
+
+    p = _approx_pairing()
+    for i in range(3):
+        p.choose(_req(f"r{i}", list(range(i * 10**7, i * 10**7 + 50_000 * BS))))
+        p.on_first_token(f"r{i}", 0.0)
+        p.on_complete(f"r{i}", 0.0, True)
+    assert p.router.index.num_blocks("d") <= DEFAULT_APPROX_CAPACITY_TOKENS // BS
+
+
+def test_prompt_failed_before_its_first_token_is_not_learned():
+    p = _approx_pairing()
+    shared = list(range(1000, 1000 + 20 * BS))
+    p.choose(_req("ok", shared))
+    p.on_first_token("ok", 0.0)
+    p.on_complete("ok", 0.0, True)
+    p.choose(_req("rejected", shared + list(range(9000, 9000 + 30 * BS))))
+    p.on_complete("rejected", 0.0, False)
+    # the prefix the successful request taught stays; the rejected request's own blocks are forgotten
+    assert p.router.index.num_blocks("d") == 20
+    assert p.router.overlaps(p.router.hashes_for(shared))["d"] == 20
