@@ -12,8 +12,9 @@ carries a KV-event port (`PoolMembership.kv_events`) is added as a KV-event work
 index), so no late event re-adds its blocks. Workers without an endpoint, or without a subscriber, are
 tracked approximately (the router learns their caches from its own decisions).
 
-Worker ids of discovered workers are `"<role>@<base URL>"`, so a pod that comes back at the same address
-gets the same id (its old index entry was dropped when it left).
+Worker ids of discovered workers are `"<role>-<12 hex digits of sha256(base URL)>"`: a pod that comes back at
+the same address gets the same id (its old index entry was dropped when it left), and the id, which reaches
+response headers, logs and metrics, names no address (the membership log line maps ids to addresses).
 
 The runtime runs discovery under `supervise_discovery`: if `follow_discovery` dies (an exception out of the
 discovery's updates or out of applying a membership), the error is logged with its traceback and discovery
@@ -24,12 +25,14 @@ starts again after a back-off. Restarting is safe: a fresh `updates()` lists the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from runtime.deploy.discovery import PoolMembership
+from runtime.redact import redact_userinfo
 from runtime.server.routing import RouterPairing, WorkerEndpoint
 
 log = logging.getLogger(__name__)
@@ -46,8 +49,8 @@ class EventSubscriptions(Protocol):
 
 
 def discovered_id(role: str, url: str) -> str:
-    """Worker id of a discovered worker: `"<role>@<base URL>"`."""
-    return f"{role}@{url.rstrip('/')}"
+    """Worker id of a discovered worker: `"<role>-<first 12 hex digits of sha256(base URL)>"` (no address)."""
+    return f"{role}-{hashlib.sha256(url.rstrip('/').encode()).hexdigest()[:12]}"
 
 
 def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,
@@ -93,6 +96,7 @@ def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,
                 log.warning("discovery: %s; its cache is tracked approximately", exc)
                 ep = None
         pairing.add_worker(WorkerEndpoint(wid, role, url, ep))
+        log.info("discovery: worker %s is %s", wid, redact_userinfo(url))
         added.append(wid)
     if added or removed:
         log.info("discovery: pool now %d prefill, %d decode (added %s, removed %s)", len(membership.prefill),

@@ -19,7 +19,7 @@ from runtime.deploy.discovery import EndpointSliceDiscovery, PoolMembership
 from runtime.server.__main__ import discovery_settings, parse_args
 from runtime.server.app import build_router_pairing
 from runtime.engines.kv_events import KvEventSubscriber
-from runtime.server.discovery_sync import apply_membership, follow_discovery
+from runtime.server.discovery_sync import apply_membership, discovered_id, follow_discovery
 from runtime.server.pairing import RouteRequest
 
 NS = "pdserve"
@@ -103,12 +103,13 @@ async def test_endpointslice_adds_and_removes_change_the_router_pool():
 def test_apply_membership_reports_changes_and_keeps_unchanged_workers():
     pairing = empty_pairing()
     added, removed = apply_membership(pairing, PoolMembership(("http://a:1",), ("http://b:1", "http://c:1")))
-    assert added == ["decode@http://b:1", "decode@http://c:1", "prefill@http://a:1"] and removed == []
+    assert added == sorted([discovered_id("decode", "http://b:1"), discovered_id("decode", "http://c:1"),
+                           discovered_id("prefill", "http://a:1")]) and removed == []
     assert apply_membership(pairing, PoolMembership(("http://a:1",), ("http://b:1", "http://c:1"))) == ([], [])
     # a pod whose address moves from the decode to the prefill pool changes role; one in both stays prefill
     added, removed = apply_membership(pairing, PoolMembership(("http://a:1", "http://b:1"), ("http://b:1",)))
-    assert added == ["prefill@http://b:1"]
-    assert removed == ["decode@http://b:1", "decode@http://c:1"]
+    assert added == [discovered_id("prefill", "http://b:1")]
+    assert removed == sorted([discovered_id("decode", "http://b:1"), discovered_id("decode", "http://c:1")])
     assert pool(pairing) == {"prefill": ["http://a:1", "http://b:1"], "decode": []}
     apply_membership(pairing, PoolMembership((), ()))
     assert pairing.workers == {} and pairing.router.workers == {}
@@ -183,27 +184,29 @@ async def test_discovered_event_endpoints_are_subscribed_and_unsubscribed_with_t
         m1 = PoolMembership(("http://10.0.0.1:8000",), ("http://10.0.1.1:8000",),
                             kv_events=(("http://10.0.0.1:8000", "tcp://10.0.0.1:5557"),))
         added, removed = apply_membership(pairing, m1, subscriber=sub)
-        assert added == ["decode@http://10.0.1.1:8000", "prefill@http://10.0.0.1:8000"] and removed == []
-        assert sub.endpoints == {"prefill@http://10.0.0.1:8000": "tcp://10.0.0.1:5557"}
-        assert sub.active_workers == ("prefill@http://10.0.0.1:8000",)
+        assert added == sorted([discovered_id("decode", "http://10.0.1.1:8000"),
+                               discovered_id("prefill", "http://10.0.0.1:8000")]) and removed == []
+        assert sub.endpoints == {discovered_id("prefill", "http://10.0.0.1:8000"): "tcp://10.0.0.1:5557"}
+        assert sub.active_workers == (discovered_id("prefill", "http://10.0.0.1:8000"),)
         loads = pairing.router.workers
-        assert loads["prefill@http://10.0.0.1:8000"].kv_events is True  # precise: index fed by its events
-        assert loads["decode@http://10.0.1.1:8000"].kv_events is False  # no endpoint: approximate
+        assert loads[discovered_id("prefill", "http://10.0.0.1:8000")].kv_events is True  # precise: events
+        assert loads[discovered_id("decode", "http://10.0.1.1:8000")].kv_events is False  # no endpoint: approx
         assert apply_membership(pairing, m1, subscriber=sub) == ([], [])  # unchanged: nothing reopened
         assert sub.stats.num_opened == 1
 
         # the decode pod's slice gains its kv-events port: it is re-added as an event-fed worker
         m2 = PoolMembership(m1.prefill, m1.decode, kv_events=m1.kv_events + (
             ("http://10.0.1.1:8000", "tcp://10.0.1.1:5557"),))
-        assert apply_membership(pairing, m2, subscriber=sub) == (["decode@http://10.0.1.1:8000"],
-                                                                 ["decode@http://10.0.1.1:8000"])
-        assert pairing.router.workers["decode@http://10.0.1.1:8000"].kv_events is True
-        assert sub.active_workers == ("decode@http://10.0.1.1:8000", "prefill@http://10.0.0.1:8000")
+        assert apply_membership(pairing, m2, subscriber=sub) == ([discovered_id("decode", "http://10.0.1.1:8000")],
+                                                                 [discovered_id("decode", "http://10.0.1.1:8000")])
+        assert pairing.router.workers[discovered_id("decode", "http://10.0.1.1:8000")].kv_events is True
+        assert sub.active_workers == tuple(sorted((discovered_id("decode", "http://10.0.1.1:8000"),
+                                                   discovered_id("prefill", "http://10.0.0.1:8000"))))
 
         # the prefill pod leaves: its subscription closes with it
         m3 = PoolMembership((), m2.decode, kv_events=m2.kv_events[1:])
-        assert apply_membership(pairing, m3, subscriber=sub) == ([], ["prefill@http://10.0.0.1:8000"])
-        assert sub.active_workers == ("decode@http://10.0.1.1:8000",)
+        assert apply_membership(pairing, m3, subscriber=sub) == ([], [discovered_id("prefill", "http://10.0.0.1:8000")])
+        assert sub.active_workers == (discovered_id("decode", "http://10.0.1.1:8000"),)
         assert set(sub.endpoints) == set(sub.active_workers) == set(pairing.kv_event_endpoints())
         assert sub.stats.num_closed == 1
     finally:
@@ -216,7 +219,7 @@ async def test_without_a_subscriber_discovered_endpoints_are_ignored_and_workers
     m = PoolMembership((), ("http://10.0.1.1:8000",), kv_events=(("http://10.0.1.1:8000", "tcp://10.0.1.1:5557"),))
     apply_membership(pairing, m)
     assert pairing.kv_event_endpoints() == {}
-    assert pairing.router.workers["decode@http://10.0.1.1:8000"].kv_events is False
+    assert pairing.router.workers[discovered_id("decode", "http://10.0.1.1:8000")].kv_events is False
 
 
 async def test_an_endpoint_zmq_refuses_leaves_its_worker_routable_but_approximate():
@@ -225,8 +228,16 @@ async def test_an_endpoint_zmq_refuses_leaves_its_worker_routable_but_approximat
     sub.start()
     try:
         m = PoolMembership((), ("http://10.0.1.1:8000",), kv_events=(("http://10.0.1.1:8000", "tcp://10.0.1.1"),))
-        assert apply_membership(pairing, m, subscriber=sub) == (["decode@http://10.0.1.1:8000"], [])
+        assert apply_membership(pairing, m, subscriber=sub) == ([discovered_id("decode", "http://10.0.1.1:8000")], [])
         assert sub.active_workers == () and sub.endpoints == {}
-        assert pairing.router.workers["decode@http://10.0.1.1:8000"].kv_events is False
+        assert pairing.router.workers[discovered_id("decode", "http://10.0.1.1:8000")].kv_events is False
     finally:
         await sub.stop()
+
+
+def test_discovered_ids_are_stable_per_address_and_name_no_address():
+    a = discovered_id("decode", "http://user:secret@10.0.1.1:8000/")
+    assert a == discovered_id("decode", "http://user:secret@10.0.1.1:8000")  # same pod address, same id
+    assert a != discovered_id("prefill", "http://user:secret@10.0.1.1:8000")
+    assert a != discovered_id("decode", "http://10.0.1.2:8000")
+    assert a.startswith("decode-") and "10.0.1.1" not in a and "secret" not in a and "@" not in a
