@@ -187,7 +187,8 @@ def test_prefill_worker_found_dead_mid_request_falls_back_locally():
     ({"prompt": [7] * 300}, 300),                                   # token ids
     ({"prompt": [[7] * 300, [8] * 200]}, 500),                      # a batch of token-id lists
     ({"messages": [{"role": "user", "content": "abcd" * 100},
-                   {"role": "user", "content": [{"type": "text", "text": "abcd" * 50}, {"type": "image_url"}]}]},
+                                 {"role": "user",
+                    "content": [{"type": "text", "text": "abcd" * 50}, {"type": "image_url"}]}]},
      150),
     ({"prompt": {"weird": 1}, "messages": "no"}, 0),                 # nonsense: 0, never raises
 ])
