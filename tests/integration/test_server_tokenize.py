@@ -45,3 +45,54 @@ def test_token_id_prompts_pass_through_and_batches_are_not_tokenized(tok):
     assert tok.completion_token_ids({"prompt": ["a", "b"]}) is None
     assert tok.chat_token_ids({"messages": "not a list"}) is None
     assert tok.token_ids("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+
+
+# A request never chooses the template the router renders (vLLM refuses a request template unless started
+# with --trust-request-chat-template); only plain data from chat_template_kwargs reaches the served template.
+INJECTED = "INJECTED {{ messages[0]['content'] }}"
+HI = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": HI, "chat_template_kwargs": {"chat_template": INJECTED}},
+    {"messages": HI, "chat_template": INJECTED},
+    {"messages": HI, "chat_template_kwargs": {"conversation": [{"role": "user", "content": "other"}]}},
+])
+def test_a_request_cannot_choose_the_rendered_template_or_conversation(tok, body):
+    assert tok.chat_token_ids(body) == tok.chat_token_ids({"messages": HI})
+    assert "INJECTED" not in tok.tokenizer.decode(tok.chat_token_ids(body))
+
+
+def test_a_slow_request_template_is_never_run(tok):
+    import time
+
+    burn = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x"
+    t0 = time.monotonic()
+    ids = tok.chat_token_ids({"messages": HI, "chat_template_kwargs": {"chat_template": burn}})
+    assert time.monotonic() - t0 < 5
+    assert ids == tok.chat_token_ids({"messages": HI})
+
+
+@pytest.mark.parametrize("kw", [{"tokenize": True}, {"return_dict": True}, {"return_tensors": "np"},
+                                {"continue_final_message": True, "add_generation_prompt": True},
+                                {"messages": []}, {"tools": "x"}, {"enable_thinking": {"nested": [1]}}])
+def test_reserved_or_non_scalar_template_kwargs_are_ignored_not_raised(tok, kw):
+    assert tok.chat_token_ids({"messages": HI, "chat_template_kwargs": kw}) == tok.chat_token_ids({"messages": HI})
+
+
+def test_plain_template_kwargs_pass_as_data():
+    from runtime.server.tokenize import template_kwargs
+
+    assert template_kwargs({"enable_thinking": False, "reasoning_effort": "low", "n": 2, "x": None}) == {
+        "enable_thinking": False, "reasoning_effort": "low", "n": 2, "x": None}
+    assert template_kwargs({"chat_template": "t", "tokenize": True, "a b": 1, "big": "x" * 5000, "l": [1]}) == {}
+    assert template_kwargs(["not", "a", "dict"]) == {}
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\ud800b"}]}),
+    ("/v1/completions", {"prompt": "a\ud800b"}),
+    ("/v1/completions", {"prompt": ["a\udfffb"]}),
+])
+def test_a_prompt_the_tokenizer_refuses_routes_without_tokens(tok, path, body):
+    assert tok.token_ids(path, body) is None
