@@ -4,7 +4,11 @@ Body shape (OpenAI API reference, "Error codes"; vLLM's ErrorResponse):
 `{"error": {"message": str, "type": str, "param": str | null, "code": str}}`. KServe answers a request
 that fails pydantic validation with FastAPI's 422 `{"detail": [...]}` and an unknown model with its own 404
 `{"error": "..."}`; on paths under the OpenAI prefix these handlers answer in OpenAI's shape instead
-(400 for a malformed request, 404 for an unknown model). Other paths keep KServe's behaviour.
+(400 for a malformed request, 404 for an unknown model). vLLM's request models (which KServe's OpenAI types
+are) also reject some requests with `VLLMValidationError` / `VLLMClientError` (vllm/exceptions.py: an empty
+or null prompt, `stream_options` without `stream`, `top_logprobs` without `logprobs`), which are not pydantic
+errors and would reach KServe's generic 500 handler: they get a 400 too, as vLLM's own server answers.
+Other paths keep KServe's behaviour.
 """
 
 from __future__ import annotations
@@ -16,7 +20,12 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from kserve.errors import ModelNotFound, model_not_found_handler
+from kserve.errors import ModelNotFound, generic_exception_handler, model_not_found_handler
+
+try:  # vLLM's client-error base class (vllm/exceptions.py); absent from older vLLM
+    from vllm.exceptions import VLLMClientError
+except ImportError:  # pragma: no cover - depends on the installed vLLM
+    VLLMClientError = None
 
 OPENAI_PREFIX = "/openai/"
 
@@ -57,7 +66,23 @@ async def _model_not_found_handler(request: Request, exc: ModelNotFound):
     return await model_not_found_handler(request, exc)
 
 
+def vllm_client_error_body(exc: Exception) -> dict[str, Any]:
+    """400 body of a vLLM request-model rejection; `param` is the exception's `parameter` when it names one."""
+    param = getattr(exc, "parameter", None)
+    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    return openai_error_body(message or "invalid request", err_type="BadRequestError", status=HTTPStatus.BAD_REQUEST,
+                             param=param if isinstance(param, str) else None)
+
+
+async def _vllm_client_error_handler(request: Request, exc: Exception):
+    if request.url.path.startswith(OPENAI_PREFIX):
+        return JSONResponse(status_code=HTTPStatus.BAD_REQUEST, content=vllm_client_error_body(exc))
+    return await generic_exception_handler(request, exc)
+
+
 def install_openai_error_handlers(app: FastAPI) -> None:
     """Register the handlers on `app` (after KServe registered its own, so these win)."""
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(ModelNotFound, _model_not_found_handler)
+    if VLLMClientError is not None:
+        app.add_exception_handler(VLLMClientError, _vllm_client_error_handler)
