@@ -5,9 +5,11 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    runtime.router, fed the prompt's token ids) picks a prefill worker (or none) and a decode worker from the
    configured pool;
 2. remote prefill: the request with max_tokens=1 and remote-decode `kv_transfer_params` goes to the prefill
-   worker (runtime.engines.client protocol); a 4xx answer is the client's fault and is returned as is; a
-   failure or 5xx makes the runtime prefill locally on the decode worker instead (counted in
-   `pdserve_prefill_fallbacks_total`, reported as mode "local", never as a transfer);
+   worker (runtime.engines.client protocol); a 4xx answer that is a vLLM/OpenAI error object about the request
+   (not 401/403/404/407) is the client's fault and its message is returned; a failure, a 5xx or another 4xx
+   (a deployment fault: worker auth, a proxy's page, a wrong path) makes the runtime prefill locally on the
+   decode worker instead (counted in `pdserve_prefill_fallbacks_total`, reported as mode "local", never as a
+   transfer); a worker body that is not forwarded is logged, never sent to the client;
 3. decode: the original request (every field the client sent) plus the prefill's `kv_transfer_params`, with
    one `X-Request-Id` for both calls; streamed back as SSE or returned whole. A decode worker that becomes
    unreachable is reported to the pairing and the request continues on another decode worker (streaming:
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -60,6 +63,11 @@ _DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
 # BlockStored for every prefix-cache hit, which would distort the router's KV index. A deny-list, not an
 # allow-list: other xargs are model-specific request options (e.g. DeepSeek-OCR's ngram_size).
 _RUNTIME_XARGS = frozenset(_DROPPED_FIELDS) | {"kv_cache_report_mode"}
+# A worker's 4xx with these statuses is a deployment fault (worker API key, proxy auth, wrong path or served
+# model name), never a mistake of the client's request.
+_DEPLOYMENT_4XX = frozenset({401, 403, 404, 407})
+
+logger = logging.getLogger(__name__)
 
 
 class _StreamFailedEarly(Exception):
@@ -70,22 +78,41 @@ class _StreamFailedEarly(Exception):
         self.exc = exc
 
 
+def _worker_error_message(body: Any) -> str | None:
+    """The message of a vLLM/OpenAI error object (`{"error": {"message": ...}}` or vLLM's older
+    `{"object": "error", "message": ...}`); None for any other body (text, HTML, other JSON)."""
+    if not isinstance(body, dict):
+        return None
+    err = body.get("error")
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    if body.get("object") == "error" and isinstance(body.get("message"), str):
+        return body["message"]
+    return None
+
+
+def _is_client_fault(exc: BackendError) -> bool:
+    """The worker rejected the request itself: a 4xx other than 401/403/404/407 whose body is a vLLM/OpenAI
+    error object. Any other 4xx (a proxy's HTML page, worker auth, a wrong path) is a deployment fault."""
+    return (400 <= exc.status_code < 500 and exc.status_code not in _DEPLOYMENT_4XX
+            and _worker_error_message(exc.body) is not None)
+
+
 def _backend_error_response(exc: BackendError) -> ErrorResponse:
-    """OpenAI error for a worker failure: a worker's 4xx passes through (the request was bad); anything else
-    is a 502/5xx whose message names no internal address."""
-    detail = exc.body
-    if isinstance(detail, dict) and isinstance(detail.get("error"), dict):
-        detail = detail["error"].get("message", detail)
-    elif isinstance(detail, dict) and "message" in detail:
-        detail = detail["message"]
+    """OpenAI error for a worker failure: a worker's rejection of the request (`_is_client_fault`) passes
+    through with its message; anything else is a 502/5xx whose message names no internal address (the
+    worker's body is logged, never returned)."""
     known = exc.status_code in HTTPStatus._value2member_map_
-    if 400 <= exc.status_code < 500:
-        return create_error_response(message=str(detail), err_type="BadRequestError",
+    if _is_client_fault(exc):
+        return create_error_response(message=str(_worker_error_message(exc.body)), err_type="BadRequestError",
                                      status_code=HTTPStatus(exc.status_code) if known else HTTPStatus.BAD_REQUEST)
+    if 400 <= exc.status_code < 500:
+        logger.warning("worker %s answered %d (a deployment fault, not the client's): %.500s",
+                       exc.url, exc.status_code, exc.body)
     status = HTTPStatus(exc.status_code) if known and exc.status_code >= 500 else HTTPStatus.BAD_GATEWAY
-    # a worker's own 5xx text may name hosts, paths or internals: the client gets the status only
+    # a worker's own text may name hosts, paths or internals: the client gets the status only
     reason = "timed out" if status == HTTPStatus.GATEWAY_TIMEOUT else f"answered {exc.status_code}" if (
-        exc.status_code >= 500 and exc.status_code != 502) else "gave no usable answer"
+        exc.status_code >= 400 and exc.status_code != 502) else "gave no usable answer"
     return create_error_response(message=f"inference worker failed: it {reason}",
                                  err_type="BackendError", status_code=status)
 
@@ -278,7 +305,8 @@ class PDModel(OpenAIGenerativeModel):
         return await self._serve(CHAT_PATH, "chat", body, ChatCompletion, context)
 
     async def _prefill(self, route: Route, path: str, body: dict, rid: str) -> tuple[Route, dict | None]:
-        """Run the remote prefill; on worker failure switch to local prefill. Re-raises 4xx BackendErrors."""
+        """Run the remote prefill; on worker failure switch to local prefill. Re-raises the worker's
+        rejections of the request (`_is_client_fault`)."""
         if route.prefill_url is None:
             return route, None
         try:
@@ -287,12 +315,15 @@ class PDModel(OpenAIGenerativeModel):
         except asyncio.TimeoutError:
             kv = None
         except BackendError as exc:
-            if 400 <= exc.status_code < 500:
+            if _is_client_fault(exc):
                 raise
+            if 400 <= exc.status_code < 500:
+                logger.warning("prefill worker %s answered %d (a deployment fault): prefilling locally: %.500s",
+                               exc.url, exc.status_code, exc.body)
             if exc.unreachable:
                 self.pairing.on_worker_unreachable(route.prefill_url)
             kv = None
-        if kv is None:  # worker down, 5xx, or a worker without a KV connector
+        if kv is None:  # worker down, 5xx, a deployment-fault 4xx, or a worker without a KV connector
             self.metrics.prefill_fallbacks.inc()
             return self.pairing.on_prefill_failed(rid, self.clock()), None
         return route, kv

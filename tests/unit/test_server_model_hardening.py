@@ -1,0 +1,108 @@
+"""Worker answers the runtime must not pass on as is, and output that is not `content` (runtime.server.model
+.PDModel), workers faked at the HTTP transport.
+
+Specification:
+* a worker 4xx reaches the client only when it is a vLLM/OpenAI error object about the request; a 401/403/
+  404/407 or a non-JSON body is a deployment fault: a 502 naming nothing internal, and a prefill worker
+  answering so is skipped for local prefill.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+pytest.importorskip("kserve")
+
+from kserve.protocol.rest.openai.types import ChatCompletion, ChatCompletionRequest, ErrorResponse  # noqa: E402
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from runtime.engines.client import VllmClient  # noqa: E402
+from runtime.server.metrics import RuntimeMetrics  # noqa: E402
+from runtime.server.model import PDModel  # noqa: E402
+from runtime.server.pairing import RoundRobinPairing  # noqa: E402
+from tests.unit.test_server_model import _completion  # noqa: E402
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _chunk(delta: dict, finish: str | None = None) -> dict:
+    return {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def _model(handler, pairing=None) -> tuple[PDModel, CollectorRegistry]:
+    reg = CollectorRegistry()
+    transport = httpx.MockTransport(handler)
+    model = PDModel("m", pairing or RoundRobinPairing([], ["http://decode"]), metrics=RuntimeMetrics(reg),
+                    client_factory=lambda url: VllmClient(url, transport=transport))
+    return model, reg
+
+
+def _request(**extra) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], max_tokens=7, **extra)
+
+
+def _requests(reg: CollectorRegistry, status: str, mode: str = "local") -> float:
+    return reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": mode, "status": status}) or 0
+
+
+# --- worker 4xx: the client's mistake or the deployment's -----------------------------------------------------
+
+PROXY_401 = "<html>401 Authorization Required - nginx at gw-internal.corp:8443</html>"
+
+
+@pytest.mark.parametrize(("status", "body"), [
+    (401, PROXY_401), (403, {"error": {"message": "bad key for gw-internal.corp", "code": 403}}),
+    (404, {"object": "error", "message": "model m-internal does not exist", "code": 404}),
+    (407, PROXY_401), (400, PROXY_401), (400, {"detail": "gw-internal.corp"}),
+])
+async def test_a_deployment_fault_4xx_of_the_decode_worker_is_a_502_naming_nothing_internal(status, body):
+    def handler(req):
+        if isinstance(body, str):
+            return httpx.Response(status, text=body)
+        return httpx.Response(status, json=body)
+
+    model, reg = _model(handler)
+    for stream in (False, True):
+        out = await model.create_chat_completion(_request(stream=stream))
+        assert isinstance(out, ErrorResponse)
+        assert out.error.code == "502", out
+        assert "gw-internal" not in out.error.message and "m-internal" not in out.error.message
+        assert "nginx" not in out.error.message
+    await model.aclose()
+
+
+@pytest.mark.parametrize("body", [{"error": {"message": "max_tokens is too large", "type": "BadRequestError",
+                                             "param": "max_tokens", "code": 400}},
+                                  {"object": "error", "message": "max_tokens is too large", "code": 400}])
+async def test_a_worker_rejecting_the_request_passes_its_message_through(body):
+    model, _ = _model(lambda req: httpx.Response(400, json=body))
+    out = await model.create_chat_completion(_request())
+    assert isinstance(out, ErrorResponse)
+    assert out.error.code == "400" and out.error.message == "max_tokens is too large"
+    await model.aclose()
+
+
+@pytest.mark.parametrize(("status", "text"), [(401, PROXY_401), (403, "forbidden"), (404, "Not Found"),
+                                              (400, PROXY_401)])
+async def test_a_prefill_worker_deployment_fault_falls_back_to_local_prefill(status, text):
+    hosts = []
+
+    def handler(req):
+        hosts.append(req.url.host)
+        if req.url.host == "prefill":
+            return httpx.Response(status, text=text)
+        return httpx.Response(200, json=_completion("ok"))
+
+    model, reg = _model(handler, RoundRobinPairing(["http://prefill"], ["http://decode"]))
+    out = await model.create_chat_completion(_request())
+    assert isinstance(out, ChatCompletion) and out.choices[0].message.content == "ok"
+    assert hosts == ["prefill", "decode"]
+    assert reg.get_sample_value("pdserve_prefill_fallbacks_total") == 1
+    assert _requests(reg, "ok") == 1
+    await model.aclose()
