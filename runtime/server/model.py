@@ -31,8 +31,12 @@ before the response starts, so a worker error before the first chunk is an HTTP 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
+import re
+import secrets
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -121,12 +125,31 @@ ROUTE_HEADERS = ("x-pdserve-route", "x-pdserve-prefill-worker", "x-pdserve-decod
                  "x-pdserve-overlap-blocks")
 
 
-def _set_route_headers(context: dict | None, route: Route) -> None:
-    """Worker ids (never addresses) and the route reason as response headers (non-streaming responses)."""
+# a worker id shown as is in a response header: a short plain name such as "decode-0"
+_PLAIN_WORKER_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")
+
+
+def public_worker_id(worker_id: str, key: bytes) -> str:
+    """`worker_id` as a response header may show it: a plain configured name (letters, digits, `_`, `-`,
+    starting with a letter) as is; any other id (discovery's "<role>@<URL>", anything with an address, a
+    dot, a colon or userinfo) as "<role>-<12 hex digits>", the role being the part before "@" when plain
+    (else "worker") and the digits an HMAC-SHA256 of the id under `key` (stable for one key, not reversible
+    without it: a bare hash of a pod IP could be reversed by trying the pod network's addresses)."""
+    if _PLAIN_WORKER_ID.fullmatch(worker_id):
+        return worker_id
+    role = worker_id.split("@", 1)[0] if "@" in worker_id else ""
+    role = role if _PLAIN_WORKER_ID.fullmatch(role) else "worker"
+    return f"{role}-{hmac.new(key, worker_id.encode('utf-8', 'replace'), hashlib.sha256).hexdigest()[:12]}"
+
+
+def _set_route_headers(context: dict | None, route: Route, key: bytes) -> None:
+    """Worker ids (never addresses: `public_worker_id`) and the route reason as response headers
+    (non-streaming responses)."""
     response = (context or {}).get("response")
     if response is None:
         return
-    values = (route.reason, route.prefill_worker or "local", route.decode_worker, str(route.overlap_blocks))
+    prefill = public_worker_id(route.prefill_worker, key) if route.prefill_worker else "local"
+    values = (route.reason, prefill, public_worker_id(route.decode_worker, key), str(route.overlap_blocks))
     for name, value in zip(ROUTE_HEADERS, values):
         response.headers[name] = value
 
@@ -199,6 +222,7 @@ class PDModel(OpenAIGenerativeModel):
         if prefill_nudge_after_s is not None and not prefill_nudge_after_s > 0:
             raise ValueError(f"prefill_nudge_after_s={prefill_nudge_after_s}: expected seconds > 0 or None")
         self.prefill_nudge_after_s = prefill_nudge_after_s
+        self._header_key = secrets.token_bytes(16)  # keys the worker ids in response headers
         self.ready = True
 
     def _client(self, url: str, user: object = None) -> VllmClient:
@@ -386,7 +410,7 @@ class PDModel(OpenAIGenerativeModel):
         state["route"] = route
         mode = state["mode"] = "remote" if kv is not None else "local"
         self.metrics.routes.labels(route.reason or "none").inc()
-        _set_route_headers(context, route)
+        _set_route_headers(context, route, self._header_key)
         if token_ids is not None and self.observer is not None:
             self.observer.record_arrival(len(token_ids), ago_s=self.clock() - t0)
         prefill_done_s = None

@@ -2,6 +2,7 @@
 .PDModel), workers faked at the HTTP transport.
 
 Specification:
+* response headers name workers, never addresses: discovery's "<role>@<URL>" ids become "<role>-<hex>";
 * a worker 4xx reaches the client only when it is a vLLM/OpenAI error object about the request; a 401/403/
   404/407 or a non-JSON body is a deployment fault: a 502 naming nothing internal, and a prefill worker
   answering so is skipped for local prefill.
@@ -16,14 +17,15 @@ import pytest
 
 pytest.importorskip("kserve")
 
+from fastapi import Response  # noqa: E402
 from kserve.protocol.rest.openai.types import ChatCompletion, ChatCompletionRequest, ErrorResponse  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from runtime.engines.client import VllmClient  # noqa: E402
 from runtime.server.metrics import RuntimeMetrics  # noqa: E402
 from runtime.server.model import PDModel  # noqa: E402
-from runtime.server.pairing import RoundRobinPairing  # noqa: E402
-from tests.unit.test_server_model import _completion  # noqa: E402
+from runtime.server.pairing import Route, RoundRobinPairing  # noqa: E402
+from tests.unit.test_server_model import KV, _completion  # noqa: E402
 
 
 def _event(obj: dict) -> str:
@@ -49,6 +51,50 @@ def _request(**extra) -> ChatCompletionRequest:
 
 def _requests(reg: CollectorRegistry, status: str, mode: str = "local") -> float:
     return reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": mode, "status": status}) or 0
+
+
+# --- worker ids in response headers --------------------------------------------------------------------------
+
+def test_public_worker_ids_never_contain_an_address():
+    from runtime.server.model import public_worker_id
+
+    key = b"k" * 16
+    assert public_worker_id("decode-0", key) == "decode-0"
+    for wid in ("decode@http://10.244.1.17:8000", "prefill@http://user:secret@pod.svc:8000", "10.0.0.1",
+                "http://10.0.0.1:8000", "a.b.c", "decode@", "x" * 100):
+        out = public_worker_id(wid, key)
+        assert "://" not in out and "@" not in out and ":" not in out and "." not in out
+        assert "10.244" not in out and "secret" not in out and "pod" not in out
+        assert out == public_worker_id(wid, key) and out != public_worker_id(wid, b"j" * 16)
+    assert public_worker_id("decode@http://10.244.1.17:8000", key).startswith("decode-")
+    assert public_worker_id("prefill@http://user:secret@pod.svc:8000", key).startswith("prefill-")
+    assert public_worker_id("decode@http://a:1", key) != public_worker_id("decode@http://b:1", key)
+
+
+class _DiscoveredIds(RoundRobinPairing):
+    """Round robin whose routes carry discovery's worker ids ("<role>@<URL>")."""
+
+    def choose(self, req):
+        r = super().choose(req)
+        return Route(r.prefill_url, r.decode_url, r.reason,
+                     f"prefill@{r.prefill_url}" if r.prefill_url else None, f"decode@{r.decode_url}")
+
+
+async def test_route_headers_name_no_worker_address():
+    def handler(req):
+        if req.url.host == "10.244.3.9":
+            return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+        return httpx.Response(200, json=_completion("ok"))
+
+    model, _ = _model(handler, _DiscoveredIds(["http://10.244.3.9:8000"], ["http://10.244.1.17:8000"]))
+    resp = Response()
+    out = await model.create_chat_completion(_request(), context={"response": resp})
+    assert isinstance(out, ChatCompletion)
+    headers = {k: v for k, v in resp.headers.items() if k.startswith("x-pdserve")}
+    assert headers["x-pdserve-prefill-worker"].startswith("prefill-")
+    assert headers["x-pdserve-decode-worker"].startswith("decode-")
+    assert not any("10.244" in v or "@" in v or "://" in v for v in headers.values()), headers
+    await model.aclose()
 
 
 # --- worker 4xx: the client's mistake or the deployment's -----------------------------------------------------
