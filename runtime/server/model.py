@@ -14,7 +14,9 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    one `X-Request-Id` for both calls; streamed back as SSE or returned whole. A decode worker that becomes
    unreachable is reported to the pairing and the request continues on another decode worker (streaming:
    with the text already sent appended, runtime.server.migration) while the pairing allows it; otherwise the
-   client gets an OpenAI error (an error event inside a started stream).
+   client gets an OpenAI error (an error event inside a started stream). An error event the worker
+   sends inside its stream reaches the client (also when the runtime hides the usage chunk) and the request
+   counts as an error.
 
 Client-supplied `kv_transfer_params` (also inside `vllm_xargs`) and `ec_transfer_params` are dropped: no
 request field or header can make a worker talk to an address outside the configured pool. `vllm_xargs` keys
@@ -31,6 +33,7 @@ before the response starts, so a worker error before the first chunk is an HTTP 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -119,6 +122,20 @@ def _backend_error_response(exc: BackendError) -> ErrorResponse:
         exc.status_code >= 400 and exc.status_code != 502) else "gave no usable answer"
     return create_error_response(message=f"inference worker failed: it {reason}",
                                  err_type="BackendError", status_code=status)
+
+
+def _stream_error_event(chunk: dict, url: str) -> BackendError | None:
+    """The worker's mid-stream error event (vLLM: `data: {"error": {...}}`, no choices) as a BackendError
+    (status from its `code`, 500 when it has none), or None for any other chunk."""
+    if chunk.get("choices") or "error" not in chunk:
+        return None
+    err = chunk.get("error")
+    code = err.get("code") if isinstance(err, dict) else None
+    try:
+        status = int(code)
+    except (TypeError, ValueError):
+        status = 500
+    return BackendError(url, status if 400 <= status < 600 else 500, chunk)
 
 
 ROUTE_HEADERS = ("x-pdserve-route", "x-pdserve-prefill-worker", "x-pdserve-decode-worker",
@@ -499,31 +516,35 @@ class PDModel(OpenAIGenerativeModel):
         try:
             while True:
                 try:
-                    async for chunk in decode.stream(path, attempt, rid, kv):
-                        chunk.pop("kv_transfer_params", None)
-                        stream_id = stream_id or chunk.get("id")
-                        if stream_id and "id" in chunk:
-                            chunk["id"] = stream_id  # one id across a migration
-                        token = (local_prefill or first_s is None) and _is_first_token(chunk)
-                        if local_prefill and token:
-                            # this decode worker's own prefill is done (also after a migration)
-                            local_prefill = False
-                            self.pairing.on_first_token(rid, self.clock())
-                        if first_s is None and token:
-                            first_token.set()
-                            first_s = self.clock() - t0  # what the client sees, NIXL pull included
-                            self.metrics.ttft.labels(endpoint, mode).observe(first_s)
-                        usage = chunk.get("usage") or usage
-                        if not client_wants_usage:
-                            chunk.pop("usage", None)
-                            if not chunk.get("choices"):
-                                continue  # the usage-only final chunk the client did not ask for
-                        text = chunk_text(chunk)
-                        if text:
-                            sent.append(text)
-                            last_s = self.clock() - t0
-                        yielded = True
-                        yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+                    async with contextlib.aclosing(decode.stream(path, attempt, rid, kv)) as events:
+                        async for chunk in events:
+                            worker_err = _stream_error_event(chunk, route.decode_url)
+                            if worker_err is not None:  # the worker gave up mid-stream: client told, error
+                                raise worker_err
+                            chunk.pop("kv_transfer_params", None)
+                            stream_id = stream_id or chunk.get("id")
+                            if stream_id and "id" in chunk:
+                                chunk["id"] = stream_id  # one id across a migration
+                            token = (local_prefill or first_s is None) and _is_first_token(chunk)
+                            if local_prefill and token:
+                                # this decode worker's own prefill is done (also after a migration)
+                                local_prefill = False
+                                self.pairing.on_first_token(rid, self.clock())
+                            if first_s is None and token:
+                                first_token.set()
+                                first_s = self.clock() - t0  # what the client sees, NIXL pull included
+                                self.metrics.ttft.labels(endpoint, mode).observe(first_s)
+                            usage = chunk.get("usage") or usage
+                            if not client_wants_usage:
+                                chunk.pop("usage", None)
+                                if not chunk.get("choices"):
+                                    continue  # the usage-only final chunk the client did not ask for
+                            text = chunk_text(chunk)
+                            if text:
+                                sent.append(text)
+                                last_s = self.clock() - t0
+                            yielded = True
+                            yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
                     ok = True
                     break
                 except BackendError as exc:
@@ -532,9 +553,8 @@ class PDModel(OpenAIGenerativeModel):
                     if cont is None:
                         if not yielded:  # nothing sent yet: the caller answers with an HTTP error instead
                             raise _StreamFailedEarly(exc) from exc
-                        status = exc.status_code if 400 <= exc.status_code < 600 else 502
                         err = _backend_error_response(exc).error
-                        body_err = openai_error_body(err.message, err_type=err.type, status=status)
+                        body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code))
                         yield f"data: {json.dumps(body_err)}\n\n"
                         break
                     route, kv, decode, attempt, mode = new, None, self._client(new.decode_url, rid), cont, "local"

@@ -2,6 +2,8 @@
 .PDModel), workers faked at the HTTP transport.
 
 Specification:
+* an error event a worker sends inside its stream (vLLM: `data: {"error": ...}`, no choices) reaches the client
+  as an OpenAI error event, whether or not the client asked for usage, and the request counts as an error;
 * response headers name workers, never addresses: discovery's "<role>@<URL>" ids become "<role>-<hex>";
 * a worker 4xx reaches the client only when it is a vLLM/OpenAI error object about the request; a 401/403/
   404/407 or a non-JSON body is a deployment fault: a 502 naming nothing internal, and a prefill worker
@@ -51,6 +53,43 @@ def _request(**extra) -> ChatCompletionRequest:
 
 def _requests(reg: CollectorRegistry, status: str, mode: str = "local") -> float:
     return reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": mode, "status": status}) or 0
+
+
+# --- mid-stream error events ---------------------------------------------------------------------------------
+
+ENGINE_ERROR = {"error": {"message": "engine died at 10.0.0.7: out of KV blocks", "type": "InternalServerError",
+                          "param": None, "code": 500}}
+
+
+@pytest.mark.parametrize("stream_options", [None, {"include_usage": True}])
+async def test_a_worker_error_event_mid_stream_reaches_the_client_and_counts_as_an_error(stream_options):
+    def handler(req):
+        return httpx.Response(200, text=_event(_chunk({"content": "Par"})) + _event(ENGINE_ERROR)
+                              + "data: [DONE]\n\n")
+
+    model, reg = _model(handler)
+    extra = {"stream_options": stream_options} if stream_options else {}
+    events = [e async for e in await model.create_chat_completion(_request(stream=True, **extra))]
+    assert events[-1] == "data: [DONE]\n\n"
+    assert json.loads(events[0][6:])["choices"][0]["delta"]["content"] == "Par"
+    err = json.loads(events[-2][6:])["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == "500"
+    assert "10.0.0.7" not in err["message"]  # a worker's 5xx text may name internals
+    assert _requests(reg, "error") == 1 and _requests(reg, "ok") == 0
+    await model.aclose()
+
+
+async def test_a_worker_error_event_before_any_token_is_an_http_error():
+    def handler(req):
+        bad = {"error": {"message": "prompt too long for the KV cache", "type": "BadRequestError", "code": 400}}
+        return httpx.Response(200, text=_event(bad) + "data: [DONE]\n\n")
+
+    model, reg = _model(handler)
+    out = await model.create_chat_completion(_request(stream=True))
+    assert isinstance(out, ErrorResponse)
+    assert out.error.code == "400" and out.error.message == "prompt too long for the KV cache"
+    assert _requests(reg, "error") == 1
+    await model.aclose()
 
 
 # --- worker ids in response headers --------------------------------------------------------------------------
