@@ -7,12 +7,52 @@ The continuation is an ordinary request whose prompt ends with what was already 
 `max_tokens` (and `max_completion_tokens`) shrink by the tokens already sent. Token counts come from the
 stream: vLLM sends one chunk per generated token, except where a multi-byte character spans tokens (then
 fewer chunks than tokens, and the continuation may generate a token or two more than asked).
+
+Reasoning text (vLLM's `delta.reasoning_content` / `delta.reasoning`) and tool calls (`delta.tool_calls`) are
+generated output too (`choice_has_output`), but a continuation prompt cannot replay them faithfully (chat
+templates drop or re-render reasoning, tool calls are parsed from text the client never saw): a stream that
+sent any of them is not continued (`chunk_replayable` is False), the caller ends it with an error instead of
+sending the client duplicate reasoning and more than `max_tokens` tokens.
 """
 
 from __future__ import annotations
 
 import copy
 from typing import Any
+
+
+# delta fields of generated output that a continuation cannot replay (vLLM 0.28 chat chunks)
+_UNREPLAYABLE_DELTA = ("reasoning_content", "reasoning", "tool_calls", "function_call")
+
+
+def _delta(choice: Any) -> dict:
+    delta = choice.get("delta") if isinstance(choice, dict) else None
+    return delta if isinstance(delta, dict) else {}
+
+
+def _choice_has_tokens(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    delta = _delta(choice)
+    return bool(delta.get("content") or choice.get("text") or any(delta.get(k) for k in _UNREPLAYABLE_DELTA))
+
+
+def choice_has_output(choice: Any) -> bool:
+    """A streamed choice carries generated output: content, completion text, reasoning, a tool call, or a
+    finish reason."""
+    return _choice_has_tokens(choice) or bool(isinstance(choice, dict) and choice.get("finish_reason"))
+
+
+def chunk_generated(chunk: dict[str, Any]) -> bool:
+    """Choice 0 of a streamed chunk carries a generated token (content, text, reasoning or a tool call)."""
+    choices = chunk.get("choices") or ()
+    return bool(choices) and _choice_has_tokens(choices[0])
+
+
+def chunk_replayable(chunk: dict[str, Any]) -> bool:
+    """False when any choice of a streamed chunk carries reasoning or a tool call, which a continuation
+    request cannot include."""
+    return not any(any(_delta(c).get(k) for k in _UNREPLAYABLE_DELTA) for c in chunk.get("choices") or ())
 
 
 def chunk_text(chunk: dict[str, Any]) -> str:
@@ -32,7 +72,7 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
         path: worker path ("/v1/chat/completions" or "/v1/completions").
         body: the original request body.
         generated_text: text already streamed to the client.
-        num_generated_tokens: tokens already streamed (chunks with text).
+        num_generated_tokens: tokens already streamed (chunks with generated output, `chunk_generated`).
     """
     if int(body.get("n") or 1) != 1 or body.get("echo") or body.get("prompt_logprobs"):
         return None

@@ -14,9 +14,10 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    one `X-Request-Id` for both calls; streamed back as SSE or returned whole. A decode worker that becomes
    unreachable is reported to the pairing and the request continues on another decode worker (streaming:
    with the text already sent appended, runtime.server.migration) while the pairing allows it; otherwise the
-   client gets an OpenAI error (an error event inside a started stream). An error event the worker
-   sends inside its stream reaches the client (also when the runtime hides the usage chunk) and the request
-   counts as an error.
+   client gets an OpenAI error (an error event inside a started stream). A stream that already sent
+   reasoning or tool calls is not migrated (the continuation could not replay them) but ends with an error
+   event. An error event the worker sends inside its stream reaches the client (also when the runtime hides
+   the usage chunk) and the request counts as an error.
 
 Client-supplied `kv_transfer_params` (also inside `vllm_xargs`) and `ec_transfer_params` are dropped: no
 request field or header can make a worker talk to an address outside the configured pool. `vllm_xargs` keys
@@ -60,7 +61,13 @@ from kserve.protocol.rest.openai.types import (
 from runtime.engines.client import CHAT_PATH, COMPLETIONS_PATH, BackendError, VllmClient
 from runtime.server.errors import openai_error_body
 from runtime.server.metrics import RuntimeMetrics
-from runtime.server.migration import chunk_text, continuation_body
+from runtime.server.migration import (
+    choice_has_output,
+    chunk_generated,
+    chunk_replayable,
+    chunk_text,
+    continuation_body,
+)
 from runtime.server.pairing import Pairing, Route, RouteRequest
 from runtime.server.tokenize import PromptTokenizer
 
@@ -172,11 +179,9 @@ def _set_route_headers(context: dict | None, route: Route, key: bytes) -> None:
 
 
 def _is_first_token(chunk: dict) -> bool:
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") or {}
-        if delta.get("content") or choice.get("text") or choice.get("finish_reason"):
-            return True
-    return False
+    """Some choice of the chunk carries generated output (content, text, reasoning, a tool call or a finish
+    reason): the decode worker's prefill is over."""
+    return any(choice_has_output(c) for c in chunk.get("choices") or ())
 
 
 class PDModel(OpenAIGenerativeModel):
@@ -503,7 +508,9 @@ class PDModel(OpenAIGenerativeModel):
         local_prefill = kv is None  # the router's prefill load ends at the first streamed token
         first_s = last_s = None
         usage: dict = {}
-        sent: list[str] = []
+        sent: list[str] = []  # content / completion text sent to the client (replayed by a continuation)
+        num_tokens = 0  # chunks with a generated token sent (content, reasoning or tool call: chunk_generated)
+        replayable = True  # no reasoning or tool call sent: a continuation can carry all that was sent
         stream_id = None
         # Ask the worker for usage (prompt/completion tokens for metrics); hide it if the client did not.
         client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -542,14 +549,22 @@ class PDModel(OpenAIGenerativeModel):
                             text = chunk_text(chunk)
                             if text:
                                 sent.append(text)
+                            if chunk_generated(chunk):
+                                num_tokens += 1
                                 last_s = self.clock() - t0
+                            replayable = replayable and chunk_replayable(chunk)
                             yielded = True
                             yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
                     ok = True
                     break
                 except BackendError as exc:
-                    new = self._migrate(exc, route, rid)
-                    cont = continuation_body(path, base, "".join(sent), len(sent)) if new is not None else None
+                    if replayable:
+                        new = self._migrate(exc, route, rid)
+                    else:  # reasoning or a tool call was sent: a continuation would repeat or lose it
+                        if exc.unreachable:
+                            self.pairing.on_worker_unreachable(route.decode_url)
+                        new = None
+                    cont = continuation_body(path, base, "".join(sent), num_tokens) if new is not None else None
                     if cont is None:
                         if not yielded:  # nothing sent yet: the caller answers with an HTTP error instead
                             raise _StreamFailedEarly(exc) from exc
@@ -565,8 +580,8 @@ class PDModel(OpenAIGenerativeModel):
                 nudger.cancel()
             self._finish(rid, endpoint, route, t0, ok=ok, mode=mode)
         if ok and first_s is not None:
-            itl_s = (last_s - first_s) / (len(sent) - 1) if len(sent) > 1 and last_s is not None else None
-            self._observe(usage, arrival_recorded, first_s, self.clock() - t0, len(sent), itl_s)
+            itl_s = (last_s - first_s) / (num_tokens - 1) if num_tokens > 1 and last_s is not None else None
+            self._observe(usage, arrival_recorded, first_s, self.clock() - t0, num_tokens, itl_s)
         yield "data: [DONE]\n\n"
 
     def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None) -> None:

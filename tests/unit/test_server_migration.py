@@ -164,3 +164,54 @@ async def test_two_migrations_append_the_text_once():
     assert "".join(chunk_text(json.loads(e[6:])) for e in events[:-1]) == "abc"
     assert w.bodies["d2"][0]["messages"][-1] == {"role": "assistant", "content": "ab"}
     assert w.bodies["d2"][0]["max_tokens"] == 10
+
+
+# --- reasoning and tool calls: generated output a continuation cannot replay -------------------------------
+
+def test_reasoning_and_tool_call_chunks_are_generated_tokens_that_cannot_be_replayed():
+    from runtime.server.migration import chunk_generated, chunk_replayable
+
+    reasoning = {"choices": [{"index": 0, "delta": {"reasoning_content": "think"}}]}
+    reasoning_new = {"choices": [{"index": 0, "delta": {"reasoning": "think"}}]}
+    tool = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]}
+    content = {"choices": [{"index": 0, "delta": {"content": "Pa"}}]}
+    for chunk in (reasoning, reasoning_new, tool):
+        assert chunk_generated(chunk) and not chunk_replayable(chunk)
+    assert chunk_generated(content) and chunk_replayable(content)
+    assert not chunk_generated({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    assert not chunk_generated({"choices": [], "usage": {"completion_tokens": 3}})
+
+
+class ReasoningThenDies(TwoDecoders):
+    """d0 streams reasoning chunks (and optionally content) then dies; d1 would answer everything again."""
+
+    def __init__(self, deltas: list[dict]):
+        super().__init__()
+        self.deltas = deltas
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        chunks = [f"data: {json.dumps({'id': 'id-' + host, 'choices': [{'index': 0, 'delta': d}]})}\n\n".encode()
+                  for d in self.deltas]
+        if host == "d0":
+            return httpx.Response(200, stream=_DyingStream(chunks))
+        return httpx.Response(200, content=b"".join(chunks + [b"data: [DONE]\n\n"]))
+
+
+@pytest.mark.parametrize("deltas", [
+    [{"reasoning_content": f"think{i} "} for i in range(4)],
+    [{"reasoning": "think "}, {"content": "The"}],
+    [{"tool_calls": [{"index": 0, "id": "t", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+])
+async def test_a_stream_that_sent_reasoning_or_tool_calls_is_not_migrated_but_ends_with_an_error(deltas):
+    w = ReasoningThenDies(deltas)
+    model, reg = _model(w)
+    events = [e async for e in await model.create_chat_completion(_chat_request())]
+    assert events[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert [c["choices"][0]["delta"] for c in chunks[:-1]] == deltas  # each sent once, never repeated
+    assert chunks[-1]["error"]["code"] == "502"
+    assert w.bodies["d1"] == []
+    assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "local", "status": "error"}) == 1
+    await model.aclose()

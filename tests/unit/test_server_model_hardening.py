@@ -5,6 +5,8 @@ Specification:
 * an error event a worker sends inside its stream (vLLM: `data: {"error": ...}`, no choices) reaches the client
   as an OpenAI error event, whether or not the client asked for usage, and the request counts as an error;
 * response headers name workers, never addresses: discovery's "<role>@<URL>" ids become "<role>-<hex>";
+* reasoning (`delta.reasoning_content` / `delta.reasoning`) and tool-call chunks are the first token: the
+  router's prefill load ends and TTFT is observed there, not at the first `content` chunk;
 * a worker 4xx reaches the client only when it is a vLLM/OpenAI error object about the request; a 401/403/
   404/407 or a non-JSON body is a deployment fault: a 502 naming nothing internal, and a prefill worker
   answering so is skipped for local prefill.
@@ -133,6 +135,46 @@ async def test_route_headers_name_no_worker_address():
     assert headers["x-pdserve-prefill-worker"].startswith("prefill-")
     assert headers["x-pdserve-decode-worker"].startswith("decode-")
     assert not any("10.244" in v or "@" in v or "://" in v for v in headers.values()), headers
+    await model.aclose()
+
+
+# --- reasoning and tool calls are the first token ------------------------------------------------------------
+
+class _RecordingPairing(RoundRobinPairing):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.first_tokens: list[str] = []
+
+    def on_first_token(self, request_id, now_s):
+        self.first_tokens.append(request_id)
+        super().on_first_token(request_id, now_s)
+
+
+@pytest.mark.parametrize("delta", [
+    {"reasoning_content": "think "}, {"reasoning": "think "},
+    {"tool_calls": [{"index": 0, "id": "t", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+])
+async def test_a_reasoning_or_tool_call_chunk_is_the_first_token(delta):
+    now = [0.0]
+    seen: list[tuple[int, float | None]] = []
+
+    def handler(req):
+        return httpx.Response(200, text=_event(_chunk({"role": "assistant", "content": ""})) + _event(_chunk(delta))
+                              + _event(_chunk(delta)) + _event(_chunk({"content": "answer"}))
+                              + _event(_chunk({}, "stop")) + "data: [DONE]\n\n")
+
+    pairing = _RecordingPairing([], ["http://decode"])
+    model, reg = _model(handler, pairing)
+    model.clock = lambda: now[0]
+    gen = await model.create_chat_completion(_request(stream=True))
+    async for _ in gen:
+        seen.append((len(pairing.first_tokens),
+                     reg.get_sample_value("pdserve_ttft_seconds_count", {"endpoint": "chat", "mode": "local"}) or 0.0))
+        now[0] += 1.0
+    # event 0: the empty role chunk (no token yet); event 1: the reasoning/tool-call chunk is the first token
+    assert seen[0] == (0, 0.0)
+    assert seen[1] == (1, 1.0)
+    assert reg.get_sample_value("pdserve_ttft_seconds_sum", {"endpoint": "chat", "mode": "local"}) == 1.0
     await model.aclose()
 
 
