@@ -407,7 +407,12 @@ class PDModel(OpenAIGenerativeModel):
         rid = f"pdserve-{uuid.uuid4().hex}"
         token_ids = None
         if self.tokenizer is not None:  # chat templates of long prompts take seconds: off the event loop
-            token_ids = await asyncio.to_thread(self.tokenizer.token_ids, path, body)
+            try:
+                token_ids = await asyncio.to_thread(self.tokenizer.token_ids, path, body)
+            except Exception:  # routing knowledge only: a prompt the tokenizer chokes on is routed on load
+                logger.warning("could not tokenize a %s request for routing; routing on load alone", endpoint,
+                               exc_info=True)
+                token_ids = None
         try:
             route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
         except RuntimeError as exc:

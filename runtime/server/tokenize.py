@@ -13,6 +13,8 @@ Only the served model's own chat template is ever rendered here. A request's `ch
 inside `chat_template_kwargs`) is never used: a client-written Jinja template would run in the router (vLLM
 itself refuses one unless started with --trust-request-chat-template), and one with nested loops would burn
 the router's CPU. From `chat_template_kwargs` only plain data reaches the template (`template_kwargs`).
+(The body forwarded to the workers keeps those fields: vLLM answers 400 to a request template unless the
+operator trusts them, and that 400 reaches the client.)
 A prompt the tokenizer cannot encode (e.g. a lone UTF-16 surrogate) gives None: routed on load alone.
 """
 

@@ -7,6 +7,7 @@ Specification:
 * response headers name workers, never addresses: discovery's "<role>@<URL>" ids become "<role>-<hex>";
 * reasoning (`delta.reasoning_content` / `delta.reasoning`) and tool-call chunks are the first token: the
   router's prefill load ends and TTFT is observed there, not at the first `content` chunk;
+* a tokenizer that raises costs the request its routing knowledge only (routed on load alone);
 * a worker 4xx reaches the client only when it is a vLLM/OpenAI error object about the request; a 401/403/
   404/407 or a non-JSON body is a deployment fault: a 502 naming nothing internal, and a prefill worker
   answering so is skipped for local prefill.
@@ -231,5 +232,20 @@ async def test_a_prefill_worker_deployment_fault_falls_back_to_local_prefill(sta
     assert isinstance(out, ChatCompletion) and out.choices[0].message.content == "ok"
     assert hosts == ["prefill", "decode"]
     assert reg.get_sample_value("pdserve_prefill_fallbacks_total") == 1
+    assert _requests(reg, "ok") == 1
+    await model.aclose()
+
+
+# --- a tokenizer failure is routing knowledge lost, not a 500 --------------------------------------------------
+
+async def test_a_tokenizer_that_raises_routes_the_request_on_load_alone():
+    class Broken:
+        def token_ids(self, path, body):
+            raise TypeError("TextEncodeInput must be Union[...]")
+
+    model, reg = _model(lambda req: httpx.Response(200, json=_completion("ok")))
+    model.tokenizer = Broken()
+    out = await model.create_chat_completion(_request())
+    assert isinstance(out, ChatCompletion) and out.choices[0].message.content == "ok"
     assert _requests(reg, "ok") == 1
     await model.aclose()
