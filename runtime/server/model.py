@@ -134,7 +134,7 @@ def _backend_error_response(exc: BackendError) -> ErrorResponse:
 def _stream_error_event(chunk: dict, url: str) -> BackendError | None:
     """The worker's mid-stream error event (vLLM: `data: {"error": {...}}`, no choices) as a BackendError
     (status from its `code`, 500 when it has none), or None for any other chunk."""
-    if chunk.get("choices") or "error" not in chunk:
+    if chunk.get("choices") or not chunk.get("error"):
         return None
     err = chunk.get("error")
     code = err.get("code") if isinstance(err, dict) else None
