@@ -532,6 +532,8 @@ class PDModel(OpenAIGenerativeModel):
                         async for chunk in events:
                             worker_err = _stream_error_event(chunk, route.decode_url)
                             if worker_err is not None:  # the worker gave up mid-stream: client told, error
+                                logger.warning("decode worker %s sent an error event mid-stream: %.500s",
+                                               route.decode_url, chunk)
                                 raise worker_err
                             chunk.pop("kv_transfer_params", None)
                             stream_id = stream_id or chunk.get("id")
