@@ -52,10 +52,13 @@ def build_model(
     migration_limit: int = 1,
     observer=None,
     prefill_nudge_after_s: float | None = None,
+    prefill_priority: bool = False,
 ) -> PDModel:
     """The runtime model over the configured worker pools (round-robin pairing unless `pairing` is given).
 
     `observer` (e.g. runtime.server.planner_loop.RequestWindow) receives every finished request.
+    `prefill_priority`: prefill requests carry their prompt-length bucket as vLLM `priority` (needs a
+    tokenizer; RouterSpec.prefill_priority "length").
 
     Raises:
         ValueError: empty `model_name` or no decode URL.
@@ -65,7 +68,7 @@ def build_model(
     pairing = pairing or RoundRobinPairing(prefill_urls, decode_urls, migration_limit=migration_limit)
     return PDModel(model_name, pairing, metrics=RuntimeMetrics(registry), timeout_s=timeout_s, tokenizer=tokenizer,
                    prefill_timeout_s=prefill_timeout_s, observer=observer,
-                   prefill_nudge_after_s=prefill_nudge_after_s)
+                   prefill_nudge_after_s=prefill_nudge_after_s, prefill_priority=prefill_priority)
 
 
 def build_router_pairing(
@@ -270,7 +273,8 @@ def serve(
         window = RequestWindow()
     model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
                         tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
-                        observer=window, prefill_nudge_after_s=prefill_nudge_after_s)
+                        observer=window, prefill_nudge_after_s=prefill_nudge_after_s,
+                        prefill_priority=tokenizer is not None and router_spec.prefill_priority == "length")
     planner_rt = None
     if planner is not None:
         from runtime.server.planner_runtime import build_planner

@@ -59,6 +59,7 @@ from kserve.protocol.rest.openai.types import (
 )
 
 from runtime.engines.client import CHAT_PATH, COMPLETIONS_PATH, BackendError, VllmClient
+from runtime.router.priority import prefill_priority as priority_bucket
 from runtime.server.errors import openai_error_body
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.migration import (
@@ -227,6 +228,7 @@ class PDModel(OpenAIGenerativeModel):
         prefill_timeout_s: float = 120.0,
         observer: Any | None = None,
         prefill_nudge_after_s: float | None = None,
+        prefill_priority: bool = False,
     ) -> None:
         super().__init__(name)
         self.pairing = pairing
@@ -244,6 +246,7 @@ class PDModel(OpenAIGenerativeModel):
         if prefill_nudge_after_s is not None and not prefill_nudge_after_s > 0:
             raise ValueError(f"prefill_nudge_after_s={prefill_nudge_after_s}: expected seconds > 0 or None")
         self.prefill_nudge_after_s = prefill_nudge_after_s
+        self.prefill_priority = prefill_priority
         self._header_key = secrets.token_bytes(16)  # keys the worker ids in response headers
         self.ready = True
 
@@ -350,11 +353,17 @@ class PDModel(OpenAIGenerativeModel):
         body = await self._request_body(request, raw_request)
         return await self._serve(CHAT_PATH, "chat", body, ChatCompletion, context)
 
-    async def _prefill(self, route: Route, path: str, body: dict, rid: str) -> tuple[Route, dict | None]:
+    async def _prefill(self, route: Route, path: str, body: dict, rid: str,
+                       prompt_tokens: int | None = None) -> tuple[Route, dict | None]:
         """Run the remote prefill; on worker failure switch to local prefill. Re-raises the worker's
-        rejections of the request (`_is_client_fault`)."""
+        rejections of the request (`_is_client_fault`). With `prefill_priority` and a known prompt length
+        the prefill request carries vLLM's `priority` = its prompt-length bucket
+        (runtime/router/priority.py; the prefill workers run `--scheduling-policy priority`), replacing
+        any the client sent: short prompts are not queued behind long ones."""
         if route.prefill_url is None:
             return route, None
+        if self.prefill_priority and prompt_tokens is not None:
+            body = {**body, "priority": priority_bucket(prompt_tokens)}
         try:
             kv = await asyncio.wait_for(self._client(route.prefill_url, rid).prefill(path, body, rid),
                                         self.prefill_timeout_s)
@@ -431,7 +440,7 @@ class PDModel(OpenAIGenerativeModel):
                            rid: str, t0: float, token_ids: list[int] | None, state: dict) -> Any:
         route = state["route"]
         try:
-            route, kv = await self._prefill(route, path, body, rid)
+            route, kv = await self._prefill(route, path, body, rid, None if token_ids is None else len(token_ids))
         except BackendError as exc:
             return _backend_error_response(exc)
         state["route"] = route

@@ -112,3 +112,14 @@ def test_conditional_disaggregation_remote_then_local_once_cached(router_runtime
     assert int(second.headers["x-pdserve-overlap-blocks"]) >= first.json()["usage"]["prompt_tokens"] // BLOCK_SIZE - 1
     assert nixl_transfer_count(_metrics(pd_workers.decode.metrics_url)) == n0 + 1
     assert second.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+
+
+def test_prefill_worker_schedules_by_priority_and_decode_worker_does_not(pd_workers):
+    """RouterSpec.prefill_priority defaults to "length": the prefill worker runs vLLM's priority scheduler, so a
+    request with a priority is served; the decode worker stays FCFS, where vLLM refuses a non-zero priority."""
+    body = {"model": pd_workers.model_name, "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0,
+            "priority": 3}
+    ok = httpx.post(f"{pd_workers.prefill.base_url}/v1/completions", json=body, timeout=300)
+    assert ok.status_code == 200, ok.text
+    refused = httpx.post(f"{pd_workers.decode.base_url}/v1/completions", json=body, timeout=300)
+    assert refused.status_code == 400 and "priority" in refused.text.lower()

@@ -259,3 +259,27 @@ async def test_no_nudge_when_the_first_token_comes_in_time_or_nudging_is_off():
     assert _metric(reg, "pdserve_prefill_nudges_total") == 0
     with pytest.raises(ValueError, match="prefill_nudge_after_s"):
         _nudging_model(w, 0)
+
+
+class _FixedTokens:
+    """A tokenizer stand-in: every prompt has `n` tokens."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def token_ids(self, path: str, body: dict) -> list[int]:
+        return list(range(self.n))
+
+
+@pytest.mark.parametrize("num_tokens,enabled,expected", [(500, True, 0), (3000, True, 2), (70000, True, 7),
+                                                         (3000, False, None)])
+async def test_prefill_request_carries_the_prompt_length_bucket_as_vllm_priority(num_tokens, enabled, expected):
+    workers = FakeWorkers()
+    model, _ = _model(workers)
+    model.tokenizer, model.prefill_priority = _FixedTokens(num_tokens), enabled
+    out = await model.create_chat_completion(_request(priority=-5))
+    assert not isinstance(out, ErrorResponse)
+    (prefill,) = [b for host, b, _ in workers.calls if host == "prefill"]
+    (decode,) = [b for host, b, _ in workers.calls if host == "decode"]
+    assert prefill.get("priority") == (expected if enabled else -5)  # the client's value only without the feature
+    assert decode.get("priority") == -5  # the decode request is the client's
