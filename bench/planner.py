@@ -254,8 +254,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--itl-s", type=float, default=0.05)
     ap.add_argument("--worker-start-s", type=float, default=60.0)
     ap.add_argument("--interval-s", type=float, default=30.0)
-    ap.add_argument("--prefill-order", choices=PREFILL_ORDERS, default="fcfs",
-                    help="prefill queue order of the simulated cluster (every planner and the oracle): fcfs, or by prompt-length bucket (what the runtime does with router.prefill_priority=length)")
+    ap.add_argument("--prefill-order", choices=PREFILL_ORDERS, default="length",
+                    help="prefill queue order of the simulated cluster, for every planner and the oracles: 'length' "
+                         "(prompt-length buckets, what the runtime's default router.prefill_priority=length does) or "
+                         "'fcfs' (vLLM's default)")
     ap.add_argument("--gpu-budget", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warm-start", choices=("oracle_lead", "oracle_first_window"), default="oracle_lead",
@@ -402,6 +404,7 @@ def main(argv: list[str] | None = None) -> dict:
         "decode_tp": a.decode_tp,
         "slo": {"ttft_s": a.ttft_s, "itl_s": a.itl_s},
         "worker_start_s": a.worker_start_s,
+        "prefill_order": a.prefill_order,
         "planners": results,
         "skipped_planners": skipped,
         "static_peak_gpu_hours": round(static_h, 3),
