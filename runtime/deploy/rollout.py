@@ -238,6 +238,8 @@ def rollout(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_
             told the previous revision is champion).
         RolledBackError: any other exception during apply/canary/probe/promote (a bug, not a verdict): the
             rollout was rolled back as above, then this is raised with the original error chained.
+        KeyboardInterrupt, SystemExit: re-raised after the same rollback, which then re-applies the
+            previous champion (or deletes a first revision) without waiting for readiness.
     """
     if not revision:
         raise ManifestError("revision: required for a canary rollout (worker pools are named per revision)")
@@ -318,9 +320,12 @@ def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, nam
             kube.apply(isvc)  # no canaryTrafficPercent: 100 % to the new revision
             wait_ready(kube, [isvc], **waits)
         rec("promote", "ok", traffic_percent=100)
-    except Exception as e:  # noqa: BLE001 - whatever failed, the canary must not stay half rolled out
+    except BaseException as e:  # noqa: BLE001 - whatever failed, the canary must not stay half rolled out
+        # Ctrl-C / SystemExit too: roll back without waiting for readiness, then re-raise the interrupt
+        interrupted = not isinstance(e, Exception)
         expected = isinstance(e, (ApplyError, ManifestError))
-        reason = str(e) if expected else f"unexpected {type(e).__name__}: {e}"
+        reason = (f"interrupted ({type(e).__name__})" if interrupted
+                  else str(e) if expected else f"unexpected {type(e).__name__}: {e}")
         cause = None if expected else e
 
         def rec_safely(step: str, status: str, **detail: Any) -> None:
@@ -336,6 +341,8 @@ def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, nam
                 reason += f"; deleting the new revision failed too: {del_err}"
                 gone = []
             rec_safely("rollback", "no_previous_champion", error=reason, deleted=gone)
+            if interrupted:
+                raise
             raise ApplyError(f"rollout of {revision} failed and there is no previous champion: {reason}") from cause
         rollback_err: Exception | None = None
         gone = []
@@ -349,7 +356,8 @@ def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, nam
         else:
             # The InferenceService serves the previous revision again: the new workers are unused either way.
             try:
-                wait_ready(kube, prev_objs, **waits)
+                if not interrupted:  # an interrupted caller wants out: the objects are applied, not waited for
+                    wait_ready(kube, prev_objs, **waits)
             except Exception as err:  # noqa: BLE001
                 rollback_err = err
             try:
@@ -366,6 +374,8 @@ def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, nam
             recorder.champion_restored(prev_rev)
         except Exception as err:  # noqa: BLE001
             alias_err = err
+        if interrupted:
+            raise
         if rollback_err is not None:
             raise ApplyError(f"rollout of {revision} failed ({reason}) and the rollback to {prev_rev} did not "
                              f"complete: {type(rollback_err).__name__}: {rollback_err}"

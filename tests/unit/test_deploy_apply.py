@@ -519,6 +519,34 @@ def test_unexpected_probe_error_rolls_back_then_raises(api, kube):
     assert rec.restored == ["v1"]
 
 
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_during_the_canary_rolls_back_then_propagates(api, kube, interrupt):
+    clock = FakeClock()
+    run(kube, clock, ListRecorder(), revision="v1", probe=lambda u: FAST)
+
+    def interrupted_probe(url):
+        raise interrupt()
+
+    rec = ListRecorder()
+    with pytest.raises(interrupt):
+        run(kube, clock, rec, revision="v2", probe=interrupted_probe, s=spec(decode_tp=4))
+    assert rolled_back_to_v1(api)  # not left at a 10 % canary of v2
+    steps = {s: (st, d) for s, st, d in rec.steps}
+    assert steps["rollback"][0] == "ok" and interrupt.__name__ in steps["rollback"][1]["error"]
+    assert rec.restored == ["v1"]
+    assert api.live(*LEASE) is None  # the promote lock is released too
+
+
+def test_an_interrupted_first_rollout_removes_what_it_applied(api, kube):
+    def interrupted_probe(url):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(kube, FakeClock(), ListRecorder(), revision="v1", probe=interrupted_probe)
+    assert api.live("serving.kserve.io/v1beta1", "InferenceService", NAME) is None
+    assert api.live("apps/v1", "Deployment", f"{NAME}-v1-decode") is None
+
+
 def test_recorder_error_during_the_canary_rolls_back(api, kube):
     from runtime.deploy.errors import RolledBackError
 
