@@ -355,16 +355,21 @@ def tune(
         _fail(str(e.args[0]) if e.args else str(e))
     table = Table(title=escape(f"{model.name} on {result.gpu.name} ({precision}), SLO TTFT≤{ttft_ms:g} ms "
                                f"ITL≤{itl_ms:g} ms"))
-    for c in ["", "prefill TP", "decode TP", "TTFT p90 ms", "ITL p90 ms", "goodput/GPU (req/s)", "P:D replicas",
-              "$/Mtok", "why not"]:
-        table.add_column(c, justify="left" if c in ("", "why not") else "right")
+    # short headers and numbered reasons (listed under the table) keep it readable in an 80-column terminal
+    for c in ["", "prefill\nTP", "decode\nTP", "TTFT\np90 ms", "ITL\np90 ms", "goodput\nreq/s/GPU", "P:D", "$/Mtok",
+              "why\nnot"]:
+        table.add_column(c, justify="left" if c in ("", "why\nnot") else "right", no_wrap=True)
+    reasons: dict[str, int] = {}
     for c in result.candidates:
         best = c is result.best
+        key = "" if c.feasible else f"[{reasons.setdefault(c.reason, len(reasons) + 1)}]"
         table.add_row("★" if best else "", str(c.prefill_tp), str(c.decode_tp), _ms(c.ttft_ms, 1), _ms(c.itl_ms, 2),
                       f"{c.goodput_per_gpu:.3f}", f"{c.prefill_replicas}:{c.decode_replicas}" if c.feasible else "-",
-                      "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", "" if c.feasible else escape(c.reason),
+                      "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", key,
                       style="bold green" if best else (None if c.feasible else "dim"))
     console.print(table)
+    for reason, k in reasons.items():
+        console.print(escape(f"[{k}] {reason}"), style="dim")
     if measure:  # CPU measurements: no GPU deployment to check or write; the runs are still logged
         if mlflow_uri:
             _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", None, None)

@@ -33,6 +33,22 @@ def test_tune_writes_a_valid_deployment_spec(tmp_path):
     assert "★" in res.output
 
 
+def test_tune_table_fits_an_80_column_terminal_with_numbered_reasons():
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--gpu", "H100-SXM"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    table = [ln for ln in lines if ln[:1] in "┏┃┡│└"]
+    assert table and max(len(ln) for ln in table) <= 80
+    assert not any("…" in ln for ln in table)  # no header or cell cut short
+    rows = [ln for ln in table if ln.startswith("│")]
+    assert len(rows) == 16 and any("[1]" in ln for ln in rows)  # 4 x 4 TP pairs, infeasible ones keyed
+    keys = {ln.split("│")[-2].strip() for ln in rows} - {""}
+    notes = [ln for ln in lines if ln.startswith("[")]
+    assert keys == {ln.split(" ", 1)[0] for ln in notes}  # every key used in the table is explained below it
+    assert any(ln.endswith("prefill TP > decode TP (NixlConnector, non-MLA)") for ln in notes)
+    assert any("weights do not fit at TP 1" in ln for ln in notes)
+
+
 def test_tune_impossible_slo_exits_with_the_best_achievable(tmp_path):
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--ttft-ms", "0.01", "--itl-ms", "0.01"])
     assert res.exit_code == 1
