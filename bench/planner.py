@@ -135,7 +135,7 @@ def load_azure_trace(path: Path, rate_scale: int, seed: int) -> Trace:
                 ts.append((stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp())
                 isl.append(int(row["ContextTokens"]))
                 osl.append(int(row["GeneratedTokens"]))
-            except (TypeError, ValueError, OverflowError) as e:
+            except (AttributeError, TypeError, ValueError, OverflowError) as e:  # AttributeError: a short row's None
                 raise SystemExit(f"{path}:{reader.line_num}: bad row {dict(row)}: {e}") from None
             for col, v in (("ContextTokens", isl[-1]), ("GeneratedTokens", osl[-1])):
                 if not 1 <= v <= max_tokens:

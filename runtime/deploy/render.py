@@ -86,7 +86,9 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     `--router=kv`, `--router-spec=<RouterSpec JSON>`, `--block-size=<block_size_tokens>` (must equal the
     workers' vLLM `--block-size`, spec.engine.block_size_tokens) and `--tokenizer-dir=<tokenizer_dir>`
     (the served model folder: the KServe mount of `pvc://<fsx-claim>/models/<model>`, /mnt/models). It
-    subscribes to each discovered worker's KV events at the EndpointSlices' "kv-events" port."""
+    subscribes to each discovered worker's KV events at the EndpointSlices' "kv-events" port. With any
+    `router`, `--prefill-priority=<router.prefill_priority>` (the prefill Deployments' vLLM scheduling
+    policy follows the same field, runtime/deploy/workers.py)."""
     del worker_port  # carried by the EndpointSlices' "http" port
     args = [
         f"--model-name={model_name}",
@@ -97,6 +99,8 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
         f"--model-dir={MODEL_MOUNT}",
         "--require-staged",
     ]
+    if router is not None:  # the runtime sets prefill priorities iff the prefill workers schedule by them
+        args.append(f"--prefill-priority={router.prefill_priority}")
     if router is not None and uses_kv_router(router):
         args += ["--router=kv", f"--router-spec={router.model_dump_json()}",
                  f"--block-size={block_size_tokens}", f"--tokenizer-dir={tokenizer_dir}"]

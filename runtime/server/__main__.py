@@ -133,6 +133,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--router", choices=("fixed", "kv"), default="fixed",
                    help="fixed: round-robin pairing; kv: KV-aware router (runtime.router).")
     p.add_argument("--router-spec", default="{}", help="RouterSpec as JSON (runtime/config.py), for --router kv.")
+    p.add_argument("--prefill-priority", choices=("length", "fcfs"), default=None,
+                   help="length: prefill requests carry vLLM priorities by prompt length (runtime/router/priority.py; "
+                        "the prefill workers must run --scheduling-policy priority); fcfs: the client's request as "
+                        "is. Default: the --router-spec's prefill_priority with --router kv, else fcfs.")
     p.add_argument("--block-size", type=int_at_least(1), default=16,
                    help="Workers' KV block size, tokens (--block-size; >= 1).")
     p.add_argument("--tokenizer-dir", type=Path, default=None, help="Served model folder (tokenizer), --router kv.")
@@ -283,6 +287,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--router-spec: {exc}")
         if args.tokenizer_dir is None:
             sys.exit("--tokenizer-dir is required with --router kv")
+    prefill_priority = args.prefill_priority or (router_spec.prefill_priority if router_spec else "fcfs")
+    if router_spec is not None and prefill_priority != router_spec.prefill_priority:
+        sys.exit(f"--prefill-priority {prefill_priority} contradicts the --router-spec's prefill_priority "
+                 f"{router_spec.prefill_priority!r}")
     planner = planner_settings(args)
     # KServe parses sys.argv at import (parse_known_args); hide our flags from it.
     sys.argv = sys.argv[:1]
@@ -302,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         decode_kv_events=args.decode_kv_events,
         prefill_timeout_s=args.prefill_timeout_s,
         prefill_nudge_after_s=args.prefill_nudge_after_s,
+        prefill_priority=prefill_priority == "length",
         planner=planner,
         discovery=discovery,
     )

@@ -57,8 +57,8 @@ def build_model(
     """The runtime model over the configured worker pools (round-robin pairing unless `pairing` is given).
 
     `observer` (e.g. runtime.server.planner_loop.RequestWindow) receives every finished request.
-    `prefill_priority`: prefill requests carry their prompt-length bucket as vLLM `priority` (needs a
-    tokenizer; RouterSpec.prefill_priority "length").
+    `prefill_priority`: prefill requests carry the runtime's vLLM `priority` by prompt length (exact with a
+    tokenizer, else estimated; RouterSpec.prefill_priority "length").
 
     Raises:
         ValueError: empty `model_name` or no decode URL.
@@ -225,6 +225,7 @@ def serve(
     decode_kv_events: Sequence[str] = (),
     prefill_timeout_s: float = 120.0,
     prefill_nudge_after_s: float | None = None,
+    prefill_priority: bool = False,
     planner: dict | None = None,
     discovery: dict | None = None,
 ) -> None:
@@ -238,7 +239,8 @@ def serve(
     port_name) takes the pools from the Kubernetes EndpointSlices of those Services (in-cluster credentials)
     instead of the URLs, through a RouterPairing that starts empty; with `router_spec` too, the KV-event
     endpoints come from the EndpointSlices (port "kv-events", `discovery["kv_events_port_name"]`) and
-    `prefill_kv_events`/`decode_kv_events` are ignored.
+    `prefill_kv_events`/`decode_kv_events` are ignored. `prefill_priority`: prefill requests carry the
+    runtime's vLLM priorities (PDModel; the prefill workers run `--scheduling-policy priority`).
 
     Raises:
         ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings.
@@ -274,7 +276,7 @@ def serve(
     model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
                         tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
                         observer=window, prefill_nudge_after_s=prefill_nudge_after_s,
-                        prefill_priority=tokenizer is not None and router_spec.prefill_priority == "length")
+                        prefill_priority=prefill_priority)
     planner_rt = None
     if planner is not None:
         from runtime.server.planner_runtime import build_planner

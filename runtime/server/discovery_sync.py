@@ -49,8 +49,11 @@ class EventSubscriptions(Protocol):
 
 
 def discovered_id(role: str, url: str) -> str:
-    """Worker id of a discovered worker: `"<role>-<first 12 hex digits of sha256(base URL)>"` (no address)."""
-    return f"{role}-{hashlib.sha256(url.rstrip('/').encode()).hexdigest()[:12]}"
+    """Worker id of a discovered worker: `"<role>@<first 12 hex digits of sha256(base URL)>"`. It names no
+    address in logs; the "@" marks it as not a configured name, so response headers show it only keyed
+    (runtime.server.model.public_worker_id), since an unkeyed hash of a pod IP can be reversed by trying the
+    pod network's addresses."""
+    return f"{role}@{hashlib.sha256(url.rstrip('/').encode()).hexdigest()[:12]}"
 
 
 def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,

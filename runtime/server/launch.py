@@ -234,7 +234,7 @@ class LocalDeployment:
                           **common)
             for i in range(num_decode)
         ]
-        extra: list[str] = []
+        extra: list[str] = ["--prefill-priority", spec.router.prefill_priority]  # as the prefill workers schedule
         if router == "kv":
             extra = ["--router", "kv", "--router-spec", spec.router.model_dump_json(),
                      "--block-size", str(spec.engine.block_size_tokens), "--tokenizer-dir", str(self.model_dir)]

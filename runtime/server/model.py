@@ -59,7 +59,7 @@ from kserve.protocol.rest.openai.types import (
 )
 
 from runtime.engines.client import CHAT_PATH, COMPLETIONS_PATH, BackendError, VllmClient
-from runtime.router.priority import prefill_priority as priority_bucket
+from runtime.router.priority import vllm_priority
 from runtime.server.errors import openai_error_body
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.migration import (
@@ -70,6 +70,7 @@ from runtime.server.migration import (
     continuation_body,
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
+from runtime.server.routing import estimate_prompt_tokens
 from runtime.server.tokenize import PromptTokenizer
 
 _DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
@@ -229,6 +230,7 @@ class PDModel(OpenAIGenerativeModel):
         observer: Any | None = None,
         prefill_nudge_after_s: float | None = None,
         prefill_priority: bool = False,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(name)
         self.pairing = pairing
@@ -247,6 +249,7 @@ class PDModel(OpenAIGenerativeModel):
             raise ValueError(f"prefill_nudge_after_s={prefill_nudge_after_s}: expected seconds > 0 or None")
         self.prefill_nudge_after_s = prefill_nudge_after_s
         self.prefill_priority = prefill_priority
+        self.wall_clock = wall_clock  # Unix seconds: prefill priorities must agree across runtime replicas
         self._header_key = secrets.token_bytes(16)  # keys the worker ids in response headers
         self.ready = True
 
@@ -356,14 +359,16 @@ class PDModel(OpenAIGenerativeModel):
     async def _prefill(self, route: Route, path: str, body: dict, rid: str,
                        prompt_tokens: int | None = None) -> tuple[Route, dict | None]:
         """Run the remote prefill; on worker failure switch to local prefill. Re-raises the worker's
-        rejections of the request (`_is_client_fault`). With `prefill_priority` and a known prompt length
-        the prefill request carries vLLM's `priority` = its prompt-length bucket
-        (runtime/router/priority.py; the prefill workers run `--scheduling-policy priority`), replacing
-        any the client sent: short prompts are not queued behind long ones."""
+        rejections of the request (`_is_client_fault`). With `prefill_priority` (the prefill workers run
+        `--scheduling-policy priority`) the prefill request's vLLM `priority` is always the runtime's:
+        `runtime.router.priority.vllm_priority` of the prompt length (`prompt_tokens`, or
+        `estimate_prompt_tokens` of a body the router could not tokenize) at the wall clock, replacing any
+        the client sent: short prompts are not queued behind long ones, and no client jumps the queue."""
         if route.prefill_url is None:
             return route, None
-        if self.prefill_priority and prompt_tokens is not None:
-            body = {**body, "priority": priority_bucket(prompt_tokens)}
+        if self.prefill_priority:
+            tokens = prompt_tokens if prompt_tokens is not None else estimate_prompt_tokens(body)
+            body = {**body, "priority": vllm_priority(tokens, self.wall_clock())}
         try:
             kv = await asyncio.wait_for(self._client(route.prefill_url, rid).prefill(path, body, rid),
                                         self.prefill_timeout_s)

@@ -5,9 +5,9 @@ Model (like Dynamo's mocker, at interval/step granularity so an hour of 200k req
 seconds):
 
 * Prefill: one central queue in front of the prefill workers (the router sends each request
-  to the worker that frees first), first come first served (``prefill_order="fcfs"``) or by prompt
-  length bucket, then arrival (``"length"``: :func:`runtime.router.priority.prefill_priority`, what
-  the runtime's prefill workers do with ``--scheduling-policy priority``). A request occupies its worker for ``prefill.busy_time_s(ISL)``
+  to the worker that frees first), first come first served (``prefill_order="fcfs"``) or by
+  ``arrival + prompt-length bucket x 1 s`` (``"length"``: :func:`runtime.router.priority.prefill_order_key_s`,
+  what the runtime's prefill workers do with ``--scheduling-policy priority``). A request occupies its worker for ``prefill.busy_time_s(ISL)``
   and has its KV ready ``prefill.prefill_time_s(ISL)`` after it started (the fixed API-side latency
   overlaps the worker's next prefill);
   a worker launched at ``t`` serves from ``t + worker_start_s``. When no prefill worker is ready
@@ -44,7 +44,7 @@ import numpy as np
 
 from runtime.planner.profiles import ServiceProfile
 from runtime.planner.types import PoolObservation, ScalingDecision, TickInput
-from runtime.router.priority import prefill_priority
+from runtime.router.priority import PRIORITY_AGING_S, prompt_length_bucket
 
 PREFILL_ORDERS = ("fcfs", "length")
 MAX_DECODE_STEPS_PER_TICK = 1_000_000
@@ -199,10 +199,12 @@ class FleetSim:
         self.prefill = [_Worker(0.0, 0.0) for _ in range(cfg.initial_prefill)]
         self.decode = [_Worker(0.0, 0.0) for _ in range(cfg.initial_decode)]
         self.pending: deque[int] = deque()  # queued, in arrival order (may not have arrived yet)
-        # "length" order: arrived, not started, as (priority bucket, arrival, request) heap
-        self.prefill_q: list[tuple[int, float, int]] = []
-        self.prio_p = (np.array([prefill_priority(int(x)) for x in trace.isl_tokens], dtype=np.int64)
-                       if cfg.prefill_order == "length" else None)
+        # "length" order: arrived, not started, as (order key, arrival, request) heap; the key is
+        # runtime.router.priority.prefill_order_key_s, vectorised
+        self.prefill_q: list[tuple[float, float, int]] = []
+        self.prio_p = (trace.arrival_s + PRIORITY_AGING_S * np.array(
+            [prompt_length_bucket(int(x)) for x in trace.isl_tokens], dtype=float)
+            if cfg.prefill_order == "length" else None)
         self.ready_heap: list[tuple[float, int]] = []  # (prefill done, request)
         self.waiting: deque[tuple[float, int]] = deque()
         self.act_idx = np.zeros(0, int)
@@ -276,8 +278,9 @@ class FleetSim:
         if not servers:
             return 0.0
         if self.prio_p is not None:
-            return self._dispatch_by_priority(servers, busy_s, lat_s, t1, agg)
-        avail = [max(w.ready_s, w.free_s) for w in servers]
+            return self._dispatch_by_priority(servers, busy_s, lat_s, t0, t1, agg)
+        # never before t0: decode workers taking over a queue (aggregated) may have been idle since long ago
+        avail = [max(w.ready_s, w.free_s, t0) for w in servers]
         arr = self.tr.arrival_s
         busy = 0.0
         while self.pending:
@@ -294,12 +297,12 @@ class FleetSim:
             heapq.heappush(self.ready_heap, (done, i))
         return busy if agg else 0.0
 
-    def _dispatch_by_priority(self, servers: list[_Worker], busy_s: np.ndarray, lat_s: np.ndarray, t1: float,
-                              agg: bool) -> float:
-        """`_dispatch` with the queue ordered by (priority bucket, arrival): whenever a worker frees,
-        it takes the most urgent request that has arrived by then."""
+    def _dispatch_by_priority(self, servers: list[_Worker], busy_s: np.ndarray, lat_s: np.ndarray, t0: float,
+                              t1: float, agg: bool) -> float:
+        """`_dispatch` with the queue ordered by (order key, arrival): whenever a worker frees, it takes
+        the most urgent request that has arrived by then."""
         arr, prio, q = self.tr.arrival_s, self.prio_p, self.prefill_q
-        free = [(max(w.ready_s, w.free_s), k) for k, w in enumerate(servers)]
+        free = [(max(w.ready_s, w.free_s, t0), k) for k, w in enumerate(servers)]
         heapq.heapify(free)
         busy = 0.0
         while q or self.pending:
@@ -310,7 +313,7 @@ class FleetSim:
                 break
             while self.pending and arr[self.pending[0]] <= now:
                 i = self.pending.popleft()
-                heapq.heappush(q, (int(prio[i]), float(arr[i]), i))
+                heapq.heappush(q, (float(prio[i]), float(arr[i]), i))
             _, _, i = heapq.heappop(q)
             k = free[0][1]
             start = max(now, float(arr[i]))

@@ -59,7 +59,7 @@ def parse_mooncake(lines: Iterable[str]) -> list[TraceRequest]:
             if key not in obj:
                 raise TraceError(f"line {lineno}: missing key {key!r}")
         ts, isl, osl, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
-        if not _is_number(ts) or not math.isfinite(ts) or ts < 0:
+        if not _is_number(ts) or not _finite(ts) or ts < 0:
             raise TraceError(f"line {lineno}: 'timestamp' must be a finite number >= 0 (ms), got {ts!r}")
         if not _is_int(isl) or isl < 1:
             raise TraceError(f"line {lineno}: 'input_length' must be an int >= 1, got {isl!r}")
@@ -70,6 +70,14 @@ def parse_mooncake(lines: Iterable[str]) -> list[TraceRequest]:
         out.append(TraceRequest(f"r{lineno}", ts / 1000.0, isl, osl, tuple(ids)))
     out.sort(key=lambda r: r.arrival_s)
     return out
+
+
+def _finite(value: float) -> bool:
+    """math.isfinite that answers False for an int beyond float range instead of raising."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _is_int(value: object) -> bool:

@@ -304,6 +304,7 @@ def test_runtime_args_parse_with_the_runtime_server_cli(objs):
     assert (args.prefill_service, args.decode_service) == ("smollm2-prefill", "smollm2-decode")
     assert args.prefill_url == [] and args.decode_url == []  # only discovered pods become targets
     assert server_main.discovery_settings(args)["decode_service"] == "smollm2-decode"
+    assert args.prefill_priority == "length"  # the runtime sets priorities as the prefill workers schedule
 
 
 def test_runtime_args_make_the_runtime_refuse_a_mounted_model_without_a_staging_marker(objs):
@@ -380,8 +381,8 @@ def test_kv_aware_router_policies_run_the_kv_router_with_the_workers_block_size_
     objs = render(spec)
     args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
     flags = _flags(args)
-    assert args[7:] == ["--router=kv", f"--router-spec={flags['--router-spec']}", "--block-size=32",
-                        "--tokenizer-dir=/mnt/models"]
+    assert args[7:] == ["--prefill-priority=length", "--router=kv", f"--router-spec={flags['--router-spec']}",
+                        "--block-size=32", "--tokenizer-dir=/mnt/models"]
     assert RouterSpec.model_validate_json(flags["--router-spec"]) == spec.router  # the spec's router, verbatim
     for role in ("prefill", "decode"):  # the router hashes blocks of the size the workers cache
         worker_args = container(find(objs, "Deployment", f"{NAME}-{role}"))["args"]
@@ -400,6 +401,15 @@ def test_only_cache_and_load_blind_policies_keep_the_fixed_pairing(policy, kv):
     assert ("--router=kv" in args) is kv
     assert any(a.startswith("--tokenizer-dir=") for a in args) is kv
     assert any(a.startswith("--router-spec=") for a in args) is kv
+    # without the KV router too, the runtime sets the priorities the prefill workers schedule by
+    assert "--prefill-priority=length" in args
+
+
+def test_fcfs_prefill_priority_reaches_the_workers_and_the_runtime():
+    objs = render(make_spec(router=RouterSpec(policy="round_robin", prefill_priority="fcfs")))
+    args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
+    assert "--prefill-priority=fcfs" in args
+    assert "--scheduling-policy" not in container(find(objs, "Deployment", f"{NAME}-prefill"))["args"]
 
 
 def test_kv_router_args_start_discovery_with_kv_events_in_the_runtime_cli():

@@ -35,6 +35,13 @@ def test_a_byte_order_mark_does_not_hide_the_timestamp_column(tmp_path):
     assert tr.isl_tokens.tolist() == [374, 10] and tr.osl_tokens.tolist() == [44, 5]
 
 
+def test_a_short_row_is_named_not_an_attribute_error(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("ContextTokens,GeneratedTokens,TIMESTAMP\n10,2\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"t.csv:2: bad row"):
+        bench.load_azure_trace(path, 1, 0)
+
+
 def test_utc_offsets_are_honoured_not_cut_off(tmp_path):
     # 18:15:46 UTC and 23:15:50+05:00 (= 18:15:50 UTC) are 4 s apart, not 5 h
     path = write(tmp_path, ["2023-11-16 18:15:46.680590+00:00,374,44", "2023-11-16 23:15:50.680590+05:00,374,44"])

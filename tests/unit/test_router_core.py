@@ -263,6 +263,24 @@ def test_aggregated_kv_aware_counts_decode_load_so_a_cached_prefix_does_not_take
     assert count["w0"] < 950 and min(count[f"w{i}"] for i in range(1, 4)) > 15
 
 
+def test_aggregated_pile_up_guard_works_with_two_workers():
+    # against the mean of all workers a worker of two never holds more than twice it, so the guard never
+    # fired: 60 long-running requests sharing a prefix cached on w0 all went to w0
+    import collections
+
+    r = Router(RouterSpec(), BS, seed=1)
+    for i in range(2):
+        r.add_worker(f"w{i}", "both")
+    prefix = list(range(4096))
+    _stored(r, "w0", prefix)
+    count = collections.Counter()
+    for k in range(60):
+        d = r.route(f"q{k}", now_s=0.0, token_ids=prefix + [10_000 + k] * 64)
+        r.on_first_token(f"q{k}")  # the requests keep decoding
+        count[d.decode_worker] += 1
+    assert count["w1"] >= 5 and count["w0"] > count["w1"]  # the cache still pulls, but not everything
+
+
 def test_aggregated_pool_spreads_by_decode_load_with_a_higher_decode_weight():
     r = Router(RouterSpec(decode_weight=1.0), BS)
     r.add_worker("a", "both"), r.add_worker("b", "both")

@@ -70,3 +70,14 @@ def test_kubernetes_discovery_refuses_the_local_planner(capsys):
     a = parse_args([*k8s, "--planner", "kubernetes", "--prefill-deployment", "p", "--decode-deployment", "d"])
     assert a.planner == "kubernetes"
     assert parse_args([*BASE, "--planner", "local"]).discovery == "static"
+
+
+def test_prefill_priority_defaults_to_the_router_spec_and_a_contradiction_is_refused(tmp_path):
+    from runtime.server.__main__ import main
+
+    assert parse_args(BASE).prefill_priority is None  # resolved in main: the spec's with --router kv, else fcfs
+    assert parse_args([*BASE, "--prefill-priority", "length"]).prefill_priority == "length"
+    kv = [*BASE, "--router", "kv", "--tokenizer-dir", str(tmp_path), "--router-spec", '{"prefill_priority": "fcfs"}']
+    with pytest.raises(SystemExit, match=r"--prefill-priority length contradicts the --router-spec's "
+                                         r"prefill_priority 'fcfs'"):
+        main([*kv, "--prefill-priority", "length"])

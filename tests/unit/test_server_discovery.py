@@ -240,4 +240,18 @@ def test_discovered_ids_are_stable_per_address_and_name_no_address():
     assert a == discovered_id("decode", "http://user:secret@10.0.1.1:8000")  # same pod address, same id
     assert a != discovered_id("prefill", "http://user:secret@10.0.1.1:8000")
     assert a != discovered_id("decode", "http://10.0.1.2:8000")
-    assert a.startswith("decode-") and "10.0.1.1" not in a and "secret" not in a and "@" not in a
+    assert a.startswith("decode@") and "10.0.1.1" not in a and "secret" not in a and ":" not in a
+
+
+def test_a_discovered_worker_id_is_keyed_in_response_headers():
+    import hashlib
+
+    from runtime.server.model import public_worker_id
+
+    url = "http://10.244.37.201:8000"
+    wid = discovered_id("decode", url)
+    assert "10.244" not in wid
+    shown = public_worker_id(wid, b"k" * 16)
+    unkeyed = hashlib.sha256(url.encode()).hexdigest()[:12]
+    assert shown.startswith("decode-") and unkeyed not in shown  # not reversible by hashing the pod network
+    assert shown == public_worker_id(wid, b"k" * 16) != public_worker_id(wid, b"j" * 16)

@@ -271,15 +271,28 @@ class _FixedTokens:
         return list(range(self.n))
 
 
-@pytest.mark.parametrize("num_tokens,enabled,expected", [(500, True, 0), (3000, True, 2), (70000, True, 7),
-                                                         (3000, False, None)])
-async def test_prefill_request_carries_the_prompt_length_bucket_as_vllm_priority(num_tokens, enabled, expected):
+@pytest.mark.parametrize("num_tokens,enabled,expected", [(500, True, 1_000_000), (3000, True, 1_002_000),
+                                                         (70000, True, 1_007_000), (3000, False, None)])
+async def test_prefill_request_carries_the_runtimes_vllm_priority(num_tokens, enabled, expected):
+    # wall clock at 1000 s: priority = 1000 x (1000 s + prompt-length bucket x 1 s) (runtime/router/priority.py)
     workers = FakeWorkers()
     model, _ = _model(workers)
-    model.tokenizer, model.prefill_priority = _FixedTokens(num_tokens), enabled
+    model.tokenizer, model.prefill_priority, model.wall_clock = _FixedTokens(num_tokens), enabled, lambda: 1000.0
     out = await model.create_chat_completion(_request(priority=-5))
     assert not isinstance(out, ErrorResponse)
     (prefill,) = [b for host, b, _ in workers.calls if host == "prefill"]
     (decode,) = [b for host, b, _ in workers.calls if host == "decode"]
-    assert prefill.get("priority") == (expected if enabled else -5)  # the client's value only without the feature
+    assert prefill.get("priority") == (expected if enabled else -5)  # never the client's when enabled
     assert decode.get("priority") == -5  # the decode request is the client's
+
+
+async def test_without_a_tokenizer_the_priority_comes_from_the_estimated_length():
+    # no tokenizer (fixed pairing, or a prompt the router cannot tokenize): 12,000 characters ~ 3,000 tokens
+    workers = FakeWorkers()
+    model, _ = _model(workers)
+    model.prefill_priority, model.wall_clock = True, lambda: 1000.0
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x" * 12000}], max_tokens=7,
+                                priority=-(2**62))
+    assert not isinstance(await model.create_chat_completion(req), ErrorResponse)
+    (prefill,) = [b for host, b, _ in workers.calls if host == "prefill"]
+    assert prefill["priority"] == 1_002_000

@@ -25,6 +25,7 @@ def test_parses_and_sorts_by_arrival_in_seconds():
         (_line(-1, 1, 1, []), "'timestamp'"),
         (_line(0, 0, 1, []), "'input_length'"),
         (_line(0, 1, 1, ["a"]), "'hash_ids'"),
+        (_line(10**400, 1, 1, []), "'timestamp'"),  # beyond float range: not an OverflowError
     ],
 )
 def test_malformed_lines_name_the_line_and_key(line, needle):
