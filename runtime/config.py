@@ -182,10 +182,11 @@ class RouterSpec(_Strict):
     prefill_priority: Literal["length", "fcfs"] = Field(
         default="length",
         description="Order of each prefill worker's waiting queue. 'length': short prompts first, by "
-        "power-of-two prompt-length bucket (runtime/router/priority.py; the prefill workers run vLLM "
-        "--scheduling-policy priority and the router sets each prefill request's priority), so short "
-        "prompts do not miss TTFT behind a multi-second prefill. 'fcfs': vLLM's default first come, "
-        "first served.",
+        "power-of-two prompt-length bucket with aging (a prompt yields only to shorter ones arriving within "
+        "bucket x 1 s after it, so long prompts cannot starve; runtime/router/priority.py); the prefill "
+        "workers run vLLM --scheduling-policy priority and the runtime sets every prefill request's "
+        "priority (a client's is replaced), so short prompts do not miss TTFT behind a multi-second "
+        "prefill. 'fcfs': vLLM's default first come, first served.",
     )
     disagg_max_prefill_queue_tokens: int = Field(
         default=32768,
