@@ -11,7 +11,7 @@ Usage (the server adapter owns sockets, tokenizer and clock)::
 
 Conditional disaggregation (``route``): the decode worker is chosen among decode-capable workers — with
 the configured policy when there is no prefill pool (aggregated workers; ``kv_aware`` then counts their
-decode load beyond twice the mean of the other workers with at least :data:`AGGREGATED_DECODE_WEIGHT`), else with the same policy
+decode load beyond the pool mean plus the mean of the other workers with at least :data:`AGGREGATED_DECODE_WEIGHT`), else with the same policy
 re-weighted for decode (``decode_weight >= 1``: active KV blocks plus its own cache and local prefill
 queue, the "load and own cache" choice). The prompt is prefilled *locally* on it when
 
@@ -54,7 +54,7 @@ from runtime.router.policies import uncached_tokens, make_policy
 MAX_HASHED_PROMPT_TOKENS = 131_072
 
 #: Least kv_aware ``decode_weight`` on an *aggregated* pool (role ``both``, no prefill workers), applied to
-#: each worker's active decode tokens beyond twice the mean of the other workers (weight relative to one uncached prefill
+#: each worker's active decode tokens beyond the pool mean plus the mean of the other workers (weight relative to one uncached prefill
 #: token of the prompt). There a worker prefills *and* decodes; with weight 0 a shared 2,048-token prefix
 #: kept 3,841 of 4,000 requests on one of four workers while the others idled. The right weight is the
 #: decode interference of a context token over a request's life against one prefill token: ~0.01-0.2 for a

@@ -21,7 +21,7 @@ Costs (lower is better; ties broken uniformly at random with the policy's seeded
   step (≈0.2 ms at 3.35 TB/s) beside a ~100 ms 2k-token prefill chunk, i.e. ~0.2 % per sequence; the
   router picks *decode* workers of a disaggregated pool with weight ≥ 1 instead (runtime/router/core.py).
   In an aggregated pool (workers prefill and decode) the router uses weight ≥ 0.05 on the decode blocks a
-  worker holds *beyond twice the mean of the other candidates* (``decode_excess``), so a cached prefix
+  worker holds *beyond the pool mean plus the mean of the other candidates* (``decode_excess``), so a cached prefix
   cannot pull every request onto one worker while the others idle.
   The balance term (default 0.02) evens out long-run busy time when hot prefixes pile onto one worker.
   Exact ties go to the worker with the least cumulative work, then at random. With
@@ -85,7 +85,7 @@ class KvAwarePolicy:
 
     Args:
         prefill_cost: ``(num_tokens, cached_tokens) -> work`` of one prefill; default uncached tokens.
-        decode_excess: count only decode blocks beyond twice the other candidates' mean (aggregated pools: the
+        decode_excess: count only decode blocks beyond the pool mean plus the other candidates' mean (aggregated pools: the
             decode term then stops one worker from taking far more than its share of decoding, and leaves
             choices among evenly loaded workers to the prefill cost).
     """
@@ -116,14 +116,15 @@ class KvAwarePolicy:
         mean_total = (sum(w.total_prefill_work for w in candidates) / len(candidates)) if bw else 0.0
         get = overlaps.get
         costs: list[float] = []
-        # decode_excess: only a worker's decode load beyond twice the mean of the *other* candidates counts
-        # (a pile-up guard; against the mean of all, a worker of two could never exceed twice it)
+        # decode_excess: only a worker's decode load beyond the pool mean plus the mean of the *other*
+        # candidates counts (a pile-up guard; twice the pool mean, which one of two workers can never exceed,
+        # when the worker holds the mean)
         excess = self.decode_excess and dw and len(candidates) > 1
         total_d = sum(w.decode_blocks for w in candidates) if excess else 0
-        others = len(candidates) - 1
+        n, others = len(candidates), len(candidates) - 1
         for w in candidates:
             d = w.decode_blocks
-            floor = 2 * (total_d - d) / others if excess else 0.0
+            floor = total_d / n + (total_d - d) / others if excess else 0.0
             c = w.prefill_work + own[get(w.worker_id, 0)] + (dw * (d - floor) if d > floor else 0.0)
             t = w.total_prefill_work
             if bw and t > mean_total:
