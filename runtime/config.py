@@ -135,7 +135,20 @@ class EngineSpec(_Strict):
         "None: vLLM's own default (30 s in vLLM 0.28). On CPU workers a longer lease made the occasional "
         "stalled first pull last longer (120 s: stalls of 100-180 s; 30 s: at most ~25 s).",
     )
-    extra_args: list[str] = Field(default_factory=list, description="Extra vLLM CLI arguments.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Extra vLLM CLI arguments (not --scheduling-policy: router.prefill_priority sets the prefill "
+        "workers' policy, and the runtime's priorities must match it).",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_scheduling_policy(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if a.replace("_", "-").split("=", 1)[0] == "--scheduling-policy":
+                raise ValueError("--scheduling-policy in engine.extra_args: set router.prefill_priority instead "
+                                 "('length': prefill workers schedule by the runtime's priorities; 'fcfs': none)")
+        return v
 
 
 class RouterSpec(_Strict):

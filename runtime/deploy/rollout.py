@@ -374,7 +374,10 @@ def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, nam
             recorder.champion_restored(prev_rev)
         except Exception as err:  # noqa: BLE001
             alias_err = err
-        if interrupted:
+        if interrupted:  # the caller wants out: say what did not complete, then re-raise the interrupt itself
+            if alias_err is not None:
+                rec_safely("rollback", "alias_not_restored", restored_revision=prev_rev,
+                           alias_error=f"{type(alias_err).__name__}: {alias_err}")
             raise
         if rollback_err is not None:
             raise ApplyError(f"rollout of {revision} failed ({reason}) and the rollback to {prev_rev} did not "

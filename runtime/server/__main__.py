@@ -222,6 +222,28 @@ def planner_settings(args: argparse.Namespace) -> dict | None:
                 prefill_deployment=args.prefill_deployment, decode_deployment=args.decode_deployment)
 
 
+def resolve_prefill_priority(args: argparse.Namespace, router_spec, planner: dict | None) -> str:
+    """The runtime's prefill priority ("length" or "fcfs"): `--prefill-priority`, else the `--router-spec`'s
+    (with `--router kv`), else the `--deployment-spec`'s when a local planner starts workers from it, else
+    "fcfs". Every source that is given must agree: the runtime must set priorities exactly when the prefill
+    workers schedule by them (else a client's own `priority` would reach a priority-scheduled worker).
+
+    Raises:
+        SystemExit: two sources disagree (the message names both).
+    """
+    sources = []
+    if args.prefill_priority is not None:
+        sources.append(("--prefill-priority", args.prefill_priority))
+    if router_spec is not None:
+        sources.append(("--router-spec's prefill_priority", router_spec.prefill_priority))
+    if planner is not None and planner.get("kind") == "local":  # it launches workers from this spec
+        sources.append(("--deployment-spec's router.prefill_priority", planner["spec"].router.prefill_priority))
+    for name, value in sources[1:]:
+        if value != sources[0][1]:
+            sys.exit(f"{sources[0][0]} {sources[0][1]!r} contradicts the {name} {value!r}")
+    return sources[0][1] if sources else "fcfs"
+
+
 def check_staged(args: argparse.Namespace) -> list[Path]:
     """With `--require-staged`: the served model folders (`--model-dir`, `--tokenizer-dir`), each checked.
 
@@ -287,11 +309,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--router-spec: {exc}")
         if args.tokenizer_dir is None:
             sys.exit("--tokenizer-dir is required with --router kv")
-    prefill_priority = args.prefill_priority or (router_spec.prefill_priority if router_spec else "fcfs")
-    if router_spec is not None and prefill_priority != router_spec.prefill_priority:
-        sys.exit(f"--prefill-priority {prefill_priority} contradicts the --router-spec's prefill_priority "
-                 f"{router_spec.prefill_priority!r}")
     planner = planner_settings(args)
+    prefill_priority = resolve_prefill_priority(args, router_spec, planner)
     # KServe parses sys.argv at import (parse_known_args); hide our flags from it.
     sys.argv = sys.argv[:1]
     from runtime.server.app import serve

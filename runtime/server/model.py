@@ -70,7 +70,7 @@ from runtime.server.migration import (
     continuation_body,
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
-from runtime.server.routing import estimate_prompt_tokens
+from runtime.server.routing import CHARS_PER_TOKEN, estimate_prompt_tokens
 from runtime.server.tokenize import PromptTokenizer
 
 _DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
@@ -166,6 +166,16 @@ def public_worker_id(worker_id: str, key: bytes) -> str:
     role = worker_id.split("@", 1)[0] if "@" in worker_id else ""
     role = role if _PLAIN_WORKER_ID.fullmatch(role) else "worker"
     return f"{role}-{hmac.new(key, worker_id.encode('utf-8', 'replace'), hashlib.sha256).hexdigest()[:12]}"
+
+
+def priority_tokens(body: dict, prompt_tokens: int | None) -> int:
+    """Prompt length (tokens) a prefill's priority is computed from: the largest of the router's token count
+    (`prompt_tokens`, None when it could not tokenize), `estimate_prompt_tokens(body)` and the whole body's
+    JSON characters / `CHARS_PER_TOKEN`. Text a chat template renders from other fields (`tools`, tool-call
+    arguments, content parts of other types) counts too, so no body shape makes a long prompt look short;
+    a body's JSON is at most a little longer than its text, so honest prompts keep their bucket."""
+    chars = len(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+    return max(prompt_tokens or 0, estimate_prompt_tokens(body), -(-chars // CHARS_PER_TOKEN))
 
 
 def _set_route_headers(context: dict | None, route: Route, key: bytes) -> None:
@@ -362,13 +372,12 @@ class PDModel(OpenAIGenerativeModel):
         rejections of the request (`_is_client_fault`). With `prefill_priority` (the prefill workers run
         `--scheduling-policy priority`) the prefill request's vLLM `priority` is always the runtime's:
         `runtime.router.priority.vllm_priority` of the prompt length (`prompt_tokens`, or
-        `estimate_prompt_tokens` of a body the router could not tokenize) at the wall clock, replacing any
-        the client sent: short prompts are not queued behind long ones, and no client jumps the queue."""
+        `priority_tokens`) at the wall clock, replacing any the client sent: short prompts are not queued
+        behind long ones, and no client jumps the queue."""
         if route.prefill_url is None:
             return route, None
         if self.prefill_priority:
-            tokens = prompt_tokens if prompt_tokens is not None else estimate_prompt_tokens(body)
-            body = {**body, "priority": vllm_priority(tokens, self.wall_clock())}
+            body = {**body, "priority": vllm_priority(priority_tokens(body, prompt_tokens), self.wall_clock())}
         try:
             kv = await asyncio.wait_for(self._client(route.prefill_url, rid).prefill(path, body, rid),
                                         self.prefill_timeout_s)

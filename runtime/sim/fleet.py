@@ -7,7 +7,8 @@ seconds):
 * Prefill: one central queue in front of the prefill workers (the router sends each request
   to the worker that frees first), first come first served (``prefill_order="fcfs"``) or by
   ``arrival + prompt-length bucket x 1 s`` (``"length"``: :func:`runtime.router.priority.prefill_order_key_s`,
-  what the runtime's prefill workers do with ``--scheduling-policy priority``). A request occupies its worker for ``prefill.busy_time_s(ISL)``
+  what the runtime's prefill workers do with ``--scheduling-policy priority``; decode workers prefilling
+  in aggregated mode keep FCFS, as they do in the runtime). A request occupies its worker for ``prefill.busy_time_s(ISL)``
   and has its KV ready ``prefill.prefill_time_s(ISL)`` after it started (the fixed API-side latency
   overlaps the worker's next prefill);
   a worker launched at ``t`` serves from ``t + worker_start_s``. When no prefill worker is ready
@@ -277,8 +278,12 @@ class FleetSim:
                                            self.busy_a, self.lat_a, True)
         if not servers:
             return 0.0
-        if self.prio_p is not None:
+        if self.prio_p is not None and not agg:
             return self._dispatch_by_priority(servers, busy_s, lat_s, t0, t1, agg)
+        if self.prefill_q:  # decode workers prefill in FCFS order (the runtime sets no priority for them)
+            queued = sorted(self.prefill_q, key=lambda e: (e[1], e[2]))
+            self.pending = deque([i for _, _, i in queued] + list(self.pending))
+            self.prefill_q = []
         # never before t0: decode workers taking over a queue (aggregated) may have been idle since long ago
         avail = [max(w.ready_s, w.free_s, t0) for w in servers]
         arr = self.tr.arrival_s

@@ -537,6 +537,25 @@ def test_an_interrupt_during_the_canary_rolls_back_then_propagates(api, kube, in
     assert api.live(*LEASE) is None  # the promote lock is released too
 
 
+def test_an_interrupt_with_a_failed_alias_restore_records_it(api, kube):
+    class AliasDown(ListRecorder):
+        def champion_restored(self, revision):
+            raise ConnectionError("MLflow unreachable")
+
+    clock = FakeClock()
+    run(kube, clock, ListRecorder(), revision="v1", probe=lambda u: FAST)
+
+    def interrupted_probe(url):
+        raise KeyboardInterrupt
+
+    rec = AliasDown()
+    with pytest.raises(KeyboardInterrupt):
+        run(kube, clock, rec, revision="v2", probe=interrupted_probe, s=spec(decode_tp=4))
+    assert rolled_back_to_v1(api)
+    (alias,) = [d for s, st, d in rec.steps if st == "alias_not_restored"]
+    assert alias["restored_revision"] == "v1" and "MLflow unreachable" in alias["alias_error"]
+
+
 def test_an_interrupted_first_rollout_removes_what_it_applied(api, kube):
     def interrupted_probe(url):
         raise KeyboardInterrupt

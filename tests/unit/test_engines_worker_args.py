@@ -136,8 +136,9 @@ def test_length_priority_puts_prefill_workers_on_vllms_priority_scheduler():
     assert _flag(_args("prefill", prefill_priority="length"), "--scheduling-policy") == "priority"
     for role, prio in (("decode", "length"), ("both", "length"), ("prefill", "fcfs")):
         assert "--scheduling-policy" not in _args(role, prefill_priority=prio)
-    own = EngineSpec(extra_args=["--scheduling-policy=fcfs"])
-    assert _args("prefill", prefill_priority="length", engine=own).count("--scheduling-policy") == 0
+    for own in (["--scheduling-policy=fcfs"], ["--scheduling-policy", "priority"], ["--scheduling_policy=fcfs"]):
+        with pytest.raises(ValueError, match="router.prefill_priority"):  # the runtime's priorities must match
+            EngineSpec(extra_args=own)
 
 
 def test_worker_args_parse_with_vllms_own_parser():

@@ -141,3 +141,13 @@ def test_queued_prompts_never_start_before_the_tick_that_dispatches_them():
                                           decode_replicas=1))
         start = sim.prefill_done_s - np.where(np.arange(4) == 0, sim.lat_p, sim.lat_a)
         assert start[0] == pytest.approx(0.0) and np.all(start[1:] >= 1.0 - 1e-9), (order, start)
+
+
+def test_decode_workers_prefilling_in_aggregated_mode_keep_fcfs():
+    # no prefill worker: the decode worker prefills, and the runtime sets no priority there (FCFS)
+    isl = [1000, 20000, 500]
+    cfg = FleetConfig(prefill_tp=1, decode_tp=1, interval_s=10.0, worker_start_s=0.0, initial_prefill=0)
+    fifo = simulate(_trace(isl), PROF, cfg, static_controller(0, 1))
+    by_len = simulate(_trace(isl), PROF, replace(cfg, prefill_order="length"), static_controller(0, 1))
+    np.testing.assert_allclose(by_len.ttft_s, fifo.ttft_s)
+    assert by_len.ttft_s[2] > by_len.ttft_s[1]  # the short one waits behind the long one, as FCFS does

@@ -78,6 +78,21 @@ def test_prefill_priority_defaults_to_the_router_spec_and_a_contradiction_is_ref
     assert parse_args(BASE).prefill_priority is None  # resolved in main: the spec's with --router kv, else fcfs
     assert parse_args([*BASE, "--prefill-priority", "length"]).prefill_priority == "length"
     kv = [*BASE, "--router", "kv", "--tokenizer-dir", str(tmp_path), "--router-spec", '{"prefill_priority": "fcfs"}']
-    with pytest.raises(SystemExit, match=r"--prefill-priority length contradicts the --router-spec's "
+    with pytest.raises(SystemExit, match=r"--prefill-priority 'length' contradicts the --router-spec's "
                                          r"prefill_priority 'fcfs'"):
         main([*kv, "--prefill-priority", "length"])
+
+
+def test_a_local_planners_deployment_spec_must_agree_with_the_runtimes_prefill_priority(tmp_path):
+    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
+    from runtime.server.__main__ import planner_settings, resolve_prefill_priority
+
+    spec = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load")).model_dump_json()
+    local = [*BASE, "--planner", "local", "--model-dir", str(tmp_path), "--deployment-spec", spec]
+    a = parse_args(local)
+    assert resolve_prefill_priority(a, None, planner_settings(a)) == "length"  # its workers schedule by priority
+    a = parse_args([*local, "--prefill-priority", "fcfs"])
+    with pytest.raises(SystemExit, match=r"--prefill-priority 'fcfs' contradicts the --deployment-spec's "
+                                         r"router.prefill_priority 'length'"):
+        resolve_prefill_priority(a, None, planner_settings(a))
+    assert resolve_prefill_priority(parse_args(BASE), None, None) == "fcfs"

@@ -296,3 +296,16 @@ async def test_without_a_tokenizer_the_priority_comes_from_the_estimated_length(
     assert not isinstance(await model.create_chat_completion(req), ErrorResponse)
     (prefill,) = [b for host, b, _ in workers.calls if host == "prefill"]
     assert prefill["priority"] == 1_002_000
+
+
+async def test_text_hidden_in_other_fields_still_counts_for_the_priority():
+    # 480k characters in a tool description (rendered into the prompt by chat templates) must not look short
+    workers = FakeWorkers()
+    model, _ = _model(workers)
+    model.prefill_priority, model.wall_clock = True, lambda: 1000.0
+    model.tokenizer = _FixedTokens(5)  # a tokenizer that counted only the message text
+    tools = [{"type": "function", "function": {"name": "f", "description": "x" * 480_000, "parameters": {}}}]
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=7, tools=tools)
+    assert not isinstance(await model.create_chat_completion(req), ErrorResponse)
+    (prefill,) = [b for host, b, _ in workers.calls if host == "prefill"]
+    assert prefill["priority"] == 1_007_000  # ~120k tokens: bucket 7, as the same text in a message
