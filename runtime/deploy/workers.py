@@ -90,7 +90,7 @@ def vllm_args(spec: DeploymentSpec, pool: PoolSpec, *, target: ClusterTarget, gp
                                            separators=(",", ":")),
         "--kv-events-config", json.dumps(kv_events, separators=(",", ":")),
     ]
-    args += scheduling_args(spec.router.prefill_priority, role, eng.extra_args)
+    args += scheduling_args(spec.router.prefill_priority, role)
     return args + precision_args(spec, gpu=gpu) + list(eng.extra_args)
 
 

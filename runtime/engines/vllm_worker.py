@@ -22,7 +22,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -69,14 +68,12 @@ def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True, backends: list[s
     }
 
 
-def scheduling_args(prefill_priority: str, role: str, extra_args: Sequence[str] = ()) -> list[str]:
-    """``--scheduling-policy priority`` for a prefill worker when the router orders prefills by prompt
-    length (``RouterSpec.prefill_priority == "length"``: the router sets each prefill request's vLLM
-    ``priority``, runtime/router/priority.py); nothing for other roles, for "fcfs", or when ``extra_args``
-    already choose a scheduling policy."""
+def scheduling_args(prefill_priority: str, role: str) -> list[str]:
+    """``--scheduling-policy priority`` for a prefill worker when the runtime orders prefills by prompt
+    length (``RouterSpec.prefill_priority == "length"``: it sets each prefill request's vLLM ``priority``,
+    runtime/router/priority.py); nothing for other roles or for "fcfs". (``EngineSpec.extra_args`` may not
+    name a scheduling policy, so this is the only source.)"""
     if role != "prefill" or prefill_priority != "length":
-        return []
-    if any(a == "--scheduling-policy" or a.startswith("--scheduling-policy=") for a in extra_args):
         return []
     return ["--scheduling-policy", "priority"]
 
@@ -141,7 +138,7 @@ def build_vllm_args(
             "topic": KV_EVENTS_TOPIC,
         }
         args += ["--enable-prefix-caching", "--kv-events-config", json.dumps(events, separators=(",", ":"))]
-    args += scheduling_args(prefill_priority, role, engine.extra_args)
+    args += scheduling_args(prefill_priority, role)
     args += list(engine.extra_args)
     return args
 
