@@ -279,7 +279,8 @@ class FleetSim:
         if not servers:
             return 0.0
         if self.prio_p is not None and not agg:
-            return self._dispatch_by_priority(servers, busy_s, lat_s, t0, t1, agg)
+            self._dispatch_by_priority(servers, t0, t1)
+            return 0.0
         if self.prefill_q:  # decode workers prefill in FCFS order (the runtime sets no priority for them)
             queued = sorted(self.prefill_q, key=lambda e: (e[1], e[2]))
             self.pending = deque([i for _, _, i in queued] + list(self.pending))
@@ -295,21 +296,23 @@ class FleetSim:
             if start >= t1:
                 break
             self.pending.popleft()
-            done = start + lat_s[i]
-            avail[k] = servers[k].free_s = start + busy_s[i]
-            self.prefill_done_s[i], self.prefill_used_s[i] = done, busy_s[i]
+            avail[k] = servers[k].free_s = self._start_prefill(i, start, busy_s, lat_s)
             busy += busy_s[i]
-            heapq.heappush(self.ready_heap, (done, i))
         return busy if agg else 0.0
 
-    def _dispatch_by_priority(self, servers: list[_Worker], busy_s: np.ndarray, lat_s: np.ndarray, t0: float,
-                              t1: float, agg: bool) -> float:
-        """`_dispatch` with the queue ordered by (order key, arrival): whenever a worker frees, it takes
-        the most urgent request that has arrived by then."""
+    def _start_prefill(self, i: int, start: float, busy_s: np.ndarray, lat_s: np.ndarray) -> float:
+        """Record request `i`'s prefill starting at `start`; returns when its worker is free again."""
+        done = start + lat_s[i]
+        self.prefill_done_s[i], self.prefill_used_s[i] = done, busy_s[i]
+        heapq.heappush(self.ready_heap, (done, i))
+        return start + busy_s[i]
+
+    def _dispatch_by_priority(self, servers: list[_Worker], t0: float, t1: float) -> None:
+        """`_dispatch` on the prefill pool with the queue ordered by (order key, arrival): whenever a worker
+        frees, it takes the most urgent request that has arrived by then."""
         arr, prio, q = self.tr.arrival_s, self.prio_p, self.prefill_q
         free = [(max(w.ready_s, w.free_s, t0), k) for k, w in enumerate(servers)]
         heapq.heapify(free)
-        busy = 0.0
         while q or self.pending:
             now = free[0][0]
             if not q:
@@ -321,14 +324,8 @@ class FleetSim:
                 heapq.heappush(q, (float(prio[i]), float(arr[i]), i))
             _, _, i = heapq.heappop(q)
             k = free[0][1]
-            start = max(now, float(arr[i]))
-            servers[k].free_s = start + busy_s[i]
+            servers[k].free_s = self._start_prefill(i, max(now, float(arr[i])), self.busy_p, self.lat_p)
             heapq.heapreplace(free, (servers[k].free_s, k))
-            done = start + lat_s[i]
-            self.prefill_done_s[i], self.prefill_used_s[i] = done, busy_s[i]
-            busy += busy_s[i]
-            heapq.heappush(self.ready_heap, (done, i))
-        return busy if agg else 0.0
 
     # ------------------------------------------------------------------ decode
     def _decode_steps(self, t0: float, t1: float, agg_busy_s: float) -> dict:
