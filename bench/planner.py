@@ -84,8 +84,10 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # session 2's changes (peak term instead of staffing, 60 s prefill / 180 s decode scale-down delay,
 # +25 % burst headroom). "tick_10s" is a negative result: 10-s ticks (windows scaled to the same
 # seconds) cost GPU-hours with these tick-based predictors (noisier per-tick rates, steeper trends).
+# Session 12 adds the decode band (grow at the full ITL target, shrink at DECODE_ITL_MARGIN of it);
+# "no_decode_band" undoes it alone, and the two *_defaults rows undo it with the rest.
 _PREVIOUS = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
-                 correct_by_prefill_time=False)
+                 correct_by_prefill_time=False, decode_band=False)
 ABLATIONS: dict[str, dict] = {
     "previous_defaults": _PREVIOUS,
     "session1_defaults": _PREVIOUS | dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
@@ -100,6 +102,7 @@ ABLATIONS: dict[str, dict] = {
     "decode_scale_down_180s": dict(decode_scale_down_delay_s=180.0),
     "burst_headroom_25pct": dict(burst_headroom=0.25),
     "token_rate_predictors": dict(size_on_tokens=True),
+    "no_decode_band": dict(decode_band=False),
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
 }
 

@@ -135,7 +135,10 @@ class PlannerConfig:
     as the maximum of the last ``prefill_level_window_ticks`` ticks (None: off).
     ``correct_by_prefill_time``: when the tick reports ``observed_prefill_time_mean_s`` the prefill
     service-time correction is observed / profiled prefill time (False: observed / expected TTFT
-    p90, as when the metric is absent; kept for the benchmark's ablation).
+    p90, as when the metric is absent; kept for the benchmark's ablation). ``decode_band``: the
+    decode pool holds its size while the load lies between two sizings of it (grows to the count
+    needed at the full ITL target, shrinks to the count needed at ``DECODE_ITL_MARGIN`` of it;
+    False: always the margin sizing, kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -176,6 +179,7 @@ class PlannerConfig:
     prefill_staffing_beta: float | None = 1.5
     prefill_level_window_ticks: int = 1
     correct_by_prefill_time: bool = True
+    decode_band: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",

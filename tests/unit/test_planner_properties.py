@@ -3,7 +3,8 @@
 1. replicas always within [min, max] per pool (prefill may be 0 only in aggregated mode);
 2. GPUs always within the budget;
 3. at most one scaling-direction change per pool in any cooldown window;
-4. sizing is monotone in the predicted load (more load never means fewer prefill, decode or GPUs).
+4. sizing is monotone in the predicted load (more load never means fewer prefill, decode or GPUs),
+   the decode band included (from any current decode count).
 Configurations include the burst terms: the sub-tick peak term and square-root staffing
 (monotonicity of the staffing term itself: test_planner_staffing.py).
 """
@@ -11,6 +12,7 @@ Configurations include the burst terms: the sub-tick peak term and square-root s
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.planner import sla
 from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
@@ -33,6 +35,7 @@ configs = st.builds(
     mode=st.sampled_from(["sla", "load"]),
     prefill_staffing_beta=st.sampled_from([None, 0.0, 1.5, 3.0]),
     size_on_peak=st.booleans(),
+    decode_band=st.booleans(),
 )
 loads = st.lists(st.tuples(st.floats(0, 120), st.floats(0, 1), st.floats(0, 8), st.floats(0, 1)), min_size=5, max_size=40)
 
@@ -84,3 +87,27 @@ def test_sizing_is_monotone_in_predicted_load(r1, r2, isl, osl):
     ga = sm_agg._gpus(sm_agg.size_for_load(lo, isl, osl))
     gb = sm_agg._gpus(sm_agg.size_for_load(hi, isl, osl))
     assert ga <= gb
+
+
+# ITL-limited decode (the band between the full target and DECODE_ITL_MARGIN is not empty here)
+PROF_ITL = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.03, decode_s_per_seq=1e-4,
+                            kv_capacity_tokens=10_000_000, prefill_tp=2, decode_tp=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.01, 200), st.floats(0.01, 200), st.floats(64, 4000), st.floats(16, 1000), st.integers(1, 40))
+def test_decode_band_is_monotone_in_predicted_load_and_within_its_bounds(r1, r2, isl, osl, current):
+    sm = PlannerStateMachine(PlannerConfig(prefill_tp=2, decode_tp=4, interval_s=30.0, worker_start_s=60.0,
+                                           allow_aggregated=False, max_decode=64), PROF_ITL, initial_decode=current)
+    lo, hi = sorted((r1, r2))
+    band = []
+    for r in (lo, hi):
+        margin_sized = sm.size_for_load(r, isl, osl).decode
+        d = sm.decode_band_replicas(margin_sized, r, isl, osl)
+        at_target = sla.decode_replicas(r, isl, osl, PROF_ITL.decode, itl_target_s=sm.cfg.itl_target_s)
+        assert at_target <= margin_sized  # the full target never needs more workers than its margin
+        assert at_target <= d <= margin_sized
+        if at_target <= current <= margin_sized:
+            assert d == current  # inside the band: hold
+        band.append(d)
+    assert band[0] <= band[1]

@@ -164,3 +164,33 @@ def test_config_from_deployment_spec():
     assert (c.prefill_tp, c.decode_tp, c.max_prefill, c.max_decode, c.gpu_budget) == (2, 4, 6, 3, 32)
     assert c.ttft_target_s == pytest.approx(2.0) and c.itl_target_s == pytest.approx(0.05)
     assert c.predictor == "arima" and c.worker_start_s == 90
+
+
+# decode limited by the ITL target, not KV: step 30 ms + 0.1 ms per sequence. At the full 50 ms target
+# a worker runs 200 sequences (4000 tok/s), at DECODE_ITL_MARGIN (45 ms) 150 (3333 tok/s). OSL 200:
+# 30 req/s needs 2 workers either way, 36 req/s 2 at the target but 3 at the margin, 42 req/s 3.
+PROF_ITL = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.03, decode_s_per_seq=1e-4,
+                            kv_capacity_tokens=10_000_000)
+
+
+def test_decode_band_grows_at_the_target_and_shrinks_at_the_margin():
+    sm = PlannerStateMachine(cfg(decode_scale_down_delay_s=60.0, cooldown_s=30.0), PROF_ITL)
+    series = [(30, 30.0), (60, 36.0), (90, 36.0), (120, 42.0), (150, 36.0), (180, 36.0), (210, 36.0),
+              (240, 30.0), (270, 30.0), (300, 30.0)]
+    got = [sm.on_tick(tick(t, r)).decode_replicas for t, r in series]
+    # 36 req/s holds 2 (the margin alone would launch a third); 42 grows to 3; back at 36 the third
+    # stays (the margin needs it); at 30 it goes after the 60 s scale-down delay
+    assert got == [2, 2, 2, 3, 3, 3, 3, 3, 3, 2]
+    without = PlannerStateMachine(cfg(decode_scale_down_delay_s=60.0, cooldown_s=30.0, decode_band=False), PROF_ITL)
+    assert [without.on_tick(tick(t, r)).decode_replicas for t, r in series[:3]] == [2, 3, 3]
+
+
+def test_decode_band_is_the_current_count_clamped_between_the_two_sizings():
+    sm = PlannerStateMachine(cfg(), PROF_ITL, initial_decode=5)
+    assert sm.decode_band_replicas(3, 36.0, 1000, 200) == 3  # above the margin sizing: shrink to it
+    sm.decode = 1
+    assert sm.decode_band_replicas(3, 36.0, 1000, 200) == 2  # below the target sizing: grow to it
+    sm.decode = 2
+    assert sm.decode_band_replicas(3, 36.0, 1000, 200) == 2  # in the band: hold
+    sm.decode = 3
+    assert sm.decode_band_replicas(3, 36.0, 1000, 200) == 3
