@@ -31,7 +31,7 @@ Per tick (SLA mode):
    keeps its size (:meth:`PlannerStateMachine.decode_band_replicas`). A decode worker is a large
    step (TP4: 4 GPUs, a third of a 3-worker pool), so sizing both ways at the margin launched a
    fourth worker for rate bursts that three absorbed (ITL p90 33 ms of 50 ms): on the Azure
-   conversation trace the band saves 0.5 GPU-h (4 %) at the same SLO attainment, while the margin
+   conversation trace the band saves 0.5 GPU-h (4 % of decode) at the same SLO attainment; the margin
    still keeps a pool from shrinking to a size that misses the ITL target (2 workers: ITL misses
    for ~1,000 requests), bench/planner.py ``--ablations`` (``no_decode_band``).
 5. Per pool: min/max, GPU budget minus the unused priority reserve (on the desired sizes),
