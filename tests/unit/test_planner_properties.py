@@ -19,6 +19,9 @@ from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
 
 PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
                         prefill_tp=2, decode_tp=4)
+# ITL-limited decode (the band between the full target and DECODE_ITL_MARGIN is not empty here)
+PROF_ITL = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.03, decode_s_per_seq=1e-4,
+                            kv_capacity_tokens=10_000_000, prefill_tp=2, decode_tp=4)
 
 configs = st.builds(
     dict,
@@ -36,13 +39,16 @@ configs = st.builds(
     prefill_staffing_beta=st.sampled_from([None, 0.0, 1.5, 3.0]),
     size_on_peak=st.booleans(),
     decode_band=st.booleans(),
+    itl_limited=st.booleans(),  # PROF_ITL instead of the KV-limited PROF
 )
 loads = st.lists(st.tuples(st.floats(0, 120), st.floats(0, 1), st.floats(0, 8), st.floats(0, 1)), min_size=5, max_size=40)
 
 
 def make(c: dict) -> PlannerStateMachine:
+    c = dict(c)
+    prof = PROF_ITL if c.pop("itl_limited", False) else PROF
     cfg = PlannerConfig(prefill_tp=2, decode_tp=4, interval_s=30.0, worker_start_s=60.0, **c)
-    return PlannerStateMachine(cfg, PROF if cfg.mode == "sla" else None)
+    return PlannerStateMachine(cfg, prof if cfg.mode == "sla" else None)
 
 
 @settings(max_examples=int(__import__('os').environ.get('PLANNER_EXAMPLES', 60)), deadline=None)
@@ -88,10 +94,6 @@ def test_sizing_is_monotone_in_predicted_load(r1, r2, isl, osl):
     gb = sm_agg._gpus(sm_agg.size_for_load(hi, isl, osl))
     assert ga <= gb
 
-
-# ITL-limited decode (the band between the full target and DECODE_ITL_MARGIN is not empty here)
-PROF_ITL = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.03, decode_s_per_seq=1e-4,
-                            kv_capacity_tokens=10_000_000, prefill_tp=2, decode_tp=4)
 
 
 @settings(max_examples=60, deadline=None)
