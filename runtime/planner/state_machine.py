@@ -28,7 +28,8 @@ Per tick (SLA mode):
    (conditional disaggregation at pool level). Decode band (``decode_band``, default on): the
    disaggregated decode pool grows only to the workers the predicted load needs at the *full* ITL
    target and shrinks only to those it needs at ``DECODE_ITL_MARGIN`` of it; between the two it
-   keeps its size (:meth:`PlannerStateMachine.decode_band_replicas`). A decode worker is a large
+   keeps its size (:meth:`PlannerStateMachine.decode_band_replicas`); not while the fleet has no
+   prefill workers (its decode workers still prefill). A decode worker is a large
    step (TP4: 4 GPUs, a third of a 3-worker pool), so sizing both ways at the margin launched a
    fourth worker for rate bursts that three absorbed (ITL p90 33 ms of 50 ms): on the Azure
    conversation trace the band saves 0.5 GPU-h (4 % of decode) at the same SLO attainment; the margin
@@ -322,7 +323,9 @@ class PlannerStateMachine:
 
         min_p = 0 if mode == "aggregated" else cfg.min_prefill
         p_des = min(max(p_des, min_p), cfg.max_prefill)
-        if cfg.mode == "sla" and cfg.decode_band and mode == "disaggregated" and self._has_isl:
+        if cfg.mode == "sla" and cfg.decode_band and mode == "disaggregated" and self.prefill > 0 and self._has_isl:
+            # not while the fleet has no prefill workers yet: its decode workers still prefill (the
+            # cooldown may hold prefill at 0 for several ticks), so they keep the margin sizing
             d_des = self.decode_band_replicas(d_des, plan_rate_d, isl, osl)
         d_des = min(max(d_des, cfg.min_decode), cfg.max_decode)
         cap = self._budget_cap(burst, isl, osl)

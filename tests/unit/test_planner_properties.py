@@ -100,7 +100,9 @@ def test_sizing_is_monotone_in_predicted_load(r1, r2, isl, osl):
 @given(st.floats(0.01, 200), st.floats(0.01, 200), st.floats(64, 4000), st.floats(16, 1000), st.integers(1, 40))
 def test_decode_band_is_monotone_in_predicted_load_and_within_its_bounds(r1, r2, isl, osl, current):
     sm = PlannerStateMachine(PlannerConfig(prefill_tp=2, decode_tp=4, interval_s=30.0, worker_start_s=60.0,
-                                           allow_aggregated=False, max_decode=64), PROF_ITL, initial_decode=current)
+                                           allow_aggregated=False, max_decode=64, gpu_budget=512), PROF_ITL,
+                             initial_decode=current)
+    assert sm.decode == current  # within the budget: not trimmed
     lo, hi = sorted((r1, r2))
     band = []
     for r in (lo, hi):

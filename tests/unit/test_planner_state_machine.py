@@ -194,3 +194,21 @@ def test_decode_band_is_the_current_count_clamped_between_the_two_sizings():
     assert sm.decode_band_replicas(3, 36.0, 1000, 200) == 2  # in the band: hold
     sm.decode = 3
     assert sm.decode_band_replicas(3, 36.0, 1000, 200) == 3
+
+
+def test_decode_band_waits_while_decode_workers_still_prefill():
+    # a long cooldown holds prefill at 0 after aggregated serving while the load rises: the decode
+    # workers still prefill, so they keep the margin sizing (the band would hold one fewer)
+    prof = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.03, decode_s_per_seq=1e-3,
+                            kv_capacity_tokens=100_000)
+    runs = {}
+    for band in (True, False):
+        sm = PlannerStateMachine(cfg(scale_down_delay_s=30.0, cooldown_s=300.0, allow_aggregated=True,
+                                     decode_scale_down_delay_s=30.0, decode_band=band), prof)
+        out = []
+        for k, r in enumerate([0.2] * 4 + [8.0] * 8):
+            d = sm.on_tick(tick(30.0 * (k + 1), r, ready_p=sm.prefill, ready_d=sm.decode))
+            out.append((d.prefill_replicas, d.decode_replicas))
+        runs[band] = out
+    assert (0, 5) in runs[True]  # held aggregated at 8 req/s
+    assert runs[True] == runs[False]
