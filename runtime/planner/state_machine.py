@@ -341,6 +341,11 @@ class PlannerStateMachine:
         else:
             p_tgt = self._p_stab.propose(tick.now_s, self.prefill, p_des)
         p_tgt, d_tgt = self._fit_growth(p_tgt, d_tgt)
+        if 0 < p_tgt < min_p:
+            # a fleet below min_prefill (started there) whose growth the budget trimmed because the
+            # decode scale-down is held: the minimum is a bound, not a wish; decode gives way at once
+            p_tgt, d_tgt = fit_budget(min_p, d_tgt, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp,
+                                      min_prefill=min_p, min_decode=cfg.min_decode, budget_gpus=cfg.gpu_budget)
         if p_tgt == 0:  # back from aggregated but the cooldown holds prefill at 0: decode still prefills
             mode = "aggregated"
         self._p_stab.commit(tick.now_s, self.prefill, p_tgt)

@@ -212,3 +212,18 @@ def test_decode_band_waits_while_decode_workers_still_prefill():
         runs[band] = out
     assert (0, 5) in runs[True]  # held aggregated at 8 req/s
     assert runs[True] == runs[False]
+
+
+def test_prefill_minimum_wins_over_a_held_decode_scale_down():
+    # a fleet started below min_prefill (1 < 2) with decode at max_decode filling the budget
+    # exactly (1x2 + 4x4 = 18): the minimum must be met at once, taking a decode worker, although
+    # the decode scale-down delay would otherwise hold decode for 120 s
+    sm = PlannerStateMachine(cfg(min_prefill=2, prefill_tp=2, decode_tp=4, max_decode=4, gpu_budget=18),
+                             PROF, initial_prefill=1, initial_decode=50)
+    assert (sm.prefill, sm.decode) == (1, 4)
+    d = sm.on_tick(tick(30, 0.5, ready_p=1, ready_d=4))
+    assert d.prefill_replicas == 2 and d.decode_replicas == 3
+    assert d.num_gpus(2, 4) <= 18
+    for t in (60, 90, 120):  # and it stays within the bounds afterwards
+        d = sm.on_tick(tick(t, 0.5, ready_p=sm.prefill, ready_d=sm.decode))
+        assert d.prefill_replicas >= 2 and d.num_gpus(2, 4) <= 18
