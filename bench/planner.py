@@ -15,7 +15,9 @@ the throughput result's upper layer, on a 10-s tick like its ``load_adjustment_i
 ``DecodePlanner`` in dry-run, driven by bench/dynamo_planner_driver.py in ``--dynamo-venv``; listed
 under ``skipped_planners`` with the reason when that venv is absent),
 ``static_peak`` (the oracle's per-window maximum of each pool, all hour); ``--extra-predictors``
-adds ``pdserve_sla_<predictor>`` runs; ``--ablations`` adds ``ablation_<name>`` runs of
+adds ``pdserve_sla_<predictor>`` runs; ``--dynamo-matched`` adds ``dynamo_sla_matched``, Dynamo's formula
+with the smallest load headroom that reaches ``--target-attainment`` (default 0.99; the search in
+``dynamo_sla_matched_search``), a comparison with ``pdserve_sla`` at equal attainment; ``--ablations`` adds ``ablation_<name>`` runs of
 ``pdserve_sla`` with one of this session's changes undone each (see ``ABLATIONS``). Every planner starts
 from the same warm fleet (``--warm-start``, default ``oracle_lead``: the oracle plan's maximum over the
 first scale-up's lead plus one window) and ticks every ``--interval-s`` (Dynamo: its default 180 s).
@@ -42,6 +44,7 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -232,6 +235,40 @@ def window_counts(timeline: list[dict], window_s: float, num_windows: int) -> li
     return [(p / n, d / n) if n else (0.0, 0.0) for p, d, n in acc]
 
 
+def match_attainment(run: Callable[[float], dict], target: float, *, first: float = 0.25, resolution: float = 0.05,
+                     max_headroom: float = 4.0) -> dict:
+    """Smallest load headroom ``h`` (to ``resolution``) with ``run(h)["slo_attainment"] >= target``.
+
+    Doubles ``h`` from ``first`` until the target is met (or ``max_headroom`` fails), then bisects
+    between the last miss and the first hit. Assumes attainment grows with headroom, as it does when
+    more workers are provisioned for the same trace. Returns ``{"found", "headroom", "result",
+    "tried": [[h, attainment, gpu_hours], ...]}`` (``headroom``/``result`` None when not found)."""
+    tried: list[list[float]] = []
+
+    def probe(h: float) -> dict:
+        r = run(h)
+        tried.append([round(h, 4), r["slo_attainment"], r["gpu_hours"]])
+        return r
+
+    lo, hi, best = 0.0, first, None
+    while hi <= max_headroom:
+        r = probe(hi)
+        if r["slo_attainment"] >= target:
+            best = (hi, r)
+            break
+        lo, hi = hi, hi * 2.0
+    if best is None:
+        return {"found": False, "headroom": None, "result": None, "target": target, "tried": tried}
+    while best[0] - lo > resolution + 1e-9:
+        mid = (lo + best[0]) / 2.0
+        r = probe(mid)
+        if r["slo_attainment"] >= target:
+            best = (mid, r)
+        else:
+            lo = mid
+    return {"found": True, "headroom": round(best[0], 4), "result": best[1], "target": target, "tried": tried}
+
+
 def excess_breakdown(res: dict, oracle_by_pool: dict, hold: dict) -> dict:
     """Where a planner's GPU-hours above the oracle go, per pool: ``start_lag_and_hold`` is what a
     perfect forecast still costs (oracle plan launched a worker start ahead, held a window after:
@@ -271,6 +308,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dynamo-venv", type=Path, default=DYNAMO_VENV,
                     help="virtualenv with ai-dynamo==1.0.2 for dynamo_planner (skipped when absent)")
     ap.add_argument("--ablations", action="store_true", help="also run every ABLATIONS variant of pdserve_sla")
+    ap.add_argument("--dynamo-matched", action="store_true",
+                    help="also search the smallest load headroom on Dynamo's formula (dynamo_sla) that reaches "
+                         "--target-attainment, and report it as dynamo_sla_matched (a comparison at equal "
+                         "attainment; ~6 more dynamo_sla runs)")
+    ap.add_argument("--target-attainment", type=float, default=0.99,
+                    help="share of requests within both SLOs that --dynamo-matched must reach (default 0.99)")
     ap.add_argument("--extra-predictors", default="",
                     help="comma list (constant,moving_average,arima): also run pdserve_sla_<predictor>")
     a = ap.parse_args(argv)
@@ -282,6 +325,8 @@ def main(argv: list[str] | None = None) -> dict:
     problems += [f"{name} must be a finite number, got {v}" for name, v in (
         ("--interval-s", a.interval_s), ("--ttft-s", a.ttft_s), ("--itl-s", a.itl_s),
         ("--worker-start-s", a.worker_start_s)) if not np.isfinite(v)]
+    if not 0.0 < a.target_attainment < 1.0:
+        problems.append(f"--target-attainment must be in (0, 1), got {a.target_attainment}")
     if not a.worker_start_s >= 0:
         problems.append(f"--worker-start-s must be >= 0, got {a.worker_start_s}")
     bad_pred = sorted(set(filter(None, a.extra_predictors.split(","))) - {"constant", "moving_average", "arima"})
@@ -393,6 +438,19 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"--planners: unknown planner {name!r}")
         results[name] = summarize(res, a.ttft_s, a.itl_s) | {"sim_wall_s": round(time.time() - t0, 1)}
         timelines[name] = res.timeline
+    matched = None
+    if a.dynamo_matched:
+        t0 = time.time()
+
+        def run_dynamo(headroom: float) -> dict:
+            dyn = DynamoSlaBaseline(profile, prefill_tp=a.prefill_tp, decode_tp=a.decode_tp, ttft_target_s=a.ttft_s,
+                                    itl_target_s=a.itl_s, gpu_budget=a.gpu_budget, load_headroom=headroom)
+            return summarize(simulate(trace, profile, fleet, dyn.on_tick), a.ttft_s, a.itl_s)
+
+        matched = match_attainment(run_dynamo, a.target_attainment)
+        if matched["found"]:
+            results["dynamo_sla_matched"] = matched["result"] | {"load_headroom": matched["headroom"],
+                                                                 "sim_wall_s": round(time.time() - t0, 1)}
     span_h = float(trace.arrival_s[-1]) / 3600.0
     static_h = (peak_p * a.prefill_tp + peak_d * a.decode_tp) * span_h
     out = {
@@ -438,6 +496,9 @@ def main(argv: list[str] | None = None) -> dict:
         # the same ratio against the oracle that pays the worker start-up lag (simulated hold plan)
         "pdserve_sla_vs_oracle_hold_1window": round(results["pdserve_sla"]["gpu_hours"] / hold["gpu_hours"], 3)
         if "pdserve_sla" in results and hold["gpu_hours"] else None,
+        # Dynamo's formula with the smallest load headroom that reaches --target-attainment (every
+        # headroom tried, in order): the GPU-hours it needs at pdserve_sla's attainment target
+        "dynamo_sla_matched_search": matched,
         "pdserve_sla_saving_vs_static_peak": round(1.0 - results["pdserve_sla"]["gpu_hours"] / static_h, 3)
         if "pdserve_sla" in results and static_h else None,
         "profile": {

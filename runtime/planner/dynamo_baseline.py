@@ -13,6 +13,12 @@ defaults of ``planner/defaults.py`` (``adjustment_interval = 180`` s, ``load_pre
   ``d_corr = observed ITL / itl(concurrency, context)``;
 * both at least ``min_endpoint``, then the GPU budget; no lead time, no scale-down delay.
 
+``load_headroom`` (default 0: Dynamo's formula as published) is not Dynamo's: it multiplies the
+predicted request count by ``1 + load_headroom`` for both pools, the over-provisioning a Dynamo user
+would add to reach an attainment target the formula misses (the formula sizes prefill at 100 %
+utilisation of the predicted mean). ``bench/planner.py --dynamo-matched`` searches the smallest one
+that meets the benchmark's attainment target.
+
 It acts every ``adjustment_interval_s`` (a multiple of the tick) and returns None in between.
 
 ``load_scaling=True`` adds Dynamo 1.x's load-based mode on top (``enable_load_scaling``,
@@ -53,8 +59,12 @@ class DynamoSlaBaseline:
         min_endpoint: int = 1,
         load_scaling: bool = False,
         load_down_sensitivity: float = 0.8,
+        load_headroom: float = 0.0,
     ) -> None:
+        if not (load_headroom >= 0.0 and math.isfinite(load_headroom)):
+            raise ValueError(f"load_headroom must be a finite number >= 0, got {load_headroom}")
         self.prof = profile
+        self.load_headroom = load_headroom
         self.tp_p, self.tp_d = prefill_tp, decode_tp
         self.ttft_s, self.itl_s = ttft_target_s, itl_target_s
         self.budget = gpu_budget
@@ -131,7 +141,8 @@ class DynamoSlaBaseline:
             self._isl.observe(isl)
             self._osl.observe(osl)
             self._update_corrections(ticks, isl, osl)
-        next_num = self._num_req.predict()
+        predicted_num = self._num_req.predict()
+        next_num = predicted_num * (1.0 + self.load_headroom)
         next_isl, next_osl = self._isl.predict(), self._osl.predict()
         if next_isl <= 0 or next_osl <= 0:
             return ScalingDecision(tick.now_s, self.min_endpoint, self.min_endpoint, reason="dynamo_no_data")
@@ -150,7 +161,7 @@ class DynamoSlaBaseline:
             min_decode=self.min_endpoint, budget_gpus=self.budget,
         )
         return ScalingDecision(
-            tick.now_s, num_p, num_d, predicted_rate_per_s=next_num / self.interval_s,
+            tick.now_s, num_p, num_d, predicted_rate_per_s=predicted_num / self.interval_s,
             predicted_isl_tokens=next_isl, predicted_osl_tokens=next_osl,
             ttft_correction=self.p_corr, itl_correction=self.d_corr, reason="dynamo_sla",
         )

@@ -110,6 +110,13 @@ def test_planner_unknown_planner_names_are_refused_before_any_work(tmp_path, cap
     assert "pdserve_sla'" not in err  # only the unknown one is named as unknown
 
 
+@pytest.mark.parametrize("value", ["0", "1", "1.5", "nan"])
+def test_planner_target_attainment_outside_0_1_is_refused_before_any_work(tmp_path, capsys, value):
+    bench = _load("planner")
+    _refused(bench.main, ["--trace", str(tmp_path / "missing.csv"), "--dynamo-matched", "--target-attainment", value],
+             capsys, "--target-attainment")
+
+
 def test_planner_known_names_pass_the_check(tmp_path):
     bench = _load("planner")
     with pytest.raises(SystemExit, match="--model 'no-such-model'"):  # got past the argument checks

@@ -265,3 +265,22 @@ def test_a_driver_that_cannot_import_dynamo_fails_with_its_error():
     with pytest.raises(RuntimeError, match=r"(?s)dynamo_planner_driver\.py stopped: .*No module named .dynamo"):
         bench.DynamoPlannerProcess(Path(sys.executable), PROF, prefill_tp=2, decode_tp=4, ttft_s=2.0, itl_s=0.05,
                                    gpu_budget=64, tick_s=30.0, timeout_s=60.0)
+
+
+def test_match_attainment_finds_the_smallest_headroom_to_the_resolution():
+    bench = load_bench()
+    calls = []
+
+    def run(h):  # attainment rises with headroom and crosses 0.99 at h = 0.6; GPU-hours rise too
+        calls.append(h)
+        return {"slo_attainment": min(0.9 + h * 0.15, 1.0), "gpu_hours": 30.0 * (1 + h)}
+
+    got = bench.match_attainment(run, 0.99, first=0.25, resolution=0.05)
+    assert got["found"]
+    assert 0.6 <= got["headroom"] <= 0.6 + 0.05
+    assert got["result"]["slo_attainment"] >= 0.99
+    assert calls[:3] == [0.25, 0.5, 1.0]  # doubling until the first hit, then bisection
+    assert [t[0] for t in got["tried"]] == [round(h, 4) for h in calls]
+    # a target no headroom up to the cap reaches: not found, every probe listed
+    never = bench.match_attainment(lambda h: {"slo_attainment": 0.5, "gpu_hours": 1.0}, 0.99, max_headroom=1.0)
+    assert not never["found"] and never["headroom"] is None and [t[0] for t in never["tried"]] == [0.25, 0.5, 1.0]

@@ -84,3 +84,20 @@ def test_dynamo_baseline_formula_hand_checked():
     assert d is not None and d.prefill_replicas == 3
     # decode: 6000 tok/s; KV holds 100000 / 1100 = 90 sequences -> 90 / 0.019 = 4737 tok/s -> 2
     assert d.decode_replicas == math.ceil(6000 / (90 / 0.019)) == 2
+
+
+def test_dynamo_baseline_load_headroom_scales_its_predicted_load():
+    # the same 30 req/s window as above with 50 % headroom: prefill 45000 tok/s / 10000 per worker -> 5
+    # (Dynamo's own formula: 3); decode 9000 tok/s / 4737 per worker -> 2; the reported prediction is the raw one
+    dyn = DynamoSlaBaseline(PROF, prefill_tp=2, decode_tp=1, ttft_target_s=2.0, itl_target_s=0.05, gpu_budget=64,
+                            adjustment_interval_s=180.0, predictor="constant", load_headroom=0.5)
+    dyn.on_tick(_tick(60, 30))
+    dyn.on_tick(_tick(120, 30))
+    d = dyn.on_tick(_tick(180, 30))
+    assert d is not None and d.prefill_replicas == 5
+    assert d.decode_replicas == math.ceil(9000 / (90 / 0.019)) == 2
+    assert d.predicted_rate_per_s == pytest.approx(30.0)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="load_headroom"):
+            DynamoSlaBaseline(PROF, prefill_tp=2, decode_tp=1, ttft_target_s=2.0, itl_target_s=0.05, gpu_budget=64,
+                              load_headroom=bad)
