@@ -89,15 +89,17 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # seconds) cost GPU-hours with these tick-based predictors (noisier per-tick rates, steeper trends).
 # Session 12 adds the decode band (grow at the full ITL target, shrink at DECODE_ITL_MARGIN of it);
 # "no_decode_band" undoes it alone, and the two *_defaults rows undo it with the rest.
+# Session 13 adds "launch on the level" (scale_up_on_level, beta 1.7): "launch_on_tick" is session 12's
+# planner (launch to the tick's staffing count, beta 1.5); "launch_on_tick_beta_1.7" changes beta alone.
 _PREVIOUS = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
-                 correct_by_prefill_time=False, decode_band=False)
+                 correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False)
 ABLATIONS: dict[str, dict] = {
     "previous_defaults": _PREVIOUS,
     "session1_defaults": _PREVIOUS | dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
                                           cooldown_s=60.0, burst_headroom=0.25, decode_scale_down_delay_s=180.0),
     "ttft_p90_correction": dict(correct_by_prefill_time=False),
-    "staffing_beta_1.4": dict(prefill_staffing_beta=1.4),
     "staffing_beta_1.6": dict(prefill_staffing_beta=1.6),
+    "staffing_beta_1.8": dict(prefill_staffing_beta=1.8),
     "staffing_level_window_2": dict(prefill_level_window_ticks=2),
     "target_utilization_0.9": dict(target_utilization=0.9),
     "peak_term_and_staffing": dict(size_on_peak=True),
@@ -106,6 +108,8 @@ ABLATIONS: dict[str, dict] = {
     "burst_headroom_25pct": dict(burst_headroom=0.25),
     "token_rate_predictors": dict(size_on_tokens=True),
     "no_decode_band": dict(decode_band=False),
+    "launch_on_tick": dict(scale_up_on_level=False, prefill_staffing_beta=1.5),
+    "launch_on_tick_beta_1.7": dict(scale_up_on_level=False),
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
 }
 

@@ -271,7 +271,7 @@ class PlannerSpec(_Strict):
         "provisions for (None: burst_quantile).",
     )
     prefill_staffing_beta: float | None = Field(
-        default=1.5,
+        default=1.7,
         ge=0,
         description="SLA mode: square-root staffing of the prefill pool, at least R + beta * sqrt(R) workers for "
         "the offered load R in Erlangs (dimensionless beta; None: off).",

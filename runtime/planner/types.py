@@ -138,7 +138,11 @@ class PlannerConfig:
     p90, as when the metric is absent; kept for the benchmark's ablation). ``decode_band``: the
     decode pool holds its size while the load lies between two sizings of it (grows to the count
     needed at the full ITL target, shrinks to the count needed at ``DECODE_ITL_MARGIN`` of it;
-    False: always the margin sizing, kept for the benchmark's ablation).
+    False: always the margin sizing, kept for the benchmark's ablation). ``scale_up_on_level``: the
+    square-root staffing term launches prefill workers only up to the count the smoothed offered load
+    needs (an EWMA of the per-tick Erlangs whose mean age is the worker start time), not the count one
+    tick's transient asks for; scale-down still follows the tick (False: launch to the tick's count, the
+    behaviour before; kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -176,10 +180,11 @@ class PlannerConfig:
     decode_scale_down_delay_s: float | None = 120.0
     peak_window_ticks: int | None = None
     peak_quantile: float | None = None
-    prefill_staffing_beta: float | None = 1.5
+    prefill_staffing_beta: float | None = 1.7
     prefill_level_window_ticks: int = 1
     correct_by_prefill_time: bool = True
     decode_band: bool = True
+    scale_up_on_level: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",

@@ -132,3 +132,43 @@ def test_staffing_planner_serves_a_clumped_trace_within_slo_on_the_simulator():
     assert res.slo_attainment(2.0, 0.05) >= 0.99
     # 8 req/s x 0.1 s = 0.8 Erlangs -> 0.8 + 1.5 x 0.89 = 2.14 -> 3 prefill workers at steady state
     assert sm.prefill == 3
+
+
+def test_launch_on_the_level_release_on_the_tick_by_hand():
+    # rule 8: the staffing term launches only up to the count of the smoothed load (EWMA weight
+    # 1 / lead_ticks = 1/3 with a 60 s start and 30 s ticks); a one-tick transient is not launched for
+    from runtime.planner import sla
+
+    kw = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=1, target_utilization=1.0,
+              scale_down_delay_s=30.0, cooldown_s=30.0)
+    sm = PlannerStateMachine(cfg(**kw), PROF, initial_prefill=3, initial_decode=1)
+    assert sm.lead_ticks == 3
+    for t in (30, 60, 90, 120):  # 10 req/s: R = 1 -> 1 + 1.5 = 2.5 -> 3
+        assert sm.on_tick(tick(t, 10.0)).prefill_replicas == 3
+    d = sm.on_tick(tick(150, 60.0))
+    # the tick alone asks 6 + 1.5 x sqrt(6) = 9.67 -> 10; the level is 1 + (6 - 1) / 3 = 2.667 ->
+    # 2.667 + 1.5 x 1.633 = 5.12 -> 6; the M/M/c term (on the 60 req/s just observed) still applies
+    mmc = sla.prefill_replicas(60.0, 1000, PROF.prefill, ttft_budget_s=2.0 - 2 * 0.05, target_utilization=1.0)
+    assert sm.staffing_prefill_replicas() == 10
+    assert d.prefill_replicas == max(mmc, 6) < 10
+    # release on the tick: back to 10 req/s, held one 30-s scale-down window, then down to 3
+    assert [sm.on_tick(tick(t, 10.0)).prefill_replicas for t in (180, 210)] == [d.prefill_replicas, 3]
+    # a sustained rise is followed: the level catches up and the count reaches the tick's 10
+    seen = [sm.on_tick(tick(t, 60.0)).prefill_replicas for t in range(240, 600, 30)]
+    assert seen == sorted(seen) and seen[-1] == 10
+    # the old rule launches the transient's 10 at once
+    old = PlannerStateMachine(cfg(**kw, scale_up_on_level=False), PROF, initial_prefill=3, initial_decode=1)
+    for t in (30, 60, 90, 120):
+        old.on_tick(tick(t, 10.0))
+    assert old.on_tick(tick(150, 60.0)).prefill_replicas == 10
+
+
+def test_launch_on_the_level_is_the_old_rule_when_workers_start_at_once():
+    # worker_start_s 0: lead_ticks 1, EWMA weight 1, the level is the tick: identical decisions
+    rates = [10.0, 10.0, 60.0, 10.0, 35.0, 80.0, 80.0, 5.0, 5.0, 40.0]
+    runs = []
+    for on_level in (True, False):
+        sm = PlannerStateMachine(cfg(worker_start_s=0.0, scale_up_on_level=on_level), PROF, initial_prefill=2,
+                                 initial_decode=1)
+        runs.append([sm.on_tick(tick(30.0 * (k + 1), r)).prefill_replicas for k, r in enumerate(rates)])
+    assert runs[0] == runs[1] and max(runs[0]) > 10
