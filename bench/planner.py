@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -240,14 +241,23 @@ def window_counts(timeline: list[dict], window_s: float, num_windows: int) -> li
 
 
 def match_attainment(run: Callable[[float], dict], target: float, *, first: float = 0.25, resolution: float = 0.05,
-                     max_headroom: float = 4.0) -> dict:
+                     max_headroom: float = 4.0, at_zero: dict | None = None) -> dict:
     """Smallest load headroom ``h`` (to ``resolution``) with ``run(h)["slo_attainment"] >= target``.
 
-    Doubles ``h`` from ``first`` until the target is met (or ``max_headroom`` fails), then bisects
-    between the last miss and the first hit. Assumes attainment grows with headroom, as it does when
-    more workers are provisioned for the same trace. Returns ``{"found", "headroom", "result",
-    "tried": [[h, attainment, gpu_hours], ...]}`` (``headroom``/``result`` None when not found)."""
+    ``at_zero``: the result at ``h = 0`` when already known (the ``dynamo_sla`` row); it is returned
+    at once when it meets the target (0 is not probed otherwise). Else doubles ``h`` from ``first``
+    until the target is met, the last probe at ``max_headroom`` itself, then bisects between the last
+    miss and the first hit. Assumes attainment grows with headroom, as it does when more workers are
+    provisioned for the same trace. Returns ``{"found", "headroom", "result", "target", "tried":
+    [[h, attainment, gpu_hours], ...]}`` (``headroom``/``result`` None when not found). Raises
+    ValueError unless ``0 < first <= max_headroom`` and ``resolution > 0``, all finite."""
+    if not all(math.isfinite(v) for v in (first, resolution, max_headroom)) or not (
+            0.0 < first <= max_headroom and resolution > 0.0):
+        raise ValueError(f"match_attainment: need finite 0 < first <= max_headroom and resolution > 0, got "
+                         f"first={first}, max_headroom={max_headroom}, resolution={resolution}")
     tried: list[list[float]] = []
+    if at_zero is not None and at_zero["slo_attainment"] >= target:
+        return {"found": True, "headroom": 0.0, "result": at_zero, "target": target, "tried": tried}
 
     def probe(h: float) -> dict:
         r = run(h)
@@ -255,14 +265,14 @@ def match_attainment(run: Callable[[float], dict], target: float, *, first: floa
         return r
 
     lo, hi, best = 0.0, first, None
-    while hi <= max_headroom:
+    while True:
         r = probe(hi)
         if r["slo_attainment"] >= target:
             best = (hi, r)
             break
-        lo, hi = hi, hi * 2.0
-    if best is None:
-        return {"found": False, "headroom": None, "result": None, "target": target, "tried": tried}
+        if hi >= max_headroom:
+            return {"found": False, "headroom": None, "result": None, "target": target, "tried": tried}
+        lo, hi = hi, min(hi * 2.0, max_headroom)
     while best[0] - lo > resolution + 1e-9:
         mid = (lo + best[0]) / 2.0
         r = probe(mid)
@@ -451,7 +461,7 @@ def main(argv: list[str] | None = None) -> dict:
                                     itl_target_s=a.itl_s, gpu_budget=a.gpu_budget, load_headroom=headroom)
             return summarize(simulate(trace, profile, fleet, dyn.on_tick), a.ttft_s, a.itl_s)
 
-        matched = match_attainment(run_dynamo, a.target_attainment)
+        matched = match_attainment(run_dynamo, a.target_attainment, at_zero=results.get("dynamo_sla"))
         if matched["found"]:
             results["dynamo_sla_matched"] = matched["result"] | {"load_headroom": matched["headroom"],
                                                                  "sim_wall_s": round(time.time() - t0, 1)}

@@ -66,7 +66,9 @@ Per tick (SLA mode):
    worker start time); scale-down still follows the tick's count through the delay of (5). A worker
    launched now serves only after ``worker_start_s``: the part of one tick's load that does not
    persist that long is over before it is ready (a clump of long prompts), and the standing
-   headroom absorbs it. With ``worker_start_s = 0`` the weight is 1 and the rule is (7) unchanged.
+   headroom absorbs it. With ``worker_start_s = 0`` the weight is 1 and, with the default one-tick
+   level window, the rule is (7) unchanged; with a longer window the cap also keeps (7)'s window
+   maximum and upward trend from launching (they still hold workers through a scale-down).
    The M/M/c term of (4) still launches on the rate predictor (quantile + trend through the lead
    time). On the Azure conversation trace (``--rate-scale 10``) 12 of 41 prefill launches were
    released the moment they became ready (1.37 GPU-h spent starting workers); with the rule 6 of 28
@@ -380,8 +382,13 @@ class PlannerStateMachine:
         if 0 < p_tgt < min_p:
             # a fleet below min_prefill (started there) whose growth the budget trimmed because the
             # decode scale-down is held: the minimum is a bound, not a wish; decode gives way at once
-            p_tgt, d_tgt = fit_budget(min_p, d_tgt, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp,
+            # (past its scale-down delay, never within its direction cooldown)
+            p_fit, d_fit = fit_budget(min_p, d_tgt, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp,
                                       min_prefill=min_p, min_decode=cfg.min_decode, budget_gpus=cfg.gpu_budget)
+            if d_fit == d_tgt or self._d_stab.may_move(tick.now_s, self.decode, d_fit):
+                p_tgt, d_tgt = p_fit, d_fit
+            elif self.prefill == 0:  # back from aggregated: stay there until decode may give way
+                p_tgt = 0
         if p_tgt == 0:  # back from aggregated but the cooldown holds prefill at 0: decode still prefills
             mode = "aggregated"
         self._p_stab.commit(tick.now_s, self.prefill, p_tgt)

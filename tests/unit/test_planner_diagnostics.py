@@ -281,6 +281,16 @@ def test_match_attainment_finds_the_smallest_headroom_to_the_resolution():
     assert got["result"]["slo_attainment"] >= 0.99
     assert calls[:3] == [0.25, 0.5, 1.0]  # doubling until the first hit, then bisection
     assert [t[0] for t in got["tried"]] == [round(h, 4) for h in calls]
-    # a target no headroom up to the cap reaches: not found, every probe listed
-    never = bench.match_attainment(lambda h: {"slo_attainment": 0.5, "gpu_hours": 1.0}, 0.99, max_headroom=1.0)
-    assert not never["found"] and never["headroom"] is None and [t[0] for t in never["tried"]] == [0.25, 0.5, 1.0]
+    # a target no headroom up to the cap reaches: not found, every probe listed, the cap itself probed
+    never = bench.match_attainment(lambda h: {"slo_attainment": 0.5, "gpu_hours": 1.0}, 0.99, max_headroom=3.0)
+    assert not never["found"] and never["headroom"] is None and [t[0] for t in never["tried"]] == [0.25, 0.5, 1.0,
+                                                                                                 2.0, 3.0]
+    at_cap = bench.match_attainment(lambda h: {"slo_attainment": 0.99 if h >= 3.0 else 0.5, "gpu_hours": h}, 0.99,
+                                    max_headroom=3.0, resolution=1.0)
+    assert at_cap["found"] and at_cap["headroom"] == 3.0
+    # the formula already meets the target: headroom 0, nothing probed
+    zero = bench.match_attainment(run, 0.99, at_zero={"slo_attainment": 0.995, "gpu_hours": 30.0})
+    assert zero["found"] and zero["headroom"] == 0.0 and zero["tried"] == []
+    for bad in (dict(first=0.0), dict(resolution=0.0), dict(max_headroom=float("inf")), dict(first=5.0)):
+        with pytest.raises(ValueError, match="match_attainment"):
+            bench.match_attainment(run, 0.99, **bad)

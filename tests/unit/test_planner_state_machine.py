@@ -227,3 +227,27 @@ def test_prefill_minimum_wins_over_a_held_decode_scale_down():
     for t in (60, 90, 120):  # and it stays within the bounds afterwards
         d = sm.on_tick(tick(t, 0.5, ready_p=sm.prefill, ready_d=sm.decode))
         assert d.prefill_replicas >= 2 and d.num_gpus(2, 4) <= 18
+
+
+def test_back_from_aggregated_below_min_prefill_never_flips_decode_within_its_cooldown():
+    # budget 3 GPUs, min_prefill 2: decode grew to 2 while aggregated; going disaggregated needs
+    # 2 prefill + 1 decode, but decode may not shrink within its 60 s cooldown of growing: the
+    # fleet stays aggregated until it may (found by a breaker round on the min_prefill fix)
+    sm = PlannerStateMachine(cfg(prefill_tp=1, decode_tp=1, min_prefill=2, max_prefill=8, max_decode=8, gpu_budget=3,
+                                 scale_down_delay_s=0.0, cooldown_s=60.0, decode_scale_down_delay_s=None,
+                                 allow_aggregated=True), PROF)
+    seen, last_dir = [], {}
+    for k, r in enumerate((0.5, 0.5, 8, 12, 12, 12, 12)):
+        now = 30.0 * (k + 1)
+        before = (sm.prefill, sm.decode)
+        d = sm.on_tick(tick(now, r, ready_p=sm.prefill, ready_d=sm.decode))
+        seen.append((d.prefill_replicas, d.decode_replicas, d.serving_mode))
+        assert d.prefill_replicas == 0 or d.prefill_replicas >= 2
+        assert d.num_gpus(1, 1) <= 3
+        step = (d.decode_replicas > before[1]) - (d.decode_replicas < before[1])
+        if step:
+            if "dir" in last_dir and last_dir["dir"] != step:
+                assert now - last_dir["t"] >= 60.0, seen
+            if last_dir.get("dir") != step:
+                last_dir = {"dir": step, "t": now}
+    assert seen[-1][2] == "disaggregated" and seen[-1][:2] == (2, 1)
