@@ -153,9 +153,10 @@ def test_launch_on_the_level_release_on_the_tick_by_hand():
     assert d.prefill_replicas == max(mmc, 6) < 10
     # release on the tick: back to 10 req/s, held one 30-s scale-down window, then down to 3
     assert [sm.on_tick(tick(t, 10.0)).prefill_replicas for t in (180, 210)] == [d.prefill_replicas, 3]
-    # a sustained rise is followed: the level catches up and the count reaches the tick's 10
+    # a sustained rise is followed: once 60 req/s has lasted lead_ticks = 3 ticks the count is the
+    # tick's 10 (the least of the last 3 ticks, R = 6), before the EWMA alone would get there
     seen = [sm.on_tick(tick(t, 60.0)).prefill_replicas for t in range(240, 600, 30)]
-    assert seen == sorted(seen) and seen[-1] == 10
+    assert seen == sorted(seen) and seen[2] == 10 and seen[1] < 10
     # the old rule launches the transient's 10 at once
     old = PlannerStateMachine(cfg(**kw, scale_up_on_level=False), PROF, initial_prefill=3, initial_decode=1)
     for t in (30, 60, 90, 120):
