@@ -66,10 +66,9 @@ Per tick (SLA mode):
    worker start time) or, when higher, the least load of the last ``lead_ticks`` ticks (a load that
    has lasted a whole start time is launched for in full: a sustained step reaches the full count
    in ``lead_ticks`` ticks, where the EWMA alone takes ~3x as long); scale-down still follows the
-   tick's count through the delay of (5). A worker
-   launched now serves only after ``worker_start_s``: the part of one tick's load that does not
-   persist that long is over before it is ready (a clump of long prompts), and the standing
-   headroom absorbs it. With ``worker_start_s = 0`` the weight is 1 and, with the default one-tick
+   tick's count through the delay of (5). A worker launched now serves only after
+   ``worker_start_s``: the part of one tick's load that does not persist that long is over before
+   it is ready (a clump of long prompts), and the standing headroom absorbs it. With ``worker_start_s = 0`` the weight is 1 and, with the default one-tick
    level window, the rule is (7) unchanged; with a longer window the cap also keeps (7)'s window
    maximum and upward trend from launching (they still hold workers through a scale-down).
    The M/M/c term of (4) still launches on the rate predictor (quantile + trend through the lead
@@ -318,9 +317,10 @@ class PlannerStateMachine:
         if cfg.mode == "sla" and self.profile is not None:
             isl_now = max(tick.mean_isl_tokens, 1.0)
             service_s = float(self.profile.prefill.busy_time_s(isl_now)) if tick.num_requests else 0.0
-            self._erlangs.observe(rate * service_s * self.ttft_correction)
+            erlangs = rate * service_s * self.ttft_correction
+            self._erlangs.observe(erlangs)
             if tick.num_requests or self._erlang_level is not None:
-                self._observe_level(rate * service_s * self.ttft_correction)
+                self._observe_level(erlangs)
             self._has_erlangs = self._has_erlangs or tick.num_requests > 0
         pred = max(self._rate.predict(1), self._rate.predict(self.lead_ticks))
         burst = self._update_burst(tick.now_s, rate)
@@ -367,7 +367,7 @@ class PlannerStateMachine:
                     p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
                 staffed = self.staffing_prefill_replicas()
                 if cfg.scale_up_on_level and staffed > self.prefill and self._erlang_level is not None:
-                    # rule 8: launch only for the smoothed load; a one-tick transient has passed before
+                    # rule 8: launch only for the launch level; a one-tick transient has passed before
                     # the worker is ready, the staffing headroom absorbs it
                     staffed = max(self.prefill, min(staffed, self._staff(self._erlang_level)))
                 p_des = max(p_des, staffed)
