@@ -17,8 +17,8 @@ under ``skipped_planners`` with the reason when that venv is absent),
 ``static_peak`` (the oracle's per-window maximum of each pool, all hour); ``--extra-predictors``
 adds ``pdserve_sla_<predictor>`` runs; ``--dynamo-matched`` adds ``dynamo_sla_matched``, Dynamo's formula
 with the smallest load headroom that reaches ``--target-attainment`` (default 0.99; the search in
-``dynamo_sla_matched_search``), a comparison with ``pdserve_sla`` at equal attainment; ``--ablations`` adds ``ablation_<name>`` runs of
-``pdserve_sla`` with one of this session's changes undone each (see ``ABLATIONS``). Every planner starts
+``dynamo_sla_matched_search``), a comparison with ``pdserve_sla`` at equal attainment; ``--ablations``
+adds ``ablation_<name>`` runs of ``pdserve_sla`` with one of this session's changes undone each (see ``ABLATIONS``). Every planner starts
 from the same warm fleet (``--warm-start``, default ``oracle_lead``: the oracle plan's maximum over the
 first scale-up's lead plus one window) and ticks every ``--interval-s`` (Dynamo: its default 180 s).
 ``oracle_gpu_hours``: hindsight per-window minimum that meets the SLO, the windows sized in order
