@@ -486,4 +486,7 @@ def _key(r: dict) -> dict:
 
 
 if __name__ == "__main__":
+    from runtime.procs import install_sigterm_handler
+
+    install_sigterm_handler()  # SIGTERM stops the servers/subprocesses this run started, like Ctrl-C
     raise SystemExit(main())

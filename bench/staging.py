@@ -254,4 +254,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from runtime.procs import install_sigterm_handler
+
+    install_sigterm_handler()  # SIGTERM stops the servers/subprocesses this run started, like Ctrl-C
     main()

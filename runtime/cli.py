@@ -58,33 +58,10 @@ def _option_errors(exc, options: dict[str, str]) -> str:
     return "; ".join(lines)
 
 
+from runtime.procs import install_sigterm_handler  # noqa: E402,F401 - `pdserve` commands and tests
+
 SLO_OPTIONS = {"ttft_p90_ms": "--ttft-ms", "itl_p90_ms": "--itl-ms"}
 WORKLOAD_OPTIONS = {"isl_tokens": "--isl", "osl_tokens": "--osl", "request_rate_per_s": "--rate"}
-
-
-def _stop_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM handler: raise SystemExit(128 + SIGTERM) in the main thread, like Ctrl-C raises
-    KeyboardInterrupt, so every `with`/`finally` runs and stops the processes the command started
-    (vLLM workers, the runtime, SeaweedFS) through their handles. The default action would kill this
-    process at once and leave them running, re-parented to PID 1. A later SIGTERM is ignored so it cannot
-    cut that cleanup short (each stop is bounded: terminate, wait, kill)."""
-    signal.signal(signal.SIGTERM, _ignore_signal)
-    raise SystemExit(128 + signum)
-
-
-def _ignore_signal(signum: int, frame: object) -> None:
-    """A no-op handler (unlike SIG_IGN it is not inherited by processes started afterwards)."""
-
-
-def install_sigterm_handler() -> object:
-    """Make SIGTERM stop the current command cleanly (see `_stop_on_sigterm`); return the previous handler.
-
-    No-op (returns None) outside the main thread, where Python cannot set signal handlers."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
 
 # MLflow's HTTP client defaults (7 retries, backoff factor 2, 120 s per request) keep a command silent for
