@@ -37,8 +37,9 @@ def _stop_on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM handler: raise SystemExit(128 + SIGTERM) in the main thread, like Ctrl-C raises
     KeyboardInterrupt, so every `with`/`finally` runs and stops the processes the command started
     (vLLM workers, the runtime, SeaweedFS, a benchmark's servers) through their handles. The default
-    action would kill this process at once and leave them running, re-parented to PID 1. A later SIGTERM is ignored so it cannot
-    cut that cleanup short (each stop is bounded: terminate, wait, kill)."""
+    action would kill this process at once and leave them running, re-parented to PID 1. A later
+    SIGTERM is ignored so it cannot cut that cleanup short (each stop is bounded: terminate, wait,
+    kill)."""
     signal.signal(signal.SIGTERM, _ignore_signal)
     raise SystemExit(128 + signum)
 

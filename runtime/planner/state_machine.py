@@ -151,7 +151,6 @@ class PlannerStateMachine:
         # (weight 1 / lead_ticks), or the least of the last lead_ticks ticks when that is higher
         self._erlang_ewma: float | None = None
         self._erlang_recent: deque[float] = deque(maxlen=self.lead_ticks)
-        self._erlang_level: float | None = None
         self._isl = MovingAveragePredictor(window=w)
         self._osl = MovingAveragePredictor(window=w)
         self._p_stab = PoolStabilizer(cfg.scale_down_delay_s, cfg.cooldown_s)
@@ -279,16 +278,22 @@ class PlannerStateMachine:
         return max(math.ceil(r + beta * math.sqrt(r) - 1e-9), 0)
 
     def _observe_level(self, erlangs: float) -> None:
-        """Rule 8's launch level after this tick's offered load ``erlangs``: one EWMA step with
+        """Rule 8's launch level, updated with this tick's offered load ``erlangs``: one EWMA step with
         weight ``1 / lead_ticks`` (mean age ``lead_ticks - 1`` ticks, the worker start time), raised
         to the least of the last ``lead_ticks`` ticks, so a load that has lasted a whole start time
         is launched for in full (the EWMA alone needs ~3x as long to reach a step)."""
         a = 1.0 / self.lead_ticks
-        ewma = erlangs if self._erlang_ewma is None else (1.0 - a) * self._erlang_ewma + a * erlangs
-        self._erlang_ewma = ewma
+        ewma = self._erlang_ewma
+        self._erlang_ewma = erlangs if ewma is None else (1.0 - a) * ewma + a * erlangs
         self._erlang_recent.append(erlangs)
-        lasted = min(self._erlang_recent) if len(self._erlang_recent) == self._erlang_recent.maxlen else 0.0
-        self._erlang_level = max(ewma, lasted)
+
+    @property
+    def _erlang_level(self) -> float | None:
+        """Rule 8's launch level (Erlangs; None before any load was observed): see `_observe_level`."""
+        if self._erlang_ewma is None:
+            return None
+        recent = self._erlang_recent
+        return max(self._erlang_ewma, min(recent) if len(recent) == recent.maxlen else 0.0)
 
     def _staffing_active(self) -> bool:
         return self.cfg.mode == "sla" and self.cfg.prefill_staffing_beta is not None and self._has_erlangs
@@ -319,7 +324,7 @@ class PlannerStateMachine:
             service_s = float(self.profile.prefill.busy_time_s(isl_now)) if tick.num_requests else 0.0
             erlangs = rate * service_s * self.ttft_correction
             self._erlangs.observe(erlangs)
-            if tick.num_requests or self._erlang_level is not None:
+            if tick.num_requests or self._erlang_ewma is not None:
                 self._observe_level(erlangs)
             self._has_erlangs = self._has_erlangs or tick.num_requests > 0
         pred = max(self._rate.predict(1), self._rate.predict(self.lead_ticks))
@@ -366,10 +371,11 @@ class PlannerStateMachine:
                 if cfg.size_on_peak and self._has_peak and self._has_isl:
                     p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
                 staffed = self.staffing_prefill_replicas()
-                if cfg.scale_up_on_level and staffed > self.prefill and self._erlang_level is not None:
+                level = self._erlang_level
+                if cfg.scale_up_on_level and staffed > self.prefill and level is not None:
                     # rule 8: launch only for the launch level; a one-tick transient has passed before
                     # the worker is ready, the staffing headroom absorbs it
-                    staffed = max(self.prefill, min(staffed, self._staff(self._erlang_level)))
+                    staffed = max(self.prefill, min(staffed, self._staff(level)))
                 p_des = max(p_des, staffed)
             reason = "sla" if sizing.feasible else "sla_infeasible"
 
