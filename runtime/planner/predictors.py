@@ -87,14 +87,21 @@ class BurstQuantilePredictor:
     def predict(self, steps_ahead: int = 1) -> float:
         if not self._hist:
             return 0.0
+        return max(float(np.quantile(np.asarray(self._hist), self._q)), self.trend_forecast(steps_ahead))
+
+    def trend_forecast(self, steps_ahead: int = 1) -> float:
+        """The level-and-trend part of :meth:`predict` alone: the mean of the last two observations
+        plus the upward least-squares trend of the last ``TREND_POINTS`` times ``steps_ahead``
+        (no quantile of the window: a burst is not held for the window's length)."""
+        if not self._hist:
+            return 0.0
         h = np.asarray(self._hist)
-        q = float(np.quantile(h, self._q))
         trend = 0.0
         k = min(len(h), TREND_POINTS)
         if k >= 3:
             # least-squares slope over the last k points, per tick; only upward trends count
             trend = float(np.polyfit(np.arange(k), h[-k:], 1)[0])
-        return max(q, float(np.mean(h[-2:])) + max(trend, 0.0) * steps_ahead)
+        return float(np.mean(h[-2:])) + max(trend, 0.0) * steps_ahead
 
 
 class ResidualQuantilePredictor:

@@ -142,7 +142,12 @@ class PlannerConfig:
     square-root staffing term launches prefill workers only up to the count the smoothed offered load
     needs (an EWMA of the per-tick Erlangs whose mean age is the worker start time), not the count one
     tick's transient asks for; scale-down still follows the tick (False: launch to the tick's count, the
-    behaviour before; kept for the benchmark's ablation).
+    behaviour before; kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
+    term sizes for the rate predictor's level-and-trend forecast, not the window quantile that holds a
+    burst for ``predictor_window_ticks`` (False: the quantile too; only ``burst_quantile`` has both).
+    ``decode_scale_up_on_concurrency``: the decode pool grows only to the workers the observed decode
+    concurrency, scaled to the forecast rate, needs at the ITL target and KV share (False: the rate
+    forecast alone; both kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -185,6 +190,8 @@ class PlannerConfig:
     correct_by_prefill_time: bool = True
     decode_band: bool = True
     scale_up_on_level: bool = True
+    prefill_queue_on_trend: bool = True
+    decode_scale_up_on_concurrency: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",
