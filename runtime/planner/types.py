@@ -145,9 +145,9 @@ class PlannerConfig:
     behaviour before; kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
     term sizes for the rate predictor's level-and-trend forecast, not the window quantile that holds a
     burst for ``predictor_window_ticks`` (False: the quantile too; only ``burst_quantile`` has both).
-    ``decode_scale_up_on_concurrency``: the decode pool grows only to the workers the observed decode
-    concurrency, scaled to the forecast rate, needs at the ITL target and KV share (False: the rate
-    forecast alone; both kept for the benchmark's ablation).
+    ``decode_scale_up_on_concurrency``: the decode pool grows only as far as the decode formula also
+    asks on the OSL its observed concurrency implies by Little's law (rule 10; False: on the predicted
+    OSL alone; both kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
