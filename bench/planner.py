@@ -92,11 +92,10 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # "no_decode_band" undoes it alone, and the two *_defaults rows undo it with the rest.
 # Session 13 adds "launch on the level" (scale_up_on_level, beta 1.7): "launch_on_tick" is session 12's
 # planner (launch to the tick's staffing count, beta 1.5); "launch_on_tick_beta_1.7" changes beta alone.
-# Session 14 adds rules 9 and 10 (the prefill M/M/c term on the level and trend, decode growth bounded by
-# the observed concurrency); "prefill_queue_on_quantile" and "decode_scale_up_on_forecast" undo each.
+# Session 14 adds rule 9 (the prefill M/M/c term on the level and trend); "prefill_queue_on_quantile" undoes it.
 _PREVIOUS = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
-                 prefill_queue_on_trend=False, decode_scale_up_on_concurrency=False)
+                 prefill_queue_on_trend=False)
 ABLATIONS: dict[str, dict] = {
     "previous_defaults": _PREVIOUS,
     "session1_defaults": _PREVIOUS | dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
@@ -116,7 +115,6 @@ ABLATIONS: dict[str, dict] = {
     "launch_on_tick_beta_1.7": dict(scale_up_on_level=False),
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
     "prefill_queue_on_quantile": dict(prefill_queue_on_trend=False),
-    "decode_scale_up_on_forecast": dict(decode_scale_up_on_concurrency=False),
 }
 
 

@@ -83,14 +83,15 @@ Per tick (SLA mode):
 9. M/M/c on the trend (``prefill_queue_on_trend``): the M/M/c term of (4) sizes prefill for at most
    ``max(rate, level + trend)`` through the lead time, not the window's quantile, which held a burst
    for 5 min after the Azure trace's minute-33 peak (0.07 GPU-h at ``--rate-scale 10``, attainment
-   unchanged); staffing (7) carries the burst headroom, decode keeps the quantile.
-10. Decode growth on observed concurrency (``decode_scale_up_on_concurrency``): the decode pool grows
-   only as far as both the rate formula (3, on the predicted OSL, a moving average) and the same
-   formula on the OSL the pool really serves, read from its concurrency by Little's law
-   (:meth:`PlannerStateMachine.decode_concurrency_replicas`), ask. A grown TP4 worker is 4 GPUs for
-   at least the decode scale-down delay. ``--rate-scale 15`` (160-GPU budget): 54.25 vs 54.91
-   GPU-h at 97.99 vs 98.02 %; no change at 10 (where the fourth worker launched at t = 90 s comes
-   from the rate trend, which this rule, sized on today's OSL, also follows).
+   unchanged); staffing (7) carries the burst headroom, decode keeps the quantile. With
+   ``size_on_tokens`` the forecast is the prompt-token predictor's over the predicted ISL.
+   Tried for decode and not adopted: growth bounded by the decode formula on the OSL the pool's observed
+   concurrency implies (Little's law on running + waiting sequences). No change at ``--rate-scale 10``,
+   0.67 GPU-h less at 15 (97.99 vs 98.02 %), but after a rate step the concurrency reflects the old rate
+   for one request lifetime (OSL x step), so with long outputs it held the pool a tick too long (a
+   max_num_seqs-bound pool at OSL 4000: 90-91 % vs 93-94 % attainment). Scaling today's batch linearly
+   with the forecast instead saved 0.17 GPU-h at 10, only because it ignores that the step time grows
+   with the batch.
 
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """
@@ -272,35 +273,17 @@ class PlannerStateMachine:
             return margin_sized
         return min(max(self.decode, at_target), margin_sized)
 
-    def decode_concurrency_replicas(self, tick: TickInput, rate_per_s: float) -> int:
-        """Rule 10: decode workers for ``rate_per_s`` (the decode forecast, at least the observed rate)
-        sized from the tick's observed concurrency instead of the predicted OSL.
-
-        Little's law on the pool: ``N = rate * T * step`` with ``N`` the running plus waiting
-        sequences (``vllm:num_requests_running`` + ``vllm:num_requests_waiting``, per worker times
-        ready workers) and ``step`` the profile's step time at the observed batch and the tick's mean
-        context times the ITL correction, so ``T = N / (rate * step)`` is the decode tokens a request
-        really occupies a slot for. The demand ``rate_per_s * T`` tokens/s is divided by one worker's
-        throughput at its largest batch that meets the corrected ITL target and whose KV fits
-        (:meth:`DecodeProfile.tokens_per_s`, as :func:`runtime.planner.sla.decode_replicas`): the
-        step time grows with the batch, so the count is not a linear scaling of today's batch.
-        Returns ``max_decode`` (no limit) without evidence: no ready decode worker, no sequence, no
-        request this tick, a decode worker starting, or no batch meeting the target. Pure."""
-        cfg, prof = self.cfg, self.profile
-        if prof is None:
-            return cfg.max_decode
-        dec = tick.decode
-        per_worker = dec.running_per_worker + dec.queue_per_worker
-        if dec.num_ready < 1 or dec.num_starting or per_worker <= 0 or tick.rate_per_s <= 0:
-            return cfg.max_decode
-        ctx = tick.mean_isl_tokens + tick.mean_osl_tokens / 2.0
-        step_s = prof.decode.step_s(per_worker, ctx) * self.itl_correction
-        tokens_per_request = per_worker * dec.num_ready / (tick.rate_per_s * step_s)
-        per_worker_tokens_s = prof.decode.tokens_per_s(cfg.itl_target_s / self.itl_correction, ctx, ctx / 0.9)
-        if per_worker_tokens_s <= 0:
-            return cfg.max_decode
-        demand = max(rate_per_s, tick.rate_per_s) * tokens_per_request
-        return max(1, math.ceil(demand / per_worker_tokens_s - 1e-9))
+    def _trend_rate(self, tick: TickInput, isl: float) -> float | None:
+        """Rule 9's prefill request rate: the level-and-trend forecast through the lead time (never
+        below this tick's rate) of the request-rate predictor, or with ``size_on_tokens`` of the
+        prompt-token predictor over the predicted ISL. None when that predictor has no such forecast
+        (only ``burst_quantile`` separates it from its window quantile)."""
+        if self.cfg.size_on_tokens:
+            forecast = getattr(self._ptok, "trend_forecast", None)
+            now = tick.rate_per_s * tick.mean_isl_tokens
+            return None if forecast is None else max(forecast(self.lead_ticks), now) / max(isl, 1.0)
+        forecast = getattr(self._rate, "trend_forecast", None)
+        return None if forecast is None else max(forecast(self.lead_ticks), tick.rate_per_s)
 
     def staffing_prefill_replicas(self) -> int:
         """Square-root staffing ``ceil(R + beta * sqrt(R))`` for the offered load ``R`` (Erlangs: the
@@ -407,10 +390,10 @@ class PlannerStateMachine:
                     else sizing
                 )
             p_des, d_des = (sizing.prefill, sizing.decode)
-            trend_forecast = getattr(self._rate, "trend_forecast", None)
-            if cfg.prefill_queue_on_trend and mode == "disaggregated" and self._has_isl and trend_forecast:
+            trend_rate = self._trend_rate(tick, isl) if cfg.prefill_queue_on_trend and self._has_isl else None
+            if trend_rate is not None and mode == "disaggregated":
                 # rule 9: M/M/c for the level and trend, not for the window's quantile
-                trend_rate = max(trend_forecast(self.lead_ticks), rate) * (1.0 + cfg.burst_headroom if burst else 1.0)
+                trend_rate *= 1.0 + cfg.burst_headroom if burst else 1.0
                 p_des = min(p_des, self.size_for_load(trend_rate + backlog_rate, isl, osl, with_agg=False).prefill)
             if mode == "aggregated":
                 p_des = 0
@@ -433,10 +416,6 @@ class PlannerStateMachine:
             # cooldown may hold prefill at 0 for several ticks), so they keep the margin sizing
             d_des = self.decode_band_replicas(d_des, plan_rate_d, isl, osl)
         d_des = min(max(d_des, cfg.min_decode), cfg.max_decode)
-        if (cfg.mode == "sla" and cfg.decode_scale_up_on_concurrency and mode == "disaggregated" and self.prefill > 0
-                and d_des > self.decode):
-            # rule 10: grow only as far as the observed concurrency at the forecast rate needs
-            d_des = max(self.decode, min(d_des, self.decode_concurrency_replicas(tick, plan_rate_d)))
         cap = self._budget_cap(burst, isl, osl)
         p_des, d_des = fit_budget(
             p_des, d_des, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp, min_prefill=min_p,

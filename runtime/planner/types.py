@@ -144,10 +144,8 @@ class PlannerConfig:
     tick's transient asks for; scale-down still follows the tick (False: launch to the tick's count, the
     behaviour before; kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
     term sizes for the rate predictor's level-and-trend forecast, not the window quantile that holds a
-    burst for ``predictor_window_ticks`` (False: the quantile too; only ``burst_quantile`` has both).
-    ``decode_scale_up_on_concurrency``: the decode pool grows only as far as the decode formula also
-    asks on the OSL its observed concurrency implies by Little's law (rule 10; False: on the predicted
-    OSL alone; both kept for the benchmark's ablation).
+    burst for ``predictor_window_ticks`` (False: the quantile too, kept for the benchmark's ablation;
+    only ``burst_quantile`` has both).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -191,7 +189,6 @@ class PlannerConfig:
     decode_band: bool = True
     scale_up_on_level: bool = True
     prefill_queue_on_trend: bool = True
-    decode_scale_up_on_concurrency: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",
