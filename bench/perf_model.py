@@ -78,6 +78,11 @@ Session 5 (again chosen by the calibration fit, the table only looked at afterwa
 token copies) as its own term at the memory efficiency: calibration rms 0.513 -> 0.5086, no new parameter;
 table 10.34 / 30.56 -> 10.00 / 31.79 %. Tried and dropped: MLA decode attention padded to 64-row tiles
 (calibration worse) and a separate MLA KV-read efficiency (within fit noise; it does not free the GQA one).
+
+Session 14 (``MODEL_NOTES["session14_*"]``): (f) TensorRT-LLM's overlap scheduler: the PyTorch executor's
+per-sequence host work bounds the decode step instead of adding to it, at a cost FIXED from a source (the sample
+cannot size it; Grace hosts 2.75x slower) and charged only on the table's PyTorch-backend (1.0-era) rows:
+calibration rms 0.5086 -> 0.5088, table 10.00 / 31.79 -> 10.06 / 31.44 % (GB200 p90 85.8 -> 68.2 %).
 """
 
 from __future__ import annotations
@@ -85,10 +90,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -168,6 +175,17 @@ def row_mapping(r: dict, spec, moe_mapping: str) -> tuple[bool, bool]:
     return False, False
 
 
+def pytorch_backend(r: dict) -> bool:
+    """True when the row was measured with TensorRT-LLM's PyTorch backend: the 1.0-era page says "Starting with
+    v0.19, testing was performed using the PyTorch backend" (``trtllm-bench ... --backend pytorch``); the 0.14
+    page built TensorRT engines (``trtllm-bench build``) run by the C++ executor. Only the PyTorch backend's
+    Python executor does per-request host work each step (``Efficiency.decode_seq_overhead_s``, a lower bound
+    of the step under its overlap scheduler: ``model.OVERLAP_SCHEDULER_BACKENDS``); the C++ executor's rows get
+    none."""
+    m = re.search(r"(\d+)\.(\d+)", r.get("trtllm_version") or "")  # "0.14.0", "1.0-era", "v0.19.0", "0.19rc1"
+    return m is not None and (int(m[1]), int(m[2])) >= (0, 19)
+
+
 def evaluate_table(path: Path, moe_mapping: str = "tp") -> tuple[dict, list[dict]]:
     rows = list(csv.DictReader(Path(path).open()))
     models_dir = data_dir() / "models"
@@ -188,6 +206,9 @@ def evaluate_table(path: Path, moe_mapping: str = "tp") -> tuple[dict, list[dict
             cache[stem] = load_model_spec(models_dir / f"{stem}_config.json")
         ep, adp = row_mapping(r, cache[stem], moe_mapping)
         pm = PerfModel(cache[stem], gpu, prec, backend="trtllm", expert_parallel=ep, attention_dp=adp)
+        if not pytorch_backend(r):
+            # TensorRT engine + C++ executor: no Python per-request host work (see pytorch_backend)
+            pm.eff = replace(pm.eff, decode_seq_overhead_s=0.0)
         tp, isl, osl = int(r["tp"]), int(r["isl"]), int(r["osl"])
         max_batch, max_tokens = trtllm_bench_settings(pm, isl, osl, tp)
         # attention DP: every rank schedules its own requests up to max_batch_size / max_num_tokens
@@ -468,6 +489,31 @@ MODEL_NOTES = {
         "MoE activation traffic outside the GEMMs (session5_findings): already charged by "
         "activation_bytes_per_token (8.45 MB per token for Qwen3-30B-A3B at TP1); the uncharged remainder "
         "(finalize output write, router logits) is ~2 %",
+    ],
+    "session14_changes": [
+        "TensorRT-LLM's PyTorch executor prepares step i+1 on the host while the GPU runs step i (its overlap "
+        "scheduler, on by default): the per-sequence host work bounds the decode step from below instead of "
+        "adding to it (model.OVERLAP_SCHEDULER_BACKENDS, TimeBreakdown.host_s). The cost is FIXED from a source, "
+        "not fitted: NVIDIA/TensorRT-LLM PR #10273 (GB200, gpt-oss-120b, 1536 requests per rank: 'average per "
+        "iteration host_step_time is 45.11 ms', 29.4 us per request on a Grace host), over the Grace/x86 "
+        "slowdown of PyTorch host calls from NVIDIA/TransformerEngine issue #2053 (nn.Linear forward CPU time "
+        "GB200 37.08 us vs DGX H100 13.48 us): 10.7 us per request on x86, 29.4 us on GB200/GB300/GH200 "
+        "(gpus.GRACE_HOSTED). The sample's TensorRT-LLM steps (batches <= 256) are GPU-bound for any value up "
+        "to ~60 us (rms 0.5085-0.5087 at 1-60 us, 0.5095 at 100 us), so the fit cannot size it. Only the "
+        "table's PyTorch-backend rows (the 1.0-era page: 'Starting with v0.19, testing was performed using the "
+        "PyTorch backend') carry it; the 0.14 rows ran engines under the C++ executor. Calibration cost 124.887 "
+        "-> 124.911, rms 0.5086 -> 0.5088 (the free additive 0.38 us per-sequence term is gone; MoE efficiency "
+        "0.747 -> 0.773). Table 10.00 / 31.79 -> 10.06 / 31.44 % (1.0-era 16.45 / 57.66 -> 16.25 / 55.26; GB200 "
+        "18.26 / 85.75 -> 12.86 / 68.16): the Qwen3-30B-A3B FP4 TP1 rows at batches of 1000-4096 go from "
+        "1.1-4.8x to 1.1-2.3x too fast; Llama-4 Scout TP1 (batches 200-600) stays GPU-bound and ~1.4x fast",
+    ],
+    "session14_tried_and_dropped": [
+        "the Grace-host 29.4 us per request on every host: rms 0.5085, table 10.39 / 33.12 % with the 0.14 rows "
+        "(Mixtral TP8 0.14 rows host-bound at 0.48-0.53x) and 10.10 / 31.98 % without: the source is a Grace host",
+        "the fixed per-step overhead overlapped too (max(kernels, o_d + n o_s)): calibration worse (rms 0.5096, "
+        "o_d 0.86 -> 2.5 ms); table not run",
+        "TensorRT-LLM KV-read efficiency pinned at 0.8 / 0.9 / 1.0 (the KV-bound 8B rows at 0.71-0.75x want it "
+        "faster): rms 0.5089 / 0.5089 / 0.5097 vs 0.5087 free at 0.69; no source for a bound, table not run",
     ],
     "session2_changes": [
         "all-reduce: NCCL tuning.cc protocol choice (LL vs Simple latencies) at nccl-tests bus bandwidth",

@@ -15,7 +15,9 @@ squares on log-ratios (``scipy.optimize.least_squares``, soft-L1 loss, TTFT resi
   tensor-core tile), the engine-side latency of one all-reduce (on top of NCCL's own protocol latencies,
   ``model.nccl_allreduce_s``) and the fused-MoE efficiency ``moe`` of the expert GEMMs relative to dense ones;
 * one ``compute`` efficiency per compute class (bf16, fp8, fp4: ``calibration.compute_class``);
-* per serving backend (vllm, sglang, trtllm): decode step, decode per-sequence and prefill overheads, and the
+* per serving backend (vllm, sglang, trtllm): decode step, decode per-sequence and prefill overheads (the
+  TensorRT-LLM per-sequence host cost is FIXED from a source, ``FIXED_HOST_SEQ_S``: under its overlap scheduler
+  it only bounds the step, which no sample row reaches), and the
   efficiencies of its attention kernels (``kv_memory``, ``attention``): each engine ships its own (TensorRT-LLM
   XQA / trtllm-gen FMHA, vLLM FlashAttention / FlashInfer, SGLang FlashInfer / FlashMLA); ``attention`` is
   bounded by 0.75, FlashAttention-3's share of H100 peak.
@@ -60,9 +62,9 @@ from scipy.optimize import least_squares
 
 from runtime.models.spec import ModelSpec
 from runtime.perf.calibration import Efficiency, compute_class
-from runtime.perf.gpus import get_gpu
+from runtime.perf.gpus import GRACE_HOST_SLOWDOWN, get_gpu
 from runtime.perf.collectives import NCCL_LL_BW_FACTOR
-from runtime.perf.model import MAX_NUM_BATCHED_TOKENS, PerfModel
+from runtime.perf.model import MAX_NUM_BATCHED_TOKENS, OVERLAP_SCHEDULER_BACKENDS, PerfModel
 
 # aiconfigurator model_path -> config stem in ../shared/data/models (same architecture).
 MODEL_CONFIGS = {
@@ -104,6 +106,15 @@ _CLASS_X0, _CLASS_LO, _CLASS_HI = 0.5, 0.03, 1.0
 _BACKEND_X0, _BACKEND_LO, _BACKEND_HI = [0.003, 0.01, 1e-5, 0.8, 0.5], [0.0, 0.0, 0.0, 0.1, 0.05], \
     [0.1, 0.5, 1e-3, 1.0, 0.75]
 _NB = len(_BACKEND_X0)
+# Per-sequence host work of one step under an overlap scheduler (model.OVERLAP_SCHEDULER_BACKENDS), x86 host,
+# FIXED rather than fitted: the silicon sample's TensorRT-LLM steps (batches <= 256 on TP <= 8) are GPU-bound
+# for any value up to ~60 us (profile: rms log residual 0.5087 at 1-60 us, 0.5095 at 100 us, 0.5185 at 200 us),
+# so the fit cannot size it. Source: NVIDIA/TensorRT-LLM PR #10273 (2025-12-24), GB200, gpt-oss-120b agg,
+# attention DP 2, max_batch_size 1536 per rank at 3072 concurrent requests: "average per iteration
+# host_step_time is 45.11 ms" -> 45.11 ms / 1536 per request on a Grace host, divided by the Grace/x86 host
+# slowdown (gpus.GRACE_HOST_SLOWDOWN) for the x86 hosts this constant is stated for.
+FIXED_HOST_SEQ_S = {"trtllm": 45.11e-3 / 1536 / GRACE_HOST_SLOWDOWN}
+_SEQ_INDEX = 2  # within a backend's block
 # per deployment: the fixed latency (s) every TTFT it measured carries (non-negative; 60 s = no real bound)
 _OFFSET_X0, _OFFSET_LO, _OFFSET_HI = 0.05, 0.0, 60.0
 
@@ -246,11 +257,15 @@ class _Layout:
         x0 = _SHARED_X0 + [_CLASS_X0] * nc + _BACKEND_X0 * nb + [_OFFSET_X0] * nd
         lo = _SHARED_LO + [_CLASS_LO] * nc + _BACKEND_LO * nb + [_OFFSET_LO] * nd
         hi = _SHARED_HI + [_CLASS_HI] * nc + _BACKEND_HI * nb + [_OFFSET_HI] * nd
-        lo, hi = np.array(lo), np.array(hi)
+        lo, hi, x0 = np.array(lo), np.array(hi), np.array(x0)
+        for b, v in FIXED_HOST_SEQ_S.items():
+            if tensor_cores and b in self.backends:
+                i = _NS + nc + _NB * self.backends.index(b) + _SEQ_INDEX
+                x0[i], lo[i], hi[i] = v, v, v * (1 + 1e-9)
         if not tensor_cores:
             lo[_GEMM_HALF_INDEX] = 0.0
             hi[_NS + len(self.classes):self.n_core].reshape(-1, _NB)[:, _ATTENTION_INDEX] = 1.0
-        return np.array(x0), lo, hi
+        return x0, lo, hi
 
     def efficiency(self, x: np.ndarray, cls: str, backend: str, source: str) -> Efficiency:
         em, ek, h, lat, emoe = x[:_NS]
@@ -278,15 +293,19 @@ def _arrays(obs: list[_Obs], lay: _Layout) -> dict[str, np.ndarray]:
             ci.append(lay.classes.index(o.cls))
             bi.append(lay.backends.index(o.backend))
     t = np.array(terms)
+    ov = np.array([obs[i].backend in OVERLAP_SCHEDULER_BACKENDS for i in idx])
+    host = np.array([get_gpu(obs[i].group[0]).host_cpu_slowdown if obs[i].group[0] and ov[j] else 1.0
+                     for j, i in enumerate(idx)])
     names = ("dense", "expert", "attn", "mt", "me", "m", "k", "nd", "np", "ns", "kv", "lm", "ml", "nar", "lll", "lls",
              "act")
     out = {name: t[:, i] for i, name in enumerate(names)}
+    out["ns"] = out["ns"] * host  # overlap-scheduler host work runs slower on Grace hosts (gpus.GRACE_HOSTED)
     q = np.array([o.queue_batch > 0 for o in obs])
     out.update(idx=np.array(idx), f=np.array([o.factor for o in obs]), n=np.array(len(obs)),
                qr=np.array([float(o.queue_running or o.queue_batch) for o in obs]),
                first=np.array(first), q=q, qb=np.array([float(o.queue_batch) for o in obs]),
                qo=np.array([float(max(1, o.queue_osl)) for o in obs]), ci=np.array(ci), bi=np.array(bi),
-               di=np.array([lay.deployments.index(o.deployment) if o.deployment else -1 for o in obs]))
+               di=np.array([lay.deployments.index(o.deployment) if o.deployment else -1 for o in obs]), ov=ov)
     # a TTFT with a deployment offset carries no separate prefill overhead (the offset holds it)
     has_dep = np.array([bool(obs[i].deployment) for i in idx])
     out["np"] = np.where(has_dep, 0.0, out["np"])
@@ -305,8 +324,10 @@ def _predict(theta: np.ndarray, lay: _Layout, a: dict) -> np.ndarray:
     # all-reduces: the faster NCCL protocol per all-reduce (model.nccl_allreduce_s) + fitted engine latency
     x = a["k"] / np.maximum(a["nar"], 1.0) / ek
     comm = a["nar"] * (np.minimum(a["lll"] + NCCL_LL_BW_FACTOR * x, a["lls"] + x) + lat)
-    per_term = (np.maximum(linear, a["m"] / em) + attn + a["act"] / em + comm
-                + a["nd"] * o_d + a["np"] * o_p + a["ns"] * o_s)
+    gpu = (np.maximum(linear, a["m"] / em) + attn + a["act"] / em + comm
+           + a["nd"] * o_d + a["np"] * o_p)
+    # overlap-scheduler backends: per-sequence host work bounds the step (model.OVERLAP_SCHEDULER_BACKENDS)
+    per_term = np.where(a["ov"], np.maximum(gpu, a["ns"] * o_s), gpu + a["ns"] * o_s)
     total = np.zeros(int(a["n"]))
     np.add.at(total, a["idx"], per_term)
     q = a["q"]

@@ -81,6 +81,12 @@ class GpuSpec:
         return self.device_memory_bytes or self.memory_bytes
 
     @property
+    def host_cpu_slowdown(self) -> float:
+        """Python/PyTorch host (CPU) work per step relative to an x86 DGX host: ``GRACE_HOST_SLOWDOWN`` on
+        Grace-hosted systems (``GRACE_HOSTED``), 1 otherwise."""
+        return GRACE_HOST_SLOWDOWN if self.name in GRACE_HOSTED else 1.0
+
+    @property
     def allreduce_bus_bw_bytes_per_s(self) -> float:
         """Large-message all-reduce bus bandwidth per GPU, bytes/s: ``intra_node_bw_bytes_per_s`` times the
         nccl-tests busbw ratio of the fabric (``NVSWITCH_BUS_RATIO`` for Hopper/Blackwell NVSwitch,
@@ -93,6 +99,12 @@ class GpuSpec:
             ratio = NVSWITCH_BUS_RATIO
         return self.intra_node_bw_bytes_per_s * ratio
 
+
+# Host CPU of Grace systems (GB200 / GB300 NVL72 compute trays, GH200): PyTorch's per-call CPU time is longer
+# than on an x86 DGX. NVIDIA/TransformerEngine issue #2053 (2025-08-11) measures the CPU time of one torch
+# nn.Linear forward: GB200 37.08 us, GH200 33.17 us, DGX H100 (Xeon Platinum 8480C) 13.48 us -> 37.08 / 13.48.
+GRACE_HOSTED = frozenset({"GB200", "GB300", "GH200"})
+GRACE_HOST_SLOWDOWN = 37.08 / 13.48
 
 _AIC = "aiconfigurator systems/{} via ../shared/data/gpus/gpu_specs.csv"
 MIB = 1024**2

@@ -29,7 +29,10 @@ Formulas (per TP worker of ``tp`` GPUs, weights and KV sharded Megatron-style):
   GEMM-bound large batch does not hide the KV reads of decode attention; FlashAttention/paged-attention
   kernels are distinct from the cuBLAS GEMMs, Dao et al. 2022; Kwon et al. SOSP 2023). ``activation_bytes`` is
   the memory-bound element-wise traffic of norms, residual adds, the gated activation and the MoE token copies
-  (``activation_bytes_per_token``), again separate kernels. Decode overhead = per step + per sequence x batch.
+  (``activation_bytes_per_token``), again separate kernels. Decode overhead = per step + per sequence x batch;
+  with an overlap scheduler (``OVERLAP_SCHEDULER_BACKENDS``: TensorRT-LLM's PyTorch executor prepares step i+1
+  on the CPU while the GPU runs step i) the per-sequence host work is not added but bounds the step from
+  below, ``max(GPU step, seqs x decode_seq_overhead_s x GpuSpec.host_cpu_slowdown)`` (Grace hosts slower).
   Efficiency factors come from ``runtime.perf.calibration`` (fitted on measurements, per precision and serving backend);
   the GEMM-size factor is ``g(M) = M / (M + gemm_half_tokens)`` for M token rows (MoE experts: routed rows
   per touched expert, ``M * k / (E * (1 - (1 - k/E)^M))``, and the expert GEMMs run at ``compute * moe``:
@@ -104,6 +107,11 @@ MOE_COPY_HIDDEN_VALUES = 3
 # mem_fraction_static); "of_free": knob x (total - weights - activations - reserve) (TensorRT-LLM
 # KvCacheConfig.free_gpu_memory_fraction, default 0.9, applied to the memory free after the model is loaded).
 KV_MEMORY_RULES = {"vllm": "of_total", "sglang": "of_total", "trtllm": "of_free"}
+# Serving backends whose executor prepares step i+1 on the host while the GPU runs step i (TensorRT-LLM PyTorch
+# backend overlap scheduler, on by default: ``disable_overlap_scheduler=False``): their per-sequence host work
+# (scheduling, sampling, request bookkeeping, ``decode_seq_overhead_s`` per sequence) bounds the step from
+# below instead of adding to it.
+OVERLAP_SCHEDULER_BACKENDS = {"trtllm"}
 
 
 @dataclass(frozen=True)
@@ -141,12 +149,16 @@ class TimeBreakdown:
     # NCCL cost-model latencies of ONE ring all-reduce with the LL and the Simple protocol (nccl_latencies)
     allreduce_ll_latency_s: float = 0.0
     allreduce_simple_latency_s: float = 0.0
+    # per-sequence host (CPU) work of one step that an overlap scheduler runs while the GPU executes the
+    # previous step (OVERLAP_SCHEDULER_BACKENDS): the step takes max(GPU work + overhead_s, host_s)
+    host_s: float = 0.0
 
     @property
     def total_s(self) -> float:
         linear = max(self.compute_s - self.attn_compute_s, self.memory_s - self.kv_memory_s)
-        return (linear + max(self.attn_compute_s, self.kv_memory_s) + self.act_memory_s + self.comm_s
-                + self.overhead_s)
+        gpu = (linear + max(self.attn_compute_s, self.kv_memory_s) + self.act_memory_s + self.comm_s
+               + self.overhead_s)
+        return max(gpu, self.host_s)
 
 
 @dataclass(frozen=True)
@@ -442,6 +454,15 @@ class PerfModel:
             tp if self.expert_parallel else 1)
         return (hidden + gated + copies) * ACT_BYTES
 
+    def _overheads(self, seqs: float) -> dict:
+        """Fixed per-step overhead and per-sequence host work of one step over ``seqs`` sequences per rank:
+        added to the step, or (overlap-scheduler backends) a lower bound of it (``TimeBreakdown.host_s``)."""
+        per_seq = seqs * self.eff.decode_seq_overhead_s
+        if self.backend in OVERLAP_SCHEDULER_BACKENDS:
+            per_seq *= self.gpu.host_cpu_slowdown
+            return {"overhead_s": self.eff.decode_step_overhead_s, "host_s": per_seq}
+        return {"overhead_s": self.eff.decode_step_overhead_s + per_seq}
+
     def seqs_per_rank(self, batch: float, tp: int) -> float:
         """Sequences whose per-step host work one rank does: all of them under TP (every rank runs the
         whole batch), ``batch / tp`` under attention DP (each rank's executor schedules its own)."""
@@ -530,8 +551,7 @@ class PerfModel:
         kv_read = batch * attended / m.num_layers * self.kv_bytes_per_token_rank(tp)
         memory, mem_parts = self._memory_s(weights, kv_read)
         return TimeBreakdown(memory_s=memory, **self._allreduce(batch, tp),
-                             overhead_s=self.eff.decode_step_overhead_s
-                             + self.seqs_per_rank(batch, tp) * self.eff.decode_seq_overhead_s,
+                             **self._overheads(self.seqs_per_rank(batch, tp)),
                              **comp, **mem_parts, **self._act(batch, tp))
 
     def mixed_step_breakdown(
@@ -556,8 +576,7 @@ class PerfModel:
         kv = (decode_batch * attended / m.num_layers + prefill_tokens) * self.kv_bytes_per_token_rank(tp)
         memory, mem_parts = self._memory_s(weights, kv)
         return TimeBreakdown(memory_s=memory, **self._allreduce(int(math.ceil(tokens)), tp),
-                             overhead_s=self.eff.decode_step_overhead_s
-                             + self.seqs_per_rank(decode_batch, tp) * self.eff.decode_seq_overhead_s, **comp,
+                             **self._overheads(self.seqs_per_rank(decode_batch, tp)), **comp,
                              **mem_parts,
                              **self._act(tokens, tp))
 

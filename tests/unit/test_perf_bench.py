@@ -83,3 +83,12 @@ def test_moe_mapping_applies_to_the_multi_gpu_moe_rows_of_the_1_0_page_only(benc
     assert bench.row_mapping({**v1, "tp": "1"}, moe, "dep") == (False, False)
     assert bench.row_mapping(v1, dense, "dep") == (False, False)
     assert bench.row_mapping(v014, moe, "dep") == (False, False)
+
+
+@pytest.mark.parametrize("version,pytorch", [
+    ("0.14.0", False), ("v0.18.0", False), ("v0.11.0", False), ("", False),
+    ("1.0-era", True), ("v0.19.0", True), ("0.19rc1", True), ("release/0.19", True), ("v0.21.0", True),
+])
+def test_pytorch_backend_rows_by_release(bench, version, pytorch):
+    # TensorRT-LLM's perf pages ran the PyTorch backend from v0.19 on (its per-request host work bounds the step)
+    assert bench.pytorch_backend({"trtllm_version": version}) is pytorch

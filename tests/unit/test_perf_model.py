@@ -409,3 +409,23 @@ def test_attention_dp_step_by_hand():
     assert br.attn_peak_s == pytest.approx(tp_br.attn_peak_s, rel=1e-12)
     # a dense model under attention DP has no collective at all
     assert PerfModel(L8, h100, "bf16", efficiency=IDEAL, attention_dp=True).decode_breakdown(64, 1024, 2).comm_s == 0
+
+
+def test_overlap_scheduler_host_work_bounds_the_step_instead_of_adding_by_hand():
+    # TensorRT-LLM (overlap scheduler): step = max(GPU work + fixed overhead, seqs x per-seq host s x host factor);
+    # vLLM: the per-sequence work adds to the step. Grace hosts run it GRACE_HOST_SLOWDOWN times slower.
+    from runtime.perf.gpus import GRACE_HOST_SLOWDOWN
+
+    eff = replace(IDEAL, decode_step_overhead_s=0.001, decode_seq_overhead_s=1e-5)
+    h100 = get_gpu("H100-SXM")
+    gpu_only = PerfModel(L8, h100, "fp8", efficiency=replace(eff, decode_seq_overhead_s=0.0), backend="trtllm")
+    trt = PerfModel(L8, h100, "fp8", efficiency=eff, backend="trtllm")
+    vllm = PerfModel(L8, h100, "fp8", efficiency=eff, backend="vllm")
+    for batch in (8, 4096):
+        g = gpu_only.decode_step_time_s(batch, 1024, 1)
+        assert trt.decode_step_time_s(batch, 1024, 1) == pytest.approx(max(g, batch * 1e-5))
+        assert vllm.decode_step_time_s(batch, 1024, 1) == pytest.approx(g + batch * 1e-5)
+    assert trt.decode_step_time_s(8, 1024, 1) == pytest.approx(gpu_only.decode_step_time_s(8, 1024, 1))
+    gb = PerfModel(L8, get_gpu("GB200"), "fp8", efficiency=eff, backend="trtllm")
+    assert gb.decode_breakdown(4096, 1024, 1).host_s == pytest.approx(4096 * 1e-5 * GRACE_HOST_SLOWDOWN)
+    assert get_gpu("B200-SXM").host_cpu_slowdown == 1.0
