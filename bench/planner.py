@@ -92,10 +92,11 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # "no_decode_band" undoes it alone, and the two *_defaults rows undo it with the rest.
 # Session 13 adds "launch on the level" (scale_up_on_level, beta 1.7): "launch_on_tick" is session 12's
 # planner (launch to the tick's staffing count, beta 1.5); "launch_on_tick_beta_1.7" changes beta alone.
-# Session 14 adds rule 9 (the prefill M/M/c term on the level and trend); "prefill_queue_on_quantile" undoes it.
+# Session 14 adds rules 9 (the prefill M/M/c term on the level and trend) and 10 (staffing on a fall sizes for
+# the load where the release acts); "prefill_queue_on_quantile" and "staffing_hold_on_fall" undo each.
 _PREVIOUS = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
-                 prefill_queue_on_trend=False)
+                 prefill_queue_on_trend=False, staffing_on_fall=False)
 ABLATIONS: dict[str, dict] = {
     "previous_defaults": _PREVIOUS,
     "session1_defaults": _PREVIOUS | dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
@@ -115,6 +116,7 @@ ABLATIONS: dict[str, dict] = {
     "launch_on_tick_beta_1.7": dict(scale_up_on_level=False),
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
     "prefill_queue_on_quantile": dict(prefill_queue_on_trend=False),
+    "staffing_hold_on_fall": dict(staffing_on_fall=False),
 }
 
 

@@ -145,7 +145,9 @@ class PlannerConfig:
     behaviour before; kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
     term sizes for the rate predictor's level-and-trend forecast, not the window quantile that holds a
     burst for ``predictor_window_ticks`` (False: the quantile too, kept for the benchmark's ablation;
-    only ``burst_quantile`` has both).
+    only ``burst_quantile`` has both). ``staffing_on_fall``: while the offered prefill load falls (two
+    drops in a row) staffing sizes for the load where a release decided now will act (False: the
+    tick's load; kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -189,6 +191,7 @@ class PlannerConfig:
     decode_band: bool = True
     scale_up_on_level: bool = True
     prefill_queue_on_trend: bool = True
+    staffing_on_fall: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",
