@@ -82,8 +82,8 @@ Per tick (SLA mode):
 
 9. M/M/c on the trend (``prefill_queue_on_trend``): the M/M/c term of (4) sizes prefill for at most
    ``max(rate, level + trend)`` through the lead time, not the window's quantile, which held a burst
-   for 5 min after the Azure trace's minute-33 peak (0.07 GPU-h at ``--rate-scale 10``, attainment
-   unchanged); staffing (7) carries the burst headroom, decode keeps the quantile. With
+   for 5 min after the Azure trace's minute-33 peak (0.07 GPU-h at ``--rate-scale 10`` alone, 0.13
+   with rule 10; attainment unchanged); staffing (7) carries the burst headroom, decode keeps the quantile. With
    ``size_on_tokens`` the forecast is the prompt-token predictor's over the predicted ISL.
 10. Staffing on a fall (``staffing_on_fall``): when the offered prefill load dropped at each of the
    last two ticks, square-root staffing (7) sizes for the load where the release it decides will
@@ -93,8 +93,9 @@ Per tick (SLA mode):
    launches (rule 8) they need no lead; a single dip releases nothing (the two-drop rule mirrors
    rule 8's "lasted" floor). Azure trace: 38.81 vs 39.02 GPU-h at ``--rate-scale 10`` (99.09 vs
    99.10 %), 54.61 vs 54.91 at 15 (98.01 vs 98.02 %), 23.49 vs 23.64 at 5 (99.33 % both).
-   Extrapolating further (3 ticks: 38.74) or dropping staffing during a fall altogether (38.67)
-   cost attainment at ``--rate-scale 5`` (the latter 99.17 vs 99.33 %) and lack the argument.
+   Extrapolating further (3 ticks: 38.74 GPU-h, the same attainment) lacks the argument; dropping
+   staffing during a fall altogether (38.67) costs attainment at ``--rate-scale 5`` (99.17 vs 99.33 %).
+
    Tried for decode and not adopted: growth bounded by the decode formula on the OSL the pool's observed
    concurrency implies (Little's law on running + waiting sequences). No change at ``--rate-scale 10``,
    0.67 GPU-h less at 15 (97.99 vs 98.02 %), but after a rate step the concurrency reflects the old rate
