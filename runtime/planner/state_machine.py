@@ -302,7 +302,8 @@ class PlannerStateMachine:
         """Square-root staffing ``ceil(R + beta * sqrt(R))`` for the offered load ``R`` (Erlangs: the
         maximum over the last ``prefill_level_window_ticks`` ticks, plus the predictor's upward trend
         through the lead time when the window holds 3 or more); 0 before any load was observed or
-        when ``prefill_staffing_beta`` is None. Rule 8 caps what this may launch. Pure."""
+        when ``prefill_staffing_beta`` is None. Rule 8 caps what this may launch; while the load falls,
+        rule 10 lowers ``R`` to where a release decided now will act. Pure."""
         beta = self.cfg.prefill_staffing_beta
         if beta is None or not self._has_erlangs:
             return 0
