@@ -175,8 +175,8 @@ class PlannerStateMachine:
         # the offered prefill load staffing may launch for (rule 8): an EWMA of the per-tick Erlangs
         # (weight 1 / lead_ticks), or the least of the last lead_ticks ticks when that is higher
         self._erlang_ewma: float | None = None
-        self._erlang_recent: deque[float] = deque(maxlen=self.lead_ticks)
-        self._erlang_last: deque[float] = deque(maxlen=FALL_TICKS)  # rule 10
+        # per-tick Erlangs, newest last: rule 8 reads the last lead_ticks, rule 10 the last FALL_TICKS
+        self._erlang_recent: deque[float] = deque(maxlen=max(self.lead_ticks, FALL_TICKS))
         self._isl = MovingAveragePredictor(window=w)
         self._osl = MovingAveragePredictor(window=w)
         self._p_stab = PoolStabilizer(cfg.scale_down_delay_s, cfg.cooldown_s)
@@ -318,10 +318,9 @@ class PlannerStateMachine:
         """Rule 10: the offered prefill load's least-squares fall per tick (Erlangs, > 0) over the last
         ``FALL_TICKS`` ticks when it dropped at each of them, else None (also with
         ``staffing_on_fall`` off). Pure."""
-        last = self._erlang_last
-        if not self.cfg.staffing_on_fall or len(last) < FALL_TICKS:
+        if not self.cfg.staffing_on_fall or len(self._erlang_recent) < FALL_TICKS:
             return None
-        ys = list(last)
+        ys = list(self._erlang_recent)[-FALL_TICKS:]
         if not all(b < a for a, b in zip(ys, ys[1:])):
             return None
         n = len(ys)
@@ -344,15 +343,15 @@ class PlannerStateMachine:
         ewma = self._erlang_ewma
         self._erlang_ewma = erlangs if ewma is None else (1.0 - a) * ewma + a * erlangs
         self._erlang_recent.append(erlangs)
-        self._erlang_last.append(erlangs)
 
     @property
     def _erlang_level(self) -> float | None:
         """Rule 8's launch level (Erlangs; None before any load was observed): see `_observe_level`."""
         if self._erlang_ewma is None:
             return None
-        recent = self._erlang_recent
-        return max(self._erlang_ewma, min(recent) if len(recent) == recent.maxlen else 0.0)
+        n = self.lead_ticks
+        lasted = min(list(self._erlang_recent)[-n:]) if len(self._erlang_recent) >= n else 0.0
+        return max(self._erlang_ewma, lasted)
 
     def _staffing_active(self) -> bool:
         return self.cfg.mode == "sla" and self.cfg.prefill_staffing_beta is not None and self._has_erlangs
