@@ -62,6 +62,8 @@ class MovingAveragePredictor:
 
 
 TREND_POINTS = 6
+#: a least-squares slope needs three points to have a residual (two always fit a line exactly)
+MIN_TREND_POINTS = 3
 
 
 class BurstQuantilePredictor:
@@ -71,15 +73,23 @@ class BurstQuantilePredictor:
 
     Provisioning for a high quantile of recent load absorbs the short bursts a mean smooths
     away; the trend term makes it follow a ramp instead of lagging a window behind it.
+    ``min_trend_points`` (``MIN_TREND_POINTS`` to ``TREND_POINTS``): the fewest observations a
+    trend is fitted to; with fewer the forecast is the level alone. Raises ValueError on a bad
+    ``window``, ``quantile`` or ``min_trend_points``.
     """
 
-    def __init__(self, window: int = 10, quantile: float = 0.9) -> None:
+    def __init__(self, window: int = 10, quantile: float = 0.9, min_trend_points: int = 3) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if not 0 < quantile <= 1:
             raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        if isinstance(min_trend_points, bool) or not isinstance(min_trend_points, int) or not (
+                MIN_TREND_POINTS <= min_trend_points <= TREND_POINTS):
+            raise ValueError(f"min_trend_points must be a whole number in [{MIN_TREND_POINTS}, {TREND_POINTS}], "
+                             f"got {min_trend_points!r}")
         self._hist: deque[float] = deque(maxlen=window)
         self._q = quantile
+        self._min_trend = min_trend_points
 
     def observe(self, value: float) -> None:
         self._hist.append(_check(value))
@@ -92,13 +102,14 @@ class BurstQuantilePredictor:
     def trend_forecast(self, steps_ahead: int = 1) -> float:
         """The level-and-trend part of :meth:`predict` alone: the mean of the last two observations
         plus the upward least-squares trend of the last ``TREND_POINTS`` times ``steps_ahead``
-        (no quantile of the window: a burst is not held for the window's length)."""
+        (no quantile of the window: a burst is not held for the window's length); no trend while
+        fewer than ``min_trend_points`` observations exist."""
         if not self._hist:
             return 0.0
         h = np.asarray(self._hist)
         trend = 0.0
         k = min(len(h), TREND_POINTS)
-        if k >= 3:
+        if k >= self._min_trend:
             # least-squares slope over the last k points, per tick; only upward trends count
             trend = float(np.polyfit(np.arange(k), h[-k:], 1)[0])
         return float(np.mean(h[-2:])) + max(trend, 0.0) * steps_ahead
@@ -208,12 +219,14 @@ PREDICTORS: dict[str, type] = {
 }
 
 
-def make_predictor(name: str, *, window: int = 10, quantile: float = 0.9) -> LoadPredictor:
-    """Build a predictor by registry name; raises ValueError naming the unknown ``predictor``."""
+def make_predictor(name: str, *, window: int = 10, quantile: float = 0.9,
+                   min_trend_points: int = MIN_TREND_POINTS) -> LoadPredictor:
+    """Build a predictor by registry name; raises ValueError naming the unknown ``predictor``.
+    ``min_trend_points`` applies to ``burst_quantile`` only (the one with a trend term)."""
     if name not in PREDICTORS:
         raise ValueError(f"unknown planner.predictor {name!r}; choose one of {sorted(PREDICTORS)}")
     if name == "burst_quantile":
-        return BurstQuantilePredictor(window=window, quantile=quantile)
+        return BurstQuantilePredictor(window=window, quantile=quantile, min_trend_points=min_trend_points)
     if name == "residual_quantile":
         return ResidualQuantilePredictor(window=window, quantile=quantile)
     if name == "arima":
