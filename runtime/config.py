@@ -377,4 +377,10 @@ class DeploymentSpec(_Strict):
                 f"prefill.tp ({self.prefill.tp}) > decode.tp ({self.decode.tp}): NixlConnector "
                 "requires prefill TP <= decode TP unless the model uses MLA (model.mla)"
             )
+        if self.planner.mode != "off" and self.prefill.min_replicas == 0 and not self.planner.allow_aggregated:
+            raise ValueError(
+                "prefill.min_replicas 0 lets the planner remove every prefill worker, which is aggregated serving "
+                "(decode workers prefill), but planner.allow_aggregated is false: set prefill.min_replicas >= 1 or "
+                "planner.allow_aggregated true"
+            )
         return self

@@ -207,6 +207,10 @@ class PlannerConfig:
             raise ValueError(f"planner prefill_tp/decode_tp must be >= 1, got {self.prefill_tp}/{self.decode_tp}")
         if self.min_prefill < 0:
             raise ValueError(f"planner.min_prefill must be >= 0, got {self.min_prefill}")
+        if self.min_prefill == 0 and not self.allow_aggregated:
+            raise ValueError("planner.min_prefill 0 lets the prefill pool reach 0 workers, which is aggregated serving "
+                             "(decode workers prefill), but allow_aggregated is False: set min_prefill >= 1 or "
+                             "allow_aggregated True")
         if self.mode not in ("sla", "load"):
             raise ValueError(f"planner.mode must be 'sla' or 'load', got {self.mode!r}")
         for name in ("interval_s", "ttft_target_s", "itl_target_s", "backlog_drain_s", "burst_factor"):

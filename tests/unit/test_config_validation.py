@@ -75,6 +75,19 @@ def test_replicas_on_the_bounds_are_accepted(pool):
     assert PoolSpec(**pool).replicas == pool["replicas"]
 
 
+@pytest.mark.parametrize("mode", ["sla", "load"])
+def test_planner_without_aggregated_serving_needs_a_prefill_minimum(mode):
+    # prefill 0 workers = the decode workers prefill = aggregated serving, which the spec turned off
+    pool = PoolSpec(replicas=1, min_replicas=0)
+    with pytest.raises(ValidationError, match=r"prefill.min_replicas 0 .* planner.allow_aggregated is false"):
+        DeploymentSpec(model=ModelRef(name="m"), prefill=pool, planner=PlannerSpec(mode=mode, allow_aggregated=False))
+    assert DeploymentSpec(model=ModelRef(name="m"), prefill=pool, planner=PlannerSpec(mode=mode)).prefill.min_replicas == 0
+    # no planner: the pool's size is what it was given, allow_aggregated plays no part
+    off = DeploymentSpec(model=ModelRef(name="m"), prefill=PoolSpec(replicas=0, min_replicas=0),
+                         planner=PlannerSpec(mode="off", allow_aggregated=False))
+    assert off.prefill.replicas == 0
+
+
 @pytest.mark.parametrize("name", ["", "..", "a/../b", "/abs", "a//b", "./m", "a\\b", "m\0"])
 def test_empty_or_path_like_model_names_are_refused(name):
     with pytest.raises(ValidationError, match="model|name|least 1"):

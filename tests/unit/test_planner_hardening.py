@@ -77,6 +77,7 @@ def test_ticks_at_one_instant_do_not_grow_memory() -> None:
     ({"prefill_staffing_beta": inf}, "prefill_staffing_beta"), ({"reserved_priority_share": 1.0}, "reserved_priority_share"),
     ({"ttft_target_s": -1.0}, "ttft_target_s"), ({"burst_max_s": -1.0}, "burst_max_s"),
     ({"load_kv_down": 0.9, "load_kv_up": 0.5}, "load_kv_down"),
+    ({"min_prefill": 0, "allow_aggregated": False}, "allow_aggregated"),
 ])
 def test_invalid_settings_are_errors_naming_them(kw: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
