@@ -114,7 +114,10 @@ Per tick (SLA mode):
    fourth TP4 decode worker at t = 90 s: 38.64 vs 38.81 GPU-h (99.09 % both; jitter seeds 1-3 the
    same), 54.58 vs 54.61 at 15 (98.01 % both), 23.49 at 5 (unchanged, 99.33 %). Synthetic
    cold-start and restart ramps (Poisson, 1 to 10-40 req/s over 3-10 min, outputs up to 4k tokens,
-   small starting fleets): the same attainment as the whole slope, up to 0.4 GPU-h less. Tried: a
+   small starting fleets): the same attainment as the whole slope, up to 0.4 GPU-h less. The cost:
+   on clumped ramps (each arrival replayed 10 times within a second, as ``--rate-scale 10`` does)
+   the residuals are larger, so is the discount: 2 of 4 runs lost 0.5 and 1.1 points of attainment
+   (all four 0.04-0.6 GPU-h less); Azure restarted mid-trace (minutes 20, 25, 40) is unchanged. Tried: a
    whole standard error (97.36 vs 98.01 % at ``--rate-scale 15``); the discount on prefill's trend
    too (99.00 vs 99.09 % at 10); no decode trend until a full six-tick window (the same Azure
    saving, but on those ramps the decode pool ran 3-4 workers short for three ticks and KV-bound
