@@ -94,10 +94,9 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # planner (launch to the tick's staffing count, beta 1.5); "launch_on_tick_beta_1.7" changes beta alone.
 # Session 14 adds rules 9 (the prefill M/M/c term on the level and trend) and 10 (staffing on a fall sizes for
 # the load where the release acts); "prefill_queue_on_quantile" and "staffing_hold_on_fall" undo each.
-# Session 15 adds rule 11 (decode's trend less half its standard error); "decode_trend_undiscounted" undoes it.
 _PREVIOUS = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
-                 prefill_queue_on_trend=False, staffing_on_fall=False, decode_trend_se_discount=0.0)
+                 prefill_queue_on_trend=False, staffing_on_fall=False)
 ABLATIONS: dict[str, dict] = {
     "previous_defaults": _PREVIOUS,
     "session1_defaults": _PREVIOUS | dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
@@ -118,7 +117,6 @@ ABLATIONS: dict[str, dict] = {
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
     "prefill_queue_on_quantile": dict(prefill_queue_on_trend=False),
     "staffing_hold_on_fall": dict(staffing_on_fall=False),
-    "decode_trend_undiscounted": dict(decode_trend_se_discount=0.0),
 }
 
 

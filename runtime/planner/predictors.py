@@ -71,25 +71,15 @@ class BurstQuantilePredictor:
 
     Provisioning for a high quantile of recent load absorbs the short bursts a mean smooths
     away; the trend term makes it follow a ramp instead of lagging a window behind it.
-    ``trend_se_discount`` (>= 0, default 0): the trend counted is the least-squares slope less this
-    many of its standard errors (``sqrt(SSE / (k - 2) / sum((x - mean x)^2))`` over the ``k`` points,
-    the ordinary-least-squares slope error), so a slope the points barely support (a step, one
-    outlying tick) is discounted and a clean ramp is not. Raises ValueError on a bad ``window``,
-    ``quantile`` or ``trend_se_discount``.
     """
 
-    def __init__(self, window: int = 10, quantile: float = 0.9, trend_se_discount: float = 0.0) -> None:
+    def __init__(self, window: int = 10, quantile: float = 0.9) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if not 0 < quantile <= 1:
             raise ValueError(f"quantile must be in (0, 1], got {quantile}")
-        if isinstance(trend_se_discount, bool) or not (
-                isinstance(trend_se_discount, (int, float)) and math.isfinite(trend_se_discount)
-                and trend_se_discount >= 0):
-            raise ValueError(f"trend_se_discount must be a finite number >= 0, got {trend_se_discount!r}")
         self._hist: deque[float] = deque(maxlen=window)
         self._q = quantile
-        self._se_discount = float(trend_se_discount)
 
     def observe(self, value: float) -> None:
         self._hist.append(_check(value))
@@ -101,9 +91,8 @@ class BurstQuantilePredictor:
 
     def trend_forecast(self, steps_ahead: int = 1) -> float:
         """The level-and-trend part of :meth:`predict` alone: the mean of the last two observations
-        plus the upward least-squares trend of the last ``TREND_POINTS`` (less ``trend_se_discount``
-        standard errors) times ``steps_ahead`` (no quantile of the window: a burst is not held for
-        the window's length)."""
+        plus the upward least-squares trend of the last ``TREND_POINTS`` times ``steps_ahead``
+        (no quantile of the window: a burst is not held for the window's length)."""
         if not self._hist:
             return 0.0
         h = np.asarray(self._hist)
@@ -111,13 +100,7 @@ class BurstQuantilePredictor:
         k = min(len(h), TREND_POINTS)
         if k >= 3:
             # least-squares slope over the last k points, per tick; only upward trends count
-            x, y = np.arange(k, dtype=float), h[-k:]
-            slope, intercept = np.polyfit(x, y, 1)
-            trend = float(slope)
-            if self._se_discount:
-                resid = y - (intercept + slope * x)
-                se = math.sqrt(float(resid @ resid) / (k - 2) / float(((x - x.mean()) ** 2).sum()))
-                trend -= self._se_discount * se
+            trend = float(np.polyfit(np.arange(k), h[-k:], 1)[0])
         return float(np.mean(h[-2:])) + max(trend, 0.0) * steps_ahead
 
 
@@ -225,14 +208,12 @@ PREDICTORS: dict[str, type] = {
 }
 
 
-def make_predictor(name: str, *, window: int = 10, quantile: float = 0.9,
-                   trend_se_discount: float = 0.0) -> LoadPredictor:
-    """Build a predictor by registry name; raises ValueError naming the unknown ``predictor``.
-    ``trend_se_discount`` applies to ``burst_quantile`` only (the one with a trend term)."""
+def make_predictor(name: str, *, window: int = 10, quantile: float = 0.9) -> LoadPredictor:
+    """Build a predictor by registry name; raises ValueError naming the unknown ``predictor``."""
     if name not in PREDICTORS:
         raise ValueError(f"unknown planner.predictor {name!r}; choose one of {sorted(PREDICTORS)}")
     if name == "burst_quantile":
-        return BurstQuantilePredictor(window=window, quantile=quantile, trend_se_discount=trend_se_discount)
+        return BurstQuantilePredictor(window=window, quantile=quantile)
     if name == "residual_quantile":
         return ResidualQuantilePredictor(window=window, quantile=quantile)
     if name == "arima":

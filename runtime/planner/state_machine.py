@@ -32,8 +32,7 @@ Per tick (SLA mode):
    prefill workers (its decode workers still prefill). A decode worker is a large
    step (TP4: 4 GPUs, a third of a 3-worker pool), so sizing both ways at the margin launched a
    fourth worker for rate bursts that three absorbed (ITL p90 33 ms of 50 ms): on the Azure
-   conversation trace the band saved 0.5 GPU-h (4 % of decode) at the same SLO attainment (0.17 since
-   rule 11 keeps the start-up step from reading as a ramp, which launched one of those workers); the margin
+   conversation trace the band saves 0.5 GPU-h (4 % of decode) at the same SLO attainment; the margin
    still keeps a pool from shrinking to a size that misses the ITL target (2 workers: ITL misses
    for ~1,000 requests), bench/planner.py ``--ablations`` (``no_decode_band``).
 5. Per pool: min/max, GPU budget minus the unused priority reserve (on the desired sizes),
@@ -104,24 +103,16 @@ Per tick (SLA mode):
    max_num_seqs-bound pool at OSL 4000: 90-91 % vs 93-94 % attainment). Scaling today's batch linearly
    with the forecast instead saved 0.17 GPU-h at 10, only because it ignores that the step time grows
    with the batch.
-11. Decode trend discounted by its error (``decode_trend_se_discount``, default 0.5): the decode
-   pool's forecasts count the least-squares slope less half its standard error; prefill's count the
-   whole slope. A slope the points barely support (a step read as a ramp) shrinks with its
-   residuals; a clean ramp, whose residuals are only Poisson noise, keeps nearly all of it. A decode
-   worker is a TP-sized step held through the 120 s decode scale-down delay. The Azure trace's
-   first 30 s run at 2.0 req/s, the next minute at 4.4-4.7: at ``--rate-scale 10`` the slope over
-   19.7, 44, 46.7 req/s drops from 13.5 to 10.5 per tick and the forecast no longer launches a
-   fourth TP4 decode worker at t = 90 s: 38.64 vs 38.81 GPU-h (99.09 % both; jitter seeds 1-3 the
-   same), 54.58 vs 54.61 at 15 (98.01 % both), 23.49 at 5 (unchanged, 99.33 %). Synthetic
-   cold-start and restart ramps (Poisson, 1 to 10-40 req/s over 3-10 min, outputs up to 4k tokens,
-   small starting fleets): the same attainment as the whole slope, up to 0.4 GPU-h less. The cost:
-   on clumped ramps (each arrival replayed 10 times within a second, as ``--rate-scale 10`` does)
-   the residuals are larger, so is the discount: 2 of 4 runs lost 0.5 and 1.1 points of attainment
-   (all four 0.04-0.6 GPU-h less); Azure restarted mid-trace (minutes 20, 25, 40) is unchanged. Tried: a
-   whole standard error (97.36 vs 98.01 % at ``--rate-scale 15``); the discount on prefill's trend
-   too (99.00 vs 99.09 % at 10); no decode trend until a full six-tick window (the same Azure
-   saving, but on those ramps the decode pool ran 3-4 workers short for three ticks and KV-bound
-   admission cost TTFT: 90.6-98.2 % vs 96.1-99.1 % attainment).
+
+   Also tried for decode and not adopted (session 15): a trend the points barely support. The Azure
+   trace's first 30 s run at 2.0 req/s, the next minute at 4.4-4.7; at ``--rate-scale 10`` the
+   3-point slope over 19.7, 44, 46.7 req/s launches a fourth TP4 decode worker at t = 90 s (0.17
+   GPU-h). Giving decode no trend until a full six-tick window, or its slope less half a standard
+   error, saved exactly that worker (38.64 vs 38.81 GPU-h at 99.09 %, 1.147 vs 1.152 x oracle), but on
+   synthetic ramps and restarts (bench/planner_ramps.py) both traded attainment for GPU-hours at a
+   poor rate: the full window cost 1-8 points on cold-start ramps with long outputs (decode 3-4
+   workers short for three ticks; KV-bound admission delays TTFT), the discount 0.2-1.1 points in 4 of
+   17 runs for 0.12 GPU-h a run. Both fit one trace's start-up, not a general rule.
 
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """
@@ -181,13 +172,7 @@ class PlannerStateMachine:
         self._prio: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
         # token-rate predictors: prefill work is rate x ISL, decode work rate x OSL (see on_tick)
         self._ptok: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
-        # decode's forecasts (rule 11): the same series, the trend less decode_trend_se_discount standard errors
-        d_disc = cfg.decode_trend_se_discount
-        self._dtok: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile,
-                                                   trend_se_discount=d_disc)
-        self._rate_d: LoadPredictor = (
-            make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile, trend_se_discount=d_disc)
-            if isinstance(self._rate, BurstQuantilePredictor) and d_disc > 0 else self._rate)
+        self._dtok: LoadPredictor = make_predictor(cfg.predictor, window=w, quantile=cfg.burst_quantile)
         self._peak: LoadPredictor = make_predictor(
             cfg.predictor,
             window=w if cfg.peak_window_ticks is None else cfg.peak_window_ticks,
@@ -393,8 +378,6 @@ class PlannerStateMachine:
         self._last_now = tick.now_s
         rate = tick.rate_per_s
         self._rate.observe(rate)
-        if self._rate_d is not self._rate:
-            self._rate_d.observe(rate)
         self._prio.observe(tick.num_priority_requests / tick.interval_s)
         if tick.num_requests > 0:
             self._isl.observe(tick.mean_isl_tokens)
@@ -416,7 +399,7 @@ class PlannerStateMachine:
         burst = self._update_burst(tick.now_s, rate)
         self._predicted_for_next = self._rate.predict(1)
         plan_rate = max(pred, rate)
-        plan_rate_d = max(self._rate_d.predict(1), self._rate_d.predict(self.lead_ticks), rate)
+        plan_rate_d = plan_rate
         if cfg.size_on_tokens and self._has_isl:
             # prefill work is tokens/s (rate x ISL), decode work tokens/s (rate x OSL): predict the
             # products, so a burst of long prompts at a steady request rate still scales prefill

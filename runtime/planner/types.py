@@ -147,10 +147,7 @@ class PlannerConfig:
     burst for ``predictor_window_ticks`` (False: the quantile too, kept for the benchmark's ablation;
     only ``burst_quantile`` has both). ``staffing_on_fall``: while the offered prefill load falls (two
     drops in a row) staffing sizes for the load where a release decided now will act (False: the
-    tick's load; kept for the benchmark's ablation). ``decode_trend_se_discount``: the decode pool's
-    request-rate and output-token forecasts count the least-squares trend less this many of its
-    standard errors (``burst_quantile`` only, the predictor with a trend; 0: the whole trend, as
-    prefill does; kept for the benchmark's ablation).
+    tick's load; kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -195,7 +192,6 @@ class PlannerConfig:
     scale_up_on_level: bool = True
     prefill_queue_on_trend: bool = True
     staffing_on_fall: bool = True
-    decode_trend_se_discount: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",
@@ -218,8 +214,7 @@ class PlannerConfig:
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"planner.{name} must be finite and > 0, got {v}")
         for name in ("worker_start_s", "scale_down_delay_s", "cooldown_s", "burst_headroom", "burst_max_s",
-                     "ttft_correction_max", "load_queue_up_per_worker", "load_queue_down_per_worker",
-                     "decode_trend_se_discount"):
+                     "ttft_correction_max", "load_queue_up_per_worker", "load_queue_down_per_worker"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"planner.{name} must be finite and >= 0, got {v}")
