@@ -76,9 +76,10 @@ RAMPS: dict[str, Ramp] = {
     "clumped_1_to_20_over_5min_osl_1k_4k": Ramp(1, 20, 300, 1200, 1000, 4000, 2, 1, clumped=True),
     "clumped_5_to_40_over_10min_osl_200_1500": Ramp(5, 40, 600, 900, 200, 1500, 2, 1, clumped=True),
 }
-# minute of the Azure trace a restarted planner starts at, and the oracle-sized fleet there (bench/planner.py's
-# pdserve_sla_by_window at --rate-scale 10); the restart runs 4 prefill / 1 decode workers short of it
-AZURE_RESTARTS = {20: (12, 3), 25: (14, 4), 40: (10, 3)}
+# minute of the Azure trace a restarted planner starts at, and the oracle's fleet in that minute's window
+# (bench/results/planner.json pdserve_sla_by_window at --rate-scale 10: [oracle prefill, oracle decode, ...]);
+# the restart runs 4 prefill / 1 decode workers short of it
+AZURE_RESTARTS = {20: (12, 3), 25: (17, 3), 40: (8, 3)}
 
 
 def ramp_trace(r: Ramp, prompt_lengths: np.ndarray, seed: int) -> Trace:
