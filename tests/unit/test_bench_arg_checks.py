@@ -1,7 +1,6 @@
 """Bench scripts refuse bad arguments at parse time (exit 2, message naming the flag), before their long
 work, and bench/perf_model_aic.py prints its result before writing --out, so a write error loses nothing."""
 
-import importlib.util
 import json
 import sys
 import types
@@ -9,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
+
 
 
 @pytest.fixture(autouse=True)
@@ -23,10 +23,7 @@ def _logging_back_on():
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"pdserve_bench_{name}", REPO / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"bench/{name}.py")
 
 
 def _refused(main, argv, capsys, *words):

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from runtime.paths import REPO_ROOT
+from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_pd_tail", REPO_ROOT / "bench" / "pd_tail.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/pd_tail.py")
 
 
 def test_quantiles_are_nearest_rank_and_keep_the_tail(bench):

@@ -3,22 +3,18 @@ each kind of breakage is reported as a FAIL naming the file and the problem."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def load_validator():
-    spec = importlib.util.spec_from_file_location("infra_validate", REPO / "infra" / "validate.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("infra/validate.py")
 
 
 V = load_validator()

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from runtime.paths import REPO_ROOT, data_dir
+from runtime.paths import data_dir
+from tests.scripts import load_script
 
 TABLE = data_dir() / "perf" / "trtllm_throughput_dev.csv"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_perf_model", REPO_ROOT / "bench" / "perf_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/perf_model.py")
 
 
 @pytest.fixture(scope="module")

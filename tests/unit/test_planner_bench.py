@@ -1,11 +1,12 @@
 """bench/planner.py on a small Azure-format trace: one JSON line with every planner's figures."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_70B = ROOT.parent / "shared" / "data" / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
@@ -13,10 +14,7 @@ pytestmark = pytest.mark.skipif(not LLAMA_70B.exists(), reason="shared model con
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_planner", ROOT / "bench" / "planner.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/planner.py")
 
 
 def write_trace(path: Path, n: int = 240, span_s: float = 130.0) -> Path:

@@ -1,20 +1,18 @@
 """bench/planner.py: reading Azure-format traces (load_azure_trace) and the up-front argument checks."""
 
-import importlib.util
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_planner_trace", ROOT / "bench" / "planner.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/planner.py")
 
 
 bench = load_bench()

@@ -1,12 +1,12 @@
 """bench/planner_ramps.py: the synthetic ramps it builds, and one scenario end to end."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure2023_conv.csv"
@@ -14,11 +14,7 @@ pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="shared trace not pre
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_planner_ramps", ROOT / "bench" / "planner_ramps.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/planner_ramps.py")
 
 
 def test_a_poisson_ramp_has_the_rate_it_was_given():

@@ -1,15 +1,13 @@
 """bench/router.py on a small hand-made trace: one JSON line with every policy and the timing fields."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("pdserve_bench_router", REPO / "bench" / "router.py")
-bench_router = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_router)
+from tests.scripts import load_script
+
+bench_router = load_script("bench/router.py")
 
 
 def _trace(path: Path) -> Path:
