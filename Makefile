@@ -49,9 +49,10 @@ compile: install  ## compile the KFP pipeline to pipelines/stage_tune_promote.ya
 	$(PY) -m pipelines.stage_tune_promote --compile pipelines/stage_tune_promote.yaml
 
 DATA ?= ../shared/data
-bench: install  ## run the benchmarks (each prints one JSON line, written to bench/results/; ~40 min on 2 cores)
+bench: install  ## run the benchmarks (each prints one JSON line, written to bench/results/; ~45 min on 2 cores)
 	$(PY) bench/perf_model.py --out bench/results/perf_model.json
-	$(PY) bench/planner.py --trace $(DATA)/traces/azure2023_conv.csv --ablations --out bench/results/planner.json
+	$(PY) bench/planner.py --trace $(DATA)/traces/azure2023_conv.csv --ablations --dynamo-matched --out bench/results/planner.json
+	$(PY) bench/planner.py --trace $(DATA)/traces/azure2023_conv.csv --prefill-order fcfs --out bench/results/planner_fcfs.json
 	$(PY) bench/planner_ramps.py --out bench/results/planner_ramps.json
 	$(PY) bench/router.py --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --out bench/results/router.json
 	$(PY) bench/staging.py --size-mb 2048 --repeat 5 --out bench/results/staging.json

@@ -17,7 +17,10 @@ under ``skipped_planners`` with the reason when that venv is absent),
 ``static_peak`` (the oracle's per-window maximum of each pool, all hour); ``--extra-predictors``
 adds ``pdserve_sla_<predictor>`` runs; ``--dynamo-matched`` adds ``dynamo_sla_matched``, Dynamo's formula
 with the smallest load headroom that reaches ``--target-attainment`` (default 0.99; the search in
-``dynamo_sla_matched_search``), a comparison with ``pdserve_sla`` at equal attainment; ``--ablations``
+``dynamo_sla_matched_search``), a comparison with ``pdserve_sla`` at equal attainment, and the converse,
+``pdserve_sla_at_dynamo_gpu_hours``: ``pdserve_sla`` with the largest square-root staffing beta whose GPU-hours
+stay within the cheapest Dynamo row's (``pdserve_sla_at_dynamo_gpu_hours_search``), a comparison at equal
+GPU-hours; ``--ablations``
 adds ``ablation_<name>`` runs of ``pdserve_sla`` with one of this session's changes undone each (see ``ABLATIONS``). Every planner starts
 from the same warm fleet (``--warm-start``, default ``oracle_lead``: the oracle plan's maximum over the
 first scale-up's lead plus one window) and ticks every ``--interval-s`` (Dynamo: its default 180 s).
@@ -94,15 +97,19 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # planner (launch to the tick's staffing count, beta 1.5); "launch_on_tick_beta_1.7" changes beta alone.
 # Session 14 adds rules 9 (the prefill M/M/c term on the level and trend) and 10 (staffing on a fall sizes for
 # the load where the release acts); "prefill_queue_on_quantile" and "staffing_hold_on_fall" undo each.
+# Session 16 scales the staffing headroom by the measured arrival dispersion (rule 11) and lowers beta to 1.65;
+# "no_dispersion" undoes rule 11 (beta 1.65 as given), "staffing_beta_1.7" both (session 15's planner).
 _PREVIOUS = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
-                 prefill_queue_on_trend=False, staffing_on_fall=False)
+                 prefill_queue_on_trend=False, staffing_on_fall=False, staffing_dispersion_ref=None)
 ABLATIONS: dict[str, dict] = {
     "previous_defaults": _PREVIOUS,
     "session1_defaults": _PREVIOUS | dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
                                           cooldown_s=60.0, burst_headroom=0.25, decode_scale_down_delay_s=180.0),
     "ttft_p90_correction": dict(correct_by_prefill_time=False),
     "staffing_beta_1.6": dict(prefill_staffing_beta=1.6),
+    "staffing_beta_1.7": dict(prefill_staffing_beta=1.7, staffing_dispersion_ref=None),
+    "no_dispersion": dict(staffing_dispersion_ref=None),
     "staffing_beta_1.8": dict(prefill_staffing_beta=1.8),
     "staffing_level_window_2": dict(prefill_level_window_ticks=2),
     "target_utilization_0.9": dict(target_utilization=0.9),
@@ -288,6 +295,51 @@ def match_attainment(run: Callable[[float], dict], target: float, *, first: floa
     return {"found": True, "headroom": round(best[0], 4), "result": best[1], "target": target, "tried": tried}
 
 
+def match_gpu_hours(run: Callable[[float], dict], budget_gpu_hours: float, *, hi: float,
+                    resolution: float = 0.05) -> dict:
+    """Largest staffing ``beta`` in ``[0, hi]`` (to ``resolution``) with ``run(beta)["gpu_hours"] <=
+    budget_gpu_hours``: ``pdserve_sla`` turned down until it spends no more than a baseline, to compare
+    their attainment at equal GPU-hours (the converse of :func:`match_attainment`).
+
+    Probes ``hi`` first (returned at once when within the budget), then 0 (not found when even that is
+    over it), then bisects between the last beta within the budget and the first over it. Assumes
+    GPU-hours grow with beta, as they do when more prefill headroom is provisioned for the same trace.
+    Returns ``{"found", "beta", "result", "budget_gpu_hours", "tried": [[beta, attainment, gpu_hours],
+    ...]}`` (``beta``/``result`` None when not found). Raises ValueError unless ``hi >= 0``,
+    ``resolution > 0`` and ``budget_gpu_hours > 0``, all finite."""
+    if not all(math.isfinite(v) for v in (hi, resolution, budget_gpu_hours)) or not (
+            hi >= 0.0 and resolution > 0.0 and budget_gpu_hours > 0.0):
+        raise ValueError(f"match_gpu_hours: need finite hi >= 0, resolution > 0 and budget_gpu_hours > 0, got "
+                         f"hi={hi}, resolution={resolution}, budget_gpu_hours={budget_gpu_hours}")
+    tried: list[list[float]] = []
+
+    def probe(beta: float) -> dict:
+        r = run(beta)
+        tried.append([round(beta, 4), r["slo_attainment"], r["gpu_hours"]])
+        return r
+
+    def done(beta: float | None, r: dict | None) -> dict:
+        return {"found": r is not None, "beta": None if beta is None else round(beta, 4), "result": r,
+                "budget_gpu_hours": budget_gpu_hours, "tried": tried}
+
+    r = probe(hi)
+    if r["gpu_hours"] <= budget_gpu_hours:
+        return done(hi, r)
+    over = hi
+    r = probe(0.0)
+    if r["gpu_hours"] > budget_gpu_hours:
+        return done(None, None)
+    best = (0.0, r)
+    while over - best[0] > resolution + 1e-9:
+        mid = (best[0] + over) / 2.0
+        r = probe(mid)
+        if r["gpu_hours"] <= budget_gpu_hours:
+            best = (mid, r)
+        else:
+            over = mid
+    return done(*best)
+
+
 def excess_breakdown(res: dict, oracle_by_pool: dict, hold: dict) -> dict:
     """Where a planner's GPU-hours above the oracle go, per pool: ``start_lag_and_hold`` is what a
     perfect forecast still costs (oracle plan launched a worker start ahead, held a window after:
@@ -330,7 +382,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dynamo-matched", action="store_true",
                     help="also search the smallest load headroom on Dynamo's formula (dynamo_sla) that reaches "
                          "--target-attainment, and report it as dynamo_sla_matched (a comparison at equal "
-                         "attainment; ~6 more dynamo_sla runs)")
+                         "attainment; ~6 more dynamo_sla runs); and the largest staffing beta whose pdserve_sla "
+                         "GPU-hours stay within the cheapest Dynamo row's, as pdserve_sla_at_dynamo_gpu_hours (a "
+                         "comparison at equal GPU-hours; ~7 more pdserve_sla runs)")
     ap.add_argument("--target-attainment", type=float, default=0.99,
                     help="share of requests within both SLOs that --dynamo-matched must reach (default 0.99)")
     ap.add_argument("--extra-predictors", default="",
@@ -457,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"--planners: unknown planner {name!r}")
         results[name] = summarize(res, a.ttft_s, a.itl_s) | {"sim_wall_s": round(time.time() - t0, 1)}
         timelines[name] = res.timeline
-    matched = None
+    matched = matched_gpu = None
     if a.dynamo_matched:
         t0 = time.time()
 
@@ -470,6 +524,22 @@ def main(argv: list[str] | None = None) -> dict:
         if matched["found"]:
             results["dynamo_sla_matched"] = matched["result"] | {"load_headroom": matched["headroom"],
                                                                  "sim_wall_s": round(time.time() - t0, 1)}
+        # the converse: pdserve_sla's staffing turned down to the cheapest Dynamo row's GPU-hours
+        dyn_rows = [results[k] for k in ("dynamo_sla", "dynamo_planner") if k in results]
+        if "pdserve_sla" in results and dyn_rows:
+            t0 = time.time()
+            budget_h = min(r["gpu_hours"] for r in dyn_rows)
+
+            def run_pdserve(beta: float) -> dict:
+                sm = PlannerStateMachine(pd_cfg("sla", prefill_staffing_beta=beta), profile,
+                                         initial_prefill=init_p, initial_decode=init_d)
+                return summarize(simulate(trace, profile, fleet, sm.on_tick), a.ttft_s, a.itl_s)
+
+            default_beta = pd_cfg("sla").prefill_staffing_beta
+            matched_gpu = match_gpu_hours(run_pdserve, budget_h, hi=default_beta if default_beta is not None else 0.0)
+            if matched_gpu["found"]:
+                results["pdserve_sla_at_dynamo_gpu_hours"] = matched_gpu["result"] | {
+                    "prefill_staffing_beta": matched_gpu["beta"], "sim_wall_s": round(time.time() - t0, 1)}
     span_h = float(trace.arrival_s[-1]) / 3600.0
     static_h = (peak_p * a.prefill_tp + peak_d * a.decode_tp) * span_h
     out = {
@@ -518,6 +588,9 @@ def main(argv: list[str] | None = None) -> dict:
         # Dynamo's formula with the smallest load headroom that reaches --target-attainment (every
         # headroom tried, in order): the GPU-hours it needs at pdserve_sla's attainment target
         "dynamo_sla_matched_search": matched,
+        # pdserve_sla with the largest staffing beta whose GPU-hours stay within the cheapest Dynamo row's
+        # (dynamo_sla, dynamo_planner): the attainment it buys at Dynamo's GPU-hours (every beta tried)
+        "pdserve_sla_at_dynamo_gpu_hours_search": matched_gpu,
         "pdserve_sla_saving_vs_static_peak": round(1.0 - results["pdserve_sla"]["gpu_hours"] / static_h, 3)
         if "pdserve_sla" in results and static_h else None,
         "profile": {

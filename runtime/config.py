@@ -271,10 +271,23 @@ class PlannerSpec(_Strict):
         "provisions for (None: burst_quantile).",
     )
     prefill_staffing_beta: float | None = Field(
-        default=1.7,
+        default=1.65,
         ge=0,
         description="SLA mode: square-root staffing of the prefill pool, at least R + beta * sqrt(R) workers for "
         "the offered load R in Erlangs (dimensionless beta; None: off).",
+    )
+    staffing_dispersion_ref: float | None = Field(
+        default=8.0,
+        gt=0,
+        description="SLA mode: index of dispersion of per-second request arrivals (variance / mean; 1 for Poisson) "
+        "prefill_staffing_beta is calibrated for; the runtime measures it each tick and scales the staffing "
+        "headroom by sqrt(max(measured, staffing_dispersion_floor) / this) (None: beta as given).",
+    )
+    staffing_dispersion_floor: float = Field(
+        default=5.0,
+        ge=0,
+        description="SLA mode: the least arrival dispersion the staffing headroom is scaled for (it also covers "
+        "forecast error on ramps, which smooth arrivals do not remove).",
     )
     prefill_level_window_ticks: int = Field(
         default=1,

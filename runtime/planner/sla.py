@@ -16,6 +16,8 @@ Aggregated: ``n`` workers at the decode TP both prefill and decode; a worker bus
 fraction ``u`` of the time stretches decode steps by ``1 / (1 - u)`` (prefill and decode
 share the GPU, as with chunked prefill), so decode must meet ``itl_target * (1 - u)``.
 
+Arrival dispersion: the index of dispersion of per-second arrival counts (:func:`arrival_dispersion`).
+
 All functions are pure; rates in requests/s, lengths in tokens, times in seconds.
 """
 
@@ -159,3 +161,32 @@ def aggregated_replicas(
         if per_worker > 0 and rate_per_s * osl_tokens / n <= per_worker:
             return n
     return None
+
+
+def arrival_dispersion(arrival_s, start_s: float, end_s: float) -> float | None:
+    """Index of dispersion (sample variance / mean) of the requests arriving per 1-s bin of
+    ``[start_s, end_s)``: 1 for Poisson arrivals, ~K when they come in clumps of K within a second.
+
+    ``arrival_s``: arrival times, seconds on the same clock (a sequence or array). An arrival outside
+    the interval is left out: the runtime records some requests late (after their prefill, or at the
+    end when it could not tokenize), and piling them into the first bin would read as a clump. The
+    interval has ``max(ceil(end_s - start_s), 1)`` bins. Returns None with fewer than 2 bins or no
+    arrival inside. Dimensionless.
+
+    Source: the index of dispersion of counts (Cox & Lewis, "The Statistical Analysis of Series of
+    Events", 1966, §4.5); Whitt (1992, "Understanding the efficiency of multi-server service systems",
+    Management Science 38(5)) sizes square-root staffing of non-Poisson arrivals by their peakedness,
+    which this estimates at the 1-s scale.
+    """
+    bins = max(math.ceil(end_s - start_s), 1)
+    counts = [0] * bins
+    n = 0
+    for t in arrival_s:
+        if start_s <= t < end_s:
+            counts[min(int(math.floor(t - start_s)), bins - 1)] += 1
+            n += 1
+    if n == 0 or bins < 2:
+        return None
+    mean = n / bins
+    var = sum((c - mean) ** 2 for c in counts) / (bins - 1)
+    return var / mean

@@ -57,7 +57,8 @@ Per tick (SLA mode):
    three jitter seeds (99.07-99.09 % attainment). It was 1.4 while the profile charged the fixed
    TTFT latency as worker occupancy; with occupancy = ``busy_time`` (shorter services, so a clump
    of arrivals is a larger share of the wait budget) 1.4 gives 98.7-98.8 %, and 1.6 costs ~1 % more
-   GPU-hours than 1.5 (bench/planner.py ``--ablations``). Since rule 8 the default is 1.7 (below).
+   GPU-hours than 1.5 (bench/planner.py ``--ablations``). Since rule 8 it was 1.7 (below); since
+   rule 11 it is 1.65 at the reference dispersion.
    The M/M/c term of (4) plans prefill up to ``target_utilization`` (default 1: the wait-quantile
    bound, not a utilisation cap, limits it; the staffing term carries the headroom).
 8. Launch on the level, release on the tick (``scale_up_on_level``, default on): the staffing term
@@ -95,6 +96,26 @@ Per tick (SLA mode):
    99.10 %), 54.61 vs 54.91 at 15 (98.01 vs 98.02 %), 23.49 vs 23.64 at 5 (99.33 % both).
    Extrapolating further (3 ticks: 38.74 GPU-h, the same attainment) lacks the argument; dropping
    staffing during a fall altogether (38.67) costs attainment at ``--rate-scale 5`` (99.17 vs 99.33 %).
+
+11. Staffing for the arrivals' burstiness (``staffing_dispersion_ref``, default 8): the headroom of (7)
+   is ``beta * sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref) * sqrt(R)``, ``z``
+   an EWMA (weight ``DISPERSION_EWMA``) of the ticks' ``arrival_dispersion``, the index of
+   dispersion of the requests arriving per 1-s bin (variance / mean; 1 for Poisson arrivals). Square-
+   root staffing of non-Poisson arrivals scales the headroom by the square root of their peakedness
+   (Whitt 1992, "Understanding the efficiency of multi-server service systems", Management Science
+   38(5)): ``R + beta0 * sqrt(z R)``. The beta that met 99 % grew with ``--rate-scale`` (its copies
+   arrive within a second: dispersion ~0.75x the scale): ~1.35 at 5, 1.65 at 10, ~2.1 at 15, so one
+   fixed beta over-provisioned the smaller replay (99.32 %) and under-provisioned the larger (97.87
+   %). ``beta = 1.65`` at reference 8 (the 10x replay's median dispersion is 7.5) keeps 10x at its
+   figure and carries it to the others: 99.12 % at 38.36 GPU-h at 10 (1.139 x oracle; without the
+   rule, ``ablation_no_dispersion``, 99.06 % at 38.47; session 15's beta 1.7, ``ablation_staffing_beta_1.7``,
+   99.09 % at 38.81), 98.96 % at 56.36 at 15 (97.87 % at 54.37 without), 99.00 % at 22.01 at 5
+   (99.32 % at 23.36 without). The floor (5) keeps the headroom that also pays for forecast error
+   on fast ramps, which smooth arrivals do not remove: without it Poisson ramps from a cold fleet
+   (bench/planner_ramps.py) lost up to 2 points; with it, over that bench's 17 runs against
+   session 15's planner (``ablation_staffing_beta_1.7``), 7.1 GPU-h less, 3 runs higher (the Azure
+   restarts, by up to 3.2 points) and 8 lower (by under 0.15 point but for a clumped ramp's 0.46 and
+   a 1-to-40 req/s Poisson ramp's 0.57).
 
    Tried for decode and not adopted: growth bounded by the decode formula on the OSL the pool's observed
    concurrency implies (Little's law on running + waiting sequences). No change at ``--rate-scale 10``,
@@ -135,6 +156,7 @@ BACKLOG_DRAIN_S = 60.0  # queued prefill requests are planned to drain within th
 DECODE_ITL_MARGIN = 0.9  # decode is sized for this share of the ITL target (p90 over batch swings)
 TTFT_SLACK_SHARE = 0.5  # observed TTFT p90 below this share of the target never raises the correction
 FALL_TICKS = 3  # rule 10: the offered prefill load has fallen when it dropped at each of the last 2 ticks
+DISPERSION_EWMA = 0.3  # rule 11: weight of a tick's arrival dispersion in the smoothed one (as CORRECTION_EWMA)
 
 
 @dataclass(frozen=True)
@@ -185,6 +207,8 @@ class PlannerStateMachine:
         # the offered prefill load staffing may launch for (rule 8): an EWMA of the per-tick Erlangs
         # (weight 1 / lead_ticks), or the least of the last lead_ticks ticks when that is higher
         self._erlang_ewma: float | None = None
+        # rule 11: EWMA of the ticks' arrival dispersion (None until a tick reports one)
+        self.arrival_dispersion: float | None = None
         # per-tick Erlangs, newest last: rule 8 reads the last lead_ticks, rule 10 the last FALL_TICKS
         self._erlang_recent: deque[float] = deque(maxlen=max(self.lead_ticks, FALL_TICKS))
         self._isl = MovingAveragePredictor(window=w)
@@ -338,9 +362,19 @@ class PlannerStateMachine:
         slope = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(ys)) / sum((i - x_mean) ** 2 for i in range(n))
         return -slope
 
+    def staffing_beta(self) -> float | None:
+        """Rule 11's square-root staffing coefficient: ``prefill_staffing_beta`` scaled by
+        ``sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref)``, ``z`` the smoothed arrival
+        dispersion; ``prefill_staffing_beta`` itself before any tick reported a dispersion or with
+        ``staffing_dispersion_ref`` None; None with staffing off. Pure."""
+        beta, ref = self.cfg.prefill_staffing_beta, self.cfg.staffing_dispersion_ref
+        if beta is None or ref is None or self.arrival_dispersion is None:
+            return beta
+        return beta * math.sqrt(max(self.arrival_dispersion, self.cfg.staffing_dispersion_floor) / ref)
+
     def _staff(self, r: float) -> int:
-        """``ceil(r + beta * sqrt(r))`` workers for ``r`` Erlangs (staffing on)."""
-        beta = self.cfg.prefill_staffing_beta
+        """``ceil(r + beta * sqrt(r))`` workers for ``r`` Erlangs (staffing on; beta of rule 11)."""
+        beta = self.staffing_beta()
         assert beta is not None
         return max(math.ceil(r + beta * math.sqrt(r) - 1e-9), 0)
 
@@ -383,6 +417,9 @@ class PlannerStateMachine:
             self._isl.observe(tick.mean_isl_tokens)
             self._osl.observe(tick.mean_osl_tokens)
             self._has_isl = True
+        if tick.arrival_dispersion is not None and tick.num_requests >= 2:
+            z, prev = tick.arrival_dispersion, self.arrival_dispersion
+            self.arrival_dispersion = z if prev is None else (1.0 - DISPERSION_EWMA) * prev + DISPERSION_EWMA * z
         if tick.peak_prefill_tokens_per_s is not None:
             self._peak.observe(tick.peak_prefill_tokens_per_s)
             self._has_peak = True

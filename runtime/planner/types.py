@@ -52,7 +52,10 @@ class TickInput:
     over the window (Dynamo's planner corrects on means, ``observe_traffic_stats``).
     ``observed_prefill_time_mean_s`` (optional): mean prefill time of the requests whose prefill
     finished in the window (vLLM ``vllm:request_prefill_time_seconds`` sum/count); queueing does
-    not enter it, so SLA mode corrects the prefill service time by it instead of by TTFT."""
+    not enter it, so SLA mode corrects the prefill service time by it instead of by TTFT.
+    ``arrival_dispersion`` (optional): the index of dispersion (sample variance / mean) of the requests
+    arriving per 1-s bin within the window (:func:`runtime.planner.sla.arrival_dispersion`); 1 for
+    Poisson arrivals, more when they come in clumps. SLA mode scales the prefill staffing headroom by it."""
 
     now_s: float
     interval_s: float
@@ -70,6 +73,7 @@ class TickInput:
     observed_itl_mean_s: float | None = None
     mean_request_duration_s: float | None = None
     observed_prefill_time_mean_s: float | None = None
+    arrival_dispersion: float | None = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.now_s):
@@ -80,7 +84,7 @@ class TickInput:
             raise ValueError("TickInput.mean_isl_tokens/mean_osl_tokens must be finite")
         for name in ("observed_ttft_p90_s", "observed_itl_p90_s", "p90_isl_tokens", "peak_prefill_tokens_per_s",
                      "observed_ttft_mean_s", "observed_itl_mean_s", "mean_request_duration_s",
-                     "observed_prefill_time_mean_s"):
+                     "observed_prefill_time_mean_s", "arrival_dispersion"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"TickInput.{name} must be finite and >= 0 (or None), got {v}")
@@ -147,7 +151,10 @@ class PlannerConfig:
     burst for ``predictor_window_ticks`` (False: the quantile too, kept for the benchmark's ablation;
     only ``burst_quantile`` has both). ``staffing_on_fall``: while the offered prefill load falls (two
     drops in a row) staffing sizes for the load where a release decided now will act (False: the
-    tick's load; kept for the benchmark's ablation).
+    tick's load; kept for the benchmark's ablation). ``staffing_dispersion_ref``: the arrival dispersion
+    ``prefill_staffing_beta`` is calibrated for; when ticks report ``arrival_dispersion`` the staffing
+    headroom is ``beta * sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref)``, ``z`` an
+    EWMA of the reported dispersions (None: beta as given, whatever the arrivals).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -185,7 +192,9 @@ class PlannerConfig:
     decode_scale_down_delay_s: float | None = 120.0
     peak_window_ticks: int | None = None
     peak_quantile: float | None = None
-    prefill_staffing_beta: float | None = 1.7
+    prefill_staffing_beta: float | None = 1.65
+    staffing_dispersion_ref: float | None = 8.0
+    staffing_dispersion_floor: float = 5.0
     prefill_level_window_ticks: int = 1
     correct_by_prefill_time: bool = True
     decode_band: bool = True
@@ -245,6 +254,13 @@ class PlannerConfig:
         if self.prefill_staffing_beta is not None and not (
                 math.isfinite(self.prefill_staffing_beta) and self.prefill_staffing_beta >= 0):
             raise ValueError(f"planner.prefill_staffing_beta must be >= 0, got {self.prefill_staffing_beta}")
+        if self.staffing_dispersion_ref is not None and not (
+                math.isfinite(self.staffing_dispersion_ref) and self.staffing_dispersion_ref > 0):
+            raise ValueError(f"planner.staffing_dispersion_ref must be finite and > 0 (or None), got "
+                             f"{self.staffing_dispersion_ref}")
+        if not (math.isfinite(self.staffing_dispersion_floor) and self.staffing_dispersion_floor >= 0):
+            raise ValueError(f"planner.staffing_dispersion_floor must be finite and >= 0, got "
+                             f"{self.staffing_dispersion_floor}")
         if self.prefill_level_window_ticks < 1:
             raise ValueError(f"planner.prefill_level_window_ticks must be >= 1, got {self.prefill_level_window_ticks}")
         if self.peak_window_ticks is not None and self.peak_window_ticks < 1:
@@ -278,6 +294,8 @@ class PlannerConfig:
             peak_window_ticks=p.peak_window_ticks,
             peak_quantile=p.peak_quantile,
             prefill_staffing_beta=p.prefill_staffing_beta,
+            staffing_dispersion_ref=p.staffing_dispersion_ref,
+            staffing_dispersion_floor=p.staffing_dispersion_floor,
             prefill_level_window_ticks=p.prefill_level_window_ticks,
             ttft_correction_max=p.ttft_correction_max,
             cooldown_s=p.cooldown_s,

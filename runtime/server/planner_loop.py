@@ -18,11 +18,13 @@ decision: fewer than decided under a worker cap or a restart back-off, unchanged
 ``aggregated`` (0/1), ``burst`` (0/1), ``predicted_rate_per_second``, ``predicted_isl_tokens``,
 ``predicted_osl_tokens``, ``observed_rate_per_second``, ``observed_ttft_p90_seconds``,
 ``observed_itl_p90_seconds``, ``ttft_correction``, ``itl_correction``,
-``observed_peak_prefill_tokens_per_second``, ``observed_prefill_time_mean_seconds``.
+``observed_peak_prefill_tokens_per_second``, ``observed_prefill_time_mean_seconds``,
+``observed_arrival_dispersion`` (variance / mean of the requests arriving per 1-s bin; 1 for Poisson).
 
 The sub-tick peak handed to the planner (``TickInput.peak_prefill_tokens_per_s``) is computed exactly as
 the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prompt tokens arriving in each
-1-s bin of the interval, then their ``PEAK_BIN_QUANTILE`` (0.9) quantile.
+1-s bin of the interval, then their ``PEAK_BIN_QUANTILE`` (0.9) quantile; so is the arrival dispersion
+(``TickInput.arrival_dispersion``, runtime.planner.sla.arrival_dispersion over the same bins).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from runtime.config import DeploymentSpec
 from runtime.engines.metrics import sample_sum
+from runtime.planner.sla import arrival_dispersion
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, ScalingDecision, TickInput
 from runtime.redact import redact_userinfo
@@ -65,6 +68,7 @@ class WindowStats:
     itl_p90_s: float | None
     peak_prefill_tokens_per_s: float | None = None
     span_s: float = 0.0  # seconds the window covered (previous drain to this one)
+    arrival_dispersion: float | None = None  # variance / mean of the arrivals per 1-s bin
 
 
 def peak_tokens_per_s(
@@ -145,6 +149,7 @@ class RequestWindow:
             itl_p90_s=float(np.quantile(itl, 0.9)) if itl else None,
             peak_prefill_tokens_per_s=peak_tokens_per_s(arrival_s, isl, since_s, now_s),
             span_s=max(now_s - since_s, 0.0),
+            arrival_dispersion=arrival_dispersion(arrival_s, since_s, now_s),
         )
 
 
@@ -312,6 +317,9 @@ class PlannerGauges:
                                   "Mean engine prefill time of the requests prefilled in the last interval, s")
         self.obs_peak = g("observed_peak_prefill_tokens_per_second",
                           "p90 of prompt tokens arriving per 1-s bin in the last interval, tokens/s")
+        self.obs_dispersion = g("observed_arrival_dispersion",
+                                "Variance / mean of the requests arriving per 1-s bin in the last interval "
+                                "(1 for Poisson arrivals, more for clumps)")
         self.ticks = Counter("pdserve_planner_ticks", "Planner ticks run", registry=registry)
         self.applied = Gauge("pdserve_planner_applied_replicas",
                              "Workers per pool the actuator reports after applying the last decision (may differ "
@@ -340,6 +348,8 @@ class PlannerGauges:
         self.ttft_corr.set(d.ttft_correction)
         self.itl_corr.set(d.itl_correction)
         self.obs_peak.set(tick.peak_prefill_tokens_per_s or 0.0)
+        if tick.arrival_dispersion is not None:
+            self.obs_dispersion.set(tick.arrival_dispersion)
         self.ticks.inc()
 
 
@@ -415,7 +425,7 @@ class PlannerLoop:
             mean_osl_tokens=w.mean_osl_tokens, p90_isl_tokens=w.p90_isl_tokens, prefill=pre, decode=dec,
             observed_ttft_p90_s=w.ttft_p90_s, observed_itl_p90_s=w.itl_p90_s,
             peak_prefill_tokens_per_s=w.peak_prefill_tokens_per_s,
-            observed_prefill_time_mean_s=prefill_time_mean_s,
+            observed_prefill_time_mean_s=prefill_time_mean_s, arrival_dispersion=w.arrival_dispersion,
         )
         decision = self.machine.on_tick(tick)
         self.gauges.export(tick, decision)  # the decision shows even when the actuator then fails

@@ -44,6 +44,7 @@ from typing import Callable
 import numpy as np
 
 from runtime.planner.profiles import ServiceProfile
+from runtime.planner.sla import arrival_dispersion
 from runtime.planner.types import PoolObservation, ScalingDecision, TickInput
 from runtime.router.priority import PRIORITY_AGING_S, prompt_length_bucket
 
@@ -438,6 +439,7 @@ class FleetSim:
             num_priority_requests=int(np.sum(tr.priority[new])) if tr.priority is not None else 0,
             p90_isl_tokens=float(np.quantile(tr.isl_tokens[new], 0.9)) if num else None,
             peak_prefill_tokens_per_s=self._peak_tokens_per_s(new, t) if num else None,
+            arrival_dispersion=arrival_dispersion(tr.arrival_s[new], t, t1) if num else None,
             prefill=PoolObservation(
                 num_ready=ready_p,
                 num_starting=len(self.prefill) - ready_p,

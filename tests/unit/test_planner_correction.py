@@ -26,17 +26,17 @@ def cfg(**kw) -> PlannerConfig:
     return PlannerConfig(**(base | kw))
 
 
-def test_defaults_are_the_session13_staffing_settings():
+def test_defaults_are_the_session16_staffing_settings():
     c, spec = PlannerConfig(), PlannerSpec()
-    assert (c.prefill_staffing_beta, c.prefill_level_window_ticks, c.target_utilization) == (1.7, 1, 1.0)
-    assert (spec.prefill_staffing_beta, spec.prefill_level_window_ticks, spec.target_utilization) == (1.7, 1, 1.0)
+    assert (c.prefill_staffing_beta, c.prefill_level_window_ticks, c.target_utilization) == (1.65, 1, 1.0)
+    assert (spec.prefill_staffing_beta, spec.prefill_level_window_ticks, spec.target_utilization) == (1.65, 1, 1.0)
     assert c.correct_by_prefill_time and c.scale_up_on_level
 
 
 def test_staffing_by_hand_with_the_default_beta():
     sm = PlannerStateMachine(cfg(), PROF)
     d = sm.on_tick(tick(30, 20.0))
-    # 20 req/s x 0.1 s = 2 Erlangs -> 2 + 1.7 x sqrt(2) = 4.40 -> 5 (beta 1.4 would give 3.98 -> 4);
+    # 20 req/s x 0.1 s = 2 Erlangs -> 2 + 1.65 x sqrt(2) = 4.33 -> 5 (beta 1.4 would give 3.98 -> 4);
     # the first tick is the smoothed level too, so all five are launched
     assert sm.staffing_prefill_replicas() == 5 and d.prefill_replicas == 5
     old = PlannerStateMachine(cfg(prefill_staffing_beta=1.5), PROF)
@@ -47,7 +47,7 @@ def test_staffing_by_hand_with_the_default_beta():
 def test_one_tick_level_follows_the_load_down_after_the_scale_down_delay():
     sm = PlannerStateMachine(cfg(scale_down_delay_s=30.0, cooldown_s=30.0), PROF, initial_prefill=1, initial_decode=1)
     seen = [sm.on_tick(tick(t, r)).prefill_replicas for t, r in ((30, 60.0), (60, 10.0), (90, 10.0))]
-    # 60 req/s: R = 6 -> 6 + 1.7 x 2.449 = 10.16 -> 11; 10 req/s: R = 1 -> 2.7 -> 3 (M/M/c: 2).
+    # 60 req/s: R = 6 -> 6 + 1.65 x 2.449 = 10.04 -> 11; 10 req/s: R = 1 -> 2.65 -> 3 (M/M/c: 2).
     # t=60: the level already forgot R = 6 but the 30-s scale-down window holds t=30's 11; t=90: 3
     assert seen == [11, 11, 3]
 

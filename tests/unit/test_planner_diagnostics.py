@@ -5,7 +5,6 @@ predictor's own window/quantile (per-pool predictors), and the bench's diagnosti
 Profile (hand-checkable): prefill 0.1 ms/token, decode step 10 ms + 0.1 ms per running sequence,
 KV 100k tokens per worker; prefill TP 2, decode TP 4."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, ScalingDecision, TickInput
 from runtime.sim.fleet import FleetConfig, Trace, simulate, static_controller
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
@@ -23,10 +23,7 @@ PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_p
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_planner_diag", ROOT / "bench" / "planner.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/planner.py")
 
 
 def trace(arrivals, isl=1000, osl=11) -> Trace:
@@ -294,3 +291,32 @@ def test_match_attainment_finds_the_smallest_headroom_to_the_resolution():
     for bad in (dict(first=0.0), dict(resolution=0.0), dict(max_headroom=float("inf")), dict(first=5.0)):
         with pytest.raises(ValueError, match="match_attainment"):
             bench.match_attainment(run, 0.99, **bad)
+
+
+def test_match_gpu_hours_finds_the_largest_beta_within_the_budget():
+    bench = load_bench()
+    calls = []
+
+    def run(beta):  # GPU-hours rise with beta and cross 34.75 at beta = 0.9; attainment rises too
+        calls.append(beta)
+        return {"slo_attainment": 0.7 + beta * 0.2, "gpu_hours": 33.0 + beta * 1.75 / 0.9}
+
+    got = bench.match_gpu_hours(run, 34.75, hi=1.65, resolution=0.05)
+    assert got["found"]
+    assert 0.9 - 0.05 <= got["beta"] <= 0.9
+    assert got["result"]["gpu_hours"] <= 34.75
+    assert calls[:2] == [1.65, 0.0]  # the default, then the floor, then bisection
+    assert [t[0] for t in got["tried"]] == [round(b, 4) for b in calls]
+    assert got["budget_gpu_hours"] == 34.75
+    # the default already within the budget: returned at once
+    cheap = bench.match_gpu_hours(run, 100.0, hi=1.65)
+    assert cheap["found"] and cheap["beta"] == 1.65 and len(cheap["tried"]) == 1
+    # over the budget even without staffing: not found, both ends listed
+    never = bench.match_gpu_hours(run, 10.0, hi=1.65)
+    assert not never["found"] and never["beta"] is None and never["result"] is None
+    assert [t[0] for t in never["tried"]] == [1.65, 0.0]
+    for bad in (dict(hi=-1.0), dict(hi=float("nan")), dict(hi=1.65, resolution=0.0)):
+        with pytest.raises(ValueError, match="match_gpu_hours"):
+            bench.match_gpu_hours(run, 34.75, **bad)
+    with pytest.raises(ValueError, match="match_gpu_hours"):
+        bench.match_gpu_hours(run, 0.0, hi=1.65)

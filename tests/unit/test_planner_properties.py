@@ -5,8 +5,9 @@
 3. at most one scaling-direction change per pool in any cooldown window;
 4. sizing is monotone in the predicted load (more load never means fewer prefill, decode or GPUs),
    the decode band included (from any current decode count).
-Configurations include the burst terms: the sub-tick peak term and square-root staffing
-(monotonicity of the staffing term itself: test_planner_staffing.py).
+Configurations include the burst terms: the sub-tick peak term and square-root staffing, its
+headroom scaled by the arrival dispersion the ticks report (rule 11; monotonicity of the staffing
+term itself: test_planner_staffing.py and test_planner_dispersion.py).
 """
 
 from hypothesis import given, settings
@@ -66,7 +67,8 @@ def test_bounds_budget_and_cooldown_under_noisy_load(c, series):
                       prefill=PoolObservation(num_ready=prev["prefill"], queue_per_worker=queue),
                       decode=PoolObservation(num_ready=prev["decode"], kv_usage=kv, running_per_worker=50 * kv),
                       observed_ttft_p90_s=2.5 * noise if k % 2 else None, observed_itl_p90_s=0.06 * noise,
-                      peak_prefill_tokens_per_s=r * (1000 + 500 * noise) * (1 + 3 * noise))
+                      peak_prefill_tokens_per_s=r * (1000 + 500 * noise) * (1 + 3 * noise),
+                      arrival_dispersion=30.0 * noise * queue / 8 if k % 3 else None)
         d = sm.on_tick(t)
         min_p = 0 if d.serving_mode == "aggregated" else cfg.min_prefill
         assert min_p <= d.prefill_replicas <= cfg.max_prefill

@@ -1,0 +1,165 @@
+"""Rule 11 of runtime/planner/state_machine.py: square-root staffing scaled by the arrival dispersion.
+
+The dispersion is the index of dispersion (sample variance / mean) of the requests arriving per 1-s
+bin of a tick (runtime.planner.sla.arrival_dispersion); the staffing coefficient becomes
+``beta * sqrt(max(z, floor) / ref)``, ``z`` an EWMA (weight 0.3) of the ticks' dispersions.
+Profile (hand-checkable): prefill 0.1 ms/token, so a 1000-token prompt occupies a worker 0.1 s.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.planner.profiles import analytic_profile
+from runtime.planner.sla import arrival_dispersion
+from runtime.planner.state_machine import DISPERSION_EWMA, PlannerStateMachine
+from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from runtime.server.planner_loop import RequestWindow
+from runtime.sim.fleet import FleetConfig, Trace, simulate, static_controller
+
+PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
+
+
+def cfg(**kw) -> PlannerConfig:
+    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=200, min_decode=1, max_decode=20,
+                gpu_budget=400, interval_s=30.0, worker_start_s=0.0, predictor="constant", allow_aggregated=False,
+                prefill_staffing_beta=1.65, staffing_dispersion_ref=8.0, staffing_dispersion_floor=5.0)
+    return PlannerConfig(**(base | kw))
+
+
+def tick(now_s: float, rate: float, dispersion: float | None) -> TickInput:
+    return TickInput(now_s=now_s, interval_s=30.0, num_requests=round(rate * 30), mean_isl_tokens=1000,
+                     mean_osl_tokens=200, prefill=PoolObservation(num_ready=4), decode=PoolObservation(num_ready=2),
+                     arrival_dispersion=dispersion)
+
+
+def test_dispersion_by_hand():
+    # bins [0,1) [1,2) [2,3) [3,4): counts 0, 2, 0, 2 -> mean 1, sample variance 4/3
+    assert arrival_dispersion([1.1, 1.5, 3.0, 3.9], 0.0, 4.0) == pytest.approx(4 / 3)
+    # one arrival per bin: no variance
+    assert arrival_dispersion([0.5, 1.5, 2.5, 3.5], 0.0, 4.0) == pytest.approx(0.0)
+    # outside the interval: left out (requests the runtime recorded late are not a clump in bin 0)
+    assert arrival_dispersion([-30.0, -0.5, 1.1, 1.5, 3.0, 3.9, 4.2], 0.0, 4.0) == pytest.approx(4 / 3)
+    assert arrival_dispersion([-0.5, 4.2], 0.0, 4.0) is None
+    # a window under 2 s has one bin: no variance to measure; nothing arrived: None
+    assert arrival_dispersion([0.2, 0.3], 0.0, 1.0) is None
+    assert arrival_dispersion([], 0.0, 30.0) is None
+
+
+def test_dispersion_separates_poisson_from_clumps():
+    rng = np.random.default_rng(0)
+    poisson = np.sort(rng.uniform(0.0, 600.0, 6000))  # 10 req/s, Poisson
+    clumped = np.sort(np.repeat(rng.uniform(0.0, 600.0, 600), 10) + rng.uniform(0.0, 0.5, 6000))  # 10 at once
+    assert arrival_dispersion(poisson, 0.0, 600.0) == pytest.approx(1.0, abs=0.1)
+    assert arrival_dispersion(clumped, 0.0, 600.0) > 7.0
+
+
+def test_staffing_beta_scales_with_the_square_root_of_the_dispersion_by_hand():
+    sm = PlannerStateMachine(cfg(), PROF)
+    assert sm.staffing_beta() == 1.65  # no dispersion reported yet: beta as given
+    sm.on_tick(tick(30, 40.0, 32.0))
+    # z = 32 (first report): beta 1.65 x sqrt(32 / 8) = 3.3; R = 40 x 0.1 = 4 -> 4 + 3.3 x 2 = 10.6 -> 11
+    assert sm.arrival_dispersion == pytest.approx(32.0)
+    assert sm.staffing_beta() == pytest.approx(3.3)
+    assert sm.staffing_prefill_replicas() == 11
+    sm.on_tick(tick(60, 40.0, 2.0))
+    # EWMA: 0.7 x 32 + 0.3 x 2 = 23; beta 1.65 x sqrt(23 / 8)
+    assert sm.arrival_dispersion == pytest.approx((1 - DISPERSION_EWMA) * 32 + DISPERSION_EWMA * 2)
+    assert sm.staffing_beta() == pytest.approx(1.65 * math.sqrt(23 / 8))
+
+
+def test_smooth_arrivals_keep_the_floor():
+    sm = PlannerStateMachine(cfg(), PROF)
+    sm.on_tick(tick(30, 40.0, 1.0))
+    # z = 1 is below the floor 5: beta 1.65 x sqrt(5 / 8) = 1.304; R = 4 -> 4 + 1.304 x 2 = 6.61 -> 7
+    assert sm.staffing_beta() == pytest.approx(1.65 * math.sqrt(5 / 8))
+    assert sm.staffing_prefill_replicas() == 7
+    # rule 11 off: beta 1.65 -> 4 + 3.3 = 7.3 -> 8
+    off = PlannerStateMachine(cfg(staffing_dispersion_ref=None), PROF)
+    off.on_tick(tick(30, 40.0, 1.0))
+    assert off.staffing_beta() == 1.65 and off.staffing_prefill_replicas() == 8
+
+
+def test_a_tick_with_fewer_than_two_requests_does_not_move_the_dispersion():
+    sm = PlannerStateMachine(cfg(), PROF)
+    sm.on_tick(tick(30, 40.0, 12.0))
+    sm.on_tick(TickInput(now_s=60, interval_s=30.0, num_requests=1, mean_isl_tokens=1000, mean_osl_tokens=200,
+                         arrival_dispersion=0.0))
+    assert sm.arrival_dispersion == pytest.approx(12.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.0, 100.0), st.floats(0.0, 100.0), st.floats(0.5, 200.0))
+def test_staffing_is_monotone_in_the_dispersion(z1, z2, rate):
+    lo, hi = sorted((z1, z2))
+    sizes = []
+    for z in (lo, hi):
+        sm = PlannerStateMachine(cfg(), PROF)
+        sm.on_tick(tick(30, rate, z))
+        sizes.append(sm.staffing_prefill_replicas())
+    assert sizes[0] <= sizes[1]
+
+
+def test_config_refuses_a_bad_reference_or_floor():
+    for bad in (dict(staffing_dispersion_ref=0.0), dict(staffing_dispersion_ref=float("inf")),
+                dict(staffing_dispersion_floor=-1.0), dict(staffing_dispersion_floor=float("nan"))):
+        with pytest.raises(ValueError, match="staffing_dispersion"):
+            cfg(**bad)
+    with pytest.raises(ValueError, match="arrival_dispersion"):
+        tick(30, 1.0, -0.5)
+
+
+def test_the_simulator_reports_each_ticks_dispersion():
+    rng = np.random.default_rng(1)
+    clumps = np.repeat(rng.uniform(0.0, 120.0, 120), 8) + rng.uniform(0.0, 0.2, 960)  # 8 at once, 8 req/s
+    arr = np.sort(clumps)
+    n = len(arr)
+    seen: list[float | None] = []
+
+    def ctl(t: TickInput):
+        seen.append(t.arrival_dispersion)
+        return static_controller(4, 1)(t)
+
+    simulate(Trace(arr, np.full(n, 1000), np.full(n, 10)), PROF,
+             FleetConfig(prefill_tp=1, decode_tp=1, interval_s=30.0, worker_start_s=0.0, initial_prefill=4,
+                         initial_decode=1), ctl)
+    in_trace = [z for z in seen[:4] if z is not None]
+    assert len(in_trace) == 4
+    for k, z in enumerate(in_trace):  # each tick: the same as binning its arrivals by hand
+        mine = arr[(arr >= 30 * k) & (arr < 30 * (k + 1))]
+        assert z == pytest.approx(arrival_dispersion(mine, 30.0 * k, 30.0 * (k + 1)))
+    assert min(in_trace) > 3.0  # clumps of 8: far above Poisson's 1
+
+
+def test_the_runtime_window_reports_the_dispersion_of_its_arrivals():
+    now = [100.0]
+    w = RequestWindow(clock=lambda: now[0])
+    for t in (100.2, 100.4, 100.6, 103.5):  # bins of [100, 104): 3, 0, 0, 1
+        now[0] = t
+        w.record_arrival(500)
+    now[0] = 104.0
+    stats = w.drain()
+    assert stats.arrival_dispersion == pytest.approx(arrival_dispersion([0.2, 0.4, 0.6, 3.5], 0.0, 4.0))
+    assert stats.arrival_dispersion == pytest.approx(((3 - 1) ** 2 + 1 + 1 + 0) / 3 / 1)
+
+
+def test_the_deployment_spec_carries_rule_11_settings():
+    from pydantic import ValidationError
+
+    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
+
+    spec = DeploymentSpec(model=ModelRef(name="m"),
+                          planner=PlannerSpec(mode="sla", staffing_dispersion_ref=4.0, staffing_dispersion_floor=2.0))
+    c = PlannerConfig.from_spec(spec)
+    assert (c.staffing_dispersion_ref, c.staffing_dispersion_floor) == (4.0, 2.0)
+    assert PlannerConfig.from_spec(DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(
+        mode="sla", staffing_dispersion_ref=None))).staffing_dispersion_ref is None
+    d = PlannerSpec()
+    assert (d.staffing_dispersion_ref, d.staffing_dispersion_floor) == (8.0, 5.0) == (
+        PlannerConfig().staffing_dispersion_ref, PlannerConfig().staffing_dispersion_floor)
+    for bad in (dict(staffing_dispersion_ref=0.0), dict(staffing_dispersion_floor=-1.0)):
+        with pytest.raises(ValidationError, match="staffing_dispersion"):
+            PlannerSpec(**bad)
