@@ -98,7 +98,9 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # Session 14 adds rules 9 (the prefill M/M/c term on the level and trend) and 10 (staffing on a fall sizes for
 # the load where the release acts); "prefill_queue_on_quantile" and "staffing_hold_on_fall" undo each.
 # Session 16 scales the staffing headroom by the measured arrival dispersion (rule 11) and lowers beta to 1.65;
-# "no_dispersion" undoes rule 11 (beta 1.65 as given), "staffing_beta_1.7" both (session 15's planner).
+# "no_dispersion" undoes rule 11 (beta 1.65 as given), "staffing_beta_1.7" both (session 15's planner), and the two
+# launch_on_tick rows keep rule 11 off (the planners of sessions 12 and 13 they stand for); "staffing_beta_1.6" and
+# "_1.8" vary today's beta with rule 11 on.
 _PREVIOUS = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
                  prefill_queue_on_trend=False, staffing_on_fall=False, staffing_dispersion_ref=None)
@@ -119,8 +121,8 @@ ABLATIONS: dict[str, dict] = {
     "burst_headroom_25pct": dict(burst_headroom=0.25),
     "token_rate_predictors": dict(size_on_tokens=True),
     "no_decode_band": dict(decode_band=False),
-    "launch_on_tick": dict(scale_up_on_level=False, prefill_staffing_beta=1.5),
-    "launch_on_tick_beta_1.7": dict(scale_up_on_level=False),
+    "launch_on_tick": dict(scale_up_on_level=False, prefill_staffing_beta=1.5, staffing_dispersion_ref=None),
+    "launch_on_tick_beta_1.7": dict(scale_up_on_level=False, prefill_staffing_beta=1.7, staffing_dispersion_ref=None),
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
     "prefill_queue_on_quantile": dict(prefill_queue_on_trend=False),
     "staffing_hold_on_fall": dict(staffing_on_fall=False),

@@ -56,7 +56,20 @@ def _write(objs: list[dict], path: Path) -> Path:
     return write_yaml(objs, path, header=HEADER)
 
 
-if __name__ == "__main__":  # pragma: no cover - maintenance command
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "kserve"
-    for p in generate(root):
+def main(argv: list[str] | None = None) -> list[Path]:
+    """The maintenance command: parse ``argv`` (``[OUT_DIR]``), write the templates, print each path."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m runtime.deploy.templates",
+                                 description="Write the KServe templates (ClusterServingRuntime, promoter RBAC, "
+                                 "example deployments) rendered from runtime/deploy/render.py.")
+    ap.add_argument("out_dir", nargs="?", type=Path, default=Path(__file__).resolve().parents[2] / "kserve",
+                    help="folder to write into (default: the repository's kserve/)")
+    written = generate(ap.parse_args(argv).out_dir)
+    for p in written:
         print(p)
+    return written
+
+
+if __name__ == "__main__":  # pragma: no cover - maintenance command
+    main(sys.argv[1:])

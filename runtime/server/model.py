@@ -211,7 +211,8 @@ class PDModel(OpenAIGenerativeModel):
         prefill_timeout_s: a remote prefill slower than this counts as failed (local prefill instead), so a
             stuck prefill worker cannot hang requests, seconds.
         observer: optional request window of the planner loop (runtime.server.planner_loop.RequestWindow:
-            `record_arrival(isl_tokens, ago_s=...)`, `record_finish(osl_tokens, ttft_s, itl_s)`).
+            `record_arrival(isl_tokens, ago_s=...)`, `record_finish(osl_tokens, ttft_s, itl_s)`, and
+            `record_receipt()` when it has one, called as each request comes in).
         prefill_nudge_after_s: when set, a request whose decode has not produced its first token this many
             seconds after a remote prefill sends the prefill worker a 1-token request, and again every as many
             seconds until the first token (`pdserve_prefill_nudges_total`). Why: with vLLM's NIXL pull
@@ -427,6 +428,9 @@ class PDModel(OpenAIGenerativeModel):
 
     async def _serve(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None = None) -> Any:
         t0 = self.clock()
+        receipt = getattr(self.observer, "record_receipt", None)
+        if receipt is not None:  # the planner's arrival dispersion bins requests by when they came in
+            receipt()
         rid = f"pdserve-{uuid.uuid4().hex}"
         token_ids = None
         if self.tokenizer is not None:  # chat templates of long prompts take seconds: off the event loop

@@ -23,8 +23,11 @@ decision: fewer than decided under a worker cap or a restart back-off, unchanged
 
 The sub-tick peak handed to the planner (``TickInput.peak_prefill_tokens_per_s``) is computed exactly as
 the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prompt tokens arriving in each
-1-s bin of the interval, then their ``PEAK_BIN_QUANTILE`` (0.9) quantile; so is the arrival dispersion
-(``TickInput.arrival_dispersion``, runtime.planner.sla.arrival_dispersion over the same bins).
+1-s bin of the interval, then their ``PEAK_BIN_QUANTILE`` (0.9) quantile. The arrival dispersion
+(``TickInput.arrival_dispersion``) is runtime.planner.sla.arrival_dispersion, as in the simulator, over the
+times the runtime received the requests (``RequestWindow.record_receipt``): the prompt length, and so
+``record_arrival``, comes only after routing or at the end of a request, and arrivals recorded that late
+would leave the end of each window short and drop from the next.
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ class RequestWindow:
         self.clock = clock
         self._since_s = clock()
         self._arrival_s: list[float] = []
+        self._receipt_s: list[float] = []
         self._isl: list[int] = []
         self._prio = 0
         self._osl: list[int] = []
@@ -125,6 +129,13 @@ class RequestWindow:
             self._arrival_s.append(now_s)
             self._prio += int(priority)
 
+    def record_receipt(self) -> None:
+        """A request was received now (before routing): the arrival dispersion counts these, binned
+        by the time they happened. Without any receipt in a window it uses the recorded arrivals."""
+        now_s = self.clock()
+        with self._lock:
+            self._receipt_s.append(now_s)
+
     def record_finish(self, osl_tokens: int, ttft_s: float, itl_s: float | None = None) -> None:
         with self._lock:
             self._osl.append(int(osl_tokens))
@@ -136,9 +147,9 @@ class RequestWindow:
         now_s = self.clock()
         with self._lock:
             isl, osl, ttft, itl, prio = self._isl, self._osl, self._ttft, self._itl, self._prio
-            arrival_s, since_s = self._arrival_s, self._since_s
+            arrival_s, receipt_s, since_s = self._arrival_s, self._receipt_s, self._since_s
             self._isl, self._osl, self._ttft, self._itl, self._prio = [], [], [], [], 0
-            self._arrival_s, self._since_s = [], now_s
+            self._arrival_s, self._receipt_s, self._since_s = [], [], now_s
         return WindowStats(
             num_requests=len(isl),
             num_priority_requests=prio,
@@ -149,7 +160,7 @@ class RequestWindow:
             itl_p90_s=float(np.quantile(itl, 0.9)) if itl else None,
             peak_prefill_tokens_per_s=peak_tokens_per_s(arrival_s, isl, since_s, now_s),
             span_s=max(now_s - since_s, 0.0),
-            arrival_dispersion=arrival_dispersion(arrival_s, since_s, now_s),
+            arrival_dispersion=arrival_dispersion(receipt_s or arrival_s, since_s, now_s),
         )
 
 

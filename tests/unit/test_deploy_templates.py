@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from runtime.deploy.render import read_yaml
 from runtime.deploy.templates import generate
 from runtime.deploy.validate import validate_objects
@@ -28,3 +30,15 @@ def test_templates_validate_and_carry_the_pvc_storage_uri():
     csr = read_yaml(KSERVE_DIR / "clusterservingruntime.yaml")
     assert [o["kind"] for o in csr] == ["ClusterServingRuntime"]
     assert csr[0]["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_maintenance_command_explains_itself_and_writes_where_it_is_told(tmp_path, capsys, monkeypatch):
+    from runtime.deploy.templates import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0 and "OUT_DIR" in capsys.readouterr().out.upper()
+    assert not (tmp_path / "--help").exists()  # --help is not an output folder
+    written = main([str(tmp_path / "out")])
+    assert (tmp_path / "out" / "clusterservingruntime.yaml") in written

@@ -1,8 +1,9 @@
 """Rule 11 of runtime/planner/state_machine.py: square-root staffing scaled by the arrival dispersion.
 
-The dispersion is the index of dispersion (sample variance / mean) of the requests arriving per 1-s
-bin of a tick (runtime.planner.sla.arrival_dispersion); the staffing coefficient becomes
-``beta * sqrt(max(z, floor) / ref)``, ``z`` an EWMA (weight 0.3) of the ticks' dispersions.
+The dispersion is the index of dispersion of the requests arriving per ~1-s bin of a tick, around
+the tick's linear trend (residual variance / mean; runtime.planner.sla.arrival_dispersion); the
+staffing coefficient becomes ``beta * sqrt(max(z, floor) / ref)``, ``z`` an EWMA (weight 0.3) of
+the ticks' dispersions, each capped at 4 x ref.
 Profile (hand-checkable): prefill 0.1 ms/token, so a 1000-token prompt occupies a worker 0.1 s.
 """
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from runtime.planner.profiles import analytic_profile
 from runtime.planner.sla import arrival_dispersion
-from runtime.planner.state_machine import DISPERSION_EWMA, PlannerStateMachine
+from runtime.planner.state_machine import DISPERSION_EWMA, DISPERSION_SAMPLE_MAX, PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
 from runtime.server.planner_loop import RequestWindow
 from runtime.sim.fleet import FleetConfig, Trace, simulate, static_controller
@@ -37,24 +38,44 @@ def tick(now_s: float, rate: float, dispersion: float | None) -> TickInput:
 
 
 def test_dispersion_by_hand():
-    # bins [0,1) [1,2) [2,3) [3,4): counts 0, 2, 0, 2 -> mean 1, sample variance 4/3
-    assert arrival_dispersion([1.1, 1.5, 3.0, 3.9], 0.0, 4.0) == pytest.approx(4 / 3)
+    # bins [0,1) [1,2) [2,3) [3,4): counts 0, 2, 0, 2, mean 1. Least-squares line over the bin index
+    # (centred -1.5 .. 1.5): slope 2 / 5 = 0.4; residuals -0.4, 1.2, -1.2, 0.4 -> 3.2 / (4 - 2) / 1 = 1.6
+    assert arrival_dispersion([1.1, 1.5, 3.0, 3.9], 0.0, 4.0) == pytest.approx(1.6)
     # one arrival per bin: no variance
     assert arrival_dispersion([0.5, 1.5, 2.5, 3.5], 0.0, 4.0) == pytest.approx(0.0)
-    # outside the interval: left out (requests the runtime recorded late are not a clump in bin 0)
-    assert arrival_dispersion([-30.0, -0.5, 1.1, 1.5, 3.0, 3.9, 4.2], 0.0, 4.0) == pytest.approx(4 / 3)
+    # a steady ramp 1, 2, 3, 4 per bin lies on its trend: not burstiness
+    assert arrival_dispersion([0.5, 1.2, 1.6, 2.1, 2.4, 2.7, 3.1, 3.3, 3.5, 3.7], 0.0, 4.0) == pytest.approx(0.0)
+    # outside the interval: left out; any order; a numpy array as well as a list
+    assert arrival_dispersion([-30.0, 3.9, -0.5, 1.1, 1.5, 3.0, 4.2], 0.0, 4.0) == pytest.approx(1.6)
+    assert arrival_dispersion(np.array([1.1, 1.5, 3.0, 3.9]), 0.0, 4.0) == pytest.approx(1.6)
     assert arrival_dispersion([-0.5, 4.2], 0.0, 4.0) is None
-    # a window under 2 s has one bin: no variance to measure; nothing arrived: None
-    assert arrival_dispersion([0.2, 0.3], 0.0, 1.0) is None
+    # fewer than 3 bins (a window under 2.5 s): no residual variance to measure; nothing arrived: None
+    assert arrival_dispersion([0.2, 0.3, 1.4], 0.0, 2.0) is None
     assert arrival_dispersion([], 0.0, 30.0) is None
 
 
-def test_dispersion_separates_poisson_from_clumps():
+def test_a_window_a_few_ms_long_has_no_near_empty_extra_bin():
+    # the runtime drains a little after each interval: 30.02 s are 30 bins of 1.0007 s, not 31 bins
+    regular = [i * 0.01 for i in range(3000)]  # 100 req/s, perfectly regular
+    assert arrival_dispersion(regular, 0.0, 30.02) == pytest.approx(0.0, abs=0.05)
+    rng = np.random.default_rng(2)
+    poisson = np.sort(rng.uniform(0.0, 30.0, 6000))  # 200 req/s
+    assert arrival_dispersion(poisson, 0.0, 30.02) == pytest.approx(arrival_dispersion(poisson, 0.0, 30.0), rel=0.1)
+    assert arrival_dispersion(poisson, 0.0, 30.0) == pytest.approx(1.0, abs=0.4)
+
+
+def test_dispersion_separates_poisson_from_clumps_but_not_a_ramp_from_poisson():
     rng = np.random.default_rng(0)
     poisson = np.sort(rng.uniform(0.0, 600.0, 6000))  # 10 req/s, Poisson
     clumped = np.sort(np.repeat(rng.uniform(0.0, 600.0, 600), 10) + rng.uniform(0.0, 0.5, 6000))  # 10 at once
     assert arrival_dispersion(poisson, 0.0, 600.0) == pytest.approx(1.0, abs=0.1)
     assert arrival_dispersion(clumped, 0.0, 600.0) > 7.0
+    # Poisson ramping 1000 -> 1500 req/s within the window (thinning): ~1, not the ~18 of the raw variance
+    t = np.sort(rng.uniform(0.0, 30.0, 60_000))
+    ramp = t[rng.uniform(0.0, 1500.0, len(t)) < 1000.0 + 500.0 * t / 30.0]
+    raw = np.bincount(ramp.astype(int), minlength=30)
+    assert raw.var(ddof=1) / raw.mean() > 10.0  # what the variance around the mean reads
+    assert arrival_dispersion(ramp, 0.0, 30.0) < 2.5  # ~1 give or take the sampling error of 30 bins
 
 
 def test_staffing_beta_scales_with_the_square_root_of_the_dispersion_by_hand():
@@ -81,6 +102,21 @@ def test_smooth_arrivals_keep_the_floor():
     off = PlannerStateMachine(cfg(staffing_dispersion_ref=None), PROF)
     off.on_tick(tick(30, 40.0, 1.0))
     assert off.staffing_beta() == 1.65 and off.staffing_prefill_replicas() == 8
+
+
+def test_a_flash_crowd_moves_the_dispersion_a_bounded_step():
+    sm = PlannerStateMachine(cfg(), PROF)
+    sm.on_tick(tick(30, 40.0, 8.0))
+    sm.on_tick(tick(60, 40.0, 1e6))  # one tick's clump: capped at 4 x ref = 32 before the EWMA
+    assert sm.arrival_dispersion == pytest.approx(0.7 * 8.0 + 0.3 * DISPERSION_SAMPLE_MAX * 8.0)
+    assert sm.staffing_beta() == pytest.approx(1.65 * math.sqrt(15.2 / 8))
+    for t in range(90, 390, 30):
+        sm.on_tick(tick(t, 40.0, 8.0))
+    assert sm.staffing_beta() == pytest.approx(1.65, rel=0.02)  # ten ordinary ticks later: back
+    # a reference so small that the ratio would overflow: beta scaled by at most sqrt(100)
+    tiny = PlannerStateMachine(cfg(staffing_dispersion_ref=1e-300, staffing_dispersion_floor=1e300), PROF)
+    tiny.on_tick(tick(30, 40.0, 5.0))
+    assert tiny.staffing_beta() == pytest.approx(16.5) and tiny.staffing_prefill_replicas() == math.ceil(4 + 33)
 
 
 def test_a_tick_with_fewer_than_two_requests_does_not_move_the_dispersion():
@@ -143,23 +179,33 @@ def test_the_runtime_window_reports_the_dispersion_of_its_arrivals():
     now[0] = 104.0
     stats = w.drain()
     assert stats.arrival_dispersion == pytest.approx(arrival_dispersion([0.2, 0.4, 0.6, 3.5], 0.0, 4.0))
-    assert stats.arrival_dispersion == pytest.approx(((3 - 1) ** 2 + 1 + 1 + 0) / 3 / 1)
+    # mean 1, trend -3 / 5 = -0.6 per bin: residuals 1.1, -1.3, -0.7, 0.9 -> 4.2 / (4 - 2) / 1 = 2.1
+    assert stats.arrival_dispersion == pytest.approx(2.1)
 
 
-def test_the_deployment_spec_carries_rule_11_settings():
-    from pydantic import ValidationError
-
-    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
-
-    spec = DeploymentSpec(model=ModelRef(name="m"),
-                          planner=PlannerSpec(mode="sla", staffing_dispersion_ref=4.0, staffing_dispersion_floor=2.0))
-    c = PlannerConfig.from_spec(spec)
-    assert (c.staffing_dispersion_ref, c.staffing_dispersion_floor) == (4.0, 2.0)
-    assert PlannerConfig.from_spec(DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(
-        mode="sla", staffing_dispersion_ref=None))).staffing_dispersion_ref is None
-    d = PlannerSpec()
-    assert (d.staffing_dispersion_ref, d.staffing_dispersion_floor) == (8.0, 5.0) == (
-        PlannerConfig().staffing_dispersion_ref, PlannerConfig().staffing_dispersion_floor)
-    for bad in (dict(staffing_dispersion_ref=0.0), dict(staffing_dispersion_floor=-1.0)):
-        with pytest.raises(ValidationError, match="staffing_dispersion"):
-            PlannerSpec(**bad)
+def test_the_runtime_window_bins_requests_by_receipt_not_by_their_late_recorded_arrival():
+    now = [0.0]
+    w = RequestWindow(clock=lambda: now[0])
+    times = [k * 0.1 for k in range(300)]  # 10 req/s, perfectly regular, over [0, 30)
+    for t in times:
+        now[0] = t
+        w.record_receipt()
+    for t in times:  # each prompt length is known 1.5 s after the request came in
+        if t + 1.5 < 30.0:
+            now[0] = t + 1.5
+            w.record_arrival(500, ago_s=1.5)
+    now[0] = 30.0
+    first = w.drain()
+    assert first.num_requests == 285  # the last 1.5 s are recorded in the next window
+    assert first.arrival_dispersion == pytest.approx(0.0)  # 10 receipts in every bin
+    # what the late-recorded arrivals alone would read: the window's last bins short
+    recorded = [t for t in times if t + 1.5 < 30.0]
+    assert arrival_dispersion(recorded, 0.0, 30.0) > 0.3
+    # a feeder that records no receipts: the window falls back to the arrivals
+    now[0] = 0.0
+    w2 = RequestWindow(clock=lambda: now[0])
+    for t in recorded:
+        now[0] = t + 1.5
+        w2.record_arrival(500, ago_s=1.5)
+    now[0] = 30.0
+    assert w2.drain().arrival_dispersion == pytest.approx(arrival_dispersion(recorded, 0.0, 30.0))

@@ -194,6 +194,32 @@ async def test_finished_requests_feed_the_planner_request_window():
     assert _metric(reg, "pdserve_ttft_seconds_count", endpoint="chat", mode="remote") == 2
 
 
+async def test_each_request_is_counted_for_the_arrival_dispersion_when_it_comes_in():
+    from runtime.server.planner_loop import RequestWindow
+
+    events: list[str] = []
+
+    class Window(RequestWindow):
+        def record_receipt(self) -> None:
+            events.append("receipt")
+            super().record_receipt()
+
+        def record_arrival(self, isl_tokens: int, **kw) -> None:
+            events.append("arrival")
+            super().record_arrival(isl_tokens, **kw)
+
+    w = FakeWorkers()
+    transport = httpx.MockTransport(w.handler)
+    window = Window()
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(CollectorRegistry()),
+                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    await model.create_chat_completion(_request())
+    await model.create_chat_completion(_request())
+    # received before routing (the prompt length, and record_arrival, come only after the worker answered)
+    assert events == ["receipt", "arrival", "receipt", "arrival"]
+    assert window.drain().num_requests == 2
+
+
 class WaitsForNudge(FakeWorkers):
     """A decode worker that answers only once the prefill worker got a 1-token request (the stall that
     bench/pd_tail.py measures: vLLM's decode waits for the prefill engine's next forward pass)."""
