@@ -273,6 +273,7 @@ class PlannerSpec(_Strict):
     prefill_staffing_beta: float | None = Field(
         default=1.65,
         ge=0,
+        le=100,
         description="SLA mode: square-root staffing of the prefill pool, at least R + beta * sqrt(R) workers for "
         "the offered load R in Erlangs (dimensionless beta; None: off).",
     )

@@ -165,16 +165,17 @@ def aggregated_replicas(
 
 def arrival_dispersion(arrival_s, start_s: float, end_s: float) -> float | None:
     """Index of dispersion of the requests arriving in ``[start_s, end_s)``, per ~1-s bin and around
-    the interval's linear trend: 1 for Poisson arrivals (steady or ramping), ~K when they come in
-    clumps of K within a second.
+    the interval's linear trend: 1 for Poisson arrivals (steady or ramping linearly), ~K when they
+    come in clumps of K within a second.
 
     The interval is cut into ``n = round(end_s - start_s)`` equal bins (width ~1 s: a tick that ran a
     few ms long has no near-empty extra bin). The counts are fitted by least squares on the bin index,
     and the result is the residual variance (``n - 2`` degrees of freedom) over the mean count: a rate
-    that changes within the interval is not read as burstiness. ``arrival_s``: arrival times, seconds
+    that changes steadily within the interval is not read as burstiness. ``arrival_s``: arrival times, seconds
     on the same clock (any order, a sequence or array); arrivals outside the interval are left out.
-    Returns None with fewer than 3 bins (an interval under 2.5 s) or no arrival inside. Dimensionless,
-    finite, >= 0.
+    Returns None with fewer than 3 bins (an interval of 2.5 s or less) or no arrival inside.
+    Dimensionless, finite, >= 0. A step in the rate within the interval, or traffic that starts or
+    stops inside it, still reads partly as burstiness.
 
     Source: the index of dispersion of counts (Cox & Lewis, "The Statistical Analysis of Series of
     Events", 1966, §4.5); Whitt (1992, "Understanding the efficiency of multi-server service systems",

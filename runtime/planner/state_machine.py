@@ -101,11 +101,13 @@ Per tick (SLA mode):
    is ``beta * sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref) * sqrt(R)``, ``z``
    an EWMA (weight ``DISPERSION_EWMA``) of the ticks' ``arrival_dispersion``, the index of
    dispersion of the requests arriving per ~1-s bin around the tick's linear trend (residual variance
-   / mean; 1 for Poisson arrivals, steady or ramping: runtime.planner.sla.arrival_dispersion), each
-   tick's value capped at ``DISPERSION_SAMPLE_MAX`` x the reference first (one flash crowd raises the
-   EWMA by at most 1.2 x the reference, and that decays by 0.7 a tick). The runtime bins requests by
-   when it received them (runtime/server/planner_loop.py). Clumps that land once in every bin read as
-   regular (0): the floor covers them. Square-
+   / mean; 1 for Poisson arrivals, steady or ramping linearly: runtime.planner.sla.arrival_dispersion),
+   each tick's value capped at ``DISPERSION_SAMPLE_MAX`` x the reference first (after the first tick,
+   one flash crowd raises the EWMA by at most 1.2 x the reference, and that decays by 0.7 a tick). The
+   runtime bins requests by when it received them (runtime/server/planner_loop.py). Clumps that land
+   once in every bin read as regular (0), and a step in the rate within a tick, or traffic that starts
+   or stops inside it, reads partly as burstiness (up to the cap): the floor covers the first, the
+   second over-provisions prefill for a few ticks. Square-
    root staffing of non-Poisson arrivals scales the headroom by the square root of their peakedness
    (Whitt 1992, "Understanding the efficiency of multi-server service systems", Management Science
    38(5)): ``R + beta0 * sqrt(z R)``. The beta that met 99 % grew with ``--rate-scale`` (its copies
@@ -429,9 +431,9 @@ class PlannerStateMachine:
             self._has_isl = True
         if tick.arrival_dispersion is not None and tick.num_requests >= 2:
             # a flash crowd in one tick moves the EWMA by at most 0.3 x 4 x the reference
-            z, prev = tick.arrival_dispersion, self.arrival_dispersion
-            if cfg.staffing_dispersion_ref is not None:
-                z = min(z, DISPERSION_SAMPLE_MAX * cfg.staffing_dispersion_ref)
+            z, ref, prev = tick.arrival_dispersion, cfg.staffing_dispersion_ref, self.arrival_dispersion
+            if ref is not None:
+                z = min(z, DISPERSION_SAMPLE_MAX * ref)
             self.arrival_dispersion = z if prev is None else (1.0 - DISPERSION_EWMA) * prev + DISPERSION_EWMA * z
         if tick.peak_prefill_tokens_per_s is not None:
             self._peak.observe(tick.peak_prefill_tokens_per_s)

@@ -53,8 +53,8 @@ class TickInput:
     ``observed_prefill_time_mean_s`` (optional): mean prefill time of the requests whose prefill
     finished in the window (vLLM ``vllm:request_prefill_time_seconds`` sum/count); queueing does
     not enter it, so SLA mode corrects the prefill service time by it instead of by TTFT.
-    ``arrival_dispersion`` (optional): the index of dispersion (sample variance / mean) of the requests
-    arriving per 1-s bin within the window (:func:`runtime.planner.sla.arrival_dispersion`); 1 for
+    ``arrival_dispersion`` (optional): the index of dispersion of the requests arriving per ~1-s bin
+    within the window, around its linear trend (:func:`runtime.planner.sla.arrival_dispersion`); 1 for
     Poisson arrivals, more when they come in clumps. SLA mode scales the prefill staffing headroom by it."""
 
     now_s: float
@@ -252,8 +252,8 @@ class PlannerConfig:
         if self.min_decode < 1:
             raise ValueError("planner: decode min_replicas must be >= 1 (someone has to decode)")
         if self.prefill_staffing_beta is not None and not (
-                math.isfinite(self.prefill_staffing_beta) and self.prefill_staffing_beta >= 0):
-            raise ValueError(f"planner.prefill_staffing_beta must be >= 0, got {self.prefill_staffing_beta}")
+                math.isfinite(self.prefill_staffing_beta) and 0 <= self.prefill_staffing_beta <= 100):
+            raise ValueError(f"planner.prefill_staffing_beta must be in [0, 100], got {self.prefill_staffing_beta}")
         if self.staffing_dispersion_ref is not None and not (
                 math.isfinite(self.staffing_dispersion_ref) and self.staffing_dispersion_ref > 0):
             raise ValueError(f"planner.staffing_dispersion_ref must be finite and > 0 (or None), got "

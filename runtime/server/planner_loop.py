@@ -19,14 +19,15 @@ decision: fewer than decided under a worker cap or a restart back-off, unchanged
 ``predicted_osl_tokens``, ``observed_rate_per_second``, ``observed_ttft_p90_seconds``,
 ``observed_itl_p90_seconds``, ``ttft_correction``, ``itl_correction``,
 ``observed_peak_prefill_tokens_per_second``, ``observed_prefill_time_mean_seconds``,
-``observed_arrival_dispersion`` (variance / mean of the requests arriving per 1-s bin; 1 for Poisson).
+``observed_arrival_dispersion`` (runtime.planner.sla.arrival_dispersion of the requests received in the last
+interval: residual variance / mean per ~1-s bin around the interval's trend; 1 for Poisson).
 
 The sub-tick peak handed to the planner (``TickInput.peak_prefill_tokens_per_s``) is computed exactly as
 the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prompt tokens arriving in each
 1-s bin of the interval, then their ``PEAK_BIN_QUANTILE`` (0.9) quantile. The arrival dispersion
 (``TickInput.arrival_dispersion``) is runtime.planner.sla.arrival_dispersion, as in the simulator, over the
 times the runtime received the requests (``RequestWindow.record_receipt``): the prompt length, and so
-``record_arrival``, comes only after routing or at the end of a request, and arrivals recorded that late
+``record_arrival``, comes only after the remote prefill or at the end of a request, and arrivals recorded that late
 would leave the end of each window short and drop from the next.
 """
 
@@ -71,7 +72,7 @@ class WindowStats:
     itl_p90_s: float | None
     peak_prefill_tokens_per_s: float | None = None
     span_s: float = 0.0  # seconds the window covered (previous drain to this one)
-    arrival_dispersion: float | None = None  # variance / mean of the arrivals per 1-s bin
+    arrival_dispersion: float | None = None  # runtime.planner.sla.arrival_dispersion of the receipts
 
 
 def peak_tokens_per_s(
@@ -102,7 +103,8 @@ def peak_tokens_per_s(
 
 
 class RequestWindow:
-    """Thread-safe request counters the runtime feeds: ``record_arrival`` when a request comes in,
+    """Thread-safe request counters the runtime feeds: ``record_receipt`` when a request comes in,
+    ``record_arrival`` once its prompt length is known,
     ``record_finish`` when it ends. ``drain`` returns and resets them; the window of a drain runs from
     the previous drain (or creation) to now on ``clock`` (monotonic seconds, injectable)."""
 
@@ -329,8 +331,8 @@ class PlannerGauges:
         self.obs_peak = g("observed_peak_prefill_tokens_per_second",
                           "p90 of prompt tokens arriving per 1-s bin in the last interval, tokens/s")
         self.obs_dispersion = g("observed_arrival_dispersion",
-                                "Variance / mean of the requests arriving per 1-s bin in the last interval "
-                                "(1 for Poisson arrivals, more for clumps)")
+                                "Index of dispersion of the requests received per ~1-s bin in the last interval, "
+                                "around its trend (1 for Poisson arrivals, more for clumps)")
         self.ticks = Counter("pdserve_planner_ticks", "Planner ticks run", registry=registry)
         self.applied = Gauge("pdserve_planner_applied_replicas",
                              "Workers per pool the actuator reports after applying the last decision (may differ "

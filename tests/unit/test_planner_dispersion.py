@@ -2,8 +2,8 @@
 
 The dispersion is the index of dispersion of the requests arriving per ~1-s bin of a tick, around
 the tick's linear trend (residual variance / mean; runtime.planner.sla.arrival_dispersion); the
-staffing coefficient becomes ``beta * sqrt(max(z, floor) / ref)``, ``z`` an EWMA (weight 0.3) of
-the ticks' dispersions, each capped at 4 x ref.
+staffing coefficient becomes ``beta * sqrt(max(z, floor) / ref)``, ``z`` an EWMA (weight 0.3)
+of the ticks' dispersions, each capped at 4 x ref.
 Profile (hand-checkable): prefill 0.1 ms/token, so a 1000-token prompt occupies a worker 0.1 s.
 """
 
@@ -38,19 +38,22 @@ def tick(now_s: float, rate: float, dispersion: float | None) -> TickInput:
 
 
 def test_dispersion_by_hand():
-    # bins [0,1) [1,2) [2,3) [3,4): counts 0, 2, 0, 2, mean 1. Least-squares line over the bin index
-    # (centred -1.5 .. 1.5): slope 2 / 5 = 0.4; residuals -0.4, 1.2, -1.2, 0.4 -> 3.2 / (4 - 2) / 1 = 1.6
-    assert arrival_dispersion([1.1, 1.5, 3.0, 3.9], 0.0, 4.0) == pytest.approx(1.6)
+    # bins [0,1) [1,2) [2,3) [3,4): counts 1, 2, 0, 2, mean 1.25. Least-squares line over the bin index
+    # (centred -1.5 .. 1.5): slope 0.5 / 5 = 0.1; residuals -0.1, 0.8, -1.3, 0.6 -> 2.7 / (4 - 2) / 1.25 = 1.08
+    assert arrival_dispersion([0.5, 1.1, 1.5, 3.0, 3.9], 0.0, 4.0) == pytest.approx(1.08)
     # one arrival per bin: no variance
     assert arrival_dispersion([0.5, 1.5, 2.5, 3.5], 0.0, 4.0) == pytest.approx(0.0)
     # a steady ramp 1, 2, 3, 4 per bin lies on its trend: not burstiness
     assert arrival_dispersion([0.5, 1.2, 1.6, 2.1, 2.4, 2.7, 3.1, 3.3, 3.5, 3.7], 0.0, 4.0) == pytest.approx(0.0)
     # outside the interval: left out; any order; a numpy array as well as a list
-    assert arrival_dispersion([-30.0, 3.9, -0.5, 1.1, 1.5, 3.0, 4.2], 0.0, 4.0) == pytest.approx(1.6)
-    assert arrival_dispersion(np.array([1.1, 1.5, 3.0, 3.9]), 0.0, 4.0) == pytest.approx(1.6)
+    assert arrival_dispersion([-30.0, 3.9, -0.5, 0.5, 1.1, 1.5, 3.0, 4.2], 0.0, 4.0) == pytest.approx(1.08)
+    assert arrival_dispersion(np.array([0.5, 1.1, 1.5, 3.0, 3.9]), 0.0, 4.0) == pytest.approx(1.08)
+    # counts 0, 2, 0, 2, mean 1: slope 2 / 5 = 0.4; residuals -0.4, 1.2, -1.2, 0.4 -> 3.2 / 2 / 1 = 1.6
+    assert arrival_dispersion([1.1, 1.5, 3.0, 3.9], 0.0, 4.0) == pytest.approx(1.6)
     assert arrival_dispersion([-0.5, 4.2], 0.0, 4.0) is None
-    # fewer than 3 bins (a window under 2.5 s): no residual variance to measure; nothing arrived: None
+    # fewer than 3 bins (a window of 2.5 s or less): no residual variance to measure; nothing arrived: None
     assert arrival_dispersion([0.2, 0.3, 1.4], 0.0, 2.0) is None
+    assert arrival_dispersion([0.2, 1.3, 2.4], 0.0, 2.5) is None
     assert arrival_dispersion([], 0.0, 30.0) is None
 
 
@@ -82,7 +85,8 @@ def test_staffing_beta_scales_with_the_square_root_of_the_dispersion_by_hand():
     sm = PlannerStateMachine(cfg(), PROF)
     assert sm.staffing_beta() == 1.65  # no dispersion reported yet: beta as given
     sm.on_tick(tick(30, 40.0, 32.0))
-    # z = 32 (first report): beta 1.65 x sqrt(32 / 8) = 3.3; R = 40 x 0.1 = 4 -> 4 + 3.3 x 2 = 10.6 -> 11
+    # z = 32 (the first report, at the cap 4 x 8): beta 1.65 x sqrt(32 / 8) = 3.3;
+    # R = 40 x 0.1 = 4 -> 4 + 3.3 x 2 = 10.6 -> 11
     assert sm.arrival_dispersion == pytest.approx(32.0)
     assert sm.staffing_beta() == pytest.approx(3.3)
     assert sm.staffing_prefill_replicas() == 11
@@ -94,8 +98,10 @@ def test_staffing_beta_scales_with_the_square_root_of_the_dispersion_by_hand():
 
 def test_smooth_arrivals_keep_the_floor():
     sm = PlannerStateMachine(cfg(), PROF)
-    sm.on_tick(tick(30, 40.0, 1.0))
-    # z = 1 is below the floor 5: beta 1.65 x sqrt(5 / 8) = 1.304; R = 4 -> 4 + 1.304 x 2 = 6.61 -> 7
+    for t in range(30, 600, 30):
+        sm.on_tick(tick(t, 40.0, 1.0))
+    # z -> 1, below the floor 5: beta 1.65 x sqrt(5 / 8) = 1.304; R = 4 -> 4 + 1.304 x 2 = 6.61 -> 7
+    assert sm.arrival_dispersion < 1.1
     assert sm.staffing_beta() == pytest.approx(1.65 * math.sqrt(5 / 8))
     assert sm.staffing_prefill_replicas() == 7
     # rule 11 off: beta 1.65 -> 4 + 3.3 = 7.3 -> 8
@@ -144,6 +150,8 @@ def test_config_refuses_a_bad_reference_or_floor():
                 dict(staffing_dispersion_floor=-1.0), dict(staffing_dispersion_floor=float("nan"))):
         with pytest.raises(ValueError, match="staffing_dispersion"):
             cfg(**bad)
+    with pytest.raises(ValueError, match="prefill_staffing_beta"):
+        cfg(prefill_staffing_beta=1e308)  # would overflow the worker count
     with pytest.raises(ValueError, match="arrival_dispersion"):
         tick(30, 1.0, -0.5)
 
@@ -198,7 +206,7 @@ def test_the_runtime_window_bins_requests_by_receipt_not_by_their_late_recorded_
     first = w.drain()
     assert first.num_requests == 285  # the last 1.5 s are recorded in the next window
     assert first.arrival_dispersion == pytest.approx(0.0)  # 10 receipts in every bin
-    # what the late-recorded arrivals alone would read: the window's last bins short
+    # what the late-recorded arrivals alone would read: the window's last 1.5 s empty
     recorded = [t for t in times if t + 1.5 < 30.0]
     assert arrival_dispersion(recorded, 0.0, 30.0) > 0.3
     # a feeder that records no receipts: the window falls back to the arrivals
