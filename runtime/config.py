@@ -280,8 +280,8 @@ class PlannerSpec(_Strict):
     staffing_dispersion_ref: float | None = Field(
         default=8.0,
         gt=0,
-        description="SLA mode: index of dispersion of per-second request arrivals (variance / mean; 1 for Poisson) "
-        "prefill_staffing_beta is calibrated for; the runtime measures it each tick and scales the staffing "
+        description="SLA mode: index of dispersion of per-second request arrivals (residual variance around the "
+        "tick's trend / mean; 1 for Poisson) prefill_staffing_beta is calibrated for; the runtime measures it each tick and scales the staffing "
         "headroom by sqrt(max(measured, staffing_dispersion_floor) / this) (None: beta as given).",
     )
     staffing_dispersion_floor: float = Field(

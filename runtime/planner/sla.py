@@ -171,8 +171,9 @@ def arrival_dispersion(arrival_s, start_s: float, end_s: float) -> float | None:
     The interval is cut into ``n = round(end_s - start_s)`` equal bins (width ~1 s: a tick that ran a
     few ms long has no near-empty extra bin). The counts are fitted by least squares on the bin index,
     and the result is the residual variance (``n - 2`` degrees of freedom) over the mean count: a rate
-    that changes steadily within the interval is not read as burstiness. ``arrival_s``: arrival times, seconds
-    on the same clock (any order, a sequence or array); arrivals outside the interval are left out.
+    that changes steadily within the interval is not read as burstiness. ``arrival_s``: arrival times,
+    seconds on the same clock (any order, a sequence or array); arrivals outside the interval are left
+    out.
     Returns None with fewer than 3 bins (an interval of 2.5 s or less) or no arrival inside.
     Dimensionless, finite, >= 0. A step in the rate within the interval, or traffic that starts or
     stops inside it, still reads partly as burstiness.
