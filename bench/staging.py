@@ -15,7 +15,9 @@ after `os.sync()`, so no tool's leftover writeback lands in the next tool's run.
 MB/s moves with the host's load. `fixed_cost_s` is each tool's wall on a 3-file, 1 MB model (process
 start, imports, S3 client, listing, exit; timed in a pass after the full-size runs), and
 `data_phase_mb_s` this dataset's bytes over (wall - that fixed cost): the rate less the per-process
-cost (null where a wall is not above it).
+cost (null where a wall is not above it). `durable_write_mb_s` is the destination filesystem's own
+O_DIRECT + fsync write rate, and `durable_bound_ratio_vs_s5cmd` that rate over s5cmd's: below 1.0 the
+disk, not any client, keeps a stager that fsyncs (pdserve) under s5cmd's page-cache finish on this host.
 
     .venv/bin/python bench/staging.py --size-mb 2048 --out bench/results/staging.json
 
@@ -95,6 +97,40 @@ def make_dataset(root: Path, total_mb: int) -> tuple[int, int]:
                 left -= len(b)
         n += size
     return len(files), n
+
+
+def durable_write_mb_s(folder: Path, size_mb: int = 512, block_mib: int = 32) -> float:
+    """Rate at which `folder`'s filesystem takes bytes to durable storage, MB/s (1e6 bytes): one file of
+    `size_mb` written sequentially in `block_mib` blocks with O_DIRECT (buffered where the filesystem refuses
+    O_DIRECT, e.g. tmpfs), then fsynced, like the stager's own large writes. A stager that fsyncs what it
+    writes cannot sustain more than the device takes, so `durable_bound_ratio_vs_s5cmd` (this over
+    s5cmd's MB/s; s5cmd ends with its bytes still in the page cache) is about the most any such stager can
+    reach against s5cmd on this host (one stream: a device that gains from parallel writes may allow a
+    little more)."""
+    import mmap
+
+    block = block_mib << 20
+    buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
+    buf.write(os.urandom(block))
+    path = folder / "disk-probe"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    try:
+        fd = os.open(path, flags | getattr(os, "O_DIRECT", 0))
+    except OSError:
+        fd = os.open(path, flags)
+    n = max(1, size_mb * 1_000_000 // block)
+    try:
+        os.sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            os.write(fd, buf)
+        os.fsync(fd)
+        wall = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        path.unlink()
+        buf.close()
+    return n * block / 1e6 / wall
 
 
 def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
@@ -197,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
                     os.sync()
                     fixed[name].append(run_child(tools[name](TINY_PREFIX, d), env)[0])
                     shutil.rmtree(d)
+            disk = statistics.median(durable_write_mb_s(work) for _ in range(args.repeat))
             load = os.getloadavg()[0]
             results = {k: (statistics.median(v) if v else None) for k, v in samples.items()}
             results.setdefault("s5cmd", None)
@@ -224,6 +261,10 @@ def main(argv: list[str] | None = None) -> None:
         "nofsync_ratio_vs_s5cmd": None if not results["s5cmd"] else round(results["pdserve_nofsync"] / results["s5cmd"], 3),
         "nofsync_ratio_vs_boto3_loop": round(results["pdserve_nofsync"] / results["boto3_loop"], 3),
         "pdserve_peak_rss_mb": round(rss_mb, 1),
+        # the destination filesystem's durable write rate (O_DIRECT + fsync, one stream): a ceiling for any
+        # stager that fsyncs; over s5cmd's page-cache rate it bounds ratio_vs_s5cmd on this host
+        "durable_write_mb_s": round(disk, 1),
+        "durable_bound_ratio_vs_s5cmd": None if not results["s5cmd"] else round(disk / results["s5cmd"], 3),
         # per tool: median wall of a 3-file, 1 MB stage (interpreter/binary start, client, listing, exit)
         "fixed_cost_s": {k: round(v, 3) for k, v in fixed_s.items()},
         "data_phase_mb_s": {k: None if v is None else round(v, 1) for k, v in data_phase.items()},
