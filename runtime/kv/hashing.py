@@ -70,6 +70,29 @@ def block_hashes(
     return out
 
 
+def request_extra_keys(num_blocks: int, cache_salt: str | None = None) -> list[tuple[str, ...] | None] | None:
+    """Per-block extra keys of a text prompt, as vLLM puts them in its ``BlockStored.extra_keys``.
+
+    vLLM (``v1/core/kv_cache_utils.py: generate_block_hash_extra_keys``) salts only the *first* block of a
+    prompt with the request's ``cache_salt`` (the chain carries it into every later block) and adds the
+    LoRA name and multimodal hashes, which a text prompt to a worker without LoRA does not have. Hashing a
+    prompt with these keys gives the hashes the router's index holds for the blocks that same request
+    left on a worker (runtime.kv.apply hashes events with their ``extra_keys``); without them a salted
+    prompt would match other tenants' unsalted blocks and never its own.
+
+    Args:
+        num_blocks: full blocks of the prompt (>= 0).
+        cache_salt: the request's ``cache_salt`` (vLLM OpenAI API field; a non-empty string), or None.
+
+    Returns:
+        None when nothing is salted (plain hashing), else a list of ``num_blocks`` entries: ``(cache_salt,)``
+        for block 0, None for the rest.
+    """
+    if not cache_salt or num_blocks <= 0:
+        return None
+    return [(cache_salt,)] + [None] * (num_blocks - 1)
+
+
 def num_full_blocks(num_tokens: int, block_size_tokens: int) -> int:
     """Number of full KV blocks in ``num_tokens`` tokens (only full blocks are cached)."""
     if block_size_tokens <= 0:

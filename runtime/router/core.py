@@ -43,6 +43,7 @@ from runtime.config import RouterSpec
 from runtime.kv.apply import ApplyStats, KvEventApplier
 from runtime.kv.events import KvEvent
 from runtime.kv.hashing import block_hashes as _block_hashes
+from runtime.kv.hashing import request_extra_keys
 from runtime.kv.index import PrefixIndex
 from runtime.router.load import ROLES, WorkerLoad
 from runtime.router.policies import uncached_tokens, make_policy
@@ -279,9 +280,10 @@ class Router:
             return ApplyStats()
         return self._applier.apply(worker_id, events)
 
-    def hashes_for(self, token_ids: Sequence[int]) -> list[int]:
-        """The router's chained block hashes of a prompt."""
-        return _block_hashes(token_ids, self.block_size_tokens)
+    def hashes_for(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
+        """The router's chained block hashes of a prompt (salted like vLLM when ``cache_salt`` is given)."""
+        bs = self.block_size_tokens
+        return _block_hashes(token_ids, bs, extra_keys=request_extra_keys(len(token_ids) // bs, cache_salt))
 
     def overlaps(self, hashes: Sequence[Hashable]) -> dict[str, int]:
         """``{worker_id: cached prefix blocks}`` from KV events (and learned entries) only."""
@@ -290,7 +292,7 @@ class Router:
     # ------------------------------------------------------------------ routing
     def route(self, request_id: str, *, now_s: float, token_ids: Sequence[int] | None = None,
               block_hashes: Sequence[Hashable] | None = None,
-              num_prompt_tokens: int | None = None) -> RouteDecision:
+              num_prompt_tokens: int | None = None, cache_salt: str | None = None) -> RouteDecision:
         """Decide prefill and decode workers for one request and account its load.
 
         Args:
@@ -304,6 +306,9 @@ class Router:
             num_prompt_tokens: prompt length, tokens; default ``len(token_ids)`` or
                 ``len(block_hashes) * block_size_tokens``. Decode load is charged for
                 ``max(len(hashes), num_prompt_tokens // block_size_tokens)`` blocks.
+            cache_salt: the request's vLLM ``cache_salt`` (with ``token_ids``): its blocks are hashed
+                salted, as the workers' KV events report them (runtime.kv.hashing.request_extra_keys), so
+                it matches only blocks cached under the same salt.
 
         Raises:
             ValueError: duplicate ``request_id`` or not exactly one of token_ids/block_hashes.
@@ -314,7 +319,7 @@ class Router:
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         bs = self.block_size_tokens
-        hashes, num_tokens = self._prompt(token_ids, block_hashes, num_prompt_tokens)
+        hashes, num_tokens = self._prompt(token_ids, block_hashes, num_prompt_tokens, cache_salt)
         if not self._decoders:
             raise NoWorkersError("no decode-capable worker (role decode or both) in the pool")
         if self._num_approx:
@@ -347,12 +352,13 @@ class Router:
         return RouteDecision(request_id, prefill, decode, overlap, nb, uncached, reason)
 
     def _prompt(self, token_ids: Sequence[int] | None, block_hashes: Sequence[Hashable] | None,
-                num_prompt_tokens: int | None) -> tuple[Sequence[Hashable], int]:
+                num_prompt_tokens: int | None, cache_salt: str | None = None) -> tuple[Sequence[Hashable], int]:
         bs = self.block_size_tokens
         if token_ids is not None:
             cap = MAX_HASHED_PROMPT_TOKENS - MAX_HASHED_PROMPT_TOKENS % bs
+            hashed = token_ids if len(token_ids) <= cap else token_ids[:cap]
             hashes: Sequence[Hashable] = _block_hashes(
-                token_ids if len(token_ids) <= cap else token_ids[:cap], bs)
+                hashed, bs, extra_keys=request_extra_keys(len(hashed) // bs, cache_salt))
             return hashes, len(token_ids) if num_prompt_tokens is None else num_prompt_tokens
         assert block_hashes is not None
         return block_hashes, len(block_hashes) * bs if num_prompt_tokens is None else num_prompt_tokens

@@ -2,8 +2,9 @@
 
 The pure `Router` decides among worker *ids*; this adapter owns the id → URL map (configuration only), the
 clock, the KV-event subscription and the worker health loop:
-* `choose` routes on the prompt's token ids (runtime.server.tokenize, same tokens as vLLM); a prompt the
-  runtime could not tokenize (batches, nested token-id lists, chats the template rejects) is routed and
+* `choose` routes on the prompt's token ids (runtime.server.tokenize, same tokens as vLLM), hashed with the
+  request's `cache_salt` when it has one (vLLM salts that request's cached blocks with it, so it can only
+  reuse blocks cached under the same salt); a prompt the runtime could not tokenize (batches, nested token-id lists, chats the template rejects) is routed and
   charged by an estimate of its length (`estimate_prompt_tokens`), without prefix matching;
 * KV events of every worker (runtime.engines.kv_events) are applied to the router's index as they arrive;
 * a worker that fails its health check or refuses a connection is no longer chosen, but keeps its index
@@ -120,7 +121,9 @@ class RouterPairing:
             d = self.router.route(req.request_id, now_s=req.now_s, block_hashes=[],
                                   num_prompt_tokens=estimate_prompt_tokens(req.body))
         else:
-            d = self.router.route(req.request_id, now_s=req.now_s, token_ids=req.token_ids)
+            salt = req.body.get("cache_salt")  # vLLM salts the prompt's cached blocks with it
+            d = self.router.route(req.request_id, now_s=req.now_s, token_ids=req.token_ids,
+                                  cache_salt=salt if isinstance(salt, str) and salt else None)
         return Route(self._url(d.prefill_worker), self.workers[d.decode_worker].url, d.reason,
                      d.prefill_worker, d.decode_worker, d.overlap_blocks)
 

@@ -6,7 +6,10 @@ Specification:
   then routes a repeated long prompt to the worker that holds its blocks, predicting an overlap of all
   its full blocks;
 * the prefix-cache hits that worker reports for the repeat (vllm:prefix_cache_hits_total, tokens) equal
-  the router's predicted overlap × block size.
+  the router's predicted overlap × block size;
+* a prompt sent with a `cache_salt` is indexed under that salt (vLLM's BlockStored.extra_keys): the router
+  hashing the same tokens with the same salt finds all its blocks, unsalted or with another salt none,
+  and vLLM's hits for a salted repeat again equal the predicted overlap.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ pytestmark = pytest.mark.e2e
 HITS = "vllm:prefix_cache_hits_total"
 
 
-def _complete(worker, model: str, prompt: list[int]) -> dict:
+def _complete(worker, model: str, prompt: list[int], **extra) -> dict:
     r = httpx.post(f"{worker.base_url}/v1/completions", timeout=300,
                    headers={"X-Request-Id": f"router-e2e-{uuid.uuid4()}"},
-                   json={"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+                   json={"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, **extra})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -84,4 +87,42 @@ def test_router_routes_a_repeat_to_the_worker_holding_it_and_predicts_its_hits(p
     finally:
         for s in subs.values():
             s.close(linger=0)
+        ctx.term()
+
+
+def test_a_salted_prompt_matches_only_under_its_own_salt(pd_workers, engine_spec):
+    zmq = pytest.importorskip("zmq")
+    bs = engine_spec.block_size_tokens
+    decode = pd_workers.decode
+    router = Router(RouterSpec(policy="kv_aware"), bs)
+    router.add_worker("decode", "both")
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(decode.kv_events_endpoint)
+        time.sleep(1.0)  # ZMQ slow joiner
+
+        rng = random.Random(uuid.uuid4().int)
+        num_blocks, salt = 12, uuid.uuid4().hex
+        prompt = [rng.randrange(1000, 40000) for _ in range(num_blocks * bs + 3)]
+        _complete(decode, pd_workers.model_name, prompt, cache_salt=salt)
+
+        salted = router.hashes_for(prompt, cache_salt=salt)
+        deadline = time.monotonic() + 30
+        while router.overlaps(salted).get("decode", 0) < num_blocks and time.monotonic() < deadline:
+            while sub.poll(50):
+                _, _, batch = decode_multipart(sub.recv_multipart())
+                router.apply_kv_events("decode", batch.events, time.monotonic())
+        assert router.overlaps(salted).get("decode", 0) == num_blocks, "salted blocks not indexed under the salt"
+        assert router.overlaps(router.hashes_for(prompt)).get("decode", 0) == 0
+        assert router.overlaps(router.hashes_for(prompt, cache_salt=salt + "x")).get("decode", 0) == 0
+
+        d = router.route("salted-repeat", token_ids=prompt, now_s=time.monotonic(), cache_salt=salt)
+        assert d.overlap_blocks == num_blocks
+        before = _hits(decode)
+        _complete(decode, pd_workers.model_name, prompt, cache_salt=salt)
+        assert _hits(decode) - before == d.overlap_blocks * bs
+    finally:
+        sub.close(linger=0)
         ctx.term()

@@ -55,3 +55,22 @@ def test_hashes_do_not_depend_on_pythonhashseed():
                                 check=True).stdout)
     assert len(outs) == 1
     assert outs.pop().strip() == str(block_hashes(list(range(48)), 16))
+
+
+def test_request_extra_keys_salt_only_the_first_block_like_vllm():
+    from runtime.kv.hashing import request_extra_keys
+
+    assert request_extra_keys(3, "s") == [("s",), None, None]
+    assert request_extra_keys(3, None) is None and request_extra_keys(3, "") is None
+    assert request_extra_keys(0, "s") is None
+
+
+def test_salting_the_first_block_changes_every_hash_of_the_chain():
+    from runtime.kv.hashing import block_hashes, request_extra_keys
+
+    tokens = list(range(64))
+    plain = block_hashes(tokens, 16)
+    salted = block_hashes(tokens, 16, extra_keys=request_extra_keys(4, "s"))
+    assert len(salted) == 4 and all(a != b for a, b in zip(plain, salted))
+    assert salted == block_hashes(tokens, 16, extra_keys=[["s"], None, None, None])  # as msgpack decodes it
+    assert salted != block_hashes(tokens, 16, extra_keys=request_extra_keys(4, "t"))

@@ -254,3 +254,38 @@ def test_prompt_failed_before_its_first_token_is_not_learned():
     # the prefix the successful request taught stays; the rejected request's own blocks are forgotten
     assert p.router.index.num_blocks("d") == 20
     assert p.router.overlaps(p.router.hashes_for(shared))["d"] == 20
+
+
+def _stored_salted(tokens: list[int], salt: str) -> KvEventBatch:
+    """A BlockStored as vLLM 0.28 reports a salted prompt: the salt in block 0's extra keys only."""
+    n = len(tokens) // BS
+    extra = ((salt,),) + (None,) * (n - 1)
+    return KvEventBatch(ts_s=0.0, events=(BlockStored(tuple(range(100, 100 + n)), None, tuple(tokens[: n * BS]), BS,
+                                                      extra_keys=extra),))
+
+
+def _salted_req(rid: str, tokens: list[int], salt: object) -> RouteRequest:
+    return RouteRequest(rid, "/v1/completions", {"prompt": "ignored", "cache_salt": salt}, tokens, 0.0)
+
+
+def test_a_salted_request_matches_the_blocks_cached_under_its_salt_only():
+    p = _pairing()
+    p.apply_batch("w0", _stored(PROMPT))  # another tenant's unsalted copy
+    p.apply_batch("w1", _stored_salted(PROMPT, "tenant-a"))
+    r = p.choose(_salted_req("a", PROMPT, "tenant-a"))
+    assert (r.decode_worker, r.overlap_blocks) == ("w1", 10)
+    p.on_complete("a", 0.0, True)
+    other = p.choose(_salted_req("b", PROMPT, "tenant-b"))  # vLLM would reuse none of either copy
+    assert other.overlap_blocks == 0
+    p.on_complete("b", 0.0, True)
+    plain = p.choose(_req("c", PROMPT))
+    assert (plain.decode_worker, plain.overlap_blocks) == ("w0", 10)
+
+
+@pytest.mark.parametrize("salt", ["", None, 7, ["tenant-a"]])
+def test_a_cache_salt_vllm_would_refuse_is_not_hashed(salt):
+    # vLLM answers 400 for these (cache_salt: a non-empty string); routing falls back to plain hashes
+    p = _pairing()
+    p.apply_batch("w1", _stored(PROMPT))
+    r = p.choose(_salted_req("a", PROMPT, salt))
+    assert (r.decode_worker, r.overlap_blocks) == ("w1", 10)
