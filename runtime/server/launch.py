@@ -163,7 +163,8 @@ class LocalDeployment:
         log_dir: folder of the process logs (default `state_dir()/logs`).
         dtype: worker dtype override; "float32" on CPU (None keeps `spec.engine.dtype`).
         max_workers_per_pool: cap on workers started per pool (the local machine's budget).
-        enable_kv_events: workers publish KV events on ZMQ (ports in `.workers[i].kv_events_endpoint`).
+        enable_kv_events: workers publish KV events on ZMQ, each on a private Unix socket
+            (`.workers[i].kv_events_endpoint`, "ipc://…").
         startup_timeout_s: per-process readiness timeout, seconds.
         cpu_kv_cache_space_gib: KV cache of each CPU worker, GiB.
         router: "fixed" (round-robin pairing: every request prefilled remotely) or "kv" (KV-aware router with

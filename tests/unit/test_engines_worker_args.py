@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,7 +110,7 @@ def test_gpu_env_leaves_ucx_transports_alone():
 
 def test_worker_process_picks_distinct_ports_and_exposes_urls(tmp_path):
     w = WorkerProcess(EngineSpec(), tmp_path, served_model_name="m", role="decode", log_path=tmp_path / "w.log",
-                      enable_kv_events=True)
+                      enable_kv_events=True, kv_events_port=free_port())
     ports = {w.port, w.side_channel_port, w.kv_events_port}
     assert len(ports) == 3
     assert w.base_url == f"http://127.0.0.1:{w.port}"
@@ -117,6 +119,42 @@ def test_worker_process_picks_distinct_ports_and_exposes_urls(tmp_path):
     assert w.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(w.side_channel_port)
     assert not w.alive()
     assert w.stop() is None  # never started: nothing to stop
+
+
+def test_kv_events_ipc_endpoint_for_vllm():
+    args = _args("decode", kv_events_ipc_path="/tmp/x/kv-events.sock")
+    assert json.loads(_flag(args, "--kv-events-config"))["endpoint"] == "ipc:///tmp/x/kv-events.sock"
+    with pytest.raises(ValueError, match="not both"):
+        _args("decode", kv_events_port=5599, kv_events_ipc_path="/tmp/x/kv-events.sock")
+
+
+def test_a_local_worker_publishes_kv_events_on_a_private_unix_socket_not_a_tcp_port(tmp_path):
+    import stat
+
+    w = WorkerProcess(EngineSpec(), tmp_path, served_model_name="m", role="decode", log_path=tmp_path / "w.log",
+                      enable_kv_events=True)
+    assert w.kv_events_port is None  # no TCP port: nothing listens on the network
+    assert w.kv_events_endpoint.startswith("ipc://") and w.kv_events_endpoint.endswith("/kv-events.sock")
+    sock_path = w.kv_events_endpoint.removeprefix("ipc://")
+    folder = os.path.dirname(sock_path)
+    assert json.loads(_flag(w.args, "--kv-events-config"))["endpoint"] == w.kv_events_endpoint
+    assert not os.path.exists(folder)  # made by start, so a worker never started leaves nothing behind
+
+    # start a harmless stand-in for vLLM through the real start/stop path
+    w.args = [sys.executable, "-c", "import time; time.sleep(60)"]
+    w.start()
+    try:
+        mode = os.stat(folder).st_mode
+        assert stat.S_ISDIR(mode) and stat.S_IMODE(mode) == 0o700  # only this user can reach the socket
+    finally:
+        w.stop()
+    assert not os.path.exists(folder)
+    w.start()  # a restart makes the folder anew
+    try:
+        assert os.path.isdir(folder)
+    finally:
+        w.stop()
+    assert not os.path.exists(folder)
 
 
 def test_free_port_is_bindable():
