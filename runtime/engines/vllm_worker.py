@@ -206,6 +206,28 @@ def build_worker_env(
     return env
 
 
+#: Longest Unix socket path ZMQ accepts (sizeof(sockaddr_un.sun_path) - 1 on Linux).
+MAX_IPC_PATH_BYTES = 107
+
+
+def _kv_events_dir() -> str:
+    """A fresh (not yet created) folder name for a local worker's KV-event socket: under the temp folder, or
+    under /tmp when the temp folder's path is too long for a Unix socket.
+
+    Raises:
+        ValueError: no candidate keeps the socket path within MAX_IPC_PATH_BYTES.
+    """
+    name = f"pdserve-kv-{uuid.uuid4().hex[:16]}"
+    tried = []
+    for base in dict.fromkeys((tempfile.gettempdir(), "/tmp")):
+        folder = os.path.join(base, name)
+        if len(os.fsencode(os.path.join(folder, KV_EVENTS_SOCKET))) <= MAX_IPC_PATH_BYTES and os.path.isdir(base):
+            return folder
+        tried.append(base)
+    raise ValueError(f"no temp folder short enough for a Unix socket path of at most {MAX_IPC_PATH_BYTES} bytes "
+                     f"(tried {', '.join(tried)}): set TMPDIR to a shorter path, or give kv_events_port")
+
+
 class WorkerProcess:
     """A vLLM OpenAI server subprocess in one role; use as a context manager or call start/stop.
 
@@ -264,7 +286,7 @@ class WorkerProcess:
         self.kv_events_port = kv_events_port
         self._kv_events_dir: str | None = None
         if enable_kv_events and kv_events_port is None:  # made (0700) by start, removed by stop
-            self._kv_events_dir = os.path.join(tempfile.gettempdir(), f"pdserve-kv-{uuid.uuid4().hex[:16]}")
+            self._kv_events_dir = _kv_events_dir()
         ipc_path = None if self._kv_events_dir is None else os.path.join(self._kv_events_dir, KV_EVENTS_SOCKET)
         self.log_path = Path(log_path)
         self.args = build_vllm_args(
@@ -318,14 +340,18 @@ class WorkerProcess:
         if PROGRESS_DELAY_ENV in self.env and self.args[0] == sys.executable and not plugin_installed():
             logger.warning("pdserve's vLLM plugin is not installed in %s (run `pip install -e .`): NIXL's progress "
                            "thread will busy-poll a core in this %s worker", sys.prefix, self.role)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self._kv_events_dir is not None:
             os.mkdir(self._kv_events_dir, 0o700)  # FileExistsError if the name is taken: never share a folder
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_fh = open(self.log_path, "ab")
-        self._proc = subprocess.Popen(
-            self.args, env=self.env, stdout=self._log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        try:
+            self._log_fh = open(self.log_path, "ab")
+            self._proc = subprocess.Popen(
+                self.args, env=self.env, stdout=self._log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            self.stop()  # nothing started: close the log, remove the socket folder (a retry makes it anew)
+            raise
         return self
 
     def alive(self) -> bool:

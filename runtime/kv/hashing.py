@@ -12,8 +12,9 @@ router-side hashes would silently zero every score when the seeds differ.
 
 Hash function: CPython's ``hash()`` of a ``(parent_hash, tokens_tuple)`` tuple. For tuples of ints it is
 deterministic (xxHash-style tuple combine over integer hashes; ``PYTHONHASHSEED`` only randomises
-str/bytes), 64-bit, and ~40x faster than hashlib on 16-token blocks. The hashes only need to agree
-inside one router process, so cryptographic strength is not needed; a collision would make the router
+str/bytes), 64-bit, and ~40x faster than hashlib on 16-token blocks. Blocks with string extra keys (a
+cache salt, a LoRA name) hash differently in each process (``PYTHONHASHSEED``), which is fine: the hashes
+only need to agree inside one router process, so cryptographic strength is not needed; a collision would make the router
 over-estimate one worker's overlap (a scoring error, never a correctness error in the engine).
 """
 

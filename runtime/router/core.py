@@ -485,7 +485,7 @@ class Router:
                              r.prefill_tokens, "local_prefill_failed")
 
     def migrate(self, request_id: str, *, now_s: float, token_ids: Sequence[int] | None = None,
-                block_hashes: Sequence[Hashable] | None = None) -> RouteDecision:
+                block_hashes: Sequence[Hashable] | None = None, cache_salt: str | None = None) -> RouteDecision:
         """The decode worker died mid-stream: continue on another decode worker (local prefill).
 
         Args:
@@ -493,6 +493,7 @@ class Router:
             now_s: current time, seconds.
             token_ids / block_hashes: the continued prompt (original prompt + tokens generated so far);
                 default the original prompt's hashes.
+            cache_salt: the request's vLLM ``cache_salt``, with ``token_ids`` (as in :meth:`route`).
 
         Raises:
             UnknownRequestError: not in flight.
@@ -514,7 +515,7 @@ class Router:
             self.on_complete(request_id)
             raise NoWorkersError(f"request {request_id!r}: no decode worker left besides {sorted(excluded)}")
         if token_ids is not None or block_hashes is not None:
-            hashes, num_tokens = self._prompt(token_ids, block_hashes, None)
+            hashes, num_tokens = self._prompt(token_ids, block_hashes, None, cache_salt)
         else:
             hashes, num_tokens = r.hashes, r.num_tokens
         self.on_complete(request_id)

@@ -192,3 +192,30 @@ def test_worker_args_parse_with_vllms_own_parser():
         assert engine_args.scheduling_policy == ("priority" if role == "prefill" else "fcfs")
         assert engine_args.block_size == 32 and engine_args.enable_prefix_caching
         assert (engine_args.kv_transfer_config is None) == (role == "both")
+
+
+def test_a_failed_start_leaves_no_socket_folder_and_can_be_retried(tmp_path):
+    w = WorkerProcess(EngineSpec(), tmp_path, served_model_name="m", role="decode", log_path=tmp_path / "w.log",
+                      enable_kv_events=True, python=str(tmp_path / "no-such-python"))
+    folder = os.path.dirname(w.kv_events_endpoint.removeprefix("ipc://"))
+    for _ in range(2):  # the retry fails for the same reason, not on a folder the first try left behind
+        with pytest.raises(FileNotFoundError, match="no-such-python"):
+            w.start()
+        assert not os.path.exists(folder) and w.pid is None
+
+
+def test_a_long_temp_folder_falls_back_to_tmp_or_fails_naming_the_limit(tmp_path, monkeypatch):
+    import tempfile
+
+    from runtime.engines import vllm_worker
+
+    long_dir = tmp_path / ("t" * 90)
+    long_dir.mkdir()
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(long_dir))
+    folder = vllm_worker._kv_events_dir()
+    assert folder.startswith("/tmp/pdserve-kv-")
+    assert len(os.path.join(folder, vllm_worker.KV_EVENTS_SOCKET).encode()) <= vllm_worker.MAX_IPC_PATH_BYTES
+    monkeypatch.setattr(vllm_worker, "MAX_IPC_PATH_BYTES", 20)  # nothing fits
+    with pytest.raises(ValueError, match="at most 20 bytes.*TMPDIR"):
+        WorkerProcess(EngineSpec(), tmp_path, served_model_name="m", role="decode", log_path=tmp_path / "w.log",
+                      enable_kv_events=True)

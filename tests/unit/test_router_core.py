@@ -371,3 +371,17 @@ def test_a_failed_remote_prefill_is_unlearned_on_the_prefill_worker_and_learned_
     assert r.index.num_blocks("p") == 64
     r.fallback_local_prefill("q", now_s=1.0)
     assert r.index.num_blocks("p") == 0 and r.index.num_blocks("d") == 64
+
+
+def test_a_salted_request_migrates_to_the_worker_holding_its_salted_blocks():
+    r = _router(migration_limit=2)
+    for w in ("a", "b", "c"):
+        r.add_worker(w, "both")
+    n = 48
+    for w in ("a", "b"):  # both hold the prompt cached under the tenant's salt
+        r.apply_kv_events(w, [BlockStored(tuple(range(n)), None, tuple(PROMPT[: n * BS]), BS,
+                                          extra_keys=(("s3cret",),) + (None,) * (n - 1))], 0.0)
+    first = r.route("q", token_ids=PROMPT, now_s=0.0, cache_salt="s3cret")
+    assert first.decode_worker in ("a", "b") and first.overlap_blocks == n
+    moved = r.migrate("q", now_s=1.0, token_ids=PROMPT + [9] * 20, cache_salt="s3cret")
+    assert moved.decode_worker == ({"a", "b"} - {first.decode_worker}).pop() and moved.overlap_blocks == n
