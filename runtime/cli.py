@@ -33,11 +33,34 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # like `python -m runtime.staging -h`
 )
 console = Console()
 err = Console(stderr=True)
 
 StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLflow sqlite, FSx stand-in, demo output).")]
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether a server could bind `host:port` now (SO_REUSEADDR, as uvicorn binds)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _is_hf_config(path: Path) -> bool:
+    """Whether `path` holds a Hugging Face model config.json (an object with `model_type` or `architectures`)."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and ("model_type" in doc or "architectures" in doc)
 
 
 def _fail(msg: str, code: int = 1) -> None:
@@ -104,7 +127,7 @@ def demo(
     from pydantic import ValidationError
 
     from runtime.config import SloSpec
-    from runtime.demo import DemoSettings, run_demo
+    from runtime.demo import DemoError, DemoSettings, run_demo
     from runtime.tuner.search import resolve_gpu
 
     try:  # bad options fail here, before any process starts
@@ -114,7 +137,10 @@ def demo(
         _fail(_option_errors(e, SLO_OPTIONS))
     except KeyError as e:
         _fail(f"--gpu: {e.args[0] if e.args else e}")
-    summary = run_demo(DemoSettings(state_dir=state, gpu=gpu, ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms), console)
+    try:
+        summary = run_demo(DemoSettings(state_dir=state, gpu=gpu, ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms), console)
+    except DemoError as e:
+        _fail(str(e))
     if summary["nixl_transfers"] < len(summary["answers"]):
         _fail(f"expected ≥ {len(summary['answers'])} NIXL transfers, decode worker reports {summary['nixl_transfers']}")
 
@@ -556,6 +582,8 @@ def serve(
         _fail(f"--planner must be off, dry-run or local, got {planner!r}")
     if router not in ("fixed", "kv"):
         _fail(f"--router must be fixed or kv, got {router!r}")
+    if not _port_free("127.0.0.1", port):  # the runtime binds it last, after the workers' ~70 s start
+        _fail(f"--port {port}: 127.0.0.1:{port} is already in use; pick another port")
     from runtime.config import DeploymentSpec, ModelRef
     from runtime.models.gguf_convert import convert_smollm2
     from runtime.server.launch import LocalDeployment
@@ -570,6 +598,9 @@ def serve(
         except OSError as e:
             _fail(f"--spec {spec_file}: {e.strerror or e}")
         except ValidationError as e:  # also invalid JSON and bytes that are not UTF-8 (pydantic reports both)
+            if _is_hf_config(spec_file):
+                _fail(f"--spec {spec_file}: this is a Hugging Face model config.json, not a DeploymentSpec; serve "
+                      "its folder with --model-dir, or pass the spec `pdserve tune --out` wrote")
             _fail(f"--spec {spec_file}: " + "; ".join(
                 f"{'.'.join(map(str, x['loc'])) or 'document'}: {x['msg']}" for x in e.errors(include_url=False)))
         except ValueError as e:  # UnicodeDecodeError and the like, should pydantic let one through
@@ -628,7 +659,7 @@ def show_summary(state: StateOpt = state_dir()) -> None:
     """Print the last demo's summary.json."""
     p = state / "demo" / "summary.json"
     if not p.exists():
-        _fail(f"{p} does not exist: run `make demo` first")
+        _fail(f"{p} does not exist: run `make demo` (or `pdserve demo --state-dir {state}`) first")
     try:
         data = json.loads(p.read_text())
     except OSError as e:

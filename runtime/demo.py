@@ -27,6 +27,12 @@ from runtime.paths import write_text_atomically
 
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_BUCKET = "pdserve-models"
+#: The workload the demo's pipeline tunes for (passed to it explicitly, and used by the pre-flight check).
+DEMO_ISL_TOKENS, DEMO_OSL_TOKENS, DEMO_REQUEST_RATE_PER_S = 3000, 150, 10.0
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on; the message says why and what to change (no traceback needed)."""
 DEMO_QUESTIONS = (
     "What is the capital of France?",
     "Name three primary colors.",
@@ -133,6 +139,27 @@ def _env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _check_slo_feasible(model_dir: Path, settings: DemoSettings, registered: str) -> None:
+    """What the pipeline's tune step would refuse, refused before anything is uploaded or started: the
+    same parameter check and the same search (well under a second) on the prepared model's config.
+
+    Raises:
+        DemoError: a bad parameter, or no candidate meets the SLO (with the best TTFT/ITL achievable).
+    """
+    from runtime.models.load import load_model_spec
+    from runtime.steps import AUTO_PRECISION, check_tune_parameters, checkpoint_precision
+    from runtime.tuner.search import InfeasibleSLOError, tp_choices, tune
+
+    try:
+        params = check_tune_parameters(settings.gpu, AUTO_PRECISION, settings.ttft_p90_ms, settings.itl_p90_ms,
+                                       DEMO_ISL_TOKENS, DEMO_OSL_TOKENS, DEMO_REQUEST_RATE_PER_S, None, registered)
+        model = load_model_spec(model_dir / "config.json")
+        tune(model, params.gpu, params.slo, params.workload, precision=checkpoint_precision(model),
+             tps=tp_choices(settings.gpu))
+    except (InfeasibleSLOError, ValueError) as e:
+        raise DemoError(f"the tune step would fail: {e}") from None
+
+
 def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
     """Run the whole main job; return (and write) the summary dict.
 
@@ -165,6 +192,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
     console.rule("[bold]1/4 prepare the example model")
     model_src = convert_smollm2(state / "models" / DEMO_MODEL)
     console.print(f"HF folder: {escape(str(model_src))}")
+    _check_slo_feasible(model_src, settings, registered)
 
     with SeaweedServer(state / "s3") as s3:
         console.rule("[bold]2/4 upload to the local S3-compatible server")
@@ -176,12 +204,18 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
         pipeline_yaml = compile_pipeline(out_dir / "stage_tune_promote.yaml")
         # kfp.local runs each step in a subprocess: it gets the S3 credentials as env, never as parameters.
         with _env(s3.env):
-            outputs = run_local(
-                pipeline_root=state / "kfp",
-                source_uri=source_uri, model_name=DEMO_MODEL, fsx_root=str(state / "fsx"),
-                s3_endpoint_url=s3.endpoint_url, gpu=settings.gpu, ttft_p90_ms=settings.ttft_p90_ms,
-                itl_p90_ms=settings.itl_p90_ms, mlflow_tracking_uri=mlflow_uri, registered_model=registered,
-            )
+            try:
+                outputs = run_local(
+                    pipeline_root=state / "kfp",
+                    source_uri=source_uri, model_name=DEMO_MODEL, fsx_root=str(state / "fsx"),
+                    s3_endpoint_url=s3.endpoint_url, gpu=settings.gpu, ttft_p90_ms=settings.ttft_p90_ms,
+                    itl_p90_ms=settings.itl_p90_ms, isl_tokens=DEMO_ISL_TOKENS, osl_tokens=DEMO_OSL_TOKENS,
+                    request_rate_per_s=DEMO_REQUEST_RATE_PER_S, mlflow_tracking_uri=mlflow_uri,
+                    registered_model=registered,
+                )
+            except RuntimeError as e:  # kfp.local: "Pipeline ... FAILURE. Inner task failed: '<step>'"
+                raise DemoError(f"KFP pipeline failed: {e}; the failing step's log is printed above "
+                                f"(task outputs under {state / 'kfp'})") from None
     version, spec = load_champion(mlflow_uri, registered)
     console.print(escape(f"champion: version {version}, prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp} "
                          f"on {spec.gpu}; manifests {outputs['manifests']}"))

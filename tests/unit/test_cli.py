@@ -18,6 +18,8 @@ LLAMA_70B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
 def test_help_lists_every_command():
     res = runner.invoke(app, ["--help"])
     assert res.exit_code == 0
+    assert runner.invoke(app, ["-h"]).output == res.output
+    assert runner.invoke(app, ["stage", "-h"]).exit_code == 0
     for cmd in ("demo", "stage", "tune", "promote", "serve", "compile", "prepare-model"):
         assert cmd in res.output
 
@@ -201,6 +203,28 @@ def test_serve_unreadable_spec_is_named_before_starting_workers(tmp_path):
     assert "prefill.tp" in res.output and "pydantic.dev" not in res.output
 
 
+def test_serve_an_hf_config_as_spec_is_named_for_what_it_is(tmp_path):
+    res = runner.invoke(app, ["serve", "--spec", str(LLAMA_70B), "--state-dir", str(tmp_path)],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert "this is a Hugging Face model config.json, not a DeploymentSpec" in _flat(res.output)
+    assert "Extra inputs" not in res.output
+
+
+def test_serve_a_busy_port_fails_before_any_worker_starts(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = runner.invoke(app, ["serve", "--port", str(port), "--model-dir", str(tmp_path / "nothing"),
+                                  "--state-dir", str(tmp_path)], env={"COLUMNS": "300"})
+    assert res.exit_code == 1
+    assert f"--port {port}: 127.0.0.1:{port} is already in use" in _flat(res.output)
+    assert list(tmp_path.iterdir()) == []  # checked first: no model prepared, no logs, no workers
+
+
 def test_stage_transport_options_reach_stage_model_and_bad_ones_name_the_option(tmp_path, monkeypatch):
     import runtime.staging.stage as stage_mod
 
@@ -320,3 +344,27 @@ def test_cli_mlflow_http_defaults_fail_fast_but_keep_what_the_user_set():
     assert added == {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": MLFLOW_CLI_ENV_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]}
     assert env["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300"
     assert int(env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) < 7  # MLflow's own default retries for minutes
+
+
+def test_demo_slo_no_candidate_meets_fails_before_uploading_anything(tmp_path):
+    # the model is prepared (its config.json is what the tune step reads), then the tune step's own check
+    # refuses the SLO: no S3 server, no pipeline, a one-line error with the best TTFT achievable
+    res = runner.invoke(app, ["demo", "--state-dir", str(tmp_path), "--ttft-ms", "1"], env={"COLUMNS": "300"})
+    assert res.exit_code == 1, res.output
+    out = _flat(res.output)
+    assert "error: the tune step would fail:" in out and "TTFT" in out
+    assert "Traceback" not in res.output
+    assert not (tmp_path / "s3").exists() and not (tmp_path / "kfp").exists()
+
+
+def test_demo_preflight_passes_the_demo_defaults_and_names_a_bad_gpu(tmp_path):
+    import shutil
+
+    import pytest
+
+    from runtime.demo import DemoError, DemoSettings, _check_slo_feasible
+
+    shutil.copy(data_dir() / "models" / "Qwen--Qwen3-0.6B_config.json", tmp_path / "config.json")
+    _check_slo_feasible(tmp_path, DemoSettings(state_dir=tmp_path), "m-pd")  # the defaults are feasible
+    with pytest.raises(DemoError, match="would fail: .*TTFT"):
+        _check_slo_feasible(tmp_path, DemoSettings(state_dir=tmp_path, ttft_p90_ms=0.5), "m-pd")
