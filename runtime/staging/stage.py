@@ -12,6 +12,7 @@ parts in the staging folder for the next run.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runtime.staging.keys import MAX_NAME_BYTES, check_paths, select_paths
 from runtime.staging.manifest import (
+    MARKER_NAME,
     Manifest,
     ManifestEntry,
     StagingError,
@@ -35,6 +37,8 @@ from runtime.staging.manifest import (
 from runtime.staging.publish import StageLock, check_free_space, publish, recover, sibling
 from runtime.staging.sources import SourceObject, open_source
 from runtime.staging.transfer import TransferEngine, TransferStats
+
+log = logging.getLogger(__name__)
 
 
 class StageOptions(BaseModel):
@@ -118,6 +122,18 @@ class StageResult:
     transfer: TransferStats
 
 
+def _warn_nested_model(objs: list[SourceObject], uri: str) -> None:
+    """Warn when the selection has no top-level config.json but a folder below has one: the source is
+    probably one level above the model (the published folder would not be servable as it is)."""
+    rels = [o.rel for o in objs]
+    if "config.json" in rels:
+        return
+    nested = sorted(r.rsplit("/", 1)[0] for r in rels if r.endswith("/config.json"))
+    if nested:
+        log.warning("%s: no config.json at the top, but %s/config.json; a model folder needs it at the top "
+                    "(did you mean %s/%s?)", uri, nested[0], uri.rstrip("/"), nested[0])
+
+
 def _select(objs: list[SourceObject], opts: StageOptions, uri: str) -> list[SourceObject]:
     chosen = set(select_paths([o.rel for o in objs], opts.include, opts.exclude, opts.prefer_safetensors))
     out = [o for o in objs if o.rel in chosen]
@@ -190,6 +206,9 @@ class Stager:
                     )
             if current and current.source == self.uri and self._same(current, objs) and self._intact():
                 return StageResult(current, self.dest, True, 0, time.monotonic() - t0, TransferStats())
+            if current is not None:
+                self._refuse_foreign_files(current)
+            _warn_nested_model(objs, self.uri)
             staging = sibling(self.dest, "staging")
             staging.mkdir(exist_ok=True)
             linked = self._link_unchanged(current, objs, staging)
@@ -213,6 +232,22 @@ class Stager:
             return read_marker(self.dest)
         except StagingError:
             return None
+
+    def _refuse_foreign_files(self, current: Manifest) -> None:
+        """Publishing replaces the whole folder: refuse while it holds files the stager did not publish
+        (someone's notes, a fine-tuned shard), which would otherwise vanish without a word.
+
+        Raises:
+            StagingError: naming up to 5 of them.
+        """
+        known = set(current.by_path()) | {MARKER_NAME}
+        foreign = sorted(
+            rel for rel in (os.path.relpath(os.path.join(d, f), self.dest) for d, _, fs in os.walk(self.dest) for f in fs)
+            if rel.replace(os.sep, "/") not in known)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise StagingError(f"{self.dest} holds {len(foreign)} file(s) the stager did not publish ({shown}); "
+                               "a new version replaces the whole folder, so move them out first")
 
     def _intact(self) -> bool:
         if not self.opts.recheck_sha256:
