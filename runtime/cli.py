@@ -41,17 +41,22 @@ err = Console(stderr=True)
 StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLflow sqlite, FSx stand-in, demo output).")]
 
 
-def _port_free(host: str, port: int) -> bool:
-    """Whether a server could bind `host:port` now (SO_REUSEADDR, as uvicorn binds)."""
+def _bind_error(host: str, port: int) -> str | None:
+    """Why a server could not bind `host:port` now (SO_REUSEADDR, as uvicorn binds), or None if it could."""
+    import errno
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"{host}:{port} is already in use; pick another port"
+            if e.errno == errno.EACCES:
+                return f"binding {host}:{port} is not permitted (ports below 1024 need privileges); pick another port"
+            return f"cannot bind {host}:{port}: {e.strerror or e}"
+    return None
 
 
 def _is_hf_config(path: Path) -> bool:
@@ -582,8 +587,9 @@ def serve(
         _fail(f"--planner must be off, dry-run or local, got {planner!r}")
     if router not in ("fixed", "kv"):
         _fail(f"--router must be fixed or kv, got {router!r}")
-    if not _port_free("127.0.0.1", port):  # the runtime binds it last, after the workers' ~70 s start
-        _fail(f"--port {port}: 127.0.0.1:{port} is already in use; pick another port")
+    busy = _bind_error("127.0.0.1", port)  # the runtime binds it last, after the workers' ~70 s start
+    if busy:
+        _fail(f"--port {port}: {busy}")
     from runtime.config import DeploymentSpec, ModelRef
     from runtime.models.gguf_convert import convert_smollm2
     from runtime.server.launch import LocalDeployment

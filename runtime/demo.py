@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -146,16 +147,20 @@ def _check_slo_feasible(model_dir: Path, settings: DemoSettings, registered: str
     Raises:
         DemoError: a bad parameter, or no candidate meets the SLO (with the best TTFT/ITL achievable).
     """
+    from runtime.config import ModelRef
     from runtime.models.load import load_model_spec
-    from runtime.steps import AUTO_PRECISION, check_tune_parameters, checkpoint_precision
+    from runtime.steps import AUTO_PRECISION, check_gpu_budget, check_tune_parameters, checkpoint_precision
     from runtime.tuner.search import InfeasibleSLOError, tp_choices, tune
 
     try:
         params = check_tune_parameters(settings.gpu, AUTO_PRECISION, settings.ttft_p90_ms, settings.itl_p90_ms,
                                        DEMO_ISL_TOKENS, DEMO_OSL_TOKENS, DEMO_REQUEST_RATE_PER_S, None, registered)
         model = load_model_spec(model_dir / "config.json")
-        tune(model, params.gpu, params.slo, params.workload, precision=checkpoint_precision(model),
-             tps=tp_choices(settings.gpu))
+        result = tune(model, params.gpu, params.slo, params.workload, precision=checkpoint_precision(model),
+                      tps=tp_choices(settings.gpu))
+        spec = result.to_deployment_spec(ModelRef(name=DEMO_MODEL, path=str(model_dir)))
+        spec.planner.gpu_budget = params.gpu_budget  # as tune_step does before its check
+        check_gpu_budget(spec)  # GpuBudgetError (a ValueError)
     except (InfeasibleSLOError, ValueError) as e:
         raise DemoError(f"the tune step would fail: {e}") from None
 
@@ -213,8 +218,9 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
                     request_rate_per_s=DEMO_REQUEST_RATE_PER_S, mlflow_tracking_uri=mlflow_uri,
                     registered_model=registered,
                 )
-            except RuntimeError as e:  # kfp.local: "Pipeline ... FAILURE. Inner task failed: '<step>'"
-                raise DemoError(f"KFP pipeline failed: {e}; the failing step's log is printed above "
+            except RuntimeError as e:  # kfp.local: "Pipeline ... FAILURE. Inner task failed: '<step>'."
+                why = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).rstrip(". ")  # kfp colours its message
+                raise DemoError(f"KFP pipeline failed: {why}; the failing step's log is printed above "
                                 f"(task outputs under {state / 'kfp'})") from None
     version, spec = load_champion(mlflow_uri, registered)
     console.print(escape(f"champion: version {version}, prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp} "

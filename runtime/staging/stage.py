@@ -235,19 +235,33 @@ class Stager:
 
     def _refuse_foreign_files(self, current: Manifest) -> None:
         """Publishing replaces the whole folder: refuse while it holds files the stager did not publish
-        (someone's notes, a fine-tuned shard), which would otherwise vanish without a word.
+        (someone's notes, a fine-tuned shard), links, empty or unreadable folders, which would otherwise
+        vanish without a word.
 
         Raises:
             StagingError: naming up to 5 of them.
         """
         known = set(current.by_path()) | {MARKER_NAME}
-        foreign = sorted(
-            rel for rel in (os.path.relpath(os.path.join(d, f), self.dest) for d, _, fs in os.walk(self.dest) for f in fs)
-            if rel.replace(os.sep, "/") not in known)
+
+        def rel(path: str) -> str:
+            return os.path.relpath(path, self.dest).replace(os.sep, "/")
+
+        found: list[str] = []  # os.walk follows no link; a folder it cannot read is named, not skipped
+        for d, dirs, files in os.walk(self.dest, onerror=lambda e: found.append(rel(e.filename) + "/")):
+            for name in dirs:  # a link to a folder, or an empty folder: no file below it would be named
+                full = os.path.join(d, name)
+                try:
+                    empty = not os.path.islink(full) and not os.listdir(full)
+                except OSError:
+                    continue  # unreadable: onerror names it when the walk gets there
+                if os.path.islink(full) or empty:
+                    found.append(rel(full) + "/")
+            found += [r for r in (rel(os.path.join(d, f)) for f in files) if r not in known]
+        foreign = sorted(found)
         if foreign:
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-            raise StagingError(f"{self.dest} holds {len(foreign)} file(s) the stager did not publish ({shown}); "
-                               "a new version replaces the whole folder, so move them out first")
+            raise StagingError(f"{self.dest} holds {len(foreign)} file(s) or folder(s) the stager did not publish "
+                               f"({shown}); a new version replaces the whole folder, so move them out first")
 
     def _intact(self) -> bool:
         if not self.opts.recheck_sha256:

@@ -368,3 +368,8 @@ def test_demo_preflight_passes_the_demo_defaults_and_names_a_bad_gpu(tmp_path):
     _check_slo_feasible(tmp_path, DemoSettings(state_dir=tmp_path), "m-pd")  # the defaults are feasible
     with pytest.raises(DemoError, match="would fail: .*TTFT"):
         _check_slo_feasible(tmp_path, DemoSettings(state_dir=tmp_path, ttft_p90_ms=0.5), "m-pd")
+    # feasible SLO, but the fleet for the demo's workload exceeds the spec's GPU budget: the tune step's
+    # GpuBudgetError, found here too (a breaker's case: the CPU catalog entry at a loose SLO)
+    with pytest.raises(DemoError, match="would fail: .*but planner.gpu_budget is 64 GPUs"):
+        _check_slo_feasible(tmp_path, DemoSettings(state_dir=tmp_path, gpu="CPU", ttft_p90_ms=60_000,
+                                                   itl_p90_ms=1000), "m-pd")

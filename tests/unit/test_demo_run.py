@@ -89,6 +89,9 @@ def faked_steps(tmp_path, monkeypatch):
     monkeypatch.setattr(demo.httpx, "get", lambda url, timeout: types.SimpleNamespace(text=next(counts)))
     answers = iter([ChatResult("Paris.", 0.25, 1.0), ChatResult("Red, blue, yellow.", 0.5, 1.5)])
     monkeypatch.setattr(demo, "stream_chat", lambda *a, **kw: next(answers))
+    # the pre-flight (real one: tests/unit/test_cli.py) must run before the S3 server starts
+    monkeypatch.setattr(demo, "_check_slo_feasible",
+                        lambda model_dir, settings, registered: seen.update(preflight_before_s3="s3_dir" not in seen))
     return seen
 
 
@@ -97,6 +100,7 @@ def test_worker_and_runtime_logs_go_under_the_state_dir(tmp_path, faked_steps):
     summary = run_demo(DemoSettings(state_dir=state, questions=("q1", "q2")))
     assert faked_steps["deployment_kwargs"]["log_dir"] == state.resolve() / "logs"
     assert summary["ttft_s"] == [0.25, 0.5] and summary["nixl_transfers"] == 2
+    assert faked_steps["preflight_before_s3"] is True
 
 
 def test_an_answer_without_a_first_token_is_null_in_summary_json(tmp_path, faked_steps, monkeypatch):

@@ -4,6 +4,7 @@ level above the model is pointed out."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -28,7 +29,7 @@ def test_a_new_version_refuses_while_the_folder_holds_foreign_files_and_loses_no
     assert (dest / "notes.txt").read_text() == "mine"
 
     _model(src, extra=b"v2")  # a changed shard: a new version would replace the folder
-    with pytest.raises(StagingError, match=r"holds 2 file\(s\) the stager did not publish \(notes.txt, "
+    with pytest.raises(StagingError, match=r"holds 2 file\(s\) or folder\(s\) the stager did not publish \(notes.txt, "
                                            r"sub/ft.safetensors\); .*move them out first"):
         stage_model(str(src), dest, progress=False)
     assert (dest / "notes.txt").read_text() == "mine" and (dest / "sub" / "ft.safetensors").exists()
@@ -36,9 +37,29 @@ def test_a_new_version_refuses_while_the_folder_holds_foreign_files_and_loses_no
 
     (dest / "notes.txt").unlink()
     (dest / "sub" / "ft.safetensors").unlink()
+    (dest / "sub").rmdir()  # an empty folder of the user's would vanish too: it is named until removed
     stage_model(str(src), dest, progress=False)
     assert (dest / "model.safetensors").read_bytes().endswith(b"v2")
     assert {f.path for f in read_marker(dest).files} == {"config.json", "model.safetensors"}
+
+
+@pytest.mark.parametrize("kind", ["link_to_folder", "empty_folder", "link_to_file"])
+def test_links_and_empty_folders_in_the_destination_are_named_too(tmp_path, kind):
+    src, dest = _model(tmp_path / "src"), tmp_path / "fsx" / "m"
+    stage_model(str(src), dest, progress=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "adapter.safetensors").write_bytes(b"a")
+    if kind == "link_to_folder":
+        (dest / "lora").symlink_to(elsewhere, target_is_directory=True)
+    elif kind == "empty_folder":
+        (dest / "lora").mkdir()
+    else:
+        (dest / "lora").symlink_to(elsewhere / "adapter.safetensors")
+    _model(src, extra=b"v2")
+    with pytest.raises(StagingError, match=r"did not publish \(lora/?\)"):
+        stage_model(str(src), dest, progress=False)
+    assert os.path.lexists(dest / "lora") and (elsewhere / "adapter.safetensors").exists()
 
 
 def test_a_source_one_level_above_the_model_is_pointed_out(tmp_path, caplog):
