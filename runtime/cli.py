@@ -258,6 +258,11 @@ def tune(
     isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = 3000,
     osl: Annotated[int, typer.Option(help="Mean output length, tokens.")] = 150,
     rate: Annotated[float, typer.Option(help="Target request rate, requests/s.")] = 10.0,
+    trace: Annotated[Optional[Path], typer.Option(
+        help="Recorded or published traffic to size for instead of --isl/--osl: a .jsonl with input_length and "
+             "output_length per line (Mooncake) or a .csv with ContextTokens and GeneratedTokens columns (Azure "
+             "LLM inference trace). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
+             "contexts (up to 256 evenly spaced requests); --rate still sets the load.")] = None,
     gpu_budget: Annotated[int, typer.Option(
         help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails.")
     ] = PlannerSpec.model_fields["gpu_budget"].default,
@@ -315,6 +320,16 @@ def tune(
         slo = SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms)
     except ValidationError as e:
         problems.append(_option_errors(e, SLO_OPTIONS))
+    sample = None
+    if trace is not None:
+        from runtime.tracking.traces import load_length_sample
+
+        try:
+            sample = load_length_sample(trace)
+        except (OSError, ValueError) as e:  # TraceFormatError is a ValueError; a folder or no file: OSError
+            problems.append(f"--trace: {e}")
+        else:  # the spec records the trace's mean lengths (what a reader of the spec expects to see)
+            isl, osl = max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl))
     try:
         workload = WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate)
     except ValidationError as e:
@@ -332,6 +347,9 @@ def tune(
             problems.append(f"--register: {e}")
     if problems:
         _fail("; ".join(problems))
+    if sample is not None:
+        err.print(escape(f"workload: {trace}: {len(sample.isl_tokens)} requests sampled, mean ISL {isl}, mean OSL "
+                         f"{osl} tokens, at {rate:g} requests/s"))
     try:
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
         from runtime.steps import check_model_name
@@ -356,7 +374,7 @@ def tune(
         if measure:
             gpu, precision = "CPU", "fp32"  # what the measurements ran on
         result = run_tune(model, resolve_gpu(gpu), slo, workload, precision=precision, perf=perf,
-                          tps=tp_choices(gpu))  # an instance type (g6e.xlarge) bounds TP by its GPU count
+                          tps=tp_choices(gpu), sample=sample)  # an instance type (g6e.xlarge) bounds TP by its GPU count
     except (ModelConfigError, InfeasibleSLOError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     except KeyError as e:  # unknown GPU: the message lists the catalog

@@ -22,7 +22,8 @@ def read_isl_osl(path: Path) -> list[tuple[int, int]]:
     """All (isl, osl) pairs of the trace, in file order.
 
     Raises:
-        TraceFormatError: unknown format or missing columns/keys (named).
+        TraceFormatError: unknown format, missing columns/keys, a line that is not a JSON object or a length
+            that is not a whole number (the message names ``path:line`` and the key).
         FileNotFoundError: no such file.
     """
     path = Path(path)
@@ -32,11 +33,17 @@ def read_isl_osl(path: Path) -> list[tuple[int, int]]:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
-                rec = json.loads(line)
+                try:
+                    rec = json.loads(line)
+                except ValueError as e:
+                    raise TraceFormatError(f"{path}:{n}: not JSON: {e}") from None
+                if not isinstance(rec, dict):
+                    raise TraceFormatError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
                 missing = [k for k in ("input_length", "output_length") if k not in rec]
                 if missing:
                     raise TraceFormatError(f"{path}:{n}: missing key(s) {', '.join(missing)}")
-                out.append((int(rec["input_length"]), int(rec["output_length"])))
+                out.append((_length(rec["input_length"], path, n, "input_length"),
+                            _length(rec["output_length"], path, n, "output_length")))
         return out
     if path.suffix == ".csv":
         with path.open(newline="") as f:
@@ -44,8 +51,20 @@ def read_isl_osl(path: Path) -> list[tuple[int, int]]:
             missing = [k for k in ("ContextTokens", "GeneratedTokens") if k not in (reader.fieldnames or [])]
             if missing:
                 raise TraceFormatError(f"{path}: missing column(s) {', '.join(missing)}")
-            return [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in reader]
+            return [(_length(r["ContextTokens"], path, n, "ContextTokens"),
+                     _length(r["GeneratedTokens"], path, n, "GeneratedTokens"))
+                    for n, r in enumerate(reader, 2)]  # line 1 is the header
     raise TraceFormatError(f"{path}: unknown trace format (expected .csv or .jsonl)")
+
+
+def _length(value: object, path: Path, line: int, key: str) -> int:
+    """A token count from a trace field; TraceFormatError naming ``path:line`` and ``key`` otherwise."""
+    if isinstance(value, bool):
+        raise TraceFormatError(f"{path}:{line}: {key} must be a whole number of tokens, got {value!r}")
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TraceFormatError(f"{path}:{line}: {key} must be a whole number of tokens, got {value!r}") from None
 
 
 def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> LengthSample:

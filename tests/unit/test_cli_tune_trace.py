@@ -1,0 +1,80 @@
+"""`pdserve tune --trace`: size the deployment for recorded traffic (the re-tuning CronWorkflow's input).
+
+Specification: the trace's ISL/OSL pairs replace --isl/--osl (the spec records their means); a trace of long
+prompts needs at least as much prefill as a short one at the same rate; a malformed trace fails before the model
+is read, naming the file, the line and the key; a missing trace names the option.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from runtime.cli import app
+from runtime.config import DeploymentSpec
+from runtime.paths import data_dir
+
+runner = CliRunner()
+LLAMA_8B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"
+AZURE = data_dir() / "traces" / "azure2023_conv.csv"
+
+
+def _tune(tmp_path: Path, *options: str) -> DeploymentSpec:
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--out", str(out), "--rate", "20", *options])
+    assert res.exit_code == 0, res.output
+    return DeploymentSpec.model_validate_json(out.read_text())
+
+
+def _write_trace(path: Path, pairs: list[tuple[int, int]]) -> Path:
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": a, "output_length": b}) + "\n"
+                            for i, (a, b) in enumerate(pairs)))
+    return path
+
+
+def test_the_spec_records_the_traces_mean_lengths_not_the_isl_osl_options(tmp_path):
+    import csv
+
+    rows = list(csv.DictReader(AZURE.open()))
+    spec = _tune(tmp_path, "--trace", str(AZURE), "--isl", "9999", "--osl", "7")
+    # the CLI samples up to 256 evenly spaced requests; the recorded means are those of that sample, which for
+    # this trace lie close to the whole trace's
+    mean_isl = sum(int(r["ContextTokens"]) for r in rows) / len(rows)
+    mean_osl = sum(int(r["GeneratedTokens"]) for r in rows) / len(rows)
+    assert abs(spec.workload.isl_tokens - mean_isl) / mean_isl < 0.25
+    assert abs(spec.workload.osl_tokens - mean_osl) / mean_osl < 0.25
+    assert spec.workload.isl_tokens != 9999 and spec.workload.osl_tokens != 7
+
+
+def test_a_trace_of_long_prompts_gets_at_least_the_prefill_of_a_short_one(tmp_path):
+    short = _write_trace(tmp_path / "short.jsonl", [(200, 100), (300, 100), (250, 100)] * 20)
+    long = _write_trace(tmp_path / "long.jsonl", [(6000, 100), (7000, 100), (8000, 100)] * 20)
+    a = _tune(tmp_path, "--trace", str(short))
+    b = _tune(tmp_path, "--trace", str(long))
+    gpus = lambda s: s.prefill.tp * s.prefill.replicas  # noqa: E731
+    assert gpus(b) > gpus(a)
+    assert b.workload.isl_tokens == 7000 and a.workload.isl_tokens == 250
+
+
+def test_a_malformed_trace_fails_before_the_model_is_read_naming_line_and_key(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_length": 10, "output_length": 5}\n{"input_length": "ten", "output_length": 5}\n')
+    res = runner.invoke(app, ["tune", str(tmp_path / "no-such-config.json"), "--trace", str(bad)])
+    assert res.exit_code == 1
+    assert f"--trace: {bad}:2: input_length must be a whole number" in " ".join(res.output.split())
+    notjson = tmp_path / "x.jsonl"
+    notjson.write_text("{oops\n")
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(notjson)])
+    assert res.exit_code == 1 and f"{notjson}:1: not JSON" in " ".join(res.output.split())
+
+
+def test_a_missing_or_unknown_trace_names_the_option(tmp_path):
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(tmp_path / "gone.jsonl")])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1 and "--trace" in out and "gone.jsonl" in out
+    other = tmp_path / "t.parquet"
+    other.write_bytes(b"x")
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(other)])
+    assert res.exit_code == 1 and "unknown trace format" in " ".join(res.output.split())
