@@ -693,6 +693,15 @@ def show_summary(state: StateOpt = state_dir()) -> None:
     console.print_json(json.dumps(data))
 
 
+def _add_batch() -> None:
+    from runtime.batch.__main__ import app as batch_app  # typer + rich only: cheap at start-up
+
+    app.add_typer(batch_app, name="batch")
+
+
+_add_batch()
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

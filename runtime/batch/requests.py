@@ -1,0 +1,167 @@
+"""The OpenAI Batch file format: parse and check input lines, build and read output lines (pure).
+
+Input (OpenAI Batch API "batch input file", also what ``vllm run-batch`` reads): one JSON object per line,
+``{"custom_id": str, "method": "POST", "url": "/v1/chat/completions", "body": {...}}``. ``url`` is only a
+PATH from ``ALLOWED_URLS``: the runner joins it to the endpoint it was configured with, so no line of a batch
+file can choose which server receives a request (a full URL, another path or ``..`` is refused).
+
+Output (OpenAI "batch output file"): one line per request,
+``{"id", "custom_id", "response": {"status_code", "request_id", "body"} | null, "error": {"code", "message"} | null}``;
+a request that got an HTTP answer has ``response`` (and ``error`` when the status is not 2xx); one that never got
+an answer (connection refused, timeout) has ``response: null`` and ``error``. Resuming keeps the 2xx lines of an
+earlier output and sends the rest again.
+
+Pure: parses lines the caller has read, returns lines for the caller to write.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+#: Paths a batch line may name (OpenAI Batch API endpoints the pdserve runtime serves).
+ALLOWED_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+#: At most this many problems are listed in one BatchInputError.
+MAX_LISTED_ERRORS = 20
+
+
+class BatchInputError(ValueError):
+    """The batch file has malformed lines; the message lists them as ``line N: problem`` (nothing was sent)."""
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One checked input line: ``url`` is one of ``ALLOWED_URLS``; ``line`` is its 1-based line number."""
+
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+    line: int
+
+
+def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[BatchRequest]:
+    """Check every line of a batch input file and return its requests in file order.
+
+    Blank lines are skipped. A line without ``body.model`` gets ``default_model`` when one is given.
+
+    Args:
+        lines: the file's lines (text, with or without newlines).
+        default_model: served model name for lines whose body names none.
+
+    Raises:
+        BatchInputError: any line is not a JSON object, lacks or repeats ``custom_id``, has a method other than
+            POST, a ``url`` outside ``ALLOWED_URLS``, a body that is not an object, no model (and no default),
+            or asks to stream; also an input with no request. All problems (up to ``MAX_LISTED_ERRORS``) are
+            listed at once.
+    """
+    out: list[BatchRequest] = []
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    for n, raw in enumerate(lines, 1):
+        text = raw.lstrip("\ufeff") if n == 1 else raw
+        if not text.strip():
+            continue
+        try:
+            rec = json.loads(text)
+        except ValueError as e:
+            problems.append(f"line {n}: not JSON ({e})")
+            continue
+        if not isinstance(rec, dict):
+            problems.append(f"line {n}: expected a JSON object, got {type(rec).__name__}")
+            continue
+        req, errs = _check(rec, n, default_model, seen)
+        problems.extend(errs)
+        if req is not None:
+            seen[req.custom_id] = n
+            out.append(req)
+    if problems:
+        more = len(problems) - MAX_LISTED_ERRORS
+        listed = "; ".join(problems[:MAX_LISTED_ERRORS]) + (f"; and {more} more" if more > 0 else "")
+        raise BatchInputError(f"{len(problems)} problem(s) in the batch input, nothing sent: {listed}")
+    if not out:
+        raise BatchInputError("the batch input has no request (every line is blank)")
+    return out
+
+
+def _check(rec: dict, n: int, default_model: str | None, seen: dict[str, int]) -> tuple[BatchRequest | None, list[str]]:
+    errs = []
+    cid = rec.get("custom_id")
+    if not isinstance(cid, str) or not cid:
+        errs.append(f"line {n}: custom_id must be a non-empty string")
+    elif cid in seen:
+        errs.append(f"line {n}: custom_id {cid!r} repeats line {seen[cid]}")
+    method = rec.get("method", "POST")
+    if method != "POST":
+        errs.append(f"line {n}: method must be POST, got {method!r}")
+    url = rec.get("url")
+    if url not in ALLOWED_URLS:
+        errs.append(f"line {n}: url must be one of {', '.join(ALLOWED_URLS)} (a path on the configured endpoint), "
+                    f"got {url!r}")
+    body = rec.get("body")
+    if not isinstance(body, dict):
+        errs.append(f"line {n}: body must be a JSON object")
+    else:
+        model = body.get("model", default_model)
+        if not isinstance(model, str) or not model:
+            errs.append(f"line {n}: body.model is missing (or give a default model)")
+        if body.get("stream"):
+            errs.append(f"line {n}: body.stream must be false or absent (a batch stores whole responses)")
+    if errs:
+        return None, errs
+    if "model" not in body:
+        body = {**body, "model": default_model}
+    return BatchRequest(custom_id=cid, url=url, body=body, line=n), []
+
+
+def output_line(custom_id: str, *, status_code: int | None, body: Any = None, request_id: str = "",
+                error: str | None = None) -> str:
+    """One output line (JSON, newline-terminated) for ``custom_id``.
+
+    ``status_code`` None means no HTTP answer (``error`` says why). A non-2xx status also gets an ``error``
+    (``error`` or, failing that, the OpenAI error message in ``body``).
+    """
+    response = None if status_code is None else {"status_code": status_code, "request_id": request_id, "body": body}
+    err = None
+    if status_code is None or not 200 <= status_code < 300:
+        message = error or _error_message(body) or f"HTTP {status_code}"
+        err = {"code": "request_failed" if status_code is None else f"http_{status_code}", "message": message}
+    rec = {"id": f"batch_req_{request_id or custom_id}", "custom_id": custom_id, "response": response, "error": err}
+    return json.dumps(rec, separators=(",", ":")) + "\n"
+
+
+def _error_message(body: Any) -> str | None:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        msg = body["error"].get("message")
+        return msg if isinstance(msg, str) else None
+    return None
+
+
+def succeeded_lines(lines: Iterable[str]) -> dict[str, str]:
+    """``{custom_id: line}`` of the output lines whose request succeeded (2xx), last one winning.
+
+    Lines that are not output records (a truncated last line after a crash, a failed request) are left out, so a
+    resumed run sends those requests again.
+    """
+    done: dict[str, str] = {}
+    for raw in lines:
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("custom_id"), str):
+            continue
+        resp = rec.get("response")
+        if isinstance(resp, dict) and isinstance(resp.get("status_code"), int) and 200 <= resp["status_code"] < 300:
+            done[rec["custom_id"]] = raw if raw.endswith("\n") else raw + "\n"
+    return done
+
+
+def usage_tokens(body: Any) -> tuple[int, int]:
+    """``(prompt_tokens, completion_tokens)`` from an OpenAI response body's ``usage`` (0, 0 when absent)."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0
+    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (p if isinstance(p, int) else 0), (c if isinstance(c, int) else 0)

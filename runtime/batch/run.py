@@ -1,0 +1,314 @@
+"""Run a batch file against the pdserve endpoint: bounded concurrency, retries, resume, local or S3 files.
+
+``run_batch(input_uri, output_uri, endpoint=...)`` reads an OpenAI Batch input file (``runtime.batch.requests``),
+sends each request to ``endpoint`` + the line's path (``/v1/chat/completions`` …) with at most ``concurrency``
+in flight, and writes one output line per request as it completes. Transient failures (connection errors,
+timeouts, HTTP 429/500/502/503/504) are retried with exponential back-off and jitter (tenacity), up to
+``max_retries`` times. A run that stops part-way (pod evicted, Ctrl-C) leaves the finished lines in the output;
+running the same command again keeps its 2xx lines and sends only the rest.
+
+Files are local paths or ``s3://bucket/key`` (boto3, the same client and credential chain as staging:
+``runtime.staging.s3.make_client``). An S3 output is written through a local work file and uploaded every
+``checkpoint_s`` seconds and at the end (also after an error or interrupt), so a resumed run loses at most
+``checkpoint_s`` of work.
+
+The batch shares the online endpoint: ``concurrency`` bounds how much of it the batch takes (the router and
+planner see batch requests like any other). An API key, when the endpoint wants one, is read from the
+environment variable the caller names and is never logged or written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from runtime.batch.requests import BatchRequest, output_line, parse_input, succeeded_lines, usage_tokens
+from runtime.paths import write_text_atomically
+
+#: HTTP statuses worth another try (throttled, or a server / gateway that may recover).
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class BatchRunError(RuntimeError):
+    """The batch cannot run (bad endpoint or file location, unreadable input, output not writable)."""
+
+
+@dataclass
+class BatchSummary:
+    """What one run did. ``resumed``: requests already answered (2xx) in an earlier output, not sent again."""
+
+    requests: int = 0
+    resumed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["wall_s"] = round(self.wall_s, 3)
+        d["output_tokens_per_s"] = round(self.completion_tokens / self.wall_s, 2) if self.wall_s > 0 else None
+        return d
+
+
+def check_endpoint(endpoint: str) -> str:
+    """The endpoint without a trailing '/': an http(s) URL with a host and no query or fragment.
+
+    Raises:
+        BatchRunError: anything else (the message shows the value).
+    """
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise BatchRunError(f"--endpoint must be an http(s) URL of the OpenAI base (e.g. "
+                            f"http://<isvc>-predictor.<namespace>.svc.cluster.local/openai), got {endpoint!r}")
+    return endpoint.rstrip("/")
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``(bucket, key)`` of ``s3://bucket/key``.
+
+    Raises:
+        BatchRunError: no bucket or no key (the message shows the URI).
+    """
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not uri.startswith("s3://") or not bucket or not key or key.endswith("/"):
+        raise BatchRunError(f"{uri!r}: expected s3://bucket/key (an object, not a prefix)")
+    return bucket, key
+
+
+def _read_lines(uri: str, s3: Any, *, missing_ok: bool) -> list[str] | None:
+    try:
+        if uri.startswith("s3://"):
+            bucket, key = split_s3_uri(uri)
+            try:
+                data = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+            except s3.exceptions.NoSuchKey:
+                if missing_ok:
+                    return None
+                raise BatchRunError(f"{uri}: no such object") from None
+            return data.decode("utf-8").splitlines(keepends=True)
+        path = Path(uri)
+        if missing_ok and not path.exists():
+            return None
+        with path.open(encoding="utf-8") as f:
+            return f.readlines()
+    except UnicodeDecodeError as e:
+        raise BatchRunError(f"{uri}: not UTF-8 text ({e})") from None
+    except OSError as e:
+        raise BatchRunError(f"{uri}: {e.strerror or e}") from None
+
+
+async def send_all(
+    requests: list[BatchRequest],
+    write: Callable[[str, BatchRequest, int | None, Any], None],
+    *,
+    endpoint: str,
+    concurrency: int = 8,
+    max_retries: int = 3,
+    timeout_s: float = 600.0,
+    headers: dict[str, str] | None = None,
+    backoff_s: float = 0.5,
+) -> None:
+    """Send ``requests`` with at most ``concurrency`` in flight; call ``write(line, request, status, body)`` for
+    each as it completes (``status`` None: no HTTP answer after the retries).
+
+    ``endpoint`` must have passed :func:`check_endpoint`; each request goes to ``endpoint + request.url``.
+    Retries: transport errors and ``RETRY_STATUSES``, at most ``max_retries`` more tries each, waiting
+    ``backoff_s * 2^k`` seconds with jitter (at most 30 s) between them.
+    """
+    import httpx
+    from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
+
+    class _Retry(Exception):
+        def __init__(self, resp: httpx.Response) -> None:
+            self.resp = resp
+
+    queue = iter(requests)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)), limits=limits,
+                                 headers=headers or {}) as client:
+
+        async def one(req: BatchRequest) -> None:
+            status: int | None = None
+            body: Any = None
+            request_id, error = "", None
+            try:
+                async for attempt in AsyncRetrying(
+                        retry=retry_if_exception_type((httpx.TransportError, _Retry)),
+                        stop=stop_after_attempt(max_retries + 1),
+                        wait=wait_exponential(multiplier=backoff_s, max=30.0) + wait_random(0, backoff_s),
+                        reraise=True):
+                    with attempt:
+                        resp = await client.post(endpoint + req.url, json=req.body)
+                        if resp.status_code in RETRY_STATUSES:
+                            raise _Retry(resp)
+            except _Retry as e:  # retries spent on a retryable status: record the last answer
+                resp = e.resp
+            except httpx.TransportError as e:
+                resp, error = None, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if resp is not None:
+                status = resp.status_code
+                request_id = resp.headers.get("x-request-id", "")
+                try:
+                    body = resp.json()
+                except ValueError:
+                    body = resp.text
+            write(output_line(req.custom_id, status_code=status, body=body, request_id=request_id, error=error),
+                  req, status, body)
+
+        async def worker() -> None:
+            for req in queue:  # one shared iterator: never more than `concurrency` requests materialised
+                await one(req)
+
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(requests))))))
+
+
+def run_batch(
+    input_uri: str,
+    output_uri: str,
+    *,
+    endpoint: str,
+    model: str | None = None,
+    concurrency: int = 8,
+    max_retries: int = 3,
+    timeout_s: float = 600.0,
+    api_key: str | None = None,
+    s3_client: Any = None,
+    checkpoint_s: float = 60.0,
+    progress: bool = True,
+    backoff_s: float = 0.5,
+) -> BatchSummary:
+    """Run the batch file ``input_uri`` against ``endpoint`` and write ``output_uri`` (see the module doc).
+
+    Args:
+        input_uri / output_uri: local paths or ``s3://bucket/key``; an existing output is resumed.
+        endpoint: OpenAI base URL of the pdserve runtime (KServe: ``http://host/openai``).
+        model: served model name for lines whose body names none.
+        concurrency: requests in flight (>= 1). max_retries: extra tries per request (>= 0).
+        timeout_s: per-request read timeout, seconds. api_key: sent as ``Authorization: Bearer``.
+        s3_client: boto3 S3 client (default: ``runtime.staging.s3.make_client()`` when a URI is s3://).
+        checkpoint_s: upload an S3 output this often, seconds. progress: rich progress bar on stderr.
+
+    Returns:
+        BatchSummary (``failed`` > 0 when some requests got no 2xx answer; their lines say why).
+
+    Raises:
+        BatchRunError: bad endpoint, concurrency or URIs; unreadable input; output not writable.
+        runtime.batch.requests.BatchInputError: malformed input lines (nothing sent, output untouched).
+    """
+    if concurrency < 1 or max_retries < 0 or timeout_s <= 0:
+        raise BatchRunError(f"need concurrency >= 1, max_retries >= 0 and timeout_s > 0, got {concurrency}, "
+                            f"{max_retries}, {timeout_s}")
+    base = check_endpoint(endpoint)
+    for uri in (input_uri, output_uri):
+        if uri.startswith("s3://"):
+            split_s3_uri(uri)
+    if input_uri == output_uri:
+        raise BatchRunError("the output must not be the input file")
+    s3 = s3_client
+    if s3 is None and (input_uri.startswith("s3://") or output_uri.startswith("s3://")):
+        from runtime.staging.s3 import make_client
+
+        s3 = make_client()
+    requests = parse_input(_read_lines(input_uri, s3, missing_ok=False) or [], default_model=model)
+    done = succeeded_lines(_read_lines(output_uri, s3, missing_ok=True) or [])
+    wanted = {r.custom_id for r in requests}
+    done = {k: v for k, v in done.items() if k in wanted}
+    todo = [r for r in requests if r.custom_id not in done]
+    summary = BatchSummary(requests=len(requests), resumed=len(done))
+
+    tmpdir = None
+    if output_uri.startswith("s3://"):
+        tmpdir = tempfile.TemporaryDirectory(prefix="pdserve-batch-")
+        work = Path(tmpdir.name) / "output.jsonl"
+    else:
+        work = Path(output_uri)
+    try:
+        try:
+            work.parent.mkdir(parents=True, exist_ok=True)
+            # the kept 2xx lines replace the old output atomically (a crash here loses no earlier answer), then
+            # each new answer is appended as it comes
+            write_text_atomically(work, "".join(done.values()))
+            out = work.open("a", encoding="utf-8")
+        except OSError as e:
+            raise BatchRunError(f"{output_uri}: cannot write: {e.strerror or e}") from None
+        with out:
+            _run_loop(todo, out, summary, base=base, concurrency=concurrency, max_retries=max_retries,
+                      timeout_s=timeout_s, api_key=api_key, progress=progress, backoff_s=backoff_s,
+                      checkpoint=(lambda: _upload(work, output_uri, s3)) if tmpdir else None,
+                      checkpoint_s=checkpoint_s)
+    finally:
+        if tmpdir is not None:
+            try:
+                if work.exists():
+                    _upload(work, output_uri, s3)
+            finally:
+                tmpdir.cleanup()
+    return summary
+
+
+def _run_loop(todo: list[BatchRequest], out: Any, summary: BatchSummary, *, base: str, concurrency: int,
+              max_retries: int, timeout_s: float, api_key: str | None, progress: bool, backoff_s: float,
+              checkpoint: Callable[[], None] | None, checkpoint_s: float) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+                   TimeElapsedColumn(), console=Console(stderr=True), disable=not progress)
+    task = bar.add_task("batch", total=len(todo), failed=0)
+    last = [time.monotonic()]
+    started = time.monotonic()
+
+    def write(line: str, req: BatchRequest, status: int | None, body: Any) -> None:
+        out.write(line)
+        out.flush()
+        if status is not None and 200 <= status < 300:
+            summary.succeeded += 1
+            p, c = usage_tokens(body)
+            summary.prompt_tokens += p
+            summary.completion_tokens += c
+        else:
+            summary.failed += 1
+        bar.update(task, advance=1, failed=summary.failed)
+        if checkpoint is not None and time.monotonic() - last[0] >= checkpoint_s:
+            last[0] = time.monotonic()
+            checkpoint()  # blocks the loop for one upload: in-flight requests keep running on the server
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        with bar:
+            if todo:
+                asyncio.run(send_all(todo, write, endpoint=base, concurrency=concurrency, max_retries=max_retries,
+                                     timeout_s=timeout_s, headers=headers, backoff_s=backoff_s))
+    finally:
+        summary.wall_s = time.monotonic() - started
+
+
+def _upload(work: Path, output_uri: str, s3: Any) -> None:
+    bucket, key = split_s3_uri(output_uri)
+    try:
+        s3.upload_file(str(work), bucket, key)
+    except Exception as e:  # noqa: BLE001 - boto3 raises several unrelated types; the message says which
+        raise BatchRunError(f"{output_uri}: upload failed: {e}") from None
+
+
+def api_key_from_env(name: str | None) -> str | None:
+    """The value of environment variable ``name`` (None when ``name`` is None).
+
+    Raises:
+        BatchRunError: ``name`` is given but unset or empty (the message names the variable, never a value).
+    """
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise BatchRunError(f"--api-key-env {name}: the environment variable is not set")
+    return value

