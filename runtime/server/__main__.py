@@ -119,6 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--discovery kubernetes: name of the worker Services' HTTP port.")
     p.add_argument("--worker-kv-events-port-name", default="kv-events",
                    help="--discovery kubernetes with --router kv: name of the worker Services' KV-event port.")
+    p.add_argument("--traffic-log", type=Path, default=None,
+                   help="Append one JSON line per finished request (Unix ms, prompt and completion tokens; no "
+                        "content) to this file: the recorded traffic `pdserve tune --trace` re-tunes for.")
     p.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
     p.add_argument("--http-port", type=int_at_least(1, 65535), default=8080, help="HTTP port (1-65535).")
     p.add_argument("--timeout-s", type=positive_seconds, default=600.0,
@@ -311,6 +314,13 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit("--tokenizer-dir is required with --router kv")
     planner = planner_settings(args)
     prefill_priority = resolve_prefill_priority(args, router_spec, planner)
+    if args.traffic_log is not None:  # fail at start-up, not at the first request
+        try:
+            args.traffic_log.parent.mkdir(parents=True, exist_ok=True)
+            with args.traffic_log.open("a"):
+                pass
+        except OSError as exc:
+            sys.exit(f"--traffic-log {args.traffic_log}: cannot append: {exc.strerror or exc}")
     # KServe parses sys.argv at import (parse_known_args); hide our flags from it.
     sys.argv = sys.argv[:1]
     from runtime.server.app import serve
@@ -332,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
         prefill_priority=prefill_priority == "length",
         planner=planner,
         discovery=discovery,
+        traffic_log=args.traffic_log,
     )
 
 

@@ -53,10 +53,12 @@ def build_model(
     observer=None,
     prefill_nudge_after_s: float | None = None,
     prefill_priority: bool = False,
+    traffic_log=None,
 ) -> PDModel:
     """The runtime model over the configured worker pools (round-robin pairing unless `pairing` is given).
 
-    `observer` (e.g. runtime.server.planner_loop.RequestWindow) receives every finished request.
+    `observer` (e.g. runtime.server.planner_loop.RequestWindow) receives every finished request, and so does
+    `traffic_log` (runtime.server.traffic.TrafficLog: the recorded traffic re-tuning reads).
     `prefill_priority`: prefill requests carry the runtime's vLLM `priority` by prompt length (exact with a
     tokenizer, else estimated; RouterSpec.prefill_priority "length").
 
@@ -68,7 +70,8 @@ def build_model(
     pairing = pairing or RoundRobinPairing(prefill_urls, decode_urls, migration_limit=migration_limit)
     return PDModel(model_name, pairing, metrics=RuntimeMetrics(registry), timeout_s=timeout_s, tokenizer=tokenizer,
                    prefill_timeout_s=prefill_timeout_s, observer=observer,
-                   prefill_nudge_after_s=prefill_nudge_after_s, prefill_priority=prefill_priority)
+                   prefill_nudge_after_s=prefill_nudge_after_s, prefill_priority=prefill_priority,
+                   traffic_log=traffic_log)
 
 
 def build_router_pairing(
@@ -228,6 +231,7 @@ def serve(
     prefill_priority: bool = False,
     planner: dict | None = None,
     discovery: dict | None = None,
+    traffic_log: Path | None = None,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
@@ -241,9 +245,11 @@ def serve(
     endpoints come from the EndpointSlices (port "kv-events", `discovery["kv_events_port_name"]`) and
     `prefill_kv_events`/`decode_kv_events` are ignored. `prefill_priority`: prefill requests carry the
     runtime's vLLM priorities (PDModel; the prefill workers run `--scheduling-policy priority`).
+    `traffic_log`: append one trace line per finished request to this JSONL file (runtime.server.traffic).
 
     Raises:
         ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings.
+        OSError: `traffic_log` cannot be opened for appending.
     """
     pairing = None
     tokenizer = None
@@ -273,10 +279,15 @@ def serve(
         from runtime.server.planner_loop import RequestWindow
 
         window = RequestWindow()
+    traffic = None
+    if traffic_log is not None:
+        from runtime.server.traffic import TrafficLog
+
+        traffic = TrafficLog(traffic_log)
     model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
                         tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
                         observer=window, prefill_nudge_after_s=prefill_nudge_after_s,
-                        prefill_priority=prefill_priority)
+                        prefill_priority=prefill_priority, traffic_log=traffic)
     planner_rt = None
     if planner is not None:
         from runtime.server.planner_runtime import build_planner
@@ -296,6 +307,8 @@ def serve(
     finally:
         if planner_rt is not None:
             planner_rt.close()
+        if traffic is not None:
+            traffic.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -179,6 +179,8 @@ class LocalDeployment:
         console: optional rich Console for progress lines (anything with `.print(str)`).
         prefill_nudge_after_s: the runtime's `--prefill-nudge-after-s` (runtime.server.model.PDModel); default
             `CPU_PREFILL_NUDGE_AFTER_S` (these are CPU workers); 0 turns it off.
+        traffic_log: the runtime's `--traffic-log` (one trace line per finished request,
+            runtime.server.traffic); None records nothing.
 
     Raises (from `start`/`__enter__`):
         WorkerStartError: a process failed to start (everything started so far is stopped first).
@@ -203,6 +205,7 @@ class LocalDeployment:
         planner_max_workers: int = 1,
         console: Any | None = None,
         prefill_nudge_after_s: float | None = None,
+        traffic_log: Path | None = None,
     ) -> None:
         if prefill_nudge_after_s is None:
             prefill_nudge_after_s = CPU_PREFILL_NUDGE_AFTER_S
@@ -246,6 +249,8 @@ class LocalDeployment:
                         extra += [flag, w.kv_events_endpoint]
         if prefill_nudge_after_s > 0:  # vLLM's NIXL pull connector on CPU: see PDModel prefill_nudge_after_s
             extra += ["--prefill-nudge-after-s", str(prefill_nudge_after_s)]
+        if traffic_log is not None:  # absolute: the runtime runs in another working directory
+            extra += ["--traffic-log", str(Path(traffic_log).expanduser().absolute())]
         if planner != "off":
             extra += ["--planner", planner, "--deployment-spec", spec.model_dump_json(),
                       "--model-dir", str(self.model_dir), "--planner-max-workers", str(planner_max_workers)]

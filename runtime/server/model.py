@@ -221,6 +221,8 @@ class PDModel(OpenAIGenerativeModel):
             a 2-core host; a 1-token request to the prefill ends the wait, a health check does not; with the
             runtime nudging after 2 s, p99 6.5 s, 2 of 120 over 5 s). Non-streaming requests show no first
             token, so they are nudged until the whole answer arrives. None (default): never.
+        traffic_log: optional recorder of finished requests (runtime.server.traffic.TrafficLog:
+            `record(input_tokens, output_tokens)` from the workers' usage), the input of re-tuning.
 
     TTFT (`pdserve_ttft_seconds`): streaming — arrival to the first streamed token, as the client sees it
     (remote: prefill + NIXL pull + first decode step); non-streaming remote — arrival to the prefill answer,
@@ -242,8 +244,10 @@ class PDModel(OpenAIGenerativeModel):
         prefill_nudge_after_s: float | None = None,
         prefill_priority: bool = False,
         wall_clock: Callable[[], float] = time.time,
+        traffic_log: Any | None = None,
     ) -> None:
         super().__init__(name)
+        self.traffic_log = traffic_log
         self.pairing = pairing
         self.metrics = metrics
         self.timeout_s = timeout_s
@@ -513,7 +517,9 @@ class PDModel(OpenAIGenerativeModel):
 
     def _observe(self, usage: dict, arrival_recorded: bool, ttft_s: float, total_s: float, osl_tokens: int,
                  itl_s: float | None = None) -> None:
-        """Feed the planner's request window (if any) with one finished request."""
+        """Feed the planner's request window and the traffic log (each if any) with one finished request."""
+        if self.traffic_log is not None:
+            self.traffic_log.record(int(usage.get("prompt_tokens") or 0), int(osl_tokens))
         if self.observer is None:
             return
         if not arrival_recorded:

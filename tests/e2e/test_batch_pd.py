@@ -3,7 +3,9 @@ workers (the session's shared deployment).
 
 Specification: chat and completion lines of one batch file are all answered (200) through the runtime's
 OpenAI routes with their usage counted, the chat line answering "Paris"; each request moves its KV cache
-over NIXL like any online request; the summary line on stdout adds up the tokens of the output lines.
+over NIXL like any online request; the summary line on stdout adds up the tokens of the output lines; the
+runtime's traffic log records each request's token counts, and `pdserve tune --trace` sizes a deployment
+for that recorded traffic (the loop the re-tuning CronWorkflow runs on the cluster).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from runtime.engines.metrics import nixl_transfer_count
 pytestmark = pytest.mark.e2e
 
 
-def test_a_batch_file_runs_through_the_runtime_over_pd(pd_workers, pd_runtime, tmp_path):
+def test_a_batch_file_runs_through_the_runtime_over_pd(pd_workers, pd_runtime, pd_traffic_log, smollm2_dir,
+                                                       tmp_path):
     lines = [
         {"custom_id": "france", "method": "POST", "url": "/v1/chat/completions",
          "body": {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 24,
@@ -34,6 +37,7 @@ def test_a_batch_file_runs_through_the_runtime_over_pd(pd_workers, pd_runtime, t
     inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
     nixl = lambda: nixl_transfer_count(httpx.get(pd_workers.decode.metrics_url, timeout=10).text)  # noqa: E731
     before = nixl()
+    logged_before = len(pd_traffic_log.read_text().splitlines())
     res = CliRunner().invoke(app, ["run", "-i", str(inp), "-o", str(out), "--endpoint", f"{pd_runtime.url}/openai",
                                    "--model", pd_workers.model_name, "--concurrency", "2", "--no-progress"])
     assert res.exit_code == 0, res.output
@@ -46,3 +50,18 @@ def test_a_batch_file_runs_through_the_runtime_over_pd(pd_workers, pd_runtime, t
     assert summary["completion_tokens"] == sum(u["completion_tokens"] for u in usage) > 0
     assert summary["prompt_tokens"] == sum(u["prompt_tokens"] for u in usage) > 0
     assert nixl() == before + 3  # each one prefilled remotely and its KV moved, like online traffic
+
+    logged = [json.loads(x) for x in pd_traffic_log.read_text().splitlines()[logged_before:]]
+    assert sorted((x["input_length"], x["output_length"]) for x in logged) == sorted(
+        (u["prompt_tokens"], u["completion_tokens"]) for u in usage)
+    spec = tmp_path / "spec.json"
+    from runtime.cli import app as pdserve
+
+    res = CliRunner().invoke(pdserve, ["tune", str(smollm2_dir), "--gpu", "L4", "--trace", str(pd_traffic_log),
+                                       "--rate", "1", "--out", str(spec)])
+    assert res.exit_code == 0, res.output
+    from runtime.tracking.traces import load_length_sample
+
+    sample = load_length_sample(pd_traffic_log)  # what the runtime served this session, this test's included
+    recorded = json.loads(spec.read_text())["workload"]
+    assert (recorded["isl_tokens"], recorded["osl_tokens"]) == (round(sample.mean_isl), round(sample.mean_osl))

@@ -127,3 +127,13 @@ def test_an_infinite_spec_value_is_refused_when_read(tmp_path, started):
     res = _serve(tmp_path, "--spec", str(p), "--router", "kv")
     assert res.exit_code == 1 and "router.approx_ttl_s" in res.output, res.output
     assert "entered" not in started
+
+
+def test_the_traffic_log_reaches_the_deployment_and_a_folder_is_refused(tmp_path, started):
+    log = tmp_path / "logs" / "traffic.jsonl"
+    res = _serve(tmp_path, "--model-dir", str(_model_dir(tmp_path)), "--traffic-log", str(log), "--port", "9091")
+    assert isinstance(res.exception, _Started) and started["traffic_log"] == log
+    started.clear()
+    res = _serve(tmp_path, "--model-dir", str(_model_dir(tmp_path)), "--traffic-log", str(tmp_path))
+    assert res.exit_code == 1 and "--traffic-log" in res.output and "is a folder" in res.output
+    assert "entered" not in started
