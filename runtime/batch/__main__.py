@@ -4,6 +4,7 @@ Argo workflows that run it (and scheduled re-tuning) on the cluster."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -76,6 +77,135 @@ def run_cmd(
         err.print(escape(f"{summary.failed} of {summary.requests} request(s) failed; their lines in {output_uri} say "
                          "why; run the same command again to retry only those"))
         raise typer.Exit(1)
+
+
+def _emit(build, spec_cls, fields: dict, out: Optional[Path]) -> None:
+    """Validate ``fields`` as ``spec_cls``, build the object, check it against the Argo schema, write YAML."""
+    from pydantic import ValidationError
+
+    from runtime.batch.workflows import to_yaml, validate_workflow_objects
+
+    try:
+        # an option not given (None) leaves the spec's default; the two 'none'-able ones arrive resolved
+        spec = spec_cls(**{k: v for k, v in fields.items() if v is not None or k in ("priority_class_name",
+                                                                                      "s3_secret")})
+    except ValidationError as e:
+        def option(loc: tuple) -> str:
+            field = str(loc[0]) if loc else ""
+            return OPTION_OF.get(field, "--" + field.replace("_", "-")) if field else "options"
+
+        _fail("; ".join(f"{option(x['loc'])}: {x['msg'].removeprefix('Value error, ')}"
+                        for x in e.errors(include_url=False)))
+    obj = build(spec)
+    problems = validate_workflow_objects([obj])
+    if problems:  # a builder bug, not the user's input: say so plainly
+        _fail("the rendered object does not validate against the Argo Workflow schema: " + "; ".join(problems), 1)
+    text = to_yaml([obj])
+    if out is None:
+        print(text, end="")
+        return
+    from runtime.paths import write_text_atomically
+
+    try:
+        write_text_atomically(out, text)
+    except OSError as e:
+        _fail(f"--out {out}: {e.strerror or e}", 1)
+    how = "argo cron create / kubectl apply -f" if obj["kind"] == "CronWorkflow" else "argo submit / kubectl create -f"
+    err.print(escape(f"wrote {out} ({obj['kind']}); submit it with {how} {out}"))
+
+
+#: spec field -> the option that sets it, where the names differ
+OPTION_OF = {"input_uri": "--input", "output_uri": "--output", "traffic_uri": "--traffic", "pvc_name": "--pvc",
+             "priority_class_name": "--priority-class"}
+
+Common = {
+    "namespace": typer.Option(help="Namespace the workflow and its pods run in."),
+    "image": typer.Option(help="Container image with pdserve installed (default: the pdserve runtime image)."),
+    "service_account": typer.Option(help="The pods' service account (Argo executor permissions; IRSA role)."),
+    "priority_class": typer.Option(help="PriorityClass for the pods, lower than the online endpoint's so batch "
+                                        "pods are preempted first (default pdserve-batch, from infra/k8s/batch; "
+                                        "'none' for the cluster default)."),
+    "s3_secret": typer.Option(help="Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (referenced, never "
+                                   "copied); 'none' for the pod's IAM role (IRSA / Pod Identity)."),
+    "s3_endpoint_url": typer.Option(help="S3-compatible endpoint (http(s)://host[:port]); default AWS S3."),
+    "out": typer.Option("--out", "-o", help="Write the YAML here instead of stdout."),
+}
+
+
+def _secret(value: Optional[str], default: str) -> Optional[str]:
+    return None if value is not None and value.lower() == "none" else (value or default)
+
+
+@app.command("workflow")
+def workflow_cmd(
+    input_uri: Annotated[str, typer.Option("--input", help="OpenAI Batch input file, s3://bucket/key.")],
+    output_uri: Annotated[str, typer.Option("--output", help="Output JSONL, s3://bucket/key (resumed if present).")],
+    endpoint: Annotated[str, typer.Option(
+        help="In-cluster OpenAI base URL of the InferenceService: "
+             "http://<isvc>-predictor.<namespace>.svc.cluster.local/openai.")],
+    name: Annotated[str, typer.Option(help="Workflow name prefix (the controller appends a suffix).")] = "batch",
+    model: Annotated[Optional[str], typer.Option(help="Served model name for lines whose body has none.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight (the batch's share of the endpoint).")] = 8,
+    max_retries: Annotated[int, typer.Option(help="Extra tries per request after 429/5xx/connection errors.")] = 3,
+    namespace: Annotated[str, Common["namespace"]] = "pdserve",
+    image: Annotated[Optional[str], Common["image"]] = None,
+    service_account: Annotated[Optional[str], Common["service_account"]] = None,
+    priority_class: Annotated[Optional[str], Common["priority_class"]] = None,
+    s3_secret: Annotated[Optional[str], Common["s3_secret"]] = None,
+    s3_endpoint_url: Annotated[Optional[str], Common["s3_endpoint_url"]] = None,
+    out: Annotated[Optional[Path], Common["out"]] = None,
+) -> None:
+    """Render the Argo Workflow that runs one batch file against the online endpoint (`batch run` in a pod).
+
+    Checked against the vendored Argo Workflow CRD schema before it is written. Exit 2: a bad option (named)."""
+    from runtime.batch.workflows import (BATCH_PRIORITY_CLASS, S3_SECRET, BatchInferenceWorkflowSpec,
+                                         batch_inference_workflow)
+
+    _emit(batch_inference_workflow, BatchInferenceWorkflowSpec, dict(
+        name=name, input_uri=input_uri, output_uri=output_uri, endpoint=endpoint, model=model,
+        concurrency=concurrency, max_retries=max_retries, namespace=namespace, image=image,
+        service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
+        s3_secret=_secret(s3_secret, S3_SECRET), s3_endpoint_url=s3_endpoint_url), out)
+
+
+@app.command("retune-schedule")
+def retune_cmd(
+    model_name: Annotated[str, typer.Option(help="Served model name = its folder under /fsx/models (org/llama8).")],
+    traffic: Annotated[str, typer.Option(
+        help="Recorded traffic, s3://bucket/key.jsonl (the runtime's --traffic-log, Mooncake) or .csv (Azure).")],
+    registered_model: Annotated[str, typer.Option(help="MLflow registered model; the winner gets alias champion.")],
+    name: Annotated[Optional[str], typer.Option(help="CronWorkflow name (default: retune-<model>).")] = None,
+    schedule: Annotated[str, typer.Option(help="5-field cron schedule (default: Sundays 03:00).")] = "0 3 * * 0",
+    timezone: Annotated[str, typer.Option(help="IANA time zone of the schedule.")] = "UTC",
+    gpu: Annotated[str, typer.Option(help="GPU catalog name or AWS instance type (as `pdserve tune --gpu`).")]
+    = "H100-SXM",
+    ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
+    itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
+    rate: Annotated[float, typer.Option(help="Target request rate, requests/s.")] = 10.0,
+    gpu_budget: Annotated[Optional[int], typer.Option(help="GPUs the deployment may use.")] = None,
+    mlflow_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking server (in-cluster http URL).")] = None,
+    pvc: Annotated[Optional[str], typer.Option(help="FSx for Lustre PVC holding /fsx/models.")] = None,
+    namespace: Annotated[str, Common["namespace"]] = "pdserve",
+    image: Annotated[Optional[str], Common["image"]] = None,
+    service_account: Annotated[Optional[str], Common["service_account"]] = None,
+    priority_class: Annotated[Optional[str], Common["priority_class"]] = None,
+    s3_secret: Annotated[Optional[str], Common["s3_secret"]] = None,
+    s3_endpoint_url: Annotated[Optional[str], Common["s3_endpoint_url"]] = None,
+    out: Annotated[Optional[Path], Common["out"]] = None,
+) -> None:
+    """Render the Argo CronWorkflow that re-tunes a staged model for its recorded traffic on a schedule.
+
+    Each run: `pdserve tune /fsx/models/<model>/config.json --trace <traffic> --register <name>` (the winner
+    becomes the champion; promoting it stays a separate, reviewed step). Exit 2: a bad option (named)."""
+    from runtime.batch.workflows import BATCH_PRIORITY_CLASS, S3_SECRET, RetuneCronWorkflowSpec, retune_cron_workflow
+
+    default_name = "retune-" + "".join(c if c.isalnum() else "-" for c in model_name.lower()).strip("-")[:44]
+    _emit(retune_cron_workflow, RetuneCronWorkflowSpec, dict(
+        name=name or default_name, schedule=schedule, timezone=timezone, model_name=model_name, gpu=gpu,
+        ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, traffic_uri=traffic,
+        registered_model=registered_model, mlflow_uri=mlflow_uri, pvc_name=pvc, namespace=namespace, image=image,
+        service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
+        s3_secret=_secret(s3_secret, S3_SECRET), s3_endpoint_url=s3_endpoint_url), out)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -1,0 +1,568 @@
+"""Argo Workflows for batch work beside the online endpoint: built with hera, validated offline, never applied here.
+
+* ``batch_inference_workflow`` builds an ``argoproj.io/v1alpha1`` **Workflow** (``generateName: <name>-``) with one
+  container step, ``python -m runtime.batch run --input s3://… --output s3://… --endpoint URL …``: an HTTP client
+  that sends an OpenAI Batch file to the pdserve InferenceService already serving online traffic (no GPU of its
+  own; ``--concurrency`` bounds its share of the endpoint, ``priority_class_name`` lets its pod yield to the
+  endpoint's). A failed pod is retried (``retryStrategy`` limit 2, ``OnError``); the runner resumes from the
+  partial output, so a retry does not resend finished lines.
+* ``retune_cron_workflow`` builds an ``argoproj.io/v1alpha1`` **CronWorkflow** whose workflow runs
+  ``pdserve tune /fsx/models/<model>/config.json … --trace /work/traffic/<file> --register <name>`` on a schedule:
+  the model's config.json comes from the FSx for Lustre PVC (mounted read-only at /fsx), the recorded traffic
+  (Azure CSV: ContextTokens, GeneratedTokens; Mooncake JSONL: input_length, output_length) arrives as an Argo S3
+  input artifact, the winner is registered in MLflow under alias champion (promotion stays a separate step).
+
+Credentials are only ever referenced, never embedded: S3 and MLflow credentials reach the containers through
+``envFrom: secretRef`` (secrets ``pdserve-s3`` with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and ``pdserve-mlflow``
+with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, as in pipelines/stage_tune_promote.py), the artifact's
+through ``accessKeySecret`` / ``secretKeySecret`` selectors; a secret of None means IAM (IRSA / Pod Identity).
+
+``validate_workflow_objects`` checks the objects against the vendored Argo Workflow CRD schema
+(runtime/deploy/schemas/argoproj.io_v1alpha1_workflow.json, strict about unknown fields), a CronWorkflow's
+``spec.workflowSpec`` as a Workflow ``spec`` plus the cron-only fields by hand (no CronWorkflow CRD is vendored),
+and what the schema leaves to the controller (entrypoint, container image, mounts naming volumes).
+
+Field names: https://argo-workflows.readthedocs.io/en/latest/fields/ (Workflow, CronWorkflow, Template,
+RetryStrategy, S3Artifact); CronWorkflow options (``schedules`` replaced ``schedule``, removed in Argo v4):
+https://argo-workflows.readthedocs.io/en/latest/cron-workflows/.
+"""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+import re
+import zoneinfo
+from typing import Annotated, Any, Iterable, Literal, Optional
+from urllib.parse import urlparse
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from components.image import PDSERVE_IMAGE
+
+__all__ = [
+    "BatchInferenceWorkflowSpec", "RetuneCronWorkflowSpec", "batch_inference_workflow", "retune_cron_workflow",
+    "validate_workflow_objects", "to_yaml", "batch_inference_argv", "retune_argv", "trace_path", "split_s3_uri",
+    "check_cron", "FSX_PVC", "S3_SECRET", "MLFLOW_SECRET",
+]
+
+API_VERSION = "argoproj.io/v1alpha1"
+FSX_PVC = "fsx-claim"  # same claim as pipelines/stage_tune_promote.py FSX_PVC (infra/k8s/storage)
+FSX_MOUNT = "/fsx"
+WORK_DIR = "/work"
+S3_SECRET = "pdserve-s3"  # keys: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
+BATCH_PRIORITY_CLASS = "pdserve-batch"  # infra/k8s/batch/priorityclass.yaml
+MLFLOW_SECRET = "pdserve-mlflow"  # keys: MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD
+PART_OF = {"app.kubernetes.io/part-of": "pdserve"}
+# A Workflow's name is a label value (workflows.argoproj.io/workflow, ≤ 63): generateName adds 5 characters.
+WORKFLOW_NAME_MAX = 63 - 6
+# The controller names each run <cron name>-<unix minutes> (Argo's documented CronWorkflow limit, as CronJob).
+CRON_NAME_MAX = 52
+TRACE_SUFFIXES = (".csv", ".jsonl")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_GPU = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+
+def _dns_label(value: str, what: str, max_len: int = 63) -> str:
+    if not _DNS_LABEL.match(value) or len(value) > max_len:
+        raise ValueError(f"{what} {value!r}: must be a DNS-1123 label (lowercase letters, digits and '-', starting "
+                         f"and ending with a letter or digit) of at most {max_len} characters")
+    return value
+
+
+def _k8s_name(value: str, info: ValidationInfo) -> str:
+    return _dns_label(value, info.field_name or "name")
+
+
+K8sName = Annotated[str, AfterValidator(_k8s_name)]
+
+
+def split_s3_uri(uri: str, what: str = "uri") -> tuple[str, str]:
+    """``s3://bucket/key`` → (bucket, key).
+
+    Raises:
+        ValueError: (message naming ``what``) not s3://, a bucket S3 would refuse, no key, or a key ending in '/'.
+    """
+    if not isinstance(uri, str) or not uri.startswith("s3://"):
+        raise ValueError(f"{what} {uri!r}: must be an s3://bucket/key URI")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not _S3_BUCKET.match(bucket) or ".." in bucket:
+        raise ValueError(f"{what} {uri!r}: bucket {bucket!r} is not a valid S3 bucket name")
+    if not key or key.endswith("/"):
+        raise ValueError(f"{what} {uri!r}: needs an object key after the bucket (s3://bucket/key), not a prefix")
+    return bucket, key
+
+
+def _http_url(value: str, what: str) -> str:
+    u = urlparse(value)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"{what} {value!r}: must be an http:// or https:// URL with a host")
+    return value
+
+
+_CRON_FIELDS = (  # (name, low, high, names)
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day of month", 1, 31, ()),
+    ("month", 1, 12, ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")),
+    ("day of week", 0, 7, ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")),
+)
+
+
+def check_cron(schedule: str) -> str:
+    """Return ``schedule`` when it is a standard 5-field cron expression (minute hour day-of-month month
+    day-of-week; ``*``, ``a``, ``a-b``, ``/step`` and ``,`` lists; month and weekday names; ``?`` for a day).
+
+    Raises:
+        ValueError: wrong field count, or a field (named in the message) out of range or malformed.
+    """
+    if not isinstance(schedule, str):
+        raise ValueError(f"schedule {schedule!r}: must be a string")
+    fields = schedule.split()
+    if len(fields) != 5:
+        raise ValueError(f"schedule {schedule!r}: must have 5 fields (minute hour day-of-month month day-of-week), "
+                         f"got {len(fields)}")
+    for text, (fname, lo, hi, names) in zip(fields, _CRON_FIELDS):
+        def value(v: str) -> int:
+            if v.upper() in names:
+                return names.index(v.upper()) + (lo if fname == "month" else 0)
+            if not v.isdigit() or not lo <= int(v) <= hi:
+                raise ValueError(f"schedule {schedule!r}: {fname} {v!r} is not in {lo}-{hi}")
+            return int(v)
+
+        for item in text.split(","):
+            rng, slash, step = item.partition("/")
+            if slash and (not step.isdigit() or int(step) < 1):
+                raise ValueError(f"schedule {schedule!r}: {fname} step {step!r} must be a positive integer")
+            if rng == "*" or (rng == "?" and fname.startswith("day")):
+                continue
+            a, dash, b = rng.partition("-")
+            if dash and value(a) > value(b):
+                raise ValueError(f"schedule {schedule!r}: {fname} range {rng!r} is reversed")
+            if not dash:
+                value(a)
+    return schedule
+
+
+def _check_timezone(tz: str) -> str:
+    try:
+        zoneinfo.ZoneInfo(tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as e:
+        raise ValueError(f"timezone {tz!r}: not an IANA time zone name (e.g. UTC, Europe/Paris)") from e
+    return tz
+
+
+# ---------------------------------------------------------------------------------------------------- specs
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: K8sName = Field("pdserve", description="Namespace the workflow (and its pods) run in.")
+    image: str = Field(PDSERVE_IMAGE, min_length=1, description="Container image with pdserve installed.")
+    service_account: K8sName = Field(
+        "pdserve-batch", description="spec.serviceAccountName: the pods' service account (it needs Argo's executor "
+                                     "permissions; with IRSA / Pod Identity, also the AWS role).")
+    priority_class_name: Optional[str] = Field(
+        BATCH_PRIORITY_CLASS, description="spec.podPriorityClassName: a PriorityClass lower than the online "
+                                          "endpoint's, so batch pods are preempted first (infra/k8s/batch defines "
+                                          "pdserve-batch). None: the cluster default.")
+    s3_secret: Optional[K8sName] = Field(
+        S3_SECRET, description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (referenced, never copied); "
+                               "None: the pod's IAM role (IRSA / Pod Identity).")
+    s3_endpoint_url: Optional[str] = Field(
+        None, description="S3-compatible endpoint (http(s)://host[:port], e.g. MinIO); None: AWS S3.")
+
+    @field_validator("priority_class_name")
+    @classmethod
+    def _priority(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", v) or len(v) > 253):
+            raise ValueError(f"priority_class_name {v!r}: must be a DNS-1123 subdomain (a PriorityClass name)")
+        return v
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _s3_endpoint(cls, v: Optional[str]) -> Optional[str]:
+        return None if v is None else _http_url(v, "s3_endpoint_url")
+
+
+class BatchInferenceWorkflowSpec(_Common):
+    """One batch inference run: an OpenAI Batch file on S3 sent to the online pdserve endpoint."""
+
+    name: str = Field(description=f"Workflow generateName prefix (DNS-1123 label, ≤ {WORKFLOW_NAME_MAX} characters; "
+                                  "the controller appends '-' and 5 characters).")
+    input_uri: str = Field(description="OpenAI Batch input file (JSONL), s3://bucket/key.")
+    output_uri: str = Field(description="Output JSONL, s3://bucket/key; existing successful lines are kept (resume).")
+    endpoint: str = Field(description="OpenAI base URL of the pdserve InferenceService, in-cluster: "
+                                      "http://<isvc>-predictor.<namespace>.svc.cluster.local/openai.")
+    model: Optional[str] = Field(None, min_length=1, description="Served model name for lines whose body has none.")
+    concurrency: int = Field(8, ge=1, description="Requests in flight: the batch's share of the online endpoint.")
+    max_retries: int = Field(3, ge=0, description="Extra tries per request after a connection error, 429 or 5xx.")
+    active_deadline_seconds: int = Field(86400, ge=1, description="spec.activeDeadlineSeconds: the run's time limit.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _dns_label(v, "name", WORKFLOW_NAME_MAX)
+
+    @field_validator("input_uri", "output_uri")
+    @classmethod
+    def _s3(cls, v: str, info: ValidationInfo) -> str:
+        split_s3_uri(v, info.field_name or "uri")
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        return _http_url(v, "endpoint")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "BatchInferenceWorkflowSpec":
+        if self.input_uri == self.output_uri:
+            raise ValueError(f"output_uri {self.output_uri!r}: must differ from input_uri (it would be overwritten)")
+        return self
+
+
+def _default_gpu_budget() -> int:
+    from runtime.config import PlannerSpec
+
+    return PlannerSpec.model_fields["gpu_budget"].default
+
+
+class RetuneCronWorkflowSpec(_Common):
+    """Scheduled re-tuning of a staged model from recorded traffic, registering the winner in MLflow."""
+
+    name: str = Field(description=f"CronWorkflow name (DNS-1123 label, ≤ {CRON_NAME_MAX} characters: Argo appends "
+                                  "the scheduled time to name each run).")
+    schedule: str = Field("0 3 * * 0", description="5-field cron expression (spec.schedules[0]); default Sunday "
+                                                   "03:00.")
+    timezone: str = Field("UTC", description="IANA time zone the schedule is read in.")
+    concurrency_policy: Literal["Allow", "Forbid", "Replace"] = Field(
+        "Forbid", description="What to do when a run is due while the previous one still runs.")
+    starting_deadline_seconds: int = Field(
+        3600, ge=0, description="A run missed by more than this (controller down) is skipped.")
+    successful_jobs_history_limit: int = Field(3, ge=0, description="Finished successful runs kept.")
+    failed_jobs_history_limit: int = Field(3, ge=0, description="Finished failed runs kept.")
+    model_name: str = Field(description="Served model name = its folder under /fsx/models (e.g. llama8, org/llama8).")
+    gpu: str = Field("H100-SXM", description="GPU catalog name or AWS instance type (pdserve tune --gpu).")
+    ttft_ms: float = Field(2000.0, gt=0, description="TTFT p90 SLO, ms.")
+    itl_ms: float = Field(50.0, gt=0, description="ITL p90 SLO, ms.")
+    rate: float = Field(10.0, gt=0, description="Target request rate, requests/s.")
+    gpu_budget: int = Field(default_factory=_default_gpu_budget, ge=1, description="GPUs the deployment may use.")
+    traffic_uri: str = Field(description="Recorded traffic, s3://bucket/key ending in .csv (Azure: ContextTokens, "
+                                         "GeneratedTokens) or .jsonl (Mooncake: input_length, output_length).")
+    s3_region: Optional[str] = Field(None, min_length=1, description="Region of the traffic bucket (artifact).")
+    mlflow_uri: str = Field("http://mlflow.mlflow.svc:5000", description="MLflow tracking server, http(s)://.")
+    mlflow_secret: Optional[K8sName] = Field(
+        MLFLOW_SECRET, description="Secret with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (envFrom); "
+                                   "None: no credentials.")
+    registered_model: str = Field(description="MLflow registered model the winner is registered under (alias "
+                                              "champion).")
+    pvc_name: K8sName = Field(FSX_PVC, description="FSx for Lustre PVC holding /fsx/models (mounted read-only).")
+    active_deadline_seconds: int = Field(21600, ge=1, description="Each run's time limit, seconds.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _dns_label(v, "name", CRON_NAME_MAX)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        return check_cron(v)
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return _check_timezone(v)
+
+    @field_validator("model_name")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        from runtime.steps import check_model_name
+
+        return check_model_name(v)
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, v: str) -> str:
+        if not _GPU.match(v):
+            raise ValueError(f"gpu {v!r}: must be a GPU catalog name or instance type (letters, digits, . _ -)")
+        return v
+
+    @field_validator("traffic_uri")
+    @classmethod
+    def _traffic(cls, v: str) -> str:
+        _, key = split_s3_uri(v, "traffic_uri")
+        if not key.lower().endswith(TRACE_SUFFIXES):
+            raise ValueError(f"traffic_uri {v!r}: must name a .csv (Azure) or .jsonl (Mooncake) trace")
+        return v
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _mlflow(cls, v: str) -> str:
+        return _http_url(v, "mlflow_uri")
+
+    @field_validator("registered_model")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        from runtime.tracking.mlflow_runs import check_registered_model_name
+
+        return check_registered_model_name(v)
+
+
+# ---------------------------------------------------------------------------------------------------- builders
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _labels(workload: str) -> dict[str, str]:
+    return {**PART_OF, "pdserve.io/workload": workload}
+
+
+def batch_inference_argv(spec: BatchInferenceWorkflowSpec) -> list[str]:
+    """The step's command line (command + args)."""
+    argv = ["python", "-m", "runtime.batch", "run", "--input", spec.input_uri, "--output", spec.output_uri,
+            "--endpoint", spec.endpoint, "--concurrency", str(spec.concurrency)]
+    if spec.model is not None:
+        argv += ["--model", spec.model]
+    return argv + ["--max-retries", str(spec.max_retries), "--no-progress"]  # the JSON summary line says it all
+
+
+def trace_path(spec: RetuneCronWorkflowSpec) -> str:
+    """Where the traffic artifact lands in the tune container: /work/traffic/<basename of the key>."""
+    return posixpath.join(WORK_DIR, "traffic", posixpath.basename(split_s3_uri(spec.traffic_uri)[1]))
+
+
+def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
+    """The tune step's command line (command + args)."""
+    return ["pdserve", "tune", f"{FSX_MOUNT}/models/{spec.model_name}/config.json", "--gpu", spec.gpu,
+            "--ttft-ms", _num(spec.ttft_ms), "--itl-ms", _num(spec.itl_ms), "--rate", _num(spec.rate),
+            "--gpu-budget", str(spec.gpu_budget), "--trace", trace_path(spec), "--mlflow-uri", spec.mlflow_uri,
+            "--register", spec.registered_model, "--out", f"{WORK_DIR}/winner.json"]
+
+
+def batch_inference_workflow(spec: BatchInferenceWorkflowSpec) -> dict[str, Any]:
+    """The batch inference ``Workflow`` for ``spec`` as a plain dict (nothing is submitted).
+
+    Raises:
+        pydantic.ValidationError: only when ``spec`` was built with ``model_construct`` and is invalid (a
+            validated spec always builds).
+    """
+    from hera.workflows import Container, Env, Resources, RetryStrategy, SecretEnvFrom, Workflow
+    from hera.workflows import models as m
+
+    spec = BatchInferenceWorkflowSpec.model_validate(spec.model_dump())
+    labels = _labels("batch-inference")
+    argv = batch_inference_argv(spec)
+    env = [Env(name="PYTHONUNBUFFERED", value="1")]
+    if spec.s3_endpoint_url:
+        env.append(Env(name="AWS_ENDPOINT_URL_S3", value=spec.s3_endpoint_url))
+    with Workflow(
+        generate_name=f"{spec.name}-", namespace=spec.namespace, labels=labels, entrypoint="batch-inference",
+        service_account_name=spec.service_account, active_deadline_seconds=spec.active_deadline_seconds,
+        pod_priority_class_name=spec.priority_class_name, pod_metadata=m.Metadata(labels=labels),
+    ) as wf:
+        Container(
+            name="batch-inference", image=spec.image, command=argv[:3], args=argv[3:], env=env,
+            env_from=[SecretEnvFrom(name=spec.s3_secret)] if spec.s3_secret else None,
+            resources=Resources(cpu_request="500m", cpu_limit="2", memory_request="1Gi", memory_limit="1Gi"),
+            retry_strategy=RetryStrategy(limit=2, retry_policy="OnError"),
+        )
+    return wf.to_dict()
+
+
+def _traffic_artifact(spec: RetuneCronWorkflowSpec):  # -> hera S3Artifact
+    from hera.workflows import S3Artifact
+    from hera.workflows import models as m
+
+    bucket, key = split_s3_uri(spec.traffic_uri, "traffic_uri")
+    kw: dict[str, Any] = {}
+    if spec.s3_endpoint_url:  # Argo wants host[:port]; http means insecure
+        u = urlparse(spec.s3_endpoint_url)
+        kw.update(endpoint=u.netloc, insecure=u.scheme == "http")
+    else:
+        kw.update(endpoint="s3.amazonaws.com")
+    if spec.s3_region:
+        kw["region"] = spec.s3_region
+    if spec.s3_secret:
+        kw.update(access_key_secret=m.SecretKeySelector(name=spec.s3_secret, key="AWS_ACCESS_KEY_ID"),
+                  secret_key_secret=m.SecretKeySelector(name=spec.s3_secret, key="AWS_SECRET_ACCESS_KEY"))
+    else:
+        kw["use_sdk_creds"] = True
+    return S3Artifact(name="traffic", path=trace_path(spec), bucket=bucket, key=key, **kw)
+
+
+def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
+    """The scheduled re-tuning ``CronWorkflow`` for ``spec`` as a plain dict (nothing is submitted).
+
+    Raises:
+        pydantic.ValidationError: only when ``spec`` was built with ``model_construct`` and is invalid.
+    """
+    from hera.workflows import (Container, CronWorkflow, EmptyDirVolume, Env, ExistingVolume, Resources,
+                                RetryStrategy, SecretEnvFrom)
+    from hera.workflows import models as m
+
+    spec = RetuneCronWorkflowSpec.model_validate(spec.model_dump())
+    labels = _labels("retune")
+    argv = retune_argv(spec)
+    with CronWorkflow(
+        name=spec.name, namespace=spec.namespace, labels=labels, schedules=[spec.schedule], timezone=spec.timezone,
+        concurrency_policy=spec.concurrency_policy, starting_deadline_seconds=spec.starting_deadline_seconds,
+        successful_jobs_history_limit=spec.successful_jobs_history_limit,
+        failed_jobs_history_limit=spec.failed_jobs_history_limit, entrypoint="retune",
+        service_account_name=spec.service_account, active_deadline_seconds=spec.active_deadline_seconds,
+        pod_priority_class_name=spec.priority_class_name, pod_metadata=m.Metadata(labels=labels),
+        workflow_metadata=m.WorkflowMetadata(labels=labels),
+    ) as cron:
+        Container(
+            name="retune", image=spec.image, command=argv[:1], args=argv[1:],
+            env=[Env(name="PYTHONUNBUFFERED", value="1"),
+                 Env(name="PDSERVE_HOME", value=f"{WORK_DIR}/state")],  # writable (the image's tree may not be)
+            env_from=[SecretEnvFrom(name=spec.mlflow_secret)] if spec.mlflow_secret else None,
+            volumes=[ExistingVolume(name="fsx", claim_name=spec.pvc_name, mount_path=FSX_MOUNT, read_only=True),
+                     EmptyDirVolume(name="work", mount_path=WORK_DIR)],
+            inputs=[_traffic_artifact(spec)],
+            resources=Resources(cpu_request="1", cpu_limit="2", memory_request="2Gi", memory_limit="4Gi"),
+            retry_strategy=RetryStrategy(limit=1, retry_policy="OnError"),
+        )
+    return cron.to_dict()
+
+
+def to_yaml(objs: list[dict[str, Any]]) -> str:
+    """Multi-document YAML of ``objs`` (keys in build order)."""
+    return yaml.safe_dump_all(objs, sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+
+_CRON_SPEC_KEYS = {"schedules", "timezone", "concurrencyPolicy", "startingDeadlineSeconds", "suspend",
+                   "successfulJobsHistoryLimit", "failedJobsHistoryLimit", "workflowSpec", "workflowMetadata",
+                   "stopStrategy", "when"}
+
+
+def _controller_problems(ident: str, path: str, spec: Any) -> list[str]:
+    """What the CRD schema leaves to the controller: entrypoint names a template, containers have an image,
+    volume mounts name a volume of the template or the workflow."""
+    if not isinstance(spec, dict):
+        return []
+    out: list[str] = []
+    templates = [t for t in spec.get("templates") or [] if isinstance(t, dict)]
+    names = {t.get("name") for t in templates}
+    if spec.get("entrypoint") not in names:
+        out.append(f"{ident}: {path}.entrypoint: {spec.get('entrypoint')!r} names no template")
+    wf_volumes = {v.get("name") for v in spec.get("volumes") or [] if isinstance(v, dict)}
+    for i, t in enumerate(templates):
+        c = t.get("container")
+        if not isinstance(c, dict):
+            continue
+        tpath = f"{path}.templates[{i}]"
+        if not c.get("image"):
+            out.append(f"{ident}: {tpath}.container.image: a container needs an image")
+        volumes = wf_volumes | {v.get("name") for v in t.get("volumes") or [] if isinstance(v, dict)}
+        for j, vm in enumerate(c.get("volumeMounts") or []):
+            if isinstance(vm, dict) and vm.get("name") not in volumes:
+                out.append(f"{ident}: {tpath}.container.volumeMounts[{j}].name: {vm.get('name')!r} names no volume")
+    return out
+
+
+def _cron_problems(ident: str, spec: dict[str, Any]) -> list[str]:
+    out = [f"{ident}: spec.{k}: unknown CronWorkflow field"
+           for k in sorted(set(spec) - _CRON_SPEC_KEYS - {"schedule"})]
+    if "schedule" in spec:
+        out.append(f"{ident}: spec.schedule: removed in Argo Workflows v4, use schedules (a list)")
+    schedules = spec.get("schedules")
+    if not isinstance(schedules, list) or not schedules:
+        out.append(f"{ident}: spec.schedules: must be a non-empty list of cron expressions")
+    else:
+        for i, s in enumerate(schedules):
+            try:
+                check_cron(s)
+            except ValueError as e:
+                out.append(f"{ident}: spec.schedules[{i}]: {e}")
+    if spec.get("concurrencyPolicy", "Allow") not in ("Allow", "Forbid", "Replace"):
+        out.append(f"{ident}: spec.concurrencyPolicy: {spec['concurrencyPolicy']!r} is not Allow, Forbid or Replace")
+    for k in ("startingDeadlineSeconds", "successfulJobsHistoryLimit", "failedJobsHistoryLimit"):
+        v = spec.get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            out.append(f"{ident}: spec.{k}: {v!r} is not a non-negative integer")
+    if "timezone" in spec:
+        try:
+            _check_timezone(spec["timezone"] if isinstance(spec["timezone"], str) else "")
+        except ValueError as e:
+            out.append(f"{ident}: spec.timezone: {e}")
+    if "suspend" in spec and not isinstance(spec["suspend"], bool):
+        out.append(f"{ident}: spec.suspend: must be a boolean")
+    if not isinstance(spec.get("workflowSpec"), dict):
+        out.append(f"{ident}: spec.workflowSpec: required (a Workflow spec)")
+    return out
+
+
+def validate_workflow_objects(objs: Iterable[dict[str, Any]]) -> list[str]:
+    """Problems with Argo ``Workflow`` / ``CronWorkflow`` objects; empty when all are valid.
+
+    A Workflow is checked against the vendored Argo Workflow CRD schema (``runtime.deploy.validate``; one with
+    only ``generateName`` as if the controller had appended 5 characters); a CronWorkflow's ``spec.workflowSpec``
+    the same way as a Workflow ``spec``, its own fields (``schedules``: 5-field crons, ``concurrencyPolicy``:
+    Allow/Forbid/Replace, non-negative deadlines and history limits, IANA ``timezone``, no unknown field) by hand.
+    Both also get the controller's checks (entrypoint names a template, containers have an image, mounts name a
+    volume). Never raises for a bad object: every problem is a "Kind/name: field.path: reason" string.
+    """
+    from runtime.deploy.errors import ManifestError
+    from runtime.deploy.validate import validate_object
+
+    problems: list[str] = []
+    for obj in objs:
+        if not isinstance(obj, dict):
+            problems.append(f"object is a {type(obj).__name__}, not a mapping")
+            continue
+        kind = obj.get("kind")
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        name = meta.get("name") or meta.get("generateName")
+        ident = f"{kind}/{name}"
+        if obj.get("apiVersion") != API_VERSION or kind not in ("Workflow", "CronWorkflow"):
+            problems.append(f"{ident}: apiVersion/kind: not an {API_VERSION} Workflow or CronWorkflow")
+            continue
+        if not isinstance(name, str) or not name:
+            problems.append(f"{ident}: metadata.name: a name or generateName is required")
+            continue
+        spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+        if kind == "Workflow":
+            candidate = copy.deepcopy(obj)
+            if not meta.get("name"):
+                candidate["metadata"]["name"] = f"{name}abcde"
+                if len(candidate["metadata"]["name"]) > 63:
+                    problems.append(f"{ident}: metadata.generateName: longer than {WORKFLOW_NAME_MAX} characters")
+            prefix, path = "", "spec"
+        else:
+            if len(name) > CRON_NAME_MAX or not _DNS_LABEL.match(name):
+                problems.append(f"{ident}: metadata.name: must be a DNS-1123 label of at most {CRON_NAME_MAX} "
+                                "characters")
+            problems += _cron_problems(ident, spec)
+            if not isinstance(spec.get("workflowSpec"), dict):
+                continue
+            candidate = {"apiVersion": API_VERSION, "kind": "Workflow",
+                         "metadata": {k: v for k, v in meta.items() if k in ("name", "namespace", "labels")},
+                         "spec": spec["workflowSpec"]}
+            prefix, path = "spec.workflowSpec", "spec.workflowSpec"
+        try:
+            validate_object(candidate)
+        except ManifestError as e:
+            msg = str(e)
+            head = f"Workflow/{candidate['metadata'].get('name')}: "
+            rest = msg[len(head):] if msg.startswith(head) else msg
+            if prefix and rest.startswith("spec."):
+                rest = prefix + rest[len("spec"):]
+            elif prefix and rest.startswith("spec:"):
+                rest = prefix + rest[len("spec"):]
+            problems.append(f"{ident}: {rest}")
+        problems += _controller_problems(ident, path, candidate.get("spec"))
+    return problems

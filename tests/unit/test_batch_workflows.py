@@ -1,0 +1,388 @@
+"""Argo objects for batch work (runtime/batch/workflows.py): exact command lines, secrets only by reference,
+validation against the vendored Argo Workflow CRD (and that the validator rejects broken objects)."""
+
+from __future__ import annotations
+
+import ast
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from components.image import PDSERVE_IMAGE
+from runtime.batch import workflows as wfm
+from runtime.batch.workflows import (
+    BatchInferenceWorkflowSpec,
+    RetuneCronWorkflowSpec,
+    batch_inference_workflow,
+    check_cron,
+    retune_cron_workflow,
+    to_yaml,
+    validate_workflow_objects,
+)
+
+ENDPOINT = "http://llm8-predictor.pdserve.svc.cluster.local/openai"
+SECRET_VALUES = ("AKIA-not-a-real-key-123", "wJalr-not-a-real-secret-456", "mlflow-pw-789")
+
+
+def batch_spec(**kw) -> BatchInferenceWorkflowSpec:
+    args = dict(name="nightly-batch", input_uri="s3://pdserve-batch/in/requests.jsonl",
+                output_uri="s3://pdserve-batch/out/results.jsonl", endpoint=ENDPOINT)
+    return BatchInferenceWorkflowSpec(**{**args, **kw})
+
+
+def retune_spec(**kw) -> RetuneCronWorkflowSpec:
+    args = dict(name="retune-llama8", model_name="org/llama8", traffic_uri="s3://pdserve-traffic/2026/08/azure.csv",
+                registered_model="llama8-pd")
+    return RetuneCronWorkflowSpec(**{**args, **kw})
+
+
+def argv(obj: dict) -> list[str]:
+    spec = obj["spec"]["workflowSpec"] if obj["kind"] == "CronWorkflow" else obj["spec"]
+    (tpl,) = spec["templates"]
+    return tpl["container"]["command"] + tpl["container"]["args"]
+
+
+def template(obj: dict) -> dict:
+    spec = obj["spec"]["workflowSpec"] if obj["kind"] == "CronWorkflow" else obj["spec"]
+    (tpl,) = spec["templates"]
+    assert spec["entrypoint"] == tpl["name"]
+    return tpl
+
+
+def walk(x, key_path=()):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield key_path + (k,), v
+            yield from walk(v, key_path + (k,))
+    elif isinstance(x, list):
+        for v in x:
+            yield from walk(v, key_path)
+
+
+# ------------------------------------------------------------------------------------------ batch inference
+
+
+def test_batch_workflow_validates_and_runs_exactly_the_runner():
+    wf = batch_inference_workflow(batch_spec(model="llama8", concurrency=16, max_retries=5,
+                                             s3_endpoint_url="http://minio.minio.svc:9000",
+                                             priority_class_name="pdserve-batch-low"))
+    assert validate_workflow_objects([wf]) == []
+    assert wf["apiVersion"] == "argoproj.io/v1alpha1" and wf["kind"] == "Workflow"
+    assert wf["metadata"]["generateName"] == "nightly-batch-" and "name" not in wf["metadata"]
+    assert wf["metadata"]["namespace"] == "pdserve"
+    assert wf["metadata"]["labels"] == {"app.kubernetes.io/part-of": "pdserve",
+                                        "pdserve.io/workload": "batch-inference"}
+    assert argv(wf) == ["python", "-m", "runtime.batch", "run",
+                        "--input", "s3://pdserve-batch/in/requests.jsonl",
+                        "--output", "s3://pdserve-batch/out/results.jsonl",
+                        "--endpoint", ENDPOINT, "--concurrency", "16", "--model", "llama8", "--max-retries", "5",
+                        "--no-progress"]
+    spec = wf["spec"]
+    assert spec["serviceAccountName"] == "pdserve-batch"
+    assert spec["podPriorityClassName"] == "pdserve-batch-low"
+    assert spec["activeDeadlineSeconds"] == 86400
+    assert spec["podMetadata"]["labels"]["pdserve.io/workload"] == "batch-inference"
+    tpl = template(wf)
+    assert tpl["retryStrategy"] == {"limit": 2, "retryPolicy": "OnError"}
+    c = tpl["container"]
+    assert c["image"] == PDSERVE_IMAGE
+    assert c["envFrom"] == [{"secretRef": {"name": "pdserve-s3"}}]
+    assert {"name": "AWS_ENDPOINT_URL_S3", "value": "http://minio.minio.svc:9000"} in c["env"]
+    res = c["resources"]
+    assert set(res) == {"requests", "limits"} and set(res["limits"]) == {"cpu", "memory"}  # no GPU
+
+
+def test_batch_workflow_defaults_and_iam_mode():
+    wf = batch_inference_workflow(batch_spec(s3_secret=None, active_deadline_seconds=3600))
+    assert validate_workflow_objects([wf]) == []
+    args = argv(wf)
+    assert "--model" not in args
+    assert args[args.index("--concurrency") + 1] == "8" and args[-3:] == ["--max-retries", "3", "--no-progress"]
+    c = template(wf)["container"]
+    assert "envFrom" not in c
+    assert not any(e["name"] == "AWS_ENDPOINT_URL_S3" for e in c.get("env", []))
+    assert wf["spec"]["podPriorityClassName"] == "pdserve-batch" and wf["spec"]["activeDeadlineSeconds"] == 3600
+    wf = batch_inference_workflow(batch_spec(priority_class_name=None))
+    assert "podPriorityClassName" not in wf["spec"]  # None: the cluster's default priority
+
+
+def test_no_secret_values_in_any_object(monkeypatch):
+    # Credentials present in the building process's environment must not leak into the objects.
+    for k, v in zip(("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD"), SECRET_VALUES):
+        monkeypatch.setenv(k, v)
+    objs = [batch_inference_workflow(batch_spec(s3_endpoint_url="https://s3.example.com")),
+            retune_cron_workflow(retune_spec(s3_endpoint_url="https://s3.example.com"))]
+    text = to_yaml(objs)
+    assert not any(v in text for v in SECRET_VALUES)
+    for obj in objs:
+        for path, v in walk(obj):
+            if path[-1] in ("env",):
+                names = {e["name"] for e in v}
+                assert not names & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_USERNAME",
+                                    "MLFLOW_TRACKING_PASSWORD"}, names
+            if path[-1] == "envFrom":
+                assert all(set(e) == {"secretRef"} and set(e["secretRef"]) == {"name"} for e in v)
+            if path[-1] in ("accessKeySecret", "secretKeySecret"):
+                assert set(v) == {"name", "key"}  # a selector, never a value
+    art = template(objs[1])["inputs"]["artifacts"][0]["s3"]
+    assert art["accessKeySecret"] == {"name": "pdserve-s3", "key": "AWS_ACCESS_KEY_ID"}
+    assert art["secretKeySecret"] == {"name": "pdserve-s3", "key": "AWS_SECRET_ACCESS_KEY"}
+
+
+# ------------------------------------------------------------------------------------------ re-tuning
+
+
+def test_retune_cron_validates_and_runs_exactly_tune():
+    cron = retune_cron_workflow(retune_spec(gpu="H200-SXM", ttft_ms=1500, itl_ms=35.5, rate=12.5, gpu_budget=16))
+    assert validate_workflow_objects([cron]) == []
+    assert cron["kind"] == "CronWorkflow" and cron["metadata"]["name"] == "retune-llama8"
+    assert cron["metadata"]["labels"]["pdserve.io/workload"] == "retune"
+    spec = cron["spec"]
+    assert spec["schedules"] == ["0 3 * * 0"] and "schedule" not in spec
+    assert (spec["timezone"], spec["concurrencyPolicy"]) == ("UTC", "Forbid")
+    assert spec["startingDeadlineSeconds"] >= 0
+    assert spec["successfulJobsHistoryLimit"] >= 0 and spec["failedJobsHistoryLimit"] >= 0
+    assert argv(cron) == ["pdserve", "tune", "/fsx/models/org/llama8/config.json", "--gpu", "H200-SXM",
+                          "--ttft-ms", "1500", "--itl-ms", "35.5", "--rate", "12.5", "--gpu-budget", "16",
+                          "--trace", "/work/traffic/azure.csv", "--mlflow-uri", "http://mlflow.mlflow.svc:5000",
+                          "--register", "llama8-pd", "--out", "/work/winner.json"]
+    tpl = template(cron)
+    (art,) = tpl["inputs"]["artifacts"]
+    assert art["path"] == "/work/traffic/azure.csv"
+    assert (art["s3"]["bucket"], art["s3"]["key"]) == ("pdserve-traffic", "2026/08/azure.csv")
+    c = tpl["container"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/fsx"]["readOnly"] is True and not mounts["/work"].get("readOnly")
+    vols = {v["name"]: v for v in tpl["volumes"]}
+    assert vols[mounts["/fsx"]["name"]]["persistentVolumeClaim"] == {"claimName": "fsx-claim", "readOnly": True}
+    assert vols[mounts["/work"]["name"]]["emptyDir"] == {}
+    assert c["envFrom"] == [{"secretRef": {"name": "pdserve-mlflow"}}]
+    assert c["image"] == PDSERVE_IMAGE and "nvidia.com/gpu" not in str(c["resources"])
+    assert spec["workflowSpec"]["serviceAccountName"] == "pdserve-batch"
+
+
+def test_retune_options_jsonl_trace_minio_and_iam():
+    cron = retune_cron_workflow(retune_spec(
+        traffic_uri="s3://traces/mooncake/day1.jsonl", s3_endpoint_url="http://minio.minio.svc:9000",
+        s3_secret=None, mlflow_secret=None, pvc_name="fsx-other", schedule="*/30 1-5 * JAN-MAR MON-FRI",
+        timezone="Europe/Paris", concurrency_policy="Replace", priority_class_name="batch-low"))
+    assert validate_workflow_objects([cron]) == []
+    tpl = template(cron)
+    s3 = tpl["inputs"]["artifacts"][0]["s3"]
+    assert s3 == {"bucket": "traces", "endpoint": "minio.minio.svc:9000", "insecure": True,
+                  "key": "mooncake/day1.jsonl", "useSDKCreds": True}
+    args = argv(cron)
+    assert args[args.index("--trace") + 1] == "/work/traffic/day1.jsonl"
+    assert "envFrom" not in tpl["container"]
+    assert any(v.get("persistentVolumeClaim", {}).get("claimName") == "fsx-other" for v in tpl["volumes"])
+    assert cron["spec"]["workflowSpec"]["podPriorityClassName"] == "batch-low"
+    assert (cron["spec"]["timezone"], cron["spec"]["concurrencyPolicy"]) == ("Europe/Paris", "Replace")
+
+
+def test_gpu_budget_default_is_the_planner_default_and_constants_match_the_pipeline():
+    from runtime.config import PlannerSpec
+
+    assert retune_spec().gpu_budget == PlannerSpec.model_fields["gpu_budget"].default
+    src = Path(__file__).resolve().parents[2] / "pipelines" / "stage_tune_promote.py"
+    consts = {t.id: n.value.value for n in ast.parse(src.read_text()).body if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+    assert (consts["FSX_PVC"], consts["S3_SECRET"], consts["MLFLOW_SECRET"]) == (
+        wfm.FSX_PVC, wfm.S3_SECRET, wfm.MLFLOW_SECRET)
+
+
+# ------------------------------------------------------------------------------------------ bad inputs
+
+
+@pytest.mark.parametrize("build, field, bad", [
+    (batch_spec, "input_uri", "s3://pdserve-batch"),
+    (batch_spec, "input_uri", "s3://pdserve-batch/"),
+    (batch_spec, "output_uri", "/tmp/out.jsonl"),
+    (batch_spec, "endpoint", "llm8-predictor.pdserve.svc/openai"),
+    (batch_spec, "name", "Nightly"),
+    (batch_spec, "name", "x" * 58),
+    (batch_spec, "namespace", "pd_serve"),
+    (batch_spec, "concurrency", 0),
+    (batch_spec, "max_retries", -1),
+    (batch_spec, "active_deadline_seconds", 0),
+    (batch_spec, "s3_endpoint_url", "minio:9000"),
+    (batch_spec, "priority_class_name", "Low"),
+    (retune_spec, "schedule", "0 3 * *"),
+    (retune_spec, "schedule", "0 24 * * *"),
+    (retune_spec, "timezone", "Mars/Olympus"),
+    (retune_spec, "concurrency_policy", "Sometimes"),
+    (retune_spec, "name", "r" * 53),
+    (retune_spec, "model_name", "../etc"),
+    (retune_spec, "model_name", "org/../llama8"),
+    (retune_spec, "model_name", "/abs/llama8"),
+    (retune_spec, "traffic_uri", "s3://pdserve-traffic/trace.parquet"),
+    (retune_spec, "traffic_uri", "s3://pdserve-traffic"),
+    (retune_spec, "mlflow_uri", "mlflow.mlflow.svc:5000"),
+    (retune_spec, "registered_model", "a/b"),
+    (retune_spec, "ttft_ms", 0),
+    (retune_spec, "rate", -1.0),
+    (retune_spec, "gpu_budget", 0),
+    (retune_spec, "gpu", "H100 SXM"),
+    (retune_spec, "pvc_name", "FSx"),
+    (retune_spec, "starting_deadline_seconds", -5),
+])
+def test_bad_inputs_name_the_field(build, field, bad):
+    with pytest.raises(ValidationError) as ei:
+        build(**{field: bad})
+    errs = ei.value.errors()
+    assert len(errs) == 1 and errs[0]["loc"] == (field,), errs
+    assert field in str(ei.value)
+
+
+def test_unknown_option_and_same_input_output_are_refused():
+    with pytest.raises(ValidationError, match="extra"):
+        batch_spec(concurency=4)
+    with pytest.raises(ValidationError, match="output_uri.*must differ from input_uri"):
+        batch_spec(output_uri="s3://pdserve-batch/in/requests.jsonl")
+
+
+@pytest.mark.parametrize("expr", ["0 3 * * 0", "*/15 0-6 1,15 * *", "0 0 ? JAN-MAR MON-FRI", "59 23 31 12 7"])
+def test_check_cron_accepts(expr):
+    assert check_cron(expr) == expr
+
+
+@pytest.mark.parametrize("expr, why", [("0 3 * * * *", "5 fields"), ("60 * * * *", "minute"),
+                                       ("0 3 0 * *", "day of month"), ("0 3 * 13 *", "month"),
+                                       ("0 3 * * 8", "day of week"), ("5-1 * * * *", "reversed"),
+                                       ("*/0 * * * *", "step"), ("a * * * *", "minute")])
+def test_check_cron_refuses(expr, why):
+    with pytest.raises(ValueError, match=why):
+        check_cron(expr)
+
+
+# ------------------------------------------------------------------------------------------ the validator bites
+
+
+@pytest.fixture(scope="module")
+def good():
+    return [batch_inference_workflow(batch_spec()), retune_cron_workflow(retune_spec())]
+
+
+def _tpl(obj):
+    return (obj["spec"]["workflowSpec"] if obj["kind"] == "CronWorkflow" else obj["spec"])["templates"][0]
+
+
+@pytest.mark.parametrize("which, breaker, expect", [
+    (0, lambda o: _tpl(o)["container"].pop("image"), "Workflow/nightly-batch-: spec.templates[0].container.image"),
+    (0, lambda o: o["spec"].update(activeDeadlineSeconds="x"), "spec.activeDeadlineSeconds"),
+    (0, lambda o: _tpl(o)["container"].update(imagePullPolcy="Always"), "imagePullPolcy"),
+    (0, lambda o: _tpl(o)["retryStrategy"].update(limit=[2]), "retryStrategy.limit"),
+    (0, lambda o: o["spec"].update(entrypoint="nope"), "spec.entrypoint"),
+    (0, lambda o: o.update(metadata={"generateName": "Bad-"}), "metadata.name"),
+    (0, lambda o: o.update(kind="Job"), "not an argoproj.io/v1alpha1 Workflow"),
+    (1, lambda o: o["spec"].update(schedules=["0 3 * *"]), "spec.schedules[0]"),
+    (1, lambda o: o["spec"].update(schedules=[]), "spec.schedules"),
+    (1, lambda o: o["spec"].update(schedule="0 3 * * 0"), "spec.schedule: removed"),
+    (1, lambda o: o["spec"].update(concurrencyPolicy="Sometimes"), "spec.concurrencyPolicy"),
+    (1, lambda o: o["spec"].update(startingDeadlineSeconds=-1), "spec.startingDeadlineSeconds"),
+    (1, lambda o: o["spec"].update(timezone="Nowhere/Land"), "spec.timezone"),
+    (1, lambda o: o["spec"].update(paralelism=1), "spec.paralelism"),
+    (1, lambda o: o["spec"]["workflowSpec"].update(activeDeadlineSeconds="x"),
+     "CronWorkflow/retune-llama8: spec.workflowSpec.activeDeadlineSeconds"),
+    (1, lambda o: _tpl(o)["inputs"]["artifacts"][0]["s3"].update(bucket=7), "s3.bucket"),
+    (1, lambda o: _tpl(o)["container"]["volumeMounts"][0].update(name="fsxx"), "volumeMounts[0].name"),
+    (1, lambda o: _tpl(o)["container"].pop("image"), "spec.workflowSpec.templates[0].container.image"),
+    (1, lambda o: o["spec"].pop("workflowSpec"), "spec.workflowSpec: required"),
+    (1, lambda o: o["metadata"].update(name="c" * 53), "metadata.name"),
+])
+def test_validator_reports_broken_objects(good, which, breaker, expect):
+    assert validate_workflow_objects(good) == []
+    obj = copy.deepcopy(good[which])
+    breaker(obj)
+    problems = validate_workflow_objects([obj])
+    assert problems and any(expect in p for p in problems), problems
+    assert validate_workflow_objects([good[which]]) == []  # the original is untouched
+
+
+def test_to_yaml_round_trips(good):
+    text = to_yaml(good)
+    assert text.count("\n---\n") == 1
+    assert list(yaml.safe_load_all(text)) == good
+    assert text.index("apiVersion") < text.index("kind") < text.index("metadata")  # build order, not sorted
+
+
+# ------------------------------------------------------------------------------------------ the step/CLI contract
+
+
+def test_the_steps_command_lines_parse_with_the_real_clis(tmp_path, monkeypatch):
+    """The container args must be what the image's CLIs accept: a renamed or removed option would otherwise only
+    fail on the cluster. Each command line is run up to the point where it reads its inputs (which do not exist
+    here): a usage error (exit 2 with 'No such option' / 'Missing option') would mean a broken contract."""
+    from typer.testing import CliRunner
+
+    from runtime.batch.__main__ import app as batch_app
+    from runtime.cli import app as pdserve_app
+
+    monkeypatch.setenv("PDSERVE_HOME", str(tmp_path))
+    local = tmp_path / "requests.jsonl"
+    local.write_text("{not json\n")  # the runner parses it, finds it malformed, sends nothing
+    args = argv(batch_inference_workflow(batch_spec()))[3:]
+    args[args.index("--input") + 1] = str(local)
+    args[args.index("--output") + 1] = str(tmp_path / "out.jsonl")
+    res = CliRunner().invoke(batch_app, args)
+    assert res.exit_code == 2 and "line 1: not JSON" in " ".join(res.output.split()), res.output
+
+    tune_args = argv(retune_cron_workflow(retune_spec()))[1:]
+    tune_args[tune_args.index("--trace") + 1] = str(tmp_path / "absent.csv")
+    res = CliRunner().invoke(pdserve_app, tune_args)
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1 and "--trace:" in out and "absent.csv" in out, res.output  # options all accepted
+
+
+def test_the_defaults_name_objects_infra_k8s_creates():
+    """The default service account and PriorityClass exist in infra/k8s/batch (and it is part of infra/k8s), and
+    the service account may create and patch WorkflowTaskResults (Argo's emissary executor needs nothing more)."""
+    import yaml
+
+    from runtime.paths import REPO_ROOT
+
+    root = REPO_ROOT / "infra" / "k8s"
+    assert "batch" in yaml.safe_load((root / "kustomization.yaml").read_text())["resources"]
+    objs = [o for f in sorted((root / "batch").glob("*.yaml")) if f.name != "kustomization.yaml"
+            for o in yaml.safe_load_all(f.read_text())]
+    by_kind = {(o["kind"], o["metadata"]["name"]): o for o in objs}
+    spec = batch_spec()
+    sa = by_kind[("ServiceAccount", spec.service_account)]
+    assert sa["metadata"]["namespace"] == spec.namespace
+    pc = by_kind[("PriorityClass", spec.priority_class_name)]
+    assert pc["value"] < 0 and pc["preemptionPolicy"] == "Never" and not pc["globalDefault"]
+    binding = next(o for o in objs if o["kind"] == "RoleBinding")
+    assert {"kind": "ServiceAccount", "name": spec.service_account, "namespace": spec.namespace} in binding["subjects"]
+    role = by_kind[("Role", binding["roleRef"]["name"])]
+    assert role["rules"] == [{"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"],
+                              "verbs": ["create", "patch"]}]
+
+
+def test_the_cli_renders_valid_yaml_and_names_a_bad_option(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "wf.yaml"
+    res = runner.invoke(app, ["batch", "workflow", "--input", "s3://pdserve-batch/in.jsonl", "--output",
+                              "s3://pdserve-batch/out.jsonl", "--endpoint", ENDPOINT, "--priority-class", "none",
+                              "--s3-secret", "none", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    (wf,) = yaml.safe_load_all(out.read_text())
+    assert validate_workflow_objects([wf]) == [] and "podPriorityClassName" not in wf["spec"]
+    assert "envFrom" not in template(wf)["container"]
+    res = runner.invoke(app, ["batch", "retune-schedule", "--model-name", "org/llama8", "--traffic",
+                              "s3://pdserve-traffic/llama8/traffic.jsonl", "--registered-model", "llama8-pd"])
+    assert res.exit_code == 0, res.output
+    (cron,) = yaml.safe_load_all(res.stdout)
+    assert cron["kind"] == "CronWorkflow" and cron["metadata"]["name"] == "retune-org-llama8"
+    assert validate_workflow_objects([cron]) == []
+    res = runner.invoke(app, ["batch", "workflow", "--input", "s3://pdserve-batch/in.jsonl", "--output",
+                              "s3://pdserve-batch/in.jsonl", "--endpoint", "ftp://x", "--concurrency", "0"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2
+    assert "--endpoint:" in text and "--concurrency:" in text
