@@ -73,15 +73,17 @@ def check_endpoint(endpoint: str) -> str:
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    """``(bucket, key)`` of ``s3://bucket/key``.
+    """``(bucket, key)`` of ``s3://bucket/key`` (``runtime.staging.s3.split_s3_object_uri``).
 
     Raises:
-        BatchRunError: no bucket or no key (the message shows the URI).
+        BatchRunError: not an object URI (no or invalid bucket, no key, a prefix); the message shows the URI.
     """
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    if not uri.startswith("s3://") or not bucket or not key or key.endswith("/"):
-        raise BatchRunError(f"{uri!r}: expected s3://bucket/key (an object, not a prefix)")
-    return bucket, key
+    from runtime.staging.s3 import split_s3_object_uri
+
+    try:
+        return split_s3_object_uri(uri, "")
+    except ValueError as e:
+        raise BatchRunError(str(e).lstrip()) from None
 
 
 def _read_lines(uri: str, s3: Any, *, missing_ok: bool) -> list[str] | None:

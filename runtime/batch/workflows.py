@@ -62,7 +62,6 @@ CRON_NAME_MAX = 52
 TRACE_SUFFIXES = (".csv", ".jsonl")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _GPU = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -84,19 +83,14 @@ K8sName = Annotated[str, AfterValidator(_k8s_name)]
 
 
 def split_s3_uri(uri: str, what: str = "uri") -> tuple[str, str]:
-    """``s3://bucket/key`` → (bucket, key).
+    """``s3://bucket/key`` → (bucket, key) (``runtime.staging.s3.split_s3_object_uri``).
 
     Raises:
         ValueError: (message naming ``what``) not s3://, a bucket S3 would refuse, no key, or a key ending in '/'.
     """
-    if not isinstance(uri, str) or not uri.startswith("s3://"):
-        raise ValueError(f"{what} {uri!r}: must be an s3://bucket/key URI")
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    if not _S3_BUCKET.match(bucket) or ".." in bucket:
-        raise ValueError(f"{what} {uri!r}: bucket {bucket!r} is not a valid S3 bucket name")
-    if not key or key.endswith("/"):
-        raise ValueError(f"{what} {uri!r}: needs an object key after the bucket (s3://bucket/key), not a prefix")
-    return bucket, key
+    from runtime.staging.s3 import split_s3_object_uri
+
+    return split_s3_object_uri(uri, what)
 
 
 def _http_url(value: str, what: str) -> str:

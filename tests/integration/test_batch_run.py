@@ -111,7 +111,7 @@ def test_bad_options_are_refused_before_anything_is_read(tmp_path):
     for endpoint in ["ftp://host/openai", "http:///openai", "http://h/openai?x=1", "localhost:8080"]:
         with pytest.raises(BatchRunError, match="--endpoint must be an http"):
             run_batch(str(inp), str(tmp_path / "o.jsonl"), endpoint=endpoint, progress=False)
-    with pytest.raises(BatchRunError, match="expected s3://bucket/key"):
+    with pytest.raises(BatchRunError, match=r"needs an object key after the bucket \(s3://bucket/key\)"):
         run_batch(str(inp), "s3://bucket-only/", endpoint="http://h/openai", progress=False)
     with pytest.raises(BatchRunError, match="must not be the input"):
         run_batch(str(inp), str(inp), endpoint="http://h/openai", progress=False)
