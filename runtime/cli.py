@@ -612,6 +612,8 @@ def serve(
                                                              and not traffic_log.parent.is_dir())):
         _fail(f"--traffic-log {traffic_log}: " + ("is a folder" if traffic_log.is_dir()
                                                   else f"{traffic_log.parent} is not a folder"))
+    if traffic_log is not None and traffic_log.suffix.lower() != ".jsonl":
+        _fail(f"--traffic-log {traffic_log}: must end in .jsonl (the trace format `pdserve tune --trace` reads)")
     busy = _bind_error("127.0.0.1", port)  # the runtime binds it last, after the workers' ~70 s start
     if busy:
         _fail(f"--port {port}: {busy}")

@@ -25,6 +25,11 @@ err = Console(stderr=True)
 @app.callback()
 def _group() -> None:
     """Batch work beside the online endpoint (subcommands below)."""
+    from runtime.procs import install_sigterm_handler
+
+    # SIGTERM (pod eviction, activeDeadlineSeconds) ends a run like Ctrl-C: the `finally` blocks upload an S3
+    # output and remove the work folder, so a resumed run loses nothing
+    install_sigterm_handler()
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -60,16 +65,20 @@ def run_cmd(
 ) -> None:
     """Send every request of a batch file to the endpoint and write one output line per request.
 
-    Exit status: 0 when every request got a 2xx answer; 1 when some did not (their output lines carry the error);
-    2 for bad options or a malformed input file (then nothing is sent and the output is untouched). Prints a
-    JSON summary line on stdout."""
+    Exit status: 0 when every request got a 2xx answer; 1 when some did not (their output lines carry the error)
+    or an s3:// output could not be uploaded at the end (the answers are kept in a local file, named); 2 for bad
+    options, a malformed input file or an output that is not writable or holds another batch's answers (then
+    nothing is sent and the output is untouched). SIGTERM stops like Ctrl-C, keeping every finished answer.
+    Prints a JSON summary line on stdout."""
     from runtime.batch.requests import BatchInputError
-    from runtime.batch.run import BatchRunError, api_key_from_env, run_batch
+    from runtime.batch.run import BatchRunError, BatchUploadError, api_key_from_env, run_batch
 
     try:
         summary = run_batch(input_uri, output_uri, endpoint=endpoint, model=model, concurrency=concurrency,
                             max_retries=max_retries, timeout_s=timeout_s, api_key=api_key_from_env(api_key_env),
                             checkpoint_s=checkpoint_s, progress=progress)
+    except BatchUploadError as e:  # requests were sent: not the "nothing sent" status
+        _fail(str(e), 1)
     except (BatchInputError, BatchRunError) as e:
         _fail(f"{input_uri}: {e}" if isinstance(e, BatchInputError) else str(e))
     print(json.dumps(summary.as_dict()))
@@ -199,7 +208,8 @@ def retune_cmd(
     becomes the champion; promoting it stays a separate, reviewed step). Exit 2: a bad option (named)."""
     from runtime.batch.workflows import BATCH_PRIORITY_CLASS, S3_SECRET, RetuneCronWorkflowSpec, retune_cron_workflow
 
-    default_name = "retune-" + "".join(c if c.isalnum() else "-" for c in model_name.lower()).strip("-")[:44]
+    slug = "".join(c if c.isascii() and c.isalnum() else "-" for c in model_name.lower())
+    default_name = ("retune-" + slug.strip("-"))[:52].rstrip("-")  # CronWorkflow names: <= 52 characters
     _emit(retune_cron_workflow, RetuneCronWorkflowSpec, dict(
         name=name or default_name, schedule=schedule, timezone=timezone, model_name=model_name, gpu=gpu,
         ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, traffic_uri=traffic,

@@ -120,15 +120,22 @@ def output_line(custom_id: str, *, status_code: int | None, body: Any = None, re
     """One output line (JSON, newline-terminated) for ``custom_id``.
 
     ``status_code`` None means no HTTP answer (``error`` says why). A non-2xx status also gets an ``error``
-    (``error`` or, failing that, the OpenAI error message in ``body``).
+    (``error`` or, failing that, the OpenAI error message in ``body``), and so does a 2xx with an ``error`` (an
+    answer that is not an OpenAI response). A body JSON cannot hold (NaN, Infinity) is dropped and said so.
     """
     response = None if status_code is None else {"status_code": status_code, "request_id": request_id, "body": body}
     err = None
-    if status_code is None or not 200 <= status_code < 300:
+    if status_code is None or not 200 <= status_code < 300 or error:
         message = error or _error_message(body) or f"HTTP {status_code}"
-        err = {"code": "request_failed" if status_code is None else f"http_{status_code}", "message": message}
+        code = "request_failed" if status_code is None else ("invalid_response" if 200 <= status_code < 300
+                                                             else f"http_{status_code}")
+        err = {"code": code, "message": message}
     rec = {"id": f"batch_req_{request_id or custom_id}", "custom_id": custom_id, "response": response, "error": err}
-    return json.dumps(rec, separators=(",", ":")) + "\n"
+    try:
+        return json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
+    except ValueError:  # NaN / Infinity in the answer: not JSON; keep the line valid, count it as failed
+        return output_line(custom_id, status_code=status_code, body=None, request_id=request_id,
+                           error="the answer holds NaN or Infinity (not JSON); its body was dropped")
 
 
 def _error_message(body: Any) -> str | None:
@@ -139,7 +146,8 @@ def _error_message(body: Any) -> str | None:
 
 
 def succeeded_lines(lines: Iterable[str]) -> dict[str, str]:
-    """``{custom_id: line}`` of the output lines whose request succeeded (2xx), last one winning.
+    """``{custom_id: line}`` of the output lines whose request succeeded (2xx, an OpenAI body, no error), last one
+    winning.
 
     Lines that are not output records (a truncated last line after a crash, a failed request) are left out, so a
     resumed run sends those requests again.
@@ -153,7 +161,9 @@ def succeeded_lines(lines: Iterable[str]) -> dict[str, str]:
         if not isinstance(rec, dict) or not isinstance(rec.get("custom_id"), str):
             continue
         resp = rec.get("response")
-        if isinstance(resp, dict) and isinstance(resp.get("status_code"), int) and 200 <= resp["status_code"] < 300:
+        code = resp.get("status_code") if isinstance(resp, dict) else None
+        if (type(code) is int and 200 <= code < 300 and rec.get("error") is None
+                and isinstance(resp.get("body"), dict)):
             done[rec["custom_id"]] = raw if raw.endswith("\n") else raw + "\n"
     return done
 
@@ -164,4 +174,4 @@ def usage_tokens(body: Any) -> tuple[int, int]:
     if not isinstance(usage, dict):
         return 0, 0
     p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (p if isinstance(p, int) else 0), (c if isinstance(c, int) else 0)
+    return (p if type(p) is int and p >= 0 else 0), (c if type(c) is int and c >= 0 else 0)  # not bools

@@ -20,7 +20,12 @@ environment variable the caller names and is never logged or written.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import logging
 import os
+import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +36,8 @@ from urllib.parse import urlsplit
 
 from runtime.batch.requests import BatchRequest, output_line, parse_input, succeeded_lines, usage_tokens
 from runtime.paths import write_text_atomically
+
+log = logging.getLogger(__name__)
 
 #: HTTP statuses worth another try (throttled, or a server / gateway that may recover).
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -60,15 +67,26 @@ class BatchSummary:
 
 
 def check_endpoint(endpoint: str) -> str:
-    """The endpoint without a trailing '/': an http(s) URL with a host and no query or fragment.
+    """The endpoint without a trailing '/': an http(s) URL with a host, a valid port if any, no credentials, no
+    query or fragment.
 
     Raises:
-        BatchRunError: anything else (the message shows the value).
+        BatchRunError: anything else (the message shows the value, its credentials redacted).
     """
-    parts = urlsplit(endpoint)
+    from runtime.redact import redact_userinfo
+
+    shown = redact_userinfo(endpoint)
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 - raises ValueError for a port outside 0-65535
+    except ValueError as e:
+        raise BatchRunError(f"--endpoint {shown!r}: not a URL ({e})") from None
+    if parts.username is not None or parts.password is not None:
+        raise BatchRunError(f"--endpoint {shown!r}: must not carry credentials; give a bearer token with "
+                            "--api-key-env (it is never printed or written)")
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise BatchRunError(f"--endpoint must be an http(s) URL of the OpenAI base (e.g. "
-                            f"http://<isvc>-predictor.<namespace>.svc.cluster.local/openai), got {endpoint!r}")
+                            f"http://<isvc>-predictor.<namespace>.svc.cluster.local/openai), got {shown!r}")
     return endpoint.rstrip("/")
 
 
@@ -96,7 +114,11 @@ def _read_lines(uri: str, s3: Any, *, missing_ok: bool) -> list[str] | None:
                 if missing_ok:
                     return None
                 raise BatchRunError(f"{uri}: no such object") from None
-            return data.decode("utf-8").splitlines(keepends=True)
+            except Exception as e:  # noqa: BLE001 - botocore ClientError (NoSuchBucket, AccessDenied), endpoint errors
+                raise BatchRunError(f"{uri}: cannot read: {e}") from None
+            # the line splitting of a local text file (universal newlines), not str.splitlines, which also
+            # breaks at U+2028 / U+0085 inside JSON strings
+            return io.StringIO(data.decode("utf-8"), newline=None).readlines()
         path = Path(uri)
         if missing_ok and not path.exists():
             return None
@@ -110,7 +132,7 @@ def _read_lines(uri: str, s3: Any, *, missing_ok: bool) -> list[str] | None:
 
 async def send_all(
     requests: list[BatchRequest],
-    write: Callable[[str, BatchRequest, int | None, Any], None],
+    write: Callable[[str, BatchRequest, bool, Any], None],
     *,
     endpoint: str,
     concurrency: int = 8,
@@ -118,13 +140,16 @@ async def send_all(
     timeout_s: float = 600.0,
     headers: dict[str, str] | None = None,
     backoff_s: float = 0.5,
+    secrets: tuple[str, ...] = (),
 ) -> None:
-    """Send ``requests`` with at most ``concurrency`` in flight; call ``write(line, request, status, body)`` for
-    each as it completes (``status`` None: no HTTP answer after the retries).
+    """Send ``requests`` with at most ``concurrency`` in flight; call ``write(line, request, ok, body)`` for
+    each as it completes (``ok``: a 2xx answer with a JSON object).
 
     ``endpoint`` must have passed :func:`check_endpoint`; each request goes to ``endpoint + request.url``.
     Retries: transport errors and ``RETRY_STATUSES``, at most ``max_retries`` more tries each, waiting
-    ``backoff_s * 2^k`` seconds with jitter (at most 30 s) between them.
+    ``backoff_s * 2^k`` seconds with jitter (at most 30 s) between them. A request that ends in any httpx
+    error (a body that cannot be decoded included) or a 2xx without a JSON object is written as failed; the
+    run goes on. ``secrets`` (e.g. the API key) are masked in the error text.
     """
     import httpx
     from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
@@ -154,7 +179,7 @@ async def send_all(
                             raise _Retry(resp)
             except _Retry as e:  # retries spent on a retryable status: record the last answer
                 resp = e.resp
-            except httpx.TransportError as e:
+            except httpx.HTTPError as e:  # transport errors after the retries; an undecodable body (DecodingError)
                 resp, error = None, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             if resp is not None:
                 status = resp.status_code
@@ -163,8 +188,13 @@ async def send_all(
                     body = resp.json()
                 except ValueError:
                     body = resp.text
-            write(output_line(req.custom_id, status_code=status, body=body, request_id=request_id, error=error),
-                  req, status, body)
+                if 200 <= status < 300 and not isinstance(body, dict):  # not an OpenAI answer: a failure to retry
+                    error = "the endpoint answered 2xx without a JSON object (not an OpenAI response)"
+            for secret in secrets:
+                if error:
+                    error = error.replace(secret, "***")
+            line = output_line(req.custom_id, status_code=status, body=body, request_id=request_id, error=error)
+            write(line, req, json.loads(line)["error"] is None, body)  # the line's own verdict (e.g. NaN bodies)
 
         async def worker() -> None:
             for req in queue:  # one shared iterator: never more than `concurrency` requests materialised
@@ -190,6 +220,11 @@ def run_batch(
 ) -> BatchSummary:
     """Run the batch file ``input_uri`` against ``endpoint`` and write ``output_uri`` (see the module doc).
 
+    Everything that can be checked is checked before the first request: the options, the input (every line),
+    the output (a local output must be a regular file or absent, a symlink is written through; an S3 output is
+    uploaded once with the kept lines), and that an existing output belongs to this input (every answered
+    custom_id in it is in the input: a resumed output never silently loses answers).
+
     Args:
         input_uri / output_uri: local paths or ``s3://bucket/key``; an existing output is resumed.
         endpoint: OpenAI base URL of the pdserve runtime (KServe: ``http://host/openai``).
@@ -197,64 +232,117 @@ def run_batch(
         concurrency: requests in flight (>= 1). max_retries: extra tries per request (>= 0).
         timeout_s: per-request read timeout, seconds. api_key: sent as ``Authorization: Bearer``.
         s3_client: boto3 S3 client (default: ``runtime.staging.s3.make_client()`` when a URI is s3://).
-        checkpoint_s: upload an S3 output this often, seconds. progress: rich progress bar on stderr.
+        checkpoint_s: upload an S3 output this often, seconds (a failed checkpoint is retried at the next one).
+        progress: rich progress bar on stderr.
 
     Returns:
         BatchSummary (``failed`` > 0 when some requests got no 2xx answer; their lines say why).
 
     Raises:
-        BatchRunError: bad endpoint, concurrency or URIs; unreadable input; output not writable.
+        BatchRunError: bad endpoint, API key, concurrency or URIs; unreadable input; an output that is not
+            writable or holds another batch's answers (all before any request is sent).
+        BatchUploadError: the final upload of an S3 output failed after requests were sent; the message names
+            the local file that keeps the answers.
         runtime.batch.requests.BatchInputError: malformed input lines (nothing sent, output untouched).
     """
     if concurrency < 1 or max_retries < 0 or timeout_s <= 0:
         raise BatchRunError(f"need concurrency >= 1, max_retries >= 0 and timeout_s > 0, got {concurrency}, "
                             f"{max_retries}, {timeout_s}")
     base = check_endpoint(endpoint)
+    if api_key is not None and (not api_key or any(c.isspace() or not c.isprintable() for c in api_key)):
+        raise BatchRunError("the API key is empty or contains whitespace or control characters (a Secret made "
+                            "from a file often ends in a newline)")
+    s3_out = output_uri.startswith("s3://")
     for uri in (input_uri, output_uri):
         if uri.startswith("s3://"):
             split_s3_uri(uri)
-    if input_uri == output_uri:
-        raise BatchRunError("the output must not be the input file")
+    if _same_location(input_uri, output_uri):
+        raise BatchRunError(f"--output {output_uri}: is the input file; choose another output")
+    target = None if s3_out else Path(output_uri).resolve()  # a symlinked output is written where it points
+    if target is not None and target.exists() and not target.is_file():
+        raise BatchRunError(f"--output {output_uri}: not a regular file")
     s3 = s3_client
-    if s3 is None and (input_uri.startswith("s3://") or output_uri.startswith("s3://")):
+    if s3 is None and (input_uri.startswith("s3://") or s3_out):
         from runtime.staging.s3 import make_client
 
         s3 = make_client()
     requests = parse_input(_read_lines(input_uri, s3, missing_ok=False) or [], default_model=model)
     done = succeeded_lines(_read_lines(output_uri, s3, missing_ok=True) or [])
-    wanted = {r.custom_id for r in requests}
-    done = {k: v for k, v in done.items() if k in wanted}
+    foreign = sorted(set(done) - {r.custom_id for r in requests})
+    if foreign:
+        raise BatchRunError(f"--output {output_uri}: holds answers to {len(foreign)} request(s) that are not in "
+                            f"this input (e.g. custom_id {foreign[0]!r}): another batch's output? Choose another "
+                            "output; nothing was sent")
     todo = [r for r in requests if r.custom_id not in done]
     summary = BatchSummary(requests=len(requests), resumed=len(done))
 
-    tmpdir = None
-    if output_uri.startswith("s3://"):
-        tmpdir = tempfile.TemporaryDirectory(prefix="pdserve-batch-")
-        work = Path(tmpdir.name) / "output.jsonl"
-    else:
-        work = Path(output_uri)
+    tmpdir = tempfile.TemporaryDirectory(prefix="pdserve-batch-") if s3_out else None
+    work = Path(tmpdir.name) / "output.jsonl" if tmpdir else target
+    sent = False
     try:
         try:
-            work.parent.mkdir(parents=True, exist_ok=True)
-            # the kept 2xx lines replace the old output atomically (a crash here loses no earlier answer), then
-            # each new answer is appended as it comes
+            mode = stat.S_IMODE(work.stat().st_mode) if work.exists() else None
+            # the kept 2xx lines replace the old output atomically (a crash here loses no earlier answer), with
+            # the old file's permissions; then each new answer is appended as it comes
             write_text_atomically(work, "".join(done.values()))
+            if mode is not None:
+                os.chmod(work, mode)
             out = work.open("a", encoding="utf-8")
         except OSError as e:
             raise BatchRunError(f"{output_uri}: cannot write: {e.strerror or e}") from None
+        if tmpdir is not None:
+            _upload(work, output_uri, s3)  # can we write there at all? before any request
+        sent = True
         with out:
             _run_loop(todo, out, summary, base=base, concurrency=concurrency, max_retries=max_retries,
                       timeout_s=timeout_s, api_key=api_key, progress=progress, backoff_s=backoff_s,
-                      checkpoint=(lambda: _upload(work, output_uri, s3)) if tmpdir else None,
+                      checkpoint=(lambda: _checkpoint(work, output_uri, s3)) if tmpdir else None,
                       checkpoint_s=checkpoint_s)
     finally:
         if tmpdir is not None:
-            try:
-                if work.exists():
-                    _upload(work, output_uri, s3)
-            finally:
-                tmpdir.cleanup()
+            _finish_upload(tmpdir, work, output_uri, s3, sent)
     return summary
+
+
+class BatchUploadError(BatchRunError):
+    """The answers could not be uploaded to the S3 output at the end; they are kept in a local file (named)."""
+
+
+def _same_location(a: str, b: str) -> bool:
+    if a.startswith("s3://") or b.startswith("s3://"):
+        return a.startswith("s3://") and b.startswith("s3://") and split_s3_uri(a) == split_s3_uri(b)
+    pa, pb = Path(a), Path(b)
+    try:
+        if pa.exists() and pb.exists():
+            return os.path.samefile(pa, pb)
+    except OSError:
+        pass
+    return pa.resolve() == pb.resolve()
+
+
+def _checkpoint(work: Path, output_uri: str, s3: Any) -> None:
+    try:
+        _upload(work, output_uri, s3)
+    except BatchRunError as e:  # the next checkpoint or the final upload tries again
+        log.warning("checkpoint upload failed (the run goes on; the next one retries): %s", e)
+
+
+def _finish_upload(tmpdir: Any, work: Path, output_uri: str, s3: Any, sent: bool) -> None:
+    """Upload the S3 output a last time; on failure keep the answers in a local file and say where."""
+    try:
+        if sent and work.exists():
+            _upload(work, output_uri, s3)
+    except BatchRunError as e:
+        keep = Path.cwd() / f"pdserve-batch-{split_s3_uri(output_uri)[1].replace('/', '_')}"
+        try:
+            shutil.copyfile(work, keep)
+            where = f"the answers are kept in {keep}"
+        except OSError:
+            where = "the answers could not be kept either"
+        tmpdir.cleanup()
+        raise BatchUploadError(f"{e}; {where}; upload it yourself, or rerun to resume from it with "
+                               f"--output {keep}") from None
+    tmpdir.cleanup()
 
 
 def _run_loop(todo: list[BatchRequest], out: Any, summary: BatchSummary, *, base: str, concurrency: int,
@@ -269,10 +357,10 @@ def _run_loop(todo: list[BatchRequest], out: Any, summary: BatchSummary, *, base
     last = [time.monotonic()]
     started = time.monotonic()
 
-    def write(line: str, req: BatchRequest, status: int | None, body: Any) -> None:
+    def write(line: str, req: BatchRequest, ok: bool, body: Any) -> None:
         out.write(line)
         out.flush()
-        if status is not None and 200 <= status < 300:
+        if ok:
             summary.succeeded += 1
             p, c = usage_tokens(body)
             summary.prompt_tokens += p
@@ -289,7 +377,8 @@ def _run_loop(todo: list[BatchRequest], out: Any, summary: BatchSummary, *, base
         with bar:
             if todo:
                 asyncio.run(send_all(todo, write, endpoint=base, concurrency=concurrency, max_retries=max_retries,
-                                     timeout_s=timeout_s, headers=headers, backoff_s=backoff_s))
+                                     timeout_s=timeout_s, headers=headers, backoff_s=backoff_s,
+                                     secrets=(api_key,) if api_key else ()))
     finally:
         summary.wall_s = time.monotonic() - started
 
@@ -307,10 +396,11 @@ def api_key_from_env(name: str | None) -> str | None:
 
     Raises:
         BatchRunError: ``name`` is given but unset or empty (the message names the variable, never a value).
+        Leading and trailing whitespace (a file's newline) is dropped.
     """
     if not name:
         return None
-    value = os.environ.get(name)
+    value = (os.environ.get(name) or "").strip()  # a Secret made --from-file often ends in a newline
     if not value:
         raise BatchRunError(f"--api-key-env {name}: the environment variable is not set")
     return value

@@ -94,9 +94,17 @@ def split_s3_uri(uri: str, what: str = "uri") -> tuple[str, str]:
 
 
 def _http_url(value: str, what: str) -> str:
-    u = urlparse(value)
+    from runtime.redact import redact_userinfo
+
+    try:
+        u = urlparse(value)
+        u.port  # noqa: B018 - raises ValueError for a port outside 0-65535
+    except ValueError as e:
+        raise ValueError(f"{what} {redact_userinfo(value)!r}: not a URL ({e})") from None
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"{what} {value!r}: must be an http:// or https:// URL with a host")
+        raise ValueError(f"{what} {redact_userinfo(value)!r}: must be an http:// or https:// URL with a host")
+    if u.username is not None or u.password is not None:  # it would be written into the object in clear
+        raise ValueError(f"{what} {redact_userinfo(value)!r}: must not carry credentials (use a Secret)")
     return value
 
 
@@ -105,7 +113,8 @@ _CRON_FIELDS = (  # (name, low, high, names)
     ("hour", 0, 23, ()),
     ("day of month", 1, 31, ()),
     ("month", 1, 12, ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")),
-    ("day of week", 0, 7, ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")),
+    # 0-6: Argo parses schedules with robfig/cron v3, whose standard parser has no 7 for Sunday
+    ("day of week", 0, 6, ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")),
 )
 
 
@@ -157,6 +166,17 @@ def _check_timezone(tz: str) -> str:
 
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_argo_expressions(cls, data: Any) -> Any:
+        """Argo substitutes ``{{...}}`` anywhere in a template: a value holding one would not reach the step as
+        written (and could read workflow variables), so none may."""
+        if isinstance(data, dict):
+            for k, v in data.items():
+                if isinstance(v, str) and "{{" in v:
+                    raise ValueError(f"{k} {v!r}: must not contain '{{{{' (Argo would substitute it)")
+        return data
 
     namespace: K8sName = Field("pdserve", description="Namespace the workflow (and its pods) run in.")
     image: str = Field(PDSERVE_IMAGE, min_length=1, description="Container image with pdserve installed.")
@@ -214,7 +234,13 @@ class BatchInferenceWorkflowSpec(_Common):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str) -> str:
-        return _http_url(v, "endpoint")
+        from runtime.batch.run import BatchRunError, check_endpoint
+
+        try:  # exactly what the runner in the pod accepts (no query, fragment or credentials)
+            check_endpoint(v)
+        except BatchRunError as e:
+            raise ValueError(str(e).removeprefix("--endpoint ")) from None
+        return v
 
     @model_validator(mode="after")
     def _distinct(self) -> "BatchInferenceWorkflowSpec":

@@ -315,6 +315,9 @@ def main(argv: list[str] | None = None) -> None:
     planner = planner_settings(args)
     prefill_priority = resolve_prefill_priority(args, router_spec, planner)
     if args.traffic_log is not None:  # fail at start-up, not at the first request
+        if args.traffic_log.suffix.lower() != ".jsonl":
+            sys.exit(f"--traffic-log {args.traffic_log}: must end in .jsonl (the trace format `pdserve tune "
+                     "--trace` reads)")
         try:
             args.traffic_log.parent.mkdir(parents=True, exist_ok=True)
             with args.traffic_log.open("a"):

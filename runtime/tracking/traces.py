@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 from runtime.tuner.workload import DEFAULT_MAX_POINTS, LengthSample
@@ -27,9 +28,10 @@ def read_isl_osl(path: Path) -> list[tuple[int, int]]:
         FileNotFoundError: no such file.
     """
     path = Path(path)
-    if path.suffix in (".jsonl", ".json"):
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
         out = []
-        with path.open() as f:
+        with path.open(encoding="utf-8-sig") as f:  # a BOM before the first object is not JSON
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -45,8 +47,8 @@ def read_isl_osl(path: Path) -> list[tuple[int, int]]:
                 out.append((_length(rec["input_length"], path, n, "input_length"),
                             _length(rec["output_length"], path, n, "output_length")))
         return out
-    if path.suffix == ".csv":
-        with path.open(newline="") as f:
+    if suffix == ".csv":
+        with path.open(newline="", encoding="utf-8-sig") as f:  # a BOM would glue itself to the first column
             reader = csv.DictReader(f)
             missing = [k for k in ("ContextTokens", "GeneratedTokens") if k not in (reader.fieldnames or [])]
             if missing:
@@ -59,12 +61,13 @@ def read_isl_osl(path: Path) -> list[tuple[int, int]]:
 
 def _length(value: object, path: Path, line: int, key: str) -> int:
     """A token count from a trace field; TraceFormatError naming ``path:line`` and ``key`` otherwise."""
-    if isinstance(value, bool):
-        raise TraceFormatError(f"{path}:{line}: {key} must be a whole number of tokens, got {value!r}")
-    try:
-        return int(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise TraceFormatError(f"{path}:{line}: {key} must be a whole number of tokens, got {value!r}") from None
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():  # CSV cells
+        return int(value)
+    if type(value) is float and math.isfinite(value) and value.is_integer():  # 512.0
+        return int(value)
+    raise TraceFormatError(f"{path}:{line}: {key} must be a whole number of tokens, got {value!r}")
 
 
 def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> LengthSample:

@@ -4,7 +4,8 @@ deterministically. For the batch runner's retry / resume / concurrency tests.
 
 A prompt (``prompt`` or the last message's ``content``) chooses the behaviour:
 ``"fail-N ..."`` answers 503 to its first N tries, ``"always-503"`` always 503, ``"bad"`` 400 with an OpenAI
-error body; anything else 200 with ``usage`` (prompt_tokens = words of the prompt, completion_tokens =
+error body, ``"html"`` 200 with an HTML page, ``"nan"`` 200 with a NaN in its JSON, ``"bad-gzip"`` 200 claiming
+gzip over bytes that are not; ``"slow ..."`` waits 1 s; anything else 200 with ``usage`` (prompt_tokens = words of the prompt, completion_tokens =
 ``max_tokens`` or 4). Every request is recorded (path, body, Authorization header); ``max_in_flight`` is the
 most requests the server held at once (each answer waits ``delay_s``).
 """
@@ -60,13 +61,15 @@ class OpenAIStandin:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            time.sleep(self.delay_s)
+            time.sleep(1.0 if prompt.startswith("slow") else self.delay_s)
             if not h.path.startswith(self.prefix + "/v1/"):
                 status, out = 404, {"error": {"message": f"no route {h.path}"}}
             elif prompt == "always-503" or (prompt.startswith("fail-") and tries <= int(prompt.split()[0][5:])):
                 status, out = 503, {"error": {"message": "overloaded"}}
             elif prompt == "bad":
                 status, out = 400, {"error": {"message": "max_tokens must be positive", "type": "BadRequestError"}}
+            elif prompt in ("html", "nan", "bad-gzip"):
+                status, out = 200, prompt
             else:
                 n = int(body.get("max_tokens") or 4)
                 status, out = 200, {"id": "cmpl-1", "object": "text_completion", "model": body.get("model"),
@@ -75,9 +78,18 @@ class OpenAIStandin:
         finally:
             with self._lock:
                 self.in_flight -= 1
-        data = json.dumps(out).encode()
+        headers = {"Content-Type": "application/json"}
+        if out == "html":
+            data, headers = b"<html><body>Service Unavailable</body></html>", {"Content-Type": "text/html"}
+        elif out == "nan":
+            data = b'{"id": "c", "choices": [], "usage": {"prompt_tokens": NaN, "completion_tokens": 1}}'
+        elif out == "bad-gzip":
+            data, headers = b"this is not gzip", {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        else:
+            data = json.dumps(out).encode()
         h.send_response(status)
-        h.send_header("Content-Type", "application/json")
+        for k, v in headers.items():
+            h.send_header(k, v)
         h.send_header("Content-Length", str(len(data)))
         h.send_header("x-request-id", f"req-{len(self.requests)}")
         h.end_headers()

@@ -113,8 +113,20 @@ def test_bad_options_are_refused_before_anything_is_read(tmp_path):
             run_batch(str(inp), str(tmp_path / "o.jsonl"), endpoint=endpoint, progress=False)
     with pytest.raises(BatchRunError, match=r"needs an object key after the bucket \(s3://bucket/key\)"):
         run_batch(str(inp), "s3://bucket-only/", endpoint="http://h/openai", progress=False)
-    with pytest.raises(BatchRunError, match="must not be the input"):
-        run_batch(str(inp), str(inp), endpoint="http://h/openai", progress=False)
+    for same in (str(inp), str(tmp_path / "." / "in.jsonl"), str(tmp_path / "sub" / ".." / "in.jsonl")):
+        with pytest.raises(BatchRunError, match="is the input file"):
+            run_batch(str(inp), same, endpoint="http://h/openai", progress=False)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(inp)
+    with pytest.raises(BatchRunError, match="is the input file"):
+        run_batch(str(inp), str(link), endpoint="http://h/openai", progress=False)
+    assert json.loads(inp.read_text())["custom_id"] == "r0"  # the input survived every attempt
+    for endpoint in ["http://127.0.0.1:99999/openai", "http://[::1/openai"]:
+        with pytest.raises(BatchRunError, match="not a URL"):
+            run_batch(str(inp), str(tmp_path / "o.jsonl"), endpoint=endpoint, progress=False)
+    with pytest.raises(BatchRunError, match="must not carry credentials") as e:
+        run_batch(str(inp), str(tmp_path / "o.jsonl"), endpoint="http://user:hunter2@h/openai", progress=False)
+    assert "hunter2" not in str(e.value)
     res = runner.invoke(app, ["run", "-i", str(tmp_path / "none.jsonl"), "-o", str(tmp_path / "o.jsonl"),
                               "--endpoint", "http://h/openai"])
     assert res.exit_code == 2 and "No such file" in res.output
@@ -155,3 +167,153 @@ def test_s3_input_and_output_and_an_s3_resume(standin, s3_client, s3_bucket, tmp
     with pytest.raises(BatchRunError, match="no such object"):
         run_batch(f"s3://{s3_bucket}/batches/missing.jsonl", dst, endpoint=standin.url, s3_client=s3_client,
                   progress=False)
+
+
+def test_answers_that_are_not_openai_responses_are_failures_and_never_stop_the_run(standin, tmp_path):
+    inp = _write_batch(tmp_path / "in.jsonl", ["html", "bad-gzip", "nan", "fine"])
+    out = tmp_path / "out.jsonl"
+    s = run_batch(str(inp), str(out), endpoint=standin.url, model="m", max_retries=0, progress=False)
+    assert (s.succeeded, s.failed) == (1, 3)
+    recs = _out(out)  # every line is valid JSON (no NaN)
+    assert recs["r0"]["error"]["code"] == "invalid_response" and recs["r0"]["response"]["status_code"] == 200
+    assert recs["r1"]["error"]["code"] == "request_failed" and "Decoding" in recs["r1"]["error"]["message"]
+    assert recs["r2"]["error"]["code"] == "invalid_response" and "NaN" in recs["r2"]["error"]["message"]
+    assert recs["r3"]["error"] is None
+    standin.requests.clear()
+    run_batch(str(inp), str(out), endpoint=standin.url, model="m", max_retries=0, progress=False)
+    assert sorted(r["body"]["prompt"] for r in standin.requests) == ["bad-gzip", "html", "nan"]  # resume retries
+
+
+def test_the_output_is_written_in_place_keeping_links_and_permissions(standin, tmp_path):
+    import os
+    import stat
+
+    inp = _write_batch(tmp_path / "in.jsonl", ["a", "b"])
+    real = tmp_path / "results" / "real.jsonl"
+    real.parent.mkdir()
+    real.write_text("")
+    real.chmod(0o600)
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(real)
+    run_batch(str(inp), str(link), endpoint=standin.url, model="m", progress=False)
+    assert link.is_symlink() and len(real.read_text().splitlines()) == 2
+    assert stat.S_IMODE(real.stat().st_mode) == 0o600
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(BatchRunError, match="not a regular file"):
+        run_batch(str(inp), str(fifo), endpoint=standin.url, model="m", progress=False)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_an_output_of_another_batch_is_refused_untouched(standin, tmp_path):
+    out = tmp_path / "out.jsonl"
+    run_batch(str(_write_batch(tmp_path / "a.jsonl", ["x", "y", "z"])), str(out), endpoint=standin.url, model="m",
+              progress=False)
+    before = out.read_text()
+    other = tmp_path / "b.jsonl"
+    other.write_text(json.dumps({"custom_id": "only", "url": "/v1/completions", "body": {"model": "m",
+                                                                                     "prompt": "p"}}) + "\n")
+    standin.requests.clear()
+    res = runner.invoke(app, ["run", "-i", str(other), "-o", str(out), "--endpoint", standin.url, "--no-progress"])
+    assert res.exit_code == 2 and "not in this input" in " ".join(res.output.split())
+    assert out.read_text() == before and standin.requests == []
+
+
+def test_an_api_key_from_a_file_secret_has_its_newline_dropped_and_a_bad_one_is_refused(standin, tmp_path,
+                                                                                       monkeypatch):
+    inp = _write_batch(tmp_path / "in.jsonl", ["a"])
+    monkeypatch.setenv("K", "sk-from-file\n")
+    res = runner.invoke(app, ["run", "-i", str(inp), "-o", str(tmp_path / "o.jsonl"), "--endpoint", standin.url,
+                              "--model", "m", "--api-key-env", "K"])
+    assert res.exit_code == 0 and [r["auth"] for r in standin.requests] == ["Bearer sk-from-file"]
+    monkeypatch.setenv("K", "sk-a b")
+    res = runner.invoke(app, ["run", "-i", str(inp), "-o", str(tmp_path / "o2.jsonl"), "--endpoint", standin.url,
+                              "--model", "m", "--api-key-env", "K"])
+    assert res.exit_code == 2 and "whitespace" in res.output and "sk-a" not in res.output
+
+
+def test_an_s3_input_splits_lines_like_a_local_file(standin, s3_client, s3_bucket, tmp_path):
+    line = json.dumps({"custom_id": "u", "url": "/v1/completions",
+                       "body": {"model": "m", "prompt": "a\u2028b\x85c"}}, ensure_ascii=False)
+    local = tmp_path / "in.jsonl"
+    local.write_text(line + "\n", encoding="utf-8")
+    s3_client.upload_file(str(local), s3_bucket, "in.jsonl")
+    s = run_batch(f"s3://{s3_bucket}/in.jsonl", str(tmp_path / "o.jsonl"), endpoint=standin.url,
+                  s3_client=s3_client, progress=False)
+    assert s.succeeded == 1 and standin.requests[0]["body"]["prompt"] == "a\u2028b\x85c"
+
+
+class _FailingUploads:
+    """A real S3 client whose uploads fail from the ``fail_from``-th on (fault injection on the real server)."""
+
+    def __init__(self, client, fail_from: int) -> None:
+        self._c, self.fail_from, self.uploads = client, fail_from, 0
+
+    def upload_file(self, *a, **kw):
+        self.uploads += 1
+        if self.uploads >= self.fail_from:
+            raise RuntimeError("AccessDenied (injected)")
+        return self._c.upload_file(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+
+def test_an_unwritable_s3_output_is_found_before_sending_and_a_failed_last_upload_keeps_the_answers(
+        standin, s3_client, s3_bucket, tmp_path, monkeypatch):
+    local = _write_batch(tmp_path / "in.jsonl", ["a", "b"])
+    s3_client.upload_file(str(local), s3_bucket, "in.jsonl")
+    src, dst = f"s3://{s3_bucket}/in.jsonl", f"s3://{s3_bucket}/out.jsonl"
+    with pytest.raises(BatchRunError, match="upload failed"):
+        run_batch(src, dst, endpoint=standin.url, model="m", s3_client=_FailingUploads(s3_client, 1), progress=False)
+    assert standin.requests == []  # refused before the first request
+
+    monkeypatch.chdir(tmp_path)
+    res_err = None
+    try:
+        run_batch(src, dst, endpoint=standin.url, model="m", s3_client=_FailingUploads(s3_client, 2), progress=False)
+    except BatchRunError as e:
+        res_err = e
+    from runtime.batch.run import BatchUploadError
+
+    assert isinstance(res_err, BatchUploadError) and len(standin.requests) == 2
+    kept = tmp_path / "pdserve-batch-out.jsonl"
+    assert str(kept) in str(res_err) and sorted(_out(kept)) == ["r0", "r1"]
+    standin.requests.clear()  # resuming from the kept file sends nothing again
+    s = run_batch(src, str(kept), endpoint=standin.url, model="m", s3_client=s3_client, progress=False)
+    assert s.resumed == 2 and standin.requests == []
+
+
+def test_sigterm_mid_run_uploads_the_finished_answers_and_a_rerun_completes(standin, s3_server, s3_client, s3_bucket,
+                                                                            tmp_path):
+    """What a pod eviction does: the S3 output keeps every answer finished before SIGTERM; no work folder stays."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from runtime.procs import stop_process
+
+    local = _write_batch(tmp_path / "in.jsonl", ["quick"] + [f"slow {i}" for i in range(8)])
+    s3_client.upload_file(str(local), s3_bucket, "in.jsonl")
+    dst = f"s3://{s3_bucket}/out.jsonl"
+    env = {**os.environ, **s3_server.env, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.batch", "run", "-i", f"s3://{s3_bucket}/in.jsonl", "-o",
+                             dst, "--endpoint", standin.url, "--model", "m", "--concurrency", "1", "--no-progress"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while len(standin.requests) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        stop_process(proc, 10)
+    assert proc.returncode == 128 + signal.SIGTERM
+    got = s3_client.get_object(Bucket=s3_bucket, Key="out.jsonl")["Body"].read().decode().splitlines()
+    assert 2 <= len(got) <= 3 and json.loads(got[0])["custom_id"] == "r0"
+    assert not list(tmp_path.glob("pdserve-batch-*"))  # the work folder is gone
+    s = run_batch(f"s3://{s3_bucket}/in.jsonl", dst, endpoint=standin.url, model="m", s3_client=s3_client,
+                  progress=False)
+    assert s.resumed == len(got) and s.succeeded == 9 - len(got) and s.failed == 0

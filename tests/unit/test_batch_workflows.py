@@ -243,14 +243,14 @@ def test_unknown_option_and_same_input_output_are_refused():
         batch_spec(output_uri="s3://pdserve-batch/in/requests.jsonl")
 
 
-@pytest.mark.parametrize("expr", ["0 3 * * 0", "*/15 0-6 1,15 * *", "0 0 ? JAN-MAR MON-FRI", "59 23 31 12 7"])
+@pytest.mark.parametrize("expr", ["0 3 * * 0", "*/15 0-6 1,15 * *", "0 0 ? JAN-MAR MON-FRI", "59 23 31 12 6"])
 def test_check_cron_accepts(expr):
     assert check_cron(expr) == expr
 
 
 @pytest.mark.parametrize("expr, why", [("0 3 * * * *", "5 fields"), ("60 * * * *", "minute"),
                                        ("0 3 0 * *", "day of month"), ("0 3 * 13 *", "month"),
-                                       ("0 3 * * 8", "day of week"), ("5-1 * * * *", "reversed"),
+                                       ("0 3 * * 7", "day of week"), ("5-1 * * * *", "reversed"),
                                        ("*/0 * * * *", "step"), ("a * * * *", "minute")])
 def test_check_cron_refuses(expr, why):
     with pytest.raises(ValueError, match=why):
@@ -386,3 +386,31 @@ def test_the_cli_renders_valid_yaml_and_names_a_bad_option(tmp_path):
     text = " ".join(res.output.split())
     assert res.exit_code == 2
     assert "--endpoint:" in text and "--concurrency:" in text
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("endpoint", "http://h/openai?x=1", "must be an http"),
+    ("endpoint", "http://user:pw@h/openai", "must not carry credentials"),
+    ("s3_endpoint_url", "http://key:secret@minio:9000", "must not carry credentials"),
+    ("output_uri", "s3://pdserve-batch/out/{{workflow.name}}.jsonl", "Argo would substitute"),
+    ("model", "{{inputs.parameters.x}}", "Argo would substitute"),
+])
+def test_values_the_pod_would_reject_or_argo_would_rewrite_are_refused(field, value, why):
+    with pytest.raises(ValidationError, match=why) as e:
+        batch_spec(**{field: value})
+    msgs = " ".join(x["msg"] for x in e.value.errors())  # what `pdserve batch workflow` prints
+    assert "pw@" not in msgs and "secret@" not in msgs
+
+
+def test_the_default_cron_name_of_a_long_model_name_is_valid():
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    for model in ["org/" + "a" * 40 + "-" + "b" * 20, "org/" + "a" * 44 + "." + "b"]:
+        res = CliRunner().invoke(app, ["batch", "retune-schedule", "--model-name", model, "--traffic",
+                                       "s3://pdserve-traffic/t.jsonl", "--registered-model", "m1"])
+        assert res.exit_code == 0, res.output
+        (cron,) = __import__("yaml").safe_load_all(res.stdout)
+        name = cron["metadata"]["name"]
+        assert len(name) <= 52 and not name.endswith("-") and validate_workflow_objects([cron]) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from runtime.cli import app
@@ -78,3 +79,22 @@ def test_a_missing_or_unknown_trace_names_the_option(tmp_path):
     other.write_bytes(b"x")
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(other)])
     assert res.exit_code == 1 and "unknown trace format" in " ".join(res.output.split())
+
+
+def test_lengths_must_be_whole_finite_numbers_and_bom_csv_and_upper_case_suffixes_read(tmp_path):
+    from runtime.tracking.traces import TraceFormatError, read_isl_osl
+
+    for bad, key in [('{"input_length": Infinity, "output_length": 5}', "input_length"),
+                     ('{"input_length": 10, "output_length": 100.7}', "output_length"),
+                     ('{"input_length": true, "output_length": 5}', "input_length")]:
+        p = tmp_path / "t.jsonl"
+        p.write_text(bad + "\n")
+        with pytest.raises(TraceFormatError, match=f"t.jsonl:1: {key} must be a whole number"):
+            read_isl_osl(p)
+    csv_bom = tmp_path / "T.CSV"
+    csv_bom.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\nx,12,3\n", encoding="utf-8")
+    upper = tmp_path / "T.JSONL"
+    upper.write_text('{"input_length": 512.0, "output_length": 3}\n')
+    assert read_isl_osl(csv_bom) == [(12, 3)] and read_isl_osl(upper) == [(512, 3)]
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(tmp_path / "t.jsonl")])
+    assert res.exit_code == 1 and "Traceback" not in res.output
