@@ -89,6 +89,7 @@ def _option_errors(exc, options: dict[str, str]) -> str:
 from runtime.procs import install_sigterm_handler  # noqa: E402,F401 - `pdserve` commands and tests
 
 SLO_OPTIONS = {"ttft_p90_ms": "--ttft-ms", "itl_p90_ms": "--itl-ms"}
+TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT = 3000, 150  # `pdserve tune --isl/--osl` defaults, tokens
 WORKLOAD_OPTIONS = {"isl_tokens": "--isl", "osl_tokens": "--osl", "request_rate_per_s": "--rate"}
 
 
@@ -255,8 +256,8 @@ def tune(
              "hf_quant_config.json beside it), else bf16.")] = None,
     ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
     itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
-    isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = 3000,
-    osl: Annotated[int, typer.Option(help="Mean output length, tokens.")] = 150,
+    isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = TUNE_ISL_DEFAULT,
+    osl: Annotated[int, typer.Option(help="Mean output length, tokens.")] = TUNE_OSL_DEFAULT,
     rate: Annotated[float, typer.Option(help="Target request rate, requests/s.")] = 10.0,
     trace: Annotated[Optional[Path], typer.Option(
         help="Recorded or published traffic to size for instead of --isl/--osl: a .jsonl with input_length and "
@@ -329,6 +330,8 @@ def tune(
         except (OSError, ValueError) as e:  # TraceFormatError is a ValueError; a folder or no file: OSError
             problems.append(f"--trace: {e}")
         else:  # the spec records the trace's mean lengths (what a reader of the spec expects to see)
+            if (isl, osl) != (TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT):
+                err.print("note: --isl/--osl are ignored with --trace (the trace's lengths are used)")
             isl, osl = max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl))
     try:
         workload = WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate)

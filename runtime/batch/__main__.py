@@ -40,15 +40,18 @@ def _fail(msg: str, code: int = 2) -> None:
 @app.command("run")
 def run_cmd(
     input_uri: Annotated[str, typer.Option(
-        "--input", "-i", help="OpenAI Batch input file (JSONL: custom_id, method POST, url /v1/chat/completions | "
-                              "/v1/completions | /v1/embeddings, body): a local path or s3://bucket/key.")],
+        "--input", "-i", help="OpenAI Batch input file, a local path or s3://bucket/key; one JSON per line: "
+                              '{"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions", "body": '
+                              '{"messages": [...], "max_tokens": 64}} (url: /v1/chat/completions or '
+                              "/v1/completions).")],
     output_uri: Annotated[str, typer.Option(
         "--output", "-o", help="Output JSONL (OpenAI batch output lines: custom_id, response, error): a local path "
                                "or s3://bucket/key. If it exists, its successful lines are kept and only the rest "
                                "are sent (resume).")],
     endpoint: Annotated[str, typer.Option(
-        help="OpenAI base URL of the pdserve runtime; each line's url path is appended to it (a line cannot pick "
-             "another server). KServe: http://<isvc>-predictor.<namespace>.svc.cluster.local/openai.")],
+        help="OpenAI base of the pdserve runtime, WITHOUT /v1: each line's url (/v1/...) is appended to it, so a "
+             "line cannot pick another server. Local `pdserve serve`: http://127.0.0.1:8080/openai; in the "
+             "cluster: http://<isvc>-predictor.<namespace>.svc.cluster.local/openai.")],
     model: Annotated[Optional[str], typer.Option(help="Served model name for lines whose body has no model.")] = None,
     concurrency: Annotated[int, typer.Option(
         min=1, help="Requests in flight: how much of the shared online endpoint the batch may take.")] = 8,
@@ -84,7 +87,11 @@ def run_cmd(
     print(json.dumps(summary.as_dict()))
     if summary.failed:
         err.print(escape(f"{summary.failed} of {summary.requests} request(s) failed; their lines in {output_uri} say "
-                         "why; run the same command again to retry only those"))
+                         "why. The same command retries only those (a 4xx answer fails again until its line is "
+                         "fixed; a fixed line needs a new custom_id, resume matches on custom_id)."))
+        if summary.succeeded == 0 and summary.not_found == summary.failed:
+            err.print(escape(f"every request got 404: is --endpoint the OpenAI base, e.g. {endpoint.rstrip('/')}"
+                             "/openai?"))
         raise typer.Exit(1)
 
 
@@ -137,7 +144,7 @@ Common = {
     "s3_secret": typer.Option(help="Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (referenced, never "
                                    "copied); 'none' for the pod's IAM role (IRSA / Pod Identity)."),
     "s3_endpoint_url": typer.Option(help="S3-compatible endpoint (http(s)://host[:port]); default AWS S3."),
-    "out": typer.Option("--out", "-o", help="Write the YAML here instead of stdout."),
+    "out": typer.Option("--out", help="Write the YAML here instead of stdout."),
 }
 
 

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-#: Paths a batch line may name (OpenAI Batch API endpoints the pdserve runtime serves).
-ALLOWED_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+#: Paths a batch line may name: the OpenAI Batch API endpoints the pdserve runtime serves (it has no embeddings).
+ALLOWED_URLS = ("/v1/chat/completions", "/v1/completions")
 #: At most this many problems are listed in one BatchInputError.
 MAX_LISTED_ERRORS = 20
 
@@ -105,7 +105,7 @@ def _check(rec: dict, n: int, default_model: str | None, seen: dict[str, int]) -
     else:
         model = body.get("model", default_model)
         if not isinstance(model, str) or not model:
-            errs.append(f"line {n}: body.model is missing (or give a default model)")
+            errs.append(f"line {n}: body.model is missing (or pass --model, the served model name)")
         if body.get("stream"):
             errs.append(f"line {n}: body.stream must be false or absent (a batch stores whole responses)")
     if errs:

@@ -58,6 +58,7 @@ class BatchSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     wall_s: float = 0.0
+    not_found: int = 0  # failed with HTTP 404 (a wrong --endpoint base, usually)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -87,6 +88,9 @@ def check_endpoint(endpoint: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise BatchRunError(f"--endpoint must be an http(s) URL of the OpenAI base (e.g. "
                             f"http://<isvc>-predictor.<namespace>.svc.cluster.local/openai), got {shown!r}")
+    if parts.path.rstrip("/").endswith("/v1"):  # what OpenAI SDK users type; the lines carry /v1/... themselves
+        raise BatchRunError(f"--endpoint {shown!r}: drop the trailing /v1 (each batch line's url already starts "
+                            "with /v1/, e.g. http://host:8080/openai)")
     return endpoint.rstrip("/")
 
 
@@ -132,7 +136,7 @@ def _read_lines(uri: str, s3: Any, *, missing_ok: bool) -> list[str] | None:
 
 async def send_all(
     requests: list[BatchRequest],
-    write: Callable[[str, BatchRequest, bool, Any], None],
+    write: Callable[[str, BatchRequest, Any], None],
     *,
     endpoint: str,
     concurrency: int = 8,
@@ -142,8 +146,8 @@ async def send_all(
     backoff_s: float = 0.5,
     secrets: tuple[str, ...] = (),
 ) -> None:
-    """Send ``requests`` with at most ``concurrency`` in flight; call ``write(line, request, ok, body)`` for
-    each as it completes (``ok``: a 2xx answer with a JSON object).
+    """Send ``requests`` with at most ``concurrency`` in flight; call ``write(line, request, body)`` for each
+    as it completes (``line``: its output line, whose ``error`` is null when it succeeded).
 
     ``endpoint`` must have passed :func:`check_endpoint`; each request goes to ``endpoint + request.url``.
     Retries: transport errors and ``RETRY_STATUSES``, at most ``max_retries`` more tries each, waiting
@@ -194,7 +198,7 @@ async def send_all(
                 if error:
                     error = error.replace(secret, "***")
             line = output_line(req.custom_id, status_code=status, body=body, request_id=request_id, error=error)
-            write(line, req, json.loads(line)["error"] is None, body)  # the line's own verdict (e.g. NaN bodies)
+            write(line, req, body)
 
         async def worker() -> None:
             for req in queue:  # one shared iterator: never more than `concurrency` requests materialised
@@ -357,16 +361,18 @@ def _run_loop(todo: list[BatchRequest], out: Any, summary: BatchSummary, *, base
     last = [time.monotonic()]
     started = time.monotonic()
 
-    def write(line: str, req: BatchRequest, ok: bool, body: Any) -> None:
+    def write(line: str, req: BatchRequest, body: Any) -> None:
         out.write(line)
         out.flush()
-        if ok:
+        rec = json.loads(line)  # the line's own verdict (a NaN body, say, fails there)
+        if rec["error"] is None:
             summary.succeeded += 1
             p, c = usage_tokens(body)
             summary.prompt_tokens += p
             summary.completion_tokens += c
         else:
             summary.failed += 1
+            summary.not_found += (rec["response"] or {}).get("status_code") == 404
         bar.update(task, advance=1, failed=summary.failed)
         if checkpoint is not None and time.monotonic() - last[0] >= checkpoint_s:
             last[0] = time.monotonic()

@@ -393,7 +393,8 @@ def batch_inference_workflow(spec: BatchInferenceWorkflowSpec) -> dict[str, Any]
     ) as wf:
         Container(
             name="batch-inference", image=spec.image, command=argv[:3], args=argv[3:], env=env,
-            env_from=[SecretEnvFrom(name=spec.s3_secret)] if spec.s3_secret else None,
+            # optional: without the Secret, boto3 falls back to the pod's IAM role (IRSA / Pod Identity)
+            env_from=[SecretEnvFrom(name=spec.s3_secret, optional=True)] if spec.s3_secret else None,
             resources=Resources(cpu_request="500m", cpu_limit="2", memory_request="1Gi", memory_limit="1Gi"),
             retry_strategy=RetryStrategy(limit=2, retry_policy="OnError"),
         )
@@ -447,7 +448,8 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
             name="retune", image=spec.image, command=argv[:1], args=argv[1:],
             env=[Env(name="PYTHONUNBUFFERED", value="1"),
                  Env(name="PDSERVE_HOME", value=f"{WORK_DIR}/state")],  # writable (the image's tree may not be)
-            env_from=[SecretEnvFrom(name=spec.mlflow_secret)] if spec.mlflow_secret else None,
+            # optional: infra/k8s/mlflow has no authentication; a Secret is only needed where MLflow has one
+            env_from=[SecretEnvFrom(name=spec.mlflow_secret, optional=True)] if spec.mlflow_secret else None,
             volumes=[ExistingVolume(name="fsx", claim_name=spec.pvc_name, mount_path=FSX_MOUNT, read_only=True),
                      EmptyDirVolume(name="work", mount_path=WORK_DIR)],
             inputs=[_traffic_artifact(spec)],

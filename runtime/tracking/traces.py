@@ -71,5 +71,15 @@ def _length(value: object, path: Path, line: int, key: str) -> int:
 
 
 def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> LengthSample:
-    """:func:`read_isl_osl` reduced to a deterministic ``LengthSample`` of at most ``max_points`` pairs."""
-    return LengthSample.from_pairs(read_isl_osl(path), max_points=max_points)
+    """:func:`read_isl_osl` reduced to a deterministic ``LengthSample`` of at most ``max_points`` pairs (requests
+    with a length < 1, e.g. failed ones, are left out).
+
+    Raises:
+        TraceFormatError: as :func:`read_isl_osl`, or no request with both lengths >= 1 (an empty trace).
+    """
+    pairs = read_isl_osl(path)
+    try:
+        return LengthSample.from_pairs(pairs, max_points=max_points)
+    except ValueError:
+        raise TraceFormatError(f"{path}: no request with input and output length >= 1 ({len(pairs)} line(s)): "
+                               "was any traffic recorded?") from None

@@ -38,7 +38,7 @@ def test_the_default_model_fills_only_bodies_without_one():
     assert [r.body["model"] for r in reqs] == ["served", "own"]
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.5:8000/v1/chat/completions", "//evil/v1/completions",
+@pytest.mark.parametrize("url", ["http://10.0.0.5:8000/v1/chat/completions", "//evil/v1/completions", "/v1/embeddings",
                                  "/v1/chat/completions/../../admin", "/v1/models", "v1/completions", None])
 def test_a_line_cannot_choose_the_server_or_another_path(url):
     with pytest.raises(BatchInputError, match="line 1: url must be one of"):
@@ -92,4 +92,4 @@ def test_usage_tokens_read_the_openai_usage_block():
 
 
 def test_the_allow_list_is_the_openai_batch_endpoints_pdserve_serves():
-    assert set(ALLOWED_URLS) == {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+    assert set(ALLOWED_URLS) == {"/v1/chat/completions", "/v1/completions"}

@@ -89,7 +89,7 @@ def test_batch_workflow_validates_and_runs_exactly_the_runner():
     assert tpl["retryStrategy"] == {"limit": 2, "retryPolicy": "OnError"}
     c = tpl["container"]
     assert c["image"] == PDSERVE_IMAGE
-    assert c["envFrom"] == [{"secretRef": {"name": "pdserve-s3"}}]
+    assert c["envFrom"] == [{"secretRef": {"name": "pdserve-s3", "optional": True}}]  # else the pod's IAM role
     assert {"name": "AWS_ENDPOINT_URL_S3", "value": "http://minio.minio.svc:9000"} in c["env"]
     res = c["resources"]
     assert set(res) == {"requests", "limits"} and set(res["limits"]) == {"cpu", "memory"}  # no GPU
@@ -124,7 +124,7 @@ def test_no_secret_values_in_any_object(monkeypatch):
                 assert not names & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_USERNAME",
                                     "MLFLOW_TRACKING_PASSWORD"}, names
             if path[-1] == "envFrom":
-                assert all(set(e) == {"secretRef"} and set(e["secretRef"]) == {"name"} for e in v)
+                assert all(set(e) == {"secretRef"} and set(e["secretRef"]) <= {"name", "optional"} for e in v)
             if path[-1] in ("accessKeySecret", "secretKeySecret"):
                 assert set(v) == {"name", "key"}  # a selector, never a value
     art = template(objs[1])["inputs"]["artifacts"][0]["s3"]
@@ -159,7 +159,7 @@ def test_retune_cron_validates_and_runs_exactly_tune():
     vols = {v["name"]: v for v in tpl["volumes"]}
     assert vols[mounts["/fsx"]["name"]]["persistentVolumeClaim"] == {"claimName": "fsx-claim", "readOnly": True}
     assert vols[mounts["/work"]["name"]]["emptyDir"] == {}
-    assert c["envFrom"] == [{"secretRef": {"name": "pdserve-mlflow"}}]
+    assert c["envFrom"] == [{"secretRef": {"name": "pdserve-mlflow", "optional": True}}]
     assert c["image"] == PDSERVE_IMAGE and "nvidia.com/gpu" not in str(c["resources"])
     assert spec["workflowSpec"]["serviceAccountName"] == "pdserve-batch"
 
@@ -370,7 +370,7 @@ def test_the_cli_renders_valid_yaml_and_names_a_bad_option(tmp_path):
     out = tmp_path / "wf.yaml"
     res = runner.invoke(app, ["batch", "workflow", "--input", "s3://pdserve-batch/in.jsonl", "--output",
                               "s3://pdserve-batch/out.jsonl", "--endpoint", ENDPOINT, "--priority-class", "none",
-                              "--s3-secret", "none", "-o", str(out)])
+                              "--s3-secret", "none", "--out", str(out)])
     assert res.exit_code == 0, res.output
     (wf,) = yaml.safe_load_all(out.read_text())
     assert validate_workflow_objects([wf]) == [] and "podPriorityClassName" not in wf["spec"]

@@ -98,3 +98,13 @@ def test_lengths_must_be_whole_finite_numbers_and_bom_csv_and_upper_case_suffixe
     assert read_isl_osl(csv_bom) == [(12, 3)] and read_isl_osl(upper) == [(512, 3)]
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(tmp_path / "t.jsonl")])
     assert res.exit_code == 1 and "Traceback" not in res.output
+
+
+def test_an_empty_trace_says_so_and_ignored_isl_osl_are_named(tmp_path):
+    empty = tmp_path / "traffic.jsonl"
+    empty.write_text('{"timestamp": 1, "input_length": 0, "output_length": 0, "hash_ids": []}\n')
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(empty)])
+    assert res.exit_code == 1 and "was any traffic recorded?" in " ".join(res.output.split())
+    _write_trace(empty, [(100, 10)])
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(empty), "--isl", "500", "--rate", "1"])
+    assert res.exit_code == 0 and "--isl/--osl are ignored with --trace" in " ".join(res.output.split())
