@@ -23,13 +23,17 @@ err = Console(stderr=True)
 
 
 @app.callback()
-def _group() -> None:
+def _group(ctx: typer.Context) -> None:
     """Batch work beside the online endpoint (subcommands below)."""
+    import signal
+
     from runtime.procs import install_sigterm_handler
 
     # SIGTERM (pod eviction, activeDeadlineSeconds) ends a run like Ctrl-C: the `finally` blocks upload an S3
     # output and remove the work folder, so a resumed run loses nothing
-    install_sigterm_handler()
+    previous = install_sigterm_handler()
+    if previous is not None:  # restore it when the command ends (matters when the app runs in-process)
+        ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
 
 
 def _fail(msg: str, code: int = 2) -> None:

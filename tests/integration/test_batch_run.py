@@ -317,3 +317,16 @@ def test_sigterm_mid_run_uploads_the_finished_answers_and_a_rerun_completes(stan
     s = run_batch(f"s3://{s3_bucket}/in.jsonl", dst, endpoint=standin.url, model="m", s3_client=s3_client,
                   progress=False)
     assert s.resumed == len(got) and s.succeeded == 9 - len(got) and s.failed == 0
+
+
+def test_the_cli_restores_the_callers_sigterm_handler(standin, tmp_path):
+    import signal
+
+    mine = lambda *a: None  # noqa: E731
+    old = signal.signal(signal.SIGTERM, mine)
+    try:
+        res = runner.invoke(app, ["run", "-i", str(_write_batch(tmp_path / "in.jsonl", ["a"])), "-o",
+                                  str(tmp_path / "o.jsonl"), "--endpoint", standin.url, "--model", "m"])
+        assert res.exit_code == 0 and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, old)
