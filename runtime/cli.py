@@ -90,6 +90,7 @@ from runtime.procs import install_sigterm_handler  # noqa: E402,F401 - `pdserve`
 
 SLO_OPTIONS = {"ttft_p90_ms": "--ttft-ms", "itl_p90_ms": "--itl-ms"}
 TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT = 3000, 150  # `pdserve tune --isl/--osl` defaults, tokens
+TUNE_RATE_DEFAULT = 10.0  # `pdserve tune --rate` default without a trace, requests/s
 WORKLOAD_OPTIONS = {"isl_tokens": "--isl", "osl_tokens": "--osl", "request_rate_per_s": "--rate"}
 
 
@@ -258,12 +259,15 @@ def tune(
     itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
     isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = TUNE_ISL_DEFAULT,
     osl: Annotated[int, typer.Option(help="Mean output length, tokens.")] = TUNE_OSL_DEFAULT,
-    rate: Annotated[float, typer.Option(help="Target request rate, requests/s.")] = 10.0,
+    rate: Annotated[Optional[float], typer.Option(
+        help="Target request rate, requests/s. Default: with --trace, the trace's mean arrival rate; else "
+             f"{TUNE_RATE_DEFAULT:g}.")] = None,
     trace: Annotated[Optional[Path], typer.Option(
         help="Recorded or published traffic to size for instead of --isl/--osl: a .jsonl with input_length and "
              "output_length per line (Mooncake) or a .csv with ContextTokens and GeneratedTokens columns (Azure "
              "LLM inference trace). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
-             "contexts (up to 256 evenly spaced requests); --rate still sets the load.")] = None,
+             "contexts (up to 256 evenly spaced requests); its arrival times give the rate unless --rate is "
+             "given.")] = None,
     gpu_budget: Annotated[int, typer.Option(
         help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails.")
     ] = PlannerSpec.model_fields["gpu_budget"].default,
@@ -333,6 +337,15 @@ def tune(
             if (isl, osl) != (TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT):
                 err.print("note: --isl/--osl are ignored with --trace (the trace's lengths are used)")
             isl, osl = max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl))
+            if rate is None:
+                from runtime.tracking.traces import read_arrival_rate
+
+                rate = read_arrival_rate(trace)
+                if rate is None:
+                    problems.append(f"--trace: {trace} has no usable arrival times (timestamp / TIMESTAMP on "
+                                    "every line, at least two distinct): give --rate")
+    if rate is None:
+        rate = TUNE_RATE_DEFAULT if trace is None else 1.0  # 1.0: a placeholder, the problem above stops the run
     try:
         workload = WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate)
     except ValidationError as e:
@@ -352,7 +365,7 @@ def tune(
         _fail("; ".join(problems))
     if sample is not None:
         err.print(escape(f"workload: {trace}: {len(sample.isl_tokens)} requests sampled, mean ISL {isl}, mean OSL "
-                         f"{osl} tokens, at {rate:g} requests/s"))
+                         f"{osl} tokens, at {rate:.4g} requests/s"))
     try:
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
         from runtime.steps import check_model_name

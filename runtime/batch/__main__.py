@@ -201,7 +201,9 @@ def retune_cmd(
     = "H100-SXM",
     ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
     itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
-    rate: Annotated[float, typer.Option(help="Target request rate, requests/s.")] = 10.0,
+    rate: Annotated[Optional[float], typer.Option(
+        help="Target request rate, requests/s (default: each run sizes for the recorded traffic's mean arrival "
+             "rate).")] = None,
     gpu_budget: Annotated[Optional[int], typer.Option(help="GPUs the deployment may use.")] = None,
     mlflow_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking server (in-cluster http URL).")] = None,
     pvc: Annotated[Optional[str], typer.Option(help="FSx for Lustre PVC holding /fsx/models.")] = None,

@@ -273,7 +273,9 @@ class RetuneCronWorkflowSpec(_Common):
     gpu: str = Field("H100-SXM", description="GPU catalog name or AWS instance type (pdserve tune --gpu).")
     ttft_ms: float = Field(2000.0, gt=0, description="TTFT p90 SLO, ms.")
     itl_ms: float = Field(50.0, gt=0, description="ITL p90 SLO, ms.")
-    rate: float = Field(10.0, gt=0, description="Target request rate, requests/s.")
+    rate: Optional[float] = Field(
+        None, gt=0, description="Target request rate, requests/s; None: the recorded traffic's mean arrival rate "
+                                "(what `pdserve tune --trace` uses without --rate).")
     gpu_budget: int = Field(default_factory=_default_gpu_budget, ge=1, description="GPUs the deployment may use.")
     traffic_uri: str = Field(description="Recorded traffic, s3://bucket/key ending in .csv (Azure: ContextTokens, "
                                          "GeneratedTokens) or .jsonl (Mooncake: input_length, output_length).")
@@ -364,8 +366,9 @@ def trace_path(spec: RetuneCronWorkflowSpec) -> str:
 
 def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     """The tune step's command line (command + args)."""
+    rate = [] if spec.rate is None else ["--rate", _num(spec.rate)]  # None: the trace's own arrival rate
     return ["pdserve", "tune", f"{FSX_MOUNT}/models/{spec.model_name}/config.json", "--gpu", spec.gpu,
-            "--ttft-ms", _num(spec.ttft_ms), "--itl-ms", _num(spec.itl_ms), "--rate", _num(spec.rate),
+            "--ttft-ms", _num(spec.ttft_ms), "--itl-ms", _num(spec.itl_ms), *rate,
             "--gpu-budget", str(spec.gpu_budget), "--trace", trace_path(spec), "--mlflow-uri", spec.mlflow_uri,
             "--register", spec.registered_model, "--out", f"{WORK_DIR}/winner.json"]
 

@@ -70,6 +70,44 @@ def _length(value: object, path: Path, line: int, key: str) -> int:
     raise TraceFormatError(f"{path}:{line}: {key} must be a whole number of tokens, got {value!r}")
 
 
+def read_arrival_rate(path: Path) -> float | None:
+    """Mean arrival rate of the trace, requests/s: ``(n - 1) / (last - first arrival)``, or None when it has no
+    usable times (fewer than two, equal, or missing / malformed on any line).
+
+    Times: JSONL ``timestamp`` in milliseconds (Mooncake: from the trace's start; the runtime's traffic log:
+    Unix ms, so logs of several runtime replicas can be concatenated and still give the total rate); CSV
+    ``TIMESTAMP`` as an ISO date-time (Azure LLM inference trace: ``2023-11-16 18:15:46.6805900``). Lines may be
+    in any order. The mean is what the tuner sizes replica counts for; bursts above it are the planner's to
+    absorb at run time.
+
+    Raises:
+        FileNotFoundError: no such file. (Format problems give None: the lengths reader names them.)
+    """
+    from datetime import datetime
+
+    path = Path(path)
+    times: list[float] = []
+    try:
+        if path.suffix.lower() in (".jsonl", ".json"):
+            with path.open(encoding="utf-8-sig") as f:
+                for line in f:
+                    if line.strip():
+                        t = json.loads(line).get("timestamp")
+                        if type(t) not in (int, float) or not math.isfinite(t):
+                            return None
+                        times.append(t / 1000.0)
+        elif path.suffix.lower() == ".csv":
+            with path.open(newline="", encoding="utf-8-sig") as f:
+                for r in csv.DictReader(f):
+                    head, _, frac = (r.get("TIMESTAMP") or "").strip().partition(".")
+                    times.append(datetime.fromisoformat(head).timestamp() + (float("0." + frac) if frac else 0.0))
+    except (ValueError, AttributeError):  # not JSON, not an object, not a date-time
+        return None
+    if len(times) < 2 or max(times) <= min(times):
+        return None
+    return (len(times) - 1) / (max(times) - min(times))
+
+
 def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> LengthSample:
     """:func:`read_isl_osl` reduced to a deterministic ``LengthSample`` of at most ``max_points`` pairs (requests
     with a length < 1, e.g. failed ones, are left out).

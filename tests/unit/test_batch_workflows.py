@@ -414,3 +414,9 @@ def test_the_default_cron_name_of_a_long_model_name_is_valid():
         (cron,) = __import__("yaml").safe_load_all(res.stdout)
         name = cron["metadata"]["name"]
         assert len(name) <= 52 and not name.endswith("-") and validate_workflow_objects([cron]) == []
+
+
+
+def test_without_a_rate_the_retune_sizes_for_the_recorded_arrival_rate():
+    args = argv(retune_cron_workflow(retune_spec()))
+    assert "--rate" not in args and args[args.index("--trace") + 1] == "/work/traffic/azure.csv"

@@ -108,3 +108,25 @@ def test_an_empty_trace_says_so_and_ignored_isl_osl_are_named(tmp_path):
     _write_trace(empty, [(100, 10)])
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(empty), "--isl", "500", "--rate", "1"])
     assert res.exit_code == 0 and "--isl/--osl are ignored with --trace" in " ".join(res.output.split())
+
+
+
+def test_without_rate_the_traces_mean_arrival_rate_is_the_load(tmp_path):
+    trace = tmp_path / "traffic.jsonl"  # the runtime's traffic log: Unix ms, in any order (several replicas)
+    t0 = 1_764_000_000_000
+    trace.write_text("".join(json.dumps({"timestamp": t0 + ms, "input_length": 500, "output_length": 50,
+                                         "hash_ids": []}) + "\n" for ms in (0, 4000, 2000, 1000, 3000)))
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(trace), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert DeploymentSpec.model_validate_json(out.read_text()).workload.request_rate_per_s == 1.0  # 4 gaps in 4 s
+    assert "at 1 requests/s" in " ".join(res.output.split())
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(trace), "--rate", "7", "--out", str(out)])
+    assert DeploymentSpec.model_validate_json(out.read_text()).workload.request_rate_per_s == 7.0
+    from runtime.tracking.traces import read_arrival_rate
+
+    assert abs(read_arrival_rate(AZURE) - 5.53) < 0.01  # 2023 Azure conversation trace, ~1 h of arrivals
+    untimed = tmp_path / "untimed.jsonl"
+    untimed.write_text('{"input_length": 5, "output_length": 5}\n{"input_length": 6, "output_length": 5}\n')
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(untimed)])
+    assert res.exit_code == 1 and "no usable arrival times" in " ".join(res.output.split())
