@@ -265,7 +265,8 @@ def tune(
     trace: Annotated[Optional[Path], typer.Option(
         help="Recorded or published traffic to size for instead of --isl/--osl: a .jsonl with input_length and "
              "output_length per line (Mooncake) or a .csv with ContextTokens and GeneratedTokens columns (Azure "
-             "LLM inference trace). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
+             "LLM inference trace), or a directory of such files read as one trace (the --traffic-log files of "
+             "several runtime replicas). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
              "contexts (up to 256 evenly spaced requests); its arrival times give the rate unless --rate is "
              "given.")] = None,
     gpu_budget: Annotated[int, typer.Option(
@@ -364,8 +365,11 @@ def tune(
     if problems:
         _fail("; ".join(problems))
     if sample is not None:
-        err.print(escape(f"workload: {trace}: {len(sample.isl_tokens)} requests sampled, mean ISL {isl}, mean OSL "
-                         f"{osl} tokens, at {rate:.4g} requests/s"))
+        from runtime.tracking.traces import trace_files
+
+        files = "" if not trace.is_dir() else f" ({len(trace_files(trace))} files)"
+        err.print(escape(f"workload: {trace}{files}: {len(sample.isl_tokens)} requests sampled, mean ISL {isl}, "
+                         f"mean OSL {osl} tokens, at {rate:.4g} requests/s"))
     try:
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
         from runtime.steps import check_model_name

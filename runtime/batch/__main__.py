@@ -192,7 +192,8 @@ def workflow_cmd(
 def retune_cmd(
     model_name: Annotated[str, typer.Option(help="Served model name = its folder under /fsx/models (org/llama8).")],
     traffic: Annotated[str, typer.Option(
-        help="Recorded traffic, s3://bucket/key.jsonl (the runtime's --traffic-log, Mooncake) or .csv (Azure).")],
+        help="Recorded traffic, s3://bucket/key.jsonl (the runtime's --traffic-log, Mooncake) or .csv (Azure), or "
+             "s3://bucket/prefix/ for every such file under it (one traffic log per runtime replica).")],
     registered_model: Annotated[str, typer.Option(help="MLflow registered model; the winner gets alias champion.")],
     name: Annotated[Optional[str], typer.Option(help="CronWorkflow name (default: retune-<model>).")] = None,
     schedule: Annotated[str, typer.Option(help="5-field cron schedule (default: Sundays 03:00).")] = "0 3 * * 0",

@@ -11,6 +11,9 @@
   the model's config.json comes from the FSx for Lustre PVC (mounted read-only at /fsx), the recorded traffic
   (Azure CSV: ContextTokens, GeneratedTokens; Mooncake JSONL: input_length, output_length) arrives as an Argo S3
   input artifact, the winner is registered in MLflow under alias champion (promotion stays a separate step).
+  The traffic may be one object or a PREFIX (``s3://bucket/traffic/llama8/``, e.g. one traffic log per runtime
+  replica): Argo downloads every object under a key that names no object as a directory (Argo docs,
+  walk-through/hardwired-artifacts.md), and ``pdserve tune --trace DIR`` reads the folder as one trace.
 
 Credentials are only ever referenced, never embedded: S3 and MLflow credentials reach the containers through
 ``envFrom: secretRef`` (secrets ``pdserve-s3`` with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and ``pdserve-mlflow``
@@ -80,6 +83,25 @@ def _k8s_name(value: str, info: ValidationInfo) -> str:
 
 
 K8sName = Annotated[str, AfterValidator(_k8s_name)]
+
+
+def split_traffic_uri(uri: str, what: str = "traffic_uri") -> tuple[str, str, bool]:
+    """Recorded traffic → ``(bucket, key, is_prefix)``: ``s3://bucket/key.jsonl`` / ``.csv`` (one object) or
+    ``s3://bucket/prefix/`` (every object under it; ``key`` is then returned WITHOUT the trailing '/', so a
+    zero-byte "folder" object that S3 consoles create under that name is not fetched as the trace).
+
+    Raises:
+        ValueError: (message naming ``what``) not s3://, a bad bucket, no key, or an object key that is neither
+            .csv nor .jsonl.
+    """
+    if isinstance(uri, str) and uri.endswith("/"):
+        bucket, key = split_s3_uri(uri.rstrip("/"), what)  # the bucket and a non-empty prefix checked as a key
+        return bucket, key, True
+    bucket, key = split_s3_uri(uri, what)
+    if not key.lower().endswith(TRACE_SUFFIXES):
+        raise ValueError(f"{what} {uri!r}: must name a .csv (Azure) or .jsonl (Mooncake) trace, or a prefix ending "
+                         "in '/' holding such files")
+    return bucket, key, False
 
 
 def split_s3_uri(uri: str, what: str = "uri") -> tuple[str, str]:
@@ -278,7 +300,9 @@ class RetuneCronWorkflowSpec(_Common):
                                 "(what `pdserve tune --trace` uses without --rate).")
     gpu_budget: int = Field(default_factory=_default_gpu_budget, ge=1, description="GPUs the deployment may use.")
     traffic_uri: str = Field(description="Recorded traffic, s3://bucket/key ending in .csv (Azure: ContextTokens, "
-                                         "GeneratedTokens) or .jsonl (Mooncake: input_length, output_length).")
+                                         "GeneratedTokens) or .jsonl (Mooncake: input_length, output_length), or "
+                                         "s3://bucket/prefix/ (every such file under it, e.g. one traffic log "
+                                         "per runtime replica, read as one trace).")
     s3_region: Optional[str] = Field(None, min_length=1, description="Region of the traffic bucket (artifact).")
     mlflow_uri: str = Field("http://mlflow.mlflow.svc:5000", description="MLflow tracking server, http(s)://.")
     mlflow_secret: Optional[K8sName] = Field(
@@ -321,9 +345,7 @@ class RetuneCronWorkflowSpec(_Common):
     @field_validator("traffic_uri")
     @classmethod
     def _traffic(cls, v: str) -> str:
-        _, key = split_s3_uri(v, "traffic_uri")
-        if not key.lower().endswith(TRACE_SUFFIXES):
-            raise ValueError(f"traffic_uri {v!r}: must name a .csv (Azure) or .jsonl (Mooncake) trace")
+        split_traffic_uri(v, "traffic_uri")
         return v
 
     @field_validator("mlflow_uri")
@@ -360,8 +382,9 @@ def batch_inference_argv(spec: BatchInferenceWorkflowSpec) -> list[str]:
 
 
 def trace_path(spec: RetuneCronWorkflowSpec) -> str:
-    """Where the traffic artifact lands in the tune container: /work/traffic/<basename of the key>."""
-    return posixpath.join(WORK_DIR, "traffic", posixpath.basename(split_s3_uri(spec.traffic_uri)[1]))
+    """Where the traffic artifact lands in the tune container: /work/traffic/<last segment of the key> (a file,
+    or for a prefix a folder of its objects)."""
+    return posixpath.join(WORK_DIR, "traffic", posixpath.basename(split_traffic_uri(spec.traffic_uri)[1]))
 
 
 def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
@@ -408,7 +431,7 @@ def _traffic_artifact(spec: RetuneCronWorkflowSpec):  # -> hera S3Artifact
     from hera.workflows import S3Artifact
     from hera.workflows import models as m
 
-    bucket, key = split_s3_uri(spec.traffic_uri, "traffic_uri")
+    bucket, key, _ = split_traffic_uri(spec.traffic_uri)
     kw: dict[str, Any] = {}
     if spec.s3_endpoint_url:  # Argo wants host[:port]; http means insecure
         u = urlparse(spec.s3_endpoint_url)

@@ -2,7 +2,12 @@
 
 Formats (../shared/data/traces):
 * CSV with ``ContextTokens`` and ``GeneratedTokens`` columns (Azure LLM inference trace 2023, Splitwise);
-* JSON lines with ``input_length`` and ``output_length`` (Mooncake FAST'25 trace).
+* JSON lines with ``input_length`` and ``output_length`` (Mooncake FAST'25 trace; the runtime's
+  ``--traffic-log``, runtime/server/traffic.py, writes this format with Unix-ms timestamps).
+
+A trace may also be a DIRECTORY of such files, all of one format (``trace_files``): the traffic logs of several
+runtime replicas (one file per pod), or an S3 prefix an Argo input artifact downloaded. Its files are read
+in name order as one trace; their arrival times are merged.
 """
 
 from __future__ import annotations
@@ -15,21 +20,57 @@ from pathlib import Path
 from runtime.tuner.workload import DEFAULT_MAX_POINTS, LengthSample
 
 
+JSONL_SUFFIXES = (".jsonl", ".json")
+CSV_SUFFIXES = (".csv",)
+
+
 class TraceFormatError(ValueError):
     """The trace lacks the length columns/keys (named in the message)."""
 
 
+def trace_files(path: Path) -> list[Path]:
+    """The files a trace consists of: ``[path]`` for a file; for a directory, every ``.jsonl`` / ``.json`` /
+    ``.csv`` file below it (recursively, hidden files and folders skipped), sorted by relative path.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        TraceFormatError: a directory without trace files, or one mixing CSV and JSON-lines files (their
+            timestamps differ in kind: Azure date-times vs milliseconds).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such trace file or directory")
+        return [path]
+    files = sorted(
+        (f for f in path.rglob("*")
+         if f.is_file() and f.suffix.lower() in JSONL_SUFFIXES + CSV_SUFFIXES
+         and not any(part.startswith(".") for part in f.relative_to(path).parts)),
+        key=lambda f: f.relative_to(path).as_posix())
+    if not files:
+        raise TraceFormatError(f"{path}: directory holds no trace file (.jsonl, .json or .csv): was any traffic "
+                               "recorded?")
+    kinds = {f.suffix.lower() in CSV_SUFFIXES for f in files}
+    if len(kinds) > 1:
+        raise TraceFormatError(f"{path}: mixes .csv and .jsonl trace files; a directory must hold one format")
+    return files
+
+
 def read_isl_osl(path: Path) -> list[tuple[int, int]]:
-    """All (isl, osl) pairs of the trace, in file order.
+    """All (isl, osl) pairs of the trace, in file order (a directory: its ``trace_files`` one after another).
 
     Raises:
         TraceFormatError: unknown format, missing columns/keys, a line that is not a JSON object or a length
-            that is not a whole number (the message names ``path:line`` and the key).
-        FileNotFoundError: no such file.
+            that is not a whole number (the message names ``path:line`` and the key); a directory without
+            trace files or mixing formats.
+        FileNotFoundError: no such file or directory.
     """
-    path = Path(path)
+    return [pair for f in trace_files(path) for pair in _read_file_isl_osl(f)]
+
+
+def _read_file_isl_osl(path: Path) -> list[tuple[int, int]]:
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
+    if suffix in JSONL_SUFFIXES:
         out = []
         with path.open(encoding="utf-8-sig") as f:  # a BOM before the first object is not JSON
             for n, line in enumerate(f, 1):
@@ -47,7 +88,7 @@ def read_isl_osl(path: Path) -> list[tuple[int, int]]:
                 out.append((_length(rec["input_length"], path, n, "input_length"),
                             _length(rec["output_length"], path, n, "output_length")))
         return out
-    if suffix == ".csv":
+    if suffix in CSV_SUFFIXES:
         with path.open(newline="", encoding="utf-8-sig") as f:  # a BOM would glue itself to the first column
             reader = csv.DictReader(f)
             missing = [k for k in ("ContextTokens", "GeneratedTokens") if k not in (reader.fieldnames or [])]
@@ -75,20 +116,34 @@ def read_arrival_rate(path: Path) -> float | None:
     usable times (fewer than two, equal, or missing / malformed on any line).
 
     Times: JSONL ``timestamp`` in milliseconds (Mooncake: from the trace's start; the runtime's traffic log:
-    Unix ms, so logs of several runtime replicas can be concatenated and still give the total rate); CSV
-    ``TIMESTAMP`` as an ISO date-time (Azure LLM inference trace: ``2023-11-16 18:15:46.6805900``). Lines may be
-    in any order. The mean is what the tuner sizes replica counts for; bursts above it are the planner's to
-    absorb at run time.
+    Unix ms, so the logs of several runtime replicas, concatenated or as one directory, give the total rate);
+    CSV ``TIMESTAMP`` as an ISO date-time (Azure LLM inference trace: ``2023-11-16 18:15:46.6805900``). Lines
+    may be in any order. The mean is what the tuner sizes replica counts for; bursts above it are the
+    planner's to absorb at run time.
 
     Raises:
-        FileNotFoundError: no such file. (Format problems give None: the lengths reader names them.)
+        FileNotFoundError: no such file or directory.
+        TraceFormatError: a directory without trace files or mixing formats (``trace_files``). (Format
+            problems inside a file give None: the lengths reader names them.)
     """
+    times: list[float] = []
+    for f in trace_files(path):
+        t = _arrival_times(f)
+        if t is None:
+            return None
+        times += t
+    if len(times) < 2 or max(times) <= min(times):
+        return None
+    return (len(times) - 1) / (max(times) - min(times))
+
+
+def _arrival_times(path: Path) -> list[float] | None:
+    """Arrival times of one trace file, seconds; None when a line has none or a malformed one."""
     from datetime import datetime
 
-    path = Path(path)
     times: list[float] = []
     try:
-        if path.suffix.lower() in (".jsonl", ".json"):
+        if path.suffix.lower() in JSONL_SUFFIXES:
             with path.open(encoding="utf-8-sig") as f:
                 for line in f:
                     if line.strip():
@@ -96,16 +151,14 @@ def read_arrival_rate(path: Path) -> float | None:
                         if type(t) not in (int, float) or not math.isfinite(t):
                             return None
                         times.append(t / 1000.0)
-        elif path.suffix.lower() == ".csv":
+        elif path.suffix.lower() in CSV_SUFFIXES:
             with path.open(newline="", encoding="utf-8-sig") as f:
                 for r in csv.DictReader(f):
                     head, _, frac = (r.get("TIMESTAMP") or "").strip().partition(".")
                     times.append(datetime.fromisoformat(head).timestamp() + (float("0." + frac) if frac else 0.0))
     except (ValueError, AttributeError):  # not JSON, not an object, not a date-time
         return None
-    if len(times) < 2 or max(times) <= min(times):
-        return None
-    return (len(times) - 1) / (max(times) - min(times))
+    return times
 
 
 def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> LengthSample:
@@ -114,6 +167,7 @@ def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> Leng
 
     Raises:
         TraceFormatError: as :func:`read_isl_osl`, or no request with both lengths >= 1 (an empty trace).
+        FileNotFoundError: no such file or directory.
     """
     pairs = read_isl_osl(path)
     try:

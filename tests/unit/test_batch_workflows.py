@@ -219,6 +219,8 @@ def test_gpu_budget_default_is_the_planner_default_and_constants_match_the_pipel
     (retune_spec, "model_name", "/abs/llama8"),
     (retune_spec, "traffic_uri", "s3://pdserve-traffic/trace.parquet"),
     (retune_spec, "traffic_uri", "s3://pdserve-traffic"),
+    (retune_spec, "traffic_uri", "s3://pdserve-traffic/"),
+    (retune_spec, "traffic_uri", "s3://Bad_Bucket/traffic/"),
     (retune_spec, "mlflow_uri", "mlflow.mlflow.svc:5000"),
     (retune_spec, "registered_model", "a/b"),
     (retune_spec, "ttft_ms", 0),
@@ -420,3 +422,44 @@ def test_the_default_cron_name_of_a_long_model_name_is_valid():
 def test_without_a_rate_the_retune_sizes_for_the_recorded_arrival_rate():
     args = argv(retune_cron_workflow(retune_spec()))
     assert "--rate" not in args and args[args.index("--trace") + 1] == "/work/traffic/azure.csv"
+
+
+def test_a_traffic_prefix_is_downloaded_as_a_folder_and_tuned_as_one_trace(tmp_path, monkeypatch):
+    """s3://bucket/prefix/ (one traffic log per runtime replica): the artifact key names the prefix WITHOUT the
+    trailing '/' (a zero-byte S3-console "folder" object under that exact name would otherwise be fetched as the
+    trace), the artifact lands as a folder, and the real `pdserve tune` reads that folder as one trace."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from runtime.cli import app as pdserve_app
+
+    cron = retune_cron_workflow(retune_spec(traffic_uri="s3://pdserve-traffic/traffic/llama8/"))
+    assert validate_workflow_objects([cron]) == []
+    (art,) = template(cron)["inputs"]["artifacts"]
+    assert (art["s3"]["bucket"], art["s3"]["key"], art["path"]) == (
+        "pdserve-traffic", "traffic/llama8", "/work/traffic/llama8")
+    tune_args = argv(cron)[1:]
+    assert tune_args[tune_args.index("--trace") + 1] == "/work/traffic/llama8"
+    monkeypatch.setenv("PDSERVE_HOME", str(tmp_path))
+    folder = tmp_path / "llama8"  # what Argo's S3 driver leaves: the objects under the prefix
+    folder.mkdir()
+    for pod, start in (("pdserve-a", 0), ("pdserve-b", 500)):
+        (folder / f"{pod}.jsonl").write_text("".join(
+            json.dumps({"timestamp": 1_764_000_000_000 + start + 1000 * i, "input_length": 700,
+                        "output_length": 70}) + "\n" for i in range(5)))
+    tune_args[tune_args.index("--trace") + 1] = str(folder)
+    assert tune_args[:2] == ["tune", "/fsx/models/org/llama8/config.json"]
+    tune_args[1] = str(__import__("runtime.paths", fromlist=["data_dir"]).data_dir() / "models"
+                       / "meta-llama--Meta-Llama-3.1-8B_config.json")
+    out = tmp_path / "spec.json"
+    for opt in ("--mlflow-uri", "--register"):  # no MLflow here: the run stops at the spec
+        i = tune_args.index(opt)
+        del tune_args[i:i + 2]
+    tune_args[tune_args.index("--out") + 1] = str(out)
+    res = CliRunner().invoke(pdserve_app, tune_args)
+    assert res.exit_code == 0, res.output
+    from runtime.config import DeploymentSpec
+
+    w = DeploymentSpec.model_validate_json(out.read_text()).workload
+    assert (w.isl_tokens, w.osl_tokens) == (700, 70) and w.request_rate_per_s == 9 / 4.5  # both pods' arrivals

@@ -130,3 +130,49 @@ def test_without_rate_the_traces_mean_arrival_rate_is_the_load(tmp_path):
     untimed.write_text('{"input_length": 5, "output_length": 5}\n{"input_length": 6, "output_length": 5}\n')
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(untimed)])
     assert res.exit_code == 1 and "no usable arrival times" in " ".join(res.output.split())
+
+
+def test_a_directory_of_replica_logs_is_one_trace_with_their_merged_rate(tmp_path):
+    """Two runtime replicas each wrote their own traffic log (one file per pod, as the InferenceService does);
+    an Argo artifact of the S3 prefix puts them in one folder, hidden files and other suffixes beside them."""
+    t0 = 1_764_000_000_000
+    logs = tmp_path / "traffic"
+    (logs / "sub").mkdir(parents=True)
+    (logs / "pod-a.jsonl").write_text("".join(
+        json.dumps({"timestamp": t0 + ms, "input_length": 1000, "output_length": 10}) + "\n" for ms in (0, 2000, 4000)))
+    (logs / "sub" / "pod-b.jsonl").write_text("".join(
+        json.dumps({"timestamp": t0 + ms, "input_length": 3000, "output_length": 30}) + "\n" for ms in (1000, 3000)))
+    (logs / ".pod-c.jsonl.swp").write_text("not a trace\n")
+    (logs / "README.txt").write_text("not a trace\n")
+    from runtime.tracking.traces import read_arrival_rate, read_isl_osl, trace_files
+
+    assert [f.name for f in trace_files(logs)] == ["pod-a.jsonl", "pod-b.jsonl"]
+    assert sorted(read_isl_osl(logs)) == [(1000, 10)] * 3 + [(3000, 30)] * 2
+    assert read_arrival_rate(logs) == 1.0  # 5 arrivals over 4 s together; each pod alone sees 0.5 req/s
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(logs), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    w = DeploymentSpec.model_validate_json(out.read_text()).workload
+    assert (w.isl_tokens, w.osl_tokens, w.request_rate_per_s) == (1800, 18, 1.0)
+    assert f"{logs} (2 files)" in " ".join(res.output.split())
+
+
+def test_an_empty_or_mixed_trace_directory_is_refused_by_name(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("x\n")
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(empty)])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1 and f"--trace: {empty}: directory holds no trace file" in out
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    _write_trace(mixed / "a.jsonl", [(100, 10)])
+    (mixed / "b.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,12,3\n")
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(mixed), "--rate", "1"])
+    assert res.exit_code == 1 and "mixes .csv and .jsonl" in " ".join(res.output.split())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    _write_trace(bad / "a.jsonl", [(100, 10)])
+    (bad / "b.jsonl").write_text('{"input_length": 5}\n')
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(bad), "--rate", "1"])
+    assert res.exit_code == 1 and f"{bad / 'b.jsonl'}:1: missing key(s) output_length" in " ".join(res.output.split())
