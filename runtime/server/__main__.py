@@ -122,6 +122,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--traffic-log", type=Path, default=None,
                    help="Append one JSON line per finished request (Unix ms, prompt and completion tokens; no "
                         "content) to this file: the recorded traffic `pdserve tune --trace` re-tunes for.")
+    p.add_argument("--traffic-upload", default=None, metavar="s3://BUCKET/PREFIX/",
+                   help="With --traffic-log: ship what the log gained to S3 every --traffic-upload-interval-s and at "
+                        "shutdown, as objects under PREFIX<source>/ (default credential chain; "
+                        "$AWS_ENDPOINT_URL_S3 for a non-AWS endpoint). Upload failures are logged and retried; "
+                        "they never fail a request.")
+    p.add_argument("--traffic-upload-interval-s", type=positive_seconds, default=300.0,
+                   help="Seconds between traffic shipments (> 0).")
+    p.add_argument("--traffic-source", default=None,
+                   help="Folder name of this runtime under the upload prefix (default: $HOSTNAME, the pod name).")
     p.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
     p.add_argument("--http-port", type=int_at_least(1, 65535), default=8080, help="HTTP port (1-65535).")
     p.add_argument("--timeout-s", type=positive_seconds, default=600.0,
@@ -324,6 +333,16 @@ def main(argv: list[str] | None = None) -> None:
                 pass
         except OSError as exc:
             sys.exit(f"--traffic-log {args.traffic_log}: cannot append: {exc.strerror or exc}")
+    if args.traffic_upload is not None:
+        from runtime.server.traffic import check_upload_uri, traffic_source_name
+
+        if args.traffic_log is None:
+            sys.exit("--traffic-upload needs --traffic-log (it ships that file)")
+        try:
+            check_upload_uri(args.traffic_upload)
+            traffic_source_name(args.traffic_source)
+        except ValueError as exc:
+            sys.exit(str(exc))
     # KServe parses sys.argv at import (parse_known_args); hide our flags from it.
     sys.argv = sys.argv[:1]
     from runtime.server.app import serve
@@ -346,6 +365,9 @@ def main(argv: list[str] | None = None) -> None:
         planner=planner,
         discovery=discovery,
         traffic_log=args.traffic_log,
+        traffic_upload=args.traffic_upload,
+        traffic_upload_interval_s=args.traffic_upload_interval_s,
+        traffic_source=args.traffic_source,
     )
 
 

@@ -232,6 +232,9 @@ def serve(
     planner: dict | None = None,
     discovery: dict | None = None,
     traffic_log: Path | None = None,
+    traffic_upload: str | None = None,
+    traffic_upload_interval_s: float = 300.0,
+    traffic_source: str | None = None,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
@@ -246,11 +249,17 @@ def serve(
     `prefill_kv_events`/`decode_kv_events` are ignored. `prefill_priority`: prefill requests carry the
     runtime's vLLM priorities (PDModel; the prefill workers run `--scheduling-policy priority`).
     `traffic_log`: append one trace line per finished request to this JSONL file (runtime.server.traffic).
+    `traffic_upload` (``s3://bucket/prefix/``, needs `traffic_log`): every `traffic_upload_interval_s` seconds
+    and at shutdown, ship what the log gained to ``<prefix><traffic_source>/`` (TrafficShipper; the source
+    defaults to $HOSTNAME, the pod name); S3 failures are logged and retried, never fail a request.
 
     Raises:
-        ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings.
+        ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings,
+            `traffic_upload` without `traffic_log` or a bad upload URI / interval.
         OSError: `traffic_log` cannot be opened for appending.
     """
+    if traffic_upload is not None and traffic_log is None:
+        raise ValueError("traffic_upload needs traffic_log (the shipper uploads that file)")
     pairing = None
     tokenizer = None
     kv_router = router_spec is not None
@@ -284,6 +293,12 @@ def serve(
         from runtime.server.traffic import TrafficLog
 
         traffic = TrafficLog(traffic_log)
+    shipper = None
+    if traffic_upload is not None:
+        from runtime.server.traffic import TrafficShipper
+
+        shipper = TrafficShipper(traffic_log, traffic_upload, source=traffic_source, traffic_log=traffic)
+        shipper.start(traffic_upload_interval_s)
     model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
                         tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
                         observer=window, prefill_nudge_after_s=prefill_nudge_after_s,
@@ -309,6 +324,8 @@ def serve(
             planner_rt.close()
         if traffic is not None:
             traffic.close()
+        if shipper is not None:  # after the log is closed: every finished request is in the last shipment
+            shipper.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
