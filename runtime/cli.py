@@ -559,6 +559,12 @@ def promote(
     allow_unstaged: Annotated[bool, typer.Option(
         "--allow-unstaged", help="Promote even when the champion's model path is not a verified staged folder "
         "(e.g. it is only mounted on the cluster).")] = False,
+    traffic_upload: Annotated[Optional[str], typer.Option(
+        metavar="s3://BUCKET/PREFIX/",
+        help="Record the endpoint's traffic (one line per finished request: time, prompt and completion tokens, "
+             "no content) and ship it every 5 min to PREFIX<InferenceService>/<pod>/: the --traffic of `pdserve "
+             "batch retune-schedule`. Credentials: the optional Secret pdserve-s3, else the IAM role of the "
+             "<InferenceService>-runtime service account.")] = None,
 ) -> None:
     """Render the `champion` version's ClusterServingRuntime, InferenceService and worker pools; validate; write.
 
@@ -584,7 +590,7 @@ def promote(
 
     try:
         info = promote_step("", registered_model, mlflow_uri, namespace, image, pvc, apply, kube_context, str(out),
-                            require_staged=not allow_unstaged)
+                            require_staged=not allow_unstaged, traffic_upload_uri=traffic_upload or "")
     except RolledBackError as e:  # manifests were written; the canary was rolled back
         _fail(str(e))
     except StagingError as e:  # the champion's model folder is not a verified staged copy

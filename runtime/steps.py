@@ -334,8 +334,13 @@ def promote_step(
     out_path: str,
     *,
     require_staged: bool = True,
+    traffic_upload_uri: str = "",
 ) -> dict[str, Any]:
     """Render the champion's KServe + Kubernetes objects, validate them, write YAML; apply when asked.
+
+    `traffic_upload_uri` (``s3://bucket/prefix/``; empty: off) makes the runtime record its traffic and ship
+    it under ``<prefix><InferenceService name>/`` (runtime.deploy.target.ClusterTarget.traffic_upload_uri),
+    the input of the re-tuning CronWorkflow (`pdserve batch retune-schedule --traffic`).
 
     With `require_staged` (default; the pipeline's promote runs with the FSx PVC mounted) the champion's
     model path (`spec.model.path`, the staged copy the tune step read) must be a staged folder with a valid
@@ -345,7 +350,8 @@ def promote_step(
     Raises:
         runtime.staging.manifest.StagingError: `require_staged` and the champion's model path is empty or not
             a verified staged folder (folder and missing file/marker named).
-        ValueError: the registry's `champion` is not `champion_version` (a newer tuning raced this one).
+        ValueError: the registry's `champion` is not `champion_version` (a newer tuning raced this one), or a
+            bad `traffic_upload_uri` (checked before anything else).
         runtime.deploy.validate.ManifestError: an object fails its schema (object and field named).
         RuntimeError: `apply` without a `kube_context` outside a Kubernetes pod (checked before anything else).
         runtime.deploy.errors.ApplyError: the cluster refused an object or a PVC is missing (nothing applied).
@@ -365,6 +371,14 @@ def promote_step(
     from runtime.deploy.validate import validate_objects
     from runtime.tracking.mlflow_runs import load_champion
 
+    from pydantic import ValidationError
+
+    from runtime.deploy.target import ClusterTarget
+
+    try:
+        target = ClusterTarget(traffic_upload_uri=traffic_upload_uri or None)
+    except ValidationError as e:
+        raise ValueError("; ".join(str(x["msg"]).removeprefix("Value error, ") for x in e.errors())) from None
     if apply and not kube_context:
         from runtime.deploy.kube import CREDENTIAL_OPTIONS, in_cluster_available
 
@@ -392,7 +406,8 @@ def promote_step(
     # numbered per registered model, so two registered models must never share an InferenceService.
     name = dns_label(registered_model)
     revision = revision_for(version)
-    objs = render_all(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name, revision=revision)
+    objs = render_all(spec, name=name, namespace=namespace, image=image, pvc_name=pvc_name, revision=revision,
+                      target=target)
     validate_objects(objs)
     write_yaml(objs, Path(out_path))
     applied = False
@@ -406,7 +421,8 @@ def promote_step(
         # Canary beside the current champion, SLO probe, automatic rollback; every step tagged in MLflow.
         result = promote_version(spec, str(version), name=name, namespace=namespace, image=image,
                                  pvc_name=pvc_name, kube_context=kube_context or None, kube=kube,
-                                 tracking_uri=mlflow_tracking_uri, registered_model=registered_model)
+                                 tracking_uri=mlflow_tracking_uri, registered_model=registered_model,
+                                 target=target)
         if result.outcome != "promoted":
             raise RolledBackError(
                 f"registered model {registered_model!r} version {version} was not promoted: rolled back to "

@@ -53,6 +53,18 @@ def runtime_server_args(*, port: int) -> list[str]:
 
 
 MODEL_MOUNT = "/mnt/models"  # where KServe mounts the storageUri in the predictor container
+TRAFFIC_DIR = "/var/run/pdserve/traffic"  # emptyDir of the runtime's traffic log (shipped to S3 from there)
+TRAFFIC_VOLUME_SIZE = "1Gi"  # ~100 bytes per request: ~10 M requests between shipments before eviction
+
+
+def traffic_args(target: ClusterTarget, *, name: str) -> list[str]:
+    """Runtime arguments that record traffic and ship it to ``<target.traffic_upload_uri><name>/`` (one folder
+    per pod: runtime.server.traffic.TrafficShipper names it after $HOSTNAME, the pod name); [] when
+    ``target.traffic_upload_uri`` is None."""
+    if target.traffic_upload_uri is None:
+        return []
+    return [f"--traffic-log={TRAFFIC_DIR}/traffic.jsonl", f"--traffic-upload={target.traffic_upload_uri}{name}/",
+            f"--traffic-upload-interval-s={target.traffic_upload_interval_s:g}"]
 
 
 # Policies the runtime's discovery pairing serves without the KV-aware router: cache- and load-blind, so
@@ -160,6 +172,10 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
 
     `canary_traffic_percent` (0..100) sends that share of traffic to the newest revision (KServe
     Serverless mode); None omits the field (100 % to the latest ready revision).
+
+    With `target.traffic_upload_uri` the runtime records every finished request (`traffic_args`) in an
+    emptyDir and ships it to S3 (credentials: the optional Secret `target.s3_secret` as env, else the IAM role
+    of `service_account` through Pod Identity / IRSA).
     """
     labels = workers.labels(name, "runtime", revision)
     predictor: dict[str, Any] = {
@@ -182,10 +198,14 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
                 planner=spec.planner.mode != "off",
                 router=spec.router,
                 block_size_tokens=spec.engine.block_size_tokens,
-            ),
+            ) + traffic_args(target, name=name),
             "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()}],
         },
     }
+    if target.traffic_upload_uri is not None:  # a writable folder for the log; S3 credentials optional (IAM)
+        predictor["volumes"] = [{"name": "traffic", "emptyDir": {"sizeLimit": TRAFFIC_VOLUME_SIZE}}]
+        predictor["model"]["volumeMounts"] = [{"name": "traffic", "mountPath": TRAFFIC_DIR}]
+        predictor["model"]["envFrom"] = [{"secretRef": {"name": target.s3_secret, "optional": True}}]
     if canary_traffic_percent is not None:
         if not 0 <= canary_traffic_percent <= 100:
             raise ManifestError(f"canary_traffic_percent: {canary_traffic_percent} is not in 0..100")

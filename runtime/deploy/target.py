@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.deploy.errors import ManifestError
 
@@ -58,6 +58,28 @@ class ClusterTarget(BaseModel):
     prometheus_release_label: str = Field(
         default="kube-prometheus-stack", description="`release` label the Prometheus operator selects."
     )
+    traffic_upload_uri: str | None = Field(
+        default=None,
+        description="s3://bucket/prefix/ the runtime ships its recorded traffic to (one JSON line per finished "
+        "request, no content), under <prefix><InferenceService name>/<pod name>/: the input of `pdserve batch "
+        "retune-schedule --traffic`; None records nothing.",
+    )
+    traffic_upload_interval_s: float = Field(
+        default=300.0, gt=0, description="Seconds between the runtime's traffic shipments (and one at shutdown)."
+    )
+    s3_secret: str = Field(
+        default="pdserve-s3", description="Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY the runtime "
+        "reads (optional: without it, the IAM role of the runtime's service account) when traffic is shipped.",
+    )
+
+    @field_validator("traffic_upload_uri")
+    @classmethod
+    def _traffic_upload(cls, v: str | None) -> str | None:
+        if v is not None:
+            from runtime.server.traffic import check_upload_uri
+
+            check_upload_uri(v)
+        return v
 
 
 def check_name(field: str, value: str, *, pattern: re.Pattern[str] = DNS1035_LABEL,

@@ -107,6 +107,27 @@ def test_pdserve_promote_names_the_folder_and_offers_allow_unstaged(registry, fo
     assert out.exists()
 
 
+def test_pdserve_promote_traffic_upload_makes_the_endpoint_record_and_ship_its_traffic(registry, tmp_path):
+    """`pdserve promote --traffic-upload s3://…/` renders the runtime with a traffic log on an emptyDir shipped
+    under <prefix><InferenceService>/; a bad URI is refused before anything is written."""
+    import yaml
+
+    from runtime.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "m.yaml"
+    res = runner.invoke(app, ["promote", "staged", "--mlflow-uri", registry, "--out", str(out), "--traffic-upload",
+                              "s3://pdserve-traffic/online"], env={"COLUMNS": "400"})
+    assert res.exit_code == 1 and "must end in '/'" in " ".join(res.output.split()) and not out.exists()
+    res = runner.invoke(app, ["promote", "staged", "--mlflow-uri", registry, "--out", str(out), "--traffic-upload",
+                              "s3://pdserve-traffic/online/"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    isvc = next(o for o in yaml.safe_load_all(out.read_text()) if o and o["kind"] == "InferenceService")
+    args = isvc["spec"]["predictor"]["model"]["args"]
+    assert f"--traffic-upload=s3://pdserve-traffic/online/{isvc['metadata']['name']}/" in args
+    assert any(a.startswith("--traffic-log=") for a in args)
+
+
 def _runtime(*args: str) -> subprocess.CompletedProcess:
     from runtime.engines.vllm_worker import free_port  # the runtime exits before binding it
 

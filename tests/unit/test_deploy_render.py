@@ -479,3 +479,34 @@ def test_prefill_workers_schedule_by_priority_under_length_order(objs):
     decode = container(find(objs, "Deployment", f"{NAME}-decode"))["args"]
     assert arg_value(prefill, "--scheduling-policy") == "priority"  # RouterSpec.prefill_priority defaults to length
     assert "--scheduling-policy" not in decode
+
+
+def test_traffic_recording_writes_to_an_emptydir_and_ships_to_the_services_own_prefix():
+    """ClusterTarget.traffic_upload_uri: the runtime records traffic (no content) in a writable emptyDir and ships
+    it under <prefix><InferenceService>/ (each pod its own folder, named by the runtime from $HOSTNAME); the
+    InferenceService still passes the KServe CRD schema (render_all validates) and the args parse with the real
+    runtime CLI. Off by default: nothing records, nothing is mounted."""
+    server_main = pytest.importorskip("runtime.server.__main__")
+    objs = render(target=ClusterTarget(traffic_upload_uri="s3://pdserve-traffic/online/",
+                                       traffic_upload_interval_s=60))
+    pred = find(objs, "InferenceService", NAME)["spec"]["predictor"]
+    csr_args = find(objs, "ClusterServingRuntime", "pdserve")["spec"]["containers"][0]["args"]
+    args = server_main.parse_args(csr_args + pred["model"]["args"])
+    assert args.traffic_upload == f"s3://pdserve-traffic/online/{NAME}/" and args.traffic_upload_interval_s == 60
+    assert args.traffic_source is None  # $HOSTNAME: the pod name
+    (mount,) = pred["model"]["volumeMounts"]
+    assert args.traffic_log.parent.as_posix() == mount["mountPath"] and args.traffic_log.suffix == ".jsonl"
+    (vol,) = pred["volumes"]
+    assert vol["name"] == mount["name"] and "emptyDir" in vol
+    assert pred["model"]["envFrom"] == [{"secretRef": {"name": "pdserve-s3", "optional": True}}]
+    plain = find(render(), "InferenceService", NAME)["spec"]["predictor"]
+    assert "volumes" not in plain and "envFrom" not in plain["model"]
+    assert not any(a.startswith("--traffic") for a in plain["model"]["args"])
+
+
+@pytest.mark.parametrize("uri", ["s3://pdserve-traffic/online", "https://x/y/", "s3://Bad_Bucket/x/"])
+def test_a_bad_traffic_upload_uri_is_refused(uri):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="--traffic-upload"):
+        ClusterTarget(traffic_upload_uri=uri)
