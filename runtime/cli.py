@@ -268,7 +268,7 @@ def tune(
              "LLM inference trace), or a directory of such files read as one trace (the --traffic-log files of "
              "several runtime replicas). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
              "contexts (up to 256 evenly spaced requests); its arrival times give the rate unless --rate is "
-             "given.")] = None,
+             "given, and its busiest minute raises the planner's max replicas to what that peak needs.")] = None,
     gpu_budget: Annotated[int, typer.Option(
         help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails.")
     ] = PlannerSpec.model_fields["gpu_budget"].default,
@@ -427,7 +427,18 @@ def tune(
     if not model_folder:
         err.print(escape(f"note: {config} is a bare config file, so the spec records no model folder; pass the "
                          "(staged) model folder as CONFIG for `pdserve promote` to verify and `pdserve serve` to load it"))
-    spec = result.to_deployment_spec(ModelRef(name=model.name, path=model_folder))
+    peak = None
+    if trace is not None:  # the planner's ceiling follows the trace's busiest minute, not only 2x the mean
+        from runtime.tracking.traces import read_peak_rate
+
+        peak = read_peak_rate(trace)
+        peak = peak if peak is not None and peak > rate else None
+    spec = result.to_deployment_spec(ModelRef(name=model.name, path=model_folder), peak_rate_per_s=peak)
+    if peak is not None:
+        need_p, need_d = result.peak_replicas(peak)
+        err.print(escape(f"planner ceiling: the trace's busiest minute, {peak:.4g} requests/s, needs {need_p}:{need_d} "
+                         f"P:D workers; max replicas {spec.prefill.max_replicas}:{spec.decode.max_replicas} (the "
+                         "start stays at the mean rate)"))
     spec.planner.gpu_budget = gpu_budget
     try:
         check_gpu_budget(spec)

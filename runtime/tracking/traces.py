@@ -137,6 +137,41 @@ def read_arrival_rate(path: Path) -> float | None:
     return (len(times) - 1) / (max(times) - min(times))
 
 
+PEAK_WINDOW_S = 60.0  # the busiest minute: the time scale the planner reacts on (PlannerSpec interval ~ 10-60 s)
+
+
+def read_peak_rate(path: Path, window_s: float = PEAK_WINDOW_S) -> float | None:
+    """Arrival rate of the busiest ``window_s`` window of the trace, requests/s: the arrivals are cut into
+    consecutive windows from the first one (a last, partial window is left out), and the fullest window's
+    count over ``window_s`` is returned. None when the trace has no usable times (as ``read_arrival_rate``) or
+    spans less than one whole window.
+
+    Raises:
+        ValueError: ``window_s`` <= 0.
+        FileNotFoundError / TraceFormatError: as ``read_arrival_rate``.
+    """
+    if not window_s > 0:
+        raise ValueError(f"window_s must be > 0, got {window_s!r}")
+    times: list[float] = []
+    for f in trace_files(path):
+        t = _arrival_times(f)
+        if t is None:
+            return None
+        times += t
+    if len(times) < 2:
+        return None
+    first, last = min(times), max(times)
+    whole = int((last - first) // window_s)
+    if whole < 1:
+        return None
+    counts = [0] * whole
+    for t in times:
+        i = int((t - first) // window_s)
+        if i < whole:
+            counts[i] += 1
+    return max(counts) / window_s
+
+
 def _arrival_times(path: Path) -> list[float] | None:
     """Arrival times of one trace file, seconds; None when a line has none or a malformed one."""
     from datetime import datetime

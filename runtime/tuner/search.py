@@ -105,13 +105,34 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     perf: object = field(default=None, repr=False, compare=False)  # the PerfModel / ProfilePerf used
 
-    def to_deployment_spec(self, model_ref: ModelRef) -> DeploymentSpec:
-        """The winner as a DeploymentSpec (planner bounds: 1 .. max(8, 2 x replicas) per pool).
+    def peak_replicas(self, peak_rate_per_s: float) -> tuple[int, int]:
+        """(prefill, decode) workers of the winner that serve ``peak_rate_per_s`` requests/s within the SLO:
+        ``ceil(rate / goodput per worker)`` per pool, as the replicas for the workload rate (DistServe's
+        per-instance goodput, Zhong et al. OSDI 2024); at least the replicas for the workload rate.
+
+        Raises:
+            ValueError: ``peak_rate_per_s`` is not a positive finite number.
+        """
+        if not (isinstance(peak_rate_per_s, (int, float)) and math.isfinite(peak_rate_per_s) and peak_rate_per_s > 0):
+            raise ValueError(f"peak_rate_per_s must be a positive finite rate, got {peak_rate_per_s!r}")
+        b = self.best
+
+        def need(goodput: float, base: int) -> int:
+            return base if goodput <= 0 else max(base, math.ceil(peak_rate_per_s / goodput - 1e-9))
+
+        return need(b.prefill_goodput_rps, b.prefill_replicas), need(b.decode_goodput_rps, b.decode_replicas)
+
+    def to_deployment_spec(self, model_ref: ModelRef, peak_rate_per_s: float | None = None) -> DeploymentSpec:
+        """The winner as a DeploymentSpec (planner bounds: 1 .. max(8, 2 x replicas) per pool, raised to
+        :meth:`peak_replicas` when a ``peak_rate_per_s`` is given, e.g. a recorded trace's busiest minute, so
+        the planner may scale up to what the peak needs).
 
         Raises:
             pydantic.ValidationError: when the precision is not one DeploymentSpec accepts (bf16/fp8).
+            ValueError: a bad ``peak_rate_per_s``.
         """
         b = self.best
+        peak_p, peak_d = (0, 0) if peak_rate_per_s is None else self.peak_replicas(peak_rate_per_s)
         return DeploymentSpec(
             model=model_ref.model_copy(update={"mla": self.model.is_mla, "quantization": self.model.quant_method}),
             gpu=self.gpu.name,
@@ -120,9 +141,9 @@ class TuneResult:
             slo=self.slo.model_copy(),
             workload=self.workload.model_copy(),
             prefill=PoolSpec(tp=b.prefill_tp, replicas=b.prefill_replicas, min_replicas=1,
-                             max_replicas=max(8, 2 * b.prefill_replicas)),
+                             max_replicas=max(8, 2 * b.prefill_replicas, peak_p)),
             decode=PoolSpec(tp=b.decode_tp, replicas=b.decode_replicas, min_replicas=1,
-                            max_replicas=max(8, 2 * b.decode_replicas)),
+                            max_replicas=max(8, 2 * b.decode_replicas, peak_d)),
         )
 
     def max_model_len_tokens(self) -> int:

@@ -176,3 +176,52 @@ def test_an_empty_or_mixed_trace_directory_is_refused_by_name(tmp_path):
     (bad / "b.jsonl").write_text('{"input_length": 5}\n')
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(bad), "--rate", "1"])
     assert res.exit_code == 1 and f"{bad / 'b.jsonl'}:1: missing key(s) output_length" in " ".join(res.output.split())
+
+
+def _bursty(path: Path) -> Path:
+    """3.5 minutes of traffic: 30 requests in minute 0, 1800 in minute 1 (a 30/s burst), 30 in minute 2, then
+    a partial half-minute of 300 more (not a whole window: left out of the peak)."""
+    t0 = 1_764_000_000_000
+    stamps = ([t0 + 2000 * i for i in range(30)] + [t0 + 60_000 + 100 * i // 3 for i in range(1800)]
+              + [t0 + 120_000 + 2000 * i for i in range(30)] + [t0 + 180_000 + 100 * i for i in range(300)])
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": 4000, "output_length": 300}) + "\n"
+                            for t in stamps))
+    return path
+
+
+def test_the_peak_rate_is_the_busiest_whole_minute(tmp_path):
+    from runtime.tracking.traces import read_arrival_rate, read_peak_rate
+
+    trace = _bursty(tmp_path / "t.jsonl")
+    assert read_peak_rate(trace) == 30.0
+    assert read_peak_rate(trace, window_s=30) == 30.0
+    assert read_arrival_rate(trace) < 11  # the mean hides the burst
+    short = _write_trace(tmp_path / "short.jsonl", [(10, 1)] * 5)  # 5 ms of timestamps: no whole minute
+    assert read_peak_rate(short) is None
+    with pytest.raises(ValueError, match="window_s must be > 0"):
+        read_peak_rate(trace, window_s=0)
+
+
+def test_a_bursty_trace_raises_the_planner_ceiling_to_what_its_peak_needs(tmp_path):
+    llama_70b = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
+    trace = _bursty(tmp_path / "t.jsonl")
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(llama_70b), "--trace", str(trace), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    bursty = DeploymentSpec.model_validate_json(out.read_text())
+    assert "planner ceiling: the trace's busiest minute, 30 requests/s" in " ".join(res.output.split())
+    from runtime.models.load import load_model_spec
+    from runtime.tuner.search import resolve_gpu, tune
+
+    result = tune(load_model_spec(llama_70b), resolve_gpu("H100-SXM"), bursty.slo, bursty.workload)
+    assert (bursty.prefill.replicas, bursty.decode.replicas) == (result.best.prefill_replicas,
+                                                                 result.best.decode_replicas)  # start: the mean
+    need_p, need_d = result.peak_replicas(30.0)
+    assert need_p > max(8, 2 * bursty.prefill.replicas)  # the default ceiling would cap the planner below the peak
+    assert bursty.prefill.max_replicas == need_p
+    assert bursty.decode.max_replicas == max(8, 2 * bursty.decode.replicas, need_d)
+    assert result.peak_replicas(300.0)[1] > need_d  # ten times the peak needs more decode workers
+    assert result.to_deployment_spec(__import__("runtime.config", fromlist=["ModelRef"]).ModelRef(name="m")
+                                     ).prefill.max_replicas == max(8, 2 * bursty.prefill.replicas)
+    with pytest.raises(ValueError, match="positive finite"):
+        result.peak_replicas(float("nan"))
