@@ -12,7 +12,10 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
   consistency       NodePools cover runtime/deploy/instances.py; EC2NodeClass role/discovery tag match Terraform
                     defaults; the FSx claim `fsx-claim` exists in namespace pdserve; the Linux capabilities the
                     rendered pods add (runtime/deploy/render.py, every default GPU instance) are allowed by the
-                    Pod Security `enforce` level of namespace pdserve
+                    Pod Security `enforce` level of namespace pdserve; the batch workflows' default service account
+                    (runtime/batch/workflows.py) has an EKS Pod Identity association, every association into a
+                    namespace infra/k8s creates names a ServiceAccount it creates, and no inline policy of a role
+                    (aws_iam_role_policy) grants a wildcard action or the resource "*"
   checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
                     no severities, so EVERY failed check counts as a failure unless suppressed inline with a
                     reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
@@ -243,6 +246,8 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
                and o["metadata"].get("namespace") == "pdserve" for o in objs):
         problems.append("PersistentVolumeClaim pdserve/fsx-claim (promote's default pvc_name) missing")
     problems += pod_security_problems(objs, rendered_deploy_objects(DEPLOY_NAMESPACE))
+    problems += pod_identity_problems(parsed, objs, [batch_workflow_identity()])
+    problems += role_policy_problems(parsed)
     if problems:
         return Check("consistency", "FAIL", "; ".join(problems))
     return Check("consistency", "PASS", f"{len(pools)} NodePools cover {len(INSTANCES)} instance types")
@@ -298,6 +303,69 @@ def pod_security_problems(infra_objs: list[dict], workloads: list[dict]) -> list
                     problems.append(f"{o['kind']} {ns}/{o['metadata']['name']} container {c['name']} adds {cap}, "
                                     f"which Pod Security level {level!r} of namespace {ns} forbids")
     return list(dict.fromkeys(problems))  # the same pool rendered for several GPUs: report once
+
+
+def _unquote(v: Any) -> Any:
+    """python-hcl2 keeps the quotes of string literals (`"pdserve"` arrives as '"pdserve"')."""
+    return v[1:-1] if isinstance(v, str) and len(v) >= 2 and v[0] == v[-1] == '"' else v
+
+
+def _tf_blocks(parsed: dict[str, dict], section: str, type_: str) -> dict[str, dict]:
+    """`{name: body}` of every `section` ("resource" / "data") block of type `type_` in the parsed .tf files."""
+    out = {}
+    for doc in parsed.values():
+        for block in doc.get(section, []):
+            for name, body in block.get(f'"{type_}"', block.get(type_, {})).items():
+                out[_unquote(name)] = body
+    return out
+
+
+def batch_workflow_identity() -> tuple[str, str]:
+    """(namespace, service account) the pods of `pdserve batch workflow` / `retune-schedule` run as by default."""
+    from runtime.batch.workflows import BatchInferenceWorkflowSpec
+
+    fields = BatchInferenceWorkflowSpec.model_fields
+    return fields["namespace"].default, fields["service_account"].default
+
+
+def pod_identity_problems(parsed: dict[str, dict], infra_objs: list[dict],
+                          required: list[tuple[str, str]]) -> list[str]:
+    """Pod Identity associations (aws_eks_pod_identity_association) that do not line up with infra/k8s.
+
+    Every (namespace, service account) in `required` must have an association; an association into a namespace
+    that `infra_objs` create must name a ServiceAccount they create (namespaces installed by remote bases, such
+    as kubeflow, are not checked). Returns one message per problem.
+    """
+    assocs = {(_unquote(b.get("namespace")), _unquote(b.get("service_account"))): name
+              for name, b in _tf_blocks(parsed, "resource", "aws_eks_pod_identity_association").items()}
+    namespaces = {o["metadata"]["name"] for o in infra_objs if o.get("kind") == "Namespace"}
+    accounts = {(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in infra_objs
+                if o.get("kind") == "ServiceAccount"}
+    problems = [f"ServiceAccount {ns}/{sa} (batch workflows' default) has no aws_eks_pod_identity_association: "
+                f"its pods get no AWS role" for ns, sa in required if (ns, sa) not in assocs]
+    problems += [f"aws_eks_pod_identity_association.{name}: ServiceAccount {ns}/{sa} is not in infra/k8s"
+                 for (ns, sa), name in assocs.items() if ns in namespaces and (ns, sa) not in accounts]
+    return problems
+
+
+def role_policy_problems(parsed: dict[str, dict]) -> list[str]:
+    """Wildcard actions (`s3:*`, `s3:Get*`) or the resource "*" in a policy document that an inline role policy
+    (aws_iam_role_policy) attaches. Key policies (aws_kms_key), where "*" means the key itself, are not roles'.
+    Returns one message per offending action or resource."""
+    docs = _tf_blocks(parsed, "data", "aws_iam_policy_document")
+    problems = []
+    for name, body in _tf_blocks(parsed, "resource", "aws_iam_role_policy").items():
+        m = re.fullmatch(r"\$\{data\.aws_iam_policy_document\.(\w+)\.json\}", str(body.get("policy", "")))
+        if m is None or m.group(1) not in docs:
+            problems.append(f"aws_iam_role_policy.{name}: policy is not an aws_iam_policy_document in this stack")
+            continue
+        for st in docs[m.group(1)].get("statement", []):
+            sid = _unquote(st.get("sid", "?"))
+            problems += [f"aws_iam_policy_document.{m.group(1)} {sid}: wildcard action {_unquote(a)}"
+                         for a in st.get("actions", []) if "*" in _unquote(a)]
+            problems += [f"aws_iam_policy_document.{m.group(1)} {sid}: resource \"*\""
+                         for r in st.get("resources", []) if _unquote(r) == "*"]
+    return problems
 
 
 def find_checkov(root: Path, choice: str) -> str | None:

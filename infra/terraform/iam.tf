@@ -63,6 +63,74 @@ resource "aws_eks_pod_identity_association" "pipeline" {
   role_arn        = aws_iam_role.pipeline.arn
 }
 
+# Batch workflows (runtime/batch: `pdserve batch workflow` / `retune-schedule`; ServiceAccount pdserve/pdserve-batch
+# from infra/k8s/batch): `batch run` reads its input, reads back and writes its output (resume); the re-tuning
+# CronWorkflow's Argo executor fetches the recorded traffic (one object or every object under a prefix). MLflow
+# is reached over HTTP (its server proxies artifacts), the model config through the FSx claim: no other AWS access.
+data "aws_iam_policy_document" "batch" {
+  statement {
+    # Not narrowed by s3:prefix: a GetObject of a missing key answers 404 (not 403) only to a caller allowed to
+    # list the bucket (docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html), and both `batch run` (first run:
+    # no output to resume yet) and Argo (a traffic prefix is first tried as an object) rely on that 404.
+    # Listing shows key names, not contents; GetBucketLocation: Argo's S3 client looks the region up.
+    sid       = "ListModelBucket"
+    actions   = ["s3:ListBucket", "s3:GetBucketLocation"]
+    resources = [aws_s3_bucket.this["models"].arn]
+  }
+  statement {
+    sid     = "ReadBatchInputAndTraffic"
+    actions = ["s3:GetObject"]
+    # the bare traffic "folder" key too: Argo tries s3://bucket/traffic (the prefix without '/') as an object first
+    resources = [
+      "${aws_s3_bucket.this["models"].arn}/${var.batch_input_prefix}*",
+      "${aws_s3_bucket.this["models"].arn}/${var.traffic_log_prefix}*",
+      "${aws_s3_bucket.this["models"].arn}/${trimsuffix(var.traffic_log_prefix, "/")}",
+    ]
+  }
+  statement {
+    sid       = "ReadWriteBatchOutput"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]
+    resources = ["${aws_s3_bucket.this["models"].arn}/${var.batch_output_prefix}*"]
+  }
+  statement {
+    sid       = "UseDataKeyThroughS3"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [aws_kms_key.data.arn]
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["s3.${var.region}.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "batch" {
+  name               = "${var.cluster_name}-batch"
+  assume_role_policy = data.aws_iam_policy_document.pod_identity_trust.json
+}
+
+resource "aws_iam_role_policy" "batch" {
+  name   = "batch-and-traffic"
+  role   = aws_iam_role.batch.id
+  policy = data.aws_iam_policy_document.batch.json
+
+  lifecycle {
+    precondition {
+      # the output is the only writable prefix: it must not contain, or lie inside, a prefix that is only read
+      condition = alltrue([for p in [var.batch_input_prefix, var.traffic_log_prefix] :
+      !startswith(p, var.batch_output_prefix) && !startswith(var.batch_output_prefix, p)])
+      error_message = "batch_output_prefix must not overlap batch_input_prefix or traffic_log_prefix (inputs are read-only)."
+    }
+  }
+}
+
+resource "aws_eks_pod_identity_association" "batch" {
+  cluster_name    = module.eks.cluster_name
+  namespace       = "pdserve"
+  service_account = "pdserve-batch"
+  role_arn        = aws_iam_role.batch.arn
+}
+
 # MLflow tracking server: artifacts bucket read/write.
 data "aws_iam_policy_document" "mlflow" {
   statement {

@@ -31,3 +31,17 @@ output "model_bucket" {
   description = "S3 bucket for model weights (stage-weights source)."
   value       = aws_s3_bucket.this["models"].bucket
 }
+
+output "batch_role_arn" {
+  description = "IAM role of the pdserve-batch service account (EKS Pod Identity): reads batch inputs and traffic logs, writes batch outputs in the model bucket."
+  value       = aws_iam_role.batch.arn
+}
+
+output "batch_s3_prefixes" {
+  description = "Where batch work may live: s3:// URIs for `pdserve batch workflow --input/--output` and `retune-schedule --traffic`."
+  value = {
+    input   = "s3://${aws_s3_bucket.this["models"].bucket}/${var.batch_input_prefix}"
+    output  = "s3://${aws_s3_bucket.this["models"].bucket}/${var.batch_output_prefix}"
+    traffic = "s3://${aws_s3_bucket.this["models"].bucket}/${var.traffic_log_prefix}"
+  }
+}

@@ -55,3 +55,39 @@ variable "admin_cidrs" {
   type        = list(string)
   default     = []
 }
+
+# Prefixes in the model bucket that the pdserve-batch pods (runtime/batch: `pdserve batch workflow` and
+# `pdserve batch retune-schedule`) may use; its IAM role (iam.tf) is scoped to exactly these. Each is a key
+# prefix ending in '/', outside models/ (the prefix FSx mirrors), without '*' (it would widen the policy).
+variable "batch_input_prefix" {
+  description = "Model-bucket key prefix the batch pods may READ OpenAI Batch input files (JSONL) from, e.g. batch/input/."
+  type        = string
+  default     = "batch/input/"
+
+  validation {
+    condition     = can(regex("^([0-9A-Za-z!_.'()-]+/)+$", var.batch_input_prefix)) && !can(regex("(^|/)[.]{1,2}/", var.batch_input_prefix)) && !startswith(var.batch_input_prefix, "models/")
+    error_message = "batch_input_prefix: a key prefix ending in '/' (letters, digits, ! _ . ' ( ) -; no '*', no '.'/'..' segments), not under models/."
+  }
+}
+
+variable "batch_output_prefix" {
+  description = "Model-bucket key prefix the batch pods may READ and WRITE batch outputs (JSONL, resumed in place) under, e.g. batch/output/."
+  type        = string
+  default     = "batch/output/"
+
+  validation {
+    condition     = can(regex("^([0-9A-Za-z!_.'()-]+/)+$", var.batch_output_prefix)) && !can(regex("(^|/)[.]{1,2}/", var.batch_output_prefix)) && !startswith(var.batch_output_prefix, "models/")
+    error_message = "batch_output_prefix: a key prefix ending in '/' (letters, digits, ! _ . ' ( ) -; no '*', no '.'/'..' segments), not under models/."
+  }
+}
+
+variable "traffic_log_prefix" {
+  description = "Model-bucket key prefix the re-tuning pods may READ recorded traffic logs (Azure CSV / Mooncake JSONL) from, e.g. traffic/."
+  type        = string
+  default     = "traffic/"
+
+  validation {
+    condition     = can(regex("^([0-9A-Za-z!_.'()-]+/)+$", var.traffic_log_prefix)) && !can(regex("(^|/)[.]{1,2}/", var.traffic_log_prefix)) && !startswith(var.traffic_log_prefix, "models/")
+    error_message = "traffic_log_prefix: a key prefix ending in '/' (letters, digits, ! _ . ' ( ) -; no '*', no '.'/'..' segments), not under models/."
+  }
+}

@@ -127,3 +127,93 @@ def test_restricted_namespace_allows_only_net_bind_service():
         {"name": "c", "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE", "CHOWN"]}}}]}}
     assert V.pod_security_problems(ns, [pod]) == [
         "Pod x/p container c adds CHOWN, which Pod Security level 'restricted' of namespace x forbids"]
+
+
+def _batch_policy_and_association(root: Path):
+    import hcl2
+
+    parsed = {"iam.tf": hcl2.load(open(root / "infra/terraform/iam.tf"))}
+    doc = V._tf_blocks(parsed, "data", "aws_iam_policy_document")["batch"]
+    assoc = V._tf_blocks(parsed, "resource", "aws_eks_pod_identity_association")["batch"]
+    return {V._unquote(st["sid"]): ({V._unquote(a) for a in st["actions"]}, [V._unquote(r) for r in st["resources"]],
+                                    st.get("condition", []))
+            for st in doc["statement"]}, assoc
+
+
+def test_batch_role_reads_inputs_and_traffic_and_writes_only_the_output_prefix():
+    """The pdserve-batch Pod Identity role (infra/terraform/iam.tf): the model bucket's batch input and traffic
+    prefixes read-only, the batch output prefix read/write, the data key only through S3, nothing else."""
+    from runtime.batch.workflows import BatchInferenceWorkflowSpec
+
+    statements, assoc = _batch_policy_and_association(REPO)
+    bucket = '${aws_s3_bucket.this["models"].arn}'
+    assert {sid: (actions, resources) for sid, (actions, resources, _) in statements.items()} == {
+        "ListModelBucket": ({"s3:ListBucket", "s3:GetBucketLocation"}, [bucket]),
+        "ReadBatchInputAndTraffic": ({"s3:GetObject"}, [f"{bucket}/${{var.batch_input_prefix}}*",
+                                                        f"{bucket}/${{var.traffic_log_prefix}}*",
+                                                        f'{bucket}/${{trimsuffix(var.traffic_log_prefix, "/")}}']),
+        "ReadWriteBatchOutput": ({"s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"},
+                                 [f"{bucket}/${{var.batch_output_prefix}}*"]),
+        "UseDataKeyThroughS3": ({"kms:Decrypt", "kms:GenerateDataKey"}, ["${aws_kms_key.data.arn}"]),
+    }
+    (kms_condition,) = statements["UseDataKeyThroughS3"][2]
+    assert V._unquote(kms_condition["variable"]) == "kms:ViaService"
+    assert [V._unquote(v) for v in kms_condition["values"]] == ["s3.${var.region}.amazonaws.com"]
+    # the write statement never names an input prefix
+    assert not any("input" in r or "traffic" in r for r in statements["ReadWriteBatchOutput"][1])
+    fields = BatchInferenceWorkflowSpec.model_fields
+    assert (V._unquote(assoc["namespace"]), V._unquote(assoc["service_account"])) == (
+        fields["namespace"].default, fields["service_account"].default)
+    assert assoc["role_arn"] == "${aws_iam_role.batch.arn}"
+
+
+def test_batch_prefix_variables_have_safe_defaults_and_validation():
+    import hcl2
+
+    variables = {V._unquote(k): v for block in hcl2.load(open(REPO / "infra/terraform/variables.tf"))["variable"]
+                 for k, v in block.items()}
+    defaults = {n: V._unquote(variables[n]["default"])
+                for n in ("batch_input_prefix", "batch_output_prefix", "traffic_log_prefix")}
+    assert defaults == {"batch_input_prefix": "batch/input/", "batch_output_prefix": "batch/output/",
+                        "traffic_log_prefix": "traffic/"}
+    for name, default in defaults.items():
+        assert variables[name]["description"] and variables[name]["validation"], name
+        assert default.endswith("/") and "*" not in default and not default.startswith("models/")
+    out = defaults["batch_output_prefix"]  # the writable prefix does not overlap a read-only one
+    assert all(not p.startswith(out) and not out.startswith(p)
+               for p in (defaults["batch_input_prefix"], defaults["traffic_log_prefix"]))
+
+
+def test_wildcard_action_in_a_role_policy_is_reported(tree):
+    f = tree / "infra/terraform/iam.tf"
+    text = f.read_text()
+    granted = ('sid       = "ReadWriteBatchOutput"\n'
+               '    actions   = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]')
+    assert text.count(granted) == 1
+    f.write_text(text.replace(granted, 'sid       = "ReadWriteBatchOutput"\n    actions   = ["s3:*"]', 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL"
+    assert "aws_iam_policy_document.batch ReadWriteBatchOutput: wildcard action s3:*" in res["consistency"].detail
+
+
+def test_star_resource_in_a_role_policy_is_reported(tree):
+    f = tree / "infra/terraform/iam.tf"
+    text = f.read_text()
+    f.write_text(text.replace('resources = [aws_s3_bucket.this["artifacts"].arn]', 'resources = ["*"]', 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL"
+    assert 'aws_iam_policy_document.mlflow ListArtifacts: resource "*"' in res["consistency"].detail
+
+
+def test_batch_service_account_without_pod_identity_is_reported(tree):
+    f = tree / "infra/terraform/iam.tf"
+    text = f.read_text()
+    assert text.count('service_account = "pdserve-batch"') == 1
+    f.write_text(text.replace('service_account = "pdserve-batch"', 'service_account = "pdserve-batch-typo"', 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    detail = res["consistency"].detail
+    assert res["consistency"].status == "FAIL"
+    assert ("ServiceAccount pdserve/pdserve-batch (batch workflows' default) has no "
+            "aws_eks_pod_identity_association") in detail
+    assert ("aws_eks_pod_identity_association.batch: ServiceAccount pdserve/pdserve-batch-typo "
+            "is not in infra/k8s") in detail
