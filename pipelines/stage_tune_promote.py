@@ -15,6 +15,18 @@ of range, `gpu_budget` < 1, a `registered_model` MLflow refuses, an unsafe `mode
 validate-parameters, before stage-weights copies anything. `precision` `auto` tunes at the checkpoint's own
 precision (fp8 when its config.json quantization_config says fp8, else bf16), like `pdserve tune`;
 `gpu_budget` (GPUs, default as `pdserve tune --gpu-budget`) becomes the champion's planner.gpu_budget.
+
+Workload: by default the mean `isl_tokens`/`osl_tokens` (tokens) at `request_rate_per_s` (requests/s).
+`traffic_trace_uri` sizes for recorded or published traffic instead, as `pdserve tune --trace`: an
+`s3://bucket/key` object (read by tune-tp with `s3_endpoint_url` and the same env credentials as
+stage-weights) or an absolute path under `fsx_root`, a Mooncake/`pdserve serve --traffic-log` `.jsonl` or an
+Azure `.csv`; the trace's length sample sizes the pools, the champion records its mean ISL/OSL and
+`isl_tokens`/`osl_tokens` are ignored. `request_rate_per_s` 0 (the default) means "not chosen", like
+`pdserve tune` without --rate: the trace's mean arrival rate with a trace, else 10 requests/s; a positive rate
+always wins (size a recorded mix for a different load). A malformed URI (neither an s3:// object URI nor an
+absolute path under `fsx_root`, or not .jsonl/.csv) fails validate-parameters; an unreadable trace, or one with
+no valid request, fails tune-tp naming the URI before the model is read. The MLflow parent run records it as
+the param `traffic_trace_uri`.
 """
 
 
@@ -30,6 +42,7 @@ from components.stage import stage_weights
 from components.tune import tune_tp
 from components.validate import validate_parameters
 from runtime.config import PlannerSpec
+from runtime.steps import AUTO_REQUEST_RATE
 
 FSX_PVC = "fsx-claim"
 FSX_MOUNT = "/fsx"
@@ -64,7 +77,7 @@ def stage_tune_promote(
     itl_p90_ms: float = 50.0,
     isl_tokens: int = 3000,
     osl_tokens: int = 150,
-    request_rate_per_s: float = 10.0,
+    request_rate_per_s: float = AUTO_REQUEST_RATE,  # 0: the trace's mean arrival rate, else 10/s (module doc)
     gpu_budget: int = PlannerSpec.model_fields["gpu_budget"].default,
     mlflow_tracking_uri: str = "http://mlflow.mlflow.svc:5000",
     registered_model: str = "smollm2-135m-instruct-pd",
@@ -73,12 +86,13 @@ def stage_tune_promote(
     pvc_name: str = FSX_PVC,
     apply: bool = False,
     kube_context: str = "",
+    traffic_trace_uri: str = "",  # "": size for isl_tokens/osl_tokens; else s3://bucket/key or a path under fsx_root
 ) -> NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact):
     # Parameters tune would refuse fail here, in seconds, not after stage-weights copied the whole model.
     validated = validate_parameters(
         model_name=model_name, gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms,
         isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget,
-        registered_model=registered_model,
+        registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
     ).set_display_name("validate-parameters")
 
     staged = stage_weights(
@@ -90,9 +104,11 @@ def stage_tune_promote(
         model=staged.outputs["model"], gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms,
         itl_p90_ms=itl_p90_ms, isl_tokens=isl_tokens, osl_tokens=osl_tokens,
         request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget, mlflow_tracking_uri=mlflow_tracking_uri,
-        registered_model=registered_model,
+        registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url,
+        fsx_root=fsx_root,
     ).set_display_name("tune-tp")
-    _on_cluster(tuned, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS})
+    # the S3 secret too: traffic_trace_uri may name an s3:// object (optional secret: absent keys are fine)
+    _on_cluster(tuned, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS, S3_SECRET: _S3_KEYS})
 
     promoted = promote(
         champion_version=tuned.outputs["champion_version"], registered_model=registered_model,

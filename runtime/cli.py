@@ -328,20 +328,18 @@ def tune(
         problems.append(_option_errors(e, SLO_OPTIONS))
     sample = None
     if trace is not None:
-        from runtime.tracking.traces import load_length_sample
+        from runtime.tracking.traces import load_trace_workload
 
-        try:
-            sample = load_length_sample(trace)
+        try:  # the same reduction as the pipeline's tune step (traffic_trace_uri)
+            traced = load_trace_workload(trace, read_rate=rate is None)
         except (OSError, ValueError) as e:  # TraceFormatError is a ValueError; a folder or no file: OSError
             problems.append(f"--trace: {e}")
         else:  # the spec records the trace's mean lengths (what a reader of the spec expects to see)
             if (isl, osl) != (TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT):
                 err.print("note: --isl/--osl are ignored with --trace (the trace's lengths are used)")
-            isl, osl = max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl))
+            sample, isl, osl = traced.sample, traced.isl_tokens, traced.osl_tokens
             if rate is None:
-                from runtime.tracking.traces import read_arrival_rate
-
-                rate = read_arrival_rate(trace)
+                rate = traced.request_rate_per_s
                 if rate is None:
                     problems.append(f"--trace: {trace} has no usable arrival times (timestamp / TIMESTAMP on "
                                     "every line, at least two distinct): give --rate")
@@ -418,7 +416,7 @@ def tune(
         console.print(escape(f"[{k}] {reason}"), style="dim")
     if measure:  # CPU measurements: no GPU deployment to check or write; the runs are still logged
         if mlflow_uri:
-            _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", None, None)
+            _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", None, None, trace)
         return
     # the model folder: CONFIG itself, or the folder of a config.json; a bare <name>_config.json has none
     # recorded absolute (not symlink-resolved): promote and serve read it from another working directory
@@ -462,7 +460,7 @@ def tune(
             _fail(f"--out {out}: {e}")
         console.print(f"wrote {escape(str(out))}")
     if mlflow_uri:
-        _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec)
+        _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec, trace)
 
 
 FSX_MOUNT = "/fsx"  # where the pipeline's steps mount the FSx claim (pipelines/stage_tune_promote.py FSX_MOUNT)
@@ -501,13 +499,15 @@ def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Pa
     return None
 
 
-def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | None, spec) -> None:
-    """`log_tuning` for the CLI: one redacted error line (exit 1) when MLflow refuses; a summary line."""
+def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | None, spec,
+                   trace: Path | None = None) -> None:
+    """`log_tuning` for the CLI: one redacted error line (exit 1) when MLflow refuses; a summary line.
+    `trace` (the --trace file) is logged as the parent run's `traffic_trace_uri` param, as the pipeline does."""
     from runtime.tracking.mlflow_runs import log_tuning
 
     try:
         version = log_tuning(result, tracking_uri=mlflow_uri, experiment=experiment, registered_model=register,
-                             spec=spec)
+                             spec=spec, traffic_trace_uri=None if trace is None else os.path.abspath(trace))
     except Exception as e:  # noqa: BLE001 - CLI edge: MLflow unreachable/refusing; message, not traceback
         _fail(f"--mlflow-uri {mlflow_uri}: logging the tuning failed: {type(e).__name__}: {e}")
     console.print(f"logged {len(result.candidates)} candidates to {escape(redact_userinfo(mlflow_uri))}"

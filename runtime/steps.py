@@ -84,26 +84,36 @@ def check_precision(precision: str) -> str:
     return value
 
 
+AUTO_REQUEST_RATE = 0.0  # request_rate_per_s "not chosen": the trace's mean arrival rate, else WorkloadSpec's default
+
+
 class TuneParameters(NamedTuple):
     gpu: "GpuSpec"
     precision: str  # `auto` or one of PRECISIONS
     slo: "SloSpec"
-    workload: "WorkloadSpec"
+    workload: "WorkloadSpec"  # with a trace: its lengths (and, with rate_from_trace, its rate) replace these
     gpu_budget: int
+    traffic_trace_uri: str = ""  # "" or a URI check_traffic_trace_uri accepts
+    rate_from_trace: bool = False  # request_rate_per_s was AUTO_REQUEST_RATE and a trace is given
 
 
 def check_tune_parameters(
     gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int, osl_tokens: int,
-    request_rate_per_s: float, gpu_budget: int | None, registered_model: str,
+    request_rate_per_s: float, gpu_budget: int | None, registered_model: str, *, traffic_trace_uri: str = "",
+    fsx_root: str | None = None,
 ) -> TuneParameters:
-    """Validate the tune step's parameters without reading the model; return them parsed.
+    """Validate the tune step's parameters without reading the model or the trace; return them parsed.
 
     `gpu` is a catalog name or an AWS instance type (`runtime.tuner.search.resolve_gpu`, as `pdserve tune`);
     `gpu_budget` None means PlannerSpec's default (the same as `pdserve tune --gpu-budget`).
+    `request_rate_per_s` (requests/s) `AUTO_REQUEST_RATE` (0) means "not chosen", like `pdserve tune` without
+    --rate: with a `traffic_trace_uri` the trace's mean arrival rate (`rate_from_trace`, read by the tune step),
+    else WorkloadSpec's default (10/s); a negative rate is refused. `traffic_trace_uri` ("" for none) is checked
+    by `runtime.tracking.traces.check_traffic_trace_uri` (under `fsx_root` when given).
 
     Raises:
         ValueError: every bad parameter named in one message (unknown GPU, precision, SLO, workload,
-            gpu_budget, a registered model name MLflow refuses).
+            gpu_budget, a registered model name MLflow refuses, a malformed traffic_trace_uri).
     """
     from pydantic import ValidationError
 
@@ -115,8 +125,18 @@ def check_tune_parameters(
         return "; ".join(f"{err['loc'][-1] if err['loc'] else 'value'}: {err['msg']}, got {err.get('input')!r}"
                          for err in e.errors(include_url=False))
 
+    from runtime.tracking.traces import check_traffic_trace_uri
+
     problems: list[str] = []
     parsed: dict[str, Any] = {}
+    try:
+        parsed["traffic_trace_uri"] = check_traffic_trace_uri(traffic_trace_uri, fsx_root)
+    except ValueError as e:
+        problems.append(str(e))
+    auto_rate = request_rate_per_s == AUTO_REQUEST_RATE
+    parsed["rate_from_trace"] = auto_rate and bool(traffic_trace_uri)
+    if auto_rate:  # a placeholder when the trace gives the rate; the tune step replaces it
+        request_rate_per_s = WorkloadSpec.model_fields["request_rate_per_s"].default
     try:
         parsed["gpu"] = resolve_gpu(gpu)
     except KeyError as e:
@@ -176,11 +196,13 @@ def staged_model_dir(fsx_root: str | Path, model_name: str) -> Path:
 
 def validate_step(
     model_name: str, gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int,
-    osl_tokens: int, request_rate_per_s: float, gpu_budget: int, registered_model: str,
+    osl_tokens: int, request_rate_per_s: float, gpu_budget: int, registered_model: str, *,
+    traffic_trace_uri: str = "", fsx_root: str | None = None,
 ) -> None:
     """Check every parameter that needs no model and no network, so a pipeline fails before staging copies
     the weights (tens of GB) when tune would refuse them anyway: `model_name` (`check_model_name`) and the
-    tune parameters (`check_tune_parameters`).
+    tune parameters (`check_tune_parameters`), including the form of `traffic_trace_uri` (an s3:// object URI
+    or an absolute path under `fsx_root`, a .jsonl/.csv name; its contents are read by the tune step).
 
     Raises:
         ValueError: every bad parameter named in one message.
@@ -192,7 +214,7 @@ def validate_step(
         problems.append(str(e))
     try:
         check_tune_parameters(gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s,
-                              gpu_budget, registered_model)
+                              gpu_budget, registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root)
     except ValueError as e:
         problems.append(str(e))
     if problems:
@@ -244,8 +266,21 @@ def tune_step(
     metrics: MetricsSink | None = None,
     table_path: str | None = None,
     plot_path: str | None = None,
+    traffic_trace_uri: str = "",
+    s3_endpoint_url: str = "",
+    fsx_root: str | None = None,
+    s3_client: Any = None,
 ) -> TuneOutputs:
     """Tune prefill TP × decode TP for the staged model; log every candidate to MLflow; register the winner.
+
+    Workload: without `traffic_trace_uri`, `isl_tokens`/`osl_tokens` (mean lengths, tokens) at
+    `request_rate_per_s` (requests/s; `AUTO_REQUEST_RATE` 0: WorkloadSpec's default, 10/s). With one (an
+    `s3://bucket/key` object, read with `s3_client` or `runtime.staging.s3.make_client(s3_endpoint_url)` and
+    credentials from the environment only, or an absolute path under `fsx_root`), exactly as `pdserve tune
+    --trace` (`runtime.tracking.traces.load_trace_workload`): the trace's length sample sizes the pools, the
+    spec records its mean ISL/OSL (`isl_tokens`/`osl_tokens` are ignored) and the rate is `request_rate_per_s`
+    when > 0, else the trace's mean arrival rate. The URI is logged as the MLflow parent run's param
+    `traffic_trace_uri`.
 
     Reads `<model_path>/config.json` (the staged copy; a folder without a valid staging marker is refused).
     `gpu` is a GPU catalog name or an AWS instance type (p5.48xlarge), as in `pdserve tune --gpu`.
@@ -260,8 +295,12 @@ def tune_step(
         runtime.tuner.search.InfeasibleSLOError: no candidate meets the SLO (message has the best TTFT/ITL).
         GpuBudgetError: the winner needs more GPUs than DeploymentSpec's planner.gpu_budget.
         ValueError: a bad parameter (`check_tune_parameters`: unknown GPU, precision, SLO, workload, gpu_budget,
-            a registered model name MLflow refuses; checked first), or the spec cannot be rendered by
-            promote (runtime.deploy.errors.ManifestError, before anything is logged).
+            a registered model name MLflow refuses, a malformed traffic_trace_uri; checked first), or the spec
+            cannot be rendered by promote (runtime.deploy.errors.ManifestError, before anything is logged).
+        runtime.tracking.traces.TrafficTraceError: (a ValueError) the trace cannot be read (missing object or
+            file, access denied), is not a trace, holds no request with both lengths >= 1, or has no usable
+            arrival times while the rate is to come from it; the message names the URI, never credentials.
+            Raised after the parameter checks, before the model is read.
         runtime.tracking.mlflow_runs.TrackingError: logging or registering in MLflow failed; the message
             names the URI and the cause with every `user:password@` replaced by `***@` (runtime/redact.py).
     """
@@ -277,25 +316,29 @@ def tune_step(
 
     params = check_tune_parameters(  # before reading, tuning or logging anything
         gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s, gpu_budget,
-        registered_model)
+        registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root)
+    workload, sample = params.workload, None
+    if params.traffic_trace_uri:
+        workload, sample = _trace_workload(params, s3_client=s3_client, s3_endpoint_url=s3_endpoint_url)
     verify_staged(Path(model_path))
     model = load_model_spec(Path(model_path) / "config.json")
     precision = checkpoint_precision(model) if params.precision == AUTO_PRECISION else params.precision
-    result = tune(model, params.gpu, params.slo, params.workload, precision=precision,
-                  tps=tp_choices(gpu))  # an instance type bounds TP by its GPU count
+    result = tune(model, params.gpu, params.slo, workload, precision=precision,
+                  tps=tp_choices(gpu), sample=sample)  # an instance type bounds TP by its GPU count
     model_ref = ModelRef(name=model_name, path=os.path.abspath(model_path))  # promote runs elsewhere
     spec = result.to_deployment_spec(model_ref)
     spec.planner.gpu_budget = params.gpu_budget  # as `pdserve tune --gpu-budget`, before the check
     try:
         check_gpu_budget(spec)
     except GpuBudgetError as e:
-        raise GpuBudgetError(f"{e}; lower request_rate_per_s ({request_rate_per_s:g}/s) "
+        source = " (the trace's mean arrival rate)" if params.rate_from_trace else ""
+        raise GpuBudgetError(f"{e}; lower request_rate_per_s ({workload.request_rate_per_s:g}/s{source}) "
                              "or raise the budget (gpu_budget)") from None
     failure = None
     try:
         version = log_tuning(
             result, tracking_uri=mlflow_tracking_uri, experiment=f"pdserve-tune-{model_name}",
-            registered_model=registered_model, spec=spec,
+            registered_model=registered_model, spec=spec, traffic_trace_uri=params.traffic_trace_uri or None,
         )
     except Exception as e:  # MLflow errors repeat the request URL: never let a URI's password reach the task log
         detail = redact_userinfo(str(e))
@@ -320,6 +363,28 @@ def tune_step(
         metrics.log_metric("goodput_per_gpu", best.goodput_per_gpu)
         metrics.log_metric("num_candidates", len(result.candidates))
     return TuneOutputs(str(version), int(best.prefill_tp), int(best.decode_tp))
+
+
+def _trace_workload(params: TuneParameters, *, s3_client: Any, s3_endpoint_url: str):
+    """(WorkloadSpec, LengthSample) of `params.traffic_trace_uri`, as `pdserve tune --trace` builds them: the
+    trace's rounded mean ISL/OSL and, when `params.rate_from_trace`, its mean arrival rate (else the given rate).
+
+    Raises:
+        runtime.tracking.traces.TrafficTraceError: unreadable or not a trace, or no usable arrival times when
+            the rate is to come from the trace (message names the URI).
+    """
+    from runtime.config import WorkloadSpec
+    from runtime.tracking.traces import TrafficTraceError, fetch_trace_workload
+
+    uri = params.traffic_trace_uri
+    traced = fetch_trace_workload(uri, read_rate=params.rate_from_trace, s3_client=s3_client,
+                                  s3_endpoint_url=s3_endpoint_url)
+    rate = traced.request_rate_per_s if params.rate_from_trace else params.workload.request_rate_per_s
+    if rate is None:
+        raise TrafficTraceError(f"traffic_trace_uri: {uri} has no usable arrival times (timestamp / TIMESTAMP on "
+                                "every line, at least two distinct): set request_rate_per_s > 0")
+    workload = WorkloadSpec(isl_tokens=traced.isl_tokens, osl_tokens=traced.osl_tokens, request_rate_per_s=rate)
+    return workload, traced.sample
 
 
 def promote_step(

@@ -191,6 +191,7 @@ def log_tuning(
     artifacts_dir: Path | None = None,
     model_ref: ModelRef | None = None,
     spec: DeploymentSpec | None = None,
+    traffic_trace_uri: str | None = None,
 ) -> str | None:
     """Log ``result`` (parent + one child run per candidate, plot, profiles, spec) and register the winner.
 
@@ -205,6 +206,10 @@ def log_tuning(
             ``pdserve tune --out`` writes, with its planner.gpu_budget). Default:
             ``result.to_deployment_spec(model_ref)`` (planner and engine settings at their defaults); for a
             measured-mode result (fp32, not deployable) and no ``registered_model``, no spec is logged.
+        traffic_trace_uri: the trace the workload was read from (``pdserve tune --trace`` path, the pipeline's
+            ``traffic_trace_uri``), logged as the parent run's param ``traffic_trace_uri`` beside the
+            workload's ``isl_tokens``/``osl_tokens``/``request_rate_per_s`` (the trace's means and the rate
+            sized for); None or empty: a workload of mean lengths, no such param.
 
     Returns:
         The registered model version (a string such as ``"3"``), or None when nothing was registered.
@@ -219,11 +224,12 @@ def log_tuning(
     with _no_run_links():
         return _log_tuning(result, tracking_uri=tracking_uri, experiment=experiment,
                            registered_model=registered_model, artifacts_dir=artifacts_dir, model_ref=model_ref,
-                           spec=spec)
+                           spec=spec, traffic_trace_uri=traffic_trace_uri)
 
 
 def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, registered_model: str | None,
-                artifacts_dir: Path | None, model_ref: ModelRef | None, spec: DeploymentSpec | None) -> str | None:
+                artifacts_dir: Path | None, model_ref: ModelRef | None, spec: DeploymentSpec | None,
+                traffic_trace_uri: str | None = None) -> str | None:
     if registered_model is not None:
         check_registered_model_name(registered_model)  # before any run exists
     if spec is None and (registered_model is not None or result.precision in DEPLOYABLE_PRECISIONS):
@@ -240,6 +246,8 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
         params = _candidate_params(result, b)
         params = {k: v for k, v in params.items() if k not in ("prefill_tp", "decode_tp")}
         params["num_candidates"] = str(len(result.candidates))
+        if traffic_trace_uri:
+            params["traffic_trace_uri"] = traffic_trace_uri
         metrics = {f"best_{k}": v for k, v in _candidate_metrics(b).items()}
         metrics.update(best_prefill_tp=float(b.prefill_tp), best_decode_tp=float(b.decode_tp),
                        num_feasible=float(sum(c.feasible for c in result.candidates)))

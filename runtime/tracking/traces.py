@@ -8,6 +8,9 @@ Formats (../shared/data/traces):
 A trace may also be a DIRECTORY of such files, all of one format (``trace_files``): the traffic logs of several
 runtime replicas (one file per pod), or an S3 prefix an Argo input artifact downloaded. Its files are read
 in name order as one trace; their arrival times are merged.
+
+The format follows the file name's suffix (``READABLE_SUFFIXES``). :func:`load_trace_workload` is the one
+reduction of a trace to the tuner's workload, shared by ``pdserve tune --trace`` and the pipeline's tune step.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ import csv
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 from runtime.tuner.workload import DEFAULT_MAX_POINTS, LengthSample
 
-
 JSONL_SUFFIXES = (".jsonl", ".json")
 CSV_SUFFIXES = (".csv",)
+READABLE_SUFFIXES = JSONL_SUFFIXES + CSV_SUFFIXES  # what read_isl_osl reads (case-insensitive)
 
 
 class TraceFormatError(ValueError):
@@ -210,3 +214,136 @@ def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> Leng
     except ValueError:
         raise TraceFormatError(f"{path}: no request with input and output length >= 1 ({len(pairs)} line(s)): "
                                "was any traffic recorded?") from None
+
+
+class TraceWorkload(NamedTuple):
+    """A trace reduced to what the tuner sizes for (:func:`load_trace_workload`)."""
+
+    sample: LengthSample  # up to DEFAULT_MAX_POINTS evenly spaced (isl, osl) pairs, tokens
+    isl_tokens: int  # the sample's mean ISL, rounded, >= 1: what the spec's workload records
+    osl_tokens: int  # the sample's mean OSL, rounded, >= 1
+    request_rate_per_s: float | None  # mean arrival rate (read_arrival_rate); None: unusable or not read
+
+
+def load_trace_workload(path: Path, *, read_rate: bool = True) -> TraceWorkload:
+    """The workload a trace stands for: its length sample (:func:`load_length_sample`), the sample's mean ISL and
+    OSL rounded to whole tokens (at least 1; the tuner sizes with the sample, the spec records these means) and,
+    with ``read_rate``, its mean arrival rate (:func:`read_arrival_rate`, requests/s; None when the trace has no
+    usable arrival times, which the caller reports with its own way to give a rate).
+
+    Raises:
+        TraceFormatError: as :func:`load_length_sample` (unknown format, missing keys/columns, a bad line, no
+            request with both lengths >= 1); the message names ``path``.
+        OSError: the file cannot be read (FileNotFoundError, IsADirectoryError, ...).
+    """
+    sample = load_length_sample(path)
+    rate = read_arrival_rate(path) if read_rate else None
+    return TraceWorkload(sample, max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl)), rate)
+
+
+class TrafficTraceError(ValueError):
+    """A traffic trace named by URI could not be read or holds no usable requests; the message starts with
+    ``traffic_trace_uri: <uri>`` and never carries credentials."""
+
+
+def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
+    """Return ``uri`` when it names a trace the pipeline's tune step can read: empty (no trace), an
+    ``s3://bucket/key`` object URI, or an absolute path (under ``fsx_root`` when given: the only volume the tune
+    step mounts), with a name ending in one of READABLE_SUFFIXES. Reads nothing.
+
+    Raises:
+        ValueError: anything else (the message names ``traffic_trace_uri`` and the value): a prefix or bad bucket
+            (``split_s3_object_uri``), a relative path, a NUL, a ``..`` component, a path outside ``fsx_root``,
+            or a suffix the trace reader does not know.
+    """
+    import posixpath
+    from pathlib import PurePosixPath
+
+    from runtime.staging.s3 import split_s3_object_uri
+
+    if uri == "":
+        return uri
+    if not isinstance(uri, str):
+        raise ValueError(f"traffic_trace_uri {uri!r}: must be a string (s3://bucket/key or an absolute path)")
+    if uri.startswith("s3://"):
+        _, name = split_s3_object_uri(uri, "traffic_trace_uri")
+    else:
+        if "\0" in uri or not uri.startswith("/"):
+            raise ValueError(f"traffic_trace_uri {uri!r}: must be an s3://bucket/key object URI or an absolute path "
+                             f"under fsx_root{f' ({fsx_root})' if fsx_root else ''}")
+        if ".." in uri.split("/"):
+            raise ValueError(f"traffic_trace_uri {uri!r}: must not contain a '..' component")
+        if fsx_root:
+            root = PurePosixPath(posixpath.abspath(fsx_root))  # a relative root (kfp.local): from the cwd
+            if not PurePosixPath(posixpath.normpath(uri)).is_relative_to(root):
+                raise ValueError(f"traffic_trace_uri {uri!r}: a path must be under fsx_root {fsx_root!r} (the "
+                                 "FSx mount, the only volume the tune step reads)")
+        name = uri
+    if not name.lower().endswith(READABLE_SUFFIXES):
+        raise ValueError(f"traffic_trace_uri {uri!r}: must name a .jsonl (Mooncake, pdserve --traffic-log) or .csv "
+                         "(Azure) trace; the reader picks the format by the suffix")
+    return uri
+
+
+def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  # noqa: ANN001 - boto3 is untyped
+                         s3_endpoint_url: str = "") -> TraceWorkload:
+    """:func:`load_trace_workload` of a trace named by ``uri`` (:func:`check_traffic_trace_uri`): a local path is
+    read in place; an ``s3://bucket/key`` object is downloaded to a temporary file (same suffix, removed
+    afterwards) with ``s3_client`` (default: ``runtime.staging.s3.make_client(s3_endpoint_url or None)``, the
+    staging step's client: credentials from the environment only).
+
+    Raises:
+        ValueError: ``uri`` is malformed (:func:`check_traffic_trace_uri`).
+        TrafficTraceError: the object or file cannot be read (missing, denied, endpoint down) or its contents are
+            not a trace (:class:`TraceFormatError`'s reason, naming ``uri`` and the line, not the temporary file).
+            The message names the URI and never the credentials (AWS secret env values are masked, URI userinfo
+            redacted).
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from runtime.redact import redact_userinfo
+
+    check_traffic_trace_uri(uri)
+
+    def fail(detail: str, local: str | None = None) -> TrafficTraceError:
+        if local:
+            detail = detail.replace(local, uri)
+        if uri not in detail:
+            detail = f"{uri}: {detail}"
+        for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            secret = os.environ.get(name)
+            if secret and len(secret) >= 8:
+                detail = detail.replace(secret, "***")
+        return TrafficTraceError(f"traffic_trace_uri: {redact_userinfo(detail)}")
+
+    def load(path: Path, local: str | None = None) -> TraceWorkload:
+        try:
+            return load_trace_workload(path, read_rate=read_rate)
+        except OSError as e:
+            raise fail(f"{uri}: cannot read: {e.strerror or e}", local) from None
+        except UnicodeDecodeError as e:
+            raise fail(f"{uri}: not UTF-8 text ({e.reason} at byte {e.start})", local) from None
+        except ValueError as e:  # TraceFormatError
+            raise fail(str(e), local) from None
+
+    if not uri.startswith("s3://"):
+        return load(Path(uri))
+    from runtime.staging.s3 import make_client, split_s3_object_uri
+
+    bucket, key = split_s3_object_uri(uri, "traffic_trace_uri")
+    failure = None
+    with tempfile.TemporaryDirectory(prefix="pdserve-trace-") as tmp:
+        local = Path(tmp) / ("trace" + Path(key).suffix.lower())
+        try:
+            client = s3_client if s3_client is not None else make_client(s3_endpoint_url or None,
+                                                                           transfer_methods=False)
+            body = client.get_object(Bucket=bucket, Key=key)["Body"]
+            with local.open("wb") as f:
+                shutil.copyfileobj(body, f, 1 << 20)
+        except Exception as e:  # noqa: BLE001 - botocore: NoSuchKey/NoSuchBucket/AccessDenied, endpoint, credentials
+            failure = f"cannot read the object from S3: {type(e).__name__}: {e}"
+        if failure is None:
+            return load(local, str(local))
+    raise fail(failure)  # outside the handler: no __context__ carrying botocore's original

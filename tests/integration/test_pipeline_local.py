@@ -9,7 +9,8 @@ Specification:
 * an SLO no candidate meets fails the pipeline, naming the best candidate's predicted TTFT/ITL, and registers
   nothing;
 * a missing bucket fails the pipeline and leaves nothing under the FSx path;
-* a parameter tune would refuse (unknown GPU, bad registered model name) fails before anything is staged.
+* a parameter tune would refuse (unknown GPU, bad registered model name, a traffic_trace_uri that is neither an
+  s3:// object URI nor an absolute path) fails before anything is staged.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def test_missing_bucket_fails_and_leaves_nothing(tmp_path, s3_env):
     assert leftovers == []
 
 
-@pytest.mark.parametrize("bad", [{"gpu": "H100-SMX"}, {"registered_model": "bad/name?"}, {"precision": "fp16"}])
+@pytest.mark.parametrize("bad", [{"gpu": "H100-SMX"}, {"registered_model": "bad/name?"}, {"precision": "fp16"},
+                                 {"traffic_trace_uri": "traces/traffic.jsonl"}])
 def test_bad_cheap_parameter_fails_before_staging(tmp_path, capfd, bad):
     from pipelines.stage_tune_promote import run_local
     from runtime.paths import data_dir
@@ -133,3 +135,36 @@ def test_bad_cheap_parameter_fails_before_staging(tmp_path, capfd, bad):
     logs = capfd.readouterr()
     assert next(iter(bad.values())) in logs.out + logs.err  # the step's error names the bad value
     assert not (tmp_path / "fsx" / "models" / "m").exists()
+
+
+def test_pipeline_sizes_the_champion_for_a_traffic_trace_under_fsx_root(tmp_path):
+    """traffic_trace_uri (a path under fsx_root; the s3:// form: test_steps_tune_trace_s3.py) reaches tune-tp
+    through the compiled wiring: the champion records the trace's mean lengths and arrival rate (request_rate_per_s
+    left at its default, 0: not chosen) and the MLflow parent run the URI."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.stage_tune_promote import run_local
+    from runtime.paths import data_dir
+    from runtime.tracking.mlflow_runs import load_champion
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text((data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
+    (src / "model.safetensors").write_bytes(b"\0" * 16)
+    trace = tmp_path / "fsx" / "traces" / "traffic.jsonl"  # mean ISL 1500, OSL 100; 29 gaps of 1 s: 1.0/s
+    trace.parent.mkdir(parents=True)
+    trace.write_text("".join(json.dumps({"timestamp": k * 1000, "input_length": 1000 + 1000 * (k % 2),
+                                         "output_length": 100}) + "\n" for k in range(30)))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_local(pipeline_root=tmp_path / "kfp", source_uri=str(src), model_name="m",
+                    fsx_root=str(tmp_path / "fsx"), mlflow_tracking_uri=uri, registered_model="m-pd",
+                    traffic_trace_uri=str(trace))
+    version, spec = load_champion(uri, "m-pd")
+    assert out["champion_version"] == version
+    assert (spec.workload.isl_tokens, spec.workload.osl_tokens, spec.workload.request_rate_per_s) == (1500, 100, 1.0)
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.data.params["traffic_trace_uri"] == str(trace)

@@ -259,3 +259,25 @@ def test_a_failure_midway_leaves_no_run_running(tmp_path, monkeypatch):
     runs = client.search_runs([client.get_experiment_by_name("e").experiment_id])
     assert len(runs) == 3 and {r.info.status for r in runs} <= {"FINISHED", "FAILED"}
     assert sum(r.info.status == "FAILED" for r in runs) == 2  # the parent and the child that failed
+
+
+def test_tune_trace_records_the_trace_on_the_parent_run_like_the_pipeline(tmp_path):
+    """`pdserve tune --trace` logs the trace (absolute path) as the parent run's `traffic_trace_uri` param, the
+    name the pipeline's tune step uses for its traffic_trace_uri; without --trace there is no such param."""
+    import json
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    trace = tmp_path / "traffic.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": k * 1000, "input_length": 500, "output_length": 50}) + "\n"
+                             for k in range(10)))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for args in (["--trace", str(trace)], []):
+        res = runner.invoke(app, ["tune", str(LLAMA_70B), "--mlflow-uri", uri, "--rate", "1", *args], env=ENV)
+        assert res.exit_code == 0, res.output
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    parents = sorted((r for r in runs if "mlflow.parentRunId" not in r.data.tags), key=lambda r: r.info.start_time)
+    assert [p.data.params.get("traffic_trace_uri") for p in parents] == [os.path.abspath(trace), None]
+    assert parents[0].data.params["isl_tokens"] == "500"

@@ -45,3 +45,22 @@ def test_parameters_are_validated_before_staging(tmp_path):
     assert checked >= {"model_name", "gpu", "precision", "ttft_p90_ms", "itl_p90_ms", "isl_tokens", "osl_tokens",
                        "request_rate_per_s", "gpu_budget", "registered_model"}
     assert not tasks["validate-parameters"].get("dependentTasks")
+
+
+def test_traffic_trace_uri_reaches_validate_and_tune_and_the_rate_defaults_to_not_chosen(tmp_path):
+    from pipelines.stage_tune_promote import S3_SECRET
+    from runtime.steps import AUTO_REQUEST_RATE
+
+    params, tasks = _root_and_dag(tmp_path)
+    assert params["traffic_trace_uri"]["defaultValue"] == ""  # no trace: isl_tokens/osl_tokens as before
+    assert params["request_rate_per_s"]["defaultValue"] == AUTO_REQUEST_RATE == 0.0  # the trace's rate, else 10/s
+    for task in ("validate-parameters", "tune-tp"):
+        inputs = tasks[task]["inputs"]["parameters"]
+        assert inputs["traffic_trace_uri"] == {"componentInputParameter": "traffic_trace_uri"}, task
+        assert inputs["fsx_root"] == {"componentInputParameter": "fsx_root"}, task
+    assert tasks["tune-tp"]["inputs"]["parameters"]["s3_endpoint_url"] == {"componentInputParameter": "s3_endpoint_url"}
+    docs = list(yaml.safe_load_all(compile_pipeline(tmp_path / "p2.yaml").read_text()))
+    executors = next(d for d in docs if "platforms" in d)["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    secrets = {s.get("secretName") or s.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
+               for s in executors["exec-tune-tp"]["secretAsEnv"]}
+    assert S3_SECRET in secrets  # an s3:// trace is read with the staging step's credentials

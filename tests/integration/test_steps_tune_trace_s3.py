@@ -1,0 +1,97 @@
+"""The pipeline's tune step reads `traffic_trace_uri` from a real S3 server (SeaweedFS on 127.0.0.1) with the
+staging step's client (the `s3_endpoint_url` parameter, credentials from the environment only) and logs to a
+real sqlite MLflow.
+
+Specification:
+* an s3:// trace sizes the champion for the trace's mean ISL/OSL and arrival rate, and the MLflow parent run
+  records the URI as the param `traffic_trace_uri`;
+* a missing object or wrong credentials fail the step naming the URI, never the secret, with nothing logged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.paths import data_dir
+from runtime.steps import AUTO_REQUEST_RATE, tune_step
+from runtime.tracking.traces import TrafficTraceError
+
+pytestmark = pytest.mark.integration
+
+LLAMA_8B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"
+# 40 requests, mean ISL 2000 (1000/3000), mean OSL 100 (50/150), one every 500 ms: 39 gaps in 19.5 s = 2.0/s
+TRACE = "".join(json.dumps({"timestamp": k * 500, "input_length": 1000 + 2000 * (k % 2),
+                            "output_length": 50 + 100 * (k % 2)}) + "\n" for k in range(40))
+
+
+@pytest.fixture
+def staged(tmp_path) -> Path:
+    from runtime.staging.stage import stage_model
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(LLAMA_8B.read_text())
+    (src / "model.safetensors").write_bytes(b"\0" * 16)
+    dest = tmp_path / "fsx" / "models" / "llama8"
+    stage_model(str(src), dest, progress=False)
+    return dest
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The server's key pair in the environment (as the pdserve-s3 Secret gives the step), no endpoint: the
+    step must use its s3_endpoint_url parameter."""
+    import os
+
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    for k, v in s3_server.env.items():
+        if k != "AWS_ENDPOINT_URL_S3":
+            monkeypatch.setenv(k, v)
+    return s3_server
+
+
+def _tune(staged: Path, db: Path, uri: str, endpoint: str):
+    return tune_step(str(staged), "llama8", "H100-SXM", "bf16", 2000.0, 50.0, 3000, 150, AUTO_REQUEST_RATE,
+                     f"sqlite:///{db}", "llama8-pd", traffic_trace_uri=uri, s3_endpoint_url=endpoint,
+                     fsx_root=str(staged.parents[1]))
+
+
+def test_an_s3_trace_sizes_the_champion_and_is_recorded_in_mlflow(s3_env, s3_client, s3_bucket, staged, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from runtime.tracking.mlflow_runs import load_champion
+
+    s3_client.put_object(Bucket=s3_bucket, Key="traffic/2026-12-01.jsonl", Body=TRACE.encode())
+    uri = f"s3://{s3_bucket}/traffic/2026-12-01.jsonl"
+    db = tmp_path / "mlflow.db"
+    out = _tune(staged, db, uri, s3_env.endpoint_url)
+
+    version, spec = load_champion(f"sqlite:///{db}", "llama8-pd")
+    assert out.champion_version == version
+    assert (spec.workload.isl_tokens, spec.workload.osl_tokens) == (2000, 100)
+    assert spec.workload.request_rate_per_s == pytest.approx(2.0)
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.data.params["traffic_trace_uri"] == uri
+    assert parent.data.params["isl_tokens"] == "2000" and parent.data.params["request_rate_per_s"] == "2"
+
+
+def test_a_missing_object_or_wrong_credentials_name_the_uri_not_the_secret(s3_env, s3_bucket, staged, tmp_path,
+                                                                          monkeypatch):
+    db = tmp_path / "mlflow.db"
+    uri = f"s3://{s3_bucket}/traffic/none.jsonl"
+    with pytest.raises(TrafficTraceError, match=r"traffic_trace_uri: s3://.*/traffic/none\.jsonl: .*NoSuchKey"):
+        _tune(staged, db, uri, s3_env.endpoint_url)
+
+    secret = "wrong-secret-0123456789abcdef"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    with pytest.raises(TrafficTraceError) as e:
+        _tune(staged, db, uri, s3_env.endpoint_url)
+    assert str(e.value).startswith(f"traffic_trace_uri: {uri}: cannot read the object from S3")
+    assert secret not in str(e.value) and s3_env.access_key_id not in str(e.value)
+    assert not db.exists()  # nothing logged or registered

@@ -1,0 +1,208 @@
+"""The pipeline's tune step sized for a recorded trace (`traffic_trace_uri`), as `pdserve tune --trace`.
+
+Specification:
+* validate-parameters refuses a `traffic_trace_uri` that is neither an s3://bucket/key object URI nor an
+  absolute path under fsx_root (or names no .jsonl/.csv trace), all problems named at once, reading nothing;
+* with a trace, the spec's workload records the trace's rounded mean ISL/OSL (isl_tokens/osl_tokens are
+  ignored) and the tuner gets the trace's length sample: the winner equals `pdserve tune --trace`'s;
+* request_rate_per_s 0 means "not chosen": the trace's mean arrival rate (no trace: 10/s); a positive rate wins;
+* a trace that cannot be read, holds no valid request, or (with rate 0) has no arrival times fails the step
+  naming the URI, before the model is read and with nothing logged;
+* the URI reaches log_tuning (the MLflow parent run's `traffic_trace_uri` param).
+
+MLflow is replaced by a recorder of what tune_step would log; tests/integration/test_steps_tune_trace_s3.py reads
+the trace from a real S3 server and logs to a real MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from runtime.config import DeploymentSpec
+from runtime.paths import data_dir
+from runtime.steps import AUTO_REQUEST_RATE, tune_step, validate_step
+from runtime.tracking.traces import TrafficTraceError
+
+LLAMA_8B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"
+AZURE = data_dir() / "traces" / "azure2023_conv.csv"
+# 60 requests, mean ISL 1000 (600/1000/1400), mean OSL 200, one every 250 ms: 59 gaps in 14.75 s = 4.0/s
+PAIRS = [(600, 100), (1000, 200), (1400, 300)] * 20
+
+
+def _write_trace(path: Path, pairs=PAIRS, gap_ms: float | None = 250.0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for k, (i, o) in enumerate(pairs):
+        rec = {"input_length": i, "output_length": o}
+        if gap_ms is not None:
+            rec["timestamp"] = k * gap_ms
+        lines.append(json.dumps(rec) + "\n")
+    path.write_text("".join(lines))
+    return path
+
+
+@pytest.fixture
+def fsx(tmp_path) -> Path:
+    """An FSx stand-in holding a staged Llama-3.1-8B config (marker + manifest) under models/m."""
+    from runtime.staging.stage import stage_model
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(LLAMA_8B.read_text())
+    (src / "model.safetensors").write_bytes(b"\0" * 16)
+    stage_model(str(src), tmp_path / "fsx" / "models" / "m", progress=False)
+    return tmp_path / "fsx"
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """log_tuning replaced by a recorder of its spec and traffic_trace_uri."""
+    import runtime.tracking.mlflow_runs as mr
+
+    seen: dict = {}
+
+    def fake_log_tuning(result, *, tracking_uri, experiment, registered_model, spec=None, traffic_trace_uri=None,
+                        **kw):
+        seen.update(spec=spec, traffic_trace_uri=traffic_trace_uri)
+        return "1"
+    monkeypatch.setattr(mr, "log_tuning", fake_log_tuning)
+    return seen
+
+
+def _tune(fsx: Path, trace: str, rate: float = AUTO_REQUEST_RATE, model_path: Path | None = None, **kw):
+    return tune_step(str(model_path or fsx / "models" / "m"), "m", "H100-SXM", "bf16", 2000.0, 50.0, 9999, 7, rate,
+                     "sqlite:///unused.db", "m-pd", traffic_trace_uri=trace, fsx_root=str(fsx), **kw)
+
+
+VALID = dict(model_name="m", gpu="H100-SXM", precision="auto", ttft_p90_ms=2000.0, itl_p90_ms=50.0,
+             isl_tokens=3000, osl_tokens=150, request_rate_per_s=AUTO_REQUEST_RATE, gpu_budget=64,
+             registered_model="m-pd", fsx_root="/fsx")
+
+
+@pytest.mark.parametrize("uri", ["", "s3://traffic/2026/12/log.jsonl", "/fsx/traces/azure.csv", "/fsx/t.JSONL"])
+def test_validate_accepts_no_trace_an_s3_object_or_a_path_under_fsx_root(uri):
+    validate_step(**VALID, traffic_trace_uri=uri)
+
+
+@pytest.mark.parametrize(("uri", "needle"), [
+    ("traces/t.jsonl", "must be an s3://bucket/key object URI or an absolute path"),
+    ("s3://traffic/logs/", "needs an object key"),
+    ("s3://Bad_Bucket/t.jsonl", "not a valid S3 bucket name"),
+    ("gs://traffic/t.jsonl", "must be an s3://bucket/key object URI or an absolute path"),
+    ("/data/t.jsonl", "must be under fsx_root '/fsx'"),
+    ("/fsxother/t.jsonl", "must be under fsx_root '/fsx'"),
+    ("/fsx/../etc/t.jsonl", "'..'"),
+    ("/fsx/t.parquet", "must name a .jsonl"),
+    ("s3://traffic/t.jsonl.gz", "must name a .jsonl"),
+])
+def test_validate_refuses_a_malformed_trace_uri_naming_it(uri, needle):
+    with pytest.raises(ValueError) as e:
+        validate_step(**VALID, traffic_trace_uri=uri)
+    assert "traffic_trace_uri" in str(e.value) and uri in str(e.value) and needle in str(e.value)
+
+
+def test_validate_names_a_bad_trace_uri_with_the_other_bad_parameters():
+    with pytest.raises(ValueError) as e:
+        validate_step(**(VALID | {"gpu": "H100-SMX", "request_rate_per_s": -1.0}), traffic_trace_uri="t.jsonl")
+    msg = str(e.value)
+    assert "traffic_trace_uri 't.jsonl'" in msg and "H100-SMX" in msg and "request_rate_per_s" in msg
+
+
+def test_the_spec_records_the_traces_mean_lengths_and_arrival_rate(fsx, recorded):
+    trace = _write_trace(fsx / "traces" / "log.jsonl")
+    _tune(fsx, str(trace))
+    w = recorded["spec"].workload
+    assert (w.isl_tokens, w.osl_tokens) == (1000, 200)  # not the 9999/7 passed as isl_tokens/osl_tokens
+    assert w.request_rate_per_s == pytest.approx(4.0)
+    assert recorded["traffic_trace_uri"] == str(trace)
+
+
+def test_a_positive_rate_wins_over_the_traces_and_no_trace_at_rate_0_is_10_per_s(fsx, recorded):
+    trace = _write_trace(fsx / "traces" / "log.jsonl")
+    _tune(fsx, str(trace), rate=7.0)
+    assert recorded["spec"].workload.request_rate_per_s == 7.0
+    _tune(fsx, "")
+    w = recorded["spec"].workload
+    assert (w.isl_tokens, w.osl_tokens, w.request_rate_per_s) == (9999, 7, 10.0)
+    assert recorded["traffic_trace_uri"] is None
+
+
+def test_the_winner_is_the_one_pdserve_tune_trace_picks(fsx, recorded, tmp_path):
+    from runtime.cli import app
+
+    trace = fsx / "traces" / "azure2023_conv.csv"  # the real Azure trace: a wide length mix, ISO timestamps
+    trace.parent.mkdir()
+    trace.write_bytes(AZURE.read_bytes())
+    out = tmp_path / "cli-spec.json"
+    res = CliRunner().invoke(app, ["tune", str(fsx / "models" / "m"), "--precision", "bf16", "--trace", str(trace),
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    cli = DeploymentSpec.model_validate_json(out.read_text())
+    step = _tune(fsx, str(trace))
+    spec = recorded["spec"]
+    assert spec.workload == cli.workload
+    assert (spec.prefill, spec.decode) == (cli.prefill, cli.decode)
+    assert (step.prefill_tp, step.decode_tp) == (cli.prefill.tp, cli.decode.tp)
+
+
+class _Metrics(dict):
+    """What KFP's Output[Metrics] offers tune_step (runtime.steps.MetricsSink), kept in a dict."""
+
+    def log_metric(self, metric: str, value: float) -> None:
+        self[metric] = value
+
+
+def test_the_sample_not_only_the_means_sizes_prefill(fsx, recorded):
+    # same mean ISL (1000), OSL and rate, but one trace mixes 100- and 1900-token prompts: prefill's M/G/1
+    # waiting time grows with the prompts' second moment, so the winner's predicted TTFT p90 is longer
+    even = _write_trace(fsx / "even.jsonl", [(1000, 200)] * 60, gap_ms=10.0)
+    mixed = _write_trace(fsx / "mixed.jsonl", [(100, 200), (1900, 200)] * 30, gap_ms=10.0)
+    m_even, m_mixed = _Metrics(), _Metrics()
+    _tune(fsx, str(even), metrics=m_even)
+    a = recorded["spec"]
+    _tune(fsx, str(mixed), metrics=m_mixed)
+    b = recorded["spec"]
+    assert a.workload == b.workload  # identical means and rate (100/s): only the sample differs
+    assert a.workload.request_rate_per_s == pytest.approx(100.0)
+    assert m_mixed["ttft_p90_ms"] > 2 * m_even["ttft_p90_ms"]  # 1563 vs 335 ms for Llama-3.1-8B at TP 1
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    ('{"timestamp": 0, "input_length": 0, "output_length": 5}\n', "no request with input and output length >= 1"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 5}\nnot json\n', ":2: not JSON"),
+    ('{"timestamp": 0, "prompt": "hi"}\n', ":1: missing key(s) input_length, output_length"),
+    ("", "no request with input and output length >= 1"),
+])
+def test_bad_trace_contents_fail_naming_the_uri_before_the_model_is_read(fsx, recorded, tmp_path, content, needle):
+    trace = fsx / "traces" / "bad.jsonl"
+    trace.parent.mkdir()
+    trace.write_text(content)
+    with pytest.raises(TrafficTraceError) as e:  # tmp_path is no staged model: the trace fails first
+        _tune(fsx, str(trace), model_path=tmp_path)
+    assert str(e.value).startswith(f"traffic_trace_uri: {trace}") and needle in str(e.value)
+    assert recorded == {}
+
+
+def test_a_missing_trace_names_the_uri(fsx, recorded):
+    with pytest.raises(TrafficTraceError, match=r"traffic_trace_uri: .*/fsx/traces/none\.jsonl: cannot read"):
+        _tune(fsx, str(fsx / "traces" / "none.jsonl"))
+    assert recorded == {}
+
+
+def test_no_arrival_times_need_a_rate(fsx, recorded):
+    trace = _write_trace(fsx / "traces" / "untimed.jsonl", gap_ms=None)
+    with pytest.raises(TrafficTraceError, match="no usable arrival times.*set request_rate_per_s > 0"):
+        _tune(fsx, str(trace))
+    assert recorded == {}
+    _tune(fsx, str(trace), rate=2.0)
+    assert recorded["spec"].workload.request_rate_per_s == 2.0
+
+
+def test_the_tune_step_checks_the_uri_itself(fsx, recorded):
+    with pytest.raises(ValueError, match="must be under fsx_root"):
+        _tune(fsx, "/etc/passwd.csv")
+    assert recorded == {}
