@@ -427,9 +427,7 @@ def tune(
                          "(staged) model folder as CONFIG for `pdserve promote` to verify and `pdserve serve` to load it"))
     peak = None
     if trace is not None:  # the planner's ceiling follows the trace's busiest minute, not only 2x the mean
-        from runtime.tracking.traces import read_peak_rate
-
-        peak = read_peak_rate(trace)
+        peak = traced.peak_rate_per_s
         peak = peak if peak is not None and peak > rate else None
     spec = result.to_deployment_spec(ModelRef(name=model.name, path=model_folder), peak_rate_per_s=peak)
     if peak is not None:

@@ -317,16 +317,18 @@ def tune_step(
     params = check_tune_parameters(  # before reading, tuning or logging anything
         gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s, gpu_budget,
         registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root)
-    workload, sample = params.workload, None
+    workload, sample, peak = params.workload, None, None
     if params.traffic_trace_uri:
-        workload, sample = _trace_workload(params, s3_client=s3_client, s3_endpoint_url=s3_endpoint_url)
+        workload, sample, peak = _trace_workload(params, s3_client=s3_client, s3_endpoint_url=s3_endpoint_url)
     verify_staged(Path(model_path))
     model = load_model_spec(Path(model_path) / "config.json")
     precision = checkpoint_precision(model) if params.precision == AUTO_PRECISION else params.precision
     result = tune(model, params.gpu, params.slo, workload, precision=precision,
                   tps=tp_choices(gpu), sample=sample)  # an instance type bounds TP by its GPU count
     model_ref = ModelRef(name=model_name, path=os.path.abspath(model_path))  # promote runs elsewhere
-    spec = result.to_deployment_spec(model_ref)
+    # as `pdserve tune --trace`: the planner may scale up to what the trace's busiest minute needs
+    spec = result.to_deployment_spec(
+        model_ref, peak_rate_per_s=peak if peak is not None and peak > workload.request_rate_per_s else None)
     spec.planner.gpu_budget = params.gpu_budget  # as `pdserve tune --gpu-budget`, before the check
     try:
         check_gpu_budget(spec)
@@ -366,8 +368,9 @@ def tune_step(
 
 
 def _trace_workload(params: TuneParameters, *, s3_client: Any, s3_endpoint_url: str):
-    """(WorkloadSpec, LengthSample) of `params.traffic_trace_uri`, as `pdserve tune --trace` builds them: the
-    trace's rounded mean ISL/OSL and, when `params.rate_from_trace`, its mean arrival rate (else the given rate).
+    """(WorkloadSpec, LengthSample, peak rate or None) of `params.traffic_trace_uri`, as `pdserve tune --trace`
+    builds them: the trace's rounded mean ISL/OSL and, when `params.rate_from_trace`, its mean arrival rate (else
+    the given rate); the peak is its busiest minute's rate (requests/s).
 
     Raises:
         runtime.tracking.traces.TrafficTraceError: unreadable or not a trace, or no usable arrival times when
@@ -384,7 +387,7 @@ def _trace_workload(params: TuneParameters, *, s3_client: Any, s3_endpoint_url: 
         raise TrafficTraceError(f"traffic_trace_uri: {uri} has no usable arrival times (timestamp / TIMESTAMP on "
                                 "every line, at least two distinct): set request_rate_per_s > 0")
     workload = WorkloadSpec(isl_tokens=traced.isl_tokens, osl_tokens=traced.osl_tokens, request_rate_per_s=rate)
-    return workload, traced.sample
+    return workload, traced.sample, traced.peak_rate_per_s
 
 
 def promote_step(

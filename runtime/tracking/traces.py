@@ -223,13 +223,15 @@ class TraceWorkload(NamedTuple):
     isl_tokens: int  # the sample's mean ISL, rounded, >= 1: what the spec's workload records
     osl_tokens: int  # the sample's mean OSL, rounded, >= 1
     request_rate_per_s: float | None  # mean arrival rate (read_arrival_rate); None: unusable or not read
+    peak_rate_per_s: float | None = None  # busiest whole minute (read_peak_rate); None: shorter or no times
 
 
 def load_trace_workload(path: Path, *, read_rate: bool = True) -> TraceWorkload:
     """The workload a trace stands for: its length sample (:func:`load_length_sample`), the sample's mean ISL and
     OSL rounded to whole tokens (at least 1; the tuner sizes with the sample, the spec records these means) and,
     with ``read_rate``, its mean arrival rate (:func:`read_arrival_rate`, requests/s; None when the trace has no
-    usable arrival times, which the caller reports with its own way to give a rate).
+    usable arrival times, which the caller reports with its own way to give a rate); always its busiest
+    minute's rate (:func:`read_peak_rate`: the planner ceiling, ``TuneResult.to_deployment_spec``).
 
     Raises:
         TraceFormatError: as :func:`load_length_sample` (unknown format, missing keys/columns, a bad line, no
@@ -238,7 +240,8 @@ def load_trace_workload(path: Path, *, read_rate: bool = True) -> TraceWorkload:
     """
     sample = load_length_sample(path)
     rate = read_arrival_rate(path) if read_rate else None
-    return TraceWorkload(sample, max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl)), rate)
+    return TraceWorkload(sample, max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl)), rate,
+                         read_peak_rate(path))
 
 
 class TrafficTraceError(ValueError):

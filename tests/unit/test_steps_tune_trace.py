@@ -206,3 +206,29 @@ def test_the_tune_step_checks_the_uri_itself(fsx, recorded):
     with pytest.raises(ValueError, match="must be under fsx_root"):
         _tune(fsx, "/etc/passwd.csv")
     assert recorded == {}
+
+
+def test_a_bursty_traces_peak_raises_the_planner_ceiling_as_the_cli_does(tmp_path, recorded):
+    """The tune step, like `pdserve tune --trace`, lets the planner scale up to what the trace's busiest minute
+    needs (tests/unit/test_cli_tune_trace.py checks the arithmetic): same spec from both."""
+    from runtime.cli import app
+    from runtime.staging.stage import stage_model
+    from tests.unit.test_cli_tune_trace import _bursty
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text((data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json").read_text())
+    (src / "model.safetensors").write_bytes(b"\0" * 16)
+    fsx = tmp_path / "fsx"
+    stage_model(str(src), fsx / "models" / "m", progress=False)
+    (fsx / "traces").mkdir()
+    trace = _bursty(fsx / "traces" / "bursty.jsonl")
+    out = tmp_path / "cli-spec.json"
+    res = CliRunner().invoke(app, ["tune", str(fsx / "models" / "m"), "--precision", "bf16", "--trace", str(trace),
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    cli = DeploymentSpec.model_validate_json(out.read_text())
+    _tune(fsx, str(trace))
+    spec = recorded["spec"]
+    assert (spec.prefill, spec.decode) == (cli.prefill, cli.decode)
+    assert spec.prefill.max_replicas > max(8, 2 * spec.prefill.replicas)  # raised by the 30/s minute
