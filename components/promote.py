@@ -17,11 +17,13 @@ def promote(
     apply: bool,
     kube_context: str,
     manifests: Output[Artifact],
+    traffic_upload_uri: str = "",
 ):
-    """Render the `champion` version's objects to `manifests` (YAML); apply them when `apply` is true."""
+    """Render the `champion` version's objects to `manifests` (YAML); apply them when `apply` is true.
+    `traffic_upload_uri` (s3://bucket/prefix/, "" = off): the runtime records its traffic and ships it there."""
     from runtime.steps import promote_step
 
     manifests.metadata.update(
         promote_step(champion_version, registered_model, mlflow_tracking_uri, namespace, image, pvc_name,
-                     apply, kube_context, manifests.path)
+                     apply, kube_context, manifests.path, traffic_upload_uri=traffic_upload_uri)
     )

@@ -27,6 +27,11 @@ always wins (size a recorded mix for a different load). A malformed URI (neither
 absolute path under `fsx_root`, or not .jsonl/.csv) fails validate-parameters; an unreadable trace, or one with
 no valid request, fails tune-tp naming the URI before the model is read. The MLflow parent run records it as
 the param `traffic_trace_uri`.
+
+`traffic_upload_uri` (``s3://bucket/prefix/``; "" = off) makes the promoted runtime record its traffic (one line
+per finished request, no content) and ship it under ``<prefix><InferenceService>/``: the recorded traffic a
+later run's `traffic_trace_uri` or `pdserve batch retune-schedule --traffic` re-tunes for. Checked by
+validate-parameters.
 """
 
 
@@ -87,12 +92,14 @@ def stage_tune_promote(
     apply: bool = False,
     kube_context: str = "",
     traffic_trace_uri: str = "",  # "": size for isl_tokens/osl_tokens; else s3://bucket/key or a path under fsx_root
+    traffic_upload_uri: str = "",  # "": the endpoint records no traffic; else s3://bucket/prefix/ (module doc)
 ) -> NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact):
     # Parameters tune would refuse fail here, in seconds, not after stage-weights copied the whole model.
     validated = validate_parameters(
         model_name=model_name, gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms,
         isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
+        traffic_upload_uri=traffic_upload_uri,
     ).set_display_name("validate-parameters")
 
     staged = stage_weights(
@@ -113,7 +120,7 @@ def stage_tune_promote(
     promoted = promote(
         champion_version=tuned.outputs["champion_version"], registered_model=registered_model,
         mlflow_tracking_uri=mlflow_tracking_uri, namespace=namespace, image=image, pvc_name=pvc_name,
-        apply=apply, kube_context=kube_context,
+        apply=apply, kube_context=kube_context, traffic_upload_uri=traffic_upload_uri,
     ).set_display_name("promote")
     _on_cluster(promoted, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS})
 

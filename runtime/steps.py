@@ -197,12 +197,13 @@ def staged_model_dir(fsx_root: str | Path, model_name: str) -> Path:
 def validate_step(
     model_name: str, gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int,
     osl_tokens: int, request_rate_per_s: float, gpu_budget: int, registered_model: str, *,
-    traffic_trace_uri: str = "", fsx_root: str | None = None,
+    traffic_trace_uri: str = "", fsx_root: str | None = None, traffic_upload_uri: str = "",
 ) -> None:
     """Check every parameter that needs no model and no network, so a pipeline fails before staging copies
     the weights (tens of GB) when tune would refuse them anyway: `model_name` (`check_model_name`) and the
     tune parameters (`check_tune_parameters`), including the form of `traffic_trace_uri` (an s3:// object URI
-    or an absolute path under `fsx_root`, a .jsonl/.csv name; its contents are read by the tune step).
+    or an absolute path under `fsx_root`, a .jsonl/.csv name; its contents are read by the tune step), and
+    promote's `traffic_upload_uri` ("" or ``s3://bucket/prefix/``, runtime.server.traffic.check_upload_uri).
 
     Raises:
         ValueError: every bad parameter named in one message.
@@ -217,6 +218,13 @@ def validate_step(
                               gpu_budget, registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root)
     except ValueError as e:
         problems.append(str(e))
+    if traffic_upload_uri:
+        from runtime.server.traffic import check_upload_uri
+
+        try:
+            check_upload_uri(traffic_upload_uri)
+        except ValueError as e:
+            problems.append(str(e).replace("--traffic-upload", "traffic_upload_uri", 1))
     if problems:
         raise ValueError("; ".join(problems))
 

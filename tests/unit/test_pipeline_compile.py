@@ -64,3 +64,24 @@ def test_traffic_trace_uri_reaches_validate_and_tune_and_the_rate_defaults_to_no
     secrets = {s.get("secretName") or s.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
                for s in executors["exec-tune-tp"]["secretAsEnv"]}
     assert S3_SECRET in secrets  # an s3:// trace is read with the staging step's credentials
+
+
+def test_traffic_upload_uri_reaches_validate_and_promote(tmp_path):
+    params, tasks = _root_and_dag(tmp_path)
+    assert params["traffic_upload_uri"]["defaultValue"] == ""  # off: the endpoint records nothing
+    for task in ("validate-parameters", "promote"):
+        inputs = tasks[task]["inputs"]["parameters"]
+        assert inputs["traffic_upload_uri"] == {"componentInputParameter": "traffic_upload_uri"}, task
+
+
+def test_a_bad_traffic_upload_uri_fails_validation_with_the_other_problems():
+    from runtime.steps import validate_step
+
+    with pytest.raises(ValueError) as e:
+        validate_step("m", "H100-SMX", "auto", 2000.0, 50.0, 3000, 150, 0.0, 64, "m-pd",
+                      traffic_upload_uri="s3://pdserve-traffic/online")
+    msg = str(e.value)
+    assert "traffic_upload_uri 's3://pdserve-traffic/online'" in msg and "must end in '/'" in msg
+    assert "H100-SMX" in msg  # named together with the other bad parameter
+    validate_step("m", "H100-SXM", "auto", 2000.0, 50.0, 3000, 150, 0.0, 64, "m-pd",
+                  traffic_upload_uri="s3://pdserve-traffic/online/")
