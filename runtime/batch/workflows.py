@@ -62,7 +62,7 @@ PART_OF = {"app.kubernetes.io/part-of": "pdserve"}
 WORKFLOW_NAME_MAX = 63 - 6
 # The controller names each run <cron name>-<unix minutes> (Argo's documented CronWorkflow limit, as CronJob).
 CRON_NAME_MAX = 52
-TRACE_SUFFIXES = (".csv", ".jsonl")
+TRACE_SUFFIXES = (".csv", ".jsonl", ".json")  # runtime.tracking.traces.READABLE_SUFFIXES (pure: no import)
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _GPU = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -99,8 +99,8 @@ def split_traffic_uri(uri: str, what: str = "traffic_uri") -> tuple[str, str, bo
         return bucket, key, True
     bucket, key = split_s3_uri(uri, what)
     if not key.lower().endswith(TRACE_SUFFIXES):
-        raise ValueError(f"{what} {uri!r}: must name a .csv (Azure) or .jsonl (Mooncake) trace, or a prefix ending "
-                         "in '/' holding such files")
+        raise ValueError(f"{what} {uri!r}: must name a .csv (Azure) or .jsonl / .json (Mooncake) trace, or a "
+                         "prefix ending in '/' holding such files")
     return bucket, key, False
 
 
