@@ -334,13 +334,14 @@ def main(argv: list[str] | None = None) -> None:
         except OSError as exc:
             sys.exit(f"--traffic-log {args.traffic_log}: cannot append: {exc.strerror or exc}")
     if args.traffic_upload is not None:
-        from runtime.server.traffic import check_upload_uri, traffic_source_name
+        from runtime.server.traffic import check_ship_interval, check_upload_uri, traffic_source_name
 
         if args.traffic_log is None:
             sys.exit("--traffic-upload needs --traffic-log (it ships that file)")
         try:
             check_upload_uri(args.traffic_upload)
             traffic_source_name(args.traffic_source)
+            check_ship_interval(args.traffic_upload_interval_s)
         except ValueError as exc:
             sys.exit(str(exc))
     # KServe parses sys.argv at import (parse_known_args); hide our flags from it.

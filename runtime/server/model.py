@@ -519,7 +519,7 @@ class PDModel(OpenAIGenerativeModel):
                  itl_s: float | None = None) -> None:
         """Feed the planner's request window and the traffic log (each if any) with one finished request."""
         if self.traffic_log is not None:
-            self.traffic_log.record(int(usage.get("prompt_tokens") or 0), int(osl_tokens))
+            self.traffic_log.record(int(usage.get("prompt_tokens") or 0), int(osl_tokens), ago_s=total_s)
         if self.observer is None:
             return
         if not arrival_recorded:

@@ -28,11 +28,12 @@ from runtime.tracking.traces import read_isl_osl  # noqa: E402
 from tests.unit.test_server_model import FakeWorkers, _request  # noqa: E402
 
 
-def _model(workers: FakeWorkers, log: TrafficLog) -> PDModel:
+def _model(workers: FakeWorkers, log: TrafficLog, clock=None) -> PDModel:  # noqa: ANN001
     transport = httpx.MockTransport(workers.handler)
+    kw = {} if clock is None else {"clock": clock}
     return PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
                    metrics=RuntimeMetrics(CollectorRegistry()),
-                   client_factory=lambda url: VllmClient(url, transport=transport), traffic_log=log)
+                   client_factory=lambda url: VllmClient(url, transport=transport), traffic_log=log, **kw)
 
 
 async def test_each_finished_request_appends_its_usage_and_nothing_the_client_sent(tmp_path):
@@ -40,13 +41,19 @@ async def test_each_finished_request_appends_its_usage_and_nothing_the_client_se
     path.parent.mkdir()
     path.write_text('{"timestamp":1,"input_length":9,"output_length":9,"hash_ids":[]}\n')  # an earlier run's
     log = TrafficLog(path, wall_clock=lambda: 1_700_000_000.25)
-    model = _model(FakeWorkers(), log)
+    ticks = iter(range(0, 10_000, 2))  # the model's monotonic clock: every reading 2 s later than the last
+    model = _model(FakeWorkers(), log, clock=lambda: float(next(ticks)))
     await model.create_chat_completion(_request(user="alice@example.com"))
     [e async for e in await model.create_chat_completion(_request(stream=True))]
     log.close()
     text = path.read_text()
     lines = [json.loads(x) for x in text.splitlines()]
-    assert lines[1:] == [{"timestamp": 1_700_000_000_250, "input_length": 5, "output_length": 2, "hash_ids": []}] * 2
+    assert [{k: v for k, v in x.items() if k != "timestamp"} for x in lines[1:]] == [
+        {"input_length": 5, "output_length": 2, "hash_ids": []}] * 2
+    # the timestamp is the ARRIVAL: the finish time less the request's latency (whole 2 s readings here)
+    for x in lines[1:]:
+        back = 1_700_000_000_250 - x["timestamp"]
+        assert back >= 2000 and back % 2000 == 0
     assert "capital" not in text and "alice" not in text  # no prompt, no user field
     assert read_isl_osl(path) == [(9, 9), (5, 2), (5, 2)]
     assert [r.input_tokens for r in parse_mooncake(text.splitlines())] == [9, 5, 5]
