@@ -91,13 +91,20 @@ def split_traffic_uri(uri: str, what: str = "traffic_uri") -> tuple[str, str, bo
     zero-byte "folder" object that S3 consoles create under that name is not fetched as the trace).
 
     Raises:
-        ValueError: (message naming ``what``) not s3://, a bad bucket, no key, or an object key that is neither
-            .csv nor .jsonl.
+        ValueError: (message naming ``what``) not s3://, a bad bucket, no key, an object key that is neither
+            .csv nor .jsonl / .json, an empty, '.' or '..' path segment, or a '$' (``$(VAR)`` is expanded by the
+            kubelet in container args).
     """
+    if isinstance(uri, str) and "$" in uri:  # the kubelet expands $(VAR) in the tune step's args
+        raise ValueError(f"{what} {uri!r}: must not contain '$'")
     if isinstance(uri, str) and uri.endswith("/"):
         bucket, key = split_s3_uri(uri.rstrip("/"), what)  # the bucket and a non-empty prefix checked as a key
+        if any(seg in ("", ".", "..") for seg in key.split("/")):
+            raise ValueError(f"{what} {uri!r}: empty, '.' or '..' path segment in the prefix")
         return bucket, key, True
     bucket, key = split_s3_uri(uri, what)
+    if any(seg in ("", ".", "..") for seg in key.split("/")):
+        raise ValueError(f"{what} {uri!r}: empty, '.' or '..' path segment in the key")
     if not key.lower().endswith(TRACE_SUFFIXES):
         raise ValueError(f"{what} {uri!r}: must name a .csv (Azure) or .jsonl / .json (Mooncake) trace, or a "
                          "prefix ending in '/' holding such files")

@@ -64,7 +64,12 @@ def traffic_args(target: ClusterTarget, *, name: str) -> list[str]:
     if target.traffic_upload_uri is None:
         return []
     return [f"--traffic-log={TRAFFIC_DIR}/traffic.jsonl", f"--traffic-upload={target.traffic_upload_uri}{name}/",
-            f"--traffic-upload-interval-s={target.traffic_upload_interval_s:g}"]
+            f"--traffic-upload-interval-s={_exact(target.traffic_upload_interval_s)}"]
+
+
+def _exact(x: float) -> str:
+    """A number as an argument without rounding (``repr``), integers without a fraction (``60``, not ``60.0``)."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
 # Policies the runtime's discovery pairing serves without the KV-aware router: cache- and load-blind, so
@@ -205,7 +210,10 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
     if target.traffic_upload_uri is not None:  # a writable folder for the log; S3 credentials optional (IAM)
         predictor["volumes"] = [{"name": "traffic", "emptyDir": {"sizeLimit": TRAFFIC_VOLUME_SIZE}}]
         predictor["model"]["volumeMounts"] = [{"name": "traffic", "mountPath": TRAFFIC_DIR}]
-        predictor["model"]["envFrom"] = [{"secretRef": {"name": target.s3_secret, "optional": True}}]
+        # only the two keys, each optional: the internet-facing runtime gets nothing else the Secret may hold
+        predictor["model"]["env"] += [
+            {"name": k, "valueFrom": {"secretKeyRef": {"name": target.s3_secret, "key": k, "optional": True}}}
+            for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
     if canary_traffic_percent is not None:
         if not 0 <= canary_traffic_percent <= 100:
             raise ManifestError(f"canary_traffic_percent: {canary_traffic_percent} is not in 0..100")

@@ -65,7 +65,8 @@ class ClusterTarget(BaseModel):
         "retune-schedule --traffic`; None records nothing.",
     )
     traffic_upload_interval_s: float = Field(
-        default=300.0, gt=0, description="Seconds between the runtime's traffic shipments (and one at shutdown)."
+        default=300.0, gt=0, le=86400, allow_inf_nan=False,
+        description="Seconds between the runtime's traffic shipments (and one at shutdown), at most a day."
     )
     s3_secret: str = Field(
         default="pdserve-s3", description="Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY the runtime "

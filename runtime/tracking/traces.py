@@ -34,7 +34,8 @@ class TraceFormatError(ValueError):
 
 def trace_files(path: Path) -> list[Path]:
     """The files a trace consists of: ``[path]`` for a file; for a directory, every ``.jsonl`` / ``.json`` /
-    ``.csv`` file below it (recursively, hidden files and folders skipped), sorted by relative path.
+    ``.csv`` file below it (recursively; hidden files and folders, empty files and second links to a file
+    already taken skipped), sorted by relative path.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -46,11 +47,16 @@ def trace_files(path: Path) -> list[Path]:
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such trace file or directory")
         return [path]
-    files = sorted(
-        (f for f in path.rglob("*")
-         if f.is_file() and f.suffix.lower() in JSONL_SUFFIXES + CSV_SUFFIXES
-         and not any(part.startswith(".") for part in f.relative_to(path).parts)),
-        key=lambda f: f.relative_to(path).as_posix())
+    files, seen = [], set()
+    for f in sorted(path.rglob("*"), key=lambda f: f.relative_to(path).as_posix()):
+        if (not f.is_file() or f.suffix.lower() not in READABLE_SUFFIXES
+                or any(part.startswith(".") for part in f.relative_to(path).parts)):
+            continue
+        real = f.resolve()
+        if real in seen or f.stat().st_size == 0:  # a file linked twice counts once; an empty one adds nothing
+            continue
+        seen.add(real)
+        files.append(f)
     if not files:
         raise TraceFormatError(f"{path}: directory holds no trace file (.jsonl, .json or .csv): was any traffic "
                                "recorded?")
@@ -127,28 +133,26 @@ def read_arrival_rate(path: Path) -> float | None:
 
     Raises:
         FileNotFoundError: no such file or directory.
-        TraceFormatError: a directory without trace files or mixing formats (``trace_files``). (Format
-            problems inside a file give None: the lengths reader names them.)
+        TraceFormatError: a directory without trace files, mixing formats (``trace_files``), or mixing files
+            timed from their own start (Mooncake) with files in Unix time (traffic logs): their times cannot
+            be merged. (Format problems inside a file give None: the lengths reader names them.)
     """
-    times: list[float] = []
-    for f in trace_files(path):
-        t = _arrival_times(f)
-        if t is None:
-            return None
-        times += t
-    if len(times) < 2 or max(times) <= min(times):
+    times = _merged_times(path)
+    if times is None or len(times) < 2 or times[-1] <= times[0]:
         return None
-    return (len(times) - 1) / (max(times) - min(times))
+    return (len(times) - 1) / (times[-1] - times[0])
 
 
 PEAK_WINDOW_S = 60.0  # the busiest minute: the time scale the planner reacts on (PlannerSpec interval ~ 10-60 s)
+UNIX_TIME_MIN_S = 1e9  # 2001-09-09: earlier JSONL times are offsets from a trace's own start (Mooncake)
+TIME_MAX_S = 4.1e9  # 2099: a later time is a unit mix-up (us or ns), not an arrival
 
 
 def read_peak_rate(path: Path, window_s: float = PEAK_WINDOW_S) -> float | None:
-    """Arrival rate of the busiest ``window_s`` window of the trace, requests/s: the arrivals are cut into
-    consecutive windows from the first one (a last, partial window is left out), and the fullest window's
-    count over ``window_s`` is returned. None when the trace has no usable times (as ``read_arrival_rate``) or
-    spans less than one whole window.
+    """Arrival rate of the busiest ``window_s`` of the trace, requests/s: the most arrivals in any window of
+    that length (sliding over the sorted arrival times, so a burst across a minute boundary is seen whole)
+    over ``window_s``. None when the trace has no usable times (as ``read_arrival_rate``) or spans less than
+    one window (its mean rate is then all there is).
 
     Raises:
         ValueError: ``window_s`` <= 0.
@@ -156,24 +160,36 @@ def read_peak_rate(path: Path, window_s: float = PEAK_WINDOW_S) -> float | None:
     """
     if not window_s > 0:
         raise ValueError(f"window_s must be > 0, got {window_s!r}")
+    times = _merged_times(path)
+    if times is None or len(times) < 2 or times[-1] - times[0] < window_s:
+        return None
+    best, lo = 0, 0
+    for hi, t in enumerate(times):  # two pointers: times[lo..hi] lie within [t - window_s, t]
+        while times[lo] < t - window_s:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best / window_s
+
+
+def _merged_times(path: Path) -> list[float] | None:
+    """Sorted arrival times (s) of every file of the trace; None when a file has unusable times.
+
+    Raises:
+        TraceFormatError: a folder mixing trace-relative and Unix times (see ``read_arrival_rate``).
+    """
     times: list[float] = []
+    kinds: dict[bool, Path] = {}
     for f in trace_files(path):
         t = _arrival_times(f)
-        if t is None:
+        if t is None or any(not 0 <= x <= TIME_MAX_S for x in t):
             return None
+        if t:
+            kinds.setdefault(min(t) >= UNIX_TIME_MIN_S, f)
         times += t
-    if len(times) < 2:
-        return None
-    first, last = min(times), max(times)
-    whole = int((last - first) // window_s)
-    if whole < 1:
-        return None
-    counts = [0] * whole
-    for t in times:
-        i = int((t - first) // window_s)
-        if i < whole:
-            counts[i] += 1
-    return max(counts) / window_s
+    if len(kinds) > 1:
+        raise TraceFormatError(f"{path}: mixes files timed from their own start ({kinds[False]}) with files in Unix "
+                               f"time ({kinds[True]}); their arrival times cannot be merged")
+    return sorted(times)
 
 
 def _arrival_times(path: Path) -> list[float] | None:

@@ -498,13 +498,17 @@ def test_traffic_recording_writes_to_an_emptydir_and_ships_to_the_services_own_p
     assert args.traffic_log.parent.as_posix() == mount["mountPath"] and args.traffic_log.suffix == ".jsonl"
     (vol,) = pred["volumes"]
     assert vol["name"] == mount["name"] and "emptyDir" in vol
-    assert pred["model"]["envFrom"] == [{"secretRef": {"name": "pdserve-s3", "optional": True}}]
+    secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pred["model"]["env"] if "valueFrom" in e}
+    assert secret_env == {k: {"name": "pdserve-s3", "key": k, "optional": True}
+                          for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}  # only these two keys
+    assert "envFrom" not in pred["model"]
     plain = find(render(), "InferenceService", NAME)["spec"]["predictor"]
-    assert "volumes" not in plain and "envFrom" not in plain["model"]
+    assert "volumes" not in plain and not any("valueFrom" in e for e in plain["model"]["env"])
     assert not any(a.startswith("--traffic") for a in plain["model"]["args"])
 
 
-@pytest.mark.parametrize("uri", ["s3://pdserve-traffic/online", "https://x/y/", "s3://Bad_Bucket/x/"])
+@pytest.mark.parametrize("uri", ["s3://pdserve-traffic/online", "https://x/y/", "s3://Bad_Bucket/x/",
+                                 "s3://b-1/$(AWS_SECRET_ACCESS_KEY)/", "s3://b-1/./"])
 def test_a_bad_traffic_upload_uri_is_refused(uri):
     from pydantic import ValidationError
 
