@@ -100,6 +100,24 @@ resource "aws_s3_bucket_lifecycle_configuration" "this" {
       days_after_initiation = 7
     }
   }
+  # Recorded traffic (the runtime's --traffic-upload objects) ages out: each re-tune sizes for recent traffic,
+  # and the prefix would otherwise grow by ~300 objects per runtime pod and day.
+  dynamic "rule" {
+    for_each = each.key == "models" ? [var.traffic_retention_days] : []
+    content {
+      id     = "expire-recorded-traffic"
+      status = "Enabled"
+      filter {
+        prefix = var.traffic_log_prefix
+      }
+      expiration {
+        days = rule.value
+      }
+      abort_incomplete_multipart_upload {
+        days_after_initiation = 1
+      }
+    }
+  }
 }
 
 resource "aws_security_group" "fsx" {

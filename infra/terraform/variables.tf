@@ -81,6 +81,17 @@ variable "batch_output_prefix" {
   }
 }
 
+variable "traffic_retention_days" {
+  description = "Days recorded traffic under traffic_log_prefix is kept (S3 lifecycle expiration); re-tuning sizes for what is left."
+  type        = number
+  default     = 35
+
+  validation {
+    condition     = var.traffic_retention_days >= 1 && floor(var.traffic_retention_days) == var.traffic_retention_days
+    error_message = "traffic_retention_days: a whole number of days >= 1."
+  }
+}
+
 variable "traffic_log_prefix" {
   description = "Model-bucket key prefix the re-tuning pods may READ recorded traffic logs (Azure CSV / Mooncake JSONL) from, e.g. traffic/."
   type        = string

@@ -217,3 +217,21 @@ def test_batch_service_account_without_pod_identity_is_reported(tree):
             "aws_eks_pod_identity_association") in detail
     assert ("aws_eks_pod_identity_association.batch: ServiceAccount pdserve/pdserve-batch-typo "
             "is not in infra/k8s") in detail
+
+
+def test_recorded_traffic_expires_on_the_model_bucket_only():
+    """The runtime's --traffic-upload objects under traffic_log_prefix age out (S3 lifecycle) after
+    traffic_retention_days; no other prefix or bucket gets an expiration."""
+    import hcl2
+
+    parsed = {"storage.tf": hcl2.load(open(REPO / "infra/terraform/storage.tf"))}
+    lifecycle = V._tf_blocks(parsed, "resource", "aws_s3_bucket_lifecycle_configuration")["this"]
+    (dyn,) = [b for d in lifecycle["dynamic"] for k, b in d.items() if V._unquote(k) == "rule"]
+    assert 'each.key == "models"' in dyn["for_each"] and "var.traffic_retention_days" in dyn["for_each"]
+    (content,) = dyn["content"]
+    assert content["filter"][0]["prefix"] == "${var.traffic_log_prefix}"
+    assert content["expiration"][0]["days"] == "${rule.value}"
+    assert not any("expiration" in r for r in lifecycle["rule"])  # the static rule only expires old versions
+    variables = {V._unquote(k): v for block in hcl2.load(open(REPO / "infra/terraform/variables.tf"))["variable"]
+                 for k, v in block.items()}
+    assert variables["traffic_retention_days"]["default"] >= 7  # a weekly re-tune sees at least a week
