@@ -20,7 +20,8 @@ Workload: by default the mean `isl_tokens`/`osl_tokens` (tokens) at `request_rat
 `traffic_trace_uri` sizes for recorded or published traffic instead, as `pdserve tune --trace`: an
 `s3://bucket/key` object (read by tune-tp with `s3_endpoint_url` and the same env credentials as
 stage-weights) or an absolute path under `fsx_root`, a Mooncake/`pdserve serve --traffic-log` `.jsonl` or an
-Azure `.csv`; the trace's length sample sizes the pools, the champion records its mean ISL/OSL and
+Azure `.csv`, or a folder of them written with a trailing '/' (`s3://bucket/traffic/<InferenceService>/`: what
+`traffic_upload_uri` makes the endpoint ship, every pod's objects read as one trace); the trace's length sample sizes the pools, the champion records its mean ISL/OSL and
 `isl_tokens`/`osl_tokens` are ignored. `request_rate_per_s` 0 (the default) means "not chosen", like
 `pdserve tune` without --rate: the trace's mean arrival rate with a trace, else 10 requests/s; a positive rate
 always wins (size a recorded mix for a different load). A malformed URI (neither an s3:// object URI nor an

@@ -91,6 +91,15 @@ from runtime.procs import install_sigterm_handler  # noqa: E402,F401 - `pdserve`
 SLO_OPTIONS = {"ttft_p90_ms": "--ttft-ms", "itl_p90_ms": "--itl-ms"}
 TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT = 3000, 150  # `pdserve tune --isl/--osl` defaults, tokens
 TUNE_RATE_DEFAULT = 10.0  # `pdserve tune --rate` default without a trace, requests/s
+TRACE_FEW_REQUESTS = 100  # `tune --trace` notes that fewer requests than this are too few to size for
+
+
+def _duration(seconds: float) -> str:
+    """``95`` → ``1.6 min``: a trace's span for people (s, min, h or days)."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
 WORKLOAD_OPTIONS = {"isl_tokens": "--isl", "osl_tokens": "--osl", "request_rate_per_s": "--rate"}
 
 
@@ -263,12 +272,12 @@ def tune(
         help="Target request rate, requests/s. Default: with --trace, the trace's mean arrival rate; else "
              f"{TUNE_RATE_DEFAULT:g}.")] = None,
     trace: Annotated[Optional[Path], typer.Option(
-        help="Recorded or published traffic to size for instead of --isl/--osl: a .jsonl with input_length and "
-             "output_length per line (Mooncake) or a .csv with ContextTokens and GeneratedTokens columns (Azure "
+        help="Recorded or published traffic to size for instead of --isl/--osl: a .jsonl / .json with input_length "
+             "and output_length per line (Mooncake, the runtime's --traffic-log) or a .csv with ContextTokens and GeneratedTokens columns (Azure "
              "LLM inference trace), or a directory of such files read as one trace (the --traffic-log files of "
              "several runtime replicas). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
              "contexts (up to 256 evenly spaced requests); its arrival times give the rate unless --rate is "
-             "given, and its busiest minute raises the planner's max replicas to what that peak needs.")] = None,
+             "given, and its busiest 60 s raises the planner's max replicas to what that peak needs.")] = None,
     gpu_budget: Annotated[int, typer.Option(
         help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails.")
     ] = PlannerSpec.model_fields["gpu_budget"].default,
@@ -365,9 +374,14 @@ def tune(
     if sample is not None:
         from runtime.tracking.traces import trace_files
 
-        files = "" if not trace.is_dir() else f" ({len(trace_files(trace))} files)"
-        err.print(escape(f"workload: {trace}{files}: {len(sample.isl_tokens)} requests sampled, mean ISL {isl}, "
-                         f"mean OSL {osl} tokens, at {rate:.4g} requests/s"))
+        n_files = len(trace_files(trace)) if trace.is_dir() else 1
+        files = "" if not trace.is_dir() else f" ({n_files} file{'' if n_files == 1 else 's'})"
+        span = "" if traced.span_s is None else f" over {_duration(traced.span_s)}"
+        err.print(escape(f"workload: {trace}{files}: {traced.requests} requests{span} ({len(sample.isl_tokens)} "
+                         f"sampled), mean ISL {isl}, mean OSL {osl} tokens, at {rate:.4g} requests/s"))
+        if traced.requests < TRACE_FEW_REQUESTS:
+            err.print(escape(f"note: only {traced.requests} request(s) in {trace}: lengths and rate from so few are "
+                             "noise; record more traffic or give --isl/--osl/--rate without --trace"))
     try:
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
         from runtime.steps import check_model_name
@@ -426,15 +440,19 @@ def tune(
         err.print(escape(f"note: {config} is a bare config file, so the spec records no model folder; pass the "
                          "(staged) model folder as CONFIG for `pdserve promote` to verify and `pdserve serve` to load it"))
     peak = None
-    if trace is not None:  # the planner's ceiling follows the trace's busiest minute, not only 2x the mean
+    if trace is not None:  # the planner's ceiling follows the trace's busiest 60 s, not only 2x the mean
         peak = traced.peak_rate_per_s
         peak = peak if peak is not None and peak > rate else None
+    default_spec = result.to_deployment_spec(ModelRef(name=model.name, path=model_folder))
     spec = result.to_deployment_spec(ModelRef(name=model.name, path=model_folder), peak_rate_per_s=peak)
-    if peak is not None:
+    if peak is not None and (spec.prefill, spec.decode) != (default_spec.prefill, default_spec.decode):
         need_p, need_d = result.peak_replicas(peak)
-        err.print(escape(f"planner ceiling: the trace's busiest minute, {peak:.4g} requests/s, needs {need_p}:{need_d} "
-                         f"P:D workers; max replicas {spec.prefill.max_replicas}:{spec.decode.max_replicas} (the "
-                         "start stays at the mean rate)"))
+        need_gpus = need_p * spec.prefill.tp + need_d * spec.decode.tp
+        over = (f"; that is {need_gpus} GPUs, over --gpu-budget {gpu_budget}: the planner stops at the budget"
+                if need_gpus > gpu_budget else "")
+        err.print(escape(f"planner ceiling: the trace's busiest 60 s, {peak:.4g} requests/s, needs {need_p}:{need_d} "
+                         f"P:D workers, so max replicas are {spec.prefill.max_replicas}:{spec.decode.max_replicas} "
+                         f"(the start stays at the mean rate; used when the spec's planner.mode is not off){over}"))
     spec.planner.gpu_budget = gpu_budget
     try:
         check_gpu_budget(spec)

@@ -334,7 +334,7 @@ def tune_step(
     result = tune(model, params.gpu, params.slo, workload, precision=precision,
                   tps=tp_choices(gpu), sample=sample)  # an instance type bounds TP by its GPU count
     model_ref = ModelRef(name=model_name, path=os.path.abspath(model_path))  # promote runs elsewhere
-    # as `pdserve tune --trace`: the planner may scale up to what the trace's busiest minute needs
+    # as `pdserve tune --trace`: the planner may scale up to what the trace's busiest 60 s needs
     spec = result.to_deployment_spec(
         model_ref, peak_rate_per_s=peak if peak is not None and peak > workload.request_rate_per_s else None)
     spec.planner.gpu_budget = params.gpu_budget  # as `pdserve tune --gpu-budget`, before the check
@@ -378,7 +378,7 @@ def tune_step(
 def _trace_workload(params: TuneParameters, *, s3_client: Any, s3_endpoint_url: str):
     """(WorkloadSpec, LengthSample, peak rate or None) of `params.traffic_trace_uri`, as `pdserve tune --trace`
     builds them: the trace's rounded mean ISL/OSL and, when `params.rate_from_trace`, its mean arrival rate (else
-    the given rate); the peak is its busiest minute's rate (requests/s).
+    the given rate); the peak is its busiest 60 s rate (requests/s).
 
     Raises:
         runtime.tracking.traces.TrafficTraceError: unreadable or not a trace, or no usable arrival times when

@@ -38,7 +38,7 @@ output "batch_role_arn" {
 }
 
 output "batch_s3_prefixes" {
-  description = "Where batch work may live: s3:// URIs for `pdserve batch workflow --input/--output` and `retune-schedule --traffic`."
+  description = "Where batch work may live: s3:// URIs for `pdserve batch workflow --input/--output`; traffic: `pdserve promote --traffic-upload` (the runtime ships to <traffic><InferenceService>/) and `retune-schedule --traffic <traffic><InferenceService>/`."
   value = {
     input   = "s3://${aws_s3_bucket.this["models"].bucket}/${var.batch_input_prefix}"
     output  = "s3://${aws_s3_bucket.this["models"].bucket}/${var.batch_output_prefix}"

@@ -113,6 +113,10 @@ resource "aws_s3_bucket_lifecycle_configuration" "this" {
       expiration {
         days = rule.value
       }
+      # the bucket is versioned: expiry leaves the data as a noncurrent version, gone a day later (not 30)
+      noncurrent_version_expiration {
+        noncurrent_days = 1
+      }
       abort_incomplete_multipart_upload {
         days_after_initiation = 1
       }

@@ -54,6 +54,7 @@ def runtime_server_args(*, port: int) -> list[str]:
 
 MODEL_MOUNT = "/mnt/models"  # where KServe mounts the storageUri in the predictor container
 TRAFFIC_DIR = "/var/run/pdserve/traffic"  # emptyDir of the runtime's traffic log (shipped to S3 from there)
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")  # each optional in the Secret
 TRAFFIC_VOLUME_SIZE = "1Gi"  # ~100 bytes per request: ~10 M requests between shipments before eviction
 
 
@@ -63,7 +64,10 @@ def traffic_args(target: ClusterTarget, *, name: str) -> list[str]:
     ``target.traffic_upload_uri`` is None."""
     if target.traffic_upload_uri is None:
         return []
-    return [f"--traffic-log={TRAFFIC_DIR}/traffic.jsonl", f"--traffic-upload={target.traffic_upload_uri}{name}/",
+    from runtime.server.traffic import check_upload_uri
+
+    bucket, prefix = check_upload_uri(target.traffic_upload_uri)  # rebuilt from its parts: never s3://bucketNAME
+    return [f"--traffic-log={TRAFFIC_DIR}/traffic.jsonl", f"--traffic-upload=s3://{bucket}/{prefix}{name}/",
             f"--traffic-upload-interval-s={_exact(target.traffic_upload_interval_s)}"]
 
 
@@ -213,7 +217,7 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
         # only the two keys, each optional: the internet-facing runtime gets nothing else the Secret may hold
         predictor["model"]["env"] += [
             {"name": k, "valueFrom": {"secretKeyRef": {"name": target.s3_secret, "key": k, "optional": True}}}
-            for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+            for k in S3_SECRET_KEYS]
     if canary_traffic_percent is not None:
         if not 0 <= canary_traffic_percent <= 100:
             raise ManifestError(f"canary_traffic_percent: {canary_traffic_percent} is not in 0..100")

@@ -149,10 +149,11 @@ def traffic_source_name(name: str | None = None) -> str:
 
 
 def check_upload_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/prefix/`` → (bucket, prefix ending in '/' or "").
+    """``s3://bucket/prefix/`` or ``s3://bucket/`` → (bucket, prefix ending in '/' or "").
 
     Raises:
-        ValueError: not s3://, a bucket S3 would refuse, a prefix not ending in '/' (it names a folder), an
+        ValueError: not s3://, no '/' after the bucket (``s3://bucket``: a name appended to it would change the
+            bucket), a bucket S3 would refuse, a prefix not ending in '/' (it names a folder), an
             empty, '.' or '..' segment, or a '$' (the kubelet expands ``$(VAR)`` in container args, and the
             runtime's env holds S3 credentials).
     """
@@ -162,9 +163,11 @@ def check_upload_uri(uri: str) -> tuple[str, str]:
         raise ValueError(f"--traffic-upload {uri!r}: must be an s3://bucket/prefix/ URI")
     if "$" in uri:
         raise ValueError(f"--traffic-upload {uri!r}: must not contain '$' (Kubernetes expands $(VAR) in args)")
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    bucket, slash, prefix = uri[len("s3://"):].partition("/")
     if not S3_BUCKET_NAME.match(bucket) or ".." in bucket:
         raise ValueError(f"--traffic-upload {uri!r}: bucket {bucket!r} is not a valid S3 bucket name")
+    if not slash:
+        raise ValueError(f"--traffic-upload {uri!r}: must end in '/' (s3://{bucket}/ or s3://{bucket}/prefix/)")
     if prefix and not prefix.endswith("/"):
         raise ValueError(f"--traffic-upload {uri!r}: the prefix must end in '/' (each runtime writes a folder "
                          "of objects under it)")

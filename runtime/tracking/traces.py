@@ -137,7 +137,10 @@ def read_arrival_rate(path: Path) -> float | None:
             timed from their own start (Mooncake) with files in Unix time (traffic logs): their times cannot
             be merged. (Format problems inside a file give None: the lengths reader names them.)
     """
-    times = _merged_times(path)
+    return _mean_rate(_merged_times(path))
+
+
+def _mean_rate(times: list[float] | None) -> float | None:
     if times is None or len(times) < 2 or times[-1] <= times[0]:
         return None
     return (len(times) - 1) / (times[-1] - times[0])
@@ -160,7 +163,10 @@ def read_peak_rate(path: Path, window_s: float = PEAK_WINDOW_S) -> float | None:
     """
     if not window_s > 0:
         raise ValueError(f"window_s must be > 0, got {window_s!r}")
-    times = _merged_times(path)
+    return _peak_rate(_merged_times(path), window_s)
+
+
+def _peak_rate(times: list[float] | None, window_s: float = PEAK_WINDOW_S) -> float | None:
     if times is None or len(times) < 2 or times[-1] - times[0] < window_s:
         return None
     best, lo = 0, 0
@@ -224,7 +230,10 @@ def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> Leng
         TraceFormatError: as :func:`read_isl_osl`, or no request with both lengths >= 1 (an empty trace).
         FileNotFoundError: no such file or directory.
     """
-    pairs = read_isl_osl(path)
+    return _sample(read_isl_osl(path), path, max_points)
+
+
+def _sample(pairs: list[tuple[int, int]], path: Path, max_points: int = DEFAULT_MAX_POINTS) -> LengthSample:
     try:
         return LengthSample.from_pairs(pairs, max_points=max_points)
     except ValueError:
@@ -239,7 +248,9 @@ class TraceWorkload(NamedTuple):
     isl_tokens: int  # the sample's mean ISL, rounded, >= 1: what the spec's workload records
     osl_tokens: int  # the sample's mean OSL, rounded, >= 1
     request_rate_per_s: float | None  # mean arrival rate (read_arrival_rate); None: unusable or not read
-    peak_rate_per_s: float | None = None  # busiest whole minute (read_peak_rate); None: shorter or no times
+    peak_rate_per_s: float | None = None  # busiest 60 s (read_peak_rate); None: shorter or no times
+    requests: int = 0  # lines (requests) in the trace, all files
+    span_s: float | None = None  # first to last arrival, s; None: no usable times
 
 
 def load_trace_workload(path: Path, *, read_rate: bool = True) -> TraceWorkload:
@@ -254,10 +265,12 @@ def load_trace_workload(path: Path, *, read_rate: bool = True) -> TraceWorkload:
             request with both lengths >= 1); the message names ``path``.
         OSError: the file cannot be read (FileNotFoundError, IsADirectoryError, ...).
     """
-    sample = load_length_sample(path)
-    rate = read_arrival_rate(path) if read_rate else None
-    return TraceWorkload(sample, max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl)), rate,
-                         read_peak_rate(path))
+    pairs = read_isl_osl(path)
+    sample = _sample(pairs, path)
+    times = _merged_times(path)
+    span = times[-1] - times[0] if times and len(times) >= 2 else None
+    return TraceWorkload(sample, max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl)),
+                         _mean_rate(times) if read_rate else None, _peak_rate(times), len(pairs), span)
 
 
 class TrafficTraceError(ValueError):
@@ -268,12 +281,14 @@ class TrafficTraceError(ValueError):
 def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
     """Return ``uri`` when it names a trace the pipeline's tune step can read: empty (no trace), an
     ``s3://bucket/key`` object URI, or an absolute path (under ``fsx_root`` when given: the only volume the tune
-    step mounts), with a name ending in one of READABLE_SUFFIXES. Reads nothing.
+    step mounts), with a name ending in one of READABLE_SUFFIXES; or a FOLDER of such files, written with a
+    trailing '/': ``s3://bucket/prefix/`` (every object under it, e.g. what ``pdserve promote --traffic-upload``
+    ships: one folder per runtime pod) or ``/fsx/…/``. Reads nothing.
 
     Raises:
-        ValueError: anything else (the message names ``traffic_trace_uri`` and the value): a prefix or bad bucket
-            (``split_s3_object_uri``), a relative path, a NUL, a ``..`` component, a path outside ``fsx_root``,
-            or a suffix the trace reader does not know.
+        ValueError: anything else (the message names ``traffic_trace_uri`` and the value): a bad bucket, an
+            empty object key or prefix (``split_s3_object_uri``), a relative path, a NUL, an empty, '.' or '..'
+            component, a path outside ``fsx_root``, or a file suffix the trace reader does not know.
     """
     import posixpath
     from pathlib import PurePosixPath
@@ -284,8 +299,14 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
         return uri
     if not isinstance(uri, str):
         raise ValueError(f"traffic_trace_uri {uri!r}: must be a string (s3://bucket/key or an absolute path)")
+    folder = uri.endswith("/")
     if uri.startswith("s3://"):
-        _, name = split_s3_object_uri(uri, "traffic_trace_uri")
+        try:
+            _, name = split_s3_object_uri(uri.rstrip("/") if folder else uri, "traffic_trace_uri")
+        except ValueError as e:  # named with the URI as given, trailing '/' included
+            raise ValueError(str(e).replace(repr(uri.rstrip("/")), repr(uri), 1)) from None
+        if any(seg in ("", ".", "..") for seg in name.split("/")):
+            raise ValueError(f"traffic_trace_uri {uri!r}: empty, '.' or '..' component in the key")
     else:
         if "\0" in uri or not uri.startswith("/"):
             raise ValueError(f"traffic_trace_uri {uri!r}: must be an s3://bucket/key object URI or an absolute path "
@@ -298,18 +319,21 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
                 raise ValueError(f"traffic_trace_uri {uri!r}: a path must be under fsx_root {fsx_root!r} (the "
                                  "FSx mount, the only volume the tune step reads)")
         name = uri
-    if not name.lower().endswith(READABLE_SUFFIXES):
-        raise ValueError(f"traffic_trace_uri {uri!r}: must name a .jsonl (Mooncake, pdserve --traffic-log) or .csv "
-                         "(Azure) trace; the reader picks the format by the suffix")
+    if not folder and not name.lower().endswith(READABLE_SUFFIXES):
+        raise ValueError(f"traffic_trace_uri {uri!r}: must name a .jsonl / .json (Mooncake, pdserve --traffic-log) "
+                         "or .csv (Azure) trace, or a folder of them ending in '/'; the reader picks the format by "
+                         "the suffix")
     return uri
 
 
 def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  # noqa: ANN001 - boto3 is untyped
                          s3_endpoint_url: str = "") -> TraceWorkload:
-    """:func:`load_trace_workload` of a trace named by ``uri`` (:func:`check_traffic_trace_uri`): a local path is
-    read in place; an ``s3://bucket/key`` object is downloaded to a temporary file (same suffix, removed
-    afterwards) with ``s3_client`` (default: ``runtime.staging.s3.make_client(s3_endpoint_url or None)``, the
-    staging step's client: credentials from the environment only).
+    """:func:`load_trace_workload` of a trace named by ``uri`` (:func:`check_traffic_trace_uri`): a local path
+    (file or folder) is read in place; an ``s3://bucket/key`` object is downloaded to a temporary file (same
+    suffix, removed afterwards), an ``s3://bucket/prefix/`` to a temporary folder (every object under it with a
+    trace suffix, keeping the key's sub-folders) with ``s3_client`` (default:
+    ``runtime.staging.s3.make_client(s3_endpoint_url or None)``, the staging step's client: credentials from the
+    environment only).
 
     Raises:
         ValueError: ``uri`` is malformed (:func:`check_traffic_trace_uri`).
@@ -351,18 +375,45 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
         return load(Path(uri))
     from runtime.staging.s3 import make_client, split_s3_object_uri
 
-    bucket, key = split_s3_object_uri(uri, "traffic_trace_uri")
+    folder = uri.endswith("/")
+    bucket, key = split_s3_object_uri(uri.rstrip("/") if folder else uri, "traffic_trace_uri")
     failure = None
     with tempfile.TemporaryDirectory(prefix="pdserve-trace-") as tmp:
-        local = Path(tmp) / ("trace" + Path(key).suffix.lower())
+        local = Path(tmp) / ("trace" + Path(key).suffix.lower()) if not folder else Path(tmp) / "trace"
         try:
             client = s3_client if s3_client is not None else make_client(s3_endpoint_url or None,
                                                                            transfer_methods=False)
-            body = client.get_object(Bucket=bucket, Key=key)["Body"]
-            with local.open("wb") as f:
-                shutil.copyfileobj(body, f, 1 << 20)
+            if folder:
+                n = _download_prefix(client, bucket, key + "/", local)
+                if n == 0:
+                    failure = ("no .jsonl / .json / .csv object under the prefix: was any traffic recorded "
+                               "(pdserve promote --traffic-upload) or has it expired?")
+            else:
+                body = client.get_object(Bucket=bucket, Key=key)["Body"]
+                with local.open("wb") as f:
+                    shutil.copyfileobj(body, f, 1 << 20)
         except Exception as e:  # noqa: BLE001 - botocore: NoSuchKey/NoSuchBucket/AccessDenied, endpoint, credentials
-            failure = f"cannot read the object from S3: {type(e).__name__}: {e}"
+            failure = f"cannot read the {'objects' if folder else 'object'} from S3: {type(e).__name__}: {e}"
         if failure is None:
-            return load(local, str(local))
+            return load(local, str(local) + "/" if folder else str(local))
     raise fail(failure)  # outside the handler: no __context__ carrying botocore's original
+
+
+def _download_prefix(client, bucket: str, prefix: str, dest: Path) -> int:  # noqa: ANN001 - boto3 is untyped
+    """Download every object under ``prefix`` whose name has a trace suffix to ``dest/<key after prefix>``
+    (keys with an empty, '.' or '..' component are skipped: they could leave ``dest``); the number downloaded."""
+    import shutil
+
+    n = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix):]
+            parts = rel.split("/")
+            if not rel.lower().endswith(READABLE_SUFFIXES) or any(p in ("", ".", "..") for p in parts):
+                continue
+            target = dest.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("wb") as f:
+                shutil.copyfileobj(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"], f, 1 << 20)
+            n += 1
+    return n

@@ -124,7 +124,7 @@ class TuneResult:
 
     def to_deployment_spec(self, model_ref: ModelRef, peak_rate_per_s: float | None = None) -> DeploymentSpec:
         """The winner as a DeploymentSpec (planner bounds: 1 .. max(8, 2 x replicas) per pool, raised to
-        :meth:`peak_replicas` when a ``peak_rate_per_s`` is given, e.g. a recorded trace's busiest minute, so
+        :meth:`peak_replicas` when a ``peak_rate_per_s`` is given, e.g. a recorded trace's busiest 60 s, so
         the planner may scale up to what the peak needs).
 
         Raises:

@@ -95,3 +95,25 @@ def test_a_missing_object_or_wrong_credentials_name_the_uri_not_the_secret(s3_en
     assert str(e.value).startswith(f"traffic_trace_uri: {uri}: cannot read the object from S3")
     assert secret not in str(e.value) and s3_env.access_key_id not in str(e.value)
     assert not db.exists()  # nothing logged or registered
+
+
+def test_a_prefix_of_shipped_traffic_is_one_trace(s3_env, s3_client, s3_bucket, staged, tmp_path):
+    """traffic_trace_uri s3://bucket/prefix/ reads what `pdserve promote --traffic-upload` ships there (a folder
+    per runtime pod, one object per shipment) as one trace: both pods' requests and their merged arrival rate;
+    an empty prefix says so, naming the URI."""
+    pod_a = "".join(json.dumps({"timestamp": 1_764_000_000_000 + k * 1000, "input_length": 1000,
+                                "output_length": 50}) + "\n" for k in range(20))
+    pod_b = "".join(json.dumps({"timestamp": 1_764_000_000_500 + k * 1000, "input_length": 3000,
+                                "output_length": 150}) + "\n" for k in range(20))
+    s3_client.put_object(Bucket=s3_bucket, Key="traffic/llama8/pod-a/1-0-9.jsonl", Body=pod_a.encode())
+    s3_client.put_object(Bucket=s3_bucket, Key="traffic/llama8/pod-b/1-0-9.jsonl", Body=pod_b.encode())
+    s3_client.put_object(Bucket=s3_bucket, Key="traffic/llama8/README.txt", Body=b"not a trace")
+    s3_client.put_object(Bucket=s3_bucket, Key="traffic/other/pod-c/1-0-9.jsonl", Body=pod_a.encode())  # not ours
+    _tune(staged, tmp_path / "mlflow.db", f"s3://{s3_bucket}/traffic/llama8/", s3_env.endpoint_url)
+    from runtime.tracking.mlflow_runs import load_champion
+
+    _, spec = load_champion(f"sqlite:///{tmp_path / 'mlflow.db'}", "llama8-pd")
+    assert (spec.workload.isl_tokens, spec.workload.osl_tokens) == (2000, 100)
+    assert spec.workload.request_rate_per_s == pytest.approx(39 / 19.5)  # 40 arrivals of both pods in 19.5 s
+    with pytest.raises(TrafficTraceError, match=rf"traffic_trace_uri: s3://{s3_bucket}/traffic/none/: no .jsonl"):
+        _tune(staged, tmp_path / "mlflow2.db", f"s3://{s3_bucket}/traffic/none/", s3_env.endpoint_url)

@@ -211,7 +211,9 @@ def test_a_bursty_trace_raises_the_planner_ceiling_to_what_its_peak_needs(tmp_pa
     res = runner.invoke(app, ["tune", str(llama_70b), "--trace", str(trace), "--out", str(out)])
     assert res.exit_code == 0, res.output
     bursty = DeploymentSpec.model_validate_json(out.read_text())
-    assert "planner ceiling: the trace's busiest minute, 30" in " ".join(res.output.split())
+    out_text = " ".join(res.output.split())
+    assert "planner ceiling: the trace's busiest 60 s, 30" in out_text
+    assert "2160 requests over 3.5 min" in out_text
     from runtime.models.load import load_model_spec
     from runtime.tuner.search import resolve_gpu, tune
 
@@ -266,3 +268,14 @@ def test_a_folder_skips_empty_files_and_counts_a_linked_file_once(tmp_path):
     (logs / "b.jsonl").symlink_to(logs / "a.jsonl")
     (logs / "empty.csv").write_text("")
     assert read_isl_osl(logs) == [(10, 1), (20, 2)]
+
+
+def test_a_tiny_trace_is_called_noise_and_a_peak_over_the_budget_is_named(tmp_path):
+    tiny = _write_trace(tmp_path / "tiny.jsonl", [(100, 10)] * 3)
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(tiny), "--rate", "1"])
+    assert res.exit_code == 0 and "only 3 request(s)" in " ".join(res.output.split())
+    llama_70b = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
+    res = runner.invoke(app, ["tune", str(llama_70b), "--trace", str(_bursty(tmp_path / "b.jsonl")),
+                              "--gpu-budget", "24"])
+    assert res.exit_code == 0, res.output
+    assert "over --gpu-budget 24: the planner stops at the budget" in " ".join(res.output.split())

@@ -500,7 +500,7 @@ def test_traffic_recording_writes_to_an_emptydir_and_ships_to_the_services_own_p
     assert vol["name"] == mount["name"] and "emptyDir" in vol
     secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pred["model"]["env"] if "valueFrom" in e}
     assert secret_env == {k: {"name": "pdserve-s3", "key": k, "optional": True}
-                          for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}  # only these two keys
+                          for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}  # only these
     assert "envFrom" not in pred["model"]
     plain = find(render(), "InferenceService", NAME)["spec"]["predictor"]
     assert "volumes" not in plain and not any("valueFrom" in e for e in plain["model"]["env"])
@@ -514,3 +514,13 @@ def test_a_bad_traffic_upload_uri_is_refused(uri):
 
     with pytest.raises(ValidationError, match="--traffic-upload"):
         ClusterTarget(traffic_upload_uri=uri)
+
+
+def test_a_bucket_only_upload_uri_never_glues_the_service_name_onto_the_bucket():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="must end in '/'"):
+        ClusterTarget(traffic_upload_uri="s3://my-models")  # s3://my-modelssmollm2/ would be someone else's bucket
+    objs = render(target=ClusterTarget(traffic_upload_uri="s3://my-models/"))
+    args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
+    assert f"--traffic-upload=s3://my-models/{NAME}/" in args

@@ -231,6 +231,7 @@ def test_recorded_traffic_expires_on_the_model_bucket_only():
     (content,) = dyn["content"]
     assert content["filter"][0]["prefix"] == "${var.traffic_log_prefix}"
     assert content["expiration"][0]["days"] == "${rule.value}"
+    assert content["noncurrent_version_expiration"][0]["noncurrent_days"] == 1  # versioned: not 30 more days
     assert not any("expiration" in r for r in lifecycle["rule"])  # the static rule only expires old versions
     variables = {V._unquote(k): v for block in hcl2.load(open(REPO / "infra/terraform/variables.tf"))["variable"]
                  for k, v in block.items()}

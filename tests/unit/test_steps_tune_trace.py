@@ -83,14 +83,17 @@ VALID = dict(model_name="m", gpu="H100-SXM", precision="auto", ttft_p90_ms=2000.
              registered_model="m-pd", fsx_root="/fsx")
 
 
-@pytest.mark.parametrize("uri", ["", "s3://traffic/2026/12/log.jsonl", "/fsx/traces/azure.csv", "/fsx/t.JSONL"])
+@pytest.mark.parametrize("uri", ["", "s3://traffic/2026/12/log.jsonl", "/fsx/traces/azure.csv", "/fsx/t.JSONL",
+                                 "s3://traffic/logs/", "/fsx/traffic/llama8/"])
 def test_validate_accepts_no_trace_an_s3_object_or_a_path_under_fsx_root(uri):
     validate_step(**VALID, traffic_trace_uri=uri)
 
 
 @pytest.mark.parametrize(("uri", "needle"), [
     ("traces/t.jsonl", "must be an s3://bucket/key object URI or an absolute path"),
-    ("s3://traffic/logs/", "needs an object key"),
+    ("s3://traffic/", "needs an object key"),
+    ("s3://traffic/a//b/", "empty, '.' or '..'"),
+    ("s3://traffic/./", "empty, '.' or '..'"),
     ("s3://Bad_Bucket/t.jsonl", "not a valid S3 bucket name"),
     ("gs://traffic/t.jsonl", "must be an s3://bucket/key object URI or an absolute path"),
     ("/data/t.jsonl", "must be under fsx_root '/fsx'"),
