@@ -278,6 +278,9 @@ def tune(
              "several runtime replicas). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
              "contexts (up to 256 evenly spaced requests); its arrival times give the rate unless --rate is "
              "given, and its busiest 60 s raises the planner's max replicas to what that peak needs.")] = None,
+    trace_uri: Annotated[Optional[str], typer.Option(
+        help="What MLflow records as the trace (param traffic_trace_uri) instead of the --trace path, e.g. the "
+             "s3:// URI a workflow downloaded it from. Credentials in it are refused.")] = None,
     gpu_budget: Annotated[int, typer.Option(
         help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails.")
     ] = PlannerSpec.model_fields["gpu_budget"].default,
@@ -336,6 +339,13 @@ def tune(
     except ValidationError as e:
         problems.append(_option_errors(e, SLO_OPTIONS))
     sample = None
+    if trace_uri is not None:
+        from runtime.redact import redact_userinfo as _redact
+
+        if trace is None:
+            problems.append("--trace-uri: only with --trace (it names where that trace came from)")
+        elif _redact(trace_uri) != trace_uri:
+            problems.append(f"--trace-uri {_redact(trace_uri)!r}: must not carry credentials")
     if trace is not None:
         from runtime.tracking.traces import load_trace_workload
 
@@ -430,7 +440,7 @@ def tune(
         console.print(escape(f"[{k}] {reason}"), style="dim")
     if measure:  # CPU measurements: no GPU deployment to check or write; the runs are still logged
         if mlflow_uri:
-            _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", None, None, trace)
+            _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", None, None, trace, trace_uri)
         return
     # the model folder: CONFIG itself, or the folder of a config.json; a bare <name>_config.json has none
     # recorded absolute (not symlink-resolved): promote and serve read it from another working directory
@@ -476,7 +486,7 @@ def tune(
             _fail(f"--out {out}: {e}")
         console.print(f"wrote {escape(str(out))}")
     if mlflow_uri:
-        _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec, trace)
+        _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec, trace, trace_uri)
 
 
 FSX_MOUNT = "/fsx"  # where the pipeline's steps mount the FSx claim (pipelines/stage_tune_promote.py FSX_MOUNT)
@@ -516,14 +526,16 @@ def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Pa
 
 
 def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | None, spec,
-                   trace: Path | None = None) -> None:
+                   trace: Path | None = None, trace_uri: str | None = None) -> None:
     """`log_tuning` for the CLI: one redacted error line (exit 1) when MLflow refuses; a summary line.
-    `trace` (the --trace file) is logged as the parent run's `traffic_trace_uri` param, as the pipeline does."""
+    `trace` (the --trace file, or `trace_uri` when given) is logged as the parent run's `traffic_trace_uri`
+    param, as the pipeline does."""
     from runtime.tracking.mlflow_runs import log_tuning
 
     try:
         version = log_tuning(result, tracking_uri=mlflow_uri, experiment=experiment, registered_model=register,
-                             spec=spec, traffic_trace_uri=None if trace is None else os.path.abspath(trace))
+                             spec=spec, traffic_trace_uri=None if trace is None else (
+                                 trace_uri or os.path.abspath(trace)))
     except Exception as e:  # noqa: BLE001 - CLI edge: MLflow unreachable/refusing; message, not traceback
         _fail(f"--mlflow-uri {mlflow_uri}: logging the tuning failed: {type(e).__name__}: {e}")
     console.print(f"logged {len(result.candidates)} candidates to {escape(redact_userinfo(mlflow_uri))}"

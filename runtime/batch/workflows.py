@@ -399,7 +399,8 @@ def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     rate = [] if spec.rate is None else ["--rate", _num(spec.rate)]  # None: the trace's own arrival rate
     return ["pdserve", "tune", f"{FSX_MOUNT}/models/{spec.model_name}/config.json", "--gpu", spec.gpu,
             "--ttft-ms", _num(spec.ttft_ms), "--itl-ms", _num(spec.itl_ms), *rate,
-            "--gpu-budget", str(spec.gpu_budget), "--trace", trace_path(spec), "--mlflow-uri", spec.mlflow_uri,
+            "--gpu-budget", str(spec.gpu_budget), "--trace", trace_path(spec), "--trace-uri", spec.traffic_uri,
+            "--mlflow-uri", spec.mlflow_uri,
             "--register", spec.registered_model, "--out", f"{WORK_DIR}/winner.json"]
 
 

@@ -273,11 +273,16 @@ def test_tune_trace_records_the_trace_on_the_parent_run_like_the_pipeline(tmp_pa
     trace.write_text("".join(json.dumps({"timestamp": k * 1000, "input_length": 500, "output_length": 50}) + "\n"
                              for k in range(10)))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    for args in (["--trace", str(trace)], []):
+    for args in (["--trace", str(trace)], [], ["--trace", str(trace), "--trace-uri", "s3://traffic/llama8/"]):
         res = runner.invoke(app, ["tune", str(LLAMA_70B), "--mlflow-uri", uri, "--rate", "1", *args], env=ENV)
         assert res.exit_code == 0, res.output
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     parents = sorted((r for r in runs if "mlflow.parentRunId" not in r.data.tags), key=lambda r: r.info.start_time)
-    assert [p.data.params.get("traffic_trace_uri") for p in parents] == [os.path.abspath(trace), None]
+    assert [p.data.params.get("traffic_trace_uri") for p in parents] == [os.path.abspath(trace), None,
+                                                                         "s3://traffic/llama8/"]
+    for args, why in ((["--trace-uri", "s3://traffic/x/"], "only with --trace"),
+                      (["--trace", str(trace), "--trace-uri", "https://u:pw@host/x"], "must not carry credentials")):
+        res = runner.invoke(app, ["tune", str(LLAMA_70B), "--mlflow-uri", uri, "--rate", "1", *args], env=ENV)
+        assert res.exit_code == 1 and why in " ".join(res.output.split()) and "pw@" not in res.output
     assert parents[0].data.params["isl_tokens"] == "500"

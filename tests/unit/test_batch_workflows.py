@@ -147,7 +147,8 @@ def test_retune_cron_validates_and_runs_exactly_tune():
     assert spec["successfulJobsHistoryLimit"] >= 0 and spec["failedJobsHistoryLimit"] >= 0
     assert argv(cron) == ["pdserve", "tune", "/fsx/models/org/llama8/config.json", "--gpu", "H200-SXM",
                           "--ttft-ms", "1500", "--itl-ms", "35.5", "--rate", "12.5", "--gpu-budget", "16",
-                          "--trace", "/work/traffic/azure.csv", "--mlflow-uri", "http://mlflow.mlflow.svc:5000",
+                          "--trace", "/work/traffic/azure.csv", "--trace-uri", "s3://pdserve-traffic/2026/08/azure.csv",
+                          "--mlflow-uri", "http://mlflow.mlflow.svc:5000",
                           "--register", "llama8-pd", "--out", "/work/winner.json"]
     tpl = template(cron)
     (art,) = tpl["inputs"]["artifacts"]
