@@ -120,15 +120,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-kv-events-port-name", default="kv-events",
                    help="--discovery kubernetes with --router kv: name of the worker Services' KV-event port.")
     p.add_argument("--traffic-log", type=Path, default=None,
-                   help="Append one JSON line per finished request (Unix ms, prompt and completion tokens; no "
-                        "content) to this file: the recorded traffic `pdserve tune --trace` re-tunes for.")
+                   help="Append one JSON line per finished request (arrival Unix ms, prompt and completion tokens; "
+                        "no content) to this .jsonl file: the recorded traffic `pdserve tune --trace` re-tunes for.")
     p.add_argument("--traffic-upload", default=None, metavar="s3://BUCKET/PREFIX/",
                    help="With --traffic-log: ship what the log gained to S3 every --traffic-upload-interval-s and at "
                         "shutdown, as objects under PREFIX<source>/ (default credential chain; "
                         "$AWS_ENDPOINT_URL_S3 for a non-AWS endpoint). Upload failures are logged and retried; "
                         "they never fail a request.")
     p.add_argument("--traffic-upload-interval-s", type=positive_seconds, default=300.0,
-                   help="Seconds between traffic shipments (> 0).")
+                   help="Seconds between traffic shipments (default 300, at most 86400).")
     p.add_argument("--traffic-source", default=None,
                    help="Folder name of this runtime under the upload prefix (default: $HOSTNAME, the pod name).")
     p.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
