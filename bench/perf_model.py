@@ -518,6 +518,13 @@ MODEL_NOTES = {
         "its per-sequence host cost fitted: calibration rms 0.5088 -> 0.5093 (TPOT median 13.41 -> 13.53 %), "
         "dropped (the table has no SGLang rows)",
     ],
+    "session21_tried_and_dropped": [
+        "BF16 KV cache on the 1.0-era FP4 rows (suspect: NVFP4 checkpoints without kv_cache_quant_algo run an "
+        "'auto' BF16 KV; no hf_quant_config of those checkpoints in ../shared/data to check): MoE FP4 rows only "
+        "10.06 / 31.44 -> 10.00 / 31.70 % (rows over 25 %: 110 -> 113; Qwen3-30B-A3B / Scout TP1 come in, "
+        "Qwen3-235B / Maverick TP8 go further out), every FP4 row 10.48 / 33.07 %: not the cause of the TP1 MoE "
+        "gap, nothing adopted",
+    ],
     "session2_changes": [
         "all-reduce: NCCL tuning.cc protocol choice (LL vs Simple latencies) at nccl-tests bus bandwidth",
         "fit: decode batch capped by KV capacity, closed-loop KV wait in TTFT",
