@@ -27,13 +27,15 @@ def tune_tp(
     traffic_trace_uri: str = "",
     s3_endpoint_url: str = "",
     fsx_root: str = "/fsx",
+    planner_mode: str = "off",
 ) -> NamedTuple("TuneOutputs", champion_version=str, prefill_tp=int, decode_tp=int):
     """Tune the staged model (`model.metadata['path']`) and register the winner with alias `champion`.
 
     `precision` `auto`: the checkpoint's own (fp8 for an FP8 checkpoint, else bf16); `gpu_budget` is written
     as the winner's planner.gpu_budget, and a winner needing more GPUs fails the step. `traffic_trace_uri`
     (s3://bucket/key, read with `s3_endpoint_url` and env credentials, or a path under `fsx_root`) sizes for
-    that trace as `pdserve tune --trace`; `request_rate_per_s` 0: the trace's mean arrival rate (no trace: 10/s)."""
+    that trace as `pdserve tune --trace`; `request_rate_per_s` 0: the trace's mean arrival rate (no trace: 10/s);
+    `planner_mode` (off, sla, load) is the champion's planner.mode, as `pdserve tune --planner`."""
     from runtime.steps import tune_step
 
     return tune_step(
@@ -41,4 +43,5 @@ def tune_tp(
         osl_tokens, request_rate_per_s, mlflow_tracking_uri, registered_model,
         gpu_budget=gpu_budget, metrics=metrics, table_path=table.path, plot_path=plot.path,
         traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url, fsx_root=fsx_root,
+        planner_mode=planner_mode,
     )

@@ -14,7 +14,9 @@ Parameters tune would refuse (unknown `gpu`, `precision` other than auto/bf16/fp
 of range, `gpu_budget` < 1, a `registered_model` MLflow refuses, an unsafe `model_name`) fail the first step,
 validate-parameters, before stage-weights copies anything. `precision` `auto` tunes at the checkpoint's own
 precision (fp8 when its config.json quantization_config says fp8, else bf16), like `pdserve tune`;
-`gpu_budget` (GPUs, default as `pdserve tune --gpu-budget`) becomes the champion's planner.gpu_budget.
+`gpu_budget` (GPUs, default as `pdserve tune --gpu-budget`) becomes the champion's planner.gpu_budget and
+`planner_mode` (`off`, the default, `sla` or `load`, as `pdserve tune --planner`) its planner.mode: whether the
+promoted runtime runs the SLO planner (an unknown mode fails validate-parameters).
 
 Workload: by default the mean `isl_tokens`/`osl_tokens` (tokens) at `request_rate_per_s` (requests/s).
 `traffic_trace_uri` sizes for recorded or published traffic instead, as `pdserve tune --trace`: an
@@ -94,13 +96,14 @@ def stage_tune_promote(
     kube_context: str = "",
     traffic_trace_uri: str = "",  # "": size for isl_tokens/osl_tokens; else s3://bucket/key or a path under fsx_root
     traffic_upload_uri: str = "",  # "": the endpoint records no traffic; else s3://bucket/prefix/ (module doc)
+    planner_mode: str = "off",  # the champion's SLO planner: off, sla or load (as `pdserve tune --planner`)
 ) -> NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact):
     # Parameters tune would refuse fail here, in seconds, not after stage-weights copied the whole model.
     validated = validate_parameters(
         model_name=model_name, gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms,
         isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
-        traffic_upload_uri=traffic_upload_uri,
+        traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode,
     ).set_display_name("validate-parameters")
 
     staged = stage_weights(
@@ -113,7 +116,7 @@ def stage_tune_promote(
         itl_p90_ms=itl_p90_ms, isl_tokens=isl_tokens, osl_tokens=osl_tokens,
         request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget, mlflow_tracking_uri=mlflow_tracking_uri,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url,
-        fsx_root=fsx_root,
+        fsx_root=fsx_root, planner_mode=planner_mode,
     ).set_display_name("tune-tp")
     # the S3 secret too: traffic_trace_uri may name an s3:// object (optional secret: absent keys are fine)
     _on_cluster(tuned, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS, S3_SECRET: _S3_KEYS})

@@ -278,6 +278,10 @@ def tune(
              "several runtime replicas). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
              "contexts (up to 256 evenly spaced requests); its arrival times give the rate unless --rate is "
              "given, and its busiest 60 s raises the planner's max replicas to what that peak needs.")] = None,
+    planner: Annotated[str, typer.Option(
+        help="SLO planner of the deployment (spec planner.mode, what `pdserve promote` renders): off (fixed "
+             "replicas), sla (scales prefill for TTFT and decode for ITL from the measured load) or load (scales "
+             "on load alone); it moves each pool within [1, max replicas] and --gpu-budget.")] = "off",
     trace_uri: Annotated[Optional[str], typer.Option(
         help="What MLflow records as the trace (param traffic_trace_uri) instead of the --trace path, e.g. the "
              "s3:// URI a workflow downloaded it from. Credentials in it are refused.")] = None,
@@ -369,9 +373,9 @@ def tune(
     except ValidationError as e:
         problems.append(_option_errors(e, WORKLOAD_OPTIONS))
     try:
-        PlannerSpec(gpu_budget=gpu_budget)
+        PlannerSpec(gpu_budget=gpu_budget, mode=planner)
     except ValidationError as e:
-        problems.append(_option_errors(e, {"gpu_budget": "--gpu-budget"}))
+        problems.append(_option_errors(e, {"gpu_budget": "--gpu-budget", "mode": "--planner"}))
     if register is not None:
         from runtime.tracking.mlflow_runs import check_registered_model_name
 
@@ -462,8 +466,11 @@ def tune(
                 if need_gpus > gpu_budget else "")
         err.print(escape(f"planner ceiling: the trace's busiest 60 s, {peak:.4g} requests/s, needs {need_p}:{need_d} "
                          f"P:D workers, so max replicas are {spec.prefill.max_replicas}:{spec.decode.max_replicas} "
-                         f"(the start stays at the mean rate; used when the spec's planner.mode is not off){over}"))
+                         "(the start stays at the mean rate"
+                         + ("; the planner is off: --planner sla|load to use it)" if planner == "off" else ")")
+                         + over))
     spec.planner.gpu_budget = gpu_budget
+    spec.planner.mode = planner
     try:
         check_gpu_budget(spec)
     except GpuBudgetError as e:

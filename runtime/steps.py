@@ -95,12 +95,13 @@ class TuneParameters(NamedTuple):
     gpu_budget: int
     traffic_trace_uri: str = ""  # "" or a URI check_traffic_trace_uri accepts
     rate_from_trace: bool = False  # request_rate_per_s was AUTO_REQUEST_RATE and a trace is given
+    planner_mode: str = "off"  # PlannerSpec.mode of the champion: off, sla or load
 
 
 def check_tune_parameters(
     gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int, osl_tokens: int,
     request_rate_per_s: float, gpu_budget: int | None, registered_model: str, *, traffic_trace_uri: str = "",
-    fsx_root: str | None = None,
+    fsx_root: str | None = None, planner_mode: str = "off",
 ) -> TuneParameters:
     """Validate the tune step's parameters without reading the model or the trace; return them parsed.
 
@@ -109,11 +110,13 @@ def check_tune_parameters(
     `request_rate_per_s` (requests/s) `AUTO_REQUEST_RATE` (0) means "not chosen", like `pdserve tune` without
     --rate: with a `traffic_trace_uri` the trace's mean arrival rate (`rate_from_trace`, read by the tune step),
     else WorkloadSpec's default (10/s); a negative rate is refused. `traffic_trace_uri` ("" for none) is checked
-    by `runtime.tracking.traces.check_traffic_trace_uri` (under `fsx_root` when given).
+    by `runtime.tracking.traces.check_traffic_trace_uri` (under `fsx_root` when given). `planner_mode` is the
+    champion's PlannerSpec.mode (`off`, `sla`, `load`): whether the promoted runtime runs the SLO planner.
 
     Raises:
         ValueError: every bad parameter named in one message (unknown GPU, precision, SLO, workload,
-            gpu_budget, a registered model name MLflow refuses, a malformed traffic_trace_uri).
+            gpu_budget, a registered model name MLflow refuses, a malformed traffic_trace_uri, a planner_mode
+            other than off/sla/load).
     """
     from pydantic import ValidationError
 
@@ -158,6 +161,11 @@ def check_tune_parameters(
         parsed["gpu_budget"] = (PlannerSpec() if gpu_budget is None else PlannerSpec(gpu_budget=gpu_budget)).gpu_budget
     except ValidationError as e:
         problems.append(pydantic_errors(e))
+    modes = PlannerSpec.model_fields["mode"].annotation.__args__
+    if planner_mode in modes:
+        parsed["planner_mode"] = planner_mode
+    else:
+        problems.append(f"planner_mode: must be one of {', '.join(modes)}, got {planner_mode!r}")
     try:
         check_registered_model_name(registered_model)
     except ValueError as e:
@@ -198,6 +206,7 @@ def validate_step(
     model_name: str, gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int,
     osl_tokens: int, request_rate_per_s: float, gpu_budget: int, registered_model: str, *,
     traffic_trace_uri: str = "", fsx_root: str | None = None, traffic_upload_uri: str = "",
+    planner_mode: str = "off",
 ) -> None:
     """Check every parameter that needs no model and no network, so a pipeline fails before staging copies
     the weights (tens of GB) when tune would refuse them anyway: `model_name` (`check_model_name`) and the
@@ -215,7 +224,8 @@ def validate_step(
         problems.append(str(e))
     try:
         check_tune_parameters(gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s,
-                              gpu_budget, registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root)
+                              gpu_budget, registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
+                              planner_mode=planner_mode)
     except ValueError as e:
         problems.append(str(e))
     if traffic_upload_uri:
@@ -278,6 +288,7 @@ def tune_step(
     s3_endpoint_url: str = "",
     fsx_root: str | None = None,
     s3_client: Any = None,
+    planner_mode: str = "off",
 ) -> TuneOutputs:
     """Tune prefill TP × decode TP for the staged model; log every candidate to MLflow; register the winner.
 
@@ -294,7 +305,9 @@ def tune_step(
     `gpu` is a GPU catalog name or an AWS instance type (p5.48xlarge), as in `pdserve tune --gpu`.
     `precision` `auto` tunes at the checkpoint's own precision (`checkpoint_precision`: fp8 for an FP8
     checkpoint, else bf16), as `pdserve tune` without --precision. `gpu_budget` (GPUs; None: PlannerSpec's
-    default, the same as `pdserve tune --gpu-budget`) is written as the spec's planner.gpu_budget.
+    default, the same as `pdserve tune --gpu-budget`) is written as the spec's planner.gpu_budget,
+    `planner_mode` (off, sla, load; `pdserve tune --planner`) as its planner.mode: whether the promoted
+    runtime runs the SLO planner within [min_replicas, max_replicas] and the budget.
     Nothing is logged or registered when the winner does not fit the GPU budget.
 
     Raises:
@@ -324,7 +337,7 @@ def tune_step(
 
     params = check_tune_parameters(  # before reading, tuning or logging anything
         gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s, gpu_budget,
-        registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root)
+        registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root, planner_mode=planner_mode)
     workload, sample, peak = params.workload, None, None
     if params.traffic_trace_uri:
         workload, sample, peak = _trace_workload(params, s3_client=s3_client, s3_endpoint_url=s3_endpoint_url)
@@ -338,6 +351,7 @@ def tune_step(
     spec = result.to_deployment_spec(
         model_ref, peak_rate_per_s=peak if peak is not None and peak > workload.request_rate_per_s else None)
     spec.planner.gpu_budget = params.gpu_budget  # as `pdserve tune --gpu-budget`, before the check
+    spec.planner.mode = params.planner_mode  # as `pdserve tune --planner`
     try:
         check_gpu_budget(spec)
     except GpuBudgetError as e:

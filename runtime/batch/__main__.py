@@ -206,6 +206,9 @@ def retune_cmd(
         help="Target request rate, requests/s (default: each run sizes for the recorded traffic's mean arrival "
              "rate).")] = None,
     gpu_budget: Annotated[Optional[int], typer.Option(help="GPUs the deployment may use.")] = None,
+    planner: Annotated[str, typer.Option(
+        help="SLO planner of the re-tuned champion: off, sla or load (as `pdserve tune --planner`; keep the "
+             "current champion's).")] = "off",
     mlflow_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking server (in-cluster http URL).")] = None,
     pvc: Annotated[Optional[str], typer.Option(help="FSx for Lustre PVC holding /fsx/models.")] = None,
     namespace: Annotated[str, Common["namespace"]] = "pdserve",
@@ -226,7 +229,7 @@ def retune_cmd(
     default_name = ("retune-" + slug.strip("-"))[:52].rstrip("-")  # CronWorkflow names: <= 52 characters
     _emit(retune_cron_workflow, RetuneCronWorkflowSpec, dict(
         name=name or default_name, schedule=schedule, timezone=timezone, model_name=model_name, gpu=gpu,
-        ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, traffic_uri=traffic,
+        ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, planner=planner, traffic_uri=traffic,
         registered_model=registered_model, mlflow_uri=mlflow_uri, pvc_name=pvc, namespace=namespace, image=image,
         service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
         s3_secret=_secret(s3_secret, S3_SECRET), s3_endpoint_url=s3_endpoint_url), out)

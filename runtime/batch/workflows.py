@@ -306,6 +306,8 @@ class RetuneCronWorkflowSpec(_Common):
         None, gt=0, description="Target request rate, requests/s; None: the recorded traffic's mean arrival rate "
                                 "(what `pdserve tune --trace` uses without --rate).")
     gpu_budget: int = Field(default_factory=_default_gpu_budget, ge=1, description="GPUs the deployment may use.")
+    planner: Literal["off", "sla", "load"] = Field(
+        "off", description="The champion's SLO planner mode (pdserve tune --planner); keep it as the current one.")
     traffic_uri: str = Field(description="Recorded traffic, s3://bucket/key ending in .csv (Azure: ContextTokens, "
                                          "GeneratedTokens) or .jsonl (Mooncake: input_length, output_length), or "
                                          "s3://bucket/prefix/ (every such file under it, e.g. one traffic log "
@@ -399,7 +401,8 @@ def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     rate = [] if spec.rate is None else ["--rate", _num(spec.rate)]  # None: the trace's own arrival rate
     return ["pdserve", "tune", f"{FSX_MOUNT}/models/{spec.model_name}/config.json", "--gpu", spec.gpu,
             "--ttft-ms", _num(spec.ttft_ms), "--itl-ms", _num(spec.itl_ms), *rate,
-            "--gpu-budget", str(spec.gpu_budget), "--trace", trace_path(spec), "--trace-uri", spec.traffic_uri,
+            "--gpu-budget", str(spec.gpu_budget), "--planner", spec.planner, "--trace", trace_path(spec),
+            "--trace-uri", spec.traffic_uri,
             "--mlflow-uri", spec.mlflow_uri,
             "--register", spec.registered_model, "--out", f"{WORK_DIR}/winner.json"]
 

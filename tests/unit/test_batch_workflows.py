@@ -147,7 +147,7 @@ def test_retune_cron_validates_and_runs_exactly_tune():
     assert spec["successfulJobsHistoryLimit"] >= 0 and spec["failedJobsHistoryLimit"] >= 0
     assert argv(cron) == ["pdserve", "tune", "/fsx/models/org/llama8/config.json", "--gpu", "H200-SXM",
                           "--ttft-ms", "1500", "--itl-ms", "35.5", "--rate", "12.5", "--gpu-budget", "16",
-                          "--trace", "/work/traffic/azure.csv", "--trace-uri", "s3://pdserve-traffic/2026/08/azure.csv",
+                          "--planner", "off", "--trace", "/work/traffic/azure.csv", "--trace-uri", "s3://pdserve-traffic/2026/08/azure.csv",
                           "--mlflow-uri", "http://mlflow.mlflow.svc:5000",
                           "--register", "llama8-pd", "--out", "/work/winner.json"]
     tpl = template(cron)
@@ -474,3 +474,10 @@ def test_the_cron_accepts_exactly_the_suffixes_the_trace_reader_reads():
     from runtime.tracking.traces import READABLE_SUFFIXES
 
     assert set(wfm.TRACE_SUFFIXES) == set(READABLE_SUFFIXES)
+
+
+def test_the_retune_keeps_the_planner_mode_it_is_given():
+    args = argv(retune_cron_workflow(retune_spec(planner="sla")))
+    assert args[args.index("--planner") + 1] == "sla"
+    with pytest.raises(ValidationError):
+        retune_spec(planner="auto")

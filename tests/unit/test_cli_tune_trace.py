@@ -279,3 +279,11 @@ def test_a_tiny_trace_is_called_noise_and_a_peak_over_the_budget_is_named(tmp_pa
                               "--gpu-budget", "24"])
     assert res.exit_code == 0, res.output
     assert "over --gpu-budget 24: the planner stops at the budget" in " ".join(res.output.split())
+
+
+def test_the_planner_option_sets_the_specs_planner_mode_and_a_bad_one_is_named(tmp_path):
+    spec = _tune(tmp_path, "--planner", "sla")
+    assert spec.planner.mode == "sla"
+    assert _tune(tmp_path).planner.mode == "off"  # the default: fixed replicas
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--planner", "auto"])
+    assert res.exit_code == 1 and "--planner" in " ".join(res.output.split())

@@ -85,3 +85,14 @@ def test_a_bad_traffic_upload_uri_fails_validation_with_the_other_problems():
     assert "H100-SMX" in msg  # named together with the other bad parameter
     validate_step("m", "H100-SXM", "auto", 2000.0, 50.0, 3000, 150, 0.0, 64, "m-pd",
                   traffic_upload_uri="s3://pdserve-traffic/online/")
+
+
+def test_planner_mode_reaches_validate_and_tune_and_a_bad_one_fails_validation(tmp_path):
+    from runtime.steps import validate_step
+
+    params, tasks = _root_and_dag(tmp_path)
+    assert params["planner_mode"]["defaultValue"] == "off"
+    for task in ("validate-parameters", "tune-tp"):
+        assert tasks[task]["inputs"]["parameters"]["planner_mode"] == {"componentInputParameter": "planner_mode"}
+    with pytest.raises(ValueError, match="planner_mode: must be one of off, sla, load, got 'auto'"):
+        validate_step("m", "H100-SXM", "auto", 2000.0, 50.0, 3000, 150, 0.0, 64, "m-pd", planner_mode="auto")

@@ -235,3 +235,15 @@ def test_a_bursty_traces_peak_raises_the_planner_ceiling_as_the_cli_does(tmp_pat
     spec = recorded["spec"]
     assert (spec.prefill, spec.decode) == (cli.prefill, cli.decode)
     assert spec.prefill.max_replicas > max(8, 2 * spec.prefill.replicas)  # raised by the 30/s minute
+
+
+def test_planner_mode_becomes_the_champions_planner_and_promote_renders_it(fsx, recorded):
+    from runtime.deploy.render import find, render_all
+
+    _tune(fsx, "", planner_mode="sla")
+    spec = recorded["spec"]
+    assert spec.planner.mode == "sla"
+    objs = render_all(spec, name="m", namespace="pdserve", image="img:1", pvc_name="fsx-claim", revision="v1")
+    assert "--planner=kubernetes" in find(objs, "InferenceService", "m")["spec"]["predictor"]["model"]["args"]
+    _tune(fsx, "")
+    assert recorded["spec"].planner.mode == "off"
