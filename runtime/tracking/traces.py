@@ -351,8 +351,10 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
     check_traffic_trace_uri(uri)
 
     def fail(detail: str, local: str | None = None) -> TrafficTraceError:
-        if local:
+        if local:  # the temporary file or folder is named as the URI it came from (a folder with or without '/')
             detail = detail.replace(local, uri)
+            if local.endswith("/"):
+                detail = detail.replace(local.rstrip("/"), uri)
         if uri not in detail:
             detail = f"{uri}: {detail}"
         for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
@@ -412,8 +414,12 @@ def _download_prefix(client, bucket: str, prefix: str, dest: Path) -> int:  # no
             if not rel.lower().endswith(READABLE_SUFFIXES) or any(p in ("", ".", "..") for p in parts):
                 continue
             target = dest.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with target.open("wb") as f:
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                f = target.open("xb")
+            except OSError:  # 'a.jsonl' and 'a.jsonl/b.jsonl' (S3 allows both): the second cannot be a file here
+                continue
+            with f:
                 shutil.copyfileobj(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"], f, 1 << 20)
             n += 1
     return n

@@ -117,3 +117,18 @@ def test_a_prefix_of_shipped_traffic_is_one_trace(s3_env, s3_client, s3_bucket, 
     assert spec.workload.request_rate_per_s == pytest.approx(39 / 19.5)  # 40 arrivals of both pods in 19.5 s
     with pytest.raises(TrafficTraceError, match=rf"traffic_trace_uri: s3://{s3_bucket}/traffic/none/: no .jsonl"):
         _tune(staged, tmp_path / "mlflow2.db", f"s3://{s3_bucket}/traffic/none/", s3_env.endpoint_url)
+
+
+@pytest.mark.parametrize("objects", [
+    {"t/a.jsonl": b""},  # a pod that shipped an empty object: no trace file in the folder
+    {"t/a.jsonl": TRACE.encode(), "t/b.csv": b"ContextTokens,GeneratedTokens\n1,1\n"},  # two formats
+    {"t/a.jsonl": b'{"timestamp": 1, "input_length": 0, "output_length": 0}\n'},  # no valid request
+])
+def test_a_bad_prefix_is_named_by_its_uri_never_by_the_temporary_folder(s3_client, s3_bucket, objects):
+    from runtime.tracking.traces import fetch_trace_workload
+
+    for key, body in objects.items():
+        s3_client.put_object(Bucket=s3_bucket, Key=key, Body=body)
+    with pytest.raises(TrafficTraceError) as e:
+        fetch_trace_workload(f"s3://{s3_bucket}/t/", s3_client=s3_client)
+    assert f"s3://{s3_bucket}/t/" in str(e.value) and "pdserve-trace-" not in str(e.value)
