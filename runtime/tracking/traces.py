@@ -52,8 +52,9 @@ def trace_files(path: Path) -> list[Path]:
         if (not f.is_file() or f.suffix.lower() not in READABLE_SUFFIXES
                 or any(part.startswith(".") for part in f.relative_to(path).parts)):
             continue
-        real = f.resolve()
-        if real in seen or f.stat().st_size == 0:  # a file linked twice counts once; an empty one adds nothing
+        st = f.stat()
+        real = (st.st_dev, st.st_ino)
+        if real in seen or st.st_size == 0:  # a file linked twice (sym- or hard link) counts once; empty adds nothing
             continue
         seen.add(real)
         files.append(f)
@@ -75,7 +76,13 @@ def read_isl_osl(path: Path) -> list[tuple[int, int]]:
             trace files or mixing formats.
         FileNotFoundError: no such file or directory.
     """
-    return [pair for f in trace_files(path) for pair in _read_file_isl_osl(f)]
+    out: list[tuple[int, int]] = []
+    for f in trace_files(path):
+        try:
+            out += _read_file_isl_osl(f)
+        except UnicodeDecodeError as e:  # named by its file (a folder's message would name only the folder)
+            raise TraceFormatError(f"{f}: not UTF-8 text ({e.reason})") from None
+    return out
 
 
 def _read_file_isl_osl(path: Path) -> list[tuple[int, int]]:
@@ -170,8 +177,8 @@ def _peak_rate(times: list[float] | None, window_s: float = PEAK_WINDOW_S) -> fl
     if times is None or len(times) < 2 or times[-1] - times[0] < window_s:
         return None
     best, lo = 0, 0
-    for hi, t in enumerate(times):  # two pointers: times[lo..hi] lie within [t - window_s, t]
-        while times[lo] < t - window_s:
+    for hi, t in enumerate(times):  # two pointers: times[lo..hi] lie within (t - window_s, t]
+        while times[lo] <= t - window_s:
             lo += 1
         best = max(best, hi - lo + 1)
     return best / window_s
@@ -189,6 +196,8 @@ def _merged_times(path: Path) -> list[float] | None:
         t = _arrival_times(f)
         if t is None or any(not 0 <= x <= TIME_MAX_S for x in t):
             return None
+        if t and (min(t) >= UNIX_TIME_MIN_S) != (max(t) >= UNIX_TIME_MIN_S):
+            return None  # one file timed both from its own start and in Unix time: no usable times
         if t:
             kinds.setdefault(min(t) >= UNIX_TIME_MIN_S, f)
         times += t
@@ -299,6 +308,8 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
         return uri
     if not isinstance(uri, str):
         raise ValueError(f"traffic_trace_uri {uri!r}: must be a string (s3://bucket/key or an absolute path)")
+    if "$" in uri:  # the kubelet expands $(VAR) in container args, and the tune pod's env holds secrets
+        raise ValueError(f"traffic_trace_uri {uri!r}: must not contain '$'")
     folder = uri.endswith("/")
     if uri.startswith("s3://"):
         try:
@@ -411,8 +422,9 @@ def _download_prefix(client, bucket: str, prefix: str, dest: Path) -> int:  # no
         for obj in page.get("Contents", []):
             rel = obj["Key"][len(prefix):]
             parts = rel.split("/")
-            if not rel.lower().endswith(READABLE_SUFFIXES) or any(p in ("", ".", "..") for p in parts):
-                continue
+            if (not rel.lower().endswith(READABLE_SUFFIXES) or obj.get("Size", 1) == 0
+                    or any(p in ("", ".", "..") or p.startswith(".") for p in parts)):
+                continue  # as trace_files: hidden and empty files are not part of the trace
             target = dest.joinpath(*parts)
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)

@@ -287,3 +287,26 @@ def test_the_planner_option_sets_the_specs_planner_mode_and_a_bad_one_is_named(t
     assert _tune(tmp_path).planner.mode == "off"  # the default: fixed replicas
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--planner", "auto"])
     assert res.exit_code == 1 and "--planner" in " ".join(res.output.split())
+
+
+def test_steady_traffic_has_no_peak_above_its_mean_and_one_file_cannot_mix_time_kinds(tmp_path):
+    from runtime.tracking.traces import (TraceFormatError, check_traffic_trace_uri, read_arrival_rate,
+                                         read_isl_osl, read_peak_rate)
+
+    steady = tmp_path / "steady.jsonl"  # one request a second for 10 minutes
+    steady.write_text("".join(json.dumps({"timestamp": 1_764_000_000_000 + 1000 * i, "input_length": 5,
+                                          "output_length": 5}) + "\n" for i in range(600)))
+    assert read_peak_rate(steady) == 1.0 == read_arrival_rate(steady)  # a window is (t - 60 s, t]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(steady.read_text() + json.dumps({"timestamp": 0, "input_length": 5, "output_length": 5}) + "\n")
+    assert read_arrival_rate(mixed) is None and read_peak_rate(mixed) is None
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.jsonl").write_text(steady.read_text())
+    (logs / "b.jsonl").hardlink_to(logs / "a.jsonl")
+    assert len(read_isl_osl(logs)) == 600  # a hard link counts once
+    (logs / "c.jsonl").write_bytes(b'{"input_length": 5, "output_length": 5}\n\xff\xfe\n')
+    with pytest.raises(TraceFormatError, match="c.jsonl: not UTF-8"):
+        read_isl_osl(logs)
+    with pytest.raises(ValueError, match="must not contain"):
+        check_traffic_trace_uri("s3://b-1/$(MLFLOW_TRACKING_PASSWORD)/t.jsonl")
