@@ -45,6 +45,7 @@ from typing import NamedTuple
 from kfp import compiler, dsl, kubernetes
 from kfp.dsl import Artifact
 
+from components.params import documented
 from components.promote import promote
 from components.stage import stage_weights
 from components.tune import tune_tp
@@ -74,6 +75,7 @@ _MLFLOW_KEYS = {"MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
 
 
 @dsl.pipeline(name="stage-tune-promote", description="Stage weights S3→FSx, tune prefill/decode TP, promote to KServe.")
+@documented  # parameter descriptions for the KFP UI (components.params.PARAM_DOCS)
 def stage_tune_promote(
     source_uri: str = "s3://pdserve-models/smollm2-135m-instruct/",
     model_name: str = "smollm2-135m-instruct",

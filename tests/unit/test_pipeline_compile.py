@@ -96,3 +96,43 @@ def test_planner_mode_reaches_validate_and_tune_and_a_bad_one_fails_validation(t
         assert tasks[task]["inputs"]["parameters"]["planner_mode"] == {"componentInputParameter": "planner_mode"}
     with pytest.raises(ValueError, match="planner_mode: must be one of off, sla, load, got 'auto'"):
         validate_step("m", "H100-SXM", "auto", 2000.0, 50.0, 3000, 150, 0.0, 64, "m-pd", planner_mode="auto")
+
+
+def _definitions(node: dict) -> dict:
+    """name -> definition of every input and output parameter / artifact of a compiled component or root."""
+    out = {}
+    for side in ("inputDefinitions", "outputDefinitions"):
+        for kind in ("parameters", "artifacts"):
+            out.update({f"{side}.{name}": d for name, d in node.get(side, {}).get(kind, {}).items()})
+    return out
+
+
+def test_every_pipeline_and_component_parameter_has_its_description_for_the_kfp_ui(tmp_path):
+    from components.params import PARAM_DOCS
+
+    doc = next(yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text()))
+    root = doc["root"]["inputDefinitions"]["parameters"]
+    assert {n: d.get("description") for n, d in root.items()} == {n: PARAM_DOCS[n] for n in root}
+    checked = 0
+    for comp_name, comp in doc["components"].items():
+        for name, d in _definitions(comp).items():
+            assert d.get("description"), f"{comp_name} {name}: no description"
+            checked += 1
+    assert checked >= 45
+    assert doc["components"]["comp-tune-tp"]["outputDefinitions"]["parameters"]["decode_tp"]["description"] == \
+        PARAM_DOCS["decode_tp"]
+    # the components still embed their own source, without the decorator (KFP drops decorator lines)
+    for ex in doc["deploymentSpec"]["executors"].values():
+        assert "@documented" not in " ".join(ex["container"]["command"])
+
+
+def test_documented_names_the_parameters_it_has_no_description_for():
+    from components.params import documented
+
+    def step(gpu: str, warp_factor: int, flux: float = 1.0):
+        """A step."""
+
+    with pytest.raises(KeyError, match="step: no description for parameter.s. warp_factor, flux"):
+        documented(step)
+    assert documented(step, warp_factor="w", flux="f") is step
+    assert "Args:\n    gpu: GPU catalog name" in step.__doc__ and "    flux: f" in step.__doc__
