@@ -14,8 +14,11 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     rendered pods add (runtime/deploy/render.py, every default GPU instance) are allowed by the
                     Pod Security `enforce` level of namespace pdserve; the batch workflows' default service account
                     (runtime/batch/workflows.py) has an EKS Pod Identity association, every association into a
-                    namespace infra/k8s creates names a ServiceAccount it creates, and no inline policy of a role
-                    (aws_iam_role_policy) grants a wildcard action or the resource "*"
+                    namespace infra/k8s creates names a ServiceAccount it creates (or a runtime ServiceAccount
+                    `pdserve promote` renders), and no inline policy of a role (aws_iam_role_policy) grants a wildcard
+                    action or the resource "*"; every InferenceService in traffic_upload_inference_services has a
+                    Pod Identity association for its rendered runtime ServiceAccount whose role may only PutObject
+                    under <traffic_log_prefix><name>/ (and GenerateDataKey on the data key)
   checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
                     no severities, so EVERY failed check counts as a failure unless suppressed inline with a
                     reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
@@ -246,7 +249,11 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
                and o["metadata"].get("namespace") == "pdserve" for o in objs):
         problems.append("PersistentVolumeClaim pdserve/fsx-claim (promote's default pvc_name) missing")
     problems += pod_security_problems(objs, rendered_deploy_objects(DEPLOY_NAMESPACE))
-    problems += pod_identity_problems(parsed, objs, [batch_workflow_identity()])
+    traffic = traffic_upload_problems(parsed)
+    runtime_accounts = {(DEPLOY_NAMESPACE, runtime_service_account(n))
+                        for n in _variable_defaults(parsed).get(TRAFFIC_UPLOAD_VARIABLE) or []}
+    problems += pod_identity_problems(parsed, objs, [batch_workflow_identity()], runtime_accounts)
+    problems += traffic
     problems += role_policy_problems(parsed)
     if problems:
         return Check("consistency", "FAIL", "; ".join(problems))
@@ -320,6 +327,63 @@ def _tf_blocks(parsed: dict[str, dict], section: str, type_: str) -> dict[str, d
     return out
 
 
+def _variable_defaults(parsed: dict[str, dict]) -> dict[str, Any]:
+    """`{name: default}` of every `variable` block with a default (strings unquoted, lists item by item)."""
+    out: dict[str, Any] = {}
+    for doc in parsed.values():
+        for block in doc.get("variable", []):
+            for name, body in block.items():
+                if "default" in body:
+                    d = body["default"]
+                    out[_unquote(name)] = [_unquote(x) for x in d] if isinstance(d, list) else _unquote(d)
+    return out
+
+
+_FOR_EACH_VAR = re.compile(r"\$\{(?:toset\()?var\.(\w+)\)?\}")
+
+
+def _instances(name: str, body: dict, defaults: dict[str, Any]) -> list[tuple[str, dict]]:
+    """The instances of one resource/data block: `[(address, body)]`, one per key of a `for_each` over a list
+    variable's default (`${each.key}`/`${each.value}` replaced by the key), else the block itself.
+
+    Raises:
+        ValueError: a `for_each` that is not `var.X` / `toset(var.X)` of a list variable with a default.
+    """
+    fe = body.get("for_each")
+    if fe is None:
+        return [(name, body)]
+    m = _FOR_EACH_VAR.fullmatch(str(fe))
+    keys = defaults.get(m.group(1)) if m else None
+    if not isinstance(keys, list):
+        raise ValueError(f"{name}: for_each {fe!r} is not a list variable with a default (cannot be checked offline)")
+
+    def subst(v: Any, key: str) -> Any:
+        if isinstance(v, str):
+            return v.replace("${each.key}", key).replace("${each.value}", key)
+        if isinstance(v, list):
+            return [subst(x, key) for x in v]
+        if isinstance(v, dict):
+            return {k: subst(x, key) for k, x in v.items() if k != "for_each"}
+        return v
+
+    return [(f"{name}[{k!r}]", {**subst(body, k), "__each_key__": k}) for k in keys]
+
+
+def _associations(parsed: dict[str, dict]) -> tuple[dict[tuple[str, str], tuple[str, str]], list[str]]:
+    """`{(namespace, service account): (address, role_arn)}` of every aws_eks_pod_identity_association instance
+    (for_each expanded with the variables' defaults), and the problems found expanding them."""
+    defaults, out, problems = _variable_defaults(parsed), {}, []
+    for name, body in _tf_blocks(parsed, "resource", "aws_eks_pod_identity_association").items():
+        try:
+            instances = _instances(name, body, defaults)
+        except ValueError as e:
+            problems.append(f"aws_eks_pod_identity_association.{e}")
+            continue
+        for addr, b in instances:
+            out[(_unquote(b.get("namespace")), _unquote(b.get("service_account")))] = (addr, str(b.get("role_arn")))
+    return out, problems
+
+
 def batch_workflow_identity() -> tuple[str, str]:
     """(namespace, service account) the pods of `pdserve batch workflow` / `retune-schedule` run as by default."""
     from runtime.batch.workflows import BatchInferenceWorkflowSpec
@@ -329,22 +393,114 @@ def batch_workflow_identity() -> tuple[str, str]:
 
 
 def pod_identity_problems(parsed: dict[str, dict], infra_objs: list[dict],
-                          required: list[tuple[str, str]]) -> list[str]:
+                          required: list[tuple[str, str]],
+                          rendered_accounts: set[tuple[str, str]] = frozenset()) -> list[str]:
     """Pod Identity associations (aws_eks_pod_identity_association) that do not line up with infra/k8s.
 
     Every (namespace, service account) in `required` must have an association; an association into a namespace
-    that `infra_objs` create must name a ServiceAccount they create (namespaces installed by remote bases, such
-    as kubeflow, are not checked). Returns one message per problem.
+    that `infra_objs` create must name a ServiceAccount they create or one in `rendered_accounts` (created by
+    `pdserve promote`, e.g. `<InferenceService>-runtime`); namespaces installed by remote bases, such as kubeflow,
+    are not checked. A `for_each` association is checked once per key of its list variable's default.
+    Returns one message per problem.
     """
-    assocs = {(_unquote(b.get("namespace")), _unquote(b.get("service_account"))): name
-              for name, b in _tf_blocks(parsed, "resource", "aws_eks_pod_identity_association").items()}
+    assocs, problems = _associations(parsed)
     namespaces = {o["metadata"]["name"] for o in infra_objs if o.get("kind") == "Namespace"}
     accounts = {(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in infra_objs
-                if o.get("kind") == "ServiceAccount"}
-    problems = [f"ServiceAccount {ns}/{sa} (batch workflows' default) has no aws_eks_pod_identity_association: "
-                f"its pods get no AWS role" for ns, sa in required if (ns, sa) not in assocs]
-    problems += [f"aws_eks_pod_identity_association.{name}: ServiceAccount {ns}/{sa} is not in infra/k8s"
-                 for (ns, sa), name in assocs.items() if ns in namespaces and (ns, sa) not in accounts]
+                if o.get("kind") == "ServiceAccount"} | set(rendered_accounts)
+    problems += [f"ServiceAccount {ns}/{sa} (batch workflows' default) has no aws_eks_pod_identity_association: "
+                 f"its pods get no AWS role" for ns, sa in required if (ns, sa) not in assocs]
+    problems += [f"aws_eks_pod_identity_association.{addr}: ServiceAccount {ns}/{sa} is not in infra/k8s"
+                 + (" nor rendered by `pdserve promote`" if rendered_accounts else "")
+                 for (ns, sa), (addr, _) in assocs.items() if ns in namespaces and (ns, sa) not in accounts]
+    return problems
+
+
+def runtime_service_account(isvc: str, namespace: str = DEPLOY_NAMESPACE) -> str:
+    """The ServiceAccount the runtime pods of InferenceService `isvc` run as, read from what `pdserve promote`
+    renders with a traffic upload (runtime/deploy/render.py: spec.predictor.serviceAccountName)."""
+    from runtime.config import DeploymentSpec, ModelRef, PoolSpec
+    from runtime.deploy.render import find, render_all
+    from runtime.deploy.target import ClusterTarget
+
+    spec = DeploymentSpec(model=ModelRef(name="traffic-check"), prefill=PoolSpec(tp=1, replicas=1),
+                          decode=PoolSpec(tp=1, replicas=1))
+    objs = render_all(spec, name=isvc, namespace=namespace, image="pdserve:check", pvc_name="fsx-claim",
+                      target=ClusterTarget(traffic_upload_uri="s3://check-bucket/traffic/"), validate=False)
+    return find(objs, "InferenceService")["spec"]["predictor"]["serviceAccountName"]
+
+
+TRAFFIC_UPLOAD_VARIABLE = "traffic_upload_inference_services"
+TRAFFIC_BUCKET_ARN = '${aws_s3_bucket.this["models"].arn}'
+TRAFFIC_ALLOWED_ACTIONS = {"s3:PutObject", "kms:GenerateDataKey"}  # runtime/server/traffic.py: put_object only
+
+
+def traffic_upload_problems(parsed: dict[str, dict], namespace: str = DEPLOY_NAMESPACE) -> list[str]:
+    """The runtime's traffic shipping (`promote --traffic-upload`) against Terraform's Pod Identity roles.
+
+    For every InferenceService in the default of variable `traffic_upload_inference_services`: its runtime
+    ServiceAccount (`runtime_service_account`) in `namespace` has an association; the associated role's inline
+    policies grant nothing but s3:PutObject on objects under `<traffic_log_prefix><name>/` of the model bucket and
+    kms:GenerateDataKey on the data key (`TRAFFIC_ALLOWED_ACTIONS`). Returns one message per problem.
+    """
+    defaults = _variable_defaults(parsed)
+    if TRAFFIC_UPLOAD_VARIABLE not in defaults:
+        return [f"variable {TRAFFIC_UPLOAD_VARIABLE} (InferenceServices that ship recorded traffic) is missing or "
+                f"has no default"]
+    assocs, problems = _associations(parsed)
+    docs = _tf_blocks(parsed, "data", "aws_iam_policy_document")
+    role_policies = _tf_blocks(parsed, "resource", "aws_iam_role_policy")
+    for isvc in defaults[TRAFFIC_UPLOAD_VARIABLE]:
+        sa = runtime_service_account(isvc, namespace)
+        if (namespace, sa) not in assocs:
+            problems.append(f"ServiceAccount {namespace}/{sa} (runtime of InferenceService {isvc}, "
+                            f"{TRAFFIC_UPLOAD_VARIABLE}) has no aws_eks_pod_identity_association: its traffic "
+                            f"uploads get no AWS role")
+            continue
+        addr, role_arn = assocs[(namespace, sa)]
+        m = re.fullmatch(r"\$\{aws_iam_role\.(\w+)(\[each\.key\])?\.arn\}", role_arn)
+        if m is None:
+            problems.append(f"aws_eks_pod_identity_association.{addr}: role_arn {role_arn} is not a role of this stack")
+            continue
+        role, keyed = m.group(1), bool(m.group(2))
+        want_role = f"${{aws_iam_role.{role}{'[each.key]' if keyed else ''}.id}}"
+        prefix = f"{TRAFFIC_BUCKET_ARN}/${{var.traffic_log_prefix}}{isvc}/"
+        attached = 0
+        for pname, pbody in role_policies.items():
+            if str(pbody.get("role")) not in (want_role, f"${{aws_iam_role.{role}.name}}"):
+                continue
+            dm = re.fullmatch(r"\$\{data\.aws_iam_policy_document\.(\w+)(\[each\.key\])?\.json\}",
+                              str(pbody.get("policy", "")))
+            if dm is None or dm.group(1) not in docs:
+                continue  # role_policy_problems reports it
+            try:
+                doc_instances = {b.get("__each_key__", a): b
+                                 for a, b in _instances(dm.group(1), docs[dm.group(1)], defaults)}
+            except ValueError as e:
+                problems.append(f"aws_iam_policy_document.{e}")
+                continue
+            doc = doc_instances.get(isvc) if dm.group(2) else next(iter(doc_instances.values()))
+            if doc is None:
+                problems.append(f"aws_iam_policy_document.{dm.group(1)} has no instance for {isvc}")
+                continue
+            attached += 1
+            for st in doc.get("statement", []):
+                sid = _unquote(st.get("sid", "?"))
+                actions = {_unquote(a) for a in st.get("actions", [])}
+                where = f"aws_iam_policy_document.{dm.group(1)}[{isvc!r}] {sid}"
+                problems += [f"{where}: action {a} is more than traffic shipping needs "
+                             f"({', '.join(sorted(TRAFFIC_ALLOWED_ACTIONS))})" for a in sorted(actions - TRAFFIC_ALLOWED_ACTIONS)]
+                if _unquote(st.get("effect", "Allow")) == "Deny" or st.get("not_resources"):
+                    problems.append(f"{where}: only Allow statements with resources are checked here")
+                for r in (_unquote(r) for r in st.get("resources", [])):
+                    if any(a.startswith("s3:") for a in actions) and not (r.startswith(prefix) and len(r) > len(prefix)
+                                                                          and r[len(prefix):].count("${") == 0):
+                        problems.append(f"{where}: resource {r} is broader than {prefix}* (the runtime of {isvc} "
+                                        f"writes only there)")
+                    if any(a.startswith("kms:") for a in actions) and r != "${aws_kms_key.data.arn}":
+                        problems.append(f"{where}: resource {r} is not the data key ${{aws_kms_key.data.arn}}")
+        if attached == 0:
+            problems.append(f"aws_iam_role.{role} (runtime of InferenceService {isvc}) has no inline policy: its "
+                            f"traffic uploads are refused")
     return problems
 
 
@@ -355,7 +511,8 @@ def role_policy_problems(parsed: dict[str, dict]) -> list[str]:
     docs = _tf_blocks(parsed, "data", "aws_iam_policy_document")
     problems = []
     for name, body in _tf_blocks(parsed, "resource", "aws_iam_role_policy").items():
-        m = re.fullmatch(r"\$\{data\.aws_iam_policy_document\.(\w+)\.json\}", str(body.get("policy", "")))
+        m = re.fullmatch(r"\$\{data\.aws_iam_policy_document\.(\w+)(?:\[each\.key\])?\.json\}",
+                         str(body.get("policy", "")))
         if m is None or m.group(1) not in docs:
             problems.append(f"aws_iam_role_policy.{name}: policy is not an aws_iam_policy_document in this stack")
             continue

@@ -167,3 +167,59 @@ resource "aws_eks_pod_identity_association" "mlflow" {
   service_account = "mlflow"
   role_arn        = aws_iam_role.mlflow.arn
 }
+
+# Recorded traffic of the online endpoints (`pdserve promote --traffic-upload s3://<model bucket>/<traffic_log_prefix>`):
+# the runtime pods of InferenceService <name> run as ServiceAccount pdserve/<name>-runtime (runtime/deploy/render.py)
+# and PUT one object per shipment under <traffic_log_prefix><name>/<pod>/ (runtime/server/traffic.py TrafficShipper:
+# single put_object calls of at most 64 MiB, no multipart upload, no read, list or delete). One role per
+# InferenceService, so a runtime can write only its own folder and never read anything. The batch role reads
+# these objects back for re-tuning; the lifecycle rule in storage.tf expires them.
+data "aws_iam_policy_document" "traffic_upload" {
+  for_each = toset(var.traffic_upload_inference_services)
+
+  statement {
+    sid       = "ShipOwnTraffic"
+    actions   = ["s3:PutObject"]
+    resources = ["${aws_s3_bucket.this["models"].arn}/${var.traffic_log_prefix}${each.key}/*"]
+  }
+  statement {
+    # SSE-KMS by bucket default (storage.tf): a PUT needs a data key (docs.aws.amazon.com/AmazonS3/latest/userguide/
+    # UsingKMSEncryption.html: kms:GenerateDataKey to upload; kms:Decrypt only for multipart uploads, unused here).
+    sid       = "EncryptThroughS3"
+    actions   = ["kms:GenerateDataKey"]
+    resources = [aws_kms_key.data.arn]
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["s3.${var.region}.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "traffic_upload" {
+  for_each           = toset(var.traffic_upload_inference_services)
+  name               = "${var.cluster_name}-traffic-${each.key}"
+  assume_role_policy = data.aws_iam_policy_document.pod_identity_trust.json
+
+  lifecycle {
+    precondition {
+      condition     = length("${var.cluster_name}-traffic-${each.key}") <= 64
+      error_message = "IAM role name ${var.cluster_name}-traffic-${each.key} is longer than 64 characters: shorten cluster_name."
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "traffic_upload" {
+  for_each = toset(var.traffic_upload_inference_services)
+  name     = "ship-recorded-traffic"
+  role     = aws_iam_role.traffic_upload[each.key].id
+  policy   = data.aws_iam_policy_document.traffic_upload[each.key].json
+}
+
+resource "aws_eks_pod_identity_association" "traffic_upload" {
+  for_each        = toset(var.traffic_upload_inference_services)
+  cluster_name    = module.eks.cluster_name
+  namespace       = "pdserve"
+  service_account = "${each.key}-runtime"
+  role_arn        = aws_iam_role.traffic_upload[each.key].arn
+}

@@ -45,3 +45,8 @@ output "batch_s3_prefixes" {
     traffic = "s3://${aws_s3_bucket.this["models"].bucket}/${var.traffic_log_prefix}"
   }
 }
+
+output "traffic_upload_role_arns" {
+  description = "IAM role (EKS Pod Identity, ServiceAccount pdserve/<name>-runtime) of each InferenceService in traffic_upload_inference_services: PutObject under <traffic>/<name>/ only."
+  value       = { for name, role in aws_iam_role.traffic_upload : name => role.arn }
+}

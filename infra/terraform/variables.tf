@@ -102,3 +102,18 @@ variable "traffic_log_prefix" {
     error_message = "traffic_log_prefix: a key prefix ending in '/' (letters, digits, ! _ . ' ( ) -; no '*', no '.'/'..' segments), not under models/."
   }
 }
+
+# InferenceServices whose runtime may ship recorded traffic (iam.tf traffic_upload). `pdserve promote` names the
+# InferenceService dns_label(<registered model>) (runtime/deploy/target.py) and its runtime pods run as ServiceAccount
+# pdserve/<name>-runtime; an EKS Pod Identity association needs that exact name, so list every endpoint promoted with
+# --traffic-upload here. The default is the InferenceService of the stage_tune_promote pipeline's default model.
+variable "traffic_upload_inference_services" {
+  description = "InferenceService names (namespace pdserve) whose runtime pods may PUT recorded traffic under <traffic_log_prefix><name>/ of the model bucket; each gets its own Pod Identity role."
+  type        = list(string)
+  default     = ["smollm2-135m-instruct-pd"]
+
+  validation {
+    condition     = alltrue([for n in var.traffic_upload_inference_services : can(regex("^[a-z]([-a-z0-9]{0,43}[a-z0-9])?$", n))])
+    error_message = "traffic_upload_inference_services: each a DNS-1035 label of at most 45 characters (what `pdserve promote` names an InferenceService)."
+  }
+}

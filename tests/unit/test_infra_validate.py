@@ -236,3 +236,80 @@ def test_recorded_traffic_expires_on_the_model_bucket_only():
     variables = {V._unquote(k): v for block in hcl2.load(open(REPO / "infra/terraform/variables.tf"))["variable"]
                  for k, v in block.items()}
     assert variables["traffic_retention_days"]["default"] >= 7  # a weekly re-tune sees at least a week
+
+
+# ------------------------------------------------------------------------------------ runtime traffic uploads
+
+
+def test_each_traffic_uploading_runtime_gets_a_role_that_may_only_put_its_own_folder():
+    """`promote --traffic-upload`: the runtime pods of InferenceService <name> (ServiceAccount
+    pdserve/<name>-runtime, as rendered) PUT under <traffic_log_prefix><name>/ and need nothing else (single
+    put_object calls, no multipart): one Pod Identity role per name in traffic_upload_inference_services."""
+    import hcl2
+
+    parsed = {f: hcl2.load(open(REPO / "infra/terraform" / f)) for f in ("iam.tf", "variables.tf")}
+    names = V._variable_defaults(parsed)["traffic_upload_inference_services"]
+    assert names == ["smollm2-135m-instruct-pd"]  # the pipeline's default registered model, already a DNS label
+    assert V.runtime_service_account(names[0]) == "smollm2-135m-instruct-pd-runtime"
+    doc = V._tf_blocks(parsed, "data", "aws_iam_policy_document")["traffic_upload"]
+    statements = {V._unquote(st["sid"]): ({V._unquote(a) for a in st["actions"]},
+                                          [V._unquote(r) for r in st["resources"]]) for st in doc["statement"]}
+    assert statements == {
+        "ShipOwnTraffic": ({"s3:PutObject"},
+                           ['${aws_s3_bucket.this["models"].arn}/${var.traffic_log_prefix}${each.key}/*']),
+        "EncryptThroughS3": ({"kms:GenerateDataKey"}, ["${aws_kms_key.data.arn}"]),
+    }
+    assocs, problems = V._associations(parsed)
+    assert problems == []
+    addr, role_arn = assocs[("pdserve", "smollm2-135m-instruct-pd-runtime")]
+    assert addr == "traffic_upload['smollm2-135m-instruct-pd']"
+    assert role_arn == "${aws_iam_role.traffic_upload[each.key].arn}"
+    assert V.traffic_upload_problems(parsed) == []
+
+
+def _break_iam(tree: Path, old: str, new: str) -> str:
+    f = tree / "infra/terraform/iam.tf"
+    text = f.read_text()
+    assert text.count(old) == 1, old
+    f.write_text(text.replace(old, new, 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL"
+    return res["consistency"].detail
+
+
+def test_runtime_service_account_without_traffic_association_is_reported(tree):
+    detail = _break_iam(tree, 'service_account = "${each.key}-runtime"', 'service_account = "${each.key}-router"')
+    assert ("ServiceAccount pdserve/smollm2-135m-instruct-pd-runtime (runtime of InferenceService "
+            "smollm2-135m-instruct-pd, traffic_upload_inference_services) has no aws_eks_pod_identity_association"
+            in detail)
+    assert ("aws_eks_pod_identity_association.traffic_upload['smollm2-135m-instruct-pd']: ServiceAccount "
+            "pdserve/smollm2-135m-instruct-pd-router is not in infra/k8s nor rendered by `pdserve promote`") in detail
+
+
+def test_traffic_role_writing_beyond_its_own_folder_is_reported(tree):
+    detail = _break_iam(tree, '${var.traffic_log_prefix}${each.key}/*"]', '${var.traffic_log_prefix}*"]')
+    assert ("aws_iam_policy_document.traffic_upload['smollm2-135m-instruct-pd'] ShipOwnTraffic: resource "
+            '${aws_s3_bucket.this["models"].arn}/${var.traffic_log_prefix}* is broader than '
+            '${aws_s3_bucket.this["models"].arn}/${var.traffic_log_prefix}smollm2-135m-instruct-pd/*') in detail
+
+
+def test_traffic_role_with_more_than_put_is_reported(tree):
+    detail = _break_iam(tree, 'actions   = ["s3:PutObject"]', 'actions   = ["s3:PutObject", "s3:DeleteObject"]')
+    assert ("aws_iam_policy_document.traffic_upload['smollm2-135m-instruct-pd'] ShipOwnTraffic: action "
+            "s3:DeleteObject is more than traffic shipping needs") in detail
+
+
+def test_traffic_role_whose_key_is_not_the_data_key_is_reported(tree):
+    detail = _break_iam(tree, 'actions   = ["kms:GenerateDataKey"]\n    resources = [aws_kms_key.data.arn]',
+                        'actions   = ["kms:GenerateDataKey"]\n    resources = ["arn:aws:kms:*:*:key/*"]')
+    assert "EncryptThroughS3: resource arn:aws:kms:*:*:key/* is not the data key" in detail
+
+
+def test_no_traffic_uploading_services_needs_no_association(tree):
+    f = tree / "infra/terraform/variables.tf"
+    text = f.read_text()
+    old = 'default     = ["smollm2-135m-instruct-pd"]'
+    assert text.count(old) == 1
+    f.write_text(text.replace(old, "default     = []", 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "PASS", res["consistency"].detail
