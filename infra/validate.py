@@ -18,7 +18,9 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     `pdserve promote` renders), and no inline policy of a role (aws_iam_role_policy) grants a wildcard
                     action or the resource "*"; every InferenceService in traffic_upload_inference_services has a
                     Pod Identity association for its rendered runtime ServiceAccount whose role may only PutObject
-                    under <traffic_log_prefix><name>/ (and GenerateDataKey on the data key)
+                    under <traffic_log_prefix><name>/ (and GenerateDataKey on the data key); exactly one Argo
+                    workflow-controller runs in the batch workflows' namespace, --namespaced and managing only that
+                    namespace, bound by RoleBindings there only, with the instanceID the rendered workflows carry
   checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
                     no severities, so EVERY failed check counts as a failure unless suppressed inline with a
                     reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
@@ -254,6 +256,7 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
                         for n in _variable_defaults(parsed).get(TRAFFIC_UPLOAD_VARIABLE) or []}
     problems += pod_identity_problems(parsed, objs, [batch_workflow_identity()], runtime_accounts)
     problems += traffic
+    problems += argo_controller_problems(objs, rendered_batch_workflows())
     problems += role_policy_problems(parsed)
     if problems:
         return Check("consistency", "FAIL", "; ".join(problems))
@@ -412,6 +415,102 @@ def pod_identity_problems(parsed: dict[str, dict], infra_objs: list[dict],
     problems += [f"aws_eks_pod_identity_association.{addr}: ServiceAccount {ns}/{sa} is not in infra/k8s"
                  + (" nor rendered by `pdserve promote`" if rendered_accounts else "")
                  for (ns, sa), (addr, _) in assocs.items() if ns in namespaces and (ns, sa) not in accounts]
+    return problems
+
+
+def rendered_batch_workflows() -> list[dict]:
+    """The Workflow (`pdserve batch workflow`) and CronWorkflow (`pdserve batch retune-schedule`) rendered with
+    every default (namespace, service account, controller instance id)."""
+    from runtime.batch.workflows import (BatchInferenceWorkflowSpec, RetuneCronWorkflowSpec, batch_inference_workflow,
+                                         retune_cron_workflow)
+
+    return [
+        batch_inference_workflow(BatchInferenceWorkflowSpec(
+            name="check", input_uri="s3://check-bucket/batch/input/in.jsonl",
+            output_uri="s3://check-bucket/batch/output/out.jsonl",
+            endpoint="http://check-predictor.pdserve.svc.cluster.local/openai")),
+        retune_cron_workflow(RetuneCronWorkflowSpec(name="check", model_name="check",
+                                                    traffic_uri="s3://check-bucket/traffic/check/",
+                                                    registered_model="check")),
+    ]
+
+
+ARGO_CONTROLLER_IMAGE = "argoproj/workflow-controller:"
+ARGO_EXECUTOR_IMAGE = "argoproj/argoexec:"
+INSTANCE_ID_LABEL = "workflows.argoproj.io/controller-instanceid"
+# what pdserve's controller Role leaves out (infra/k8s/argo/rbac.yaml), so no rendered workflow may use it
+ARGO_FIELDS_NOT_GRANTED = ("volumeClaimTemplates", "podDisruptionBudget")
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    """Value of `--name VALUE` or `--name=VALUE` in `args`; '' for a bare `--name`; None when absent."""
+    for i, a in enumerate(args):
+        if a == name:
+            return args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else ""
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def argo_controller_problems(infra_objs: list[dict], workflows: list[dict]) -> list[str]:
+    """pdserve's Argo workflow-controller (infra/k8s/argo) against the workflows `pdserve batch` renders.
+
+    Exactly one Deployment runs an Argo workflow-controller image in the workflows' namespace; it runs
+    `--namespaced --managed-namespace <that namespace>`, its executor image has the controller's version, its
+    `--configmap` ConfigMap exists there with an `instanceID` equal to the workflows'
+    workflows.argoproj.io/controller-instanceid label; its ServiceAccount exists and is bound only by RoleBindings
+    in that namespace (no ClusterRoleBinding); no workflow uses a field its Role does not cover
+    (ARGO_FIELDS_NOT_GRANTED). Returns one message per problem.
+    """
+    problems: list[str] = []
+    namespaces = {w["metadata"].get("namespace") for w in workflows}
+    if len(namespaces) != 1:
+        return [f"batch workflows render into several namespaces {sorted(map(str, namespaces))}"]
+    (ns,) = namespaces
+    ids = {(w["metadata"].get("labels") or {}).get(INSTANCE_ID_LABEL) for w in workflows}
+    for w in workflows:
+        spec = w["spec"].get("workflowSpec", w["spec"])
+        problems += [f"{w['kind']} {w['metadata'].get('name') or w['metadata'].get('generateName')}: uses {f}, which "
+                     f"the pdserve workflow-controller's Role does not grant" for f in ARGO_FIELDS_NOT_GRANTED if f in spec]
+    controllers = [(o, c) for o in infra_objs if o.get("kind") == "Deployment" and _pod_spec(o)
+                   for c in _pod_spec(o).get("containers", []) if ARGO_CONTROLLER_IMAGE in c.get("image", "")]
+    mine = [(o, c) for o, c in controllers if o["metadata"].get("namespace") == ns]
+    if len(mine) != 1:
+        return problems + [f"{len(mine)} Argo workflow-controller Deployments in namespace {ns} (where `pdserve batch` "
+                           f"renders workflows) in infra/k8s; exactly one is needed, or the workflows never run"]
+    dep, c = mine[0]
+    where = f"Deployment {ns}/{dep['metadata']['name']}"
+    args = list(c.get("command", [])) + list(c.get("args", []))
+    if _flag(args, "--namespaced") is None:
+        problems.append(f"{where}: runs without --namespaced (it would need cluster-wide RBAC)")
+    managed = _flag(args, "--managed-namespace")
+    if managed != ns:
+        problems.append(f"{where}: --managed-namespace is {managed!r}, not {ns!r} (the batch workflows' namespace)")
+    version = c["image"].rsplit(":", 1)[-1]
+    executor = _flag(args, "--executor-image") or ""
+    if ARGO_EXECUTOR_IMAGE not in executor or executor.rsplit(":", 1)[-1] != version:
+        problems.append(f"{where}: --executor-image {executor!r} is not argoexec {version} (the controller's version)")
+    cm_name = _flag(args, "--configmap") or "workflow-controller-configmap"
+    cms = [o for o in infra_objs if o.get("kind") == "ConfigMap" and o["metadata"]["name"] == cm_name
+           and o["metadata"].get("namespace") == ns]
+    instance_id = ((cms[0].get("data") or {}).get("instanceID") if cms else None)
+    if not cms:
+        problems.append(f"{where}: its ConfigMap {ns}/{cm_name} is not in infra/k8s")
+    elif ids != {instance_id}:
+        problems.append(f"{where}: instanceID {instance_id!r} (ConfigMap {cm_name}) but the batch workflows are "
+                        f"labelled {INSTANCE_ID_LABEL}={sorted(map(str, ids))}: the controller would ignore them")
+    sa = _pod_spec(dep).get("serviceAccountName", "default")
+    if not any(o.get("kind") == "ServiceAccount" and o["metadata"]["name"] == sa
+               and o["metadata"].get("namespace") == ns for o in infra_objs):
+        problems.append(f"{where}: ServiceAccount {ns}/{sa} is not in infra/k8s")
+    for o in infra_objs:
+        if o.get("kind") not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if any(s.get("kind") == "ServiceAccount" and s.get("name") == sa and s.get("namespace", o["metadata"].get(
+                "namespace")) == ns for s in o.get("subjects", [])):
+            if o["kind"] == "ClusterRoleBinding" or o["metadata"].get("namespace") != ns:
+                problems.append(f"{o['kind']} {o['metadata']['name']} grants the pdserve workflow-controller "
+                                f"({ns}/{sa}) rights outside namespace {ns}")
     return problems
 
 

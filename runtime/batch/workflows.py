@@ -47,7 +47,7 @@ from components.image import PDSERVE_IMAGE
 __all__ = [
     "BatchInferenceWorkflowSpec", "RetuneCronWorkflowSpec", "batch_inference_workflow", "retune_cron_workflow",
     "validate_workflow_objects", "to_yaml", "batch_inference_argv", "retune_argv", "trace_path", "split_s3_uri",
-    "check_cron", "FSX_PVC", "S3_SECRET", "MLFLOW_SECRET",
+    "check_cron", "FSX_PVC", "S3_SECRET", "MLFLOW_SECRET", "INSTANCE_ID_LABEL", "CONTROLLER_INSTANCE_ID",
 ]
 
 API_VERSION = "argoproj.io/v1alpha1"
@@ -58,6 +58,11 @@ S3_SECRET = "pdserve-s3"  # keys: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
 BATCH_PRIORITY_CLASS = "pdserve-batch"  # infra/k8s/batch/priorityclass.yaml
 MLFLOW_SECRET = "pdserve-mlflow"  # keys: MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD
 PART_OF = {"app.kubernetes.io/part-of": "pdserve"}
+# The pdserve workflow-controller (infra/k8s/argo) acts only on objects with this label and value (its ConfigMap's
+# instanceID); KFP's controller (no instanceID) skips labelled objects, so the two never act on the same one.
+# Argo docs, workflow-controller-configmap.yaml: instanceID.
+INSTANCE_ID_LABEL = "workflows.argoproj.io/controller-instanceid"
+CONTROLLER_INSTANCE_ID = "pdserve"
 # A Workflow's name is a label value (workflows.argoproj.io/workflow, ≤ 63): generateName adds 5 characters.
 WORKFLOW_NAME_MAX = 63 - 6
 # The controller names each run <cron name>-<unix minutes> (Argo's documented CronWorkflow limit, as CronJob).
@@ -221,6 +226,18 @@ class _Common(BaseModel):
                                "None: the pod's IAM role (IRSA / Pod Identity).")
     s3_endpoint_url: Optional[str] = Field(
         None, description="S3-compatible endpoint (http(s)://host[:port], e.g. MinIO); None: AWS S3.")
+    controller_instance_id: Optional[str] = Field(
+        CONTROLLER_INSTANCE_ID, description=f"Value of the {INSTANCE_ID_LABEL} label on the Workflow / CronWorkflow "
+        "(its runs inherit it): the instanceID of the Argo controller that runs it (infra/k8s/argo: "
+        "'pdserve', managing namespace pdserve only). None: no label, for a controller without instanceID.")
+
+    @field_validator("controller_instance_id")
+    @classmethod
+    def _instance_id(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", v) or len(v) > 63):
+            raise ValueError(f"controller_instance_id {v!r}: must be a label value (at most 63 letters, digits, "
+                             "'-', '_', '.', starting and ending with a letter or digit)")
+        return v
 
     @field_validator("priority_class_name")
     @classmethod
@@ -381,6 +398,14 @@ def _labels(workload: str) -> dict[str, str]:
     return {**PART_OF, "pdserve.io/workload": workload}
 
 
+def _object_labels(workload: str, spec: _Common) -> dict[str, str]:
+    """Labels of the Workflow / CronWorkflow itself: ``_labels`` plus the controller instance label. A CronWorkflow's
+    runs inherit that label from it (Argo workflow/common/convert.go ``toWorkflow``); the controller labels the
+    pods itself."""
+    iid = {} if spec.controller_instance_id is None else {INSTANCE_ID_LABEL: spec.controller_instance_id}
+    return {**_labels(workload), **iid}
+
+
 def batch_inference_argv(spec: BatchInferenceWorkflowSpec) -> list[str]:
     """The step's command line (command + args)."""
     argv = ["python", "-m", "runtime.batch", "run", "--input", spec.input_uri, "--output", spec.output_uri,
@@ -424,7 +449,8 @@ def batch_inference_workflow(spec: BatchInferenceWorkflowSpec) -> dict[str, Any]
     if spec.s3_endpoint_url:
         env.append(Env(name="AWS_ENDPOINT_URL_S3", value=spec.s3_endpoint_url))
     with Workflow(
-        generate_name=f"{spec.name}-", namespace=spec.namespace, labels=labels, entrypoint="batch-inference",
+        generate_name=f"{spec.name}-", namespace=spec.namespace, labels=_object_labels("batch-inference", spec),
+        entrypoint="batch-inference",
         service_account_name=spec.service_account, active_deadline_seconds=spec.active_deadline_seconds,
         pod_priority_class_name=spec.priority_class_name, pod_metadata=m.Metadata(labels=labels),
     ) as wf:
@@ -473,7 +499,8 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
     labels = _labels("retune")
     argv = retune_argv(spec)
     with CronWorkflow(
-        name=spec.name, namespace=spec.namespace, labels=labels, schedules=[spec.schedule], timezone=spec.timezone,
+        name=spec.name, namespace=spec.namespace, labels=_object_labels("retune", spec), schedules=[spec.schedule],
+        timezone=spec.timezone,
         concurrency_policy=spec.concurrency_policy, starting_deadline_seconds=spec.starting_deadline_seconds,
         successful_jobs_history_limit=spec.successful_jobs_history_limit,
         failed_jobs_history_limit=spec.failed_jobs_history_limit, entrypoint="retune",

@@ -74,7 +74,8 @@ def test_batch_workflow_validates_and_runs_exactly_the_runner():
     assert wf["metadata"]["generateName"] == "nightly-batch-" and "name" not in wf["metadata"]
     assert wf["metadata"]["namespace"] == "pdserve"
     assert wf["metadata"]["labels"] == {"app.kubernetes.io/part-of": "pdserve",
-                                        "pdserve.io/workload": "batch-inference"}
+                                        "pdserve.io/workload": "batch-inference",
+                                        "workflows.argoproj.io/controller-instanceid": "pdserve"}
     assert argv(wf) == ["python", "-m", "runtime.batch", "run",
                         "--input", "s3://pdserve-batch/in/requests.jsonl",
                         "--output", "s3://pdserve-batch/out/results.jsonl",
@@ -481,3 +482,26 @@ def test_the_retune_keeps_the_planner_mode_it_is_given():
     assert args[args.index("--planner") + 1] == "sla"
     with pytest.raises(ValidationError):
         retune_spec(planner="auto")
+
+
+# ------------------------------------------------------------------------------------------ controller
+
+
+def test_workflows_carry_the_instance_id_of_the_pdserve_controller_only_on_the_workflow_objects():
+    """infra/k8s/argo runs a controller with instanceID 'pdserve' that acts only on objects labelled
+    workflows.argoproj.io/controller-instanceid=pdserve: the Workflow, the CronWorkflow and the Workflows it
+    creates (spec.workflowMetadata) carry the label; pods get it from the controller, not from podMetadata."""
+    label = "workflows.argoproj.io/controller-instanceid"
+    wf = batch_inference_workflow(batch_spec())
+    cron = retune_cron_workflow(retune_spec())
+    assert validate_workflow_objects([wf, cron]) == []
+    assert wf["metadata"]["labels"][label] == "pdserve"
+    assert cron["metadata"]["labels"][label] == "pdserve"
+    assert label not in wf["spec"]["podMetadata"]["labels"]
+    assert label not in cron["spec"]["workflowSpec"]["podMetadata"]["labels"]
+    # a cluster whose own Argo controller has no instanceID: no label at all
+    for obj in (batch_inference_workflow(batch_spec(controller_instance_id=None)),
+                retune_cron_workflow(retune_spec(controller_instance_id=None))):
+        assert not any(label in (v or {}) for path, v in walk(obj) if path[-1] == "labels")
+    with pytest.raises(ValueError, match="controller_instance_id"):
+        batch_spec(controller_instance_id="not a label value")

@@ -313,3 +313,79 @@ def test_no_traffic_uploading_services_needs_no_association(tree):
     f.write_text(text.replace(old, "default     = []", 1))
     res = by_name(V.run_all(tree, checkov="skip", tools=False))
     assert res["consistency"].status == "PASS", res["consistency"].detail
+
+
+# ------------------------------------------------------------------------------------ Argo for pdserve's workflows
+
+
+def _argo_objects(root: Path = REPO) -> list[dict]:
+    return [o for f in sorted((root / "infra/k8s/argo").glob("*.yaml")) if f.name != "kustomization.yaml"
+            for o in V._yaml_docs(f)]
+
+
+def test_a_namespaced_argo_controller_runs_the_batch_workflows():
+    """KFP's Argo controller watches only kubeflow; infra/k8s/argo runs a second one, in namespace pdserve, that
+    manages only pdserve and only objects with its instanceID, the label every rendered workflow carries."""
+    objs = _argo_objects()
+    workflows = V.rendered_batch_workflows()
+    assert V.argo_controller_problems(objs, workflows) == []
+    (dep,) = [o for o in objs if o["kind"] == "Deployment"]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "quay.io/argoproj/workflow-controller:v3.6.7"  # the release KFP 2.14.3 deploys
+    assert c["args"][c["args"].index("--managed-namespace") + 1] == "pdserve" and "--namespaced" in c["args"]
+    assert {o["kind"] for o in objs} == {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "NetworkPolicy"}
+    assert all(o["metadata"]["namespace"] == "pdserve" for o in objs)  # nothing cluster-scoped, no CRDs
+    assert {w["metadata"]["labels"][V.INSTANCE_ID_LABEL] for w in workflows} == {"pdserve"}
+    assert "argo" in V._yaml_docs(REPO / "infra/k8s/kustomization.yaml")[0]["resources"]
+
+
+def _break_argo(tree: Path, file: str, old: str, new: str) -> str:
+    f = tree / "infra/k8s/argo" / file
+    text = f.read_text()
+    assert text.count(old) == 1, old
+    f.write_text(text.replace(old, new, 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL"
+    return res["consistency"].detail
+
+
+def test_controller_instance_id_other_than_the_workflows_label_is_reported(tree):
+    detail = _break_argo(tree, "configmap.yaml", "instanceID: pdserve", "instanceID: pdserve-batch")
+    assert ("Deployment pdserve/pdserve-workflow-controller: instanceID 'pdserve-batch' (ConfigMap "
+            "pdserve-workflow-controller-configmap) but the batch workflows are labelled "
+            "workflows.argoproj.io/controller-instanceid=['pdserve']") in detail
+
+
+def test_controller_managing_another_namespace_is_reported(tree):
+    detail = _break_argo(tree, "deployment.yaml", "            - --managed-namespace\n            - pdserve\n",
+                         "            - --managed-namespace\n            - kubeflow\n")
+    assert "--managed-namespace is 'kubeflow', not 'pdserve'" in detail
+
+
+def test_controller_executor_of_another_version_is_reported(tree):
+    detail = _break_argo(tree, "deployment.yaml", "quay.io/argoproj/argoexec:v3.6.7", "quay.io/argoproj/argoexec:v3.7.0")
+    assert "--executor-image 'quay.io/argoproj/argoexec:v3.7.0' is not argoexec v3.6.7" in detail
+
+
+def test_controller_bound_cluster_wide_is_reported(tree):
+    detail = _break_argo(tree, "rbac.yaml", "kind: RoleBinding\nmetadata:\n  name: pdserve-workflow-controller\n"
+                         "  namespace: pdserve\n", "kind: ClusterRoleBinding\nmetadata:\n"
+                         "  name: pdserve-workflow-controller\n")
+    assert ("ClusterRoleBinding pdserve-workflow-controller grants the pdserve workflow-controller "
+            "(pdserve/pdserve-workflow-controller) rights outside namespace pdserve") in detail
+
+
+def test_missing_controller_is_reported(tree):
+    (tree / "infra/k8s/argo/deployment.yaml").unlink()
+    k = tree / "infra/k8s/argo/kustomization.yaml"
+    k.write_text(k.read_text().replace("  - deployment.yaml\n", "", 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL"
+    assert "0 Argo workflow-controller Deployments in namespace pdserve" in res["consistency"].detail
+
+
+def test_workflow_field_the_controller_role_lacks_is_reported():
+    wf = V.rendered_batch_workflows()[0]
+    wf["spec"]["volumeClaimTemplates"] = [{"metadata": {"name": "scratch"}}]
+    assert V.argo_controller_problems(_argo_objects(), [wf]) == [
+        "Workflow check-: uses volumeClaimTemplates, which the pdserve workflow-controller's Role does not grant"]
