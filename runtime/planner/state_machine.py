@@ -242,6 +242,7 @@ class PlannerStateMachine:
         self._predicted_for_next: float | None = None
         self._burst_since: float | None = None
         self._last_now: float | None = None
+        self._last_decision: ScalingDecision | None = None  # returned again for a tick at the same now_s
         self._has_isl = False
 
     # ----------------------------------------------------------------------------- sizing
@@ -417,11 +418,26 @@ class PlannerStateMachine:
 
     # ----------------------------------------------------------------------------- tick
     def on_tick(self, tick: TickInput) -> ScalingDecision:
-        """Advance one tick; returns the target replicas. Raises ValueError if time goes backwards."""
+        """Advance one tick; returns the target replicas.
+
+        A tick at the same ``now_s`` as the previous one (a caller retrying after an error, two loops sharing
+        one clock reading) is a duplicate: it returns the previous decision and observes nothing, so the
+        predictors, corrections and cooldowns never count one window twice.
+
+        Raises:
+            ValueError: ``now_s`` went backwards.
+        """
         cfg = self.cfg
         if self._last_now is not None and tick.now_s < self._last_now:
             raise ValueError(f"TickInput.now_s went backwards ({tick.now_s} < {self._last_now})")
+        if tick.now_s == self._last_now and self._last_decision is not None:
+            return self._last_decision
         self._last_now = tick.now_s
+        self._last_decision = self._advance(tick)
+        return self._last_decision
+
+    def _advance(self, tick: TickInput) -> ScalingDecision:
+        cfg = self.cfg
         rate = tick.rate_per_s
         self._rate.observe(rate)
         self._prio.observe(tick.num_priority_requests / tick.interval_s)

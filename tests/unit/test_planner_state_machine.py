@@ -156,6 +156,19 @@ def test_bad_input_names_the_field():
         PlannerSpec(load_kv_down=0.9, load_kv_up=0.8)
 
 
+def test_a_repeated_tick_is_a_duplicate_and_counts_its_window_once():
+    """A caller retrying a tick (same now_s) gets the same decision back; the predictors do not see the window
+    twice, so the machine stays in step with one that got the tick once."""
+    kw = dict(predictor="burst_quantile", predictor_window_ticks=3, burst_quantile=0.5, burst_factor=10)
+    once, twice = PlannerStateMachine(cfg(**kw), PROF), PlannerStateMachine(cfg(**kw), PROF)
+    for t, r in ((30, 9.0), (60, 18.0)):
+        once.on_tick(tick(t, r))
+        first = twice.on_tick(tick(t, r))
+        assert twice.on_tick(tick(t, 90.0)) is first  # even with other numbers: the window was already counted
+    a, b = once.on_tick(tick(90, 27.0)), twice.on_tick(tick(90, 27.0))
+    assert a == b and a.predicted_rate_per_s > 27.0  # the trend 9 -> 18 -> 27, not a 90 req/s spike
+
+
 def test_config_from_deployment_spec():
     spec = DeploymentSpec(model=ModelRef(name="m"), prefill=PoolSpec(tp=2, min_replicas=1, max_replicas=6),
                           decode=PoolSpec(tp=4, min_replicas=1, max_replicas=3),
