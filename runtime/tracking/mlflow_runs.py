@@ -3,13 +3,17 @@
 Layout in MLflow (any tracking URI; tested with the sqlite backend ``sqlite:///.../mlflow.db``):
 
 * experiment ``experiment`` (created with an explicit artifact location so nothing lands in ``./mlruns``);
-* one parent run per tuning (params: model, gpu, precision, SLO, workload; metrics: the winner's);
+* one parent run per tuning (params: model, gpu, precision, SLO, workload, gpu_budget and planner_mode of the
+  spec, ``inherited_from`` when ``tune --like`` took its defaults from a champion; metrics: the winner's, and
+  ``champion_*`` / ``challenger_*`` when it was compared with the registered champion);
 * one nested child run per candidate (tag ``mlflow.parentRunId``): params model/gpu/precision/prefill_tp/
   decode_tp/slo_*; metrics predicted_ttft_ms, predicted_itl_ms, goodput_per_gpu, usd_per_mtok, ...;
 * parent artifacts: ``pareto.png``, ``pareto.html``, ``candidates.md``, ``profiles/*.json``,
   ``deployment/deployment_spec.json`` (the winner's DeploymentSpec);
 * registered model ``registered_model``: a new version whose source is the parent run's ``deployment``
-  artifact folder, alias ``champion`` moved to it. No pyfunc flavour: the version is data, not code.
+  artifact folder, alias ``champion`` moved to it, unless a challenger-vs-champion comparison
+  (runtime/tuner/champion.py) kept the old champion: then the version is registered without the alias and
+  tagged ``pdserve.champion_decision=kept``. No pyfunc flavour: the version is data, not code.
 
 Only ``MlflowClient`` is used (no global ``mlflow.set_tracking_uri``), so callers with other tracking URIs
 are unaffected.
@@ -25,6 +29,7 @@ import posixpath
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from runtime.config import DeploymentSpec, ModelRef
@@ -32,6 +37,9 @@ from runtime.tracking.plots import pareto_html, pareto_png
 from runtime.tracking.profiles_io import write_profiles
 from runtime.tuner.profiles import build_profiles
 from runtime.tuner.search import Candidate, TuneResult
+
+if TYPE_CHECKING:
+    from runtime.tuner.champion import ChampionComparison
 
 CHAMPION_ALIAS = "champion"
 # MLflow error codes (mlflow/protos/databricks.proto) that mean "no such registered model / alias"; any other
@@ -44,6 +52,15 @@ DEPLOYABLE_PRECISIONS = ("bf16", "fp8")
 
 class TrackingError(RuntimeError):
     """MLflow has no champion / no spec artifact for a registered model (message names which)."""
+
+
+class MissingFieldsError(TrackingError):
+    """The champion's spec artifact does not state fields a caller must take from it; ``missing`` lists their
+    dotted paths (e.g. ``planner.gpu_budget``)."""
+
+    def __init__(self, message: str, missing: list[str]):
+        super().__init__(message)
+        self.missing = list(missing)
 
 
 def check_registered_model_name(name: str) -> str:
@@ -192,6 +209,9 @@ def log_tuning(
     model_ref: ModelRef | None = None,
     spec: DeploymentSpec | None = None,
     traffic_trace_uri: str | None = None,
+    comparison: "ChampionComparison | None" = None,
+    compared_version: str | None = None,
+    inherited_from: str | None = None,
 ) -> str | None:
     """Log ``result`` (parent + one child run per candidate, plot, profiles, spec) and register the winner.
 
@@ -210,9 +230,23 @@ def log_tuning(
             ``traffic_trace_uri``), logged as the parent run's param ``traffic_trace_uri`` beside the
             workload's ``isl_tokens``/``osl_tokens``/``request_rate_per_s`` (the trace's means and the rate
             sized for); None or empty: a workload of mean lengths, no such param.
+        comparison: the winner (challenger) against ``registered_model``'s champion, version
+            ``compared_version`` (runtime/tuner/champion.py ``compare_with_champion``). Logged on the parent
+            run: metrics ``champion_num_gpus``, ``champion_goodput_per_gpu``, ``champion_usd_per_mtok``, the same
+            ``challenger_*``, ``champion_improvement_pct``, ``champion_min_improvement_pct``,
+            ``champion_replaced`` (1/0); param ``champion_version``; tags ``pdserve.champion_decision``
+            (``replaced``/``kept``) and ``pdserve.champion_reason``. When ``comparison.replace`` is False the new
+            version is registered WITHOUT the alias (tagged ``pdserve.champion_decision=kept`` with the
+            reason), so the old champion stays and the winner can still be inspected or promoted by hand.
+            Also kept when the alias no longer points at ``compared_version`` at registration time (another
+            tuning moved it meanwhile). None: the alias moves to the new version (no champion to compare).
+        inherited_from: ``"<registered model> v<version>"`` whose champion gave the defaults
+            (``pdserve tune --like``), logged as param ``inherited_from``.
 
     Returns:
-        The registered model version (a string such as ``"3"``), or None when nothing was registered.
+        The registered model version (a string such as ``"3"``), or None when nothing was registered. Whether
+        the alias moved to it: the version's tag ``pdserve.champion_decision`` (``replaced``/``kept``; absent
+        without a ``comparison``: moved), or :func:`champion_version`.
 
     Raises:
         ValueError: ``registered_model`` is not a name MLflow accepts (checked before any run is created).
@@ -224,12 +258,37 @@ def log_tuning(
     with _no_run_links():
         return _log_tuning(result, tracking_uri=tracking_uri, experiment=experiment,
                            registered_model=registered_model, artifacts_dir=artifacts_dir, model_ref=model_ref,
-                           spec=spec, traffic_trace_uri=traffic_trace_uri)
+                           spec=spec, traffic_trace_uri=traffic_trace_uri, comparison=comparison,
+                           compared_version=compared_version, inherited_from=inherited_from)
+
+
+def _comparison_log(cmp: "ChampionComparison", compared_version: str | None
+                    ) -> tuple[dict[str, str], dict[str, float], dict[str, str]]:
+    """Params, metrics and tags of a challenger-vs-champion comparison for the parent run."""
+    metrics: dict[str, float] = {"champion_min_improvement_pct": cmp.min_improvement_pct,
+                                 "champion_replaced": 1.0 if cmp.replace else 0.0}
+    for side, c in (("champion", cmp.champion), ("challenger", cmp.challenger)):
+        metrics[f"{side}_feasible"] = 1.0 if c.feasible else 0.0
+        if c.feasible:
+            metrics[f"{side}_num_gpus"] = float(c.num_gpus)
+            metrics[f"{side}_goodput_per_gpu"] = float(c.goodput_per_gpu)
+            if c.usd_per_mtok is not None:
+                metrics[f"{side}_usd_per_mtok"] = float(c.usd_per_mtok)
+    if cmp.improvement_pct is not None:
+        metrics["champion_improvement_pct"] = float(cmp.improvement_pct)
+    params = {"champion_prefill_tp": str(cmp.champion.prefill_tp), "champion_decode_tp": str(cmp.champion.decode_tp),
+              "champion_metric": cmp.metric or "none"}
+    if compared_version is not None:
+        params["champion_version"] = str(compared_version)
+    tags = {"pdserve.champion_decision": "replaced" if cmp.replace else "kept",
+            "pdserve.champion_reason": cmp.reason[:4000]}
+    return params, {k: v for k, v in metrics.items() if math.isfinite(v)}, tags
 
 
 def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, registered_model: str | None,
                 artifacts_dir: Path | None, model_ref: ModelRef | None, spec: DeploymentSpec | None,
-                traffic_trace_uri: str | None = None) -> str | None:
+                traffic_trace_uri: str | None = None, comparison: "ChampionComparison | None" = None,
+                compared_version: str | None = None, inherited_from: str | None = None) -> str | None:
     if registered_model is not None:
         check_registered_model_name(registered_model)  # before any run exists
     if spec is None and (registered_model is not None or result.precision in DEPLOYABLE_PRECISIONS):
@@ -248,10 +307,20 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
         params["num_candidates"] = str(len(result.candidates))
         if traffic_trace_uri:
             params["traffic_trace_uri"] = traffic_trace_uri
+        if spec is not None:  # what `pdserve tune --like` inherits besides gpu, precision and SLO
+            params.update(gpu_budget=str(spec.planner.gpu_budget), planner_mode=spec.planner.mode)
+        if inherited_from:
+            params["inherited_from"] = inherited_from
         metrics = {f"best_{k}": v for k, v in _candidate_metrics(b).items()}
         metrics.update(best_prefill_tp=float(b.prefill_tp), best_decode_tp=float(b.decode_tp),
                        num_feasible=float(sum(c.feasible for c in result.candidates)))
-        _log(client, pid, params, metrics, {"pdserve.kind": "tuning", "pdserve.winner": b.label})
+        tags = {"pdserve.kind": "tuning", "pdserve.winner": b.label}
+        if comparison is not None:
+            cp, cm, ct = _comparison_log(comparison, compared_version)
+            params.update(cp)
+            metrics.update(cm)
+            tags.update(ct)
+        _log(client, pid, params, metrics, tags)
         for c in result.candidates:
             child = client.create_run(
                 exp_id, run_name=c.label, tags={"mlflow.parentRunId": pid, "pdserve.kind": "candidate"}
@@ -302,23 +371,104 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
         if "already exists" not in str(e).lower() and "RESOURCE_ALREADY_EXISTS" not in str(e):
             raise
     source = f"{client.get_run(pid).info.artifact_uri}/deployment"
+    promote, why = True, ""
+    if comparison is not None:
+        promote, why = comparison.replace, comparison.reason
+        if promote and compared_version is not None:
+            now = _alias_version(client, registered_model)  # compare-then-set: not atomic, but never blind
+            if now != str(compared_version):
+                promote, why = False, (f"the {CHAMPION_ALIAS!r} alias moved from version {compared_version} to "
+                                       f"{now} while this tuning ran; compare again before replacing it")
+                client.set_tag(pid, "pdserve.champion_decision", "kept")
+                client.set_tag(pid, "pdserve.champion_reason", why)
+    tags = {"prefill_tp": str(b.prefill_tp), "decode_tp": str(b.decode_tp), "gpu": result.gpu.name}
+    if comparison is not None:
+        tags.update({"pdserve.champion_decision": "replaced" if promote else "kept",
+                     "pdserve.champion_reason": why[:4000]})
     mv = client.create_model_version(
-        registered_model, source=source, run_id=pid,
-        tags={"prefill_tp": str(b.prefill_tp), "decode_tp": str(b.decode_tp), "gpu": result.gpu.name},
-        description=f"pdserve tuning winner {b.label} for {result.model.name} on {result.gpu.name}",
+        registered_model, source=source, run_id=pid, tags=tags,
+        description=f"pdserve tuning winner {b.label} for {result.model.name} on {result.gpu.name}"
+                    + ("" if promote else f"; not the {CHAMPION_ALIAS}: {why}"),
     )
-    client.set_registered_model_alias(registered_model, CHAMPION_ALIAS, mv.version)
+    if promote:
+        client.set_registered_model_alias(registered_model, CHAMPION_ALIAS, mv.version)
     return str(mv.version)
 
 
-def load_champion(tracking_uri: str, registered_model: str) -> tuple[str, DeploymentSpec]:
-    """The version behind alias ``champion`` and its DeploymentSpec (validated).
+def _alias_version(client, registered_model: str) -> str | None:
+    """The version behind alias ``champion``; None when the model or the alias does not exist.
 
     Raises:
-        TrackingError: no such registered model / alias, the spec artifact is missing, or MLflow could not be
-            asked (connection refused, auth, server error: said so, not reported as a missing champion).
+        mlflow.exceptions.MlflowException: any other failure (MLflow unreachable, refused).
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(client.get_model_version_by_alias(registered_model, CHAMPION_ALIAS).version)
+    except MlflowException as e:
+        if e.error_code in NOT_FOUND_CODES:
+            return None
+        raise
+
+
+INHERITED_FIELDS = ("gpu", "precision", "slo.ttft_p90_ms", "slo.itl_p90_ms", "planner.gpu_budget", "planner.mode")
+"""The DeploymentSpec fields ``pdserve tune --like`` takes from a champion (dotted paths in its JSON)."""
+
+
+def champion_version(tracking_uri: str, registered_model: str) -> str | None:
+    """The version behind alias ``champion`` of ``registered_model``; None when the model or the alias is absent.
+
+    Raises:
+        TrackingError: MLflow could not be asked (message redacted, names the registered model).
+    """
+    from mlflow.exceptions import MlflowException
+
+    from runtime.redact import redact_userinfo
+
+    try:
+        return _alias_version(_client(tracking_uri), registered_model)
+    except MlflowException as e:
+        raise TrackingError(f"cannot read alias {CHAMPION_ALIAS!r} of registered model {registered_model!r} from "
+                            f"MLflow at {redact_userinfo(tracking_uri)} ({e.error_code}): "
+                            f"{redact_userinfo(str(e))}") from None
+
+
+def find_champion(tracking_uri: str, registered_model: str) -> tuple[str, DeploymentSpec] | None:
+    """:func:`load_champion`, or None when ``registered_model`` or its ``champion`` alias does not exist (a first
+    registration). Every other failure raises as :func:`load_champion` does (TrackingError)."""
+    if champion_version(tracking_uri, registered_model) is None:
+        return None
+    return load_champion(tracking_uri, registered_model)
+
+
+def _missing(doc: object, paths: tuple[str, ...]) -> list[str]:
+    """The dotted ``paths`` that name no value in the JSON object ``doc``."""
+    out = []
+    for path in paths:
+        node = doc
+        for key in path.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is None:
+            out.append(path)
+    return out
+
+
+def load_champion(tracking_uri: str, registered_model: str, *,
+                  require: tuple[str, ...] = ()) -> tuple[str, DeploymentSpec]:
+    """The version behind alias ``champion`` and its DeploymentSpec (validated).
+
+    Args:
+        require: dotted DeploymentSpec fields (e.g. :data:`INHERITED_FIELDS`) that the artifact's JSON must
+            state itself: a spec written before a field existed validates with that field's default, which a
+            caller inheriting the value must not take for the champion's.
+
+    Raises:
+        TrackingError: no such registered model, or it has no ``champion`` alias (the message says which, and
+            lists the versions there are), the spec artifact is missing, or MLflow could not be asked
+            (connection refused, auth, server error: said so, not reported as a missing champion).
             Also: the spec artifact is unreadable, empty, not UTF-8 JSON or not a valid DeploymentSpec (the
-            message names the registered model, version, artifact and run, and the failing fields).
+            message names the registered model, version, artifact and run, and the failing fields), or lacks
+            a ``require``d field (MissingFieldsError; the message names every missing one).
             Messages never contain the userinfo (`user:password@`) of a URI (runtime/redact.py).
     """
     from mlflow.exceptions import MlflowException
@@ -334,7 +484,8 @@ def load_champion(tracking_uri: str, registered_model: str) -> tuple[str, Deploy
         detail = redact_userinfo(str(e))
         if e.error_code in NOT_FOUND_CODES:
             raise TrackingError(
-                f"registered model {registered_model!r} has no {CHAMPION_ALIAS!r} version at {where}: {detail}"
+                f"registered model {registered_model!r} has no {CHAMPION_ALIAS!r} version at {where}: "
+                f"{_why_no_champion(client, registered_model) or detail}"
             ) from None
         raise TrackingError(f"cannot read alias {CHAMPION_ALIAS!r} of registered model {registered_model!r} from "
                             f"MLflow at {where} ({e.error_code}): {detail}") from None
@@ -347,14 +498,40 @@ def load_champion(tracking_uri: str, registered_model: str) -> tuple[str, Deploy
                 f"{redact_userinfo(str(e))}"
             ) from None
         what = f"registered model {registered_model!r} version {mv.version}: artifact {SPEC_ARTIFACT} of run {mv.run_id}"
-        problem = None
+        problem, missing = None, []
         try:
-            spec = DeploymentSpec.model_validate_json(Path(local).read_bytes())
+            raw = Path(local).read_bytes()
+            spec = DeploymentSpec.model_validate_json(raw)
         except OSError as e:
             problem = f"cannot be read: {e.strerror or e}"
         except ValidationError as e:  # not JSON (empty, truncated, not UTF-8) or not a DeploymentSpec
             problem = "is not a valid DeploymentSpec: " + "; ".join(
                 f"{'.'.join(map(str, x['loc'])) or 'document'}: {x['msg']}" for x in e.errors(include_url=False))
+        else:
+            missing = _missing(json.loads(raw), tuple(require)) if require else []
+            if missing:
+                problem = (f"does not state {', '.join(missing)} (a spec written before "
+                           f"{'that field' if len(missing) == 1 else 'those fields'} existed?), so "
+                           f"{'it' if len(missing) == 1 else 'they'} cannot be inherited: give "
+                           f"{'it' if len(missing) == 1 else 'them'} explicitly")
+        if missing:
+            raise MissingFieldsError(f"{what} {problem}", missing)
         if problem is not None:
             raise TrackingError(f"{what} {problem}")
     return str(mv.version), spec
+
+
+def _why_no_champion(client, registered_model: str) -> str | None:
+    """``no such registered model`` or ``the alias is not set (versions: 1, 2)``; None when MLflow cannot say."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(registered_model)
+    except MlflowException as e:
+        return "no such registered model" if e.error_code == "RESOURCE_DOES_NOT_EXIST" else None
+    try:
+        versions = sorted((int(v.version) for v in client.search_model_versions(f"name='{registered_model}'")))
+    except (MlflowException, ValueError):
+        versions = []
+    listed = f" (versions: {', '.join(map(str, versions))})" if versions else " (it has no versions)"
+    return f"the model exists but its {CHAMPION_ALIAS!r} alias is not set{listed}"
