@@ -194,21 +194,30 @@ def retune_cmd(
     traffic: Annotated[str, typer.Option(
         help="Recorded traffic, s3://bucket/key.jsonl (the runtime's --traffic-log, Mooncake) or .csv (Azure), or "
              "s3://bucket/prefix/ for every such file under it (one traffic log per runtime replica).")],
-    registered_model: Annotated[str, typer.Option(help="MLflow registered model; the winner gets alias champion.")],
+    registered_model: Annotated[str, typer.Option(
+        help="MLflow registered model whose champion each run re-tunes (`pdserve tune --like`); the winner is "
+             "registered under it and takes alias champion only when it beats the champion's deployment.")],
     name: Annotated[Optional[str], typer.Option(help="CronWorkflow name (default: retune-<model>).")] = None,
     schedule: Annotated[str, typer.Option(help="5-field cron schedule (default: Sundays 03:00).")] = "0 3 * * 0",
     timezone: Annotated[str, typer.Option(help="IANA time zone of the schedule.")] = "UTC",
-    gpu: Annotated[str, typer.Option(help="GPU catalog name or AWS instance type (as `pdserve tune --gpu`).")]
-    = "H100-SXM",
-    ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
-    itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
+    gpu: Annotated[Optional[str], typer.Option(
+        help="GPU catalog name or AWS instance type (as `pdserve tune --gpu`). Default: the champion's.")] = None,
+    ttft_ms: Annotated[Optional[float], typer.Option(
+        "--ttft-ms", help="TTFT p90 SLO, ms. Default: the champion's.")] = None,
+    itl_ms: Annotated[Optional[float], typer.Option("--itl-ms", help="ITL p90 SLO, ms. Default: the champion's.")
+                      ] = None,
     rate: Annotated[Optional[float], typer.Option(
         help="Target request rate, requests/s (default: each run sizes for the recorded traffic's mean arrival "
              "rate).")] = None,
-    gpu_budget: Annotated[Optional[int], typer.Option(help="GPUs the deployment may use.")] = None,
-    planner: Annotated[str, typer.Option(
-        help="SLO planner of the re-tuned champion: off, sla or load (as `pdserve tune --planner`; keep the "
-             "current champion's).")] = "off",
+    gpu_budget: Annotated[Optional[int], typer.Option(
+        help="GPUs the deployment may use. Default: the champion's.")] = None,
+    planner: Annotated[Optional[str], typer.Option(
+        help="SLO planner of the re-tuned deployment: off, sla or load (as `pdserve tune --planner`). Default: "
+             "the champion's.")] = None,
+    min_improvement_pct: Annotated[Optional[float], typer.Option(
+        "--min-improvement-pct",
+        help="How much less (percent) the winner must cost than the champion's deployment to take alias "
+             "champion (as `pdserve tune --min-improvement-pct`; default: tune's, 5).")] = None,
     mlflow_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking server (in-cluster http URL).")] = None,
     pvc: Annotated[Optional[str], typer.Option(help="FSx for Lustre PVC holding /fsx/models.")] = None,
     namespace: Annotated[str, Common["namespace"]] = "pdserve",
@@ -221,15 +230,18 @@ def retune_cmd(
 ) -> None:
     """Render the Argo CronWorkflow that re-tunes a staged model for its recorded traffic on a schedule.
 
-    Each run: `pdserve tune /fsx/models/<model>/config.json --trace <traffic> --register <name>` (the winner
-    becomes the champion; promoting it stays a separate, reviewed step). Exit 2: a bad option (named)."""
+    Each run: `pdserve tune /fsx/models/<model>/config.json --like <name> --trace <traffic> --register <name>`:
+    the champion's GPU, precision, SLO, GPU budget and planner mode unless given here; the winner takes alias
+    champion only when it beats the champion's deployment on that traffic (promoting it stays a separate,
+    reviewed step). The registered model needs a champion before the first run. Exit 2: a bad option (named)."""
     from runtime.batch.workflows import BATCH_PRIORITY_CLASS, S3_SECRET, RetuneCronWorkflowSpec, retune_cron_workflow
 
     slug = "".join(c if c.isascii() and c.isalnum() else "-" for c in model_name.lower())
     default_name = ("retune-" + slug.strip("-"))[:52].rstrip("-")  # CronWorkflow names: <= 52 characters
     _emit(retune_cron_workflow, RetuneCronWorkflowSpec, dict(
         name=name or default_name, schedule=schedule, timezone=timezone, model_name=model_name, gpu=gpu,
-        ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, planner=planner, traffic_uri=traffic,
+        ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, planner=planner,
+        min_improvement_pct=min_improvement_pct, traffic_uri=traffic,
         registered_model=registered_model, mlflow_uri=mlflow_uri, pvc_name=pvc, namespace=namespace, image=image,
         service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
         s3_secret=_secret(s3_secret, S3_SECRET), s3_endpoint_url=s3_endpoint_url), out)

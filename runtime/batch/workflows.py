@@ -7,10 +7,13 @@
   endpoint's). A failed pod is retried (``retryStrategy`` limit 2, ``OnError``); the runner resumes from the
   partial output, so a retry does not resend finished lines.
 * ``retune_cron_workflow`` builds an ``argoproj.io/v1alpha1`` **CronWorkflow** whose workflow runs
-  ``pdserve tune /fsx/models/<model>/config.json … --trace /work/traffic/<file> --register <name>`` on a schedule:
+  ``pdserve tune /fsx/models/<model>/config.json --like <name> … --trace /work/traffic/<file> --register <name>`` on
+  a schedule, re-tuning the registered champion's deployment (GPU, precision, SLO, GPU budget, planner mode: the
+  champion's unless the spec sets them):
   the model's config.json comes from the FSx for Lustre PVC (mounted read-only at /fsx), the recorded traffic
   (Azure CSV: ContextTokens, GeneratedTokens; Mooncake JSONL: input_length, output_length) arrives as an Argo S3
-  input artifact, the winner is registered in MLflow under alias champion (promotion stays a separate step).
+  input artifact, the winner is registered in MLflow and takes alias champion only when it beats the champion's
+  deployment on the same traffic by ``--min-improvement-pct`` (promotion stays a separate step).
   The traffic may be one object or a PREFIX (``s3://bucket/traffic/llama8/``, e.g. one traffic log per runtime
   replica): Argo downloads every object under a key that names no object as a directory (Argo docs,
   walk-through/hardwired-artifacts.md), and ``pdserve tune --trace DIR`` reads the folder as one trace.
@@ -295,12 +298,6 @@ class BatchInferenceWorkflowSpec(_Common):
         return self
 
 
-def _default_gpu_budget() -> int:
-    from runtime.config import PlannerSpec
-
-    return PlannerSpec.model_fields["gpu_budget"].default
-
-
 class RetuneCronWorkflowSpec(_Common):
     """Scheduled re-tuning of a staged model from recorded traffic, registering the winner in MLflow."""
 
@@ -316,15 +313,21 @@ class RetuneCronWorkflowSpec(_Common):
     successful_jobs_history_limit: int = Field(3, ge=0, description="Finished successful runs kept.")
     failed_jobs_history_limit: int = Field(3, ge=0, description="Finished failed runs kept.")
     model_name: str = Field(description="Served model name = its folder under /fsx/models (e.g. llama8, org/llama8).")
-    gpu: str = Field("H100-SXM", description="GPU catalog name or AWS instance type (pdserve tune --gpu).")
-    ttft_ms: float = Field(2000.0, gt=0, description="TTFT p90 SLO, ms.")
-    itl_ms: float = Field(50.0, gt=0, description="ITL p90 SLO, ms.")
+    gpu: Optional[str] = Field(None, description="GPU catalog name or AWS instance type (pdserve tune --gpu); None: "
+                                                 "the champion's.")
+    ttft_ms: Optional[float] = Field(None, gt=0, description="TTFT p90 SLO, ms; None: the champion's.")
+    itl_ms: Optional[float] = Field(None, gt=0, description="ITL p90 SLO, ms; None: the champion's.")
     rate: Optional[float] = Field(
         None, gt=0, description="Target request rate, requests/s; None: the recorded traffic's mean arrival rate "
                                 "(what `pdserve tune --trace` uses without --rate).")
-    gpu_budget: int = Field(default_factory=_default_gpu_budget, ge=1, description="GPUs the deployment may use.")
-    planner: Literal["off", "sla", "load"] = Field(
-        "off", description="The champion's SLO planner mode (pdserve tune --planner); keep it as the current one.")
+    gpu_budget: Optional[int] = Field(None, ge=1, description="GPUs the deployment may use; None: the champion's.")
+    planner: Optional[Literal["off", "sla", "load"]] = Field(
+        None, description="SLO planner mode of the re-tuned deployment (pdserve tune --planner); None: the "
+                          "champion's.")
+    min_improvement_pct: Optional[float] = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="How much less (percent) the winner must cost than the champion's deployment to take the "
+                    "champion alias (pdserve tune --min-improvement-pct); None: tune's default.")
     traffic_uri: str = Field(description="Recorded traffic, s3://bucket/key ending in .csv (Azure: ContextTokens, "
                                          "GeneratedTokens) or .jsonl (Mooncake: input_length, output_length), or "
                                          "s3://bucket/prefix/ (every such file under it, e.g. one traffic log "
@@ -334,8 +337,9 @@ class RetuneCronWorkflowSpec(_Common):
     mlflow_secret: Optional[K8sName] = Field(
         MLFLOW_SECRET, description="Secret with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (envFrom); "
                                    "None: no credentials.")
-    registered_model: str = Field(description="MLflow registered model the winner is registered under (alias "
-                                              "champion).")
+    registered_model: str = Field(description="MLflow registered model whose champion is re-tuned (`pdserve tune "
+                                              "--like`) and under which the winner is registered (it takes alias "
+                                              "champion only when it beats the champion).")
     pvc_name: K8sName = Field(FSX_PVC, description="FSx for Lustre PVC holding /fsx/models (mounted read-only).")
     active_deadline_seconds: int = Field(21600, ge=1, description="Each run's time limit, seconds.")
 
@@ -363,8 +367,8 @@ class RetuneCronWorkflowSpec(_Common):
 
     @field_validator("gpu")
     @classmethod
-    def _gpu(cls, v: str) -> str:
-        if not _GPU.match(v):
+    def _gpu(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not _GPU.match(v):
             raise ValueError(f"gpu {v!r}: must be a GPU catalog name or instance type (letters, digits, . _ -)")
         return v
 
@@ -422,11 +426,16 @@ def trace_path(spec: RetuneCronWorkflowSpec) -> str:
 
 
 def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
-    """The tune step's command line (command + args)."""
-    rate = [] if spec.rate is None else ["--rate", _num(spec.rate)]  # None: the trace's own arrival rate
-    return ["pdserve", "tune", f"{FSX_MOUNT}/models/{spec.model_name}/config.json", "--gpu", spec.gpu,
-            "--ttft-ms", _num(spec.ttft_ms), "--itl-ms", _num(spec.itl_ms), *rate,
-            "--gpu-budget", str(spec.gpu_budget), "--planner", spec.planner, "--trace", trace_path(spec),
+    """The tune step's command line (command + args): ``pdserve tune … --like NAME … --register NAME``, so the run
+    re-tunes the registered champion's deployment (its GPU, precision, SLO, GPU budget and planner mode, each
+    overridden only by a value the spec gives) and moves alias champion only when the winner beats it."""
+    given = [("--gpu", spec.gpu), ("--ttft-ms", spec.ttft_ms), ("--itl-ms", spec.itl_ms),
+             ("--rate", spec.rate),  # None: the trace's own arrival rate
+             ("--gpu-budget", spec.gpu_budget), ("--planner", spec.planner),
+             ("--min-improvement-pct", spec.min_improvement_pct)]
+    opts = [a for opt, v in given if v is not None for a in (opt, v if isinstance(v, str) else _num(v))]
+    return ["pdserve", "tune", f"{FSX_MOUNT}/models/{spec.model_name}/config.json",
+            "--like", spec.registered_model, *opts, "--trace", trace_path(spec),
             "--trace-uri", spec.traffic_uri,
             "--mlflow-uri", spec.mlflow_uri,
             "--register", spec.registered_model, "--out", f"{WORK_DIR}/winner.json"]

@@ -146,9 +146,10 @@ def test_retune_cron_validates_and_runs_exactly_tune():
     assert (spec["timezone"], spec["concurrencyPolicy"]) == ("UTC", "Forbid")
     assert spec["startingDeadlineSeconds"] >= 0
     assert spec["successfulJobsHistoryLimit"] >= 0 and spec["failedJobsHistoryLimit"] >= 0
-    assert argv(cron) == ["pdserve", "tune", "/fsx/models/org/llama8/config.json", "--gpu", "H200-SXM",
-                          "--ttft-ms", "1500", "--itl-ms", "35.5", "--rate", "12.5", "--gpu-budget", "16",
-                          "--planner", "off", "--trace", "/work/traffic/azure.csv", "--trace-uri", "s3://pdserve-traffic/2026/08/azure.csv",
+    assert argv(cron) == ["pdserve", "tune", "/fsx/models/org/llama8/config.json", "--like", "llama8-pd",
+                          "--gpu", "H200-SXM", "--ttft-ms", "1500", "--itl-ms", "35.5", "--rate", "12.5",
+                          "--gpu-budget", "16", "--trace", "/work/traffic/azure.csv",
+                          "--trace-uri", "s3://pdserve-traffic/2026/08/azure.csv",
                           "--mlflow-uri", "http://mlflow.mlflow.svc:5000",
                           "--register", "llama8-pd", "--out", "/work/winner.json"]
     tpl = template(cron)
@@ -184,10 +185,19 @@ def test_retune_options_jsonl_trace_minio_and_iam():
     assert (cron["spec"]["timezone"], cron["spec"]["concurrencyPolicy"]) == ("Europe/Paris", "Replace")
 
 
-def test_gpu_budget_default_is_the_planner_default_and_constants_match_the_pipeline():
-    from runtime.config import PlannerSpec
-
-    assert retune_spec().gpu_budget == PlannerSpec.model_fields["gpu_budget"].default
+def test_unset_constraints_are_inherited_from_the_champion_and_constants_match_the_pipeline():
+    """Without gpu/ttft/itl/budget/planner the step passes none of them: `tune --like` takes the champion's."""
+    spec = retune_spec()
+    assert (spec.gpu, spec.ttft_ms, spec.itl_ms, spec.gpu_budget, spec.planner) == (None,) * 5
+    args = argv(retune_cron_workflow(spec))
+    assert args[:5] == ["pdserve", "tune", "/fsx/models/org/llama8/config.json", "--like", "llama8-pd"]
+    assert args[args.index("--register") + 1] == "llama8-pd"
+    for opt in ("--gpu", "--ttft-ms", "--itl-ms", "--gpu-budget", "--planner", "--precision",
+                "--min-improvement-pct"):
+        assert opt not in args
+    args = argv(retune_cron_workflow(retune_spec(itl_ms=40, min_improvement_pct=10)))
+    assert args[args.index("--itl-ms") + 1] == "40" and args[args.index("--min-improvement-pct") + 1] == "10"
+    assert "--ttft-ms" not in args and "--gpu" not in args
     src = Path(__file__).resolve().parents[2] / "pipelines" / "stage_tune_promote.py"
     consts = {t.id: n.value.value for n in ast.parse(src.read_text()).body if isinstance(n, ast.Assign)
               for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
@@ -232,6 +242,7 @@ def test_gpu_budget_default_is_the_planner_default_and_constants_match_the_pipel
     (retune_spec, "ttft_ms", 0),
     (retune_spec, "rate", -1.0),
     (retune_spec, "gpu_budget", 0),
+    (retune_spec, "min_improvement_pct", -1.0),
     (retune_spec, "gpu", "H100 SXM"),
     (retune_spec, "pvc_name", "FSx"),
     (retune_spec, "starting_deadline_seconds", -5),
@@ -337,11 +348,14 @@ def test_the_steps_command_lines_parse_with_the_real_clis(tmp_path, monkeypatch)
     res = CliRunner().invoke(batch_app, args)
     assert res.exit_code == 2 and "line 1: not JSON" in " ".join(res.output.split()), res.output
 
-    tune_args = argv(retune_cron_workflow(retune_spec()))[1:]
+    tune_args = argv(retune_cron_workflow(retune_spec(gpu="H200-SXM", ttft_ms=1500, itl_ms=30, rate=2,
+                                                      gpu_budget=16, planner="sla", min_improvement_pct=7.5)))[1:]
     tune_args[tune_args.index("--trace") + 1] = str(tmp_path / "absent.csv")
+    # a real (sqlite) MLflow without the registered model: --like stops the run after every option was accepted
+    tune_args[tune_args.index("--mlflow-uri") + 1] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     res = CliRunner().invoke(pdserve_app, tune_args)
     out = " ".join(res.output.split())
-    assert res.exit_code == 1 and "--trace:" in out and "absent.csv" in out, res.output  # options all accepted
+    assert res.exit_code == 1 and "--like llama8-pd:" in out and "no such registered model" in out, res.output
 
 
 def test_the_defaults_name_objects_infra_k8s_creates():
@@ -459,7 +473,7 @@ def test_a_traffic_prefix_is_downloaded_as_a_folder_and_tuned_as_one_trace(tmp_p
     tune_args[1] = str(__import__("runtime.paths", fromlist=["data_dir"]).data_dir() / "models"
                        / "meta-llama--Meta-Llama-3.1-8B_config.json")
     out = tmp_path / "spec.json"
-    for opt in ("--mlflow-uri", "--register"):  # no MLflow here: the run stops at the spec
+    for opt in ("--mlflow-uri", "--register", "--like"):  # no MLflow here: the run stops at the spec
         i = tune_args.index(opt)
         del tune_args[i:i + 2]
     tune_args[tune_args.index("--out") + 1] = str(out)
