@@ -564,7 +564,8 @@ def _inherit(mlflow_uri: str, like: str, given: dict[str, object]) -> tuple[tupl
         values[field] = value
     explicit = [LIKE_OPTIONS[k] for k, v in given.items() if v is not None]
     err.print(escape(f"--like {like}: champion version {champion[0]} ({champion[1].model.name}); inherited "
-                     + (", ".join(inherited) or "nothing") + (f"; given here: {', '.join(explicit)}" if explicit else "")))
+                     + (", ".join(inherited) or "nothing")
+                     + (f"; given here: {', '.join(explicit)}" if explicit else "")))
     return champion, values
 
 
