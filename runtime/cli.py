@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -420,6 +421,8 @@ def tune(
         PlannerSpec(gpu_budget=gpu_budget, mode=planner)
     except ValidationError as e:
         problems.append(_option_errors(e, {"gpu_budget": "--gpu-budget", "mode": "--planner"}))
+    if not math.isfinite(min_improvement_pct):  # typer's min=0 lets inf through; the comparison refuses it late
+        problems.append(f"--min-improvement-pct: must be a finite percentage >= 0, got {min_improvement_pct:g}")
     if register is not None:
         from runtime.tracking.mlflow_runs import check_registered_model_name
 

@@ -216,3 +216,14 @@ def test_the_cli_inherits_exactly_the_fields_tracking_documents():
     from runtime.tracking.mlflow_runs import INHERITED_FIELDS
 
     assert tuple(LIKE_OPTIONS) == INHERITED_FIELDS
+
+
+def test_an_infinite_improvement_threshold_is_refused_before_anything_is_tuned_or_written(tmp_path):
+    """typer's min=0 lets `inf` through (and `nan` only by accident of the comparison); compare_with_champion then
+    raised ValueError as a traceback after --out was written, and only when a champion existed."""
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--rate", "2", "--min-improvement-pct", "inf",
+                              "--out", str(out)], env=ENV)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "--min-improvement-pct: must be a finite percentage >= 0, got inf" in _flat(res.output)
+    assert not out.exists()
