@@ -548,7 +548,7 @@ def tune(
                 comparison = _compare_with_champion(result, spec, found, register, min_improvement_pct, sample)
         _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec, trace, trace_uri,
                        comparison=comparison, compared_version=compared,
-                       inherited_from=None if champion is None else f"{like} v{champion[0]}")
+                       inherited_from=None if champion is None else f"{like} v{champion[0]}", gpu_option=gpu)
 
 
 def _inherit(mlflow_uri: str, like: str, given: dict[str, object]) -> tuple[tuple, dict[str, object]]:
@@ -562,6 +562,8 @@ def _inherit(mlflow_uri: str, like: str, given: dict[str, object]) -> tuple[tupl
             value = champion[1]
             for key in field.split("."):
                 value = getattr(value, key)
+            if field == "gpu":  # an instance type (g6e.12xlarge) also bounded the champion's TP: keep it
+                value = _champion_gpu_option(mlflow_uri, like, champion[0], value) or value
             inherited.append(f"{LIKE_OPTIONS[field]} {value:g}" if isinstance(value, float)
                              else f"{LIKE_OPTIONS[field]} {value}")
         values[field] = value
@@ -570,6 +572,22 @@ def _inherit(mlflow_uri: str, like: str, given: dict[str, object]) -> tuple[tupl
                      + (", ".join(inherited) or "nothing")
                      + (f"; given here: {', '.join(explicit)}" if explicit else "")))
     return champion, values
+
+
+def _champion_gpu_option(mlflow_uri: str, name: str, version: str, gpu: str) -> str | None:
+    """The instance type champion `version` of `name` was tuned with when it is one of GPU `gpu` (the spec
+    records only the GPU's catalog name), else None; one error line (exit 1) when MLflow cannot be asked."""
+    from runtime.tracking.mlflow_runs import TrackingError, champion_gpu_option
+    from runtime.tuner.search import resolve_gpu
+
+    try:
+        option = champion_gpu_option(mlflow_uri, name, version)
+    except TrackingError as e:
+        _fail(f"--like {name}: {e}")
+    try:
+        return option if option and resolve_gpu(option).name == gpu else None
+    except KeyError:  # an instance type the catalog no longer knows: the spec's GPU name
+        return None
 
 
 def _like_champion(mlflow_uri: str, name: str, require: tuple[str, ...]):
@@ -668,7 +686,8 @@ def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Pa
 
 def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | None, spec,
                    trace: Path | None = None, trace_uri: str | None = None, *, comparison=None,
-                   compared_version: str | None = None, inherited_from: str | None = None) -> None:
+                   compared_version: str | None = None, inherited_from: str | None = None,
+                   gpu_option: str | None = None) -> None:
     """`log_tuning` for the CLI: one redacted error line (exit 1) when MLflow refuses; a summary line that
     says whether the champion alias moved (and why not). `trace` (the --trace file, or `trace_uri` when given)
     is logged as the parent run's `traffic_trace_uri` param, as the pipeline does."""
@@ -678,7 +697,8 @@ def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | Non
         version = log_tuning(result, tracking_uri=mlflow_uri, experiment=experiment, registered_model=register,
                              spec=spec, traffic_trace_uri=None if trace is None else (
                                  trace_uri or os.path.abspath(trace)),
-                             comparison=comparison, compared_version=compared_version, inherited_from=inherited_from)
+                             comparison=comparison, compared_version=compared_version, inherited_from=inherited_from,
+                             gpu_option=gpu_option)
     except Exception as e:  # noqa: BLE001 - CLI edge: MLflow unreachable/refusing; message, not traceback
         _fail(f"--mlflow-uri {mlflow_uri}: logging the tuning failed: {type(e).__name__}: {e}")
     line = f"logged {len(result.candidates)} candidates to {redact_userinfo(mlflow_uri)}"

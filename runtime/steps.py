@@ -363,6 +363,7 @@ def tune_step(
         version = log_tuning(
             result, tracking_uri=mlflow_tracking_uri, experiment=f"pdserve-tune-{model_name}",
             registered_model=registered_model, spec=spec, traffic_trace_uri=params.traffic_trace_uri or None,
+            gpu_option=gpu,  # an instance type: recorded so `pdserve tune --like` keeps its TP bound
         )
     except Exception as e:  # MLflow errors repeat the request URL: never let a URI's password reach the task log
         detail = redact_userinfo(str(e))

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from runtime.tuner.champion import ChampionComparison
 
 CHAMPION_ALIAS = "champion"
+GPU_OPTION_TAG = "pdserve.gpu_option"  # model version tag: the --gpu value when it is an instance type
 # MLflow error codes (mlflow/protos/databricks.proto) that mean "no such registered model / alias"; any other
 # code (INTERNAL_ERROR for a refused connection, PERMISSION_DENIED, ...) means MLflow could not be asked.
 NOT_FOUND_CODES = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
@@ -212,6 +213,7 @@ def log_tuning(
     comparison: "ChampionComparison | None" = None,
     compared_version: str | None = None,
     inherited_from: str | None = None,
+    gpu_option: str | None = None,
 ) -> str | None:
     """Log ``result`` (parent + one child run per candidate, plot, profiles, spec) and register the winner.
 
@@ -242,6 +244,10 @@ def log_tuning(
             tuning moved it meanwhile). None: the alias moves to the new version (no champion to compare).
         inherited_from: ``"<registered model> v<version>"`` whose champion gave the defaults
             (``pdserve tune --like``), logged as param ``inherited_from``.
+        gpu_option: the ``--gpu`` / ``gpu`` value the tuning was given. When it is not the catalog name the
+            spec records (an AWS instance type such as ``g6e.12xlarge``, which also bounded TP by its GPU
+            count), it is logged as param ``gpu_option`` and as the version's tag ``pdserve.gpu_option``, so
+            ``pdserve tune --like`` re-tunes on the same instance type (:func:`champion_gpu_option`).
 
     Returns:
         The registered model version (a string such as ``"3"``), or None when nothing was registered. Whether
@@ -259,7 +265,8 @@ def log_tuning(
         return _log_tuning(result, tracking_uri=tracking_uri, experiment=experiment,
                            registered_model=registered_model, artifacts_dir=artifacts_dir, model_ref=model_ref,
                            spec=spec, traffic_trace_uri=traffic_trace_uri, comparison=comparison,
-                           compared_version=compared_version, inherited_from=inherited_from)
+                           compared_version=compared_version, inherited_from=inherited_from,
+                           gpu_option=gpu_option)
 
 
 def _comparison_log(cmp: "ChampionComparison", compared_version: str | None
@@ -288,7 +295,8 @@ def _comparison_log(cmp: "ChampionComparison", compared_version: str | None
 def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, registered_model: str | None,
                 artifacts_dir: Path | None, model_ref: ModelRef | None, spec: DeploymentSpec | None,
                 traffic_trace_uri: str | None = None, comparison: "ChampionComparison | None" = None,
-                compared_version: str | None = None, inherited_from: str | None = None) -> str | None:
+                compared_version: str | None = None, inherited_from: str | None = None,
+                gpu_option: str | None = None) -> str | None:
     if registered_model is not None:
         check_registered_model_name(registered_model)  # before any run exists
     if spec is None and (registered_model is not None or result.precision in DEPLOYABLE_PRECISIONS):
@@ -311,6 +319,8 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
             params.update(gpu_budget=str(spec.planner.gpu_budget), planner_mode=spec.planner.mode)
         if inherited_from:
             params["inherited_from"] = inherited_from
+        if gpu_option and gpu_option != result.gpu.name:
+            params["gpu_option"] = gpu_option
         metrics = {f"best_{k}": v for k, v in _candidate_metrics(b).items()}
         metrics.update(best_prefill_tp=float(b.prefill_tp), best_decode_tp=float(b.decode_tp),
                        num_feasible=float(sum(c.feasible for c in result.candidates)))
@@ -382,6 +392,8 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
                 client.set_tag(pid, "pdserve.champion_decision", "kept")
                 client.set_tag(pid, "pdserve.champion_reason", why)
     tags = {"prefill_tp": str(b.prefill_tp), "decode_tp": str(b.decode_tp), "gpu": result.gpu.name}
+    if gpu_option and gpu_option != result.gpu.name:
+        tags[GPU_OPTION_TAG] = gpu_option
     if comparison is not None:
         tags.update({"pdserve.champion_decision": "replaced" if promote else "kept",
                      "pdserve.champion_reason": why[:4000]})
@@ -431,6 +443,27 @@ def champion_version(tracking_uri: str, registered_model: str) -> str | None:
         raise TrackingError(f"cannot read alias {CHAMPION_ALIAS!r} of registered model {registered_model!r} from "
                             f"MLflow at {redact_userinfo(tracking_uri)} ({e.error_code}): "
                             f"{redact_userinfo(str(e))}") from None
+
+
+def champion_gpu_option(tracking_uri: str, registered_model: str, version: str) -> str | None:
+    """The ``--gpu`` value (an AWS instance type) version ``version`` of ``registered_model`` was tuned with
+    (tag ``pdserve.gpu_option``, :func:`log_tuning` ``gpu_option``); None when the tuning was given the GPU's
+    catalog name (the spec's ``gpu``) or the version predates the tag.
+
+    Raises:
+        TrackingError: MLflow could not be asked (message redacted, names the registered model and version).
+    """
+    from mlflow.exceptions import MlflowException
+
+    from runtime.redact import redact_userinfo
+
+    try:
+        mv = _client(tracking_uri).get_model_version(registered_model, str(version))
+    except MlflowException as e:
+        raise TrackingError(f"cannot read version {version} of registered model {registered_model!r} from MLflow "
+                            f"at {redact_userinfo(tracking_uri)} ({e.error_code}): {redact_userinfo(str(e))}"
+                            ) from None
+    return (mv.tags or {}).get(GPU_OPTION_TAG) or None
 
 
 def find_champion(tracking_uri: str, registered_model: str) -> tuple[str, DeploymentSpec] | None:

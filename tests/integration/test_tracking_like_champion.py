@@ -227,3 +227,23 @@ def test_an_infinite_improvement_threshold_is_refused_before_anything_is_tuned_o
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert "--min-improvement-pct: must be a finite percentage >= 0, got inf" in _flat(res.output)
     assert not out.exists()
+
+
+def test_like_keeps_the_instance_type_a_champion_was_tuned_on(uri, tmp_path):
+    """`--gpu g6e.12xlarge` bounds TP by the instance's 4 GPUs; the spec records only the GPU (L40S), so a re-tune
+    that inherited `--gpu L40S` searched TP 8 too (a g6e.48xlarge the user never chose)."""
+    _tune("--gpu", "g6e.12xlarge", "--precision", "fp8", "--rate", "0.5", "--mlflow-uri", uri,
+          "--register", "inst70")
+    assert _client(uri).get_model_version("inst70", "1").tags["pdserve.gpu_option"] == "g6e.12xlarge"
+    out = _tune("--like", "inst70", "--rate", "0.5", "--mlflow-uri", uri, "--register", "inst70",
+                "--out", str(tmp_path / "spec.json"))
+    assert "inherited --gpu g6e.12xlarge, --precision fp8" in out
+    p = _last_parent(uri).data.params
+    assert (p["gpu"], p["gpu_option"], p["num_candidates"]) == ("L40S", "g6e.12xlarge", "9")  # TP 1, 2, 4 only
+    assert _client(uri).get_model_version("inst70", "2").tags["pdserve.gpu_option"] == "g6e.12xlarge"
+    spec = json.loads((tmp_path / "spec.json").read_text())
+    assert spec["gpu"] == "L40S" and max(spec["prefill"]["tp"], spec["decode"]["tp"]) <= 4
+    # a GPU catalog name records no option: --like inherits the spec's GPU as before
+    _tune("--gpu", "L40S", "--precision", "fp8", "--rate", "0.5", "--mlflow-uri", uri, "--register", "name70")
+    assert "pdserve.gpu_option" not in _client(uri).get_model_version("name70", "1").tags
+    assert "inherited --gpu L40S" in _tune("--like", "name70", "--rate", "0.5", "--mlflow-uri", uri)
