@@ -71,7 +71,8 @@ def calibration_plan(models: Iterable[ModelSpec], *, tps: Iterable[int] = DEFAUL
     """The cases ``bench/gpu_calibrate.py measure`` times: dense GEMMs of every model's projections at every TP
     that divides its heads (``ms`` rows each, every dtype), the expert GEMMs of MoE models as grouped GEMMs (the
     routed rows per expert a decode or prefill step gives them), decode and prefill attention at the head
-    geometry of each model at TP 1, and copies of 64 MiB to 4 GiB. Duplicate shapes are planned once.
+    geometry of each model at TP 1, and copies of 64 MiB to 4 GiB, planned first (``measure`` stops at its
+    budget in plan order; every fit needs them). Duplicate shapes are planned once.
 
     Returns:
         list of row dicts without ``time_s``, each with ``kind``, ``dtype``, shape fields and ``label``.
@@ -83,6 +84,10 @@ def calibration_plan(models: Iterable[ModelSpec], *, tps: Iterable[int] = DEFAUL
         key = tuple(sorted((k, v) for k, v in c.items() if k != "label"))
         cases.setdefault(key, c)
 
+    # copies first: every other fit divides by the memory efficiency they measure, and `measure` stops at its
+    # budget in plan order, so a run cut short must already have them
+    for mib in (64, 256, 1024, 4096):
+        add(kind="copy", dtype="bf16", bytes=mib * 2**20, label=f"copy {mib} MiB")
     for model in models:
         for tp in (t for t in tps if model.tp_divides_heads(t)):
             for proj, n, k in gemm_shapes(model, tp):
@@ -105,8 +110,6 @@ def calibration_plan(models: Iterable[ModelSpec], *, tps: Iterable[int] = DEFAUL
         for ctx in (1024, 4096, 16384):
             add(kind="prefill_attn", dtype="bf16", batch=1, ctx=ctx, heads=heads, head_dim=model.head_dim,
                 label=f"{model.name} prefill attention")
-    for mib in (64, 256, 1024, 4096):
-        add(kind="copy", dtype="bf16", bytes=mib * 2**20, label=f"copy {mib} MiB")
     return list(cases.values())
 
 

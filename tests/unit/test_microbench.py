@@ -133,3 +133,17 @@ def test_compare_with_model_gives_measured_over_model():
     assert cmp["bf16.compute"]["ratio"] == pytest.approx(0.72 / 0.36, rel=0.02)
     assert cmp["bf16.gemm_half_tokens"]["ratio"] is None  # the model's 0: no size effect, no ratio
     assert math.isclose(cmp["bf16.memory"]["measured"], 0.85, rel_tol=1e-3)
+
+
+def test_copies_are_planned_first_so_a_run_cut_by_its_budget_can_still_be_fitted(llama70b):
+    """`measure` times the plan in order and stops at --budget-s; fit_microbench refuses rows without a copy (the
+    memory efficiency every other fit divides by). With the copies last (index 1598 of 1602 in the committed
+    plan), any run the budget cut short could not be analysed at all."""
+    plan = calibration_plan([llama70b])
+    kinds = [c["kind"] for c in plan]
+    assert kinds[:4] == ["copy"] * 4 and "copy" not in kinds[4:]
+    import json
+    from pathlib import Path
+
+    committed = json.loads((Path(__file__).resolve().parents[2] / "bench/gpu_calibration_plan.json").read_text())
+    assert [c["kind"] for c in committed["cases"][:4]] == ["copy"] * 4
