@@ -539,7 +539,8 @@ def traffic_upload_problems(parsed: dict[str, dict], namespace: str = DEPLOY_NAM
     For every InferenceService in the default of variable `traffic_upload_inference_services`: its runtime
     ServiceAccount (`runtime_service_account`) in `namespace` has an association; the associated role's inline
     policies grant nothing but s3:PutObject on objects under `<traffic_log_prefix><name>/` of the model bucket and
-    kms:GenerateDataKey on the data key (`TRAFFIC_ALLOWED_ACTIONS`). Returns one message per problem.
+    kms:GenerateDataKey on the data key (`TRAFFIC_ALLOWED_ACTIONS`; no `not_actions`), and no managed policy is
+    attached to it (aws_iam_role_policy_attachment). Returns one message per problem.
     """
     defaults = _variable_defaults(parsed)
     if TRAFFIC_UPLOAD_VARIABLE not in defaults:
@@ -561,11 +562,15 @@ def traffic_upload_problems(parsed: dict[str, dict], namespace: str = DEPLOY_NAM
             problems.append(f"aws_eks_pod_identity_association.{addr}: role_arn {role_arn} is not a role of this stack")
             continue
         role, keyed = m.group(1), bool(m.group(2))
-        want_role = f"${{aws_iam_role.{role}{'[each.key]' if keyed else ''}.id}}"
+        role_refs = {f"${{aws_iam_role.{role}{'[each.key]' if keyed else ''}.{attr}}}" for attr in ("id", "name")}
+        problems += [f"aws_iam_role_policy_attachment.{a}: attaches {_unquote(b.get('policy_arn'))} to "
+                     f"aws_iam_role.{role} (runtime of InferenceService {isvc}), which may only PutObject its traffic"
+                     for a, b in _tf_blocks(parsed, "resource", "aws_iam_role_policy_attachment").items()
+                     if str(b.get("role")) in role_refs]
         prefix = f"{TRAFFIC_BUCKET_ARN}/${{var.traffic_log_prefix}}{isvc}/"
         attached = 0
         for pname, pbody in role_policies.items():
-            if str(pbody.get("role")) not in (want_role, f"${{aws_iam_role.{role}.name}}"):
+            if str(pbody.get("role")) not in role_refs:
                 continue
             dm = re.fullmatch(r"\$\{data\.aws_iam_policy_document\.(\w+)(\[each\.key\])?\.json\}",
                               str(pbody.get("policy", "")))
@@ -588,6 +593,8 @@ def traffic_upload_problems(parsed: dict[str, dict], namespace: str = DEPLOY_NAM
                 where = f"aws_iam_policy_document.{dm.group(1)}[{isvc!r}] {sid}"
                 problems += [f"{where}: action {a} is more than traffic shipping needs "
                              f"({', '.join(sorted(TRAFFIC_ALLOWED_ACTIONS))})" for a in sorted(actions - TRAFFIC_ALLOWED_ACTIONS)]
+                if st.get("not_actions"):
+                    problems.append(f"{where}: not_actions grants every action it does not name")
                 if _unquote(st.get("effect", "Allow")) == "Deny" or st.get("not_resources"):
                     problems.append(f"{where}: only Allow statements with resources are checked here")
                 for r in (_unquote(r) for r in st.get("resources", [])):

@@ -389,3 +389,31 @@ def test_workflow_field_the_controller_role_lacks_is_reported():
     wf["spec"]["volumeClaimTemplates"] = [{"metadata": {"name": "scratch"}}]
     assert V.argo_controller_problems(_argo_objects(), [wf]) == [
         "Workflow check-: uses volumeClaimTemplates, which the pdserve workflow-controller's Role does not grant"]
+
+
+def test_traffic_role_granting_by_not_actions_is_reported(tree):
+    """`not_actions` allows every action it does not name: the action allow-list saw no actions and passed it."""
+    detail = _break_iam(tree, 'actions   = ["s3:PutObject"]', 'not_actions = ["s3:DeleteObject"]')
+    assert ("aws_iam_policy_document.traffic_upload['smollm2-135m-instruct-pd'] ShipOwnTraffic: not_actions grants "
+            "every action it does not name") in detail
+
+
+def test_managed_policy_attached_to_a_traffic_role_is_reported(tree):
+    """Only inline policies were read, so AmazonS3FullAccess attached to the runtime's role passed."""
+    old = 'resource "aws_eks_pod_identity_association" "traffic_upload" {'
+    detail = _break_iam(tree, old, 'resource "aws_iam_role_policy_attachment" "traffic_full" {\n'
+                        '  for_each   = toset(var.traffic_upload_inference_services)\n'
+                        '  role       = aws_iam_role.traffic_upload[each.key].name\n'
+                        '  policy_arn = "arn:aws:iam::aws:policy/AmazonS3FullAccess"\n}\n\n' + old)
+    assert ("aws_iam_role_policy_attachment.traffic_full: attaches arn:aws:iam::aws:policy/AmazonS3FullAccess to "
+            "aws_iam_role.traffic_upload (runtime of InferenceService smollm2-135m-instruct-pd)") in detail
+
+
+def test_an_inline_policy_naming_its_role_by_name_is_read(tree):
+    f = tree / "infra/terraform/iam.tf"
+    old = "role     = aws_iam_role.traffic_upload[each.key].id"
+    text = f.read_text()
+    assert text.count(old) == 1
+    f.write_text(text.replace(old, "role     = aws_iam_role.traffic_upload[each.key].name"))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "PASS", res["consistency"].detail
