@@ -20,7 +20,8 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     Pod Identity association for its rendered runtime ServiceAccount whose role may only PutObject
                     under <traffic_log_prefix><name>/ (and GenerateDataKey on the data key); exactly one Argo
                     workflow-controller runs in the batch workflows' namespace, --namespaced and managing only that
-                    namespace, bound by RoleBindings there only, with the instanceID the rendered workflows carry
+                    namespace, bound by RoleBindings there only, with the instanceID the rendered workflows carry, and
+                    the workflows' pod ServiceAccount may create/patch workflowtaskresults (the executor's reports)
   checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
                     no severities, so EVERY failed check counts as a failure unless suppressed inline with a
                     reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
@@ -460,7 +461,8 @@ def argo_controller_problems(infra_objs: list[dict], workflows: list[dict]) -> l
     `--configmap` ConfigMap exists there with an `instanceID` equal to the workflows'
     workflows.argoproj.io/controller-instanceid label; its ServiceAccount exists and is bound only by RoleBindings
     in that namespace (no ClusterRoleBinding); no workflow uses a field its Role does not cover
-    (ARGO_FIELDS_NOT_GRANTED). Returns one message per problem.
+    (ARGO_FIELDS_NOT_GRANTED); the workflows' pod ServiceAccount may create and patch workflowtaskresults there
+    (Argo's executor reports each step's outputs with them). Returns one message per problem.
     """
     problems: list[str] = []
     namespaces = {w["metadata"].get("namespace") for w in workflows}
@@ -503,6 +505,12 @@ def argo_controller_problems(infra_objs: list[dict], workflows: list[dict]) -> l
     if not any(o.get("kind") == "ServiceAccount" and o["metadata"]["name"] == sa
                and o["metadata"].get("namespace") == ns for o in infra_objs):
         problems.append(f"{where}: ServiceAccount {ns}/{sa} is not in infra/k8s")
+    for wsa in sorted({str(w["spec"].get("workflowSpec", w["spec"]).get("serviceAccountName", "default"))
+                       for w in workflows}):
+        if not _sa_may(infra_objs, ns, wsa, "argoproj.io", "workflowtaskresults", ("create", "patch")):
+            problems.append(f"ServiceAccount {ns}/{wsa} (the batch workflows' pods) may not create and patch "
+                            f"workflowtaskresults in {ns}: Argo's executor cannot report a step's result, so "
+                            f"every workflow fails")
     for o in infra_objs:
         if o.get("kind") not in ("RoleBinding", "ClusterRoleBinding"):
             continue
@@ -512,6 +520,27 @@ def argo_controller_problems(infra_objs: list[dict], workflows: list[dict]) -> l
                 problems.append(f"{o['kind']} {o['metadata']['name']} grants the pdserve workflow-controller "
                                 f"({ns}/{sa}) rights outside namespace {ns}")
     return problems
+
+
+def _sa_may(objs: list[dict], ns: str, sa: str, group: str, resource: str, verbs: tuple[str, ...]) -> bool:
+    """Whether ServiceAccount `ns`/`sa` holds every verb of `verbs` on `group`/`resource` in namespace `ns` through
+    a RoleBinding there to a Role in `objs` (ClusterRoles of remote bases are not seen: False)."""
+    granted: set[str] = set()
+    for b in objs:
+        if b.get("kind") != "RoleBinding" or b["metadata"].get("namespace") != ns:
+            continue
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == sa and s.get("namespace", ns) == ns
+                   for s in b.get("subjects", [])):
+            continue
+        ref = b.get("roleRef", {})
+        for r in objs:
+            if (r.get("kind") == ref.get("kind") == "Role" and r["metadata"]["name"] == ref.get("name")
+                    and r["metadata"].get("namespace") == ns):
+                for rule in r.get("rules", []):
+                    if ({group, "*"} & set(rule.get("apiGroups", []))
+                            and {resource, "*"} & set(rule.get("resources", []))):
+                        granted |= set(rule.get("verbs", []))
+    return "*" in granted or set(verbs) <= granted
 
 
 def runtime_service_account(isvc: str, namespace: str = DEPLOY_NAMESPACE) -> str:

@@ -318,9 +318,14 @@ def test_no_traffic_uploading_services_needs_no_association(tree):
 # ------------------------------------------------------------------------------------ Argo for pdserve's workflows
 
 
-def _argo_objects(root: Path = REPO) -> list[dict]:
-    return [o for f in sorted((root / "infra/k8s/argo").glob("*.yaml")) if f.name != "kustomization.yaml"
+def _argo_objects(root: Path = REPO, folder: str = "argo") -> list[dict]:
+    return [o for f in sorted((root / "infra/k8s" / folder).glob("*.yaml")) if f.name != "kustomization.yaml"
             for o in V._yaml_docs(f)]
+
+
+def _with_workflow_pods_identity(objs: list[dict]) -> list[dict]:
+    """`objs` plus infra/k8s/batch: the workflow pods' ServiceAccount and its executor Role."""
+    return objs + _argo_objects(folder="batch")
 
 
 def test_a_namespaced_argo_controller_runs_the_batch_workflows():
@@ -328,7 +333,7 @@ def test_a_namespaced_argo_controller_runs_the_batch_workflows():
     manages only pdserve and only objects with its instanceID, the label every rendered workflow carries."""
     objs = _argo_objects()
     workflows = V.rendered_batch_workflows()
-    assert V.argo_controller_problems(objs, workflows) == []
+    assert V.argo_controller_problems(_with_workflow_pods_identity(objs), workflows) == []
     (dep,) = [o for o in objs if o["kind"] == "Deployment"]
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     assert c["image"] == "quay.io/argoproj/workflow-controller:v3.6.7"  # the release KFP 2.14.3 deploys
@@ -387,7 +392,7 @@ def test_missing_controller_is_reported(tree):
 def test_workflow_field_the_controller_role_lacks_is_reported():
     wf = V.rendered_batch_workflows()[0]
     wf["spec"]["volumeClaimTemplates"] = [{"metadata": {"name": "scratch"}}]
-    assert V.argo_controller_problems(_argo_objects(), [wf]) == [
+    assert V.argo_controller_problems(_with_workflow_pods_identity(_argo_objects()), [wf]) == [
         "Workflow check-: uses volumeClaimTemplates, which the pdserve workflow-controller's Role does not grant"]
 
 
@@ -417,3 +422,18 @@ def test_an_inline_policy_naming_its_role_by_name_is_read(tree):
     f.write_text(text.replace(old, "role     = aws_iam_role.traffic_upload[each.key].name"))
     res = by_name(V.run_all(tree, checkov="skip", tools=False))
     assert res["consistency"].status == "PASS", res["consistency"].detail
+
+
+def test_workflow_pods_that_cannot_report_their_results_are_reported(tree):
+    """Argo's executor, running as the workflow pod's ServiceAccount (pdserve-batch), creates and patches a
+    WorkflowTaskResult per step; without that the controller never learns a step finished. The controller's
+    own Role is no substitute, and nothing checked the pods' one."""
+    f = tree / "infra/k8s/batch/serviceaccount.yaml"
+    text = f.read_text()
+    old = '    resources: ["workflowtaskresults"]\n    verbs: ["create", "patch"]'
+    assert text.count(old) == 1
+    f.write_text(text.replace(old, '    resources: ["workflowtaskresults"]\n    verbs: ["create"]'))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL"
+    assert ("ServiceAccount pdserve/pdserve-batch (the batch workflows' pods) may not create and patch "
+            "workflowtaskresults in pdserve") in res["consistency"].detail
