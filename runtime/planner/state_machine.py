@@ -430,11 +430,12 @@ class PlannerStateMachine:
         cfg = self.cfg
         if self._last_now is not None and tick.now_s < self._last_now:
             raise ValueError(f"TickInput.now_s went backwards ({tick.now_s} < {self._last_now})")
-        if tick.now_s == self._last_now and self._last_decision is not None:
+        if self._last_decision is not None and tick.now_s == self._last_decision.now_s:
             return self._last_decision
         self._last_now = tick.now_s
-        self._last_decision = self._advance(tick)
-        return self._last_decision
+        decision = self._advance(tick)  # a tick that raised is not a decision a retry may repeat
+        self._last_decision = decision
+        return decision
 
     def _advance(self, tick: TickInput) -> ScalingDecision:
         cfg = self.cfg

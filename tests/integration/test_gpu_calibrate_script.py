@@ -48,3 +48,16 @@ def test_measure_stops_at_its_budget_and_keeps_the_header(tmp_path):
     info = _run("measure", "--device", "cpu", "--quick", "--budget-s", "0", "--out-csv", str(tmp_path / "m.csv"))
     assert info["timed"] == 0 and info["not_reached"] == info["cases"]
     assert (tmp_path / "m.csv").read_text().startswith("kind,dtype,m,n,k")
+
+
+def test_analyse_refuses_a_csv_without_copy_rows_in_one_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("kind,dtype,m,n,k,time_s\ngemm,bf16,1,8,8,0.001\n")
+    res = subprocess.run([sys.executable, str(SCRIPT), "analyse", str(bad), "--gpu", "H200-SXM"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == f"analyse: {bad}: H200-SXM: no copy rows: the memory efficiency every other fit " \
+                                 "needs is missing"
+    res = subprocess.run([sys.executable, str(SCRIPT), "analyse", str(bad), "--gpu", "H900"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 2 and "unknown GPU 'H900'" in res.stderr and "Traceback" not in res.stderr

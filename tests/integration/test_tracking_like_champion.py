@@ -229,6 +229,14 @@ def test_an_infinite_improvement_threshold_is_refused_before_anything_is_tuned_o
     assert not out.exists()
 
 
+def test_an_improvement_threshold_without_register_is_refused_not_ignored(tmp_path):
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--rate", "2", "--min-improvement-pct", "10",
+                              "--out", str(out)], env=ENV)
+    assert res.exit_code == 1, res.output
+    assert "--min-improvement-pct: only applies with --register" in _flat(res.output)
+    assert not out.exists()
+
 def test_like_keeps_the_instance_type_a_champion_was_tuned_on(uri, tmp_path):
     """`--gpu g6e.12xlarge` bounds TP by the instance's 4 GPUs; the spec records only the GPU (L40S), so a re-tune
     that inherited `--gpu L40S` searched TP 8 too (a g6e.48xlarge the user never chose)."""
