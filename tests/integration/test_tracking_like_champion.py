@@ -255,3 +255,58 @@ def test_like_keeps_the_instance_type_a_champion_was_tuned_on(uri, tmp_path):
     _tune("--gpu", "L40S", "--precision", "fp8", "--rate", "0.5", "--mlflow-uri", uri, "--register", "name70")
     assert "pdserve.gpu_option" not in _client(uri).get_model_version("name70", "1").tags
     assert "inherited --gpu L40S" in _tune("--like", "name70", "--rate", "0.5", "--mlflow-uri", uri)
+# ------------------------------------------------------------------------------------------------ decision file
+
+
+def test_the_decision_file_says_whether_the_registered_version_took_the_alias(uri, tmp_path):
+    doc, values = tmp_path / "decision.json", tmp_path / "decision"
+    report = ["--decision-out", str(doc), "--decision-values", str(values)]
+
+    def files() -> tuple[str, str, str]:
+        return tuple((values / f).read_text() for f in ("replaced", "registered_version", "champion_version"))
+
+    _tune("--rate", "10", "--mlflow-uri", uri, "--register", "decide70", *report)  # H100 p4d4 3:1, 16 GPUs
+    assert json.loads(doc.read_text()) == {
+        "registered_model": "decide70", "registered_version": "1", "previous_champion_version": None,
+        "champion_version": "1", "replaced": True, "reason": "first version of decide70"}
+    assert files() == ("true", "1", "1")
+    # a worse challenger (H200 costs more per Mtok): registered, the champion stays
+    _tune("--like", "decide70", "--gpu", "H200-SXM", "--rate", "10", "--mlflow-uri", uri, "--register", "decide70",
+          *report)
+    d = json.loads(doc.read_text())
+    assert (d["registered_version"], d["previous_champion_version"], d["champion_version"], d["replaced"]) == (
+        "2", "1", "1", False)
+    assert "less than the 5% required" in d["reason"]
+    assert files() == ("false", "2", "1") and _champion(uri, "decide70") == "1"
+    # a better one (half the GPUs at 2 requests/s) takes the alias
+    _tune("--like", "decide70", "--rate", "2", "--mlflow-uri", uri, "--register", "decide70", *report)
+    d = json.loads(doc.read_text())
+    assert (d["registered_version"], d["previous_champion_version"], d["champion_version"], d["replaced"]) == (
+        "3", "1", "3", True)
+    assert "50.0% less" in d["reason"]
+    assert files() == ("true", "3", "3") and _champion(uri, "decide70") == "3"
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--decision-out", "d.json"], "--decision-out reports what --register did to the champion alias"),
+    (["--decision-values", "dir"], "--decision-values reports what --register did"),
+    (["--decision-values", "afile", "--register", "x"], "--decision-values afile: is not a folder"),
+])
+def test_a_decision_without_register_or_into_a_file_is_refused_before_anything_runs(tmp_path, monkeypatch, args, why):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--mlflow-uri", "sqlite:///unused.db", *args], env=ENV)
+    assert res.exit_code == 1 and why in _flat(res.output), res.output
+    assert not (tmp_path / "unused.db").exists() and not (tmp_path / "d.json").exists()
+
+
+def test_promote_expect_version_refuses_a_champion_other_than_the_one_expected(uri, tmp_path):
+    _tune("--rate", "2", "--mlflow-uri", uri, "--register", "expect70")
+    out = tmp_path / "m.yaml"
+    args = ["promote", "expect70", "--mlflow-uri", uri, "--allow-unstaged", "--out", str(out)]
+    res = runner.invoke(app, [*args, "--expect-version", "2"], env=ENV)
+    assert res.exit_code == 1 and "alias champion is version 1, but this run tuned version 2" in _flat(res.output)
+    assert not out.exists()
+    res = runner.invoke(app, [*args, "--expect-version", "1"], env=ENV)
+    assert res.exit_code == 0 and "version 1:" in _flat(res.output), res.output
+    assert "kind: InferenceService" in out.read_text()
