@@ -114,8 +114,14 @@ def _emit(build, spec_cls, fields: dict, out: Optional[Path]) -> None:
             field = str(loc[0]) if loc else ""
             return OPTION_OF.get(field, "--" + field.replace("_", "-")) if field else "options"
 
-        _fail("; ".join(f"{option(x['loc'])}: {x['msg'].removeprefix('Value error, ')}"
-                        for x in e.errors(include_url=False)))
+        def message(x: dict) -> str:
+            msg = x["msg"].removeprefix("Value error, ")
+            field, colon, rest = msg.partition(": ")  # a whole-spec check names its field first
+            if not x["loc"] and colon and field in spec_cls.model_fields:
+                return f"{option((field,))}: {rest}"
+            return f"{option(x['loc'])}: {msg}"
+
+        _fail("; ".join(message(x) for x in e.errors(include_url=False)))
     obj = build(spec)
     problems = validate_workflow_objects([obj])
     if problems:  # a builder bug, not the user's input: say so plainly
@@ -219,7 +225,26 @@ def retune_cmd(
         help="How much less (percent) the winner must cost than the champion's deployment to take alias "
              "champion (as `pdserve tune --min-improvement-pct`; default: tune's, 5).")] = None,
     mlflow_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking server (in-cluster http URL).")] = None,
-    pvc: Annotated[Optional[str], typer.Option(help="FSx for Lustre PVC holding /fsx/models.")] = None,
+    pvc: Annotated[Optional[str], typer.Option(
+        help="FSx for Lustre PVC holding /fsx/models (with --promote also the promoted workers').")] = None,
+    promote: Annotated[bool, typer.Option(
+        "--promote", help="Add a promote step: `pdserve promote <registered-model> --apply --expect-version V`, run "
+                          "only when the tune step made its version V champion (never when the champion stayed); "
+                          "a canary beside the serving champion, probed against the SLO, rolled back when it "
+                          "misses.")] = False,
+    promote_namespace: Annotated[Optional[str], typer.Option(
+        help="With --promote: namespace of the InferenceService (default: --namespace).")] = None,
+    promote_image: Annotated[Optional[str], typer.Option(
+        help="With --promote: runtime image of the promoted InferenceService (`pdserve promote --image`; default: "
+             "the pdserve runtime image).")] = None,
+    promote_service_account: Annotated[Optional[str], typer.Option(
+        help="With --promote: service account of the promote step only (default pdserve-promoter, "
+             "kserve/promoter-rbac.yaml; the tune step keeps --service-account).")] = None,
+    promote_traffic_upload: Annotated[Optional[str], typer.Option(
+        metavar="s3://BUCKET/PREFIX/",
+        help="With --promote: `pdserve promote --traffic-upload` of the new revision, so it keeps recording traffic "
+             "for the next runs ('none': record nothing). Default: derived from --traffic when that is "
+             "PREFIX<InferenceService>/, what the endpoint ships; otherwise required.")] = None,
     namespace: Annotated[str, Common["namespace"]] = "pdserve",
     image: Annotated[Optional[str], Common["image"]] = None,
     service_account: Annotated[Optional[str], Common["service_account"]] = None,
@@ -232,8 +257,9 @@ def retune_cmd(
 
     Each run: `pdserve tune /fsx/models/<model>/config.json --like <name> --trace <traffic> --register <name>`:
     the champion's GPU, precision, SLO, GPU budget and planner mode unless given here; the winner takes alias
-    champion only when it beats the champion's deployment on that traffic (promoting it stays a separate,
-    reviewed step). The registered model needs a champion before the first run. Exit 2: a bad option (named)."""
+    champion only when it beats the champion's deployment on that traffic. Promoting it stays a separate,
+    reviewed step unless --promote adds it to the workflow (then only a new champion is promoted). The
+    registered model needs a champion before the first run. Exit 2: a bad option (named)."""
     from runtime.batch.workflows import BATCH_PRIORITY_CLASS, S3_SECRET, RetuneCronWorkflowSpec, retune_cron_workflow
 
     slug = "".join(c if c.isascii() and c.isalnum() else "-" for c in model_name.lower())
@@ -242,7 +268,10 @@ def retune_cmd(
         name=name or default_name, schedule=schedule, timezone=timezone, model_name=model_name, gpu=gpu,
         ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, planner=planner,
         min_improvement_pct=min_improvement_pct, traffic_uri=traffic,
-        registered_model=registered_model, mlflow_uri=mlflow_uri, pvc_name=pvc, namespace=namespace, image=image,
+        registered_model=registered_model, mlflow_uri=mlflow_uri, pvc_name=pvc, promote=promote,
+        promote_namespace=promote_namespace, promote_image=promote_image,
+        promote_service_account=promote_service_account, promote_traffic_upload=promote_traffic_upload,
+        namespace=namespace, image=image,
         service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
         s3_secret=_secret(s3_secret, S3_SECRET), s3_endpoint_url=s3_endpoint_url), out)
 

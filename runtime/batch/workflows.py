@@ -13,7 +13,12 @@
   the model's config.json comes from the FSx for Lustre PVC (mounted read-only at /fsx), the recorded traffic
   (Azure CSV: ContextTokens, GeneratedTokens; Mooncake JSONL: input_length, output_length) arrives as an Argo S3
   input artifact, the winner is registered in MLflow and takes alias champion only when it beats the champion's
-  deployment on the same traffic by ``--min-improvement-pct`` (promotion stays a separate step).
+  deployment on the same traffic by ``--min-improvement-pct``. Promotion is a separate step unless ``promote`` is
+  on: then the workflow is two steps, ``tune`` (which also writes its decision, ``tune --decision-out`` /
+  ``--decision-values``, and exposes ``replaced`` and ``registered_version`` as output parameters) and ``promote``,
+  ``pdserve promote <name> --apply --expect-version <registered_version>`` as service account pdserve-promoter,
+  run only ``when`` ``replaced`` is ``true`` (never when the champion stayed): a canary rollout with the SLO probe
+  and automatic rollback.
   The traffic may be one object or a PREFIX (``s3://bucket/traffic/llama8/``, e.g. one traffic log per runtime
   replica): Argo downloads every object under a key that names no object as a directory (Argo docs,
   walk-through/hardwired-artifacts.md), and ``pdserve tune --trace DIR`` reads the folder as one trace.
@@ -54,6 +59,7 @@ __all__ = [
 ]
 
 API_VERSION = "argoproj.io/v1alpha1"
+PROMOTER_SERVICE_ACCOUNT = "pdserve-promoter"  # runtime/deploy/rbac.py PROMOTER_NAME (kserve/promoter-rbac.yaml)
 FSX_PVC = "fsx-claim"  # same claim as pipelines/stage_tune_promote.py FSX_PVC (infra/k8s/storage)
 FSX_MOUNT = "/fsx"
 WORK_DIR = "/work"
@@ -340,8 +346,29 @@ class RetuneCronWorkflowSpec(_Common):
     registered_model: str = Field(description="MLflow registered model whose champion is re-tuned (`pdserve tune "
                                               "--like`) and under which the winner is registered (it takes alias "
                                               "champion only when it beats the champion).")
-    pvc_name: K8sName = Field(FSX_PVC, description="FSx for Lustre PVC holding /fsx/models (mounted read-only).")
-    active_deadline_seconds: int = Field(21600, ge=1, description="Each run's time limit, seconds.")
+    pvc_name: K8sName = Field(FSX_PVC, description="FSx for Lustre PVC holding /fsx/models (mounted read-only); "
+                                                   "with promote also the promoted workers' (`pdserve promote --pvc`).")
+    active_deadline_seconds: int = Field(21600, ge=1, description="Each run's time limit (both steps), seconds.")
+    promote: bool = Field(
+        False, description="Add a second step, `pdserve promote NAME --apply --expect-version V`, that runs only when "
+                           "the tune step moved alias champion to the version V it registered (never when the "
+                           "champion stayed): a canary beside the serving champion, probed against the SLO and "
+                           "rolled back when it misses.")
+    promote_namespace: Optional[K8sName] = Field(
+        None, description="Namespace of the InferenceService (`pdserve promote --namespace`); None: the workflow's. "
+                          "promote_service_account must be allowed to manage it there (kserve/promoter-rbac.yaml).")
+    promote_image: str = Field(
+        PDSERVE_IMAGE, min_length=1, description="pdserve runtime image the promoted InferenceService runs "
+                                                 "(`pdserve promote --image`).")
+    promote_service_account: K8sName = Field(
+        PROMOTER_SERVICE_ACCOUNT, description="serviceAccountName of the promote step only (the tune step keeps "
+        "service_account): pdserve-promoter (kserve/promoter-rbac.yaml) may apply the rendered objects, and "
+        "infra/k8s/batch lets it report the step's result to Argo.")
+    promote_traffic_upload: Optional[str] = Field(
+        None, description="`pdserve promote --traffic-upload`: s3://bucket/prefix/ the promoted endpoint keeps "
+        "shipping its traffic to, so later runs have traffic to re-tune from; 'none': it records nothing. None: "
+        "derived from traffic_uri when that is <prefix><InferenceService>/ (what the endpoint ships), else "
+        "refused with promote (the new revision would silently stop recording).")
 
     @field_validator("name")
     @classmethod
@@ -390,6 +417,29 @@ class RetuneCronWorkflowSpec(_Common):
 
         return check_registered_model_name(v)
 
+    @field_validator("promote_traffic_upload")
+    @classmethod
+    def _upload(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v != "none":
+            from runtime.server.traffic import check_upload_uri
+
+            check_upload_uri(v)
+        return v
+
+    @model_validator(mode="after")
+    def _promote_options(self) -> "RetuneCronWorkflowSpec":
+        extra = sorted(f for f, info in type(self).model_fields.items()
+                       if f.startswith("promote_") and getattr(self, f) != info.default)
+        if not self.promote and extra:
+            raise ValueError(f"{extra[0]}: only used with promote (the workflow has no promote step without it)")
+        if self.promote and self.promote_traffic_upload is None and promote_traffic_upload_uri(self) is None:
+            raise ValueError(
+                f"promote_traffic_upload: traffic_uri {self.traffic_uri!r} is not <prefix><InferenceService>/ "
+                f"(<InferenceService> = {isvc_name(self.registered_model)!r}), so the upload prefix of the promoted "
+                "endpoint cannot be derived; give the s3://bucket/prefix/ it was promoted with (--traffic-upload), "
+                "or 'none' to let the new revision record nothing")
+        return self
+
 
 # ---------------------------------------------------------------------------------------------------- builders
 
@@ -428,7 +478,8 @@ def trace_path(spec: RetuneCronWorkflowSpec) -> str:
 def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     """The tune step's command line (command + args): ``pdserve tune … --like NAME … --register NAME``, so the run
     re-tunes the registered champion's deployment (its GPU, precision, SLO, GPU budget and planner mode, each
-    overridden only by a value the spec gives) and moves alias champion only when the winner beats it."""
+    overridden only by a value the spec gives) and moves alias champion only when the winner beats it. With
+    ``spec.promote`` it also writes its decision (DECISION_FILE, and DECISION_DIR for the output parameters)."""
     given = [("--gpu", spec.gpu), ("--ttft-ms", spec.ttft_ms), ("--itl-ms", spec.itl_ms),
              ("--rate", spec.rate),  # None: the trace's own arrival rate
              ("--gpu-budget", spec.gpu_budget), ("--planner", spec.planner),
@@ -438,7 +489,52 @@ def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
             "--like", spec.registered_model, *opts, "--trace", trace_path(spec),
             "--trace-uri", spec.traffic_uri,
             "--mlflow-uri", spec.mlflow_uri,
-            "--register", spec.registered_model, "--out", f"{WORK_DIR}/winner.json"]
+            "--register", spec.registered_model, "--out", f"{WORK_DIR}/winner.json",
+            *(["--decision-out", DECISION_FILE, "--decision-values", DECISION_DIR] if spec.promote else [])]
+
+
+def isvc_name(registered_model: str) -> str:
+    """The InferenceService `pdserve promote` names after ``registered_model`` (runtime.deploy.target.dns_label)."""
+    from runtime.deploy.target import dns_label
+
+    return dns_label(registered_model)
+
+
+def promote_traffic_upload_uri(spec: RetuneCronWorkflowSpec) -> Optional[str]:
+    """The ``--traffic-upload`` of the promote step: ``spec.promote_traffic_upload`` (None for 'none'), else the
+    prefix the endpoint ships to when ``spec.traffic_uri`` is ``s3://bucket/<prefix><InferenceService>/`` (the
+    runtime writes under ``<prefix><InferenceService>/<pod>/``, runtime.deploy.target.ClusterTarget), else None."""
+    if spec.promote_traffic_upload is not None:
+        return None if spec.promote_traffic_upload == "none" else spec.promote_traffic_upload
+    bucket, key, is_prefix = split_traffic_uri(spec.traffic_uri)
+    head, _, last = key.rpartition("/")
+    if not is_prefix or last != isvc_name(spec.registered_model):
+        return None
+    return f"s3://{bucket}/{head}/" if head else f"s3://{bucket}/"
+
+
+#: where the tune step writes its decision when promote is on (`pdserve tune --decision-out / --decision-values`)
+DECISION_FILE = f"{WORK_DIR}/decision.json"
+DECISION_DIR = f"{WORK_DIR}/decision"
+#: the tune step's output parameters (one file each in DECISION_DIR) and the promote step's condition on them
+REPLACED_PARAM, VERSION_PARAM = "replaced", "registered_version"
+PROMOTE_WHEN = f"{{{{steps.tune.outputs.parameters.{REPLACED_PARAM}}}}} == true"
+# a container template sees only its own inputs: the step passes the version in as input parameter `version`
+PROMOTE_VERSION_ARG = f"{{{{steps.tune.outputs.parameters.{VERSION_PARAM}}}}}"
+PROMOTE_VERSION = "{{inputs.parameters.version}}"
+
+
+def promote_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
+    """The promote step's command line (command + args): ``pdserve promote NAME --apply --expect-version V …``,
+    V being the version the tune step registered and made champion (the step's input parameter ``version``,
+    PROMOTE_VERSION_ARG; the template substitutes PROMOTE_VERSION), so a
+    champion moved by anyone else in between is refused; in-cluster credentials (no --kube-context); the
+    champion's model folder is checked as a staged copy on the FSx mount."""
+    argv = ["pdserve", "promote", spec.registered_model, "--apply", "--expect-version", PROMOTE_VERSION,
+            "--mlflow-uri", spec.mlflow_uri, "--namespace", spec.promote_namespace or spec.namespace,
+            "--image", spec.promote_image, "--pvc", spec.pvc_name, "--out", f"{WORK_DIR}/manifests.yaml"]
+    upload = promote_traffic_upload_uri(spec)
+    return argv + ([] if upload is None else ["--traffic-upload", upload])
 
 
 def batch_inference_workflow(spec: BatchInferenceWorkflowSpec) -> dict[str, Any]:
@@ -500,13 +596,21 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
     Raises:
         pydantic.ValidationError: only when ``spec`` was built with ``model_construct`` and is invalid.
     """
-    from hera.workflows import (Container, CronWorkflow, EmptyDirVolume, Env, ExistingVolume, Resources,
-                                RetryStrategy, SecretEnvFrom)
+    from hera.workflows import (Container, CronWorkflow, EmptyDirVolume, Env, ExistingVolume, Parameter, Resources,
+                                RetryStrategy, SecretEnvFrom, Steps)
     from hera.workflows import models as m
 
     spec = RetuneCronWorkflowSpec.model_validate(spec.model_dump())
     labels = _labels("retune")
     argv = retune_argv(spec)
+    env = [Env(name="PYTHONUNBUFFERED", value="1"),
+           Env(name="PDSERVE_HOME", value=f"{WORK_DIR}/state")]  # writable (the image's tree may not be)
+    # optional: infra/k8s/mlflow has no authentication; a Secret is only needed where MLflow has one
+    mlflow_env = [SecretEnvFrom(name=spec.mlflow_secret, optional=True)] if spec.mlflow_secret else None
+
+    def volumes():
+        return [ExistingVolume(name="fsx", claim_name=spec.pvc_name, mount_path=FSX_MOUNT, read_only=True),
+                EmptyDirVolume(name="work", mount_path=WORK_DIR)]
     with CronWorkflow(
         name=spec.name, namespace=spec.namespace, labels=_object_labels("retune", spec), schedules=[spec.schedule],
         timezone=spec.timezone,
@@ -517,18 +621,29 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
         pod_priority_class_name=spec.priority_class_name, pod_metadata=m.Metadata(labels=labels),
         workflow_metadata=m.WorkflowMetadata(labels=labels),
     ) as cron:
-        Container(
-            name="retune", image=spec.image, command=argv[:1], args=argv[1:],
-            env=[Env(name="PYTHONUNBUFFERED", value="1"),
-                 Env(name="PDSERVE_HOME", value=f"{WORK_DIR}/state")],  # writable (the image's tree may not be)
-            # optional: infra/k8s/mlflow has no authentication; a Secret is only needed where MLflow has one
-            env_from=[SecretEnvFrom(name=spec.mlflow_secret, optional=True)] if spec.mlflow_secret else None,
-            volumes=[ExistingVolume(name="fsx", claim_name=spec.pvc_name, mount_path=FSX_MOUNT, read_only=True),
-                     EmptyDirVolume(name="work", mount_path=WORK_DIR)],
-            inputs=[_traffic_artifact(spec)],
+        tune = Container(
+            name="tune" if spec.promote else "retune", image=spec.image, command=argv[:1], args=argv[1:], env=env,
+            env_from=mlflow_env, volumes=volumes(), inputs=[_traffic_artifact(spec)],
+            # Argo reads each output parameter from a file (valueFrom.path): the values tune --decision-values wrote
+            outputs=[Parameter(name=p, value_from=m.ValueFrom(path=f"{DECISION_DIR}/{p}"))
+                     for p in (REPLACED_PARAM, VERSION_PARAM)] if spec.promote else None,
             resources=Resources(cpu_request="1", cpu_limit="2", memory_request="2Gi", memory_limit="4Gi"),
             retry_strategy=RetryStrategy(limit=1, retry_policy="OnError"),
         )
+        if spec.promote:
+            pargv = promote_argv(spec)
+            promote = Container(
+                name="promote", image=spec.image, command=pargv[:1], args=pargv[1:], env=env, env_from=mlflow_env,
+                volumes=volumes(),  # /fsx: promote checks the champion's staged copy; /work: its --out
+                inputs=[Parameter(name="version")],
+                service_account_name=spec.promote_service_account,  # may apply; the tune pod may not
+                resources=Resources(cpu_request="500m", cpu_limit="1", memory_request="1Gi", memory_limit="1Gi"),
+                # no retry: a rolled-back canary must not be tried again within the same run
+            )
+            with Steps(name="retune"):
+                tune(name="tune")
+                promote(name="promote", when=PROMOTE_WHEN,
+                        arguments=[Parameter(name="version", value=PROMOTE_VERSION_ARG)])
     return cron.to_dict()
 
 
@@ -546,7 +661,8 @@ _CRON_SPEC_KEYS = {"schedules", "timezone", "concurrencyPolicy", "startingDeadli
 
 def _controller_problems(ident: str, path: str, spec: Any) -> list[str]:
     """What the CRD schema leaves to the controller: entrypoint names a template, containers have an image,
-    volume mounts name a volume of the template or the workflow."""
+    volume mounts name a volume of the template or the workflow, containers do not refer to steps' outputs
+    (out of their scope), and steps templates refer to what exists (``_steps_problems``)."""
     if not isinstance(spec, dict):
         return []
     out: list[str] = []
@@ -562,10 +678,53 @@ def _controller_problems(ident: str, path: str, spec: Any) -> list[str]:
         tpath = f"{path}.templates[{i}]"
         if not c.get("image"):
             out.append(f"{ident}: {tpath}.container.image: a container needs an image")
+        if re.search(r"\{\{\s*(steps|tasks)\.", str(c)):
+            out.append(f"{ident}: {tpath}.container: refers to steps./tasks. outputs, which a container template "
+                       "cannot see (pass them in as input parameters)")
         volumes = wf_volumes | {v.get("name") for v in t.get("volumes") or [] if isinstance(v, dict)}
         for j, vm in enumerate(c.get("volumeMounts") or []):
             if isinstance(vm, dict) and vm.get("name") not in volumes:
                 out.append(f"{ident}: {tpath}.container.volumeMounts[{j}].name: {vm.get('name')!r} names no volume")
+    out += _steps_problems(ident, path, templates)
+    return out
+
+
+_STEP_OUTPUT = re.compile(r"\{\{\s*steps\.([-\w]+)\.outputs\.parameters\.([-\w]+)\s*\}\}")
+
+
+def _steps_problems(ident: str, path: str, templates: list[dict[str, Any]]) -> list[str]:
+    """Steps templates: every step names a template; every ``{{steps.S.outputs.parameters.P}}`` (``when``,
+    arguments) names an EARLIER step S whose template declares output parameter P; every input parameter without
+    a default of the called template gets an argument (what the controller refuses at submission)."""
+    by_name = {t.get("name"): t for t in templates}
+    out: list[str] = []
+    for i, t in enumerate(templates):
+        if not isinstance(t.get("steps"), list):
+            continue
+        seen: dict[str, dict[str, Any]] = {}
+        for g, group in enumerate(t["steps"]):
+            current: dict[str, dict[str, Any]] = {}
+            for j, step in enumerate(group if isinstance(group, list) else []):
+                if not isinstance(step, dict):
+                    continue
+                where = f"{path}.templates[{i}].steps[{g}][{j}]"
+                called = by_name.get(step.get("template"))
+                if called is None:
+                    out.append(f"{ident}: {where}.template: {step.get('template')!r} names no template")
+                    continue
+                for s_name, p_name in _STEP_OUTPUT.findall(str({k: v for k, v in step.items() if k != "name"})):
+                    declared = {p.get("name") for p in ((seen.get(s_name) or {}).get("outputs") or {}).get(
+                        "parameters") or []}
+                    if s_name not in seen or p_name not in declared:
+                        out.append(f"{ident}: {where}: steps.{s_name}.outputs.parameters.{p_name} is not an output "
+                                   "parameter of an earlier step")
+                given = {p.get("name") for p in (step.get("arguments") or {}).get("parameters") or []}
+                for p in (called.get("inputs") or {}).get("parameters") or []:
+                    if "value" not in p and "default" not in p and p.get("name") not in given:
+                        out.append(f"{ident}: {where}.arguments: input parameter {p.get('name')!r} of template "
+                                   f"{called.get('name')!r} is not given")
+                current[step.get("name")] = called
+            seen.update(current)
     return out
 
 
@@ -609,7 +768,8 @@ def validate_workflow_objects(objs: Iterable[dict[str, Any]]) -> list[str]:
     the same way as a Workflow ``spec``, its own fields (``schedules``: 5-field crons, ``concurrencyPolicy``:
     Allow/Forbid/Replace, non-negative deadlines and history limits, IANA ``timezone``, no unknown field) by hand.
     Both also get the controller's checks (entrypoint names a template, containers have an image, mounts name a
-    volume). Never raises for a bad object: every problem is a "Kind/name: field.path: reason" string.
+    volume, a step's ``{{steps.S.outputs.parameters.P}}`` names an output parameter of an earlier step, a called
+    template's input parameters are given, no container refers to steps' outputs). Never raises for a bad object: every problem is a "Kind/name: field.path: reason" string.
     """
     from runtime.deploy.errors import ManifestError
     from runtime.deploy.validate import validate_object

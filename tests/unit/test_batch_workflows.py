@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -519,3 +520,181 @@ def test_workflows_carry_the_instance_id_of_the_pdserve_controller_only_on_the_w
         assert not any(label in (v or {}) for path, v in walk(obj) if path[-1] == "labels")
     with pytest.raises(ValueError, match="controller_instance_id"):
         batch_spec(controller_instance_id="not a label value")
+
+
+# ------------------------------------------------------------------------------------------ retune + promote
+
+TRAFFIC_PREFIX = "s3://pdserve-traffic/traffic/llama8-pd/"  # what `promote --traffic-upload s3://…/traffic/` ships
+
+
+def promote_cron(**kw) -> dict:
+    return retune_cron_workflow(retune_spec(traffic_uri=TRAFFIC_PREFIX, promote=True, **kw))
+
+
+def templates(obj: dict) -> dict[str, dict]:
+    return {t["name"]: t for t in obj["spec"]["workflowSpec"]["templates"]}
+
+
+def test_without_promote_the_cron_is_one_tune_step_that_reports_nothing():
+    cron = retune_cron_workflow(retune_spec(traffic_uri=TRAFFIC_PREFIX))
+    tpl = template(cron)  # exactly one template, the entrypoint
+    assert "outputs" not in tpl and "serviceAccountName" not in tpl
+    assert not {"--decision-out", "--decision-values"} & set(argv(cron))
+    assert "promote" not in str(cron)
+
+
+def test_with_promote_the_promote_step_runs_only_when_tune_made_its_version_champion():
+    cron = promote_cron()
+    assert validate_workflow_objects([cron]) == []
+    wfspec = cron["spec"]["workflowSpec"]
+    tpls = templates(cron)
+    assert set(tpls) == {"retune", "tune", "promote"} and wfspec["entrypoint"] == "retune"
+    (tune_group, promote_group) = tpls["retune"]["steps"]  # two sequential groups of one step each
+    assert tune_group == [{"name": "tune", "template": "tune"}]
+    (step,) = promote_group
+    assert step["template"] == "promote"
+    assert step["when"] == "{{steps.tune.outputs.parameters.replaced}} == true"
+    assert step["arguments"]["parameters"] == [
+        {"name": "version", "value": "{{steps.tune.outputs.parameters.registered_version}}"}]
+    # tune writes its decision where the output parameters read it
+    tune_args = tpls["tune"]["container"]["command"] + tpls["tune"]["container"]["args"]
+    assert tune_args[-4:] == ["--decision-out", "/work/decision.json", "--decision-values", "/work/decision"]
+    assert tpls["tune"]["outputs"]["parameters"] == [
+        {"name": "replaced", "valueFrom": {"path": "/work/decision/replaced"}},
+        {"name": "registered_version", "valueFrom": {"path": "/work/decision/registered_version"}}]
+    c = tpls["promote"]["container"]
+    assert c["command"] + c["args"] == [
+        "pdserve", "promote", "llama8-pd", "--apply", "--expect-version", "{{inputs.parameters.version}}",
+        "--mlflow-uri", "http://mlflow.mlflow.svc:5000", "--namespace", "pdserve", "--image", PDSERVE_IMAGE,
+        "--pvc", "fsx-claim", "--out", "/work/manifests.yaml", "--traffic-upload", "s3://pdserve-traffic/traffic/"]
+    assert tpls["promote"]["inputs"]["parameters"] == [{"name": "version"}]
+    # only the promote pod may apply: its own service account; tune keeps the workflow's
+    assert tpls["promote"]["serviceAccountName"] == "pdserve-promoter"
+    assert "serviceAccountName" not in tpls["tune"] and wfspec["serviceAccountName"] == "pdserve-batch"
+    assert "retryStrategy" not in tpls["promote"]  # a rolled-back canary is not retried within the run
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/fsx"]["readOnly"] is True and "/work" in mounts  # staged-copy check; --out
+    assert c["envFrom"] == [{"secretRef": {"name": "pdserve-mlflow", "optional": True}}]
+
+
+def test_the_files_tune_writes_are_the_ones_the_output_parameters_read(tmp_path):
+    """The contract between `tune --decision-values DIR` (the real writer) and the tune template's valueFrom paths:
+    each parameter's file exists and holds what the promote step's `when` and --expect-version expect."""
+    from runtime.cli import _write_decision
+
+    tpl = templates(promote_cron())["tune"]
+    args = tpl["container"]["args"]
+    folder = args[args.index("--decision-values") + 1]
+    decision = {"registered_model": "llama8-pd", "registered_version": "7", "previous_champion_version": "6",
+                "champion_version": "7", "replaced": True, "reason": "r"}
+    _write_decision(decision, tmp_path / "d.json", tmp_path)
+    read = {p["name"]: (tmp_path / Path(p["valueFrom"]["path"]).relative_to(folder)).read_text()
+            for p in tpl["outputs"]["parameters"]}
+    assert read == {"replaced": "true", "registered_version": "7"}
+    _write_decision({**decision, "replaced": False, "champion_version": "6"}, None, tmp_path)
+    assert (tmp_path / "replaced").read_text() == "false"  # `false == true`: the promote step is skipped
+
+
+@pytest.mark.parametrize("kw, upload", [
+    ({}, "s3://pdserve-traffic/traffic/"),  # derived: the endpoint ships under <prefix><InferenceService>/
+    ({"traffic_uri": "s3://pdserve-traffic/llama8-pd/"}, "s3://pdserve-traffic/"),
+    ({"promote_traffic_upload": "s3://other/logs/"}, "s3://other/logs/"),
+    ({"promote_traffic_upload": "none"}, None),
+])
+def test_the_promoted_revision_keeps_shipping_traffic(kw, upload):
+    args = templates(retune_cron_workflow(retune_spec(**{"traffic_uri": TRAFFIC_PREFIX, "promote": True, **kw})))[
+        "promote"]["container"]["args"]
+    assert (args[args.index("--traffic-upload") + 1] if "--traffic-upload" in args else None) == upload
+
+
+def test_promote_options_are_passed_through():
+    cron = promote_cron(promote_namespace="serving", promote_image="registry/pdserve:2", pvc_name="fsx2",
+                        promote_service_account="promoter2", mlflow_uri="http://mlflow:5000")
+    tpl = templates(cron)["promote"]
+    args = tpl["container"]["args"]
+    assert [args[args.index(o) + 1] for o in ("--namespace", "--image", "--pvc", "--mlflow-uri")] == [
+        "serving", "registry/pdserve:2", "fsx2", "http://mlflow:5000"]
+    assert tpl["serviceAccountName"] == "promoter2" and validate_workflow_objects([cron]) == []
+
+
+@pytest.mark.parametrize("kw, why", [
+    ({"promote_namespace": "serving"}, "promote_namespace: only used with promote"),
+    ({"promote": True, "traffic_uri": "s3://pdserve-traffic/t.csv"}, "upload prefix of the promoted endpoint"),
+    ({"promote": True, "traffic_uri": "s3://pdserve-traffic/traffic/other/"}, "'llama8-pd'"),
+    ({"promote": True, "promote_traffic_upload": "s3://bkt/no-slash"}, "must end in '/'"),
+    ({"promote": True, "promote_image": "img:{{workflow.name}}"}, "Argo would substitute"),
+    ({"promote": True, "promote_service_account": "Bad_SA"}, "DNS-1123"),
+])
+def test_bad_promote_options_are_refused(kw, why):
+    with pytest.raises(ValidationError, match=re.escape(why)):
+        retune_spec(**kw)
+
+
+@pytest.mark.parametrize("breaker, expect", [
+    (lambda t: t["retune"]["steps"][1][0].update(when="{{steps.tune.outputs.parameters.replace}} == true"),
+     "steps.tune.outputs.parameters.replace is not an output parameter of an earlier step"),
+    (lambda t: t["tune"].pop("outputs"), "steps.tune.outputs.parameters.replaced is not an output parameter"),
+    (lambda t: t["retune"]["steps"][1][0].pop("arguments"), "input parameter 'version' of template 'promote'"),
+    (lambda t: t["promote"]["container"]["args"].__setitem__(4, "{{steps.tune.outputs.parameters.x}}"),
+     "refers to steps./tasks. outputs"),
+    (lambda t: t["retune"]["steps"][1][0].update(template="promot"), "'promot' names no template"),
+    (lambda t: t["retune"]["steps"].reverse(), "not an output parameter of an earlier step"),
+])
+def test_the_validator_checks_what_the_steps_refer_to(breaker, expect):
+    cron = promote_cron()
+    broken = copy.deepcopy(cron)
+    breaker(templates(broken))  # the same dicts as in `broken`
+    problems = validate_workflow_objects([broken])
+    assert any(expect in p for p in problems), problems
+
+
+def test_the_promote_steps_command_line_parses_with_the_real_cli(tmp_path, monkeypatch):
+    """As test_the_steps_command_lines_parse_with_the_real_clis: the promote args (the version Argo substitutes,
+    and a local MLflow database that does not exist) get as far as looking for that database."""
+    from typer.testing import CliRunner
+
+    from runtime.cli import app as pdserve_app
+
+    monkeypatch.setenv("PDSERVE_HOME", str(tmp_path))
+    tpls = templates(promote_cron(promote_namespace="serving"))
+    args = [a.replace("{{inputs.parameters.version}}", "3") for a in tpls["promote"]["container"]["args"]]
+    db = tmp_path / "mlflow.db"
+    args[args.index("--mlflow-uri") + 1] = f"sqlite:///{db}"
+    args[args.index("--out") + 1] = str(tmp_path / "m.yaml")
+    args.remove("--apply")  # outside a pod --apply stops first, before the other options are used
+    res = CliRunner().invoke(pdserve_app, args)
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1 and "no such database file" in out and not db.exists(), res.output
+    # the tune side: the decision options are accepted (the run then stops at --like, as above)
+    tune_args = tpls["tune"]["container"]["args"]
+    tune_args[tune_args.index("--trace") + 1] = str(tmp_path / "absent")
+    tune_args[tune_args.index("--mlflow-uri") + 1] = f"sqlite:///{tmp_path / 't.db'}"
+    for opt, name in (("--out", "w.json"), ("--decision-out", "d.json"), ("--decision-values", "d")):
+        tune_args[tune_args.index(opt) + 1] = str(tmp_path / name)
+    res = CliRunner().invoke(pdserve_app, tune_args)
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1 and "--like llama8-pd:" in out and "no such registered model" in out, res.output
+
+
+def test_the_cli_wires_the_promote_options(tmp_path):
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    base = ["batch", "retune-schedule", "--model-name", "org/llama8", "--traffic", TRAFFIC_PREFIX,
+            "--registered-model", "llama8-pd"]
+    res = CliRunner().invoke(app, [*base, "--promote", "--promote-namespace", "serving", "--promote-image",
+                                   "registry/pdserve:2", "--promote-service-account", "promoter2",
+                                   "--promote-traffic-upload", "s3://other/logs/"])
+    assert res.exit_code == 0, res.output
+    (cron,) = yaml.safe_load_all(res.stdout)
+    tpl = templates(cron)["promote"]
+    args = tpl["container"]["args"]
+    assert [args[args.index(o) + 1] for o in ("--namespace", "--image", "--traffic-upload")] == [
+        "serving", "registry/pdserve:2", "s3://other/logs/"]
+    assert tpl["serviceAccountName"] == "promoter2" and validate_workflow_objects([cron]) == []
+    res = CliRunner().invoke(app, [*base, "--promote-namespace", "serving"])
+    assert res.exit_code == 2 and "--promote-namespace: only used with promote" in " ".join(res.output.split())
+    res = CliRunner().invoke(app, [*base[:5], "s3://pdserve-traffic/t.csv", *base[6:], "--promote"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "--promote-traffic-upload: traffic_uri" in text
