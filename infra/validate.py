@@ -20,8 +20,9 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     Pod Identity association for its rendered runtime ServiceAccount whose role may only PutObject
                     under <traffic_log_prefix><name>/ (and GenerateDataKey on the data key); exactly one Argo
                     workflow-controller runs in the batch workflows' namespace, --namespaced and managing only that
-                    namespace, bound by RoleBindings there only, with the instanceID the rendered workflows carry, and
-                    the workflows' pod ServiceAccount may create/patch workflowtaskresults (the executor's reports)
+                    namespace, bound by RoleBindings there only, with the instanceID the rendered workflows carry;
+                    every service account the rendered workflows' pods run as (also a template's own, e.g. the
+                    re-tune's promote step) exists and may report step results (workflowtaskresults create/patch)
   checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
                     no severities, so EVERY failed check counts as a failure unless suppressed inline with a
                     reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
@@ -258,6 +259,7 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
     problems += pod_identity_problems(parsed, objs, [batch_workflow_identity()], runtime_accounts)
     problems += traffic
     problems += argo_controller_problems(objs, rendered_batch_workflows())
+    problems += workflow_identity_problems(objs, rendered_batch_workflows())
     problems += role_policy_problems(parsed)
     if problems:
         return Check("consistency", "FAIL", "; ".join(problems))
@@ -433,7 +435,37 @@ def rendered_batch_workflows() -> list[dict]:
         retune_cron_workflow(RetuneCronWorkflowSpec(name="check", model_name="check",
                                                     traffic_uri="s3://check-bucket/traffic/check/",
                                                     registered_model="check")),
+        retune_cron_workflow(RetuneCronWorkflowSpec(name="check-promote", model_name="check",
+                                                    traffic_uri="s3://check-bucket/traffic/check/",
+                                                    registered_model="check", promote=True)),
     ]
+
+
+EXECUTOR_VERBS = {"create", "patch"}  # on argoproj.io workflowtaskresults: what Argo's emissary executor needs
+
+
+def workflow_identity_problems(infra_objs: list[dict], workflows: list[dict]) -> list[str]:
+    """Every service account a rendered workflow's pods run as (spec.serviceAccountName, "default" when unset, and
+    each template's own serviceAccountName) exists in infra/k8s or kserve/ in the workflow's namespace and is
+    bound there by a RoleBinding to a Role that grants create and patch on argoproj.io workflowtaskresults:
+    without it the executor cannot report the step (Argo docs, "Workflow RBAC"), and an output parameter such as
+    the re-tune's `replaced` never reaches the next step. Returns one message per problem."""
+    problems: list[str] = []
+    for w in workflows:
+        ns = w["metadata"].get("namespace")
+        spec = w["spec"].get("workflowSpec", w["spec"])
+        accounts = {spec.get("serviceAccountName") or "default"} | {
+            t["serviceAccountName"] for t in spec.get("templates") or [] if t.get("serviceAccountName")}
+        for sa in sorted(accounts):
+            who = f"{w['kind']} {w['metadata'].get('name') or w['metadata'].get('generateName')}: pods run as {ns}/{sa}"
+            if not any(o.get("kind") == "ServiceAccount" and o["metadata"]["name"] == sa
+                       and o["metadata"].get("namespace") == ns for o in infra_objs):
+                problems.append(f"{who}, which infra/k8s and kserve/ do not create")
+                continue
+            if not _sa_may(infra_objs, ns, sa, "argoproj.io", "workflowtaskresults", tuple(sorted(EXECUTOR_VERBS))):
+                problems.append(f"{who}, which no RoleBinding in {ns} lets create and patch workflowtaskresults "
+                                "(the Argo executor could not report the step)")
+    return problems
 
 
 ARGO_CONTROLLER_IMAGE = "argoproj/workflow-controller:"
@@ -461,8 +493,8 @@ def argo_controller_problems(infra_objs: list[dict], workflows: list[dict]) -> l
     `--configmap` ConfigMap exists there with an `instanceID` equal to the workflows'
     workflows.argoproj.io/controller-instanceid label; its ServiceAccount exists and is bound only by RoleBindings
     in that namespace (no ClusterRoleBinding); no workflow uses a field its Role does not cover
-    (ARGO_FIELDS_NOT_GRANTED); the workflows' pod ServiceAccount may create and patch workflowtaskresults there
-    (Argo's executor reports each step's outputs with them). Returns one message per problem.
+    (ARGO_FIELDS_NOT_GRANTED). Returns one message per problem. (What the workflows' own pods may do:
+    :func:`workflow_identity_problems`.)
     """
     problems: list[str] = []
     namespaces = {w["metadata"].get("namespace") for w in workflows}
@@ -505,12 +537,6 @@ def argo_controller_problems(infra_objs: list[dict], workflows: list[dict]) -> l
     if not any(o.get("kind") == "ServiceAccount" and o["metadata"]["name"] == sa
                and o["metadata"].get("namespace") == ns for o in infra_objs):
         problems.append(f"{where}: ServiceAccount {ns}/{sa} is not in infra/k8s")
-    for wsa in sorted({str(w["spec"].get("workflowSpec", w["spec"]).get("serviceAccountName", "default"))
-                       for w in workflows}):
-        if not _sa_may(infra_objs, ns, wsa, "argoproj.io", "workflowtaskresults", ("create", "patch")):
-            problems.append(f"ServiceAccount {ns}/{wsa} (the batch workflows' pods) may not create and patch "
-                            f"workflowtaskresults in {ns}: Argo's executor cannot report a step's result, so "
-                            f"every workflow fails")
     for o in infra_objs:
         if o.get("kind") not in ("RoleBinding", "ClusterRoleBinding"):
             continue

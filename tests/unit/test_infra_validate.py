@@ -435,5 +435,25 @@ def test_workflow_pods_that_cannot_report_their_results_are_reported(tree):
     f.write_text(text.replace(old, '    resources: ["workflowtaskresults"]\n    verbs: ["create"]'))
     res = by_name(V.run_all(tree, checkov="skip", tools=False))
     assert res["consistency"].status == "FAIL"
-    assert ("ServiceAccount pdserve/pdserve-batch (the batch workflows' pods) may not create and patch "
-            "workflowtaskresults in pdserve") in res["consistency"].detail
+    assert ("pods run as pdserve/pdserve-batch, which no RoleBinding in pdserve lets create and patch "
+            "workflowtaskresults") in res["consistency"].detail
+
+
+def test_every_identity_the_rendered_workflows_run_as_may_report_step_results(tree):
+    """The re-tune's promote step runs as pdserve-promoter (its template's own serviceAccountName): without the
+    executor binding its result, and the tune step's output parameters, would never reach Argo."""
+    workflows = V.rendered_batch_workflows()
+    per_template = {t.get("serviceAccountName") for w in workflows
+                    for t in w["spec"].get("workflowSpec", w["spec"])["templates"]} - {None}
+    assert per_template == {"pdserve-promoter"}
+    objs = [o for f in V.manifest_files(REPO) for o in V._yaml_docs(f)]
+    assert V.workflow_identity_problems(objs, workflows) == []
+    f = tree / "infra/k8s/batch/serviceaccount.yaml"
+    text = f.read_text()
+    old = "  - kind: ServiceAccount\n    name: pdserve-promoter\n    namespace: pdserve\n"
+    assert text.count(old) == 1
+    f.write_text(text.replace(old, "", 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL"
+    assert ("CronWorkflow check-promote: pods run as pdserve/pdserve-promoter, which no RoleBinding in pdserve "
+            "lets create and patch workflowtaskresults") in res["consistency"].detail
