@@ -593,6 +593,12 @@ def _traffic_artifact(spec: RetuneCronWorkflowSpec):  # -> hera S3Artifact
 def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
     """The scheduled re-tuning ``CronWorkflow`` for ``spec`` as a plain dict (nothing is submitted).
 
+    Without ``spec.promote`` one container template, ``retune`` (the entrypoint), runs ``retune_argv``. With it
+    the entrypoint ``retune`` is a steps template: step ``tune`` (template ``tune``, output parameters ``replaced``
+    and ``registered_version`` read from DECISION_DIR) then step ``promote`` (template ``promote``, ``when``
+    PROMOTE_WHEN, input parameter ``version``; ``promote_argv``; serviceAccountName
+    ``spec.promote_service_account``).
+
     Raises:
         pydantic.ValidationError: only when ``spec`` was built with ``model_construct`` and is invalid.
     """
