@@ -10,26 +10,27 @@ runtime replicas (one file per pod), or an S3 prefix an Argo input artifact down
 in name order as one trace; their arrival times are merged.
 
 The format follows the file name's suffix (``READABLE_SUFFIXES``). :func:`load_trace_workload` is the one
-reduction of a trace to the tuner's workload, shared by ``pdserve tune --trace`` and the pipeline's tune step.
+reduction of a trace to the tuner's workload, shared by ``pdserve tune --trace`` and the pipeline's tune step
+(:func:`fetch_trace_workload`, which also streams an S3 object or prefix). Each file is read ONCE into compact
+columns (lengths and arrival times together, ``runtime.tracking.trace_columns``); a recency window (``window_s``)
+keeps the requests of the trace's last hours, and on an S3 prefix leaves unread the objects that cannot hold one.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import math
+import codecs
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
+from runtime.tracking.trace_columns import (  # noqa: F401 - re-exported: the trace API callers import from here
+    PEAK_WINDOW_S, TIME_MAX_S, UNIX_TIME_MIN_S, TraceColumns, TraceFormatError, TraceWorkload, mean_rate,
+    merged_times, parse_csv, parse_jsonl, peak_rate, reduce_trace)
 from runtime.tuner.workload import DEFAULT_MAX_POINTS, LengthSample
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 CSV_SUFFIXES = (".csv",)
 READABLE_SUFFIXES = JSONL_SUFFIXES + CSV_SUFFIXES  # what read_isl_osl reads (case-insensitive)
-
-
-class TraceFormatError(ValueError):
-    """The trace lacks the length columns/keys (named in the message)."""
+SKIPPED_SHOWN = 5  # names a "skipped" warning lists (the count is always given)
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -42,15 +43,23 @@ def trace_files(path: Path) -> list[Path]:
         TraceFormatError: a directory without trace files, or one mixing CSV and JSON-lines files (their
             timestamps differ in kind: Azure date-times vs milliseconds).
     """
-    path = Path(path)
+    return _trace_listing(Path(path))[0]
+
+
+def _trace_listing(path: Path) -> tuple[list[Path], tuple[str, ...]]:
+    """``trace_files`` and the files under a directory it leaves out for not being trace files (name and
+    reason; hidden files, empty files and second links are left out silently: they hold nothing of the trace)."""
     if not path.is_dir():
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such trace file or directory")
-        return [path]
-    files, seen = [], set()
+        return [path], ()
+    files, seen, skipped = [], set(), []
     for f in sorted(path.rglob("*"), key=lambda f: f.relative_to(path).as_posix()):
-        if (not f.is_file() or f.suffix.lower() not in READABLE_SUFFIXES
-                or any(part.startswith(".") for part in f.relative_to(path).parts)):
+        rel = f.relative_to(path)
+        if not f.is_file() or any(part.startswith(".") for part in rel.parts):
+            continue
+        if f.suffix.lower() not in READABLE_SUFFIXES:
+            skipped.append(f"{rel.as_posix()} (not .jsonl, .json or .csv)")
             continue
         st = f.stat()
         real = (st.st_dev, st.st_ino)
@@ -64,98 +73,112 @@ def trace_files(path: Path) -> list[Path]:
     kinds = {f.suffix.lower() in CSV_SUFFIXES for f in files}
     if len(kinds) > 1:
         raise TraceFormatError(f"{path}: mixes .csv and .jsonl trace files; a directory must hold one format")
-    return files
+    return files, tuple(skipped)
+
+
+def skipped_note(skipped: Iterable[str], where: str) -> str:
+    """One warning line for files or objects under ``where`` that were not read: their count and the first
+    ``SKIPPED_SHOWN`` names with the reason."""
+    skipped = list(skipped)
+    shown = ", ".join(skipped[:SKIPPED_SHOWN]) + (", ..." if len(skipped) > SKIPPED_SHOWN else "")
+    return f"{len(skipped)} file(s) under {where} not read as trace: {shown}"
+
+
+def text_lines(chunks: Iterable[bytes], name: str) -> Iterator[str]:
+    """The lines (ending kept) of UTF-8 text arriving as byte ``chunks`` (a BOM before the first is dropped:
+    it is not JSON, and would glue itself to a CSV's first column); reads one chunk at a time.
+
+    Raises:
+        TraceFormatError: not UTF-8, naming ``name`` and the byte offset.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    rest, offset = "", 0
+    for chunk in chunks:
+        try:
+            text = rest + decoder.decode(chunk)
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(f"{name}: not UTF-8 text ({e.reason} at byte {offset + e.start})") from None
+        offset += len(chunk)
+        lines = text.split("\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line + "\n"
+    try:
+        rest += decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(f"{name}: not UTF-8 text ({e.reason} at the end)") from None
+    if rest:
+        yield rest
+
+
+def parse_trace_text(lines: Iterable[str], name: str, suffix_of: str) -> TraceColumns:
+    """Columns of one trace file's lines; the format follows the suffix of ``suffix_of`` (a path or key).
+
+    Raises:
+        TraceFormatError: unknown suffix, or as ``parse_jsonl`` / ``parse_csv``.
+    """
+    suffix = suffix_of.lower()
+    if suffix.endswith(JSONL_SUFFIXES):
+        return parse_jsonl(lines, name)
+    if suffix.endswith(CSV_SUFFIXES):
+        return parse_csv(lines, name)
+    raise TraceFormatError(f"{name}: unknown trace format (expected .csv or .jsonl)")
+
+
+def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+def read_columns(path: Path) -> TraceColumns:
+    """One trace file read ONCE into its columns (lengths and arrival times; ``runtime.tracking.trace_columns``).
+
+    Raises:
+        TraceFormatError: unknown format, missing columns/keys, a malformed line (``path:line`` and the key),
+            not UTF-8.
+        OSError: the file cannot be read.
+    """
+    path = Path(path)
+    if not path.name.lower().endswith(READABLE_SUFFIXES):  # before opening: the message names the format
+        raise TraceFormatError(f"{path}: unknown trace format (expected .csv or .jsonl)")
+    return parse_trace_text(text_lines(_file_chunks(path), str(path)), str(path), path.name)
+
+
+def _read_trace(path: Path) -> tuple[list[TraceColumns], tuple[str, ...]]:
+    files, skipped = _trace_listing(Path(path))
+    return [read_columns(f) for f in files], skipped
 
 
 def read_isl_osl(path: Path) -> list[tuple[int, int]]:
     """All (isl, osl) pairs of the trace, in file order (a directory: its ``trace_files`` one after another).
 
     Raises:
-        TraceFormatError: unknown format, missing columns/keys, a line that is not a JSON object or a length
-            that is not a whole number (the message names ``path:line`` and the key); a directory without
-            trace files or mixing formats.
+        TraceFormatError: unknown format, missing columns/keys, a line that is not a JSON object, a length
+            that is not a whole number or a CSV TIMESTAMP that is not a date-time (the message names
+            ``path:line`` and the key); a file that is not UTF-8; a directory without trace files or mixing
+            formats.
         FileNotFoundError: no such file or directory.
     """
-    out: list[tuple[int, int]] = []
-    for f in trace_files(path):
-        try:
-            out += _read_file_isl_osl(f)
-        except UnicodeDecodeError as e:  # named by its file (a folder's message would name only the folder)
-            raise TraceFormatError(f"{f}: not UTF-8 text ({e.reason})") from None
-    return out
-
-
-def _read_file_isl_osl(path: Path) -> list[tuple[int, int]]:
-    suffix = path.suffix.lower()
-    if suffix in JSONL_SUFFIXES:
-        out = []
-        with path.open(encoding="utf-8-sig") as f:  # a BOM before the first object is not JSON
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError as e:
-                    raise TraceFormatError(f"{path}:{n}: not JSON: {e}") from None
-                if not isinstance(rec, dict):
-                    raise TraceFormatError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
-                missing = [k for k in ("input_length", "output_length") if k not in rec]
-                if missing:
-                    raise TraceFormatError(f"{path}:{n}: missing key(s) {', '.join(missing)}")
-                out.append((_length(rec["input_length"], path, n, "input_length"),
-                            _length(rec["output_length"], path, n, "output_length")))
-        return out
-    if suffix in CSV_SUFFIXES:
-        with path.open(newline="", encoding="utf-8-sig") as f:  # a BOM would glue itself to the first column
-            reader = csv.DictReader(f)
-            missing = [k for k in ("ContextTokens", "GeneratedTokens") if k not in (reader.fieldnames or [])]
-            if missing:
-                raise TraceFormatError(f"{path}: missing column(s) {', '.join(missing)}")
-            return [(_length(r["ContextTokens"], path, n, "ContextTokens"),
-                     _length(r["GeneratedTokens"], path, n, "GeneratedTokens"))
-                    for n, r in enumerate(reader, 2)]  # line 1 is the header
-    raise TraceFormatError(f"{path}: unknown trace format (expected .csv or .jsonl)")
-
-
-def _length(value: object, path: Path, line: int, key: str) -> int:
-    """A token count from a trace field; TraceFormatError naming ``path:line`` and ``key`` otherwise."""
-    if type(value) is int:
-        return value
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():  # CSV cells
-        return int(value)
-    if type(value) is float and math.isfinite(value) and value.is_integer():  # 512.0
-        return int(value)
-    raise TraceFormatError(f"{path}:{line}: {key} must be a whole number of tokens, got {value!r}")
+    return [p for c in _read_trace(path)[0] for p in zip(c.isl_tokens, c.osl_tokens)]
 
 
 def read_arrival_rate(path: Path) -> float | None:
     """Mean arrival rate of the trace, requests/s: ``(n - 1) / (last - first arrival)``, or None when it has no
-    usable times (fewer than two, equal, or missing / malformed on any line).
+    usable times (fewer than two, equal, or missing on any line, or outside [0, TIME_MAX_S]).
 
     Times: JSONL ``timestamp`` in milliseconds (Mooncake: from the trace's start; the runtime's traffic log:
     Unix ms, so the logs of several runtime replicas, concatenated or as one directory, give the total rate);
-    CSV ``TIMESTAMP`` as an ISO date-time (Azure LLM inference trace: ``2023-11-16 18:15:46.6805900``). Lines
-    may be in any order. The mean is what the tuner sizes replica counts for; bursts above it are the
-    planner's to absorb at run time.
+    CSV ``TIMESTAMP`` as an ISO date-time (Azure LLM inference trace: ``2023-11-16 18:15:46.6805900``, read as
+    UTC: ``trace_columns.parse_csv_timestamp``). Lines may be in any order. The mean is what the tuner sizes
+    replica counts for; bursts above it are the planner's to absorb at run time.
 
     Raises:
         FileNotFoundError: no such file or directory.
-        TraceFormatError: a directory without trace files, mixing formats (``trace_files``), or mixing files
-            timed from their own start (Mooncake) with files in Unix time (traffic logs): their times cannot
-            be merged. (Format problems inside a file give None: the lengths reader names them.)
+        TraceFormatError: as :func:`read_isl_osl` (the file is read once, lengths and times together), or
+            files timed from their own start (Mooncake) mixed with files in Unix time (traffic logs).
     """
-    return _mean_rate(_merged_times(path))
-
-
-def _mean_rate(times: list[float] | None) -> float | None:
-    if times is None or len(times) < 2 or times[-1] <= times[0]:
-        return None
-    return (len(times) - 1) / (times[-1] - times[0])
-
-
-PEAK_WINDOW_S = 60.0  # the busiest minute: the time scale the planner reacts on (PlannerSpec interval ~ 10-60 s)
-UNIX_TIME_MIN_S = 1e9  # 2001-09-09: earlier JSONL times are offsets from a trace's own start (Mooncake)
-TIME_MAX_S = 4.1e9  # 2099: a later time is a unit mix-up (us or ns), not an arrival
+    return mean_rate(merged_times(_read_trace(path)[0], str(path)))
 
 
 def read_peak_rate(path: Path, window_s: float = PEAK_WINDOW_S) -> float | None:
@@ -170,121 +193,50 @@ def read_peak_rate(path: Path, window_s: float = PEAK_WINDOW_S) -> float | None:
     """
     if not window_s > 0:
         raise ValueError(f"window_s must be > 0, got {window_s!r}")
-    return _peak_rate(_merged_times(path), window_s)
-
-
-def _peak_rate(times: list[float] | None, window_s: float = PEAK_WINDOW_S) -> float | None:
-    if times is None or len(times) < 2 or times[-1] - times[0] < window_s:
-        return None
-    best, lo = 0, 0
-    for hi, t in enumerate(times):  # two pointers: times[lo..hi] lie within (t - window_s, t]
-        while times[lo] <= t - window_s:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best / window_s
-
-
-def _merged_times(path: Path) -> list[float] | None:
-    """Sorted arrival times (s) of every file of the trace; None when a file has unusable times.
-
-    Raises:
-        TraceFormatError: a folder mixing trace-relative and Unix times (see ``read_arrival_rate``).
-    """
-    times: list[float] = []
-    kinds: dict[bool, Path] = {}
-    for f in trace_files(path):
-        t = _arrival_times(f)
-        if t is None or any(not 0 <= x <= TIME_MAX_S for x in t):
-            return None
-        if t and (min(t) >= UNIX_TIME_MIN_S) != (max(t) >= UNIX_TIME_MIN_S):
-            return None  # one file timed both from its own start and in Unix time: no usable times
-        if t:
-            kinds.setdefault(min(t) >= UNIX_TIME_MIN_S, f)
-        times += t
-    if len(kinds) > 1:
-        raise TraceFormatError(f"{path}: mixes files timed from their own start ({kinds[False]}) with files in Unix "
-                               f"time ({kinds[True]}); their arrival times cannot be merged")
-    return sorted(times)
-
-
-def _arrival_times(path: Path) -> list[float] | None:
-    """Arrival times of one trace file, seconds; None when a line has none or a malformed one."""
-    from datetime import datetime
-
-    times: list[float] = []
-    try:
-        if path.suffix.lower() in JSONL_SUFFIXES:
-            with path.open(encoding="utf-8-sig") as f:
-                for line in f:
-                    if line.strip():
-                        t = json.loads(line).get("timestamp")
-                        if type(t) not in (int, float) or not math.isfinite(t):
-                            return None
-                        times.append(t / 1000.0)
-        elif path.suffix.lower() in CSV_SUFFIXES:
-            with path.open(newline="", encoding="utf-8-sig") as f:
-                for r in csv.DictReader(f):
-                    head, _, frac = (r.get("TIMESTAMP") or "").strip().partition(".")
-                    times.append(datetime.fromisoformat(head).timestamp() + (float("0." + frac) if frac else 0.0))
-    except (ValueError, AttributeError):  # not JSON, not an object, not a date-time
-        return None
-    return times
+    return peak_rate(merged_times(_read_trace(path)[0], str(path)), window_s)
 
 
 def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> LengthSample:
-    """:func:`read_isl_osl` reduced to a deterministic ``LengthSample`` of at most ``max_points`` pairs (requests
-    with a length < 1, e.g. failed ones, are left out).
+    """The trace's deterministic ``LengthSample`` of at most ``max_points`` evenly spaced pairs (requests with a
+    length < 1, e.g. failed ones, are left out).
 
     Raises:
         TraceFormatError: as :func:`read_isl_osl`, or no request with both lengths >= 1 (an empty trace).
         FileNotFoundError: no such file or directory.
     """
-    return _sample(read_isl_osl(path), path, max_points)
+    files, _ = _read_trace(path)
+    return reduce_trace(files, str(path), read_rate=False, max_points=max_points).sample
 
 
-def _sample(pairs: list[tuple[int, int]], path: Path, max_points: int = DEFAULT_MAX_POINTS) -> LengthSample:
-    try:
-        return LengthSample.from_pairs(pairs, max_points=max_points)
-    except ValueError:
-        raise TraceFormatError(f"{path}: no request with input and output length >= 1 ({len(pairs)} line(s)): "
-                               "was any traffic recorded?") from None
-
-
-class TraceWorkload(NamedTuple):
-    """A trace reduced to what the tuner sizes for (:func:`load_trace_workload`)."""
-
-    sample: LengthSample  # up to DEFAULT_MAX_POINTS evenly spaced (isl, osl) pairs, tokens
-    isl_tokens: int  # the sample's mean ISL, rounded, >= 1: what the spec's workload records
-    osl_tokens: int  # the sample's mean OSL, rounded, >= 1
-    request_rate_per_s: float | None  # mean arrival rate (read_arrival_rate); None: unusable or not read
-    peak_rate_per_s: float | None = None  # busiest 60 s (read_peak_rate); None: shorter or no times
-    requests: int = 0  # lines (requests) in the trace, all files
-    span_s: float | None = None  # first to last arrival, s; None: no usable times
-
-
-def load_trace_workload(path: Path, *, read_rate: bool = True) -> TraceWorkload:
-    """The workload a trace stands for: its length sample (:func:`load_length_sample`), the sample's mean ISL and
-    OSL rounded to whole tokens (at least 1; the tuner sizes with the sample, the spec records these means) and,
-    with ``read_rate``, its mean arrival rate (:func:`read_arrival_rate`, requests/s; None when the trace has no
-    usable arrival times, which the caller reports with its own way to give a rate); always its busiest
-    minute's rate (:func:`read_peak_rate`: the planner ceiling, ``TuneResult.to_deployment_spec``).
+def load_trace_workload(path: Path, *, read_rate: bool = True, window_s: float | None = None) -> TraceWorkload:
+    """The workload a trace stands for, every file read once (``trace_columns.reduce_trace``): its length sample
+    (up to 256 evenly spaced requests), the sample's mean ISL and OSL rounded to whole tokens (at least 1; the
+    tuner sizes with the sample, the spec records these means) and, with ``read_rate``, its mean arrival rate
+    (requests/s; None when the trace has no usable arrival times, which the caller reports with its own way to
+    give a rate); always its busiest minute's rate (the planner ceiling, ``TuneResult.to_deployment_spec``).
+    With ``window_s`` (seconds, > 0) only the requests that arrived in the last ``window_s`` before the newest
+    one count. ``skipped`` lists a directory's files that are not trace files (name and reason).
 
     Raises:
-        TraceFormatError: as :func:`load_length_sample` (unknown format, missing keys/columns, a bad line, no
-            request with both lengths >= 1); the message names ``path``.
+        ValueError: ``window_s`` not a finite number > 0.
+        TraceFormatError: as :func:`read_isl_osl`, or no request with both lengths >= 1 (in the window), or a
+            window over a trace without usable arrival times; the message names ``path``.
         OSError: the file cannot be read (FileNotFoundError, IsADirectoryError, ...).
     """
-    pairs = read_isl_osl(path)
-    sample = _sample(pairs, path)
-    times = _merged_times(path)
-    span = times[-1] - times[0] if times and len(times) >= 2 else None
-    return TraceWorkload(sample, max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl)),
-                         _mean_rate(times) if read_rate else None, _peak_rate(times), len(pairs), span)
+    files, skipped = _read_trace(path)
+    return reduce_trace(files, str(path), read_rate=read_rate, window_s=window_s, skipped=skipped)
 
 
 class TrafficTraceError(ValueError):
     """A traffic trace named by URI could not be read or holds no usable requests; the message starts with
     ``traffic_trace_uri: <uri>`` and never carries credentials."""
+
+
+def without_query(uri: str) -> str:
+    """``uri`` cut before its first '?' or '#', with ``?…`` marking the cut: safe to show (a presigned URL's
+    query carries X-Amz-Credential, X-Amz-Signature, X-Amz-Security-Token)."""
+    cut = min((i for i in (uri.find("?"), uri.find("#")) if i >= 0), default=-1)
+    return uri if cut < 0 else uri[:cut] + "?…"
 
 
 def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
@@ -295,7 +247,9 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
     ships: one folder per runtime pod) or ``/fsx/…/``. Reads nothing.
 
     Raises:
-        ValueError: anything else (the message names ``traffic_trace_uri`` and the value): a bad bucket, an
+        ValueError: anything else (the message names ``traffic_trace_uri`` and the value): an s3:// URI with a
+            query string or fragment (the message shows the URI without them: a presigned URL's query holds
+            credentials), a bad bucket, an
             empty object key or prefix (``split_s3_object_uri``), a relative path, a NUL, an empty, '.' or '..'
             component, a path outside ``fsx_root``, or a file suffix the trace reader does not know.
     """
@@ -308,6 +262,10 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
         return uri
     if not isinstance(uri, str):
         raise ValueError(f"traffic_trace_uri {uri!r}: must be a string (s3://bucket/key or an absolute path)")
+    if uri.startswith("s3://") and ("?" in uri or "#" in uri):  # a presigned URL's query holds credentials
+        raise ValueError(f"traffic_trace_uri {without_query(uri)!r}: must not carry a query string or fragment "
+                         "('?…' / '#…', e.g. a presigned URL's X-Amz-Signature): name the object or prefix as "
+                         "s3://bucket/key; credentials come from the environment")
     if "$" in uri:  # the kubelet expands $(VAR) in container args, and the tune pod's env holds secrets
         raise ValueError(f"traffic_trace_uri {uri!r}: must not contain '$'")
     folder = uri.endswith("/")
@@ -337,35 +295,46 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
     return uri
 
 
+LAST_MODIFIED_MARGIN_S = 3600.0  # trace_columns.may_hold_window: pod clock vs S3 clock, and LastModified rounding
+
+
 def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  # noqa: ANN001 - boto3 is untyped
-                         s3_endpoint_url: str = "") -> TraceWorkload:
+                         s3_endpoint_url: str = "", window_s: float | None = None) -> TraceWorkload:
     """:func:`load_trace_workload` of a trace named by ``uri`` (:func:`check_traffic_trace_uri`): a local path
-    (file or folder) is read in place; an ``s3://bucket/key`` object is downloaded to a temporary file (same
-    suffix, removed afterwards), an ``s3://bucket/prefix/`` to a temporary folder (every object under it with a
-    trace suffix, keeping the key's sub-folders) with ``s3_client`` (default:
-    ``runtime.staging.s3.make_client(s3_endpoint_url or None)``, the staging step's client: credentials from the
-    environment only).
+    (file or folder) is read in place; an ``s3://bucket/key`` object, or every object under an
+    ``s3://bucket/prefix/`` with a trace suffix (one trace, in key order), is streamed from S3 and read once,
+    with ``s3_client`` (default: ``runtime.staging.s3.make_client(s3_endpoint_url or None)``, the staging
+    step's client: credentials from the environment only). Nothing is written to disk.
+
+    With ``window_s`` (seconds, > 0) only requests that arrived in the last ``window_s`` before the newest one
+    count, and a prefix of JSON-lines objects is read newest LastModified first, leaving unread the objects
+    last modified before ``newest arrival read so far - window_s - LAST_MODIFIED_MARGIN_S``: they cannot hold a
+    request inside the window (``trace_columns.may_hold_window`` says why). The count is the result's
+    ``objects_not_read``. Should an object hold an arrival later than its own LastModified plus the margin
+    (not a traffic log of this runtime, or a clock far off), no object is left unread. CSV prefixes are read
+    whole (Azure date-times carry no zone, so they cannot be compared with LastModified).
+
+    Objects under a prefix that are not read as trace (a name with an empty, '.' or '..' segment, a hidden
+    name, a suffix other than .jsonl / .json / .csv, a key under another trace object) are listed in the
+    result's ``skipped`` and warned about (log ``runtime.tracking.traces``: their count and the first
+    names); empty objects (folder markers, empty shipments) hold nothing and are passed over silently.
 
     Raises:
-        ValueError: ``uri`` is malformed (:func:`check_traffic_trace_uri`).
+        ValueError: ``uri`` is malformed (:func:`check_traffic_trace_uri`), ``window_s`` not finite and > 0.
         TrafficTraceError: the object or file cannot be read (missing, denied, endpoint down) or its contents are
-            not a trace (:class:`TraceFormatError`'s reason, naming ``uri`` and the line, not the temporary file).
-            The message names the URI and never the credentials (AWS secret env values are masked, URI userinfo
-            redacted).
+            not a trace (:class:`TraceFormatError`'s reason, naming the object's URI and the line). The message
+            names the URI and never the credentials (AWS secret env values are masked, URI userinfo redacted).
     """
+    import math
     import os
-    import shutil
-    import tempfile
 
     from runtime.redact import redact_userinfo
 
     check_traffic_trace_uri(uri)
+    if window_s is not None and not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"trace window must be a finite number of seconds > 0, got {window_s!r}")
 
-    def fail(detail: str, local: str | None = None) -> TrafficTraceError:
-        if local:  # the temporary file or folder is named as the URI it came from (a folder with or without '/')
-            detail = detail.replace(local, uri)
-            if local.endswith("/"):
-                detail = detail.replace(local.rstrip("/"), uri)
+    def fail(detail: str) -> TrafficTraceError:
         if uri not in detail:
             detail = f"{uri}: {detail}"
         for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
@@ -374,64 +343,129 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
                 detail = detail.replace(secret, "***")
         return TrafficTraceError(f"traffic_trace_uri: {redact_userinfo(detail)}")
 
-    def load(path: Path, local: str | None = None) -> TraceWorkload:
-        try:
-            return load_trace_workload(path, read_rate=read_rate)
-        except OSError as e:
-            raise fail(f"{uri}: cannot read: {e.strerror or e}", local) from None
-        except UnicodeDecodeError as e:
-            raise fail(f"{uri}: not UTF-8 text ({e.reason} at byte {e.start})", local) from None
-        except ValueError as e:  # TraceFormatError
-            raise fail(str(e), local) from None
-
     if not uri.startswith("s3://"):
-        return load(Path(uri))
+        try:
+            return load_trace_workload(Path(uri), read_rate=read_rate, window_s=window_s)
+        except OSError as e:
+            raise fail(f"{uri}: cannot read: {e.strerror or e}") from None
+        except ValueError as e:  # TraceFormatError
+            raise fail(str(e)) from None
     from runtime.staging.s3 import make_client, split_s3_object_uri
 
     folder = uri.endswith("/")
     bucket, key = split_s3_object_uri(uri.rstrip("/") if folder else uri, "traffic_trace_uri")
-    failure = None
-    with tempfile.TemporaryDirectory(prefix="pdserve-trace-") as tmp:
-        local = Path(tmp) / ("trace" + Path(key).suffix.lower()) if not folder else Path(tmp) / "trace"
-        try:
-            client = s3_client if s3_client is not None else make_client(s3_endpoint_url or None,
-                                                                           transfer_methods=False)
-            if folder:
-                n = _download_prefix(client, bucket, key + "/", local)
-                if n == 0:
-                    failure = ("no .jsonl / .json / .csv object under the prefix: was any traffic recorded "
-                               "(pdserve promote --traffic-upload) or has it expired?")
+    failure, columns, skipped, not_read = None, [], (), 0
+    try:
+        client = s3_client if s3_client is not None else make_client(s3_endpoint_url or None,
+                                                                       transfer_methods=False)
+        if folder:
+            objects, skipped = list_trace_objects(client, bucket, key + "/")
+            if not objects:
+                failure = ("no .jsonl / .json / .csv object under the prefix: was any traffic recorded "
+                           "(pdserve promote --traffic-upload) or has it expired?"
+                           + (f" ({skipped_note(skipped, uri)})" if skipped else ""))
             else:
-                body = client.get_object(Bucket=bucket, Key=key)["Body"]
-                with local.open("wb") as f:
-                    shutil.copyfileobj(body, f, 1 << 20)
-        except Exception as e:  # noqa: BLE001 - botocore: NoSuchKey/NoSuchBucket/AccessDenied, endpoint, credentials
-            failure = f"cannot read the {'objects' if folder else 'object'} from S3: {type(e).__name__}: {e}"
-        if failure is None:
-            return load(local, str(local) + "/" if folder else str(local))
-    raise fail(failure)  # outside the handler: no __context__ carrying botocore's original
+                columns, not_read = _read_prefix(client, bucket, objects, window_s)
+        else:
+            columns = [_read_object(client, bucket, key)]
+    except TraceFormatError as e:
+        failure = str(e)
+    except Exception as e:  # noqa: BLE001 - botocore: NoSuchKey/NoSuchBucket/AccessDenied, endpoint, credentials
+        failure = f"cannot read the {'objects' if folder else 'object'} from S3: {type(e).__name__}: {e}"
+    if failure is not None:
+        raise fail(failure)  # outside the handler: no __context__ carrying botocore's original
+    if skipped:
+        import logging
+
+        logging.getLogger(__name__).warning("traffic_trace_uri: %s", skipped_note(skipped, uri))
+    try:
+        return reduce_trace(columns, uri, read_rate=read_rate, window_s=window_s, skipped=skipped,
+                            objects_not_read=not_read)
+    except TraceFormatError as e:
+        failure = str(e)
+    raise fail(failure)
 
 
-def _download_prefix(client, bucket: str, prefix: str, dest: Path) -> int:  # noqa: ANN001 - boto3 is untyped
-    """Download every object under ``prefix`` whose name has a trace suffix to ``dest/<key after prefix>``
-    (keys with an empty, '.' or '..' component are skipped: they could leave ``dest``); the number downloaded."""
-    import shutil
+class S3TraceObject(NamedTuple):
+    """One object under a trace prefix, as listed."""
 
-    n = 0
+    key: str
+    rel: str  # the key after the prefix
+    size_bytes: int
+    last_modified_s: float  # S3 LastModified, Unix s
+
+
+def list_trace_objects(client, bucket: str, prefix: str  # noqa: ANN001 - boto3 is untyped
+                       ) -> tuple[list[S3TraceObject], tuple[str, ...]]:
+    """The trace objects under ``prefix`` in key order, and the keys left out with the reason (relative to the
+    prefix): an empty, '.' or '..' segment or a hidden ('.') segment (as ``trace_files``), a suffix that is not
+    .jsonl / .json / .csv, or a key under another trace object (``a.jsonl/b.jsonl`` beside ``a.jsonl``: a
+    folder of the objects, what an Argo artifact makes of the prefix, cannot hold both). Empty objects are
+    left out silently. Lists only (no object is read).
+
+    Raises:
+        TraceFormatError: the trace objects mix .csv and .jsonl (their times differ in kind).
+        Exception: botocore's, when listing fails.
+    """
+    listed = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            rel = obj["Key"][len(prefix):]
-            parts = rel.split("/")
-            if (not rel.lower().endswith(READABLE_SUFFIXES) or obj.get("Size", 1) == 0
-                    or any(p in ("", ".", "..") or p.startswith(".") for p in parts)):
-                continue  # as trace_files: hidden and empty files are not part of the trace
-            target = dest.joinpath(*parts)
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                f = target.open("xb")
-            except OSError:  # 'a.jsonl' and 'a.jsonl/b.jsonl' (S3 allows both): the second cannot be a file here
-                continue
-            with f:
-                shutil.copyfileobj(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"], f, 1 << 20)
-            n += 1
-    return n
+            listed.append(S3TraceObject(obj["Key"], obj["Key"][len(prefix):], int(obj.get("Size", 1)),
+                                        obj["LastModified"].timestamp()))
+    listed.sort(key=lambda o: o.rel)
+    objects, skipped, taken = [], [], set()
+    for o in listed:
+        parts = o.rel.split("/")
+        if o.size_bytes == 0:
+            continue  # a "folder" marker (key ending in '/') or an empty shipment: nothing to read
+        if any(p in ("", ".", "..") for p in parts):
+            skipped.append(f"{o.rel} (empty, '.' or '..' path segment)")
+        elif any(p.startswith(".") for p in parts):
+            skipped.append(f"{o.rel} (hidden name)")
+        elif not o.rel.lower().endswith(READABLE_SUFFIXES):
+            skipped.append(f"{o.rel} (not .jsonl, .json or .csv)")
+        elif above := next((a for a in ("/".join(parts[:k]) for k in range(1, len(parts))) if a in taken), None):
+            skipped.append(f"{o.rel} (under the object {above})")
+        else:
+            objects.append(o)
+            taken.add(o.rel)
+    if len({o.rel.lower().endswith(CSV_SUFFIXES) for o in objects}) > 1:
+        raise TraceFormatError(f"s3://{bucket}/{prefix}: mixes .csv and .jsonl trace objects; a prefix must hold "
+                               "one format")
+    return objects, tuple(skipped)
+
+
+def _read_object(client, bucket: str, key: str) -> TraceColumns:  # noqa: ANN001 - boto3 is untyped
+    """One object streamed into its columns (1 MiB at a time, read once)."""
+    body = client.get_object(Bucket=bucket, Key=key)["Body"]
+    name = f"s3://{bucket}/{key}"
+    try:
+        return parse_trace_text(text_lines(body.iter_chunks(1 << 20), name), name, key)
+    finally:
+        body.close()
+
+
+def _read_prefix(client, bucket: str, objects: list[S3TraceObject],  # noqa: ANN001 - boto3 is untyped
+                 window_s: float | None, margin_s: float | None = None) -> tuple[list[TraceColumns], int]:
+    """The columns of ``objects`` (in their order) and how many a window left unread (``fetch_trace_workload``;
+    ``margin_s`` None: LAST_MODIFIED_MARGIN_S)."""
+    from runtime.tracking.trace_columns import may_hold_window
+
+    margin_s = LAST_MODIFIED_MARGIN_S if margin_s is None else margin_s
+
+    skipping = window_s is not None and not any(o.rel.lower().endswith(CSV_SUFFIXES) for o in objects)
+    order = sorted(objects, key=lambda o: (-o.last_modified_s, o.rel)) if skipping else objects
+    read: dict[str, TraceColumns] = {}
+    newest_seen, not_read = None, 0
+    for o in order:
+        if skipping and newest_seen is not None and not may_hold_window(o.last_modified_s, newest_seen, window_s,
+                                                                        margin_s):
+            not_read += 1  # newest first: every later object is older still
+            continue
+        c = read[o.rel] = _read_object(client, bucket, o.key)
+        if skipping and c.unix_time():  # times from a trace's own start cannot be compared with LastModified
+            newest = c.newest_s()
+            if newest > o.last_modified_s + margin_s:
+                skipping = False  # not written before its upload (or clocks far apart): read everything
+            newest_seen = newest if newest_seen is None else max(newest_seen, newest)
+    return [read[o.rel] for o in objects if o.rel in read], not_read

@@ -92,10 +92,14 @@ def test_lengths_must_be_whole_finite_numbers_and_bom_csv_and_upper_case_suffixe
         with pytest.raises(TraceFormatError, match=f"t.jsonl:1: {key} must be a whole number"):
             read_isl_osl(p)
     csv_bom = tmp_path / "T.CSV"
-    csv_bom.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\nx,12,3\n", encoding="utf-8")
+    csv_bom.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,12,3\n",
+                       encoding="utf-8")
     upper = tmp_path / "T.JSONL"
     upper.write_text('{"input_length": 512.0, "output_length": 3}\n')
     assert read_isl_osl(csv_bom) == [(12, 3)] and read_isl_osl(upper) == [(512, 3)]
+    csv_bom.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\nx,12,3\n", encoding="utf-8")
+    with pytest.raises(TraceFormatError, match=r"T\.CSV:2: TIMESTAMP 'x' is not a date-time"):  # not a silent "no rate"
+        read_isl_osl(csv_bom)
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(tmp_path / "t.jsonl")])
     assert res.exit_code == 1 and "Traceback" not in res.output
 

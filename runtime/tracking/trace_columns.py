@@ -1,0 +1,340 @@
+"""Trace lines → compact columns → the tuner's workload, in ONE pass over each file (pure: no file, socket, clock
+or env; the adapter ``runtime.tracking.traces`` feeds it lines and names).
+
+A file becomes a :class:`TraceColumns`: its requests' input and output lengths (tokens) and arrival times (s) as
+``array`` columns (8 bytes a value, not a tuple and two objects per request), so a trace of millions of
+requests fits in tens of MB. :func:`reduce_trace` merges the files of a trace, optionally keeps only the
+requests that arrived in the last ``window_s`` before the newest one, and reduces them to the length sample
+(``LengthSample``: at most ``DEFAULT_MAX_POINTS`` evenly spaced requests, the stride of
+``LengthSample.from_pairs``), the mean and peak arrival rates and the span.
+
+Times: JSON lines ``timestamp`` in milliseconds (Mooncake: from the trace's start; the runtime's traffic log,
+runtime/server/traffic.py: Unix ms); CSV ``TIMESTAMP`` as an ISO 8601 date-time (:func:`parse_csv_timestamp`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from array import array
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Iterable, NamedTuple
+
+from runtime.tuner.workload import DEFAULT_MAX_POINTS, LengthSample
+
+PEAK_WINDOW_S = 60.0  # the busiest minute: the time scale the planner reacts on (PlannerSpec interval ~ 10-60 s)
+UNIX_TIME_MIN_S = 1e9  # 2001-09-09: earlier JSONL times are offsets from a trace's own start (Mooncake)
+TIME_MAX_S = 4.1e9  # 2099: a later time is a unit mix-up (us or ns), not an arrival
+
+
+class TraceFormatError(ValueError):
+    """The trace lacks the length columns/keys, or a line is malformed (the message names file, line and key)."""
+
+
+@dataclass
+class TraceColumns:
+    """One trace file's requests, in file order. ``times_s`` is None when the file has no usable arrival times
+    (a JSON line without a numeric ``timestamp``, a CSV without a ``TIMESTAMP`` column, a time outside
+    [0, TIME_MAX_S] or a file timed both from its own start and in Unix time)."""
+
+    name: str  # what messages call the file (a path or an s3:// URI)
+    isl_tokens: array = field(default_factory=lambda: array("q"))
+    osl_tokens: array = field(default_factory=lambda: array("q"))
+    times_s: array | None = field(default_factory=lambda: array("d"))
+
+    @property
+    def requests(self) -> int:
+        return len(self.isl_tokens)
+
+    def unix_time(self) -> bool | None:
+        """True: Unix times; False: times from the trace's own start; None: no times (or none usable)."""
+        if not self.times_s:
+            return None
+        return min(self.times_s) >= UNIX_TIME_MIN_S
+
+    def newest_s(self) -> float | None:
+        """The latest arrival time, s; None without usable times."""
+        return max(self.times_s) if self.times_s else None
+
+    def _check_times(self) -> None:
+        t = self.times_s
+        if t and (min(t) < 0 or max(t) > TIME_MAX_S or (min(t) >= UNIX_TIME_MIN_S) != (max(t) >= UNIX_TIME_MIN_S)):
+            self.times_s = None  # a unit mix-up, or one file timed from its own start AND in Unix time
+
+
+def length(value: object, name: str, line: int, key: str) -> int:
+    """A token count from a trace field (int, a whole float such as 512.0, or a CSV cell of digits).
+
+    Raises:
+        TraceFormatError: anything else, naming ``name:line`` and ``key``.
+    """
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():  # CSV cells
+        return int(value)
+    if type(value) is float and math.isfinite(value) and value.is_integer():  # 512.0
+        return int(value)
+    raise TraceFormatError(f"{name}:{line}: {key} must be a whole number of tokens, got {value!r}")
+
+
+def parse_jsonl(lines: Iterable[str], name: str) -> TraceColumns:
+    """Columns of a JSON-lines trace (``input_length``, ``output_length``, optional ``timestamp`` in ms);
+    blank lines are skipped, line numbers count from 1.
+
+    Raises:
+        TraceFormatError: a line that is not a JSON object, lacks a length key or has a length that is not a
+            whole number (``name:line`` and the key in the message). A missing or non-numeric ``timestamp``
+            is not an error: the file then has no usable times (``times_s`` None; a rate must be given).
+    """
+    out = TraceColumns(name)
+    isl, osl, times = out.isl_tokens, out.osl_tokens, out.times_s
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise TraceFormatError(f"{name}:{n}: not JSON: {e}") from None
+        if not isinstance(rec, dict):
+            raise TraceFormatError(f"{name}:{n}: expected a JSON object, got {type(rec).__name__}")
+        missing = [k for k in ("input_length", "output_length") if k not in rec]
+        if missing:
+            raise TraceFormatError(f"{name}:{n}: missing key(s) {', '.join(missing)}")
+        try:
+            isl.append(length(rec["input_length"], name, n, "input_length"))
+            osl.append(length(rec["output_length"], name, n, "output_length"))
+        except OverflowError:  # a length beyond 64 bits
+            raise TraceFormatError(f"{name}:{n}: a length beyond 2**63 tokens") from None
+        if times is not None:
+            t = rec.get("timestamp")
+            if type(t) in (int, float) and math.isfinite(t):
+                times.append(t / 1000.0)
+            else:
+                times = out.times_s = None
+    out._check_times()
+    return out
+
+
+CSV_LENGTH_COLUMNS = ("ContextTokens", "GeneratedTokens")
+CSV_TIME_COLUMN = "TIMESTAMP"
+
+
+def parse_csv(lines: Iterable[str], name: str) -> TraceColumns:
+    """Columns of an Azure-format CSV trace (``ContextTokens``, ``GeneratedTokens``, optional ``TIMESTAMP``);
+    line 1 is the header.
+
+    Raises:
+        TraceFormatError: a length column missing; a length that is not a whole number or a ``TIMESTAMP``
+            :func:`parse_csv_timestamp` refuses (``name:line`` and the column in the message). Without a
+            ``TIMESTAMP`` column the file has no usable times (``times_s`` None).
+    """
+    out = TraceColumns(name)
+    reader = csv.reader(lines)
+    header = next(reader, None) or []
+    missing = [k for k in CSV_LENGTH_COLUMNS if k not in header]
+    if missing:
+        raise TraceFormatError(f"{name}: missing column(s) {', '.join(missing)}")
+    i_col, o_col = header.index("ContextTokens"), header.index("GeneratedTokens")
+    t_col = header.index(CSV_TIME_COLUMN) if CSV_TIME_COLUMN in header else None
+    if t_col is None:
+        out.times_s = None
+    width = len(header)
+    cache: dict[str, float] = {}  # the Azure trace repeats whole seconds; parse each distinct prefix once
+    for row in reader:
+        n = reader.line_num  # the physical line the row ended on (a quoted cell may span lines)
+        if not row:
+            continue
+        row += [""] * (width - len(row))
+        out.isl_tokens.append(length(row[i_col], name, n, "ContextTokens"))
+        out.osl_tokens.append(length(row[o_col], name, n, "GeneratedTokens"))
+        if t_col is not None:
+            out.times_s.append(parse_csv_timestamp(row[t_col], name, n, cache))
+    out._check_times()
+    return out
+
+
+_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?\s*(Z|[+-]\d{2}:?\d{2})?",
+                  re.IGNORECASE)
+
+
+def parse_csv_timestamp(text: str, name: str = "trace", line: int = 0, cache: dict | None = None) -> float:
+    """An ISO 8601 date-time → Unix seconds (float): ``2023-11-16 18:15:46.6805900`` (the Azure LLM inference
+    trace 2023: seven fractional digits, no zone), ``2023-11-16T18:15:46.68+00:00``, ``...Z``, ``...+0530``.
+    Any number of fractional digits is kept (to float precision). A time WITHOUT a zone is read as UTC, not
+    as the reader's local time: only differences between arrivals matter, and they must not change with the
+    machine's TZ or jump at a daylight-saving change.
+
+    Raises:
+        TraceFormatError: not such a date-time, or an impossible date or time (month 13, hour 24), naming
+            ``name:line`` and the value.
+    """
+    s = text.strip()
+    m = _ISO.fullmatch(s)
+    if m is None:
+        raise TraceFormatError(f"{name}:{line}: {CSV_TIME_COLUMN} {text!r} is not a date-time like "
+                               "'2023-11-16 18:15:46.6805900' or '2023-11-16T18:15:46.68+00:00'")
+    y, mo, d, h, mi, sec, frac, zone = m.groups()
+    key = s[:m.start(7) - 1] + (zone or "") if frac else s
+    base = cache.get(key) if cache is not None else None
+    if base is None:
+        tz = timezone.utc
+        if zone and zone.upper() != "Z":
+            hh, mm = int(zone[1:3]), int(zone[-2:])
+            if hh > 23 or mm > 59:
+                raise TraceFormatError(f"{name}:{line}: {CSV_TIME_COLUMN} {text!r}: zone offset {zone} out of range")
+            tz = timezone((-1 if zone[0] == "-" else 1) * timedelta(hours=hh, minutes=mm))
+        try:
+            base = datetime(int(y), int(mo), int(d), int(h), int(mi), int(sec), tzinfo=tz).timestamp()
+        except ValueError as e:  # month 13, Feb 30, hour 24
+            raise TraceFormatError(f"{name}:{line}: {CSV_TIME_COLUMN} {text!r}: {e}") from None
+        if cache is not None and len(cache) < 100_000:
+            cache[key] = base
+    return base + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+class TraceWorkload(NamedTuple):
+    """A trace reduced to what the tuner sizes for (:func:`reduce_trace`)."""
+
+    sample: LengthSample  # up to DEFAULT_MAX_POINTS evenly spaced (isl, osl) pairs, tokens
+    isl_tokens: int  # the sample's mean ISL, rounded, >= 1: what the spec's workload records
+    osl_tokens: int  # the sample's mean OSL, rounded, >= 1
+    request_rate_per_s: float | None  # mean arrival rate; None: unusable or not read
+    peak_rate_per_s: float | None = None  # busiest 60 s; None: shorter or no times
+    requests: int = 0  # lines (requests) in the trace, all files (inside the window when one is given)
+    span_s: float | None = None  # first to last arrival, s (inside the window); None: no usable times
+    requests_outside_window: int = 0  # requests READ but left out by the window (0 without; not those unread)
+    skipped: tuple[str, ...] = ()  # files or objects under a folder/prefix that were not read, with the reason
+    objects_not_read: int = 0  # S3 objects a window made unnecessary (LastModified before it; not an error)
+
+
+def merged_times(files: list[TraceColumns], name: str) -> list[float] | None:
+    """Sorted arrival times (s) of all ``files``; None when any file has no usable times.
+
+    Raises:
+        TraceFormatError: files timed from their own start (Mooncake) mixed with files in Unix time (traffic
+            logs): their times cannot be merged (the message names ``name`` and one file of each kind).
+    """
+    kinds: dict[bool, str] = {}
+    for f in files:
+        if f.times_s is None:
+            return None
+        kind = f.unix_time()
+        if kind is not None:
+            kinds.setdefault(kind, f.name)
+    if len(kinds) > 1:
+        raise TraceFormatError(f"{name}: mixes files timed from their own start ({kinds[False]}) with files in Unix "
+                               f"time ({kinds[True]}); their arrival times cannot be merged")
+    times: list[float] = []
+    for f in files:
+        times.extend(f.times_s)
+    times.sort()
+    return times
+
+
+def mean_rate(times: list[float] | None) -> float | None:
+    """``(n - 1) / (last - first)`` of sorted times, requests/s; None for fewer than two or a zero span."""
+    if times is None or len(times) < 2 or times[-1] <= times[0]:
+        return None
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def peak_rate(times: list[float] | None, window_s: float = PEAK_WINDOW_S) -> float | None:
+    """Most arrivals in any ``window_s`` (a window is ``(t - window_s, t]``, sliding over the sorted times) over
+    ``window_s``, requests/s; None when the times span less than one window."""
+    if times is None or len(times) < 2 or times[-1] - times[0] < window_s:
+        return None
+    best, lo = 0, 0
+    for hi, t in enumerate(times):  # two pointers: times[lo..hi] lie within (t - window_s, t]
+        while times[lo] <= t - window_s:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best / window_s
+
+
+def window_start_s(files: list[TraceColumns], window_s: float, name: str) -> float:
+    """``newest arrival - window_s`` over ``files``, s: requests at or after it are in the window.
+
+    Raises:
+        TraceFormatError: no usable arrival times (a window needs them), naming ``name``.
+    """
+    newest = [f.newest_s() for f in files]
+    if not files or any(f.times_s is None for f in files) or all(t is None for t in newest):
+        raise TraceFormatError(f"{name}: a trace window needs arrival times (timestamp / TIMESTAMP on every line), "
+                               "and this trace has none usable")
+    return max(t for t in newest if t is not None) - window_s
+
+
+def reduce_trace(files: list[TraceColumns], name: str, *, read_rate: bool = True, window_s: float | None = None,
+                 max_points: int = DEFAULT_MAX_POINTS, skipped: tuple[str, ...] = (),
+                 objects_not_read: int = 0) -> TraceWorkload:
+    """The workload ``files`` (in trace order) stand for: with ``window_s`` (s, > 0) only the requests that
+    arrived in ``[newest - window_s, newest]``; their length sample (requests with a length < 1 left out, at
+    most ``max_points`` evenly spaced), its mean ISL/OSL rounded (>= 1), with ``read_rate`` the mean arrival
+    rate, always the busiest minute's rate and the span.
+
+    Raises:
+        ValueError: ``window_s`` not a finite number > 0.
+        TraceFormatError: no request with both lengths >= 1 (in the window); a window without usable times;
+            files that mix time kinds (:func:`merged_times`). Messages name ``name``.
+    """
+    lo = None
+    if window_s is not None:
+        if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"trace window must be a finite number of seconds > 0, got {window_s!r}")
+        merged_times(files, name)  # a mix of time kinds is refused before a window is laid over it
+        lo = window_start_s(files, window_s, name)
+    total = sum(f.requests for f in files)
+
+    def kept():  # (isl, osl, time or None) of the requests in the window, trace order
+        for f in files:
+            t = f.times_s
+            for k in range(f.requests):
+                if lo is None or t[k] >= lo:
+                    yield f.isl_tokens[k], f.osl_tokens[k], (t[k] if t is not None else None)
+
+    n_valid = n_kept = 0
+    times: list[float] | None = [] if lo is not None else merged_times(files, name)
+    for i, o, t in kept():
+        n_kept += 1
+        n_valid += i >= 1 and o >= 1
+        if lo is not None:
+            times.append(t)
+    if n_valid == 0:
+        where = f" in the last {window_s / 3600:g} h of the trace" if lo is not None else ""
+        raise TraceFormatError(f"{name}: no request with input and output length >= 1{where} ({n_kept} line(s)): "
+                               "was any traffic recorded?")
+    if lo is not None:
+        times.sort()
+    step = n_valid / max_points if n_valid > max_points else 1.0
+    want = 0
+    pairs = []
+    k = 0
+    for i, o, _ in kept():  # the k-th valid pair is taken when k == int(j * step): LengthSample.from_pairs' stride
+        if i >= 1 and o >= 1:
+            if k == int(want * step) and len(pairs) < max_points:
+                pairs.append((i, o))
+                want += 1
+            k += 1
+    sample = LengthSample.from_pairs(pairs, max_points=max_points)
+    span = times[-1] - times[0] if times and len(times) >= 2 else None
+    return TraceWorkload(sample, max(1, round(sample.mean_isl)), max(1, round(sample.mean_osl)),
+                         mean_rate(times) if read_rate else None, peak_rate(times), n_kept, span,
+                         total - n_kept, skipped, objects_not_read)
+
+
+def may_hold_window(last_modified_s: float, newest_seen_s: float, window_s: float, margin_s: float) -> bool:
+    """Whether an object last modified at ``last_modified_s`` (S3 LastModified, Unix s) can hold a request that
+    arrived at or after ``newest_seen_s - window_s`` (``newest_seen_s``: the newest arrival read so far, Unix s).
+
+    Why LastModified bounds the arrivals: the runtime writes a line when its request FINISHES (after it
+    arrived) and ships only lines already written (``TrafficShipper``: a PUT of a byte range of the log), so
+    every line's arrival is before the object's LastModified by the clock of the pod that recorded it. The
+    pod's clock and S3's may disagree (NTP keeps them within well under a second; LastModified is rounded to
+    whole seconds), so ``margin_s`` widens the bound. ``newest_seen_s`` is at most the trace's newest arrival,
+    so the window start it gives is at or before the real one: skipping on it never drops a request inside
+    the real window. Objects read in LastModified order, newest first, can stop at the first this refuses.
+    """
+    return last_modified_s + margin_s >= newest_seen_s - window_s
