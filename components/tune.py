@@ -30,6 +30,7 @@ def tune_tp(
     s3_endpoint_url: str = "",
     fsx_root: str = "/fsx",
     planner_mode: str = "off",
+    trace_window_h: float = 0.0,
 ) -> NamedTuple("TuneOutputs", champion_version=str, prefill_tp=int, decode_tp=int):
     """Tune the staged model (`model.metadata['path']`) and register the winner with alias `champion`.
 
@@ -37,7 +38,8 @@ def tune_tp(
     as the winner's planner.gpu_budget, and a winner needing more GPUs fails the step. `traffic_trace_uri`
     (s3://bucket/key, read with `s3_endpoint_url` and env credentials, or a path under `fsx_root`) sizes for
     that trace as `pdserve tune --trace`; `request_rate_per_s` 0: the trace's mean arrival rate (no trace: 10/s);
-    `planner_mode` (off, sla, load) is the champion's planner.mode, as `pdserve tune --planner`."""
+    `planner_mode` (off, sla, load) is the champion's planner.mode, as `pdserve tune --planner`;
+    `trace_window_h` > 0 sizes for the trace's last hours only (`pdserve tune --trace-window-h`)."""
     from runtime.steps import tune_step
 
     return tune_step(
@@ -45,5 +47,5 @@ def tune_tp(
         osl_tokens, request_rate_per_s, mlflow_tracking_uri, registered_model,
         gpu_budget=gpu_budget, metrics=metrics, table_path=table.path, plot_path=plot.path,
         traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url, fsx_root=fsx_root,
-        planner_mode=planner_mode,
+        planner_mode=planner_mode, trace_window_h=trace_window_h,
     )

@@ -29,7 +29,9 @@ Azure `.csv`, or a folder of them written with a trailing '/' (`s3://bucket/traf
 always wins (size a recorded mix for a different load). A malformed URI (neither an s3:// object URI nor an
 absolute path under `fsx_root`, or not .jsonl/.csv) fails validate-parameters; an unreadable trace, or one with
 no valid request, fails tune-tp naming the URI before the model is read. The MLflow parent run records it as
-the param `traffic_trace_uri`.
+the param `traffic_trace_uri`. `trace_window_h` > 0 sizes for the requests of the trace's last hours only (its
+lengths, rate and peak), and objects under an s3:// prefix last modified before that window (less an hour for
+clock skew) are not downloaded (`pdserve tune --trace-window-h`); 0, the default, reads the whole trace.
 
 `traffic_upload_uri` (``s3://bucket/prefix/``; "" = off) makes the promoted runtime record its traffic (one line
 per finished request, no content) and ship it under ``<prefix><InferenceService>/``: the recorded traffic a
@@ -99,13 +101,14 @@ def stage_tune_promote(
     traffic_trace_uri: str = "",  # "": size for isl_tokens/osl_tokens; else s3://bucket/key or a path under fsx_root
     traffic_upload_uri: str = "",  # "": the endpoint records no traffic; else s3://bucket/prefix/ (module doc)
     planner_mode: str = "off",  # the champion's SLO planner: off, sla or load (as `pdserve tune --planner`)
+    trace_window_h: float = 0.0,  # > 0: size for the trace's last hours only (`pdserve tune --trace-window-h`)
 ) -> NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact):
     # Parameters tune would refuse fail here, in seconds, not after stage-weights copied the whole model.
     validated = validate_parameters(
         model_name=model_name, gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms,
         isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
-        traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode,
+        traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode, trace_window_h=trace_window_h,
     ).set_display_name("validate-parameters")
 
     staged = stage_weights(
@@ -118,7 +121,7 @@ def stage_tune_promote(
         itl_p90_ms=itl_p90_ms, isl_tokens=isl_tokens, osl_tokens=osl_tokens,
         request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget, mlflow_tracking_uri=mlflow_tracking_uri,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url,
-        fsx_root=fsx_root, planner_mode=planner_mode,
+        fsx_root=fsx_root, planner_mode=planner_mode, trace_window_h=trace_window_h,
     ).set_display_name("tune-tp")
     # the S3 secret too: traffic_trace_uri may name an s3:// object (optional secret: absent keys are fine)
     _on_cluster(tuned, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS, S3_SECRET: _S3_KEYS})

@@ -296,8 +296,16 @@ def tune(
              "on load alone); it moves each pool within [1, max replicas] and --gpu-budget. Default: off, or "
              "the champion's with --like.")] = None,
     trace_uri: Annotated[Optional[str], typer.Option(
-        help="What MLflow records as the trace (param traffic_trace_uri) instead of the --trace path, e.g. the "
-             "s3:// URI a workflow downloaded it from. Credentials in it are refused.")] = None,
+        help="With --trace: what MLflow records as the trace (param traffic_trace_uri) instead of the --trace "
+             "path, e.g. the s3:// URI a workflow downloaded it from. Without --trace: an s3://bucket/key.jsonl "
+             "object or s3://bucket/prefix/ (every pod's shipped traffic under it) read straight from S3 "
+             "(credentials and AWS_ENDPOINT_URL_S3 from the environment), and recorded as that URI. "
+             "Credentials, a query string or a fragment (a presigned URL) in it are refused.")] = None,
+    trace_window_h: Annotated[Optional[float], typer.Option(
+        "--trace-window-h", help="Size only for the requests that arrived in the last HOURS before the trace's "
+             "newest request (lengths, rate and peak of that window), not for everything the trace kept. With an "
+             "s3:// prefix read by --trace-uri, objects last modified before that window (less an hour for "
+             "clock skew) are not downloaded.")] = None,
     gpu_budget: Annotated[Optional[int], typer.Option(
         help="GPUs the deployment may use (written as planner.gpu_budget); a winner needing more fails. Default: "
              f"{PlannerSpec.model_fields['gpu_budget'].default}, or the champion's with --like.")] = None,
@@ -405,20 +413,43 @@ def tune(
     except ValidationError as e:
         problems.append(_option_errors(e, SLO_OPTIONS))
     sample = None
+    window_s = None
+    fetch = trace is None and trace_uri is not None  # --trace-uri alone: read it from S3
     if trace_uri is not None:
         from runtime.redact import redact_userinfo as _redact
+        from runtime.tracking.traces import without_query
 
-        if trace is None:
-            problems.append("--trace-uri: only with --trace (it names where that trace came from)")
+        if "?" in trace_uri or "#" in trace_uri:  # a presigned URL: its query holds the signature
+            problems.append(f"--trace-uri {_redact(without_query(trace_uri))!r}: must not carry a query string or "
+                            "fragment (a presigned URL's X-Amz-Signature is a credential); name the object or "
+                            "prefix as s3://bucket/key")
+            fetch = False
         elif _redact(trace_uri) != trace_uri:
             problems.append(f"--trace-uri {_redact(trace_uri)!r}: must not carry credentials")
-    if trace is not None:
-        from runtime.tracking.traces import load_trace_workload
+            fetch = False
+        elif fetch and not trace_uri.startswith("s3://"):
+            problems.append(f"--trace-uri {trace_uri!r}: without --trace it must be an s3:// object or prefix to "
+                            "read (a local trace is given with --trace)")
+            fetch = False
+    if trace_window_h is not None:
+        import math
+
+        if not (math.isfinite(trace_window_h) and trace_window_h > 0):
+            problems.append(f"--trace-window-h: must be a number of hours > 0, got {trace_window_h:g}")
+        elif trace is None and trace_uri is None:
+            problems.append("--trace-window-h: only with --trace or --trace-uri (it windows a trace)")
+        else:
+            window_s = trace_window_h * 3600.0
+    if trace is not None or fetch:
+        from runtime.tracking.traces import fetch_trace_workload, load_trace_workload
 
         try:  # the same reduction as the pipeline's tune step (traffic_trace_uri)
-            traced = load_trace_workload(trace, read_rate=rate is None)
+            if fetch:
+                traced = fetch_trace_workload(trace_uri, read_rate=rate is None, window_s=window_s)
+            else:
+                traced = load_trace_workload(trace, read_rate=rate is None, window_s=window_s)
         except (OSError, ValueError) as e:  # TraceFormatError is a ValueError; a folder or no file: OSError
-            problems.append(f"--trace: {e}")
+            problems.append(f"--trace-uri: {str(e).removeprefix('traffic_trace_uri: ')}" if fetch else f"--trace: {e}")
         else:  # the spec records the trace's mean lengths (what a reader of the spec expects to see)
             if (isl, osl) != (TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT):
                 err.print("note: --isl/--osl are ignored with --trace (the trace's lengths are used)")
@@ -426,10 +457,10 @@ def tune(
             if rate is None:
                 rate = traced.request_rate_per_s
                 if rate is None:
-                    problems.append(f"--trace: {trace} has no usable arrival times (timestamp / TIMESTAMP on "
-                                    "every line, at least two distinct): give --rate")
+                    problems.append(f"--trace: {trace or trace_uri} has no usable arrival times (timestamp / "
+                                    "TIMESTAMP on every line, at least two distinct): give --rate")
     if rate is None:
-        rate = TUNE_RATE_DEFAULT if trace is None else 1.0  # 1.0: a placeholder, the problem above stops the run
+        rate = TUNE_RATE_DEFAULT if trace is None and not fetch else 1.0  # 1.0: a placeholder; a problem stops it
     try:
         workload = WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate)
     except ValidationError as e:
@@ -454,15 +485,23 @@ def tune(
     if problems:
         _fail("; ".join(problems))
     if sample is not None:
-        from runtime.tracking.traces import trace_files
+        from runtime.tracking.traces import skipped_note, trace_files
 
-        n_files = len(trace_files(trace)) if trace.is_dir() else 1
-        files = "" if not trace.is_dir() else f" ({n_files} file{'' if n_files == 1 else 's'})"
+        source = trace if trace is not None else trace_uri
+        if traced.skipped:  # files or objects under the folder that are not part of the trace: said, not hidden
+            err.print(escape(f"warning: {skipped_note(traced.skipped, str(source))}"))
+        n_files = len(trace_files(trace)) if trace is not None and trace.is_dir() else 1
+        files = "" if trace is None or not trace.is_dir() else f" ({n_files} file{'' if n_files == 1 else 's'})"
         span = "" if traced.span_s is None else f" over {_duration(traced.span_s)}"
-        err.print(escape(f"workload: {trace}{files}: {traced.requests} requests{span} ({len(sample.isl_tokens)} "
-                         f"sampled), mean ISL {isl}, mean OSL {osl} tokens, at {rate:.4g} requests/s"))
+        window = "" if window_s is None else (
+            f" in the last {trace_window_h:g} h ({traced.requests_outside_window} older request(s) read and left "
+            f"out" + (f", {traced.objects_not_read} older object(s) not downloaded" if traced.objects_not_read
+                      else "") + ")")
+        err.print(escape(f"workload: {source}{files}: {traced.requests} requests{span}{window} "
+                         f"({len(sample.isl_tokens)} sampled), mean ISL {isl}, mean OSL {osl} tokens, at {rate:.4g} "
+                         "requests/s"))
         if traced.requests < TRACE_FEW_REQUESTS:
-            err.print(escape(f"note: only {traced.requests} request(s) in {trace}: lengths and rate from so few are "
+            err.print(escape(f"note: only {traced.requests} request(s) in {source}: lengths and rate from so few are "
                              "noise; record more traffic or give --isl/--osl/--rate without --trace"))
     try:
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
@@ -522,7 +561,7 @@ def tune(
         err.print(escape(f"note: {config} is a bare config file, so the spec records no model folder; pass the "
                          "(staged) model folder as CONFIG for `pdserve promote` to verify and `pdserve serve` to load it"))
     peak = None
-    if trace is not None:  # the planner's ceiling follows the trace's busiest 60 s, not only 2x the mean
+    if sample is not None:  # the planner's ceiling follows the trace's busiest 60 s, not only 2x the mean
         peak = traced.peak_rate_per_s
         peak = peak if peak is not None and peak > rate else None
     default_spec = result.to_deployment_spec(ModelRef(name=model.name, path=model_folder))
@@ -733,8 +772,9 @@ def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | Non
                    compared_version: str | None = None, inherited_from: str | None = None,
                    gpu_option: str | None = None) -> dict | None:
     """`log_tuning` for the CLI: one redacted error line (exit 1) when MLflow refuses; a summary line that
-    says whether the champion alias moved (and why not). `trace` (the --trace file, or `trace_uri` when given)
-    is logged as the parent run's `traffic_trace_uri` param, as the pipeline does.
+    says whether the champion alias moved (and why not). `trace` (the --trace file, or `trace_uri` when given;
+    `trace_uri` alone: the trace read from S3) is logged as the parent run's `traffic_trace_uri` param, as the
+    pipeline does.
 
     Returns, with `register`, the decision (`tune --decision-out`): registered_model, registered_version,
     previous_champion_version (`compared_version`, None for a first version), champion_version (alias champion
@@ -744,8 +784,8 @@ def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | Non
 
     try:
         version = log_tuning(result, tracking_uri=mlflow_uri, experiment=experiment, registered_model=register,
-                             spec=spec, traffic_trace_uri=None if trace is None else (
-                                 trace_uri or os.path.abspath(trace)),
+                             spec=spec, traffic_trace_uri=trace_uri or (
+                                 None if trace is None else os.path.abspath(trace)),
                              comparison=comparison, compared_version=compared_version, inherited_from=inherited_from,
                              gpu_option=gpu_option)
     except Exception as e:  # noqa: BLE001 - CLI edge: MLflow unreachable/refusing; message, not traceback

@@ -7,6 +7,8 @@ Keeping the step bodies in the library means the same code runs in kfp.local, on
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -96,12 +98,13 @@ class TuneParameters(NamedTuple):
     traffic_trace_uri: str = ""  # "" or a URI check_traffic_trace_uri accepts
     rate_from_trace: bool = False  # request_rate_per_s was AUTO_REQUEST_RATE and a trace is given
     planner_mode: str = "off"  # PlannerSpec.mode of the champion: off, sla or load
+    trace_window_s: float | None = None  # only the trace's last seconds (trace_window_h * 3600); None: all of it
 
 
 def check_tune_parameters(
     gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int, osl_tokens: int,
     request_rate_per_s: float, gpu_budget: int | None, registered_model: str, *, traffic_trace_uri: str = "",
-    fsx_root: str | None = None, planner_mode: str = "off",
+    fsx_root: str | None = None, planner_mode: str = "off", trace_window_h: float = 0.0,
 ) -> TuneParameters:
     """Validate the tune step's parameters without reading the model or the trace; return them parsed.
 
@@ -112,11 +115,13 @@ def check_tune_parameters(
     else WorkloadSpec's default (10/s); a negative rate is refused. `traffic_trace_uri` ("" for none) is checked
     by `runtime.tracking.traces.check_traffic_trace_uri` (under `fsx_root` when given). `planner_mode` is the
     champion's PlannerSpec.mode (`off`, `sla`, `load`): whether the promoted runtime runs the SLO planner.
+    `trace_window_h` (hours; 0: the whole trace) sizes for the requests of the trace's last hours only
+    (`runtime.tracking.traces.fetch_trace_workload` window_s, `pdserve tune --trace-window-h`).
 
     Raises:
         ValueError: every bad parameter named in one message (unknown GPU, precision, SLO, workload,
             gpu_budget, a registered model name MLflow refuses, a malformed traffic_trace_uri, a planner_mode
-            other than off/sla/load).
+            other than off/sla/load, a trace_window_h that is negative, not finite, or given without a trace).
     """
     from pydantic import ValidationError
 
@@ -161,6 +166,12 @@ def check_tune_parameters(
         parsed["gpu_budget"] = (PlannerSpec() if gpu_budget is None else PlannerSpec(gpu_budget=gpu_budget)).gpu_budget
     except ValidationError as e:
         problems.append(pydantic_errors(e))
+    if not (isinstance(trace_window_h, (int, float)) and math.isfinite(trace_window_h) and trace_window_h >= 0):
+        problems.append(f"trace_window_h: must be a number of hours > 0 (0: the whole trace), got {trace_window_h!r}")
+    elif trace_window_h > 0 and not traffic_trace_uri:
+        problems.append("trace_window_h: only with a traffic_trace_uri (it windows that trace)")
+    elif trace_window_h > 0:
+        parsed["trace_window_s"] = float(trace_window_h) * 3600.0
     modes = PlannerSpec.model_fields["mode"].annotation.__args__
     if planner_mode in modes:
         parsed["planner_mode"] = planner_mode
@@ -206,7 +217,7 @@ def validate_step(
     model_name: str, gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int,
     osl_tokens: int, request_rate_per_s: float, gpu_budget: int, registered_model: str, *,
     traffic_trace_uri: str = "", fsx_root: str | None = None, traffic_upload_uri: str = "",
-    planner_mode: str = "off",
+    planner_mode: str = "off", trace_window_h: float = 0.0,
 ) -> None:
     """Check every parameter that needs no model and no network, so a pipeline fails before staging copies
     the weights (tens of GB) when tune would refuse them anyway: `model_name` (`check_model_name`) and the
@@ -225,7 +236,7 @@ def validate_step(
     try:
         check_tune_parameters(gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s,
                               gpu_budget, registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
-                              planner_mode=planner_mode)
+                              planner_mode=planner_mode, trace_window_h=trace_window_h)
     except ValueError as e:
         problems.append(str(e))
     if traffic_upload_uri:
@@ -289,6 +300,7 @@ def tune_step(
     fsx_root: str | None = None,
     s3_client: Any = None,
     planner_mode: str = "off",
+    trace_window_h: float = 0.0,
 ) -> TuneOutputs:
     """Tune prefill TP × decode TP for the staged model; log every candidate to MLflow; register the winner.
 
@@ -298,8 +310,10 @@ def tune_step(
     credentials from the environment only, or an absolute path under `fsx_root`), exactly as `pdserve tune
     --trace` (`runtime.tracking.traces.load_trace_workload`): the trace's length sample sizes the pools, the
     spec records its mean ISL/OSL (`isl_tokens`/`osl_tokens` are ignored) and the rate is `request_rate_per_s`
-    when > 0, else the trace's mean arrival rate. The URI is logged as the MLflow parent run's param
-    `traffic_trace_uri`.
+    when > 0, else the trace's mean arrival rate. `trace_window_h` > 0 (hours) keeps only the requests of the
+    trace's last hours, and an S3 prefix's older objects are not downloaded (`pdserve tune --trace-window-h`).
+    The URI is logged as the MLflow parent run's param `traffic_trace_uri`; objects under a prefix that are not
+    read as trace are logged as a warning (logger `runtime.steps`).
 
     Reads `<model_path>/config.json` (the staged copy; a folder without a valid staging marker is refused).
     `gpu` is a GPU catalog name or an AWS instance type (p5.48xlarge), as in `pdserve tune --gpu`.
@@ -337,7 +351,8 @@ def tune_step(
 
     params = check_tune_parameters(  # before reading, tuning or logging anything
         gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s, gpu_budget,
-        registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root, planner_mode=planner_mode)
+        registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root, planner_mode=planner_mode,
+        trace_window_h=trace_window_h)
     workload, sample, peak = params.workload, None, None
     if params.traffic_trace_uri:
         workload, sample, peak = _trace_workload(params, s3_client=s3_client, s3_endpoint_url=s3_endpoint_url)
@@ -400,11 +415,18 @@ def _trace_workload(params: TuneParameters, *, s3_client: Any, s3_endpoint_url: 
             the rate is to come from the trace (message names the URI).
     """
     from runtime.config import WorkloadSpec
-    from runtime.tracking.traces import TrafficTraceError, fetch_trace_workload
+    from runtime.tracking.traces import TrafficTraceError, fetch_trace_workload, skipped_note
 
     uri = params.traffic_trace_uri
     traced = fetch_trace_workload(uri, read_rate=params.rate_from_trace, s3_client=s3_client,
-                                  s3_endpoint_url=s3_endpoint_url)
+                                  s3_endpoint_url=s3_endpoint_url, window_s=params.trace_window_s)
+    if traced.skipped:  # not silently: a shipment under an odd name would otherwise just be missing
+        logging.getLogger(__name__).warning("traffic_trace_uri: %s", skipped_note(traced.skipped, uri))
+    if params.trace_window_s is not None:
+        logging.getLogger(__name__).info(
+            "traffic_trace_uri: %s: %d request(s) in the last %g h; %d older read and left out, %d older object(s) "
+            "not downloaded", uri, traced.requests, params.trace_window_s / 3600, traced.requests_outside_window,
+            traced.objects_not_read)
     rate = traced.request_rate_per_s if params.rate_from_trace else params.workload.request_rate_per_s
     if rate is None:
         raise TrafficTraceError(f"traffic_trace_uri: {uri} has no usable arrival times (timestamp / TIMESTAMP on "

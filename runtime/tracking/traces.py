@@ -316,8 +316,8 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
 
     Objects under a prefix that are not read as trace (a name with an empty, '.' or '..' segment, a hidden
     name, a suffix other than .jsonl / .json / .csv, a key under another trace object) are listed in the
-    result's ``skipped`` and warned about (log ``runtime.tracking.traces``: their count and the first
-    names); empty objects (folder markers, empty shipments) hold nothing and are passed over silently.
+    result's ``skipped`` for the caller to warn about (``skipped_note``: their count and the first names);
+    empty objects (folder markers, empty shipments) hold nothing and are passed over silently.
 
     Raises:
         ValueError: ``uri`` is malformed (:func:`check_traffic_trace_uri`), ``window_s`` not finite and > 0.
@@ -374,10 +374,6 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
         failure = f"cannot read the {'objects' if folder else 'object'} from S3: {type(e).__name__}: {e}"
     if failure is not None:
         raise fail(failure)  # outside the handler: no __context__ carrying botocore's original
-    if skipped:
-        import logging
-
-        logging.getLogger(__name__).warning("traffic_trace_uri: %s", skipped_note(skipped, uri))
     try:
         return reduce_trace(columns, uri, read_rate=read_rate, window_s=window_s, skipped=skipped,
                             objects_not_read=not_read)

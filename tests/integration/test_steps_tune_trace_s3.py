@@ -5,12 +5,14 @@ real sqlite MLflow.
 Specification:
 * an s3:// trace sizes the champion for the trace's mean ISL/OSL and arrival rate, and the MLflow parent run
   records the URI as the param `traffic_trace_uri`;
-* a missing object or wrong credentials fail the step naming the URI, never the secret, with nothing logged.
+* a missing object or wrong credentials fail the step naming the URI, never the secret, with nothing logged;
+* objects under a prefix that are not read as trace are named in a warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -97,7 +99,7 @@ def test_a_missing_object_or_wrong_credentials_name_the_uri_not_the_secret(s3_en
     assert not db.exists()  # nothing logged or registered
 
 
-def test_a_prefix_of_shipped_traffic_is_one_trace(s3_env, s3_client, s3_bucket, staged, tmp_path):
+def test_a_prefix_of_shipped_traffic_is_one_trace(s3_env, s3_client, s3_bucket, staged, tmp_path, caplog):
     """traffic_trace_uri s3://bucket/prefix/ reads what `pdserve promote --traffic-upload` ships there (a folder
     per runtime pod, one object per shipment) as one trace: both pods' requests and their merged arrival rate;
     an empty prefix says so, naming the URI."""
@@ -109,7 +111,11 @@ def test_a_prefix_of_shipped_traffic_is_one_trace(s3_env, s3_client, s3_bucket, 
     s3_client.put_object(Bucket=s3_bucket, Key="traffic/llama8/pod-b/1-0-9.jsonl", Body=pod_b.encode())
     s3_client.put_object(Bucket=s3_bucket, Key="traffic/llama8/README.txt", Body=b"not a trace")
     s3_client.put_object(Bucket=s3_bucket, Key="traffic/other/pod-c/1-0-9.jsonl", Body=pod_a.encode())  # not ours
-    _tune(staged, tmp_path / "mlflow.db", f"s3://{s3_bucket}/traffic/llama8/", s3_env.endpoint_url)
+    with caplog.at_level(logging.WARNING, logger="runtime.steps"):
+        _tune(staged, tmp_path / "mlflow.db", f"s3://{s3_bucket}/traffic/llama8/", s3_env.endpoint_url)
+    assert [r.getMessage() for r in caplog.records if r.name == "runtime.steps"] == [  # said, not skipped silently
+        f"traffic_trace_uri: 1 file(s) under s3://{s3_bucket}/traffic/llama8/ not read as trace: README.txt (not "
+        ".jsonl, .json or .csv)"]
     from runtime.tracking.mlflow_runs import load_champion
 
     _, spec = load_champion(f"sqlite:///{tmp_path / 'mlflow.db'}", "llama8-pd")

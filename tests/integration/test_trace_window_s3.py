@@ -7,19 +7,19 @@ Specification:
 * the margin (an hour by default) keeps every object shipped within it;
 * an object holding arrivals later than its own LastModified (not written before its upload) turns skipping
   off: every object is read;
-* keys under the prefix that are not read as trace are listed and warned about (count and names).
+* keys under the prefix that are not read as trace are listed (the warning gives count and names);
+* `pdserve tune --trace-uri s3://…/ --trace-window-h` reads the prefix itself, skipping as above.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import time
 
 import pytest
 
 import runtime.tracking.traces as traces
-from runtime.tracking.traces import fetch_trace_workload
+from runtime.tracking.traces import fetch_trace_workload, skipped_note
 
 pytestmark = pytest.mark.integration
 
@@ -83,17 +83,41 @@ def test_arrivals_after_an_objects_last_modified_turn_skipping_off(s3_client, s3
     assert (w.requests, w.isl_tokens) == (2, 7)
 
 
-def test_keys_that_are_not_read_are_reported(s3_client, s3_bucket, caplog):
+def test_keys_that_are_not_read_are_reported(s3_client, s3_bucket):
     body = _lines(range(1_764_000_000_000, 1_764_000_010_000, 1000), 5, 5)
     for key in ["t/pod-a/1.jsonl", "t/pod-a/1.jsonl/2.jsonl", "t/README.txt", "t/pod-a/.state.jsonl",
                 "t/pod-a/1.jsonl.gz"]:
         s3_client.put_object(Bucket=s3_bucket, Key=key, Body=body)
     s3_client.put_object(Bucket=s3_bucket, Key="t/empty/", Body=b"")  # a console's folder marker: not news
-    with caplog.at_level(logging.WARNING, logger="runtime.tracking.traces"):
-        w = fetch_trace_workload(f"s3://{s3_bucket}/t/", s3_client=s3_client)
+    w = fetch_trace_workload(f"s3://{s3_bucket}/t/", s3_client=s3_client)
     assert w.requests == 10
     assert w.skipped == ("README.txt (not .jsonl, .json or .csv)", "pod-a/.state.jsonl (hidden name)",
                          "pod-a/1.jsonl.gz (not .jsonl, .json or .csv)",
                          "pod-a/1.jsonl/2.jsonl (under the object pod-a/1.jsonl)")
-    (msg,) = [r.getMessage() for r in caplog.records]
+    msg = skipped_note(w.skipped, f"s3://{s3_bucket}/t/")
     assert f"4 file(s) under s3://{s3_bucket}/t/ not read as trace: README.txt" in msg and "2.jsonl" in msg
+
+
+def test_pdserve_tune_reads_a_windowed_prefix_straight_from_s3(s3_server, shipped, tmp_path, monkeypatch):
+    """`pdserve tune --trace-uri s3://…/ --trace-window-h H` without --trace: read from S3 with the
+    environment's credentials and endpoint (what a retune pod has), the window's requests only."""
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+    from runtime.config import DeploymentSpec
+    from runtime.paths import data_dir
+
+    for k in [k for k in __import__("os").environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(traces, "LAST_MODIFIED_MARGIN_S", 0.0)
+    out = tmp_path / "spec.json"
+    res = CliRunner().invoke(app, ["tune", str(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"),
+                                   "--trace-uri", shipped, "--trace-window-h", str(2 / 3600), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert f"workload: {shipped}: 5 requests" in text and "1 older object(s) not downloaded" in text
+    spec = DeploymentSpec.model_validate_json(out.read_text())
+    assert (spec.workload.isl_tokens, spec.workload.osl_tokens) == (1000, 20)
+    assert spec.workload.request_rate_per_s == pytest.approx(2.0)  # 5 arrivals 500 ms apart

@@ -314,3 +314,54 @@ def test_steady_traffic_has_no_peak_above_its_mean_and_one_file_cannot_mix_time_
         read_isl_osl(logs)
     with pytest.raises(ValueError, match="must not contain"):
         check_traffic_trace_uri("s3://b-1/$(MLFLOW_TRACKING_PASSWORD)/t.jsonl")
+
+
+def test_a_trace_window_keeps_the_last_hours_and_says_what_it_left_out(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    t0 = 1_764_000_000_000
+    trace.write_text("".join(json.dumps({"timestamp": t0 + k * 10_000, "input_length": 100, "output_length": 10})
+                             + "\n" for k in range(360))  # one hour, short prompts
+                     + "".join(json.dumps({"timestamp": t0 + 7_200_000 + k * 10_000, "input_length": 4000,
+                                           "output_length": 40}) + "\n" for k in range(360)))  # an hour later
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(trace), "--trace-window-h", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    spec = DeploymentSpec.model_validate_json(out.read_text())
+    assert (spec.workload.isl_tokens, spec.workload.osl_tokens) == (4000, 40)
+    assert "360 requests over 59.8 min in the last 1 h (360 older request(s) read and left out)" in " ".join(
+        res.output.split())
+    for value, needle in [("0", "--trace-window-h: must be a number of hours > 0"), ("inf", "> 0, got inf")]:
+        res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(trace), "--trace-window-h", value])
+        assert res.exit_code == 1 and needle in " ".join(res.output.split())
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace-window-h", "2"])
+    assert res.exit_code == 1 and "only with --trace or --trace-uri" in " ".join(res.output.split())
+    no_times = _write_trace(tmp_path / "n.jsonl", [(5, 5)] * 3)
+    no_times.write_text(no_times.read_text().replace('"timestamp": 1, ', ""))
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(no_times), "--trace-window-h", "2", "--rate", "1"])
+    assert res.exit_code == 1 and "a trace window needs arrival times" in " ".join(res.output.split())
+
+
+def test_a_presigned_trace_uri_is_refused_without_echoing_its_query(tmp_path):
+    trace = _write_trace(tmp_path / "t.jsonl", [(10, 1)] * 3)
+    for uri in ("https://b.s3.amazonaws.com/t.jsonl?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=feedface99",
+                "s3://b/t.jsonl#X-Amz-Signature=feedface99"):
+        for args in (["--trace", str(trace), "--trace-uri", uri], ["--trace-uri", uri]):
+            res = runner.invoke(app, ["tune", str(LLAMA_8B), "--rate", "1", *args])
+            text = " ".join(res.output.split())
+            assert res.exit_code == 1 and "must not carry a query string or fragment" in text
+            assert "feedface99" not in text and "AKIAEXAMPLE" not in text
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace-uri", "/data/t.jsonl"])
+    assert res.exit_code == 1 and "without --trace it must be an s3:// object or prefix" in " ".join(res.output.split())
+
+
+def test_a_folder_names_the_files_it_does_not_read(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _write_trace(logs / "a.jsonl", [(100, 10)] * 3)
+    (logs / "README.txt").write_text("notes")
+    (logs / "b.jsonl.gz").write_bytes(b"\x1f\x8b")
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(logs), "--rate", "1"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    assert "warning: 2 file(s) under" in text and "README.txt (not .jsonl, .json or .csv)" in text
+    assert "b.jsonl.gz" in text

@@ -247,3 +247,30 @@ def test_planner_mode_becomes_the_champions_planner_and_promote_renders_it(fsx, 
     assert "--planner=kubernetes" in find(objs, "InferenceService", "m")["spec"]["predictor"]["model"]["args"]
     _tune(fsx, "")
     assert recorded["spec"].planner.mode == "off"
+
+
+def test_a_trace_window_sizes_for_the_last_hours_and_a_bad_one_fails_validation(fsx, recorded):
+    """trace_window_h (pdserve tune --trace-window-h): an old hour of short prompts at 1/s, then a recent hour
+    of long ones at 2/s; the one-hour window sizes for the recent hour alone."""
+    trace = fsx / "traces" / "log.jsonl"
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    t0 = 1_764_000_000_000
+    trace.write_text("".join(json.dumps({"timestamp": t0 + k * 1000, "input_length": 100, "output_length": 10}) + "\n"
+                             for k in range(3600))
+                     + "".join(json.dumps({"timestamp": t0 + 3_600_000 + k * 500, "input_length": 3000,
+                                           "output_length": 30}) + "\n" for k in range(1, 7201)))
+    _tune(fsx, str(trace), trace_window_h=1.0)
+    w = recorded["spec"].workload
+    assert (w.isl_tokens, w.osl_tokens) == (3000, 30) and w.request_rate_per_s == pytest.approx(2.0, rel=1e-3)
+    _tune(fsx, str(trace))  # without: both hours
+    assert recorded["spec"].workload.isl_tokens < 3000
+    for bad, needle in [(-1.0, "trace_window_h: must be a number of hours > 0"), (float("nan"), "got nan"),
+                        (2.0, "trace_window_h: only with a traffic_trace_uri")]:
+        with pytest.raises(ValueError, match=needle):
+            validate_step(**VALID, traffic_trace_uri="" if bad == 2.0 else "s3://traffic/logs/", trace_window_h=bad)
+
+
+def test_a_presigned_trace_uri_fails_validation_without_its_signature():
+    with pytest.raises(ValueError) as e:
+        validate_step(**VALID, traffic_trace_uri="s3://traffic/t.jsonl?X-Amz-Signature=0123456789abcdef")
+    assert "must not carry a query string" in str(e.value) and "0123456789abcdef" not in str(e.value)
