@@ -432,8 +432,6 @@ def tune(
                             "read (a local trace is given with --trace)")
             fetch = False
     if trace_window_h is not None:
-        import math
-
         if not (math.isfinite(trace_window_h) and trace_window_h > 0):
             problems.append(f"--trace-window-h: must be a number of hours > 0, got {trace_window_h:g}")
         elif trace is None and trace_uri is None:

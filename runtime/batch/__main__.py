@@ -217,6 +217,10 @@ def retune_cmd(
              "rate).")] = None,
     gpu_budget: Annotated[Optional[int], typer.Option(
         help="GPUs the deployment may use. Default: the champion's.")] = None,
+    trace_window_h: Annotated[Optional[float], typer.Option(
+        "--trace-window-h", help="Size for the traffic's last HOURS only (before its newest request); each run "
+             "then reads S3 itself (pdserve tune --trace-uri … --trace-window-h) instead of downloading the whole "
+             "prefix as an artifact, and skips objects last modified before the window.")] = None,
     planner: Annotated[Optional[str], typer.Option(
         help="SLO planner of the re-tuned deployment: off, sla or load (as `pdserve tune --planner`). Default: "
              "the champion's.")] = None,
@@ -267,7 +271,7 @@ def retune_cmd(
     _emit(retune_cron_workflow, RetuneCronWorkflowSpec, dict(
         name=name or default_name, schedule=schedule, timezone=timezone, model_name=model_name, gpu=gpu,
         ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, planner=planner,
-        min_improvement_pct=min_improvement_pct, traffic_uri=traffic,
+        min_improvement_pct=min_improvement_pct, traffic_uri=traffic, trace_window_h=trace_window_h,
         registered_model=registered_model, mlflow_uri=mlflow_uri, pvc_name=pvc, promote=promote,
         promote_namespace=promote_namespace, promote_image=promote_image,
         promote_service_account=promote_service_account, promote_traffic_upload=promote_traffic_upload,

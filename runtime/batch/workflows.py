@@ -21,7 +21,10 @@
   and automatic rollback.
   The traffic may be one object or a PREFIX (``s3://bucket/traffic/llama8/``, e.g. one traffic log per runtime
   replica): Argo downloads every object under a key that names no object as a directory (Argo docs,
-  walk-through/hardwired-artifacts.md), and ``pdserve tune --trace DIR`` reads the folder as one trace.
+  walk-through/hardwired-artifacts.md), and ``pdserve tune --trace DIR`` reads the folder as one trace. With
+  ``trace_window_h`` the step instead runs ``pdserve tune --trace-uri s3://… --trace-window-h H``: no artifact,
+  tune reads S3 itself (credentials by ``envFrom`` of the S3 secret, else IAM) and leaves unread the objects
+  last modified before the window, so a prefix holding weeks of shipments is not downloaded whole.
 
 Credentials are only ever referenced, never embedded: S3 and MLflow credentials reach the containers through
 ``envFrom: secretRef`` (secrets ``pdserve-s3`` with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and ``pdserve-mlflow``
@@ -338,6 +341,12 @@ class RetuneCronWorkflowSpec(_Common):
                                          "GeneratedTokens) or .jsonl (Mooncake: input_length, output_length), or "
                                          "s3://bucket/prefix/ (every such file under it, e.g. one traffic log "
                                          "per runtime replica, read as one trace).")
+    trace_window_h: Optional[float] = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="Size for the requests of the traffic's last HOURS only (pdserve tune --trace-window-h). Set, "
+                    "the step reads the traffic from S3 itself instead of an Argo artifact (credentials: the "
+                    "s3_secret by envFrom, else the pod's IAM role), so objects of a prefix last modified before "
+                    "the window are not downloaded. None: the whole traffic, downloaded as an Argo artifact.")
     s3_region: Optional[str] = Field(None, min_length=1, description="Region of the traffic bucket (artifact).")
     mlflow_uri: str = Field("http://mlflow.mlflow.svc:5000", description="MLflow tracking server, http(s)://.")
     mlflow_secret: Optional[K8sName] = Field(
@@ -478,15 +487,19 @@ def trace_path(spec: RetuneCronWorkflowSpec) -> str:
 def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     """The tune step's command line (command + args): ``pdserve tune … --like NAME … --register NAME``, so the run
     re-tunes the registered champion's deployment (its GPU, precision, SLO, GPU budget and planner mode, each
-    overridden only by a value the spec gives) and moves alias champion only when the winner beats it. With
-    ``spec.promote`` it also writes its decision (DECISION_FILE, and DECISION_DIR for the output parameters)."""
+    overridden only by a value the spec gives) and moves alias champion only when the winner beats it. The traffic:
+    ``--trace <artifact path> --trace-uri <traffic_uri>``, or with ``trace_window_h`` ``--trace-uri <traffic_uri>
+    --trace-window-h H`` (tune reads S3 itself). With ``spec.promote`` it also writes its decision (DECISION_FILE,
+    and DECISION_DIR for the output parameters)."""
     given = [("--gpu", spec.gpu), ("--ttft-ms", spec.ttft_ms), ("--itl-ms", spec.itl_ms),
              ("--rate", spec.rate),  # None: the trace's own arrival rate
              ("--gpu-budget", spec.gpu_budget), ("--planner", spec.planner),
              ("--min-improvement-pct", spec.min_improvement_pct)]
     opts = [a for opt, v in given if v is not None for a in (opt, v if isinstance(v, str) else _num(v))]
+    trace = (["--trace", trace_path(spec)] if spec.trace_window_h is None
+             else ["--trace-window-h", _num(spec.trace_window_h)])
     return ["pdserve", "tune", f"{FSX_MOUNT}/models/{spec.model_name}/config.json",
-            "--like", spec.registered_model, *opts, "--trace", trace_path(spec),
+            "--like", spec.registered_model, *opts, *trace,
             "--trace-uri", spec.traffic_uri,
             "--mlflow-uri", spec.mlflow_uri,
             "--register", spec.registered_model, "--out", f"{WORK_DIR}/winner.json",
@@ -609,10 +622,18 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
     spec = RetuneCronWorkflowSpec.model_validate(spec.model_dump())
     labels = _labels("retune")
     argv = retune_argv(spec)
+    direct = spec.trace_window_h is not None  # tune reads the traffic from S3 itself: env credentials, no artifact
     env = [Env(name="PYTHONUNBUFFERED", value="1"),
            Env(name="PDSERVE_HOME", value=f"{WORK_DIR}/state")]  # writable (the image's tree may not be)
+    if direct and spec.s3_endpoint_url:
+        env.append(Env(name="AWS_ENDPOINT_URL_S3", value=spec.s3_endpoint_url))
+    if direct and spec.s3_region:
+        env.append(Env(name="AWS_REGION", value=spec.s3_region))
     # optional: infra/k8s/mlflow has no authentication; a Secret is only needed where MLflow has one
-    mlflow_env = [SecretEnvFrom(name=spec.mlflow_secret, optional=True)] if spec.mlflow_secret else None
+    mlflow_env = [SecretEnvFrom(name=spec.mlflow_secret, optional=True)] if spec.mlflow_secret else []
+    tune_env_from = list(mlflow_env)
+    if direct and spec.s3_secret:  # optional: without it boto3 falls back to the pod's IAM role
+        tune_env_from.append(SecretEnvFrom(name=spec.s3_secret, optional=True))
 
     def volumes():
         return [ExistingVolume(name="fsx", claim_name=spec.pvc_name, mount_path=FSX_MOUNT, read_only=True),
@@ -629,7 +650,7 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
     ) as cron:
         tune = Container(
             name="tune" if spec.promote else "retune", image=spec.image, command=argv[:1], args=argv[1:], env=env,
-            env_from=mlflow_env, volumes=volumes(), inputs=[_traffic_artifact(spec)],
+            env_from=tune_env_from or None, volumes=volumes(), inputs=None if direct else [_traffic_artifact(spec)],
             # Argo reads each output parameter from a file (valueFrom.path): the values tune --decision-values wrote
             outputs=[Parameter(name=p, value_from=m.ValueFrom(path=f"{DECISION_DIR}/{p}"))
                      for p in (REPLACED_PARAM, VERSION_PARAM)] if spec.promote else None,
@@ -639,7 +660,7 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
         if spec.promote:
             pargv = promote_argv(spec)
             promote = Container(
-                name="promote", image=spec.image, command=pargv[:1], args=pargv[1:], env=env, env_from=mlflow_env,
+                name="promote", image=spec.image, command=pargv[:1], args=pargv[1:], env=env, env_from=mlflow_env or None,
                 volumes=volumes(),  # /fsx: promote checks the champion's staged copy; /work: its --out
                 inputs=[Parameter(name="version")],
                 service_account_name=spec.promote_service_account,  # may apply; the tune pod may not

@@ -698,3 +698,38 @@ def test_the_cli_wires_the_promote_options(tmp_path):
     res = CliRunner().invoke(app, [*base[:5], "s3://pdserve-traffic/t.csv", *base[6:], "--promote"])
     text = " ".join(res.output.split())
     assert res.exit_code == 2 and "--promote-traffic-upload: traffic_uri" in text
+
+
+def test_a_windowed_retune_reads_s3_itself_instead_of_downloading_the_prefix():
+    """trace_window_h: no Argo artifact (it would download every object under the prefix); the step runs
+    `pdserve tune --trace-window-h H --trace-uri s3://…/` with the S3 secret by envFrom (or IAM), the endpoint
+    and region in its env. Without it, the artifact stays."""
+    cron = retune_cron_workflow(retune_spec(traffic_uri="s3://pdserve-traffic/traffic/llama8/", trace_window_h=24,
+                                            s3_endpoint_url="http://minio.minio.svc:9000", s3_region="eu-west-1"))
+    assert validate_workflow_objects([cron]) == []
+    tpl = template(cron)
+    assert "inputs" not in tpl
+    args = argv(cron)
+    assert "--trace" not in args and args[args.index("--trace-window-h") + 1] == "24"
+    assert args[args.index("--trace-uri") + 1] == "s3://pdserve-traffic/traffic/llama8/"
+    c = tpl["container"]
+    assert {"name": "pdserve-s3", "optional": True} in [e["secretRef"] for e in c["envFrom"]]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert (env["AWS_ENDPOINT_URL_S3"], env["AWS_REGION"]) == ("http://minio.minio.svc:9000", "eu-west-1")
+    assert not any(v in str(cron) for v in SECRET_VALUES)
+    iam = template(retune_cron_workflow(retune_spec(trace_window_h=0.5, s3_secret=None)))
+    assert [e["secretRef"]["name"] for e in iam["container"]["envFrom"]] == ["pdserve-mlflow"]
+    assert "--trace-window-h" not in argv(retune_cron_workflow(retune_spec()))
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValidationError, match="trace_window_h"):
+            retune_spec(trace_window_h=bad)
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    res = CliRunner().invoke(app, ["batch", "retune-schedule", "--model-name", "llama8", "--traffic",
+                                   "s3://pdserve-traffic/traffic/llama8/", "--registered-model", "m1",
+                                   "--trace-window-h", "168"])
+    assert res.exit_code == 0, res.output
+    (cron,) = yaml.safe_load_all(res.stdout)
+    assert argv(cron)[argv(cron).index("--trace-window-h") + 1] == "168" and "inputs" not in template(cron)
