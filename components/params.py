@@ -41,6 +41,9 @@ PARAM_DOCS: dict[str, str] = {
     "traffic_trace_uri": "Traffic to size for instead of isl_tokens/osl_tokens: s3://bucket/key (.jsonl/.csv), "
                          "s3://bucket/prefix/ (every object under it, e.g. what traffic_upload_uri ships) or an "
                          "absolute path under fsx_root; empty: none.",
+    "trace_window_h": "With traffic_trace_uri: size only for the requests of the last HOURS before the trace's "
+                      "newest one (an s3:// prefix skips objects last modified before that window); 0: the whole "
+                      "trace.",
     "mlflow_tracking_uri": "MLflow tracking server (http://mlflow.mlflow.svc:5000 in-cluster; sqlite:///... "
                            "locally); credentials from the pdserve-mlflow Secret.",
     "registered_model": "MLflow registered model the winner is registered under, with alias champion.",
