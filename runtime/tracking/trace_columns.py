@@ -129,10 +129,18 @@ def parse_csv(lines: Iterable[str], name: str) -> TraceColumns:
     Raises:
         TraceFormatError: a length column missing; a length that is not a whole number or a ``TIMESTAMP``
             :func:`parse_csv_timestamp` refuses (``name:line`` and the column in the message). Without a
-            ``TIMESTAMP`` column the file has no usable times (``times_s`` None).
+            ``TIMESTAMP`` column the file has no usable times (``times_s`` None). Anything the csv module refuses
+            (csv.Error: a field over its size limit, ...) is a TraceFormatError naming ``name:line`` too.
     """
-    out = TraceColumns(name)
     reader = csv.reader(lines)
+    try:
+        return _parse_csv_rows(reader, name)
+    except csv.Error as e:  # a field over csv.field_size_limit(), a NUL, ...: named like every other bad line
+        raise TraceFormatError(f"{name}:{reader.line_num}: not CSV: {e}") from None
+
+
+def _parse_csv_rows(reader, name: str) -> TraceColumns:  # noqa: ANN001 - a csv.reader
+    out = TraceColumns(name)
     header = next(reader, None) or []
     missing = [k for k in CSV_LENGTH_COLUMNS if k not in header]
     if missing:

@@ -19,6 +19,7 @@ keeps the requests of the trace's last hours, and on an S3 prefix leaves unread 
 from __future__ import annotations
 
 import codecs
+import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -84,9 +85,29 @@ def skipped_note(skipped: Iterable[str], where: str) -> str:
     return f"{len(skipped)} file(s) under {where} not read as trace: {shown}"
 
 
+_EOL = re.compile(r"(\r\n|\r|\n)")
+
+
+def _split_lines(text: str) -> tuple[list[str], str]:
+    """The complete lines of ``text`` (ending kept) and the incomplete rest. A line ends at '\n', '\r\n' or a lone
+    '\r' (old-Mac CSV exports; what ``open(newline="")`` gave the csv module): a '\r' at the very end is kept in
+    the rest, as it may be the first half of a '\r\n' split across chunks."""
+    held = ""
+    if text.endswith("\r"):
+        text, held = text[:-1], "\r"
+    if "\r" not in text:  # the common case, at str.split speed
+        lines = text.split("\n")
+        rest = lines.pop()
+        return [line + "\n" for line in lines], rest + held
+    parts = _EOL.split(text)  # [line, ending, line, ending, ..., rest]
+    rest = parts.pop()
+    return [parts[i] + parts[i + 1] for i in range(0, len(parts), 2)], rest + held
+
+
 def text_lines(chunks: Iterable[bytes], name: str) -> Iterator[str]:
-    """The lines (ending kept) of UTF-8 text arriving as byte ``chunks`` (a BOM before the first is dropped:
-    it is not JSON, and would glue itself to a CSV's first column); reads one chunk at a time.
+    """The lines (ending kept: '\n', '\r\n' or a lone '\r') of UTF-8 text arriving as byte ``chunks`` (a BOM
+    before the first is dropped: it is not JSON, and would glue itself to a CSV's first column); reads one chunk
+    at a time.
 
     Raises:
         TraceFormatError: not UTF-8, naming ``name`` and the byte offset.
@@ -99,10 +120,8 @@ def text_lines(chunks: Iterable[bytes], name: str) -> Iterator[str]:
         except UnicodeDecodeError as e:
             raise TraceFormatError(f"{name}: not UTF-8 text ({e.reason} at byte {offset + e.start})") from None
         offset += len(chunk)
-        lines = text.split("\n")
-        rest = lines.pop()
-        for line in lines:
-            yield line + "\n"
+        lines, rest = _split_lines(text)
+        yield from lines
     try:
         rest += decoder.decode(b"", final=True)
     except UnicodeDecodeError as e:

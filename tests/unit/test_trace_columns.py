@@ -183,3 +183,35 @@ def test_a_trace_uri_with_a_query_or_fragment_is_refused_without_echoing_it(uri)
             call(uri)
         assert "deadbeef" not in str(e.value) and "secrettoken" not in str(e.value)
         assert "s3://bucket/traffic/" in str(e.value)
+
+
+@pytest.mark.parametrize("eol", ["\r", "\r\n", "\n"])
+def test_csv_and_jsonl_read_with_any_line_ending(tmp_path, eol):
+    """A CSV saved with old-Mac CR line endings read as before the one-pass reader (``open(newline="")``), not as
+    one line that the csv module refuses with an untyped ``_csv.Error``; a CR split across read chunks is one
+    line ending."""
+    from runtime.tracking.traces import load_trace_workload, text_lines
+
+    csv_file = tmp_path / "t.csv"
+    csv_file.write_bytes(eol.join(["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.1,100,10",
+                                   "2023-11-16 18:16:46.1,300,30", ""]).encode())
+    w = load_trace_workload(csv_file)
+    assert (w.requests, w.isl_tokens, w.osl_tokens) == (2, 200, 20)
+    assert w.request_rate_per_s == pytest.approx(1 / 60)
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_bytes(eol.join(json.dumps({"timestamp": t, "input_length": 7, "output_length": 3})
+                               for t in (0, 1000)).encode())
+    assert load_trace_workload(jsonl).requests == 2
+    assert list(text_lines([b"a\r", b"\nb\r", b"c"], "n")) == ["a\r\n", "b\r", "c"]
+
+
+def test_a_csv_the_csv_module_refuses_is_a_trace_format_error_naming_the_line(tmp_path):
+    """Any csv.Error (a field over the csv module's size limit, ...) names file and line as a TraceFormatError (a
+    ValueError the CLI and the tune step report), never an untyped ``_csv.Error`` traceback."""
+    from runtime.tracking.traces import load_trace_workload
+
+    f = tmp_path / "big.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,1\n"
+                 f"2023-11-16 18:15:47,\"{'9' * 200_000}\",1\n")
+    with pytest.raises(TraceFormatError, match=re.escape(f"{f}:3")):
+        load_trace_workload(f)
