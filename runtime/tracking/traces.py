@@ -113,19 +113,25 @@ def text_lines(chunks: Iterable[bytes], name: str) -> Iterator[str]:
         TraceFormatError: not UTF-8, naming ``name`` and the byte offset.
     """
     decoder = codecs.getincrementaldecoder("utf-8-sig")()
-    rest, offset = "", 0
+    partial: list[str] = []  # the line not ended yet, in pieces: joined once it ends (not re-copied per chunk)
+    offset = 0
     for chunk in chunks:
         try:
-            text = rest + decoder.decode(chunk)
+            piece = decoder.decode(chunk)
         except UnicodeDecodeError as e:
             raise TraceFormatError(f"{name}: not UTF-8 text ({e.reason} at byte {offset + e.start})") from None
         offset += len(chunk)
-        lines, rest = _split_lines(text)
+        if "\n" not in piece and "\r" not in piece and not (partial and partial[-1].endswith("\r")):
+            partial.append(piece)
+            continue
+        lines, rest = _split_lines("".join(partial) + piece)
+        partial = [rest]
         yield from lines
     try:
-        rest += decoder.decode(b"", final=True)
+        partial.append(decoder.decode(b"", final=True))
     except UnicodeDecodeError as e:
         raise TraceFormatError(f"{name}: not UTF-8 text ({e.reason} at the end)") from None
+    rest = "".join(partial)
     if rest:
         yield rest
 
