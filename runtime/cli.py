@@ -895,6 +895,9 @@ def promote(
     unless --allow-unstaged."""
     from runtime.steps import promote_step
 
+    if expect_version is not None and not expect_version.strip():  # promote_step reads "" as "no guard"
+        _fail("--expect-version: empty; give the version alias champion must name (tune --decision-values' "
+              "registered_version), or leave the option out")
     if apply and not kube_context:
         from runtime.deploy.kube import in_cluster_available
 

@@ -32,3 +32,20 @@ def test_promote_with_an_existing_percent_encoded_database_goes_on_to_mlflow(tmp
     res = runner.invoke(app, ["promote", "m", "--mlflow-uri", f"sqlite:///{quote(str(db))}",
                               "--out", str(tmp_path / "m.yaml")], env={"COLUMNS": "300"})
     assert "no such database file" not in res.output
+
+
+def test_an_empty_expect_version_is_refused_not_read_as_no_guard(tmp_path, monkeypatch):
+    """`--expect-version ""` (e.g. an Argo parameter that came out empty) used to reach promote_step as "", which
+    means "no guard": whatever alias champion names was rendered and applied. It is refused before MLflow or the
+    cluster is asked."""
+    import runtime.steps
+
+    called = []
+    monkeypatch.setattr(runtime.steps, "promote_step", lambda *a, **kw: called.append(a))
+    db = tmp_path / "m.db"
+    db.write_bytes(b"")
+    for empty in ("", "  "):
+        res = runner.invoke(app, ["promote", "m", "--mlflow-uri", f"sqlite:///{db}", "--expect-version", empty,
+                                  "--out", str(tmp_path / "m.yaml")], env={"COLUMNS": "300"})
+        assert res.exit_code == 1 and "--expect-version" in res.output, res.output
+    assert called == [] and not (tmp_path / "m.yaml").exists()
