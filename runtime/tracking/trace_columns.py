@@ -129,7 +129,9 @@ def parse_csv(lines: Iterable[str], name: str) -> TraceColumns:
     Raises:
         TraceFormatError: a length column missing; a length that is not a whole number or a ``TIMESTAMP``
             :func:`parse_csv_timestamp` refuses (``name:line`` and the column in the message). Without a
-            ``TIMESTAMP`` column the file has no usable times (``times_s`` None). Anything the csv module refuses
+            ``TIMESTAMP`` column the file has no usable times (``times_s`` None). A file whose TIMESTAMPs mix
+            zone-less and zoned times is refused at the first that differs from the first (zone-less is read as
+            UTC, which would shift the others' arrivals). Anything the csv module refuses
             (csv.Error: a field over its size limit, ...) is a TraceFormatError naming ``name:line`` too.
     """
     reader = csv.reader(lines)
@@ -151,6 +153,7 @@ def _parse_csv_rows(reader, name: str) -> TraceColumns:  # noqa: ANN001 - a csv.
         out.times_s = None
     width = len(header)
     cache: dict[str, float] = {}  # the Azure trace repeats whole seconds; parse each distinct prefix once
+    first_time: tuple[str, bool] | None = None  # the first TIMESTAMP and whether it carries a zone
     for row in reader:
         n = reader.line_num  # the physical line the row ended on (a quoted cell may span lines)
         if not row:
@@ -159,11 +162,21 @@ def _parse_csv_rows(reader, name: str) -> TraceColumns:  # noqa: ANN001 - a csv.
         out.isl_tokens.append(length(row[i_col], name, n, "ContextTokens"))
         out.osl_tokens.append(length(row[o_col], name, n, "GeneratedTokens"))
         if t_col is not None:
-            out.times_s.append(parse_csv_timestamp(row[t_col], name, n, cache))
+            cell = row[t_col]
+            out.times_s.append(parse_csv_timestamp(cell, name, n, cache))
+            zoned = _ZONE_AT_END.search(cell) is not None
+            if first_time is None:
+                first_time = (cell.strip(), zoned)
+            elif zoned != first_time[1]:  # a zone-less time is read as UTC: beside zoned ones it would be shifted
+                raise TraceFormatError(
+                    f"{name}:{n}: {CSV_TIME_COLUMN} {cell.strip()!r} {'has' if zoned else 'has no'} time zone, but "
+                    f"{first_time[0]!r} (the file's first) {'has' if first_time[1] else 'has none'}: zone-less times "
+                    "are read as UTC, so mixing them with zoned ones would shift arrivals; write every time one way")
     out._check_times()
     return out
 
 
+_ZONE_AT_END = re.compile(r"(?:Z|[+-]\d{2}:?\d{2})\s*$", re.IGNORECASE)  # a TIMESTAMP's zone (see _ISO)
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?\s*(Z|[+-]\d{2}:?\d{2})?",
                   re.IGNORECASE)
 

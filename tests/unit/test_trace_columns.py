@@ -229,3 +229,16 @@ def test_a_long_line_is_assembled_in_linear_time(monkeypatch):
     lines = list(traces.text_lines(iter([b"x" * 1024] * 2000 + [b"\n"]), "n"))
     assert lines == ["x" * 1024 * 2000 + "\n"]
     assert sum(copied) <= 4 * 1024 * 2000
+
+
+def test_a_csv_mixing_zoned_and_zone_less_times_is_refused_naming_the_line():
+    """A zone-less time is read as UTC; in a file that also has zoned times that silently shifts some arrivals by
+    the zone's offset (here 2 h: a 60 s trace would span 2 h, its rate 120x too low). Such a file is refused at
+    the first line whose kind differs, naming it and both values; files of one kind read as before."""
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    mixed = head + "2023-11-16 18:15:00+02:00,100,10\n2023-11-16 16:16:00,100,10\n"
+    with pytest.raises(TraceFormatError, match=r"t\.csv:3: .*'2023-11-16 16:16:00' has no time zone.*'2023-11-16 18:15:00\+02:00'"):
+        parse_csv(mixed.splitlines(keepends=True), "t.csv")
+    for rows in (["2023-11-16 18:15:00+02:00", "2023-11-16 16:16:00Z"], ["2023-11-16 18:15:00", "2023-11-16 18:16:00"]):
+        c = parse_csv([head] + [f"{r},100,10\n" for r in rows], "t.csv")
+        assert c.times_s[1] - c.times_s[0] == pytest.approx(60.0)
