@@ -879,6 +879,10 @@ def promote(
         help="Promote only when alias champion is this version, e.g. the one `pdserve tune --register` just "
              "made champion (its --decision-out); another version fails (exit 1) before anything is rendered or "
              "applied.")] = None,
+    skip_if_live: Annotated[bool, typer.Option(
+        "--skip-if-live", help="With --apply: apply nothing when the InferenceService already serves this "
+                               "version's revision with the same --image (exit 0), instead of a canary of the "
+                               "serving revision; what a scheduled re-tune's promote step runs.")] = False,
     traffic_upload: Annotated[Optional[str], typer.Option(
         metavar="s3://BUCKET/PREFIX/",
         help="Record the endpoint's traffic (one line per finished request: time, prompt and completion tokens, "
@@ -898,6 +902,8 @@ def promote(
     if expect_version is not None and not expect_version.strip():  # promote_step reads "" as "no guard"
         _fail("--expect-version: empty; give the version alias champion must name (tune --decision-values' "
               "registered_version), or leave the option out")
+    if skip_if_live and not apply:
+        _fail("--skip-if-live: only applies with --apply")
     if apply and not kube_context:
         from runtime.deploy.kube import in_cluster_available
 
@@ -914,7 +920,8 @@ def promote(
     try:
         info = promote_step(expect_version or "", registered_model, mlflow_uri, namespace, image, pvc, apply,
                             kube_context, str(out),
-                            require_staged=not allow_unstaged, traffic_upload_uri=traffic_upload or "")
+                            require_staged=not allow_unstaged, traffic_upload_uri=traffic_upload or "",
+                            skip_if_live=skip_if_live)
     except RolledBackError as e:  # manifests were written; the canary was rolled back
         _fail(str(e))
     except StagingError as e:  # the champion's model folder is not a verified staged copy
@@ -923,7 +930,9 @@ def promote(
     except Exception as e:  # noqa: BLE001 - CLI edge: show the message, not a traceback
         _fail(f"{type(e).__name__}: {e}")
     console.print(escape(f"version {info['version']}: {info['num_objects']} objects {info['kinds']} → {out}")
-                  + (" (applied)" if info["applied"] else ""))
+                  + (" (applied)" if info["applied"] else "")
+                  + (f" (already live as revision v{info['version']} with image {image}: nothing applied)"
+                     if info.get("already_live") else ""))
 
 
 def _serve_model_folder(path: Path, source: str) -> Path:

@@ -448,8 +448,14 @@ def promote_step(
     *,
     require_staged: bool = True,
     traffic_upload_uri: str = "",
+    skip_if_live: bool = False,
 ) -> dict[str, Any]:
     """Render the champion's KServe + Kubernetes objects, validate them, write YAML; apply when asked.
+
+    With `apply` and `skip_if_live`, nothing is applied when the InferenceService already serves the champion's
+    revision (`v<version>`) with the same `image` (returned `already_live` True): a scheduled re-tune whose
+    champion stayed, or a retried one whose earlier attempt moved the alias, promotes only what is not yet live
+    instead of re-running a canary of the serving revision.
 
     `traffic_upload_uri` (``s3://bucket/prefix/``; empty: off) makes the runtime record its traffic and ship
     it under ``<prefix><InferenceService name>/`` (runtime.deploy.target.ClusterTarget.traffic_upload_uri),
@@ -531,6 +537,13 @@ def promote_step(
 
         # No context: the pod's own service account, never whatever kubeconfig happens to be current.
         kube = Kube.from_context(kube_context) if kube_context else Kube.in_cluster()
+        if skip_if_live:
+            from runtime.deploy.rollout import current_champion
+
+            live = current_champion(kube, name=name, namespace=namespace)
+            if live is not None and live.revision == revision and live.image == image:
+                return {"path": out_path, "num_objects": len(objs), "version": str(version), "applied": False,
+                        "already_live": True, "kinds": json.dumps(sorted({o["kind"] for o in objs}))}
         # Canary beside the current champion, SLO probe, automatic rollback; every step tagged in MLflow.
         result = promote_version(spec, str(version), name=name, namespace=namespace, image=image,
                                  pvc_name=pvc_name, kube_context=kube_context or None, kube=kube,
@@ -542,5 +555,5 @@ def promote_step(
                 f"revision {result.previous_revision}: {result.reason} (see the MLflow version's pdserve.deploy.* tags)")
         applied = True
     return {"path": out_path, "num_objects": len(objs), "version": str(version), "applied": applied,
-            "kinds": json.dumps(sorted({o["kind"] for o in objs}))}
+            "already_live": False, "kinds": json.dumps(sorted({o["kind"] for o in objs}))}
 

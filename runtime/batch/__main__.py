@@ -232,10 +232,10 @@ def retune_cmd(
     pvc: Annotated[Optional[str], typer.Option(
         help="FSx for Lustre PVC holding /fsx/models (with --promote also the promoted workers').")] = None,
     promote: Annotated[bool, typer.Option(
-        "--promote", help="Add a promote step: `pdserve promote <registered-model> --apply --expect-version V`, run "
-                          "only when the tune step made its version V champion (never when the champion stayed); "
-                          "a canary beside the serving champion, probed against the SLO, rolled back when it "
-                          "misses.")] = False,
+        "--promote", help="Add a promote step: `pdserve promote <registered-model> --apply --skip-if-live "
+                          "--expect-version V` for the version V alias champion names after the tune step: a "
+                          "canary beside the serving revision, probed against the SLO and rolled back when it "
+                          "misses; nothing applied when V already serves (the champion stayed).")] = False,
     promote_namespace: Annotated[Optional[str], typer.Option(
         help="With --promote: namespace of the InferenceService (default: --namespace).")] = None,
     promote_image: Annotated[Optional[str], typer.Option(

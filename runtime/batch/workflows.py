@@ -15,10 +15,10 @@
   input artifact, the winner is registered in MLflow and takes alias champion only when it beats the champion's
   deployment on the same traffic by ``--min-improvement-pct``. Promotion is a separate step unless ``promote`` is
   on: then the workflow is two steps, ``tune`` (which also writes its decision, ``tune --decision-out`` /
-  ``--decision-values``, and exposes ``replaced`` and ``registered_version`` as output parameters) and ``promote``,
-  ``pdserve promote <name> --apply --expect-version <registered_version>`` as service account pdserve-promoter,
-  run only ``when`` ``replaced`` is ``true`` (never when the champion stayed): a canary rollout with the SLO probe
-  and automatic rollback.
+  ``--decision-values``, and exposes ``replaced``, ``registered_version`` and ``champion_version`` as output
+  parameters) and ``promote``, ``pdserve promote <name> --apply --skip-if-live --expect-version
+  <champion_version>`` as service account pdserve-promoter: a canary rollout with the SLO probe and automatic
+  rollback when the champion is not live yet, nothing when it already serves (the champion stayed).
   The traffic may be one object or a PREFIX (``s3://bucket/traffic/llama8/``, e.g. one traffic log per runtime
   replica): Argo downloads every object under a key that names no object as a directory (Argo docs,
   walk-through/hardwired-artifacts.md), and ``pdserve tune --trace DIR`` reads the folder as one trace. With
@@ -529,21 +529,25 @@ def promote_traffic_upload_uri(spec: RetuneCronWorkflowSpec) -> Optional[str]:
 #: where the tune step writes its decision when promote is on (`pdserve tune --decision-out / --decision-values`)
 DECISION_FILE = f"{WORK_DIR}/decision.json"
 DECISION_DIR = f"{WORK_DIR}/decision"
-#: the tune step's output parameters (one file each in DECISION_DIR) and the promote step's condition on them
-REPLACED_PARAM, VERSION_PARAM = "replaced", "registered_version"
-PROMOTE_WHEN = f"{{{{steps.tune.outputs.parameters.{REPLACED_PARAM}}}}} == true"
-# a container template sees only its own inputs: the step passes the version in as input parameter `version`
-PROMOTE_VERSION_ARG = f"{{{{steps.tune.outputs.parameters.{VERSION_PARAM}}}}}"
+#: the tune step's output parameters (one file each in DECISION_DIR): what became of the alias, for the run's record,
+#: and the version alias champion names after the run, which the promote step promotes
+REPLACED_PARAM, VERSION_PARAM, CHAMPION_PARAM = "replaced", "registered_version", "champion_version"
+# a container template sees only its own inputs: the step passes the champion in as input parameter `version`
+PROMOTE_VERSION_ARG = f"{{{{steps.tune.outputs.parameters.{CHAMPION_PARAM}}}}}"
 PROMOTE_VERSION = "{{inputs.parameters.version}}"
 
 
 def promote_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
-    """The promote step's command line (command + args): ``pdserve promote NAME --apply --expect-version V …``,
-    V being the version the tune step registered and made champion (the step's input parameter ``version``,
-    PROMOTE_VERSION_ARG; the template substitutes PROMOTE_VERSION), so a
-    champion moved by anyone else in between is refused; in-cluster credentials (no --kube-context); the
-    champion's model folder is checked as a staged copy on the FSx mount."""
-    argv = ["pdserve", "promote", spec.registered_model, "--apply", "--expect-version", PROMOTE_VERSION,
+    """The promote step's command line (command + args): ``pdserve promote NAME --apply --skip-if-live
+    --expect-version V …``, V being the version alias champion names after the tune step (the step's input
+    parameter ``version``, PROMOTE_VERSION_ARG; the template substitutes PROMOTE_VERSION), so a champion moved by
+    anyone else in between is refused. It runs after every successful tune, not only when that tune moved the
+    alias: ``--skip-if-live`` applies nothing when V already serves (the champion stayed), and a champion that is
+    not live yet is still promoted (a retried tune whose first attempt moved the alias sees its own version as
+    the champion and keeps it). In-cluster credentials (no --kube-context); the champion's model folder is
+    checked as a staged copy on the FSx mount."""
+    argv = ["pdserve", "promote", spec.registered_model, "--apply", "--skip-if-live", "--expect-version",
+            PROMOTE_VERSION,
             "--mlflow-uri", spec.mlflow_uri, "--namespace", spec.promote_namespace or spec.namespace,
             "--image", spec.promote_image, "--pvc", spec.pvc_name, "--out", f"{WORK_DIR}/manifests.yaml"]
     upload = promote_traffic_upload_uri(spec)
@@ -607,10 +611,10 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
     """The scheduled re-tuning ``CronWorkflow`` for ``spec`` as a plain dict (nothing is submitted).
 
     Without ``spec.promote`` one container template, ``retune`` (the entrypoint), runs ``retune_argv``. With it
-    the entrypoint ``retune`` is a steps template: step ``tune`` (template ``tune``, output parameters ``replaced``
-    and ``registered_version`` read from DECISION_DIR) then step ``promote`` (template ``promote``, ``when``
-    PROMOTE_WHEN, input parameter ``version``; ``promote_argv``; serviceAccountName
-    ``spec.promote_service_account``).
+    the entrypoint ``retune`` is a steps template: step ``tune`` (template ``tune``, output parameters ``replaced``,
+    ``registered_version`` and ``champion_version`` read from DECISION_DIR) then step ``promote`` (template
+    ``promote``, input parameter ``version`` = the tune step's ``champion_version``; ``promote_argv``, which
+    applies nothing when that version already serves; serviceAccountName ``spec.promote_service_account``).
 
     Raises:
         pydantic.ValidationError: only when ``spec`` was built with ``model_construct`` and is invalid.
@@ -653,7 +657,7 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
             env_from=tune_env_from or None, volumes=volumes(), inputs=None if direct else [_traffic_artifact(spec)],
             # Argo reads each output parameter from a file (valueFrom.path): the values tune --decision-values wrote
             outputs=[Parameter(name=p, value_from=m.ValueFrom(path=f"{DECISION_DIR}/{p}"))
-                     for p in (REPLACED_PARAM, VERSION_PARAM)] if spec.promote else None,
+                     for p in (REPLACED_PARAM, VERSION_PARAM, CHAMPION_PARAM)] if spec.promote else None,
             resources=Resources(cpu_request="1", cpu_limit="2", memory_request="2Gi", memory_limit="4Gi"),
             retry_strategy=RetryStrategy(limit=1, retry_policy="OnError"),
         )
@@ -669,8 +673,7 @@ def retune_cron_workflow(spec: RetuneCronWorkflowSpec) -> dict[str, Any]:
             )
             with Steps(name="retune"):
                 tune(name="tune")
-                promote(name="promote", when=PROMOTE_WHEN,
-                        arguments=[Parameter(name="version", value=PROMOTE_VERSION_ARG)])
+                promote(name="promote", arguments=[Parameter(name="version", value=PROMOTE_VERSION_ARG)])
     return cron.to_dict()
 
 

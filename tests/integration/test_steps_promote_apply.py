@@ -88,3 +88,25 @@ def test_promote_step_applies_in_cluster_and_raises_on_rollback(pod, fast_url, t
     client = MlflowClient(tracking_uri=uri)
     assert str(client.get_model_version_by_alias(REGISTERED, "champion").version) == v1
     assert json.loads(client.get_model_version(REGISTERED, v2).tags["pdserve.deploy.rollback"])["status"] == "ok"
+
+
+def test_skip_if_live_applies_nothing_when_the_revision_already_serves_with_that_image(pod, fast_url, tmp_path):
+    """A re-tune's promote step runs whenever its tune succeeded (a retried tune may already have moved the alias):
+    with skip_if_live it must not re-run a canary of the revision that already serves, yet must still promote
+    when the image changed."""
+    pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = dict(registered_model=REGISTERED, mlflow_tracking_uri=uri, namespace=NS, pvc_name=PVC, apply=True,
+                kube_context="", require_staged=False, skip_if_live=True)
+    v1 = tune_and_register(uri)
+    pod.revision_urls[f"v{v1}"] = fast_url
+    first = promote_step(champion_version=v1, image="img:1", out_path=str(tmp_path / "a.yaml"), **args)
+    assert first["applied"] is True and first["already_live"] is False  # nothing live yet: a first rollout
+    writes = sum(1 for method, *_ in pod.log if method != "GET")
+    again = promote_step(champion_version=v1, image="img:1", out_path=str(tmp_path / "b.yaml"), **args)
+    assert again["applied"] is False and again["already_live"] is True
+    assert sum(1 for method, *_ in pod.log if method != "GET") == writes  # not one object written
+    new_image = promote_step(champion_version=v1, image="img:2", out_path=str(tmp_path / "c.yaml"), **args)
+    assert new_image["applied"] is True and new_image["already_live"] is False
+    live = pod.live("serving.kserve.io/v1beta1", "InferenceService", REGISTERED)
+    assert live["metadata"]["annotations"]["pdserve.io/image"] == "img:2"

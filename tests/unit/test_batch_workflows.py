@@ -543,7 +543,10 @@ def test_without_promote_the_cron_is_one_tune_step_that_reports_nothing():
     assert "promote" not in str(cron)
 
 
-def test_with_promote_the_promote_step_runs_only_when_tune_made_its_version_champion():
+def test_with_promote_the_promote_step_promotes_the_champion_unless_it_already_serves():
+    """No `when` on `replaced`: a retried tune whose first attempt moved the alias writes replaced=false (it keeps
+    its own version), so the new champion would never be promoted; promote runs after every tune, for the version
+    alias champion names, and --skip-if-live applies nothing when that revision already serves."""
     cron = promote_cron()
     assert validate_workflow_objects([cron]) == []
     wfspec = cron["spec"]["workflowSpec"]
@@ -553,18 +556,20 @@ def test_with_promote_the_promote_step_runs_only_when_tune_made_its_version_cham
     assert tune_group == [{"name": "tune", "template": "tune"}]
     (step,) = promote_group
     assert step["template"] == "promote"
-    assert step["when"] == "{{steps.tune.outputs.parameters.replaced}} == true"
+    assert "when" not in step
     assert step["arguments"]["parameters"] == [
-        {"name": "version", "value": "{{steps.tune.outputs.parameters.registered_version}}"}]
+        {"name": "version", "value": "{{steps.tune.outputs.parameters.champion_version}}"}]
     # tune writes its decision where the output parameters read it
     tune_args = tpls["tune"]["container"]["command"] + tpls["tune"]["container"]["args"]
     assert tune_args[-4:] == ["--decision-out", "/work/decision.json", "--decision-values", "/work/decision"]
     assert tpls["tune"]["outputs"]["parameters"] == [
         {"name": "replaced", "valueFrom": {"path": "/work/decision/replaced"}},
-        {"name": "registered_version", "valueFrom": {"path": "/work/decision/registered_version"}}]
+        {"name": "registered_version", "valueFrom": {"path": "/work/decision/registered_version"}},
+        {"name": "champion_version", "valueFrom": {"path": "/work/decision/champion_version"}}]
     c = tpls["promote"]["container"]
     assert c["command"] + c["args"] == [
-        "pdserve", "promote", "llama8-pd", "--apply", "--expect-version", "{{inputs.parameters.version}}",
+        "pdserve", "promote", "llama8-pd", "--apply", "--skip-if-live", "--expect-version",
+        "{{inputs.parameters.version}}",
         "--mlflow-uri", "http://mlflow.mlflow.svc:5000", "--namespace", "pdserve", "--image", PDSERVE_IMAGE,
         "--pvc", "fsx-claim", "--out", "/work/manifests.yaml", "--traffic-upload", "s3://pdserve-traffic/traffic/"]
     assert tpls["promote"]["inputs"]["parameters"] == [{"name": "version"}]
@@ -579,7 +584,7 @@ def test_with_promote_the_promote_step_runs_only_when_tune_made_its_version_cham
 
 def test_the_files_tune_writes_are_the_ones_the_output_parameters_read(tmp_path):
     """The contract between `tune --decision-values DIR` (the real writer) and the tune template's valueFrom paths:
-    each parameter's file exists and holds what the promote step's `when` and --expect-version expect."""
+    each parameter's file exists and holds what the promote step's --expect-version expects."""
     from runtime.cli import _write_decision
 
     tpl = templates(promote_cron())["tune"]
@@ -590,9 +595,9 @@ def test_the_files_tune_writes_are_the_ones_the_output_parameters_read(tmp_path)
     _write_decision(decision, tmp_path / "d.json", tmp_path)
     read = {p["name"]: (tmp_path / Path(p["valueFrom"]["path"]).relative_to(folder)).read_text()
             for p in tpl["outputs"]["parameters"]}
-    assert read == {"replaced": "true", "registered_version": "7"}
+    assert read == {"replaced": "true", "registered_version": "7", "champion_version": "7"}
     _write_decision({**decision, "replaced": False, "champion_version": "6"}, None, tmp_path)
-    assert (tmp_path / "replaced").read_text() == "false"  # `false == true`: the promote step is skipped
+    assert (tmp_path / "champion_version").read_text() == "6"  # kept: promote 6 (nothing applied if it serves)
 
 
 @pytest.mark.parametrize("kw, upload", [
@@ -633,7 +638,8 @@ def test_bad_promote_options_are_refused(kw, why):
 @pytest.mark.parametrize("breaker, expect", [
     (lambda t: t["retune"]["steps"][1][0].update(when="{{steps.tune.outputs.parameters.replace}} == true"),
      "steps.tune.outputs.parameters.replace is not an output parameter of an earlier step"),
-    (lambda t: t["tune"].pop("outputs"), "steps.tune.outputs.parameters.replaced is not an output parameter"),
+    (lambda t: t["tune"].pop("outputs"), "steps.tune.outputs.parameters.champion_version is not an output "
+                                          "parameter"),
     (lambda t: t["retune"]["steps"][1][0].pop("arguments"), "input parameter 'version' of template 'promote'"),
     (lambda t: t["promote"]["container"]["args"].__setitem__(4, "{{steps.tune.outputs.parameters.x}}"),
      "refers to steps./tasks. outputs"),
@@ -662,6 +668,7 @@ def test_the_promote_steps_command_line_parses_with_the_real_cli(tmp_path, monke
     args[args.index("--mlflow-uri") + 1] = f"sqlite:///{db}"
     args[args.index("--out") + 1] = str(tmp_path / "m.yaml")
     args.remove("--apply")  # outside a pod --apply stops first, before the other options are used
+    args.remove("--skip-if-live")  # (and it only applies with --apply)
     res = CliRunner().invoke(pdserve_app, args)
     out = " ".join(res.output.split())
     assert res.exit_code == 1 and "no such database file" in out and not db.exists(), res.output
