@@ -16,23 +16,17 @@ import pytest
 from typer.testing import CliRunner
 
 from runtime.cli import app
-from runtime.paths import data_dir
+from tests.integration.test_tracking_cli_mlflow import ENV, LLAMA_70B, _flat  # noqa: F401 - shared
 
 pytestmark = pytest.mark.integration
 
 runner = CliRunner()
-LLAMA_70B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
-ENV = {"COLUMNS": "300", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory) -> str:
     """One real sqlite-backed tracking store for the module (its schema migration takes seconds)."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _tune(*args: str) -> str:

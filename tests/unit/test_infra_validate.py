@@ -267,14 +267,19 @@ def test_each_traffic_uploading_runtime_gets_a_role_that_may_only_put_its_own_fo
     assert V.traffic_upload_problems(parsed) == []
 
 
-def _break_iam(tree: Path, old: str, new: str) -> str:
-    f = tree / "infra/terraform/iam.tf"
+def _break(tree: Path, path: str, old: str, new: str) -> str:
+    """Replace the one `old` in `tree`/`path` by `new`; the consistency check must then FAIL: its detail."""
+    f = tree / path
     text = f.read_text()
     assert text.count(old) == 1, old
     f.write_text(text.replace(old, new, 1))
     res = by_name(V.run_all(tree, checkov="skip", tools=False))
     assert res["consistency"].status == "FAIL"
     return res["consistency"].detail
+
+
+def _break_iam(tree: Path, old: str, new: str) -> str:
+    return _break(tree, "infra/terraform/iam.tf", old, new)
 
 
 def test_runtime_service_account_without_traffic_association_is_reported(tree):
@@ -345,13 +350,7 @@ def test_a_namespaced_argo_controller_runs_the_batch_workflows():
 
 
 def _break_argo(tree: Path, file: str, old: str, new: str) -> str:
-    f = tree / "infra/k8s/argo" / file
-    text = f.read_text()
-    assert text.count(old) == 1, old
-    f.write_text(text.replace(old, new, 1))
-    res = by_name(V.run_all(tree, checkov="skip", tools=False))
-    assert res["consistency"].status == "FAIL"
-    return res["consistency"].detail
+    return _break(tree, f"infra/k8s/argo/{file}", old, new)
 
 
 def test_controller_instance_id_other_than_the_workflows_label_is_reported(tree):
