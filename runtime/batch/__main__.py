@@ -136,8 +136,12 @@ def _emit(build, spec_cls, fields: dict, out: Optional[Path]) -> None:
         write_text_atomically(out, text)
     except OSError as e:
         _fail(f"--out {out}: {e.strerror or e}", 1)
-    how = "argo cron create / kubectl apply -f" if obj["kind"] == "CronWorkflow" else "argo submit / kubectl create -f"
-    err.print(escape(f"wrote {out} ({obj['kind']}); submit it with {how} {out}"))
+    ns = obj["metadata"].get("namespace", "pdserve")
+    iid = (obj["metadata"].get("labels") or {}).get("workflows.argoproj.io/controller-instanceid")
+    argo = f"argo {'cron create' if obj['kind'] == 'CronWorkflow' else 'submit'} -n {ns}" + (
+        f" --instanceid {iid}" if iid else "")
+    how = f"{argo} {out} (or kubectl {'apply' if obj['kind'] == 'CronWorkflow' else 'create'} -f {out})"
+    err.print(escape(f"wrote {out} ({obj['kind']}); submit it with {how}"))
 
 
 #: spec field -> the option that sets it, where the names differ
@@ -215,6 +219,8 @@ def retune_cmd(
     rate: Annotated[Optional[float], typer.Option(
         help="Target request rate, requests/s (default: each run sizes for the recorded traffic's mean arrival "
              "rate).")] = None,
+    precision: Annotated[Optional[str], typer.Option(
+        help="bf16, fp8 or auto (as `pdserve tune --precision`). Default: the champion's.")] = None,
     gpu_budget: Annotated[Optional[int], typer.Option(
         help="GPUs the deployment may use. Default: the champion's.")] = None,
     trace_window_h: Annotated[Optional[float], typer.Option(
@@ -237,10 +243,12 @@ def retune_cmd(
                           "canary beside the serving revision, probed against the SLO and rolled back when it "
                           "misses; nothing applied when V already serves (the champion stayed).")] = False,
     promote_namespace: Annotated[Optional[str], typer.Option(
-        help="With --promote: namespace of the InferenceService (default: --namespace).")] = None,
+        help="With --promote: namespace of the InferenceService (default: --namespace). --promote-service-account "
+             "must be allowed to manage it there and the --pvc claim must exist there: kserve/promoter-rbac.yaml "
+             "and infra/k8s set both up in pdserve only.")] = None,
     promote_image: Annotated[Optional[str], typer.Option(
         help="With --promote: runtime image of the promoted InferenceService (`pdserve promote --image`; default: "
-             "the pdserve runtime image).")] = None,
+             "--image, what the steps run).")] = None,
     promote_service_account: Annotated[Optional[str], typer.Option(
         help="With --promote: service account of the promote step only (default pdserve-promoter, "
              "kserve/promoter-rbac.yaml; the tune step keeps --service-account).")] = None,
@@ -253,7 +261,10 @@ def retune_cmd(
     image: Annotated[Optional[str], Common["image"]] = None,
     service_account: Annotated[Optional[str], Common["service_account"]] = None,
     priority_class: Annotated[Optional[str], Common["priority_class"]] = None,
-    s3_secret: Annotated[Optional[str], Common["s3_secret"]] = None,
+    s3_secret: Annotated[Optional[str], typer.Option(
+        help="Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for reading the traffic (referenced, never "
+             "copied). Default: none, the pod's IAM role (infra/terraform gives pdserve-batch one through EKS Pod "
+             "Identity); name a Secret (e.g. pdserve-s3) for static keys, e.g. with MinIO.")] = None,
     s3_endpoint_url: Annotated[Optional[str], Common["s3_endpoint_url"]] = None,
     out: Annotated[Optional[Path], Common["out"]] = None,
 ) -> None:
@@ -270,14 +281,14 @@ def retune_cmd(
     default_name = ("retune-" + slug.strip("-"))[:52].rstrip("-")  # CronWorkflow names: <= 52 characters
     _emit(retune_cron_workflow, RetuneCronWorkflowSpec, dict(
         name=name or default_name, schedule=schedule, timezone=timezone, model_name=model_name, gpu=gpu,
-        ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, planner=planner,
+        ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, planner=planner, precision=precision,
         min_improvement_pct=min_improvement_pct, traffic_uri=traffic, trace_window_h=trace_window_h,
         registered_model=registered_model, mlflow_uri=mlflow_uri, pvc_name=pvc, promote=promote,
         promote_namespace=promote_namespace, promote_image=promote_image,
         promote_service_account=promote_service_account, promote_traffic_upload=promote_traffic_upload,
         namespace=namespace, image=image,
         service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
-        s3_secret=_secret(s3_secret, S3_SECRET), s3_endpoint_url=s3_endpoint_url), out)
+        s3_secret=_secret(s3_secret, None), s3_endpoint_url=s3_endpoint_url), out)
 
 
 def main() -> None:  # pragma: no cover - console entry

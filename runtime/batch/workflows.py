@@ -108,10 +108,15 @@ def split_traffic_uri(uri: str, what: str = "traffic_uri") -> tuple[str, str, bo
     zero-byte "folder" object that S3 consoles create under that name is not fetched as the trace).
 
     Raises:
-        ValueError: (message naming ``what``) not s3://, a bad bucket, no key, an object key that is neither
+        ValueError: (message naming ``what``) not s3://, a query string or fragment (a presigned URL; not echoed),
+            a bad bucket, no key, an object key that is neither
             .csv nor .jsonl / .json, an empty, '.' or '..' path segment, or a '$' (``$(VAR)`` is expanded by the
             kubelet in container args).
     """
+    if isinstance(uri, str) and ("?" in uri or "#" in uri):  # a presigned URL's query is a credential: not echoed
+        cut = min(i for i in (uri.find("?"), uri.find("#")) if i >= 0)
+        raise ValueError(f"{what} {uri[:cut]!r}…: must not carry a query string or fragment (a presigned URL's "
+                         "signature is a credential; the step signs its own requests)")
     if isinstance(uri, str) and "$" in uri:  # the kubelet expands $(VAR) in the tune step's args
         raise ValueError(f"{what} {uri!r}: must not contain '$'")
     if isinstance(uri, str) and uri.endswith("/"):
@@ -329,6 +334,8 @@ class RetuneCronWorkflowSpec(_Common):
     rate: Optional[float] = Field(
         None, gt=0, description="Target request rate, requests/s; None: the recorded traffic's mean arrival rate "
                                 "(what `pdserve tune --trace` uses without --rate).")
+    precision: Optional[Literal["auto", "bf16", "fp8"]] = Field(
+        None, description="Weights and KV precision (pdserve tune --precision); None: the champion's.")
     gpu_budget: Optional[int] = Field(None, ge=1, description="GPUs the deployment may use; None: the champion's.")
     planner: Optional[Literal["off", "sla", "load"]] = Field(
         None, description="SLO planner mode of the re-tuned deployment (pdserve tune --planner); None: the "
@@ -348,6 +355,10 @@ class RetuneCronWorkflowSpec(_Common):
                     "s3_secret by envFrom, else the pod's IAM role), so objects of a prefix last modified before "
                     "the window are not downloaded. None: the whole traffic, downloaded as an Argo artifact.")
     s3_region: Optional[str] = Field(None, min_length=1, description="Region of the traffic bucket (artifact).")
+    s3_secret: Optional[K8sName] = Field(
+        None, description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for reading the traffic "
+                          "(referenced, never copied); None (default): the pod's IAM role, which infra/terraform "
+                          "gives pdserve-batch through EKS Pod Identity (no such Secret exists there).")
     mlflow_uri: str = Field("http://mlflow.mlflow.svc:5000", description="MLflow tracking server, http(s)://.")
     mlflow_secret: Optional[K8sName] = Field(
         MLFLOW_SECRET, description="Secret with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (envFrom); "
@@ -359,16 +370,17 @@ class RetuneCronWorkflowSpec(_Common):
                                                    "with promote also the promoted workers' (`pdserve promote --pvc`).")
     active_deadline_seconds: int = Field(21600, ge=1, description="Each run's time limit (both steps), seconds.")
     promote: bool = Field(
-        False, description="Add a second step, `pdserve promote NAME --apply --expect-version V`, that runs only when "
-                           "the tune step moved alias champion to the version V it registered (never when the "
-                           "champion stayed): a canary beside the serving champion, probed against the SLO and "
-                           "rolled back when it misses.")
+        False, description="Add a second step, `pdserve promote NAME --apply --skip-if-live --expect-version V`, "
+                           "V the version alias champion names after the tune step: a canary beside the serving "
+                           "revision, probed against the SLO and rolled back when it misses; nothing applied when "
+                           "V already serves with promote_image (the champion stayed).")
     promote_namespace: Optional[K8sName] = Field(
         None, description="Namespace of the InferenceService (`pdserve promote --namespace`); None: the workflow's. "
                           "promote_service_account must be allowed to manage it there (kserve/promoter-rbac.yaml).")
-    promote_image: str = Field(
-        PDSERVE_IMAGE, min_length=1, description="pdserve runtime image the promoted InferenceService runs "
-                                                 "(`pdserve promote --image`).")
+    promote_image: Optional[str] = Field(
+        None, min_length=1, description="pdserve runtime image the promoted InferenceService runs (`pdserve promote "
+                                        "--image`); None: ``image``, the one the workflow's steps run (an endpoint "
+                                        "on another image than the one it was promoted with is rolled out again).")
     promote_service_account: K8sName = Field(
         PROMOTER_SERVICE_ACCOUNT, description="serviceAccountName of the promote step only (the tune step keeps "
         "service_account): pdserve-promoter (kserve/promoter-rbac.yaml) may apply the rendered objects, and "
@@ -406,6 +418,14 @@ class RetuneCronWorkflowSpec(_Common):
     def _gpu(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not _GPU.match(v):
             raise ValueError(f"gpu {v!r}: must be a GPU catalog name or instance type (letters, digits, . _ -)")
+        if v is not None:  # what `pdserve tune --gpu` accepts, checked now rather than at the first scheduled run
+            from runtime.tuner.search import resolve_gpu
+
+            try:
+                resolve_gpu(v)
+            except KeyError as e:
+                raise ValueError(f"gpu {v!r}: neither a GPU catalog name nor a known AWS instance type "
+                                 f"({e.args[0]})") from None
         return v
 
     @field_validator("traffic_uri")
@@ -440,7 +460,8 @@ class RetuneCronWorkflowSpec(_Common):
         extra = sorted(f for f, info in type(self).model_fields.items()
                        if f.startswith("promote_") and getattr(self, f) != info.default)
         if not self.promote and extra:
-            raise ValueError(f"{extra[0]}: only used with promote (the workflow has no promote step without it)")
+            raise ValueError(f"{extra[0]}: only used with promote (--promote; the workflow has no promote step "
+                             "without it)")
         if self.promote and self.promote_traffic_upload is None and promote_traffic_upload_uri(self) is None:
             raise ValueError(
                 f"promote_traffic_upload: traffic_uri {self.traffic_uri!r} is not <prefix><InferenceService>/ "
@@ -491,7 +512,8 @@ def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     ``--trace <artifact path> --trace-uri <traffic_uri>``, or with ``trace_window_h`` ``--trace-uri <traffic_uri>
     --trace-window-h H`` (tune reads S3 itself). With ``spec.promote`` it also writes its decision (DECISION_FILE,
     and DECISION_DIR for the output parameters)."""
-    given = [("--gpu", spec.gpu), ("--ttft-ms", spec.ttft_ms), ("--itl-ms", spec.itl_ms),
+    given = [("--gpu", spec.gpu), ("--precision", spec.precision), ("--ttft-ms", spec.ttft_ms),
+             ("--itl-ms", spec.itl_ms),
              ("--rate", spec.rate),  # None: the trace's own arrival rate
              ("--gpu-budget", spec.gpu_budget), ("--planner", spec.planner),
              ("--min-improvement-pct", spec.min_improvement_pct)]
@@ -549,7 +571,7 @@ def promote_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     argv = ["pdserve", "promote", spec.registered_model, "--apply", "--skip-if-live", "--expect-version",
             PROMOTE_VERSION,
             "--mlflow-uri", spec.mlflow_uri, "--namespace", spec.promote_namespace or spec.namespace,
-            "--image", spec.promote_image, "--pvc", spec.pvc_name, "--out", f"{WORK_DIR}/manifests.yaml"]
+            "--image", spec.promote_image or spec.image, "--pvc", spec.pvc_name, "--out", f"{WORK_DIR}/manifests.yaml"]
     upload = promote_traffic_upload_uri(spec)
     return argv + ([] if upload is None else ["--traffic-upload", upload])
 

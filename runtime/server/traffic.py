@@ -152,7 +152,7 @@ def check_upload_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/prefix/`` or ``s3://bucket/`` → (bucket, prefix ending in '/' or "").
 
     Raises:
-        ValueError: not s3://, no '/' after the bucket (``s3://bucket``: a name appended to it would change the
+        ValueError: not s3://, a query string or fragment (a presigned URL; not echoed), no '/' after the bucket (``s3://bucket``: a name appended to it would change the
             bucket), a bucket S3 would refuse, a prefix not ending in '/' (it names a folder), an
             empty, '.' or '..' segment, or a '$' (the kubelet expands ``$(VAR)`` in container args, and the
             runtime's env holds S3 credentials).
@@ -161,6 +161,10 @@ def check_upload_uri(uri: str) -> tuple[str, str]:
 
     if not isinstance(uri, str) or not uri.startswith("s3://"):
         raise ValueError(f"--traffic-upload {uri!r}: must be an s3://bucket/prefix/ URI")
+    if "?" in uri or "#" in uri:  # a presigned URL's query is a credential: never echo it
+        cut = min(i for i in (uri.find("?"), uri.find("#")) if i >= 0)
+        raise ValueError(f"--traffic-upload {uri[:cut]!r}…: must not carry a query string or fragment (a presigned "
+                         "URL's signature is a credential; the runtime signs its own requests)")
     if "$" in uri:
         raise ValueError(f"--traffic-upload {uri!r}: must not contain '$' (Kubernetes expands $(VAR) in args)")
     bucket, slash, prefix = uri[len("s3://"):].partition("/")

@@ -116,7 +116,7 @@ def test_no_secret_values_in_any_object(monkeypatch):
     for k, v in zip(("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD"), SECRET_VALUES):
         monkeypatch.setenv(k, v)
     objs = [batch_inference_workflow(batch_spec(s3_endpoint_url="https://s3.example.com")),
-            retune_cron_workflow(retune_spec(s3_endpoint_url="https://s3.example.com"))]
+            retune_cron_workflow(retune_spec(s3_endpoint_url="https://s3.example.com", s3_secret="pdserve-s3"))]
     text = to_yaml(objs)
     assert not any(v in text for v in SECRET_VALUES)
     for obj in objs:
@@ -132,6 +132,10 @@ def test_no_secret_values_in_any_object(monkeypatch):
     art = template(objs[1])["inputs"]["artifacts"][0]["s3"]
     assert art["accessKeySecret"] == {"name": "pdserve-s3", "key": "AWS_ACCESS_KEY_ID"}
     assert art["secretKeySecret"] == {"name": "pdserve-s3", "key": "AWS_SECRET_ACCESS_KEY"}
+    # by default the traffic is read with the pod's IAM role: infra/ creates no pdserve-s3 Secret, and a missing
+    # Secret would fail the artifact (it is not optional there)
+    default = template(retune_cron_workflow(retune_spec()))["inputs"]["artifacts"][0]["s3"]
+    assert default.get("useSDKCreds") is True and "accessKeySecret" not in default
 
 
 # ------------------------------------------------------------------------------------------ re-tuning
@@ -712,7 +716,8 @@ def test_a_windowed_retune_reads_s3_itself_instead_of_downloading_the_prefix():
     `pdserve tune --trace-window-h H --trace-uri s3://…/` with the S3 secret by envFrom (or IAM), the endpoint
     and region in its env. Without it, the artifact stays."""
     cron = retune_cron_workflow(retune_spec(traffic_uri="s3://pdserve-traffic/traffic/llama8/", trace_window_h=24,
-                                            s3_endpoint_url="http://minio.minio.svc:9000", s3_region="eu-west-1"))
+                                            s3_endpoint_url="http://minio.minio.svc:9000", s3_region="eu-west-1",
+                                            s3_secret="pdserve-s3"))
     assert validate_workflow_objects([cron]) == []
     tpl = template(cron)
     assert "inputs" not in tpl
@@ -740,3 +745,42 @@ def test_a_windowed_retune_reads_s3_itself_instead_of_downloading_the_prefix():
     assert res.exit_code == 0, res.output
     (cron,) = yaml.safe_load_all(res.stdout)
     assert argv(cron)[argv(cron).index("--trace-window-h") + 1] == "168" and "inputs" not in template(cron)
+
+
+def test_presigned_traffic_uris_are_refused_without_echoing_the_signature():
+    for kw in ({"traffic_uri": "s3://pdserve-traffic/p/x.jsonl?X-Amz-Signature=SECRET"},
+               {"traffic_uri": "s3://pdserve-traffic/p/#SECRET"},
+               {"promote": True, "promote_traffic_upload": "s3://b/traffic/?X-Amz-Signature=SECRET/"}):
+        with pytest.raises(ValidationError, match="must not carry a query string or fragment") as e:
+            retune_spec(**kw)
+        assert "SECRET" not in " ".join(x["msg"] for x in e.value.errors())  # what the CLI prints
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    res = CliRunner().invoke(app, ["batch", "retune-schedule", "--model-name", "llama8", "--traffic",
+                                   "s3://pdserve-traffic/p/x.jsonl?X-Amz-Signature=SECRET", "--registered-model", "m"])
+    assert res.exit_code == 2 and "SECRET" not in res.output and "query string" in " ".join(res.output.split())
+    from runtime.server.traffic import check_upload_uri
+
+    with pytest.raises(ValueError, match="presigned") as e:
+        check_upload_uri("s3://b/traffic/?X-Amz-Credential=SECRET")
+    assert "SECRET" not in str(e.value)
+
+
+def test_the_gpu_is_checked_against_the_catalog_when_rendering_not_at_the_first_run():
+    with pytest.raises(ValidationError, match="gpu 'H900': neither a GPU catalog name nor a known AWS instance"):
+        retune_spec(gpu="H900")
+    assert "--gpu" in argv(retune_cron_workflow(retune_spec(gpu="g6e.12xlarge")))
+    assert "--gpu" in argv(retune_cron_workflow(retune_spec(gpu="h100-sxm")))  # an alias tune accepts too
+
+
+def test_precision_is_passed_only_when_given_and_the_promote_image_defaults_to_the_steps_image():
+    args = argv(retune_cron_workflow(retune_spec(precision="fp8")))
+    assert args[args.index("--precision") + 1] == "fp8"
+    assert "--precision" not in argv(retune_cron_workflow(retune_spec()))
+    with pytest.raises(ValidationError, match="precision"):
+        retune_spec(precision="fp4")
+    tpl = templates(promote_cron(image="123.dkr.ecr.us-east-1.amazonaws.com/pdserve:1.2"))["promote"]
+    args = tpl["container"]["args"]
+    assert args[args.index("--image") + 1] == "123.dkr.ecr.us-east-1.amazonaws.com/pdserve:1.2"
