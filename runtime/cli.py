@@ -2,7 +2,8 @@
 
     pdserve demo       the main job on this machine (stage → tune → promote with kfp.local, then serve P/D)
     pdserve stage      copy a model from s3:// (or a folder, or hf://) into the FSx mount, verified
-    pdserve tune       pick prefill TP × decode TP (+ replicas) for a config.json against TTFT/ITL SLOs
+    pdserve tune       pick prefill TP × decode TP (+ replicas) for a model against TTFT/ITL SLOs
+    pdserve models     list the built-in model catalog (names `pdserve tune` takes)
     pdserve promote    render (and optionally apply) the KServe objects of the MLflow `champion`
     pdserve serve      start the runtime + one prefill and one decode vLLM-cpu worker and keep them up
     pdserve compile    write the KFP pipeline YAML for upload to Kubeflow Pipelines
@@ -264,7 +265,9 @@ def stage(
 
 @app.command()
 def tune(
-    config: Annotated[Path, typer.Argument(help="HF config.json of the model (or a model folder).")],
+    config: Annotated[Path, typer.Argument(
+        help="The model: a catalog name (llama-3.1-70b; `pdserve models` lists them) or Hugging Face id in the "
+             "catalog, an HF config.json, or a model folder holding one.", metavar="MODEL")],
     gpu: Annotated[Optional[str], typer.Option(
         help="GPU catalog name (H100-SXM, H200-SXM, A100-SXM-80GB, L40S, ...) or an AWS instance type "
              f"(p5.48xlarge). Default: {TUNE_GPU_DEFAULT}, or the champion's with --like.")] = None,
@@ -369,6 +372,12 @@ def tune(
     from runtime.tuner.search import tp_choices
     from runtime.tuner.search import tune as run_tune
 
+    from runtime.models.catalog import CATALOG_DIR, resolve_model_config
+
+    try:
+        config = resolve_model_config(config)
+    except ModelConfigError as e:
+        _fail(str(e))
     cfg = config / "config.json" if config.is_dir() else config
     if measure and (out or register):
         _fail("--measure tunes on CPU (fp32) measurements: they are not a deployable GPU spec; drop --out/--register")
@@ -555,7 +564,11 @@ def tune(
     # recorded absolute (not symlink-resolved): promote and serve read it from another working directory
     model_folder = os.path.abspath(config) if config.is_dir() else (
         os.path.abspath(cfg.parent) if cfg.name == "config.json" else "")
-    if not model_folder:
+    if not model_folder and config.parent == CATALOG_DIR:
+        err.print(escape(f"note: {model.name} is a catalog model (architecture only), so the spec records no model "
+                         "folder; tune the staged model folder for `pdserve promote` to verify and `pdserve serve` "
+                         "to load it"))
+    elif not model_folder:
         err.print(escape(f"note: {config} is a bare config file, so the spec records no model folder; pass the "
                          "(staged) model folder as CONFIG for `pdserve promote` to verify and `pdserve serve` to load it"))
     peak = None
@@ -1034,6 +1047,37 @@ def compile_cmd(
     except OSError as e:  # a parent that is a file, no permission, disk full
         _fail(f"{out}: cannot write the pipeline YAML: {e.strerror or e} ({e.filename or out})")
     console.print(f"wrote {escape(str(path))}")
+
+
+@app.command()
+def models() -> None:
+    """List the built-in model catalog: the names `pdserve tune MODEL` takes, with each model's size.
+
+    Columns: parameters and parameters active per token (billions), layers, the longest context vLLM derives
+    from the config (tokens), KV cache per token at bf16 and TP 1 (KiB), and the precision `tune` picks by
+    default (the checkpoint's own)."""
+    from runtime.models.catalog import catalog_entries
+    from runtime.models.load import load_model_spec
+    from runtime.steps import checkpoint_precision
+
+    from rich import box
+
+    # a pipe or file has no width: print every column; a terminal narrower than the table drops the ids
+    out = console if console.is_terminal else Console(width=132)
+    ids = out.width >= 120
+    table = Table(title="pdserve model catalog", box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ("name", "kind", "params\nB", "active\nB", "layers", "context\ntokens", "KV\nKiB/tok", "prec",
+              "Hugging Face id")[:None if ids else -1]:
+        table.add_column(c, justify="left" if c in ("name", "kind", "prec", "Hugging Face id") else "right",
+                         no_wrap=True)
+    for e in catalog_entries():
+        m = load_model_spec(e.path)
+        kind = ("MoE" if m.num_experts else "dense") + ("+MLA" if m.is_mla else "")
+        ctx = m.max_context_tokens
+        table.add_row(e.name, kind, f"{m.num_params / 1e9:.1f}", f"{m.num_active_params / 1e9:.1f}",
+                      str(m.num_layers), f"{ctx // 1024}k" if ctx >= 1024 else str(ctx or "-"),
+                      f"{m.kv_bytes_per_token(2, 1) / 1024:.0f}", checkpoint_precision(m), *[e.hf_id][:ids])
+    out.print(table)
 
 
 @app.command("prepare-model")

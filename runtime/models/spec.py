@@ -2,7 +2,7 @@
 
 Pure: takes the already-parsed ``config.json`` dict (see ``runtime.models.load`` for the file adapter).
 
-Supported families (field names as the model owners publish them, ../shared/data/models):
+Supported families (field names as the model owners publish them; runtime/models/catalog holds one config of each):
 
 * dense / GQA decoders: Llama 3.x, Mistral, Qwen3 (``head_dim`` may differ from hidden/heads)
 * MoE: Mixtral (``num_local_experts``), Qwen3-MoE (``num_experts``, ``moe_intermediate_size``),
