@@ -48,12 +48,20 @@ test-e2e: install
 compile: install  ## compile the KFP pipeline to pipelines/stage_tune_promote.yaml
 	$(PY) -m pipelines.stage_tune_promote --compile pipelines/stage_tune_promote.yaml
 
-DATA ?= ../shared/data
-bench: install  ## run the benchmarks (each prints one JSON line, written to bench/results/; ~45 min on 2 cores)
-	$(PY) bench/perf_model.py --out bench/results/perf_model.json
+# The public inputs of the benchmarks (traces, perf tables, full model configs): docs/benchmarks.md says where each
+# comes from. `make bench DATA=DIR` with DIR holding traces/, perf/ and models/.
+DATA ?=
+bench: install  ## run the benchmarks on the public inputs under DATA (make bench DATA=DIR; ~45 min on 2 cores)
+	@if [ -z "$(DATA)" ]; then \
+	  echo "make bench needs the public benchmark inputs: make bench DATA=DIR, where DIR holds"; \
+	  echo "  traces/azure2023_conv.csv, traces/mooncake_synthetic_trace.jsonl, perf/trtllm_throughput_dev.csv"; \
+	  echo "docs/benchmarks.md says where each is published and its licence."; exit 2; fi
+	@missing=0; for f in traces/azure2023_conv.csv traces/mooncake_synthetic_trace.jsonl perf/trtllm_throughput_dev.csv; do \
+	  [ -f "$(DATA)/$$f" ] || { echo "missing: $(DATA)/$$f (docs/benchmarks.md)"; missing=1; }; done; exit $$missing
+	$(PY) bench/perf_model.py --table $(DATA)/perf/trtllm_throughput_dev.csv --out bench/results/perf_model.json
 	$(PY) bench/planner.py --trace $(DATA)/traces/azure2023_conv.csv --ablations --dynamo-matched --out bench/results/planner.json
 	$(PY) bench/planner.py --trace $(DATA)/traces/azure2023_conv.csv --prefill-order fcfs --out bench/results/planner_fcfs.json
-	$(PY) bench/planner_ramps.py --out bench/results/planner_ramps.json
+	$(PY) bench/planner_ramps.py --trace $(DATA)/traces/azure2023_conv.csv --out bench/results/planner_ramps.json
 	$(PY) bench/router.py --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --out bench/results/router.json
 	$(PY) bench/staging.py --size-mb 2048 --repeat 5 --out bench/results/staging.json
 	$(PY) bench/server_pd.py --out bench/results/server_pd.json

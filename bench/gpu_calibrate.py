@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PLAN = ROOT / "bench" / "gpu_calibration_plan.json"
-# the models of ../shared/data/perf/trtllm_throughput_dev.csv the plan covers (MLA models are not planned)
+# the models of the TensorRT-LLM throughput table (docs/benchmarks.md) the plan covers (MLA models are not planned)
 PLAN_MODELS = ("meta-llama--Meta-Llama-3.1-8B", "meta-llama--Meta-Llama-3.1-70B", "Qwen--Qwen3-32B",
                "mistralai--Mixtral-8x7B-v0.1", "Qwen--Qwen3-30B-A3B", "meta-llama--Llama-4-Scout-17B-16E-Instruct",
                "Qwen--Qwen3-235B-A22B")
@@ -43,11 +43,11 @@ L2_BYTES = 60 * 2**20  # H100 50 MB / H200 60 MB L2; rotation covers twice the l
 
 def plan(out: Path) -> int:
     sys.path.insert(0, str(ROOT))
+    from runtime.models.catalog import CATALOG_DIR
     from runtime.models.load import load_model_spec
     from runtime.perf.microbench import calibration_plan
 
-    models_dir = ROOT.parent / "shared" / "data" / "models"
-    models = [load_model_spec(models_dir / f"{m}_config.json") for m in PLAN_MODELS]
+    models = [load_model_spec(CATALOG_DIR / f"{m}_config.json") for m in PLAN_MODELS]
     cases = calibration_plan(models)
     out.write_text(json.dumps({"models": list(PLAN_MODELS), "cases": cases}, indent=0) + "\n")
     print(json.dumps({"plan": str(out), "cases": len(cases)}))
@@ -222,7 +222,7 @@ def analyse(csv_path: Path, gpu_name: str, backend: str, out: Path | None) -> in
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("plan", help="write the cases to time (needs pdserve and ../shared/data)")
+    p = sub.add_parser("plan", help="write the cases to time (needs pdserve)")
     p.add_argument("--out", type=Path, default=DEFAULT_PLAN)
     m = sub.add_parser("measure", help="time the plan's cases with PyTorch (run on the GPU machine)")
     m.add_argument("--plan", type=Path, default=DEFAULT_PLAN)

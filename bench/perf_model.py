@@ -1,6 +1,6 @@
 """Benchmark: predicted vs published per-GPU max output throughput (TensorRT-LLM perf-overview tables).
 
-    python bench/perf_model.py --table ../shared/data/perf/trtllm_throughput_dev.csv [--out bench/results/...]
+    python bench/perf_model.py --table DATA/perf/trtllm_throughput_dev.csv [--out bench/results/...]
 
 Prints ONE JSON line: rows (compared), skipped (no config / unknown GPU), not_fit (model says the weights
 don't fit where the table has a number), median_abs_pct_error, p90_abs_pct_error, by_gpu {gpu: {rows,
@@ -102,7 +102,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.config import SloSpec, WorkloadSpec  # noqa: E402
 from runtime.models.load import load_model_spec  # noqa: E402
-from runtime.paths import data_dir, print_json_line  # noqa: E402
+from runtime.models.catalog import CATALOG_DIR  # noqa: E402
+from runtime.paths import print_json_line  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402
 from runtime.perf.throughput import (  # noqa: E402
@@ -112,7 +113,7 @@ from runtime.perf.throughput import (  # noqa: E402
 )
 from runtime.tuner.search import TuningError, tune  # noqa: E402
 
-# Table model names -> config files in ../shared/data/models. Llama 3 / 3.3 70B share Llama-3.1-70B's
+# Table model names -> config files in the model catalog (runtime/models/catalog). Llama 3 / 3.3 70B share Llama-3.1-70B's
 # architecture (same layers, heads, FFN and vocabulary sizes).
 MODEL_CONFIGS = {
     "llama v3 70b": "meta-llama--Meta-Llama-3.1-70B",
@@ -188,7 +189,7 @@ def pytorch_backend(r: dict) -> bool:
 
 def evaluate_table(path: Path, moe_mapping: str = "tp") -> tuple[dict, list[dict]]:
     rows = list(csv.DictReader(Path(path).open()))
-    models_dir = data_dir() / "models"
+    models_dir = CATALOG_DIR
     cache: dict = {}
     errs, by_gpu, by_prec, by_version, details = [], {}, {}, {}, []
     skipped = not_fit = 0
@@ -247,7 +248,7 @@ def sweep_seconds(path: Path) -> float:
     """Wall time of one model's full sweep: 4 x 4 TPs for every ISL/OSL pair in the table (Llama-3.1-70B,
     H100-SXM, fp8)."""
     pairs = sorted({(int(r["isl"]), int(r["osl"])) for r in csv.DictReader(Path(path).open())})
-    m = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+    m = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json")
     t0 = time.perf_counter()
     for isl, osl in pairs:
         try:
@@ -299,17 +300,15 @@ def aiconfigurator_side_by_side(path: Path, details: list[dict], mode: str = "ca
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, default=None,
+    ap.add_argument("--table", type=Path, required=True,
                     help="CSV with the columns of trtllm_throughput_dev.csv (source, model, gpu, precision, tp, isl, "
-                         "osl, per_gpu_output_tok_s, ...); default: <shared data>/perf/trtllm_throughput_dev.csv")
+                         "osl, per_gpu_output_tok_s, ...): the TensorRT-LLM table docs/benchmarks.md describes")
     ap.add_argument("--out", type=Path, help="also write the JSON line (+ per-row details) here")
     ap.add_argument("--aiconfigurator", choices=("cached", "run", "off"), default="cached",
                     help="side-by-side AIConfigurator numbers: from the last run (default), run now, or none")
     ap.add_argument("--moe-mapping", choices=sorted(MOE_MAPPINGS), default="tp",
                     help="mapping of the 1.0-era MoE rows on > 1 GPU (see MOE_MAPPINGS); default plain TP")
     a = ap.parse_args(argv)
-    if a.table is None:
-        a.table = data_dir() / "perf" / "trtllm_throughput_dev.csv"
     if not a.table.is_file():
         ap.error(f"--table {a.table} does not exist")
     out, details = evaluate_table(a.table, a.moe_mapping)
@@ -520,7 +519,7 @@ MODEL_NOTES = {
     ],
     "session21_tried_and_dropped": [
         "BF16 KV cache on the 1.0-era FP4 rows (suspect: NVFP4 checkpoints without kv_cache_quant_algo run an "
-        "'auto' BF16 KV; no hf_quant_config of those checkpoints in ../shared/data to check): MoE FP4 rows only "
+        "'auto' BF16 KV; no hf_quant_config of those checkpoints to check): MoE FP4 rows only "
         "10.06 / 31.44 -> 10.00 / 31.70 % (rows over 25 %: 110 -> 113; Qwen3-30B-A3B / Scout TP1 come in, "
         "Qwen3-235B / Maverick TP8 go further out), every FP4 row 10.48 / 33.07 %: not the cause of the TP1 MoE "
         "gap, nothing adopted",

@@ -1,7 +1,7 @@
 """Side-by-side runner: NVIDIA AIConfigurator's max-throughput prediction for rows of a TensorRT-LLM table.
 
-    .venv-bench-perf/bin/python bench/perf_model_aic.py --table ../shared/data/perf/trtllm_throughput_dev.csv \
-        --out bench/results/perf_model_aic.json [--stride 5] [--budget-s 1500]
+    .venv-bench-perf/bin/python bench/perf_model_aic.py --table DATA/perf/trtllm_throughput_dev.csv \
+        --models DATA/models --out bench/results/perf_model_aic.json [--stride 5] [--budget-s 1500]
 
 Runs in the optional benchmark venv ``.venv-bench-perf`` (``pip install aiconfigurator==0.12.0``; it is not a
 pdserve dependency). For every ``stride``-th row with TP = PP... = 1 pipeline stage, it asks AIConfigurator's
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.models.load import load_model_spec  # noqa: E402
-from runtime.paths import data_dir, print_json_line, write_text_atomically  # noqa: E402
+from runtime.paths import print_json_line, write_text_atomically  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402
 from runtime.perf.throughput import trtllm_bench_settings  # noqa: E402
@@ -43,20 +43,21 @@ SYSTEMS = {"H100-SXM": "h100_sxm", "H200-SXM": "h200_sxm", "A100-SXM-80GB": "a10
 QUANT = {"bf16": ("bfloat16", "bfloat16"), "fp8": ("fp8", "fp8"), "fp4": ("nvfp4", "fp8")}
 
 
-def _model_dir(stem: str, root: Path) -> str:
-    """A local model folder holding the shared config.json (AIConfigurator reads local folders; this machine
+def _model_dir(stem: str, root: Path, models: Path) -> str:
+    """A local model folder holding the model's config.json from `models` (AIConfigurator reads local folders; this machine
     cannot reach the Hugging Face hub)."""
     d = root / stem
     if not d.is_dir():
         d.mkdir(parents=True)
-        (d / "config.json").write_text((data_dir() / "models" / f"{stem}_config.json").read_text())
+        (d / "config.json").write_text((models / f"{stem}_config.json").read_text())
     return str(d)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, default=None,
-                    help="throughput table CSV (default: <shared data>/perf/trtllm_throughput_dev.csv)")
+    ap.add_argument("--table", type=Path, required=True, help="throughput table CSV (docs/benchmarks.md)")
+    ap.add_argument("--models", type=Path, required=True,
+                    help="folder of the models' full HF configs, <org>--<model>_config.json (AIConfigurator reads fields the built-in catalog leaves out)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--stride", type=int, default=5, help="evaluate every N-th row (calls are slow)")
     ap.add_argument("--budget-s", type=float, default=1500.0, help="stop after this many seconds")
@@ -74,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--out {a.out}: cannot create its folder: {e.strerror or e}")
     if not os.access(a.out.parent, os.W_OK | os.X_OK):
         ap.error(f"--out {a.out}: folder {a.out.parent} is not writable")
-    if a.table is None:
-        a.table = data_dir() / "perf" / "trtllm_throughput_dev.csv"
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     from aiconfigurator.cli.api import cli_estimate  # optional dependency, separate venv
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             rec["why"] = "not mapped"
             continue
         tp, isl, osl = int(r["tp"]), int(r["isl"]), int(r["osl"])
-        spec = load_model_spec(data_dir() / "models" / f"{stem}_config.json")
+        spec = load_model_spec(a.models / f"{stem}_config.json")
         pm = PerfModel(spec, gpu, prec)
         moe = {"moe_tp_size": tp, "moe_ep_size": 1} if spec.num_experts else {}
         max_batch, _ = trtllm_bench_settings(pm, isl, osl, tp)
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         best = None
         for b in sorted({max(1, max_batch // 4), max(1, max_batch // 2), max(1, max_batch)}):
             try:
-                res = cli_estimate(_model_dir(stem, models_root), system, backend_name="trtllm", isl=isl,
+                res = cli_estimate(_model_dir(stem, models_root, a.models), system, backend_name="trtllm", isl=isl,
                                    osl=osl, batch_size=b, tp_size=tp, gemm_quant_mode=gemm,
                                    kvcache_quant_mode=kv, moe_quant_mode=gemm if spec.num_experts else None,
                                    **moe)

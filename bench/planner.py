@@ -1,7 +1,7 @@
 """Planner benchmark: replay an Azure-format trace on the fleet simulator with perf-model engines
 and compare planners. Prints ONE JSON line; ``--out`` also writes it to a file.
 
-    .venv/bin/python bench/planner.py --trace ../shared/data/traces/azure2023_conv.csv \
+    .venv/bin/python bench/planner.py --trace DATA/traces/azure2023_conv.csv \
         [--model Llama-3.1-70B --gpu H100-SXM --rate-scale 10 --prefill-tp 2 --decode-tp 4]
 
 ``--rate-scale K`` replays each request K times with uniform sub-second jitter (seeded), so the
@@ -78,7 +78,7 @@ from runtime.sim.fleet import (  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from planner_dynamo import DynamoPlannerProcess, dynamo_profile_payload  # noqa: E402,F401
 
-MODELS_DIR = ROOT.parent / "shared" / "data" / "models"
+MODELS_DIR = ROOT / "runtime" / "models" / "catalog"
 DYNAMO_VENV = ROOT / ".venv-bench-planner"  # ai-dynamo==1.0.2 + its planner's imports (optional)
 DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are 5 or 10
 
@@ -137,7 +137,7 @@ def load_azure_trace(path: Path, rate_scale: int, seed: int) -> Trace:
     is read as UTC (the Azure traces are recorded in UTC), so arrivals (seconds from the first request)
     do not depend on the host's time zone. Token counts must be integers in ``[1, 10_000_000]`` (far
     above any context window; larger values are corrupt rows): the real Azure 2023 conversation trace
-    (../shared/data/traces/azure2023_conv.csv, 19,366 rows) has no zero counts, so a zero is refused like
+    (the Azure 2023 conversation trace, 19,366 rows) has no zero counts, so a zero is refused like
     a negative count rather than silently raised to 1.
 
     Raises:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from planner import ABLATIONS, find_model_config, load_azure_trace, summarize  # noqa: E402
 
 from runtime.models.spec import ModelSpec  # noqa: E402
-from runtime.paths import data_dir, print_json_line  # noqa: E402
+from runtime.paths import print_json_line  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402
 from runtime.planner.profiles import build_profile  # noqa: E402
@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--scenarios", default="",
                     help="comma list of scenario names to run (default: all; known: "
                          f"{', '.join(list(RAMPS) + [f'azure_x10_from_min{m}' for m in AZURE_RESTARTS])})")
-    ap.add_argument("--trace", type=Path, default=None,
-                    help="Azure-format trace for the restarts and prompt lengths (default: the shared data's "
-                         "traces/azure2023_conv.csv)")
+    ap.add_argument("--trace", type=Path, required=True,
+                    help="Azure-format trace for the restarts and prompt lengths, e.g. the Azure LLM inference "
+                         "trace 2023 conversation CSV (docs/benchmarks.md)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     names = [n for n in a.ablations.split(",") if n]
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     if set(wanted) - set(known):
         ap.error(f"--scenarios: unknown {sorted(set(wanted) - set(known))} (known: {', '.join(known)})")
     t_start = time.time()
-    trace_path = a.trace or data_dir() / "traces" / "azure2023_conv.csv"
+    trace_path = a.trace
     cfg_path = find_model_config("Llama-3.1-70B")
     model = ModelSpec.from_hf_config(json.loads(cfg_path.read_text()), "Llama-3.1-70B")
     profile = build_profile(PerfModel(model, get_gpu("H100-SXM")), PREFILL_TP, DECODE_TP)

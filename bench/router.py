@@ -1,6 +1,6 @@
 """Router benchmark: replay a Mooncake trace through every routing policy on simulated workers.
 
-    .venv/bin/python bench/router.py --trace ../shared/data/traces/mooncake_synthetic_trace.jsonl \
+    .venv/bin/python bench/router.py --trace DATA/traces/mooncake_synthetic_trace.jsonl \
         [--workers 16] [--kv-blocks-per-worker B] [--load 0.8] [--seeds 3] [--out bench/results/router.json]
 
 Prints ONE JSON line::
@@ -69,14 +69,15 @@ DEFAULT_DYNAMO_PY = REPO / ".venv-bench-router" / "bin" / "python"
 
 
 # ------------------------------------------------------------------ setup
-def build_timing(model: str, gpu: str, tp: int, data: Path) -> tuple[PerfTiming, int]:
+def build_timing(model: str, gpu: str, tp: int) -> tuple[PerfTiming, int]:
     """PerfTiming for the workers and their KV capacity in 512-token blocks."""
+    from runtime.models.catalog import CATALOG_DIR
     from runtime.models.spec import ModelSpec
     from runtime.perf.gpus import get_gpu
     from runtime.perf.model import PerfModel
 
     fname = MODEL_FILES.get(model, model)
-    cfg = json.loads((data / "models" / fname).read_text())
+    cfg = json.loads((CATALOG_DIR / fname).read_text())
     perf = PerfModel(ModelSpec.from_hf_config(cfg, model), get_gpu(gpu))
     blocks = perf.kv_capacity_tokens(tp, 0.9) // MOONCAKE_BLOCK_TOKENS
     if blocks <= 0:
@@ -262,8 +263,6 @@ def run_dynamo_peer(args: argparse.Namespace) -> dict | None:
 
 # ------------------------------------------------------------------ main
 def prepare(args: argparse.Namespace):
-    from runtime.paths import data_dir
-
     lines = Path(args.trace).read_text(encoding="utf-8").splitlines()
     try:
         reqs = parse_mooncake(lines)
@@ -271,7 +270,7 @@ def prepare(args: argparse.Namespace):
         raise SystemExit(f"--trace {args.trace}: {exc}") from exc
     if not reqs:
         raise SystemExit(f"--trace {args.trace}: the trace has no requests")
-    timing, capacity = build_timing(args.model, args.gpu, args.tp, data_dir())
+    timing, capacity = build_timing(args.model, args.gpu, args.tp)
     capacity = args.kv_blocks_per_worker or capacity
     try:
         factor = load_scale_factor(reqs, timing, args.workers, args.load)

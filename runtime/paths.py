@@ -8,25 +8,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def data_dir() -> Path:
-    """Folder of the shared reference data (traces, model configs, GPU specs, perf tables, CRDs).
-
-    `PDSERVE_DATA_DIR` wins; else `../shared/data` beside the checkout (where CI and developers have it).
-
-    Raises:
-        FileNotFoundError: when neither exists.
-    """
-    env = os.environ.get("PDSERVE_DATA_DIR")
-    candidates = [Path(env)] if env else []
-    candidates.append(REPO_ROOT.parent / "shared" / "data")
-    for c in candidates:
-        if c.is_dir():
-            return c
-    raise FileNotFoundError(
-        f"shared data folder not found (tried {', '.join(map(str, candidates))}); set PDSERVE_DATA_DIR"
-    )
-
-
 def state_dir() -> Path:
     """Working state (.pdserve/: MLflow sqlite, FSx stand-in, demo output), an absolute path.
 

@@ -2,9 +2,9 @@
 
 Each file in runtime/deploy/schemas/ is small JSON:
 ``{"group", "version", "kind", "source", "source_version", "openAPIV3Schema"}``, extracted from the
-upstream CRD (`python -m runtime.deploy.crd_schemas CRD.yaml SOURCE SOURCE_VERSION` regenerates one;
-the CRDs themselves live in ../shared/data/crds with their README). Shipping only the schemas keeps the
-KFP component working without ../shared and every file < 1 MB.
+upstream CRD (`python -m runtime.deploy.crd_schemas CRD.yaml SOURCE SOURCE_VERSION` regenerates one from
+the project's CRD YAML; schemas/README.md names each source). Shipping only the schemas, not the CRDs, keeps
+validation offline and every file < 1 MB.
 """
 
 from __future__ import annotations

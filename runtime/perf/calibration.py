@@ -21,7 +21,7 @@ defaults below apply:
 * ``allreduce_latency_s = 10 us``: aiconfigurator systems/*.yaml ``p2p_latency`` (one NVLink hop), added to
   NCCL's protocol latency.
 * overheads: per decode step ~2 ms and per prefill ~5 ms (scheduler, sampling, launches; order of the
-  constant terms of DistServe's A100 latency fits, ../shared/data/perf/distserve_profiler-*.json).
+  constant terms of DistServe's published A100 latency fits, the profiler files of the DistServe repository).
 
 Pure data + lookup.
 """

@@ -1,9 +1,10 @@
 """GPU catalog: memory, bandwidth, dense tensor FLOPS, interconnect — embedded data with sources.
 
-Values are copied from ../shared/data/gpus/gpu_specs.csv (columns ``memory_bytes_usable_per_aiconfigurator``,
-``hbm_or_gddr_GBps``, ``dense_bf16_tflops``, ``dense_fp8_tflops``, ``dense_fp4_tflops``,
-``intra_node_GBps_per_direction_aiconfigurator``), which cites NVIDIA's ai-dynamo/aiconfigurator
-``systems/*.yaml`` (Apache-2.0) and NVIDIA datasheets; each entry repeats its source. A100-SXM-40GB (AWS p4d)
+Values are copied from a GPU spec table compiled from NVIDIA's ai-dynamo/aiconfigurator ``systems/*.yaml``
+(Apache-2.0) and NVIDIA datasheets (columns ``memory_bytes_usable_per_aiconfigurator``, ``hbm_or_gddr_GBps``,
+``dense_bf16_tflops``, ``dense_fp8_tflops``, ``dense_fp4_tflops``,
+``intra_node_GBps_per_direction_aiconfigurator``; tests/fixtures/gpu_specs.csv keeps its names and bandwidths);
+each entry repeats its source. A100-SXM-40GB (AWS p4d)
 is not in that table: NVIDIA A100 datasheet (40 GB HBM2, 1,555 GB/s, 312 dense BF16 TFLOPS, NVLink 600 GB/s
 bidirectional). The ``CPU`` entry describes THIS development machine (2 vCPU AMD EPYC Zen 4 with avx512_bf16,
 24 GB RAM), measured with torch on 2026-11-30 (best of 3 under load from other users): 2048^3 GEMM bf16
@@ -23,7 +24,7 @@ GIB = 1024**3
 # 2026-05-06, docs.alayanew.com): 8x H100 SXM5 NVLink-4/NVSwitch 460-480 GB/s (450 GB/s per direction: NVLS,
 # the in-switch reduction of NCCL >= 2.17, beats the ring bound), 8x A100 SXM4 NVLink-3 230-250 GB/s
 # (300 GB/s per direction), 8x H100 PCIe 35-45 GB/s (PCIe Gen5 x16, 64 GB/s). Blackwell NVLink-5 NVSwitch
-# systems are assumed to keep Hopper's ratio (no published nccl-tests figure in ../shared/data).
+# systems are assumed to keep Hopper's ratio (no published nccl-tests figure for them).
 NVSWITCH_BUS_RATIO = 470.0 / 450.0
 NVLINK3_BUS_RATIO = 240.0 / 300.0
 PCIE_BUS_RATIO = 40.0 / 64.0
@@ -106,7 +107,7 @@ class GpuSpec:
 GRACE_HOSTED = frozenset({"GB200", "GB300", "GH200"})
 GRACE_HOST_SLOWDOWN = 37.08 / 13.48
 
-_AIC = "aiconfigurator systems/{} via ../shared/data/gpus/gpu_specs.csv"
+_AIC = "aiconfigurator systems/{}"
 MIB = 1024**2
 # Device totals as the driver reports them (GpuSpec.device_memory_bytes). nvidia-smi memory.total lines as
 # printed on real machines: "NVIDIA H100 80GB HBM3, 81559 MiB", "NVIDIA H200, 143771 MiB"; PyTorch OOM
@@ -148,7 +149,7 @@ _GPUS: tuple[GpuSpec, ...] = (
     GpuSpec("GB200", 198674743296, 8000e9, 2500e12, 5000e12, 10000e12, 900e9, True, 72, 1200,
             _AIC.format("gb200.yaml"), "per GPU; NVLink domain = NVL72 rack (4 GPUs per compute tray)"),
     GpuSpec("GB300", 298013687808, 8000e9, 2500e12, 5000e12, 15000e12, 900e9, True, 72, 1400,
-            "aiconfigurator systems/gb300.yaml (../shared/data/gpus/gb300.yaml)",
+            "aiconfigurator systems/gb300.yaml",
             "per GPU; NVLink domain = NVL72 rack"),
     GpuSpec("B300-SXM", 288400343040, 7750e9, 2250e12, 4500e12, 14000e12, 900e9, True, 8, 1100,
             _AIC.format("b300_sxm.yaml"), ""),
@@ -165,7 +166,7 @@ _GPUS: tuple[GpuSpec, ...] = (
 _GPUS = tuple(replace(g, device_memory_bytes=DEVICE_MEMORY_SOURCES[g.name][0]) if g.name in DEVICE_MEMORY_SOURCES
               else g for g in _GPUS)
 
-# Other spellings seen in ../shared/data (gpu_specs.csv, trtllm_throughput_dev.csv, aiconfigurator
+# Other spellings seen in the public tables (gpu_specs.csv, trtllm_throughput_dev.csv, aiconfigurator
 # ``system`` column) -> catalog name.
 ALIASES: dict[str, str] = {
     "h100-sxm5-80gb": "H100-SXM", "h100-sxm-80gb": "H100-SXM", "h100_sxm": "H100-SXM", "h100": "H100-SXM",

@@ -1,9 +1,9 @@
 """Adapter + command: fit the perf model's efficiency factors and write them as data.
 
-    python -m runtime.tracking.perf_fit [--csv ../shared/data/perf/aiconfigurator_silicon_sample.csv]
-                                        [--out runtime/perf/fitted.py] [--measured RESULT.json ...]
+    python -m runtime.tracking.perf_fit --csv SILICON_SAMPLE.csv [--out runtime/perf/fitted.py]
+                                        [--measured RESULT.json ...]
 
-Reads NVIDIA aiconfigurator's silicon sample (CSV) and the measured-mode results (JSON), fits them with the
+Reads NVIDIA aiconfigurator's silicon sample (CSV; docs/benchmarks.md says where it is published) and the measured-mode results (JSON), fits them with the
 pure `runtime.perf.fit` (which documents the model and the least-squares set-up) and writes
 ``runtime/perf/fitted.py`` atomically. Deterministic: same inputs, same file.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from runtime.models.load import load_model_spec
 from runtime.models.spec import ModelSpec
-from runtime.paths import REPO_ROOT, data_dir
+from runtime.models.catalog import CATALOG_DIR
+from runtime.paths import REPO_ROOT
 from runtime.perf.fit import GEMM_PRECISION, MODEL_CONFIGS, _Obs, fit_measured, fit_observations, observations, render
 from runtime.perf.calibration import Efficiency
 
@@ -26,7 +27,6 @@ COMMAND = "python -m runtime.tracking.perf_fit"
 
 def csv_observations(path: Path) -> list[_Obs]:
     """All observations of a silicon-sample CSV (rows of unknown models / formats are skipped)."""
-    models_dir = data_dir() / "models"
     cache: dict[str, ModelSpec] = {}
     out: list[_Obs] = []
     with Path(path).open() as f:
@@ -35,7 +35,7 @@ def csv_observations(path: Path) -> list[_Obs]:
             if stem is None or GEMM_PRECISION.get(row["gemm_quant_mode"]) is None:
                 continue
             if stem not in cache:
-                cache[stem] = load_model_spec(models_dir / f"{stem}_config.json")
+                cache[stem] = load_model_spec(CATALOG_DIR / f"{stem}_config.json")
             try:
                 out.extend(observations(row, cache[stem]))
             except (KeyError, ValueError):
@@ -56,7 +56,8 @@ def fit_csv(path: Path) -> tuple[dict[tuple[str, str, str], Efficiency], dict[tu
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Fit perf-model efficiency factors (writes runtime/perf/fitted.py)")
-    ap.add_argument("--csv", type=Path, default=data_dir() / "perf" / "aiconfigurator_silicon_sample.csv")
+    ap.add_argument("--csv", type=Path, required=True,
+                    help="NVIDIA aiconfigurator silicon sample CSV (aiconfigurator repository, Apache-2.0; see docs/benchmarks.md)")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "runtime" / "perf" / "fitted.py")
     measured_default = REPO_ROOT / "bench" / "results" / "perf_model_measure_cpu.json"
     ap.add_argument("--measured", type=Path, nargs="*",

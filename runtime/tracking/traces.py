@@ -1,6 +1,6 @@
 """Adapter: read request lengths (ISL, OSL) from a trace file for the tuner's workload sample.
 
-Formats (../shared/data/traces):
+Formats (docs/benchmarks.md names the public traces in each):
 * CSV with ``ContextTokens`` and ``GeneratedTokens`` columns (Azure LLM inference trace 2023, Splitwise);
 * JSON lines with ``input_length`` and ``output_length`` (Mooncake FAST'25 trace; the runtime's
   ``--traffic-log``, runtime/server/traffic.py, writes this format with Unix-ms timestamps).

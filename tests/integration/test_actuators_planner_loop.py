@@ -189,9 +189,9 @@ def test_planner_from_a_deployment_spec_uses_the_perf_model():
     from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
     from runtime.server.planner_loop import planner_from_spec
 
-    cfg_path = Path(__file__).resolve().parents[2].parent / "shared/data/models/meta-llama--Meta-Llama-3.1-70B_config.json"
-    if not cfg_path.exists():
-        pytest.skip("shared model configs not present")
+    from runtime.models.catalog import catalog_path
+
+    cfg_path = catalog_path("llama-3.1-70b")
     spec = DeploymentSpec(model=ModelRef(name="llama-70b"), gpu="H100-SXM",
                           prefill=PoolSpec(tp=2, replicas=3, max_replicas=16), decode=PoolSpec(tp=4, replicas=1),
                           planner=PlannerSpec(mode="sla", predictor="constant"))

@@ -121,11 +121,11 @@ def test_missing_bucket_fails_and_leaves_nothing(tmp_path, s3_env):
                                  {"traffic_trace_uri": "traces/traffic.jsonl"}])
 def test_bad_cheap_parameter_fails_before_staging(tmp_path, capfd, bad):
     from pipelines.stage_tune_promote import run_local
-    from runtime.paths import data_dir
+    from runtime.models.catalog import CATALOG_DIR
 
     src = tmp_path / "src"  # a local source: staging it would succeed, so only the order can keep fsx empty
     src.mkdir()
-    (src / "config.json").write_text((data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
+    (src / "config.json").write_text((CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
     (src / "model.safetensors").write_bytes(b"\0" * (1 << 20))  # stands for tens of GB of weights
 
     args = dict(source_uri=str(src), model_name="m", fsx_root=str(tmp_path / "fsx"),
@@ -146,12 +146,12 @@ def test_pipeline_sizes_the_champion_for_a_traffic_trace_under_fsx_root(tmp_path
     from mlflow.tracking import MlflowClient
 
     from pipelines.stage_tune_promote import run_local
-    from runtime.paths import data_dir
+    from runtime.models.catalog import CATALOG_DIR
     from runtime.tracking.mlflow_runs import load_champion
 
     src = tmp_path / "src"
     src.mkdir()
-    (src / "config.json").write_text((data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
+    (src / "config.json").write_text((CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
     (src / "model.safetensors").write_bytes(b"\0" * 16)
     trace = tmp_path / "fsx" / "traces" / "traffic.jsonl"  # mean ISL 1500, OSL 100; 29 gaps of 1 s: 1.0/s
     trace.parent.mkdir(parents=True)

@@ -18,14 +18,14 @@ from typer.testing import CliRunner
 
 from runtime.config import ModelRef, SloSpec, WorkloadSpec
 from runtime.models.load import load_model_spec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.staging.manifest import MARKER_NAME, StagingError
 from runtime.staging.stage import stage_model
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-LLAMA_70B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
+LLAMA_70B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json"
 
 
 def _hf_folder(path: Path) -> Path:

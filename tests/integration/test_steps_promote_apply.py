@@ -16,7 +16,7 @@ from runtime.config import ModelRef, SloSpec, WorkloadSpec
 from runtime.deploy import kube as kube_mod
 from runtime.deploy.errors import RolledBackError
 from runtime.models.load import load_model_spec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.ports import free_port
 from runtime.steps import promote_step
 from tests.unit.test_deploy_apply import NS, PVC, FakeApiServer, in_cluster_files
@@ -57,7 +57,7 @@ def tune_and_register(uri: str) -> str:
     from runtime.tracking.mlflow_runs import log_tuning
     from runtime.tuner.search import tune
 
-    model = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json")
+    model = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json")
     result = tune(model, "H100-SXM", SloSpec(), WorkloadSpec())
     return str(log_tuning(result, tracking_uri=uri, experiment="steps-apply", registered_model=REGISTERED,
                           model_ref=ModelRef(name="llama8b", path="/mnt/fsx/models/llama8b")))

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.steps import AUTO_REQUEST_RATE, tune_step
 from runtime.tracking.traces import TrafficTraceError
 
 pytestmark = pytest.mark.integration
 
-LLAMA_8B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"
+LLAMA_8B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json"
 # 40 requests, mean ISL 2000 (1000/3000), mean OSL 100 (50/150), one every 500 ms: 39 gaps in 19.5 s = 2.0/s
 TRACE = "".join(json.dumps({"timestamp": k * 500, "input_length": 1000 + 2000 * (k % 2),
                             "output_length": 50 + 100 * (k % 2)}) + "\n" for k in range(40))

@@ -105,7 +105,7 @@ def test_pdserve_tune_reads_a_windowed_prefix_straight_from_s3(s3_server, shippe
 
     from runtime.cli import app
     from runtime.config import DeploymentSpec
-    from runtime.paths import data_dir
+    from runtime.models.catalog import CATALOG_DIR
 
     for k in [k for k in __import__("os").environ if k.startswith("AWS_")]:
         monkeypatch.delenv(k)
@@ -113,7 +113,7 @@ def test_pdserve_tune_reads_a_windowed_prefix_straight_from_s3(s3_server, shippe
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(trace_s3, "LAST_MODIFIED_MARGIN_S", 0.0)
     out = tmp_path / "spec.json"
-    res = CliRunner().invoke(app, ["tune", str(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"),
+    res = CliRunner().invoke(app, ["tune", str(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json"),
                                    "--trace-uri", shipped, "--trace-window-h", str(2 / 3600), "--out", str(out)])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())

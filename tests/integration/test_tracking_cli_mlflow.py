@@ -9,12 +9,12 @@ from typer.testing import CliRunner
 
 from runtime.cli import app
 from runtime.config import DeploymentSpec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 
 pytestmark = pytest.mark.integration
 
 runner = CliRunner()
-LLAMA_70B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
+LLAMA_70B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json"
 ENV = {"COLUMNS": "300", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
@@ -206,7 +206,7 @@ def test_tune_measure_logs_its_runs_to_mlflow(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "_measured_perf", fake_measured_perf)
     folder = tmp_path / "qwen06"
     folder.mkdir()
-    (folder / "config.json").write_text((data_dir() / "models" / "Qwen--Qwen3-0.6B_config.json").read_text())
+    (folder / "config.json").write_text((CATALOG_DIR / "Qwen--Qwen3-0.6B_config.json").read_text())
     (folder / "model.safetensors").write_bytes(b"")
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     res = runner.invoke(app, ["tune", str(folder), "--measure", "--mlflow-uri", uri, "--ttft-ms", "60000",
@@ -227,7 +227,7 @@ def test_tune_measure_logs_its_runs_to_mlflow(tmp_path, monkeypatch):
 def test_tune_records_the_absolute_model_folder(tmp_path, monkeypatch):
     folder = tmp_path / "fsx12" / "models" / "llama8"
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text((data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
+    (folder / "config.json").write_text((CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
     monkeypatch.chdir(tmp_path)
     res = runner.invoke(app, ["tune", "fsx12/models/llama8", "--out", "t.json"], env=ENV)
     assert res.exit_code == 0, res.output

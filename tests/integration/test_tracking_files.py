@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runtime.config import SloSpec, WorkloadSpec
 from runtime.models.load import load_model_spec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 from runtime.tracking.plots import pareto_front, pareto_html, pareto_png
@@ -15,7 +15,7 @@ from runtime.tracking.profiles_io import read_profiles, write_profiles
 from runtime.tuner.profiles import build_profiles
 from runtime.tuner.search import tune
 
-L70 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+L70 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json")
 
 
 def test_profiles_written_per_tp_and_read_back(tmp_path: Path):

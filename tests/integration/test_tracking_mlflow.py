@@ -8,7 +8,7 @@ import pytest
 
 from runtime.config import ModelRef, SloSpec, WorkloadSpec
 from runtime.models.load import load_model_spec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.tracking.mlflow_runs import TrackingError, load_champion, log_tuning
 from runtime.tuner.search import tune
 
@@ -23,7 +23,7 @@ def uri(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def result():
-    m = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+    m = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json")
     return tune(m, "H100-SXM", SloSpec(), WorkloadSpec())
 
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from components.image import PDSERVE_IMAGE
 from runtime.batch import workflows as wfm
 from runtime.batch.workflows import (
+from runtime.models.catalog import CATALOG_DIR
     BatchInferenceWorkflowSpec,
     RetuneCronWorkflowSpec,
     batch_inference_workflow,
@@ -475,7 +476,7 @@ def test_a_traffic_prefix_is_downloaded_as_a_folder_and_tuned_as_one_trace(tmp_p
                         "output_length": 70}) + "\n" for i in range(5)))
     tune_args[tune_args.index("--trace") + 1] = str(folder)
     assert tune_args[:2] == ["tune", "/fsx/models/org/llama8/config.json"]
-    tune_args[1] = str(__import__("runtime.paths", fromlist=["data_dir"]).data_dir() / "models"
+    tune_args[1] = str(__import__("runtime.models.catalog", fromlist=["CATALOG_DIR"]).CATALOG_DIR
                        / "meta-llama--Meta-Llama-3.1-8B_config.json")
     out = tmp_path / "spec.json"
     for opt in ("--mlflow-uri", "--register", "--like"):  # no MLflow here: the run stops at the spec

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.models.catalog import CATALOG_DIR
 from tests.scripts import load_script
 
 
@@ -66,22 +67,22 @@ def _table(tmp_path: Path) -> Path:
     (["--budget-s", "nan"], ["--budget-s"]),
 ])
 def test_aic_bad_numbers_are_refused_at_parse_time(aic, tmp_path, capsys, args, words):
-    _refused(aic.main, ["--table", str(_table(tmp_path)), "--out", str(tmp_path / "o.json"), *args], capsys, *words)
+    _refused(aic.main, ["--table", str(_table(tmp_path)), "--models", str(CATALOG_DIR), "--out", str(tmp_path / "o.json"), *args], capsys, *words)
 
 
 def test_aic_an_out_under_a_file_is_refused_at_parse_time(aic, tmp_path, capsys):
     (tmp_path / "file").write_text("")
-    _refused(aic.main, ["--table", str(_table(tmp_path)), "--out", str(tmp_path / "file" / "o.json")], capsys,
+    _refused(aic.main, ["--table", str(_table(tmp_path)), "--models", str(CATALOG_DIR), "--out", str(tmp_path / "file" / "o.json")], capsys,
              "--out", "cannot create its folder")
 
 
 def test_aic_an_out_that_is_a_folder_is_refused_at_parse_time(aic, tmp_path, capsys):
-    _refused(aic.main, ["--table", str(_table(tmp_path)), "--out", str(tmp_path)], capsys, "--out", "is a folder")
+    _refused(aic.main, ["--table", str(_table(tmp_path)), "--models", str(CATALOG_DIR), "--out", str(tmp_path)], capsys, "--out", "is a folder")
 
 
 def test_aic_prints_the_result_then_writes_out(aic, tmp_path, capsys):
     out = tmp_path / "sub" / "o.json"
-    assert aic.main(["--table", str(_table(tmp_path)), "--out", str(out), "--stride", "1"]) == 0
+    assert aic.main(["--table", str(_table(tmp_path)), "--models", str(CATALOG_DIR), "--out", str(out), "--stride", "1"]) == 0
     line = json.loads(capsys.readouterr().out.strip())
     assert line["rows"] == 1 and line["covered"] == 0 and "details" not in line
     assert json.loads(out.read_text())["details"][0]["why"].startswith("RuntimeError")
@@ -92,7 +93,7 @@ def test_aic_a_failed_write_still_leaves_the_result_on_stdout_and_stderr(aic, tm
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(aic, "write_text_atomically", full)
-    assert aic.main(["--table", str(_table(tmp_path)), "--out", str(tmp_path / "o.json")]) == 1
+    assert aic.main(["--table", str(_table(tmp_path)), "--models", str(CATALOG_DIR), "--out", str(tmp_path / "o.json")]) == 1
     cap = capsys.readouterr()
     assert json.loads(cap.out.strip())["rows"] == 1
     assert "No space left on device" in cap.err and '"details"' in cap.err

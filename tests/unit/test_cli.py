@@ -9,10 +9,10 @@ from typer.testing import CliRunner
 
 from runtime.cli import app
 from runtime.config import DeploymentSpec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 
 runner = CliRunner()
-LLAMA_70B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
+LLAMA_70B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json"
 
 
 def test_help_lists_every_command():
@@ -364,7 +364,7 @@ def test_demo_preflight_passes_the_demo_defaults_and_names_a_bad_gpu(tmp_path):
 
     from runtime.demo import DemoError, DemoSettings, _check_slo_feasible
 
-    shutil.copy(data_dir() / "models" / "Qwen--Qwen3-0.6B_config.json", tmp_path / "config.json")
+    shutil.copy(CATALOG_DIR / "Qwen--Qwen3-0.6B_config.json", tmp_path / "config.json")
     _check_slo_feasible(tmp_path, DemoSettings(state_dir=tmp_path), "m-pd")  # the defaults are feasible
     with pytest.raises(DemoError, match="would fail: .*TTFT"):
         _check_slo_feasible(tmp_path, DemoSettings(state_dir=tmp_path, ttft_p90_ms=0.5), "m-pd")

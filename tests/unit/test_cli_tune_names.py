@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 from runtime.cli import app
 from runtime.config import DeploymentSpec
 from runtime.deploy.render import render_all
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.staging.stage import stage_model
 
 runner = CliRunner()
-LLAMA_8B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"
+LLAMA_8B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json"
 
 
 def _stage(tmp_path: Path, dest: Path) -> Path:

@@ -15,11 +15,10 @@ from typer.testing import CliRunner
 
 from runtime.cli import app
 from runtime.config import DeploymentSpec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 
 runner = CliRunner()
-LLAMA_8B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"
-AZURE = data_dir() / "traces" / "azure2023_conv.csv"
+LLAMA_8B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json"
 
 
 def _tune(tmp_path: Path, *options: str) -> DeploymentSpec:
@@ -35,11 +34,11 @@ def _write_trace(path: Path, pairs: list[tuple[int, int]]) -> Path:
     return path
 
 
-def test_the_spec_records_the_traces_mean_lengths_not_the_isl_osl_options(tmp_path):
+def test_the_spec_records_the_traces_mean_lengths_not_the_isl_osl_options(tmp_path, azure_trace):
     import csv
 
-    rows = list(csv.DictReader(AZURE.open()))
-    spec = _tune(tmp_path, "--trace", str(AZURE), "--isl", "9999", "--osl", "7")
+    rows = list(csv.DictReader(azure_trace.open()))
+    spec = _tune(tmp_path, "--trace", str(azure_trace), "--isl", "9999", "--osl", "7")
     # the CLI samples up to 256 evenly spaced requests; the recorded means are those of that sample, which for
     # this trace lie close to the whole trace's
     mean_isl = sum(int(r["ContextTokens"]) for r in rows) / len(rows)
@@ -115,7 +114,7 @@ def test_an_empty_trace_says_so_and_ignored_isl_osl_are_named(tmp_path):
 
 
 
-def test_without_rate_the_traces_mean_arrival_rate_is_the_load(tmp_path):
+def test_without_rate_the_traces_mean_arrival_rate_is_the_load(tmp_path, azure_trace):
     trace = tmp_path / "traffic.jsonl"  # the runtime's traffic log: Unix ms, in any order (several replicas)
     t0 = 1_764_000_000_000
     trace.write_text("".join(json.dumps({"timestamp": t0 + ms, "input_length": 500, "output_length": 50,
@@ -129,7 +128,11 @@ def test_without_rate_the_traces_mean_arrival_rate_is_the_load(tmp_path):
     assert DeploymentSpec.model_validate_json(out.read_text()).workload.request_rate_per_s == 7.0
     from runtime.tracking.traces import read_arrival_rate
 
-    assert abs(read_arrival_rate(AZURE) - 5.53) < 0.01  # 2023 Azure conversation trace, ~1 h of arrivals
+    from tests.conftest import AZURE_ROWS
+
+    # an Azure-format CSV (date-times, 7 fractional digits): (n - 1) gaps over the first-to-last span
+    want = (len(AZURE_ROWS) - 1) / (AZURE_ROWS[-1].t_s - AZURE_ROWS[0].t_s)
+    assert read_arrival_rate(azure_trace) == pytest.approx(want, rel=1e-6)
     untimed = tmp_path / "untimed.jsonl"
     untimed.write_text('{"input_length": 5, "output_length": 5}\n{"input_length": 6, "output_length": 5}\n')
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(untimed)])
@@ -209,7 +212,7 @@ def test_the_peak_rate_is_the_busiest_whole_minute(tmp_path):
 def test_a_bursty_trace_raises_the_planner_ceiling_to_what_its_peak_needs(tmp_path):
     from runtime.tracking.traces import read_peak_rate
 
-    llama_70b = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
+    llama_70b = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json"
     trace = _bursty(tmp_path / "t.jsonl")
     out = tmp_path / "spec.json"
     res = runner.invoke(app, ["tune", str(llama_70b), "--trace", str(trace), "--out", str(out)])
@@ -278,7 +281,7 @@ def test_a_tiny_trace_is_called_noise_and_a_peak_over_the_budget_is_named(tmp_pa
     tiny = _write_trace(tmp_path / "tiny.jsonl", [(100, 10)] * 3)
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(tiny), "--rate", "1"])
     assert res.exit_code == 0 and "only 3 request(s)" in " ".join(res.output.split())
-    llama_70b = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
+    llama_70b = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json"
     res = runner.invoke(app, ["tune", str(llama_70b), "--trace", str(_bursty(tmp_path / "b.jsonl")),
                               "--gpu-budget", "24"])
     assert res.exit_code == 0, res.output

@@ -112,20 +112,22 @@ def test_vendored_schemas_carry_source_and_version_and_stay_small():
         assert rec["source"] and rec["source_version"] and rec["openAPIV3Schema"]["type"] == "object"
 
 
-def test_vendored_schemas_match_the_shared_crds():
-    from runtime.paths import data_dir
-
-    try:
-        crds = data_dir() / "crds"
-    except FileNotFoundError:
-        pytest.skip("../shared/data not present")
+def test_vendoring_a_crd_keeps_each_served_versions_schema_and_its_source(tmp_path):
     import yaml
 
-    for f in ("serving.kserve.io_inferenceservices.yaml", "karpenter.sh_nodepools.yaml"):
-        crd = yaml.load((crds / f).read_text(), Loader=yaml.CSafeLoader)
-        for rec in crd_schemas.extract(crd, source="", source_version=""):
-            vendored = crd_schemas.load(f"{rec['group']}/{rec['version']}", rec["kind"])
-            assert vendored["openAPIV3Schema"] == rec["openAPIV3Schema"]
+    schema = {"type": "object", "properties": {"spec": {"type": "object", "required": ["size"],
+                                                        "properties": {"size": {"type": "integer"}}}}}
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "spec": {"group": "example.dev", "names": {"kind": "Widget"}, "scope": "Namespaced",
+                    "versions": [{"name": "v1", "served": True, "schema": {"openAPIV3Schema": schema}},
+                                 {"name": "v0", "served": False, "schema": {"openAPIV3Schema": {}}}]}}
+    src = tmp_path / "crd.yaml"
+    src.write_text(yaml.safe_dump(crd))
+    (written,) = crd_schemas.vendor(src, source="example CRD", source_version="1.0", out_dir=tmp_path)
+    rec = json.loads(written.read_text())
+    assert written.name == "example.dev_v1_widget.json"  # the unserved v0 is left out
+    assert (rec["kind"], rec["source"], rec["source_version"]) == ("Widget", "example CRD", "1.0")
+    assert rec["openAPIV3Schema"] == schema
 
 
 def test_cached_builtin_validation_agrees_with_kubernetes_validate(objs):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.models.catalog import CATALOG_DIR
 from runtime.models.load import load_model_spec
 from runtime.perf.calibration import Efficiency
 from runtime.perf.gpus import get_gpu
@@ -16,7 +17,7 @@ from runtime.perf.microbench import (
     gemm_flops_bytes, gemm_shapes,
 )
 
-MODELS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "models"
+MODELS = CATALOG_DIR
 
 
 @pytest.fixture(scope="module")

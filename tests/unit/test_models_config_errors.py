@@ -22,9 +22,9 @@ import runtime.models.spec as spec_module
 from runtime.cli import app
 from runtime.models.load import load_model_spec
 from runtime.models.spec import KNOWN_LAYER_TYPES, ModelConfigError, ModelSpec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 
-MODELS = data_dir() / "models"
+MODELS = CATALOG_DIR
 
 
 def cfg(stem: str) -> dict:

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from runtime.models.catalog import CATALOG_DIR
 from runtime.models.load import load_model_spec
 from runtime.models.spec import ModelConfigError
 from runtime.steps import checkpoint_precision
 
-MODELS = Path(__file__).resolve().parents[3] / "shared" / "data" / "models"
+MODELS = CATALOG_DIR
 HF_QUANT = {"producer": {"name": "modelopt", "version": "0.15.0"},
             "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
 
@@ -20,8 +21,10 @@ HF_QUANT = {"producer": {"name": "modelopt", "version": "0.15.0"},
 def folder(tmp_path: Path) -> Path:
     d = tmp_path / "Llama-3.1-70B-Instruct-FP8"
     d.mkdir()
-    shutil.copy(MODELS / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json", d / "config.json")
-    assert "quantization_config" not in json.loads((d / "config.json").read_text())
+    # the checkpoint's config.json as published: no quantization_config (the catalog entry restates it)
+    cfg = json.loads((MODELS / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json").read_text())
+    del cfg["quantization_config"]
+    (d / "config.json").write_text(json.dumps(cfg))
     return d
 
 

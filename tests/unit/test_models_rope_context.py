@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from runtime.config import SloSpec, WorkloadSpec
+from runtime.models.catalog import CATALOG_DIR
 from runtime.models.spec import ModelConfigError, ModelSpec
 from runtime.perf.gpus import get_gpu
 from runtime.tuner.search import ContextTooLongError, tune
 
-MODELS = Path(__file__).resolve().parents[3] / "shared" / "data" / "models"
+MODELS = CATALOG_DIR
 
 
 def _qwen3_8b(**extra) -> dict:

@@ -9,9 +9,9 @@ import pytest
 
 from runtime.models.load import load_model_spec
 from runtime.models.spec import ModelConfigError, ModelSpec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 
-MODELS = data_dir() / "models"
+MODELS = CATALOG_DIR
 
 
 def spec(stem: str) -> ModelSpec:

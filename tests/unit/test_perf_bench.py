@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from tests.scripts import load_script
 
-TABLE = data_dir() / "perf" / "trtllm_throughput_dev.csv"
+TABLE = Path(__file__).resolve().parents[1] / "fixtures" / "trtllm_throughput_llama31.csv"
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,8 @@ def test_aiconfigurator_side_by_side_is_optional(bench, small_table, tmp_path, m
 def test_moe_mapping_applies_to_the_multi_gpu_moe_rows_of_the_1_0_page_only(bench):
     from runtime.models.load import load_model_spec
 
-    moe = load_model_spec(data_dir() / "models" / "Qwen--Qwen3-235B-A22B_config.json")
-    dense = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json")
+    moe = load_model_spec(CATALOG_DIR / "Qwen--Qwen3-235B-A22B_config.json")
+    dense = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json")
     v1 = {"source": "NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @ 00f37686aa85", "tp": "8"}
     v014 = {"source": "TensorRT-LLM perf-overview.md (data generated with v0.14.0)", "tp": "8"}
     assert bench.row_mapping(v1, moe, "dep") == (True, True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.perf import fitted
 from runtime.perf.calibration import DEFAULT, compute_class, efficiency_for
 import numpy as np
@@ -31,8 +31,8 @@ from runtime.perf.model import PerfModel
 from runtime.perf.gpus import get_gpu
 from runtime.models.load import load_model_spec
 
-SAMPLE = data_dir() / "perf" / "aiconfigurator_silicon_sample.csv"
-L70 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "aiconfigurator_sample_rows.csv"
+L70 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json")
 
 
 def _rows(pred) -> tuple[list[dict], list[str]]:
@@ -158,7 +158,7 @@ def test_rows_are_sized_by_their_own_engines_memory_rule():
                     and r["attention_dp_size"] in ("", "1") and r["moe_ep_size"] in ("", "1", "4"))
     by_backend = {r["backend"]: r for r in rows}
     assert {"trtllm", "sglang"} <= set(by_backend)
-    dsv3 = load_model_spec(data_dir() / "models" / "deepseek-ai--DeepSeek-V3_config.json")
+    dsv3 = load_model_spec(CATALOG_DIR / "deepseek-ai--DeepSeek-V3_config.json")
     assert not PerfModel(dsv3, get_gpu("B200-SXM"), "fp8").fits(4)
     assert PerfModel(dsv3, get_gpu("B200-SXM"), "fp8", backend="trtllm").fits(4)
     assert observations(by_backend["trtllm"], dsv3)
@@ -286,7 +286,7 @@ def test_fit_charges_activation_traffic_at_the_memory_efficiency_by_hand():
 
 def test_observations_carry_the_models_activation_traffic():
     """A silicon row's decode term holds ``PerfModel``'s element-wise traffic at the row's batch."""
-    l70 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+    l70 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json")
     row = {"system": "h100_sxm", "gemm_quant_mode": "fp8", "backend": "vllm", "isl": "1000", "osl": "500",
            "silicon_ttft_ms": "100", "silicon_tpot_ms": "20", "mode": "disagg", "decode_tp_size": "4",
            "decode_batch_size": "16", "decode_attention_dp_size": "1", "decode_moe_ep_size": "1",

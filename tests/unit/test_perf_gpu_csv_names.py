@@ -1,16 +1,16 @@
-"""Every GPU spelling in ../shared/data/gpus/gpu_specs.csv resolves to the catalog entry with that row's
+"""Every GPU spelling in the published spec table (tests/fixtures/gpu_specs.csv) resolves to the catalog entry with that row's
 numbers (the ALIASES comment promises the CSV's spellings are covered)."""
 
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 
-from runtime.paths import data_dir
 from runtime.perf.gpus import get_gpu
 
-ROWS = list(csv.DictReader((data_dir() / "gpus" / "gpu_specs.csv").open()))
+ROWS = list(csv.DictReader((Path(__file__).resolve().parents[1] / "fixtures" / "gpu_specs.csv").open()))
 
 
 def test_the_csv_has_rows():

@@ -14,9 +14,9 @@ from runtime.perf.gpus import get_gpu, gpu_names
 from runtime.perf.instances import INSTANCES, get_instance, instance_for, usd_per_gpu_hour
 from runtime.perf.collectives import nccl_allreduce_s, nccl_latencies
 from runtime.perf.model import PerfModel
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 
-MODELS = data_dir() / "models"
+MODELS = CATALOG_DIR
 L8 = load_model_spec(MODELS / "meta-llama--Meta-Llama-3.1-8B_config.json")
 L70 = load_model_spec(MODELS / "meta-llama--Meta-Llama-3.1-70B_config.json")
 MIXTRAL = load_model_spec(MODELS / "mistralai--Mixtral-8x7B-v0.1_config.json")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runtime.models.load import load_model_spec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 import math
@@ -18,8 +18,8 @@ from runtime.perf.throughput import (
     trtllm_kv_capacity_tokens,
 )
 
-L8 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json")
-L70 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+L8 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json")
+L70 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json")
 
 
 def test_best_batch_respects_kv_and_token_limits():

@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from runtime.models.catalog import CATALOG_DIR
 from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-LLAMA_70B = ROOT.parent / "shared" / "data" / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json"
-pytestmark = pytest.mark.skipif(not LLAMA_70B.exists(), reason="shared model configs not present")
+LLAMA_70B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json"
 
 
 def load_bench():

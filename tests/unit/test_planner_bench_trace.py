@@ -86,12 +86,12 @@ def test_bad_rows_are_refused_naming_the_line_and_column(tmp_path, row, needle):
         bench.load_azure_trace(path, 1, 0)
 
 
-def test_real_azure_conversation_trace_loads_without_clamping():
-    real = ROOT.parent / "shared" / "data" / "traces" / "azure2023_conv.csv"
-    if not real.exists():
-        pytest.skip("shared Azure trace not present")
-    tr = bench.load_azure_trace(real, 1, 0)
-    assert len(tr.arrival_s) == 19366 and tr.arrival_s[0] == 0.0 and np.all(np.diff(tr.arrival_s) >= 0)
+def test_an_azure_format_trace_loads_without_clamping(azure_trace):
+    from tests.conftest import AZURE_ROWS
+
+    tr = bench.load_azure_trace(azure_trace, 1, 0)
+    assert len(tr.arrival_s) == len(AZURE_ROWS) and tr.arrival_s[0] == 0.0 and np.all(np.diff(tr.arrival_s) >= 0)
+    assert list(tr.isl_tokens) == [r.isl for r in AZURE_ROWS]
     assert tr.isl_tokens.min() >= 1 and tr.osl_tokens.min() >= 1
 
 

@@ -107,11 +107,11 @@ def test_arima_fits_once_per_observation(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_profile_refuses_a_prefill_tp_the_model_does_not_fit_at() -> None:
     from runtime.models.load import load_model_spec
-    from runtime.paths import data_dir
+    from runtime.models.catalog import CATALOG_DIR
     from runtime.perf.gpus import get_gpu
     from runtime.perf.model import PerfModel
 
-    l70 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+    l70 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json")
     perf = PerfModel(l70, get_gpu("H100-SXM"), "bf16")
     with pytest.raises(ValueError, match="prefill_tp=1"):
         build_profile(perf, prefill_tp=1, decode_tp=4)

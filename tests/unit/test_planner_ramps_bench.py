@@ -8,9 +8,6 @@ import pytest
 
 from tests.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure2023_conv.csv"
-pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 
 
 def load_bench():
@@ -41,10 +38,11 @@ def test_a_clumped_ramp_replays_each_arrival_within_a_second():
     assert per_s.var() > 3 * per_s.mean()
 
 
-def test_one_scenario_prints_one_json_line(tmp_path, capsys):
+def test_one_scenario_prints_one_json_line(tmp_path, capsys, azure_trace):
     b = load_bench()
     out = tmp_path / "r.json"
-    res = b.main(["--scenarios", "azure_x10_from_min40", "--ablations", "no_decode_band", "--out", str(out)])
+    res = b.main(["--trace", str(azure_trace), "--scenarios", "azure_x10_from_min40", "--ablations", "no_decode_band",
+                  "--out", str(out)])
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
     assert len(lines) == 1 and json.loads(lines[0]) == res == json.loads(out.read_text())
     runs = res["scenarios"]["azure_x10_from_min40"]
@@ -54,10 +52,10 @@ def test_one_scenario_prints_one_json_line(tmp_path, capsys):
     assert res["summary"]["ablation_no_decode_band"]["runs"] == 1
 
 
-def test_unknown_names_are_usage_errors(capsys):
+def test_unknown_names_are_usage_errors(capsys, azure_trace):
     b = load_bench()
     for argv in (["--scenarios", "nope"], ["--ablations", "nope"], ["--seeds", "0"]):
         with pytest.raises(SystemExit) as e:
-            b.main(argv)
+            b.main(["--trace", str(azure_trace), *argv])
         assert e.value.code == 2
     assert "unknown ['nope']" in capsys.readouterr().err

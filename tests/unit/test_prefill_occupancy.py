@@ -10,7 +10,7 @@ import pytest
 
 from runtime.config import SloSpec, WorkloadSpec
 from runtime.models.load import load_model_spec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 from runtime.planner import sla
@@ -19,7 +19,7 @@ from runtime.sim.fleet import FleetConfig, FleetSim, Trace, static_controller
 from runtime.tuner.profiles import PlannerProfiles, PrefillPoint, ProfilePerf, build_profiles
 from runtime.tuner.search import evaluate
 
-L8 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json")
+L8 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json")
 
 
 def test_busy_time_is_the_roofline_plus_one_engine_step():

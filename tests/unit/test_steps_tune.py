@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.steps import (
     GpuBudgetError,
     check_tune_parameters,
@@ -25,7 +25,7 @@ from runtime.steps import (
     validate_step,
 )
 
-MODELS = data_dir() / "models"
+MODELS = CATALOG_DIR
 FP8_QUANT = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",  # Qwen/Qwen3-8B-FP8's
              "weight_block_size": [128, 128]}
 

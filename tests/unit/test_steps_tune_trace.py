@@ -23,12 +23,11 @@ import pytest
 from typer.testing import CliRunner
 
 from runtime.config import DeploymentSpec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.steps import AUTO_REQUEST_RATE, tune_step, validate_step
 from runtime.tracking.traces import TrafficTraceError
 
-LLAMA_8B = data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"
-AZURE = data_dir() / "traces" / "azure2023_conv.csv"
+LLAMA_8B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json"
 # 60 requests, mean ISL 1000 (600/1000/1400), mean OSL 200, one every 250 ms: 59 gaps in 14.75 s = 4.0/s
 PAIRS = [(600, 100), (1000, 200), (1400, 300)] * 20
 
@@ -134,12 +133,12 @@ def test_a_positive_rate_wins_over_the_traces_and_no_trace_at_rate_0_is_10_per_s
     assert recorded["traffic_trace_uri"] is None
 
 
-def test_the_winner_is_the_one_pdserve_tune_trace_picks(fsx, recorded, tmp_path):
+def test_the_winner_is_the_one_pdserve_tune_trace_picks(fsx, recorded, tmp_path, azure_trace):
     from runtime.cli import app
 
-    trace = fsx / "traces" / "azure2023_conv.csv"  # the real Azure trace: a wide length mix, ISO timestamps
+    trace = fsx / "traces" / "azure_conv.csv"  # an Azure-format trace: a wide length mix, ISO timestamps
     trace.parent.mkdir()
-    trace.write_bytes(AZURE.read_bytes())
+    trace.write_bytes(azure_trace.read_bytes())
     out = tmp_path / "cli-spec.json"
     res = CliRunner().invoke(app, ["tune", str(fsx / "models" / "m"), "--precision", "bf16", "--trace", str(trace),
                                    "--out", str(out)])
@@ -220,7 +219,7 @@ def test_a_bursty_traces_peak_raises_the_planner_ceiling_as_the_cli_does(tmp_pat
 
     src = tmp_path / "src"
     src.mkdir()
-    (src / "config.json").write_text((data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json").read_text())
+    (src / "config.json").write_text((CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json").read_text())
     (src / "model.safetensors").write_bytes(b"\0" * 16)
     fsx = tmp_path / "fsx"
     stage_model(str(src), fsx / "models" / "m", progress=False)

@@ -24,12 +24,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.paths import data_dir
 from runtime.tracking.trace_columns import (TraceColumns, TraceFormatError, may_hold_window, parse_csv,
                                             parse_csv_timestamp, parse_jsonl, reduce_trace)
 from runtime.tuner.workload import LengthSample
 
-AZURE = data_dir() / "traces" / "azure2023_conv.csv"
 T0 = datetime(2023, 11, 16, 18, 15, 46, tzinfo=timezone.utc).timestamp()
 
 
@@ -70,17 +68,18 @@ def test_a_bad_csv_timestamp_names_file_line_and_value(text, needle):
         parse_csv(lines, "az.csv")
 
 
-def test_the_real_azure_trace_reads_in_one_pass_with_its_times():
+def test_an_azure_format_trace_reads_in_one_pass_with_its_times(azure_trace):
     from runtime.tracking.traces import load_trace_workload
+    from tests.conftest import AZURE_ROWS as rows
 
-    with AZURE.open(encoding="utf-8") as f:
+    with azure_trace.open(encoding="utf-8") as f:
         head = [next(f) for _ in range(3)]
     cols = parse_csv(head, "az.csv")
-    assert list(cols.isl_tokens) == [374, 396] and list(cols.osl_tokens) == [44, 109]
-    assert cols.times_s[1] - cols.times_s[0] == pytest.approx(50.9951690 - 46.6805900, abs=1e-6)
-    w = load_trace_workload(AZURE)
-    assert w.requests == 19366 and 3000 < w.span_s < 4000  # ~1 h
-    assert w.request_rate_per_s == pytest.approx((19366 - 1) / w.span_s)
+    assert list(cols.isl_tokens) == [r.isl for r in rows[:2]] and list(cols.osl_tokens) == [r.osl for r in rows[:2]]
+    assert cols.times_s[1] - cols.times_s[0] == pytest.approx(rows[1].t_s - rows[0].t_s, abs=1e-6)
+    w = load_trace_workload(azure_trace)
+    assert w.requests == len(rows) and w.span_s == pytest.approx(rows[-1].t_s - rows[0].t_s, abs=1e-6)
+    assert w.request_rate_per_s == pytest.approx((len(rows) - 1) / w.span_s)
     assert w.requests_outside_window == 0
 
 

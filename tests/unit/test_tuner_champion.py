@@ -9,12 +9,12 @@ import pytest
 
 from runtime.config import DeploymentSpec, ModelRef, SloSpec, WorkloadSpec
 from runtime.models.load import load_model_spec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.tuner.champion import (DEFAULT_MIN_IMPROVEMENT_PCT, champion_perf, compare_with_champion,
                                     evaluate_deployment)
 from runtime.tuner.search import Candidate, tune
 
-L70 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-70B_config.json")
+L70 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json")
 SLO = SloSpec()
 
 

@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 from runtime.cli import app
 from runtime.config import SloSpec, WorkloadSpec
 from runtime.models.load import load_model_spec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.tuner.search import ContextTooLongError, TuningError, check_context_length, tune
 from runtime.tuner.workload import LengthSample
 
-QWEN06_PATH = data_dir() / "models" / "Qwen--Qwen3-0.6B_config.json"
+QWEN06_PATH = CATALOG_DIR / "Qwen--Qwen3-0.6B_config.json"
 QWEN06 = load_model_spec(QWEN06_PATH)  # max_position_embeddings 40960
 SLO = SloSpec(ttft_p90_ms=5000, itl_p90_ms=100)
 

@@ -19,12 +19,12 @@ from runtime.config import DeploymentSpec, ModelRef, PoolSpec, SloSpec, Workload
 from runtime.deploy.workers import precision_args
 from runtime.models.load import load_model_spec
 from runtime.models.spec import ModelConfigError, ModelSpec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.instances import usd_per_gpu_hour
 from runtime.tuner.search import ModelDoesNotFitError, tune
 
-MODELS = data_dir() / "models"
+MODELS = CATALOG_DIR
 L8_PATH = MODELS / "meta-llama--Meta-Llama-3.1-8B_config.json"
 L8_CFG = json.loads(L8_PATH.read_text())
 runner = CliRunner()

@@ -9,7 +9,7 @@ import pytest
 from runtime.config import DeploymentSpec, ModelRef, SloSpec, WorkloadSpec
 from runtime.models.load import load_model_spec
 from runtime.models.spec import ModelSpec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 from runtime.tuner.profiles import PlannerProfiles, build_profiles
@@ -20,7 +20,7 @@ from runtime.tuner.search import (
     tune,
 )
 
-MODELS = data_dir() / "models"
+MODELS = CATALOG_DIR
 L70 = load_model_spec(MODELS / "meta-llama--Meta-Llama-3.1-70B_config.json")
 L8 = load_model_spec(MODELS / "meta-llama--Meta-Llama-3.1-8B_config.json")
 DSV3 = load_model_spec(MODELS / "deepseek-ai--DeepSeek-V3_config.json")

@@ -6,13 +6,13 @@ import pytest
 
 from runtime.config import SloSpec, WorkloadSpec
 from runtime.models.load import load_model_spec
-from runtime.paths import data_dir
+from runtime.models.catalog import CATALOG_DIR
 from runtime.tracking.traces import TraceFormatError, load_length_sample, read_isl_osl
 from runtime.tuner.queueing import md1_wait_quantile_s, mg1_wait_quantile_s
 from runtime.tuner.search import tune
 from runtime.tuner.workload import LengthSample, quantile
 
-L8 = load_model_spec(data_dir() / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json")
+L8 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json")
 
 
 def test_mg1_reduces_to_md1_and_grows_with_variance():
@@ -34,11 +34,14 @@ def test_length_sample_stats_and_subsampling():
         LengthSample.from_pairs([(0, 0)])
 
 
-def test_real_traces_load():
-    azure = read_isl_osl(data_dir() / "traces" / "azure2023_conv.csv")
-    assert len(azure) == 19366
-    moon = load_length_sample(data_dir() / "traces" / "mooncake_synthetic_trace.jsonl", max_points=64)
-    assert len(moon.isl_tokens) == 64 and moon.mean_isl > 1000
+def test_both_public_trace_formats_load(azure_trace, mooncake_trace):
+    from tests.conftest import AZURE_ROWS as rows
+
+    assert read_isl_osl(azure_trace) == [(r.isl, r.osl) for r in rows]
+    moon = load_length_sample(mooncake_trace, max_points=64)
+    assert len(moon.isl_tokens) == 64
+    whole = sum(r.isl for r in rows) / len(rows)
+    assert abs(moon.mean_isl - whole) / whole < 0.25  # 64 evenly spaced requests of 2000
 
 
 def test_trace_format_errors_name_the_missing_field(tmp_path):
