@@ -15,7 +15,6 @@ from pydantic import ValidationError
 from components.image import PDSERVE_IMAGE
 from runtime.batch import workflows as wfm
 from runtime.batch.workflows import (
-from runtime.models.catalog import CATALOG_DIR
     BatchInferenceWorkflowSpec,
     RetuneCronWorkflowSpec,
     batch_inference_workflow,
