@@ -459,7 +459,7 @@ MODEL_NOTES = {'validation_table_seen': True,
                               '(the table has no SGLang rows)',
                               'BF16 KV cache on the 1.0-era FP4 rows (suspect: NVFP4 checkpoints without '
                               "kv_cache_quant_algo run an 'auto' BF16 KV; no hf_quant_config of those checkpoints "
-                              'in ../shared/data to check): MoE FP4 rows only 10.06 / 31.44 -> 10.00 / 31.70 % '
+                              'at hand to check): MoE FP4 rows only 10.06 / 31.44 -> 10.00 / 31.70 % '
                               '(rows over 25 %: 110 -> 113; Qwen3-30B-A3B / Scout TP1 come in, Qwen3-235B / '
                               'Maverick TP8 go further out), every FP4 row 10.48 / 33.07 %: not the cause of the '
                               'TP1 MoE gap, nothing adopted'],
