@@ -12,8 +12,8 @@ within vLLM's 30-s lease; `reads_after_expiry`: vLLM's "Potentially invalid KV b
 decode worker read blocks after the lease had freed them), the decode worker's mean NIXL transfer time and the
 load average (the machine is shared: read the numbers against it).
 
-Why: session 6 saw 1-3 % of P/D requests on a 2-core host take 8-41 s (often ending when the prefill's lease
-expired) while the others took 0.7-2.3 s; medians hide that, so this bench reports the tail.
+Why: on a loaded CPU host a few percent of P/D requests can wait seconds (often until the prefill's KV lease
+expires) while the others take about a second; medians hide that, so this bench reports the tail.
 """
 
 from __future__ import annotations

@@ -21,13 +21,13 @@ with the smallest load headroom that reaches ``--target-attainment`` (default 0.
 ``pdserve_sla_at_dynamo_gpu_hours``: ``pdserve_sla`` with the largest square-root staffing beta whose GPU-hours
 stay within the cheapest Dynamo row's (``pdserve_sla_at_dynamo_gpu_hours_search``), a comparison at equal
 GPU-hours; ``--ablations``
-adds ``ablation_<name>`` runs of ``pdserve_sla`` with one of this session's changes undone each (see ``ABLATIONS``). Every planner starts
+adds ``ablation_<name>`` runs of ``pdserve_sla`` with one rule or constant undone each (see ``ABLATIONS``). Every planner starts
 from the same warm fleet (``--warm-start``, default ``oracle_lead``: the oracle plan's maximum over the
 first scale-up's lead plus one window) and ticks every ``--interval-s`` (Dynamo: its default 180 s).
 ``oracle_gpu_hours``: hindsight per-window minimum that meets the SLO, the windows sized in order
 from the state the previous ones left, workers instant (runtime.sim.fleet.sequential_oracle; its
 replay's attainment is ``oracle_slo_attainment``). ``oracle_lower_bound_gpu_hours``: every window
-sized from empty (runtime.sim.fleet.oracle_gpu_seconds, the "oracle" of sessions 1-3), with
+sized from empty (runtime.sim.fleet.oracle_gpu_seconds), with
 ``oracle_lower_bound_replay_slo_attainment``, what that plan attains when replayed.
 
 Diagnostics in the same line: GPU-hours per pool for every planner and the oracle;
@@ -82,32 +82,26 @@ MODELS_DIR = ROOT / "runtime" / "models" / "catalog"
 DYNAMO_VENV = ROOT / ".venv-bench-planner"  # ai-dynamo==1.0.2 + its planner's imports (optional)
 DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are 5 or 10
 
-# pdserve_sla with one change undone (PlannerConfig overrides; "interval_s" also sets the simulator's
-# tick): what each change buys. Session 3 corrects the prefill service time by the engines' observed
-# prefill time instead of TTFT p90 (a burst's TTFT misses no longer inflate it), plans prefill on a
-# one-tick Erlang level (was two ticks) and lets the M/M/c term plan up to 100 % utilisation (was
-# 90 %); session 8 sizes the prefill queue on the engine occupancy (PerfModel.prefill_busy_s) and
-# raises beta 1.4 -> 1.5 with it. "previous_defaults" undoes session 3 at once, "session1_defaults" also
-# session 2's changes (peak term instead of staffing, 60 s prefill / 180 s decode scale-down delay,
-# +25 % burst headroom). "tick_10s" is a negative result: 10-s ticks (windows scaled to the same
+# pdserve_sla with one rule or constant undone (PlannerConfig overrides; "interval_s" also sets the simulator's
+# tick): what each buys (runtime/planner/state_machine.py numbers the rules; docs/design/planner.md the results).
+# "all_refinements_off": square-root staffing alone (beta 1.5 on a two-tick level, M/M/c up to 90 %
+# utilisation, TTFT-p90 correction, neither rule 4's decode band nor rules 8-11); "peak_term_instead_of_staffing"
+# also replaces staffing by the peak term (rule 6) with 60 s prefill / 180 s decode scale-down delays and +25 %
+# burst headroom.
+# "ttft_p90_correction": the correction from TTFT p90 instead of the engines' prefill time. "no_decode_band",
+# "launch_on_tick" (rule 8 off, beta 1.5; "launch_on_tick_beta_1.7" beta 1.7), "prefill_queue_on_quantile"
+# (rule 9 off), "staffing_hold_on_fall" (rule 10 off), "no_dispersion" (rule 11 off, beta 1.65 as given),
+# "staffing_beta_1.7" (rule 11 off, beta 1.7) undo one rule each; the launch_on_tick rows keep rule 11 off;
+# "staffing_beta_1.6" / "_1.8" vary beta with rule 11 on. "tick_10s": 10-s ticks (windows scaled to the same
 # seconds) cost GPU-hours with these tick-based predictors (noisier per-tick rates, steeper trends).
-# Session 12 adds the decode band (grow at the full ITL target, shrink at DECODE_ITL_MARGIN of it);
-# "no_decode_band" undoes it alone, and the two *_defaults rows undo it with the rest.
-# Session 13 adds "launch on the level" (scale_up_on_level, beta 1.7): "launch_on_tick" is session 12's
-# planner (launch to the tick's staffing count, beta 1.5); "launch_on_tick_beta_1.7" changes beta alone.
-# Session 14 adds rules 9 (the prefill M/M/c term on the level and trend) and 10 (staffing on a fall sizes for
-# the load where the release acts); "prefill_queue_on_quantile" and "staffing_hold_on_fall" undo each.
-# Session 16 scales the staffing headroom by the measured arrival dispersion (rule 11) and lowers beta to 1.65;
-# "no_dispersion" undoes rule 11 (beta 1.65 as given), "staffing_beta_1.7" both (session 15's planner), and the two
-# launch_on_tick rows keep rule 11 off (the planners of sessions 12 and 13 they stand for); "staffing_beta_1.6" and
-# "_1.8" vary today's beta with rule 11 on.
-_PREVIOUS = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
+_REFINEMENTS_OFF = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
                  prefill_queue_on_trend=False, staffing_on_fall=False, staffing_dispersion_ref=None)
 ABLATIONS: dict[str, dict] = {
-    "previous_defaults": _PREVIOUS,
-    "session1_defaults": _PREVIOUS | dict(size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0,
-                                          cooldown_s=60.0, burst_headroom=0.25, decode_scale_down_delay_s=180.0),
+    "all_refinements_off": _REFINEMENTS_OFF,
+    "peak_term_instead_of_staffing": _REFINEMENTS_OFF | dict(
+        size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0, cooldown_s=60.0,
+        burst_headroom=0.25, decode_scale_down_delay_s=180.0),
     "ttft_p90_correction": dict(correct_by_prefill_time=False),
     "staffing_beta_1.6": dict(prefill_staffing_beta=1.6),
     "staffing_beta_1.7": dict(prefill_staffing_beta=1.7, staffing_dispersion_ref=None),
@@ -563,7 +557,7 @@ def main(argv: list[str] | None = None) -> dict:
         "static_peak_replicas": {"prefill": peak_p, "decode": peak_d},
         "oracle_gpu_hours": round(oracle_s / 3600.0, 3),
         "oracle_slo_attainment": round(oracle_res.slo_attainment(a.ttft_s, a.itl_s), 5),
-        # windows sized from empty (sessions 1-3's "oracle"): a lower bound, and what its plan attains
+        # windows sized from empty: a lower bound, and what its plan attains
         # replayed with instant workers (carry-over between windows makes it miss the SLO)
         "oracle_lower_bound_gpu_hours": round(lower_s / 3600.0, 3),
         "oracle_lower_bound_replay_slo_attainment": round(lower_replay.slo_attainment(a.ttft_s, a.itl_s), 5),

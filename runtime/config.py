@@ -385,7 +385,8 @@ class DeploymentSpec(_Strict):
 
     @model_validator(mode="after")
     def _prefill_tp_le_decode_tp(self) -> "DeploymentSpec":
-        # vLLM NixlConnector refuses prefill TP > decode TP for non-MLA models (DESIGN.md).
+        # vLLM NixlConnector refuses prefill TP > decode TP for non-MLA models
+        # (docs/architecture.md#pd-disaggregation-with-nixl).
         if self.prefill.tp > self.decode.tp and not self.model.mla:
             raise ValueError(
                 f"prefill.tp ({self.prefill.tp}) > decode.tp ({self.decode.tp}): NixlConnector "

@@ -6,8 +6,8 @@ with tensor parallelism `tp` (= `nvidia.com/gpu` per pod), NIXL KV transfer (vLL
 the FSx PVC mounted read-only for weights and a memory-backed /dev/shm (NCCL needs more than the
 container runtime's 64 MiB default).
 
-Facts used (see ../shared/DESIGN.md): prefill and decode must share dtype, block size and KV dtype;
-each worker needs its own `VLLM_NIXL_SIDE_CHANNEL_PORT`/host; on EFA nodes choose the LIBFABRIC NIXL
+Facts used (docs/architecture.md#pd-disaggregation-with-nixl): prefill and decode must share dtype, block
+size and KV dtype; each worker needs its own `VLLM_NIXL_SIDE_CHANNEL_PORT`/host; on EFA nodes choose the LIBFABRIC NIXL
 backend (`kv_connector_extra_config.backends`), UCX silently falls back to TCP there.
 """
 
@@ -85,7 +85,7 @@ def vllm_args(spec: DeploymentSpec, pool: PoolSpec, *, target: ClusterTarget, gp
         "--max-model-len", str(eng.max_model_len_tokens),
         "--gpu-memory-utilization", str(eng.gpu_memory_utilization),
         "--enable-prefix-caching",
-        # LIBFABRIC replaces the configured backends on EFA nodes (DESIGN.md)
+        # LIBFABRIC replaces the configured backends on EFA nodes (docs/architecture.md#pd-disaggregation-with-nixl)
         "--kv-transfer-config", json.dumps(kv_transfer_config(eng, cpu=not gpu, backends=["LIBFABRIC"] if efa else None),
                                            separators=(",", ":")),
         "--kv-events-config", json.dumps(kv_events, separators=(",", ":")),

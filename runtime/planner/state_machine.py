@@ -14,8 +14,7 @@ Per tick (SLA mode):
    (Dynamo SLA planner). Prefill: when the tick reports ``observed_prefill_time_mean_s`` (vLLM
    ``vllm:request_prefill_time_seconds``, engine-side), observed / profiled prefill occupancy at the tick's mean ISL;
    queueing behind a burst does not enter it, so a burst's TTFT misses do not inflate the service
-   time for minutes after it (``correct_by_prefill_time``; on the Azure trace this saved ~0.6
-   GPU-h and raised attainment). Without that metric: observed TTFT p90 / model TTFT p90.
+   time for minutes after it (``correct_by_prefill_time``). Without that metric: observed TTFT p90 / model TTFT p90.
    While observed TTFT p90 is under half the target the TTFT factor may only fall (bursty
    arrivals queue more than M/M/c predicts, but slack that large needs no extra workers).
    While peak sizing (6) is active one sample is capped at ``ttft_correction_max`` (default 1:
@@ -29,18 +28,15 @@ Per tick (SLA mode):
    disaggregated decode pool grows only to the workers the predicted load needs at the *full* ITL
    target and shrinks only to those it needs at ``DECODE_ITL_MARGIN`` of it; between the two it
    keeps its size (:meth:`PlannerStateMachine.decode_band_replicas`); not while the fleet has no
-   prefill workers (its decode workers still prefill). A decode worker is a large
-   step (TP4: 4 GPUs, a third of a 3-worker pool), so sizing both ways at the margin launched a
-   fourth worker for rate bursts that three absorbed (ITL p90 33 ms of 50 ms): on the Azure
-   conversation trace the band saves 0.5 GPU-h (4 % of decode) at the same SLO attainment; the margin
-   still keeps a pool from shrinking to a size that misses the ITL target (2 workers: ITL misses
-   for ~1,000 requests), bench/planner.py ``--ablations`` (``no_decode_band``).
+   prefill workers (its decode workers still prefill). Why: a decode worker is a large step (TP4: a
+   third of a 3-worker pool), so sizing both ways at the margin launches a worker for rate bursts the
+   pool absorbs; the margin still keeps a pool from shrinking to a size that misses the ITL target.
 5. Per pool: min/max, GPU budget minus the unused priority reserve (on the desired sizes),
    sliding-window scale-down (prefill ``scale_down_delay_s``, decode ``decode_scale_down_delay_s``)
    and direction cooldown (runtime.planner.stability), then the hard total budget by trimming
    growth only.
-6. Peak sizing (``size_on_peak``, off by default since 7; when the tick reports
-   ``peak_prefill_tokens_per_s``): prefill is
+6. Peak sizing (``size_on_peak``, off by default: square-root staffing (7) covers sub-tick bursts;
+   when on and the tick reports ``peak_prefill_tokens_per_s``): prefill is
    at least the workers that clear the predicted peak second of prompt tokens plus ``B - 1`` s of
    the planned mean load within the TTFT budget ``B`` (:meth:`PlannerStateMachine.peak_prefill_replicas`).
    Long-prompt clusters shorter than a tick drive TTFT misses; a tick's mean hides them.
@@ -52,13 +48,8 @@ Per tick (SLA mode):
    "Heavy-traffic limits for queues with many exponential servers", Oper. Res. 29(3); the QED
    staffing rule of Borst, Mandelbaum & Reiman 2004, Oper. Res. 52(1)); a short memory lets the
    stateless prefill pool follow the load down instead of holding a burst for a whole window.
-   ``beta = 1.5`` with a one-tick level (the prefill scale-down delay holds it a second tick) was
-   chosen on the Azure conversation trace at ``--rate-scale 10`` (clumped arrivals), checked on
-   three jitter seeds (99.07-99.09 % attainment). It was 1.4 while the profile charged the fixed
-   TTFT latency as worker occupancy; with occupancy = ``busy_time`` (shorter services, so a clump
-   of arrivals is a larger share of the wait budget) 1.4 gives 98.7-98.8 %, and 1.6 costs ~1 % more
-   GPU-hours than 1.5 (bench/planner.py ``--ablations``). Since rule 8 it was 1.7 (below); since
-   rule 11 it is 1.65 at the reference dispersion.
+   ``beta`` (1.65 at the reference dispersion of rule 11) is the smallest that keeps 99 % of the
+   Azure conversation trace's requests within both SLOs (docs/design/planner.md, "Constants").
    The M/M/c term of (4) plans prefill up to ``target_utilization`` (default 1: the wait-quantile
    bound, not a utilisation cap, limits it; the staffing term carries the headroom).
 8. Launch on the level, release on the tick (``scale_up_on_level``, default on): the staffing term
@@ -67,36 +58,24 @@ Per tick (SLA mode):
    worker start time) or, when higher, the least load of the last ``lead_ticks`` ticks (a load that
    has lasted a whole start time is launched for in full: a sustained step reaches the full count
    in ``lead_ticks`` ticks, where the EWMA alone takes ~3x as long); scale-down still follows the
-   tick's count through the delay of (5). A worker launched now serves only after
-   ``worker_start_s``: the part of one tick's load that does not persist that long is over before
+   tick's count through the delay of (5). Why: a worker launched now serves only after
+   ``worker_start_s``; the part of one tick's load that does not persist that long is over before
    it is ready (a clump of long prompts), and the standing headroom absorbs it. With ``worker_start_s = 0`` the weight is 1 and, with the default one-tick
    level window, the rule is (7) unchanged; with a longer window the cap also keeps (7)'s window
    maximum and upward trend from launching (they still hold workers through a scale-down).
    The M/M/c term of (4) still launches on the rate predictor (quantile + trend through the lead
-   time). On the Azure conversation trace (``--rate-scale 10``) 12 of 41 prefill launches were
-   released the moment they became ready (1.37 GPU-h spent starting workers); with the rule 6 of 29
-   are (0.97 GPU-h). ``beta`` rises from 1.5 to 1.7 for the same attainment because transients now
-   meet standing headroom: 39.06 GPU-h at 99.09 % vs 39.36 at 99.14 % (``ablation_launch_on_tick``);
-   at ``--rate-scale 15`` (160-GPU budget) 55.11 vs 55.79 GPU-h (98.03 vs 98.05 %). The EWMA alone
-   (no "lasted" floor) measured the same on that trace (38.97 GPU-h at 99.09 %) but reaches a
-   sustained step ~3x later.
-
+   time).
 9. M/M/c on the trend (``prefill_queue_on_trend``): the M/M/c term of (4) sizes prefill for at most
-   ``max(rate, level + trend)`` through the lead time, not the window's quantile, which held a burst
-   for 5 min after the Azure trace's minute-33 peak (0.07 GPU-h at ``--rate-scale 10`` alone, 0.13
-   with rule 10; attainment unchanged); staffing (7) carries the burst headroom, decode keeps the quantile. With
-   ``size_on_tokens`` the forecast is the prompt-token predictor's over the predicted ISL.
+   ``max(rate, level + trend)`` through the lead time, not the window's quantile, which would hold a
+   burst for the whole predictor window; staffing (7) carries the burst headroom, decode keeps the
+   quantile. With ``size_on_tokens`` the forecast is the prompt-token predictor's over the predicted ISL.
 10. Staffing on a fall (``staffing_on_fall``): when the offered prefill load dropped at each of the
    last two ticks, square-root staffing (7) sizes for the load where the release it decides will
    act: the tick's load minus its least-squares fall per tick times ``1 + scale_down_delay /
    interval`` (a release waits the scale-down delay, then holds for a tick: its interval's middle
    lies that many ticks after the measured tick's middle). Releases take effect at once, so unlike
    launches (rule 8) they need no lead; a single dip releases nothing (the two-drop rule mirrors
-   rule 8's "lasted" floor). Azure trace: 38.81 vs 39.02 GPU-h at ``--rate-scale 10`` (99.09 vs
-   99.10 %), 54.61 vs 54.91 at 15 (98.01 vs 98.02 %), 23.49 vs 23.64 at 5 (99.33 % both).
-   Extrapolating further (3 ticks: 38.74 GPU-h, the same attainment) lacks the argument; dropping
-   staffing during a fall altogether (38.67) costs attainment at ``--rate-scale 5`` (99.17 vs 99.33 %).
-
+   rule 8's "lasted" floor).
 11. Staffing for the arrivals' burstiness (``staffing_dispersion_ref``, default 8): the headroom of (7)
    is ``beta * sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref) * sqrt(R)``, ``z``
    an EWMA (weight ``DISPERSION_EWMA``) of the ticks' ``arrival_dispersion``, the index of
@@ -107,41 +86,15 @@ Per tick (SLA mode):
    runtime bins requests by when it received them (runtime/server/planner_loop.py). Clumps that land
    once in every bin read as regular (0), and a step in the rate within a tick, or traffic that starts
    or stops inside it, reads partly as burstiness (up to the cap): the floor covers the first, the
-   second over-provisions prefill for a few ticks. Square-
-   root staffing of non-Poisson arrivals scales the headroom by the square root of their peakedness
-   (Whitt 1992, "Understanding the efficiency of multi-server service systems", Management Science
-   38(5)): ``R + beta0 * sqrt(z R)``. The beta that met 99 % grew with ``--rate-scale`` (its copies
-   arrive within a second: dispersion ~0.75x the scale): ~1.35 at 5, 1.65 at 10, ~2.1 at 15, so one
-   fixed beta over-provisioned the smaller replay (99.32 %) and under-provisioned the larger (97.87
-   %). ``beta = 1.65`` at reference 8 (the 10x replay's median dispersion is 7.5) keeps 10x at its
-   figure and carries it to the others: 99.13 % at 38.37 GPU-h at 10 (1.139 x oracle; jitter seeds
-   1-3 99.08-99.09 % at 38.19-38.37; without the rule, ``ablation_no_dispersion``, 99.06 % at 38.47;
-   session 15's beta 1.7, ``ablation_staffing_beta_1.7``, 99.09 % at 38.81), 98.93 % at 56.26 at 15
-   (97.87 % at 54.37 without), 99.00 % at 22.00 at 5 (99.32 % at 23.36 without). It is near its edge at
-   10: beta 1.6 attains 98.94 %. The floor (5) keeps the headroom that also pays for forecast error
-   on fast ramps, which smooth arrivals do not remove: without it Poisson ramps from a cold fleet
-   (bench/planner_ramps.py) lost up to 2 points; with it, over that bench's 17 runs against
-   session 15's planner (``ablation_staffing_beta_1.7``), 7.3 GPU-h less, 3 runs higher (the Azure
-   restarts, by up to 3.2 points) and 8 lower (by under 0.15 point but for a clumped ramp's 0.45 and
-   a 1-to-40 req/s Poisson ramp's 0.57).
+   second over-provisions prefill for a few ticks. Square-root staffing of non-Poisson arrivals scales
+   the headroom by the square root of their peakedness (Whitt 1992, "Understanding the efficiency of
+   multi-server service systems", Management Science 38(5)): ``R + beta0 * sqrt(z R)``. Why: the beta
+   that meets 99 % grows with the arrivals' burstiness, so one fixed beta over-provisions smooth traffic
+   and under-provisions bursty traffic. The floor (5) keeps the headroom that also pays for forecast
+   error on fast ramps, which smooth arrivals do not remove.
 
-   Tried for decode and not adopted: growth bounded by the decode formula on the OSL the pool's observed
-   concurrency implies (Little's law on running + waiting sequences). No change at ``--rate-scale 10``,
-   0.67 GPU-h less at 15 (97.99 vs 98.02 %), but after a rate step the concurrency reflects the old rate
-   for one request lifetime (OSL x step), so with long outputs it held the pool a tick too long (a
-   max_num_seqs-bound pool at OSL 4000: 90-91 % vs 93-94 % attainment). Scaling today's batch linearly
-   with the forecast instead saved 0.17 GPU-h at 10, only because it ignores that the step time grows
-   with the batch.
-
-   Also tried for decode and not adopted (session 15): a trend the points barely support. The Azure
-   trace's first 30 s run at 2.0 req/s, the next minute at 4.4-4.7; at ``--rate-scale 10`` the
-   3-point slope over 19.7, 44, 46.7 req/s launches a fourth TP4 decode worker at t = 90 s (0.17
-   GPU-h). Giving decode no trend until a full six-tick window, or its slope less half a standard
-   error, saved exactly that worker (38.64 vs 38.81 GPU-h at 99.09 %, 1.147 vs 1.152 x oracle), but on
-   synthetic ramps and restarts (bench/planner_ramps.py) both traded attainment for GPU-hours at a
-   poor rate: the full window cost 1-8 points on cold-start ramps with long outputs (decode 3-4
-   workers short for three ticks; KV-bound admission delays TTFT), the discount 0.2-1.1 points in 4 of
-   17 runs for 0.12 GPU-h a run. Both fit one trace's start-up, not a general rule.
+Measured effect of each rule, the constants' derivation and the alternatives measured against them
+(decode trend, Little's-law decode growth): docs/design/planner.md.
 
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """

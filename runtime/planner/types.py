@@ -145,8 +145,8 @@ class PlannerConfig:
     False: always the margin sizing, kept for the benchmark's ablation). ``scale_up_on_level``: the
     square-root staffing term launches prefill workers only up to the count the smoothed offered load
     needs (an EWMA of the per-tick Erlangs whose mean age is the worker start time), not the count one
-    tick's transient asks for; scale-down still follows the tick (False: launch to the tick's count, the
-    behaviour before; kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
+    tick's transient asks for; scale-down still follows the tick (False: launch to the tick's count;
+    kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
     term sizes for the rate predictor's level-and-trend forecast, not the window quantile that holds a
     burst for ``predictor_window_ticks`` (False: the quantile too, kept for the benchmark's ablation;
     only ``burst_quantile`` has both). ``staffing_on_fall``: while the offered prefill load falls (two

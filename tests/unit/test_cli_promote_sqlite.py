@@ -35,9 +35,9 @@ def test_promote_with_an_existing_percent_encoded_database_goes_on_to_mlflow(tmp
 
 
 def test_an_empty_expect_version_is_refused_not_read_as_no_guard(tmp_path, monkeypatch):
-    """`--expect-version ""` (e.g. an Argo parameter that came out empty) used to reach promote_step as "", which
-    means "no guard": whatever alias champion names was rendered and applied. It is refused before MLflow or the
-    cluster is asked."""
+    """`--expect-version ""` (e.g. an Argo parameter that came out empty) would reach promote_step as "", which
+    means "no guard": whatever alias champion names would be rendered and applied. It is refused before MLflow or
+    the cluster is asked."""
     import runtime.steps
 
     called = []

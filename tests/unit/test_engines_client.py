@@ -1,9 +1,9 @@
 """vLLM P/D request protocol of runtime.engines.client, checked at the HTTP transport (httpx.MockTransport).
 
-Specification (vLLM NixlConnector protocol, DESIGN.md): the prefill call is the original request with
-max_tokens=1, stream=false and remote-decode kv_transfer_params; the decode call is the original request plus
-the prefill answer's kv_transfer_params, unchanged; both carry the same X-Request-Id; a client's own
-kv_transfer_params never reach a worker; worker failures surface as BackendError with the status.
+Specification (vLLM NixlConnector protocol, docs/architecture.md#pd-disaggregation-with-nixl): the prefill call is
+the original request with max_tokens=1, stream=false and remote-decode kv_transfer_params; the decode call is the
+original request plus the prefill answer's kv_transfer_params, unchanged; both carry the same X-Request-Id; a
+client's own kv_transfer_params never reach a worker; worker failures surface as BackendError with the status.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""vLLM worker command line and environment (runtime.engines.vllm_worker), per DESIGN.md's CPU P/D recipe."""
+"""vLLM worker command line and environment (runtime.engines.vllm_worker), per
+docs/architecture.md#pd-disaggregation-with-nixl."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Specification of the planner's edge cases found by adversarial testing (session 7): non-finite or
+"""Specification of the planner's edge cases found by adversarial testing: non-finite or
 negative observations are refused where a tick is built, never stick in a correction factor; the
 initial fleet is brought within the pool bounds and the budget; ticks at one instant do not grow
 memory; invalid settings are errors naming them; ARIMA fits once per observation; a profile is

@@ -1,4 +1,4 @@
-"""Specification of the stager's edge cases found by adversarial testing (session 7): local files
+"""Specification of the stager's edge cases found by adversarial testing: local files
 told apart by content identity, not size + mtime; a local file rewritten while it is copied is
 refused; names the stager cannot write and file/folder clashes are refused before any byte moves;
 the safetensors preference is per folder; a staged folder can be a source; a file whose bytes fail

@@ -1,4 +1,4 @@
-"""Specification of the tuner's edge cases found by adversarial testing (session 7): invalid config
+"""Specification of the tuner's edge cases found by adversarial testing: invalid config
 values are errors naming the field, unknown architectures are refused, KV heads are replicated as
 vLLM does, MLA winners with prefill TP > decode TP are deployable, non-finite or tiny loads, the spec
 carries a max model length and the precision the tuner sized for, $/Mtok is the price of the
