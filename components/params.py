@@ -46,7 +46,11 @@ PARAM_DOCS: dict[str, str] = {
                       "trace.",
     "mlflow_tracking_uri": "MLflow tracking server (http://mlflow.mlflow.svc:5000 in-cluster; sqlite:///... "
                            "locally); credentials from the pdserve-mlflow Secret.",
-    "registered_model": "MLflow registered model the winner is registered under, with alias champion.",
+    "registered_model": "MLflow registered model the winner is registered under; it takes alias champion "
+                        "when there is none yet or it beats the champion by min_improvement_pct.",
+    "min_improvement_pct": "The winner takes alias champion when its deployment costs at least this many percent "
+                           "less than the champion's on the same workload (GPUs, or $/Mtok across GPU types), or "
+                           "when the champion cannot serve it; else it is registered without the alias.",
     "model": "The staged model folder (metadata: path, manifest digest).",
     "metrics": "The winner: prefill_tp, decode_tp, predicted ttft_p90_ms / itl_p90_ms, goodput_per_gpu "
                "(requests/s per GPU) and num_candidates.",

@@ -31,8 +31,10 @@ def tune_tp(
     fsx_root: str = "/fsx",
     planner_mode: str = "off",
     trace_window_h: float = 0.0,
+    min_improvement_pct: float = 5.0,
 ) -> NamedTuple("TuneOutputs", champion_version=str, prefill_tp=int, decode_tp=int):
-    """Tune the staged model (`model.metadata['path']`) and register the winner with alias `champion`.
+    """Tune the staged model (`model.metadata['path']`) and register the winner; it takes alias `champion` by
+    the rule of `pdserve tune --register` (no champion yet, or `min_improvement_pct` cheaper than it).
 
     `precision` `auto`: the checkpoint's own (fp8 for an FP8 checkpoint, else bf16); `gpu_budget` is written
     as the winner's planner.gpu_budget, and a winner needing more GPUs fails the step. `traffic_trace_uri`
@@ -47,5 +49,5 @@ def tune_tp(
         osl_tokens, request_rate_per_s, mlflow_tracking_uri, registered_model,
         gpu_budget=gpu_budget, metrics=metrics, table_path=table.path, plot_path=plot.path,
         traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url, fsx_root=fsx_root,
-        planner_mode=planner_mode, trace_window_h=trace_window_h,
+        planner_mode=planner_mode, trace_window_h=trace_window_h, min_improvement_pct=min_improvement_pct,
     )

@@ -24,6 +24,7 @@ def validate_parameters(
     traffic_upload_uri: str = "",
     planner_mode: str = "off",
     trace_window_h: float = 0.0,
+    min_improvement_pct: float = 5.0,
 ):
     """Fail (naming every bad parameter) before stage-weights copies the model when tune would refuse them;
     `traffic_trace_uri` must be "" (none), an s3://bucket/key object URI or an absolute path under `fsx_root`."""
@@ -31,4 +32,5 @@ def validate_parameters(
 
     validate_step(model_name, gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s,
                   gpu_budget, registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
-                  traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode, trace_window_h=trace_window_h)
+                  traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode, trace_window_h=trace_window_h,
+                  min_improvement_pct=min_improvement_pct)

@@ -16,7 +16,11 @@ validate-parameters, before stage-weights copies anything. `precision` `auto` tu
 precision (fp8 when its config.json quantization_config says fp8, else bf16), like `pdserve tune`;
 `gpu_budget` (GPUs, default as `pdserve tune --gpu-budget`) becomes the champion's planner.gpu_budget and
 `planner_mode` (`off`, the default, `sla` or `load`, as `pdserve tune --planner`) its planner.mode: whether the
-promoted runtime runs the SLO planner (an unknown mode fails validate-parameters).
+promoted runtime runs the SLO planner (an unknown mode fails validate-parameters). The winner takes the
+registered model's `champion` alias by the rule of `pdserve tune --register` (runtime/usecases/champion.py):
+when there is no champion yet, when it costs at least `min_improvement_pct` percent less than the champion's
+deployment on the same workload, or when the champion cannot serve it; otherwise it is registered without the
+alias, tune-tp's `champion_version` output names the champion that stays, and promote renders that one.
 
 Workload: by default the mean `isl_tokens`/`osl_tokens` (tokens) at `request_rate_per_s` (requests/s).
 `traffic_trace_uri` sizes for recorded or published traffic instead, as `pdserve tune --trace`: an
@@ -54,6 +58,7 @@ from components.tune import tune_tp
 from components.validate import validate_parameters
 from runtime.config import PlannerSpec
 from runtime.steps import AUTO_REQUEST_RATE
+from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 
 FSX_PVC = "fsx-claim"
 FSX_MOUNT = "/fsx"
@@ -102,6 +107,7 @@ def stage_tune_promote(
     traffic_upload_uri: str = "",  # "": the endpoint records no traffic; else s3://bucket/prefix/ (module doc)
     planner_mode: str = "off",  # the champion's SLO planner: off, sla or load (as `pdserve tune --planner`)
     trace_window_h: float = 0.0,  # > 0: size for the trace's last hours only (`pdserve tune --trace-window-h`)
+    min_improvement_pct: float = DEFAULT_MIN_IMPROVEMENT_PCT,  # the champion rule (`pdserve tune --register`)
 ) -> NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact):
     # Parameters tune would refuse fail here, in seconds, not after stage-weights copied the whole model.
     validated = validate_parameters(
@@ -109,6 +115,7 @@ def stage_tune_promote(
         isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
         traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode, trace_window_h=trace_window_h,
+        min_improvement_pct=min_improvement_pct,
     ).set_display_name("validate-parameters")
 
     staged = stage_weights(
@@ -122,6 +129,7 @@ def stage_tune_promote(
         request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget, mlflow_tracking_uri=mlflow_tracking_uri,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url,
         fsx_root=fsx_root, planner_mode=planner_mode, trace_window_h=trace_window_h,
+        min_improvement_pct=min_improvement_pct,
     ).set_display_name("tune-tp")
     # the S3 secret too: traffic_trace_uri may name an s3:// object (optional secret: absent keys are fine)
     _on_cluster(tuned, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS, S3_SECRET: _S3_KEYS})

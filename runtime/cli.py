@@ -374,10 +374,11 @@ def tune(
 
     from runtime.models.catalog import CATALOG_DIR, resolve_model_config
 
+    unresolved = None  # reported where the model is read, after the options and the trace are checked
     try:
         config = resolve_model_config(config)
     except ModelConfigError as e:
-        _fail(str(e))
+        unresolved = e
     cfg = config / "config.json" if config.is_dir() else config
     if measure and (out or register):
         _fail("--measure tunes on CPU (fp32) measurements: they are not a deployable GPU spec; drop --out/--register")
@@ -511,6 +512,8 @@ def tune(
             err.print(escape(f"note: only {traced.requests} request(s) in {source}: lengths and rate from so few are "
                              "noise; record more traffic or give --isl/--osl/--rate without --trace"))
     try:
+        if unresolved is not None:
+            raise unresolved
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
         from runtime.steps import check_model_name
 
@@ -613,10 +616,9 @@ def tune(
     if mlflow_uri:
         comparison = compared = None
         if register:  # a champion already there is replaced only by a winner that beats it on this workload
-            found = champion if like == register else _find_champion(mlflow_uri, register)
-            if found is not None:
-                compared = found[0]
-                comparison = _compare_with_champion(result, spec, found, register, min_improvement_pct, sample)
+            check = _check_champion(result, spec, mlflow_uri, register, min_improvement_pct, sample,
+                                    champion if like == register else None)
+            compared, comparison = check.compared_version, check.comparison
         decision = _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", register, spec, trace,
                                   trace_uri, comparison=comparison, compared_version=compared,
                                   inherited_from=None if champion is None else f"{like} v{champion[0]}",
@@ -702,34 +704,25 @@ def _like_champion(mlflow_uri: str, name: str, require: tuple[str, ...]):
         _fail(f"--like {name}: {e}")
 
 
-def _find_champion(mlflow_uri: str, name: str):
-    """(version, DeploymentSpec) of the champion of `name`, None when there is none yet; one error line (exit 1)
-    when it cannot be read (then nothing is registered: the champion is never replaced blindly)."""
+def _check_champion(result, spec, mlflow_uri: str, name: str, min_improvement_pct: float, sample, champion):
+    """The champion rule (runtime/usecases/champion.py) for `--register NAME`: prints the champion and the
+    challenger side by side; one error line (exit 1) when the champion cannot be read or evaluated (then nothing
+    is registered: the champion is never replaced blindly)."""
     from runtime.tracking.mlflow_runs import TrackingError, find_champion
+    from runtime.usecases.champion import ChampionPolicy, check_against_champion
 
     try:
-        return find_champion(mlflow_uri, name)
+        check = check_against_champion(result, spec, name, ChampionPolicy(min_improvement_pct=min_improvement_pct),
+                                       lambda n: find_champion(mlflow_uri, n), sample, champion)
     except TrackingError as e:
         _fail(f"--register {name}: the current champion cannot be read, so the winner is not registered: {e}")
-
-
-def _compare_with_champion(result, spec, found, name: str, min_improvement_pct: float, sample):
-    """The winner of `result` (challenger) against the champion `found` = (version, DeploymentSpec) of `name`,
-    both on `result`'s model, workload (`sample` when traced), SLO and `spec`'s GPU budget (the pure rule:
-    runtime/tuner/champion.py); prints both and the decision's reason."""
-    from runtime.tuner.champion import champion_perf, compare_with_champion, evaluate_deployment
-
-    version, cs = found
-    if cs.model.name != result.model.name:
-        err.print(escape(f"note: the champion of {name} (version {version}) serves {cs.model.name!r}, this tuning "
-                         f"{result.model.name!r}: its deployment is predicted for {result.model.name!r}"))
-    try:
-        perf = champion_perf(result.model, cs, result.perf)
-    except KeyError as e:  # a GPU the catalog no longer knows
-        _fail(f"--register {name}: champion version {version}: {e.args[0] if e.args else e}")
-    old = evaluate_deployment(perf, cs, result.slo, result.workload, spec.planner.gpu_budget, sample)
-    cmp = compare_with_champion(result.best, old, same_gpu=perf.gpu.name == result.gpu.name,
-                                min_improvement_pct=min_improvement_pct)
+    except ValueError as e:
+        _fail(f"--register {name}: {e}")
+    for note in check.notes:
+        err.print(escape(f"note: {note}"))
+    if check.comparison is None:
+        return check
+    version, old = check.compared_version, check.comparison.champion
 
     def side(c, gpu: str) -> str:
         if not c.feasible:
@@ -737,9 +730,9 @@ def _compare_with_champion(result, spec, found, name: str, min_improvement_pct: 
         usd = "" if c.usd_per_mtok is None else f", ${c.usd_per_mtok:.2f}/Mtok"
         return f"{c.label} {c.prefill_replicas}:{c.decode_replicas} P:D on {gpu}, {c.num_gpus} GPUs{usd}"
 
-    err.print(escape(f"champion v{version}: {side(old, perf.gpu.name)}; challenger: "
+    err.print(escape(f"champion v{version}: {side(old, check.champion_gpu)}; challenger: "
                      f"{side(result.best, result.gpu.name)}"))
-    return cmp
+    return check
 
 
 FSX_MOUNT = "/fsx"  # where the pipeline's steps mount the FSx claim (pipelines/stage_tune_promote.py FSX_MOUNT)

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from runtime.config import DeploymentSpec, SloSpec, WorkloadSpec
     from runtime.models.spec import ModelSpec
@@ -27,7 +29,7 @@ class MetricsSink(Protocol):
 
 
 class TuneOutputs(NamedTuple):
-    champion_version: str
+    champion_version: str  # the version alias `champion` names after the step: the winner's, or the kept one's
     prefill_tp: int
     decode_tp: int
 
@@ -99,12 +101,14 @@ class TuneParameters(NamedTuple):
     rate_from_trace: bool = False  # request_rate_per_s was AUTO_REQUEST_RATE and a trace is given
     planner_mode: str = "off"  # PlannerSpec.mode of the champion: off, sla or load
     trace_window_s: float | None = None  # only the trace's last seconds (trace_window_h * 3600); None: all of it
+    champion_policy: Any = None  # runtime.usecases.champion.ChampionPolicy
 
 
 def check_tune_parameters(
     gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int, osl_tokens: int,
     request_rate_per_s: float, gpu_budget: int | None, registered_model: str, *, traffic_trace_uri: str = "",
     fsx_root: str | None = None, planner_mode: str = "off", trace_window_h: float = 0.0,
+    min_improvement_pct: float | None = None,
 ) -> TuneParameters:
     """Validate the tune step's parameters without reading the model or the trace; return them parsed.
 
@@ -117,11 +121,14 @@ def check_tune_parameters(
     champion's PlannerSpec.mode (`off`, `sla`, `load`): whether the promoted runtime runs the SLO planner.
     `trace_window_h` (hours; 0: the whole trace) sizes for the requests of the trace's last hours only
     (`runtime.tracking.traces.fetch_trace_workload` window_s, `pdserve tune --trace-window-h`).
+    `min_improvement_pct` (percent; None: the default) is the champion rule's threshold
+    (`runtime.usecases.champion.ChampionPolicy`, `pdserve tune --min-improvement-pct`).
 
     Raises:
         ValueError: every bad parameter named in one message (unknown GPU, precision, SLO, workload,
             gpu_budget, a registered model name MLflow refuses, a malformed traffic_trace_uri, a planner_mode
-            other than off/sla/load, a trace_window_h that is negative, not finite, or given without a trace).
+            other than off/sla/load, a trace_window_h that is negative, not finite, or given without a trace,
+            a min_improvement_pct that is negative or not finite).
     """
     from pydantic import ValidationError
 
@@ -181,6 +188,13 @@ def check_tune_parameters(
         check_registered_model_name(registered_model)
     except ValueError as e:
         problems.append(str(e))
+    from runtime.usecases.champion import ChampionPolicy
+
+    try:
+        parsed["champion_policy"] = (ChampionPolicy() if min_improvement_pct is None
+                                     else ChampionPolicy(min_improvement_pct=min_improvement_pct))
+    except ValidationError as e:
+        problems.append(pydantic_errors(e))
     if problems:
         raise ValueError("; ".join(problems))
     return TuneParameters(**parsed)
@@ -217,7 +231,7 @@ def validate_step(
     model_name: str, gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float, isl_tokens: int,
     osl_tokens: int, request_rate_per_s: float, gpu_budget: int, registered_model: str, *,
     traffic_trace_uri: str = "", fsx_root: str | None = None, traffic_upload_uri: str = "",
-    planner_mode: str = "off", trace_window_h: float = 0.0,
+    planner_mode: str = "off", trace_window_h: float = 0.0, min_improvement_pct: float | None = None,
 ) -> None:
     """Check every parameter that needs no model and no network, so a pipeline fails before staging copies
     the weights (tens of GB) when tune would refuse them anyway: `model_name` (`check_model_name`) and the
@@ -236,7 +250,8 @@ def validate_step(
     try:
         check_tune_parameters(gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s,
                               gpu_budget, registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
-                              planner_mode=planner_mode, trace_window_h=trace_window_h)
+                              planner_mode=planner_mode, trace_window_h=trace_window_h,
+                              min_improvement_pct=min_improvement_pct)
     except ValueError as e:
         problems.append(str(e))
     if traffic_upload_uri:
@@ -301,8 +316,13 @@ def tune_step(
     s3_client: Any = None,
     planner_mode: str = "off",
     trace_window_h: float = 0.0,
+    min_improvement_pct: float | None = None,
 ) -> TuneOutputs:
-    """Tune prefill TP × decode TP for the staged model; log every candidate to MLflow; register the winner.
+    """Tune prefill TP × decode TP for the staged model; log every candidate to MLflow; register the winner,
+    which takes the `champion` alias by the same rule as `pdserve tune --register`: always when there is no
+    champion yet, else when its deployment costs at least `min_improvement_pct` percent (None: the default,
+    `ChampionPolicy`) less than the champion's on the same workload, or the champion cannot serve it
+    (runtime/usecases/champion.py); otherwise the version is registered without the alias and the champion stays.
 
     Workload: without `traffic_trace_uri`, `isl_tokens`/`osl_tokens` (mean lengths, tokens) at
     `request_rate_per_s` (requests/s; `AUTO_REQUEST_RATE` 0: WorkloadSpec's default, 10/s). With one (an
@@ -322,7 +342,8 @@ def tune_step(
     default, the same as `pdserve tune --gpu-budget`) is written as the spec's planner.gpu_budget,
     `planner_mode` (off, sla, load; `pdserve tune --planner`) as its planner.mode: whether the promoted
     runtime runs the SLO planner within [min_replicas, max_replicas] and the budget.
-    Nothing is logged or registered when the winner does not fit the GPU budget.
+    Nothing is logged or registered when the winner does not fit the GPU budget, or when the current champion
+    cannot be read (a champion is never replaced blindly). Returns the version the alias names afterwards.
 
     Raises:
         runtime.staging.manifest.StagingError: `model_path` is not a verified staged model.
@@ -347,12 +368,13 @@ def tune_step(
     from runtime.tuner.search import tp_choices, tune
 
     from runtime.redact import redact_userinfo
-    from runtime.tracking.mlflow_runs import TrackingError
+    from runtime.tracking.mlflow_runs import TrackingError, champion_version, find_champion
+    from runtime.usecases.champion import check_against_champion
 
     params = check_tune_parameters(  # before reading, tuning or logging anything
         gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s, gpu_budget,
         registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root, planner_mode=planner_mode,
-        trace_window_h=trace_window_h)
+        trace_window_h=trace_window_h, min_improvement_pct=min_improvement_pct)
     workload, sample, peak = params.workload, None, None
     if params.traffic_trace_uri:
         workload, sample, peak = _trace_workload(params, s3_client=s3_client, s3_endpoint_url=s3_endpoint_url)
@@ -375,11 +397,17 @@ def tune_step(
                              "or raise the budget (gpu_budget)") from None
     failure = None
     try:
+        check = check_against_champion(result, spec, registered_model, params.champion_policy,
+                                       lambda name: find_champion(mlflow_tracking_uri, name), sample)
+        for note in check.notes:
+            log.warning("%s", note)
         version = log_tuning(
             result, tracking_uri=mlflow_tracking_uri, experiment=f"pdserve-tune-{model_name}",
             registered_model=registered_model, spec=spec, traffic_trace_uri=params.traffic_trace_uri or None,
             gpu_option=gpu,  # an instance type: recorded so `pdserve tune --like` keeps its TP bound
+            comparison=check.comparison, compared_version=check.compared_version,
         )
+        now = champion_version(mlflow_tracking_uri, registered_model)
     except Exception as e:  # MLflow errors repeat the request URL: never let a URI's password reach the task log
         detail = redact_userinfo(str(e))
         if isinstance(e, ValueError) and detail == str(e):  # our own checks (name, renderability): as raised
@@ -402,7 +430,10 @@ def tune_step(
         metrics.log_metric("itl_p90_ms", best.itl_ms)
         metrics.log_metric("goodput_per_gpu", best.goodput_per_gpu)
         metrics.log_metric("num_candidates", len(result.candidates))
-    return TuneOutputs(str(version), int(best.prefill_tp), int(best.decode_tp))
+    if check.comparison is not None:
+        log.info("registered %s version %s; the champion is version %s: %s", registered_model, version, now,
+                 check.comparison.reason)
+    return TuneOutputs(str(now if now is not None else version), int(best.prefill_tp), int(best.decode_tp))
 
 
 def _trace_workload(params: TuneParameters, *, s3_client: Any, s3_endpoint_url: str):

@@ -274,9 +274,14 @@ def test_tune_on_a_bare_config_file_records_no_model_folder(tmp_path):
     import json
 
     out = tmp_path / "s.json"
-    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--out", str(out)], env={"COLUMNS": "300"})
+    bare = tmp_path / "llama_config.json"
+    bare.write_text(LLAMA_70B.read_text())
+    res = runner.invoke(app, ["tune", str(bare), "--out", str(out)], env={"COLUMNS": "300"})
     assert res.exit_code == 0, res.output
     assert "bare config file" in res.output
+    assert json.loads(out.read_text())["model"]["path"] == ""
+    res = runner.invoke(app, ["tune", str(LLAMA_70B), "--out", str(out)], env={"COLUMNS": "300"})
+    assert res.exit_code == 0 and "is a catalog model" in res.output  # the catalog's own file: said so
     assert json.loads(out.read_text())["model"]["path"] == ""
 
 

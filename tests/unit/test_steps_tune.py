@@ -49,7 +49,7 @@ def staged(tmp_path):
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """log_tuning replaced by a recorder: {"spec": the DeploymentSpec tune_step would register}."""
+    """MLflow replaced by a recorder: {"spec": the DeploymentSpec tune_step would register}; no champion yet."""
     import runtime.tracking.mlflow_runs as mr
 
     seen: dict = {}
@@ -58,6 +58,8 @@ def recorded(monkeypatch):
         seen["spec"] = spec
         return "1"
     monkeypatch.setattr(mr, "log_tuning", fake_log_tuning)
+    monkeypatch.setattr(mr, "find_champion", lambda uri, name: None)  # no registry: a first version
+    monkeypatch.setattr(mr, "champion_version", lambda uri, name: "1")
     return seen
 
 

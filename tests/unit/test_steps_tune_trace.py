@@ -69,6 +69,8 @@ def recorded(monkeypatch):
         seen.update(spec=spec, traffic_trace_uri=traffic_trace_uri)
         return "1"
     monkeypatch.setattr(mr, "log_tuning", fake_log_tuning)
+    monkeypatch.setattr(mr, "find_champion", lambda uri, name: None)  # no registry: a first version
+    monkeypatch.setattr(mr, "champion_version", lambda uri, name: "1")
     return seen
 
 
