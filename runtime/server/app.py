@@ -23,6 +23,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from runtime.config import RouterSpec
 from runtime.engines.kv_events import KvEventSubscriber
+from runtime.server.edge import install_edge
 from runtime.server.errors import install_openai_error_handlers
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.model import PDModel
@@ -131,6 +132,7 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
 
             super().create_application()
             install_openai_error_handlers(kserve_app)
+            install_edge(kserve_app, model.name, lambda: model.ready)
             _check_openai_routes(kserve_app)
 
     ms = ModelServer(http_port=http_port, enable_grpc=False, workers=1, enable_docs_url=False)
@@ -144,6 +146,13 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
     )
     rest.config.host = host
     return rest
+
+
+async def _readiness_loop(model: PDModel, interval_s: float) -> None:
+    """Forever: check every decode worker's /health (PDModel.worker_healthy records it for `ready`)."""
+    while True:
+        await asyncio.gather(*(model.worker_healthy(u) for u in model.decode_urls()))
+        await asyncio.sleep(interval_s)
 
 
 def _report_task_death(task: asyncio.Task) -> None:
@@ -194,6 +203,8 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
     if isinstance(pairing, RouterPairing):
         tasks.append(asyncio.create_task(health_loop(pairing, model.worker_healthy, interval_s=health_interval_s),
                                          name="pdserve-health"))
+    else:  # the fixed pairing has no health state: the checks feed the model's readiness alone
+        tasks.append(asyncio.create_task(_readiness_loop(model, health_interval_s), name="pdserve-readiness"))
     for t in tasks:
         t.add_done_callback(_report_task_death)
     try:

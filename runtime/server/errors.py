@@ -20,7 +20,14 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from kserve.errors import ModelNotFound, generic_exception_handler, model_not_found_handler
+from kserve.errors import (
+    ModelNotFound,
+    ModelNotReady,
+    generic_exception_handler,
+    model_not_found_handler,
+    model_not_ready_handler,
+)
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 try:  # vLLM's client-error base class (vllm/exceptions.py); absent from older vLLM
     from vllm.exceptions import VLLMClientError
@@ -80,9 +87,41 @@ async def _vllm_client_error_handler(request: Request, exc: Exception):
     return await generic_exception_handler(request, exc)
 
 
+#: Seconds a client is told to wait (`Retry-After`) while the model is not ready: about two of the runtime's
+#: worker health checks (every 2 s), after which a worker that started answering is routed to.
+RETRY_AFTER_S = 5
+
+
+async def _model_not_ready_handler(request: Request, exc: ModelNotReady):
+    """503 with `Retry-After`; OpenAI-shaped under the OpenAI prefix."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    if request.url.path.startswith(OPENAI_PREFIX):
+        body = openai_error_body(f"{exc} No inference worker is answering yet; retry later.",
+                                 err_type="ServiceUnavailableError", status=HTTPStatus.SERVICE_UNAVAILABLE)
+        return JSONResponse(status_code=HTTPStatus.SERVICE_UNAVAILABLE, content=body, headers=headers)
+    response = await model_not_ready_handler(request, exc)
+    response.headers.update(headers)
+    return response
+
+
+async def _http_exception_handler(request: Request, exc: StarletteHTTPException):
+    """Routing errors (404 no such route, 405 wrong method) under the OpenAI prefix in OpenAI's shape."""
+    if request.url.path.startswith(OPENAI_PREFIX):
+        kind = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "InvalidRequestError")
+        message = (f"{request.method} {request.url.path}: " +
+                   ("no such route" if exc.status_code == 404 else str(exc.detail)))
+        return JSONResponse(status_code=exc.status_code, headers=getattr(exc, "headers", None),
+                            content=openai_error_body(message, err_type=kind, status=exc.status_code))
+    from fastapi.exception_handlers import http_exception_handler
+
+    return await http_exception_handler(request, exc)
+
+
 def install_openai_error_handlers(app: FastAPI) -> None:
     """Register the handlers on `app` (after KServe registered its own, so these win)."""
     app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(ModelNotReady, _model_not_ready_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_exception_handler)
     app.add_exception_handler(ModelNotFound, _model_not_found_handler)
     if VLLMClientError is not None:
         app.add_exception_handler(VLLMClientError, _vllm_client_error_handler)

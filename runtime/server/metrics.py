@@ -26,6 +26,10 @@ class RuntimeMetrics:
         prefill_nudges: `pdserve_prefill_nudges_total`, 1-token requests sent to a prefill worker while a decode
             waited for its first token (PDModel `prefill_nudge_after_s`).
         migrations: `pdserve_migrations_total`, requests moved to another decode worker after theirs died.
+        kv_lease_expiries: `pdserve_kv_lease_expiries_total`, KV handoffs left unread because the decode leg
+            could not start within the prefill worker's KV lease (the decode worker prefilled locally).
+        kv_late_reads: `pdserve_kv_late_reads_total`, streamed decode legs whose first token came after the
+            handoff's lease ended (the decode worker may have read released blocks; target 0).
     """
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
@@ -50,3 +54,9 @@ class RuntimeMetrics:
             "token (PDModel prefill_nudge_after_s).", registry=registry)
         self.migrations = Counter("pdserve_migrations", "Requests continued on another decode worker.",
                                   registry=registry)
+        self.kv_lease_expiries = Counter(
+            "pdserve_kv_lease_expiries", "KV handoffs not used because the decode leg could not start within "
+            "the KV lease.", registry=registry)
+        self.kv_late_reads = Counter(
+            "pdserve_kv_late_reads", "Streamed decode legs whose first token came after the KV lease ended.",
+            registry=registry)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -48,6 +49,7 @@ from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
+from kserve.errors import ModelNotReady
 from kserve.protocol.rest.openai import OpenAIGenerativeModel
 from kserve.protocol.rest.openai.errors import create_error_response
 from kserve.protocol.rest.openai.types import (
@@ -71,6 +73,7 @@ from runtime.server.migration import (
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
 from runtime.server.routing import CHARS_PER_TOKEN, estimate_prompt_tokens
+from runtime.server.shapes import add_usage, fan_out, merge_answers, needs_local_prefill, refusal, remap_chunk
 from runtime.server.tokenize import PromptTokenizer
 
 _DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
@@ -82,6 +85,12 @@ _RUNTIME_XARGS = frozenset(_DROPPED_FIELDS) | {"kv_cache_report_mode"}
 # A worker's 4xx with these statuses is a deployment fault (worker API key, proxy auth, wrong path or served
 # model name), never a mistake of the client's request.
 _DEPLOYMENT_4XX = frozenset({401, 403, 404, 407})
+#: vLLM NIXL `kv_lease_duration` default, seconds (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
+#: base_scheduler.py, 0.28).
+DEFAULT_KV_LEASE_S = 30.0
+#: Headroom between the last moment the runtime starts a decode leg on a handoff and the lease's end,
+#: seconds: the decode worker must receive the request, schedule it and send its first heartbeat or read.
+DEFAULT_KV_LEASE_MARGIN_S = 5.0
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +232,12 @@ class PDModel(OpenAIGenerativeModel):
             token, so they are nudged until the whole answer arrives. None (default): never.
         traffic_log: optional recorder of finished requests (runtime.server.traffic.TrafficLog:
             `record(input_tokens, output_tokens)` from the workers' usage), the input of re-tuning.
+        kv_lease_s: seconds a prefill worker keeps a handoff's KV blocks for the decode worker (vLLM NIXL
+            `kv_lease_duration`, 30 s by default; the workers' EngineSpec.kv_lease_s when set).
+        kv_lease_margin_s: a decode leg that would start later than `kv_lease_s - kv_lease_margin_s` after the
+            prefill answered does not use the handoff: the decode worker prefills locally instead
+            (`pdserve_kv_lease_expiries_total`). Once the decode worker holds the request, vLLM renews the
+            lease by heartbeats (every lease / 6 s), so the start is what must be bounded.
 
     TTFT (`pdserve_ttft_seconds`): streaming — arrival to the first streamed token, as the client sees it
     (remote: prefill + NIXL pull + first decode step); non-streaming remote — arrival to the prefill answer,
@@ -245,8 +260,14 @@ class PDModel(OpenAIGenerativeModel):
         prefill_priority: bool = False,
         wall_clock: Callable[[], float] = time.time,
         traffic_log: Any | None = None,
+        kv_lease_s: float = DEFAULT_KV_LEASE_S,
+        kv_lease_margin_s: float = DEFAULT_KV_LEASE_MARGIN_S,
     ) -> None:
         super().__init__(name)
+        if not 0 <= kv_lease_margin_s < kv_lease_s:
+            raise ValueError(f"kv_lease_margin_s={kv_lease_margin_s}: expected 0 <= margin < kv_lease_s={kv_lease_s}")
+        self.kv_lease_s = kv_lease_s
+        self.kv_lease_margin_s = kv_lease_margin_s
         self.traffic_log = traffic_log
         self.pairing = pairing
         self.metrics = metrics
@@ -266,7 +287,30 @@ class PDModel(OpenAIGenerativeModel):
         self.prefill_priority = prefill_priority
         self.wall_clock = wall_clock  # Unix seconds: prefill priorities must agree across runtime replicas
         self._header_key = secrets.token_bytes(16)  # keys the worker ids in response headers
-        self.ready = True
+        self._healthy: dict[str, bool] = {}  # worker URL -> its last health check or request's verdict
+
+    @property
+    def ready(self) -> bool:
+        """Some decode worker (every decode worker can also prefill locally) answered its last health check
+        and has not refused a connection since: requests can be served. False until a check answers."""
+        return any(self._healthy.get(u) for u in self.decode_urls())
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        """KServe's `load()` and constructor set `ready`; here readiness is the workers' health only."""
+
+    def decode_urls(self) -> list[str]:
+        """Base URLs of the pairing's decode-capable workers (roles "decode" and "both")."""
+        workers = getattr(self.pairing, "workers", None)
+        if isinstance(workers, dict):
+            return [w.url.rstrip("/") for w in workers.values() if getattr(w, "role", "decode") != "prefill"]
+        return [u.rstrip("/") for u in getattr(self.pairing, "decode_urls", [])]
+
+    def _mark_unreachable(self, url: str) -> None:
+        """A request found the worker at `url` gone: out of the pairing's rotation and of readiness until a
+        health check answers again."""
+        self._healthy[url.rstrip("/")] = False
+        self.pairing.on_worker_unreachable(url)
 
     def _client(self, url: str, user: object = None) -> VllmClient:
         """The client of worker `url`, recorded as used by `user` until `_release(user)`. Creating a client
@@ -323,12 +367,14 @@ class PDModel(OpenAIGenerativeModel):
         task.add_done_callback(self._closing.discard)
 
     async def worker_healthy(self, url: str) -> bool:
-        """GET <url>/health answered 200."""
+        """GET <url>/health answered 200 (remembered for `ready`)."""
         user = object()
         try:
-            return await self._client(url, user).healthy()
+            ok = await self._client(url, user).healthy()
         finally:
             self._release(user)
+        self._healthy[url.rstrip("/")] = ok
+        return ok
 
     async def aclose(self) -> None:
         """Close every worker client (also those of departed workers still being closed)."""
@@ -363,18 +409,47 @@ class PDModel(OpenAIGenerativeModel):
         self, request: CompletionRequest, raw_request: Request | None = None, context: dict | None = None
     ) -> AsyncGenerator[str, None] | Completion | ErrorResponse:
         body = await self._request_body(request, raw_request)
-        return await self._serve(COMPLETIONS_PATH, "completions", body, Completion, context)
+        return await self._dispatch(COMPLETIONS_PATH, "completions", body, Completion, context)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request | None = None, context: dict | None = None
     ) -> AsyncGenerator[str, None] | ChatCompletion | ErrorResponse:
         body = await self._request_body(request, raw_request)
-        return await self._serve(CHAT_PATH, "chat", body, ChatCompletion, context)
+        return await self._dispatch(CHAT_PATH, "chat", body, ChatCompletion, context)
+
+    async def _dispatch(self, path: str, endpoint: str, body: dict, response_type: type,
+                        context: dict | None) -> Any:
+        """Serve `body` as runtime.server.shapes says: refused (400 naming the field), fanned out into one
+        prefill → decode per prompt and choice (answers merged in vLLM's choice order), or served whole."""
+        refused = refusal(path, body)
+        if refused is not None:
+            message, param = refused
+            err = create_error_response(message, err_type="BadRequestError", status_code=HTTPStatus.BAD_REQUEST)
+            err.error.param = param
+            return err
+        subs = fan_out(path, body)
+        if subs is None:
+            return await self._serve(path, endpoint, body, response_type, context)
+        results = await asyncio.gather(*(self._serve(path, endpoint, sub, response_type, None) for sub in subs),
+                                       return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, (ErrorResponse, BaseException))), None)
+        if failed is not None:
+            for r in results:  # streams that did start hold worker requests and router load: close them
+                if isinstance(r, AsyncGenerator):
+                    await r.aclose()
+            if isinstance(failed, BaseException):
+                raise failed
+            return failed
+        if body.get("stream"):
+            return _merge_streams(results, bool((body.get("stream_options") or {}).get("include_usage")))
+        answers = [r.model_dump(mode="json", exclude_unset=True) for r in results]
+        return response_type.model_validate(merge_answers(answers))
 
     async def _prefill(self, route: Route, path: str, body: dict, rid: str,
                        prompt_tokens: int | None = None) -> tuple[Route, dict | None]:
-        """Run the remote prefill; on worker failure switch to local prefill. Re-raises the worker's
-        rejections of the request (`_is_client_fault`). With `prefill_priority` (the prefill workers run
+        """Run the remote prefill; on worker failure switch to local prefill (`pdserve_prefill_fallbacks_total`);
+        on the worker's rejection of the request (`_is_client_fault`) too, uncounted, so that the client's
+        error comes from the decode worker, about the client's own request. With `prefill_priority` (the prefill workers run
         `--scheduling-policy priority`) the prefill request's vLLM `priority` is always the runtime's:
         `runtime.router.priority.vllm_priority` of the prompt length (`prompt_tokens`, or
         `priority_tokens`) at the wall clock, replacing any the client sent: short prompts are not queued
@@ -390,12 +465,16 @@ class PDModel(OpenAIGenerativeModel):
             kv = None
         except BackendError as exc:
             if _is_client_fault(exc):
-                raise
+                # the prefill leg's rejection speaks of the leg (max_tokens=1, no stream); the decode worker,
+                # given the client's own request, answers it or rejects it in the client's terms
+                logger.info("prefill worker %s rejected request %s: serving it on the decode worker: %.300s",
+                            exc.url, rid, exc.body)
+                return self.pairing.on_prefill_failed(rid, self.clock()), None
             if 400 <= exc.status_code < 500:
                 logger.warning("prefill worker %s answered %d (a deployment fault): prefilling locally: %.500s",
                                exc.url, exc.status_code, exc.body)
             if exc.unreachable:
-                self.pairing.on_worker_unreachable(route.prefill_url)
+                self._mark_unreachable(route.prefill_url)
             kv = None
         if kv is None:  # worker down, 5xx, a deployment-fault 4xx, or a worker without a KV connector
             self.metrics.prefill_fallbacks.inc()
@@ -446,10 +525,19 @@ class PDModel(OpenAIGenerativeModel):
                 token_ids = None
         try:
             route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
+            # a decode worker known dead (health check, refused connection) is not worth a prefill: choose
+            # again while another may be alive
+            for _ in self.decode_urls():
+                if self._healthy.get(route.decode_url.rstrip("/")) is not False:
+                    break
+                self.pairing.on_complete(rid, self.clock(), False)
+                route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
+            if self._healthy.get(route.decode_url.rstrip("/")) is False:
+                self.pairing.on_complete(rid, self.clock(), False)
+                raise RuntimeError("no decode worker is answering")
         except RuntimeError as exc:
             self.metrics.requests.labels(endpoint, "none", "error").inc()
-            return create_error_response(str(exc), err_type="ServiceUnavailable",
-                                         status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+            raise ModelNotReady(self.name, str(exc)) from exc  # 503 with Retry-After (runtime.server.errors)
         # from here on the route holds router load: released by _finish exactly once, on every path out
         state = {"route": route, "mode": None, "owner": "serve"}
         try:
@@ -461,10 +549,18 @@ class PDModel(OpenAIGenerativeModel):
     async def _serve_route(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None,
                            rid: str, t0: float, token_ids: list[int] | None, state: dict) -> Any:
         route = state["route"]
-        try:
-            route, kv = await self._prefill(route, path, body, rid, None if token_ids is None else len(token_ids))
-        except BackendError as exc:
-            return _backend_error_response(exc)
+        if route.prefill_url is not None and needs_local_prefill(path, body):
+            # prompt log-probabilities and beam search need the prompt computed where the answer is made
+            route = dataclasses.replace(self.pairing.on_prefill_failed(rid, self.clock()), reason="local_shape")
+        route, kv = await self._prefill(route, path, body, rid, None if token_ids is None else len(token_ids))
+        kv_at = self.clock()  # the prefill answered: the handoff's lease runs from about now
+        if kv is not None and self._decode_start_late(kv_at):
+            # the decode leg would start too close to (or after) the lease's end: it could read released
+            # blocks. The decode worker prefills itself instead; the handoff's blocks expire unread.
+            self.metrics.kv_lease_expiries.inc()
+            logger.warning("request %s: decode leg not started within the KV lease (%.0f s, margin %.0f s): "
+                           "prefilling locally", rid, self.kv_lease_s, self.kv_lease_margin_s)
+            route, kv = self.pairing.on_prefill_failed(rid, self.clock()), None
         state["route"] = route
         mode = state["mode"] = "remote" if kv is not None else "local"
         self.metrics.routes.labels(route.reason or "none").inc()
@@ -477,7 +573,8 @@ class PDModel(OpenAIGenerativeModel):
             self.pairing.on_first_token(rid, self.clock())
         decode = self._client(route.decode_url, rid)
         if body.get("stream"):
-            gen = self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None)
+            gen = self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None,
+                               kv_at + self.kv_lease_s)
             state["owner"] = "stream"  # the generator's own finally releases the load from here on
             try:
                 first = await gen.__anext__()
@@ -515,6 +612,10 @@ class PDModel(OpenAIGenerativeModel):
         self._observe(usage, token_ids is not None, ttft_s, total_s, usage.get("completion_tokens") or 0)
         return result
 
+    def _decode_start_late(self, kv_at: float) -> bool:
+        """A decode leg starting now would start after `kv_lease_s - kv_lease_margin_s` from `kv_at`."""
+        return self.clock() - kv_at > self.kv_lease_s - self.kv_lease_margin_s
+
     def _observe(self, usage: dict, arrival_recorded: bool, ttft_s: float, total_s: float, osl_tokens: int,
                  itl_s: float | None = None) -> None:
         """Feed the planner's request window and the traffic log (each if any) with one finished request."""
@@ -532,7 +633,7 @@ class PDModel(OpenAIGenerativeModel):
         """After a decode failure: the route to continue on, or None (not a dead worker, or no migration)."""
         if not exc.unreachable:  # the worker answered, or was only slow: not a dead worker
             return None
-        self.pairing.on_worker_unreachable(route.decode_url)
+        self._mark_unreachable(route.decode_url)
         new = self.pairing.on_decode_failed(rid, self.clock())
         if new is not None:
             self.metrics.migrations.inc()
@@ -540,7 +641,7 @@ class PDModel(OpenAIGenerativeModel):
 
     async def _stream(
         self, decode: VllmClient, path: str, endpoint: str, body: dict, rid: str, kv: dict | None,
-        route: Route, t0: float, mode: str, arrival_recorded: bool = False,
+        route: Route, t0: float, mode: str, arrival_recorded: bool = False, lease_end: float | None = None,
     ) -> AsyncGenerator[str, None]:
         ok = False
         local_prefill = kv is None  # the router's prefill load ends at the first streamed token
@@ -578,6 +679,10 @@ class PDModel(OpenAIGenerativeModel):
                                 local_prefill = False
                                 self.pairing.on_first_token(rid, self.clock())
                             if first_s is None and token:
+                                if kv is not None and lease_end is not None and self.clock() > lease_end:
+                                    self.metrics.kv_late_reads.inc()
+                                    logger.warning("request %s: first token after the KV lease ended: the "
+                                                   "decode worker may have read released blocks", rid)
                                 first_token.set()
                                 first_s = self.clock() - t0  # what the client sees, NIXL pull included
                                 self.metrics.ttft.labels(endpoint, mode).observe(first_s)
@@ -602,7 +707,7 @@ class PDModel(OpenAIGenerativeModel):
                         new = self._migrate(exc, route, rid)
                     else:  # reasoning or a tool call was sent: a continuation would repeat or lose it
                         if exc.unreachable:
-                            self.pairing.on_worker_unreachable(route.decode_url)
+                            self._mark_unreachable(route.decode_url)
                         new = None
                     cont = continuation_body(path, base, "".join(sent), num_tokens) if new is not None else None
                     if cont is None:
@@ -640,6 +745,60 @@ class PDModel(OpenAIGenerativeModel):
         mode = mode or ("remote" if route.prefill_url else "local")
         self.metrics.requests.labels(endpoint, mode, "ok" if ok else "error").inc()
         self.metrics.e2e.labels(endpoint, mode).observe(self.clock() - t0)
+
+
+async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool
+                         ) -> AsyncGenerator[str, None]:
+    """One SSE stream from the sub-streams of a fan-out (runtime.server.shapes): chunks of stream i carry
+    choice index i and the first stream's id, in arrival order; the sub-streams' usage is summed into one
+    final usage chunk when the client asked for it; an error event of any sub-stream ends the whole stream
+    (the others are closed). Closing this closes every sub-stream."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: AsyncGenerator[str, None]) -> None:
+        try:
+            async for event in stream:
+                await queue.put((i, event))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    usage = None
+    stream_id = created = None
+    last: dict = {}
+    open_streams = len(streams)
+    try:
+        while open_streams:
+            i, event = await queue.get()
+            if event is done:
+                open_streams -= 1
+                continue
+            data = event[len("data:"):].strip() if event.startswith("data:") else ""
+            if not data or data == "[DONE]":
+                continue
+            chunk = json.loads(data)
+            if chunk.get("error") and not chunk.get("choices"):
+                yield event
+                return
+            usage = add_usage(usage, chunk.pop("usage", None))
+            if not chunk.get("choices"):
+                continue  # a sub-stream's usage-only chunk: summed into the final one
+            stream_id = stream_id or chunk.get("id")
+            created = created or chunk.get("created")
+            last = chunk
+            yield f"data: {json.dumps(remap_chunk(chunk, i, stream_id), separators=(',', ':'))}\n\n"
+        if include_usage and usage is not None:
+            final = {k: last[k] for k in ("object", "model") if k in last}
+            final.update({"id": stream_id, "created": created, "choices": [], "usage": usage})
+            yield f"data: {json.dumps(final, separators=(',', ':'))}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for s in streams:
+            await s.aclose()
 
 
 async def _prepend(first: str, rest: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:

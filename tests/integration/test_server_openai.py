@@ -49,8 +49,8 @@ def test_openai_routes_are_served(runtime_alone):
     r = httpx.get(f"{rt.url}/openai/v1/models", timeout=10)
     assert r.status_code == 200
     assert [m["id"] for m in r.json()["data"]] == [MODEL]
-    paths = httpx.get(f"{rt.url}/openai/v1/models/{MODEL}", timeout=10)
-    assert paths.status_code == 200
+    one = httpx.get(f"{rt.url}/openai/v1/models/{MODEL}", timeout=10)
+    assert one.status_code == 200 and one.json()["id"] == MODEL and one.json()["object"] == "model"
 
 
 @pytest.mark.parametrize(
@@ -86,12 +86,16 @@ def test_unknown_model_is_openai_404(runtime_alone):
     assert err["param"] == "model" and "nope" in err["message"]
 
 
-def test_unreachable_workers_give_502_without_internal_addresses(runtime_alone):
+def test_unreachable_workers_make_it_unready_503_with_retry_after(runtime_alone):
     rt, dead = runtime_alone
     r = httpx.post(f"{rt.url}/openai/v1/chat/completions",
                    json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, timeout=30)
-    err = _assert_openai_error(r, 502)
+    err = _assert_openai_error(r, 503)
+    assert int(r.headers["retry-after"]) > 0
     assert not any(u.split("//")[1] in err["message"] for u in dead)
+    for probe in ("/v2/health/ready", f"/v1/models/{MODEL}"):
+        ready = httpx.get(f"{rt.url}{probe}", timeout=10)
+        assert ready.status_code == 503 and int(ready.headers["retry-after"]) > 0, (probe, ready.text)
+    assert httpx.get(f"{rt.url}/v2/health/live", timeout=10).status_code == 200
     metrics = httpx.get(f"{rt.url}/metrics", timeout=10).text
-    assert sample_sum(metrics, "pdserve_requests_total", endpoint="chat", status="error") >= 1
-    assert sample_sum(metrics, "pdserve_prefill_fallbacks_total") >= 1
+    assert sample_sum(metrics, "pdserve_prefill_fallbacks_total") == 0  # no worker was even tried

@@ -37,10 +37,11 @@ def _completion(content: str) -> dict:
 
 
 class FakeWorkers:
-    """Records every call per worker host; `prefill_status` decides how the prefill worker answers."""
+    """Records every call per worker host; `prefill_status` / `decode_status` decide how the prefill / decode
+    worker answers (non-streaming)."""
 
-    def __init__(self, prefill_status: int = 200):
-        self.prefill_status = prefill_status
+    def __init__(self, prefill_status: int = 200, decode_status: int = 200):
+        self.prefill_status, self.decode_status = prefill_status, decode_status
         self.calls: list[tuple[str, dict, str]] = []
 
     def handler(self, req: httpx.Request) -> httpx.Response:
@@ -61,6 +62,8 @@ class FakeWorkers:
                                                         "total_tokens": 7}})
             text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
             return httpx.Response(200, text=text)
+        if self.decode_status != 200:
+            return httpx.Response(self.decode_status, json={"error": {"message": "decode says no", "code": 400}})
         return httpx.Response(200, json=_completion("Paris"))
 
 
@@ -109,14 +112,19 @@ async def test_failed_prefill_worker_falls_back_to_local_prefill(status):
     assert _metric(reg, "pdserve_requests_total", endpoint="chat", mode="local", status="ok") == 1
 
 
-async def test_prefill_rejecting_the_request_returns_that_error_without_decoding():
-    w = FakeWorkers(prefill_status=400)
+async def test_prefill_rejecting_the_request_lets_the_decode_worker_answer_in_the_clients_terms():
+    # the prefill leg's body is not the client's (max_tokens=1, no stream): its rejection may speak of that
+    w = FakeWorkers(prefill_status=400, decode_status=400)
     model, reg = _model(w)
     out = await model.create_chat_completion(_request())
     assert isinstance(out, ErrorResponse)
-    assert out.error.code == "400" and out.error.message == "nope"
-    assert [c[0] for c in w.calls] == ["prefill"]
-    assert _metric(reg, "pdserve_requests_total", endpoint="chat", mode="remote", status="error") == 1
+    assert out.error.code == "400" and out.error.message == "decode says no"
+    assert [c[0] for c in w.calls] == ["prefill", "decode"]
+    assert "kv_transfer_params" not in w.calls[1][1]  # the client's request, prefilled on the decode worker
+    assert _metric(reg, "pdserve_prefill_fallbacks_total") == 0  # not a worker failure
+    served = FakeWorkers(prefill_status=400)
+    model, _ = _model(served)
+    assert not isinstance(await model.create_chat_completion(_request()), ErrorResponse)
 
 
 async def test_streaming_yields_sse_and_done():

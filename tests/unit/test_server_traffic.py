@@ -61,8 +61,8 @@ async def test_each_finished_request_appends_its_usage_and_nothing_the_client_se
 
 async def test_a_failed_request_is_not_recorded(tmp_path):
     log = TrafficLog(tmp_path / "traffic.jsonl")
-    model = _model(FakeWorkers(prefill_status=400), log)
-    await model.create_chat_completion(_request())  # the prefill worker rejects it: an error to the client
+    model = _model(FakeWorkers(prefill_status=400, decode_status=400), log)
+    await model.create_chat_completion(_request())  # both workers reject it: an error to the client
     assert log.lines == 0 and (tmp_path / "traffic.jsonl").read_text() == ""
 
 

@@ -1,0 +1,182 @@
+"""Checks at the runtime's edge, before KServe's request models or any worker see a request (ASGI middleware).
+
+KServe parses bodies with Python's `json`, which accepts `NaN`/`Infinity` and lone UTF-16 surrogates
+(`"\\ud800"`); pydantic coerces `"stream": "false"` to False and accepts any string as a chat role. Such
+requests then fail deep inside (a 500 with a non-OpenAI body) or are served as something the client did not
+ask for. `EdgeMiddleware` answers them with an OpenAI 400 (`{"error": {"message", "type", "param",
+"code"}}`, runtime.server.errors) naming the field:
+* a JSON constant that is not a number in JSON (`NaN`, `Infinity`, `-Infinity`);
+* a string holding a lone surrogate (not encodable as UTF-8);
+* `stream` that is not a boolean or null;
+* a chat message that is not an object, or whose `role` is not one of OpenAI's roles (`CHAT_ROLES`).
+It also answers, itself:
+* `GET /openai/v1/models/{id}`: the OpenAI model object of the served model, or an OpenAI 404;
+* KServe's v1/v2 inference routes (`:predict`, `:explain`, `/infer`): a 404 saying the model serves the
+  OpenAI API only (the OpenAI model has no tensor inference; KServe would answer 500);
+* `GET /v2/health/ready` while the model is not ready: 503 with `Retry-After` (KServe's server readiness is
+  always true).
+Bodies are read whole only on POSTs under /openai/ (the OpenAI routes take JSON bodies).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any
+
+from runtime.server.errors import OPENAI_PREFIX, RETRY_AFTER_S, openai_error_body
+
+#: Chat roles of the OpenAI chat completions API (and vLLM's), the only ones a message may carry.
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+_INFER_ROUTE = re.compile(r"^/v[12]/models/[^/]+(/versions/[^/]+)?(:predict|:explain|/infer|/explain)$")
+_MODEL_ROUTE = re.compile(r"^/openai/v1/models/(?P<id>[^/]+)$")
+
+
+class _Invalid(ValueError):
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _reject_constant(name: str) -> Any:
+    raise _Invalid(f"{name} is not a number in JSON (RFC 8259): send a finite number", None)
+
+
+def _check_strings(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Invalid(f"{where or 'body'}: the string holds a lone UTF-16 surrogate, which is not a "
+                           "character: send valid Unicode", where or None) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_strings(k, where)
+            _check_strings(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_strings(v, f"{where}[{i}]")
+
+
+def check_body(path: str, raw: bytes) -> tuple[str, str | None] | None:
+    """(message, param) of the 400 for an OpenAI request body `raw` posted to `path`, or None when the edge
+    has nothing against it (a body that is not JSON at all is left to the request models' own 400)."""
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except _Invalid as exc:
+        return str(exc), exc.param
+    except (ValueError, UnicodeDecodeError):
+        return None
+    try:
+        _check_strings(body, "")
+    except _Invalid as exc:
+        return str(exc), exc.param
+    if not isinstance(body, dict):
+        return None
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        return f"stream must be true or false, got {json.dumps(stream)[:50]}", "stream"
+    if path.endswith("/chat/completions") and isinstance(body.get("messages"), list):
+        for i, m in enumerate(body["messages"]):
+            if not isinstance(m, dict):
+                return f"messages[{i}] must be an object", f"messages[{i}]"
+            role = m.get("role")
+            if not isinstance(role, str) or role not in CHAT_ROLES:
+                return (f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, "
+                        f"got {json.dumps(role)[:50]}", f"messages[{i}].role")
+    return None
+
+
+class Served:
+    """The model the edge answers for: its OpenAI id and a readiness callable."""
+
+    def __init__(self, model_name: str = "", is_ready: Callable[[], bool] = lambda: False) -> None:
+        self.model_name, self.is_ready = model_name, is_ready
+
+
+def install_edge(app: Any, model_name: str, is_ready: Callable[[], bool]) -> None:
+    """Put `EdgeMiddleware` in front of `app` (once per app) answering for `model_name` / `is_ready`."""
+    served = getattr(app.state, "pdserve_served", None)
+    if served is None:
+        served = app.state.pdserve_served = Served()
+        app.add_middleware(EdgeMiddleware, served=served)
+    served.model_name, served.is_ready = model_name, is_ready
+
+
+class EdgeMiddleware:
+    """ASGI middleware of the runtime app (see the module docstring).
+
+    Args:
+        app: the wrapped ASGI app.
+        served: what it serves now (`served.model_name`, `served.is_ready()`); KServe's FastAPI app is one per
+            process, so the middleware is added once and `served` is updated by each server built.
+    """
+
+    def __init__(self, app: Any, *, served: "Served") -> None:
+        self.app, self.served = app, served
+        self.created = int(time.time())
+
+    @property
+    def model_name(self) -> str:
+        return self.served.model_name
+
+    def is_ready(self) -> bool:
+        return self.served.is_ready()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = scope["path"], scope["method"]
+        if _INFER_ROUTE.match(path):
+            msg = (f"model {self.model_name!r} serves the OpenAI API only: POST {OPENAI_PREFIX}v1/completions "
+                   f"or {OPENAI_PREFIX}v1/chat/completions")
+            return await _json(send, HTTPStatus.NOT_FOUND, {"error": msg})
+        if method == "GET" and path == "/v2/health/ready" and not self.is_ready():
+            return await _json(send, HTTPStatus.SERVICE_UNAVAILABLE, {"ready": False},
+                               [(b"retry-after", str(RETRY_AFTER_S).encode())])
+        found = _MODEL_ROUTE.match(path) if method == "GET" else None
+        if found:
+            if found["id"] != self.model_name:
+                body = openai_error_body(f"The model {found['id']!r} does not exist", err_type="NotFoundError",
+                                         status=HTTPStatus.NOT_FOUND, param="model")
+                return await _json(send, HTTPStatus.NOT_FOUND, body)
+            return await _json(send, HTTPStatus.OK, {"id": self.model_name, "object": "model",
+                                                     "created": self.created, "owned_by": "pdserve"})
+        if method != "POST" or not path.startswith(OPENAI_PREFIX):
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        raw = b"".join(chunks)
+        bad = check_body(path, raw)
+        if bad is not None:
+            message_text, param = bad
+            body = openai_error_body("Invalid request: " + message_text, err_type="BadRequestError",
+                                     status=HTTPStatus.BAD_REQUEST, param=param)
+            return await _json(send, HTTPStatus.BAD_REQUEST, body)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+async def _json(send: Callable, status: int, content: Any, headers: list | None = None) -> None:
+    data = json.dumps(content).encode()
+    await send({"type": "http.response.start", "status": int(status),
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": data})

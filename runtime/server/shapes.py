@@ -1,0 +1,130 @@
+"""How the runtime serves each OpenAI request shape under prefill/decode disaggregation (pure: no I/O).
+
+One KV handoff (a prefill answer's `kv_transfer_params`) names the blocks of one sequence, and a prefill
+worker releases them after the first read. vLLM expands a request with several prompts, or `n` > 1, into
+several sequences, each of which would try to read the same handoff: prompt 0's blocks for every prompt, or
+released blocks for the second choice. So:
+
+* `fan_out`: a completions request with several prompts (strings or token-id lists) and any request with
+  `n` > 1 is split into single-prompt, single-choice requests, each served prefill → decode on its own
+  handoff; `merge_answers` / `remap_chunk` put the answers back in vLLM's order (prompt i's choices are
+  `i * n` … `i * n + n - 1`). Choice j gets `seed + j` when the client set a seed, as vLLM's parallel
+  sampling does (vllm/v1/engine/parallel_sampling.py), so seeded output matches the aggregated server.
+* `needs_local_prefill`: shapes that need the prompt's own forward pass on the worker that answers (prompt
+  log-probabilities: `prompt_logprobs`, or `echo` with `logprobs`; beam search, which expands sequences
+  inside the engine) are prefilled on the decode worker itself: no handoff, the aggregated answer.
+* `refusal`: shapes no worker serves correctly are refused with a 400 naming the field: `n` > 1 with greedy
+  sampling (as vLLM refuses it, so fanned-out requests answer as the aggregated server does), `best_of` > 1
+  (vLLM's completions server ignores it: the client would silently get `n` samples, not the best of
+  `best_of`) and a non-empty `suffix` (vLLM does not support insertion).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+COMPLETIONS = "/v1/completions"
+#: Temperatures below this are greedy sampling (vllm/sampling_params.py `_SAMPLING_EPS`).
+_SAMPLING_EPS = 1e-5
+
+
+def _prompts(body: dict) -> list[Any] | None:
+    """The separate prompts of a completions body with more than one, else None. A flat list of ints is one
+    token-id prompt; a list of strings or of token-id lists is one prompt per item."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or len(prompt) < 2:
+        return None
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return None
+    return list(prompt)
+
+
+def _n(body: dict) -> int:
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+
+
+def refusal(path: str, body: dict) -> tuple[str, str] | None:
+    """(message, param) of a 400 for a shape the runtime does not serve, or None."""
+    best_of = body.get("best_of")
+    if best_of is not None and not (isinstance(best_of, int) and best_of <= 1):
+        return ("best_of > 1 is not supported: the workers would return n samples, not the best of best_of; "
+                "request n samples and pick with logprobs instead", "best_of")
+    temperature = body.get("temperature")
+    if _n(body) > 1 and isinstance(temperature, (int, float)) and temperature < _SAMPLING_EPS:
+        # what vLLM answers (SamplingParams._verify_greedy_sampling): n greedy samples are one sample n times
+        return f"n must be 1 when using greedy sampling (temperature {temperature}), got {body['n']}", "n"
+    if path == COMPLETIONS and body.get("suffix"):
+        return "suffix is not supported by this model server", "suffix"
+    return None
+
+
+def needs_local_prefill(path: str, body: dict) -> bool:
+    """The request needs its prompt computed on the worker that answers (prompt log-probabilities or beam
+    search): served with local prefill on the decode worker, never from a KV handoff."""
+    if body.get("prompt_logprobs") is not None or body.get("use_beam_search"):
+        return True
+    return path == COMPLETIONS and bool(body.get("echo")) and body.get("logprobs") is not None
+
+
+def fan_out(path: str, body: dict) -> list[dict] | None:
+    """The single-prompt, single-choice bodies `body` splits into (in choice-index order), or None when
+    `body` is already one prompt and one choice. Streaming bodies ask for usage (the merged stream sums it)."""
+    prompts = _prompts(body) if path == COMPLETIONS else None
+    n = _n(body)
+    if prompts is None and n == 1:
+        return None
+    out = []
+    for prompt in prompts if prompts is not None else [body.get("prompt")]:
+        for j in range(n):
+            sub = copy.deepcopy(body)
+            if prompts is not None:
+                sub["prompt"] = prompt
+            sub["n"] = 1
+            seed = body.get("seed")
+            if isinstance(seed, int) and not isinstance(seed, bool):
+                sub["seed"] = seed + j
+            if body.get("stream"):
+                sub["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            out.append(sub)
+    return out
+
+
+_USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def add_usage(total: dict | None, usage: dict | None) -> dict | None:
+    """Sum of two OpenAI `usage` objects (token counts; nested details are dropped); None + None is None.
+    The prompt of a fanned-out choice is counted once per choice, as vLLM counts it per prompt."""
+    if not usage:
+        return total
+    out = dict(total or {k: 0 for k in _USAGE_KEYS})
+    for k in _USAGE_KEYS:
+        out[k] = int(out.get(k) or 0) + int(usage.get(k) or 0)
+    return out
+
+
+def merge_answers(answers: list[dict]) -> dict:
+    """One OpenAI response from the sub-answers of `fan_out` (same order): choice i of the result is the
+    only choice of `answers[i]` with index i; usage summed; id, created and model from the first."""
+    merged = copy.deepcopy(answers[0])
+    merged["choices"] = []
+    usage = None
+    for i, answer in enumerate(answers):
+        for choice in answer.get("choices") or ():
+            merged["choices"].append({**choice, "index": i})
+        usage = add_usage(usage, answer.get("usage"))
+    if usage is not None:
+        merged["usage"] = usage
+    return merged
+
+
+def remap_chunk(chunk: dict, index: int, stream_id: str | None) -> dict:
+    """A streamed chunk of sub-request `index`, as a chunk of the merged stream: its choices get `index`,
+    its id the merged stream's id."""
+    out = dict(chunk)
+    out["choices"] = [{**c, "index": index} for c in chunk.get("choices") or ()]
+    if stream_id is not None and "id" in out:
+        out["id"] = stream_id
+    return out

@@ -1,0 +1,63 @@
+"""runtime.server.shapes: which request shapes fan out, run with local prefill or are refused, and how the
+fanned-out answers merge back in vLLM's choice order."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.server.shapes import add_usage, fan_out, merge_answers, needs_local_prefill, refusal, remap_chunk
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (C, {"prompt": "a"}), (C, {"prompt": ["a"]}), (C, {"prompt": [1, 2, 3]}), (C, {"prompt": [[1, 2]]}),
+    (C, {"prompt": "a", "n": 1}), (CHAT, {"messages": [], "n": 1}),
+])
+def test_one_prompt_one_choice_is_served_whole(path, body):
+    assert fan_out(path, body) is None
+
+
+def test_prompts_and_choices_fan_out_prompt_major_with_seeds_per_choice():
+    subs = fan_out(C, {"prompt": ["a", [5, 6]], "n": 2, "seed": 7, "stream": True})
+    assert [(s["prompt"], s["n"], s["seed"]) for s in subs] == [("a", 1, 7), ("a", 1, 8), ([5, 6], 1, 7),
+                                                               ([5, 6], 1, 8)]
+    assert all(s["stream_options"]["include_usage"] for s in subs)
+    chat = fan_out(CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 3})
+    assert len(chat) == 3 and all("seed" not in s and s["n"] == 1 for s in chat)
+
+
+def test_merge_answers_reindexes_choices_and_sums_usage():
+    answers = [{"id": f"c{i}", "choices": [{"index": 0, "text": t}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}}
+               for i, t in enumerate(["x", "y", "z"])]
+    merged = merge_answers(answers)
+    assert merged["id"] == "c0"
+    assert [(c["index"], c["text"]) for c in merged["choices"]] == [(0, "x"), (1, "y"), (2, "z")]
+    assert merged["usage"] == {"prompt_tokens": 6, "completion_tokens": 9, "total_tokens": 15}
+    assert add_usage(None, None) is None
+
+
+def test_remap_chunk_sets_index_and_id():
+    out = remap_chunk({"id": "b", "choices": [{"index": 0, "text": "t"}]}, 3, "a")
+    assert out == {"id": "a", "choices": [{"index": 3, "text": "t"}]}
+
+
+@pytest.mark.parametrize(("path", "body", "local"), [
+    (C, {"prompt": "a", "echo": True, "logprobs": 0}, True), (C, {"prompt": "a", "echo": True}, False),
+    (C, {"prompt": "a", "logprobs": 2}, False), (C, {"prompt": "a", "prompt_logprobs": 1}, True),
+    (CHAT, {"messages": [], "prompt_logprobs": 0}, True), (C, {"prompt": "a", "use_beam_search": True}, True),
+])
+def test_shapes_that_need_the_prompt_computed_locally(path, body, local):
+    assert needs_local_prefill(path, body) is local
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    (C, {"prompt": "a", "best_of": 2}, "best_of"), (C, {"prompt": "a", "best_of": 1}, None),
+    (C, {"prompt": "a", "suffix": "z"}, "suffix"), (C, {"prompt": "a", "suffix": ""}, None),
+    (CHAT, {"messages": [], "best_of": 3}, "best_of"), (CHAT, {"messages": [], "n": 2, "temperature": 0}, "n"),
+    (CHAT, {"messages": [], "n": 2, "temperature": 0.5}, None), (CHAT, {"messages": [], "n": 2}, None),
+])
+def test_refusals_name_the_field(path, body, param):
+    got = refusal(path, body)
+    assert (got and got[1]) == (param or None)
