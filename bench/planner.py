@@ -398,7 +398,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="development-set mode: synthetic shapes <arrivals>_<mix> (runtime.sim.shapes; 'dev' for its "
                          "DEFAULT_SHAPES), repeatable or a comma list; every --trace joins the set; each runs at every "
                          "--rate-scales and one summary JSON line is printed")
-    ap.add_argument("--rate-scales", default="1,5,10", help="development-set mode: comma list of rate scales")
+    ap.add_argument("--rate-scales", default=None,
+                    help="comma list of rate scales (default 1,5,10 with --shape); given, it selects the "
+                         "development-set mode for the --trace files alone too")
     ap.add_argument("--model", default="Llama-3.1-70B")
     ap.add_argument("--gpu", default="H100-SXM")
     ap.add_argument("--rate-scale", type=int, default=10)
@@ -433,6 +435,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--extra-predictors", default="",
                     help="comma list (constant,moving_average,arima): also run pdserve_sla_<predictor>")
     a = ap.parse_args(argv)
+    set_mode = bool(a.shape) or a.rate_scales is not None
     a.shape = [n for arg in a.shape for n in arg.split(",") if n]
     a.shape = [n for name in a.shape for n in (shapes.DEFAULT_SHAPES if name == "dev" else (name,))]
     problems = [f"{name} must be > 0, got {v}" for name, v in (
@@ -443,18 +446,21 @@ def main(argv: list[str] | None = None) -> dict:
     problems += [f"{name} must be a finite number, got {v}" for name, v in (
         ("--interval-s", a.interval_s), ("--ttft-s", a.ttft_s), ("--itl-s", a.itl_s),
         ("--worker-start-s", a.worker_start_s)) if not np.isfinite(v)]
-    if not a.shape and len(a.trace) != 1:
-        problems.append("give one --trace, or --shape (with any number of --trace) for the development set")
+    if not set_mode and len(a.trace) != 1:
+        problems.append("give one --trace, or --shape / --rate-scales (with any number of --trace) for the "
+                        "development set")
+    if set_mode and not (a.trace or a.shape):
+        problems.append("the development set is empty: give --shape and/or --trace")
     bad_shapes = [n for n in a.shape if n not in shapes.shape_names()]
     if bad_shapes:
         problems.append(f"--shape: unknown {bad_shapes} (<arrivals>_<mix>: arrivals {', '.join(shapes.ARRIVALS)}; "
                         f"mix {', '.join(shapes.MIXES)}; or 'dev')")
     try:
-        a.rate_scales = [int(v) for v in a.rate_scales.split(",") if v.strip()]
+        a.rate_scales = [int(v) for v in (a.rate_scales or "1,5,10").split(",") if v.strip()]
     except ValueError:
         problems.append(f"--rate-scales must be a comma list of whole numbers, got {a.rate_scales!r}")
         a.rate_scales = []
-    if a.shape and not (a.rate_scales and all(v > 0 for v in a.rate_scales)):
+    if set_mode and not (a.rate_scales and all(v > 0 for v in a.rate_scales)):
         problems.append(f"--rate-scales must hold whole numbers > 0, got {a.rate_scales}")
     if not 0.0 < a.target_attainment < 1.0:
         problems.append(f"--target-attainment must be in (0, 1), got {a.target_attainment}")
@@ -480,7 +486,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not perf.fits(tp):
             raise SystemExit(f"{what} {tp}: {a.model} does not fit on {a.gpu}")
     profile = build_profile(perf, a.prefill_tp, a.decode_tp)
-    if not a.shape:
+    if not set_mode:
         path = a.trace[0]
         out = run_trace(a, load_trace(path, a.rate_scale, a.seed), path.name, a.rate_scale, profile, t_start)
         print_json_line(out, a.out)
