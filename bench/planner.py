@@ -128,6 +128,7 @@ ABLATIONS: dict[str, dict] = {
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
     "prefill_queue_on_quantile": dict(prefill_queue_on_trend=False),
     "staffing_hold_on_fall": dict(staffing_on_fall=False),
+    "no_queue_floor": dict(queue_floor=False),
 }
 
 
