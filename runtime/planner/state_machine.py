@@ -149,8 +149,8 @@ Per tick (SLA mode):
    waiting for prefill, ``s`` the corrected occupancy at the tick's mean ISL, ``c`` ready prefill
    workers; with ``Q > 0`` at least the observed TTFT p90 less the p90 prompt's own prefill latency)
    and compared with the wait budget ``ttft_target - 2 itl_target - latency``. After
-   ``QUEUE_PRESSURE_TICKS`` ticks in a row above it, and while no prefill worker is starting (the
-   last raise is not yet serving), the floor rises to the current pool plus the workers that clear
+   ``QUEUE_PRESSURE_TICKS`` ticks in a row above it, and once the floor's workers are all ready (a
+   raise still starting has not yet acted on the queue), the floor rises to the current pool plus the workers that clear
    the backlog within one tick, ``ceil(Q * s / interval)``, at least one and at most doubling the
    pool; it is capped by ``max_prefill`` and what the GPU budget leaves after the minimum decode
    pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor falls by one worker
@@ -449,7 +449,7 @@ class PlannerStateMachine:
             wait = max(wait, tick.observed_ttft_p90_s - own)
         self._pressure_ticks = self._pressure_ticks + 1 if wait > budget else 0
         cap = min(cfg.max_prefill, max((cfg.gpu_budget - cfg.min_decode * cfg.decode_tp) // cfg.prefill_tp, 0))
-        if self._pressure_ticks >= QUEUE_PRESSURE_TICKS and tick.prefill.num_starting == 0:
+        if self._pressure_ticks >= QUEUE_PRESSURE_TICKS and c >= self._queue_floor:
             base = max(self._queue_floor, self.prefill)
             step = min(max(math.ceil(q * s / cfg.interval_s - 1e-9), 1), max(base, 1))
             self._queue_floor = min(base + step, cap)
