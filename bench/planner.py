@@ -64,6 +64,8 @@ from runtime.planner.predictors import PREDICTORS  # noqa: E402
 from runtime.planner.profiles import build_profile  # noqa: E402
 from runtime.planner.state_machine import PlannerStateMachine  # noqa: E402
 from runtime.planner.types import PlannerConfig, ScalingDecision, TickInput  # noqa: E402
+from runtime.sim import shapes  # noqa: E402
+from runtime.sim.trace import TraceError, parse_mooncake  # noqa: E402
 from runtime.sim.fleet import (  # noqa: E402
     Controller,
     PREFILL_ORDERS,
@@ -120,6 +122,7 @@ ABLATIONS: dict[str, dict] = {
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
     "prefill_queue_on_quantile": dict(prefill_queue_on_trend=False),
     "staffing_hold_on_fall": dict(staffing_on_fall=False),
+    "no_queue_floor": dict(queue_floor=False),
 }
 
 
@@ -162,7 +165,13 @@ def load_azure_trace(path: Path, rate_scale: int, seed: int) -> Trace:
                                      f"got {v} in {dict(row)}")
     if not ts:
         raise SystemExit(f"{path}: the trace holds no requests")
-    t = np.asarray(ts) - min(ts)
+    return replicate(np.asarray(ts) - min(ts), isl, osl, rate_scale, seed)
+
+
+def replicate(arrival_s, isl, osl, rate_scale: int, seed: int) -> Trace:
+    """``rate_scale`` copies of a recorded trace, each arrival moved by a uniform [0, 1) s jitter (seeded;
+    none for one copy), merged in arrival order and re-based to start at 0 (see ``--rate-scale``)."""
+    t = np.asarray(arrival_s, dtype=float)
     rng = np.random.default_rng(seed)
     k = max(int(rate_scale), 1)
     arr = np.concatenate([t + (rng.uniform(0, 1, len(t)) if k > 1 else 0.0) for _ in range(k)])
@@ -170,6 +179,33 @@ def load_azure_trace(path: Path, rate_scale: int, seed: int) -> Trace:
     osl_a = np.tile(np.asarray(osl, dtype=np.int64), k)
     order = np.argsort(arr, kind="stable")
     return Trace(arr[order] - arr[order][0], isl_a[order], osl_a[order])
+
+
+def load_mooncake_trace(path: Path, rate_scale: int, seed: int) -> Trace:
+    """Read a Mooncake JSONL trace (runtime.sim.trace.parse_mooncake: ``timestamp`` ms, ``input_length``,
+    ``output_length``) and replicate it like :func:`load_azure_trace`. An ``output_length`` of 0 (a request
+    that only prefilled) is served as one token: the fleet simulator's requests decode at least once.
+
+    Raises:
+        SystemExit: naming a missing file, an empty trace, or the first bad line (from TraceError).
+    """
+    if not path.is_file():
+        raise SystemExit(f"--trace {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            reqs = parse_mooncake(f)
+    except TraceError as e:
+        raise SystemExit(f"{path}: {e}") from None
+    if not reqs:
+        raise SystemExit(f"{path}: the trace holds no requests")
+    t = [r.arrival_s for r in reqs]
+    return replicate(np.asarray(t) - min(t), [r.input_tokens for r in reqs],
+                     [max(r.output_tokens, 1) for r in reqs], rate_scale, seed)
+
+
+def load_trace(path: Path, rate_scale: int, seed: int) -> Trace:
+    """A Mooncake trace for ``*.jsonl``, else an Azure-format CSV."""
+    return (load_mooncake_trace if path.suffix == ".jsonl" else load_azure_trace)(path, rate_scale, seed)
 
 
 def find_model_config(name: str) -> Path:
@@ -351,7 +387,15 @@ def excess_breakdown(res: dict, oracle_by_pool: dict, hold: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", type=Path, required=True)
+    ap.add_argument("--trace", type=Path, action="append", default=[],
+                    help="an Azure-format CSV or a Mooncake JSONL trace (*.jsonl); repeatable with --shape")
+    ap.add_argument("--shape", action="append", default=[],
+                    help="development-set mode: synthetic shapes <arrivals>_<mix> (runtime.sim.shapes; 'dev' for its "
+                         "DEFAULT_SHAPES), repeatable or a comma list; every --trace joins the set; each runs at every "
+                         "--rate-scales and one summary JSON line is printed")
+    ap.add_argument("--rate-scales", default=None,
+                    help="comma list of rate scales (default 1,5,10 with --shape); given, it selects the "
+                         "development-set mode for the --trace files alone too")
     ap.add_argument("--model", default="Llama-3.1-70B")
     ap.add_argument("--gpu", default="H100-SXM")
     ap.add_argument("--rate-scale", type=int, default=10)
@@ -386,6 +430,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--extra-predictors", default="",
                     help="comma list (constant,moving_average,arima): also run pdserve_sla_<predictor>")
     a = ap.parse_args(argv)
+    set_mode = bool(a.shape) or a.rate_scales is not None
+    a.shape = [n for arg in a.shape for n in arg.split(",") if n]
+    a.shape = [n for name in a.shape for n in (shapes.DEFAULT_SHAPES if name == "dev" else (name,))]
     problems = [f"{name} must be > 0, got {v}" for name, v in (
         ("--interval-s", a.interval_s), ("--gpu-budget", a.gpu_budget), ("--rate-scale", a.rate_scale),
         ("--ttft-s", a.ttft_s), ("--itl-s", a.itl_s)) if not v > 0]
@@ -394,6 +441,22 @@ def main(argv: list[str] | None = None) -> dict:
     problems += [f"{name} must be a finite number, got {v}" for name, v in (
         ("--interval-s", a.interval_s), ("--ttft-s", a.ttft_s), ("--itl-s", a.itl_s),
         ("--worker-start-s", a.worker_start_s)) if not np.isfinite(v)]
+    if not set_mode and len(a.trace) != 1:
+        problems.append("give one --trace, or --shape / --rate-scales (with any number of --trace) for the "
+                        "development set")
+    if set_mode and not (a.trace or a.shape):
+        problems.append("the development set is empty: give --shape and/or --trace")
+    bad_shapes = [n for n in a.shape if n not in shapes.shape_names()]
+    if bad_shapes:
+        problems.append(f"--shape: unknown {bad_shapes} (<arrivals>_<mix>: arrivals {', '.join(shapes.ARRIVALS)}; "
+                        f"mix {', '.join(shapes.MIXES)}; or 'dev')")
+    try:
+        a.rate_scales = [int(v) for v in (a.rate_scales or "1,5,10").split(",") if v.strip()]
+    except ValueError:
+        problems.append(f"--rate-scales must be a comma list of whole numbers, got {a.rate_scales!r}")
+        a.rate_scales = []
+    if set_mode and not (a.rate_scales and all(v > 0 for v in a.rate_scales)):
+        problems.append(f"--rate-scales must hold whole numbers > 0, got {a.rate_scales}")
     if not 0.0 < a.target_attainment < 1.0:
         problems.append(f"--target-attainment must be in (0, 1), got {a.target_attainment}")
     if not a.worker_start_s >= 0:
@@ -418,7 +481,59 @@ def main(argv: list[str] | None = None) -> dict:
         if not perf.fits(tp):
             raise SystemExit(f"{what} {tp}: {a.model} does not fit on {a.gpu}")
     profile = build_profile(perf, a.prefill_tp, a.decode_tp)
-    trace = load_azure_trace(a.trace, a.rate_scale, a.seed)
+    if not set_mode:
+        path = a.trace[0]
+        out = run_trace(a, load_trace(path, a.rate_scale, a.seed), path.name, a.rate_scale, profile, t_start)
+        print_json_line(out, a.out)
+        return out
+    out = run_shapes(a, profile, t_start)
+    print_json_line(out, a.out)
+    return out
+
+
+SET_PLANNER_KEYS = ("slo_attainment", "gpu_hours", "ttft_p90_s", "itl_p90_s")
+
+
+def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
+    """Development-set mode: every ``--trace`` and ``--shape`` at every ``--rate-scales``, the same
+    defaults for all; per shape and rate each planner's attainment, GPU-hours and their ratio to the
+    sequential oracle's (``vs_oracle``), the oracle's own figures and the oracle launched a worker start
+    ahead (``oracle_hold_1window_sim``)."""
+    sets: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    jobs = [(p.stem, lambda k, p=p: load_trace(p, k, a.seed)) for p in a.trace]
+    jobs += [(n, lambda k, n=n: shapes.generate(n, k, a.seed)) for n in a.shape]
+    for name, make in jobs:
+        for k in a.rate_scales:
+            t0 = time.time()
+            full = run_trace(a, make(k), name, k, profile, t0)
+            oracle_h = full["oracle_gpu_hours"]
+            skipped |= full["skipped_planners"]
+            planners = {
+                pl: {key: r[key] for key in SET_PLANNER_KEYS} | {
+                    "vs_oracle": round(r["gpu_hours"] / oracle_h, 3) if oracle_h else None}
+                for pl, r in full["planners"].items()
+            }
+            sets.setdefault(name, {})[str(k)] = {
+                "num_requests": full["num_requests"],
+                "planners": planners,
+                "oracle": {"slo_attainment": full["oracle_slo_attainment"], "gpu_hours": oracle_h},
+                "oracle_hold_1window_sim": {key: full["oracle_hold_1window_sim"][key] for key in SET_PLANNER_KEYS},
+                "static_peak_gpu_hours": full["static_peak_gpu_hours"],
+                "wall_s": full["wall_s"],
+            }
+    return {
+        "bench": "planner_shapes",
+        "model": a.model, "gpu": a.gpu, "prefill_tp": a.prefill_tp, "decode_tp": a.decode_tp,
+        "slo": {"ttft_s": a.ttft_s, "itl_s": a.itl_s}, "worker_start_s": a.worker_start_s,
+        "interval_s": a.interval_s, "prefill_order": a.prefill_order, "seed": a.seed,
+        "rate_scales": a.rate_scales, "shapes": sets, "skipped_planners": skipped,
+        "wall_s": round(time.time() - t_start, 1),
+    }
+
+
+def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: int, profile, t_start: float) -> dict:
+    """Every planner of ``a.planners`` (and the oracles) on one trace: the single-trace JSON object."""
     fleet = FleetConfig(prefill_tp=a.prefill_tp, decode_tp=a.decode_tp, interval_s=a.interval_s, worker_start_s=a.worker_start_s,
                         prefill_order=a.prefill_order)
     max_rep = max(a.gpu_budget // min(a.prefill_tp, a.decode_tp), 1)
@@ -540,10 +655,10 @@ def main(argv: list[str] | None = None) -> dict:
     static_h = (peak_p * a.prefill_tp + peak_d * a.decode_tp) * span_h
     out = {
         "bench": "planner",
-        "trace": a.trace.name,
+        "trace": trace_name,
         "model": a.model,
         "gpu": a.gpu,
-        "rate_scale": a.rate_scale,
+        "rate_scale": rate_scale,
         "num_requests": len(trace),
         "span_h": round(span_h, 4),
         "prefill_tp": a.prefill_tp,
@@ -600,7 +715,6 @@ def main(argv: list[str] | None = None) -> dict:
         "warm_start": a.warm_start,
         "wall_s": round(time.time() - t_start, 1),
     }
-    print_json_line(out, a.out)
     return out
 
 

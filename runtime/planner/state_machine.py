@@ -96,6 +96,20 @@ Per tick (SLA mode):
 Measured effect of each rule, the constants' derivation and the alternatives measured against them
 (decode trend, Little's-law decode growth): docs/design/planner.md.
 
+12. Closed-loop prefill floor (``queue_floor``, default on): the observed prefill queue bounds the
+   pool from below, so an under-sizing model (service-time variance, arrivals, prompt mixes it does
+   not describe) cannot persist. The tick's queue wait is estimated as ``Q * s / c`` (``Q`` requests
+   waiting for prefill, ``s`` the corrected occupancy at the tick's mean ISL, ``c`` ready prefill
+   workers; with ``Q > 0`` at least the observed TTFT p90 less the p90 prompt's own prefill latency)
+   and compared with the wait budget ``ttft_target - 2 itl_target - latency``. After
+   ``QUEUE_PRESSURE_TICKS`` ticks in a row above it, and once the floor's workers are all ready (a
+   raise still starting has not yet acted on the queue), the floor rises to the current pool plus the workers that clear
+   the backlog within one tick, ``ceil(Q * s / interval)``, at least one and at most doubling the
+   pool; it is capped by ``max_prefill`` and what the GPU budget leaves after the minimum decode
+   pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor falls by one worker
+   a tick (additive decrease, multiplicative increase: the pool settles where the queue stays short).
+   :meth:`PlannerStateMachine.queue_floor` is the floor now.
+
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """
 
@@ -120,6 +134,10 @@ FALL_TICKS = 3  # rule 10: the offered prefill load has fallen when it dropped a
 DISPERSION_EWMA = 0.3  # rule 11: weight of a tick's arrival dispersion in the smoothed one (as CORRECTION_EWMA)
 DISPERSION_SAMPLE_MAX = 4.0  # rule 11: a tick's dispersion enters the EWMA capped at this x staffing_dispersion_ref
 DISPERSION_SCALE_MAX = 100.0  # rule 11: beta is scaled by at most sqrt(this) (a tiny reference or a huge floor)
+# rule 12: one tick whose queue wait exceeds the budget can be a burst the standing headroom absorbs
+# within the SLO quantile; the same at the next tick end, a whole interval (>> the TTFT budget) later,
+# means the pool did not drain the backlog: the model under-sizes it, whatever the cause
+QUEUE_PRESSURE_TICKS = 2
 
 
 @dataclass(frozen=True)
@@ -197,6 +215,8 @@ class PlannerStateMachine:
         self._last_now: float | None = None
         self._last_decision: ScalingDecision | None = None  # returned again for a tick at the same now_s
         self._has_isl = False
+        self._queue_floor = 0  # rule 12: prefill workers the observed queue asks for (0: none)
+        self._pressure_ticks = 0
 
     # ----------------------------------------------------------------------------- sizing
     @property
@@ -363,6 +383,32 @@ class PlannerStateMachine:
         lasted = min(list(self._erlang_recent)[-n:]) if len(self._erlang_recent) >= n else 0.0
         return max(self._erlang_ewma, lasted)
 
+    def queue_floor(self) -> int:
+        """Rule 12's closed-loop prefill floor, workers (0 while the queue never stayed over budget)."""
+        return self._queue_floor
+
+    def _update_queue_floor(self, tick: TickInput) -> None:
+        """Rule 12 (module doc): one step of the closed-loop prefill floor from this tick's queue."""
+        cfg, prof = self.cfg, self.profile
+        assert prof is not None
+        c = tick.prefill.num_ready
+        q = tick.prefill.queue_per_worker * max(c, 1)
+        isl = max(tick.mean_isl_tokens if tick.num_requests else self._isl.predict(), 1.0)
+        s, latency = sla.prefill_service_s(prof.prefill, isl, self.ttft_correction)
+        budget = max(cfg.ttft_target_s - 2 * cfg.itl_target_s - latency, 0.0)
+        wait = (q * s / c if c else math.inf) if q > 0 else 0.0
+        if q > 0 and tick.observed_ttft_p90_s is not None:
+            own = sla.prefill_service_s(prof.prefill, tick.p90_isl_tokens or isl, self.ttft_correction)[1]
+            wait = max(wait, tick.observed_ttft_p90_s - own)
+        self._pressure_ticks = self._pressure_ticks + 1 if wait > budget else 0
+        cap = min(cfg.max_prefill, max((cfg.gpu_budget - cfg.min_decode * cfg.decode_tp) // cfg.prefill_tp, 0))
+        if self._pressure_ticks >= QUEUE_PRESSURE_TICKS and c >= self._queue_floor:
+            base = max(self._queue_floor, self.prefill)
+            step = min(max(math.ceil(q * s / cfg.interval_s - 1e-9), 1), max(base, 1))
+            self._queue_floor = min(base + step, cap)
+        elif wait <= TTFT_SLACK_SHARE * budget:
+            self._queue_floor = max(self._queue_floor - 1, 0)
+
     def _staffing_active(self) -> bool:
         return self.cfg.mode == "sla" and self.cfg.prefill_staffing_beta is not None and self._has_erlangs
 
@@ -472,6 +518,9 @@ class PlannerStateMachine:
                     # the worker is ready, the staffing headroom absorbs it
                     staffed = max(self.prefill, min(staffed, self._staff(level)))
                 p_des = max(p_des, staffed)
+                if cfg.queue_floor:
+                    self._update_queue_floor(tick)
+                    p_des = max(p_des, self._queue_floor)
             reason = "sla" if sizing.feasible else "sla_infeasible"
 
         min_p = 0 if mode == "aggregated" else cfg.min_prefill

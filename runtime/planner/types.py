@@ -154,7 +154,9 @@ class PlannerConfig:
     tick's load; kept for the benchmark's ablation). ``staffing_dispersion_ref``: the arrival dispersion
     ``prefill_staffing_beta`` is calibrated for; when ticks report ``arrival_dispersion`` the staffing
     headroom is ``beta * sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref)``, ``z`` an
-    EWMA of the reported dispersions (None: beta as given, whatever the arrivals).
+    EWMA of the reported dispersions (None: beta as given, whatever the arrivals). ``queue_floor``: the
+    observed prefill queue raises a floor under the prefill pool while its wait stays over the TTFT
+    budget (runtime.planner.state_machine rule 12; False: open loop, kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -201,6 +203,7 @@ class PlannerConfig:
     scale_up_on_level: bool = True
     prefill_queue_on_trend: bool = True
     staffing_on_fall: bool = True
+    queue_floor: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",

@@ -1,0 +1,110 @@
+"""Rule 12 of the SLA planner: the observed prefill queue raises a floor under the prefill pool.
+
+Property: whatever the configuration and the load before, while the queue wait stays above the TTFT
+budget the prefill target never falls and rises, within max_prefill and the GPU budget, until no
+further prefill worker fits; once the queue is gone the floor falls back to 0.
+"""
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.planner.profiles import analytic_profile
+from runtime.planner.state_machine import QUEUE_PRESSURE_TICKS, PlannerStateMachine
+from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+
+PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
+                        prefill_tp=2, decode_tp=4)
+INTERVAL_S = 30.0
+
+configs = st.builds(
+    dict,
+    min_prefill=st.integers(1, 3),
+    max_prefill=st.integers(3, 16),
+    min_decode=st.integers(1, 2),
+    max_decode=st.integers(2, 8),
+    gpu_budget=st.integers(14, 80),
+    cooldown_s=st.sampled_from([0.0, 30.0, 60.0, 150.0]),
+    scale_down_delay_s=st.sampled_from([0.0, 60.0, 180.0]),
+    predictor=st.sampled_from(["constant", "moving_average", "burst_quantile"]),
+    prefill_staffing_beta=st.sampled_from([None, 0.0, 1.65]),
+    allow_aggregated=st.just(False),  # the floor sizes the disaggregated prefill pool
+)
+warmup = st.lists(st.tuples(st.floats(0, 40), st.floats(0, 3)), min_size=0, max_size=12)
+
+
+def make(c: dict) -> PlannerStateMachine:
+    cfg = PlannerConfig(prefill_tp=2, decode_tp=4, interval_s=INTERVAL_S, worker_start_s=60.0, **c)
+    return PlannerStateMachine(cfg, PROF)
+
+
+def tick(sm: PlannerStateMachine, now: float, rate: float, queue_per_worker: float) -> None:
+    """One tick whose fleet is what the planner asked for, all of it ready (the actuator is done)."""
+    n = int(rate * INTERVAL_S)
+    sm.on_tick(TickInput(
+        now_s=now, interval_s=INTERVAL_S, num_requests=n, mean_isl_tokens=2000.0, mean_osl_tokens=100.0,
+        prefill=PoolObservation(num_ready=sm.prefill, queue_per_worker=queue_per_worker),
+        decode=PoolObservation(num_ready=sm.decode),
+    ))
+
+
+def room(sm: PlannerStateMachine) -> int:
+    """Prefill workers the planner could still add: max_prefill and the budget left by decode."""
+    cfg = sm.cfg
+    return min(cfg.max_prefill - sm.prefill, (cfg.gpu_budget - sm.decode * cfg.decode_tp) // cfg.prefill_tp - sm.prefill)
+
+
+@settings(max_examples=30, deadline=None)
+@given(configs, warmup, st.floats(0.1, 2.0), st.floats(20.0, 500.0))
+def test_sustained_queue_raises_prefill_until_the_budget_and_the_floor_falls_after(c, series, rate, queue):
+    sm = make(c)
+    cfg = sm.cfg
+    now = 0.0
+    for r, q_share in series:  # any history before: the queue of up to a few requests per worker
+        now += INTERVAL_S
+        tick(sm, now, r, q_share)
+    # a queue of `queue` requests per worker, far above the wait budget (2 s TTFT; 0.2 s per prefill: >= 4 s),
+    # at a request rate the model sizes one or two workers for: only the queue can ask for more
+    lifted = None
+    ticks_per_rise = QUEUE_PRESSURE_TICKS + math.ceil(cfg.cooldown_s / INTERVAL_S) + 1
+    for i in range(ticks_per_rise + cfg.max_prefill + 2):
+        before = sm.prefill
+        now += INTERVAL_S
+        tick(sm, now, rate, queue)
+        assert sm.prefill * cfg.prefill_tp + sm.decode * cfg.decode_tp <= cfg.gpu_budget
+        assert sm.prefill <= cfg.max_prefill
+        if lifted is None and sm.queue_floor() > 0:
+            lifted = i
+        if lifted is not None:
+            assert sm.prefill >= before, "the prefill pool fell while its queue wait stayed above the budget"
+    # the floor lifts within k ticks (and a cooldown), unless the model alone already filled the room
+    assert (lifted is not None and lifted < QUEUE_PRESSURE_TICKS + math.ceil(cfg.cooldown_s / INTERVAL_S)) or (
+        room(sm) == 0 and sm.queue_floor() == 0)
+    assert room(sm) == 0, f"sustained queue left room for {room(sm)} more prefill workers"
+    for _ in range(cfg.max_prefill + 1):  # the queue is gone: the floor steps down to 0
+        now += INTERVAL_S
+        tick(sm, now, rate, 0.0)
+    assert sm.queue_floor() == 0
+
+
+def test_one_tick_over_budget_is_a_burst_not_a_trend():
+    sm = make(dict(max_prefill=8, gpu_budget=64, prefill_staffing_beta=None, allow_aggregated=False))
+    for i in range(4):
+        tick(sm, 30.0 * (i + 1), 0.5, 0.0)
+    p = sm.prefill
+    tick(sm, 150.0, 0.5, 200.0)  # one deep queue at a tick's end
+    tick(sm, 180.0, 0.5, 0.0)
+    assert sm.queue_floor() == 0  # (the open-loop backlog term may still add a worker for it)
+
+
+def test_the_floor_is_what_reaches_the_budget_open_loop_stays_below():
+    # the open loop sees the queue only as extra rate (drained within backlog_drain_s): a steady error
+    pools = {}
+    for on in (True, False):
+        sm = make(dict(max_prefill=16, gpu_budget=64, prefill_staffing_beta=None, allow_aggregated=False,
+                       queue_floor=on))
+        for i in range(20):
+            tick(sm, 30.0 * (i + 1), 0.5, 20.0)
+        pools[on] = (sm.prefill, sm.queue_floor())
+    assert pools[True][0] == 16 and pools[False][1] == 0 and pools[False][0] < 16
