@@ -43,8 +43,8 @@ L2_BYTES = 60 * 2**20  # H100 50 MB / H200 60 MB L2; rotation covers twice the l
 
 def plan(out: Path) -> int:
     sys.path.insert(0, str(ROOT))
-    from runtime.models.catalog import CATALOG_DIR
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.catalog import CATALOG_DIR
+    from runtime.modelfiles.load import load_model_spec
     from runtime.perf.microbench import calibration_plan
 
     models = [load_model_spec(CATALOG_DIR / f"{m}_config.json") for m in PLAN_MODELS]

@@ -76,8 +76,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.config import SloSpec, WorkloadSpec  # noqa: E402
-from runtime.models.load import load_model_spec  # noqa: E402
-from runtime.models.catalog import CATALOG_DIR  # noqa: E402
+from runtime.modelfiles.load import load_model_spec  # noqa: E402
+from runtime.modelfiles.catalog import CATALOG_DIR  # noqa: E402
 from runtime.paths import print_json_line  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402
@@ -88,7 +88,7 @@ from runtime.perf.throughput import (  # noqa: E402
 )
 from runtime.tuner.search import TuningError, tune  # noqa: E402
 
-# Table model names -> config files in the model catalog (runtime/models/catalog). Llama 3 / 3.3 70B share Llama-3.1-70B's
+# Table model names -> config files in the model catalog (runtime/modelfiles/catalog). Llama 3 / 3.3 70B share Llama-3.1-70B's
 # architecture (same layers, heads, FFN and vocabulary sizes).
 MODEL_CONFIGS = {
     "llama v3 70b": "meta-llama--Meta-Llama-3.1-70B",

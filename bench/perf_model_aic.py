@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.models.load import load_model_spec  # noqa: E402
+from runtime.modelfiles.load import load_model_spec  # noqa: E402
 from runtime.paths import print_json_line, write_text_atomically  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
 from runtime.perf.model import PerfModel  # noqa: E402

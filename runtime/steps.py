@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from runtime.config import check_model_name
+
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ AUTO_PRECISION = "auto"
 def checkpoint_precision(model: "ModelSpec") -> str:
     """The precision a checkpoint is tuned at when none is chosen: `fp8` when it is an FP8 checkpoint
     (config.json `quantization_config.quant_method` `fp8`, or a TensorRT Model Optimizer checkpoint whose
-    `quant_algo` is `FP8`, also from `hf_quant_config.json`: runtime.models.load), else `bf16`.
+    `quant_algo` is `FP8`, also from `hf_quant_config.json`: runtime.modelfiles.load), else `bf16`.
 
     One rule for `pdserve tune` (no --precision) and the pipeline's tune step (precision `auto`).
     """
@@ -200,24 +202,6 @@ def check_tune_parameters(
     return TuneParameters(**parsed)
 
 
-def check_model_name(model_name: str) -> str:
-    """Return `model_name` when it is a clean relative path under `models/` (e.g. `llama8` or `org/llama8`).
-
-    Raises:
-        ValueError: empty, absolute, containing a NUL or a backslash, or with an empty, `.` or `..` component
-            (each of which would publish outside `<fsx_root>/models/` or at a different name).
-    """
-    if not isinstance(model_name, str) or not model_name:
-        raise ValueError(f"model_name {model_name!r}: must be a non-empty relative path under models/")
-    if "\0" in model_name or "\\" in model_name:
-        raise ValueError(f"model_name {model_name!r}: must not contain a NUL or a backslash")
-    if model_name.startswith("/"):
-        raise ValueError(f"model_name {model_name!r}: must be relative to <fsx_root>/models, not absolute")
-    if any(part in ("", ".", "..") for part in model_name.split("/")):
-        raise ValueError(f"model_name {model_name!r}: every path component must be a name (no empty, '.' or '..')")
-    return model_name
-
-
 def staged_model_dir(fsx_root: str | Path, model_name: str) -> Path:
     """Where a model is published on the FSx mount: `<fsx_root>/models/<model_name>`.
 
@@ -237,7 +221,7 @@ def validate_step(
     the weights (tens of GB) when tune would refuse them anyway: `model_name` (`check_model_name`) and the
     tune parameters (`check_tune_parameters`), including the form of `traffic_trace_uri` (an s3:// object URI
     or an absolute path under `fsx_root`, a .jsonl/.csv name; its contents are read by the tune step), and
-    promote's `traffic_upload_uri` ("" or ``s3://bucket/prefix/``, runtime.server.traffic.check_upload_uri).
+    promote's `traffic_upload_uri` ("" or ``s3://bucket/prefix/``, runtime.s3uri.check_upload_uri).
 
     Raises:
         ValueError: every bad parameter named in one message.
@@ -255,7 +239,7 @@ def validate_step(
     except ValueError as e:
         problems.append(str(e))
     if traffic_upload_uri:
-        from runtime.server.traffic import check_upload_uri
+        from runtime.s3uri import check_upload_uri
 
         try:
             check_upload_uri(traffic_upload_uri)
@@ -361,7 +345,7 @@ def tune_step(
             names the URI and the cause with every `user:password@` replaced by `***@` (runtime/redact.py).
     """
     from runtime.config import ModelRef
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.staging.manifest import verify_staged
     from runtime.tracking.mlflow_runs import log_tuning
     from runtime.tracking.plots import pareto_html, pareto_png

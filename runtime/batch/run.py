@@ -95,12 +95,12 @@ def check_endpoint(endpoint: str) -> str:
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    """``(bucket, key)`` of ``s3://bucket/key`` (``runtime.staging.s3.split_s3_object_uri``).
+    """``(bucket, key)`` of ``s3://bucket/key`` (``runtime.s3uri.split_s3_object_uri``).
 
     Raises:
         BatchRunError: not an object URI (no or invalid bucket, no key, a prefix); the message shows the URI.
     """
-    from runtime.staging.s3 import split_s3_object_uri
+    from runtime.s3uri import split_s3_object_uri
 
     try:
         return split_s3_object_uri(uri, "")

@@ -134,12 +134,12 @@ def split_traffic_uri(uri: str, what: str = "traffic_uri") -> tuple[str, str, bo
 
 
 def split_s3_uri(uri: str, what: str = "uri") -> tuple[str, str]:
-    """``s3://bucket/key`` → (bucket, key) (``runtime.staging.s3.split_s3_object_uri``).
+    """``s3://bucket/key`` → (bucket, key) (``runtime.s3uri.split_s3_object_uri``).
 
     Raises:
         ValueError: (message naming ``what``) not s3://, a bucket S3 would refuse, no key, or a key ending in '/'.
     """
-    from runtime.staging.s3 import split_s3_object_uri
+    from runtime.s3uri import split_s3_object_uri
 
     return split_s3_object_uri(uri, what)
 
@@ -409,7 +409,7 @@ class RetuneCronWorkflowSpec(_Common):
     @field_validator("model_name")
     @classmethod
     def _model_name(cls, v: str) -> str:
-        from runtime.steps import check_model_name
+        from runtime.config import check_model_name
 
         return check_model_name(v)
 
@@ -450,7 +450,7 @@ class RetuneCronWorkflowSpec(_Common):
     @classmethod
     def _upload(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and v != "none":
-            from runtime.server.traffic import check_upload_uri
+            from runtime.s3uri import check_upload_uri
 
             check_upload_uri(v)
         return v

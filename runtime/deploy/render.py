@@ -64,7 +64,7 @@ def traffic_args(target: ClusterTarget, *, name: str) -> list[str]:
     ``target.traffic_upload_uri`` is None."""
     if target.traffic_upload_uri is None:
         return []
-    from runtime.server.traffic import check_upload_uri
+    from runtime.s3uri import check_upload_uri
 
     bucket, prefix = check_upload_uri(target.traffic_upload_uri)  # rebuilt from its parts: never s3://bucketNAME
     return [f"--traffic-log={TRAFFIC_DIR}/traffic.jsonl", f"--traffic-upload=s3://{bucket}/{prefix}{name}/",

@@ -77,7 +77,7 @@ class ClusterTarget(BaseModel):
     @classmethod
     def _traffic_upload(cls, v: str | None) -> str | None:
         if v is not None:
-            from runtime.server.traffic import check_upload_uri
+            from runtime.s3uri import check_upload_uri
 
             check_upload_uri(v)
         return v

@@ -1,8 +1,8 @@
 """Model architecture from a Hugging Face ``config.json``: parameters, active parameters, KV bytes/token.
 
-Pure: takes the already-parsed ``config.json`` dict (see ``runtime.models.load`` for the file adapter).
+Pure: takes the already-parsed ``config.json`` dict (see ``runtime.modelfiles.load`` for the file adapter).
 
-Supported families (field names as the model owners publish them; runtime/models/catalog holds one config of each):
+Supported families (field names as the model owners publish them; runtime/modelfiles/catalog holds one config of each):
 
 * dense / GQA decoders: Llama 3.x, Mistral, Qwen3 (``head_dim`` may differ from hidden/heads)
 * MoE: Mixtral (``num_local_experts``), Qwen3-MoE (``num_experts``, ``moe_intermediate_size``),

@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
         except OSError as exc:
             sys.exit(f"--traffic-log {args.traffic_log}: cannot append: {exc.strerror or exc}")
     if args.traffic_upload is not None:
-        from runtime.server.traffic import check_ship_interval, check_upload_uri, traffic_source_name
+        from runtime.s3uri import check_upload_uri
+        from runtime.server.traffic import check_ship_interval, traffic_source_name
 
         if args.traffic_log is None:
             sys.exit("--traffic-upload needs --traffic-log (it ships that file)")

@@ -42,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runtime.s3uri import check_upload_uri
+
 log = logging.getLogger(__name__)
 
 
@@ -146,38 +148,6 @@ def traffic_source_name(name: str | None = None) -> str:
     if safe in ("", ".", ".."):
         raise ValueError(f"traffic source name {raw!r}: no usable characters")
     return safe
-
-
-def check_upload_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/prefix/`` or ``s3://bucket/`` → (bucket, prefix ending in '/' or "").
-
-    Raises:
-        ValueError: not s3://, a query string or fragment (a presigned URL; not echoed), no '/' after the bucket (``s3://bucket``: a name appended to it would change the
-            bucket), a bucket S3 would refuse, a prefix not ending in '/' (it names a folder), an
-            empty, '.' or '..' segment, or a '$' (the kubelet expands ``$(VAR)`` in container args, and the
-            runtime's env holds S3 credentials).
-    """
-    from runtime.staging.s3 import S3_BUCKET_NAME
-
-    if not isinstance(uri, str) or not uri.startswith("s3://"):
-        raise ValueError(f"--traffic-upload {uri!r}: must be an s3://bucket/prefix/ URI")
-    if "?" in uri or "#" in uri:  # a presigned URL's query is a credential: never echo it
-        cut = min(i for i in (uri.find("?"), uri.find("#")) if i >= 0)
-        raise ValueError(f"--traffic-upload {uri[:cut]!r}…: must not carry a query string or fragment (a presigned "
-                         "URL's signature is a credential; the runtime signs its own requests)")
-    if "$" in uri:
-        raise ValueError(f"--traffic-upload {uri!r}: must not contain '$' (Kubernetes expands $(VAR) in args)")
-    bucket, slash, prefix = uri[len("s3://"):].partition("/")
-    if not S3_BUCKET_NAME.match(bucket) or ".." in bucket:
-        raise ValueError(f"--traffic-upload {uri!r}: bucket {bucket!r} is not a valid S3 bucket name")
-    if not slash:
-        raise ValueError(f"--traffic-upload {uri!r}: must end in '/' (s3://{bucket}/ or s3://{bucket}/prefix/)")
-    if prefix and not prefix.endswith("/"):
-        raise ValueError(f"--traffic-upload {uri!r}: the prefix must end in '/' (each runtime writes a folder "
-                         "of objects under it)")
-    if prefix and any(seg in ("", ".", "..") for seg in prefix[:-1].split("/")):
-        raise ValueError(f"--traffic-upload {uri!r}: empty, '.' or '..' path segment in the prefix")
-    return bucket, prefix
 
 
 def check_ship_interval(interval_s: float) -> float:

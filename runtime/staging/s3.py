@@ -39,28 +39,6 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-# S3 bucket naming rules: 3-63 characters, lower-case letters, digits, '.' and '-', starting and ending with a
-# letter or digit (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)
-S3_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-
-
-def split_s3_object_uri(uri: str, what: str = "uri") -> tuple[str, str]:
-    """``s3://bucket/key`` of one object → (bucket, key).
-
-    Raises:
-        ValueError: (message naming ``what``) not s3://, a bucket S3 would refuse, no key, or a key ending in '/'
-            (a prefix, not an object).
-    """
-    if not isinstance(uri, str) or not uri.startswith("s3://"):
-        raise ValueError(f"{what} {uri!r}: must be an s3://bucket/key URI")
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    if not S3_BUCKET_NAME.match(bucket) or ".." in bucket:
-        raise ValueError(f"{what} {uri!r}: bucket {bucket!r} is not a valid S3 bucket name")
-    if not key or key.endswith("/"):
-        raise ValueError(f"{what} {uri!r}: needs an object key after the bucket (s3://bucket/key), not a prefix")
-    return bucket, key
-
-
 def make_client(
     endpoint_url: str | None = None,
     *,

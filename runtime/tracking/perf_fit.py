@@ -15,9 +15,9 @@ import csv
 import json
 from pathlib import Path
 
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.load import load_model_spec
 from runtime.models.spec import ModelSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.paths import REPO_ROOT
 from runtime.perf.fit import GEMM_PRECISION, MODEL_CONFIGS, _Obs, fit_measured, fit_observations, observations, render
 from runtime.perf.calibration import Efficiency

@@ -281,7 +281,7 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
     import posixpath
     from pathlib import PurePosixPath
 
-    from runtime.staging.s3 import split_s3_object_uri
+    from runtime.s3uri import split_s3_object_uri
 
     if uri == "":
         return uri
@@ -372,7 +372,8 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
             raise fail(f"{uri}: cannot read: {e.strerror or e}") from None
         except ValueError as e:  # TraceFormatError
             raise fail(str(e)) from None
-    from runtime.staging.s3 import make_client, split_s3_object_uri
+    from runtime.s3uri import split_s3_object_uri
+    from runtime.staging.s3 import make_client
     from runtime.tracking.trace_s3 import read_object, read_prefix, list_trace_objects
 
     folder = uri.endswith("/")

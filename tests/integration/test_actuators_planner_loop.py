@@ -189,7 +189,7 @@ def test_planner_from_a_deployment_spec_uses_the_perf_model():
     from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
     from runtime.server.planner_loop import planner_from_spec
 
-    from runtime.models.catalog import catalog_path
+    from runtime.modelfiles.catalog import catalog_path
 
     cfg_path = catalog_path("llama-3.1-70b")
     spec = DeploymentSpec(model=ModelRef(name="llama-70b"), gpu="H100-SXM",

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from runtime.cli import app
 from runtime.config import DeploymentSpec
-from runtime.models.catalog import catalog_path
+from runtime.modelfiles.catalog import catalog_path
 from runtime.steps import tune_step
 from runtime.tracking.mlflow_runs import champion_version, load_champion
 

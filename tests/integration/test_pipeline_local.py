@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from runtime.models.gguf_convert import convert_smollm2, make_tiny_random_model
+    from runtime.modelfiles.gguf_convert import convert_smollm2, make_tiny_random_model
     from runtime.paths import state_dir
 
     tokenizer_dir = convert_smollm2(state_dir() / "models" / "smollm2-135m-instruct")
@@ -121,7 +121,7 @@ def test_missing_bucket_fails_and_leaves_nothing(tmp_path, s3_env):
                                  {"traffic_trace_uri": "traces/traffic.jsonl"}])
 def test_bad_cheap_parameter_fails_before_staging(tmp_path, capfd, bad):
     from pipelines.stage_tune_promote import run_local
-    from runtime.models.catalog import CATALOG_DIR
+    from runtime.modelfiles.catalog import CATALOG_DIR
 
     src = tmp_path / "src"  # a local source: staging it would succeed, so only the order can keep fsx empty
     src.mkdir()
@@ -146,7 +146,7 @@ def test_pipeline_sizes_the_champion_for_a_traffic_trace_under_fsx_root(tmp_path
     from mlflow.tracking import MlflowClient
 
     from pipelines.stage_tune_promote import run_local
-    from runtime.models.catalog import CATALOG_DIR
+    from runtime.modelfiles.catalog import CATALOG_DIR
     from runtime.tracking.mlflow_runs import load_champion
 
     src = tmp_path / "src"

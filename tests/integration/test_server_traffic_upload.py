@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.server.traffic import TrafficLog, TrafficShipper, check_upload_uri, traffic_source_name
+from runtime.s3uri import check_upload_uri
+from runtime.server.traffic import TrafficLog, TrafficShipper, traffic_source_name
 from runtime.tracking.traces import read_arrival_rate, read_isl_osl
 
 pytestmark = pytest.mark.integration

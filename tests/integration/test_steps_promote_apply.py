@@ -15,8 +15,8 @@ import pytest
 from runtime.config import ModelRef, SloSpec, WorkloadSpec
 from runtime.deploy import kube as kube_mod
 from runtime.deploy.errors import RolledBackError
-from runtime.models.load import load_model_spec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.ports import free_port
 from runtime.steps import promote_step
 from tests.unit.test_deploy_apply import NS, PVC, FakeApiServer, in_cluster_files

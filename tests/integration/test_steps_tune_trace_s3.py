@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.steps import AUTO_REQUEST_RATE, tune_step
 from runtime.tracking.traces import TrafficTraceError
 

@@ -105,7 +105,7 @@ def test_pdserve_tune_reads_a_windowed_prefix_straight_from_s3(s3_server, shippe
 
     from runtime.cli import app
     from runtime.config import DeploymentSpec
-    from runtime.models.catalog import CATALOG_DIR
+    from runtime.modelfiles.catalog import CATALOG_DIR
 
     for k in [k for k in __import__("os").environ if k.startswith("AWS_")]:
         monkeypatch.delenv(k)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from runtime.cli import app
 from runtime.config import DeploymentSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_tune_refuses_a_bad_registered_model_name_before_logging_or_writing(tmp_
 
 def test_log_tuning_refuses_a_bad_name_before_creating_a_run(tmp_path):
     from runtime.config import SloSpec, WorkloadSpec
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.tracking.mlflow_runs import log_tuning
     from runtime.tuner.search import tune
 
@@ -136,7 +136,7 @@ def test_tune_refuses_to_register_a_spec_promote_cannot_render(tmp_path):
 def test_log_tuning_refuses_an_unrenderable_spec_before_creating_a_run(tmp_path):
     from runtime.config import ModelRef, SloSpec, WorkloadSpec
     from runtime.deploy.errors import ManifestError
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.tracking.mlflow_runs import log_tuning
     from runtime.tuner.search import tune
 
@@ -174,7 +174,7 @@ def test_a_corrupt_champion_spec_names_model_version_and_artifact(tmp_path, cont
     from mlflow.tracking import MlflowClient
 
     from runtime.config import SloSpec, WorkloadSpec
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.tracking.mlflow_runs import SPEC_ARTIFACT, TrackingError, load_champion, log_tuning
     from runtime.tuner.search import tune
 
@@ -239,7 +239,7 @@ def test_a_failure_midway_leaves_no_run_running(tmp_path, monkeypatch):
 
     import runtime.tracking.mlflow_runs as mr
     from runtime.config import SloSpec, WorkloadSpec
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.tuner.search import tune
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from runtime.config import SloSpec, WorkloadSpec
-from runtime.models.load import load_model_spec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 from runtime.tracking.plots import pareto_front, pareto_html, pareto_png

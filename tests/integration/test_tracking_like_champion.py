@@ -124,7 +124,7 @@ def test_the_alias_is_not_moved_when_another_tuning_moved_it_meanwhile(uri):
     from dataclasses import replace
 
     from runtime.config import SloSpec, WorkloadSpec
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.tracking.mlflow_runs import log_tuning
     from runtime.tuner.champion import compare_with_champion
     from runtime.tuner.search import tune

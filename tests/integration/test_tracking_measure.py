@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime.config import SloSpec, WorkloadSpec
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.load import load_model_spec
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 from runtime.tracking.measure import compare, measure_profiles

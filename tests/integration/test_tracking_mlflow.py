@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from runtime.config import ModelRef, SloSpec, WorkloadSpec
-from runtime.models.load import load_model_spec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.tracking.mlflow_runs import TrackingError, load_champion, log_tuning
 from runtime.tuner.search import tune
 

@@ -475,7 +475,7 @@ def test_a_traffic_prefix_is_downloaded_as_a_folder_and_tuned_as_one_trace(tmp_p
                         "output_length": 70}) + "\n" for i in range(5)))
     tune_args[tune_args.index("--trace") + 1] = str(folder)
     assert tune_args[:2] == ["tune", "/fsx/models/org/llama8/config.json"]
-    tune_args[1] = str(__import__("runtime.models.catalog", fromlist=["CATALOG_DIR"]).CATALOG_DIR
+    tune_args[1] = str(__import__("runtime.modelfiles.catalog", fromlist=["CATALOG_DIR"]).CATALOG_DIR
                        / "meta-llama--Meta-Llama-3.1-8B_config.json")
     out = tmp_path / "spec.json"
     for opt in ("--mlflow-uri", "--register", "--like"):  # no MLflow here: the run stops at the spec
@@ -761,7 +761,7 @@ def test_presigned_traffic_uris_are_refused_without_echoing_the_signature():
     res = CliRunner().invoke(app, ["batch", "retune-schedule", "--model-name", "llama8", "--traffic",
                                    "s3://pdserve-traffic/p/x.jsonl?X-Amz-Signature=SECRET", "--registered-model", "m"])
     assert res.exit_code == 2 and "SECRET" not in res.output and "query string" in " ".join(res.output.split())
-    from runtime.server.traffic import check_upload_uri
+    from runtime.s3uri import check_upload_uri
 
     with pytest.raises(ValueError, match="presigned") as e:
         check_upload_uri("s3://b/traffic/?X-Amz-Credential=SECRET")

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from runtime.cli import app
 from runtime.config import DeploymentSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 
 runner = CliRunner()
 LLAMA_70B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json"

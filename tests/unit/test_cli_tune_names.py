@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from runtime.cli import app
 from runtime.config import DeploymentSpec
 from runtime.deploy.render import render_all
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.staging.stage import stage_model
 
 runner = CliRunner()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from runtime.cli import app
 from runtime.config import DeploymentSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 
 runner = CliRunner()
 LLAMA_8B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json"
@@ -221,7 +221,7 @@ def test_a_bursty_trace_raises_the_planner_ceiling_to_what_its_peak_needs(tmp_pa
     out_text = " ".join(res.output.split())
     assert "planner ceiling: the trace's busiest 60 s, 30" in out_text
     assert "2160 requests over 3.5 min" in out_text
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
     from runtime.tuner.search import resolve_gpu, tune
 
     result = tune(load_model_spec(llama_70b), resolve_gpu("H100-SXM"), bursty.slo, bursty.workload)

@@ -74,7 +74,7 @@ def faked_steps(tmp_path, monkeypatch):
     fakes = {
         "pipelines.stage_tune_promote": dict(compile_pipeline=lambda p: p,
                                              run_local=lambda **kw: {"manifests": "m.yaml"}),
-        "runtime.models.gguf_convert": dict(convert_smollm2=lambda p: p),
+        "runtime.modelfiles.gguf_convert": dict(convert_smollm2=lambda p: p),
         "runtime.server.launch": dict(LocalDeployment=FakeDeployment),
         "runtime.staging.manifest": dict(verify_staged=lambda p, check_digests: None),
         "runtime.staging.s3": dict(upload_folder=lambda *a: None),

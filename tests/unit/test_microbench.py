@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.models.catalog import CATALOG_DIR
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
 from runtime.perf.calibration import Efficiency
 from runtime.perf.gpus import get_gpu
 from runtime.perf.microbench import (

@@ -1,4 +1,4 @@
-"""The built-in model catalog (runtime/models/catalog.py): every entry loads, holds architecture facts only,
+"""The built-in model catalog (runtime/modelfiles/catalog.py): every entry loads, holds architecture facts only,
 and `pdserve tune` / `pdserve models` take its names."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from runtime.cli import app
 from runtime.config import DeploymentSpec
 from runtime.models import spec as spec_module
-from runtime.models.catalog import (
+from runtime.modelfiles.catalog import (
     CATALOG, CATALOG_DIR, catalog_entries, catalog_path, find_catalog_entry, load_catalog_spec, resolve_model_config,
 )
 from runtime.models.spec import ModelConfigError

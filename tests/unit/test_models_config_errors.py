@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 import runtime.models.spec as spec_module
 from runtime.cli import app
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.load import load_model_spec
 from runtime.models.spec import KNOWN_LAYER_TYPES, ModelConfigError, ModelSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 
 MODELS = CATALOG_DIR
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.models.catalog import CATALOG_DIR
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
 from runtime.models.spec import ModelConfigError
 from runtime.steps import checkpoint_precision
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runtime.config import SloSpec, WorkloadSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.models.spec import ModelConfigError, ModelSpec
 from runtime.perf.gpus import get_gpu
 from runtime.tuner.search import ContextTooLongError, tune

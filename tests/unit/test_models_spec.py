@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.load import load_model_spec
 from runtime.models.spec import ModelConfigError, ModelSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 
 MODELS = CATALOG_DIR
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from tests.scripts import load_script
 
 TABLE = Path(__file__).resolve().parents[1] / "fixtures" / "trtllm_throughput_llama31.csv"
@@ -68,7 +68,7 @@ def test_aiconfigurator_side_by_side_is_optional(bench, small_table, tmp_path, m
 
 
 def test_moe_mapping_applies_to_the_multi_gpu_moe_rows_of_the_1_0_page_only(bench):
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
 
     moe = load_model_spec(CATALOG_DIR / "Qwen--Qwen3-235B-A22B_config.json")
     dense = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json")

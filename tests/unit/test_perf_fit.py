@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.perf import fitted
 from runtime.perf.calibration import DEFAULT, compute_class, efficiency_for
 import numpy as np
@@ -29,7 +29,7 @@ from runtime.perf.fit import (
 from runtime.tracking.perf_fit import fit_csv, main
 from runtime.perf.model import PerfModel
 from runtime.perf.gpus import get_gpu
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.load import load_model_spec
 
 SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "aiconfigurator_sample_rows.csv"
 L70 = load_model_spec(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json")

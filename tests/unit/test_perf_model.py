@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.load import load_model_spec
 from runtime.perf.calibration import Efficiency
 from runtime.perf.gpus import get_gpu, gpu_names
 from runtime.perf.instances import INSTANCES, get_instance, instance_for, usd_per_gpu_hour
 from runtime.perf.collectives import nccl_allreduce_s, nccl_latencies
 from runtime.perf.model import PerfModel
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 
 MODELS = CATALOG_DIR
 L8 = load_model_spec(MODELS / "meta-llama--Meta-Llama-3.1-8B_config.json")

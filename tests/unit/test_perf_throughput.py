@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from runtime.models.load import load_model_spec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 import math

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -106,8 +106,8 @@ def test_arima_fits_once_per_observation(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_profile_refuses_a_prefill_tp_the_model_does_not_fit_at() -> None:
-    from runtime.models.load import load_model_spec
-    from runtime.models.catalog import CATALOG_DIR
+    from runtime.modelfiles.load import load_model_spec
+    from runtime.modelfiles.catalog import CATALOG_DIR
     from runtime.perf.gpus import get_gpu
     from runtime.perf.model import PerfModel
 

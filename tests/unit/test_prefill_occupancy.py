@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from runtime.config import SloSpec, WorkloadSpec
-from runtime.models.load import load_model_spec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 from runtime.planner import sla

@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from runtime.config import DeploymentSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.steps import AUTO_REQUEST_RATE, tune_step, validate_step
 from runtime.tracking.traces import TrafficTraceError
 

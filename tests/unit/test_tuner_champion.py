@@ -8,8 +8,8 @@ import math
 import pytest
 
 from runtime.config import DeploymentSpec, ModelRef, SloSpec, WorkloadSpec
-from runtime.models.load import load_model_spec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.tuner.champion import (DEFAULT_MIN_IMPROVEMENT_PCT, champion_perf, compare_with_champion,
                                     evaluate_deployment)
 from runtime.tuner.search import Candidate, tune

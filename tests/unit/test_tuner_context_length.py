@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from runtime.cli import app
 from runtime.config import SloSpec, WorkloadSpec
-from runtime.models.load import load_model_spec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.tuner.search import ContextTooLongError, TuningError, check_context_length, tune
 from runtime.tuner.workload import LengthSample
 

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from runtime.cli import app
 from runtime.config import DeploymentSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
 from runtime.deploy.workers import precision_args
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.load import load_model_spec
 from runtime.models.spec import ModelConfigError, ModelSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.instances import usd_per_gpu_hour
 from runtime.tuner.search import ModelDoesNotFitError, tune

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from runtime.config import DeploymentSpec, ModelRef, SloSpec, WorkloadSpec
-from runtime.models.load import load_model_spec
+from runtime.modelfiles.load import load_model_spec
 from runtime.models.spec import ModelSpec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 from runtime.tuner.profiles import PlannerProfiles, build_profiles

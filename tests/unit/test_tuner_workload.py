@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import SloSpec, WorkloadSpec
-from runtime.models.load import load_model_spec
-from runtime.models.catalog import CATALOG_DIR
+from runtime.modelfiles.load import load_model_spec
+from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.tracking.traces import TraceFormatError, load_length_sample, read_isl_osl
 from runtime.tuner.queueing import md1_wait_quantile_s, mg1_wait_quantile_s
 from runtime.tuner.search import tune

@@ -1,4 +1,4 @@
-"""Adapter: the built-in model catalog (package data under ``runtime/models/catalog/``).
+"""Adapter: the built-in model catalog (package data under ``runtime/modelfiles/catalog/``).
 
 Each entry is a Hugging Face ``config.json`` reduced to the fields :class:`~runtime.models.spec.ModelSpec`
 reads (``catalog/README.md`` gives the sources). A catalog name (``llama-3.1-70b``) or the Hugging Face id
@@ -106,7 +106,7 @@ def load_catalog_spec(name: str) -> ModelSpec:
     Raises:
         ModelConfigError: ``name`` is not in the catalog.
     """
-    from runtime.models.load import load_model_spec
+    from runtime.modelfiles.load import load_model_spec
 
     return load_model_spec(catalog_path(name))
 
