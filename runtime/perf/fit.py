@@ -5,7 +5,7 @@ The command that reads the data and writes ``runtime/perf/fitted.py`` is the ada
 
 It takes NVIDIA aiconfigurator's silicon sample (measured vLLM / SGLang / TensorRT-LLM runs: model, system,
 precision, ISL/OSL, concurrency, TP, TTFT and TPOT), keeps rows whose model has a config in
-the model catalog (runtime/models/catalog), whose TP is at most 8 (one HGX node, the tuner's range) and which use plain tensor parallelism (attention
+the model catalog (runtime/modelfiles/catalog), whose TP is at most 8 (one HGX node, the tuner's range) and which use plain tensor parallelism (attention
 data parallelism and expert parallelism other than EP = TP are not modelled, so those rows are left out
 rather than absorbed into the factors), and fits ONE set of factors for all GPUs by robust non-linear least
 squares on log-ratios (``scipy.optimize.least_squares``, soft-L1 loss, TTFT residuals weighted 0.5):
@@ -66,7 +66,7 @@ from runtime.perf.gpus import GRACE_HOST_SLOWDOWN, get_gpu
 from runtime.perf.collectives import NCCL_LL_BW_FACTOR
 from runtime.perf.model import MAX_NUM_BATCHED_TOKENS, OVERLAP_SCHEDULER_BACKENDS, PerfModel
 
-# aiconfigurator model_path -> config stem in the model catalog, runtime/models/catalog (same architecture).
+# aiconfigurator model_path -> config stem in the model catalog, runtime/modelfiles/catalog (same architecture).
 MODEL_CONFIGS = {
     "deepseek-ai/DeepSeek-R1": "deepseek-ai--DeepSeek-R1",
     "deepseek-ai/DeepSeek-V3": "deepseek-ai--DeepSeek-V3",
