@@ -115,21 +115,52 @@ WORKLOAD_OPTIONS = {"isl_tokens": "--isl", "osl_tokens": "--osl", "request_rate_
 # minutes when the tracking server is down or the URI is wrong; an interactive command should fail within
 # about a minute. Values the user set win (the same variables, documented by mlflow.environment_variables).
 MLFLOW_CLI_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+# Without -v a command shows its own output only: MLflow's INFO lines (database migrations, run links) and its
+# artifact download bars are hidden; MLflow's warnings and errors still show.
+MLFLOW_QUIET_ENV_DEFAULTS = {"MLFLOW_LOGGING_LEVEL": "WARNING", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 
 
-def apply_mlflow_cli_defaults(env: dict[str, str] | None = None) -> dict[str, str]:
-    """Set each of ``MLFLOW_CLI_ENV_DEFAULTS`` in ``env`` (default ``os.environ``) unless already set;
-    returns the ones it set."""
+def apply_mlflow_cli_defaults(env: dict[str, str] | None = None,
+                              defaults: dict[str, str] = MLFLOW_CLI_ENV_DEFAULTS) -> dict[str, str]:
+    """Set each of ``defaults`` (``MLFLOW_CLI_ENV_DEFAULTS``) in ``env`` (default ``os.environ``) unless already
+    set; returns the ones it set."""
     env = os.environ if env is None else env
-    added = {k: v for k, v in MLFLOW_CLI_ENV_DEFAULTS.items() if k not in env}
+    added = {k: v for k, v in defaults.items() if k not in env}
     env.update(added)
     return added
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"pdserve {version('pdserve')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            console.print("pdserve (not installed: no version)")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _main(ctx: typer.Context) -> None:
-    """Disaggregated (prefill/decode) LLM serving: stage weights, tune TP, promote to KServe, serve."""
+def _main(
+    ctx: typer.Context,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also show MLflow's INFO lines and download "
+                                          "bars (hidden by default).")] = False,
+    _: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                    help="Print pdserve's version and exit.")] = False,
+) -> None:
+    """Disaggregated (prefill/decode) LLM serving: stage weights, tune TP, promote to KServe, serve.
+
+    Exit status: 0 success, 1 a failure while running (the error line says what), 2 bad usage or a bad value."""
     apply_mlflow_cli_defaults()
+    if not verbose:
+        apply_mlflow_cli_defaults(defaults=MLFLOW_QUIET_ENV_DEFAULTS)
+        import logging
+
+        mlflow_log = logging.getLogger("mlflow")  # already configured when mlflow was imported before this
+        level = mlflow_log.level
+        mlflow_log.setLevel(max(level, logging.WARNING))
+        ctx.call_on_close(lambda: mlflow_log.setLevel(level))
     previous = install_sigterm_handler()
     if previous is not None:  # restore it when the command ends (matters when the app runs in-process)
         ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
@@ -545,20 +576,22 @@ def tune(
     table = Table(title=escape(f"{model.name} on {result.gpu.name} ({precision}), SLO TTFT≤{ttft_ms:g} ms "
                                f"ITL≤{itl_ms:g} ms"))
     # short headers and numbered reasons (listed under the table) keep it readable in an 80-column terminal
-    for c in ["", "prefill\nTP", "decode\nTP", "TTFT\np90 ms", "ITL\np90 ms", "goodput\nreq/s/GPU", "P:D", "$/Mtok",
-              "why\nnot"]:
+    for c in ["", "TP\nP / D", "TTFT\np90 ms", "ITL\np90 ms", "goodput\nreq/s/GPU", "workers\nP:D", "GPUs",
+              "$/Mtok", "why\nnot"]:
         table.add_column(c, justify="left" if c in ("", "why\nnot") else "right", no_wrap=True)
     reasons: dict[str, int] = {}
     for c in result.candidates:
         best = c is result.best
         key = "" if c.feasible else f"[{reasons.setdefault(c.reason, len(reasons) + 1)}]"
-        table.add_row("★" if best else "", str(c.prefill_tp), str(c.decode_tp), _ms(c.ttft_ms, 1), _ms(c.itl_ms, 2),
+        table.add_row("★" if best else "", f"{c.prefill_tp} / {c.decode_tp}", _ms(c.ttft_ms, 1), _ms(c.itl_ms, 2),
                       f"{c.goodput_per_gpu:.3f}", f"{c.prefill_replicas}:{c.decode_replicas}" if c.feasible else "-",
+                      str(c.num_gpus) if c.feasible else "-",
                       "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", key,
                       style="bold green" if best else (None if c.feasible else "dim"))
     console.print(table)
     for reason, k in reasons.items():
         console.print(escape(f"[{k}] {reason}"), style="dim")
+    console.print(escape(_decision_sentence(result, workload)))
     if measure:  # CPU measurements: no GPU deployment to check or write; the runs are still logged
         if mlflow_uri:
             _log_to_mlflow(result, mlflow_uri, f"pdserve-tune-{model.name}", None, None, trace, trace_uri)
@@ -822,6 +855,21 @@ def _log_to_mlflow(result, mlflow_uri: str, experiment: str, register: str | Non
     return {"registered_model": register, "registered_version": str(version),
             "previous_champion_version": None if compared_version is None else str(compared_version),
             "champion_version": None if now is None else str(now), "replaced": kept is None, "reason": reason}
+
+
+def _decision_sentence(result, workload) -> str:
+    """One closing sentence: what won, what it runs on and why it beat the other feasible candidates."""
+    b, feasible = result.best, [c for c in result.candidates if c.feasible]
+
+    def n(k: int, what: str) -> str:
+        return f"{k} {what}" + ("" if k == 1 else "s")
+    ties = [c for c in feasible if c.num_gpus == b.num_gpus]
+    why = ("the only candidate that meets the SLO" if len(feasible) == 1 else
+           f"the fewest GPUs of {len(feasible)} candidates that meet the SLO"
+           + (f", then the highest goodput per GPU of the {len(ties)} with {b.num_gpus}" if len(ties) > 1 else ""))
+    return (f"winner: prefill TP {b.prefill_tp} × {n(b.prefill_replicas, 'worker')} + decode TP {b.decode_tp} × "
+            f"{n(b.decode_replicas, 'worker')} = {n(b.num_gpus, 'GPU')} for {workload.request_rate_per_s:g} "
+            f"requests/s of ISL {workload.isl_tokens} / OSL {workload.osl_tokens} tokens: {why}.")
 
 
 def _ms(v: float, digits: int) -> str:
