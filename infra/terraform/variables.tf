@@ -117,3 +117,9 @@ variable "traffic_upload_inference_services" {
     error_message = "traffic_upload_inference_services: each a DNS-1035 label of at most 45 characters (what `pdserve promote` names an InferenceService)."
   }
 }
+
+variable "image_repository_name" {
+  description = "ECR repository of the pdserve images (make image-push IMAGE=<image_repository_url>:<tag>)."
+  type        = string
+  default     = "pdserve-runtime"
+}
