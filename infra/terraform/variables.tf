@@ -123,3 +123,9 @@ variable "image_repository_name" {
   type        = string
   default     = "pdserve-runtime"
 }
+
+variable "kubeflow_profile_namespaces" {
+  description = "Multi-user Kubeflow: profile namespaces whose pipeline runs (ServiceAccount default-editor) run pdserve's pipeline; each gets the pipeline role (infra/k8s/kubeflow-profile)."
+  type        = list(string)
+  default     = ["kubeflow-user-example-com"]
+}
