@@ -141,9 +141,16 @@ def check_terraform_fmt(root: Path) -> Check:
 
 
 def manifest_files(root: Path) -> list[Path]:
-    out = []
+    """Every YAML file of infra/k8s and kserve/ but kustomizations and the partial objects their `patches` name
+    (a patch carries only the fields it changes; `kustomize-build` validates the patched result)."""
+    out, patches = [], set()
     for base in (root / "infra" / "k8s", root / "kserve"):
-        out += [p for p in sorted(base.rglob("*.y*ml")) if p.name not in ("kustomization.yaml", "kustomization.yml")]
+        for k in base.rglob("kustomization.yaml"):
+            patches |= {(k.parent / p["path"]).resolve() for p in (_yaml_docs(k) or [{}])[0].get("patches") or []
+                        if p.get("path")}
+    for base in (root / "infra" / "k8s", root / "kserve"):
+        out += [p for p in sorted(base.rglob("*.y*ml"))
+                if p.name not in ("kustomization.yaml", "kustomization.yml") and p.resolve() not in patches]
     return out
 
 
