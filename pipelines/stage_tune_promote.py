@@ -6,9 +6,10 @@ Kubeflow Pipelines with `python -m pipelines.stage_tune_promote --compile OUT.ya
 On a cluster the steps mount the FSx for Lustre PVC named by the `pvc_name` parameter at `/fsx` (so
 `fsx_root` must stay `/fsx` there; kfp.local uses it to point at a local folder), the S3 credentials arrive
 as env from a Kubernetes Secret (never as parameters) and caching is off for steps with side effects;
-kfp.local ignores those settings. A PVC is namespaced: run the pipeline in the namespace that holds it (KFP
-multi-user mode: a profile namespace with the claim, e.g. `pdserve`, where infra/k8s/storage puts it), with
-a run service account allowed to promote (`pdserve-promoter`, kserve/promoter-rbac.yaml) when `apply` is on.
+kfp.local ignores those settings. A PVC is namespaced: infra/k8s/storage creates `fsx-claim` in namespace
+kubeflow, where Kubeflow Pipelines standalone runs the steps as pipeline-runner, and infra/k8s/kubeflow-pdserve
+binds that account to the promoter's Role in `namespace` (pdserve); infra/k8s/kubeflow-profile does both for a
+multi-user profile namespace (docs/eks-quickstart.md). `pdserve compile --image` sets every step's image.
 
 Parameters tune would refuse (unknown `gpu`, `precision` other than auto/bf16/fp8, SLO or workload values out
 of range, `gpu_budget` < 1, a `registered_model` MLflow refuses, an unsafe `model_name`) fail the first step,
