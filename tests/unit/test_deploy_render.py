@@ -540,3 +540,6 @@ def test_predictor_timeout_allows_long_streams_and_knative_allows_it():
     defaults = next(d for d in yaml.safe_load_all((root / "knative-config.yaml").read_text())
                     if d["metadata"]["name"] == "config-defaults")
     assert int(defaults["data"]["max-revision-timeout-seconds"]) >= PREDICTOR_TIMEOUT_S
+    kust = yaml.safe_load((root / "kustomization.yaml").read_text())
+    grace = [yaml.safe_load(p["patch"]) for p in kust["patches"] if p.get("target", {}).get("name") == "activator"]
+    assert grace[0][0]["value"] >= PREDICTOR_TIMEOUT_S
