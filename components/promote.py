@@ -3,11 +3,11 @@
 from kfp import dsl
 from kfp.dsl import Artifact, Output
 
-from components.image import PDSERVE_IMAGE
+from components.image import STEP_IMAGE
 from components.params import documented
 
 
-@dsl.component(base_image=PDSERVE_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=STEP_IMAGE, install_kfp_package=False)
 @documented  # Args: section from components.params.PARAM_DOCS (KFP UI descriptions)
 def promote(
     champion_version: str,

@@ -5,11 +5,11 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
 
-from components.image import PDSERVE_IMAGE
+from components.image import STEP_IMAGE
 from components.params import documented
 
 
-@dsl.component(base_image=PDSERVE_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=STEP_IMAGE, install_kfp_package=False)
 @documented  # Args: section from components.params.PARAM_DOCS (KFP UI descriptions)
 def tune_tp(
     model: Input[Model],

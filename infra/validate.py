@@ -23,11 +23,20 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     namespace, bound by RoleBindings there only, with the instanceID the rendered workflows carry;
                     every service account the rendered workflows' pods run as (also a template's own, e.g. the
                     re-tune's promote step) exists and may report step results (workflowtaskresults create/patch)
+  cluster           one in-memory model of the cluster (`cluster_model`): the local manifests `kubectl apply -k
+                    infra/k8s` applies (and the multi-user overlay infra/k8s/kubeflow-profile), what remote bases and
+                    documented steps create (`assumed_objects`), one `pdserve promote` render, the pipeline compiled
+                    with the configured image (its step pods in every namespace Kubeflow runs them in) and the batch
+                    workflows. Every pod's namespace, ServiceAccount, claims and non-optional Secrets/ConfigMaps
+                    exist; every API call of promote (as the pipeline runners and the re-tune's promote step), of
+                    the runtime (discovery, planner scale) and of Argo's executor is granted by a bound Role or
+                    ClusterRole; every pdserve image is in the configured image's repository; every Pod Identity
+                    association names a ServiceAccount that exists, and the pipeline runners have one
   checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
                     no severities, so EVERY failed check counts as a failure unless suppressed inline with a
                     reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
 
-Usage: python infra/validate.py [--checkov PATH|auto|skip] [--require-checkov]
+Usage: python infra/validate.py [--checkov PATH|auto|skip] [--require-checkov] [--image IMAGE]
 """
 
 from __future__ import annotations
@@ -132,9 +141,16 @@ def check_terraform_fmt(root: Path) -> Check:
 
 
 def manifest_files(root: Path) -> list[Path]:
-    out = []
+    """Every YAML file of infra/k8s and kserve/ but kustomizations and the partial objects their `patches` name
+    (a patch carries only the fields it changes; `kustomize-build` validates the patched result)."""
+    out, patches = [], set()
     for base in (root / "infra" / "k8s", root / "kserve"):
-        out += [p for p in sorted(base.rglob("*.y*ml")) if p.name not in ("kustomization.yaml", "kustomization.yml")]
+        for k in base.rglob("kustomization.yaml"):
+            patches |= {(k.parent / p["path"]).resolve() for p in (_yaml_docs(k) or [{}])[0].get("patches") or []
+                        if p.get("path")}
+    for base in (root / "infra" / "k8s", root / "kserve"):
+        out += [p for p in sorted(base.rglob("*.y*ml"))
+                if p.name not in ("kustomization.yaml", "kustomization.yml") and p.resolve() not in patches]
     return out
 
 
@@ -740,10 +756,11 @@ def check_checkov(root: Path, exe: str | None, require: bool) -> Check:
 
 
 def run_all(root: Path = REPO, *, checkov: str = "auto", require_checkov: bool = False, tools: bool = True,
-            progress: Callable[[str], None] = lambda s: None) -> list[Check]:
+            progress: Callable[[str], None] = lambda s: None, image: str | None = None) -> list[Check]:
     """Run every check (see module docstring); returns the results in order.
 
-    `tools=False` skips the checks that shell out to terraform/kubectl (used by fast tests).
+    `tools=False` skips the checks that shell out to terraform/kubectl (used by fast tests); `image`: the
+    configured pdserve image (`make validate-infra IMAGE=...`; None: runtime/image.py DEFAULT_IMAGE).
     """
     results = []
     hcl, parsed = check_terraform_hcl(root)
@@ -757,6 +774,8 @@ def run_all(root: Path = REPO, *, checkov: str = "auto", require_checkov: bool =
     results.append(check_kustomize_build(root, local_dirs) if tools
                    else Check("kustomize-build", "SKIP", "tools=False"))
     results.append(check_consistency(root, objs, parsed))
+    progress("building the cluster model ...")
+    results.append(check_cluster(root, parsed, image))
     progress("running checkov ...")
     results.append(check_checkov(root, find_checkov(root, checkov), require_checkov))
     return results
@@ -767,9 +786,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkov", default="auto", help="checkov executable, 'auto' (.venv-infra or PATH) or 'skip'")
     ap.add_argument("--require-checkov", action="store_true", help="fail when checkov is not available")
     ap.add_argument("--root", type=Path, default=REPO, help="repository root")
+    ap.add_argument("--image", default=None, help="the configured pdserve image (default: runtime/image.py)")
     args = ap.parse_args(argv)
     results = run_all(args.root, checkov=args.checkov, require_checkov=args.require_checkov,
-                      progress=lambda s: print(s, flush=True))
+                      progress=lambda s: print(s, flush=True), image=args.image)
     width = max(len(r.name) for r in results)
     print("\nvalidate-infra summary")
     for r in results:
@@ -778,6 +798,432 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(results) - len(failed)}/{len(results)} checks without failure"
           + (f"; FAILED: {', '.join(r.name for r in failed)}" if failed else ""))
     return 1 if failed else 0
+
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whole-cluster model: what `kubectl apply -k infra/k8s` creates, one `pdserve promote` render, the compiled
+# pipeline's step pods and the batch workflows' pods, in one list; references across objects are checked on it.
+
+KFP_STANDALONE_RUNNER = ("kubeflow", "pipeline-runner")  # KFP standalone (platform-agnostic): every step's pod
+KFP_PROFILE_RUNNER_SA = "default-editor"  # multi-user Kubeflow: the profile controller creates it per profile
+PROFILE_VARIABLE = "kubeflow_profile_namespaces"
+PROFILE_OVERLAY = "infra/k8s/kubeflow-profile"  # opt-in (multi-user Kubeflow), modelled as applied
+CHECK_ISVC = "cluster-check"
+
+
+def assumed_objects(parsed: dict[str, dict]) -> list[dict]:
+    """Objects the model takes as existing although no local manifest creates them, each with who creates it:
+    the pinned Kubeflow Pipelines base (namespace kubeflow, ServiceAccount pipeline-runner), Kubeflow's profile
+    controller (each profile namespace of Terraform variable kubeflow_profile_namespaces and its default-editor),
+    and docs/eks-quickstart.md step 3 (Secret mlflow/mlflow-db from the Terraform database outputs)."""
+    def obj(kind: str, name: str, ns: str | None = None, by: str = "") -> dict:
+        meta = {"name": name, "annotations": {"pdserve.io/created-by": by}}
+        if ns:
+            meta["namespace"] = ns
+        return {"apiVersion": "v1", "kind": kind, "metadata": meta}
+
+    kfp = "kubeflow/pipelines manifests (infra/k8s/kubeflow-pipelines)"
+    out = [obj("Namespace", KFP_STANDALONE_RUNNER[0], by=kfp),
+           obj("ServiceAccount", KFP_STANDALONE_RUNNER[1], KFP_STANDALONE_RUNNER[0], by=kfp),
+           obj("Secret", "mlflow-db", "mlflow", by="docs/eks-quickstart.md (kubectl create secret ... mlflow-db)")]
+    for ns in _variable_defaults(parsed).get(PROFILE_VARIABLE) or []:
+        out += [obj("Namespace", ns, by="Kubeflow profile controller"),
+                obj("ServiceAccount", KFP_PROFILE_RUNNER_SA, ns, by="Kubeflow profile controller")]
+    return out
+
+
+def applied_manifest_files(root: Path) -> list[Path]:
+    """The local files `kubectl apply -k infra/k8s` applies (its kustomizations' local resources, recursively),
+    plus the opt-in multi-user overlay PROFILE_OVERLAY."""
+    out: list[Path] = []
+
+    def walk(d: Path) -> None:
+        k = d / "kustomization.yaml"
+        if not k.exists():
+            return
+        for entry in (_yaml_docs(k) or [{}])[0].get("resources", []):
+            if _is_remote(entry):
+                continue
+            t = (d / entry).resolve()
+            if t.is_dir():
+                walk(t)
+            elif t.exists() and t not in out:
+                out.append(t)
+
+    walk(root / "infra" / "k8s")
+    walk(root / PROFILE_OVERLAY)
+    return out
+
+
+@dataclass
+class PodUse:
+    """What one pod (template) needs from its namespace: who it runs as, claims, Secrets and ConfigMaps
+    (name, optional), and its images; `pdserve` marks pods that run pdserve's own image."""
+    where: str
+    namespace: str
+    service_account: str
+    claims: list[str]
+    secrets: list[tuple[str, bool]]
+    config_maps: list[tuple[str, bool]]
+    images: list[str]
+    pdserve: bool
+
+
+def _refs(pod: dict, containers: list[dict]) -> tuple[list[str], list[tuple[str, bool]], list[tuple[str, bool]]]:
+    claims, secrets, cms = [], [], []
+    for v in pod.get("volumes") or []:
+        if v.get("persistentVolumeClaim"):
+            claims.append(v["persistentVolumeClaim"]["claimName"])
+        if v.get("secret"):
+            secrets.append((v["secret"]["secretName"], bool(v["secret"].get("optional"))))
+        if v.get("configMap"):
+            cms.append((v["configMap"]["name"], bool(v["configMap"].get("optional"))))
+        for src in (v.get("projected") or {}).get("sources") or []:
+            if src.get("secret"):
+                secrets.append((src["secret"]["name"], bool(src["secret"].get("optional"))))
+            if src.get("configMap"):
+                cms.append((src["configMap"]["name"], bool(src["configMap"].get("optional"))))
+    for c in containers:
+        for e in c.get("env") or []:
+            vf = e.get("valueFrom") or {}
+            if vf.get("secretKeyRef"):
+                secrets.append((vf["secretKeyRef"]["name"], bool(vf["secretKeyRef"].get("optional"))))
+            if vf.get("configMapKeyRef"):
+                cms.append((vf["configMapKeyRef"]["name"], bool(vf["configMapKeyRef"].get("optional"))))
+        for ef in c.get("envFrom") or []:
+            if ef.get("secretRef"):
+                secrets.append((ef["secretRef"]["name"], bool(ef["secretRef"].get("optional"))))
+            if ef.get("configMapRef"):
+                cms.append((ef["configMapRef"]["name"], bool(ef["configMapRef"].get("optional"))))
+    return claims, secrets, cms
+
+
+def pod_uses(o: dict, where: str, *, pdserve: bool, runtimes: list[dict] = ()) -> list[PodUse]:
+    """The pods object `o` makes: Deployment/StatefulSet/DaemonSet/Job/Pod (its pod template), InferenceService
+    (the predictor pod: its volumes, storageUri pvc:// claim, service account, and the containers of the
+    ClusterServingRuntime of its model format among `runtimes`), Argo Workflow/CronWorkflow (one per container
+    template, with the workflow's volumes and service account unless the template names its own)."""
+    ns = o["metadata"].get("namespace", "default")
+    ident_ = f"{where}: {o['kind']} {ns}/{o['metadata'].get('name') or o['metadata'].get('generateName')}"
+    kind = o.get("kind")
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job", "Pod"):
+        pod = _pod_spec(o) or {}
+        cs = (pod.get("initContainers") or []) + (pod.get("containers") or [])
+        claims, secrets, cms = _refs(pod, cs)
+        return [PodUse(ident_, ns, pod.get("serviceAccountName") or "default", claims, secrets, cms,
+                       [c["image"] for c in cs], pdserve)]
+    if kind == "InferenceService":
+        pred = o["spec"]["predictor"]
+        model = pred.get("model") or {}
+        fmt = (model.get("modelFormat") or {}).get("name")
+        cs = [model] + [c for r in runtimes if fmt in {f.get("name") for f in r["spec"].get("supportedModelFormats", [])}
+                        for c in r["spec"].get("containers", [])]
+        claims, secrets, cms = _refs(pred, cs)
+        uri = model.get("storageUri") or ""
+        if uri.startswith("pvc://"):
+            claims.append(uri[len("pvc://"):].split("/", 1)[0])
+        return [PodUse(ident_ + " predictor", ns, pred.get("serviceAccountName") or "default", claims, secrets, cms,
+                       [c["image"] for c in cs if c.get("image")], pdserve)]
+    if kind in ("Workflow", "CronWorkflow"):
+        spec = o["spec"].get("workflowSpec", o["spec"])
+        out = []
+        for t in spec.get("templates") or []:
+            if not t.get("container"):
+                continue
+            pod = {"volumes": (spec.get("volumes") or []) + (t.get("volumes") or [])}
+            claims, secrets, cms = _refs(pod, [t["container"]])
+            out.append(PodUse(f"{ident_} template {t['name']}", ns,
+                              t.get("serviceAccountName") or spec.get("serviceAccountName") or "default",
+                              claims, secrets, cms, [t["container"]["image"]], pdserve))
+        return out
+    return []
+
+
+def compiled_pipeline(image: str) -> list[dict]:
+    """The YAML documents of the pipeline `pdserve compile --image IMAGE` writes."""
+    import tempfile
+
+    import yaml
+
+    from pipelines.stage_tune_promote import compile_pipeline
+
+    with tempfile.TemporaryDirectory() as d:
+        return list(yaml.safe_load_all(compile_pipeline(Path(d) / "p.yaml", image=image).read_text()))
+
+
+def pipeline_runners(parsed: dict[str, dict]) -> list[tuple[str, str]]:
+    """(namespace, service account) the pipeline's step pods run as: KFP standalone's, and each multi-user
+    profile's of Terraform variable kubeflow_profile_namespaces."""
+    return [KFP_STANDALONE_RUNNER] + [(ns, KFP_PROFILE_RUNNER_SA)
+                                      for ns in _variable_defaults(parsed).get(PROFILE_VARIABLE) or []]
+
+
+def pipeline_pod_uses(docs: list[dict], runners: list[tuple[str, str]]) -> list[PodUse]:
+    """One PodUse per (executor, runner): the executor's image, and from the kubernetes platform spec
+    (kfp-kubernetes) its PVC mounts (a constant, or a pipeline parameter's default) and Secrets as env."""
+    pipeline = docs[0]
+    params = pipeline["root"]["inputDefinitions"]["parameters"]
+    platform = next((d for d in docs[1:] if "platforms" in d), {})
+    k8s = ((platform.get("platforms") or {}).get("kubernetes") or {}).get("deploymentSpec", {}).get("executors", {})
+
+    def value(spec: dict, key: str) -> str | None:
+        if spec.get(key):
+            return spec[key]
+        p = spec.get(f"{key}Parameter") or {}
+        if "runtimeValue" in p:
+            return p["runtimeValue"].get("constant")
+        if "componentInputParameter" in p:
+            return params.get(p["componentInputParameter"], {}).get("defaultValue")
+        return None
+
+    out = []
+    for name, ex in pipeline["deploymentSpec"]["executors"].items():
+        kx = k8s.get(name, {})
+        claims = [value(m, "pvcName") or value(m, "constant") for m in kx.get("pvcMount") or []]
+        secrets = [(value(s, "secretName"), bool(s.get("optional"))) for s in kx.get("secretAsEnv") or []]
+        for ns, sa in runners:
+            out.append(PodUse(f"compiled pipeline: {name}", ns, sa, [c for c in claims if c], secrets, [],
+                              [ex["container"]["image"]], True))
+    return out
+
+
+def promote_render(image: str, namespace: str = DEPLOY_NAMESPACE) -> list[dict]:
+    """One `pdserve promote` render (planner on: the runtime's scale RBAC is rendered too) with `image`."""
+    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
+    from runtime.deploy.render import render_all
+
+    spec = DeploymentSpec(model=ModelRef(name=CHECK_ISVC), gpu="H100-SXM", prefill=PoolSpec(tp=1, replicas=1),
+                          decode=PoolSpec(tp=1, replicas=1), planner=PlannerSpec(mode="sla"))
+    return render_all(spec, name=CHECK_ISVC, namespace=namespace, image=image, pvc_name="fsx-claim", validate=False)
+
+
+@dataclass
+class ApiNeed:
+    """One API call a code path makes as ServiceAccount `namespace`/`service_account`: `verbs` on
+    `group`/`resource` in namespace `target` (None: cluster-scoped), restricted to `name` when set."""
+    path: str
+    namespace: str
+    service_account: str
+    target: str | None
+    group: str
+    resource: str
+    verbs: frozenset[str]
+    name: str | None = None
+
+
+def _resource(o: dict) -> tuple[str, str, bool]:
+    from runtime.deploy.kube import RESOURCES
+
+    api = o["apiVersion"]
+    plural, namespaced = RESOURCES[o["kind"]]
+    return (api.split("/")[0] if "/" in api else ""), plural, namespaced
+
+
+def promote_needs(render: list[dict], promoters: list[tuple[str, str, str]]) -> list[ApiNeed]:
+    """The calls of `pdserve promote --apply` (runtime/deploy: apply.py reads each object then server-side applies
+    it, i.e. get + create/patch; rollout.py deletes a replaced revision's workers and planner RBAC and reads the
+    InferenceService; lease.py gets/creates/replaces/deletes its Lease; apply.py gets the PVC), plus the rules of
+    every Role it renders (RBAC escalation prevention: one may only grant what one holds), for each
+    (namespace, service account, target namespace) in `promoters`."""
+    out = []
+    for ns, sa, target in promoters:
+        path = f"promote --apply as {ns}/{sa} into {target}"
+
+        def need(group, resource, verbs, namespaced=True, name=None):
+            out.append(ApiNeed(path, ns, sa, target if namespaced else None, group, resource, frozenset(verbs), name))
+
+        for o in render:
+            group, plural, namespaced = _resource(o)
+            comp = (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+            deletes = {"delete"} if comp in ("prefill", "decode", "planner") else set()
+            need(group, plural, {"get", "create", "patch"} | deletes, namespaced,
+                 None if namespaced else o["metadata"]["name"])
+            if o["kind"] == "Role":
+                for r in o.get("rules", []):
+                    for g in r.get("apiGroups", []):
+                        for res in r.get("resources", []):
+                            for n in r.get("resourceNames") or [None]:
+                                need(g, res, r.get("verbs", []), name=n)
+        need("coordination.k8s.io", "leases", {"get", "create", "update", "delete"})
+        need("", "persistentvolumeclaims", {"get"})
+    return out
+
+
+def runtime_needs(render: list[dict]) -> list[ApiNeed]:
+    """The runtime's calls (its `<name>-runtime` ServiceAccount): list + watch EndpointSlices
+    (runtime/deploy/discovery.py) and, with the planner, get + patch of deployments/scale of its two worker
+    Deployments (runtime/server/actuators.py)."""
+    isvc = next(o for o in render if o["kind"] == "InferenceService")
+    ns, sa = isvc["metadata"]["namespace"], isvc["spec"]["predictor"]["serviceAccountName"]
+    path = f"runtime of InferenceService {isvc['metadata']['name']}"
+    out = [ApiNeed(path, ns, sa, ns, "discovery.k8s.io", "endpointslices", frozenset({"list", "watch"}))]
+    out += [ApiNeed(path + " (planner)", ns, sa, ns, "apps", "deployments/scale", frozenset({"get", "patch"}),
+                    o["metadata"]["name"])
+            for o in render if o["kind"] == "Deployment"]
+    return out
+
+
+def workflow_needs(workflows: list[dict]) -> list[ApiNeed]:
+    """Argo's emissary executor reports each step's result as its pod's ServiceAccount (EXECUTOR_VERBS)."""
+    return [ApiNeed("Argo step reporting", p.namespace, p.service_account, p.namespace, "argoproj.io",
+                    "workflowtaskresults", frozenset(EXECUTOR_VERBS))
+            for w in workflows for p in pod_uses(w, "batch workflow", pdserve=True)]
+
+
+def granted_verbs(objs: list[dict], need: ApiNeed) -> set[str]:
+    """The verbs ServiceAccount need.namespace/need.service_account holds on need's resource (and name) in
+    need.target through RoleBindings there (to a Role there or a ClusterRole) and ClusterRoleBindings."""
+    def subject(b: dict) -> bool:
+        return any(s.get("kind") == "ServiceAccount" and s.get("name") == need.service_account
+                   and s.get("namespace") == need.namespace for s in b.get("subjects") or [])
+
+    def rules(kind: str, name: str, ns: str | None) -> list[dict]:
+        return [r for o in objs if o.get("kind") == kind and o["metadata"]["name"] == name
+                and (ns is None or o["metadata"].get("namespace") == ns) for r in o.get("rules") or []]
+
+    found: list[dict] = []
+    for b in objs:
+        if b.get("kind") == "ClusterRoleBinding" and subject(b):
+            found += rules("ClusterRole", b["roleRef"]["name"], None)
+        elif (b.get("kind") == "RoleBinding" and need.target is not None
+              and b["metadata"].get("namespace") == need.target and subject(b)):
+            ref = b["roleRef"]
+            found += rules(ref["kind"], ref["name"], need.target if ref["kind"] == "Role" else None)
+    verbs: set[str] = set()
+    for r in found:
+        names = r.get("resourceNames")
+        if ({need.group, "*"} & set(r.get("apiGroups", [])) and {need.resource, "*"} & set(r.get("resources", []))
+                and (not names or (need.name is not None and need.name in names))):
+            verbs |= set(r.get("verbs", []))
+    if "*" in verbs:
+        verbs |= need.verbs
+    return verbs
+
+
+@dataclass
+class ClusterModel:
+    objects: list[dict]
+    pods: list[PodUse]
+    needs: list[ApiNeed]
+    image: str
+
+
+def cluster_model(root: Path, parsed: dict[str, dict], image: str, *, pipeline: list[dict] | None = None,
+                  workflows: list[dict] | None = None) -> ClusterModel:
+    """The model `check_cluster` checks: the objects of `applied_manifest_files`, `assumed_objects` and one
+    `promote_render`; the pods of all of them, of the pipeline compiled with `image` (`pipeline`: already
+    compiled documents) in every `pipeline_runners` namespace, and of the batch workflows rendered with
+    `image`'s CPU build (`workflows`: already rendered); the API calls of promote (pipeline runners and the
+    re-tune's promote step), of the runtime and of the Argo executor."""
+    from runtime.batch.workflows import RetuneCronWorkflowSpec
+    from runtime.image import cpu_image
+
+    infra: list[dict] = []
+    for f in applied_manifest_files(root):
+        infra += [d for d in _yaml_docs(f) if isinstance(d, dict)]
+    render = promote_render(image)
+    objs = infra + assumed_objects(parsed) + render
+    runtimes = [o for o in objs if o.get("kind") == "ClusterServingRuntime"]
+    pods = [p for o in infra for p in pod_uses(o, "infra/k8s", pdserve=False, runtimes=runtimes)]
+    pods += [p for o in render for p in pod_uses(o, "promote render", pdserve=True, runtimes=runtimes)]
+    pipeline = pipeline if pipeline is not None else compiled_pipeline(image)
+    pods += pipeline_pod_uses(pipeline, pipeline_runners(parsed))
+    if workflows is None:
+        workflows = rendered_batch_workflows()
+        for w in workflows:  # the workflows' images as `pdserve batch ... --image <image's CPU build>` sets them
+            for t in w["spec"].get("workflowSpec", w["spec"]).get("templates") or []:
+                if t.get("container"):
+                    t["container"]["image"] = cpu_image(image)
+    pods += [p for w in workflows for p in pod_uses(w, "batch workflow", pdserve=True)]
+    target = pipeline[0]["root"]["inputDefinitions"]["parameters"]["namespace"]["defaultValue"]
+    promoters = [(ns, sa, target) for ns, sa in pipeline_runners(parsed)]
+    retune_defaults = RetuneCronWorkflowSpec.model_fields
+    promoters.append((retune_defaults["namespace"].default, retune_defaults["promote_service_account"].default,
+                      retune_defaults["promote_namespace"].default or retune_defaults["namespace"].default))
+    needs = promote_needs(render, promoters) + runtime_needs(render) + workflow_needs(workflows)
+    return ClusterModel(objs, pods, needs, image)
+
+
+def _exists(objs: list[dict], kind: str, name: str, ns: str | None) -> bool:
+    return any(o.get("kind") == kind and o["metadata"].get("name") == name
+               and (ns is None or o["metadata"].get("namespace") == ns) for o in objs)
+
+
+def reference_problems(m: ClusterModel) -> list[str]:
+    """Every pod's namespace, ServiceAccount, claims and non-optional Secrets/ConfigMaps exist in the model."""
+    out = []
+    for p in m.pods:
+        if not _exists(m.objects, "Namespace", p.namespace, None):
+            out.append(f"{p.where}: namespace {p.namespace} is not created")
+            continue
+        if not _exists(m.objects, "ServiceAccount", p.service_account, p.namespace):
+            out.append(f"{p.where}: ServiceAccount {p.namespace}/{p.service_account} does not exist")
+        out += [f"{p.where}: PersistentVolumeClaim {p.namespace}/{c} does not exist (the pod would stay Pending)"
+                for c in p.claims if not _exists(m.objects, "PersistentVolumeClaim", c, p.namespace)]
+        for kind, refs in (("Secret", p.secrets), ("ConfigMap", p.config_maps)):
+            out += [f"{p.where}: {kind} {p.namespace}/{n} does not exist and is not optional"
+                    for n, optional in refs if not optional and not _exists(m.objects, kind, n, p.namespace)]
+    return list(dict.fromkeys(out))
+
+
+def rbac_problems(m: ClusterModel) -> list[str]:
+    """Every ApiNeed's verbs are granted (granted_verbs)."""
+    out = []
+    for n in m.needs:
+        missing = n.verbs - granted_verbs(m.objects, n)
+        if missing:
+            where = f"in namespace {n.target}" if n.target else "cluster-wide"
+            out.append(f"{n.path}: ServiceAccount {n.namespace}/{n.service_account} may not "
+                       f"{'/'.join(sorted(missing))} {n.group or 'core'}/{n.resource}"
+                       + (f" {n.name}" if n.name else "") + f" {where}")
+    return list(dict.fromkeys(out))
+
+
+def image_problems(m: ClusterModel) -> list[str]:
+    """Every image of a pdserve pod is in the repository of the configured image (runtime/image.py, IMAGE)."""
+    from runtime.image import split_reference
+
+    repo = split_reference(m.image)[0]
+    out = []
+    for p in m.pods:
+        for img in p.images if p.pdserve else []:
+            try:
+                ok = split_reference(img)[0] == repo
+            except ValueError:
+                ok = False
+            if not ok:
+                out.append(f"{p.where}: image {img} is not from the configured repository {repo}")
+    return list(dict.fromkeys(out))
+
+
+def association_problems(parsed: dict[str, dict], m: ClusterModel) -> list[str]:
+    """Every EKS Pod Identity association names a ServiceAccount of the model (remote bases' included through
+    `assumed_objects`), or a runtime ServiceAccount promote renders (`<InferenceService>-runtime`)."""
+    assocs, out = _associations(parsed)
+    for (ns, sa), (addr, _) in assocs.items():
+        if not (_exists(m.objects, "ServiceAccount", sa, ns) or sa.endswith("-runtime") and ns == DEPLOY_NAMESPACE):
+            out.append(f"aws_eks_pod_identity_association.{addr}: ServiceAccount {ns}/{sa} exists nowhere in the "
+                       f"cluster (infra/k8s, Kubeflow, promote): its role is never used")
+    needed = {(p.namespace, p.service_account) for p in m.pods if p.where.startswith("compiled pipeline")}
+    out += [f"pipeline steps run as {ns}/{sa}, which has no aws_eks_pod_identity_association (stage-weights "
+            f"could not read the model bucket)" for ns, sa in sorted(needed) if (ns, sa) not in assocs]
+    return out
+
+
+def check_cluster(root: Path, parsed: dict[str, dict], image: str | None = None,
+                  model: ClusterModel | None = None) -> Check:
+    from runtime.image import DEFAULT_IMAGE
+
+    try:
+        m = model or cluster_model(root, parsed, image or DEFAULT_IMAGE)
+    except Exception as e:  # noqa: BLE001 - a manifest the model cannot read is a failure to report, with its cause
+        return Check("cluster", "FAIL", f"cannot build the cluster model: {type(e).__name__}: {e}")
+    problems = reference_problems(m) + rbac_problems(m) + image_problems(m) + association_problems(parsed, m)
+    if problems:
+        return Check("cluster", "FAIL", "; ".join(problems))
+    return Check("cluster", "PASS", f"{len(m.objects)} objects, {len(m.pods)} pod templates, {len(m.needs)} API "
+                                    f"needs: references, RBAC, images ({m.image}) and Pod Identity consistent")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ Kubeflow Pipelines with `python -m pipelines.stage_tune_promote --compile OUT.ya
 On a cluster the steps mount the FSx for Lustre PVC named by the `pvc_name` parameter at `/fsx` (so
 `fsx_root` must stay `/fsx` there; kfp.local uses it to point at a local folder), the S3 credentials arrive
 as env from a Kubernetes Secret (never as parameters) and caching is off for steps with side effects;
-kfp.local ignores those settings. A PVC is namespaced: run the pipeline in the namespace that holds it (KFP
-multi-user mode: a profile namespace with the claim, e.g. `pdserve`, where infra/k8s/storage puts it), with
-a run service account allowed to promote (`pdserve-promoter`, kserve/promoter-rbac.yaml) when `apply` is on.
+kfp.local ignores those settings. A PVC is namespaced: infra/k8s/storage creates `fsx-claim` in namespace
+kubeflow, where Kubeflow Pipelines standalone runs the steps as pipeline-runner, and infra/k8s/kubeflow-pdserve
+binds that account to the promoter's Role in `namespace` (pdserve); infra/k8s/kubeflow-profile does both for a
+multi-user profile namespace (docs/eks-quickstart.md). `pdserve compile --image` sets every step's image.
 
 Parameters tune would refuse (unknown `gpu`, `precision` other than auto/bf16/fp8, SLO or workload values out
 of range, `gpu_budget` < 1, a `registered_model` MLflow refuses, an unsafe `model_name`) fail the first step,
@@ -57,6 +58,7 @@ from components.stage import stage_weights
 from components.tune import tune_tp
 from components.validate import validate_parameters
 from runtime.config import PlannerSpec
+from runtime.image import DEFAULT_IMAGE, cpu_image
 from runtime.steps import AUTO_REQUEST_RATE
 from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 
@@ -99,7 +101,7 @@ def stage_tune_promote(
     mlflow_tracking_uri: str = "http://mlflow.mlflow.svc:5000",
     registered_model: str = "smollm2-135m-instruct-pd",
     namespace: str = "pdserve",
-    image: str = "public.ecr.aws/pdserve/pdserve-runtime:0.1.0",
+    image: str = DEFAULT_IMAGE,  # the runtime image promote renders; `compile_pipeline(image=...)` sets it
     pvc_name: str = FSX_PVC,
     apply: bool = False,
     kube_context: str = "",
@@ -145,10 +147,29 @@ def stage_tune_promote(
     return Outputs(champion_version=tuned.outputs["champion_version"], manifests=promoted.outputs["manifests"])
 
 
-def compile_pipeline(out: Path) -> Path:
-    """Compile the pipeline to a KFP v2 IR YAML that Kubeflow Pipelines accepts for upload."""
+def compile_pipeline(out: Path, *, image: str = DEFAULT_IMAGE, steps_image: str | None = None) -> Path:
+    """Compile the pipeline to a KFP v2 IR YAML that Kubeflow Pipelines accepts for upload.
+
+    `image` (the pdserve image, runtime/image.py) becomes the default of the `image` parameter, the runtime image
+    promote renders; every step's container runs `steps_image`, by default the CPU build of `image`
+    (`cpu_image`: no step needs a GPU). KFP fixes a component's image when it is defined, so the compiled
+    executors are rewritten here.
+
+    Raises:
+        ValueError: `image` is not an image reference, or has no tag while `steps_image` is not given.
+        OSError: `out` cannot be written.
+    """
+    import yaml
+
+    steps_image = steps_image or cpu_image(image)
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(stage_tune_promote, package_path=str(out))
+    docs = list(yaml.safe_load_all(out.read_text()))
+    pipeline = docs[0]
+    for executor in pipeline["deploymentSpec"]["executors"].values():
+        executor["container"]["image"] = steps_image
+    pipeline["root"]["inputDefinitions"]["parameters"]["image"]["defaultValue"] = image
+    out.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     return out
 
 
@@ -173,8 +194,14 @@ def run_local(*, pipeline_root: Path, **arguments) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--compile", type=Path, required=True, help="write the pipeline YAML here")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="the pdserve image (promote's runtime image); the "
+                        "steps run its CPU build (REPO:TAG-cpu)")
+    parser.add_argument("--steps-image", default=None, help="the steps' image (default: the CPU build of --image)")
     args = parser.parse_args(argv)
-    print(compile_pipeline(args.compile))
+    try:
+        print(compile_pipeline(args.compile, image=args.image, steps_image=args.steps_image))
+    except ValueError as e:
+        parser.error(str(e))
 
 
 if __name__ == "__main__":

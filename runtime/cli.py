@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from runtime.config import PlannerSpec
+from runtime.image import DEFAULT_IMAGE
 from runtime.paths import state_dir
 from runtime.redact import redact_userinfo
 from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
@@ -1077,14 +1078,29 @@ def serve(
 @app.command("compile")
 def compile_cmd(
     out: Annotated[Path, typer.Argument(help="Output YAML path.")] = Path("pipelines/stage_tune_promote.yaml"),
+    image: Annotated[str, typer.Option(
+        help="The pdserve image (`make image IMAGE=...`): the default runtime image promote renders; every step "
+             "runs its CPU build, REPO:TAG-cpu.")] = DEFAULT_IMAGE,
+    steps_image: Annotated[Optional[str], typer.Option(
+        help="The image every pipeline step runs (default: the CPU build of --image); needed when --image is "
+             "pinned by digest.")] = None,
 ) -> None:
     """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines)."""
     if out.is_dir():
         _fail(f"{out}: is a folder; give the YAML file to write, e.g. {out / 'stage_tune_promote.yaml'}")
     from pipelines.stage_tune_promote import compile_pipeline
+    from runtime.image import split_reference
 
+    for flag, ref in (("--image", image), ("--steps-image", steps_image)):
+        try:
+            if ref is not None:
+                split_reference(ref)
+        except ValueError as e:
+            _fail(f"{flag}: {e}")
     try:
-        path = compile_pipeline(out)
+        path = compile_pipeline(out, image=image, steps_image=steps_image)
+    except ValueError as e:  # a digest-pinned --image without --steps-image
+        _fail(f"--image: {e} (--steps-image)")
     except OSError as e:  # a parent that is a file, no permission, disk full
         _fail(f"{out}: cannot write the pipeline YAML: {e.strerror or e} ({e.filename or out})")
     console.print(f"wrote {escape(str(path))}")

@@ -56,10 +56,20 @@ resource "aws_iam_role_policy" "pipeline" {
   policy = data.aws_iam_policy_document.pipeline.json
 }
 
+# Kubeflow Pipelines standalone (infra/k8s/kubeflow-pipelines) runs every step as kubeflow/pipeline-runner.
 resource "aws_eks_pod_identity_association" "pipeline" {
   cluster_name    = module.eks.cluster_name
   namespace       = "kubeflow"
   service_account = "pipeline-runner"
+  role_arn        = aws_iam_role.pipeline.arn
+}
+
+# Multi-user Kubeflow runs them as default-editor of the profile namespace (infra/k8s/kubeflow-profile).
+resource "aws_eks_pod_identity_association" "pipeline_profile" {
+  for_each        = toset(var.kubeflow_profile_namespaces)
+  cluster_name    = module.eks.cluster_name
+  namespace       = each.key
+  service_account = "default-editor"
   role_arn        = aws_iam_role.pipeline.arn
 }
 

@@ -50,3 +50,8 @@ output "traffic_upload_role_arns" {
   description = "IAM role (EKS Pod Identity, ServiceAccount pdserve/<name>-runtime) of each InferenceService in traffic_upload_inference_services: PutObject under <traffic>/<name>/ only."
   value       = { for name, role in aws_iam_role.traffic_upload : name => role.arn }
 }
+
+output "image_repository_url" {
+  description = "ECR repository of the pdserve images: make image-push IMAGE=<this>:<tag>; pdserve compile --image <this>:<tag>."
+  value       = aws_ecr_repository.runtime.repository_url
+}

@@ -30,7 +30,7 @@ data "aws_iam_policy_document" "kms" {
     condition {
       test     = "StringLike"
       variable = "kms:ViaService"
-      values   = ["fsx.${var.region}.amazonaws.com", "s3.${var.region}.amazonaws.com", "rds.${var.region}.amazonaws.com"]
+      values   = ["fsx.${var.region}.amazonaws.com", "s3.${var.region}.amazonaws.com", "rds.${var.region}.amazonaws.com", "ecr.${var.region}.amazonaws.com"]
     }
   }
 }

@@ -117,3 +117,15 @@ variable "traffic_upload_inference_services" {
     error_message = "traffic_upload_inference_services: each a DNS-1035 label of at most 45 characters (what `pdserve promote` names an InferenceService)."
   }
 }
+
+variable "image_repository_name" {
+  description = "ECR repository of the pdserve images (make image-push IMAGE=<image_repository_url>:<tag>)."
+  type        = string
+  default     = "pdserve-runtime"
+}
+
+variable "kubeflow_profile_namespaces" {
+  description = "Multi-user Kubeflow: profile namespaces whose pipeline runs (ServiceAccount default-editor) run pdserve's pipeline; each gets the pipeline role (infra/k8s/kubeflow-profile)."
+  type        = list(string)
+  default     = ["kubeflow-user-example-com"]
+}

@@ -150,7 +150,8 @@ OPTION_OF = {"input_uri": "--input", "output_uri": "--output", "traffic_uri": "-
 
 Common = {
     "namespace": typer.Option(help="Namespace the workflow and its pods run in."),
-    "image": typer.Option(help="Container image with pdserve installed (default: the pdserve runtime image)."),
+    "image": typer.Option(help="Container image the steps run, pdserve installed (default: the CPU build of the pdserve "
+                                "image, runtime/image.py)."),
     "service_account": typer.Option(help="The pods' service account (Argo executor permissions; IRSA role)."),
     "priority_class": typer.Option(help="PriorityClass for the pods, lower than the online endpoint's so batch "
                                         "pods are preempted first (default pdserve-batch, from infra/k8s/batch; "
@@ -248,7 +249,7 @@ def retune_cmd(
              "and infra/k8s set both up in pdserve only.")] = None,
     promote_image: Annotated[Optional[str], typer.Option(
         help="With --promote: runtime image of the promoted InferenceService (`pdserve promote --image`; default: "
-             "--image, what the steps run).")] = None,
+             "the GPU build of --image: its tag without -cpu).")] = None,
     promote_service_account: Annotated[Optional[str], typer.Option(
         help="With --promote: service account of the promote step only (default pdserve-promoter, "
              "kserve/promoter-rbac.yaml; the tune step keeps --service-account).")] = None,

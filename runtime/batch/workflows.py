@@ -53,7 +53,7 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from components.image import PDSERVE_IMAGE
+from runtime.image import DEFAULT_IMAGE, cpu_image, gpu_image
 
 __all__ = [
     "BatchInferenceWorkflowSpec", "RetuneCronWorkflowSpec", "batch_inference_workflow", "retune_cron_workflow",
@@ -230,7 +230,9 @@ class _Common(BaseModel):
         return data
 
     namespace: K8sName = Field("pdserve", description="Namespace the workflow (and its pods) run in.")
-    image: str = Field(PDSERVE_IMAGE, min_length=1, description="Container image with pdserve installed.")
+    image: str = Field(cpu_image(DEFAULT_IMAGE), min_length=1,
+                       description="Container image the steps run, pdserve installed; no step needs a GPU: the CPU "
+                                   "build (kserve/Dockerfile.cpu, runtime/image.py) by default.")
     service_account: K8sName = Field(
         "pdserve-batch", description="spec.serviceAccountName: the pods' service account (it needs Argo's executor "
                                      "permissions; with IRSA / Pod Identity, also the AWS role).")
@@ -379,8 +381,9 @@ class RetuneCronWorkflowSpec(_Common):
                           "promote_service_account must be allowed to manage it there (kserve/promoter-rbac.yaml).")
     promote_image: Optional[str] = Field(
         None, min_length=1, description="pdserve runtime image the promoted InferenceService runs (`pdserve promote "
-                                        "--image`); None: ``image``, the one the workflow's steps run (an endpoint "
-                                        "on another image than the one it was promoted with is rolled out again).")
+                                        "--image`); None: the GPU build of ``image`` (its tag without the CPU suffix, "
+                                        "runtime/image.py gpu_image; an endpoint on another image than the one it "
+                                        "was promoted with is rolled out again).")
     promote_service_account: K8sName = Field(
         PROMOTER_SERVICE_ACCOUNT, description="serviceAccountName of the promote step only (the tune step keeps "
         "service_account): pdserve-promoter (kserve/promoter-rbac.yaml) may apply the rendered objects, and "
@@ -571,7 +574,7 @@ def promote_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     argv = ["pdserve", "promote", spec.registered_model, "--apply", "--skip-if-live", "--expect-version",
             PROMOTE_VERSION,
             "--mlflow-uri", spec.mlflow_uri, "--namespace", spec.promote_namespace or spec.namespace,
-            "--image", spec.promote_image or spec.image, "--pvc", spec.pvc_name, "--out", f"{WORK_DIR}/manifests.yaml"]
+            "--image", spec.promote_image or gpu_image(spec.image), "--pvc", spec.pvc_name, "--out", f"{WORK_DIR}/manifests.yaml"]
     upload = promote_traffic_upload_uri(spec)
     return argv + ([] if upload is None else ["--traffic-upload", upload])
 

@@ -10,7 +10,7 @@ from functools import partial
 from typing import Callable
 
 from runtime.config import DeploymentSpec
-from runtime.deploy.kube import Kube
+from runtime.deploy.kube import Kube, in_cluster_available
 from runtime.deploy.mlflow_recorder import MlflowRecorder, revision_for
 from runtime.deploy.rollout import RolloutResult, rollout
 from runtime.deploy.slo_probe import probe
@@ -33,4 +33,6 @@ def promote_version(spec: DeploymentSpec, version: str, *, name: str, namespace:
         probe=partial(probe, model=spec.model.name),
         recorder=MlflowRecorder(tracking_uri=tracking_uri, registered_model=registered_model, version=version),
         target=target, canary_percent=canary_percent, timeout_s=timeout_s, progress=progress,
+        # in a pod (the pipeline's promote step, the re-tune's): the in-cluster address, no external DNS needed
+        probe_cluster_local=kube is None and not kube_context and in_cluster_available(),
     )

@@ -55,6 +55,10 @@ def runtime_server_args(*, port: int) -> list[str]:
 MODEL_MOUNT = "/mnt/models"  # where KServe mounts the storageUri in the predictor container
 TRAFFIC_DIR = "/var/run/pdserve/traffic"  # emptyDir of the runtime's traffic log (shipped to S3 from there)
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")  # each optional in the Secret
+# spec.predictor.timeout (s): Knative's revision timeoutSeconds, the longest a request may take; its default,
+# 300 s, cuts long streams (a 32k-token completion at 20 ms per token takes ~650 s). Knative refuses a value above
+# config-defaults max-revision-timeout-seconds (600 s by default), which infra/k8s/kserve raises to this value.
+PREDICTOR_TIMEOUT_S = 3600
 TRAFFIC_VOLUME_SIZE = "1Gi"  # ~100 bytes per request: ~10 M requests between shipments before eviction
 
 
@@ -190,6 +194,7 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
     predictor: dict[str, Any] = {
         "serviceAccountName": service_account,
         "minReplicas": 1,
+        "timeout": PREDICTOR_TIMEOUT_S,
         "model": {
             "modelFormat": {"name": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION},
             "runtime": RUNTIME_NAME,

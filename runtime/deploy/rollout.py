@@ -171,12 +171,31 @@ def current_champion(kube: Kube, *, name: str, namespace: str) -> Champion | Non
                     ignored_fields=ignored)
 
 
-def probe_url(isvc: dict[str, Any]) -> str:
-    """URL of the newest revision (tag-routing `latest` traffic entry), else the service URL."""
+def probe_url(isvc: dict[str, Any], *, cluster_local: bool = False) -> str:
+    """URL of the newest revision (tag-routing `latest` traffic entry), else the service URL.
+
+    `cluster_local` (promote running inside the cluster): the same route's in-cluster address, which needs no
+    external DNS or Knative domain: Knative serves every route, and each tag of it, as the Kubernetes Service
+    `<host's first label>` in the InferenceService's namespace (`latest-<name>-predictor.<ns>.svc.cluster.local`);
+    without a tagged URL, `status.address.url` (KServe's cluster-local address).
+
+    Raises:
+        ApplyError: the status has no URL yet.
+    """
+    from urllib.parse import urlsplit
+
     status = isvc.get("status") or {}
+    ns = (isvc.get("metadata") or {}).get("namespace")
     for t in status.get("components", {}).get("predictor", {}).get("traffic", []):
         if t.get("latestRevision") and t.get("url"):
-            return t["url"]
+            if not cluster_local:
+                return t["url"]
+            u = urlsplit(t["url"])
+            host = (u.hostname or "").split(".")[0]
+            if host and ns:
+                return f"http://{host}.{ns}.svc.cluster.local"
+    if cluster_local and (status.get("address") or {}).get("url"):
+        return status["address"]["url"]
     if status.get("url"):
         return status["url"]
     raise ApplyError(f"{ident(isvc)}: status has no URL to probe")
@@ -215,7 +234,7 @@ def rollout(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_
             target: ClusterTarget | None = None, canary_percent: int = 10, timeout_s: float = 1800.0,
             poll_s: float = 5.0, progress: Progress = _noop, clock: Callable[[], float] = time.monotonic,
             sleep: Callable[[float], None] = time.sleep, lease_holder: str | None = None,
-            now: Callable[[], float] = time.time) -> RolloutResult:
+            now: Callable[[], float] = time.time, probe_cluster_local: bool = False) -> RolloutResult:
     """Roll out `spec` as worker revision `revision` with a canary, an SLO probe and auto-rollback.
 
     The whole rollout holds the InferenceService's promote lock (runtime/deploy/lease.py: Lease
@@ -223,7 +242,9 @@ def rollout(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_
     `lease.lease_duration_s(timeout_s)`, `now` = Unix time in seconds), taken after the new revision
     renders and before pre-flight, and released (deleted) when the rollout ends, however it ends. A
     second promote of the same InferenceService meanwhile fails with ApplyError naming the holder and
-    touches nothing; an expired Lease (a promote that died) is taken over.
+    touches nothing; an expired Lease (a promote that died) is taken over. The SLO probe calls the canary's
+    cluster-local address when `probe_cluster_local` (promote runs in a pod), else its external URL
+    (`probe_url`).
 
     Returns:
         RolloutResult "promoted", or "rolled_back" when the SLO probe missed or a step raised ApplyError /
@@ -262,7 +283,8 @@ def rollout(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_
         return _rollout_locked(spec, new_objs, name=name, namespace=namespace, image=image, pvc_name=pvc_name,
                                revision=revision, kube=kube, probe=probe, recorder=recorder, rec=rec, target=target,
                                canary_percent=canary_percent, timeout_s=timeout_s, poll_s=poll_s,
-                               progress=progress, clock=clock, sleep=sleep, held=held)
+                               progress=progress, clock=clock, sleep=sleep, held=held,
+                               probe_cluster_local=probe_cluster_local)
     finally:
         try:
             lease.release(kube, held)
@@ -276,7 +298,7 @@ def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, nam
                     recorder: Recorder, rec: Callable[..., None], target: ClusterTarget | None,
                     canary_percent: int, timeout_s: float, poll_s: float, progress: Progress,
                     clock: Callable[[], float], sleep: Callable[[float], None],
-                    held: "lease.HeldLease") -> RolloutResult:
+                    held: "lease.HeldLease", probe_cluster_local: bool = False) -> RolloutResult:
     """`rollout` after the lock is held (same steps, results and errors)."""
     waits = dict(timeout_s=timeout_s, poll_s=poll_s, progress=progress, clock=clock, sleep=sleep)
     try:
@@ -310,7 +332,7 @@ def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, nam
         wait_ready(kube, [canary_isvc], **waits)
         rec("canary", "ok", canary_traffic_percent=percent if percent is not None else 100)
         live = kube.get(canary_isvc["apiVersion"], "InferenceService", name, namespace) or {}
-        result = probe(probe_url(live))
+        result = probe(probe_url(live, cluster_local=probe_cluster_local))
         ok, why = result.verdict(spec.slo)
         rec("slo_probe", "ok" if ok else "failed", reason=why, ttft_p90_ms=result.ttft_p90_ms,
             itl_p90_ms=result.itl_p90_ms, num_requests=result.num_requests, num_errors=result.num_errors)

@@ -12,7 +12,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from components.image import PDSERVE_IMAGE
+from runtime.image import DEFAULT_IMAGE, cpu_image
+
+PDSERVE_IMAGE = cpu_image(DEFAULT_IMAGE)  # what the steps run by default
 from runtime.batch import workflows as wfm
 from runtime.batch.workflows import (
     BatchInferenceWorkflowSpec,
@@ -574,7 +576,7 @@ def test_with_promote_the_promote_step_promotes_the_champion_unless_it_already_s
     assert c["command"] + c["args"] == [
         "pdserve", "promote", "llama8-pd", "--apply", "--skip-if-live", "--expect-version",
         "{{inputs.parameters.version}}",
-        "--mlflow-uri", "http://mlflow.mlflow.svc:5000", "--namespace", "pdserve", "--image", PDSERVE_IMAGE,
+        "--mlflow-uri", "http://mlflow.mlflow.svc:5000", "--namespace", "pdserve", "--image", DEFAULT_IMAGE,
         "--pvc", "fsx-claim", "--out", "/work/manifests.yaml", "--traffic-upload", "s3://pdserve-traffic/traffic/"]
     assert tpls["promote"]["inputs"]["parameters"] == [{"name": "version"}]
     # only the promote pod may apply: its own service account; tune keeps the workflow's

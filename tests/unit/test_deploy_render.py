@@ -7,6 +7,7 @@ Expected values are written by hand from the spec below and the AWS instance fac
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -524,3 +525,21 @@ def test_a_bucket_only_upload_uri_never_glues_the_service_name_onto_the_bucket()
     objs = render(target=ClusterTarget(traffic_upload_uri="s3://my-models/"))
     args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
     assert f"--traffic-upload=s3://my-models/{NAME}/" in args
+
+
+def test_predictor_timeout_allows_long_streams_and_knative_allows_it():
+    import yaml
+
+    from runtime.config import DeploymentSpec, ModelRef
+    from runtime.deploy.render import PREDICTOR_TIMEOUT_S, find, render_all
+
+    objs = render_all(DeploymentSpec(model=ModelRef(name="m")), name="m", namespace="pdserve", image="x:1",
+                      pvc_name="fsx-claim")
+    assert find(objs, "InferenceService")["spec"]["predictor"]["timeout"] == PREDICTOR_TIMEOUT_S > 300
+    root = Path(__file__).resolve().parents[2] / "infra/k8s/kserve"
+    defaults = next(d for d in yaml.safe_load_all((root / "knative-config.yaml").read_text())
+                    if d["metadata"]["name"] == "config-defaults")
+    assert int(defaults["data"]["max-revision-timeout-seconds"]) >= PREDICTOR_TIMEOUT_S
+    kust = yaml.safe_load((root / "kustomization.yaml").read_text())
+    grace = [yaml.safe_load(p["patch"]) for p in kust["patches"] if p.get("target", {}).get("name") == "activator"]
+    assert grace[0][0]["value"] >= PREDICTOR_TIMEOUT_S

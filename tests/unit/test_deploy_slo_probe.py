@@ -160,3 +160,20 @@ def test_itl_from_the_requests_that_streamed_several_chunks_is_enough():
         t.join(timeout=5)
     assert res.num_errors == 0 and res.itl_p90_ms is not None and res.itl_p90_ms >= 0
     assert res.verdict(SloSpec(ttft_p90_ms=5000, itl_p90_ms=5000))[0] is True
+
+
+def test_probe_url_in_cluster_is_the_routes_cluster_local_address():
+    from runtime.deploy.rollout import probe_url
+
+    isvc = {"metadata": {"name": "llama", "namespace": "pdserve"},
+            "status": {"url": "http://llama-predictor.pdserve.pdserve.example.com",
+                       "address": {"url": "http://llama-predictor.pdserve.svc.cluster.local"},
+                       "components": {"predictor": {"traffic": [
+                           {"revisionName": "llama-predictor-00001", "percent": 90},
+                           {"tag": "latest", "latestRevision": True, "percent": 10,
+                            "url": "http://latest-llama-predictor.pdserve.pdserve.example.com"}]}}}}
+    assert probe_url(isvc) == "http://latest-llama-predictor.pdserve.pdserve.example.com"
+    assert probe_url(isvc, cluster_local=True) == "http://latest-llama-predictor.pdserve.svc.cluster.local"
+    del isvc["status"]["components"]
+    assert probe_url(isvc) == "http://llama-predictor.pdserve.pdserve.example.com"
+    assert probe_url(isvc, cluster_local=True) == "http://llama-predictor.pdserve.svc.cluster.local"

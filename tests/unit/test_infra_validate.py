@@ -456,3 +456,117 @@ def test_every_identity_the_rendered_workflows_run_as_may_report_step_results(tr
     assert res["consistency"].status == "FAIL"
     assert ("CronWorkflow check-promote: pods run as pdserve/pdserve-promoter, which no RoleBinding in pdserve "
             "lets create and patch workflowtaskresults") in res["consistency"].detail
+
+
+# --- the whole-cluster model (check "cluster"): each reference it checks, broken once ---------------------------
+
+@pytest.fixture(scope="module")
+def pipeline_docs():
+    pytest.importorskip("kfp")
+    from runtime.image import DEFAULT_IMAGE
+
+    return V.compiled_pipeline(DEFAULT_IMAGE)
+
+
+def _cluster(root, docs, image=None, **kw):
+    from runtime.image import DEFAULT_IMAGE
+
+    _, parsed = V.check_terraform_hcl(root)
+    return V.check_cluster(root, parsed, model=V.cluster_model(root, parsed, image or DEFAULT_IMAGE, pipeline=docs,
+                                                               **kw))
+
+
+def _edit(path, old, new):
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_committed_cluster_model_is_consistent(pipeline_docs):
+    res = _cluster(REPO, pipeline_docs)
+    assert res.status == "PASS", res.detail
+    from runtime.image import DEFAULT_IMAGE
+
+    m = V.cluster_model(REPO, V.check_terraform_hcl(REPO)[1], DEFAULT_IMAGE, pipeline=pipeline_docs)
+    where = {p.where.split(":")[0] for p in m.pods}
+    assert where == {"infra/k8s", "promote render", "compiled pipeline", "batch workflow"}
+    assert {(p.namespace, p.service_account) for p in m.pods if p.where.startswith("compiled pipeline")} >= {
+        ("kubeflow", "pipeline-runner")}
+
+
+def test_missing_claim_where_the_pipeline_runs_is_reported(tree, pipeline_docs):
+    f = tree / "infra/k8s/storage/pv-kubeflow.yaml"
+    f.write_text(f.read_text().split("---\n")[0])  # the PV stays, the kubeflow claim goes
+    res = _cluster(tree, pipeline_docs)
+    assert res.status == "FAIL"
+    assert "compiled pipeline: exec-stage-weights: PersistentVolumeClaim kubeflow/fsx-claim does not exist" in res.detail
+
+
+def test_missing_required_secret_is_reported_and_optional_ones_are_not(tree, pipeline_docs):
+    _edit(tree / "infra/k8s/mlflow/deployment.yaml", "name: mlflow-db", "name: mlflow-database")
+    res = _cluster(tree, pipeline_docs)
+    assert res.status == "FAIL"
+    assert "Deployment mlflow/mlflow: Secret mlflow/mlflow-database does not exist and is not optional" in res.detail
+    assert "pdserve-s3" not in res.detail  # optional everywhere (Pod Identity instead)
+
+
+def test_missing_service_account_of_a_workflow_pod_is_reported(tree, pipeline_docs):
+    _edit(tree / "infra/k8s/batch/serviceaccount.yaml", "  name: pdserve-batch\n  namespace", "  name: batch\n  namespace")
+    res = _cluster(tree, pipeline_docs)
+    assert res.status == "FAIL"
+    assert "template batch-inference: ServiceAccount pdserve/pdserve-batch does not exist" in res.detail
+
+
+def test_pipeline_runner_without_promote_rbac_is_reported(tree, pipeline_docs):
+    _edit(tree / "infra/k8s/kustomization.yaml", "  - kubeflow-pdserve\n", "")
+    res = _cluster(tree, pipeline_docs)
+    assert res.status == "FAIL"
+    assert ("promote --apply as kubeflow/pipeline-runner into pdserve: ServiceAccount kubeflow/pipeline-runner may "
+            "not create/get/patch serving.kserve.io/inferenceservices in namespace pdserve") in res.detail
+    assert "as pdserve/pdserve-promoter" not in res.detail  # the re-tune's promote step keeps its own binding
+
+
+def test_verb_missing_from_a_bound_role_is_reported(tree, pipeline_docs):
+    _edit(tree / "kserve/promoter-rbac.yaml", "  - leases\n  verbs:\n  - get\n  - create\n  - update\n",
+          "  - leases\n  verbs:\n  - get\n  - create\n")
+    res = _cluster(tree, pipeline_docs)
+    assert res.status == "FAIL"
+    assert "may not update coordination.k8s.io/leases in namespace pdserve" in res.detail
+
+
+def test_runtime_without_planner_scale_rights_is_reported():
+    objs = V.promote_render("pdserve:check")
+    needs = V.runtime_needs(objs)
+    m = V.ClusterModel([o for o in objs if "-planner" not in o["metadata"]["name"]], [], needs, "pdserve:check")
+    problems = V.rbac_problems(m)
+    assert any("(planner)" in p and "deployments/scale cluster-check-prefill" in p for p in problems), problems
+    assert V.rbac_problems(V.ClusterModel(objs, [], needs, "pdserve:check")) == []
+
+
+def test_a_step_image_from_another_registry_is_reported(tree, pipeline_docs):
+    import copy
+
+    docs = copy.deepcopy(pipeline_docs)
+    docs[0]["deploymentSpec"]["executors"]["exec-tune-tp"]["container"]["image"] = "docker.io/someone/pdserve:1"
+    res = _cluster(tree, docs)
+    assert res.status == "FAIL"
+    assert ("compiled pipeline: exec-tune-tp: image docker.io/someone/pdserve:1 is not from the configured "
+            "repository public.ecr.aws/pdserve/pdserve-runtime") in res.detail
+
+
+def test_every_pdserve_image_follows_the_configured_image(tree):
+    pytest.importorskip("kfp")
+    ecr = "123456789012.dkr.ecr.us-east-1.amazonaws.com/pdserve-runtime:0.2.0"
+    res = _cluster(tree, V.compiled_pipeline(ecr), image=ecr)
+    assert res.status == "PASS", res.detail
+    res = _cluster(tree, V.compiled_pipeline(ecr))  # the default image configured, the pipeline compiled for ECR
+    assert res.status == "FAIL" and "123456789012.dkr.ecr" in res.detail
+
+
+def test_pod_identity_association_to_a_missing_service_account_is_reported(tree, pipeline_docs):
+    _edit(tree / "infra/terraform/iam.tf", 'service_account = "pipeline-runner"', 'service_account = "pipeline-runnr"')
+    res = _cluster(tree, pipeline_docs)
+    assert res.status == "FAIL"
+    assert ('aws_eks_pod_identity_association.pipeline: ServiceAccount kubeflow/pipeline-runnr exists nowhere'
+            in res.detail)
+    assert "pipeline steps run as kubeflow/pipeline-runner, which has no aws_eks_pod_identity_association" in res.detail
