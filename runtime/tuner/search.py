@@ -147,13 +147,16 @@ class TuneResult:
         )
 
     def max_model_len_tokens(self) -> int:
-        """vLLM ``--max-model-len`` for the winner: room for requests twice the workload's mean ISL + OSL
-        (rounded up to 1024, at least EngineSpec's default 4096), capped by the model's
-        ``max_position_embeddings`` and by the KV capacity of one prefill and one decode worker (vLLM
-        refuses to start when one sequence of that length does not fit); never below ISL + OSL."""
+        """vLLM ``--max-model-len`` for the winner, tokens: the model's context window (the length vLLM derives
+        from its config, ``ModelSpec.max_context_tokens``), capped by the KV capacity of one prefill and one
+        decode worker (vLLM refuses to start when one sequence of that length does not fit); never below the
+        workload's ISL + OSL. Sized from the model, not from the workload's mean: a request longer than the
+        mean must still be served (vLLM allocates KV blocks as a sequence grows, so a long limit costs nothing
+        until a long request comes)."""
         need = self.workload.isl_tokens + self.workload.osl_tokens
-        want = max(EngineSpec.model_fields["max_model_len_tokens"].default, -(-2 * need // 1024) * 1024)
-        caps = [self.model.max_context_tokens or self.model.max_position_embeddings or want]
+        want = self.model.max_context_tokens or self.model.max_position_embeddings or max(
+            need, EngineSpec.model_fields["max_model_len_tokens"].default)
+        caps = []
         if self.best.kv_capacity_tokens:
             caps.append(self.best.kv_capacity_tokens)
         if isinstance(self.perf, PerfModel):

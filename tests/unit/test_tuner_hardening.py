@@ -101,9 +101,13 @@ def test_spec_max_model_len_covers_the_workload_within_the_model_and_kv() -> Non
     res = tune(l8, "H100-SXM", SloSpec(), WorkloadSpec(isl_tokens=8000, osl_tokens=150))
     n = res.to_deployment_spec(ModelRef(name="l8")).engine.max_model_len_tokens
     assert 8150 <= n <= l8.max_position_embeddings and n <= res.best.kv_capacity_tokens
-    assert n == 16384  # twice ISL+OSL, rounded up to 1024
+    assert n == l8.max_context_tokens == 131072  # the model's context: an H100 holds one such sequence
     short = tune(l8, "H100-SXM", SloSpec(), WorkloadSpec(isl_tokens=100, osl_tokens=50))
-    assert short.to_deployment_spec(ModelRef(name="l8")).engine.max_model_len_tokens == 4096
+    assert short.to_deployment_spec(ModelRef(name="l8")).engine.max_model_len_tokens == n  # not the mean's 2x
+    l70 = load_model_spec(L8_PATH.with_name("meta-llama--Meta-Llama-3.1-70B_config.json"))
+    small = tune(l70, "L40S", SloSpec(), WorkloadSpec(isl_tokens=1000, osl_tokens=100, request_rate_per_s=1))
+    m = small.max_model_len_tokens()  # 48 GB GPUs: the KV memory, not the 131k context, bounds it
+    assert 1100 <= m < 131072 and m <= small.best.kv_capacity_tokens
 
 
 def test_usd_per_mtok_is_the_price_of_the_replicas_written() -> None:
@@ -190,5 +194,5 @@ def test_an_instance_type_bounds_tp_by_its_gpu_count(tmp_path: Path) -> None:
     assert spec.prefill.tp == 1 and spec.decode.tp == 1
     import re
 
-    rows = [line for line in res.output.splitlines() if re.match(r"│ [★ ] │\s+\d+ │\s+\d+ │", line)]
+    rows = [line for line in res.output.splitlines() if re.match(r"│ [★ ] │\s+\d+ / \d+ │", line)]
     assert len(rows) == 1  # the only candidate one g6e.xlarge (one L40S) holds: TP 1 / TP 1
