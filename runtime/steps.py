@@ -127,7 +127,8 @@ def check_tune_parameters(
     (`runtime.usecases.champion.ChampionPolicy`, `pdserve tune --min-improvement-pct`).
 
     Raises:
-        ValueError: every bad parameter named in one message (unknown GPU, precision, SLO, workload,
+        ValueError: every bad parameter named in one message (unknown GPU or one no NodePool provisions
+            (`runtime.deploy.instances.deployable_problem`), precision, SLO, workload,
             gpu_budget, a registered model name MLflow refuses, a malformed traffic_trace_uri, a planner_mode
             other than off/sla/load, a trace_window_h that is negative, not finite, or given without a trace,
             a min_improvement_pct that is negative or not finite).
@@ -158,6 +159,12 @@ def check_tune_parameters(
         parsed["gpu"] = resolve_gpu(gpu)
     except KeyError as e:
         problems.append(f"gpu: {e.args[0] if e.args else e}")
+    else:  # the pipeline promotes what it tunes: refuse a GPU no NodePool provisions before anything is copied
+        from runtime.deploy.instances import deployable_problem
+
+        undeployable = deployable_problem(gpu, parsed["gpu"].name)
+        if undeployable:
+            problems.append(f"gpu: {undeployable}")
     try:
         parsed["precision"] = check_precision(precision)
     except ValueError as e:
