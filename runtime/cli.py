@@ -969,8 +969,9 @@ def promote(
     if db_file is not None and not db_file.is_file():  # MLflow would create an empty database there
         _fail(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
               "--register` or `pdserve demo` first)")
-    from runtime.deploy.errors import RolledBackError
+    from runtime.deploy.errors import ManifestError, RolledBackError
     from runtime.staging.manifest import StagingError
+    from runtime.tracking.mlflow_runs import TrackingError
 
     try:
         info = promote_step(expect_version or "", registered_model, mlflow_uri, namespace, image, pvc, apply,
@@ -980,9 +981,13 @@ def promote(
     except RolledBackError as e:  # manifests were written; the canary was rolled back
         _fail(str(e))
     except StagingError as e:  # the champion's model folder is not a verified staged copy
-        _fail(f"StagingError: {e} (`pdserve stage` the model and tune that folder, or pass --allow-unstaged to "
-              "promote it anyway)")
-    except Exception as e:  # noqa: BLE001 - CLI edge: show the message, not a traceback
+        _fail(f"{e} (`pdserve stage` the model and tune that folder, or pass --allow-unstaged to promote it "
+              "anyway)")
+    except (TrackingError, ManifestError, ValueError, OSError) as e:  # ours, and files: their message says it
+        _fail(str(e))
+    except KeyError as e:  # an unknown GPU or instance type: the message lists the known ones
+        _fail(str(e.args[0]) if e.args else str(e))
+    except Exception as e:  # noqa: BLE001 - unexpected: its kind helps a bug report; no traceback
         _fail(f"{type(e).__name__}: {e}")
     console.print(escape(f"version {info['version']}: {info['num_objects']} objects {info['kinds']} → {out}")
                   + (" (applied)" if info["applied"] else "")

@@ -77,9 +77,9 @@ CPU_GPU_NAME = "CPU"
 def deployable_problem(gpu_option: str, gpu: str) -> str | None:
     """Why ``pdserve promote`` could not place workers for ``--gpu gpu_option`` (resolved to catalog GPU ``gpu``)
     on a NodePool, with how to add it; None when it can (an instance type in ``INSTANCES``, or a GPU with a
-    default instance)."""
+    default instance, or the "CPU" pseudo-GPU, whose workers need no GPU node)."""
     is_instance_type = "." in gpu_option  # EC2 names are family.size; GPU catalog names have no dot
-    if gpu_option in INSTANCES or (not is_instance_type and gpu in DEFAULT_INSTANCE_FOR_GPU):
+    if gpu == CPU_GPU_NAME or gpu_option in INSTANCES or (not is_instance_type and gpu in DEFAULT_INSTANCE_FOR_GPU):
         return None
     return (f"{gpu_option!r} ({gpu}) can be tuned but not deployed: no Karpenter NodePool provisions it "
             f"(deployable: {', '.join(sorted(DEFAULT_INSTANCE_FOR_GPU))} and their instance types in "

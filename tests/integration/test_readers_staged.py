@@ -98,7 +98,7 @@ def test_pdserve_promote_names_the_folder_and_offers_allow_unstaged(registry, fo
     res = runner.invoke(app, ["promote", "prepared", "--mlflow-uri", registry, "--out", str(out)],
                         env={"COLUMNS": "400"})
     assert res.exit_code == 1
-    assert "StagingError" in res.output and str(folders["prepared"]) in " ".join(res.output.split())
+    assert "StagingError" not in res.output and "not a verified staged copy" in res.output and str(folders["prepared"]) in " ".join(res.output.split())
     assert "--allow-unstaged" in res.output  # the way out is named
     assert not out.exists()
     res = runner.invoke(app, ["promote", "prepared", "--mlflow-uri", registry, "--out", str(out), "--allow-unstaged"],
