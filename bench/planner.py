@@ -55,6 +55,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from runtime.modelfiles.catalog import CATALOG_DIR  # noqa: E402
 from runtime.models.spec import ModelSpec  # noqa: E402
 from runtime.paths import print_json_line  # noqa: E402
 from runtime.perf.gpus import get_gpu  # noqa: E402
@@ -80,7 +81,7 @@ from runtime.sim.fleet import (  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from planner_dynamo import DynamoPlannerProcess, dynamo_profile_payload  # noqa: E402,F401
 
-MODELS_DIR = ROOT / "runtime" / "models" / "catalog"
+MODELS_DIR = CATALOG_DIR
 DYNAMO_VENV = ROOT / ".venv-bench-planner"  # ai-dynamo==1.0.2 + its planner's imports (optional)
 DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are 5 or 10
 
