@@ -149,9 +149,15 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
 
 
 async def _readiness_loop(model: PDModel, interval_s: float) -> None:
-    """Forever: check every decode worker's /health (PDModel.worker_healthy records it for `ready`)."""
+    """Forever: check every worker's /health (PDModel.worker_healthy records it for `ready`) and mark it up
+    or down in the fixed pairing (configured workers: one not answering, starting or dead, is down)."""
     while True:
-        await asyncio.gather(*(model.worker_healthy(u) for u in model.decode_urls()))
+        urls = model.worker_urls()
+        results = await asyncio.gather(*(model.worker_healthy(u) for u in urls))
+        for url, ok in zip(urls, results):
+            mark = getattr(model.pairing, "mark_up" if ok else "mark_down", None)
+            if mark is not None:
+                mark(url)
         await asyncio.sleep(interval_s)
 
 

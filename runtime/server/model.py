@@ -88,6 +88,10 @@ _DEPLOYMENT_4XX = frozenset({401, 403, 404, 407})
 #: vLLM NIXL `kv_lease_duration` default, seconds (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
 #: base_scheduler.py, 0.28).
 DEFAULT_KV_LEASE_S = 30.0
+#: 5xx answers in a row that take a worker out of rotation (PDModel `worker_5xx_limit`): more than one so that
+#: one request the worker cannot serve does not take it out, few so that a worker whose engine died (vLLM then
+#: answers every request 500) costs only a few failed requests before its next health check.
+DEFAULT_WORKER_5XX_LIMIT = 3
 #: Headroom between the last moment the runtime starts a decode leg on a handoff and the lease's end,
 #: seconds: the decode worker must receive the request, schedule it and send its first heartbeat or read.
 DEFAULT_KV_LEASE_MARGIN_S = 5.0
@@ -262,6 +266,7 @@ class PDModel(OpenAIGenerativeModel):
         traffic_log: Any | None = None,
         kv_lease_s: float = DEFAULT_KV_LEASE_S,
         kv_lease_margin_s: float = DEFAULT_KV_LEASE_MARGIN_S,
+        worker_5xx_limit: int = DEFAULT_WORKER_5XX_LIMIT,
     ) -> None:
         super().__init__(name)
         if not 0 <= kv_lease_margin_s < kv_lease_s:
@@ -288,6 +293,10 @@ class PDModel(OpenAIGenerativeModel):
         self.wall_clock = wall_clock  # Unix seconds: prefill priorities must agree across runtime replicas
         self._header_key = secrets.token_bytes(16)  # keys the worker ids in response headers
         self._healthy: dict[str, bool] = {}  # worker URL -> its last health check or request's verdict
+        if worker_5xx_limit < 1:
+            raise ValueError(f"worker_5xx_limit={worker_5xx_limit}: expected >= 1")
+        self.worker_5xx_limit = worker_5xx_limit
+        self._errors_in_row: dict[str, int] = {}  # worker URL -> 5xx answers in a row (`_note_answer`)
 
     @property
     def ready(self) -> bool:
@@ -307,10 +316,30 @@ class PDModel(OpenAIGenerativeModel):
         return [u.rstrip("/") for u in getattr(self.pairing, "decode_urls", [])]
 
     def _mark_unreachable(self, url: str) -> None:
-        """A request found the worker at `url` gone: out of the pairing's rotation and of readiness until a
-        health check answers again."""
+        """A request found the worker at `url` gone (or failing: `_note_answer`): out of the pairing's rotation
+        and of readiness until a health check answers again."""
         self._healthy[url.rstrip("/")] = False
+        self._errors_in_row.pop(url.rstrip("/"), None)
         self.pairing.on_worker_unreachable(url)
+
+    def _note_answer(self, url: str, exc: BackendError | None) -> None:
+        """Count a worker call's outcome: `worker_5xx_limit` 5xx answers in a row (a worker whose engine died
+        answers every request 500) take the worker out like a refused connection; any other outcome ends
+        the run. Timeouts (504: a busy worker) and refused connections (counted at once) are not counted."""
+        key = url.rstrip("/")
+        if exc is None or exc.unreachable or not 500 <= exc.status_code < 600 or exc.status_code == 504:
+            self._errors_in_row.pop(key, None)
+            return
+        self._errors_in_row[key] = self._errors_in_row.get(key, 0) + 1
+        if self._errors_in_row[key] >= self.worker_5xx_limit:
+            logger.warning("worker %s answered %d 5xx in a row: out of rotation until a health check answers",
+                           url, self._errors_in_row[key])
+            self._mark_unreachable(url)
+
+    def worker_urls(self) -> list[str]:
+        """Base URLs of every worker of the pairing's pool (prefill and decode), for health checks."""
+        pool = self._pool_urls()
+        return sorted(pool) if pool is not None else self.decode_urls()
 
     def _client(self, url: str, user: object = None) -> VllmClient:
         """The client of worker `url`, recorded as used by `user` until `_release(user)`. Creating a client
@@ -374,6 +403,8 @@ class PDModel(OpenAIGenerativeModel):
         finally:
             self._release(user)
         self._healthy[url.rstrip("/")] = ok
+        if ok:
+            self._errors_in_row.pop(url.rstrip("/"), None)
         return ok
 
     async def aclose(self) -> None:
@@ -464,6 +495,7 @@ class PDModel(OpenAIGenerativeModel):
         except asyncio.TimeoutError:
             kv = None
         except BackendError as exc:
+            self._note_answer(route.prefill_url, exc)
             if _is_client_fault(exc):
                 # the prefill leg's rejection speaks of the leg (max_tokens=1, no stream); the decode worker,
                 # given the client's own request, answers it or rejects it in the client's terms
@@ -476,6 +508,8 @@ class PDModel(OpenAIGenerativeModel):
             if exc.unreachable:
                 self._mark_unreachable(route.prefill_url)
             kv = None
+        else:
+            self._note_answer(route.prefill_url, None)
         if kv is None:  # worker down, 5xx, a deployment-fault 4xx, or a worker without a KV connector
             self.metrics.prefill_fallbacks.inc()
             return self.pairing.on_prefill_failed(rid, self.clock()), None
@@ -587,6 +621,7 @@ class PDModel(OpenAIGenerativeModel):
             while True:
                 try:
                     answer = await decode.complete(path, body, rid, kv)
+                    self._note_answer(route.decode_url, None)
                     break
                 except BackendError as exc:
                     new = self._migrate(exc, route, rid)
@@ -631,6 +666,7 @@ class PDModel(OpenAIGenerativeModel):
 
     def _migrate(self, exc: BackendError, route: Route, rid: str) -> Route | None:
         """After a decode failure: the route to continue on, or None (not a dead worker, or no migration)."""
+        self._note_answer(route.decode_url, exc)
         if not exc.unreachable:  # the worker answered, or was only slow: not a dead worker
             return None
         self._mark_unreachable(route.decode_url)
@@ -701,11 +737,13 @@ class PDModel(OpenAIGenerativeModel):
                             yielded = True
                             yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
                     ok = True
+                    self._note_answer(route.decode_url, None)
                     break
                 except BackendError as exc:
                     if replayable:
                         new = self._migrate(exc, route, rid)
                     else:  # reasoning or a tool call was sent: a continuation would repeat or lose it
+                        self._note_answer(route.decode_url, exc)
                         if exc.unreachable:
                             self._mark_unreachable(route.decode_url)
                         new = None

@@ -290,3 +290,65 @@ async def test_the_route_is_released_even_when_the_metrics_fail():
     with pytest.raises(ValueError):
         await model.create_chat_completion(_request())
     assert sum(p.completed.values()) == 1 and not p._routes
+
+
+async def test_a_run_of_5xx_takes_a_prefill_worker_out_until_a_health_check_answers():
+    seen = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req.url.host)
+        if req.url.path == "/health":
+            return httpx.Response(200)
+        if req.url.host == "prefill":
+            return httpx.Response(500, json={"error": {"message": "engine dead", "code": 500}})
+        return httpx.Response(200, json=_completion("Paris"))
+
+    model, p = _model(handler)
+    for _ in range(model.worker_5xx_limit):
+        assert isinstance(await model.create_chat_completion(_request()), ChatCompletion)  # local fallback
+    assert seen.count("prefill") == model.worker_5xx_limit and p.down == {"http://prefill"}
+    seen.clear()
+    assert isinstance(await model.create_chat_completion(_request()), ChatCompletion)
+    assert seen == ["decode"]  # no prefill spent on a worker known to fail
+    assert await model.worker_healthy("http://prefill")
+    p.mark_up("http://prefill")  # what the health loop does with that answer
+    seen.clear()
+    await model.create_chat_completion(_request())
+    assert seen[0] == "prefill"
+
+
+async def test_5xx_answers_not_in_a_row_keep_the_worker():
+    answers = iter([500, 200, 500, 200, 500, 200])
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "prefill":
+            status = next(answers)
+            if status != 200:
+                return httpx.Response(status, json={"error": {"message": "busy", "code": status}})
+            return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+        return httpx.Response(200, json=_completion("Paris"))
+
+    model, p = _model(handler)
+    for _ in range(6):
+        await model.create_chat_completion(_request())
+    assert p.down == set()
+
+
+async def test_a_refused_decode_worker_is_not_sent_a_prefill_again():
+    seen = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req.url.host)
+        if req.url.host == "decode":
+            raise httpx.ConnectError("refused", request=req)
+        return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+
+    model, p = _model(handler)
+    out = await model.create_chat_completion(_request())
+    assert isinstance(out, ErrorResponse) and p.down == {"http://decode"} and not model.ready
+    seen.clear()
+    from kserve.errors import ModelNotReady
+
+    with pytest.raises(ModelNotReady):  # 503 with Retry-After (runtime.server.errors)
+        await model.create_chat_completion(_request())
+    assert seen == []
