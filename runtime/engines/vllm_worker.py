@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -39,7 +40,7 @@ from runtime.engines.vllm_plugin import (
     progress_delay_us,
 )
 from runtime.ports import free_port  # noqa: F401 - re-exported: launch and the tests import it from here
-from runtime.procs import stop_process
+from runtime.procs import stop_group, stop_process
 
 Role = Literal["prefill", "decode", "both"]
 ROLES: tuple[str, ...] = ("prefill", "decode", "both")
@@ -358,6 +359,11 @@ class WorkerProcess:
         """True while the subprocess runs."""
         return self._proc is not None and self._proc.poll() is None
 
+    def exit_code(self) -> int | None:
+        """The API server's exit code once it exited after `start` (negative: killed by that signal); None
+        while it runs or when it was never started (or was stopped)."""
+        return None if self._proc is None else self._proc.poll()
+
     def log_tail(self, num_bytes: int = 4000) -> str:
         """The last `num_bytes` of the worker log (for error messages)."""
         try:
@@ -368,12 +374,14 @@ class WorkerProcess:
         except OSError:
             return ""
 
-    def wait_ready(self, timeout_s: float = 600.0, poll_interval_s: float = 1.0) -> None:
+    def wait_ready(self, timeout_s: float = 600.0, poll_interval_s: float = 1.0,
+                   cancelled: Callable[[], bool] | None = None) -> None:
         """Block until GET /health answers 200.
 
         Raises:
-            WorkerStartError: the process exited, or `timeout_s` passed (the worker is left running; call
-                `stop`). The message names the role, URL and log path and ends with the log tail.
+            WorkerStartError: the process exited, `timeout_s` passed or `cancelled()` turned true (the worker
+                is left running; call `stop`). The message names the role, URL and log path and ends with the
+                log tail.
         """
         if self._proc is None:
             raise WorkerStartError(f"{self.role} worker was never started")
@@ -391,6 +399,8 @@ class WorkerProcess:
                         return
                 except httpx.HTTPError:
                     pass
+                if cancelled is not None and cancelled():
+                    raise WorkerStartError(f"{self.role} worker {self.base_url}: waiting for it was cancelled")
                 if time.monotonic() > deadline:
                     raise WorkerStartError(
                         f"{self.role} worker {self.base_url} not ready after {timeout_s:.0f} s "
@@ -402,16 +412,15 @@ class WorkerProcess:
         """Stop the worker through our own handle and return its exit code (None if never started).
 
         SIGTERM to the server process (it shuts down its engine-core child), wait up to `timeout_s`, then
-        SIGKILL; finally SIGKILL whatever is left in the process group we created for it (start_new_session),
-        so no engine-core child outlives the worker.
+        SIGKILL; then the same for whatever is left in the process group we created for it
+        (start_new_session: engine-core and worker processes, which outlive an API server that was killed),
+        so no vLLM process outlives the worker.
         """
         proc, self._proc = self._proc, None
         code = stop_process(proc, timeout_s)
-        if proc is not None:
-            try:
-                os.killpg(proc.pid, 9)  # leftovers of our own session only
-            except (ProcessLookupError, PermissionError):
-                pass
+        if proc is not None and not stop_group(proc.pid, timeout_s):
+            logger.warning("%s worker %s: processes of its group %d survived SIGKILL", self.role, self.base_url,
+                           proc.pid)
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None
