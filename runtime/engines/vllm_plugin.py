@@ -16,6 +16,17 @@ The thread stays on (turning it off made UCX progress depend on both engines cal
 transfer after start-up could then hang for minutes); it only sleeps `PDSERVE_NIXL_PROGRESS_DELAY_US`
 microseconds between polls, which bounds the latency it adds per progress event to that much.
 
+The same plugin slows the engine's idle poll where the worker asks (`PDSERVE_ENGINE_IDLE_POLL_US`): a vLLM
+engine that holds KV blocks for a remote decode worker (a prefill worker after a remote prefill, until the
+decode worker's read or the KV lease ends) or waits for a KV read (a decode worker) loops over empty engine steps,
+each a round trip to its worker process with a 1-ms sleep between them (vllm/v1/engine/core.py
+`EngineCoreProc._process_engine_step`, 0.28). On 2 cores shared with the decode worker that loop starved it:
+the decode worker's engine then spent 20-30 s in one step (stack dumps: inside the model's forward pass, 0
+tokens/s), could neither admit nor read a new request, and read the KV blocks only after the prefill worker's
+30-s lease had released them (its log: "Potentially invalid KV blocks"); a longer lease made those stalls
+longer. With the poll slowed to one step every 10 ms an idle engine's loop costs a few percent of a core, and
+a KV read's completion is seen at most 10 ms later (a CPU decode step takes tens of ms).
+
 On GPU nodes a busy progress thread is NIXL's intended low-latency mode and cores are plentiful: the runtime
 sets the variable only for CPU workers (`vllm_worker.build_worker_env`, `deploy.workers`). A value already
 in the environment wins. vLLM loads only the plugins named in `VLLM_PLUGINS` when that is set; the runtime adds
@@ -24,17 +35,42 @@ in the environment wins. vLLM loads only the plugins named in `VLLM_PLUGINS` whe
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import sys
+import time
 import types
 
 PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
 CPU_PROGRESS_DELAY_US = 100
+IDLE_POLL_ENV = "PDSERVE_ENGINE_IDLE_POLL_US"
+#: Least time between two empty engine steps of a CPU worker, microseconds (see the module docstring).
+CPU_ENGINE_IDLE_POLL_US = 10_000
 PLUGIN_NAME = "pdserve_nixl"  # the entry point's name in pyproject.toml (what VLLM_PLUGINS lists)
 ENTRY_POINT = "runtime.engines.vllm_plugin:register"
 
 # a child of vLLM's "vllm" logger, so the line lands in the worker's log with vLLM's own format
 logger = logging.getLogger("vllm.pdserve_nixl")
+
+
+def _microseconds(name: str, example: int, env: dict[str, str] | None) -> int | None:
+    """Whole microseconds in [0, 1_000_000] from variable `name` (in `env`, default `os.environ`); None when
+    unset or empty.
+
+    Raises:
+        ValueError: any other value.
+    """
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected whole microseconds, e.g. {example}") from None
+    if not 0 <= value <= 1_000_000:
+        raise ValueError(f"{name}={value}: expected 0..1000000 microseconds")
+    return value
 
 
 def progress_delay_us(env: dict[str, str] | None = None) -> int | None:
@@ -45,16 +81,49 @@ def progress_delay_us(env: dict[str, str] | None = None) -> int | None:
     Raises:
         ValueError: the value is not a whole number of microseconds in [0, 1_000_000].
     """
-    raw = (os.environ if env is None else env).get(PROGRESS_DELAY_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{PROGRESS_DELAY_ENV}={raw!r}: expected whole microseconds, e.g. 100") from None
-    if not 0 <= value <= 1_000_000:
-        raise ValueError(f"{PROGRESS_DELAY_ENV}={value}: expected 0..1000000 microseconds")
-    return value
+    return _microseconds(PROGRESS_DELAY_ENV, CPU_PROGRESS_DELAY_US, env)
+
+
+def engine_idle_poll_us(env: dict[str, str] | None = None) -> int | None:
+    """The least time between two empty engine steps asked for by `PDSERVE_ENGINE_IDLE_POLL_US` (in `env`,
+    default `os.environ`); None when unset or empty (vLLM's own 1-ms sleep).
+
+    Raises:
+        ValueError: the value is not a whole number of microseconds in [0, 1_000_000].
+    """
+    return _microseconds(IDLE_POLL_ENV, CPU_ENGINE_IDLE_POLL_US, env)
+
+
+def idle_poll_step(step, poll_us: int):
+    """`EngineCoreProc._process_engine_step` that, after a step that ran no model (the engine only polls for
+    KV transfers: `step` returned False) while the scheduler still has requests, sleeps until `poll_us`
+    microseconds have passed since the step began. Steps that ran the model are not delayed."""
+    poll_s = poll_us / 1e6
+
+    @functools.wraps(step)
+    def _process_engine_step(self) -> bool:
+        t0 = time.monotonic()
+        executed = step(self)
+        if not executed and self.scheduler.has_requests():
+            left = poll_s - (time.monotonic() - t0)
+            if left > 0:
+                time.sleep(left)
+        return executed
+
+    _process_engine_step.pdserve_original = step
+    return _process_engine_step
+
+
+def _slow_idle_poll(poll_us: int) -> bool:
+    """Patch vLLM's engine loop in this process (only where `vllm.v1.engine.core` is already imported: the
+    engine-core process, which loads plugins in its constructor). Idempotent; returns True when patched."""
+    core = sys.modules.get("vllm.v1.engine.core")
+    proc = getattr(core, "EngineCoreProc", None)
+    step = getattr(proc, "_process_engine_step", None)
+    if step is None:
+        return False
+    proc._process_engine_step = idle_poll_step(getattr(step, "pdserve_original", step), poll_us)
+    return True
 
 
 def plugin_installed() -> bool:
@@ -81,17 +150,21 @@ class _BindingsWithProgressDelay(types.ModuleType):
 
 
 def register() -> None:
-    """vLLM plugin hook: NIXL agents created in this process use the configured progress-thread delay.
+    """vLLM plugin hook: NIXL agents created in this process use the configured progress-thread delay, and the
+    engine loop of this process (if it runs one) the configured idle poll.
 
-    Does nothing when `PDSERVE_NIXL_PROGRESS_DELAY_US` is unset or NIXL is not installed; idempotent (a second
-    call only updates the delay). Sets `UCX_RCACHE_MAX_UNRELEASED=1024` first unless set, as vLLM's
+    Each does nothing when its variable (`PDSERVE_NIXL_PROGRESS_DELAY_US`, `PDSERVE_ENGINE_IDLE_POLL_US`) is unset
+    (or NIXL / vLLM's engine core is not loaded); idempotent (a second call only updates the values). Sets `UCX_RCACHE_MAX_UNRELEASED=1024` first unless set, as vLLM's
     `nixl_utils` would have before its own first NIXL import (UCX registration-cache leak workaround).
 
     Raises:
-        ValueError: the variable holds no valid delay (see `progress_delay_us`). vLLM's plugin loader does not
+        ValueError: a variable holds no valid value (see `progress_delay_us`, `engine_idle_poll_us`). vLLM's plugin loader does not
             catch it, so the vLLM process exits at start-up; `vllm_worker.build_worker_env` checks the value
             before any worker is spawned.
     """
+    poll = engine_idle_poll_us()
+    if poll is not None and _slow_idle_poll(poll):
+        logger.info("engine idle poll: at least %d us between empty steps (%s)", poll, IDLE_POLL_ENV)
     delay = progress_delay_us()
     if delay is None:
         return

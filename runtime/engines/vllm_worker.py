@@ -6,7 +6,8 @@ both workers run `python -m vllm.entrypoints.openai.api_server` (the `vllm` cons
 own `VLLM_NIXL_SIDE_CHANNEL_PORT`, `UCX_TLS=tcp,self` on CPU, `--dtype float32` on CPU (bf16 crashed the CPU
 AMX attention kernel after a remote prefill), `--enforce-eager` and an explicit `--block-size` (prefill and
 decode must agree on dtype, block size, KV dtype, attention backend and vLLM version). pdserve adds
-`PDSERVE_NIXL_PROGRESS_DELAY_US=100` on CPU (NIXL's progress thread otherwise busy-polls a core per worker;
+`PDSERVE_NIXL_PROGRESS_DELAY_US=100` and `PDSERVE_ENGINE_IDLE_POLL_US=10000` on CPU (NIXL's progress thread otherwise
+busy-polls a core per worker, and an engine holding a KV handoff polls in a tight loop;
 see `runtime.engines.vllm_plugin`).
 
 `build_vllm_args` and `build_worker_env` are pure functions of their arguments (unit-testable); `WorkerProcess`
@@ -33,9 +34,12 @@ import httpx
 
 from runtime.config import EngineSpec
 from runtime.engines.vllm_plugin import (
+    CPU_ENGINE_IDLE_POLL_US,
     CPU_PROGRESS_DELAY_US,
+    IDLE_POLL_ENV,
     PLUGIN_NAME,
     PROGRESS_DELAY_ENV,
+    engine_idle_poll_us,
     plugin_installed,
     progress_delay_us,
 )
@@ -170,8 +174,10 @@ def build_worker_env(
         base_env: environment to extend (usually `os.environ`); not modified.
         side_channel_port: `VLLM_NIXL_SIDE_CHANNEL_PORT` (NIXL handshake; unique per worker on a host).
         host: `VLLM_NIXL_SIDE_CHANNEL_HOST`.
-        cpu: set the CPU-only settings (`UCX_TLS=tcp,self`, `VLLM_CPU_KVCACHE_SPACE`, and
-            `PDSERVE_NIXL_PROGRESS_DELAY_US=100` unless `base_env` sets it: NIXL's UCX progress thread
+        cpu: set the CPU-only settings (`UCX_TLS=tcp,self`, `VLLM_CPU_KVCACHE_SPACE`,
+            `PDSERVE_ENGINE_IDLE_POLL_US=10000` unless `base_env` sets it: an engine holding or awaiting a KV
+            handoff otherwise polls in a loop that starved the other worker, see `runtime.engines.vllm_plugin`;
+            and `PDSERVE_NIXL_PROGRESS_DELAY_US=100` unless `base_env` sets it: NIXL's UCX progress thread
             busy-polls a core per worker and starved the engines on 2 cores, TTFT 13-38 s vs 0.2-1.2 s with a
             100-us sleep between polls; `runtime.engines.vllm_plugin` applies it inside vLLM's processes, and
             `pdserve_nixl` is added to `VLLM_PLUGINS` when that restricts vLLM's plugins).
@@ -184,7 +190,8 @@ def build_worker_env(
         cpu_omp_num_threads: `OMP_NUM_THREADS` when not None (CPU only).
 
     Raises:
-        ValueError: `base_env` sets `PDSERVE_NIXL_PROGRESS_DELAY_US` to something other than whole microseconds.
+        ValueError: `base_env` sets `PDSERVE_NIXL_PROGRESS_DELAY_US` or `PDSERVE_ENGINE_IDLE_POLL_US` to something other
+            than whole microseconds in [0, 1000000].
     """
     env = dict(base_env)
     env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
@@ -196,7 +203,9 @@ def build_worker_env(
         env["UCX_TLS"] = "tcp,self"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kv_cache_space_gib))
         env.setdefault(PROGRESS_DELAY_ENV, str(CPU_PROGRESS_DELAY_US))
+        env.setdefault(IDLE_POLL_ENV, str(CPU_ENGINE_IDLE_POLL_US))
         progress_delay_us(env)  # a bad value fails here, not as a vLLM crash at start-up
+        engine_idle_poll_us(env)
         allowed = env.get("VLLM_PLUGINS")
         if allowed is not None and PLUGIN_NAME not in allowed.split(","):
             env["VLLM_PLUGINS"] = ",".join(filter(None, [*allowed.split(","), PLUGIN_NAME]))
