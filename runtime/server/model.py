@@ -699,7 +699,15 @@ class PDModel(OpenAIGenerativeModel):
             while True:
                 try:
                     async with contextlib.aclosing(decode.stream(path, attempt, rid, kv)) as events:
-                        async for chunk in events:
+                        chunks = events.__aiter__()
+                        while True:
+                            wait_s = None  # a leg on a handoff must show its first token before the deadline
+                            if kv is not None and first_s is None and lease_end is not None:
+                                wait_s = max(0.0, lease_end - self.kv_lease_margin_s - self.clock())
+                            try:
+                                chunk = await asyncio.wait_for(chunks.__anext__(), wait_s)
+                            except StopAsyncIteration:
+                                break
                             worker_err = _stream_error_event(chunk, route.decode_url)
                             if worker_err is not None:  # the worker gave up mid-stream: client told, error
                                 logger.warning("decode worker %s sent an error event mid-stream: %.500s",
@@ -739,6 +747,23 @@ class PDModel(OpenAIGenerativeModel):
                     ok = True
                     self._note_answer(route.decode_url, None)
                     break
+                except asyncio.TimeoutError:
+                    # The handoff's lease would end before this decode leg made its first token (the decode worker
+                    # has not read the KV, or has not admitted the request: its engine can stall in one step for
+                    # longer than the lease on a starved CPU). Closing the stream aborts the request on the decode
+                    # worker, before it reads; the decode worker then prefills the request itself.
+                    self.metrics.kv_lease_expiries.inc()
+                    logger.warning("request %s: no first token %.0f s before the KV lease ends: the decode worker "
+                                   "prefills it locally", rid, self.kv_lease_margin_s)
+                    cont = base if not yielded else continuation_body(path, base, "".join(sent), num_tokens)
+                    if cont is None:
+                        err = openai_error_body("the inference worker did not answer in time",
+                                                err_type="BackendError", status=int(HTTPStatus.GATEWAY_TIMEOUT))
+                        yield f"data: {json.dumps(err)}\n\n"
+                        break
+                    route = self.pairing.on_prefill_failed(rid, self.clock())
+                    kv, decode, attempt, mode = None, self._client(route.decode_url, rid), cont, "local"
+                    local_prefill = True
                 except BackendError as exc:
                     if replayable:
                         new = self._migrate(exc, route, rid)

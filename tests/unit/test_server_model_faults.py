@@ -352,3 +352,52 @@ async def test_a_refused_decode_worker_is_not_sent_a_prefill_again():
     with pytest.raises(ModelNotReady):  # 503 with Retry-After (runtime.server.errors)
         await model.create_chat_completion(_request())
     assert seen == []
+
+
+class _Hanging(httpx.AsyncByteStream):
+    """A response body that never sends a byte (a decode worker whose engine is stalled); records its close."""
+
+    def __init__(self, closed: list) -> None:
+        self.closed = closed
+
+    async def __aiter__(self):
+        await asyncio.Event().wait()
+        yield b""  # pragma: no cover - never reached
+
+    async def aclose(self) -> None:
+        self.closed.append(True)
+
+
+async def test_a_decode_leg_without_a_first_token_before_the_lease_ends_is_aborted_and_prefilled_locally():
+    decode_kv, closed = [], []
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content)
+        if req.url.host == "prefill":
+            return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+        decode_kv.append(body.get("kv_transfer_params"))
+        if body.get("kv_transfer_params"):
+            return httpx.Response(200, stream=_Hanging(closed), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, text=_chunk("Paris") + "data: [DONE]\n\n")
+
+    pairing = CountingPairing(["http://prefill"], ["http://decode"])
+    transport = httpx.MockTransport(handler)
+    reg = CollectorRegistry()
+    model = PDModel("m", pairing, metrics=RuntimeMetrics(reg), kv_lease_s=1.0, kv_lease_margin_s=0.5,
+                    client_factory=lambda url: VllmClient(url, transport=transport))
+    t0 = asyncio.get_running_loop().time()
+    stream = await model.create_chat_completion(_request(stream=True))
+    events = [e async for e in stream]
+    took = asyncio.get_running_loop().time() - t0
+    assert decode_kv == [KV, None]  # the handoff's leg, then the local prefill without it
+    assert closed == [True]  # the stalled leg was closed (vLLM aborts a request whose client went away)
+    assert "Paris" in "".join(events) and events[-1] == "data: [DONE]\n\n"
+    assert 0.4 < took < 5.0  # it waited until the deadline (lease - margin), not for the lease's end
+    from prometheus_client import generate_latest
+    from runtime.engines.metrics import sample_sum
+
+    text = generate_latest(reg).decode()
+    assert sample_sum(text, "pdserve_kv_lease_expiries_total") == 1
+    assert sample_sum(text, "pdserve_kv_late_reads_total") == 0
+    assert sample_sum(text, "pdserve_requests_total", mode="local", status="ok") == 1
+    _released_once(pairing)
