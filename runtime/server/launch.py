@@ -342,6 +342,8 @@ class LocalDeployment:
                 for w in pool:
                     if w.kv_events_endpoint:
                         extra += [flag, w.kv_events_endpoint]
+        if spec.engine.kv_lease_s is not None:  # the runtime bounds decode legs by the workers' lease
+            extra += ["--kv-lease-s", str(spec.engine.kv_lease_s)]
         if prefill_nudge_after_s > 0:  # vLLM's NIXL pull connector on CPU: see PDModel prefill_nudge_after_s
             extra += ["--prefill-nudge-after-s", str(prefill_nudge_after_s)]
         if traffic_log is not None:  # absolute: the runtime runs in another working directory

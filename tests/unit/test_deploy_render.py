@@ -526,3 +526,11 @@ def test_a_bucket_only_upload_uri_never_glues_the_service_name_onto_the_bucket()
     objs = render(target=ClusterTarget(traffic_upload_uri="s3://my-models/"))
     args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
     assert f"--traffic-upload=s3://my-models/{NAME}/" in args
+
+
+def test_the_runtime_is_told_the_workers_kv_lease_when_the_spec_sets_one():
+    args = find(render(make_spec(engine=EngineSpec(kv_lease_s=45))), "InferenceService", NAME)["spec"]["predictor"][
+        "model"]["args"]
+    assert _flags(args)["--kv-lease-s"] == "45"
+    default = find(render(make_spec()), "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
+    assert "--kv-lease-s" not in _flags(default)
