@@ -239,9 +239,10 @@ class PDModel(OpenAIGenerativeModel):
         kv_lease_s: seconds a prefill worker keeps a handoff's KV blocks for the decode worker (vLLM NIXL
             `kv_lease_duration`, 30 s by default; the workers' EngineSpec.kv_lease_s when set).
         kv_lease_margin_s: a decode leg that would start later than `kv_lease_s - kv_lease_margin_s` after the
-            prefill answered does not use the handoff: the decode worker prefills locally instead
-            (`pdserve_kv_lease_expiries_total`). Once the decode worker holds the request, vLLM renews the
-            lease by heartbeats (every lease / 6 s), so the start is what must be bounded.
+            prefill request was sent (the earliest the lease can have begun) does not use the handoff: the
+            decode worker prefills locally instead; a streamed decode leg without a first token by then is
+            closed and prefilled locally too (both `pdserve_kv_lease_expiries_total`). A non-streaming leg shows
+            no first token: only its start is bounded.
 
     TTFT (`pdserve_ttft_seconds`): streaming — arrival to the first streamed token, as the client sees it
     (remote: prefill + NIXL pull + first decode step); non-streaming remote — arrival to the prefill answer,
@@ -586,8 +587,11 @@ class PDModel(OpenAIGenerativeModel):
         if route.prefill_url is not None and needs_local_prefill(path, body):
             # prompt log-probabilities and beam search need the prompt computed where the answer is made
             route = dataclasses.replace(self.pairing.on_prefill_failed(rid, self.clock()), reason="local_shape")
+        # The prefill worker starts the handoff's lease when its engine finishes the request, which can be long
+        # before its answer arrives here (a starved API server, a slow network): the earliest the lease can
+        # have begun is when the prefill request was sent, so the lease bounds count from then.
+        kv_at = self.clock()
         route, kv = await self._prefill(route, path, body, rid, None if token_ids is None else len(token_ids))
-        kv_at = self.clock()  # the prefill answered: the handoff's lease runs from about now
         if kv is not None and self._decode_start_late(kv_at):
             # the decode leg would start too close to (or after) the lease's end: it could read released
             # blocks. The decode worker prefills itself instead; the handoff's blocks expire unread.

@@ -401,3 +401,31 @@ async def test_a_decode_leg_without_a_first_token_before_the_lease_ends_is_abort
     assert sample_sum(text, "pdserve_kv_late_reads_total") == 0
     assert sample_sum(text, "pdserve_requests_total", mode="local", status="ok") == 1
     _released_once(pairing)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_prefill_answer_that_arrives_after_the_lease_bound_is_not_used(stream):
+    """The lease counts from when the prefill was sent: an answer delivered too late is never decoded from."""
+    now, decode_kv = [0.0], []
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content)
+        if req.url.host == "prefill":
+            now[0] += 26.0  # the prefill worker's answer took 26 s to arrive: 4 s of a 30-s lease left
+            return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+        decode_kv.append(body.get("kv_transfer_params"))
+        if body.get("stream"):
+            return httpx.Response(200, text=_chunk("Paris") + "data: [DONE]\n\n")
+        return httpx.Response(200, json=_completion("Paris"))
+
+    pairing = CountingPairing(["http://prefill"], ["http://decode"])
+    transport = httpx.MockTransport(handler)
+    model = PDModel("m", pairing, metrics=RuntimeMetrics(CollectorRegistry()), clock=lambda: now[0],
+                    client_factory=lambda url: VllmClient(url, transport=transport))
+    out = await model.create_chat_completion(_request(stream=stream))
+    if stream:
+        assert "Paris" in "".join([e async for e in out])
+    else:
+        assert isinstance(out, ChatCompletion)
+    assert decode_kv == [None]
+    _released_once(pairing)
