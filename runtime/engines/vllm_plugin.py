@@ -16,16 +16,20 @@ The thread stays on (turning it off made UCX progress depend on both engines cal
 transfer after start-up could then hang for minutes); it only sleeps `PDSERVE_NIXL_PROGRESS_DELAY_US`
 microseconds between polls, which bounds the latency it adds per progress event to that much.
 
-The same plugin slows the engine's idle poll where the worker asks (`PDSERVE_ENGINE_IDLE_POLL_US`): a vLLM
-engine that holds KV blocks for a remote decode worker (a prefill worker after a remote prefill, until the
-decode worker's read or the KV lease ends) or waits for a KV read (a decode worker) loops over empty engine steps,
-each a round trip to its worker process with a 1-ms sleep between them (vllm/v1/engine/core.py
-`EngineCoreProc._process_engine_step`, 0.28). On 2 cores shared with the decode worker that loop starved it:
-the decode worker's engine then spent 20-30 s in one step (stack dumps: inside the model's forward pass, 0
-tokens/s), could neither admit nor read a new request, and read the KV blocks only after the prefill worker's
-30-s lease had released them (its log: "Potentially invalid KV blocks"); a longer lease made those stalls
-longer. With the poll slowed to one step every 10 ms an idle engine's loop costs a few percent of a core, and
-a KV read's completion is seen at most 10 ms later (a CPU decode step takes tens of ms).
+The same plugin quiets vLLM's engine loop where the worker asks. A vLLM engine that holds KV blocks for a
+remote decode worker (a prefill worker after a remote prefill, until the decode worker's read or the KV lease
+ends) or waits for a KV read loops over empty engine steps, each a message to its model-worker process with a
+1-ms sleep between them (vllm/v1/engine/core.py `EngineCoreProc._process_engine_step`, 0.28), and the
+model-worker process spins (`sched_yield`) on its shared-memory queue for 1 s after every message
+(vllm/distributed/device_communicators/shm_broadcast.py `SpinCondition`, `busy_loop_s`). Measured here
+(SmolLM2-135M, one prefill worker): 0.03 cores idle, 1.4 cores while it held one unread handoff, 0.96 of them
+the model-worker's spin. On 2 cores shared with the decode worker that starved it: the decode worker's engine
+spent 20-30 s in one forward pass, could neither admit nor read a new request, and read its KV blocks only
+after the prefill worker's 30-s lease had released them (the prefill log: "Potentially invalid KV blocks"); a
+longer lease made the stalls longer, as the spin lasted as long as the lease. `PDSERVE_SHM_SPIN_US` caps that
+spin (CPU workers: 0, the worker sleeps until the next message is announced, tens of microseconds later) and
+`PDSERVE_ENGINE_IDLE_POLL_US` spaces empty engine steps (CPU workers: 10 ms; a KV read's completion is then
+seen at most 10 ms later, a CPU decode step takes tens of ms).
 
 On GPU nodes a busy progress thread is NIXL's intended low-latency mode and cores are plentiful: the runtime
 sets the variable only for CPU workers (`vllm_worker.build_worker_env`, `deploy.workers`). A value already
@@ -44,6 +48,10 @@ import types
 
 PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
 CPU_PROGRESS_DELAY_US = 100
+SHM_SPIN_ENV = "PDSERVE_SHM_SPIN_US"
+#: How long a CPU worker's engine processes spin on their shared-memory queue after a message before they sleep
+#: until the next one is announced, microseconds (vLLM: 1 s; see the module docstring).
+CPU_SHM_SPIN_US = 0
 IDLE_POLL_ENV = "PDSERVE_ENGINE_IDLE_POLL_US"
 #: Least time between two empty engine steps of a CPU worker, microseconds (see the module docstring).
 CPU_ENGINE_IDLE_POLL_US = 10_000
@@ -92,6 +100,46 @@ def engine_idle_poll_us(env: dict[str, str] | None = None) -> int | None:
         ValueError: the value is not a whole number of microseconds in [0, 1_000_000].
     """
     return _microseconds(IDLE_POLL_ENV, CPU_ENGINE_IDLE_POLL_US, env)
+
+
+def shm_spin_us(env: dict[str, str] | None = None) -> int | None:
+    """The longest spin of a shared-memory queue reader asked for by `PDSERVE_SHM_SPIN_US` (in `env`, default
+    `os.environ`); None when unset or empty (vLLM's 1 s).
+
+    Raises:
+        ValueError: the value is not a whole number of microseconds in [0, 1_000_000].
+    """
+    return _microseconds(SHM_SPIN_ENV, CPU_SHM_SPIN_US, env)
+
+
+def capped_spin_wait(wait, spin_us: int):
+    """`SpinCondition.wait` whose reader spins at most `spin_us` microseconds after its last message before it
+    sleeps until the next one is announced (its `busy_loop_s`, vLLM's 1 s, capped)."""
+    spin_s = spin_us / 1e6
+
+    @functools.wraps(wait)
+    def _wait(self, *args, **kwargs):
+        if getattr(self, "busy_loop_s", 0) > spin_s:
+            self.busy_loop_s = spin_s
+        return wait(self, *args, **kwargs)
+
+    _wait.pdserve_original = wait
+    return _wait
+
+
+def _cap_shm_spin(spin_us: int) -> bool:
+    """Patch vLLM's shared-memory queue readers in this process (every vLLM process imports the module before
+    its queues exist). Idempotent; returns True when patched."""
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+    except ImportError:
+        return False
+    cond = getattr(shm_broadcast, "SpinCondition", None)
+    wait = getattr(cond, "wait", None)
+    if wait is None:
+        return False
+    cond.wait = capped_spin_wait(getattr(wait, "pdserve_original", wait), spin_us)
+    return True
 
 
 def idle_poll_step(step, poll_us: int):
@@ -153,15 +201,20 @@ def register() -> None:
     """vLLM plugin hook: NIXL agents created in this process use the configured progress-thread delay, and the
     engine loop of this process (if it runs one) the configured idle poll.
 
-    Each does nothing when its variable (`PDSERVE_NIXL_PROGRESS_DELAY_US`, `PDSERVE_ENGINE_IDLE_POLL_US`) is unset
+    Each does nothing when its variable (`PDSERVE_NIXL_PROGRESS_DELAY_US`, `PDSERVE_ENGINE_IDLE_POLL_US`,
+    `PDSERVE_SHM_SPIN_US`) is unset
     (or NIXL / vLLM's engine core is not loaded); idempotent (a second call only updates the values). Sets `UCX_RCACHE_MAX_UNRELEASED=1024` first unless set, as vLLM's
     `nixl_utils` would have before its own first NIXL import (UCX registration-cache leak workaround).
 
     Raises:
-        ValueError: a variable holds no valid value (see `progress_delay_us`, `engine_idle_poll_us`). vLLM's plugin loader does not
+        ValueError: a variable holds no valid value (see `progress_delay_us`, `engine_idle_poll_us`,
+            `shm_spin_us`). vLLM's plugin loader does not
             catch it, so the vLLM process exits at start-up; `vllm_worker.build_worker_env` checks the value
             before any worker is spawned.
     """
+    spin = shm_spin_us()
+    if spin is not None and _cap_shm_spin(spin):
+        logger.debug("shared-memory queue spin: at most %d us (%s)", spin, SHM_SPIN_ENV)
     poll = engine_idle_poll_us()
     if poll is not None and _slow_idle_poll(poll):
         logger.info("engine idle poll: at least %d us between empty steps (%s)", poll, IDLE_POLL_ENV)

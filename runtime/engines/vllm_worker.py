@@ -6,8 +6,8 @@ both workers run `python -m vllm.entrypoints.openai.api_server` (the `vllm` cons
 own `VLLM_NIXL_SIDE_CHANNEL_PORT`, `UCX_TLS=tcp,self` on CPU, `--dtype float32` on CPU (bf16 crashed the CPU
 AMX attention kernel after a remote prefill), `--enforce-eager` and an explicit `--block-size` (prefill and
 decode must agree on dtype, block size, KV dtype, attention backend and vLLM version). pdserve adds
-`PDSERVE_NIXL_PROGRESS_DELAY_US=100` and `PDSERVE_ENGINE_IDLE_POLL_US=10000` on CPU (NIXL's progress thread otherwise
-busy-polls a core per worker, and an engine holding a KV handoff polls in a tight loop;
+`PDSERVE_NIXL_PROGRESS_DELAY_US=100`, `PDSERVE_ENGINE_IDLE_POLL_US=10000` and `PDSERVE_SHM_SPIN_US=0` on CPU (NIXL's
+progress thread otherwise busy-polls a core per worker, and an engine holding a KV handoff polls and spins;
 see `runtime.engines.vllm_plugin`).
 
 `build_vllm_args` and `build_worker_env` are pure functions of their arguments (unit-testable); `WorkerProcess`
@@ -36,12 +36,15 @@ from runtime.config import EngineSpec
 from runtime.engines.vllm_plugin import (
     CPU_ENGINE_IDLE_POLL_US,
     CPU_PROGRESS_DELAY_US,
+    CPU_SHM_SPIN_US,
     IDLE_POLL_ENV,
     PLUGIN_NAME,
     PROGRESS_DELAY_ENV,
+    SHM_SPIN_ENV,
     engine_idle_poll_us,
     plugin_installed,
     progress_delay_us,
+    shm_spin_us,
 )
 from runtime.ports import free_port  # noqa: F401 - re-exported: launch and the tests import it from here
 from runtime.procs import stop_group, stop_process
@@ -175,8 +178,9 @@ def build_worker_env(
         side_channel_port: `VLLM_NIXL_SIDE_CHANNEL_PORT` (NIXL handshake; unique per worker on a host).
         host: `VLLM_NIXL_SIDE_CHANNEL_HOST`.
         cpu: set the CPU-only settings (`UCX_TLS=tcp,self`, `VLLM_CPU_KVCACHE_SPACE`,
-            `PDSERVE_ENGINE_IDLE_POLL_US=10000` unless `base_env` sets it: an engine holding or awaiting a KV
-            handoff otherwise polls in a loop that starved the other worker, see `runtime.engines.vllm_plugin`;
+            `PDSERVE_ENGINE_IDLE_POLL_US=10000` and `PDSERVE_SHM_SPIN_US=0` unless `base_env` sets them: an
+            engine holding or awaiting a KV handoff otherwise polls and spins in a loop that starved the other
+            worker, see `runtime.engines.vllm_plugin`;
             and `PDSERVE_NIXL_PROGRESS_DELAY_US=100` unless `base_env` sets it: NIXL's UCX progress thread
             busy-polls a core per worker and starved the engines on 2 cores, TTFT 13-38 s vs 0.2-1.2 s with a
             100-us sleep between polls; `runtime.engines.vllm_plugin` applies it inside vLLM's processes, and
@@ -190,7 +194,8 @@ def build_worker_env(
         cpu_omp_num_threads: `OMP_NUM_THREADS` when not None (CPU only).
 
     Raises:
-        ValueError: `base_env` sets `PDSERVE_NIXL_PROGRESS_DELAY_US` or `PDSERVE_ENGINE_IDLE_POLL_US` to something other
+        ValueError: `base_env` sets `PDSERVE_NIXL_PROGRESS_DELAY_US`, `PDSERVE_ENGINE_IDLE_POLL_US` or
+            `PDSERVE_SHM_SPIN_US` to something other
             than whole microseconds in [0, 1000000].
     """
     env = dict(base_env)
@@ -204,8 +209,10 @@ def build_worker_env(
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kv_cache_space_gib))
         env.setdefault(PROGRESS_DELAY_ENV, str(CPU_PROGRESS_DELAY_US))
         env.setdefault(IDLE_POLL_ENV, str(CPU_ENGINE_IDLE_POLL_US))
+        env.setdefault(SHM_SPIN_ENV, str(CPU_SHM_SPIN_US))
         progress_delay_us(env)  # a bad value fails here, not as a vLLM crash at start-up
         engine_idle_poll_us(env)
+        shm_spin_us(env)
         allowed = env.get("VLLM_PLUGINS")
         if allowed is not None and PLUGIN_NAME not in allowed.split(","):
             env["VLLM_PLUGINS"] = ",".join(filter(None, [*allowed.split(","), PLUGIN_NAME]))

@@ -215,6 +215,7 @@ def test_without_efa_nixl_keeps_configured_backends_and_requests_no_efa():
     assert "FI_PROVIDER" not in {e["name"] for e in c["env"]}
     assert "PDSERVE_NIXL_PROGRESS_DELAY_US" not in {e["name"] for e in c["env"]}  # GPU nodes keep NIXL's default
     assert "PDSERVE_ENGINE_IDLE_POLL_US" not in {e["name"] for e in c["env"]}  # and vLLM's engine loop
+    assert "PDSERVE_SHM_SPIN_US" not in {e["name"] for e in c["env"]}
 
 
 def test_cpu_pseudo_gpu_renders_for_a_plain_cluster():
@@ -227,6 +228,7 @@ def test_cpu_pseudo_gpu_renders_for_a_plain_cluster():
     assert {"name": "UCX_TLS", "value": "tcp,self"} in c["env"]
     assert {"name": "PDSERVE_NIXL_PROGRESS_DELAY_US", "value": "100"} in c["env"]  # no busy-polling NIXL on CPU
     assert {"name": "PDSERVE_ENGINE_IDLE_POLL_US", "value": "10000"} in c["env"]  # nor a busy engine loop
+    assert {"name": "PDSERVE_SHM_SPIN_US", "value": "0"} in c["env"]  # nor a spinning model worker
     assert "nodeSelector" not in dep["spec"]["template"]["spec"]
 
 

@@ -237,3 +237,36 @@ def test_the_idle_poll_patches_vllms_engine_once(monkeypatch):
     patched(engine)
     patched(engine)
     assert engine.began[1] - engine.began[0] >= 0.0049
+
+
+def test_shared_memory_readers_spin_at_most_the_cap_and_cpu_workers_do_not_spin():
+    from runtime.engines.vllm_plugin import SHM_SPIN_ENV, capped_spin_wait
+
+    assert build_worker_env({}, side_channel_port=1, cpu=True)[SHM_SPIN_ENV] == "0"
+    assert SHM_SPIN_ENV not in build_worker_env({}, side_channel_port=1, cpu=False)
+
+    class Cond:
+        def __init__(self, busy_loop_s: float) -> None:
+            self.busy_loop_s, self.calls = busy_loop_s, []
+
+        def wait(self, timeout_ms=None):
+            self.calls.append((self.busy_loop_s, timeout_ms))
+
+    wait = capped_spin_wait(Cond.wait, 500)
+    spinning, quiet = Cond(1.0), Cond(0.0001)
+    wait(spinning, timeout_ms=7)
+    wait(quiet)
+    assert spinning.calls == [(0.0005, 7)] and quiet.calls == [(0.0001, None)]  # capped, never raised
+
+
+def test_the_spin_cap_patches_vllms_spin_condition_once(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    original = shm_broadcast.SpinCondition.wait
+    monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", original)
+    monkeypatch.delenv(PROGRESS_DELAY_ENV, raising=False)
+    monkeypatch.setenv(vllm_plugin.SHM_SPIN_ENV, "0")
+    register()
+    register()
+    assert shm_broadcast.SpinCondition.wait.pdserve_original is getattr(original, "pdserve_original", original)
