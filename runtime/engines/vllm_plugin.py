@@ -127,6 +127,16 @@ def capped_spin_wait(wait, spin_us: int):
     return _wait
 
 
+def _rewrap(owner: object, name: str, wrap) -> bool:
+    """Replace method `name` of class `owner` by `wrap(original)`, `original` being the method as vLLM defined
+    it (a second call replaces the wrapper, it does not stack another). False when there is no such method."""
+    current = getattr(owner, name, None)
+    if current is None:
+        return False
+    setattr(owner, name, wrap(getattr(current, "pdserve_original", current)))
+    return True
+
+
 def _cap_shm_spin(spin_us: int) -> bool:
     """Patch vLLM's shared-memory queue readers in this process (every vLLM process imports the module before
     its queues exist). Idempotent; returns True when patched."""
@@ -134,12 +144,7 @@ def _cap_shm_spin(spin_us: int) -> bool:
         from vllm.distributed.device_communicators import shm_broadcast
     except ImportError:
         return False
-    cond = getattr(shm_broadcast, "SpinCondition", None)
-    wait = getattr(cond, "wait", None)
-    if wait is None:
-        return False
-    cond.wait = capped_spin_wait(getattr(wait, "pdserve_original", wait), spin_us)
-    return True
+    return _rewrap(getattr(shm_broadcast, "SpinCondition", None), "wait", lambda w: capped_spin_wait(w, spin_us))
 
 
 def idle_poll_step(step, poll_us: int):
@@ -166,12 +171,8 @@ def _slow_idle_poll(poll_us: int) -> bool:
     """Patch vLLM's engine loop in this process (only where `vllm.v1.engine.core` is already imported: the
     engine-core process, which loads plugins in its constructor). Idempotent; returns True when patched."""
     core = sys.modules.get("vllm.v1.engine.core")
-    proc = getattr(core, "EngineCoreProc", None)
-    step = getattr(proc, "_process_engine_step", None)
-    if step is None:
-        return False
-    proc._process_engine_step = idle_poll_step(getattr(step, "pdserve_original", step), poll_us)
-    return True
+    return _rewrap(getattr(core, "EngineCoreProc", None), "_process_engine_step",
+                   lambda step: idle_poll_step(step, poll_us))
 
 
 def plugin_installed() -> bool:
