@@ -1072,12 +1072,21 @@ def serve(
                          enable_kv_events=router == "kv", traffic_log=traffic_log) as dep:
         console.print(f"[bold green]serving[/] {escape(spec.model.name)} at {dep.runtime_url}/openai/v1 "
                       "(Ctrl-C or SIGTERM stops)")
+        stops = {signal.SIGINT, signal.SIGTERM}
+        # Blocked before the supervisor's thread starts (threads inherit the mask), so SIGINT/SIGTERM wait
+        # for sigtimedwait here; the `with` then stops the runtime and the workers through their handles.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
         try:
-            # Returns on SIGINT or SIGTERM (either one is taken here, not by its handler); the `with` then
-            # stops the runtime and the workers through their handles.
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+            dep.supervise()
+            while dep.failure is None and signal.sigtimedwait(stops, 1.0) is None:
+                pass
         except KeyboardInterrupt:
             pass
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        failure = dep.failure
+    if failure is not None:
+        _fail(f"serving stopped: {failure}")
 
 
 @app.command("compile")

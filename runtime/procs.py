@@ -3,8 +3,10 @@ SIGTERM into SystemExit so an entry point's `with`/`finally` blocks stop what it
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import time
 
 # After SIGKILL the kernel still has to tear the process down (free its memory, close its files): wait at
 # least this long, whatever the caller's grace period, before calling it a survivor.
@@ -31,6 +33,58 @@ def stop_process(proc: subprocess.Popen | None, timeout_s: float) -> int | None:
             proc.kill()
             proc.wait(timeout=max(timeout_s, KILL_WAIT_S))
     return proc.returncode
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes in process group `pgid`, read from /proc (Linux); where /proc
+    cannot be read, [pgid] while the group still exists (os.killpg signal 0) and [] once it does not."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    members = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            members.append(int(name))
+    return members
+
+
+def stop_group(pgid: int, timeout_s: float) -> bool:
+    """Stop every process of process group `pgid` (a child started with `start_new_session=True` leads its
+    own group, pgid = its pid): SIGTERM to the group, wait up to `timeout_s` seconds for it to empty, then
+    SIGKILL and wait up to `KILL_WAIT_S`. A group is addressed by its id only, never by process names.
+
+    Returns True when no live process is left in the group (zombies, waiting for their parent to reap
+    them, count as gone: they hold no CPU or memory)."""
+    for sig, wait_s in ((signal.SIGTERM, max(timeout_s, 0.0)), (signal.SIGKILL, max(timeout_s, KILL_WAIT_S))):
+        if not _group_members(pgid):
+            return True
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # the group holds someone else's process: not ours to stop
+            return False
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not _group_members(pgid):
+                return True
+            time.sleep(0.1)
+    return not _group_members(pgid)
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:

@@ -94,7 +94,8 @@ def uses_kv_router(router: RouterSpec) -> bool:
 
 def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, decode_service: str,
                       worker_port: int, planner: bool = False, router: RouterSpec | None = None,
-                      block_size_tokens: int = 16, tokenizer_dir: str = MODEL_MOUNT) -> list[str]:
+                      block_size_tokens: int = 16, tokenizer_dir: str = MODEL_MOUNT,
+                      kv_lease_s: int | None = None) -> list[str]:
     """Per-InferenceService runtime arguments (KServe appends them to the runtime's): the OpenAI model
     name and where the worker pools come from: the EndpointSlices of the headless prefill/decode Services
     (`--discovery=kubernetes`, runtime/server/discovery_sync.py over runtime/deploy/discovery.py), so only
@@ -113,7 +114,8 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     (the served model folder: the KServe mount of `pvc://<fsx-claim>/models/<model>`, /mnt/models). It
     subscribes to each discovered worker's KV events at the EndpointSlices' "kv-events" port. With any
     `router`, `--prefill-priority=<router.prefill_priority>` (the prefill Deployments' vLLM scheduling
-    policy follows the same field, runtime/deploy/workers.py)."""
+    policy follows the same field, runtime/deploy/workers.py). With `kv_lease_s` (the workers'
+    `EngineSpec.kv_lease_s`), `--kv-lease-s`: the runtime bounds its decode legs by the workers' lease."""
     del worker_port  # carried by the EndpointSlices' "http" port
     args = [
         f"--model-name={model_name}",
@@ -129,6 +131,8 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     if router is not None and uses_kv_router(router):
         args += ["--router=kv", f"--router-spec={router.model_dump_json()}",
                  f"--block-size={block_size_tokens}", f"--tokenizer-dir={tokenizer_dir}"]
+    if kv_lease_s is not None:
+        args.append(f"--kv-lease-s={kv_lease_s}")
     if planner:
         args += ["--planner=kubernetes", f"--prefill-deployment={prefill_service}",
                  f"--decode-deployment={decode_service}"]
@@ -212,6 +216,7 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
                 planner=spec.planner.mode != "off",
                 router=spec.router,
                 block_size_tokens=spec.engine.block_size_tokens,
+                kv_lease_s=spec.engine.kv_lease_s,
             ) + traffic_args(target, name=name),
             "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()}],
         },

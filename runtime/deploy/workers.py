@@ -19,7 +19,14 @@ from typing import Any, Literal
 from runtime.config import DeploymentSpec, PoolSpec
 from runtime.deploy.instances import InstanceType
 from runtime.deploy.target import ClusterTarget
-from runtime.engines.vllm_plugin import CPU_PROGRESS_DELAY_US, PROGRESS_DELAY_ENV
+from runtime.engines.vllm_plugin import (
+    CPU_ENGINE_IDLE_POLL_US,
+    CPU_PROGRESS_DELAY_US,
+    CPU_SHM_SPIN_US,
+    IDLE_POLL_ENV,
+    PROGRESS_DELAY_ENV,
+    SHM_SPIN_ENV,
+)
 from runtime.engines.vllm_worker import kv_transfer_config, scheduling_args
 
 Role = Literal["prefill", "decode"]
@@ -143,9 +150,11 @@ def worker_deployment(spec: DeploymentSpec, role: Role, *, name: str, namespace:
     ]
     if efa:
         env += [{"name": "FI_PROVIDER", "value": "efa"}, {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}]
-    elif inst is None:  # CPU workers: TCP transport, and a NIXL progress thread that sleeps between polls
+    elif inst is None:  # CPU workers: TCP transport, a NIXL progress thread and an engine idle poll that sleep
         env += [{"name": "UCX_TLS", "value": "tcp,self"},
-                {"name": PROGRESS_DELAY_ENV, "value": str(CPU_PROGRESS_DELAY_US)}]
+                {"name": PROGRESS_DELAY_ENV, "value": str(CPU_PROGRESS_DELAY_US)},
+                {"name": IDLE_POLL_ENV, "value": str(CPU_ENGINE_IDLE_POLL_US)},
+                {"name": SHM_SPIN_ENV, "value": str(CPU_SHM_SPIN_US)}]
     caps: dict[str, Any] = {"drop": ["ALL"]}
     if efa:
         caps["add"] = ["IPC_LOCK"]  # EFA registers (pins) memory for RDMA

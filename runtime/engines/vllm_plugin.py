@@ -16,6 +16,21 @@ The thread stays on (turning it off made UCX progress depend on both engines cal
 transfer after start-up could then hang for minutes); it only sleeps `PDSERVE_NIXL_PROGRESS_DELAY_US`
 microseconds between polls, which bounds the latency it adds per progress event to that much.
 
+The same plugin quiets vLLM's engine loop where the worker asks. A vLLM engine that holds KV blocks for a
+remote decode worker (a prefill worker after a remote prefill, until the decode worker's read or the KV lease
+ends) or waits for a KV read loops over empty engine steps, each a message to its model-worker process with a
+1-ms sleep between them (vllm/v1/engine/core.py `EngineCoreProc._process_engine_step`, 0.28), and the
+model-worker process spins (`sched_yield`) on its shared-memory queue for 1 s after every message
+(vllm/distributed/device_communicators/shm_broadcast.py `SpinCondition`, `busy_loop_s`). Measured here
+(SmolLM2-135M, one prefill worker): 0.03 cores idle, 1.4 cores while it held one unread handoff, 0.96 of them
+the model-worker's spin. On 2 cores shared with the decode worker that starved it: the decode worker's engine
+spent 20-30 s in one forward pass, could neither admit nor read a new request, and read its KV blocks only
+after the prefill worker's 30-s lease had released them (the prefill log: "Potentially invalid KV blocks"); a
+longer lease made the stalls longer, as the spin lasted as long as the lease. `PDSERVE_SHM_SPIN_US` caps that
+spin (CPU workers: 0, the worker sleeps until the next message is announced, tens of microseconds later) and
+`PDSERVE_ENGINE_IDLE_POLL_US` spaces empty engine steps (CPU workers: 10 ms; a KV read's completion is then
+seen at most 10 ms later, a CPU decode step takes tens of ms).
+
 On GPU nodes a busy progress thread is NIXL's intended low-latency mode and cores are plentiful: the runtime
 sets the variable only for CPU workers (`vllm_worker.build_worker_env`, `deploy.workers`). A value already
 in the environment wins. vLLM loads only the plugins named in `VLLM_PLUGINS` when that is set; the runtime adds
@@ -24,17 +39,46 @@ in the environment wins. vLLM loads only the plugins named in `VLLM_PLUGINS` whe
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import sys
+import time
 import types
 
 PROGRESS_DELAY_ENV = "PDSERVE_NIXL_PROGRESS_DELAY_US"
 CPU_PROGRESS_DELAY_US = 100
+SHM_SPIN_ENV = "PDSERVE_SHM_SPIN_US"
+#: How long a CPU worker's engine processes spin on their shared-memory queue after a message before they sleep
+#: until the next one is announced, microseconds (vLLM: 1 s; see the module docstring).
+CPU_SHM_SPIN_US = 0
+IDLE_POLL_ENV = "PDSERVE_ENGINE_IDLE_POLL_US"
+#: Least time between two empty engine steps of a CPU worker, microseconds (see the module docstring).
+CPU_ENGINE_IDLE_POLL_US = 10_000
 PLUGIN_NAME = "pdserve_nixl"  # the entry point's name in pyproject.toml (what VLLM_PLUGINS lists)
 ENTRY_POINT = "runtime.engines.vllm_plugin:register"
 
 # a child of vLLM's "vllm" logger, so the line lands in the worker's log with vLLM's own format
 logger = logging.getLogger("vllm.pdserve_nixl")
+
+
+def _microseconds(name: str, example: int, env: dict[str, str] | None) -> int | None:
+    """Whole microseconds in [0, 1_000_000] from variable `name` (in `env`, default `os.environ`); None when
+    unset or empty.
+
+    Raises:
+        ValueError: any other value.
+    """
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected whole microseconds, e.g. {example}") from None
+    if not 0 <= value <= 1_000_000:
+        raise ValueError(f"{name}={value}: expected 0..1000000 microseconds")
+    return value
 
 
 def progress_delay_us(env: dict[str, str] | None = None) -> int | None:
@@ -45,16 +89,90 @@ def progress_delay_us(env: dict[str, str] | None = None) -> int | None:
     Raises:
         ValueError: the value is not a whole number of microseconds in [0, 1_000_000].
     """
-    raw = (os.environ if env is None else env).get(PROGRESS_DELAY_ENV, "").strip()
-    if not raw:
-        return None
+    return _microseconds(PROGRESS_DELAY_ENV, CPU_PROGRESS_DELAY_US, env)
+
+
+def engine_idle_poll_us(env: dict[str, str] | None = None) -> int | None:
+    """The least time between two empty engine steps asked for by `PDSERVE_ENGINE_IDLE_POLL_US` (in `env`,
+    default `os.environ`); None when unset or empty (vLLM's own 1-ms sleep).
+
+    Raises:
+        ValueError: the value is not a whole number of microseconds in [0, 1_000_000].
+    """
+    return _microseconds(IDLE_POLL_ENV, CPU_ENGINE_IDLE_POLL_US, env)
+
+
+def shm_spin_us(env: dict[str, str] | None = None) -> int | None:
+    """The longest spin of a shared-memory queue reader asked for by `PDSERVE_SHM_SPIN_US` (in `env`, default
+    `os.environ`); None when unset or empty (vLLM's 1 s).
+
+    Raises:
+        ValueError: the value is not a whole number of microseconds in [0, 1_000_000].
+    """
+    return _microseconds(SHM_SPIN_ENV, CPU_SHM_SPIN_US, env)
+
+
+def capped_spin_wait(wait, spin_us: int):
+    """`SpinCondition.wait` whose reader spins at most `spin_us` microseconds after its last message before it
+    sleeps until the next one is announced (its `busy_loop_s`, vLLM's 1 s, capped)."""
+    spin_s = spin_us / 1e6
+
+    @functools.wraps(wait)
+    def _wait(self, *args, **kwargs):
+        if getattr(self, "busy_loop_s", 0) > spin_s:
+            self.busy_loop_s = spin_s
+        return wait(self, *args, **kwargs)
+
+    _wait.pdserve_original = wait
+    return _wait
+
+
+def _rewrap(owner: object, name: str, wrap) -> bool:
+    """Replace method `name` of class `owner` by `wrap(original)`, `original` being the method as vLLM defined
+    it (a second call replaces the wrapper, it does not stack another). False when there is no such method."""
+    current = getattr(owner, name, None)
+    if current is None:
+        return False
+    setattr(owner, name, wrap(getattr(current, "pdserve_original", current)))
+    return True
+
+
+def _cap_shm_spin(spin_us: int) -> bool:
+    """Patch vLLM's shared-memory queue readers in this process (every vLLM process imports the module before
+    its queues exist). Idempotent; returns True when patched."""
     try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{PROGRESS_DELAY_ENV}={raw!r}: expected whole microseconds, e.g. 100") from None
-    if not 0 <= value <= 1_000_000:
-        raise ValueError(f"{PROGRESS_DELAY_ENV}={value}: expected 0..1000000 microseconds")
-    return value
+        from vllm.distributed.device_communicators import shm_broadcast
+    except ImportError:
+        return False
+    return _rewrap(getattr(shm_broadcast, "SpinCondition", None), "wait", lambda w: capped_spin_wait(w, spin_us))
+
+
+def idle_poll_step(step, poll_us: int):
+    """`EngineCoreProc._process_engine_step` that, after a step that ran no model (the engine only polls for
+    KV transfers: `step` returned False) while the scheduler still has requests, sleeps until `poll_us`
+    microseconds have passed since the step began. Steps that ran the model are not delayed."""
+    poll_s = poll_us / 1e6
+
+    @functools.wraps(step)
+    def _process_engine_step(self) -> bool:
+        t0 = time.monotonic()
+        executed = step(self)
+        if not executed and self.scheduler.has_requests():
+            left = poll_s - (time.monotonic() - t0)
+            if left > 0:
+                time.sleep(left)
+        return executed
+
+    _process_engine_step.pdserve_original = step
+    return _process_engine_step
+
+
+def _slow_idle_poll(poll_us: int) -> bool:
+    """Patch vLLM's engine loop in this process (only where `vllm.v1.engine.core` is already imported: the
+    engine-core process, which loads plugins in its constructor). Idempotent; returns True when patched."""
+    core = sys.modules.get("vllm.v1.engine.core")
+    return _rewrap(getattr(core, "EngineCoreProc", None), "_process_engine_step",
+                   lambda step: idle_poll_step(step, poll_us))
 
 
 def plugin_installed() -> bool:
@@ -81,17 +199,26 @@ class _BindingsWithProgressDelay(types.ModuleType):
 
 
 def register() -> None:
-    """vLLM plugin hook: NIXL agents created in this process use the configured progress-thread delay.
+    """vLLM plugin hook: NIXL agents created in this process use the configured progress-thread delay, and the
+    engine loop of this process (if it runs one) the configured idle poll.
 
-    Does nothing when `PDSERVE_NIXL_PROGRESS_DELAY_US` is unset or NIXL is not installed; idempotent (a second
-    call only updates the delay). Sets `UCX_RCACHE_MAX_UNRELEASED=1024` first unless set, as vLLM's
+    Each does nothing when its variable (`PDSERVE_NIXL_PROGRESS_DELAY_US`, `PDSERVE_ENGINE_IDLE_POLL_US`,
+    `PDSERVE_SHM_SPIN_US`) is unset
+    (or NIXL / vLLM's engine core is not loaded); idempotent (a second call only updates the values). Sets `UCX_RCACHE_MAX_UNRELEASED=1024` first unless set, as vLLM's
     `nixl_utils` would have before its own first NIXL import (UCX registration-cache leak workaround).
 
     Raises:
-        ValueError: the variable holds no valid delay (see `progress_delay_us`). vLLM's plugin loader does not
+        ValueError: a variable holds no valid value (see `progress_delay_us`, `engine_idle_poll_us`,
+            `shm_spin_us`). vLLM's plugin loader does not
             catch it, so the vLLM process exits at start-up; `vllm_worker.build_worker_env` checks the value
             before any worker is spawned.
     """
+    spin = shm_spin_us()
+    if spin is not None and _cap_shm_spin(spin):
+        logger.debug("shared-memory queue spin: at most %d us (%s)", spin, SHM_SPIN_ENV)
+    poll = engine_idle_poll_us()
+    if poll is not None and _slow_idle_poll(poll):
+        logger.info("engine idle poll: at least %d us between empty steps (%s)", poll, IDLE_POLL_ENV)
     delay = progress_delay_us()
     if delay is None:
         return

@@ -6,7 +6,8 @@ both workers run `python -m vllm.entrypoints.openai.api_server` (the `vllm` cons
 own `VLLM_NIXL_SIDE_CHANNEL_PORT`, `UCX_TLS=tcp,self` on CPU, `--dtype float32` on CPU (bf16 crashed the CPU
 AMX attention kernel after a remote prefill), `--enforce-eager` and an explicit `--block-size` (prefill and
 decode must agree on dtype, block size, KV dtype, attention backend and vLLM version). pdserve adds
-`PDSERVE_NIXL_PROGRESS_DELAY_US=100` on CPU (NIXL's progress thread otherwise busy-polls a core per worker;
+`PDSERVE_NIXL_PROGRESS_DELAY_US=100`, `PDSERVE_ENGINE_IDLE_POLL_US=10000` and `PDSERVE_SHM_SPIN_US=0` on CPU (NIXL's
+progress thread otherwise busy-polls a core per worker, and an engine holding a KV handoff polls and spins;
 see `runtime.engines.vllm_plugin`).
 
 `build_vllm_args` and `build_worker_env` are pure functions of their arguments (unit-testable); `WorkerProcess`
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -32,14 +34,20 @@ import httpx
 
 from runtime.config import EngineSpec
 from runtime.engines.vllm_plugin import (
+    CPU_ENGINE_IDLE_POLL_US,
     CPU_PROGRESS_DELAY_US,
+    CPU_SHM_SPIN_US,
+    IDLE_POLL_ENV,
     PLUGIN_NAME,
     PROGRESS_DELAY_ENV,
+    SHM_SPIN_ENV,
+    engine_idle_poll_us,
     plugin_installed,
     progress_delay_us,
+    shm_spin_us,
 )
 from runtime.ports import free_port  # noqa: F401 - re-exported: launch and the tests import it from here
-from runtime.procs import stop_process
+from runtime.procs import stop_group, stop_process
 
 Role = Literal["prefill", "decode", "both"]
 ROLES: tuple[str, ...] = ("prefill", "decode", "both")
@@ -169,8 +177,11 @@ def build_worker_env(
         base_env: environment to extend (usually `os.environ`); not modified.
         side_channel_port: `VLLM_NIXL_SIDE_CHANNEL_PORT` (NIXL handshake; unique per worker on a host).
         host: `VLLM_NIXL_SIDE_CHANNEL_HOST`.
-        cpu: set the CPU-only settings (`UCX_TLS=tcp,self`, `VLLM_CPU_KVCACHE_SPACE`, and
-            `PDSERVE_NIXL_PROGRESS_DELAY_US=100` unless `base_env` sets it: NIXL's UCX progress thread
+        cpu: set the CPU-only settings (`UCX_TLS=tcp,self`, `VLLM_CPU_KVCACHE_SPACE`,
+            `PDSERVE_ENGINE_IDLE_POLL_US=10000` and `PDSERVE_SHM_SPIN_US=0` unless `base_env` sets them: an
+            engine holding or awaiting a KV handoff otherwise polls and spins in a loop that starved the other
+            worker, see `runtime.engines.vllm_plugin`;
+            and `PDSERVE_NIXL_PROGRESS_DELAY_US=100` unless `base_env` sets it: NIXL's UCX progress thread
             busy-polls a core per worker and starved the engines on 2 cores, TTFT 13-38 s vs 0.2-1.2 s with a
             100-us sleep between polls; `runtime.engines.vllm_plugin` applies it inside vLLM's processes, and
             `pdserve_nixl` is added to `VLLM_PLUGINS` when that restricts vLLM's plugins).
@@ -183,7 +194,9 @@ def build_worker_env(
         cpu_omp_num_threads: `OMP_NUM_THREADS` when not None (CPU only).
 
     Raises:
-        ValueError: `base_env` sets `PDSERVE_NIXL_PROGRESS_DELAY_US` to something other than whole microseconds.
+        ValueError: `base_env` sets `PDSERVE_NIXL_PROGRESS_DELAY_US`, `PDSERVE_ENGINE_IDLE_POLL_US` or
+            `PDSERVE_SHM_SPIN_US` to something other
+            than whole microseconds in [0, 1000000].
     """
     env = dict(base_env)
     env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
@@ -195,7 +208,11 @@ def build_worker_env(
         env["UCX_TLS"] = "tcp,self"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kv_cache_space_gib))
         env.setdefault(PROGRESS_DELAY_ENV, str(CPU_PROGRESS_DELAY_US))
+        env.setdefault(IDLE_POLL_ENV, str(CPU_ENGINE_IDLE_POLL_US))
+        env.setdefault(SHM_SPIN_ENV, str(CPU_SHM_SPIN_US))
         progress_delay_us(env)  # a bad value fails here, not as a vLLM crash at start-up
+        engine_idle_poll_us(env)
+        shm_spin_us(env)
         allowed = env.get("VLLM_PLUGINS")
         if allowed is not None and PLUGIN_NAME not in allowed.split(","):
             env["VLLM_PLUGINS"] = ",".join(filter(None, [*allowed.split(","), PLUGIN_NAME]))
@@ -358,6 +375,11 @@ class WorkerProcess:
         """True while the subprocess runs."""
         return self._proc is not None and self._proc.poll() is None
 
+    def exit_code(self) -> int | None:
+        """The API server's exit code once it exited after `start` (negative: killed by that signal); None
+        while it runs or when it was never started (or was stopped)."""
+        return None if self._proc is None else self._proc.poll()
+
     def log_tail(self, num_bytes: int = 4000) -> str:
         """The last `num_bytes` of the worker log (for error messages)."""
         try:
@@ -368,12 +390,14 @@ class WorkerProcess:
         except OSError:
             return ""
 
-    def wait_ready(self, timeout_s: float = 600.0, poll_interval_s: float = 1.0) -> None:
+    def wait_ready(self, timeout_s: float = 600.0, poll_interval_s: float = 1.0,
+                   cancelled: Callable[[], bool] | None = None) -> None:
         """Block until GET /health answers 200.
 
         Raises:
-            WorkerStartError: the process exited, or `timeout_s` passed (the worker is left running; call
-                `stop`). The message names the role, URL and log path and ends with the log tail.
+            WorkerStartError: the process exited, `timeout_s` passed or `cancelled()` turned true (the worker
+                is left running; call `stop`). The message names the role, URL and log path and ends with the
+                log tail.
         """
         if self._proc is None:
             raise WorkerStartError(f"{self.role} worker was never started")
@@ -391,6 +415,8 @@ class WorkerProcess:
                         return
                 except httpx.HTTPError:
                     pass
+                if cancelled is not None and cancelled():
+                    raise WorkerStartError(f"{self.role} worker {self.base_url}: waiting for it was cancelled")
                 if time.monotonic() > deadline:
                     raise WorkerStartError(
                         f"{self.role} worker {self.base_url} not ready after {timeout_s:.0f} s "
@@ -402,16 +428,15 @@ class WorkerProcess:
         """Stop the worker through our own handle and return its exit code (None if never started).
 
         SIGTERM to the server process (it shuts down its engine-core child), wait up to `timeout_s`, then
-        SIGKILL; finally SIGKILL whatever is left in the process group we created for it (start_new_session),
-        so no engine-core child outlives the worker.
+        SIGKILL; then the same for whatever is left in the process group we created for it
+        (start_new_session: engine-core and worker processes, which outlive an API server that was killed),
+        so no vLLM process outlives the worker.
         """
         proc, self._proc = self._proc, None
         code = stop_process(proc, timeout_s)
-        if proc is not None:
-            try:
-                os.killpg(proc.pid, 9)  # leftovers of our own session only
-            except (ProcessLookupError, PermissionError):
-                pass
+        if proc is not None and not stop_group(proc.pid, timeout_s):
+            logger.warning("%s worker %s: processes of its group %d survived SIGKILL", self.role, self.base_url,
+                           proc.pid)
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None

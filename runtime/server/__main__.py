@@ -137,6 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Read timeout of each worker call, seconds (> 0).")
     p.add_argument("--prefill-timeout-s", type=positive_seconds, default=120.0,
                    help="A remote prefill slower than this is redone locally on the decode worker, seconds.")
+    p.add_argument("--kv-lease-s", type=int_at_least(6), default=None,
+                   help="Seconds the prefill workers keep a KV handoff (their vLLM kv_lease_duration, "
+                        "EngineSpec.kv_lease_s; default vLLM's 30): the runtime bounds each decode leg by it.")
     p.add_argument("--prefill-nudge-after-s", type=positive_seconds, default=None,
                    help="When a decode has no first token this many seconds after its remote prefill, send the "
                         "prefill worker a 1-token request (again every as many seconds): works around decode "
@@ -363,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         decode_kv_events=args.decode_kv_events,
         prefill_timeout_s=args.prefill_timeout_s,
         prefill_nudge_after_s=args.prefill_nudge_after_s,
+        kv_lease_s=args.kv_lease_s,
         prefill_priority=prefill_priority == "length",
         planner=planner,
         discovery=discovery,

@@ -26,7 +26,7 @@ from runtime.engines.kv_events import KvEventSubscriber
 from runtime.server.edge import install_edge
 from runtime.server.errors import install_openai_error_handlers
 from runtime.server.metrics import RuntimeMetrics
-from runtime.server.model import PDModel
+from runtime.server.model import DEFAULT_KV_LEASE_S, PDModel
 from runtime.server.pairing import Pairing, RoundRobinPairing
 from runtime.server.routing import RouterPairing, WorkerEndpoint, health_loop
 from runtime.server.tokenize import PromptTokenizer
@@ -55,13 +55,15 @@ def build_model(
     prefill_nudge_after_s: float | None = None,
     prefill_priority: bool = False,
     traffic_log=None,
+    kv_lease_s: float | None = None,
 ) -> PDModel:
     """The runtime model over the configured worker pools (round-robin pairing unless `pairing` is given).
 
     `observer` (e.g. runtime.server.planner_loop.RequestWindow) receives every finished request, and so does
     `traffic_log` (runtime.server.traffic.TrafficLog: the recorded traffic re-tuning reads).
     `prefill_priority`: prefill requests carry the runtime's vLLM `priority` by prompt length (exact with a
-    tokenizer, else estimated; RouterSpec.prefill_priority "length").
+    tokenizer, else estimated; RouterSpec.prefill_priority "length"). `kv_lease_s`: the prefill workers' KV
+    lease, seconds (None: vLLM's default, `DEFAULT_KV_LEASE_S`).
 
     Raises:
         ValueError: empty `model_name` or no decode URL.
@@ -72,7 +74,7 @@ def build_model(
     return PDModel(model_name, pairing, metrics=RuntimeMetrics(registry), timeout_s=timeout_s, tokenizer=tokenizer,
                    prefill_timeout_s=prefill_timeout_s, observer=observer,
                    prefill_nudge_after_s=prefill_nudge_after_s, prefill_priority=prefill_priority,
-                   traffic_log=traffic_log)
+                   traffic_log=traffic_log, kv_lease_s=DEFAULT_KV_LEASE_S if kv_lease_s is None else kv_lease_s)
 
 
 def build_router_pairing(
@@ -149,9 +151,15 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
 
 
 async def _readiness_loop(model: PDModel, interval_s: float) -> None:
-    """Forever: check every decode worker's /health (PDModel.worker_healthy records it for `ready`)."""
+    """Forever: check every worker's /health (PDModel.worker_healthy records it for `ready`) and mark it up
+    or down in the fixed pairing (configured workers: one not answering, starting or dead, is down)."""
     while True:
-        await asyncio.gather(*(model.worker_healthy(u) for u in model.decode_urls()))
+        urls = model.worker_urls()
+        results = await asyncio.gather(*(model.worker_healthy(u) for u in urls))
+        for url, ok in zip(urls, results):
+            mark = getattr(model.pairing, "mark_up" if ok else "mark_down", None)
+            if mark is not None:
+                mark(url)
         await asyncio.sleep(interval_s)
 
 
@@ -239,6 +247,7 @@ def serve(
     decode_kv_events: Sequence[str] = (),
     prefill_timeout_s: float = 120.0,
     prefill_nudge_after_s: float | None = None,
+    kv_lease_s: float | None = None,
     prefill_priority: bool = False,
     planner: dict | None = None,
     discovery: dict | None = None,
@@ -259,6 +268,7 @@ def serve(
     endpoints come from the EndpointSlices (port "kv-events", `discovery["kv_events_port_name"]`) and
     `prefill_kv_events`/`decode_kv_events` are ignored. `prefill_priority`: prefill requests carry the
     runtime's vLLM priorities (PDModel; the prefill workers run `--scheduling-policy priority`).
+    `kv_lease_s`: the prefill workers' KV lease, seconds (None: vLLM's default).
     `traffic_log`: append one trace line per finished request to this JSONL file (runtime.server.traffic).
     `traffic_upload` (``s3://bucket/prefix/``, needs `traffic_log`): every `traffic_upload_interval_s` seconds
     and at shutdown, ship what the log gained to ``<prefix><traffic_source>/`` (TrafficShipper; the source
@@ -313,7 +323,7 @@ def serve(
     model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
                         tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
                         observer=window, prefill_nudge_after_s=prefill_nudge_after_s,
-                        prefill_priority=prefill_priority, traffic_log=traffic)
+                        prefill_priority=prefill_priority, traffic_log=traffic, kv_lease_s=kv_lease_s)
     planner_rt = None
     if planner is not None:
         from runtime.server.planner_runtime import build_planner

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,94 @@ def warm_up_nixl(prefill_url: str, decode_url: str, model: str, *, attempts: int
             last = f"{type(exc).__name__}: {exc}"
             time.sleep(2.0)
     return f"NIXL warm-up failed after {attempts} attempts ({last}); requests fall back to local prefill"
+
+
+#: Restarts of one local worker whose API server died, before `pdserve serve` gives up (WorkerSupervisor): a
+#: worker that dies this often is broken (its log says why), not unlucky.
+DEFAULT_MAX_RESTARTS = 3
+
+
+class WorkerSupervisor:
+    """Watches local vLLM workers: when a worker's API server process has exited, its whole process group is
+    stopped (WorkerProcess.stop: terminate, wait, kill, by process group) and the worker is started again
+    on the same ports, at most `max_restarts` times per worker; after that, or when a restart does not become
+    healthy, `failure` says which worker failed and where its log is. The runtime in front takes the worker
+    out of rotation by its health checks meanwhile and back once it answers.
+
+    Args:
+        workers: the WorkerProcess objects to watch (started).
+        max_restarts: restarts allowed per worker.
+        startup_timeout_s: readiness timeout of a restarted worker, seconds.
+        on_restart: called with the worker once it is healthy again (e.g. the NIXL warm-up).
+        say: progress lines (e.g. a console's print).
+        interval_s: seconds between checks of the watching thread (`start`).
+    """
+
+    def __init__(self, workers: list[WorkerProcess], *, max_restarts: int = DEFAULT_MAX_RESTARTS,
+                 startup_timeout_s: float = 900.0, on_restart: Callable[[WorkerProcess], None] | None = None,
+                 say: Callable[[str], None] | None = None, interval_s: float = 1.0) -> None:
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts={max_restarts}: expected >= 0")
+        self.workers = list(workers)
+        self.max_restarts = max_restarts
+        self.startup_timeout_s = startup_timeout_s
+        self.on_restart = on_restart
+        self.say = say or (lambda msg: None)
+        self.interval_s = interval_s
+        self.restarts: dict[int, int] = {id(w): 0 for w in self.workers}
+        self.failure: str | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> None:
+        """One pass: stop the process group of every worker whose API server exited, and restart it (or set
+        `failure`). Blocks while a restarted worker starts."""
+        for w in self.workers:
+            code = w.exit_code()
+            if code is None or self.failure is not None or self._stopping.is_set():
+                continue
+            self.say(f"{w.role} worker {w.base_url} exited with code {code}: stopping its process group")
+            w.stop()
+            n = self.restarts[id(w)]
+            if n >= self.max_restarts:
+                self.failure = (f"{w.role} worker {w.base_url} exited with code {code} after {n} restarts "
+                                f"(log {w.log_path}):\n{w.log_tail()}")
+                return
+            self.restarts[id(w)] = n + 1
+            self.say(f"restarting {w.role} worker {w.base_url} ({n + 1} of {self.max_restarts})")
+            try:
+                w.start()
+                w.wait_ready(self.startup_timeout_s, cancelled=self._stopping.is_set)
+            except (WorkerStartError, OSError) as exc:
+                if self._stopping.is_set():
+                    return
+                if w.exit_code() is None:  # alive but not healthy in time: a failed restart too
+                    w.stop()
+                    self.failure = f"{w.role} worker {w.base_url} did not come back: {exc}"
+                    return
+                continue  # it exited while starting: the next pass counts another restart
+            self.say(f"{w.role} worker {w.base_url} is back")
+            if self.on_restart is not None:
+                self.on_restart(w)
+
+    def start(self) -> "WorkerSupervisor":
+        """Run `check` every `interval_s` seconds in a daemon thread until `stop` or a failure."""
+        def loop() -> None:
+            while not self._stopping.wait(self.interval_s) and self.failure is None:
+                try:
+                    self.check()
+                except Exception as exc:  # the watcher must not die silently: serve exits on a failure
+                    self.failure = f"worker supervisor failed: {type(exc).__name__}: {exc}"
+        self._thread = threading.Thread(target=loop, name="pdserve-worker-supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop watching (a restart in progress stops waiting for its worker); the workers keep running."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
 
 
 class RuntimeProcess:
@@ -134,6 +224,11 @@ class RuntimeProcess:
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def started(self) -> bool:
+        """Started and not stopped since."""
+        return self._proc is not None
 
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """terminate → wait → kill, through our own handle."""
@@ -247,6 +342,8 @@ class LocalDeployment:
                 for w in pool:
                     if w.kv_events_endpoint:
                         extra += [flag, w.kv_events_endpoint]
+        if spec.engine.kv_lease_s is not None:  # the runtime bounds decode legs by the workers' lease
+            extra += ["--kv-lease-s", str(spec.engine.kv_lease_s)]
         if prefill_nudge_after_s > 0:  # vLLM's NIXL pull connector on CPU: see PDModel prefill_nudge_after_s
             extra += ["--prefill-nudge-after-s", str(prefill_nudge_after_s)]
         if traffic_log is not None:  # absolute: the runtime runs in another working directory
@@ -256,6 +353,7 @@ class LocalDeployment:
                       "--model-dir", str(self.model_dir), "--planner-max-workers", str(planner_max_workers)]
             if planner_interval_s is not None:
                 extra += ["--planner-interval-s", str(planner_interval_s)]
+        self._supervisor: WorkerSupervisor | None = None
         self.runtime = RuntimeProcess(
             name,
             prefill_urls=[w.base_url for w in self.prefill_workers],
@@ -308,8 +406,37 @@ class LocalDeployment:
             raise
         return self
 
+    def supervise(self, max_restarts: int = DEFAULT_MAX_RESTARTS) -> WorkerSupervisor:
+        """Start watching the workers (WorkerSupervisor): a worker whose API server dies has its process group
+        stopped and is restarted (at most `max_restarts` times), then warmed up with its NIXL peers.
+        `failure` tells when serving cannot go on."""
+        def warm_up(w: WorkerProcess) -> None:
+            pairs = ([(w, d) for d in self.decode_workers] if w.role == "prefill"
+                     else [(p, w) for p in self.prefill_workers])
+            for p, d in pairs:
+                self._say(warm_up_nixl(p.base_url, d.base_url, self.spec.model.name))
+
+        self._supervisor = WorkerSupervisor(self.workers, max_restarts=max_restarts,
+                                            startup_timeout_s=self.startup_timeout_s, on_restart=warm_up,
+                                            say=self._say).start()
+        return self._supervisor
+
+    @property
+    def failure(self) -> str | None:
+        """Why serving cannot go on (a worker that exhausted its restarts, the runtime process exited), or
+        None."""
+        if self._supervisor is not None and self._supervisor.failure is not None:
+            return self._supervisor.failure
+        if self.runtime.started and not self.runtime.alive():
+            return f"the pdserve runtime exited (log {self.runtime.log_path}):\n{self.runtime._tail()}"
+        return None
+
     def stop(self) -> None:
-        """Stop the runtime, then the workers (each through its own handle). Safe to call twice."""
+        """Stop watching, then stop the runtime, then the workers (each through its own handle). Safe to call
+        twice."""
+        if self._supervisor is not None:
+            self._supervisor.stop()
+            self._supervisor = None
         self.runtime.stop()
         for w in self.workers:
             if w.pid is not None:

@@ -88,6 +88,10 @@ _DEPLOYMENT_4XX = frozenset({401, 403, 404, 407})
 #: vLLM NIXL `kv_lease_duration` default, seconds (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
 #: base_scheduler.py, 0.28).
 DEFAULT_KV_LEASE_S = 30.0
+#: 5xx answers in a row that take a worker out of rotation (PDModel `worker_5xx_limit`): more than one so that
+#: one request the worker cannot serve does not take it out, few so that a worker whose engine died (vLLM then
+#: answers every request 500) costs only a few failed requests before its next health check.
+DEFAULT_WORKER_5XX_LIMIT = 3
 #: Headroom between the last moment the runtime starts a decode leg on a handoff and the lease's end,
 #: seconds: the decode worker must receive the request, schedule it and send its first heartbeat or read.
 DEFAULT_KV_LEASE_MARGIN_S = 5.0
@@ -235,9 +239,10 @@ class PDModel(OpenAIGenerativeModel):
         kv_lease_s: seconds a prefill worker keeps a handoff's KV blocks for the decode worker (vLLM NIXL
             `kv_lease_duration`, 30 s by default; the workers' EngineSpec.kv_lease_s when set).
         kv_lease_margin_s: a decode leg that would start later than `kv_lease_s - kv_lease_margin_s` after the
-            prefill answered does not use the handoff: the decode worker prefills locally instead
-            (`pdserve_kv_lease_expiries_total`). Once the decode worker holds the request, vLLM renews the
-            lease by heartbeats (every lease / 6 s), so the start is what must be bounded.
+            prefill request was sent (the earliest the lease can have begun) does not use the handoff: the
+            decode worker prefills locally instead; a streamed decode leg without a first token by then is
+            closed and prefilled locally too (both `pdserve_kv_lease_expiries_total`). A non-streaming leg shows
+            no first token: only its start is bounded.
 
     TTFT (`pdserve_ttft_seconds`): streaming — arrival to the first streamed token, as the client sees it
     (remote: prefill + NIXL pull + first decode step); non-streaming remote — arrival to the prefill answer,
@@ -262,6 +267,7 @@ class PDModel(OpenAIGenerativeModel):
         traffic_log: Any | None = None,
         kv_lease_s: float = DEFAULT_KV_LEASE_S,
         kv_lease_margin_s: float = DEFAULT_KV_LEASE_MARGIN_S,
+        worker_5xx_limit: int = DEFAULT_WORKER_5XX_LIMIT,
     ) -> None:
         super().__init__(name)
         if not 0 <= kv_lease_margin_s < kv_lease_s:
@@ -288,6 +294,10 @@ class PDModel(OpenAIGenerativeModel):
         self.wall_clock = wall_clock  # Unix seconds: prefill priorities must agree across runtime replicas
         self._header_key = secrets.token_bytes(16)  # keys the worker ids in response headers
         self._healthy: dict[str, bool] = {}  # worker URL -> its last health check or request's verdict
+        if worker_5xx_limit < 1:
+            raise ValueError(f"worker_5xx_limit={worker_5xx_limit}: expected >= 1")
+        self.worker_5xx_limit = worker_5xx_limit
+        self._errors_in_row: dict[str, int] = {}  # worker URL -> 5xx answers in a row (`_note_answer`)
 
     @property
     def ready(self) -> bool:
@@ -307,10 +317,30 @@ class PDModel(OpenAIGenerativeModel):
         return [u.rstrip("/") for u in getattr(self.pairing, "decode_urls", [])]
 
     def _mark_unreachable(self, url: str) -> None:
-        """A request found the worker at `url` gone: out of the pairing's rotation and of readiness until a
-        health check answers again."""
+        """A request found the worker at `url` gone (or failing: `_note_answer`): out of the pairing's rotation
+        and of readiness until a health check answers again."""
         self._healthy[url.rstrip("/")] = False
+        self._errors_in_row.pop(url.rstrip("/"), None)
         self.pairing.on_worker_unreachable(url)
+
+    def _note_answer(self, url: str, exc: BackendError | None) -> None:
+        """Count a worker call's outcome: `worker_5xx_limit` 5xx answers in a row (a worker whose engine died
+        answers every request 500) take the worker out like a refused connection; any other outcome ends
+        the run. Timeouts (504: a busy worker) and refused connections (counted at once) are not counted."""
+        key = url.rstrip("/")
+        if exc is None or exc.unreachable or not 500 <= exc.status_code < 600 or exc.status_code == 504:
+            self._errors_in_row.pop(key, None)
+            return
+        self._errors_in_row[key] = self._errors_in_row.get(key, 0) + 1
+        if self._errors_in_row[key] >= self.worker_5xx_limit:
+            logger.warning("worker %s answered %d 5xx in a row: out of rotation until a health check answers",
+                           url, self._errors_in_row[key])
+            self._mark_unreachable(url)
+
+    def worker_urls(self) -> list[str]:
+        """Base URLs of every worker of the pairing's pool (prefill and decode), for health checks."""
+        pool = self._pool_urls()
+        return sorted(pool) if pool is not None else self.decode_urls()
 
     def _client(self, url: str, user: object = None) -> VllmClient:
         """The client of worker `url`, recorded as used by `user` until `_release(user)`. Creating a client
@@ -374,6 +404,8 @@ class PDModel(OpenAIGenerativeModel):
         finally:
             self._release(user)
         self._healthy[url.rstrip("/")] = ok
+        if ok:
+            self._errors_in_row.pop(url.rstrip("/"), None)
         return ok
 
     async def aclose(self) -> None:
@@ -464,6 +496,7 @@ class PDModel(OpenAIGenerativeModel):
         except asyncio.TimeoutError:
             kv = None
         except BackendError as exc:
+            self._note_answer(route.prefill_url, exc)
             if _is_client_fault(exc):
                 # the prefill leg's rejection speaks of the leg (max_tokens=1, no stream); the decode worker,
                 # given the client's own request, answers it or rejects it in the client's terms
@@ -476,6 +509,8 @@ class PDModel(OpenAIGenerativeModel):
             if exc.unreachable:
                 self._mark_unreachable(route.prefill_url)
             kv = None
+        else:
+            self._note_answer(route.prefill_url, None)
         if kv is None:  # worker down, 5xx, a deployment-fault 4xx, or a worker without a KV connector
             self.metrics.prefill_fallbacks.inc()
             return self.pairing.on_prefill_failed(rid, self.clock()), None
@@ -552,8 +587,11 @@ class PDModel(OpenAIGenerativeModel):
         if route.prefill_url is not None and needs_local_prefill(path, body):
             # prompt log-probabilities and beam search need the prompt computed where the answer is made
             route = dataclasses.replace(self.pairing.on_prefill_failed(rid, self.clock()), reason="local_shape")
+        # The prefill worker starts the handoff's lease when its engine finishes the request, which can be long
+        # before its answer arrives here (a starved API server, a slow network): the earliest the lease can
+        # have begun is when the prefill request was sent, so the lease bounds count from then.
+        kv_at = self.clock()
         route, kv = await self._prefill(route, path, body, rid, None if token_ids is None else len(token_ids))
-        kv_at = self.clock()  # the prefill answered: the handoff's lease runs from about now
         if kv is not None and self._decode_start_late(kv_at):
             # the decode leg would start too close to (or after) the lease's end: it could read released
             # blocks. The decode worker prefills itself instead; the handoff's blocks expire unread.
@@ -587,6 +625,7 @@ class PDModel(OpenAIGenerativeModel):
             while True:
                 try:
                     answer = await decode.complete(path, body, rid, kv)
+                    self._note_answer(route.decode_url, None)
                     break
                 except BackendError as exc:
                     new = self._migrate(exc, route, rid)
@@ -631,6 +670,7 @@ class PDModel(OpenAIGenerativeModel):
 
     def _migrate(self, exc: BackendError, route: Route, rid: str) -> Route | None:
         """After a decode failure: the route to continue on, or None (not a dead worker, or no migration)."""
+        self._note_answer(route.decode_url, exc)
         if not exc.unreachable:  # the worker answered, or was only slow: not a dead worker
             return None
         self._mark_unreachable(route.decode_url)
@@ -663,7 +703,15 @@ class PDModel(OpenAIGenerativeModel):
             while True:
                 try:
                     async with contextlib.aclosing(decode.stream(path, attempt, rid, kv)) as events:
-                        async for chunk in events:
+                        chunks = events.__aiter__()
+                        while True:
+                            wait_s = None  # a leg on a handoff must show its first token before the deadline
+                            if kv is not None and first_s is None and lease_end is not None:
+                                wait_s = max(0.0, lease_end - self.kv_lease_margin_s - self.clock())
+                            try:
+                                chunk = await asyncio.wait_for(chunks.__anext__(), wait_s)
+                            except StopAsyncIteration:
+                                break
                             worker_err = _stream_error_event(chunk, route.decode_url)
                             if worker_err is not None:  # the worker gave up mid-stream: client told, error
                                 logger.warning("decode worker %s sent an error event mid-stream: %.500s",
@@ -701,11 +749,30 @@ class PDModel(OpenAIGenerativeModel):
                             yielded = True
                             yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
                     ok = True
+                    self._note_answer(route.decode_url, None)
                     break
+                except asyncio.TimeoutError:
+                    # The handoff's lease would end before this decode leg made its first token (the decode worker
+                    # has not read the KV, or has not admitted the request: its engine can stall in one step for
+                    # longer than the lease on a starved CPU). Closing the stream aborts the request on the decode
+                    # worker, before it reads; the decode worker then prefills the request itself.
+                    self.metrics.kv_lease_expiries.inc()
+                    logger.warning("request %s: no first token %.0f s before the KV lease ends: the decode worker "
+                                   "prefills it locally", rid, self.kv_lease_margin_s)
+                    cont = base if not yielded else continuation_body(path, base, "".join(sent), num_tokens)
+                    if cont is None:
+                        err = openai_error_body("the inference worker did not answer in time",
+                                                err_type="BackendError", status=int(HTTPStatus.GATEWAY_TIMEOUT))
+                        yield f"data: {json.dumps(err)}\n\n"
+                        break
+                    route = self.pairing.on_prefill_failed(rid, self.clock())
+                    kv, decode, attempt, mode = None, self._client(route.decode_url, rid), cont, "local"
+                    local_prefill = True
                 except BackendError as exc:
                     if replayable:
                         new = self._migrate(exc, route, rid)
                     else:  # reasoning or a tool call was sent: a continuation would repeat or lose it
+                        self._note_answer(route.decode_url, exc)
                         if exc.unreachable:
                             self._mark_unreachable(route.decode_url)
                         new = None

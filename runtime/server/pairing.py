@@ -84,7 +84,11 @@ class Pairing(Protocol):
 
 
 class RoundRobinPairing:
-    """Prefill and decode pools, each taken in turn; with no prefill pool every request is local.
+    """Prefill and decode pools, each taken in turn, skipping workers marked down; with no prefill pool, or
+    every prefill worker down, a request is prefilled locally on its decode worker.
+
+    A worker is marked down by `mark_down` (a refused connection: `on_worker_unreachable`; a failed health
+    check or a run of 5xx answers: the runtime model) and back up by `mark_up` (a health check answered).
 
     Args:
         prefill_urls: prefill worker base URLs (may be empty).
@@ -105,14 +109,27 @@ class RoundRobinPairing:
         self._routes: dict[str, Route] = {}
         self._failed: dict[str, set[str]] = {}
         self.migration_limit = migration_limit
+        self.down: set[str] = set()  # base URLs of workers marked down
+
+    def _next_up(self, cycle: itertools.cycle, urls: list[str]) -> str | None:
+        """The next URL of `cycle` not marked down (one turn at most), or None when all are down."""
+        for _ in urls:
+            url = next(cycle)
+            if url not in self.down:
+                return url
+        return None
 
     def choose(self, req: RouteRequest) -> Route:
-        decode = next(self._decode_cycle)
+        decode = self._next_up(self._decode_cycle, self.decode_urls)
+        if decode is None:
+            raise RuntimeError("every decode worker is down")
         did = f"decode-{self.decode_urls.index(decode)}"
+        prefill = None if self._prefill_cycle is None else self._next_up(self._prefill_cycle, self.prefill_urls)
         if self._prefill_cycle is None:
             route = Route(None, decode, "local_no_prefill_pool", None, did)
+        elif prefill is None:
+            route = Route(None, decode, "local_prefill_down", None, did)
         else:
-            prefill = next(self._prefill_cycle)
             route = Route(prefill, decode, "round_robin", f"prefill-{self.prefill_urls.index(prefill)}", did)
         self._routes[req.request_id] = route
         return route
@@ -136,7 +153,7 @@ class RoundRobinPairing:
         failed = self._failed.setdefault(request_id, set())
         if old is not None:
             failed.add(old.decode_url)
-        left = [u for u in self.decode_urls if u not in failed]
+        left = [u for u in self.decode_urls if u not in failed and u not in self.down]
         if len(failed) > self.migration_limit or not left:
             return None
         route = Route(None, left[0], "migrated", None, f"decode-{self.decode_urls.index(left[0])}")
@@ -144,4 +161,16 @@ class RoundRobinPairing:
         return route
 
     def on_worker_unreachable(self, url: str) -> None:
-        return None  # the fixed pairing has no health state
+        self.mark_down(url)
+
+    def mark_down(self, url: str) -> list[str]:
+        """Stop choosing the worker at `url` (a configured URL; others are ignored). Returns [] (requests in
+        flight on it end by themselves: their calls fail or finish)."""
+        url = url.rstrip("/")
+        if url in self.prefill_urls or url in self.decode_urls:
+            self.down.add(url)
+        return []
+
+    def mark_up(self, url: str) -> None:
+        """Choose the worker at `url` again."""
+        self.down.discard(url.rstrip("/"))

@@ -215,6 +215,8 @@ def test_without_efa_nixl_keeps_configured_backends_and_requests_no_efa():
     assert "vpc.amazonaws.com/efa" not in c["resources"]["requests"]
     assert "FI_PROVIDER" not in {e["name"] for e in c["env"]}
     assert "PDSERVE_NIXL_PROGRESS_DELAY_US" not in {e["name"] for e in c["env"]}  # GPU nodes keep NIXL's default
+    assert "PDSERVE_ENGINE_IDLE_POLL_US" not in {e["name"] for e in c["env"]}  # and vLLM's engine loop
+    assert "PDSERVE_SHM_SPIN_US" not in {e["name"] for e in c["env"]}
 
 
 def test_cpu_pseudo_gpu_renders_for_a_plain_cluster():
@@ -226,6 +228,8 @@ def test_cpu_pseudo_gpu_renders_for_a_plain_cluster():
     assert kv["kv_buffer_device"] == "cpu" and kv["kv_connector_extra_config"] == {"backends": ["UCX"]}
     assert {"name": "UCX_TLS", "value": "tcp,self"} in c["env"]
     assert {"name": "PDSERVE_NIXL_PROGRESS_DELAY_US", "value": "100"} in c["env"]  # no busy-polling NIXL on CPU
+    assert {"name": "PDSERVE_ENGINE_IDLE_POLL_US", "value": "10000"} in c["env"]  # nor a busy engine loop
+    assert {"name": "PDSERVE_SHM_SPIN_US", "value": "0"} in c["env"]  # nor a spinning model worker
     assert "nodeSelector" not in dep["spec"]["template"]["spec"]
 
 
@@ -543,3 +547,11 @@ def test_predictor_timeout_allows_long_streams_and_knative_allows_it():
     kust = yaml.safe_load((root / "kustomization.yaml").read_text())
     grace = [yaml.safe_load(p["patch"]) for p in kust["patches"] if p.get("target", {}).get("name") == "activator"]
     assert grace[0][0]["value"] >= PREDICTOR_TIMEOUT_S
+
+
+def test_the_runtime_is_told_the_workers_kv_lease_when_the_spec_sets_one():
+    args = find(render(make_spec(engine=EngineSpec(kv_lease_s=45))), "InferenceService", NAME)["spec"]["predictor"][
+        "model"]["args"]
+    assert _flags(args)["--kv-lease-s"] == "45"
+    default = find(render(make_spec()), "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
+    assert "--kv-lease-s" not in _flags(default)

@@ -180,3 +180,93 @@ def test_starting_a_cpu_worker_without_the_installed_plugin_warns(tmp_path, monk
     w.stop()
     warned = [r for r in caplog.records if "plugin is not installed" in r.getMessage()]
     assert bool(warned) is (not installed)
+
+
+def test_cpu_workers_get_the_engine_idle_poll_unless_the_environment_says_otherwise():
+    from runtime.engines.vllm_plugin import IDLE_POLL_ENV
+
+    assert build_worker_env({}, side_channel_port=1, cpu=True)[IDLE_POLL_ENV] == "10000"
+    assert build_worker_env({IDLE_POLL_ENV: "2000"}, side_channel_port=1, cpu=True)[IDLE_POLL_ENV] == "2000"
+    assert IDLE_POLL_ENV not in build_worker_env({}, side_channel_port=1, cpu=False)
+    with pytest.raises(ValueError, match=IDLE_POLL_ENV):
+        build_worker_env({IDLE_POLL_ENV: "soon"}, side_channel_port=1, cpu=True)
+
+
+class _Engine:
+    """An engine whose steps run the model or not, as told; records when each step began."""
+
+    def __init__(self, executed: list[bool], has_requests: bool = True) -> None:
+        self.executed, self.began = list(executed), []
+        self.scheduler = types.SimpleNamespace(has_requests=lambda: has_requests)
+
+    def _process_engine_step(self) -> bool:
+        import time
+
+        self.began.append(time.monotonic())
+        return self.executed.pop(0)
+
+
+def test_empty_steps_are_spaced_by_the_idle_poll_and_model_steps_are_not():
+    step = vllm_plugin.idle_poll_step(_Engine._process_engine_step, 20_000)
+    busy = _Engine([True] * 5)
+    for _ in range(5):
+        assert step(busy) is True
+    assert busy.began[-1] - busy.began[0] < 0.05  # model steps follow each other at once
+    idle = _Engine([False] * 5)
+    for _ in range(5):
+        assert step(idle) is False
+    gaps = [b - a for a, b in zip(idle.began, idle.began[1:])]
+    assert min(gaps) >= 0.019  # at most one empty step per 20 ms
+    done = _Engine([False] * 3, has_requests=False)  # nothing left: the engine goes to wait for input at once
+    for _ in range(3):
+        step(done)
+    assert done.began[-1] - done.began[0] < 0.019
+
+
+def test_the_idle_poll_patches_vllms_engine_once(monkeypatch):
+    core = types.ModuleType("vllm.v1.engine.core")
+    core.EngineCoreProc = type("EngineCoreProc", (), {"_process_engine_step": _Engine._process_engine_step})
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.core", core)
+    monkeypatch.delenv(PROGRESS_DELAY_ENV, raising=False)
+    monkeypatch.setenv(vllm_plugin.IDLE_POLL_ENV, "5000")
+    register()
+    register()  # a second registration replaces the wrapper, it does not stack another
+    patched = core.EngineCoreProc._process_engine_step
+    assert patched.pdserve_original is _Engine._process_engine_step
+    engine = _Engine([False, False])
+    patched(engine)
+    patched(engine)
+    assert engine.began[1] - engine.began[0] >= 0.0049
+
+
+def test_shared_memory_readers_spin_at_most_the_cap_and_cpu_workers_do_not_spin():
+    from runtime.engines.vllm_plugin import SHM_SPIN_ENV, capped_spin_wait
+
+    assert build_worker_env({}, side_channel_port=1, cpu=True)[SHM_SPIN_ENV] == "0"
+    assert SHM_SPIN_ENV not in build_worker_env({}, side_channel_port=1, cpu=False)
+
+    class Cond:
+        def __init__(self, busy_loop_s: float) -> None:
+            self.busy_loop_s, self.calls = busy_loop_s, []
+
+        def wait(self, timeout_ms=None):
+            self.calls.append((self.busy_loop_s, timeout_ms))
+
+    wait = capped_spin_wait(Cond.wait, 500)
+    spinning, quiet = Cond(1.0), Cond(0.0001)
+    wait(spinning, timeout_ms=7)
+    wait(quiet)
+    assert spinning.calls == [(0.0005, 7)] and quiet.calls == [(0.0001, None)]  # capped, never raised
+
+
+def test_the_spin_cap_patches_vllms_spin_condition_once(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    original = shm_broadcast.SpinCondition.wait
+    monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", original)
+    monkeypatch.delenv(PROGRESS_DELAY_ENV, raising=False)
+    monkeypatch.setenv(vllm_plugin.SHM_SPIN_ENV, "0")
+    register()
+    register()
+    assert shm_broadcast.SpinCondition.wait.pdserve_original is getattr(original, "pdserve_original", original)

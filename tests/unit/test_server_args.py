@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
     ("--planner-interval-s", "-2"), ("--planner-max-workers", "0"), ("--planner-max-workers", "-3"),
     ("--timeout-s", "-1"), ("--timeout-s", "0"), ("--timeout-s", "nan"), ("--http-port", "70000"),
     ("--http-port", "0"), ("--block-size", "0"), ("--block-size", "x"), ("--prefill-timeout-s", "-5"),
-    ("--prefill-nudge-after-s", "inf"),
+    ("--prefill-nudge-after-s", "inf"), ("--kv-lease-s", "5"), ("--kv-lease-s", "30.5"),
 ])
 def test_bad_values_are_refused_at_parse_time_naming_the_flag(flag, value, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -96,3 +96,21 @@ def test_a_local_planners_deployment_spec_must_agree_with_the_runtimes_prefill_p
                                          r"router.prefill_priority 'length'"):
         resolve_prefill_priority(a, None, planner_settings(a))
     assert resolve_prefill_priority(parse_args(BASE), None, None) == "fcfs"
+
+
+def test_the_kv_lease_flag_is_whole_seconds_and_optional():
+    assert parse_args(BASE).kv_lease_s is None
+    assert parse_args([*BASE, "--kv-lease-s", "45"]).kv_lease_s == 45
+
+
+def test_the_model_bounds_decode_legs_by_the_lease_it_is_given():
+    pytest.importorskip("kserve")
+    from prometheus_client import CollectorRegistry
+
+    from runtime.server.app import build_model
+
+    model = build_model("m", prefill_urls=[], decode_urls=["http://127.0.0.1:1"], registry=CollectorRegistry(),
+                        kv_lease_s=45)
+    assert model.kv_lease_s == 45
+    assert build_model("m", prefill_urls=[], decode_urls=["http://127.0.0.1:1"],
+                       registry=CollectorRegistry()).kv_lease_s == 30

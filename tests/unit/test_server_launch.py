@@ -85,3 +85,13 @@ def test_cpu_runtime_nudges_prefill_workers_unless_turned_off(tmp_path):
     assert _flag_values(args, "--prefill-nudge-after-s") == ["3.5"]
     args = LocalDeployment(_spec(), Path("/m"), log_dir=tmp_path, prefill_nudge_after_s=0).runtime.args
     assert "--prefill-nudge-after-s" not in args
+
+
+def test_the_runtime_is_told_the_workers_kv_lease(tmp_path):
+    from runtime.config import EngineSpec
+
+    spec = DeploymentSpec(model=ModelRef(name="m", path=str(tmp_path)), engine=EngineSpec(kv_lease_s=45))
+    args = LocalDeployment(spec, tmp_path, log_dir=tmp_path).runtime.args
+    assert args[args.index("--kv-lease-s") + 1] == "45"
+    assert "--kv-lease-s" not in LocalDeployment(DeploymentSpec(model=ModelRef(name="m", path=str(tmp_path))),
+                                                 tmp_path, log_dir=tmp_path).runtime.args

@@ -290,3 +290,142 @@ async def test_the_route_is_released_even_when_the_metrics_fail():
     with pytest.raises(ValueError):
         await model.create_chat_completion(_request())
     assert sum(p.completed.values()) == 1 and not p._routes
+
+
+async def test_a_run_of_5xx_takes_a_prefill_worker_out_until_a_health_check_answers():
+    seen = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req.url.host)
+        if req.url.path == "/health":
+            return httpx.Response(200)
+        if req.url.host == "prefill":
+            return httpx.Response(500, json={"error": {"message": "engine dead", "code": 500}})
+        return httpx.Response(200, json=_completion("Paris"))
+
+    model, p = _model(handler)
+    for _ in range(model.worker_5xx_limit):
+        assert isinstance(await model.create_chat_completion(_request()), ChatCompletion)  # local fallback
+    assert seen.count("prefill") == model.worker_5xx_limit and p.down == {"http://prefill"}
+    seen.clear()
+    assert isinstance(await model.create_chat_completion(_request()), ChatCompletion)
+    assert seen == ["decode"]  # no prefill spent on a worker known to fail
+    assert await model.worker_healthy("http://prefill")
+    p.mark_up("http://prefill")  # what the health loop does with that answer
+    seen.clear()
+    await model.create_chat_completion(_request())
+    assert seen[0] == "prefill"
+
+
+async def test_5xx_answers_not_in_a_row_keep_the_worker():
+    answers = iter([500, 200, 500, 200, 500, 200])
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "prefill":
+            status = next(answers)
+            if status != 200:
+                return httpx.Response(status, json={"error": {"message": "busy", "code": status}})
+            return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+        return httpx.Response(200, json=_completion("Paris"))
+
+    model, p = _model(handler)
+    for _ in range(6):
+        await model.create_chat_completion(_request())
+    assert p.down == set()
+
+
+async def test_a_refused_decode_worker_is_not_sent_a_prefill_again():
+    seen = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req.url.host)
+        if req.url.host == "decode":
+            raise httpx.ConnectError("refused", request=req)
+        return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+
+    model, p = _model(handler)
+    out = await model.create_chat_completion(_request())
+    assert isinstance(out, ErrorResponse) and p.down == {"http://decode"} and not model.ready
+    seen.clear()
+    from kserve.errors import ModelNotReady
+
+    with pytest.raises(ModelNotReady):  # 503 with Retry-After (runtime.server.errors)
+        await model.create_chat_completion(_request())
+    assert seen == []
+
+
+class _Hanging(httpx.AsyncByteStream):
+    """A response body that never sends a byte (a decode worker whose engine is stalled); records its close."""
+
+    def __init__(self, closed: list) -> None:
+        self.closed = closed
+
+    async def __aiter__(self):
+        await asyncio.Event().wait()
+        yield b""  # pragma: no cover - never reached
+
+    async def aclose(self) -> None:
+        self.closed.append(True)
+
+
+async def test_a_decode_leg_without_a_first_token_before_the_lease_ends_is_aborted_and_prefilled_locally():
+    decode_kv, closed = [], []
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content)
+        if req.url.host == "prefill":
+            return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+        decode_kv.append(body.get("kv_transfer_params"))
+        if body.get("kv_transfer_params"):
+            return httpx.Response(200, stream=_Hanging(closed), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, text=_chunk("Paris") + "data: [DONE]\n\n")
+
+    pairing = CountingPairing(["http://prefill"], ["http://decode"])
+    transport = httpx.MockTransport(handler)
+    reg = CollectorRegistry()
+    model = PDModel("m", pairing, metrics=RuntimeMetrics(reg), kv_lease_s=1.0, kv_lease_margin_s=0.5,
+                    client_factory=lambda url: VllmClient(url, transport=transport))
+    t0 = asyncio.get_running_loop().time()
+    stream = await model.create_chat_completion(_request(stream=True))
+    events = [e async for e in stream]
+    took = asyncio.get_running_loop().time() - t0
+    assert decode_kv == [KV, None]  # the handoff's leg, then the local prefill without it
+    assert closed == [True]  # the stalled leg was closed (vLLM aborts a request whose client went away)
+    assert "Paris" in "".join(events) and events[-1] == "data: [DONE]\n\n"
+    assert 0.4 < took < 5.0  # it waited until the deadline (lease - margin), not for the lease's end
+    from prometheus_client import generate_latest
+    from runtime.engines.metrics import sample_sum
+
+    text = generate_latest(reg).decode()
+    assert sample_sum(text, "pdserve_kv_lease_expiries_total") == 1
+    assert sample_sum(text, "pdserve_kv_late_reads_total") == 0
+    assert sample_sum(text, "pdserve_requests_total", mode="local", status="ok") == 1
+    _released_once(pairing)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_prefill_answer_that_arrives_after_the_lease_bound_is_not_used(stream):
+    """The lease counts from when the prefill was sent: an answer delivered too late is never decoded from."""
+    now, decode_kv = [0.0], []
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content)
+        if req.url.host == "prefill":
+            now[0] += 26.0  # the prefill worker's answer took 26 s to arrive: 4 s of a 30-s lease left
+            return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+        decode_kv.append(body.get("kv_transfer_params"))
+        if body.get("stream"):
+            return httpx.Response(200, text=_chunk("Paris") + "data: [DONE]\n\n")
+        return httpx.Response(200, json=_completion("Paris"))
+
+    pairing = CountingPairing(["http://prefill"], ["http://decode"])
+    transport = httpx.MockTransport(handler)
+    model = PDModel("m", pairing, metrics=RuntimeMetrics(CollectorRegistry()), clock=lambda: now[0],
+                    client_factory=lambda url: VllmClient(url, transport=transport))
+    out = await model.create_chat_completion(_request(stream=stream))
+    if stream:
+        assert "Paris" in "".join([e async for e in out])
+    else:
+        assert isinstance(out, ChatCompletion)
+    assert decode_kv == [None]
+    _released_once(pairing)
