@@ -148,8 +148,8 @@ class EngineSpec(_Strict):
         ge=6,
         description="Seconds a prefill worker keeps a finished request's KV blocks for the decode worker to "
         "pull (vLLM kv_connector_extra_config.kv_lease_duration; >= 6: vLLM heartbeats every lease // 6 s). "
-        "None: vLLM's own default (30 s in vLLM 0.28). On CPU workers a longer lease made the occasional "
-        "stalled first pull last longer (120 s: stalls of 100-180 s; 30 s: at most ~25 s).",
+        "None: vLLM's own default (30 s in vLLM 0.28). The runtime is told the lease and bounds every decode "
+        "leg by it (docs/serving.md).",
     )
     extra_args: list[str] = Field(
         default_factory=list,
