@@ -432,6 +432,10 @@ def main(argv: list[str] | None = None) -> dict:
                          "comparison at equal GPU-hours; ~7 more pdserve_sla runs)")
     ap.add_argument("--target-attainment", type=float, default=0.99,
                     help="share of requests within both SLOs that --dynamo-matched must reach (default 0.99)")
+    ap.add_argument("--sweep-quantiles", default="",
+                    help="comma list of SLO quantiles in (0, 1): also run pdserve_sla_q<value>, pdserve_sla with that "
+                         "planner.slo_quantile (its one headroom knob: M/M/c and the measured burst headroom of rule "
+                         "11 size for it), for an attainment/GPU-hours frontier")
     ap.add_argument("--extra-predictors", default="",
                     help="comma list (constant,moving_average,arima): also run pdserve_sla_<predictor>")
     a = ap.parse_args(argv)
@@ -462,6 +466,13 @@ def main(argv: list[str] | None = None) -> dict:
         a.rate_scales = []
     if set_mode and not (a.rate_scales and all(v > 0 for v in a.rate_scales)):
         problems.append(f"--rate-scales must hold whole numbers > 0, got {a.rate_scales}")
+    try:
+        a.sweep_quantiles = [float(v) for v in a.sweep_quantiles.split(",") if v.strip()]
+    except ValueError:
+        problems.append(f"--sweep-quantiles must be a comma list of numbers, got {a.sweep_quantiles!r}")
+        a.sweep_quantiles = []
+    if not all(0.0 < q < 1.0 for q in a.sweep_quantiles):
+        problems.append(f"--sweep-quantiles must lie in (0, 1), got {a.sweep_quantiles}")
     if not 0.0 < a.target_attainment < 1.0:
         problems.append(f"--target-attainment must be in (0, 1), got {a.target_attainment}")
     if not a.worker_start_s >= 0:
@@ -588,6 +599,7 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
     timelines: dict[str, list] = {}
     wanted = a.planners.split(",") + [f"pdserve_sla_{p}" for p in a.extra_predictors.split(",") if p]
     wanted += [f"ablation_{k}" for k in ABLATIONS] if a.ablations else []
+    wanted += [f"pdserve_sla_q{q:g}" for q in getattr(a, "sweep_quantiles", [])]
     for name in wanted:
         t0 = time.time()
         if name.startswith("ablation_"):
@@ -595,6 +607,10 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
             sm = PlannerStateMachine(pd_cfg("sla", **ov), profile, initial_prefill=init_p, initial_decode=init_d)
             ab_fleet = replace(fleet, interval_s=ov.get("interval_s", fleet.interval_s))
             res = simulate(trace, profile, ab_fleet, sm.on_tick)
+        elif name.startswith("pdserve_sla_q"):
+            sm = PlannerStateMachine(pd_cfg("sla", slo_quantile=float(name.removeprefix("pdserve_sla_q"))), profile,
+                                     initial_prefill=init_p, initial_decode=init_d)
+            res = simulate(trace, profile, fleet, sm.on_tick)
         elif name.startswith("pdserve_sla_"):
             sm = PlannerStateMachine(pd_cfg("sla", name.removeprefix("pdserve_sla_")), profile,
                                      initial_prefill=init_p, initial_decode=init_d)
