@@ -249,3 +249,51 @@ def burst_misses(arrival_s, occupancy_s, slack_s, first_servers: int, max_server
         if late == 0:
             break
     return out
+
+
+def least_pool(arrival_s, occupancy_s, slack_s, late_share: float) -> int:
+    """The least number of prefill workers on which the requests of an observed span, replayed as in
+    :func:`burst_misses` (FCFS from idle, earliest free worker), leave at most ``late_share`` of the
+    requests that can be served in time (``slack_s >= 0``) late. 0 without such requests.
+
+    Doubling from the offered load (total occupancy over the span from the first arrival to the last)
+    up to one worker per request (nobody waits then), then bisection; the late count does not grow
+    with the pool (FCFS on the earliest free of more workers starts no request later). Raises
+    ValueError for unequal lengths or ``late_share`` outside [0, 1].
+    """
+    if not len(arrival_s) == len(occupancy_s) == len(slack_s):
+        raise ValueError("least_pool: arrival_s, occupancy_s and slack_s must have equal lengths")
+    if not 0.0 <= late_share <= 1.0:
+        raise ValueError(f"least_pool: late_share must be in [0, 1], got {late_share}")
+    order = sorted(range(len(arrival_s)), key=lambda i: arrival_s[i])
+    arr = [float(arrival_s[i]) for i in order]
+    occ = [float(occupancy_s[i]) for i in order]
+    slack = [float(slack_s[i]) for i in order]
+    counted = sum(1 for s in slack if s >= 0.0)
+    if counted == 0:
+        return 0
+    allowed = late_share * counted
+
+    def late(c: int) -> int:
+        free = [arr[0]] * c
+        n = 0
+        for a, o, s in zip(arr, occ, slack):
+            f = heapq.heappop(free)
+            start = a if a > f else f
+            heapq.heappush(free, start + o)
+            if s >= 0.0 and start - a > s:
+                n += 1
+        return n
+
+    # first guess: the offered load over the span; double until it serves (one worker per request does)
+    guess = max(math.ceil(sum(occ) / max(arr[-1] - arr[0], max(occ)) - 1e-9), 1)
+    lo, hi = 0, min(guess, len(arr))
+    while late(hi) > allowed:
+        lo, hi = hi, min(2 * hi, len(arr))
+    while hi - lo > 1:  # late(lo) > allowed (or lo == 0), late(hi) <= allowed
+        mid = (lo + hi) // 2
+        if late(mid) <= allowed:
+            hi = mid
+        else:
+            lo = mid
+    return hi

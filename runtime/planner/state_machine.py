@@ -79,7 +79,8 @@ Per tick (SLA mode):
 11. Staffing for measured bursts (``measure_burst``, default on, when ticks report
    ``prompt_arrivals``): the headroom coefficient of (7) is measured, not configured. Each tick's
    arrivals are replayed, first come first served from idle, on pools of ``ceil(R_t)`` workers and up
-   (``R_t`` the Erlangs of those very requests at the corrected occupancy; runtime.planner.sla.burst_misses),
+   (``R_t`` the Erlangs of those very requests at the corrected occupancy; runtime.planner.sla.burst_misses;
+   a tick's replay covers the arrivals of the last ``lead_ticks`` ticks, the time a launch takes to act),
    counting the requests whose wait exceeds their TTFT budget less their own prefill latency (prompts
    whose prefill alone exceeds the budget are not counted: no pool serves them in time). ``beta`` is the
    least (to ``BURST_BETA_STEP``, at most ``BURST_BETA_MAX``) with which ``ceil(R_t + beta sqrt(R_t))``
@@ -90,7 +91,12 @@ Per tick (SLA mode):
    quantile, with no reference trace or constant per traffic shape. The square-root law carries the
    measured coefficient to the forecast load (Halfin & Whitt 1981; for non-Poisson arrivals the
    coefficient grows with their peakedness, Whitt 1992, "Understanding the efficiency of multi-server
-   service systems", Management Science 38(5)). Before the first tick with arrivals (or with the rule
+   service systems", Management Science 38(5)). The prefill pool is also at least the least pool on
+   which the last ``predictor_window_ticks`` ticks' arrivals, replayed together, leave at most
+   ``1 - slo_quantile`` of them late (``window_pool``, runtime.planner.sla.least_pool): bursts shorter
+   than a worker start (a Markov-modulated high phase) are over before a launch for them is ready, so
+   the pool must stand at what the recent bursts needed; it follows a fall within one window.
+   Before the first tick with arrivals (or with the rule
    off) ``beta`` is ``prefill_staffing_beta`` scaled by the square root of the smoothed arrival
    dispersion over ``staffing_dispersion_ref`` (floored at ``staffing_dispersion_floor``):
    :meth:`PlannerStateMachine.staffing_beta`.
@@ -226,6 +232,11 @@ class PlannerStateMachine:
         # rule 11: per tick with arrivals, (offered Erlangs R, requests that can meet the TTFT, first pool
         # size replayed, late requests at that size and each size after it), the last predictor window
         self._bursts: deque[tuple[float, int, int, list[int]]] = deque(maxlen=cfg.predictor_window_ticks)
+        # rule 11: (interval_s, prompt_arrivals) of the last lead_ticks ticks, the span one replay covers
+        self._burst_ticks: deque[tuple[float, tuple]] = deque(maxlen=self.lead_ticks)
+        # rule 11: prompt_arrivals of the last predictor window, and the least pool that served them
+        self._window_ticks: deque[tuple] = deque(maxlen=cfg.predictor_window_ticks)
+        self.window_pool = 0
         self._pressure_ticks = 0
 
     # ----------------------------------------------------------------------------- sizing
@@ -369,17 +380,30 @@ class PlannerStateMachine:
         return beta * math.sqrt(min(max(z, self.cfg.staffing_dispersion_floor) / ref, DISPERSION_SCALE_MAX))
 
     def _observe_burst(self, tick: TickInput) -> None:
-        """Rule 11: replay this tick's arrivals on prefill pools from ``ceil(R)`` workers up (R the
-        offered Erlangs of these very requests) and keep the late counts (sla.burst_misses)."""
+        """Rule 11: replay the arrivals of the last ``lead_ticks`` ticks (this one included) on prefill
+        pools from ``ceil(R)`` workers up (R the Erlangs of those very requests over that span) and keep
+        the late counts (sla.burst_misses)."""
         cfg, prof = self.cfg, self.profile
-        assert prof is not None and tick.prompt_arrivals
-        arr = np.array([a for a, _ in tick.prompt_arrivals], float)
-        isl = np.maximum(np.array([n for _, n in tick.prompt_arrivals], float), 1.0)
+        assert prof is not None
+        self._burst_ticks.append((tick.interval_s, tick.prompt_arrivals or ()))
+        self._window_ticks.append(tick.prompt_arrivals or ())
+        if not tick.prompt_arrivals:
+            return
+        win = [e for arrivals in self._window_ticks for e in arrivals]
+        w_isl = np.maximum(np.array([n for _, n in win], float), 1.0)
+        w_busy = np.asarray(prof.prefill.busy_time_s(w_isl), float)
+        w_fixed = np.maximum(np.asarray(prof.prefill.prefill_time_s(w_isl), float) - w_busy, 0.0)
+        w_occ = w_busy * self.ttft_correction
+        w_slack = max(cfg.ttft_target_s - 2 * cfg.itl_target_s, 0.0) - (w_fixed + w_occ)
+        self.window_pool = sla.least_pool([t for t, _ in win], w_occ, w_slack, 1.0 - cfg.slo_quantile)
+        reqs = [e for _, arrivals in self._burst_ticks for e in arrivals]
+        arr = np.array([t for t, _ in reqs], float)
+        isl = np.maximum(np.array([n for _, n in reqs], float), 1.0)
         busy = np.asarray(prof.prefill.busy_time_s(isl), float)
         fixed = np.maximum(np.asarray(prof.prefill.prefill_time_s(isl), float) - busy, 0.0)
         occ = busy * self.ttft_correction
         slack = max(cfg.ttft_target_s - 2 * cfg.itl_target_s, 0.0) - (fixed + occ)
-        r = float(occ.sum()) / tick.interval_s
+        r = float(occ.sum()) / sum(dt for dt, _ in self._burst_ticks)
         first = max(math.ceil(r - 1e-9), 1)
         late = sla.burst_misses(arr, occ, slack, first, first + math.ceil(BURST_BETA_MAX * math.sqrt(r)) + 1)
         self._bursts.append((r, int(np.sum(slack >= 0.0)), first, late))
@@ -507,7 +531,7 @@ class PlannerStateMachine:
             isl_now = max(tick.mean_isl_tokens, 1.0)
             service_s = float(self.profile.prefill.busy_time_s(isl_now)) if tick.num_requests else 0.0
             erlangs = rate * service_s * self.ttft_correction
-            if cfg.measure_burst and tick.prompt_arrivals:
+            if cfg.measure_burst:
                 self._observe_burst(tick)
             self._erlangs.observe(erlangs)
             if tick.num_requests or self._erlang_ewma is not None:
@@ -568,6 +592,8 @@ class PlannerStateMachine:
                     # the worker is ready, the staffing headroom absorbs it
                     staffed = max(self.prefill, min(staffed, self._staff(level)))
                 p_des = max(p_des, staffed)
+                if cfg.measure_burst:
+                    p_des = max(p_des, self.window_pool)
                 if cfg.queue_floor:
                     self._update_queue_floor(tick)
                     p_des = max(p_des, self._queue_floor)

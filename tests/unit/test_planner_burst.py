@@ -124,3 +124,41 @@ def test_simulator_hands_the_planner_each_ticks_arrivals():
     simulate(tr, PROF, FleetConfig(prefill_tp=1, decode_tp=1, initial_prefill=1, initial_decode=1), ctl)
     assert seen[0] == ((1.0, 100), (2.0, 200))
     assert seen[1] == ((31.0, 300), (40.0, 400), (41.0, 500))
+
+
+def test_least_pool_by_hand_and_against_the_late_counts():
+    from runtime.planner.sla import least_pool
+
+    # four at once, 1 s each, 0.5 s slack: 4 workers serve all, 3 leave one late (25 %)
+    assert least_pool([0, 0, 0, 0], [1, 1, 1, 1], [0.5] * 4, 0.0) == 4
+    assert least_pool([0, 0, 0, 0], [1, 1, 1, 1], [0.5] * 4, 0.25) == 3
+    assert least_pool([0, 0], [1, 1], [-1.0, -1.0], 0.0) == 0  # nobody can be served in time
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        n = int(rng.integers(2, 80))
+        arr, occ, slack = rng.uniform(0, 30, n), rng.uniform(0.05, 2.0, n), rng.uniform(-0.2, 1.5, n)
+        counts = burst_misses(arr, occ, slack, 1, n)
+        share = float(rng.uniform(0, 0.2))
+        allowed = share * int(np.sum(slack >= 0))
+        want = next((c for c, late in enumerate(counts, start=1) if late <= allowed), n)
+        assert least_pool(arr, occ, slack, share) == (want if np.any(slack >= 0) else 0)
+
+
+def test_bursts_shorter_than_a_worker_start_keep_the_pool_at_what_they_needed():
+    # 20 s bursts of 8 req/s every 120 s over a base of 1 req/s: by the low phase the pool still holds
+    # what the last window's bursts needed, though the tick's own load asks for 1 worker
+    rng = np.random.default_rng(5)
+    sm = PlannerStateMachine(cfg(), PROF)
+    for k in range(1, 13):
+        t0 = 30.0 * k
+        base = list(rng.uniform(t0, t0 + 30, 30))
+        burst = list(rng.uniform(t0, t0 + 20, 160)) if k % 4 == 0 else []
+        d = sm.on_tick(tick(t0 + 30, sorted(base + burst)))
+    # last tick (k = 12) was a burst tick: the window (10 ticks) holds 2 bursts; after 2 low ticks...
+    for k in (13, 14):
+        t0 = 30.0 * k
+        d = sm.on_tick(tick(t0 + 30, sorted(rng.uniform(t0, t0 + 30, 30))))
+    assert sm.window_pool >= 4  # 8 req/s x 0.5 s = 4 Erlangs in a burst
+    assert d.prefill_replicas >= sm.window_pool
+    off = PlannerStateMachine(cfg(measure_burst=False), PROF)
+    assert off.window_pool == 0
