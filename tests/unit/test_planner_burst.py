@@ -162,3 +162,17 @@ def test_bursts_shorter_than_a_worker_start_keep_the_pool_at_what_they_needed():
     assert d.prefill_replicas >= sm.window_pool
     off = PlannerStateMachine(cfg(measure_burst=False), PROF)
     assert off.window_pool == 0
+
+
+def test_the_runtime_window_hands_each_request_with_its_arrival_time_and_prompt():
+    from runtime.server.planner_loop import RequestWindow
+
+    now = [100.0]
+    w = RequestWindow(clock=lambda: now[0])
+    now[0] = 101.0
+    w.record_arrival(500)
+    now[0] = 103.0
+    w.record_arrival(7000, ago_s=1.5)  # learnt after routing: it arrived at 101.5
+    stats = w.drain()
+    assert stats.prompt_arrivals == ((101.0, 500.0), (101.5, 7000.0))
+    assert w.drain().prompt_arrivals is None  # an empty window reports none
