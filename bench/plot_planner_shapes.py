@@ -7,8 +7,9 @@ attainment) and the oracle launched a worker start ahead.
         --out bench/results/planner_shapes.png [--achievable]
 
 ``--achievable`` plots ``slo_attainment_achievable`` (each prompt against its achievable TTFT) instead of
-``slo_attainment``. Reads the last line of the file. Raises SystemExit naming a file that holds no
-``planner_shapes`` line.
+``slo_attainment``. Every ``planner_shapes`` line of the file adds its panels (one run per rate scale
+may be one line); the title names the last line's model and SLO. Raises SystemExit naming a file that
+holds no ``planner_shapes`` line.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--achievable", action="store_true")
     a = ap.parse_args(argv)
-    lines = [ln for ln in a.results.read_text().splitlines() if ln.strip()]
-    line = json.loads(lines[-1]) if lines else {}
-    if line.get("bench") != "planner_shapes":
+    lines = [json.loads(ln) for ln in a.results.read_text().splitlines() if ln.strip()]
+    lines = [ln for ln in lines if ln.get("bench") == "planner_shapes"]
+    if not lines:
         raise SystemExit(f"{a.results}: no planner_shapes line")
+    line = lines[-1]
     key = "slo_attainment_achievable" if a.achievable else "slo_attainment"
 
     import matplotlib
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(s, k, r) for s, by_k in line["shapes"].items() for k, r in by_k.items()]
+    panels = [(s, k, r) for ln in lines for s, by_k in ln["shapes"].items() for k, r in by_k.items()]
     cols = min(4, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
