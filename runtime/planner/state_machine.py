@@ -379,30 +379,30 @@ class PlannerStateMachine:
             return beta
         return beta * math.sqrt(min(max(z, self.cfg.staffing_dispersion_floor) / ref, DISPERSION_SCALE_MAX))
 
-    def _observe_burst(self, tick: TickInput) -> None:
-        """Rule 11: replay the arrivals of the last ``lead_ticks`` ticks (this one included) on prefill
-        pools from ``ceil(R)`` workers up (R the Erlangs of those very requests over that span) and keep
-        the late counts (sla.burst_misses)."""
-        cfg, prof = self.cfg, self.profile
+    def _replay_inputs(self, reqs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(arrival_s, occupancy_s, slack_s)`` of ``(arrival_s, prompt_tokens)`` pairs for a replay:
+        the corrected prefill occupancy, and the TTFT budget less the request's own prefill latency."""
+        prof, cfg = self.profile, self.cfg
         assert prof is not None
-        self._burst_ticks.append((tick.interval_s, tick.prompt_arrivals or ()))
-        self._window_ticks.append(tick.prompt_arrivals or ())
-        if not tick.prompt_arrivals:
-            return
-        win = [e for arrivals in self._window_ticks for e in arrivals]
-        w_isl = np.maximum(np.array([n for _, n in win], float), 1.0)
-        w_busy = np.asarray(prof.prefill.busy_time_s(w_isl), float)
-        w_fixed = np.maximum(np.asarray(prof.prefill.prefill_time_s(w_isl), float) - w_busy, 0.0)
-        w_occ = w_busy * self.ttft_correction
-        w_slack = max(cfg.ttft_target_s - 2 * cfg.itl_target_s, 0.0) - (w_fixed + w_occ)
-        self.window_pool = sla.least_pool([t for t, _ in win], w_occ, w_slack, 1.0 - cfg.slo_quantile)
-        reqs = [e for _, arrivals in self._burst_ticks for e in arrivals]
-        arr = np.array([t for t, _ in reqs], float)
         isl = np.maximum(np.array([n for _, n in reqs], float), 1.0)
         busy = np.asarray(prof.prefill.busy_time_s(isl), float)
         fixed = np.maximum(np.asarray(prof.prefill.prefill_time_s(isl), float) - busy, 0.0)
         occ = busy * self.ttft_correction
         slack = max(cfg.ttft_target_s - 2 * cfg.itl_target_s, 0.0) - (fixed + occ)
+        return np.array([t for t, _ in reqs], float), occ, slack
+
+    def _observe_burst(self, tick: TickInput) -> None:
+        """Rule 11, one tick: the least pool for the last predictor window's arrivals replayed together
+        (``window_pool``, sla.least_pool), and the late counts of the last ``lead_ticks`` ticks' arrivals
+        replayed on pools from ``ceil(R)`` workers up (R the Erlangs of those very requests over that
+        span; sla.burst_misses)."""
+        self._burst_ticks.append((tick.interval_s, tick.prompt_arrivals or ()))
+        self._window_ticks.append(tick.prompt_arrivals or ())
+        if not tick.prompt_arrivals:
+            return
+        arr, occ, slack = self._replay_inputs([e for arrivals in self._window_ticks for e in arrivals])
+        self.window_pool = sla.least_pool(arr, occ, slack, 1.0 - self.cfg.slo_quantile)
+        arr, occ, slack = self._replay_inputs([e for _, arrivals in self._burst_ticks for e in arrivals])
         r = float(occ.sum()) / sum(dt for dt, _ in self._burst_ticks)
         first = max(math.ceil(r - 1e-9), 1)
         late = sla.burst_misses(arr, occ, slack, first, first + math.ceil(BURST_BETA_MAX * math.sqrt(r)) + 1)
@@ -411,8 +411,9 @@ class PlannerStateMachine:
     def measured_beta(self) -> float | None:
         """Rule 11's staffing coefficient: the least ``beta`` (a multiple of ``BURST_BETA_STEP`` up to
         ``BURST_BETA_MAX``) with which ``ceil(R_t + beta sqrt(R_t))`` workers would have served all but
-        ``1 - slo_quantile`` of the requests that can meet the TTFT target in time, over the ticks of the
-        last predictor window together (each tick ``t`` replayed at its own offered load ``R_t``).
+        ``1 - slo_quantile`` of the requests that can meet the TTFT target in time, over the replays of
+        the last predictor window's ticks together (tick ``t``'s replay covers the last ``lead_ticks``
+        ticks at their offered load ``R_t``).
         None before any tick reported ``prompt_arrivals`` or with ``measure_burst`` off. Pure."""
         if not (self.cfg.measure_burst and self._bursts):
             return None
