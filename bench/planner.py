@@ -85,31 +85,26 @@ MODELS_DIR = CATALOG_DIR
 DYNAMO_VENV = ROOT / ".venv-bench-planner"  # ai-dynamo==1.0.2 + its planner's imports (optional)
 DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are 5 or 10
 
-# pdserve_sla with one rule or constant undone (PlannerConfig overrides; "interval_s" also sets the simulator's
-# tick): what each buys (runtime/planner/state_machine.py numbers the rules; docs/design/planner.md the results).
-# "all_refinements_off": square-root staffing alone (beta 1.5 on a two-tick level, M/M/c up to 90 %
-# utilisation, TTFT-p90 correction, neither rule 4's decode band nor rules 8-11); "peak_term_instead_of_staffing"
-# also replaces staffing by the peak term (rule 6) with 60 s prefill / 180 s decode scale-down delays and +25 %
-# burst headroom.
-# "ttft_p90_correction": the correction from TTFT p90 instead of the engines' prefill time. "no_decode_band",
-# "launch_on_tick" (rule 8 off, beta 1.5; "launch_on_tick_beta_1.7" beta 1.7), "prefill_queue_on_quantile"
-# (rule 9 off), "staffing_hold_on_fall" (rule 10 off), "no_dispersion" (rule 11 off, beta 1.65 as given),
-# "staffing_beta_1.7" (rule 11 off, beta 1.7) undo one rule each; the launch_on_tick rows keep rule 11 off;
-# "staffing_beta_1.6" / "_1.8" vary beta with rule 11 on. "tick_10s": 10-s ticks (windows scaled to the same
-# seconds) cost GPU-hours with these tick-based predictors (noisier per-tick rates, steeper trends).
+# pdserve_sla with one rule or constant changed (PlannerConfig overrides; "interval_s" also sets the simulator's
+# tick). runtime/planner/state_machine.py numbers the rules; docs/design/planner.md gives the results.
+# "all_refinements_off": square-root staffing alone (beta 1.5 on a two-tick level, M/M/c up to 90 % utilisation,
+# TTFT-p90 correction, no decode band, rules 8-11 off); "peak_term_instead_of_staffing": the peak term (rule 6)
+# in place of staffing, with 60 s prefill / 180 s decode scale-down delays and +25 % burst headroom.
+# One rule off each: "ttft_p90_correction" (correction from TTFT p90, not the engines' prefill time),
+# "no_decode_band" (rule 4), "launch_on_tick" (rule 8), "prefill_queue_on_quantile" (rule 9),
+# "staffing_hold_on_fall" (rule 10), "fixed_beta" (rule 11: beta 1.65 scaled by the arrival dispersion instead
+# of measured), "no_dispersion" (rule 11 off and beta 1.65 as given), "no_queue_floor" (rule 12). The other rows
+# change one setting. "tick_10s": 10-s ticks, windows scaled to the same seconds.
 _REFINEMENTS_OFF = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
-                 prefill_queue_on_trend=False, staffing_on_fall=False, staffing_dispersion_ref=None)
+                 prefill_queue_on_trend=False, staffing_on_fall=False, staffing_dispersion_ref=None, measure_burst=False)
 ABLATIONS: dict[str, dict] = {
     "all_refinements_off": _REFINEMENTS_OFF,
     "peak_term_instead_of_staffing": _REFINEMENTS_OFF | dict(
         size_on_peak=True, prefill_staffing_beta=None, scale_down_delay_s=60.0, cooldown_s=60.0,
         burst_headroom=0.25, decode_scale_down_delay_s=180.0),
     "ttft_p90_correction": dict(correct_by_prefill_time=False),
-    "staffing_beta_1.6": dict(prefill_staffing_beta=1.6),
-    "staffing_beta_1.7": dict(prefill_staffing_beta=1.7, staffing_dispersion_ref=None),
-    "no_dispersion": dict(staffing_dispersion_ref=None),
-    "staffing_beta_1.8": dict(prefill_staffing_beta=1.8),
+    "no_dispersion": dict(staffing_dispersion_ref=None, measure_burst=False),
     "staffing_level_window_2": dict(prefill_level_window_ticks=2),
     "target_utilization_0.9": dict(target_utilization=0.9),
     "peak_term_and_staffing": dict(size_on_peak=True),
@@ -118,12 +113,12 @@ ABLATIONS: dict[str, dict] = {
     "burst_headroom_25pct": dict(burst_headroom=0.25),
     "token_rate_predictors": dict(size_on_tokens=True),
     "no_decode_band": dict(decode_band=False),
-    "launch_on_tick": dict(scale_up_on_level=False, prefill_staffing_beta=1.5, staffing_dispersion_ref=None),
-    "launch_on_tick_beta_1.7": dict(scale_up_on_level=False, prefill_staffing_beta=1.7, staffing_dispersion_ref=None),
+    "launch_on_tick": dict(scale_up_on_level=False),
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
     "prefill_queue_on_quantile": dict(prefill_queue_on_trend=False),
     "staffing_hold_on_fall": dict(staffing_on_fall=False),
     "no_queue_floor": dict(queue_floor=False),
+    "fixed_beta": dict(measure_burst=False),
 }
 
 
@@ -216,10 +211,20 @@ def find_model_config(name: str) -> Path:
     return hits[0]
 
 
-def summarize(res, ttft_s: float, itl_s: float) -> dict:
+def achievable_ttft_s(trace: Trace, profile, ttft_s: float, itl_s: float) -> np.ndarray:
+    """Per-request TTFT target for ``slo_attainment_achievable``: the TTFT target, or for a prompt whose
+    own prefill (uncontended, from the profile) plus two decode steps at the ITL target exceeds it, that
+    time: no fleet serves such a prompt within the target, so it counts as met when it did not wait."""
+    own = np.asarray(profile.prefill.prefill_time_s(trace.isl_tokens.astype(float)), float) + 2 * itl_s
+    return np.maximum(own, ttft_s)
+
+
+def summarize(res, ttft_s: float, itl_s: float, achievable_ttft: np.ndarray | None = None) -> dict:
     by_pool = res.gpu_seconds_by_pool
     return {
         "slo_attainment": round(res.slo_attainment(ttft_s, itl_s), 5),
+        **({"slo_attainment_achievable": round(res.slo_attainment(achievable_ttft, itl_s), 5)}
+           if achievable_ttft is not None else {}),
         "ttft_p90_s": round(res.p90("ttft"), 4),
         "itl_p90_s": round(res.p90("itl"), 5),
         "gpu_hours": round(res.gpu_hours, 3),
@@ -428,6 +433,10 @@ def main(argv: list[str] | None = None) -> dict:
                          "comparison at equal GPU-hours; ~7 more pdserve_sla runs)")
     ap.add_argument("--target-attainment", type=float, default=0.99,
                     help="share of requests within both SLOs that --dynamo-matched must reach (default 0.99)")
+    ap.add_argument("--sweep-quantiles", default="",
+                    help="comma list of SLO quantiles in (0, 1): also run pdserve_sla_q<value>, pdserve_sla with that "
+                         "planner.slo_quantile (its one headroom knob: M/M/c and the measured burst headroom of rule "
+                         "11 size for it), for an attainment/GPU-hours frontier")
     ap.add_argument("--extra-predictors", default="",
                     help="comma list (constant,moving_average,arima): also run pdserve_sla_<predictor>")
     a = ap.parse_args(argv)
@@ -458,6 +467,13 @@ def main(argv: list[str] | None = None) -> dict:
         a.rate_scales = []
     if set_mode and not (a.rate_scales and all(v > 0 for v in a.rate_scales)):
         problems.append(f"--rate-scales must hold whole numbers > 0, got {a.rate_scales}")
+    try:
+        a.sweep_quantiles = [float(v) for v in a.sweep_quantiles.split(",") if v.strip()]
+    except ValueError:
+        problems.append(f"--sweep-quantiles must be a comma list of numbers, got {a.sweep_quantiles!r}")
+        a.sweep_quantiles = []
+    if not all(0.0 < q < 1.0 for q in a.sweep_quantiles):
+        problems.append(f"--sweep-quantiles must lie in (0, 1), got {a.sweep_quantiles}")
     if not 0.0 < a.target_attainment < 1.0:
         problems.append(f"--target-attainment must be in (0, 1), got {a.target_attainment}")
     if not a.worker_start_s >= 0:
@@ -492,7 +508,7 @@ def main(argv: list[str] | None = None) -> dict:
     return out
 
 
-SET_PLANNER_KEYS = ("slo_attainment", "gpu_hours", "ttft_p90_s", "itl_p90_s")
+SET_PLANNER_KEYS = ("slo_attainment", "slo_attainment_achievable", "gpu_hours", "ttft_p90_s", "itl_p90_s")
 
 
 def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
@@ -518,7 +534,8 @@ def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
             sets.setdefault(name, {})[str(k)] = {
                 "num_requests": full["num_requests"],
                 "planners": planners,
-                "oracle": {"slo_attainment": full["oracle_slo_attainment"], "gpu_hours": oracle_h},
+                "oracle": {"slo_attainment": full["oracle_slo_attainment"],
+                           "slo_attainment_achievable": full["oracle_slo_attainment_achievable"], "gpu_hours": oracle_h},
                 "oracle_hold_1window_sim": {key: full["oracle_hold_1window_sim"][key] for key in SET_PLANNER_KEYS},
                 "static_peak_gpu_hours": full["static_peak_gpu_hours"],
                 "wall_s": full["wall_s"],
@@ -544,6 +561,7 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
     oracle_res, plan = sequential_oracle(trace, profile, fleet, ttft_target_s=a.ttft_s, itl_target_s=a.itl_s,
                                          interval_s=oracle_window_s, max_replicas=64)
     oracle_s = oracle_res.gpu_seconds
+    ach = achievable_ttft_s(trace, profile, a.ttft_s, a.itl_s)
     # the relaxation that sizes every window from empty: a lower bound whose own replay misses the SLO
     lower_s, lower_plan = oracle_gpu_seconds(trace, profile, fleet, ttft_target_s=a.ttft_s, itl_target_s=a.itl_s,
                                              interval_s=oracle_window_s, max_replicas=64)
@@ -566,7 +584,7 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
     # the hold reference simulated: does a perfect forecast with start-up lag meet the SLO?
     hold_ctl = hold_controller(plan, oracle_window_s, a.worker_start_s, oracle_window_s)
     hold_res = simulate(trace, profile, fleet, hold_ctl)
-    hold = summarize(hold_res, a.ttft_s, a.itl_s)
+    hold = summarize(hold_res, a.ttft_s, a.itl_s, ach)
 
     def pd_cfg(mode: str, predictor: str = "burst_quantile", **overrides: object) -> PlannerConfig:
         kw: dict = dict(
@@ -582,6 +600,7 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
     timelines: dict[str, list] = {}
     wanted = a.planners.split(",") + [f"pdserve_sla_{p}" for p in a.extra_predictors.split(",") if p]
     wanted += [f"ablation_{k}" for k in ABLATIONS] if a.ablations else []
+    wanted += [f"pdserve_sla_q{q:g}" for q in getattr(a, "sweep_quantiles", [])]
     for name in wanted:
         t0 = time.time()
         if name.startswith("ablation_"):
@@ -589,6 +608,10 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
             sm = PlannerStateMachine(pd_cfg("sla", **ov), profile, initial_prefill=init_p, initial_decode=init_d)
             ab_fleet = replace(fleet, interval_s=ov.get("interval_s", fleet.interval_s))
             res = simulate(trace, profile, ab_fleet, sm.on_tick)
+        elif name.startswith("pdserve_sla_q"):
+            sm = PlannerStateMachine(pd_cfg("sla", slo_quantile=float(name.removeprefix("pdserve_sla_q"))), profile,
+                                     initial_prefill=init_p, initial_decode=init_d)
+            res = simulate(trace, profile, fleet, sm.on_tick)
         elif name.startswith("pdserve_sla_"):
             sm = PlannerStateMachine(pd_cfg("sla", name.removeprefix("pdserve_sla_")), profile,
                                      initial_prefill=init_p, initial_decode=init_d)
@@ -621,7 +644,7 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
                            static_controller(peak_p, peak_d))
         else:
             raise SystemExit(f"--planners: unknown planner {name!r}")
-        results[name] = summarize(res, a.ttft_s, a.itl_s) | {"sim_wall_s": round(time.time() - t0, 1)}
+        results[name] = summarize(res, a.ttft_s, a.itl_s, ach) | {"sim_wall_s": round(time.time() - t0, 1)}
         timelines[name] = res.timeline
     matched = matched_gpu = None
     if a.dynamo_matched:
@@ -643,7 +666,8 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
             budget_h = min(r["gpu_hours"] for r in dyn_rows)
 
             def run_pdserve(beta: float) -> dict:
-                sm = PlannerStateMachine(pd_cfg("sla", prefill_staffing_beta=beta), profile,
+                # the configured beta (rule 11's measured one off): the knob this search turns
+                sm = PlannerStateMachine(pd_cfg("sla", prefill_staffing_beta=beta, measure_burst=False), profile,
                                          initial_prefill=init_p, initial_decode=init_d)
                 return summarize(simulate(trace, profile, fleet, sm.on_tick), a.ttft_s, a.itl_s)
 
@@ -673,6 +697,8 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
         "static_peak_replicas": {"prefill": peak_p, "decode": peak_d},
         "oracle_gpu_hours": round(oracle_s / 3600.0, 3),
         "oracle_slo_attainment": round(oracle_res.slo_attainment(a.ttft_s, a.itl_s), 5),
+        # the same against each prompt's achievable TTFT (achievable_ttft_s)
+        "oracle_slo_attainment_achievable": round(oracle_res.slo_attainment(ach, a.itl_s), 5),
         # windows sized from empty: a lower bound, and what its plan attains
         # replayed with instant workers (carry-over between windows makes it miss the SLO)
         "oracle_lower_bound_gpu_hours": round(lower_s / 3600.0, 3),

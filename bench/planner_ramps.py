@@ -99,7 +99,7 @@ def ramp_trace(r: Ramp, prompt_lengths: np.ndarray, seed: int) -> Trace:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ablations", default="launch_on_tick,prefill_queue_on_quantile,staffing_hold_on_fall,no_decode_band,"
-                    "no_dispersion,staffing_beta_1.7",
+                    "no_dispersion,fixed_beta",
                     help=f"comma list of bench/planner.py ABLATIONS to compare with (default %(default)s; "
                          f"known: {', '.join(ABLATIONS)})")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per synthetic ramp (default %(default)s)")

@@ -18,11 +18,15 @@ share the GPU, as with chunked prefill), so decode must meet ``itl_target * (1 -
 
 Arrival dispersion: the index of dispersion of per-second arrival counts (:func:`arrival_dispersion`).
 
+Burst need: the requests an observed window's arrivals would leave late on ``c`` prefill workers,
+replayed first come first served (:func:`burst_misses`).
+
 All functions are pure; rates in requests/s, lengths in tokens, times in seconds.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from runtime.planner.profiles import DecodeProfile, PrefillProfile
@@ -202,3 +206,94 @@ def arrival_dispersion(arrival_s, start_s: float, end_s: float) -> float | None:
     slope = sum((i - x_mean) * c for i, c in enumerate(counts)) / sxx
     ssr = sum((c - mean - slope * (i - x_mean)) ** 2 for i, c in enumerate(counts))
     return max(ssr / (bins - 2), 0.0) / mean
+
+
+def burst_misses(arrival_s, occupancy_s, slack_s, first_servers: int, max_servers: int) -> list[int]:
+    """Requests of one observed window that a prefill pool of ``c`` workers would serve late, for
+    ``c = first_servers, first_servers + 1, ...``: the window's arrivals replayed on ``c`` workers
+    from idle, first come first served, each request taking the earliest free worker; request ``i``
+    is late when its wait exceeds ``slack_s[i]`` (its TTFT budget less its own prefill latency).
+    Requests with ``slack_s[i] < 0`` are never counted: no pool size serves them in time.
+
+    ``arrival_s`` (seconds, any order and clock), ``occupancy_s`` (seconds a worker is busy) and
+    ``slack_s`` are equal-length sequences. Stops at the first ``c`` with no late request or at
+    ``max_servers``; entry ``k`` of the result is the count at ``first_servers + k`` (so a count
+    past the end is 0 when the last entry is 0). Raises ValueError for ``first_servers < 1``,
+    ``max_servers < first_servers`` or unequal lengths.
+
+    Measures burstiness at every time scale at once (clumps within a second, bursts over a tick)
+    by the queue it would build, not by a dispersion statistic: the least ``c`` with few enough
+    late requests is what the window needed (a trace-driven G/G/c replay, Kleinrock 1975,
+    "Queueing Systems" vol. 1, ch. 2: FCFS waiting times from arrivals and service times alone).
+    """
+    if first_servers < 1 or max_servers < first_servers:
+        raise ValueError(f"burst_misses: need 1 <= first_servers <= max_servers, got {first_servers}, {max_servers}")
+    if not len(arrival_s) == len(occupancy_s) == len(slack_s):
+        raise ValueError("burst_misses: arrival_s, occupancy_s and slack_s must have equal lengths")
+    order = sorted(range(len(arrival_s)), key=lambda i: arrival_s[i])
+    arr = [float(arrival_s[i]) for i in order]
+    occ = [float(occupancy_s[i]) for i in order]
+    slack = [float(slack_s[i]) for i in order]
+    counted = [s >= 0.0 for s in slack]
+    out: list[int] = []
+    for c in range(first_servers, max_servers + 1):
+        free = [arr[0] if arr else 0.0] * c
+        late = 0
+        for a, o, s, k in zip(arr, occ, slack, counted):
+            f = heapq.heappop(free)
+            start = a if a > f else f
+            heapq.heappush(free, start + o)
+            if k and start - a > s:
+                late += 1
+        out.append(late)
+        if late == 0:
+            break
+    return out
+
+
+def least_pool(arrival_s, occupancy_s, slack_s, late_share: float) -> int:
+    """The least number of prefill workers on which the requests of an observed span, replayed as in
+    :func:`burst_misses` (FCFS from idle, earliest free worker), leave at most ``late_share`` of the
+    requests that can be served in time (``slack_s >= 0``) late. 0 without such requests.
+
+    Doubling from the offered load (total occupancy over the span from the first arrival to the last)
+    up to one worker per request (nobody waits then), then bisection; the late count does not grow
+    with the pool (FCFS on the earliest free of more workers starts no request later). Raises
+    ValueError for unequal lengths or ``late_share`` outside [0, 1].
+    """
+    if not len(arrival_s) == len(occupancy_s) == len(slack_s):
+        raise ValueError("least_pool: arrival_s, occupancy_s and slack_s must have equal lengths")
+    if not 0.0 <= late_share <= 1.0:
+        raise ValueError(f"least_pool: late_share must be in [0, 1], got {late_share}")
+    order = sorted(range(len(arrival_s)), key=lambda i: arrival_s[i])
+    arr = [float(arrival_s[i]) for i in order]
+    occ = [float(occupancy_s[i]) for i in order]
+    slack = [float(slack_s[i]) for i in order]
+    counted = sum(1 for s in slack if s >= 0.0)
+    if counted == 0:
+        return 0
+    allowed = late_share * counted
+
+    def late(c: int) -> int:
+        free = [arr[0]] * c
+        n = 0
+        for a, o, s in zip(arr, occ, slack):
+            f = heapq.heappop(free)
+            start = a if a > f else f
+            heapq.heappush(free, start + o)
+            if s >= 0.0 and start - a > s:
+                n += 1
+        return n
+
+    # first guess: the offered load over the span; double until it serves (one worker per request does)
+    guess = max(math.ceil(sum(occ) / max(arr[-1] - arr[0], max(occ)) - 1e-9), 1)
+    lo, hi = 0, min(guess, len(arr))
+    while late(hi) > allowed:
+        lo, hi = hi, min(2 * hi, len(arr))
+    while hi - lo > 1:  # late(lo) > allowed (or lo == 0), late(hi) <= allowed
+        mid = (lo + hi) // 2
+        if late(mid) <= allowed:
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -76,22 +76,33 @@ Per tick (SLA mode):
    lies that many ticks after the measured tick's middle). Releases take effect at once, so unlike
    launches (rule 8) they need no lead; a single dip releases nothing (the two-drop rule mirrors
    rule 8's "lasted" floor).
-11. Staffing for the arrivals' burstiness (``staffing_dispersion_ref``, default 8): the headroom of (7)
-   is ``beta * sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref) * sqrt(R)``, ``z``
-   an EWMA (weight ``DISPERSION_EWMA``) of the ticks' ``arrival_dispersion``, the index of
-   dispersion of the requests arriving per ~1-s bin around the tick's linear trend (residual variance
-   / mean; 1 for Poisson arrivals, steady or ramping linearly: runtime.planner.sla.arrival_dispersion),
-   each tick's value capped at ``DISPERSION_SAMPLE_MAX`` x the reference first (after the first tick,
-   one flash crowd raises the EWMA by at most 1.2 x the reference, and that decays by 0.7 a tick). The
-   runtime bins requests by when it received them (runtime/server/planner_loop.py). Clumps that land
-   once in every bin read as regular (0), and a step in the rate within a tick, or traffic that starts
-   or stops inside it, reads partly as burstiness (up to the cap): the floor covers the first, the
-   second over-provisions prefill for a few ticks. Square-root staffing of non-Poisson arrivals scales
-   the headroom by the square root of their peakedness (Whitt 1992, "Understanding the efficiency of
-   multi-server service systems", Management Science 38(5)): ``R + beta0 * sqrt(z R)``. Why: the beta
-   that meets 99 % grows with the arrivals' burstiness, so one fixed beta over-provisions smooth traffic
-   and under-provisions bursty traffic. The floor (5) keeps the headroom that also pays for forecast
-   error on fast ramps, which smooth arrivals do not remove.
+11. Staffing for measured bursts (``measure_burst``, default on, when ticks report
+   ``prompt_arrivals``): the headroom coefficient of (7) is the larger of the configured one (below) and
+   a measured one, so the arrivals raise the headroom where they need more. Each tick's
+   arrivals are replayed, first come first served from idle, on pools of ``ceil(R_t)`` workers and up
+   (``R_t`` the Erlangs of those very requests at the corrected occupancy; runtime.planner.sla.burst_misses;
+   a tick's replay covers the arrivals of the last ``lead_ticks`` ticks, the time a launch takes to act),
+   counting the requests whose wait exceeds their TTFT budget less their own prefill latency (prompts
+   whose prefill alone exceeds the budget are not counted: no pool serves them in time). ``beta`` is the
+   least (to ``BURST_BETA_STEP``, at most ``BURST_BETA_MAX``) with which ``ceil(R_t + beta sqrt(R_t))``
+   workers leave at most ``1 - slo_quantile`` of the counted requests of the last
+   ``predictor_window_ticks`` ticks late (:meth:`PlannerStateMachine.measured_beta`). Why: the headroom a
+   pool needs depends on how the arrivals clump at every time scale shorter than a tick and on the spread
+   of the service times (long prompts); a replay of what actually arrived measures both at the SLO
+   quantile, with no reference trace or constant per traffic shape. The square-root law carries the
+   measured coefficient to the forecast load (Halfin & Whitt 1981; for non-Poisson arrivals the
+   coefficient grows with their peakedness, Whitt 1992, "Understanding the efficiency of multi-server
+   service systems", Management Science 38(5)). The prefill pool is also at least the least pool on
+   which the last ``predictor_window_ticks`` ticks' arrivals, replayed together, leave at most
+   ``1 - slo_quantile`` of them late (``window_pool``, runtime.planner.sla.least_pool): bursts shorter
+   than a worker start (a Markov-modulated high phase) are over before a launch for them is ready, so
+   the pool must stand at what the recent bursts needed; it follows a fall within one window.
+   The configured coefficient is ``prefill_staffing_beta`` scaled by the square root of the smoothed
+   arrival dispersion over ``staffing_dispersion_ref`` (floored at ``staffing_dispersion_floor``):
+   :meth:`PlannerStateMachine.staffing_beta`; it alone applies before the first tick with arrivals or
+   with the rule off. Why a floor: the replay starts each span from idle and sees no forecast error, so
+   on the Azure trace x10 (70B) the measured coefficient alone kept 96.1 % of the requests within SLO
+   where the floor keeps 99 % (docs/design/planner.md).
 
 Measured effect of each rule, the constants' derivation and the alternatives measured against them
 (decode trend, Little's-law decode growth): docs/design/planner.md.
@@ -119,6 +130,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from runtime.planner import sla
 from runtime.planner.predictors import BurstQuantilePredictor, LoadPredictor, MovingAveragePredictor, make_predictor
 from runtime.planner.profiles import ServiceProfile
@@ -138,6 +151,9 @@ DISPERSION_SCALE_MAX = 100.0  # rule 11: beta is scaled by at most sqrt(this) (a
 # within the SLO quantile; the same at the next tick end, a whole interval (>> the TTFT budget) later,
 # means the pool did not drain the backlog: the model under-sizes it, whatever the cause
 QUEUE_PRESSURE_TICKS = 2
+# rule 11: the measured staffing coefficient is searched on [0, BURST_BETA_MAX] in steps of BURST_BETA_STEP
+# (a resolution of 0.05 sqrt(R) workers; the top is far above what clumps of the traces ask for, ~3)
+BURST_BETA_STEP, BURST_BETA_MAX = 0.05, 8.0
 
 
 @dataclass(frozen=True)
@@ -216,6 +232,14 @@ class PlannerStateMachine:
         self._last_decision: ScalingDecision | None = None  # returned again for a tick at the same now_s
         self._has_isl = False
         self._queue_floor = 0  # rule 12: prefill workers the observed queue asks for (0: none)
+        # rule 11: per tick with arrivals, (offered Erlangs R, requests that can meet the TTFT, first pool
+        # size replayed, late requests at that size and each size after it), the last predictor window
+        self._bursts: deque[tuple[float, int, int, list[int]]] = deque(maxlen=cfg.predictor_window_ticks)
+        # rule 11: (interval_s, prompt_arrivals) of the last lead_ticks ticks, the span one replay covers
+        self._burst_ticks: deque[tuple[float, tuple]] = deque(maxlen=self.lead_ticks)
+        # rule 11: prompt_arrivals of the last predictor window, and the least pool that served them
+        self._window_ticks: deque[tuple] = deque(maxlen=cfg.predictor_window_ticks)
+        self.window_pool = 0
         self._pressure_ticks = 0
 
     # ----------------------------------------------------------------------------- sizing
@@ -358,10 +382,63 @@ class PlannerStateMachine:
             return beta
         return beta * math.sqrt(min(max(z, self.cfg.staffing_dispersion_floor) / ref, DISPERSION_SCALE_MAX))
 
+    def _replay_inputs(self, reqs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(arrival_s, occupancy_s, slack_s)`` of ``(arrival_s, prompt_tokens)`` pairs for a replay:
+        the corrected prefill occupancy, and the TTFT budget less the request's own prefill latency."""
+        prof, cfg = self.profile, self.cfg
+        assert prof is not None
+        isl = np.maximum(np.array([n for _, n in reqs], float), 1.0)
+        busy = np.asarray(prof.prefill.busy_time_s(isl), float)
+        fixed = np.maximum(np.asarray(prof.prefill.prefill_time_s(isl), float) - busy, 0.0)
+        occ = busy * self.ttft_correction
+        slack = max(cfg.ttft_target_s - 2 * cfg.itl_target_s, 0.0) - (fixed + occ)
+        return np.array([t for t, _ in reqs], float), occ, slack
+
+    def _observe_burst(self, tick: TickInput) -> None:
+        """Rule 11, one tick: the least pool for the last predictor window's arrivals replayed together
+        (``window_pool``, sla.least_pool), and the late counts of the last ``lead_ticks`` ticks' arrivals
+        replayed on pools from ``ceil(R)`` workers up (R the Erlangs of those very requests over that
+        span; sla.burst_misses)."""
+        self._burst_ticks.append((tick.interval_s, tick.prompt_arrivals or ()))
+        self._window_ticks.append(tick.prompt_arrivals or ())
+        if not tick.prompt_arrivals:
+            return
+        arr, occ, slack = self._replay_inputs([e for arrivals in self._window_ticks for e in arrivals])
+        self.window_pool = sla.least_pool(arr, occ, slack, 1.0 - self.cfg.slo_quantile)
+        arr, occ, slack = self._replay_inputs([e for _, arrivals in self._burst_ticks for e in arrivals])
+        r = float(occ.sum()) / sum(dt for dt, _ in self._burst_ticks)
+        first = max(math.ceil(r - 1e-9), 1)
+        late = sla.burst_misses(arr, occ, slack, first, first + math.ceil(BURST_BETA_MAX * math.sqrt(r)) + 1)
+        self._bursts.append((r, int(np.sum(slack >= 0.0)), first, late))
+
+    def measured_beta(self) -> float | None:
+        """Rule 11's staffing coefficient: the least ``beta`` (a multiple of ``BURST_BETA_STEP`` up to
+        ``BURST_BETA_MAX``) with which ``ceil(R_t + beta sqrt(R_t))`` workers would have served all but
+        ``1 - slo_quantile`` of the requests that can meet the TTFT target in time, over the replays of
+        the last predictor window's ticks together (tick ``t``'s replay covers the last ``lead_ticks``
+        ticks at their offered load ``R_t``).
+        None before any tick reported ``prompt_arrivals`` or with ``measure_burst`` off. Pure."""
+        if not (self.cfg.measure_burst and self._bursts):
+            return None
+        allowed = (1.0 - self.cfg.slo_quantile) * sum(n for _, n, _, _ in self._bursts)
+        steps = int(round(BURST_BETA_MAX / BURST_BETA_STEP))
+        for i in range(steps + 1):
+            beta = i * BURST_BETA_STEP
+            late = 0
+            for r, _, first, counts in self._bursts:
+                c = max(math.ceil(r + beta * math.sqrt(r) - 1e-9), first)
+                late += counts[min(c - first, len(counts) - 1)]
+            if late <= allowed:
+                return beta
+        return BURST_BETA_MAX
+
     def _staff(self, r: float) -> int:
         """``ceil(r + beta * sqrt(r))`` workers for ``r`` Erlangs (staffing on; beta of rule 11)."""
         beta = self.staffing_beta()
         assert beta is not None
+        measured = self.measured_beta()
+        if measured is not None:  # rule 11: the replay raises the headroom where the arrivals need more
+            beta = max(beta, measured)
         return max(math.ceil(r + beta * math.sqrt(r) - 1e-9), 0)
 
     def _observe_level(self, erlangs: float) -> None:
@@ -459,6 +536,8 @@ class PlannerStateMachine:
             isl_now = max(tick.mean_isl_tokens, 1.0)
             service_s = float(self.profile.prefill.busy_time_s(isl_now)) if tick.num_requests else 0.0
             erlangs = rate * service_s * self.ttft_correction
+            if cfg.measure_burst:
+                self._observe_burst(tick)
             self._erlangs.observe(erlangs)
             if tick.num_requests or self._erlang_ewma is not None:
                 self._observe_level(erlangs)
@@ -518,6 +597,8 @@ class PlannerStateMachine:
                     # the worker is ready, the staffing headroom absorbs it
                     staffed = max(self.prefill, min(staffed, self._staff(level)))
                 p_des = max(p_des, staffed)
+                if cfg.measure_burst:
+                    p_des = max(p_des, self.window_pool)
                 if cfg.queue_floor:
                     self._update_queue_floor(tick)
                     p_des = max(p_des, self._queue_floor)

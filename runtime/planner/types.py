@@ -55,7 +55,11 @@ class TickInput:
     not enter it, so SLA mode corrects the prefill service time by it instead of by TTFT.
     ``arrival_dispersion`` (optional): the index of dispersion of the requests arriving per ~1-s bin
     within the window, around its linear trend (:func:`runtime.planner.sla.arrival_dispersion`); 1 for
-    Poisson arrivals, more when they come in clumps. SLA mode scales the prefill staffing headroom by it."""
+    Poisson arrivals, more when they come in clumps.
+    ``prompt_arrivals`` (optional): ``(arrival_s, prompt_tokens)`` of every request that arrived in the
+    window, arrival times on any clock (the runtime's receipt times, the simulator's trace times);
+    SLA mode replays them on candidate prefill pools to measure the headroom bursts need
+    (:func:`runtime.planner.sla.burst_misses`)."""
 
     now_s: float
     interval_s: float
@@ -74,8 +78,12 @@ class TickInput:
     mean_request_duration_s: float | None = None
     observed_prefill_time_mean_s: float | None = None
     arrival_dispersion: float | None = None
+    prompt_arrivals: tuple[tuple[float, float], ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.prompt_arrivals is not None and not all(
+                len(e) == 2 and math.isfinite(e[0]) and math.isfinite(e[1]) and e[1] >= 0 for e in self.prompt_arrivals):
+            raise ValueError("TickInput.prompt_arrivals must hold (finite arrival_s, finite prompt_tokens >= 0) pairs")
         if not math.isfinite(self.now_s):
             raise ValueError(f"TickInput.now_s must be finite, got {self.now_s}")
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
@@ -157,6 +165,10 @@ class PlannerConfig:
     EWMA of the reported dispersions (None: beta as given, whatever the arrivals). ``queue_floor``: the
     observed prefill queue raises a floor under the prefill pool while its wait stays over the TTFT
     budget (runtime.planner.state_machine rule 12; False: open loop, kept for the benchmark's ablation).
+    ``measure_burst``: when ticks report ``prompt_arrivals`` the staffing coefficient is the one that
+    would have served all but ``1 - slo_quantile`` of the last predictor window's requests in time,
+    measured by replaying them (rule 11; False: ``prefill_staffing_beta`` scaled by the arrival
+    dispersion, kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -204,6 +216,7 @@ class PlannerConfig:
     prefill_queue_on_trend: bool = True
     staffing_on_fall: bool = True
     queue_floor: bool = True
+    measure_burst: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",

@@ -28,7 +28,9 @@ the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prom
 (``TickInput.arrival_dispersion``) is runtime.planner.sla.arrival_dispersion, as in the simulator, over the
 times the runtime received the requests (``RequestWindow.record_receipt``): the prompt length, and so
 ``record_arrival``, comes only after the remote prefill or at the end of a request, and arrivals recorded that late
-would leave the end of each window short and drop from the next.
+would leave the end of each window short and drop from the next. The window's requests, each with the
+time it arrived (``record_arrival``'s ``ago_s``) and its prompt length, go to the planner as
+``TickInput.prompt_arrivals``, which replays them on candidate prefill pools (rule 11).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class WindowStats:
     peak_prefill_tokens_per_s: float | None = None
     span_s: float = 0.0  # seconds the window covered (previous drain to this one)
     arrival_dispersion: float | None = None  # runtime.planner.sla.arrival_dispersion of the receipts
+    prompt_arrivals: tuple[tuple[float, float], ...] | None = None  # (arrival_s, prompt tokens) per request
 
 
 def peak_tokens_per_s(
@@ -163,6 +166,7 @@ class RequestWindow:
             peak_prefill_tokens_per_s=peak_tokens_per_s(arrival_s, isl, since_s, now_s),
             span_s=max(now_s - since_s, 0.0),
             arrival_dispersion=arrival_dispersion(receipt_s or arrival_s, since_s, now_s),
+            prompt_arrivals=tuple(zip(arrival_s, (float(n) for n in isl))) or None,
         )
 
 
@@ -439,6 +443,7 @@ class PlannerLoop:
             observed_ttft_p90_s=w.ttft_p90_s, observed_itl_p90_s=w.itl_p90_s,
             peak_prefill_tokens_per_s=w.peak_prefill_tokens_per_s,
             observed_prefill_time_mean_s=prefill_time_mean_s, arrival_dispersion=w.arrival_dispersion,
+            prompt_arrivals=w.prompt_arrivals,
         )
         decision = self.machine.on_tick(tick)
         self.gauges.export(tick, decision)  # the decision shows even when the actuator then fails

@@ -440,6 +440,7 @@ class FleetSim:
             p90_isl_tokens=float(np.quantile(tr.isl_tokens[new], 0.9)) if num else None,
             peak_prefill_tokens_per_s=self._peak_tokens_per_s(new, t) if num else None,
             arrival_dispersion=arrival_dispersion(tr.arrival_s[new], t, t1) if num else None,
+            prompt_arrivals=tuple(zip(tr.arrival_s[new].tolist(), tr.isl_tokens[new].tolist())) if num else None,
             prefill=PoolObservation(
                 num_ready=ready_p,
                 num_starting=len(self.prefill) - ready_p,

@@ -79,8 +79,23 @@ def test_mooncake_trace_is_read_in_seconds_and_replicated(tmp_path):
     (["--rate-scales", "1"], "development set is empty"),
     (["--shape", "poisson_chat", "--rate-scales", "1,x"], "--rate-scales must be"),
     ([], "give one --trace"),
+    (["--shape", "poisson_chat", "--sweep-quantiles", "0.9,1"], "--sweep-quantiles must lie in (0, 1)"),
+    (["--shape", "poisson_chat", "--sweep-quantiles", "0.9,x"], "--sweep-quantiles must be"),
 ])
 def test_set_mode_arguments_are_checked_first(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_achievable_ttft_is_the_target_unless_the_prompt_alone_exceeds_it():
+    from runtime.planner.profiles import analytic_profile
+    from runtime.sim.fleet import Trace
+
+    prof = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4,
+                            kv_capacity_tokens=100_000)
+    tr = Trace(np.array([0.0, 1.0, 2.0]), np.array([1000, 19_000, 40_000]), np.array([5, 5, 5]))
+    own = np.asarray(prof.prefill.prefill_time_s(tr.isl_tokens.astype(float)))
+    got = bench.achievable_ttft_s(tr, prof, 2.0, 0.05)
+    # 0.1 s and 1.9 s prompts keep the 2 s target (1.9 + 0.1 = 2.0); a 4 s prompt gets its own 4 s + 2 ITL
+    assert got.tolist() == pytest.approx([2.0, 2.0, own[2] + 0.1])
