@@ -196,8 +196,11 @@ class RuntimeProcess:
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return self
 
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        """Block until GET /openai/v1/models lists the model. Raises WorkerStartError with the log tail."""
+    def wait_ready(self, timeout_s: float = 120.0, serving: bool = True) -> None:
+        """Block until GET /openai/v1/models lists the model and, with `serving` (default), the runtime is
+        ready to serve: GET /v2/health/ready answers 200 (a decode worker passed the runtime's health check;
+        runtime/server/model.py `ready`). `serving=False` waits for the server alone (its workers may be down).
+        Raises WorkerStartError with the log tail."""
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=5.0) as c:
             while True:
@@ -205,9 +208,10 @@ class RuntimeProcess:
                     code = None if self._proc is None else self._proc.returncode
                     raise WorkerStartError(f"runtime exited with code {code} (log {self.log_path}):\n{self._tail()}")
                 try:
-                    r = c.get(f"{self.url}/openai/v1/models")
-                    if r.status_code == 200 and any(m.get("id") == self.model_name for m in r.json()["data"]):
-                        return
+                    if not serving or c.get(f"{self.url}/v2/health/ready").status_code == 200:
+                        r = c.get(f"{self.url}/openai/v1/models")
+                        if r.status_code == 200 and any(m.get("id") == self.model_name for m in r.json()["data"]):
+                            return
                 except (httpx.HTTPError, ValueError, KeyError):
                     pass
                 if time.monotonic() > deadline:

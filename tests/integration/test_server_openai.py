@@ -29,7 +29,7 @@ def runtime_alone(tmp_path_factory):
                         log_path=tmp_path_factory.mktemp("rt") / "runtime.log")
     try:
         rt.start()
-        rt.wait_ready(180)
+        rt.wait_ready(180, serving=False)  # its workers are down: the server alone
         yield rt, dead
     finally:
         rt.stop()
