@@ -52,6 +52,13 @@ SHM_SPIN_ENV = "PDSERVE_SHM_SPIN_US"
 #: How long a CPU worker's engine processes spin on their shared-memory queue after a message before they sleep
 #: until the next one is announced, microseconds (vLLM: 1 s; see the module docstring).
 CPU_SHM_SPIN_US = 0
+#: Longest sleep of a reader whose spin is capped before it looks at its queue again, milliseconds. vLLM's
+#: readers can miss a write's notification (a PUB socket with a send high-water mark of 1) and then sleep for
+#: vLLM's 5-s recheck (`SHM_READER_RECHECK_INTERVAL_MS`); vLLM's own 1-s spin hides that. Measured here with the
+#: spin capped at 0 and no recheck bound: 24 of 120 sequential chats waited 5 or 10 s for their first token,
+#: P/D and aggregated alike (bench/pd_tail.py). 10 ms is one empty-step spacing of a CPU worker
+#: (`CPU_ENGINE_IDLE_POLL_US`): a missed notification then costs at most that, for ~100 cheap polls per second.
+SHM_RECHECK_MS = 10
 IDLE_POLL_ENV = "PDSERVE_ENGINE_IDLE_POLL_US"
 #: Least time between two empty engine steps of a CPU worker, microseconds (see the module docstring).
 CPU_ENGINE_IDLE_POLL_US = 10_000
@@ -114,14 +121,16 @@ def shm_spin_us(env: dict[str, str] | None = None) -> int | None:
 
 def capped_spin_wait(wait, spin_us: int):
     """`SpinCondition.wait` whose reader spins at most `spin_us` microseconds after its last message before it
-    sleeps until the next one is announced (its `busy_loop_s`, vLLM's 1 s, capped)."""
+    sleeps until the next one is announced (its `busy_loop_s`, vLLM's 1 s, capped), and sleeps at most
+    `SHM_RECHECK_MS` before it looks at the queue again (the caller, vLLM's `acquire_read`, loops until a
+    message is there or its own deadline passes)."""
     spin_s = spin_us / 1e6
 
     @functools.wraps(wait)
-    def _wait(self, *args, **kwargs):
+    def _wait(self, timeout_ms: int | None = None):
         if getattr(self, "busy_loop_s", 0) > spin_s:
             self.busy_loop_s = spin_s
-        return wait(self, *args, **kwargs)
+        return wait(self, timeout_ms=SHM_RECHECK_MS if timeout_ms is None else min(timeout_ms, SHM_RECHECK_MS))
 
     _wait.pdserve_original = wait
     return _wait
