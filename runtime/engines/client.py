@@ -117,9 +117,13 @@ class VllmClient:
 
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = base_url.rstrip("/")
+        # No cap on connections: the worker's own scheduler queues what it cannot run, so a pool cap would
+        # only hide a second queue here (httpx's default, 100, holds the 101st stream until one ends).
+        # Keep-alive for as many as are open, so a busy worker's streams do not reconnect per request.
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
             transport=transport,
         )
 

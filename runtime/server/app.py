@@ -137,6 +137,13 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
             install_edge(kserve_app, model.name, lambda: model.ready)
             _check_openai_routes(kserve_app)
 
+        def _add_middlewares(self, app):
+            # KServe's TimingMiddleware logs two lines per request and reads the process CPU clock twice
+            # (bench/frontend.py: a few % of the runtime's CPU per request); the runtime's Prometheus
+            # histograms (runtime.server.metrics) measure the same latencies. KServe's optional access-log
+            # middleware is not used (uvicorn's access log is).
+            return None
+
     ms = ModelServer(http_port=http_port, enable_grpc=False, workers=1, enable_docs_url=False)
     ms.register_model(model)
     rest = _RuntimeRESTServer(

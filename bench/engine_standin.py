@@ -1,0 +1,168 @@
+"""A fast stand-in for a vLLM OpenAI worker, for measuring what sits in front of the engines.
+
+    python bench/engine_standin.py --port 8101 [--token-interval-ms 5] [--engine-id prefill-0]
+
+A real HTTP server on 127.0.0.1 (uvicorn running a bare ASGI app, so that the stand-in costs as little CPU as
+possible and the front end under test dominates) with the parts of vLLM's OpenAI API a router touches:
+
+* `POST /v1/completions` and `POST /v1/chat/completions`, streaming (SSE, honouring
+  `stream_options.include_usage`) or not. The generated text is deterministic: token i of a request is
+  ``"t{i} "``, so any front end's output can be compared with the direct answer. Tokens are paced one every
+  `--token-interval-ms` (the first after one interval too: a prefill of zero cost).
+* vLLM's P/D `kv_transfer_params` protocol (vLLM NixlConnector, examples/online_serving/disaggregated_serving/):
+  a request with ``do_remote_decode: true`` answers at once, non-streaming, one token, with
+  ``kv_transfer_params`` naming this engine (``remote_engine_id``), made-up block ids and a side channel; a
+  request carrying ``do_remote_prefill: true`` counts as a decode that pulled KV (`/stats` counts both).
+* `GET /health`, `GET /v1/models`, `GET /metrics` (vLLM v1 gauge names with the requests in flight), and
+  `GET /stats` (JSON: requests, prefills, remote decodes) for the bench's checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+
+class EngineStandin:
+    """The ASGI app. `token_interval_s` paces streamed tokens; `engine_id` names the engine in P/D answers."""
+
+    def __init__(self, token_interval_s: float, engine_id: str, model: str) -> None:
+        self.token_interval_s, self.engine_id, self.model = token_interval_s, engine_id, model
+        self.requests = self.prefills = self.remote_decodes = self.running = 0
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        path, method = scope["path"], scope["method"]
+        if method == "GET":
+            if path == "/health":
+                return await _send(send, 200, b"", "text/plain")
+            if path == "/v1/models":
+                return await _json(send, 200, {"object": "list", "data": [
+                    {"id": self.model, "object": "model", "owned_by": "standin", "max_model_len": 32768}]})
+            if path == "/metrics":
+                page = (f"vllm:num_requests_running{{model_name=\"{self.model}\"}} {self.running}\n"
+                        f"vllm:num_requests_waiting{{model_name=\"{self.model}\"}} 0\n"
+                        f"vllm:kv_cache_usage_perc{{model_name=\"{self.model}\"}} 0.0\n")
+                return await _send(send, 200, page.encode(), "text/plain; version=0.0.4")
+            if path == "/stats":
+                return await _json(send, 200, {"requests": self.requests, "prefills": self.prefills,
+                                               "remote_decodes": self.remote_decodes})
+            return await _json(send, 404, {"error": {"message": f"no route {path}", "code": 404}})
+        if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
+            return await _json(send, 404, {"error": {"message": f"no route {method} {path}", "code": 404}})
+        raw = b""
+        while True:
+            msg = await receive()
+            raw += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return await _json(send, 400, {"error": {"message": "body is not JSON", "code": 400}})
+        self.requests += 1
+        self.running += 1
+        try:
+            await self._generate(send, body, chat=path.endswith("chat/completions"))
+        finally:
+            self.running -= 1
+
+    async def _generate(self, send, body: dict, chat: bool) -> None:
+        kv = body.get("kv_transfer_params") or {}
+        rid = f"cmpl-{self.engine_id}-{self.requests}"
+        prompt_tokens = _prompt_tokens(body)
+        if kv.get("do_remote_decode"):
+            self.prefills += 1
+            answer = _answer(rid, self.model, chat, "t0 ", "length", prompt_tokens, 1)
+            answer["kv_transfer_params"] = {
+                "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.engine_id,
+                "remote_block_ids": list(range(max(1, prompt_tokens // 16))), "remote_host": "127.0.0.1",
+                "remote_port": 5600, "tp_size": 1}
+            return await _json(send, 200, answer)
+        if kv.get("do_remote_prefill"):
+            self.remote_decodes += 1
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        if not body.get("stream"):
+            await asyncio.sleep(self.token_interval_s * n)
+            return await _json(send, 200, _answer(rid, self.model, chat, "".join(f"t{i} " for i in range(n)),
+                                                  "length", prompt_tokens, n))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        created = int(time.time())
+        for i in range(n):
+            await asyncio.sleep(self.token_interval_s)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if i == n - 1 else None}
+            if chat:
+                choice["delta"] = {"role": "assistant", "content": f"t{i} "} if i == 0 else {"content": f"t{i} "}
+            else:
+                choice["text"], choice["logprobs"] = f"t{i} ", None
+            chunk = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": created, "model": self.model, "choices": [choice]}
+            await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
+                        "more_body": True})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": created, "model": self.model, "choices": [],
+                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                               "total_tokens": prompt_tokens + n}}
+            await send({"type": "http.response.body", "body": b"data: " + json.dumps(usage).encode() + b"\n\n",
+                        "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+def _prompt_tokens(body: dict) -> int:
+    """Whitespace words of the prompt (or of every message): a stand-in's token count."""
+    if "messages" in body:
+        return sum(len(str(m.get("content") or "").split()) for m in body["messages"]) or 1
+    prompt = body.get("prompt") or ""
+    return (len(prompt) if isinstance(prompt, list) else len(str(prompt).split())) or 1
+
+
+def _answer(rid: str, model: str, chat: bool, text: str, finish: str, prompt_tokens: int, n: int) -> dict:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"], choice["logprobs"] = text, None
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}}
+
+
+async def _send(send, status: int, payload: bytes, content_type: str) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type.encode()),
+                            (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _json(send, status: int, obj: dict) -> None:
+    await _send(send, status, json.dumps(obj).encode(), "application/json")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, required=True, help="port on 127.0.0.1")
+    ap.add_argument("--token-interval-ms", type=float, default=5.0, help="time between streamed tokens (ms)")
+    ap.add_argument("--engine-id", default="standin", help="engine id in P/D kv_transfer_params answers")
+    ap.add_argument("--model", default="standin", help="served model name")
+    args = ap.parse_args()
+    import uvicorn
+
+    app = EngineStandin(args.token_interval_ms / 1000.0, args.engine_id, args.model)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, lifespan="on")
+
+
+if __name__ == "__main__":
+    main()

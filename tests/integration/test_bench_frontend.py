@@ -1,0 +1,38 @@
+"""bench/frontend.py end to end on a small load: real stand-in engines, the real runtime, one JSON line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.scripts import REPO
+
+
+def _run(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "bench/frontend.py", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={"PATH": "/usr/bin:/bin"})  # no vllm-router on this PATH
+
+
+def test_frontend_bench_reports_pdserve_against_direct(tmp_path):
+    r = _run("--rates", "4,8", "--duration-s", "1.5", "--max-tokens", "6", "--logs", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = json.loads(r.stdout.strip().splitlines()[-1])
+    assert line["bench"] == "frontend" and line["outputs_equal"] is True
+    assert line["vllm_router"] is None and line["pdserve_vs_vllm_router_rps_per_core"] is None
+    direct, pd = line["per_rate"]["direct"], line["per_rate"]["pdserve"]
+    assert set(direct) == {"4.0", "8.0"} and set(pd) <= set(direct)
+    for rate, s in pd.items():
+        assert s["errors"] == 0 and s["done"] == s["offered"] == direct[rate]["offered"] > 0
+        assert s["cpu_s"] > 0 and s["ttft_p50_s"] > 0
+    # every request through pdserve was one prefill whose kv_transfer_params reached its decode
+    assert line["prefills"] == line["remote_decodes"] == 1 + sum(s["done"] for s in pd.values())
+    summary = line["pdserve"]
+    assert summary["capacity_rps"] in (0.0, 4.0, 8.0)
+    if summary["capacity_rps"]:
+        assert summary["requests_per_cpu_s"] > 0 and summary["at_rps"] in (4.0, 8.0)
+
+
+def test_frontend_bench_refuses_a_missing_router_binary(tmp_path):
+    r = _run("--vllm-router", str(tmp_path / "nope"), timeout=60)
+    assert r.returncode == 2 and "no such executable" in r.stderr
