@@ -3,7 +3,8 @@ every metric the dashboards and alert rules use (`catalog`; docs/operations.md i
 
 Names follow Prometheus conventions (unit suffix, `_total` counters). Buckets of TTFT/e2e cover 10 ms … 60 s,
 the range between a GPU TTFT SLO and a CPU test run; ITL buckets 5 ms … 5 s (a GPU decode step to a starved
-CPU one).
+CPU one). The default SLOs (runtime.config.SloSpec: TTFT 2 s, ITL 50 ms) are bucket bounds, as the
+burn-rate alerts (runtime.observability.alerts) need.
 
 Serving modes (label `mode`): `remote` (P/D: prefilled on a prefill worker, KV pulled over NIXL), `local`
 (prefilled on the decode worker: the router's choice, a failed or late prefill, or a shape that needs it) and
@@ -19,7 +20,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
-_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
 _WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -50,8 +51,9 @@ class KvIndexCollector:
         batches, missed, age = families
         for worker, n in sorted(getattr(stats, "num_batches", {}).items()):
             batches.add_metric([worker], n)
-        for worker, n in sorted(getattr(stats, "num_missed_batches", {}).items()):
-            missed.add_metric([worker], n)
+        gaps = getattr(stats, "num_missed_batches", {})
+        for worker in sorted(set(gaps) | set(getattr(stats, "num_batches", {}))):  # 0 for a worker without gaps
+            missed.add_metric([worker], gaps.get(worker, 0))
         now = clock()
         for worker, t in sorted(last_s.items()):
             age.add_metric([worker], max(0.0, now - t))

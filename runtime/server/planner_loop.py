@@ -347,6 +347,9 @@ class PlannerGauges:
         self.gpu_budget = g("gpu_budget", "The planner's GPU budget (planner.gpu_budget)")
         self.scale_events = Counter("pdserve_planner_scale_events", "Decisions that changed a pool's target "
                                     "replicas", ["pool", "direction"], registry=registry)
+        for pool in ("prefill", "decode"):  # every series from the start, so a rate over them is 0, not absent
+            for direction in ("up", "down"):
+                self.scale_events.labels(pool=pool, direction=direction)
 
     def export_gpus(self, d: ScalingDecision, cfg: PlannerConfig, last: ScalingDecision | None) -> None:
         """The decision's GPUs against the budget, and a scale event per pool whose target moved from `last`."""
