@@ -237,6 +237,16 @@ def operations_markdown() -> str:
         for m in (m for m in metrics if m.source == source):
             labels = f"; labels {', '.join(f'`{x}`' for x in m.labels)}" if m.labels else ""
             out.append(_item(f"`{m.name}` ({m.type}{labels})", _escape(m.help)) + "\n")
+    out.append("\n## CloudWatch\n\n")
+    out.append(_para("Terraform (infra/terraform/observability.tf) enables the Amazon CloudWatch Observability "
+                     "add-on: Container Insights with enhanced observability, container logs, and the CloudWatch "
+                     "agent scraping the runtime pods of namespace pdserve (port 8080, `/metrics`). Their counters "
+                     "and gauges (requests, in-flight, fallbacks, migrations, KV lease, breakers, shedding, every "
+                     "`pdserve_planner_*` gauge) reach CloudWatch as embedded-metric-format logs in the log group "
+                     "`/aws/containerinsights/<cluster>/prometheus`, metric namespace "
+                     "`ContainerInsights/Prometheus`, dimensions ClusterName, Namespace and InferenceService; the "
+                     "agent's EMF processor does not export histogram buckets, so latency reaches CloudWatch as "
+                     "the planner's observed p90 gauges.") + "\n")
     out.append("\n## Dashboards\n\n")
     for d in db.dashboards():
         out.append(f"### {d['title']}\n\n")
