@@ -240,7 +240,8 @@ def operations_markdown() -> str:
     out.append("\n## CloudWatch\n\n")
     out.append(_para("Terraform (infra/terraform/observability.tf) enables the Amazon CloudWatch Observability "
                      "add-on: Container Insights with enhanced observability, container logs, and the CloudWatch "
-                     "agent scraping the runtime pods of namespace pdserve (port 8080, `/metrics`). Their counters "
+                     "agent scraping the runtime pods of namespace pdserve (port 8080, `/metrics`; its target allocator gives "
+                     "each pod to one agent). Their counters "
                      "and gauges (requests, in-flight, fallbacks, migrations, KV lease, breakers, shedding, every "
                      "`pdserve_planner_*` gauge) reach CloudWatch as embedded-metric-format logs in the log group "
                      "`/aws/containerinsights/<cluster>/prometheus`, metric namespace "

@@ -57,11 +57,13 @@ locals {
     }
   }
 
-  # The add-on's configuration_values: the agent's config, its Prometheus scrape config, container logs.
+  # The add-on's configuration_values (its Helm chart's values, aws-observability/helm-charts
+  # amazon-cloudwatch-observability): the agent's config, its Prometheus scrape config, container logs.
   cloudwatch_observability_config = jsonencode({
     agent = {
-      config     = local.cloudwatch_agent_config
-      prometheus = { config = local.cloudwatch_prometheus_scrape }
+      config = local.cloudwatch_agent_config
+      # the agent runs on every node: the target allocator hands each runtime pod to one agent, not to all
+      prometheus = { config = local.cloudwatch_prometheus_scrape, targetAllocator = { enabled = true } }
     }
     containerLogs = { enabled = true }
   })
