@@ -1,6 +1,7 @@
-"""Generate docs/cli.md (from the typer app) and docs/configuration.md (from DeploymentSpec).
+"""Generate docs/cli.md (from the typer app), docs/configuration.md (from DeploymentSpec), docs/operations.md
+(metrics catalog, dashboards, alerts) and the monitoring manifests under infra/k8s/prometheus.
 
-    python -m runtime.docs_gen           write both files
+    python -m runtime.docs_gen           write them all
     python -m runtime.docs_gen --check   exit 1, naming the stale files, when a committed file differs
 
 The text depends only on the code: defaults that are paths of this machine (``--state-dir`` defaults to
@@ -17,7 +18,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Callable, get_args, get_origin
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -209,7 +210,82 @@ def configuration_markdown() -> str:
     return "".join(out).rstrip("\n") + "\n"
 
 
-GENERATED = {"cli.md": cli_markdown, "configuration.md": configuration_markdown}
+def operations_markdown() -> str:
+    """docs/operations.md: every metric of the catalog (runtime.server.metrics.catalog), every dashboard and
+    panel (runtime.observability.dashboards) and every alert with its runbook (runtime.observability.alerts)."""
+    from runtime.observability import alerts as al
+    from runtime.observability import dashboards as db
+    from runtime.server.metrics import catalog
+
+    out = [HEADER.format(src="runtime/observability"),
+           "# Operations: metrics, dashboards, alerts\n\n",
+           _para("The runtime exports its metrics on the KServe server's `/metrics`; the rendered ServiceMonitor "
+                 "(`pdserve promote`) has the kube-prometheus-stack Prometheus (infra/k8s/prometheus) scrape the "
+                 "runtime and every vLLM worker. The alert rules ship as the PrometheusRule "
+                 f"`infra/k8s/prometheus/{db.RULES_FILE}` and the Grafana dashboards as ConfigMaps generated from "
+                 f"`infra/k8s/prometheus/{db.DASHBOARD_DIR}/` (label `{db.SIDECAR_LABEL}`, picked up by Grafana's "
+                 "dashboard sidecar). Both are generated from code with `python -m runtime.docs_gen`. Tests: "
+                 "`pytest tests/unit/test_alert_rules.py` (promtool rule tests) and `pytest -m e2e "
+                 "tests/e2e/test_dashboards.py` (every panel's query against a real Prometheus)."), "\n\n",
+           "## Metrics\n\n",
+           _para("Counters carry `_total`; histograms expose `_bucket`, `_sum` and `_count`. The `mode` label of the "
+                 "request metrics: `remote` (P/D, KV pulled over NIXL), `local` (prefilled on the decode worker) "
+                 "or `migrated` (continued on another decode worker after its own died)."), "\n"]
+    metrics = catalog()
+    for source in dict.fromkeys(m.source for m in metrics):
+        out.append(f"\n### {source}\n\n")
+        for m in (m for m in metrics if m.source == source):
+            labels = f"; labels {', '.join(f'`{x}`' for x in m.labels)}" if m.labels else ""
+            out.append(_item(f"`{m.name}` ({m.type}{labels})", _escape(m.help)) + "\n")
+    out.append("\n## CloudWatch\n\n")
+    out.append(_para("Terraform (infra/terraform/observability.tf) enables the Amazon CloudWatch Observability "
+                     "add-on: Container Insights with enhanced observability, container logs, and the CloudWatch "
+                     "agent scraping the runtime pods of namespace pdserve (port 8080, `/metrics`; its target allocator gives "
+                     "each pod to one agent). Their counters "
+                     "and gauges (requests, in-flight, fallbacks, migrations, KV lease, breakers, shedding, every "
+                     "`pdserve_planner_*` gauge) reach CloudWatch as embedded-metric-format logs in the log group "
+                     "`/aws/containerinsights/<cluster>/prometheus`, metric namespace "
+                     "`ContainerInsights/Prometheus`, dimensions ClusterName, Namespace and InferenceService; the "
+                     "agent's EMF processor does not export histogram buckets, so latency reaches CloudWatch as "
+                     "the planner's observed p90 gauges.") + "\n")
+    out.append("\n## Dashboards\n\n")
+    for d in db.dashboards():
+        out.append(f"### {d['title']}\n\n")
+        for panel in d["panels"]:
+            exprs = "; ".join(f"`{t['expr']}`" for t in panel["targets"])
+            out.append(_item(_escape(panel["title"]), exprs) + "\n")
+        out.append("\n")
+    out.append("## Alerts\n\n")
+    out.append(_para("Severities: `critical` (users are hurt now: page), `warning` (users will be hurt, or a safety "
+                     "net is in use: act within the working day), `info` (worth a look). Each alert's "
+                     "`runbook_url` annotation names its section below.") + "\n\n")
+    rules = al.alerts()
+    out.append("| alert | severity | for |\n|---|---|---|\n")
+    out += [f"| [{a.name}](#{a.anchor}) | {a.severity} | {a.for_} |\n" for a in rules]
+    for a in rules:
+        out.append(f"\n### {a.name}\n\n")
+        out.append(_para(f"**{a.severity}**, after {a.for_}: {a.summary}.") + "\n\n")
+        out.append("```promql\n" + a.expr + "\n```\n\n")
+        out.append(_para(a.meaning) + "\n\n")
+        out += [textwrap.fill(f"{i}. {_escape(step)}", WIDTH, subsequent_indent="   ", break_long_words=False,
+                              break_on_hyphens=False) + "\n" for i, step in enumerate(a.actions, 1)]
+    return "".join(out)
+
+
+GENERATED = {"cli.md": cli_markdown, "configuration.md": configuration_markdown, "operations.md": operations_markdown}
+
+
+def _artifacts() -> dict[str, Callable[[], str]]:
+    """Generated files outside docs/, by path from the checkout root: the PrometheusRule and the dashboards."""
+    from runtime.observability import dashboards as db
+
+    return db.artifacts()
+
+
+def stale_artifacts(root: Path = ROOT) -> list[str]:
+    """Paths (from `root`) of the generated infra files that differ from what the code generates now."""
+    return [rel for rel, make in _artifacts().items()
+            if not (root / rel).is_file() or (root / rel).read_text(encoding="utf-8") != make()]
 
 
 def stale(docs: Path = DOCS) -> list[str]:
@@ -224,14 +300,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", type=Path, default=DOCS, help="docs folder (default: the checkout's docs/)")
     args = ap.parse_args(argv)
     if args.check:
-        bad = stale(args.docs)
+        bad = [str(args.docs / name) for name in stale(args.docs)] + stale_artifacts()
         for name in bad:
-            print(f"{args.docs / name} is stale: run `python -m runtime.docs_gen`", file=sys.stderr)
+            print(f"{name} is stale: run `python -m runtime.docs_gen`", file=sys.stderr)
         return 1 if bad else 0
     args.docs.mkdir(parents=True, exist_ok=True)
     for name, make in GENERATED.items():
         (args.docs / name).write_text(make(), encoding="utf-8")
         print(args.docs / name)
+    for rel, make in _artifacts().items():
+        (ROOT / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ROOT / rel).write_text(make(), encoding="utf-8")
+        print(ROOT / rel)
     return 0
 
 

@@ -56,6 +56,13 @@ module "eks" {
         service_account = "fsx-csi-controller-sa"
       }]
     }
+    amazon-cloudwatch-observability = {
+      configuration_values = local.cloudwatch_observability_config
+      pod_identity_association = [{
+        role_arn        = aws_iam_role.cloudwatch_agent.arn
+        service_account = "cloudwatch-agent"
+      }]
+    }
   }
 
   # A small on-demand group for system pods and the Karpenter controller; GPUs come from Karpenter.

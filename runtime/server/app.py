@@ -205,6 +205,7 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
         if endpoints or ((discovery is not None or local_planner) and discovered_kv_events):
             subscriber = KvEventSubscriber(endpoints, pairing.apply_batch)
             subscriber.start()
+            model.metrics.kv_index.source = lambda: (subscriber.stats, pairing.last_event_s, pairing.clock)
     if local_planner and discovered_kv_events:
         planner.subscriber = subscriber  # workers the planner starts are subscribed as they join
     if discovery is not None:

@@ -1,28 +1,97 @@
-"""Prometheus metrics of the pdserve runtime (exported on the KServe server's /metrics).
+"""Prometheus metrics of the pdserve runtime (exported on the KServe server's /metrics), and the catalog of
+every metric the dashboards and alert rules use (`catalog`; docs/operations.md is generated from it).
 
-Names follow Prometheus conventions (unit suffix, `_total` counters). Buckets of TTFT/ITL cover 10 ms … 60 s,
-the range between a GPU TTFT SLO and a CPU test run.
+Names follow Prometheus conventions (unit suffix, `_total` counters). Buckets of TTFT/e2e cover 10 ms … 60 s,
+the range between a GPU TTFT SLO and a CPU test run; ITL buckets 5 ms … 5 s (a GPU decode step to a starved
+CPU one). The default SLOs (runtime.config.SloSpec: TTFT 2 s, ITL 50 ms) are bucket bounds, as the
+burn-rate alerts (runtime.observability.alerts) need.
+
+Serving modes (label `mode`): `remote` (P/D: prefilled on a prefill worker, KV pulled over NIXL), `local`
+(prefilled on the decode worker: the router's choice, a failed or late prefill, or a shape that needs it) and
+`migrated` (continued on another decode worker after its own died, which prefills the continuation locally).
 """
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
 
-_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
+
+_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+#: The values of the `mode` label (see the module docstring).
+SERVING_MODES = ("remote", "local", "migrated")
+
+
+class KvIndexCollector:
+    """The router's KV-event feed per worker, read at scrape time from `source()`: (the subscriber's
+    `runtime.engines.kv_events.SubscriberStats`, `{worker_id: monotonic seconds of its last applied batch}`,
+    the clock those seconds come from), or None while the runtime has no KV-event subscriber (then it exports
+    nothing). Families: `pdserve_router_kv_event_batches_total{worker}`,
+    `pdserve_router_kv_missed_batches_total{worker}` (sequence gaps: the worker's index entry was cleared and
+    is rebuilt), `pdserve_router_kv_event_age_seconds{worker}` (seconds since its last applied batch)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], tuple[object, Mapping[str, float], Callable[[], float]] | None] = lambda: None
+
+    def describe(self) -> list:
+        return self._families()
+
+    def collect(self) -> Iterable:
+        families = self._families()
+        src = self.source()
+        if src is None:
+            return families
+        stats, last_s, clock = src
+        batches, missed, age = families
+        for worker, n in sorted(getattr(stats, "num_batches", {}).items()):
+            batches.add_metric([worker], n)
+        gaps = getattr(stats, "num_missed_batches", {})
+        for worker in sorted(set(gaps) | set(getattr(stats, "num_batches", {}))):  # 0 for a worker without gaps
+            missed.add_metric([worker], gaps.get(worker, 0))
+        now = clock()
+        for worker, t in sorted(last_s.items()):
+            age.add_metric([worker], max(0.0, now - t))
+        return families
+
+    @staticmethod
+    def _families() -> list:
+        return [
+            CounterMetricFamily("pdserve_router_kv_event_batches", "KV-event batches applied to the router's "
+                                "index, per worker.", labels=["worker"]),
+            CounterMetricFamily("pdserve_router_kv_missed_batches", "KV-event batches missed (sequence gaps); the "
+                                "worker's index entry was cleared and is rebuilt.", labels=["worker"]),
+            GaugeMetricFamily("pdserve_router_kv_event_age_seconds", "Seconds since the last KV-event batch of "
+                              "the worker was applied to the router's index.", labels=["worker"]),
+        ]
 
 
 class RuntimeMetrics:
     """The runtime's counters and histograms, registered once in `registry`.
 
     Attributes:
-        requests: `pdserve_requests_total{endpoint, mode, status}`; mode "remote" (P/D) or "local".
+        requests: `pdserve_requests_total{endpoint, mode, status}`; mode in SERVING_MODES.
         ttft: `pdserve_ttft_seconds{endpoint, mode}`, arrival → first token (streaming: first streamed token
             as the client sees it; non-streaming remote: prefill answer, which carries the first token;
             non-streaming local: whole request, an upper bound).
+        itl: `pdserve_itl_seconds{endpoint, mode}`, mean inter-token latency of one request: (last token − first
+            token) / (output tokens − 1); requests with one output token are not observed.
         e2e: `pdserve_request_duration_seconds{endpoint, mode}`, arrival → last byte.
+        in_flight: `pdserve_requests_in_flight{endpoint}`, requests routed and not finished (the runtime's queue).
+        queue_wait: `pdserve_queue_wait_seconds{endpoint}`, arrival → routed (tokenization and the routing
+            decision), the time the runtime holds a request before any worker sees it.
         prefill_fallbacks: `pdserve_prefill_fallbacks_total`, remote prefills that failed and were redone
             locally on the decode worker.
         routes: `pdserve_routes_total{reason}`, routing decisions by reason (remote, local_short, ...).
+        prompt_tokens: `pdserve_prompt_tokens_total`, prompt tokens of the routed requests the runtime tokenized.
+        prefix_predicted_tokens: `pdserve_prefix_predicted_tokens_total`, of those, the tokens the router
+            predicted cached on the worker that prefills (overlap blocks × block size, at most the prompt);
+            the realised hits are vLLM's `vllm:prefix_cache_hits_total`.
         prefill_nudges: `pdserve_prefill_nudges_total`, 1-token requests sent to a prefill worker while a decode
             waited for its first token (PDModel `prefill_nudge_after_s`).
         migrations: `pdserve_migrations_total`, requests moved to another decode worker after theirs died.
@@ -30,6 +99,7 @@ class RuntimeMetrics:
             could not start within the prefill worker's KV lease (the decode worker prefilled locally).
         kv_late_reads: `pdserve_kv_late_reads_total`, streamed decode legs whose first token came after the
             handoff's lease ended (the decode worker may have read released blocks; target 0).
+        kv_index: the router's KV-event feed (KvIndexCollector); the server sets its `source`.
     """
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
@@ -40,15 +110,30 @@ class RuntimeMetrics:
             "pdserve_ttft_seconds", "Time to first token, seconds.", ["endpoint", "mode"],
             buckets=_LATENCY_BUCKETS_S, registry=registry,
         )
+        self.itl = Histogram(
+            "pdserve_itl_seconds", "Mean inter-token latency of a request, seconds.", ["endpoint", "mode"],
+            buckets=_ITL_BUCKETS_S, registry=registry,
+        )
         self.e2e = Histogram(
             "pdserve_request_duration_seconds", "Request duration, seconds.", ["endpoint", "mode"],
             buckets=_LATENCY_BUCKETS_S, registry=registry,
+        )
+        self.in_flight = Gauge("pdserve_requests_in_flight", "Requests routed and not finished.", ["endpoint"],
+                               registry=registry)
+        self.queue_wait = Histogram(
+            "pdserve_queue_wait_seconds", "Arrival to routed (tokenization and routing), seconds.", ["endpoint"],
+            buckets=_WAIT_BUCKETS_S, registry=registry,
         )
         self.prefill_fallbacks = Counter(
             "pdserve_prefill_fallbacks", "Remote prefills that failed and ran locally on the decode worker.",
             registry=registry,
         )
         self.routes = Counter("pdserve_routes", "Routing decisions by reason.", ["reason"], registry=registry)
+        self.prompt_tokens = Counter("pdserve_prompt_tokens", "Prompt tokens of the routed, tokenized requests.",
+                                     registry=registry)
+        self.prefix_predicted_tokens = Counter(
+            "pdserve_prefix_predicted_tokens", "Prompt tokens the router predicted cached on the worker that "
+            "prefills.", registry=registry)
         self.prefill_nudges = Counter(
             "pdserve_prefill_nudges", "1-token requests sent to a prefill worker whose decode waited for a first "
             "token (PDModel prefill_nudge_after_s).", registry=registry)
@@ -60,3 +145,110 @@ class RuntimeMetrics:
         self.kv_late_reads = Counter(
             "pdserve_kv_late_reads", "Streamed decode legs whose first token came after the KV lease ended.",
             registry=registry)
+        self.kv_index = KvIndexCollector()
+        registry.register(self.kv_index)
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """One metric family of the catalog.
+
+    Attributes:
+        name: the family's name as scraped (counters with their `_total`; histograms without their
+            `_bucket`/`_sum`/`_count` suffixes).
+        type: "counter", "gauge" or "histogram".
+        labels: the family's own label names (scrape labels such as `instance` come on top).
+        help: what it measures, with its unit.
+        source: who exports it: "runtime", "planner", "vLLM" or "DCGM exporter".
+    """
+
+    name: str
+    type: str
+    labels: tuple[str, ...]
+    help: str
+    source: str
+
+
+def _wrapper_info(metric: MetricWrapperBase, source: str) -> MetricInfo:
+    kind = metric._type  # prometheus_client's own field: "counter", "gauge", "histogram", ...
+    name = metric._name + ("_total" if kind == "counter" else "")
+    return MetricInfo(name, kind, tuple(metric._labelnames), metric._documentation, source)
+
+
+def _families_of(obj: object, source: str) -> list[MetricInfo]:
+    """Every metric attribute of `obj` (wrappers and collectors), as catalog entries."""
+    out = []
+    for value in vars(obj).values():
+        if isinstance(value, MetricWrapperBase):
+            out.append(_wrapper_info(value, source))
+        elif hasattr(value, "describe") and hasattr(value, "collect"):
+            for fam in value.describe():
+                name = fam.name + ("_total" if fam.type == "counter" else "")
+                labels = tuple(getattr(fam, "_labelnames", ()))
+                out.append(MetricInfo(name, fam.type, labels, fam.documentation, source))
+    return out
+
+
+#: Metrics of vLLM (v1 engine, vllm/v1/metrics/loggers.py; NIXL: vllm/distributed/kv_transfer/kv_connector/
+#: v1/nixl/stats.py, vLLM 0.28.0) that the dashboards and alert rules use; each worker exports them on /metrics.
+VLLM_METRICS = (
+    MetricInfo("vllm:num_requests_running", "gauge", ("model_name",), "Requests in the engine's running batch.",
+               "vLLM"),
+    MetricInfo("vllm:num_requests_waiting", "gauge", ("model_name",), "Requests queued in the engine.", "vLLM"),
+    MetricInfo("vllm:kv_cache_usage_perc", "gauge", ("model_name",), "KV-cache blocks in use, fraction 0-1.",
+               "vLLM"),
+    MetricInfo("vllm:prefix_cache_queries_total", "counter", ("model_name",), "Prompt tokens looked up in the "
+               "prefix cache.", "vLLM"),
+    MetricInfo("vllm:prefix_cache_hits_total", "counter", ("model_name",), "Prompt tokens found in the prefix "
+               "cache.", "vLLM"),
+    MetricInfo("vllm:time_to_first_token_seconds", "histogram", ("model_name",), "Engine TTFT, seconds (a "
+               "decode worker's counts from its own arrival).", "vLLM"),
+    MetricInfo("vllm:inter_token_latency_seconds", "histogram", ("model_name",), "Engine inter-token latency, "
+               "seconds.", "vLLM"),
+    MetricInfo("vllm:request_queue_time_seconds", "histogram", ("model_name",), "Time requests waited in the "
+               "engine's queue, seconds.", "vLLM"),
+    MetricInfo("vllm:request_prefill_time_seconds", "histogram", ("model_name",), "Engine prefill time per "
+               "request, seconds.", "vLLM"),
+    MetricInfo("vllm:prompt_tokens_total", "counter", ("model_name",), "Prompt tokens processed.", "vLLM"),
+    MetricInfo("vllm:generation_tokens_total", "counter", ("model_name",), "Tokens generated.", "vLLM"),
+    MetricInfo("vllm:nixl_xfer_time_seconds", "histogram", ("model_name",), "NIXL KV transfer duration, "
+               "seconds (on the worker that pulls: the decode worker).", "vLLM"),
+    MetricInfo("vllm:nixl_bytes_transferred", "histogram", ("model_name",), "Bytes per NIXL KV transfer.",
+               "vLLM"),
+    MetricInfo("vllm:nixl_num_failed_transfers_total", "counter", ("model_name",), "Failed NIXL KV transfers.",
+               "vLLM"),
+    MetricInfo("vllm:nixl_num_kv_expired_reqs_total", "counter", ("model_name",), "Requests whose KV blocks "
+               "expired unread on the prefill worker (the lease ended).", "vLLM"),
+)
+
+#: Metrics of NVIDIA's DCGM exporter (dcgm-exporter's default counters, etc/default-counters.csv) that the GPU
+#: dashboard uses; the GPU operator's exporter labels them with `gpu`, `UUID`, `Hostname`, `modelName` and,
+#: with pod mapping, `pod`/`namespace`/`container`.
+DCGM_METRICS = (
+    MetricInfo("DCGM_FI_DEV_GPU_UTIL", "gauge", ("gpu", "UUID", "Hostname"), "GPU utilisation, percent.",
+               "DCGM exporter"),
+    MetricInfo("DCGM_FI_DEV_FB_USED", "gauge", ("gpu", "UUID", "Hostname"), "Frame-buffer memory used, MiB.",
+               "DCGM exporter"),
+    MetricInfo("DCGM_FI_DEV_FB_FREE", "gauge", ("gpu", "UUID", "Hostname"), "Frame-buffer memory free, MiB.",
+               "DCGM exporter"),
+    MetricInfo("DCGM_FI_DEV_GPU_TEMP", "gauge", ("gpu", "UUID", "Hostname"), "GPU temperature, °C.",
+               "DCGM exporter"),
+    MetricInfo("DCGM_FI_DEV_POWER_USAGE", "gauge", ("gpu", "UUID", "Hostname"), "Power draw, W.",
+               "DCGM exporter"),
+    MetricInfo("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", ("gpu", "UUID", "Hostname"), "PCIe transmit rate, "
+               "bytes/s.", "DCGM exporter"),
+    MetricInfo("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", ("gpu", "UUID", "Hostname"), "PCIe receive rate, "
+               "bytes/s.", "DCGM exporter"),
+    MetricInfo("DCGM_FI_DEV_XID_ERRORS", "gauge", ("gpu", "UUID", "Hostname"), "Last XID error code (0: none).",
+               "DCGM exporter"),
+)
+
+
+def catalog() -> list[MetricInfo]:
+    """Every metric family the runtime and its planner export (read from a fresh registry, so every family
+    registered in RuntimeMetrics and PlannerGauges is listed), then VLLM_METRICS and DCGM_METRICS."""
+    from runtime.server.planner_loop import PlannerGauges
+
+    registry = CollectorRegistry()
+    return [*_families_of(RuntimeMetrics(registry), "runtime"), *_families_of(PlannerGauges(registry), "planner"),
+            *VLLM_METRICS, *DCGM_METRICS]

@@ -573,6 +573,8 @@ class PDModel(OpenAIGenerativeModel):
         except RuntimeError as exc:
             self.metrics.requests.labels(endpoint, "none", "error").inc()
             raise ModelNotReady(self.name, str(exc)) from exc  # 503 with Retry-After (runtime.server.errors)
+        self.metrics.queue_wait.labels(endpoint).observe(self.clock() - t0)
+        self.metrics.in_flight.labels(endpoint).inc()  # decremented by _count, which _finish calls once
         # from here on the route holds router load: released by _finish exactly once, on every path out
         state = {"route": route, "mode": None, "owner": "serve"}
         try:
@@ -602,6 +604,10 @@ class PDModel(OpenAIGenerativeModel):
         state["route"] = route
         mode = state["mode"] = "remote" if kv is not None else "local"
         self.metrics.routes.labels(route.reason or "none").inc()
+        if token_ids is not None:
+            self.metrics.prompt_tokens.inc(len(token_ids))
+            predicted = route.overlap_blocks * getattr(self.pairing, "block_size_tokens", 0)
+            self.metrics.prefix_predicted_tokens.inc(min(predicted, len(token_ids)))
         _set_route_headers(context, route, self._header_key)
         if token_ids is not None and self.observer is not None:
             self.observer.record_arrival(len(token_ids), ago_s=self.clock() - t0)
@@ -631,7 +637,7 @@ class PDModel(OpenAIGenerativeModel):
                     new = self._migrate(exc, route, rid)
                     if new is None:
                         return _backend_error_response(exc)
-                    route, kv, decode, mode = new, None, self._client(new.decode_url, rid), "local"
+                    route, kv, decode, mode = new, None, self._client(new.decode_url, rid), "migrated"
                     state["route"], state["mode"] = route, mode
         finally:
             first_token.set()
@@ -645,6 +651,9 @@ class PDModel(OpenAIGenerativeModel):
         total_s = self.clock() - t0
         ttft_s = prefill_done_s if (kv is not None and prefill_done_s is not None) else total_s
         self.metrics.ttft.labels(endpoint, mode).observe(ttft_s)
+        num_out = (answer.get("usage") or {}).get("completion_tokens") or 0
+        if num_out > 1:
+            self.metrics.itl.labels(endpoint, mode).observe((total_s - ttft_s) / (num_out - 1))
         state["owner"] = "done"
         self._finish(rid, endpoint, route, t0, ok=True, mode=mode)
         usage = answer.get("usage") or {}
@@ -784,7 +793,7 @@ class PDModel(OpenAIGenerativeModel):
                         body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code))
                         yield f"data: {json.dumps(body_err)}\n\n"
                         break
-                    route, kv, decode, attempt, mode = new, None, self._client(new.decode_url, rid), cont, "local"
+                    route, kv, decode, attempt, mode = new, None, self._client(new.decode_url, rid), cont, "migrated"
                     local_prefill = True  # the new decode worker prefills; its load ends at its first token
         finally:
             first_token.set()
@@ -793,6 +802,8 @@ class PDModel(OpenAIGenerativeModel):
             self._finish(rid, endpoint, route, t0, ok=ok, mode=mode)
         if ok and first_s is not None:
             itl_s = (last_s - first_s) / (num_tokens - 1) if num_tokens > 1 and last_s is not None else None
+            if itl_s is not None:
+                self.metrics.itl.labels(endpoint, mode).observe(itl_s)
             self._observe(usage, arrival_recorded, first_s, self.clock() - t0, num_tokens, itl_s)
         yield "data: [DONE]\n\n"
 
@@ -812,6 +823,7 @@ class PDModel(OpenAIGenerativeModel):
         mode = mode or ("remote" if route.prefill_url else "local")
         self.metrics.requests.labels(endpoint, mode, "ok" if ok else "error").inc()
         self.metrics.e2e.labels(endpoint, mode).observe(self.clock() - t0)
+        self.metrics.in_flight.labels(endpoint).dec()
 
 
 async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool

@@ -20,7 +20,8 @@ decision: fewer than decided under a worker cap or a restart back-off, unchanged
 ``observed_itl_p90_seconds``, ``ttft_correction``, ``itl_correction``,
 ``observed_peak_prefill_tokens_per_second``, ``observed_prefill_time_mean_seconds``,
 ``observed_arrival_dispersion`` (runtime.planner.sla.arrival_dispersion of the requests received in the last
-interval: residual variance / mean per ~1-s bin around the interval's trend; 1 for Poisson).
+interval: residual variance / mean per ~1-s bin around the interval's trend; 1 for Poisson), ``gpus`` (the
+decision's replicas × TP) and ``gpu_budget``, and the counter ``scale_events_total{pool, direction}``.
 
 The sub-tick peak handed to the planner (``TickInput.peak_prefill_tokens_per_s``) is computed exactly as
 the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prompt tokens arriving in each
@@ -342,6 +343,24 @@ class PlannerGauges:
                              "Workers per pool the actuator reports after applying the last decision (may differ "
                              "from the decided *_replicas: caps, start-up back-off, failed applies)",
                              ["pool"], registry=registry)
+        self.gpus = g("gpus", "GPUs the last decision uses (replicas x TP of both pools)")
+        self.gpu_budget = g("gpu_budget", "The planner's GPU budget (planner.gpu_budget)")
+        self.scale_events = Counter("pdserve_planner_scale_events", "Decisions that changed a pool's target "
+                                    "replicas", ["pool", "direction"], registry=registry)
+        for pool in ("prefill", "decode"):  # every series from the start, so a rate over them is 0, not absent
+            for direction in ("up", "down"):
+                self.scale_events.labels(pool=pool, direction=direction)
+
+    def export_gpus(self, d: ScalingDecision, cfg: PlannerConfig, last: ScalingDecision | None) -> None:
+        """The decision's GPUs against the budget, and a scale event per pool whose target moved from `last`."""
+        self.gpus.set(d.num_gpus(cfg.prefill_tp, cfg.decode_tp))
+        self.gpu_budget.set(cfg.gpu_budget)
+        if last is None:
+            return
+        for pool, new, old in (("prefill", d.prefill_replicas, last.prefill_replicas),
+                               ("decode", d.decode_replicas, last.decode_replicas)):
+            if new != old:
+                self.scale_events.labels(pool=pool, direction="up" if new > old else "down").inc()
 
     def export_applied(self, applied: Applied) -> None:
         self.applied.labels(pool="prefill").set(applied.prefill_replicas)
@@ -447,6 +466,7 @@ class PlannerLoop:
         )
         decision = self.machine.on_tick(tick)
         self.gauges.export(tick, decision)  # the decision shows even when the actuator then fails
+        self.gauges.export_gpus(decision, self.machine.cfg, self.last_decision)
         self.last_decision = decision
         applied = self.actuator.apply(decision)
         self.gauges.export_applied(applied)

@@ -103,6 +103,8 @@ class RouterPairing:
                  clock: Callable[[], float] = time.monotonic,
                  approx_capacity_tokens: int = DEFAULT_APPROX_CAPACITY_TOKENS) -> None:
         self.router = Router(spec, block_size_tokens)
+        self.block_size_tokens = block_size_tokens
+        self.last_event_s: dict[str, float] = {}  # worker id -> clock() of its last applied KV-event batch
         self._approx_capacity_blocks = max(1, approx_capacity_tokens // block_size_tokens)
         self.workers = {w.worker_id: w for w in workers}
         self._url_to_id = {w.url.rstrip("/"): w.worker_id for w in workers}
@@ -153,7 +155,9 @@ class RouterPairing:
     # -- events and health ---------------------------------------------------------------------------
     def apply_batch(self, worker_id: str, batch: KvEventBatch) -> None:
         """Apply one worker's KV-event batch to the router index (callback of KvEventSubscriber)."""
-        self.router.apply_kv_events(worker_id, batch.events, self.clock())
+        now = self.clock()
+        self.last_event_s[worker_id] = now
+        self.router.apply_kv_events(worker_id, batch.events, now)
 
     def kv_event_endpoints(self) -> Mapping[str, str]:
         """`{worker_id: endpoint}` of the workers that publish KV events."""
@@ -187,6 +191,7 @@ class RouterPairing:
             return []
         self._url_to_id.pop(w.url.rstrip("/"), None)
         self.down.discard(worker_id)
+        self.last_event_s.pop(worker_id, None)
         return self.router.remove_worker(worker_id)
 
     def mark_up(self, url: str) -> None:

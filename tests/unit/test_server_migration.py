@@ -117,7 +117,7 @@ async def test_stream_continues_on_another_decode_worker_with_generated_text_app
     assert cont["messages"][-1] == {"role": "assistant", "content": "The capital"}
     assert cont["continue_final_message"] is True and cont["max_tokens"] == 10
     assert reg.get_sample_value("pdserve_migrations_total") == 1
-    assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "local", "status": "ok"}) == 1
+    assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "migrated", "status": "ok"}) == 1
 
 
 async def test_beyond_the_migration_limit_the_stream_ends_with_an_error_event():
@@ -128,7 +128,7 @@ async def test_beyond_the_migration_limit_the_stream_ends_with_an_error_event():
     last = json.loads(events[-2][6:])
     assert last["error"]["code"] == "502" and "inference worker failed" in last["error"]["message"]
     assert len(w.bodies["d0"]) == 1 and len(w.bodies["d1"]) == 1
-    assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "local", "status": "error"}) == 1
+    assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "migrated", "status": "error"}) == 1
 
 
 async def test_zero_migration_limit_never_migrates():
