@@ -415,8 +415,14 @@ class PerfModel:
                 return {"comm_s": 0.0}
             x = self.expert_traffic_s(tokens, tp)
             crosses = tp > self.gpus_per_node
-            lat_ll, lat_simple = nccl_latencies(tp, self.gpu.has_nvlink and not crosses)
-            one = nccl_allreduce_s(x / self.eff.comm, lat_ll, lat_simple) + self.eff.allreduce_latency_s
+            if self.all2all == "dispatch_combine" and self.expert_parallel:
+                # every rank writes to its peers directly (DeepEP / NIXL EP put their rows into the peers'
+                # buffers): one hop's latency, not a ring's 2 (tp-1) steps; NCCL's LL base + one hop
+                lat_ll, lat_simple = nccl_latencies(2, self.gpu.has_nvlink and not crosses)
+                one = lat_ll + x / self.eff.comm + self.eff.allreduce_latency_s
+            else:
+                lat_ll, lat_simple = nccl_latencies(tp, self.gpu.has_nvlink and not crosses)
+                one = nccl_allreduce_s(x / self.eff.comm, lat_ll, lat_simple) + self.eff.allreduce_latency_s
             return {"comm_s": n * one, "comm_peak_s": n * x, "num_allreduces": float(n),
                     "allreduce_ll_latency_s": lat_ll, "allreduce_simple_latency_s": lat_simple}
         else:
@@ -435,11 +441,16 @@ class PerfModel:
         x 2``. ``dispatch_combine`` (DeepEP / pplx / NIXL EP kernels, expert parallelism only): a rank sends
         each of its ``tokens / tp`` rows once to every OTHER rank that holds one of its ``top_k`` experts,
         ``(tp-1) (1 - (1 - 1/tp)^k)`` ranks on average for uniformly routed tokens (experts spread evenly,
-        ``E / tp`` per rank). Peers off the node: ``(tp - gpus_per_node) / (tp - 1)`` of them."""
+        ``E / tp`` per rank); FP8 experts dispatch 1 + 4/128 bytes a value and combine 2 (the figure is the
+        mean of the pair). Peers off the node: ``(tp - gpus_per_node) / (tp - 1)`` of them."""
         _check_tp(tp)
         m, row = self.model, self.model.hidden_size * ACT_BYTES
         if self.all2all == "dispatch_combine" and self.expert_parallel:
             peers = (tp - 1) * (1.0 - (1.0 - 1.0 / tp) ** m.num_experts_per_tok)
+            if self.compute_precision == "fp8":
+                # FP8 experts: the rows are dispatched in FP8 with one fp32 scale per 128 values (DeepEP
+                # ``use_fp8`` dispatch; DeepSeek-V3 report section 3.3) and combined in bf16: the mean of the two
+                row = m.hidden_size * ((1.0 + 4.0 / 128) + ACT_BYTES) / 2
             total = tokens / tp * peers * row
         else:
             total = (tp - 1) / tp * tokens * row

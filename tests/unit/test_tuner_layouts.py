@@ -114,7 +114,8 @@ def test_moe_traffic_on_and_off_the_node_by_hand() -> None:
     dc = PerfModel(DSV3, H100, "fp8", expert_parallel=True, attention_dp=True, all2all="dispatch_combine",
                    inter_node_bw_bytes_per_s=net)
     peers = 15 * (1 - (1 - 1 / 16) ** 8)  # ranks holding one of a token's 8 experts, besides its own
-    assert sum(dc.expert_traffic_bytes(1600, 16)) == pytest.approx(1600 / 16 * peers * row)
+    fp8_pair = DSV3.hidden_size * ((1 + 4 / 128) + 2) / 2  # FP8 dispatch with scales, bf16 combine
+    assert sum(dc.expert_traffic_bytes(1600, 16)) == pytest.approx(1600 / 16 * peers * fp8_pair)
     assert dc.decode_step_time_s(256, 2000, 16) < ag.decode_step_time_s(256, 2000, 16)
     with pytest.raises(ValueError, match="inter_node_bw_bytes_per_s"):
         PerfModel(DSV3, H100, "fp8", expert_parallel=True, attention_dp=True).decode_step_time_s(64, 1000, 16)
