@@ -150,7 +150,7 @@ def _experiment_id(client, experiment: str, artifacts_dir: Path | None) -> str:
 
 
 def _candidate_params(result: TuneResult, c: Candidate) -> dict[str, str]:
-    return {
+    params = {
         "model": result.model.name,
         "gpu": result.gpu.name,
         "precision": result.precision,
@@ -162,6 +162,11 @@ def _candidate_params(result: TuneResult, c: Candidate) -> dict[str, str]:
         "osl_tokens": str(result.workload.osl_tokens),
         "request_rate_per_s": f"{result.workload.request_rate_per_s:g}",
     }
+    if result.parallelism != "tp":  # a wider search: prefill_tp / decode_tp are GPUs per worker, say how
+        params.update(parallelism=result.parallelism, prefill_layout=c.prefill.label, decode_layout=c.decode.label)
+    if result.weight_precision and result.weight_precision != result.precision:  # e.g. MXFP4 weights, bf16 KV
+        params["weight_precision"] = result.weight_precision
+    return params
 
 
 def _candidate_metrics(c: Candidate) -> dict[str, float]:

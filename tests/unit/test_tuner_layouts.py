@@ -121,3 +121,14 @@ def test_moe_traffic_on_and_off_the_node_by_hand() -> None:
         PerfModel(DSV3, H100, "fp8", expert_parallel=True, attention_dp=True).decode_step_time_s(64, 1000, 16)
     with pytest.raises(ValueError, match="unknown all2all"):
         PerfModel(DSV3, H100, "fp8", all2all="ring")
+
+
+def test_mlflow_candidate_params_name_the_layouts_of_a_wider_search() -> None:
+    from runtime.tracking.mlflow_runs import _candidate_params
+
+    res = tune(DSV3, "p5.48xlarge", SloSpec(), WorkloadSpec(), precision="bf16")
+    params = _candidate_params(res, res.best)
+    assert params["parallelism"] == "all" and params["weight_precision"] == "fp8"  # FP8 weights, bf16 KV
+    assert (params["prefill_layout"], params["decode_layout"]) == (res.best.prefill.label, res.best.decode.label)
+    plain = tune(L70, "H100-SXM", SloSpec(), WorkloadSpec(), parallelism="tp")
+    assert "prefill_layout" not in _candidate_params(plain, plain.best)
