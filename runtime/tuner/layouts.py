@@ -118,5 +118,6 @@ def pair_problem(model: ModelSpec, prefill: Layout, decode: Layout) -> str:
     if decode.pp > 1:
         return f"decode {decode.label}: NixlConnector decode workers refuse pipeline_parallel_size > 1"
     if not model.is_mla and prefill.tp > decode.tp:
-        return f"prefill TP > decode TP (NixlConnector, non-MLA): attention TP {prefill.tp} > {decode.tp}"
+        why = "prefill TP > decode TP (NixlConnector, non-MLA)"
+        return why if prefill.plain and decode.plain else f"{why}: attention TP {prefill.tp} > {decode.tp}"
     return ""
