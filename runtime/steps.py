@@ -345,6 +345,9 @@ def tune_step(
         runtime.models.spec.ModelConfigError: config.json lacks a field the model needs (named).
         runtime.tuner.search.InfeasibleSLOError: no candidate meets the SLO (message has the best TTFT/ITL).
         GpuBudgetError: the winner needs more GPUs than DeploymentSpec's planner.gpu_budget.
+        runtime.tuner.search.NotDeployableError: (a ValueError) plain TP has no feasible candidate and the
+            winner of the wider search (expert / data-parallel / multi-node workers) has no DeploymentSpec
+            form yet; the message names its layouts.
         ValueError: a bad parameter (`check_tune_parameters`: unknown GPU, precision, SLO, workload, gpu_budget,
             a registered model name MLflow refuses, a malformed traffic_trace_uri; checked first), or the spec
             cannot be rendered by promote (runtime.deploy.errors.ManifestError, before anything is logged).

@@ -65,6 +65,13 @@ worker's GPU count (TensorRT-LLM's ``tp_size`` = world size, which ``moe_ep_size
   model); per-sequence host work ``batch / tp`` per rank. Every step is assumed to spread its rows evenly
   over the ranks (true for the large batches of a throughput run, not for one lone prompt, which runs on one
   rank). Expert load imbalance and the activation memory of the gathered tokens are not modelled.
+* attention DP with EP may span nodes (``gpus_per_node`` < tp, ``inter_node_bw_bytes_per_s`` the network
+  share per GPU): each MoE collective's bytes to peers on other nodes go over the network, the rest over
+  NVLink, in parallel (``expert_traffic_s``). ``all2all="dispatch_combine"`` (DeepEP / pplx / NIXL EP)
+  replaces the all-gather / reduce-scatter pair by sending each row only to the ranks holding its experts,
+  with one hop's latency (``expert_traffic_bytes``). Pipeline stages and the worker-level layouts are in
+  ``runtime.perf.worker``.
+* ``kv_precision`` sizes the KV cache apart from the weights (a quantised checkpoint served with a bf16 cache).
 
 Pure: no I/O. All times in seconds, sizes in bytes, token counts in tokens.
 """
