@@ -334,7 +334,8 @@ def evaluate_workers(
     # decode: largest batch meeting ITL at the p90 context and fitting the KV (bisection; step time grows with B)
     itl_slo_s = slo.itl_p90_ms / 1e3
     mean_ctx = max(1, round(smp.mean_isl + mean_osl / 2))
-    b_kv = min(MAX_DECODE_BATCH, int(kv_cap // (smp.mean_isl + mean_osl)))
+    # vLLM's max_num_seqs bounds each engine: every DP rank of a data-parallel worker is one
+    b_kv = min(MAX_DECODE_BATCH * dw.layout.dp, int(kv_cap // (smp.mean_isl + mean_osl)))
     step1_s = dw.decode_step_time_s(1, max_ctx)
     batch = 0
     if step1_s <= itl_slo_s and b_kv >= 1:
@@ -625,8 +626,14 @@ def tune(
         big = max(allowed, default=min(tps))  # the arithmetic of the largest TP the rules allow
         mb = pm.memory_breakdown(big, gpu_memory_utilization)
         need = workload.isl_tokens + workload.osl_tokens
-        hint = "" if par == "all" or perf is not None else (
-            "; expert / data-parallel and multi-node layouts were not searched (parallelism 'tp')")
+        if perf is not None:
+            hint = ""
+        elif par != "all":
+            hint = "; expert / data-parallel and multi-node layouts were not searched (parallelism 'tp')"
+        else:  # the wider search found no decode worker either: say why decode cannot grow further
+            hint = ("; decode workers span nodes only through wide expert parallelism (MoE models): NixlConnector "
+                    "refuses pipelined decode workers and tensor parallelism stays inside a node"
+                    + ("" if net > 0 else f", and no network is known for {g.name} nodes"))
         raise ModelDoesNotFitError(
             f"{model.name} fits on no candidate on {g.name} ({shown}): at TP {big} per GPU "
             f"{mb.explain()}; one request needs {need} tokens x "

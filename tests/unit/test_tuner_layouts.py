@@ -132,3 +132,25 @@ def test_mlflow_candidate_params_name_the_layouts_of_a_wider_search() -> None:
     assert (params["prefill_layout"], params["decode_layout"]) == (res.best.prefill.label, res.best.decode.label)
     plain = tune(L70, "H100-SXM", SloSpec(), WorkloadSpec(), parallelism="tp")
     assert "prefill_layout" not in _candidate_params(plain, plain.best)
+
+
+def test_a_dense_model_no_node_holds_is_refused_with_the_decode_rule() -> None:
+    l405 = load_catalog_spec("llama-3.1-405b")
+    with pytest.raises(ModelDoesNotFitError, match="decode workers span nodes only through wide expert parallelism"):
+        tune(l405, "H100-SXM", SloSpec(), WorkloadSpec(), precision="bf16")
+
+
+def test_a_data_parallel_decode_worker_batches_up_to_max_num_seqs_per_rank() -> None:
+    from runtime.tuner.search import MAX_DECODE_BATCH, evaluate_layout_pair
+
+    node_net = get_instance("p5.48xlarge").network_bw_per_gpu_bytes_per_s
+
+    def perf_for(lay):
+        return PerfModel(DSV3, H100, "fp8", expert_parallel=lay.ep, attention_dp=lay.dp > 1,
+                         inter_node_bw_bytes_per_s=node_net)
+
+    loose = SloSpec(ttft_p90_ms=60_000, itl_p90_ms=2_000)
+    c = evaluate_layout_pair(perf_for, Layout(1, dp=32, ep=True), Layout(1, dp=32, ep=True), loose,
+                             WorkloadSpec(isl_tokens=200, osl_tokens=50), gpus_per_node=8,
+                             network_bw_per_gpu_bytes_per_s=node_net)
+    assert c.feasible and MAX_DECODE_BATCH < c.decode_batch <= 32 * MAX_DECODE_BATCH
