@@ -469,6 +469,19 @@ def perf_precisions(model: ModelSpec, precision: str) -> tuple[str, str | None]:
     return PERF_PRECISION[fmt], kv
 
 
+def deployment_perf(model: ModelSpec, gpu: GpuSpec, precision: str, **kw) -> PerfModel:
+    """The PerfModel of ``model`` deployed at ``precision`` on ``gpu``: the weights in the checkpoint's own format,
+    the KV cache at the deployment precision (``perf_precisions``). The one way the tuner, the champion
+    comparison and the runtime planner build it, so all three size the same deployment alike. ``kw`` goes to
+    PerfModel (layouts, network).
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    weights, kv = perf_precisions(model, precision)
+    return PerfModel(model, gpu, weights, kv_precision=kv, **kw)
+
+
 def _precision_notes(model: ModelSpec, g: GpuSpec, precision: str, weights: str, kv: str | None) -> list[str]:
     notes = []
     if model.precision_note:
@@ -584,8 +597,8 @@ def tune(
         def perf_for(layout: Layout) -> PerfModel:
             key = (layout.ep and bool(model.num_experts), layout.dp > 1)
             if key not in cache:
-                cache[key] = PerfModel(model, g, weights, kv_precision=kv, expert_parallel=key[0],
-                                       attention_dp=key[1], gpus_per_node=node, inter_node_bw_bytes_per_s=net)
+                cache[key] = deployment_perf(model, g, precision, expert_parallel=key[0], attention_dp=key[1],
+                                             gpus_per_node=node, inter_node_bw_bytes_per_s=net)
             return cache[key]
 
         pm = perf_for(Layout())

@@ -132,3 +132,17 @@ def test_kv_precision_is_separate_from_the_weights() -> None:
         m, h100, "fp8").kv_capacity_tokens(1)
     with pytest.raises(ValueError, match="unknown KV precision"):
         PerfModel(m, h100, "bf16", kv_precision="int3")
+
+
+def test_the_champion_comparison_and_the_runtime_planner_size_the_checkpoint_as_the_tuner() -> None:
+    from runtime.tuner.champion import champion_perf
+    from runtime.tuner.search import deployment_perf
+
+    m = load_catalog_spec("gpt-oss-120b")
+    res = tune(m, "H100-SXM", SloSpec(), WorkloadSpec(), precision="bf16", parallelism="tp")
+    spec = res.to_deployment_spec(ModelRef(name="gpt-oss"))
+    champ = champion_perf(m, spec)
+    assert (champ.precision, champ.kv_dtype_bytes) == ("fp4", 2.0)
+    assert champion_perf(m, spec, res.perf) is res.perf  # the same sizing: reused
+    assert deployment_perf(m, get_gpu("H100-SXM"), "bf16").weight_bytes_per_rank(1) == pytest.approx(
+        champ.weight_bytes_per_rank(1))
