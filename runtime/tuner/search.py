@@ -135,6 +135,7 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     perf: object = field(default=None, repr=False, compare=False)  # the PerfModel / ProfilePerf used
     parallelism: str = "tp"  # the search space used: tp or all (runtime.tuner.layouts)
+    plain_tp_feasible: bool = True  # some plain single-node TP pair meets the SLO (a spec can be written)
     weight_precision: str = ""  # the PerfModel precision the weights were costed at ("" = precision)
 
     def peak_replicas(self, peak_rate_per_s: float) -> tuple[int, int]:
@@ -168,10 +169,11 @@ class TuneResult:
         """
         b = self.best
         if not b.plain_tp:
+            how = ("tune with parallelism 'tp' for the best plain-TP deployment" if self.plain_tp_feasible
+                   else f"no plain single-node TP pair serves this workload on {self.gpu.name}")
             raise NotDeployableError(
                 f"the winner runs prefill {b.prefill.label} and decode {b.decode.label} workers: a DeploymentSpec "
-                "pool states a single-node TP degree only, so this layout cannot be written or promoted yet; "
-                "tune with parallelism 'tp' for the best plain-TP deployment")
+                f"pool states a single-node TP degree only, so this layout cannot be written or promoted yet; {how}")
         peak_p, peak_d = (0, 0) if peak_rate_per_s is None else self.peak_replicas(peak_rate_per_s)
         return DeploymentSpec(
             model=model_ref.model_copy(update={"mla": self.model.is_mla, "quantization": self.model.quant_method}),
@@ -541,7 +543,7 @@ def tune(
     gpu_memory_utilization: float = 0.9,
     perf: PerfModel | None = None,
     sample: LengthSample | None = None,
-    parallelism: str = "auto",
+    parallelism: str = "tp",
 ) -> TuneResult:
     """Search the prefill x decode worker layouts and pick the configuration with the highest goodput per GPU.
 
@@ -556,8 +558,11 @@ def tune(
         (e.g. with other efficiencies, or ``runtime.tuner.profiles.ProfilePerf`` for measured mode: plain TP
         only); sample: ISL/OSL pairs (e.g. a trace, ``runtime.tuner.workload.LengthSample``) used instead of
         the workload's mean lengths;
-        parallelism: ``tp``, ``all`` or ``auto`` (default: ``tp`` when plain TP has a feasible candidate,
-            else ``all``); see ``runtime.tuner.layouts`` for the layouts and the pair rules.
+        parallelism: ``tp`` (default), ``all`` or ``auto`` (``tp`` when plain TP has a feasible candidate, else
+            ``all``); see ``runtime.tuner.layouts`` for the layouts and the pair rules. The default is what a
+            DeploymentSpec states and what a caller that shows only ``prefill_tp`` / ``decode_tp`` can show;
+            ask for ``auto`` or ``all`` where the caller shows ``Candidate.prefill.label`` /
+            ``decode.label`` and ``TuneResult.notes`` and handles ``NotDeployableError``.
 
     Returns:
         TuneResult with every candidate, (prefill layout, decode layout) in search order (plain TP first:
@@ -612,7 +617,8 @@ def tune(
 
         par = check_parallelism(parallelism)
         cands = search("tp")
-        par = resolve_parallelism(par, any(c.feasible for c in cands))
+        plain_ok = any(c.feasible for c in cands)
+        par = resolve_parallelism(par, plain_ok)
         if par == "all":
             if parallelism.lower() == "auto":
                 notes.append("plain tensor parallelism has no feasible candidate: other layouts searched")
@@ -630,8 +636,9 @@ def tune(
         best = max(ok, key=lambda c: (-c.num_gpus, c.goodput_per_gpu, c.plain_tp, -c.decode_tp, -c.prefill_tp))
         if not best.plain_tp:
             notes += layout_arithmetic(perf_for, best, workload, gpu_memory_utilization, sample, node, net)
+        plain = plain_ok if perf is None else True
         return TuneResult(model, g, shown, slo, workload, cands, best, notes=notes, perf=pm, parallelism=par,
-                          weight_precision=weights)
+                          weight_precision=weights, plain_tp_feasible=plain)
 
     rated = [c for c in cands if c.reason.startswith("SLO miss")]
     if not rated:

@@ -57,9 +57,9 @@ def test_layout_and_pair_rules_are_named() -> None:
 
 def test_deepseek_v3_on_p5_tunes_across_nodes_with_its_arithmetic() -> None:
     prec = checkpoint_precision(DSV3)
-    with pytest.raises(ModelDoesNotFitError, match="not searched"):
-        tune(DSV3, "p5.48xlarge", SloSpec(), WorkloadSpec(), precision=prec, parallelism="tp")
-    res = tune(DSV3, "p5.48xlarge", SloSpec(), WorkloadSpec(), precision=prec)
+    with pytest.raises(ModelDoesNotFitError, match="multi-node layouts were not searched"):
+        tune(DSV3, "p5.48xlarge", SloSpec(), WorkloadSpec(), precision=prec)  # the default: tp
+    res = tune(DSV3, "p5.48xlarge", SloSpec(), WorkloadSpec(), precision=prec, parallelism="auto")
     b = res.best
     assert res.parallelism == "all" and b.feasible and not b.plain_tp
     assert b.prefill.gpus > 8 or b.decode.gpus > 8 or b.prefill.ep or b.decode.ep
@@ -67,8 +67,9 @@ def test_deepseek_v3_on_p5_tunes_across_nodes_with_its_arithmetic() -> None:
     arithmetic = [n for n in res.notes if n.startswith(("prefill ", "decode "))]
     assert len(arithmetic) == 2 and all("weights" in n and "KV tokens per worker" in n for n in arithmetic)
     assert any("p5.48xlarge, 50 GB/s network per GPU" in n for n in res.notes)
-    with pytest.raises(NotDeployableError, match="parallelism 'tp'"):
+    with pytest.raises(NotDeployableError, match="no plain single-node TP pair serves this workload on H100-SXM"):
         res.to_deployment_spec(ModelRef(name="ds"))
+    assert not res.plain_tp_feasible
 
 
 def test_expert_parallel_search_can_beat_plain_tp_for_a_moe_model() -> None:
@@ -76,6 +77,9 @@ def test_expert_parallel_search_can_beat_plain_tp_for_a_moe_model() -> None:
     every = tune(GPT_OSS, "H100-SXM", SloSpec(), WorkloadSpec(), parallelism="all")
     assert len(every.candidates) > len(tp.candidates)
     assert every.best.num_gpus <= tp.best.num_gpus  # plain TP is part of the wider search
+    if not every.best.plain_tp:  # a plain-TP pair exists: the refusal says how to get it
+        with pytest.raises(NotDeployableError, match="tune with parallelism 'tp'"):
+            every.to_deployment_spec(ModelRef(name="gpt-oss"))
 
 
 def test_pipelined_worker_by_hand() -> None:
@@ -126,7 +130,7 @@ def test_moe_traffic_on_and_off_the_node_by_hand() -> None:
 def test_mlflow_candidate_params_name_the_layouts_of_a_wider_search() -> None:
     from runtime.tracking.mlflow_runs import _candidate_params
 
-    res = tune(DSV3, "p5.48xlarge", SloSpec(), WorkloadSpec(), precision="bf16")
+    res = tune(DSV3, "p5.48xlarge", SloSpec(), WorkloadSpec(), precision="bf16", parallelism="auto")
     params = _candidate_params(res, res.best)
     assert params["parallelism"] == "all" and params["weight_precision"] == "fp8"  # FP8 weights, bf16 KV
     assert (params["prefill_layout"], params["decode_layout"]) == (res.best.prefill.label, res.best.decode.label)
@@ -137,7 +141,7 @@ def test_mlflow_candidate_params_name_the_layouts_of_a_wider_search() -> None:
 def test_a_dense_model_no_node_holds_is_refused_with_the_decode_rule() -> None:
     l405 = load_catalog_spec("llama-3.1-405b")
     with pytest.raises(ModelDoesNotFitError, match="decode workers span nodes only through wide expert parallelism"):
-        tune(l405, "H100-SXM", SloSpec(), WorkloadSpec(), precision="bf16")
+        tune(l405, "H100-SXM", SloSpec(), WorkloadSpec(), precision="bf16", parallelism="auto")
 
 
 def test_a_data_parallel_decode_worker_batches_up_to_max_num_seqs_per_rank() -> None:
