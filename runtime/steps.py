@@ -67,13 +67,17 @@ AUTO_PRECISION = "auto"
 
 
 def checkpoint_precision(model: "ModelSpec") -> str:
-    """The precision a checkpoint is tuned at when none is chosen: `fp8` when it is an FP8 checkpoint
-    (config.json `quantization_config.quant_method` `fp8`, or a TensorRT Model Optimizer checkpoint whose
-    `quant_algo` is `FP8`, also from `hf_quant_config.json`: runtime.modelfiles.load), else `bf16`.
+    """The deployment precision a checkpoint is tuned at when none is chosen: `fp8` when its weights are FP8
+    (config.json `quantization_config.quant_method` `fp8` / `fbgemm_fp8`, a TensorRT Model Optimizer
+    `quant_algo` `FP8`, also from `hf_quant_config.json`: runtime.modelfiles.load) or it carries FP8 KV-cache
+    scales (ModelOpt `kv_cache_quant_algo` `FP8`), else `bf16` (`runtime.models.quant.detect_precision`).
 
-    One rule for `pdserve tune` (no --precision) and the pipeline's tune step (precision `auto`).
+    The deployment precision is the KV-cache dtype (and online FP8 quantisation of a 16-bit checkpoint,
+    runtime.deploy.workers.precision_args); a quantised checkpoint's weights keep their own format either way,
+    and the tuner sizes them so (`runtime.tuner.search.tune`). One rule for `pdserve tune` (no --precision)
+    and the pipeline's tune step (precision `auto`).
     """
-    fp8 = model.quant_method == "fp8" or (model.quant_method == "modelopt" and model.quant_algo == "FP8")
+    fp8 = model.weight_format in ("fp8", "fp8-block") or model.kv_cache_format == "fp8"
     return "fp8" if fp8 else "bf16"
 
 
@@ -341,6 +345,9 @@ def tune_step(
         runtime.models.spec.ModelConfigError: config.json lacks a field the model needs (named).
         runtime.tuner.search.InfeasibleSLOError: no candidate meets the SLO (message has the best TTFT/ITL).
         GpuBudgetError: the winner needs more GPUs than DeploymentSpec's planner.gpu_budget.
+        runtime.tuner.search.NotDeployableError: (a ValueError) plain TP has no feasible candidate and the
+            winner of the wider search (expert / data-parallel / multi-node workers) has no DeploymentSpec
+            form yet; the message names its layouts.
         ValueError: a bad parameter (`check_tune_parameters`: unknown GPU, precision, SLO, workload, gpu_budget,
             a registered model name MLflow refuses, a malformed traffic_trace_uri; checked first), or the spec
             cannot be rendered by promote (runtime.deploy.errors.ManifestError, before anything is logged).

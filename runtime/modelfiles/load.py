@@ -49,7 +49,8 @@ def load_model_spec(path: Path, name: str | None = None) -> ModelSpec:
 def _modelopt_quant_config(path: Path, name: str) -> dict | None:
     """The quantization of a checkpoint that keeps it beside config.json in ``hf_quant_config.json``
     (TensorRT Model Optimizer 0.29 and before, e.g. nvidia/Llama-3.1-70B-Instruct-FP8), as a
-    ``quantization_config``: ``{"quant_method": "modelopt", "quant_algo": "FP8"}``. vLLM reads the same file
+    ``quantization_config``: ``{"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}``
+    (the KV algorithm only when the file names one). vLLM reads the same file
     when config.json has no quantization_config (vllm/transformers_utils/config.py). None when there is no
     such file.
 
@@ -65,4 +66,8 @@ def _modelopt_quant_config(path: Path, name: str) -> dict | None:
         raise ModelConfigError(f"{name}: {path} is not a readable ModelOpt hf_quant_config.json "
                                f"(quantization.quant_algo): {type(e).__name__}: {e}") from e
     producer = (q.get("producer") or {}).get("name") if isinstance(q.get("producer"), dict) else None
-    return {"quant_method": producer or "modelopt", "quant_algo": algo}
+    out = {"quant_method": producer or "modelopt", "quant_algo": algo}
+    kv = q["quantization"].get("kv_cache_quant_algo")
+    if kv is not None:
+        out["kv_cache_quant_algo"] = kv
+    return out

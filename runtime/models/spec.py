@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.models.quant import CheckpointPrecision, detect_precision
+
 # Config keys of architectures whose layers this module cannot count (state-space / hybrid / linear
 # attention). Seeing one is an error naming it rather than a silently wrong parameter count.
 UNSUPPORTED_ARCHITECTURE_KEYS = (
@@ -115,6 +117,11 @@ class ModelSpec:
     num_sliding_layers: int = 0
     quant_method: str = ""  # from config.json quantization_config (fp8, mxfp4, modelopt, ...), "" if none
     quant_algo: str = ""  # quantization_config.quant_algo (ModelOpt: FP8, NVFP4, ...), "" if none
+    # what the checkpoint stores (runtime.models.quant.detect_precision): weights bf16 / fp8 / fp8-block /
+    # mxfp4 / nvfp4 / unknown, KV "fp8" when it carries FP8 KV scales, and a note when it cannot be told
+    weight_format: str = "bf16"
+    kv_cache_format: str = ""
+    precision_note: str = ""
     max_position_embeddings: int = 0  # longest context the model was trained for, tokens; 0 if not given
     # longest context vLLM serves from this config (RoPE scaling applied, see `derived_max_model_len`); 0 if
     # the config gives no max_position_embeddings
@@ -283,10 +290,16 @@ class ModelSpec:
             or (_bool(c, "use_qk_norm", False, name) and not model_type.startswith("llama4")),
             quant_method=_quant_method(quant, name),
             quant_algo=_quant_algo(quant, name),
+            **_precision_fields(quant, name),
             max_position_embeddings=int(c.get("max_position_embeddings") or 0),
             max_context_tokens=derived_max_model_len(c, model_type, name),
             **kw,
         )
+
+    @property
+    def checkpoint_precision(self) -> CheckpointPrecision:
+        """What the checkpoint stores (``runtime.models.quant``): weight format, KV scales, note."""
+        return CheckpointPrecision(self.weight_format, self.kv_cache_format, self.quant_method, self.precision_note)
 
     # ------------------------------------------------------------------ parameter counts
     @property
@@ -517,6 +530,13 @@ def _quant_algo(quant: Any, name: str) -> str:
     if not isinstance(v, str):
         raise ModelConfigError(f"{name}: field quantization_config.quant_algo must be a string, got {_short(v)}")
     return v.upper()
+
+
+def _precision_fields(quant: Any, name: str) -> dict[str, str]:
+    """``weight_format`` / ``kv_cache_format`` / ``precision_note`` of ``quantization_config`` (already checked
+    to be an object by ``_quant_method``)."""
+    p = detect_precision(quant, name)
+    return {"weight_format": p.weights, "kv_cache_format": p.kv_cache, "precision_note": p.note}
 
 
 def _needs_dense_ffn(c: dict[str, Any], num_experts: int) -> bool:

@@ -65,6 +65,13 @@ worker's GPU count (TensorRT-LLM's ``tp_size`` = world size, which ``moe_ep_size
   model); per-sequence host work ``batch / tp`` per rank. Every step is assumed to spread its rows evenly
   over the ranks (true for the large batches of a throughput run, not for one lone prompt, which runs on one
   rank). Expert load imbalance and the activation memory of the gathered tokens are not modelled.
+* attention DP with EP may span nodes (``gpus_per_node`` < tp, ``inter_node_bw_bytes_per_s`` the network
+  share per GPU): each MoE collective's bytes to peers on other nodes go over the network, the rest over
+  NVLink, in parallel (``expert_traffic_s``). ``all2all="dispatch_combine"`` (DeepEP / pplx / NIXL EP)
+  replaces the all-gather / reduce-scatter pair by sending each row only to the ranks holding its experts,
+  with one hop's latency (``expert_traffic_bytes``). Pipeline stages and the worker-level layouts are in
+  ``runtime.perf.worker``.
+* ``kv_precision`` sizes the KV cache apart from the weights (a quantised checkpoint served with a bf16 cache).
 
 Pure: no I/O. All times in seconds, sizes in bytes, token counts in tokens.
 """
@@ -78,6 +85,7 @@ from runtime.models.spec import ModelSpec
 from runtime.perf.calibration import Efficiency, efficiency_for
 from runtime.perf.collectives import nccl_allreduce_s, nccl_latencies
 from runtime.perf.gpus import GpuSpec
+from runtime.perf.precision import format_support
 
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}
 # OCP Microscaling (MX) v1.0: 32 FP4 values share one 8-bit exponent scale = 4.25 bits per value.
@@ -107,6 +115,10 @@ MOE_COPY_HIDDEN_VALUES = 3
 # mem_fraction_static); "of_free": knob x (total - weights - activations - reserve) (TensorRT-LLM
 # KvCacheConfig.free_gpu_memory_fraction, default 0.9, applied to the memory free after the model is loaded).
 KV_MEMORY_RULES = {"vllm": "of_total", "sglang": "of_total", "trtllm": "of_free"}
+# How an attention-DP + EP worker moves each MoE layer's tokens (``PerfModel(all2all=)``): vLLM 0.28
+# ``--all2all-backend`` (vllm/config/parallel.py; default allgather_reducescatter) groups into the NCCL
+# all-gather / reduce-scatter pair and the dispatch / combine kernels (deepep_*, pplx, nixl_ep, mori_*).
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "dispatch_combine")
 # Serving backends whose executor prepares step i+1 on the host while the GPU runs step i (TensorRT-LLM PyTorch
 # backend overlap scheduler, on by default: ``disable_overlap_scheduler=False``): their per-sequence host work
 # (scheduling, sampling, request bookkeeping, ``decode_seq_overhead_s`` per sequence) bounds the step from
@@ -201,9 +213,18 @@ class PerfModel:
             rank holds all non-expert weights and runs its own share of the sequences (TensorRT-LLM
             ``enable_attention_dp``). Default False. The MoE block gathers the tokens of all ranks and runs
             them on whole experts (with ``expert_parallel``) or on every expert's ``1/tp`` shard (without).
+        kv_precision: KV-cache precision when it differs from the weights' (e.g. an MXFP4 or FP8 checkpoint
+            served with a bf16 KV cache, vLLM's default ``--kv-cache-dtype auto``); default: as above.
+        all2all: how an attention-DP worker moves tokens to its experts and back (``ALL2ALL_BACKENDS``):
+            ``allgather_reducescatter`` (default; vLLM 0.28's default and TensorRT-LLM's) or
+            ``dispatch_combine`` (DeepEP / pplx / NIXL EP, with ``expert_parallel``).
+        gpus_per_node: GPUs one node holds (default ``gpu.num_gpus_per_node``): an attention-DP worker of
+            more GPUs spans nodes, and its MoE traffic to other nodes runs at ``inter_node_bw_bytes_per_s``.
+        inter_node_bw_bytes_per_s: network bandwidth per GPU between nodes, bytes/s (EFA:
+            ``runtime.perf.instances.InstanceType.network_bw_per_gpu_bytes_per_s``); 0: none known.
 
     Raises:
-        ValueError: unknown precision.
+        ValueError: unknown precision or KV precision.
     """
 
     def __init__(
@@ -215,6 +236,10 @@ class PerfModel:
         backend: str = "vllm",
         expert_parallel: bool = False,
         attention_dp: bool = False,
+        kv_precision: str | None = None,
+        all2all: str = "allgather_reducescatter",
+        gpus_per_node: int | None = None,
+        inter_node_bw_bytes_per_s: float = 0.0,
     ) -> None:
         p = precision.lower()
         if p not in WEIGHT_BYTES:
@@ -222,16 +247,27 @@ class PerfModel:
         self.model = model
         self.gpu = gpu
         self.precision = p
-        # MXFP4 checkpoints (gpt-oss) quantise only the expert weights and run the expert GEMMs with 8-bit
-        # (Blackwell: MXFP4 x MXFP8) or 16-bit activations, not on the NVFP4 tensor-core path (TensorRT-LLM
-        # gpt-oss deployment guide; vLLM gpt-oss recipe): their GEMMs are costed at the fp8 rate.
-        self.compute_precision = "fp8" if p == "fp4" and model.quant_method == "mxfp4" else p
+        # 4-bit weights: MXFP4 checkpoints (gpt-oss) quantise only the expert weights and run the expert GEMMs
+        # with 8-bit activations on Blackwell (MXFP4 x MXFP8), not on the NVFP4 tensor-core path (TensorRT-LLM
+        # gpt-oss deployment guide; vLLM gpt-oss recipe); GPUs without FP4 tensor cores run either format
+        # weight-only (Marlin / Triton W4A16) at the bf16 rate (runtime.perf.precision.format_support).
+        self.compute_precision = p
+        if p == "fp4":
+            fmt = "mxfp4" if model.weight_format == "mxfp4" else "nvfp4"
+            self.compute_precision = format_support(gpu, fmt).compute_precision
         self.backend = backend.lower()
         self.expert_parallel = bool(expert_parallel) and bool(model.num_experts)
         self.attention_dp = bool(attention_dp)
+        if all2all not in ALL2ALL_BACKENDS:
+            raise ValueError(f"unknown all2all {all2all!r}; expected one of {', '.join(ALL2ALL_BACKENDS)}")
+        self.all2all = all2all
+        self.gpus_per_node = int(gpus_per_node or gpu.num_gpus_per_node)
+        self.inter_node_bw_bytes_per_s = float(inter_node_bw_bytes_per_s)
         self.eff = efficiency or efficiency_for(gpu, self.compute_precision, self.backend)
         self.weight_dtype_bytes = WEIGHT_BYTES[p]
-        self.kv_dtype_bytes = KV_BYTES[p]
+        if kv_precision is not None and kv_precision.lower() not in KV_BYTES:
+            raise ValueError(f"unknown KV precision {kv_precision!r}; expected one of {sorted(KV_BYTES)}")
+        self.kv_dtype_bytes = KV_BYTES[(kv_precision or p).lower()]
         m = model
         if m.is_mla:
             self._qk_dim, self._v_dim = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
@@ -258,7 +294,7 @@ class PerfModel:
         embed = m.vocab_size * m.hidden_size
         lm_head = 0 if m.tie_word_embeddings else embed
         self._wide_dtype_bytes = 2.0 if p in ("fp8", "fp4") else self.weight_dtype_bytes
-        if p == "fp4" and m.quant_method == "mxfp4":
+        if p == "fp4" and m.weight_format == "mxfp4":
             self.weight_dtype_bytes = MXFP4_BYTES
             wide_non_expert = self._non_expert_params
         elif p in ("fp8", "fp4"):
@@ -272,7 +308,7 @@ class PerfModel:
         # additionally quantizes the wo module in attention layers"; the MLA projections stay FP8 as in
         # DeepSeek's own checkpoint): their bytes and GEMMs are costed at the fp8 width and rate.
         fp8_attn = (m.num_layers * m.attention_params_per_layer
-                    if p == "fp4" and m.is_mla and m.quant_method != "mxfp4" else 0)
+                    if p == "fp4" and m.is_mla and m.weight_format != "mxfp4" else 0)
         self._fp8_attention_params = fp8_attn
         attn_extra_bytes = fp8_attn * (WEIGHT_BYTES["fp8"] - self.weight_dtype_bytes)
         self._resident_bytes = (
@@ -354,8 +390,11 @@ class PerfModel:
         return int(kv // self.kv_bytes_per_token_rank(tp))
 
     def fits(self, tp: int, gpu_memory_utilization: float = 0.9) -> bool:
-        """True when ``tp`` GPUs fit in one node and leave room for at least one KV block (16 tokens)."""
-        return tp <= self.gpu.num_gpus_per_node and (
+        """True when the worker's ``tp`` GPUs fit in one node (``gpus_per_node``; an attention-DP worker may
+        span nodes when the network bandwidth between them is known) and leave room for at least one KV
+        block (16 tokens)."""
+        spans_ok = self.attention_dp and self.inter_node_bw_bytes_per_s > 0
+        return (tp <= self.gpus_per_node or spans_ok) and (
             self.kv_capacity_tokens(tp, gpu_memory_utilization) >= MIN_KV_TOKENS
         )
 
@@ -374,12 +413,25 @@ class PerfModel:
         if self.attention_dp:
             # no all-reduce after attention or dense MLPs (replicated); each MoE layer all-gathers the hidden
             # states of all ranks before the experts and reduce-scatters their output (TensorRT-LLM fused MoE
-            # with attention DP: allgather / reducescatter): each moves (tp-1)/tp of the message, half an
-            # all-reduce's ring bytes, costed with the same protocol model.
+            # with attention DP: allgather / reducescatter; vLLM 0.28's default ``--all2all-backend
+            # allgather_reducescatter``): each moves (tp-1)/tp of the message, half an all-reduce's ring bytes,
+            # costed with the same protocol model; or dispatch / combine (``all2all="dispatch_combine"``,
+            # ``expert_traffic_bytes``).
             n = 2 * (self.model.num_moe_layers if self.model.num_experts else 0)
             if n == 0:
                 return {"comm_s": 0.0}
-            x = (tp - 1) / tp * msg / self.gpu.allreduce_bus_bw_bytes_per_s
+            x = self.expert_traffic_s(tokens, tp)
+            crosses = tp > self.gpus_per_node
+            if self.all2all == "dispatch_combine" and self.expert_parallel:
+                # every rank writes to its peers directly (DeepEP / NIXL EP put their rows into the peers'
+                # buffers): one hop's latency, not a ring's 2 (tp-1) steps; NCCL's LL base + one hop
+                lat_ll, lat_simple = nccl_latencies(2, self.gpu.has_nvlink and not crosses)
+                one = lat_ll + x / self.eff.comm + self.eff.allreduce_latency_s
+            else:
+                lat_ll, lat_simple = nccl_latencies(tp, self.gpu.has_nvlink and not crosses)
+                one = nccl_allreduce_s(x / self.eff.comm, lat_ll, lat_simple) + self.eff.allreduce_latency_s
+            return {"comm_s": n * one, "comm_peak_s": n * x, "num_allreduces": float(n),
+                    "allreduce_ll_latency_s": lat_ll, "allreduce_simple_latency_s": lat_simple}
         else:
             n = 2 * self.model.num_layers
             x = 2 * (tp - 1) / tp * msg / self.gpu.allreduce_bus_bw_bytes_per_s
@@ -387,6 +439,44 @@ class PerfModel:
         one = nccl_allreduce_s(x / self.eff.comm, lat_ll, lat_simple) + self.eff.allreduce_latency_s
         return {"comm_s": n * one, "comm_peak_s": n * x, "num_allreduces": float(n),
                 "allreduce_ll_latency_s": lat_ll, "allreduce_simple_latency_s": lat_simple}
+
+    def expert_traffic_bytes(self, tokens: float, tp: int) -> tuple[float, float]:
+        """(on-node, off-node) bytes ONE rank sends in one MoE collective of an attention-DP worker of ``tp``
+        ranks over ``tokens`` rows (all ranks together), bf16 hidden states.
+
+        ``allgather_reducescatter``: every rank receives every other rank's rows, ``(tp-1)/tp x tokens x hidden
+        x 2``. ``dispatch_combine`` (DeepEP / pplx / NIXL EP kernels, expert parallelism only): a rank sends
+        each of its ``tokens / tp`` rows once to every OTHER rank that holds one of its ``top_k`` experts,
+        ``(tp-1) (1 - (1 - 1/tp)^k)`` ranks on average for uniformly routed tokens (experts spread evenly,
+        ``E / tp`` per rank); FP8 experts dispatch 1 + 4/128 bytes a value and combine 2 (the figure is the
+        mean of the pair). Peers off the node: ``(tp - gpus_per_node) / (tp - 1)`` of them."""
+        _check_tp(tp)
+        m, row = self.model, self.model.hidden_size * ACT_BYTES
+        if self.all2all == "dispatch_combine" and self.expert_parallel:
+            peers = (tp - 1) * (1.0 - (1.0 - 1.0 / tp) ** m.num_experts_per_tok)
+            if self.compute_precision == "fp8":
+                # FP8 experts: the rows are dispatched in FP8 with one fp32 scale per 128 values (DeepEP
+                # ``use_fp8`` dispatch; DeepSeek-V3 report section 3.3) and combined in bf16: the mean of the two
+                row = m.hidden_size * ((1.0 + 4.0 / 128) + ACT_BYTES) / 2
+            total = tokens / tp * peers * row
+        else:
+            total = (tp - 1) / tp * tokens * row
+        off = max(0, tp - self.gpus_per_node) / (tp - 1) if tp > 1 else 0.0
+        return total * (1.0 - off), total * off
+
+    def expert_traffic_s(self, tokens: float, tp: int) -> float:
+        """Seconds ONE MoE collective of an attention-DP worker takes at full bandwidth (no latency):
+        on-node bytes over the NVLink bus bandwidth and off-node bytes over the GPU's share of the node's
+        network (``inter_node_bw_bytes_per_s``, EFA), in parallel: the slower of the two. A worker that
+        crosses nodes without a network bandwidth is an error."""
+        on, off = self.expert_traffic_bytes(tokens, tp)
+        on_s = on / self.gpu.allreduce_bus_bw_bytes_per_s
+        if off <= 0:
+            return on_s
+        if self.inter_node_bw_bytes_per_s <= 0:
+            raise ValueError(f"a {tp}-GPU worker spans nodes of {self.gpus_per_node} GPUs: give "
+                             "inter_node_bw_bytes_per_s (the network bandwidth per GPU)")
+        return max(on_s, off / self.inter_node_bw_bytes_per_s)
 
     def gemm_efficiency(self, tokens: float) -> float:
         """Fraction of the compute efficiency a GEMM with ``tokens`` rows reaches: ``m / (m + h)`` with

@@ -399,10 +399,12 @@ def planner_from_spec(spec: DeploymentSpec, model_config: dict) -> PlannerStateM
     if cfg.mode == "sla":
         from runtime.models.spec import ModelSpec
         from runtime.perf.gpus import get_gpu
-        from runtime.perf.model import PerfModel
         from runtime.planner.profiles import build_profile
+        from runtime.tuner.search import deployment_perf
 
-        perf = PerfModel(ModelSpec.from_hf_config(model_config, spec.model.name), get_gpu(spec.gpu), spec.precision)
+        # as the tuner sized it: a quantised checkpoint's weights in their own format, KV at spec.precision
+        perf = deployment_perf(ModelSpec.from_hf_config(model_config, spec.model.name), get_gpu(spec.gpu),
+                               spec.precision)
         profile = build_profile(perf, spec.prefill.tp, spec.decode.tp,
                                 gpu_memory_utilization=spec.engine.gpu_memory_utilization)
     return PlannerStateMachine(cfg, profile, initial_prefill=spec.prefill.replicas, initial_decode=spec.decode.replicas)

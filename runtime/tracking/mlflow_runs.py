@@ -36,7 +36,7 @@ from runtime.config import DeploymentSpec, ModelRef
 from runtime.tracking.plots import pareto_html, pareto_png
 from runtime.tracking.profiles_io import write_profiles
 from runtime.tuner.profiles import build_profiles
-from runtime.tuner.search import Candidate, TuneResult
+from runtime.tuner.search import Candidate, TuneResult, deployment_perf
 
 if TYPE_CHECKING:
     from runtime.tuner.champion import ChampionComparison
@@ -150,7 +150,7 @@ def _experiment_id(client, experiment: str, artifacts_dir: Path | None) -> str:
 
 
 def _candidate_params(result: TuneResult, c: Candidate) -> dict[str, str]:
-    return {
+    params = {
         "model": result.model.name,
         "gpu": result.gpu.name,
         "precision": result.precision,
@@ -162,6 +162,11 @@ def _candidate_params(result: TuneResult, c: Candidate) -> dict[str, str]:
         "osl_tokens": str(result.workload.osl_tokens),
         "request_rate_per_s": f"{result.workload.request_rate_per_s:g}",
     }
+    if result.parallelism != "tp":  # a wider search: prefill_tp / decode_tp are GPUs per worker, say how
+        params.update(parallelism=result.parallelism, prefill_layout=c.prefill.label, decode_layout=c.decode.label)
+    if result.weight_precision and result.weight_precision != result.precision:  # e.g. MXFP4 weights, bf16 KV
+        params["weight_precision"] = result.weight_precision
+    return params
 
 
 def _candidate_metrics(c: Candidate) -> dict[str, float]:
@@ -349,15 +354,15 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
             png = pareto_png(result, t / "pareto.png")
             (t / "pareto.html").write_text(pareto_html(result, png))
             (t / "candidates.md").write_text(result.markdown_table())
-            from runtime.perf.model import PerfModel
             from runtime.tuner.profiles import ProfilePerf
 
             if isinstance(result.perf, ProfilePerf):  # measured mode: log the measurements
                 prof = result.perf.profiles
             else:
-                prof = build_profiles(result.perf or PerfModel(result.model, result.gpu, result.precision),
-                                      tuple(sorted({c.prefill_tp for c in result.candidates})),
-                                      tuple(sorted({c.decode_tp for c in result.candidates})))
+                # profiles of plain-TP workers only (a planner scales those; other layouts have no profile yet)
+                prof = build_profiles(result.perf or deployment_perf(result.model, result.gpu, result.precision),
+                                      tuple(sorted({c.prefill_tp for c in result.candidates if c.plain_tp})),
+                                      tuple(sorted({c.decode_tp for c in result.candidates if c.plain_tp})))
             write_profiles(prof, t / "profiles")
             for name in ("pareto.png", "pareto.html", "candidates.md"):
                 client.log_artifact(pid, str(t / name))

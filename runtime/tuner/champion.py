@@ -29,7 +29,7 @@ from runtime.config import DeploymentSpec, SloSpec, WorkloadSpec
 from runtime.models.spec import ModelSpec
 from runtime.perf.instances import usd_per_gpu_hour
 from runtime.perf.model import PerfModel
-from runtime.tuner.search import Candidate, evaluate, resolve_gpu
+from runtime.tuner.search import Candidate, deployment_perf, evaluate, resolve_gpu
 from runtime.tuner.workload import LengthSample
 
 DEFAULT_MIN_IMPROVEMENT_PCT = 5.0  # `pdserve tune --min-improvement-pct` default, percent
@@ -62,7 +62,8 @@ class ChampionComparison:
 
 
 def champion_perf(model: ModelSpec, spec: DeploymentSpec, challenger_perf: PerfModel | None = None) -> PerfModel:
-    """The performance model of the champion ``spec``'s GPU and precision for ``model`` (the challenger's model).
+    """The performance model of the champion ``spec``'s GPU and precision for ``model`` (the challenger's model),
+    as the tuner builds it (``runtime.tuner.search.deployment_perf``: a quantised checkpoint's own weights).
 
     ``challenger_perf`` is reused when it is a PerfModel of the same model, GPU and precision (so both sides see
     the same calibration).
@@ -72,9 +73,11 @@ def champion_perf(model: ModelSpec, spec: DeploymentSpec, challenger_perf: PerfM
     """
     gpu = resolve_gpu(spec.gpu)
     p = challenger_perf
-    if isinstance(p, PerfModel) and p.model is model and p.gpu.name == gpu.name and p.precision == spec.precision:
+    want = deployment_perf(model, gpu, spec.precision)
+    if isinstance(p, PerfModel) and p.model is model and p.gpu.name == gpu.name and (p.precision, p.kv_dtype_bytes) == (
+            want.precision, want.kv_dtype_bytes):
         return p
-    return PerfModel(model, gpu, spec.precision)
+    return want
 
 
 def _cost_per_hour(gpu: str, prefill_tp: int, decode_tp: int, n_p: int, n_d: int) -> float | None:

@@ -28,10 +28,14 @@ import math
 from dataclasses import dataclass, field, replace
 
 from runtime.config import TP_DEGREES, DeploymentSpec, EngineSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
+from runtime.models.quant import PERF_PRECISION
 from runtime.models.spec import ModelSpec
 from runtime.perf.gpus import GpuSpec, get_gpu
-from runtime.perf.instances import get_instance, usd_per_gpu_hour
+from runtime.perf.instances import get_instance, instance_for, usd_per_gpu_hour
 from runtime.perf.model import PerfModel
+from runtime.perf.precision import format_support
+from runtime.perf.worker import Layout, WorkerPerf
+from runtime.tuner.layouts import check_parallelism, layout_problem, layouts, pair_problem, resolve_parallelism
 from runtime.tuner.queueing import max_rate_under_ttft_mg1, mg1_wait_quantile_s
 from runtime.tuner.workload import LengthSample, quantile
 
@@ -53,6 +57,10 @@ class InfeasibleSLOError(TuningError):
 
 class ModelDoesNotFitError(TuningError):
     """No candidate TP holds the weights and one request's KV; the message shows the memory arithmetic."""
+
+
+class NotDeployableError(TuningError):
+    """The winner's layout (expert / data-parallel / pipeline / multi-node) has no DeploymentSpec form yet."""
 
 
 class ContextTooLongError(TuningError):
@@ -85,10 +93,32 @@ class Candidate:
     num_gpus: int = 0
     usd_per_mtok: float | None = None
     kv_capacity_tokens: int = 0  # per decode worker
+    # parallel layouts of the two pools (runtime.perf.worker.Layout); None: plain TP of prefill_tp / decode_tp
+    # GPUs. With a layout, prefill_tp / decode_tp are the GPUs of one worker (tp x dp x pp).
+    prefill_layout: Layout | None = None
+    decode_layout: Layout | None = None
+    prefill_kv_capacity_tokens: int = 0  # per prefill worker (0: not computed)
+
+    @property
+    def prefill(self) -> Layout:
+        """The prefill workers' layout."""
+        return self.prefill_layout or Layout(tp=self.prefill_tp)
+
+    @property
+    def decode(self) -> Layout:
+        """The decode workers' layout."""
+        return self.decode_layout or Layout(tp=self.decode_tp)
+
+    @property
+    def plain_tp(self) -> bool:
+        """Both pools are plain single-node tensor parallelism (what a DeploymentSpec states today)."""
+        return self.prefill.plain and self.decode.plain
 
     @property
     def label(self) -> str:
-        return f"p{self.prefill_tp}d{self.decode_tp}"
+        if self.plain_tp:
+            return f"p{self.prefill_tp}d{self.decode_tp}"
+        return f"p[{self.prefill.label}]d[{self.decode.label}]"
 
 
 @dataclass
@@ -104,6 +134,9 @@ class TuneResult:
     best: Candidate
     notes: list[str] = field(default_factory=list)
     perf: object = field(default=None, repr=False, compare=False)  # the PerfModel / ProfilePerf used
+    parallelism: str = "tp"  # the search space used: tp or all (runtime.tuner.layouts)
+    plain_tp_feasible: bool = True  # some plain single-node TP pair meets the SLO (a spec can be written)
+    weight_precision: str = ""  # the PerfModel precision the weights were costed at ("" = precision)
 
     def peak_replicas(self, peak_rate_per_s: float) -> tuple[int, int]:
         """(prefill, decode) workers of the winner that serve ``peak_rate_per_s`` requests/s within the SLO:
@@ -129,9 +162,18 @@ class TuneResult:
 
         Raises:
             pydantic.ValidationError: when the precision is not one DeploymentSpec accepts (bf16/fp8).
+            NotDeployableError: the winner uses expert / data-parallel / pipeline / multi-node layouts, which a
+                DeploymentSpec pool (``tp`` only) cannot state yet (message: the layouts, and how to tune a
+                plain-TP winner).
             ValueError: a bad ``peak_rate_per_s``.
         """
         b = self.best
+        if not b.plain_tp:
+            how = ("tune with parallelism 'tp' for the best plain-TP deployment" if self.plain_tp_feasible
+                   else f"no plain single-node TP pair serves this workload on {self.gpu.name}")
+            raise NotDeployableError(
+                f"the winner runs prefill {b.prefill.label} and decode {b.decode.label} workers: a DeploymentSpec "
+                f"pool states a single-node TP degree only, so this layout cannot be written or promoted yet; {how}")
         peak_p, peak_d = (0, 0) if peak_rate_per_s is None else self.peak_replicas(peak_rate_per_s)
         return DeploymentSpec(
             model=model_ref.model_copy(update={"mla": self.model.is_mla, "quantization": self.model.quant_method}),
@@ -159,14 +201,16 @@ class TuneResult:
         caps = []
         if self.best.kv_capacity_tokens:
             caps.append(self.best.kv_capacity_tokens)
-        if isinstance(self.perf, PerfModel):
+        if self.best.prefill_kv_capacity_tokens:
+            caps.append(self.best.prefill_kv_capacity_tokens)
+        elif isinstance(self.perf, PerfModel):
             caps.append(self.perf.kv_capacity_tokens(self.best.prefill_tp))
         return max(min([want, *caps]), need)
 
     def markdown_table(self) -> str:
         """All candidates as a GitHub-flavoured Markdown table, winner marked with a star."""
         head = (
-            "| | prefill TP | decode TP | TTFT p90 ms | ITL p90 ms | decode batch | goodput/GPU req/s "
+            "| | prefill | decode | TTFT p90 ms | ITL p90 ms | decode batch | goodput/GPU req/s "
             "| P:D replicas | GPUs | $/Mtok | status |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|\n"
         )
@@ -175,7 +219,7 @@ class TuneResult:
             star = "★" if c == self.best else ""
             usd = "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.3f}"
             rows.append(
-                f"| {star} | {c.prefill_tp} | {c.decode_tp} | {_fmt(c.ttft_ms)} | {_fmt(c.itl_ms)} | "
+                f"| {star} | {c.prefill.label} | {c.decode.label} | {_fmt(c.ttft_ms)} | {_fmt(c.itl_ms)} | "
                 f"{c.decode_batch} | {c.goodput_per_gpu:.3f} | {c.prefill_replicas}:{c.decode_replicas} | "
                 f"{c.num_gpus} | {usd} | {'ok' if c.feasible else c.reason} |"
             )
@@ -222,19 +266,66 @@ def evaluate(
             return replace(c, reason=f"weights do not fit at TP {tp}")
     if prefill_tp > decode_tp and not m.is_mla:
         return replace(c, reason="prefill TP > decode TP (NixlConnector, non-MLA)")
-    kv_cap = perf.kv_capacity_tokens(decode_tp, gpu_memory_utilization)
-    c = replace(c, kv_capacity_tokens=kv_cap)
+    return evaluate_workers(WorkerPerf(perf, Layout(tp=prefill_tp)), WorkerPerf(perf, Layout(tp=decode_tp)), c, slo,
+                            workload, gpu_memory_utilization, sample)
+
+
+def evaluate_layout_pair(
+    perf_for, prefill: Layout, decode: Layout, slo: SloSpec, workload: WorkloadSpec,
+    gpu_memory_utilization: float = 0.9, sample: LengthSample | None = None, gpus_per_node: int = 8,
+    network_bw_per_gpu_bytes_per_s: float = 0.0,
+) -> Candidate:
+    """Predict one candidate of two layouts (``runtime.tuner.layouts`` rules, then as :func:`evaluate`).
+
+    ``perf_for(layout)`` returns the PerfModel of a layout's mapping (``expert_parallel``, ``attention_dp``);
+    ``gpus_per_node`` and ``network_bw_per_gpu_bytes_per_s`` (EFA share per GPU) describe the nodes.
+    """
+    m = perf_for(prefill).model
+    c = Candidate(prefill.gpus, decode.gpus, feasible=False, prefill_layout=prefill, decode_layout=decode)
+    for role, lay in (("prefill", prefill), ("decode", decode)):
+        problem = layout_problem(m, lay, gpus_per_node)
+        if problem:
+            return replace(c, reason=f"{role} {lay.label}: {problem}" if not lay.plain else problem)
+    problem = pair_problem(m, prefill, decode)
+    if problem:
+        return replace(c, reason=problem)
+    workers = []
+    for role, lay in (("prefill", prefill), ("decode", decode)):
+        w = WorkerPerf(perf_for(lay), lay, network_bw_per_gpu_bytes_per_s)
+        if not w.fits(gpu_memory_utilization):
+            return replace(c, reason=f"weights do not fit at TP {lay.tp}" if lay.plain
+                           else f"weights do not fit at {lay.label}")
+        workers.append(w)
+    return evaluate_workers(workers[0], workers[1], c, slo, workload, gpu_memory_utilization, sample)
+
+
+def evaluate_workers(
+    pw: WorkerPerf, dw: WorkerPerf, c: Candidate, slo: SloSpec, workload: WorkloadSpec,
+    gpu_memory_utilization: float = 0.9, sample: LengthSample | None = None,
+) -> Candidate:
+    """The SLO arithmetic of :func:`evaluate` for a prefill worker ``pw`` and a decode worker ``dw`` that the
+    rules accept; ``c`` is the candidate to fill in."""
+    perf = pw.perf
+    m = perf.model
+    smp = sample or LengthSample.from_spec(workload)
+    mean_osl = smp.mean_osl
+    max_ctx = smp.context_quantile(SLO_QUANTILE)
+    kv_cap = dw.kv_capacity_tokens(gpu_memory_utilization)
+    c = replace(c, kv_capacity_tokens=kv_cap, prefill_kv_capacity_tokens=pw.kv_capacity_tokens(gpu_memory_utilization))
     if kv_cap < max_ctx:
         return replace(c, reason=f"KV capacity {kv_cap} tokens < one request ({max_ctx})")
+    prefill_tp, decode_tp = pw.gpus, dw.gpus
 
     # prefill: M/G/1 over the sample's prompts (M/D/1 for a single length)
     bw = KV_TRANSFER_BW_BYTES_PER_S.get(perf.gpu.name, DEFAULT_KV_TRANSFER_BW_BYTES_PER_S)
     kv_tok = m.kv_bytes_per_token(perf.kv_dtype_bytes, 1)
-    by_isl = {i: perf.prefill_time_s(i, prefill_tp) for i in set(smp.isl_tokens)}
-    busy_by_isl = {i: perf.prefill_busy_s(i, prefill_tp) for i in set(smp.isl_tokens)}
+    # a prompt's KV lies on its DP rank's tp x pp GPUs, each sending its share
+    senders = pw.layout.tp * pw.layout.pp
+    by_isl = {i: pw.prefill_time_s(i) for i in set(smp.isl_tokens)}
+    busy_by_isl = {i: pw.prefill_busy_s(i) for i in set(smp.isl_tokens)}
     # the queue is served at the engine's occupancy; each request's TTFT carries the whole latency
     services = [busy_by_isl[i] for i in smp.isl_tokens]
-    totals = [by_isl[i] + i * kv_tok / (bw * prefill_tp) for i in smp.isl_tokens]
+    totals = [by_isl[i] + i * kv_tok / (bw * senders) for i in smp.isl_tokens]
     mean_s = sum(services) / len(services)
     m2_s = sum(s * s for s in services) / len(services)
     p90_total_s = quantile(totals, SLO_QUANTILE)
@@ -245,20 +336,21 @@ def evaluate(
     # decode: largest batch meeting ITL at the p90 context and fitting the KV (bisection; step time grows with B)
     itl_slo_s = slo.itl_p90_ms / 1e3
     mean_ctx = max(1, round(smp.mean_isl + mean_osl / 2))
-    b_kv = min(MAX_DECODE_BATCH, int(kv_cap // (smp.mean_isl + mean_osl)))
-    step1_s = perf.decode_step_time_s(1, max_ctx, decode_tp)
+    # vLLM's max_num_seqs bounds each engine: every DP rank of a data-parallel worker is one
+    b_kv = min(MAX_DECODE_BATCH * dw.layout.dp, int(kv_cap // (smp.mean_isl + mean_osl)))
+    step1_s = dw.decode_step_time_s(1, max_ctx)
     batch = 0
     if step1_s <= itl_slo_s and b_kv >= 1:
         lo, hi = 1, b_kv
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if perf.decode_step_time_s(mid, max_ctx, decode_tp) <= itl_slo_s:
+            if dw.decode_step_time_s(mid, max_ctx) <= itl_slo_s:
                 lo = mid
             else:
                 hi = mid - 1
         batch = lo
-    itl_ms = (perf.decode_step_time_s(batch, max_ctx, decode_tp) if batch else step1_s) * 1e3
-    g_d = batch / perf.decode_step_time_s(batch, mean_ctx, decode_tp) / mean_osl if batch else 0.0
+    itl_ms = (dw.decode_step_time_s(batch, max_ctx) if batch else step1_s) * 1e3
+    g_d = batch / dw.decode_step_time_s(batch, mean_ctx) / mean_osl if batch else 0.0
 
     c = replace(c, ttft_unloaded_ms=ttft_unloaded_ms, ttft_ms=ttft_unloaded_ms, itl_ms=itl_ms,
                 decode_batch=batch, prefill_goodput_rps=g_p, decode_goodput_rps=g_d)
@@ -274,8 +366,10 @@ def evaluate(
     n_p, n_d = max(1, math.ceil(rate / g_p - 1e-9)), max(1, math.ceil(rate / g_d - 1e-9))
     ttft_ms = (p90_total_s + mg1_wait_quantile_s(rate / n_p, mean_s, m2_s, SLO_QUANTILE)) * 1e3
     goodput_per_gpu = 1.0 / (prefill_tp / g_p + decode_tp / g_d)
-    price_p = usd_per_gpu_hour(perf.gpu.name, prefill_tp)
-    price_d = usd_per_gpu_hour(perf.gpu.name, decode_tp)
+    # a worker across nodes rents whole nodes: the per-GPU price of a node's instance
+    node = pw.gpus_per_node
+    price_p = usd_per_gpu_hour(perf.gpu.name, min(prefill_tp, node))
+    price_d = usd_per_gpu_hour(perf.gpu.name, min(decode_tp, node))
     usd = None
     if price_p is not None and price_d is not None:
         usd_per_hour = n_p * prefill_tp * price_p + n_d * decode_tp * price_d
@@ -361,6 +455,84 @@ def tp_choices(gpu: str) -> tuple[int, ...]:
     return tuple(t for t in TP_CHOICES if t <= inst.num_gpus)
 
 
+def perf_precisions(model: ModelSpec, precision: str) -> tuple[str, str | None]:
+    """(weights, KV) PerfModel precisions for deploying ``model`` at ``precision``.
+
+    The deployment precision (``DeploymentSpec.precision``) sets the KV-cache dtype and, for a 16-bit
+    checkpoint, online FP8 quantisation (runtime.deploy.workers.precision_args); a quantised checkpoint
+    (``ModelSpec.weight_format`` fp8 / fp8-block / mxfp4 / nvfp4) is loaded as it is stored, whatever the
+    deployment precision, so its weights are costed in their own format. KV None: the PerfModel default.
+    """
+    p = precision.lower()
+    fmt = model.weight_format
+    if p == "fp32" or fmt in ("bf16", "unknown"):
+        return p, None
+    kv = "fp8" if p in ("fp8", "fp4") else p
+    return PERF_PRECISION[fmt], kv
+
+
+def deployment_perf(model: ModelSpec, gpu: GpuSpec, precision: str, **kw) -> PerfModel:
+    """The PerfModel of ``model`` deployed at ``precision`` on ``gpu``: the weights in the checkpoint's own format,
+    the KV cache at the deployment precision (``perf_precisions``). The one way the tuner, the champion
+    comparison and the runtime planner build it, so all three size the same deployment alike. ``kw`` goes to
+    PerfModel (layouts, network).
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    weights, kv = perf_precisions(model, precision)
+    return PerfModel(model, gpu, weights, kv_precision=kv, **kw)
+
+
+def _precision_notes(model: ModelSpec, g: GpuSpec, precision: str, weights: str, kv: str | None) -> list[str]:
+    notes = []
+    if model.precision_note:
+        notes.append(model.precision_note)
+    fmt = model.weight_format
+    if fmt not in ("bf16", "unknown") and precision.lower() != "fp32":
+        fs = format_support(g, fmt)
+        how = (f"natively ({fs.kernel})" if fs.mode == "native"
+               else f"weight-only ({fs.kernel}, {fs.compute_precision} GEMM rate)")
+        notes.append(f"weights: {fmt} checkpoint ({model.quant_method}), costed at {weights} on {g.name}, {how}; "
+                     f"KV cache {kv or weights}")
+    return notes
+
+
+def layout_arithmetic(perf_for, c: Candidate, workload: WorkloadSpec, gpu_memory_utilization: float,
+                      sample: LengthSample | None, gpus_per_node: int, net: float) -> list[str]:
+    """The memory and step arithmetic of candidate ``c``'s two workers, one line each: nodes, per-GPU memory
+    plan, KV tokens per worker; prefill time of the mean prompt; decode step parts at the chosen batch."""
+    smp = sample or LengthSample.from_spec(workload)
+    isl = max(1, round(smp.mean_isl))
+    out = []
+    for role, lay in (("prefill", c.prefill), ("decode", c.decode)):
+        w = WorkerPerf(perf_for(lay), lay, net)
+        mb = w.memory_breakdown(gpu_memory_utilization)
+        line = (f"{role} {lay.label} ({lay.gpus} GPUs, {lay.nodes(gpus_per_node)} node(s)): per GPU {mb.explain()}; "
+                f"{w.kv_capacity_tokens(gpu_memory_utilization):,} KV tokens per worker")
+        if role == "prefill":
+            line += f"; prefill of {isl} tokens {w.prefill_time_s(isl) * 1e3:.1f} ms"
+        elif c.decode_batch:
+            ctx = smp.context_quantile(SLO_QUANTILE)
+            b = w.perf.decode_breakdown(c.decode_batch, ctx, w.tp)
+            line += (f"; decode step at batch {c.decode_batch}, context {ctx}: {b.total_s * 1e3:.1f} ms "
+                     f"(GEMM/weights {max(b.compute_s - b.attn_compute_s, b.memory_s - b.kv_memory_s) * 1e3:.1f}, "
+                     f"attention {max(b.attn_compute_s, b.kv_memory_s) * 1e3:.1f}, "
+                     f"collectives {b.comm_s * 1e3:.1f} ms)")
+        out.append(line)
+    return out
+
+
+def _node(g: GpuSpec, tps: tuple[int, ...]) -> tuple[int, float, str]:
+    """(GPUs per node, network bandwidth per GPU bytes/s, instance name) for the search: a node is the largest
+    TP degree given (an instance type's GPU count), its network the AWS instance type of that GPU count."""
+    node = min(g.num_gpus_per_node, max(tps))
+    inst = instance_for(g.name, node)
+    if inst is None or inst.num_gpus != node:
+        return node, 0.0, ""
+    return node, inst.network_bw_per_gpu_bytes_per_s, inst.name
+
+
 def tune(
     model: ModelSpec,
     gpu: GpuSpec | str,
@@ -371,37 +543,102 @@ def tune(
     gpu_memory_utilization: float = 0.9,
     perf: PerfModel | None = None,
     sample: LengthSample | None = None,
+    parallelism: str = "tp",
 ) -> TuneResult:
-    """Search prefill TP x decode TP and pick the configuration with the highest goodput per GPU.
+    """Search the prefill x decode worker layouts and pick the configuration with the highest goodput per GPU.
 
     Args:
         model: architecture; gpu: catalog name, AWS instance type (e.g. ``p5.48xlarge``) or spec;
         slo: TTFT/ITL p90 targets (ms);
-        workload: mean ISL/OSL (tokens) and request rate (req/s); precision: bf16/fp8/fp4;
-        tps: TP degrees to try for each pool; perf: a prebuilt PerfModel (e.g. with other efficiencies, or
-        ``runtime.tuner.profiles.ProfilePerf`` for measured mode); sample: ISL/OSL pairs (e.g. a trace,
-        ``runtime.tuner.workload.LengthSample``) used instead of the workload's mean lengths.
+        workload: mean ISL/OSL (tokens) and request rate (req/s);
+        precision: the deployment precision, bf16 or fp8 (KV cache and, for a 16-bit checkpoint, online FP8
+            weights; ``perf_precisions``), or fp4 / fp32 for a PerfModel precision as it is; a quantised
+            checkpoint's weights are costed in their own format (``ModelSpec.weight_format``);
+        tps: TP degrees to try for each pool (the largest is a node's GPU count); perf: a prebuilt PerfModel
+        (e.g. with other efficiencies, or ``runtime.tuner.profiles.ProfilePerf`` for measured mode: plain TP
+        only); sample: ISL/OSL pairs (e.g. a trace, ``runtime.tuner.workload.LengthSample``) used instead of
+        the workload's mean lengths;
+        parallelism: ``tp`` (default), ``all`` or ``auto`` (``tp`` when plain TP has a feasible candidate, else
+            ``all``); see ``runtime.tuner.layouts`` for the layouts and the pair rules. The default is what a
+            DeploymentSpec states and what a caller that shows only ``prefill_tp`` / ``decode_tp`` can show;
+            ask for ``auto`` or ``all`` where the caller shows ``Candidate.prefill.label`` /
+            ``decode.label`` and ``TuneResult.notes`` and handles ``NotDeployableError``.
 
     Returns:
-        TuneResult with all ``len(tps)**2`` candidates in (prefill TP, decode TP) order.
+        TuneResult with every candidate, (prefill layout, decode layout) in search order (plain TP first:
+        ``len(tps)**2`` candidates for ``tp``); ``notes`` say how the weights were costed, any precision that
+        could not be told, and the layouts searched.
 
     Raises:
-        ModelDoesNotFitError: no TP in ``tps`` holds the weights + one request's KV (message: memory
-            arithmetic of the largest TP).
+        ModelDoesNotFitError: no layout holds the weights + one request's KV (message: memory arithmetic of
+            the largest TP).
         InfeasibleSLOError: candidates fit but none meets the SLO (message: the best candidate's
             predicted TTFT/ITL).
+        TuningError: the GPU cannot run the checkpoint's weight format in the pinned vLLM (message: both).
+        ValueError: an unknown parallelism.
         ContextTooLongError: the model's config gives ``max_position_embeddings`` and the workload's
             ISL + OSL (the length ``TuneResult.max_model_len_tokens`` must admit), or the p90 ISL + OSL of
             ``sample`` (the context the search sizes for), exceeds it (message: both numbers).
     """
     check_context_length(model, workload, sample)
     g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
-    pm = perf or PerfModel(model, g, precision)
-    cands = [evaluate(pm, p, d, slo, workload, gpu_memory_utilization, sample) for p in tps for d in tps]
+    notes: list[str] = []
+    if perf is not None:  # a prebuilt model (measured profiles, other efficiencies): plain TP as given
+        pm = perf
+        par = "tp"
+        cands = [evaluate(pm, p, d, slo, workload, gpu_memory_utilization, sample) for p in tps for d in tps]
+        weights = pm.precision
+    else:
+        weights, kv = perf_precisions(model, precision)
+        if model.weight_format not in ("bf16", "unknown") and weights != precision.lower():
+            fs = format_support(g, model.weight_format)
+            if not fs.supported:
+                raise TuningError(f"{model.name}: its {model.weight_format} weights cannot run on {g.name} in the "
+                                  f"pinned vLLM ({fs.source})")
+        notes += _precision_notes(model, g, precision, weights, kv)
+        node, net, inst = _node(g, tps)
+        cache: dict[tuple[bool, bool], PerfModel] = {}
+
+        def perf_for(layout: Layout) -> PerfModel:
+            key = (layout.ep and bool(model.num_experts), layout.dp > 1)
+            if key not in cache:
+                cache[key] = deployment_perf(model, g, precision, expert_parallel=key[0], attention_dp=key[1],
+                                             gpus_per_node=node, inter_node_bw_bytes_per_s=net)
+            return cache[key]
+
+        pm = perf_for(Layout())
+        multi = net > 0
+
+        def search(par: str) -> list[Candidate]:
+            pre = layouts(model, tps, par, node, multi, "prefill")
+            dec = layouts(model, tps, par, node, multi, "decode")
+            return [evaluate_layout_pair(perf_for, p, d, slo, workload, gpu_memory_utilization, sample, node, net)
+                    for p in pre for d in dec]
+
+        par = check_parallelism(parallelism)
+        cands = search("tp")
+        plain_ok = any(c.feasible for c in cands)
+        par = resolve_parallelism(par, plain_ok)
+        if par == "all":
+            if parallelism.lower() == "auto":
+                notes.append("plain tensor parallelism has no feasible candidate: other layouts searched")
+            cands = search("all")
+            notes.append(
+                "searched: TP" + (", TP+EP and DP-attention+EP (MoE)" if model.num_experts else "")
+                + f" layouts, and workers across {node}-GPU nodes "
+                + (f"({inst}, {net / 1e9:.0f} GB/s network per GPU)" if multi
+                   else f"(not searched: no AWS instance type with {node} {g.name} GPUs and a known network)"))
+        elif model.num_experts:
+            notes.append("parallelism 'all' also searches expert-parallel and data-parallel-attention workers")
+    shown = precision if perf is None and precision.lower() in ("bf16", "fp8") else pm.precision
     ok = [c for c in cands if c.feasible]
     if ok:
-        best = max(ok, key=lambda c: (-c.num_gpus, c.goodput_per_gpu, -c.decode_tp, -c.prefill_tp))
-        return TuneResult(model, g, pm.precision, slo, workload, cands, best, perf=pm)
+        best = max(ok, key=lambda c: (-c.num_gpus, c.goodput_per_gpu, c.plain_tp, -c.decode_tp, -c.prefill_tp))
+        if not best.plain_tp:
+            notes += layout_arithmetic(perf_for, best, workload, gpu_memory_utilization, sample, node, net)
+        plain = plain_ok if perf is None else True
+        return TuneResult(model, g, shown, slo, workload, cands, best, notes=notes, perf=pm, parallelism=par,
+                          weight_precision=weights, plain_tp_feasible=plain)
 
     rated = [c for c in cands if c.reason.startswith("SLO miss")]
     if not rated:
@@ -409,10 +646,18 @@ def tune(
         big = max(allowed, default=min(tps))  # the arithmetic of the largest TP the rules allow
         mb = pm.memory_breakdown(big, gpu_memory_utilization)
         need = workload.isl_tokens + workload.osl_tokens
+        if perf is not None:
+            hint = ""
+        elif par != "all":
+            hint = "; expert / data-parallel and multi-node layouts were not searched (parallelism 'tp')"
+        else:  # the wider search found no decode worker either: say why decode cannot grow further
+            hint = ("; decode workers span nodes only through wide expert parallelism (MoE models): NixlConnector "
+                    "refuses pipelined decode workers and tensor parallelism stays inside a node"
+                    + ("" if net > 0 else f", and no network is known for {g.name} nodes"))
         raise ModelDoesNotFitError(
-            f"{model.name} fits on no candidate on {g.name} ({pm.precision}): at TP {big} per GPU "
+            f"{model.name} fits on no candidate on {g.name} ({shown}): at TP {big} per GPU "
             f"{mb.explain()}; one request needs {need} tokens x "
-            f"{model.kv_bytes_per_token(pm.kv_dtype_bytes, big):.0f} B/token. Rules: "
+            f"{model.kv_bytes_per_token(pm.kv_dtype_bytes, big):.0f} B/token{hint}. Rules: "
             + "; ".join(sorted({c.reason for c in cands}))
         )
 
@@ -420,9 +665,11 @@ def tune(
         return max(c.ttft_unloaded_ms / slo.ttft_p90_ms, c.itl_ms / slo.itl_p90_ms)
 
     b = min(rated, key=violation)
+    what = (f"prefill TP {b.prefill_tp} / decode TP {b.decode_tp}" if b.plain_tp
+            else f"prefill {b.prefill.label} / decode {b.decode.label}")
     raise InfeasibleSLOError(
         f"no candidate meets TTFT p90 <= {slo.ttft_p90_ms:g} ms and ITL p90 <= {slo.itl_p90_ms:g} ms for "
-        f"{model.name} on {g.name} ({pm.precision}, ISL {workload.isl_tokens}, OSL {workload.osl_tokens}); "
-        f"best candidate prefill TP {b.prefill_tp} / decode TP {b.decode_tp} predicts TTFT "
+        f"{model.name} on {g.name} ({shown}, ISL {workload.isl_tokens}, OSL {workload.osl_tokens}); "
+        f"best candidate {what} predicts TTFT "
         f"{b.ttft_unloaded_ms:.1f} ms and ITL {b.itl_ms:.1f} ms"
     )

@@ -93,7 +93,10 @@ def test_goodput_per_gpu_formula():
 def test_impossible_slo_names_best_prediction():
     with pytest.raises(InfeasibleSLOError, match=r"best candidate prefill TP \d / decode TP \d predicts TTFT "
                                                  r"[\d.]+ ms and ITL [\d.]+ ms"):
-        tune(L70, "H100-SXM", SloSpec(ttft_p90_ms=1, itl_p90_ms=1), WorkloadSpec())
+        tune(L70, "H100-SXM", SloSpec(ttft_p90_ms=1, itl_p90_ms=1), WorkloadSpec(), parallelism="tp")
+    # auto also searches multi-node layouts when plain TP has no feasible candidate, and names them
+    with pytest.raises(InfeasibleSLOError, match=r"best candidate prefill TP\d( PP\d)? / decode TP\d predicts"):
+        tune(L70, "H100-SXM", SloSpec(ttft_p90_ms=1, itl_p90_ms=1), WorkloadSpec(), parallelism="auto")
 
 
 def test_model_that_fits_nowhere_shows_memory_arithmetic():
