@@ -9,8 +9,7 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     (runtime.deploy.validate: upstream Kubernetes schemas + vendored CRD schemas)
   kustomizations    local resources exist, remote resources are pinned to a release, Helm charts to a version
   kustomize-build   `kubectl kustomize` of every fully local kustomization, output validated (SKIP w/o kubectl)
-  consistency       NodePools cover runtime/deploy/instances.py; EC2NodeClass role/discovery tag match Terraform
-                    defaults; the FSx claim `fsx-claim` exists in namespace pdserve; the Linux capabilities the
+  consistency       NodePools cover runtime/deploy/instances.py; the FSx claim `fsx-claim` exists in namespace pdserve; the Linux capabilities the
                     rendered pods add (runtime/deploy/render.py, every default GPU instance) are allowed by the
                     Pod Security `enforce` level of namespace pdserve; the batch workflows' default service account
                     (runtime/batch/workflows.py) has an EKS Pod Identity association, every association into a
@@ -32,6 +31,10 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     the runtime (discovery, planner scale) and of Argo's executor is granted by a bound Role or
                     ClusterRole; every pdserve image is in the configured image's repository; every Pod Identity
                     association names a ServiceAccount that exists, and the pipeline runners have one
+  parameters        infra/k8s/values/cluster.env has the keys of Terraform output cluster_env; `kubectl kustomize`
+                    of infra/k8s and infra/k8s/kubeflow-profile (remote bases left out) leaves no key as a placeholder,
+                    puts every value somewhere, and the EC2NodeClass role/discovery tags are the values' (SKIP w/o
+                    kubectl)
   checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
                     no severities, so EVERY failed check counts as a failure unless suppressed inline with a
                     reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
@@ -253,18 +256,6 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
         reqs = {r["key"]: r.get("values", []) for r in pool["spec"]["template"]["spec"]["requirements"]}
         if inst.name not in reqs.get("node.kubernetes.io/instance-type", []):
             problems.append(f"NodePool {inst.node_pool} does not allow instance type {inst.name}")
-    tf_text = "\n".join((root / f).read_text() for f in parsed)
-    cluster = re.search(r'variable "cluster_name" \{[^}]*default\s*=\s*"([^"]+)"', tf_text, re.S)
-    cluster_name = cluster.group(1) if cluster else None
-    node_role = re.search(r'node_iam_role_name\s*=\s*"([^"]+)"', tf_text)
-    for nc in (o for o in objs if o.get("kind") == "EC2NodeClass"):
-        role = nc["spec"].get("role")
-        if node_role and cluster_name and role != node_role.group(1).replace("${var.cluster_name}", cluster_name):
-            problems.append(f"EC2NodeClass {nc['metadata']['name']}: role {role!r} != Terraform node role")
-        for term in nc["spec"].get("subnetSelectorTerms", []) + nc["spec"].get("securityGroupSelectorTerms", []):
-            tag = term.get("tags", {}).get("karpenter.sh/discovery")
-            if tag is not None and tag != cluster_name:
-                problems.append(f"EC2NodeClass {nc['metadata']['name']}: discovery tag {tag!r} != {cluster_name!r}")
     if not any(o.get("kind") == "PersistentVolumeClaim" and o["metadata"]["name"] == "fsx-claim"
                and o["metadata"].get("namespace") == "pdserve" for o in objs):
         problems.append("PersistentVolumeClaim pdserve/fsx-claim (promote's default pvc_name) missing")
@@ -774,6 +765,7 @@ def run_all(root: Path = REPO, *, checkov: str = "auto", require_checkov: bool =
     results.append(check_kustomize_build(root, local_dirs) if tools
                    else Check("kustomize-build", "SKIP", "tools=False"))
     results.append(check_consistency(root, objs, parsed))
+    results.append(check_parameters(root, parsed) if tools else Check("parameters", "SKIP", "tools=False"))
     progress("building the cluster model ...")
     results.append(check_cluster(root, parsed, image))
     progress("running checkov ...")
@@ -815,8 +807,7 @@ CHECK_ISVC = "cluster-check"
 def assumed_objects(parsed: dict[str, dict]) -> list[dict]:
     """Objects the model takes as existing although no local manifest creates them, each with who creates it:
     the pinned Kubeflow Pipelines base (namespace kubeflow, ServiceAccount pipeline-runner), Kubeflow's profile
-    controller (each profile namespace of Terraform variable kubeflow_profile_namespaces and its default-editor),
-    and docs/eks-quickstart.md step 3 (Secret mlflow/mlflow-db from the Terraform database outputs)."""
+    controller (each profile namespace of Terraform variable kubeflow_profile_namespaces and its default-editor)."""
     def obj(kind: str, name: str, ns: str | None = None, by: str = "") -> dict:
         meta = {"name": name, "annotations": {"pdserve.io/created-by": by}}
         if ns:
@@ -825,11 +816,29 @@ def assumed_objects(parsed: dict[str, dict]) -> list[dict]:
 
     kfp = "kubeflow/pipelines manifests (infra/k8s/kubeflow-pipelines)"
     out = [obj("Namespace", KFP_STANDALONE_RUNNER[0], by=kfp),
-           obj("ServiceAccount", KFP_STANDALONE_RUNNER[1], KFP_STANDALONE_RUNNER[0], by=kfp),
-           obj("Secret", "mlflow-db", "mlflow", by="docs/eks-quickstart.md (kubectl create secret ... mlflow-db)")]
+           obj("ServiceAccount", KFP_STANDALONE_RUNNER[1], KFP_STANDALONE_RUNNER[0], by=kfp)]
     for ns in _variable_defaults(parsed).get(PROFILE_VARIABLE) or []:
         out += [obj("Namespace", ns, by="Kubeflow profile controller"),
                 obj("ServiceAccount", KFP_PROFILE_RUNNER_SA, ns, by="Kubeflow profile controller")]
+    return out
+
+
+def _applied_kustomizations(root: Path) -> list[Path]:
+    """The local kustomization folders `kubectl apply -k infra/k8s` goes through (recursively, components too),
+    plus the opt-in multi-user overlay PROFILE_OVERLAY and its own."""
+    out: list[Path] = []
+
+    def walk(d: Path) -> None:
+        if not (d / "kustomization.yaml").exists() or d in out:
+            return
+        out.append(d)
+        doc = (_yaml_docs(d / "kustomization.yaml") or [{}])[0]
+        for entry in (doc.get("resources") or []) + (doc.get("components") or []):
+            if not _is_remote(entry) and (d / entry).resolve().is_dir():
+                walk((d / entry).resolve())
+
+    walk((root / "infra" / "k8s").resolve())
+    walk((root / PROFILE_OVERLAY).resolve())
     return out
 
 
@@ -837,22 +846,27 @@ def applied_manifest_files(root: Path) -> list[Path]:
     """The local files `kubectl apply -k infra/k8s` applies (its kustomizations' local resources, recursively),
     plus the opt-in multi-user overlay PROFILE_OVERLAY."""
     out: list[Path] = []
-
-    def walk(d: Path) -> None:
-        k = d / "kustomization.yaml"
-        if not k.exists():
-            return
-        for entry in (_yaml_docs(k) or [{}])[0].get("resources", []):
-            if _is_remote(entry):
-                continue
+    for d in _applied_kustomizations(root):
+        for entry in (_yaml_docs(d / "kustomization.yaml") or [{}])[0].get("resources") or []:
             t = (d / entry).resolve()
-            if t.is_dir():
-                walk(t)
-            elif t.exists() and t not in out:
+            if not _is_remote(entry) and t.is_file() and t not in out:
                 out.append(t)
+    return out
 
-    walk(root / "infra" / "k8s")
-    walk(root / PROFILE_OVERLAY)
+
+def generated_config_maps(root: Path) -> list[dict]:
+    """The ConfigMaps the applied kustomizations' configMapGenerators emit (name, namespace: the generator's or
+    the kustomization's), without local-config ones (kustomize uses them for replacements and emits nothing)."""
+    out = []
+    for d in _applied_kustomizations(root):
+        doc = (_yaml_docs(d / "kustomization.yaml") or [{}])[0]
+        for g in doc.get("configMapGenerator") or []:
+            if ((g.get("options") or {}).get("annotations") or {}).get("config.kubernetes.io/local-config") == "true":
+                continue
+            meta = {"name": g["name"], "annotations": {"pdserve.io/created-by": f"{d.relative_to(root.resolve())}"}}
+            if g.get("namespace") or doc.get("namespace"):
+                meta["namespace"] = g.get("namespace") or doc.get("namespace")
+            out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})
     return out
 
 
@@ -1122,6 +1136,7 @@ def cluster_model(root: Path, parsed: dict[str, dict], image: str, *, pipeline: 
     infra: list[dict] = []
     for f in applied_manifest_files(root):
         infra += [d for d in _yaml_docs(f) if isinstance(d, dict)]
+    infra += generated_config_maps(root)
     render = promote_render(image)
     objs = infra + assumed_objects(parsed) + render
     runtimes = [o for o in objs if o.get("kind") == "ClusterServingRuntime"]
@@ -1224,6 +1239,206 @@ def check_cluster(root: Path, parsed: dict[str, dict], image: str | None = None,
         return Check("cluster", "FAIL", "; ".join(problems))
     return Check("cluster", "PASS", f"{len(m.objects)} objects, {len(m.pods)} pod templates, {len(m.needs)} API "
                                     f"needs: references, RBAC, images ({m.image}) and Pod Identity consistent")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parameters: every name Terraform decides reaches the manifests through infra/k8s/values/cluster.env
+# (`terraform output -raw cluster_env`), replaced by the kustomize component infra/k8s/values.
+
+VALUES_DIR = "infra/k8s/values"
+CLUSTER_ENV = f"{VALUES_DIR}/cluster.env"
+CLUSTER_ENV_OUTPUT = "cluster_env"
+PARAMETER_ROOTS = ("infra/k8s", PROFILE_OVERLAY)  # the roots applied with `kubectl apply -k`, each with the component
+# Outputs of registry modules that are one of their inputs (terraform-aws-modules/eks v21: cluster_name = var.name).
+MODULE_OUTPUT_INPUT = {("eks", "cluster_name"): "name"}
+_TF_REF = re.compile(r"\$\{([^}]+)\}")
+
+
+def read_env(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of an env file (kustomize `envs`: blank lines and '#' comments skipped), in order."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise ValueError(f"{path}: line without '=': {line!r}")
+            out[key.strip()] = value
+    return out
+
+
+def cluster_env_template(parsed: dict[str, dict]) -> dict[str, str]:
+    """{KEY: template} of Terraform output `cluster_env` (its heredoc, `${...}` references kept)."""
+    for doc in parsed.values():
+        for block in doc.get("output", []):
+            for name, body in block.items():
+                if _unquote(name) == CLUSTER_ENV_OUTPUT:
+                    text = _unquote(body["value"])
+                    lines = text.split("\n")[1:] if text.startswith("<<") else text.split("\n")
+                    return {k.strip(): v for k, _, v in (ln.strip().partition("=") for ln in lines)
+                            if k.strip() and k.strip() != "EOT"}
+    raise ValueError(f"Terraform output {CLUSTER_ENV_OUTPUT!r} not found")
+
+
+def evaluate_cluster_env(parsed: dict[str, dict], variables: dict[str, Any],
+                         attributes: dict[str, str]) -> dict[str, str]:
+    """What `terraform output -raw cluster_env` prints for these variables (over the defaults) and apply-time
+    attributes (`{reference: value}` for what only AWS knows, e.g. "aws_fsx_lustre_file_system.models.id").
+
+    Resolves `var.X`, a module input or MODULE_OUTPUT_INPUT output (`module.M.A`), and a for_each resource's
+    argument whose value is `each.value` of a `local` map (`aws_s3_bucket.this["artifacts"].bucket`).
+
+    Raises:
+        KeyError: a reference that is neither resolvable nor in `attributes`, or a variable without a value.
+    """
+    values = {**_variable_defaults(parsed), **variables}
+    locals_: dict[str, Any] = {}
+    modules: dict[str, dict] = {}
+    for doc in parsed.values():
+        for block in doc.get("locals", []):
+            locals_.update({k: v for k, v in block.items() if not k.startswith("__")})
+        for block in doc.get("module", []):
+            modules.update({_unquote(k): v for k, v in block.items()})
+
+    def expr(e: str) -> str:
+        e = e.strip()
+        if e in attributes:
+            return attributes[e]
+        if m := re.fullmatch(r"var\.(\w+)", e):
+            return str(values[m.group(1)])
+        if m := re.fullmatch(r"local\.(\w+)\[\"(\w+)\"\]", e):
+            return text(str(locals_[m.group(1)][m.group(2)]))
+        if m := re.fullmatch(r"module\.(\w+)\.(\w+)", e):
+            body = modules[m.group(1)]
+            arg = MODULE_OUTPUT_INPUT.get((m.group(1), m.group(2)), m.group(2))
+            return text(str(body[arg]))
+        if m := re.fullmatch(r"(\w+)\.(\w+)\[\"(\w+)\"\]\.(\w+)", e):
+            body = _tf_blocks(parsed, "resource", m.group(1))[m.group(2)]
+            for_each = re.fullmatch(r"\$\{local\.(\w+)\}", str(body.get("for_each")))
+            if for_each and str(body.get(m.group(4))) == "${each.value}":
+                return expr(f'local.{for_each.group(1)}["{m.group(3)}"]')
+        raise KeyError(f"cannot evaluate Terraform expression {e!r}: give it in attributes")
+
+    def text(t: str) -> str:
+        t = _unquote(t)
+        return _TF_REF.sub(lambda m: expr(m.group(1)), t)
+
+    return {k: text(v) for k, v in cluster_env_template(parsed).items()}
+
+
+def _fully_local(d: Path) -> bool:
+    k = d / "kustomization.yaml"
+    doc = (_yaml_docs(k) or [{}])[0] if k.exists() else {}
+    if doc.get("helmCharts"):
+        return False
+    for entry in (doc.get("resources") or []) + (doc.get("components") or []):
+        if _is_remote(entry) or ((d / entry).is_dir() and not _fully_local((d / entry).resolve())):
+            return False
+    return True
+
+
+def offline_build(root: Path, roots: tuple[str, ...] = PARAMETER_ROOTS,
+                  env: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """`kubectl kustomize` of each of `roots` with its remote bases and Helm charts left out (folders that need
+    network are dropped from a copy of infra/ and kserve/), with `env` written as the cluster values instead of
+    CLUSTER_ENV when given. Returns {root: objects}.
+
+    Raises:
+        RuntimeError: kubectl is not installed or a build fails (its last error line).
+    """
+    import tempfile
+
+    import yaml
+
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        raise RuntimeError("kubectl not installed")
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        shutil.copytree(root / "infra", t / "infra", ignore=shutil.ignore_patterns(".terraform*", "__pycache__", "*.tf"))
+        shutil.copytree(root / "kserve", t / "kserve", ignore=shutil.ignore_patterns("examples"))
+        for k in list((t / "infra").rglob("kustomization.yaml")) + [t / "kserve" / "kustomization.yaml"]:
+            doc = _yaml_docs(k)[0]
+            keep = [e for e in doc.get("resources") or []
+                    if not _is_remote(e) and (not (k.parent / e).is_dir() or _fully_local((k.parent / e).resolve()))]
+            if keep != (doc.get("resources") or []):
+                doc["resources"] = keep
+                k.write_text(yaml.safe_dump(doc, sort_keys=False))
+        if env is not None:
+            (t / CLUSTER_ENV).write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        for r in roots:
+            p = subprocess.run([kubectl, "kustomize", str(t / r)], capture_output=True, text=True, timeout=120)
+            if p.returncode != 0:
+                raise RuntimeError(f"kubectl kustomize {r}: {p.stderr.strip().splitlines()[-1][:300]}")
+            out[r] = [o for o in yaml.safe_load_all(p.stdout) if o]
+    return out
+
+
+def _leaves(o: Any, path: str = "") -> list[tuple[str, str]]:
+    if isinstance(o, dict):
+        return [x for k, v in o.items() for x in _leaves(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(o, list):
+        return [x for i, v in enumerate(o) for x in _leaves(v, f"{path}[{i}]")]
+    return [(path, o)] if isinstance(o, str) else []
+
+
+def parameter_problems(built: dict[str, list[dict]], env: dict[str, str],
+                       stale: dict[str, str] | None = None) -> list[str]:
+    """Problems of manifests built with cluster values `env`: a key of `env` left as a value (a placeholder the
+    component does not replace), a value of `env` that is no field's whole value, an EC2NodeClass whose role or
+    karpenter.sh/discovery tags are not KARPENTER_NODE_ROLE / CLUSTER_NAME, and (`stale`: the values of another
+    cluster, e.g. the committed example) another cluster's value still present, i.e. a name written into a
+    manifest instead of taken from the values. A stale value equal to a namespace name (the default cluster name
+    `pdserve` is also the deploy namespace) is checked only in the EC2NodeClass fields above."""
+    out, seen = [], set()
+    namespaces = {o["metadata"]["name"] for objs in built.values() for o in objs if o.get("kind") == "Namespace"}
+    namespaces |= {o["metadata"].get("namespace") for objs in built.values() for o in objs}
+    for r, objs in built.items():
+        for o in objs:
+            ident_ = f"{r}: {o.get('kind')} {o['metadata'].get('namespace', '')}/{o['metadata'].get('name')}"
+            for path, v in _leaves(o):
+                if v in env and not re.search(r"\.env\[\d+\]\.name$", path):  # an env var may bear a key's name
+                    out.append(f"{ident_}: {path} is still the placeholder {v} (not replaced from {CLUSTER_ENV})")
+                seen |= {k for k, val in env.items() if val == v}
+                for k, old in (stale or {}).items():
+                    if old and old != env.get(k) and old not in namespaces and old in v:
+                        out.append(f"{ident_}: {path} = {v!r} holds {k} of another cluster ({old!r}): "
+                                   f"take it from {CLUSTER_ENV}")
+            if o.get("kind") == "EC2NodeClass":
+                spec = o["spec"]
+                if spec.get("role") != env.get("KARPENTER_NODE_ROLE"):
+                    out.append(f"{ident_}: role {spec.get('role')!r} != KARPENTER_NODE_ROLE "
+                               f"{env.get('KARPENTER_NODE_ROLE')!r}")
+                for term in spec.get("subnetSelectorTerms", []) + spec.get("securityGroupSelectorTerms", []):
+                    tag = (term.get("tags") or {}).get("karpenter.sh/discovery")
+                    if tag is not None and tag != env.get("CLUSTER_NAME"):
+                        out.append(f"{ident_}: karpenter.sh/discovery {tag!r} != CLUSTER_NAME "
+                                   f"{env.get('CLUSTER_NAME')!r}")
+    out += [f"{k} of {CLUSTER_ENV} lands in no manifest of {', '.join(built)}" for k in env if k not in seen]
+    return list(dict.fromkeys(out))
+
+
+def check_parameters(root: Path, parsed: dict[str, dict]) -> Check:
+    try:
+        env = read_env(root / CLUSTER_ENV)
+        keys = list(cluster_env_template(parsed))
+    except (OSError, ValueError) as e:
+        return Check("parameters", "FAIL", str(e))
+    if list(env) != keys:
+        return Check("parameters", "FAIL", f"{CLUSTER_ENV} keys {list(env)} != Terraform output "
+                                           f"{CLUSTER_ENV_OUTPUT} keys {keys} (terraform output -raw cluster_env)")
+    try:
+        built = offline_build(root)
+    except RuntimeError as e:
+        if "not installed" in str(e):
+            return Check("parameters", "SKIP", str(e))
+        return Check("parameters", "FAIL", str(e))
+    problems = parameter_problems(built, env)
+    if problems:
+        return Check("parameters", "FAIL", "; ".join(problems))
+    return Check("parameters", "PASS", f"{len(env)} cluster values from {CLUSTER_ENV} replaced in "
+                                       f"{sum(len(v) for v in built.values())} objects of {', '.join(built)}")
 
 
 if __name__ == "__main__":

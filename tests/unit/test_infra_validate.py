@@ -502,11 +502,13 @@ def test_missing_claim_where_the_pipeline_runs_is_reported(tree, pipeline_docs):
     assert "compiled pipeline: exec-stage-weights: PersistentVolumeClaim kubeflow/fsx-claim does not exist" in res.detail
 
 
-def test_missing_required_secret_is_reported_and_optional_ones_are_not(tree, pipeline_docs):
-    _edit(tree / "infra/k8s/mlflow/deployment.yaml", "name: mlflow-db", "name: mlflow-database")
+def test_missing_required_config_map_is_reported_and_optional_secrets_are_not(tree, pipeline_docs):
+    # mlflow-start exists only as a configMapGenerator of infra/k8s/mlflow: generated objects count
+    _edit(tree / "infra/k8s/mlflow/deployment.yaml", "name: mlflow-start", "name: mlflow-startup")
     res = _cluster(tree, pipeline_docs)
     assert res.status == "FAIL"
-    assert "Deployment mlflow/mlflow: Secret mlflow/mlflow-database does not exist and is not optional" in res.detail
+    assert "Deployment mlflow/mlflow: ConfigMap mlflow/mlflow-startup does not exist and is not optional" in res.detail
+    assert "mlflow/mlflow-start " not in res.detail
     assert "pdserve-s3" not in res.detail  # optional everywhere (Pod Identity instead)
 
 
