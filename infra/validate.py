@@ -9,7 +9,8 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     (runtime.deploy.validate: upstream Kubernetes schemas + vendored CRD schemas)
   kustomizations    local resources exist, remote resources are pinned to a release, Helm charts to a version
   kustomize-build   `kubectl kustomize` of every fully local kustomization, output validated (SKIP w/o kubectl)
-  consistency       NodePools cover runtime/deploy/instances.py; the FSx claim `fsx-claim` exists in namespace pdserve; the Linux capabilities the
+  consistency       NodePools cover runtime/deploy/instances.py (and label their nodes with its GPU), which covers
+                    every instance type and GPU the tuner prices (runtime/perf/instances.py); the FSx claim `fsx-claim` exists in namespace pdserve; the Linux capabilities the
                     rendered pods add (runtime/deploy/render.py, every default GPU instance) are allowed by the
                     Pod Security `enforce` level of namespace pdserve; the batch workflows' default service account
                     (runtime/batch/workflows.py) has an EKS Pod Identity association, every association into a
@@ -256,6 +257,11 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
         reqs = {r["key"]: r.get("values", []) for r in pool["spec"]["template"]["spec"]["requirements"]}
         if inst.name not in reqs.get("node.kubernetes.io/instance-type", []):
             problems.append(f"NodePool {inst.node_pool} does not allow instance type {inst.name}")
+        label = pool["spec"]["template"].get("metadata", {}).get("labels", {}).get("pdserve.io/gpu")
+        if label != inst.gpu:
+            problems.append(f"NodePool {inst.node_pool} labels its nodes pdserve.io/gpu={label}, "
+                            f"but {inst.name} carries {inst.gpu}")
+    problems += tunable_not_deployable_problems()
     if not any(o.get("kind") == "PersistentVolumeClaim" and o["metadata"]["name"] == "fsx-claim"
                and o["metadata"].get("namespace") == "pdserve" for o in objs):
         problems.append("PersistentVolumeClaim pdserve/fsx-claim (promote's default pvc_name) missing")
@@ -271,6 +277,25 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
     if problems:
         return Check("consistency", "FAIL", "; ".join(problems))
     return Check("consistency", "PASS", f"{len(pools)} NodePools cover {len(INSTANCES)} instance types")
+
+
+def tunable_not_deployable_problems() -> list[str]:
+    """Deployable = tunable: every AWS instance type the tuner prices (runtime/perf/instances.py) is an instance
+    type promote can place (runtime/deploy/instances.py, hence a NodePool), and every GPU it has is a default."""
+    from runtime.deploy.instances import CPU_GPU_NAME, DEFAULT_INSTANCE_FOR_GPU, INSTANCES
+    from runtime.perf.instances import INSTANCES as PRICED
+
+    out = []
+    for i in PRICED:
+        if i.gpu == CPU_GPU_NAME:
+            continue
+        if i.name not in INSTANCES:
+            out.append(f"instance type {i.name} is tunable (runtime/perf/instances.py) but no NodePool provisions it "
+                       f"(add it to runtime/deploy/instances.py and infra/k8s/karpenter/nodepools.yaml)")
+        if i.gpu not in DEFAULT_INSTANCE_FOR_GPU:
+            out.append(f"GPU {i.gpu} is tunable (runtime/perf/instances.py) but has no default instance type in "
+                       f"runtime/deploy/instances.py DEFAULT_INSTANCE_FOR_GPU")
+    return list(dict.fromkeys(out))
 
 
 def rendered_deploy_objects(namespace: str) -> list[dict]:

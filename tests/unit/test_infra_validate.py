@@ -79,6 +79,57 @@ def test_missing_nodepool_for_an_instance_type_is_reported(tree):
     assert res["consistency"].status == "FAIL" and "NodePool gpu-g6e" in res["consistency"].detail
 
 
+def test_a_nodepool_labelling_another_gpu_is_reported(tree):
+    f = tree / "infra/k8s/karpenter/nodepools.yaml"
+    f.write_text(f.read_text().replace("pdserve.io/gpu: A10G", "pdserve.io/gpu: L4", 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL"
+    assert "NodePool gpu-g5 labels its nodes pdserve.io/gpu=L4, but g5.xlarge carries A10G" in res["consistency"].detail
+
+
+def test_every_instance_type_the_tuner_prices_is_deployable():
+    from runtime.deploy.instances import DEFAULT_INSTANCE_FOR_GPU, INSTANCES, deployable_problem
+    from runtime.perf.instances import INSTANCES as PRICED
+
+    assert V.tunable_not_deployable_problems() == []
+    priced = [i for i in PRICED if i.gpu != "CPU"]
+    assert {i.gpu for i in priced} == set(DEFAULT_INSTANCE_FOR_GPU)
+    for i in priced:
+        assert INSTANCES[i.name].gpu == i.gpu and INSTANCES[i.name].num_gpus == i.num_gpus
+        assert deployable_problem(i.name, i.gpu) is None and deployable_problem(i.gpu, i.gpu) is None
+
+
+def test_a_tunable_instance_type_without_a_nodepool_is_reported(monkeypatch):
+    from runtime.deploy import instances
+
+    monkeypatch.delitem(instances.INSTANCES, "g5.12xlarge")
+    monkeypatch.delitem(instances.DEFAULT_INSTANCE_FOR_GPU, "A10G")
+    problems = V.tunable_not_deployable_problems()
+    assert any("instance type g5.12xlarge is tunable" in p and "nodepools.yaml" in p for p in problems), problems
+    assert any("GPU A10G is tunable" in p for p in problems), problems
+
+
+def test_workers_render_onto_the_nodepool_of_every_default_instance():
+    from runtime.config import DeploymentSpec, ModelRef, PoolSpec
+    from runtime.deploy.instances import DEFAULT_INSTANCE_FOR_GPU, INSTANCES
+    from runtime.deploy.render import render_all
+
+    pools = {o["metadata"]["name"]: o for o in V._yaml_docs(REPO / "infra/k8s/karpenter/nodepools.yaml")}
+    for gpu, itype in DEFAULT_INSTANCE_FOR_GPU.items():
+        spec = DeploymentSpec(model=ModelRef(name="m"), gpu=gpu, prefill=PoolSpec(tp=2, replicas=1),
+                              decode=PoolSpec(tp=2, replicas=1))
+        deps = [o for o in render_all(spec, name="m", namespace="pdserve", image="pdserve:x", pvc_name="fsx-claim",
+                                      validate=False) if o["kind"] == "Deployment"]
+        assert len(deps) == 2
+        for d in deps:
+            sel = d["spec"]["template"]["spec"]["nodeSelector"]
+            pool = pools[sel["karpenter.sh/nodepool"]]
+            allowed = next(r["values"] for r in pool["spec"]["template"]["spec"]["requirements"]
+                           if r["key"] == "node.kubernetes.io/instance-type")
+            assert sel["node.kubernetes.io/instance-type"] == itype and itype in allowed, (gpu, sel)
+            assert pool["spec"]["template"]["metadata"]["labels"]["pdserve.io/gpu"] == INSTANCES[itype].gpu == gpu
+
+
 def test_main_prints_a_summary_and_exits_non_zero_on_failure(tree, capsys):
     (tree / "infra/k8s/storage/pvc.yaml").unlink()
     assert V.main(["--root", str(tree), "--checkov", "skip"]) == 1
