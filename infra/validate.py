@@ -31,7 +31,11 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     exist; every API call of promote (as the pipeline runners and the re-tune's promote step), of
                     the runtime (discovery, planner scale) and of Argo's executor is granted by a bound Role or
                     ClusterRole; every pdserve image is in the configured image's repository; every Pod Identity
-                    association names a ServiceAccount that exists, and the pipeline runners have one
+                    association names a ServiceAccount that exists, and the pipeline runners have one; the
+                    NetworkPolicies admit the product's flows (runtime -> worker HTTP and KV events, worker <->
+                    worker NIXL, Prometheus -> worker metrics, SLO probe -> runtime, pipeline steps -> MLflow) and
+                    deny the others `product_flows` lists (another namespace or endpoint -> workers, NIXL from
+                    anything but the workers, another namespace -> MLflow)
   parameters        infra/k8s/values/cluster.env has the keys of Terraform output cluster_env; `kubectl kustomize`
                     of infra/k8s and infra/k8s/kubeflow-profile (remote bases left out) leaves no key as a placeholder,
                     puts every value somewhere, and the EC2NodeClass role/discovery tags are the values' (SKIP w/o
@@ -827,14 +831,16 @@ KFP_PROFILE_RUNNER_SA = "default-editor"  # multi-user Kubeflow: the profile con
 PROFILE_VARIABLE = "kubeflow_profile_namespaces"
 PROFILE_OVERLAY = "infra/k8s/kubeflow-profile"  # opt-in (multi-user Kubeflow), modelled as applied
 CHECK_ISVC = "cluster-check"
+# The label Kubeflow's profile controller puts on every profile namespace (NetworkPolicies select them by it).
+PROFILE_NAMESPACE_LABELS = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 
 
 def assumed_objects(parsed: dict[str, dict]) -> list[dict]:
     """Objects the model takes as existing although no local manifest creates them, each with who creates it:
     the pinned Kubeflow Pipelines base (namespace kubeflow, ServiceAccount pipeline-runner), Kubeflow's profile
     controller (each profile namespace of Terraform variable kubeflow_profile_namespaces and its default-editor)."""
-    def obj(kind: str, name: str, ns: str | None = None, by: str = "") -> dict:
-        meta = {"name": name, "annotations": {"pdserve.io/created-by": by}}
+    def obj(kind: str, name: str, ns: str | None = None, by: str = "", labels: dict | None = None) -> dict:
+        meta = {"name": name, "annotations": {"pdserve.io/created-by": by}, "labels": labels or {}}
         if ns:
             meta["namespace"] = ns
         return {"apiVersion": "v1", "kind": kind, "metadata": meta}
@@ -843,7 +849,7 @@ def assumed_objects(parsed: dict[str, dict]) -> list[dict]:
     out = [obj("Namespace", KFP_STANDALONE_RUNNER[0], by=kfp),
            obj("ServiceAccount", KFP_STANDALONE_RUNNER[1], KFP_STANDALONE_RUNNER[0], by=kfp)]
     for ns in _variable_defaults(parsed).get(PROFILE_VARIABLE) or []:
-        out += [obj("Namespace", ns, by="Kubeflow profile controller"),
+        out += [obj("Namespace", ns, by="Kubeflow profile controller", labels=PROFILE_NAMESPACE_LABELS),
                 obj("ServiceAccount", KFP_PROFILE_RUNNER_SA, ns, by="Kubeflow profile controller")]
     return out
 
@@ -1260,10 +1266,187 @@ def check_cluster(root: Path, parsed: dict[str, dict], image: str | None = None,
     except Exception as e:  # noqa: BLE001 - a manifest the model cannot read is a failure to report, with its cause
         return Check("cluster", "FAIL", f"cannot build the cluster model: {type(e).__name__}: {e}")
     problems = reference_problems(m) + rbac_problems(m) + image_problems(m) + association_problems(parsed, m)
+    problems += network_problems(m, parsed)
     if problems:
         return Check("cluster", "FAIL", "; ".join(problems))
     return Check("cluster", "PASS", f"{len(m.objects)} objects, {len(m.pods)} pod templates, {len(m.needs)} API "
-                                    f"needs: references, RBAC, images ({m.image}) and Pod Identity consistent")
+                                    f"needs, {len(product_flows(m, parsed))} network flows: references, RBAC, "
+                                    f"images ({m.image}), Pod Identity and NetworkPolicies consistent")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NetworkPolicies: the flows the product needs are admitted, the others denied (Kubernetes NetworkPolicy semantics,
+# kubernetes.io/docs/concepts/services-networking/network-policies/: a pod selected by no policy of a direction
+# accepts everything in it; otherwise a connection passes if some rule of some selecting policy admits its peer
+# and port; both the source's egress and the destination's ingress must pass).
+
+PROMETHEUS_LABELS = {"app.kubernetes.io/name": "prometheus"}  # kube-prometheus-stack's Prometheus pods
+UNRELATED_NAMESPACE = "tenant-other"  # a namespace of someone else's workloads, for the flows that must be denied
+
+
+@dataclass
+class NetPod:
+    """A pod as NetworkPolicies see it: namespace, labels, named container ports."""
+    what: str
+    namespace: str
+    labels: dict[str, str]
+    ports: dict[str, int]
+
+
+@dataclass
+class Flow:
+    """A TCP connection `src` -> `dst`:`port` (a number, or a name of dst's container ports) that must be
+    admitted (`admit`) or denied."""
+    src: NetPod
+    dst: NetPod
+    port: int | str
+    admit: bool
+    why: str
+
+
+def _selects(sel: dict | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against labels; {} selects all."""
+    sel = sel or {}
+    if any(labels.get(k) != v for k, v in (sel.get("matchLabels") or {}).items()):
+        return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e["key"], e["operator"], e.get("values") or []
+        if ((op == "In" and labels.get(k) not in vals) or (op == "NotIn" and k in labels and labels[k] in vals)
+                or (op == "Exists" and k not in labels) or (op == "DoesNotExist" and k in labels)):
+            return False
+    return True
+
+
+def _namespace_labels(objs: list[dict], ns: str) -> dict[str, str]:
+    labels = {"kubernetes.io/metadata.name": ns}  # set on every namespace by the API server
+    for o in objs:
+        if o.get("kind") == "Namespace" and o["metadata"]["name"] == ns:
+            labels.update(o["metadata"].get("labels") or {})
+    return labels
+
+
+def _peer_matches(objs: list[dict], peer: dict, policy_ns: str, pod: NetPod) -> bool:
+    if "ipBlock" in peer:  # pod IPs may fall in any CIDR: counted as admitting (a deny check must not rely on it)
+        return True
+    ns_ok = (_selects(peer["namespaceSelector"], _namespace_labels(objs, pod.namespace))
+             if "namespaceSelector" in peer else pod.namespace == policy_ns)
+    return ns_ok and _selects(peer.get("podSelector"), pod.labels)
+
+
+def _port_matches(ports: list[dict] | None, dst: NetPod, port: int) -> bool:
+    if not ports:
+        return True
+    for p in ports:
+        if p.get("protocol", "TCP") != "TCP":
+            continue
+        want = p.get("port")
+        if want is None:
+            return True
+        num = dst.ports.get(want) if isinstance(want, str) else want
+        if num is not None and (num == port or (p.get("endPort") and num <= port <= p["endPort"])):
+            return True
+    return False
+
+
+def _direction_admits(objs: list[dict], direction: str, pod: NetPod, peer: NetPod, dst: NetPod, port: int) -> bool:
+    key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    selecting = [o for o in objs if o.get("kind") == "NetworkPolicy" and o["metadata"].get("namespace") == pod.namespace
+                 and _selects(o["spec"].get("podSelector"), pod.labels)
+                 and direction in (o["spec"].get("policyTypes") or ["Ingress"] + (["Egress"] if "egress" in o["spec"]
+                                                                                 else []))]
+    if not selecting:
+        return True
+    return any((not rule.get(peers_key) or any(_peer_matches(objs, pe, o["metadata"]["namespace"], peer)
+                                               for pe in rule[peers_key]))
+               and _port_matches(rule.get("ports"), dst, port)
+               for o in selecting for rule in o["spec"].get(key) or [])
+
+
+def flow_admitted(objs: list[dict], f: Flow) -> bool:
+    """Whether the NetworkPolicies among `objs` let f.src open a TCP connection to f.dst on f.port.
+
+    Raises:
+        KeyError: f.port names no container port of f.dst.
+    """
+    port = f.dst.ports[f.port] if isinstance(f.port, str) else f.port
+    return (_direction_admits(objs, "Egress", f.src, f.dst, f.dst, port)
+            and _direction_admits(objs, "Ingress", f.dst, f.src, f.dst, port))
+
+
+def _net_pod(o: dict, what: str, extra_labels: dict[str, str] | None = None) -> NetPod:
+    pod = _pod_spec(o) or {}
+    tmpl_labels = ((o.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {}
+    ports = {p["name"]: p["containerPort"] for c in pod.get("containers") or [] for p in c.get("ports") or []
+             if p.get("name")}
+    return NetPod(what, o["metadata"].get("namespace", "default"), {**tmpl_labels, **(extra_labels or {})}, ports)
+
+
+def product_flows(m: ClusterModel, parsed: dict[str, dict]) -> list[Flow]:
+    """The flows of the model's promote render and MLflow: admitted ones (runtime -> worker HTTP and KV events,
+    worker <-> worker NIXL side channel, Prometheus -> worker metrics, promote's SLO probe -> runtime, pipeline
+    steps -> MLflow) and ones that must be denied (an unrelated namespace or another InferenceService's runtime
+    -> a worker, Prometheus or the runtime -> the NIXL port, an unrelated namespace -> MLflow)."""
+    from runtime.deploy.target import ClusterTarget
+
+    isvc = next(o for o in m.objects if o.get("kind") == "InferenceService" and o["metadata"]["name"] == CHECK_ISVC)
+    ns, name = isvc["metadata"]["namespace"], isvc["metadata"]["name"]
+    pods = {(o["metadata"].get("labels") or {}).get("app.kubernetes.io/component"): o for o in m.objects
+            if o.get("kind") == "Deployment" and (o["metadata"].get("labels") or {}).get(
+                "app.kubernetes.io/instance") == name}
+    prefill, decode = _net_pod(pods["prefill"], "prefill worker"), _net_pod(pods["decode"], "decode worker")
+    runtime_port = ClusterTarget().runtime_port
+    # KServe puts the InferenceService's labels and serving.kserve.io/inferenceservice on the predictor's pods.
+    runtime = NetPod(f"runtime of {name}", ns, {**(isvc["metadata"].get("labels") or {}),
+                                                "serving.kserve.io/inferenceservice": name},
+                     {"http": runtime_port})
+    other_runtime = NetPod("runtime of another InferenceService", ns,
+                           {"app.kubernetes.io/name": "pdserve", "app.kubernetes.io/instance": "other",
+                            "app.kubernetes.io/component": "runtime", "serving.kserve.io/inferenceservice": "other"},
+                           {})
+    monitoring = ClusterTarget().monitoring_namespace
+    prometheus = NetPod("Prometheus", monitoring, dict(PROMETHEUS_LABELS), {})
+    stranger = NetPod(f"a pod of namespace {UNRELATED_NAMESPACE}", UNRELATED_NAMESPACE, {"app": "other"}, {})
+    flows = []
+    for w in (prefill, decode):
+        flows += [Flow(runtime, w, "http", True, "the runtime sends requests to the workers"),
+                  Flow(runtime, w, "kv-events", True, "the KV-aware router subscribes to the workers' KV events"),
+                  Flow(prometheus, w, "http", True, "Prometheus scrapes the workers' /metrics (ServiceMonitor)"),
+                  Flow(stranger, w, "http", False, "only the runtime may send requests to a worker"),
+                  Flow(other_runtime, w, "http", False, "another endpoint's runtime has no business here"),
+                  Flow(prometheus, w, "nixl", False, "Prometheus needs the metrics port only"),
+                  Flow(runtime, w, "nixl", False, "the runtime does not speak NIXL")]
+    flows += [Flow(prefill, decode, "nixl", True, "decode reads KV from prefill over NIXL (side channel)"),
+              Flow(decode, prefill, "nixl", True, "prefill and decode exchange NIXL metadata"),
+              Flow(stranger, prefill, "nixl", False, "KV blocks are readable only by the endpoint's own workers")]
+    for pns, _ in pipeline_runners(parsed) + [(_retune_namespace(), "")]:
+        flows.append(Flow(NetPod(f"promote in {pns}", pns, {}, {}), runtime, "http", True,
+                          "promote's SLO probe calls the runtime"))
+    mlflow = next((o for o in m.objects if o.get("kind") == "Deployment" and o["metadata"]["name"] == "mlflow"), None)
+    if mlflow is not None:
+        mpod = _net_pod(mlflow, "MLflow")
+        for pns, _ in pipeline_runners(parsed) + [(_retune_namespace(), "")]:
+            flows.append(Flow(NetPod(f"pipeline step in {pns}", pns, {}, {}), mpod, "http", True,
+                              "tune and promote log to MLflow (the pipeline's and the re-tune's)"))
+        flows.append(Flow(stranger, mpod, "http", False, "the model registry is not open to every namespace"))
+    return flows
+
+
+def _retune_namespace() -> str:
+    """Where the re-tune's promote step runs (runtime/batch/workflows.py RetuneCronWorkflowSpec.namespace)."""
+    from runtime.batch.workflows import RetuneCronWorkflowSpec
+
+    return RetuneCronWorkflowSpec.model_fields["namespace"].default
+
+
+def network_problems(m: ClusterModel, parsed: dict[str, dict]) -> list[str]:
+    """Each product flow admitted or denied as it must be (`product_flows`, `flow_admitted`)."""
+    out = []
+    for f in product_flows(m, parsed):
+        if flow_admitted(m.objects, f) != f.admit:
+            out.append(f"NetworkPolicy: {f.src.what} ({f.src.namespace}) -> {f.dst.what} ({f.dst.namespace}) "
+                       f"port {f.port} is {'denied' if f.admit else 'admitted'}, but must be "
+                       f"{'admitted' if f.admit else 'denied'}: {f.why}")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -148,9 +148,13 @@ def test_network_policy_admits_runtime_workers_and_prometheus_only(objs):
     pod_labels = find(objs, "Deployment", f"{NAME}-prefill")["spec"]["template"]["metadata"]["labels"]
     assert np_["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert np_["policyTypes"] == ["Ingress"]
-    peers = np_["ingress"][0]["from"]
-    assert {"podSelector": {"matchLabels": {"serving.kserve.io/inferenceservice": NAME}}} in peers
-    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in peers
+    rules = {json.dumps(r["from"], sort_keys=True): sorted(p["port"] for p in r.get("ports", [])) for r in np_["ingress"]}
+    assert rules == {  # the flows themselves are proven by infra/validate.py (tests/unit/test_infra_network.py)
+        json.dumps([{"podSelector": np_["podSelector"]}], sort_keys=True): [],
+        json.dumps([{"podSelector": {"matchLabels": {"serving.kserve.io/inferenceservice": NAME}}}], sort_keys=True):
+            ["http", "kv-events"],
+        json.dumps([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                   sort_keys=True): ["http"]}
 
 
 def test_deliberate_static_analysis_findings_are_justified_on_the_object(objs):
