@@ -25,6 +25,7 @@ The winner needs the fewest GPUs for the workload rate, i.e. has the highest goo
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from runtime.config import TP_DEGREES, DeploymentSpec, EngineSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
@@ -122,14 +123,16 @@ class TuneResult:
 
         return need(b.prefill_goodput_rps, b.prefill_replicas), need(b.decode_goodput_rps, b.decode_replicas)
 
-    def to_deployment_spec(self, model_ref: ModelRef, peak_rate_per_s: float | None = None) -> DeploymentSpec:
+    def to_deployment_spec(self, model_ref: ModelRef, peak_rate_per_s: float | None = None, *,
+                           max_model_len_tokens: int | None = None) -> DeploymentSpec:
         """The winner as a DeploymentSpec (planner bounds: 1 .. max(8, 2 x replicas) per pool, raised to
         :meth:`peak_replicas` when a ``peak_rate_per_s`` is given, e.g. a recorded trace's busiest 60 s, so
-        the planner may scale up to what the peak needs).
+        the planner may scale up to what the peak needs). ``max_model_len_tokens``: the operator's vLLM
+        ``--max-model-len`` instead of the derived one, checked by :meth:`max_model_len_tokens`.
 
         Raises:
             pydantic.ValidationError: when the precision is not one DeploymentSpec accepts (bf16/fp8).
-            ValueError: a bad ``peak_rate_per_s``.
+            ValueError: a bad ``peak_rate_per_s`` or ``max_model_len_tokens``.
         """
         b = self.best
         peak_p, peak_d = (0, 0) if peak_rate_per_s is None else self.peak_replicas(peak_rate_per_s)
@@ -137,7 +140,7 @@ class TuneResult:
             model=model_ref.model_copy(update={"mla": self.model.is_mla, "quantization": self.model.quant_method}),
             gpu=self.gpu.name,
             precision=self.precision,
-            engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens()),
+            engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens(max_model_len_tokens)),
             slo=self.slo.model_copy(),
             workload=self.workload.model_copy(),
             prefill=PoolSpec(tp=b.prefill_tp, replicas=b.prefill_replicas, min_replicas=1,
@@ -146,22 +149,46 @@ class TuneResult:
                             max_replicas=max(8, 2 * b.decode_replicas, peak_d)),
         )
 
-    def max_model_len_tokens(self) -> int:
+    def max_model_len_tokens(self, override: int | None = None) -> int:
         """vLLM ``--max-model-len`` for the winner, tokens: the model's context window (the length vLLM derives
         from its config, ``ModelSpec.max_context_tokens``), capped by the KV capacity of one prefill and one
         decode worker (vLLM refuses to start when one sequence of that length does not fit); never below the
         workload's ISL + OSL. Sized from the model, not from the workload's mean: a request longer than the
         mean must still be served (vLLM allocates KV blocks as a sequence grows, so a long limit costs nothing
-        until a long request comes)."""
+        until a long request comes).
+
+        ``override`` (the operator's choice, e.g. a shorter limit to refuse long prompts) replaces it when it
+        is within the same bounds.
+
+        Raises:
+            ValueError: ``override`` is not a positive int, is below the workload's ISL + OSL (the requests
+                the configuration was tuned for would be refused), above the model's context window (vLLM:
+                "User-specified max_model_len ... is greater than the derived max_model_len") or above the KV
+                capacity of one worker (vLLM refuses to start); the message gives the bound.
+        """
         need = self.workload.isl_tokens + self.workload.osl_tokens
-        want = self.model.max_context_tokens or self.model.max_position_embeddings or max(
-            need, EngineSpec.model_fields["max_model_len_tokens"].default)
+        context = self.model.max_context_tokens or self.model.max_position_embeddings
+        want = context or max(need, EngineSpec.model_fields["max_model_len_tokens"].default)
         caps = []
         if self.best.kv_capacity_tokens:
             caps.append(self.best.kv_capacity_tokens)
         if isinstance(self.perf, PerfModel):
             caps.append(self.perf.kv_capacity_tokens(self.best.prefill_tp))
-        return max(min([want, *caps]), need)
+        if override is None:
+            return max(min([want, *caps]), need)
+        if isinstance(override, bool) or not isinstance(override, int) or override <= 0:
+            raise ValueError(f"max_model_len must be a positive number of tokens, got {override!r}")
+        if override < need:
+            raise ValueError(f"max_model_len {override} < the workload's ISL + OSL ({need} tokens): the requests "
+                             "this configuration is tuned for would be refused")
+        if context and override > context:
+            raise ValueError(f"max_model_len {override} > the model's context window ({context} tokens): vLLM "
+                             "refuses to start")
+        if caps and override > min(caps):
+            raise ValueError(f"max_model_len {override} > the KV capacity of one worker ({min(caps)} tokens at "
+                             f"prefill TP {self.best.prefill_tp} / decode TP {self.best.decode_tp}): vLLM refuses "
+                             "to start; use a larger TP or a shorter limit")
+        return override
 
     def markdown_table(self) -> str:
         """All candidates as a GitHub-flavoured Markdown table, winner marked with a star."""
@@ -200,8 +227,12 @@ def evaluate(
     workload: WorkloadSpec,
     gpu_memory_utilization: float = 0.9,
     sample: LengthSample | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> Candidate:
     """Predict one candidate (see the module docstring for the rules and formulas).
+
+    ``prices`` (``{GPU name: USD per GPU-hour}``, runtime.perf.instances.parse_price_overrides) replaces the
+    on-demand price of ``usd_per_mtok``.
 
     ``sample`` (ISL/OSL pairs, e.g. from a trace) replaces the workload's mean lengths: prefill uses the
     M/G/1 moments of its prompts' prefill times and their p90, decode the p90 context for ITL and the mean
@@ -274,8 +305,8 @@ def evaluate(
     n_p, n_d = max(1, math.ceil(rate / g_p - 1e-9)), max(1, math.ceil(rate / g_d - 1e-9))
     ttft_ms = (p90_total_s + mg1_wait_quantile_s(rate / n_p, mean_s, m2_s, SLO_QUANTILE)) * 1e3
     goodput_per_gpu = 1.0 / (prefill_tp / g_p + decode_tp / g_d)
-    price_p = usd_per_gpu_hour(perf.gpu.name, prefill_tp)
-    price_d = usd_per_gpu_hour(perf.gpu.name, decode_tp)
+    price_p = usd_per_gpu_hour(perf.gpu.name, prefill_tp, prices)
+    price_d = usd_per_gpu_hour(perf.gpu.name, decode_tp, prices)
     usd = None
     if price_p is not None and price_d is not None:
         usd_per_hour = n_p * prefill_tp * price_p + n_d * decode_tp * price_d
@@ -371,6 +402,7 @@ def tune(
     gpu_memory_utilization: float = 0.9,
     perf: PerfModel | None = None,
     sample: LengthSample | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> TuneResult:
     """Search prefill TP x decode TP and pick the configuration with the highest goodput per GPU.
 
@@ -380,7 +412,9 @@ def tune(
         workload: mean ISL/OSL (tokens) and request rate (req/s); precision: bf16/fp8/fp4;
         tps: TP degrees to try for each pool; perf: a prebuilt PerfModel (e.g. with other efficiencies, or
         ``runtime.tuner.profiles.ProfilePerf`` for measured mode); sample: ISL/OSL pairs (e.g. a trace,
-        ``runtime.tuner.workload.LengthSample``) used instead of the workload's mean lengths.
+        ``runtime.tuner.workload.LengthSample``) used instead of the workload's mean lengths; prices:
+        ``{GPU name: USD per GPU-hour}`` replacing the on-demand prices in ``usd_per_mtok``
+        (runtime.perf.instances.parse_price_overrides / parse_price_file).
 
     Returns:
         TuneResult with all ``len(tps)**2`` candidates in (prefill TP, decode TP) order.
@@ -397,7 +431,7 @@ def tune(
     check_context_length(model, workload, sample)
     g = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
     pm = perf or PerfModel(model, g, precision)
-    cands = [evaluate(pm, p, d, slo, workload, gpu_memory_utilization, sample) for p in tps for d in tps]
+    cands = [evaluate(pm, p, d, slo, workload, gpu_memory_utilization, sample, prices) for p in tps for d in tps]
     ok = [c for c in cands if c.feasible]
     if ok:
         best = max(ok, key=lambda c: (-c.num_gpus, c.goodput_per_gpu, -c.decode_tp, -c.prefill_tp))
