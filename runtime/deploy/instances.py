@@ -39,6 +39,13 @@ class InstanceType:
     def efa_capable(self) -> bool:
         return self.num_efa_interfaces > 0
 
+    def efa_for_every_worker(self, num_gpus: int) -> bool:
+        """Whether every worker of `num_gpus` GPUs that fits on the instance gets its own EFA interface: a node
+        holds num_gpus_per_instance / num_gpus such workers, each requesting `efa_interfaces_for` (>= 1), so
+        with fewer interfaces than that the extra workers could not be scheduled beside the first (their GPUs
+        idle, or another node launched)."""
+        return self.efa_capable and self.num_efa_interfaces * num_gpus >= self.num_gpus
+
     def efa_interfaces_for(self, num_gpus: int) -> int:
         """EFA interfaces to request for a pod using `num_gpus` GPUs (proportional share, >= 1)."""
         if not self.efa_capable:
