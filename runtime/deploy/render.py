@@ -325,7 +325,10 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
     if target.efa and (inst is None or not inst.efa_capable):
         where = inst.name if inst else "the CPU pseudo-GPU"
         raise ManifestError(f"target.efa: EFA requested but {where} has no EFA interfaces")
-    efa = bool(inst is not None and inst.efa_capable if target.efa is None else target.efa)
+    if target.efa is None:  # default: EFA where every worker packed on a node gets an interface of its own
+        efa = inst is not None and all(inst.efa_for_every_worker(getattr(spec, r).tp) for r in ("prefill", "decode"))
+    else:
+        efa = target.efa
     return inst, efa
 
 

@@ -34,7 +34,8 @@ class ClusterTarget(BaseModel):
     efa: bool | None = Field(
         default=None,
         description="Use EFA (NIXL LIBFABRIC backend, vpc.amazonaws.com/efa requests); None = if the "
-        "instance supports EFA.",
+        "instance has an EFA interface for every worker a node holds at both pools' TP (p5: always; p4d/p4de, "
+        "g6e.48xlarge: TP >= 2; g5/g6.48xlarge: TP 8), so no worker waits for an interface beside idle GPUs.",
     )
     gpu_taint_key: str = Field(default="nvidia.com/gpu", description="Taint on the Karpenter GPU nodes.")
     cpu_share: float = Field(

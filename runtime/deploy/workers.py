@@ -273,26 +273,30 @@ def worker_pdb(role: Role, *, name: str, namespace: str, revision: str | None) -
 
 
 def worker_network_policy(*, name: str, namespace: str, monitoring_namespace: str) -> dict[str, Any]:
-    """networking.k8s.io/v1 NetworkPolicy: worker pods of `name` (all revisions) accept traffic only from
-    each other (NIXL side channel / KV transfer over TCP), from the runtime pods of the InferenceService
-    (KServe labels them `serving.kserve.io/inferenceservice`) and from Prometheus. EFA RDMA traffic does
-    not pass through the pod network and is unaffected."""
+    """networking.k8s.io/v1 NetworkPolicy: worker pods of `name` (all revisions) accept exactly
+    * from each other, any TCP port: the NIXL side channel (port "nixl") and the KV data itself, which NIXL's
+      UCX TCP transport sends between ephemeral ports (EFA RDMA traffic does not pass the pod network);
+    * from the runtime pods of the InferenceService (KServe labels them `serving.kserve.io/inferenceservice`):
+      ports "http" (requests) and "kv-events" (the KV-aware router's ZMQ subscription);
+    * from namespace `monitoring_namespace`: port "http" (Prometheus scrapes /metrics there);
+    and nothing else (infra/validate.py check `cluster` proves each flow admitted and the rest denied)."""
+    inst = {"app.kubernetes.io/name": APP_LABEL, "app.kubernetes.io/instance": name}
+    worker_pods = {"matchLabels": dict(inst), "matchExpressions": [
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["prefill", "decode"]}]}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": f"{name}-workers", "namespace": namespace,
-                     "labels": {"app.kubernetes.io/name": APP_LABEL, "app.kubernetes.io/instance": name}},
+        "metadata": {"name": f"{name}-workers", "namespace": namespace, "labels": dict(inst)},
         "spec": {
-            "podSelector": {
-                "matchLabels": {"app.kubernetes.io/name": APP_LABEL, "app.kubernetes.io/instance": name},
-                "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
-                                      "values": ["prefill", "decode"]}],
-            },
+            "podSelector": worker_pods,
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [
-                {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": name}}},
-                {"podSelector": {"matchLabels": {"serving.kserve.io/inferenceservice": name}}},
-                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": monitoring_namespace}}},
-            ]}],
+            "ingress": [
+                {"from": [{"podSelector": worker_pods}]},
+                {"from": [{"podSelector": {"matchLabels": {"serving.kserve.io/inferenceservice": name}}}],
+                 "ports": [{"protocol": "TCP", "port": "http"}, {"protocol": "TCP", "port": "kv-events"}]},
+                {"from": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": monitoring_namespace}}}],
+                 "ports": [{"protocol": "TCP", "port": "http"}]},
+            ],
         },
     }

@@ -18,6 +18,8 @@ Pure data + lookup, no I/O.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 PRICE_DATE = "2025-06-05"
@@ -86,7 +88,72 @@ def instance_for(gpu: str, num_gpus: int) -> InstanceType | None:
     return min(fits, key=lambda i: (i.num_gpus, i.usd_per_hour)) if fits else None
 
 
-def usd_per_gpu_hour(gpu: str, num_gpus: int = 1) -> float | None:
-    """On-demand USD per GPU-hour for a worker of ``num_gpus`` GPUs of ``gpu``; None when no AWS type has it."""
+def usd_per_gpu_hour(gpu: str, num_gpus: int = 1, prices: Mapping[str, float] | None = None) -> float | None:
+    """USD per GPU-hour for a worker of ``num_gpus`` GPUs of ``gpu``: ``prices[gpu]`` when given (an operator's
+    negotiated or reserved price, :func:`parse_price_overrides` / :func:`parse_price_file`), else the on-demand
+    price of the smallest AWS type that holds the worker; None when neither has it."""
+    if prices and gpu in prices:
+        return prices[gpu]
     inst = instance_for(gpu, num_gpus)
     return None if inst is None else inst.usd_per_gpu_hour
+
+
+def _price(gpu: str, value: object, where: str) -> tuple[str, float]:
+    from runtime.perf.gpus import get_gpu  # GPU names and aliases (H100, h100-sxm5-80gb, ...) -> catalog names
+
+    try:
+        name = get_gpu(str(gpu).strip()).name
+    except KeyError as e:
+        raise ValueError(f"{where}: {e.args[0]}") from None
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: price of {name} must be a number of USD per GPU-hour, got {value!r}")
+    try:
+        usd = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: price of {name} must be a number of USD per GPU-hour, got {value!r}") from None
+    if not math.isfinite(usd) or usd < 0:
+        raise ValueError(f"{where}: price of {name} must be a finite USD per GPU-hour >= 0, got {value!r}")
+    return name, usd
+
+
+def parse_price_overrides(items: Iterable[str]) -> dict[str, float]:
+    """``["H100-SXM=3.2", "L40S=1.1"]`` (GPU name or alias ``=`` USD per GPU-hour, what ``--usd-per-gpu-hour``
+    takes) -> ``{"H100-SXM": 3.2, "L40S": 1.1}``, keyed by catalog name; a later item for the same GPU wins.
+
+    Raises:
+        ValueError: an item without '=', an unknown GPU (message lists the names), or a price that is not a
+            finite number >= 0.
+    """
+    out: dict[str, float] = {}
+    for item in items:
+        gpu, sep, value = str(item).partition("=")
+        if not sep or not gpu.strip():
+            raise ValueError(f"--usd-per-gpu-hour {item!r}: expected GPU=USD_PER_GPU_HOUR, e.g. H100-SXM=3.2")
+        name, usd = _price(gpu, value.strip(), f"--usd-per-gpu-hour {item!r}")
+        out[name] = usd
+    return out
+
+
+def parse_price_file(text: str, source: str = "price file") -> dict[str, float]:
+    """A price file's text -> ``{catalog GPU name: USD per GPU-hour}``: a JSON or YAML mapping of GPU name or
+    alias to USD per GPU-hour (``{"H100-SXM": 3.2}`` / ``H100-SXM: 3.2``). ``source`` names the file in errors.
+
+    Raises:
+        ValueError: not a mapping, an unknown GPU, a price that is not a finite number >= 0, or two keys
+            naming the same GPU.
+    """
+    import yaml  # JSON is YAML 1.2; safe_load builds only plain data
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{source}: not JSON or YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or not doc:
+        raise ValueError(f"{source}: expected a mapping of GPU name to USD per GPU-hour, e.g. {{H100-SXM: 3.2}}")
+    out: dict[str, float] = {}
+    for gpu, value in doc.items():
+        name, usd = _price(gpu, value, source)
+        if name in out:
+            raise ValueError(f"{source}: {name} is priced twice")
+        out[name] = usd
+    return out

@@ -23,6 +23,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from runtime.config import DeploymentSpec, SloSpec, WorkloadSpec
@@ -80,8 +81,9 @@ def champion_perf(model: ModelSpec, spec: DeploymentSpec, challenger_perf: PerfM
     return want
 
 
-def _cost_per_hour(gpu: str, prefill_tp: int, decode_tp: int, n_p: int, n_d: int) -> float | None:
-    price_p, price_d = usd_per_gpu_hour(gpu, prefill_tp), usd_per_gpu_hour(gpu, decode_tp)
+def _cost_per_hour(gpu: str, prefill_tp: int, decode_tp: int, n_p: int, n_d: int,
+                   prices: Mapping[str, float] | None = None) -> float | None:
+    price_p, price_d = usd_per_gpu_hour(gpu, prefill_tp, prices), usd_per_gpu_hour(gpu, decode_tp, prices)
     if price_p is None or price_d is None:
         return None
     return n_p * prefill_tp * price_p + n_d * decode_tp * price_d
@@ -94,6 +96,7 @@ def evaluate_deployment(
     workload: WorkloadSpec,
     gpu_budget: int,
     sample: LengthSample | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> Candidate:
     """Predict the deployment ``spec`` (its TP pair and replicas, on ``perf``'s GPU) serving ``workload`` under
     ``slo`` within ``gpu_budget`` GPUs.
@@ -104,6 +107,8 @@ def evaluate_deployment(
             ``planner.mode``; ``engine.gpu_memory_utilization``).
         slo, workload, sample: as :func:`runtime.tuner.search.evaluate` (ms, tokens, requests/s).
         gpu_budget: GPUs the deployment may use (>= 1).
+        prices: ``{GPU name: USD per GPU-hour}`` replacing the on-demand prices (give the challenger's tune
+            the same mapping, or the two ``usd_per_mtok`` do not compare).
 
     Returns:
         A :class:`Candidate` whose ``prefill_replicas``/``decode_replicas``/``num_gpus`` are what the deployment
@@ -119,7 +124,7 @@ def evaluate_deployment(
     if gpu_budget < 1:
         raise ValueError(f"gpu_budget must be >= 1, got {gpu_budget!r}")
     p_tp, d_tp = spec.prefill.tp, spec.decode.tp
-    c = evaluate(perf, p_tp, d_tp, slo, workload, spec.engine.gpu_memory_utilization, sample)
+    c = evaluate(perf, p_tp, d_tp, slo, workload, spec.engine.gpu_memory_utilization, sample, prices)
     if not c.feasible:
         return c
     need_p, need_d = c.prefill_replicas, c.decode_replicas
@@ -141,8 +146,8 @@ def evaluate_deployment(
                                                  f"the GPU budget {gpu_budget}")
     usd = c.usd_per_mtok
     if usd is not None:  # evaluate() priced the workers it sized; scale to the workers that run
-        sized = _cost_per_hour(perf.gpu.name, p_tp, d_tp, need_p, need_d)
-        running = _cost_per_hour(perf.gpu.name, p_tp, d_tp, run_p, run_d)
+        sized = _cost_per_hour(perf.gpu.name, p_tp, d_tp, need_p, need_d, prices)
+        running = _cost_per_hour(perf.gpu.name, p_tp, d_tp, run_p, run_d, prices)
         usd = None if not sized or running is None else usd * running / sized
     return replace(c, prefill_replicas=run_p, decode_replicas=run_d, num_gpus=gpus, usd_per_mtok=usd)
 

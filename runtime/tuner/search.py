@@ -25,6 +25,7 @@ The winner needs the fewest GPUs for the workload rate, i.e. has the highest goo
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from runtime.config import TP_DEGREES, DeploymentSpec, EngineSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
@@ -155,17 +156,19 @@ class TuneResult:
 
         return need(b.prefill_goodput_rps, b.prefill_replicas), need(b.decode_goodput_rps, b.decode_replicas)
 
-    def to_deployment_spec(self, model_ref: ModelRef, peak_rate_per_s: float | None = None) -> DeploymentSpec:
+    def to_deployment_spec(self, model_ref: ModelRef, peak_rate_per_s: float | None = None, *,
+                           max_model_len_tokens: int | None = None) -> DeploymentSpec:
         """The winner as a DeploymentSpec (planner bounds: 1 .. max(8, 2 x replicas) per pool, raised to
         :meth:`peak_replicas` when a ``peak_rate_per_s`` is given, e.g. a recorded trace's busiest 60 s, so
-        the planner may scale up to what the peak needs).
+        the planner may scale up to what the peak needs). ``max_model_len_tokens``: the operator's vLLM
+        ``--max-model-len`` instead of the derived one, checked by :meth:`max_model_len_tokens`.
 
         Raises:
             pydantic.ValidationError: when the precision is not one DeploymentSpec accepts (bf16/fp8).
             NotDeployableError: the winner uses expert / data-parallel / pipeline / multi-node layouts, which a
                 DeploymentSpec pool (``tp`` only) cannot state yet (message: the layouts, and how to tune a
                 plain-TP winner).
-            ValueError: a bad ``peak_rate_per_s``.
+            ValueError: a bad ``peak_rate_per_s`` or ``max_model_len_tokens``.
         """
         b = self.best
         if not b.plain_tp:
@@ -179,7 +182,7 @@ class TuneResult:
             model=model_ref.model_copy(update={"mla": self.model.is_mla, "quantization": self.model.quant_method}),
             gpu=self.gpu.name,
             precision=self.precision,
-            engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens()),
+            engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens(max_model_len_tokens)),
             slo=self.slo.model_copy(),
             workload=self.workload.model_copy(),
             prefill=PoolSpec(tp=b.prefill_tp, replicas=b.prefill_replicas, min_replicas=1,
@@ -188,16 +191,26 @@ class TuneResult:
                             max_replicas=max(8, 2 * b.decode_replicas, peak_d)),
         )
 
-    def max_model_len_tokens(self) -> int:
+    def max_model_len_tokens(self, override: int | None = None) -> int:
         """vLLM ``--max-model-len`` for the winner, tokens: the model's context window (the length vLLM derives
         from its config, ``ModelSpec.max_context_tokens``), capped by the KV capacity of one prefill and one
         decode worker (vLLM refuses to start when one sequence of that length does not fit); never below the
         workload's ISL + OSL. Sized from the model, not from the workload's mean: a request longer than the
         mean must still be served (vLLM allocates KV blocks as a sequence grows, so a long limit costs nothing
-        until a long request comes)."""
+        until a long request comes).
+
+        ``override`` (the operator's choice, e.g. a shorter limit to refuse long prompts) replaces it when it
+        is within the same bounds.
+
+        Raises:
+            ValueError: ``override`` is not a positive int, is below the workload's ISL + OSL (the requests
+                the configuration was tuned for would be refused), above the model's context window (vLLM:
+                "User-specified max_model_len ... is greater than the derived max_model_len") or above the KV
+                capacity of one worker (vLLM refuses to start); the message gives the bound.
+        """
         need = self.workload.isl_tokens + self.workload.osl_tokens
-        want = self.model.max_context_tokens or self.model.max_position_embeddings or max(
-            need, EngineSpec.model_fields["max_model_len_tokens"].default)
+        context = self.model.max_context_tokens or self.model.max_position_embeddings
+        want = context or max(need, EngineSpec.model_fields["max_model_len_tokens"].default)
         caps = []
         if self.best.kv_capacity_tokens:
             caps.append(self.best.kv_capacity_tokens)
@@ -205,7 +218,21 @@ class TuneResult:
             caps.append(self.best.prefill_kv_capacity_tokens)
         elif isinstance(self.perf, PerfModel):
             caps.append(self.perf.kv_capacity_tokens(self.best.prefill_tp))
-        return max(min([want, *caps]), need)
+        if override is None:
+            return max(min([want, *caps]), need)
+        if isinstance(override, bool) or not isinstance(override, int) or override <= 0:
+            raise ValueError(f"max_model_len must be a positive number of tokens, got {override!r}")
+        if override < need:
+            raise ValueError(f"max_model_len {override} < the workload's ISL + OSL ({need} tokens): the requests "
+                             "this configuration is tuned for would be refused")
+        if context and override > context:
+            raise ValueError(f"max_model_len {override} > the model's context window ({context} tokens): vLLM "
+                             "refuses to start")
+        if caps and override > min(caps):
+            raise ValueError(f"max_model_len {override} > the KV capacity of one worker ({min(caps)} tokens at "
+                             f"prefill TP {self.best.prefill_tp} / decode TP {self.best.decode_tp}): vLLM refuses "
+                             "to start; use a larger TP or a shorter limit")
+        return override
 
     def markdown_table(self) -> str:
         """All candidates as a GitHub-flavoured Markdown table, winner marked with a star."""
@@ -244,8 +271,12 @@ def evaluate(
     workload: WorkloadSpec,
     gpu_memory_utilization: float = 0.9,
     sample: LengthSample | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> Candidate:
     """Predict one candidate (see the module docstring for the rules and formulas).
+
+    ``prices`` (``{GPU name: USD per GPU-hour}``, runtime.perf.instances.parse_price_overrides) replaces the
+    on-demand price of ``usd_per_mtok``.
 
     ``sample`` (ISL/OSL pairs, e.g. from a trace) replaces the workload's mean lengths: prefill uses the
     M/G/1 moments of its prompts' prefill times and their p90, decode the p90 context for ITL and the mean
@@ -267,18 +298,19 @@ def evaluate(
     if prefill_tp > decode_tp and not m.is_mla:
         return replace(c, reason="prefill TP > decode TP (NixlConnector, non-MLA)")
     return evaluate_workers(WorkerPerf(perf, Layout(tp=prefill_tp)), WorkerPerf(perf, Layout(tp=decode_tp)), c, slo,
-                            workload, gpu_memory_utilization, sample)
+                            workload, gpu_memory_utilization, sample, prices)
 
 
 def evaluate_layout_pair(
     perf_for, prefill: Layout, decode: Layout, slo: SloSpec, workload: WorkloadSpec,
     gpu_memory_utilization: float = 0.9, sample: LengthSample | None = None, gpus_per_node: int = 8,
-    network_bw_per_gpu_bytes_per_s: float = 0.0,
+    network_bw_per_gpu_bytes_per_s: float = 0.0, prices: Mapping[str, float] | None = None,
 ) -> Candidate:
     """Predict one candidate of two layouts (``runtime.tuner.layouts`` rules, then as :func:`evaluate`).
 
     ``perf_for(layout)`` returns the PerfModel of a layout's mapping (``expert_parallel``, ``attention_dp``);
-    ``gpus_per_node`` and ``network_bw_per_gpu_bytes_per_s`` (EFA share per GPU) describe the nodes.
+    ``gpus_per_node`` and ``network_bw_per_gpu_bytes_per_s`` (EFA share per GPU) describe the nodes;
+    ``prices`` as in :func:`evaluate`.
     """
     m = perf_for(prefill).model
     c = Candidate(prefill.gpus, decode.gpus, feasible=False, prefill_layout=prefill, decode_layout=decode)
@@ -296,15 +328,16 @@ def evaluate_layout_pair(
             return replace(c, reason=f"weights do not fit at TP {lay.tp}" if lay.plain
                            else f"weights do not fit at {lay.label}")
         workers.append(w)
-    return evaluate_workers(workers[0], workers[1], c, slo, workload, gpu_memory_utilization, sample)
+    return evaluate_workers(workers[0], workers[1], c, slo, workload, gpu_memory_utilization, sample, prices)
 
 
 def evaluate_workers(
     pw: WorkerPerf, dw: WorkerPerf, c: Candidate, slo: SloSpec, workload: WorkloadSpec,
     gpu_memory_utilization: float = 0.9, sample: LengthSample | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> Candidate:
     """The SLO arithmetic of :func:`evaluate` for a prefill worker ``pw`` and a decode worker ``dw`` that the
-    rules accept; ``c`` is the candidate to fill in."""
+    rules accept; ``c`` is the candidate to fill in; ``prices`` as in :func:`evaluate`."""
     perf = pw.perf
     m = perf.model
     smp = sample or LengthSample.from_spec(workload)
@@ -368,8 +401,8 @@ def evaluate_workers(
     goodput_per_gpu = 1.0 / (prefill_tp / g_p + decode_tp / g_d)
     # a worker across nodes rents whole nodes: the per-GPU price of a node's instance
     node = pw.gpus_per_node
-    price_p = usd_per_gpu_hour(perf.gpu.name, min(prefill_tp, node))
-    price_d = usd_per_gpu_hour(perf.gpu.name, min(decode_tp, node))
+    price_p = usd_per_gpu_hour(perf.gpu.name, min(prefill_tp, node), prices)
+    price_d = usd_per_gpu_hour(perf.gpu.name, min(decode_tp, node), prices)
     usd = None
     if price_p is not None and price_d is not None:
         usd_per_hour = n_p * prefill_tp * price_p + n_d * decode_tp * price_d
@@ -544,6 +577,7 @@ def tune(
     perf: PerfModel | None = None,
     sample: LengthSample | None = None,
     parallelism: str = "tp",
+    prices: Mapping[str, float] | None = None,
 ) -> TuneResult:
     """Search the prefill x decode worker layouts and pick the configuration with the highest goodput per GPU.
 
@@ -562,7 +596,9 @@ def tune(
             ``all``); see ``runtime.tuner.layouts`` for the layouts and the pair rules. The default is what a
             DeploymentSpec states and what a caller that shows only ``prefill_tp`` / ``decode_tp`` can show;
             ask for ``auto`` or ``all`` where the caller shows ``Candidate.prefill.label`` /
-            ``decode.label`` and ``TuneResult.notes`` and handles ``NotDeployableError``.
+            ``decode.label`` and ``TuneResult.notes`` and handles ``NotDeployableError``;
+        prices: ``{GPU name: USD per GPU-hour}`` replacing the on-demand prices in ``usd_per_mtok``
+            (runtime.perf.instances.parse_price_overrides / parse_price_file).
 
     Returns:
         TuneResult with every candidate, (prefill layout, decode layout) in search order (plain TP first:
@@ -586,7 +622,8 @@ def tune(
     if perf is not None:  # a prebuilt model (measured profiles, other efficiencies): plain TP as given
         pm = perf
         par = "tp"
-        cands = [evaluate(pm, p, d, slo, workload, gpu_memory_utilization, sample) for p in tps for d in tps]
+        cands = [evaluate(pm, p, d, slo, workload, gpu_memory_utilization, sample, prices)
+                 for p in tps for d in tps]
         weights = pm.precision
     else:
         weights, kv = perf_precisions(model, precision)
@@ -612,7 +649,8 @@ def tune(
         def search(par: str) -> list[Candidate]:
             pre = layouts(model, tps, par, node, multi, "prefill")
             dec = layouts(model, tps, par, node, multi, "decode")
-            return [evaluate_layout_pair(perf_for, p, d, slo, workload, gpu_memory_utilization, sample, node, net)
+            return [evaluate_layout_pair(perf_for, p, d, slo, workload, gpu_memory_utilization, sample, node, net,
+                                         prices)
                     for p in pre for d in dec]
 
         par = check_parallelism(parallelism)

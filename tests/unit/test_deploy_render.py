@@ -148,9 +148,13 @@ def test_network_policy_admits_runtime_workers_and_prometheus_only(objs):
     pod_labels = find(objs, "Deployment", f"{NAME}-prefill")["spec"]["template"]["metadata"]["labels"]
     assert np_["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert np_["policyTypes"] == ["Ingress"]
-    peers = np_["ingress"][0]["from"]
-    assert {"podSelector": {"matchLabels": {"serving.kserve.io/inferenceservice": NAME}}} in peers
-    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in peers
+    rules = {json.dumps(r["from"], sort_keys=True): sorted(p["port"] for p in r.get("ports", [])) for r in np_["ingress"]}
+    assert rules == {  # the flows themselves are proven by infra/validate.py (tests/unit/test_infra_network.py)
+        json.dumps([{"podSelector": np_["podSelector"]}], sort_keys=True): [],
+        json.dumps([{"podSelector": {"matchLabels": {"serving.kserve.io/inferenceservice": NAME}}}], sort_keys=True):
+            ["http", "kv-events"],
+        json.dumps([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                   sort_keys=True): ["http"]}
 
 
 def test_deliberate_static_analysis_findings_are_justified_on_the_object(objs):
@@ -555,3 +559,28 @@ def test_the_runtime_is_told_the_workers_kv_lease_when_the_spec_sets_one():
     assert _flags(args)["--kv-lease-s"] == "45"
     default = find(render(make_spec()), "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
     assert "--kv-lease-s" not in _flags(default)
+
+
+@pytest.mark.parametrize("instance_type,tp,efa", [
+    ("p5.48xlarge", 1, True),  # 32 interfaces for 8 GPUs
+    ("p6-b200.48xlarge", 1, True),
+    ("p4de.24xlarge", 1, False), ("p4de.24xlarge", 2, True),  # 4 interfaces: 8 TP-1 workers would need 8
+    ("g5.48xlarge", 4, False), ("g5.48xlarge", 8, True),  # 1 interface for 8 GPUs
+    ("g6.12xlarge", 4, True), ("g6.xlarge", 1, False),
+])
+def test_efa_is_on_by_default_only_where_every_worker_on_a_node_gets_an_interface(instance_type, tp, efa):
+    from runtime.deploy.instances import INSTANCES
+
+    inst = INSTANCES[instance_type]
+    spec = make_spec(gpu=inst.gpu, prefill=PoolSpec(tp=tp, replicas=1), decode=PoolSpec(tp=tp, replicas=1))
+    objs = render(spec, target=ClusterTarget(instance_type=instance_type))
+    for role in ("prefill", "decode"):
+        c = find(objs, "Deployment", f"{NAME}-{role}")["spec"]["template"]["spec"]["containers"][0]
+        requested = int(c["resources"]["requests"].get("vpc.amazonaws.com/efa", 0))
+        assert bool(requested) == efa
+        if efa:  # the node's interfaces cover every worker it holds
+            assert requested * (inst.num_gpus // tp) <= inst.num_efa_interfaces
+    if inst.efa_capable:  # asked for explicitly, it is still given
+        c = find(render(spec, target=ClusterTarget(instance_type=instance_type, efa=True)), "Deployment",
+                 f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]
+        assert "vpc.amazonaws.com/efa" in c["resources"]["requests"]

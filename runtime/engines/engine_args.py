@@ -1,0 +1,159 @@
+"""Operator overrides of the vLLM workers' engine settings, checked before they reach a spec (adapter: it
+imports the pinned vLLM to read its own argument parser).
+
+`--engine-arg KEY=VALUE` (KEY as vLLM's flag without the dashes, `max-num-seqs` or `max_num_seqs`) becomes a
+vLLM flag in `EngineSpec.extra_args`, which both the local workers (runtime/engines/vllm_worker.py) and the
+rendered worker Deployments (runtime/deploy/workers.py) pass to vLLM after pdserve's own flags. Each one is
+checked against the parser vLLM itself builds (`EngineArgs.add_cli_args`, vllm/engine/arg_utils.py): an unknown
+KEY, a value of the wrong type or outside its choices is refused here, with vLLM's own message, instead of a
+worker that fails to start on the cluster. Flags pdserve sets from the spec (`RESERVED`) are refused with the
+setting that controls them, since a second copy would silently override what the tuner sized.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import io
+from collections.abc import Iterable
+from functools import lru_cache
+
+from runtime.config import DeploymentSpec, EngineSpec
+
+# vLLM flags pdserve derives from the spec (runtime/deploy/workers.py vllm_args, runtime/engines/vllm_worker.py),
+# each with what sets it; tests/unit/test_engine_overrides.py checks that every flag vllm_args renders is here.
+RESERVED: dict[str, str] = {
+    "model": "the staged model path",
+    "served-model-name": "the model name",
+    "host": "the worker address",
+    "port": "the worker port (ClusterTarget.worker_port)",
+    "tensor-parallel-size": "the tuner's TP (spec prefill.tp / decode.tp)",
+    "dtype": "engine.dtype",
+    "block-size": "engine.block_size_tokens (prefill and decode must agree)",
+    "max-model-len": "--max-model-len (engine.max_model_len_tokens)",
+    "gpu-memory-utilization": "engine.gpu_memory_utilization (the tuner sized the KV capacity with it)",
+    "enable-prefix-caching": "pdserve (KV-aware routing needs prefix caching)",
+    "kv-transfer-config": "engine.kv_backends and engine.kv_lease_s (NIXL P/D transfer)",
+    "kv-events-config": "pdserve (the KV-aware router subscribes to the workers' KV events)",
+    "scheduling-policy": "router.prefill_priority",
+}
+TRUE_WORDS, FALSE_WORDS = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
+
+
+@lru_cache(maxsize=1)
+def vllm_engine_parser() -> argparse.ArgumentParser:
+    """vLLM's engine-argument parser (`EngineArgs.add_cli_args(FlexibleArgumentParser())`) of the installed,
+    pinned vLLM; built once (importing vLLM takes seconds)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm", add_help=False))
+
+
+def parse_engine_arg(item: str) -> tuple[str, str]:
+    """`"max_num_seqs=64"` / `"--max-num-seqs=64"` -> `("max-num-seqs", "64")` (vLLM's flag spelling).
+
+    Raises:
+        ValueError: no '=' or an empty KEY.
+    """
+    key, sep, value = str(item).partition("=")
+    key = key.strip().lstrip("-").replace("_", "-")
+    if not sep or not key:
+        raise ValueError(f"--engine-arg {item!r}: expected KEY=VALUE with KEY a vLLM engine argument, "
+                         "e.g. max-num-seqs=128")
+    return key, value.strip()
+
+
+def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """vLLM flags for `--engine-arg KEY=VALUE` items, in order: `--KEY=VALUE`, or for a boolean argument
+    (VALUE true/false, 1/0, yes/no, on/off) `--KEY` / `--no-KEY`. A later item for the same KEY wins.
+
+    `parser`: vLLM's engine-argument parser (default: `vllm_engine_parser()`).
+
+    Raises:
+        ValueError: a malformed item; a KEY in `RESERVED` (the message names the setting to use); a KEY that is
+            not an engine argument of the pinned vLLM (the message suggests close ones); a boolean with another
+            VALUE; a VALUE vLLM's parser refuses (type, choices, JSON), with vLLM's message.
+    """
+    parser = parser or vllm_engine_parser()
+    options = {s: a for a in parser._actions for s in a.option_strings}  # noqa: SLF001 - argparse has no public list
+    chosen: dict[str, list[str]] = {}
+    for item in items:
+        key, value = parse_engine_arg(item)
+        base = key[3:] if key.startswith("no-") and key[3:] in RESERVED else key
+        if base in RESERVED:
+            raise ValueError(f"--engine-arg {item!r}: pdserve sets --{base} itself from {RESERVED[base]}")
+        action = options.get(f"--{key}")
+        if action is None:
+            near = difflib.get_close_matches(f"--{key}", list(options), n=3)
+            raise ValueError(f"--engine-arg {item!r}: --{key} is not an engine argument of the installed vLLM"
+                             + (f" (did you mean {', '.join(near)}?)" if near else ""))
+        if action.nargs == 0:  # store_true/store_false/BooleanOptionalAction: a switch
+            word = value.lower()
+            negatable = isinstance(action, argparse.BooleanOptionalAction)
+            if word in TRUE_WORDS:
+                flags = [f"--{key}"]
+            elif word in FALSE_WORDS and negatable:
+                flags = [f"--no-{key}"]
+            else:
+                allowed = "true or false" if negatable else "true"
+                raise ValueError(f"--engine-arg {item!r}: --{key} is a switch: VALUE must be {allowed}")
+        else:
+            flags = [f"--{key}={value}"]
+        chosen.pop(action.dest, None)
+        chosen[action.dest] = flags
+    out = [f for flags in chosen.values() for f in flags]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(out)
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if "error:" in ln] or err.getvalue().splitlines()[-1:]
+        msg = lines[-1].split("error:", 1)[-1].strip() if lines else "refused"
+        raise ValueError(f"--engine-arg: vLLM refuses {' '.join(out)}: {msg}") from None
+    return out
+
+
+def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | None = None,
+                          engine_args: Iterable[str] = (),
+                          parser: argparse.ArgumentParser | None = None) -> DeploymentSpec:
+    """`spec` with an operator's `--max-model-len` and `--engine-arg` items (for a spec that exists already,
+    e.g. the champion `promote` deploys; `tune` uses `TuneResult.to_deployment_spec(max_model_len_tokens=...)`,
+    which also checks the model's context and KV capacity). Engine flags replace `engine.extra_args` entries of
+    the same argument and are appended after the others; the spec records them.
+
+    Raises:
+        ValueError: an item `engine_arg_flags` refuses, or `max_model_len_tokens` not a positive int or below
+            the spec's workload ISL + OSL (the requests it was tuned for would be refused).
+    """
+    update: dict = {}
+    if max_model_len_tokens is not None:
+        need = spec.workload.isl_tokens + spec.workload.osl_tokens
+        if isinstance(max_model_len_tokens, bool) or not isinstance(max_model_len_tokens, int) \
+                or max_model_len_tokens <= 0:
+            raise ValueError(f"max_model_len must be a positive number of tokens, got {max_model_len_tokens!r}")
+        if max_model_len_tokens < need:
+            raise ValueError(f"max_model_len {max_model_len_tokens} < the workload's ISL + OSL ({need} tokens): the "
+                             "requests this configuration is tuned for would be refused")
+        update["max_model_len_tokens"] = max_model_len_tokens
+    items = list(engine_args)
+    if items:
+        parser = parser or vllm_engine_parser()
+        flags = engine_arg_flags(items, parser)
+        options = {s: a for a in parser._actions for s in a.option_strings}  # noqa: SLF001
+        new = {options[f.split("=", 1)[0]].dest for f in flags}
+        kept, old, i = [], list(spec.engine.extra_args), 0
+        while i < len(old):  # drop an overridden flag, and its value when it is given as a separate word
+            a, i = old[i], i + 1
+            action = options.get(a.split("=", 1)[0]) if a.startswith("--") else None
+            takes_value = action is not None and action.nargs != 0 and "=" not in a
+            if action is not None and action.dest in new:
+                i += 1 if takes_value and i < len(old) else 0
+                continue
+            kept.append(a)
+        update["extra_args"] = kept + flags
+    if not update:
+        return spec
+    engine = EngineSpec.model_validate(spec.engine.model_dump() | update)
+    return spec.model_copy(update={"engine": engine})
