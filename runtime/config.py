@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer,
+                      model_validator)
 
 Precision = Literal["bf16", "fp8"]
 TP_DEGREES = (1, 2, 4, 8)
+LAYOUT_DEFAULTS = {"pp": 1, "dp": 1, "ep": False, "nodes": 1}  # PoolSpec's plain single-node TP layout
 
 
 class _Strict(BaseModel):
@@ -106,6 +108,27 @@ class PoolSpec(_Strict):
     replicas: int = Field(default=1, ge=0, description="Number of workers.")
     min_replicas: int = Field(default=1, ge=0, description="Planner lower bound.")
     max_replicas: int = Field(default=8, ge=1, description="Planner upper bound.")
+    # The worker's parallel layout (runtime/perf/worker.py Layout; docs/design/perf-model.md#parallel-layouts).
+    # Defaults state plain TP on one node; spec_digest leaves them out at their defaults (runtime/deploy/render.py).
+    pp: int = Field(default=1, ge=1, description="Pipeline stages per worker (vLLM --pipeline-parallel-size).")
+    dp: int = Field(default=1, ge=1, description="Attention data-parallel ranks per worker, each of `tp` GPUs "
+                    "(vLLM --data-parallel-size); > 1 only with `ep`.")
+    ep: bool = Field(default=False, description="Experts split whole over the worker's tp x dp GPUs "
+                     "(vLLM --enable-expert-parallel; MoE models).")
+    nodes: int = Field(default=1, ge=1, description="Nodes one worker spans (a LeaderWorkerSet group of that "
+                       "many pods when > 1); each holds tp x dp x pp / nodes GPUs.")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one worker: tp x dp x pp."""
+        return self.tp * self.dp * self.pp
+
+    @model_serializer(mode="wrap")
+    def _layout_if_set(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # layout fields at their defaults are left out: a plain-TP spec serialises (and hashes, render.spec_digest)
+        # to the same JSON whether or not it was written by a pdserve that knows layouts
+        out = handler(self)
+        return {k: v for k, v in out.items() if k not in LAYOUT_DEFAULTS or v != LAYOUT_DEFAULTS[k]}
 
     @field_validator("tp")
     @classmethod
@@ -123,6 +146,21 @@ class PoolSpec(_Strict):
         if not self.min_replicas <= self.replicas <= self.max_replicas:
             raise ValueError(f"replicas {self.replicas} is outside [min_replicas {self.min_replicas}, "
                              f"max_replicas {self.max_replicas}]")
+        return self._layout()
+
+    def _layout(self) -> "PoolSpec":
+        # runtime/tuner/layouts.py rules 6-7, and what vLLM's multi-node launch splits evenly
+        if self.dp > 1 and not self.ep:
+            raise ValueError(f"dp {self.dp} without ep: data-parallel attention is deployed with expert "
+                             "parallelism only (without it the ranks are replicas: raise replicas instead)")
+        if self.dp > 1 and self.pp > 1:
+            raise ValueError(f"dp {self.dp} with pp {self.pp}: data-parallel attention with pipeline stages "
+                             "is not a layout pdserve deploys")
+        if self.gpus % self.nodes or self.tp > self.gpus // self.nodes:
+            raise ValueError(f"nodes {self.nodes}: tp {self.tp} x dp {self.dp} x pp {self.pp} GPUs do not split "
+                             "into whole tensor-parallel groups per node (tensor parallelism stays in a node)")
+        if self.nodes > 1 and self.pp > 1 and self.pp % self.nodes:
+            raise ValueError(f"pp {self.pp} over nodes {self.nodes}: every node must hold whole pipeline stages")
         return self
 
 
@@ -408,6 +446,8 @@ class DeploymentSpec(_Strict):
                 f"prefill.tp ({self.prefill.tp}) > decode.tp ({self.decode.tp}): NixlConnector "
                 "requires prefill TP <= decode TP unless the model uses MLA (model.mla)"
             )
+        if self.decode.pp > 1:  # vLLM NixlConnector: "consumer (decode) does not support pipeline_parallel_size > 1"
+            raise ValueError(f"decode.pp ({self.decode.pp}) > 1: NixlConnector decode workers refuse pipeline stages")
         if self.planner.mode != "off" and self.prefill.min_replicas == 0 and not self.planner.allow_aggregated:
             raise ValueError(
                 "prefill.min_replicas 0 lets the planner remove every prefill worker, which is aggregated serving "

@@ -10,11 +10,11 @@ Search space per pool (``layouts``), ``n`` = GPUs per node, ``tps`` = the TP deg
   node, vLLM's recommended multi-node layout: TP inside a node, PP across nodes). Layouts across nodes need
   the network bandwidth of the node's instance type (``runtime.perf.instances``): none known, none searched.
 * ``parallelism="auto"``: ``tp`` when plain tensor parallelism has a feasible candidate, else ``all`` (a model
-  no node holds, or an SLO only other layouts meet). A DeploymentSpec pool states a single-node TP degree only,
-  so ``auto`` prefers a plain-TP winner wherever one exists; ``all`` compares every layout (MoE models often
-  need fewer GPUs with EP). A non-TP winner cannot be written as a spec yet
-  (``runtime.tuner.search.NotDeployableError``). ``tune`` defaults to ``tp``: what its callers can show and
-  deploy today.
+  no node holds, or an SLO only other layouts meet). ``auto`` prefers a plain-TP winner wherever one exists (a
+  plain Deployment per worker, no LeaderWorkerSet); ``all`` compares every layout (MoE models often need fewer
+  GPUs with EP). Every layout here is a DeploymentSpec pool (``runtime.config.PoolSpec`` tp, pp, dp, ep, nodes)
+  that ``runtime.deploy`` renders. ``tune`` defaults to ``tp``: what a caller that shows only TP degrees can
+  show.
 
 Pair rules (``pair_problem``), from vLLM 0.28's NixlConnector
 (``vllm/distributed/kv_transfer/kv_connector/v1/nixl``) and pdserve's own deployment rules; a refused pair is

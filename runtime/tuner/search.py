@@ -28,6 +28,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from pydantic import ValidationError
+
 from runtime.config import TP_DEGREES, DeploymentSpec, EngineSpec, ModelRef, PoolSpec, SloSpec, WorkloadSpec
 from runtime.models.quant import PERF_PRECISION
 from runtime.models.spec import ModelSpec
@@ -61,7 +63,8 @@ class ModelDoesNotFitError(TuningError):
 
 
 class NotDeployableError(TuningError):
-    """The winner's layout (expert / data-parallel / pipeline / multi-node) has no DeploymentSpec form yet."""
+    """The winner's layout is one a DeploymentSpec pool refuses (``runtime.config.PoolSpec``); the message names
+    the pool, its layout and the rule."""
 
 
 class ContextTooLongError(TuningError):
@@ -112,7 +115,7 @@ class Candidate:
 
     @property
     def plain_tp(self) -> bool:
-        """Both pools are plain single-node tensor parallelism (what a DeploymentSpec states today)."""
+        """Both pools are plain single-node tensor parallelism (a DeploymentSpec pool with only ``tp`` set)."""
         return self.prefill.plain and self.decode.plain
 
     @property
@@ -136,8 +139,9 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     perf: object = field(default=None, repr=False, compare=False)  # the PerfModel / ProfilePerf used
     parallelism: str = "tp"  # the search space used: tp or all (runtime.tuner.layouts)
-    plain_tp_feasible: bool = True  # some plain single-node TP pair meets the SLO (a spec can be written)
+    plain_tp_feasible: bool = True  # some plain single-node TP pair meets the SLO
     weight_precision: str = ""  # the PerfModel precision the weights were costed at ("" = precision)
+    gpus_per_node: int = 0  # GPUs of one node in the search (0: the GPU's num_gpus_per_node)
 
     def peak_replicas(self, peak_rate_per_s: float) -> tuple[int, int]:
         """(prefill, decode) workers of the winner that serve ``peak_rate_per_s`` requests/s within the SLO:
@@ -165,19 +169,24 @@ class TuneResult:
 
         Raises:
             pydantic.ValidationError: when the precision is not one DeploymentSpec accepts (bf16/fp8).
-            NotDeployableError: the winner uses expert / data-parallel / pipeline / multi-node layouts, which a
-                DeploymentSpec pool (``tp`` only) cannot state yet (message: the layouts, and how to tune a
-                plain-TP winner).
+            NotDeployableError: a winner's layout that a DeploymentSpec pool refuses (``PoolSpec`` layout rules;
+                message: the pool, its layout and the rule). The tuner's layouts (``runtime.tuner.layouts``) all
+                pass them.
             ValueError: a bad ``peak_rate_per_s`` or ``max_model_len_tokens``.
         """
         b = self.best
-        if not b.plain_tp:
-            how = ("tune with parallelism 'tp' for the best plain-TP deployment" if self.plain_tp_feasible
-                   else f"no plain single-node TP pair serves this workload on {self.gpu.name}")
-            raise NotDeployableError(
-                f"the winner runs prefill {b.prefill.label} and decode {b.decode.label} workers: a DeploymentSpec "
-                f"pool states a single-node TP degree only, so this layout cannot be written or promoted yet; {how}")
+        node = self.gpus_per_node or self.gpu.num_gpus_per_node
         peak_p, peak_d = (0, 0) if peak_rate_per_s is None else self.peak_replicas(peak_rate_per_s)
+
+        def pool(role: str, lay: Layout, replicas: int, peak: int) -> PoolSpec:
+            layout = {} if lay.plain else {"pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "nodes": lay.nodes(node)}
+            try:
+                return PoolSpec(tp=lay.tp, replicas=replicas, min_replicas=1,
+                                max_replicas=max(8, 2 * replicas, peak), **layout)
+            except ValidationError as e:
+                raise NotDeployableError(f"{role} workers {lay.label} on {node}-GPU nodes cannot be deployed: "
+                                         + "; ".join(err["msg"] for err in e.errors())) from None
+
         return DeploymentSpec(
             model=model_ref.model_copy(update={"mla": self.model.is_mla, "quantization": self.model.quant_method}),
             gpu=self.gpu.name,
@@ -185,10 +194,8 @@ class TuneResult:
             engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens(max_model_len_tokens)),
             slo=self.slo.model_copy(),
             workload=self.workload.model_copy(),
-            prefill=PoolSpec(tp=b.prefill_tp, replicas=b.prefill_replicas, min_replicas=1,
-                             max_replicas=max(8, 2 * b.prefill_replicas, peak_p)),
-            decode=PoolSpec(tp=b.decode_tp, replicas=b.decode_replicas, min_replicas=1,
-                            max_replicas=max(8, 2 * b.decode_replicas, peak_d)),
+            prefill=pool("prefill", b.prefill, b.prefill_replicas, peak_p),
+            decode=pool("decode", b.decode, b.decode_replicas, peak_d),
         )
 
     def max_model_len_tokens(self, override: int | None = None) -> int:
@@ -594,9 +601,8 @@ def tune(
         the workload's mean lengths;
         parallelism: ``tp`` (default), ``all`` or ``auto`` (``tp`` when plain TP has a feasible candidate, else
             ``all``); see ``runtime.tuner.layouts`` for the layouts and the pair rules. The default is what a
-            DeploymentSpec states and what a caller that shows only ``prefill_tp`` / ``decode_tp`` can show;
-            ask for ``auto`` or ``all`` where the caller shows ``Candidate.prefill.label`` /
-            ``decode.label`` and ``TuneResult.notes`` and handles ``NotDeployableError``;
+            caller that shows only ``prefill_tp`` / ``decode_tp`` can show; ask for ``auto`` or ``all`` where
+            the caller shows ``Candidate.prefill.label`` / ``decode.label`` and ``TuneResult.notes``;
         prices: ``{GPU name: USD per GPU-hour}`` replacing the on-demand prices in ``usd_per_mtok``
             (runtime.perf.instances.parse_price_overrides / parse_price_file).
 
@@ -676,6 +682,7 @@ def tune(
             notes += layout_arithmetic(perf_for, best, workload, gpu_memory_utilization, sample, node, net)
         plain = plain_ok if perf is None else True
         return TuneResult(model, g, shown, slo, workload, cands, best, notes=notes, perf=pm, parallelism=par,
+                          gpus_per_node=min(g.num_gpus_per_node, max(tps)) if perf is not None else node,
                           weight_precision=weights, plain_tp_feasible=plain)
 
     rated = [c for c in cands if c.reason.startswith("SLO miss")]

@@ -67,8 +67,11 @@ def test_deepseek_v3_on_p5_tunes_across_nodes_with_its_arithmetic() -> None:
     arithmetic = [n for n in res.notes if n.startswith(("prefill ", "decode "))]
     assert len(arithmetic) == 2 and all("weights" in n and "KV tokens per worker" in n for n in arithmetic)
     assert any("p5.48xlarge, 50 GB/s network per GPU" in n for n in res.notes)
-    with pytest.raises(NotDeployableError, match="no plain single-node TP pair serves this workload on H100-SXM"):
-        res.to_deployment_spec(ModelRef(name="ds"))
+    spec = res.to_deployment_spec(ModelRef(name="ds"))  # the layouts as DeploymentSpec pools
+    for pool, lay in ((spec.prefill, b.prefill), (spec.decode, b.decode)):
+        assert (pool.tp, pool.pp, pool.dp, pool.ep, pool.gpus) == (lay.tp, lay.pp, lay.dp, lay.ep, lay.gpus)
+        assert pool.nodes == lay.nodes(8)
+    assert spec.prefill.nodes > 1 or spec.decode.nodes > 1
     assert not res.plain_tp_feasible
 
 
@@ -77,9 +80,18 @@ def test_expert_parallel_search_can_beat_plain_tp_for_a_moe_model() -> None:
     every = tune(GPT_OSS, "H100-SXM", SloSpec(), WorkloadSpec(), parallelism="all")
     assert len(every.candidates) > len(tp.candidates)
     assert every.best.num_gpus <= tp.best.num_gpus  # plain TP is part of the wider search
-    if not every.best.plain_tp:  # a plain-TP pair exists: the refusal says how to get it
-        with pytest.raises(NotDeployableError, match="tune with parallelism 'tp'"):
-            every.to_deployment_spec(ModelRef(name="gpt-oss"))
+    spec = every.to_deployment_spec(ModelRef(name="gpt-oss"))  # every winner's layout is a spec
+    assert (spec.decode.tp, spec.decode.dp, spec.decode.ep) == (every.best.decode.tp, every.best.decode.dp,
+                                                                every.best.decode.ep)
+
+
+def test_a_layout_a_pool_refuses_is_not_deployable_by_name() -> None:
+    from dataclasses import replace
+
+    res = tune(GPT_OSS, "H100-SXM", SloSpec(), WorkloadSpec(), parallelism="all")
+    res.best = replace(res.best, decode_layout=Layout(tp=1, dp=4, ep=False))  # DP attention without EP
+    with pytest.raises(NotDeployableError, match="decode workers DP4 .*without ep"):
+        res.to_deployment_spec(ModelRef(name="gpt-oss"))
 
 
 def test_pipelined_worker_by_hand() -> None:
