@@ -2,13 +2,14 @@
 
 `apply_objects` validates everything first, checks that every PersistentVolumeClaim the workers mount
 exists in the target namespace, then server-side applies the objects in order and (optionally) waits
-for Deployments and the InferenceService to become ready, reporting progress through a callback.
+for Deployments, LeaderWorkerSets and the InferenceService to become ready, reporting progress through a callback.
 Nothing is applied when validation or the pre-flight check fails.
 
 Readiness rules (kubernetes.io/docs/concepts/workloads/controllers/deployment/#complete-deployment and
 KServe's `Ready` condition): a Deployment is ready when `status.observedGeneration >= metadata.generation`
-and updated/available replicas reach `spec.replicas`; an InferenceService when its `Ready` condition is
-"True"; any other kind as soon as it is applied.
+and updated/available replicas reach `spec.replicas`; a LeaderWorkerSet when its ready and updated groups
+(`status.readyReplicas`, `status.updatedReplicas`) reach `spec.replicas`; an InferenceService when its `Ready`
+condition is "True"; any other kind as soon as it is applied.
 """
 
 from __future__ import annotations
@@ -28,15 +29,23 @@ def _noop(_: str) -> None:
 
 
 def referenced_pvcs(objs: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
-    """(namespace, claimName) of every PVC a Deployment mounts or an InferenceService's pvc:// names."""
+    """(namespace, claimName) of every PVC a Deployment or LeaderWorkerSet mounts or an InferenceService's
+    pvc:// names."""
     out: set[tuple[str, str]] = set()
     for o in objs:
         ns = o.get("metadata", {}).get("namespace", "")
         if o.get("kind") == "Deployment":
-            for v in o["spec"]["template"]["spec"].get("volumes", []):
+            pods = [o["spec"]["template"]["spec"]]
+        elif o.get("kind") == "LeaderWorkerSet":
+            lwt = o["spec"]["leaderWorkerTemplate"]
+            pods = [t["spec"] for t in (lwt.get("leaderTemplate"), lwt["workerTemplate"]) if t]
+        else:
+            pods = []
+        for pod in pods:
+            for v in pod.get("volumes", []):
                 if "persistentVolumeClaim" in v:
                     out.add((ns, v["persistentVolumeClaim"]["claimName"]))
-        elif o.get("kind") == "InferenceService":
+        if o.get("kind") == "InferenceService":
             uri = o["spec"]["predictor"].get("model", {}).get("storageUri", "")
             if uri.startswith("pvc://"):
                 out.add((ns, uri[len("pvc://"):].split("/", 1)[0]))
@@ -67,6 +76,12 @@ def readiness(obj: dict[str, Any]) -> tuple[bool, str]:
         if upd < want or avail < want:
             return False, f"{avail}/{want} replicas available, {upd} updated"
         return True, f"{avail}/{want} replicas available"
+    if kind == "LeaderWorkerSet":  # status of the LWS v1 API: groups whose pods are all ready / updated
+        want = obj.get("spec", {}).get("replicas", 1)
+        ready, upd = status.get("readyReplicas", 0), status.get("updatedReplicas", 0)
+        if ready < want or upd < want:
+            return False, f"{ready}/{want} groups ready, {upd} updated"
+        return True, f"{ready}/{want} groups ready"
     if kind == "InferenceService":
         for c in status.get("conditions", []):
             if c.get("type") == "Ready":
@@ -84,7 +99,7 @@ def wait_ready(kube: Kube, objs: list[dict[str, Any]], *, timeout_s: float, poll
     Raises:
         ApplyError: after `timeout_s` seconds, naming each object that is not ready and why.
     """
-    pending = {ident(o): o for o in objs if o["kind"] in ("Deployment", "InferenceService")}
+    pending = {ident(o): o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet", "InferenceService")}
     deadline = clock() + timeout_s
     reasons: dict[str, str] = {}
     while pending:

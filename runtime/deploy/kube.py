@@ -27,6 +27,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "ConfigMap": ("configmaps", True),
     "PersistentVolumeClaim": ("persistentvolumeclaims", True),
     "Deployment": ("deployments", True),
+    "LeaderWorkerSet": ("leaderworkersets", True),
     "PodDisruptionBudget": ("poddisruptionbudgets", True),
     "NetworkPolicy": ("networkpolicies", True),
     "Role": ("roles", True),

@@ -98,6 +98,8 @@ def promoter_rbac(namespace: str, *, sa_name: str = PROMOTER_NAME,
         {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": MANAGE},
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": MANAGE},
         {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": SCALE},
+        # workers spanning nodes (runtime/deploy/workers.py worker_leader_worker_set)
+        {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": MANAGE},
         {"apiGroups": [""], "resources": ["services", "serviceaccounts"], "verbs": MANAGE},
         {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": MANAGE},

@@ -2,7 +2,8 @@
 
 Objects, in apply order (see `render_all`):
   ServiceAccounts → Roles/RoleBindings → ClusterServingRuntime `pdserve` → worker Services (headless)
-  → worker Deployments (prefill, decode) → PodDisruptionBudgets → ServiceMonitor → InferenceService.
+  → worker Deployments, or LeaderWorkerSets for workers spanning nodes (prefill, decode) → PodDisruptionBudgets
+  → ServiceMonitor → InferenceService.
 
 The InferenceService's predictor is the pdserve runtime (`python -m runtime.server`, a KServe
 ModelServer with OpenAI routes, router and planner) reading weights/tokenizer from
@@ -12,7 +13,8 @@ for KV-aware router policies (`--router kv`), their KV-event publishers (port "k
 
 Bad input (an InferenceService name that is not a DNS-1035 label, a TP larger than the instance's
 GPUs, EFA on an instance without it, replicas over int32 or over max_replicas, a port outside 1..65535 or
-two worker ports alike) raises ManifestError naming the field before anything is written or applied.
+two worker ports alike, a multi-node worker without EFA, on part of a node or with the planner on) raises
+ManifestError naming the field before anything is written or applied.
 """
 
 from __future__ import annotations
@@ -316,17 +318,35 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
         inst = instance_for(spec.gpu, target.instance_type)
     except KeyError as e:
         raise ManifestError(f"gpu/instance_type: {e.args[0]}") from None
+    multinode = [r for r in ("prefill", "decode") if getattr(spec, r).nodes > 1]
     for role in ("prefill", "decode"):
-        tp = getattr(spec, role).tp
-        if inst is not None and tp > inst.num_gpus:
-            raise ManifestError(
-                f"spec.{role}.tp: {tp} GPUs per worker, but {inst.name} has only {inst.num_gpus} GPUs"
-            )
+        pool = getattr(spec, role)
+        gpus = workers.gpus_per_pod(pool)
+        if inst is not None and gpus > inst.num_gpus:
+            what = f"tp: {gpus} GPUs per worker" if pool.gpus == pool.tp else f"layout: {gpus} GPUs per pod"
+            raise ManifestError(f"spec.{role}.{what}, but {inst.name} has only {inst.num_gpus} GPUs")
+    for role in multinode:
+        pool = getattr(spec, role)
+        if inst is None or not inst.efa_capable:
+            where = inst.name if inst else "the CPU pseudo-GPU"
+            raise ManifestError(f"spec.{role}.nodes: {pool.nodes} nodes per worker need EFA between the nodes, "
+                                f"and {where} has none")
+        if workers.gpus_per_pod(pool) != inst.num_gpus:
+            raise ManifestError(f"spec.{role}.nodes: a worker spanning {pool.nodes} nodes takes whole nodes, but "
+                                f"{workers.gpus_per_pod(pool)} of {inst.name}'s {inst.num_gpus} GPUs per pod")
+        if spec.planner.mode != "off":  # the planner scales Deployments only (runtime/server/actuators.py)
+            raise ManifestError(f"spec.{role}.nodes: the planner scales worker Deployments, not the LeaderWorkerSet "
+                                f"of a {pool.nodes}-node worker; set planner.mode off")
+    if target.efa is False and multinode:
+        raise ManifestError(f"target.efa: false, but spec.{multinode[0]} workers span nodes: their all-to-all, "
+                            "pipeline hand-offs and KV transfers need EFA")
     if target.efa and (inst is None or not inst.efa_capable):
         where = inst.name if inst else "the CPU pseudo-GPU"
         raise ManifestError(f"target.efa: EFA requested but {where} has no EFA interfaces")
-    if target.efa is None:  # default: EFA where every worker packed on a node gets an interface of its own
-        efa = inst is not None and all(inst.efa_for_every_worker(getattr(spec, r).tp) for r in ("prefill", "decode"))
+    if target.efa is None:  # default: EFA where every worker pod packed on a node gets an interface of its own
+        # (a worker spanning nodes needs EFA whatever the other pool's packing)
+        efa = inst is not None and (bool(multinode) or all(
+            inst.efa_for_every_worker(workers.gpus_per_pod(getattr(spec, r))) for r in ("prefill", "decode")))
     else:
         efa = target.efa
     return inst, efa
@@ -351,11 +371,13 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
 
     Returns:
         list of Kubernetes object dicts (ServiceAccount ×2, Role/RoleBinding ×1–2, ClusterServingRuntime,
-        Service ×2, Deployment ×2, PodDisruptionBudget ×2, NetworkPolicy, ServiceMonitor, InferenceService).
+        Service ×2, Deployment or LeaderWorkerSet ×2 (a pool with `nodes > 1` is a LeaderWorkerSet of groups
+        of `nodes` pods), PodDisruptionBudget ×2, NetworkPolicy, ServiceMonitor, InferenceService).
 
     Raises:
-        ManifestError: bad name/namespace/pvc/image, TP larger than the instance's GPUs, EFA requested
-            on an instance without EFA, `spec.<pool>.replicas` over int32 or over its max_replicas, a
+        ManifestError: bad name/namespace/pvc/image, TP (or a pod's share of a layout) larger than the
+            instance's GPUs, EFA requested on an instance without EFA, a worker spanning nodes without EFA, on
+            part of a node, or with the planner on (it scales Deployments only), `spec.<pool>.replicas` over int32 or over its max_replicas, a
             `target` port outside 1..65535 or worker ports that coincide, or an object failing schema
             validation.
     """
@@ -364,7 +386,7 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
                               revision=revision, target=target)
     runtime_sa, worker_sa = f"{name}-runtime", f"{name}-worker"
     base = workers.labels(name, "runtime", None)
-    deps = [workers.pool_name(name, r, revision) for r in ("prefill", "decode")]
+    deps = [workers.pool_name(name, r, revision) for r in ("prefill", "decode") if getattr(spec, r).nodes == 1]
     objs: list[dict[str, Any]] = [
         rbac.service_account(runtime_sa, namespace, base, automount=True),
         rbac.service_account(worker_sa, namespace, workers.labels(name, "worker", None), automount=False),
@@ -374,9 +396,10 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
         cluster_serving_runtime(image=image, target=target),
     ]
     for role in ("prefill", "decode"):
-        objs.append(workers.worker_service(role, name=name, namespace=namespace, target=target, revision=revision))
+        objs.append(workers.worker_service(role, name=name, namespace=namespace, target=target, revision=revision,
+                                           multinode=getattr(spec, role).nodes > 1))
     for role in ("prefill", "decode"):
-        objs.append(workers.worker_deployment(
+        objs.append(workers.worker_workload(
             spec, role, name=name, namespace=namespace, image=image, pvc_name=pvc_name, inst=inst, efa=efa,
             target=target, revision=revision, service_account=worker_sa))
     for role in ("prefill", "decode"):

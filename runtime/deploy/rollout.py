@@ -208,7 +208,8 @@ def _worker_objects(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return o["metadata"].get("labels", {}).get("app.kubernetes.io/component")
 
     return [o for o in objs
-            if (o["kind"] in ("Deployment", "Service", "PodDisruptionBudget") and component(o) in ("prefill", "decode"))
+            if (o["kind"] in ("Deployment", "LeaderWorkerSet", "Service", "PodDisruptionBudget")
+                and component(o) in ("prefill", "decode"))
             or (o["kind"] in ("Role", "RoleBinding") and component(o) == "planner")]
 
 

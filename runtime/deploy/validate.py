@@ -113,6 +113,29 @@ def _ident(obj: dict[str, Any]) -> str:
     return f"{obj.get('kind', '<no kind>')}/{meta.get('name', '<no name>')}"
 
 
+POD_TEMPLATE_MARK = "x-pdserve-validated-as"  # a vendored schema's field checked as a Kubernetes PodTemplateSpec
+
+
+def _validate_pod_templates(obj: Any, schema: dict[str, Any], ident: str, path: str = "") -> None:
+    """Check each field of `obj` that `schema` marks `POD_TEMPLATE_MARK` (a CRD schema subset written by hand
+    for a kind embedding pod templates, e.g. LeaderWorkerSet) strictly as a Kubernetes PodTemplateSpec, by
+    validating a v1 PodTemplate holding it. Raises ManifestError naming the field path."""
+    if not isinstance(obj, dict):
+        return
+    for key, sub in (schema.get("properties") or {}).items():
+        if key not in obj:
+            continue
+        where = f"{path}.{key}" if path else key
+        if sub.get(POD_TEMPLATE_MARK):
+            holder = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "check"}, "template": obj[key]}
+            err = jsonschema.exceptions.best_match(_builtin_validator("v1", "PodTemplate").iter_errors(holder))
+            if err is not None:
+                inner = _field_path(err).removeprefix("template").lstrip(".")
+                raise ManifestError(f"{ident}: {where}{'.' + inner if inner else ''}: {err.message}")
+        else:
+            _validate_pod_templates(obj[key], sub, ident, where)
+
+
 def validate_object(obj: dict[str, Any]) -> str:
     """Validate one object; returns what it was checked against ("kubernetes 1.33" or the CRD source).
 
@@ -132,6 +155,7 @@ def validate_object(obj: dict[str, Any]) -> str:
         if err is not None:
             raise ManifestError(f"{ident}: {_field_path(err)}: {err.message}")
         rec = crd_schemas.load(api_version, kind) or {}
+        _validate_pod_templates(obj, rec.get("openAPIV3Schema") or {}, ident)
         return f"CRD {rec.get('source', '?')} @ {rec.get('source_version', '?')}"
     builtin = _builtin_validator(api_version, kind)
     if builtin is not None:

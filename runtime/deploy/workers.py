@@ -1,7 +1,9 @@
-"""Worker pool objects: the vLLM prefill/decode Deployment, its headless Service and its PDB.
+"""Worker pool objects: the vLLM prefill/decode Deployment or LeaderWorkerSet, its headless Service and its PDB.
 
 One pool = one Deployment of vLLM OpenAI servers (`python -m vllm.entrypoints.openai.api_server`)
-with tensor parallelism `tp` (= `nvidia.com/gpu` per pod), NIXL KV transfer (vLLM NixlConnector,
+with tensor parallelism `tp` (= `nvidia.com/gpu` per pod), or, for a pool whose worker spans `nodes > 1`
+nodes, one LeaderWorkerSet (leaderworkerset.x-k8s.io/v1) whose groups of `nodes` pods are the workers
+(`worker_leader_worker_set`: vLLM's multi-node launch, see `multinode_args`), NIXL KV transfer (vLLM NixlConnector,
 `kv_role: kv_both` so either side can start a transfer), KV events over ZMQ for the KV-aware router,
 the FSx PVC mounted read-only for weights and a memory-backed /dev/shm (NCCL needs more than the
 container runtime's 64 MiB default).
@@ -87,6 +89,7 @@ def vllm_args(spec: DeploymentSpec, pool: PoolSpec, *, target: ClusterTarget, gp
         "--host", "0.0.0.0",
         "--port", str(target.worker_port),
         "--tensor-parallel-size", str(pool.tp),
+        *layout_args(pool),
         "--dtype", eng.dtype,
         "--block-size", str(eng.block_size_tokens),
         "--max-model-len", str(eng.max_model_len_tokens),
@@ -99,6 +102,59 @@ def vllm_args(spec: DeploymentSpec, pool: PoolSpec, *, target: ClusterTarget, gp
     ]
     args += scheduling_args(spec.router.prefill_priority, role)
     return args + precision_args(spec, gpu=gpu) + list(eng.extra_args)
+
+
+def layout_args(pool: PoolSpec) -> list[str]:
+    """vLLM 0.28 flags of a pool's layout beyond TP (nothing for plain TP): ``--pipeline-parallel-size``,
+    ``--data-parallel-size`` (attention DP: one engine per rank, vLLM's internal load balancer spreads the
+    worker's requests over them), ``--enable-expert-parallel`` (experts over the TP x DP GPUs)."""
+    out: list[str] = []
+    if pool.pp > 1:
+        out += ["--pipeline-parallel-size", str(pool.pp)]
+    if pool.dp > 1:
+        out += ["--data-parallel-size", str(pool.dp)]
+    if pool.ep:
+        out.append("--enable-expert-parallel")
+    return out
+
+
+# vLLM 0.28's multi-node launch (vllm/entrypoints/cli/serve.py, vllm/engine/arg_utils.py create_engine_config):
+# every node runs `vllm serve` with the same flags and `--nnodes N --node-rank R`; node 0 (the LeaderWorkerSet
+# leader) serves HTTP, the others run `--headless` (no API server). Pipeline stages across nodes use the
+# multiprocessing executor (`--distributed-executor-backend mp`, torch.distributed rendezvous at
+# `--master-addr:--master-port`); no Ray cluster is needed. Attention DP across nodes runs
+# `--data-parallel-size-local` engines per node, which register with the leader's DP coordinator at
+# `--data-parallel-address:--data-parallel-rpc-port`; each node's first DP rank is inferred from its node rank.
+SERVE_COMMAND = ["python", "-m", "vllm.entrypoints.cli.main", "serve"]
+DP_RPC_PORT = 13345  # vLLM's default --data-parallel-rpc-port (vllm/config/parallel.py)
+PP_MASTER_PORT = 29501  # vLLM's default --master-port (vllm/config/parallel.py)
+NODE_RANK_ENV, POD_IP_ENV = "PDSERVE_NODE_RANK", "PDSERVE_POD_IP"
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"  # the leader pod's DNS name, set by the LWS controller in every pod
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # 0 on the leader, 1..size-1 on the others
+Rank = Literal["single", "leader", "follower"]
+
+
+def multinode_args(pool: PoolSpec, rank: Rank) -> list[str]:
+    """The multi-node launch flags of one pod of a worker spanning ``pool.nodes`` nodes (see above).
+
+    The leader reaches its own rendezvous and DP coordinator at its pod IP (``$(PDSERVE_POD_IP)``), the other
+    pods at ``$(LWS_LEADER_ADDRESS)``; node ranks come from the LWS worker-index label (``$(PDSERVE_NODE_RANK)``),
+    all expanded by the kubelet from the container's environment. Nothing for a single-node pool."""
+    if rank == "single":
+        return []
+    addr = f"$({POD_IP_ENV})" if rank == "leader" else f"$({LEADER_ADDRESS_ENV})"
+    out = ["--nnodes", str(pool.nodes), "--node-rank", "0" if rank == "leader" else f"$({NODE_RANK_ENV})"]
+    if pool.pp > 1:
+        out += ["--distributed-executor-backend", "mp", "--master-addr", addr, "--master-port", str(PP_MASTER_PORT)]
+    if pool.dp > 1:
+        out += ["--data-parallel-size-local", str(pool.dp // pool.nodes), "--data-parallel-address", addr,
+                "--data-parallel-rpc-port", str(DP_RPC_PORT)]
+    return out + (["--headless"] if rank == "follower" else [])
+
+
+def gpus_per_pod(pool: PoolSpec) -> int:
+    """GPUs of one pod of the pool: a worker's tp x dp x pp GPUs over its nodes."""
+    return pool.gpus // pool.nodes
 
 
 def precision_args(spec: DeploymentSpec, *, gpu: bool) -> list[str]:
@@ -124,23 +180,24 @@ def _resources(pool: PoolSpec, inst: InstanceType | None, target: ClusterTarget,
     if inst is None:  # CPU pseudo-GPU (kind / local clusters)
         req = {"cpu": "2", "memory": "8Gi"}
         return {"requests": dict(req), "limits": {"memory": "8Gi"}}
-    cpu = max(1, int(inst.num_vcpus / inst.num_gpus * pool.tp * target.cpu_share))
-    mem_gib = max(1, int(inst.memory_gib / inst.num_gpus * pool.tp * target.cpu_share))
-    req: dict[str, Any] = {"cpu": str(cpu), "memory": f"{mem_gib}Gi", "nvidia.com/gpu": str(pool.tp)}
-    lim: dict[str, Any] = {"memory": f"{mem_gib}Gi", "nvidia.com/gpu": str(pool.tp)}
+    gpus = gpus_per_pod(pool)
+    cpu = max(1, int(inst.num_vcpus / inst.num_gpus * gpus * target.cpu_share))
+    mem_gib = max(1, int(inst.memory_gib / inst.num_gpus * gpus * target.cpu_share))
+    req: dict[str, Any] = {"cpu": str(cpu), "memory": f"{mem_gib}Gi", "nvidia.com/gpu": str(gpus)}
+    lim: dict[str, Any] = {"memory": f"{mem_gib}Gi", "nvidia.com/gpu": str(gpus)}
     if efa:
-        n = str(inst.efa_interfaces_for(pool.tp))
+        n = str(inst.efa_interfaces_for(gpus))
         req["vpc.amazonaws.com/efa"] = n
         lim["vpc.amazonaws.com/efa"] = n
     return {"requests": req, "limits": lim}
 
 
-def worker_deployment(spec: DeploymentSpec, role: Role, *, name: str, namespace: str, image: str,
-                      pvc_name: str, inst: InstanceType | None, efa: bool, target: ClusterTarget,
-                      revision: str | None, service_account: str) -> dict[str, Any]:
-    """apps/v1 Deployment of one worker pool (replicas = `spec.<role>.replicas`)."""
+def worker_pod_spec(spec: DeploymentSpec, role: Role, *, pvc_name: str, image: str, inst: InstanceType | None,
+                    efa: bool, target: ClusterTarget, service_account: str, rank: Rank = "single") -> dict[str, Any]:
+    """PodSpec of one worker pod: a whole single-node worker (``rank`` "single"), or the leader / a follower
+    of a multi-node worker's LeaderWorkerSet group. Followers run no API server (``--headless``), so they have
+    no HTTP port and no health probes; the LeaderWorkerSet recreates the group when any of its pods fails."""
     pool = spec.prefill if role == "prefill" else spec.decode
-    lab = labels(name, role, revision)
     env: list[dict[str, Any]] = [
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(target.nixl_side_channel_port)},
         {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -148,6 +205,10 @@ def worker_deployment(spec: DeploymentSpec, role: Role, *, name: str, namespace:
         {"name": "HOME", "value": HOME_DIR},
         {"name": "PDSERVE_ROLE", "value": role},
     ]
+    if rank != "single":
+        env += [{"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": NODE_RANK_ENV, "valueFrom": {"fieldRef": {
+                    "fieldPath": f"metadata.labels['{WORKER_INDEX_LABEL}']"}}}]
     if efa:
         env += [{"name": "FI_PROVIDER", "value": "efa"}, {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}]
     elif inst is None:  # CPU workers: TCP transport, a NIXL progress thread and an engine idle poll that sleep
@@ -163,8 +224,11 @@ def worker_deployment(spec: DeploymentSpec, role: Role, *, name: str, namespace:
         "name": "vllm",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "vllm.entrypoints.openai.api_server"],
-        "args": vllm_args(spec, pool, target=target, gpu=inst is not None, efa=efa, role=role),
+        # a layout beyond plain TP runs `vllm serve`, whose launcher starts the DP engines / headless nodes
+        "command": (["python", "-m", "vllm.entrypoints.openai.api_server"]
+                    if rank == "single" and pool.gpus == pool.tp and not pool.ep else SERVE_COMMAND),
+        "args": vllm_args(spec, pool, target=target, gpu=inst is not None, efa=efa, role=role)
+        + multinode_args(pool, rank),
         "env": env,
         "ports": [
             {"name": http, "containerPort": target.worker_port, "protocol": "TCP"},
@@ -223,12 +287,30 @@ def worker_deployment(spec: DeploymentSpec, role: Role, *, name: str, namespace:
         if efa:
             pod_spec["tolerations"].append(
                 {"key": "vpc.amazonaws.com/efa", "operator": "Exists", "effect": "NoSchedule"})
-    skips = ["CKV_K8S_11", "CKV_K8S_43", "CKV_K8S_15"] + (["CKV_K8S_25"] if efa else [])
+    if rank == "follower":  # headless: the API server, its port and /health live on the leader only
+        container["ports"] = [p for p in container["ports"] if p["name"] != http]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            del container[probe]
+    return pod_spec
+
+
+def _skips(efa: bool) -> list[str]:
+    return ["CKV_K8S_11", "CKV_K8S_43", "CKV_K8S_15"] + (["CKV_K8S_25"] if efa else [])
+
+
+def worker_deployment(spec: DeploymentSpec, role: Role, *, name: str, namespace: str, image: str,
+                      pvc_name: str, inst: InstanceType | None, efa: bool, target: ClusterTarget,
+                      revision: str | None, service_account: str) -> dict[str, Any]:
+    """apps/v1 Deployment of one single-node worker pool (replicas = `spec.<role>.replicas`)."""
+    pool = spec.prefill if role == "prefill" else spec.decode
+    lab = labels(name, role, revision)
+    pod_spec = worker_pod_spec(spec, role, pvc_name=pvc_name, image=image, inst=inst, efa=efa, target=target,
+                               service_account=service_account)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": pool_name(name, role, revision), "namespace": namespace, "labels": dict(lab),
-                     "annotations": checkov_annotations(skips)},
+                     "annotations": checkov_annotations(_skips(efa))},
         "spec": {
             "replicas": pool.replicas,
             "selector": {"matchLabels": dict(lab)},
@@ -238,17 +320,64 @@ def worker_deployment(spec: DeploymentSpec, role: Role, *, name: str, namespace:
     }
 
 
-def worker_service(role: Role, *, name: str, namespace: str, target: ClusterTarget,
-                   revision: str | None) -> dict[str, Any]:
-    """Headless v1 Service of a pool: its EndpointSlices list one address per ready worker pod."""
+def worker_leader_worker_set(spec: DeploymentSpec, role: Role, *, name: str, namespace: str, image: str,
+                             pvc_name: str, inst: InstanceType | None, efa: bool, target: ClusterTarget,
+                             revision: str | None, service_account: str) -> dict[str, Any]:
+    """leaderworkerset.x-k8s.io/v1 LeaderWorkerSet of one multi-node worker pool: `replicas` groups (workers)
+    of `nodes` pods each, the leader (worker index 0) serving HTTP, every pod holding `gpus_per_pod` GPUs.
+
+    `restartPolicy: RecreateGroupOnPodRestart`: a vLLM engine spread over nodes cannot survive the loss of one
+    of them, so the whole group restarts. `startupPolicy: LeaderCreated`: the followers start with the leader
+    and wait for its rendezvous. Pods carry the pool's labels (NetworkPolicy, PDB, ServiceMonitor select
+    them), the pool's Service selects the leaders only (`WORKER_INDEX_LABEL` "0")."""
+    pool = spec.prefill if role == "prefill" else spec.decode
     lab = labels(name, role, revision)
+
+    def template(rank: Rank) -> dict[str, Any]:
+        return {"metadata": {"labels": dict(lab)},
+                "spec": worker_pod_spec(spec, role, pvc_name=pvc_name, image=image, inst=inst, efa=efa,
+                                        target=target, service_account=service_account, rank=rank)}
+
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": pool_name(name, role, revision), "namespace": namespace, "labels": dict(lab),
+                     "annotations": checkov_annotations(_skips(efa))},
+        "spec": {
+            "replicas": pool.replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate",
+                                "rollingUpdateConfiguration": {"maxSurge": 1, "maxUnavailable": 0}},
+            "leaderWorkerTemplate": {
+                "size": pool.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": template("leader"),
+                "workerTemplate": template("follower"),
+            },
+        },
+    }
+
+
+def worker_workload(spec: DeploymentSpec, role: Role, **kw: Any) -> dict[str, Any]:
+    """The pool's workload object: a Deployment for single-node workers, a LeaderWorkerSet when a worker spans
+    nodes (arguments as `worker_deployment`)."""
+    pool = spec.prefill if role == "prefill" else spec.decode
+    return (worker_leader_worker_set if pool.nodes > 1 else worker_deployment)(spec, role, **kw)
+
+
+def worker_service(role: Role, *, name: str, namespace: str, target: ClusterTarget,
+                   revision: str | None, multinode: bool = False) -> dict[str, Any]:
+    """Headless v1 Service of a pool: its EndpointSlices list one address per ready worker, i.e. per worker pod,
+    or, for a `multinode` pool (a LeaderWorkerSet), per leader pod: the only pod of a group serving HTTP."""
+    lab = labels(name, role, revision)
+    selector = dict(lab) | ({WORKER_INDEX_LABEL: "0"} if multinode else {})
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": pool_name(name, role, revision), "namespace": namespace, "labels": dict(lab)},
         "spec": {
             "clusterIP": "None",
-            "selector": dict(lab),
+            "selector": selector,
             "publishNotReadyAddresses": False,
             "ports": [
                 {"name": "http", "port": target.worker_port, "targetPort": "http", "protocol": "TCP"},
