@@ -29,13 +29,15 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     infra/k8s` applies (and the multi-user overlay infra/k8s/kubeflow-profile), what remote bases and
                     documented steps create (`assumed_objects`), one `pdserve promote` render, the pipeline compiled
                     with the configured image (its step pods in every namespace Kubeflow runs them in) and the batch
-                    workflows. Every pod's namespace, ServiceAccount, claims and non-optional Secrets/ConfigMaps
+                    workflows; the render is made twice, with single-node workers (Deployments) and with workers
+                    spanning nodes (LeaderWorkerSets: leader and follower pod templates). Every pod's namespace, ServiceAccount, claims and non-optional Secrets/ConfigMaps
                     exist; every API call of promote (as the pipeline runners and the re-tune's promote step), of
                     the runtime (discovery, planner scale) and of Argo's executor is granted by a bound Role or
                     ClusterRole; every pdserve image is in the configured image's repository; every Pod Identity
                     association names a ServiceAccount that exists, and the pipeline runners have one; the
                     NetworkPolicies admit the product's flows (runtime -> worker HTTP and KV events, worker <->
-                    worker NIXL, Prometheus -> worker metrics, SLO probe -> runtime, pipeline steps -> MLflow) and
+                    worker NIXL, the pods of a multi-node worker among themselves, Prometheus -> worker metrics,
+                    SLO probe -> runtime, pipeline steps -> MLflow) and
                     deny the others `product_flows` lists (another namespace or endpoint -> workers, NIXL from
                     anything but the workers, another namespace -> MLflow)
   parameters        infra/k8s/values/cluster.env has the keys of Terraform output cluster_env; `kubectl kustomize`
@@ -328,6 +330,20 @@ def _pod_spec(obj: dict) -> dict | None:
     return (spec.get("template") or {}).get("spec")
 
 
+def _pod_templates(obj: dict) -> list[tuple[str, dict]]:
+    """(which, PodTemplateSpec) of a workload: ("", template) for a Deployment/StatefulSet/DaemonSet/Job (the Pod
+    itself for a Pod), ("leader", ...) and ("worker", ...) for a LeaderWorkerSet (the leader template defaults to
+    the worker's, as the LWS controller does)."""
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "LeaderWorkerSet":
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        worker = lwt.get("workerTemplate") or {}
+        return [("leader", lwt.get("leaderTemplate") or worker), ("worker", worker)]
+    if obj.get("kind") == "Pod":
+        return [("", {"metadata": obj.get("metadata") or {}, "spec": spec})]
+    return [("", spec["template"])] if spec.get("template") else []
+
+
 def pod_security_problems(infra_objs: list[dict], workloads: list[dict]) -> list[str]:
     """Capabilities that `workloads` add but their namespace's Pod Security `enforce` level forbids.
 
@@ -337,8 +353,8 @@ def pod_security_problems(infra_objs: list[dict], workloads: list[dict]) -> list
     levels = {o["metadata"]["name"]: (o["metadata"].get("labels") or {}).get(PSS_ENFORCE_LABEL, "privileged")
               for o in infra_objs if o.get("kind") == "Namespace"}
     problems = []
-    for o in workloads:
-        pod = _pod_spec(o)
+    for o, (_, tmpl) in [(o, t) for o in workloads for t in _pod_templates(o)]:
+        pod = tmpl.get("spec")
         ns = o.get("metadata", {}).get("namespace")
         if not pod or ns not in levels:
             continue
@@ -834,6 +850,7 @@ KFP_PROFILE_RUNNER_SA = "default-editor"  # multi-user Kubeflow: the profile con
 PROFILE_VARIABLE = "kubeflow_profile_namespaces"
 PROFILE_OVERLAY = "infra/k8s/kubeflow-profile"  # opt-in (multi-user Kubeflow), modelled as applied
 CHECK_ISVC = "cluster-check"
+CHECK_LWS_ISVC = "cluster-check-lws"  # the promote render whose workers span nodes (LeaderWorkerSets)
 # The label Kubeflow's profile controller puts on every profile namespace (NetworkPolicies select them by it).
 PROFILE_NAMESPACE_LABELS = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 
@@ -948,19 +965,24 @@ def _refs(pod: dict, containers: list[dict]) -> tuple[list[str], list[tuple[str,
 
 
 def pod_uses(o: dict, where: str, *, pdserve: bool, runtimes: list[dict] = ()) -> list[PodUse]:
-    """The pods object `o` makes: Deployment/StatefulSet/DaemonSet/Job/Pod (its pod template), InferenceService
+    """The pods object `o` makes: Deployment/StatefulSet/DaemonSet/Job/Pod (its pod template), LeaderWorkerSet (its
+    leader and worker templates), InferenceService
     (the predictor pod: its volumes, storageUri pvc:// claim, service account, and the containers of the
     ClusterServingRuntime of its model format among `runtimes`), Argo Workflow/CronWorkflow (one per container
     template, with the workflow's volumes and service account unless the template names its own)."""
     ns = o["metadata"].get("namespace", "default")
     ident_ = f"{where}: {o['kind']} {ns}/{o['metadata'].get('name') or o['metadata'].get('generateName')}"
     kind = o.get("kind")
-    if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job", "Pod"):
-        pod = _pod_spec(o) or {}
-        cs = (pod.get("initContainers") or []) + (pod.get("containers") or [])
-        claims, secrets, cms = _refs(pod, cs)
-        return [PodUse(ident_, ns, pod.get("serviceAccountName") or "default", claims, secrets, cms,
-                       [c["image"] for c in cs], pdserve)]
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "Job", "Pod", "LeaderWorkerSet"):
+        out = []
+        for which, tmpl in _pod_templates(o):
+            pod = tmpl.get("spec") or {}
+            cs = (pod.get("initContainers") or []) + (pod.get("containers") or [])
+            claims, secrets, cms = _refs(pod, cs)
+            out.append(PodUse(ident_ + (f" {which} pods" if which else ""), ns,
+                              pod.get("serviceAccountName") or "default", claims, secrets, cms,
+                              [c["image"] for c in cs], pdserve))
+        return out
     if kind == "InferenceService":
         pred = o["spec"]["predictor"]
         model = pred.get("model") or {}
@@ -1037,13 +1059,23 @@ def pipeline_pod_uses(docs: list[dict], runners: list[tuple[str, str]]) -> list[
 
 
 def promote_render(image: str, namespace: str = DEPLOY_NAMESPACE) -> list[dict]:
-    """One `pdserve promote` render (planner on: the runtime's scale RBAC is rendered too) with `image`."""
+    """Two `pdserve promote` renders with `image`: `CHECK_ISVC` with single-node workers (Deployments; planner on:
+    the runtime's scale RBAC is rendered too) and `CHECK_LWS_ISVC` with workers spanning two nodes
+    (LeaderWorkerSets: a TP8 x PP2 prefill and a DP16 + EP decode worker on p5.48xlarge, the layouts DeepSeek-V3
+    tunes to there; planner off, as render requires for them). The shared ClusterServingRuntime appears once."""
     from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
     from runtime.deploy.render import render_all
+    from runtime.deploy.target import ClusterTarget
 
     spec = DeploymentSpec(model=ModelRef(name=CHECK_ISVC), gpu="H100-SXM", prefill=PoolSpec(tp=1, replicas=1),
                           decode=PoolSpec(tp=1, replicas=1), planner=PlannerSpec(mode="sla"))
-    return render_all(spec, name=CHECK_ISVC, namespace=namespace, image=image, pvc_name="fsx-claim", validate=False)
+    out = render_all(spec, name=CHECK_ISVC, namespace=namespace, image=image, pvc_name="fsx-claim", validate=False)
+    wide = DeploymentSpec(model=ModelRef(name=CHECK_LWS_ISVC, mla=True), gpu="H100-SXM",
+                          prefill=PoolSpec(tp=8, pp=2, nodes=2), decode=PoolSpec(tp=1, dp=16, ep=True, nodes=2))
+    out += [o for o in render_all(wide, name=CHECK_LWS_ISVC, namespace=namespace, image=image, pvc_name="fsx-claim",
+                                  target=ClusterTarget(instance_type="p5.48xlarge"), validate=False)
+            if o["kind"] != "ClusterServingRuntime"]
+    return out
 
 
 @dataclass
@@ -1102,13 +1134,17 @@ def runtime_needs(render: list[dict]) -> list[ApiNeed]:
     """The runtime's calls (its `<name>-runtime` ServiceAccount): list + watch EndpointSlices
     (runtime/deploy/discovery.py) and, with the planner, get + patch of deployments/scale of its two worker
     Deployments (runtime/server/actuators.py)."""
-    isvc = next(o for o in render if o["kind"] == "InferenceService")
-    ns, sa = isvc["metadata"]["namespace"], isvc["spec"]["predictor"]["serviceAccountName"]
-    path = f"runtime of InferenceService {isvc['metadata']['name']}"
-    out = [ApiNeed(path, ns, sa, ns, "discovery.k8s.io", "endpointslices", frozenset({"list", "watch"}))]
-    out += [ApiNeed(path + " (planner)", ns, sa, ns, "apps", "deployments/scale", frozenset({"get", "patch"}),
-                    o["metadata"]["name"])
-            for o in render if o["kind"] == "Deployment"]
+    out = []
+    for isvc in [o for o in render if o["kind"] == "InferenceService"]:
+        ns, sa, name = (isvc["metadata"]["namespace"], isvc["spec"]["predictor"]["serviceAccountName"],
+                        isvc["metadata"]["name"])
+        path = f"runtime of InferenceService {name}"
+        out.append(ApiNeed(path, ns, sa, ns, "discovery.k8s.io", "endpointslices", frozenset({"list", "watch"})))
+        if any(a.startswith("--planner") for a in isvc["spec"]["predictor"]["model"].get("args") or []):
+            out += [ApiNeed(path + " (planner)", ns, sa, ns, "apps", "deployments/scale", frozenset({"get", "patch"}),
+                            o["metadata"]["name"])
+                    for o in render if o["kind"] == "Deployment"
+                    and (o["metadata"].get("labels") or {}).get("app.kubernetes.io/instance") == name]
     return out
 
 
@@ -1273,7 +1309,8 @@ def check_cluster(root: Path, parsed: dict[str, dict], image: str | None = None,
     if problems:
         return Check("cluster", "FAIL", "; ".join(problems))
     return Check("cluster", "PASS", f"{len(m.objects)} objects, {len(m.pods)} pod templates, {len(m.needs)} API "
-                                    f"needs, {len(product_flows(m, parsed))} network flows: references, RBAC, "
+                                    f"needs, {len(product_flows(m, parsed)) + len(multinode_flows(m))} network "
+                                    f"flows: references, RBAC, "
                                     f"images ({m.image}), Pod Identity and NetworkPolicies consistent")
 
 
@@ -1376,12 +1413,57 @@ def flow_admitted(objs: list[dict], f: Flow) -> bool:
             and _direction_admits(objs, "Ingress", f.dst, f.src, f.dst, port))
 
 
-def _net_pod(o: dict, what: str, extra_labels: dict[str, str] | None = None) -> NetPod:
-    pod = _pod_spec(o) or {}
-    tmpl_labels = ((o.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {}
+def _net_pod(o: dict, what: str, extra_labels: dict[str, str] | None = None, which: str = "") -> NetPod:
+    """The pod of workload `o` (of its `which` template: "leader" or "worker" for a LeaderWorkerSet)."""
+    tmpl = dict(_pod_templates(o)).get(which) or {}
+    pod = tmpl.get("spec") or {}
+    tmpl_labels = (tmpl.get("metadata") or {}).get("labels") or {}
     ports = {p["name"]: p["containerPort"] for c in pod.get("containers") or [] for p in c.get("ports") or []
              if p.get("name")}
     return NetPod(what, o["metadata"].get("namespace", "default"), {**tmpl_labels, **(extra_labels or {})}, ports)
+
+
+def multinode_flows(m: ClusterModel) -> list[Flow]:
+    """The flows of `CHECK_LWS_ISVC`'s LeaderWorkerSet workers: the runtime and Prometheus reach each leader's
+    HTTP port; a worker's pods reach each other's rendezvous ports (torch.distributed `--master-port`, the DP
+    coordinator's `--data-parallel-rpc-port`; NCCL bootstrap on ephemeral ports); prefill and decode pods, leaders
+    or not, reach each other's NIXL side channels (each DP rank listens on the base port + its rank); another
+    namespace reaches none of them. Empty when the model holds no such render."""
+    from runtime.deploy import workers
+    from runtime.deploy.target import ClusterTarget
+
+    isvc = next((o for o in m.objects if o.get("kind") == "InferenceService"
+                 and o["metadata"]["name"] == CHECK_LWS_ISVC), None)
+    if isvc is None:
+        return []
+    ns, name = isvc["metadata"]["namespace"], isvc["metadata"]["name"]
+    lws = {(o["metadata"].get("labels") or {}).get("app.kubernetes.io/component"): o for o in m.objects
+           if o.get("kind") == "LeaderWorkerSet" and (o["metadata"].get("labels") or {}).get(
+               "app.kubernetes.io/instance") == name}
+    # the LWS controller labels each pod with its index in the group (0: the leader)
+    pods = {(role, which): _net_pod(lws[role], f"{role} {which} pod of {name}",
+                                    {workers.WORKER_INDEX_LABEL: "0" if which == "leader" else "1"}, which)
+            for role in ("prefill", "decode") for which in ("leader", "worker")}
+    runtime = NetPod(f"runtime of {name}", ns, {**(isvc["metadata"].get("labels") or {}),
+                                                "serving.kserve.io/inferenceservice": name}, {})
+    prometheus = NetPod("Prometheus", ClusterTarget().monitoring_namespace, dict(PROMETHEUS_LABELS), {})
+    stranger = NetPod(f"a pod of namespace {UNRELATED_NAMESPACE}", UNRELATED_NAMESPACE, {"app": "other"}, {})
+    nixl = pods["prefill", "leader"].ports["nixl"]
+    flows = []
+    for role in ("prefill", "decode"):
+        leader, worker = pods[role, "leader"], pods[role, "worker"]
+        flows += [Flow(runtime, leader, "http", True, "the runtime sends requests to a multi-node worker's leader"),
+                  Flow(prometheus, leader, "http", True, "Prometheus scrapes the leader's /metrics"),
+                  Flow(worker, leader, workers.PP_MASTER_PORT, True, "followers join the leader's rendezvous"),
+                  Flow(worker, leader, workers.DP_RPC_PORT, True, "followers' DP engines join the coordinator"),
+                  Flow(leader, worker, workers.PP_MASTER_PORT + 1, True, "NCCL bootstrap between the nodes"),
+                  Flow(stranger, leader, workers.DP_RPC_PORT, False, "a worker's rendezvous is its own"),
+                  Flow(stranger, worker, nixl, False, "KV blocks are readable only by the endpoint's own workers")]
+    flows += [Flow(pods["decode", "worker"], pods["prefill", "worker"], nixl + 9, True,
+                   "a decode DP rank reads KV from the prefill rank's NIXL side channel (base port + rank)"),
+              Flow(pods["prefill", "leader"], pods["decode", "worker"], nixl + 8, True,
+                   "prefill and decode exchange NIXL metadata with every rank")]
+    return flows
 
 
 def product_flows(m: ClusterModel, parsed: dict[str, dict]) -> list[Flow]:
@@ -1442,9 +1524,9 @@ def _retune_namespace() -> str:
 
 
 def network_problems(m: ClusterModel, parsed: dict[str, dict]) -> list[str]:
-    """Each product flow admitted or denied as it must be (`product_flows`, `flow_admitted`)."""
+    """Each product flow admitted or denied as it must be (`product_flows`, `multinode_flows`, `flow_admitted`)."""
     out = []
-    for f in product_flows(m, parsed):
+    for f in product_flows(m, parsed) + multinode_flows(m):
         if flow_admitted(m.objects, f) != f.admit:
             out.append(f"NetworkPolicy: {f.src.what} ({f.src.namespace}) -> {f.dst.what} ({f.dst.namespace}) "
                        f"port {f.port} is {'denied' if f.admit else 'admitted'}, but must be "
