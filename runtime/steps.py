@@ -41,8 +41,9 @@ class GpuBudgetError(ValueError):
 
 
 def deployment_gpus(spec: "DeploymentSpec") -> int:
-    """GPUs a DeploymentSpec runs on: replicas × TP of the prefill pool plus replicas × TP of the decode pool."""
-    return spec.prefill.replicas * spec.prefill.tp + spec.decode.replicas * spec.decode.tp
+    """GPUs a DeploymentSpec runs on: replicas × GPUs per worker (tp × dp × pp) of the prefill pool plus the same
+    of the decode pool."""
+    return spec.prefill.replicas * spec.prefill.gpus + spec.decode.replicas * spec.decode.gpus
 
 
 def check_gpu_budget(spec: "DeploymentSpec") -> int:
@@ -56,7 +57,8 @@ def check_gpu_budget(spec: "DeploymentSpec") -> int:
     if need > budget:
         raise GpuBudgetError(
             f"the tuned deployment needs {need} GPUs (P:D replicas {spec.prefill.replicas}:{spec.decode.replicas} "
-            f"at prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp}) but planner.gpu_budget is {budget} "
+            f"at {spec.prefill.gpus} prefill, {spec.decode.gpus} decode GPUs per worker) but planner.gpu_budget is "
+            f"{budget} "
             f"GPU{'' if budget == 1 else 's'}"
         )
     return need
@@ -345,9 +347,8 @@ def tune_step(
         runtime.models.spec.ModelConfigError: config.json lacks a field the model needs (named).
         runtime.tuner.search.InfeasibleSLOError: no candidate meets the SLO (message has the best TTFT/ITL).
         GpuBudgetError: the winner needs more GPUs than DeploymentSpec's planner.gpu_budget.
-        runtime.tuner.search.NotDeployableError: (a ValueError) plain TP has no feasible candidate and the
-            winner of the wider search (expert / data-parallel / multi-node workers) has no DeploymentSpec
-            form yet; the message names its layouts.
+        runtime.tuner.search.NotDeployableError: (a ValueError) the winner's layout is one a DeploymentSpec
+            pool refuses; the message names it.
         ValueError: a bad parameter (`check_tune_parameters`: unknown GPU, precision, SLO, workload, gpu_budget,
             a registered model name MLflow refuses, a malformed traffic_trace_uri; checked first), or the spec
             cannot be rendered by promote (runtime.deploy.errors.ManifestError, before anything is logged).

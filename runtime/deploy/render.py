@@ -13,7 +13,8 @@ for KV-aware router policies (`--router kv`), their KV-event publishers (port "k
 
 Bad input (an InferenceService name that is not a DNS-1035 label, a TP larger than the instance's
 GPUs, EFA on an instance without it, replicas over int32 or over max_replicas, a port outside 1..65535 or
-two worker ports alike, a multi-node worker without EFA, on part of a node or with the planner on) raises
+two worker ports alike, a multi-node worker without EFA or on part of a node, a layout beyond TP with the planner
+on) raises
 ManifestError naming the field before anything is written or applied.
 """
 
@@ -334,9 +335,14 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
         if workers.gpus_per_pod(pool) != inst.num_gpus:
             raise ManifestError(f"spec.{role}.nodes: a worker spanning {pool.nodes} nodes takes whole nodes, but "
                                 f"{workers.gpus_per_pod(pool)} of {inst.name}'s {inst.num_gpus} GPUs per pod")
-        if spec.planner.mode != "off":  # the planner scales Deployments only (runtime/server/actuators.py)
-            raise ManifestError(f"spec.{role}.nodes: the planner scales worker Deployments, not the LeaderWorkerSet "
-                                f"of a {pool.nodes}-node worker; set planner.mode off")
+    for role in ("prefill", "decode"):
+        pool = getattr(spec, role)
+        if spec.planner.mode != "off" and (pool.gpus != pool.tp or pool.ep):
+            # the planner sizes and scales plain-TP Deployments (runtime/planner/types.py, runtime/server/actuators.py)
+            what = "LeaderWorkerSet" if pool.nodes > 1 else "layout"
+            raise ManifestError(f"spec.{role}: the planner sizes and scales plain-TP worker Deployments, not the "
+                                f"{what} of a tp {pool.tp} x dp {pool.dp} x pp {pool.pp}{' + ep' if pool.ep else ''} "
+                                "worker; set planner.mode off")
     if target.efa is False and multinode:
         raise ManifestError(f"target.efa: false, but spec.{multinode[0]} workers span nodes: their all-to-all, "
                             "pipeline hand-offs and KV transfers need EFA")
@@ -376,8 +382,9 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
 
     Raises:
         ManifestError: bad name/namespace/pvc/image, TP (or a pod's share of a layout) larger than the
-            instance's GPUs, EFA requested on an instance without EFA, a worker spanning nodes without EFA, on
-            part of a node, or with the planner on (it scales Deployments only), `spec.<pool>.replicas` over int32 or over its max_replicas, a
+            instance's GPUs, EFA requested on an instance without EFA, a worker spanning nodes without EFA or on
+            part of a node, a layout beyond plain TP with the planner on (it sizes and scales plain-TP
+            Deployments only), `spec.<pool>.replicas` over int32 or over its max_replicas, a
             `target` port outside 1..65535 or worker ports that coincide, or an object failing schema
             validation.
     """

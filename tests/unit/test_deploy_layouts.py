@@ -164,7 +164,10 @@ WIDE = dict(prefill=PoolSpec(tp=8, pp=2, nodes=2), decode=PoolSpec(tp=1, dp=16, 
 
 
 @pytest.mark.parametrize("spec_kw,target,match", [
-    ({**WIDE, "planner": PlannerSpec(mode="sla")}, P5, "planner scales worker Deployments"),
+    ({**WIDE, "planner": PlannerSpec(mode="sla")}, P5, "planner sizes and scales plain-TP worker Deployments, not "
+                                                       "the LeaderWorkerSet"),
+    ({"prefill": PoolSpec(tp=8, ep=True), "decode": PoolSpec(tp=8), "planner": PlannerSpec(mode="load")}, P5,
+     r"spec.prefill: the planner .* not the layout of a tp 8 x dp 1 x pp 1 \+ ep worker"),
     (WIDE, ClusterTarget(instance_type="p5.48xlarge", efa=False), "target.efa: false"),
     ({**WIDE, "gpu": "CPU"}, ClusterTarget(), "need EFA between the nodes"),
     ({**WIDE, "prefill": PoolSpec(tp=4, pp=2, nodes=2)}, P5, "takes whole nodes"),
