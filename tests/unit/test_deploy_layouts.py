@@ -194,3 +194,22 @@ def test_a_pipelined_decode_pool_is_refused():
     with pytest.raises(ValidationError, match="NixlConnector decode workers refuse pipeline stages"):
         DeploymentSpec(model=ModelRef(name="m"), prefill=PoolSpec(tp=8, pp=2, nodes=2),
                        decode=PoolSpec(tp=8, pp=2, nodes=2))
+
+
+def test_promote_applies_waits_for_and_cleans_up_leader_worker_sets(objs):
+    from runtime.deploy.apply import readiness, referenced_pvcs
+    from runtime.deploy.kube import resource_path
+    from runtime.deploy.rollout import _worker_objects
+
+    lws = find(objs, "LeaderWorkerSet", "dsv3-decode")
+    assert resource_path(lws["apiVersion"], "LeaderWorkerSet", "dsv3-decode", "pdserve") == (
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/pdserve/leaderworkersets/dsv3-decode")
+    assert referenced_pvcs([lws]) == {("pdserve", "fsx-claim")}
+    live = copy.deepcopy(lws)
+    live["spec"]["replicas"] = 2
+    live["status"] = {"readyReplicas": 1, "updatedReplicas": 2}
+    assert readiness(live) == (False, "1/2 groups ready, 2 updated")
+    live["status"]["readyReplicas"] = 2
+    assert readiness(live)[0]
+    assert {o["kind"] for o in _worker_objects(objs) if o["metadata"]["name"] == "dsv3-decode"} == {
+        "LeaderWorkerSet", "Service", "PodDisruptionBudget"}
