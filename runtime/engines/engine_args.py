@@ -37,6 +37,19 @@ RESERVED: dict[str, str] = {
     "kv-transfer-config": "engine.kv_backends and engine.kv_lease_s (NIXL P/D transfer)",
     "kv-events-config": "pdserve (the KV-aware router subscribes to the workers' KV events)",
     "scheduling-policy": "router.prefill_priority",
+    # a pool's layout (runtime/deploy/workers.py layout_args, multinode_args)
+    "pipeline-parallel-size": "the pool's layout (spec prefill.pp / decode.pp)",
+    "data-parallel-size": "the pool's layout (spec prefill.dp / decode.dp)",
+    "enable-expert-parallel": "the pool's layout (spec prefill.ep / decode.ep)",
+    "data-parallel-size-local": "the pool's layout (dp / nodes per node)",
+    "data-parallel-address": "the LeaderWorkerSet leader's address",
+    "data-parallel-rpc-port": "pdserve (the multi-node DP coordinator's port)",
+    "nnodes": "the pool's layout (spec prefill.nodes / decode.nodes)",
+    "node-rank": "the pod's index in its LeaderWorkerSet group",
+    "master-addr": "the LeaderWorkerSet leader's address",
+    "master-port": "pdserve (the multi-node rendezvous port)",
+    "distributed-executor-backend": "pdserve (multiprocessing across nodes)",
+    "headless": "pdserve (every pod of a multi-node worker but the leader)",
 }
 TRUE_WORDS, FALSE_WORDS = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
 

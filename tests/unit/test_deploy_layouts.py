@@ -213,3 +213,17 @@ def test_promote_applies_waits_for_and_cleans_up_leader_worker_sets(objs):
     assert readiness(live)[0]
     assert {o["kind"] for o in _worker_objects(objs) if o["metadata"]["name"] == "dsv3-decode"} == {
         "LeaderWorkerSet", "Service", "PodDisruptionBudget"}
+
+
+def test_every_layout_flag_is_one_engine_args_may_not_repeat(objs):
+    from runtime.deploy.workers import precision_args
+    from runtime.engines.engine_args import RESERVED, engine_arg_flags
+
+    own = set(precision_args(DeploymentSpec(model=ModelRef(name="m"), precision="fp8"), gpu=True))
+    for lws in [o for o in objs if o["kind"] == "LeaderWorkerSet"]:
+        for which in ("leader", "worker"):
+            args = _container(lws, which)["args"]
+            flags = {a[2:].split("=", 1)[0] for a in args if a.startswith("--") and a not in own}
+            assert flags <= RESERVED.keys(), flags - RESERVED.keys()
+    with pytest.raises(ValueError, match="pdserve sets --data-parallel-size itself from the pool's layout"):
+        engine_arg_flags(["data-parallel-size=2"])
