@@ -6,7 +6,7 @@ the range between a GPU TTFT SLO and a CPU test run.
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -30,6 +30,12 @@ class RuntimeMetrics:
             could not start within the prefill worker's KV lease (the decode worker prefilled locally).
         kv_late_reads: `pdserve_kv_late_reads_total`, streamed decode legs whose first token came after the
             handoff's lease ended (the decode worker may have read released blocks; target 0).
+        breaker_state: `pdserve_worker_breaker_state{role, worker}`, each worker's circuit breaker
+            (runtime.router.breaker.BreakerState: 0 closed, 1 half-open, 2 open); `worker` is the id the
+            response headers show (runtime.server.model.public_worker_id), never an address.
+        shed: `pdserve_requests_shed_total{reason, priority}`, requests refused to protect the service:
+            reason "queue_wait" (429, predicted TTFT over the admission bound) or "breaker_open" (503, every
+            decode worker's breaker open); priority "high" (priority bucket 0) or "normal".
     """
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
@@ -60,3 +66,9 @@ class RuntimeMetrics:
         self.kv_late_reads = Counter(
             "pdserve_kv_late_reads", "Streamed decode legs whose first token came after the KV lease ended.",
             registry=registry)
+        self.breaker_state = Gauge(
+            "pdserve_worker_breaker_state", "Circuit breaker of each worker: 0 closed, 1 half-open, 2 open.",
+            ["role", "worker"], registry=registry)
+        self.shed = Counter(
+            "pdserve_requests_shed", "Requests refused to protect the service (429 queue_wait, 503 breaker_open).",
+            ["reason", "priority"], registry=registry)
