@@ -399,9 +399,10 @@ class OverloadSpec(_Strict):
         "part of the outlier test's baseline once it has N (a larger N outlasts more odd checks but follows a "
         "pool-wide slow-down more slowly; keep it below 2 x breaker_failures).")
     shed_ttft_factor: float | None = Field(
-        default=None, ge=1,
+        default=None, gt=0,
         description="Admission control: answer 429 with Retry-After when a request's predicted TTFT (queue "
-        "wait included) exceeds this many times slo.ttft_p90_ms; null: admit everything.")
+        "wait included) exceeds this many times slo.ttft_p90_ms (below 1: headroom for the prediction's "
+        "error); null: admit everything.")
     shed_priority_factor: float = Field(
         default=2.0, ge=1,
         description="Priority traffic (prompts in priority bucket 0, runtime/router/priority.py) is shed only "

@@ -86,15 +86,15 @@ def decide(*, ahead: int, servers: int, service_s: float | None, slo_ttft_s: flo
         servers: workers in rotation that make first tokens (0 is taken as 1: routing answers that case).
         service_s: per-request service time, seconds (`ServiceTimeEstimate.value`; None: admit).
         slo_ttft_s: the TTFT SLO, seconds (> 0).
-        factor: `OverloadSpec.shed_ttft_factor` (>= 1).
+        factor: `OverloadSpec.shed_ttft_factor` (> 0; below 1 leaves headroom for the prediction's error).
         priority: the request is priority traffic (`is_priority`).
         priority_factor: `OverloadSpec.shed_priority_factor` (>= 1).
 
     Raises:
-        ValueError: `ahead` < 0, `slo_ttft_s` <= 0, or a factor < 1.
+        ValueError: `ahead` < 0, `slo_ttft_s` <= 0, `factor` <= 0 or `priority_factor` < 1.
     """
-    if ahead < 0 or not slo_ttft_s > 0 or factor < 1 or priority_factor < 1:
-        raise ValueError(f"ahead={ahead} >= 0, slo_ttft_s={slo_ttft_s} > 0, factor={factor} >= 1 and "
+    if ahead < 0 or not slo_ttft_s > 0 or not factor > 0 or priority_factor < 1:
+        raise ValueError(f"ahead={ahead} >= 0, slo_ttft_s={slo_ttft_s} > 0, factor={factor} > 0 and "
                          f"priority_factor={priority_factor} >= 1 expected")
     bound = factor * slo_ttft_s * (priority_factor if priority else 1.0)
     if service_s is None:

@@ -169,8 +169,9 @@ def _report_task_death(task: asyncio.Task) -> None:
 async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, planner=None,
                      discovery=None, discovered_kv_events: bool = False, discovery_retry_s: float = 1.0,
                      discovery_max_retry_s: float = 30.0) -> None:
-    """Serve `rest` with the model's background work: KV-event subscription and worker health checks when
-    its pairing is a RouterPairing, and the planner task (runtime.server.planner_runtime.PlannerRuntime)
+    """Serve `rest` with the model's background work: worker health checks and half-open probes feeding the
+    circuit breakers (runtime.server.breakers.check_loop), KV-event subscription when its pairing is a
+    RouterPairing, and the planner task (runtime.server.planner_runtime.PlannerRuntime)
     when given. Returns when the server stops (SIGINT/SIGTERM); the planner's actuator is closed then
     (a local planner's workers are stopped). `discovery` (anything with an async `updates()` of
     runtime.deploy.discovery.PoolMembership) feeds the RouterPairing's pool (runtime.server.discovery_sync);

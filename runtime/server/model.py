@@ -12,9 +12,9 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    transfer); a worker body that is not forwarded is logged, never sent to the client;
 3. decode: the original request (every field the client sent) plus the prefill's `kv_transfer_params`, with
    one `X-Request-Id` for both calls; streamed back as SSE or returned whole. A decode worker that becomes
-   unreachable is reported to the pairing and the request continues on another decode worker (streaming:
-   with the text already sent appended, runtime.server.migration) while the pairing allows it; otherwise the
-   client gets an OpenAI error (an error event inside a started stream). A stream that already sent
+   unreachable opens its circuit breaker (runtime.server.breakers, which every worker call reports to) and
+   the request continues on another decode worker (streaming: with the text already sent appended,
+   runtime.server.migration) while the pairing allows it; otherwise the client gets an OpenAI error (an error event inside a started stream). A stream that already sent
    reasoning or tool calls is not migrated (the continuation could not replay them) but ends with an error
    event. An error event the worker sends inside its stream reaches the client (also when the runtime hides
    the usage chunk) and the request counts as an error.
@@ -25,6 +25,9 @@ the runtime owns (`_RUNTIME_XARGS`, e.g. `kv_cache_report_mode`) are dropped too
 
 Worker clients (one httpx pool per worker URL) of workers that left the pairing's pool are closed once no
 request, nudge or health check still uses them, so discovery churn does not leak connections.
+
+Admission control (`overload.shed_ttft_factor` with a TTFT SLO) refuses a request whose predicted TTFT is over
+its bound with `Overloaded` (429 with Retry-After), before any worker is called (runtime.router.admission).
 
 Every request's router load is released exactly once, whatever ends it: an answer, a worker error, or the
 client going away (KServe cancels the handler on disconnect). A streaming request contacts its decode worker
