@@ -411,6 +411,42 @@ class PlannerSpec(_Strict):
         return self
 
 
+class OverloadSpec(_Strict):
+    """Overload protection of the runtime: per-worker circuit breakers and admission control
+    (runtime/router/breaker.py, runtime/router/admission.py)."""
+
+    breaker_failures: int = Field(
+        default=3, ge=1,
+        description="Failures in a row (5xx answers, failed or slow health checks) that open a worker's breaker "
+        "(no traffic); a refused or reset connection opens it at once.")
+    breaker_cooldown_s: float = Field(
+        default=10.0, gt=0, description="Seconds an open breaker waits before it lets probes through (half-open).")
+    breaker_probes: int = Field(
+        default=2, ge=1,
+        description="Successful probes (health checks of a half-open worker, one at a time) that close its "
+        "breaker; a failed probe opens it again.")
+    breaker_latency_factor: float = Field(
+        default=10.0, gt=1,
+        description="A health check slower than this many times the other workers' median recent health-check "
+        "latency (and than breaker_latency_floor_s) counts as a failure (dimensionless).")
+    breaker_latency_floor_s: float = Field(
+        default=1.0, gt=0, description="Health checks at least this fast are never latency outliers, seconds.")
+    breaker_latency_window: int = Field(
+        default=3, ge=1,
+        description="Recent health-check latencies kept per worker: a worker's median over its last N is its "
+        "part of the outlier test's baseline once it has N (a larger N outlasts more odd checks but follows a "
+        "pool-wide slow-down more slowly; keep it below 2 x breaker_failures).")
+    shed_ttft_factor: float | None = Field(
+        default=None, gt=0,
+        description="Admission control: answer 429 with Retry-After when a request's predicted TTFT (queue "
+        "wait included) exceeds this many times slo.ttft_p90_ms (below 1: headroom for the prediction's "
+        "error); null: admit everything.")
+    shed_priority_factor: float = Field(
+        default=2.0, ge=1,
+        description="Priority traffic (prompts in priority bucket 0, runtime/router/priority.py) is shed only "
+        "when its predicted TTFT exceeds this many times the bound of other traffic.")
+
+
 class DeploymentSpec(_Strict):
     """Everything needed to deploy one disaggregated model endpoint."""
 
@@ -435,6 +471,9 @@ class DeploymentSpec(_Strict):
     )
     planner: PlannerSpec = Field(
         default_factory=PlannerSpec, description="SLO planner settings: mode, predictor, intervals (PlannerSpec)."
+    )
+    overload: OverloadSpec = Field(
+        default_factory=OverloadSpec, description="Circuit breakers and load shedding of the runtime (OverloadSpec)."
     )
 
     @model_validator(mode="after")

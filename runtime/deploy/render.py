@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from runtime.config import DeploymentSpec, RouterSpec
+from runtime.config import DeploymentSpec, OverloadSpec, RouterSpec
 from runtime.deploy import rbac, workers
 from runtime.deploy.errors import ManifestError
 from runtime.deploy.instances import InstanceType, instance_for
@@ -98,7 +98,8 @@ def uses_kv_router(router: RouterSpec) -> bool:
 def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, decode_service: str,
                       worker_port: int, planner: bool = False, router: RouterSpec | None = None,
                       block_size_tokens: int = 16, tokenizer_dir: str = MODEL_MOUNT,
-                      kv_lease_s: int | None = None) -> list[str]:
+                      kv_lease_s: int | None = None, overload: OverloadSpec | None = None,
+                      ttft_slo_ms: float | None = None) -> list[str]:
     """Per-InferenceService runtime arguments (KServe appends them to the runtime's): the OpenAI model
     name and where the worker pools come from: the EndpointSlices of the headless prefill/decode Services
     (`--discovery=kubernetes`, runtime/server/discovery_sync.py over runtime/deploy/discovery.py), so only
@@ -118,7 +119,9 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     subscribes to each discovered worker's KV events at the EndpointSlices' "kv-events" port. With any
     `router`, `--prefill-priority=<router.prefill_priority>` (the prefill Deployments' vLLM scheduling
     policy follows the same field, runtime/deploy/workers.py). With `kv_lease_s` (the workers'
-    `EngineSpec.kv_lease_s`), `--kv-lease-s`: the runtime bounds its decode legs by the workers' lease."""
+    `EngineSpec.kv_lease_s`), `--kv-lease-s`: the runtime bounds its decode legs by the workers' lease.
+    With an `overload` other than the defaults, `--overload-spec=<OverloadSpec JSON>` and
+    `--ttft-slo-ms=<ttft_slo_ms>` (the SLO its admission control protects)."""
     del worker_port  # carried by the EndpointSlices' "http" port
     args = [
         f"--model-name={model_name}",
@@ -136,6 +139,10 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
                  f"--block-size={block_size_tokens}", f"--tokenizer-dir={tokenizer_dir}"]
     if kv_lease_s is not None:
         args.append(f"--kv-lease-s={kv_lease_s}")
+    if overload is not None and overload != OverloadSpec():
+        args.append(f"--overload-spec={overload.model_dump_json()}")
+        if ttft_slo_ms is not None:
+            args.append(f"--ttft-slo-ms={ttft_slo_ms}")
     if planner:
         args += ["--planner=kubernetes", f"--prefill-deployment={prefill_service}",
                  f"--decode-deployment={decode_service}"]
@@ -220,6 +227,8 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
                 router=spec.router,
                 block_size_tokens=spec.engine.block_size_tokens,
                 kv_lease_s=spec.engine.kv_lease_s,
+                overload=spec.overload,
+                ttft_slo_ms=spec.slo.ttft_p90_ms,
             ) + traffic_args(target, name=name),
             "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()}],
         },

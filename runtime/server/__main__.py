@@ -53,6 +53,14 @@ def positive_seconds(text: str) -> float:
     return v
 
 
+def positive_ms(text: str) -> float:
+    """argparse type: a finite number of milliseconds > 0."""
+    try:
+        return positive_seconds(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a finite number of milliseconds > 0, got {text!r}") from None
+
+
 def int_at_least(low: int, high: int | None = None):
     """argparse type: a whole number in [low, high] (high None: no upper bound)."""
 
@@ -140,6 +148,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-lease-s", type=int_at_least(6), default=None,
                    help="Seconds the prefill workers keep a KV handoff (their vLLM kv_lease_duration, "
                         "EngineSpec.kv_lease_s; default vLLM's 30): the runtime bounds each decode leg by it.")
+    p.add_argument("--overload-spec", default="{}",
+                   help="OverloadSpec as JSON (runtime/config.py): circuit breakers and admission control.")
+    p.add_argument("--ttft-slo-ms", type=positive_ms, default=None,
+                   help="TTFT SLO, ms (DeploymentSpec slo.ttft_p90_ms): admission control sheds requests whose "
+                        "predicted TTFT exceeds --overload-spec's shed_ttft_factor times it.")
     p.add_argument("--prefill-nudge-after-s", type=positive_seconds, default=None,
                    help="When a decode has no first token this many seconds after its remote prefill, send the "
                         "prefill worker a 1-token request (again every as many seconds): works around decode "
@@ -324,6 +337,14 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"--router-spec: {exc}")
         if args.tokenizer_dir is None:
             sys.exit("--tokenizer-dir is required with --router kv")
+    from runtime.config import OverloadSpec
+
+    try:
+        overload = OverloadSpec.model_validate_json(args.overload_spec)
+    except ValidationError as exc:
+        sys.exit(f"--overload-spec: {exc}")
+    if overload.shed_ttft_factor is not None and args.ttft_slo_ms is None:
+        sys.exit("--overload-spec shed_ttft_factor needs --ttft-slo-ms (the TTFT SLO it protects)")
     planner = planner_settings(args)
     prefill_priority = resolve_prefill_priority(args, router_spec, planner)
     if args.traffic_log is not None:  # fail at start-up, not at the first request
@@ -374,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
         traffic_upload=args.traffic_upload,
         traffic_upload_interval_s=args.traffic_upload_interval_s,
         traffic_source=args.traffic_source,
+        overload=overload,
+        slo_ttft_s=None if args.ttft_slo_ms is None else args.ttft_slo_ms / 1000.0,
     )
 
 

@@ -21,14 +21,15 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from runtime.config import RouterSpec
+from runtime.config import OverloadSpec, RouterSpec
+from runtime.server.breakers import check_loop
 from runtime.engines.kv_events import KvEventSubscriber
 from runtime.server.edge import install_edge
 from runtime.server.errors import install_openai_error_handlers
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.model import DEFAULT_KV_LEASE_S, PDModel
 from runtime.server.pairing import Pairing, RoundRobinPairing
-from runtime.server.routing import RouterPairing, WorkerEndpoint, health_loop
+from runtime.server.routing import RouterPairing, WorkerEndpoint
 from runtime.server.tokenize import PromptTokenizer
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ def build_model(
     prefill_priority: bool = False,
     traffic_log=None,
     kv_lease_s: float | None = None,
+    overload: OverloadSpec | None = None,
+    slo_ttft_s: float | None = None,
 ) -> PDModel:
     """The runtime model over the configured worker pools (round-robin pairing unless `pairing` is given).
 
@@ -63,7 +66,8 @@ def build_model(
     `traffic_log` (runtime.server.traffic.TrafficLog: the recorded traffic re-tuning reads).
     `prefill_priority`: prefill requests carry the runtime's vLLM `priority` by prompt length (exact with a
     tokenizer, else estimated; RouterSpec.prefill_priority "length"). `kv_lease_s`: the prefill workers' KV
-    lease, seconds (None: vLLM's default, `DEFAULT_KV_LEASE_S`).
+    lease, seconds (None: vLLM's default, `DEFAULT_KV_LEASE_S`). `overload`: circuit breakers and admission
+    control (None: OverloadSpec's defaults); `slo_ttft_s`: the TTFT SLO admission control protects, seconds.
 
     Raises:
         ValueError: empty `model_name` or no decode URL.
@@ -74,7 +78,8 @@ def build_model(
     return PDModel(model_name, pairing, metrics=RuntimeMetrics(registry), timeout_s=timeout_s, tokenizer=tokenizer,
                    prefill_timeout_s=prefill_timeout_s, observer=observer,
                    prefill_nudge_after_s=prefill_nudge_after_s, prefill_priority=prefill_priority,
-                   traffic_log=traffic_log, kv_lease_s=DEFAULT_KV_LEASE_S if kv_lease_s is None else kv_lease_s)
+                   traffic_log=traffic_log, kv_lease_s=DEFAULT_KV_LEASE_S if kv_lease_s is None else kv_lease_s,
+                   overload=overload, slo_ttft_s=slo_ttft_s)
 
 
 def build_router_pairing(
@@ -134,7 +139,7 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
 
             super().create_application()
             install_openai_error_handlers(kserve_app)
-            install_edge(kserve_app, model.name, lambda: model.ready)
+            install_edge(kserve_app, model.name, lambda: model.ready, model.count_unready)
             _check_openai_routes(kserve_app)
 
         def _add_middlewares(self, app):
@@ -157,19 +162,6 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
     return rest
 
 
-async def _readiness_loop(model: PDModel, interval_s: float) -> None:
-    """Forever: check every worker's /health (PDModel.worker_healthy records it for `ready`) and mark it up
-    or down in the fixed pairing (configured workers: one not answering, starting or dead, is down)."""
-    while True:
-        urls = model.worker_urls()
-        results = await asyncio.gather(*(model.worker_healthy(u) for u in urls))
-        for url, ok in zip(urls, results):
-            mark = getattr(model.pairing, "mark_up" if ok else "mark_down", None)
-            if mark is not None:
-                mark(url)
-        await asyncio.sleep(interval_s)
-
-
 def _report_task_death(task: asyncio.Task) -> None:
     """Done-callback of run_server's background tasks: log, with its traceback, an exception that ended one
     (cancellation at shutdown is not reported)."""
@@ -184,8 +176,9 @@ def _report_task_death(task: asyncio.Task) -> None:
 async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, planner=None,
                      discovery=None, discovered_kv_events: bool = False, discovery_retry_s: float = 1.0,
                      discovery_max_retry_s: float = 30.0) -> None:
-    """Serve `rest` with the model's background work: KV-event subscription and worker health checks when
-    its pairing is a RouterPairing, and the planner task (runtime.server.planner_runtime.PlannerRuntime)
+    """Serve `rest` with the model's background work: worker health checks and half-open probes feeding the
+    circuit breakers (runtime.server.breakers.check_loop), KV-event subscription when its pairing is a
+    RouterPairing, and the planner task (runtime.server.planner_runtime.PlannerRuntime)
     when given. Returns when the server stops (SIGINT/SIGTERM); the planner's actuator is closed then
     (a local planner's workers are stopped). `discovery` (anything with an async `updates()` of
     runtime.deploy.discovery.PoolMembership) feeds the RouterPairing's pool (runtime.server.discovery_sync);
@@ -216,11 +209,9 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
             retry_s=discovery_retry_s, max_retry_s=discovery_max_retry_s), name="pdserve-discovery"))
     if planner is not None:
         tasks.append(asyncio.create_task(planner.run(), name="pdserve-planner"))
-    if isinstance(pairing, RouterPairing):
-        tasks.append(asyncio.create_task(health_loop(pairing, model.worker_healthy, interval_s=health_interval_s),
-                                         name="pdserve-health"))
-    else:  # the fixed pairing has no health state: the checks feed the model's readiness alone
-        tasks.append(asyncio.create_task(_readiness_loop(model, health_interval_s), name="pdserve-readiness"))
+    # every worker's health checks and half-open probes feed its circuit breaker (runtime.server.breakers)
+    tasks.append(asyncio.create_task(check_loop(model.breakers, model.worker_healthy, interval_s=health_interval_s),
+                                     name="pdserve-health"))
     for t in tasks:
         t.add_done_callback(_report_task_death)
     try:
@@ -263,6 +254,8 @@ def serve(
     traffic_upload: str | None = None,
     traffic_upload_interval_s: float = 300.0,
     traffic_source: str | None = None,
+    overload: OverloadSpec | None = None,
+    slo_ttft_s: float | None = None,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
@@ -281,6 +274,7 @@ def serve(
     `traffic_upload` (``s3://bucket/prefix/``, needs `traffic_log`): every `traffic_upload_interval_s` seconds
     and at shutdown, ship what the log gained to ``<prefix><traffic_source>/`` (TrafficShipper; the source
     defaults to $HOSTNAME, the pod name); S3 failures are logged and retried, never fail a request.
+    `overload`, `slo_ttft_s`: circuit breakers and admission control (build_model).
 
     Raises:
         ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings,
@@ -331,7 +325,8 @@ def serve(
     model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
                         tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
                         observer=window, prefill_nudge_after_s=prefill_nudge_after_s,
-                        prefill_priority=prefill_priority, traffic_log=traffic, kv_lease_s=kv_lease_s)
+                        prefill_priority=prefill_priority, traffic_log=traffic, kv_lease_s=kv_lease_s,
+                        overload=overload, slo_ttft_s=slo_ttft_s)
     planner_rt = None
     if planner is not None:
         from runtime.server.planner_runtime import build_planner

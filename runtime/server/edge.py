@@ -92,19 +92,22 @@ def check_body(path: str, raw: bytes) -> tuple[str, str | None] | None:
 
 
 class Served:
-    """The model the edge answers for: its OpenAI id and a readiness callable."""
+    """The model the edge answers for: its OpenAI id, a readiness callable and what to tell the model about
+    an OpenAI request that arrives while it is not ready (`on_unready(raw_body)`; KServe answers it 503)."""
 
-    def __init__(self, model_name: str = "", is_ready: Callable[[], bool] = lambda: False) -> None:
-        self.model_name, self.is_ready = model_name, is_ready
+    def __init__(self, model_name: str = "", is_ready: Callable[[], bool] = lambda: False,
+                 on_unready: Callable[[bytes], None] = lambda raw: None) -> None:
+        self.model_name, self.is_ready, self.on_unready = model_name, is_ready, on_unready
 
 
-def install_edge(app: Any, model_name: str, is_ready: Callable[[], bool]) -> None:
+def install_edge(app: Any, model_name: str, is_ready: Callable[[], bool],
+                 on_unready: Callable[[bytes], None] = lambda raw: None) -> None:
     """Put `EdgeMiddleware` in front of `app` (once per app) answering for `model_name` / `is_ready`."""
     served = getattr(app.state, "pdserve_served", None)
     if served is None:
         served = app.state.pdserve_served = Served()
         app.add_middleware(EdgeMiddleware, served=served)
-    served.model_name, served.is_ready = model_name, is_ready
+    served.model_name, served.is_ready, served.on_unready = model_name, is_ready, on_unready
 
 
 class EdgeMiddleware:
@@ -162,6 +165,8 @@ class EdgeMiddleware:
             body = openai_error_body("Invalid request: " + message_text, err_type="BadRequestError",
                                      status=HTTPStatus.BAD_REQUEST, param=param)
             return await _json(send, HTTPStatus.BAD_REQUEST, body)
+        if not self.is_ready():
+            self.served.on_unready(raw)
         replayed = False
 
         async def replay() -> dict:

@@ -104,6 +104,21 @@ async def _model_not_ready_handler(request: Request, exc: ModelNotReady):
     return response
 
 
+class Overloaded(Exception):
+    """A request shed by admission control (runtime.server.model `PDModel._admit`): answered 429 with
+    `Retry-After: retry_after_s` and an OpenAI error body carrying `message`."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.message, self.retry_after_s = message, retry_after_s
+
+
+async def _overloaded_handler(request: Request, exc: Overloaded):
+    body = openai_error_body(exc.message, err_type="OverloadedError", status=HTTPStatus.TOO_MANY_REQUESTS)
+    return JSONResponse(status_code=HTTPStatus.TOO_MANY_REQUESTS, content=body,
+                        headers={"Retry-After": str(exc.retry_after_s)})
+
+
 async def _http_exception_handler(request: Request, exc: StarletteHTTPException):
     """Routing errors (404 no such route, 405 wrong method) under the OpenAI prefix in OpenAI's shape."""
     if request.url.path.startswith(OPENAI_PREFIX):
@@ -123,5 +138,6 @@ def install_openai_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ModelNotReady, _model_not_ready_handler)
     app.add_exception_handler(StarletteHTTPException, _http_exception_handler)
     app.add_exception_handler(ModelNotFound, _model_not_found_handler)
+    app.add_exception_handler(Overloaded, _overloaded_handler)
     if VLLMClientError is not None:
         app.add_exception_handler(VLLMClientError, _vllm_client_error_handler)

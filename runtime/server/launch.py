@@ -346,6 +346,7 @@ class LocalDeployment:
                 for w in pool:
                     if w.kv_events_endpoint:
                         extra += [flag, w.kv_events_endpoint]
+        extra += ["--overload-spec", spec.overload.model_dump_json(), "--ttft-slo-ms", str(spec.slo.ttft_p90_ms)]
         if spec.engine.kv_lease_s is not None:  # the runtime bounds decode legs by the workers' lease
             extra += ["--kv-lease-s", str(spec.engine.kv_lease_s)]
         if prefill_nudge_after_s > 0:  # vLLM's NIXL pull connector on CPU: see PDModel prefill_nudge_after_s

@@ -100,6 +100,12 @@ class RuntimeMetrics:
         kv_late_reads: `pdserve_kv_late_reads_total`, streamed decode legs whose first token came after the
             handoff's lease ended (the decode worker may have read released blocks; target 0).
         kv_index: the router's KV-event feed (KvIndexCollector); the server sets its `source`.
+        breaker_state: `pdserve_worker_breaker_state{role, worker}`, each worker's circuit breaker
+            (runtime.router.breaker.BreakerState: 0 closed, 1 half-open, 2 open); `worker` is the id the
+            response headers show (runtime.server.model.public_worker_id), never an address.
+        shed: `pdserve_requests_shed_total{reason, priority}`, requests refused to protect the service:
+            reason "queue_wait" (429, predicted TTFT over the admission bound) or "breaker_open" (503, every
+            decode worker's breaker open); priority "high" (priority bucket 0) or "normal".
     """
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
@@ -145,6 +151,15 @@ class RuntimeMetrics:
         self.kv_late_reads = Counter(
             "pdserve_kv_late_reads", "Streamed decode legs whose first token came after the KV lease ended.",
             registry=registry)
+        self.breaker_state = Gauge(
+            "pdserve_worker_breaker_state", "Circuit breaker of each worker: 0 closed, 1 half-open, 2 open.",
+            ["role", "worker"], registry=registry)
+        self.shed = Counter(
+            "pdserve_requests_shed", "Requests refused to protect the service (429 queue_wait, 503 breaker_open).",
+            ["reason", "priority"], registry=registry)
+        for reason in ("queue_wait", "breaker_open"):  # every series exists from the start, at 0, so rate()
+            for priority in ("high", "normal"):  # and the dashboards see "none shed", not "no data"
+                self.shed.labels(reason, priority)
         self.kv_index = KvIndexCollector()
         registry.register(self.kv_index)
 

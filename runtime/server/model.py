@@ -12,9 +12,9 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    transfer); a worker body that is not forwarded is logged, never sent to the client;
 3. decode: the original request (every field the client sent) plus the prefill's `kv_transfer_params`, with
    one `X-Request-Id` for both calls; streamed back as SSE or returned whole. A decode worker that becomes
-   unreachable is reported to the pairing and the request continues on another decode worker (streaming:
-   with the text already sent appended, runtime.server.migration) while the pairing allows it; otherwise the
-   client gets an OpenAI error (an error event inside a started stream). A stream that already sent
+   unreachable opens its circuit breaker (runtime.server.breakers, which every worker call reports to) and
+   the request continues on another decode worker (streaming: with the text already sent appended,
+   runtime.server.migration) while the pairing allows it; otherwise the client gets an OpenAI error (an error event inside a started stream). A stream that already sent
    reasoning or tool calls is not migrated (the continuation could not replay them) but ends with an error
    event. An error event the worker sends inside its stream reaches the client (also when the runtime hides
    the usage chunk) and the request counts as an error.
@@ -25,6 +25,9 @@ the runtime owns (`_RUNTIME_XARGS`, e.g. `kv_cache_report_mode`) are dropped too
 
 Worker clients (one httpx pool per worker URL) of workers that left the pairing's pool are closed once no
 request, nudge or health check still uses them, so discovery churn does not leak connections.
+
+Admission control (`overload.shed_ttft_factor` with a TTFT SLO) refuses a request whose predicted TTFT is over
+its bound with `Overloaded` (429 with Retry-After), before any worker is called (runtime.router.admission).
 
 Every request's router load is released exactly once, whatever ends it: an answer, a worker error, or the
 client going away (KServe cancels the handler on disconnect). A streaming request contacts its decode worker
@@ -61,8 +64,11 @@ from kserve.protocol.rest.openai.types import (
 )
 
 from runtime.engines.client import CHAT_PATH, COMPLETIONS_PATH, BackendError, VllmClient
+from runtime.config import OverloadSpec
+from runtime.router.admission import ServiceTimeEstimate, decide, is_priority
 from runtime.router.priority import vllm_priority
-from runtime.server.errors import openai_error_body
+from runtime.server.breakers import WorkerBreakers
+from runtime.server.errors import Overloaded, openai_error_body
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.migration import (
     choice_has_output,
@@ -88,10 +94,6 @@ _DEPLOYMENT_4XX = frozenset({401, 403, 404, 407})
 #: vLLM NIXL `kv_lease_duration` default, seconds (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
 #: base_scheduler.py, 0.28).
 DEFAULT_KV_LEASE_S = 30.0
-#: 5xx answers in a row that take a worker out of rotation (PDModel `worker_5xx_limit`): more than one so that
-#: one request the worker cannot serve does not take it out, few so that a worker whose engine died (vLLM then
-#: answers every request 500) costs only a few failed requests before its next health check.
-DEFAULT_WORKER_5XX_LIMIT = 3
 #: Headroom between the last moment the runtime starts a decode leg on a handoff and the lease's end,
 #: seconds: the decode worker must receive the request, schedule it and send its first heartbeat or read.
 DEFAULT_KV_LEASE_MARGIN_S = 5.0
@@ -191,6 +193,12 @@ def priority_tokens(body: dict, prompt_tokens: int | None) -> int:
     return max(prompt_tokens or 0, estimate_prompt_tokens(body), -(-chars // CHARS_PER_TOKEN))
 
 
+def _priority_label(body: dict) -> str:
+    """The `priority` label of `pdserve_requests_shed_total`: "high" for priority traffic (prompt in priority
+    bucket 0, runtime.router.admission.is_priority, judged by `priority_tokens`), else "normal"."""
+    return "high" if is_priority(priority_tokens(body, None)) else "normal"
+
+
 def _set_route_headers(context: dict | None, route: Route, key: bytes) -> None:
     """Worker ids (never addresses: `public_worker_id`) and the route reason as response headers
     (non-streaming responses)."""
@@ -267,7 +275,8 @@ class PDModel(OpenAIGenerativeModel):
         traffic_log: Any | None = None,
         kv_lease_s: float = DEFAULT_KV_LEASE_S,
         kv_lease_margin_s: float = DEFAULT_KV_LEASE_MARGIN_S,
-        worker_5xx_limit: int = DEFAULT_WORKER_5XX_LIMIT,
+        overload: OverloadSpec | None = None,
+        slo_ttft_s: float | None = None,
     ) -> None:
         super().__init__(name)
         if not 0 <= kv_lease_margin_s < kv_lease_s:
@@ -293,17 +302,24 @@ class PDModel(OpenAIGenerativeModel):
         self.prefill_priority = prefill_priority
         self.wall_clock = wall_clock  # Unix seconds: prefill priorities must agree across runtime replicas
         self._header_key = secrets.token_bytes(16)  # keys the worker ids in response headers
-        self._healthy: dict[str, bool] = {}  # worker URL -> its last health check or request's verdict
-        if worker_5xx_limit < 1:
-            raise ValueError(f"worker_5xx_limit={worker_5xx_limit}: expected >= 1")
-        self.worker_5xx_limit = worker_5xx_limit
-        self._errors_in_row: dict[str, int] = {}  # worker URL -> 5xx answers in a row (`_note_answer`)
+        self.overload = overload or OverloadSpec()
+        if slo_ttft_s is not None and not slo_ttft_s > 0:
+            raise ValueError(f"slo_ttft_s={slo_ttft_s}: expected seconds > 0 or None")
+        self.slo_ttft_s = slo_ttft_s
+        self.breakers = WorkerBreakers(pairing, self.overload, gauge=metrics.breaker_state, clock=clock,
+                                       label=lambda wid: public_worker_id(wid, self._header_key))
+        self.breakers.sync()
+        self.service = ServiceTimeEstimate()  # per-request service time, from first tokens (admission control)
+        # request id -> (requests waiting for a first token, servers) when it was admitted; popped at its first
+        # token or its end
+        self._awaiting: dict[str, tuple[int, int]] = {}
 
     @property
     def ready(self) -> bool:
-        """Some decode worker (every decode worker can also prefill locally) answered its last health check
-        and has not refused a connection since: requests can be served. False until a check answers."""
-        return any(self._healthy.get(u) for u in self.decode_urls())
+        """Some decode worker (every decode worker can also prefill locally) has answered a health check and
+        its breaker is closed (runtime.server.breakers): requests can be served. False until a check answers."""
+        self.breakers.sync()
+        return any(self.breakers.serving(u) for u in self.decode_urls())
 
     @ready.setter
     def ready(self, value: bool) -> None:
@@ -316,26 +332,9 @@ class PDModel(OpenAIGenerativeModel):
             return [w.url.rstrip("/") for w in workers.values() if getattr(w, "role", "decode") != "prefill"]
         return [u.rstrip("/") for u in getattr(self.pairing, "decode_urls", [])]
 
-    def _mark_unreachable(self, url: str) -> None:
-        """A request found the worker at `url` gone (or failing: `_note_answer`): out of the pairing's rotation
-        and of readiness until a health check answers again."""
-        self._healthy[url.rstrip("/")] = False
-        self._errors_in_row.pop(url.rstrip("/"), None)
-        self.pairing.on_worker_unreachable(url)
-
     def _note_answer(self, url: str, exc: BackendError | None) -> None:
-        """Count a worker call's outcome: `worker_5xx_limit` 5xx answers in a row (a worker whose engine died
-        answers every request 500) take the worker out like a refused connection; any other outcome ends
-        the run. Timeouts (504: a busy worker) and refused connections (counted at once) are not counted."""
-        key = url.rstrip("/")
-        if exc is None or exc.unreachable or not 500 <= exc.status_code < 600 or exc.status_code == 504:
-            self._errors_in_row.pop(key, None)
-            return
-        self._errors_in_row[key] = self._errors_in_row.get(key, 0) + 1
-        if self._errors_in_row[key] >= self.worker_5xx_limit:
-            logger.warning("worker %s answered %d 5xx in a row: out of rotation until a health check answers",
-                           url, self._errors_in_row[key])
-            self._mark_unreachable(url)
+        """Report a worker call's outcome (None: answered) to the worker's breaker (runtime.server.breakers)."""
+        self.breakers.record_call(url, exc)
 
     def worker_urls(self) -> list[str]:
         """Base URLs of every worker of the pairing's pool (prefill and decode), for health checks."""
@@ -397,16 +396,12 @@ class PDModel(OpenAIGenerativeModel):
         task.add_done_callback(self._closing.discard)
 
     async def worker_healthy(self, url: str) -> bool:
-        """GET <url>/health answered 200 (remembered for `ready`)."""
+        """GET <url>/health answered 200 within its timeout (the check `check_loop` feeds the breakers)."""
         user = object()
         try:
-            ok = await self._client(url, user).healthy()
+            return await self._client(url, user).healthy()
         finally:
             self._release(user)
-        self._healthy[url.rstrip("/")] = ok
-        if ok:
-            self._errors_in_row.pop(url.rstrip("/"), None)
-        return ok
 
     async def aclose(self) -> None:
         """Close every worker client (also those of departed workers still being closed)."""
@@ -459,6 +454,7 @@ class PDModel(OpenAIGenerativeModel):
             err = create_error_response(message, err_type="BadRequestError", status_code=HTTPStatus.BAD_REQUEST)
             err.error.param = param
             return err
+        self._admit(body)
         subs = fan_out(path, body)
         if subs is None:
             return await self._serve(path, endpoint, body, response_type, context)
@@ -476,6 +472,47 @@ class PDModel(OpenAIGenerativeModel):
             return _merge_streams(results, bool((body.get("stream_options") or {}).get("include_usage")))
         answers = [r.model_dump(mode="json", exclude_unset=True) for r in results]
         return response_type.model_validate(merge_answers(answers))
+
+    def count_unready(self, raw_body: bytes) -> None:
+        """A request refused because the model is not ready (runtime.server.edge): counted in
+        `pdserve_requests_shed_total{reason="breaker_open"}` when that is because decode breakers are open."""
+        if not self.breakers.any_open("decode"):
+            return
+        try:
+            body = json.loads(raw_body)
+        except ValueError:
+            body = None
+        self.metrics.shed.labels("breaker_open", _priority_label(body if isinstance(body, dict) else {})).inc()
+
+    def _servers(self) -> int:
+        """Workers in rotation that make the first tokens: the prefill workers, or the decode workers when no
+        prefill worker is in rotation (they prefill locally)."""
+        return self.breakers.in_rotation("prefill") or self.breakers.in_rotation("decode")
+
+    def _admit(self, body: dict) -> None:
+        """Admission control (runtime.router.admission): with `overload.shed_ttft_factor` and a TTFT SLO,
+        raise `Overloaded` (429 with Retry-After, counted in `pdserve_requests_shed_total`) when the request's
+        predicted TTFT exceeds the bound; priority traffic's bound is `shed_priority_factor` times higher."""
+        factor = self.overload.shed_ttft_factor
+        if factor is None or self.slo_ttft_s is None:
+            return
+        label = _priority_label(body)
+        d = decide(ahead=len(self._awaiting), servers=self._servers(), service_s=self.service.value,
+                   slo_ttft_s=self.slo_ttft_s, factor=factor, priority=label == "high",
+                   priority_factor=self.overload.shed_priority_factor)
+        if d.admit:
+            return
+        self.metrics.shed.labels("queue_wait", label).inc()
+        raise Overloaded(f"The service is overloaded: this request's predicted time to first token is "
+                         f"{d.predicted_ttft_s:.1f} s, over the {d.bound_s:.1f} s it admits; retry after "
+                         f"{d.retry_after_s} s.", d.retry_after_s)
+
+    def _first_token(self, rid: str, ttft_s: float | None) -> None:
+        """Request `rid` has its first token (`ttft_s` seconds after arrival; None: no first-token time, e.g. a
+        non-streaming local answer): it no longer waits, and its time teaches the service-time estimate."""
+        entry = self._awaiting.pop(rid, None)
+        if entry is not None and ttft_s is not None:
+            self.service.observe(ttft_s, *entry)
 
     async def _prefill(self, route: Route, path: str, body: dict, rid: str,
                        prompt_tokens: int | None = None) -> tuple[Route, dict | None]:
@@ -506,8 +543,6 @@ class PDModel(OpenAIGenerativeModel):
             if 400 <= exc.status_code < 500:
                 logger.warning("prefill worker %s answered %d (a deployment fault): prefilling locally: %.500s",
                                exc.url, exc.status_code, exc.body)
-            if exc.unreachable:
-                self._mark_unreachable(route.prefill_url)
             kv = None
         else:
             self._note_answer(route.prefill_url, None)
@@ -563,18 +598,22 @@ class PDModel(OpenAIGenerativeModel):
             # a decode worker known dead (health check, refused connection) is not worth a prefill: choose
             # again while another may be alive
             for _ in self.decode_urls():
-                if self._healthy.get(route.decode_url.rstrip("/")) is not False:
+                if self.breakers.usable(route.decode_url):
                     break
                 self.pairing.on_complete(rid, self.clock(), False)
                 route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
-            if self._healthy.get(route.decode_url.rstrip("/")) is False:
+            if not self.breakers.usable(route.decode_url):
                 self.pairing.on_complete(rid, self.clock(), False)
                 raise RuntimeError("no decode worker is answering")
         except RuntimeError as exc:
             self.metrics.requests.labels(endpoint, "none", "error").inc()
+            if self.breakers.any_open("decode"):  # every decode worker out: a clear 503, never a wait
+                self.metrics.shed.labels("breaker_open", _priority_label(body)).inc()
+                exc = RuntimeError("every decode worker is out of rotation (circuit breaker open or half-open)")
             raise ModelNotReady(self.name, str(exc)) from exc  # 503 with Retry-After (runtime.server.errors)
         self.metrics.queue_wait.labels(endpoint).observe(self.clock() - t0)
         self.metrics.in_flight.labels(endpoint).inc()  # decremented by _count, which _finish calls once
+        self._awaiting[rid] = (len(self._awaiting), self._servers())
         # from here on the route holds router load: released by _finish exactly once, on every path out
         state = {"route": route, "mode": None, "owner": "serve"}
         try:
@@ -615,6 +654,7 @@ class PDModel(OpenAIGenerativeModel):
         if kv is not None:  # the prefill produced the first token; its load is gone
             prefill_done_s = self.clock() - t0
             self.pairing.on_first_token(rid, self.clock())
+            self._first_token(rid, prefill_done_s)
         decode = self._client(route.decode_url, rid)
         if body.get("stream"):
             gen = self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None,
@@ -682,7 +722,6 @@ class PDModel(OpenAIGenerativeModel):
         self._note_answer(route.decode_url, exc)
         if not exc.unreachable:  # the worker answered, or was only slow: not a dead worker
             return None
-        self._mark_unreachable(route.decode_url)
         new = self.pairing.on_decode_failed(rid, self.clock())
         if new is not None:
             self.metrics.migrations.inc()
@@ -742,6 +781,7 @@ class PDModel(OpenAIGenerativeModel):
                                                    "decode worker may have read released blocks", rid)
                                 first_token.set()
                                 first_s = self.clock() - t0  # what the client sees, NIXL pull included
+                                self._first_token(rid, first_s)
                                 self.metrics.ttft.labels(endpoint, mode).observe(first_s)
                             usage = chunk.get("usage") or usage
                             if not client_wants_usage:
@@ -782,8 +822,6 @@ class PDModel(OpenAIGenerativeModel):
                         new = self._migrate(exc, route, rid)
                     else:  # reasoning or a tool call was sent: a continuation would repeat or lose it
                         self._note_answer(route.decode_url, exc)
-                        if exc.unreachable:
-                            self._mark_unreachable(route.decode_url)
                         new = None
                     cont = continuation_body(path, base, "".join(sent), num_tokens) if new is not None else None
                     if cont is None:
@@ -810,6 +848,7 @@ class PDModel(OpenAIGenerativeModel):
     def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None) -> None:
         """Release the request's router load (``Pairing.on_complete``, once per request) and its worker
         clients, then count it; the releases do not depend on the metrics."""
+        self._awaiting.pop(rid, None)
         try:
             self.pairing.on_complete(rid, self.clock(), ok)
         finally:

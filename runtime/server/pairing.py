@@ -73,10 +73,6 @@ class Pairing(Protocol):
         """The request finished (ok) or failed; release its load."""
         ...
 
-    def on_worker_unreachable(self, url: str) -> None:
-        """A connection to the worker at `url` failed (the pairing may take it out of the pool)."""
-        ...
-
     def on_decode_failed(self, request_id: str, now_s: float) -> Route | None:
         """The decode worker died: another decode worker (local prefill) to continue on, or None when the
         request may not migrate again (`RouterSpec.migration_limit`) or no other decode worker is left."""
@@ -87,8 +83,8 @@ class RoundRobinPairing:
     """Prefill and decode pools, each taken in turn, skipping workers marked down; with no prefill pool, or
     every prefill worker down, a request is prefilled locally on its decode worker.
 
-    A worker is marked down by `mark_down` (a refused connection: `on_worker_unreachable`; a failed health
-    check or a run of 5xx answers: the runtime model) and back up by `mark_up` (a health check answered).
+    A worker is marked down by `mark_down` and back up by `mark_up`, both called by the runtime's circuit
+    breakers (runtime.server.breakers) as a worker's breaker opens and closes.
 
     Args:
         prefill_urls: prefill worker base URLs (may be empty).
@@ -159,9 +155,6 @@ class RoundRobinPairing:
         route = Route(None, left[0], "migrated", None, f"decode-{self.decode_urls.index(left[0])}")
         self._routes[request_id] = route
         return route
-
-    def on_worker_unreachable(self, url: str) -> None:
-        self.mark_down(url)
 
     def mark_down(self, url: str) -> list[str]:
         """Stop choosing the worker at `url` (a configured URL; others are ignored). Returns [] (requests in

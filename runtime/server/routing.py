@@ -7,19 +7,18 @@ clock, the KV-event subscription and the worker health loop:
   reuse blocks cached under the same salt); a prompt the runtime could not tokenize (batches, nested token-id lists, chats the template rejects) is routed and
   charged by an estimate of its length (`estimate_prompt_tokens`), without prefix matching;
 * KV events of every worker (runtime.engines.kv_events) are applied to the router's index as they arrive;
-* a worker that fails its health check or refuses a connection is no longer chosen, but keeps its index
-  entry (its cache survives a missed health check, and vLLM never re-reports blocks it holds); it is chosen
-  again once /health answers. A real restart clears the entry through the KV-event path (sequence reset);
-  `remove_worker` drops it for good;
+* a worker whose circuit breaker opens (runtime.server.breakers calls `mark_down`) is no longer chosen, but
+  keeps its index entry (its cache survives a short outage, and vLLM never re-reports blocks it holds); it
+  is chosen again when its breaker closes (`mark_up`). A real restart clears the entry through the KV-event
+  path (sequence reset); `remove_worker` drops it for good;
 * workers without KV events are tracked approximately, each bounded to `approx_capacity_tokens`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from runtime.config import RouterSpec
@@ -139,9 +138,6 @@ class RouterPairing:
     def on_complete(self, request_id: str, now_s: float, ok: bool) -> None:
         self.router.on_complete(request_id, ok=ok)
 
-    def on_worker_unreachable(self, url: str) -> None:
-        self.mark_down(url)
-
     def on_decode_failed(self, request_id: str, now_s: float) -> Route | None:
         try:
             d = self.router.migrate(request_id, now_s=now_s)
@@ -202,25 +198,3 @@ class RouterPairing:
         self.router.resume_worker(wid)
         self.down.discard(wid)
         log.info("worker %s (%s) is back in the pool", wid, redact_userinfo(url))
-
-
-async def health_loop(pairing: RouterPairing, is_healthy: Callable[[str], Awaitable[bool]], *,
-                      interval_s: float = 2.0) -> None:
-    """Forever: check every worker's /health and mark it down/up in `pairing`. Cancel the task to stop.
-
-    A worker that has never answered healthy (still starting) is not taken out by this loop; a refused
-    connection during a request still takes it out (`RouterPairing.on_worker_unreachable`).
-    """
-    # keyed by id, holding the endpoint object that answered: a worker removed and added again (a pod back
-    # at the same address gets the same discovered id) is a new object, so it counts as starting again
-    seen_healthy: dict[str, object] = {}
-    while True:
-        for w in list(pairing.workers.values()):
-            if await is_healthy(w.url):
-                seen_healthy[w.worker_id] = w
-                pairing.mark_up(w.url)
-            elif seen_healthy.get(w.worker_id) is w:
-                pairing.mark_down(w.url)
-        for wid in [k for k in seen_healthy if k not in pairing.workers]:  # removed workers: forget them
-            del seen_healthy[wid]
-        await asyncio.sleep(interval_s)

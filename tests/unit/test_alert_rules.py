@@ -140,10 +140,8 @@ def test_every_alert_has_a_case_where_it_fires_and_one_where_it_is_silent():
 
 
 def test_alerts_read_only_catalogued_metrics():
-    """Every metric an alert reads is in the catalog, or is one of the breaker/shedding families (added by the
-    breaker work) or Argo's workflow counter."""
-    known = {m.name for m in catalog()} | {"pdserve_worker_breaker_state", "pdserve_requests_shed_total",
-                                           "argo_workflows_total_count"}
+    """Every metric an alert reads is in the catalog, or is Argo's workflow counter."""
+    known = {m.name for m in catalog()} | {"argo_workflows_total_count"}
     for a in al.alerts():
         used = set(re.findall(r"\b(?:pdserve_|vllm:|DCGM_|argo_)[A-Za-z0-9_:]*", a.expr))
         unknown = {m for m in used if m not in known and re.sub(r"_(bucket|count)$", "", m) not in known}

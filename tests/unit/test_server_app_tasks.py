@@ -218,25 +218,27 @@ async def test_shutdown_awaits_the_cancelled_tasks_before_closing_the_planner_an
 
 
 async def test_a_worker_back_at_the_same_url_is_not_marked_down_while_it_starts():
-    """health_loop's contract: a worker that has never answered healthy is not taken out by the loop. A pod
-    that leaves and comes back at the same address gets the same discovered id; it is a new worker."""
+    """The breakers' contract: a worker that has not answered a health check since it joined is starting, and
+    its failed checks do not count. A pod that leaves and comes back at the same address gets the same
+    discovered id; it is a new worker."""
+    from runtime.config import OverloadSpec
+    from runtime.server.breakers import WorkerBreakers
     from runtime.server.discovery_sync import apply_membership, discovered_id
-    from runtime.server.routing import health_loop
 
     pairing, url = empty_pairing(), "http://10.0.1.1:8000"
+    breakers = WorkerBreakers(pairing, OverloadSpec(breaker_failures=1))
     healthy = {url: True}
 
     async def is_healthy(u: str) -> bool:
         return healthy[u]
 
     apply_membership(pairing, PoolMembership((), (url,)))
-    task = asyncio.create_task(health_loop(pairing, is_healthy, interval_s=0.01))
-    try:
-        await asyncio.sleep(0.05)  # seen healthy
-        apply_membership(pairing, PoolMembership((), ()))  # the pod is deleted
-        healthy[url] = False  # its replacement, same IP, is still starting
-        apply_membership(pairing, PoolMembership((), (url,)))
-        await asyncio.sleep(0.05)
-    finally:
-        task.cancel()
+    await breakers.check_round(is_healthy)
+    assert breakers.serving(url)  # seen healthy
+    apply_membership(pairing, PoolMembership((), ()))  # the pod is deleted
+    healthy[url] = False  # its replacement, same IP, is still starting
+    apply_membership(pairing, PoolMembership((), (url,)))
+    for _ in range(3):
+        await breakers.check_round(is_healthy)
     assert discovered_id("decode", url) not in pairing.down
+    assert not breakers.serving(url) and not breakers.usable(url)  # starting: not a request's decode worker

@@ -36,7 +36,7 @@ def _chunk(text: str) -> str:
 
 
 class CountingPairing(RoundRobinPairing):
-    """Round robin that counts releases per request and unreachable reports per URL."""
+    """Round robin that counts releases per request and the URLs its breakers take out of rotation."""
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
@@ -47,16 +47,16 @@ class CountingPairing(RoundRobinPairing):
         self.completed[request_id] = self.completed.get(request_id, 0) + 1
         super().on_complete(request_id, now_s, ok)
 
-    def on_worker_unreachable(self, url: str) -> None:
+    def mark_down(self, url: str) -> list[str]:
         self.unreachable.append(url)
-        super().on_worker_unreachable(url)
+        return super().mark_down(url)
 
 
-def _model(handler, prefill: bool = True) -> tuple[PDModel, CountingPairing]:
+def _model(handler, prefill: bool = True, **kw) -> tuple[PDModel, CountingPairing]:
     pairing = CountingPairing(["http://prefill"] if prefill else [], ["http://decode"])
     transport = httpx.MockTransport(handler)
     model = PDModel("m", pairing, metrics=RuntimeMetrics(CollectorRegistry()),
-                    client_factory=lambda url: VllmClient(url, transport=transport))
+                    client_factory=lambda url: VllmClient(url, transport=transport), **kw)
     return model, pairing
 
 
@@ -292,7 +292,7 @@ async def test_the_route_is_released_even_when_the_metrics_fail():
     assert sum(p.completed.values()) == 1 and not p._routes
 
 
-async def test_a_run_of_5xx_takes_a_prefill_worker_out_until_a_health_check_answers():
+async def test_a_run_of_5xx_opens_a_prefill_workers_breaker_until_its_probes_answer():
     seen = []
 
     def handler(req: httpx.Request) -> httpx.Response:
@@ -303,15 +303,22 @@ async def test_a_run_of_5xx_takes_a_prefill_worker_out_until_a_health_check_answ
             return httpx.Response(500, json={"error": {"message": "engine dead", "code": 500}})
         return httpx.Response(200, json=_completion("Paris"))
 
-    model, p = _model(handler)
-    for _ in range(model.worker_5xx_limit):
+    now = [0.0]
+    model, p = _model(handler, clock=lambda: now[0])
+    k, spec = model.overload.breaker_failures, model.overload
+    for _ in range(k):
         assert isinstance(await model.create_chat_completion(_request()), ChatCompletion)  # local fallback
-    assert seen.count("prefill") == model.worker_5xx_limit and p.down == {"http://prefill"}
+    assert seen.count("prefill") == k and p.down == {"http://prefill"}
     seen.clear()
     assert isinstance(await model.create_chat_completion(_request()), ChatCompletion)
     assert seen == ["decode"]  # no prefill spent on a worker known to fail
-    assert await model.worker_healthy("http://prefill")
-    p.mark_up("http://prefill")  # what the health loop does with that answer
+    await model.breakers.check_round(model.worker_healthy)
+    assert "prefill" not in seen  # open: not even checked during its cool-down
+    now[0] += spec.breaker_cooldown_s
+    for i in range(spec.breaker_probes):  # half-open: health probes, one per round, no client traffic
+        assert p.down == {"http://prefill"}
+        await model.breakers.check_round(model.worker_healthy)
+    assert p.down == set()
     seen.clear()
     await model.create_chat_completion(_request())
     assert seen[0] == "prefill"

@@ -48,7 +48,7 @@ def test_empty_decode_pool_is_rejected():
 
 def test_a_prefill_worker_marked_down_is_never_chosen_while_another_is_up():
     p = RoundRobinPairing(["http://p0", "http://p1"], ["http://d0"])
-    p.on_worker_unreachable("http://p0/")
+    p.mark_down("http://p0/")
     assert {p.choose(_req(i)).prefill_url for i in range(5)} == {"http://p1"}
     p.mark_up("http://p0")
     assert {p.choose(_req(i)).prefill_url for i in range(5, 9)} == {"http://p0", "http://p1"}

@@ -123,37 +123,6 @@ def test_duplicate_worker_ids_are_rejected():
         RouterPairing(RouterSpec(), BS, [WorkerEndpoint("w", "both", "http://a"), WorkerEndpoint("w", "both", "http://b")])
 
 
-async def test_health_loop_spares_starting_workers_and_stops_routing_to_ones_that_die():
-    import asyncio
-
-    from runtime.server.routing import health_loop
-
-    p = _pairing()
-
-    def routable() -> set[str]:
-        return {w for w, load in p.router.workers.items() if load.available}
-
-    health = {"http://127.0.0.1:9000": False, "http://127.0.0.1:9001": True}
-
-    async def is_healthy(url: str) -> bool:
-        return health[url]
-
-    task = asyncio.create_task(health_loop(p, is_healthy, interval_s=0.01))
-    try:
-        await asyncio.sleep(0.05)
-        assert routable() == {"w0", "w1"}  # w0 never healthy yet: still starting, kept
-        health["http://127.0.0.1:9000"] = True
-        await asyncio.sleep(0.05)
-        health["http://127.0.0.1:9001"] = False  # w1 was healthy and died
-        await asyncio.sleep(0.05)
-        assert routable() == {"w0"}
-        health["http://127.0.0.1:9001"] = True
-        await asyncio.sleep(0.05)
-        assert routable() == {"w0", "w1"}
-    finally:
-        task.cancel()
-
-
 def test_workers_added_and_removed_at_run_time_join_and_leave_the_pool():
     p = _pairing(roles=("both",))
     p.add_worker(WorkerEndpoint("w9", "both", "http://127.0.0.1:9009"))
@@ -170,7 +139,7 @@ def test_prefill_worker_found_dead_mid_request_falls_back_locally():
     p = _pairing(roles=("prefill", "decode"), disagg_min_uncached_tokens=0)
     r = p.choose(_req("a", PROMPT))
     assert r.prefill_worker == "w0"
-    p.on_worker_unreachable(r.prefill_url)
+    p.mark_down(r.prefill_url)
     fb = p.on_prefill_failed("a", 0.0)
     assert fb.prefill_url is None and fb.decode_worker == "w1"
     p.on_complete("a", 0.0, True)

@@ -1,0 +1,209 @@
+"""The runtime's worker rotation: one circuit breaker per worker (runtime.router.breaker), fed by every worker
+call and health check, acting on the pairing. The one place that decides whether a worker takes traffic.
+
+* Every call of a request to a worker reports its outcome (`record_call`): a refused or reset connection
+  opens the worker's breaker at once; 5xx answers count as failures (`OverloadSpec.breaker_failures` in a row
+  open it); an answer resets the count; a timeout (504: a busy worker) counts neither way.
+* `check_round` (every 2 s, `check_loop`) asks each worker's `/health` and feeds the answer and its latency
+  to the board: a failed check, or one far slower than the other workers' (`BreakerBoard.is_outlier`), is a
+  failure, so one slow check no longer takes a worker out. Open workers are not checked; a half-open
+  worker's check is its probe (one at a time; `breaker_probes` good probes close it, a bad one reopens it).
+  A worker that has not yet answered a check since it joined the pool is *starting*: its failed checks do
+  not count (vLLM loads for minutes), it is never a request's decode worker, and it does not make the
+  runtime ready.
+* A breaker that leaves CLOSED takes the worker out of the pairing (`mark_down`); one that closes puts it
+  back (`mark_up`). Half-open workers get probes only, no client request.
+* `pdserve_worker_breaker_state{role, worker}` shows every worker's state (0 closed, 1 half-open, 2 open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from runtime.config import OverloadSpec
+from runtime.engines.client import BackendError
+from runtime.redact import redact_userinfo
+from runtime.router.breaker import BreakerBoard, BreakerState
+
+log = logging.getLogger(__name__)
+
+
+def pool_workers(pairing: Any) -> dict[str, tuple[str, str, object]]:
+    """`{base URL: (worker id, role, identity)}` of the pairing's pool: runtime.server.routing.RouterPairing's
+    `workers` (identity: the endpoint object, new when a worker leaves and joins again) or
+    RoundRobinPairing's URL lists (ids "prefill-i" / "decode-i"); {} for a pairing that exposes neither."""
+    workers = getattr(pairing, "workers", None)
+    if isinstance(workers, dict):
+        return {w.url.rstrip("/"): (wid, getattr(w, "role", "decode"), w) for wid, w in workers.items()}
+    out: dict[str, tuple[str, str, object]] = {}
+    for role in ("prefill", "decode"):
+        for i, url in enumerate(getattr(pairing, f"{role}_urls", None) or ()):
+            out[url.rstrip("/")] = (f"{role}-{i}", role, role)
+    return out
+
+
+class WorkerBreakers:
+    """Breakers of the pairing's workers (see the module docstring).
+
+    Args:
+        pairing: the runtime's pairing (`mark_down(url)` / `mark_up(url)` take a worker out / back).
+        spec: breaker settings.
+        gauge: `RuntimeMetrics.breaker_state` (labels role, worker) or None.
+        label: worker id → the `worker` label value (never an address: runtime.server.model.public_worker_id).
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, pairing: Any, spec: OverloadSpec, *, gauge: Any = None,
+                 label: Callable[[str], str] = str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pairing, self.spec, self.gauge, self.label, self.clock = pairing, spec, gauge, label, clock
+        self.board = BreakerBoard(spec)
+        self._known: dict[str, tuple[str, str, object]] = {}  # URL -> (id, role, identity) as last synced
+        self._seen: set[str] = set()  # URLs that answered a health check since they joined
+        self._failed_start: set[str] = set()  # starting URLs whose last check failed
+        self._applied: dict[str, bool] = {}  # URL -> in the pairing's rotation as last applied
+
+    # -- state ------------------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Follow the pool (workers that joined start CLOSED and *starting*; those that left, or left and
+        came back, are forgotten), move breakers whose cool-down passed to half-open, and apply each state
+        to the pairing and the gauge."""
+        pool = pool_workers(self.pairing)
+        for url in [u for u in self._known if u not in pool or pool[u][2] is not self._known[u][2]]:
+            self._forget(url)
+        now = self.clock()
+        for url, entry in pool.items():
+            self._known[url] = entry
+            self._apply(url, self.board.state(url, now))
+
+    def _forget(self, url: str) -> None:
+        wid, role, _ = self._known.pop(url)
+        self.board.remove(url)
+        self._seen.discard(url)
+        self._failed_start.discard(url)
+        self._applied.pop(url, None)
+        if self.gauge is not None:
+            try:
+                self.gauge.remove(role, self.label(wid))
+            except KeyError:
+                pass
+
+    def _apply(self, url: str, state: BreakerState) -> None:
+        entry = self._known.get(url)
+        if entry is None:
+            return
+        wid, role, _ = entry
+        if self.gauge is not None:
+            self.gauge.labels(role, self.label(wid)).set(int(state))
+        rotate = state is BreakerState.CLOSED
+        if self._applied.get(url, True) == rotate and url in self._applied:
+            return
+        self._applied[url] = rotate
+        if rotate:
+            log.info("worker %s (%s): breaker closed, back in rotation", wid, redact_userinfo(url))
+            self.pairing.mark_up(url)
+        else:
+            log.warning("worker %s (%s): breaker %s, out of rotation", wid, redact_userinfo(url),
+                        state.name.lower())
+            self.pairing.mark_down(url)
+
+    def state(self, url: str) -> BreakerState:
+        """The breaker state of the worker at `url` now."""
+        return self.board.state(url.rstrip("/"), self.clock())
+
+    def usable(self, url: str) -> bool:
+        """Whether a request may be sent to the worker at `url`: its breaker is closed and it is not a starting
+        worker whose last health check failed."""
+        key = url.rstrip("/")
+        return self.state(key) is BreakerState.CLOSED and key not in self._failed_start
+
+    def serving(self, url: str) -> bool:
+        """Breaker closed and answered a health check since it joined (what readiness counts)."""
+        key = url.rstrip("/")
+        return key in self._seen and self.state(key) is BreakerState.CLOSED
+
+    def in_rotation(self, role: str) -> int:
+        """Workers of `role` ("prefill" or "decode": decode-capable) whose breaker is closed."""
+        self.sync()
+        now = self.clock()
+        roles = ("prefill",) if role == "prefill" else ("decode", "both")
+        return sum(1 for url, (_, r, _) in self._known.items()
+                   if r in roles and self.board.state(url, now) is BreakerState.CLOSED)
+
+    def any_open(self, role: str) -> bool:
+        """Whether some worker of `role` (as `in_rotation`) has a breaker that is not closed."""
+        now = self.clock()
+        roles = ("prefill",) if role == "prefill" else ("decode", "both")
+        return any(r in roles and self.board.state(url, now) is not BreakerState.CLOSED
+                   for url, (_, r, _) in self._known.items())
+
+    # -- outcomes -------------------------------------------------------------------------------------------
+    def record_call(self, url: str, exc: BackendError | None) -> None:
+        """Outcome of one request's call to the worker at `url`: None (answered), or the worker's error."""
+        self.sync()
+        key = url.rstrip("/")
+        if key not in self._known:
+            return
+        now = self.clock()
+        if exc is None or (400 <= exc.status_code < 500 and not exc.unreachable):
+            state = self.board.record_call(key, now, True)
+        elif exc.unreachable:
+            self._failed_start.discard(key)
+            state = self.board.record_call(key, now, False, fatal=True)
+        elif exc.status_code == 504:  # timed out: a busy worker, not a failing one
+            return
+        else:
+            state = self.board.record_call(key, now, False)
+        self._apply(key, state)
+
+    def record_check(self, url: str, ok: bool, latency_s: float | None = None, *, probe: bool = False) -> None:
+        """Outcome of a health check (or, with `probe`, a half-open worker's probe) of the worker at `url`."""
+        key = url.rstrip("/")
+        if key not in self._known:
+            return
+        now = self.clock()
+        if ok:
+            self._seen.add(key)
+            self._failed_start.discard(key)
+        elif key not in self._seen:  # still starting: its failed checks do not count
+            self._failed_start.add(key)
+            if probe:
+                self.board.breaker(key).release_probe()
+            return
+        self._apply(key, self.board.record_check(key, now, ok, latency_s, probe=probe))
+
+    async def check_round(self, check: Callable[[str], Awaitable[bool]]) -> None:
+        """Check every worker once, concurrently: closed workers' health, half-open workers' probe (open ones
+        wait for their cool-down)."""
+        self.sync()
+
+        async def one(url: str) -> None:
+            now = self.clock()
+            state = self.board.state(url, now)
+            if state is BreakerState.OPEN:
+                return
+            probe = state is BreakerState.HALF_OPEN
+            if probe and not self.board.breaker(url).try_probe(now):
+                return
+            t0 = self.clock()
+            try:
+                ok = await check(url)
+            except BaseException:
+                if probe:
+                    self.board.breaker(url).release_probe()
+                raise
+            self.record_check(url, ok, self.clock() - t0, probe=probe)
+
+        await asyncio.gather(*(one(u) for u in list(self._known)))
+        self.sync()
+
+
+async def check_loop(breakers: WorkerBreakers, check: Callable[[str], Awaitable[bool]], *,
+                     interval_s: float = 2.0) -> None:
+    """Forever: `breakers.check_round(check)` every `interval_s` seconds. Cancel the task to stop."""
+    while True:
+        await breakers.check_round(check)
+        await asyncio.sleep(interval_s)
