@@ -1101,7 +1101,8 @@ def promote_needs(render: list[dict], promoters: list[tuple[str, str, str]]) -> 
 def runtime_needs(render: list[dict]) -> list[ApiNeed]:
     """The runtime's calls (its `<name>-runtime` ServiceAccount): list + watch EndpointSlices
     (runtime/deploy/discovery.py) and, with the planner, get + patch of deployments/scale of its two worker
-    Deployments (runtime/server/actuators.py)."""
+    Deployments (runtime/server/actuators.py) and, with leader election (`--leader-lease` among the runtime's
+    arguments), get + update of that Lease and create of leases (runtime/server/leader.py)."""
     isvc = next(o for o in render if o["kind"] == "InferenceService")
     ns, sa = isvc["metadata"]["namespace"], isvc["spec"]["predictor"]["serviceAccountName"]
     path = f"runtime of InferenceService {isvc['metadata']['name']}"
@@ -1109,6 +1110,13 @@ def runtime_needs(render: list[dict]) -> list[ApiNeed]:
     out += [ApiNeed(path + " (planner)", ns, sa, ns, "apps", "deployments/scale", frozenset({"get", "patch"}),
                     o["metadata"]["name"])
             for o in render if o["kind"] == "Deployment"]
+    for arg in isvc["spec"]["predictor"]["model"].get("args") or []:
+        if arg.startswith("--leader-lease="):
+            lease = arg.split("=", 1)[1]
+            out += [ApiNeed(path + " (planner leader election)", ns, sa, ns, "coordination.k8s.io", "leases",
+                            frozenset({"get", "update"}), lease),
+                    ApiNeed(path + " (planner leader election)", ns, sa, ns, "coordination.k8s.io", "leases",
+                            frozenset({"create"}))]
     return out
 
 

@@ -5,7 +5,7 @@ Stores:
 * `KubernetesLeaseStore`: one coordination.k8s.io/v1 Lease (`CoordinationV1Api` of the `kubernetes` client):
   `read_namespaced_lease`, `create_namespaced_lease`, `replace_namespaced_lease` (a PUT carrying the read
   `resourceVersion`, which the API server refuses with 409 Conflict when the Lease changed since). The RBAC it
-  needs is `lease_rbac_rules` (runtime/deploy/rbac.py renders it): get/update on that Lease, create on leases
+  needs is runtime/deploy/rbac.py `lease_rbac_rules`: get/update on that Lease, create on leases
   (RBAC cannot restrict `create` by name). Lease fields: kubernetes.io/docs/concepts/architecture/leases/.
 * `FileLeaseStore`: runtime replicas on one machine (`--leader-election file`): the record is a JSON file, and
   each read or compare-and-write holds an exclusive `fcntl.flock` on a sidecar `.lock` file, so a write whose
@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from runtime.deploy.render import POD_NAME_ENV  # the rendered InferenceService sets it (downward API)
 from runtime.planner.leadership import ElectionConfig, LeaderElector, LeaseRecord, Write
 
 log = logging.getLogger(__name__)
-
-POD_NAME_ENV = "POD_NAME"  # set by the rendered InferenceService from the downward API (metadata.name)
 
 
 def default_identity(environ: dict[str, str] | None = None) -> str:
