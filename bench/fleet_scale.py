@@ -7,9 +7,10 @@ Prints ONE JSON line::
 
     {"gpus", "shape", "rate_scale", "requests", "mean_rate_per_s",
      "planner": {"slo_attainment", "slo_attainment_achievable", "ttft_attainment", "itl_attainment", "ttft_p90_s", "itl_p90_s", "gpu_hours",
-                 "peak_gpus", "ticks", "tick_ms_p50", "tick_ms_p99", "tick_ms_max", "wall_s"},
+                 "peak_gpus", "ticks", "tick_ms_p50", "tick_ms_p99", "tick_ms_max", "tick_wall_ms_p50/_p99",
+                 "wall_s"},
      "router": {"workers", "tp", "ttft_attainment", "ttft_mean_s", "ttft_p90_s", "hit_rate", "imbalance",
-                "gpu_hours", "route_us_p50", "route_us_p99", "routes", "wall_s"},
+                "gpu_hours", "route_us_p50", "route_us_p99", "route_wall_us_p50/_p99", "routes", "wall_s"},
      "wall_s"}
 
 * Traffic: the seeded synthetic shape `--shape` (runtime/sim/shapes.py; the same draws as `generate` and, with
@@ -23,18 +24,21 @@ Prints ONE JSON line::
   minute's rate. Attainment: the share of requests within the TTFT target, the ITL target, and both;
   "achievable" counts each request against max(TTFT target, its own uncontended prefill + 2 ITL), as
   bench/planner.py does (no fleet serves a prompt whose prefill alone exceeds the target in time).
-  Tick cost: wall time of each `on_tick` call (the planner's whole decision, rule 11's replay included).
+  Tick cost: CPU time of this thread in each `on_tick` call (the planner's whole decision, rule 11's replay
+  included); `tick_wall_ms_*` adds the time the OS ran other processes (the development machine is shared).
 * Router: `runtime.router.core.Router` (`--policy`, default kv_aware, the performance model's prefill time as
   its cost) on the discrete-event replay `runtime/sim/replay.py` with `--gpus // --router-tp` workers of TP
   `--router-tp`, each prefilling and decoding, KV capacity from the performance model in 512-token blocks. It
   replays the same requests (the replay times prefill, so its TTFT has no decode admission in it); route cost:
-  wall time of each `Router.route` call with the index and load of a live hour.
+  CPU time of each `Router.route` call with the index and load of a live hour (`route_wall_us_*`: wall time,
+  including preemption by other processes).
 * Wall times are of this process; every part runs on one core.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -111,11 +115,13 @@ def run_planner(a, trace, profile, cfg) -> dict:
     machine = PlannerStateMachine(cfg, profile, initial_prefill=fleet.initial_prefill,
                                   initial_decode=fleet.initial_decode)
     tick_s: list[float] = []
+    tick_cpu_s: list[float] = []
     peak = [0]
 
     def controller(tick):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         d = machine.on_tick(tick)
+        tick_cpu_s.append(time.thread_time() - c0)
         tick_s.append(time.perf_counter() - t0)
         peak[0] = max(peak[0], d.num_gpus(a.prefill_tp, a.decode_tp))
         return d
@@ -128,15 +134,17 @@ def run_planner(a, trace, profile, cfg) -> dict:
     ach = achievable_ttft_s(trace, profile, a.ttft_s, a.itl_s)
     ttft_ok = np.nan_to_num(res.ttft_s, nan=np.inf) <= a.ttft_s
     itl_ok = np.nan_to_num(res.itl_s, nan=np.inf) <= a.itl_s
-    ms = np.asarray(tick_s) * 1e3
+    ms, cpu_ms = np.asarray(tick_s) * 1e3, np.asarray(tick_cpu_s) * 1e3
     return {"slo_attainment": round(res.slo_attainment(a.ttft_s, a.itl_s), 5),
             "slo_attainment_achievable": round(res.slo_attainment(ach, a.itl_s), 5),
             "ttft_attainment": round(float(np.mean(ttft_ok)), 5), "itl_attainment": round(float(np.mean(itl_ok)), 5),
             "ttft_p90_s": round(res.p90("ttft"), 4), "itl_p90_s": round(res.p90("itl"), 5),
             "gpu_hours": round(res.gpu_hours, 2), "peak_gpus": peak[0], "initial_gpus":
             fleet.initial_prefill * a.prefill_tp + fleet.initial_decode * a.decode_tp, "ticks": len(tick_s),
-            "tick_ms_p50": round(_pct(ms, 0.5), 3), "tick_ms_p99": round(_pct(ms, 0.99), 3),
-            "tick_ms_max": round(float(ms.max()) if len(ms) else 0.0, 3), "wall_s": round(wall, 1)}
+            "tick_ms_p50": round(_pct(cpu_ms, 0.5), 3), "tick_ms_p99": round(_pct(cpu_ms, 0.99), 3),
+            "tick_ms_max": round(float(cpu_ms.max()) if len(cpu_ms) else 0.0, 3),
+            "tick_wall_ms_p50": round(_pct(ms, 0.5), 3), "tick_wall_ms_p99": round(_pct(ms, 0.99), 3),
+            "wall_s": round(wall, 1)}
 
 
 class TimedRouter:
@@ -145,10 +153,12 @@ class TimedRouter:
     def __init__(self, router) -> None:
         self.router = router
         self.route_s: list[float] = []
+        self.route_cpu_s: list[float] = []
 
     def route(self, request_id, *, now_s, block_hashes, num_prompt_tokens):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         d = self.router.route(request_id, now_s=now_s, block_hashes=block_hashes, num_prompt_tokens=num_prompt_tokens)
+        self.route_cpu_s.append(time.thread_time() - c0)
         self.route_s.append(time.perf_counter() - t0)
         return d
 
@@ -181,7 +191,7 @@ def run_router(a, reqs, perf) -> dict:
     t0 = time.perf_counter()
     res = replay(reqs, timed, workers, timing, MOONCAKE_BLOCK_TOKENS)
     wall = time.perf_counter() - t0
-    us = np.asarray(timed.route_s) * 1e6
+    us, cpu_us = np.asarray(timed.route_s) * 1e6, np.asarray(timed.route_cpu_s) * 1e6
     ttft = np.asarray(res.ttft_s, float)
     span_h = (reqs[-1].arrival_s - reqs[0].arrival_s) / 3600.0 if reqs else 0.0
     return {"workers": n, "tp": a.router_tp, "policy": a.policy,
@@ -189,7 +199,8 @@ def run_router(a, reqs, perf) -> dict:
             "ttft_mean_s": round(res.ttft_mean_s, 4), "ttft_p90_s": round(res.ttft_quantile_s(0.9), 4),
             "hit_rate": round(res.hit_rate, 4), "imbalance": round(res.imbalance, 4),
             "gpu_hours": round(n * a.router_tp * span_h, 2), "routes": len(us),
-            "route_us_p50": round(_pct(us, 0.5), 2), "route_us_p99": round(_pct(us, 0.99), 2),
+            "route_us_p50": round(_pct(cpu_us, 0.5), 2), "route_us_p99": round(_pct(cpu_us, 0.99), 2),
+            "route_wall_us_p50": round(_pct(us, 0.5), 2), "route_wall_us_p99": round(_pct(us, 0.99), 2),
             "wall_s": round(wall, 1)}
 
 
@@ -258,6 +269,10 @@ def main(argv: list[str] | None = None) -> dict:
         del trace
     if a.skip != "router":
         reqs = shapes.generate_requests(a.shape, rate_scale, a.seed, a.duration_s, MOONCAKE_BLOCK_TOKENS)
+        # the trace is the replay's input, not the router's state: keep the collector from scanning it
+        # during route calls (a runtime holds no trace)
+        gc.collect()
+        gc.freeze()
         out.setdefault("requests", len(reqs))
         out["router"] = run_router(a, reqs, perf)
     out["wall_s"] = round(time.perf_counter() - t_start, 1)
