@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from runtime.deploy.lease import _micro_time  # MicroTime text: always 6 fractional digits, as the API wants
 from runtime.deploy.render import POD_NAME_ENV  # the rendered InferenceService sets it (downward API)
 from runtime.planner.leadership import ElectionConfig, LeaderElector, LeaseRecord, Write
 
@@ -53,12 +54,13 @@ class KubernetesLeaseStore:
     """One Lease `name` in `namespace` through `api` (a `kubernetes.client.CoordinationV1Api`, or anything
     with its read/create/replace_namespaced_lease methods that raise `ApiException` with `.status`).
 
-    Durations are written rounded up to whole seconds (`leaseDurationSeconds` is an integer).
+    Durations are written rounded up to whole seconds (`leaseDurationSeconds` is an integer); acquire and
+    renew times as MicroTime text (a datetime without microseconds would serialise without the fraction).
     """
 
     def __init__(self, api: Any, *, namespace: str, name: str, now: Callable[[], float] = time.time) -> None:
         self.api, self.namespace, self.name, self.now = api, namespace, name, now
-        self._acquire_time: dt.datetime | None = None  # of the Lease last read: kept when renewing
+        self._acquire_time: dt.datetime | str | None = None  # of the Lease last read: kept when renewing
 
     def read(self) -> LeaseRecord | None:
         from kubernetes.client.exceptions import ApiException
@@ -81,7 +83,7 @@ class KubernetesLeaseStore:
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        now = dt.datetime.fromtimestamp(self.now(), dt.timezone.utc)
+        now = _micro_time(self.now())
         r = w.record
         body = client.V1Lease(
             api_version="coordination.k8s.io/v1", kind="Lease",
@@ -90,7 +92,7 @@ class KubernetesLeaseStore:
                                                  "app.kubernetes.io/component": "planner-leader"}),
             spec=client.V1LeaseSpec(
                 holder_identity=r.holder or None, lease_duration_seconds=max(math.ceil(r.lease_duration_s), 1),
-                acquire_time=now if (w.acquired or self._acquire_time is None) else self._acquire_time,
+                acquire_time=now if (w.acquired or self._acquire_time is None) else _as_micro(self._acquire_time),
                 renew_time=now, lease_transitions=r.transitions))
         try:
             if w.create:
@@ -102,6 +104,11 @@ class KubernetesLeaseStore:
                 return False
             raise
         return True
+
+
+def _as_micro(t: dt.datetime | str) -> str:
+    """MicroTime text of a time the client read (a datetime) or that was set as text."""
+    return t if isinstance(t, str) else _micro_time(t.timestamp())
 
 
 def kubernetes_coordination_api() -> Any:

@@ -5,6 +5,7 @@ server can run here), the file store, and the planner loop's gating of the actua
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 from kubernetes import client
@@ -174,6 +175,7 @@ def test_kubernetes_store_election():
     reps[leader].run_once()  # renewal: acquire time kept, renew time moves
     lease = api.leases[("ns", "m-planner-leader")]
     assert lease.spec.acquire_time == acquired and lease.spec.renew_time > acquired
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", acquired)  # MicroTime, 6 digits even at .0
     other = ({"pod-a", "pod-b"} - {leader}).pop()
     while not reps[other].run_once():  # the leader died: the other takes over after the lease
         t[0] += 2
@@ -245,3 +247,13 @@ def test_a_follower_computes_and_exports_but_does_not_actuate():
         d = loop.tick(now_s=60.0)
         assert act.decisions == [d] and registry.get_sample_value("pdserve_planner_leader") == 1
         assert registry.get_sample_value("pdserve_planner_actuations_total") == 1
+
+
+def test_a_read_acquire_time_is_written_back_as_micro_time():
+    import datetime as dt
+
+    from runtime.server.leader import _as_micro
+
+    t = dt.datetime(2026, 12, 5, 1, 2, 3, tzinfo=dt.timezone.utc)  # as the client deserialises MicroTime
+    assert _as_micro(t) == "2026-12-05T01:02:03.000000Z"
+    assert _as_micro("2026-12-05T01:02:03.500000Z") == "2026-12-05T01:02:03.500000Z"
