@@ -6,8 +6,8 @@
 Prints ONE JSON line::
 
     {"gpus", "shape", "rate_scale", "requests", "mean_rate_per_s",
-     "planner": {"slo_attainment", "slo_attainment_achievable", "ttft_attainment", "itl_attainment", "ttft_p90_s", "itl_p90_s", "gpu_hours",
-                 "peak_gpus", "ticks", "tick_ms_p50", "tick_ms_p99", "tick_ms_max", "tick_wall_ms_p50/_p99",
+     "planner": {"slo_attainment", "slo_attainment_achievable", "ttft_attainment", "itl_attainment",
+                 "ttft_p90_s", "itl_p90_s", "gpu_hours", "peak_gpus", "initial_gpus", "ticks", "tick_ms_p50", "tick_ms_p99", "tick_ms_max", "tick_wall_ms_p50/_p99",
                  "wall_s"},
      "router": {"workers", "tp", "ttft_attainment", "ttft_mean_s", "ttft_p90_s", "hit_rate", "imbalance",
                 "gpu_hours", "route_us_p50", "route_us_p99", "route_wall_us_p50/_p99", "routes", "wall_s"},
@@ -42,7 +42,6 @@ import gc
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -216,7 +215,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default="Llama-3.1-70B")
     ap.add_argument("--gpu", default="H100-SXM")
     ap.add_argument("--prefill-tp", type=int, default=4,
-                    help="prefill TP (4: a 70B prefill of the agentic mix's median 10k-token prompt takes ~1 s on H100)")
+                    help="prefill TP (4: a 70B prefill of the agentic mix's median 10k-token prompt takes ~1 s on "
+                         "H100)")
     ap.add_argument("--decode-tp", type=int, default=4)
     ap.add_argument("--router-tp", type=int, default=8)
     ap.add_argument("--policy", default="kv_aware", help="the router's policy (RouterSpec.policy)")
