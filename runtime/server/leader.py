@@ -193,9 +193,11 @@ class LeaderElection:
         """One read and, if the election says so, one write; returns `is_leader()` afterwards."""
         with self._lock:
             try:
-                w = self.elector.step(self.clock(), self.store.read())
+                read = self.store.read()
+                w = self.elector.step(self.clock(), read)  # observed once read (a slow read delays expiry)
                 if w is not None:
-                    self.elector.written(self.clock(), self.store.write(w))
+                    sent_s = self.clock()  # a renewal counts from before the write: the conservative side
+                    self.elector.written(sent_s, self.store.write(w))
             except Exception as e:  # noqa: BLE001 - API/IO errors: a failed round, retried next period
                 log.warning("leader election (%s): %s", self.identity, e)
                 self.elector.written(self.clock(), False)
