@@ -94,6 +94,7 @@ bench: install  ## run the benchmarks on the public inputs under DATA (make benc
 	$(PY) bench/pd_tail.py --out bench/results/pd_tail.json
 	$(PY) bench/perf_model_measure_cpu.py --out bench/results/perf_model_measure_cpu.json
 	$(PY) bench/frontend.py --out bench/results/frontend.json
+	$(PY) bench/fleet_scale.py --out bench/results/fleet_scale.json
 
 clean:
 	rm -rf .pdserve .pytest_cache

@@ -1133,18 +1133,27 @@ def promote_needs(render: list[dict], promoters: list[tuple[str, str, str]]) -> 
 def runtime_needs(render: list[dict]) -> list[ApiNeed]:
     """The runtime's calls (its `<name>-runtime` ServiceAccount): list + watch EndpointSlices
     (runtime/deploy/discovery.py) and, with the planner, get + patch of deployments/scale of its two worker
-    Deployments (runtime/server/actuators.py)."""
+    Deployments (runtime/server/actuators.py) and, with leader election (`--leader-lease` among the runtime's
+    arguments), get + update of that Lease and create of leases (runtime/server/leader.py)."""
     out = []
     for isvc in [o for o in render if o["kind"] == "InferenceService"]:
         ns, sa, name = (isvc["metadata"]["namespace"], isvc["spec"]["predictor"]["serviceAccountName"],
                         isvc["metadata"]["name"])
         path = f"runtime of InferenceService {name}"
+        args = isvc["spec"]["predictor"]["model"].get("args") or []
         out.append(ApiNeed(path, ns, sa, ns, "discovery.k8s.io", "endpointslices", frozenset({"list", "watch"})))
-        if any(a.startswith("--planner") for a in isvc["spec"]["predictor"]["model"].get("args") or []):
+        if any(a.startswith("--planner") for a in args):
             out += [ApiNeed(path + " (planner)", ns, sa, ns, "apps", "deployments/scale", frozenset({"get", "patch"}),
                             o["metadata"]["name"])
                     for o in render if o["kind"] == "Deployment"
                     and (o["metadata"].get("labels") or {}).get("app.kubernetes.io/instance") == name]
+        for arg in args:
+            if arg.startswith("--leader-lease="):
+                lease = arg.split("=", 1)[1]
+                out += [ApiNeed(path + " (planner leader election)", ns, sa, ns, "coordination.k8s.io", "leases",
+                                frozenset({"get", "update"}), lease),
+                        ApiNeed(path + " (planner leader election)", ns, sa, ns, "coordination.k8s.io", "leases",
+                                frozenset({"create"}))]
     return out
 
 

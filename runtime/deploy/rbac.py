@@ -1,8 +1,10 @@
 """ServiceAccounts and least-privilege RBAC for a pdserve deployment and for the promoter.
 
 * runtime (`<name>-runtime`): reads EndpointSlices (worker discovery) and, when the planner is on,
-  may get/patch/update the `deployments/scale` subresource of exactly its two worker Deployments
-  (one planner Role per worker revision, `<name>-<revision>-planner`).
+  may get/patch/update the `deployments/scale` subresource of exactly its two worker Deployments and
+  get/update the planner's leader-election Lease (`planner_lease_name`; `create` on leases, which RBAC cannot
+  restrict by name: runtime/server/leader.py creates it when absent), one planner Role per worker revision
+  (`<name>-<revision>-planner`): the runtime replicas of one revision elect one planner leader.
 * workers (`<name>-worker`): no API access at all (token not mounted).
 * promoter (`pdserve-promoter`, see `promoter_rbac`): manages the rendered kinds in ONE namespace,
   plus get/create/patch on the cluster-scoped ClusterServingRuntime and get/create/update/delete on Leases
@@ -61,6 +63,22 @@ def planner_role_name(name: str, revision: str | None) -> str:
     return f"{name}-{revision}-planner" if revision else f"{name}-planner"
 
 
+def planner_lease_name(name: str, revision: str | None) -> str:
+    """Name of the Lease the runtime replicas of one worker revision elect their planner leader on:
+    `<name>[-<revision>]-planner-leader`."""
+    return f"{planner_role_name(name, revision)}-leader"
+
+
+LEASE_VERBS = ["get", "update"]  # runtime/server/leader.py: read_namespaced_lease, replace_namespaced_lease
+
+
+def lease_rbac_rules(lease: str) -> list[dict[str, Any]]:
+    """RBAC rules of the planner's leader election on Lease `lease`: get/update on it, create on leases."""
+    return [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [lease],
+             "verbs": list(LEASE_VERBS)}]
+
+
 def runtime_rbac(*, name: str, namespace: str, labels: dict[str, str], runtime_sa: str,
                  worker_deployments: list[str], planner: bool, revision: str | None = None,
                  planner_labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -80,7 +98,8 @@ def runtime_rbac(*, name: str, namespace: str, labels: dict[str, str], runtime_s
         objs += [
             role(pname, namespace, plab,
                  [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
-                   "resourceNames": list(worker_deployments), "verbs": SCALE}]),
+                   "resourceNames": list(worker_deployments), "verbs": SCALE},
+                  *lease_rbac_rules(planner_lease_name(name, revision))]),
             role_binding(pname, namespace, plab, role_name=pname, sa_name=runtime_sa),
         ]
     return objs

@@ -55,6 +55,7 @@ def runtime_server_args(*, port: int) -> list[str]:
     return ["--host=0.0.0.0", f"--http-port={port}"]
 
 
+POD_NAME_ENV = "POD_NAME"  # the planner's leader-election identity (runtime/server/leader.py reads it)
 MODEL_MOUNT = "/mnt/models"  # where KServe mounts the storageUri in the predictor container
 TRAFFIC_DIR = "/var/run/pdserve/traffic"  # emptyDir of the runtime's traffic log (shipped to S3 from there)
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")  # each optional in the Secret
@@ -99,7 +100,7 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
                       worker_port: int, planner: bool = False, router: RouterSpec | None = None,
                       block_size_tokens: int = 16, tokenizer_dir: str = MODEL_MOUNT,
                       kv_lease_s: int | None = None, overload: OverloadSpec | None = None,
-                      ttft_slo_ms: float | None = None) -> list[str]:
+                      ttft_slo_ms: float | None = None, leader_lease: str = "") -> list[str]:
     """Per-InferenceService runtime arguments (KServe appends them to the runtime's): the OpenAI model
     name and where the worker pools come from: the EndpointSlices of the headless prefill/decode Services
     (`--discovery=kubernetes`, runtime/server/discovery_sync.py over runtime/deploy/discovery.py), so only
@@ -121,7 +122,9 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     policy follows the same field, runtime/deploy/workers.py). With `kv_lease_s` (the workers'
     `EngineSpec.kv_lease_s`), `--kv-lease-s`: the runtime bounds its decode legs by the workers' lease.
     With an `overload` other than the defaults, `--overload-spec=<OverloadSpec JSON>` and
-    `--ttft-slo-ms=<ttft_slo_ms>` (the SLO its admission control protects)."""
+    `--ttft-slo-ms=<ttft_slo_ms>` (the SLO its admission control protects).
+    With `planner` and `leader_lease`, `--leader-election=kubernetes --leader-lease=<leader_lease>`: of the
+    runtime's replicas only the one holding that Lease actuates (runtime/server/leader.py)."""
     del worker_port  # carried by the EndpointSlices' "http" port
     args = [
         f"--model-name={model_name}",
@@ -146,6 +149,8 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     if planner:
         args += ["--planner=kubernetes", f"--prefill-deployment={prefill_service}",
                  f"--decode-deployment={decode_service}"]
+        if leader_lease:
+            args += ["--leader-election=kubernetes", f"--leader-lease={leader_lease}"]
     return args
 
 
@@ -200,6 +205,12 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
     `canary_traffic_percent` (0..100) sends that share of traffic to the newest revision (KServe
     Serverless mode); None omits the field (100 % to the latest ready revision).
 
+    The runtime scales itself: `target.runtime_min_replicas`..`runtime_max_replicas` replicas, the Knative
+    autoscaler aiming at `target.runtime_rps_target` requests per second each (`scaleMetric: rps`; KServe's
+    Serverless mode runs the Knative Pod Autoscaler, which scales on concurrency or rps, not CPU). Its planner
+    elects one leader among them on Lease `rbac.planner_lease_name(name, revision)`, the holder identity being
+    the pod's name (env POD_NAME from the downward API).
+
     With `target.traffic_upload_uri` the runtime records every finished request (`traffic_args`) in an
     emptyDir and ships it to S3 (credentials: the optional Secret `target.s3_secret` as env, else the IAM role
     of `service_account` through Pod Identity / IRSA).
@@ -207,7 +218,10 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
     labels = workers.labels(name, "runtime", revision)
     predictor: dict[str, Any] = {
         "serviceAccountName": service_account,
-        "minReplicas": 1,
+        "minReplicas": target.runtime_min_replicas,
+        "maxReplicas": target.runtime_max_replicas,
+        "scaleMetric": "rps",
+        "scaleTarget": target.runtime_rps_target,
         "timeout": PREDICTOR_TIMEOUT_S,
         "model": {
             "modelFormat": {"name": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION},
@@ -229,8 +243,10 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
                 kv_lease_s=spec.engine.kv_lease_s,
                 overload=spec.overload,
                 ttft_slo_ms=spec.slo.ttft_p90_ms,
+                leader_lease=rbac.planner_lease_name(name, revision),
             ) + traffic_args(target, name=name),
-            "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()}],
+            "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()},
+                    {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         },
     }
     if target.traffic_upload_uri is not None:  # a writable folder for the log; S3 credentials optional (IAM)

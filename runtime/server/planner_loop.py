@@ -21,7 +21,12 @@ decision: fewer than decided under a worker cap or a restart back-off, unchanged
 ``observed_peak_prefill_tokens_per_second``, ``observed_prefill_time_mean_seconds``,
 ``observed_arrival_dispersion`` (runtime.planner.sla.arrival_dispersion of the requests received in the last
 interval: residual variance / mean per ~1-s bin around the interval's trend; 1 for Poisson), ``gpus`` (the
-decision's replicas × TP) and ``gpu_budget``, and the counter ``scale_events_total{pool, direction}``.
+decision's replicas × TP) and ``gpu_budget``, ``leader`` (1 while this replica's planner actuates), and the
+counters ``scale_events_total{pool, direction}`` and ``actuations_total`` (decisions handed to the actuator).
+
+With several runtime replicas only the leader actuates (``PlannerLoop(leader=...)``, runtime/server/leader.py):
+every replica reads the workers, ticks its own state machine and exports the decision; a follower skips the
+actuator, and its ``applied_replicas``, ``scale_events_total`` and ``actuations_total`` stay unchanged.
 
 The sub-tick peak handed to the planner (``TickInput.peak_prefill_tokens_per_s``) is computed exactly as
 the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prompt tokens arriving in each
@@ -345,17 +350,23 @@ class PlannerGauges:
                              ["pool"], registry=registry)
         self.gpus = g("gpus", "GPUs the last decision uses (replicas x TP of both pools)")
         self.gpu_budget = g("gpu_budget", "The planner's GPU budget (planner.gpu_budget)")
-        self.scale_events = Counter("pdserve_planner_scale_events", "Decisions that changed a pool's target "
-                                    "replicas", ["pool", "direction"], registry=registry)
+        self.scale_events = Counter("pdserve_planner_scale_events", "Actuated decisions that changed a pool's "
+                                    "target replicas", ["pool", "direction"], registry=registry)
+        self.leader = g("leader", "1 while this runtime replica's planner actuates (the leader), 0 while it "
+                        "only computes and exports its decisions")
+        self.actuations = Counter("pdserve_planner_actuations", "Decisions this replica handed to the actuator",
+                                  registry=registry)
         for pool in ("prefill", "decode"):  # every series from the start, so a rate over them is 0, not absent
             for direction in ("up", "down"):
                 self.scale_events.labels(pool=pool, direction=direction)
 
-    def export_gpus(self, d: ScalingDecision, cfg: PlannerConfig, last: ScalingDecision | None) -> None:
-        """The decision's GPUs against the budget, and a scale event per pool whose target moved from `last`."""
+    def export_gpus(self, d: ScalingDecision, cfg: PlannerConfig, last: ScalingDecision | None,
+                    actuated: bool = True) -> None:
+        """The decision's GPUs against the budget, and when `actuated` a scale event per pool whose target moved
+        from `last`."""
         self.gpus.set(d.num_gpus(cfg.prefill_tp, cfg.decode_tp))
         self.gpu_budget.set(cfg.gpu_budget)
-        if last is None:
+        if last is None or not actuated:
             return
         for pool, new, old in (("prefill", d.prefill_replicas, last.prefill_replicas),
                                ("decode", d.decode_replicas, last.decode_replicas)):
@@ -415,7 +426,8 @@ class PlannerLoop:
     (``tick(now_s)``). ``metrics_urls()`` returns the current ``{"prefill": [...], "decode": [...]}``
     worker /metrics URLs (from the actuator or the router's worker set). Each worker's /metrics read has
     ``metrics_deadline_s`` seconds in all (default: the client's read timeout; see :func:`read_pool`), so
-    one slow worker delays a tick by at most that long."""
+    one slow worker delays a tick by at most that long. ``leader()`` (default: always) is asked right before
+    each actuation: False makes the tick compute and export its decision without applying it."""
 
     def __init__(
         self,
@@ -429,8 +441,10 @@ class PlannerLoop:
         interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         metrics_deadline_s: float | None = None,
+        leader: Callable[[], bool] | None = None,
     ) -> None:
         self.machine = machine
+        self.leader = leader
         self.actuator = actuator
         self.window = window
         self.metrics_urls = metrics_urls
@@ -467,9 +481,14 @@ class PlannerLoop:
             prompt_arrivals=w.prompt_arrivals,
         )
         decision = self.machine.on_tick(tick)
+        actuate = self.leader is None or self.leader()
+        self.gauges.leader.set(1 if actuate else 0)
         self.gauges.export(tick, decision)  # the decision shows even when the actuator then fails
-        self.gauges.export_gpus(decision, self.machine.cfg, self.last_decision)
+        self.gauges.export_gpus(decision, self.machine.cfg, self.last_decision, actuated=actuate)
         self.last_decision = decision
+        if not actuate:
+            return decision
+        self.gauges.actuations.inc()
         applied = self.actuator.apply(decision)
         self.gauges.export_applied(applied)
         self.last_applied = applied

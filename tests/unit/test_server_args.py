@@ -114,3 +114,21 @@ def test_the_model_bounds_decode_legs_by_the_lease_it_is_given():
     assert model.kv_lease_s == 45
     assert build_model("m", prefill_urls=[], decode_urls=["http://127.0.0.1:1"],
                        registry=CollectorRegistry()).kv_lease_s == 30
+
+
+def test_leader_election_needs_a_planner_and_a_lease(tmp_path, capsys):
+    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
+    from runtime.server.__main__ import planner_settings
+
+    for argv, msg in (([*BASE, "--leader-election", "file"], "it needs --planner"),
+                      ([*BASE, "--planner", "dry-run", "--leader-election", "kubernetes"], "needs --leader-lease")):
+        with pytest.raises(SystemExit) as exc:
+            parse_args(argv)
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+    spec = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load")).model_dump_json()
+    dry = [*BASE, "--planner", "dry-run", "--deployment-spec", spec]
+    assert planner_settings(parse_args(dry))["leader_election"] is None
+    a = parse_args([*dry, "--leader-election", "file", "--leader-lease-file", str(tmp_path / "l.json")])
+    assert planner_settings(a)["leader_election"] == {"kind": "file", "lock_file": tmp_path / "l.json"}
+    a = parse_args([*dry, "--leader-election", "kubernetes", "--leader-lease", "m-planner-leader"])
+    assert planner_settings(a)["leader_election"] == {"kind": "kubernetes", "lease_name": "m-planner-leader"}

@@ -158,7 +158,7 @@ def test_rendered_runtime_args_start_discovery_and_the_kubernetes_planner(monkey
     objs = render_all(spec, name="m", namespace="llm", image="img:1", pvc_name="fsx-claim", revision="v3")
     csr = find(objs, "ClusterServingRuntime", "pdserve")["spec"]["containers"][0]["args"]
     model = find(objs, "InferenceService", "m")["spec"]["predictor"]["model"]
-    env = {e["name"]: e["value"] for e in model["env"]}
+    env = {e["name"]: e.get("value") for e in model["env"]}
     monkeypatch.setenv(SPEC_ENV, env[SPEC_ENV])
     args = parse_args(csr + model["args"])  # KServe appends the ISVC args to the runtime's
     assert discovery_settings(args) == {"namespace": "llm", "prefill_service": "m-v3-prefill",
