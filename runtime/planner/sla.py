@@ -31,6 +31,10 @@ import math
 
 from runtime.planner.profiles import DecodeProfile, PrefillProfile
 
+# share of a decode worker's KV capacity decode sizing fills (context ISL + OSL/2 per request): the rest
+# absorbs the spread of context lengths around that mean, so admissions rarely wait for KV
+DECODE_KV_HEADROOM = 0.9
+
 
 def prefill_service_s(profile: PrefillProfile, isl_tokens: float, ttft_correction: float = 1.0) -> tuple[float, float]:
     """``(occupancy, latency)`` of one prefill of ``isl_tokens``, seconds: the worker is busy for
@@ -124,7 +128,7 @@ def decode_replicas(
     *,
     itl_target_s: float,
     itl_correction: float = 1.0,
-    kv_headroom: float = 0.9,
+    kv_headroom: float = DECODE_KV_HEADROOM,
 ) -> int | None:
     """Decode workers for ``rate * OSL`` tokens/s at the ITL target (Dynamo's decode formula with a
     KV limit). Returns 0 for zero load and None when no batch meets the corrected target."""
@@ -161,7 +165,7 @@ def aggregated_replicas(
             continue
         if latency + wait_quantile_s(n, rate_per_s, s, quantile) > ttft_budget_s:
             continue
-        per_worker = decode.tokens_per_s(itl_target_s * (1.0 - u), ctx, ctx / 0.9)
+        per_worker = decode.tokens_per_s(itl_target_s * (1.0 - u), ctx, ctx / DECODE_KV_HEADROOM)
         if per_worker > 0 and rate_per_s * osl_tokens / n <= per_worker:
             return n
     return None

@@ -120,6 +120,19 @@ Measured effect of each rule, the constants' derivation and the alternatives mea
    pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor falls by one worker
    a tick (additive decrease, multiplicative increase: the pool settles where the queue stays short).
    :meth:`PlannerStateMachine.queue_floor` is the floor now.
+13. Closed-loop decode floor (``decode_floor``, default on): the same loop for the decode pool, on what its
+   workers report. Pressure is an admission wait over the wait budget of (12), estimated by Little's law
+   as ``Q * OSL * ITL / running`` (``Q`` requests waiting for decode admission, ``running`` requests in
+   the batches: they free KV at ``running / (OSL * ITL)`` a second), or an observed ITL p90 over the ITL
+   target. After ``QUEUE_PRESSURE_TICKS`` such ticks, once the floor's workers are ready, the floor rises
+   to the pool plus the workers whose KV holds the waiting requests at context ``ISL + OSL/2`` or that
+   bring the batch back under the ITL target (``c * (ITL p90 / target - 1)``), at least one and at most
+   doubling the pool, within ``max_decode`` and the GPU budget after the minimum prefill pool. It falls by
+   one worker a tick while the wait is under ``TTFT_SLACK_SHARE`` of the budget, ITL p90 under
+   ``DECODE_ITL_MARGIN`` of the target and one worker fewer would still hold the KV in use within
+   ``sla.DECODE_KV_HEADROOM``. Why: the decode sizing of (4) plans for a forecast rate at mean lengths;
+   admission that waits for KV (long prompts in a burst) or batches that miss ITL show the pool is short,
+   whatever the model says. :meth:`PlannerStateMachine.decode_floor` is the floor now.
 
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """
@@ -232,6 +245,8 @@ class PlannerStateMachine:
         self._last_decision: ScalingDecision | None = None  # returned again for a tick at the same now_s
         self._has_isl = False
         self._queue_floor = 0  # rule 12: prefill workers the observed queue asks for (0: none)
+        self._decode_floor = 0  # rule 13: decode workers the observed admission queue and ITL ask for (0: none)
+        self._decode_pressure_ticks = 0
         # rule 11: per tick with arrivals, (offered Erlangs R, requests that can meet the TTFT, first pool
         # size replayed, late requests at that size and each size after it), the last predictor window
         self._bursts: deque[tuple[float, int, int, list[int]]] = deque(maxlen=cfg.predictor_window_ticks)
@@ -479,12 +494,46 @@ class PlannerStateMachine:
             wait = max(wait, tick.observed_ttft_p90_s - own)
         self._pressure_ticks = self._pressure_ticks + 1 if wait > budget else 0
         cap = min(cfg.max_prefill, max((cfg.gpu_budget - cfg.min_decode * cfg.decode_tp) // cfg.prefill_tp, 0))
-        if self._pressure_ticks >= QUEUE_PRESSURE_TICKS and c >= self._queue_floor:
-            base = max(self._queue_floor, self.prefill)
-            step = min(max(math.ceil(q * s / cfg.interval_s - 1e-9), 1), max(base, 1))
-            self._queue_floor = min(base + step, cap)
-        elif wait <= TTFT_SLACK_SHARE * budget:
-            self._queue_floor = max(self._queue_floor - 1, 0)
+        self._queue_floor = _closed_loop_floor(
+            self._queue_floor, self._pressure_ticks, ready=c, current=self.prefill,
+            step=math.ceil(q * s / cfg.interval_s - 1e-9), cap=cap, relaxed=wait <= TTFT_SLACK_SHARE * budget)
+
+    def decode_floor(self) -> int:
+        """Rule 13's closed-loop decode floor, workers (0 while decode never stayed overloaded)."""
+        return self._decode_floor
+
+    def _update_decode_floor(self, tick: TickInput) -> None:
+        """Rule 13 (module doc): one step of the closed-loop decode floor from this tick's decode pool."""
+        cfg, prof = self.cfg, self.profile
+        assert prof is not None
+        obs = tick.decode
+        c = obs.num_ready
+        q = obs.queue_per_worker * max(c, 1)
+        running = obs.running_per_worker * c
+        isl = max(tick.mean_isl_tokens if tick.num_requests else self._isl.predict(), 1.0)
+        osl = max(tick.mean_osl_tokens if tick.num_requests else self._osl.predict(), 1.0)
+        ctx = isl + osl / 2.0
+        itl = tick.observed_itl_mean_s or (
+            prof.decode.step_s(max(obs.running_per_worker, 1.0), ctx) * self.itl_correction)
+        # admission wait by Little's law: the queue drains as running requests finish, running / (OSL x ITL) a second
+        wait = (q * osl * itl / running if running > 0 else math.inf) if q > 0 else 0.0
+        budget = max(cfg.ttft_target_s - 2 * cfg.itl_target_s
+                     - sla.prefill_service_s(prof.prefill, isl, self.ttft_correction)[1], 0.0)
+        itl_p90 = tick.observed_itl_p90_s
+        itl_over = itl_p90 is not None and itl_p90 > cfg.itl_target_s
+        self._decode_pressure_ticks = self._decode_pressure_ticks + 1 if (wait > budget or itl_over) else 0
+        # workers whose KV holds the waiting requests at their mean context, and those that bring the batch
+        # (ITL ~ batch at a memory-bound step) back under the target
+        step = math.ceil(q * ctx / max(prof.decode.kv_capacity_tokens, 1.0) - 1e-9)
+        if itl_over:
+            step = max(step, math.ceil(c * (itl_p90 / cfg.itl_target_s - 1.0) - 1e-9))
+        # one worker fewer must still hold the KV in use within the headroom decode sizing plans for
+        kv_fits = c <= 1 or obs.kv_usage * c / (c - 1) <= sla.DECODE_KV_HEADROOM
+        relaxed = (wait <= TTFT_SLACK_SHARE * budget and kv_fits
+                   and (itl_p90 is None or itl_p90 <= DECODE_ITL_MARGIN * cfg.itl_target_s))
+        cap = min(cfg.max_decode, max((cfg.gpu_budget - cfg.min_prefill * cfg.prefill_tp) // cfg.decode_tp, 0))
+        self._decode_floor = _closed_loop_floor(self._decode_floor, self._decode_pressure_ticks, ready=c,
+                                                current=self.decode, step=step, cap=cap, relaxed=relaxed)
 
     def _staffing_active(self) -> bool:
         return self.cfg.mode == "sla" and self.cfg.prefill_staffing_beta is not None and self._has_erlangs
@@ -610,6 +659,9 @@ class PlannerStateMachine:
             # not while the fleet has no prefill workers yet: its decode workers still prefill (the
             # cooldown may hold prefill at 0 for several ticks), so they keep the margin sizing
             d_des = self.decode_band_replicas(d_des, plan_rate_d, isl, osl)
+        if cfg.mode == "sla" and cfg.decode_floor:
+            self._update_decode_floor(tick)
+            d_des = max(d_des, self._decode_floor)
         d_des = min(max(d_des, cfg.min_decode), cfg.max_decode)
         cap = self._budget_cap(burst, isl, osl)
         p_des, d_des = fit_budget(
@@ -763,6 +815,22 @@ class PlannerStateMachine:
         elif kv < cfg.load_kv_down and (itl is None or itl < 0.6 * cfg.itl_target_s):
             d -= 1
         return p, d
+
+
+def _closed_loop_floor(floor: int, pressure_ticks: int, *, ready: int, current: int, step: int, cap: int,
+                       relaxed: bool) -> int:
+    """Rules 12 and 13: the next floor (workers) under a pool whose observed wait or latency stayed over
+    budget for ``pressure_ticks`` ticks in a row. Raised after ``QUEUE_PRESSURE_TICKS`` such ticks, once
+    the pool has its floor's workers ready (a raise still starting has not yet acted), to the larger of the
+    floor and the pool (``current``) plus ``step`` workers, at least one and at most doubling it, within
+    ``cap``; lowered by one worker while ``relaxed`` (additive decrease, multiplicative increase: the pool
+    settles where the wait stays short). Pure."""
+    if pressure_ticks >= QUEUE_PRESSURE_TICKS and ready >= floor:
+        base = max(floor, current)
+        return min(base + min(max(step, 1), max(base, 1)), cap)
+    if relaxed:
+        return max(floor - 1, 0)
+    return floor
 
 
 def _ewma(old: float, sample: float) -> float:

@@ -168,7 +168,9 @@ class PlannerConfig:
     ``measure_burst``: when ticks report ``prompt_arrivals`` the staffing coefficient is the one that
     would have served all but ``1 - slo_quantile`` of the last predictor window's requests in time,
     measured by replaying them (rule 11; False: ``prefill_staffing_beta`` scaled by the arrival
-    dispersion, kept for the benchmark's ablation).
+    dispersion, kept for the benchmark's ablation). ``decode_floor``: the observed decode admission
+    queue, ITL and KV usage raise a floor under the decode pool while admission waits over the TTFT
+    budget or ITL over its target (rule 13; False: open loop, kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -217,6 +219,7 @@ class PlannerConfig:
     staffing_on_fall: bool = True
     queue_floor: bool = True
     measure_burst: bool = True
+    decode_floor: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",
