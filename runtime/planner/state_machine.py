@@ -246,6 +246,9 @@ class PlannerStateMachine:
         self._has_isl = False
         self._queue_floor = 0  # rule 12: prefill workers the observed queue asks for (0: none)
         self._decode_floor = 0  # rule 13: decode workers the observed admission queue and ITL ask for (0: none)
+        # rule 13: (arrival_s, context tokens, lifetime s) of the last predictor window's requests
+        self._decode_window: deque[tuple[np.ndarray, np.ndarray, float]] = deque(maxlen=cfg.predictor_window_ticks)
+        self.decode_window_pool = 0
         self._decode_pressure_ticks = 0
         # rule 11: per tick with arrivals, (offered Erlangs R, requests that can meet the TTFT, first pool
         # size replayed, late requests at that size and each size after it), the last predictor window
@@ -255,6 +258,7 @@ class PlannerStateMachine:
         # rule 11: prompt_arrivals of the last predictor window, and the least pool that served them
         self._window_ticks: deque[tuple] = deque(maxlen=cfg.predictor_window_ticks)
         self.window_pool = 0
+        self._measured_ticks = 0  # rule 11: ticks since the first that reported prompt_arrivals
         self._pressure_ticks = 0
 
     # ----------------------------------------------------------------------------- sizing
@@ -415,6 +419,8 @@ class PlannerStateMachine:
         replayed on pools from ``ceil(R)`` workers up (R the Erlangs of those very requests over that
         span; sla.burst_misses)."""
         self._burst_ticks.append((tick.interval_s, tick.prompt_arrivals or ()))
+        if self._measured_ticks or tick.prompt_arrivals:
+            self._measured_ticks += 1
         self._window_ticks.append(tick.prompt_arrivals or ())
         if not tick.prompt_arrivals:
             return
@@ -501,6 +507,36 @@ class PlannerStateMachine:
     def decode_floor(self) -> int:
         """Rule 13's closed-loop decode floor, workers (0 while decode never stayed overloaded)."""
         return self._decode_floor
+
+    def _observe_decode_window(self, tick: TickInput) -> None:
+        """Rule 13, one tick: the least decode pool whose KV held the last predictor window's requests
+        (``decode_window_pool``, sla.kv_pool), each holding ISL + OSL/2 tokens for OSL steps at the tick's
+        observed mean ITL (without one, the ITL of a batch that fills the KV headroom), at most the ITL
+        target: a slower batch is the ITL sizing's case."""
+        cfg, prof = self.cfg, self.profile
+        assert prof is not None
+        if tick.prompt_arrivals:
+            osl = max(tick.mean_osl_tokens, 1.0)
+            arr = np.array([t for t, _ in tick.prompt_arrivals], float)
+            ctx = np.array([n for _, n in tick.prompt_arrivals], float) + osl / 2.0
+            itl = tick.observed_itl_mean_s
+            if itl is None:  # no request finished: the ITL of a batch that fills the KV headroom
+                mean_ctx = float(ctx.mean())
+                batch = prof.decode.kv_capacity_tokens * sla.DECODE_KV_HEADROOM / mean_ctx
+                itl = prof.decode.step_s(batch, mean_ctx) * self.itl_correction
+            itl = min(itl, cfg.itl_target_s)
+            self._decode_window.append((arr, ctx, osl * itl))
+        else:
+            self._decode_window.append((np.empty(0), np.empty(0), 0.0))
+        spans = [w for w in self._decode_window if len(w[0])]
+        if not spans:
+            self.decode_window_pool = 0
+            return
+        # one lifetime for the window (the longest of its ticks): a request's KV is held its whole decode
+        life = max(lt for _, _, lt in spans)
+        self.decode_window_pool = sla.kv_pool(np.concatenate([a for a, _, _ in spans]),
+                                              np.concatenate([c for _, c, _ in spans]), life,
+                                              prof.decode.kv_capacity_tokens, cfg.slo_quantile)
 
     def _update_decode_floor(self, tick: TickInput) -> None:
         """Rule 13 (module doc): one step of the closed-loop decode floor from this tick's decode pool."""
@@ -621,6 +657,11 @@ class PlannerStateMachine:
                 sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
             else:
                 sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, decode_rate_per_s=plan_rate_d)
+                if sizing.mode == "aggregated" and cfg.measure_burst and self.window_pool > max(cfg.min_prefill, 1):
+                    # the last window's arrivals needed more than one prefill worker: the aggregated pool (the
+                    # minimum decode pool, also decoding) serves less than that
+                    sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, with_agg=False,
+                                                decode_rate_per_s=plan_rate_d)
             mode = self._choose_mode(tick.now_s, sizing)
             if mode != sizing.mode:  # hysteresis kept the other mode: size for it
                 sizing = (
@@ -651,6 +692,11 @@ class PlannerStateMachine:
                 if cfg.queue_floor:
                     self._update_queue_floor(tick)
                     p_des = max(p_des, self._queue_floor)
+            if 0 < self._measured_ticks < cfg.predictor_window_ticks and mode == "disaggregated":
+                # rule 11: the window pool measures what bursts need over a whole predictor window; until one
+                # has been observed a release rests on less evidence than the pool it releases
+                p_des = max(p_des, self.prefill)
+                d_des = max(d_des, self.decode)
             reason = "sla" if sizing.feasible else "sla_infeasible"
 
         min_p = 0 if mode == "aggregated" else cfg.min_prefill
@@ -661,7 +707,8 @@ class PlannerStateMachine:
             d_des = self.decode_band_replicas(d_des, plan_rate_d, isl, osl)
         if cfg.mode == "sla" and cfg.decode_floor:
             self._update_decode_floor(tick)
-            d_des = max(d_des, self._decode_floor)
+            self._observe_decode_window(tick)
+            d_des = max(d_des, self._decode_floor, self.decode_window_pool)
         d_des = min(max(d_des, cfg.min_decode), cfg.max_decode)
         cap = self._budget_cap(burst, isl, osl)
         p_des, d_des = fit_budget(
