@@ -144,3 +144,97 @@ def test_the_floor_is_what_reaches_the_budget_open_loop_stays_below(on):
         assert sm.decode == 12 and sm.decode_floor() == 12
     else:
         assert sm.decode < 12 and sm.decode_floor() == 0
+
+
+def test_kv_pool_counts_the_requests_in_decode_at_each_arrival():
+    from runtime.planner.sla import DECODE_KV_HEADROOM, kv_pool
+    cap = 1000.0 / DECODE_KV_HEADROOM  # each worker holds 1000 tokens within the headroom
+    # ten requests of 400 tokens one second apart, each decoding 2.5 s: three at a time at most -> 1200 tokens
+    arr = [float(i) for i in range(10)]
+    assert kv_pool(arr, [400.0] * 10, 2.5, cap, 1.0) == 2
+    # the same requests decoding 0.5 s: one at a time -> one worker
+    assert kv_pool(arr, [400.0] * 10, 0.5, cap, 1.0) == 1
+    # all ten at once: 4000 tokens -> four workers; the quantile lets the late arrivals' peak go
+    assert kv_pool([0.0] * 10, [400.0] * 10, 5.0, cap, 1.0) == 4
+    assert kv_pool([0.0] * 10, [400.0] * 10, 5.0, cap, 0.5) < 4
+    assert kv_pool([], [], 5.0, cap, 0.99) == 0
+    with pytest.raises(ValueError):
+        kv_pool([0.0], [1.0, 2.0], 1.0, cap, 0.9)
+    with pytest.raises(ValueError):
+        kv_pool([0.0], [1.0], -1.0, cap, 0.9)
+
+
+def _arrivals_tick(sm: PlannerStateMachine, now: float, n: int, isl: float, osl: float) -> None:
+    """A tick reporting ``n`` arrivals of ``isl``-token prompts spread over the interval, no overload."""
+    arrivals = tuple((now - INTERVAL_S + INTERVAL_S * (i + 0.5) / n, isl) for i in range(n)) if n else None
+    sm.on_tick(TickInput(
+        now_s=now, interval_s=INTERVAL_S, num_requests=n, mean_isl_tokens=isl if n else 0.0,
+        mean_osl_tokens=osl if n else 0.0, prompt_arrivals=arrivals,
+        prefill=PoolObservation(num_ready=sm.prefill), decode=PoolObservation(num_ready=sm.decode),
+        observed_itl_mean_s=0.02 if n else None,
+    ))
+
+
+def test_decode_holds_the_kv_a_recent_burst_needed_for_a_window():
+    # a burst whose contexts fill several workers' KV, then a trickle: the decode pool holds the burst's need
+    # for the predictor window (a decode worker launched for the next burst would be ready after it), then
+    # follows the load down
+    c = dict(max_decode=16, gpu_budget=200, allow_aggregated=False, decode_scale_down_delay_s=0.0, cooldown_s=0.0,
+             max_prefill=16)
+    sm = make(c)
+    now = 0.0
+    for _ in range(sm.cfg.predictor_window_ticks):  # a window of light load
+        now += INTERVAL_S
+        _arrivals_tick(sm, now, 3, 500.0, 200.0)
+    light = sm.decode
+    now += INTERVAL_S
+    _arrivals_tick(sm, now, 200, 20_000.0, 400.0)  # 6.7 requests/s of 20k-token prompts: ~12 workers of KV
+    burst = sm.decode_window_pool
+    assert light < burst <= sm.cfg.max_decode
+    for _ in range(sm.cfg.predictor_window_ticks - 1):
+        now += INTERVAL_S
+        _arrivals_tick(sm, now, 3, 500.0, 200.0)
+        assert sm.decode >= burst
+    for _ in range(2):
+        now += INTERVAL_S
+        _arrivals_tick(sm, now, 3, 500.0, 200.0)
+    assert sm.decode_window_pool < burst
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_a_clump_the_aggregated_pool_cannot_prefill_in_time_leaves_aggregated_serving(measured):
+    # twelve 3k-token prompts within 1.2 s every tick: 0.4 requests/s, which M/M/c serves on one worker, but
+    # one worker prefills the clump in 3.6 s, past the 2-s TTFT: rule 11's window pool asks for two
+    sm = make(dict(max_decode=8, max_prefill=8, gpu_budget=64, scale_down_delay_s=0.0, cooldown_s=0.0,
+                   allow_aggregated=True, measure_burst=measured))
+    now = 0.0
+    for _ in range(3):  # light chat traffic: aggregated serving on the minimum decode pool
+        now += INTERVAL_S
+        _arrivals_tick(sm, now, 3, 200.0, 100.0)
+    assert sm.mode == "aggregated"
+    for _ in range(3):
+        now += INTERVAL_S
+        sm.on_tick(TickInput(
+            now_s=now, interval_s=INTERVAL_S, num_requests=12, mean_isl_tokens=3000.0, mean_osl_tokens=100.0,
+            prompt_arrivals=tuple((now - 20.0 + 0.1 * i, 3000.0) for i in range(12)),
+            prefill=PoolObservation(num_ready=sm.prefill), decode=PoolObservation(num_ready=sm.decode),
+        ))
+    assert (sm.mode == "disaggregated") == measured
+
+
+def test_no_release_before_a_window_of_arrivals_was_measured():
+    # a fleet started large on light traffic keeps its pools until rule 11 has seen a predictor window, then
+    # follows the load down
+    sm = PlannerStateMachine(PlannerConfig(prefill_tp=2, decode_tp=4, interval_s=INTERVAL_S, worker_start_s=60.0,
+                                           max_prefill=8, max_decode=8, gpu_budget=64, scale_down_delay_s=0.0,
+                                           cooldown_s=0.0, decode_scale_down_delay_s=0.0, allow_aggregated=False),
+                             PROF, initial_prefill=6, initial_decode=4)
+    now = 0.0
+    for _ in range(sm.cfg.predictor_window_ticks - 1):
+        now += INTERVAL_S
+        _arrivals_tick(sm, now, 3, 500.0, 100.0)
+        assert (sm.prefill, sm.decode) == (6, 4)
+    for _ in range(3):
+        now += INTERVAL_S
+        _arrivals_tick(sm, now, 3, 500.0, 100.0)
+    assert sm.prefill < 6 and sm.decode < 4
