@@ -96,16 +96,16 @@ Per tick (SLA mode):
    which the last ``predictor_window_ticks`` ticks' arrivals, replayed together, leave at most
    ``1 - slo_quantile`` of them late (``window_pool``, runtime.planner.sla.least_pool): bursts shorter
    than a worker start (a Markov-modulated high phase) are over before a launch for them is ready, so
-   the pool must stand at what the recent bursts needed; it follows a fall within one window.
+   the pool must stand at what the recent bursts needed; it follows a fall within one window. Until the
+   ticks have reported arrivals for a whole predictor window neither pool shrinks (a release would rest on
+   less evidence than the pool it releases), and aggregated serving (4) is kept only while the window pool
+   is one worker (the minimum decode pool, which also decodes, prefills less than one prefill worker).
    The configured coefficient is ``prefill_staffing_beta`` scaled by the square root of the smoothed
    arrival dispersion over ``staffing_dispersion_ref`` (floored at ``staffing_dispersion_floor``):
    :meth:`PlannerStateMachine.staffing_beta`; it alone applies before the first tick with arrivals or
    with the rule off. Why a floor: the replay starts each span from idle and sees no forecast error, so
    on the Azure trace x10 (70B) the measured coefficient alone kept 96.1 % of the requests within SLO
    where the floor keeps 99 % (docs/design/planner.md).
-
-Measured effect of each rule, the constants' derivation and the alternatives measured against them
-(decode trend, Little's-law decode growth): docs/design/planner.md.
 
 12. Closed-loop prefill floor (``queue_floor``, default on): the observed prefill queue bounds the
    pool from below, so an under-sizing model (service-time variance, arrivals, prompt mixes it does
@@ -132,7 +132,14 @@ Measured effect of each rule, the constants' derivation and the alternatives mea
    ``DECODE_ITL_MARGIN`` of the target and one worker fewer would still hold the KV in use within
    ``sla.DECODE_KV_HEADROOM``. Why: the decode sizing of (4) plans for a forecast rate at mean lengths;
    admission that waits for KV (long prompts in a burst) or batches that miss ITL show the pool is short,
-   whatever the model says. :meth:`PlannerStateMachine.decode_floor` is the floor now.
+   whatever the model says. :meth:`PlannerStateMachine.decode_floor` is the floor now. The decode pool is
+   also at least the least pool whose KV held the last predictor window's requests (``decode_window_pool``,
+   runtime.planner.sla.kv_pool: each request holds ISL + OSL/2 tokens for OSL steps at the observed ITL, at
+   all but ``1 - slo_quantile`` of their arrivals), as rule 11 holds prefill: a burst shorter than a worker
+   start is over before a decode worker launched for it is ready.
+
+Measured effect of each rule, the constants' derivation and the alternatives measured against them
+(decode trend, Little's-law decode growth): docs/design/planner.md.
 
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """
@@ -167,6 +174,19 @@ QUEUE_PRESSURE_TICKS = 2
 # rule 11: the measured staffing coefficient is searched on [0, BURST_BETA_MAX] in steps of BURST_BETA_STEP
 # (a resolution of 0.05 sqrt(R) workers; the top is far above what clumps of the traces ask for, ~3)
 BURST_BETA_STEP, BURST_BETA_MAX = 0.05, 8.0
+
+
+@dataclass(frozen=True)
+class _Forecast:
+    """One tick's forecast (stage 2): predicted request rate (requests/s), burst mode, the rates prefill and
+    decode are sized for (requests/s), predicted mean ISL and OSL (tokens)."""
+
+    pred: float
+    burst: bool
+    plan_rate: float
+    plan_rate_d: float
+    isl: float
+    osl: float
 
 
 @dataclass(frozen=True)
@@ -588,7 +608,6 @@ class PlannerStateMachine:
         Raises:
             ValueError: ``now_s`` went backwards.
         """
-        cfg = self.cfg
         if self._last_now is not None and tick.now_s < self._last_now:
             raise ValueError(f"TickInput.now_s went backwards ({tick.now_s} < {self._last_now})")
         if self._last_decision is not None and tick.now_s == self._last_decision.now_s:
@@ -599,6 +618,36 @@ class PlannerStateMachine:
         return decision
 
     def _advance(self, tick: TickInput) -> ScalingDecision:
+        """One tick in stages: observe, forecast, size (SLA rules or load steps), decode terms, stabilise."""
+        self._observe(tick)
+        f = self._forecast(tick)
+        if self.cfg.mode == "load":
+            mode: ServingMode = "disaggregated"
+            p_des, d_des = self._load_step(tick)
+            reason = "load"
+        else:
+            mode, p_des, d_des, reason = self._size_sla(tick, f)
+        p_des = min(max(p_des, 0 if mode == "aggregated" else self.cfg.min_prefill), self.cfg.max_prefill)
+        if self.cfg.mode == "sla":
+            d_des = self._decode_terms(tick, f, mode, d_des)
+        p_tgt, d_tgt, mode = self._stabilise(tick, f, mode, p_des, d_des)
+        return ScalingDecision(
+            now_s=tick.now_s,
+            prefill_replicas=p_tgt,
+            decode_replicas=d_tgt,
+            serving_mode=mode,
+            predicted_rate_per_s=f.pred,
+            predicted_isl_tokens=f.isl,
+            predicted_osl_tokens=f.osl,
+            burst=f.burst,
+            ttft_correction=self.ttft_correction,
+            itl_correction=self.itl_correction,
+            reason=reason + ("+burst" if f.burst else ""),
+        )
+
+    def _observe(self, tick: TickInput) -> None:
+        """Stage 1: feed the tick to the predictors, the dispersion EWMA, rule 11's replays and the
+        offered prefill load of rules 7-10."""
         cfg = self.cfg
         rate = tick.rate_per_s
         self._rate.observe(rate)
@@ -616,7 +665,6 @@ class PlannerStateMachine:
         if tick.peak_prefill_tokens_per_s is not None:
             self._peak.observe(tick.peak_prefill_tokens_per_s)
             self._has_peak = True
-        isl, osl = self._isl.predict(), self._osl.predict()
         if cfg.mode == "sla" and self.profile is not None:
             isl_now = max(tick.mean_isl_tokens, 1.0)
             service_s = float(self.profile.prefill.busy_time_s(isl_now)) if tick.num_requests else 0.0
@@ -627,6 +675,12 @@ class PlannerStateMachine:
             if tick.num_requests or self._erlang_ewma is not None:
                 self._observe_level(erlangs)
             self._has_erlangs = self._has_erlangs or tick.num_requests > 0
+
+    def _forecast(self, tick: TickInput) -> _Forecast:
+        """Stage 2 (rules 1, 2): the rates to plan prefill and decode for, burst mode, predicted ISL/OSL."""
+        cfg = self.cfg
+        rate = tick.rate_per_s
+        isl, osl = self._isl.predict(), self._osl.predict()
         pred = max(self._rate.predict(1), self._rate.predict(self.lead_ticks))
         burst = self._update_burst(tick.now_s, rate)
         self._predicted_for_next = self._rate.predict(1)
@@ -644,73 +698,83 @@ class PlannerStateMachine:
         if burst:
             plan_rate *= 1.0 + cfg.burst_headroom
             plan_rate_d *= 1.0 + cfg.burst_headroom
+        return _Forecast(pred, burst, plan_rate, plan_rate_d, isl, osl)
 
-        if cfg.mode == "load":
-            mode: ServingMode = "disaggregated"
-            p_des, d_des = self._load_step(tick)
-            reason = "load"
+    def _size_sla(self, tick: TickInput, f: _Forecast) -> tuple[ServingMode, int, int, str]:
+        """Stage 3 (rules 3-12): corrections, serving mode, and the pool sizes the SLA rules ask for:
+        ``(mode, prefill, decode, reason)`` before bounds, budget and stabilisation."""
+        cfg = self.cfg
+        isl, osl, plan_rate, plan_rate_d = f.isl, f.osl, f.plan_rate, f.plan_rate_d
+        self._update_corrections(tick)
+        # backlog: requests already queued for prefill must drain within BACKLOG_DRAIN_S on top
+        backlog_rate = tick.prefill.queue_per_worker * tick.prefill.num_ready / max(cfg.backlog_drain_s, cfg.interval_s)
+        if not self._has_isl:
+            sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
         else:
-            self._update_corrections(tick)
-            # backlog: requests already queued for prefill must drain within BACKLOG_DRAIN_S on top
-            backlog_rate = tick.prefill.queue_per_worker * tick.prefill.num_ready / max(cfg.backlog_drain_s, cfg.interval_s)
-            if not self._has_isl:
-                sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
-            else:
-                sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, decode_rate_per_s=plan_rate_d)
-                if sizing.mode == "aggregated" and cfg.measure_burst and self.window_pool > max(cfg.min_prefill, 1):
-                    # the last window's arrivals needed more than one prefill worker: the aggregated pool (the
-                    # minimum decode pool, also decoding) serves less than that
-                    sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, with_agg=False,
-                                                decode_rate_per_s=plan_rate_d)
-            mode = self._choose_mode(tick.now_s, sizing)
-            if mode != sizing.mode:  # hysteresis kept the other mode: size for it
-                sizing = (
-                    self.size_for_load(plan_rate, isl, osl, with_agg=False, decode_rate_per_s=plan_rate_d)
-                    if mode == "disaggregated"
-                    else sizing
-                )
-            p_des, d_des = (sizing.prefill, sizing.decode)
-            trend_rate = self._trend_rate(tick, isl) if cfg.prefill_queue_on_trend and self._has_isl else None
-            if trend_rate is not None and mode == "disaggregated":
-                # rule 9: M/M/c for the level and trend, not for the window's quantile
-                trend_rate *= 1.0 + cfg.burst_headroom if burst else 1.0
-                p_des = min(p_des, self.size_for_load(trend_rate + backlog_rate, isl, osl, with_agg=False).prefill)
-            if mode == "aggregated":
-                p_des = 0
-            else:
-                if cfg.size_on_peak and self._has_peak and self._has_isl:
-                    p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
-                staffed = self.staffing_prefill_replicas()
-                level = self._erlang_level
-                if cfg.scale_up_on_level and staffed > self.prefill and level is not None:
-                    # rule 8: launch only for the launch level; a one-tick transient has passed before
-                    # the worker is ready, the staffing headroom absorbs it
-                    staffed = max(self.prefill, min(staffed, self._staff(level)))
-                p_des = max(p_des, staffed)
-                if cfg.measure_burst:
-                    p_des = max(p_des, self.window_pool)
-                if cfg.queue_floor:
-                    self._update_queue_floor(tick)
-                    p_des = max(p_des, self._queue_floor)
-            if 0 < self._measured_ticks < cfg.predictor_window_ticks and mode == "disaggregated":
-                # rule 11: the window pool measures what bursts need over a whole predictor window; until one
-                # has been observed a release rests on less evidence than the pool it releases
-                p_des = max(p_des, self.prefill)
-                d_des = max(d_des, self.decode)
-            reason = "sla" if sizing.feasible else "sla_infeasible"
+            sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, decode_rate_per_s=plan_rate_d)
+            if sizing.mode == "aggregated" and cfg.measure_burst and self.window_pool > max(cfg.min_prefill, 1):
+                # the last window's arrivals needed more than one prefill worker: the aggregated pool (the
+                # minimum decode pool, also decoding) serves less than that
+                sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, with_agg=False,
+                                            decode_rate_per_s=plan_rate_d)
+        mode = self._choose_mode(tick.now_s, sizing)
+        if mode != sizing.mode:  # hysteresis kept the other mode: size for it
+            sizing = (
+                self.size_for_load(plan_rate, isl, osl, with_agg=False, decode_rate_per_s=plan_rate_d)
+                if mode == "disaggregated"
+                else sizing
+            )
+        p_des, d_des = (sizing.prefill, sizing.decode)
+        trend_rate = self._trend_rate(tick, isl) if cfg.prefill_queue_on_trend and self._has_isl else None
+        if trend_rate is not None and mode == "disaggregated":
+            # rule 9: M/M/c for the level and trend, not for the window's quantile
+            trend_rate *= 1.0 + cfg.burst_headroom if f.burst else 1.0
+            p_des = min(p_des, self.size_for_load(trend_rate + backlog_rate, isl, osl, with_agg=False).prefill)
+        if mode == "aggregated":
+            p_des = 0
+        else:
+            if cfg.size_on_peak and self._has_peak and self._has_isl:
+                p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
+            staffed = self.staffing_prefill_replicas()
+            level = self._erlang_level
+            if cfg.scale_up_on_level and staffed > self.prefill and level is not None:
+                # rule 8: launch only for the launch level; a one-tick transient has passed before
+                # the worker is ready, the staffing headroom absorbs it
+                staffed = max(self.prefill, min(staffed, self._staff(level)))
+            p_des = max(p_des, staffed)
+            if cfg.measure_burst:
+                p_des = max(p_des, self.window_pool)
+            if cfg.queue_floor:
+                self._update_queue_floor(tick)
+                p_des = max(p_des, self._queue_floor)
+        if 0 < self._measured_ticks < cfg.predictor_window_ticks and mode == "disaggregated":
+            # rule 11: the window pool measures what bursts need over a whole predictor window; until one
+            # has been observed a release rests on less evidence than the pool it releases
+            p_des = max(p_des, self.prefill)
+            d_des = max(d_des, self.decode)
+        return mode, p_des, d_des, "sla" if sizing.feasible else "sla_infeasible"
 
-        min_p = 0 if mode == "aggregated" else cfg.min_prefill
-        p_des = min(max(p_des, min_p), cfg.max_prefill)
-        if cfg.mode == "sla" and cfg.decode_band and mode == "disaggregated" and self.prefill > 0 and self._has_isl:
+    def _decode_terms(self, tick: TickInput, f: _Forecast, mode: ServingMode, d_des: int) -> int:
+        """Stage 4 (rules 4 and 13): the decode band and the decode floors on the sized decode pool."""
+        cfg = self.cfg
+        if cfg.decode_band and mode == "disaggregated" and self.prefill > 0 and self._has_isl:
             # not while the fleet has no prefill workers yet: its decode workers still prefill (the
             # cooldown may hold prefill at 0 for several ticks), so they keep the margin sizing
-            d_des = self.decode_band_replicas(d_des, plan_rate_d, isl, osl)
-        if cfg.mode == "sla" and cfg.decode_floor:
+            d_des = self.decode_band_replicas(d_des, f.plan_rate_d, f.isl, f.osl)
+        if cfg.decode_floor:
             self._update_decode_floor(tick)
             self._observe_decode_window(tick)
             d_des = max(d_des, self._decode_floor, self.decode_window_pool)
+        return d_des
+
+    def _stabilise(self, tick: TickInput, f: _Forecast, mode: ServingMode, p_des: int,
+                   d_des: int) -> tuple[int, int, ServingMode]:
+        """Stage 5 (rule 5): pool bounds, the GPU budget less the priority reserve, scale-down delays and
+        cooldowns, growth trimmed to the total budget; commits and returns ``(prefill, decode, mode)``."""
+        cfg = self.cfg
+        min_p = 0 if mode == "aggregated" else cfg.min_prefill
         d_des = min(max(d_des, cfg.min_decode), cfg.max_decode)
-        cap = self._budget_cap(burst, isl, osl)
+        cap = self._budget_cap(f.burst, f.isl, f.osl)
         p_des, d_des = fit_budget(
             p_des, d_des, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp, min_prefill=min_p,
             min_decode=cfg.min_decode, budget_gpus=cap,
@@ -738,19 +802,7 @@ class PlannerStateMachine:
         self._p_stab.commit(tick.now_s, self.prefill, p_tgt)
         self._d_stab.commit(tick.now_s, self.decode, d_tgt)
         self.prefill, self.decode, self.mode = p_tgt, d_tgt, mode
-        return ScalingDecision(
-            now_s=tick.now_s,
-            prefill_replicas=p_tgt,
-            decode_replicas=d_tgt,
-            serving_mode=mode,
-            predicted_rate_per_s=pred,
-            predicted_isl_tokens=isl,
-            predicted_osl_tokens=osl,
-            burst=burst,
-            ttft_correction=self.ttft_correction,
-            itl_correction=self.itl_correction,
-            reason=reason + ("+burst" if burst else ""),
-        )
+        return p_tgt, d_tgt, mode
 
     # ----------------------------------------------------------------------------- parts
     def _fit_growth(self, p: int, d: int) -> tuple[int, int]:
