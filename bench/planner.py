@@ -93,14 +93,13 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # TTFT-p90 correction, no decode band, rules 8-11 off); "peak_term_instead_of_staffing": the peak term (rule 6)
 # in place of staffing, with 60 s prefill / 180 s decode scale-down delays and +25 % burst headroom.
 # One rule off each: "ttft_p90_correction" (correction from TTFT p90, not the engines' prefill time),
-# "no_decode_band" (rule 4), "launch_on_tick" (rule 8), "prefill_queue_on_quantile" (rule 9),
-# "staffing_hold_on_fall" (rule 10), "fixed_beta" (rule 11: beta 1.65 scaled by the arrival dispersion instead
+# "no_decode_band" (rule 4), "launch_on_tick" (rule 8), "prefill_queue_on_quantile" (rule 9), "fixed_beta" (rule 11: beta 1.65 scaled by the arrival dispersion instead
 # of measured), "no_dispersion" (rule 11 off and beta 1.65 as given), "no_queue_floor" (rule 12),
 # "no_decode_floor" (rule 13). The other rows change one setting. "tick_10s": 10-s ticks, windows scaled to the
 # same seconds.
 _REFINEMENTS_OFF = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
-                 prefill_queue_on_trend=False, staffing_on_fall=False, staffing_dispersion_ref=None, measure_burst=False)
+                 prefill_queue_on_trend=False, staffing_dispersion_ref=None, measure_burst=False)
 ABLATIONS: dict[str, dict] = {
     "all_refinements_off": _REFINEMENTS_OFF,
     "peak_term_instead_of_staffing": _REFINEMENTS_OFF | dict(
@@ -119,7 +118,6 @@ ABLATIONS: dict[str, dict] = {
     "launch_on_tick": dict(scale_up_on_level=False),
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
     "prefill_queue_on_quantile": dict(prefill_queue_on_trend=False),
-    "staffing_hold_on_fall": dict(staffing_on_fall=False),
     "no_queue_floor": dict(queue_floor=False),
     "no_decode_floor": dict(decode_floor=False),
     "fixed_beta": dict(measure_burst=False),

@@ -69,13 +69,11 @@ Per tick (SLA mode):
    ``max(rate, level + trend)`` through the lead time, not the window's quantile, which would hold a
    burst for the whole predictor window; staffing (7) carries the burst headroom, decode keeps the
    quantile. With ``size_on_tokens`` the forecast is the prompt-token predictor's over the predicted ISL.
-10. Staffing on a fall (``staffing_on_fall``): when the offered prefill load dropped at each of the
-   last two ticks, square-root staffing (7) sizes for the load where the release it decides will
-   act: the tick's load minus its least-squares fall per tick times ``1 + scale_down_delay /
-   interval`` (a release waits the scale-down delay, then holds for a tick: its interval's middle
-   lies that many ticks after the measured tick's middle). Releases take effect at once, so unlike
-   launches (rule 8) they need no lead; a single dip releases nothing (the two-drop rule mirrors
-   rule 8's "lasted" floor).
+10. Release on evidence (with ``measure_burst``, once ticks report ``prompt_arrivals``): until the ticks
+   have reported arrivals for a whole predictor window neither pool shrinks (the window pools of 11 and 13
+   are what a release rests on, and they need a window to measure), and aggregated serving (4) is kept only
+   while rule 11's window pool is one prefill worker (the aggregated pool, the minimum decode pool that also
+   decodes, prefills less than one prefill worker).
 11. Staffing for measured bursts (``measure_burst``, default on, when ticks report
    ``prompt_arrivals``): the headroom coefficient of (7) is the larger of the configured one (below) and
    a measured one, so the arrivals raise the headroom where they need more. Each tick's
@@ -96,10 +94,7 @@ Per tick (SLA mode):
    which the last ``predictor_window_ticks`` ticks' arrivals, replayed together, leave at most
    ``1 - slo_quantile`` of them late (``window_pool``, runtime.planner.sla.least_pool): bursts shorter
    than a worker start (a Markov-modulated high phase) are over before a launch for them is ready, so
-   the pool must stand at what the recent bursts needed; it follows a fall within one window. Until the
-   ticks have reported arrivals for a whole predictor window neither pool shrinks (a release would rest on
-   less evidence than the pool it releases), and aggregated serving (4) is kept only while the window pool
-   is one worker (the minimum decode pool, which also decodes, prefills less than one prefill worker).
+   the pool must stand at what the recent bursts needed; it follows a fall within one window.
    The configured coefficient is ``prefill_staffing_beta`` scaled by the square root of the smoothed
    arrival dispersion over ``staffing_dispersion_ref`` (floored at ``staffing_dispersion_floor``):
    :meth:`PlannerStateMachine.staffing_beta`; it alone applies before the first tick with arrivals or
@@ -163,7 +158,6 @@ MIN_REQUESTS_FOR_CORRECTION = 20
 BACKLOG_DRAIN_S = 60.0  # queued prefill requests are planned to drain within this time, s
 DECODE_ITL_MARGIN = 0.9  # decode is sized for this share of the ITL target (p90 over batch swings)
 TTFT_SLACK_SHARE = 0.5  # observed TTFT p90 below this share of the target never raises the correction
-FALL_TICKS = 3  # rule 10: the offered prefill load has fallen when it dropped at each of the last 2 ticks
 DISPERSION_EWMA = 0.3  # rule 11: weight of a tick's arrival dispersion in the smoothed one (as CORRECTION_EWMA)
 DISPERSION_SAMPLE_MAX = 4.0  # rule 11: a tick's dispersion enters the EWMA capped at this x staffing_dispersion_ref
 DISPERSION_SCALE_MAX = 100.0  # rule 11: beta is scaled by at most sqrt(this) (a tiny reference or a huge floor)
@@ -239,8 +233,8 @@ class PlannerStateMachine:
         self._erlang_ewma: float | None = None
         # rule 11: EWMA of the ticks' arrival dispersion (None until a tick reports one)
         self.arrival_dispersion: float | None = None
-        # per-tick Erlangs, newest last: rule 8 reads the last lead_ticks, rule 10 the last FALL_TICKS
-        self._erlang_recent: deque[float] = deque(maxlen=max(self.lead_ticks, FALL_TICKS))
+        # per-tick Erlangs, newest last: rule 8 reads the last lead_ticks
+        self._erlang_recent: deque[float] = deque(maxlen=self.lead_ticks)
         self._isl = MovingAveragePredictor(window=w)
         self._osl = MovingAveragePredictor(window=w)
         self._p_stab = PoolStabilizer(cfg.scale_down_delay_s, cfg.cooldown_s)
@@ -383,31 +377,12 @@ class PlannerStateMachine:
         """Square-root staffing ``ceil(R + beta * sqrt(R))`` for the offered load ``R`` (Erlangs: the
         maximum over the last ``prefill_level_window_ticks`` ticks, plus the predictor's upward trend
         through the lead time when the window holds 3 or more); 0 before any load was observed or
-        when ``prefill_staffing_beta`` is None. Rule 8 caps what this may launch; while the load falls,
-        rule 10 lowers ``R`` to where a release decided now will act. Pure."""
+        when ``prefill_staffing_beta`` is None. Rule 8 caps what this may launch. Pure."""
         beta = self.cfg.prefill_staffing_beta
         if beta is None or not self._has_erlangs:
             return 0
         r = max(self._erlangs.predict(1), self._erlangs.predict(self.lead_ticks))
-        fall = self._erlang_fall_per_tick()
-        if fall is not None:
-            # rule 10: a release decided now acts after the scale-down delay and holds for a tick
-            r = max(r - fall * (1.0 + self.cfg.scale_down_delay_s / self.cfg.interval_s), 0.0)
         return self._staff(r)
-
-    def _erlang_fall_per_tick(self) -> float | None:
-        """Rule 10: the offered prefill load's least-squares fall per tick (Erlangs, > 0) over the last
-        ``FALL_TICKS`` ticks when it dropped at each of them, else None (also with
-        ``staffing_on_fall`` off). Pure."""
-        if not self.cfg.staffing_on_fall or len(self._erlang_recent) < FALL_TICKS:
-            return None
-        ys = list(self._erlang_recent)[-FALL_TICKS:]
-        if not all(b < a for a, b in zip(ys, ys[1:])):
-            return None
-        n = len(ys)
-        x_mean, y_mean = (n - 1) / 2.0, sum(ys) / n
-        slope = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(ys)) / sum((i - x_mean) ** 2 for i in range(n))
-        return -slope
 
     def staffing_beta(self) -> float | None:
         """Rule 11's square-root staffing coefficient: ``prefill_staffing_beta`` scaled by
@@ -647,7 +622,7 @@ class PlannerStateMachine:
 
     def _observe(self, tick: TickInput) -> None:
         """Stage 1: feed the tick to the predictors, the dispersion EWMA, rule 11's replays and the
-        offered prefill load of rules 7-10."""
+        offered prefill load of rules 7 and 8."""
         cfg = self.cfg
         rate = tick.rate_per_s
         self._rate.observe(rate)
@@ -713,8 +688,8 @@ class PlannerStateMachine:
         else:
             sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, decode_rate_per_s=plan_rate_d)
             if sizing.mode == "aggregated" and cfg.measure_burst and self.window_pool > max(cfg.min_prefill, 1):
-                # the last window's arrivals needed more than one prefill worker: the aggregated pool (the
-                # minimum decode pool, also decoding) serves less than that
+                # rule 10: the last window's arrivals needed more than one prefill worker; the aggregated
+                # pool (the minimum decode pool, also decoding) serves less than that
                 sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, with_agg=False,
                                             decode_rate_per_s=plan_rate_d)
         mode = self._choose_mode(tick.now_s, sizing)
@@ -748,8 +723,8 @@ class PlannerStateMachine:
                 self._update_queue_floor(tick)
                 p_des = max(p_des, self._queue_floor)
         if 0 < self._measured_ticks < cfg.predictor_window_ticks and mode == "disaggregated":
-            # rule 11: the window pool measures what bursts need over a whole predictor window; until one
-            # has been observed a release rests on less evidence than the pool it releases
+            # rule 10: the window pools measure what bursts need over a whole predictor window; until one
+            # has been observed a release rests on less evidence than the pools it releases
             p_des = max(p_des, self.prefill)
             d_des = max(d_des, self.decode)
         return mode, p_des, d_des, "sla" if sizing.feasible else "sla_infeasible"

@@ -157,9 +157,7 @@ class PlannerConfig:
     kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
     term sizes for the rate predictor's level-and-trend forecast, not the window quantile that holds a
     burst for ``predictor_window_ticks`` (False: the quantile too, kept for the benchmark's ablation;
-    only ``burst_quantile`` has both). ``staffing_on_fall``: while the offered prefill load falls (two
-    drops in a row) staffing sizes for the load where a release decided now will act (False: the
-    tick's load; kept for the benchmark's ablation). ``staffing_dispersion_ref``: the arrival dispersion
+    only ``burst_quantile`` has both). ``staffing_dispersion_ref``: the arrival dispersion
     ``prefill_staffing_beta`` is calibrated for; when ticks report ``arrival_dispersion`` the staffing
     headroom is ``beta * sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref)``, ``z`` an
     EWMA of the reported dispersions (None: beta as given, whatever the arrivals). ``queue_floor``: the
@@ -216,7 +214,6 @@ class PlannerConfig:
     decode_band: bool = True
     scale_up_on_level: bool = True
     prefill_queue_on_trend: bool = True
-    staffing_on_fall: bool = True
     queue_floor: bool = True
     measure_burst: bool = True
     decode_floor: bool = True
