@@ -70,8 +70,9 @@ Per tick (SLA mode):
    burst for the whole predictor window; staffing (7) carries the burst headroom, decode keeps the
    quantile. With ``size_on_tokens`` the forecast is the prompt-token predictor's over the predicted ISL.
 10. Release on evidence (with ``measure_burst``, once ticks report ``prompt_arrivals``): until the ticks
-   have reported arrivals for a whole predictor window neither pool shrinks (the window pools of 11 and 13
-   are what a release rests on, and they need a window to measure), and aggregated serving (4) is kept only
+   have reported arrivals for a whole predictor window neither pool shrinks nor does a fleet with prefill
+   workers turn to aggregated serving (the window pools of 11 and 13 are what a release rests on, and they
+   need a window to measure), and aggregated serving (4) is kept only
    while rule 11's window pool is one prefill worker (the aggregated pool, the minimum decode pool that also
    decodes, prefills less than one prefill worker).
 11. Staffing for measured bursts (``measure_burst``, default on, when ticks report
@@ -566,6 +567,10 @@ class PlannerStateMachine:
         self._decode_floor = _closed_loop_floor(self._decode_floor, self._decode_pressure_ticks, ready=c,
                                                 current=self.decode, step=step, cap=cap, relaxed=relaxed)
 
+    def _measuring_first_window(self) -> bool:
+        """Rule 10: ticks have reported arrivals, but not yet for a whole predictor window."""
+        return 0 < self._measured_ticks < self.cfg.predictor_window_ticks
+
     def _staffing_active(self) -> bool:
         return self.cfg.mode == "sla" and self.cfg.prefill_staffing_beta is not None and self._has_erlangs
 
@@ -687,9 +692,11 @@ class PlannerStateMachine:
             sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
         else:
             sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, decode_rate_per_s=plan_rate_d)
-            if sizing.mode == "aggregated" and cfg.measure_burst and self.window_pool > max(cfg.min_prefill, 1):
-                # rule 10: the last window's arrivals needed more than one prefill worker; the aggregated
-                # pool (the minimum decode pool, also decoding) serves less than that
+            if sizing.mode == "aggregated" and (self._measuring_first_window() and self.prefill > 0 or (
+                    cfg.measure_burst and self.window_pool > max(cfg.min_prefill, 1))):
+                # rule 10: releasing the prefill pool waits for a measured window, and the last window's
+                # arrivals needed more than one prefill worker: the aggregated pool (the minimum decode pool,
+                # also decoding) serves less than that
                 sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, with_agg=False,
                                             decode_rate_per_s=plan_rate_d)
         mode = self._choose_mode(tick.now_s, sizing)
@@ -722,7 +729,7 @@ class PlannerStateMachine:
             if cfg.queue_floor:
                 self._update_queue_floor(tick)
                 p_des = max(p_des, self._queue_floor)
-        if 0 < self._measured_ticks < cfg.predictor_window_ticks and mode == "disaggregated":
+        if self._measuring_first_window() and mode == "disaggregated":
             # rule 10: the window pools measure what bursts need over a whole predictor window; until one
             # has been observed a release rests on less evidence than the pools it releases
             p_des = max(p_des, self.prefill)

@@ -208,9 +208,10 @@ def test_a_clump_the_aggregated_pool_cannot_prefill_in_time_leaves_aggregated_se
     sm = make(dict(max_decode=8, max_prefill=8, gpu_budget=64, scale_down_delay_s=0.0, cooldown_s=0.0,
                    allow_aggregated=True, measure_burst=measured))
     now = 0.0
-    for _ in range(3):  # light chat traffic: aggregated serving on the minimum decode pool
-        now += INTERVAL_S
+    for _ in range(sm.cfg.predictor_window_ticks + 1):  # light chat traffic: after a measured window (rule 10),
+        now += INTERVAL_S                                  # aggregated serving on the minimum decode pool
         _arrivals_tick(sm, now, 3, 200.0, 100.0)
+        assert not (sm._measuring_first_window() and sm.mode == "aggregated")
     assert sm.mode == "aggregated"
     for _ in range(3):
         now += INTERVAL_S
