@@ -72,9 +72,9 @@ Per tick (SLA mode):
 10. Release on evidence (with ``measure_burst``, once ticks report ``prompt_arrivals``): until the ticks
    have reported arrivals for a whole predictor window neither pool shrinks nor does a fleet with prefill
    workers turn to aggregated serving (the window pools of 11 and 13 are what a release rests on, and they
-   need a window to measure), and aggregated serving (4) is kept only
-   while rule 11's window pool is one prefill worker (the aggregated pool, the minimum decode pool that also
-   decodes, prefills less than one prefill worker).
+   need a window to measure), and aggregated serving (4) is kept only while rule 11's window pool is one
+   prefill worker (the aggregated pool, the minimum decode pool that also decodes, prefills less than one
+   prefill worker).
 11. Staffing for measured bursts (``measure_burst``, default on, when ticks report
    ``prompt_arrivals``): the headroom coefficient of (7) is the larger of the configured one (below) and
    a measured one, so the arrivals raise the headroom where they need more. Each tick's
@@ -102,7 +102,6 @@ Per tick (SLA mode):
    with the rule off. Why a floor: the replay starts each span from idle and sees no forecast error, so
    on the Azure trace x10 (70B) the measured coefficient alone kept 96.1 % of the requests within SLO
    where the floor keeps 99 % (docs/design/planner.md).
-
 12. Closed-loop prefill floor (``queue_floor``, default on): the observed prefill queue bounds the
    pool from below, so an under-sizing model (service-time variance, arrivals, prompt mixes it does
    not describe) cannot persist. The tick's queue wait is estimated as ``Q * s / c`` (``Q`` requests
@@ -110,8 +109,8 @@ Per tick (SLA mode):
    workers; with ``Q > 0`` at least the observed TTFT p90 less the p90 prompt's own prefill latency)
    and compared with the wait budget ``ttft_target - 2 itl_target - latency``. After
    ``QUEUE_PRESSURE_TICKS`` ticks in a row above it, and once the floor's workers are all ready (a
-   raise still starting has not yet acted on the queue), the floor rises to the current pool plus the workers that clear
-   the backlog within one tick, ``ceil(Q * s / interval)``, at least one and at most doubling the
+   raise still starting has not yet acted on the queue), the floor rises to the current pool plus the
+   workers that clear the backlog within one tick, ``ceil(Q * s / interval)``, at least one and at most doubling the
    pool; it is capped by ``max_prefill`` and what the GPU budget leaves after the minimum decode
    pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor falls by one worker
    a tick (additive decrease, multiplicative increase: the pool settles where the queue stays short).
