@@ -112,8 +112,9 @@ Per tick (SLA mode):
    raise still starting has not yet acted on the queue), the floor rises to the current pool plus the
    workers that clear the backlog within one tick, ``ceil(Q * s / interval)``, at least one and at most doubling the
    pool; it is capped by ``max_prefill`` and what the GPU budget leaves after the minimum decode
-   pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor falls by one worker
-   a tick (additive decrease, multiplicative increase: the pool settles where the queue stays short).
+   pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor halves each tick (a floor
+   raised for a crowd of a hundred workers falls back within minutes, not an hour; the window pool of 11
+   still holds what the recent arrivals needed).
    :meth:`PlannerStateMachine.queue_floor` is the floor now.
 13. Closed-loop decode floor (``decode_floor``, default on): the same loop for the decode pool, on what its
    workers report. Pressure is an admission wait over the wait budget of (12), estimated by Little's law
@@ -122,8 +123,8 @@ Per tick (SLA mode):
    target. After ``QUEUE_PRESSURE_TICKS`` such ticks, once the floor's workers are ready, the floor rises
    to the pool plus the workers whose KV holds the waiting requests at context ``ISL + OSL/2`` or that
    bring the batch back under the ITL target (``c * (ITL p90 / target - 1)``), at least one and at most
-   doubling the pool, within ``max_decode`` and the GPU budget after the minimum prefill pool. It falls by
-   one worker a tick while the wait is under ``TTFT_SLACK_SHARE`` of the budget, ITL p90 under
+   doubling the pool, within ``max_decode`` and the GPU budget after the minimum prefill pool. It halves
+   each tick while the wait is under ``TTFT_SLACK_SHARE`` of the budget, ITL p90 under
    ``DECODE_ITL_MARGIN`` of the target and one worker fewer would still hold the KV in use within
    ``sla.DECODE_KV_HEADROOM``. Why: the decode sizing of (4) plans for a forecast rate at mean lengths;
    admission that waits for KV (long prompts in a burst) or batches that miss ITL show the pool is short,
@@ -903,13 +904,13 @@ def _closed_loop_floor(floor: int, pressure_ticks: int, *, ready: int, current: 
     budget for ``pressure_ticks`` ticks in a row. Raised after ``QUEUE_PRESSURE_TICKS`` such ticks, once
     the pool has its floor's workers ready (a raise still starting has not yet acted), to the larger of the
     floor and the pool (``current``) plus ``step`` workers, at least one and at most doubling it, within
-    ``cap``; lowered by one worker while ``relaxed`` (additive decrease, multiplicative increase: the pool
-    settles where the wait stays short). Pure."""
+    ``cap``; halved while ``relaxed`` (the pool's other terms, the window pools among them, hold what the
+    recent load needs; falling one worker a tick, a floor raised for a flash crowd would hold it for an hour). Pure."""
     if pressure_ticks >= QUEUE_PRESSURE_TICKS and ready >= floor:
         base = max(floor, current)
         return min(base + min(max(step, 1), max(base, 1)), cap)
     if relaxed:
-        return max(floor - 1, 0)
+        return floor // 2
     return floor
 
 
