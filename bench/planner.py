@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
+import pickle
 import sys
 import time
 from dataclasses import replace
@@ -91,13 +93,13 @@ DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are
 # TTFT-p90 correction, no decode band, rules 8-11 off); "peak_term_instead_of_staffing": the peak term (rule 6)
 # in place of staffing, with 60 s prefill / 180 s decode scale-down delays and +25 % burst headroom.
 # One rule off each: "ttft_p90_correction" (correction from TTFT p90, not the engines' prefill time),
-# "no_decode_band" (rule 4), "launch_on_tick" (rule 8), "prefill_queue_on_quantile" (rule 9),
-# "staffing_hold_on_fall" (rule 10), "fixed_beta" (rule 11: beta 1.65 scaled by the arrival dispersion instead
-# of measured), "no_dispersion" (rule 11 off and beta 1.65 as given), "no_queue_floor" (rule 12). The other rows
-# change one setting. "tick_10s": 10-s ticks, windows scaled to the same seconds.
+# "no_decode_band" (rule 4), "launch_on_tick" (rule 8), "prefill_queue_on_quantile" (rule 9), "fixed_beta" (rule 11: beta 1.65 scaled by the arrival dispersion instead
+# of measured), "no_dispersion" (rule 11 off and beta 1.65 as given), "no_queue_floor" (rule 12),
+# "no_decode_floor" (rule 13). The other rows change one setting. "tick_10s": 10-s ticks, windows scaled to the
+# same seconds.
 _REFINEMENTS_OFF = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
-                 prefill_queue_on_trend=False, staffing_on_fall=False, staffing_dispersion_ref=None, measure_burst=False)
+                 prefill_queue_on_trend=False, staffing_dispersion_ref=None, measure_burst=False)
 ABLATIONS: dict[str, dict] = {
     "all_refinements_off": _REFINEMENTS_OFF,
     "peak_term_instead_of_staffing": _REFINEMENTS_OFF | dict(
@@ -116,8 +118,8 @@ ABLATIONS: dict[str, dict] = {
     "launch_on_tick": dict(scale_up_on_level=False),
     "tick_10s": dict(interval_s=10.0, predictor_window_ticks=30, prefill_level_window_ticks=3),
     "prefill_queue_on_quantile": dict(prefill_queue_on_trend=False),
-    "staffing_hold_on_fall": dict(staffing_on_fall=False),
     "no_queue_floor": dict(queue_floor=False),
+    "no_decode_floor": dict(decode_floor=False),
     "fixed_beta": dict(measure_burst=False),
 }
 
@@ -421,6 +423,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="initial fleet of every planner: the oracle plan's maximum over the windows up to the first "
                          "scale-up's readiness plus one held window (default), or the oracle's first window only")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--oracle-cache", type=Path, default=None,
+                    help="folder that keeps each trace's oracle results between runs (keyed by the trace, profile, "
+                         "fleet, SLO and the simulator's sources): a rerun pays only for the planners")
     ap.add_argument("--planners", default="pdserve_sla,pdserve_load,dynamo_sla,dynamo_sla_load,dynamo_planner,static_peak")
     ap.add_argument("--dynamo-venv", type=Path, default=DYNAMO_VENV,
                     help="virtualenv with ai-dynamo==1.0.2 for dynamo_planner (skipped when absent)")
@@ -550,6 +555,21 @@ def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
     }
 
 
+def oracle_cache_path(a: argparse.Namespace, trace: Trace, profile, fleet: FleetConfig) -> Path | None:
+    """Where ``--oracle-cache`` keeps one trace's oracle results (None without the option). The key hashes
+    everything the oracles depend on: the trace's arrays, the profile, the fleet, the SLO targets and the
+    sources of the simulator and the perf model, so an edit to either computes them afresh."""
+    if a.oracle_cache is None:
+        return None
+    h = hashlib.sha256()
+    for arr in (trace.arrival_s, trace.isl_tokens, trace.osl_tokens):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    h.update(repr((profile, fleet, a.ttft_s, a.itl_s)).encode())
+    for src in sorted([*(ROOT / "runtime" / "sim").glob("*.py"), *(ROOT / "runtime" / "perf").glob("*.py")]):
+        h.update(src.read_bytes())
+    return a.oracle_cache / f"oracle-{h.hexdigest()[:24]}.pkl"
+
+
 def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: int, profile, t_start: float) -> dict:
     """Every planner of ``a.planners`` (and the oracles) on one trace: the single-trace JSON object."""
     fleet = FleetConfig(prefill_tp=a.prefill_tp, decode_tp=a.decode_tp, interval_s=a.interval_s, worker_start_s=a.worker_start_s,
@@ -557,19 +577,26 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
     max_rep = max(a.gpu_budget // min(a.prefill_tp, a.decode_tp), 1)
 
     oracle_window_s = 60.0
-    # the reference: windows sized in order from the state the previous ones left (its replay meets the SLO)
-    oracle_res, plan = sequential_oracle(trace, profile, fleet, ttft_target_s=a.ttft_s, itl_target_s=a.itl_s,
-                                         interval_s=oracle_window_s, max_replicas=64)
+    cache = oracle_cache_path(a, trace, profile, fleet)
+    if cache is not None and cache.exists():
+        oracle_res, plan, lower_s, lower_plan, lower_replay = pickle.loads(cache.read_bytes())
+    else:
+        # the reference: windows sized in order from the state the previous ones left (its replay meets the SLO)
+        oracle_res, plan = sequential_oracle(trace, profile, fleet, ttft_target_s=a.ttft_s, itl_target_s=a.itl_s,
+                                             interval_s=oracle_window_s, max_replicas=64)
+        # the relaxation that sizes every window from empty: a lower bound whose own replay misses the SLO
+        lower_s, lower_plan = oracle_gpu_seconds(trace, profile, fleet, ttft_target_s=a.ttft_s,
+                                                 itl_target_s=a.itl_s, interval_s=oracle_window_s, max_replicas=64)
+        lower_replay = simulate(
+            trace, profile,
+            replace(fleet, worker_start_s=0.0, interval_s=oracle_window_s, initial_prefill=lower_plan[0][0],
+                    initial_decode=lower_plan[0][1]),
+            plan_controller(lower_plan, oracle_window_s))
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_bytes(pickle.dumps((oracle_res, plan, lower_s, lower_plan, lower_replay)))
     oracle_s = oracle_res.gpu_seconds
     ach = achievable_ttft_s(trace, profile, a.ttft_s, a.itl_s)
-    # the relaxation that sizes every window from empty: a lower bound whose own replay misses the SLO
-    lower_s, lower_plan = oracle_gpu_seconds(trace, profile, fleet, ttft_target_s=a.ttft_s, itl_target_s=a.itl_s,
-                                             interval_s=oracle_window_s, max_replicas=64)
-    lower_replay = simulate(
-        trace, profile,
-        replace(fleet, worker_start_s=0.0, interval_s=oracle_window_s, initial_prefill=lower_plan[0][0],
-                initial_decode=lower_plan[0][1]),
-        plan_controller(lower_plan, oracle_window_s))
     peak_p, peak_d = max(p for p, _ in plan), max(d for _, d in plan)
     span_s = float(trace.arrival_s[-1])
     hold_s = 0.0

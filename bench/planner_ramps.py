@@ -2,7 +2,7 @@
 ramps and on the Azure trace restarted mid-hour, the cases one trace's hour does not cover. Prints ONE
 JSON line; ``--out`` also writes it to a file.
 
-    .venv/bin/python bench/planner_ramps.py [--ablations launch_on_tick,staffing_hold_on_fall] [--seeds 2]
+    .venv/bin/python bench/planner_ramps.py [--ablations launch_on_tick,no_decode_band] [--seeds 2]
 
 Scenarios (same engines, SLO and planner settings as bench/planner.py: Llama-3.1-70B on H100,
 prefill TP2 / decode TP4, TTFT p90 2 s, ITL p90 50 ms, 30 s ticks, 60 s worker start):
@@ -98,7 +98,7 @@ def ramp_trace(r: Ramp, prompt_lengths: np.ndarray, seed: int) -> Trace:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ablations", default="launch_on_tick,prefill_queue_on_quantile,staffing_hold_on_fall,no_decode_band,"
+    ap.add_argument("--ablations", default="launch_on_tick,prefill_queue_on_quantile,no_decode_band,"
                     "no_dispersion,fixed_beta",
                     help=f"comma list of bench/planner.py ABLATIONS to compare with (default %(default)s; "
                          f"known: {', '.join(ABLATIONS)})")

@@ -6,7 +6,8 @@ attainment) and the oracle launched a worker start ahead.
     .venv/bin/python bench/plot_planner_shapes.py bench/results/planner_shapes.json \\
         --out bench/results/planner_shapes.png [--achievable]
 
-``--achievable`` plots ``slo_attainment_achievable`` (each prompt against its achievable TTFT) instead of
+``--per-shape`` writes one PNG per shape instead (``<out stem>_<shape>.png`` beside ``--out``, a panel per
+rate scale). ``--achievable`` plots ``slo_attainment_achievable`` (each prompt against its achievable TTFT) instead of
 ``slo_attainment``. Every ``planner_shapes`` line of the file adds its panels (one run per rate scale
 may be one line); the title names the last line's model and SLO. Raises SystemExit naming a file that
 holds no ``planner_shapes`` line.
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("results", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--achievable", action="store_true")
+    ap.add_argument("--per-shape", action="store_true", help="one PNG per shape beside --out, a panel per rate scale")
     a = ap.parse_args(argv)
     lines = [json.loads(ln) for ln in a.results.read_text().splitlines() if ln.strip()]
     lines = [ln for ln in lines if ln.get("bench") == "planner_shapes"]
@@ -42,9 +44,22 @@ def main(argv: list[str] | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     panels = [(s, k, r) for ln in lines for s, by_k in ln["shapes"].items() for k, r in by_k.items()]
+    title = (f"{line['model']} TP{line['prefill_tp']}/TP{line['decode_tp']}, TTFT {line['slo']['ttft_s']} s, "
+             f"ITL {line['slo']['itl_s']} s, {'achievable ' if a.achievable else ''}attainment")
+    if not a.per_shape:
+        draw(plt, panels, key, title, a.out)
+        return a.out
+    for shape in dict.fromkeys(s for s, _, _ in panels):
+        out = a.out.with_name(f"{a.out.stem}_{shape}.png")
+        draw(plt, [p for p in panels if p[0] == shape], key, title, out)
+    return a.out
+
+
+def draw(plt, panels: list, key: str, title: str, out: Path) -> None:
+    """One figure of ``(shape, rate scale, result)`` panels, saved to ``out``."""
     cols = min(4, len(panels))
     rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows + 0.8), squeeze=False)
     for ax, (shape, k, r) in zip(axes.flat, panels):
         oracle_h = r["oracle"]["gpu_hours"]
         sweep = sorted((float(n.removeprefix("pdserve_sla_q")), p) for n, p in r["planners"].items()
@@ -69,13 +84,12 @@ def main(argv: list[str] | None = None) -> Path:
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8)
-    fig.suptitle(f"{line['model']} TP{line['prefill_tp']}/TP{line['decode_tp']}, TTFT {line['slo']['ttft_s']} s, "
-                 f"ITL {line['slo']['itl_s']} s, {'achievable ' if a.achievable else ''}attainment", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(a.out, dpi=110)
-    return a.out
+    fig.legend(handles, labels, loc="lower center", ncol=5 if cols >= 3 else 2, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06 if rows > 1 else 0.12 if cols >= 3 else 0.3, 1, 0.95))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

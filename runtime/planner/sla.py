@@ -29,7 +29,13 @@ from __future__ import annotations
 import heapq
 import math
 
+import numpy as np
+
 from runtime.planner.profiles import DecodeProfile, PrefillProfile
+
+# share of a decode worker's KV capacity decode sizing fills (context ISL + OSL/2 per request): the rest
+# absorbs the spread of context lengths around that mean, so admissions rarely wait for KV
+DECODE_KV_HEADROOM = 0.9
 
 
 def prefill_service_s(profile: PrefillProfile, isl_tokens: float, ttft_correction: float = 1.0) -> tuple[float, float]:
@@ -124,7 +130,7 @@ def decode_replicas(
     *,
     itl_target_s: float,
     itl_correction: float = 1.0,
-    kv_headroom: float = 0.9,
+    kv_headroom: float = DECODE_KV_HEADROOM,
 ) -> int | None:
     """Decode workers for ``rate * OSL`` tokens/s at the ITL target (Dynamo's decode formula with a
     KV limit). Returns 0 for zero load and None when no batch meets the corrected target."""
@@ -161,7 +167,7 @@ def aggregated_replicas(
             continue
         if latency + wait_quantile_s(n, rate_per_s, s, quantile) > ttft_budget_s:
             continue
-        per_worker = decode.tokens_per_s(itl_target_s * (1.0 - u), ctx, ctx / 0.9)
+        per_worker = decode.tokens_per_s(itl_target_s * (1.0 - u), ctx, ctx / DECODE_KV_HEADROOM)
         if per_worker > 0 and rate_per_s * osl_tokens / n <= per_worker:
             return n
     return None
@@ -249,6 +255,32 @@ def burst_misses(arrival_s, occupancy_s, slack_s, first_servers: int, max_server
         if late == 0:
             break
     return out
+
+
+def kv_pool(arrival_s, context_tokens, lifetime_s: float, kv_capacity_tokens: float, quantile: float) -> int:
+    """The least number of decode workers whose KV (``kv_capacity_tokens`` each, filled to
+    ``DECODE_KV_HEADROOM``) holds, at the arrival of all but ``1 - quantile`` of an observed span's
+    requests, the context of every request then in decode: request ``i`` arrives at ``arrival_s[i]``,
+    holds ``context_tokens[i]`` tokens (ISL + OSL/2) and stays ``lifetime_s`` (OSL x ITL). 0 without
+    requests. Pure; O(n log n). Raises ValueError for unequal lengths, a negative lifetime, a capacity
+    <= 0 or ``quantile`` outside [0, 1]."""
+    arr = np.asarray(arrival_s, float)
+    ctx = np.asarray(context_tokens, float)
+    if arr.shape != ctx.shape:
+        raise ValueError("kv_pool: arrival_s and context_tokens must have equal lengths")
+    if not (lifetime_s >= 0.0 and kv_capacity_tokens > 0.0 and 0.0 <= quantile <= 1.0):
+        raise ValueError(f"kv_pool: needs lifetime_s >= 0, kv_capacity_tokens > 0 and quantile in [0, 1], got "
+                         f"{lifetime_s}, {kv_capacity_tokens}, {quantile}")
+    if not len(arr):
+        return 0
+    order = np.argsort(arr, kind="stable")
+    arr, ctx = arr[order], ctx[order]
+    held = np.concatenate([[0.0], np.cumsum(ctx)])
+    # requests that arrived at or before request i and have not left by its arrival
+    gone = np.searchsorted(arr + lifetime_s, arr, side="right")
+    demand = held[1:] - held[np.minimum(gone, np.arange(len(arr)))]
+    need = float(np.quantile(demand, quantile))
+    return math.ceil(need / (kv_capacity_tokens * DECODE_KV_HEADROOM) - 1e-9)
 
 
 def least_pool(arrival_s, occupancy_s, slack_s, late_share: float) -> int:

@@ -69,13 +69,12 @@ Per tick (SLA mode):
    ``max(rate, level + trend)`` through the lead time, not the window's quantile, which would hold a
    burst for the whole predictor window; staffing (7) carries the burst headroom, decode keeps the
    quantile. With ``size_on_tokens`` the forecast is the prompt-token predictor's over the predicted ISL.
-10. Staffing on a fall (``staffing_on_fall``): when the offered prefill load dropped at each of the
-   last two ticks, square-root staffing (7) sizes for the load where the release it decides will
-   act: the tick's load minus its least-squares fall per tick times ``1 + scale_down_delay /
-   interval`` (a release waits the scale-down delay, then holds for a tick: its interval's middle
-   lies that many ticks after the measured tick's middle). Releases take effect at once, so unlike
-   launches (rule 8) they need no lead; a single dip releases nothing (the two-drop rule mirrors
-   rule 8's "lasted" floor).
+10. Release on evidence (with ``measure_burst``, once ticks report ``prompt_arrivals``): until the ticks
+   have reported arrivals for a whole predictor window neither pool shrinks nor does a fleet with prefill
+   workers turn to aggregated serving (the window pools of 11 and 13 are what a release rests on, and they
+   need a window to measure), and aggregated serving (4) is kept only while rule 11's window pool is one
+   prefill worker (the aggregated pool, the minimum decode pool that also decodes, prefills less than one
+   prefill worker).
 11. Staffing for measured bursts (``measure_burst``, default on, when ticks report
    ``prompt_arrivals``): the headroom coefficient of (7) is the larger of the configured one (below) and
    a measured one, so the arrivals raise the headroom where they need more. Each tick's
@@ -103,10 +102,6 @@ Per tick (SLA mode):
    with the rule off. Why a floor: the replay starts each span from idle and sees no forecast error, so
    on the Azure trace x10 (70B) the measured coefficient alone kept 96.1 % of the requests within SLO
    where the floor keeps 99 % (docs/design/planner.md).
-
-Measured effect of each rule, the constants' derivation and the alternatives measured against them
-(decode trend, Little's-law decode growth): docs/design/planner.md.
-
 12. Closed-loop prefill floor (``queue_floor``, default on): the observed prefill queue bounds the
    pool from below, so an under-sizing model (service-time variance, arrivals, prompt mixes it does
    not describe) cannot persist. The tick's queue wait is estimated as ``Q * s / c`` (``Q`` requests
@@ -114,12 +109,33 @@ Measured effect of each rule, the constants' derivation and the alternatives mea
    workers; with ``Q > 0`` at least the observed TTFT p90 less the p90 prompt's own prefill latency)
    and compared with the wait budget ``ttft_target - 2 itl_target - latency``. After
    ``QUEUE_PRESSURE_TICKS`` ticks in a row above it, and once the floor's workers are all ready (a
-   raise still starting has not yet acted on the queue), the floor rises to the current pool plus the workers that clear
-   the backlog within one tick, ``ceil(Q * s / interval)``, at least one and at most doubling the
+   raise still starting has not yet acted on the queue), the floor rises to the current pool plus the
+   workers that clear the backlog within one tick, ``ceil(Q * s / interval)``, at least one and at most doubling the
    pool; it is capped by ``max_prefill`` and what the GPU budget leaves after the minimum decode
-   pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor falls by one worker
-   a tick (additive decrease, multiplicative increase: the pool settles where the queue stays short).
+   pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor halves each tick (a floor
+   raised for a crowd of a hundred workers falls back within minutes, not an hour; the window pool of 11
+   still holds what the recent arrivals needed).
    :meth:`PlannerStateMachine.queue_floor` is the floor now.
+13. Closed-loop decode floor (``decode_floor``, default on): the same loop for the decode pool, on what its
+   workers report. Pressure is an admission wait over the wait budget of (12), estimated by Little's law
+   as ``Q * OSL * ITL / running`` (``Q`` requests waiting for decode admission, ``running`` requests in
+   the batches: they free KV at ``running / (OSL * ITL)`` a second), or an observed ITL p90 over the ITL
+   target. After ``QUEUE_PRESSURE_TICKS`` such ticks, once the floor's workers are ready, the floor rises
+   to the pool plus the workers whose KV holds the waiting requests at context ``ISL + OSL/2`` or that
+   bring the batch back under the ITL target (``c * (ITL p90 / target - 1)``), at least one and at most
+   doubling the pool, within ``max_decode`` and the GPU budget after the minimum prefill pool. It halves
+   each tick while the wait is under ``TTFT_SLACK_SHARE`` of the budget, ITL p90 under
+   ``DECODE_ITL_MARGIN`` of the target and one worker fewer would still hold the KV in use within
+   ``sla.DECODE_KV_HEADROOM``. Why: the decode sizing of (4) plans for a forecast rate at mean lengths;
+   admission that waits for KV (long prompts in a burst) or batches that miss ITL show the pool is short,
+   whatever the model says. :meth:`PlannerStateMachine.decode_floor` is the floor now. The decode pool is
+   also at least the least pool whose KV held the last predictor window's requests (``decode_window_pool``,
+   runtime.planner.sla.kv_pool: each request holds ISL + OSL/2 tokens for OSL steps at the observed ITL, at
+   all but ``1 - slo_quantile`` of their arrivals), as rule 11 holds prefill: a burst shorter than a worker
+   start is over before a decode worker launched for it is ready.
+
+Measured effect of each rule, the constants' derivation and the alternatives measured against them
+(decode trend, Little's-law decode growth): docs/design/planner.md.
 
 Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observed latency.
 """
@@ -143,7 +159,6 @@ MIN_REQUESTS_FOR_CORRECTION = 20
 BACKLOG_DRAIN_S = 60.0  # queued prefill requests are planned to drain within this time, s
 DECODE_ITL_MARGIN = 0.9  # decode is sized for this share of the ITL target (p90 over batch swings)
 TTFT_SLACK_SHARE = 0.5  # observed TTFT p90 below this share of the target never raises the correction
-FALL_TICKS = 3  # rule 10: the offered prefill load has fallen when it dropped at each of the last 2 ticks
 DISPERSION_EWMA = 0.3  # rule 11: weight of a tick's arrival dispersion in the smoothed one (as CORRECTION_EWMA)
 DISPERSION_SAMPLE_MAX = 4.0  # rule 11: a tick's dispersion enters the EWMA capped at this x staffing_dispersion_ref
 DISPERSION_SCALE_MAX = 100.0  # rule 11: beta is scaled by at most sqrt(this) (a tiny reference or a huge floor)
@@ -154,6 +169,19 @@ QUEUE_PRESSURE_TICKS = 2
 # rule 11: the measured staffing coefficient is searched on [0, BURST_BETA_MAX] in steps of BURST_BETA_STEP
 # (a resolution of 0.05 sqrt(R) workers; the top is far above what clumps of the traces ask for, ~3)
 BURST_BETA_STEP, BURST_BETA_MAX = 0.05, 8.0
+
+
+@dataclass(frozen=True)
+class _Forecast:
+    """One tick's forecast (stage 2): predicted request rate (requests/s), burst mode, the rates prefill and
+    decode are sized for (requests/s), predicted mean ISL and OSL (tokens)."""
+
+    pred: float
+    burst: bool
+    plan_rate: float
+    plan_rate_d: float
+    isl: float
+    osl: float
 
 
 @dataclass(frozen=True)
@@ -206,8 +234,8 @@ class PlannerStateMachine:
         self._erlang_ewma: float | None = None
         # rule 11: EWMA of the ticks' arrival dispersion (None until a tick reports one)
         self.arrival_dispersion: float | None = None
-        # per-tick Erlangs, newest last: rule 8 reads the last lead_ticks, rule 10 the last FALL_TICKS
-        self._erlang_recent: deque[float] = deque(maxlen=max(self.lead_ticks, FALL_TICKS))
+        # per-tick Erlangs, newest last: rule 8 reads the last lead_ticks
+        self._erlang_recent: deque[float] = deque(maxlen=self.lead_ticks)
         self._isl = MovingAveragePredictor(window=w)
         self._osl = MovingAveragePredictor(window=w)
         self._p_stab = PoolStabilizer(cfg.scale_down_delay_s, cfg.cooldown_s)
@@ -232,6 +260,11 @@ class PlannerStateMachine:
         self._last_decision: ScalingDecision | None = None  # returned again for a tick at the same now_s
         self._has_isl = False
         self._queue_floor = 0  # rule 12: prefill workers the observed queue asks for (0: none)
+        self._decode_floor = 0  # rule 13: decode workers the observed admission queue and ITL ask for (0: none)
+        # rule 13: (arrival_s, context tokens, lifetime s) of the last predictor window's requests
+        self._decode_window: deque[tuple[np.ndarray, np.ndarray, float]] = deque(maxlen=cfg.predictor_window_ticks)
+        self.decode_window_pool = 0
+        self._decode_pressure_ticks = 0
         # rule 11: per tick with arrivals, (offered Erlangs R, requests that can meet the TTFT, first pool
         # size replayed, late requests at that size and each size after it), the last predictor window
         self._bursts: deque[tuple[float, int, int, list[int]]] = deque(maxlen=cfg.predictor_window_ticks)
@@ -240,6 +273,7 @@ class PlannerStateMachine:
         # rule 11: prompt_arrivals of the last predictor window, and the least pool that served them
         self._window_ticks: deque[tuple] = deque(maxlen=cfg.predictor_window_ticks)
         self.window_pool = 0
+        self._measured_ticks = 0  # rule 11: ticks since the first that reported prompt_arrivals
         self._pressure_ticks = 0
 
     # ----------------------------------------------------------------------------- sizing
@@ -344,31 +378,12 @@ class PlannerStateMachine:
         """Square-root staffing ``ceil(R + beta * sqrt(R))`` for the offered load ``R`` (Erlangs: the
         maximum over the last ``prefill_level_window_ticks`` ticks, plus the predictor's upward trend
         through the lead time when the window holds 3 or more); 0 before any load was observed or
-        when ``prefill_staffing_beta`` is None. Rule 8 caps what this may launch; while the load falls,
-        rule 10 lowers ``R`` to where a release decided now will act. Pure."""
+        when ``prefill_staffing_beta`` is None. Rule 8 caps what this may launch. Pure."""
         beta = self.cfg.prefill_staffing_beta
         if beta is None or not self._has_erlangs:
             return 0
         r = max(self._erlangs.predict(1), self._erlangs.predict(self.lead_ticks))
-        fall = self._erlang_fall_per_tick()
-        if fall is not None:
-            # rule 10: a release decided now acts after the scale-down delay and holds for a tick
-            r = max(r - fall * (1.0 + self.cfg.scale_down_delay_s / self.cfg.interval_s), 0.0)
         return self._staff(r)
-
-    def _erlang_fall_per_tick(self) -> float | None:
-        """Rule 10: the offered prefill load's least-squares fall per tick (Erlangs, > 0) over the last
-        ``FALL_TICKS`` ticks when it dropped at each of them, else None (also with
-        ``staffing_on_fall`` off). Pure."""
-        if not self.cfg.staffing_on_fall or len(self._erlang_recent) < FALL_TICKS:
-            return None
-        ys = list(self._erlang_recent)[-FALL_TICKS:]
-        if not all(b < a for a, b in zip(ys, ys[1:])):
-            return None
-        n = len(ys)
-        x_mean, y_mean = (n - 1) / 2.0, sum(ys) / n
-        slope = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(ys)) / sum((i - x_mean) ** 2 for i in range(n))
-        return -slope
 
     def staffing_beta(self) -> float | None:
         """Rule 11's square-root staffing coefficient: ``prefill_staffing_beta`` scaled by
@@ -400,6 +415,8 @@ class PlannerStateMachine:
         replayed on pools from ``ceil(R)`` workers up (R the Erlangs of those very requests over that
         span; sla.burst_misses)."""
         self._burst_ticks.append((tick.interval_s, tick.prompt_arrivals or ()))
+        if self._measured_ticks or tick.prompt_arrivals:
+            self._measured_ticks += 1
         self._window_ticks.append(tick.prompt_arrivals or ())
         if not tick.prompt_arrivals:
             return
@@ -479,12 +496,80 @@ class PlannerStateMachine:
             wait = max(wait, tick.observed_ttft_p90_s - own)
         self._pressure_ticks = self._pressure_ticks + 1 if wait > budget else 0
         cap = min(cfg.max_prefill, max((cfg.gpu_budget - cfg.min_decode * cfg.decode_tp) // cfg.prefill_tp, 0))
-        if self._pressure_ticks >= QUEUE_PRESSURE_TICKS and c >= self._queue_floor:
-            base = max(self._queue_floor, self.prefill)
-            step = min(max(math.ceil(q * s / cfg.interval_s - 1e-9), 1), max(base, 1))
-            self._queue_floor = min(base + step, cap)
-        elif wait <= TTFT_SLACK_SHARE * budget:
-            self._queue_floor = max(self._queue_floor - 1, 0)
+        self._queue_floor = _closed_loop_floor(
+            self._queue_floor, self._pressure_ticks, ready=c, current=self.prefill,
+            step=math.ceil(q * s / cfg.interval_s - 1e-9), cap=cap, relaxed=wait <= TTFT_SLACK_SHARE * budget)
+
+    def decode_floor(self) -> int:
+        """Rule 13's closed-loop decode floor, workers (0 while decode never stayed overloaded)."""
+        return self._decode_floor
+
+    def _observe_decode_window(self, tick: TickInput) -> None:
+        """Rule 13, one tick: the least decode pool whose KV held the last predictor window's requests
+        (``decode_window_pool``, sla.kv_pool), each holding ISL + OSL/2 tokens for OSL steps at the tick's
+        observed mean ITL (without one, the ITL of a batch that fills the KV headroom), at most the ITL
+        target: a slower batch is the ITL sizing's case."""
+        cfg, prof = self.cfg, self.profile
+        assert prof is not None
+        if tick.prompt_arrivals:
+            osl = max(tick.mean_osl_tokens, 1.0)
+            arr = np.array([t for t, _ in tick.prompt_arrivals], float)
+            ctx = np.array([n for _, n in tick.prompt_arrivals], float) + osl / 2.0
+            itl = tick.observed_itl_mean_s
+            if itl is None:  # no request finished: the ITL of a batch that fills the KV headroom
+                mean_ctx = float(ctx.mean())
+                batch = prof.decode.kv_capacity_tokens * sla.DECODE_KV_HEADROOM / mean_ctx
+                itl = prof.decode.step_s(batch, mean_ctx) * self.itl_correction
+            itl = min(itl, cfg.itl_target_s)
+            self._decode_window.append((arr, ctx, osl * itl))
+        else:
+            self._decode_window.append((np.empty(0), np.empty(0), 0.0))
+        spans = [w for w in self._decode_window if len(w[0])]
+        if not spans:
+            self.decode_window_pool = 0
+            return
+        # one lifetime for the window (the longest of its ticks): a request's KV is held its whole decode
+        life = max(lt for _, _, lt in spans)
+        self.decode_window_pool = sla.kv_pool(np.concatenate([a for a, _, _ in spans]),
+                                              np.concatenate([c for _, c, _ in spans]), life,
+                                              prof.decode.kv_capacity_tokens, cfg.slo_quantile)
+
+    def _update_decode_floor(self, tick: TickInput) -> None:
+        """Rule 13 (module doc): one step of the closed-loop decode floor from this tick's decode pool."""
+        cfg, prof = self.cfg, self.profile
+        assert prof is not None
+        obs = tick.decode
+        c = obs.num_ready
+        q = obs.queue_per_worker * max(c, 1)
+        running = obs.running_per_worker * c
+        isl = max(tick.mean_isl_tokens if tick.num_requests else self._isl.predict(), 1.0)
+        osl = max(tick.mean_osl_tokens if tick.num_requests else self._osl.predict(), 1.0)
+        ctx = isl + osl / 2.0
+        itl = tick.observed_itl_mean_s or (
+            prof.decode.step_s(max(obs.running_per_worker, 1.0), ctx) * self.itl_correction)
+        # admission wait by Little's law: the queue drains as running requests finish, running / (OSL x ITL) a second
+        wait = (q * osl * itl / running if running > 0 else math.inf) if q > 0 else 0.0
+        budget = max(cfg.ttft_target_s - 2 * cfg.itl_target_s
+                     - sla.prefill_service_s(prof.prefill, isl, self.ttft_correction)[1], 0.0)
+        itl_p90 = tick.observed_itl_p90_s
+        itl_over = itl_p90 is not None and itl_p90 > cfg.itl_target_s
+        self._decode_pressure_ticks = self._decode_pressure_ticks + 1 if (wait > budget or itl_over) else 0
+        # workers whose KV holds the waiting requests at their mean context, and those that bring the batch
+        # (ITL ~ batch at a memory-bound step) back under the target
+        step = math.ceil(q * ctx / max(prof.decode.kv_capacity_tokens, 1.0) - 1e-9)
+        if itl_over:
+            step = max(step, math.ceil(c * (itl_p90 / cfg.itl_target_s - 1.0) - 1e-9))
+        # one worker fewer must still hold the KV in use within the headroom decode sizing plans for
+        kv_fits = c <= 1 or obs.kv_usage * c / (c - 1) <= sla.DECODE_KV_HEADROOM
+        relaxed = (wait <= TTFT_SLACK_SHARE * budget and kv_fits
+                   and (itl_p90 is None or itl_p90 <= DECODE_ITL_MARGIN * cfg.itl_target_s))
+        cap = min(cfg.max_decode, max((cfg.gpu_budget - cfg.min_prefill * cfg.prefill_tp) // cfg.decode_tp, 0))
+        self._decode_floor = _closed_loop_floor(self._decode_floor, self._decode_pressure_ticks, ready=c,
+                                                current=self.decode, step=step, cap=cap, relaxed=relaxed)
+
+    def _measuring_first_window(self) -> bool:
+        """Rule 10: ticks have reported arrivals, but not yet for a whole predictor window."""
+        return 0 < self._measured_ticks < self.cfg.predictor_window_ticks
 
     def _staffing_active(self) -> bool:
         return self.cfg.mode == "sla" and self.cfg.prefill_staffing_beta is not None and self._has_erlangs
@@ -503,7 +588,6 @@ class PlannerStateMachine:
         Raises:
             ValueError: ``now_s`` went backwards.
         """
-        cfg = self.cfg
         if self._last_now is not None and tick.now_s < self._last_now:
             raise ValueError(f"TickInput.now_s went backwards ({tick.now_s} < {self._last_now})")
         if self._last_decision is not None and tick.now_s == self._last_decision.now_s:
@@ -514,6 +598,36 @@ class PlannerStateMachine:
         return decision
 
     def _advance(self, tick: TickInput) -> ScalingDecision:
+        """One tick in stages: observe, forecast, size (SLA rules or load steps), decode terms, stabilise."""
+        self._observe(tick)
+        f = self._forecast(tick)
+        if self.cfg.mode == "load":
+            mode: ServingMode = "disaggregated"
+            p_des, d_des = self._load_step(tick)
+            reason = "load"
+        else:
+            mode, p_des, d_des, reason = self._size_sla(tick, f)
+        p_des = min(max(p_des, 0 if mode == "aggregated" else self.cfg.min_prefill), self.cfg.max_prefill)
+        if self.cfg.mode == "sla":
+            d_des = self._decode_terms(tick, f, mode, d_des)
+        p_tgt, d_tgt, mode = self._stabilise(tick, f, mode, p_des, d_des)
+        return ScalingDecision(
+            now_s=tick.now_s,
+            prefill_replicas=p_tgt,
+            decode_replicas=d_tgt,
+            serving_mode=mode,
+            predicted_rate_per_s=f.pred,
+            predicted_isl_tokens=f.isl,
+            predicted_osl_tokens=f.osl,
+            burst=f.burst,
+            ttft_correction=self.ttft_correction,
+            itl_correction=self.itl_correction,
+            reason=reason + ("+burst" if f.burst else ""),
+        )
+
+    def _observe(self, tick: TickInput) -> None:
+        """Stage 1: feed the tick to the predictors, the dispersion EWMA, rule 11's replays and the
+        offered prefill load of rules 7 and 8."""
         cfg = self.cfg
         rate = tick.rate_per_s
         self._rate.observe(rate)
@@ -531,7 +645,6 @@ class PlannerStateMachine:
         if tick.peak_prefill_tokens_per_s is not None:
             self._peak.observe(tick.peak_prefill_tokens_per_s)
             self._has_peak = True
-        isl, osl = self._isl.predict(), self._osl.predict()
         if cfg.mode == "sla" and self.profile is not None:
             isl_now = max(tick.mean_isl_tokens, 1.0)
             service_s = float(self.profile.prefill.busy_time_s(isl_now)) if tick.num_requests else 0.0
@@ -542,6 +655,12 @@ class PlannerStateMachine:
             if tick.num_requests or self._erlang_ewma is not None:
                 self._observe_level(erlangs)
             self._has_erlangs = self._has_erlangs or tick.num_requests > 0
+
+    def _forecast(self, tick: TickInput) -> _Forecast:
+        """Stage 2 (rules 1, 2): the rates to plan prefill and decode for, burst mode, predicted ISL/OSL."""
+        cfg = self.cfg
+        rate = tick.rate_per_s
+        isl, osl = self._isl.predict(), self._osl.predict()
         pred = max(self._rate.predict(1), self._rate.predict(self.lead_ticks))
         burst = self._update_burst(tick.now_s, rate)
         self._predicted_for_next = self._rate.predict(1)
@@ -559,59 +678,85 @@ class PlannerStateMachine:
         if burst:
             plan_rate *= 1.0 + cfg.burst_headroom
             plan_rate_d *= 1.0 + cfg.burst_headroom
+        return _Forecast(pred, burst, plan_rate, plan_rate_d, isl, osl)
 
-        if cfg.mode == "load":
-            mode: ServingMode = "disaggregated"
-            p_des, d_des = self._load_step(tick)
-            reason = "load"
+    def _size_sla(self, tick: TickInput, f: _Forecast) -> tuple[ServingMode, int, int, str]:
+        """Stage 3 (rules 3-12): corrections, serving mode, and the pool sizes the SLA rules ask for:
+        ``(mode, prefill, decode, reason)`` before bounds, budget and stabilisation."""
+        cfg = self.cfg
+        isl, osl, plan_rate, plan_rate_d = f.isl, f.osl, f.plan_rate, f.plan_rate_d
+        self._update_corrections(tick)
+        # backlog: requests already queued for prefill must drain within BACKLOG_DRAIN_S on top
+        backlog_rate = tick.prefill.queue_per_worker * tick.prefill.num_ready / max(cfg.backlog_drain_s, cfg.interval_s)
+        if not self._has_isl:
+            sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
         else:
-            self._update_corrections(tick)
-            # backlog: requests already queued for prefill must drain within BACKLOG_DRAIN_S on top
-            backlog_rate = tick.prefill.queue_per_worker * tick.prefill.num_ready / max(cfg.backlog_drain_s, cfg.interval_s)
-            if not self._has_isl:
-                sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
-            else:
-                sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, decode_rate_per_s=plan_rate_d)
-            mode = self._choose_mode(tick.now_s, sizing)
-            if mode != sizing.mode:  # hysteresis kept the other mode: size for it
-                sizing = (
-                    self.size_for_load(plan_rate, isl, osl, with_agg=False, decode_rate_per_s=plan_rate_d)
-                    if mode == "disaggregated"
-                    else sizing
-                )
-            p_des, d_des = (sizing.prefill, sizing.decode)
-            trend_rate = self._trend_rate(tick, isl) if cfg.prefill_queue_on_trend and self._has_isl else None
-            if trend_rate is not None and mode == "disaggregated":
-                # rule 9: M/M/c for the level and trend, not for the window's quantile
-                trend_rate *= 1.0 + cfg.burst_headroom if burst else 1.0
-                p_des = min(p_des, self.size_for_load(trend_rate + backlog_rate, isl, osl, with_agg=False).prefill)
-            if mode == "aggregated":
-                p_des = 0
-            else:
-                if cfg.size_on_peak and self._has_peak and self._has_isl:
-                    p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
-                staffed = self.staffing_prefill_replicas()
-                level = self._erlang_level
-                if cfg.scale_up_on_level and staffed > self.prefill and level is not None:
-                    # rule 8: launch only for the launch level; a one-tick transient has passed before
-                    # the worker is ready, the staffing headroom absorbs it
-                    staffed = max(self.prefill, min(staffed, self._staff(level)))
-                p_des = max(p_des, staffed)
-                if cfg.measure_burst:
-                    p_des = max(p_des, self.window_pool)
-                if cfg.queue_floor:
-                    self._update_queue_floor(tick)
-                    p_des = max(p_des, self._queue_floor)
-            reason = "sla" if sizing.feasible else "sla_infeasible"
+            sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, decode_rate_per_s=plan_rate_d)
+            if sizing.mode == "aggregated" and (self._measuring_first_window() and self.prefill > 0 or (
+                    cfg.measure_burst and self.window_pool > max(cfg.min_prefill, 1))):
+                # rule 10: releasing the prefill pool waits for a measured window, and the last window's
+                # arrivals needed more than one prefill worker: the aggregated pool (the minimum decode pool,
+                # also decoding) serves less than that
+                sizing = self.size_for_load(plan_rate + backlog_rate, isl, osl, with_agg=False,
+                                            decode_rate_per_s=plan_rate_d)
+        mode = self._choose_mode(tick.now_s, sizing)
+        if mode != sizing.mode:  # hysteresis kept the other mode: size for it
+            sizing = (
+                self.size_for_load(plan_rate, isl, osl, with_agg=False, decode_rate_per_s=plan_rate_d)
+                if mode == "disaggregated"
+                else sizing
+            )
+        p_des, d_des = (sizing.prefill, sizing.decode)
+        trend_rate = self._trend_rate(tick, isl) if cfg.prefill_queue_on_trend and self._has_isl else None
+        if trend_rate is not None and mode == "disaggregated":
+            # rule 9: M/M/c for the level and trend, not for the window's quantile
+            trend_rate *= 1.0 + cfg.burst_headroom if f.burst else 1.0
+            p_des = min(p_des, self.size_for_load(trend_rate + backlog_rate, isl, osl, with_agg=False).prefill)
+        if mode == "aggregated":
+            p_des = 0
+        else:
+            if cfg.size_on_peak and self._has_peak and self._has_isl:
+                p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
+            staffed = self.staffing_prefill_replicas()
+            level = self._erlang_level
+            if cfg.scale_up_on_level and staffed > self.prefill and level is not None:
+                # rule 8: launch only for the launch level; a one-tick transient has passed before
+                # the worker is ready, the staffing headroom absorbs it
+                staffed = max(self.prefill, min(staffed, self._staff(level)))
+            p_des = max(p_des, staffed)
+            if cfg.measure_burst:
+                p_des = max(p_des, self.window_pool)
+            if cfg.queue_floor:
+                self._update_queue_floor(tick)
+                p_des = max(p_des, self._queue_floor)
+        if self._measuring_first_window() and mode == "disaggregated":
+            # rule 10: the window pools measure what bursts need over a whole predictor window; until one
+            # has been observed a release rests on less evidence than the pools it releases
+            p_des = max(p_des, self.prefill)
+            d_des = max(d_des, self.decode)
+        return mode, p_des, d_des, "sla" if sizing.feasible else "sla_infeasible"
 
-        min_p = 0 if mode == "aggregated" else cfg.min_prefill
-        p_des = min(max(p_des, min_p), cfg.max_prefill)
-        if cfg.mode == "sla" and cfg.decode_band and mode == "disaggregated" and self.prefill > 0 and self._has_isl:
+    def _decode_terms(self, tick: TickInput, f: _Forecast, mode: ServingMode, d_des: int) -> int:
+        """Stage 4 (rules 4 and 13): the decode band and the decode floors on the sized decode pool."""
+        cfg = self.cfg
+        if cfg.decode_band and mode == "disaggregated" and self.prefill > 0 and self._has_isl:
             # not while the fleet has no prefill workers yet: its decode workers still prefill (the
             # cooldown may hold prefill at 0 for several ticks), so they keep the margin sizing
-            d_des = self.decode_band_replicas(d_des, plan_rate_d, isl, osl)
+            d_des = self.decode_band_replicas(d_des, f.plan_rate_d, f.isl, f.osl)
+        if cfg.decode_floor:
+            self._update_decode_floor(tick)
+            self._observe_decode_window(tick)
+            d_des = max(d_des, self._decode_floor, self.decode_window_pool)
+        return d_des
+
+    def _stabilise(self, tick: TickInput, f: _Forecast, mode: ServingMode, p_des: int,
+                   d_des: int) -> tuple[int, int, ServingMode]:
+        """Stage 5 (rule 5): pool bounds, the GPU budget less the priority reserve, scale-down delays and
+        cooldowns, growth trimmed to the total budget; commits and returns ``(prefill, decode, mode)``."""
+        cfg = self.cfg
+        min_p = 0 if mode == "aggregated" else cfg.min_prefill
         d_des = min(max(d_des, cfg.min_decode), cfg.max_decode)
-        cap = self._budget_cap(burst, isl, osl)
+        cap = self._budget_cap(f.burst, f.isl, f.osl)
         p_des, d_des = fit_budget(
             p_des, d_des, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp, min_prefill=min_p,
             min_decode=cfg.min_decode, budget_gpus=cap,
@@ -639,19 +784,7 @@ class PlannerStateMachine:
         self._p_stab.commit(tick.now_s, self.prefill, p_tgt)
         self._d_stab.commit(tick.now_s, self.decode, d_tgt)
         self.prefill, self.decode, self.mode = p_tgt, d_tgt, mode
-        return ScalingDecision(
-            now_s=tick.now_s,
-            prefill_replicas=p_tgt,
-            decode_replicas=d_tgt,
-            serving_mode=mode,
-            predicted_rate_per_s=pred,
-            predicted_isl_tokens=isl,
-            predicted_osl_tokens=osl,
-            burst=burst,
-            ttft_correction=self.ttft_correction,
-            itl_correction=self.itl_correction,
-            reason=reason + ("+burst" if burst else ""),
-        )
+        return p_tgt, d_tgt, mode
 
     # ----------------------------------------------------------------------------- parts
     def _fit_growth(self, p: int, d: int) -> tuple[int, int]:
@@ -763,6 +896,22 @@ class PlannerStateMachine:
         elif kv < cfg.load_kv_down and (itl is None or itl < 0.6 * cfg.itl_target_s):
             d -= 1
         return p, d
+
+
+def _closed_loop_floor(floor: int, pressure_ticks: int, *, ready: int, current: int, step: int, cap: int,
+                       relaxed: bool) -> int:
+    """Rules 12 and 13: the next floor (workers) under a pool whose observed wait or latency stayed over
+    budget for ``pressure_ticks`` ticks in a row. Raised after ``QUEUE_PRESSURE_TICKS`` such ticks, once
+    the pool has its floor's workers ready (a raise still starting has not yet acted), to the larger of the
+    floor and the pool (``current``) plus ``step`` workers, at least one and at most doubling it, within
+    ``cap``; halved while ``relaxed`` (the pool's other terms, the window pools among them, hold what the
+    recent load needs; falling one worker a tick, a floor raised for a flash crowd would hold it for an hour). Pure."""
+    if pressure_ticks >= QUEUE_PRESSURE_TICKS and ready >= floor:
+        base = max(floor, current)
+        return min(base + min(max(step, 1), max(base, 1)), cap)
+    if relaxed:
+        return floor // 2
+    return floor
 
 
 def _ewma(old: float, sample: float) -> float:

@@ -157,9 +157,7 @@ class PlannerConfig:
     kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
     term sizes for the rate predictor's level-and-trend forecast, not the window quantile that holds a
     burst for ``predictor_window_ticks`` (False: the quantile too, kept for the benchmark's ablation;
-    only ``burst_quantile`` has both). ``staffing_on_fall``: while the offered prefill load falls (two
-    drops in a row) staffing sizes for the load where a release decided now will act (False: the
-    tick's load; kept for the benchmark's ablation). ``staffing_dispersion_ref``: the arrival dispersion
+    only ``burst_quantile`` has both). ``staffing_dispersion_ref``: the arrival dispersion
     ``prefill_staffing_beta`` is calibrated for; when ticks report ``arrival_dispersion`` the staffing
     headroom is ``beta * sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref)``, ``z`` an
     EWMA of the reported dispersions (None: beta as given, whatever the arrivals). ``queue_floor``: the
@@ -168,7 +166,9 @@ class PlannerConfig:
     ``measure_burst``: when ticks report ``prompt_arrivals`` the staffing coefficient is the one that
     would have served all but ``1 - slo_quantile`` of the last predictor window's requests in time,
     measured by replaying them (rule 11; False: ``prefill_staffing_beta`` scaled by the arrival
-    dispersion, kept for the benchmark's ablation).
+    dispersion, kept for the benchmark's ablation). ``decode_floor``: the observed decode admission
+    queue, ITL and KV usage raise a floor under the decode pool while admission waits over the TTFT
+    budget or ITL over its target (rule 13; False: open loop, kept for the benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -214,9 +214,9 @@ class PlannerConfig:
     decode_band: bool = True
     scale_up_on_level: bool = True
     prefill_queue_on_trend: bool = True
-    staffing_on_fall: bool = True
     queue_floor: bool = True
     measure_burst: bool = True
+    decode_floor: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",

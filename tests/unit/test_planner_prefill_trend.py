@@ -1,6 +1,5 @@
-"""Rules 9 and 10 of runtime.planner.state_machine: the prefill M/M/c term sizes for the rate predictor's
-level and trend, not for its window quantile (``PlannerConfig.prefill_queue_on_trend``); while the offered
-load falls, staffing sizes for the load where a release acts (``staffing_on_fall``).
+"""Rule 9 of runtime.planner.state_machine: the prefill M/M/c term sizes for the rate predictor's
+level and trend, not for its window quantile (``PlannerConfig.prefill_queue_on_trend``).
 
 Profile (hand-checkable): prefill 0.1 ms/token; decode step 10 ms + 0.1 ms per sequence; KV 1M tokens.
 """
@@ -57,30 +56,3 @@ def test_size_on_tokens_keeps_the_prompt_token_forecast():
     sm = PlannerStateMachine(cfg(size_on_tokens=True), PROF, initial_prefill=2, initial_decode=2)
     got = run(sm, [20.0] * 10, [1000.0] * 6 + [8000.0] * 4)
     assert min(got[7:]) >= 17, got  # utilisation below 1 from the second tick of long prompts on
-
-
-def staffing_after(rates: list[float], **kw) -> int:
-    sm = PlannerStateMachine(cfg(prefill_staffing_beta=1.7, **kw), PROF, initial_prefill=14, initial_decode=2)
-    run(sm, rates)
-    return sm.staffing_prefill_replicas()
-
-
-def test_staffing_on_a_fall_by_hand():
-    # 100, 90, 80 req/s x 0.1 s = 10, 9, 8 Erlangs: a fall of 1 Erlang per tick; a release decided now acts
-    # after the 30 s scale-down delay and holds for a tick, 1 + 30 / 30 = 2 ticks ahead: 8 - 2 = 6 Erlangs,
-    # ceil(6 + 1.7 sqrt 6) = ceil(10.16) = 11 workers, where the tick's 8 Erlangs ask ceil(12.81) = 13
-    assert staffing_after([100.0, 90.0, 80.0]) == 11
-    assert staffing_after([100.0, 90.0, 80.0], staffing_on_fall=False) == 13
-    # a longer scale-down delay looks further ahead: 1 + 60 / 30 = 3 ticks, 5 Erlangs -> ceil(8.80) = 9
-    assert staffing_after([100.0, 90.0, 80.0], scale_down_delay_s=60.0) == 9
-
-
-def test_staffing_releases_nothing_on_a_single_dip_or_a_rise():
-    assert staffing_after([100.0, 100.0, 80.0]) == 13  # one drop: the tick's 8 Erlangs
-    assert staffing_after([100.0, 80.0, 90.0]) == 15  # 9 Erlangs: ceil(9 + 1.7 x 3) = ceil(14.1)
-    assert staffing_after([80.0, 90.0, 100.0]) == staffing_after([80.0, 90.0, 100.0], staffing_on_fall=False)
-
-
-def test_staffing_on_a_steep_fall_stops_at_zero_load():
-    # 10, 5, 0.5 Erlangs: 0.5 - 2 x 4.75 < 0 -> staffing adds nothing; the M/M/c term still sizes the pool
-    assert staffing_after([100.0, 50.0, 5.0]) == 0
