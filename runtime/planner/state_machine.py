@@ -757,9 +757,15 @@ class PlannerStateMachine:
         min_p = 0 if mode == "aggregated" else cfg.min_prefill
         d_des = min(max(d_des, cfg.min_decode), cfg.max_decode)
         cap = self._budget_cap(f.burst, f.isl, f.osl)
+        # rules 12 and 13 are observed pressure: when the budget forces a trim, a pool whose queue keeps its
+        # floor raised keeps the workers it has (up to that floor); the trim comes from sized shares
+        keep_p = max(min_p, min(self.prefill, self._queue_floor)) if mode != "aggregated" else min_p
+        keep_d = max(cfg.min_decode, min(self.decode, self._decode_floor))
+        if keep_p * cfg.prefill_tp + keep_d * cfg.decode_tp > cap:
+            keep_p, keep_d = min_p, cfg.min_decode
         p_des, d_des = fit_budget(
-            p_des, d_des, prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp, min_prefill=min_p,
-            min_decode=cfg.min_decode, budget_gpus=cap,
+            max(p_des, keep_p), max(d_des, keep_d), prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp,
+            min_prefill=keep_p, min_decode=keep_d, budget_gpus=cap,
         )
         d_tgt = self._d_stab.propose(tick.now_s, self.decode, d_des)
         if mode == "aggregated":

@@ -7,7 +7,7 @@ further prefill worker fits; once the queue is gone the floor falls back to 0.
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from runtime.planner.profiles import analytic_profile
@@ -56,6 +56,10 @@ def room(sm: PlannerStateMachine) -> int:
 
 
 @settings(max_examples=30, deadline=None)
+# a decode pool holding a busy window's KV (rule 13) while the budget is full: prefill keeps its workers
+@example(c=dict(min_prefill=1, max_prefill=4, min_decode=1, max_decode=2, gpu_budget=14, cooldown_s=0.0,
+                scale_down_delay_s=60.0, predictor="burst_quantile", prefill_staffing_beta=None,
+                allow_aggregated=False), series=[(13.0, 0.0), (38.0, 0.0)], rate=1.0, queue=20.0)
 @given(configs, warmup, st.floats(0.1, 2.0), st.floats(20.0, 500.0))
 def test_sustained_queue_raises_prefill_until_the_budget_and_the_floor_falls_after(c, series, rate, queue):
     sm = make(c)
