@@ -66,3 +66,32 @@ def _modelopt_quant_config(path: Path, name: str) -> dict | None:
                                f"(quantization.quant_algo): {type(e).__name__}: {e}") from e
     producer = (q.get("producer") or {}).get("name") if isinstance(q.get("producer"), dict) else None
     return {"quant_method": producer or "modelopt", "quant_algo": algo}
+
+
+PRECISIONS = ("bf16", "fp8")  # what a DeploymentSpec deploys (runtime/config.py Precision)
+AUTO_PRECISION = "auto"  # "the checkpoint's own" (checkpoint_precision)
+
+
+def checkpoint_precision(model: ModelSpec) -> str:
+    """The precision a checkpoint is tuned at when none is chosen: `fp8` when it is an FP8 checkpoint
+    (config.json `quantization_config.quant_method` `fp8`, or a TensorRT Model Optimizer checkpoint whose
+    `quant_algo` is `FP8`, also from `hf_quant_config.json`: :func:`load_model_spec`), else `bf16`.
+
+    One rule for `pdserve tune` (no --precision), the pipeline's tune step (precision `auto`) and
+    `pdserve models`.
+    """
+    fp8 = model.quant_method == "fp8" or (model.quant_method == "modelopt" and model.quant_algo == "FP8")
+    return "fp8" if fp8 else "bf16"
+
+
+def check_precision(precision: str) -> str:
+    """Return `precision` lower-cased when it is `auto` or one of PRECISIONS.
+
+    Raises:
+        ValueError: anything else (message lists the accepted values).
+    """
+    value = precision.lower() if isinstance(precision, str) else precision
+    if value != AUTO_PRECISION and value not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: must be {AUTO_PRECISION} (the checkpoint's own: fp8 for an FP8 "
+                         f"checkpoint, else bf16) or one of {', '.join(PRECISIONS)}")
+    return value

@@ -591,7 +591,7 @@ def test_with_promote_the_promote_step_promotes_the_champion_unless_it_already_s
 def test_the_files_tune_writes_are_the_ones_the_output_parameters_read(tmp_path):
     """The contract between `tune --decision-values DIR` (the real writer) and the tune template's valueFrom paths:
     each parameter's file exists and holds what the promote step's --expect-version expects."""
-    from runtime.cli import _write_decision
+    from runtime.faces.tune import _write_decision
 
     tpl = templates(promote_cron())["tune"]
     args = tpl["container"]["args"]
