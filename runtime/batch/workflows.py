@@ -54,6 +54,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from runtime.image import DEFAULT_IMAGE, cpu_image, gpu_image
+from runtime.staging.layout import FSX_MOUNT
 
 __all__ = [
     "BatchInferenceWorkflowSpec", "RetuneCronWorkflowSpec", "batch_inference_workflow", "retune_cron_workflow",

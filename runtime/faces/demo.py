@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail, option_errors
+from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail, usage, option_errors
 
 SLO_OPTIONS = {"ttft_p90_ms": "--ttft-ms", "itl_p90_ms": "--itl-ms"}
 
@@ -33,9 +33,9 @@ def demo(
         SloSpec(ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms)
         gpu = resolve_gpu(gpu).name  # a catalog name or an AWS instance type (p5.48xlarge)
     except ValidationError as e:
-        fail(option_errors(e, SLO_OPTIONS))
+        usage(option_errors(e, SLO_OPTIONS))
     except KeyError as e:
-        fail(f"--gpu: {e.args[0] if e.args else e}")
+        usage(f"--gpu: {e.args[0] if e.args else e}")
     try:
         summary = run_demo(DemoSettings(state_dir=state, gpu=gpu, ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms), console)
     except DemoError as e:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail
+from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail, usage
 
 from runtime.image import DEFAULT_IMAGE
 
@@ -27,7 +27,7 @@ def compile_cmd(
 ) -> None:
     """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines)."""
     if out.is_dir():
-        fail(f"{out}: is a folder; give the YAML file to write, e.g. {out / 'stage_tune_promote.yaml'}")
+        usage(f"{out}: is a folder; give the YAML file to write, e.g. {out / 'stage_tune_promote.yaml'}")
     from pipelines.stage_tune_promote import compile_pipeline
     from runtime.image import split_reference
 
@@ -36,11 +36,11 @@ def compile_cmd(
             if ref is not None:
                 split_reference(ref)
         except ValueError as e:
-            fail(f"{flag}: {e}")
+            usage(f"{flag}: {e}")
     try:
         path = compile_pipeline(out, image=image, steps_image=steps_image)
     except ValueError as e:  # a digest-pinned --image without --steps-image
-        fail(f"--image: {e} (--steps-image)")
+        usage(f"--image: {e} (--steps-image)")
     except OSError as e:  # a parent that is a file, no permission, disk full
         fail(f"{out}: cannot write the pipeline YAML: {e.strerror or e} ({e.filename or out})")
     console.print(f"wrote {escape(str(path))}")

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from runtime.image import DEFAULT_IMAGE
-from runtime.faces.common import DEFAULT_STATE, console, fail
+from runtime.faces.common import DEFAULT_STATE, console, fail, usage
 
 
 def _sqlite_database(uri: str) -> Path | None:
@@ -24,7 +24,7 @@ def _sqlite_database(uri: str) -> Path | None:
     try:
         db = make_url(uri).database
     except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and friends
-        fail(f"--mlflow-uri {uri}: not a SQLAlchemy database URL: {e}")
+        usage(f"--mlflow-uri {uri}: not a SQLAlchemy database URL: {e}")
     return None if not db or db == ":memory:" else Path(db)
 
 
@@ -68,19 +68,19 @@ def promote(
     Refuses a champion whose model path is not a staged folder with a valid marker (see `pdserve stage`)
     unless --allow-unstaged."""
     if expect_version is not None and not expect_version.strip():  # the use case reads "" as "no guard"
-        fail("--expect-version: empty; give the version alias champion must name (tune --decision-values' "
+        usage("--expect-version: empty; give the version alias champion must name (tune --decision-values' "
               "registered_version), or leave the option out")
     if skip_if_live and not apply:
-        fail("--skip-if-live: only applies with --apply")
+        usage("--skip-if-live: only applies with --apply")
     if apply and not kube_context:
         from runtime.deploy.kube import in_cluster_available
 
         if not in_cluster_available():
-            fail("--apply needs --kube-context, or must run inside a Kubernetes pod (in-cluster service-account "
+            usage("--apply needs --kube-context, or must run inside a Kubernetes pod (in-cluster service-account "
                   "config); no cluster is assumed")
     db_file = _sqlite_database(mlflow_uri)
     if db_file is not None and not db_file.is_file():  # MLflow would create an empty database there
-        fail(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
+        usage(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
               "--register` or `pdserve demo` first)")
     from runtime.deploy.errors import ManifestError, RolledBackError
     from runtime.staging.manifest import StagingError
@@ -103,8 +103,8 @@ def promote(
         fail(str(e))
     except KeyError as e:  # an unknown GPU or instance type: the message lists the known ones
         fail(str(e.args[0]) if e.args else str(e))
-    except Exception as e:  # noqa: BLE001 - unexpected: its kind helps a bug report; no traceback
-        fail(f"{type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - unexpected: one line, no traceback
+        fail(str(e) or f"unexpected {type(e).__name__} (no message)")
     console.print(escape(f"version {info.version}: {info.num_objects} objects {json.dumps(info.kinds)} → {out}")
                   + (" (applied)" if info.applied else "")
                   + (f" (already live as revision v{info.version} with image {image}: nothing applied)"

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail
+from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail, usage
 
 
 def _bind_error(host: str, port: int) -> str | None:
@@ -43,9 +43,9 @@ def _is_hf_config(path: Path) -> bool:
 def _serve_model_folder(path: Path, source: str) -> Path:
     """`path` when it is a folder with a config.json; else exit naming `source` (the flag or spec field)."""
     if not path.is_dir():
-        fail(f"{source} {path}: not a folder (give the HF model folder with config.json)")
+        usage(f"{source} {path}: not a folder (give the HF model folder with config.json)")
     if not (path / "config.json").is_file():
-        fail(f"{source} {path}: no config.json in this folder (give the HF model folder)")
+        usage(f"{source} {path}: no config.json in this folder (give the HF model folder)")
     return path
 
 
@@ -64,22 +64,22 @@ def serve(
 
     Everything is checked before any worker starts: the flags, the `--spec` file (UTF-8 JSON, a valid
     DeploymentSpec) and the model folder (`--model-dir`, else the spec's model.path: a folder with config.json).
-    Exits 1 with a message naming the flag or spec field on bad input; a spec without model.path needs
+    Exits 2 with a message naming the flag or spec field on bad input; a spec without model.path needs
     `--model-dir`.
     """
     if planner not in ("off", "dry-run", "local"):
-        fail(f"--planner must be off, dry-run or local, got {planner!r}")
+        usage(f"--planner must be off, dry-run or local, got {planner!r}")
     if router not in ("fixed", "kv"):
-        fail(f"--router must be fixed or kv, got {router!r}")
+        usage(f"--router must be fixed or kv, got {router!r}")
     if traffic_log is not None and (traffic_log.is_dir() or (traffic_log.parent.exists()
                                                              and not traffic_log.parent.is_dir())):
-        fail(f"--traffic-log {traffic_log}: " + ("is a folder" if traffic_log.is_dir()
+        usage(f"--traffic-log {traffic_log}: " + ("is a folder" if traffic_log.is_dir()
                                                   else f"{traffic_log.parent} is not a folder"))
     if traffic_log is not None and traffic_log.suffix.lower() != ".jsonl":
-        fail(f"--traffic-log {traffic_log}: must end in .jsonl (the trace format `pdserve tune --trace` reads)")
+        usage(f"--traffic-log {traffic_log}: must end in .jsonl (the trace format `pdserve tune --trace` reads)")
     busy = _bind_error("127.0.0.1", port)  # the runtime binds it last, after the workers' ~70 s start
     if busy:
-        fail(f"--port {port}: {busy}")
+        usage(f"--port {port}: {busy}")
     from runtime.config import DeploymentSpec, ModelRef
     from runtime.modelfiles.gguf_convert import convert_smollm2
     from runtime.server.launch import LocalDeployment
@@ -92,25 +92,25 @@ def serve(
         try:
             spec = DeploymentSpec.model_validate_json(spec_file.read_bytes())
         except OSError as e:
-            fail(f"--spec {spec_file}: {e.strerror or e}")
+            usage(f"--spec {spec_file}: {e.strerror or e}")
         except ValidationError as e:  # also invalid JSON and bytes that are not UTF-8 (pydantic reports both)
             if _is_hf_config(spec_file):
-                fail(f"--spec {spec_file}: this is a Hugging Face model config.json, not a DeploymentSpec; serve "
+                usage(f"--spec {spec_file}: this is a Hugging Face model config.json, not a DeploymentSpec; serve "
                       "its folder with --model-dir, or pass the spec `pdserve tune --out` wrote")
-            fail(f"--spec {spec_file}: " + "; ".join(
+            usage(f"--spec {spec_file}: " + "; ".join(
                 f"{'.'.join(map(str, x['loc'])) or 'document'}: {x['msg']}" for x in e.errors(include_url=False)))
         except ValueError as e:  # UnicodeDecodeError and the like, should pydantic let one through
-            fail(f"--spec {spec_file}: not a UTF-8 JSON DeploymentSpec ({e})")
+            usage(f"--spec {spec_file}: not a UTF-8 JSON DeploymentSpec ({e})")
         if model_dir is None:
             if not spec.model.path:
-                fail(f"--spec {spec_file}: model.path is empty: pass --model-dir (the HF model folder to serve)")
+                usage(f"--spec {spec_file}: model.path is empty: pass --model-dir (the HF model folder to serve)")
             _serve_model_folder(Path(spec.model.path), f"--spec {spec_file}: model.path")
     else:
         path = model_dir or convert_smollm2(state / "models" / "smollm2-135m-instruct")
         try:
             spec = DeploymentSpec(model=ModelRef(name=Path(path).name, path=str(path)))
         except ValueError as e:  # pydantic.ValidationError: a folder name that is not a clean model name
-            fail(f"--model-dir {path}: its folder name is not a usable model name: {e}")
+            usage(f"--model-dir {path}: its folder name is not a usable model name: {e}")
     model_path = Path(model_dir or spec.model.path)
     with LocalDeployment(spec, model_path, runtime_port=port, console=console, planner=planner, router=router,
                          enable_kv_events=router == "kv", traffic_log=traffic_log) as dep:

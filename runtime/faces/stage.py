@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from runtime.faces.common import fail, option_errors
+from runtime.faces.common import fail, usage, option_errors
 
 
 def stage(
@@ -64,7 +64,7 @@ def stage(
     try:
         StageOptions(**opts)  # bad options fail before any client is made
     except ValidationError as e:
-        fail(option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude",
+        usage(option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude",
                                  "s3_transport": "--s3-transport"}))
     client = None
     if fsx_file_system_id is not None or fsx_path is not None:
@@ -72,11 +72,11 @@ def stage(
 
         problem = fsx.fsx_options_error(fsx_file_system_id, fsx_path, source)
         if problem:
-            fail(problem, 2)
+            usage(problem)
         try:
             fsx_client = fsx.make_fsx_client()
         except Exception as e:  # noqa: BLE001 - botocore: no region, bad config file, ...
-            fail(f"cannot create the FSx client: {type(e).__name__}: {e}")
+            fail(f"cannot create the FSx client: {e or type(e).__name__}")
         try:
             from runtime.staging.keys import select_paths
 
@@ -94,7 +94,7 @@ def stage(
         try:
             client = make_client(endpoint_url, transfer_methods=False)
         except Exception as e:  # noqa: BLE001 - botocore: invalid endpoint or region, bad config file, ...
-            fail(f"cannot create the S3 client: {type(e).__name__}: {e}")
+            fail(f"cannot create the S3 client: {e or type(e).__name__}")
     try:
         stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself
     except StagingError as e:

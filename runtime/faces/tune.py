@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from runtime.faces.common import DEFAULT_STATE, StateOpt, console, err, fail, option_errors
+from runtime.faces.common import DEFAULT_STATE, StateOpt, console, err, fail, usage, option_errors
 
 import math
 
@@ -158,26 +158,26 @@ def tune(
         unresolved = e
     cfg = config / "config.json" if config.is_dir() else config
     if measure and (out or register):
-        fail("--measure tunes on CPU (fp32) measurements: they are not a deployable GPU spec; drop --out/--register")
+        usage("--measure tunes on CPU (fp32) measurements: they are not a deployable GPU spec; drop --out/--register")
     if measure and not (config.is_dir() and any(config.glob("*.safetensors"))):
-        fail(f"--measure needs a model folder with safetensors weights, got {config}")
+        usage(f"--measure needs a model folder with safetensors weights, got {config}")
     if out is not None and (out.is_dir() or (out.parent.exists() and not out.parent.is_dir())):
-        fail(f"--out {out}: " + ("is a folder" if out.is_dir() else f"{out.parent} is not a folder"))
+        usage(f"--out {out}: " + ("is a folder" if out.is_dir() else f"{out.parent} is not a folder"))
     if register and not mlflow_uri:
-        fail("--register needs --mlflow-uri (the registry lives in that MLflow)")
+        usage("--register needs --mlflow-uri (the registry lives in that MLflow)")
     for flag, path, want_dir in (("--decision-out", decision_out, False), ("--decision-values", decision_values, True)):
         if path is not None and not register:
-            fail(f"{flag} reports what --register did to the champion alias: give --register NAME")
+            usage(f"{flag} reports what --register did to the champion alias: give --register NAME")
         if path is not None and (path.is_dir() != want_dir if path.exists() else
                                  path.parent.exists() and not path.parent.is_dir()):
-            fail(f"{flag} {path}: " + ("is a folder" if path.is_dir() else "is not a folder" if want_dir
+            usage(f"{flag} {path}: " + ("is a folder" if path.is_dir() else "is not a folder" if want_dir
                                         else f"{path.parent} is not a folder"))
     champion = None  # (version, DeploymentSpec) of --like's champion
     if like is not None:
         if measure:
-            fail("--like re-tunes a registered GPU deployment; --measure tunes on CPU measurements: drop one")
+            usage("--like re-tunes a registered GPU deployment; --measure tunes on CPU measurements: drop one")
         if not mlflow_uri:
-            fail("--like needs --mlflow-uri (the registry lives in that MLflow)")
+            usage("--like needs --mlflow-uri (the registry lives in that MLflow)")
         champion, values = _inherit(mlflow_uri, like, {"gpu": gpu, "precision": precision, "slo.ttft_p90_ms": ttft_ms,
                                                         "slo.itl_p90_ms": itl_ms, "planner.gpu_budget": gpu_budget,
                                                         "planner.mode": planner})
@@ -268,7 +268,7 @@ def tune(
         except ValueError as e:
             problems.append(f"--register: {e}")
     if problems:
-        fail("; ".join(problems))
+        usage("; ".join(problems))
     if sample is not None:
         from runtime.tracking.traces import skipped_note, trace_files
 
@@ -456,8 +456,8 @@ def _champion_gpu_option(mlflow_uri: str, name: str, version: str, gpu: str) -> 
 
 def _like_champion(mlflow_uri: str, name: str, require: tuple[str, ...]):
     """(version, DeploymentSpec) of the champion of registered model `name` for `tune --like`; one error line
-    (exit 1) when the name is bad, the model or its champion is absent, MLflow cannot be asked, or the spec
-    does not state a field of `require` (dotted DeploymentSpec paths)."""
+    (exit 2 when the name is bad, else 1) when the model or its champion is absent, MLflow cannot be asked, or
+    the spec does not state a field of `require` (dotted DeploymentSpec paths)."""
     from runtime.tracking.mlflow_runs import (MissingFieldsError, TrackingError, check_registered_model_name,
                                               load_champion)
 
@@ -465,7 +465,7 @@ def _like_champion(mlflow_uri: str, name: str, require: tuple[str, ...]):
         check_registered_model_name(name)
         return load_champion(mlflow_uri, name, require=require)
     except ValueError as e:
-        fail(f"--like: {e}")
+        usage(f"--like: {e}")
     except MissingFieldsError as e:
         fail(f"--like {name}: {e} ({', '.join(LIKE_OPTIONS[m] for m in e.missing)})")
     except TrackingError as e:

@@ -23,7 +23,7 @@ def test_promote_with_a_missing_database_behind_a_query_string_names_the_file(tm
     db = tmp_path / "absent.db"
     res = runner.invoke(app, ["promote", "m", "--mlflow-uri", f"sqlite:///{db}?timeout=30",
                               "--out", str(tmp_path / "m.yaml")], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and "no such database file" in res.output and str(db) in res.output
+    assert res.exit_code == 2 and "no such database file" in res.output and str(db) in res.output
     assert not db.exists() and not (tmp_path / "m.yaml").exists()
 
 
@@ -48,5 +48,5 @@ def test_an_empty_expect_version_is_refused_not_read_as_no_guard(tmp_path, monke
     for empty in ("", "  "):
         res = runner.invoke(app, ["promote", "m", "--mlflow-uri", f"sqlite:///{db}", "--expect-version", empty,
                                   "--out", str(tmp_path / "m.yaml")], env={"COLUMNS": "300"})
-        assert res.exit_code == 1 and "--expect-version" in res.output, res.output
+        assert res.exit_code == 2 and "--expect-version" in res.output, res.output
     assert called == [] and not (tmp_path / "m.yaml").exists()
