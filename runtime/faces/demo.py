@@ -6,9 +6,8 @@ from typing import Annotated
 
 import typer
 
-from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail, usage, option_errors
-
-SLO_OPTIONS = {"ttft_p90_ms": "--ttft-ms", "itl_p90_ms": "--itl-ms"}
+from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail, option_errors, usage
+from runtime.faces.tune import SLO_OPTIONS  # demo takes the SLO as tune does
 
 
 def demo(

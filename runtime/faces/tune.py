@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from runtime.faces.options import TUNE_OPTIONS
 from runtime.faces.common import DEFAULT_STATE, StateOpt, console, err, fail, usage, option_errors
 
 import math
@@ -20,12 +21,14 @@ from runtime.config import PlannerSpec
 from runtime.redact import redact_userinfo
 from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 
-SLO_OPTIONS = {"ttft_p90_ms": "--ttft-ms", "itl_p90_ms": "--itl-ms"}
+SLO_OPTIONS = {k: TUNE_OPTIONS[k] for k in ("ttft_p90_ms", "itl_p90_ms")}
+WORKLOAD_OPTIONS = {k: TUNE_OPTIONS[k] for k in ("isl_tokens", "osl_tokens", "request_rate_per_s")}
 TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT = 3000, 150  # `pdserve tune --isl/--osl` defaults, tokens
 TUNE_RATE_DEFAULT = 10.0  # `pdserve tune --rate` default without a trace, requests/s
 # the DeploymentSpec fields `tune --like` inherits (runtime/tracking/mlflow_runs.py INHERITED_FIELDS) -> option
-LIKE_OPTIONS = {"gpu": "--gpu", "precision": "--precision", "slo.ttft_p90_ms": "--ttft-ms",
-                "slo.itl_p90_ms": "--itl-ms", "planner.gpu_budget": "--gpu-budget", "planner.mode": "--planner"}
+LIKE_OPTIONS = {"gpu": TUNE_OPTIONS["gpu"], "precision": TUNE_OPTIONS["precision"],
+                "slo.ttft_p90_ms": TUNE_OPTIONS["ttft_p90_ms"], "slo.itl_p90_ms": TUNE_OPTIONS["itl_p90_ms"],
+                "planner.gpu_budget": TUNE_OPTIONS["gpu_budget"], "planner.mode": TUNE_OPTIONS["planner_mode"]}
 TUNE_GPU_DEFAULT = "H100-SXM"  # `pdserve tune --gpu` default without --like
 TUNE_TTFT_MS_DEFAULT, TUNE_ITL_MS_DEFAULT = 2000.0, 50.0  # `pdserve tune --ttft-ms/--itl-ms` defaults without --like
 TRACE_FEW_REQUESTS = 100  # `tune --trace` notes that fewer requests than this are too few to size for
@@ -37,7 +40,6 @@ def _duration(seconds: float) -> str:
         if seconds >= 2 * size:
             return f"{seconds / size:.3g} {unit}"
     return f"{seconds:.3g} s"
-WORKLOAD_OPTIONS = {"isl_tokens": "--isl", "osl_tokens": "--osl", "request_rate_per_s": "--rate"}
 
 
 def tune(

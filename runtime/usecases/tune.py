@@ -455,5 +455,8 @@ def kfp_tune_outputs(outcome: TuneOutcome) -> TuneOutputs:
     log = logging.getLogger("pdserve.tune")
     for note in outcome.notes:
         log.warning("%s", note)
+    d = outcome.decision
+    log.info("registered %s version %s; alias champion names version %s (%s)", d.registered_model,
+             d.registered_version, d.champion_version, d.reason)
     best = outcome.result.best
     return TuneOutputs(outcome.champion_version, int(best.prefill_tp), int(best.decode_tp))

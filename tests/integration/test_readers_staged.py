@@ -4,7 +4,7 @@
   copy, before writing anything, against a real sqlite-backed MLflow registry;
 * the runtime started with `--require-staged` (as the rendered KServe runtime is) exits at once naming the
   folder; without the flag a prepared HF folder (the local demo/e2e runs) is still served;
-* `tune_step` refuses a winner that needs more GPUs than planner.gpu_budget before logging anything."""
+* the tune use case refuses a winner that needs more GPUs than planner.gpu_budget before logging anything."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`pdserve tune` / `tune_step` against a real MLflow: what is registered, what is printed, what is refused."""
+"""`pdserve tune` / the tune use case against a real MLflow: what is registered, what is printed, what is refused."""
 
 from __future__ import annotations
 

@@ -85,7 +85,7 @@ def _tune(fsx: Path, trace: str, rate: float = AUTO_REQUEST_RATE, model_path: Pa
         fsx_root=str(fsx), **kw), metrics=metrics))
 
 
-def validate_step(**kw):
+def _validate(**kw):
     return validate(ValidateRequest(**kw))
 
 
@@ -97,7 +97,7 @@ VALID = dict(model_name="m", gpu="H100-SXM", precision="auto", ttft_p90_ms=2000.
 @pytest.mark.parametrize("uri", ["", "s3://traffic/2026/12/log.jsonl", "/fsx/traces/azure.csv", "/fsx/t.JSONL",
                                  "s3://traffic/logs/", "/fsx/traffic/llama8/"])
 def test_validate_accepts_no_trace_an_s3_object_or_a_path_under_fsx_root(uri):
-    validate_step(**VALID, traffic_trace_uri=uri)
+    _validate(**VALID, traffic_trace_uri=uri)
 
 
 @pytest.mark.parametrize(("uri", "needle"), [
@@ -115,13 +115,13 @@ def test_validate_accepts_no_trace_an_s3_object_or_a_path_under_fsx_root(uri):
 ])
 def test_validate_refuses_a_malformed_trace_uri_naming_it(uri, needle):
     with pytest.raises(ValueError) as e:
-        validate_step(**VALID, traffic_trace_uri=uri)
+        _validate(**VALID, traffic_trace_uri=uri)
     assert "traffic_trace_uri" in str(e.value) and uri in str(e.value) and needle in str(e.value)
 
 
 def test_validate_names_a_bad_trace_uri_with_the_other_bad_parameters():
     with pytest.raises(ValueError) as e:
-        validate_step(**(VALID | {"gpu": "H100-SMX", "request_rate_per_s": -1.0}), traffic_trace_uri="t.jsonl")
+        _validate(**(VALID | {"gpu": "H100-SMX", "request_rate_per_s": -1.0}), traffic_trace_uri="t.jsonl")
     msg = str(e.value)
     assert "traffic_trace_uri 't.jsonl'" in msg and "H100-SMX" in msg and "request_rate_per_s" in msg
 
@@ -278,10 +278,10 @@ def test_a_trace_window_sizes_for_the_last_hours_and_a_bad_one_fails_validation(
     for bad, needle in [(-1.0, "trace_window_h: must be a number of hours > 0"), (float("nan"), "got nan"),
                         (2.0, "trace_window_h: only with a traffic_trace_uri")]:
         with pytest.raises(ValueError, match=needle):
-            validate_step(**VALID, traffic_trace_uri="" if bad == 2.0 else "s3://traffic/logs/", trace_window_h=bad)
+            _validate(**VALID, traffic_trace_uri="" if bad == 2.0 else "s3://traffic/logs/", trace_window_h=bad)
 
 
 def test_a_presigned_trace_uri_fails_validation_without_its_signature():
     with pytest.raises(ValueError) as e:
-        validate_step(**VALID, traffic_trace_uri="s3://traffic/t.jsonl?X-Amz-Signature=0123456789abcdef")
+        _validate(**VALID, traffic_trace_uri="s3://traffic/t.jsonl?X-Amz-Signature=0123456789abcdef")
     assert "must not carry a query string" in str(e.value) and "0123456789abcdef" not in str(e.value)
