@@ -190,6 +190,7 @@ def tune(
     gpu_budget = PlannerSpec.model_fields["gpu_budget"].default if gpu_budget is None else gpu_budget
     planner = "off" if planner is None else planner
     problems = []  # bad options fail here, all named at once, before the model is read or measured
+    s3_read_failed = False  # a trace that could not be read from S3 is a run-time failure (exit 1), not a bad value
     if precision is not None:
         precision = precision.lower()
         if precision == "auto":  # the pipeline's spelling of "the checkpoint's own"
@@ -237,6 +238,7 @@ def tune(
                 traced = load_trace_workload(trace, read_rate=rate is None, window_s=window_s)
         except (OSError, ValueError) as e:  # TraceFormatError is a ValueError; a folder or no file: OSError
             problems.append(f"--trace-uri: {str(e).removeprefix('traffic_trace_uri: ')}" if fetch else f"--trace: {e}")
+            s3_read_failed = fetch
         else:  # the spec records the trace's mean lengths (what a reader of the spec expects to see)
             if (isl, osl) != (TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT):
                 err.print("note: --isl/--osl are ignored with --trace (the trace's lengths are used)")
@@ -270,7 +272,7 @@ def tune(
         except ValueError as e:
             problems.append(f"--register: {e}")
     if problems:
-        usage("; ".join(problems))
+        (fail if s3_read_failed else usage)("; ".join(problems))
     if sample is not None:
         from runtime.tracking.traces import skipped_note, trace_files
 

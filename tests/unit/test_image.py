@@ -75,9 +75,9 @@ def test_compile_image_sets_every_step_and_the_runtime_default(tmp_path):
     assert images == {f"{ECR}:0.2.0-cpu"}
     assert pipeline["root"]["inputDefinitions"]["parameters"]["image"]["defaultValue"] == f"{ECR}:0.2.0"
     r = CliRunner().invoke(app, ["compile", str(out), "--image", f"{ECR}@sha256:" + "c" * 64])
-    assert r.exit_code == 1 and "--steps-image" in r.output
+    assert r.exit_code == 2 and "--steps-image" in r.output
     r = CliRunner().invoke(app, ["compile", str(out), "--image", "Not An Image"])
-    assert r.exit_code == 1 and "--image" in r.output
+    assert r.exit_code == 2 and "--image" in r.output
 
 
 def _fake_tool(tmp_path: Path, name: str) -> tuple[Path, Path]:
