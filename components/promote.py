@@ -23,9 +23,9 @@ def promote(
 ):
     """Render the `champion` version's objects to `manifests` (YAML); apply them when `apply` is true.
     `traffic_upload_uri` (s3://bucket/prefix/, "" = off): the runtime records its traffic and ships it there."""
-    from runtime.steps import promote_step
+    from runtime.usecases.promote import PromoteRequest, promote
 
-    manifests.metadata.update(
-        promote_step(champion_version, registered_model, mlflow_tracking_uri, namespace, image, pvc_name,
-                     apply, kube_context, manifests.path, traffic_upload_uri=traffic_upload_uri)
-    )
+    manifests.metadata.update(promote(PromoteRequest(
+        registered_model=registered_model, mlflow_tracking_uri=mlflow_tracking_uri, out_path=manifests.path,
+        namespace=namespace, image=image, pvc_name=pvc_name, expect_version=champion_version, apply=apply,
+        kube_context=kube_context, traffic_upload_uri=traffic_upload_uri)).metadata())

@@ -17,6 +17,7 @@ def stage_weights(
     model: Output[Model],
 ):
     """Copy `source_uri` (s3://bucket/prefix) to `<fsx_root>/models/<model_name>`; credentials come from env."""
-    from runtime.steps import stage_step
+    from runtime.usecases.stage import StageRequest, stage
 
-    model.metadata.update(stage_step(source_uri, fsx_root, model_name, s3_endpoint_url))
+    model.metadata.update(stage(StageRequest(source_uri=source_uri, fsx_root=fsx_root, model_name=model_name,
+                                             s3_endpoint_url=s3_endpoint_url)).metadata())

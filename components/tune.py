@@ -42,12 +42,12 @@ def tune_tp(
     that trace as `pdserve tune --trace`; `request_rate_per_s` 0: the trace's mean arrival rate (no trace: 10/s);
     `planner_mode` (off, sla, load) is the champion's planner.mode, as `pdserve tune --planner`;
     `trace_window_h` > 0 sizes for the trace's last hours only (`pdserve tune --trace-window-h`)."""
-    from runtime.steps import tune_step
+    from runtime.usecases.tune import TuneRequest, kfp_tune_outputs, tune
 
-    return tune_step(
-        model.metadata["path"], model.metadata["name"], gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens,
-        osl_tokens, request_rate_per_s, mlflow_tracking_uri, registered_model,
-        gpu_budget=gpu_budget, metrics=metrics, table_path=table.path, plot_path=plot.path,
-        traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url, fsx_root=fsx_root,
-        planner_mode=planner_mode, trace_window_h=trace_window_h, min_improvement_pct=min_improvement_pct,
-    )
+    return kfp_tune_outputs(tune(TuneRequest(
+        model_path=model.metadata["path"], model_name=model.metadata["name"], gpu=gpu, precision=precision,
+        ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms, isl_tokens=isl_tokens, osl_tokens=osl_tokens,
+        request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget, mlflow_tracking_uri=mlflow_tracking_uri,
+        registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url,
+        fsx_root=fsx_root, planner_mode=planner_mode, trace_window_h=trace_window_h,
+        min_improvement_pct=min_improvement_pct), metrics=metrics, table_path=table.path, plot_path=plot.path))

@@ -28,9 +28,11 @@ def validate_parameters(
 ):
     """Fail (naming every bad parameter) before stage-weights copies the model when tune would refuse them;
     `traffic_trace_uri` must be "" (none), an s3://bucket/key object URI or an absolute path under `fsx_root`."""
-    from runtime.steps import validate_step
+    from runtime.usecases.validate import ValidateRequest, validate
 
-    validate_step(model_name, gpu, precision, ttft_p90_ms, itl_p90_ms, isl_tokens, osl_tokens, request_rate_per_s,
-                  gpu_budget, registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
-                  traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode, trace_window_h=trace_window_h,
-                  min_improvement_pct=min_improvement_pct)
+    validate(ValidateRequest(
+        model_name=model_name, gpu=gpu, precision=precision, ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms,
+        isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget,
+        registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
+        traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode, trace_window_h=trace_window_h,
+        min_improvement_pct=min_improvement_pct))

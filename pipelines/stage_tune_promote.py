@@ -59,11 +59,11 @@ from components.tune import tune_tp
 from components.validate import validate_parameters
 from runtime.config import PlannerSpec
 from runtime.image import DEFAULT_IMAGE, cpu_image
-from runtime.steps import AUTO_REQUEST_RATE
+from runtime.staging.layout import FSX_MOUNT
+from runtime.usecases.tune import AUTO_REQUEST_RATE
 from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 
 FSX_PVC = "fsx-claim"
-FSX_MOUNT = "/fsx"
 S3_SECRET = "pdserve-s3"  # keys: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (optional with Pod Identity)
 MLFLOW_SECRET = "pdserve-mlflow"  # keys: MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD
 

@@ -54,7 +54,7 @@ class ModelRef(_Strict):
         min_length=1,
         description="Model name used in the OpenAI API (`model` field), in MLflow and as the staged folder "
         "name under models/: a clean relative path such as `llama8` or `org/llama8` (no empty, '.' or '..' "
-        "component, no leading '/', NUL or backslash; runtime.steps.check_model_name).",
+        "component, no leading '/', NUL or backslash; runtime.config.check_model_name).",
     )
     path: str = Field(
         default="",

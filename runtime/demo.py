@@ -149,18 +149,20 @@ def _check_slo_feasible(model_dir: Path, settings: DemoSettings, registered: str
     """
     from runtime.config import ModelRef
     from runtime.modelfiles.load import load_model_spec
-    from runtime.steps import AUTO_PRECISION, check_gpu_budget, check_tune_parameters, checkpoint_precision
     from runtime.tuner.search import InfeasibleSLOError, tp_choices, tune
+    from runtime.usecases.tune import TuneSettings, check_tune_settings, deployment_for, resolve_precision
 
-    try:
-        params = check_tune_parameters(settings.gpu, AUTO_PRECISION, settings.ttft_p90_ms, settings.itl_p90_ms,
-                                       DEMO_ISL_TOKENS, DEMO_OSL_TOKENS, DEMO_REQUEST_RATE_PER_S, None, registered)
+    try:  # the pipeline's tune use case, phase by phase, without MLflow
+        params = check_tune_settings(TuneSettings(
+            gpu=settings.gpu, ttft_p90_ms=settings.ttft_p90_ms, itl_p90_ms=settings.itl_p90_ms,
+            isl_tokens=DEMO_ISL_TOKENS, osl_tokens=DEMO_OSL_TOKENS, request_rate_per_s=DEMO_REQUEST_RATE_PER_S,
+            registered_model=registered))
         model = load_model_spec(model_dir / "config.json")
-        result = tune(model, params.gpu, params.slo, params.workload, precision=checkpoint_precision(model),
+        precision, _ = resolve_precision(model, params.precision)
+        result = tune(model, params.gpu, params.slo, params.workload, precision=precision,
                       tps=tp_choices(settings.gpu))
-        spec = result.to_deployment_spec(ModelRef(name=DEMO_MODEL, path=str(model_dir)))
-        spec.planner.gpu_budget = params.gpu_budget  # as tune_step does before its check
-        check_gpu_budget(spec)  # GpuBudgetError (a ValueError)
+        deployment_for(result, ModelRef(name=DEMO_MODEL, path=str(model_dir)), gpu_budget=params.gpu_budget,
+                       planner_mode=params.planner_mode)  # GpuBudgetError (a ValueError)
     except (InfeasibleSLOError, ValueError) as e:
         raise DemoError(f"the tune step would fail: {e}") from None
 

@@ -37,8 +37,11 @@ def _group(ctx: typer.Context) -> None:
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[red]error:[/red] {escape(msg)}")
-    raise typer.Exit(code)
+    """One error line and exit `code` as every `pdserve` command (runtime/faces/common.py): 2 by default here,
+    where most errors are a bad option or input."""
+    from runtime.faces.common import fail
+
+    fail(msg, code)
 
 
 @app.command("run")

@@ -54,6 +54,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from runtime.image import DEFAULT_IMAGE, cpu_image, gpu_image
+from runtime.faces.options import PROMOTE_OPTIONS, TUNE_OPTIONS
+from runtime.staging.layout import FSX_MOUNT
 
 __all__ = [
     "BatchInferenceWorkflowSpec", "RetuneCronWorkflowSpec", "batch_inference_workflow", "retune_cron_workflow",
@@ -64,7 +66,6 @@ __all__ = [
 API_VERSION = "argoproj.io/v1alpha1"
 PROMOTER_SERVICE_ACCOUNT = "pdserve-promoter"  # runtime/deploy/rbac.py PROMOTER_NAME (kserve/promoter-rbac.yaml)
 FSX_PVC = "fsx-claim"  # same claim as pipelines/stage_tune_promote.py FSX_PVC (infra/k8s/storage)
-FSX_MOUNT = "/fsx"
 WORK_DIR = "/work"
 S3_SECRET = "pdserve-s3"  # keys: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
 BATCH_PRIORITY_CLASS = "pdserve-batch"  # infra/k8s/batch/priorityclass.yaml
@@ -515,19 +516,20 @@ def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     ``--trace <artifact path> --trace-uri <traffic_uri>``, or with ``trace_window_h`` ``--trace-uri <traffic_uri>
     --trace-window-h H`` (tune reads S3 itself). With ``spec.promote`` it also writes its decision (DECISION_FILE,
     and DECISION_DIR for the output parameters)."""
-    given = [("--gpu", spec.gpu), ("--precision", spec.precision), ("--ttft-ms", spec.ttft_ms),
-             ("--itl-ms", spec.itl_ms),
-             ("--rate", spec.rate),  # None: the trace's own arrival rate
-             ("--gpu-budget", spec.gpu_budget), ("--planner", spec.planner),
-             ("--min-improvement-pct", spec.min_improvement_pct)]
+    o = TUNE_OPTIONS  # the CLI's own table (runtime/faces/options.py): one spelling of each option
+    given = [(o["gpu"], spec.gpu), (o["precision"], spec.precision), (o["ttft_p90_ms"], spec.ttft_ms),
+             (o["itl_p90_ms"], spec.itl_ms),
+             (o["request_rate_per_s"], spec.rate),  # None: the trace's own arrival rate
+             (o["gpu_budget"], spec.gpu_budget), (o["planner_mode"], spec.planner),
+             (o["min_improvement_pct"], spec.min_improvement_pct)]
     opts = [a for opt, v in given if v is not None for a in (opt, v if isinstance(v, str) else _num(v))]
     trace = (["--trace", trace_path(spec)] if spec.trace_window_h is None
-             else ["--trace-window-h", _num(spec.trace_window_h)])
+             else [o["trace_window_h"], _num(spec.trace_window_h)])
     return ["pdserve", "tune", f"{FSX_MOUNT}/models/{spec.model_name}/config.json",
             "--like", spec.registered_model, *opts, *trace,
-            "--trace-uri", spec.traffic_uri,
-            "--mlflow-uri", spec.mlflow_uri,
-            "--register", spec.registered_model, "--out", f"{WORK_DIR}/winner.json",
+            o["traffic_trace_uri"], spec.traffic_uri,
+            o["mlflow_tracking_uri"], spec.mlflow_uri,
+            o["registered_model"], spec.registered_model, "--out", f"{WORK_DIR}/winner.json",
             *(["--decision-out", DECISION_FILE, "--decision-values", DECISION_DIR] if spec.promote else [])]
 
 
@@ -571,12 +573,14 @@ def promote_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     not live yet is still promoted (a retried tune whose first attempt moved the alias sees its own version as
     the champion and keeps it). In-cluster credentials (no --kube-context); the champion's model folder is
     checked as a staged copy on the FSx mount."""
-    argv = ["pdserve", "promote", spec.registered_model, "--apply", "--skip-if-live", "--expect-version",
+    o = PROMOTE_OPTIONS  # the CLI's own table (runtime/faces/options.py): one spelling of each option
+    argv = ["pdserve", "promote", spec.registered_model, o["apply"], o["skip_if_live"], o["expect_version"],
             PROMOTE_VERSION,
-            "--mlflow-uri", spec.mlflow_uri, "--namespace", spec.promote_namespace or spec.namespace,
-            "--image", spec.promote_image or gpu_image(spec.image), "--pvc", spec.pvc_name, "--out", f"{WORK_DIR}/manifests.yaml"]
+            o["mlflow_tracking_uri"], spec.mlflow_uri, o["namespace"], spec.promote_namespace or spec.namespace,
+            o["image"], spec.promote_image or gpu_image(spec.image), o["pvc_name"], spec.pvc_name,
+            o["out_path"], f"{WORK_DIR}/manifests.yaml"]
     upload = promote_traffic_upload_uri(spec)
-    return argv + ([] if upload is None else ["--traffic-upload", upload])
+    return argv + ([] if upload is None else [o["traffic_upload_uri"], upload])
 
 
 def batch_inference_workflow(spec: BatchInferenceWorkflowSpec) -> dict[str, Any]:

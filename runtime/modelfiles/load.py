@@ -71,3 +71,35 @@ def _modelopt_quant_config(path: Path, name: str) -> dict | None:
     if kv is not None:
         out["kv_cache_quant_algo"] = kv
     return out
+
+
+PRECISIONS = ("bf16", "fp8")  # what a DeploymentSpec deploys (runtime/config.py Precision)
+AUTO_PRECISION = "auto"  # "the checkpoint's own" (checkpoint_precision)
+
+
+def checkpoint_precision(model: ModelSpec) -> str:
+    """The deployment precision a checkpoint is tuned at when none is chosen: `fp8` when its weights are FP8
+    (config.json `quantization_config.quant_method` `fp8` / `fbgemm_fp8`, a TensorRT Model Optimizer
+    `quant_algo` `FP8`, also from `hf_quant_config.json`: :func:`load_model_spec`) or it carries FP8 KV-cache
+    scales (ModelOpt `kv_cache_quant_algo` `FP8`), else `bf16` (`runtime.models.quant.detect_precision`).
+
+    The deployment precision is the KV-cache dtype (and online FP8 quantisation of a 16-bit checkpoint,
+    runtime.deploy.workers.precision_args); a quantised checkpoint's weights keep their own format either way,
+    and the tuner sizes them so (`runtime.tuner.search.tune`). One rule for `pdserve tune` (no --precision),
+    the pipeline's tune step (precision `auto`) and `pdserve models`.
+    """
+    fp8 = model.weight_format in ("fp8", "fp8-block") or model.kv_cache_format == "fp8"
+    return "fp8" if fp8 else "bf16"
+
+
+def check_precision(precision: str) -> str:
+    """Return `precision` lower-cased when it is `auto` or one of PRECISIONS.
+
+    Raises:
+        ValueError: anything else (message lists the accepted values).
+    """
+    value = precision.lower() if isinstance(precision, str) else precision
+    if value != AUTO_PRECISION and value not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: must be {AUTO_PRECISION} (the checkpoint's own: fp8 for an FP8 "
+                         f"checkpoint, else bf16) or one of {', '.join(PRECISIONS)}")
+    return value

@@ -4,7 +4,7 @@
   copy, before writing anything, against a real sqlite-backed MLflow registry;
 * the runtime started with `--require-staged` (as the rendered KServe runtime is) exits at once naming the
   folder; without the flag a prepared HF folder (the local demo/e2e runs) is still served;
-* `tune_step` refuses a winner that needs more GPUs than planner.gpu_budget before logging anything."""
+* the tune use case refuses a winner that needs more GPUs than planner.gpu_budget before logging anything."""
 
 from __future__ import annotations
 
@@ -59,9 +59,10 @@ def registry(tmp_path_factory, folders) -> str:
 
 
 def _promote(uri: str, registered: str, out: Path, **kw):
-    from runtime.steps import promote_step
+    from runtime.usecases.promote import PromoteRequest, promote
 
-    return promote_step("", registered, uri, "pdserve", "img:1", "fsx-claim", False, "", str(out), **kw)
+    return promote(PromoteRequest(registered_model=registered, mlflow_tracking_uri=uri, out_path=str(out),
+                                  image="img:1", **kw)).metadata()
 
 
 def test_promote_renders_a_champion_tuned_on_a_staged_copy(registry, tmp_path):
@@ -157,11 +158,13 @@ def test_runtime_check_accepts_a_staged_folder_and_ignores_markers_without_the_f
     assert check_staged(local) == []  # local runs on a prepared HF folder need no marker
 
 
-def test_tune_step_refuses_a_winner_over_the_gpu_budget_before_logging(folders, tmp_path):
-    from runtime.steps import GpuBudgetError, tune_step
+def test_tune_refuses_a_winner_over_the_gpu_budget_before_logging(folders, tmp_path):
+    from runtime.deploy.budget import GpuBudgetError
+    from runtime.usecases.tune import tune
+    from tests.usecase_requests import tune_request
 
     db = tmp_path / "mlflow.db"
     with pytest.raises(GpuBudgetError, match=r"needs (\d+) GPUs .* planner.gpu_budget is 64 GPUs"):
-        tune_step(str(folders["staged"]), "llama70b", "H100-SXM", "bf16", 2000.0, 50.0, 3000, 150, 100.0,
-                  f"sqlite:///{db}", "over-budget")
+        tune(tune_request(folders["staged"], "llama70b", "H100-SXM", "bf16", 2000.0, 50.0, 3000, 150, 100.0,
+                          f"sqlite:///{db}", "over-budget"))
     assert not db.exists()  # nothing logged or registered

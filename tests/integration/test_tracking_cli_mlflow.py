@@ -1,4 +1,4 @@
-"""`pdserve tune` / `tune_step` against a real MLflow: what is registered, what is printed, what is refused."""
+"""`pdserve tune` / the tune use case against a real MLflow: what is registered, what is printed, what is refused."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_tune_refuses_a_bad_registered_model_name_before_logging_or_writing(tmp_
     out = tmp_path / "t.json"
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--mlflow-uri", uri, "--register", name, "--out", str(out)],
                         env=ENV)
-    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
     assert res.output.startswith("error: --register: registered model name") and "Traceback" not in res.output
     assert not out.exists() and not (tmp_path / "m.db").exists()
 
@@ -111,12 +111,13 @@ def test_log_tuning_refuses_a_bad_name_before_creating_a_run(tmp_path):
     assert not (tmp_path / "m.db").exists() or _runs(uri) == 0
 
 
-def test_tune_step_refuses_a_bad_name_first(tmp_path):
-    from runtime.steps import tune_step
+def test_tune_refuses_a_bad_name_first(tmp_path):
+    from runtime.usecases.tune import tune
+    from tests.usecase_requests import tune_request
 
     with pytest.raises(ValueError, match="registered model name 'org/llama'"):
-        tune_step(str(tmp_path / "not-staged"), "m", "H100-SXM", "bf16", 2000, 50, 3000, 150, 10,
-                  f"sqlite:///{tmp_path / 'm.db'}", "org/llama")
+        tune(tune_request(tmp_path / "not-staged", "m", "H100-SXM", "bf16", 2000, 50, 3000, 150, 10,
+                          f"sqlite:///{tmp_path / 'm.db'}", "org/llama"))
 
 
 def test_tune_refuses_to_register_a_spec_promote_cannot_render(tmp_path):
@@ -148,9 +149,11 @@ def test_log_tuning_refuses_an_unrenderable_spec_before_creating_a_run(tmp_path)
     assert not (tmp_path / "m.db").exists() or _runs(uri) == 0
 
 
-def test_tune_step_hides_the_password_of_an_unreachable_mlflow(tmp_path, monkeypatch):
+def test_tune_hides_the_password_of_an_unreachable_mlflow(tmp_path, monkeypatch):
     from runtime.ports import free_port
-    from runtime.steps import stage_step, tune_step
+    from runtime.usecases.stage import StageRequest, stage
+    from runtime.usecases.tune import tune
+    from tests.usecase_requests import tune_request
     from runtime.tracking.mlflow_runs import TrackingError
 
     for k, v in ENV.items():
@@ -158,10 +161,10 @@ def test_tune_step_hides_the_password_of_an_unreachable_mlflow(tmp_path, monkeyp
     src = tmp_path / "src"
     src.mkdir()
     (src / "config.json").write_text(LLAMA_70B.read_text())
-    staged = stage_step(str(src), str(tmp_path / "fsx"), "llama70b")["path"]
+    staged = stage(StageRequest(source_uri=str(src), fsx_root=str(tmp_path / "fsx"), model_name="llama70b")).path
     uri = f"http://alice:S3cretPW@127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(TrackingError) as ei:
-        tune_step(staged, "llama70b", "H100-SXM", "bf16", 2000, 50, 3000, 150, 10, uri, "llama70b")
+        tune(tune_request(staged, "llama70b", "H100-SXM", "bf16", 2000, 50, 3000, 150, 10, uri, "llama70b"))
     text = str(ei.value) + repr(ei.value.__cause__) + repr(ei.value.__context__)
     assert "S3cretPW" not in text and "alice" not in text and "http://***@127.0.0.1" in text
     assert ei.value.__context__ is None and ei.value.__cause__ is None
@@ -194,7 +197,7 @@ def test_a_corrupt_champion_spec_names_model_version_and_artifact(tmp_path, cont
 
 
 def test_tune_measure_logs_its_runs_to_mlflow(tmp_path, monkeypatch):
-    import runtime.cli as cli
+    import runtime.faces.tune as cli
     from runtime.perf.gpus import get_gpu
     from runtime.perf.model import PerfModel
     from runtime.tuner.profiles import ProfilePerf, build_profiles
@@ -285,5 +288,7 @@ def test_tune_trace_records_the_trace_on_the_parent_run_like_the_pipeline(tmp_pa
     for args, why in ((["--trace-uri", "s3://traffic/x/"], "--trace-uri: s3://traffic/x/: cannot read"),
                       (["--trace", str(trace), "--trace-uri", "https://u:pw@host/x"], "must not carry credentials")):
         res = runner.invoke(app, ["tune", str(LLAMA_70B), "--mlflow-uri", uri, "--rate", "1", *args], env=ENV)
-        assert res.exit_code == 1 and why in " ".join(res.output.split()) and "pw@" not in res.output
+        # reading S3 failed while running: 1; credentials in the URI: a bad value, 2
+        assert res.exit_code == (1 if "cannot read" in why else 2) and why in " ".join(res.output.split())
+        assert "pw@" not in res.output
     assert parents[0].data.params["isl_tokens"] == "500"

@@ -191,7 +191,7 @@ def test_like_names_what_the_champions_spec_does_not_state(uri):
 def test_like_refuses_bad_use_before_reading_anything(tmp_path, monkeypatch, args, why):
     monkeypatch.chdir(tmp_path)
     res = runner.invoke(app, ["tune", str(LLAMA_70B), *args], env=ENV)
-    assert res.exit_code == 1 and why in _flat(res.output), res.output
+    assert res.exit_code == 2 and why in _flat(res.output), res.output
     assert not (tmp_path / "unused.db").exists()
 
 
@@ -202,11 +202,11 @@ def test_like_with_measure_is_refused(tmp_path):
     (folder / "model.safetensors").write_bytes(b"")
     res = runner.invoke(app, ["tune", str(folder), "--measure", "--like", "x", "--mlflow-uri", "sqlite:///x.db"],
                         env=ENV)
-    assert res.exit_code == 1 and "--like re-tunes a registered GPU deployment" in _flat(res.output)
+    assert res.exit_code == 2 and "--like re-tunes a registered GPU deployment" in _flat(res.output)
 
 
 def test_the_cli_inherits_exactly_the_fields_tracking_documents():
-    from runtime.cli import LIKE_OPTIONS
+    from runtime.faces.tune import LIKE_OPTIONS
     from runtime.tracking.mlflow_runs import INHERITED_FIELDS
 
     assert tuple(LIKE_OPTIONS) == INHERITED_FIELDS
@@ -218,7 +218,7 @@ def test_an_infinite_improvement_threshold_is_refused_before_anything_is_tuned_o
     out = tmp_path / "spec.json"
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--rate", "2", "--min-improvement-pct", "inf",
                               "--out", str(out)], env=ENV)
-    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
     assert "--min-improvement-pct: must be a finite percentage >= 0, got inf" in _flat(res.output)
     assert not out.exists()
 
@@ -227,7 +227,7 @@ def test_an_improvement_threshold_without_register_is_refused_not_ignored(tmp_pa
     out = tmp_path / "spec.json"
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--rate", "2", "--min-improvement-pct", "10",
                               "--out", str(out)], env=ENV)
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     assert "--min-improvement-pct: only applies with --register" in _flat(res.output)
     assert not out.exists()
 
@@ -290,7 +290,7 @@ def test_a_decision_without_register_or_into_a_file_is_refused_before_anything_r
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--mlflow-uri", "sqlite:///unused.db", *args], env=ENV)
-    assert res.exit_code == 1 and why in _flat(res.output), res.output
+    assert res.exit_code == 2 and why in _flat(res.output), res.output
     assert not (tmp_path / "unused.db").exists() and not (tmp_path / "d.json").exists()
 
 

@@ -591,7 +591,7 @@ def test_with_promote_the_promote_step_promotes_the_champion_unless_it_already_s
 def test_the_files_tune_writes_are_the_ones_the_output_parameters_read(tmp_path):
     """The contract between `tune --decision-values DIR` (the real writer) and the tune template's valueFrom paths:
     each parameter's file exists and holds what the promote step's --expect-version expects."""
-    from runtime.cli import _write_decision
+    from runtime.faces.tune import _write_decision
 
     tpl = templates(promote_cron())["tune"]
     args = tpl["container"]["args"]
@@ -677,7 +677,9 @@ def test_the_promote_steps_command_line_parses_with_the_real_cli(tmp_path, monke
     args.remove("--skip-if-live")  # (and it only applies with --apply)
     res = CliRunner().invoke(pdserve_app, args)
     out = " ".join(res.output.split())
-    assert res.exit_code == 1 and "no such database file" in out and not db.exists(), res.output
+    # exit 2 for the bad --mlflow-uri value, not for the command line's shape: no click usage error
+    assert res.exit_code == 2 and "no such database file" in out and "Usage:" not in out and not db.exists(), \
+        res.output
     # the tune side: the decision options are accepted (the run then stops at --like, as above)
     tune_args = tpls["tune"]["container"]["args"]
     tune_args[tune_args.index("--trace") + 1] = str(tmp_path / "absent")

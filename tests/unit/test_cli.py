@@ -69,13 +69,13 @@ def test_tune_config_missing_field_is_named(tmp_path):
 
 def test_tune_measure_needs_a_model_folder_with_weights(tmp_path):
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--measure"])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "--measure needs a model folder" in " ".join(res.output.split())
 
 
 def test_tune_measure_refuses_to_write_a_deployable_spec(tmp_path):
     res = runner.invoke(app, ["tune", str(tmp_path), "--measure", "--out", str(tmp_path / "s.json")])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "not a deployable GPU spec" in " ".join(res.output.split())  # rich wraps long lines
     assert not (tmp_path / "s.json").exists()
 
@@ -125,7 +125,7 @@ def test_stage_prints_its_summary_once_and_leaves_concurrency_to_stage_options(t
 def test_stage_bad_concurrency_names_the_option_before_touching_the_destination(tmp_path):
     res = runner.invoke(app, ["stage", str(tmp_path), str(tmp_path / "out"), "--concurrency", "0"],
                         env={"COLUMNS": "300"})
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "--concurrency: Input should be greater than or equal to 1" in res.output
     assert "pydantic.dev" not in res.output
     assert not (tmp_path / "out").exists()
@@ -133,7 +133,7 @@ def test_stage_bad_concurrency_names_the_option_before_touching_the_destination(
 
 def test_tune_bad_options_name_the_cli_options_not_the_fields():
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--ttft-ms", "-5", "--rate", "0"], env={"COLUMNS": "300"})
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     out = _flat(res.output)
     assert "--ttft-ms: Input should be greater than 0, got -5.0" in out
     assert "--rate: Input should be greater than 0, got 0.0" in out
@@ -143,7 +143,7 @@ def test_tune_bad_options_name_the_cli_options_not_the_fields():
 
 def test_demo_bad_slo_fails_before_starting_anything(tmp_path):
     res = runner.invoke(app, ["demo", "--state-dir", str(tmp_path), "--itl-ms", "0"], env={"COLUMNS": "300"})
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "--itl-ms: Input should be greater than 0" in res.output
     assert list(tmp_path.iterdir()) == []  # no model prepared, no S3 server, no demo folder
 
@@ -160,7 +160,7 @@ def test_tune_out_under_a_file_fails_before_tuning(tmp_path):
     (tmp_path / "f").write_text("x")
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--out", str(tmp_path / "f" / "spec.json")],
                         env={"COLUMNS": "300"})
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "is not a folder" in res.output and "★" not in res.output
     assert (tmp_path / "f").read_text() == "x"
 
@@ -194,19 +194,19 @@ def test_tune_huge_rate_is_refused_not_written(tmp_path):
 def test_serve_unreadable_spec_is_named_before_starting_workers(tmp_path):
     res = runner.invoke(app, ["serve", "--spec", str(tmp_path / "missing.json"), "--state-dir", str(tmp_path)],
                         env={"COLUMNS": "300"})
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert f"--spec {tmp_path / 'missing.json'}" in _flat(res.output)
     (tmp_path / "bad.json").write_text(json.dumps({"model": {"name": "m"}, "prefill": {"tp": 3}}))
     res = runner.invoke(app, ["serve", "--spec", str(tmp_path / "bad.json"), "--state-dir", str(tmp_path)],
                         env={"COLUMNS": "300"})
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "prefill.tp" in res.output and "pydantic.dev" not in res.output
 
 
 def test_serve_an_hf_config_as_spec_is_named_for_what_it_is(tmp_path):
     res = runner.invoke(app, ["serve", "--spec", str(LLAMA_70B), "--state-dir", str(tmp_path)],
                         env={"COLUMNS": "300"})
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "this is a Hugging Face model config.json, not a DeploymentSpec" in _flat(res.output)
     assert "Extra inputs" not in res.output
 
@@ -220,7 +220,7 @@ def test_serve_a_busy_port_fails_before_any_worker_starts(tmp_path):
         port = busy.getsockname()[1]
         res = runner.invoke(app, ["serve", "--port", str(port), "--model-dir", str(tmp_path / "nothing"),
                                   "--state-dir", str(tmp_path)], env={"COLUMNS": "300"})
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert f"--port {port}: 127.0.0.1:{port} is already in use" in _flat(res.output)
     assert list(tmp_path.iterdir()) == []  # checked first: no model prepared, no logs, no workers
 
@@ -230,7 +230,7 @@ def test_stage_transport_options_reach_stage_model_and_bad_ones_name_the_option(
 
     res = runner.invoke(app, ["stage", str(tmp_path), str(tmp_path / "out"), "--s3-transport", "curl"],
                         env={"COLUMNS": "300"})
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "--s3-transport: Input should be 'auto', 'http' or 'botocore', got 'curl'" in _flat(res.output)
     assert not (tmp_path / "out").exists()
 
@@ -245,14 +245,14 @@ def test_stage_transport_options_reach_stage_model_and_bad_ones_name_the_option(
 def test_promote_apply_needs_a_kube_context_before_anything_is_written(tmp_path):
     out = tmp_path / "m.yaml"
     res = runner.invoke(app, ["promote", "x", "--apply", "--out", str(out)], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and "--apply needs --kube-context" in res.output
+    assert res.exit_code == 2 and "--apply needs --kube-context" in res.output
     assert not out.exists()
 
 
 def test_promote_refuses_a_missing_sqlite_database_instead_of_creating_one(tmp_path):
     db = tmp_path / "typo.db"
     res = runner.invoke(app, ["promote", "x", "--mlflow-uri", f"sqlite:///{db}"], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and "no such database file" in res.output
+    assert res.exit_code == 2 and "no such database file" in res.output
     assert not db.exists()
 
 
@@ -294,7 +294,7 @@ def test_stage_names_a_file_given_as_the_source_folder(tmp_path):
 
 def test_compile_to_an_existing_folder_is_one_error_line(tmp_path):
     res = runner.invoke(app, ["compile", str(tmp_path)], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.exception
     assert res.output.startswith("error:") and "is a folder" in res.output and "Traceback" not in res.output
     assert list(tmp_path.iterdir()) == []
 

@@ -75,14 +75,14 @@ def test_a_port_outside_1_to_65535_is_refused(tmp_path, started, port):
                                       (lambda t: _model_dir(t) / "config.json", "not a folder")])
 def test_a_model_dir_that_is_not_a_model_folder_is_refused(tmp_path, started, make, why):
     res = _serve(tmp_path, "--model-dir", str(make(tmp_path)))
-    assert res.exit_code == 1 and "--model-dir" in res.output and why in res.output, res.output
+    assert res.exit_code == 2 and "--model-dir" in res.output and why in res.output, res.output
     assert "entered" not in started
 
 
 def test_a_spec_without_model_path_needs_model_dir(tmp_path, started):
     spec = _spec_file(tmp_path, {"model": {"name": "m"}})  # what `tune --out` writes for a bare config.json
     res = _serve(tmp_path, "--spec", str(spec))
-    assert res.exit_code == 1 and "model.path is empty" in res.output and "--model-dir" in res.output, res.output
+    assert res.exit_code == 2 and "model.path is empty" in res.output and "--model-dir" in res.output, res.output
     assert "entered" not in started
 
 
@@ -95,7 +95,7 @@ def test_a_spec_without_model_path_serves_the_model_dir(tmp_path, started):
 def test_a_spec_model_path_without_config_json_is_refused(tmp_path, started):
     spec = _spec_file(tmp_path, {"model": {"name": "m", "path": str(tmp_path)}})
     res = _serve(tmp_path, "--spec", str(spec))
-    assert res.exit_code == 1 and "model.path" in res.output and "no config.json" in res.output, res.output
+    assert res.exit_code == 2 and "model.path" in res.output and "no config.json" in res.output, res.output
     assert "entered" not in started
 
 
@@ -103,7 +103,7 @@ def test_a_spec_that_is_not_utf8_is_a_clear_error(tmp_path, started):
     p = tmp_path / "spec.json"
     p.write_bytes(b'{"model": {"name": "\xff\xfe"}}')
     res = _serve(tmp_path, "--spec", str(p))
-    assert res.exit_code == 1 and "--spec" in res.output, (res.exit_code, repr(res.exception))
+    assert res.exit_code == 2 and "--spec" in res.output, (res.exit_code, repr(res.exception))
     assert "Traceback" not in res.output and "entered" not in started
 
 
@@ -117,7 +117,7 @@ def test_spec_values_the_runtime_rejects_are_refused_when_read(tmp_path, started
     doc = {"model": {"name": "m", "path": str(_model_dir(tmp_path))}}
     doc.setdefault(section, {})[field] = value
     res = _serve(tmp_path, "--spec", str(_spec_file(tmp_path, doc)), "--planner", "dry-run")
-    assert res.exit_code == 1 and msg in res.output, res.output
+    assert res.exit_code == 2 and msg in res.output, res.output
     assert "entered" not in started
 
 
@@ -125,7 +125,7 @@ def test_an_infinite_spec_value_is_refused_when_read(tmp_path, started):
     p = tmp_path / "spec.json"
     p.write_text('{"model": {"name": "m", "path": "%s"}, "router": {"approx_ttl_s": Infinity}}' % _model_dir(tmp_path))
     res = _serve(tmp_path, "--spec", str(p), "--router", "kv")
-    assert res.exit_code == 1 and "router.approx_ttl_s" in res.output, res.output
+    assert res.exit_code == 2 and "router.approx_ttl_s" in res.output, res.output
     assert "entered" not in started
 
 
@@ -135,5 +135,5 @@ def test_the_traffic_log_reaches_the_deployment_and_a_folder_is_refused(tmp_path
     assert isinstance(res.exception, _Started) and started["traffic_log"] == log
     started.clear()
     res = _serve(tmp_path, "--model-dir", str(_model_dir(tmp_path)), "--traffic-log", str(tmp_path))
-    assert res.exit_code == 1 and "--traffic-log" in res.output and "is a folder" in res.output
+    assert res.exit_code == 2 and "--traffic-log" in res.output and "is a folder" in res.output
     assert "entered" not in started

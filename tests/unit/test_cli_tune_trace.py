@@ -62,22 +62,22 @@ def test_a_malformed_trace_fails_before_the_model_is_read_naming_line_and_key(tm
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input_length": 10, "output_length": 5}\n{"input_length": "ten", "output_length": 5}\n')
     res = runner.invoke(app, ["tune", str(tmp_path / "no-such-config.json"), "--trace", str(bad)])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert f"--trace: {bad}:2: input_length must be a whole number" in " ".join(res.output.split())
     notjson = tmp_path / "x.jsonl"
     notjson.write_text("{oops\n")
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(notjson)])
-    assert res.exit_code == 1 and f"{notjson}:1: not JSON" in " ".join(res.output.split())
+    assert res.exit_code == 2 and f"{notjson}:1: not JSON" in " ".join(res.output.split())
 
 
 def test_a_missing_or_unknown_trace_names_the_option(tmp_path):
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(tmp_path / "gone.jsonl")])
     out = " ".join(res.output.split())
-    assert res.exit_code == 1 and "--trace" in out and "gone.jsonl" in out
+    assert res.exit_code == 2 and "--trace" in out and "gone.jsonl" in out
     other = tmp_path / "t.parquet"
     other.write_bytes(b"x")
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(other)])
-    assert res.exit_code == 1 and "unknown trace format" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "unknown trace format" in " ".join(res.output.split())
 
 
 def test_lengths_must_be_whole_finite_numbers_and_bom_csv_and_upper_case_suffixes_read(tmp_path):
@@ -100,14 +100,14 @@ def test_lengths_must_be_whole_finite_numbers_and_bom_csv_and_upper_case_suffixe
     with pytest.raises(TraceFormatError, match=r"T\.CSV:2: TIMESTAMP 'x' is not a date-time"):  # not a silent "no rate"
         read_isl_osl(csv_bom)
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(tmp_path / "t.jsonl")])
-    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert res.exit_code == 2 and "Traceback" not in res.output
 
 
 def test_an_empty_trace_says_so_and_ignored_isl_osl_are_named(tmp_path):
     empty = tmp_path / "traffic.jsonl"
     empty.write_text('{"timestamp": 1, "input_length": 0, "output_length": 0, "hash_ids": []}\n')
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(empty)])
-    assert res.exit_code == 1 and "was any traffic recorded?" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "was any traffic recorded?" in " ".join(res.output.split())
     _write_trace(empty, [(100, 10)])
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(empty), "--isl", "500", "--rate", "1"])
     assert res.exit_code == 0 and "--isl/--osl are ignored with --trace" in " ".join(res.output.split())
@@ -136,7 +136,7 @@ def test_without_rate_the_traces_mean_arrival_rate_is_the_load(tmp_path, azure_t
     untimed = tmp_path / "untimed.jsonl"
     untimed.write_text('{"input_length": 5, "output_length": 5}\n{"input_length": 6, "output_length": 5}\n')
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(untimed)])
-    assert res.exit_code == 1 and "no usable arrival times" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "no usable arrival times" in " ".join(res.output.split())
 
 
 def test_a_directory_of_replica_logs_is_one_trace_with_their_merged_rate(tmp_path):
@@ -170,19 +170,19 @@ def test_an_empty_or_mixed_trace_directory_is_refused_by_name(tmp_path):
     (empty / "notes.txt").write_text("x\n")
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(empty)])
     out = " ".join(res.output.split())
-    assert res.exit_code == 1 and f"--trace: {empty}: directory holds no trace file" in out
+    assert res.exit_code == 2 and f"--trace: {empty}: directory holds no trace file" in out
     mixed = tmp_path / "mixed"
     mixed.mkdir()
     _write_trace(mixed / "a.jsonl", [(100, 10)])
     (mixed / "b.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,12,3\n")
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(mixed), "--rate", "1"])
-    assert res.exit_code == 1 and "mixes .csv and .jsonl" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "mixes .csv and .jsonl" in " ".join(res.output.split())
     bad = tmp_path / "bad"
     bad.mkdir()
     _write_trace(bad / "a.jsonl", [(100, 10)])
     (bad / "b.jsonl").write_text('{"input_length": 5}\n')
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(bad), "--rate", "1"])
-    assert res.exit_code == 1 and f"{bad / 'b.jsonl'}:1: missing key(s) output_length" in " ".join(res.output.split())
+    assert res.exit_code == 2 and f"{bad / 'b.jsonl'}:1: missing key(s) output_length" in " ".join(res.output.split())
 
 
 def _bursty(path: Path) -> Path:
@@ -293,7 +293,7 @@ def test_the_planner_option_sets_the_specs_planner_mode_and_a_bad_one_is_named(t
     assert spec.planner.mode == "sla"
     assert _tune(tmp_path).planner.mode == "off"  # the default: fixed replicas
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--planner", "auto"])
-    assert res.exit_code == 1 and "--planner" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "--planner" in " ".join(res.output.split())
 
 
 def test_steady_traffic_has_no_peak_above_its_mean_and_one_file_cannot_mix_time_kinds(tmp_path):
@@ -335,13 +335,13 @@ def test_a_trace_window_keeps_the_last_hours_and_says_what_it_left_out(tmp_path)
         res.output.split())
     for value, needle in [("0", "--trace-window-h: must be a number of hours > 0"), ("inf", "> 0, got inf")]:
         res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(trace), "--trace-window-h", value])
-        assert res.exit_code == 1 and needle in " ".join(res.output.split())
+        assert res.exit_code == 2 and needle in " ".join(res.output.split())
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace-window-h", "2"])
-    assert res.exit_code == 1 and "only with --trace or --trace-uri" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "only with --trace or --trace-uri" in " ".join(res.output.split())
     no_times = _write_trace(tmp_path / "n.jsonl", [(5, 5)] * 3)
     no_times.write_text(no_times.read_text().replace('"timestamp": 1, ', ""))
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(no_times), "--trace-window-h", "2", "--rate", "1"])
-    assert res.exit_code == 1 and "a trace window needs arrival times" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "a trace window needs arrival times" in " ".join(res.output.split())
 
 
 def test_a_presigned_trace_uri_is_refused_without_echoing_its_query(tmp_path):
@@ -351,10 +351,10 @@ def test_a_presigned_trace_uri_is_refused_without_echoing_its_query(tmp_path):
         for args in (["--trace", str(trace), "--trace-uri", uri], ["--trace-uri", uri]):
             res = runner.invoke(app, ["tune", str(LLAMA_8B), "--rate", "1", *args])
             text = " ".join(res.output.split())
-            assert res.exit_code == 1 and "must not carry a query string or fragment" in text
+            assert res.exit_code == 2 and "must not carry a query string or fragment" in text
             assert "feedface99" not in text and "AKIAEXAMPLE" not in text
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace-uri", "/data/t.jsonl"])
-    assert res.exit_code == 1 and "without --trace it must be an s3:// object or prefix" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "without --trace it must be an s3:// object or prefix" in " ".join(res.output.split())
 
 
 def test_a_folder_names_the_files_it_does_not_read(tmp_path):

@@ -50,7 +50,7 @@ def test_compile_command_runs(tmp_path, monkeypatch):
 def test_promote_flags_exist():
     import inspect
 
-    from runtime.cli import promote
+    from runtime.faces.promote import promote
 
     (cmd,) = _commands("pdserve promote")
     flags = {a.split("=")[0] for a in cmd if a.startswith("--")}

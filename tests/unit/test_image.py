@@ -50,15 +50,13 @@ def test_the_default_image_is_written_in_one_place_only():
     generated = {"docs/cli.md", "kserve/clusterservingruntime.yaml"}
     holders = {n for n in names if (ROOT / n).is_file() and n not in generated and not n.startswith("kserve/examples/")
                and DEFAULT_IMAGE in (ROOT / n).read_text(errors="replace")}
-    # runtime/cli.py: `pdserve promote --image` still spells it (its options belong to the CLI refactor, #10);
-    # test_promote_default_image_is_the_constant keeps the two equal meanwhile
-    assert holders == {"runtime/image.py", "runtime/cli.py"}
+    assert holders == {"runtime/image.py"}
 
 
 def test_promote_default_image_is_the_constant():
     import inspect
 
-    from runtime.cli import promote
+    from runtime.faces.promote import promote
 
     assert inspect.signature(promote).parameters["image"].default == DEFAULT_IMAGE
 
@@ -77,9 +75,9 @@ def test_compile_image_sets_every_step_and_the_runtime_default(tmp_path):
     assert images == {f"{ECR}:0.2.0-cpu"}
     assert pipeline["root"]["inputDefinitions"]["parameters"]["image"]["defaultValue"] == f"{ECR}:0.2.0"
     r = CliRunner().invoke(app, ["compile", str(out), "--image", f"{ECR}@sha256:" + "c" * 64])
-    assert r.exit_code == 1 and "--steps-image" in r.output
+    assert r.exit_code == 2 and "--steps-image" in r.output
     r = CliRunner().invoke(app, ["compile", str(out), "--image", "Not An Image"])
-    assert r.exit_code == 1 and "--image" in r.output
+    assert r.exit_code == 2 and "--image" in r.output
 
 
 def _fake_tool(tmp_path: Path, name: str) -> tuple[Path, Path]:

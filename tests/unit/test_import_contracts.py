@@ -33,8 +33,8 @@ def test_a_core_module_doing_io_or_deploy_importing_the_server_breaks_them(tmp_p
     with (tmp_path / "runtime" / "planner" / "__init__.py").open("a") as f:
         f.write("\nimport time\n")
     with (tmp_path / "runtime" / "config.py").open("a") as f:
-        f.write("\nfrom runtime import steps\n")
+        f.write("\nfrom runtime.usecases import tune\n")
     res = _lint(tmp_path)
     assert res.returncode == 1
     assert "runtime.planner is not allowed to import time" in res.stdout
-    assert "runtime.config is not allowed to import runtime.steps" in res.stdout
+    assert "runtime.config is not allowed to import runtime.usecases" in res.stdout

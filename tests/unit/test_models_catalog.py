@@ -66,7 +66,7 @@ def test_an_unknown_name_is_an_error_that_suggests_close_names():
 
 
 def test_the_fp8_checkpoint_is_tuned_at_fp8_by_default():
-    from runtime.steps import checkpoint_precision
+    from runtime.modelfiles.load import checkpoint_precision
 
     assert checkpoint_precision(load_catalog_spec("llama-3.1-70b-fp8")) == "fp8"
     assert checkpoint_precision(load_catalog_spec("llama-3.1-70b")) == "bf16"

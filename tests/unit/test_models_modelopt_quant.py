@@ -10,7 +10,7 @@ import pytest
 from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.modelfiles.load import load_model_spec
 from runtime.models.spec import ModelConfigError
-from runtime.steps import checkpoint_precision
+from runtime.modelfiles.load import checkpoint_precision
 
 MODELS = CATALOG_DIR
 HF_QUANT = {"producer": {"name": "modelopt", "version": "0.15.0"},

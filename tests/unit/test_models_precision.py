@@ -14,7 +14,7 @@ from runtime.models.spec import ModelConfigError, ModelSpec
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 from runtime.perf.precision import format_support
-from runtime.steps import checkpoint_precision
+from runtime.modelfiles.load import checkpoint_precision
 from runtime.tuner.search import TuningError, perf_precisions, tune
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

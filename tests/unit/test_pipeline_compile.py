@@ -49,7 +49,7 @@ def test_parameters_are_validated_before_staging(tmp_path):
 
 def test_traffic_trace_uri_reaches_validate_and_tune_and_the_rate_defaults_to_not_chosen(tmp_path):
     from pipelines.stage_tune_promote import S3_SECRET
-    from runtime.steps import AUTO_REQUEST_RATE
+    from runtime.usecases.tune import AUTO_REQUEST_RATE
 
     params, tasks = _root_and_dag(tmp_path)
     assert params["traffic_trace_uri"]["defaultValue"] == ""  # no trace: isl_tokens/osl_tokens as before
@@ -74,28 +74,31 @@ def test_traffic_upload_uri_reaches_validate_and_promote(tmp_path):
         assert inputs["traffic_upload_uri"] == {"componentInputParameter": "traffic_upload_uri"}, task
 
 
+def _validate(**kw):
+    from runtime.usecases.validate import ValidateRequest, validate
+
+    base = dict(model_name="m", gpu="H100-SXM", precision="auto", ttft_p90_ms=2000.0, itl_p90_ms=50.0, isl_tokens=3000,
+                osl_tokens=150, request_rate_per_s=0.0, gpu_budget=64, registered_model="m-pd")
+    return validate(ValidateRequest(**(base | kw)))
+
+
 def test_a_bad_traffic_upload_uri_fails_validation_with_the_other_problems():
-    from runtime.steps import validate_step
 
     with pytest.raises(ValueError) as e:
-        validate_step("m", "H100-SMX", "auto", 2000.0, 50.0, 3000, 150, 0.0, 64, "m-pd",
-                      traffic_upload_uri="s3://pdserve-traffic/online")
+        _validate(gpu="H100-SMX", traffic_upload_uri="s3://pdserve-traffic/online")
     msg = str(e.value)
     assert "traffic_upload_uri 's3://pdserve-traffic/online'" in msg and "must end in '/'" in msg
     assert "H100-SMX" in msg  # named together with the other bad parameter
-    validate_step("m", "H100-SXM", "auto", 2000.0, 50.0, 3000, 150, 0.0, 64, "m-pd",
-                  traffic_upload_uri="s3://pdserve-traffic/online/")
+    _validate(traffic_upload_uri="s3://pdserve-traffic/online/")
 
 
 def test_planner_mode_reaches_validate_and_tune_and_a_bad_one_fails_validation(tmp_path):
-    from runtime.steps import validate_step
-
     params, tasks = _root_and_dag(tmp_path)
     assert params["planner_mode"]["defaultValue"] == "off"
     for task in ("validate-parameters", "tune-tp"):
         assert tasks[task]["inputs"]["parameters"]["planner_mode"] == {"componentInputParameter": "planner_mode"}
     with pytest.raises(ValueError, match="planner_mode: must be one of off, sla, load, got 'auto'"):
-        validate_step("m", "H100-SXM", "auto", 2000.0, 50.0, 3000, 150, 0.0, 64, "m-pd", planner_mode="auto")
+        _validate(planner_mode="auto")
 
 
 def _definitions(node: dict) -> dict:

@@ -142,7 +142,7 @@ def test_fp8_reaches_gpu_workers_and_a_quantized_checkpoint_is_loaded_as_it_is()
 def test_cli_precision_defaults_to_the_checkpoints_and_bad_ones_fail_first(tmp_path: Path) -> None:
     res = runner.invoke(app, ["tune", str(L8_PATH), "--precision", "fp4", "--out", str(tmp_path / "s.json")],
                         env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and "--precision: must be bf16, fp8" in res.output
+    assert res.exit_code == 2 and "--precision: must be bf16, fp8" in res.output
     assert "prefill TP" not in res.output and not (tmp_path / "s.json").exists()  # failed before tuning
     fp8 = MODELS / "deepseek-ai--DeepSeek-V3_config.json"  # quantization_config.quant_method: fp8
     res = runner.invoke(app, ["tune", str(fp8), "--gpu", "p5en.48xlarge", "--out", str(tmp_path / "q.json")],
@@ -159,7 +159,7 @@ def test_cli_precision_defaults_to_the_checkpoints_and_bad_ones_fail_first(tmp_p
 
 def test_cli_register_needs_mlflow_and_a_failed_out_moves_no_champion(tmp_path: Path) -> None:
     res = runner.invoke(app, ["tune", str(L8_PATH), "--register", "x"], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and "--register needs --mlflow-uri" in res.output
+    assert res.exit_code == 2 and "--register needs --mlflow-uri" in res.output
     db = tmp_path / "mlflow.db"
     unwritable = Path("/proc/pdserve-test-spec.json")  # the folder exists, creating a file there fails (even as root)
     res = runner.invoke(app, ["tune", str(L8_PATH), "--mlflow-uri", f"sqlite:///{db}", "--register", "x",

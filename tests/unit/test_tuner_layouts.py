@@ -9,7 +9,7 @@ from runtime.perf.gpus import get_gpu
 from runtime.perf.instances import get_instance
 from runtime.perf.model import ACT_BYTES, PerfModel
 from runtime.perf.worker import Layout, WorkerPerf
-from runtime.steps import checkpoint_precision
+from runtime.modelfiles.load import checkpoint_precision
 from runtime.tuner.layouts import check_parallelism, layout_problem, layouts, pair_problem
 from runtime.tuner.search import ModelDoesNotFitError, NotDeployableError, tune
 

@@ -18,7 +18,7 @@ from runtime.deploy.errors import RolledBackError
 from runtime.modelfiles.load import load_model_spec
 from runtime.modelfiles.catalog import CATALOG_DIR
 from runtime.ports import free_port
-from runtime.steps import promote_step
+from runtime.usecases.promote import PromoteRequest, promote
 from tests.unit.test_deploy_apply import NS, PVC, FakeApiServer, in_cluster_files
 from tests.unit.test_deploy_slo_probe import sse_server
 
@@ -53,6 +53,11 @@ def fast_url():
     t.join(timeout=5)
 
 
+def promote_step(champion_version: str, **kw) -> dict:
+    """The promote use case as the pipeline's promote component calls it (its artifact metadata)."""
+    return promote(PromoteRequest(expect_version=champion_version, **kw)).metadata()
+
+
 def tune_and_register(uri: str) -> str:
     from runtime.tracking.mlflow_runs import log_tuning
     from runtime.tuner.search import tune
@@ -63,7 +68,7 @@ def tune_and_register(uri: str) -> str:
                           model_ref=ModelRef(name="llama8b", path="/mnt/fsx/models/llama8b")))
 
 
-def test_promote_step_applies_in_cluster_and_raises_on_rollback(pod, fast_url, tmp_path):
+def test_promote_applies_in_cluster_and_raises_on_rollback(pod, fast_url, tmp_path):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 

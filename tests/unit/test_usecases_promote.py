@@ -1,11 +1,11 @@
-"""`promote_step` with apply=True: where it may apply without a kube context, checked before anything else."""
+"""The promote use case with apply=True: where it may apply without a kube context, checked before anything else."""
 
 from __future__ import annotations
 
 import pytest
 
 from runtime.deploy import kube as kube_mod
-from runtime.steps import promote_step
+from runtime.usecases.promote import PromoteRequest, promote
 
 
 def test_apply_without_context_outside_a_pod_fails_before_reading_mlflow(tmp_path, monkeypatch):
@@ -14,8 +14,8 @@ def test_apply_without_context_outside_a_pod_fails_before_reading_mlflow(tmp_pat
     # A tracking URI that does not exist: reaching MLflow would raise TrackingError instead.
     with pytest.raises(RuntimeError, match=r"without kube_context and not inside a Kubernetes pod: pass a kubeconfig "
                                            r"context .* or run inside a Kubernetes pod \(in-cluster"):
-        promote_step("", "m", f"sqlite:///{tmp_path / 'none.db'}", "pdserve", "img:1", "fsx-claim", True, "",
-                     str(out))
+        promote(PromoteRequest(registered_model="m", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
+                               out_path=str(out), image="img:1", apply=True))
     assert not out.exists() and not (tmp_path / "none.db").exists()
 
 

@@ -10,7 +10,7 @@ Specification:
   naming the URI, before the model is read and with nothing logged;
 * the URI reaches log_tuning (the MLflow parent run's `traffic_trace_uri` param).
 
-MLflow is replaced by a recorder of what tune_step would log; tests/integration/test_steps_tune_trace_s3.py reads
+MLflow is replaced by a recorder of what the tune use case would log; tests/integration/test_usecases_tune_trace_s3.py reads
 the trace from a real S3 server and logs to a real MLflow.
 """
 
@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 
 from runtime.config import DeploymentSpec
 from runtime.modelfiles.catalog import CATALOG_DIR
-from runtime.steps import AUTO_REQUEST_RATE, tune_step, validate_step
+from runtime.usecases.tune import AUTO_REQUEST_RATE, TuneRequest, kfp_tune_outputs, tune
+from runtime.usecases.validate import ValidateRequest, validate
 from runtime.tracking.traces import TrafficTraceError
 
 LLAMA_8B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json"
@@ -74,9 +75,18 @@ def recorded(monkeypatch):
     return seen
 
 
-def _tune(fsx: Path, trace: str, rate: float = AUTO_REQUEST_RATE, model_path: Path | None = None, **kw):
-    return tune_step(str(model_path or fsx / "models" / "m"), "m", "H100-SXM", "bf16", 2000.0, 50.0, 9999, 7, rate,
-                     "sqlite:///unused.db", "m-pd", traffic_trace_uri=trace, fsx_root=str(fsx), **kw)
+def _tune(fsx: Path, trace: str, rate: float = AUTO_REQUEST_RATE, model_path: Path | None = None, metrics=None,
+          **kw):
+    """The tune use case as the pipeline's component calls it; returns the component's outputs."""
+    return kfp_tune_outputs(tune(TuneRequest(
+        model_path=str(model_path or fsx / "models" / "m"), model_name="m", gpu="H100-SXM", precision="bf16",
+        ttft_p90_ms=2000.0, itl_p90_ms=50.0, isl_tokens=9999, osl_tokens=7, request_rate_per_s=rate,
+        mlflow_tracking_uri="sqlite:///unused.db", registered_model="m-pd", traffic_trace_uri=trace,
+        fsx_root=str(fsx), **kw), metrics=metrics))
+
+
+def _validate(**kw):
+    return validate(ValidateRequest(**kw))
 
 
 VALID = dict(model_name="m", gpu="H100-SXM", precision="auto", ttft_p90_ms=2000.0, itl_p90_ms=50.0,
@@ -87,7 +97,7 @@ VALID = dict(model_name="m", gpu="H100-SXM", precision="auto", ttft_p90_ms=2000.
 @pytest.mark.parametrize("uri", ["", "s3://traffic/2026/12/log.jsonl", "/fsx/traces/azure.csv", "/fsx/t.JSONL",
                                  "s3://traffic/logs/", "/fsx/traffic/llama8/"])
 def test_validate_accepts_no_trace_an_s3_object_or_a_path_under_fsx_root(uri):
-    validate_step(**VALID, traffic_trace_uri=uri)
+    _validate(**VALID, traffic_trace_uri=uri)
 
 
 @pytest.mark.parametrize(("uri", "needle"), [
@@ -105,13 +115,13 @@ def test_validate_accepts_no_trace_an_s3_object_or_a_path_under_fsx_root(uri):
 ])
 def test_validate_refuses_a_malformed_trace_uri_naming_it(uri, needle):
     with pytest.raises(ValueError) as e:
-        validate_step(**VALID, traffic_trace_uri=uri)
+        _validate(**VALID, traffic_trace_uri=uri)
     assert "traffic_trace_uri" in str(e.value) and uri in str(e.value) and needle in str(e.value)
 
 
 def test_validate_names_a_bad_trace_uri_with_the_other_bad_parameters():
     with pytest.raises(ValueError) as e:
-        validate_step(**(VALID | {"gpu": "H100-SMX", "request_rate_per_s": -1.0}), traffic_trace_uri="t.jsonl")
+        _validate(**(VALID | {"gpu": "H100-SMX", "request_rate_per_s": -1.0}), traffic_trace_uri="t.jsonl")
     msg = str(e.value)
     assert "traffic_trace_uri 't.jsonl'" in msg and "H100-SMX" in msg and "request_rate_per_s" in msg
 
@@ -154,7 +164,7 @@ def test_the_winner_is_the_one_pdserve_tune_trace_picks(fsx, recorded, tmp_path,
 
 
 class _Metrics(dict):
-    """What KFP's Output[Metrics] offers tune_step (runtime.steps.MetricsSink), kept in a dict."""
+    """What KFP's Output[Metrics] offers the tune use case (runtime.usecases.tune.MetricsSink), kept in a dict."""
 
     def log_metric(self, metric: str, value: float) -> None:
         self[metric] = value
@@ -268,10 +278,10 @@ def test_a_trace_window_sizes_for_the_last_hours_and_a_bad_one_fails_validation(
     for bad, needle in [(-1.0, "trace_window_h: must be a number of hours > 0"), (float("nan"), "got nan"),
                         (2.0, "trace_window_h: only with a traffic_trace_uri")]:
         with pytest.raises(ValueError, match=needle):
-            validate_step(**VALID, traffic_trace_uri="" if bad == 2.0 else "s3://traffic/logs/", trace_window_h=bad)
+            _validate(**VALID, traffic_trace_uri="" if bad == 2.0 else "s3://traffic/logs/", trace_window_h=bad)
 
 
 def test_a_presigned_trace_uri_fails_validation_without_its_signature():
     with pytest.raises(ValueError) as e:
-        validate_step(**VALID, traffic_trace_uri="s3://traffic/t.jsonl?X-Amz-Signature=0123456789abcdef")
+        _validate(**VALID, traffic_trace_uri="s3://traffic/t.jsonl?X-Amz-Signature=0123456789abcdef")
     assert "must not carry a query string" in str(e.value) and "0123456789abcdef" not in str(e.value)

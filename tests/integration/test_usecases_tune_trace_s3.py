@@ -12,13 +12,12 @@ Specification:
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
 
 from runtime.modelfiles.catalog import CATALOG_DIR
-from runtime.steps import AUTO_REQUEST_RATE, tune_step
+from runtime.usecases.tune import AUTO_REQUEST_RATE, TuneRequest, tune
 from runtime.tracking.traces import TrafficTraceError
 
 pytestmark = pytest.mark.integration
@@ -57,9 +56,11 @@ def s3_env(s3_server, monkeypatch):
 
 
 def _tune(staged: Path, db: Path, uri: str, endpoint: str):
-    return tune_step(str(staged), "llama8", "H100-SXM", "bf16", 2000.0, 50.0, 3000, 150, AUTO_REQUEST_RATE,
-                     f"sqlite:///{db}", "llama8-pd", traffic_trace_uri=uri, s3_endpoint_url=endpoint,
-                     fsx_root=str(staged.parents[1]))
+    return tune(TuneRequest(
+        model_path=str(staged), model_name="llama8", gpu="H100-SXM", precision="bf16", ttft_p90_ms=2000.0,
+        itl_p90_ms=50.0, isl_tokens=3000, osl_tokens=150, request_rate_per_s=AUTO_REQUEST_RATE,
+        mlflow_tracking_uri=f"sqlite:///{db}", registered_model="llama8-pd", traffic_trace_uri=uri,
+        s3_endpoint_url=endpoint, fsx_root=str(staged.parents[1])))
 
 
 def test_an_s3_trace_sizes_the_champion_and_is_recorded_in_mlflow(s3_env, s3_client, s3_bucket, staged, tmp_path):
@@ -99,7 +100,7 @@ def test_a_missing_object_or_wrong_credentials_name_the_uri_not_the_secret(s3_en
     assert not db.exists()  # nothing logged or registered
 
 
-def test_a_prefix_of_shipped_traffic_is_one_trace(s3_env, s3_client, s3_bucket, staged, tmp_path, caplog):
+def test_a_prefix_of_shipped_traffic_is_one_trace(s3_env, s3_client, s3_bucket, staged, tmp_path):
     """traffic_trace_uri s3://bucket/prefix/ reads what `pdserve promote --traffic-upload` ships there (a folder
     per runtime pod, one object per shipment) as one trace: both pods' requests and their merged arrival rate;
     an empty prefix says so, naming the URI."""
@@ -111,9 +112,8 @@ def test_a_prefix_of_shipped_traffic_is_one_trace(s3_env, s3_client, s3_bucket, 
     s3_client.put_object(Bucket=s3_bucket, Key="traffic/llama8/pod-b/1-0-9.jsonl", Body=pod_b.encode())
     s3_client.put_object(Bucket=s3_bucket, Key="traffic/llama8/README.txt", Body=b"not a trace")
     s3_client.put_object(Bucket=s3_bucket, Key="traffic/other/pod-c/1-0-9.jsonl", Body=pod_a.encode())  # not ours
-    with caplog.at_level(logging.WARNING, logger="runtime.steps"):
-        _tune(staged, tmp_path / "mlflow.db", f"s3://{s3_bucket}/traffic/llama8/", s3_env.endpoint_url)
-    assert [r.getMessage() for r in caplog.records if r.name == "runtime.steps"] == [  # said, not skipped silently
+    outcome = _tune(staged, tmp_path / "mlflow.db", f"s3://{s3_bucket}/traffic/llama8/", s3_env.endpoint_url)
+    assert outcome.notes == [  # said, not skipped silently
         f"traffic_trace_uri: 1 file(s) under s3://{s3_bucket}/traffic/llama8/ not read as trace: README.txt (not "
         ".jsonl, .json or .csv)"]
     from runtime.tracking.mlflow_runs import load_champion

@@ -1,11 +1,11 @@
-"""tune_step takes its parameters as `pdserve tune` does (MLflow replaced by a recorder of the spec; every
+"""The tune use case (the pipeline's tune step) takes its parameters as `pdserve tune` does (MLflow replaced by a recorder of the spec; every
 step before logging is the real code):
 
 * `gpu` accepts an AWS instance type (`resolve_gpu`), not only a catalog name;
 * `gpu_budget` becomes the spec's planner.gpu_budget before the budget check;
 * precision `auto` tunes at the checkpoint's own precision with the CLI's rule (fp8 for an FP8 checkpoint);
-* cheap parameters fail first, all named at once, before the model is read (`check_tune_parameters`), and
-  `validate_step` (the pipeline's first step) applies the same checks plus the model name.
+* cheap parameters fail first, all named at once, before the model is read (`check_tune_settings`), and
+  `validate` (the pipeline's first step) applies the same checks plus the model name.
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 from runtime.modelfiles.catalog import CATALOG_DIR
-from runtime.steps import (
-    GpuBudgetError,
-    check_tune_parameters,
-    checkpoint_precision,
-    tune_step,
-    validate_step,
-)
+from runtime.deploy.budget import GpuBudgetError
+from runtime.modelfiles.load import checkpoint_precision
+from runtime.usecases.tune import TuneRequest, TuneSettings, check_tune_settings, tune
+from runtime.usecases.validate import ValidateRequest, validate
 
 MODELS = CATALOG_DIR
 FP8_QUANT = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",  # Qwen/Qwen3-8B-FP8's
@@ -49,7 +46,7 @@ def staged(tmp_path):
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """MLflow replaced by a recorder: {"spec": the DeploymentSpec tune_step would register}; no champion yet."""
+    """MLflow replaced by a recorder: {"spec": the DeploymentSpec tune would register}; no champion yet."""
     import runtime.tracking.mlflow_runs as mr
 
     seen: dict = {}
@@ -64,8 +61,14 @@ def recorded(monkeypatch):
 
 
 def _tune(path, gpu="H100-SXM", precision="bf16", rate=10.0, **kw):
-    return tune_step(str(path), "m", gpu, precision, 2000.0, 50.0, 3000, 150, rate, "sqlite:///unused.db", "m-pd",
-                     **kw)
+    return tune(TuneRequest(model_path=str(path), model_name="m", gpu=gpu, precision=precision, ttft_p90_ms=2000.0,
+                            itl_p90_ms=50.0, isl_tokens=3000, osl_tokens=150, request_rate_per_s=rate,
+                            mlflow_tracking_uri="sqlite:///unused.db", registered_model="m-pd", **kw))
+
+
+def _settings(gpu, precision="auto"):
+    return TuneSettings(gpu=gpu, precision=precision, ttft_p90_ms=2000.0, itl_p90_ms=50.0, isl_tokens=3000,
+                        osl_tokens=150, request_rate_per_s=10.0, registered_model="m-pd")
 
 
 def test_gpu_may_be_an_aws_instance_type_like_in_the_cli(staged, recorded):
@@ -115,8 +118,9 @@ def test_checkpoint_precision_rule():
 
 def test_bad_parameters_are_all_named_before_the_model_is_read(tmp_path, recorded):
     with pytest.raises(ValueError) as e:  # tmp_path is no staged folder: the parameters fail first
-        tune_step(str(tmp_path), "m", "H100-SMX", "fp16", -1.0, 50.0, 0, 150, 10.0, "sqlite:///unused.db",
-                  "bad/name", gpu_budget=0)
+        tune(TuneRequest(model_path=str(tmp_path), model_name="m", gpu="H100-SMX", precision="fp16",
+                         ttft_p90_ms=-1.0, itl_p90_ms=50.0, isl_tokens=0, osl_tokens=150, request_rate_per_s=10.0,
+                         mlflow_tracking_uri="sqlite:///unused.db", registered_model="bad/name", gpu_budget=0))
     msg = str(e.value)
     for needle in ("gpu: ", "H100-SMX", "precision 'fp16'", "ttft_p90_ms", "isl_tokens", "gpu_budget",
                    "registered model name 'bad/name'"):
@@ -124,8 +128,8 @@ def test_bad_parameters_are_all_named_before_the_model_is_read(tmp_path, recorde
     assert "spec" not in recorded
 
 
-def test_check_tune_parameters_returns_them_parsed():
-    p = check_tune_parameters("p5.48xlarge", "Auto", 2000.0, 50.0, 3000, 150, 10.0, None, "m-pd")
+def test_check_tune_settings_returns_them_parsed():
+    p = check_tune_settings(_settings("p5.48xlarge", "Auto"))
     assert p.gpu.name == "H100-SXM" and p.precision == "auto"
     assert p.slo.ttft_p90_ms == 2000.0 and p.workload.request_rate_per_s == 10.0
     assert p.gpu_budget == 64  # PlannerSpec's default, the same as `pdserve tune --gpu-budget`
@@ -140,21 +144,21 @@ def test_check_tune_parameters_returns_them_parsed():
     ({"gpu_budget": 0}, "gpu_budget"),
     ({"registered_model": "bad/name?"}, "registered model name"),
 ])
-def test_validate_step_refuses_each_cheap_parameter(override, needle):
+def test_validate_refuses_each_cheap_parameter(override, needle):
     args = dict(model_name="org/m", gpu="p5.48xlarge", precision="auto", ttft_p90_ms=2000.0, itl_p90_ms=50.0,
                 isl_tokens=3000, osl_tokens=150, request_rate_per_s=10.0, gpu_budget=64, registered_model="m-pd")
-    validate_step(**args)  # the defaults pass
+    validate(ValidateRequest(**args))  # the defaults pass
     with pytest.raises(ValueError, match=needle):
-        validate_step(**(args | override))
+        validate(ValidateRequest(**(args | override)))
 
 
 @pytest.mark.parametrize("gpu", ["GB200", "H100-PCIe", "RTX-PRO-6000"])  # in the GPU catalog, on no EC2 type
 def test_a_gpu_no_nodepool_provisions_fails_the_cheap_checks_saying_how_to_add_it(gpu):
     with pytest.raises(ValueError, match=r"can be tuned but not deployed.*NodePool in infra/k8s/karpenter/"):
-        check_tune_parameters(gpu, "auto", 2000.0, 50.0, 3000, 150, 10.0, None, "m-pd")
+        check_tune_settings(_settings(gpu))
 
 
 @pytest.mark.parametrize("gpu", ["H100-SXM", "p5.48xlarge", "L40S", "g6e.12xlarge", "A100-SXM-80GB", "L4", "g6.xlarge",
                                  "B200-SXM", "p6-b200.48xlarge", "p4d.24xlarge", "A10G", "g5.12xlarge"])
 def test_every_deployable_gpu_or_instance_type_passes(gpu):
-    assert check_tune_parameters(gpu, "auto", 2000.0, 50.0, 3000, 150, 10.0, None, "m-pd").gpu.name
+    assert check_tune_settings(_settings(gpu)).gpu.name

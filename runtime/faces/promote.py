@@ -1,0 +1,112 @@
+"""`pdserve promote`: options → runtime.usecases.promote.PromoteRequest → promote → one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from runtime.image import DEFAULT_IMAGE
+from runtime.faces.common import DEFAULT_STATE, console, fail, usage
+
+
+def _sqlite_database(uri: str) -> Path | None:
+    """The database file of a `sqlite:` tracking URI as SQLAlchemy (which MLflow hands the URI to) reads it:
+    query string dropped, percent-escapes decoded (sqlalchemy.engine.make_url). None for other URIs and
+    in-memory databases; a URI SQLAlchemy cannot parse fails (one error line)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    try:
+        db = make_url(uri).database
+    except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and friends
+        usage(f"--mlflow-uri {uri}: not a SQLAlchemy database URL: {e}")
+    return None if not db or db == ":memory:" else Path(db)
+
+
+
+def promote(
+    registered_model: Annotated[str, typer.Argument(help="MLflow registered model name.")],
+    mlflow_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = f"sqlite:///{DEFAULT_STATE / 'mlflow.db'}",
+    out: Annotated[Path, typer.Option(help="Where to write the validated YAML.")] = Path("manifests.yaml"),
+    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "pdserve",
+    image: Annotated[str, typer.Option(help="pdserve runtime image.")] = DEFAULT_IMAGE,
+    pvc: Annotated[str, typer.Option(help="FSx for Lustre PVC holding the models.")] = "fsx-claim",
+    apply: Annotated[bool, typer.Option("--apply", help="Server-side apply to the cluster of --kube-context: the new "
+                                        "version starts as a canary beside the current champion, is probed against the "
+                                        "SLO and rolled back automatically when it misses (exit 1).")] = False,
+    kube_context: Annotated[str, typer.Option(help="kubeconfig context to apply to (required with --apply outside a "
+                                              "Kubernetes pod; inside one, empty = the pod's service account).")] = "",
+    allow_unstaged: Annotated[bool, typer.Option(
+        "--allow-unstaged", help="Promote even when the champion's model path is not a verified staged folder "
+        "(e.g. it is only mounted on the cluster).")] = False,
+    expect_version: Annotated[Optional[str], typer.Option(
+        "--expect-version", metavar="VERSION",
+        help="Promote only when alias champion is this version, e.g. the one `pdserve tune --register` just "
+             "made champion (its --decision-out); another version fails (exit 1) before anything is rendered or "
+             "applied.")] = None,
+    skip_if_live: Annotated[bool, typer.Option(
+        "--skip-if-live", help="With --apply: apply nothing when the InferenceService already serves this "
+                               "version's revision with the same --image (exit 0), instead of a canary of the "
+                               "serving revision; what a scheduled re-tune's promote step runs.")] = False,
+    traffic_upload: Annotated[Optional[str], typer.Option(
+        metavar="s3://BUCKET/PREFIX/",
+        help="Record the endpoint's traffic (one line per finished request: time, prompt and completion tokens, "
+             "no content) and ship it every 5 min to PREFIX<InferenceService>/<pod>/: the --traffic of `pdserve "
+             "batch retune-schedule`. Credentials: the optional Secret pdserve-s3, else the IAM role of the "
+             "<InferenceService>-runtime service account.")] = None,
+) -> None:
+    """Render the `champion` version's ClusterServingRuntime, InferenceService and worker pools; validate; write.
+
+    The InferenceService is named after REGISTERED_MODEL: unchanged when it is a DNS-1035 label of at most
+    45 characters, else lower-cased with other characters as '-' plus an 8-hex-digit hash of the name.
+
+    Refuses a champion whose model path is not a staged folder with a valid marker (see `pdserve stage`)
+    unless --allow-unstaged."""
+    if expect_version is not None and not expect_version.strip():  # the use case reads "" as "no guard"
+        usage("--expect-version: empty; give the version alias champion must name (tune --decision-values' "
+              "registered_version), or leave the option out")
+    if skip_if_live and not apply:
+        usage("--skip-if-live: only applies with --apply")
+    if apply and not kube_context:
+        from runtime.deploy.kube import in_cluster_available
+
+        if not in_cluster_available():
+            usage("--apply needs --kube-context, or must run inside a Kubernetes pod (in-cluster service-account "
+                  "config); no cluster is assumed")
+    db_file = _sqlite_database(mlflow_uri)
+    if db_file is not None and not db_file.is_file():  # MLflow would create an empty database there
+        usage(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
+              "--register` or `pdserve demo` first)")
+    from runtime.deploy.errors import ManifestError, RolledBackError
+    from runtime.staging.manifest import StagingError
+    from runtime.tracking.mlflow_runs import TrackingError
+
+    from runtime.usecases.promote import PromoteRequest, promote as run_promote
+
+    try:
+        info = run_promote(PromoteRequest(
+            registered_model=registered_model, mlflow_tracking_uri=mlflow_uri, out_path=str(out),
+            namespace=namespace, image=image, pvc_name=pvc, expect_version=expect_version or "", apply=apply,
+            kube_context=kube_context, require_staged=not allow_unstaged, traffic_upload_uri=traffic_upload or "",
+            skip_if_live=skip_if_live))
+    except RolledBackError as e:  # manifests were written; the canary was rolled back
+        fail(str(e))
+    except StagingError as e:  # the champion's model folder is not a verified staged copy
+        fail(f"{e} (`pdserve stage` the model and tune that folder, or pass --allow-unstaged to promote it "
+              "anyway)")
+    except (TrackingError, ManifestError, ValueError, OSError) as e:  # ours, and files: their message says it
+        fail(str(e))
+    except KeyError as e:  # an unknown GPU or instance type: the message lists the known ones
+        fail(str(e.args[0]) if e.args else str(e))
+    except Exception as e:  # noqa: BLE001 - unexpected: one line, no traceback
+        fail(str(e) or f"unexpected {type(e).__name__} (no message)")
+    console.print(escape(f"version {info.version}: {info.num_objects} objects {json.dumps(info.kinds)} → {out}")
+                  + (" (applied)" if info.applied else "")
+                  + (f" (already live as revision v{info.version} with image {image}: nothing applied)"
+                     if info.already_live else ""))
+

@@ -1,0 +1,143 @@
+"""Use case: render the registered champion's KServe + Kubernetes objects, validate them, write the YAML, and
+roll them out on request (canary, SLO probe, automatic rollback).
+
+`pdserve promote` (runtime/faces/promote.py), the pipeline's promote step (`components/promote.py`) and the
+re-tuning workflow's promote step (which runs `pdserve promote`) all call :func:`promote`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PromoteRequest(BaseModel):
+    """One promotion of a registered model's champion."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    registered_model: str = Field(description="MLflow registered model whose alias champion is promoted.")
+    mlflow_tracking_uri: str = Field(description="MLflow tracking URI of the registry.")
+    out_path: str = Field(description="File the validated YAML is written to.")
+    namespace: str = Field("pdserve", description="Kubernetes namespace of the InferenceService.")
+    image: str = Field(description="pdserve runtime container image of the ClusterServingRuntime.")
+    pvc_name: str = Field("fsx-claim", description="PersistentVolumeClaim of the FSx volume holding the models.")
+    expect_version: str = Field("", description="Promote only when alias champion is this version; empty: any.")
+    apply: bool = Field(False, description="Roll the objects out (canary beside the current champion, SLO probe, "
+                                           "rollback when it misses); false: render and validate only.")
+    kube_context: str = Field("", description="kubeconfig context for apply; empty: the in-cluster service account.")
+    require_staged: bool = Field(True, description="Refuse a champion whose model path is not a verified staged "
+                                                   "folder (marker and every listed file with its size).")
+    traffic_upload_uri: str = Field("", description="s3://bucket/prefix/ the runtime ships its traffic log under "
+                                                    "(<prefix><InferenceService>/); empty: off.")
+    skip_if_live: bool = Field(False, description="With apply: apply nothing when the InferenceService already "
+                                                  "serves this version's revision with the same image.")
+
+
+@dataclass(frozen=True)
+class PromoteOutcome:
+    """What :func:`promote` did: the ``version`` rendered, ``num_objects`` and their ``kinds`` written to
+    ``path``; ``applied`` (rolled out) or ``already_live`` (nothing applied: it serves already); ``notes``."""
+
+    path: str
+    num_objects: int
+    version: str
+    applied: bool
+    already_live: bool
+    kinds: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def metadata(self) -> dict[str, object]:
+        """The KFP Artifact's metadata (``kinds`` as a JSON list)."""
+        return {"path": self.path, "num_objects": self.num_objects, "version": self.version, "applied": self.applied,
+                "already_live": self.already_live, "kinds": json.dumps(self.kinds)}
+
+
+def promote(request: PromoteRequest) -> PromoteOutcome:
+    """Render, validate and write the champion's objects; with ``apply`` roll them out.
+
+    The InferenceService is named `dns_label(registered_model)` (runtime/deploy/target.py): the registered model
+    name when it is a DNS-1035 label of at most 45 characters, else its normalised form plus a short hash.
+    Revisions are `v<version>`, numbered per registered model.
+
+    Raises:
+        ValueError: a bad ``traffic_upload_uri`` (checked first), or alias champion is not ``expect_version``.
+        RuntimeError: ``apply`` without a ``kube_context`` outside a Kubernetes pod (checked before anything else).
+        runtime.staging.manifest.StagingError: ``require_staged`` and the champion's model path is empty or not a
+            verified staged folder.
+        runtime.tracking.mlflow_runs.TrackingError: the registry or its champion cannot be read.
+        runtime.deploy.validate.ManifestError: an object fails its schema (object and field named).
+        runtime.deploy.errors.ApplyError: the cluster refused an object or a PVC is missing (nothing applied).
+        runtime.deploy.errors.RolledBackError: ``apply`` and the canary was rolled back (the previous champion
+            serves again).
+    """
+    from pydantic import ValidationError
+
+    from runtime.deploy.mlflow_recorder import revision_for
+    from runtime.deploy.render import render_all, write_yaml
+    from runtime.deploy.target import ClusterTarget, dns_label
+    from runtime.deploy.validate import validate_objects
+    from runtime.tracking.mlflow_runs import load_champion
+
+    r = request
+    try:
+        target = ClusterTarget(traffic_upload_uri=r.traffic_upload_uri or None)
+    except ValidationError as e:
+        raise ValueError("; ".join(str(x["msg"]).removeprefix("Value error, ") for x in e.errors())) from None
+    if r.apply and not r.kube_context:
+        from runtime.deploy.kube import CREDENTIAL_OPTIONS, in_cluster_available
+
+        if not in_cluster_available():
+            raise RuntimeError(f"promote: apply=True without kube_context and not inside a Kubernetes pod: "
+                               f"{CREDENTIAL_OPTIONS}")
+    version, spec = load_champion(r.mlflow_tracking_uri, r.registered_model)
+    if r.expect_version and str(version) != str(r.expect_version):
+        raise ValueError(
+            f"registered model {r.registered_model!r}: alias champion is version {version}, "
+            f"but this run tuned version {r.expect_version}; refusing to promote a different version")
+    if r.require_staged:
+        from runtime.staging.manifest import StagingError, verify_staged
+
+        if not spec.model.path:
+            raise StagingError(f"registered model {r.registered_model!r} version {version}: the champion records no "
+                               "model path, so its staged copy cannot be verified")
+        try:
+            verify_staged(Path(spec.model.path), check_digests=False)
+        except StagingError as e:
+            raise StagingError(f"registered model {r.registered_model!r} version {version}: refusing to promote a "
+                               f"model folder that is not a verified staged copy: {e}") from e
+    # Named after the registered model (what is promoted), not the served model: revisions are `v<version>`,
+    # numbered per registered model, so two registered models must never share an InferenceService.
+    name = dns_label(r.registered_model)
+    revision = revision_for(version)
+    objs = render_all(spec, name=name, namespace=r.namespace, image=r.image, pvc_name=r.pvc_name, revision=revision,
+                      target=target)
+    validate_objects(objs)
+    write_yaml(objs, Path(r.out_path))
+    kinds = sorted({o["kind"] for o in objs})
+    if not r.apply:
+        return PromoteOutcome(r.out_path, len(objs), str(version), False, False, kinds)
+    from runtime.deploy.errors import RolledBackError
+    from runtime.deploy.kube import Kube
+    from runtime.deploy.promote import promote_version
+
+    # No context: the pod's own service account, never whatever kubeconfig happens to be current.
+    kube = Kube.from_context(r.kube_context) if r.kube_context else Kube.in_cluster()
+    if r.skip_if_live:
+        from runtime.deploy.rollout import current_champion
+
+        live = current_champion(kube, name=name, namespace=r.namespace)
+        if live is not None and live.revision == revision and live.image == r.image:
+            return PromoteOutcome(r.out_path, len(objs), str(version), False, True, kinds)
+    # Canary beside the current champion, SLO probe, automatic rollback; every step tagged in MLflow.
+    result = promote_version(spec, str(version), name=name, namespace=r.namespace, image=r.image,
+                             pvc_name=r.pvc_name, kube_context=r.kube_context or None, kube=kube,
+                             tracking_uri=r.mlflow_tracking_uri, registered_model=r.registered_model, target=target)
+    if result.outcome != "promoted":
+        raise RolledBackError(
+            f"registered model {r.registered_model!r} version {version} was not promoted: rolled back to "
+            f"revision {result.previous_revision}: {result.reason} (see the MLflow version's pdserve.deploy.* tags)")
+    return PromoteOutcome(r.out_path, len(objs), str(version), True, False, kinds)

@@ -1,0 +1,45 @@
+"""Every `pdserve` command exits the same way: 0 success, 1 a failure while running, 2 bad usage or a bad value,
+with one error line that names no Python class (runtime/faces/common.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from runtime.cli import app
+
+runner = CliRunner()
+
+
+BAD_VALUES = {  # argv, with {tmp} the test's temporary folder
+    "tune: bad SLO": ["tune", "llama-3.1-8b", "--ttft-ms", "-1"],
+    "tune: --register without --mlflow-uri": ["tune", "llama-3.1-8b", "--register", "m"],
+    "promote: --skip-if-live without --apply": ["promote", "m", "--skip-if-live"],
+    "promote: no such database": ["promote", "m", "--mlflow-uri", "sqlite:///{tmp}/none.db"],
+    "serve: bad --router": ["serve", "--router", "nope"],
+    "stage: bad --concurrency": ["stage", "{tmp}", "{tmp}/dest", "--concurrency", "0"],
+    "compile: a folder as output": ["compile", "{tmp}"],
+    "demo: unknown --gpu": ["demo", "--state-dir", "{tmp}", "--gpu", "H100-SMX"],
+    "batch run: no input file": ["batch", "run", "--input", "{tmp}/none.jsonl", "--output", "{tmp}/out.jsonl",
+                                 "--endpoint", "http://127.0.0.1:9/openai", "--model", "m"],
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_a_bad_value_exits_2_with_one_error_line(case, tmp_path):
+    res = runner.invoke(app, [a.format(tmp=tmp_path) for a in BAD_VALUES[case]], env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, res.output
+    assert not re.search(r"\b[A-Z][A-Za-z]+(Error|Exception)\b", errors[0]), errors[0]
+
+
+def test_a_failure_while_running_exits_1(tmp_path):
+    res = runner.invoke(app, ["show-summary", "--state-dir", str(tmp_path)])  # nothing to show: a run-time failure
+    assert res.exit_code == 1 and res.output.startswith("error:"), res.output
+
+
+def test_success_exits_0():
+    assert runner.invoke(app, ["models"]).exit_code == 0
