@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
 from runtime.planner.types import ScalingDecision
+from runtime.router.load import removal_choice
 
 log = logging.getLogger(__name__)
 Role = Literal["prefill", "decode"]
@@ -34,6 +35,7 @@ class Applied:
     prefill_replicas: int
     decode_replicas: int
     changed: bool
+    draining: int = 0  # workers removed from the pools but still finishing their requests (GPUs not released)
 
 
 class Actuator(Protocol):
@@ -218,12 +220,16 @@ class LocalActuator:
     ``0`` (n = 1: one crash is replaced at once) or ``min(restart_backoff_s * 2**(n-2), restart_backoff_max_s)``
     seconds; a worker of that role seen ready resets the count. ``num_failed[role]`` counts all failures.
 
-    Scale-down stops workers that are not ready (starting) before ready ones, newest first within each
-    group, so a healthy worker is never stopped while a starting one keeps its slot. With ``drain_s`` > 0
-    a ready worker is not stopped at once: it leaves ``workers(role)`` (the runtime then takes it out of
-    the router's pool, so no new request reaches it), keeps serving what it has for ``drain_s`` seconds
-    and is stopped by the first ``apply`` after that (or ``close``); a scale-up meanwhile takes it back
-    instead of starting a new process.
+    Scale-down stops workers that are not ready (starting) at once, newest first, so a healthy worker is never
+    stopped while a starting one keeps its slot. Among ready workers it removes the least loaded one
+    (:func:`runtime.router.load.removal_choice` over ``load_of(base_url)``, the router's in-flight load; the
+    newest without ``load_of``). With ``drain_s`` > 0 a ready worker is not stopped at once: it leaves
+    ``workers(role)`` and is listed by ``draining()``; the runtime takes it out of the rotation
+    (runtime.server.breakers, ``WorkerBreakers.drain``) and calls ``release`` once it holds no request; the
+    first ``apply`` after ``drain_s`` seconds (the drain cap) stops it whatever it holds. A draining worker
+    still holds its slot (its GPUs): no new worker starts in it before the drain ends, so ``max_workers``
+    bounds the processes alive, draining ones included (``Applied.draining`` counts them). A scale-up
+    meanwhile takes a draining worker back instead of starting a new process.
 
     The ports of every worker it stops (scale-down, reaped, deadline, ``close``) go back to
     ``runtime.ports`` (:func:`worker_ports`, :func:`runtime.ports.release_ports`), so restarts do not
@@ -239,6 +245,7 @@ class LocalActuator:
                  restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S,
                  restart_backoff_max_s: float = DEFAULT_RESTART_BACKOFF_MAX_S,
                  ready_probe: Callable[[WorkerLike], bool] = probe_ready,
+                 load_of: Callable[[str], Any] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
@@ -263,6 +270,7 @@ class LocalActuator:
         self.restart_backoff_s = restart_backoff_s
         self.restart_backoff_max_s = restart_backoff_max_s
         self.ready_probe = ready_probe
+        self.load_of = load_of
         self.clock = clock
         self._pools: dict[Role, list[WorkerLike]] = {"prefill": [], "decode": []}
         self._started_s: dict[int, float] = {}  # id(worker) -> clock() at its start
@@ -293,7 +301,28 @@ class LocalActuator:
         for role, target in (("decode", d), ("prefill", p)):
             changed |= self._resize(role, target)  # type: ignore[arg-type]
         num_p, num_d = self.current()
-        return Applied(num_p, num_d, changed)
+        return Applied(num_p, num_d, changed, sum(len(v) for v in self._draining.values()))
+
+    def draining(self) -> list[tuple[Role, WorkerLike]]:
+        """The draining workers (out of the pools, not yet stopped), with their roles."""
+        return [(role, w) for role, ws in self._draining.items() for _, w in ws]
+
+    def release(self, worker: WorkerLike) -> bool:
+        """The draining `worker` holds no request any more: stop it now (its slot is free again). False when
+        it is not draining (already stopped, or taken back by a scale-up)."""
+        for role, ws in self._draining.items():
+            for entry in ws:
+                if entry[1] is worker:
+                    ws.remove(entry)
+                    self._stop(worker)
+                    log.info("stopped local %s worker %s: drained", role, worker.base_url)
+                    self._forget(worker)
+                    return True
+        return False
+
+    def _held(self) -> int:
+        """Processes holding a slot: the pools' workers and the draining ones."""
+        return sum(len(p) for p in self._pools.values()) + sum(len(d) for d in self._draining.values())
 
     def _resize(self, role: Role, target: int) -> bool:
         pool = self._pools[role]
@@ -305,8 +334,8 @@ class LocalActuator:
             pool.remove(w)
             if self.drain_s > 0 and self.is_ready(w):
                 self._draining[role].append((now_s + self.drain_s, w))
-                log.info("draining local %s worker %s: out of the pool now, stopped after %.0f s", role,
-                         w.base_url, self.drain_s)
+                log.info("draining local %s worker %s: out of the rotation now, stopped once it holds no "
+                         "request or after %.0f s", role, w.base_url, self.drain_s)
             else:
                 self._stop(w)
                 log.info("stopped local %s worker %s (%s)", role, w.base_url,
@@ -323,7 +352,11 @@ class LocalActuator:
                      "start(s) in a row)", role, len(pool), target, self._next_start_s[role] - now_s,
                      self._failures_in_row[role])
             return changed
-        while len(pool) < target:
+        if len(pool) < target and self._held() >= self.max_workers:
+            log.info("local %s workers: %d of %d running; the next start waits for a draining worker's slot",
+                     role, len(pool), target)
+            return changed
+        while len(pool) < target and self._held() < self.max_workers:
             w = self.factory(role, self._started)
             self._started += 1
             w.start()
@@ -372,10 +405,15 @@ class LocalActuator:
         self._draining[role] = keep
 
     def _victim(self, role: Role) -> WorkerLike:
-        """The worker to stop first: the newest not-ready one, else the newest ready one."""
+        """The worker to remove first: the newest not-ready one, else the least loaded ready one
+        (:func:`runtime.router.load.removal_choice`; the newest without ``load_of``)."""
         pool = self._pools[role]
         starting = [w for w in pool if not self.is_ready(w)]
-        return (starting or pool)[-1]
+        if starting:
+            return starting[-1]
+        if self.load_of is None:
+            return pool[-1]
+        return pool[removal_choice([self.load_of(w.base_url) for w in pool])]
 
     def _failed(self, role: Role, w: WorkerLike, now_s: float, what: str) -> None:
         self.num_failed[role] += 1
