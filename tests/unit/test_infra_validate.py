@@ -626,6 +626,17 @@ def test_runtime_without_planner_scale_rights_is_reported():
     assert V.rbac_problems(V.ClusterModel(objs, [], needs, "pdserve:check")) == []
 
 
+def test_runtime_without_the_right_to_name_the_pods_it_removes_is_reported():
+    import copy
+
+    objs = copy.deepcopy(V.promote_render("pdserve:check"))
+    for o in objs:
+        if o["kind"] == "Role" and "-planner" in o["metadata"]["name"]:
+            o["rules"] = [r for r in o["rules"] if r["resources"] != ["pods"]]
+    problems = V.rbac_problems(V.ClusterModel(objs, [], V.runtime_needs(objs), "pdserve:check"))
+    assert any("(planner: pod removal)" in p and "list/patch core/pods" in p for p in problems), problems
+
+
 def test_a_step_image_from_another_registry_is_reported(tree, pipeline_docs):
     import copy
 
