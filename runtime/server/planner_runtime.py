@@ -67,7 +67,8 @@ class ExtraWorkersActuator:
             decode_replicas=max(decision.decode_replicas - self.base_decode, 0),
         )
         a = self.inner.apply(extra)
-        return Applied(self.base_prefill + a.prefill_replicas, self.base_decode + a.decode_replicas, a.changed)
+        return Applied(self.base_prefill + a.prefill_replicas, self.base_decode + a.decode_replicas, a.changed,
+                       a.draining)
 
     def current(self) -> tuple[int, int]:
         p, d = self.inner.current()

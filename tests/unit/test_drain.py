@@ -145,3 +145,24 @@ def test_a_drain_ends_at_its_cap_whatever_the_worker_holds():
     clock.now_s = 35.0
     act.apply(_decision(0, 1))
     assert made[1].stopped and act.draining() == []
+
+
+def test_the_planner_sees_draining_workers_until_they_are_stopped():
+    from prometheus_client import CollectorRegistry
+
+    from runtime.server.planner_loop import PlannerGauges
+    from runtime.server.planner_runtime import ExtraWorkersActuator
+
+    clock, made, act = _actuator()
+    extra = ExtraWorkersActuator(act, base_prefill=1, base_decode=1)
+    extra.apply(_decision(1, 3))
+    extra.apply(_decision(1, 3))
+    applied = extra.apply(_decision(1, 2))
+    assert (applied.prefill_replicas, applied.decode_replicas, applied.draining) == (1, 2, 1)
+    reg = CollectorRegistry()
+    gauges = PlannerGauges(reg)
+    gauges.export_applied(applied)
+    assert reg.get_sample_value("pdserve_planner_draining_workers") == 1
+    act.release(made[1])
+    gauges.export_applied(extra.apply(_decision(1, 2)))
+    assert reg.get_sample_value("pdserve_planner_draining_workers") == 0
