@@ -1133,8 +1133,9 @@ def promote_needs(render: list[dict], promoters: list[tuple[str, str, str]]) -> 
 def runtime_needs(render: list[dict]) -> list[ApiNeed]:
     """The runtime's calls (its `<name>-runtime` ServiceAccount): list + watch EndpointSlices
     (runtime/deploy/discovery.py) and, with the planner, get + patch of deployments/scale of its two worker
-    Deployments (runtime/server/actuators.py) and, with leader election (`--leader-lease` among the runtime's
-    arguments), get + update of that Lease and create of leases (runtime/server/leader.py)."""
+    Deployments and list + patch of pods (the pod-deletion-cost of the pods a scale-down removes;
+    runtime/server/actuators.py) and, with leader election (`--leader-lease` among the runtime's arguments),
+    get + update of that Lease and create of leases (runtime/server/leader.py)."""
     out = []
     for isvc in [o for o in render if o["kind"] == "InferenceService"]:
         ns, sa, name = (isvc["metadata"]["namespace"], isvc["spec"]["predictor"]["serviceAccountName"],
@@ -1147,6 +1148,7 @@ def runtime_needs(render: list[dict]) -> list[ApiNeed]:
                             o["metadata"]["name"])
                     for o in render if o["kind"] == "Deployment"
                     and (o["metadata"].get("labels") or {}).get("app.kubernetes.io/instance") == name]
+            out.append(ApiNeed(path + " (planner: pod removal)", ns, sa, ns, "", "pods", frozenset({"list", "patch"})))
         for arg in args:
             if arg.startswith("--leader-lease="):
                 lease = arg.split("=", 1)[1]

@@ -282,6 +282,11 @@ class PlannerSpec(_Strict):
         "bench/planner.py runs), constant or arima (registry runtime.planner.predictors.PREDICTORS).",
     )
     interval_s: float = Field(default=30.0, gt=0, description="Planner tick interval, seconds.")
+    drain_cap_s: float = Field(
+        default=120.0, gt=0, le=3600,
+        description="Longest drain of a worker a scale-down removes, seconds: it takes no new request and is "
+        "stopped once its in-flight requests finish, or after this long (streams still running then continue "
+        "on another decode worker); Kubernetes worker pods get it as their preStop wait and grace period.")
     gpu_budget: int = Field(default=64, ge=1, description="Total GPUs the planner may use.")
     predictor_window_ticks: int = Field(
         default=10, ge=1, description="Ticks of history the predictor looks at (moving average, quantile)."

@@ -3,15 +3,17 @@
 * runtime (`<name>-runtime`): reads EndpointSlices (worker discovery) and, when the planner is on,
   may get/patch/update the `deployments/scale` subresource of exactly its two worker Deployments and
   get/update the planner's leader-election Lease (`planner_lease_name`; `create` on leases, which RBAC cannot
-  restrict by name: runtime/server/leader.py creates it when absent), one planner Role per worker revision
-  (`<name>-<revision>-planner`): the runtime replicas of one revision elect one planner leader.
+  restrict by name: runtime/server/leader.py creates it when absent), and list/patch pods (the
+  `pod-deletion-cost` annotation naming the pods a scale-down removes; RBAC cannot limit `list` by name); one
+  planner Role per worker revision (`<name>-<revision>-planner`): the runtime
+  replicas of one revision elect one planner leader.
 * workers (`<name>-worker`): no API access at all (token not mounted).
 * promoter (`pdserve-promoter`, see `promoter_rbac`): manages the rendered kinds in ONE namespace,
   plus get/create/patch on the cluster-scoped ClusterServingRuntime and get/create/update/delete on Leases
   (the per-InferenceService promote lock, runtime/deploy/lease.py). Kubernetes RBAC forbids granting
   permissions one does not hold (escalation prevention, kubernetes.io/docs/reference/access-authn-authz/
   rbac/#privilege-escalation-prevention-and-bootstrapping), so the promoter also holds what the runtime
-  role grants (endpointslices read, deployments/scale).
+  role grants (endpointslices read, deployments/scale, pods list/patch).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 MANAGE = ["get", "list", "watch", "create", "patch", "update", "delete"]
 READ = ["get", "list", "watch"]
 SCALE = ["get", "patch", "update"]
+POD_REMOVAL = ["list", "patch"]  # the planner names the pods it removes (runtime/server/actuators.py)
 PROMOTER_NAME = "pdserve-promoter"
 
 
@@ -99,7 +102,8 @@ def runtime_rbac(*, name: str, namespace: str, labels: dict[str, str], runtime_s
             role(pname, namespace, plab,
                  [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
                    "resourceNames": list(worker_deployments), "verbs": SCALE},
-                  *lease_rbac_rules(planner_lease_name(name, revision))]),
+                  *lease_rbac_rules(planner_lease_name(name, revision)),
+                  {"apiGroups": [""], "resources": ["pods"], "verbs": POD_REMOVAL}]),
             role_binding(pname, namespace, plab, role_name=pname, sa_name=runtime_sa),
         ]
     return objs
@@ -121,6 +125,7 @@ def promoter_rbac(namespace: str, *, sa_name: str = PROMOTER_NAME,
         {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": MANAGE},
         {"apiGroups": [""], "resources": ["services", "serviceaccounts"], "verbs": MANAGE},
         {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": POD_REMOVAL},  # granted to the planner
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": MANAGE},
         {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": MANAGE},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": MANAGE},

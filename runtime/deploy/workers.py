@@ -16,6 +16,7 @@ backend (`kv_connector_extra_config.backends`), UCX silently falls back to TCP t
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 from runtime.config import DeploymentSpec, PoolSpec
@@ -29,7 +30,7 @@ from runtime.engines.vllm_plugin import (
     PROGRESS_DELAY_ENV,
     SHM_SPIN_ENV,
 )
-from runtime.engines.vllm_worker import kv_transfer_config, scheduling_args
+from runtime.engines.vllm_worker import DEFAULT_KV_LEASE_S, kv_transfer_config, scheduling_args
 
 Role = Literal["prefill", "decode"]
 APP_LABEL = "pdserve"
@@ -245,6 +246,9 @@ def worker_pod_spec(spec: DeploymentSpec, role: Role, *, pvc_name: str, image: s
                            "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/health", "port": http}, "periodSeconds": 15,
                           "failureThreshold": 4, "timeoutSeconds": 5},
+        # drain before SIGTERM: the pod has left its EndpointSlice (no new request from the router); wait for
+        # its requests and, on a prefill pod, its KV handoffs' lease (runtime/engines/drain_wait.py)
+        "lifecycle": {"preStop": {"exec": {"command": prestop_command(spec, role, target)}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -269,7 +273,7 @@ def worker_pod_spec(spec: DeploymentSpec, role: Role, *, pvc_name: str, image: s
             "fsGroup": target.run_as_user,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": termination_grace_s(spec),
         "containers": [container],
         "volumes": [
             {"name": "fsx", "persistentVolumeClaim": {"claimName": pvc_name, "readOnly": True}},
@@ -289,9 +293,31 @@ def worker_pod_spec(spec: DeploymentSpec, role: Role, *, pvc_name: str, image: s
                 {"key": "vpc.amazonaws.com/efa", "operator": "Exists", "effect": "NoSchedule"})
     if rank == "follower":  # headless: the API server, its port and /health live on the leader only
         container["ports"] = [p for p in container["ports"] if p["name"] != http]
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe", "lifecycle"):
             del container[probe]
     return pod_spec
+
+
+#: vLLM's shutdown after SIGTERM (engine core and workers exit, GPU memory freed), seconds, on top of the
+#: drain cap in the grace period: the 60 s the worker pods had before a drain existed.
+SHUTDOWN_GRACE_S = 60
+#: A decode pod is drained after this long with no request (two of drain_wait's 1-s polls): a request the
+#: router sent just before the pod left its EndpointSlice has reached the engine by then.
+DECODE_IDLE_HOLD_S = 2
+
+
+def prestop_command(spec: DeploymentSpec, role: Role, target: ClusterTarget) -> list[str]:
+    """The worker container's preStop command: wait for its engine to hold no request (a prefill worker: for
+    its KV lease, so every handoff is read or expired), at most `PlannerSpec.drain_cap_s` seconds."""
+    hold_s = (spec.engine.kv_lease_s or DEFAULT_KV_LEASE_S) if role == "prefill" else DECODE_IDLE_HOLD_S
+    return ["python", "-m", "runtime.engines.drain_wait", f"--port={target.worker_port}", f"--hold-s={hold_s}",
+            f"--cap-s={spec.planner.drain_cap_s:g}"]
+
+
+def termination_grace_s(spec: DeploymentSpec) -> int:
+    """`terminationGracePeriodSeconds` of a worker pod: the drain cap (the preStop wait counts against the
+    grace period) plus `SHUTDOWN_GRACE_S` for vLLM's own shutdown."""
+    return math.ceil(spec.planner.drain_cap_s) + SHUTDOWN_GRACE_S
 
 
 def _skips(efa: bool) -> list[str]:

@@ -62,6 +62,11 @@ class WorkerStartError(RuntimeError):
     """The vLLM worker exited or did not become healthy in time; the message ends with its log tail."""
 
 
+#: vLLM NIXL `kv_lease_duration` default, seconds (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
+#: base_scheduler.py, 0.28).
+DEFAULT_KV_LEASE_S = 30.0
+
+
 def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True, backends: list[str] | None = None) -> dict:
     """The `--kv-transfer-config` of a NIXL worker: kv_both, KV buffer on "cpu" (CPU workers) or "cuda",
     NIXL backends `backends` (default `engine.kv_backends`), and the KV lease when `engine.kv_lease_s` is

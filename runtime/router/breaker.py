@@ -26,6 +26,14 @@ failures 3). A worker without peers is never judged by latency. The same pattern
 outlier detection (consecutive 5xx; success rate or latency relative to the cluster) and the breaker of
 Nygard, *Release It!* (2nd ed., ch. 5).
 
+Draining (scale-down) lives here too, as the other reason a worker is out of the rotation:
+:meth:`BreakerBoard.start_drain` takes a worker that a scale-down will remove out of the rotation (whatever
+its breaker says) and :meth:`BreakerBoard.drained` says when it may be stopped: when it holds no in-flight
+request (its decodes finished, and every request prefilled on it completed, so the decode side has read or
+dropped its KV handoff), or once the drain cap has passed (what is still in flight then fails over to
+another worker: the runtime's migration path). Kubernetes' pod termination follows the same pattern
+(readiness off, then ``terminationGracePeriodSeconds`` before SIGKILL).
+
 Settings come from :class:`runtime.config.OverloadSpec`.
 """
 
@@ -128,6 +136,7 @@ class BreakerBoard:
         self.spec = spec
         self._breakers: dict[str, CircuitBreaker] = {}
         self._latencies: dict[str, deque[float]] = {}
+        self._drain_until: dict[str, float] = {}  # worker -> when its drain cap ends, seconds
 
     def add(self, worker: str) -> None:
         """Track `worker` (CLOSED); a worker already tracked keeps its breaker."""
@@ -140,6 +149,7 @@ class BreakerBoard:
         """Forget `worker` (left the pool); unknown ids are ignored."""
         self._breakers.pop(worker, None)
         self._latencies.pop(worker, None)
+        self._drain_until.pop(worker, None)
 
     def __contains__(self, worker: object) -> bool:
         return worker in self._breakers
@@ -156,6 +166,36 @@ class BreakerBoard:
     def state(self, worker: str, now_s: float) -> BreakerState:
         """State of `worker`'s breaker at `now_s`."""
         return self.breaker(worker).state(now_s)
+
+    def start_drain(self, worker: str, now_s: float, cap_s: float) -> None:
+        """Take `worker` out of the rotation for removal, for at most `cap_s` seconds from `now_s` (a worker
+        already draining keeps its first deadline).
+
+        Raises:
+            ValueError: `cap_s` negative or not finite.
+        """
+        if not (0 <= cap_s < float("inf")):
+            raise ValueError(f"drain cap_s must be a finite number >= 0, got {cap_s}")
+        self.add(worker)
+        self._drain_until.setdefault(worker, now_s + cap_s)
+
+    def end_drain(self, worker: str) -> None:
+        """`worker` stays after all (a scale-up took it back): in the rotation again as its breaker allows."""
+        self._drain_until.pop(worker, None)
+
+    def draining(self, worker: str) -> bool:
+        """Whether `worker` is draining (out of the rotation until it is removed)."""
+        return worker in self._drain_until
+
+    def drained(self, worker: str, now_s: float, in_flight: int) -> bool:
+        """Whether a draining `worker` holding `in_flight` requests may be stopped at `now_s`: nothing in
+        flight, or its drain cap has passed. False for a worker that is not draining."""
+        until = self._drain_until.get(worker)
+        return until is not None and (in_flight <= 0 or now_s >= until)
+
+    def allows_traffic(self, worker: str, now_s: float) -> bool:
+        """Whether client requests may go to `worker`: its breaker is closed and it is not draining."""
+        return not self.draining(worker) and self.breaker(worker).allows_traffic(now_s)
 
     def baseline_s(self, worker: str) -> float | None:
         """The latency `worker` is judged against, seconds: the median over the other workers with a full

@@ -51,3 +51,24 @@ class WorkerLoad:
     def can_decode(self) -> bool:
         """Whether this worker may be chosen as a decode worker (and prefill locally)."""
         return self.role in ("decode", "both")
+
+
+def removal_choice(loads: "list[WorkerLoad | None]") -> int:
+    """Index of the worker a scale-down removes: the least loaded one, so the drain that precedes its removal
+    (runtime/router/breaker.py, `BreakerBoard.start_drain`) is the shortest.
+
+    Load order: fewest in-flight requests (`num_requests`), then fewest decode KV blocks, then fewest queued
+    prefill tokens; ties go to the last index (the newest worker, whose cache is the coldest). `None` stands
+    for a worker the router does not track (not yet in the pool): it holds no request, so it counts as idle.
+
+    Raises:
+        ValueError: `loads` is empty.
+    """
+    if not loads:
+        raise ValueError("removal_choice: no worker to choose from")
+
+    def key(i: int) -> tuple[int, int, int, int]:
+        w = loads[i]
+        return (0, 0, 0, -i) if w is None else (w.num_requests, w.decode_blocks, w.prefill_tokens, -i)
+
+    return min(range(len(loads)), key=key)

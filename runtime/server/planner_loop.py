@@ -348,6 +348,8 @@ class PlannerGauges:
                              "Workers per pool the actuator reports after applying the last decision (may differ "
                              "from the decided *_replicas: caps, start-up back-off, failed applies)",
                              ["pool"], registry=registry)
+        self.draining = g("draining_workers", "Workers a scale-down removed that are still draining (their "
+                          "GPUs not released yet; local actuator)")
         self.gpus = g("gpus", "GPUs the last decision uses (replicas x TP of both pools)")
         self.gpu_budget = g("gpu_budget", "The planner's GPU budget (planner.gpu_budget)")
         self.scale_events = Counter("pdserve_planner_scale_events", "Actuated decisions that changed a pool's "
@@ -376,6 +378,7 @@ class PlannerGauges:
     def export_applied(self, applied: Applied) -> None:
         self.applied.labels(pool="prefill").set(applied.prefill_replicas)
         self.applied.labels(pool="decode").set(applied.decode_replicas)
+        self.draining.set(applied.draining)
 
     def export(self, tick: TickInput, d: ScalingDecision) -> None:
         self.prefill.set(d.prefill_replicas)

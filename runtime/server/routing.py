@@ -20,11 +20,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from runtime.config import RouterSpec
 from runtime.kv.events import KvEventBatch
 from runtime.redact import redact_userinfo
 from runtime.router.core import MigrationLimitError, NoWorkersError, Router, UnknownRequestError
+from runtime.router.load import WorkerLoad
 from runtime.server.pairing import Route, RouteRequest
 
 log = logging.getLogger(__name__)
@@ -189,6 +191,20 @@ class RouterPairing:
         self.down.discard(worker_id)
         self.last_event_s.pop(worker_id, None)
         return self.router.remove_worker(worker_id)
+
+    def load_of(self, url: str) -> WorkerLoad | None:
+        """The router's in-flight load of the worker at `url` (`num_requests`: requests that decode on it, or
+        were prefilled on it and have not completed, so a handoff of its KV may still be unread); None for a
+        worker not in the pool."""
+        wid = self._url_to_id.get(url.rstrip("/"))
+        return None if wid is None else self.router.workers.get(wid)
+
+    def load_of_ip(self, host: str) -> WorkerLoad | None:
+        """`load_of` the worker whose URL's host is `host` (a pod IP); None when no worker has it."""
+        for url in list(self._url_to_id):
+            if urlsplit(url).hostname == host:
+                return self.load_of(url)
+        return None
 
     def mark_up(self, url: str) -> None:
         """Route to a recovered worker again (its index entry as kept while it was down)."""

@@ -137,11 +137,12 @@ def test_kubernetes_actuator_reports_a_missing_deployment():
         assert srv.replicas == {"m-decode": 1}
 
 
-def test_rbac_rules_cover_only_the_scale_of_two_deployments():
+def test_rbac_rules_cover_only_the_scale_of_two_deployments_and_pod_annotations():
     rules = scale_rbac_rules("m-prefill", "m-decode")
-    assert [r["resources"] for r in rules] == [["deployments/scale"]]
-    assert all(r["resourceNames"] == ["m-prefill", "m-decode"] for r in rules)
-    assert all(set(r["verbs"]) <= {"get", "patch", "update"} for r in rules)
+    assert [r["resources"] for r in rules] == [["deployments/scale"], ["pods"]]
+    assert rules[0]["resourceNames"] == ["m-prefill", "m-decode"]
+    assert set(rules[0]["verbs"]) <= {"get", "patch", "update"}
+    assert rules[1]["verbs"] == ["list", "patch"]  # list a pool's pods, annotate the ones it removes
 
 
 def test_local_actuator_starts_and_stops_real_processes_up_to_the_cap():

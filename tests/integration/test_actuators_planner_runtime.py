@@ -4,8 +4,10 @@ for vLLM: the pool sync needs only a process and an answering health URL).
 
 Specification: the configured decode worker is the base; a decision for more replicas starts the extra
 workers, each joins the router's pool once it answers, the router then routes to them; a decision back to
-the base takes them out of the pool at once and stops them one planner interval later (a drain); closing
-the planner stops every worker it started.
+the base drains them: out of the rotation at once (the runtime's circuit-breaker rotation), still in the
+pool and alive while the router holds a request on them (a prefill worker: a request it prefilled that has
+not completed, whose KV handoff may be unread), out of the pool and stopped once it holds none; closing the
+planner stops every worker it started.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, RouterSpec
+from runtime.config import DeploymentSpec, ModelRef, OverloadSpec, PlannerSpec, RouterSpec
 from runtime.planner.types import ScalingDecision
 from runtime.server.app import build_router_pairing
+from runtime.server.breakers import WorkerBreakers
 from runtime.server.pairing import RouteRequest
 from runtime.server.planner_loop import RequestWindow
 from runtime.server.planner_runtime import build_planner
@@ -50,9 +53,10 @@ def test_local_planner_workers_join_and_leave_the_router_pool():
     spec = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load"))
     pairing = build_router_pairing(RouterSpec(policy="round_robin", disagg_min_uncached_tokens=0),
                                    block_size_tokens=16, prefill_urls=[], decode_urls=["http://127.0.0.1:1"])
+    breakers = WorkerBreakers(pairing, OverloadSpec())
     rt = build_planner("local", spec=spec, model_config=None, pairing=pairing, window=RequestWindow(),
                        registry=CollectorRegistry(), is_healthy=_answers, max_workers=2, worker_factory=factory,
-                       interval_s=0.5)  # the drain of a leaving worker lasts one interval
+                       interval_s=0.5, breakers=breakers)
 
     async def scenario() -> None:
         act = rt.loop.actuator
@@ -69,16 +73,23 @@ def test_local_planner_workers_join_and_leave_the_router_pool():
         urls = {w.url for w in pairing.workers.values()}
         assert {w.base_url for w in made} <= urls
         route = pairing.choose(RouteRequest("r1", "/v1/chat/completions", {}, None, 0.0))
-        assert route.prefill_url == next(w.base_url for w in made if w.role == "prefill")  # the only prefill
-        pairing.on_complete("r1", 0.0, True)
-        act.apply(_decision(0, 1))  # back to the base: the extra workers leave the pool at once ...
+        prefill = next(w for w in made if w.role == "prefill")
+        assert route.prefill_url == prefill.base_url  # the only prefill worker; r1 stays in flight
+        act.apply(_decision(0, 1))  # back to the base: the extra workers drain ...
+        await rt.sync_pool()
+        assert all(breakers.draining(w.base_url) for w in made)
+        assert prefill.base_url in {w.url for w in pairing.workers.values()}  # ... r1 holds the prefill one
+        assert prefill.alive()
+        r2 = pairing.choose(RouteRequest("r2", "/v1/chat/completions", {}, None, 0.0))
+        assert r2.prefill_url is None and r2.decode_url == "http://127.0.0.1:1"  # nothing new reaches them
+        pairing.on_complete("r2", 0.0, True)
+        assert not breakers.usable(prefill.base_url)
+        pairing.on_complete("r1", 0.0, True)  # r1 done: its handoff was read, the prefill worker is drained
         await rt.sync_pool()
         assert [w.url for w in pairing.workers.values()] == ["http://127.0.0.1:1"]
         assert set(pairing.router.workers) == set(pairing.workers)
-        assert all(w.alive() for w in made)  # ... and finish what they serve while they drain
-        await asyncio.sleep(0.6)
-        act.apply(_decision(0, 1))  # the first tick after the drain stops them
         assert not any(w.alive() for w in made)
+        assert act.current() == (0, 1) and act.inner.draining() == []
 
     try:
         asyncio.run(scenario())

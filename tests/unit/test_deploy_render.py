@@ -194,7 +194,7 @@ def test_runtime_rbac_is_least_privilege(objs):
     assert not [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-planner")]
 
 
-def test_planner_role_only_scales_its_two_deployments():
+def test_planner_role_only_scales_its_two_deployments_and_names_the_pods_it_removes():
     objs = render(make_spec(planner=PlannerSpec(mode="sla")))
     role = find(objs, "Role", f"{NAME}-planner")
     assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
@@ -203,7 +203,8 @@ def test_planner_role_only_scales_its_two_deployments():
                              # leader election: create cannot be limited by name in RBAC; get/update can
                              {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
                              {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                              "resourceNames": [f"{NAME}-planner-leader"], "verbs": ["get", "update"]}]
+                              "resourceNames": [f"{NAME}-planner-leader"], "verbs": ["get", "update"]},
+                             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}]
 
 
 def test_runtime_replicas_autoscale_and_elect_one_planner_leader_on_their_lease():

@@ -647,6 +647,17 @@ def test_runtime_without_leader_election_rights_is_reported():
                for p in problems), problems
 
 
+def test_runtime_without_the_right_to_name_the_pods_it_removes_is_reported():
+    import copy
+
+    objs = copy.deepcopy(V.promote_render("pdserve:check"))
+    for o in objs:
+        if o["kind"] == "Role" and "-planner" in o["metadata"]["name"]:
+            o["rules"] = [r for r in o["rules"] if r["resources"] != ["pods"]]
+    problems = V.rbac_problems(V.ClusterModel(objs, [], V.runtime_needs(objs), "pdserve:check"))
+    assert any("(planner: pod removal)" in p and "list/patch core/pods" in p for p in problems), problems
+
+
 def test_a_step_image_from_another_registry_is_reported(tree, pipeline_docs):
     import copy
 

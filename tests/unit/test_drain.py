@@ -1,0 +1,168 @@
+"""Drain-safe scale-down, pure parts and the local actuator (times passed in, stand-in workers).
+
+Specification:
+* a draining worker is out of the rotation whatever its breaker says; it is drained (may be stopped) when it
+  holds no request, or once its drain cap has passed; a scale-up that keeps it ends the drain;
+* the worker a scale-down removes is the least loaded one (fewest requests, then decode blocks, then queued
+  prefill tokens; ties: the newest; a worker the router does not track holds nothing);
+* the local actuator keeps a removed ready worker alive (draining, still holding its slot) until the runtime
+  releases it or the cap passes; no new worker takes the slot meanwhile.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.config import OverloadSpec, RouterSpec
+from runtime.planner.types import ScalingDecision
+from runtime.router.breaker import BreakerBoard, BreakerState
+from runtime.router.load import WorkerLoad, removal_choice
+from runtime.server.actuators import LocalActuator
+from runtime.server.breakers import WorkerBreakers
+from runtime.server.routing import RouterPairing, WorkerEndpoint
+from tests.unit.test_server_local_actuator import Clock, FakeWorker
+
+
+def _decision(p: int, d: int) -> ScalingDecision:
+    return ScalingDecision(now_s=0.0, prefill_replicas=p, decode_replicas=d)
+
+
+# ------------------------------------------------------------------------------------------ pure drain state
+def test_a_draining_worker_takes_no_traffic_and_is_drained_when_idle_or_at_its_cap():
+    board = BreakerBoard(OverloadSpec())
+    board.add("w")
+    assert board.allows_traffic("w", 0.0) and not board.drained("w", 0.0, 0)  # not draining: never "drained"
+    board.start_drain("w", now_s=10.0, cap_s=30.0)
+    assert board.state("w", 10.0) is BreakerState.CLOSED and not board.allows_traffic("w", 10.0)
+    assert not board.drained("w", 20.0, in_flight=2)  # still serving, cap not reached
+    assert board.drained("w", 20.0, in_flight=0)  # idle: may stop now
+    assert not board.drained("w", 39.9, in_flight=1) and board.drained("w", 40.0, in_flight=1)  # the cap
+    board.start_drain("w", now_s=35.0, cap_s=30.0)  # a second call keeps the first deadline
+    assert board.drained("w", 40.0, in_flight=1)
+    board.end_drain("w")
+    assert board.allows_traffic("w", 41.0) and not board.draining("w")
+    with pytest.raises(ValueError):
+        board.start_drain("w", 0.0, float("inf"))
+
+
+def test_the_least_loaded_worker_is_removed_newest_on_ties():
+    def load(wid: str, requests: int, blocks: int = 0, tokens: int = 0) -> WorkerLoad:
+        return WorkerLoad(wid, "decode", num_requests=requests, decode_blocks=blocks, prefill_tokens=tokens)
+
+    assert removal_choice([load("a", 3), load("b", 1), load("c", 2)]) == 1
+    assert removal_choice([load("a", 1, blocks=5), load("b", 1, blocks=9)]) == 0
+    assert removal_choice([load("a", 1, 5, tokens=100), load("b", 1, 5, tokens=10)]) == 1
+    assert removal_choice([load("a", 0), load("b", 0)]) == 1  # tie: the newest
+    assert removal_choice([load("a", 0), None, load("c", 0)]) == 2  # untracked counts idle; newest wins the tie
+    assert removal_choice([None, load("b", 1)]) == 0
+    with pytest.raises(ValueError):
+        removal_choice([])
+
+
+# ------------------------------------------------------------------------------------------ the rotation
+def _pairing() -> RouterPairing:
+    return RouterPairing(RouterSpec(policy="round_robin", disagg_min_uncached_tokens=0), 16,
+                         [WorkerEndpoint("d0", "decode", "http://d0"), WorkerEndpoint("d1", "decode", "http://d1")])
+
+
+def test_the_rotation_drains_a_worker_while_its_requests_finish():
+    clock = Clock()
+    pairing = _pairing()
+    breakers = WorkerBreakers(pairing, OverloadSpec(), clock=clock)
+    breakers.sync()
+    first = pairing.choose(_req("r1"))
+    drained_url = first.decode_url
+    breakers.drain(drained_url, cap_s=60.0)
+    assert not breakers.usable(drained_url) and breakers.in_rotation("decode") == 1
+    for i in range(4):  # every new request goes to the other worker
+        assert pairing.choose(_req(f"n{i}")).decode_url != drained_url
+        pairing.on_complete(f"n{i}", 0.0, True)
+    load = pairing.load_of(drained_url)
+    assert load is not None and load.num_requests == 1
+    assert not breakers.drained(drained_url, load.num_requests)
+    pairing.on_complete("r1", 0.0, True)
+    assert breakers.drained(drained_url, pairing.load_of(drained_url).num_requests)
+    breakers.undrain(drained_url)  # kept after all: back in rotation
+    assert breakers.usable(drained_url) and breakers.in_rotation("decode") == 2
+    assert pairing.load_of("http://nowhere") is None
+
+
+def _req(rid: str):
+    from runtime.server.pairing import RouteRequest
+
+    return RouteRequest(rid, "/v1/chat/completions", {}, None, 0.0)
+
+
+# ------------------------------------------------------------------------------------------ local actuator
+def _actuator(loads: dict[str, int] | None = None, max_workers: int = 3):
+    clock, made = Clock(), []
+
+    def factory(role, index):
+        made.append(FakeWorker(role, index))
+        return made[-1]
+
+    load_of = None if loads is None else (lambda url: WorkerLoad(url, "decode", num_requests=loads.get(url, 0)))
+    act = LocalActuator(factory, max_workers=max_workers, drain_s=30.0, clock=clock, ready_probe=lambda w: True,
+                        load_of=load_of)
+    return clock, made, act
+
+
+def test_scale_down_removes_the_least_loaded_ready_worker():
+    loads: dict[str, int] = {}
+    clock, made, act = _actuator(loads)
+    act.apply(_decision(0, 3))
+    act.apply(_decision(0, 3))  # all three seen ready
+    loads.update({made[0].base_url: 2, made[1].base_url: 0, made[2].base_url: 5})
+    act.apply(_decision(0, 2))
+    assert [w for _, w in act.draining()] == [made[1]] and made[1] not in act.workers("decode")
+    assert made[1].running  # draining, not stopped
+
+
+def test_a_drained_worker_is_stopped_on_release_and_holds_its_slot_until_then():
+    clock, made, act = _actuator(max_workers=2)
+    act.apply(_decision(0, 2))
+    act.apply(_decision(0, 2))
+    applied = act.apply(_decision(0, 1))
+    leaving = made[1]
+    assert applied.decode_replicas == 1 and applied.draining == 1
+    applied = act.apply(_decision(1, 1))  # the prefill worker waits for the draining worker's slot
+    assert applied.prefill_replicas == 0 and len(made) == 2 and leaving.running
+    assert act.release(leaving) and leaving.stopped and act.draining() == []
+    assert not act.release(leaving)  # released once
+    applied = act.apply(_decision(1, 1))
+    assert applied.prefill_replicas == 1 and applied.draining == 0 and made[-1].role == "prefill"
+
+
+def test_a_drain_ends_at_its_cap_whatever_the_worker_holds():
+    clock, made, act = _actuator()
+    act.apply(_decision(0, 2))
+    act.apply(_decision(0, 2))
+    clock.now_s = 5.0
+    act.apply(_decision(0, 1))
+    clock.now_s = 34.9
+    act.apply(_decision(0, 1))
+    assert made[1].running
+    clock.now_s = 35.0
+    act.apply(_decision(0, 1))
+    assert made[1].stopped and act.draining() == []
+
+
+def test_the_planner_sees_draining_workers_until_they_are_stopped():
+    from prometheus_client import CollectorRegistry
+
+    from runtime.server.planner_loop import PlannerGauges
+    from runtime.server.planner_runtime import ExtraWorkersActuator
+
+    clock, made, act = _actuator()
+    extra = ExtraWorkersActuator(act, base_prefill=1, base_decode=1)
+    extra.apply(_decision(1, 3))
+    extra.apply(_decision(1, 3))
+    applied = extra.apply(_decision(1, 2))
+    assert (applied.prefill_replicas, applied.decode_replicas, applied.draining) == (1, 2, 1)
+    reg = CollectorRegistry()
+    gauges = PlannerGauges(reg)
+    gauges.export_applied(applied)
+    assert reg.get_sample_value("pdserve_planner_draining_workers") == 1
+    act.release(made[1])
+    gauges.export_applied(extra.apply(_decision(1, 2)))
+    assert reg.get_sample_value("pdserve_planner_draining_workers") == 0
