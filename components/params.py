@@ -51,6 +51,15 @@ PARAM_DOCS: dict[str, str] = {
     "min_improvement_pct": "The winner takes alias champion when its deployment costs at least this many percent "
                            "less than the champion's on the same workload (GPUs, or $/Mtok across GPU types), or "
                            "when the champion cannot serve it; else it is registered without the alias.",
+    "parallelism": "Worker layouts the tuner searches: tp (tensor parallelism on one node), all (also expert-"
+                   "parallel, data-parallel attention and multi-node workers) or auto (all when plain TP has no "
+                   "candidate that meets the SLO).",
+    "max_model_len_tokens": "vLLM --max-model-len of the winner, tokens (at least isl_tokens + osl_tokens, at most "
+                            "the model's context and the KV capacity); 0: derived by the tuner.",
+    "engine_args": "vLLM engine arguments the winner's spec records, as KEY=VALUE strings (e.g. "
+                   "max-num-seqs=128), checked against the pinned vLLM's parser; []: none.",
+    "usd_per_gpu_hour": "GPU=USD strings: your USD per GPU-hour replacing the AWS on-demand price in $/Mtok, for "
+                        "the candidates and the champion comparison alike; []: on-demand prices.",
     "model": "The staged model folder (metadata: path, manifest digest).",
     "metrics": "The winner: prefill_tp, decode_tp, predicted ttft_p90_ms / itl_p90_ms, goodput_per_gpu "
                "(requests/s per GPU) and num_candidates.",

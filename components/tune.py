@@ -32,6 +32,10 @@ def tune_tp(
     planner_mode: str = "off",
     trace_window_h: float = 0.0,
     min_improvement_pct: float = 5.0,
+    parallelism: str = "tp",
+    max_model_len_tokens: int = 0,
+    engine_args: list = [],  # noqa: B006 - KFP reads the default from the signature; never mutated
+    usd_per_gpu_hour: list = [],  # noqa: B006 - as engine_args
 ) -> NamedTuple("TuneOutputs", champion_version=str, prefill_tp=int, decode_tp=int):
     """Tune the staged model (`model.metadata['path']`) and register the winner; it takes alias `champion` by
     the rule of `pdserve tune --register` (no champion yet, or `min_improvement_pct` cheaper than it).
@@ -41,7 +45,9 @@ def tune_tp(
     (s3://bucket/key, read with `s3_endpoint_url` and env credentials, or a path under `fsx_root`) sizes for
     that trace as `pdserve tune --trace`; `request_rate_per_s` 0: the trace's mean arrival rate (no trace: 10/s);
     `planner_mode` (off, sla, load) is the champion's planner.mode, as `pdserve tune --planner`;
-    `trace_window_h` > 0 sizes for the trace's last hours only (`pdserve tune --trace-window-h`)."""
+    `trace_window_h` > 0 sizes for the trace's last hours only (`pdserve tune --trace-window-h`); `parallelism`,
+    `max_model_len_tokens` (0: derived), `engine_args` and `usd_per_gpu_hour` as `pdserve tune --parallelism`,
+    `--max-model-len`, `--engine-arg` and `--usd-per-gpu-hour`."""
     from runtime.usecases.tune import TuneRequest, kfp_tune_outputs, tune
 
     return kfp_tune_outputs(tune(TuneRequest(
@@ -50,4 +56,6 @@ def tune_tp(
         request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget, mlflow_tracking_uri=mlflow_tracking_uri,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url,
         fsx_root=fsx_root, planner_mode=planner_mode, trace_window_h=trace_window_h,
-        min_improvement_pct=min_improvement_pct), metrics=metrics, table_path=table.path, plot_path=plot.path))
+        min_improvement_pct=min_improvement_pct, parallelism=parallelism,
+        max_model_len_tokens=max_model_len_tokens or None, engine_args=list(engine_args),
+        usd_per_gpu_hour=list(usd_per_gpu_hour)), metrics=metrics, table_path=table.path, plot_path=plot.path))

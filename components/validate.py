@@ -25,6 +25,10 @@ def validate_parameters(
     planner_mode: str = "off",
     trace_window_h: float = 0.0,
     min_improvement_pct: float = 5.0,
+    parallelism: str = "tp",
+    max_model_len_tokens: int = 0,
+    engine_args: list = [],  # noqa: B006 - KFP reads the default from the signature; never mutated
+    usd_per_gpu_hour: list = [],  # noqa: B006 - as engine_args
 ):
     """Fail (naming every bad parameter) before stage-weights copies the model when tune would refuse them;
     `traffic_trace_uri` must be "" (none), an s3://bucket/key object URI or an absolute path under `fsx_root`."""
@@ -35,4 +39,6 @@ def validate_parameters(
         isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
         traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode, trace_window_h=trace_window_h,
-        min_improvement_pct=min_improvement_pct))
+        min_improvement_pct=min_improvement_pct, parallelism=parallelism,
+        max_model_len_tokens=max_model_len_tokens or None, engine_args=list(engine_args),
+        usd_per_gpu_hour=list(usd_per_gpu_hour)))

@@ -110,6 +110,10 @@ def stage_tune_promote(
     planner_mode: str = "off",  # the champion's SLO planner: off, sla or load (as `pdserve tune --planner`)
     trace_window_h: float = 0.0,  # > 0: size for the trace's last hours only (`pdserve tune --trace-window-h`)
     min_improvement_pct: float = DEFAULT_MIN_IMPROVEMENT_PCT,  # the champion rule (`pdserve tune --register`)
+    parallelism: str = "tp",  # tp, auto or all (`pdserve tune --parallelism`)
+    max_model_len_tokens: int = 0,  # 0: derived (`pdserve tune --max-model-len`)
+    engine_args: list = [],  # noqa: B006 - KEY=VALUE strings (`pdserve tune --engine-arg`); KFP reads the default
+    usd_per_gpu_hour: list = [],  # noqa: B006 - GPU=USD strings (`pdserve tune --usd-per-gpu-hour`)
 ) -> NamedTuple("PipelineOutputs", champion_version=str, manifests=Artifact):
     # Parameters tune would refuse fail here, in seconds, not after stage-weights copied the whole model.
     validated = validate_parameters(
@@ -117,7 +121,8 @@ def stage_tune_promote(
         isl_tokens=isl_tokens, osl_tokens=osl_tokens, request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, fsx_root=fsx_root,
         traffic_upload_uri=traffic_upload_uri, planner_mode=planner_mode, trace_window_h=trace_window_h,
-        min_improvement_pct=min_improvement_pct,
+        min_improvement_pct=min_improvement_pct, parallelism=parallelism, max_model_len_tokens=max_model_len_tokens,
+        engine_args=engine_args, usd_per_gpu_hour=usd_per_gpu_hour,
     ).set_display_name("validate-parameters")
 
     staged = stage_weights(
@@ -131,7 +136,8 @@ def stage_tune_promote(
         request_rate_per_s=request_rate_per_s, gpu_budget=gpu_budget, mlflow_tracking_uri=mlflow_tracking_uri,
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url,
         fsx_root=fsx_root, planner_mode=planner_mode, trace_window_h=trace_window_h,
-        min_improvement_pct=min_improvement_pct,
+        min_improvement_pct=min_improvement_pct, parallelism=parallelism, max_model_len_tokens=max_model_len_tokens,
+        engine_args=engine_args, usd_per_gpu_hour=usd_per_gpu_hour,
     ).set_display_name("tune-tp")
     # the S3 secret too: traffic_trace_uri may name an s3:// object (optional secret: absent keys are fine)
     _on_cluster(tuned, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS, S3_SECRET: _S3_KEYS})

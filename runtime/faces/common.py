@@ -43,3 +43,41 @@ def option_errors(exc, options: dict[str, str]) -> str:
     from runtime.usecases.tune import pydantic_problems
 
     return pydantic_problems(exc, options)
+
+
+def check_engine_options(max_model_len: int | None, engine_args: list[str]) -> None:
+    """`--max-model-len` and `--engine-arg` of `tune` / `promote`: one error line (exit 2) for a TOKENS that is
+    not positive or an item the pinned vLLM's parser refuses (runtime.engines.engine_args.engine_arg_flags: the
+    message suggests close argument names). vLLM's parser (seconds to build) is built only when items are given."""
+    problems = []
+    if max_model_len is not None and max_model_len <= 0:
+        problems.append(f"--max-model-len: must be a positive number of tokens, got {max_model_len}")
+    if engine_args:
+        from runtime.engines.engine_args import engine_arg_flags
+
+        try:
+            engine_arg_flags(engine_args)
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        usage("; ".join(problems))
+
+
+def price_options(usd_per_gpu_hour: list[str], price_file: Path | None) -> dict[str, float] | None:
+    """`--price-file PATH` then `--usd-per-gpu-hour GPU=USD` items (an item wins over the file for its GPU) as
+    {GPU catalog name: USD per GPU-hour} (runtime.perf.instances); None when neither is given. One error line
+    (exit 2) for an unreadable file or a bad price."""
+    from runtime.perf.instances import parse_price_file, parse_price_overrides
+
+    prices: dict[str, float] = {}
+    try:
+        if price_file is not None:
+            try:
+                text = price_file.read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                usage(f"--price-file {price_file}: {getattr(e, 'strerror', None) or e}")
+            prices |= parse_price_file(text, f"--price-file {price_file}")
+        prices |= parse_price_overrides(usd_per_gpu_hour)
+    except ValueError as e:
+        usage(str(e))
+    return prices or None

@@ -14,7 +14,8 @@ TUNE_OPTIONS = {
     "isl_tokens": "--isl", "osl_tokens": "--osl", "request_rate_per_s": "--rate", "gpu_budget": "--gpu-budget",
     "planner_mode": "--planner", "min_improvement_pct": "--min-improvement-pct", "traffic_trace_uri": "--trace-uri",
     "trace_window_h": "--trace-window-h", "fsx_root": "--fsx-root", "registered_model": "--register",
-    "mlflow_tracking_uri": "--mlflow-uri",
+    "mlflow_tracking_uri": "--mlflow-uri", "parallelism": "--parallelism", "max_model_len_tokens": "--max-model-len",
+    "engine_args": "--engine-arg", "usd_per_gpu_hour": "--usd-per-gpu-hour",
 }
 # TuneRequest fields `pdserve tune` sets otherwise: the MODEL argument (folder and name), AWS_ENDPOINT_URL_S3
 TUNE_WITHOUT_OPTION = frozenset({"model_path", "model_name", "s3_endpoint_url"})
@@ -24,5 +25,6 @@ PROMOTE_OPTIONS = {
     "mlflow_tracking_uri": "--mlflow-uri", "out_path": "--out", "namespace": "--namespace", "image": "--image",
     "pvc_name": "--pvc", "expect_version": "--expect-version", "apply": "--apply", "kube_context": "--kube-context",
     "require_staged": "--allow-unstaged", "traffic_upload_uri": "--traffic-upload", "skip_if_live": "--skip-if-live",
+    "max_model_len_tokens": "--max-model-len", "engine_args": "--engine-arg",
 }
 PROMOTE_WITHOUT_OPTION = frozenset({"registered_model"})  # the REGISTERED_MODEL argument

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from runtime.image import DEFAULT_IMAGE
-from runtime.faces.common import DEFAULT_STATE, console, fail, usage
+from runtime.faces.common import DEFAULT_STATE, check_engine_options, console, fail, usage
 
 
 def _sqlite_database(uri: str) -> Path | None:
@@ -59,6 +59,15 @@ def promote(
              "no content) and ship it every 5 min to PREFIX<InferenceService>/<pod>/: the --traffic of `pdserve "
              "batch retune-schedule`. Credentials: the optional Secret pdserve-s3, else the IAM role of the "
              "<InferenceService>-runtime service account.")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(
+        "--max-model-len", metavar="TOKENS",
+        help="Deploy with this vLLM --max-model-len instead of the champion's (at least its workload's ISL + "
+             "OSL).")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(
+        "--engine-arg", metavar="KEY=VALUE",
+        help="A vLLM engine argument to deploy with (repeatable), e.g. max-num-seqs=128 or "
+             "enable-chunked-prefill=false; checked against the pinned vLLM's parser; it replaces the "
+             "champion's engine.extra_args entry of the same argument.")] = None,
 ) -> None:
     """Render the `champion` version's ClusterServingRuntime, InferenceService and worker pools; validate; write.
 
@@ -72,6 +81,11 @@ def promote(
               "registered_version), or leave the option out")
     if skip_if_live and not apply:
         usage("--skip-if-live: only applies with --apply")
+    engine_args = list(engine_arg or [])
+    check_engine_options(max_model_len, engine_args)
+    if skip_if_live and (max_model_len is not None or engine_args):
+        usage("--skip-if-live: not with --max-model-len / --engine-arg (the live revision of this version would "
+              "be kept without them)")
     if apply and not kube_context:
         from runtime.deploy.kube import in_cluster_available
 
@@ -93,7 +107,7 @@ def promote(
             registered_model=registered_model, mlflow_tracking_uri=mlflow_uri, out_path=str(out),
             namespace=namespace, image=image, pvc_name=pvc, expect_version=expect_version or "", apply=apply,
             kube_context=kube_context, require_staged=not allow_unstaged, traffic_upload_uri=traffic_upload or "",
-            skip_if_live=skip_if_live))
+            skip_if_live=skip_if_live, max_model_len_tokens=max_model_len, engine_args=engine_args))
     except RolledBackError as e:  # manifests were written; the canary was rolled back
         fail(str(e))
     except StagingError as e:  # the champion's model folder is not a verified staged copy

@@ -13,9 +13,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from runtime.faces.options import TUNE_OPTIONS
-from runtime.faces.common import DEFAULT_STATE, StateOpt, console, err, fail, usage, option_errors
+from runtime.faces.common import (DEFAULT_STATE, StateOpt, check_engine_options, console, err, fail, option_errors,
+                                  price_options, usage)
 
 import math
+from enum import Enum
 
 from runtime.config import PlannerSpec
 from runtime.redact import redact_userinfo
@@ -31,6 +33,16 @@ LIKE_OPTIONS = {"gpu": TUNE_OPTIONS["gpu"], "precision": TUNE_OPTIONS["precision
                 "planner.gpu_budget": TUNE_OPTIONS["gpu_budget"], "planner.mode": TUNE_OPTIONS["planner_mode"]}
 TUNE_GPU_DEFAULT = "H100-SXM"  # `pdserve tune --gpu` default without --like
 TUNE_TTFT_MS_DEFAULT, TUNE_ITL_MS_DEFAULT = 2000.0, 50.0  # `pdserve tune --ttft-ms/--itl-ms` defaults without --like
+
+
+class Parallelism(str, Enum):
+    """`pdserve tune --parallelism`: runtime.tuner.layouts.PARALLELISMS."""
+
+    tp = "tp"
+    auto = "auto"
+    all = "all"
+
+
 TRACE_FEW_REQUESTS = 100  # `tune --trace` notes that fewer requests than this are too few to size for
 
 
@@ -127,6 +139,28 @@ def tune(
         help="FSx mount the model folder was staged under: a folder under <fsx-root>/models/ is named by its path "
              "there (org/llama8), which is what workers load (<mount>/models/<name>) and what the pipeline "
              "registers. Default: <state-dir>/fsx (the local stand-in) and /fsx (the pipeline's mount).")] = None,
+    parallelism: Annotated[Parallelism, typer.Option(
+        help="Worker layouts to search: tp (tensor parallelism on one node), all (also expert-parallel, "
+             "data-parallel attention and multi-node pipeline-parallel workers) or auto (all when plain TP has no "
+             "candidate that meets the SLO). The table then labels each pool's layout (TP8 PP2, DP16 EP16).")
+    ] = Parallelism.tp,
+    max_model_len: Annotated[Optional[int], typer.Option(
+        "--max-model-len", metavar="TOKENS",
+        help="vLLM --max-model-len of the written spec instead of the derived one; refused when below the "
+             "workload's ISL + OSL, above the model's context or the KV cache's capacity.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(
+        "--engine-arg", metavar="KEY=VALUE",
+        help="A vLLM engine argument the written spec records (engine.extra_args; repeatable), e.g. "
+             "max-num-seqs=128 or enable-chunked-prefill=false; checked against the pinned vLLM's parser.")
+    ] = None,
+    usd_per_gpu_hour: Annotated[Optional[list[str]], typer.Option(
+        "--usd-per-gpu-hour", metavar="GPU=USD",
+        help="Your price of a GPU, USD per GPU-hour (repeatable; wins over --price-file), instead of the AWS "
+             "on-demand price in $/Mtok; the champion comparison of --register uses the same prices.")] = None,
+    price_file: Annotated[Optional[Path], typer.Option(
+        "--price-file", metavar="PATH",
+        help="A JSON or YAML mapping of GPU name to USD per GPU-hour (H100-SXM: 3.2), as --usd-per-gpu-hour.")
+    ] = None,
     state: StateOpt = DEFAULT_STATE,
 ) -> None:
     """Search prefill TP × decode TP (and the P:D replica counts) under the SLO; print every candidate.
@@ -174,6 +208,12 @@ def tune(
                                  path.parent.exists() and not path.parent.is_dir()):
             usage(f"{flag} {path}: " + ("is a folder" if path.is_dir() else "is not a folder" if want_dir
                                         else f"{path.parent} is not a folder"))
+    engine_args = list(engine_arg or [])
+    if measure and (parallelism != Parallelism.tp or max_model_len is not None or engine_args):
+        usage("--measure tunes plain TP on CPU measurements and writes no spec: drop --parallelism, "
+              "--max-model-len and --engine-arg")
+    check_engine_options(max_model_len, engine_args)
+    prices = price_options(list(usd_per_gpu_hour or []), price_file)
     champion = None  # (version, DeploymentSpec) of --like's champion
     if like is not None:
         if measure:
@@ -310,7 +350,8 @@ def tune(
         if measure:
             gpu, precision = "CPU", "fp32"  # what the measurements ran on
         result = run_tune(model, resolve_gpu(gpu), slo, workload, precision=precision, perf=perf,
-                          tps=tp_choices(gpu), sample=sample)  # an instance type (g6e.xlarge) bounds TP by its GPU count
+                          tps=tp_choices(gpu), sample=sample,  # an instance type (g6e.xlarge) bounds TP by its GPU count
+                          parallelism=parallelism.value, prices=prices)
     except (ModelConfigError, InfeasibleSLOError, ValueError, FileNotFoundError) as e:
         fail(str(e))
     except KeyError as e:  # unknown GPU: the message lists the catalog
@@ -318,14 +359,16 @@ def tune(
     table = Table(title=escape(f"{model.name} on {result.gpu.name} ({precision}), SLO TTFT≤{ttft_ms:g} ms "
                                f"ITL≤{itl_ms:g} ms"))
     # short headers and numbered reasons (listed under the table) keep it readable in an 80-column terminal
-    for c in ["", "TP\nP / D", "TTFT\np90 ms", "ITL\np90 ms", "goodput\nreq/s/GPU", "workers\nP:D", "GPUs",
+    layouts = not all(c.plain_tp for c in result.candidates)  # then each pool's layout label, not its TP
+    for c in ["", "layout\nP / D" if layouts else "TP\nP / D", "TTFT\np90 ms", "ITL\np90 ms", "goodput\nreq/s/GPU", "workers\nP:D", "GPUs",
               "$/Mtok", "why\nnot"]:
         table.add_column(c, justify="left" if c in ("", "why\nnot") else "right", no_wrap=True)
     reasons: dict[str, int] = {}
     for c in result.candidates:
         best = c is result.best
         key = "" if c.feasible else f"[{reasons.setdefault(c.reason, len(reasons) + 1)}]"
-        table.add_row("★" if best else "", f"{c.prefill_tp} / {c.decode_tp}", _ms(c.ttft_ms, 1), _ms(c.itl_ms, 2),
+        pools = f"{c.prefill.label} / {c.decode.label}" if layouts else f"{c.prefill_tp} / {c.decode_tp}"
+        table.add_row("★" if best else "", pools, _ms(c.ttft_ms, 1), _ms(c.itl_ms, 2),
                       f"{c.goodput_per_gpu:.3f}", f"{c.prefill_replicas}:{c.decode_replicas}" if c.feasible else "-",
                       str(c.num_gpus) if c.feasible else "-",
                       "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", key,
@@ -333,10 +376,12 @@ def tune(
     console.print(table)
     for reason, k in reasons.items():
         console.print(escape(f"[{k}] {reason}"), style="dim")
+    for note in result.notes:
+        err.print(escape(f"note: {note}"))
     console.print(escape(_decision_sentence(result, workload)))
     if measure:  # CPU measurements: no GPU deployment to check or write; the runs are still logged
         if mlflow_uri:
-            _register(result, None, mlflow_uri, None, min_improvement_pct, None, None, trace, trace_uri)
+            _register(result, None, mlflow_uri, None, min_improvement_pct, None, None, trace, trace_uri, prices=prices)
         return
     # the model folder: CONFIG itself, or the folder of a config.json; a bare <name>_config.json has none
     # recorded absolute (not symlink-resolved): promote and serve read it from another working directory
@@ -355,15 +400,18 @@ def tune(
         peak = peak if peak is not None and peak > rate else None
     model_ref = ModelRef(name=model.name, path=model_folder)
     try:
-        spec = deployment_for(result, model_ref, gpu_budget=gpu_budget, planner_mode=planner, peak_rate_per_s=peak)
-    except GpuBudgetError as e:
+        spec = deployment_for(result, model_ref, gpu_budget=gpu_budget, planner_mode=planner, peak_rate_per_s=peak,
+                              max_model_len_tokens=max_model_len, engine_args=engine_args)
+    except GpuBudgetError as e:  # a ValueError: caught first
         spec = None
         budget_error = f"{e} (--gpu-budget); lower --rate or raise --gpu-budget"
+    except ValueError as e:  # engine args were checked above: the model or the KV capacity refuses TOKENS
+        usage(f"--max-model-len {max_model_len}: {e}")
     shown = spec or result.to_deployment_spec(model_ref, peak_rate_per_s=peak)
     default_spec = result.to_deployment_spec(model_ref)
     if peak is not None and (shown.prefill, shown.decode) != (default_spec.prefill, default_spec.decode):
         need_p, need_d = result.peak_replicas(peak)
-        need_gpus = need_p * shown.prefill.tp + need_d * shown.decode.tp
+        need_gpus = need_p * shown.prefill.gpus + need_d * shown.decode.gpus
         over = (f"; that is {need_gpus} GPUs, over --gpu-budget {gpu_budget}: the planner stops at the budget"
                 if need_gpus > gpu_budget else "")
         err.print(escape(f"planner ceiling: the trace's busiest 60 s, {peak:.4g} requests/s, needs {need_p}:{need_d} "
@@ -394,7 +442,8 @@ def tune(
         # a champion already there is replaced only by a winner that beats it on this workload
         decision = _register(result, spec, mlflow_uri, register, min_improvement_pct, sample,
                              champion if like == register else None, trace, trace_uri,
-                             inherited_from=None if champion is None else f"{like} v{champion[0]}", gpu_option=gpu)
+                             inherited_from=None if champion is None else f"{like} v{champion[0]}", gpu_option=gpu,
+                             prices=prices)
         if decision is not None and (decision_out or decision_values):
             _write_decision(decision, decision_out, decision_values)
 
@@ -494,7 +543,7 @@ def _staged_model_name(config: Path, cfg: Path, fsx_root: Path | None, state: Pa
 
 def _register(result, spec, mlflow_uri: str, register: str | None, min_improvement_pct: float, sample, champion,
               trace: Path | None, trace_uri: str | None, *, inherited_from: str | None = None,
-              gpu_option: str | None = None) -> dict | None:
+              gpu_option: str | None = None, prices: dict[str, float] | None = None) -> dict | None:
     """The tune use case's registration (runtime/usecases/tune.py `register_tuning`, the champion rule of every
     face) for `--mlflow-uri` / `--register NAME`: prints the champion and the challenger side by side and one
     line that says whether the alias moved (and why not). `trace` (the --trace file, or `trace_uri` when given)
@@ -511,7 +560,7 @@ def _register(result, spec, mlflow_uri: str, register: str | None, min_improveme
                               policy=ChampionPolicy(min_improvement_pct=min_improvement_pct), sample=sample,
                               champion=champion, traffic_trace_uri=trace_uri or (
                                   None if trace is None else os.path.abspath(trace)),
-                              gpu_option=gpu_option, inherited_from=inherited_from)
+                              gpu_option=gpu_option, inherited_from=inherited_from, prices=prices)
     except TrackingError as e:
         fail(f"--register {register}: {e}" if register else f"--mlflow-uri {mlflow_uri}: {e}")
     except ValueError as e:
@@ -554,7 +603,9 @@ def _decision_sentence(result, workload) -> str:
     why = ("the only candidate that meets the SLO" if len(feasible) == 1 else
            f"the fewest GPUs of {len(feasible)} candidates that meet the SLO"
            + (f", then the highest goodput per GPU of the {len(ties)} with {b.num_gpus}" if len(ties) > 1 else ""))
-    return (f"winner: prefill TP {b.prefill_tp} × {n(b.prefill_replicas, 'worker')} + decode TP {b.decode_tp} × "
+    p_layout = f"TP {b.prefill_tp}" if b.prefill.plain else b.prefill.label
+    d_layout = f"TP {b.decode_tp}" if b.decode.plain else b.decode.label
+    return (f"winner: prefill {p_layout} × {n(b.prefill_replicas, 'worker')} + decode {d_layout} × "
             f"{n(b.decode_replicas, 'worker')} = {n(b.num_gpus, 'GPU')} for {workload.request_rate_per_s:g} "
             f"requests/s of ISL {workload.isl_tokens} / OSL {workload.osl_tokens} tokens: {why}.")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -67,12 +67,15 @@ class ChampionCheck:
 
 def check_against_champion(result: TuneResult, spec: DeploymentSpec, registered_model: str, policy: ChampionPolicy,
                            read_champion: ChampionReader, sample: LengthSample | None = None,
-                           champion: "tuple[str, DeploymentSpec] | None" = None) -> ChampionCheck:
+                           champion: "tuple[str, DeploymentSpec] | None" = None, *,
+                           prices: "Mapping[str, float] | None" = None) -> ChampionCheck:
     """Compare ``result``'s winner with the champion of ``registered_model``, both predicted on ``result``'s
     model, workload (``sample`` when it was sized for a trace), SLO and ``spec``'s GPU budget.
 
     ``champion`` (version, spec) is used when the caller already read it (``tune --like`` of the same name);
-    else ``read_champion(registered_model)`` is called.
+    else ``read_champion(registered_model)`` is called. ``prices`` ({GPU name: USD per GPU-hour},
+    runtime.perf.instances.parse_price_overrides) must be the mapping the tuning priced ``result`` with, so
+    both sides' $/Mtok use the same prices.
 
     Raises:
         ValueError: the champion's spec names a GPU the catalog does not know (the message names the version).
@@ -91,7 +94,7 @@ def check_against_champion(result: TuneResult, spec: DeploymentSpec, registered_
         perf = champion_perf(result.model, cs, result.perf)
     except KeyError as e:  # a GPU the catalog no longer knows
         raise ValueError(f"champion version {version}: {e.args[0] if e.args else e}") from None
-    old = evaluate_deployment(perf, cs, result.slo, result.workload, spec.planner.gpu_budget, sample)
+    old = evaluate_deployment(perf, cs, result.slo, result.workload, spec.planner.gpu_budget, sample, prices)
     cmp = compare_with_champion(result.best, old, same_gpu=perf.gpu.name == result.gpu.name,
                                 min_improvement_pct=policy.min_improvement_pct)
     return ChampionCheck(str(version), cmp, perf.gpu.name, tuple(notes))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +36,13 @@ class PromoteRequest(BaseModel):
                                                     "(<prefix><InferenceService>/); empty: off.")
     skip_if_live: bool = Field(False, description="With apply: apply nothing when the InferenceService already "
                                                   "serves this version's revision with the same image.")
+    max_model_len_tokens: Optional[int] = Field(None, description="vLLM --max-model-len to deploy the champion "
+                                                                  "with, tokens (at least its workload's ISL + "
+                                                                  "OSL); None: the spec's.")
+    engine_args: list[str] = Field(default_factory=list, description="vLLM engine arguments (KEY=VALUE) to deploy "
+                                                                     "the champion with, checked against the pinned "
+                                                                     "vLLM's parser; they replace the spec's "
+                                                                     "engine.extra_args of the same argument.")
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,9 @@ def promote(request: PromoteRequest) -> PromoteOutcome:
     Revisions are `v<version>`, numbered per registered model.
 
     Raises:
-        ValueError: a bad ``traffic_upload_uri`` (checked first), or alias champion is not ``expect_version``.
+        ValueError: a bad ``traffic_upload_uri`` (checked first), skip_if_live with engine overrides, alias champion
+            is not ``expect_version``, or a ``max_model_len_tokens`` / ``engine_args`` item
+            ``with_engine_overrides`` refuses.
         RuntimeError: ``apply`` without a ``kube_context`` outside a Kubernetes pod (checked before anything else).
         runtime.staging.manifest.StagingError: ``require_staged`` and the champion's model path is empty or not a
             verified staged folder.
@@ -93,11 +103,19 @@ def promote(request: PromoteRequest) -> PromoteOutcome:
         if not in_cluster_available():
             raise RuntimeError(f"promote: apply=True without kube_context and not inside a Kubernetes pod: "
                                f"{CREDENTIAL_OPTIONS}")
+    overrides = r.max_model_len_tokens is not None or bool(r.engine_args)
+    if overrides and r.skip_if_live:  # the live revision is the registered spec's: skipping would drop them
+        raise ValueError("skip_if_live: not with max_model_len_tokens / engine_args (the live revision of this "
+                         "version would be kept without them)")
     version, spec = load_champion(r.mlflow_tracking_uri, r.registered_model)
     if r.expect_version and str(version) != str(r.expect_version):
         raise ValueError(
             f"registered model {r.registered_model!r}: alias champion is version {version}, "
             f"but this run tuned version {r.expect_version}; refusing to promote a different version")
+    if overrides:  # before anything is verified, rendered or applied
+        from runtime.engines.engine_args import with_engine_overrides
+
+        spec = with_engine_overrides(spec, max_model_len_tokens=r.max_model_len_tokens, engine_args=r.engine_args)
     if r.require_staged:
         from runtime.staging.manifest import StagingError, verify_staged
 

@@ -68,6 +68,19 @@ class TuneSettings(BaseModel):
     trace_window_h: float = Field(0.0, description="Size only for the trace's last hours; 0: the whole trace.")
     min_improvement_pct: Optional[float] = Field(None, description="Champion rule threshold, percent "
                                                                    "(ChampionPolicy); None: its default.")
+    parallelism: str = Field("tp", description="Worker layouts searched: tp (tensor parallelism on one node), all "
+                                               "(also expert / data-parallel attention and multi-node workers) or "
+                                               "auto (all when plain TP has no feasible candidate); "
+                                               "runtime.tuner.layouts.")
+    max_model_len_tokens: Optional[int] = Field(None, description="vLLM --max-model-len of the winner, tokens; None: "
+                                                                  "derived by the tuner (TuneResult."
+                                                                  "to_deployment_spec checks it).")
+    engine_args: list[str] = Field(default_factory=list, description="vLLM engine arguments as KEY=VALUE items "
+                                                                     "the spec records (engine.extra_args), checked "
+                                                                     "against the pinned vLLM's parser.")
+    usd_per_gpu_hour: list[str] = Field(default_factory=list, description="GPU=USD items: USD per GPU-hour "
+                                                                          "replacing the on-demand price in $/Mtok, "
+                                                                          "for the candidates and the champion.")
 
 
 class TuneParameters(NamedTuple):
@@ -83,6 +96,10 @@ class TuneParameters(NamedTuple):
     planner_mode: str = "off"  # PlannerSpec.mode of the champion: off, sla or load
     trace_window_s: float | None = None  # only the trace's last seconds (trace_window_h * 3600); None: all of it
     champion_policy: ChampionPolicy = ChampionPolicy()
+    parallelism: str = "tp"  # runtime.tuner.layouts.PARALLELISMS
+    prices: dict[str, float] | None = None  # {GPU catalog name: USD per GPU-hour}; None: on-demand prices
+    max_model_len_tokens: int | None = None  # the winner's vLLM --max-model-len; None: derived
+    engine_args: tuple[str, ...] = ()  # vLLM KEY=VALUE items, already checked against the pinned vLLM
 
 
 def check_tune_settings(s: TuneSettings) -> TuneParameters:
@@ -96,11 +113,15 @@ def check_tune_settings(s: TuneSettings) -> TuneParameters:
             (`runtime.deploy.instances.deployable_problem`), precision, SLO, workload, gpu_budget, a registered
             model name MLflow refuses, a malformed traffic_trace_uri, a planner_mode other than off/sla/load, a
             trace_window_h that is negative, not finite or given without a trace, a min_improvement_pct that is
-            negative or not finite).
+            negative or not finite, a parallelism other than tp/auto/all, a max_model_len_tokens that is not a
+            positive integer, an engine_args item the pinned vLLM refuses (its parser is built only when items
+            are given), a usd_per_gpu_hour item that is malformed or names an unknown GPU).
     """
     from runtime.deploy.instances import deployable_problem
     from runtime.tracking.mlflow_runs import check_registered_model_name
     from runtime.tracking.traces import check_traffic_trace_uri
+    from runtime.perf.instances import parse_price_overrides
+    from runtime.tuner.layouts import check_parallelism
     from runtime.tuner.search import resolve_gpu
 
     problems: list[str] = []
@@ -160,6 +181,27 @@ def check_tune_settings(s: TuneSettings) -> TuneParameters:
                                      else ChampionPolicy(min_improvement_pct=s.min_improvement_pct))
     except ValidationError as e:
         problems.append(pydantic_problems(e))
+    try:
+        parsed["parallelism"] = check_parallelism(s.parallelism)
+    except ValueError as e:
+        problems.append(str(e))
+    mml = s.max_model_len_tokens
+    if mml is not None and (isinstance(mml, bool) or not isinstance(mml, int) or mml <= 0):
+        problems.append(f"max_model_len_tokens: must be a positive number of tokens, got {mml!r}")
+    else:
+        parsed["max_model_len_tokens"] = mml
+    if s.engine_args:  # building vLLM's parser takes seconds: only when items are given
+        from runtime.engines.engine_args import engine_arg_flags
+
+        try:
+            engine_arg_flags(s.engine_args)
+            parsed["engine_args"] = tuple(s.engine_args)
+        except ValueError as e:
+            problems.append(str(e))
+    try:
+        parsed["prices"] = parse_price_overrides(s.usd_per_gpu_hour) or None
+    except ValueError as e:
+        problems.append(str(e))
     if problems:
         raise ValueError("; ".join(problems))
     return TuneParameters(**parsed)
@@ -246,18 +288,27 @@ def resolve_precision(model: ModelSpec, precision: str | None) -> tuple[str, lis
 
 
 def deployment_for(result: TuneResult, model_ref: ModelRef, *, gpu_budget: int, planner_mode: str,
-                   peak_rate_per_s: float | None = None) -> DeploymentSpec:
+                   peak_rate_per_s: float | None = None, max_model_len_tokens: int | None = None,
+                   engine_args: tuple[str, ...] | list[str] = ()) -> DeploymentSpec:
     """The winner's DeploymentSpec as every face registers it: ``result.to_deployment_spec`` with the
     planner's ceiling raised to what ``peak_rate_per_s`` (requests/s, a trace's busiest 60 s; ignored when not
     above the workload's rate) needs, ``planner.gpu_budget`` = ``gpu_budget`` and ``planner.mode`` =
-    ``planner_mode``.
+    ``planner_mode``; ``max_model_len_tokens`` (vLLM ``--max-model-len``, checked by ``to_deployment_spec``)
+    and ``engine_args`` (vLLM ``KEY=VALUE`` items, ``runtime.engines.engine_args.with_engine_overrides``) are
+    the operator's engine settings, recorded in the spec.
 
     Raises:
         runtime.deploy.budget.GpuBudgetError: the winner needs more GPUs than ``gpu_budget``.
+        ValueError: a ``max_model_len_tokens`` the model or the KV capacity refuses, an ``engine_args`` item the
+            pinned vLLM refuses.
     """
     peak = peak_rate_per_s if peak_rate_per_s is not None and peak_rate_per_s > result.workload.request_rate_per_s \
         else None
-    spec = result.to_deployment_spec(model_ref, peak_rate_per_s=peak)
+    spec = result.to_deployment_spec(model_ref, peak_rate_per_s=peak, max_model_len_tokens=max_model_len_tokens)
+    if engine_args:
+        from runtime.engines.engine_args import with_engine_overrides
+
+        spec = with_engine_overrides(spec, engine_args=engine_args)
     spec.planner.gpu_budget = gpu_budget
     spec.planner.mode = planner_mode
     check_gpu_budget(spec)
@@ -267,10 +318,12 @@ def deployment_for(result: TuneResult, model_ref: ModelRef, *, gpu_budget: int, 
 def register_tuning(result: TuneResult, spec: DeploymentSpec, *, tracking_uri: str, registered_model: str | None,
                     policy: ChampionPolicy = ChampionPolicy(), sample: LengthSample | None = None,
                     champion: "tuple[str, DeploymentSpec] | None" = None, traffic_trace_uri: str | None = None,
-                    gpu_option: str | None = None, inherited_from: str | None = None) -> Registration:
+                    gpu_option: str | None = None, inherited_from: str | None = None,
+                    prices: "dict[str, float] | None" = None) -> Registration:
     """Log ``result`` to MLflow (experiment ``pdserve-tune-<model>``) and, with ``registered_model``, register
     ``spec``: it takes alias ``champion`` by ``policy`` (runtime/usecases/champion.py; ``champion`` is the
-    (version, spec) the caller already read, else the registry is asked). The decision re-reads the alias after
+    (version, spec) the caller already read, else the registry is asked; ``prices`` ({GPU: USD per GPU-hour})
+    price the champion's deployment as the tuning priced the candidates). The decision re-reads the alias after
     registering, so a move by another tuning meanwhile is reported, not hidden.
 
     Raises:
@@ -287,7 +340,8 @@ def register_tuning(result: TuneResult, spec: DeploymentSpec, *, tracking_uri: s
         failure = None
         try:
             check = check_against_champion(result, spec, registered_model, policy,
-                                           lambda name: find_champion(tracking_uri, name), sample, champion)
+                                           lambda name: find_champion(tracking_uri, name), sample, champion,
+                                           prices=prices)
         except TrackingError as e:
             failure = (f"the current champion of {registered_model} cannot be read, so the winner is not "
                        f"registered: {redact_userinfo(str(e))}")
@@ -406,11 +460,14 @@ def tune(request: TuneRequest, *, metrics: MetricsSink | None = None, table_path
     precision, precision_notes = resolve_precision(model, params.precision)
     notes += precision_notes
     result = search(model, params.gpu, params.slo, workload, precision=precision,
-                    tps=tp_choices(request.gpu), sample=sample)  # an instance type bounds TP by its GPU count
+                    tps=tp_choices(request.gpu), sample=sample,  # an instance type bounds TP by its GPU count
+                    parallelism=params.parallelism, prices=params.prices)
+    notes += result.notes
     model_ref = ModelRef(name=request.model_name, path=os.path.abspath(request.model_path))  # promote runs elsewhere
     try:
         spec = deployment_for(result, model_ref, gpu_budget=params.gpu_budget, planner_mode=params.planner_mode,
-                              peak_rate_per_s=peak)
+                              peak_rate_per_s=peak, max_model_len_tokens=params.max_model_len_tokens,
+                              engine_args=params.engine_args)
     except GpuBudgetError as e:
         source = " (the trace's mean arrival rate)" if params.rate_from_trace else ""
         raise GpuBudgetError(f"{e}; lower request_rate_per_s ({workload.request_rate_per_s:g}/s{source}) "
@@ -418,7 +475,8 @@ def tune(request: TuneRequest, *, metrics: MetricsSink | None = None, table_path
     reg = register_tuning(result, spec, tracking_uri=request.mlflow_tracking_uri,
                           registered_model=request.registered_model, policy=params.champion_policy, sample=sample,
                           traffic_trace_uri=params.traffic_trace_uri or None,
-                          gpu_option=request.gpu)  # an instance type: recorded so `tune --like` keeps its TP bound
+                          gpu_option=request.gpu,  # an instance type: recorded so `tune --like` keeps its TP bound
+                          prices=params.prices)
     notes += reg.notes
     assert reg.decision is not None  # a registered model name is required
     if table_path:
