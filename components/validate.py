@@ -25,7 +25,7 @@ def validate_parameters(
     planner_mode: str = "off",
     trace_window_h: float = 0.0,
     min_improvement_pct: float = 5.0,
-    parallelism: str = "tp",
+    parallelism: str = "auto",
     max_model_len_tokens: int = 0,
     engine_args: list = [],  # noqa: B006 - KFP reads the default from the signature; never mutated
     usd_per_gpu_hour: list = [],  # noqa: B006 - as engine_args

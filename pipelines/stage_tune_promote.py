@@ -110,7 +110,7 @@ def stage_tune_promote(
     planner_mode: str = "off",  # the champion's SLO planner: off, sla or load (as `pdserve tune --planner`)
     trace_window_h: float = 0.0,  # > 0: size for the trace's last hours only (`pdserve tune --trace-window-h`)
     min_improvement_pct: float = DEFAULT_MIN_IMPROVEMENT_PCT,  # the champion rule (`pdserve tune --register`)
-    parallelism: str = "tp",  # tp, auto or all (`pdserve tune --parallelism`)
+    parallelism: str = "auto",  # tp, auto or all (`pdserve tune --parallelism`)
     max_model_len_tokens: int = 0,  # 0: derived (`pdserve tune --max-model-len`)
     engine_args: list = [],  # noqa: B006 - KEY=VALUE strings (`pdserve tune --engine-arg`); KFP reads the default
     usd_per_gpu_hour: list = [],  # noqa: B006 - GPU=USD strings (`pdserve tune --usd-per-gpu-hour`)

@@ -143,7 +143,7 @@ def tune(
         help="Worker layouts to search: tp (tensor parallelism on one node), all (also expert-parallel, "
              "data-parallel attention and multi-node pipeline-parallel workers) or auto (all when plain TP has no "
              "candidate that meets the SLO). The table then labels each pool's layout (TP8 PP2, DP16 EP16).")
-    ] = Parallelism.tp,
+    ] = Parallelism.auto,
     max_model_len: Annotated[Optional[int], typer.Option(
         "--max-model-len", metavar="TOKENS",
         help="vLLM --max-model-len of the written spec instead of the derived one; refused when below the "
@@ -209,8 +209,8 @@ def tune(
             usage(f"{flag} {path}: " + ("is a folder" if path.is_dir() else "is not a folder" if want_dir
                                         else f"{path.parent} is not a folder"))
     engine_args = list(engine_arg or [])
-    if measure and (parallelism != Parallelism.tp or max_model_len is not None or engine_args):
-        usage("--measure tunes plain TP on CPU measurements and writes no spec: drop --parallelism, "
+    if measure and (parallelism == Parallelism.all or max_model_len is not None or engine_args):
+        usage("--measure tunes plain TP on CPU measurements and writes no spec: drop --parallelism all, "
               "--max-model-len and --engine-arg")
     check_engine_options(max_model_len, engine_args)
     prices = price_options(list(usd_per_gpu_hour or []), price_file)

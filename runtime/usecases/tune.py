@@ -68,7 +68,7 @@ class TuneSettings(BaseModel):
     trace_window_h: float = Field(0.0, description="Size only for the trace's last hours; 0: the whole trace.")
     min_improvement_pct: Optional[float] = Field(None, description="Champion rule threshold, percent "
                                                                    "(ChampionPolicy); None: its default.")
-    parallelism: str = Field("tp", description="Worker layouts searched: tp (tensor parallelism on one node), all "
+    parallelism: str = Field("auto", description="Worker layouts searched: tp (tensor parallelism on one node), all "
                                                "(also expert / data-parallel attention and multi-node workers) or "
                                                "auto (all when plain TP has no feasible candidate); "
                                                "runtime.tuner.layouts.")
@@ -96,7 +96,7 @@ class TuneParameters(NamedTuple):
     planner_mode: str = "off"  # PlannerSpec.mode of the champion: off, sla or load
     trace_window_s: float | None = None  # only the trace's last seconds (trace_window_h * 3600); None: all of it
     champion_policy: ChampionPolicy = ChampionPolicy()
-    parallelism: str = "tp"  # runtime.tuner.layouts.PARALLELISMS
+    parallelism: str = "auto"  # runtime.tuner.layouts.PARALLELISMS
     prices: dict[str, float] | None = None  # {GPU catalog name: USD per GPU-hour}; None: on-demand prices
     max_model_len_tokens: int | None = None  # the winner's vLLM --max-model-len; None: derived
     engine_args: tuple[str, ...] = ()  # vLLM KEY=VALUE items, already checked against the pinned vLLM
