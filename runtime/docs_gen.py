@@ -226,7 +226,7 @@ def operations_markdown() -> str:
                  f"`infra/k8s/prometheus/{db.DASHBOARD_DIR}/` (label `{db.SIDECAR_LABEL}`, picked up by Grafana's "
                  "dashboard sidecar). Both are generated from code with `python -m runtime.docs_gen`. Tests: "
                  "`pytest tests/unit/test_alert_rules.py` (promtool rule tests) and `pytest -m e2e "
-                 "tests/e2e/test_dashboards.py` (every panel's query against a real Prometheus)."), "\n\n",
+                 "tests/e2e/test_dashboards_prometheus.py` (every panel's query against a real Prometheus)."), "\n\n",
            "## Metrics\n\n",
            _para("Counters carry `_total`; histograms expose `_bucket`, `_sum` and `_count`. The `mode` label of the "
                  "request metrics: `remote` (P/D, KV pulled over NIXL), `local` (prefilled on the decode worker) "

@@ -2,7 +2,7 @@
 
 Each dashboard is a Grafana dashboard JSON model (schemaVersion 39) with a `datasource` variable (any
 Prometheus data source) and time-series panels; every query is plain PromQL with fixed `[5m]` windows, so it
-runs as written against Prometheus's HTTP API (tests/e2e/test_dashboards.py executes every one). The files land
+runs as written against Prometheus's HTTP API (tests/e2e/test_dashboards_prometheus.py executes every one). The files land
 in infra/k8s/prometheus/dashboards/ (`python -m runtime.docs_gen`), whose kustomization makes one ConfigMap
 with the Grafana sidecar's label (kube-prometheus-stack: `grafana_dashboard: "1"`).
 """

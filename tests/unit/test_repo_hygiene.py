@@ -90,3 +90,17 @@ def test_the_checks_can_fail():
     assert [f.split(": ")[0] for f in offending_lines(files)] == ["a.py:2", "b.md:1", "b.md:2"]
     assert long_prose("ok\n" + "y" * 121 + "\n```\n" + "z" * 200 + "\n```\n| a | " + "c" * 121 + " |\n") == [
         (2, 121), (6, 121)]
+
+
+def test_test_module_names_are_unique_across_test_folders():
+    """tests/unit, tests/integration and tests/e2e are not packages: pytest imports each test file by its
+    basename, so two files of one name stop the whole collection ("import file mismatch")."""
+    seen: dict[str, Path] = {}
+    twins = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        if path.name in seen:
+            twins.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not twins, "rename one of each: " + "; ".join(twins)
