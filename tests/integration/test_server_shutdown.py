@@ -36,8 +36,10 @@ pidfile = Path(sys.argv[1])
 
 
 class Machine:  # the planner state machine's interface, always 1 prefill + 2 decode
-    class cfg:
+    class cfg:  # the PlannerConfig fields the loop reads (interval, GPUs against the budget)
         interval_s = 0.5
+        prefill_tp = decode_tp = 1
+        gpu_budget = 8
 
     def on_tick(self, tick):
         return ScalingDecision(now_s=tick.now_s, prefill_replicas=1, decode_replicas=2)
