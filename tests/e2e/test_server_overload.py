@@ -100,7 +100,10 @@ def test_a_killed_worker_is_taken_out_and_back_in_by_its_breaker(pd_workers, dep
         own.wait_ready(900)
         runtime.wait_ready(300)
         _wait(lambda: _breaker(runtime.url, "decode-1") == 0, 30, "both breakers closed")
-        assert set(_served_by(runtime.url, name, 4)) == {"decode-0", "decode-1"}  # round robin over both
+        # round robin over both, once the runtime's health loop has seen the worker that started after it (a
+        # starting worker whose health check failed gets no request until one passes)
+        _wait(lambda: set(_served_by(runtime.url, name, 4)) == {"decode-0", "decode-1"}, 60,
+              "requests served by both decode workers")
 
         os.killpg(own.pid, signal.SIGKILL)  # the worker and its engine processes die at once
         own.stop()  # reap it through our handle (nothing left to signal)
