@@ -7,27 +7,10 @@ from __future__ import annotations
 
 import copy
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.scripts import load_script
-
-REPO = Path(__file__).resolve().parents[2]
-V = load_script("infra/validate.py")
-
-
-@pytest.fixture(scope="module")
-def parsed():
-    return V.check_terraform_hcl(REPO)[1]
-
-
-@pytest.fixture(scope="module")
-def model(parsed):
-    pytest.importorskip("kfp")
-    from runtime.image import DEFAULT_IMAGE
-
-    return V.cluster_model(REPO, parsed, DEFAULT_IMAGE)
+from tests.infra_cluster import REPO, V, model, parsed  # noqa: F401 - fixtures used by name
 
 
 def _mutated(model, edit):
