@@ -24,13 +24,20 @@ the worker's cache is rebuilt — under-reporting overlap, never reporting a blo
 
 Events are applied one by one: an event that cannot be applied (another block size, a token count that
 does not fit its blocks) is skipped and counted, the rest of the batch still applies, and only then is
-:class:`KvEventError` raised. Events of another medium than GPU and ``BlockStored`` without tokens
-(``token_ids=()``) are skipped and counted (see runtime/kv/events.py).
+:class:`KvEventError` raised. ``BlockStored`` without tokens (``token_ids=()``) is skipped and counted
+(see runtime/kv/events.py).
+
+Tiers: each event goes to the index of its ``medium`` — the GPU index, or the offload tier's index given
+in ``tiers`` (``"CPU"``, ``"STORAGE"``: runtime/kv/tiers.py); events of a medium without an index are
+skipped and counted. Each medium keeps its own translation table (a CPU-tier ``BlockRemoved`` drops the CPU
+copy only); a ``parent_block_hash`` unknown to its medium is looked up in the worker's other media (one
+engine hash space: the offloading connector reports the GPU block hashes). ``AllBlocksCleared`` clears every
+medium of the worker: the index may under-report after a reset, never report a block the worker lacks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from runtime.kv.events import GPU_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -55,7 +62,7 @@ class ApplyStats:
     """Counters of one :meth:`KvEventApplier.apply` call.
 
     ``num_rejected_events``: events that contradict the configuration (not applied; ``apply`` raises
-    after the batch). ``num_skipped_events``: events of another medium than GPU or without tokens.
+    after the batch). ``num_skipped_events``: events of a medium without an index, or without tokens.
     ``num_repeated_blocks``: stored blocks the worker already held under that hash (counted as another copy).
     """
 
@@ -75,15 +82,19 @@ class KvEventApplier:
         index: the router's prefix index (workers must be added to it before their events arrive).
         block_size_tokens: the workers' ``--block-size``; a ``BlockStored`` with another ``block_size``
             raises :class:`KvEventError` (its token boundaries would never match a prompt's).
+        tiers: ``{medium: index}`` of the offload tiers to index (workers must be added to each); events
+            of other media than these and GPU are skipped.
     """
 
-    def __init__(self, index: PrefixIndex, block_size_tokens: int) -> None:
+    def __init__(self, index: PrefixIndex, block_size_tokens: int,
+                 tiers: Mapping[str, PrefixIndex] | None = None) -> None:
         if block_size_tokens <= 0:
             raise ValueError(f"block_size_tokens must be > 0, got {block_size_tokens}")
         self.index = index
         self.block_size_tokens = block_size_tokens
-        # per worker: engine hash -> [router hash, copies the worker holds]
-        self._engine_to_router: dict[str, dict[Hashable, list]] = {}
+        self._indexes: dict[str, PrefixIndex] = {GPU_MEDIUM: index, **(tiers or {})}
+        # per worker, per medium: engine hash -> [router hash, copies the worker holds]
+        self._engine_to_router: dict[str, dict[str, dict[Hashable, list]]] = {}
 
     def forget_worker(self, worker_id: str) -> None:
         """Drop the hash translation table of a removed worker."""
@@ -100,15 +111,27 @@ class KvEventApplier:
                 the counters.
         """
         self.index.num_blocks(worker_id)  # raises UnknownWorkerError early
-        table = self._engine_to_router.setdefault(worker_id, {})
+        tables = self._engine_to_router.setdefault(worker_id, {})
         stats = ApplyStats()
         first_error: KvEventError | None = None
         for ev in events:
-            if isinstance(ev, (BlockStored, BlockRemoved)) and ev.medium not in (None, GPU_MEDIUM):
-                stats.num_skipped_events += 1  # an offloaded (CPU/disk) copy: not what prefix hits use
-            elif isinstance(ev, BlockStored):
+            if isinstance(ev, AllBlocksCleared):
+                tables.clear()
+                for idx in self._indexes.values():
+                    idx.clear(worker_id)
+                stats.num_cleared += 1
+                continue
+            if not isinstance(ev, (BlockStored, BlockRemoved)):
+                continue
+            medium = GPU_MEDIUM if ev.medium is None else ev.medium
+            index = self._indexes.get(medium)
+            if index is None:
+                stats.num_skipped_events += 1  # a tier the router does not index
+                continue
+            table = tables.setdefault(medium, {})
+            if isinstance(ev, BlockStored):
                 try:
-                    self._stored(worker_id, table, ev, stats)
+                    self._stored(worker_id, index, table, tables, ev, stats)
                 except KvEventError as exc:
                     stats.num_rejected_events += 1
                     first_error = first_error or exc
@@ -116,7 +139,7 @@ class KvEventApplier:
                     stats.num_rejected_events += 1
                     first_error = first_error or KvEventError(f"BlockStored from worker {worker_id!r} cannot "
                                                               f"be hashed: {exc}")
-            elif isinstance(ev, BlockRemoved):
+            else:
                 router_hashes = []
                 for h in ev.block_hashes:
                     # never seen (orphan, stored before we subscribed): the engine hash is tried as is
@@ -128,19 +151,15 @@ class KvEventApplier:
                         entry[1] -= 1
                         if entry[1] <= 0:
                             del table[h]
-                self.index.remove(worker_id, router_hashes)
+                index.remove(worker_id, router_hashes)
                 stats.num_removed_blocks += len(ev.block_hashes)
-            elif isinstance(ev, AllBlocksCleared):
-                table.clear()
-                self.index.clear(worker_id)
-                stats.num_cleared += 1
         if first_error is not None:
             raise KvEventError(f"{stats.num_rejected_events} KV event(s) of worker {worker_id!r} not applied "
                                f"(the others were); first: {first_error}", stats)
         return stats
 
-    def _remember(self, worker_id: str, table: dict[Hashable, list], engine_hashes: Iterable[Hashable],
-                  router_hashes: Iterable[Hashable], stats: ApplyStats) -> None:
+    def _remember(self, worker_id: str, index: PrefixIndex, table: dict[Hashable, list],
+                  engine_hashes: Iterable[Hashable], router_hashes: Iterable[Hashable], stats: ApplyStats) -> None:
         """Record blocks stored on ``worker_id``, one more copy each (see the module docstring)."""
         stored = []
         for eh, rh in zip(engine_hashes, router_hashes):
@@ -150,17 +169,17 @@ class KvEventApplier:
                 stats.num_repeated_blocks += 1
             else:
                 if entry is not None:  # other content under this hash: its old block is no longer there
-                    self.index.remove(worker_id, [entry[0]] * entry[1])
+                    index.remove(worker_id, [entry[0]] * entry[1])
                 table[eh] = [rh, 1]
             stored.append(rh)
-        self.index.store(worker_id, stored)
+        index.store(worker_id, stored)
         stats.num_stored_blocks += len(stored)
 
-    def _stored(self, worker_id: str, table: dict[Hashable, list], ev: BlockStored,
-                stats: ApplyStats) -> None:
+    def _stored(self, worker_id: str, index: PrefixIndex, table: dict[Hashable, list],
+                tables: dict[str, dict[Hashable, list]], ev: BlockStored, stats: ApplyStats) -> None:
         n = len(ev.block_hashes)
         if ev.token_ids is None:
-            self._remember(worker_id, table, ev.block_hashes, ev.block_hashes, stats)
+            self._remember(worker_id, index, table, ev.block_hashes, ev.block_hashes, stats)
             return
         if n and not ev.token_ids:  # a vLLM event without tokens: nothing the router can hash
             stats.num_skipped_events += 1
@@ -175,13 +194,16 @@ class KvEventApplier:
                 f"BlockStored.token_ids has {len(ev.token_ids)} tokens from worker {worker_id!r}, "
                 f"expected len(block_hashes)*block_size = {n}*{ev.block_size}"
             )
-        if ev.parent_block_hash is None:
-            parent: Hashable | None = None
-        elif ev.parent_block_hash in table:
-            parent = table[ev.parent_block_hash][0]
-        else:
-            stats.num_orphan_blocks += n
-            return
+        parent: Hashable | None = None
+        if ev.parent_block_hash is not None:
+            entry = table.get(ev.parent_block_hash)
+            if entry is None:  # the parent may be known in another medium only (one engine hash space)
+                entry = next((t[ev.parent_block_hash] for t in tables.values()
+                              if ev.parent_block_hash in t), None)
+            if entry is None:
+                stats.num_orphan_blocks += n
+                return
+            parent = entry[0]
         ours = block_hashes(ev.token_ids, self.block_size_tokens, parent,
                             extra_keys=ev.extra_keys)
-        self._remember(worker_id, table, ev.block_hashes, ours, stats)
+        self._remember(worker_id, index, table, ev.block_hashes, ours, stats)

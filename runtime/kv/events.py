@@ -14,11 +14,12 @@ decode here. ``token_ids`` are all tokens of the stored full blocks (``len(block
 * ``BlockStored`` — blocks became cached; ``BlockRemoved`` — evicted; ``AllBlocksCleared`` — cache reset.
 * Events of KV-cache groups other than 0 (hybrid sliding-window models) are skipped: group 0 is the
   full-attention cache that prefix hits depend on.
-* Events of another storage tier (``medium`` other than ``"GPU"``: vLLM's KV offloading connector reports
-  its CPU/disk copies under the same engine hashes, ``vllm/distributed/kv_transfer/kv_connector/v1/
-  offloading/events.py``) and token-less ``BlockStored`` placeholders (``token_ids=[]``, ``block_size=0``,
-  that connector's default) are skipped: the router indexes what a worker can reuse without a transfer,
-  and a CPU-tier ``BlockRemoved`` must not drop the GPU copy. ``medium=None`` (older releases) is GPU.
+* ``medium`` says which tier holds the blocks: ``"GPU"`` (``None`` in older releases), or ``"CPU"`` /
+  ``"STORAGE"`` from vLLM's KV offloading connector, which reports its copies under the same engine hashes
+  (``vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py``); the router indexes each tier
+  apart (runtime/kv/tiers.py), so a CPU-tier ``BlockRemoved`` never drops the GPU copy. Events of an
+  unknown medium and token-less ``BlockStored`` placeholders (``token_ids=[]``, ``block_size=0``: that
+  connector's output unless ``self_describing_kv_events`` is set) are skipped.
 * :func:`decode_payload` decodes event by event: a malformed event (also: a token id that is not an int, a
   block hash that is not an int, bytes or str) is skipped and counted
   (``KvEventBatch.num_invalid_events``, first reason in ``first_error``), the rest of the batch is kept.
@@ -76,7 +77,7 @@ class KvEventBatch:
     """One published batch: engine timestamp (s, engine clock), events, data-parallel rank.
 
     Counters of the events left out of ``events``: ``num_unknown_events`` (kinds this router does not
-    know, KV-cache groups other than 0), ``num_skipped_events`` (another medium than GPU, token-less
+    know, KV-cache groups other than 0), ``num_skipped_events`` (an unknown medium, token-less
     placeholders), ``num_invalid_events`` (malformed; ``first_error`` names the first one).
     """
 
@@ -89,7 +90,12 @@ class KvEventBatch:
     first_error: str | None = field(default=None)
 
 
-GPU_MEDIUM = "GPU"  # vllm/distributed/kv_events.py MEDIUM_GPU: the tier the router indexes
+GPU_MEDIUM = "GPU"  # vllm/distributed/kv_events.py MEDIUM_GPU: the device cache
+CPU_MEDIUM = "CPU"  # MEDIUM_CPU: the offloading connector's CPU (primary) tier
+STORAGE_MEDIUM = "STORAGE"  # MEDIUM_STORAGE: its secondary tiers (filesystem, object store)
+#: Offload media the router indexes beside the GPU (runtime/kv/tiers.py), fastest first.
+OFFLOAD_MEDIA: tuple[str, ...] = (CPU_MEDIUM, STORAGE_MEDIUM)
+_KNOWN_MEDIA = frozenset((GPU_MEDIUM, *OFFLOAD_MEDIA))
 
 
 class _Skipped:
@@ -100,7 +106,7 @@ _SKIPPED = _Skipped()
 
 
 def _other_medium(medium: object) -> bool:
-    return medium is not None and medium != GPU_MEDIUM
+    return medium is not None and medium not in _KNOWN_MEDIA
 
 
 def _hash(value: object, where: str) -> Hashable:
@@ -127,7 +133,7 @@ def _hashes(value: object, where: str) -> tuple[Hashable, ...]:
 
 def decode_event(raw: object, where: str = "event") -> KvEvent | None:
     """One decoded msgpack event (map or array) → a value; ``None`` for an event this router ignores: an
-    unknown kind, a KV-cache group other than 0, another medium than GPU, a token-less placeholder.
+    unknown kind, a KV-cache group other than 0, an unknown medium, a token-less placeholder.
 
     Raises:
         KvEventDecodeError: naming the event kind and field when the event is malformed.

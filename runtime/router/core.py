@@ -35,16 +35,17 @@ backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from runtime.config import RouterSpec
 from runtime.kv.apply import ApplyStats, KvEventApplier
-from runtime.kv.events import KvEvent
+from runtime.kv.events import OFFLOAD_MEDIA, KvEvent
 from runtime.kv.hashing import block_hashes as _block_hashes
 from runtime.kv.hashing import request_extra_keys
 from runtime.kv.index import PrefixIndex
+from runtime.kv.tiers import offload_hits
 from runtime.router.load import ROLES, WorkerLoad
 from runtime.router.policies import uncached_tokens, make_policy
 
@@ -91,6 +92,8 @@ class RouteDecision(NamedTuple):
         uncached_tokens: prompt tokens the prefilling worker must compute (prediction).
         reason: ``remote``, ``local_no_prefill_pool``, ``local_short``, ``local_prefill_saturated``,
             ``local_prefill_failed`` or ``migrated``.
+        offload_blocks: of ``overlap_blocks``, those the worker loads from a KV offload tier (CPU, storage)
+            rather than holds on the GPU (0 unless the router credits tiers, ``tier_load_cost``).
     """
 
     request_id: str
@@ -100,6 +103,7 @@ class RouteDecision(NamedTuple):
     num_prompt_blocks: int
     uncached_tokens: int
     reason: str
+    offload_blocks: int = 0
 
 
 @dataclass(slots=True)
@@ -144,13 +148,19 @@ class Router:
             pool, e.g. ``runtime.sim.timing.PerfTiming(perf_model, tp).prefill_s`` (seconds, includes the
             new tokens' attention over the cached prefix and per-request overhead); default: uncached
             tokens. ``kv_aware`` compares queues and balances long-run busy time in this unit.
+        tier_load_cost: ``{medium: work of loading one token}`` from each KV offload tier (``"CPU"``,
+            ``"STORAGE"``), in ``prefill_cost``'s unit, e.g. ``runtime.kv.tiers.load_s_per_token`` with a
+            seconds ``prefill_cost``. The router always indexes the tiers' KV events (``self.tiers``); only
+            media given here are credited (``kv_aware``: a tier hit saves its prefill and costs its load);
+            other policies, and media without a cost, count device hits only.
 
     Raises:
         runtime.router.policies.UnknownPolicyError: when ``spec.policy`` is not registered.
     """
 
     def __init__(self, spec: RouterSpec, block_size_tokens: int, *, seed: int = 0,
-                 prefill_cost: Callable[[int, int], float] | None = None) -> None:
+                 prefill_cost: Callable[[int, int], float] | None = None,
+                 tier_load_cost: Mapping[str, float] | None = None) -> None:
         if block_size_tokens <= 0:
             raise ValueError(f"block_size_tokens must be > 0, got {block_size_tokens}")
         self.spec = spec
@@ -175,7 +185,15 @@ class Router:
         self.index = PrefixIndex()
         self._pending = PrefixIndex()  # blocks of routed requests whose prefill has not finished
         self._track_pending = bool(self.policy.uses_inflight_overlap and spec.inflight_overlap)
-        self._applier = KvEventApplier(self.index, block_size_tokens)
+        #: ``{medium: index}`` of the workers' KV offload tiers (from KV events' ``medium``)
+        self.tiers: dict[str, PrefixIndex] = {m: PrefixIndex() for m in OFFLOAD_MEDIA}
+        for m, c in (tier_load_cost or {}).items():
+            if m not in self.tiers or not c >= 0:
+                raise ValueError(f"tier_load_cost: medium {m!r} must be one of {OFFLOAD_MEDIA} with a cost >= 0, "
+                                 f"got {c!r}")
+        self._tier_cost = {m: float(c) for m, c in (tier_load_cost or {}).items()}
+        self._credited = {m: self.tiers[m] for m in OFFLOAD_MEDIA if m in self._tier_cost}
+        self._applier = KvEventApplier(self.index, block_size_tokens, tiers=self.tiers)
         self._loads: dict[str, WorkerLoad] = {}
         self._decoders: list[WorkerLoad] = []
         self._prefillers: list[WorkerLoad] = []
@@ -206,6 +224,8 @@ class Router:
             load.total_prefill_work = sum(w.total_prefill_work for w in self._loads.values()) / len(self._loads)
         self._loads[worker_id] = load
         self.index.add_worker(worker_id, approx_capacity_blocks=None if kv_events else kv_capacity_blocks)
+        for t in self.tiers.values():
+            t.add_worker(worker_id)
         self._pending.add_worker(worker_id)
         self._num_approx += 0 if kv_events else 1
         self._rebuild_pools()
@@ -221,6 +241,8 @@ class Router:
         if load is None:
             return []
         self.index.remove_worker(worker_id)
+        for t in self.tiers.values():
+            t.remove_worker(worker_id)
         self._pending.remove_worker(worker_id)
         self._applier.forget_worker(worker_id)
         self._num_approx -= 0 if load.kv_events else 1
@@ -326,9 +348,20 @@ class Router:
             self.index.expire(now_s)
         overlaps = self._overlaps(hashes)
         policy = self.policy
+        device = overlaps
+        tier_hits: dict[str, dict[str, int]] = {}
+        load_work: dict[str, float] | None = None
+        if self._credited and getattr(policy, "credits_tiers", False):
+            tier_hits = offload_hits(self._credited, hashes, device, self._loads)
+            if tier_hits:
+                overlaps = dict(device)
+                load_work = {}
+                for w, counts in tier_hits.items():
+                    overlaps[w] = device.get(w, 0) + sum(counts.values())
+                    load_work[w] = sum(n * bs * self._tier_cost[m] for m, n in counts.items())
         nb = max(len(hashes), num_tokens // bs)
         decode_policy = self.decode_policy if self._prefillers else self.aggregated_policy
-        decode = decode_policy.choose(self._decoders, overlaps, nb, num_tokens, bs)
+        decode = self._choose(decode_policy, self._decoders, overlaps, nb, num_tokens, load_work)
         local_uncached = max(0, num_tokens - overlaps.get(decode, 0) * bs)
         prefill: str | None = None
         if not self._prefillers:
@@ -336,7 +369,7 @@ class Router:
         elif local_uncached < self.spec.disagg_min_uncached_tokens:
             reason = "local_short"
         else:
-            p = policy.choose(self._prefillers, overlaps, nb, num_tokens, bs)
+            p = self._choose(policy, self._prefillers, overlaps, nb, num_tokens, load_work)
             if self._loads[p].prefill_tokens > self.spec.disagg_max_prefill_queue_tokens:
                 reason = "local_prefill_saturated"
             else:
@@ -344,12 +377,21 @@ class Router:
         prefiller = prefill or decode
         # vLLM always recomputes the last prompt token, so a full-prompt hit is one block short
         overlap = min(overlaps.get(prefiller, 0), max(0, (num_tokens - 1) // bs))
+        offload = max(0, overlap - device.get(prefiller, 0))
         uncached = max(0, num_tokens - overlap * bs)
         loads = self._loads
         work = self.prefill_cost(num_tokens, num_tokens - uncached) if num_tokens > 0 else 0.0
+        if offload and load_work:  # the loaded part of the overlap (the cap may trim the tier run's tail)
+            work += load_work[prefiller] * offload / sum(tier_hits[prefiller].values())
         self._charge(request_id, _InFlight(loads[prefill] if prefill else None, loads[decode], uncached, nb,
                                            work, hashes, num_tokens), now_s)
-        return RouteDecision(request_id, prefill, decode, overlap, nb, uncached, reason)
+        return RouteDecision(request_id, prefill, decode, overlap, nb, uncached, reason, offload)
+
+    def _choose(self, policy, candidates: Sequence[WorkerLoad], overlaps: Mapping[str, int], nb: int,
+                num_tokens: int, load_work: Mapping[str, float] | None):
+        if load_work:
+            return policy.choose(candidates, overlaps, nb, num_tokens, self.block_size_tokens, load_work=load_work)
+        return policy.choose(candidates, overlaps, nb, num_tokens, self.block_size_tokens)
 
     def _prompt(self, token_ids: Sequence[int] | None, block_hashes: Sequence[Hashable] | None,
                 num_prompt_tokens: int | None, cache_salt: str | None = None) -> tuple[Sequence[Hashable], int]:

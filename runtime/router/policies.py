@@ -25,7 +25,10 @@ Costs (lower is better; ties broken uniformly at random with the policy's seeded
   cannot pull every request onto one worker while the others idle.
   The balance term (default 0.02) evens out long-run busy time when hot prefixes pile onto one worker.
   Exact ties go to the worker with the least cumulative work, then at random. With
-  ``temperature > 0`` a softmax over min-max-normalised costs samples the worker.
+  ``temperature > 0`` a softmax over min-max-normalised costs samples the worker. With KV offload tiers
+  (runtime/kv/tiers.py) the router passes ``overlaps`` that include the blocks a worker would load from
+  its CPU/storage tiers and ``load_work`` = the modelled time to load them (same work unit), added to
+  that worker's cost: a tier hit is charged its load, not counted as free nor as a full prefill.
 * ``dynamo_cost`` — NVIDIA Dynamo's published KV-router cost (docs "KV Cache Routing",
   lib/llm/src/kv_router/scheduler.rs): ``overlap_weight * prefill_blocks + decode_blocks`` with
   ``prefill_blocks = prefill_tokens_w / block + (num_blocks - overlap_w)`` and
@@ -91,6 +94,8 @@ class KvAwarePolicy:
     """
 
     uses_inflight_overlap = True
+    #: accepts ``load_work`` (offload-tier hits charged their load time)
+    credits_tiers = True
 
     def __init__(self, *, temperature: float = 0.0, decode_weight: float = 0.0, balance_weight: float = 0.0,
                  prefill_cost: PrefillCost | None = None, seed: int = 0, decode_excess: bool = False) -> None:
@@ -102,7 +107,8 @@ class KvAwarePolicy:
         self.rng = _random.Random(seed)
 
     def choose(self, candidates: Sequence[WorkerLoad], overlaps: Mapping[str, int], num_blocks: int,
-               num_tokens: int, block_size_tokens: int) -> str:
+               num_tokens: int, block_size_tokens: int, load_work: Mapping[str, float] | None = None) -> str:
+        """``load_work``: ``{worker_id: work}`` of loading the offload-tier part of its overlap (missing = 0)."""
         # hot path (runs per request over every candidate): one pass, argmin tracked inline; the
         # prefill cost is evaluated once per distinct overlap, not per worker
         bs = block_size_tokens
@@ -126,6 +132,8 @@ class KvAwarePolicy:
             d = w.decode_blocks
             floor = total_d / n + (total_d - d) / others if excess else 0.0
             c = w.prefill_work + own[get(w.worker_id, 0)] + (dw * (d - floor) if d > floor else 0.0)
+            if load_work:
+                c += load_work.get(w.worker_id, 0.0)
             t = w.total_prefill_work
             if bw and t > mean_total:
                 c += bw * (t - mean_total)

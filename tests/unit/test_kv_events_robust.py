@@ -1,9 +1,11 @@
 """KV events that real vLLM sends besides plain GPU BlockStored/BlockRemoved, and bad events in a batch.
 
 Specification:
-* a batch is decoded event by event: a malformed event, an event of another medium (vLLM's KV offloading
-  connector, vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py) and a token-less
-  placeholder (``token_ids=[]``, ``block_size=0``) are left out and counted; the GPU events are kept;
+* a batch is decoded event by event: a malformed event, an event of an unknown medium and a token-less
+  placeholder (``token_ids=[]``, ``block_size=0``) are left out and counted; GPU events and the offload
+  tiers' events (``CPU``/``STORAGE``: vLLM's KV offloading connector,
+  vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py) are kept with their medium;
+* the applier indexes each medium apart: a CPU-tier removal never drops the GPU copy;
 * ``token_ids=[]`` never becomes ``None`` (the simulator's "engine hashes are router hashes" mode);
 * the applier applies every good event of a batch even when one is bad, then raises naming the bad one.
 (Re-reported prefix hits, ``kv_cache_report_mode="full"``, are kept out by the runtime dropping that
@@ -58,12 +60,14 @@ def test_offloading_placeholders_are_skipped_and_the_gpu_events_of_the_batch_kep
     assert (batch.num_skipped_events, batch.num_invalid_events) == (1, 0)
 
 
-def test_offloaded_copies_under_gpu_engine_hashes_are_skipped_in_both_directions():
-    # the offloading connector reports its CPU copy of block 11 under the same engine hash: evicting the
-    # CPU copy must not drop the GPU block from the index
+def test_offloaded_copies_are_kept_with_their_medium_and_unknown_media_skipped():
+    # the offloading connector reports its CPU copy of block 11 under the same engine hash
     batch = decode_payload(_payload(_stored_map([11], PROMPT[:4], medium="CPU"),
-                                    {"type": "BlockRemoved", "block_hashes": [11], "medium": "CPU"}))
-    assert batch.events == () and batch.num_skipped_events == 2
+                                    {"type": "BlockRemoved", "block_hashes": [11], "medium": "STORAGE"},
+                                    _stored_map([12], PROMPT[:4], medium="TAPE"),
+                                    {"type": "BlockRemoved", "block_hashes": [12], "medium": "TAPE"}))
+    assert batch.events == (BlockStored((11,), None, PROMPT[:4], BS, None, "CPU"), BlockRemoved((11,), "STORAGE"))
+    assert batch.num_skipped_events == 2
 
 
 def test_a_malformed_event_is_counted_and_named_and_the_rest_kept():
@@ -99,42 +103,11 @@ def test_one_bad_event_does_not_stop_the_rest_of_the_batch():
     assert idx.match(OURS) == {"A": 2}  # both removals after the bad events were applied
 
 
-def test_events_without_tokens_or_of_another_medium_are_skipped_not_stored():
-    idx, ap = _setup()
+def test_events_without_tokens_or_of_an_unindexed_medium_are_skipped_not_stored():
+    idx, ap = _setup()  # no offload tier indexed
     stats = ap.apply("A", [BlockStored((OURS[0],), None, (), BS),  # engine hash must not become a router hash
                            BlockStored((11,), None, PROMPT[:4], BS, medium="CPU")])
     assert stats.num_skipped_events == 2 and idx.num_blocks("A") == 0
     ap.apply("A", [BlockStored((11,), None, PROMPT[:4], BS, medium="GPU"),
                    BlockRemoved((11,), medium="CPU")])  # the offloaded copy went, the GPU block stays
     assert idx.match(OURS) == {"A": 1}
-
-
-def test_an_engine_hash_reported_with_other_tokens_replaces_its_old_block():
-    idx, ap = _setup()
-    ap.apply("A", [BlockStored((11,), None, PROMPT[:4], BS)])
-    ap.apply("A", [BlockStored((11,), None, PROMPT[4:8], BS)])
-    assert idx.num_blocks("A") == 1 and idx.match(OURS) == {}
-    ap.apply("A", [BlockRemoved((11,))])
-    assert idx.num_blocks("A") == 0
-
-
-@pytest.mark.parametrize("bad_tokens", [[[1], 2, 3, 4], [1, {"a": 1}, 3, 4], [1, 2.5, 3, 4], [1, "2", 3, 4]])
-def test_non_int_token_ids_are_a_malformed_event_counted_and_skipped(bad_tokens):
-    bad = _stored_map([10], bad_tokens)
-    good = _stored_map([11, 12, 13, 14], PROMPT)
-    batch = decode_payload(_payload(bad, good))
-    assert batch.num_invalid_events == 1 and "token_ids must be ints" in batch.first_error
-    assert len(batch.events) == 1
-    idx, app = _setup()
-    app.apply("A", batch.events)
-    assert idx.match(OURS) == {"A": 4}
-
-
-def test_unhashable_tokens_of_a_hand_built_event_are_rejected_after_the_rest_of_the_batch():
-    idx, app = _setup()
-    bad = BlockStored((10,), None, ([1], 2, 3, 4), BS)  # type: ignore[arg-type]  # not from the decoder
-    good = BlockStored((11, 12, 13, 14), None, PROMPT, BS)
-    with pytest.raises(KvEventError) as exc:
-        app.apply("A", [bad, good])
-    assert exc.value.stats.num_rejected_events == 1 and exc.value.stats.num_stored_blocks == 4
-    assert idx.match(OURS) == {"A": 4}

@@ -1,0 +1,174 @@
+"""KV offload tiers: per-medium indexing of KV events, the blocks a worker would load, and the router's credit.
+
+Specification:
+* ``KvEventApplier(tiers=...)`` sends each event to the index of its medium; a CPU copy's parent may be
+  known on the GPU only; removing the CPU copy leaves the GPU block; ``AllBlocksCleared`` clears every tier.
+* ``offload_hits`` = the run of blocks right after the GPU prefix that some tier holds, each charged to the
+  fastest medium holding it (property-tested against a set model).
+* the router credits a tier hit by its load cost: a cheap load wins over a full prefill, a load dearer
+  than recomputing does not; without a cost (or with cache-blind/Dynamo policies) tiers are not credited.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.config import RouterSpec
+from runtime.kv.apply import KvEventApplier
+from runtime.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from runtime.kv.hashing import block_hashes
+from runtime.kv.index import PrefixIndex
+from runtime.kv.tiers import (
+    PCIE_GEN4_X4_BYTES_PER_S,
+    PCIE_GEN5_X16_BYTES_PER_S,
+    TIER_BANDWIDTH_BYTES_PER_S,
+    load_s_per_token,
+    offload_hits,
+)
+from runtime.router.core import Router
+
+BS = 4
+PROMPT = tuple(range(100, 116))  # 4 full blocks
+OURS = block_hashes(PROMPT, BS)
+
+
+def _tiered(*workers):
+    gpu, cpu, disk = PrefixIndex(), PrefixIndex(), PrefixIndex()
+    for w in workers:
+        for idx in (gpu, cpu, disk):
+            idx.add_worker(w)
+    return gpu, cpu, disk, KvEventApplier(gpu, BS, tiers={"CPU": cpu, "STORAGE": disk})
+
+
+# ----------------------------------------------------------------------------------------- applying
+def test_cpu_copies_are_indexed_apart_and_chain_from_a_gpu_parent():
+    gpu, cpu, disk, ap = _tiered("A")
+    ap.apply("A", [BlockStored((11, 12), None, PROMPT[:8], BS, medium="GPU")])
+    # the connector offloads blocks 3-4 as one chunk whose parent (12) it never reported itself
+    stats = ap.apply("A", [BlockStored((13, 14), 12, PROMPT[8:], BS, medium="CPU")])
+    assert stats.num_stored_blocks == 2 and stats.num_orphan_blocks == 0
+    assert gpu.match(OURS) == {"A": 2}
+    assert [cpu.holds("A", h) for h in OURS] == [False, False, True, True]
+    ap.apply("A", [BlockRemoved((12,), medium="CPU")])  # no CPU copy of 12: nothing to drop anywhere
+    assert gpu.match(OURS) == {"A": 2}
+    ap.apply("A", [BlockRemoved((13,), medium="CPU")])
+    assert not cpu.holds("A", OURS[2]) and cpu.holds("A", OURS[3])
+    assert gpu.match(OURS) == {"A": 2}
+
+
+def test_a_gpu_removal_leaves_the_offloaded_copy():
+    gpu, cpu, _, ap = _tiered("A")
+    ap.apply("A", [BlockStored((11,), None, PROMPT[:4], BS, medium=None),
+                   BlockStored((11,), None, PROMPT[:4], BS, medium="CPU"),
+                   BlockRemoved((11,), medium=None)])
+    assert gpu.num_blocks("A") == 0 and cpu.holds("A", OURS[0])
+
+
+def test_clear_drops_every_tier_and_unknown_media_are_skipped():
+    gpu, cpu, disk, ap = _tiered("A")
+    ap.apply("A", [BlockStored((11,), None, PROMPT[:4], BS), BlockStored((11,), None, PROMPT[:4], BS, medium="CPU"),
+                   BlockStored((11,), None, PROMPT[:4], BS, medium="STORAGE")])
+    stats = ap.apply("A", [BlockStored((11,), None, PROMPT[:4], BS, medium="TAPE"), AllBlocksCleared()])
+    assert stats.num_skipped_events == 1
+    assert (gpu.num_blocks("A"), cpu.num_blocks("A"), disk.num_blocks("A")) == (0, 0, 0)
+    # and the translation tables went too: a CPU child of the cleared block is an orphan now
+    assert ap.apply("A", [BlockStored((12,), 11, PROMPT[4:8], BS, medium="CPU")]).num_orphan_blocks == 1
+
+
+# ----------------------------------------------------------------------------------------- matching
+def test_offload_hits_continue_the_gpu_prefix_fastest_tier_first():
+    gpu, cpu, disk, _ = _tiered("A", "B")
+    gpu.store("A", [1, 2])
+    cpu.store("A", [3, 4])
+    disk.store("A", [4, 5, 7])
+    cpu.store("B", [2, 3])  # B: no GPU block 1, so its CPU blocks are no prefix continuation
+    hashes = [1, 2, 3, 4, 5, 6, 7]
+    device = gpu.match(hashes)
+    assert offload_hits({"CPU": cpu, "STORAGE": disk}, hashes, device, ["A", "B"]) == {
+        "A": {"CPU": 2, "STORAGE": 1}}
+    disk.store("B", [1])
+    assert offload_hits({"CPU": cpu, "STORAGE": disk}, hashes, device, ["A", "B"])["B"] == {"STORAGE": 1, "CPU": 2}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["GPU", "CPU", "STORAGE"]), st.integers(0, 7)), max_size=30),
+       st.lists(st.integers(0, 7), max_size=8, unique=True))
+def test_offload_hits_match_a_set_model(stores, prompt):
+    gpu, cpu, disk, _ = _tiered("A")
+    held = {"GPU": set(), "CPU": set(), "STORAGE": set()}
+    for medium, h in stores:
+        {"GPU": gpu, "CPU": cpu, "STORAGE": disk}[medium].store("A", [h])
+        held[medium].add(h)
+    device = gpu.match(prompt)
+    got = offload_hits({"CPU": cpu, "STORAGE": disk}, prompt, device, ["A"]).get("A", {})
+    g = 0
+    while g < len(prompt) and prompt[g] in held["GPU"]:
+        g += 1
+    assert device.get("A", 0) == g
+    want: dict[str, int] = {}
+    for h in prompt[g:]:
+        m = "CPU" if h in held["CPU"] else "STORAGE" if h in held["STORAGE"] else None
+        if m is None:
+            break
+        want[m] = want.get(m, 0) + 1
+    assert got == want
+
+
+# ----------------------------------------------------------------------------------------- load cost
+def test_load_cost_is_bytes_over_the_link_rate():
+    assert PCIE_GEN5_X16_BYTES_PER_S == pytest.approx(63.0e9, rel=1e-3)
+    assert PCIE_GEN4_X4_BYTES_PER_S == pytest.approx(7.877e9, rel=1e-3)
+    per = load_s_per_token(40960.0)  # Llama-3.1-70B bf16 KV per token / TP8 = 320 KiB / 8
+    assert per == {m: pytest.approx(40960.0 / bw) for m, bw in TIER_BANDWIDTH_BYTES_PER_S.items()}
+    assert per["STORAGE"] > per["CPU"]
+    assert load_s_per_token(100.0, {"CPU": 50.0}) == {"CPU": 2.0}
+    with pytest.raises(ValueError, match="kv_bytes_per_token_rank"):
+        load_s_per_token(0)
+    with pytest.raises(ValueError, match="'CPU'"):
+        load_s_per_token(1.0, {"CPU": 0.0})
+
+
+# ----------------------------------------------------------------------------------------- routing
+def _router(policy="kv_aware", cost=None):
+    r = Router(RouterSpec(policy=policy, balance_weight=0.0), BS, tier_load_cost=cost)
+    r.add_worker("A", "both")
+    r.add_worker("B", "both")
+    # A holds the first block on the GPU and the rest in its CPU tier; B holds nothing
+    r.apply_kv_events("A", [BlockStored((11,), None, PROMPT[:4], BS),
+                            BlockStored((12, 13, 14), 11, PROMPT[4:], BS, medium="CPU")], 0.0)
+    return r
+
+
+def test_a_cheap_tier_hit_wins_and_is_charged_its_load():
+    r = _router(cost={"CPU": 0.1})  # loading a token costs a tenth of computing one (tokens unit)
+    d = r.route("q", token_ids=list(PROMPT), now_s=0.0)
+    # 15 of 16 tokens reusable (the last token is recomputed): 1 GPU block + 2 CPU blocks (cap)
+    assert (d.decode_worker, d.overlap_blocks, d.offload_blocks, d.uncached_tokens) == ("A", 3, 2, 4)
+    assert r.workers["A"].prefill_work == pytest.approx(4 + 3 * BS * 0.1 * 2 / 3)
+
+
+def test_a_load_dearer_than_recomputing_is_not_preferred():
+    r = _router(cost={"CPU": 2.0})
+    r.workers["A"].prefill_work = 3.0  # A queues 3 tokens of work
+    d = r.route("q", token_ids=list(PROMPT), now_s=0.0)
+    # A's GPU hit alone would win (3 + 12 uncached < B's 16), but vLLM loads whatever its tier holds:
+    # 3 + 0 uncached + 3 CPU blocks x 4 tokens x 2 = 27 > 16
+    assert d.decode_worker == "B" and d.offload_blocks == 0
+
+
+@pytest.mark.parametrize("policy,cost", [("kv_aware", None), ("dynamo_cost", {"CPU": 0.1})])
+def test_without_a_cost_or_with_a_tier_blind_policy_only_device_hits_count(policy, cost):
+    r = _router(policy, cost)
+    d = r.route("q", token_ids=list(PROMPT), now_s=0.0)
+    assert d.offload_blocks == 0 and d.overlap_blocks == (1 if d.decode_worker == "A" else 0)
+    assert r.tiers["CPU"].num_blocks("A") == 3  # the tier is indexed all the same
+
+
+def test_tier_costs_name_known_media_and_removed_workers_leave_the_tiers():
+    with pytest.raises(ValueError, match="'TAPE'"):
+        Router(RouterSpec(), BS, tier_load_cost={"TAPE": 1.0})
+    with pytest.raises(ValueError, match="'CPU'"):
+        Router(RouterSpec(), BS, tier_load_cost={"CPU": -1.0})
+    r = _router(cost={"CPU": 0.1})
+    r.remove_worker("A")
+    assert "A" not in r.tiers["CPU"].workers
