@@ -164,6 +164,35 @@ class PoolSpec(_Strict):
         return self
 
 
+class KvOffloadSpec(_Strict):
+    """KV cache tiers below the GPU, through vLLM's own offloading connector (docs/architecture.md#kv-cache-tiers).
+
+    Rendered as vLLM ``OffloadingConnector`` composed with the NIXL connector in a ``MultiConnector``
+    (runtime/engines/vllm_worker.py ``kv_transfer_config``). vLLM 0.28 runs it on CUDA/XPU GPUs only.
+    """
+
+    cpu_gib: float = Field(
+        default=0.0,
+        ge=0,
+        description="Host-memory KV tier per worker (all its GPU ranks together), GiB; 0 = no offload tier "
+        "(vLLM kv_connector_extra_config.cpu_bytes_to_use of the OffloadingConnector). Blocks are evicted LRU.",
+    )
+    disk_path: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Filesystem tier below the CPU tier (local NVMe or FSx mount), a folder on the worker; None = "
+        "none. Needs cpu_gib > 0 (it reads through the CPU tier: vLLM TieringOffloadingSpec, secondary tier "
+        "'fs'). vLLM 0.28 neither bounds nor evicts this tier: size the volume and clean it outside vLLM.",
+    )
+
+    @model_validator(mode="after")
+    def _disk_needs_cpu(self) -> "KvOffloadSpec":
+        if self.disk_path is not None and self.cpu_gib <= 0:
+            raise ValueError("kv_offload.disk_path needs kv_offload.cpu_gib > 0: vLLM's filesystem tier is a "
+                             "secondary tier that loads through the CPU tier")
+        return self
+
+
 class EngineSpec(_Strict):
     """vLLM worker settings that prefill and decode must share (NixlConnector requires it)."""
 
@@ -188,6 +217,10 @@ class EngineSpec(_Strict):
         "pull (vLLM kv_connector_extra_config.kv_lease_duration; >= 6: vLLM heartbeats every lease // 6 s). "
         "None: vLLM's own default (30 s in vLLM 0.28). The runtime is told the lease and bounds every decode "
         "leg by it (docs/serving.md).",
+    )
+    kv_offload: KvOffloadSpec = Field(
+        default_factory=KvOffloadSpec,
+        description="KV cache tiers below the GPU (CPU memory, filesystem) per worker (KvOffloadSpec).",
     )
     extra_args: list[str] = Field(
         default_factory=list,
@@ -480,6 +513,15 @@ class DeploymentSpec(_Strict):
     overload: OverloadSpec = Field(
         default_factory=OverloadSpec, description="Circuit breakers and load shedding of the runtime (OverloadSpec)."
     )
+
+    @model_validator(mode="after")
+    def _kv_offload_on_gpus(self) -> "DeploymentSpec":
+        # vllm/v1/kv_offload/cpu/spec.py get_worker: "CPU Offloading is currently only supported on CUDA-alike
+        # and XPU GPUs" (the worker fails at start-up otherwise)
+        if self.gpu.upper() == "CPU" and self.engine.kv_offload.cpu_gib > 0:
+            raise ValueError("engine.kv_offload.cpu_gib > 0 on gpu 'CPU': vLLM 0.28's offloading connector runs on "
+                             "CUDA/XPU GPUs only; set it to 0 for CPU workers")
+        return self
 
     @model_validator(mode="after")
     def _prefill_tp_le_decode_tp(self) -> "DeploymentSpec":

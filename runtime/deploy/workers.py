@@ -20,6 +20,7 @@ import math
 from typing import Any, Literal
 
 from runtime.config import DeploymentSpec, PoolSpec
+from runtime.deploy.errors import ManifestError
 from runtime.deploy.instances import InstanceType
 from runtime.deploy.target import ClusterTarget
 from runtime.engines.vllm_plugin import (
@@ -177,13 +178,29 @@ def precision_args(spec: DeploymentSpec, *, gpu: bool) -> list[str]:
     return out
 
 
-def _resources(pool: PoolSpec, inst: InstanceType | None, target: ClusterTarget, efa: bool) -> dict[str, Any]:
+def _resources(pool: PoolSpec, inst: InstanceType | None, target: ClusterTarget, efa: bool,
+               offload_cpu_gib: float = 0.0) -> dict[str, Any]:
+    """Requests/limits of one worker pod. The KV CPU tier (``offload_cpu_gib`` per worker, this pod's ranks'
+    share of it) is added to the memory, which must stay within the pod's GPU share of the node's memory.
+
+    Raises:
+        ManifestError: the CPU tier does not fit in that share.
+    """
     if inst is None:  # CPU pseudo-GPU (kind / local clusters)
         req = {"cpu": "2", "memory": "8Gi"}
         return {"requests": dict(req), "limits": {"memory": "8Gi"}}
     gpus = gpus_per_pod(pool)
     cpu = max(1, int(inst.num_vcpus / inst.num_gpus * gpus * target.cpu_share))
     mem_gib = max(1, int(inst.memory_gib / inst.num_gpus * gpus * target.cpu_share))
+    if offload_cpu_gib > 0:
+        tier_gib = math.ceil(offload_cpu_gib * gpus / pool.gpus)
+        node_share_gib = int(inst.memory_gib / inst.num_gpus * gpus)
+        if mem_gib + tier_gib > node_share_gib:
+            raise ManifestError(
+                f"engine.kv_offload.cpu_gib {offload_cpu_gib:g}: the pod's {tier_gib} GiB CPU KV tier plus its "
+                f"{mem_gib} GiB working memory exceed its {node_share_gib} GiB share of a {inst.name} "
+                f"({inst.memory_gib} GiB for {inst.num_gpus} GPUs); lower cpu_gib or target.cpu_share")
+        mem_gib += tier_gib
     req: dict[str, Any] = {"cpu": str(cpu), "memory": f"{mem_gib}Gi", "nvidia.com/gpu": str(gpus)}
     lim: dict[str, Any] = {"memory": f"{mem_gib}Gi", "nvidia.com/gpu": str(gpus)}
     if efa:
@@ -236,7 +253,7 @@ def worker_pod_spec(spec: DeploymentSpec, role: Role, *, pvc_name: str, image: s
             {"name": "nixl", "containerPort": target.nixl_side_channel_port, "protocol": "TCP"},
             {"name": "kv-events", "containerPort": target.kv_events_port, "protocol": "TCP"},
         ],
-        "resources": _resources(pool, inst, target, efa),
+        "resources": _resources(pool, inst, target, efa, spec.engine.kv_offload.cpu_gib),
         "startupProbe": {
             "httpGet": {"path": "/health", "port": http},
             "periodSeconds": 10,
@@ -282,6 +299,10 @@ def worker_pod_spec(spec: DeploymentSpec, role: Role, *, pvc_name: str, image: s
             {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
         ],
     }
+    disk = spec.engine.kv_offload.disk_path
+    if disk is not None:  # vLLM's filesystem KV tier writes here (the root filesystem is read-only)
+        container["volumeMounts"].append({"name": "kv-offload", "mountPath": disk})
+        pod_spec["volumes"].append({"name": "kv-offload", "emptyDir": {}})
     if inst is not None:
         pod_spec["nodeSelector"] = {
             "karpenter.sh/nodepool": inst.node_pool,

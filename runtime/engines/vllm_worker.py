@@ -67,8 +67,8 @@ class WorkerStartError(RuntimeError):
 DEFAULT_KV_LEASE_S = 30.0
 
 
-def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True, backends: list[str] | None = None) -> dict:
-    """The `--kv-transfer-config` of a NIXL worker: kv_both, KV buffer on "cpu" (CPU workers) or "cuda",
+def nixl_connector_config(engine: EngineSpec, *, cpu: bool = True, backends: list[str] | None = None) -> dict:
+    """vLLM ``NixlConnector`` settings of a worker: kv_both, KV buffer on "cpu" (CPU workers) or "cuda",
     NIXL backends `backends` (default `engine.kv_backends`), and the KV lease when `engine.kv_lease_s` is
     set (else vLLM's default).
 
@@ -84,6 +84,44 @@ def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True, backends: list[s
         "kv_buffer_device": "cpu" if cpu else "cuda",
         "kv_connector_extra_config": extra,
     }
+
+
+def offload_connector_config(engine: EngineSpec) -> dict | None:
+    """vLLM ``OffloadingConnector`` settings of `engine.kv_offload`, or None without an offload tier.
+
+    vLLM 0.28 (vllm/v1/kv_offload): ``cpu_bytes_to_use`` sizes the CPU tier (bytes, all ranks of the worker);
+    a filesystem tier below it is ``spec_name="TieringOffloadingSpec"`` with secondary tier
+    ``{"type": "fs", "root_dir": ...}``. ``self_describing_kv_events`` makes the connector publish its
+    stores with token ids and parent hashes (otherwise token-less placeholders the router cannot place), and
+    the fs tier's ``enable_kv_events`` its ``STORAGE`` stores; both need the worker's ``--kv-events-config``.
+    """
+    off = engine.kv_offload
+    if off.cpu_gib <= 0:
+        return None
+    extra: dict = {"cpu_bytes_to_use": int(off.cpu_gib * (1 << 30)), "self_describing_kv_events": True}
+    if off.disk_path is not None:
+        extra["spec_name"] = "TieringOffloadingSpec"
+        extra["secondary_tiers"] = [{"type": "fs", "root_dir": off.disk_path, "enable_kv_events": True}]
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
+
+
+def kv_transfer_config(engine: EngineSpec, *, cpu: bool = True, backends: list[str] | None = None,
+                       nixl: bool = True) -> dict | None:
+    """The `--kv-transfer-config` of a worker: the NIXL connector (:func:`nixl_connector_config`; P/D
+    transfer, unless `nixl` is False: an aggregated worker), composed with the offload connector
+    (:func:`offload_connector_config`) in vLLM's ``MultiConnector`` when `engine.kv_offload` has a tier.
+    None when the worker needs no connector.
+
+    MultiConnector (vllm/distributed/kv_transfer/kv_connector/v1/multi_connector.py) loads a request's KV
+    from the first connector that has it, in list order, and saves to all: NIXL first, so a decode worker
+    takes the prefill worker's blocks and falls back to its own tiers. (vLLM's ``--kv-offloading-size``
+    cannot be used instead: it replaces the configured connector with the offloading one.)
+    """
+    off = offload_connector_config(engine)
+    conns = ([nixl_connector_config(engine, cpu=cpu, backends=backends)] if nixl else []) + ([off] if off else [])
+    if len(conns) < 2:
+        return conns[0] if conns else None
+    return {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"connectors": conns}}
 
 
 def scheduling_args(prefill_priority: str, role: str) -> list[str]:
@@ -146,8 +184,9 @@ def build_vllm_args(
         "--enforce-eager",
         "--uvicorn-log-level", "warning",
     ]
-    if role != "both":
-        args += ["--kv-transfer-config", json.dumps(kv_transfer_config(engine, cpu=cpu), separators=(",", ":"))]
+    ktc = kv_transfer_config(engine, cpu=cpu, nixl=role != "both")
+    if ktc is not None:
+        args += ["--kv-transfer-config", json.dumps(ktc, separators=(",", ":"))]
     if kv_events_port is not None and kv_events_ipc_path is not None:
         raise ValueError("give kv_events_port or kv_events_ipc_path, not both")
     if kv_events_port is not None or kv_events_ipc_path is not None:
