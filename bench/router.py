@@ -1,7 +1,8 @@
 """Router benchmark: replay a Mooncake trace through every routing policy on simulated workers.
 
     .venv/bin/python bench/router.py --trace DATA/traces/mooncake_synthetic_trace.jsonl \
-        [--workers 16] [--kv-blocks-per-worker B] [--load 0.8] [--seeds 3] [--out bench/results/router.json]
+        [--workers 16] [--kv-blocks-per-worker B] [--load 0.8] [--seeds 3] [--cpu-tier-gib G] \
+        [--out bench/results/router.json]
 
 Prints ONE JSON line::
 
@@ -9,7 +10,8 @@ Prints ONE JSON line::
      "policies": {NAME: {"hit_rate", "oracle_hit_rate", "ttft_mean_s", "ttft_p90_s", "imbalance"}},
      "decision_us_p50", "decision_us_p99", "decision_all_us_p50/_p99", "decision_preempted_frac",
      "decision_tokens_us_*", "index_us_p50", "index_us_p99", "index_all_us_*", "index_preempted_frac",
-     "dynamo_radix_us_p50", "dynamo_radix_us_p99", "dynamo": {...} | null, "wall_s"}
+     "dynamo_radix_us_p50", "dynamo_radix_us_p99", "dynamo": {...} | null,
+     "tiers": {...} | null, "wall_s"}
 
 * Workers: Llama-3.1-70B, TP8 on 8×H100-SXM each (``--model/--gpu/--tp``), KV capacity from
   ``runtime.perf.model.PerfModel.kv_capacity_tokens(tp, 0.9)`` in 512-token blocks (Mooncake's block).
@@ -26,6 +28,13 @@ Prints ONE JSON line::
   hashing at block size 16); ``index_us``: ``PrefixIndex.match`` alone on the same queries. Calls the
   OS preempted (involuntary context switch during the call) are excluded from ``*_us_p50/_p99`` and
   kept in ``*_all_us_*``; each percentile is the median over ``--timing-repeats`` runs (shared machine).
+* KV tiers (``--cpu-tier-gib G`` > 0): ``kv_aware`` replayed with every worker holding a CPU offload tier of
+  ``G`` GiB (vLLM's OffloadingConnector, modelled in runtime/sim/worker.py: write-through, LRU) against no
+  tier. ``tiers`` = ``{"cpu_tier_gib", "cpu_tier_blocks", "cpu_load_s_per_token", "none", "cpu",
+  "cpu_blind"}``; each run reports ``gpu_hit_rate`` / ``cpu_hit_rate`` (prompt blocks reused from the GPU /
+  loaded from the CPU tier), ``hit_rate`` (their sum) and TTFT. ``cpu``: the router indexes the tier's KV
+  events and credits a tier hit by its load time (runtime/kv/tiers.py, PCIe Gen5 x16 link rate, the same
+  figure the simulated load uses); ``cpu_blind``: the same tier, the router counting GPU hits only.
 * Peers: when NVIDIA Dynamo's ``ai-dynamo-runtime`` is importable here or installed in
   ``.venv-bench-router`` (``--dynamo-python``), the same script runs there as a child and adds policy
   ``dynamo`` (Dynamo's real ``SelectionService`` fed vLLM-format KV events over ZMQ on loopback) and
@@ -113,6 +122,37 @@ def run_policies(reqs, workers, timing, names, seeds: int) -> dict[str, dict[str
                 router.add_worker(w.worker_id, w.role, kv_events=not approx,
                                   kv_capacity_blocks=w.capacity_blocks)
             runs.append(metrics(replay(reqs, router, workers, timing, MOONCAKE_BLOCK_TOKENS), oracle))
+        out[name] = mean_metrics(runs)
+    return out
+
+
+def run_tiers(reqs, workers, timing, cpu_tier_gib: float, seeds: int) -> dict:
+    """``kv_aware`` without an offload tier, with a CPU tier of ``cpu_tier_gib`` GiB per worker credited by
+    the router, and with the same tier the router does not credit (see the module docstring)."""
+    from dataclasses import replace
+
+    from runtime.config import RouterSpec
+    from runtime.kv.tiers import load_s_per_token
+    from runtime.router.core import Router
+
+    rank_bytes = timing.perf.kv_bytes_per_token_rank(timing.tp)
+    tier_blocks = int(cpu_tier_gib * (1 << 30) // (rank_bytes * timing.tp * MOONCAKE_BLOCK_TOKENS))
+    load_s = load_s_per_token(rank_bytes)["CPU"]
+    oracle = oracle_hit_rate(reqs)
+    out: dict = {"cpu_tier_gib": cpu_tier_gib, "cpu_tier_blocks": tier_blocks, "cpu_load_s_per_token": load_s}
+    tiered = [replace(w, offload_capacity_blocks=tier_blocks) for w in workers]
+    for name, pool, cost in (("none", workers, None), ("cpu", tiered, {"CPU": load_s}), ("cpu_blind", tiered, None)):
+        runs = []
+        for seed in range(seeds):
+            router = Router(RouterSpec(policy="kv_aware"), MOONCAKE_BLOCK_TOKENS, seed=seed,
+                            prefill_cost=timing.prefill_s, tier_load_cost=cost)
+            for w in pool:
+                router.add_worker(w.worker_id, w.role)
+            res = replay(reqs, router, pool, timing, MOONCAKE_BLOCK_TOKENS, offload_load_s_per_token=load_s)
+            m = metrics(res, oracle)
+            m["gpu_hit_rate"], m["cpu_hit_rate"] = res.hit_rate, res.offload_hit_rate
+            m["hit_rate"] = res.hit_rate + res.offload_hit_rate
+            runs.append(m)
         out[name] = mean_metrics(runs)
     return out
 
@@ -297,6 +337,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dynamo-python", default=str(DEFAULT_DYNAMO_PY))
     ap.add_argument("--dynamo-seeds", type=int, default=3, help="Dynamo breaks ties randomly: runs averaged")
     ap.add_argument("--no-dynamo", action="store_true")
+    ap.add_argument("--cpu-tier-gib", type=float, default=0.0,
+                    help="also replay kv_aware with a CPU KV tier of this many GiB per worker (0 = skip)")
     ap.add_argument("--out", default="", help="also write the JSON line to this file")
     ap.add_argument("--dynamo-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -308,6 +350,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [n for n in names if n not in known]
     if bad or not names:
         ap.error(f"--policies: unknown {bad} (comma list of {', '.join(sorted(known))})")
+    if not args.cpu_tier_gib >= 0:
+        ap.error(f"--cpu-tier-gib must be >= 0, got {args.cpu_tier_gib}")
     for flag, v in (("--seeds", args.seeds), ("--timing-repeats", args.timing_repeats),
                     ("--decision-queries", args.decision_queries)):
         if v < 1:
@@ -332,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
            "load": args.load, "arrival_scale": round(factor, 5), "model": args.model, "gpu": args.gpu,
            "tp": args.tp, "seeds": args.seeds,
            "policies": run_policies(reqs, workers, timing, names, args.seeds)}
+    out["tiers"] = run_tiers(reqs, workers, timing, args.cpu_tier_gib, args.seeds) if args.cpu_tier_gib else None
     out.update(time_decisions_repeated(args.timing_repeats, args.decision_queries))
     dyn = None if args.no_dynamo else run_dynamo_peer(args)
     out["dynamo"] = dyn

@@ -13,7 +13,11 @@ Model (like Dynamo's mocker engine, simplified to what routing changes):
   held, not as prefill delay), its blocks pinned until it completes;
 * disaggregated decisions prefill on ``prefill_worker`` and then pin the blocks on ``decode_worker``
   (the NIXL transfer is not timed);
-* busy time of a worker = sum of its prefill occupancies; imbalance = max / mean busy time.
+* busy time of a worker = sum of its prefill occupancies; imbalance = max / mean busy time;
+* a worker with an offload tier (``SimWorkerSpec.offload_capacity_blocks``, vLLM's CPU tier) loads the
+  blocks that continue its GPU prefix from the tier: they count as cached for the prefill time, and their
+  load (``offload_load_s_per_token`` per token) holds the worker and adds to TTFT (vLLM loads before it
+  computes the rest; charging the load to the worker is the conservative side of its async load).
 
 The router is anything with the :class:`RouterLike` methods, so external routers (Dynamo's
 ``SelectionService`` via an adapter) replay the same trace against the same simulated workers.
@@ -49,11 +53,12 @@ class RouterLike(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SimWorkerSpec:
-    """A simulated worker: id, role (prefill/decode/both) and KV capacity in blocks."""
+    """A simulated worker: id, role (prefill/decode/both), KV capacity in blocks and offload-tier blocks."""
 
     worker_id: str
     role: str
     capacity_blocks: int
+    offload_capacity_blocks: int = 0
 
 
 @dataclass
@@ -62,6 +67,7 @@ class ReplayResult:
 
     ttft_s: list[float] = field(default_factory=list)
     hit_blocks: int = 0
+    offload_hit_blocks: int = 0
     total_blocks: int = 0
     busy_s: dict[str, float] = field(default_factory=dict)
     num_remote_prefills: int = 0
@@ -70,8 +76,13 @@ class ReplayResult:
 
     @property
     def hit_rate(self) -> float:
-        """Prompt blocks found in the prefilling worker's cache / all prompt blocks."""
+        """Prompt blocks found in the prefilling worker's GPU cache / all prompt blocks."""
         return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
+
+    @property
+    def offload_hit_rate(self) -> float:
+        """Prompt blocks the prefilling worker loaded from its offload tier / all prompt blocks."""
+        return self.offload_hit_blocks / self.total_blocks if self.total_blocks else 0.0
 
     @property
     def ttft_mean_s(self) -> float:
@@ -102,11 +113,15 @@ class _Req:
     prefill_worker: str
     decode_worker: str
     hit_blocks: int = 0
+    loaded_blocks: int = 0
 
 
 def replay(requests: Sequence[TraceRequest], router: RouterLike, workers: Sequence[SimWorkerSpec],
-           timing: PerfTiming, block_size_tokens: int) -> ReplayResult:
+           timing: PerfTiming, block_size_tokens: int, *, offload_load_s_per_token: float = 0.0) -> ReplayResult:
     """Replay ``requests`` (sorted by arrival) and return the outcomes.
+
+    ``offload_load_s_per_token``: seconds to load one token's KV from a worker's offload tier (e.g.
+    ``runtime.kv.tiers.load_s_per_token``).
 
     Raises:
         ValueError: when ``workers`` is empty, a request's ``arrival_s`` is not finite, or the router
@@ -115,7 +130,8 @@ def replay(requests: Sequence[TraceRequest], router: RouterLike, workers: Sequen
     if not workers:
         raise ValueError("replay needs at least one worker")
     _check_finite_arrivals(requests)
-    caches = {w.worker_id: SimKvCache(w.capacity_blocks, block_size_tokens) for w in workers}
+    caches = {w.worker_id: SimKvCache(w.capacity_blocks, block_size_tokens,
+                                      offload_capacity_blocks=w.offload_capacity_blocks) for w in workers}
     queues: dict[str, deque[_Req]] = {w.worker_id: deque() for w in workers}
     busy = {w.worker_id: False for w in workers}
     decoding = {w.worker_id: 0 for w in workers}
@@ -137,12 +153,16 @@ def replay(requests: Sequence[TraceRequest], router: RouterLike, workers: Sequen
         if busy[wid] or not q:
             return
         r = q.popleft()
-        hit, events = caches[wid].acquire(r.tr.hash_ids)
+        hit, loaded, events = caches[wid].acquire_tiered(r.tr.hash_ids)
         if events:
             router.apply_kv_events(wid, events, now)
-        r.hit_blocks = hit
-        cached_tokens = min(hit * block_size_tokens, r.tr.input_tokens)
-        dt = timing.prefill_s(r.tr.input_tokens, cached_tokens)
+        r.hit_blocks, r.loaded_blocks = hit, loaded
+        isl = r.tr.input_tokens
+        cached_tokens = min((hit + loaded) * block_size_tokens, isl)
+        dt = timing.prefill_s(isl, cached_tokens)
+        if loaded:  # the loaded part of the reused prefix (prefill_s recomputes the last prompt token)
+            top = max(0, isl - 1)
+            dt += (min(cached_tokens, top) - min(hit * block_size_tokens, top)) * offload_load_s_per_token
         res.busy_s[wid] += dt
         busy[wid] = True
         push(now + dt, _PREFILL_DONE, r)
@@ -168,6 +188,7 @@ def replay(requests: Sequence[TraceRequest], router: RouterLike, workers: Sequen
             r: _Req = obj  # type: ignore[assignment]
             res.ttft_s.append(now - r.tr.arrival_s + timing.fixed_latency_s)
             res.hit_blocks += r.hit_blocks
+            res.offload_hit_blocks += r.loaded_blocks
             res.total_blocks += len(r.tr.hash_ids)
             router.on_first_token(r.tr.request_id)
             busy[r.prefill_worker] = False

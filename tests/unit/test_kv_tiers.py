@@ -172,3 +172,53 @@ def test_tier_costs_name_known_media_and_removed_workers_leave_the_tiers():
     r = _router(cost={"CPU": 0.1})
     r.remove_worker("A")
     assert "A" not in r.tiers["CPU"].workers
+
+
+# ----------------------------------------------------------------------------------------- simulator
+def test_sim_cache_writes_through_to_the_tier_and_loads_an_evicted_prefix_back():
+    from runtime.sim.worker import SimKvCache
+
+    c = SimKvCache(2, 512, offload_capacity_blocks=3)
+    hit, loaded, events = c.acquire_tiered([1, 2])
+    assert (hit, loaded) == (0, 0)
+    assert events == [BlockStored((1, 2), None, None, 512), BlockStored((1, 2), None, None, 512, medium="CPU")]
+    c.release([1, 2])
+    _, _, events = c.acquire_tiered([3, 4])  # the GPU evicts 1-2; the tier keeps them and evicts nothing yet
+    assert BlockRemoved((2, 1)) in events  # freed tail first, so the tail goes first
+    assert BlockRemoved((1,), "CPU") in events  # tier of 3: 1 (least recent) makes room for 3, 4
+    c.release([3, 4])
+    hit, loaded, _ = c.acquire_tiered([2, 3])  # block 2 is no prefix start: nothing loads past a GPU miss
+    assert (hit, loaded) == (0, 2) and c.offload_holds(2)
+    plain = SimKvCache(2, 512)
+    plain.acquire([1, 2])
+    assert all(ev.medium is None for ev in plain.acquire([3])[1])
+
+
+def test_replay_with_a_cpu_tier_loads_what_the_gpu_evicted_and_the_router_learns_it():
+    from runtime.sim.replay import SimWorkerSpec, replay
+    from runtime.sim.trace import TraceRequest
+
+    class Timing:  # prefill 1 ms per uncached token
+        fixed_latency_s = 0.0
+
+        def prefill_s(self, isl, cached=0):
+            return 1e-3 * (isl - min(cached, isl - 1))
+
+        def decode_s(self, *a):
+            return 0.0
+
+    reqs = [TraceRequest(f"r{i}", float(i), 4 * 512, 1, tuple(range(100 * (i % 3), 100 * (i % 3) + 4)))
+            for i in range(9)]
+    routers = []
+
+    def run(tier, cost):
+        r = Router(RouterSpec(policy="kv_aware"), 512, tier_load_cost=cost)
+        r.add_worker("w", "both")
+        routers.append(r)
+        return replay(reqs, r, [SimWorkerSpec("w", "both", 4, tier)], Timing(), 512, offload_load_s_per_token=1e-4)
+
+    none, cpu = run(0, None), run(12, {"CPU": 1e-4})
+    assert none.offload_hit_blocks == 0 and none.hit_blocks == 0  # 3 prompts of 4 blocks thrash 4 GPU blocks
+    assert cpu.offload_hit_blocks == 6 * 4 and cpu.hit_blocks == 0
+    assert cpu.ttft_mean_s < none.ttft_mean_s
+    assert routers[1].tiers["CPU"].num_blocks("w") == 12

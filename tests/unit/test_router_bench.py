@@ -43,6 +43,33 @@ def test_prints_one_json_line_with_every_policy(tmp_path, capsys):
     assert d["dynamo"] is None
 
 
+def test_tiers_replay_reports_hit_rate_per_tier_and_ttft(tmp_path, capsys):
+    pytest.importorskip("runtime.perf.model")
+    # three 3-block prefixes in turn, each with a fresh block, on one worker whose GPU holds 6 blocks: the
+    # two prompts in between evict a prefix from the GPU; a CPU tier keeps it
+    lines = [json.dumps({"timestamp": 1000 * i, "input_length": 512 * 4 - 10, "output_length": 1,
+                         "hash_ids": [10 * (i % 3) + k for k in range(3)] + [1000 + i]}) for i in range(30)]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    rc = bench_router.main(["--trace", str(trace), "--workers", "1", "--no-dynamo",
+                            "--seeds", "1", "--timing-repeats", "1", "--decision-queries", "10",
+                            "--policies", "kv_aware", "--kv-blocks-per-worker", "6", "--cpu-tier-gib", "64"])
+    assert rc == 0
+    t = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tiers"]
+    assert t["cpu_tier_blocks"] > 0 and t["cpu_load_s_per_token"] > 0
+    assert t["none"]["cpu_hit_rate"] == 0
+    for run in ("none", "cpu", "cpu_blind"):
+        m = t[run]
+        assert m["hit_rate"] == pytest.approx(m["gpu_hit_rate"] + m["cpu_hit_rate"], abs=2e-4)
+        assert 0 <= m["hit_rate"] <= m["oracle_hit_rate"] and m["ttft_mean_s"] > 0
+    # 27 of 30 prompts reuse their 3-block prefix (the first of each is cold): 81 / 120 blocks
+    assert t["cpu"]["hit_rate"] == pytest.approx(81 / 120, abs=1e-4)
+    assert t["cpu"]["hit_rate"] > t["none"]["hit_rate"] and t["cpu"]["cpu_hit_rate"] > 0
+    assert t["cpu"]["ttft_mean_s"] < t["none"]["ttft_mean_s"]
+    with pytest.raises(SystemExit):
+        bench_router.parse_args(["--trace", "x", "--cpu-tier-gib", "-1"])
+
+
 def test_a_missing_trace_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no such file"):
         bench_router.main(["--trace", str(tmp_path / "nope.jsonl")])
