@@ -180,8 +180,8 @@ class KvOffloadSpec(_Strict):
     disk_path: str | None = Field(
         default=None,
         min_length=1,
-        description="Filesystem tier below the CPU tier (local NVMe or FSx mount), a folder on the worker; None = "
-        "none. Needs cpu_gib > 0 (it reads through the CPU tier: vLLM TieringOffloadingSpec, secondary tier "
+        description="Filesystem tier below the CPU tier, a folder on the worker (on Kubernetes a node-local emptyDir "
+        "is mounted there); None = none. Needs cpu_gib > 0 (it reads through the CPU tier: vLLM TieringOffloadingSpec, secondary tier "
         "'fs'). vLLM 0.28 neither bounds nor evicts this tier: size the volume and clean it outside vLLM.",
     )
 
