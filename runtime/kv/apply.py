@@ -31,7 +31,10 @@ Tiers: each event goes to the index of its ``medium`` — the GPU index, or the 
 in ``tiers`` (``"CPU"``, ``"STORAGE"``: runtime/kv/tiers.py); events of a medium without an index are
 skipped and counted. Each medium keeps its own translation table (a CPU-tier ``BlockRemoved`` drops the CPU
 copy only); a ``parent_block_hash`` unknown to its medium is looked up in the worker's other media (one
-engine hash space: the offloading connector reports the GPU block hashes). ``AllBlocksCleared`` clears every
+engine hash space: the offloading connector reports the GPU block hashes). An offload tier's ``BlockStored``
+whose engine hashes the worker's other media already translate takes those router hashes: vLLM 0.28's
+offloading events carry no ``extra_keys`` (cache salt, LoRA), and the engine hash already covers them. Only
+a block offloaded after its GPU entry left is hashed from its tokens alone. ``AllBlocksCleared`` clears every
 medium of the worker: the index may under-report after a reset, never report a block the worker lacks.
 """
 
@@ -175,6 +178,15 @@ class KvEventApplier:
         index.store(worker_id, stored)
         stats.num_stored_blocks += len(stored)
 
+    @staticmethod
+    def _translated(tables: dict[str, dict[Hashable, list]], engine_hash: Hashable) -> Hashable | None:
+        """The router hash some medium of the worker holds for ``engine_hash`` (None: none does)."""
+        for t in tables.values():
+            entry = t.get(engine_hash)
+            if entry is not None:
+                return entry[0]
+        return None
+
     def _stored(self, worker_id: str, index: PrefixIndex, table: dict[Hashable, list],
                 tables: dict[str, dict[Hashable, list]], ev: BlockStored, stats: ApplyStats) -> None:
         n = len(ev.block_hashes)
@@ -184,6 +196,11 @@ class KvEventApplier:
         if n and not ev.token_ids:  # a vLLM event without tokens: nothing the router can hash
             stats.num_skipped_events += 1
             return
+        if index is not self.index and not ev.extra_keys:
+            known = [self._translated(tables, h) for h in ev.block_hashes]
+            if None not in known:
+                self._remember(worker_id, index, table, ev.block_hashes, known, stats)
+                return
         if ev.block_size != self.block_size_tokens:
             raise KvEventError(
                 f"BlockStored.block_size={ev.block_size} from worker {worker_id!r} != router "
@@ -197,13 +214,11 @@ class KvEventApplier:
         parent: Hashable | None = None
         if ev.parent_block_hash is not None:
             entry = table.get(ev.parent_block_hash)
-            if entry is None:  # the parent may be known in another medium only (one engine hash space)
-                entry = next((t[ev.parent_block_hash] for t in tables.values()
-                              if ev.parent_block_hash in t), None)
-            if entry is None:
+            # the parent may be known in another medium only (one engine hash space)
+            parent = entry[0] if entry is not None else self._translated(tables, ev.parent_block_hash)
+            if parent is None:
                 stats.num_orphan_blocks += n
                 return
-            parent = entry[0]
         ours = block_hashes(ev.token_ids, self.block_size_tokens, parent,
                             extra_keys=ev.extra_keys)
         self._remember(worker_id, index, table, ev.block_hashes, ours, stats)

@@ -222,3 +222,19 @@ def test_replay_with_a_cpu_tier_loads_what_the_gpu_evicted_and_the_router_learns
     assert cpu.offload_hit_blocks == 6 * 4 and cpu.hit_blocks == 0
     assert cpu.ttft_mean_s < none.ttft_mean_s
     assert routers[1].tiers["CPU"].num_blocks("w") == 12
+
+
+def test_an_offloaded_copy_takes_the_gpu_translation_so_a_salted_prefix_stays_salted():
+    from runtime.kv.hashing import request_extra_keys
+
+    gpu, cpu, _, ap = _tiered("A")
+    salted = block_hashes(PROMPT, BS, extra_keys=request_extra_keys(4, "tenant-1"))
+    ap.apply("A", [BlockStored((11, 12, 13, 14), None, PROMPT, BS,
+                               extra_keys=(("tenant-1",), None, None, None))])
+    # vLLM 0.28's offloading events carry no extra keys: the engine hashes say which (salted) blocks these are
+    ap.apply("A", [BlockStored((11, 12), None, PROMPT[:8], BS, medium="CPU")])
+    assert [cpu.holds("A", h) for h in salted] == [True, True, False, False]
+    assert not any(cpu.holds("A", h) for h in OURS)  # an unsalted prompt finds no CPU copy
+    # a block whose GPU entry already left is hashed from its tokens, chained to its known parent
+    ap.apply("A", [BlockRemoved((13,)), BlockStored((13,), 12, PROMPT[8:12], BS, medium="CPU")])
+    assert cpu.holds("A", salted[2])
