@@ -1,12 +1,15 @@
 """KV offload tiers: per-medium indexing of KV events, the blocks a worker would load, and the router's credit.
 
 Specification:
-* ``KvEventApplier(tiers=...)`` sends each event to the index of its medium; a CPU copy's parent may be
-  known on the GPU only; removing the CPU copy leaves the GPU block; ``AllBlocksCleared`` clears every tier.
+* ``KvEventApplier(tiers=...)`` sends each event to the index of its medium (each medium holds exactly its
+  stored minus removed copies, property-tested); a CPU copy's parent may be known on the GPU only; removing
+  the CPU copy leaves the GPU block; ``AllBlocksCleared`` clears every tier.
 * ``offload_hits`` = the run of blocks right after the GPU prefix that some tier holds, each charged to the
   fastest medium holding it (property-tested against a set model).
-* the router credits a tier hit by its load cost: a cheap load wins over a full prefill, a load dearer
-  than recomputing does not; without a cost (or with cache-blind/Dynamo policies) tiers are not credited.
+* the router credits a tier hit by its load cost, never more blocks than the worker can reuse
+  (property-tested): a cheap load wins over a full prefill, a load dearer than recomputing does not;
+  without a cost (or with cache-blind/Dynamo policies) tiers are not credited.
+* the simulator's CPU tier (write-through, LRU) and the replay that loads from it.
 """
 
 import pytest
@@ -238,3 +241,52 @@ def test_an_offloaded_copy_takes_the_gpu_translation_so_a_salted_prefix_stays_sa
     # a block whose GPU entry already left is hashed from its tokens, chained to its known parent
     ap.apply("A", [BlockRemoved((13,)), BlockStored((13,), 12, PROMPT[8:12], BS, medium="CPU")])
     assert cpu.holds("A", salted[2])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.sampled_from(["store", "remove"]), st.sampled_from([None, "GPU", "CPU", "STORAGE"]),
+              st.integers(0, 5)),
+    st.just(("clear", None, 0))), max_size=40))
+def test_each_medium_holds_exactly_its_stored_minus_removed_copies(ops):
+    gpu, cpu, disk, ap = _tiered("A")
+    indexes = {"GPU": gpu, "CPU": cpu, "STORAGE": disk}
+    copies = {m: {} for m in indexes}  # the model: medium -> block -> copies
+    for op, medium, h in ops:
+        m = medium or "GPU"
+        if op == "store":
+            ap.apply("A", [BlockStored((h,), None, None, BS, medium=medium)])  # simulator form: hash = id
+            copies[m][h] = copies[m].get(h, 0) + 1
+        elif op == "remove":
+            ap.apply("A", [BlockRemoved((h,), medium=medium)])
+            if copies[m].get(h):
+                copies[m][h] -= 1
+        else:
+            ap.apply("A", [AllBlocksCleared()])
+            copies = {m: {} for m in indexes}
+        for med, idx in indexes.items():
+            assert {b for b in range(6) if idx.holds("A", b)} == {b for b, n in copies[med].items() if n > 0}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["GPU", "CPU", "STORAGE"]), st.integers(0, 7)), max_size=30),
+       st.integers(1, 8))
+def test_the_router_never_credits_more_than_the_worker_can_reuse(stores, prompt_blocks):
+    r = Router(RouterSpec(policy="kv_aware"), 512, tier_load_cost={"CPU": 0.01, "STORAGE": 0.02})
+    r.add_worker("A", "both")
+    held = {"GPU": set(), "CPU": set(), "STORAGE": set()}
+    for medium, h in stores:
+        r.apply_kv_events("A", [BlockStored((h,), None, None, 512, medium=medium)], 0.0)
+        held[medium].add(h)
+    prompt = list(range(prompt_blocks))
+    d = r.route("q", block_hashes=prompt, now_s=0.0)
+    g = 0
+    while g < len(prompt) and prompt[g] in held["GPU"]:
+        g += 1
+    t = g
+    while t < len(prompt) and (prompt[t] in held["CPU"] or prompt[t] in held["STORAGE"]):
+        t += 1
+    cap = (prompt_blocks * 512 - 1) // 512  # vLLM recomputes the last prompt token
+    assert d.overlap_blocks == min(t, cap)
+    assert d.offload_blocks == max(0, min(t, cap) - g)
+    assert d.uncached_tokens == prompt_blocks * 512 - d.overlap_blocks * 512
