@@ -174,8 +174,9 @@ class KvOffloadSpec(_Strict):
     cpu_gib: float = Field(
         default=0.0,
         ge=0,
-        description="Host-memory KV tier per worker (all its GPU ranks together), GiB; 0 = no offload tier "
-        "(vLLM kv_connector_extra_config.cpu_bytes_to_use of the OffloadingConnector). Blocks are evicted LRU.",
+        description="Host-memory KV tier per vLLM engine, GiB: its tp x pp GPU ranks together (a worker with "
+        "attention data parallelism holds one per dp rank); 0 = no offload tier (vLLM kv_connector_extra_config."
+        "cpu_bytes_to_use of the OffloadingConnector). Blocks are evicted LRU.",
     )
     disk_path: str | None = Field(
         default=None,

@@ -180,8 +180,9 @@ def precision_args(spec: DeploymentSpec, *, gpu: bool) -> list[str]:
 
 def _resources(pool: PoolSpec, inst: InstanceType | None, target: ClusterTarget, efa: bool,
                offload_cpu_gib: float = 0.0) -> dict[str, Any]:
-    """Requests/limits of one worker pod. The KV CPU tier (``offload_cpu_gib`` per worker, this pod's ranks'
-    share of it) is added to the memory, which must stay within the pod's GPU share of the node's memory.
+    """Requests/limits of one worker pod. The KV CPU tier (``offload_cpu_gib`` per vLLM engine of tp x pp GPUs,
+    each data-parallel rank being one; this pod's ranks' share of them) is added to the memory, which must stay
+    within the pod's GPU share of the node's memory.
 
     Raises:
         ManifestError: the CPU tier does not fit in that share.
@@ -193,7 +194,7 @@ def _resources(pool: PoolSpec, inst: InstanceType | None, target: ClusterTarget,
     cpu = max(1, int(inst.num_vcpus / inst.num_gpus * gpus * target.cpu_share))
     mem_gib = max(1, int(inst.memory_gib / inst.num_gpus * gpus * target.cpu_share))
     if offload_cpu_gib > 0:
-        tier_gib = math.ceil(offload_cpu_gib * gpus / pool.gpus)
+        tier_gib = math.ceil(offload_cpu_gib * gpus / (pool.tp * pool.pp))
         node_share_gib = int(inst.memory_gib / inst.num_gpus * gpus)
         if mem_gib + tier_gib > node_share_gib:
             raise ManifestError(

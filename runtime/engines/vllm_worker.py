@@ -89,7 +89,7 @@ def nixl_connector_config(engine: EngineSpec, *, cpu: bool = True, backends: lis
 def offload_connector_config(engine: EngineSpec) -> dict | None:
     """vLLM ``OffloadingConnector`` settings of `engine.kv_offload`, or None without an offload tier.
 
-    vLLM 0.28 (vllm/v1/kv_offload): ``cpu_bytes_to_use`` sizes the CPU tier (bytes, all ranks of the worker);
+    vLLM 0.28 (vllm/v1/kv_offload): ``cpu_bytes_to_use`` sizes the CPU tier (bytes, the tp x pp ranks of one engine);
     a filesystem tier below it is ``spec_name="TieringOffloadingSpec"`` with secondary tier
     ``{"type": "fs", "root_dir": ...}``. ``self_describing_kv_events`` makes the connector publish its
     stores with token ids and parent hashes (otherwise token-less placeholders the router cannot place), and

@@ -134,3 +134,15 @@ def test_bad_tier_specs_are_refused_with_the_reason():
         DeploymentSpec(model=ModelRef(name="m"), gpu="CPU", engine=EngineSpec(kv_offload=KvOffloadSpec(cpu_gib=1)))
     with pytest.raises(ValueError):
         KvOffloadSpec(cpu_gib=-1)
+
+
+def test_each_data_parallel_engine_holds_its_own_cpu_tier():
+    spec = DeploymentSpec(model=ModelRef(name="m"), gpu="H100-SXM", prefill=PoolSpec(tp=1, replicas=1),
+                          decode=PoolSpec(tp=1, dp=2, ep=True, replicas=1),
+                          engine=EngineSpec(kv_offload=KvOffloadSpec(cpu_gib=10)))
+    plain = _workers(spec.model_copy(update={"engine": EngineSpec()}))
+    tiered = _workers(spec)
+    mem = {w: {k: int(v[w]["containers"][0]["resources"]["limits"]["memory"].removesuffix("Gi"))
+               for k, v in (("plain", plain), ("tiered", tiered))} for w in ("prefill", "decode")}
+    assert mem["prefill"]["tiered"] - mem["prefill"]["plain"] == 10
+    assert mem["decode"]["tiered"] - mem["decode"]["plain"] == 20  # two vLLM engines, one tier each
