@@ -290,3 +290,41 @@ def test_the_router_never_credits_more_than_the_worker_can_reuse(stores, prompt_
     assert d.overlap_blocks == min(t, cap)
     assert d.offload_blocks == max(0, min(t, cap) - g)
     assert d.uncached_tokens == prompt_blocks * 512 - d.overlap_blocks * 512
+
+
+def test_vllms_own_offloading_events_decode_with_their_medium_and_index_per_tier():
+    """Events built with vLLM 0.28's classes and encoded as its ZMQ publisher does (msgspec msgpack)."""
+    pytest.importorskip("vllm")
+    import msgspec
+    from vllm.distributed.kv_events import (
+        MEDIUM_CPU,
+        MEDIUM_GPU,
+        MEDIUM_STORAGE,
+        KVEventBatch,
+    )
+    from vllm.distributed.kv_events import BlockRemoved as VBlockRemoved
+    from vllm.distributed.kv_events import BlockStored as VBlockStored
+
+    from runtime.kv.events import OFFLOAD_MEDIA, decode_payload
+
+    assert (MEDIUM_CPU, MEDIUM_STORAGE) == OFFLOAD_MEDIA and MEDIUM_GPU == "GPU"
+
+    def stored(hashes, parent, tokens, medium):
+        return VBlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=list(tokens),
+                            block_size=BS, lora_id=None, medium=medium, lora_name=None, group_idx=0,
+                            locality="LOCAL")
+
+    batch = KVEventBatch(ts=1.0, events=[
+        stored([11, 12], None, PROMPT[:8], MEDIUM_GPU),
+        stored([13, 14], 12, PROMPT[8:], MEDIUM_CPU),  # a self-describing offloaded chunk
+        stored([11], None, PROMPT[:4], MEDIUM_STORAGE),
+        VBlockStored(block_hashes=[99], parent_block_hash=None, token_ids=[], block_size=0, lora_id=None,
+                     medium=MEDIUM_CPU, lora_name=None),  # the placeholder of a non-self-describing connector
+        VBlockRemoved(block_hashes=[14], medium=MEDIUM_CPU, group_idx=0)])
+    got = decode_payload(msgspec.msgpack.Encoder().encode(batch))
+    assert got.num_skipped_events == 1 and [ev.medium for ev in got.events] == ["GPU", "CPU", "STORAGE", "CPU"]
+    gpu, cpu, disk, ap = _tiered("A")
+    ap.apply("A", got.events)
+    assert gpu.match(OURS) == {"A": 2}
+    assert offload_hits({"CPU": cpu, "STORAGE": disk}, OURS, gpu.match(OURS), ["A"]) == {"A": {"CPU": 1}}
+    assert disk.holds("A", OURS[0])
