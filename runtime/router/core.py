@@ -151,8 +151,9 @@ class Router:
         tier_load_cost: ``{medium: work of loading one token}`` from each KV offload tier (``"CPU"``,
             ``"STORAGE"``), in ``prefill_cost``'s unit, e.g. ``runtime.kv.tiers.load_s_per_token`` with a
             seconds ``prefill_cost``. The router always indexes the tiers' KV events (``self.tiers``); only
-            media given here are credited (``kv_aware``: a tier hit saves its prefill and costs its load);
-            other policies, and media without a cost, count device hits only.
+            media given here are credited by :meth:`route` (``kv_aware``: a tier hit saves its prefill and
+            costs its load); other policies, media without a cost, and the re-decisions of
+            :meth:`fallback_local_prefill` / :meth:`migrate` count device hits only.
 
     Raises:
         runtime.router.policies.UnknownPolicyError: when ``spec.policy`` is not registered.
