@@ -79,6 +79,10 @@ class ExtraWorkersActuator:
         p, d = self.inner.current()
         return self.base_prefill + p, self.base_decode + d
 
+    def draining_counts(self) -> tuple[int, int]:
+        """(prefill, decode) workers `inner` is draining (the configured ones never drain)."""
+        return self.inner.draining_counts()
+
     def close(self) -> None:
         self.inner.close()
 
