@@ -233,3 +233,61 @@ def test_decisions_plus_draining_gpus_stay_within_the_budget(spare, tp_p, tp_d, 
     for i in range(1, 4):
         assert loop._decide(_overloaded(30.0 * i)).num_gpus(tp_p, tp_d) + held <= budget
     loop.client.close()
+
+
+def test_the_runtime_stops_a_drained_worker_between_ticks(monkeypatch):
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
+    from runtime.server import planner_runtime
+    from runtime.server.planner_loop import RequestWindow
+
+    monkeypatch.setattr(planner_runtime, "DRAIN_POLL_S", 0.02)
+    made: list[FakeWorker] = []
+
+    def factory(role, index):
+        made.append(FakeWorker(role, 10 + index))
+        return made[-1]
+
+    async def healthy(url: str) -> bool:
+        return True
+
+    pairing = _pairing()
+    breakers = WorkerBreakers(pairing, OverloadSpec())
+    spec = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load", interval_s=3600.0))
+    rt = planner_runtime.build_planner("local", spec=spec, model_config=None, pairing=pairing, window=RequestWindow(),
+                                       registry=CollectorRegistry(), is_healthy=healthy, breakers=breakers,
+                                       max_workers=1, worker_factory=factory)
+    act = rt.loop.actuator
+
+    async def scenario() -> None:
+        act.apply(_decision(0, 3))
+        act.apply(_decision(0, 3))  # seen ready
+        await rt.sync_pool()
+        url = made[0].base_url
+        assert pairing.load_of(url) is not None
+        routes = {rid: pairing.choose(_req(rid)).decode_url for rid in ("r1", "r2", "r3")}  # round robin
+        busy = [rid for rid, u in routes.items() if u == url]
+        assert busy
+        act.apply(_decision(0, 2))  # the extra worker drains
+        await rt.sync_pool()
+        assert breakers.draining(url) and made[0].running
+        runner = asyncio.create_task(rt.run())  # its next tick is an hour away
+        await asyncio.sleep(0.1)
+        assert made[0].running  # still holds a request
+        for rid in busy:
+            pairing.on_complete(rid, 0.0, True)
+        for _ in range(100):
+            if made[0].stopped:
+                break
+            await asyncio.sleep(0.02)
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        assert made[0].stopped and act.draining_counts() == (0, 0) and rt.loop.draining_gpus() == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        rt.close()
