@@ -187,7 +187,8 @@ def test_a_scale_down_drains_streams_and_a_pending_kv_lease_before_stopping(pd_w
         assert await _until(lambda: len(stopped_at) == 2, 120, rt.sync_pool)
         assert {w.url for w in pairing.workers.values()} == {p0.base_url, d0.base_url}
         assert act.draining_counts() == (0, 0) and not any(w.alive() for w in own.values())
-        return results, {"stream": ref_stream, "held": ref_held}, on_d1, held_on_p1
+        await model.aclose()
+        return results, {"stream": ref_stream, "held": ref_held, "late": ref_stream}, on_d1, held_on_p1
 
     try:
         results, refs, on_d1, held_on_p1 = asyncio.run(scenario())
