@@ -77,7 +77,7 @@ image-push: image  ## push both images (log in first: docs/eks-quickstart.md)
 # The public inputs of the benchmarks (traces, perf tables, full model configs): docs/benchmarks.md says where each
 # comes from. `make bench DATA=DIR` with DIR holding traces/, perf/ and models/.
 DATA ?=
-bench: install  ## run the benchmarks on the public inputs under DATA (make bench DATA=DIR; ~45 min on 2 cores)
+bench: install  ## run the benchmarks on the public inputs under DATA (make bench DATA=DIR; ~55 min on 2 cores)
 	@if [ -z "$(DATA)" ]; then \
 	  echo "make bench needs the public benchmark inputs: make bench DATA=DIR, where DIR holds"; \
 	  echo "  traces/azure2023_conv.csv, traces/mooncake_synthetic_trace.jsonl, perf/trtllm_throughput_dev.csv"; \
@@ -92,6 +92,7 @@ bench: install  ## run the benchmarks on the public inputs under DATA (make benc
 	$(PY) bench/staging.py --size-mb 2048 --repeat 5 --out bench/results/staging.json
 	$(PY) bench/server_pd.py --out bench/results/server_pd.json
 	$(PY) bench/pd_tail.py --out bench/results/pd_tail.json
+	$(PY) bench/scale_down.py --out bench/results/scale_down.json
 	$(PY) bench/perf_model_measure_cpu.py --out bench/results/perf_model_measure_cpu.json
 	$(PY) bench/frontend.py --out bench/results/frontend.json
 	$(PY) bench/fleet_scale.py --out bench/results/fleet_scale.json

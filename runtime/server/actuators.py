@@ -43,7 +43,9 @@ class Applied:
 
 
 class Actuator(Protocol):
-    """Applies decisions; ``current()`` reports (prefill, decode) replicas it targets now."""
+    """Applies decisions; ``current()`` reports (prefill, decode) replicas it targets now. An actuator that
+    drains the workers it removes also has ``draining_counts() -> (prefill, decode)``: the removed workers
+    not gone yet, whose GPUs the planner loop still counts as used (runtime.server.planner_loop)."""
 
     def apply(self, decision: ScalingDecision) -> Applied: ...
 
@@ -159,6 +161,24 @@ class KubernetesActuator:
                 log.info("scaled deployment %s/%s to %d", self.namespace, self.names[role], target)
                 changed = True
         return Applied(targets["prefill"], targets["decode"], changed)
+
+    def draining_counts(self) -> tuple[int, int]:
+        """(prefill, decode) pods of the two Deployments that are terminating (a deletion timestamp set: in
+        their preStop drain or grace period, still holding their GPUs). (0, 0) without ``core_api``; a role
+        whose pods cannot be listed counts 0 (logged)."""
+        if self.core is None:
+            return 0, 0
+        out = []
+        for role in ("prefill", "decode"):
+            try:
+                scale = self.api.read_namespaced_deployment_scale(self.names[role], self.namespace)
+                selector = getattr(scale.status, "selector", None)
+                pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items if selector else []
+            except Exception as e:  # noqa: BLE001 - an unreadable API this tick: the planner sees no drain
+                log.warning("deployment %s/%s: terminating pods unreadable: %s", self.namespace, self.names[role], e)
+                pods = []
+            out.append(sum(1 for p in pods if p.metadata.deletion_timestamp is not None))
+        return out[0], out[1]
 
     def _name_removals(self, role: Role, k: int) -> list[str]:
         """Annotate the `k` least loaded pods of `role` with the removal deletion cost; returns their names."""
@@ -365,6 +385,10 @@ class LocalActuator:
             changed |= self._grow(role, target)  # type: ignore[arg-type]
         num_p, num_d = self.current()
         return Applied(num_p, num_d, changed, sum(len(v) for v in self._draining.values()))
+
+    def draining_counts(self) -> tuple[int, int]:
+        """(prefill, decode) draining workers: out of the pools, not stopped yet (their slots still held)."""
+        return len(self._draining["prefill"]), len(self._draining["decode"])
 
     def draining(self) -> list[tuple[Role, WorkerLike]]:
         """The draining workers (out of the pools, not yet stopped), with their roles."""

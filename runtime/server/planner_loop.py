@@ -24,6 +24,11 @@ interval: residual variance / mean per ~1-s bin around the interval's trend; 1 f
 decision's replicas × TP) and ``gpu_budget``, ``leader`` (1 while this replica's planner actuates), and the
 counters ``scale_events_total{pool, direction}`` and ``actuations_total`` (decisions handed to the actuator).
 
+A worker a scale-down removed keeps its GPUs until its drain ends (runtime.server.actuators, the actuator's
+``draining_counts``): each tick runs the state machine with ``gpu_budget`` less those GPUs (never below the
+GPUs its current pools use, so a drain blocks growth but forces no scale-down), and a scale-up elsewhere cannot
+start workers on GPUs a draining worker still holds.
+
 With several runtime replicas only the leader actuates (``PlannerLoop(leader=...)``, runtime/server/leader.py):
 every replica reads the workers, ticks its own state machine and exports the decision; a follower skips the
 actuator, and its ``applied_replicas``, ``scale_events_total`` and ``actuations_total`` stay unchanged.
@@ -41,6 +46,7 @@ time it arrived (``record_arrival``'s ``ago_s``) and its prompt length, go to th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -483,7 +489,7 @@ class PlannerLoop:
             observed_prefill_time_mean_s=prefill_time_mean_s, arrival_dispersion=w.arrival_dispersion,
             prompt_arrivals=w.prompt_arrivals,
         )
-        decision = self.machine.on_tick(tick)
+        decision = self._decide(tick)
         actuate = self.leader is None or self.leader()
         self.gauges.leader.set(1 if actuate else 0)
         self.gauges.export(tick, decision)  # the decision shows even when the actuator then fails
@@ -496,6 +502,32 @@ class PlannerLoop:
         self.gauges.export_applied(applied)
         self.last_applied = applied
         return decision
+
+    def draining_gpus(self) -> int:
+        """GPUs of the workers the actuator is draining (prefill workers x ``prefill_tp`` + decode workers x
+        ``decode_tp``); 0 for an actuator without ``draining_counts`` (it stops the workers it removes at once)."""
+        counts = getattr(self.actuator, "draining_counts", None)
+        if counts is None:
+            return 0
+        p, d = counts()
+        return p * self.machine.cfg.prefill_tp + d * self.machine.cfg.decode_tp
+
+    def _decide(self, tick: TickInput) -> ScalingDecision:
+        """``machine.on_tick`` with the GPU budget less the draining workers' GPUs (see the module docstring);
+        the configured budget is back in place afterwards, whatever the tick raised."""
+        cfg = self.machine.cfg
+        held = self.draining_gpus()
+        if held <= 0:
+            return self.machine.on_tick(tick)
+        fleet = (getattr(self.machine, "prefill", 0) * cfg.prefill_tp
+                 + getattr(self.machine, "decode", 0) * cfg.decode_tp)
+        floor = cfg.min_prefill * cfg.prefill_tp + cfg.min_decode * cfg.decode_tp
+        budget = min(cfg.gpu_budget, max(cfg.gpu_budget - held, fleet, floor))
+        self.machine.cfg = dataclasses.replace(cfg, gpu_budget=budget)
+        try:
+            return self.machine.on_tick(tick)
+        finally:
+            self.machine.cfg = cfg
 
     def _run(self) -> None:
         next_s = self.clock() + self.interval_s

@@ -15,7 +15,8 @@ Kinds (`--planner`):
   removes (the least loaded one) drains first: the circuit breakers take it out of the rotation
   (`WorkerBreakers.drain`), its in-flight requests finish (a prefill worker's handoffs are read or expire with
   the requests), then it leaves the pool and is stopped (`LocalActuator.release`), or at the drain cap
-  (`PlannerSpec.drain_cap_s`) whatever it holds, its streams then migrating to another decode worker.
+  (`PlannerSpec.drain_cap_s`) whatever it holds, its streams then migrating to another decode worker. While a
+  worker drains the pool is synced every `DRAIN_POLL_S` between ticks, so it is stopped soon after it drains.
 * `kubernetes`: `KubernetesActuator` patches the `scale` subresource of the prefill/decode Deployments; the
   pool itself follows through worker discovery (runtime.deploy.discovery), not through this module.
 
@@ -30,6 +31,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 
 PLANNER_KINDS = ("off", "dry-run", "local", "kubernetes")
 PLANNER_WORKER_PREFIX = "planner-"
+# how often a draining worker is checked between ticks, seconds: its GPUs are released at most this late
+DRAIN_POLL_S = 1.0
 
 
 class ExtraWorkersActuator:
@@ -78,6 +82,10 @@ class ExtraWorkersActuator:
     def current(self) -> tuple[int, int]:
         p, d = self.inner.current()
         return self.base_prefill + p, self.base_decode + d
+
+    def draining_counts(self) -> tuple[int, int]:
+        """(prefill, decode) workers `inner` is draining (the configured ones never drain)."""
+        return self.inner.draining_counts()
 
     def close(self) -> None:
         self.inner.close()
@@ -166,13 +174,22 @@ class PlannerRuntime:
         if self.election is not None:
             self.election.start()
         while True:
-            await asyncio.sleep(self.loop.interval_s)
+            await self._sleep_syncing_drains(self.loop.interval_s)
             try:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep serving
                 log.exception("planner tick failed")
+
+    async def _sleep_syncing_drains(self, seconds: float) -> None:
+        """Sleep `seconds`; while a local worker drains, sync the pool every `DRAIN_POLL_S` meanwhile, so a
+        drained worker is stopped (and its slot and GPUs freed) within that long, not at the next tick."""
+        end_s = time.monotonic() + seconds
+        while (left_s := end_s - time.monotonic()) > 0:
+            await asyncio.sleep(min(DRAIN_POLL_S, left_s))
+            if self.local is not None and self.local.draining() and time.monotonic() < end_s:
+                await self.sync_pool()
 
     async def sync_pool(self) -> None:
         """Add the local actuator's ready workers to the pairing; drain the ones it removes (out of the

@@ -12,6 +12,8 @@ Specification:
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime.config import OverloadSpec, RouterSpec
 from runtime.planner.types import ScalingDecision
@@ -166,3 +168,126 @@ def test_the_planner_sees_draining_workers_until_they_are_stopped():
     act.release(made[1])
     gauges.export_applied(extra.apply(_decision(1, 2)))
     assert reg.get_sample_value("pdserve_planner_draining_workers") == 0
+
+
+# ------------------------------------------------------------------------------------------ the planner's budget
+class _DrainingActuator:
+    """An actuator stand-in reporting `held` = (prefill, decode) workers still draining."""
+
+    def __init__(self, held: tuple[int, int]) -> None:
+        self.held = held
+
+    def draining_counts(self) -> tuple[int, int]:
+        return self.held
+
+    def current(self) -> tuple[int, int]:
+        return 1, 1
+
+
+def _loop(held: tuple[int, int], *, budget: int, tp: tuple[int, int], fleet: tuple[int, int]):
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from runtime.planner.state_machine import PlannerStateMachine
+    from runtime.planner.types import PlannerConfig
+    from runtime.server.planner_loop import PlannerLoop, RequestWindow
+
+    cfg = PlannerConfig(mode="load", prefill_tp=tp[0], decode_tp=tp[1], min_prefill=1, max_prefill=64, min_decode=1,
+                        max_decode=64, gpu_budget=budget, cooldown_s=0.0, scale_down_delay_s=0.0,
+                        decode_scale_down_delay_s=0.0, allow_aggregated=False)
+    machine = PlannerStateMachine(cfg, None, initial_prefill=fleet[0], initial_decode=fleet[1])
+    return PlannerLoop(machine, _DrainingActuator(held), RequestWindow(), metrics_urls=lambda: {},
+                       client=httpx.Client(), registry=CollectorRegistry())
+
+
+def _overloaded(now_s: float):
+    from runtime.planner.types import PoolObservation, TickInput
+
+    busy = PoolObservation(num_ready=1, queue_per_worker=50.0, running_per_worker=8.0, kv_usage=0.99)
+    return TickInput(now_s=now_s, interval_s=30.0, num_requests=300, mean_isl_tokens=1000, mean_osl_tokens=100,
+                     prefill=busy, decode=busy)
+
+
+def test_a_scale_up_during_a_drain_leaves_the_draining_workers_gpus_free():
+    # without draining workers the overload grows the pools up to the budget ...
+    free = _loop((0, 0), budget=8, tp=(1, 2), fleet=(1, 1))
+    grown = [free._decide(_overloaded(30.0 * i)) for i in range(1, 6)]
+    assert grown[-1].num_gpus(1, 2) == 8
+    # ... with one decode worker (2 GPUs) still draining, to the budget less its GPUs, tick after tick
+    loop = _loop((0, 1), budget=8, tp=(1, 2), fleet=(1, 1))
+    for i in range(1, 6):
+        assert loop._decide(_overloaded(30.0 * i)).num_gpus(1, 2) <= 6
+    assert loop.machine.cfg.gpu_budget == 8  # the configured budget is back after each tick
+    loop.actuator.held = (0, 0)  # the drain ended: its GPUs are free again
+    assert loop._decide(_overloaded(200.0)).num_gpus(1, 2) == 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(spare=st.integers(0, 20), tp_p=st.integers(1, 4), tp_d=st.integers(1, 4), held_p=st.integers(0, 4),
+       held_d=st.integers(0, 4), fleet_p=st.integers(1, 6), fleet_d=st.integers(1, 6))
+def test_decisions_plus_draining_gpus_stay_within_the_budget(spare, tp_p, tp_d, held_p, held_d, fleet_p, fleet_d):
+    held = held_p * tp_p + held_d * tp_d
+    budget = fleet_p * tp_p + fleet_d * tp_d + held + spare  # the fleet within budget, drains included
+    loop = _loop((held_p, held_d), budget=budget, tp=(tp_p, tp_d), fleet=(fleet_p, fleet_d))
+    assert loop.draining_gpus() == held
+    for i in range(1, 4):
+        assert loop._decide(_overloaded(30.0 * i)).num_gpus(tp_p, tp_d) + held <= budget
+    loop.client.close()
+
+
+def test_the_runtime_stops_a_drained_worker_between_ticks(monkeypatch):
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
+    from runtime.server import planner_runtime
+    from runtime.server.planner_loop import RequestWindow
+
+    monkeypatch.setattr(planner_runtime, "DRAIN_POLL_S", 0.02)
+    made: list[FakeWorker] = []
+
+    def factory(role, index):
+        made.append(FakeWorker(role, 10 + index))
+        return made[-1]
+
+    async def healthy(url: str) -> bool:
+        return True
+
+    pairing = _pairing()
+    breakers = WorkerBreakers(pairing, OverloadSpec())
+    spec = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load", interval_s=3600.0))
+    rt = planner_runtime.build_planner("local", spec=spec, model_config=None, pairing=pairing, window=RequestWindow(),
+                                       registry=CollectorRegistry(), is_healthy=healthy, breakers=breakers,
+                                       max_workers=1, worker_factory=factory)
+    act = rt.loop.actuator
+
+    async def scenario() -> None:
+        act.apply(_decision(0, 3))
+        act.apply(_decision(0, 3))  # seen ready
+        await rt.sync_pool()
+        url = made[0].base_url
+        assert pairing.load_of(url) is not None
+        routes = {rid: pairing.choose(_req(rid)).decode_url for rid in ("r1", "r2", "r3")}  # round robin
+        busy = [rid for rid, u in routes.items() if u == url]
+        assert busy
+        act.apply(_decision(0, 2))  # the extra worker drains
+        await rt.sync_pool()
+        assert breakers.draining(url) and made[0].running
+        runner = asyncio.create_task(rt.run())  # its next tick is an hour away
+        await asyncio.sleep(0.1)
+        assert made[0].running  # still holds a request
+        for rid in busy:
+            pairing.on_complete(rid, 0.0, True)
+        for _ in range(100):
+            if made[0].stopped:
+                break
+            await asyncio.sleep(0.02)
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        assert made[0].stopped and act.draining_counts() == (0, 0) and rt.loop.draining_gpus() == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        rt.close()

@@ -158,3 +158,17 @@ def test_without_the_routers_view_the_newest_pods_are_named():
                              core_api=core)
     act.apply(ScalingDecision(now_s=0, prefill_replicas=1, decode_replicas=1))
     assert [c[1] for c in apps.calls if c[0] == "patch_pod"] == ["p-new", "p-mid"]
+
+
+def test_terminating_pods_count_as_draining_until_they_are_gone():
+    apps = FakeApps({"m-prefill": 1, "m-decode": 2})
+    pods = {"app=m-prefill": [_pod("p", "ip0", 1)],
+            "app=m-decode": [_pod("d1", "ip1", 1), _pod("d2", "ip2", 2), _pod("d-old", "ip3", 0, deleting=True)]}
+    core = FakeCore(pods, apps.calls)
+    act = KubernetesActuator(apps, namespace="llm", prefill_deployment="m-prefill", decode_deployment="m-decode",
+                             core_api=core)
+    assert act.draining_counts() == (0, 1)
+    pods["app=m-decode"].pop()  # its preStop drain ended, the pod is gone
+    assert act.draining_counts() == (0, 0)
+    no_core = KubernetesActuator(apps, namespace="llm", prefill_deployment="m-prefill", decode_deployment="m-decode")
+    assert no_core.draining_counts() == (0, 0)
