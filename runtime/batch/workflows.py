@@ -54,7 +54,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from runtime.image import DEFAULT_IMAGE, cpu_image, gpu_image
-from runtime.faces.options import PROMOTE_OPTIONS, TUNE_OPTIONS
+from runtime.usecases.options import PROMOTE_OPTIONS, TUNE_OPTIONS
 from runtime.staging.layout import FSX_MOUNT
 
 __all__ = [
@@ -516,7 +516,7 @@ def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     ``--trace <artifact path> --trace-uri <traffic_uri>``, or with ``trace_window_h`` ``--trace-uri <traffic_uri>
     --trace-window-h H`` (tune reads S3 itself). With ``spec.promote`` it also writes its decision (DECISION_FILE,
     and DECISION_DIR for the output parameters)."""
-    o = TUNE_OPTIONS  # the CLI's own table (runtime/faces/options.py): one spelling of each option
+    o = TUNE_OPTIONS  # the CLI's own table (runtime/usecases/options.py): one spelling of each option
     given = [(o["gpu"], spec.gpu), (o["precision"], spec.precision), (o["ttft_p90_ms"], spec.ttft_ms),
              (o["itl_p90_ms"], spec.itl_ms),
              (o["request_rate_per_s"], spec.rate),  # None: the trace's own arrival rate
@@ -573,7 +573,7 @@ def promote_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     not live yet is still promoted (a retried tune whose first attempt moved the alias sees its own version as
     the champion and keeps it). In-cluster credentials (no --kube-context); the champion's model folder is
     checked as a staged copy on the FSx mount."""
-    o = PROMOTE_OPTIONS  # the CLI's own table (runtime/faces/options.py): one spelling of each option
+    o = PROMOTE_OPTIONS  # the CLI's own table (runtime/usecases/options.py): one spelling of each option
     argv = ["pdserve", "promote", spec.registered_model, o["apply"], o["skip_if_live"], o["expect_version"],
             PROMOTE_VERSION,
             o["mlflow_tracking_uri"], spec.mlflow_uri, o["namespace"], spec.promote_namespace or spec.namespace,

@@ -43,6 +43,24 @@ def pydantic_problems(e: ValidationError, names: dict[str, str] | None = None) -
     return "; ".join(out)
 
 
+def engine_option_problems(max_model_len_tokens: int | None, engine_args: list[str] | tuple[str, ...]) -> list[str]:
+    """The problems of `--max-model-len` and `--engine-arg` (`tune`, `promote`), named after those options: a
+    TOKENS that is not positive, an item the pinned vLLM's parser refuses (runtime.engines.engine_args
+    .engine_arg_flags: the message suggests close argument names). vLLM's parser (seconds to build) is built only
+    when items are given. Empty: none."""
+    problems = []
+    if max_model_len_tokens is not None and max_model_len_tokens <= 0:
+        problems.append(f"--max-model-len: must be a positive number of tokens, got {max_model_len_tokens}")
+    if engine_args:
+        from runtime.engines.engine_args import engine_arg_flags
+
+        try:
+            engine_arg_flags(list(engine_args))
+        except ValueError as e:
+            problems.append(str(e))
+    return problems
+
+
 class TuneSettings(BaseModel):
     """The tuning parameters that can be checked without the model, the trace's contents or the network."""
 
