@@ -289,18 +289,18 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
 
 
 def tunable_not_deployable_problems() -> list[str]:
-    """Deployable = tunable: every AWS instance type the tuner prices (runtime/perf/instances.py) is an instance
+    """Deployable = tunable: every AWS instance type `tune --gpu` takes (runtime/perf/instances.py) is an instance
     type promote can place (runtime/deploy/instances.py, hence a NodePool), and every GPU it has is a default."""
     from runtime.deploy.instances import CPU_GPU_NAME, DEFAULT_INSTANCE_FOR_GPU, INSTANCES
-    from runtime.perf.instances import INSTANCES as PRICED
+    from runtime.perf.instances import INSTANCES as TUNABLE
 
     out = []
-    for i in PRICED:
+    for i in TUNABLE:
         if i.gpu == CPU_GPU_NAME:
             continue
         if i.name not in INSTANCES:
             out.append(f"instance type {i.name} is tunable (runtime/perf/instances.py) but no NodePool provisions it "
-                       f"(add it to runtime/deploy/instances.py and infra/k8s/karpenter/nodepools.yaml)")
+                       "(give it a node_pool there and add it to infra/k8s/karpenter/nodepools.yaml)")
         if i.gpu not in DEFAULT_INSTANCE_FOR_GPU:
             out.append(f"GPU {i.gpu} is tunable (runtime/perf/instances.py) but has no default instance type in "
                        f"runtime/deploy/instances.py DEFAULT_INSTANCE_FOR_GPU")

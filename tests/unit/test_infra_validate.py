@@ -91,7 +91,7 @@ def test_a_nodepool_labelling_another_gpu_is_reported(tree):
 
 def test_every_instance_type_the_tuner_prices_is_deployable():
     from runtime.deploy.instances import DEFAULT_INSTANCE_FOR_GPU, INSTANCES, deployable_problem
-    from runtime.perf.instances import INSTANCES as PRICED
+    from runtime.perf.instances import PRICED
 
     assert V.tunable_not_deployable_problems() == []
     priced = [i for i in PRICED if i.gpu != "CPU"]
