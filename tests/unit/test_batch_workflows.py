@@ -15,16 +15,10 @@ from pydantic import ValidationError
 from runtime.image import DEFAULT_IMAGE, cpu_image
 
 PDSERVE_IMAGE = cpu_image(DEFAULT_IMAGE)  # what the steps run by default
-from runtime.batch import workflows as wfm
-from runtime.batch.workflows import (
-    BatchInferenceWorkflowSpec,
-    RetuneCronWorkflowSpec,
-    batch_inference_workflow,
-    check_cron,
-    retune_cron_workflow,
-    to_yaml,
-    validate_workflow_objects,
-)
+from runtime.batch import workflow_specs as specs
+from runtime.batch.workflow_specs import BatchInferenceWorkflowSpec, RetuneCronWorkflowSpec, check_cron
+from runtime.batch.workflow_validation import validate_workflow_objects
+from runtime.batch.workflows import batch_inference_workflow, retune_cron_workflow, to_yaml
 
 ENDPOINT = "http://llm8-predictor.pdserve.svc.cluster.local/openai"
 SECRET_VALUES = ("AKIA-not-a-real-key-123", "wJalr-not-a-real-secret-456", "mlflow-pw-789")
@@ -209,7 +203,7 @@ def test_unset_constraints_are_inherited_from_the_champion_and_constants_match_t
     consts = {t.id: n.value.value for n in ast.parse(src.read_text()).body if isinstance(n, ast.Assign)
               for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
     assert (consts["FSX_PVC"], consts["S3_SECRET"], consts["MLFLOW_SECRET"]) == (
-        wfm.FSX_PVC, wfm.S3_SECRET, wfm.MLFLOW_SECRET)
+        specs.FSX_PVC, specs.S3_SECRET, specs.MLFLOW_SECRET)
 
 
 # ------------------------------------------------------------------------------------------ bad inputs

@@ -224,7 +224,7 @@ def _batch_policy_and_association(root: Path):
 def test_batch_role_reads_inputs_and_traffic_and_writes_only_the_output_prefix():
     """The pdserve-batch Pod Identity role (infra/terraform/iam.tf): the model bucket's batch input and traffic
     prefixes read-only, the batch output prefix read/write, the data key only through S3, nothing else."""
-    from runtime.batch.workflows import BatchInferenceWorkflowSpec
+    from runtime.batch.workflow_specs import BatchInferenceWorkflowSpec
 
     statements, assoc = _batch_policy_and_association(REPO)
     bucket = '${aws_s3_bucket.this["models"].arn}'
