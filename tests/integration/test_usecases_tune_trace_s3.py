@@ -30,14 +30,9 @@ TRACE = "".join(json.dumps({"timestamp": k * 500, "input_length": 1000 + 2000 * 
 
 @pytest.fixture
 def staged(tmp_path) -> Path:
-    from runtime.staging.stage import stage_model
+    from tests.usecase_requests import stage_config
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text(LLAMA_8B.read_text())
-    (src / "model.safetensors").write_bytes(b"\0" * 16)
-    dest = tmp_path / "fsx" / "models" / "llama8"
-    stage_model(str(src), dest, progress=False)
+    dest = stage_config(LLAMA_8B, tmp_path / "fsx" / "models" / "llama8", tmp_path)
     return dest
 
 

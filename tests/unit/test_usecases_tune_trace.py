@@ -48,13 +48,9 @@ def _write_trace(path: Path, pairs=PAIRS, gap_ms: float | None = 250.0) -> Path:
 @pytest.fixture
 def fsx(tmp_path) -> Path:
     """An FSx stand-in holding a staged Llama-3.1-8B config (marker + manifest) under models/m."""
-    from runtime.staging.stage import stage_model
+    from tests.usecase_requests import stage_config
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text(LLAMA_8B.read_text())
-    (src / "model.safetensors").write_bytes(b"\0" * 16)
-    stage_model(str(src), tmp_path / "fsx" / "models" / "m", progress=False)
+    stage_config(LLAMA_8B, tmp_path / "fsx" / "models" / "m", tmp_path)
     return tmp_path / "fsx"
 
 
@@ -226,15 +222,11 @@ def test_a_bursty_traces_peak_raises_the_planner_ceiling_as_the_cli_does(tmp_pat
     """The tune step, like `pdserve tune --trace`, lets the planner scale up to what the trace's busiest minute
     needs (tests/unit/test_cli_tune_trace.py checks the arithmetic): same spec from both."""
     from runtime.cli import app
-    from runtime.staging.stage import stage_model
     from tests.unit.test_cli_tune_trace import _bursty
+    from tests.usecase_requests import stage_config
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text((CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json").read_text())
-    (src / "model.safetensors").write_bytes(b"\0" * 16)
     fsx = tmp_path / "fsx"
-    stage_model(str(src), fsx / "models" / "m", progress=False)
+    stage_config(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json", fsx / "models" / "m", tmp_path)
     (fsx / "traces").mkdir()
     trace = _bursty(fsx / "traces" / "bursty.jsonl")
     out = tmp_path / "cli-spec.json"
