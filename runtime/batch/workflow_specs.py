@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from runtime.image import DEFAULT_IMAGE, cpu_image
-from runtime.traces.formats import READABLE_SUFFIXES
+from runtime.s3uri import split_s3_object_uri, split_s3_trace_uri
 
 API_VERSION = "argoproj.io/v1alpha1"
 PROMOTER_SERVICE_ACCOUNT = "pdserve-promoter"  # runtime/deploy/rbac.py PROMOTER_NAME (kserve/promoter-rbac.yaml)
@@ -53,48 +53,6 @@ def _k8s_name(value: str, info: ValidationInfo) -> str:
 
 
 K8sName = Annotated[str, AfterValidator(_k8s_name)]
-
-
-def split_traffic_uri(uri: str, what: str = "traffic_uri") -> tuple[str, str, bool]:
-    """Recorded traffic → ``(bucket, key, is_prefix)``: ``s3://bucket/key.jsonl`` / ``.csv`` (one object) or
-    ``s3://bucket/prefix/`` (every object under it; ``key`` is then returned WITHOUT the trailing '/', so a
-    zero-byte "folder" object that S3 consoles create under that name is not fetched as the trace).
-
-    Raises:
-        ValueError: (message naming ``what``) not s3://, a query string or fragment (a presigned URL; not echoed),
-            a bad bucket, no key, an object key that is neither
-            .csv nor .jsonl / .json, an empty, '.' or '..' path segment, or a '$' (``$(VAR)`` is expanded by the
-            kubelet in container args).
-    """
-    if isinstance(uri, str) and ("?" in uri or "#" in uri):  # a presigned URL's query is a credential: not echoed
-        cut = min(i for i in (uri.find("?"), uri.find("#")) if i >= 0)
-        raise ValueError(f"{what} {uri[:cut]!r}…: must not carry a query string or fragment (a presigned URL's "
-                         "signature is a credential; the step signs its own requests)")
-    if isinstance(uri, str) and "$" in uri:  # the kubelet expands $(VAR) in the tune step's args
-        raise ValueError(f"{what} {uri!r}: must not contain '$'")
-    if isinstance(uri, str) and uri.endswith("/"):
-        bucket, key = split_s3_uri(uri.rstrip("/"), what)  # the bucket and a non-empty prefix checked as a key
-        if any(seg in ("", ".", "..") for seg in key.split("/")):
-            raise ValueError(f"{what} {uri!r}: empty, '.' or '..' path segment in the prefix")
-        return bucket, key, True
-    bucket, key = split_s3_uri(uri, what)
-    if any(seg in ("", ".", "..") for seg in key.split("/")):
-        raise ValueError(f"{what} {uri!r}: empty, '.' or '..' path segment in the key")
-    if not key.lower().endswith(READABLE_SUFFIXES):
-        raise ValueError(f"{what} {uri!r}: must name a .csv (Azure) or .jsonl / .json (Mooncake) trace, or a "
-                         "prefix ending in '/' holding such files")
-    return bucket, key, False
-
-
-def split_s3_uri(uri: str, what: str = "uri") -> tuple[str, str]:
-    """``s3://bucket/key`` → (bucket, key) (``runtime.s3uri.split_s3_object_uri``).
-
-    Raises:
-        ValueError: (message naming ``what``) not s3://, a bucket S3 would refuse, no key, or a key ending in '/'.
-    """
-    from runtime.s3uri import split_s3_object_uri
-
-    return split_s3_object_uri(uri, what)
 
 
 def _http_url(value: str, what: str) -> str:
@@ -246,7 +204,7 @@ class BatchInferenceWorkflowSpec(CommonWorkflowSpec):
     @field_validator("input_uri", "output_uri")
     @classmethod
     def _s3(cls, v: str, info: ValidationInfo) -> str:
-        split_s3_uri(v, info.field_name or "uri")
+        split_s3_object_uri(v, info.field_name or "uri")
         return v
 
     @field_validator("endpoint")
@@ -387,7 +345,7 @@ class RetuneCronWorkflowSpec(CommonWorkflowSpec):
     @field_validator("traffic_uri")
     @classmethod
     def _traffic(cls, v: str) -> str:
-        split_traffic_uri(v, "traffic_uri")
+        split_s3_trace_uri(v, "traffic_uri")
         return v
 
     @field_validator("mlflow_uri")
@@ -440,7 +398,7 @@ def promote_traffic_upload_uri(spec: RetuneCronWorkflowSpec) -> Optional[str]:
     runtime writes under ``<prefix><InferenceService>/<pod>/``, runtime.deploy.target.ClusterTarget), else None."""
     if spec.promote_traffic_upload is not None:
         return None if spec.promote_traffic_upload == "none" else spec.promote_traffic_upload
-    bucket, key, is_prefix = split_traffic_uri(spec.traffic_uri)
+    bucket, key, is_prefix = split_s3_trace_uri(spec.traffic_uri, "traffic_uri")
     head, _, last = key.rpartition("/")
     if not is_prefix or last != isvc_name(spec.registered_model):
         return None

@@ -52,8 +52,8 @@ import yaml
 
 from runtime.image import gpu_image
 from runtime.batch.workflow_specs import (INSTANCE_ID_LABEL, PART_OF, WORK_DIR, BatchInferenceWorkflowSpec,
-                                          CommonWorkflowSpec, RetuneCronWorkflowSpec, promote_traffic_upload_uri,
-                                          split_traffic_uri)
+                                          CommonWorkflowSpec, RetuneCronWorkflowSpec, promote_traffic_upload_uri)
+from runtime.s3uri import split_s3_trace_uri
 from runtime.command_options import PROMOTE_OPTIONS, TUNE_OPTIONS
 from runtime.staging.layout import FSX_MOUNT
 
@@ -89,7 +89,7 @@ def batch_inference_argv(spec: BatchInferenceWorkflowSpec) -> list[str]:
 def trace_path(spec: RetuneCronWorkflowSpec) -> str:
     """Where the traffic artifact lands in the tune container: /work/traffic/<last segment of the key> (a file,
     or for a prefix a folder of its objects)."""
-    return posixpath.join(WORK_DIR, "traffic", posixpath.basename(split_traffic_uri(spec.traffic_uri)[1]))
+    return posixpath.join(WORK_DIR, "traffic", posixpath.basename(split_s3_trace_uri(spec.traffic_uri, "traffic_uri")[1]))
 
 
 def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:
@@ -182,7 +182,7 @@ def _traffic_artifact(spec: RetuneCronWorkflowSpec):  # -> hera S3Artifact
     from hera.workflows import S3Artifact
     from hera.workflows import models as m
 
-    bucket, key, _ = split_traffic_uri(spec.traffic_uri)
+    bucket, key, _ = split_s3_trace_uri(spec.traffic_uri, "traffic_uri")
     kw: dict[str, Any] = {}
     if spec.s3_endpoint_url:  # Argo wants host[:port]; http means insecure
         u = urlparse(spec.s3_endpoint_url)

@@ -173,13 +173,6 @@ class TrafficTraceError(ValueError):
     ``traffic_trace_uri: <uri>`` and never carries credentials."""
 
 
-def without_query(uri: str) -> str:
-    """``uri`` cut before its first '?' or '#', with ``?…`` marking the cut: safe to show (a presigned URL's
-    query carries X-Amz-Credential, X-Amz-Signature, X-Amz-Security-Token)."""
-    cut = min((i for i in (uri.find("?"), uri.find("#")) if i >= 0), default=-1)
-    return uri if cut < 0 else uri[:cut] + "?…"
-
-
 def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
     """Return ``uri`` when it names a trace the pipeline's tune step can read: empty (no trace), an
     ``s3://bucket/key`` object URI, or an absolute path (under ``fsx_root`` when given: the only volume the tune
@@ -189,47 +182,35 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
 
     Raises:
         ValueError: anything else (the message names ``traffic_trace_uri`` and the value): an s3:// URI with a
-            query string or fragment (the message shows the URI without them: a presigned URL's query holds
-            credentials), a bad bucket, an
-            empty object key or prefix (``split_s3_object_uri``), a relative path, a NUL, an empty, '.' or '..'
-            component, a path outside ``fsx_root``, or a file suffix the trace reader does not know.
+            query string or fragment, a bad bucket, an empty object key or prefix, an empty, '.' or '..' segment
+            (runtime.s3uri.split_s3_trace_uri); a path that is relative, holds a NUL, a '$' or a '..' component or
+            lies outside ``fsx_root``; or a file suffix the trace reader does not know.
     """
     import posixpath
     from pathlib import PurePosixPath
 
-    from runtime.s3uri import split_s3_object_uri
+    from runtime.s3uri import split_s3_trace_uri
 
     if uri == "":
         return uri
     if not isinstance(uri, str):
         raise ValueError(f"traffic_trace_uri {uri!r}: must be a string (s3://bucket/key or an absolute path)")
-    if uri.startswith("s3://") and ("?" in uri or "#" in uri):  # a presigned URL's query holds credentials
-        raise ValueError(f"traffic_trace_uri {without_query(uri)!r}: must not carry a query string or fragment "
-                         "('?…' / '#…', e.g. a presigned URL's X-Amz-Signature): name the object or prefix as "
-                         "s3://bucket/key; credentials come from the environment")
+    if uri.startswith("s3://"):
+        split_s3_trace_uri(uri, "traffic_trace_uri")
+        return uri
     if "$" in uri:  # the kubelet expands $(VAR) in container args, and the tune pod's env holds secrets
         raise ValueError(f"traffic_trace_uri {uri!r}: must not contain '$'")
-    folder = uri.endswith("/")
-    if uri.startswith("s3://"):
-        try:
-            _, name = split_s3_object_uri(uri.rstrip("/") if folder else uri, "traffic_trace_uri")
-        except ValueError as e:  # named with the URI as given, trailing '/' included
-            raise ValueError(str(e).replace(repr(uri.rstrip("/")), repr(uri), 1)) from None
-        if any(seg in ("", ".", "..") for seg in name.split("/")):
-            raise ValueError(f"traffic_trace_uri {uri!r}: empty, '.' or '..' component in the key")
-    else:
-        if "\0" in uri or not uri.startswith("/"):
-            raise ValueError(f"traffic_trace_uri {uri!r}: must be an s3://bucket/key object URI or an absolute path "
-                             f"under fsx_root{f' ({fsx_root})' if fsx_root else ''}")
-        if ".." in uri.split("/"):
-            raise ValueError(f"traffic_trace_uri {uri!r}: must not contain a '..' component")
-        if fsx_root:
-            root = PurePosixPath(posixpath.abspath(fsx_root))  # a relative root (kfp.local): from the cwd
-            if not PurePosixPath(posixpath.normpath(uri)).is_relative_to(root):
-                raise ValueError(f"traffic_trace_uri {uri!r}: a path must be under fsx_root {fsx_root!r} (the "
-                                 "FSx mount, the only volume the tune step reads)")
-        name = uri
-    if not folder and not name.lower().endswith(READABLE_SUFFIXES):
+    if "\0" in uri or not uri.startswith("/"):
+        raise ValueError(f"traffic_trace_uri {uri!r}: must be an s3://bucket/key object URI or an absolute path "
+                         f"under fsx_root{f' ({fsx_root})' if fsx_root else ''}")
+    if ".." in uri.split("/"):
+        raise ValueError(f"traffic_trace_uri {uri!r}: must not contain a '..' component")
+    if fsx_root:
+        root = PurePosixPath(posixpath.abspath(fsx_root))  # a relative root (kfp.local): from the cwd
+        if not PurePosixPath(posixpath.normpath(uri)).is_relative_to(root):
+            raise ValueError(f"traffic_trace_uri {uri!r}: a path must be under fsx_root {fsx_root!r} (the "
+                             "FSx mount, the only volume the tune step reads)")
+    if not uri.endswith("/") and not uri.lower().endswith(READABLE_SUFFIXES):
         raise ValueError(f"traffic_trace_uri {uri!r}: must name a .jsonl / .json (Mooncake, pdserve --traffic-log) "
                          "or .csv (Azure) trace, or a folder of them ending in '/'; the reader picks the format by "
                          "the suffix")
@@ -288,11 +269,10 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
             raise fail(f"{uri}: cannot read: {e.strerror or e}") from None
         except ValueError as e:  # TraceFormatError
             raise fail(str(e)) from None
-    from runtime.s3uri import split_s3_object_uri
+    from runtime.s3uri import split_s3_trace_uri
     from runtime.staging.s3 import make_client
 
-    folder = uri.endswith("/")
-    bucket, key = split_s3_object_uri(uri.rstrip("/") if folder else uri, "traffic_trace_uri")
+    bucket, key, folder = split_s3_trace_uri(uri, "traffic_trace_uri")
     failure, columns, skipped, not_read = None, [], (), 0
     try:
         client = s3_client if s3_client is not None else make_client(s3_endpoint_url or None,

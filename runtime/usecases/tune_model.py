@@ -231,7 +231,8 @@ def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_m
     trace's workload told to ``report``. Returns (slo, workload, precision (None: auto), the trace's
     TraceWorkload or None, window_s, min_improvement_pct)."""
     from runtime.redact import redact_userinfo
-    from runtime.tracking.traces import fetch_trace_workload, load_trace_workload, without_query
+    from runtime.s3uri import without_query
+    from runtime.tracking.traces import fetch_trace_workload, load_trace_workload
 
     trace, trace_uri, rate, isl, osl = req.trace_path, req.traffic_trace_uri, req.request_rate_per_s, \
         req.isl_tokens, req.osl_tokens
