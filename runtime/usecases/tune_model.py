@@ -26,13 +26,12 @@ from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, SloSpec, Workl
 from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 from runtime.tuner.search import TuneResult
 from runtime.command_options import TUNE_OPTIONS
-from runtime.usecases.tune import Registration, engine_option_problems, pydantic_problems
+from runtime.usecases.tune import Registration, engine_option_problems, pydantic_problems, trace_facts
 
 TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT = 3000, 150  # `pdserve tune --isl/--osl` defaults, tokens
 TUNE_RATE_DEFAULT = 10.0  # `pdserve tune --rate` default without a trace, requests/s
 TUNE_GPU_DEFAULT = "H100-SXM"  # `pdserve tune --gpu` default without --like
 TUNE_TTFT_MS_DEFAULT, TUNE_ITL_MS_DEFAULT = 2000.0, 50.0  # `pdserve tune --ttft-ms/--itl-ms` defaults without --like
-TRACE_FEW_REQUESTS = 100  # a trace of fewer requests than this is noted as too few to size for
 # the DeploymentSpec fields `like` inherits (runtime/tracking/mlflow_runs.py INHERITED_FIELDS) -> option
 LIKE_OPTIONS = {"gpu": TUNE_OPTIONS["gpu"], "precision": TUNE_OPTIONS["precision"],
                 "slo.ttft_p90_ms": TUNE_OPTIONS["ttft_p90_ms"], "slo.itl_p90_ms": TUNE_OPTIONS["itl_p90_ms"],
@@ -120,14 +119,6 @@ class ModelTuneOutcome:
     workload: WorkloadSpec
     precision: str
     registration: Registration | None
-
-
-def duration_text(seconds: float) -> str:
-    """``95`` → ``1.6 min``: a trace's span for people (s, min, h or days)."""
-    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
-        if seconds >= 2 * size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds:.3g} s"
 
 
 def tune_model(req: ModelTuneRequest, report: TuneReport) -> ModelTuneOutcome:
@@ -332,17 +323,9 @@ def _report_trace(report: TuneReport, traced, trace: Path | None, trace_uri: str
         report.line(f"warning: {skipped_note(traced.skipped, str(source))}")
     n_files = len(trace_files(trace)) if trace is not None and trace.is_dir() else 1
     files = "" if trace is None or not trace.is_dir() else f" ({n_files} file{'' if n_files == 1 else 's'})"
-    span = "" if traced.span_s is None else f" over {duration_text(traced.span_s)}"
-    window = "" if window_h is None else (
-        f" in the last {window_h:g} h ({traced.requests_outside_window} older request(s) read and left "
-        f"out" + (f", {traced.objects_not_read} older object(s) not downloaded" if traced.objects_not_read
-                  else "") + ")")
-    report.line(f"workload: {source}{files}: {traced.requests} requests{span}{window} "
-                f"({len(traced.sample.isl_tokens)} sampled), mean ISL {workload.isl_tokens}, mean OSL "
-                f"{workload.osl_tokens} tokens, at {workload.request_rate_per_s:.4g} requests/s")
-    if traced.requests < TRACE_FEW_REQUESTS:
-        report.line(f"note: only {traced.requests} request(s) in {source}: lengths and rate from so few are "
-                    "noise; record more traffic or give --isl/--osl/--rate without --trace")
+    for line in trace_facts(traced, str(source), workload, window_h, files=files,
+                            instead="give --isl/--osl/--rate without --trace"):
+        report.line(line)
 
 
 def _search(req: ModelTuneRequest, report: TuneReport, config: Path, cfg: Path, unresolved, gpu: str,
