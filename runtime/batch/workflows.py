@@ -2,7 +2,7 @@
 runtime/batch/workflow_specs.py, validated offline (runtime/batch/workflow_validation.py), never applied here.
 
 * ``batch_inference_workflow`` builds an ``argoproj.io/v1alpha1`` **Workflow** (``generateName: <name>-``) with one
-  container step, ``python -m runtime.batch run --input s3://… --output s3://… --endpoint URL …``: an HTTP client
+  container step, ``pdserve batch run --input s3://… --output s3://… --endpoint URL …``: an HTTP client
   that sends an OpenAI Batch file to the pdserve InferenceService already serving online traffic (no GPU of its
   own; ``--concurrency`` bounds its share of the endpoint, ``priority_class_name`` lets its pod yield to the
   endpoint's). A failed pod is retried (``retryStrategy`` limit 2, ``OnError``); the runner resumes from the
@@ -79,7 +79,7 @@ def _object_labels(workload: str, spec: CommonWorkflowSpec) -> dict[str, str]:
 
 def batch_inference_argv(spec: BatchInferenceWorkflowSpec) -> list[str]:
     """The step's command line (command + args)."""
-    argv = ["python", "-m", "runtime.batch", "run", "--input", spec.input_uri, "--output", spec.output_uri,
+    argv = ["pdserve", "batch", "run", "--input", spec.input_uri, "--output", spec.output_uri,
             "--endpoint", spec.endpoint, "--concurrency", str(spec.concurrency)]
     if spec.model is not None:
         argv += ["--model", spec.model]
@@ -89,7 +89,8 @@ def batch_inference_argv(spec: BatchInferenceWorkflowSpec) -> list[str]:
 def trace_path(spec: RetuneCronWorkflowSpec) -> str:
     """Where the traffic artifact lands in the tune container: /work/traffic/<last segment of the key> (a file,
     or for a prefix a folder of its objects)."""
-    return posixpath.join(WORK_DIR, "traffic", posixpath.basename(split_s3_trace_uri(spec.traffic_uri, "traffic_uri")[1]))
+    key = split_s3_trace_uri(spec.traffic_uri, "traffic_uri")[1]
+    return posixpath.join(WORK_DIR, "traffic", posixpath.basename(key))
 
 
 def retune_argv(spec: RetuneCronWorkflowSpec) -> list[str]:

@@ -73,7 +73,7 @@ def test_batch_workflow_validates_and_runs_exactly_the_runner():
     assert wf["metadata"]["labels"] == {"app.kubernetes.io/part-of": "pdserve",
                                         "pdserve.io/workload": "batch-inference",
                                         "workflows.argoproj.io/controller-instanceid": "pdserve"}
-    assert argv(wf) == ["python", "-m", "runtime.batch", "run",
+    assert argv(wf) == ["pdserve", "batch", "run",
                         "--input", "s3://pdserve-batch/in/requests.jsonl",
                         "--output", "s3://pdserve-batch/out/results.jsonl",
                         "--endpoint", ENDPOINT, "--concurrency", "16", "--model", "llama8", "--max-retries", "5",
@@ -337,16 +337,15 @@ def test_the_steps_command_lines_parse_with_the_real_clis(tmp_path, monkeypatch)
     here): a usage error (exit 2 with 'No such option' / 'Missing option') would mean a broken contract."""
     from typer.testing import CliRunner
 
-    from runtime.batch.__main__ import app as batch_app
     from runtime.cli import app as pdserve_app
 
     monkeypatch.setenv("PDSERVE_HOME", str(tmp_path))
     local = tmp_path / "requests.jsonl"
     local.write_text("{not json\n")  # the runner parses it, finds it malformed, sends nothing
-    args = argv(batch_inference_workflow(batch_spec()))[3:]
+    args = argv(batch_inference_workflow(batch_spec()))[1:]
     args[args.index("--input") + 1] = str(local)
     args[args.index("--output") + 1] = str(tmp_path / "out.jsonl")
-    res = CliRunner().invoke(batch_app, args)
+    res = CliRunner().invoke(pdserve_app, args)
     assert res.exit_code == 2 and "line 1: not JSON" in " ".join(res.output.split()), res.output
 
     tune_args = argv(retune_cron_workflow(retune_spec(gpu="H200-SXM", ttft_ms=1500, itl_ms=30, rate=2,

@@ -42,5 +42,5 @@ def test_a_core_module_doing_io_or_an_adapter_importing_a_face_or_use_case_break
     assert res.returncode == 1
     assert "runtime.planner is not allowed to import time" in res.stdout
     assert "runtime.config is not allowed to import runtime.usecases" in res.stdout
-    assert "runtime.batch.workflows is not allowed to import runtime.faces" in res.stdout
+    assert "runtime.batch is not allowed to import runtime.faces" in res.stdout
     assert "runtime.tracking is not allowed to import runtime.usecases" in res.stdout

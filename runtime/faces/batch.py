@@ -1,5 +1,5 @@
-"""``python -m runtime.batch`` (also ``pdserve batch``): batch inference against the pdserve endpoint, and the
-Argo workflows that run it (and scheduled re-tuning) on the cluster."""
+"""`pdserve batch`: batch inference against the pdserve endpoint, and the Argo workflows that run it (and
+scheduled re-tuning) on the cluster. The work itself is runtime/batch's (runner, workflow specs and builders)."""
 
 from __future__ import annotations
 
@@ -296,10 +296,3 @@ def retune_cmd(
         service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
         s3_secret=_secret(s3_secret, None), s3_endpoint_url=s3_endpoint_url), out)
 
-
-def main() -> None:  # pragma: no cover - console entry
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
