@@ -289,18 +289,18 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
 
 
 def tunable_not_deployable_problems() -> list[str]:
-    """Deployable = tunable: every AWS instance type the tuner prices (runtime/perf/instances.py) is an instance
+    """Deployable = tunable: every AWS instance type `tune --gpu` takes (runtime/perf/instances.py) is an instance
     type promote can place (runtime/deploy/instances.py, hence a NodePool), and every GPU it has is a default."""
     from runtime.deploy.instances import CPU_GPU_NAME, DEFAULT_INSTANCE_FOR_GPU, INSTANCES
-    from runtime.perf.instances import INSTANCES as PRICED
+    from runtime.perf.instances import INSTANCES as TUNABLE
 
     out = []
-    for i in PRICED:
+    for i in TUNABLE:
         if i.gpu == CPU_GPU_NAME:
             continue
         if i.name not in INSTANCES:
             out.append(f"instance type {i.name} is tunable (runtime/perf/instances.py) but no NodePool provisions it "
-                       f"(add it to runtime/deploy/instances.py and infra/k8s/karpenter/nodepools.yaml)")
+                       "(give it a node_pool there and add it to infra/k8s/karpenter/nodepools.yaml)")
         if i.gpu not in DEFAULT_INSTANCE_FOR_GPU:
             out.append(f"GPU {i.gpu} is tunable (runtime/perf/instances.py) but has no default instance type in "
                        f"runtime/deploy/instances.py DEFAULT_INSTANCE_FOR_GPU")
@@ -447,7 +447,7 @@ def _associations(parsed: dict[str, dict]) -> tuple[dict[tuple[str, str], tuple[
 
 def batch_workflow_identity() -> tuple[str, str]:
     """(namespace, service account) the pods of `pdserve batch workflow` / `retune-schedule` run as by default."""
-    from runtime.batch.workflows import BatchInferenceWorkflowSpec
+    from runtime.batch.workflow_specs import BatchInferenceWorkflowSpec
 
     fields = BatchInferenceWorkflowSpec.model_fields
     return fields["namespace"].default, fields["service_account"].default
@@ -479,8 +479,8 @@ def pod_identity_problems(parsed: dict[str, dict], infra_objs: list[dict],
 def rendered_batch_workflows() -> list[dict]:
     """The Workflow (`pdserve batch workflow`) and CronWorkflow (`pdserve batch retune-schedule`) rendered with
     every default (namespace, service account, controller instance id)."""
-    from runtime.batch.workflows import (BatchInferenceWorkflowSpec, RetuneCronWorkflowSpec, batch_inference_workflow,
-                                         retune_cron_workflow)
+    from runtime.batch.workflow_specs import BatchInferenceWorkflowSpec, RetuneCronWorkflowSpec
+    from runtime.batch.workflows import batch_inference_workflow, retune_cron_workflow
 
     return [
         batch_inference_workflow(BatchInferenceWorkflowSpec(
@@ -1211,7 +1211,7 @@ def cluster_model(root: Path, parsed: dict[str, dict], image: str, *, pipeline: 
     compiled documents) in every `pipeline_runners` namespace, and of the batch workflows rendered with
     `image`'s CPU build (`workflows`: already rendered); the API calls of promote (pipeline runners and the
     re-tune's promote step), of the runtime and of the Argo executor."""
-    from runtime.batch.workflows import RetuneCronWorkflowSpec
+    from runtime.batch.workflow_specs import RetuneCronWorkflowSpec
     from runtime.image import cpu_image
 
     infra: list[dict] = []
@@ -1528,8 +1528,8 @@ def product_flows(m: ClusterModel, parsed: dict[str, dict]) -> list[Flow]:
 
 
 def _retune_namespace() -> str:
-    """Where the re-tune's promote step runs (runtime/batch/workflows.py RetuneCronWorkflowSpec.namespace)."""
-    from runtime.batch.workflows import RetuneCronWorkflowSpec
+    """Where the re-tune's promote step runs (runtime/batch/workflow_specs.py RetuneCronWorkflowSpec.namespace)."""
+    from runtime.batch.workflow_specs import RetuneCronWorkflowSpec
 
     return RetuneCronWorkflowSpec.model_fields["namespace"].default
 

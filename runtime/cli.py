@@ -102,7 +102,7 @@ app.command()(_misc.show_summary)
 
 
 def _add_batch() -> None:
-    from runtime.batch.__main__ import app as batch_app  # typer + rich only: cheap at start-up
+    from runtime.faces.batch import app as batch_app  # typer + rich only: cheap at start-up
 
     app.add_typer(batch_app, name="batch")
 

@@ -30,6 +30,45 @@ def split_s3_object_uri(uri: str, what: str = "uri") -> tuple[str, str]:
     return bucket, key
 
 
+def without_query(uri: str) -> str:
+    """``uri`` cut before its first '?' or '#', with ``?…`` marking the cut: safe to show (a presigned URL's
+    query carries X-Amz-Credential, X-Amz-Signature, X-Amz-Security-Token)."""
+    cut = min((i for i in (uri.find("?"), uri.find("#")) if i >= 0), default=-1)
+    return uri if cut < 0 else uri[:cut] + "?…"
+
+
+def split_s3_trace_uri(uri: str, what: str = "traffic_trace_uri") -> tuple[str, str, bool]:
+    """A recorded-traffic URI → ``(bucket, key, is_prefix)``: ``s3://bucket/key.jsonl`` / ``.json`` / ``.csv`` (one
+    object; runtime.traces.formats.READABLE_SUFFIXES) or ``s3://bucket/prefix/`` (every object under it; ``key``
+    is then returned WITHOUT the trailing '/', so a zero-byte "folder" object that S3 consoles create under that
+    name is not taken for the trace). Reads nothing.
+
+    Raises:
+        ValueError: (message naming ``what`` and the URI as given) a query string or fragment (a presigned URL;
+            the message shows the URI without it), a '$' (the kubelet expands ``$(VAR)`` in container args, and
+            the step's env holds secrets), not s3://, a bad bucket, no key, an empty, '.' or '..' path segment,
+            or an object whose suffix the trace reader does not know.
+    """
+    from runtime.traces.formats import READABLE_SUFFIXES
+
+    if isinstance(uri, str) and ("?" in uri or "#" in uri):
+        raise ValueError(f"{what} {without_query(uri)!r}: must not carry a query string or fragment ('?…' / '#…', "
+                         "e.g. a presigned URL's X-Amz-Signature): name the object or prefix as s3://bucket/key; "
+                         "credentials come from the environment")
+    if isinstance(uri, str) and "$" in uri:
+        raise ValueError(f"{what} {uri!r}: must not contain '$'")
+    folder = isinstance(uri, str) and uri.endswith("/")
+    try:
+        bucket, key = split_s3_object_uri(uri.rstrip("/") if folder else uri, what)
+    except ValueError as e:  # named with the URI as given, trailing '/' included
+        raise ValueError(str(e).replace(repr(uri.rstrip("/")), repr(uri), 1) if folder else str(e)) from None
+    if any(seg in ("", ".", "..") for seg in key.split("/")):
+        raise ValueError(f"{what} {uri!r}: empty, '.' or '..' path segment in the {'prefix' if folder else 'key'}")
+    if not folder and not key.lower().endswith(READABLE_SUFFIXES):
+        raise ValueError(f"{what} {uri!r}: must name a .jsonl / .json (Mooncake, pdserve --traffic-log) or .csv "
+                         "(Azure) trace, or a folder of them ending in '/'; the reader picks the format by the suffix")
+    return bucket, key, folder
+
 
 def check_upload_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/prefix/`` or ``s3://bucket/`` → (bucket, prefix ending in '/' or "").

@@ -1,8 +1,26 @@
-"""Shared builders of use-case requests for tests: the pipeline's positional parameter order, one place."""
+"""Shared builders for use-case tests: requests in the pipeline's positional parameter order, and staged models."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from runtime.usecases.tune import TuneRequest
+
+
+def stage_config(config: Path | dict, dest: Path, work: Path) -> Path:
+    """``dest`` made a verified staged model (marker + manifest; runtime.staging.stage.stage_model) of a folder
+    under ``work`` holding ``config`` (a config.json path, or its content as a dict) and a 16-byte stand-in for
+    the weights; returns ``dest``. The tuner only reads config.json, so no real weights are needed."""
+    from runtime.staging.stage import stage_model
+
+    src = work / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(config) if isinstance(config, dict) else Path(config).read_text()
+    (src / "config.json").write_text(text)
+    (src / "model.safetensors").write_bytes(b"\0" * 16)
+    stage_model(str(src), dest, progress=False)
+    return dest
 
 
 def tune_request(model_path, model_name: str, gpu: str, precision: str, ttft_p90_ms: float, itl_p90_ms: float,

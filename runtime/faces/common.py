@@ -46,19 +46,11 @@ def option_errors(exc, options: dict[str, str]) -> str:
 
 
 def check_engine_options(max_model_len: int | None, engine_args: list[str]) -> None:
-    """`--max-model-len` and `--engine-arg` of `tune` / `promote`: one error line (exit 2) for a TOKENS that is
-    not positive or an item the pinned vLLM's parser refuses (runtime.engines.engine_args.engine_arg_flags: the
-    message suggests close argument names). vLLM's parser (seconds to build) is built only when items are given."""
-    problems = []
-    if max_model_len is not None and max_model_len <= 0:
-        problems.append(f"--max-model-len: must be a positive number of tokens, got {max_model_len}")
-    if engine_args:
-        from runtime.engines.engine_args import engine_arg_flags
+    """`--max-model-len` and `--engine-arg` of `tune` / `promote`: one error line (exit 2) naming every problem
+    (runtime.usecases.tune.engine_option_problems)."""
+    from runtime.usecases.tune import engine_option_problems
 
-        try:
-            engine_arg_flags(engine_args)
-        except ValueError as e:
-            problems.append(str(e))
+    problems = engine_option_problems(max_model_len, engine_args)
     if problems:
         usage("; ".join(problems))
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail, option_errors, usage
-from runtime.faces.tune import SLO_OPTIONS  # demo takes the SLO as tune does
+from runtime.usecases.tune_model import SLO_OPTIONS  # demo takes the SLO as tune does
 
 
 def demo(

@@ -1,4 +1,10 @@
-"""AWS EC2 GPU instance types with on-demand prices — dated data with its source.
+"""AWS EC2 GPU instance types — dated data with its source; the one home of ``InstanceType``.
+
+Sizes: GPUs per instance, vCPUs, memory (GiB) and the number of EFA network interfaces (0 = EFA not supported)
+from the AWS documentation page "Amazon EC2 instance types — accelerated computing"
+(docs.aws.amazon.com/ec2/latest/instancetypes/ac.html). ``node_pool`` names the Karpenter NodePool in
+infra/k8s/karpenter/ that provisions the type (a test checks that they agree; runtime/deploy/instances.py places
+workers with it).
 
 Prices: US East (N. Virginia), Linux, on-demand, USD per instance-hour, from the AWS EC2 On-Demand pricing
 page as of ``PRICE_DATE`` (P4d/P4de/P5/P5en after AWS's June 2025 price reduction of up to 45% on P5 and 33% on
@@ -29,19 +35,36 @@ NETWORK_DATE = "2025-06-05"
 
 @dataclass(frozen=True)
 class InstanceType:
-    """One EC2 instance type: ``num_gpus`` of ``gpu`` (a runtime.perf.gpus name) at ``usd_per_hour``."""
+    """One EC2 instance type: the one home of its facts, for the tuner (price, network) and for placing workers on
+    Karpenter NodePools (runtime/deploy/instances.py: vCPUs, memory, EFA interfaces, NodePool).
+
+    Attributes:
+        name: EC2 instance type, e.g. "p5.48xlarge".
+        gpu: GPU catalog name (runtime.perf.gpus; ``DeploymentSpec.gpu``), e.g. "H100-SXM".
+        num_gpus: GPUs per instance.
+        usd_per_hour: on-demand USD per instance-hour (``PRICE_SOURCE``); None: not priced here (the tuner
+            prices a GPU by its smallest priced type, :func:`instance_for`).
+        num_vcpus: vCPUs per instance; memory_gib: instance memory, GiB.
+        num_efa_interfaces: EFA interfaces (0 = no EFA).
+        node_pool: Karpenter NodePool that provisions it (infra/k8s/karpenter/nodepools.yaml); "" none.
+        network_gbps: bandwidth between instances (EFA), Gbit/s; 0: no multi-node serving over it.
+    """
 
     name: str
     gpu: str
     num_gpus: int
-    usd_per_hour: float
+    usd_per_hour: float | None
+    num_vcpus: int = 0
+    memory_gib: int = 0
+    num_efa_interfaces: int = 0
+    node_pool: str = ""
+    network_gbps: float = 0.0
     price_date: str = PRICE_DATE
     source: str = PRICE_SOURCE
-    network_gbps: float = 0.0  # between instances (EFA), Gbit/s; 0: no multi-node serving over it
 
     @property
-    def usd_per_gpu_hour(self) -> float:
-        return self.usd_per_hour / self.num_gpus
+    def usd_per_gpu_hour(self) -> float | None:
+        return None if self.usd_per_hour is None else self.usd_per_hour / self.num_gpus
 
     @property
     def network_bw_per_gpu_bytes_per_s(self) -> float:
@@ -49,25 +72,63 @@ class InstanceType:
         p5.48xlarge 3200 Gbps = 50 GB/s per GPU); 0 without EFA."""
         return self.network_gbps * 1e9 / 8 / self.num_gpus
 
+    @property
+    def efa_capable(self) -> bool:
+        return self.num_efa_interfaces > 0
 
+    def efa_for_every_worker(self, num_gpus: int) -> bool:
+        """Whether every worker of `num_gpus` GPUs that fits on the instance gets its own EFA interface: a node
+        holds num_gpus_per_instance / num_gpus such workers, each requesting `efa_interfaces_for` (>= 1), so
+        with fewer interfaces than that the extra workers could not be scheduled beside the first (their GPUs
+        idle, or another node launched)."""
+        return self.efa_capable and self.num_efa_interfaces * num_gpus >= self.num_gpus
+
+    def efa_interfaces_for(self, num_gpus: int) -> int:
+        """EFA interfaces to request for a pod using `num_gpus` GPUs (proportional share, >= 1)."""
+        if not self.efa_capable:
+            return 0
+        return max(1, self.num_efa_interfaces * num_gpus // self.num_gpus)
+
+
+def _t(name: str, gpu: str, gpus: int, usd: float | None, vcpus: int, mem: int, efa: int, pool: str,
+       gbps: float = 0.0) -> InstanceType:
+    return InstanceType(name, gpu, gpus, usd, vcpus, mem, efa, pool, gbps)
+
+
+# name, GPU, GPUs, USD/h (None: not priced), vCPUs, memory GiB, EFA interfaces, NodePool, network Gbit/s
 INSTANCES: tuple[InstanceType, ...] = (
-    InstanceType("p5.48xlarge", "H100-SXM", 8, 55.04, network_gbps=3200),
-    InstanceType("p5e.48xlarge", "H200-SXM", 8, 63.296, network_gbps=3200),
-    InstanceType("p5en.48xlarge", "H200-SXM", 8, 63.296, network_gbps=3200),
-    InstanceType("p4d.24xlarge", "A100-SXM-40GB", 8, 21.96, network_gbps=400),
-    InstanceType("p4de.24xlarge", "A100-SXM-80GB", 8, 27.447, network_gbps=400),
-    InstanceType("p6-b200.48xlarge", "B200-SXM", 8, 113.9328, network_gbps=3200),
-    InstanceType("g6e.xlarge", "L40S", 1, 1.861),
-    InstanceType("g6e.12xlarge", "L40S", 4, 10.4926, network_gbps=100),
-    InstanceType("g6e.48xlarge", "L40S", 8, 30.1312, network_gbps=400),
-    InstanceType("g6.xlarge", "L4", 1, 0.8048),
-    InstanceType("g6.12xlarge", "L4", 4, 4.6016),
-    InstanceType("g6.48xlarge", "L4", 8, 13.3504, network_gbps=100),
-    InstanceType("g5.xlarge", "A10G", 1, 1.006),
-    InstanceType("g5.12xlarge", "A10G", 4, 5.672),
-    InstanceType("g5.48xlarge", "A10G", 8, 16.288, network_gbps=100),
+    _t("p5.48xlarge", "H100-SXM", 8, 55.04, 192, 2048, 32, "gpu-p5", 3200),
+    _t("p5e.48xlarge", "H200-SXM", 8, 63.296, 192, 2048, 32, "gpu-p5e", 3200),
+    _t("p5en.48xlarge", "H200-SXM", 8, 63.296, 192, 2048, 16, "gpu-p5e", 3200),
+    _t("p4d.24xlarge", "A100-SXM-40GB", 8, 21.96, 96, 1152, 4, "gpu-p4d", 400),
+    _t("p4de.24xlarge", "A100-SXM-80GB", 8, 27.447, 96, 1152, 4, "gpu-p4de", 400),
+    _t("p6-b200.48xlarge", "B200-SXM", 8, 113.9328, 192, 2048, 8, "gpu-p6-b200", 3200),
+    _t("g6e.xlarge", "L40S", 1, 1.861, 4, 32, 0, "gpu-g6e"),
+    _t("g6e.2xlarge", "L40S", 1, None, 8, 64, 0, "gpu-g6e"),
+    _t("g6e.4xlarge", "L40S", 1, None, 16, 128, 0, "gpu-g6e"),
+    _t("g6e.8xlarge", "L40S", 1, None, 32, 256, 1, "gpu-g6e"),
+    _t("g6e.12xlarge", "L40S", 4, 10.4926, 48, 384, 1, "gpu-g6e", 100),
+    _t("g6e.24xlarge", "L40S", 4, None, 96, 768, 2, "gpu-g6e"),
+    _t("g6e.48xlarge", "L40S", 8, 30.1312, 192, 1536, 4, "gpu-g6e", 400),
+    _t("g6.xlarge", "L4", 1, 0.8048, 4, 16, 0, "gpu-g6"),
+    _t("g6.2xlarge", "L4", 1, None, 8, 32, 0, "gpu-g6"),
+    _t("g6.4xlarge", "L4", 1, None, 16, 64, 0, "gpu-g6"),
+    _t("g6.8xlarge", "L4", 1, None, 32, 128, 1, "gpu-g6"),
+    _t("g6.12xlarge", "L4", 4, 4.6016, 48, 192, 1, "gpu-g6"),
+    _t("g6.16xlarge", "L4", 1, None, 64, 256, 1, "gpu-g6"),
+    _t("g6.24xlarge", "L4", 4, None, 96, 384, 1, "gpu-g6"),
+    _t("g6.48xlarge", "L4", 8, 13.3504, 192, 768, 1, "gpu-g6", 100),
+    _t("g5.xlarge", "A10G", 1, 1.006, 4, 16, 0, "gpu-g5"),
+    _t("g5.2xlarge", "A10G", 1, None, 8, 32, 0, "gpu-g5"),
+    _t("g5.4xlarge", "A10G", 1, None, 16, 64, 0, "gpu-g5"),
+    _t("g5.8xlarge", "A10G", 1, None, 32, 128, 1, "gpu-g5"),
+    _t("g5.12xlarge", "A10G", 4, 5.672, 48, 192, 1, "gpu-g5"),
+    _t("g5.16xlarge", "A10G", 1, None, 64, 256, 1, "gpu-g5"),
+    _t("g5.24xlarge", "A10G", 4, None, 96, 384, 1, "gpu-g5"),
+    _t("g5.48xlarge", "A10G", 8, 16.288, 192, 768, 1, "gpu-g5", 100),
     InstanceType("local-cpu", "CPU", 1, 0.0, price_date="", source="this development machine"),
 )
+PRICED: tuple[InstanceType, ...] = tuple(i for i in INSTANCES if i.usd_per_hour is not None)
 
 
 def get_instance(name: str) -> InstanceType:
@@ -83,8 +144,8 @@ def get_instance(name: str) -> InstanceType:
 
 
 def instance_for(gpu: str, num_gpus: int) -> InstanceType | None:
-    """The instance type of ``gpu`` with the fewest GPUs >= ``num_gpus`` (a TP worker's node), else None."""
-    fits = [i for i in INSTANCES if i.gpu == gpu and i.num_gpus >= num_gpus]
+    """The priced instance type of ``gpu`` with the fewest GPUs >= ``num_gpus`` (a TP worker's node), else None."""
+    fits = [i for i in PRICED if i.gpu == gpu and i.num_gpus >= num_gpus]
     return min(fits, key=lambda i: (i.num_gpus, i.usd_per_hour)) if fits else None
 
 

@@ -1,9 +1,5 @@
-"""Adapter: read request lengths (ISL, OSL) from a trace file for the tuner's workload sample.
-
-Formats (docs/benchmarks.md names the public traces in each):
-* CSV with ``ContextTokens`` and ``GeneratedTokens`` columns (Azure LLM inference trace 2023, Splitwise);
-* JSON lines with ``input_length`` and ``output_length`` (Mooncake FAST'25 trace; the runtime's
-  ``--traffic-log``, runtime/server/traffic.py, writes this format with Unix-ms timestamps).
+"""Adapter: the one reader of traces, from files and S3, for the tuner's workload sample. The formats and the
+reduction to a workload are pure and live in ``runtime.traces.formats``.
 
 A trace may also be a DIRECTORY of such files, all of one format (``trace_files``): the traffic logs of several
 runtime replicas (one file per pod), or an S3 prefix an Argo input artifact downloaded. Its files are read
@@ -12,26 +8,19 @@ in name order as one trace; their arrival times are merged.
 The format follows the file name's suffix (``READABLE_SUFFIXES``). :func:`load_trace_workload` is the one
 reduction of a trace to the tuner's workload, shared by ``pdserve tune --trace`` and the pipeline's tune step
 (:func:`fetch_trace_workload`, which also streams an S3 object or prefix). Each file is read ONCE into compact
-columns (lengths and arrival times together, ``runtime.tracking.trace_columns``); a recency window (``window_s``)
+columns (lengths and arrival times together, ``runtime.traces.formats``); a recency window (``window_s``)
 keeps the requests of the trace's last hours, and on an S3 prefix leaves unread the objects that cannot hold one.
 """
 
 from __future__ import annotations
 
-import codecs
-import re
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator, NamedTuple
 
-from runtime.tracking.trace_columns import (  # noqa: F401 - re-exported: the trace API callers import from here
-    PEAK_WINDOW_S, TIME_MAX_S, UNIX_TIME_MIN_S, TraceColumns, TraceFormatError, TraceWorkload, mean_rate,
-    merged_times, parse_csv, parse_jsonl, peak_rate, reduce_trace)
+from runtime.traces.formats import (CSV_SUFFIXES, PEAK_WINDOW_S, READABLE_SUFFIXES, TraceColumns, TraceFormatError,
+                                    TraceWorkload, mean_rate, merged_times, parse_trace_text, peak_rate,
+                                    may_hold_window, reduce_trace, skipped_note, text_lines)
 from runtime.tuner.workload import DEFAULT_MAX_POINTS, LengthSample
-
-JSONL_SUFFIXES = (".jsonl", ".json")
-CSV_SUFFIXES = (".csv",)
-READABLE_SUFFIXES = JSONL_SUFFIXES + CSV_SUFFIXES  # what read_isl_osl reads (case-insensitive)
-SKIPPED_SHOWN = 5  # names a "skipped" warning lists (the count is always given)
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -77,79 +66,6 @@ def _trace_listing(path: Path) -> tuple[list[Path], tuple[str, ...]]:
     return files, tuple(skipped)
 
 
-def skipped_note(skipped: Iterable[str], where: str) -> str:
-    """One warning line for files or objects under ``where`` that were not read: their count and the first
-    ``SKIPPED_SHOWN`` names with the reason."""
-    skipped = list(skipped)
-    shown = ", ".join(skipped[:SKIPPED_SHOWN]) + (", ..." if len(skipped) > SKIPPED_SHOWN else "")
-    return f"{len(skipped)} file(s) under {where} not read as trace: {shown}"
-
-
-_EOL = re.compile(r"(\r\n|\r|\n)")
-
-
-def _split_lines(text: str) -> tuple[list[str], str]:
-    """The complete lines of ``text`` (ending kept) and the incomplete rest. A line ends at '\n', '\r\n' or a lone
-    '\r' (old-Mac CSV exports; what ``open(newline="")`` gave the csv module): a '\r' at the very end is kept in
-    the rest, as it may be the first half of a '\r\n' split across chunks."""
-    held = ""
-    if text.endswith("\r"):
-        text, held = text[:-1], "\r"
-    if "\r" not in text:  # the common case, at str.split speed
-        lines = text.split("\n")
-        rest = lines.pop()
-        return [line + "\n" for line in lines], rest + held
-    parts = _EOL.split(text)  # [line, ending, line, ending, ..., rest]
-    rest = parts.pop()
-    return [parts[i] + parts[i + 1] for i in range(0, len(parts), 2)], rest + held
-
-
-def text_lines(chunks: Iterable[bytes], name: str) -> Iterator[str]:
-    """The lines (ending kept: '\n', '\r\n' or a lone '\r') of UTF-8 text arriving as byte ``chunks`` (a BOM
-    before the first is dropped: it is not JSON, and would glue itself to a CSV's first column); reads one chunk
-    at a time.
-
-    Raises:
-        TraceFormatError: not UTF-8, naming ``name`` and the byte offset.
-    """
-    decoder = codecs.getincrementaldecoder("utf-8-sig")()
-    partial: list[str] = []  # the line not ended yet, in pieces: joined once it ends (not re-copied per chunk)
-    offset = 0
-    for chunk in chunks:
-        try:
-            piece = decoder.decode(chunk)
-        except UnicodeDecodeError as e:
-            raise TraceFormatError(f"{name}: not UTF-8 text ({e.reason} at byte {offset + e.start})") from None
-        offset += len(chunk)
-        if "\n" not in piece and "\r" not in piece and not (partial and partial[-1].endswith("\r")):
-            partial.append(piece)
-            continue
-        lines, rest = _split_lines("".join(partial) + piece)
-        partial = [rest]
-        yield from lines
-    try:
-        partial.append(decoder.decode(b"", final=True))
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(f"{name}: not UTF-8 text ({e.reason} at the end)") from None
-    rest = "".join(partial)
-    if rest:
-        yield rest
-
-
-def parse_trace_text(lines: Iterable[str], name: str, suffix_of: str) -> TraceColumns:
-    """Columns of one trace file's lines; the format follows the suffix of ``suffix_of`` (a path or key).
-
-    Raises:
-        TraceFormatError: unknown suffix, or as ``parse_jsonl`` / ``parse_csv``.
-    """
-    suffix = suffix_of.lower()
-    if suffix.endswith(JSONL_SUFFIXES):
-        return parse_jsonl(lines, name)
-    if suffix.endswith(CSV_SUFFIXES):
-        return parse_csv(lines, name)
-    raise TraceFormatError(f"{name}: unknown trace format (expected .csv or .jsonl)")
-
-
 def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
     with path.open("rb") as f:
         while chunk := f.read(size):
@@ -157,7 +73,7 @@ def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
 
 
 def read_columns(path: Path) -> TraceColumns:
-    """One trace file read ONCE into its columns (lengths and arrival times; ``runtime.tracking.trace_columns``).
+    """One trace file read ONCE into its columns (lengths and arrival times; ``runtime.traces.formats``).
 
     Raises:
         TraceFormatError: unknown format, missing columns/keys, a malformed line (``path:line`` and the key),
@@ -195,7 +111,7 @@ def read_arrival_rate(path: Path) -> float | None:
     Times: JSONL ``timestamp`` in milliseconds (Mooncake: from the trace's start; the runtime's traffic log:
     Unix ms, so the logs of several runtime replicas, concatenated or as one directory, give the total rate);
     CSV ``TIMESTAMP`` as an ISO date-time (Azure LLM inference trace: ``2023-11-16 18:15:46.6805900``, read as
-    UTC: ``trace_columns.parse_csv_timestamp``). Lines may be in any order. The mean is what the tuner sizes
+    UTC: ``runtime.traces.formats.parse_csv_timestamp``). Lines may be in any order. The mean is what the tuner sizes
     replica counts for; bursts above it are the planner's to absorb at run time.
 
     Raises:
@@ -234,7 +150,7 @@ def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> Leng
 
 
 def load_trace_workload(path: Path, *, read_rate: bool = True, window_s: float | None = None) -> TraceWorkload:
-    """The workload a trace stands for, every file read once (``trace_columns.reduce_trace``): its length sample
+    """The workload a trace stands for, every file read once (``runtime.traces.formats.reduce_trace``): its length sample
     (up to 256 evenly spaced requests), the sample's mean ISL and OSL rounded to whole tokens (at least 1; the
     tuner sizes with the sample, the spec records these means) and, with ``read_rate``, its mean arrival rate
     (requests/s; None when the trace has no usable arrival times, which the caller reports with its own way to
@@ -257,13 +173,6 @@ class TrafficTraceError(ValueError):
     ``traffic_trace_uri: <uri>`` and never carries credentials."""
 
 
-def without_query(uri: str) -> str:
-    """``uri`` cut before its first '?' or '#', with ``?…`` marking the cut: safe to show (a presigned URL's
-    query carries X-Amz-Credential, X-Amz-Signature, X-Amz-Security-Token)."""
-    cut = min((i for i in (uri.find("?"), uri.find("#")) if i >= 0), default=-1)
-    return uri if cut < 0 else uri[:cut] + "?…"
-
-
 def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
     """Return ``uri`` when it names a trace the pipeline's tune step can read: empty (no trace), an
     ``s3://bucket/key`` object URI, or an absolute path (under ``fsx_root`` when given: the only volume the tune
@@ -273,47 +182,35 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
 
     Raises:
         ValueError: anything else (the message names ``traffic_trace_uri`` and the value): an s3:// URI with a
-            query string or fragment (the message shows the URI without them: a presigned URL's query holds
-            credentials), a bad bucket, an
-            empty object key or prefix (``split_s3_object_uri``), a relative path, a NUL, an empty, '.' or '..'
-            component, a path outside ``fsx_root``, or a file suffix the trace reader does not know.
+            query string or fragment, a bad bucket, an empty object key or prefix, an empty, '.' or '..' segment
+            (runtime.s3uri.split_s3_trace_uri); a path that is relative, holds a NUL, a '$' or a '..' component or
+            lies outside ``fsx_root``; or a file suffix the trace reader does not know.
     """
     import posixpath
     from pathlib import PurePosixPath
 
-    from runtime.s3uri import split_s3_object_uri
+    from runtime.s3uri import split_s3_trace_uri
 
     if uri == "":
         return uri
     if not isinstance(uri, str):
         raise ValueError(f"traffic_trace_uri {uri!r}: must be a string (s3://bucket/key or an absolute path)")
-    if uri.startswith("s3://") and ("?" in uri or "#" in uri):  # a presigned URL's query holds credentials
-        raise ValueError(f"traffic_trace_uri {without_query(uri)!r}: must not carry a query string or fragment "
-                         "('?…' / '#…', e.g. a presigned URL's X-Amz-Signature): name the object or prefix as "
-                         "s3://bucket/key; credentials come from the environment")
+    if uri.startswith("s3://"):
+        split_s3_trace_uri(uri, "traffic_trace_uri")
+        return uri
     if "$" in uri:  # the kubelet expands $(VAR) in container args, and the tune pod's env holds secrets
         raise ValueError(f"traffic_trace_uri {uri!r}: must not contain '$'")
-    folder = uri.endswith("/")
-    if uri.startswith("s3://"):
-        try:
-            _, name = split_s3_object_uri(uri.rstrip("/") if folder else uri, "traffic_trace_uri")
-        except ValueError as e:  # named with the URI as given, trailing '/' included
-            raise ValueError(str(e).replace(repr(uri.rstrip("/")), repr(uri), 1)) from None
-        if any(seg in ("", ".", "..") for seg in name.split("/")):
-            raise ValueError(f"traffic_trace_uri {uri!r}: empty, '.' or '..' component in the key")
-    else:
-        if "\0" in uri or not uri.startswith("/"):
-            raise ValueError(f"traffic_trace_uri {uri!r}: must be an s3://bucket/key object URI or an absolute path "
-                             f"under fsx_root{f' ({fsx_root})' if fsx_root else ''}")
-        if ".." in uri.split("/"):
-            raise ValueError(f"traffic_trace_uri {uri!r}: must not contain a '..' component")
-        if fsx_root:
-            root = PurePosixPath(posixpath.abspath(fsx_root))  # a relative root (kfp.local): from the cwd
-            if not PurePosixPath(posixpath.normpath(uri)).is_relative_to(root):
-                raise ValueError(f"traffic_trace_uri {uri!r}: a path must be under fsx_root {fsx_root!r} (the "
-                                 "FSx mount, the only volume the tune step reads)")
-        name = uri
-    if not folder and not name.lower().endswith(READABLE_SUFFIXES):
+    if "\0" in uri or not uri.startswith("/"):
+        raise ValueError(f"traffic_trace_uri {uri!r}: must be an s3://bucket/key object URI or an absolute path "
+                         f"under fsx_root{f' ({fsx_root})' if fsx_root else ''}")
+    if ".." in uri.split("/"):
+        raise ValueError(f"traffic_trace_uri {uri!r}: must not contain a '..' component")
+    if fsx_root:
+        root = PurePosixPath(posixpath.abspath(fsx_root))  # a relative root (kfp.local): from the cwd
+        if not PurePosixPath(posixpath.normpath(uri)).is_relative_to(root):
+            raise ValueError(f"traffic_trace_uri {uri!r}: a path must be under fsx_root {fsx_root!r} (the "
+                             "FSx mount, the only volume the tune step reads)")
+    if not uri.endswith("/") and not uri.lower().endswith(READABLE_SUFFIXES):
         raise ValueError(f"traffic_trace_uri {uri!r}: must name a .jsonl / .json (Mooncake, pdserve --traffic-log) "
                          "or .csv (Azure) trace, or a folder of them ending in '/'; the reader picks the format by "
                          "the suffix")
@@ -330,8 +227,8 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
 
     With ``window_s`` (seconds, > 0) only requests that arrived in the last ``window_s`` before the newest one
     count, and a prefix of JSON-lines objects is read newest LastModified first, leaving unread the objects
-    last modified before ``newest arrival read so far - window_s - trace_s3.LAST_MODIFIED_MARGIN_S`` (1 h): they
-    cannot hold a request inside the window (``trace_columns.may_hold_window`` says why). The count is the
+    last modified before ``newest arrival read so far - window_s - LAST_MODIFIED_MARGIN_S`` (1 h): they
+    cannot hold a request inside the window (``runtime.traces.formats.may_hold_window`` says why). The count is the
     result's ``objects_not_read``. Should an object hold an arrival later than its own LastModified plus the
     margin (not a traffic log of this runtime, or a clock far off), no object is left unread. CSV prefixes are
     read whole (Azure date-times carry no zone, so they cannot be compared with LastModified).
@@ -372,12 +269,10 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
             raise fail(f"{uri}: cannot read: {e.strerror or e}") from None
         except ValueError as e:  # TraceFormatError
             raise fail(str(e)) from None
-    from runtime.s3uri import split_s3_object_uri
+    from runtime.s3uri import split_s3_trace_uri
     from runtime.staging.s3 import make_client
-    from runtime.tracking.trace_s3 import read_object, read_prefix, list_trace_objects
 
-    folder = uri.endswith("/")
-    bucket, key = split_s3_object_uri(uri.rstrip("/") if folder else uri, "traffic_trace_uri")
+    bucket, key, folder = split_s3_trace_uri(uri, "traffic_trace_uri")
     failure, columns, skipped, not_read = None, [], (), 0
     try:
         client = s3_client if s3_client is not None else make_client(s3_endpoint_url or None,
@@ -404,3 +299,91 @@ def fetch_trace_workload(uri: str, *, read_rate: bool = True, s3_client=None,  #
     except TraceFormatError as e:
         failure = str(e)
     raise fail(failure)
+
+
+# ---------------------------------------------------------------------------------------- an S3 prefix
+
+LAST_MODIFIED_MARGIN_S = 3600.0  # runtime.traces.formats.may_hold_window: pod clock vs S3 clock, and LastModified rounding
+
+
+class S3TraceObject(NamedTuple):
+    """One object under a trace prefix, as listed."""
+
+    key: str
+    rel: str  # the key after the prefix
+    size_bytes: int
+    last_modified_s: float  # S3 LastModified, Unix s
+
+
+def list_trace_objects(client, bucket: str, prefix: str  # noqa: ANN001 - boto3 is untyped
+                       ) -> tuple[list[S3TraceObject], tuple[str, ...]]:
+    """The trace objects under ``prefix`` in key order, and the keys left out with the reason (relative to the
+    prefix): an empty, '.' or '..' segment or a hidden ('.') segment (as ``trace_files``), a suffix that is not
+    .jsonl / .json / .csv, or a key under another trace object (``a.jsonl/b.jsonl`` beside ``a.jsonl``: a
+    folder of the objects, what an Argo artifact makes of the prefix, cannot hold both). Empty objects are
+    left out silently. Lists only (no object is read).
+
+    Raises:
+        TraceFormatError: the trace objects mix .csv and .jsonl (their times differ in kind).
+        Exception: botocore's, when listing fails.
+    """
+    listed = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            listed.append(S3TraceObject(obj["Key"], obj["Key"][len(prefix):], int(obj.get("Size", 1)),
+                                        obj["LastModified"].timestamp()))
+    listed.sort(key=lambda o: o.rel)
+    objects, skipped, taken = [], [], set()
+    for o in listed:
+        parts = o.rel.split("/")
+        if o.size_bytes == 0:
+            continue  # a "folder" marker (key ending in '/') or an empty shipment: nothing to read
+        if any(p in ("", ".", "..") for p in parts):
+            skipped.append(f"{o.rel} (empty, '.' or '..' path segment)")
+        elif any(p.startswith(".") for p in parts):
+            skipped.append(f"{o.rel} (hidden name)")
+        elif not o.rel.lower().endswith(READABLE_SUFFIXES):
+            skipped.append(f"{o.rel} (not .jsonl, .json or .csv)")
+        elif above := next((a for a in ("/".join(parts[:k]) for k in range(1, len(parts))) if a in taken), None):
+            skipped.append(f"{o.rel} (under the object {above})")
+        else:
+            objects.append(o)
+            taken.add(o.rel)
+    if len({o.rel.lower().endswith(CSV_SUFFIXES) for o in objects}) > 1:
+        raise TraceFormatError(f"s3://{bucket}/{prefix}: mixes .csv and .jsonl trace objects; a prefix must hold "
+                               "one format")
+    return objects, tuple(skipped)
+
+
+def read_object(client, bucket: str, key: str) -> TraceColumns:  # noqa: ANN001 - boto3 is untyped
+    """One object streamed into its columns (1 MiB at a time, read once)."""
+    body = client.get_object(Bucket=bucket, Key=key)["Body"]
+    name = f"s3://{bucket}/{key}"
+    try:
+        return parse_trace_text(text_lines(body.iter_chunks(1 << 20), name), name, key)
+    finally:
+        body.close()
+
+
+def read_prefix(client, bucket: str, objects: list[S3TraceObject],  # noqa: ANN001 - boto3 is untyped
+                window_s: float | None, margin_s: float | None = None) -> tuple[list[TraceColumns], int]:
+    """The columns of ``objects`` (in their order) and how many a window left unread (``fetch_trace_workload``;
+    ``margin_s`` None: LAST_MODIFIED_MARGIN_S)."""
+    margin_s = LAST_MODIFIED_MARGIN_S if margin_s is None else margin_s  # read now: tests may change it
+
+    skipping = window_s is not None and not any(o.rel.lower().endswith(CSV_SUFFIXES) for o in objects)
+    order = sorted(objects, key=lambda o: (-o.last_modified_s, o.rel)) if skipping else objects
+    read: dict[str, TraceColumns] = {}
+    newest_seen, not_read = None, 0
+    for o in order:
+        if skipping and newest_seen is not None and not may_hold_window(o.last_modified_s, newest_seen, window_s,
+                                                                        margin_s):
+            not_read += 1  # newest first: every later object is older still
+            continue
+        c = read[o.rel] = read_object(client, bucket, o.key)
+        if skipping and c.unix_time():  # times from a trace's own start cannot be compared with LastModified
+            newest = c.newest_s()
+            if newest > o.last_modified_s + margin_s:
+                skipping = False  # not written before its upload (or clocks far apart): read everything
+            newest_seen = newest if newest_seen is None else max(newest_seen, newest)
+    return [read[o.rel] for o in objects if o.rel in read], not_read

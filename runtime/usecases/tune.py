@@ -43,6 +43,24 @@ def pydantic_problems(e: ValidationError, names: dict[str, str] | None = None) -
     return "; ".join(out)
 
 
+def engine_option_problems(max_model_len_tokens: int | None, engine_args: list[str] | tuple[str, ...]) -> list[str]:
+    """The problems of `--max-model-len` and `--engine-arg` (`tune`, `promote`), named after those options: a
+    TOKENS that is not positive, an item the pinned vLLM's parser refuses (runtime.engines.engine_args
+    .engine_arg_flags: the message suggests close argument names). vLLM's parser (seconds to build) is built only
+    when items are given. Empty: none."""
+    problems = []
+    if max_model_len_tokens is not None and max_model_len_tokens <= 0:
+        problems.append(f"--max-model-len: must be a positive number of tokens, got {max_model_len_tokens}")
+    if engine_args:
+        from runtime.engines.engine_args import engine_arg_flags
+
+        try:
+            engine_arg_flags(list(engine_args))
+        except ValueError as e:
+            problems.append(str(e))
+    return problems
+
+
 class TuneSettings(BaseModel):
     """The tuning parameters that can be checked without the model, the trace's contents or the network."""
 
@@ -383,6 +401,37 @@ def register_tuning(result: TuneResult, spec: DeploymentSpec, *, tracking_uri: s
     return Registration(str(version), decision, check, notes)
 
 
+TRACE_FEW_REQUESTS = 100  # a trace of fewer requests than this is noted as too few to size for
+
+
+def duration_text(seconds: float) -> str:
+    """``95`` → ``1.6 min``: a trace's span for people (s, min, h or days)."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def trace_facts(traced: Any, source: str, workload: WorkloadSpec, window_h: float | None, *, files: str = "",
+                instead: str) -> list[str]:
+    """What a trace gave, for people, as every face says it: ``workload: <source>: N requests over <span> [in
+    the last H h (...)] (n sampled), mean ISL, mean OSL, at R requests/s``, then a note when it holds fewer than
+    ``TRACE_FEW_REQUESTS`` requests (``instead``: how this face sizes without a trace). ``traced`` is a
+    runtime.traces.formats.TraceWorkload, ``files`` e.g. `` (3 files)`` for a folder."""
+    span = "" if traced.span_s is None else f" over {duration_text(traced.span_s)}"
+    window = "" if window_h is None else (
+        f" in the last {window_h:g} h ({traced.requests_outside_window} older request(s) read and left "
+        f"out" + (f", {traced.objects_not_read} older object(s) not downloaded" if traced.objects_not_read
+                  else "") + ")")
+    lines = [f"workload: {source}{files}: {traced.requests} requests{span}{window} "
+             f"({len(traced.sample.isl_tokens)} sampled), mean ISL {workload.isl_tokens}, mean OSL "
+             f"{workload.osl_tokens} tokens, at {workload.request_rate_per_s:.4g} requests/s"]
+    if traced.requests < TRACE_FEW_REQUESTS:
+        lines.append(f"note: only {traced.requests} request(s) in {source}: lengths and rate from so few are "
+                     f"noise; record more traffic or {instead}")
+    return lines
+
+
 @dataclass(frozen=True)
 class TraceWorkloadFound:
     """A trace reduced for tuning: the ``workload`` to size for, its length ``sample``, its busiest-60 s
@@ -410,15 +459,14 @@ def trace_workload(params: TuneParameters, *, s3_client: Any = None, s3_endpoint
     notes = []
     if traced.skipped:  # not silently: a shipment under an odd name would otherwise just be missing
         notes.append(f"traffic_trace_uri: {skipped_note(traced.skipped, uri)}")
-    if params.trace_window_s is not None:
-        notes.append(f"traffic_trace_uri: {uri}: {traced.requests} request(s) in the last "
-                     f"{params.trace_window_s / 3600:g} h; {traced.requests_outside_window} older read and left out, "
-                     f"{traced.objects_not_read} older object(s) not downloaded")
     rate = traced.request_rate_per_s if params.rate_from_trace else params.workload.request_rate_per_s
     if rate is None:
         raise TrafficTraceError(f"traffic_trace_uri: {uri} has no usable arrival times (timestamp / TIMESTAMP on "
                                 "every line, at least two distinct): set request_rate_per_s > 0")
     workload = WorkloadSpec(isl_tokens=traced.isl_tokens, osl_tokens=traced.osl_tokens, request_rate_per_s=rate)
+    window_h = None if params.trace_window_s is None else params.trace_window_s / 3600
+    notes += trace_facts(traced, uri, workload, window_h,
+                         instead="set isl_tokens/osl_tokens/request_rate_per_s without traffic_trace_uri")
     return TraceWorkloadFound(workload, traced.sample, traced.peak_rate_per_s, notes)
 
 

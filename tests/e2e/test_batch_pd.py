@@ -17,7 +17,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from runtime.batch.__main__ import app
+from runtime.faces.batch import app
 from runtime.engines.metrics import nixl_transfer_count
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from runtime.batch.__main__ import app
+from runtime.faces.batch import app
 from runtime.batch.run import BatchRunError, run_batch
 from tests.integration.openai_standin import OpenAIStandin
 
@@ -300,8 +300,8 @@ def test_sigterm_mid_run_uploads_the_finished_answers_and_a_rerun_completes(stan
     s3_client.upload_file(str(local), s3_bucket, "in.jsonl")
     dst = f"s3://{s3_bucket}/out.jsonl"
     env = {**os.environ, **s3_server.env, "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.batch", "run", "-i", f"s3://{s3_bucket}/in.jsonl", "-o",
-                             dst, "--endpoint", standin.url, "--model", "m", "--concurrency", "1", "--no-progress"],
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "batch", "run", "-i", f"s3://{s3_bucket}/in.jsonl",
+                             "-o", dst, "--endpoint", standin.url, "--model", "m", "--concurrency", "1", "--no-progress"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60

@@ -45,15 +45,9 @@ CASES = {
 
 @pytest.fixture
 def staged(tmp_path):
-    from runtime.staging.stage import stage_model
+    from tests.usecase_requests import stage_config
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text(catalog_path("llama-3.1-8b").read_text())
-    (src / "model.safetensors").write_bytes(b"\0" * 16)
-    dest = tmp_path / "fsx" / "models" / "m"
-    stage_model(str(src), dest, progress=False)
-    return dest
+    return stage_config(catalog_path("llama-3.1-8b"), tmp_path / "fsx" / "models" / "m", tmp_path)
 
 
 def _cli(case: Case, staged, uri: str, rate: float, out_dir) -> tuple[dict, DeploymentSpec]:

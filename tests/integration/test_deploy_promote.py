@@ -22,13 +22,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def api():
-    srv = FakeApiServer()
+    srv = FakeApiServer().add_pvc()
     srv.thread.start()
-    srv.add({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": PVC, "namespace": NS}})
     yield srv
-    srv.httpd.shutdown()
-    srv.httpd.server_close()
-    srv.thread.join(timeout=5)
+    srv.close()
 
 
 @pytest.fixture

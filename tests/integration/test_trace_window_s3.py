@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-import runtime.tracking.trace_s3 as trace_s3
+import runtime.tracking.traces as traces
 from runtime.tracking.traces import fetch_trace_workload, skipped_note
 
 pytestmark = pytest.mark.integration
@@ -51,13 +51,13 @@ def shipped(s3_client, s3_bucket):
 
 def test_objects_older_than_the_window_are_not_downloaded(s3_client, shipped, monkeypatch):
     everything = fetch_trace_workload(shipped, s3_client=s3_client)
-    monkeypatch.setattr(trace_s3, "LAST_MODIFIED_MARGIN_S", 0.0)  # seconds matter here, not the hour of production
+    monkeypatch.setattr(traces, "LAST_MODIFIED_MARGIN_S", 0.0)  # seconds matter here, not the hour of production
     fetched = _get_object_keys(s3_client)
     last = fetch_trace_workload(shipped, s3_client=s3_client, window_s=2.0)
     assert fetched == ["traffic/pod-a/0002-1-2.jsonl"] and last.objects_not_read == 1
     assert (last.isl_tokens, last.osl_tokens, last.requests) == (1000, 20, 5)  # arrivals in the last 2 s: 5
     fetched.clear()
-    monkeypatch.setattr(trace_s3, "LAST_MODIFIED_MARGIN_S", 1e6)  # nothing skipped: the same workload
+    monkeypatch.setattr(traces, "LAST_MODIFIED_MARGIN_S", 1e6)  # nothing skipped: the same workload
     read_all = fetch_trace_workload(shipped, s3_client=s3_client, window_s=2.0)
     assert read_all._replace(objects_not_read=1, requests_outside_window=3) == last
     assert (read_all.requests_outside_window, last.requests_outside_window) == (10 + 3, 3)  # of what was read
@@ -76,7 +76,7 @@ def test_arrivals_after_an_objects_last_modified_turn_skipping_off(s3_client, s3
     time.sleep(1.1)
     s3_client.put_object(Bucket=s3_bucket, Key="traffic/pod-b/0001-0-1.jsonl",
                          Body=_lines([future_ms, future_ms + 1000], 7, 7))
-    monkeypatch.setattr(trace_s3, "LAST_MODIFIED_MARGIN_S", 0.0)
+    monkeypatch.setattr(traces, "LAST_MODIFIED_MARGIN_S", 0.0)
     fetched = _get_object_keys(s3_client)
     w = fetch_trace_workload(shipped, s3_client=s3_client, window_s=2.0)
     assert len(fetched) == 3 and w.objects_not_read == 0  # every object read, none left out on a wrong bound
@@ -111,7 +111,7 @@ def test_pdserve_tune_reads_a_windowed_prefix_straight_from_s3(s3_server, shippe
         monkeypatch.delenv(k)
     for k, v in s3_server.env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(trace_s3, "LAST_MODIFIED_MARGIN_S", 0.0)
+    monkeypatch.setattr(traces, "LAST_MODIFIED_MARGIN_S", 0.0)
     out = tmp_path / "spec.json"
     res = CliRunner().invoke(app, ["tune", str(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json"),
                                    "--trace-uri", shipped, "--trace-window-h", str(2 / 3600), "--out", str(out)])

@@ -197,16 +197,17 @@ def test_a_corrupt_champion_spec_names_model_version_and_artifact(tmp_path, cont
 
 
 def test_tune_measure_logs_its_runs_to_mlflow(tmp_path, monkeypatch):
-    import runtime.faces.tune as cli
+    import runtime.tracking.measure as measure
+    from runtime.modelfiles.load import load_model_spec
     from runtime.perf.gpus import get_gpu
     from runtime.perf.model import PerfModel
-    from runtime.tuner.profiles import ProfilePerf, build_profiles
+    from runtime.tuner.profiles import build_profiles
 
-    def fake_measured_perf(model_dir, model, state):  # what a vLLM-cpu measurement returns, without vLLM
-        base = PerfModel(model, get_gpu("CPU"), "fp32")
-        return ProfilePerf(build_profiles(base, (1,), (1,)), base)
+    def fake_measure_profiles(model_dir, *, log_dir):  # what a vLLM-cpu measurement returns, without vLLM
+        base = PerfModel(load_model_spec(model_dir / "config.json"), get_gpu("CPU"), "fp32")
+        return build_profiles(base, (1,), (1,))
 
-    monkeypatch.setattr(cli, "_measured_perf", fake_measured_perf)
+    monkeypatch.setattr(measure, "measure_profiles", fake_measure_profiles)
     folder = tmp_path / "qwen06"
     folder.mkdir()
     (folder / "config.json").write_text((CATALOG_DIR / "Qwen--Qwen3-0.6B_config.json").read_text())

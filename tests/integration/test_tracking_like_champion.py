@@ -206,7 +206,7 @@ def test_like_with_measure_is_refused(tmp_path):
 
 
 def test_the_cli_inherits_exactly_the_fields_tracking_documents():
-    from runtime.faces.tune import LIKE_OPTIONS
+    from runtime.usecases.tune_model import LIKE_OPTIONS
     from runtime.tracking.mlflow_runs import INHERITED_FIELDS
 
     assert tuple(LIKE_OPTIONS) == INHERITED_FIELDS

@@ -32,16 +32,13 @@ def pod(tmp_path, monkeypatch):
     """The Kubernetes-API stand-in over TLS, and this process made to look like a pod of that cluster."""
     srv = FakeApiServer()
     files = in_cluster_files(srv, tmp_path)
-    srv.add({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": PVC, "namespace": NS}})
-    srv.thread.start()
+    srv.add_pvc().thread.start()
     for k, v in files["environ"].items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(kube_mod, "IN_CLUSTER_TOKEN_PATH", files["token_path"])
     monkeypatch.setattr(kube_mod, "IN_CLUSTER_CA_PATH", files["ca_path"])
     yield srv
-    srv.httpd.shutdown()
-    srv.httpd.server_close()
-    srv.thread.join(timeout=5)
+    srv.close()
 
 
 @pytest.fixture

@@ -30,14 +30,9 @@ TRACE = "".join(json.dumps({"timestamp": k * 500, "input_length": 1000 + 2000 * 
 
 @pytest.fixture
 def staged(tmp_path) -> Path:
-    from runtime.staging.stage import stage_model
+    from tests.usecase_requests import stage_config
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text(LLAMA_8B.read_text())
-    (src / "model.safetensors").write_bytes(b"\0" * 16)
-    dest = tmp_path / "fsx" / "models" / "llama8"
-    stage_model(str(src), dest, progress=False)
+    dest = stage_config(LLAMA_8B, tmp_path / "fsx" / "models" / "llama8", tmp_path)
     return dest
 
 
@@ -113,9 +108,11 @@ def test_a_prefix_of_shipped_traffic_is_one_trace(s3_env, s3_client, s3_bucket, 
     s3_client.put_object(Bucket=s3_bucket, Key="traffic/llama8/README.txt", Body=b"not a trace")
     s3_client.put_object(Bucket=s3_bucket, Key="traffic/other/pod-c/1-0-9.jsonl", Body=pod_a.encode())  # not ours
     outcome = _tune(staged, tmp_path / "mlflow.db", f"s3://{s3_bucket}/traffic/llama8/", s3_env.endpoint_url)
-    assert outcome.notes == [  # said, not skipped silently
+    assert outcome.notes[:2] == [  # said, not skipped silently; then the workload as `pdserve tune` says it
         f"traffic_trace_uri: 1 file(s) under s3://{s3_bucket}/traffic/llama8/ not read as trace: README.txt (not "
-        ".jsonl, .json or .csv)"]
+        ".jsonl, .json or .csv)",
+        f"workload: s3://{s3_bucket}/traffic/llama8/: 40 requests over 19.5 s (40 sampled), mean ISL 2000, mean "
+        "OSL 100 tokens, at 2 requests/s"]
     from runtime.tracking.mlflow_runs import load_champion
 
     _, spec = load_champion(f"sqlite:///{tmp_path / 'mlflow.db'}", "llama8-pd")

@@ -15,16 +15,10 @@ from pydantic import ValidationError
 from runtime.image import DEFAULT_IMAGE, cpu_image
 
 PDSERVE_IMAGE = cpu_image(DEFAULT_IMAGE)  # what the steps run by default
-from runtime.batch import workflows as wfm
-from runtime.batch.workflows import (
-    BatchInferenceWorkflowSpec,
-    RetuneCronWorkflowSpec,
-    batch_inference_workflow,
-    check_cron,
-    retune_cron_workflow,
-    to_yaml,
-    validate_workflow_objects,
-)
+from runtime.batch import workflow_specs as specs
+from runtime.batch.workflow_specs import BatchInferenceWorkflowSpec, RetuneCronWorkflowSpec, check_cron
+from runtime.batch.workflow_validation import validate_workflow_objects
+from runtime.batch.workflows import batch_inference_workflow, retune_cron_workflow, to_yaml
 
 ENDPOINT = "http://llm8-predictor.pdserve.svc.cluster.local/openai"
 SECRET_VALUES = ("AKIA-not-a-real-key-123", "wJalr-not-a-real-secret-456", "mlflow-pw-789")
@@ -79,7 +73,7 @@ def test_batch_workflow_validates_and_runs_exactly_the_runner():
     assert wf["metadata"]["labels"] == {"app.kubernetes.io/part-of": "pdserve",
                                         "pdserve.io/workload": "batch-inference",
                                         "workflows.argoproj.io/controller-instanceid": "pdserve"}
-    assert argv(wf) == ["python", "-m", "runtime.batch", "run",
+    assert argv(wf) == ["pdserve", "batch", "run",
                         "--input", "s3://pdserve-batch/in/requests.jsonl",
                         "--output", "s3://pdserve-batch/out/results.jsonl",
                         "--endpoint", ENDPOINT, "--concurrency", "16", "--model", "llama8", "--max-retries", "5",
@@ -209,7 +203,7 @@ def test_unset_constraints_are_inherited_from_the_champion_and_constants_match_t
     consts = {t.id: n.value.value for n in ast.parse(src.read_text()).body if isinstance(n, ast.Assign)
               for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
     assert (consts["FSX_PVC"], consts["S3_SECRET"], consts["MLFLOW_SECRET"]) == (
-        wfm.FSX_PVC, wfm.S3_SECRET, wfm.MLFLOW_SECRET)
+        specs.FSX_PVC, specs.S3_SECRET, specs.MLFLOW_SECRET)
 
 
 # ------------------------------------------------------------------------------------------ bad inputs
@@ -343,16 +337,15 @@ def test_the_steps_command_lines_parse_with_the_real_clis(tmp_path, monkeypatch)
     here): a usage error (exit 2 with 'No such option' / 'Missing option') would mean a broken contract."""
     from typer.testing import CliRunner
 
-    from runtime.batch.__main__ import app as batch_app
     from runtime.cli import app as pdserve_app
 
     monkeypatch.setenv("PDSERVE_HOME", str(tmp_path))
     local = tmp_path / "requests.jsonl"
     local.write_text("{not json\n")  # the runner parses it, finds it malformed, sends nothing
-    args = argv(batch_inference_workflow(batch_spec()))[3:]
+    args = argv(batch_inference_workflow(batch_spec()))[1:]
     args[args.index("--input") + 1] = str(local)
     args[args.index("--output") + 1] = str(tmp_path / "out.jsonl")
-    res = CliRunner().invoke(batch_app, args)
+    res = CliRunner().invoke(pdserve_app, args)
     assert res.exit_code == 2 and "line 1: not JSON" in " ".join(res.output.split()), res.output
 
     tune_args = argv(retune_cron_workflow(retune_spec(gpu="H200-SXM", ttft_ms=1500, itl_ms=30, rate=2,
@@ -491,11 +484,6 @@ def test_a_traffic_prefix_is_downloaded_as_a_folder_and_tuned_as_one_trace(tmp_p
     w = DeploymentSpec.model_validate_json(out.read_text()).workload
     assert (w.isl_tokens, w.osl_tokens) == (700, 70) and w.request_rate_per_s == 9 / 4.5  # both pods' arrivals
 
-
-def test_the_cron_accepts_exactly_the_suffixes_the_trace_reader_reads():
-    from runtime.tracking.traces import READABLE_SUFFIXES
-
-    assert set(wfm.TRACE_SUFFIXES) == set(READABLE_SUFFIXES)
 
 
 def test_the_retune_keeps_the_planner_mode_it_is_given():

@@ -1,4 +1,4 @@
-"""One table of options per command (runtime/faces/options.py): every entry is an option of the real `pdserve`
+"""One table of options per command (runtime/command_options.py): every entry is an option of the real `pdserve`
 command, every use-case request field has an option or is listed as having none, and the Argo workflows' command
 lines use only options from the table (or the CLI-only ones named here)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer.main
 
 from runtime.cli import app
-from runtime.faces.options import PROMOTE_OPTIONS, PROMOTE_WITHOUT_OPTION, TUNE_OPTIONS, TUNE_WITHOUT_OPTION
+from runtime.command_options import PROMOTE_OPTIONS, PROMOTE_WITHOUT_OPTION, TUNE_OPTIONS, TUNE_WITHOUT_OPTION
 from runtime.usecases.promote import PromoteRequest
 from runtime.usecases.tune import TuneRequest
 

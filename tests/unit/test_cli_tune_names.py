@@ -13,19 +13,14 @@ from runtime.cli import app
 from runtime.config import DeploymentSpec
 from runtime.deploy.render import render_all
 from runtime.modelfiles.catalog import CATALOG_DIR
-from runtime.staging.stage import stage_model
+from tests.usecase_requests import stage_config
 
 runner = CliRunner()
 LLAMA_8B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json"
 
 
 def _stage(tmp_path: Path, dest: Path) -> Path:
-    src = tmp_path / "src"
-    src.mkdir(exist_ok=True)
-    (src / "config.json").write_text(LLAMA_8B.read_text())
-    (src / "model.safetensors").write_bytes(b"\0" * 16)
-    stage_model(str(src), dest, progress=False)
-    return dest
+    return stage_config(LLAMA_8B, dest, tmp_path)
 
 
 def _tune(tmp_path: Path, config: Path, *options: str) -> DeploymentSpec:

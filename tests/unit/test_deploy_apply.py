@@ -140,6 +140,17 @@ class FakeApiServer:
         m = obj["metadata"]
         self.store[resource_path(obj["apiVersion"], obj["kind"], m["name"], m.get("namespace"))] = obj
 
+    def add_pvc(self) -> "FakeApiServer":
+        """The FSx claim every promote checks before it renders (PVC in NS); returns self."""
+        self.add({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": PVC, "namespace": NS}})
+        return self
+
+    def close(self) -> None:
+        """Stop serving, release the port, wait for the serving thread."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
     def live(self, api_version: str, kind: str, name: str, ns: str | None = NS) -> dict | None:
         return self.store.get(resource_path(api_version, kind, name, ns))
 
@@ -199,13 +210,10 @@ def in_cluster_files(api: "FakeApiServer", folder) -> dict:
 
 @pytest.fixture
 def api():
-    srv = FakeApiServer()
+    srv = FakeApiServer().add_pvc()
     srv.thread.start()
-    srv.add({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": PVC, "namespace": NS}})
     yield srv
-    srv.httpd.shutdown()
-    srv.httpd.server_close()
-    srv.thread.join(timeout=5)
+    srv.close()
 
 
 @pytest.fixture
@@ -430,16 +438,13 @@ def test_kubeconfig_context_reaches_the_api_server(api, tmp_path):
 def test_in_cluster_config_reaches_the_api_server_with_the_pod_token_over_tls(tmp_path):
     srv = FakeApiServer()
     files = in_cluster_files(srv, tmp_path)
-    srv.add({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": PVC, "namespace": NS}})
-    srv.thread.start()
+    srv.add_pvc().thread.start()
     try:
         kube = Kube.in_cluster(**files)
         assert kube.get("v1", "PersistentVolumeClaim", PVC, NS)["metadata"]["name"] == PVC
         assert srv.url.startswith("https://127.0.0.1:")
     finally:
-        srv.httpd.shutdown()
-        srv.httpd.server_close()
-        srv.thread.join(timeout=5)
+        srv.close()
 
 
 def test_outside_a_pod_in_cluster_config_fails_naming_both_options(tmp_path):

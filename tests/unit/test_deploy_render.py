@@ -351,15 +351,17 @@ def test_runtime_args_make_the_runtime_refuse_a_mounted_model_without_a_staging_
         server_main.check_staged(args)  # no staged model is mounted on this machine
 
 
-def test_instance_catalog_agrees_with_the_perf_price_table():
-    perf = pytest.importorskip("runtime.perf.instances")
+def test_the_nodepool_instances_are_the_one_catalogs_own():
+    """One InstanceType (runtime/perf/instances.py): placing workers looks up the very objects the tuner prices,
+    every one with a NodePool, and no name twice."""
     from runtime.deploy.instances import INSTANCES
+    from runtime.perf import instances as perf
 
-    priced = {i.name: i for i in perf.INSTANCES}
-    shared = [n for n in INSTANCES if n in priced]
-    assert len(shared) >= 5
-    for n in shared:
-        assert (INSTANCES[n].gpu, INSTANCES[n].num_gpus) == (priced[n].gpu, priced[n].num_gpus), n
+    names = [i.name for i in perf.INSTANCES]
+    assert len(names) == len(set(names))
+    assert len(INSTANCES) >= 5 and all(INSTANCES[n] is perf.get_instance(n) and INSTANCES[n].node_pool
+                                       for n in INSTANCES)
+    assert {i.name for i in perf.INSTANCES if i.node_pool} == set(INSTANCES)
 
 
 @pytest.mark.parametrize("text,readable", [("smollm2-135m-instruct", "smollm2-135m-instruct"),

@@ -26,7 +26,7 @@ def test_the_layer_contracts_are_kept():
     assert "0 broken" in res.stdout
 
 
-def test_a_core_module_doing_io_or_deploy_importing_the_server_breaks_them(tmp_path):
+def test_a_core_module_doing_io_or_an_adapter_importing_a_face_or_use_case_breaks_them(tmp_path):
     for name in ("runtime", "components", "pipelines"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "*.json"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
@@ -34,7 +34,13 @@ def test_a_core_module_doing_io_or_deploy_importing_the_server_breaks_them(tmp_p
         f.write("\nimport time\n")
     with (tmp_path / "runtime" / "config.py").open("a") as f:
         f.write("\nfrom runtime.usecases import tune\n")
+    with (tmp_path / "runtime" / "batch" / "workflows.py").open("a") as f:
+        f.write("\nfrom runtime.faces import common\n")
+    with (tmp_path / "runtime" / "tracking" / "traces.py").open("a") as f:
+        f.write("\nfrom runtime.usecases import tune_model\n")
     res = _lint(tmp_path)
     assert res.returncode == 1
     assert "runtime.planner is not allowed to import time" in res.stdout
     assert "runtime.config is not allowed to import runtime.usecases" in res.stdout
+    assert "runtime.batch is not allowed to import runtime.faces" in res.stdout
+    assert "runtime.tracking is not allowed to import runtime.usecases" in res.stdout

@@ -91,7 +91,7 @@ def test_a_nodepool_labelling_another_gpu_is_reported(tree):
 
 def test_every_instance_type_the_tuner_prices_is_deployable():
     from runtime.deploy.instances import DEFAULT_INSTANCE_FOR_GPU, INSTANCES, deployable_problem
-    from runtime.perf.instances import INSTANCES as PRICED
+    from runtime.perf.instances import PRICED
 
     assert V.tunable_not_deployable_problems() == []
     priced = [i for i in PRICED if i.gpu != "CPU"]
@@ -224,7 +224,7 @@ def _batch_policy_and_association(root: Path):
 def test_batch_role_reads_inputs_and_traffic_and_writes_only_the_output_prefix():
     """The pdserve-batch Pod Identity role (infra/terraform/iam.tf): the model bucket's batch input and traffic
     prefixes read-only, the batch output prefix read/write, the data key only through S3, nothing else."""
-    from runtime.batch.workflows import BatchInferenceWorkflowSpec
+    from runtime.batch.workflow_specs import BatchInferenceWorkflowSpec
 
     statements, assoc = _batch_policy_and_association(REPO)
     bucket = '${aws_s3_bucket.this["models"].arn}'

@@ -43,7 +43,9 @@ def test_catalog_has_contract_names_and_aliases():
 def test_aws_instances_map_to_catalog_gpus_with_dated_prices():
     for i in INSTANCES:
         get_gpu(i.gpu)
-        assert i.usd_per_hour >= 0 and i.source
+        assert (i.usd_per_hour is None or i.usd_per_hour >= 0) and i.source
+    assert get_instance("g6e.2xlarge").usd_per_gpu_hour is None  # not priced: the tuner prices L40S by g6e.xlarge
+    assert usd_per_gpu_hour("L40S", 1) == get_instance("g6e.xlarge").usd_per_hour
     p5 = get_instance("p5.48xlarge")
     assert (p5.gpu, p5.num_gpus) == ("H100-SXM", 8) and p5.price_date
     assert get_instance("p4d.24xlarge").gpu == "A100-SXM-40GB"

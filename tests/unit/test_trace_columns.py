@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.tracking.trace_columns import (TraceColumns, TraceFormatError, may_hold_window, parse_csv,
-                                            parse_csv_timestamp, parse_jsonl, reduce_trace)
+from runtime.traces.formats import (TraceColumns, TraceFormatError, may_hold_window, parse_csv, parse_csv_timestamp,
+                                    parse_jsonl, reduce_trace)
 from runtime.tuner.workload import LengthSample
 
 T0 = datetime(2023, 11, 16, 18, 15, 46, tzinfo=timezone.utc).timestamp()
@@ -220,12 +220,12 @@ def test_a_long_line_is_assembled_in_linear_time(monkeypatch):
     """A line spanning many chunks (a whole-file JSON array saved as .json, a CSV without line ends) is joined
     once, not re-copied with every chunk (quadratic: 64 MiB took seconds, a GB-sized file hours). Counted: the
     characters handed to the line splitter stay within a small multiple of the input."""
-    import runtime.tracking.traces as traces
+    import runtime.traces.formats as formats
 
     copied = []
-    real = traces._split_lines
-    monkeypatch.setattr(traces, "_split_lines", lambda text: copied.append(len(text)) or real(text))
-    lines = list(traces.text_lines(iter([b"x" * 1024] * 2000 + [b"\n"]), "n"))
+    real = formats._split_lines
+    monkeypatch.setattr(formats, "_split_lines", lambda text: copied.append(len(text)) or real(text))
+    lines = list(formats.text_lines(iter([b"x" * 1024] * 2000 + [b"\n"]), "n"))
     assert lines == ["x" * 1024 * 2000 + "\n"]
     assert sum(copied) <= 4 * 1024 * 2000
 

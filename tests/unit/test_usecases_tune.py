@@ -30,17 +30,11 @@ FP8_QUANT = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8
 @pytest.fixture
 def staged(tmp_path):
     """A staged copy (marker + manifest) of a shared config.json, with `extra` merged into it."""
-    from runtime.staging.stage import stage_model
+    from tests.usecase_requests import stage_config
 
     def make(cfg_name: str, extra: dict | None = None) -> Path:
-        src = tmp_path / "src"
-        src.mkdir()
         cfg = json.loads((MODELS / cfg_name).read_text()) | (extra or {})
-        (src / "config.json").write_text(json.dumps(cfg))
-        (src / "model.safetensors").write_bytes(b"\0" * 16)
-        dest = tmp_path / "fsx" / "models" / "m"
-        stage_model(str(src), dest, progress=False)
-        return dest
+        return stage_config(cfg, tmp_path / "fsx" / "models" / "m", tmp_path)
     return make
 
 

@@ -48,13 +48,9 @@ def _write_trace(path: Path, pairs=PAIRS, gap_ms: float | None = 250.0) -> Path:
 @pytest.fixture
 def fsx(tmp_path) -> Path:
     """An FSx stand-in holding a staged Llama-3.1-8B config (marker + manifest) under models/m."""
-    from runtime.staging.stage import stage_model
+    from tests.usecase_requests import stage_config
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text(LLAMA_8B.read_text())
-    (src / "model.safetensors").write_bytes(b"\0" * 16)
-    stage_model(str(src), tmp_path / "fsx" / "models" / "m", progress=False)
+    stage_config(LLAMA_8B, tmp_path / "fsx" / "models" / "m", tmp_path)
     return tmp_path / "fsx"
 
 
@@ -163,6 +159,29 @@ def test_the_winner_is_the_one_pdserve_tune_trace_picks(fsx, recorded, tmp_path,
     assert (step.prefill_tp, step.decode_tp) == (cli.prefill.tp, cli.decode.tp)
 
 
+def test_the_step_states_the_traces_workload_in_the_words_of_pdserve_tune(fsx, recorded):
+    """Both faces take the workload sentence and the too-few note from runtime.usecases.tune.trace_facts."""
+    from runtime.cli import app
+
+    trace = fsx / "traces" / "t.jsonl"
+    trace.parent.mkdir()
+    trace.write_text("".join(json.dumps({"timestamp": 500 * k, "input_length": 900 + k, "output_length": 60}) + "\n"
+                             for k in range(30)))
+    res = CliRunner().invoke(app, ["tune", str(fsx / "models" / "m"), "--precision", "bf16", "--trace", str(trace)],
+                             env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    outcome = tune(TuneRequest(
+        model_path=str(fsx / "models" / "m"), model_name="m", gpu="H100-SXM", precision="bf16", ttft_p90_ms=2000.0,
+        itl_p90_ms=50.0, isl_tokens=1, osl_tokens=1, request_rate_per_s=AUTO_REQUEST_RATE,
+        mlflow_tracking_uri="sqlite:///unused.db", registered_model="m-pd", traffic_trace_uri=str(trace),
+        fsx_root=str(fsx)))
+    said = next(n for n in outcome.notes if n.startswith("workload: "))
+    assert said == f"workload: {trace}: 30 requests over 14.5 s (30 sampled), mean ISL 914, mean OSL 60 tokens, " \
+                   "at 2 requests/s"
+    assert said in " ".join(res.output.split())
+    assert any(n.startswith(f"note: only 30 request(s) in {trace}") for n in outcome.notes)
+
+
 class _Metrics(dict):
     """What KFP's Output[Metrics] offers the tune use case (runtime.usecases.tune.MetricsSink), kept in a dict."""
 
@@ -226,15 +245,11 @@ def test_a_bursty_traces_peak_raises_the_planner_ceiling_as_the_cli_does(tmp_pat
     """The tune step, like `pdserve tune --trace`, lets the planner scale up to what the trace's busiest minute
     needs (tests/unit/test_cli_tune_trace.py checks the arithmetic): same spec from both."""
     from runtime.cli import app
-    from runtime.staging.stage import stage_model
     from tests.unit.test_cli_tune_trace import _bursty
+    from tests.usecase_requests import stage_config
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "config.json").write_text((CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json").read_text())
-    (src / "model.safetensors").write_bytes(b"\0" * 16)
     fsx = tmp_path / "fsx"
-    stage_model(str(src), fsx / "models" / "m", progress=False)
+    stage_config(CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json", fsx / "models" / "m", tmp_path)
     (fsx / "traces").mkdir()
     trace = _bursty(fsx / "traces" / "bursty.jsonl")
     out = tmp_path / "cli-spec.json"

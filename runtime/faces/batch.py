@@ -1,5 +1,5 @@
-"""``python -m runtime.batch`` (also ``pdserve batch``): batch inference against the pdserve endpoint, and the
-Argo workflows that run it (and scheduled re-tuning) on the cluster."""
+"""`pdserve batch`: batch inference against the pdserve endpoint, and the Argo workflows that run it (and
+scheduled re-tuning) on the cluster. The work itself is runtime/batch's (runner, workflow specs and builders)."""
 
 from __future__ import annotations
 
@@ -106,7 +106,8 @@ def _emit(build, spec_cls, fields: dict, out: Optional[Path]) -> None:
     """Validate ``fields`` as ``spec_cls``, build the object, check it against the Argo schema, write YAML."""
     from pydantic import ValidationError
 
-    from runtime.batch.workflows import to_yaml, validate_workflow_objects
+    from runtime.batch.workflow_validation import validate_workflow_objects
+    from runtime.batch.workflows import to_yaml
 
     try:
         # an option not given (None) leaves the spec's default; the two 'none'-able ones arrive resolved
@@ -192,8 +193,8 @@ def workflow_cmd(
     """Render the Argo Workflow that runs one batch file against the online endpoint (`batch run` in a pod).
 
     Checked against the vendored Argo Workflow CRD schema before it is written. Exit 2: a bad option (named)."""
-    from runtime.batch.workflows import (BATCH_PRIORITY_CLASS, S3_SECRET, BatchInferenceWorkflowSpec,
-                                         batch_inference_workflow)
+    from runtime.batch.workflow_specs import BATCH_PRIORITY_CLASS, S3_SECRET, BatchInferenceWorkflowSpec
+    from runtime.batch.workflows import batch_inference_workflow
 
     _emit(batch_inference_workflow, BatchInferenceWorkflowSpec, dict(
         name=name, input_uri=input_uri, output_uri=output_uri, endpoint=endpoint, model=model,
@@ -279,7 +280,8 @@ def retune_cmd(
     champion only when it beats the champion's deployment on that traffic. Promoting it stays a separate,
     reviewed step unless --promote adds it to the workflow (then only a new champion is promoted). The
     registered model needs a champion before the first run. Exit 2: a bad option (named)."""
-    from runtime.batch.workflows import BATCH_PRIORITY_CLASS, S3_SECRET, RetuneCronWorkflowSpec, retune_cron_workflow
+    from runtime.batch.workflow_specs import BATCH_PRIORITY_CLASS, RetuneCronWorkflowSpec
+    from runtime.batch.workflows import retune_cron_workflow
 
     slug = "".join(c if c.isascii() and c.isalnum() else "-" for c in model_name.lower())
     default_name = ("retune-" + slug.strip("-"))[:52].rstrip("-")  # CronWorkflow names: <= 52 characters
@@ -294,10 +296,3 @@ def retune_cmd(
         service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
         s3_secret=_secret(s3_secret, None), s3_endpoint_url=s3_endpoint_url), out)
 
-
-def main() -> None:  # pragma: no cover - console entry
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

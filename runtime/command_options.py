@@ -1,6 +1,7 @@
 """The command-line option of each use-case request field, one table per command.
 
-`pdserve tune` and `pdserve promote` name a field's problem after its option from here, and the Argo workflows
+A leaf of pure data (it imports nothing), so every layer may read it: `pdserve tune` and `pdserve promote` (and
+the tune use case, runtime/usecases/tune_model.py) name a field's problem after its option from here, and the Argo workflows
 (runtime/batch/workflows.py `retune_argv`, `promote_argv`) build their `pdserve` command lines from the same
 tables, so an option is spelled in one place. tests/unit/test_cli_option_tables.py checks that every entry is an
 option of the real command and that every request field has an option or is listed as having none.

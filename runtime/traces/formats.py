@@ -1,5 +1,12 @@
-"""Trace lines → compact columns → the tuner's workload, in ONE pass over each file (pure: no file, socket, clock
-or env; the adapter ``runtime.tracking.traces`` feeds it lines and names).
+"""The one home of trace formats: bytes → lines → compact columns → the tuner's workload, in ONE pass over each
+file (pure: no file, socket, clock or env; the adapter ``runtime.tracking.traces`` reads files and S3 objects and
+feeds them here as byte chunks and names).
+
+Formats (docs/benchmarks.md names the public traces in each), chosen by the file name's suffix
+(``READABLE_SUFFIXES``):
+* CSV with ``ContextTokens`` and ``GeneratedTokens`` columns (Azure LLM inference trace 2023, Splitwise);
+* JSON lines with ``input_length`` and ``output_length`` (Mooncake FAST'25 trace; the runtime's
+  ``--traffic-log``, runtime/server/traffic.py, writes this format with Unix-ms timestamps).
 
 A file becomes a :class:`TraceColumns`: its requests' input and output lengths (tokens) and arrival times (s) as
 ``array`` columns (8 bytes a value, not a tuple and two objects per request), so a trace of millions of
@@ -14,6 +21,7 @@ runtime/server/traffic.py: Unix ms); CSV ``TIMESTAMP`` as an ISO 8601 date-time 
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import math
@@ -21,9 +29,15 @@ import re
 from array import array
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 from runtime.tuner.workload import DEFAULT_MAX_POINTS, LengthSample
+
+JSONL_SUFFIXES = (".jsonl", ".json")
+CSV_SUFFIXES = (".csv",)
+READABLE_SUFFIXES = JSONL_SUFFIXES + CSV_SUFFIXES  # what read_isl_osl reads (case-insensitive)
+SKIPPED_SHOWN = 5  # names a "skipped" warning lists (the count is always given)
+
 
 PEAK_WINDOW_S = 60.0  # the busiest minute: the time scale the planner reacts on (PlannerSpec interval ~ 10-60 s)
 UNIX_TIME_MIN_S = 1e9  # 2001-09-09: earlier JSONL times are offsets from a trace's own start (Mooncake)
@@ -359,3 +373,76 @@ def may_hold_window(last_modified_s: float, newest_seen_s: float, window_s: floa
     the real window. Objects read in LastModified order, newest first, can stop at the first this refuses.
     """
     return last_modified_s + margin_s >= newest_seen_s - window_s
+
+
+def skipped_note(skipped: Iterable[str], where: str) -> str:
+    """One warning line for files or objects under ``where`` that were not read: their count and the first
+    ``SKIPPED_SHOWN`` names with the reason."""
+    skipped = list(skipped)
+    shown = ", ".join(skipped[:SKIPPED_SHOWN]) + (", ..." if len(skipped) > SKIPPED_SHOWN else "")
+    return f"{len(skipped)} file(s) under {where} not read as trace: {shown}"
+
+
+_EOL = re.compile(r"(\r\n|\r|\n)")
+
+
+def _split_lines(text: str) -> tuple[list[str], str]:
+    """The complete lines of ``text`` (ending kept) and the incomplete rest. A line ends at '\n', '\r\n' or a lone
+    '\r' (old-Mac CSV exports; what ``open(newline="")`` gave the csv module): a '\r' at the very end is kept in
+    the rest, as it may be the first half of a '\r\n' split across chunks."""
+    held = ""
+    if text.endswith("\r"):
+        text, held = text[:-1], "\r"
+    if "\r" not in text:  # the common case, at str.split speed
+        lines = text.split("\n")
+        rest = lines.pop()
+        return [line + "\n" for line in lines], rest + held
+    parts = _EOL.split(text)  # [line, ending, line, ending, ..., rest]
+    rest = parts.pop()
+    return [parts[i] + parts[i + 1] for i in range(0, len(parts), 2)], rest + held
+
+
+def text_lines(chunks: Iterable[bytes], name: str) -> Iterator[str]:
+    """The lines (ending kept: '\n', '\r\n' or a lone '\r') of UTF-8 text arriving as byte ``chunks`` (a BOM
+    before the first is dropped: it is not JSON, and would glue itself to a CSV's first column); reads one chunk
+    at a time.
+
+    Raises:
+        TraceFormatError: not UTF-8, naming ``name`` and the byte offset.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    partial: list[str] = []  # the line not ended yet, in pieces: joined once it ends (not re-copied per chunk)
+    offset = 0
+    for chunk in chunks:
+        try:
+            piece = decoder.decode(chunk)
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(f"{name}: not UTF-8 text ({e.reason} at byte {offset + e.start})") from None
+        offset += len(chunk)
+        if "\n" not in piece and "\r" not in piece and not (partial and partial[-1].endswith("\r")):
+            partial.append(piece)
+            continue
+        lines, rest = _split_lines("".join(partial) + piece)
+        partial = [rest]
+        yield from lines
+    try:
+        partial.append(decoder.decode(b"", final=True))
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(f"{name}: not UTF-8 text ({e.reason} at the end)") from None
+    rest = "".join(partial)
+    if rest:
+        yield rest
+
+
+def parse_trace_text(lines: Iterable[str], name: str, suffix_of: str) -> TraceColumns:
+    """Columns of one trace file's lines; the format follows the suffix of ``suffix_of`` (a path or key).
+
+    Raises:
+        TraceFormatError: unknown suffix, or as ``parse_jsonl`` / ``parse_csv``.
+    """
+    suffix = suffix_of.lower()
+    if suffix.endswith(JSONL_SUFFIXES):
+        return parse_jsonl(lines, name)
+    if suffix.endswith(CSV_SUFFIXES):
+        return parse_csv(lines, name)
+    raise TraceFormatError(f"{name}: unknown trace format (expected .csv or .jsonl)")
