@@ -13,6 +13,7 @@ and model routes, /metrics (Prometheus, including pdserve_* from runtime.server.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import threading
@@ -118,8 +119,9 @@ def _check_openai_routes(app) -> None:
         )
 
 
-def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int = 8080):
-    """Register `model` in a KServe ModelServer (gRPC off) and build its REST server bound to `host`.
+def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int = 8080, access_log: bool = True):
+    """Register `model` in a KServe ModelServer (gRPC off) and build its REST server bound to `host`;
+    `access_log` False turns uvicorn's access log (one line per request) off.
 
     Returns:
         a `kserve.protocol.rest.server.RESTServer`; `await server.start()` builds the KServe FastAPI app
@@ -159,6 +161,7 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
         workers=1,
     )
     rest.config.host = host
+    rest.config.access_log = access_log
     return rest
 
 
@@ -256,6 +259,7 @@ def serve(
     traffic_source: str | None = None,
     overload: OverloadSpec | None = None,
     slo_ttft_s: float | None = None,
+    access_log: bool = True,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
@@ -275,6 +279,7 @@ def serve(
     and at shutdown, ship what the log gained to ``<prefix><traffic_source>/`` (TrafficShipper; the source
     defaults to $HOSTNAME, the pod name); S3 failures are logged and retried, never fail a request.
     `overload`, `slo_ttft_s`: circuit breakers and admission control (build_model).
+    `access_log`: uvicorn's access log, one line per request (build_rest_server).
 
     Raises:
         ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings,
@@ -336,15 +341,21 @@ def serve(
             extra["breakers"] = model.breakers  # leaving workers drain through the rotation
         planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy,
                                    **extra, **planner)
-    rest = build_rest_server(model, host=host, http_port=http_port)
+    rest = build_rest_server(model, host=host, http_port=http_port, access_log=access_log)
     # uvicorn handles SIGTERM/SIGINT, shuts down, restores the previous handlers and raises the signal again
     # (uvicorn Server.capture_signals): with the default SIGTERM handler the process would die right there,
     # before any cleanup, leaving the planner's workers (own sessions) running. Make that re-raise an
     # exception, and stop the planner's workers here, outside the event loop, whatever ended it.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if _in_main_thread() else None
+    # KServe's OpenAI layer imports vLLM, torch and transformers: millions of long-lived objects that every
+    # full collection of the cyclic GC would walk again, several times a second under load (bench/frontend.py
+    # profile: about 40 % of the runtime's CPU). Freezing moves what exists now out of the collector's sight;
+    # what requests allocate is still collected.
+    gc.freeze()
     try:
-        asyncio.run(run_server(rest, model, planner=planner_rt, discovery=source,
-                               discovered_kv_events=kv_router))
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(run_server(rest, model, planner=planner_rt, discovery=source,
+                                  discovered_kv_events=kv_router))
     finally:
         if planner_rt is not None:
             planner_rt.close()
@@ -354,6 +365,17 @@ def serve(
             shipper.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def event_loop_factory():
+    """The loop factory of the runtime's event loop: uvloop's (libuv; less CPU per socket event than asyncio's
+    selector loop, and a proxied request is mostly socket events: bench/frontend.py) when it is installed,
+    else None (asyncio's default loop)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _exit_on_sigterm(signum, frame) -> None:  # noqa: ANN001 - signal handler signature
