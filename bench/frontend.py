@@ -199,7 +199,8 @@ def main() -> None:
         targets: dict[str, tuple[str, subprocess.Popen | None]] = {
             "direct": (f"{decode}/v1/chat/completions", None)}
         rt = procs.start([sys.executable, "-m", "runtime.server", "--model-name", MODEL, "--prefill-url", prefill,
-                          "--decode-url", decode, "--host", "127.0.0.1", "--http-port", str(ports["pdserve"])],
+                          "--decode-url", decode, "--host", "127.0.0.1", "--http-port", str(ports["pdserve"]),
+                          "--no-access-log"],
                          logs / "pdserve.log")
         _wait_http(f"http://127.0.0.1:{ports['pdserve']}/v2/health/ready", rt)
         targets["pdserve"] = (f"http://127.0.0.1:{ports['pdserve']}/openai/v1/chat/completions", rt)
