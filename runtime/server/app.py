@@ -26,6 +26,8 @@ from runtime.config import OverloadSpec, RouterSpec
 from runtime.server.breakers import check_loop
 from runtime.engines.kv_events import KvEventSubscriber
 from runtime.server.edge import install_edge
+from runtime.server.engine_load import DEFAULT_INTERVAL_S as DEFAULT_ENGINE_LOAD_INTERVAL_S
+from runtime.server.engine_load import engine_load_loop
 from runtime.server.errors import install_openai_error_handlers
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.model import DEFAULT_KV_LEASE_S, PDModel
@@ -178,7 +180,8 @@ def _report_task_death(task: asyncio.Task) -> None:
 
 async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, planner=None,
                      discovery=None, discovered_kv_events: bool = False, discovery_retry_s: float = 1.0,
-                     discovery_max_retry_s: float = 30.0) -> None:
+                     discovery_max_retry_s: float = 30.0,
+                     engine_load_interval_s: float | None = DEFAULT_ENGINE_LOAD_INTERVAL_S) -> None:
     """Serve `rest` with the model's background work: worker health checks and half-open probes feeding the
     circuit breakers (runtime.server.breakers.check_loop), KV-event subscription when its pairing is a
     RouterPairing, and the planner task (runtime.server.planner_runtime.PlannerRuntime)
@@ -187,6 +190,10 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
     runtime.deploy.discovery.PoolMembership) feeds the RouterPairing's pool (runtime.server.discovery_sync);
     with `discovered_kv_events` (the KV-aware router) the KV-event endpoints of discovered workers and of
     workers a local planner starts are subscribed to as they come and unsubscribed as they go.
+
+    With a RouterPairing and `engine_load_interval_s` (None: off), the workers' own gauges are read every
+    that many seconds so that the router counts the other runtime replicas' requests too
+    (runtime.server.engine_load).
 
     Background tasks that die are logged at ERROR with their traceback while the server runs; discovery is
     restarted after `discovery_retry_s` seconds, doubling up to `discovery_max_retry_s`
@@ -212,6 +219,10 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
             retry_s=discovery_retry_s, max_retry_s=discovery_max_retry_s), name="pdserve-discovery"))
     if planner is not None:
         tasks.append(asyncio.create_task(planner.run(), name="pdserve-planner"))
+    if isinstance(pairing, RouterPairing) and engine_load_interval_s is not None:
+        tasks.append(asyncio.create_task(engine_load_loop(pairing, model.worker_metrics,
+                                                          interval_s=engine_load_interval_s),
+                                         name="pdserve-engine-load"))
     # every worker's health checks and half-open probes feed its circuit breaker (runtime.server.breakers)
     tasks.append(asyncio.create_task(check_loop(model.breakers, model.worker_healthy, interval_s=health_interval_s),
                                      name="pdserve-health"))
@@ -260,6 +271,7 @@ def serve(
     overload: OverloadSpec | None = None,
     slo_ttft_s: float | None = None,
     access_log: bool = True,
+    engine_load_interval_s: float | None = DEFAULT_ENGINE_LOAD_INTERVAL_S,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
@@ -280,6 +292,8 @@ def serve(
     defaults to $HOSTNAME, the pod name); S3 failures are logged and retried, never fail a request.
     `overload`, `slo_ttft_s`: circuit breakers and admission control (build_model).
     `access_log`: uvicorn's access log, one line per request (build_rest_server).
+    `engine_load_interval_s`: seconds between reads of the workers' gauges for the other replicas' load
+    (run_server; None: off).
 
     Raises:
         ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings,
@@ -355,7 +369,7 @@ def serve(
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(run_server(rest, model, planner=planner_rt, discovery=source,
-                                  discovered_kv_events=kv_router))
+                                  discovered_kv_events=kv_router, engine_load_interval_s=engine_load_interval_s))
     finally:
         if planner_rt is not None:
             planner_rt.close()

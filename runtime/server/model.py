@@ -401,6 +401,18 @@ class PDModel(OpenAIGenerativeModel):
         finally:
             self._release(user)
 
+    async def worker_metrics(self, url: str) -> str:
+        """GET <url>/metrics (Prometheus text): the engine's own gauges (runtime.server.engine_load).
+
+        Raises:
+            BackendError: the worker failed or is unreachable.
+        """
+        user = object()
+        try:
+            return await self._client(url, user).metrics_text()
+        finally:
+            self._release(user)
+
     async def aclose(self) -> None:
         """Close every worker client (also those of departed workers still being closed)."""
         clients = list(self._clients.values())  # a request may add a client while we await a close
