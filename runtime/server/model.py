@@ -798,9 +798,10 @@ class PDModel(OpenAIGenerativeModel):
                                 self._first_token(rid, first_s)
                                 self.metrics.ttft.labels(endpoint, mode).observe(first_s)
                             usage = chunk.get("usage") or usage
-                            if not client_wants_usage and "usage" in chunk:
-                                del chunk["usage"]
-                                changed = True
+                            if not client_wants_usage:
+                                if "usage" in chunk:
+                                    del chunk["usage"]
+                                    changed = True
                                 if not chunk.get("choices"):
                                     continue  # the usage-only final chunk the client did not ask for
                             text = chunk_text(chunk)
