@@ -779,7 +779,8 @@ class PDModel(OpenAIGenerativeModel):
                                                route.decode_url, chunk)
                                 raise worker_err
                             # the worker's own text goes out unless the runtime changes the chunk
-                            changed = chunk.pop("kv_transfer_params", None) is not None
+                            changed = "kv_transfer_params" in chunk
+                            chunk.pop("kv_transfer_params", None)
                             stream_id = stream_id or chunk.get("id")
                             if stream_id and "id" in chunk and chunk["id"] != stream_id:
                                 chunk["id"], changed = stream_id, True  # one id across a migration
