@@ -7,8 +7,9 @@
 Starts, each in its own process on 127.0.0.1: one prefill and one decode engine stand-in
 (bench/engine_standin.py: answers at once, streams `--max-tokens` tokens one every `--token-interval-ms`,
 speaks vLLM's P/D `kv_transfer_params` protocol), the pdserve runtime in front of them (`python -m
-runtime.server`, fixed pairing) and, when the `vllm-router` binary is found (`--vllm-router`, else PATH; `pip
-install vllm-router` into any venv), vLLM's Rust router in P/D mode in front of the same two stand-ins.
+runtime.server`, fixed pairing, access log off) and, when the `vllm-router` binary is found (`--vllm-router`,
+else PATH; `pip install vllm-router` into any venv), vLLM's Rust router in P/D mode in front of the same two
+stand-ins (log level warning: neither front end writes a line per request).
 
 An open-loop load generator (Poisson arrivals, streamed chat completions) runs each rate of `--rates` for
 `--duration-s` against each target in turn — direct (the decode stand-in itself, no prefill leg), pdserve,
@@ -199,7 +200,8 @@ def main() -> None:
         targets: dict[str, tuple[str, subprocess.Popen | None]] = {
             "direct": (f"{decode}/v1/chat/completions", None)}
         rt = procs.start([sys.executable, "-m", "runtime.server", "--model-name", MODEL, "--prefill-url", prefill,
-                          "--decode-url", decode, "--host", "127.0.0.1", "--http-port", str(ports["pdserve"])],
+                          "--decode-url", decode, "--host", "127.0.0.1", "--http-port", str(ports["pdserve"]),
+                          "--no-access-log"],
                          logs / "pdserve.log")
         _wait_http(f"http://127.0.0.1:{ports['pdserve']}/v2/health/ready", rt)
         targets["pdserve"] = (f"http://127.0.0.1:{ports['pdserve']}/openai/v1/chat/completions", rt)

@@ -14,12 +14,15 @@ The client never decides where to send a request: its `base_url` is fixed at con
 
 from __future__ import annotations
 
-import copy
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 
 PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -65,9 +68,48 @@ def _transport_error(url: str, exc: httpx.HTTPError) -> BackendError:
     return BackendError(url, 502, f"{type(exc).__name__}: {exc}", unreachable=gone)
 
 
+def _aiohttp_error(url: str, exc: BaseException) -> BackendError:
+    """The BackendError of an aiohttp failure, with the same meaning as `_transport_error`'s: a connect
+    timeout, a refused, reset or dropped connection or a body cut short is an unreachable worker; any other
+    timeout (between reads) a 504; any other client error a 502 of a worker that is still there."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return BackendError(url, 502, f"{type(exc).__name__}: connect timed out", unreachable=True)
+    if isinstance(exc, asyncio.TimeoutError):
+        return BackendError(url, 504, f"{type(exc).__name__}: the worker did not answer in time")
+    gone = isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError))
+    return BackendError(url, 502, f"{type(exc).__name__}: {exc}", unreachable=gone)
+
+
+def _json_loads(data: bytes | str) -> Any:
+    """JSON text → value: orjson (strict RFC 8259, several times faster than the stdlib on small objects),
+    the stdlib for what orjson refuses but Python's json writes (NaN, Infinity, as a Python worker may).
+
+    Raises:
+        ValueError: not JSON for either.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def _json_dumps(obj: Any) -> bytes:
+    """Compact JSON bytes of a request body (orjson; the stdlib for integers beyond 64 bits, which orjson
+    refuses and a client's JSON may hold).
+
+    Raises:
+        TypeError, ValueError: `obj` is not JSON-serialisable.
+    """
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
 def prefill_body(body: dict) -> dict:
-    """The prefill request for `body`: same fields, one token, no streaming, remote-decode KV params."""
-    out = copy.deepcopy(body)
+    """The prefill request for `body`: same fields, one token, no streaming, remote-decode KV params. A
+    shallow copy: only top-level fields change, and `body` is left as it is."""
+    out = dict(body)
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
@@ -79,19 +121,13 @@ def prefill_body(body: dict) -> dict:
 
 
 def decode_body(body: dict, kv_transfer_params: dict | None) -> dict:
-    """The decode request: the original `body` plus the prefill answer's `kv_transfer_params` (if any)."""
-    out = copy.deepcopy(body)
+    """The decode request: the original `body` plus the prefill answer's `kv_transfer_params` (if any). A
+    shallow copy, as `prefill_body`'s."""
+    out = dict(body)
     out.pop("kv_transfer_params", None)
     if kv_transfer_params is not None:
         out["kv_transfer_params"] = kv_transfer_params
     return out
-
-
-def _decode_error_body(resp: httpx.Response) -> Any:
-    try:
-        return resp.json()
-    except ValueError:
-        return resp.text
 
 
 def _chunk_shape_ok(chunk: dict) -> bool:
@@ -111,24 +147,48 @@ class VllmClient:
 
     Args:
         base_url: "http://host:port" of the worker (from configuration, never from a request).
-        timeout_s: read timeout per call, seconds (connect timeout is 5 s).
-        transport: optional httpx transport (tests may pass a real ASGI app transport).
+        timeout_s: read timeout per call (the longest wait for the next bytes of an answer), seconds; the
+            connect timeout is 5 s.
+        transport: optional httpx transport (tests pass `httpx.MockTransport` or an ASGI app transport);
+            without one the client speaks HTTP with aiohttp.
+
+    Why aiohttp: every request crosses the runtime twice (prefill answer, decode stream), and the client's
+    per-call and per-chunk cost is most of the runtime's own CPU per request. aiohttp's HTTP/1.1 client (C
+    parser, no per-call task-group or cancel-scope machinery) costs several times less than httpx's
+    (bench/frontend.py, docs/performance.md#front-end-cost). httpx stays for injected transports.
     """
 
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = base_url.rstrip("/")
-        # No cap on connections: the worker's own scheduler queues what it cannot run, so a pool cap would
-        # only hide a second queue here (httpx's default, 100, holds the 101st stream until one ends).
-        # Keep-alive for as many as are open, so a busy worker's streams do not reconnect per request.
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-            transport=transport,
-        )
+        self.timeout_s = timeout_s
+        self._http: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
+        if transport is not None:
+            # No cap on connections: the worker's own scheduler queues what it cannot run, so a pool cap would
+            # only hide a second queue here (httpx's default, 100, holds the 101st stream until one ends).
+            self._http = httpx.AsyncClient(
+                base_url=self.base_url,
+                timeout=httpx.Timeout(timeout_s, connect=5.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+                transport=transport,
+            )
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
+
+    def _aiohttp(self) -> aiohttp.ClientSession:
+        """The aiohttp session, made on first use (aiohttp binds it to the running event loop). No cap on
+        connections, for the reason httpx has none above; idle connections are kept for reuse."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+                timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
+        return self._session
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.aclose()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
     async def __aenter__(self) -> "VllmClient":
         return self
@@ -136,21 +196,69 @@ class VllmClient:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
+    async def _post(self, path: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        """POST `data` (JSON) to `path`: (status, body). Raises BackendError on transport errors."""
+        url = self.base_url + path
+        headers = {**headers, "Content-Type": "application/json"}
+        if self._http is not None:
+            try:
+                resp = await self._http.post(path, content=data, headers=headers)
+            except httpx.HTTPError as exc:
+                raise _transport_error(url, exc) from exc
+            return resp.status_code, resp.content
+        try:
+            async with self._aiohttp().post(url, data=data, headers=headers) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise _aiohttp_error(url, exc) from exc
+
+    async def _get(self, path: str, timeout_s: float | None = None) -> tuple[int, bytes]:
+        """GET `path`: (status, body); `timeout_s` bounds the whole call. Raises BackendError."""
+        url = self.base_url + path
+        if self._http is not None:
+            try:
+                resp = await self._http.get(path, **({} if timeout_s is None else {"timeout": timeout_s}))
+            except httpx.HTTPError as exc:
+                raise _transport_error(url, exc) from exc
+            return resp.status_code, resp.content
+        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self._aiohttp().get(url, timeout=timeout) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise _aiohttp_error(url, exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def _post_stream(self, path: str, data: bytes, headers: dict[str, str]):
+        """POST `data` to `path` and yield (status, pieces): `pieces` an async iterator of the body's bytes as
+        they arrive. Raises BackendError on transport errors (also while the body is read)."""
+        url = self.base_url + path
+        headers = {**headers, "Content-Type": "application/json"}
+        if self._http is not None:
+            try:
+                async with self._http.stream("POST", path, content=data, headers=headers) as resp:
+                    yield resp.status_code, resp.aiter_bytes()
+            except httpx.HTTPError as exc:
+                raise _transport_error(url, exc) from exc
+            return
+        try:
+            async with self._aiohttp().post(url, data=data, headers=headers) as resp:
+                yield resp.status, resp.content.iter_any()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise _aiohttp_error(url, exc) from exc
+
     async def post_json(self, path: str, body: dict, request_id: str) -> dict:
         """POST `body` to `path`, return the JSON answer. Raises BackendError on non-2xx or transport errors."""
         url = self.base_url + path
+        status, raw = await self._post(path, _json_dumps(body), {"X-Request-Id": request_id})
+        if status >= 300:
+            raise BackendError(url, status, _error_body(raw))
         try:
-            resp = await self._http.post(path, json=body, headers={"X-Request-Id": request_id})
-        except httpx.HTTPError as exc:
-            raise _transport_error(url, exc) from exc
-        if resp.status_code >= 300:
-            raise BackendError(url, resp.status_code, _decode_error_body(resp))
-        try:
-            answer = resp.json()
+            answer = _json_loads(raw)
         except ValueError:
-            raise BackendError(url, 502, f"answered {resp.status_code} with a body that is not JSON") from None
+            raise BackendError(url, 502, f"answered {status} with a body that is not JSON") from None
         if not isinstance(answer, dict):
-            raise BackendError(url, 502, f"answered {resp.status_code} with JSON that is not an object")
+            raise BackendError(url, 502, f"answered {status} with JSON that is not an object")
         return answer
 
     async def prefill(self, path: str, body: dict, request_id: str) -> dict | None:
@@ -175,6 +283,20 @@ class VllmClient:
         """Streaming (decode) call: yields each SSE chunk's JSON object, stops at `data: [DONE]`.
 
         Raises:
+            BackendError: as `stream_events`.
+        """
+        async with contextlib.aclosing(self.stream_events(path, body, request_id, kv_transfer_params)) as events:
+            async for _, chunk in events:
+                yield chunk
+
+    async def stream_events(
+        self, path: str, body: dict, request_id: str, kv_transfer_params: dict | None = None
+    ) -> AsyncIterator[tuple[bytes, dict]]:
+        """Streaming (decode) call: yields (data, chunk) per SSE event — `data` the event's JSON text as the
+        worker sent it (a caller that changes nothing forwards it without encoding it again), `chunk` its
+        object — and stops at `data: [DONE]`. Lines other than `data:` ones (comments, `event:`) are skipped.
+
+        Raises:
             BackendError: non-2xx status (raised before the first chunk), a broken connection, an event
                 that is not a JSON object, or a stream that ends without `data: [DONE]` (a truncated
                 answer must not look complete).
@@ -182,42 +304,61 @@ class VllmClient:
         b = decode_body(body, kv_transfer_params)
         b["stream"] = True
         url = self.base_url + path
-        try:
-            async with self._http.stream("POST", path, json=b, headers={"X-Request-Id": request_id}) as resp:
-                if resp.status_code >= 300:
-                    await resp.aread()
-                    raise BackendError(url, resp.status_code, _decode_error_body(resp))
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
+        async with self._post_stream(path, _json_dumps(b), {"X-Request-Id": request_id}) as (status, pieces):
+            if status >= 300:
+                raw = b"".join([p async for p in pieces])
+                raise BackendError(url, status, _error_body(raw))
+            buf = b""
+            async for piece in pieces:
+                buf += piece
+                if b"\n" not in piece:
+                    continue
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if not line.startswith(b"data:"):
                         continue
-                    data = line[len("data:"):].strip()
-                    if data == "[DONE]":
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
                         return
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise BackendError(url, 502, "stream event is not JSON") from None
-                    if not isinstance(chunk, dict) or not _chunk_shape_ok(chunk):
-                        raise BackendError(url, 502, "stream event is not an OpenAI completion chunk")
-                    yield chunk
-        except httpx.HTTPError as exc:
-            raise _transport_error(url, exc) from exc
+                    yield data, _stream_chunk(url, data)
+            for line in buf.split(b"\n"):  # a last line without its newline
+                data = line[5:].strip() if line.startswith(b"data:") else None
+                if data == b"[DONE]":
+                    return
+                if data is not None:
+                    yield data, _stream_chunk(url, data)
         raise BackendError(url, 502, "stream ended without data: [DONE]")
 
     async def metrics_text(self) -> str:
         """GET /metrics (Prometheus text). Raises BackendError."""
-        url = self.base_url + "/metrics"
-        try:
-            resp = await self._http.get("/metrics")
-        except httpx.HTTPError as exc:
-            raise _transport_error(url, exc) from exc
-        if resp.status_code != 200:
-            raise BackendError(url, resp.status_code, resp.text)
-        return resp.text
+        status, raw = await self._get("/metrics")
+        text = raw.decode("utf-8", "replace")
+        if status != 200:
+            raise BackendError(self.base_url + "/metrics", status, text)
+        return text
 
     async def healthy(self) -> bool:
-        """True when GET /health answers 200 within the timeout."""
+        """True when GET /health answers 200 within 2 s."""
         try:
-            return (await self._http.get("/health", timeout=2.0)).status_code == 200
-        except httpx.HTTPError:
+            return (await self._get("/health", 2.0))[0] == 200
+        except BackendError:
             return False
+
+
+def _error_body(raw: bytes) -> Any:
+    """A worker's error answer: its JSON when it is JSON, else its text."""
+    try:
+        return _json_loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+
+
+def _stream_chunk(url: str, data: bytes) -> dict:
+    """The chunk object of one SSE event's `data`. Raises BackendError when it is not an OpenAI chunk."""
+    try:
+        chunk = _json_loads(data)
+    except ValueError:
+        raise BackendError(url, 502, "stream event is not JSON") from None
+    if not isinstance(chunk, dict) or not _chunk_shape_ok(chunk):
+        raise BackendError(url, 502, "stream event is not an OpenAI completion chunk")
+    return chunk

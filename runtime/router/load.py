@@ -30,6 +30,9 @@ class WorkerLoad:
         total_prefill_work: prefill work ever routed here, same unit (evens out long-run busy time).
         available: False while the worker is suspended (failed a health check): never chosen, but its
             index entry and counters are kept.
+        external_requests: requests on the worker that other routers (runtime replicas) sent, as last
+            estimated from the engine's own gauges (`set_external_load`); not in ``num_requests``.
+        external_decode_blocks: the part of ``decode_blocks`` those requests stand for.
     """
 
     worker_id: str
@@ -41,6 +44,8 @@ class WorkerLoad:
     prefill_work: float = 0.0
     total_prefill_work: float = 0.0
     available: bool = True
+    external_requests: float = 0.0
+    external_decode_blocks: int = 0
 
     @property
     def can_prefill(self) -> bool:
@@ -51,6 +56,31 @@ class WorkerLoad:
     def can_decode(self) -> bool:
         """Whether this worker may be chosen as a decode worker (and prefill locally)."""
         return self.role in ("decode", "both")
+
+
+def set_external_load(w: WorkerLoad, engine_requests: float | None, blocks_per_request: float) -> None:
+    """Fold the load other routers put on decode-capable worker `w` into its counters.
+
+    `engine_requests`: requests the engine itself reports running or waiting (vLLM
+    ``vllm:num_requests_running`` + ``vllm:num_requests_waiting``); None when its page could not be read (the
+    external share is dropped rather than kept stale). The requests beyond this router's own
+    (``num_requests``) are the other replicas'; each stands for `blocks_per_request` KV blocks (the mean
+    prompt blocks this router charges per request: the other replicas serve the same traffic). The share
+    replaces the previous one in ``decode_blocks`` (so the router's own charge and release stay exact), and
+    ``num_requests`` is left to the router's own requests. A worker that cannot decode is left as it is: a
+    prefill engine's queue empties within one prefill, faster than its gauges can be read.
+
+    Raises:
+        ValueError: `blocks_per_request` < 0.
+    """
+    if blocks_per_request < 0:
+        raise ValueError(f"blocks_per_request={blocks_per_request}: expected >= 0")
+    if not w.can_decode:
+        return
+    external = 0.0 if engine_requests is None else max(0.0, float(engine_requests) - w.num_requests)
+    blocks = int(round(external * blocks_per_request))
+    w.decode_blocks += blocks - w.external_decode_blocks
+    w.external_requests, w.external_decode_blocks = external, blocks
 
 
 def removal_choice(loads: "list[WorkerLoad | None]") -> int:

@@ -145,6 +145,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Folder name of this runtime under the upload prefix (default: $HOSTNAME, the pod name).")
     p.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
     p.add_argument("--http-port", type=int_at_least(1, 65535), default=8080, help="HTTP port (1-65535).")
+    p.add_argument("--engine-load-interval-s", type=positive_seconds, default=1.0,
+                   help="With a load-aware router: seconds between reads of the workers' own request gauges, "
+                        "which add the other runtime replicas' requests to this replica's load view.")
+    p.add_argument("--no-engine-load", dest="engine_load", action="store_false",
+                   help="Route on this replica's own in-flight requests only (no reads of the workers' gauges).")
+    p.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help="Turn uvicorn's access log (one line per request) off; the pdserve_* metrics still count "
+                        "every request.")
     p.add_argument("--timeout-s", type=positive_seconds, default=600.0,
                    help="Read timeout of each worker call, seconds (> 0).")
     p.add_argument("--prefill-timeout-s", type=positive_seconds, default=120.0,
@@ -419,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
         traffic_source=args.traffic_source,
         overload=overload,
         slo_ttft_s=None if args.ttft_slo_ms is None else args.ttft_slo_ms / 1000.0,
+        access_log=args.access_log,
+        engine_load_interval_s=args.engine_load_interval_s if args.engine_load else None,
     )
 
 

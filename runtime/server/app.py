@@ -13,6 +13,7 @@ and model routes, /metrics (Prometheus, including pdserve_* from runtime.server.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import threading
@@ -25,6 +26,8 @@ from runtime.config import OverloadSpec, RouterSpec
 from runtime.server.breakers import check_loop
 from runtime.engines.kv_events import KvEventSubscriber
 from runtime.server.edge import install_edge
+from runtime.server.engine_load import DEFAULT_INTERVAL_S as DEFAULT_ENGINE_LOAD_INTERVAL_S
+from runtime.server.engine_load import engine_load_loop
 from runtime.server.errors import install_openai_error_handlers
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.model import DEFAULT_KV_LEASE_S, PDModel
@@ -118,8 +121,9 @@ def _check_openai_routes(app) -> None:
         )
 
 
-def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int = 8080):
-    """Register `model` in a KServe ModelServer (gRPC off) and build its REST server bound to `host`.
+def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int = 8080, access_log: bool = True):
+    """Register `model` in a KServe ModelServer (gRPC off) and build its REST server bound to `host`;
+    `access_log` False turns uvicorn's access log (one line per request) off.
 
     Returns:
         a `kserve.protocol.rest.server.RESTServer`; `await server.start()` builds the KServe FastAPI app
@@ -159,6 +163,7 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
         workers=1,
     )
     rest.config.host = host
+    rest.config.access_log = access_log
     return rest
 
 
@@ -175,7 +180,8 @@ def _report_task_death(task: asyncio.Task) -> None:
 
 async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, planner=None,
                      discovery=None, discovered_kv_events: bool = False, discovery_retry_s: float = 1.0,
-                     discovery_max_retry_s: float = 30.0) -> None:
+                     discovery_max_retry_s: float = 30.0,
+                     engine_load_interval_s: float | None = DEFAULT_ENGINE_LOAD_INTERVAL_S) -> None:
     """Serve `rest` with the model's background work: worker health checks and half-open probes feeding the
     circuit breakers (runtime.server.breakers.check_loop), KV-event subscription when its pairing is a
     RouterPairing, and the planner task (runtime.server.planner_runtime.PlannerRuntime)
@@ -184,6 +190,10 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
     runtime.deploy.discovery.PoolMembership) feeds the RouterPairing's pool (runtime.server.discovery_sync);
     with `discovered_kv_events` (the KV-aware router) the KV-event endpoints of discovered workers and of
     workers a local planner starts are subscribed to as they come and unsubscribed as they go.
+
+    With a RouterPairing and `engine_load_interval_s` (None: off), the workers' own gauges are read every
+    that many seconds so that the router counts the other runtime replicas' requests too
+    (runtime.server.engine_load).
 
     Background tasks that die are logged at ERROR with their traceback while the server runs; discovery is
     restarted after `discovery_retry_s` seconds, doubling up to `discovery_max_retry_s`
@@ -209,6 +219,10 @@ async def run_server(rest, model: PDModel, *, health_interval_s: float = 2.0, pl
             retry_s=discovery_retry_s, max_retry_s=discovery_max_retry_s), name="pdserve-discovery"))
     if planner is not None:
         tasks.append(asyncio.create_task(planner.run(), name="pdserve-planner"))
+    if isinstance(pairing, RouterPairing) and engine_load_interval_s is not None:
+        tasks.append(asyncio.create_task(engine_load_loop(pairing, model.worker_metrics,
+                                                          interval_s=engine_load_interval_s),
+                                         name="pdserve-engine-load"))
     # every worker's health checks and half-open probes feed its circuit breaker (runtime.server.breakers)
     tasks.append(asyncio.create_task(check_loop(model.breakers, model.worker_healthy, interval_s=health_interval_s),
                                      name="pdserve-health"))
@@ -256,6 +270,8 @@ def serve(
     traffic_source: str | None = None,
     overload: OverloadSpec | None = None,
     slo_ttft_s: float | None = None,
+    access_log: bool = True,
+    engine_load_interval_s: float | None = DEFAULT_ENGINE_LOAD_INTERVAL_S,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
@@ -275,6 +291,9 @@ def serve(
     and at shutdown, ship what the log gained to ``<prefix><traffic_source>/`` (TrafficShipper; the source
     defaults to $HOSTNAME, the pod name); S3 failures are logged and retried, never fail a request.
     `overload`, `slo_ttft_s`: circuit breakers and admission control (build_model).
+    `access_log`: uvicorn's access log, one line per request (build_rest_server).
+    `engine_load_interval_s`: seconds between reads of the workers' gauges for the other replicas' load
+    (run_server; None: off).
 
     Raises:
         ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings,
@@ -336,15 +355,21 @@ def serve(
             extra["breakers"] = model.breakers  # leaving workers drain through the rotation
         planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy,
                                    **extra, **planner)
-    rest = build_rest_server(model, host=host, http_port=http_port)
+    rest = build_rest_server(model, host=host, http_port=http_port, access_log=access_log)
     # uvicorn handles SIGTERM/SIGINT, shuts down, restores the previous handlers and raises the signal again
     # (uvicorn Server.capture_signals): with the default SIGTERM handler the process would die right there,
     # before any cleanup, leaving the planner's workers (own sessions) running. Make that re-raise an
     # exception, and stop the planner's workers here, outside the event loop, whatever ended it.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if _in_main_thread() else None
+    # KServe's OpenAI layer imports vLLM, torch and transformers: millions of long-lived objects that every
+    # full collection of the cyclic GC would walk again, several times a second under load (bench/frontend.py
+    # profile: about 40 % of the runtime's CPU). Freezing moves what exists now out of the collector's sight;
+    # what requests allocate is still collected.
+    gc.freeze()
     try:
-        asyncio.run(run_server(rest, model, planner=planner_rt, discovery=source,
-                               discovered_kv_events=kv_router))
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(run_server(rest, model, planner=planner_rt, discovery=source,
+                                  discovered_kv_events=kv_router, engine_load_interval_s=engine_load_interval_s))
     finally:
         if planner_rt is not None:
             planner_rt.close()
@@ -354,6 +379,17 @@ def serve(
             shipper.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def event_loop_factory():
+    """The loop factory of the runtime's event loop: uvloop's (libuv; less CPU per socket event than asyncio's
+    selector loop, and a proxied request is mostly socket events: bench/frontend.py) when it is installed,
+    else None (asyncio's default loop)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _exit_on_sigterm(signum, frame) -> None:  # noqa: ANN001 - signal handler signature

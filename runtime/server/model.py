@@ -401,6 +401,18 @@ class PDModel(OpenAIGenerativeModel):
         finally:
             self._release(user)
 
+    async def worker_metrics(self, url: str) -> str:
+        """GET <url>/metrics (Prometheus text): the engine's own gauges (runtime.server.engine_load).
+
+        Raises:
+            BackendError: the worker failed or is unreachable.
+        """
+        user = object()
+        try:
+            return await self._client(url, user).metrics_text()
+        finally:
+            self._release(user)
+
     async def aclose(self) -> None:
         """Close every worker client (also those of departed workers still being closed)."""
         clients = list(self._clients.values())  # a request may add a client while we await a close
@@ -748,14 +760,17 @@ class PDModel(OpenAIGenerativeModel):
         try:
             while True:
                 try:
-                    async with contextlib.aclosing(decode.stream(path, attempt, rid, kv)) as events:
+                    async with contextlib.aclosing(decode.stream_events(path, attempt, rid, kv)) as events:
                         chunks = events.__aiter__()
                         while True:
                             wait_s = None  # a leg on a handoff must show its first token before the deadline
                             if kv is not None and first_s is None and lease_end is not None:
                                 wait_s = max(0.0, lease_end - self.kv_lease_margin_s - self.clock())
                             try:
-                                chunk = await asyncio.wait_for(chunks.__anext__(), wait_s)
+                                if wait_s is None:
+                                    data, chunk = await chunks.__anext__()
+                                else:
+                                    data, chunk = await asyncio.wait_for(chunks.__anext__(), wait_s)
                             except StopAsyncIteration:
                                 break
                             worker_err = _stream_error_event(chunk, route.decode_url)
@@ -763,10 +778,12 @@ class PDModel(OpenAIGenerativeModel):
                                 logger.warning("decode worker %s sent an error event mid-stream: %.500s",
                                                route.decode_url, chunk)
                                 raise worker_err
+                            # the worker's own text goes out unless the runtime changes the chunk
+                            changed = "kv_transfer_params" in chunk
                             chunk.pop("kv_transfer_params", None)
                             stream_id = stream_id or chunk.get("id")
-                            if stream_id and "id" in chunk:
-                                chunk["id"] = stream_id  # one id across a migration
+                            if stream_id and "id" in chunk and chunk["id"] != stream_id:
+                                chunk["id"], changed = stream_id, True  # one id across a migration
                             token = (local_prefill or first_s is None) and _is_first_token(chunk)
                             if local_prefill and token:
                                 # this decode worker's own prefill is done (also after a migration)
@@ -783,7 +800,9 @@ class PDModel(OpenAIGenerativeModel):
                                 self.metrics.ttft.labels(endpoint, mode).observe(first_s)
                             usage = chunk.get("usage") or usage
                             if not client_wants_usage:
-                                chunk.pop("usage", None)
+                                if "usage" in chunk:
+                                    del chunk["usage"]
+                                    changed = True
                                 if not chunk.get("choices"):
                                     continue  # the usage-only final chunk the client did not ask for
                             text = chunk_text(chunk)
@@ -794,7 +813,8 @@ class PDModel(OpenAIGenerativeModel):
                                 last_s = self.clock() - t0
                             replayable = replayable and chunk_replayable(chunk)
                             yielded = True
-                            yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+                            text_out = json.dumps(chunk, separators=(",", ":")) if changed else data.decode()
+                            yield f"data: {text_out}\n\n"
                     ok = True
                     self._note_answer(route.decode_url, None)
                     break

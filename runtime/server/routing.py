@@ -11,7 +11,10 @@ clock, the KV-event subscription and the worker health loop:
   keeps its index entry (its cache survives a short outage, and vLLM never re-reports blocks it holds); it
   is chosen again when its breaker closes (`mark_up`). A real restart clears the entry through the KV-event
   path (sequence reset); `remove_worker` drops it for good;
-* workers without KV events are tracked approximately, each bounded to `approx_capacity_tokens`.
+* workers without KV events are tracked approximately, each bounded to `approx_capacity_tokens`;
+* with several runtime replicas in front of the same workers, each decode-capable worker's load includes
+  the other replicas' requests, estimated from the engine's own gauges (`set_engine_load`, fed by
+  runtime.server.engine_load), so every replica balances on the whole pool's load.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from runtime.config import RouterSpec
 from runtime.kv.events import KvEventBatch
 from runtime.redact import redact_userinfo
 from runtime.router.core import MigrationLimitError, NoWorkersError, Router, UnknownRequestError
-from runtime.router.load import WorkerLoad
+from runtime.router.load import WorkerLoad, set_external_load
 from runtime.server.pairing import Route, RouteRequest
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,10 @@ log = logging.getLogger(__name__)
 #: large worker's KV cache (Llama-3.1-70B on 8×H100 at 0.9 memory: ~1.3M tokens; 8B on one H100: ~0.45M),
 #: so learned entries cannot grow without limit (the engine's LRU would have evicted older blocks anyway).
 DEFAULT_APPROX_CAPACITY_TOKENS = 1 << 20
+
+#: Weight of the newest request in the running mean of prompt blocks per request (an exponential moving
+#: average over about the last 1 / weight = 20 requests): the size other replicas' requests are taken to have.
+BLOCKS_MEAN_WEIGHT = 0.05
 
 #: Characters per token of the prompt-length estimate for prompts the runtime could not tokenize (the
 #: usual ~4 characters per token of English BPE vocabularies, OpenAI's tokenizer guide).
@@ -111,6 +118,8 @@ class RouterPairing:
         self._url_to_id = {w.url.rstrip("/"): w.worker_id for w in workers}
         self.clock = clock
         self.down: set[str] = set()
+        # running mean of prompt blocks per routed request (BLOCKS_MEAN_WEIGHT); None until the first request
+        self.blocks_per_request: float | None = None
         for w in workers:
             self._add_to_router(w)
 
@@ -127,6 +136,9 @@ class RouterPairing:
             salt = req.body.get("cache_salt")  # vLLM salts the prompt's cached blocks with it
             d = self.router.route(req.request_id, now_s=req.now_s, token_ids=req.token_ids,
                                   cache_salt=salt if isinstance(salt, str) and salt else None)
+        mean = self.blocks_per_request
+        self.blocks_per_request = float(d.num_prompt_blocks) if mean is None else (
+            mean + BLOCKS_MEAN_WEIGHT * (d.num_prompt_blocks - mean))
         return Route(self._url(d.prefill_worker), self.workers[d.decode_worker].url, d.reason,
                      d.prefill_worker, d.decode_worker, d.overlap_blocks)
 
@@ -205,6 +217,19 @@ class RouterPairing:
             if urlsplit(url).hostname == host:
                 return self.load_of(url)
         return None
+
+    def decode_worker_urls(self) -> list[str]:
+        """Base URLs of the pool's decode-capable workers (roles "decode" and "both")."""
+        return [w.url for w in self.workers.values() if w.role != "prefill"]
+
+    def set_engine_load(self, url: str, engine_requests: float | None) -> None:
+        """The engine at `url` reports `engine_requests` running or waiting (None: its page was unreadable):
+        the requests beyond this router's own count as other replicas' load on it, each of the running mean
+        prompt size (runtime.router.load.set_external_load; one block each before this router has routed a
+        request). Unknown URLs and prefill-only workers: no-op."""
+        w = self.load_of(url)
+        if w is not None:
+            set_external_load(w, engine_requests, 1.0 if self.blocks_per_request is None else self.blocks_per_request)
 
     def mark_up(self, url: str) -> None:
         """Route to a recovered worker again (its index entry as kept while it was down)."""

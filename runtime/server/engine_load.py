@@ -1,0 +1,54 @@
+"""The other runtime replicas' load on each worker, read from the workers' own gauges (adapter).
+
+Each runtime replica routes on its own in-flight counts (runtime.router.load). With several replicas in front
+of the same workers, one replica does not see the requests the others sent, and balances on a partial view.
+The engines see all of them: every `interval_s` this loop reads each decode-capable worker's `/metrics`
+(vLLM `vllm:num_requests_running` + `vllm:num_requests_waiting`, runtime.engines.drain_wait.busy_requests)
+and hands the count to the pairing (`RouterPairing.set_engine_load`), which counts what exceeds its own
+requests as the other replicas' load. No exchange between replicas is needed, and a replica that dies
+stops counting as soon as the engines finish its requests.
+
+The view lags the engines by up to `interval_s` plus the read; a page that cannot be read within
+`timeout_s` drops that worker's external share until the next read (never a stale one kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from runtime.engines.drain_wait import busy_requests
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two reads of the workers' gauges: a second is short next to a decode stream (seconds to
+#: minutes) and costs each worker one small page per second per replica.
+DEFAULT_INTERVAL_S = 1.0
+
+
+async def read_engine_load(read_page: Callable[[str], Awaitable[str]], url: str, timeout_s: float) -> float | None:
+    """Requests the engine at `url` runs or queues, from its /metrics page; None when unreadable."""
+    try:
+        return busy_requests(await asyncio.wait_for(read_page(url), timeout_s))
+    except Exception as exc:  # noqa: BLE001 - any failure: no reading this round
+        log.debug("engine load of %s unreadable: %s", url, exc)
+        return None
+
+
+async def engine_load_loop(pairing, read_page: Callable[[str], Awaitable[str]], *,
+                           interval_s: float = DEFAULT_INTERVAL_S, timeout_s: float = 2.0) -> None:
+    """Forever: read every decode-capable worker's load (`pairing.decode_worker_urls()`) concurrently and
+    pass it to `pairing.set_engine_load`; then sleep `interval_s`. Cancel the task to stop.
+
+    Raises:
+        ValueError: `interval_s` or `timeout_s` not > 0.
+    """
+    if not (interval_s > 0 and timeout_s > 0):
+        raise ValueError(f"interval_s={interval_s}, timeout_s={timeout_s}: expected seconds > 0")
+    while True:
+        urls = pairing.decode_worker_urls()
+        loads = await asyncio.gather(*(read_engine_load(read_page, u, timeout_s) for u in urls))
+        for url, load in zip(urls, loads):
+            pairing.set_engine_load(url, load)
+        await asyncio.sleep(interval_s)
