@@ -17,6 +17,10 @@ call and health check, acting on the pairing. The one place that decides whether
   until the actuator stops it once `drained` (no request in flight, or the drain cap passed); `undrain`
   takes it back when a scale-up keeps it.
 * `pdserve_worker_breaker_state{role, worker}` shows every worker's state (0 closed, 1 half-open, 2 open).
+* The pool is followed (`sync`) on every check round and whenever the pairing's `pool_version` moves (a
+  worker joined or left), not on every request: a request's calls only look the pool up again when it
+  changed. Breakers that pass their cool-down between rounds turn half-open on their first query (the board
+  decides that lazily); the gauge shows it from the next round on, within one check interval.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from runtime.redact import redact_userinfo
 from runtime.router.breaker import BreakerBoard, BreakerState
 
 log = logging.getLogger(__name__)
+
+_UNSYNCED = object()  # no pool version seen yet / the pairing keeps none
 
 
 def pool_workers(pairing: Any) -> dict[str, tuple[str, str, object]]:
@@ -68,12 +74,14 @@ class WorkerBreakers:
         self._seen: set[str] = set()  # URLs that answered a health check since they joined
         self._failed_start: set[str] = set()  # starting URLs whose last check failed
         self._applied: dict[str, bool] = {}  # URL -> in the pairing's rotation as last applied
+        self._pool_version: object = _UNSYNCED  # the pairing's `pool_version` at the last sync
 
     # -- state ------------------------------------------------------------------------------------------
     def sync(self) -> None:
         """Follow the pool (workers that joined start CLOSED and *starting*; those that left, or left and
         came back, are forgotten), move breakers whose cool-down passed to half-open, and apply each state
         to the pairing and the gauge."""
+        self._pool_version = getattr(self.pairing, "pool_version", _UNSYNCED)
         pool = pool_workers(self.pairing)
         for url in [u for u in self._known if u not in pool or pool[u][2] is not self._known[u][2]]:
             self._forget(url)
@@ -81,6 +89,13 @@ class WorkerBreakers:
         for url, entry in pool.items():
             self._known[url] = entry
             self._apply(url, self.board.state(url, now))
+
+    def follow_pool(self) -> None:
+        """`sync` when the pool changed since the last one (the pairing's `pool_version` moved; every time for a
+        pairing without one): what a request's calls need, at the cost of one attribute read."""
+        version = getattr(self.pairing, "pool_version", _UNSYNCED)
+        if version is _UNSYNCED or version != self._pool_version:
+            self.sync()
 
     def _forget(self, url: str) -> None:
         wid, role, _ = self._known.pop(url)
@@ -130,7 +145,7 @@ class WorkerBreakers:
 
     def in_rotation(self, role: str) -> int:
         """Workers of `role` ("prefill" or "decode": decode-capable) whose breaker is closed."""
-        self.sync()
+        self.follow_pool()
         now = self.clock()
         roles = ("prefill",) if role == "prefill" else ("decode", "both")
         return sum(1 for url, (_, r, _) in self._known.items()
@@ -147,7 +162,7 @@ class WorkerBreakers:
     def drain(self, url: str, cap_s: float) -> None:
         """Take the worker at `url` out of the rotation for removal, for at most `cap_s` seconds (then it is
         `drained` whatever it still serves). Unknown URLs are ignored."""
-        self.sync()
+        self.follow_pool()
         key = url.rstrip("/")
         if key not in self._known:
             return
@@ -174,7 +189,7 @@ class WorkerBreakers:
     # -- outcomes -------------------------------------------------------------------------------------------
     def record_call(self, url: str, exc: BackendError | None) -> None:
         """Outcome of one request's call to the worker at `url`: None (answered), or the worker's error."""
-        self.sync()
+        self.follow_pool()
         key = url.rstrip("/")
         if key not in self._known:
             return

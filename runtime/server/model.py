@@ -316,7 +316,7 @@ class PDModel(OpenAIGenerativeModel):
     def ready(self) -> bool:
         """Some decode worker (every decode worker can also prefill locally) has answered a health check and
         its breaker is closed (runtime.server.breakers): requests can be served. False until a check answers."""
-        self.breakers.sync()
+        self.breakers.follow_pool()
         return any(self.breakers.serving(u) for u in self.decode_urls())
 
     @ready.setter

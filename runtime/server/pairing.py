@@ -106,6 +106,7 @@ class RoundRobinPairing:
         self._failed: dict[str, set[str]] = {}
         self.migration_limit = migration_limit
         self.down: set[str] = set()  # base URLs of workers marked down
+        self.pool_version = 0  # the URL lists are fixed (runtime.server.breakers follows pools by version)
 
     def _next_up(self, cycle: itertools.cycle, urls: list[str]) -> str | None:
         """The next URL of `cycle` not marked down (one turn at most), or None when all are down."""

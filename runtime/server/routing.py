@@ -118,6 +118,9 @@ class RouterPairing:
         self._url_to_id = {w.url.rstrip("/"): w.worker_id for w in workers}
         self.clock = clock
         self.down: set[str] = set()
+        #: moves whenever a worker joins or leaves (add_worker, remove_worker): followers of the pool
+        #: (runtime.server.breakers) look it up again only then
+        self.pool_version = 0
         # running mean of prompt blocks per routed request (BLOCKS_MEAN_WEIGHT); None until the first request
         self.blocks_per_request: float | None = None
         for w in workers:
@@ -193,6 +196,7 @@ class RouterPairing:
         self._add_to_router(endpoint)
         self.workers[endpoint.worker_id] = endpoint
         self._url_to_id[endpoint.url.rstrip("/")] = endpoint.worker_id
+        self.pool_version += 1
 
     def remove_worker(self, worker_id: str) -> list[str]:
         """Remove a worker for good (scaled down); returns its in-flight request ids. Unknown ids: []."""
@@ -202,6 +206,7 @@ class RouterPairing:
         self._url_to_id.pop(w.url.rstrip("/"), None)
         self.down.discard(worker_id)
         self.last_event_s.pop(worker_id, None)
+        self.pool_version += 1
         return self.router.remove_worker(worker_id)
 
     def load_of(self, url: str) -> WorkerLoad | None:

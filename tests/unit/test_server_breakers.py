@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from runtime.config import OverloadSpec, RouterSpec  # noqa: E402
-from runtime.engines.client import VllmClient  # noqa: E402
+from runtime.engines.client import BackendError, VllmClient  # noqa: E402
 from runtime.router.breaker import BreakerState  # noqa: E402
 from runtime.server.breakers import WorkerBreakers  # noqa: E402
 from runtime.server.errors import Overloaded, install_openai_error_handlers  # noqa: E402
@@ -132,6 +132,26 @@ async def test_a_starting_worker_is_spared_and_a_worker_that_leaves_is_forgotten
     p.remove_worker("w1")
     b.sync()
     assert _gauge(reg, "w1") is None and _gauge(reg, "w0") == 0
+
+
+def test_requests_look_the_pool_up_only_when_it_changed(monkeypatch):
+    import runtime.server.breakers as breakers_mod
+
+    p, clock, reg = _router_pairing(), Clock(), CollectorRegistry()
+    b = WorkerBreakers(p, SPEC, gauge=RuntimeMetrics(reg).breaker_state, clock=clock)
+    lookups = []
+    real = breakers_mod.pool_workers
+    monkeypatch.setattr(breakers_mod, "pool_workers", lambda pairing: lookups.append(1) or real(pairing))
+    for _ in range(50):  # what requests do: report calls, count workers in rotation
+        b.record_call("http://127.0.0.1:9000", None)
+        b.in_rotation("decode")
+    assert len(lookups) == 1  # the first one after construction (no sync yet), then none
+    p.add_worker(WorkerEndpoint("w2", "both", "http://127.0.0.1:9002"))
+    b.record_call("http://127.0.0.1:9002", BackendError("http://127.0.0.1:9002", 502, "refused", unreachable=True))  # the new worker, at once
+    assert len(lookups) == 2 and b.state("http://127.0.0.1:9002") is BreakerState.OPEN
+    assert _routable(p) == {"w0", "w1"} and _gauge(reg, "w2") == 2
+    p.remove_worker("w2")
+    assert b.in_rotation("decode") == 2 and _gauge(reg, "w2") is None and len(lookups) == 3
 
 
 # ---- PDModel: refused decode workers, 503 and 429 -----------------------------------------------------
