@@ -1,22 +1,25 @@
 """Load spread across three runtime replicas keeps the balance of one router (issue #36, item 2).
 
 Real processes on 127.0.0.1: a prefill and two decode engine stand-ins (bench/engine_standin.py; /metrics
-with vLLM's request gauges) and three `python -m runtime.server --router kv` replicas (least-loaded policy, a
-small word-level tokenizer written here) that read the workers' gauges every 0.1 s
-(runtime.server.engine_load). The same open-loop load — streams of random lengths, so that one replica's
-own view would be partial — is sent once to one replica and once spread over the three; the decode
-stand-ins' running-request gauges are sampled throughout. Specification: with the load spread, the mean
-difference between the two decode workers' running requests, relative to their mean total, stays within
-that of one router plus a margin for the gauges' lag.
+with vLLM's request gauges, /stats with the decodes each has served) and three
+`python -m runtime.server --router kv` replicas (least-loaded policy, a small word-level tokenizer written
+here) that read the workers' gauges every 0.1 s (runtime.server.engine_load).
+
+The load is a deterministic staircase, so the outcome does not depend on timing noise: equal long streams
+(each outlives the whole staircase), one at a time, request i to replica i % 3, each sent `GAP_S` after the
+previous one — several gauge reads later, so every replica has seen it. A router with an exact view of the
+workers' load then keeps the two decode workers' request counts within one of each other after every
+request, which is what one replica alone achieves with this load. A replica that sees only its own requests
+cannot: its first request finds both workers idle in its view, wherever the other replicas' went (and the
+replicas' tie-breaking RNGs start from the same seed, so they even agree on the worker). Specification: after
+every request of the staircase the decode workers' served counts differ by at most one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -30,7 +33,12 @@ pytestmark = pytest.mark.integration
 pytest.importorskip("kserve")
 
 WORDS = 500
-RATE_RPS, DURATION_S = 12.0, 8.0
+#: requests in the staircase (four per replica) and seconds between two of them: five gauge reads (0.1 s)
+#: apart, so a replica's view includes the previous request even on a loaded machine
+STEPS, GAP_S = 12, 0.5
+TOKEN_INTERVAL_MS = 20
+#: tokens per stream: the stream lasts 8 s at TOKEN_INTERVAL_MS, longer than the STEPS × GAP_S staircase
+MAX_TOKENS = 400
 
 
 def _tokenizer(folder) -> None:
@@ -43,13 +51,18 @@ def _tokenizer(folder) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(str(folder))
 
 
-async def _load(urls: list[str], seed: int) -> int:
-    """Poisson arrivals at RATE_RPS for DURATION_S, request i to urls[i % len(urls)]; returns errors."""
-    rng = random.Random(seed)
+async def _staircase(urls: list[str], decodes: list[str]) -> tuple[list[tuple[int, int]], int]:
+    """Send the staircase (request i to urls[i % len(urls)]); returns the decode workers' served counts
+    read `GAP_S` after each request (one pair per request) and the number of failed requests."""
     async with httpx.AsyncClient(timeout=60) as c:
+        async def stats() -> tuple[int, int]:
+            pages = await asyncio.gather(*(c.get(f"{u}/stats") for u in decodes))
+            a, b = (p.json()["remote_decodes"] for p in pages)
+            return a, b
+
         async def one(i: int) -> int:
-            body = {"model": "m", "prompt": " ".join(f"w{rng.randrange(WORDS)}" for _ in range(64)),
-                    "max_tokens": rng.randint(4, 80), "stream": True}
+            body = {"model": "m", "prompt": " ".join(f"w{(7 * i + j) % WORDS}" for j in range(64)),
+                    "max_tokens": MAX_TOKENS, "stream": True}
             try:
                 async with c.stream("POST", f"{urls[i % len(urls)]}/openai/v1/completions", json=body) as r:
                     text = "".join([line async for line in r.aiter_lines()])
@@ -57,33 +70,14 @@ async def _load(urls: list[str], seed: int) -> int:
             except httpx.HTTPError:
                 return 1
 
-        tasks, t, start = [], 0.0, time.monotonic()
-        while (t := t + rng.expovariate(RATE_RPS)) < DURATION_S:
-            await asyncio.sleep(max(0.0, start + t - time.monotonic()))
-            tasks.append(asyncio.create_task(one(len(tasks))))
-        return sum(await asyncio.gather(*tasks))
-
-
-async def _sample(decodes: list[str], stop: asyncio.Event) -> list[tuple[float, float]]:
-    out = []
-    async with httpx.AsyncClient(timeout=2) as c:
-        while not stop.is_set():
-            pages = await asyncio.gather(*(c.get(f"{u}/metrics") for u in decodes))
-            out.append(tuple(sample_sum(p.text, "vllm:num_requests_running") for p in pages))
-            await asyncio.sleep(0.05)
-    return out
-
-
-async def _imbalance(urls: list[str], decodes: list[str], seed: int) -> tuple[float, int]:
-    stop = asyncio.Event()
-    sampler = asyncio.create_task(_sample(decodes, stop))
-    errors = await _load(urls, seed)
-    stop.set()
-    samples = [s for s in await sampler if sum(s) > 0]
-    assert len(samples) > 20, samples
-    diff = sum(abs(a - b) for a, b in samples) / len(samples)
-    total = sum(a + b for a, b in samples) / len(samples)
-    return diff / total, errors
+        base = await stats()
+        tasks, counts = [], []
+        for i in range(STEPS):
+            tasks.append(asyncio.create_task(one(i)))
+            await asyncio.sleep(GAP_S)
+            a, b = await stats()
+            counts.append((a - base[0], b - base[1]))
+        return counts, sum(await asyncio.gather(*tasks))
 
 
 def test_load_spread_over_three_replicas_is_as_balanced_as_one_router(tmp_path):
@@ -92,7 +86,8 @@ def test_load_spread_over_three_replicas_is_as_balanced_as_one_router(tmp_path):
     _tokenizer(tmp_path / "tok")
     ports = [free_port() for _ in range(3)]
     workers = [subprocess.Popen([sys.executable, str(REPO_ROOT / "bench/engine_standin.py"), "--port", str(p),
-                                 "--model", "m", "--engine-id", f"w{i}", "--token-interval-ms", "20"])
+                                 "--model", "m", "--engine-id", f"w{i}",
+                                 "--token-interval-ms", str(TOKEN_INTERVAL_MS)])
                for i, p in enumerate(ports)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     rts = [RuntimeProcess("m", prefill_urls=urls[:1], decode_urls=urls[1:], log_path=tmp_path / f"runtime-{i}.log",
@@ -107,13 +102,13 @@ def test_load_spread_over_three_replicas_is_as_balanced_as_one_router(tmp_path):
             rt.start()
         for rt in rts:
             rt.wait_ready(180)
-        one, errors_one = asyncio.run(_imbalance([rts[0].url], urls[1:], seed=1))
-        spread, errors_spread = asyncio.run(_imbalance([rt.url for rt in rts], urls[1:], seed=1))
-        assert errors_one == errors_spread == 0
-        assert spread <= 1.25 * one + 0.02, (one, spread)  # without the gauges: 0.16 vs 0.10 (one run)
+        counts, errors = asyncio.run(_staircase([rt.url for rt in rts], urls[1:]))
+        assert errors == 0
+        assert [a + b for a, b in counts] == list(range(1, STEPS + 1)), counts  # each request decoded once
+        assert max(abs(a - b) for a, b in counts) <= 1, counts
         with httpx.Client(timeout=5) as c:  # every replica served its share
             served = [sample_sum(c.get(f"{rt.url}/metrics").text, "pdserve_requests_total") for rt in rts]
-        assert all(n > 10 for n in served), served
+        assert served == [STEPS // 3] * 3, served
     finally:
         for rt in rts:
             rt.stop()
