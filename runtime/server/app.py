@@ -13,6 +13,7 @@ and model routes, /metrics (Prometheus, including pdserve_* from runtime.server.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
@@ -25,6 +26,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from runtime.config import OverloadSpec, RouterSpec
 from runtime.server.breakers import check_loop
 from runtime.engines.kv_events import KvEventSubscriber
+from runtime.server.direct import serve_direct
 from runtime.server.edge import install_edge
 from runtime.server.engine_load import DEFAULT_INTERVAL_S as DEFAULT_ENGINE_LOAD_INTERVAL_S
 from runtime.server.engine_load import engine_load_loop
@@ -143,7 +145,8 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
 
             super().create_application()
             install_openai_error_handlers(kserve_app)
-            install_edge(kserve_app, model.name, lambda: model.ready, model.count_unready)
+            install_edge(kserve_app, model.name, lambda: model.ready, model.count_unready,
+                         direct=functools.partial(serve_direct, model, kserve_app))
             _check_openai_routes(kserve_app)
 
         def _add_middlewares(self, app):

@@ -15,7 +15,10 @@ It also answers, itself:
   OpenAI API only (the OpenAI model has no tensor inference; KServe would answer 500);
 * `GET /v2/health/ready` while the model is not ready: 503 with `Retry-After` (KServe's server readiness is
   always true).
-Bodies are read whole only on POSTs under /openai/ (the OpenAI routes take JSON bodies).
+Bodies are read whole only on POSTs under /openai/ (the OpenAI routes take JSON bodies). With a `direct`
+server installed, a checked body posted to `/openai/v1/completions` or `/openai/v1/chat/completions` is
+offered to it first (runtime.server.direct: the same answer without FastAPI's and KServe's per-request
+layers); what it declines goes on to KServe.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -34,6 +37,11 @@ CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "fun
 
 _INFER_ROUTE = re.compile(r"^/v[12]/models/[^/]+(/versions/[^/]+)?(:predict|:explain|/infer|/explain)$")
 _MODEL_ROUTE = re.compile(r"^/openai/v1/models/(?P<id>[^/]+)$")
+_GENERATION_ROUTES = frozenset({f"{OPENAI_PREFIX}v1/completions", f"{OPENAI_PREFIX}v1/chat/completions"})
+
+#: `direct(scope, raw_body, receive, send) -> bool`: serves a generation request itself (True) or declines
+#: it, having sent nothing (False)
+DirectServer = Callable[[dict, bytes, Callable, Callable], Awaitable[bool]]
 
 
 class _Invalid(ValueError):
@@ -93,21 +101,24 @@ def check_body(path: str, raw: bytes) -> tuple[str, str | None] | None:
 
 class Served:
     """The model the edge answers for: its OpenAI id, a readiness callable and what to tell the model about
-    an OpenAI request that arrives while it is not ready (`on_unready(raw_body)`; KServe answers it 503)."""
+    an OpenAI request that arrives while it is not ready (`on_unready(raw_body)`; KServe answers it 503), and
+    the server of the generation routes, if any (`direct`, a `DirectServer`)."""
 
     def __init__(self, model_name: str = "", is_ready: Callable[[], bool] = lambda: False,
-                 on_unready: Callable[[bytes], None] = lambda raw: None) -> None:
-        self.model_name, self.is_ready, self.on_unready = model_name, is_ready, on_unready
+                 on_unready: Callable[[bytes], None] = lambda raw: None, direct: DirectServer | None = None) -> None:
+        self.model_name, self.is_ready, self.on_unready, self.direct = model_name, is_ready, on_unready, direct
 
 
 def install_edge(app: Any, model_name: str, is_ready: Callable[[], bool],
-                 on_unready: Callable[[bytes], None] = lambda raw: None) -> None:
-    """Put `EdgeMiddleware` in front of `app` (once per app) answering for `model_name` / `is_ready`."""
+                 on_unready: Callable[[bytes], None] = lambda raw: None, direct: DirectServer | None = None) -> None:
+    """Put `EdgeMiddleware` in front of `app` (once per app) answering for `model_name` / `is_ready`, serving
+    the generation routes with `direct` when given."""
     served = getattr(app.state, "pdserve_served", None)
     if served is None:
         served = app.state.pdserve_served = Served()
         app.add_middleware(EdgeMiddleware, served=served)
     served.model_name, served.is_ready, served.on_unready = model_name, is_ready, on_unready
+    served.direct = direct
 
 
 class EdgeMiddleware:
@@ -167,6 +178,9 @@ class EdgeMiddleware:
             return await _json(send, HTTPStatus.BAD_REQUEST, body)
         if not self.is_ready():
             self.served.on_unready(raw)
+        elif self.served.direct is not None and path in _GENERATION_ROUTES:
+            if await self.served.direct(scope, raw, receive, send):
+                return None
         replayed = False
 
         async def replay() -> dict:

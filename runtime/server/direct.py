@@ -1,0 +1,146 @@
+"""The runtime's two generation routes served straight from its ASGI edge (runtime.server.edge).
+
+`POST {OPENAI_PREFIX}v1/completions` and `.../v1/chat/completions` through KServe cost, per request: FastAPI's
+body parsing and request-model validation, KServe's second validation of the same model
+(`CreateCompletionRequestAdapter.validate_python`), a task per request that watches for a client disconnect
+(`with_cancellation`), and Starlette's `StreamingResponse` with a task group per stream. `serve_direct` does
+the same work once: it validates the body with the same KServe request model, calls the same
+`PDModel.create_completion` / `create_chat_completion`, and writes the answer with ASGI messages itself, with
+one task per request that cancels the work when the client goes away.
+
+It answers exactly as the KServe route does (same status, headers, body bytes), and it only takes requests
+whose answer cannot differ: a body that is not a JSON object (or not sent as `application/json`), fails
+validation, or names another model, and any request while the model is not ready, go on to KServe (`serve_direct` returns False), whose error
+answers stay the one home of those cases. Exceptions the model raises (`Overloaded`, `ModelNotReady`, ...)
+are answered by the app's own exception handlers (runtime.server.errors), looked up as Starlette does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
+
+
+class _RawBody:
+    """What `PDModel._request_body` reads of FastAPI's `Request`: the body as JSON (all fields)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+
+    async def json(self) -> Any:
+        return orjson.loads(self._raw)
+
+
+def _handler_for(app: Any, exc: BaseException) -> Callable | None:
+    """The app's exception handler for `exc` (first match along its class's MRO, as Starlette looks it up)."""
+    handlers = getattr(app, "exception_handlers", None) or {}
+    for cls in type(exc).__mro__:
+        if cls in handlers:
+            return handlers[cls]
+    return None
+
+
+async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: Callable, send: Callable) -> bool:
+    """Serve one generation request (`scope["path"]` ends with ``/completions``) whose body `raw` the edge has
+    read whole and checked; False (nothing sent) when it must go on to KServe (see the module docstring).
+
+    `model`: the served PDModel (`name`, `ready`, `create_completion`, `create_chat_completion`). `app`: the
+    FastAPI app whose `exception_handlers` answer the model's exceptions.
+    """
+    from kserve.protocol.rest.openai.types import ChatCompletionRequest, CompletionRequest
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    content_type = headers.get("content-type", "application/json").split(";", 1)[0].strip().lower()
+    if content_type != "application/json":  # FastAPI reads other types differently: its answer decides
+        return False
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(body, dict) or body.get("model") != model.name or not model.ready:
+        return False
+    chat = scope["path"].endswith("/chat/completions")
+    try:
+        request = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
+    except Exception:  # noqa: BLE001 - pydantic's ValidationError, or vLLM's own errors from its validators
+        return False
+
+    task = asyncio.current_task()
+    gone = False
+
+    async def watch() -> None:  # the client went away: stop the work (and the worker's) at once
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    sub = Response()  # as FastAPI's sub-response: the route headers the model sets on non-streaming answers
+    del sub.headers["content-length"]
+    sub.status_code = None
+    context = {"headers": headers, "response": sub}
+    create = model.create_chat_completion if chat else model.create_completion
+    try:
+        try:
+            result = await create(request, raw_request=_RawBody(raw), context=context)
+        except Exception as exc:  # noqa: BLE001 - answered as the app answers it
+            handler = _handler_for(app, exc)
+            if handler is None:
+                raise
+            watcher.cancel()
+            response = await handler(Request(scope), exc)
+            await response(scope, receive, send)
+            return True
+        if isinstance(result, AsyncGenerator):
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            try:
+                async for chunk in result:
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": chunk if isinstance(chunk, bytes) else chunk.encode("utf-8")})
+            finally:
+                await result.aclose()
+            watcher.cancel()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return True
+        watcher.cancel()
+        await _send_json(send, result, sub)
+        return True
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()  # the cancellation was ours (the client left): nothing more to answer
+        return True
+    finally:
+        watcher.cancel()
+
+
+async def _send_json(send: Callable, result: Any, sub: Any) -> None:
+    """A non-streaming answer as KServe's route sends it: an ErrorResponse with its own status code; an
+    OpenAI object with FastAPI's encoding (`model_dump(mode="json", by_alias=True)`), the route headers the
+    model set and its status (200 unless set)."""
+    from kserve.protocol.rest.openai.types import ErrorResponse
+
+    if isinstance(result, ErrorResponse):
+        status, content, extra = int(result.error.code), result.model_dump(), []
+    else:
+        status = sub.status_code or 200
+        content = result.model_dump(mode="json", by_alias=True) if hasattr(result, "model_dump") else result
+        extra = sub.raw_headers
+    data = orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json"),
+                            *extra]})
+    await send({"type": "http.response.body", "body": data})

@@ -1,0 +1,145 @@
+"""The generation routes served from the edge (runtime.server.direct) answer as KServe's routes do.
+
+Specification: the same PDModel behind KServe's OpenAI routes, once with the edge's direct server and once
+without, gives the same status, headers and body for every kind of answer (a non-streaming answer with its
+route headers, a stream, a worker's error passed through, a 502, a 429 with Retry-After from admission
+control); requests the direct server must not take (another model's name, a body that fails validation, a
+body not sent as JSON) go on to KServe and get KServe's answer; a client that goes away stops the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+
+import httpx
+import pytest
+
+pytest.importorskip("kserve")
+
+from fastapi import FastAPI  # noqa: E402
+from fastapi.responses import ORJSONResponse  # noqa: E402
+from kserve.model_repository import ModelRepository  # noqa: E402
+from kserve.protocol.rest.openai.dataplane import OpenAIDataPlane  # noqa: E402
+from kserve.protocol.rest.openai.endpoints import register_openai_endpoints  # noqa: E402
+
+from runtime.server.direct import serve_direct  # noqa: E402
+from runtime.server.edge import install_edge  # noqa: E402
+from runtime.server.errors import Overloaded, install_openai_error_handlers  # noqa: E402
+from tests.unit.test_server_model import FakeWorkers, _model  # noqa: E402
+
+CHAT = "/openai/v1/chat/completions"
+COMPLETIONS = "/openai/v1/completions"
+
+
+def _app(model, direct: bool, taken: list[bool]) -> FastAPI:
+    repo = ModelRepository()
+    repo.update(model)
+    app = FastAPI(default_response_class=ORJSONResponse)
+    register_openai_endpoints(app, OpenAIDataPlane(model_registry=repo))
+    install_openai_error_handlers(app)
+    serve = functools.partial(serve_direct, model, app)
+
+    async def recorded(*args) -> bool:
+        taken.append(await serve(*args))
+        return taken[-1]
+
+    install_edge(app, model.name, lambda: model.ready, model.count_unready, direct=recorded if direct else None)
+    return app
+
+
+class Workers(FakeWorkers):
+    """FakeWorkers that also answer health checks (so that the model is ready)."""
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200) if req.url.path == "/health" else super().handler(req)
+
+
+async def _ask(direct: bool, taken: list[bool], path: str, *, workers: Workers | None = None, patch=None, **kw):
+    """(status, headers but date/server, body) of one request to a fresh model's app."""
+    model, _ = _model(workers or Workers())
+    await model.breakers.check_round(model.worker_healthy)
+    if patch is not None:
+        patch(model)
+    app = _app(model, direct, taken)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rt") as c:
+        r = await c.post(path, **kw)
+    return r.status_code, [(k, v) for k, v in r.headers.items() if k not in ("date", "server")], r.content
+
+
+async def _same(path: str, **kw) -> tuple[tuple, list[bool]]:
+    """The answer with the direct server and without (asserted equal), and what the direct server took."""
+    taken: list[bool] = []
+    direct = await _ask(True, taken, path, **kw)
+    kserve = await _ask(False, taken, path, **kw)
+    assert direct == kserve
+    return direct, taken
+
+
+CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "capital?"}], "max_tokens": 7}
+
+
+async def test_answers_served_from_the_edge_equal_kserve_ones():
+    answer, taken = await _same(CHAT, json=CHAT_BODY)
+    assert taken == [True] and answer[0] == 200 and json.loads(answer[2])["choices"][0]["message"]["content"] == "Paris"
+    assert any(k.startswith("x-pdserve") for k, _ in answer[1])  # the route headers
+    answer, taken = await _same(CHAT, json={**CHAT_BODY, "stream": True, "stream_options": {"include_usage": True}})
+    assert taken == [True] and answer[0] == 200 and answer[2].endswith(b"data: [DONE]\n\n")
+    assert answer[2].count(b"data: ") == 4
+    answer, taken = await _same(CHAT, json=CHAT_BODY, workers=Workers(decode_status=400))  # the worker's 400
+    assert taken == [True] and answer[0] == 400 and b"decode says no" in answer[2]
+    answer, taken = await _same(COMPLETIONS, json={"model": "m", "prompt": "x", "max_tokens": 3})
+    assert taken == [True] and answer[0] == 502  # a chat answer to a completion: not an OpenAI response
+
+    def overloaded(model) -> None:
+        def admit(body: dict) -> None:
+            raise Overloaded("predicted time to first token is 9 s", 3)
+        model._admit = admit
+
+    answer, taken = await _same(CHAT, json=CHAT_BODY, patch=overloaded)
+    assert taken == [True] and answer[0] == 429 and ("retry-after", "3") in answer[1]
+    assert json.loads(answer[2])["error"]["type"] == "OverloadedError"
+
+
+async def test_what_the_edge_must_not_serve_goes_on_to_kserve():
+    for kw in ({"json": {**CHAT_BODY, "model": "other"}},  # KServe's 404
+               {"json": {**CHAT_BODY, "max_tokens": "many"}},  # its validation 400
+               {"json": {**CHAT_BODY, "stream_options": {"include_usage": True}}},  # vLLM's validator's 400
+               {"content": json.dumps(CHAT_BODY), "headers": {"content-type": "text/plain"}}):
+        answer, taken = await _same(CHAT, **kw)
+        assert taken == [False] and 400 <= answer[0] < 500, (kw, answer)
+
+
+async def test_a_client_that_leaves_stops_the_stream():
+    model, _ = _model(Workers())
+    await model.breakers.check_round(model.worker_healthy)
+    closed = asyncio.Event()
+
+    async def endless():
+        try:
+            while True:
+                yield "data: {}\n\n"
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    async def create(request, raw_request=None, context=None):
+        return endless()
+
+    model.create_chat_completion = create
+    left, sent = asyncio.Event(), []
+
+    async def receive() -> dict:
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if len(sent) == 3:
+            left.set()
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
+    assert await asyncio.wait_for(serve_direct(model, FastAPI(), scope, json.dumps(CHAT_BODY).encode(),
+                                               receive, send), 5)
+    assert closed.is_set() and sent[0]["status"] == 200 and all(m.get("more_body") for m in sent[1:])
