@@ -187,9 +187,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--planner-interval-s", type=positive_seconds, default=None,
                    help="Planner tick interval, seconds (> 0; default: the spec's planner.interval_s).")
     p.add_argument("--deployment-spec", default=os.environ.get(SPEC_ENV) or None,
-                   help="DeploymentSpec as JSON (runtime/config.py) for the planner (default: defaults + model name).")
+                   help="DeploymentSpec as JSON (runtime/config.py) for the planner and, with --router kv, the "
+                        "router's KV-tier credit (default: defaults + model name).")
     p.add_argument("--model-config", type=Path, default=None,
-                   help="Model's HF config.json for the planner's perf model (default <model-dir>/config.json).")
+                   help="Model's HF config.json for the perf model of the planner and the router's KV-tier credit "
+                        "(default <model-dir>/config.json).")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="Served model folder (planner local: the workers it starts load it; default --tokenizer-dir).")
     p.add_argument("--planner-max-workers", type=int_at_least(1), default=2,
@@ -232,14 +234,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def planner_settings(args: argparse.Namespace) -> dict | None:
-    """The `serve(planner=...)` settings from parsed args; None with `--planner off`.
+def deployment_settings(args: argparse.Namespace) -> tuple:
+    """(DeploymentSpec, the model's HF config.json dict or None): `--deployment-spec` (default: defaults + the
+    model name) and `--model-config` (default `<model-dir or tokenizer-dir>/config.json` when it exists).
 
     Raises:
-        SystemExit: an invalid `--deployment-spec` or an unreadable `--model-config` (message names the flag).
+        SystemExit: an invalid spec, or a config file that cannot be read as JSON.
     """
-    if args.planner == "off":
-        return None
     import json
 
     from pydantic import ValidationError
@@ -259,6 +260,43 @@ def planner_settings(args: argparse.Namespace) -> dict | None:
             model_config = json.loads(cfg_path.read_text())
         except (OSError, ValueError) as exc:
             sys.exit(f"--model-config {cfg_path}: {exc}")
+    return spec, model_config
+
+
+def router_costs(args: argparse.Namespace) -> dict | None:
+    """With `--router kv` and a `--deployment-spec` whose engine has a CPU KV tier: the router's prefill and
+    tier load costs from the perf model (runtime.server.routing.tier_credit_costs), so that it credits tier
+    hits; None otherwise (a warning when the tier is there but the model's config.json is not).
+
+    Raises:
+        SystemExit: an invalid spec or model config (the message names which).
+    """
+    if args.router != "kv" or not args.deployment_spec:
+        return None
+    from runtime.models.spec import ModelConfigError
+    from runtime.server.routing import tier_credit_costs
+
+    spec, model_config = deployment_settings(args)
+    try:
+        costs = tier_credit_costs(spec, model_config)
+    except (ModelConfigError, KeyError, ValueError) as exc:
+        sys.exit(f"--router kv with a KV offload tier: cannot build the perf model: {exc}")
+    if spec.engine.kv_offload.cpu_gib > 0 and not costs:
+        print("warning: the deployment has a CPU KV tier but no --model-config / <model-dir>/config.json: "
+              "the router indexes tier hits without crediting them", file=sys.stderr)
+    return costs or None
+
+
+def planner_settings(args: argparse.Namespace) -> dict | None:
+    """The `serve(planner=...)` settings from parsed args; None with `--planner off`.
+
+    Raises:
+        SystemExit: an invalid `--deployment-spec` or an unreadable `--model-config` (message names the flag).
+    """
+    if args.planner == "off":
+        return None
+    spec, model_config = deployment_settings(args)
+    model_dir = args.model_dir or args.tokenizer_dir
     if spec.planner.mode != "load" and model_config is None:
         sys.exit("--planner in SLA mode needs the model's config.json: pass --model-config or --model-dir")
     if args.planner_interval_s is not None and args.planner_interval_s <= 0:
@@ -429,6 +467,7 @@ def main(argv: list[str] | None = None) -> None:
         slo_ttft_s=None if args.ttft_slo_ms is None else args.ttft_slo_ms / 1000.0,
         access_log=args.access_log,
         engine_load_interval_s=args.engine_load_interval_s if args.engine_load else None,
+        router_costs=router_costs(args),
     )
 
 

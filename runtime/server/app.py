@@ -18,7 +18,8 @@ import gc
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 from pathlib import Path
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -95,9 +96,11 @@ def build_router_pairing(
     decode_urls: Sequence[str],
     prefill_kv_events: Sequence[str] = (),
     decode_kv_events: Sequence[str] = (),
+    costs: Mapping[str, Any] | None = None,
 ) -> RouterPairing:
     """KV-aware pairing over the pools; `*_kv_events[i]` is the ZMQ endpoint of `*_urls[i]` (may be shorter:
-    workers without an endpoint are tracked approximately).
+    workers without an endpoint are tracked approximately). `costs`: the router's `prefill_cost` /
+    `tier_load_cost` (runtime.server.routing.tier_credit_costs; None: uncached tokens, no tier credit).
 
     Raises:
         ValueError: more event endpoints than workers in a pool.
@@ -110,7 +113,7 @@ def build_router_pairing(
         for role, urls, evs in (("prefill", prefill_urls, prefill_kv_events), ("decode", decode_urls, decode_kv_events))
         for i, url in enumerate(urls)
     ]
-    return RouterPairing(router_spec, block_size_tokens, workers)
+    return RouterPairing(router_spec, block_size_tokens, workers, **(costs or {}))
 
 
 def _check_openai_routes(app) -> None:
@@ -275,6 +278,7 @@ def serve(
     slo_ttft_s: float | None = None,
     access_log: bool = True,
     engine_load_interval_s: float | None = DEFAULT_ENGINE_LOAD_INTERVAL_S,
+    router_costs: Mapping[str, Any] | None = None,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
@@ -296,7 +300,8 @@ def serve(
     `overload`, `slo_ttft_s`: circuit breakers and admission control (build_model).
     `access_log`: uvicorn's access log, one line per request (build_rest_server).
     `engine_load_interval_s`: seconds between reads of the workers' gauges for the other replicas' load
-    (run_server; None: off).
+    (run_server; None: off). `router_costs`: the KV-aware router's prefill and KV-tier load costs
+    (runtime.server.routing.tier_credit_costs; None: it counts uncached tokens and credits no tier hit).
 
     Raises:
         ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings,
@@ -321,7 +326,8 @@ def serve(
                                        prefill_urls=[] if discovery else prefill_urls,
                                        decode_urls=[] if discovery else decode_urls,
                                        prefill_kv_events=[] if discovery else prefill_kv_events,
-                                       decode_kv_events=[] if discovery else decode_kv_events)
+                                       decode_kv_events=[] if discovery else decode_kv_events,
+                                       costs=router_costs)
         tokenizer = PromptTokenizer(tokenizer_dir)
     source = None
     if discovery is not None:

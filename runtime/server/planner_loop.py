@@ -409,6 +409,20 @@ class PlannerGauges:
         self.ticks.inc()
 
 
+def spec_perf(spec: DeploymentSpec, model_config: dict):
+    """The performance model (runtime.perf.model.PerfModel) of `spec`'s GPU and precision for the model whose HF
+    ``config.json`` dict is `model_config`, as the tuner sized it (runtime.tuner.search.deployment_perf: a
+    quantised checkpoint's weights in their own format, KV at ``spec.precision``).
+
+    Raises ``runtime.models.spec.ModelConfigError`` naming a missing config field, KeyError for a GPU not in
+    the catalog."""
+    from runtime.models.spec import ModelSpec
+    from runtime.perf.gpus import get_gpu
+    from runtime.tuner.search import deployment_perf
+
+    return deployment_perf(ModelSpec.from_hf_config(model_config, spec.model.name), get_gpu(spec.gpu), spec.precision)
+
+
 def planner_from_spec(spec: DeploymentSpec, model_config: dict) -> PlannerStateMachine:
     """The state machine for a deployment: config from ``spec`` (``PlannerConfig.from_spec``), profile
     from the perf model of ``spec.gpu`` and the model's HF ``config.json`` dict (SLA mode only).
@@ -417,15 +431,9 @@ def planner_from_spec(spec: DeploymentSpec, model_config: dict) -> PlannerStateM
     cfg = PlannerConfig.from_spec(spec)
     profile = None
     if cfg.mode == "sla":
-        from runtime.models.spec import ModelSpec
-        from runtime.perf.gpus import get_gpu
         from runtime.planner.profiles import build_profile
-        from runtime.tuner.search import deployment_perf
 
-        # as the tuner sized it: a quantised checkpoint's weights in their own format, KV at spec.precision
-        perf = deployment_perf(ModelSpec.from_hf_config(model_config, spec.model.name), get_gpu(spec.gpu),
-                               spec.precision)
-        profile = build_profile(perf, spec.prefill.tp, spec.decode.tp,
+        profile = build_profile(spec_perf(spec, model_config), spec.prefill.tp, spec.decode.tp,
                                 gpu_memory_utilization=spec.engine.gpu_memory_utilization)
     return PlannerStateMachine(cfg, profile, initial_prefill=spec.prefill.replicas, initial_decode=spec.decode.replicas)
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from runtime.config import RouterSpec
+from runtime.config import DeploymentSpec, RouterSpec
 from runtime.kv.events import KvEventBatch
 from runtime.redact import redact_userinfo
 from runtime.router.core import MigrationLimitError, NoWorkersError, Router, UnknownRequestError
@@ -93,6 +93,35 @@ class WorkerEndpoint:
     kv_events_endpoint: str | None = None
 
 
+def tier_credit_costs(spec: DeploymentSpec, model_config: Mapping | None) -> dict:
+    """The router's prefill and KV-tier load costs for a deployment with a KV offload tier, as keyword arguments
+    of `RouterPairing` (``prefill_cost``, ``tier_load_cost``); {} when it has none (``engine.kv_offload.cpu_gib``
+    0) or the model's HF ``config.json`` dict `model_config` is unknown (the router then counts uncached
+    tokens and does not credit tier hits).
+
+    Both are in seconds, from the performance model the planner uses (runtime.server.planner_loop
+    `spec_perf`) at the prefill pool's TP: ``prefill_cost`` is ``runtime.sim.timing.PerfTiming.prefill_s``
+    (seconds a prefill with a cached prefix occupies its worker), ``tier_load_cost`` is
+    ``runtime.kv.tiers.load_s_per_token`` of ``PerfModel.kv_bytes_per_token_rank(tp)`` for the CPU tier, and
+    for the disk tier when ``engine.kv_offload.disk_path`` is set (same as bench/router.py's tier replay).
+
+    Raises:
+        runtime.models.spec.ModelConfigError: `model_config` lacks a field the perf model needs.
+        KeyError: ``spec.gpu`` is not in the GPU catalog.
+    """
+    offload = spec.engine.kv_offload
+    if offload.cpu_gib <= 0 or model_config is None:
+        return {}
+    from runtime.kv.tiers import load_s_per_token
+    from runtime.server.planner_loop import spec_perf
+    from runtime.sim.timing import PerfTiming
+
+    perf, tp = spec_perf(spec, model_config), spec.prefill.tp
+    per_token = load_s_per_token(perf.kv_bytes_per_token_rank(tp))
+    media = ("CPU", "STORAGE") if offload.disk_path is not None else ("CPU",)
+    return {"prefill_cost": PerfTiming(perf, tp).prefill_s, "tier_load_cost": {m: per_token[m] for m in media}}
+
+
 class RouterPairing:
     """`runtime.server.pairing.Pairing` over a `Router`.
 
@@ -109,8 +138,10 @@ class RouterPairing:
 
     def __init__(self, spec: RouterSpec, block_size_tokens: int, workers: list[WorkerEndpoint], *,
                  clock: Callable[[], float] = time.monotonic,
-                 approx_capacity_tokens: int = DEFAULT_APPROX_CAPACITY_TOKENS) -> None:
-        self.router = Router(spec, block_size_tokens)
+                 approx_capacity_tokens: int = DEFAULT_APPROX_CAPACITY_TOKENS,
+                 prefill_cost: Callable[[int, int], float] | None = None,
+                 tier_load_cost: Mapping[str, float] | None = None) -> None:
+        self.router = Router(spec, block_size_tokens, prefill_cost=prefill_cost, tier_load_cost=tier_load_cost)
         self.block_size_tokens = block_size_tokens
         self.last_event_s: dict[str, float] = {}  # worker id -> clock() of its last applied KV-event batch
         self._approx_capacity_blocks = max(1, approx_capacity_tokens // block_size_tokens)
