@@ -170,6 +170,12 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
     )
     rest.config.host = host
     rest.config.access_log = access_log
+    if not access_log:
+        # uvicorn's HTTP protocol logs a request whenever "uvicorn.access" has a handler, its own or an
+        # ancestor's (KServe's root handler), whatever `config.access_log` says; uvicorn's own logging set-up,
+        # which KServe skips (log_config=None), detaches it the same way
+        access = logging.getLogger("uvicorn.access")
+        access.handlers, access.propagate = [], False
     return rest
 
 

@@ -143,3 +143,24 @@ async def test_a_client_that_leaves_stops_the_stream():
     assert await asyncio.wait_for(serve_direct(model, FastAPI(), scope, json.dumps(CHAT_BODY).encode(),
                                                receive, send), 5)
     assert closed.is_set() and sent[0]["status"] == 200 and all(m.get("more_body") for m in sent[1:])
+
+
+def test_no_access_log_detaches_uvicorn_access_logger():
+    """`--no-access-log`: uvicorn logs a request whenever "uvicorn.access" has a handler (its own or an
+    ancestor's), so build_rest_server detaches it."""
+    import logging
+
+    from runtime.server.app import build_rest_server
+
+    access = logging.getLogger("uvicorn.access")
+    kept, root_handler = (access.handlers[:], access.propagate), logging.NullHandler()
+    try:
+        logging.getLogger().addHandler(root_handler)  # a root handler, as KServe installs one
+        model, _ = _model(Workers())
+        build_rest_server(model, http_port=1, access_log=True)
+        assert access.hasHandlers()
+        build_rest_server(model, http_port=1, access_log=False)
+        assert not access.hasHandlers()
+    finally:
+        access.handlers, access.propagate = kept
+        logging.getLogger().removeHandler(root_handler)
