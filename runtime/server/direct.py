@@ -42,9 +42,13 @@ class _RawBody:
 
 
 def _handler_for(app: Any, exc: BaseException) -> Callable | None:
-    """The app's exception handler for `exc` (first match along its class's MRO, as Starlette looks it up)."""
+    """The app's exception handler for `exc` (first match along its class's MRO, as Starlette looks it up);
+    None for one only `Exception` matches: such an error is raised on, so that Starlette's outermost
+    middleware answers 500 and logs it as it does on KServe's route."""
     handlers = getattr(app, "exception_handlers", None) or {}
     for cls in type(exc).__mro__:
+        if cls in (Exception, BaseException):
+            return None
         if cls in handlers:
             return handlers[cls]
     return None

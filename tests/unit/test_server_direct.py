@@ -164,3 +164,20 @@ def test_no_access_log_detaches_uvicorn_access_logger():
     finally:
         access.handlers, access.propagate = kept
         logging.getLogger().removeHandler(root_handler)
+
+
+async def test_an_unexpected_error_is_a_500_as_on_kserve_routes():
+    def broken(model) -> None:
+        def admit(body: dict) -> None:
+            raise RuntimeError("a bug")
+        model._admit = admit
+
+    taken: list[bool] = []
+    for direct in (True, False):
+        model, _ = _model(Workers())
+        await model.breakers.check_round(model.worker_healthy)
+        broken(model)
+        transport = httpx.ASGITransport(app=_app(model, direct, taken), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as c:
+            r = await c.post(CHAT, json=CHAT_BODY)
+        assert r.status_code == 500, (direct, r.text)
