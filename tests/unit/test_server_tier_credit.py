@@ -77,3 +77,14 @@ def test_the_server_builds_the_costs_from_its_deployment_spec(tmp_path, capsys):
     assert "without crediting them" in capsys.readouterr().err
     assert router_costs(parse_args(["--model-name", "smol", "--decode-url", "http://127.0.0.1:1",
                                     "--deployment-spec", tiered])) is None  # round-robin pairing: no router
+
+
+def test_the_server_hands_the_costs_to_its_router():
+    from runtime.server.app import build_router_pairing
+
+    costs = tier_credit_costs(_spec(cpu_gib=8), SMOL)
+    p = build_router_pairing(RouterSpec(policy="kv_aware"), block_size_tokens=BS, prefill_urls=[],
+                             decode_urls=["http://127.0.0.1:1"], costs=costs)
+    assert p.router.prefill_cost is costs["prefill_cost"] and set(p.router._credited) == {"CPU"}
+    assert not build_router_pairing(RouterSpec(policy="kv_aware"), block_size_tokens=BS, prefill_urls=[],
+                                    decode_urls=["http://127.0.0.1:1"]).router._credited
