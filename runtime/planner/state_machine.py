@@ -24,7 +24,9 @@ Per tick (SLA mode):
    Decode: observed ITL p90 / model step time at the observed batch.
 4. Size pools with runtime.planner.sla (decode at ``DECODE_ITL_MARGIN`` of the ITL target); at low
    load pick aggregated serving when it needs fewer GPUs for a whole scale-down window
-   (conditional disaggregation at pool level). Decode band (``decode_band``, default on): the
+   (conditional disaggregation at pool level; ``allow_aggregated``, off by default: the interference
+   model plans one aggregated worker up to its ITL limit, where chat load at a few requests a second
+   misses ITL for minutes). Decode band (``decode_band``, default on): the
    disaggregated decode pool grows only to the workers the predicted load needs at the *full* ITL
    target and shrinks only to those it needs at ``DECODE_ITL_MARGIN`` of it; between the two it
    keeps its size (:meth:`PlannerStateMachine.decode_band_replicas`); not while the fleet has no
@@ -101,9 +103,10 @@ Per tick (SLA mode):
    The configured coefficient is ``prefill_staffing_beta`` scaled by the square root of the smoothed
    arrival dispersion over ``staffing_dispersion_ref`` (floored at ``staffing_dispersion_floor``):
    :meth:`PlannerStateMachine.staffing_beta`; it alone applies before the first tick with arrivals or
-   with the rule off. Why a floor: the replay starts each span from idle and sees no forecast error, so
-   on the Azure trace x10 (70B) the measured coefficient alone kept 96.1 % of the requests within SLO
-   where the floor keeps 99 % (docs/design/planner.md).
+   with the rule off. Why the configured coefficient stays under the measured one: the replay starts each
+   span from idle and sees no forecast error, so it misses a shift in the prompt mix that a worker start
+   cannot follow (a step of +60 % prompt tokens within a tick on the Azure trace); the floor of the
+   dispersion, Poisson's 1 by default, keeps arrivals smoother than Poisson from lowering it.
 12. Closed-loop prefill floor (``queue_floor``, default on): the observed prefill queue bounds the
    pool from below, so an under-sizing model (service-time variance, arrivals, prompt mixes it does
    not describe) cannot persist. The tick's queue wait is estimated as ``Q * s / c`` (``Q`` requests
