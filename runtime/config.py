@@ -378,10 +378,10 @@ class PlannerSpec(_Strict):
         "headroom by sqrt(max(measured, staffing_dispersion_floor) / this) (None: beta as given).",
     )
     staffing_dispersion_floor: float = Field(
-        default=5.0,
+        default=1.0,
         ge=0,
-        description="SLA mode: the least arrival dispersion the staffing headroom is scaled for (it also covers "
-        "forecast error on ramps, which smooth arrivals do not remove).",
+        description="SLA mode: the least arrival dispersion the staffing headroom is scaled for (1: Poisson's; "
+        "arrivals smoother than Poisson do not lower it).",
     )
     prefill_level_window_ticks: int = Field(
         default=1,
@@ -414,7 +414,10 @@ class PlannerSpec(_Strict):
         default=300.0, ge=0, description="Longest a burst mode may last, seconds."
     )
     allow_aggregated: bool = Field(
-        default=True, description="At low load, serve aggregated (decode workers also prefill) if it needs fewer GPUs."
+        default=False,
+        description="At low load, serve aggregated (decode workers also prefill) if it needs fewer GPUs. Off by "
+        "default: a pool that both prefills and decodes runs at its ITL limit once the load nears one worker's, "
+        "which the model of the interference does not foresee (docs/design/planner.md).",
     )
     load_queue_up_per_worker: float = Field(
         default=2.0, ge=0, description="Load mode: scale prefill up above this many waiting requests per worker."

@@ -193,7 +193,7 @@ class PlannerConfig:
     burst_headroom: float = 0.0
     burst_factor: float = 1.5
     burst_max_s: float = 300.0
-    allow_aggregated: bool = True
+    allow_aggregated: bool = False
     load_queue_up_per_worker: float = 2.0
     load_queue_down_per_worker: float = 0.2
     load_kv_up: float = 0.85
@@ -208,7 +208,7 @@ class PlannerConfig:
     peak_quantile: float | None = None
     prefill_staffing_beta: float | None = 1.65
     staffing_dispersion_ref: float | None = 8.0
-    staffing_dispersion_floor: float = 5.0
+    staffing_dispersion_floor: float = 1.0
     prefill_level_window_ticks: int = 1
     correct_by_prefill_time: bool = True
     decode_band: bool = True
