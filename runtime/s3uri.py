@@ -37,6 +37,22 @@ def without_query(uri: str) -> str:
     return uri if cut < 0 else uri[:cut] + "?…"
 
 
+def _refuse_query_and_dollar(uri: str, what: str) -> None:
+    """Refuse what no s3:// URI a face accepts may hold: a query string or fragment (a presigned URL's
+    X-Amz-Signature is a credential, so the message shows the URI cut before it) and a '$' (the kubelet expands
+    ``$(VAR)`` in container args, and a pod's env holds S3 credentials).
+
+    Raises:
+        ValueError: either, naming ``what``.
+    """
+    if "?" in uri or "#" in uri:
+        raise ValueError(f"{what} {without_query(uri)!r}: must not carry a query string or fragment ('?…' / '#…', "
+                         "e.g. a presigned URL's X-Amz-Signature): name the object or folder as s3://bucket/key or "
+                         "s3://bucket/prefix/; credentials come from the environment")
+    if "$" in uri:
+        raise ValueError(f"{what} {uri!r}: must not contain '$' (Kubernetes expands $(VAR) in container args)")
+
+
 def split_s3_trace_uri(uri: str, what: str = "traffic_trace_uri") -> tuple[str, str, bool]:
     """A recorded-traffic URI → ``(bucket, key, is_prefix)``: ``s3://bucket/key.jsonl`` / ``.json`` / ``.csv`` (one
     object; runtime.traces.formats.READABLE_SUFFIXES) or ``s3://bucket/prefix/`` (every object under it; ``key``
@@ -51,12 +67,8 @@ def split_s3_trace_uri(uri: str, what: str = "traffic_trace_uri") -> tuple[str, 
     """
     from runtime.traces.formats import READABLE_SUFFIXES
 
-    if isinstance(uri, str) and ("?" in uri or "#" in uri):
-        raise ValueError(f"{what} {without_query(uri)!r}: must not carry a query string or fragment ('?…' / '#…', "
-                         "e.g. a presigned URL's X-Amz-Signature): name the object or prefix as s3://bucket/key; "
-                         "credentials come from the environment")
-    if isinstance(uri, str) and "$" in uri:
-        raise ValueError(f"{what} {uri!r}: must not contain '$'")
+    if isinstance(uri, str):
+        _refuse_query_and_dollar(uri, what)
     folder = isinstance(uri, str) and uri.endswith("/")
     try:
         bucket, key = split_s3_object_uri(uri.rstrip("/") if folder else uri, what)
@@ -93,11 +105,7 @@ def split_s3_prefix_uri(uri: str, what: str = "uri", *, folder: bool = False) ->
     """
     if not isinstance(uri, str) or not uri.startswith("s3://"):
         raise ValueError(f"{what} {uri!r}: must be an s3://bucket/prefix/ URI")
-    if "?" in uri or "#" in uri:
-        raise ValueError(f"{what} {without_query(uri)!r}: must not carry a query string or fragment (a presigned "
-                         "URL's signature is a credential; credentials come from the environment)")
-    if "$" in uri:
-        raise ValueError(f"{what} {uri!r}: must not contain '$' (Kubernetes expands $(VAR) in container args)")
+    _refuse_query_and_dollar(uri, what)
     bucket, slash, prefix = uri[len("s3://"):].partition("/")
     if not S3_BUCKET_NAME.match(bucket) or ".." in bucket:
         raise ValueError(f"{what} {uri!r}: bucket {bucket!r} is not a valid S3 bucket name")
