@@ -6,9 +6,9 @@ from collections import deque
 import numpy as np
 import pytest
 
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, ScalingDecision
+from tests.planner_builders import PROF_TP as PROF
 from runtime.sim.fleet import (
     FleetConfig,
     FleetSim,
@@ -18,9 +18,6 @@ from runtime.sim.fleet import (
     simulate,
     static_controller,
 )
-
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
-                        prefill_tp=2, decode_tp=4)
 
 
 def trace(arrivals, isl=1000, osl=11) -> Trace:

@@ -9,26 +9,21 @@ from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
 from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
-
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
-
-
-def cfg(**kw) -> PlannerConfig:
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=20, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, scale_down_delay_s=120.0, cooldown_s=60.0,
-                predictor="constant", allow_aggregated=False, decode_scale_down_delay_s=None,
-                prefill_staffing_beta=None,  # M/M/c sizing alone; square-root staffing: test_planner_staffing.py
-                target_utilization=0.9)  # the hand arithmetic below caps a prefill worker at 90 % busy
-    base.update(kw)
-    return PlannerConfig(**base)
+from tests.planner_builders import PROF, planner_cfg
+from tests.planner_builders import tick as planner_tick
 
 
-def tick(now_s: float, rate: float, *, prio: float = 0.0, ready_p: int = 1, ready_d: int = 1, running_d: float = 0.0,
-         **kw) -> TickInput:
-    return TickInput(now_s=now_s, interval_s=30.0, num_requests=round(rate * 30), mean_isl_tokens=1000,
-                     mean_osl_tokens=200, num_priority_requests=round(prio * 30),
-                     prefill=PoolObservation(num_ready=ready_p),
-                     decode=PoolObservation(num_ready=ready_d, running_per_worker=running_d), **kw)
+def cfg(**kw) -> PlannerConfig:  # noqa: ANN003
+    return planner_cfg(**(dict(max_prefill=20, scale_down_delay_s=120.0, cooldown_s=60.0,
+                               decode_scale_down_delay_s=None,
+                               # M/M/c sizing alone; square-root staffing: test_planner_staffing.py
+                               prefill_staffing_beta=None,
+                               # the hand arithmetic below caps a prefill worker at 90 % busy
+                               target_utilization=0.9) | kw))
+
+
+def tick(now_s: float, rate: float, **kw) -> TickInput:  # noqa: ANN003
+    return planner_tick(now_s, rate, **(dict(ready_p=1, ready_d=1) | kw))
 
 
 def test_sla_sizes_pools_from_the_rate():
