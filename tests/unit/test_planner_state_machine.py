@@ -8,7 +8,7 @@ import pytest
 from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
 from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
-from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from runtime.planner.types import SPEC_SETTINGS, PlannerConfig, PoolObservation, TickInput
 from tests.planner_builders import PROF, planner_cfg
 from tests.planner_builders import tick as planner_tick
 
@@ -172,6 +172,21 @@ def test_config_from_deployment_spec():
     assert (c.prefill_tp, c.decode_tp, c.max_prefill, c.max_decode, c.gpu_budget) == (2, 4, 6, 3, 32)
     assert c.ttft_target_s == pytest.approx(2.0) and c.itl_target_s == pytest.approx(0.05)
     assert c.predictor == "arima" and c.worker_start_s == 90
+
+
+def test_every_planner_spec_setting_reaches_the_core():
+    # mode ('off' stops the planner) and drain_cap_s (the worker drain) are the spec's own; every other
+    # planner field is a PlannerConfig setting, and from_spec carries each one, a non-default value included
+    assert set(PlannerSpec.model_fields) == set(SPEC_SETTINGS) | {"mode", "drain_cap_s"}
+    base = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="sla"))
+    c = PlannerConfig.from_spec(base)
+    for name in SPEC_SETTINGS:
+        assert getattr(c, name) == getattr(base.planner, name), name
+    changed = {"gpu_budget": 33, "burst_factor": 2.5, "size_on_peak": True, "peak_quantile": 0.5}
+    c = PlannerConfig.from_spec(base.model_copy(update={"planner": PlannerSpec(mode="sla", **changed)}))
+    assert {k: getattr(c, k) for k in changed} == changed
+    field = PlannerSpec.model_fields["gpu_budget"]
+    assert (field.default, field.description) == (64, "Total GPUs the planner may use.")
 
 
 # decode limited by the ITL target, not KV: step 30 ms + 0.1 ms per sequence. At the full 50 ms target
