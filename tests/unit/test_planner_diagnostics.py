@@ -149,7 +149,7 @@ def test_warm_fleet_covers_the_first_scale_up_lead_plus_one_window():
 
 # ------------------------------------------------------------------ oracle: fewest GPUs, jointly
 def test_oracle_trades_a_prefill_worker_for_many_decode_workers():
-    from runtime.sim.fleet import _trade_prefill_for_decode
+    from runtime.sim.oracles import _trade_prefill_for_decode
 
     # a window at the TTFT boundary: 12 prefill workers meet it only with 20 decode workers (decode
     # admission shaves the last TTFT misses), 13 prefill workers with 3 -> 13 x 2 + 3 x 4 = 38 GPUs < 104
@@ -162,7 +162,7 @@ def test_oracle_trades_a_prefill_worker_for_many_decode_workers():
 
 
 def test_oracle_plan_is_no_costlier_than_its_sequential_search():
-    from runtime.sim.fleet import oracle_gpu_seconds
+    from runtime.sim.oracles import oracle_gpu_seconds
 
     rng = np.random.default_rng(5)
     arr = np.sort(rng.uniform(0, 120, 2400))  # 20 req/s = 2 Erlangs of prefill

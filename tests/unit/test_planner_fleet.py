@@ -1,5 +1,6 @@
-"""Fleet simulator (runtime/sim/fleet.py) with hand-checkable engines: prefill 0.1 ms/token,
-decode step 10 ms + 0.1 ms per running sequence per worker, KV 100k tokens per worker."""
+"""Fleet simulator (runtime/sim/fleet.py) and its oracles (runtime/sim/oracles.py) with hand-checkable
+engines: prefill 0.1 ms/token, decode step 10 ms + 0.1 ms per running sequence per worker, KV 100k tokens
+per worker."""
 
 from collections import deque
 
@@ -9,15 +10,8 @@ import pytest
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, ScalingDecision
 from tests.planner_builders import PROF_TP as PROF
-from runtime.sim.fleet import (
-    FleetConfig,
-    FleetSim,
-    Trace,
-    oracle_gpu_seconds,
-    sequential_oracle,
-    simulate,
-    static_controller,
-)
+from runtime.sim.fleet import FleetConfig, FleetSim, Trace, simulate, static_controller
+from runtime.sim.oracles import oracle_gpu_seconds, sequential_oracle
 
 
 def trace(arrivals, isl=1000, osl=11) -> Trace:
