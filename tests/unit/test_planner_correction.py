@@ -11,19 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.config import PlannerSpec
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import CORRECTION_MAX, CORRECTION_MIN, PlannerStateMachine
 from runtime.planner.types import PlannerConfig, TickInput
 from runtime.sim.fleet import FleetConfig, Trace, simulate, static_controller
-from tests.unit.test_planner_staffing import tick  # the same 30 s tick at 1000/200 tokens
-
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
-
-
-def cfg(**kw) -> PlannerConfig:
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=40, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="constant", allow_aggregated=False)
-    return PlannerConfig(**(base | kw))
+from tests.planner_builders import PROF, tick
+from tests.planner_builders import planner_cfg as cfg
 
 
 def test_defaults_are_the_session16_staffing_settings():

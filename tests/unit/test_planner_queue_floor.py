@@ -10,12 +10,11 @@ import math
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import QUEUE_PRESSURE_TICKS, PlannerStateMachine
-from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from runtime.planner.types import PlannerConfig
+from tests.planner_builders import PROF_TP as PROF
+from tests.planner_builders import fleet_tick
 
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
-                        prefill_tp=2, decode_tp=4)
 INTERVAL_S = 30.0
 
 configs = st.builds(
@@ -41,12 +40,8 @@ def make(c: dict) -> PlannerStateMachine:
 
 def tick(sm: PlannerStateMachine, now: float, rate: float, queue_per_worker: float) -> None:
     """One tick whose fleet is what the planner asked for, all of it ready (the actuator is done)."""
-    n = int(rate * INTERVAL_S)
-    sm.on_tick(TickInput(
-        now_s=now, interval_s=INTERVAL_S, num_requests=n, mean_isl_tokens=2000.0, mean_osl_tokens=100.0,
-        prefill=PoolObservation(num_ready=sm.prefill, queue_per_worker=queue_per_worker),
-        decode=PoolObservation(num_ready=sm.decode),
-    ))
+    fleet_tick(sm, now, rate, isl=2000.0, osl=100.0, interval_s=INTERVAL_S,
+               prefill={"queue_per_worker": queue_per_worker})
 
 
 def room(sm: PlannerStateMachine) -> int:
@@ -116,12 +111,9 @@ def test_the_floor_is_what_reaches_the_budget_open_loop_stays_below():
 
 def ttft_tick(sm: PlannerStateMachine, now: float, *, prefill_queue: float, ttft_p90: float, decode_queue: float) -> None:
     """A tick with a short prefill queue (its own wait under the budget) and a TTFT p90 far over the target."""
-    sm.on_tick(TickInput(
-        now_s=now, interval_s=INTERVAL_S, num_requests=15, mean_isl_tokens=2000.0, mean_osl_tokens=100.0,
-        prefill=PoolObservation(num_ready=sm.prefill, queue_per_worker=prefill_queue),
-        decode=PoolObservation(num_ready=sm.decode, queue_per_worker=decode_queue, running_per_worker=8.0),
-        observed_ttft_p90_s=ttft_p90,
-    ))
+    fleet_tick(sm, now, 0.5, isl=2000.0, osl=100.0, interval_s=INTERVAL_S,  # 15 requests
+               prefill={"queue_per_worker": prefill_queue},
+               decode={"queue_per_worker": decode_queue, "running_per_worker": 8.0}, observed_ttft_p90_s=ttft_p90)
 
 
 def test_a_ttft_spent_waiting_for_decode_admission_does_not_raise_prefill():
