@@ -1,5 +1,5 @@
-"""Prefill service-time correction from the engines' observed prefill time, and the session-3
-staffing defaults (one-tick Erlang level, beta 1.4, M/M/c up to 100 % utilisation).
+"""Prefill service-time correction from the engines' observed prefill time, and the default staffing
+settings (one-tick Erlang level, beta 1.65, M/M/c up to 100 % utilisation).
 
 Profile (hand-checkable): prefill 0.1 ms/token, so a 1000-token prompt takes 0.1 s; decode step
 10 ms + 0.1 ms per sequence, KV 100k tokens per worker. Offered prefill load R = rate x 0.1 s.
@@ -18,7 +18,7 @@ from tests.planner_builders import PROF, tick
 from tests.planner_builders import planner_cfg as cfg
 
 
-def test_defaults_are_the_session16_staffing_settings():
+def test_defaults_are_the_documented_staffing_settings():
     c, spec = PlannerConfig(), PlannerSpec()
     assert (c.prefill_staffing_beta, c.prefill_level_window_ticks, c.target_utilization) == (1.65, 1, 1.0)
     assert (spec.prefill_staffing_beta, spec.prefill_level_window_ticks, spec.target_utilization) == (1.65, 1, 1.0)

@@ -22,7 +22,7 @@ from tests.planner_builders import PROF, planner_cfg, tick
 
 
 def cfg(**kw) -> PlannerConfig:  # noqa: ANN003
-    # session-2 staffing settings, which the hand arithmetic below uses (defaults: test_planner_correction.py)
+    # staffing settings the hand arithmetic below uses (defaults: test_planner_correction.py)
     return planner_cfg(**(dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9) | kw))
 
 
