@@ -25,9 +25,9 @@ adds ``ablation_<name>`` runs of ``pdserve_sla`` with one rule or constant undon
 from the same warm fleet (``--warm-start``, default ``oracle_lead``: the oracle plan's maximum over the
 first scale-up's lead plus one window) and ticks every ``--interval-s`` (Dynamo: its default 180 s).
 ``oracle_gpu_hours``: hindsight per-window minimum that meets the SLO, the windows sized in order
-from the state the previous ones left, workers instant (runtime.sim.fleet.sequential_oracle; its
+from the state the previous ones left, workers instant (runtime.sim.oracles.sequential_oracle; its
 replay's attainment is ``oracle_slo_attainment``). ``oracle_lower_bound_gpu_hours``: every window
-sized from empty (runtime.sim.fleet.oracle_gpu_seconds), with
+sized from empty (runtime.sim.oracles.oracle_gpu_seconds), with
 ``oracle_lower_bound_replay_slo_attainment``, what that plan attains when replayed.
 
 Diagnostics in the same line: GPU-hours per pool for every planner and the oracle;
@@ -74,11 +74,10 @@ from runtime.sim.fleet import (  # noqa: E402
     PREFILL_ORDERS,
     FleetConfig,
     Trace,
-    oracle_gpu_seconds,
-    sequential_oracle,
     simulate,
     static_controller,
 )
+from runtime.sim.oracles import oracle_gpu_seconds, sequential_oracle  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from planner_dynamo import DynamoPlannerProcess, dynamo_profile_payload  # noqa: E402,F401

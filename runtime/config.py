@@ -12,10 +12,13 @@ planner.predictor are checked against the same rules the stager and the planner 
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+from typing import Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer,
                       model_validator)
+
+from runtime.planner.types import SPEC_SETTINGS, PlannerConfig
 
 Precision = Literal["bf16", "fp8"]
 TP_DEGREES = (1, 2, 4, 8)
@@ -306,128 +309,54 @@ class RouterSpec(_Strict):
         return v
 
 
+def planner_field(name: str, **override: Any) -> Any:
+    """The PlannerSpec field for PlannerConfig's setting ``name``: its default, description and bounds are
+    declared once, on the core's field (runtime.planner.types.setting); ``override`` replaces any of them
+    here. Raises KeyError for a name that is not such a setting."""
+    f = _PLANNER_SETTINGS[name]
+    kw = {"default": f.default, "description": f.metadata["doc"], **f.metadata["bounds"]} | override
+    return Field(**kw)
+
+
+_PLANNER_SETTINGS = {f.name: f for f in dataclasses.fields(PlannerConfig) if f.name in SPEC_SETTINGS}
+
+
 class PlannerSpec(_Strict):
     """SLO planner settings (see runtime/planner)."""
 
     mode: Literal["off", "sla", "load"] = Field(default="off", description="Scaling mode.")
-    predictor: str = Field(
-        default="moving_average",
-        description="Load predictor name: moving_average, burst_quantile (recommended for SLA mode, what "
-        "bench/planner.py runs), constant or arima (registry runtime.planner.predictors.PREDICTORS).",
-    )
-    interval_s: float = Field(default=30.0, gt=0, description="Planner tick interval, seconds.")
+    predictor: str = planner_field("predictor", default="moving_average")
+    interval_s: float = planner_field("interval_s")
     drain_cap_s: float = Field(
         default=120.0, gt=0, le=3600,
         description="Longest drain of a worker a scale-down removes, seconds: it takes no new request and is "
         "stopped once its in-flight requests finish, or after this long (streams still running then continue "
         "on another decode worker); Kubernetes worker pods get it as their preStop wait and grace period.")
-    gpu_budget: int = Field(default=64, ge=1, description="Total GPUs the planner may use.")
-    predictor_window_ticks: int = Field(
-        default=10, ge=1, description="Ticks of history the predictor looks at (moving average, quantile)."
-    )
-    burst_quantile: float = Field(
-        default=0.9, gt=0, le=1, description="Quantile of recent per-tick rates used by burst_quantile (0-1)."
-    )
-    worker_start_s: float = Field(
-        default=60.0, ge=0, description="Lead time for a new worker to become ready, seconds (scale up early)."
-    )
-    scale_down_delay_s: float = Field(
-        default=30.0,
-        ge=0,
-        description="A lower prefill target must persist this long before scaling down, seconds (decode: "
-        "decode_scale_down_delay_s).",
-    )
-    decode_scale_down_delay_s: float = Field(
-        default=120.0,
-        ge=0,
-        description="A lower decode target must persist this long before scaling down, seconds (a decode worker "
-        "drains its sequences and takes worker_start_s to come back).",
-    )
-    cooldown_s: float = Field(
-        default=30.0, ge=0, description="Minimum time between two scaling-direction changes of a pool, seconds."
-    )
-    size_on_peak: bool = Field(
-        default=False,
-        description="SLA mode: also size prefill to clear the predicted peak second of prompt tokens within the "
-        "TTFT budget (sub-interval bursts).",
-    )
-    peak_window_ticks: int | None = Field(
-        default=None,
-        ge=1,
-        description="SLA mode: ticks of history of the prefill peak predictor (None: predictor_window_ticks).",
-    )
-    peak_quantile: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="SLA mode: quantile (0-1) of recent per-tick prompt-token peaks the prefill peak predictor "
-        "provisions for (None: burst_quantile).",
-    )
-    prefill_staffing_beta: float | None = Field(
-        default=1.65,
-        ge=0,
-        le=100,
-        description="SLA mode: square-root staffing of the prefill pool, at least R + beta * sqrt(R) workers for "
-        "the offered load R in Erlangs (dimensionless beta; None: off).",
-    )
-    staffing_dispersion_ref: float | None = Field(
-        default=8.0,
-        gt=0,
-        description="SLA mode: index of dispersion of per-second request arrivals (residual variance around the "
-        "tick's trend / mean; 1 for Poisson) prefill_staffing_beta is calibrated for; the runtime measures it each tick and scales the staffing "
-        "headroom by sqrt(max(measured, staffing_dispersion_floor) / this) (None: beta as given).",
-    )
-    staffing_dispersion_floor: float = Field(
-        default=5.0,
-        ge=0,
-        description="SLA mode: the least arrival dispersion the staffing headroom is scaled for (it also covers "
-        "forecast error on ramps, which smooth arrivals do not remove).",
-    )
-    prefill_level_window_ticks: int = Field(
-        default=1,
-        ge=1,
-        description="SLA mode: ticks whose maximum offered prefill load the square-root staffing plans for.",
-    )
-    ttft_correction_max: float = Field(
-        default=1.0,
-        gt=0,
-        description="SLA mode: cap on one observed/expected TTFT sample while peak sizing is active "
-        "(1.0 = the correction only ever lowers the prefill service time).",
-    )
-    target_utilization: float = Field(
-        default=1.0,
-        gt=0,
-        le=1,
-        description="Highest planned busy fraction of a prefill worker in the M/M/c sizing (0-1; 1: only the "
-        "TTFT wait quantile limits it, square-root staffing adds the headroom).",
-    )
-    reserved_priority_share: float = Field(
-        default=0.0, ge=0, lt=1, description="Share of gpu_budget kept for priority traffic (0-1)."
-    )
-    burst_headroom: float = Field(
-        default=0.0, ge=0, description="Extra capacity fraction added while a burst is detected (0.25 = +25%)."
-    )
-    burst_factor: float = Field(
-        default=1.5, gt=1, description="A burst is an observed rate above this multiple of the predicted rate."
-    )
-    burst_max_s: float = Field(
-        default=300.0, ge=0, description="Longest a burst mode may last, seconds."
-    )
-    allow_aggregated: bool = Field(
-        default=True, description="At low load, serve aggregated (decode workers also prefill) if it needs fewer GPUs."
-    )
-    load_queue_up_per_worker: float = Field(
-        default=2.0, ge=0, description="Load mode: scale prefill up above this many waiting requests per worker."
-    )
-    load_queue_down_per_worker: float = Field(
-        default=0.2, ge=0, description="Load mode: scale prefill down below this many waiting requests per worker."
-    )
-    load_kv_up: float = Field(
-        default=0.85, gt=0, le=1, description="Load mode: scale decode up above this mean KV-cache usage (0-1)."
-    )
-    load_kv_down: float = Field(
-        default=0.4, ge=0, lt=1, description="Load mode: scale decode down below this mean KV-cache usage (0-1)."
-    )
+    gpu_budget: int = planner_field("gpu_budget")
+    predictor_window_ticks: int = planner_field("predictor_window_ticks")
+    burst_quantile: float = planner_field("burst_quantile")
+    worker_start_s: float = planner_field("worker_start_s")
+    scale_down_delay_s: float = planner_field("scale_down_delay_s")
+    decode_scale_down_delay_s: float = planner_field("decode_scale_down_delay_s")
+    cooldown_s: float = planner_field("cooldown_s")
+    size_on_peak: bool = planner_field("size_on_peak")
+    peak_window_ticks: int | None = planner_field("peak_window_ticks")
+    peak_quantile: float | None = planner_field("peak_quantile")
+    prefill_staffing_beta: float | None = planner_field("prefill_staffing_beta")
+    staffing_dispersion_ref: float | None = planner_field("staffing_dispersion_ref")
+    staffing_dispersion_floor: float = planner_field("staffing_dispersion_floor")
+    prefill_level_window_ticks: int = planner_field("prefill_level_window_ticks")
+    ttft_correction_max: float = planner_field("ttft_correction_max")
+    target_utilization: float = planner_field("target_utilization")
+    reserved_priority_share: float = planner_field("reserved_priority_share")
+    burst_headroom: float = planner_field("burst_headroom")
+    burst_factor: float = planner_field("burst_factor")
+    burst_max_s: float = planner_field("burst_max_s")
+    allow_aggregated: bool = planner_field("allow_aggregated")
+    load_queue_up_per_worker: float = planner_field("load_queue_up_per_worker")
+    load_queue_down_per_worker: float = planner_field("load_queue_down_per_worker")
+    load_kv_up: float = planner_field("load_kv_up")
+    load_kv_down: float = planner_field("load_kv_down")
 
     @field_validator("predictor")
     @classmethod

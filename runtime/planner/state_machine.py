@@ -24,7 +24,9 @@ Per tick (SLA mode):
    Decode: observed ITL p90 / model step time at the observed batch.
 4. Size pools with runtime.planner.sla (decode at ``DECODE_ITL_MARGIN`` of the ITL target); at low
    load pick aggregated serving when it needs fewer GPUs for a whole scale-down window
-   (conditional disaggregation at pool level). Decode band (``decode_band``, default on): the
+   (conditional disaggregation at pool level; ``allow_aggregated``, off by default: the interference
+   model plans one aggregated worker up to its ITL limit, where chat load at a few requests a second
+   misses ITL for minutes). Decode band (``decode_band``, default on): the
    disaggregated decode pool grows only to the workers the predicted load needs at the *full* ITL
    target and shrinks only to those it needs at ``DECODE_ITL_MARGIN`` of it; between the two it
    keeps its size (:meth:`PlannerStateMachine.decode_band_replicas`); not while the fleet has no
@@ -60,7 +62,9 @@ Per tick (SLA mode):
    in ``lead_ticks`` ticks, where the EWMA alone takes ~3x as long); scale-down still follows the
    tick's count through the delay of (5). Why: a worker launched now serves only after
    ``worker_start_s``; the part of one tick's load that does not persist that long is over before
-   it is ready (a clump of long prompts), and the standing headroom absorbs it. With ``worker_start_s = 0`` the weight is 1 and, with the default one-tick
+   it is ready (a clump of long prompts), and the standing headroom absorbs it. A tick whose prefill queue wait
+   is over budget (rule 12) is no such transient: then the tick's count launches at once. With
+   ``worker_start_s = 0`` the weight is 1 and, with the default one-tick
    level window, the rule is (7) unchanged; with a longer window the cap also keeps (7)'s window
    maximum and upward trend from launching (they still hold workers through a scale-down).
    The M/M/c term of (4) still launches on the rate predictor (quantile + trend through the lead
@@ -99,14 +103,16 @@ Per tick (SLA mode):
    The configured coefficient is ``prefill_staffing_beta`` scaled by the square root of the smoothed
    arrival dispersion over ``staffing_dispersion_ref`` (floored at ``staffing_dispersion_floor``):
    :meth:`PlannerStateMachine.staffing_beta`; it alone applies before the first tick with arrivals or
-   with the rule off. Why a floor: the replay starts each span from idle and sees no forecast error, so
-   on the Azure trace x10 (70B) the measured coefficient alone kept 96.1 % of the requests within SLO
-   where the floor keeps 99 % (docs/design/planner.md).
+   with the rule off. Why the configured coefficient stays under the measured one: the replay starts each
+   span from idle and sees no forecast error, so it misses a shift in the prompt mix that a worker start
+   cannot follow (a step of +60 % prompt tokens within a tick on the Azure trace); the floor of the
+   dispersion, Poisson's 1 by default, keeps arrivals smoother than Poisson from lowering it.
 12. Closed-loop prefill floor (``queue_floor``, default on): the observed prefill queue bounds the
    pool from below, so an under-sizing model (service-time variance, arrivals, prompt mixes it does
    not describe) cannot persist. The tick's queue wait is estimated as ``Q * s / c`` (``Q`` requests
    waiting for prefill, ``s`` the corrected occupancy at the tick's mean ISL, ``c`` ready prefill
-   workers; with ``Q > 0`` at least the observed TTFT p90 less the p90 prompt's own prefill latency)
+   workers; with ``Q > 0`` at least the observed TTFT p90 less the p90 prompt's own prefill latency, unless
+   requests wait for decode admission: that part of the TTFT is the decode pool's, rule 13)
    and compared with the wait budget ``ttft_target - 2 itl_target - latency``. After
    ``QUEUE_PRESSURE_TICKS`` ticks in a row above it, and once the floor's workers are all ready (a
    raise still starting has not yet acted on the queue), the floor rises to the current pool plus the
@@ -491,7 +497,7 @@ class PlannerStateMachine:
         s, latency = sla.prefill_service_s(prof.prefill, isl, self.ttft_correction)
         budget = max(cfg.ttft_target_s - 2 * cfg.itl_target_s - latency, 0.0)
         wait = (q * s / c if c else math.inf) if q > 0 else 0.0
-        if q > 0 and tick.observed_ttft_p90_s is not None:
+        if q > 0 and tick.observed_ttft_p90_s is not None and tick.decode.queue_per_worker == 0:
             own = sla.prefill_service_s(prof.prefill, tick.p90_isl_tokens or isl, self.ttft_correction)[1]
             wait = max(wait, tick.observed_ttft_p90_s - own)
         self._pressure_ticks = self._pressure_ticks + 1 if wait > budget else 0
@@ -719,7 +725,10 @@ class PlannerStateMachine:
                 p_des = max(p_des, self.peak_prefill_replicas(plan_rate, isl))
             staffed = self.staffing_prefill_replicas()
             level = self._erlang_level
-            if cfg.scale_up_on_level and staffed > self.prefill and level is not None:
+            if cfg.queue_floor:
+                self._update_queue_floor(tick)
+            # a queue already waiting over budget is no transient: the tick's count launches at once
+            if cfg.scale_up_on_level and staffed > self.prefill and level is not None and not self._pressure_ticks:
                 # rule 8: launch only for the launch level; a one-tick transient has passed before
                 # the worker is ready, the staffing headroom absorbs it
                 staffed = max(self.prefill, min(staffed, self._staff(level)))
@@ -727,7 +736,6 @@ class PlannerStateMachine:
             if cfg.measure_burst:
                 p_des = max(p_des, self.window_pool)
             if cfg.queue_floor:
-                self._update_queue_floor(tick)
                 p_des = max(p_des, self._queue_floor)
         if self._measuring_first_window() and mode == "disaggregated":
             # rule 10: the window pools measure what bursts need over a whole predictor window; until one

@@ -8,8 +8,8 @@ Sources: Dynamo planner ``core/types.py`` (TickInput → ScalingDecision as plai
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # pragma: no cover
     from runtime.config import DeploymentSpec
@@ -131,21 +131,28 @@ class ScalingDecision:
         return self.prefill_replicas * prefill_tp + self.decode_replicas * decode_tp
 
 
+def setting(default: Any, doc: str, **bounds: float) -> Any:
+    """A PlannerConfig field users set in the deployment spec's ``planner`` section, declared once here:
+    ``doc`` is its description there and ``bounds`` (``gt``/``ge``/``lt``/``le``) the range the spec
+    checks. runtime.config.PlannerSpec takes the default, description and bounds from here
+    (runtime.config.planner_field) and :meth:`PlannerConfig.from_spec` copies the value back."""
+    return field(default=default, metadata={"doc": doc, "bounds": bounds})
+
+
 @dataclass(frozen=True)
 class PlannerConfig:
     """Flat, validated planner settings (build with :meth:`from_spec`). Times in seconds.
 
-    ``scale_down_delay_s`` holds prefill scale-downs, ``decode_scale_down_delay_s`` decode ones
-    (None: the same). ``size_on_peak`` adds the sub-tick burst term for prefill (needs
-    ``TickInput.peak_prefill_tokens_per_s``); while it is active one TTFT correction sample is
-    capped at ``ttft_correction_max``. ``size_on_tokens`` predicts prompt/output token rates
+    The fields declared with :func:`setting` are the deployment spec's ``planner`` settings; their
+    description is the spec's (runtime.config.PlannerSpec, docs/configuration.md). Pool sizes and
+    TP degrees come from the spec's pools, the targets from its ``slo``. Here
+    ``decode_scale_down_delay_s`` may also be None (the prefill delay), and ``size_on_peak`` needs
+    ``TickInput.peak_prefill_tokens_per_s``; the spec's arrival dispersion is an EWMA of the
+    ``TickInput.arrival_dispersion`` the ticks report.
+
+    The other fields are not in the spec. ``size_on_tokens`` predicts prompt/output token rates
     instead of request rates. ``backlog_drain_s``: queued prefill requests are planned to drain
-    within this time. ``peak_window_ticks`` / ``peak_quantile``: history and quantile of the
-    prefill peak predictor (per-pool predictors; None: ``predictor_window_ticks`` /
-    ``burst_quantile``, the request-rate predictor's). ``prefill_staffing_beta``: square-root
-    staffing of prefill, ``ceil(R + beta * sqrt(R))`` for the offered load ``R`` (Erlangs) forecast
-    as the maximum of the last ``prefill_level_window_ticks`` ticks (None: off).
-    ``correct_by_prefill_time``: when the tick reports ``observed_prefill_time_mean_s`` the prefill
+    within this time. ``correct_by_prefill_time``: when the tick reports ``observed_prefill_time_mean_s`` the prefill
     service-time correction is observed / profiled prefill time (False: observed / expected TTFT
     p90, as when the metric is absent; kept for the benchmark's ablation). ``decode_band``: the
     decode pool holds its size while the load lies between two sizings of it (grows to the count
@@ -157,10 +164,7 @@ class PlannerConfig:
     kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
     term sizes for the rate predictor's level-and-trend forecast, not the window quantile that holds a
     burst for ``predictor_window_ticks`` (False: the quantile too, kept for the benchmark's ablation;
-    only ``burst_quantile`` has both). ``staffing_dispersion_ref``: the arrival dispersion
-    ``prefill_staffing_beta`` is calibrated for; when ticks report ``arrival_dispersion`` the staffing
-    headroom is ``beta * sqrt(max(z, staffing_dispersion_floor) / staffing_dispersion_ref)``, ``z`` an
-    EWMA of the reported dispersions (None: beta as given, whatever the arrivals). ``queue_floor``: the
+    only ``burst_quantile`` has both). ``queue_floor``: the
     observed prefill queue raises a floor under the prefill pool while its wait stays over the TTFT
     budget (runtime.planner.state_machine rule 12; False: open loop, kept for the benchmark's ablation).
     ``measure_burst``: when ticks report ``prompt_arrivals`` the staffing coefficient is the one that
@@ -178,38 +182,157 @@ class PlannerConfig:
     max_prefill: int = 8
     min_decode: int = 1
     max_decode: int = 8
-    gpu_budget: int = 64
+    gpu_budget: int = setting(
+        64,
+        "Total GPUs the planner may use.",
+        ge=1,
+    )
     ttft_target_s: float = 2.0
     itl_target_s: float = 0.05
-    interval_s: float = 30.0
-    predictor: str = "burst_quantile"
-    predictor_window_ticks: int = 10
-    burst_quantile: float = 0.9
-    worker_start_s: float = 60.0
-    scale_down_delay_s: float = 30.0
-    cooldown_s: float = 30.0
-    target_utilization: float = 1.0
-    reserved_priority_share: float = 0.0
-    burst_headroom: float = 0.0
-    burst_factor: float = 1.5
-    burst_max_s: float = 300.0
-    allow_aggregated: bool = True
-    load_queue_up_per_worker: float = 2.0
-    load_queue_down_per_worker: float = 0.2
-    load_kv_up: float = 0.85
-    load_kv_down: float = 0.4
+    interval_s: float = setting(
+        30.0,
+        "Planner tick interval, seconds.",
+        gt=0,
+    )
+    predictor: str = setting(
+        "burst_quantile",
+        "Load predictor name: moving_average, burst_quantile (recommended for SLA mode, what bench/planner.py "
+        "runs), constant or arima (registry runtime.planner.predictors.PREDICTORS).",
+    )
+    predictor_window_ticks: int = setting(
+        10,
+        "Ticks of history the predictor looks at (moving average, quantile).",
+        ge=1,
+    )
+    burst_quantile: float = setting(
+        0.9,
+        "Quantile of recent per-tick rates used by burst_quantile (0-1).",
+        gt=0, le=1,
+    )
+    worker_start_s: float = setting(
+        60.0,
+        "Lead time for a new worker to become ready, seconds (scale up early).",
+        ge=0,
+    )
+    scale_down_delay_s: float = setting(
+        30.0,
+        "A lower prefill target must persist this long before scaling down, seconds (decode: "
+        "decode_scale_down_delay_s).",
+        ge=0,
+    )
+    cooldown_s: float = setting(
+        30.0,
+        "Minimum time between two scaling-direction changes of a pool, seconds.",
+        ge=0,
+    )
+    target_utilization: float = setting(
+        1.0,
+        "Highest planned busy fraction of a prefill worker in the M/M/c sizing (0-1; 1: only the TTFT wait "
+        "quantile limits it, square-root staffing adds the headroom).",
+        gt=0, le=1,
+    )
+    reserved_priority_share: float = setting(
+        0.0,
+        "Share of gpu_budget kept for priority traffic (0-1).",
+        ge=0, lt=1,
+    )
+    burst_headroom: float = setting(
+        0.0,
+        "Extra capacity fraction added while a burst is detected (0.25 = +25%).",
+        ge=0,
+    )
+    burst_factor: float = setting(
+        1.5,
+        "A burst is an observed rate above this multiple of the predicted rate.",
+        gt=1,
+    )
+    burst_max_s: float = setting(
+        300.0,
+        "Longest a burst mode may last, seconds.",
+        ge=0,
+    )
+    allow_aggregated: bool = setting(
+        False,
+        "At low load, serve aggregated (decode workers also prefill) if it needs fewer GPUs. Off by default: a "
+        "pool that both prefills and decodes runs at its ITL limit once the load nears one worker's, which the "
+        "model of the interference does not foresee (docs/design/planner.md).",
+    )
+    load_queue_up_per_worker: float = setting(
+        2.0,
+        "Load mode: scale prefill up above this many waiting requests per worker.",
+        ge=0,
+    )
+    load_queue_down_per_worker: float = setting(
+        0.2,
+        "Load mode: scale prefill down below this many waiting requests per worker.",
+        ge=0,
+    )
+    load_kv_up: float = setting(
+        0.85,
+        "Load mode: scale decode up above this mean KV-cache usage (0-1).",
+        gt=0, le=1,
+    )
+    load_kv_down: float = setting(
+        0.4,
+        "Load mode: scale decode down below this mean KV-cache usage (0-1).",
+        ge=0, lt=1,
+    )
     slo_quantile: float = 0.99
     size_on_tokens: bool = False
-    ttft_correction_max: float = 1.0
+    ttft_correction_max: float = setting(
+        1.0,
+        "SLA mode: cap on one observed/expected TTFT sample while peak sizing is active (1.0 = the correction "
+        "only ever lowers the prefill service time).",
+        gt=0,
+    )
     backlog_drain_s: float = 60.0
-    size_on_peak: bool = False
-    decode_scale_down_delay_s: float | None = 120.0
-    peak_window_ticks: int | None = None
-    peak_quantile: float | None = None
-    prefill_staffing_beta: float | None = 1.65
-    staffing_dispersion_ref: float | None = 8.0
-    staffing_dispersion_floor: float = 5.0
-    prefill_level_window_ticks: int = 1
+    size_on_peak: bool = setting(
+        False,
+        "SLA mode: also size prefill to clear the predicted peak second of prompt tokens within the TTFT budget "
+        "(sub-interval bursts).",
+    )
+    decode_scale_down_delay_s: float | None = setting(
+        120.0,
+        "A lower decode target must persist this long before scaling down, seconds (a decode worker drains its "
+        "sequences and takes worker_start_s to come back).",
+        ge=0,
+    )
+    peak_window_ticks: int | None = setting(
+        None,
+        "SLA mode: ticks of history of the prefill peak predictor (None: predictor_window_ticks).",
+        ge=1,
+    )
+    peak_quantile: float | None = setting(
+        None,
+        "SLA mode: quantile (0-1) of recent per-tick prompt-token peaks the prefill peak predictor provisions for"
+        " (None: burst_quantile).",
+        gt=0, le=1,
+    )
+    prefill_staffing_beta: float | None = setting(
+        1.65,
+        "SLA mode: square-root staffing of the prefill pool, at least R + beta * sqrt(R) workers for the offered "
+        "load R in Erlangs (dimensionless beta; None: off).",
+        ge=0, le=100,
+    )
+    staffing_dispersion_ref: float | None = setting(
+        8.0,
+        "SLA mode: index of dispersion of per-second request arrivals (residual variance around the tick's trend "
+        "/ mean; 1 for Poisson) prefill_staffing_beta is calibrated for; the runtime measures it each tick and "
+        "scales the staffing headroom by sqrt(max(measured, staffing_dispersion_floor) / this) (None: beta as "
+        "given).",
+        gt=0,
+    )
+    staffing_dispersion_floor: float = setting(
+        1.0,
+        "SLA mode: the least arrival dispersion the staffing headroom is scaled for (1: Poisson's; arrivals "
+        "smoother than Poisson do not lower it).",
+        ge=0,
+    )
+    prefill_level_window_ticks: int = setting(
+        1,
+        "SLA mode: ticks whose maximum offered prefill load the square-root staffing plans for.",
+        ge=1,
+    )
     correct_by_prefill_time: bool = True
     decode_band: bool = True
     scale_up_on_level: bool = True
@@ -296,35 +419,13 @@ class PlannerConfig:
             max_prefill=spec.prefill.max_replicas,
             min_decode=spec.decode.min_replicas,
             max_decode=spec.decode.max_replicas,
-            gpu_budget=p.gpu_budget,
             ttft_target_s=spec.slo.ttft_p90_ms / 1000.0,
             itl_target_s=spec.slo.itl_p90_ms / 1000.0,
-            interval_s=p.interval_s,
-            predictor=p.predictor,
-            predictor_window_ticks=p.predictor_window_ticks,
-            burst_quantile=p.burst_quantile,
-            worker_start_s=p.worker_start_s,
-            scale_down_delay_s=p.scale_down_delay_s,
-            decode_scale_down_delay_s=p.decode_scale_down_delay_s,
-            size_on_peak=p.size_on_peak,
-            peak_window_ticks=p.peak_window_ticks,
-            peak_quantile=p.peak_quantile,
-            prefill_staffing_beta=p.prefill_staffing_beta,
-            staffing_dispersion_ref=p.staffing_dispersion_ref,
-            staffing_dispersion_floor=p.staffing_dispersion_floor,
-            prefill_level_window_ticks=p.prefill_level_window_ticks,
-            ttft_correction_max=p.ttft_correction_max,
-            cooldown_s=p.cooldown_s,
-            target_utilization=p.target_utilization,
-            reserved_priority_share=p.reserved_priority_share,
-            burst_headroom=p.burst_headroom,
-            burst_factor=p.burst_factor,
-            burst_max_s=p.burst_max_s,
-            allow_aggregated=p.allow_aggregated,
-            load_queue_up_per_worker=p.load_queue_up_per_worker,
-            load_queue_down_per_worker=p.load_queue_down_per_worker,
-            load_kv_up=p.load_kv_up,
-            load_kv_down=p.load_kv_down,
+            **{name: getattr(p, name) for name in SPEC_SETTINGS},
         )
         kw.update(overrides)
         return cls(**kw)  # type: ignore[arg-type]
+
+
+# the PlannerConfig fields the deployment spec's planner section carries (declared with setting())
+SPEC_SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(PlannerConfig) if "doc" in f.metadata)

@@ -113,10 +113,12 @@ def _fs_path(path: str) -> str:
 
 
 def _s3_path(uri: str) -> str:
-    """The normalised S3 data repository path: ``s3://bucket/prefix/`` (one trailing '/')."""
-    if not isinstance(uri, str) or not uri.startswith("s3://") or not uri[5:].split("/", 1)[0]:
-        raise StagingError(f"FSx data repository path {uri!r}: must be s3://bucket[/prefix]")
-    return uri.rstrip("/") + "/"
+    """The normalised S3 data repository path: ``s3://bucket/prefix/`` (one trailing '/';
+    ``runtime.s3uri.split_s3_prefix_uri``)."""
+    from runtime.staging.s3 import parse_s3_uri
+
+    bucket, prefix = parse_s3_uri(uri, "FSx data repository path")
+    return f"s3://{bucket}/{prefix}"
 
 
 def _relation(have: str, want: str) -> str | None:

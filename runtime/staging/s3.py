@@ -23,20 +23,20 @@ DEFAULT_MAX_ATTEMPTS = 8
 connection errors; https://boto3.amazonaws.com/v1/documentation/api/latest/guide/retries.html)."""
 
 
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """Split ``s3://bucket/some/prefix`` into ("bucket", "some/prefix/") (prefix ends in "/" or is "").
+def parse_s3_uri(uri: str, what: str = "source") -> tuple[str, str]:
+    """Split a staging folder URI ``s3://bucket/some/prefix`` into ("bucket", "some/prefix/") (prefix ends in "/" or
+    is ""): ``runtime.s3uri.split_s3_prefix_uri``.
 
     Raises:
-        StagingError: not an s3:// URI or no bucket.
+        StagingError: not an s3:// URI, a bucket S3 would refuse, or a URI that function refuses (the message
+            names ``what`` and the URI).
     """
-    if not uri.startswith("s3://"):
-        raise StagingError(f"source {uri!r}: expected s3://bucket/prefix")
-    bucket, _, prefix = uri[5:].partition("/")
-    if not bucket:
-        raise StagingError(f"source {uri!r}: missing bucket name")
-    if prefix and not prefix.endswith("/"):
-        prefix += "/"
-    return bucket, prefix
+    from runtime.s3uri import split_s3_prefix_uri
+
+    try:
+        return split_s3_prefix_uri(uri, what)
+    except ValueError as e:
+        raise StagingError(str(e)) from None
 
 
 def make_client(

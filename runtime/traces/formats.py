@@ -6,7 +6,9 @@ Formats (docs/benchmarks.md names the public traces in each), chosen by the file
 (``READABLE_SUFFIXES``):
 * CSV with ``ContextTokens`` and ``GeneratedTokens`` columns (Azure LLM inference trace 2023, Splitwise);
 * JSON lines with ``input_length`` and ``output_length`` (Mooncake FAST'25 trace; the runtime's
-  ``--traffic-log``, runtime/server/traffic.py, writes this format with Unix-ms timestamps).
+  ``--traffic-log``, runtime/server/traffic.py, writes this format with Unix-ms timestamps). The router simulator
+  reads Mooncake traces with their ``hash_ids`` prefix blocks (:func:`mooncake_records`); both JSON readers decode
+  lines with :func:`json_records`.
 
 A file becomes a :class:`TraceColumns`: its requests' input and output lengths (tokens) and arrival times (s) as
 ``array`` columns (8 bytes a value, not a tuple and two objects per request), so a trace of millions of
@@ -94,6 +96,37 @@ def length(value: object, name: str, line: int, key: str) -> int:
     raise TraceFormatError(f"{name}:{line}: {key} must be a whole number of tokens, got {value!r}")
 
 
+def _line_at(name: str, n: int) -> str:
+    """Where a message points: ``name:n``, or ``line n`` for a caller that has no file name."""
+    return f"{name}:{n}" if name else f"line {n}"
+
+
+def json_records(lines: Iterable[str], name: str, keys: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
+    """``(line number from 1, object)`` of each non-blank line of a JSON-lines trace that holds every key in
+    ``keys``; a UTF-8 byte-order mark before the first line is dropped. Values are not checked here.
+
+    Raises:
+        TraceFormatError: a line that is not JSON, not a JSON object or lacks a key in ``keys`` (the message
+            names ``name:line``, or ``line N`` when ``name`` is empty, and the keys).
+    """
+    for n, line in enumerate(lines, 1):
+        at = _line_at(name, n)
+        if n == 1:
+            line = line.removeprefix("\ufeff")
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise TraceFormatError(f"{at}: not JSON: {e}") from None
+        if not isinstance(rec, dict):
+            raise TraceFormatError(f"{at}: expected a JSON object, got {type(rec).__name__}")
+        missing = [k for k in keys if k not in rec]
+        if missing:
+            raise TraceFormatError(f"{at}: missing key(s) {', '.join(missing)}")
+        yield n, rec
+
+
 def parse_jsonl(lines: Iterable[str], name: str) -> TraceColumns:
     """Columns of a JSON-lines trace (``input_length``, ``output_length``, optional ``timestamp`` in ms);
     blank lines are skipped, line numbers count from 1.
@@ -105,18 +138,7 @@ def parse_jsonl(lines: Iterable[str], name: str) -> TraceColumns:
     """
     out = TraceColumns(name)
     isl, osl, times = out.isl_tokens, out.osl_tokens, out.times_s
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError as e:
-            raise TraceFormatError(f"{name}:{n}: not JSON: {e}") from None
-        if not isinstance(rec, dict):
-            raise TraceFormatError(f"{name}:{n}: expected a JSON object, got {type(rec).__name__}")
-        missing = [k for k in ("input_length", "output_length") if k not in rec]
-        if missing:
-            raise TraceFormatError(f"{name}:{n}: missing key(s) {', '.join(missing)}")
+    for n, rec in json_records(lines, name, ("input_length", "output_length")):
         try:
             isl.append(length(rec["input_length"], name, n, "input_length"))
             osl.append(length(rec["output_length"], name, n, "output_length"))
@@ -130,6 +152,63 @@ def parse_jsonl(lines: Iterable[str], name: str) -> TraceColumns:
                 times = out.times_s = None
     out._check_times()
     return out
+
+
+MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
+MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash_ids block in the Mooncake trace (its README, FAST'25 artifact)
+
+
+class MooncakeRecord(NamedTuple):
+    """One line of a Mooncake trace with its prefix blocks (:func:`mooncake_records`)."""
+
+    line: int  # 1-based line number in the file
+    arrival_s: float  # ``timestamp`` / 1000: seconds from the trace's start
+    input_tokens: int  # >= 1
+    output_tokens: int  # >= 0
+    hash_ids: tuple[int, ...]  # chained prefix-block ids, one per MOONCAKE_BLOCK_TOKENS of the prompt
+
+
+def mooncake_records(lines: Iterable[str], name: str) -> Iterator[MooncakeRecord]:
+    """The requests of a Mooncake trace that keeps its prefix blocks (github.com/kvcache-ai/Mooncake
+    ``mooncake_trace.jsonl``: ``timestamp`` ms from the trace's start, ``input_length`` and ``output_length``
+    tokens, ``hash_ids``), in file order; every key required and checked strictly: JSON booleans are not
+    numbers, and ``timestamp`` must be finite (Python's JSON reader accepts bare ``NaN``/``Infinity``).
+
+    Raises:
+        TraceFormatError: as :func:`json_records`, or a value outside its range (``timestamp`` a finite number
+            >= 0, ``input_length`` an int >= 1, ``output_length`` an int >= 0, ``hash_ids`` a list of ints),
+            naming ``name:line`` (``line N`` when ``name`` is empty) and the key.
+    """
+    for n, rec in json_records(lines, name, MOONCAKE_KEYS):
+        at = _line_at(name, n)
+        ts, isl, osl, ids = (rec[k] for k in MOONCAKE_KEYS)
+        if not is_number(ts) or not _finite(ts) or ts < 0:
+            raise TraceFormatError(f"{at}: 'timestamp' must be a finite number >= 0 (ms), got {ts!r}")
+        if not _is_int(isl) or isl < 1:
+            raise TraceFormatError(f"{at}: 'input_length' must be an int >= 1, got {isl!r}")
+        if not _is_int(osl) or osl < 0:
+            raise TraceFormatError(f"{at}: 'output_length' must be an int >= 0, got {osl!r}")
+        if not isinstance(ids, list) or not all(_is_int(h) for h in ids):
+            raise TraceFormatError(f"{at}: 'hash_ids' must be a list of ints")
+        yield MooncakeRecord(n, ts / 1000.0, isl, osl, tuple(ids))
+
+
+def _finite(value: float) -> bool:
+    """math.isfinite that answers False for an int beyond float range instead of raising."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _is_int(value: object) -> bool:
+    """True for a JSON integer; ``bool`` is an ``int`` subclass in Python but not a number in a trace."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """True for a JSON number (int or float), not a boolean."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 CSV_LENGTH_COLUMNS = ("ContextTokens", "GeneratedTokens")

@@ -91,8 +91,9 @@ def test_read_pool_averages_workers_and_counts_dead_ones_as_starting(servers):
 
 
 def test_planner_loop_tick_decides_applies_and_exports_gauges(servers):
+    # beta as given (no dispersion scaling): the decision below does not hang on the dispersion defaults
     cfg = PlannerConfig(mode="sla", interval_s=30.0, predictor="constant", allow_aggregated=False,
-                        max_prefill=10, max_decode=10)
+                        max_prefill=10, max_decode=10, prefill_staffing_beta=1.4, staffing_dispersion_ref=None)
     now = [0.0]
     window = RequestWindow(clock=lambda: now[0])
     for i in range(900):  # 30 req/s spread evenly over a 30 s window (so the peak second is the mean)
@@ -372,8 +373,9 @@ class CappedActuator:
 
 
 def test_gauges_show_what_the_actuator_applied_beside_the_decision(servers):
+    # beta as given (no dispersion scaling): the decision below does not hang on the dispersion defaults
     cfg = PlannerConfig(mode="sla", interval_s=30.0, predictor="constant", allow_aggregated=False,
-                        max_prefill=10, max_decode=10)
+                        max_prefill=10, max_decode=10, prefill_staffing_beta=1.4, staffing_dispersion_ref=None)
     now = [0.0]
     window = RequestWindow(clock=lambda: now[0])
 

@@ -278,7 +278,8 @@ def test_object_overwritten_between_listing_and_download_is_refused(s3_client, s
 
 
 def test_client_side_errors_are_named_staging_errors(s3_server, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    """No credentials, or a bucket name botocore refuses: a StagingError naming the source, not a traceback."""
+    """No credentials, or a bucket name S3 refuses (refused before any call): a StagingError naming the source,
+    not a traceback."""
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -287,7 +288,7 @@ def test_client_side_errors_are_named_staging_errors(s3_server, tmp_path, monkey
     no_creds = make_client(s3_server.endpoint_url)
     with pytest.raises(StagingError, match=r"s3://models/x.*NoCredentialsError"):
         stage_model("s3://models/x", tmp_path / "m", s3_client=no_creds, progress=False)
-    with pytest.raises(StagingError, match=r"s3://Bad_Bucket!/x.*ParamValidationError"):
+    with pytest.raises(StagingError, match=r"source 's3://Bad_Bucket!/x': bucket 'Bad_Bucket!' is not a valid S3"):
         stage_model("s3://Bad_Bucket!/x", tmp_path / "m", s3_client=s3_server.client(), progress=False)
     assert not (tmp_path / "m").exists()
 

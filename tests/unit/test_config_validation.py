@@ -81,7 +81,11 @@ def test_planner_without_aggregated_serving_needs_a_prefill_minimum(mode):
     pool = PoolSpec(replicas=1, min_replicas=0)
     with pytest.raises(ValidationError, match=r"prefill.min_replicas 0 .* planner.allow_aggregated is false"):
         DeploymentSpec(model=ModelRef(name="m"), prefill=pool, planner=PlannerSpec(mode=mode, allow_aggregated=False))
-    assert DeploymentSpec(model=ModelRef(name="m"), prefill=pool, planner=PlannerSpec(mode=mode)).prefill.min_replicas == 0
+    assert DeploymentSpec(model=ModelRef(name="m"), prefill=pool,
+                          planner=PlannerSpec(mode=mode, allow_aggregated=True)).prefill.min_replicas == 0
+    # aggregated serving is off unless asked for
+    with pytest.raises(ValidationError, match="allow_aggregated"):
+        DeploymentSpec(model=ModelRef(name="m"), prefill=pool, planner=PlannerSpec(mode=mode))
     # no planner: the pool's size is what it was given, allow_aggregated plays no part
     off = DeploymentSpec(model=ModelRef(name="m"), prefill=PoolSpec(replicas=0, min_replicas=0),
                          planner=PlannerSpec(mode="off", allow_aggregated=False))

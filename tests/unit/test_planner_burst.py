@@ -12,25 +12,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.sla import burst_misses
 from runtime.planner.state_machine import BURST_BETA_MAX, PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
 from runtime.sim.fleet import FleetConfig, Trace, simulate
+from tests.planner_builders import PROF, planner_cfg
+from tests.planner_builders import tick as planner_tick
 
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
 
-
-def cfg(**kw) -> PlannerConfig:
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=60, min_decode=1, max_decode=20,
-                gpu_budget=100, interval_s=30.0, worker_start_s=60.0, predictor="constant", allow_aggregated=False)
-    return PlannerConfig(**(base | kw))
+def cfg(**kw) -> PlannerConfig:  # noqa: ANN003
+    return planner_cfg(**({"max_prefill": 60, "gpu_budget": 100} | kw))
 
 
 def tick(now_s: float, arrivals: list[float], isl: int = 5000) -> TickInput:
-    return TickInput(now_s=now_s, interval_s=30.0, num_requests=len(arrivals), mean_isl_tokens=isl,
-                     mean_osl_tokens=50, prefill=PoolObservation(num_ready=4), decode=PoolObservation(num_ready=2),
-                     prompt_arrivals=tuple((t, isl) for t in arrivals))
+    return planner_tick(now_s, len(arrivals) / 30.0, isl=isl, osl=50,
+                        prompt_arrivals=tuple((t, isl) for t in arrivals))
 
 
 def test_burst_misses_by_hand():

@@ -1,5 +1,5 @@
-"""Prefill service-time correction from the engines' observed prefill time, and the session-3
-staffing defaults (one-tick Erlang level, beta 1.4, M/M/c up to 100 % utilisation).
+"""Prefill service-time correction from the engines' observed prefill time, and the default staffing
+settings (one-tick Erlang level, beta 1.65, M/M/c up to 100 % utilisation).
 
 Profile (hand-checkable): prefill 0.1 ms/token, so a 1000-token prompt takes 0.1 s; decode step
 10 ms + 0.1 ms per sequence, KV 100k tokens per worker. Offered prefill load R = rate x 0.1 s.
@@ -11,22 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.config import PlannerSpec
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import CORRECTION_MAX, CORRECTION_MIN, PlannerStateMachine
 from runtime.planner.types import PlannerConfig, TickInput
 from runtime.sim.fleet import FleetConfig, Trace, simulate, static_controller
-from tests.unit.test_planner_staffing import tick  # the same 30 s tick at 1000/200 tokens
-
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
-
-
-def cfg(**kw) -> PlannerConfig:
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=40, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="constant", allow_aggregated=False)
-    return PlannerConfig(**(base | kw))
+from tests.planner_builders import PROF, tick
+from tests.planner_builders import planner_cfg as cfg
 
 
-def test_defaults_are_the_session16_staffing_settings():
+def test_defaults_are_the_documented_staffing_settings():
     c, spec = PlannerConfig(), PlannerSpec()
     assert (c.prefill_staffing_beta, c.prefill_level_window_ticks, c.target_utilization) == (1.65, 1, 1.0)
     assert (spec.prefill_staffing_beta, spec.prefill_level_window_ticks, spec.target_utilization) == (1.65, 1, 1.0)

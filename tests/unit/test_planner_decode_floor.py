@@ -12,12 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import QUEUE_PRESSURE_TICKS, PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from tests.planner_builders import PROF_TP as PROF
+from tests.planner_builders import fleet_tick
 
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
-                        prefill_tp=2, decode_tp=4)
 INTERVAL_S = 30.0
 ITL_TARGET_S = 0.05
 
@@ -47,13 +46,9 @@ def tick(sm: PlannerStateMachine, now: float, rate: float, *, waiting: float, it
          kv: float) -> None:
     """One tick whose fleet is what the planner asked for, all of it ready; ``waiting`` requests per decode
     worker wait for admission, 64 run in each batch."""
-    n = int(rate * INTERVAL_S)
-    sm.on_tick(TickInput(
-        now_s=now, interval_s=INTERVAL_S, num_requests=n, mean_isl_tokens=500.0, mean_osl_tokens=200.0,
-        prefill=PoolObservation(num_ready=sm.prefill),
-        decode=PoolObservation(num_ready=sm.decode, queue_per_worker=waiting, running_per_worker=64.0, kv_usage=kv),
-        observed_itl_p90_s=itl_p90, observed_itl_mean_s=None if itl_p90 is None else itl_p90 * 0.8,
-    ))
+    fleet_tick(sm, now, rate, isl=500.0, osl=200.0, interval_s=INTERVAL_S,
+               decode=dict(queue_per_worker=waiting, running_per_worker=64.0, kv_usage=kv),
+               observed_itl_p90_s=itl_p90, observed_itl_mean_s=None if itl_p90 is None else itl_p90 * 0.8)
 
 
 def room(sm: PlannerStateMachine) -> int:

@@ -15,11 +15,12 @@ from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, ScalingDecision, TickInput
 from runtime.sim.fleet import FleetConfig, Trace, simulate, static_controller
+from tests.planner_builders import PROF_TP as PROF
+from tests.planner_builders import planner_cfg
+from tests.planner_builders import tick as planner_tick
 from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
-                        prefill_tp=2, decode_tp=4)
 
 
 def load_bench():
@@ -58,16 +59,12 @@ def test_pool_split_still_sums_to_the_total_while_pools_grow_and_shrink():
 
 
 # ------------------------------------------------------------------ per-pool predictors
-def cfg(**kw) -> PlannerConfig:
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=40, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="burst_quantile", allow_aggregated=False)
-    return PlannerConfig(**(base | kw))
+def cfg(**kw) -> PlannerConfig:  # noqa: ANN003
+    return planner_cfg(**({"predictor": "burst_quantile"} | kw))
 
 
 def tick(now_s: float, peak: float) -> TickInput:
-    return TickInput(now_s=now_s, interval_s=30.0, num_requests=300, mean_isl_tokens=1000, mean_osl_tokens=200,
-                     prefill=PoolObservation(num_ready=4), decode=PoolObservation(num_ready=2),
-                     peak_prefill_tokens_per_s=peak)
+    return planner_tick(now_s, 10.0, peak_prefill_tokens_per_s=peak)
 
 
 def test_peak_predictor_forgets_a_burst_after_its_own_window():
@@ -152,7 +149,7 @@ def test_warm_fleet_covers_the_first_scale_up_lead_plus_one_window():
 
 # ------------------------------------------------------------------ oracle: fewest GPUs, jointly
 def test_oracle_trades_a_prefill_worker_for_many_decode_workers():
-    from runtime.sim.fleet import _trade_prefill_for_decode
+    from runtime.sim.oracles import _trade_prefill_for_decode
 
     # a window at the TTFT boundary: 12 prefill workers meet it only with 20 decode workers (decode
     # admission shaves the last TTFT misses), 13 prefill workers with 3 -> 13 x 2 + 3 x 4 = 38 GPUs < 104
@@ -165,7 +162,7 @@ def test_oracle_trades_a_prefill_worker_for_many_decode_workers():
 
 
 def test_oracle_plan_is_no_costlier_than_its_sequential_search():
-    from runtime.sim.fleet import oracle_gpu_seconds
+    from runtime.sim.oracles import oracle_gpu_seconds
 
     rng = np.random.default_rng(5)
     arr = np.sort(rng.uniform(0, 120, 2400))  # 20 req/s = 2 Erlangs of prefill

@@ -14,27 +14,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.sla import arrival_dispersion
 from runtime.planner.state_machine import DISPERSION_EWMA, DISPERSION_SAMPLE_MAX, PlannerStateMachine
-from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from runtime.planner.types import PlannerConfig, TickInput
 from runtime.server.planner_loop import RequestWindow
 from runtime.sim.fleet import FleetConfig, Trace, simulate, static_controller
+from tests.planner_builders import PROF, planner_cfg
+from tests.planner_builders import tick as planner_tick
 
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
 
-
-def cfg(**kw) -> PlannerConfig:
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=200, min_decode=1, max_decode=20,
-                gpu_budget=400, interval_s=30.0, worker_start_s=0.0, predictor="constant", allow_aggregated=False,
-                prefill_staffing_beta=1.65, staffing_dispersion_ref=8.0, staffing_dispersion_floor=5.0)
-    return PlannerConfig(**(base | kw))
+def cfg(**kw) -> PlannerConfig:  # noqa: ANN003
+    return planner_cfg(**(dict(max_prefill=200, gpu_budget=400, worker_start_s=0.0, prefill_staffing_beta=1.65,
+                               staffing_dispersion_ref=8.0, staffing_dispersion_floor=5.0) | kw))
 
 
 def tick(now_s: float, rate: float, dispersion: float | None) -> TickInput:
-    return TickInput(now_s=now_s, interval_s=30.0, num_requests=round(rate * 30), mean_isl_tokens=1000,
-                     mean_osl_tokens=200, prefill=PoolObservation(num_ready=4), decode=PoolObservation(num_ready=2),
-                     arrival_dispersion=dispersion)
+    return planner_tick(now_s, rate, arrival_dispersion=dispersion)
 
 
 def test_dispersion_by_hand():

@@ -1,26 +1,17 @@
-"""Fleet simulator (runtime/sim/fleet.py) with hand-checkable engines: prefill 0.1 ms/token,
-decode step 10 ms + 0.1 ms per running sequence per worker, KV 100k tokens per worker."""
+"""Fleet simulator (runtime/sim/fleet.py) and its oracles (runtime/sim/oracles.py) with hand-checkable
+engines: prefill 0.1 ms/token, decode step 10 ms + 0.1 ms per running sequence per worker, KV 100k tokens
+per worker."""
 
 from collections import deque
 
 import numpy as np
 import pytest
 
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, ScalingDecision
-from runtime.sim.fleet import (
-    FleetConfig,
-    FleetSim,
-    Trace,
-    oracle_gpu_seconds,
-    sequential_oracle,
-    simulate,
-    static_controller,
-)
-
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
-                        prefill_tp=2, decode_tp=4)
+from tests.planner_builders import PROF_TP as PROF
+from runtime.sim.fleet import FleetConfig, FleetSim, Trace, simulate, static_controller
+from runtime.sim.oracles import oracle_gpu_seconds, sequential_oracle
 
 
 def trace(arrivals, isl=1000, osl=11) -> Trace:

@@ -11,16 +11,17 @@ import math
 import pytest
 
 from runtime.planner.predictors import ArimaPredictor
-from runtime.planner.profiles import analytic_profile, build_profile
+from runtime.planner.profiles import build_profile
 from runtime.planner.state_machine import CORRECTION_MAX, PlannerStateMachine, _ewma
 from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from tests.planner_builders import PROF
+from tests.planner_builders import tick as planner_tick
 
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
 nan, inf = math.nan, math.inf
 
 
 def _tick(now: float, n: int = 300, **kw) -> TickInput:  # noqa: ANN003
-    return TickInput(now_s=now, interval_s=30.0, num_requests=n, mean_isl_tokens=1000, mean_osl_tokens=200, **kw)
+    return planner_tick(now, n / 30.0, ready_p=0, ready_d=0, **kw)
 
 
 @pytest.mark.parametrize(("field", "value"), [

@@ -9,27 +9,20 @@ import pytest
 
 from runtime.planner.dynamo_baseline import DynamoSlaBaseline
 from runtime.planner.predictors import ResidualQuantilePredictor, make_predictor
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
 from runtime.sim.fleet import FleetConfig, Trace, simulate
+from tests.planner_builders import PROF, planner_cfg
+from tests.planner_builders import tick as planner_tick
 
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
 
-
-def cfg(**kw) -> PlannerConfig:
+def cfg(**kw) -> PlannerConfig:  # noqa: ANN003
     # the peak term on its own (square-root staffing, now the default, is off: test_planner_staffing.py)
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=40, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="constant", allow_aggregated=False,
-                size_on_peak=True, prefill_staffing_beta=None)
-    base.update(kw)
-    return PlannerConfig(**base)
+    return planner_cfg(**(dict(size_on_peak=True, prefill_staffing_beta=None) | kw))
 
 
-def tick(now_s: float, rate: float, peak: float | None = None, **kw) -> TickInput:
-    return TickInput(now_s=now_s, interval_s=30.0, num_requests=round(rate * 30), mean_isl_tokens=1000,
-                     mean_osl_tokens=200, prefill=PoolObservation(num_ready=kw.pop("ready_p", 4)),
-                     decode=PoolObservation(num_ready=2), peak_prefill_tokens_per_s=peak, **kw)
+def tick(now_s: float, rate: float, peak: float | None = None, **kw) -> TickInput:  # noqa: ANN003
+    return planner_tick(now_s, rate, peak_prefill_tokens_per_s=peak, **kw)
 
 
 def test_residual_quantile_predicts_level_plus_the_quantile_of_past_changes():

@@ -6,29 +6,20 @@ Profile (hand-checkable): prefill 0.1 ms/token; decode step 10 ms + 0.1 ms per s
 
 from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
-from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from runtime.planner.types import PlannerConfig
+from tests.planner_builders import fleet_tick, planner_cfg
 
 PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4,
                         kv_capacity_tokens=1_000_000)
 
 
-def cfg(**kw) -> PlannerConfig:
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=40, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="burst_quantile",
-                allow_aggregated=False, prefill_staffing_beta=None)
-    return PlannerConfig(**(base | kw))
+def cfg(**kw) -> PlannerConfig:  # noqa: ANN003
+    return planner_cfg(**(dict(predictor="burst_quantile", prefill_staffing_beta=None) | kw))
 
 
 def run(sm: PlannerStateMachine, rates: list[float], isls: list[float] | None = None) -> list[int]:
-    out = []
-    for i, rate in enumerate(rates):
-        isl = isls[i] if isls else 1000.0
-        d = sm.on_tick(TickInput(now_s=30.0 * (i + 1), interval_s=30.0, num_requests=round(rate * 30),
-                                 mean_isl_tokens=isl, mean_osl_tokens=200,
-                                 prefill=PoolObservation(num_ready=sm.prefill),
-                                 decode=PoolObservation(num_ready=sm.decode, running_per_worker=50)))
-        out.append(d.prefill_replicas)
-    return out
+    return [fleet_tick(sm, 30.0 * (i + 1), rate, isl=isls[i] if isls else 1000.0,
+                       decode={"running_per_worker": 50}).prefill_replicas for i, rate in enumerate(rates)]
 
 
 def test_mmc_term_follows_the_load_down_after_a_burst():

@@ -17,9 +17,8 @@ from runtime.planner import sla
 from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from tests.planner_builders import PROF_TP as PROF
 
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
-                        prefill_tp=2, decode_tp=4)
 # ITL-limited decode (the band between the full target and DECODE_ITL_MARGIN is not empty here)
 PROF_ITL = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.03, decode_s_per_seq=1e-4,
                             kv_capacity_tokens=10_000_000, prefill_tp=2, decode_tp=4)
@@ -95,7 +94,6 @@ def test_sizing_is_monotone_in_predicted_load(r1, r2, isl, osl):
     ga = sm_agg._gpus(sm_agg.size_for_load(lo, isl, osl))
     gb = sm_agg._gpus(sm_agg.size_for_load(hi, isl, osl))
     assert ga <= gb
-
 
 
 @settings(max_examples=60, deadline=None)

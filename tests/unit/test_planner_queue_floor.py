@@ -10,12 +10,11 @@ import math
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import QUEUE_PRESSURE_TICKS, PlannerStateMachine
-from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from runtime.planner.types import PlannerConfig
+from tests.planner_builders import PROF_TP as PROF
+from tests.planner_builders import fleet_tick
 
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000,
-                        prefill_tp=2, decode_tp=4)
 INTERVAL_S = 30.0
 
 configs = st.builds(
@@ -41,12 +40,8 @@ def make(c: dict) -> PlannerStateMachine:
 
 def tick(sm: PlannerStateMachine, now: float, rate: float, queue_per_worker: float) -> None:
     """One tick whose fleet is what the planner asked for, all of it ready (the actuator is done)."""
-    n = int(rate * INTERVAL_S)
-    sm.on_tick(TickInput(
-        now_s=now, interval_s=INTERVAL_S, num_requests=n, mean_isl_tokens=2000.0, mean_osl_tokens=100.0,
-        prefill=PoolObservation(num_ready=sm.prefill, queue_per_worker=queue_per_worker),
-        decode=PoolObservation(num_ready=sm.decode),
-    ))
+    fleet_tick(sm, now, rate, isl=2000.0, osl=100.0, interval_s=INTERVAL_S,
+               prefill={"queue_per_worker": queue_per_worker})
 
 
 def room(sm: PlannerStateMachine) -> int:
@@ -112,3 +107,38 @@ def test_the_floor_is_what_reaches_the_budget_open_loop_stays_below():
             tick(sm, 30.0 * (i + 1), 0.5, 20.0)
         pools[on] = (sm.prefill, sm.queue_floor())
     assert pools[True][0] == 16 and pools[False][1] == 0 and pools[False][0] < 16
+
+
+def ttft_tick(sm: PlannerStateMachine, now: float, *, prefill_queue: float, ttft_p90: float, decode_queue: float) -> None:
+    """A tick with a short prefill queue (its own wait under the budget) and a TTFT p90 far over the target."""
+    fleet_tick(sm, now, 0.5, isl=2000.0, osl=100.0, interval_s=INTERVAL_S,  # 15 requests
+               prefill={"queue_per_worker": prefill_queue},
+               decode={"queue_per_worker": decode_queue, "running_per_worker": 8.0}, observed_ttft_p90_s=ttft_p90)
+
+
+def test_a_ttft_spent_waiting_for_decode_admission_does_not_raise_prefill():
+    # the same TTFT p90 (8 s, target 2 s) behind the same short prefill queue: while requests also wait for
+    # decode admission the excess is decode's (rule 13 sizes that pool), so the prefill floor stays down;
+    # with no decode queue the excess is prefill's and the floor rises
+    floors = {}
+    for decode_queue in (0.0, 5.0):
+        sm = make(dict(max_prefill=16, gpu_budget=64, prefill_staffing_beta=None, allow_aggregated=False))
+        for i in range(QUEUE_PRESSURE_TICKS + 2):
+            ttft_tick(sm, 30.0 * (i + 1), prefill_queue=0.5, ttft_p90=8.0, decode_queue=decode_queue)
+        floors[decode_queue] = sm.queue_floor()
+    assert floors[0.0] > 0 and floors[5.0] == 0
+
+
+def test_a_queue_over_budget_launches_the_staffing_count_at_once():
+    # rule 8 launches for the smoothed level, so a step in load reaches the full staffing count over several
+    # ticks; a queue already waiting over the budget at the step's first tick is no transient: the count the
+    # tick's load asks for is launched at once
+    def first_tick_of_step(queue: float) -> tuple[int, int]:
+        sm = make(dict(max_prefill=64, gpu_budget=400, max_decode=8, prefill_staffing_beta=1.0, measure_burst=False))
+        for i in range(10):
+            tick(sm, 30.0 * (i + 1), 2.0, 0.0)
+        tick(sm, 330.0, 40.0, queue)
+        return sm.prefill, sm.staffing_prefill_replicas()
+    calm, queued = first_tick_of_step(0.0), first_tick_of_step(50.0)
+    assert calm[0] < calm[1]  # the launch cap holds the step back
+    assert queued[0] >= queued[1] and queued[0] > calm[0]

@@ -8,10 +8,9 @@ import pytest
 
 from runtime.planner import sla
 from runtime.planner.dynamo_baseline import DynamoSlaBaseline
-from runtime.planner.profiles import analytic_profile
-from runtime.planner.types import PoolObservation, TickInput
-
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
+from runtime.planner.types import TickInput
+from tests.planner_builders import PROF
+from tests.planner_builders import tick as planner_tick
 
 
 def test_erlang_c_matches_textbook_values():
@@ -69,8 +68,7 @@ def test_aggregated_replicas_hand_checked():
 
 
 def _tick(now_s: float, rate: float, interval_s: float = 60.0) -> TickInput:
-    return TickInput(now_s=now_s, interval_s=interval_s, num_requests=int(rate * interval_s), mean_isl_tokens=1000,
-                     mean_osl_tokens=200, decode=PoolObservation(num_ready=1))
+    return planner_tick(now_s, rate, interval_s=interval_s, ready_p=0, ready_d=1)
 
 
 def test_dynamo_baseline_formula_hand_checked():

@@ -16,24 +16,14 @@ from hypothesis import strategies as st
 from runtime.config import PlannerSpec
 from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
-from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
+from runtime.planner.types import PlannerConfig
 from runtime.sim.fleet import FleetConfig, Trace, simulate
-
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
-
-
-def cfg(**kw) -> PlannerConfig:
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=40, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, predictor="constant", allow_aggregated=False,
-                # session-2 staffing settings, which the hand arithmetic below uses (defaults: test_planner_correction.py)
-                prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9)
-    return PlannerConfig(**(base | kw))
+from tests.planner_builders import PROF, planner_cfg, tick
 
 
-def tick(now_s: float, rate: float, **kw) -> TickInput:
-    return TickInput(now_s=now_s, interval_s=30.0, num_requests=round(rate * 30), mean_isl_tokens=1000,
-                     mean_osl_tokens=200, prefill=PoolObservation(num_ready=kw.pop("ready_p", 4)),
-                     decode=PoolObservation(num_ready=2), **kw)
+def cfg(**kw) -> PlannerConfig:  # noqa: ANN003
+    # staffing settings the hand arithmetic below uses (defaults: test_planner_correction.py)
+    return planner_cfg(**(dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9) | kw))
 
 
 def test_staffing_adds_beta_times_the_square_root_of_the_load_by_hand():

@@ -8,27 +8,22 @@ import pytest
 from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
 from runtime.planner.profiles import analytic_profile
 from runtime.planner.state_machine import PlannerStateMachine
-from runtime.planner.types import PlannerConfig, PoolObservation, TickInput
-
-PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
-
-
-def cfg(**kw) -> PlannerConfig:
-    base = dict(mode="sla", prefill_tp=1, decode_tp=1, min_prefill=1, max_prefill=20, min_decode=1, max_decode=20,
-                gpu_budget=64, interval_s=30.0, worker_start_s=60.0, scale_down_delay_s=120.0, cooldown_s=60.0,
-                predictor="constant", allow_aggregated=False, decode_scale_down_delay_s=None,
-                prefill_staffing_beta=None,  # M/M/c sizing alone; square-root staffing: test_planner_staffing.py
-                target_utilization=0.9)  # the hand arithmetic below caps a prefill worker at 90 % busy
-    base.update(kw)
-    return PlannerConfig(**base)
+from runtime.planner.types import SPEC_SETTINGS, PlannerConfig, PoolObservation, TickInput
+from tests.planner_builders import PROF, planner_cfg
+from tests.planner_builders import tick as planner_tick
 
 
-def tick(now_s: float, rate: float, *, prio: float = 0.0, ready_p: int = 1, ready_d: int = 1, running_d: float = 0.0,
-         **kw) -> TickInput:
-    return TickInput(now_s=now_s, interval_s=30.0, num_requests=round(rate * 30), mean_isl_tokens=1000,
-                     mean_osl_tokens=200, num_priority_requests=round(prio * 30),
-                     prefill=PoolObservation(num_ready=ready_p),
-                     decode=PoolObservation(num_ready=ready_d, running_per_worker=running_d), **kw)
+def cfg(**kw) -> PlannerConfig:  # noqa: ANN003
+    return planner_cfg(**(dict(max_prefill=20, scale_down_delay_s=120.0, cooldown_s=60.0,
+                               decode_scale_down_delay_s=None,
+                               # M/M/c sizing alone; square-root staffing: test_planner_staffing.py
+                               prefill_staffing_beta=None,
+                               # the hand arithmetic below caps a prefill worker at 90 % busy
+                               target_utilization=0.9) | kw))
+
+
+def tick(now_s: float, rate: float, **kw) -> TickInput:  # noqa: ANN003
+    return planner_tick(now_s, rate, **(dict(ready_p=1, ready_d=1) | kw))
 
 
 def test_sla_sizes_pools_from_the_rate():
@@ -177,6 +172,21 @@ def test_config_from_deployment_spec():
     assert (c.prefill_tp, c.decode_tp, c.max_prefill, c.max_decode, c.gpu_budget) == (2, 4, 6, 3, 32)
     assert c.ttft_target_s == pytest.approx(2.0) and c.itl_target_s == pytest.approx(0.05)
     assert c.predictor == "arima" and c.worker_start_s == 90
+
+
+def test_every_planner_spec_setting_reaches_the_core():
+    # mode ('off' stops the planner) and drain_cap_s (the worker drain) are the spec's own; every other
+    # planner field is a PlannerConfig setting, and from_spec carries each one, a non-default value included
+    assert set(PlannerSpec.model_fields) == set(SPEC_SETTINGS) | {"mode", "drain_cap_s"}
+    base = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="sla"))
+    c = PlannerConfig.from_spec(base)
+    for name in SPEC_SETTINGS:
+        assert getattr(c, name) == getattr(base.planner, name), name
+    changed = {"gpu_budget": 33, "burst_factor": 2.5, "size_on_peak": True, "peak_quantile": 0.5}
+    c = PlannerConfig.from_spec(base.model_copy(update={"planner": PlannerSpec(mode="sla", **changed)}))
+    assert {k: getattr(c, k) for k in changed} == changed
+    field = PlannerSpec.model_fields["gpu_budget"]
+    assert (field.default, field.description) == (64, "Total GPUs the planner may use.")
 
 
 # decode limited by the ITL target, not KV: step 30 ms + 0.1 ms per sequence. At the full 50 ms target

@@ -16,7 +16,7 @@ MAX_CHARS = 120
 # the needles are assembled so that this file does not match them itself (other checkers grep the tree too)
 SHARED, DATA_VAR = "../" + "shared", "PDSERVE_" + "DATA_DIR"
 FORBIDDEN = [
-    ("a 'session N' story", re.compile(r"session [0-9]", re.IGNORECASE)),
+    ("a 'session N' story", re.compile(r"session[ _-]?[0-9]", re.IGNORECASE)),
     ("the developers' shared folder", re.compile(re.escape(SHARED))),
     ("the shared data variable", re.compile(DATA_VAR)),
 ]

@@ -21,7 +21,7 @@ def test_parses_and_sorts_by_arrival_in_seconds():
     "line, needle",
     [
         ("{bad", "line 1: not JSON"),
-        (json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1}), "missing key 'hash_ids'"),
+        (json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1}), r"line 1: missing key\(s\) hash_ids"),
         (_line(-1, 1, 1, []), "'timestamp'"),
         (_line(0, 0, 1, []), "'input_length'"),
         (_line(0, 1, 1, ["a"]), "'hash_ids'"),
@@ -82,3 +82,21 @@ def test_scaling_refuses_non_finite_and_non_number_factors(factor):
     reqs = parse_mooncake([_line(0, 1, 1, [0]), _line(1000, 1, 1, [1])])
     with pytest.raises(ValueError, match="finite number > 0"):
         scale_arrivals(reqs, factor)
+
+
+@pytest.mark.parametrize("line, needle", [("[1, 2]", "expected a JSON object, got list"), ("{bad", "not JSON"),
+                                          ('{"timestamp": 0}', "missing key(s) input_length, output_length")])
+def test_the_simulator_and_the_tuner_decode_json_lines_alike_naming_the_file(line, needle):
+    """One line decoder (runtime.traces.formats.json_records) serves both readers of a Mooncake trace."""
+    from runtime.traces.formats import parse_jsonl
+
+    for parse in (lambda ls: parse_mooncake(ls, "t.jsonl"), lambda ls: parse_jsonl(ls, "t.jsonl")):
+        with pytest.raises(TraceError) as e:
+            parse([_line(0, 1, 1, [0]), line])
+        assert str(e.value).startswith("t.jsonl:2: ") and needle in str(e.value)
+
+
+def test_a_byte_order_mark_is_dropped_by_both_readers():
+    from runtime.traces.formats import parse_jsonl
+
+    assert list(parse_jsonl(["\ufeff" + _line(1000, 10, 5, [1])], "t.jsonl").isl_tokens) == [10]

@@ -255,8 +255,8 @@ def test_sibling_with_a_common_name_prefix_does_not_overlap(fsx) -> None:  # noq
 @pytest.mark.parametrize(("fs_path", "repo", "message"), [
     ("models/m", "s3://bkt/models/m/", "must start with '/'"),
     ("/models/../etc", "s3://bkt/models/m/", "'..' are not allowed"),
-    ("/models/m", "bkt/models/m", "must be s3://bucket"),
-    ("/models/m", "s3:///models", "must be s3://bucket"),
+    ("/models/m", "bkt/models/m", "FSx data repository path 'bkt/models/m': must be an s3://bucket/prefix/"),
+    ("/models/m", "s3:///models", "FSx data repository path 's3:///models': bucket '' is not a valid S3 bucket"),
 ])
 def test_malformed_paths_are_refused_before_any_call(fsx, fs_path: str, repo: str, message: str) -> None:  # noqa: ANN001
     client, _ = fsx

@@ -181,7 +181,7 @@ def test_an_endpoint_that_never_answers_fails_with_warnings_per_attempt(tmp_path
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_DEFAULT_REGION="us-east-1",
                    PYTHONPATH=str(REPO))
-        r = subprocess.run([sys.executable, "-m", "runtime.staging", "s3://b/m/", str(tmp_path / "m"),
+        r = subprocess.run([sys.executable, "-m", "runtime.staging", "s3://bkt/m/", str(tmp_path / "m"),
                             "--endpoint-url", f"http://127.0.0.1:{srv.getsockname()[1]}", "--read-timeout-s", "0.3"],
                            capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     finally:

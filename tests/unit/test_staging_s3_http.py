@@ -84,7 +84,7 @@ def test_a_tls_client_certificate_sends_auto_to_botocore() -> None:
     mtls = _client("https://s3.example.invalid", client_cert="/nonexistent/client.pem")
     assert S3HttpGetter.usable(plain)
     assert not S3HttpGetter.usable(mtls)
-    assert S3Source("s3://b/m", mtls).transport == "botocore"
+    assert S3Source("s3://bkt/m", mtls).transport == "botocore"
 
 
 def test_tls_trusts_botocores_ca_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

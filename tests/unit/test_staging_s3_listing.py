@@ -4,6 +4,7 @@ upload, so the listing comes from botocore's Stubber with the real ListObjectsV2
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -48,17 +49,22 @@ def test_unsafe_key_in_listing_is_rejected_naming_it(tmp_path: Path, bad: str) -
 
 @pytest.mark.parametrize(
     ("uri", "expected"),
-    [("s3://b/p", ("b", "p/")), ("s3://b/p/q/", ("b", "p/q/")), ("s3://b", ("b", "")), ("s3://b/", ("b", ""))],
+    [("s3://bkt/p", ("bkt", "p/")), ("s3://bkt/p/q/", ("bkt", "p/q/")), ("s3://bkt", ("bkt", "")),
+     ("s3://bkt/", ("bkt", ""))],
 )
 def test_parse_s3_uri(uri: str, expected: tuple[str, str]) -> None:
     assert parse_s3_uri(uri) == expected
 
 
-@pytest.mark.parametrize("uri", ["s3://", "s3:///p", "http://b/p"])
-def test_parse_s3_uri_rejects_malformed(uri: str) -> None:
+@pytest.mark.parametrize(("uri", "why"), [("s3://", "not a valid S3 bucket name"),
+                                         ("s3:///p", "not a valid S3 bucket name"),
+                                         ("http://bkt/p", "must be an s3://bucket/prefix/ URI"),
+                                         ("s3://b/p", "not a valid S3 bucket name"),
+                                         ("s3://bkt/a/../p", "'..' path segment")])
+def test_parse_s3_uri_rejects_malformed(uri: str, why: str) -> None:
     from runtime.staging.manifest import StagingError
 
-    with pytest.raises(StagingError, match="s3://"):
+    with pytest.raises(StagingError, match=f"^source {re.escape(repr(uri))}: .*{re.escape(why)}"):
         parse_s3_uri(uri)
 
 
