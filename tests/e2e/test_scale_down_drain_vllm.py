@@ -16,12 +16,13 @@ neither an expired lease nor a read of released blocks) and its text equals the 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+
+from tests.model_streams import stream_content
 
 pytestmark = pytest.mark.e2e
 
@@ -44,23 +45,12 @@ async def _chat(model, name: str, prompt: str, progress: dict, tag: str) -> tupl
     req = ChatCompletionRequest(model=name, messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS,
                                 temperature=0, stream=True, user=tag)
     gen = await model.create_chat_completion(req)
-    text, done = "", False
     progress[tag] = 0
-    async for event in gen:
-        for line in str(event).splitlines():
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: "):]
-            if data == "[DONE]":
-                done = True
-                continue
-            chunk = json.loads(data)
-            assert "error" not in chunk, chunk
-            for c in chunk.get("choices") or ():
-                piece = (c.get("delta") or {}).get("content") or ""
-                if piece:
-                    text += piece
-                    progress[tag] += 1
+
+    def count(_piece: str) -> None:
+        progress[tag] += 1
+
+    text, done = await stream_content(gen, count)
     return text, done, time.monotonic()
 
 

@@ -14,7 +14,6 @@ with [DONE] and exactly the tokens a direct request gets.
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from runtime.engines.vllm_worker import free_port
 from runtime.planner.types import ScalingDecision
 from runtime.server.app import build_model, build_router_pairing
 from runtime.server.planner_loop import RequestWindow
+from tests.model_streams import stream_content
 from runtime.server.planner_runtime import build_planner
 
 pytestmark = pytest.mark.integration
@@ -104,21 +104,7 @@ async def _healthy(url: str) -> bool:
 async def _stream_text(model, i: int) -> tuple[str, bool]:
     req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": f"request {i} " * 4}],
                                 max_tokens=NUM_TOKENS, temperature=0, stream=True)
-    gen = await model.create_chat_completion(req)
-    text, done = "", False
-    async for event in gen:
-        for line in str(event).splitlines():
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: "):]
-            if data == "[DONE]":
-                done = True
-                continue
-            chunk = json.loads(data)
-            assert "error" not in chunk, chunk
-            for c in chunk.get("choices") or ():
-                text += (c.get("delta") or {}).get("content") or ""
-    return text, done
+    return await stream_content(await model.create_chat_completion(req))
 
 
 def test_a_scale_down_during_streaming_loses_no_request_and_no_token():
