@@ -325,7 +325,7 @@ class PlannerSpec(_Strict):
     """SLO planner settings (see runtime/planner)."""
 
     mode: Literal["off", "sla", "load"] = Field(default="off", description="Scaling mode.")
-    predictor: str = planner_field("predictor", default="moving_average")
+    predictor: str = planner_field("predictor")
     interval_s: float = planner_field("interval_s")
     drain_cap_s: float = Field(
         default=120.0, gt=0, le=3600,

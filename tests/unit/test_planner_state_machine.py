@@ -3,6 +3,8 @@
 Profile (hand-checkable): prefill 0.1 ms/token, decode step 10 ms + 0.1 ms per sequence, KV 100k
 tokens per worker. Requests: ISL 1000, OSL 200. One prefill worker serves ~9 req/s (0.9 of 10)."""
 
+import dataclasses
+
 import pytest
 
 from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, PoolSpec
@@ -187,6 +189,13 @@ def test_every_planner_spec_setting_reaches_the_core():
     assert {k: getattr(c, k) for k in changed} == changed
     field = PlannerSpec.model_fields["gpu_budget"]
     assert (field.default, field.description) == (64, "Total GPUs the planner may use.")
+
+
+def test_a_default_spec_runs_the_planner_the_bench_measures():
+    # bench/planner.py measures PlannerConfig's defaults; a spec that sets nothing must deploy exactly those
+    spec = PlannerSpec(mode="sla")
+    core = {f.name: f.default for f in dataclasses.fields(PlannerConfig) if f.name in SPEC_SETTINGS}
+    assert {name: getattr(spec, name) for name in SPEC_SETTINGS} == core
 
 
 # decode limited by the ITL target, not KV: step 30 ms + 0.1 ms per sequence. At the full 50 ms target
