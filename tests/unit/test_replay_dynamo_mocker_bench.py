@@ -90,3 +90,9 @@ def test_dynamos_mocker_replays_the_same_requests(bench, capsys):
     # the same requests on the same hardware model: simulated spans agree within a few percent
     assert dyn["sim_s"] == pytest.approx(p["sim_s"], rel=0.1)
     assert d["wall_ratio_dynamo_over_pdserve"] > 0
+
+
+@pytest.mark.parametrize("value, words", [("{bad", ["--dynamo-engine", "not JSON"]),
+                                          ("[1]", ["--dynamo-engine", "JSON object"])])
+def test_dynamo_engine_settings_must_be_a_json_object(bench, capsys, value, words):
+    _refused(bench.main, ["--dynamo-engine", value, "--no-dynamo"], capsys, *words)
