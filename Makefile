@@ -96,6 +96,11 @@ bench: install  ## run the benchmarks on the public inputs under DATA (make benc
 	$(PY) bench/perf_model_measure_cpu.py --out bench/results/perf_model_measure_cpu.json
 	$(PY) bench/frontend.py --out bench/results/frontend.json
 	$(PY) bench/fleet_scale.py --out bench/results/fleet_scale.json
+	$(PY) bench/replay_dynamo_mocker.py --out bench/results/replay_dynamo_mocker.json
+	$(PY) bench/replay_dynamo_mocker.py --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --out bench/results/replay_dynamo_mocker_mooncake.json
+	$(PY) bench/replay_dynamo_mocker.py --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl \
+	  --dynamo-engine '{"enable_chunked_prefill": false, "max_num_batched_tokens": 262144}' \
+	  --out bench/results/replay_dynamo_mocker_mooncake_nochunk.json
 
 clean:
 	rm -rf .pdserve .pytest_cache

@@ -66,6 +66,8 @@ class ReplayResult:
     """Per-request and per-worker outcomes of one replay. Times in seconds."""
 
     ttft_s: list[float] = field(default_factory=list)
+    #: per request with output tokens: its decode time / its output tokens (the mean time per output token)
+    tpot_s: list[float] = field(default_factory=list)
     hit_blocks: int = 0
     offload_hit_blocks: int = 0
     total_blocks: int = 0
@@ -199,6 +201,8 @@ def replay(requests: Sequence[TraceRequest], router: RouterLike, workers: Sequen
                     router.apply_kv_events(r.decode_worker, events, now)
             decoding[r.decode_worker] += 1
             dt = timing.decode_s(r.tr.output_tokens, r.tr.input_tokens, decoding[r.decode_worker])
+            if r.tr.output_tokens > 0:
+                res.tpot_s.append(dt / r.tr.output_tokens)
             push(now + dt, _DECODE_DONE, r)
             start_next(r.prefill_worker, now)
         else:

@@ -120,3 +120,23 @@ def test_non_finite_arrivals_are_refused_naming_the_request(bad):
     router.add_worker("w0", "both")
     with pytest.raises(ValueError, match="request 'r1': arrival_s must be finite"):
         replay(reqs, router, [SimWorkerSpec("w0", "both", 100)], timing, BS)
+
+
+class BatchPerf(LinearPerf):
+    """LinearPerf whose decode step grows with the batch: 10 ms per sequence."""
+
+    def decode_step_time_s(self, batch, context_tokens, tp):
+        return 0.010 * batch
+
+
+def test_tpot_is_each_request_decode_time_per_output_token_at_its_batch():
+    # one worker: r0 decodes alone (batch 1); r1's prefill ends while r0 still decodes (batch 2);
+    # r2 has no output token and has no TPOT
+    reqs = [_req(0, 0.0, [1], osl=100), _req(1, 0.0, [2], osl=10), _req(2, 0.0, [3], osl=0)]
+    timing = PerfTiming(BatchPerf(), 8)
+    router = Router(RouterSpec(policy="round_robin"), BS)
+    workers = [SimWorkerSpec("w0", "both", 100)]
+    router.add_worker("w0", "both", kv_events=True, kv_capacity_blocks=100)
+    res = replay(reqs, router, workers, timing, BS)
+    assert res.tpot_s == pytest.approx([0.010, 0.020])
+    assert len(res.ttft_s) == 3
