@@ -483,6 +483,33 @@ class PlannerStateMachine:
         lasted = min(list(self._erlang_recent)[-n:]) if len(self._erlang_recent) >= n else 0.0
         return max(self._erlang_ewma, lasted)
 
+    def backlog_at_launch(self, tick: TickInput) -> tuple[float, float]:
+        """``(prefill, decode)`` requests the tick's queues will hold when a worker launched now is ready
+        (``worker_start_s`` on): the requests queued for prefill, and those waiting for decode admission
+        (the sum of both is what decode must still admit), each grown by the tick's arrival rate beyond
+        what the ready pool serves while a queue stands (a standing queue shows the pool serves less than
+        arrives; the launch does not act before it is ready). The prefill pool serves ``c / s`` a second
+        (``s`` the corrected occupancy at the tick's mean ISL), the decode pool ``running / (OSL x ITL)``
+        (Little's law: a full batch frees a slot per finished request). Pure."""
+        prof, cfg = self.profile, self.cfg
+        assert prof is not None
+        lead_s = cfg.worker_start_s
+        p_obs, d_obs = tick.prefill, tick.decode
+        q_p = p_obs.queue_per_worker * max(p_obs.num_ready, 1)
+        q_d = d_obs.queue_per_worker * max(d_obs.num_ready, 1)
+        if not (q_p > 0 or q_d > 0) or not tick.num_requests:
+            return q_p, q_d
+        lam = tick.rate_per_s
+        s = sla.prefill_service_s(prof.prefill, max(tick.mean_isl_tokens, 1.0), self.ttft_correction)[0]
+        serve_p = p_obs.num_ready / s if s > 0 else math.inf
+        grow_p = max(lam - serve_p, 0.0) * lead_s if q_p > 0 else 0.0
+        running = d_obs.running_per_worker * d_obs.num_ready
+        life = max(tick.mean_osl_tokens, 1.0) * (tick.observed_itl_mean_s or cfg.itl_target_s)
+        serve_d = running / life if running > 0 else 0.0
+        # decode admits what prefill hands over: at most the prefill pool's rate while prefill queues
+        grow_d = max(min(lam, serve_p) - serve_d, 0.0) * lead_s if q_d > 0 else 0.0
+        return q_p + grow_p, q_d + grow_d
+
     def queue_floor(self) -> int:
         """Rule 12's closed-loop prefill floor, workers (0 while the queue never stayed over budget)."""
         return self._queue_floor
@@ -502,9 +529,12 @@ class PlannerStateMachine:
             wait = max(wait, tick.observed_ttft_p90_s - own)
         self._pressure_ticks = self._pressure_ticks + 1 if wait > budget else 0
         cap = min(cfg.max_prefill, max((cfg.gpu_budget - cfg.min_decode * cfg.decode_tp) // cfg.prefill_tp, 0))
+        # the workers that serve the tick's offered load and clear the backlog within one tick, beyond those
+        # ready: the ready pool's spare capacity drains the backlog too
+        need = tick.rate_per_s * s + q * s / cfg.interval_s
         self._queue_floor = _closed_loop_floor(
             self._queue_floor, self._pressure_ticks, ready=c, current=self.prefill,
-            step=math.ceil(q * s / cfg.interval_s - 1e-9), cap=cap, relaxed=wait <= TTFT_SLACK_SHARE * budget)
+            step=math.ceil(need - c - 1e-9), cap=cap, relaxed=wait <= TTFT_SLACK_SHARE * budget)
 
     def decode_floor(self) -> int:
         """Rule 13's closed-loop decode floor, workers (0 while decode never stayed overloaded)."""
@@ -560,9 +590,11 @@ class PlannerStateMachine:
         itl_p90 = tick.observed_itl_p90_s
         itl_over = itl_p90 is not None and itl_p90 > cfg.itl_target_s
         self._decode_pressure_ticks = self._decode_pressure_ticks + 1 if (wait > budget or itl_over) else 0
-        # workers whose KV holds the waiting requests at their mean context, and those that bring the batch
-        # (ITL ~ batch at a memory-bound step) back under the target
-        step = math.ceil(q * ctx / max(prof.decode.kv_capacity_tokens, 1.0) - 1e-9)
+        # workers whose KV admits the waiting requests within the backlog drain time (each holds its context
+        # for OSL x ITL: Little's law), and those that bring the batch (ITL ~ batch at a memory-bound step)
+        # back under the target
+        kv_s = q * ctx * osl * itl / max(cfg.backlog_drain_s, cfg.interval_s)
+        step = math.ceil(kv_s / max(prof.decode.kv_capacity_tokens * sla.DECODE_KV_HEADROOM, 1.0) - 1e-9)
         if itl_over:
             step = max(step, math.ceil(c * (itl_p90 / cfg.itl_target_s - 1.0) - 1e-9))
         # one worker fewer must still hold the KV in use within the headroom decode sizing plans for
@@ -684,6 +716,11 @@ class PlannerStateMachine:
         if burst:
             plan_rate *= 1.0 + cfg.burst_headroom
             plan_rate_d *= 1.0 + cfg.burst_headroom
+        # every request queued for prefill, or prefilled and waiting for decode admission, when a worker
+        # launched now is ready, reaches decode within the backlog drain time (stage 3 sizes prefill to
+        # drain its queue within it)
+        if cfg.mode == "sla":
+            plan_rate_d += sum(self.backlog_at_launch(tick)) / max(cfg.backlog_drain_s, cfg.interval_s)
         return _Forecast(pred, burst, plan_rate, plan_rate_d, isl, osl)
 
     def _size_sla(self, tick: TickInput, f: _Forecast) -> tuple[ServingMode, int, int, str]:
@@ -693,7 +730,7 @@ class PlannerStateMachine:
         isl, osl, plan_rate, plan_rate_d = f.isl, f.osl, f.plan_rate, f.plan_rate_d
         self._update_corrections(tick)
         # backlog: requests already queued for prefill must drain within BACKLOG_DRAIN_S on top
-        backlog_rate = tick.prefill.queue_per_worker * tick.prefill.num_ready / max(cfg.backlog_drain_s, cfg.interval_s)
+        backlog_rate = self.backlog_at_launch(tick)[0] / max(cfg.backlog_drain_s, cfg.interval_s)
         if not self._has_isl:
             sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
         else:
@@ -921,7 +958,7 @@ def _closed_loop_floor(floor: int, pressure_ticks: int, *, ready: int, current: 
     ``cap``; halved while ``relaxed`` (the pool's other terms, the window pools among them, hold what the
     recent load needs; falling one worker a tick, a floor raised for a flash crowd would hold it for an hour). Pure."""
     if pressure_ticks >= QUEUE_PRESSURE_TICKS and ready >= floor:
-        base = max(floor, current)
+        base = max(floor, ready)
         return min(base + min(max(step, 1), max(base, 1)), cap)
     if relaxed:
         return floor // 2
