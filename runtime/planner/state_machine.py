@@ -6,7 +6,14 @@ or the fleet simulator) reads metrics and applies decisions through an actuator.
 Per tick (SLA mode):
 1. Observe rate, ISL, OSL; predict the rate ``1 + ceil(worker_start_s / interval_s)`` ticks ahead
    (scale up early: a worker started now is ready when that load arrives) and never plan below the
-   rate just observed; requests queued for prefill add ``queue / BACKLOG_DRAIN_S`` to the rate.
+   rate just observed. Backlog: the queues as they will stand when a worker launched now is ready
+   (:meth:`PlannerStateMachine.backlog_at_launch`: the tick's queues grown by the arrivals the ready
+   pools do not serve over ``worker_start_s``) are planned to drain within ``backlog_drain_s``: the
+   prefill queue adds ``queue / backlog_drain_s`` to the prefill rate, the prefill queue and the requests
+   waiting for decode admission add theirs to the decode rate (prefill hands its backlog to decode). Why:
+   a phase of long prompts that finds a small fleet queues for prefill, then for decode admission once
+   prefill drains; a decode pool sized for the arrivals alone becomes the bottleneck of the recovery, and
+   a launch sized for the queue of the tick meets the larger queue of a start time later.
 2. Burst mode: an observed rate above ``burst_factor`` x the rate predicted for this tick adds
    ``burst_headroom`` and lifts the reserved-priority cap (never the total budget) for at most
    ``burst_max_s``.
@@ -115,9 +122,10 @@ Per tick (SLA mode):
    requests wait for decode admission: that part of the TTFT is the decode pool's, rule 13)
    and compared with the wait budget ``ttft_target - 2 itl_target - latency``. After
    ``QUEUE_PRESSURE_TICKS`` ticks in a row above it, and once the floor's workers are all ready (a
-   raise still starting has not yet acted on the queue), the floor rises to the current pool plus the
-   workers that clear the backlog within one tick, ``ceil(Q * s / interval)``, at least one and at most doubling the
-   pool; it is capped by ``max_prefill`` and what the GPU budget leaves after the minimum decode
+   raise still starting has not yet acted on the queue), the floor rises to the ready workers plus what
+   they lack to serve the tick's load and clear the backlog within one tick, ``ceil(rate * s + Q * s /
+   interval - c)``, at least one and at most doubling them (workers a sizing raise is still starting count
+   toward the backlog, and the ready workers' spare capacity drains it too); it is capped by ``max_prefill`` and what the GPU budget leaves after the minimum decode
    pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor halves each tick (a floor
    raised for a crowd of a hundred workers falls back within minutes, not an hour; the window pool of 11
    still holds what the recent arrivals needed).
@@ -127,9 +135,11 @@ Per tick (SLA mode):
    as ``Q * OSL * ITL / running`` (``Q`` requests waiting for decode admission, ``running`` requests in
    the batches: they free KV at ``running / (OSL * ITL)`` a second), or an observed ITL p90 over the ITL
    target. After ``QUEUE_PRESSURE_TICKS`` such ticks, once the floor's workers are ready, the floor rises
-   to the pool plus the workers whose KV holds the waiting requests at context ``ISL + OSL/2`` or that
-   bring the batch back under the ITL target (``c * (ITL p90 / target - 1)``), at least one and at most
-   doubling the pool, within ``max_decode`` and the GPU budget after the minimum prefill pool. It halves
+   to the ready workers plus those whose KV admits the waiting requests within ``backlog_drain_s`` (each
+   holds context ``ISL + OSL/2`` for ``OSL * ITL``: ``Q * ctx * OSL * ITL / (backlog_drain_s * KV *
+   DECODE_KV_HEADROOM)``, Little's law; a backlog the ready pool admits within seconds is over before a new
+   worker is ready) or that bring the batch back under the ITL target (``c * (ITL p90 / target - 1)``), at
+   least one and at most doubling them, within ``max_decode`` and the GPU budget after the minimum prefill pool. It halves
    each tick while the wait is under ``TTFT_SLACK_SHARE`` of the budget, ITL p90 under
    ``DECODE_ITL_MARGIN`` of the target and one worker fewer would still hold the KV in use within
    ``sla.DECODE_KV_HEADROOM``. Why: the decode sizing of (4) plans for a forecast rate at mean lengths;
@@ -162,7 +172,6 @@ from runtime.planner.types import PlannerConfig, ScalingDecision, ServingMode, T
 
 CORRECTION_MIN, CORRECTION_MAX, CORRECTION_EWMA = 0.8, 2.0, 0.3
 MIN_REQUESTS_FOR_CORRECTION = 20
-BACKLOG_DRAIN_S = 60.0  # queued prefill requests are planned to drain within this time, s
 DECODE_ITL_MARGIN = 0.9  # decode is sized for this share of the ITL target (p90 over batch swings)
 TTFT_SLACK_SHARE = 0.5  # observed TTFT p90 below this share of the target never raises the correction
 DISPERSION_EWMA = 0.3  # rule 11: weight of a tick's arrival dispersion in the smoothed one (as CORRECTION_EWMA)
@@ -729,7 +738,7 @@ class PlannerStateMachine:
         cfg = self.cfg
         isl, osl, plan_rate, plan_rate_d = f.isl, f.osl, f.plan_rate, f.plan_rate_d
         self._update_corrections(tick)
-        # backlog: requests already queued for prefill must drain within BACKLOG_DRAIN_S on top
+        # backlog (stage 1): the prefill queue a launch will meet drains within backlog_drain_s on top
         backlog_rate = self.backlog_at_launch(tick)[0] / max(cfg.backlog_drain_s, cfg.interval_s)
         if not self._has_isl:
             sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
