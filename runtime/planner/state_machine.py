@@ -125,10 +125,11 @@ Per tick (SLA mode):
    raise still starting has not yet acted on the queue), the floor rises to the ready workers plus what
    they lack to serve the tick's load and clear the backlog within one tick, ``ceil(rate * s + Q * s /
    interval - c)``, at least one and at most doubling them (workers a sizing raise is still starting count
-   toward the backlog, and the ready workers' spare capacity drains it too); it is capped by ``max_prefill`` and what the GPU budget leaves after the minimum decode
-   pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor halves each tick (a floor
-   raised for a crowd of a hundred workers falls back within minutes, not an hour; the window pool of 11
-   still holds what the recent arrivals needed).
+   toward the backlog, and the ready workers' spare capacity drains it too); it is capped by
+   ``max_prefill`` and what the GPU budget leaves after the minimum decode pool. While the wait stays
+   under ``TTFT_SLACK_SHARE`` of the budget the floor halves each tick (a floor raised for a crowd of a
+   hundred workers falls back within minutes, not an hour; the window pool of 11 still holds what the
+   recent arrivals needed).
    :meth:`PlannerStateMachine.queue_floor` is the floor now.
 13. Closed-loop decode floor (``decode_floor``, default on): the same loop for the decode pool, on what its
    workers report. Pressure is an admission wait over the wait budget of (12), estimated by Little's law
@@ -139,8 +140,8 @@ Per tick (SLA mode):
    holds context ``ISL + OSL/2`` for ``OSL * ITL``: ``Q * ctx * OSL * ITL / (backlog_drain_s * KV *
    DECODE_KV_HEADROOM)``, Little's law; a backlog the ready pool admits within seconds is over before a new
    worker is ready) or that bring the batch back under the ITL target (``c * (ITL p90 / target - 1)``), at
-   least one and at most doubling them, within ``max_decode`` and the GPU budget after the minimum prefill pool. It halves
-   each tick while the wait is under ``TTFT_SLACK_SHARE`` of the budget, ITL p90 under
+   least one and at most doubling them, within ``max_decode`` and the GPU budget after the minimum
+   prefill pool. It halves each tick while the wait is under ``TTFT_SLACK_SHARE`` of the budget, ITL p90 under
    ``DECODE_ITL_MARGIN`` of the target and one worker fewer would still hold the KV in use within
    ``sla.DECODE_KV_HEADROOM``. Why: the decode sizing of (4) plans for a forecast rate at mean lengths;
    admission that waits for KV (long prompts in a burst) or batches that miss ITL show the pool is short,
@@ -819,7 +820,7 @@ class PlannerStateMachine:
             keep_p, keep_d = min_p, cfg.min_decode
         p_des, d_des = fit_budget(
             max(p_des, keep_p), max(d_des, keep_d), prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp,
-            min_prefill=keep_p, min_decode=keep_d, budget_gpus=cap,
+            min_prefill=keep_p, min_decode=keep_d, budget_gpus=cap, refill=True,
         )
         d_tgt = self._d_stab.propose(tick.now_s, self.decode, d_des)
         if mode == "aggregated":
