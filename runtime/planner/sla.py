@@ -75,13 +75,14 @@ def wait_quantile_s(num_servers: int, rate_per_s: float, service_s: float, quant
     if rate_per_s <= 0:
         return 0.0
     a = rate_per_s * service_s
-    if a >= num_servers:
+    drain_per_s = num_servers / service_s - rate_per_s  # > 0 iff a < c, but rounding can split the two
+    if a >= num_servers or drain_per_s <= 0:
         return math.inf
     p_wait = erlang_c(num_servers, a)
     tail = 1.0 - quantile
     if p_wait <= tail:
         return 0.0
-    return math.log(p_wait / tail) / (num_servers / service_s - rate_per_s)
+    return math.log(p_wait / tail) / drain_per_s
 
 
 def prefill_replicas(

@@ -70,21 +70,32 @@ class PoolStabilizer:
 
 
 def fit_budget(
-    prefill: int, decode: int, *, prefill_tp: int, decode_tp: int, min_prefill: int, min_decode: int, budget_gpus: int
+    prefill: int, decode: int, *, prefill_tp: int, decode_tp: int, min_prefill: int, min_decode: int, budget_gpus: int,
+    refill: bool = False,
 ) -> tuple[int, int]:
     """Trim (prefill, decode) replicas until ``prefill*prefill_tp + decode*decode_tp <= budget_gpus``,
-    taking one replica at a time from the pool using more GPUs above its minimum.
+    taking one replica at a time from the pool using more GPUs above its minimum; with ``refill``, then
+    give the GPUs a trim freed beyond the excess back, prefill first, up to the asked counts.
     Raises ValueError naming ``gpu_budget`` when even the minimums do not fit."""
     if min_prefill * prefill_tp + min_decode * decode_tp > budget_gpus:
         raise ValueError(
             f"gpu_budget {budget_gpus} < GPUs of the minimum replicas "
             f"({min_prefill}x{prefill_tp} + {min_decode}x{decode_tp})"
         )
-    p, d = max(prefill, min_prefill), max(decode, min_decode)
+    want_p, want_d = max(prefill, min_prefill), max(decode, min_decode)
+    p, d = want_p, want_d
     while p * prefill_tp + d * decode_tp > budget_gpus:
         can_p, can_d = p > min_prefill, d > min_decode
         if can_p and (not can_d or p * prefill_tp >= d * decode_tp):
             p -= 1
         else:
             d -= 1
+    if not refill:
+        return p, d
+    # a trim of the larger step (a decode worker at TP 4 against prefill at TP 2) can free more than the
+    # excess: give what is left back to the pools, prefill first (its queue is what decode waits for)
+    while p < want_p and (p + 1) * prefill_tp + d * decode_tp <= budget_gpus:
+        p += 1
+    while d < want_d and p * prefill_tp + (d + 1) * decode_tp <= budget_gpus:
+        d += 1
     return p, d

@@ -6,7 +6,14 @@ or the fleet simulator) reads metrics and applies decisions through an actuator.
 Per tick (SLA mode):
 1. Observe rate, ISL, OSL; predict the rate ``1 + ceil(worker_start_s / interval_s)`` ticks ahead
    (scale up early: a worker started now is ready when that load arrives) and never plan below the
-   rate just observed; requests queued for prefill add ``queue / BACKLOG_DRAIN_S`` to the rate.
+   rate just observed. Backlog: the queues as they will stand when a worker launched now is ready
+   (:meth:`PlannerStateMachine.backlog_at_launch`: the tick's queues grown by the arrivals the ready
+   pools do not serve over ``worker_start_s``) are planned to drain within ``backlog_drain_s``: the
+   prefill queue adds ``queue / backlog_drain_s`` to the prefill rate, the prefill queue and the requests
+   waiting for decode admission add theirs to the decode rate (prefill hands its backlog to decode). Why:
+   a phase of long prompts that finds a small fleet queues for prefill, then for decode admission once
+   prefill drains; a decode pool sized for the arrivals alone becomes the bottleneck of the recovery, and
+   a launch sized for the queue of the tick meets the larger queue of a start time later.
 2. Burst mode: an observed rate above ``burst_factor`` x the rate predicted for this tick adds
    ``burst_headroom`` and lifts the reserved-priority cap (never the total budget) for at most
    ``burst_max_s``.
@@ -115,22 +122,26 @@ Per tick (SLA mode):
    requests wait for decode admission: that part of the TTFT is the decode pool's, rule 13)
    and compared with the wait budget ``ttft_target - 2 itl_target - latency``. After
    ``QUEUE_PRESSURE_TICKS`` ticks in a row above it, and once the floor's workers are all ready (a
-   raise still starting has not yet acted on the queue), the floor rises to the current pool plus the
-   workers that clear the backlog within one tick, ``ceil(Q * s / interval)``, at least one and at most doubling the
-   pool; it is capped by ``max_prefill`` and what the GPU budget leaves after the minimum decode
-   pool. While the wait stays under ``TTFT_SLACK_SHARE`` of the budget the floor halves each tick (a floor
-   raised for a crowd of a hundred workers falls back within minutes, not an hour; the window pool of 11
-   still holds what the recent arrivals needed).
+   raise still starting has not yet acted on the queue), the floor rises to the ready workers plus what
+   they lack to serve the tick's load and clear the backlog within one tick, ``ceil(rate * s + Q * s /
+   interval - c)``, at least one and at most doubling them (workers a sizing raise is still starting count
+   toward the backlog, and the ready workers' spare capacity drains it too); it is capped by
+   ``max_prefill`` and what the GPU budget leaves after the minimum decode pool. While the wait stays
+   under ``TTFT_SLACK_SHARE`` of the budget the floor halves each tick (a floor raised for a crowd of a
+   hundred workers falls back within minutes, not an hour; the window pool of 11 still holds what the
+   recent arrivals needed).
    :meth:`PlannerStateMachine.queue_floor` is the floor now.
 13. Closed-loop decode floor (``decode_floor``, default on): the same loop for the decode pool, on what its
    workers report. Pressure is an admission wait over the wait budget of (12), estimated by Little's law
    as ``Q * OSL * ITL / running`` (``Q`` requests waiting for decode admission, ``running`` requests in
    the batches: they free KV at ``running / (OSL * ITL)`` a second), or an observed ITL p90 over the ITL
    target. After ``QUEUE_PRESSURE_TICKS`` such ticks, once the floor's workers are ready, the floor rises
-   to the pool plus the workers whose KV holds the waiting requests at context ``ISL + OSL/2`` or that
-   bring the batch back under the ITL target (``c * (ITL p90 / target - 1)``), at least one and at most
-   doubling the pool, within ``max_decode`` and the GPU budget after the minimum prefill pool. It halves
-   each tick while the wait is under ``TTFT_SLACK_SHARE`` of the budget, ITL p90 under
+   to the ready workers plus those whose KV admits the waiting requests within ``backlog_drain_s`` (each
+   holds context ``ISL + OSL/2`` for ``OSL * ITL``: ``Q * ctx * OSL * ITL / (backlog_drain_s * KV *
+   DECODE_KV_HEADROOM)``, Little's law; a backlog the ready pool admits within seconds is over before a new
+   worker is ready) or that bring the batch back under the ITL target (``c * (ITL p90 / target - 1)``), at
+   least one and at most doubling them, within ``max_decode`` and the GPU budget after the minimum
+   prefill pool. It halves each tick while the wait is under ``TTFT_SLACK_SHARE`` of the budget, ITL p90 under
    ``DECODE_ITL_MARGIN`` of the target and one worker fewer would still hold the KV in use within
    ``sla.DECODE_KV_HEADROOM``. Why: the decode sizing of (4) plans for a forecast rate at mean lengths;
    admission that waits for KV (long prompts in a burst) or batches that miss ITL show the pool is short,
@@ -162,7 +173,6 @@ from runtime.planner.types import PlannerConfig, ScalingDecision, ServingMode, T
 
 CORRECTION_MIN, CORRECTION_MAX, CORRECTION_EWMA = 0.8, 2.0, 0.3
 MIN_REQUESTS_FOR_CORRECTION = 20
-BACKLOG_DRAIN_S = 60.0  # queued prefill requests are planned to drain within this time, s
 DECODE_ITL_MARGIN = 0.9  # decode is sized for this share of the ITL target (p90 over batch swings)
 TTFT_SLACK_SHARE = 0.5  # observed TTFT p90 below this share of the target never raises the correction
 DISPERSION_EWMA = 0.3  # rule 11: weight of a tick's arrival dispersion in the smoothed one (as CORRECTION_EWMA)
@@ -483,6 +493,33 @@ class PlannerStateMachine:
         lasted = min(list(self._erlang_recent)[-n:]) if len(self._erlang_recent) >= n else 0.0
         return max(self._erlang_ewma, lasted)
 
+    def backlog_at_launch(self, tick: TickInput) -> tuple[float, float]:
+        """``(prefill, decode)`` requests the tick's queues will hold when a worker launched now is ready
+        (``worker_start_s`` on): the requests queued for prefill, and those waiting for decode admission
+        (the sum of both is what decode must still admit), each grown by the tick's arrival rate beyond
+        what the ready pool serves while a queue stands (a standing queue shows the pool serves less than
+        arrives; the launch does not act before it is ready). The prefill pool serves ``c / s`` a second
+        (``s`` the corrected occupancy at the tick's mean ISL), the decode pool ``running / (OSL x ITL)``
+        (Little's law: a full batch frees a slot per finished request). Pure."""
+        prof, cfg = self.profile, self.cfg
+        assert prof is not None
+        lead_s = cfg.worker_start_s
+        p_obs, d_obs = tick.prefill, tick.decode
+        q_p = p_obs.queue_per_worker * max(p_obs.num_ready, 1)
+        q_d = d_obs.queue_per_worker * max(d_obs.num_ready, 1)
+        if not (q_p > 0 or q_d > 0) or not tick.num_requests:
+            return q_p, q_d
+        lam = tick.rate_per_s
+        s = sla.prefill_service_s(prof.prefill, max(tick.mean_isl_tokens, 1.0), self.ttft_correction)[0]
+        serve_p = p_obs.num_ready / s if s > 0 else math.inf
+        grow_p = max(lam - serve_p, 0.0) * lead_s if q_p > 0 else 0.0
+        running = d_obs.running_per_worker * d_obs.num_ready
+        life = max(tick.mean_osl_tokens, 1.0) * (tick.observed_itl_mean_s or cfg.itl_target_s)
+        serve_d = running / life if running > 0 else 0.0
+        # decode admits what prefill hands over: at most the prefill pool's rate while prefill queues
+        grow_d = max(min(lam, serve_p) - serve_d, 0.0) * lead_s if q_d > 0 else 0.0
+        return q_p + grow_p, q_d + grow_d
+
     def queue_floor(self) -> int:
         """Rule 12's closed-loop prefill floor, workers (0 while the queue never stayed over budget)."""
         return self._queue_floor
@@ -502,9 +539,12 @@ class PlannerStateMachine:
             wait = max(wait, tick.observed_ttft_p90_s - own)
         self._pressure_ticks = self._pressure_ticks + 1 if wait > budget else 0
         cap = min(cfg.max_prefill, max((cfg.gpu_budget - cfg.min_decode * cfg.decode_tp) // cfg.prefill_tp, 0))
+        # the workers that serve the tick's offered load and clear the backlog within one tick, beyond those
+        # ready: the ready pool's spare capacity drains the backlog too
+        need = tick.rate_per_s * s + q * s / cfg.interval_s
         self._queue_floor = _closed_loop_floor(
             self._queue_floor, self._pressure_ticks, ready=c, current=self.prefill,
-            step=math.ceil(q * s / cfg.interval_s - 1e-9), cap=cap, relaxed=wait <= TTFT_SLACK_SHARE * budget)
+            step=math.ceil(need - c - 1e-9), cap=cap, relaxed=wait <= TTFT_SLACK_SHARE * budget)
 
     def decode_floor(self) -> int:
         """Rule 13's closed-loop decode floor, workers (0 while decode never stayed overloaded)."""
@@ -560,9 +600,11 @@ class PlannerStateMachine:
         itl_p90 = tick.observed_itl_p90_s
         itl_over = itl_p90 is not None and itl_p90 > cfg.itl_target_s
         self._decode_pressure_ticks = self._decode_pressure_ticks + 1 if (wait > budget or itl_over) else 0
-        # workers whose KV holds the waiting requests at their mean context, and those that bring the batch
-        # (ITL ~ batch at a memory-bound step) back under the target
-        step = math.ceil(q * ctx / max(prof.decode.kv_capacity_tokens, 1.0) - 1e-9)
+        # workers whose KV admits the waiting requests within the backlog drain time (each holds its context
+        # for OSL x ITL: Little's law), and those that bring the batch (ITL ~ batch at a memory-bound step)
+        # back under the target
+        kv_s = q * ctx * osl * itl / max(cfg.backlog_drain_s, cfg.interval_s)
+        step = math.ceil(kv_s / max(prof.decode.kv_capacity_tokens * sla.DECODE_KV_HEADROOM, 1.0) - 1e-9)
         if itl_over:
             step = max(step, math.ceil(c * (itl_p90 / cfg.itl_target_s - 1.0) - 1e-9))
         # one worker fewer must still hold the KV in use within the headroom decode sizing plans for
@@ -684,6 +726,11 @@ class PlannerStateMachine:
         if burst:
             plan_rate *= 1.0 + cfg.burst_headroom
             plan_rate_d *= 1.0 + cfg.burst_headroom
+        # every request queued for prefill, or prefilled and waiting for decode admission, when a worker
+        # launched now is ready, reaches decode within the backlog drain time (stage 3 sizes prefill to
+        # drain its queue within it)
+        if cfg.mode == "sla":
+            plan_rate_d += sum(self.backlog_at_launch(tick)) / max(cfg.backlog_drain_s, cfg.interval_s)
         return _Forecast(pred, burst, plan_rate, plan_rate_d, isl, osl)
 
     def _size_sla(self, tick: TickInput, f: _Forecast) -> tuple[ServingMode, int, int, str]:
@@ -692,8 +739,8 @@ class PlannerStateMachine:
         cfg = self.cfg
         isl, osl, plan_rate, plan_rate_d = f.isl, f.osl, f.plan_rate, f.plan_rate_d
         self._update_corrections(tick)
-        # backlog: requests already queued for prefill must drain within BACKLOG_DRAIN_S on top
-        backlog_rate = tick.prefill.queue_per_worker * tick.prefill.num_ready / max(cfg.backlog_drain_s, cfg.interval_s)
+        # backlog (stage 1): the prefill queue a launch will meet drains within backlog_drain_s on top
+        backlog_rate = self.backlog_at_launch(tick)[0] / max(cfg.backlog_drain_s, cfg.interval_s)
         if not self._has_isl:
             sizing = Sizing("disaggregated", cfg.min_prefill, cfg.min_decode)
         else:
@@ -773,7 +820,7 @@ class PlannerStateMachine:
             keep_p, keep_d = min_p, cfg.min_decode
         p_des, d_des = fit_budget(
             max(p_des, keep_p), max(d_des, keep_d), prefill_tp=cfg.prefill_tp, decode_tp=cfg.decode_tp,
-            min_prefill=keep_p, min_decode=keep_d, budget_gpus=cap,
+            min_prefill=keep_p, min_decode=keep_d, budget_gpus=cap, refill=True,
         )
         d_tgt = self._d_stab.propose(tick.now_s, self.decode, d_des)
         if mode == "aggregated":
@@ -921,7 +968,7 @@ def _closed_loop_floor(floor: int, pressure_ticks: int, *, ready: int, current: 
     ``cap``; halved while ``relaxed`` (the pool's other terms, the window pools among them, hold what the
     recent load needs; falling one worker a tick, a floor raised for a flash crowd would hold it for an hour). Pure."""
     if pressure_ticks >= QUEUE_PRESSURE_TICKS and ready >= floor:
-        base = max(floor, current)
+        base = max(floor, ready)
         return min(base + min(max(step, 1), max(base, 1)), cap)
     if relaxed:
         return floor // 2

@@ -151,8 +151,8 @@ class PlannerConfig:
     ``TickInput.arrival_dispersion`` the ticks report.
 
     The other fields are not in the spec. ``size_on_tokens`` predicts prompt/output token rates
-    instead of request rates. ``backlog_drain_s``: queued prefill requests are planned to drain
-    within this time. ``correct_by_prefill_time``: when the tick reports ``observed_prefill_time_mean_s`` the prefill
+    instead of request rates. ``backlog_drain_s``: requests queued for prefill or waiting for decode
+    admission when a worker launched now is ready are planned to drain within this time. ``correct_by_prefill_time``: when the tick reports ``observed_prefill_time_mean_s`` the prefill
     service-time correction is observed / profiled prefill time (False: observed / expected TTFT
     p90, as when the metric is absent; kept for the benchmark's ablation). ``decode_band``: the
     decode pool holds its size while the load lies between two sizings of it (grows to the count

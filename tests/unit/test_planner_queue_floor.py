@@ -55,6 +55,11 @@ def room(sm: PlannerStateMachine) -> int:
 @example(c=dict(min_prefill=1, max_prefill=4, min_decode=1, max_decode=2, gpu_budget=14, cooldown_s=0.0,
                 scale_down_delay_s=60.0, predictor="burst_quantile", prefill_staffing_beta=None,
                 allow_aggregated=False), series=[(13.0, 0.0), (38.0, 0.0)], rate=1.0, queue=20.0)
+# the prefill queue is decode load too: decode asks for its second TP-4 worker, the budget trim takes both
+# pools down, and the GPUs it freed beyond the excess go back to prefill
+@example(c=dict(min_prefill=1, max_prefill=7, min_decode=1, max_decode=2, gpu_budget=18, cooldown_s=0.0,
+                scale_down_delay_s=0.0, predictor="constant", prefill_staffing_beta=None, allow_aggregated=False),
+         series=[], rate=2.0, queue=333.0)
 @given(configs, warmup, st.floats(0.1, 2.0), st.floats(20.0, 500.0))
 def test_sustained_queue_raises_prefill_until_the_budget_and_the_floor_falls_after(c, series, rate, queue):
     sm = make(c)
