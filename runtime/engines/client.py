@@ -135,10 +135,11 @@ def _chunk_shape_ok(chunk: dict) -> bool:
     ``delta`` (if any) is an object, ``usage`` an object or null. An ``error`` event passes (vLLM sends
     one when generation fails mid-stream)."""
     choices = chunk.get("choices", [])
-    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+    if not isinstance(choices, list):
         return False
-    if any(not isinstance(c.get("delta", {}), (dict, type(None))) for c in choices):
-        return False
+    for c in choices:  # one pass, no generator: this runs on every streamed chunk
+        if not isinstance(c, dict) or not isinstance(c.get("delta", {}), (dict, type(None))):
+            return False
     return isinstance(chunk.get("usage"), (dict, type(None)))
 
 
