@@ -538,8 +538,9 @@ class PDModel(OpenAIGenerativeModel):
         if self.prefill_priority:
             body = {**body, "priority": vllm_priority(priority_tokens(body, prompt_tokens), self.wall_clock())}
         try:
-            kv = await asyncio.wait_for(self._client(route.prefill_url, rid).prefill(path, body, rid),
-                                        self.prefill_timeout_s)
+            # asyncio.timeout bounds the call in this task (wait_for would run it in a task of its own)
+            async with asyncio.timeout(self.prefill_timeout_s):
+                kv = await self._client(route.prefill_url, rid).prefill(path, body, rid)
         except asyncio.TimeoutError:
             kv = None
         except BackendError as exc:
@@ -769,8 +770,11 @@ class PDModel(OpenAIGenerativeModel):
                             try:
                                 if wait_s is None:
                                     data, chunk = await chunks.__anext__()
-                                else:
-                                    data, chunk = await asyncio.wait_for(chunks.__anext__(), wait_s)
+                                elif wait_s <= 0:  # past the deadline: the stream is not read again
+                                    raise asyncio.TimeoutError
+                                else:  # bounded in this task (wait_for would start a task per call)
+                                    async with asyncio.timeout(wait_s):
+                                        data, chunk = await chunks.__anext__()
                             except StopAsyncIteration:
                                 break
                             worker_err = _stream_error_event(chunk, route.decode_url)
