@@ -675,7 +675,7 @@ class PDModel(OpenAIGenerativeModel):
                 first = await gen.__anext__()
             except _StreamFailedEarly as early:
                 return _backend_error_response(early.exc)
-            return _prepend(first, gen)
+            return _Prepended(first, gen)
         first_token = asyncio.Event()
         nudger = self._start_nudger(route, kv, first_token)
         try:
@@ -941,11 +941,40 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
             await s.aclose()
 
 
-async def _prepend(first: str, rest: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
-    """``first``, then the rest of ``rest``; closing this closes ``rest`` (its finally releases the load)."""
-    try:
-        yield first
-        async for item in rest:
-            yield item
-    finally:
-        await rest.aclose()
+_GIVEN = object()  # _Prepended's first item once it has been given
+
+
+class _Prepended(AsyncGenerator):
+    """``first``, then the rest of ``rest``; closing this closes ``rest`` (its finally releases the load).
+
+    Each item of ``rest`` is handed over by ``rest``'s own awaitable: a stream's chunks do not pass through
+    one more generator frame each on their way to the client."""
+
+    __slots__ = ("_first", "_rest")
+
+    def __init__(self, first: str, rest: AsyncGenerator[str, None]) -> None:
+        self._first, self._rest = first, rest
+
+    def __anext__(self):
+        return self.asend(None)
+
+    def asend(self, value: Any):
+        if self._first is _GIVEN:
+            return self._rest.asend(value)
+        first, self._first = self._first, _GIVEN
+        return _value(first)
+
+    async def athrow(self, typ, val=None, tb=None):  # as a generator stopped at its yield: close, then raise
+        self._first = _GIVEN
+        await self._rest.aclose()
+        if val is None:
+            raise typ if isinstance(typ, BaseException) else typ()
+        raise val.with_traceback(tb) if tb is not None else val
+
+    def aclose(self):
+        self._first = _GIVEN
+        return self._rest.aclose()
+
+
+async def _value(item: str) -> str:
+    return item
