@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import httpx
 import orjson
+import yarl
 
 PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -174,15 +175,24 @@ class VllmClient:
                 transport=transport,
             )
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
+        self._urls: dict[str, yarl.URL] = {}
 
     def _aiohttp(self) -> aiohttp.ClientSession:
         """The aiohttp session, made on first use (aiohttp binds it to the running event loop). No cap on
         connections, for the reason httpx has none above; idle connections are kept for reuse."""
         if self._session is None:
+            # no cookie jar: workers set none, and the runtime must not carry one request's cookies to another
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0), cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
         return self._session
+
+    def _url(self, path: str) -> yarl.URL:
+        """The parsed URL of `path` on this worker (parsed once per path, not once per call)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = yarl.URL(self.base_url + path)
+        return url
 
     async def aclose(self) -> None:
         if self._http is not None:
@@ -208,7 +218,7 @@ class VllmClient:
                 raise _transport_error(url, exc) from exc
             return resp.status_code, resp.content
         try:
-            async with self._aiohttp().post(url, data=data, headers=headers) as resp:
+            async with self._aiohttp().post(self._url(path), data=data, headers=headers) as resp:
                 return resp.status, await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _aiohttp_error(url, exc) from exc
@@ -224,7 +234,7 @@ class VllmClient:
             return resp.status_code, resp.content
         timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with self._aiohttp().get(url, timeout=timeout) as resp:
+            async with self._aiohttp().get(self._url(path), timeout=timeout) as resp:
                 return resp.status, await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _aiohttp_error(url, exc) from exc
@@ -243,7 +253,7 @@ class VllmClient:
                 raise _transport_error(url, exc) from exc
             return
         try:
-            async with self._aiohttp().post(url, data=data, headers=headers) as resp:
+            async with self._aiohttp().post(self._url(path), data=data, headers=headers) as resp:
                 yield resp.status, resp.content.iter_any()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _aiohttp_error(url, exc) from exc
