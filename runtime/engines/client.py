@@ -157,7 +157,7 @@ class VllmClient:
     Why aiohttp: every request crosses the runtime twice (prefill answer, decode stream), and the client's
     per-call and per-chunk cost is most of the runtime's own CPU per request. aiohttp's HTTP/1.1 client (C
     parser, no per-call task-group or cancel-scope machinery) costs several times less than httpx's
-    (bench/frontend.py, docs/performance.md#front-end-cost). httpx stays for injected transports.
+    (bench/frontend.py, docs/benchmarks.md "Front door"). httpx stays for injected transports.
     """
 
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None):
