@@ -27,6 +27,8 @@ Prints ONE JSON line:
   process: requests/s per core, independent of what else the machine runs); and, at the rate of `--rates`
   nearest half its capacity, added TTFT p50/p99 and added ITL p50/p99 in ms over direct at the same rate;
 * `pdserve_vs_vllm_router_rps_per_core`: the ratio of the two requests_per_cpu_s (issue target ≥ 0.5);
+  `..._by_rate`: the same ratio at each offered rate both front ends ran (requests per CPU-second grow with
+  the rate, so the ratio at capacity moves with which rates each sustained);
 * `load_avg_1m`: the machine is shared; read absolute numbers against it, ratios less so.
 """
 
@@ -242,6 +244,7 @@ def main() -> None:
         a = line["pdserve"].get("requests_per_cpu_s")
         b = line["vllm_router"].get("requests_per_cpu_s") if router_bin else None
         line["pdserve_vs_vllm_router_rps_per_core"] = round(a / b, 3) if a and b else None
+        line["pdserve_vs_vllm_router_rps_per_core_by_rate"] = _ratio_by_rate(per) if router_bin else None
         stats = [httpx.get(f"{u}/stats", timeout=5.0).json() for u in (prefill, decode)]
         line["prefills"], line["remote_decodes"] = stats[0]["prefills"], stats[1]["remote_decodes"]
         line["per_rate"] = {n: {str(r): v for r, v in d.items()} for n, d in per.items()}
@@ -252,6 +255,17 @@ def main() -> None:
             args.out.write_text(json.dumps(line, indent=1) + "\n")
     finally:
         procs.stop()
+
+
+def _ratio_by_rate(per: dict[str, dict[float, dict]]) -> dict[str, float]:
+    """pdserve's requests per CPU-second over vllm-router's at each rate both ran, sustained or not: the
+    ratio at capacity compares two rates when the front ends sustain different ones on a noisy machine."""
+    out = {}
+    for rate, s in per["pdserve"].items():
+        v = per["vllm_router"].get(rate)
+        if v and s["requests_per_cpu_s"] and v["requests_per_cpu_s"]:
+            out[str(rate)] = round(s["requests_per_cpu_s"] / v["requests_per_cpu_s"], 3)
+    return out
 
 
 def _sustained(s: dict, direct: dict, bound_s: float) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import httpx
 import orjson
+import yarl
 
 PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -135,10 +136,11 @@ def _chunk_shape_ok(chunk: dict) -> bool:
     ``delta`` (if any) is an object, ``usage`` an object or null. An ``error`` event passes (vLLM sends
     one when generation fails mid-stream)."""
     choices = chunk.get("choices", [])
-    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+    if not isinstance(choices, list):
         return False
-    if any(not isinstance(c.get("delta", {}), (dict, type(None))) for c in choices):
-        return False
+    for c in choices:  # one pass, no generator: this runs on every streamed chunk
+        if not isinstance(c, dict) or not isinstance(c.get("delta", {}), (dict, type(None))):
+            return False
     return isinstance(chunk.get("usage"), (dict, type(None)))
 
 
@@ -155,7 +157,7 @@ class VllmClient:
     Why aiohttp: every request crosses the runtime twice (prefill answer, decode stream), and the client's
     per-call and per-chunk cost is most of the runtime's own CPU per request. aiohttp's HTTP/1.1 client (C
     parser, no per-call task-group or cancel-scope machinery) costs several times less than httpx's
-    (bench/frontend.py, docs/performance.md#front-end-cost). httpx stays for injected transports.
+    (bench/frontend.py, docs/benchmarks.md "Front door"). httpx stays for injected transports.
     """
 
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None):
@@ -173,15 +175,24 @@ class VllmClient:
                 transport=transport,
             )
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
+        self._urls: dict[str, yarl.URL] = {}
 
     def _aiohttp(self) -> aiohttp.ClientSession:
         """The aiohttp session, made on first use (aiohttp binds it to the running event loop). No cap on
         connections, for the reason httpx has none above; idle connections are kept for reuse."""
         if self._session is None:
+            # no cookie jar: workers set none, and the runtime must not carry one request's cookies to another
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0), cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
         return self._session
+
+    def _url(self, path: str) -> yarl.URL:
+        """The parsed URL of `path` on this worker (parsed once per path, not once per call)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = yarl.URL(self.base_url + path)
+        return url
 
     async def aclose(self) -> None:
         if self._http is not None:
@@ -207,7 +218,7 @@ class VllmClient:
                 raise _transport_error(url, exc) from exc
             return resp.status_code, resp.content
         try:
-            async with self._aiohttp().post(url, data=data, headers=headers) as resp:
+            async with self._aiohttp().post(self._url(path), data=data, headers=headers) as resp:
                 return resp.status, await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _aiohttp_error(url, exc) from exc
@@ -223,7 +234,7 @@ class VllmClient:
             return resp.status_code, resp.content
         timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with self._aiohttp().get(url, timeout=timeout) as resp:
+            async with self._aiohttp().get(self._url(path), timeout=timeout) as resp:
                 return resp.status, await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _aiohttp_error(url, exc) from exc
@@ -242,7 +253,7 @@ class VllmClient:
                 raise _transport_error(url, exc) from exc
             return
         try:
-            async with self._aiohttp().post(url, data=data, headers=headers) as resp:
+            async with self._aiohttp().post(self._url(path), data=data, headers=headers) as resp:
                 yield resp.status, resp.content.iter_any()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _aiohttp_error(url, exc) from exc

@@ -27,6 +27,7 @@ import orjson
 log = logging.getLogger(__name__)
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
+_SSE_DONE = b"data: [DONE]\n\n"
 
 
 class _RawBody:
@@ -110,14 +111,21 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
             return True
         if isinstance(result, AsyncGenerator):
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            last = b""  # the stream's terminating event, sent with the end of the body (one write, not two)
             try:
                 async for chunk in result:
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": chunk if isinstance(chunk, bytes) else chunk.encode("utf-8")})
+                    data = chunk if isinstance(chunk, bytes) else chunk.encode("utf-8")
+                    if last:
+                        await send({"type": "http.response.body", "more_body": True, "body": last})
+                        last = b""
+                    if data == _SSE_DONE:  # the generator ends right after it: no token waits behind it
+                        last = data
+                        continue
+                    await send({"type": "http.response.body", "more_body": True, "body": data})
             finally:
                 await result.aclose()
             watcher.cancel()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": last, "more_body": False})
             return True
         watcher.cancel()
         await _send_json(send, result, sub)

@@ -30,6 +30,8 @@ from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
+import orjson
+
 from runtime.server.errors import OPENAI_PREFIX, RETRY_AFTER_S, openai_error_body
 
 #: Chat roles of the OpenAI chat completions API (and vLLM's), the only ones a message may carry.
@@ -74,6 +76,15 @@ def check_body(path: str, raw: bytes) -> tuple[str, str | None] | None:
     """(message, param) of the 400 for an OpenAI request body `raw` posted to `path`, or None when the edge
     has nothing against it (a body that is not JSON at all is left to the request models' own 400)."""
     try:
+        # orjson takes only strict JSON in UTF-8 (no NaN/Infinity, no lone surrogates, finite numbers): a
+        # body it takes and whose fields pass needs none of the checks below. Any other body is read as
+        # Python's json reads it (orjson reads integers beyond 64 bits as floats), so that the message
+        # quotes what the client sent.
+        if _check_fields(path, orjson.loads(raw)) is None:
+            return None
+    except orjson.JSONDecodeError:
+        pass
+    try:
         body = json.loads(raw, parse_constant=_reject_constant)
     except _Invalid as exc:
         return str(exc), exc.param
@@ -83,6 +94,11 @@ def check_body(path: str, raw: bytes) -> tuple[str, str | None] | None:
         _check_strings(body, "")
     except _Invalid as exc:
         return str(exc), exc.param
+    return _check_fields(path, body)
+
+
+def _check_fields(path: str, body: Any) -> tuple[str, str | None] | None:
+    """check_body's checks of a parsed body's fields: `stream` and the chat messages' roles."""
     if not isinstance(body, dict):
         return None
     stream = body.get("stream")

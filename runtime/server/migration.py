@@ -23,6 +23,7 @@ from typing import Any
 
 # delta fields of generated output that a continuation cannot replay (vLLM 0.28 chat chunks)
 _UNREPLAYABLE_DELTA = ("reasoning_content", "reasoning", "tool_calls", "function_call")
+_UNREPLAYABLE_KEYS = frozenset(_UNREPLAYABLE_DELTA)
 
 
 def _delta(choice: Any) -> dict:
@@ -51,8 +52,13 @@ def chunk_generated(chunk: dict[str, Any]) -> bool:
 
 def chunk_replayable(chunk: dict[str, Any]) -> bool:
     """False when any choice of a streamed chunk carries reasoning or a tool call, which a continuation
-    request cannot include."""
-    return not any(any(_delta(c).get(k) for k in _UNREPLAYABLE_DELTA) for c in chunk.get("choices") or ())
+    request cannot include. Called on every streamed chunk: a delta without any of those keys (the common
+    one) is passed over with one set test."""
+    for c in chunk.get("choices") or ():
+        delta = _delta(c)
+        if not _UNREPLAYABLE_KEYS.isdisjoint(delta) and any(delta.get(k) for k in _UNREPLAYABLE_DELTA):
+            return False
+    return True
 
 
 def chunk_text(chunk: dict[str, Any]) -> str:

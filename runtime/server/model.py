@@ -538,8 +538,9 @@ class PDModel(OpenAIGenerativeModel):
         if self.prefill_priority:
             body = {**body, "priority": vllm_priority(priority_tokens(body, prompt_tokens), self.wall_clock())}
         try:
-            kv = await asyncio.wait_for(self._client(route.prefill_url, rid).prefill(path, body, rid),
-                                        self.prefill_timeout_s)
+            # asyncio.timeout bounds the call in this task (wait_for would run it in a task of its own)
+            async with asyncio.timeout(self.prefill_timeout_s):
+                kv = await self._client(route.prefill_url, rid).prefill(path, body, rid)
         except asyncio.TimeoutError:
             kv = None
         except BackendError as exc:
@@ -674,7 +675,7 @@ class PDModel(OpenAIGenerativeModel):
                 first = await gen.__anext__()
             except _StreamFailedEarly as early:
                 return _backend_error_response(early.exc)
-            return _prepend(first, gen)
+            return _Prepended(first, gen)
         first_token = asyncio.Event()
         nudger = self._start_nudger(route, kv, first_token)
         try:
@@ -769,8 +770,11 @@ class PDModel(OpenAIGenerativeModel):
                             try:
                                 if wait_s is None:
                                     data, chunk = await chunks.__anext__()
-                                else:
-                                    data, chunk = await asyncio.wait_for(chunks.__anext__(), wait_s)
+                                elif wait_s <= 0:  # past the deadline: the stream is not read again
+                                    raise asyncio.TimeoutError
+                                else:  # bounded in this task (wait_for would start a task per call)
+                                    async with asyncio.timeout(wait_s):
+                                        data, chunk = await chunks.__anext__()
                             except StopAsyncIteration:
                                 break
                             worker_err = _stream_error_event(chunk, route.decode_url)
@@ -937,11 +941,40 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
             await s.aclose()
 
 
-async def _prepend(first: str, rest: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
-    """``first``, then the rest of ``rest``; closing this closes ``rest`` (its finally releases the load)."""
-    try:
-        yield first
-        async for item in rest:
-            yield item
-    finally:
-        await rest.aclose()
+_GIVEN = object()  # _Prepended's first item once it has been given
+
+
+class _Prepended(AsyncGenerator):
+    """``first``, then the rest of ``rest``; closing this closes ``rest`` (its finally releases the load).
+
+    Each item of ``rest`` is handed over by ``rest``'s own awaitable: a stream's chunks do not pass through
+    one more generator frame each on their way to the client."""
+
+    __slots__ = ("_first", "_rest")
+
+    def __init__(self, first: str, rest: AsyncGenerator[str, None]) -> None:
+        self._first, self._rest = first, rest
+
+    def __anext__(self):
+        return self.asend(None)
+
+    def asend(self, value: Any):
+        if self._first is _GIVEN:
+            return self._rest.asend(value)
+        first, self._first = self._first, _GIVEN
+        return _value(first)
+
+    async def athrow(self, typ, val=None, tb=None):  # as a generator stopped at its yield: close, then raise
+        self._first = _GIVEN
+        await self._rest.aclose()
+        if val is None:
+            raise typ if isinstance(typ, BaseException) else typ()
+        raise val.with_traceback(tb) if tb is not None else val
+
+    def aclose(self):
+        self._first = _GIVEN
+        return self._rest.aclose()
+
+
+async def _value(item: str) -> str:
+    return item

@@ -20,6 +20,7 @@ def test_frontend_bench_reports_pdserve_against_direct(tmp_path):
     line = json.loads(r.stdout.strip().splitlines()[-1])
     assert line["bench"] == "frontend" and line["outputs_equal"] is True
     assert line["vllm_router"] is None and line["pdserve_vs_vllm_router_rps_per_core"] is None
+    assert line["pdserve_vs_vllm_router_rps_per_core_by_rate"] is None
     direct, pd = line["per_rate"]["direct"], line["per_rate"]["pdserve"]
     assert set(direct) == {"4.0", "8.0"} and set(pd) <= set(direct)
     for rate, s in pd.items():
