@@ -2,7 +2,7 @@
 
     python bench/frontend.py [--rates 25,50,100,200,400] [--duration-s 6] [--max-tokens 16]
                              [--token-interval-ms 5] [--added-p99-bound-ms 50] [--vllm-router PATH]
-                             [--out bench/results/frontend.json]
+                             [--replicas N] [--out bench/results/frontend.json]
 
 Starts, each in its own process on 127.0.0.1: one prefill and one decode engine stand-in
 (bench/engine_standin.py: answers at once, streams `--max-tokens` tokens one every `--token-interval-ms`,
@@ -27,6 +27,12 @@ Prints ONE JSON line:
   process: requests/s per core, independent of what else the machine runs); and, at the rate of `--rates`
   nearest half its capacity, added TTFT p50/p99 and added ITL p50/p99 in ms over direct at the same rate;
 * `pdserve_vs_vllm_router_rps_per_core`: the ratio of the two requests_per_cpu_s (issue target ≥ 0.5);
+* `pdserve_replicas` (with `--replicas N` > 1; else null): N more runtime processes in front of the same
+  stand-ins, each request to the next one in turn (an even balancer, as a Kubernetes Service is), CPU summed
+  over the N: the same summary as `pdserve`, `capacity_vs_one` (its sustained rate over one process's) and
+  `requests_per_cpu_s_vs_one_by_rate`. Equal requests per CPU-second means the replicas add no per-request
+  work, so throughput grows with the cores they are given; whether the capacity itself grows depends on the
+  cores the machine has left beside the stand-ins and the load generator;
   `..._by_rate`: the same ratio at each offered rate both front ends ran (requests per CPU-second grow with
   the rate, so the ratio at capacity moves with which rates each sustained);
 * `load_avg_1m`: the machine is shared; read absolute numbers against it, ratios less so.
@@ -117,8 +123,9 @@ async def _single(url: str, max_tokens: int) -> dict:
         return await _one(client, url, max_tokens, 0)
 
 
-async def _run_rate(url: str, rate: float, duration_s: float, max_tokens: int, seed: int) -> list[dict]:
-    """Open loop: Poisson arrivals at `rate` req/s for `duration_s`; waits for every request to end."""
+async def _run_rate(urls: list[str], rate: float, duration_s: float, max_tokens: int, seed: int) -> list[dict]:
+    """Open loop: Poisson arrivals at `rate` req/s for `duration_s`, request i to `urls[i % len(urls)]` (an even
+    balancer in front of replicas, as a Kubernetes Service is); waits for every request to end."""
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0)) as client:
@@ -131,7 +138,7 @@ async def _run_rate(url: str, rate: float, duration_s: float, max_tokens: int, s
             delay = start + t - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(client, url, max_tokens, i)))
+            tasks.append(asyncio.create_task(_one(client, urls[i % len(urls)], max_tokens, i)))
             i += 1
         return list(await asyncio.gather(*tasks))
 
@@ -178,6 +185,9 @@ def main() -> None:
     ap.add_argument("--added-p99-bound-ms", type=float, default=50.0,
                     help="a rate is sustained while added TTFT p99 over direct stays within this (ms)")
     ap.add_argument("--vllm-router", default=None, help="path of the vllm-router binary (default: PATH)")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="also run N runtime processes side by side (target pdserve_xN, requests spread evenly) "
+                    "to compare with one; 1: only one")
     ap.add_argument("--logs", type=Path, default=None, help="folder for the processes' logs (default: temp)")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON line here")
     args = ap.parse_args()
@@ -189,24 +199,37 @@ def main() -> None:
     if args.vllm_router and not os.access(args.vllm_router, os.X_OK):
         ap.error(f"--vllm-router {args.vllm_router}: no such executable")
     router_bin = args.vllm_router or shutil.which("vllm-router")
+    if args.replicas < 1:
+        ap.error("--replicas must be >= 1")
 
     procs = _Procs()
     try:
-        ports = {k: _free_port() for k in ("prefill", "decode", "pdserve", "vllm_router")}
+        ports = {k: _free_port() for k in ("prefill", "decode", "vllm_router")}
         standin = [sys.executable, str(ROOT / "bench" / "engine_standin.py"), "--model", MODEL,
                    "--token-interval-ms", str(args.token_interval_ms)]
         for role in ("prefill", "decode"):
             p = procs.start([*standin, "--port", str(ports[role]), "--engine-id", role], logs / f"{role}.log")
             _wait_http(f"http://127.0.0.1:{ports[role]}/health", p)
         prefill, decode = (f"http://127.0.0.1:{ports[r]}" for r in ("prefill", "decode"))
-        targets: dict[str, tuple[str, subprocess.Popen | None]] = {
-            "direct": (f"{decode}/v1/chat/completions", None)}
-        rt = procs.start([sys.executable, "-m", "runtime.server", "--model-name", MODEL, "--prefill-url", prefill,
-                          "--decode-url", decode, "--host", "127.0.0.1", "--http-port", str(ports["pdserve"]),
-                          "--no-access-log"],
-                         logs / "pdserve.log")
-        _wait_http(f"http://127.0.0.1:{ports['pdserve']}/v2/health/ready", rt)
-        targets["pdserve"] = (f"http://127.0.0.1:{ports['pdserve']}/openai/v1/chat/completions", rt)
+        # name -> (URLs the load is spread over, front-end processes whose CPU is counted)
+        targets: dict[str, tuple[list[str], list[subprocess.Popen]]] = {
+            "direct": ([f"{decode}/v1/chat/completions"], [])}
+
+        def runtimes(name: str, n: int) -> None:
+            urls, rts = [], []
+            for j in range(n):
+                port = _free_port()
+                rts.append(procs.start([sys.executable, "-m", "runtime.server", "--model-name", MODEL,
+                                        "--prefill-url", prefill, "--decode-url", decode, "--host", "127.0.0.1",
+                                        "--http-port", str(port), "--no-access-log"], logs / f"{name}-{j}.log"))
+                _wait_http(f"http://127.0.0.1:{port}/v2/health/ready", rts[-1])
+                urls.append(f"http://127.0.0.1:{port}/openai/v1/chat/completions")
+            targets[name] = (urls, rts)
+
+        runtimes("pdserve", 1)
+        replicas_name = f"pdserve_x{args.replicas}" if args.replicas > 1 else None
+        if replicas_name:
+            runtimes(replicas_name, args.replicas)
         if router_bin:
             vr = procs.start([router_bin, "--host", "127.0.0.1", "--port", str(ports["vllm_router"]),
                               "--vllm-pd-disaggregation", "--prefill", prefill, "--decode", decode,
@@ -214,20 +237,20 @@ def main() -> None:
                               "--max-concurrent-requests", "4096", "--queue-size", "4096"],
                              logs / "vllm_router.log")
             _wait_http(f"http://127.0.0.1:{ports['vllm_router']}/health", vr)
-            targets["vllm_router"] = (f"http://127.0.0.1:{ports['vllm_router']}/v1/chat/completions", vr)
+            targets["vllm_router"] = ([f"http://127.0.0.1:{ports['vllm_router']}/v1/chat/completions"], [vr])
 
         # correctness gate: every front end returns the direct answer
-        answers = [asyncio.run(_single(url, args.max_tokens)) for url, _ in targets.values()]
+        answers = [asyncio.run(_single(url, args.max_tokens)) for urls, _ in targets.values() for url in urls]
         outputs_equal = all(a["ok"] for a in answers) and len({a["text"] for a in answers}) == 1
 
         per: dict[str, dict[float, dict]] = {name: {} for name in targets}
         live = set(targets)
         for k, rate in enumerate(rates):
             for name in [n for n in targets if n in live]:
-                url, proc = targets[name]
-                cpu0 = _cpu_s(proc.pid) if proc else None
-                res = asyncio.run(_run_rate(url, rate, args.duration_s, args.max_tokens, seed=k))
-                cpu = (_cpu_s(proc.pid) - cpu0) if proc else None
+                urls, fronts = targets[name]
+                cpu0 = sum(_cpu_s(p.pid) for p in fronts)
+                res = asyncio.run(_run_rate(urls, rate, args.duration_s, args.max_tokens, seed=k))
+                cpu = (sum(_cpu_s(p.pid) for p in fronts) - cpu0) if fronts else None
                 per[name][rate] = _summary(res, len(res), cpu)
             for name in list(live - {"direct"}):
                 if not _sustained(per[name][rate], per["direct"][rate], args.added_p99_bound_ms / 1000.0):
@@ -245,6 +268,14 @@ def main() -> None:
         b = line["vllm_router"].get("requests_per_cpu_s") if router_bin else None
         line["pdserve_vs_vllm_router_rps_per_core"] = round(a / b, 3) if a and b else None
         line["pdserve_vs_vllm_router_rps_per_core_by_rate"] = _ratio_by_rate(per) if router_bin else None
+        line["pdserve_replicas"] = None
+        if replicas_name:
+            many = _front_end_summary(per[replicas_name], per["direct"], args.added_p99_bound_ms / 1000.0)
+            one = line["pdserve"]
+            line["pdserve_replicas"] = many | {
+                "replicas": args.replicas,
+                "capacity_vs_one": round(many["capacity_rps"] / one["capacity_rps"], 3) if one["capacity_rps"] else None,
+                "requests_per_cpu_s_vs_one_by_rate": _ratio_by_rate(per, replicas_name, "pdserve")}
         stats = [httpx.get(f"{u}/stats", timeout=5.0).json() for u in (prefill, decode)]
         line["prefills"], line["remote_decodes"] = stats[0]["prefills"], stats[1]["remote_decodes"]
         line["per_rate"] = {n: {str(r): v for r, v in d.items()} for n, d in per.items()}
@@ -257,12 +288,12 @@ def main() -> None:
         procs.stop()
 
 
-def _ratio_by_rate(per: dict[str, dict[float, dict]]) -> dict[str, float]:
-    """pdserve's requests per CPU-second over vllm-router's at each rate both ran, sustained or not: the
-    ratio at capacity compares two rates when the front ends sustain different ones on a noisy machine."""
+def _ratio_by_rate(per: dict[str, dict[float, dict]], a: str = "pdserve", b: str = "vllm_router") -> dict[str, float]:
+    """`a`'s requests per CPU-second over `b`'s at each rate both ran, sustained or not: the ratio at capacity
+    compares two rates when the front ends sustain different ones on a noisy machine."""
     out = {}
-    for rate, s in per["pdserve"].items():
-        v = per["vllm_router"].get(rate)
+    for rate, s in per[a].items():
+        v = per[b].get(rate)
         if v and s["requests_per_cpu_s"] and v["requests_per_cpu_s"]:
             out[str(rate)] = round(s["requests_per_cpu_s"] / v["requests_per_cpu_s"], 3)
     return out

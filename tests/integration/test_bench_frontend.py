@@ -37,3 +37,24 @@ def test_frontend_bench_reports_pdserve_against_direct(tmp_path):
 def test_frontend_bench_refuses_a_missing_router_binary(tmp_path):
     r = _run("--vllm-router", str(tmp_path / "nope"), timeout=60)
     assert r.returncode == 2 and "no such executable" in r.stderr
+
+
+def test_frontend_bench_spreads_load_over_runtime_replicas(tmp_path):
+    r = _run("--rates", "6", "--duration-s", "1.5", "--max-tokens", "4", "--replicas", "2", "--logs", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = json.loads(r.stdout.strip().splitlines()[-1])
+    assert line["outputs_equal"] is True
+    many = line["per_rate"]["pdserve_x2"]["6.0"]
+    assert many["errors"] == 0 and many["done"] == many["offered"] > 0 and many["cpu_s"] > 0
+    # both replica processes were started and served: each has its own log and answered the correctness gate
+    assert len(list(tmp_path.glob("pdserve_x2-*.log"))) == 2
+    one = line["per_rate"]["pdserve"]["6.0"]
+    # 4 correctness answers (direct, pdserve, 2 replicas; direct has no prefill leg) + every request served
+    assert line["prefills"] == line["remote_decodes"] == 3 + one["done"] + many["done"]
+    rep = line["pdserve_replicas"]
+    assert rep["replicas"] == 2 and set(rep["requests_per_cpu_s_vs_one_by_rate"]) <= {"6.0"}
+
+
+def test_frontend_bench_refuses_zero_replicas(tmp_path):
+    r = _run("--replicas", "0", timeout=60)
+    assert r.returncode == 2 and "--replicas must be >= 1" in r.stderr
