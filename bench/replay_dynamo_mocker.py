@@ -270,11 +270,9 @@ def main(argv: list[str] | None = None) -> dict:
             mine = out["pdserve"][f"{k}_s"]
             out[f"{k}_ratio_dynamo_over_pdserve"] = round(dyn[f"{k}_s"] / mine, 3) if mine > 0 else None
     out["wall_s"] = round(time.perf_counter() - t_start, 1)
-    line = json.dumps(out)
-    print(line)
-    if a.out is not None:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(line + "\n")
+    from runtime.paths import print_json_line  # the parent side only: the Dynamo child runs without pdserve
+
+    print_json_line(out, a.out)
     return out
 
 
