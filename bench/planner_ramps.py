@@ -98,7 +98,7 @@ def ramp_trace(r: Ramp, prompt_lengths: np.ndarray, seed: int) -> Trace:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ablations", default="launch_on_tick,prefill_queue_on_quantile,no_decode_band,"
+    ap.add_argument("--ablations", default="launch_on_tick,no_decode_band,"
                     "no_dispersion,fixed_beta",
                     help=f"comma list of bench/planner.py ABLATIONS to compare with (default %(default)s; "
                          f"known: {', '.join(ABLATIONS)})")

@@ -76,10 +76,10 @@ Per tick (SLA mode):
    maximum and upward trend from launching (they still hold workers through a scale-down).
    The M/M/c term of (4) still launches on the rate predictor (quantile + trend through the lead
    time).
-9. M/M/c on the trend (``prefill_queue_on_trend``): the M/M/c term of (4) sizes prefill for at most
-   ``max(rate, level + trend)`` through the lead time, not the window's quantile, which would hold a
-   burst for the whole predictor window; staffing (7) carries the burst headroom, decode keeps the
-   quantile. With ``size_on_tokens`` the forecast is the prompt-token predictor's over the predicted ISL.
+9. The M/M/c term of (4) sizes prefill on the rate predictor's forecast (the window quantile with
+   ``burst_quantile``, never below the tick's rate), the same forecast decode is sized on; the
+   staffing term (7) follows a fall within its level window, and the scale-down delay of (5) releases
+   what the quantile holds.
 10. Release on evidence (with ``measure_burst``, once ticks report ``prompt_arrivals``): until the ticks
    have reported arrivals for a whole predictor window neither pool shrinks nor does a fleet with prefill
    workers turn to aggregated serving (the window pools of 11 and 13 are what a release rests on, and they
@@ -377,18 +377,6 @@ class PlannerStateMachine:
         if at_target is None:
             return margin_sized
         return min(max(self.decode, at_target), margin_sized)
-
-    def _trend_rate(self, tick: TickInput, isl: float) -> float | None:
-        """Rule 9's prefill request rate: the level-and-trend forecast through the lead time (never
-        below this tick's rate) of the request-rate predictor, or with ``size_on_tokens`` of the
-        prompt-token predictor over the predicted ISL. None when that predictor has no such forecast
-        (only ``burst_quantile`` separates it from its window quantile)."""
-        if self.cfg.size_on_tokens:
-            forecast = getattr(self._ptok, "trend_forecast", None)
-            now = tick.rate_per_s * tick.mean_isl_tokens
-            return None if forecast is None else max(forecast(self.lead_ticks), now) / max(isl, 1.0)
-        forecast = getattr(self._rate, "trend_forecast", None)
-        return None if forecast is None else max(forecast(self.lead_ticks), tick.rate_per_s)
 
     def staffing_prefill_replicas(self) -> int:
         """Square-root staffing ``ceil(R + beta * sqrt(R))`` for the offered load ``R`` (Erlangs: the
@@ -760,11 +748,6 @@ class PlannerStateMachine:
                 else sizing
             )
         p_des, d_des = (sizing.prefill, sizing.decode)
-        trend_rate = self._trend_rate(tick, isl) if cfg.prefill_queue_on_trend and self._has_isl else None
-        if trend_rate is not None and mode == "disaggregated":
-            # rule 9: M/M/c for the level and trend, not for the window's quantile
-            trend_rate *= 1.0 + cfg.burst_headroom if f.burst else 1.0
-            p_des = min(p_des, self.size_for_load(trend_rate + backlog_rate, isl, osl, with_agg=False).prefill)
         if mode == "aggregated":
             p_des = 0
         else:

@@ -161,10 +161,7 @@ class PlannerConfig:
     square-root staffing term launches prefill workers only up to the count the smoothed offered load
     needs (an EWMA of the per-tick Erlangs whose mean age is the worker start time), not the count one
     tick's transient asks for; scale-down still follows the tick (False: launch to the tick's count;
-    kept for the benchmark's ablation). ``prefill_queue_on_trend``: the M/M/c prefill
-    term sizes for the rate predictor's level-and-trend forecast, not the window quantile that holds a
-    burst for ``predictor_window_ticks`` (False: the quantile too, kept for the benchmark's ablation;
-    only ``burst_quantile`` has both). ``queue_floor``: the
+    kept for the benchmark's ablation). ``queue_floor``: the
     observed prefill queue raises a floor under the prefill pool while its wait stays over the TTFT
     budget (runtime.planner.state_machine rule 12; False: open loop, kept for the benchmark's ablation).
     ``measure_burst``: when ticks report ``prompt_arrivals`` the staffing coefficient is the one that
@@ -336,7 +333,6 @@ class PlannerConfig:
     correct_by_prefill_time: bool = True
     decode_band: bool = True
     scale_up_on_level: bool = True
-    prefill_queue_on_trend: bool = True
     queue_floor: bool = True
     measure_burst: bool = True
     decode_floor: bool = True
