@@ -99,3 +99,54 @@ def fit_budget(
     while d < want_d and p * prefill_tp + (d + 1) * decode_tp <= budget_gpus:
         d += 1
     return p, d
+
+
+class RecurrenceHold:
+    """Hold a pool's window need through the gaps after which, within the last ``history_ticks``
+    ticks, a need it had released came back while the pool was short, up to the level that came back.
+
+    Each tick :meth:`update` takes the tick's need (workers the recent arrivals needed, e.g. the
+    planner's window pool), the workers ready and whether the pool is short (its observed wait or ITL
+    over budget). On a short tick it walks back over the current rise of the need to the last earlier
+    tick ``j`` whose need exceeded the ready workers: that capacity was needed, released, and is needed
+    again ``gap`` ticks later. It records ``(gap, level)``, ``level = min(need_j, need)`` the part of the
+    need that recurred. The held need is the tick's need, and for each record within the history the
+    largest need of the last ``gap + 1`` ticks up to its ``level``.
+
+    Why: a burst shorter than a worker start is over before a worker launched for it is ready, so the
+    pool must stand at what bursts need through the gaps between them; how long those gaps last, and
+    at what level, is a property of the traffic, measured here from the recurrences that found the pool
+    short. A crowd that does not come back records nothing and is held no longer than the window.
+    """
+
+    def __init__(self, history_ticks: int) -> None:
+        if history_ticks < 1:
+            raise ValueError(f"history_ticks must be >= 1, got {history_ticks}")
+        self._needs: deque[int] = deque(maxlen=history_ticks)
+        self._records: deque[tuple[int, int, int]] = deque()  # (tick recorded, gap ticks, level workers)
+        self._tick = 0
+
+    @property
+    def records(self) -> list[tuple[int, int]]:
+        """``(gap ticks, level workers)`` of the recurrences recorded within the history, oldest first."""
+        return [(g, lv) for _, g, lv in self._records]
+
+    def update(self, need: int, ready: int, short: bool) -> int:
+        """Record this tick's ``need`` (workers) and return the held need (workers, >= ``need``)."""
+        self._tick += 1
+        h = self._needs
+        h.append(need)
+        if short:
+            i = len(h) - 1
+            while i > 0 and h[i] > ready and h[i - 1] <= h[i]:  # back over the current rise
+                i -= 1
+            j = next((k for k in range(i - 1, -1, -1) if h[k] > ready), None)
+            if j is not None:
+                self._records.append((self._tick, len(h) - 1 - j, min(h[j], need)))
+        while self._records and self._records[0][0] <= self._tick - (h.maxlen or 0):
+            self._records.popleft()
+        held = need
+        for _, gap, level in self._records:
+            recent = max(h[k] for k in range(max(len(h) - 1 - gap, 0), len(h)))
+            held = max(held, min(level, recent))
+        return held

@@ -150,6 +150,13 @@ Per tick (SLA mode):
    runtime.planner.sla.kv_pool: each request holds ISL + OSL/2 tokens for OSL steps at the observed ITL, at
    all but ``1 - slo_quantile`` of their arrivals), as rule 11 holds prefill: a burst shorter than a worker
    start is over before a decode worker launched for it is ready.
+14. Hold what recurs (``recurrence_hold``, default on): the window pools of 11 and 13 are held through the
+   gaps after which, within the last ``HOLD_HISTORY_S``, a pool they had released was needed again while
+   the pool was short (rule 12's or 13's pressure), up to the level that came back
+   (runtime.planner.stability.RecurrenceHold). Why: bursts shorter than a worker start that recur after
+   gaps longer than the predictor window (a Markov-modulated high phase after a long low one) find the
+   pool released each time; how long the gaps last is the traffic's, measured from the recurrences that
+   found the pool short. A crowd that does not come back records nothing and is held no longer.
 
 Measured effect of each rule, the constants' derivation and the alternatives measured against them
 (decode trend, Little's-law decode growth): docs/design/planner.md.
@@ -168,7 +175,7 @@ import numpy as np
 from runtime.planner import sla
 from runtime.planner.predictors import BurstQuantilePredictor, LoadPredictor, MovingAveragePredictor, make_predictor
 from runtime.planner.profiles import ServiceProfile
-from runtime.planner.stability import PoolStabilizer, fit_budget
+from runtime.planner.stability import PoolStabilizer, RecurrenceHold, fit_budget
 from runtime.planner.types import PlannerConfig, ScalingDecision, ServingMode, TickInput
 
 CORRECTION_MIN, CORRECTION_MAX, CORRECTION_EWMA = 0.8, 2.0, 0.3
@@ -182,6 +189,8 @@ DISPERSION_SCALE_MAX = 100.0  # rule 11: beta is scaled by at most sqrt(this) (a
 # within the SLO quantile; the same at the next tick end, a whole interval (>> the TTFT budget) later,
 # means the pool did not drain the backlog: the model under-sizes it, whatever the cause
 QUEUE_PRESSURE_TICKS = 2
+#: rule 14: how far back a recurrence gap counts (an hour: the span over which traffic is taken as one regime)
+HOLD_HISTORY_S = 3600.0
 # rule 11: the measured staffing coefficient is searched on [0, BURST_BETA_MAX] in steps of BURST_BETA_STEP
 # (a resolution of 0.05 sqrt(R) workers; the top is far above what clumps of the traces ask for, ~3)
 BURST_BETA_STEP, BURST_BETA_MAX = 0.05, 8.0
@@ -281,6 +290,9 @@ class PlannerStateMachine:
         self._decode_window: deque[tuple[np.ndarray, np.ndarray, float]] = deque(maxlen=cfg.predictor_window_ticks)
         self.decode_window_pool = 0
         self._decode_pressure_ticks = 0
+        # rule 14: the window pools held through the recurrence gaps of the last HOLD_HISTORY_S
+        history = max(math.ceil(HOLD_HISTORY_S / cfg.interval_s), 1)
+        self._p_hold, self._d_hold = RecurrenceHold(history), RecurrenceHold(history)
         # rule 11: per tick with arrivals, (offered Erlangs R, requests that can meet the TTFT, first pool
         # size replayed, late requests at that size and each size after it), the last predictor window
         self._bursts: deque[tuple[float, int, int, list[int]]] = deque(maxlen=cfg.predictor_window_ticks)
@@ -764,7 +776,8 @@ class PlannerStateMachine:
                 staffed = max(self.prefill, min(staffed, self._staff(level)))
             p_des = max(p_des, staffed)
             if cfg.measure_burst:
-                p_des = max(p_des, self.window_pool)
+                p_des = max(p_des, self._held(self._p_hold, self.window_pool, tick.prefill.num_ready,
+                                              self._pressure_ticks > 0))
             if cfg.queue_floor:
                 p_des = max(p_des, self._queue_floor)
         if self._measuring_first_window() and mode == "disaggregated":
@@ -773,6 +786,11 @@ class PlannerStateMachine:
             p_des = max(p_des, self.prefill)
             d_des = max(d_des, self.decode)
         return mode, p_des, d_des, "sla" if sizing.feasible else "sla_infeasible"
+
+    def _held(self, hold: RecurrenceHold, need: int, ready: int, short: bool) -> int:
+        """Rule 14: ``need`` held through the recurrence gaps ``hold`` measured (``recurrence_hold`` on)."""
+        held = hold.update(need, ready, short)
+        return held if self.cfg.recurrence_hold else need
 
     def _decode_terms(self, tick: TickInput, f: _Forecast, mode: ServingMode, d_des: int) -> int:
         """Stage 4 (rules 4 and 13): the decode band and the decode floors on the sized decode pool."""
@@ -784,7 +802,8 @@ class PlannerStateMachine:
         if cfg.decode_floor:
             self._update_decode_floor(tick)
             self._observe_decode_window(tick)
-            d_des = max(d_des, self._decode_floor, self.decode_window_pool)
+            d_des = max(d_des, self._decode_floor, self._held(self._d_hold, self.decode_window_pool,
+                                                              tick.decode.num_ready, self._decode_pressure_ticks > 0))
         return d_des
 
     def _stabilise(self, tick: TickInput, f: _Forecast, mode: ServingMode, p_des: int,

@@ -170,6 +170,9 @@ class PlannerConfig:
     dispersion, kept for the benchmark's ablation). ``decode_floor``: the observed decode admission
     queue, ITL and KV usage raise a floor under the decode pool while admission waits over the TTFT
     budget or ITL over its target (rule 13; False: open loop, kept for the benchmark's ablation).
+    ``recurrence_hold``: the window pools of rules 11 and 13 are held through the gaps after which a
+    released pool was needed again while short (rule 14; False: the window alone, kept for the
+    benchmark's ablation).
     """
 
     mode: Literal["sla", "load"] = "sla"
@@ -336,6 +339,7 @@ class PlannerConfig:
     queue_floor: bool = True
     measure_burst: bool = True
     decode_floor: bool = True
+    recurrence_hold: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp", "min_prefill", "max_prefill", "min_decode", "max_decode",
