@@ -107,11 +107,11 @@ class RecurrenceHold:
 
     Each tick :meth:`update` takes the tick's need (workers the recent arrivals needed, e.g. the
     planner's window pool), the workers ready and whether the pool is short (its observed wait or ITL
-    over budget). On a short tick it walks back over the current rise of the need to the last earlier
-    tick ``j`` whose need exceeded the ready workers: that capacity was needed, released, and is needed
-    again ``gap`` ticks later. It records ``(gap, level)``, ``level = min(need_j, need)`` the part of the
-    need that recurred. The held need is the tick's need, and for each record within the history the
-    largest need of the last ``gap + 1`` ticks up to its ``level``.
+    over budget). On a short tick it walks back over the current rise of the need, then further back
+    through the levels the pool fell through: a level above the ready workers (up to the need now) last
+    needed ``gap`` ticks ago was needed, released, and is needed again. It records ``(gap, level)`` for
+    each. The held need is the tick's need, and for each record within the history the largest need of
+    the last ``gap + 1`` ticks up to its ``level``.
 
     Why: a burst shorter than a worker start is over before a worker launched for it is ready, so the
     pool must stand at what bursts need through the gaps between them; how long those gaps last, and
@@ -140,9 +140,15 @@ class RecurrenceHold:
             i = len(h) - 1
             while i > 0 and h[i] > ready and h[i - 1] <= h[i]:  # back over the current rise
                 i -= 1
-            j = next((k for k in range(i - 1, -1, -1) if h[k] > ready), None)
-            if j is not None:
-                self._records.append((self._tick, len(h) - 1 - j, min(h[j], need)))
+            # each level the pool fell through on its way down, up to the need now: (gap since that level
+            # was last needed, the level)
+            top = ready
+            for k in range(i - 1, -1, -1):
+                if h[k] > top:
+                    top = min(h[k], need)
+                    self._records.append((self._tick, len(h) - 1 - k, top))
+                    if top >= need:
+                        break
         while self._records and self._records[0][0] <= self._tick - (h.maxlen or 0):
             self._records.popleft()
         held = need
