@@ -116,7 +116,8 @@ class RecurrenceHold:
     Why: a burst shorter than a worker start is over before a worker launched for it is ready, so the
     pool must stand at what bursts need through the gaps between them; how long those gaps last, and
     at what level, is a property of the traffic, measured here from the recurrences that found the pool
-    short. A crowd that does not come back records nothing and is held no longer than the window.
+    short. A crowd that does not come back records only levels the pool had stood at before it; its own
+    level is held no longer than the window.
     """
 
     def __init__(self, history_ticks: int) -> None:

@@ -156,7 +156,8 @@ Per tick (SLA mode):
    (runtime.planner.stability.RecurrenceHold). Why: bursts shorter than a worker start that recur after
    gaps longer than the predictor window (a Markov-modulated high phase after a long low one) find the
    pool released each time; how long the gaps last is the traffic's, measured from the recurrences that
-   found the pool short. A crowd that does not come back records nothing and is held no longer.
+   found the pool short. A crowd that does not come back is held no longer than the window (only levels
+   the pool had stood at before it are recorded).
 
 Measured effect of each rule, the constants' derivation and the alternatives measured against them
 (decode trend, Little's-law decode growth): docs/design/planner.md.
