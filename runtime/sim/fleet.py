@@ -334,7 +334,7 @@ class FleetSim:
         isl, osl = tr.isl_tokens, tr.osl_tokens
         n_steps = max(1, int(round((t1 - t0) / c.decode_dt_s)))
         dt = (t1 - t0) / n_steps
-        run_sum = kv_sum = wait_sum = 0.0
+        run_sum = kv_sum = 0.0
         ready_ct = 0
         for k in range(n_steps):
             s, se = t0 + k * dt, t0 + (k + 1) * dt
@@ -368,7 +368,6 @@ class FleetSim:
                         self._leave(w, s, c.decode_tp, "decode")
                     n_pool = n_live
             run_sum += len(self.act_idx) / max(n_pool, 1)
-            wait_sum += len(self.waiting) / max(n_pool, 1)  # KV transferred, not admitted (vLLM's waiting)
             kv_sum += kv_used / max(n_pool * kv_cap, 1)
             ready_ct += n_pool
             if not len(self.act_idx) or not n_pool:
@@ -387,9 +386,13 @@ class FleetSim:
             self.finish_s[idx[fin]] = start[fin] + (osl[idx[fin]] - before[fin]) * step
             keep = ~fin
             self.act_idx, self.act_admit, self.act_done = idx[keep], self.act_admit[keep], after[keep]
+        # the queue as vLLM's num_requests_waiting gauge reads at the tick's end, per worker ready then (what
+        # the runtime's planner loop scrapes): a mean over the tick divided among the workers ready at its
+        # end would count a queue the pool held before workers joined it many times over
+        n_end = sum(1 for w in self.decode if w.ready_s <= t1)
         return {
             "running_per_worker": run_sum / n_steps,
-            "queue_per_worker": wait_sum / n_steps,
+            "queue_per_worker": len(self.waiting) / max(n_end, 1),
             "kv_usage": kv_sum / n_steps,
         }
 

@@ -60,6 +60,25 @@ def test_new_workers_serve_only_after_the_start_time_and_cost_from_launch():
     assert res.gpu_seconds == pytest.approx(2 * 100 + 2 * 2 * 90 + 4 * 100)
 
 
+def test_decode_queue_is_reported_as_the_gauge_reads_at_the_tick_end():
+    # one decode worker holds ~33 sequences of 3000 tokens in its 100k of KV; 20 req/s queue for admission.
+    # Nine more decode workers launched at the first tick are ready mid-way through the third (start 25 s).
+    # The queue the planner reads (per ready worker x ready workers, as the runtime reads vLLM's
+    # num_requests_waiting gauges) is the requests waiting at the tick's end: never more than have arrived
+    seen = []
+
+    def grow(tick):
+        seen.append(tick)
+        return ScalingDecision(tick.now_s, prefill_replicas=4, decode_replicas=10)
+
+    arrivals = np.linspace(0, 60, 1200)
+    simulate(trace(arrivals, isl=2000, osl=2000), PROF, fleet(initial_prefill=4, worker_start_s=25.0), grow)
+    assert any(t.decode.queue_per_worker > 0 for t in seen)  # the pool was short at first
+    for t in seen:
+        waiting = t.decode.queue_per_worker * max(t.decode.num_ready, 1)
+        assert waiting <= np.sum(arrivals <= t.now_s) + 1e-9, (t.now_s, waiting, t.decode.num_ready)
+
+
 def test_aggregated_decode_workers_prefill_when_no_prefill_worker_exists():
     res = simulate(trace([0.0, 5.0]), PROF, fleet(initial_prefill=0), static_controller(0, 1))
     assert np.all(np.isfinite(res.ttft_s))
