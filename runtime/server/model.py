@@ -73,9 +73,7 @@ from runtime.server.errors import Overloaded, openai_error_body
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.migration import (
     choice_has_output,
-    chunk_generated,
-    chunk_replayable,
-    chunk_text,
+    chunk_progress,
     continuation_body,
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
@@ -808,13 +806,13 @@ class PDModel(OpenAIGenerativeModel):
                                     changed = True
                                 if not chunk.get("choices"):
                                     continue  # the usage-only final chunk the client did not ask for
-                            text = chunk_text(chunk)
+                            text, generated, chunk_ok = chunk_progress(chunk)
                             if text:
                                 sent.append(text)
-                            if chunk_generated(chunk):
+                            if generated:
                                 num_tokens += 1
                                 last_s = self.clock() - t0
-                            replayable = replayable and chunk_replayable(chunk)
+                            replayable = replayable and chunk_ok
                             yielded = True
                             text_out = json.dumps(chunk, separators=(",", ":")) if changed else data.decode()
                             yield f"data: {text_out}\n\n"
