@@ -181,10 +181,13 @@ class VllmClient:
         """The aiohttp session, made on first use (aiohttp binds it to the running event loop). No cap on
         connections, for the reason httpx has none above; idle connections are kept for reuse."""
         if self._session is None:
-            # no cookie jar: workers set none, and the runtime must not carry one request's cookies to another
+            # no cookie jar: workers set none, and the runtime must not carry one request's cookies to another.
+            # No Accept-Encoding: the answers are read as they come (auto_decompress=False), so no worker or
+            # proxy between may be invited to compress them.
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, limit_per_host=0), cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
+                timeout=self._timeout, auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
         return self._session
 
     def _url(self, path: str) -> yarl.URL:
