@@ -79,9 +79,10 @@ def chunk_progress(chunk: dict[str, Any]) -> tuple[str, bool, bool]:
     c = choices[0]
     text = (c.get("delta") or {}).get("content") or c.get("text") or ""
     generated = bool(text) or _choice_has_tokens(c)
-    for c in choices:
-        delta = _delta(c)
-        if not _UNREPLAYABLE_KEYS.isdisjoint(delta) and any(delta.get(k) for k in _UNREPLAYABLE_DELTA):
+    for c in choices:  # chunk_replayable's test, without a call per choice
+        delta = c.get("delta") if isinstance(c, dict) else None
+        if (isinstance(delta, dict) and not _UNREPLAYABLE_KEYS.isdisjoint(delta)
+                and any(delta.get(k) for k in _UNREPLAYABLE_DELTA)):
             return text, generated, False
     return text, generated, True
 

@@ -774,7 +774,8 @@ class PDModel(OpenAIGenerativeModel):
                                         data, chunk = await chunks.__anext__()
                             except StopAsyncIteration:
                                 break
-                            worker_err = _stream_error_event(chunk, route.decode_url)
+                            # (an error event has no choices: a chunk with choices is not read again for one)
+                            worker_err = None if chunk.get("choices") else _stream_error_event(chunk, route.decode_url)
                             if worker_err is not None:  # the worker gave up mid-stream: client told, error
                                 logger.warning("decode worker %s sent an error event mid-stream: %.500s",
                                                route.decode_url, chunk)
@@ -952,7 +953,9 @@ class _Prepended(AsyncGenerator):
     def __init__(self, first: str, rest: AsyncGenerator[str, None]) -> None:
         self._first, self._rest = first, rest
 
-    def __anext__(self):
+    def __anext__(self):  # what `async for` calls on every item: one call, not two, once `first` is given
+        if self._first is _GIVEN:
+            return self._rest.__anext__()
         return self.asend(None)
 
     def asend(self, value: Any):
