@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 from aiohttp import web
@@ -36,9 +38,33 @@ async def worker():
     async def bad(request: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "no"}}, status=400)
 
+    async def stall_head(request: web.Request) -> web.Response:  # answers after far longer than the timeout
+        await asyncio.sleep(2)
+        return web.json_response({})
+
+    async def stall_body(request: web.Request) -> web.StreamResponse:  # one event, then nothing
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"id": "d", "choices": []}\n\n')
+        await asyncio.sleep(2)
+        return resp
+
+    async def slow(request: web.Request) -> web.StreamResponse:  # an event every 0.1 s, 6 in all
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(6):
+            await asyncio.sleep(0.1)
+            await resp.write(b'data: {"id": "d", "choices": []}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
     app = web.Application()
     app.router.add_post(CHAT_PATH, chat)
     app.router.add_post("/bad", bad)
+    app.router.add_post("/stall-head", stall_head)
+    app.router.add_post("/stall-body", stall_body)
+    app.router.add_post("/slow", slow)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -69,3 +95,41 @@ async def test_prefill_and_stream_over_aiohttp(worker):
         assert headers["x-request-id"] == "rid-1" and headers["content-type"] == "application/json"
         # the client reads answers as they come (no decompression): it must not invite a compressed one
         assert "accept-encoding" not in headers and "user-agent" not in headers
+
+
+async def test_a_stream_that_stops_sending_is_a_504_after_the_read_timeout(worker):
+    url, _ = worker
+    async with VllmClient(url, timeout_s=0.3) as c:
+        for path, events in (("/stall-head", 0), ("/stall-body", 1)):
+            got = []
+            t0 = time.monotonic()
+            with pytest.raises(BackendError) as ei:
+                async for e in c.stream_events(path, BODY, "rid"):
+                    got.append(e)
+            assert ei.value.status_code == 504 and not ei.value.unreachable
+            assert len(got) == events and 0.3 <= time.monotonic() - t0 < 2.0
+
+
+async def test_the_read_timeout_counts_waits_for_the_worker_only(worker):
+    url, _ = worker
+    async with VllmClient(url, timeout_s=0.25) as c:
+        # the worker sends every 0.1 s (within the timeout); the reader spends 0.3 s on each event (over it)
+        n = 0
+        async for _ in c.stream_events("/slow", BODY, "rid"):
+            n += 1
+            await asyncio.sleep(0.3)
+        assert n == 6
+
+
+async def test_a_cancelled_stream_is_cancelled_not_timed_out(worker):
+    url, _ = worker
+    async with VllmClient(url, timeout_s=0.3) as c:
+        async def read() -> None:
+            async for _ in c.stream_events("/stall-body", BODY, "rid"):
+                pass
+
+        task = asyncio.create_task(read())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
