@@ -144,6 +144,74 @@ def _chunk_shape_ok(chunk: dict) -> bool:
     return isinstance(chunk.get("usage"), (dict, type(None)))
 
 
+class _ReadDeadline:
+    """The read timeout of one streamed answer: `timeout_s` seconds of waiting for the worker's next bytes, as
+    aiohttp's `sock_read` measures it, with one timer per answer rather than one re-armed on every read
+    (aiohttp cancels and makes its read timer on each received piece, once per streamed token: several per
+    cent of the runtime's CPU, bench/frontend.py). The timer fires at most once per `timeout_s`; a wait that has
+    lasted `timeout_s` by then cancels the waiting task, and that cancellation comes out of `run` as
+    asyncio.TimeoutError, as `asyncio.timeout` does (any other cancellation goes on). Time the caller spends
+    between two reads does not count (aiohttp's `sock_read` stops too while its reader is full).
+
+    Made in the task that reads the answer, which is the task it cancels."""
+
+    __slots__ = ("_loop", "_task", "_timeout_s", "_since", "_handle", "_fired")
+
+    def __init__(self, timeout_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._timeout_s = timeout_s
+        self._since: float | None = None  # loop time the current wait began; None when not waiting
+        self._handle: asyncio.TimerHandle | None = None
+        self._fired = False
+
+    async def run(self, awaitable: Any) -> Any:
+        """`await awaitable` (a wait for the worker) within the read timeout. Raises asyncio.TimeoutError."""
+        self._since = now = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(now + self._timeout_s, self._check)
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            if self._fired and self._task.uncancel() == 0:
+                raise asyncio.TimeoutError from None
+            raise
+        finally:
+            self._since = None
+
+    def _check(self) -> None:
+        self._handle = None
+        since = self._since
+        if since is None or self._fired:  # not waiting now: the next wait arms the timer again
+            return
+        due = since + self._timeout_s
+        if self._loop.time() >= due:
+            self._fired = True
+            self._task.cancel()
+        else:
+            self._handle = self._loop.call_at(due, self._check)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class _TimedPieces:
+    """The pieces of a streamed body, each awaited within the answer's `_ReadDeadline`."""
+
+    __slots__ = ("_pieces", "_deadline")
+
+    def __init__(self, pieces: AsyncIterator[bytes], deadline: _ReadDeadline) -> None:
+        self._pieces, self._deadline = pieces, deadline
+
+    def __aiter__(self) -> "_TimedPieces":
+        return self
+
+    def __anext__(self) -> Any:
+        return self._deadline.run(self._pieces.__anext__())
+
+
 class VllmClient:
     """Calls one worker. Share one instance per worker; close it with `aclose` (or `async with`).
 
@@ -175,16 +243,21 @@ class VllmClient:
                 transport=transport,
             )
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
+        # streamed answers: the read timeout is the answer's _ReadDeadline, not aiohttp's per-read timer
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
         self._urls: dict[str, yarl.URL] = {}
 
     def _aiohttp(self) -> aiohttp.ClientSession:
         """The aiohttp session, made on first use (aiohttp binds it to the running event loop). No cap on
         connections, for the reason httpx has none above; idle connections are kept for reuse."""
         if self._session is None:
-            # no cookie jar: workers set none, and the runtime must not carry one request's cookies to another
+            # no cookie jar: workers set none, and the runtime must not carry one request's cookies to another.
+            # No Accept-Encoding: the answers are read as they come (auto_decompress=False), so no worker or
+            # proxy between may be invited to compress them.
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, limit_per_host=0), cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
+                timeout=self._timeout, auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
         return self._session
 
     def _url(self, path: str) -> yarl.URL:
@@ -252,11 +325,18 @@ class VllmClient:
             except httpx.HTTPError as exc:
                 raise _transport_error(url, exc) from exc
             return
+        deadline = _ReadDeadline(self.timeout_s)
         try:
-            async with self._aiohttp().post(self._url(path), data=data, headers=headers) as resp:
-                yield resp.status, resp.content.iter_any()
+            request = self._aiohttp().post(self._url(path), data=data, headers=headers, timeout=self._stream_timeout)
+            resp = await deadline.run(request.__aenter__())  # the wait for the answer's head is a read too
+            try:
+                yield resp.status, _TimedPieces(resp.content.iter_any(), deadline)
+            finally:
+                await request.__aexit__(None, None, None)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _aiohttp_error(url, exc) from exc
+        finally:
+            deadline.close()
 
     async def post_json(self, path: str, body: dict, request_id: str) -> dict:
         """POST `body` to `path`, return the JSON answer. Raises BackendError on non-2xx or transport errors."""

@@ -74,6 +74,9 @@ class WorkerBreakers:
         self._seen: set[str] = set()  # URLs that answered a health check since they joined
         self._failed_start: set[str] = set()  # starting URLs whose last check failed
         self._applied: dict[str, bool] = {}  # URL -> in the pairing's rotation as last applied
+        # URL -> the state the gauge shows: every call of every request reports its outcome, and a gauge
+        # update (label lookup, lock) per call costs more than the rest of the report
+        self._gauged: dict[str, BreakerState] = {}
         self._pool_version: object = _UNSYNCED  # the pairing's `pool_version` at the last sync
 
     # -- state ------------------------------------------------------------------------------------------
@@ -103,6 +106,7 @@ class WorkerBreakers:
         self._seen.discard(url)
         self._failed_start.discard(url)
         self._applied.pop(url, None)
+        self._gauged.pop(url, None)
         if self.gauge is not None:
             try:
                 self.gauge.remove(role, self.label(wid))
@@ -114,8 +118,9 @@ class WorkerBreakers:
         if entry is None:
             return
         wid, role, _ = entry
-        if self.gauge is not None:
+        if self.gauge is not None and self._gauged.get(url) is not state:
             self.gauge.labels(role, self.label(wid)).set(int(state))
+            self._gauged[url] = state
         rotate = state is BreakerState.CLOSED and not self.board.draining(url)
         if self._applied.get(url, True) == rotate and url in self._applied:
             return
@@ -142,6 +147,14 @@ class WorkerBreakers:
         """Breaker closed and answered a health check since it joined (what readiness counts)."""
         key = url.rstrip("/")
         return key in self._seen and self.board.allows_traffic(key, self.clock())
+
+    def any_decode_serving(self) -> bool:
+        """Some decode-capable worker (any role but "prefill") is `serving`: what makes the runtime ready.
+        Asked on every request, so it reads the synced pool rather than building the pairing's URL list."""
+        self.follow_pool()
+        now = self.clock()
+        return any(r != "prefill" and url in self._seen and self.board.allows_traffic(url, now)
+                   for url, (_, r, _) in self._known.items())
 
     def in_rotation(self, role: str) -> int:
         """Workers of `role` ("prefill" or "decode": decode-capable) whose breaker is closed."""

@@ -23,6 +23,9 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import orjson
+from kserve.protocol.rest.openai.types import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from starlette.requests import Request
+from starlette.responses import Response
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +65,6 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
     `model`: the served PDModel (`name`, `ready`, `create_completion`, `create_chat_completion`). `app`: the
     FastAPI app whose `exception_handlers` answer the model's exceptions.
     """
-    from kserve.protocol.rest.openai.types import ChatCompletionRequest, CompletionRequest
-    from starlette.requests import Request
-    from starlette.responses import Response
-
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
     content_type = headers.get("content-type", "application/json").split(";", 1)[0].strip().lower()
     if content_type != "application/json":  # FastAPI reads other types differently: its answer decides
@@ -93,9 +92,11 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
         task.cancel()
 
     watcher = asyncio.create_task(watch())
-    sub = Response()  # as FastAPI's sub-response: the route headers the model sets on non-streaming answers
-    del sub.headers["content-length"]
-    sub.status_code = None
+    sub = None  # as FastAPI's sub-response: the route headers the model sets on non-streaming answers
+    if not request.stream:  # a stream's answer never carries them (KServe's route returns a StreamingResponse)
+        sub = Response()
+        del sub.headers["content-length"]
+        sub.status_code = None
     context = {"headers": headers, "response": sub}
     create = model.create_chat_completion if chat else model.create_completion
     try:
@@ -142,15 +143,13 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
 async def _send_json(send: Callable, result: Any, sub: Any) -> None:
     """A non-streaming answer as KServe's route sends it: an ErrorResponse with its own status code; an
     OpenAI object with FastAPI's encoding (`model_dump(mode="json", by_alias=True)`), the route headers the
-    model set and its status (200 unless set)."""
-    from kserve.protocol.rest.openai.types import ErrorResponse
-
+    model set on `sub` (None: none) and its status (200 unless set)."""
     if isinstance(result, ErrorResponse):
         status, content, extra = int(result.error.code), result.model_dump(), []
     else:
-        status = sub.status_code or 200
+        status = (sub.status_code if sub is not None else None) or 200
         content = result.model_dump(mode="json", by_alias=True) if hasattr(result, "model_dump") else result
-        extra = sub.raw_headers
+        extra = sub.raw_headers if sub is not None else []
     data = orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json"),

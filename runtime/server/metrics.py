@@ -162,6 +162,18 @@ class RuntimeMetrics:
                 self.shed.labels(reason, priority)
         self.kv_index = KvIndexCollector()
         registry.register(self.kv_index)
+        self._children: dict[tuple, object] = {}
+
+    def child(self, metric: MetricWrapperBase, *values: str):
+        """`metric.labels(*values)`, looked up once per label set: every request observes the same few
+        series, and prometheus-client's `labels` checks and locks on each call. Only for metrics whose series
+        are never removed (all of this class's but `breaker_state`), since a removed series' child would be
+        kept here."""
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,23 @@ def chunk_text(chunk: dict[str, Any]) -> str:
     return (c.get("delta") or {}).get("content") or c.get("text") or ""
 
 
+def chunk_progress(chunk: dict[str, Any]) -> tuple[str, bool, bool]:
+    """(`chunk_text`, `chunk_generated`, `chunk_replayable`) of a streamed chunk, in one pass over its
+    choices: what a stream reads of every chunk it forwards."""
+    choices = chunk.get("choices") or ()
+    if not choices:
+        return "", False, True
+    c = choices[0]
+    text = (c.get("delta") or {}).get("content") or c.get("text") or ""
+    generated = bool(text) or _choice_has_tokens(c)
+    for c in choices:  # chunk_replayable's test, without a call per choice
+        delta = c.get("delta") if isinstance(c, dict) else None
+        if (isinstance(delta, dict) and not _UNREPLAYABLE_KEYS.isdisjoint(delta)
+                and any(delta.get(k) for k in _UNREPLAYABLE_DELTA)):
+            return text, generated, False
+    return text, generated, True
+
+
 def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_generated_tokens: int) -> dict | None:
     """The request that continues `body` after `generated_text`; None when it cannot be continued
     (n > 1, a non-string completion prompt, echo/logprobs of the prompt, or nothing left to generate).

@@ -73,9 +73,7 @@ from runtime.server.errors import Overloaded, openai_error_body
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.migration import (
     choice_has_output,
-    chunk_generated,
-    chunk_replayable,
-    chunk_text,
+    chunk_progress,
     continuation_body,
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
@@ -316,8 +314,7 @@ class PDModel(OpenAIGenerativeModel):
     def ready(self) -> bool:
         """Some decode worker (every decode worker can also prefill locally) has answered a health check and
         its breaker is closed (runtime.server.breakers): requests can be served. False until a check answers."""
-        self.breakers.follow_pool()
-        return any(self.breakers.serving(u) for u in self.decode_urls())
+        return self.breakers.any_decode_serving()
 
     @ready.setter
     def ready(self, value: bool) -> None:
@@ -607,23 +604,23 @@ class PDModel(OpenAIGenerativeModel):
         try:
             route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
             # a decode worker known dead (health check, refused connection) is not worth a prefill: choose
-            # again while another may be alive
-            for _ in self.decode_urls():
-                if self.breakers.usable(route.decode_url):
-                    break
+            # again, as many times as there are decode workers, while another may be alive
+            tries = None
+            while not self.breakers.usable(route.decode_url):
+                tries = len(self.decode_urls()) if tries is None else tries
                 self.pairing.on_complete(rid, self.clock(), False)
+                if tries == 0:
+                    raise RuntimeError("no decode worker is answering")
+                tries -= 1
                 route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
-            if not self.breakers.usable(route.decode_url):
-                self.pairing.on_complete(rid, self.clock(), False)
-                raise RuntimeError("no decode worker is answering")
         except RuntimeError as exc:
-            self.metrics.requests.labels(endpoint, "none", "error").inc()
+            self.metrics.child(self.metrics.requests, endpoint, "none", "error").inc()
             if self.breakers.any_open("decode"):  # every decode worker out: a clear 503, never a wait
                 self.metrics.shed.labels("breaker_open", _priority_label(body)).inc()
                 exc = RuntimeError("every decode worker is out of rotation (circuit breaker open or half-open)")
             raise ModelNotReady(self.name, str(exc)) from exc  # 503 with Retry-After (runtime.server.errors)
-        self.metrics.queue_wait.labels(endpoint).observe(self.clock() - t0)
-        self.metrics.in_flight.labels(endpoint).inc()  # decremented by _count, which _finish calls once
+        self.metrics.child(self.metrics.queue_wait, endpoint).observe(self.clock() - t0)
+        self.metrics.child(self.metrics.in_flight, endpoint).inc()  # decremented by _count, which _finish calls once
         self._awaiting[rid] = (len(self._awaiting), self._servers())
         # from here on the route holds router load: released by _finish exactly once, on every path out
         state = {"route": route, "mode": None, "owner": "serve"}
@@ -653,7 +650,7 @@ class PDModel(OpenAIGenerativeModel):
             route, kv = self.pairing.on_prefill_failed(rid, self.clock()), None
         state["route"] = route
         mode = state["mode"] = "remote" if kv is not None else "local"
-        self.metrics.routes.labels(route.reason or "none").inc()
+        self.metrics.child(self.metrics.routes, route.reason or "none").inc()
         if token_ids is not None:
             self.metrics.prompt_tokens.inc(len(token_ids))
             predicted = route.overlap_blocks * getattr(self.pairing, "block_size_tokens", 0)
@@ -701,10 +698,10 @@ class PDModel(OpenAIGenerativeModel):
             return _backend_error_response(BackendError(route.decode_url, 502, "not an OpenAI response object"))
         total_s = self.clock() - t0
         ttft_s = prefill_done_s if (kv is not None and prefill_done_s is not None) else total_s
-        self.metrics.ttft.labels(endpoint, mode).observe(ttft_s)
+        self.metrics.child(self.metrics.ttft, endpoint, mode).observe(ttft_s)
         num_out = (answer.get("usage") or {}).get("completion_tokens") or 0
         if num_out > 1:
-            self.metrics.itl.labels(endpoint, mode).observe((total_s - ttft_s) / (num_out - 1))
+            self.metrics.child(self.metrics.itl, endpoint, mode).observe((total_s - ttft_s) / (num_out - 1))
         state["owner"] = "done"
         self._finish(rid, endpoint, route, t0, ok=True, mode=mode)
         usage = answer.get("usage") or {}
@@ -777,7 +774,8 @@ class PDModel(OpenAIGenerativeModel):
                                         data, chunk = await chunks.__anext__()
                             except StopAsyncIteration:
                                 break
-                            worker_err = _stream_error_event(chunk, route.decode_url)
+                            # (an error event has no choices: a chunk with choices is not read again for one)
+                            worker_err = None if chunk.get("choices") else _stream_error_event(chunk, route.decode_url)
                             if worker_err is not None:  # the worker gave up mid-stream: client told, error
                                 logger.warning("decode worker %s sent an error event mid-stream: %.500s",
                                                route.decode_url, chunk)
@@ -801,7 +799,7 @@ class PDModel(OpenAIGenerativeModel):
                                 first_token.set()
                                 first_s = self.clock() - t0  # what the client sees, NIXL pull included
                                 self._first_token(rid, first_s)
-                                self.metrics.ttft.labels(endpoint, mode).observe(first_s)
+                                self.metrics.child(self.metrics.ttft, endpoint, mode).observe(first_s)
                             usage = chunk.get("usage") or usage
                             if not client_wants_usage:
                                 if "usage" in chunk:
@@ -809,13 +807,13 @@ class PDModel(OpenAIGenerativeModel):
                                     changed = True
                                 if not chunk.get("choices"):
                                     continue  # the usage-only final chunk the client did not ask for
-                            text = chunk_text(chunk)
+                            text, generated, chunk_ok = chunk_progress(chunk)
                             if text:
                                 sent.append(text)
-                            if chunk_generated(chunk):
+                            if generated:
                                 num_tokens += 1
                                 last_s = self.clock() - t0
-                            replayable = replayable and chunk_replayable(chunk)
+                            replayable = replayable and chunk_ok
                             yielded = True
                             text_out = json.dumps(chunk, separators=(",", ":")) if changed else data.decode()
                             yield f"data: {text_out}\n\n"
@@ -863,7 +861,7 @@ class PDModel(OpenAIGenerativeModel):
         if ok and first_s is not None:
             itl_s = (last_s - first_s) / (num_tokens - 1) if num_tokens > 1 and last_s is not None else None
             if itl_s is not None:
-                self.metrics.itl.labels(endpoint, mode).observe(itl_s)
+                self.metrics.child(self.metrics.itl, endpoint, mode).observe(itl_s)
             self._observe(usage, arrival_recorded, first_s, self.clock() - t0, num_tokens, itl_s)
         yield "data: [DONE]\n\n"
 
@@ -882,9 +880,9 @@ class PDModel(OpenAIGenerativeModel):
     def _count(self, endpoint: str, route: Route, t0: float, ok: bool, mode: str | None) -> None:
         """Count one finished request in the request and e2e metrics."""
         mode = mode or ("remote" if route.prefill_url else "local")
-        self.metrics.requests.labels(endpoint, mode, "ok" if ok else "error").inc()
-        self.metrics.e2e.labels(endpoint, mode).observe(self.clock() - t0)
-        self.metrics.in_flight.labels(endpoint).dec()
+        self.metrics.child(self.metrics.requests, endpoint, mode, "ok" if ok else "error").inc()
+        self.metrics.child(self.metrics.e2e, endpoint, mode).observe(self.clock() - t0)
+        self.metrics.child(self.metrics.in_flight, endpoint).dec()
 
 
 async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool
@@ -955,7 +953,9 @@ class _Prepended(AsyncGenerator):
     def __init__(self, first: str, rest: AsyncGenerator[str, None]) -> None:
         self._first, self._rest = first, rest
 
-    def __anext__(self):
+    def __anext__(self):  # what `async for` calls on every item: one call, not two, once `first` is given
+        if self._first is _GIVEN:
+            return self._rest.__anext__()
         return self.asend(None)
 
     def asend(self, value: Any):

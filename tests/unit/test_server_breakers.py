@@ -250,3 +250,46 @@ def test_a_shed_request_is_a_429_with_retry_after_and_an_openai_body():
     assert r.status_code == 429 and r.headers["retry-after"] == "7"
     assert r.json() == {"error": {"message": "The service is overloaded: retry after 7 s.", "type": "OverloadedError",
                                   "param": None, "code": "429"}}
+
+
+async def test_readiness_needs_a_serving_decode_capable_worker():
+    workers = [WorkerEndpoint("p0", "prefill", "http://127.0.0.1:9100"),
+               WorkerEndpoint("d0", "decode", "http://127.0.0.1:9101/")]
+    p, clock = RouterPairing(RouterSpec(policy="round_robin"), 16, workers), Clock()
+    b = WorkerBreakers(p, SPEC, clock=clock)
+    health = {"http://127.0.0.1:9100": True, "http://127.0.0.1:9101": False}
+
+    async def check(url: str) -> bool:
+        return health[url]
+
+    assert not b.any_decode_serving()  # nothing checked yet
+    await b.check_round(check)
+    assert not b.any_decode_serving()  # the prefill worker serves, the decode worker is still starting
+    health["http://127.0.0.1:9101"] = True
+    await b.check_round(check)
+    assert b.any_decode_serving()
+    b.record_call("http://127.0.0.1:9101", BackendError("http://127.0.0.1:9101", 502, "refused", unreachable=True))
+    assert not b.any_decode_serving()  # its breaker opened
+
+
+async def test_the_breaker_gauge_follows_state_changes_between_calls():
+    p, clock, reg = _router_pairing(1), Clock(), CollectorRegistry()
+    b = WorkerBreakers(p, SPEC, gauge=RuntimeMetrics(reg).breaker_state, clock=clock)
+
+    async def check(url: str) -> bool:
+        return True
+
+    await b.check_round(check)
+    url = "http://127.0.0.1:9000"
+    for _ in range(3):
+        b.record_call(url, None)
+    assert _gauge(reg, "w0") == 0
+    b.record_call(url, BackendError(url, 502, "refused", unreachable=True))
+    assert _gauge(reg, "w0") == 2
+    clock.now += SPEC.breaker_cooldown_s
+    await b.check_round(check)  # the cool-down passed: a probe, half-open then closed after enough of them
+    assert _gauge(reg, "w0") in (0, 1)
+    for _ in range(SPEC.breaker_probes):
+        await b.check_round(check)
+    b.record_call(url, None)
+    assert _gauge(reg, "w0") == 0

@@ -182,6 +182,28 @@ def test_reasoning_and_tool_call_chunks_are_generated_tokens_that_cannot_be_repl
     assert not chunk_generated({"choices": [], "usage": {"completion_tokens": 3}})
 
 
+def test_chunk_progress_is_text_generated_and_replayable_in_one_pass():
+    from runtime.server.migration import chunk_generated, chunk_progress, chunk_replayable
+
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "Pa"}}]},
+        {"choices": [{"index": 0, "text": "ris"}]},
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [{"index": 0, "delta": None, "text": ""}]},
+        {"choices": [], "usage": {"completion_tokens": 3}},
+        {"usage": None},
+        {"choices": [{"index": 0, "delta": {"reasoning_content": "think"}}]},
+        {"choices": [{"index": 0, "delta": {"reasoning": "", "content": "x"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "a"}},
+                     {"index": 1, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]},
+        {"choices": [{"index": 0, "delta": {"function_call": {"name": "f"}}}]},
+    ]
+    for chunk in chunks:
+        assert chunk_progress(chunk) == (chunk_text(chunk), chunk_generated(chunk), chunk_replayable(chunk)), chunk
+    assert chunk_progress(chunks[-2]) == ("a", True, False)
+
+
 class ReasoningThenDies(TwoDecoders):
     """d0 streams reasoning chunks (and optionally content) then dies; d1 would answer everything again."""
 
