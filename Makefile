@@ -77,7 +77,7 @@ image-push: image  ## push both images (log in first: docs/eks-quickstart.md)
 # The public inputs of the benchmarks (traces, perf tables, full model configs): docs/benchmarks.md says where each
 # comes from. `make bench DATA=DIR` with DIR holding traces/, perf/ and models/.
 DATA ?=
-bench: install  ## run the benchmarks on the public inputs under DATA (make bench DATA=DIR; ~55 min on 2 cores)
+bench: install  ## run the benchmarks on the public inputs under DATA (make bench DATA=DIR; ~75 min on 2 cores)
 	@if [ -z "$(DATA)" ]; then \
 	  echo "make bench needs the public benchmark inputs: make bench DATA=DIR, where DIR holds"; \
 	  echo "  traces/azure2023_conv.csv, traces/mooncake_synthetic_trace.jsonl, perf/trtllm_throughput_dev.csv"; \
@@ -88,6 +88,12 @@ bench: install  ## run the benchmarks on the public inputs under DATA (make benc
 	$(PY) bench/planner.py --trace $(DATA)/traces/azure2023_conv.csv --ablations --dynamo-matched --out bench/results/planner.json
 	$(PY) bench/planner.py --trace $(DATA)/traces/azure2023_conv.csv --prefill-order fcfs --out bench/results/planner_fcfs.json
 	$(PY) bench/planner_ramps.py --trace $(DATA)/traces/azure2023_conv.csv --out bench/results/planner_ramps.json
+	$(PY) bench/planner.py --shape dev --trace $(DATA)/traces/azure2023_conv.csv \
+	  --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --model Llama-3.1-8B --prefill-tp 1 --decode-tp 1 \
+	  --planners pdserve_sla,pdserve_load,dynamo_sla,static_peak --sweep-quantiles 0.9,0.999 \
+	  --out bench/results/planner_shapes.json
+	$(PY) bench/plot_planner_shapes.py bench/results/planner_shapes.json --out bench/results/planner_shapes.png
+	$(PY) bench/plot_planner_shapes.py bench/results/planner_shapes.json --out bench/results/planner_shapes.png --per-shape
 	$(PY) bench/router.py --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --out bench/results/router.json
 	$(PY) bench/staging.py --size-mb 2048 --repeat 5 --out bench/results/staging.json
 	$(PY) bench/server_pd.py --out bench/results/server_pd.json
