@@ -11,7 +11,7 @@ fewer chunks than tokens, and the continuation may generate a token or two more 
 Reasoning text (vLLM's `delta.reasoning_content` / `delta.reasoning`) and tool calls (`delta.tool_calls`) are
 generated output too (`choice_has_output`), but a continuation prompt cannot replay them faithfully (chat
 templates drop or re-render reasoning, tool calls are parsed from text the client never saw): a stream that
-sent any of them is not continued (`chunk_replayable` is False), the caller ends it with an error instead of
+sent any of them is not continued (`chunk_progress` reports it not replayable), the caller ends it with an error instead of
 sending the client duplicate reasoning and more than `max_tokens` tokens.
 """
 
@@ -44,42 +44,24 @@ def choice_has_output(choice: Any) -> bool:
     return _choice_has_tokens(choice) or bool(isinstance(choice, dict) and choice.get("finish_reason"))
 
 
-def chunk_generated(chunk: dict[str, Any]) -> bool:
-    """Choice 0 of a streamed chunk carries a generated token (content, text, reasoning or a tool call)."""
-    choices = chunk.get("choices") or ()
-    return bool(choices) and _choice_has_tokens(choices[0])
-
-
-def chunk_replayable(chunk: dict[str, Any]) -> bool:
-    """False when any choice of a streamed chunk carries reasoning or a tool call, which a continuation
-    request cannot include. Called on every streamed chunk: a delta without any of those keys (the common
-    one) is passed over with one set test."""
-    for c in chunk.get("choices") or ():
-        delta = _delta(c)
-        if not _UNREPLAYABLE_KEYS.isdisjoint(delta) and any(delta.get(k) for k in _UNREPLAYABLE_DELTA):
-            return False
-    return True
-
-
-def chunk_text(chunk: dict[str, Any]) -> str:
-    """The text a streamed chunk adds (chat `delta.content` or completion `text`) of choice 0."""
-    choices = chunk.get("choices") or ()
-    if not choices:
-        return ""
-    c = choices[0]
-    return (c.get("delta") or {}).get("content") or c.get("text") or ""
-
-
 def chunk_progress(chunk: dict[str, Any]) -> tuple[str, bool, bool]:
-    """(`chunk_text`, `chunk_generated`, `chunk_replayable`) of a streamed chunk, in one pass over its
-    choices: what a stream reads of every chunk it forwards."""
+    """What a stream reads of every chunk it forwards, in one pass over the chunk's choices:
+    (text, generated, replayable).
+
+    text: the text choice 0 adds (chat `delta.content` or completion `text`; "" when none).
+    generated: choice 0 carries a generated token (content, text, reasoning or a tool call); a role-only delta,
+        a finish reason alone or a usage-only chunk carries none.
+    replayable: False when any choice carries reasoning or a tool call, which a continuation request cannot
+        include (see the module docstring). A delta without any of those keys (the common one) is passed over
+        with one set test.
+    """
     choices = chunk.get("choices") or ()
     if not choices:
         return "", False, True
     c = choices[0]
     text = (c.get("delta") or {}).get("content") or c.get("text") or ""
     generated = bool(text) or _choice_has_tokens(c)
-    for c in choices:  # chunk_replayable's test, without a call per choice
+    for c in choices:
         delta = c.get("delta") if isinstance(c, dict) else None
         if (isinstance(delta, dict) and not _UNREPLAYABLE_KEYS.isdisjoint(delta)
                 and any(delta.get(k) for k in _UNREPLAYABLE_DELTA)):
@@ -95,7 +77,7 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
         path: worker path ("/v1/chat/completions" or "/v1/completions").
         body: the original request body.
         generated_text: text already streamed to the client.
-        num_generated_tokens: tokens already streamed (chunks with generated output, `chunk_generated`).
+        num_generated_tokens: tokens already streamed (chunks with generated output, `chunk_progress`).
     """
     if int(body.get("n") or 1) != 1 or body.get("echo") or body.get("prompt_logprobs"):
         return None

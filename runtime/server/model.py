@@ -744,7 +744,7 @@ class PDModel(OpenAIGenerativeModel):
         first_s = last_s = None
         usage: dict = {}
         sent: list[str] = []  # content / completion text sent to the client (replayed by a continuation)
-        num_tokens = 0  # chunks with a generated token sent (content, reasoning or tool call: chunk_generated)
+        num_tokens = 0  # chunks with a generated token sent (content, reasoning or tool call: chunk_progress)
         replayable = True  # no reasoning or tool call sent: a continuation can carry all that was sent
         stream_id = None
         # Ask the worker for usage (prompt/completion tokens for metrics); hide it if the client did not.

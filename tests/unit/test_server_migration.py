@@ -13,7 +13,13 @@ import json
 import httpx
 import pytest
 
-from runtime.server.migration import chunk_text, continuation_body
+from runtime.server.migration import chunk_progress, continuation_body
+
+
+def chunk_text(chunk: dict) -> str:
+    """The text a streamed chunk adds (choice 0)."""
+    return chunk_progress(chunk)[0]
+
 
 CHAT = "/v1/chat/completions"
 COMPL = "/v1/completions"
@@ -169,39 +175,33 @@ async def test_two_migrations_append_the_text_once():
 # --- reasoning and tool calls: generated output a continuation cannot replay -------------------------------
 
 def test_reasoning_and_tool_call_chunks_are_generated_tokens_that_cannot_be_replayed():
-    from runtime.server.migration import chunk_generated, chunk_replayable
-
     reasoning = {"choices": [{"index": 0, "delta": {"reasoning_content": "think"}}]}
     reasoning_new = {"choices": [{"index": 0, "delta": {"reasoning": "think"}}]}
     tool = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]}
-    content = {"choices": [{"index": 0, "delta": {"content": "Pa"}}]}
     for chunk in (reasoning, reasoning_new, tool):
-        assert chunk_generated(chunk) and not chunk_replayable(chunk)
-    assert chunk_generated(content) and chunk_replayable(content)
-    assert not chunk_generated({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-    assert not chunk_generated({"choices": [], "usage": {"completion_tokens": 3}})
+        assert chunk_progress(chunk) == ("", True, False), chunk
+    assert chunk_progress({"choices": [{"index": 0, "delta": {"content": "Pa"}}]}) == ("Pa", True, True)
 
 
-def test_chunk_progress_is_text_generated_and_replayable_in_one_pass():
-    from runtime.server.migration import chunk_generated, chunk_progress, chunk_replayable
-
-    chunks = [
-        {"choices": [{"index": 0, "delta": {"content": "Pa"}}]},
-        {"choices": [{"index": 0, "text": "ris"}]},
-        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        {"choices": [{"index": 0, "delta": None, "text": ""}]},
-        {"choices": [], "usage": {"completion_tokens": 3}},
-        {"usage": None},
-        {"choices": [{"index": 0, "delta": {"reasoning_content": "think"}}]},
-        {"choices": [{"index": 0, "delta": {"reasoning": "", "content": "x"}}]},
-        {"choices": [{"index": 0, "delta": {"content": "a"}},
-                     {"index": 1, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]},
-        {"choices": [{"index": 0, "delta": {"function_call": {"name": "f"}}}]},
+def test_chunk_progress_reads_text_generated_and_replayable():
+    cases = [
+        ({"choices": [{"index": 0, "delta": {"content": "Pa"}}]}, ("Pa", True, True)),
+        ({"choices": [{"index": 0, "text": "ris"}]}, ("ris", True, True)),
+        # a role-only delta, a finish reason alone, usage-only chunks: no generated token
+        ({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, ("", False, True)),
+        ({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, ("", False, True)),
+        ({"choices": [{"index": 0, "delta": None, "text": ""}]}, ("", False, True)),
+        ({"choices": [], "usage": {"completion_tokens": 3}}, ("", False, True)),
+        ({"usage": None}, ("", False, True)),
+        # an empty reasoning key beside content is replayable; a tool call on any choice is not
+        ({"choices": [{"index": 0, "delta": {"reasoning": "", "content": "x"}}]}, ("x", True, True)),
+        ({"choices": [{"index": 0, "delta": {"content": "a"}},
+                      {"index": 1, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]},
+         ("a", True, False)),
+        ({"choices": [{"index": 0, "delta": {"function_call": {"name": "f"}}}]}, ("", True, False)),
     ]
-    for chunk in chunks:
-        assert chunk_progress(chunk) == (chunk_text(chunk), chunk_generated(chunk), chunk_replayable(chunk)), chunk
-    assert chunk_progress(chunks[-2]) == ("a", True, False)
+    for chunk, expected in cases:
+        assert chunk_progress(chunk) == expected, chunk
 
 
 class ReasoningThenDies(TwoDecoders):
