@@ -85,6 +85,11 @@ from planner_dynamo import DynamoPlannerProcess, dynamo_profile_payload  # noqa:
 MODELS_DIR = CATALOG_DIR
 DYNAMO_VENV = ROOT / ".venv-bench-planner"  # ai-dynamo==1.0.2 + its planner's imports (optional)
 DYNAMO_LOAD_TICK_S = 10.0  # Dynamo load_adjustment_interval_seconds choices are 5 or 10
+# the oracles' search bound, workers per pool: above every pool the planners reach on the development set
+# (the Mooncake trace at x10 needs ~120 prefill workers a window). An oracle held below what a window needs
+# attains less than the planners and is no reference; ``oracle_at_bound`` in the JSON says when a window's
+# plan reached it.
+ORACLE_MAX_REPLICAS = 256
 
 # pdserve_sla with one rule or constant changed (PlannerConfig overrides; "interval_s" also sets the simulator's
 # tick). runtime/planner/state_machine.py numbers the rules; docs/design/planner.md gives the results.
@@ -539,7 +544,8 @@ def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
                 "num_requests": full["num_requests"],
                 "planners": planners,
                 "oracle": {"slo_attainment": full["oracle_slo_attainment"],
-                           "slo_attainment_achievable": full["oracle_slo_attainment_achievable"], "gpu_hours": oracle_h},
+                           "slo_attainment_achievable": full["oracle_slo_attainment_achievable"], "gpu_hours": oracle_h,
+                           "at_bound": full["oracle_at_bound"]},
                 "oracle_hold_1window_sim": {key: full["oracle_hold_1window_sim"][key] for key in SET_PLANNER_KEYS},
                 "static_peak_gpu_hours": full["static_peak_gpu_hours"],
                 "wall_s": full["wall_s"],
@@ -557,13 +563,14 @@ def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
 def oracle_cache_path(a: argparse.Namespace, trace: Trace, profile, fleet: FleetConfig) -> Path | None:
     """Where ``--oracle-cache`` keeps one trace's oracle results (None without the option). The key hashes
     everything the oracles depend on: the trace's arrays, the profile, the fleet, the SLO targets and the
-    sources of the simulator and the perf model, so an edit to either computes them afresh."""
+    sources of the simulator and the perf model, and the search bound, so an edit to either computes them
+    afresh."""
     if a.oracle_cache is None:
         return None
     h = hashlib.sha256()
     for arr in (trace.arrival_s, trace.isl_tokens, trace.osl_tokens):
         h.update(np.ascontiguousarray(arr).tobytes())
-    h.update(repr((profile, fleet, a.ttft_s, a.itl_s)).encode())
+    h.update(repr((profile, fleet, a.ttft_s, a.itl_s, ORACLE_MAX_REPLICAS)).encode())
     for src in sorted([*(ROOT / "runtime" / "sim").glob("*.py"), *(ROOT / "runtime" / "perf").glob("*.py")]):
         h.update(src.read_bytes())
     return a.oracle_cache / f"oracle-{h.hexdigest()[:24]}.pkl"
@@ -582,10 +589,11 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
     else:
         # the reference: windows sized in order from the state the previous ones left (its replay meets the SLO)
         oracle_res, plan = sequential_oracle(trace, profile, fleet, ttft_target_s=a.ttft_s, itl_target_s=a.itl_s,
-                                             interval_s=oracle_window_s, max_replicas=64)
+                                             interval_s=oracle_window_s, max_replicas=ORACLE_MAX_REPLICAS)
         # the relaxation that sizes every window from empty: a lower bound whose own replay misses the SLO
         lower_s, lower_plan = oracle_gpu_seconds(trace, profile, fleet, ttft_target_s=a.ttft_s,
-                                                 itl_target_s=a.itl_s, interval_s=oracle_window_s, max_replicas=64)
+                                                 itl_target_s=a.itl_s, interval_s=oracle_window_s,
+                                                 max_replicas=ORACLE_MAX_REPLICAS)
         lower_replay = simulate(
             trace, profile,
             replace(fleet, worker_start_s=0.0, interval_s=oracle_window_s, initial_prefill=lower_plan[0][0],
@@ -721,6 +729,7 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
         "skipped_planners": skipped,
         "static_peak_gpu_hours": round(static_h, 3),
         "static_peak_replicas": {"prefill": peak_p, "decode": peak_d},
+        "oracle_at_bound": max(peak_p, peak_d) >= ORACLE_MAX_REPLICAS,
         "oracle_gpu_hours": round(oracle_s / 3600.0, 3),
         "oracle_slo_attainment": round(oracle_res.slo_attainment(a.ttft_s, a.itl_s), 5),
         # the same against each prompt's achievable TTFT (achievable_ttft_s)

@@ -42,6 +42,22 @@ def test_bench_prints_one_json_line_with_all_planners(tmp_path, capsys):
         assert 0.0 <= figures["slo_attainment"] <= 1.0 and figures["gpu_hours"] > 0
     assert 0 < res["oracle_gpu_hours"] <= res["oracle_hold_1window_gpu_hours"] <= res["static_peak_gpu_hours"]
     assert res["planners"]["static_peak"]["slo_attainment"] >= 0.9
+    assert res["oracle_at_bound"] is False  # a small trace: the oracle's plan stays below its search bound
+
+
+def test_oracle_cache_key_includes_the_search_bound(tmp_path, monkeypatch):
+    # an oracle computed under a lower bound attains less; it must not be read back under a higher one
+    import argparse
+
+    from runtime.sim.fleet import FleetConfig, Trace
+
+    bench = load_bench()
+    trace = Trace(np.array([0.0, 1.0]), np.array([100, 200]), np.array([10, 20]))
+    a = argparse.Namespace(oracle_cache=tmp_path, ttft_s=2.0, itl_s=0.05)
+    fleet = FleetConfig(prefill_tp=1, decode_tp=1)
+    before = bench.oracle_cache_path(a, trace, "profile", fleet)
+    monkeypatch.setattr(bench, "ORACLE_MAX_REPLICAS", bench.ORACLE_MAX_REPLICAS * 2)
+    assert bench.oracle_cache_path(a, trace, "profile", fleet) != before
 
 
 def test_bench_names_a_missing_column(tmp_path):
