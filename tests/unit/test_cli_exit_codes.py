@@ -16,6 +16,9 @@ runner = CliRunner()
 BAD_VALUES = {  # argv, with {tmp} the test's temporary folder
     "tune: bad SLO": ["tune", "llama-3.1-8b", "--ttft-ms", "-1"],
     "tune: --register without --mlflow-uri": ["tune", "llama-3.1-8b", "--register", "m"],
+    "tune: unknown --gpu": ["tune", "llama-3.1-8b", "--gpu", "H100-SMX"],
+    "tune: unknown model": ["tune", "llama-9000"],
+    "tune: no such config file": ["tune", "{tmp}/none/config.json"],
     "promote: --skip-if-live without --apply": ["promote", "m", "--skip-if-live"],
     "promote: no such database": ["promote", "m", "--mlflow-uri", "sqlite:///{tmp}/none.db"],
     "serve: bad --router": ["serve", "--router", "nope"],
