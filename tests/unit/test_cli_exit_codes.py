@@ -46,3 +46,12 @@ def test_a_failure_while_running_exits_1(tmp_path):
 
 def test_success_exits_0():
     assert runner.invoke(app, ["models"]).exit_code == 0
+
+
+@pytest.mark.parametrize("option,value", [("--namespace", "BAD_NS"), ("--pvc", "Bad_Claim"), ("--image", "bad image")])
+def test_promote_names_a_bad_target_option_before_reading_mlflow(option, value, tmp_path):
+    # the database does not exist either: the option is named first, as a bad value, not after the champion is read
+    res = runner.invoke(app, ["promote", "m", option, value, "--mlflow-uri", f"sqlite:///{tmp_path}/none.db"],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(f"error: {option}: "), res.output
