@@ -30,7 +30,7 @@ def _sqlite_database(uri: str) -> Path | None:
 
 
 def promote(
-    registered_model: Annotated[str, typer.Argument(help="MLflow registered model name.")],
+    registered_model: Annotated[str, typer.Argument(help="MLflow registered model name.", metavar="REGISTERED_MODEL")],
     mlflow_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = f"sqlite:///{DEFAULT_STATE / 'mlflow.db'}",
     out: Annotated[Path, typer.Option(help="Where to write the validated YAML.")] = Path("manifests.yaml"),
     namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "pdserve",
