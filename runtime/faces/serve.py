@@ -113,7 +113,7 @@ def serve(
             usage(f"--model-dir {path}: its folder name is not a usable model name: {e}")
     model_path = Path(model_dir or spec.model.path)
     with LocalDeployment(spec, model_path, runtime_port=port, console=console, planner=planner, router=router,
-                         enable_kv_events=router == "kv", traffic_log=traffic_log) as dep:
+                         enable_kv_events=router == "kv", traffic_log=traffic_log, log_dir=state / "logs") as dep:
         console.print(f"[bold green]serving[/] {escape(spec.model.name)} at {dep.runtime_url}/openai/v1 "
                       "(Ctrl-C or SIGTERM stops)")
         stops = {signal.SIGINT, signal.SIGTERM}

@@ -11,8 +11,10 @@ from runtime.faces.common import fail, usage, option_errors
 
 
 def stage(
-    source: Annotated[str, typer.Argument(help="s3://bucket/prefix/, hf://org/repo, or a local folder.")],
-    dest: Annotated[Path, typer.Argument(help="Model folder to publish, e.g. /fsx/models/<name>.")],
+    source: Annotated[str, typer.Argument(
+        help="s3://bucket/prefix/, hf://org/repo, or a local folder.", metavar="SOURCE")],
+    dest: Annotated[Path, typer.Argument(
+        help="Model folder to publish, e.g. /fsx/models/<name>.", metavar="DEST")],
     endpoint_url: Annotated[Optional[str], typer.Option(help="S3 endpoint (SeaweedFS/MinIO); default AWS.")] = None,
     include: Annotated[Optional[list[str]], typer.Option(
         help="Glob of files to take (repeatable). Default: safetensors + config + tokenizer files (the HF layout); "

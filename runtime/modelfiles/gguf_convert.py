@@ -143,7 +143,7 @@ def _convert_into(gguf_path: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
     if not getattr(tokenizer, "chat_template", None):
         raise ModelPrepError(f"{name} carries no chat template; the instruct model needs one")
-    model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
     state = model.state_dict()
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     if tied:

@@ -137,7 +137,7 @@ def tune_model(req: ModelTuneRequest, report: TuneReport) -> ModelTuneOutcome:
     from runtime.models.spec import ModelConfigError
 
     config = req.model
-    unresolved = None  # reported where the model is read, after the options and the trace are checked
+    unresolved = None  # neither a path nor a catalog model: reported with the other bad values, all at once
     try:
         config = resolve_model_config(config)
     except ModelConfigError as e:
@@ -156,8 +156,8 @@ def tune_model(req: ModelTuneRequest, report: TuneReport) -> ModelTuneOutcome:
     gpu_budget = PlannerSpec.model_fields["gpu_budget"].default if gpu_budget is None else gpu_budget
     planner = "off" if planner is None else planner
     slo, workload, precision, traced, window_s, min_improvement_pct = _checked_values(
-        req, report, precision, ttft_ms, itl_ms, gpu_budget, planner)
-    model, precision, result = _search(req, report, config, cfg, unresolved, gpu, precision, slo, workload,
+        req, report, precision, ttft_ms, itl_ms, gpu_budget, planner, gpu, unresolved)
+    model, precision, result = _search(req, report, config, cfg, gpu, precision, slo, workload,
                                        None if traced is None else traced.sample)
     report.candidates(result, workload, precision, slo)
     trace_uri = req.traffic_trace_uri or (None if req.trace_path is None else os.path.abspath(req.trace_path))
@@ -217,17 +217,26 @@ def _check_combinations(req: ModelTuneRequest, config: Path) -> None:
         raise TuneUsageError("--like needs --mlflow-uri (the registry lives in that MLflow)")
 
 
-def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_ms, itl_ms, gpu_budget, planner):
+def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_ms, itl_ms, gpu_budget, planner,
+                    gpu: str, unresolved: Exception | None):
     """Every value problem at once (TuneUsageError; TuneFailure when an S3 trace could not be read), then the
-    trace's workload told to ``report``. Returns (slo, workload, precision (None: auto), the trace's
-    TraceWorkload or None, window_s, min_improvement_pct)."""
+    trace's workload told to ``report``. ``unresolved``: MODEL is neither a path nor a catalog model (a bad value
+    like the others). Returns (slo, workload, precision (None: auto), the trace's TraceWorkload or None,
+    window_s, min_improvement_pct)."""
     from runtime.redact import redact_userinfo
     from runtime.s3uri import without_query
     from runtime.tracking.traces import fetch_trace_workload, load_trace_workload
+    from runtime.tuner.search import resolve_gpu
 
     trace, trace_uri, rate, isl, osl = req.trace_path, req.traffic_trace_uri, req.request_rate_per_s, \
         req.isl_tokens, req.osl_tokens
     problems = []  # bad values fail here, all named at once, before the model is read or measured
+    if unresolved is not None:
+        problems.append(str(unresolved))
+    try:
+        resolve_gpu(gpu)
+    except KeyError as e:  # the message lists the catalog
+        problems.append(f"--gpu: {e.args[0] if e.args else e}")
     s3_read_failed = False  # a trace that could not be read from S3 is a run-time failure, not a bad value
     slo = workload = traced = window_s = None
     if precision is not None:
@@ -328,7 +337,7 @@ def _report_trace(report: TuneReport, traced, trace: Path | None, trace_uri: str
         report.line(line)
 
 
-def _search(req: ModelTuneRequest, report: TuneReport, config: Path, cfg: Path, unresolved, gpu: str,
+def _search(req: ModelTuneRequest, report: TuneReport, config: Path, cfg: Path, gpu: str,
             precision: str | None, slo: SloSpec, workload: WorkloadSpec, sample):
     """Read the model, settle the precision, (measure,) search. Returns (model, precision, result)."""
     from runtime.config import check_model_name
@@ -339,8 +348,6 @@ def _search(req: ModelTuneRequest, report: TuneReport, config: Path, cfg: Path, 
     from runtime.usecases.tune import resolve_precision
 
     try:
-        if unresolved is not None:
-            raise unresolved
         model = load_model_spec(cfg, name=_staged_model_name(config, cfg, req.fsx_root, req.state_dir))
         try:  # the served name (ModelRef) comes from the folder: check it before minutes of tuning
             check_model_name(model.name)

@@ -16,6 +16,9 @@ runner = CliRunner()
 BAD_VALUES = {  # argv, with {tmp} the test's temporary folder
     "tune: bad SLO": ["tune", "llama-3.1-8b", "--ttft-ms", "-1"],
     "tune: --register without --mlflow-uri": ["tune", "llama-3.1-8b", "--register", "m"],
+    "tune: unknown --gpu": ["tune", "llama-3.1-8b", "--gpu", "H100-SMX"],
+    "tune: unknown model": ["tune", "llama-9000"],
+    "tune: no such config file": ["tune", "{tmp}/none/config.json"],
     "promote: --skip-if-live without --apply": ["promote", "m", "--skip-if-live"],
     "promote: no such database": ["promote", "m", "--mlflow-uri", "sqlite:///{tmp}/none.db"],
     "serve: bad --router": ["serve", "--router", "nope"],
@@ -43,3 +46,12 @@ def test_a_failure_while_running_exits_1(tmp_path):
 
 def test_success_exits_0():
     assert runner.invoke(app, ["models"]).exit_code == 0
+
+
+@pytest.mark.parametrize("option,value", [("--namespace", "BAD_NS"), ("--pvc", "Bad_Claim"), ("--image", "bad image")])
+def test_promote_names_a_bad_target_option_before_reading_mlflow(option, value, tmp_path):
+    # the database does not exist either: the option is named first, as a bad value, not after the champion is read
+    res = runner.invoke(app, ["promote", "m", option, value, "--mlflow-uri", f"sqlite:///{tmp_path}/none.db"],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(f"error: {option}: "), res.output

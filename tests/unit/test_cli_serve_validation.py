@@ -63,6 +63,12 @@ def test_a_valid_spec_reaches_the_deployment(tmp_path, started):
     assert started["runtime_port"] == 9090 and started["model_path"] == _model_dir(tmp_path)
 
 
+def test_the_worker_logs_go_under_the_state_dir(tmp_path, started):
+    res = _serve(tmp_path, "--model-dir", str(_model_dir(tmp_path)))
+    assert isinstance(res.exception, _Started)
+    assert started["log_dir"] == tmp_path / "logs"  # not the checkout's .pdserve/logs
+
+
 @pytest.mark.parametrize("port", ["0", "-1", "65536", "70000"])
 def test_a_port_outside_1_to_65535_is_refused(tmp_path, started, port):
     res = _serve(tmp_path, "--model-dir", str(_model_dir(tmp_path)), "--port", port)

@@ -90,6 +90,6 @@ def test_pdserve_tune_takes_a_catalog_name(tmp_path):
 
 def test_pdserve_tune_refuses_an_unknown_model_naming_close_ones(tmp_path):
     res = runner.invoke(app, ["tune", "mixtral-8x8b", "--out", str(tmp_path / "s.json")])
-    assert res.exit_code == 1
+    assert res.exit_code == 2  # a bad value (tests/unit/test_cli_exit_codes.py)
     assert "did you mean mixtral-8x7b" in " ".join(res.output.split())
     assert not (tmp_path / "s.json").exists()
