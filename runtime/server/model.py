@@ -78,7 +78,15 @@ from runtime.server.migration import (
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
 from runtime.server.routing import CHARS_PER_TOKEN, estimate_prompt_tokens
-from runtime.server.shapes import add_usage, fan_out, merge_answers, needs_local_prefill, refusal, remap_chunk
+from runtime.server.shapes import (
+    choices_per_prompt,
+    fan_out,
+    merge_answers,
+    needs_local_prefill,
+    refusal,
+    remap_chunk,
+    sum_usage,
+)
 from runtime.server.tokenize import PromptTokenizer
 
 _DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
@@ -475,10 +483,13 @@ class PDModel(OpenAIGenerativeModel):
             if isinstance(failed, BaseException):
                 raise failed
             return failed
+        n = choices_per_prompt(body)
         if body.get("stream"):
-            return _merge_streams(results, bool((body.get("stream_options") or {}).get("include_usage")))
+            options = body.get("stream_options") or {}
+            return _merge_streams(results, bool(options.get("include_usage")), n,
+                                  bool(options.get("include_usage") and options.get("continuous_usage_stats")))
         answers = [r.model_dump(mode="json", exclude_unset=True) for r in results]
-        return response_type.model_validate(merge_answers(answers))
+        return response_type.model_validate(merge_answers(answers, n))
 
     def count_unready(self, raw_body: bytes) -> None:
         """A request refused because the model is not ready (runtime.server.edge): counted in
@@ -885,12 +896,15 @@ class PDModel(OpenAIGenerativeModel):
         self.metrics.child(self.metrics.in_flight, endpoint).dec()
 
 
-async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool
-                         ) -> AsyncGenerator[str, None]:
-    """One SSE stream from the sub-streams of a fan-out (runtime.server.shapes): chunks of stream i carry
-    choice index i and the first stream's id, in arrival order; the sub-streams' usage is summed into one
-    final usage chunk when the client asked for it; an error event of any sub-stream ends the whole stream
-    (the others are closed). Closing this closes every sub-stream."""
+async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool, n: int = 1,
+                         continuous_usage: bool = False) -> AsyncGenerator[str, None]:
+    """One SSE stream from the sub-streams of a fan-out (runtime.server.shapes, `n` choices per prompt):
+    chunks of stream i carry choice index i and the first stream's id, in arrival order; each sub-stream's
+    last usage (its final usage chunk) goes into one final usage chunk (`sum_usage`: each prompt counted
+    once) when the client asked for it; with `continuous_usage` a chunk keeps its own usage (its prompt's
+    tokens and its choice's tokens so far, as vLLM's continuous usage stats are), else chunks carry none;
+    an error event of any sub-stream ends the whole stream (the others are closed). Closing this closes
+    every sub-stream."""
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
@@ -902,7 +916,7 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
             await queue.put((i, done))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    usage = None
+    usages: list[dict | None] = [None] * len(streams)  # each sub-stream's latest usage
     stream_id = created = None
     last: dict = {}
     open_streams = len(streams)
@@ -919,13 +933,17 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
             if chunk.get("error") and not chunk.get("choices"):
                 yield event
                 return
-            usage = add_usage(usage, chunk.pop("usage", None))
+            chunk_usage = chunk.get("usage") if continuous_usage and chunk.get("choices") else None
+            usages[i] = chunk.pop("usage", None) or usages[i]
+            if chunk_usage:
+                chunk["usage"] = chunk_usage
             if not chunk.get("choices"):
                 continue  # a sub-stream's usage-only chunk: summed into the final one
             stream_id = stream_id or chunk.get("id")
             created = created or chunk.get("created")
             last = chunk
             yield f"data: {json.dumps(remap_chunk(chunk, i, stream_id), separators=(',', ':'))}\n\n"
+        usage = sum_usage(usages, n)
         if include_usage and usage is not None:
             final = {k: last[k] for k in ("object", "model") if k in last}
             final.update({"id": stream_id, "created": created, "choices": [], "usage": usage})

@@ -13,6 +13,9 @@ C, CHAT = "/v1/completions", "/v1/chat/completions"
 @pytest.mark.parametrize(("path", "body"), [
     (C, {"prompt": "a"}), (C, {"prompt": ["a"]}), (C, {"prompt": [1, 2, 3]}), (C, {"prompt": [[1, 2]]}),
     (C, {"prompt": "a", "n": 1}), (CHAT, {"messages": [], "n": 1}),
+    # no handoff (local prefill): the decode worker serves the whole request, as the aggregated server does
+    (C, {"prompt": ["a", "b"], "n": 2, "prompt_logprobs": 1}), (C, {"prompt": "a", "n": 3, "use_beam_search": True}),
+    (CHAT, {"messages": [], "n": 2, "echo": True}),
 ])
 def test_one_prompt_one_choice_is_served_whole(path, body):
     assert fan_out(path, body) is None
@@ -36,6 +39,8 @@ def test_merge_answers_reindexes_choices_and_sums_usage():
     assert [(c["index"], c["text"]) for c in merged["choices"]] == [(0, "x"), (1, "y"), (2, "z")]
     assert merged["usage"] == {"prompt_tokens": 6, "completion_tokens": 9, "total_tokens": 15}
     assert add_usage(None, None) is None
+    # n=3 choices of one prompt: the prompt is counted once, as vLLM counts it
+    assert merge_answers(answers, n=3)["usage"] == {"prompt_tokens": 2, "completion_tokens": 9, "total_tokens": 11}
 
 
 def test_remap_chunk_sets_index_and_id():
@@ -47,6 +52,9 @@ def test_remap_chunk_sets_index_and_id():
     (C, {"prompt": "a", "echo": True, "logprobs": 0}, True), (C, {"prompt": "a", "echo": True}, False),
     (C, {"prompt": "a", "logprobs": 2}, False), (C, {"prompt": "a", "prompt_logprobs": 1}, True),
     (CHAT, {"messages": [], "prompt_logprobs": 0}, True), (C, {"prompt": "a", "use_beam_search": True}, True),
+    # chat echo asks vLLM for prompt log-probabilities (top_logprobs, default 0) unless top_logprobs is null
+    (CHAT, {"messages": [], "echo": True}, True), (CHAT, {"messages": [], "echo": True, "top_logprobs": None}, False),
+    (CHAT, {"messages": [], "echo": False}, False),
 ])
 def test_shapes_that_need_the_prompt_computed_locally(path, body, local):
     assert needs_local_prefill(path, body) is local
@@ -57,6 +65,7 @@ def test_shapes_that_need_the_prompt_computed_locally(path, body, local):
     (C, {"prompt": "a", "suffix": "z"}, "suffix"), (C, {"prompt": "a", "suffix": ""}, None),
     (CHAT, {"messages": [], "best_of": 3}, "best_of"), (CHAT, {"messages": [], "n": 2, "temperature": 0}, "n"),
     (CHAT, {"messages": [], "n": 2, "temperature": 0.5}, None), (CHAT, {"messages": [], "n": 2}, None),
+    (C, {"prompt": "a", "n": 2, "temperature": 0, "use_beam_search": True}, None),  # n beams: vLLM serves it
 ])
 def test_refusals_name_the_field(path, body, param):
     got = refusal(path, body)
