@@ -95,6 +95,13 @@ _DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
 # BlockStored for every prefix-cache hit, which would distort the router's KV index. A deny-list, not an
 # allow-list: other xargs are model-specific request options (e.g. DeepSeek-OCR's ngram_size).
 _RUNTIME_XARGS = frozenset(_DROPPED_FIELDS) | {"kv_cache_report_mode"}
+# Fields the runtime reads to decide how to serve a request (runtime.server.shapes, migration, the prefill
+# leg): taken as the request model validated them, not as sent. vLLM validates leniently ("2", 2.0 and "true"
+# are read as 2, 2 and True), so a raw "n": "2" would otherwise pass as one choice and be served as two on
+# one KV handoff, and a raw "seed": "3" would give every fanned-out choice the same seed.
+_DECIDING_FIELDS = ("n", "best_of", "seed", "temperature", "use_beam_search", "echo", "logprobs", "top_logprobs",
+                    "prompt_logprobs", "max_tokens", "max_completion_tokens", "min_tokens", "stream_options",
+                    "add_generation_prompt", "continue_final_message")
 # A worker's 4xx with these statuses is a deployment fault (worker API key, proxy auth, wrong path or served
 # model name), never a mistake of the client's request.
 _DEPLOYMENT_4XX = frozenset({401, 403, 404, 407})
@@ -444,6 +451,11 @@ class PDModel(OpenAIGenerativeModel):
             body["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in _RUNTIME_XARGS}
         # the validated value decides (pydantic reads "false" as False; the raw JSON string is truthy)
         body["stream"] = bool(getattr(request, "stream", False))
+        fields = getattr(type(request), "model_fields", {})
+        for key in _DECIDING_FIELDS:
+            if key in body and key in fields:
+                value = getattr(request, key)
+                body[key] = value.model_dump(mode="json", exclude_unset=True) if hasattr(value, "model_dump") else value
         body["model"] = self.name
         return body
 
