@@ -29,8 +29,6 @@ import copy
 from typing import Any
 
 COMPLETIONS = "/v1/completions"
-#: Temperatures below this are greedy sampling (vllm/sampling_params.py `_SAMPLING_EPS`).
-_SAMPLING_EPS = 1e-5
 
 
 def _prompts(body: dict) -> list[Any] | None:
@@ -56,7 +54,9 @@ def refusal(path: str, body: dict) -> tuple[str, str] | None:
         return ("best_of > 1 is not supported: the workers would return n samples, not the best of best_of; "
                 "request n samples and pick with logprobs instead", "best_of")
     temperature = body.get("temperature")
-    if (_n(body) > 1 and isinstance(temperature, (int, float)) and temperature < _SAMPLING_EPS
+    # greedy is temperature 0 only: vLLM raises a temperature in (0, 0.01) to 0.01 (SamplingParams.__post_init__,
+    # vllm/sampling_params.py), and refuses a negative one with its own message
+    if (_n(body) > 1 and isinstance(temperature, (int, float)) and temperature == 0
             and not body.get("use_beam_search")):  # beam search's n is its width: vLLM serves it greedy
         # what vLLM answers (SamplingParams._verify_greedy_sampling): n greedy samples are one sample n times
         return f"n must be 1 when using greedy sampling (temperature {temperature}), got {body['n']}", "n"

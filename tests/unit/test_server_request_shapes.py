@@ -66,6 +66,8 @@ def test_shapes_that_need_the_prompt_computed_locally(path, body, local):
     (CHAT, {"messages": [], "best_of": 3}, "best_of"), (CHAT, {"messages": [], "n": 2, "temperature": 0}, "n"),
     (CHAT, {"messages": [], "n": 2, "temperature": 0.5}, None), (CHAT, {"messages": [], "n": 2}, None),
     (C, {"prompt": "a", "n": 2, "temperature": 0, "use_beam_search": True}, None),  # n beams: vLLM serves it
+    # vLLM raises a temperature in (0, 0.01) to 0.01 (sampling, served); only 0 is greedy
+    (C, {"prompt": "a", "n": 2, "temperature": 1e-6}, None), (C, {"prompt": "a", "n": 2, "temperature": 0.0}, "n"),
 ])
 def test_refusals_name_the_field(path, body, param):
     got = refusal(path, body)
