@@ -133,6 +133,13 @@ def _worker_error_message(body: Any) -> str | None:
     return None
 
 
+def _worker_error_param(body: Any) -> str | None:
+    """The `param` (request field) a vLLM/OpenAI error object names, or None when it names none."""
+    err = body.get("error") if isinstance(body, dict) else None
+    param = (err if isinstance(err, dict) else body if isinstance(body, dict) else {}).get("param")
+    return param if isinstance(param, str) and param else None
+
+
 def _is_client_fault(exc: BackendError) -> bool:
     """The worker rejected the request itself: a 4xx other than 401/403/404/407 whose body is a vLLM/OpenAI
     error object. Any other 4xx (a proxy's HTML page, worker auth, a wrong path) is a deployment fault."""
@@ -142,12 +149,14 @@ def _is_client_fault(exc: BackendError) -> bool:
 
 def _backend_error_response(exc: BackendError) -> ErrorResponse:
     """OpenAI error for a worker failure: a worker's rejection of the request (`_is_client_fault`) passes
-    through with its message; anything else is a 502/5xx whose message names no internal address (the
+    through with its message and `param`; anything else is a 502/5xx whose message names no internal address (the
     worker's body is logged, never returned)."""
     known = exc.status_code in HTTPStatus._value2member_map_
     if _is_client_fault(exc):
-        return create_error_response(message=str(_worker_error_message(exc.body)), err_type="BadRequestError",
-                                     status_code=HTTPStatus(exc.status_code) if known else HTTPStatus.BAD_REQUEST)
+        err = create_error_response(message=str(_worker_error_message(exc.body)), err_type="BadRequestError",
+                                    status_code=HTTPStatus(exc.status_code) if known else HTTPStatus.BAD_REQUEST)
+        err.error.param = _worker_error_param(exc.body)  # the field the worker named, as vLLM names it
+        return err
     if 400 <= exc.status_code < 500:
         logger.warning("worker %s answered %d (a deployment fault, not the client's): %.500s",
                        exc.url, exc.status_code, exc.body)
@@ -871,7 +880,8 @@ class PDModel(OpenAIGenerativeModel):
                         if not yielded:  # nothing sent yet: the caller answers with an HTTP error instead
                             raise _StreamFailedEarly(exc) from exc
                         err = _backend_error_response(exc).error
-                        body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code))
+                        body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code),
+                                                     param=err.param or None)
                         yield f"data: {json.dumps(body_err)}\n\n"
                         break
                     route, kv, decode, attempt, mode = new, None, self._client(new.decode_url, rid), cont, "migrated"
