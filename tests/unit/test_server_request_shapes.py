@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.server.shapes import add_usage, fan_out, merge_answers, needs_local_prefill, refusal, remap_chunk
+from runtime.server.shapes import (
+    MAX_FAN_OUT,
+    add_usage,
+    fan_out,
+    merge_answers,
+    needs_local_prefill,
+    refusal,
+    remap_chunk,
+)
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 
@@ -16,6 +24,10 @@ C, CHAT = "/v1/completions", "/v1/chat/completions"
     # no handoff (local prefill): the decode worker serves the whole request, as the aggregated server does
     (C, {"prompt": ["a", "b"], "n": 2, "prompt_logprobs": 1}), (C, {"prompt": "a", "n": 3, "use_beam_search": True}),
     (CHAT, {"messages": [], "n": 2, "echo": True}),
+    # more than MAX_FAN_OUT requests: served whole with local prefill, not as that many handoffs
+    (C, {"prompt": "a", "n": MAX_FAN_OUT + 1, "temperature": 1}),
+    (C, {"prompt": ["a"] * 3, "n": MAX_FAN_OUT // 2, "temperature": 1}),
+    (CHAT, {"messages": [], "n": 20000, "temperature": 1}),
 ])
 def test_one_prompt_one_choice_is_served_whole(path, body):
     assert fan_out(path, body) is None
@@ -28,6 +40,13 @@ def test_prompts_and_choices_fan_out_prompt_major_with_seeds_per_choice():
     assert all(s["stream_options"]["include_usage"] for s in subs)
     chat = fan_out(CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 3})
     assert len(chat) == 3 and all("seed" not in s and s["n"] == 1 for s in chat)
+
+
+def test_fan_out_up_to_the_bound_and_seed_minus_one_stays_unseeded():
+    assert len(fan_out(C, {"prompt": "a", "n": MAX_FAN_OUT, "temperature": 1})) == MAX_FAN_OUT
+    assert needs_local_prefill(C, {"prompt": "a", "n": MAX_FAN_OUT + 1, "temperature": 1})
+    # vLLM reads seed -1 as no seed: every choice samples unseeded, none gets seed 0, 1, ...
+    assert [s["seed"] for s in fan_out(C, {"prompt": "a", "n": 3, "seed": -1})] == [-1, -1, -1]
 
 
 def test_merge_answers_reindexes_choices_and_sums_usage():
