@@ -163,8 +163,10 @@ def _logprob_rows(answer: dict) -> list[tuple]:
                               "name": "weather", "parameters": {"type": "object", "properties": {
                                   "city": {"type": "string"}}}}}],
                           "tool_choice": {"type": "function", "function": {"name": "weather"}}}),
-    ("chat/completions", {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 6,
-                          "temperature": 0, "echo": True}),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Name a fruit."},
+                                       {"role": "assistant", "content": "The fruit is"}], "max_tokens": 6,
+                          "temperature": 0, "echo": True, "add_generation_prompt": False,
+                          "continue_final_message": True}),
     ("completions", {"prompt": PROMPTS[1], "max_tokens": 5, "temperature": 0, "use_beam_search": True, "n": 2}),
 ], ids=["logprobs", "echo", "echo-logprobs", "chat-logprobs", "response-format", "tools", "chat-echo", "beam-n2"])
 def test_shape_gives_the_aggregated_answer(pd_workers, pd_runtime, no_late_reads, path, body):
@@ -182,7 +184,15 @@ def test_shape_gives_the_aggregated_answer(pd_workers, pd_runtime, no_late_reads
     assert pd["usage"] == agg["usage"]
     if body.get("logprobs"):
         assert _logprob_rows(pd) == _logprob_rows(agg)
+    assert _prompt_logprob_rows(pd) == _prompt_logprob_rows(agg)
     assert httpx.get(f"{pd_workers.decode.base_url}/health", timeout=10).status_code == 200
+
+
+def _prompt_logprob_rows(answer: dict) -> list:
+    """Prompt log-probabilities (chat: top level; completions: per choice) as (token id, rounded logprob)."""
+    tables = [answer.get("prompt_logprobs")] + [c.get("prompt_logprobs") for c in answer["choices"]]
+    return [None if row is None else sorted((k, round(v["logprob"], 2)) for k, v in row.items())
+            for table in tables if table for row in table]
 
 
 def _final_usage(chunks: list[dict]) -> dict:
