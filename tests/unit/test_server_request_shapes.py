@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.server.shapes import add_usage, fan_out, merge_answers, needs_local_prefill, refusal, remap_chunk
+from runtime.server.shapes import (
+    MAX_FAN_OUT,
+    add_usage,
+    fan_out,
+    merge_answers,
+    needs_local_prefill,
+    refusal,
+    remap_chunk,
+)
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 
@@ -13,6 +21,13 @@ C, CHAT = "/v1/completions", "/v1/chat/completions"
 @pytest.mark.parametrize(("path", "body"), [
     (C, {"prompt": "a"}), (C, {"prompt": ["a"]}), (C, {"prompt": [1, 2, 3]}), (C, {"prompt": [[1, 2]]}),
     (C, {"prompt": "a", "n": 1}), (CHAT, {"messages": [], "n": 1}),
+    # no handoff (local prefill): the decode worker serves the whole request, as the aggregated server does
+    (C, {"prompt": ["a", "b"], "n": 2, "prompt_logprobs": 1}), (C, {"prompt": "a", "n": 3, "use_beam_search": True}),
+    (CHAT, {"messages": [], "n": 2, "echo": True}),
+    # more than MAX_FAN_OUT requests: served whole with local prefill, not as that many handoffs
+    (C, {"prompt": "a", "n": MAX_FAN_OUT + 1, "temperature": 1}),
+    (C, {"prompt": ["a"] * 3, "n": MAX_FAN_OUT // 2, "temperature": 1}),
+    (CHAT, {"messages": [], "n": 20000, "temperature": 1}),
 ])
 def test_one_prompt_one_choice_is_served_whole(path, body):
     assert fan_out(path, body) is None
@@ -27,6 +42,13 @@ def test_prompts_and_choices_fan_out_prompt_major_with_seeds_per_choice():
     assert len(chat) == 3 and all("seed" not in s and s["n"] == 1 for s in chat)
 
 
+def test_fan_out_up_to_the_bound_and_seed_minus_one_stays_unseeded():
+    assert len(fan_out(C, {"prompt": "a", "n": MAX_FAN_OUT, "temperature": 1})) == MAX_FAN_OUT
+    assert needs_local_prefill(C, {"prompt": "a", "n": MAX_FAN_OUT + 1, "temperature": 1})
+    # vLLM reads seed -1 as no seed: every choice samples unseeded, none gets seed 0, 1, ...
+    assert [s["seed"] for s in fan_out(C, {"prompt": "a", "n": 3, "seed": -1})] == [-1, -1, -1]
+
+
 def test_merge_answers_reindexes_choices_and_sums_usage():
     answers = [{"id": f"c{i}", "choices": [{"index": 0, "text": t}],
                 "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}}
@@ -36,6 +58,8 @@ def test_merge_answers_reindexes_choices_and_sums_usage():
     assert [(c["index"], c["text"]) for c in merged["choices"]] == [(0, "x"), (1, "y"), (2, "z")]
     assert merged["usage"] == {"prompt_tokens": 6, "completion_tokens": 9, "total_tokens": 15}
     assert add_usage(None, None) is None
+    # n=3 choices of one prompt: the prompt is counted once, as vLLM counts it
+    assert merge_answers(answers, n=3)["usage"] == {"prompt_tokens": 2, "completion_tokens": 9, "total_tokens": 11}
 
 
 def test_remap_chunk_sets_index_and_id():
@@ -47,6 +71,9 @@ def test_remap_chunk_sets_index_and_id():
     (C, {"prompt": "a", "echo": True, "logprobs": 0}, True), (C, {"prompt": "a", "echo": True}, False),
     (C, {"prompt": "a", "logprobs": 2}, False), (C, {"prompt": "a", "prompt_logprobs": 1}, True),
     (CHAT, {"messages": [], "prompt_logprobs": 0}, True), (C, {"prompt": "a", "use_beam_search": True}, True),
+    # chat echo asks vLLM for prompt log-probabilities (top_logprobs, default 0) unless top_logprobs is null
+    (CHAT, {"messages": [], "echo": True}, True), (CHAT, {"messages": [], "echo": True, "top_logprobs": None}, False),
+    (CHAT, {"messages": [], "echo": False}, False),
 ])
 def test_shapes_that_need_the_prompt_computed_locally(path, body, local):
     assert needs_local_prefill(path, body) is local
@@ -57,6 +84,9 @@ def test_shapes_that_need_the_prompt_computed_locally(path, body, local):
     (C, {"prompt": "a", "suffix": "z"}, "suffix"), (C, {"prompt": "a", "suffix": ""}, None),
     (CHAT, {"messages": [], "best_of": 3}, "best_of"), (CHAT, {"messages": [], "n": 2, "temperature": 0}, "n"),
     (CHAT, {"messages": [], "n": 2, "temperature": 0.5}, None), (CHAT, {"messages": [], "n": 2}, None),
+    (C, {"prompt": "a", "n": 2, "temperature": 0, "use_beam_search": True}, None),  # n beams: vLLM serves it
+    # vLLM raises a temperature in (0, 0.01) to 0.01 (sampling, served); only 0 is greedy
+    (C, {"prompt": "a", "n": 2, "temperature": 1e-6}, None), (C, {"prompt": "a", "n": 2, "temperature": 0.0}, "n"),
 ])
 def test_refusals_name_the_field(path, body, param):
     got = refusal(path, body)

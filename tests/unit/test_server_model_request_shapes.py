@@ -1,0 +1,199 @@
+"""PDModel serving request shapes end to end over faked workers (HTTP transport), as vLLM would answer them.
+
+Specification:
+* the runtime decides with the values the request model validated: `"n": "2"`, `"seed": "3"` and
+  `"temperature": "0"` mean what vLLM reads them as (2, 3, 0), so a lenient `n` is still fanned out into one
+  handoff per choice, seeded choices get `seed + j`, and greedy `n` > 1 is refused;
+* the usage of a request with `n` > 1 counts the prompt once per prompt (vLLM's count), streaming or not;
+* a merged stream with `continuous_usage_stats` keeps each chunk's own usage; its final usage is the sum of
+  the sub-streams' final usage, each prompt counted once;
+* chat `echo` (prompt log-probabilities, `top_logprobs` 0 by default) and beam search are served whole by
+  the decode worker with local prefill: no handoff, no fan-out (beam search's `n` is its beam width).
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+pytest.importorskip("kserve")
+
+from kserve.protocol.rest.openai.types import (  # noqa: E402
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+)
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from runtime.engines.client import VllmClient  # noqa: E402
+from runtime.server.metrics import RuntimeMetrics  # noqa: E402
+from runtime.server.model import PDModel  # noqa: E402
+from runtime.server.pairing import RoundRobinPairing  # noqa: E402
+
+KV = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [1], "remote_host": "127.0.0.1",
+      "remote_port": 1}
+PROMPT_TOKENS = 5
+
+
+class Workers:
+    """A prefill and a decode worker. The decode worker answers each choice with text naming its seed, and
+    counts usage as vLLM does (the prompt once, each choice's tokens); streams send one chunk per token with
+    continuous usage when asked."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content)
+        self.calls.append((req.url.host, body))
+        chat = req.url.path.endswith("chat/completions")
+        if req.url.host == "prefill":
+            return httpx.Response(200, json={**self._answer(chat, body, 1), "kv_transfer_params": KV})
+        if body.get("stream"):
+            return httpx.Response(200, text=self._stream(body))
+        return httpx.Response(200, json=self._answer(chat, body, 2))
+
+    @staticmethod
+    def _answer(chat: bool, body: dict, tokens: int) -> dict:
+        n = int(body.get("n") or 1)
+        text = f"seed={body.get('seed')}"
+        choices = [{"index": j, "finish_reason": "length",
+                    **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})}
+                   for j in range(n)]
+        return {"id": "x", "object": "chat.completion" if chat else "text_completion", "created": 1, "model": "m",
+                "choices": choices, "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": tokens * n,
+                                              "total_tokens": PROMPT_TOKENS + tokens * n}}
+
+    @staticmethod
+    def _stream(body: dict) -> str:
+        options = body.get("stream_options") or {}
+        continuous = options.get("include_usage") and options.get("continuous_usage_stats")
+        chunks = []
+        for k, piece in enumerate(["a", "b", "c"], 1):
+            chunk = {"id": "x", "object": "text_completion", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "text": piece, "finish_reason": "length" if k == 3 else None}]}
+            if continuous:
+                chunk["usage"] = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": k,
+                                  "total_tokens": PROMPT_TOKENS + k}
+            chunks.append(chunk)
+        if options.get("include_usage"):
+            chunks.append({"id": "x", "object": "text_completion", "created": 1, "model": "m", "choices": [],
+                           "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": 3,
+                                     "total_tokens": PROMPT_TOKENS + 3}})
+        return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+    def hosts(self) -> list[str]:
+        return [h for h, _ in self.calls]
+
+    def decode_bodies(self) -> list[dict]:
+        return [b for h, b in self.calls if h == "decode"]
+
+
+class _Raw:
+    """What PDModel reads of the HTTP request: the body exactly as the client sent it."""
+
+    def __init__(self, body: dict) -> None:
+        self._body = body
+
+    async def json(self) -> dict:
+        return json.loads(json.dumps(self._body))
+
+
+def _model(workers: Workers) -> PDModel:
+    transport = httpx.MockTransport(workers.handler)
+    return PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
+                   metrics=RuntimeMetrics(CollectorRegistry()),
+                   client_factory=lambda url: VllmClient(url, transport=transport))
+
+
+async def _complete(model: PDModel, **fields):
+    body = {"model": "m", "prompt": "capital?", "max_tokens": 3, **fields}
+    return await model.create_completion(CompletionRequest.model_validate(body), raw_request=_Raw(body))
+
+
+async def _chat(model: PDModel, **fields):
+    body = {"model": "m", "messages": [{"role": "user", "content": "capital?"}], "max_tokens": 3, **fields}
+    return await model.create_chat_completion(ChatCompletionRequest.model_validate(body), raw_request=_Raw(body))
+
+
+async def _events(stream) -> list[dict]:
+    out = []
+    async for event in stream:
+        data = event[len("data:"):].strip()
+        if data != "[DONE]":
+            out.append(json.loads(data))
+    return out
+
+
+@pytest.mark.parametrize("n", ["2", 2.0])
+async def test_a_lenient_n_is_fanned_out_one_handoff_per_choice_with_seed_plus_j(n):
+    w = Workers()
+    out = await _complete(_model(w), n=n, seed="3", temperature=0.8)
+    assert isinstance(out, Completion)
+    assert w.hosts().count("prefill") == 2  # one handoff per choice, never one shared by two sequences
+    assert sorted((b["n"], b["seed"]) for b in w.decode_bodies()) == [(1, 3), (1, 4)]
+    assert [c.text for c in out.choices] == ["seed=3", "seed=4"]
+
+
+async def test_a_lenient_greedy_temperature_with_n_2_is_refused_as_vllm_refuses_it():
+    w = Workers()
+    out = await _complete(_model(w), n=2, temperature="0")
+    assert isinstance(out, ErrorResponse) and out.error.code in (400, "400")
+    assert out.error.param == "n"
+    assert w.calls == []
+
+
+async def test_usage_of_n_choices_counts_the_prompt_once():
+    w = Workers()
+    out = await _chat(_model(w), n=3, temperature=0.8)
+    assert isinstance(out, ChatCompletion)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (PROMPT_TOKENS, 6)
+    assert out.usage.total_tokens == PROMPT_TOKENS + 6
+    two = await _complete(_model(Workers()), prompt=["a", "b"], n=2, temperature=0.8)
+    assert (two.usage.prompt_tokens, two.usage.completion_tokens) == (2 * PROMPT_TOKENS, 8)
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+async def test_a_merged_stream_reports_usage_as_vllm_does(continuous):
+    w = Workers()
+    stream = await _complete(_model(w), n=2, temperature=0.8, stream=True,
+                             stream_options={"include_usage": True, "continuous_usage_stats": continuous})
+    events = await _events(stream)
+    final = events[-1]
+    assert final["choices"] == [] and final["usage"] == {
+        "prompt_tokens": PROMPT_TOKENS, "completion_tokens": 6, "total_tokens": PROMPT_TOKENS + 6}
+    token_chunks = [e for e in events if e["choices"]]
+    assert len(token_chunks) == 6
+    if continuous:  # each chunk: its prompt's tokens and its choice's tokens so far
+        for index in (0, 1):
+            mine = [e["usage"]["completion_tokens"] for e in token_chunks if e["choices"][0]["index"] == index]
+            assert mine == [1, 2, 3]
+    else:
+        assert all("usage" not in e for e in token_chunks)
+
+
+async def test_chat_echo_is_prefilled_on_the_decode_worker_not_from_a_handoff():
+    w = Workers()
+    out = await _chat(_model(w), echo=True, temperature=0)
+    assert isinstance(out, ChatCompletion)
+    assert w.hosts() == ["decode"]
+    assert "kv_transfer_params" not in w.decode_bodies()[0]
+
+
+async def test_chat_echo_without_top_logprobs_uses_the_handoff():
+    w = Workers()
+    await _chat(_model(w), echo=True, top_logprobs=None, temperature=0)
+    assert w.hosts() == ["prefill", "decode"]
+
+
+@pytest.mark.parametrize("temperature", [0, None])
+async def test_beam_search_with_n_beams_is_served_whole_by_the_decode_worker(temperature):
+    w = Workers()
+    out = await _complete(_model(w), n=2, use_beam_search=True, temperature=temperature)
+    assert isinstance(out, Completion)
+    assert w.hosts() == ["decode"]
+    assert w.decode_bodies()[0]["n"] == 2 and "kv_transfer_params" not in w.decode_bodies()[0]
