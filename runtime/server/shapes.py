@@ -49,7 +49,9 @@ def _prompts(body: dict) -> list[Any] | None:
     return list(prompt)
 
 
-def _n(body: dict) -> int:
+def choices_per_prompt(body: dict) -> int:
+    """`n` of a request body (1 unless an int above 1): the number of consecutive sub-requests of `fan_out`
+    that share one prompt."""
     n = body.get("n")
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
@@ -63,7 +65,7 @@ def refusal(path: str, body: dict) -> tuple[str, str] | None:
     temperature = body.get("temperature")
     # greedy is temperature 0 only: vLLM raises a temperature in (0, 0.01) to 0.01 (SamplingParams.__post_init__,
     # vllm/sampling_params.py), and refuses a negative one with its own message
-    if (_n(body) > 1 and isinstance(temperature, (int, float)) and temperature == 0
+    if (choices_per_prompt(body) > 1 and isinstance(temperature, (int, float)) and temperature == 0
             and not body.get("use_beam_search")):  # beam search's n is its width: vLLM serves it greedy
         # what vLLM answers (SamplingParams._verify_greedy_sampling): n greedy samples are one sample n times
         return f"n must be 1 when using greedy sampling (temperature {temperature}), got {body['n']}", "n"
@@ -85,7 +87,7 @@ def needs_local_prefill(path: str, body: dict) -> bool:
     if body.get("prompt_logprobs") is not None or body.get("use_beam_search"):
         return True
     prompts = _prompts(body) if path == COMPLETIONS else None
-    if len(prompts or [None]) * _n(body) > MAX_FAN_OUT:
+    if len(prompts or [None]) * choices_per_prompt(body) > MAX_FAN_OUT:
         return True
     if not body.get("echo"):
         return False
@@ -101,7 +103,7 @@ def fan_out(path: str, body: dict) -> list[dict] | None:
     if needs_local_prefill(path, body):
         return None
     prompts = _prompts(body) if path == COMPLETIONS else None
-    n = _n(body)
+    n = choices_per_prompt(body)
     if prompts is None and n == 1:
         return None
     out = []
@@ -131,11 +133,6 @@ def add_usage(total: dict | None, usage: dict | None) -> dict | None:
     for k in _USAGE_KEYS:
         out[k] = int(out.get(k) or 0) + int(usage.get(k) or 0)
     return out
-
-
-def choices_per_prompt(body: dict) -> int:
-    """`n` of a request body: the number of consecutive sub-requests of `fan_out` that share one prompt."""
-    return _n(body)
 
 
 def sum_usage(usages: list[dict | None], n: int) -> dict | None:
