@@ -12,9 +12,11 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -140,6 +142,80 @@ def _env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+class _StepInputFilter(io.TextIOBase):
+    """A stdout for kfp.local's run: every line goes to `log`; the console (`out`) gets all but the body of
+    each step's ``Got executor_input:`` record.
+
+    kfp's executor logs each step's whole ExecutorInput as indented JSON (about 90 lines a step, the
+    parameters the pipeline already shows), at INFO on a root logger it configures itself in the step's
+    subprocess, so no setting of ours reaches it. The body is the JSON object that follows the record
+    (``json.dumps(..., indent=4)``: from a ``{`` line to the ``}`` line at the same indent); the console gets
+    one line naming the log instead. What follows the body (the step's own output) is shown.
+    """
+
+    _HEAD = "Got executor_input:"
+
+    def __init__(self, out, log) -> None:
+        super().__init__()
+        self._out, self._log, self._pending = out, log, ""
+        self._state: str | None = None  # None; "head": after the record; else the body's indent
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._log.write(text)
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            self._line(line + "\n")
+        return len(text)
+
+    def _line(self, line: str) -> None:
+        body = line.rstrip("\r\n")
+        if self._state == "head":
+            self._state = None
+            if body.strip() == "{":  # the body starts: skip to the "}" at its indent
+                self._state = body[: len(body) - len(body.lstrip())]
+                return
+        elif self._state is not None:
+            if body == f"{self._state}}}":
+                self._state = None
+            return
+        if self._HEAD in body:
+            self._state = "head"
+            line = f"{body[: body.index(self._HEAD)]}executor input: in {getattr(self._log, 'name', 'the log')}\n"
+        self._out.write(line)
+
+    def isatty(self) -> bool:  # rich and kfp colour their output only on a terminal
+        return self._out.isatty()
+
+    def flush(self) -> None:  # a partial line stays back until its end arrives (or close_run)
+        self._out.flush()
+        self._log.flush()
+
+    def close_run(self) -> None:
+        """Write out a last line with no newline (the run ended mid-line)."""
+        if self._pending:
+            self._line(self._pending)
+            self._pending = ""
+        self.flush()
+
+
+@contextlib.contextmanager
+def _filtered_stdout(log_path: Path) -> Iterator[Path]:
+    """Within the block, stdout is a :class:`_StepInputFilter` onto the console's stdout and `log_path`
+    (created, appended to); yields `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a", encoding="utf-8") as log:
+        filt = _StepInputFilter(sys.stdout, log)
+        try:
+            with contextlib.redirect_stdout(filt):
+                yield log_path
+        finally:
+            filt.close_run()
+
+
 def _check_slo_feasible(model_dir: Path, settings: DemoSettings, registered: str) -> None:
     """What the pipeline's tune step would refuse, refused before anything is uploaded or started: the
     same parameter check and the same search (well under a second) on the prepared model's config.
@@ -210,7 +286,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
         console.rule("[bold]3/4 KFP pipeline stage_tune_promote (kfp.local)")
         pipeline_yaml = compile_pipeline(out_dir / "stage_tune_promote.yaml")
         # kfp.local runs each step in a subprocess: it gets the S3 credentials as env, never as parameters.
-        with _env(s3.env):
+        with _env(s3.env), _filtered_stdout(state / "logs" / "kfp-pipeline.log") as kfp_log:
             try:
                 outputs = run_local(
                     pipeline_root=state / "kfp",
@@ -222,8 +298,8 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
                 )
             except RuntimeError as e:  # kfp.local: "Pipeline ... FAILURE. Inner task failed: '<step>'."
                 why = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).rstrip(". ")  # kfp colours its message
-                raise DemoError(f"KFP pipeline failed: {why}; the failing step's log is printed above "
-                                f"(task outputs under {state / 'kfp'})") from None
+                raise DemoError(f"KFP pipeline failed: {why}; the failing step's log is printed above and in "
+                                f"{kfp_log} (task outputs under {state / 'kfp'})") from None
     version, spec = load_champion(mlflow_uri, registered)
     console.print(escape(f"champion: version {version}, prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp} "
                          f"on {spec.gpu}; manifests {outputs['manifests']}"))

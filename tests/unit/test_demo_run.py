@@ -111,3 +111,23 @@ def test_an_answer_without_a_first_token_is_null_in_summary_json(tmp_path, faked
     assert summary["ttft_s"] == [0.25, None]
     text = (state / "demo" / "summary.json").read_text()
     assert "NaN" not in text and json.loads(text)["ttft_s"] == [0.25, None]
+
+
+def test_step_input_filter_drops_only_the_json_body_whatever_the_write_sizes(tmp_path):
+    import io
+
+    text = ("    [KFP Executor 2026-12-05 10:00:00,000 INFO]: Got executor_input:\n    {\n        \"inputs\": {\n"
+            "            \"parameterValues\": {\"word\": \"x\"}\n        }\n    }\n    step output\n"
+            "    [KFP Executor 2026-12-05 10:00:00,001 INFO]: Got executor_input:\n    not json\n    tail")
+    for size in (1, 7, len(text)):
+        out, log = io.StringIO(), io.StringIO()
+        filt = demo._StepInputFilter(out, log)
+        for i in range(0, len(text), size):
+            filt.write(text[i:i + size])
+        filt.close_run()
+        assert log.getvalue() == text
+        shown = out.getvalue().splitlines()
+        assert shown == ["    [KFP Executor 2026-12-05 10:00:00,000 INFO]: executor input: in the log",
+                         "    step output",
+                         "    [KFP Executor 2026-12-05 10:00:00,001 INFO]: executor input: in the log",
+                         "    not json", "    tail"]
