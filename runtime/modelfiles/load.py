@@ -17,7 +17,7 @@ def load_model_spec(path: Path, name: str | None = None) -> ModelSpec:
 
     Raises:
         ModelConfigError: file missing or unreadable (OSError), not UTF-8, not JSON, or missing/invalid
-            fields (named in the message); the message names the model and, for file problems, the path.
+            fields (named in the message); the message names the model and the path.
     """
     path = Path(path)
     cfg_path = path / "config.json" if path.is_dir() else path
@@ -43,7 +43,10 @@ def load_model_spec(path: Path, name: str | None = None) -> ModelSpec:
         quant = _modelopt_quant_config(cfg_path.parent / "hf_quant_config.json", name)
         if quant is not None:
             cfg = {**cfg, "quantization_config": quant}
-    return ModelSpec.from_hf_config(cfg, name)
+    try:
+        return ModelSpec.from_hf_config(cfg, name)
+    except ModelConfigError as e:  # the pure parser knows no file: name the one that says it
+        raise ModelConfigError(f"{e} (in {cfg_path})") from e
 
 
 def _modelopt_quant_config(path: Path, name: str) -> dict | None:

@@ -437,16 +437,22 @@ class LocalDeployment:
         return None
 
     def stop(self) -> None:
-        """Stop watching, then stop the runtime, then the workers (each through its own handle). Safe to call
-        twice."""
+        """Stop watching, then stop the runtime, then the workers (each through its own handle), saying one
+        line per process stopped (as `start` says one per process started). Safe to call twice."""
         if self._supervisor is not None:
             self._supervisor.stop()
             self._supervisor = None
-        self.runtime.stop()
+        # the runtime is stopped even when its start failed: that closes the log its start opened
+        self._stop(self.runtime, self.runtime.started, f"pdserve runtime {self.runtime.url}")
         for w in self.workers:
             if w.pid is not None:
-                w.stop()
-                self._say(f"stopped {w.role} worker {w.base_url}")
+                self._stop(w, True, f"{w.role} worker {w.base_url}")
+
+    def _stop(self, proc: RuntimeProcess | WorkerProcess, started: bool, what: str) -> None:
+        """Stop one process through its own handle; when it was `started`, say so: `stopped <what>`."""
+        proc.stop()
+        if started:
+            self._say(f"stopped {what}")
 
     def __enter__(self) -> "LocalDeployment":
         return self.start()

@@ -16,8 +16,9 @@ released blocks for the second choice. So:
   not fanned out either; the decode worker serves the whole request, the aggregated answer (beam search's
   `n` is its beam width, not `n` independent samples). So is a request that would fan out into more than
   `MAX_FAN_OUT` requests.
-* usage of a fanned-out request (`sum_usage`) counts each prompt's tokens once, whatever `n`, and every
-  choice's generated tokens, as vLLM does (vllm/entrypoints/openai/completion/serving.py).
+* usage of a fanned-out request (`sum_usage`) counts each prompt's tokens and prompt details (cached tokens)
+  once, whatever `n`, and every choice's generated tokens and completion details (reasoning tokens), as vLLM
+  does (vllm/entrypoints/openai/completion/serving.py).
 * `refusal`: shapes no worker serves correctly are refused with a 400 naming the field: `n` > 1 with greedy
   sampling (as vLLM refuses it, so fanned-out requests answer as the aggregated server does), `best_of` > 1
   (vLLM's completions server ignores it: the client would silently get `n` samples, not the best of
@@ -123,26 +124,52 @@ def fan_out(path: str, body: dict) -> list[dict] | None:
 
 
 _USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+#: The nested token counts of vLLM's `UsageInfo` (vllm/entrypoints/openai/engine/protocol.py): prompt details
+#: (`cached_tokens`, `created_cache_tokens`, `multimodal_tokens` per modality) count a prompt's tokens,
+#: completion details (`reasoning_tokens`) a choice's; each is null (or absent) when the server reports none.
+_PROMPT_DETAILS, _COMPLETION_DETAILS = "prompt_tokens_details", "completion_tokens_details"
+
+
+def _add_counts(a: Any, b: Any) -> Any:
+    """Sum of two token counts of a usage details object: numbers add, objects add key by key (a key of
+    either), null or absent counts nothing; null + null is null."""
+    if b is None:
+        return copy.deepcopy(a)
+    if a is None:
+        return copy.deepcopy(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _add_counts(a.get(k), b.get(k)) for k in {**a, **b}}
+    return a + b
 
 
 def add_usage(total: dict | None, usage: dict | None) -> dict | None:
-    """Sum of two OpenAI `usage` objects (token counts; nested details are dropped); None + None is None."""
+    """Sum of two OpenAI `usage` objects: token counts and their nested details (`prompt_tokens_details`,
+    `completion_tokens_details`: each count summed; a details object is in the sum when it is in either,
+    null when null in both); None + None is None."""
     if not usage:
         return total
     out = dict(total or {k: 0 for k in _USAGE_KEYS})
     for k in _USAGE_KEYS:
         out[k] = int(out.get(k) or 0) + int(usage.get(k) or 0)
+    for k in (_PROMPT_DETAILS, _COMPLETION_DETAILS):
+        if k in usage or k in out:
+            out[k] = _add_counts(out.get(k), usage.get(k))
     return out
 
 
 def sum_usage(usages: list[dict | None], n: int) -> dict | None:
     """The `usage` of a fanned-out request from its sub-requests' (`fan_out` order, `n` choices per prompt):
-    completion tokens of every choice, prompt tokens of each prompt once (its first choice's), as vLLM counts
-    a request with several prompts and `n` choices; None when no sub-request reported usage."""
+    completion tokens and completion details of every choice, prompt tokens and prompt details of each prompt
+    once (its first choice's), as vLLM counts a request with several prompts and `n` choices
+    (vllm/entrypoints/openai/{completion,chat_completion}/serving.py); None when no sub-request reported
+    usage. vLLM 0.28's completions server reports one prompt's `cached_tokens` (the last one's) for several
+    prompts; the sum over prompts keeps `cached_tokens` a part of `prompt_tokens`, which counts every prompt."""
     total = None
     for i, usage in enumerate(usages):
         if usage and i % n:
             usage = {**usage, "prompt_tokens": 0, "total_tokens": int(usage.get("completion_tokens") or 0)}
+            if _PROMPT_DETAILS in usage:
+                usage[_PROMPT_DETAILS] = None
         total = add_usage(total, usage)
     return total
 

@@ -8,8 +8,8 @@ options, a local trace or an s3:// trace; `like` re-tunes a registered champion 
 since that is how this request is spelled wherever it is built (the CLI, the Argo retune workflow's argv).
 
 Nothing here prints or exits: facts for people go to a :class:`TuneReport` the face gives, in the order the
-tuning learns them; bad values raise :class:`TuneUsageError` (every problem found before the model is read, at
-once), failures while running :class:`TuneFailure`.
+tuning learns them; bad values raise :class:`TuneUsageError` (every problem found before the search, at once: a
+model config that is no model description among them), failures while running :class:`TuneFailure`.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class TuneUsageError(ValueError):
 
 
 class TuneFailure(RuntimeError):
-    """The tuning failed while running (a face's exit 1): unreadable trace or model, no feasible candidate, the
-    GPU budget, MLflow, a file that cannot be written; the message is one line for people."""
+    """The tuning failed while running (a face's exit 1): an S3 trace that cannot be read, no feasible candidate,
+    the GPU budget, MLflow, a file that cannot be written; the message is one line for people."""
 
 
 class ModelTuneRequest(BaseModel):
@@ -130,10 +130,12 @@ def tune_model(req: ModelTuneRequest, report: TuneReport) -> ModelTuneOutcome:
     rendered by `pdserve promote`.
 
     Raises:
-        TuneUsageError: a bad value or combination (all problems found before the model is read, at once).
-        TuneFailure: a failure while running (trace, model, search, budget, MLflow, writing ``out_path``).
+        TuneUsageError: a bad value or combination (all problems found before the search, at once), a model
+            config that is not JSON or lacks what the model spec needs (runtime.modelfiles.load) among them.
+        TuneFailure: a failure while running (S3 trace, search, budget, MLflow, writing ``out_path``).
     """
     from runtime.modelfiles.catalog import resolve_model_config
+    from runtime.modelfiles.load import load_model_spec
     from runtime.models.spec import ModelConfigError
 
     config = req.model
@@ -143,6 +145,12 @@ def tune_model(req: ModelTuneRequest, report: TuneReport) -> ModelTuneOutcome:
     except ModelConfigError as e:
         unresolved = e
     cfg = config / "config.json" if config.is_dir() else config
+    model = None
+    if unresolved is None:  # a config that is no model description is a bad value too, named before any search
+        try:
+            model = load_model_spec(cfg, name=_staged_model_name(config, cfg, req.fsx_root, req.state_dir))
+        except ModelConfigError as e:
+            unresolved = e
     _check_combinations(req, config)
     champion, values = None, {"gpu": req.gpu, "precision": req.precision, "slo.ttft_p90_ms": req.ttft_p90_ms,
                                "slo.itl_p90_ms": req.itl_p90_ms, "planner.gpu_budget": req.gpu_budget,
@@ -157,8 +165,8 @@ def tune_model(req: ModelTuneRequest, report: TuneReport) -> ModelTuneOutcome:
     planner = "off" if planner is None else planner
     slo, workload, precision, traced, window_s, min_improvement_pct = _checked_values(
         req, report, precision, ttft_ms, itl_ms, gpu_budget, planner, gpu, unresolved)
-    model, precision, result = _search(req, report, config, cfg, gpu, precision, slo, workload,
-                                       None if traced is None else traced.sample)
+    precision, result = _search(req, report, config, model, gpu, precision, slo, workload,
+                                None if traced is None else traced.sample)
     report.candidates(result, workload, precision, slo)
     trace_uri = req.traffic_trace_uri or (None if req.trace_path is None else os.path.abspath(req.trace_path))
     if req.measure:  # CPU measurements: no GPU deployment to check or write; the runs are still logged
@@ -220,9 +228,9 @@ def _check_combinations(req: ModelTuneRequest, config: Path) -> None:
 def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_ms, itl_ms, gpu_budget, planner,
                     gpu: str, unresolved: Exception | None):
     """Every value problem at once (TuneUsageError; TuneFailure when an S3 trace could not be read), then the
-    trace's workload told to ``report``. ``unresolved``: MODEL is neither a path nor a catalog model (a bad value
-    like the others). Returns (slo, workload, precision (None: auto), the trace's TraceWorkload or None,
-    window_s, min_improvement_pct)."""
+    trace's workload told to ``report``. ``unresolved``: MODEL is neither a path nor a catalog model, or its config
+    is no model description (a bad value like the others). Returns (slo, workload, precision (None: auto), the
+    trace's TraceWorkload or None, window_s, min_improvement_pct)."""
     from runtime.redact import redact_userinfo
     from runtime.s3uri import without_query
     from runtime.tracking.traces import fetch_trace_workload, load_trace_workload
@@ -337,18 +345,16 @@ def _report_trace(report: TuneReport, traced, trace: Path | None, trace_uri: str
         report.line(line)
 
 
-def _search(req: ModelTuneRequest, report: TuneReport, config: Path, cfg: Path, gpu: str,
+def _search(req: ModelTuneRequest, report: TuneReport, config: Path, model, gpu: str,
             precision: str | None, slo: SloSpec, workload: WorkloadSpec, sample):
-    """Read the model, settle the precision, (measure,) search. Returns (model, precision, result)."""
+    """Check the model's served name, settle the precision, (measure,) search. Returns (precision, result)."""
     from runtime.config import check_model_name
-    from runtime.modelfiles.load import load_model_spec
     from runtime.models.spec import ModelConfigError
     from runtime.tuner.search import InfeasibleSLOError, resolve_gpu, tp_choices
     from runtime.tuner.search import tune as search
     from runtime.usecases.tune import resolve_precision
 
     try:
-        model = load_model_spec(cfg, name=_staged_model_name(config, cfg, req.fsx_root, req.state_dir))
         try:  # the served name (ModelRef) comes from the folder: check it before minutes of tuning
             check_model_name(model.name)
         except ValueError as e:
@@ -368,7 +374,7 @@ def _search(req: ModelTuneRequest, report: TuneReport, config: Path, cfg: Path, 
         raise TuneFailure(str(e)) from None
     except KeyError as e:  # unknown GPU: the message lists the catalog
         raise TuneFailure(str(e.args[0]) if e.args else str(e)) from None
-    return model, precision, result
+    return precision, result
 
 
 def _deployment(req: ModelTuneRequest, report: TuneReport, config: Path, cfg: Path, model, result: TuneResult,

@@ -63,7 +63,7 @@ def test_tune_config_missing_field_is_named(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     res = runner.invoke(app, ["tune", str(p)])
-    assert res.exit_code == 1
+    assert res.exit_code == 2  # a bad value (tests/unit/test_cli_exit_codes.py)
     assert "num_hidden_layers" in res.output
 
 

@@ -39,6 +39,34 @@ def test_a_bad_value_exits_2_with_one_error_line(case, tmp_path):
     assert not re.search(r"\b[A-Z][A-Za-z]+(Error|Exception)\b", errors[0]), errors[0]
 
 
+BAD_CONFIGS = {  # a model folder's config.json -> what the error line says is wrong with it
+    "not JSON": ('{"hidden_size": 4096,', "is not valid JSON"),
+    "not an object": ("[4096, 32]", "must be a JSON object"),
+    "fields missing": ('{"model_type": "llama", "hidden_size": 4096}', "missing required field(s): num_hidden_layers"),
+    "a field of the wrong type": ('{"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, '
+                                  '"num_attention_heads": 32, "vocab_size": 128256, "intermediate_size": 14336, '
+                                  '"tie_word_embeddings": "no"}', "tie_word_embeddings must be a JSON boolean"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_a_malformed_model_config_exits_2_naming_the_file_before_any_search(case, tmp_path):
+    text, problem = BAD_CONFIGS[case]
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(text)
+    out = tmp_path / "spec.json"
+    # --ttft-ms -1 is refused in the same line: every bad value at once, as before any search
+    res = runner.invoke(app, ["tune", str(folder), "--ttft-ms", "-1", "--out", str(out),
+                              "--state-dir", str(tmp_path / "state")], env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, res.output
+    assert str(folder / "config.json") in errors[0] and problem in errors[0] and "--ttft-ms" in errors[0], errors[0]
+    assert not re.search(r"\b[A-Z][A-Za-z]+(Error|Exception)\b", errors[0]), errors[0]
+    assert not out.exists()
+
+
 def test_a_failure_while_running_exits_1(tmp_path):
     res = runner.invoke(app, ["show-summary", "--state-dir", str(tmp_path)])  # nothing to show: a run-time failure
     assert res.exit_code == 1 and res.output.startswith("error:"), res.output

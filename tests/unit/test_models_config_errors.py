@@ -182,13 +182,13 @@ def test_utf8_bom_config_is_read(tmp_path: Path):
     assert load_model_spec(p).num_params == LLAMA8_PARAMS
 
 
-def test_cli_tune_on_wrong_typed_field_exits_1_without_traceback(tmp_path: Path):
+def test_cli_tune_on_wrong_typed_field_exits_2_without_traceback(tmp_path: Path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps(dict(cfg(QWEN3_MOE), mlp_only_layers=3)))
     res = CliRunner().invoke(app, ["tune", str(p), "--state-dir", str(tmp_path / "state")],
                              env={"COLUMNS": "200"})
-    assert res.exit_code == 1
-    assert "mlp_only_layers" in res.output
+    assert res.exit_code == 2  # a bad value (tests/unit/test_cli_exit_codes.py)
+    assert "mlp_only_layers" in res.output and str(p) in res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
 
 

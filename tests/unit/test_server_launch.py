@@ -1,13 +1,15 @@
-"""LocalDeployment wiring (runtime.server.launch), checked without starting processes.
+"""LocalDeployment wiring (runtime.server.launch), checked without starting vLLM or the runtime.
 
 Specification: one prefill and one decode worker at most per pool locally, CPU dtype override, the runtime
 pointed at exactly those workers; with router="kv" the runtime gets the router settings, block size,
-tokenizer folder and each worker's KV-event endpoint; a bad router name is rejected.
+tokenizer folder and each worker's KV-event endpoint; a bad router name is rejected; stopping says one
+`stopped` line per process it stops, the runtime's included (stand-in processes run in their place).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,8 +63,11 @@ def test_unknown_router_is_rejected():
         LocalDeployment(_spec(), Path("/m"), router="magic")
 
 
-def test_stop_before_start_is_harmless(tmp_path):
-    LocalDeployment(_spec(), Path("/m"), log_dir=tmp_path).stop()
+def test_stop_before_start_is_harmless_and_says_nothing(tmp_path):
+    said: list[str] = []
+    console = type("Lines", (), {"print": lambda self, msg: said.append(msg)})()
+    LocalDeployment(_spec(), Path("/m"), log_dir=tmp_path, console=console).stop()
+    assert said == []
 
 
 def test_local_workers_use_ucx_even_when_the_spec_names_libfabric(tmp_path):
@@ -95,3 +100,23 @@ def test_the_runtime_is_told_the_workers_kv_lease(tmp_path):
     assert args[args.index("--kv-lease-s") + 1] == "45"
     assert "--kv-lease-s" not in LocalDeployment(DeploymentSpec(model=ModelRef(name="m", path=str(tmp_path))),
                                                  tmp_path, log_dir=tmp_path).runtime.args
+
+
+def test_stop_says_one_stopped_line_per_process_the_runtime_included(tmp_path):
+    said: list[str] = []
+    console = type("Lines", (), {"print": lambda self, msg: said.append(msg)})()
+    dep = LocalDeployment(_spec(), Path("/m"), log_dir=tmp_path, console=console)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]  # a real process in each one's place
+    try:
+        for proc in [dep.runtime, *dep.workers]:
+            proc.args = sleeper
+            proc.start()
+        procs = [dep.runtime._proc, *(w._proc for w in dep.workers)]
+    finally:
+        dep.stop()
+    assert said == [f"stopped pdserve runtime {dep.runtime_url}",
+                    *(f"stopped {w.role} worker {w.base_url}" for w in dep.workers)]
+    assert all(p.poll() is not None for p in procs)
+    dep.stop()  # a second stop stops nothing and says nothing
+    assert len(said) == 1 + len(dep.workers)
+

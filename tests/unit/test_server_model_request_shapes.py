@@ -7,6 +7,7 @@ Specification:
 * the usage of a request with `n` > 1 counts the prompt once per prompt (vLLM's count), streaming or not;
 * a merged stream with `continuous_usage_stats` keeps each chunk's own usage; its final usage is the sum of
   the sub-streams' final usage, each prompt counted once;
+* usage details (cached prompt tokens, reasoning tokens) sum the same way, streaming or not;
 * chat `echo` (prompt log-probabilities, `top_logprobs` 0 by default) and beam search are served whole by
   the decode worker with local prefill: no handoff, no fan-out (beam search's `n` is its beam width).
 """
@@ -42,10 +43,12 @@ PROMPT_TOKENS = 5
 class Workers:
     """A prefill and a decode worker. The decode worker answers each choice with text naming its seed, and
     counts usage as vLLM does (the prompt once, each choice's tokens); streams send one chunk per token with
-    continuous usage when asked."""
+    continuous usage when asked. `details` (usage details, e.g. `prompt_tokens_details`) go into each final
+    usage the decode worker reports."""
 
-    def __init__(self) -> None:
+    def __init__(self, details: dict | None = None) -> None:
         self.calls: list[tuple[str, dict]] = []
+        self.details = details or {}
 
     def handler(self, req: httpx.Request) -> httpx.Response:
         body = json.loads(req.content)
@@ -54,8 +57,10 @@ class Workers:
         if req.url.host == "prefill":
             return httpx.Response(200, json={**self._answer(chat, body, 1), "kv_transfer_params": KV})
         if body.get("stream"):
-            return httpx.Response(200, text=self._stream(body))
-        return httpx.Response(200, json=self._answer(chat, body, 2))
+            return httpx.Response(200, text=self._stream(body, self.details))
+        answer = self._answer(chat, body, 2)
+        answer["usage"].update(self.details)
+        return httpx.Response(200, json=answer)
 
     @staticmethod
     def _answer(chat: bool, body: dict, tokens: int) -> dict:
@@ -69,7 +74,7 @@ class Workers:
                                               "total_tokens": PROMPT_TOKENS + tokens * n}}
 
     @staticmethod
-    def _stream(body: dict) -> str:
+    def _stream(body: dict, details: dict) -> str:
         options = body.get("stream_options") or {}
         continuous = options.get("include_usage") and options.get("continuous_usage_stats")
         chunks = []
@@ -83,7 +88,7 @@ class Workers:
         if options.get("include_usage"):
             chunks.append({"id": "x", "object": "text_completion", "created": 1, "model": "m", "choices": [],
                            "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": 3,
-                                     "total_tokens": PROMPT_TOKENS + 3}})
+                                     "total_tokens": PROMPT_TOKENS + 3, **details}})
         return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
 
     def hosts(self) -> list[str]:
@@ -174,6 +179,31 @@ async def test_a_merged_stream_reports_usage_as_vllm_does(continuous):
             assert mine == [1, 2, 3]
     else:
         assert all("usage" not in e for e in token_chunks)
+
+
+DETAILS = {"prompt_tokens_details": {"cached_tokens": 4}, "completion_tokens_details": {"reasoning_tokens": 1}}
+
+
+async def test_usage_details_of_n_choices_count_the_prompt_once_and_every_choice():
+    out = await _chat(_model(Workers(DETAILS)), n=3, temperature=0.8)
+    assert isinstance(out, ChatCompletion)
+    assert out.usage.prompt_tokens_details.cached_tokens == 4
+    assert out.usage.completion_tokens_details.reasoning_tokens == 3
+    two = await _complete(_model(Workers(DETAILS)), prompt=["a", "b"], n=2, temperature=0.8)
+    assert two.usage.prompt_tokens_details.cached_tokens == 8
+    assert two.usage.completion_tokens_details.reasoning_tokens == 4
+    plain = await _chat(_model(Workers()), n=3, temperature=0.8)
+    assert plain.usage.prompt_tokens_details is None and plain.usage.completion_tokens_details is None
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+async def test_a_merged_streams_final_usage_carries_the_summed_details(continuous):
+    stream = await _complete(_model(Workers(DETAILS)), prompt=["a", "b"], n=2, temperature=0.8, stream=True,
+                             stream_options={"include_usage": True, "continuous_usage_stats": continuous})
+    final = (await _events(stream))[-1]
+    assert final["choices"] == [] and final["usage"] == {
+        "prompt_tokens": 2 * PROMPT_TOKENS, "completion_tokens": 12, "total_tokens": 2 * PROMPT_TOKENS + 12,
+        "prompt_tokens_details": {"cached_tokens": 8}, "completion_tokens_details": {"reasoning_tokens": 4}}
 
 
 async def test_chat_echo_is_prefilled_on_the_decode_worker_not_from_a_handoff():

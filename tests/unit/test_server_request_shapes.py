@@ -13,6 +13,7 @@ from runtime.server.shapes import (
     needs_local_prefill,
     refusal,
     remap_chunk,
+    sum_usage,
 )
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -60,6 +61,36 @@ def test_merge_answers_reindexes_choices_and_sums_usage():
     assert add_usage(None, None) is None
     # n=3 choices of one prompt: the prompt is counted once, as vLLM counts it
     assert merge_answers(answers, n=3)["usage"] == {"prompt_tokens": 2, "completion_tokens": 9, "total_tokens": 11}
+
+
+def _usage(prompt: int, completion: int, cached: int | None, reasoning: int | None, **mm: int) -> dict:
+    prompt_details = None if cached is None else {"cached_tokens": cached, **({"multimodal_tokens": mm} if mm else {})}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": prompt_details,
+            "completion_tokens_details": None if reasoning is None else {"reasoning_tokens": reasoning}}
+
+
+def test_usage_details_sum_each_prompts_once_and_every_choices():
+    # 2 prompts x n=2: prompt details of each prompt's first choice, completion details of all four choices
+    usages = [_usage(8, 3, 4, 1, image=2), _usage(8, 5, 8, 2, image=2), _usage(6, 2, 0, 0, audio=3),
+              _usage(6, 4, 6, 3, audio=3)]
+    assert sum_usage(usages, 2) == {
+        "prompt_tokens": 14, "completion_tokens": 14, "total_tokens": 28,
+        "prompt_tokens_details": {"cached_tokens": 4, "multimodal_tokens": {"image": 2, "audio": 3}},
+        "completion_tokens_details": {"reasoning_tokens": 6}}
+    # 4 prompts, one choice each: every prompt's details count
+    assert sum_usage(usages, 1)["prompt_tokens_details"] == {"cached_tokens": 18,
+                                                             "multimodal_tokens": {"image": 4, "audio": 6}}
+    # a part without details counts nothing; the others still sum
+    assert sum_usage([_usage(8, 3, None, None), _usage(6, 2, 5, 1)], 1)["prompt_tokens_details"] == {
+        "cached_tokens": 5}
+    # null in every part stays null (vLLM's non-streaming answer), absent stays absent (its final stream chunk)
+    merged = sum_usage([_usage(8, 3, None, None), _usage(8, 2, None, None)], 2)
+    assert merged["prompt_tokens_details"] is None and merged["completion_tokens_details"] is None
+    bare = sum_usage([{"prompt_tokens": 8, "completion_tokens": 3, "total_tokens": 11}] * 2, 2)
+    assert bare == {"prompt_tokens": 8, "completion_tokens": 6, "total_tokens": 14}
+    # summing leaves the parts as they were
+    assert usages[0]["prompt_tokens_details"] == {"cached_tokens": 4, "multimodal_tokens": {"image": 2}}
 
 
 def test_remap_chunk_sets_index_and_id():
