@@ -20,8 +20,8 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    the usage chunk) and the request counts as an error.
    A decode worker that rejects the decode leg (a 4xx about the request: e.g. `max_tokens` beyond the context,
    `min_tokens` over `max_tokens`, fields the prefill leg does not carry) frees the handoff itself: vLLM 0.28's
-   serving layer tells its KV connector, which has the prefill worker release the blocks at once, before the
-   client has its answer (tests/e2e/test_server_decode_rejection.py), not at the end of the KV lease. So the
+   serving layer tells its KV connector, which has the prefill worker release the blocks at once (within 0.2 s
+   of the client's answer: tests/e2e/test_server_decode_rejection.py), not at the end of the KV lease. So the
    client gets that rejection and nothing more is sent on the handoff: a request that read it (a "consume" with
    max_tokens=1) would read blocks the prefill worker has already released and another request may reuse.
    Nor are such requests refused before the prefill: that would copy vLLM's checks and messages here (the
