@@ -13,8 +13,12 @@ possible and the front end under test dominates) with the parts of vLLM's OpenAI
   a request with ``do_remote_decode: true`` answers at once, non-streaming, one token, with
   ``kv_transfer_params`` naming this engine (``remote_engine_id``), made-up block ids and a side channel; a
   request carrying ``do_remote_prefill: true`` counts as a decode that pulled KV (`/stats` counts both).
+* vLLM's own rejections of a request's token budget, with vLLM 0.28's messages (400, OpenAI error object):
+  prompt tokens + `max_tokens` (or `max_completion_tokens`) over `MAX_MODEL_LEN`, and `min_tokens` over
+  `max_tokens`. A rejected request carrying ``do_remote_prefill: true`` is counted (`/stats`
+  ``rejected_remote_decodes``): vLLM 0.28's decode worker then tells the prefill worker to free that handoff.
 * `GET /health`, `GET /v1/models`, `GET /metrics` (vLLM v1 gauge names with the requests in flight), and
-  `GET /stats` (JSON: requests, prefills, remote decodes) for the bench's checks.
+  `GET /stats` (JSON: requests, prefills, remote decodes, rejected remote decodes) for the bench's checks.
 """
 
 from __future__ import annotations
@@ -25,13 +29,16 @@ import json
 import time
 from typing import Any
 
+#: The context length the stand-in serves (`/v1/models` `max_model_len`), tokens.
+MAX_MODEL_LEN = 32768
+
 
 class EngineStandin:
     """The ASGI app. `token_interval_s` paces streamed tokens; `engine_id` names the engine in P/D answers."""
 
     def __init__(self, token_interval_s: float, engine_id: str, model: str) -> None:
         self.token_interval_s, self.engine_id, self.model = token_interval_s, engine_id, model
-        self.requests = self.prefills = self.remote_decodes = self.running = 0
+        self.requests = self.prefills = self.remote_decodes = self.rejected_remote_decodes = self.running = 0
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -48,7 +55,7 @@ class EngineStandin:
                 return await _send(send, 200, b"", "text/plain")
             if path == "/v1/models":
                 return await _json(send, 200, {"object": "list", "data": [
-                    {"id": self.model, "object": "model", "owned_by": "standin", "max_model_len": 32768}]})
+                    {"id": self.model, "object": "model", "owned_by": "standin", "max_model_len": MAX_MODEL_LEN}]})
             if path == "/metrics":
                 page = (f"vllm:num_requests_running{{model_name=\"{self.model}\"}} {self.running}\n"
                         f"vllm:num_requests_waiting{{model_name=\"{self.model}\"}} 0\n"
@@ -56,7 +63,8 @@ class EngineStandin:
                 return await _send(send, 200, page.encode(), "text/plain; version=0.0.4")
             if path == "/stats":
                 return await _json(send, 200, {"requests": self.requests, "prefills": self.prefills,
-                                               "remote_decodes": self.remote_decodes})
+                                               "remote_decodes": self.remote_decodes,
+                                               "rejected_remote_decodes": self.rejected_remote_decodes})
             return await _json(send, 404, {"error": {"message": f"no route {path}", "code": 404}})
         if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
             return await _json(send, 404, {"error": {"message": f"no route {method} {path}", "code": 404}})
@@ -81,6 +89,13 @@ class EngineStandin:
         kv = body.get("kv_transfer_params") or {}
         rid = f"cmpl-{self.engine_id}-{self.requests}"
         prompt_tokens = _prompt_tokens(body)
+        rejection = _rejection(body, prompt_tokens)
+        if rejection is not None:
+            if kv.get("do_remote_prefill"):
+                self.rejected_remote_decodes += 1
+            message, param = rejection
+            return await _json(send, 400, {"error": {"message": message, "type": "BadRequestError", "param": param,
+                                                     "code": 400}})
         if kv.get("do_remote_decode"):
             self.prefills += 1
             answer = _answer(rid, self.model, chat, "t0 ", "length", prompt_tokens, 1)
@@ -126,6 +141,21 @@ def _prompt_tokens(body: dict) -> int:
         return sum(len(str(m.get("content") or "").split()) for m in body["messages"]) or 1
     prompt = body.get("prompt") or ""
     return (len(prompt) if isinstance(prompt, list) else len(str(prompt).split())) or 1
+
+
+def _rejection(body: dict, prompt_tokens: int) -> tuple[str, str | None] | None:
+    """(message, param) of vLLM 0.28's 400 for a token budget it refuses (vllm/renderers/params.py,
+    vllm/sampling_params.py), or None when the budget is valid."""
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(limit, int) and prompt_tokens + limit > MAX_MODEL_LEN:
+        return (f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you requested {limit} "
+                f"output tokens and your prompt contains at least {prompt_tokens} input tokens, for a total of at "
+                f"least {prompt_tokens + limit} tokens. Please reduce the length of the input prompt or the number "
+                f"of requested output tokens. (parameter=input_tokens, value={prompt_tokens})", "input_tokens")
+    min_tokens = body.get("min_tokens")
+    if isinstance(limit, int) and isinstance(min_tokens, int) and min_tokens > limit:
+        return f"min_tokens must be less than or equal to max_tokens={limit}, got {min_tokens}.", None
+    return None
 
 
 def _answer(rid: str, model: str, chat: bool, text: str, finish: str, prompt_tokens: int, n: int) -> dict:

@@ -18,6 +18,14 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    reasoning or tool calls is not migrated (the continuation could not replay them) but ends with an error
    event. An error event the worker sends inside its stream reaches the client (also when the runtime hides
    the usage chunk) and the request counts as an error.
+   A decode worker that rejects the decode leg (a 4xx about the request: e.g. `max_tokens` beyond the context,
+   `min_tokens` over `max_tokens`, fields the prefill leg does not carry) frees the handoff itself: vLLM 0.28's
+   serving layer tells its KV connector, which has the prefill worker release the blocks at once (within 0.2 s
+   of the client's answer: tests/e2e/test_server_decode_rejection.py), not at the end of the KV lease. So the
+   client gets that rejection and nothing more is sent on the handoff: a request that read it (a "consume" with
+   max_tokens=1) would read blocks the prefill worker has already released and another request may reuse.
+   Nor are such requests refused before the prefill: that would copy vLLM's checks and messages here (the
+   context check needs the prompt's token count) to save one prefill.
 
 Client-supplied `kv_transfer_params` (also inside `vllm_xargs`) and `ec_transfer_params` are dropped: no
 request field or header can make a worker talk to an address outside the configured pool. `vllm_xargs` keys
@@ -715,7 +723,7 @@ class PDModel(OpenAIGenerativeModel):
                     break
                 except BackendError as exc:
                     new = self._migrate(exc, route, rid)
-                    if new is None:
+                    if new is None:  # a rejected decode leg's handoff is freed by the decode worker (see above)
                         return _backend_error_response(exc)
                     route, kv, decode, mode = new, None, self._client(new.decode_url, rid), "migrated"
                     state["route"], state["mode"] = route, mode

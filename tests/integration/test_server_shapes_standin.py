@@ -6,8 +6,12 @@ A prefill and a decode engine stand-in (bench/engine_standin.py: vLLM's OpenAI r
 worker gives directly; a completions request with several prompts and a request with n > 1 come back as one
 answer with one choice per prompt / sample in vLLM's order, each prompt's tokens counted once (as vLLM does); a
 streamed fan-out carries each choice's tokens under its own index and one summed usage chunk when asked; a
-client's own `kv_transfer_params` never reach a worker; every request that went through a remote prefill
-had its handoff passed on to its decode (the stand-ins' prefill and remote-decode counts are equal).
+client's own `kv_transfer_params` never reach a worker; a decode leg that the decode worker rejects after a
+remote prefill (a token budget over its context, `min_tokens` over `max_tokens`) gets the client the decode
+worker's own 400, message and `param`, and the runtime sends nothing more (the rejected decode leg carried the
+handoff, which is what lets vLLM free it; another read could find its blocks released); every request that went
+through a remote prefill had its handoff passed on to its decode (the stand-ins' prefill count equals the remote
+decodes served plus those rejected).
 """
 
 from __future__ import annotations
@@ -117,8 +121,36 @@ def test_several_prompts_and_n_samples_come_back_in_vllm_order(served):
     assert [(ch["index"], ch["message"]["content"]) for ch in chat["choices"]] == [(i, TEXT) for i in range(3)]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path, shape", [("chat/completions", "over-context"), ("completions", "min-over-max")])
+def test_a_decode_rejection_after_a_handoff_is_the_clients_answer_and_nothing_more_is_sent(served, path, shape,
+                                                                                          stream):
+    import time
+
+    url, (prefill, decode) = served
+    prompt = "one two three"
+    with httpx.Client(timeout=30) as c:
+        context = c.get(f"{decode}/v1/models").json()["data"][0]["max_model_len"]
+        budget = {"max_tokens": context} if shape == "over-context" else {"max_tokens": 2, "min_tokens": 3}
+        body = {"model": "m", "stream": stream, **budget,
+                **({"messages": [{"role": "user", "content": prompt}]} if path == "chat/completions"
+                   else {"prompt": prompt})}
+        direct = c.post(f"{decode}/v1/{path}", json=body)  # the aggregated answer: the decode worker alone
+        assert direct.status_code == 400, direct.text
+        p0, d0 = c.get(f"{prefill}/stats").json(), c.get(f"{decode}/stats").json()
+        got = c.post(f"{url}/openai/v1/{path}", json=body)
+        time.sleep(0.5)  # a request the runtime sent after answering would land by now
+        p1, d1 = c.get(f"{prefill}/stats").json(), c.get(f"{decode}/stats").json()
+    error, want = got.json()["error"], direct.json()["error"]
+    assert (got.status_code, error["message"], error["param"]) == (400, want["message"], want["param"])
+    assert p1["prefills"] - p0["prefills"] == 1  # the prefill worker accepted it (max_tokens 1, no min_tokens)
+    # one decode leg, carrying the handoff, rejected; no second request reads the handoff
+    assert {k: d1[k] - d0[k] for k in ("requests", "rejected_remote_decodes", "remote_decodes")} == {
+        "requests": 1, "rejected_remote_decodes": 1, "remote_decodes": 0}
+
+
 def test_every_remote_prefill_handed_its_kv_to_a_decode(served):
     _, (prefill, decode) = served
     with httpx.Client(timeout=10) as c:
         p, d = c.get(f"{prefill}/stats").json(), c.get(f"{decode}/stats").json()
-    assert p["prefills"] > 0 and p["prefills"] == d["remote_decodes"]
+    assert p["prefills"] > 0 and p["prefills"] == d["remote_decodes"] + d["rejected_remote_decodes"]
