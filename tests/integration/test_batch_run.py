@@ -220,6 +220,16 @@ def test_an_output_of_another_batch_is_refused_untouched(standin, tmp_path):
     assert out.read_text() == before and standin.requests == []
 
 
+@pytest.mark.parametrize("text", ["notes: keep me\nsecond line\n", '{"custom_id": "r0", "method": "POST"}\n'])
+def test_an_output_that_is_no_batch_output_is_refused_untouched(standin, tmp_path, text):
+    out = tmp_path / "notes.txt"  # e.g. the input's neighbour named by mistake: resuming would rewrite it
+    out.write_text(text)
+    res = runner.invoke(app, ["run", "-i", str(_write_batch(tmp_path / "a.jsonl", ["x"])), "-o", str(out),
+                              "--endpoint", standin.url, "--model", "m", "--no-progress"])
+    assert res.exit_code == 2 and "line 1 is not a batch output line" in " ".join(res.output.split()), res.output
+    assert out.read_text() == text and standin.requests == []
+
+
 def test_an_api_key_from_a_file_secret_has_its_newline_dropped_and_a_bad_one_is_refused(standin, tmp_path,
                                                                                        monkeypatch):
     inp = _write_batch(tmp_path / "in.jsonl", ["a"])
