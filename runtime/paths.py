@@ -42,6 +42,23 @@ def write_text_atomically(path: Path, text: str) -> Path:
     return path
 
 
+def output_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a file to write (with :func:`write_text_atomically`, which creates missing parent
+    folders): "is a folder", or "<ancestor> is not a folder" when the nearest existing ancestor is a file;
+    None when it can be tried (permissions and free space show only when writing). For an --out option to be
+    refused as a bad value before any work, rather than fail with an OS error after it.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return "is a folder"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        return f"{parent} is not a folder"
+    return None
+
+
 def print_json_line(obj: dict, out: Path | None = None) -> str:
     """Print `obj` as ONE JSON line on stdout (what every bench/ script reports) and, when `out` is
     given, also write that line to it (`write_text_atomically`: parent folders created); returns the line."""

@@ -93,6 +93,7 @@ def promote(
             usage("--apply needs --kube-context, or must run inside a Kubernetes pod (in-cluster service-account "
                   "config); no cluster is assumed")
     _check_target_options(namespace, pvc, image)
+    _check_out_options(out, traffic_upload)
     db_file = _sqlite_database(mlflow_uri)
     if db_file is not None and not db_file.is_file():  # MLflow would create an empty database there
         usage(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
@@ -124,6 +125,25 @@ def promote(
                   + (" (applied)" if info.applied else "")
                   + (f" (already live as revision v{info.version} with image {image}: nothing applied)"
                      if info.already_live else ""))
+
+
+def _check_out_options(out: Path, traffic_upload: str | None) -> None:
+    """--out (a file that can be written) and --traffic-upload (an s3:// prefix), before MLflow is read: a bad
+    value exits 2 naming its option, not 1 with an OS error after the champion was rendered."""
+    from runtime.paths import output_file_problem
+    from runtime.s3uri import check_upload_uri
+
+    problems = []
+    problem = output_file_problem(out)
+    if problem:
+        problems.append(f"--out {out}: {problem}")
+    if traffic_upload:
+        try:
+            check_upload_uri(traffic_upload)
+        except ValueError as e:  # names --traffic-upload
+            problems.append(str(e))
+    if problems:
+        usage("; ".join(problems))
 
 
 def _check_target_options(namespace: str, pvc: str, image: str) -> None:

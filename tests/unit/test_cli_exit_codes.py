@@ -83,3 +83,19 @@ def test_promote_names_a_bad_target_option_before_reading_mlflow(option, value, 
                         env={"COLUMNS": "300"})
     assert res.exit_code == 2, res.output
     assert res.output.startswith(f"error: {option}: "), res.output
+
+
+@pytest.mark.parametrize("option,value,problem", [
+    ("--out", "{tmp}", "is a folder"),
+    ("--out", "{tmp}/file/manifests.yaml", "{tmp}/file is not a folder"),
+    ("--out", "{tmp}/file/sub/manifests.yaml", "{tmp}/file is not a folder"),
+    ("--traffic-upload", "s3://", "is not a valid S3 bucket name"),
+    ("--traffic-upload", "s3://bucket/prefix", "must end in '/'"),
+])
+def test_promote_names_a_bad_output_option_before_reading_mlflow(option, value, problem, tmp_path):
+    (tmp_path / "file").write_text("keep")
+    res = runner.invoke(app, ["promote", "m", option, value.format(tmp=tmp_path),
+                              "--mlflow-uri", f"sqlite:///{tmp_path}/none.db"], env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(f"error: {option} ") and problem.format(tmp=tmp_path) in res.output, res.output
+    assert (tmp_path / "file").read_text() == "keep"
