@@ -108,7 +108,11 @@ def _emit(build, spec_cls, fields: dict, out: Optional[Path]) -> None:
 
     from runtime.batch.workflow_validation import validate_workflow_objects
     from runtime.batch.workflows import to_yaml
+    from runtime.paths import output_file_problem
 
+    problem = None if out is None else output_file_problem(out)
+    if problem:
+        _fail(f"--out {out}: {problem}")
     try:
         # an option not given (None) leaves the spec's default; the two 'none'-able ones arrive resolved
         spec = spec_cls(**{k: v for k, v in fields.items() if v is not None or k in ("priority_class_name",

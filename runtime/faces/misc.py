@@ -27,8 +27,13 @@ def compile_cmd(
              "pinned by digest.")] = None,
 ) -> None:
     """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines)."""
+    from runtime.paths import output_file_problem
+
     if out.is_dir():
         usage(f"{out}: is a folder; give the YAML file to write, e.g. {out / 'stage_tune_promote.yaml'}")
+    problem = output_file_problem(out)
+    if problem:
+        usage(f"{out}: {problem}")
     from pipelines.stage_tune_promote import compile_pipeline
     from runtime.image import split_reference
 

@@ -202,14 +202,17 @@ def tune_model(req: ModelTuneRequest, report: TuneReport) -> ModelTuneOutcome:
 
 def _check_combinations(req: ModelTuneRequest, config: Path) -> None:
     """The option combinations refused before anything is read, first problem first (TuneUsageError)."""
+    from runtime.paths import output_file_problem
+
     out, register = req.out_path, req.registered_model
     if req.measure and (out or register):
         raise TuneUsageError("--measure tunes on CPU (fp32) measurements: they are not a deployable GPU spec; drop "
                              "--out/--register")
     if req.measure and not (config.is_dir() and any(config.glob("*.safetensors"))):
         raise TuneUsageError(f"--measure needs a model folder with safetensors weights, got {config}")
-    if out is not None and (out.is_dir() or (out.parent.exists() and not out.parent.is_dir())):
-        raise TuneUsageError(f"--out {out}: " + ("is a folder" if out.is_dir() else f"{out.parent} is not a folder"))
+    problem = None if out is None else output_file_problem(out)
+    if problem:
+        raise TuneUsageError(f"--out {out}: {problem}")
     if register and not req.mlflow_tracking_uri:
         raise TuneUsageError("--register needs --mlflow-uri (the registry lives in that MLflow)")
     if req.measure and (req.parallelism == "all" or req.max_model_len_tokens is not None or req.engine_args):

@@ -303,8 +303,8 @@ def test_compile_under_a_file_is_one_error_line(tmp_path):
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")
     res = runner.invoke(app, ["compile", str(blocker / "sub" / "p.yaml")], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
-    assert res.output.startswith("error:") and "cannot write the pipeline YAML" in res.output
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.exception  # a bad value, found first
+    assert res.output.startswith("error:") and f"{blocker} is not a folder" in res.output
     assert "Traceback" not in res.output and blocker.read_text() == "x"
 
 

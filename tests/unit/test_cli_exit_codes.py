@@ -99,3 +99,26 @@ def test_promote_names_a_bad_output_option_before_reading_mlflow(option, value, 
     assert res.exit_code == 2, res.output
     assert res.output.startswith(f"error: {option} ") and problem.format(tmp=tmp_path) in res.output, res.output
     assert (tmp_path / "file").read_text() == "keep"
+
+
+OUTPUT_UNDER_A_FILE = {  # argv writing to {out}, a path two levels below the file {tmp}/file
+    "tune --out": ["tune", "llama-3.1-8b", "--out", "{out}"],
+    "tune --decision-values": ["tune", "llama-3.1-8b", "--mlflow-uri", "sqlite:///{tmp}/m.db", "--register", "m",
+                               "--decision-values", "{out}"],
+    "compile OUT": ["compile", "{out}"],
+    "serve --traffic-log": ["serve", "--model-dir", "{tmp}", "--traffic-log", "{out}.jsonl"],
+    "batch workflow --out": ["batch", "workflow", "--input", "s3://bkt/in.jsonl", "--output", "s3://bkt/out.jsonl",
+                             "--endpoint", "http://isvc-predictor.pdserve.svc.cluster.local/openai", "--out", "{out}"],
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUT_UNDER_A_FILE))
+def test_an_output_path_below_a_file_exits_2_naming_the_file_before_any_work(case, tmp_path):
+    (tmp_path / "file").write_text("keep")
+    out = tmp_path / "file" / "sub" / "x.yaml"
+    res = runner.invoke(app, [a.format(tmp=tmp_path, out=out) for a in OUTPUT_UNDER_A_FILE[case]],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"{tmp_path / 'file'} is not a folder" in errors[0], res.output
+    assert (tmp_path / "file").read_text() == "keep" and not (tmp_path / "m.db").exists()
