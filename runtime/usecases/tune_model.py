@@ -236,7 +236,7 @@ def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_m
     trace's TraceWorkload or None, window_s, min_improvement_pct)."""
     from runtime.redact import redact_userinfo
     from runtime.s3uri import without_query
-    from runtime.tracking.traces import fetch_trace_workload, load_trace_workload
+    from runtime.tracking.traces import check_traffic_trace_uri, fetch_trace_workload, load_trace_workload
     from runtime.tuner.search import resolve_gpu
 
     trace, trace_uri, rate, isl, osl = req.trace_path, req.traffic_trace_uri, req.request_rate_per_s, \
@@ -275,6 +275,12 @@ def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_m
             problems.append(f"--trace-uri {trace_uri!r}: without --trace it must be an s3:// object or prefix to "
                             "read (a local trace is given with --trace)")
             fetch = False
+        elif fetch:  # a malformed URI is a bad value; only reading a well-formed one can fail while running
+            try:
+                check_traffic_trace_uri(trace_uri)
+            except ValueError as e:
+                problems.append(f"--trace-uri: {str(e).removeprefix('traffic_trace_uri ')}")
+                fetch = False
     window_h = req.trace_window_h
     if window_h is not None:
         if not (math.isfinite(window_h) and window_h > 0):
