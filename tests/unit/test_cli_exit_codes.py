@@ -125,3 +125,15 @@ def test_an_output_path_below_a_file_exits_2_naming_the_file_before_any_work(cas
     errors = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"{tmp_path / 'file'} is not a folder" in errors[0], res.output
     assert (tmp_path / "file").read_text() == "keep" and not (tmp_path / "m.db").exists()
+
+
+def test_a_library_error_of_several_lines_is_printed_as_one(tmp_path):
+    not_a_db = tmp_path / "notes.db"
+    not_a_db.write_text("not sqlite\n")  # SQLAlchemy's error adds a "[SQL: ...]" and a "(Background ...)" line
+    res = runner.invoke(app, ["tune", "llama-3.1-8b", "--mlflow-uri", f"sqlite:///{not_a_db}"],
+                        env={"COLUMNS": "2000"})
+    assert res.exit_code == 1, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "file is not a database" in errors[0], res.output
+    tail = res.output[res.output.index("error:"):].strip()
+    assert "\n" not in tail and not_a_db.read_text() == "not sqlite\n", tail
