@@ -68,13 +68,21 @@ def stage(
     except ValidationError as e:
         usage(option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude",
                                  "s3_transport": "--s3-transport"}))
-    client = None
-    if fsx_file_system_id is not None or fsx_path is not None:
+    from runtime.staging.sources import check_source
+
+    fsx_mode = fsx_file_system_id is not None or fsx_path is not None
+    if fsx_mode:  # the option combination first: it says which SOURCE this mode needs
         from runtime.staging import fsx
 
         problem = fsx.fsx_options_error(fsx_file_system_id, fsx_path, source)
         if problem:
             usage(problem)
+    try:
+        check_source(source)  # a malformed or missing SOURCE is a bad value, refused before any client is made
+    except StagingError as e:
+        usage(str(e))
+    client = None
+    if fsx_mode:
         try:
             fsx_client = fsx.make_fsx_client()
         except Exception as e:  # noqa: BLE001 - botocore: no region, bad config file, ...

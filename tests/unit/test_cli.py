@@ -94,7 +94,7 @@ def test_error_messages_are_printed_verbatim_not_as_rich_markup(tmp_path):
 
 def test_stage_errors_with_brackets_keep_them(tmp_path):
     res = runner.invoke(app, ["stage", "hf://onlyorg", str(tmp_path / "out")], env={"COLUMNS": "300"})
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output  # a malformed SOURCE is a bad value
     assert "[/subfolder]" in res.output and "hf://onlyorg" in res.output  # was: rich MarkupError traceback
     src = tmp_path / "src"
     src.mkdir()
@@ -289,7 +289,7 @@ def test_stage_names_a_file_given_as_the_source_folder(tmp_path):
     f = tmp_path / "config.json"
     f.write_text("{}")
     res = runner.invoke(app, ["stage", str(f), str(tmp_path / "out")], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and "is a file, not a folder" in res.output
+    assert res.exit_code == 2 and "is a file, not a folder" in res.output
 
 
 def test_compile_to_an_existing_folder_is_one_error_line(tmp_path):

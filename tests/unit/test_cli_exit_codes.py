@@ -26,6 +26,9 @@ BAD_VALUES = {  # argv, with {tmp} the test's temporary folder
     "promote: no such database": ["promote", "m", "--mlflow-uri", "sqlite:///{tmp}/none.db"],
     "serve: bad --router": ["serve", "--router", "nope"],
     "stage: bad --concurrency": ["stage", "{tmp}", "{tmp}/dest", "--concurrency", "0"],
+    "stage: no such SOURCE folder": ["stage", "{tmp}/none", "{tmp}/dest"],
+    "stage: SOURCE of an unknown scheme": ["stage", "ftp://host/model", "{tmp}/dest"],
+    "stage: SOURCE with a bad bucket": ["stage", "s3://b/model/", "{tmp}/dest"],
     "compile: a folder as output": ["compile", "{tmp}"],
     "demo: unknown --gpu": ["demo", "--state-dir", "{tmp}", "--gpu", "H100-SMX"],
     "batch run: no input file": ["batch", "run", "--input", "{tmp}/none.jsonl", "--output", "{tmp}/out.jsonl",
@@ -137,3 +140,12 @@ def test_a_library_error_of_several_lines_is_printed_as_one(tmp_path):
     assert len(errors) == 1 and "file is not a database" in errors[0], res.output
     tail = res.output[res.output.index("error:"):].strip()
     assert "\n" not in tail and not_a_db.read_text() == "not sqlite\n", tail
+
+
+@pytest.mark.parametrize("source", ["", "  "])
+def test_stage_refuses_an_empty_source_instead_of_staging_the_current_folder(source, tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")  # a model-looking current folder
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["stage", source, str(tmp_path / "dest")], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and res.output.startswith("error: source ") and "empty" in res.output, res.output
+    assert not (tmp_path / "dest").exists()
