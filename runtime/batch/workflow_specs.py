@@ -140,6 +140,16 @@ class CommonWorkflowSpec(BaseModel):
                     raise ValueError(f"{k} {v!r}: must not contain '{{{{' (Argo would substitute it)")
         return data
 
+    @field_validator("*")
+    @classmethod
+    def _no_kubelet_expansion(cls, v: Any, info: ValidationInfo) -> Any:
+        """The kubelet expands ``$(VAR)`` in container args from the pod's environment, which holds the S3
+        Secret's keys: a value holding a '$' would not reach the step as written (and could read a secret)."""
+        if isinstance(v, str) and "$" in v:
+            raise ValueError(f"{info.field_name} {v!r}: must not contain '$' (Kubernetes expands $(VAR) in "
+                             "container args)")
+        return v
+
     namespace: K8sName = Field("pdserve", description="Namespace the workflow (and its pods) run in.")
     image: str = Field(cpu_image(DEFAULT_IMAGE), min_length=1,
                        description="Container image the steps run, pdserve installed; no step needs a GPU: the CPU "

@@ -416,6 +416,8 @@ def test_the_cli_renders_valid_yaml_and_names_a_bad_option(tmp_path):
     ("s3_endpoint_url", "http://key:secret@minio:9000", "must not carry credentials"),
     ("output_uri", "s3://pdserve-batch/out/{{workflow.name}}.jsonl", "Argo would substitute"),
     ("model", "{{inputs.parameters.x}}", "Argo would substitute"),
+    ("model", "m$(AWS_SECRET_ACCESS_KEY)", "Kubernetes expands"),
+    ("input_uri", "s3://pdserve-batch/$(HOME).jsonl", "Kubernetes expands"),
 ])
 def test_values_the_pod_would_reject_or_argo_would_rewrite_are_refused(field, value, why):
     with pytest.raises(ValidationError, match=why) as e:
@@ -776,3 +778,20 @@ def test_precision_is_passed_only_when_given_and_the_promote_image_defaults_to_t
     tpl = templates(promote_cron(image="123.dkr.ecr.us-east-1.amazonaws.com/pdserve:1.2"))["promote"]
     args = tpl["container"]["args"]
     assert args[args.index("--image") + 1] == "123.dkr.ecr.us-east-1.amazonaws.com/pdserve:1.2"
+
+
+@pytest.mark.parametrize("args, option", [
+    (["batch", "workflow", "--input", "s3://pdserve-batch/in.jsonl", "--output", "s3://pdserve-batch/out.jsonl",
+      "--endpoint", "http://isvc-predictor.pdserve.svc.cluster.local/openai", "--model", "m$(AWS_SECRET_ACCESS_KEY)"],
+     "--model"),
+    (["batch", "retune-schedule", "--model-name", "llama8", "--traffic", "s3://pdserve-traffic/t.jsonl",
+      "--registered-model", "m1", "--gpu", "$(GPU)"], "--gpu"),
+])
+def test_a_value_the_kubelet_would_expand_is_refused_naming_its_option(args, option):
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and res.output.startswith(f"error: {option}: "), res.output
+    assert "must not contain '$'" in res.output
