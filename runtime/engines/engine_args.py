@@ -85,7 +85,7 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
     `parser`: vLLM's engine-argument parser (default: `vllm_engine_parser()`).
 
     Raises:
-        ValueError: a malformed item; a KEY in `RESERVED` (the message names the setting to use); a KEY that is
+        ValueError: a malformed item; a VALUE holding '$'; a KEY in `RESERVED` (the message names the setting to use); a KEY that is
             not an engine argument of the pinned vLLM (the message suggests close ones); a boolean with another
             VALUE; a VALUE vLLM's parser refuses (type, choices, JSON), with vLLM's message.
     """
@@ -94,6 +94,9 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
     chosen: dict[str, list[str]] = {}
     for item in items:
         key, value = parse_engine_arg(item)
+        if "$" in value:  # runtime.deploy.render refuses it too: the kubelet expands $(VAR) in container args
+            raise ValueError(f"--engine-arg {item!r}: VALUE must not contain '$' (Kubernetes expands $(VAR) in "
+                             "the workers' container args)")
         base = key[3:] if key.startswith("no-") and key[3:] in RESERVED else key
         if base in RESERVED:
             raise ValueError(f"--engine-arg {item!r}: pdserve sets --{base} itself from {RESERVED[base]}")

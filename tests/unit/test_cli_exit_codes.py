@@ -23,6 +23,7 @@ BAD_VALUES = {  # argv, with {tmp} the test's temporary folder
     "tune: --trace-uri with a bad bucket": ["tune", "llama-3.1-8b", "--trace-uri", "s3://b/t.jsonl"],
     "tune: --trace-uri of no trace format": ["tune", "llama-3.1-8b", "--trace-uri", "s3://bucket/t.txt"],
     "promote: --skip-if-live without --apply": ["promote", "m", "--skip-if-live"],
+    "tune: an --engine-arg the kubelet expands": ["tune", "llama-3.1-8b", "--engine-arg", "hf-overrides={{\"a\": \"$(X)\"}}"],
     "promote: no such database": ["promote", "m", "--mlflow-uri", "sqlite:///{tmp}/none.db"],
     "serve: bad --router": ["serve", "--router", "nope"],
     "stage: bad --concurrency": ["stage", "{tmp}", "{tmp}/dest", "--concurrency", "0"],
