@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -79,6 +80,14 @@ def promote(
     if expect_version is not None and not expect_version.strip():  # the use case reads "" as "no guard"
         usage("--expect-version: empty; give the version alias champion must name (tune --decision-values' "
               "registered_version), or leave the option out")
+    if expect_version is not None and not re.fullmatch(r"[1-9][0-9]*", expect_version):  # MLflow numbers 1, 2, ...
+        usage(f"--expect-version {expect_version!r}: must be a model version number (1, 2, ...)")
+    from runtime.tracking.mlflow_runs import check_registered_model_name
+
+    try:
+        check_registered_model_name(registered_model)
+    except ValueError as e:  # before MLflow is asked: its own message names no argument
+        usage(f"REGISTERED_MODEL: {e}")
     if skip_if_live and not apply:
         usage("--skip-if-live: only applies with --apply")
     engine_args = list(engine_arg or [])

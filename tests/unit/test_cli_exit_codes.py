@@ -150,3 +150,15 @@ def test_stage_refuses_an_empty_source_instead_of_staging_the_current_folder(sou
     res = runner.invoke(app, ["stage", source, str(tmp_path / "dest")], env={"COLUMNS": "300"})
     assert res.exit_code == 2 and res.output.startswith("error: source ") and "empty" in res.output, res.output
     assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["", "--expect-version", "1"], "REGISTERED_MODEL: registered model name '': must not be empty"),
+    (["org/m"], "REGISTERED_MODEL: registered model name 'org/m': MLflow model names cannot contain"),
+    (["m", "--expect-version", " 1"], "--expect-version ' 1': must be a model version number"),
+    (["m", "--expect-version", "v1"], "--expect-version 'v1': must be a model version number"),
+])
+def test_promote_names_a_bad_model_name_or_version_before_reading_mlflow(args, named, tmp_path):
+    res = runner.invoke(app, ["promote", *args, "--mlflow-uri", f"sqlite:///{tmp_path}/none.db"],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and res.output.startswith(f"error: {named}"), res.output
