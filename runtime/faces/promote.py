@@ -111,7 +111,7 @@ def promote(
     from runtime.staging.manifest import StagingError
     from runtime.tracking.mlflow_runs import TrackingError
 
-    from runtime.usecases.promote import PromoteRequest, promote as run_promote
+    from runtime.usecases.promote import PromoteRequest, PromoteValueError, promote as run_promote
 
     try:
         info = run_promote(PromoteRequest(
@@ -121,6 +121,8 @@ def promote(
             skip_if_live=skip_if_live, max_model_len_tokens=max_model_len, engine_args=engine_args))
     except RolledBackError as e:  # manifests were written; the canary was rolled back
         fail(str(e))
+    except PromoteValueError as e:  # --max-model-len / --engine-arg against the champion's spec
+        usage(str(e))
     except StagingError as e:  # the champion's model folder is not a verified staged copy
         fail(f"{e} (`pdserve stage` the model and tune that folder, or pass --allow-unstaged to promote it "
               "anyway)")

@@ -156,3 +156,15 @@ def test_champion_comparison_uses_the_same_prices():
     priced = check_against_champion(result, spec, "m", ChampionPolicy(), lambda n: ("1", theirs), prices=prices)
     assert priced.comparison.metric == "usd_per_mtok"
     assert priced.comparison.champion.usd_per_mtok != plain.comparison.champion.usd_per_mtok
+
+
+def test_promote_names_a_max_model_len_below_the_champions_workload_as_a_bad_value(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # a real champion: tuned for ISL 3000 + OSL 150
+    reg = runner.invoke(app, ["tune", "llama-3.1-8b", "--mlflow-uri", uri, "--register", "m"])
+    assert reg.exit_code == 0, reg.output
+    out = tmp_path / "m.yaml"
+    res = runner.invoke(app, ["promote", "m", "--mlflow-uri", uri, "--allow-unstaged", "--max-model-len", "1000",
+                              "--out", str(out)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: --max-model-len: max_model_len 1000 < the workload's ISL + OSL (3150")
+    assert not out.exists()
