@@ -359,7 +359,7 @@ def _search(req: ModelTuneRequest, report: TuneReport, config: Path, model, gpu:
     """Check the model's served name, settle the precision, (measure,) search. Returns (precision, result)."""
     from runtime.config import check_model_name
     from runtime.models.spec import ModelConfigError
-    from runtime.tuner.search import InfeasibleSLOError, resolve_gpu, tp_choices
+    from runtime.tuner.search import ContextTooLongError, InfeasibleSLOError, resolve_gpu, tp_choices
     from runtime.tuner.search import tune as search
     from runtime.usecases.tune import resolve_precision
 
@@ -379,6 +379,9 @@ def _search(req: ModelTuneRequest, report: TuneReport, config: Path, model, gpu:
         result = search(model, resolve_gpu(gpu), slo, workload, precision=precision, perf=perf,
                         tps=tp_choices(gpu), sample=sample,  # an instance type (g6e.xlarge) bounds TP by its GPUs
                         parallelism=req.parallelism, prices=req.prices)
+    except ContextTooLongError as e:  # the workload asked for does not fit the model: a bad value, not a failure
+        option = "--isl/--osl" if sample is None else "--trace" if req.trace_path is not None else "--trace-uri"
+        raise TuneUsageError(f"{option}: {e}") from None
     except (ModelConfigError, InfeasibleSLOError, ValueError, FileNotFoundError) as e:
         raise TuneFailure(str(e)) from None
     except KeyError as e:  # unknown GPU: the message lists the catalog

@@ -19,6 +19,7 @@ BAD_VALUES = {  # argv, with {tmp} the test's temporary folder
     "tune: unknown --gpu": ["tune", "llama-3.1-8b", "--gpu", "H100-SMX"],
     "tune: unknown model": ["tune", "llama-9000"],
     "tune: no such config file": ["tune", "{tmp}/none/config.json"],
+    "tune: ISL + OSL beyond the model's context": ["tune", "llama-3.1-8b", "--isl", "200000"],
     "tune: --trace-uri without an object key": ["tune", "llama-3.1-8b", "--trace-uri", "s3://bucket"],
     "tune: --trace-uri with a bad bucket": ["tune", "llama-3.1-8b", "--trace-uri", "s3://b/t.jsonl"],
     "tune: --trace-uri of no trace format": ["tune", "llama-3.1-8b", "--trace-uri", "s3://bucket/t.txt"],
