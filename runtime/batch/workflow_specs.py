@@ -252,10 +252,13 @@ class RetuneCronWorkflowSpec(CommonWorkflowSpec):
     model_name: str = Field(description="Served model name = its folder under /fsx/models (e.g. llama8, org/llama8).")
     gpu: Optional[str] = Field(None, description="GPU catalog name or AWS instance type (pdserve tune --gpu); None: "
                                                  "the champion's.")
-    ttft_ms: Optional[float] = Field(None, gt=0, description="TTFT p90 SLO, ms; None: the champion's.")
-    itl_ms: Optional[float] = Field(None, gt=0, description="ITL p90 SLO, ms; None: the champion's.")
+    # finite: `pdserve tune` refuses inf, so every scheduled run would fail
+    ttft_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="TTFT p90 SLO, ms; None: the "
+                                                                                  "champion's.")
+    itl_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="ITL p90 SLO, ms; None: the "
+                                                                                "champion's.")
     rate: Optional[float] = Field(
-        None, gt=0, description="Target request rate, requests/s; None: the recorded traffic's mean arrival rate "
+        None, gt=0, allow_inf_nan=False, description="Target request rate, requests/s; None: the recorded traffic's mean arrival rate "
                                 "(what `pdserve tune --trace` uses without --rate).")
     precision: Optional[Literal["auto", "bf16", "fp8"]] = Field(
         None, description="Weights and KV precision (pdserve tune --precision); None: the champion's.")

@@ -241,6 +241,9 @@ def test_unset_constraints_are_inherited_from_the_champion_and_constants_match_t
     (retune_spec, "mlflow_uri", "mlflow.mlflow.svc:5000"),
     (retune_spec, "registered_model", "a/b"),
     (retune_spec, "ttft_ms", 0),
+    (retune_spec, "ttft_ms", float("inf")),  # `pdserve tune` in the pod would refuse it at every run
+    (retune_spec, "itl_ms", float("inf")),
+    (retune_spec, "rate", float("inf")),
     (retune_spec, "rate", -1.0),
     (retune_spec, "gpu_budget", 0),
     (retune_spec, "min_improvement_pct", -1.0),
