@@ -103,6 +103,12 @@ def promote(
                   "config); no cluster is assumed")
     _check_target_options(namespace, pvc, image)
     _check_out_options(out, traffic_upload)
+    from runtime.tracking.mlflow_runs import check_tracking_uri
+
+    try:
+        check_tracking_uri(mlflow_uri)
+    except ValueError as e:
+        usage(f"--mlflow-uri {e}")
     db_file = _sqlite_database(mlflow_uri)
     if db_file is not None and not db_file.is_file():  # MLflow would create an empty database there
         usage(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "

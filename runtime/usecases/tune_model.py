@@ -215,6 +215,13 @@ def _check_combinations(req: ModelTuneRequest, config: Path) -> None:
         raise TuneUsageError(f"--out {out}: {problem}")
     if register and not req.mlflow_tracking_uri:
         raise TuneUsageError("--register needs --mlflow-uri (the registry lives in that MLflow)")
+    if req.mlflow_tracking_uri:  # before the search and --out: not after them, as MLflow's own refusal would be
+        from runtime.tracking.mlflow_runs import check_tracking_uri
+
+        try:
+            check_tracking_uri(req.mlflow_tracking_uri)
+        except ValueError as e:
+            raise TuneUsageError(f"--mlflow-uri {e}") from None
     if req.measure and (req.parallelism == "all" or req.max_model_len_tokens is not None or req.engine_args):
         raise TuneUsageError("--measure tunes plain TP on CPU measurements and writes no spec: drop --parallelism "
                              "all, --max-model-len and --engine-arg")

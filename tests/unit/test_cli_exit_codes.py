@@ -163,3 +163,28 @@ def test_promote_names_a_bad_model_name_or_version_before_reading_mlflow(args, n
     res = runner.invoke(app, ["promote", *args, "--mlflow-uri", f"sqlite:///{tmp_path}/none.db"],
                         env={"COLUMNS": "300"})
     assert res.exit_code == 2 and res.output.startswith(f"error: {named}"), res.output
+
+
+@pytest.mark.parametrize("uri, problem", [
+    ("bogus://host/db", "unsupported scheme 'bogus'"),
+    ("{tmp}/mlflow.db", "names MLflow's file store"),  # sqlite:/// forgotten
+    ("file://{tmp}/mlruns", "names MLflow's file store"),
+])
+@pytest.mark.parametrize("command", ["tune", "promote"])
+def test_an_mlflow_uri_mlflow_cannot_open_exits_2_before_any_work(command, uri, problem, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    out = tmp_path / "out"
+    out.write_text("keep")
+    argv = {"tune": ["tune", "llama-3.1-8b", "--out", str(out)], "promote": ["promote", "m", "--out", str(out)]}
+    res = runner.invoke(app, [*argv[command], "--mlflow-uri", uri.format(tmp=tmp_path)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and res.output.startswith("error: --mlflow-uri ") and problem in res.output, res.output
+    assert out.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_mlflows_file_store_is_taken_where_mlflow_is_told_to_allow_it():
+    from runtime.tracking.mlflow_runs import check_tracking_uri
+
+    assert check_tracking_uri("/srv/mlruns", {"MLFLOW_ALLOW_FILE_STORE": "true"}) == "/srv/mlruns"
+    assert check_tracking_uri("postgresql+psycopg2://u@db/mlflow", {}) == "postgresql+psycopg2://u@db/mlflow"
+    with pytest.raises(ValueError, match="file store"):
+        check_tracking_uri("/srv/mlruns", {})
