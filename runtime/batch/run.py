@@ -259,9 +259,14 @@ def run_batch(
         raise BatchRunError("the API key is empty or contains whitespace or control characters (a Secret made "
                             "from a file often ends in a newline)")
     s3_out = output_uri.startswith("s3://")
-    for uri in (input_uri, output_uri):
+    for option, uri in (("--input", input_uri), ("--output", output_uri)):
+        if not uri.strip():  # a path read as the current folder
+            raise BatchRunError(f"{option}: empty; give a local path or s3://bucket/key")
         if uri.startswith("s3://"):
-            split_s3_uri(uri)
+            try:
+                split_s3_uri(uri)
+            except BatchRunError as e:
+                raise BatchRunError(f"{option} {e}") from None
     if _same_location(input_uri, output_uri):
         raise BatchRunError(f"--output {output_uri}: is the input file; choose another output")
     target = None if s3_out else Path(output_uri).resolve()  # a symlinked output is written where it points

@@ -111,8 +111,13 @@ def test_bad_options_are_refused_before_anything_is_read(tmp_path):
     for endpoint in ["ftp://host/openai", "http:///openai", "http://h/openai?x=1", "localhost:8080"]:
         with pytest.raises(BatchRunError, match="--endpoint must be an http"):
             run_batch(str(inp), str(tmp_path / "o.jsonl"), endpoint=endpoint, progress=False)
-    with pytest.raises(BatchRunError, match=r"needs an object key after the bucket \(s3://bucket/key\)"):
+    with pytest.raises(BatchRunError, match=r"^--output 's3://bucket-only/': needs an object key after the bucket"):
         run_batch(str(inp), "s3://bucket-only/", endpoint="http://h/openai", progress=False)
+    with pytest.raises(BatchRunError, match="^--input 's3://b/in.jsonl': bucket 'b' is not a valid"):
+        run_batch("s3://b/in.jsonl", str(tmp_path / "o.jsonl"), endpoint="http://h/openai", progress=False)
+    for option, args in (("--input", ("", str(tmp_path / "o.jsonl"))), ("--output", (str(inp), " "))):
+        with pytest.raises(BatchRunError, match=f"^{option}: empty"):  # not the current folder
+            run_batch(*args, endpoint="http://h/openai", progress=False)
     for same in (str(inp), str(tmp_path / "." / "in.jsonl"), str(tmp_path / "sub" / ".." / "in.jsonl")):
         with pytest.raises(BatchRunError, match="is the input file"):
             run_batch(str(inp), same, endpoint="http://h/openai", progress=False)
