@@ -59,6 +59,26 @@ def output_file_problem(path: Path) -> str | None:
     return None
 
 
+def overwrites(out: Path, inputs: "list[Path | None]") -> Path | None:
+    """The first of ``inputs`` (files or folders; None skipped) that writing the file ``out`` would replace or
+    change: the same file (through links too), or a folder ``out`` lies in; None when there is none. So that an
+    --out option never destroys what the command reads (a model's config.json, a trace, a database).
+    """
+    target = Path(out).resolve()
+    for path in inputs:
+        if path is None:
+            continue
+        src = Path(path).resolve()
+        try:
+            if target.exists() and src.exists() and os.path.samefile(target, src):
+                return Path(path)
+        except OSError:
+            pass
+        if target == src or (src.is_dir() and target.is_relative_to(src)):
+            return Path(path)
+    return None
+
+
 def print_json_line(obj: dict, out: Path | None = None) -> str:
     """Print `obj` as ONE JSON line on stdout (what every bench/ script reports) and, when `out` is
     given, also write that line to it (`write_text_atomically`: parent folders created); returns the line."""

@@ -18,15 +18,12 @@ def _sqlite_database(uri: str) -> Path | None:
     """The database file of a `sqlite:` tracking URI as SQLAlchemy (which MLflow hands the URI to) reads it:
     query string dropped, percent-escapes decoded (sqlalchemy.engine.make_url). None for other URIs and
     in-memory databases; a URI SQLAlchemy cannot parse fails (one error line)."""
-    if not uri.startswith("sqlite:"):
-        return None
-    from sqlalchemy.engine import make_url
+    from runtime.tracking.mlflow_runs import sqlite_database
 
     try:
-        db = make_url(uri).database
-    except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and friends
-        usage(f"--mlflow-uri {uri}: not a SQLAlchemy database URL: {e}")
-    return None if not db or db == ":memory:" else Path(db)
+        return sqlite_database(uri)
+    except ValueError as e:
+        usage(f"--mlflow-uri {e}")
 
 
 
@@ -113,6 +110,10 @@ def promote(
     if db_file is not None and not db_file.is_file():  # MLflow would create an empty database there
         usage(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
               "--register` or `pdserve demo` first)")
+    from runtime.paths import overwrites
+
+    if overwrites(out, [db_file]):  # the registry itself would be replaced by the YAML
+        usage(f"--out {out}: is the MLflow database of --mlflow-uri; choose another file")
     from runtime.deploy.errors import ManifestError, RolledBackError
     from runtime.staging.manifest import StagingError
     from runtime.tracking.mlflow_runs import TrackingError

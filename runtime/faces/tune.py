@@ -159,6 +159,14 @@ def tune(
         problem = None if path is None or (want_dir and path.is_dir()) else output_file_problem(path)
         if problem:
             usage(f"{flag} {path}: {problem}")
+    from runtime.paths import overwrites
+
+    for flag, path, reads in (("--out", out, [price_file]),
+                              ("--decision-out", decision_out, [out, price_file, trace, config])):
+        hit = None if path is None else overwrites(path, reads)
+        if hit is not None:  # the model config, trace and MLflow database: the use case checks --out itself
+            usage(f"{flag} {path}: would replace or add to {hit}, which this run reads or writes; choose another "
+                  "file")
     request = ModelTuneRequest(
         model=config, gpu=gpu, precision=precision, ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms, isl_tokens=isl,
         osl_tokens=osl, request_rate_per_s=rate, trace_path=trace, traffic_trace_uri=trace_uri,

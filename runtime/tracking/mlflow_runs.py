@@ -58,6 +58,25 @@ MLFLOW_URI_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https",
 FILE_STORE_SCHEMES = ("", "file")
 
 
+def sqlite_database(uri: str) -> Path | None:
+    """The database file of a ``sqlite:`` tracking URI as SQLAlchemy (which MLflow hands the URI to) reads it:
+    query string dropped, percent-escapes decoded (sqlalchemy.engine.make_url). None for other URIs and
+    in-memory databases.
+
+    Raises:
+        ValueError: a sqlite: URI SQLAlchemy cannot parse.
+    """
+    if not uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    try:
+        db = make_url(uri).database
+    except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and friends
+        raise ValueError(f"{uri}: not a SQLAlchemy database URL: {e}") from None
+    return None if not db or db == ":memory:" else Path(db)
+
+
 def check_tracking_uri(uri: str, env: "dict[str, str] | None" = None) -> str:
     """Return ``uri`` when MLflow can open a store for it: a scheme of ``MLFLOW_URI_SCHEMES``, or a plain path /
     file: URI when ``MLFLOW_ALLOW_FILE_STORE`` is true in ``env`` (default ``os.environ``). Reads nothing, so a

@@ -222,6 +222,19 @@ def _check_combinations(req: ModelTuneRequest, config: Path) -> None:
             check_tracking_uri(req.mlflow_tracking_uri)
         except ValueError as e:
             raise TuneUsageError(f"--mlflow-uri {e}") from None
+    if out is not None:  # the spec must not replace what this run reads
+        from runtime.paths import overwrites
+        from runtime.tracking.mlflow_runs import sqlite_database
+
+        try:
+            db = sqlite_database(req.mlflow_tracking_uri or "")
+        except ValueError as e:
+            raise TuneUsageError(f"--mlflow-uri {e}") from None
+        cfg = config / "config.json" if config.is_dir() else config
+        hit = overwrites(out, [cfg if cfg.exists() else None, req.trace_path, db])
+        if hit is not None:
+            raise TuneUsageError(f"--out {out}: would replace or add to {hit}, which this run reads; choose another "
+                                 "file")
     if req.measure and (req.parallelism == "all" or req.max_model_len_tokens is not None or req.engine_args):
         raise TuneUsageError("--measure tunes plain TP on CPU measurements and writes no spec: drop --parallelism "
                              "all, --max-model-len and --engine-arg")

@@ -4,6 +4,7 @@ with one error line that names no Python class (runtime/faces/common.py)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -188,3 +189,42 @@ def test_mlflows_file_store_is_taken_where_mlflow_is_told_to_allow_it():
     assert check_tracking_uri("postgresql+psycopg2://u@db/mlflow", {}) == "postgresql+psycopg2://u@db/mlflow"
     with pytest.raises(ValueError, match="file store"):
         check_tracking_uri("/srv/mlruns", {})
+
+
+def _inputs(tmp_path):
+    """A model folder, a trace, a price file and an MLflow database holding a champion, as the commands read them."""
+    from runtime.modelfiles.catalog import resolve_model_config
+
+    (tmp_path / "llama8").mkdir()
+    (tmp_path / "llama8" / "config.json").write_text(resolve_model_config(Path("llama-3.1-8b")).read_text())
+    (tmp_path / "trace.jsonl").write_text("".join(f'{{"timestamp": {t}, "input_length": 100, "output_length": 10}}\n'
+                                                  for t in (0, 1000, 2000)))
+    (tmp_path / "prices.json").write_text('{"H100-SXM": 3.0}')
+    db = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert runner.invoke(app, ["tune", "llama-3.1-8b", "--mlflow-uri", db, "--register", "m"]).exit_code == 0
+    return db
+
+
+OVERWRITES = {  # argv whose output option names a file the same command reads
+    "tune --out = the model's config.json": ["tune", "{tmp}/llama8", "--out", "{tmp}/llama8/config.json"],
+    "tune --out = the trace": ["tune", "llama-3.1-8b", "--trace", "{tmp}/trace.jsonl", "--out", "{tmp}/trace.jsonl"],
+    "tune --out = the price file": ["tune", "llama-3.1-8b", "--price-file", "{tmp}/prices.json",
+                                    "--out", "{tmp}/prices.json"],
+    "tune --out = the MLflow database": ["tune", "llama-3.1-8b", "--mlflow-uri", "{db}", "--register", "m",
+                                         "--out", "{tmp}/mlflow.db"],
+    "tune --decision-out = --out": ["tune", "llama-3.1-8b", "--mlflow-uri", "{db}", "--register", "m",
+                                    "--out", "{tmp}/prices.json", "--decision-out", "{tmp}/prices.json"],
+    "promote --out = the MLflow database": ["promote", "m", "--mlflow-uri", "{db}", "--allow-unstaged",
+                                            "--out", "{tmp}/mlflow.db"],
+}
+
+
+@pytest.mark.parametrize("case", list(OVERWRITES))
+def test_an_output_never_replaces_what_the_command_reads(case, tmp_path):
+    db = _inputs(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    res = runner.invoke(app, [a.format(tmp=tmp_path, db=db) for a in OVERWRITES[case]], env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: --") and ("would replace or add to" in res.output
+                                                   or "is the MLflow database" in res.output), res.output
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
