@@ -133,15 +133,20 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
 
 def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | None = None,
                           engine_args: Iterable[str] = (),
-                          parser: argparse.ArgumentParser | None = None) -> DeploymentSpec:
+                          parser: argparse.ArgumentParser | None = None,
+                          context_tokens: int | None = None) -> DeploymentSpec:
     """`spec` with an operator's `--max-model-len` and `--engine-arg` items (for a spec that exists already,
     e.g. the champion `promote` deploys; `tune` uses `TuneResult.to_deployment_spec(max_model_len_tokens=...)`,
     which also checks the model's context and KV capacity). Engine flags replace `engine.extra_args` entries of
     the same argument and are appended after the others; the spec records them.
 
+    `context_tokens`: the model's context window (`ModelSpec.max_context_tokens`), when the caller could read
+    the model's config; `max_model_len_tokens` above it is refused, as vLLM refuses to start with it.
+
     Raises:
-        ValueError: an item `engine_arg_flags` refuses, or `max_model_len_tokens` not a positive int or below
-            the spec's workload ISL + OSL (the requests it was tuned for would be refused).
+        ValueError: an item `engine_arg_flags` refuses, or `max_model_len_tokens` not a positive int, below
+            the spec's workload ISL + OSL (the requests it was tuned for would be refused) or above
+            `context_tokens`.
     """
     update: dict = {}
     if max_model_len_tokens is not None:
@@ -152,6 +157,9 @@ def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | N
         if max_model_len_tokens < need:
             raise ValueError(f"max_model_len {max_model_len_tokens} < the workload's ISL + OSL ({need} tokens): the "
                              "requests this configuration is tuned for would be refused")
+        if context_tokens and max_model_len_tokens > context_tokens:  # TuneResult.max_model_len_tokens' bound
+            raise ValueError(f"max_model_len {max_model_len_tokens} > the model's context window ({context_tokens} "
+                             "tokens): vLLM refuses to start")
         update["max_model_len_tokens"] = max_model_len_tokens
     items = list(engine_args)
     if items:

@@ -20,6 +20,21 @@ class PromoteValueError(ValueError):
     ISL + OSL, an engine argument vLLM refuses): a face's bad value (exit 2), found before anything is written."""
 
 
+def _model_context(spec) -> int | None:  # noqa: ANN001 - a DeploymentSpec
+    """The context window of the champion's model (tokens), from the config.json in its model folder; None when
+    the spec names no folder or its config cannot be read (e.g. a folder mounted on the cluster only)."""
+    from runtime.modelfiles.load import load_model_spec
+    from runtime.models.spec import ModelConfigError
+
+    if not spec.model.path or not (Path(spec.model.path) / "config.json").is_file():
+        return None
+    try:
+        model = load_model_spec(Path(spec.model.path))
+    except ModelConfigError:
+        return None
+    return model.max_context_tokens or model.max_position_embeddings or None
+
+
 class PromoteRequest(BaseModel):
     """One promotion of a registered model's champion."""
 
@@ -124,7 +139,8 @@ def promote(request: PromoteRequest) -> PromoteOutcome:
         from runtime.command_options import PROMOTE_OPTIONS
 
         try:
-            spec = with_engine_overrides(spec, max_model_len_tokens=r.max_model_len_tokens)
+            spec = with_engine_overrides(spec, max_model_len_tokens=r.max_model_len_tokens,
+                                         context_tokens=_model_context(spec))
         except ValueError as e:
             raise PromoteValueError(f"{PROMOTE_OPTIONS['max_model_len_tokens']}: {e}") from None
         try:
