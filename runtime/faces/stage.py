@@ -105,8 +105,12 @@ def stage(
             client = make_client(endpoint_url, transfer_methods=False)
         except Exception as e:  # noqa: BLE001 - botocore: invalid endpoint or region, bad config file, ...
             fail(f"cannot create the S3 client: {e or type(e).__name__}")
+    from runtime.staging.manifest import DestinationError
+
     try:
         stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself
+    except DestinationError as e:  # DEST as given cannot be staged into: a bad value, nothing copied
+        usage(str(e))
     except StagingError as e:
         fail(str(e))
     except OSError as e:  # the destination side: read-only or missing mount, permissions, no space

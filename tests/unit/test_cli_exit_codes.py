@@ -32,6 +32,8 @@ BAD_VALUES = {  # argv, with {tmp} the test's temporary folder
     "stage: no such SOURCE folder": ["stage", "{tmp}/none", "{tmp}/dest"],
     "stage: SOURCE of an unknown scheme": ["stage", "ftp://host/model", "{tmp}/dest"],
     "stage: SOURCE with a bad bucket": ["stage", "s3://b/model/", "{tmp}/dest"],
+    "stage: DEST inside SOURCE": ["stage", "{tmp}", "{tmp}/dest"],
+    "stage: DEST a filesystem root": ["stage", "{tmp}", "/"],
     "compile: a folder as output": ["compile", "{tmp}"],
     "demo: unknown --gpu": ["demo", "--state-dir", "{tmp}", "--gpu", "H100-SMX"],
     "batch run: no input file": ["batch", "run", "--input", "{tmp}/none.jsonl", "--output", "{tmp}/out.jsonl",
