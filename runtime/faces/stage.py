@@ -21,7 +21,7 @@ def stage(
              "--include '*' takes everything.")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option(help="Glob of files to skip (repeatable).")] = None,
     concurrency: Annotated[Optional[int], typer.Option(
-        help="Concurrent ranged GETs (default: StageOptions' own, 4 per CPU within 16..64).")] = None,
+        help="Concurrent ranged GETs, 1 to 256 (default: 4 per CPU, within 16..64).")] = None,
     s3_transport: Annotated[str, typer.Option(
         help="How s3:// bytes are fetched: 'http' (SigV4-signed GETs over http.client, about half botocore's CPU "
              "per byte), 'botocore' (the client's get_object), or 'auto' (http unless a proxy or a non-SigV4 "

@@ -378,3 +378,10 @@ def test_demo_preflight_passes_the_demo_defaults_and_names_a_bad_gpu(tmp_path):
     with pytest.raises(DemoError, match="would fail: .*but planner.gpu_budget is 64 GPUs"):
         _check_slo_feasible(tmp_path, DemoSettings(state_dir=tmp_path, gpu="CPU", ttft_p90_ms=60_000,
                                                    itl_p90_ms=1000), "m-pd")
+
+
+def test_stage_help_gives_the_concurrency_range_and_default_without_internal_names():
+    import typer.main
+
+    option = next(p for p in typer.main.get_command(app).commands["stage"].params if p.name == "concurrency")
+    assert "1 to 256" in option.help and "4 per CPU" in option.help and "StageOptions" not in option.help
