@@ -36,6 +36,11 @@ DEMO_ISL_TOKENS, DEMO_OSL_TOKENS, DEMO_REQUEST_RATE_PER_S = 3000, 150, 10.0
 
 class DemoError(RuntimeError):
     """The demo cannot go on; the message says why and what to change (no traceback needed)."""
+
+
+class StateDirError(ValueError):
+    """``--state-dir`` names a file, or a folder that cannot be created (a bad value: exit 2 in the CLI)."""
+
 DEMO_QUESTIONS = (
     "What is the capital of France?",
     "Name three primary colors.",
@@ -108,17 +113,17 @@ def check_state_dir(state_dir: Path) -> Path:
     """Resolve ``state_dir`` and create it (with its ``demo`` and ``logs`` folders) before any work starts.
 
     Raises:
-        SystemExit: ``error: --state-dir PATH: ...`` (exit code 1, the CLI's format for bad options) when
-            the path or one of its parents is a file, or the folder cannot be created.
+        StateDirError: ``--state-dir PATH: ...`` when the path or one of its parents is a file, or the folder
+            cannot be created.
     """
     state = Path(state_dir).expanduser().resolve()
     if state.exists() and not state.is_dir():
-        raise SystemExit(f"error: --state-dir {state_dir}: is a file, not a folder")
+        raise StateDirError(f"--state-dir {state_dir}: is a file, not a folder")
     try:
         for sub in ("demo", "logs"):
             (state / sub).mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"error: --state-dir {state_dir}: cannot create {e.filename}: {e.strerror}") from None
+        raise StateDirError(f"--state-dir {state_dir}: cannot create {e.filename}: {e.strerror}") from None
     return state
 
 
@@ -251,7 +256,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
     Worker and runtime logs go to ``<state_dir>/logs``.
 
     Raises:
-        SystemExit: ``--state-dir`` is a file or cannot be created (see `check_state_dir`).
+        StateDirError: ``--state-dir`` is a file or cannot be created (see `check_state_dir`).
         runtime.staging.manifest.StagingError: the champion's model folder is not a verified staged copy.
         RuntimeError: a chat stream closed before ``data: [DONE]``.
         whatever a step raises (each names its step); processes started so far are stopped first.

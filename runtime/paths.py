@@ -42,6 +42,43 @@ def write_text_atomically(path: Path, text: str) -> Path:
     return path
 
 
+def output_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a file to write (with :func:`write_text_atomically`, which creates missing parent
+    folders): "is a folder", or "<ancestor> is not a folder" when the nearest existing ancestor is a file;
+    None when it can be tried (permissions and free space show only when writing). For an --out option to be
+    refused as a bad value before any work, rather than fail with an OS error after it.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return "is a folder"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        return f"{parent} is not a folder"
+    return None
+
+
+def overwrites(out: Path, inputs: "list[Path | None]") -> Path | None:
+    """The first of ``inputs`` (files or folders; None skipped) that writing the file ``out`` would replace or
+    change: the same file (through links too), or a folder ``out`` lies in; None when there is none. So that an
+    --out option never destroys what the command reads (a model's config.json, a trace, a database).
+    """
+    target = Path(out).resolve()
+    for path in inputs:
+        if path is None:
+            continue
+        src = Path(path).resolve()
+        try:
+            if target.exists() and src.exists() and os.path.samefile(target, src):
+                return Path(path)
+        except OSError:
+            pass
+        if target == src or (src.is_dir() and target.is_relative_to(src)):
+            return Path(path)
+    return None
+
+
 def print_json_line(obj: dict, out: Path | None = None) -> str:
     """Print `obj` as ONE JSON line on stdout (what every bench/ script reports) and, when `out` is
     given, also write that line to it (`write_text_atomically`: parent folders created); returns the line."""

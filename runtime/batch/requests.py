@@ -168,6 +168,28 @@ def succeeded_lines(lines: Iterable[str]) -> dict[str, str]:
     return done
 
 
+def not_output_lines(lines: Iterable[str]) -> list[int]:
+    """1-based numbers of the lines that are not batch output records (a JSON object with a string
+    ``custom_id`` and the keys ``response`` and ``error``), blank lines skipped. A last line that is not JSON is
+    not counted: it is what a crash while appending leaves (:func:`succeeded_lines` drops it and a resumed run
+    sends its request again). Any other such line means the file is no batch output (a file named by mistake),
+    which a resumed run must not overwrite.
+    """
+    numbered = [(n, raw) for n, raw in enumerate(lines, 1) if raw.strip()]
+    bad: list[int] = []
+    for i, (n, raw) in enumerate(numbered):
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            if i < len(numbered) - 1:
+                bad.append(n)
+            continue
+        if not (isinstance(rec, dict) and isinstance(rec.get("custom_id"), str) and "response" in rec
+                and "error" in rec):
+            bad.append(n)
+    return bad
+
+
 def usage_tokens(body: Any) -> tuple[int, int]:
     """``(prompt_tokens, completion_tokens)`` from an OpenAI response body's ``usage`` (0, 0 when absent)."""
     usage = body.get("usage") if isinstance(body, dict) else None

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from runtime.batch.requests import BatchRequest, output_line, parse_input, succeeded_lines, usage_tokens
+from runtime.batch.requests import (BatchRequest, not_output_lines, output_line, parse_input, succeeded_lines,
+                                    usage_tokens)
 from runtime.paths import write_text_atomically
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,8 @@ def run_batch(
 
     Raises:
         BatchRunError: bad endpoint, API key, concurrency or URIs; unreadable input; an output that is not
-            writable or holds another batch's answers (all before any request is sent).
+            writable, holds another batch's answers or lines that are no batch output (requests.not_output_lines)
+            (all before any request is sent).
         BatchUploadError: the final upload of an S3 output failed after requests were sent; the message names
             the local file that keeps the answers.
         runtime.batch.requests.BatchInputError: malformed input lines (nothing sent, output untouched).
@@ -257,9 +259,14 @@ def run_batch(
         raise BatchRunError("the API key is empty or contains whitespace or control characters (a Secret made "
                             "from a file often ends in a newline)")
     s3_out = output_uri.startswith("s3://")
-    for uri in (input_uri, output_uri):
+    for option, uri in (("--input", input_uri), ("--output", output_uri)):
+        if not uri.strip():  # a path read as the current folder
+            raise BatchRunError(f"{option}: empty; give a local path or s3://bucket/key")
         if uri.startswith("s3://"):
-            split_s3_uri(uri)
+            try:
+                split_s3_uri(uri)
+            except BatchRunError as e:
+                raise BatchRunError(f"{option} {e}") from None
     if _same_location(input_uri, output_uri):
         raise BatchRunError(f"--output {output_uri}: is the input file; choose another output")
     target = None if s3_out else Path(output_uri).resolve()  # a symlinked output is written where it points
@@ -271,7 +278,13 @@ def run_batch(
 
         s3 = make_client()
     requests = parse_input(_read_lines(input_uri, s3, missing_ok=False) or [], default_model=model)
-    done = succeeded_lines(_read_lines(output_uri, s3, missing_ok=True) or [])
+    existing = _read_lines(output_uri, s3, missing_ok=True) or []
+    strangers = not_output_lines(existing)
+    if strangers:  # resuming rewrites the output with its answered lines only: everything else would be lost
+        raise BatchRunError(f"--output {output_uri}: line {strangers[0]} is not a batch output line (custom_id, "
+                            "response, error): not an earlier output of this batch? Choose another output; "
+                            "nothing was sent")
+    done = succeeded_lines(existing)
     foreign = sorted(set(done) - {r.custom_id for r in requests})
     if foreign:
         raise BatchRunError(f"--output {output_uri}: holds answers to {len(foreign)} request(s) that are not in "

@@ -140,6 +140,16 @@ class CommonWorkflowSpec(BaseModel):
                     raise ValueError(f"{k} {v!r}: must not contain '{{{{' (Argo would substitute it)")
         return data
 
+    @field_validator("*")
+    @classmethod
+    def _no_kubelet_expansion(cls, v: Any, info: ValidationInfo) -> Any:
+        """The kubelet expands ``$(VAR)`` in container args from the pod's environment, which holds the S3
+        Secret's keys: a value holding a '$' would not reach the step as written (and could read a secret)."""
+        if isinstance(v, str) and "$" in v:
+            raise ValueError(f"{info.field_name} {v!r}: must not contain '$' (Kubernetes expands $(VAR) in "
+                             "container args)")
+        return v
+
     namespace: K8sName = Field("pdserve", description="Namespace the workflow (and its pods) run in.")
     image: str = Field(cpu_image(DEFAULT_IMAGE), min_length=1,
                        description="Container image the steps run, pdserve installed; no step needs a GPU: the CPU "
@@ -242,10 +252,13 @@ class RetuneCronWorkflowSpec(CommonWorkflowSpec):
     model_name: str = Field(description="Served model name = its folder under /fsx/models (e.g. llama8, org/llama8).")
     gpu: Optional[str] = Field(None, description="GPU catalog name or AWS instance type (pdserve tune --gpu); None: "
                                                  "the champion's.")
-    ttft_ms: Optional[float] = Field(None, gt=0, description="TTFT p90 SLO, ms; None: the champion's.")
-    itl_ms: Optional[float] = Field(None, gt=0, description="ITL p90 SLO, ms; None: the champion's.")
+    # finite: `pdserve tune` refuses inf, so every scheduled run would fail
+    ttft_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="TTFT p90 SLO, ms; None: the "
+                                                                                  "champion's.")
+    itl_ms: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="ITL p90 SLO, ms; None: the "
+                                                                                "champion's.")
     rate: Optional[float] = Field(
-        None, gt=0, description="Target request rate, requests/s; None: the recorded traffic's mean arrival rate "
+        None, gt=0, allow_inf_nan=False, description="Target request rate, requests/s; None: the recorded traffic's mean arrival rate "
                                 "(what `pdserve tune --trace` uses without --rate).")
     precision: Optional[Literal["auto", "bf16", "fp8"]] = Field(
         None, description="Weights and KV precision (pdserve tune --precision); None: the champion's.")

@@ -319,6 +319,10 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
         raise ManifestError(f"spec.model.name: {mname!r} starts with '-', which the workers would read as an option")
     if "$" in mname:  # the kubelet expands $(VAR) in container args (Kubernetes: dependent environment variables)
         raise ManifestError(f"spec.model.name: {mname!r} contains '$', which the kubelet expands in container args")
+    expanded = [a for a in spec.engine.extra_args if "$" in a]
+    if expanded:  # the workers' args, beside AWS credentials a pod may hold in its environment
+        raise ManifestError(f"spec.engine.extra_args: {expanded[0]!r} contains '$', which the kubelet expands in "
+                            "container args")
     longest = max(workers.pool_name(name, r, revision) for r in ("prefill", "decode"))
     for derived in (longest, f"{name}-discovery", f"{name}-workers", rbac.planner_role_name(name, revision)):
         check_name(f"name (derived object name {derived!r})", derived, pattern=DNS1035_LABEL)

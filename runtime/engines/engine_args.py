@@ -85,7 +85,7 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
     `parser`: vLLM's engine-argument parser (default: `vllm_engine_parser()`).
 
     Raises:
-        ValueError: a malformed item; a KEY in `RESERVED` (the message names the setting to use); a KEY that is
+        ValueError: a malformed item; a VALUE holding '$'; a KEY in `RESERVED` (the message names the setting to use); a KEY that is
             not an engine argument of the pinned vLLM (the message suggests close ones); a boolean with another
             VALUE; a VALUE vLLM's parser refuses (type, choices, JSON), with vLLM's message.
     """
@@ -94,6 +94,9 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
     chosen: dict[str, list[str]] = {}
     for item in items:
         key, value = parse_engine_arg(item)
+        if "$" in value:  # runtime.deploy.render refuses it too: the kubelet expands $(VAR) in container args
+            raise ValueError(f"--engine-arg {item!r}: VALUE must not contain '$' (Kubernetes expands $(VAR) in "
+                             "the workers' container args)")
         base = key[3:] if key.startswith("no-") and key[3:] in RESERVED else key
         if base in RESERVED:
             raise ValueError(f"--engine-arg {item!r}: pdserve sets --{base} itself from {RESERVED[base]}")
@@ -130,15 +133,20 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
 
 def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | None = None,
                           engine_args: Iterable[str] = (),
-                          parser: argparse.ArgumentParser | None = None) -> DeploymentSpec:
+                          parser: argparse.ArgumentParser | None = None,
+                          context_tokens: int | None = None) -> DeploymentSpec:
     """`spec` with an operator's `--max-model-len` and `--engine-arg` items (for a spec that exists already,
     e.g. the champion `promote` deploys; `tune` uses `TuneResult.to_deployment_spec(max_model_len_tokens=...)`,
     which also checks the model's context and KV capacity). Engine flags replace `engine.extra_args` entries of
     the same argument and are appended after the others; the spec records them.
 
+    `context_tokens`: the model's context window (`ModelSpec.max_context_tokens`), when the caller could read
+    the model's config; `max_model_len_tokens` above it is refused, as vLLM refuses to start with it.
+
     Raises:
-        ValueError: an item `engine_arg_flags` refuses, or `max_model_len_tokens` not a positive int or below
-            the spec's workload ISL + OSL (the requests it was tuned for would be refused).
+        ValueError: an item `engine_arg_flags` refuses, or `max_model_len_tokens` not a positive int, below
+            the spec's workload ISL + OSL (the requests it was tuned for would be refused) or above
+            `context_tokens`.
     """
     update: dict = {}
     if max_model_len_tokens is not None:
@@ -149,6 +157,9 @@ def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | N
         if max_model_len_tokens < need:
             raise ValueError(f"max_model_len {max_model_len_tokens} < the workload's ISL + OSL ({need} tokens): the "
                              "requests this configuration is tuned for would be refused")
+        if context_tokens and max_model_len_tokens > context_tokens:  # TuneResult.max_model_len_tokens' bound
+            raise ValueError(f"max_model_len {max_model_len_tokens} > the model's context window ({context_tokens} "
+                             "tokens): vLLM refuses to start")
         update["max_model_len_tokens"] = max_model_len_tokens
     items = list(engine_args)
     if items:

@@ -77,8 +77,8 @@ def run_cmd(
 
     Exit status: 0 when every request got a 2xx answer; 1 when some did not (their output lines carry the error)
     or an s3:// output could not be uploaded at the end (the answers are kept in a local file, named); 2 for bad
-    options, a malformed input file or an output that is not writable or holds another batch's answers (then
-    nothing is sent and the output is untouched). SIGTERM stops like Ctrl-C, keeping every finished answer.
+    options, a malformed input file or an output that is not writable, holds another batch's answers or lines
+    that are no batch output (then nothing is sent and the output is untouched). SIGTERM stops like Ctrl-C, keeping every finished answer.
     Prints a JSON summary line on stdout."""
     from runtime.batch.requests import BatchInputError
     from runtime.batch.run import BatchRunError, BatchUploadError, api_key_from_env, run_batch
@@ -108,7 +108,11 @@ def _emit(build, spec_cls, fields: dict, out: Optional[Path]) -> None:
 
     from runtime.batch.workflow_validation import validate_workflow_objects
     from runtime.batch.workflows import to_yaml
+    from runtime.paths import output_file_problem
 
+    problem = None if out is None else output_file_problem(out)
+    if problem:
+        _fail(f"--out {out}: {problem}")
     try:
         # an option not given (None) leaves the spec's default; the two 'none'-able ones arrive resolved
         spec = spec_cls(**{k: v for k, v in fields.items() if v is not None or k in ("priority_class_name",

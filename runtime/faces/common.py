@@ -27,7 +27,9 @@ DEFAULT_STATE = state_dir()
 
 def fail(msg: str, code: int = RUNTIME) -> None:
     """Print `msg` (plain text: brackets are escaped, never read as rich markup; the `user:password@` of any
-    URI in it replaced by `***@`) on stderr and exit with `code` (RUNTIME or USAGE)."""
+    URI in it replaced by `***@`; its lines joined into one, as a library's message may span several, e.g.
+    SQLAlchemy's `[SQL: ...]` line) on stderr and exit with `code` (RUNTIME or USAGE)."""
+    msg = " ".join(line.strip() for line in msg.splitlines() if line.strip())
     err.print(f"[bold red]error:[/] {escape(redact_userinfo(msg))}")
     raise typer.Exit(code)
 

@@ -25,7 +25,7 @@ def demo(
     from pydantic import ValidationError
 
     from runtime.config import SloSpec
-    from runtime.demo import DemoError, DemoSettings, run_demo
+    from runtime.demo import DemoError, DemoSettings, StateDirError, run_demo
     from runtime.tuner.search import resolve_gpu
 
     try:  # bad options fail here, before any process starts
@@ -37,6 +37,8 @@ def demo(
         usage(f"--gpu: {e.args[0] if e.args else e}")
     try:
         summary = run_demo(DemoSettings(state_dir=state, gpu=gpu, ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms), console)
+    except StateDirError as e:  # checked first, before any process starts
+        usage(str(e))
     except DemoError as e:
         fail(str(e))
     if summary["nixl_transfers"] < len(summary["answers"]):

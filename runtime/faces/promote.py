@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,15 +18,12 @@ def _sqlite_database(uri: str) -> Path | None:
     """The database file of a `sqlite:` tracking URI as SQLAlchemy (which MLflow hands the URI to) reads it:
     query string dropped, percent-escapes decoded (sqlalchemy.engine.make_url). None for other URIs and
     in-memory databases; a URI SQLAlchemy cannot parse fails (one error line)."""
-    if not uri.startswith("sqlite:"):
-        return None
-    from sqlalchemy.engine import make_url
+    from runtime.tracking.mlflow_runs import sqlite_database
 
     try:
-        db = make_url(uri).database
-    except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and friends
-        usage(f"--mlflow-uri {uri}: not a SQLAlchemy database URL: {e}")
-    return None if not db or db == ":memory:" else Path(db)
+        return sqlite_database(uri)
+    except ValueError as e:
+        usage(f"--mlflow-uri {e}")
 
 
 
@@ -61,8 +59,8 @@ def promote(
              "<InferenceService>-runtime service account.")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(
         "--max-model-len", metavar="TOKENS",
-        help="Deploy with this vLLM --max-model-len instead of the champion's (at least its workload's ISL + "
-             "OSL).")] = None,
+        help="Deploy with this vLLM --max-model-len instead of the champion's: at least its workload's ISL + "
+             "OSL, at most the model's context window when its folder's config.json can be read.")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(
         "--engine-arg", metavar="KEY=VALUE",
         help="A vLLM engine argument to deploy with (repeatable), e.g. max-num-seqs=128 or "
@@ -79,6 +77,14 @@ def promote(
     if expect_version is not None and not expect_version.strip():  # the use case reads "" as "no guard"
         usage("--expect-version: empty; give the version alias champion must name (tune --decision-values' "
               "registered_version), or leave the option out")
+    if expect_version is not None and not re.fullmatch(r"[1-9][0-9]*", expect_version):  # MLflow numbers 1, 2, ...
+        usage(f"--expect-version {expect_version!r}: must be a model version number (1, 2, ...)")
+    from runtime.tracking.mlflow_runs import check_registered_model_name
+
+    try:
+        check_registered_model_name(registered_model)
+    except ValueError as e:  # before MLflow is asked: its own message names no argument
+        usage(f"REGISTERED_MODEL: {e}")
     if skip_if_live and not apply:
         usage("--skip-if-live: only applies with --apply")
     engine_args = list(engine_arg or [])
@@ -93,15 +99,26 @@ def promote(
             usage("--apply needs --kube-context, or must run inside a Kubernetes pod (in-cluster service-account "
                   "config); no cluster is assumed")
     _check_target_options(namespace, pvc, image)
+    _check_out_options(out, traffic_upload)
+    from runtime.tracking.mlflow_runs import check_tracking_uri
+
+    try:
+        check_tracking_uri(mlflow_uri)
+    except ValueError as e:
+        usage(f"--mlflow-uri {e}")
     db_file = _sqlite_database(mlflow_uri)
     if db_file is not None and not db_file.is_file():  # MLflow would create an empty database there
         usage(f"--mlflow-uri {mlflow_uri}: no such database file {db_file} (run `pdserve tune ... --mlflow-uri ... "
               "--register` or `pdserve demo` first)")
+    from runtime.paths import overwrites
+
+    if overwrites(out, [db_file]):  # the registry itself would be replaced by the YAML
+        usage(f"--out {out}: is the MLflow database of --mlflow-uri; choose another file")
     from runtime.deploy.errors import ManifestError, RolledBackError
     from runtime.staging.manifest import StagingError
     from runtime.tracking.mlflow_runs import TrackingError
 
-    from runtime.usecases.promote import PromoteRequest, promote as run_promote
+    from runtime.usecases.promote import PromoteRequest, PromoteValueError, promote as run_promote
 
     try:
         info = run_promote(PromoteRequest(
@@ -111,6 +128,8 @@ def promote(
             skip_if_live=skip_if_live, max_model_len_tokens=max_model_len, engine_args=engine_args))
     except RolledBackError as e:  # manifests were written; the canary was rolled back
         fail(str(e))
+    except PromoteValueError as e:  # --max-model-len / --engine-arg against the champion's spec
+        usage(str(e))
     except StagingError as e:  # the champion's model folder is not a verified staged copy
         fail(f"{e} (`pdserve stage` the model and tune that folder, or pass --allow-unstaged to promote it "
               "anyway)")
@@ -124,6 +143,25 @@ def promote(
                   + (" (applied)" if info.applied else "")
                   + (f" (already live as revision v{info.version} with image {image}: nothing applied)"
                      if info.already_live else ""))
+
+
+def _check_out_options(out: Path, traffic_upload: str | None) -> None:
+    """--out (a file that can be written) and --traffic-upload (an s3:// prefix), before MLflow is read: a bad
+    value exits 2 naming its option, not 1 with an OS error after the champion was rendered."""
+    from runtime.paths import output_file_problem
+    from runtime.s3uri import check_upload_uri
+
+    problems = []
+    problem = output_file_problem(out)
+    if problem:
+        problems.append(f"--out {out}: {problem}")
+    if traffic_upload:
+        try:
+            check_upload_uri(traffic_upload)
+        except ValueError as e:  # names --traffic-upload
+            problems.append(str(e))
+    if problems:
+        usage("; ".join(problems))
 
 
 def _check_target_options(namespace: str, pvc: str, image: str) -> None:

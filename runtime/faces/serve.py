@@ -71,10 +71,11 @@ def serve(
         usage(f"--planner must be off, dry-run or local, got {planner!r}")
     if router not in ("fixed", "kv"):
         usage(f"--router must be fixed or kv, got {router!r}")
-    if traffic_log is not None and (traffic_log.is_dir() or (traffic_log.parent.exists()
-                                                             and not traffic_log.parent.is_dir())):
-        usage(f"--traffic-log {traffic_log}: " + ("is a folder" if traffic_log.is_dir()
-                                                  else f"{traffic_log.parent} is not a folder"))
+    from runtime.paths import output_file_problem
+
+    problem = None if traffic_log is None else output_file_problem(traffic_log)
+    if problem:
+        usage(f"--traffic-log {traffic_log}: {problem}")
     if traffic_log is not None and traffic_log.suffix.lower() != ".jsonl":
         usage(f"--traffic-log {traffic_log}: must end in .jsonl (the trace format `pdserve tune --trace` reads)")
     busy = _bind_error("127.0.0.1", port)  # the runtime binds it last, after the workers' ~70 s start

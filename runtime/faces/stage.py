@@ -21,7 +21,7 @@ def stage(
              "--include '*' takes everything.")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option(help="Glob of files to skip (repeatable).")] = None,
     concurrency: Annotated[Optional[int], typer.Option(
-        help="Concurrent ranged GETs (default: StageOptions' own, 4 per CPU within 16..64).")] = None,
+        help="Concurrent ranged GETs, 1 to 256 (default: 4 per CPU, within 16..64).")] = None,
     s3_transport: Annotated[str, typer.Option(
         help="How s3:// bytes are fetched: 'http' (SigV4-signed GETs over http.client, about half botocore's CPU "
              "per byte), 'botocore' (the client's get_object), or 'auto' (http unless a proxy or a non-SigV4 "
@@ -68,13 +68,21 @@ def stage(
     except ValidationError as e:
         usage(option_errors(e, {"concurrency": "--concurrency", "include": "--include", "exclude": "--exclude",
                                  "s3_transport": "--s3-transport"}))
-    client = None
-    if fsx_file_system_id is not None or fsx_path is not None:
+    from runtime.staging.sources import check_source
+
+    fsx_mode = fsx_file_system_id is not None or fsx_path is not None
+    if fsx_mode:  # the option combination first: it says which SOURCE this mode needs
         from runtime.staging import fsx
 
         problem = fsx.fsx_options_error(fsx_file_system_id, fsx_path, source)
         if problem:
             usage(problem)
+    try:
+        check_source(source)  # a malformed or missing SOURCE is a bad value, refused before any client is made
+    except StagingError as e:
+        usage(str(e))
+    client = None
+    if fsx_mode:
         try:
             fsx_client = fsx.make_fsx_client()
         except Exception as e:  # noqa: BLE001 - botocore: no region, bad config file, ...
@@ -97,8 +105,12 @@ def stage(
             client = make_client(endpoint_url, transfer_methods=False)
         except Exception as e:  # noqa: BLE001 - botocore: invalid endpoint or region, bad config file, ...
             fail(f"cannot create the S3 client: {e or type(e).__name__}")
+    from runtime.staging.manifest import DestinationError
+
     try:
         stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself
+    except DestinationError as e:  # DEST as given cannot be staged into: a bad value, nothing copied
+        usage(str(e))
     except StagingError as e:
         fail(str(e))
     except OSError as e:  # the destination side: read-only or missing mount, permissions, no space

@@ -148,15 +148,25 @@ def tune(
     With --like NAME, the champion of NAME gives the defaults of --gpu, --precision, --ttft-ms, --itl-ms,
     --gpu-budget and --planner; fails (exit 1) when NAME does not exist, has no champion, or its spec does not
     state a value that is not given here."""
+    from runtime.paths import output_file_problem
     from runtime.usecases.tune_model import ModelTuneRequest, TuneFailure, TuneUsageError, tune_model
 
     for flag, path, want_dir in (("--decision-out", decision_out, False), ("--decision-values", decision_values, True)):
         if path is not None and not register:
             usage(f"{flag} reports what --register did to the champion alias: give --register NAME")
-        if path is not None and (path.is_dir() != want_dir if path.exists() else
-                                 path.parent.exists() and not path.parent.is_dir()):
-            usage(f"{flag} {path}: " + ("is a folder" if path.is_dir() else "is not a folder" if want_dir
-                                        else f"{path.parent} is not a folder"))
+        if path is not None and want_dir and path.exists() and not path.is_dir():
+            usage(f"{flag} {path}: is not a folder")
+        problem = None if path is None or (want_dir and path.is_dir()) else output_file_problem(path)
+        if problem:
+            usage(f"{flag} {path}: {problem}")
+    from runtime.paths import overwrites
+
+    for flag, path, reads in (("--out", out, [price_file]),
+                              ("--decision-out", decision_out, [out, price_file, trace, config])):
+        hit = None if path is None else overwrites(path, reads)
+        if hit is not None:  # the model config, trace and MLflow database: the use case checks --out itself
+            usage(f"{flag} {path}: would replace or add to {hit}, which this run reads or writes; choose another "
+                  "file")
     request = ModelTuneRequest(
         model=config, gpu=gpu, precision=precision, ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms, isl_tokens=isl,
         osl_tokens=osl, request_rate_per_s=rate, trace_path=trace, traffic_trace_uri=trace_uri,

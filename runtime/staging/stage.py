@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from runtime.staging.keys import MAX_NAME_BYTES, check_paths, select_paths
 from runtime.staging.manifest import (
     MARKER_NAME,
+    DestinationError,
     Manifest,
     ManifestEntry,
     StagingError,
@@ -170,27 +171,27 @@ class Stager:
     def run(self) -> StageResult:
         t0 = time.monotonic()
         if not self.dest.name:
-            raise StagingError(f"destination {self.dest}: a model folder path is needed (e.g. /fsx/models/<name>), "
+            raise DestinationError(f"destination {self.dest}: a model folder path is needed (e.g. /fsx/models/<name>), "
                                "not a filesystem root")
         longest = sibling(self.dest, "staging").name
         if len(longest.encode()) > MAX_NAME_BYTES:
-            raise StagingError(f"destination name '{self.dest.name}' is too long: the stager works in '{longest}' "
+            raise DestinationError(f"destination name '{self.dest.name}' is too long: the stager works in '{longest}' "
                                f"beside it, over NAME_MAX ({MAX_NAME_BYTES} bytes)")
         source = open_source(self.uri, self.s3_client, self.opts.s3_transport)
         root = getattr(source, "root", None)  # a local folder source
         if root is not None:
             src, dst = Path(root).resolve(), self.dest.resolve()
             if src == dst or src in dst.parents or dst in src.parents:
-                raise StagingError(f"destination {self.dest} overlaps the source folder {src}: the published copy "
+                raise DestinationError(f"destination {self.dest} overlaps the source folder {src}: the published copy "
                                    "(and its marker) would land in what is copied; stage into a folder outside it")
         for path in (self.dest, sibling(self.dest, "staging"), sibling(self.dest, "old")):
             if path.is_symlink():  # staging through a link would write into another folder, unlocked
-                raise StagingError(f"{path} is a symbolic link; pass the real destination path "
+                raise DestinationError(f"{path} is a symbolic link; pass the real destination path "
                                    f"({self.dest.resolve()})" if path == self.dest else
                                    f"{path} is a symbolic link, not pdserve's own folder; remove it")
         for parent in self.dest.parents:
             if parent.exists() and not parent.is_dir():
-                raise StagingError(f"destination {self.dest}: {parent} is a file, not a folder")
+                raise DestinationError(f"destination {self.dest}: {parent} is a file, not a folder")
         self.dest.parent.mkdir(parents=True, exist_ok=True)
         with StageLock(self.dest, self.opts.lock_timeout_s):
             recover(self.dest)
@@ -200,7 +201,7 @@ class Stager:
                 if self.dest.is_dir() and not any(self.dest.iterdir()):
                     self.dest.rmdir()
                 else:
-                    raise StagingError(
+                    raise DestinationError(
                         f"{self.dest} exists but is not a pdserve-staged folder (no valid marker); "
                         "refusing to replace it — move it away or choose another destination"
                     )

@@ -51,6 +51,56 @@ SPEC_ARTIFACT = "deployment/deployment_spec.json"
 DEPLOYABLE_PRECISIONS = ("bf16", "fp8")
 
 
+# The tracking URI schemes MLflow 3.x builds a store for (mlflow/tracking/_tracking_service/utils.py registers
+# them; its UnsupportedModelRegistryStoreURIException lists the same); a database scheme may carry a driver
+# (postgresql+psycopg2). "" and file: are its file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE.
+MLFLOW_URI_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
+FILE_STORE_SCHEMES = ("", "file")
+
+
+def sqlite_database(uri: str) -> Path | None:
+    """The database file of a ``sqlite:`` tracking URI as SQLAlchemy (which MLflow hands the URI to) reads it:
+    query string dropped, percent-escapes decoded (sqlalchemy.engine.make_url). None for other URIs and
+    in-memory databases.
+
+    Raises:
+        ValueError: a sqlite: URI SQLAlchemy cannot parse.
+    """
+    if not uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    try:
+        db = make_url(uri).database
+    except Exception as e:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and friends
+        raise ValueError(f"{uri}: not a SQLAlchemy database URL: {e}") from None
+    return None if not db or db == ":memory:" else Path(db)
+
+
+def check_tracking_uri(uri: str, env: "dict[str, str] | None" = None) -> str:
+    """Return ``uri`` when MLflow can open a store for it: a scheme of ``MLFLOW_URI_SCHEMES``, or a plain path /
+    file: URI when ``MLFLOW_ALLOW_FILE_STORE`` is true in ``env`` (default ``os.environ``). Reads nothing, so a
+    command refuses a mistyped URI before any work instead of failing after it.
+
+    Raises:
+        ValueError: another scheme, or a path or file: URI MLflow would refuse (the message suggests sqlite:///).
+    """
+    env = os.environ if env is None else env
+    scheme = urlparse(uri).scheme.lower().split("+", 1)[0]
+    if len(scheme) == 1:  # a Windows drive letter, C:\...: a path
+        scheme = ""
+    if scheme in MLFLOW_URI_SCHEMES:
+        return uri
+    if scheme in FILE_STORE_SCHEMES:
+        if env.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("true", "1"):
+            return uri
+        raise ValueError(f"{uri!r}: a path or file: URI names MLflow's file store, which MLflow refuses; give a "
+                         f"database such as sqlite:///{uri.removeprefix('file://') or 'mlflow.db'} or an http(s):// "
+                         "server")
+    raise ValueError(f"{uri!r}: unsupported scheme {scheme!r}; MLflow takes sqlite:///PATH, http(s)://HOST, "
+                     "postgresql://, mysql://, mssql:// or databricks")
+
+
 class TrackingError(RuntimeError):
     """MLflow has no champion / no spec artifact for a registered model (message names which)."""
 

@@ -15,6 +15,26 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class PromoteValueError(ValueError):
+    """A request value that does not fit the champion (e.g. a max_model_len_tokens below its workload's
+    ISL + OSL, an engine argument vLLM refuses): a face's bad value (exit 2), found before anything is written."""
+
+
+def _model_context(spec) -> int | None:  # noqa: ANN001 - a DeploymentSpec
+    """The context window of the champion's model (tokens), from the config.json in its model folder; None when
+    the spec names no folder or its config cannot be read (e.g. a folder mounted on the cluster only)."""
+    from runtime.modelfiles.load import load_model_spec
+    from runtime.models.spec import ModelConfigError
+
+    if not spec.model.path or not (Path(spec.model.path) / "config.json").is_file():
+        return None
+    try:
+        model = load_model_spec(Path(spec.model.path))
+    except ModelConfigError:
+        return None
+    return model.max_context_tokens or model.max_position_embeddings or None
+
+
 class PromoteRequest(BaseModel):
     """One promotion of a registered model's champion."""
 
@@ -72,9 +92,10 @@ def promote(request: PromoteRequest) -> PromoteOutcome:
     Revisions are `v<version>`, numbered per registered model.
 
     Raises:
-        ValueError: a bad ``traffic_upload_uri`` (checked first), skip_if_live with engine overrides, alias champion
-            is not ``expect_version``, or a ``max_model_len_tokens`` / ``engine_args`` item
-            ``with_engine_overrides`` refuses.
+        PromoteValueError: ``max_model_len_tokens`` or an ``engine_args`` item that does not fit the champion
+            (named after its `pdserve promote` option).
+        ValueError: a bad ``traffic_upload_uri`` (checked first), skip_if_live with engine overrides, or alias
+            champion is not ``expect_version``.
         RuntimeError: ``apply`` without a ``kube_context`` outside a Kubernetes pod (checked before anything else).
         runtime.staging.manifest.StagingError: ``require_staged`` and the champion's model path is empty or not a
             verified staged folder.
@@ -115,7 +136,17 @@ def promote(request: PromoteRequest) -> PromoteOutcome:
     if overrides:  # before anything is verified, rendered or applied
         from runtime.engines.engine_args import with_engine_overrides
 
-        spec = with_engine_overrides(spec, max_model_len_tokens=r.max_model_len_tokens, engine_args=r.engine_args)
+        from runtime.command_options import PROMOTE_OPTIONS
+
+        try:
+            spec = with_engine_overrides(spec, max_model_len_tokens=r.max_model_len_tokens,
+                                         context_tokens=_model_context(spec))
+        except ValueError as e:
+            raise PromoteValueError(f"{PROMOTE_OPTIONS['max_model_len_tokens']}: {e}") from None
+        try:
+            spec = with_engine_overrides(spec, engine_args=r.engine_args)
+        except ValueError as e:  # its message names --engine-arg
+            raise PromoteValueError(str(e)) from None
     if r.require_staged:
         from runtime.staging.manifest import StagingError, verify_staged
 

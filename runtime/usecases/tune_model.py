@@ -202,16 +202,39 @@ def tune_model(req: ModelTuneRequest, report: TuneReport) -> ModelTuneOutcome:
 
 def _check_combinations(req: ModelTuneRequest, config: Path) -> None:
     """The option combinations refused before anything is read, first problem first (TuneUsageError)."""
+    from runtime.paths import output_file_problem
+
     out, register = req.out_path, req.registered_model
     if req.measure and (out or register):
         raise TuneUsageError("--measure tunes on CPU (fp32) measurements: they are not a deployable GPU spec; drop "
                              "--out/--register")
     if req.measure and not (config.is_dir() and any(config.glob("*.safetensors"))):
         raise TuneUsageError(f"--measure needs a model folder with safetensors weights, got {config}")
-    if out is not None and (out.is_dir() or (out.parent.exists() and not out.parent.is_dir())):
-        raise TuneUsageError(f"--out {out}: " + ("is a folder" if out.is_dir() else f"{out.parent} is not a folder"))
+    problem = None if out is None else output_file_problem(out)
+    if problem:
+        raise TuneUsageError(f"--out {out}: {problem}")
     if register and not req.mlflow_tracking_uri:
         raise TuneUsageError("--register needs --mlflow-uri (the registry lives in that MLflow)")
+    if req.mlflow_tracking_uri:  # before the search and --out: not after them, as MLflow's own refusal would be
+        from runtime.tracking.mlflow_runs import check_tracking_uri
+
+        try:
+            check_tracking_uri(req.mlflow_tracking_uri)
+        except ValueError as e:
+            raise TuneUsageError(f"--mlflow-uri {e}") from None
+    if out is not None:  # the spec must not replace what this run reads
+        from runtime.paths import overwrites
+        from runtime.tracking.mlflow_runs import sqlite_database
+
+        try:
+            db = sqlite_database(req.mlflow_tracking_uri or "")
+        except ValueError as e:
+            raise TuneUsageError(f"--mlflow-uri {e}") from None
+        cfg = config / "config.json" if config.is_dir() else config
+        hit = overwrites(out, [cfg if cfg.exists() else None, req.trace_path, db])
+        if hit is not None:
+            raise TuneUsageError(f"--out {out}: would replace or add to {hit}, which this run reads; choose another "
+                                 "file")
     if req.measure and (req.parallelism == "all" or req.max_model_len_tokens is not None or req.engine_args):
         raise TuneUsageError("--measure tunes plain TP on CPU measurements and writes no spec: drop --parallelism "
                              "all, --max-model-len and --engine-arg")
@@ -233,7 +256,7 @@ def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_m
     trace's TraceWorkload or None, window_s, min_improvement_pct)."""
     from runtime.redact import redact_userinfo
     from runtime.s3uri import without_query
-    from runtime.tracking.traces import fetch_trace_workload, load_trace_workload
+    from runtime.tracking.traces import check_traffic_trace_uri, fetch_trace_workload, load_trace_workload
     from runtime.tuner.search import resolve_gpu
 
     trace, trace_uri, rate, isl, osl = req.trace_path, req.traffic_trace_uri, req.request_rate_per_s, \
@@ -272,6 +295,12 @@ def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_m
             problems.append(f"--trace-uri {trace_uri!r}: without --trace it must be an s3:// object or prefix to "
                             "read (a local trace is given with --trace)")
             fetch = False
+        elif fetch:  # a malformed URI is a bad value; only reading a well-formed one can fail while running
+            try:
+                check_traffic_trace_uri(trace_uri)
+            except ValueError as e:
+                problems.append(f"--trace-uri: {str(e).removeprefix('traffic_trace_uri ')}")
+                fetch = False
     window_h = req.trace_window_h
     if window_h is not None:
         if not (math.isfinite(window_h) and window_h > 0):
@@ -350,7 +379,7 @@ def _search(req: ModelTuneRequest, report: TuneReport, config: Path, model, gpu:
     """Check the model's served name, settle the precision, (measure,) search. Returns (precision, result)."""
     from runtime.config import check_model_name
     from runtime.models.spec import ModelConfigError
-    from runtime.tuner.search import InfeasibleSLOError, resolve_gpu, tp_choices
+    from runtime.tuner.search import ContextTooLongError, InfeasibleSLOError, resolve_gpu, tp_choices
     from runtime.tuner.search import tune as search
     from runtime.usecases.tune import resolve_precision
 
@@ -370,6 +399,9 @@ def _search(req: ModelTuneRequest, report: TuneReport, config: Path, model, gpu:
         result = search(model, resolve_gpu(gpu), slo, workload, precision=precision, perf=perf,
                         tps=tp_choices(gpu), sample=sample,  # an instance type (g6e.xlarge) bounds TP by its GPUs
                         parallelism=req.parallelism, prices=req.prices)
+    except ContextTooLongError as e:  # the workload asked for does not fit the model: a bad value, not a failure
+        option = "--isl/--osl" if sample is None else "--trace" if req.trace_path is not None else "--trace-uri"
+        raise TuneUsageError(f"{option}: {e}") from None
     except (ModelConfigError, InfeasibleSLOError, ValueError, FileNotFoundError) as e:
         raise TuneFailure(str(e)) from None
     except KeyError as e:  # unknown GPU: the message lists the catalog

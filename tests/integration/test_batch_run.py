@@ -111,8 +111,13 @@ def test_bad_options_are_refused_before_anything_is_read(tmp_path):
     for endpoint in ["ftp://host/openai", "http:///openai", "http://h/openai?x=1", "localhost:8080"]:
         with pytest.raises(BatchRunError, match="--endpoint must be an http"):
             run_batch(str(inp), str(tmp_path / "o.jsonl"), endpoint=endpoint, progress=False)
-    with pytest.raises(BatchRunError, match=r"needs an object key after the bucket \(s3://bucket/key\)"):
+    with pytest.raises(BatchRunError, match=r"^--output 's3://bucket-only/': needs an object key after the bucket"):
         run_batch(str(inp), "s3://bucket-only/", endpoint="http://h/openai", progress=False)
+    with pytest.raises(BatchRunError, match="^--input 's3://b/in.jsonl': bucket 'b' is not a valid"):
+        run_batch("s3://b/in.jsonl", str(tmp_path / "o.jsonl"), endpoint="http://h/openai", progress=False)
+    for option, args in (("--input", ("", str(tmp_path / "o.jsonl"))), ("--output", (str(inp), " "))):
+        with pytest.raises(BatchRunError, match=f"^{option}: empty"):  # not the current folder
+            run_batch(*args, endpoint="http://h/openai", progress=False)
     for same in (str(inp), str(tmp_path / "." / "in.jsonl"), str(tmp_path / "sub" / ".." / "in.jsonl")):
         with pytest.raises(BatchRunError, match="is the input file"):
             run_batch(str(inp), same, endpoint="http://h/openai", progress=False)
@@ -218,6 +223,16 @@ def test_an_output_of_another_batch_is_refused_untouched(standin, tmp_path):
     res = runner.invoke(app, ["run", "-i", str(other), "-o", str(out), "--endpoint", standin.url, "--no-progress"])
     assert res.exit_code == 2 and "not in this input" in " ".join(res.output.split())
     assert out.read_text() == before and standin.requests == []
+
+
+@pytest.mark.parametrize("text", ["notes: keep me\nsecond line\n", '{"custom_id": "r0", "method": "POST"}\n'])
+def test_an_output_that_is_no_batch_output_is_refused_untouched(standin, tmp_path, text):
+    out = tmp_path / "notes.txt"  # e.g. the input's neighbour named by mistake: resuming would rewrite it
+    out.write_text(text)
+    res = runner.invoke(app, ["run", "-i", str(_write_batch(tmp_path / "a.jsonl", ["x"])), "-o", str(out),
+                              "--endpoint", standin.url, "--model", "m", "--no-progress"])
+    assert res.exit_code == 2 and "line 1 is not a batch output line" in " ".join(res.output.split()), res.output
+    assert out.read_text() == text and standin.requests == []
 
 
 def test_an_api_key_from_a_file_secret_has_its_newline_dropped_and_a_bad_one_is_refused(standin, tmp_path,

@@ -14,6 +14,7 @@ import pytest
 from runtime.batch.requests import (
     ALLOWED_URLS,
     BatchInputError,
+    not_output_lines,
     output_line,
     parse_input,
     succeeded_lines,
@@ -84,6 +85,14 @@ def test_resume_keeps_only_the_2xx_lines_and_skips_a_truncated_tail():
     lines = [output_line("a", status_code=200, body={}), output_line("b", status_code=503, body="busy"),
              output_line("c", status_code=None, error="timeout"), output_line("d", status_code=200, body={})[:-9]]
     assert list(succeeded_lines(lines)) == ["a"]
+
+
+def test_lines_that_are_no_output_records_are_found_but_a_truncated_tail_is_not():
+    good = [output_line("a", status_code=200, body={}) + "\n", "\n", output_line("b", status_code=None, error="x")]
+    assert not_output_lines(good + [output_line("c", status_code=200, body={})[:-9]]) == []
+    assert not_output_lines(["hi\n"] + good) == [1]  # not JSON, and not the last line
+    assert not_output_lines(good + [_line("q") + "\n"]) == [4]  # an input line (no response / error)
+    assert not_output_lines(good + ["[1]\n", "{}"]) == [4, 5]
 
 
 def test_usage_tokens_read_the_openai_usage_block():

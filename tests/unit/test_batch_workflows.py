@@ -241,6 +241,9 @@ def test_unset_constraints_are_inherited_from_the_champion_and_constants_match_t
     (retune_spec, "mlflow_uri", "mlflow.mlflow.svc:5000"),
     (retune_spec, "registered_model", "a/b"),
     (retune_spec, "ttft_ms", 0),
+    (retune_spec, "ttft_ms", float("inf")),  # `pdserve tune` in the pod would refuse it at every run
+    (retune_spec, "itl_ms", float("inf")),
+    (retune_spec, "rate", float("inf")),
     (retune_spec, "rate", -1.0),
     (retune_spec, "gpu_budget", 0),
     (retune_spec, "min_improvement_pct", -1.0),
@@ -416,6 +419,8 @@ def test_the_cli_renders_valid_yaml_and_names_a_bad_option(tmp_path):
     ("s3_endpoint_url", "http://key:secret@minio:9000", "must not carry credentials"),
     ("output_uri", "s3://pdserve-batch/out/{{workflow.name}}.jsonl", "Argo would substitute"),
     ("model", "{{inputs.parameters.x}}", "Argo would substitute"),
+    ("model", "m$(AWS_SECRET_ACCESS_KEY)", "Kubernetes expands"),
+    ("input_uri", "s3://pdserve-batch/$(HOME).jsonl", "Kubernetes expands"),
 ])
 def test_values_the_pod_would_reject_or_argo_would_rewrite_are_refused(field, value, why):
     with pytest.raises(ValidationError, match=why) as e:
@@ -776,3 +781,20 @@ def test_precision_is_passed_only_when_given_and_the_promote_image_defaults_to_t
     tpl = templates(promote_cron(image="123.dkr.ecr.us-east-1.amazonaws.com/pdserve:1.2"))["promote"]
     args = tpl["container"]["args"]
     assert args[args.index("--image") + 1] == "123.dkr.ecr.us-east-1.amazonaws.com/pdserve:1.2"
+
+
+@pytest.mark.parametrize("args, option", [
+    (["batch", "workflow", "--input", "s3://pdserve-batch/in.jsonl", "--output", "s3://pdserve-batch/out.jsonl",
+      "--endpoint", "http://isvc-predictor.pdserve.svc.cluster.local/openai", "--model", "m$(AWS_SECRET_ACCESS_KEY)"],
+     "--model"),
+    (["batch", "retune-schedule", "--model-name", "llama8", "--traffic", "s3://pdserve-traffic/t.jsonl",
+      "--registered-model", "m1", "--gpu", "$(GPU)"], "--gpu"),
+])
+def test_a_value_the_kubelet_would_expand_is_refused_naming_its_option(args, option):
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and res.output.startswith(f"error: {option}: "), res.output
+    assert "must not contain '$'" in res.output

@@ -94,7 +94,7 @@ def test_error_messages_are_printed_verbatim_not_as_rich_markup(tmp_path):
 
 def test_stage_errors_with_brackets_keep_them(tmp_path):
     res = runner.invoke(app, ["stage", "hf://onlyorg", str(tmp_path / "out")], env={"COLUMNS": "300"})
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output  # a malformed SOURCE is a bad value
     assert "[/subfolder]" in res.output and "hf://onlyorg" in res.output  # was: rich MarkupError traceback
     src = tmp_path / "src"
     src.mkdir()
@@ -289,7 +289,7 @@ def test_stage_names_a_file_given_as_the_source_folder(tmp_path):
     f = tmp_path / "config.json"
     f.write_text("{}")
     res = runner.invoke(app, ["stage", str(f), str(tmp_path / "out")], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and "is a file, not a folder" in res.output
+    assert res.exit_code == 2 and "is a file, not a folder" in res.output
 
 
 def test_compile_to_an_existing_folder_is_one_error_line(tmp_path):
@@ -303,8 +303,8 @@ def test_compile_under_a_file_is_one_error_line(tmp_path):
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")
     res = runner.invoke(app, ["compile", str(blocker / "sub" / "p.yaml")], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.exception
-    assert res.output.startswith("error:") and "cannot write the pipeline YAML" in res.output
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.exception  # a bad value, found first
+    assert res.output.startswith("error:") and f"{blocker} is not a folder" in res.output
     assert "Traceback" not in res.output and blocker.read_text() == "x"
 
 
@@ -378,3 +378,10 @@ def test_demo_preflight_passes_the_demo_defaults_and_names_a_bad_gpu(tmp_path):
     with pytest.raises(DemoError, match="would fail: .*but planner.gpu_budget is 64 GPUs"):
         _check_slo_feasible(tmp_path, DemoSettings(state_dir=tmp_path, gpu="CPU", ttft_p90_ms=60_000,
                                                    itl_p90_ms=1000), "m-pd")
+
+
+def test_stage_help_gives_the_concurrency_range_and_default_without_internal_names():
+    import typer.main
+
+    option = next(p for p in typer.main.get_command(app).commands["stage"].params if p.name == "concurrency")
+    assert "1 to 256" in option.help and "4 per CPU" in option.help and "StageOptions" not in option.help

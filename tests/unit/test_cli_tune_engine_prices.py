@@ -5,6 +5,7 @@ table's $/Mtok, --parallelism all labels pool layouts; the use-case requests car
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -156,3 +157,37 @@ def test_champion_comparison_uses_the_same_prices():
     priced = check_against_champion(result, spec, "m", ChampionPolicy(), lambda n: ("1", theirs), prices=prices)
     assert priced.comparison.metric == "usd_per_mtok"
     assert priced.comparison.champion.usd_per_mtok != plain.comparison.champion.usd_per_mtok
+
+
+def test_promote_names_a_max_model_len_below_the_champions_workload_as_a_bad_value(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # a real champion: tuned for ISL 3000 + OSL 150
+    reg = runner.invoke(app, ["tune", "llama-3.1-8b", "--mlflow-uri", uri, "--register", "m"])
+    assert reg.exit_code == 0, reg.output
+    out = tmp_path / "m.yaml"
+    res = runner.invoke(app, ["promote", "m", "--mlflow-uri", uri, "--allow-unstaged", "--max-model-len", "1000",
+                              "--out", str(out)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: --max-model-len: max_model_len 1000 < the workload's ISL + OSL (3150")
+    assert not out.exists()
+
+
+def test_promote_refuses_a_max_model_len_beyond_the_staged_models_context(tmp_path):
+    from runtime.modelfiles.catalog import resolve_model_config
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(resolve_model_config(Path("llama-3.1-8b")).read_text())  # 131072 tokens
+    fsx = tmp_path / "fsx"
+    assert runner.invoke(app, ["stage", str(src), str(fsx / "models" / "llama8")]).exit_code == 0
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    reg = runner.invoke(app, ["tune", str(fsx / "models" / "llama8"), "--fsx-root", str(fsx), "--mlflow-uri", uri,
+                              "--register", "m"])
+    assert reg.exit_code == 0, reg.output
+    out = tmp_path / "m.yaml"
+    res = runner.invoke(app, ["promote", "m", "--mlflow-uri", uri, "--max-model-len", "131073", "--out", str(out)],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: --max-model-len: max_model_len 131073 > the model's context window (131072")
+    assert not out.exists()
+    ok = runner.invoke(app, ["promote", "m", "--mlflow-uri", uri, "--max-model-len", "131072", "--out", str(out)])
+    assert ok.exit_code == 0 and out.exists(), ok.output  # the context itself is a valid limit

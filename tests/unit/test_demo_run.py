@@ -1,6 +1,6 @@
-"""run_demo's own wiring, every step faked at its module: a bad --state-dir fails before any work with the
-CLI's `error: --state-dir ...` line, worker/runtime logs go to <state-dir>/logs, and summary.json is strict
-JSON (a missing TTFT is null, never a bare NaN)."""
+"""run_demo's own wiring, every step faked at its module: a bad --state-dir fails before any work (StateDirError,
+the CLI's `error: --state-dir ...` line and exit 2), worker/runtime logs go to <state-dir>/logs, and summary.json
+is strict JSON (a missing TTFT is null, never a bare NaN)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,28 @@ from runtime.demo import ChatResult, DemoSettings, run_demo
 def test_a_state_dir_that_is_a_file_is_a_clear_error(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(demo.StateDirError) as exc:
         run_demo(DemoSettings(state_dir=f))
-    assert str(exc.value.code) == f"error: --state-dir {f}: is a file, not a folder"
+    assert str(exc.value) == f"--state-dir {f}: is a file, not a folder"
 
 
 def test_a_state_dir_below_a_file_is_a_clear_error(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
-    with pytest.raises(SystemExit, match=r"^error: --state-dir .*afile/sub: cannot create .*afile"):
+    with pytest.raises(demo.StateDirError, match=r"^--state-dir .*afile/sub: cannot create .*afile"):
         demo.check_state_dir(f / "sub")
+
+
+def test_the_cli_exits_2_for_a_state_dir_that_is_a_file_before_any_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    f = tmp_path / "afile"
+    f.write_text("x")
+    res = CliRunner().invoke(app, ["demo", "--state-dir", str(f)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and res.output == f"error: --state-dir {f}: is a file, not a folder\n", res.output
+    assert f.read_text() == "x"
 
 
 def test_check_state_dir_creates_the_demo_and_logs_folders(tmp_path):

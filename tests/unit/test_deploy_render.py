@@ -289,6 +289,13 @@ def test_bad_namespace_pvc_and_image_are_named():
         render_all(make_spec(), name=NAME, namespace=NS, image="", pvc_name=PVC)
 
 
+def test_an_engine_arg_the_kubelet_would_expand_is_rejected():
+    # a champion registered with it (or edited in MLflow): the workers' args would read the pod's environment
+    spec = make_spec(engine=EngineSpec(extra_args=['--hf-overrides={"a": "$(AWS_SECRET_ACCESS_KEY)"}']))
+    with pytest.raises(ManifestError, match=r"^spec\.engine\.extra_args: .*contains '\$'"):
+        render(spec)
+
+
 def test_tp_larger_than_the_instance_gpus_is_rejected():
     spec = make_spec(gpu="L40S", prefill=PoolSpec(tp=4), decode=PoolSpec(tp=8))
     with pytest.raises(ManifestError, match=r"spec\.decode\.tp: 8 .*g6e\.12xlarge has only 4 GPUs"):

@@ -53,11 +53,11 @@ def test_model_without_max_position_embeddings_is_not_limited():
     check_context_length(m, WorkloadSpec(isl_tokens=50000, osl_tokens=150))  # no error
 
 
-def test_cli_tune_beyond_the_context_exits_1_and_writes_nothing(tmp_path):
+def test_cli_tune_beyond_the_context_exits_2_naming_the_options_and_writes_nothing(tmp_path):
     out = tmp_path / "spec.json"
     res = CliRunner().invoke(app, ["tune", str(QWEN06_PATH), "--isl", "50000", "--osl", "150", "--rate", "1",
                                    "--gpu", "H100-SXM", "--out", str(out), "--state-dir", str(tmp_path / "s")],
                              env={"COLUMNS": "200"})
-    assert res.exit_code == 1
-    assert "40960" in res.output and "50150" in res.output
+    assert res.exit_code == 2  # a workload the model cannot serve is a bad value, like any other
+    assert res.output.startswith("error: --isl/--osl: ") and "40960" in res.output and "50150" in res.output
     assert not out.exists()
