@@ -119,7 +119,7 @@ def test_pdserve_promote_traffic_upload_makes_the_endpoint_record_and_ship_its_t
     out = tmp_path / "m.yaml"
     res = runner.invoke(app, ["promote", "staged", "--mlflow-uri", registry, "--out", str(out), "--traffic-upload",
                               "s3://pdserve-traffic/online"], env={"COLUMNS": "400"})
-    assert res.exit_code == 1 and "must end in '/'" in " ".join(res.output.split()) and not out.exists()
+    assert res.exit_code == 2 and "must end in '/'" in " ".join(res.output.split()) and not out.exists()
     res = runner.invoke(app, ["promote", "staged", "--mlflow-uri", registry, "--out", str(out), "--traffic-upload",
                               "s3://pdserve-traffic/online/"], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
