@@ -51,11 +51,26 @@ SPEC_ARTIFACT = "deployment/deployment_spec.json"
 DEPLOYABLE_PRECISIONS = ("bf16", "fp8")
 
 
-# The tracking URI schemes MLflow 3.x builds a store for (mlflow/tracking/_tracking_service/utils.py registers
-# them; its UnsupportedModelRegistryStoreURIException lists the same); a database scheme may carry a driver
-# (postgresql+psycopg2). "" and file: are its file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE.
+# The tracking URI schemes MLflow 3.x builds a store for without plugins (mlflow/tracking/_tracking_service/utils.py
+# registers them; its UnsupportedModelRegistryStoreURIException lists the same): used only when MLflow's registry
+# cannot be read (`_mlflow_schemes`). A database scheme may carry a driver (postgresql+psycopg2). "" and file: are
+# its file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE. Whole URIs MLflow takes as they are
+# (its TrackingStoreRegistry.get_store_builder): "databricks", "databricks-uc", "uc".
 MLFLOW_URI_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
 FILE_STORE_SCHEMES = ("", "file")
+MLFLOW_WHOLE_URIS = ("databricks", "databricks-uc", "uc")
+
+
+def _mlflow_schemes() -> tuple[str, ...]:
+    """The schemes MLflow's tracking-store registry holds now: its own and those of installed plugins (e.g.
+    SageMaker's managed MLflow, whose tracking URI is the server's ARN, `arn:aws:sagemaker:...`, through the
+    `sagemaker-mlflow` plugin). `MLFLOW_URI_SCHEMES` when the registry (MLflow-internal) cannot be read."""
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        return tuple(str(k) for k in _tracking_store_registry._registry)
+    except Exception:  # noqa: BLE001 - an MLflow without that internal: the built-in list
+        return MLFLOW_URI_SCHEMES
 
 
 def sqlite_database(uri: str) -> Path | None:
@@ -78,18 +93,21 @@ def sqlite_database(uri: str) -> Path | None:
 
 
 def check_tracking_uri(uri: str, env: "dict[str, str] | None" = None) -> str:
-    """Return ``uri`` when MLflow can open a store for it: a scheme of ``MLFLOW_URI_SCHEMES``, or a plain path /
-    file: URI when ``MLFLOW_ALLOW_FILE_STORE`` is true in ``env`` (default ``os.environ``). Reads nothing, so a
-    command refuses a mistyped URI before any work instead of failing after it.
+    """Return ``uri`` when MLflow can open a store for it: a scheme its tracking-store registry holds (its own and
+    installed plugins': `_mlflow_schemes`), one of ``MLFLOW_WHOLE_URIS``, or a plain path / file: URI when
+    ``MLFLOW_ALLOW_FILE_STORE`` is true in ``env`` (default ``os.environ``). Reads no store, so a command refuses a
+    mistyped URI before any work instead of failing after it.
 
     Raises:
         ValueError: another scheme, or a path or file: URI MLflow would refuse (the message suggests sqlite:///).
     """
     env = os.environ if env is None else env
+    if uri in MLFLOW_WHOLE_URIS:
+        return uri
     scheme = urlparse(uri).scheme.lower().split("+", 1)[0]
     if len(scheme) == 1:  # a Windows drive letter, C:\...: a path
         scheme = ""
-    if scheme in MLFLOW_URI_SCHEMES:
+    if scheme not in FILE_STORE_SCHEMES and scheme in _mlflow_schemes():
         return uri
     if scheme in FILE_STORE_SCHEMES:
         if env.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("true", "1"):
@@ -98,7 +116,7 @@ def check_tracking_uri(uri: str, env: "dict[str, str] | None" = None) -> str:
                          f"database such as sqlite:///{uri.removeprefix('file://') or 'mlflow.db'} or an http(s):// "
                          "server")
     raise ValueError(f"{uri!r}: unsupported scheme {scheme!r}; MLflow takes sqlite:///PATH, http(s)://HOST, "
-                     "postgresql://, mysql://, mssql:// or databricks")
+                     "postgresql://, mysql://, mssql://, databricks or a scheme of an installed MLflow plugin")
 
 
 class TrackingError(RuntimeError):

@@ -193,6 +193,24 @@ def test_mlflows_file_store_is_taken_where_mlflow_is_told_to_allow_it():
         check_tracking_uri("/srv/mlruns", {})
 
 
+def test_mlflow_uris_are_checked_against_mlflows_own_registry_plugins_included():
+    """Bare `databricks` and a scheme an installed plugin registers (SageMaker's managed MLflow takes the
+    tracking server's ARN through the sagemaker-mlflow plugin) are MLflow's to open, not refused."""
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    from runtime.tracking.mlflow_runs import check_tracking_uri
+
+    arn = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/pdserve"
+    assert check_tracking_uri("databricks", {}) == "databricks"
+    with pytest.raises(ValueError, match="unsupported scheme 'arn'"):
+        check_tracking_uri(arn, {})
+    _tracking_store_registry.register("arn", lambda store_uri=None, artifact_uri=None: None)
+    try:
+        assert check_tracking_uri(arn, {}) == arn
+    finally:
+        del _tracking_store_registry._registry["arn"]
+
+
 def _inputs(tmp_path):
     """A model folder, a trace, a price file and an MLflow database holding a champion, as the commands read them."""
     from runtime.modelfiles.catalog import resolve_model_config
