@@ -132,7 +132,10 @@ class EngineStandin:
                                "total_tokens": prompt_tokens + n}}
             await send({"type": "http.response.body", "body": b"data: " + json.dumps(usage).encode() + b"\n\n",
                         "more_body": True})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        # the end of the body in a write of its own, after [DONE], as vLLM's server (Starlette's StreamingResponse)
+        # ends a stream: a client that stops reading at [DONE] leaves the body unfinished
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _prompt_tokens(body: dict) -> int:

@@ -33,6 +33,9 @@ PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "remote_host": None,
     "remote_port": None,
 }
+#: how long a streamed answer's body may take to end after its `data: [DONE]` before its connection is dropped
+#: rather than reused (`_finish_body`); the server ends it in the write after `[DONE]`
+DONE_BODY_END_S = 0.1
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -410,6 +413,7 @@ class VllmClient:
                         continue
                     data = line[5:].strip()
                     if data == b"[DONE]":
+                        await _finish_body(pieces)
                         return
                     yield data, _stream_chunk(url, data)
             for line in buf.split(b"\n"):  # a last line without its newline
@@ -434,6 +438,23 @@ class VllmClient:
             return (await self._get("/health", 2.0))[0] == 200
         except BackendError:
             return False
+
+
+async def _finish_body(pieces: AsyncIterator[bytes]) -> None:
+    """Read a streamed answer's body to its end after `data: [DONE]`, for at most `DONE_BODY_END_S`.
+
+    Why: vLLM's server (Starlette's StreamingResponse) writes the end of the body (the last chunk of the chunked
+    encoding) after `[DONE]`, in a write of its own; a response released before its body ended cannot be
+    reused, so aiohttp closes its connection, and the next decode leg to that worker opens a new one (a TCP
+    handshake on its time to first token, the worker's accept, a socket in TIME_WAIT per request). The end
+    follows `[DONE]` at once; a server that does not end the body in time loses its connection as before.
+    Bytes after `[DONE]` are not read as events."""
+    try:
+        async with asyncio.timeout(DONE_BODY_END_S):
+            async for _ in pieces:
+                pass
+    except (TimeoutError, aiohttp.ClientError, httpx.HTTPError):
+        pass
 
 
 def _error_body(raw: bytes) -> Any:

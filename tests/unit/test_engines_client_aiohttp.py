@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 
@@ -59,8 +60,21 @@ async def worker():
         await resp.write_eof()
         return resp
 
+    async def end_after(request: web.Request, delay_s: float) -> web.StreamResponse:
+        # as vLLM's server ends a stream: the end of the body in a write of its own after [DONE] (here late)
+        seen.append({"peer": request.transport.get_extra_info("peername")})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"id": "d", "choices": [{"index": 0, "delta": {"content": "t"}}]}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(delay_s)
+        await resp.write_eof()
+        return resp
+
     app = web.Application()
     app.router.add_post(CHAT_PATH, chat)
+    app.router.add_post("/end-soon", functools.partial(end_after, delay_s=0.02))
+    app.router.add_post("/end-late", functools.partial(end_after, delay_s=2.0))
     app.router.add_post("/bad", bad)
     app.router.add_post("/stall-head", stall_head)
     app.router.add_post("/stall-body", stall_body)
@@ -133,3 +147,30 @@ async def test_a_cancelled_stream_is_cancelled_not_timed_out(worker):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_stream_whose_body_ends_after_done_keeps_its_connection(worker):
+    """The end of the body comes in a write after [DONE] (as vLLM's server sends it): the client reads it, so
+    the next leg reuses the connection (a stream released before its body ended closes it: a new TCP
+    connection per decode leg)."""
+    url, seen = worker
+    async with VllmClient(url, timeout_s=5.0) as c:
+        for i in range(3):
+            chunks = [ch async for ch in c.stream("/end-soon", BODY, f"r{i}")]
+            assert [ch["choices"][0]["delta"]["content"] for ch in chunks] == ["t"]
+    peers = [s["peer"] for s in seen]
+    assert len(peers) == 3 and len(set(peers)) == 1, peers
+
+
+async def test_a_body_that_does_not_end_after_done_is_dropped_not_waited_for(worker):
+    """A server that holds the body open after [DONE] costs the stream at most DONE_BODY_END_S; its connection
+    is dropped (the next call opens a new one and is answered)."""
+    url, seen = worker
+    async with VllmClient(url, timeout_s=5.0) as c:
+        t0 = time.monotonic()
+        chunks = [ch async for ch in c.stream("/end-late", BODY, "r0")]
+        took = time.monotonic() - t0
+        assert len(chunks) == 1 and took < 1.0, took
+        assert [ch async for ch in c.stream("/end-soon", BODY, "r1")]
+    peers = [s["peer"] for s in seen]
+    assert len(peers) == 2 and peers[0] != peers[1], peers
