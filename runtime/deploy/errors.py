@@ -12,6 +12,11 @@ class ApplyError(RuntimeError):
     """Applying objects to a cluster failed (API error, readiness timeout, missing PVC)."""
 
 
+class KubeconfigError(ApplyError):
+    """The kubeconfig cannot give a client for the asked context: the context is not in it, or a kubeconfig file
+    is not YAML (the message names the context or the file). Nothing was sent to a cluster."""
+
+
 class RolledBackError(ApplyError):
     """A rollout did not promote the new version: it was rolled back and the previous champion serves again
     (message: version, restored revision, reason)."""

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from runtime.deploy.errors import ApplyError, ConflictError
+from runtime.deploy.errors import ApplyError, ConflictError, KubeconfigError
 
 # kind -> (plural, namespaced)
 RESOURCES: dict[str, tuple[str, bool]] = {
@@ -92,17 +92,29 @@ class Kube:
         """Kubeconfig context (None = current context) from `kubeconfig` (default: $KUBECONFIG or
         ~/.kube/config), else (no context given) the in-cluster service-account config.
 
+        $KUBECONFIG is read when called (the kubernetes client reads it once, at import), and may list several
+        files separated by ':' as kubectl takes it.
+
         Raises:
-            ApplyError: the context is not in the kubeconfig, or no context was given and there is neither a
-                kubeconfig nor an in-cluster config (the message names both options).
+            KubeconfigError: the context is not in the kubeconfig, or a kubeconfig file is not YAML.
+            ApplyError: no context was given and there is neither a kubeconfig nor an in-cluster config (the
+                message names both options).
         """
+        import yaml
         from kubernetes import config
 
+        files = kubeconfig or os.environ.get("KUBECONFIG") or None
         try:
-            return cls(config.new_client_from_config(config_file=kubeconfig, context=kube_context))
+            return cls(config.new_client_from_config(config_file=files, context=kube_context))
+        except yaml.YAMLError as e:  # its mark names the file and line; the first line says what is wrong
+            where = getattr(e, "problem_mark", None)
+            name = where.name if where is not None else (files or "~/.kube/config")
+            line = f", line {where.line + 1}" if where is not None else ""
+            raise KubeconfigError(f"kubeconfig {name}{line} is not valid YAML: "
+                                  f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}") from None
         except config.ConfigException as e:
             if kube_context:
-                raise ApplyError(f"kubeconfig context {kube_context!r}: {e}") from None
+                raise KubeconfigError(f"kubeconfig context {kube_context!r}: {e}") from None
             return cls.in_cluster()
 
     @classmethod

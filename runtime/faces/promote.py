@@ -98,6 +98,14 @@ def promote(
         if not in_cluster_available():
             usage("--apply needs --kube-context, or must run inside a Kubernetes pod (in-cluster service-account "
                   "config); no cluster is assumed")
+    if apply and kube_context:  # a context the kubeconfig lacks is a bad value: refused before anything is written
+        from runtime.deploy.errors import KubeconfigError
+        from runtime.deploy.kube import Kube
+
+        try:
+            Kube.from_context(kube_context)
+        except KubeconfigError as e:
+            usage(f"--kube-context {kube_context}: {e}")
     _check_target_options(namespace, pvc, image)
     _check_out_options(out, traffic_upload)
     from runtime.tracking.mlflow_runs import check_tracking_uri

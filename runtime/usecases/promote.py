@@ -101,6 +101,8 @@ def promote(request: PromoteRequest) -> PromoteOutcome:
             verified staged folder.
         runtime.tracking.mlflow_runs.TrackingError: the registry or its champion cannot be read.
         runtime.deploy.validate.ManifestError: an object fails its schema (object and field named).
+        runtime.deploy.errors.KubeconfigError: ``apply`` with a ``kube_context`` the kubeconfig lacks, or a
+            kubeconfig that is not YAML (before MLflow is read; nothing written).
         runtime.deploy.errors.ApplyError: the cluster refused an object or a PVC is missing (nothing applied).
         runtime.deploy.errors.RolledBackError: ``apply`` and the canary was rolled back (the previous champion
             serves again).
@@ -124,6 +126,12 @@ def promote(request: PromoteRequest) -> PromoteOutcome:
         if not in_cluster_available():
             raise RuntimeError(f"promote: apply=True without kube_context and not inside a Kubernetes pod: "
                                f"{CREDENTIAL_OPTIONS}")
+    kube = None
+    if r.apply:  # before MLflow is read or a manifest written: a context the kubeconfig lacks fails here
+        from runtime.deploy.kube import Kube
+
+        # No context: the pod's own service account, never whatever kubeconfig happens to be current.
+        kube = Kube.from_context(r.kube_context) if r.kube_context else Kube.in_cluster()
     overrides = r.max_model_len_tokens is not None or bool(r.engine_args)
     if overrides and r.skip_if_live:  # the live revision is the registered spec's: skipping would drop them
         raise ValueError("skip_if_live: not with max_model_len_tokens / engine_args (the live revision of this "
@@ -170,11 +178,8 @@ def promote(request: PromoteRequest) -> PromoteOutcome:
     if not r.apply:
         return PromoteOutcome(r.out_path, len(objs), str(version), False, False, kinds)
     from runtime.deploy.errors import RolledBackError
-    from runtime.deploy.kube import Kube
     from runtime.deploy.promote import promote_version
 
-    # No context: the pod's own service account, never whatever kubeconfig happens to be current.
-    kube = Kube.from_context(r.kube_context) if r.kube_context else Kube.in_cluster()
     if r.skip_if_live:
         from runtime.deploy.rollout import current_champion
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from runtime.cli import app
@@ -247,6 +248,57 @@ def test_promote_apply_needs_a_kube_context_before_anything_is_written(tmp_path)
     res = runner.invoke(app, ["promote", "x", "--apply", "--out", str(out)], env={"COLUMNS": "300"})
     assert res.exit_code == 2 and "--apply needs --kube-context" in res.output
     assert not out.exists()
+
+
+KUBECONFIG_ONE_CONTEXT = """apiVersion: v1
+kind: Config
+clusters:
+- name: c1
+  cluster: {server: "https://127.0.0.1:1"}
+users:
+- name: u1
+  user: {token: not-a-secret}
+contexts:
+- name: good
+  context: {cluster: c1, user: u1}
+current-context: good
+"""
+
+
+def test_promote_apply_refuses_a_context_the_kubeconfig_lacks_before_anything_is_written(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG_ONE_CONTEXT)
+    out = tmp_path / "m.yaml"
+    res = runner.invoke(app, ["promote", "x", "--apply", "--kube-context", "nosuch", "--out", str(out)],
+                        env={"COLUMNS": "300", "KUBECONFIG": str(kubeconfig)})
+    assert res.exit_code == 2, res.output
+    assert "--kube-context nosuch" in res.output and "nosuch" in res.output.split("--kube-context nosuch", 1)[1]
+    assert not out.exists()
+
+
+def test_promote_apply_names_a_kubeconfig_that_is_not_yaml(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nclusters: [\n  - {name: a\n")
+    out = tmp_path / "m.yaml"
+    res = runner.invoke(app, ["promote", "x", "--apply", "--kube-context", "good", "--out", str(out)],
+                        env={"COLUMNS": "300", "KUBECONFIG": str(kubeconfig)})
+    assert res.exit_code == 2, res.output
+    assert "not valid YAML" in res.output and "kubeconfig" in res.output and "Traceback" not in res.output
+    assert not out.exists()
+
+
+def test_promote_use_case_refuses_a_missing_context_before_reading_mlflow(tmp_path, monkeypatch):
+    from runtime.deploy.errors import KubeconfigError
+    from runtime.usecases.promote import PromoteRequest, promote
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG_ONE_CONTEXT)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    out = tmp_path / "m.yaml"
+    with pytest.raises(KubeconfigError, match="nosuch"):
+        promote(PromoteRequest(registered_model="x", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'none.db'}",
+                               out_path=str(out), image="img:1", apply=True, kube_context="nosuch"))
+    assert not out.exists() and not (tmp_path / "none.db").exists()
 
 
 def test_promote_refuses_a_missing_sqlite_database_instead_of_creating_one(tmp_path):
