@@ -48,6 +48,12 @@ class BatchRunError(RuntimeError):
     """The batch cannot run (bad endpoint or file location, unreadable input, output not writable)."""
 
 
+class BatchS3UnreachableError(BatchRunError):
+    """The S3 endpoint of an input or output could not be reached (connection refused or timed out after
+    botocore's retries): nothing was sent, and the same command may succeed later: a failure while running,
+    not a bad value."""
+
+
 @dataclass
 class BatchSummary:
     """What one run did. ``resumed``: requests already answered (2xx) in an earlier output, not sent again."""
@@ -112,6 +118,8 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 def _read_lines(uri: str, s3: Any, *, missing_ok: bool) -> list[str] | None:
     try:
         if uri.startswith("s3://"):
+            from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError
+
             bucket, key = split_s3_uri(uri)
             try:
                 data = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -119,7 +127,9 @@ def _read_lines(uri: str, s3: Any, *, missing_ok: bool) -> list[str] | None:
                 if missing_ok:
                     return None
                 raise BatchRunError(f"{uri}: no such object") from None
-            except Exception as e:  # noqa: BLE001 - botocore ClientError (NoSuchBucket, AccessDenied), endpoint errors
+            except (BotoConnectionError, HTTPClientError) as e:  # refused, timed out, dropped
+                raise BatchS3UnreachableError(f"{uri}: cannot reach the S3 endpoint: {e}") from None
+            except Exception as e:  # noqa: BLE001 - botocore ClientError (NoSuchBucket, AccessDenied)
                 raise BatchRunError(f"{uri}: cannot read: {e}") from None
             # the line splitting of a local text file (universal newlines), not str.splitlines, which also
             # breaks at U+2028 / U+0085 inside JSON strings

@@ -75,19 +75,23 @@ def run_cmd(
 ) -> None:
     """Send every request of a batch file to the endpoint and write one output line per request.
 
-    Exit status: 0 when every request got a 2xx answer; 1 when some did not (their output lines carry the error)
-    or an s3:// output could not be uploaded at the end (the answers are kept in a local file, named); 2 for bad
+    Exit status: 0 when every request got a 2xx answer; 1 when some did not (their output lines carry the error),
+    an s3:// output could not be uploaded at the end (the answers are kept in a local file, named) or the S3
+    endpoint could not be reached (nothing sent); 2 for bad
     options, a malformed input file or an output that is not writable, holds another batch's answers or lines
     that are no batch output (then nothing is sent and the output is untouched). SIGTERM stops like Ctrl-C, keeping every finished answer.
     Prints a JSON summary line on stdout."""
     from runtime.batch.requests import BatchInputError
-    from runtime.batch.run import BatchRunError, BatchUploadError, api_key_from_env, run_batch
+    from runtime.batch.run import (BatchRunError, BatchS3UnreachableError, BatchUploadError, api_key_from_env,
+                                   run_batch)
 
     try:
         summary = run_batch(input_uri, output_uri, endpoint=endpoint, model=model, concurrency=concurrency,
                             max_retries=max_retries, timeout_s=timeout_s, api_key=api_key_from_env(api_key_env),
                             checkpoint_s=checkpoint_s, progress=progress)
     except BatchUploadError as e:  # requests were sent: not the "nothing sent" status
+        _fail(str(e), 1)
+    except BatchS3UnreachableError as e:  # nothing sent; a failure while running, as in `tune` and `stage`
         _fail(str(e), 1)
     except (BatchInputError, BatchRunError) as e:
         _fail(f"{input_uri}: {e}" if isinstance(e, BatchInputError) else str(e))

@@ -248,3 +248,39 @@ def test_an_output_never_replaces_what_the_command_reads(case, tmp_path):
     assert res.output.startswith("error: --") and ("would replace or add to" in res.output
                                                    or "is the MLflow database" in res.output), res.output
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+S3_READERS = {  # argv reading s3://bkt/... first, with {tmp} the test's temporary folder
+    "batch run": ["batch", "run", "-i", "s3://bkt/in.jsonl", "-o", "{tmp}/out.jsonl", "--endpoint",
+                  "http://127.0.0.1:8080/openai"],
+    "tune --trace-uri": ["tune", "llama-3.1-8b", "--trace-uri", "s3://bkt/t.jsonl"],
+    "stage": ["stage", "s3://bkt/model/", "{tmp}/dest"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(S3_READERS))
+def test_an_s3_endpoint_that_cannot_be_reached_is_a_failure_while_running_in_every_command(case, tmp_path,
+                                                                                             monkeypatch):
+    """Nothing listens at the endpoint: exit 1 (the same command may succeed later), not 2 (a bad value), in
+    every command that reads S3; one error line that names the endpoint; nothing written."""
+    import functools
+    import socket
+
+    import runtime.staging.s3 as s3_mod
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # one attempt per request: botocore's retries of a refused connection only make the test slow
+    monkeypatch.setattr(s3_mod, "make_client", functools.partial(s3_mod.make_client, max_attempts=1))
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in S3_READERS[case]]
+    res = runner.invoke(app, argv, env={"COLUMNS": "300"})
+    assert res.exit_code == 1, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0], res.output
+    # nothing written (stage's lock file beside DEST stays, as after any stage)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".pdserve-lock")] == []
