@@ -29,7 +29,7 @@ class Parallelism(str, Enum):
 
 
 def tune(
-    config: Annotated[Path, typer.Argument(
+    model: Annotated[str, typer.Argument(
         help="The model: a catalog name (llama-3.1-70b; `pdserve models` lists them) or Hugging Face id in the "
              "catalog, an HF config.json, or a model folder holding one.", metavar="MODEL")],
     gpu: Annotated[Optional[str], typer.Option(
@@ -151,6 +151,9 @@ def tune(
     from runtime.paths import output_file_problem
     from runtime.usecases.tune_model import ModelTuneRequest, TuneFailure, TuneUsageError, tune_model
 
+    if not model.strip():  # Path("") is the current folder: an empty MODEL would tune whatever is there
+        usage("MODEL: empty; give a catalog name (`pdserve models` lists them), a config.json or a model folder")
+    config = Path(model)
     for flag, path, want_dir in (("--decision-out", decision_out, False), ("--decision-values", decision_values, True)):
         if path is not None and not register:
             usage(f"{flag} reports what --register did to the champion alias: give --register NAME")

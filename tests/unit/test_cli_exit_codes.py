@@ -284,3 +284,29 @@ def test_an_s3_endpoint_that_cannot_be_reached_is_a_failure_while_running_in_eve
     assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0], res.output
     # nothing written (stage's lock file beside DEST stays, as after any stage)
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".pdserve-lock")] == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["batch", "workflow", "--input", "s3://bkt/in.jsonl", "--output", "s3://bkt/out.jsonl", "--endpoint",
+     "http://isvc-predictor.pdserve.svc.cluster.local/openai", "--name", ""],
+    ["batch", "retune-schedule", "--model-name", "org/llama8", "--traffic", "s3://bkt/logs/", "--registered-model",
+     "llama8-pd", "--name", ""],
+], ids=["batch workflow", "batch retune-schedule"])
+def test_an_empty_workflow_name_is_refused_not_replaced_by_the_default(argv):
+    res = runner.invoke(app, argv, env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--name" in errors[0] and "kind: " not in res.output, res.output
+
+
+def test_tune_refuses_an_empty_model_instead_of_tuning_the_current_folder(tmp_path, monkeypatch):
+    import shutil
+
+    from runtime.modelfiles.catalog import CATALOG_DIR
+
+    config = sorted(Path(CATALOG_DIR).glob("*config.json"))[0]
+    shutil.copy(config, tmp_path / "config.json")  # the current folder is a model folder: "" must not pick it
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["tune", "", "--out", str(tmp_path / "spec.json")], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and "MODEL: empty" in res.output, res.output
+    assert not (tmp_path / "spec.json").exists()
