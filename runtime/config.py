@@ -37,7 +37,10 @@ def check_model_name(model_name: str) -> str:
 
     Raises:
         ValueError: empty, absolute, containing a NUL or a backslash, or with an empty, `.` or `..` component
-            (each of which would publish outside `<fsx_root>/models/` or at a different name).
+            (each of which would publish outside `<fsx_root>/models/` or at a different name); containing
+            whitespace or a `$`, or starting with `-` (the rendered workers take the name as a container argument:
+            the kubelet expands `$(VAR)` there, and vLLM reads a leading `-` as an option), which the renderer
+            (runtime/deploy/render.py) refuses: such a name could be tuned and registered but never deployed.
     """
     if not isinstance(model_name, str) or not model_name:
         raise ValueError(f"model_name {model_name!r}: must be a non-empty relative path under models/")
@@ -47,6 +50,9 @@ def check_model_name(model_name: str) -> str:
         raise ValueError(f"model_name {model_name!r}: must be relative to <fsx_root>/models, not absolute")
     if any(part in ("", ".", "..") for part in model_name.split("/")):
         raise ValueError(f"model_name {model_name!r}: every path component must be a name (no empty, '.' or '..')")
+    if any(c.isspace() for c in model_name) or "$" in model_name or model_name.startswith("-"):
+        raise ValueError(f"model_name {model_name!r}: must not contain whitespace or '$' nor start with '-' (the "
+                         "workers take it as a container argument)")
     return model_name
 
 
@@ -57,7 +63,7 @@ class ModelRef(_Strict):
         min_length=1,
         description="Model name used in the OpenAI API (`model` field), in MLflow and as the staged folder "
         "name under models/: a clean relative path such as `llama8` or `org/llama8` (no empty, '.' or '..' "
-        "component, no leading '/', NUL or backslash; runtime.config.check_model_name).",
+        "component, no leading '/' or '-', no NUL, backslash, whitespace or '$'; runtime.config.check_model_name).",
     )
     path: str = Field(
         default="",

@@ -383,12 +383,12 @@ def _search(req: ModelTuneRequest, report: TuneReport, config: Path, model, gpu:
     from runtime.tuner.search import tune as search
     from runtime.usecases.tune import resolve_precision
 
+    try:  # the served name (ModelRef) comes from the folder: check it before minutes of tuning
+        check_model_name(model.name)
+    except ValueError as e:  # a bad value (the folder's name), before any work: usage, not a failure
+        raise TuneUsageError(f"{config}: {e}; the served model is named after the folder, so rename the "
+                             "folder") from None
     try:
-        try:  # the served name (ModelRef) comes from the folder: check it before minutes of tuning
-            check_model_name(model.name)
-        except ValueError as e:
-            raise TuneFailure(f"{config}: {e}; the served model is named after the folder, so rename the "
-                              "folder") from None
         if precision is None:  # the checkpoint's own, by the pipeline's precision `auto` rule
             precision, notes = resolve_precision(model, None)
             for note in notes:

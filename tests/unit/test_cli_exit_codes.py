@@ -310,3 +310,18 @@ def test_tune_refuses_an_empty_model_instead_of_tuning_the_current_folder(tmp_pa
     res = runner.invoke(app, ["tune", "", "--out", str(tmp_path / "spec.json")], env={"COLUMNS": "300"})
     assert res.exit_code == 2 and "MODEL: empty" in res.output, res.output
     assert not (tmp_path / "spec.json").exists()
+
+
+@pytest.mark.parametrize("folder", ["m with space", "-m"])
+def test_tune_refuses_a_folder_whose_name_can_never_be_deployed_before_any_search(folder, tmp_path):
+    import shutil
+
+    from runtime.modelfiles.catalog import CATALOG_DIR
+
+    model = tmp_path / folder
+    model.mkdir()
+    shutil.copy(sorted(Path(CATALOG_DIR).glob("*config.json"))[0], model / "config.json")
+    out = tmp_path / "spec.json"
+    res = runner.invoke(app, ["tune", str(model), "--out", str(out)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and "rename the folder" in res.output, res.output
+    assert not out.exists()

@@ -79,5 +79,5 @@ def test_a_folder_name_that_cannot_be_a_model_name_fails_before_tuning(tmp_path)
     folder.mkdir()
     (folder / "config.json").write_text(LLAMA_8B.read_text())
     res = runner.invoke(app, ["tune", str(folder), "--out", str(tmp_path / "s.json")], env={"COLUMNS": "300"})
-    assert res.exit_code == 1 and "rename the folder" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "rename the folder" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "s.json").exists()

@@ -98,6 +98,21 @@ def test_empty_or_path_like_model_names_are_refused(name):
         ModelRef(name=name)
 
 
+@pytest.mark.parametrize("name", ["m with space", "m\tx", "-m", "m$(AWS_SECRET_ACCESS_KEY)", "org/ m"])
+def test_model_names_the_renderer_cannot_deploy_are_refused_where_they_are_made(name):
+    """The same names render_all refuses (container arguments): refused by the spec itself, so tune --out and
+    stage cannot make what promote can never deploy."""
+    from runtime.deploy.errors import ManifestError
+    from runtime.deploy.render import render_all
+
+    with pytest.raises(ValidationError, match="model.name"):
+        ModelRef(name=name)
+    spec = DeploymentSpec(model=ModelRef(name="m"))
+    spec.model.name = name  # (assignment is not validated): the renderer's own check agrees
+    with pytest.raises(ManifestError, match="spec.model.name"):
+        render_all(spec, name="m", namespace="pdserve", image="img:1", pvc_name="fsx-claim", validate=False)
+
+
 @pytest.mark.parametrize("name", ["m", "smollm2-135m-instruct", "meta-llama/Llama-3.1-8B"])
 def test_plain_and_org_model_names_are_accepted(name):
     assert ModelRef(name=name).name == name

@@ -479,8 +479,11 @@ def test_each_inference_service_pins_its_own_runtime_image():
 
 @pytest.mark.parametrize("bad, why", [("--port=1", "starts with '-'"), ("$(HOME)", r"contains '\$'")])
 def test_model_names_the_workers_would_misread_are_rejected(bad, why):
+    # ModelRef refuses these names itself (runtime.config.check_model_name); the renderer checks what it is given
+    spec = make_spec()
+    spec.model.name = bad
     with pytest.raises(ManifestError, match=why):
-        render(make_spec(model=ModelRef(name=bad)))
+        render(spec)
 
 
 @pytest.mark.parametrize("pool,match", [
