@@ -305,6 +305,9 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
                 why = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).rstrip(". ")  # kfp colours its message
                 raise DemoError(f"KFP pipeline failed: {why}; the failing step's log is printed above and in "
                                 f"{kfp_log} (task outputs under {state / 'kfp'})") from None
+    # the runtime and workers say when they stop (LocalDeployment); the S3 server the demo started says it too
+    console.print(escape(f"stopped the S3-compatible server (SeaweedFS) at {s3.endpoint_url}; its data stays in "
+                         f"{state / 's3'}"))
     version, spec = load_champion(mlflow_uri, registered)
     console.print(escape(f"champion: version {version}, prefill TP {spec.prefill.tp}, decode TP {spec.decode.tp} "
                          f"on {spec.gpu}; manifests {outputs['manifests']}"))

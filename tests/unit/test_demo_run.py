@@ -63,6 +63,7 @@ def faked_steps(tmp_path, monkeypatch):
             return self
 
         def __exit__(self, *exc):
+            seen["s3_stopped"] = True
             return None
 
         def client(self):
@@ -113,6 +114,17 @@ def test_worker_and_runtime_logs_go_under_the_state_dir(tmp_path, faked_steps):
     assert faked_steps["deployment_kwargs"]["log_dir"] == state.resolve() / "logs"
     assert summary["ttft_s"] == [0.25, 0.5] and summary["nixl_transfers"] == 2
     assert faked_steps["preflight_before_s3"] is True
+
+
+def test_the_demo_says_when_it_stops_the_s3_server(tmp_path, faked_steps):
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    run_demo(DemoSettings(state_dir=tmp_path / "state", questions=("q1",)), console=Console(file=out, width=200))
+    lines = [line for line in out.getvalue().splitlines() if "stopped the S3-compatible server" in line]
+    assert faked_steps["s3_stopped"] and len(lines) == 1 and "http://127.0.0.1:1" in lines[0], out.getvalue()
 
 
 def test_an_answer_without_a_first_token_is_null_in_summary_json(tmp_path, faked_steps, monkeypatch):
