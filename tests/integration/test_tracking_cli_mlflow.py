@@ -128,9 +128,10 @@ def test_tune_refuses_to_register_a_spec_promote_cannot_render(tmp_path):
     out = tmp_path / "t.json"
     res = runner.invoke(app, ["tune", str(folder), "--mlflow-uri", uri, "--register", "llama8", "--out", str(out)],
                         env=ENV)
-    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    # the served name comes from the folder and is refused before the search (runtime.config.check_model_name)
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
     msg = _flat(res.output)
-    assert "could not render" in msg and "spec.model.name: 'Llama 8B'" in msg, msg
+    assert "model_name 'Llama 8B'" in msg and "rename the folder" in msg, msg
     assert not out.exists() and not (tmp_path / "m.db").exists()
 
 
@@ -143,9 +144,11 @@ def test_log_tuning_refuses_an_unrenderable_spec_before_creating_a_run(tmp_path)
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     result = tune(load_model_spec(LLAMA_70B), "H100-SXM", SloSpec(), WorkloadSpec())
-    # ModelRef itself refuses an empty name; a blank in it is valid there but not in a Kubernetes object
+    # ModelRef itself refuses a blank in the name; log_tuning's render check holds whatever reaches it
+    ref = ModelRef(name="llama8")
+    ref.name = "Llama 8B"  # (assignment is not validated)
     with pytest.raises(ManifestError, match="spec.model.name: 'Llama 8B'"):
-        log_tuning(result, tracking_uri=uri, experiment="e", registered_model="ok", model_ref=ModelRef(name="Llama 8B"))
+        log_tuning(result, tracking_uri=uri, experiment="e", registered_model="ok", model_ref=ref)
     assert not (tmp_path / "m.db").exists() or _runs(uri) == 0
 
 
