@@ -21,21 +21,26 @@ def write_text_atomically(path: Path, text: str) -> Path:
     """Write `text` to `path` (parent folders created) through a temporary file in the same folder and a
     rename, so a reader never sees a half-written file; returns `path`.
 
+    A `path` that is a symbolic link is written through: the file it points to is replaced and the link stays
+    (as a plain write would do; a rename onto the link would replace the link with a file, and whatever read
+    the file through another path would keep the old text).
+
     Raises:
         OSError: the folder cannot be created or written (the temporary file is removed).
     """
     import tempfile
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a spec or manifest is for kubectl / CI to read
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -322,6 +322,22 @@ def test_written_specs_are_readable_by_others_under_the_umask(tmp_path):
     assert stat.S_IMODE(p.stat().st_mode) == 0o644
 
 
+def test_an_output_that_is_a_link_is_written_through_and_the_link_stays(tmp_path):
+    from runtime.paths import write_text_atomically
+
+    real = tmp_path / "specs" / "spec.json"
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "spec.json"
+    link.symlink_to(real)
+    write_text_atomically(link, "new")
+    assert link.is_symlink() and real.read_text() == "new" and link.read_text() == "new"
+    dangling = tmp_path / "later.json"
+    dangling.symlink_to(tmp_path / "made" / "later.json")  # a link to a file (and folder) not yet there
+    write_text_atomically(dangling, "x")
+    assert dangling.is_symlink() and (tmp_path / "made" / "later.json").read_text() == "x"
+
+
 def test_tune_on_a_bare_config_file_records_no_model_folder(tmp_path):
     import json
 
