@@ -297,7 +297,8 @@ def retune_cmd(
     slug = "".join(c if c.isascii() and c.isalnum() else "-" for c in model_name.lower())
     default_name = ("retune-" + slug.strip("-"))[:52].rstrip("-")  # CronWorkflow names: <= 52 characters
     _emit(retune_cron_workflow, RetuneCronWorkflowSpec, dict(
-        name=default_name if name is None else name, schedule=schedule, timezone=timezone, model_name=model_name, gpu=gpu,
+        name=default_name if name is None else name, schedule=schedule, timezone=timezone, model_name=model_name,
+        gpu=gpu,
         ttft_ms=ttft_ms, itl_ms=itl_ms, rate=rate, gpu_budget=gpu_budget, planner=planner, precision=precision,
         min_improvement_pct=min_improvement_pct, traffic_uri=traffic, trace_window_h=trace_window_h,
         registered_model=registered_model, mlflow_uri=mlflow_uri, pvc_name=pvc, promote=promote,
