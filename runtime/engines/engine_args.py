@@ -87,7 +87,9 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
     Raises:
         ValueError: a malformed item; a VALUE holding '$'; a KEY in `RESERVED` (the message names the setting to use); a KEY that is
             not an engine argument of the pinned vLLM (the message suggests close ones); a boolean with another
-            VALUE; a VALUE vLLM's parser refuses (type, choices, JSON), with vLLM's message.
+            VALUE; a VALUE vLLM's parser refuses (type, choices, JSON), with vLLM's message; a number outside
+            the bounds vLLM's config class declares for that field (`max-num-seqs=0`: `SchedulerConfig.max_num_seqs`
+            is `Field(ge=1)`), which vLLM's parser does not check and the engine refuses only when it starts.
     """
     parser = parser or vllm_engine_parser()
     options = {s: a for a in parser._actions for s in a.option_strings}  # noqa: SLF001 - argparse has no public list
@@ -123,12 +125,45 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            parser.parse_args(out)
+            parsed = parser.parse_args(out)
     except SystemExit:
         lines = [ln for ln in err.getvalue().splitlines() if "error:" in ln] or err.getvalue().splitlines()[-1:]
         msg = lines[-1].split("error:", 1)[-1].strip() if lines else "refused"
         raise ValueError(f"--engine-arg: vLLM refuses {' '.join(out)}: {msg}") from None
+    for dest, flags in chosen.items():
+        problem = _bound_problem(parser, dest, getattr(parsed, dest, None))
+        if problem:
+            raise ValueError(f"--engine-arg: vLLM refuses {' '.join(flags)}: {problem}")
     return out
+
+
+# annotated_types' numeric bounds (what pydantic's Field(ge=..., gt=..., le=..., lt=...) records), as comparisons
+_BOUNDS = (("ge", ">=", lambda v, b: v >= b), ("gt", ">", lambda v, b: v > b),
+           ("le", "<=", lambda v, b: v <= b), ("lt", "<", lambda v, b: v < b))
+
+
+def _bound_problem(parser: argparse.ArgumentParser, dest: str, value: object) -> str | None:
+    """Why `value` breaks a numeric bound vLLM's config class declares for argument `dest`, or None.
+
+    vLLM builds each argument group of its parser from one config class (the group's title, e.g.
+    `SchedulerConfig`; vllm/engine/arg_utils.py `get_kwargs`) whose pydantic fields carry the bounds the engine
+    enforces when it builds its config at start-up. Only numbers are checked (other values go through the
+    parser's own type and choices)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    import vllm.config  # imported by vllm_engine_parser already
+
+    for group in parser._action_groups:  # noqa: SLF001 - argparse has no public list
+        if any(a.dest == dest for a in group._group_actions):  # noqa: SLF001
+            fields = getattr(getattr(vllm.config, str(group.title), None), "__pydantic_fields__", None) or {}
+            field = fields.get(dest)
+            for meta in getattr(field, "metadata", ()) or ():
+                for attr, op, ok in _BOUNDS:
+                    bound = getattr(meta, attr, None)
+                    if isinstance(bound, int | float) and not ok(value, bound):
+                        return f"{dest} must be {op} {bound} ({group.title}.{dest}), got {value}"
+            return None
+    return None
 
 
 def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | None = None,

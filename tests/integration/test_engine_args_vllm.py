@@ -44,6 +44,9 @@ def test_a_later_value_for_the_same_argument_wins(parser):
     ("no-enable-prefix-caching=true", "pdserve sets --enable-prefix-caching itself"),
     ("kv-transfer-config={}", "engine.kv_backends"),
     ("max-num-seqs", "expected KEY=VALUE"),
+    ("max-num-seqs=-1", "vLLM refuses --max-num-seqs=-1: max_num_seqs must be >= 1 (SchedulerConfig.max_num_seqs)"),
+    ("gpu-memory-utilization=1.5", "pdserve sets --gpu-memory-utilization"),
+    ("max-num-batched-tokens=0", "max_num_batched_tokens must be >= 1"),
 ])
 def test_bad_engine_arguments_are_refused_with_the_reason(parser, item, needle):
     with pytest.raises(ValueError) as e:
