@@ -384,6 +384,44 @@ def match_gpu_hours(run: Callable[[float], dict], budget_gpu_hours: float, *, hi
     return done(*best)
 
 
+def best_static_fleet(run: Callable[[int, int], dict], gpus: int, prefill_tp: int, decode_tp: int) -> dict | None:
+    """The static fleet (``p`` prefill and ``d`` decode workers all hour, at least one each) of highest
+    attainment among those using ``gpus`` GPUs or, where TPs leave a remainder, the most below it
+    (``d = (gpus - p * prefill_tp) // decode_tp``). ``run(p, d)`` simulates one fleet and returns a
+    ``summarize`` row. Ternary search on ``p`` (attainment rises while prefill is the short pool and falls
+    once decode is), then every fleet beside the best: about ``2 log2(gpus)`` runs; all of them when
+    there are at most 6. Returns ``{"prefill", "decode", "result", "tried": [[p, d, attainment,
+    gpu_hours], ...]}``, or None when no fleet fits (``gpus < prefill_tp + decode_tp``)."""
+    top = (gpus - decode_tp) // prefill_tp
+    if top < 1:
+        return None
+    seen: dict[int, dict] = {}
+    tried: list[list] = []
+
+    def att(p: int) -> float:
+        if p not in seen:
+            d = (gpus - p * prefill_tp) // decode_tp
+            seen[p] = run(p, d)
+            tried.append([p, d, seen[p]["slo_attainment"], seen[p]["gpu_hours"]])
+        return seen[p]["slo_attainment"]
+
+    lo, hi = 1, top
+    while hi - lo > 5:
+        m1, m2 = lo + (hi - lo) // 3, hi - (hi - lo) // 3
+        if att(m1) < att(m2):
+            lo = m1 + 1
+        else:
+            hi = m2 - 1 if att(m1) > att(m2) else m2  # equal: the peak lies between them (unimodal)
+    for p in range(lo, hi + 1):
+        att(p)
+    best = max(seen, key=lambda p: (seen[p]["slo_attainment"], -p))
+    for p in (best - 1, best + 1):  # the search's neighbours of the best
+        if 1 <= p <= top:
+            att(p)
+    best = max(seen, key=lambda p: (seen[p]["slo_attainment"], -p))
+    return {"prefill": best, "decode": (gpus - best * prefill_tp) // decode_tp, "result": seen[best], "tried": tried}
+
+
 def excess_breakdown(res: dict, oracle_by_pool: dict, hold: dict) -> dict:
     """Where a planner's GPU-hours above the oracle go, per pool: ``start_lag_and_hold`` is what a
     perfect forecast still costs (oracle plan launched a worker start ahead, held a window after:
@@ -403,8 +441,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="an Azure-format CSV or a Mooncake JSONL trace (*.jsonl); repeatable with --shape")
     ap.add_argument("--shape", action="append", default=[],
                     help="development-set mode: synthetic shapes <arrivals>_<mix> (runtime.sim.shapes; 'dev' for its "
-                         "DEFAULT_SHAPES), repeatable or a comma list; every --trace joins the set; each runs at every "
-                         "--rate-scales and one summary JSON line is printed")
+                         "DEFAULT_SHAPES, 'all' for every one), repeatable or a comma list; every --trace joins the "
+                         "set; each runs at every --rate-scales and one summary JSON line is printed")
     ap.add_argument("--rate-scales", default=None,
                     help="comma list of rate scales (default 1,5,10 with --shape); given, it selects the "
                          "development-set mode for the --trace files alone too")
@@ -440,6 +478,10 @@ def main(argv: list[str] | None = None) -> dict:
                          "attainment; ~6 more dynamo_sla runs); and the largest staffing beta whose pdserve_sla "
                          "GPU-hours stay within the cheapest Dynamo row's, as pdserve_sla_at_dynamo_gpu_hours (a "
                          "comparison at equal GPU-hours; ~7 more pdserve_sla runs)")
+    ap.add_argument("--static-equal-cost", action="store_true",
+                    help="also find the static fleet of highest attainment among those of at most pdserve_sla's "
+                         "mean GPU count over the hour (prefill and decode fixed all hour), as static_equal_cost: "
+                         "a fleet pdserve_sla's point must dominate (~2 log2(GPUs) more simulations)")
     ap.add_argument("--target-attainment", type=float, default=0.99,
                     help="share of requests within both SLOs that --dynamo-matched must reach (default 0.99)")
     ap.add_argument("--sweep-quantiles", default="",
@@ -451,7 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     set_mode = bool(a.shape) or a.rate_scales is not None
     a.shape = [n for arg in a.shape for n in arg.split(",") if n]
-    a.shape = [n for name in a.shape for n in (shapes.DEFAULT_SHAPES if name == "dev" else (name,))]
+    named = {"dev": tuple(shapes.DEFAULT_SHAPES), "all": tuple(shapes.shape_names())}
+    a.shape = list(dict.fromkeys(n for name in a.shape for n in named.get(name, (name,))))
     problems = [f"{name} must be > 0, got {v}" for name, v in (
         ("--interval-s", a.interval_s), ("--gpu-budget", a.gpu_budget), ("--rate-scale", a.rate_scale),
         ("--ttft-s", a.ttft_s), ("--itl-s", a.itl_s)) if not v > 0]
@@ -468,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict:
     bad_shapes = [n for n in a.shape if n not in shapes.shape_names()]
     if bad_shapes:
         problems.append(f"--shape: unknown {bad_shapes} (<arrivals>_<mix>: arrivals {', '.join(shapes.ARRIVALS)}; "
-                        f"mix {', '.join(shapes.MIXES)}; or 'dev')")
+                        f"mix {', '.join(shapes.MIXES)}; or 'dev', 'all')")
     try:
         a.rate_scales = [int(v) for v in (a.rate_scales or "1,5,10").split(",") if v.strip()]
     except ValueError:
@@ -548,6 +591,9 @@ def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
                            "at_bound": full["oracle_at_bound"]},
                 "oracle_hold_1window_sim": {key: full["oracle_hold_1window_sim"][key] for key in SET_PLANNER_KEYS},
                 "static_peak_gpu_hours": full["static_peak_gpu_hours"],
+                # --static-equal-cost: [prefill, decode] workers of the static_equal_cost row
+                "static_equal_cost_fleet": [full["static_equal_cost_search"][k] for k in ("prefill", "decode")]
+                if full["static_equal_cost_search"] else None,
                 "wall_s": full["wall_s"],
             }
     return {
@@ -710,6 +756,19 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
             if matched_gpu["found"]:
                 results["pdserve_sla_at_dynamo_gpu_hours"] = matched_gpu["result"] | {
                     "prefill_staffing_beta": matched_gpu["beta"], "sim_wall_s": round(time.time() - t0, 1)}
+    static_equal = None
+    if getattr(a, "static_equal_cost", False) and "pdserve_sla" in results:
+        t0 = time.time()
+
+        def run_static(p: int, d: int) -> dict:
+            return summarize(simulate(trace, profile, replace(fleet, initial_prefill=p, initial_decode=d),
+                                      static_controller(p, d)), a.ttft_s, a.itl_s, ach)
+
+        span_sim_h = float(trace.arrival_s[-1]) / 3600.0
+        gpus = int(results["pdserve_sla"]["gpu_hours"] / span_sim_h + 1e-9)
+        static_equal = best_static_fleet(run_static, gpus, a.prefill_tp, a.decode_tp)
+        if static_equal is not None:
+            results["static_equal_cost"] = static_equal["result"] | {"sim_wall_s": round(time.time() - t0, 1)}
     span_h = float(trace.arrival_s[-1]) / 3600.0
     static_h = (peak_p * a.prefill_tp + peak_d * a.decode_tp) * span_h
     out = {
@@ -761,6 +820,8 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
         # Dynamo's formula with the smallest load headroom that reaches --target-attainment (every
         # headroom tried, in order): the GPU-hours it needs at pdserve_sla's attainment target
         "dynamo_sla_matched_search": matched,
+        # --static-equal-cost: the best static fleet of at most pdserve_sla's mean GPU count (every fleet tried)
+        "static_equal_cost_search": static_equal and {k: static_equal[k] for k in ("prefill", "decode", "tried")},
         # pdserve_sla with the largest staffing beta whose GPU-hours stay within the cheapest Dynamo row's
         # (dynamo_sla, dynamo_planner): the attainment it buys at Dynamo's GPU-hours (every beta tried)
         "pdserve_sla_at_dynamo_gpu_hours_search": matched_gpu,

@@ -65,3 +65,33 @@ def test_bench_names_a_missing_column(tmp_path):
     bad.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,374\n")
     with pytest.raises(SystemExit, match="GeneratedTokens"):
         load_bench().main(["--trace", str(bad)])
+
+
+def test_static_equal_cost_is_the_best_static_fleet_within_pdserve_slas_gpus(tmp_path, capsys):
+    bench = load_bench()
+    trace = write_trace(tmp_path / "t.csv", n=400)
+    res = bench.main(["--trace", str(trace), "--rate-scale", "3", "--interval-s", "20",
+                      "--planners", "pdserve_sla", "--static-equal-cost"])
+    capsys.readouterr()
+    search, sla = res["static_equal_cost_search"], res["planners"]["pdserve_sla"]
+    span_h = res["span_h"]
+    gpus = int(sla["gpu_hours"] / span_h + 1e-9)
+    p, d = search["prefill"], search["decode"]
+    assert p >= 1 and d >= 1 and p * res["prefill_tp"] + d * res["decode_tp"] <= gpus
+    # the row is the best fleet tried, and every fleet tried uses the GPUs that pdserve_sla's mean allows
+    best = max(t[2] for t in search["tried"])
+    assert res["planners"]["static_equal_cost"]["slo_attainment"] == best
+    for tp, td, _, _ in search["tried"]:
+        assert (gpus - tp * res["prefill_tp"]) // res["decode_tp"] == td
+
+
+def test_shape_all_names_every_synthetic_shape_once(monkeypatch, capsys):
+    from runtime.sim import shapes
+
+    bench = load_bench()
+    seen = {}
+    monkeypatch.setattr(bench, "run_shapes", lambda a, profile, t0: seen.setdefault("shapes", list(a.shape)) and {})
+    bench.main(["--shape", "poisson_chat,all", "--shape", "dev"])
+    capsys.readouterr()
+    assert seen["shapes"] == ["poisson_chat"] + [n for n in shapes.shape_names() if n != "poisson_chat"]
+    assert len(seen["shapes"]) == 20

@@ -5,6 +5,7 @@ predictor's own window/quantile (per-pool predictors), and the bench's diagnosti
 Profile (hand-checkable): prefill 0.1 ms/token, decode step 10 ms + 0.1 ms per running sequence,
 KV 100k tokens per worker; prefill TP 2, decode TP 4."""
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -317,3 +318,32 @@ def test_match_gpu_hours_finds_the_largest_beta_within_the_budget():
             bench.match_gpu_hours(run, 34.75, **bad)
     with pytest.raises(ValueError, match="match_gpu_hours"):
         bench.match_gpu_hours(run, 0.0, hi=1.65)
+
+
+@pytest.mark.parametrize("gpus,peak", [(40, 13), (40, 1), (40, 38), (7, 3), (40, 25)])
+def test_best_static_fleet_finds_the_best_split_of_the_gpus(gpus, peak):
+    bench = load_bench()
+    runs = []
+
+    def run(p, d):  # attainment peaks at p = peak prefill workers (TP 1) and falls on both sides
+        runs.append((p, d))
+        assert p + d == gpus and p >= 1 and d >= 1
+        return {"slo_attainment": 1.0 - abs(p - peak) / gpus, "gpu_hours": float(p + d)}
+
+    got = bench.best_static_fleet(run, gpus, 1, 1)
+    assert (got["prefill"], got["decode"]) == (peak, gpus - peak)
+    assert got["result"]["slo_attainment"] == 1.0
+    assert len(runs) == len(set(runs)) == len(got["tried"])
+    assert len(runs) <= (gpus - 1 if gpus <= 8 else 2 * math.ceil(math.log2(gpus)) + 8)
+
+
+def test_best_static_fleet_keeps_the_tp_arithmetic_and_refuses_too_few_gpus():
+    bench = load_bench()
+
+    def run(p, d):  # prefill TP 2, decode TP 4: what is left after p prefill workers, in whole decode workers
+        assert 2 * p + 4 * d <= 22 and 2 * p + 4 * (d + 1) > 22
+        return {"slo_attainment": min(p, d) / 10, "gpu_hours": 2 * p + 4 * d}
+
+    got = bench.best_static_fleet(run, 22, 2, 4)
+    assert (got["prefill"], got["decode"]) == (3, 4)  # 2*3 + 4*4 = 22; p=4 leaves 3 decode workers
+    assert bench.best_static_fleet(run, 5, 2, 4) is None
