@@ -60,6 +60,10 @@ def room(sm: PlannerStateMachine) -> int:
 @example(c=dict(min_prefill=1, max_prefill=7, min_decode=1, max_decode=2, gpu_budget=18, cooldown_s=0.0,
                 scale_down_delay_s=0.0, predictor="constant", prefill_staffing_beta=None, allow_aggregated=False),
          series=[], rate=2.0, queue=333.0)
+# decode releases its second worker at the loop's last tick: prefill takes the GPUs one tick later
+@example(c=dict(min_prefill=1, max_prefill=6, min_decode=1, max_decode=2, gpu_budget=14, cooldown_s=60.0,
+                scale_down_delay_s=0.0, predictor="burst_quantile", prefill_staffing_beta=None,
+                allow_aggregated=False), series=[(29.0, 0.0), (30.0, 0.0)], rate=1.0, queue=20.0)
 @given(configs, warmup, st.floats(0.1, 2.0), st.floats(20.0, 500.0))
 def test_sustained_queue_raises_prefill_until_the_budget_and_the_floor_falls_after(c, series, rate, queue):
     sm = make(c)
@@ -85,6 +89,15 @@ def test_sustained_queue_raises_prefill_until_the_budget_and_the_floor_falls_aft
     # the floor lifts within k ticks (and a cooldown), unless the model alone already filled the room
     assert (lifted is not None and lifted < QUEUE_PRESSURE_TICKS + math.ceil(cfg.cooldown_s / INTERVAL_S)) or (
         room(sm) == 0 and sm.queue_floor() == 0)
+    # a decode worker released at the last tick (its window pool expired) leaves room the floor takes within
+    # a rise; the pool never falls meanwhile
+    for _ in range(ticks_per_rise):
+        if room(sm) == 0:
+            break
+        before = sm.prefill
+        now += INTERVAL_S
+        tick(sm, now, rate, queue)
+        assert sm.prefill >= before
     assert room(sm) == 0, f"sustained queue left room for {room(sm)} more prefill workers"
     for _ in range(cfg.max_prefill + 1):  # the queue is gone: the floor steps down to 0
         now += INTERVAL_S
