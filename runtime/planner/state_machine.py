@@ -6,7 +6,9 @@ or the fleet simulator) reads metrics and applies decisions through an actuator.
 Per tick (SLA mode):
 1. Observe rate, ISL, OSL; predict the rate ``1 + ceil(worker_start_s / interval_s)`` ticks ahead
    (scale up early: a worker started now is ready when that load arrives) and never plan below the
-   rate just observed. Backlog: the queues as they will stand when a worker launched now is ready
+   rate just observed, nor below the tick's mean ISL and OSL (the predicted lengths are a mean over the
+   predictor window, which trails a shift toward longer prompts or outputs by half a window). Backlog:
+   the queues as they will stand when a worker launched now is ready
    (:meth:`PlannerStateMachine.backlog_at_launch`: the tick's queues grown by the arrivals the ready
    pools do not serve over ``worker_start_s``) are planned to drain within ``backlog_drain_s``: the
    prefill queue adds ``queue / backlog_drain_s`` to the prefill rate, the prefill queue and the requests
@@ -710,6 +712,8 @@ class PlannerStateMachine:
         cfg = self.cfg
         rate = tick.rate_per_s
         isl, osl = self._isl.predict(), self._osl.predict()
+        if tick.num_requests > 0:  # rule 1: the window mean trails a shift to longer requests
+            isl, osl = max(isl, tick.mean_isl_tokens), max(osl, tick.mean_osl_tokens)
         pred = max(self._rate.predict(1), self._rate.predict(self.lead_ticks))
         burst = self._update_burst(tick.now_s, rate)
         self._predicted_for_next = self._rate.predict(1)

@@ -36,3 +36,23 @@ def test_size_on_tokens_keeps_the_prompt_token_forecast():
     sm = PlannerStateMachine(cfg(size_on_tokens=True), PROF, initial_prefill=2, initial_decode=2)
     got = run(sm, [20.0] * 10, [1000.0] * 6 + [8000.0] * 4)
     assert min(got[7:]) >= 17, got  # utilisation below 1 from the second tick of long prompts on
+
+
+def test_a_shift_to_longer_prompts_is_planned_for_at_the_tick_that_shows_it():
+    # 20 req/s whose prompts go from 1000 to 8000 tokens: 2 Erlangs, then 16 (20 x 8000 x 0.1 ms). The
+    # predicted ISL is a ten-tick mean (1700 tokens at the first long tick); the M/M/c term plans on the
+    # tick's own mean at once, not half a window later
+    sm = PlannerStateMachine(cfg(), PROF, initial_prefill=2, initial_decode=2)
+    got = run(sm, [20.0] * 8, [1000.0] * 6 + [8000.0] * 2)
+    assert got[6] >= 17, got  # the first tick of long prompts: utilisation below 1 at 8000 tokens
+    assert max(got[:6]) <= 4, got
+
+
+def test_a_shift_to_longer_outputs_is_planned_for_at_the_tick_that_shows_it():
+    sm = PlannerStateMachine(cfg(), PROF, initial_prefill=2, initial_decode=1)
+    decisions = []
+    for i in range(8):
+        osl = 100.0 if i < 6 else 2000.0
+        decisions.append(fleet_tick(sm, 30.0 * (i + 1), 20.0, isl=1000.0, osl=osl,
+                                    decode={"running_per_worker": 50}).decode_replicas)
+    assert decisions[6] > max(decisions[:6]), decisions
