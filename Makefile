@@ -77,7 +77,7 @@ image-push: image  ## push both images (log in first: docs/eks-quickstart.md)
 # The public inputs of the benchmarks (traces, perf tables, full model configs): docs/benchmarks.md says where each
 # comes from. `make bench DATA=DIR` with DIR holding traces/, perf/ and models/.
 DATA ?=
-bench: install  ## run the benchmarks on the public inputs under DATA (make bench DATA=DIR; ~75 min on 2 cores)
+bench: install  ## run the benchmarks on the public inputs under DATA (make bench DATA=DIR; ~95 min on 2 cores)
 	@if [ -z "$(DATA)" ]; then \
 	  echo "make bench needs the public benchmark inputs: make bench DATA=DIR, where DIR holds"; \
 	  echo "  traces/azure2023_conv.csv, traces/mooncake_synthetic_trace.jsonl, perf/trtllm_throughput_dev.csv"; \
@@ -94,6 +94,10 @@ bench: install  ## run the benchmarks on the public inputs under DATA (make benc
 	  --out bench/results/planner_shapes.json
 	$(PY) bench/plot_planner_shapes.py bench/results/planner_shapes.json --out bench/results/planner_shapes.png
 	$(PY) bench/plot_planner_shapes.py bench/results/planner_shapes.json --out bench/results/planner_shapes.png --per-shape
+	$(PY) bench/planner.py --shape all --trace $(DATA)/traces/azure2023_conv.csv \
+	  --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --rate-scales 5 --model Llama-3.1-8B --prefill-tp 1 \
+	  --decode-tp 1 --planners pdserve_sla,static_peak --static-equal-cost --out bench/results/planner_shapes_all_x5.json
+	$(PY) bench/plot_planner_shapes.py bench/results/planner_shapes_all_x5.json --out bench/results/planner_shapes_all_x5.png
 	$(PY) bench/router.py --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --out bench/results/router.json
 	$(PY) bench/staging.py --size-mb 2048 --repeat 5 --out bench/results/staging.json
 	$(PY) bench/server_pd.py --out bench/results/server_pd.json

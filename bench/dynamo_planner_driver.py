@@ -1,7 +1,7 @@
 """Drive NVIDIA Dynamo's real SLA planner (``ai-dynamo==1.0.2``: ``PrefillPlanner`` and
 ``DecodePlanner`` with ``dryrun=True``) offline, one adjustment interval per stdin line.
 
-Runs inside its own virtualenv (``.venv-bench-planner``: ``pip install ai-dynamo==1.0.2 pandas``),
+Runs inside its own virtualenv (``.venv-bench-planner``, set up as bench/planner_dynamo.py says),
 started by bench/planner.py as a subprocess; it imports nothing from pdserve.
 
 Protocol (JSON lines):

@@ -713,7 +713,8 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
         elif name == "dynamo_planner":
             python = a.dynamo_venv / "bin" / "python"
             if not python.exists():
-                skipped[name] = f"no {python} (pip install ai-dynamo==1.0.2 pandas into {a.dynamo_venv})"
+                skipped[name] = (f"no {python} (set-up: bench/planner_dynamo.py; ai-dynamo==1.0.2 and its planner's "
+                                 "imports)")
                 continue
             with DynamoPlannerProcess(python, profile, prefill_tp=a.prefill_tp, decode_tp=a.decode_tp,
                                       ttft_s=a.ttft_s, itl_s=a.itl_s, gpu_budget=a.gpu_budget,

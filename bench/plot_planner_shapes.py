@@ -21,7 +21,8 @@ import math
 from pathlib import Path
 
 STYLE = {"pdserve_sla": ("o", "C0"), "pdserve_load": ("s", "C1"), "dynamo_sla": ("^", "C2"),
-         "dynamo_sla_load": ("v", "C2"), "dynamo_planner": ("D", "C4"), "static_peak": ("P", "C7")}
+         "dynamo_sla_load": ("v", "C2"), "dynamo_planner": ("D", "C4"), "static_peak": ("P", "C7"),
+         "static_equal_cost": ("X", "C5")}
 
 
 def main(argv: list[str] | None = None) -> Path:
