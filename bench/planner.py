@@ -757,6 +757,7 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
             if matched_gpu["found"]:
                 results["pdserve_sla_at_dynamo_gpu_hours"] = matched_gpu["result"] | {
                     "prefill_staffing_beta": matched_gpu["beta"], "sim_wall_s": round(time.time() - t0, 1)}
+    span_h = float(trace.arrival_s[-1]) / 3600.0
     static_equal = None
     if getattr(a, "static_equal_cost", False) and "pdserve_sla" in results:
         t0 = time.time()
@@ -765,12 +766,10 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
             return summarize(simulate(trace, profile, replace(fleet, initial_prefill=p, initial_decode=d),
                                       static_controller(p, d)), a.ttft_s, a.itl_s, ach)
 
-        span_sim_h = float(trace.arrival_s[-1]) / 3600.0
-        gpus = int(results["pdserve_sla"]["gpu_hours"] / span_sim_h + 1e-9)
+        gpus = int(results["pdserve_sla"]["gpu_hours"] / span_h + 1e-9)
         static_equal = best_static_fleet(run_static, gpus, a.prefill_tp, a.decode_tp)
         if static_equal is not None:
             results["static_equal_cost"] = static_equal["result"] | {"sim_wall_s": round(time.time() - t0, 1)}
-    span_h = float(trace.arrival_s[-1]) / 3600.0
     static_h = (peak_p * a.prefill_tp + peak_d * a.decode_tp) * span_h
     out = {
         "bench": "planner",

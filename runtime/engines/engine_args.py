@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import difflib
 import io
+import operator
 from collections.abc import Iterable
 from functools import lru_cache
 
@@ -138,8 +139,7 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
 
 
 # annotated_types' numeric bounds (what pydantic's Field(ge=..., gt=..., le=..., lt=...) records), as comparisons
-_BOUNDS = (("ge", ">=", lambda v, b: v >= b), ("gt", ">", lambda v, b: v > b),
-           ("le", "<=", lambda v, b: v <= b), ("lt", "<", lambda v, b: v < b))
+_BOUNDS = (("ge", ">=", operator.ge), ("gt", ">", operator.gt), ("le", "<=", operator.le), ("lt", "<", operator.lt))
 
 
 def _bound_problem(parser: argparse.ArgumentParser, dest: str, value: object) -> str | None:
