@@ -94,16 +94,18 @@ ORACLE_MAX_REPLICAS = 256
 # pdserve_sla with one rule or constant changed (PlannerConfig overrides; "interval_s" also sets the simulator's
 # tick). runtime/planner/state_machine.py numbers the rules; docs/design/planner.md gives the results.
 # "all_refinements_off": square-root staffing alone (beta 1.5 on a two-tick level, M/M/c up to 90 % utilisation,
-# TTFT-p90 correction, no decode band, rules 8, 10, 11 and 14 off); "peak_term_instead_of_staffing": the peak
-# term (rule 6) in place of staffing, with 60 s prefill / 180 s decode scale-down delays and +25 % burst headroom.
+# TTFT-p90 correction, no decode band, rules 8, 10, 11 and 14 and the window hold off);
+# "peak_term_instead_of_staffing": the peak term (rule 6) in place of staffing, with 60 s prefill / 180 s decode
+# scale-down delays and +25 % burst headroom.
 # One rule off each: "ttft_p90_correction" (correction from TTFT p90, not the engines' prefill time),
 # "no_decode_band" (rule 4), "launch_on_tick" (rule 8), "fixed_beta" (rule 11: beta 1.65 scaled by the arrival
 # dispersion instead of measured), "no_dispersion" (rule 11 off and beta 1.65 as given), "no_queue_floor"
-# (rule 12), "no_decode_floor" (rule 13), "no_recurrence_hold" (rule 14). The other rows change one setting.
+# (rule 12), "no_decode_floor" (rule 13), "no_recurrence_hold" (rule 14), "no_window_hold" (rules 11 and 13 on
+# the predictor window alone). The other rows change one setting.
 # "tick_10s": 10-s ticks, windows scaled to the same seconds.
 _REFINEMENTS_OFF = dict(prefill_staffing_beta=1.5, prefill_level_window_ticks=2, target_utilization=0.9,
                  correct_by_prefill_time=False, decode_band=False, scale_up_on_level=False,
-                 staffing_dispersion_ref=None, measure_burst=False, recurrence_hold=False)
+                 staffing_dispersion_ref=None, measure_burst=False, recurrence_hold=False, window_hold_s=0.0)
 ABLATIONS: dict[str, dict] = {
     "all_refinements_off": _REFINEMENTS_OFF,
     "peak_term_instead_of_staffing": _REFINEMENTS_OFF | dict(
@@ -125,6 +127,7 @@ ABLATIONS: dict[str, dict] = {
     "no_decode_floor": dict(decode_floor=False),
     "fixed_beta": dict(measure_burst=False),
     "no_recurrence_hold": dict(recurrence_hold=False),
+    "no_window_hold": dict(window_hold_s=0.0),
 }
 
 

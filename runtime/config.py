@@ -340,6 +340,7 @@ class PlannerSpec(_Strict):
         "on another decode worker); Kubernetes worker pods get it as their preStop wait and grace period.")
     gpu_budget: int = planner_field("gpu_budget")
     predictor_window_ticks: int = planner_field("predictor_window_ticks")
+    window_hold_s: float = planner_field("window_hold_s")
     burst_quantile: float = planner_field("burst_quantile")
     worker_start_s: float = planner_field("worker_start_s")
     scale_down_delay_s: float = planner_field("scale_down_delay_s")

@@ -105,10 +105,13 @@ Per tick (SLA mode):
    measured coefficient to the forecast load (Halfin & Whitt 1981; for non-Poisson arrivals the
    coefficient grows with their peakedness, Whitt 1992, "Understanding the efficiency of multi-server
    service systems", Management Science 38(5)). The prefill pool is also at least the least pool on
-   which the last ``predictor_window_ticks`` ticks' arrivals, replayed together, leave at most
-   ``1 - slo_quantile`` of them late (``window_pool``, runtime.planner.sla.least_pool): bursts shorter
-   than a worker start (a Markov-modulated high phase) are over before a launch for them is ready, so
-   the pool must stand at what the recent bursts needed; it follows a fall within one window.
+   which the arrivals of the last ``predictor_window_ticks`` ticks, replayed together, leave at most
+   ``1 - slo_quantile`` of them late, and at least the same for the arrivals of the last
+   ``window_hold_s`` (``window_pool``, runtime.planner.sla.least_pool): bursts shorter than a worker
+   start (a Markov-modulated high phase) are over before a launch for them is ready, so the pool must
+   stand at what the recent bursts needed, through the gaps between them; it follows a fall within
+   ``window_hold_s``. The predictor window's own pool sees a shift to longer prompts within one window
+   (over the longer span the new prompts are a smaller share, and the quantile lets more of them be late).
    The configured coefficient is ``prefill_staffing_beta`` scaled by the square root of the smoothed
    arrival dispersion over ``staffing_dispersion_ref`` (floored at ``staffing_dispersion_floor``):
    :meth:`PlannerStateMachine.staffing_beta`; it alone applies before the first tick with arrivals or
@@ -148,17 +151,17 @@ Per tick (SLA mode):
    ``sla.DECODE_KV_HEADROOM``. Why: the decode sizing of (4) plans for a forecast rate at mean lengths;
    admission that waits for KV (long prompts in a burst) or batches that miss ITL show the pool is short,
    whatever the model says. :meth:`PlannerStateMachine.decode_floor` is the floor now. The decode pool is
-   also at least the least pool whose KV held the last predictor window's requests (``decode_window_pool``,
-   runtime.planner.sla.kv_pool: each request holds ISL + OSL/2 tokens for OSL steps at the observed ITL, at
-   all but ``1 - slo_quantile`` of their arrivals), as rule 11 holds prefill: a burst shorter than a worker
-   start is over before a decode worker launched for it is ready.
+   also at least the least pool whose KV held the requests of the last predictor window, and of the last
+   ``window_hold_s`` (``decode_window_pool``, runtime.planner.sla.kv_pool: each request holds ISL + OSL/2
+   tokens for OSL steps at the observed ITL, at all but ``1 - slo_quantile`` of their arrivals), as rule 11
+   holds prefill: a burst shorter than a worker start is over before a decode worker launched for it is ready.
 14. Hold what recurs (``recurrence_hold``, default on): the window pools of 11 and 13 are held through the
    gaps after which, within the last ``HOLD_HISTORY_S``, a pool they had released was needed again while
    the pool was short (rule 12's or 13's pressure), up to the level that came back
    (runtime.planner.stability.RecurrenceHold). Why: bursts shorter than a worker start that recur after
-   gaps longer than the predictor window (a Markov-modulated high phase after a long low one) find the
+   gaps longer than ``window_hold_s`` (a Markov-modulated high phase after a long low one) find the
    pool released each time; how long the gaps last is the traffic's, measured from the recurrences that
-   found the pool short. A crowd that does not come back is held no longer than the window (only levels
+   found the pool short. A crowd that does not come back is held no longer than ``window_hold_s`` (only levels
    the pool had stood at before it are recorded).
 
 Measured effect of each rule, the constants' derivation and the alternatives measured against them
@@ -289,8 +292,11 @@ class PlannerStateMachine:
         self._has_isl = False
         self._queue_floor = 0  # rule 12: prefill workers the observed queue asks for (0: none)
         self._decode_floor = 0  # rule 13: decode workers the observed admission queue and ITL ask for (0: none)
-        # rule 13: (arrival_s, context tokens, lifetime s) of the last predictor window's requests
-        self._decode_window: deque[tuple[np.ndarray, np.ndarray, float]] = deque(maxlen=cfg.predictor_window_ticks)
+        # rules 11 and 13: the window pools replay the arrivals of the last predictor window and of the last
+        # window_hold_s (at least the predictor window)
+        hold_ticks = max(cfg.predictor_window_ticks, math.ceil(cfg.window_hold_s / cfg.interval_s - 1e-9))
+        # rule 13: (arrival_s, context tokens, lifetime s) of the requests of the last hold_ticks ticks
+        self._decode_window: deque[tuple[np.ndarray, np.ndarray, float]] = deque(maxlen=hold_ticks)
         self.decode_window_pool = 0
         self._decode_pressure_ticks = 0
         # rule 14: the window pools held through the recurrence gaps of the last HOLD_HISTORY_S
@@ -301,8 +307,8 @@ class PlannerStateMachine:
         self._bursts: deque[tuple[float, int, int, list[int]]] = deque(maxlen=cfg.predictor_window_ticks)
         # rule 11: (interval_s, prompt_arrivals) of the last lead_ticks ticks, the span one replay covers
         self._burst_ticks: deque[tuple[float, tuple]] = deque(maxlen=self.lead_ticks)
-        # rule 11: prompt_arrivals of the last predictor window, and the least pool that served them
-        self._window_ticks: deque[tuple] = deque(maxlen=cfg.predictor_window_ticks)
+        # rule 11: prompt_arrivals of the last hold_ticks ticks, and the least pool that served them
+        self._window_ticks: deque[tuple] = deque(maxlen=hold_ticks)
         self.window_pool = 0
         self._measured_ticks = 0  # rule 11: ticks since the first that reported prompt_arrivals
         self._pressure_ticks = 0
@@ -439,8 +445,11 @@ class PlannerStateMachine:
         self._window_ticks.append(tick.prompt_arrivals or ())
         if not tick.prompt_arrivals:
             return
-        arr, occ, slack = self._replay_inputs([e for arrivals in self._window_ticks for e in arrivals])
-        self.window_pool = sla.least_pool(arr, occ, slack, 1.0 - self.cfg.slo_quantile)
+        pools = []
+        for span in _windows(self._window_ticks, self.cfg.predictor_window_ticks):
+            arr, occ, slack = self._replay_inputs([e for arrivals in span for e in arrivals])
+            pools.append(sla.least_pool(arr, occ, slack, 1.0 - self.cfg.slo_quantile))
+        self.window_pool = max(pools)
         arr, occ, slack = self._replay_inputs([e for _, arrivals in self._burst_ticks for e in arrivals])
         r = float(occ.sum()) / sum(dt for dt, _ in self._burst_ticks)
         first = max(math.ceil(r - 1e-9), 1)
@@ -573,15 +582,16 @@ class PlannerStateMachine:
             self._decode_window.append((arr, ctx, osl * itl))
         else:
             self._decode_window.append((np.empty(0), np.empty(0), 0.0))
-        spans = [w for w in self._decode_window if len(w[0])]
-        if not spans:
-            self.decode_window_pool = 0
-            return
-        # one lifetime for the window (the longest of its ticks): a request's KV is held its whole decode
-        life = max(lt for _, _, lt in spans)
-        self.decode_window_pool = sla.kv_pool(np.concatenate([a for a, _, _ in spans]),
-                                              np.concatenate([c for _, c, _ in spans]), life,
-                                              prof.decode.kv_capacity_tokens, cfg.slo_quantile)
+        pools = [0]
+        for window in _windows(self._decode_window, cfg.predictor_window_ticks):
+            spans = [w for w in window if len(w[0])]
+            if not spans:
+                continue
+            # one lifetime for the window (the longest of its ticks): a request's KV is held its whole decode
+            life = max(lt for _, _, lt in spans)
+            pools.append(sla.kv_pool(np.concatenate([a for a, _, _ in spans]), np.concatenate([c for _, c, _ in spans]),
+                                     life, prof.decode.kv_capacity_tokens, cfg.slo_quantile))
+        self.decode_window_pool = max(pools)
 
     def _update_decode_floor(self, tick: TickInput) -> None:
         """Rule 13 (module doc): one step of the closed-loop decode floor from this tick's decode pool."""
@@ -980,6 +990,14 @@ def _closed_loop_floor(floor: int, pressure_ticks: int, *, ready: int, current: 
     if relaxed:
         return floor // 2
     return floor
+
+
+def _windows(ticks: deque, short: int) -> list[list]:
+    """Rules 11 and 13: the per-tick entries of the last ``short`` ticks (the predictor window) and, when
+    ``ticks`` holds more (the ``window_hold_s`` span), all of them; each window pool is the larger of
+    their pools."""
+    recent = list(ticks)[-short:]
+    return [recent, list(ticks)] if len(ticks) > short else [recent]
 
 
 def _ewma(old: float, sample: float) -> float:

@@ -204,6 +204,14 @@ class PlannerConfig:
         "Ticks of history the predictor looks at (moving average, quantile).",
         ge=1,
     )
+    window_hold_s: float = setting(
+        600.0,
+        "SLA mode: the window pools (the least prefill and decode pools that would have served recent arrivals "
+        "within the SLO) also replay the arrivals of this many seconds, so a burst shorter than a worker start "
+        "keeps its pool standing this long (at least predictor_window_ticks ticks; the predictor window's own "
+        "pool still follows a shift to longer requests within one window).",
+        ge=0, le=86400,
+    )
     burst_quantile: float = setting(
         0.9,
         "Quantile of recent per-tick rates used by burst_quantile (0-1).",
@@ -362,7 +370,7 @@ class PlannerConfig:
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"planner.{name} must be finite and > 0, got {v}")
         for name in ("worker_start_s", "scale_down_delay_s", "cooldown_s", "burst_headroom", "burst_max_s",
-                     "ttft_correction_max", "load_queue_up_per_worker", "load_queue_down_per_worker"):
+                     "window_hold_s", "ttft_correction_max", "load_queue_up_per_worker", "load_queue_down_per_worker"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"planner.{name} must be finite and >= 0, got {v}")

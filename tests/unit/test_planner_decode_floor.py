@@ -172,8 +172,8 @@ def _arrivals_tick(sm: PlannerStateMachine, now: float, n: int, isl: float, osl:
 
 def test_decode_holds_the_kv_a_recent_burst_needed_for_a_window():
     # a burst whose contexts fill several workers' KV, then a trickle: the decode pool holds the burst's need
-    # for the predictor window (a decode worker launched for the next burst would be ready after it), then
-    # follows the load down
+    # for window_hold_s (a decode worker launched for the next burst would be ready after it), then follows
+    # the load down
     c = dict(max_decode=16, gpu_budget=200, allow_aggregated=False, decode_scale_down_delay_s=0.0, cooldown_s=0.0,
              max_prefill=16)
     sm = make(c)
@@ -186,7 +186,9 @@ def test_decode_holds_the_kv_a_recent_burst_needed_for_a_window():
     _arrivals_tick(sm, now, 200, 20_000.0, 400.0)  # 6.7 requests/s of 20k-token prompts: ~12 workers of KV
     burst = sm.decode_window_pool
     assert light < burst <= sm.cfg.max_decode
-    for _ in range(sm.cfg.predictor_window_ticks - 1):
+    hold_ticks = max(sm.cfg.predictor_window_ticks, math.ceil(sm.cfg.window_hold_s / INTERVAL_S))
+    assert hold_ticks > sm.cfg.predictor_window_ticks  # the default holds longer than the predictor window
+    for _ in range(hold_ticks - 1):
         now += INTERVAL_S
         _arrivals_tick(sm, now, 3, 500.0, 200.0)
         assert sm.decode >= burst

@@ -5,13 +5,10 @@ Profile (tests/planner_builders.py): prefill 0.1 ms per prompt token, so a 5000-
 prefill worker 0.5 s; 2 req/s of them are 1 Erlang, a burst of 20 req/s 10 Erlangs.
 """
 
-import numpy as np
 import pytest
 
 from runtime.planner.stability import RecurrenceHold
-from runtime.planner.state_machine import PlannerStateMachine
-from runtime.sim.fleet import FleetConfig, Trace, simulate
-from tests.planner_builders import PROF, planner_cfg
+from tests.planner_builders import bursts, late_per_burst
 
 
 def feed(hold: RecurrenceHold, needs: list[int], ready: int, short_at: set[int] = frozenset()) -> list[int]:
@@ -56,32 +53,14 @@ def test_without_shortness_nothing_is_held_and_records_expire():
         RecurrenceHold(0)
 
 
-def bursts(starts: list[float], duration_s: float = 3600.0) -> Trace:
-    """2 req/s of 5000-token prompts all along, plus 20 req/s for 60 s from each of ``starts``."""
-    rng = np.random.default_rng(0)
-    t = list(rng.uniform(0, duration_s, int(2 * duration_s)))
-    for s in starts:
-        t += list(rng.uniform(s, s + 60.0, 20 * 60))
-    arr = np.sort(np.array(t))
-    return Trace(arr, np.full(len(arr), 5000), np.full(len(arr), 50))
-
-
-def late_per_burst(trace: Trace, starts: list[float], **cfg_kw) -> tuple[list[int], float]:
-    cfg = planner_cfg(predictor="burst_quantile", max_prefill=60, max_decode=20, gpu_budget=100, **cfg_kw)
-    sm = PlannerStateMachine(cfg, PROF, initial_prefill=3, initial_decode=1)
-    res = simulate(trace, PROF, FleetConfig(prefill_tp=1, decode_tp=1, initial_prefill=3, initial_decode=1), sm.on_tick)
-    ok = (res.ttft_s <= cfg.ttft_target_s) & (res.itl_s <= cfg.itl_target_s)
-    late = [int((~ok[(trace.arrival_s >= s) & (trace.arrival_s < s + 60.0)]).sum()) for s in starts]
-    return late, res.gpu_seconds
-
-
 def test_bursts_that_recur_after_the_window_are_served_once_they_have_recurred():
     # 60-s bursts every 8 minutes: each gap (7 min) is longer than the 5-min predictor window, so the window
-    # pool releases each burst's workers before the next; a launch at a burst is ready after it is over
+    # pool (window_hold_s 0: the predictor window alone) releases each burst's workers before the next; a
+    # launch at a burst is ready after it is over
     starts = [300.0 + 480.0 * k for k in range(7)]
     trace = bursts(starts)
-    held, _ = late_per_burst(trace, starts)
-    window_only, _ = late_per_burst(trace, starts, recurrence_hold=False)
+    held, _ = late_per_burst(trace, starts, window_hold_s=0.0)
+    window_only, _ = late_per_burst(trace, starts, recurrence_hold=False, window_hold_s=0.0)
     assert held[:2] == window_only[:2]  # nothing to learn from before the second burst
     assert min(window_only[3:]) > 1000  # without the hold every burst finds the pool released
     assert sum(held[3:]) < 0.25 * sum(window_only[3:])
