@@ -491,6 +491,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="comma list of SLO quantiles in (0, 1): also run pdserve_sla_q<value>, pdserve_sla with that "
                          "planner.slo_quantile (its one headroom knob: M/M/c and the measured burst headroom of rule "
                          "11 size for it), for an attainment/GPU-hours frontier")
+    ap.add_argument("--sweep-window-hold", default="",
+                    help="comma list of seconds >= 0: also run pdserve_sla_hold<value>, pdserve_sla with that "
+                         "planner.window_hold_s (how long the window pools of rules 11 and 13 remember a burst)")
     ap.add_argument("--extra-predictors", default="",
                     help="comma list (constant,moving_average,arima): also run pdserve_sla_<predictor>")
     a = ap.parse_args(argv)
@@ -529,6 +532,13 @@ def main(argv: list[str] | None = None) -> dict:
         a.sweep_quantiles = []
     if not all(0.0 < q < 1.0 for q in a.sweep_quantiles):
         problems.append(f"--sweep-quantiles must lie in (0, 1), got {a.sweep_quantiles}")
+    try:
+        a.sweep_window_hold = [float(v) for v in a.sweep_window_hold.split(",") if v.strip()]
+    except ValueError:
+        problems.append(f"--sweep-window-hold must be a comma list of numbers, got {a.sweep_window_hold!r}")
+        a.sweep_window_hold = []
+    if not all(np.isfinite(h) and h >= 0.0 for h in a.sweep_window_hold):
+        problems.append(f"--sweep-window-hold must hold finite seconds >= 0, got {a.sweep_window_hold}")
     if not 0.0 < a.target_attainment < 1.0:
         problems.append(f"--target-attainment must be in (0, 1), got {a.target_attainment}")
     if not a.worker_start_s >= 0:
@@ -684,6 +694,7 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
     wanted = a.planners.split(",") + [f"pdserve_sla_{p}" for p in a.extra_predictors.split(",") if p]
     wanted += [f"ablation_{k}" for k in ABLATIONS] if a.ablations else []
     wanted += [f"pdserve_sla_q{q:g}" for q in getattr(a, "sweep_quantiles", [])]
+    wanted += [f"pdserve_sla_hold{h:g}" for h in getattr(a, "sweep_window_hold", [])]
     for name in wanted:
         t0 = time.time()
         if name.startswith("ablation_"):
@@ -694,6 +705,10 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
         elif name.startswith("pdserve_sla_q"):
             sm = PlannerStateMachine(pd_cfg("sla", slo_quantile=float(name.removeprefix("pdserve_sla_q"))), profile,
                                      initial_prefill=init_p, initial_decode=init_d)
+            res = simulate(trace, profile, fleet, sm.on_tick)
+        elif name.startswith("pdserve_sla_hold"):
+            sm = PlannerStateMachine(pd_cfg("sla", window_hold_s=float(name.removeprefix("pdserve_sla_hold"))),
+                                     profile, initial_prefill=init_p, initial_decode=init_d)
             res = simulate(trace, profile, fleet, sm.on_tick)
         elif name.startswith("pdserve_sla_"):
             sm = PlannerStateMachine(pd_cfg("sla", name.removeprefix("pdserve_sla_")), profile,

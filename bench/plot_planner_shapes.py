@@ -69,7 +69,7 @@ def draw(plt, panels: list, key: str, title: str, out: Path) -> None:
             ax.plot([p["gpu_hours"] / oracle_h for _, p in sweep], [100 * p.get(key, p["slo_attainment"]) for _, p in sweep],
                     "-", color="C0", alpha=0.5, label="pdserve_sla, slo_quantile sweep")
         for name, p in r["planners"].items():
-            if name.startswith("pdserve_sla_q") or name.startswith("ablation_"):
+            if name.startswith(("pdserve_sla_q", "pdserve_sla_hold", "ablation_")):
                 continue
             marker, color = STYLE.get(name, ("x", "C9"))
             ax.plot(p["gpu_hours"] / oracle_h, 100 * p.get(key, p["slo_attainment"]), marker, color=color, label=name)

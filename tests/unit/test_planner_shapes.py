@@ -81,6 +81,8 @@ def test_mooncake_trace_is_read_in_seconds_and_replicated(tmp_path):
     ([], "give one --trace"),
     (["--shape", "poisson_chat", "--sweep-quantiles", "0.9,1"], "--sweep-quantiles must lie in (0, 1)"),
     (["--shape", "poisson_chat", "--sweep-quantiles", "0.9,x"], "--sweep-quantiles must be"),
+    (["--shape", "poisson_chat", "--sweep-window-hold", "600,-1"], "--sweep-window-hold must hold finite seconds"),
+    (["--shape", "poisson_chat", "--sweep-window-hold", "600,x"], "--sweep-window-hold must be"),
 ])
 def test_set_mode_arguments_are_checked_first(argv, message, capsys):
     with pytest.raises(SystemExit):
