@@ -284,27 +284,32 @@ def kv_pool(arrival_s, context_tokens, lifetime_s: float, kv_capacity_tokens: fl
     return math.ceil(need / (kv_capacity_tokens * DECODE_KV_HEADROOM) - 1e-9)
 
 
-def least_pool(arrival_s, occupancy_s, slack_s, late_share: float) -> int:
+def least_pool(arrival_s, occupancy_s, slack_s, late_share: float, at_least: int = 0) -> int:
     """The least number of prefill workers on which the requests of an observed span, replayed as in
     :func:`burst_misses` (FCFS from idle, earliest free worker), leave at most ``late_share`` of the
-    requests that can be served in time (``slack_s >= 0``) late. 0 without such requests.
+    requests that can be served in time (``slack_s >= 0``) late. 0 without such requests. With
+    ``at_least`` the larger of it and that pool, searched from it up: one replay when it serves (the
+    planner's longer window, whose pool is usually no more than the predictor window's).
 
-    Doubling from the offered load (total occupancy over the span from the first arrival to the last)
-    up to one worker per request (nobody waits then), then bisection; the late count does not grow
-    with the pool (FCFS on the earliest free of more workers starts no request later). Raises
-    ValueError for unequal lengths or ``late_share`` outside [0, 1].
+    Doubling from the offered load (total occupancy over the span from the first arrival to the last),
+    or from ``at_least``, up to one worker per request (nobody waits then), then bisection; the late
+    count does not grow with the pool (FCFS on the earliest free of more workers starts no request
+    later). Raises ValueError for unequal lengths, ``late_share`` outside [0, 1] or a negative
+    ``at_least``.
     """
     if not len(arrival_s) == len(occupancy_s) == len(slack_s):
         raise ValueError("least_pool: arrival_s, occupancy_s and slack_s must have equal lengths")
     if not 0.0 <= late_share <= 1.0:
         raise ValueError(f"least_pool: late_share must be in [0, 1], got {late_share}")
+    if at_least < 0:
+        raise ValueError(f"least_pool: at_least must be >= 0, got {at_least}")
     order = sorted(range(len(arrival_s)), key=lambda i: arrival_s[i])
     arr = [float(arrival_s[i]) for i in order]
     occ = [float(occupancy_s[i]) for i in order]
     slack = [float(slack_s[i]) for i in order]
     counted = sum(1 for s in slack if s >= 0.0)
     if counted == 0:
-        return 0
+        return at_least
     allowed = late_share * counted
 
     def late(c: int) -> int:
@@ -319,8 +324,13 @@ def least_pool(arrival_s, occupancy_s, slack_s, late_share: float) -> int:
         return n
 
     # first guess: the offered load over the span; double until it serves (one worker per request does)
-    guess = max(math.ceil(sum(occ) / max(arr[-1] - arr[0], max(occ)) - 1e-9), 1)
-    lo, hi = 0, min(guess, len(arr))
+    if at_least:
+        if at_least >= len(arr) or late(at_least) <= allowed:
+            return at_least
+        lo, hi = at_least, min(2 * at_least, len(arr))
+    else:
+        guess = max(math.ceil(sum(occ) / max(arr[-1] - arr[0], max(occ)) - 1e-9), 1)
+        lo, hi = 0, min(guess, len(arr))
     while late(hi) > allowed:
         lo, hi = hi, min(2 * hi, len(arr))
     while hi - lo > 1:  # late(lo) > allowed (or lo == 0), late(hi) <= allowed

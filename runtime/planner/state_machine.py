@@ -445,11 +445,11 @@ class PlannerStateMachine:
         self._window_ticks.append(tick.prompt_arrivals or ())
         if not tick.prompt_arrivals:
             return
-        pools = []
+        pool = 0
         for span in _windows(self._window_ticks, self.cfg.predictor_window_ticks):
             arr, occ, slack = self._replay_inputs([e for arrivals in span for e in arrivals])
-            pools.append(sla.least_pool(arr, occ, slack, 1.0 - self.cfg.slo_quantile))
-        self.window_pool = max(pools)
+            pool = sla.least_pool(arr, occ, slack, 1.0 - self.cfg.slo_quantile, at_least=pool)
+        self.window_pool = pool
         arr, occ, slack = self._replay_inputs([e for _, arrivals in self._burst_ticks for e in arrivals])
         r = float(occ.sum()) / sum(dt for dt, _ in self._burst_ticks)
         first = max(math.ceil(r - 1e-9), 1)

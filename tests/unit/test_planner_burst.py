@@ -141,6 +141,11 @@ def test_least_pool_by_hand_and_against_the_late_counts():
         allowed = share * int(np.sum(slack >= 0))
         want = next((c for c, late in enumerate(counts, start=1) if late <= allowed), n)
         assert least_pool(arr, occ, slack, share) == (want if np.any(slack >= 0) else 0)
+        # from a lower bound: the larger of it and the least pool (the planner's longer window)
+        k = int(rng.integers(1, n + 3))
+        assert least_pool(arr, occ, slack, share, at_least=k) == max(k, want if np.any(slack >= 0) else 0)
+    with pytest.raises(ValueError, match="at_least"):
+        least_pool([0.0], [1.0], [1.0], 0.0, at_least=-1)
 
 
 def test_bursts_shorter_than_a_worker_start_keep_the_pool_at_what_they_needed():
