@@ -209,8 +209,9 @@ class PlannerConfig:
         "SLA mode: the window pools (the least prefill and decode pools that would have served recent arrivals "
         "within the SLO) also replay the arrivals of this many seconds, so a burst shorter than a worker start "
         "keeps its pool standing this long (at least predictor_window_ticks ticks; the predictor window's own "
-        "pool still follows a shift to longer requests within one window).",
-        ge=0, le=86400,
+        "pool still follows a shift to longer requests within one window; at most an hour: each tick replays "
+        "the arrivals of the span).",
+        ge=0, le=3600,
     )
     burst_quantile: float = setting(
         0.9,

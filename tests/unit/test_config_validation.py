@@ -57,6 +57,16 @@ def test_unknown_planner_predictor_is_refused_naming_the_choices():
         PlannerSpec(predictor="bogus")
 
 
+@pytest.mark.parametrize("hold_s, ok", [(0.0, True), (600.0, True), (3600.0, True), (3601.0, False), (-1.0, False)])
+def test_the_window_hold_is_refused_outside_zero_to_an_hour(hold_s, ok):
+    # each tick replays the arrivals of the span: a day of them would cost the planner minutes per tick
+    if ok:
+        assert PlannerSpec(window_hold_s=hold_s).window_hold_s == hold_s
+    else:
+        with pytest.raises(ValidationError, match="window_hold_s"):
+            PlannerSpec(window_hold_s=hold_s)
+
+
 @pytest.mark.parametrize("name", sorted(PREDICTORS))
 def test_every_registered_predictor_is_accepted(name):
     assert PlannerSpec(predictor=name).predictor == name
