@@ -131,6 +131,15 @@ ABLATIONS: dict[str, dict] = {
 }
 
 
+def _number_list(option: str, text: str, problems: list[str]) -> list[float]:
+    """``text`` as a comma list of numbers; an unreadable one appends a problem naming ``option`` and gives []."""
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        problems.append(f"{option} must be a comma list of numbers, got {text!r}")
+        return []
+
+
 def load_azure_trace(path: Path, rate_scale: int, seed: int) -> Trace:
     """Read ``TIMESTAMP, ContextTokens, GeneratedTokens`` (a UTF-8 file, byte-order mark allowed).
 
@@ -525,18 +534,10 @@ def main(argv: list[str] | None = None) -> dict:
         a.rate_scales = []
     if set_mode and not (a.rate_scales and all(v > 0 for v in a.rate_scales)):
         problems.append(f"--rate-scales must hold whole numbers > 0, got {a.rate_scales}")
-    try:
-        a.sweep_quantiles = [float(v) for v in a.sweep_quantiles.split(",") if v.strip()]
-    except ValueError:
-        problems.append(f"--sweep-quantiles must be a comma list of numbers, got {a.sweep_quantiles!r}")
-        a.sweep_quantiles = []
+    a.sweep_quantiles = _number_list("--sweep-quantiles", a.sweep_quantiles, problems)
     if not all(0.0 < q < 1.0 for q in a.sweep_quantiles):
         problems.append(f"--sweep-quantiles must lie in (0, 1), got {a.sweep_quantiles}")
-    try:
-        a.sweep_window_hold = [float(v) for v in a.sweep_window_hold.split(",") if v.strip()]
-    except ValueError:
-        problems.append(f"--sweep-window-hold must be a comma list of numbers, got {a.sweep_window_hold!r}")
-        a.sweep_window_hold = []
+    a.sweep_window_hold = _number_list("--sweep-window-hold", a.sweep_window_hold, problems)
     if not all(np.isfinite(h) and h >= 0.0 for h in a.sweep_window_hold):
         problems.append(f"--sweep-window-hold must hold finite seconds >= 0, got {a.sweep_window_hold}")
     if not 0.0 < a.target_attainment < 1.0:
