@@ -83,7 +83,10 @@ _MLFLOW_KEYS = {"MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
                 "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD"}
 
 
-@dsl.pipeline(name="stage-tune-promote", description="Stage weights S3→FSx, tune prefill/decode TP, promote to KServe.")
+PIPELINE_NAME = "stage-tune-promote"  # the compiled package's pipelineInfo.name
+
+
+@dsl.pipeline(name=PIPELINE_NAME, description="Stage weights S3→FSx, tune prefill/decode TP, promote to KServe.")
 @documented  # parameter descriptions for the KFP UI (components.params.PARAM_DOCS)
 def stage_tune_promote(
     source_uri: str = "s3://pdserve-models/smollm2-135m-instruct/",
@@ -153,30 +156,62 @@ def stage_tune_promote(
     return Outputs(champion_version=tuned.outputs["champion_version"], manifests=promoted.outputs["manifests"])
 
 
+PACKAGE_SUFFIXES = (".yaml", ".yml")  # what Kubeflow Pipelines uploads as a pipeline package in YAML
+
+
+def package_path_problem(out: Path, *, replace: bool = False) -> str | None:
+    """Why `compile_pipeline` should not write `out`, or None.
+
+    `out` must end in .yaml or .yml (Kubeflow Pipelines tells a package's format by its suffix). An existing
+    file is replaced only when it is this pipeline's package (its `pipelineInfo.name` is stage-tune-promote),
+    or when `replace` is set: a typo must not turn a manifest, a values file or notes into a pipeline.
+    """
+    if out.suffix.lower() not in PACKAGE_SUFFIXES:
+        return "must end in .yaml or .yml (Kubeflow Pipelines tells a pipeline package by its suffix)"
+    if replace or not out.is_file():
+        return None
+    import yaml
+
+    try:
+        with out.open() as f:
+            first = next(yaml.safe_load_all(f), None)
+        name = first.get("pipelineInfo", {}).get("name") if isinstance(first, dict) else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        name = None
+    if name != PIPELINE_NAME:
+        return f"exists and is not the {PIPELINE_NAME} pipeline package; pass --force to replace it"
+    return None
+
+
 def compile_pipeline(out: Path, *, image: str = DEFAULT_IMAGE, steps_image: str | None = None) -> Path:
     """Compile the pipeline to a KFP v2 IR YAML that Kubeflow Pipelines accepts for upload.
 
     `image` (the pdserve image, runtime/image.py) becomes the default of the `image` parameter, the runtime image
     promote renders; every step's container runs `steps_image`, by default the CPU build of `image`
     (`cpu_image`: no step needs a GPU). KFP fixes a component's image when it is defined, so the compiled
-    executors are rewritten here.
+    executors are rewritten here. The package is compiled in a temporary folder and `out` replaced in one
+    rename: a failure leaves a file already at `out` as it was. Callers check `package_path_problem` first.
 
     Raises:
         ValueError: `image` is not an image reference, or has no tag while `steps_image` is not given.
         OSError: `out` cannot be written.
     """
+    import tempfile
+
     import yaml
 
+    from runtime.paths import write_text_atomically
+
     steps_image = steps_image or cpu_image(image)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(stage_tune_promote, package_path=str(out))
-    docs = list(yaml.safe_load_all(out.read_text()))
+    with tempfile.TemporaryDirectory(prefix="pdserve-compile-") as tmp:
+        package = Path(tmp) / "pipeline.yaml"
+        compiler.Compiler().compile(stage_tune_promote, package_path=str(package))
+        docs = list(yaml.safe_load_all(package.read_text()))
     pipeline = docs[0]
     for executor in pipeline["deploymentSpec"]["executors"].values():
         executor["container"]["image"] = steps_image
     pipeline["root"]["inputDefinitions"]["parameters"]["image"]["defaultValue"] = image
-    out.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    return out
+    return write_text_atomically(out, yaml.safe_dump_all(docs, sort_keys=False))
 
 
 def run_local(*, pipeline_root: Path, **arguments) -> dict:
@@ -211,7 +246,11 @@ def main(argv=None) -> None:
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="the pdserve image (promote's runtime image); the "
                         "steps run its CPU build (REPO:TAG-cpu)")
     parser.add_argument("--steps-image", default=None, help="the steps' image (default: the CPU build of --image)")
+    parser.add_argument("--force", action="store_true", help="replace --compile even when it is another file")
     args = parser.parse_args(argv)
+    problem = package_path_problem(args.compile, replace=args.force)
+    if problem:
+        parser.error(f"--compile {args.compile}: {problem}")
     try:
         print(compile_pipeline(args.compile, image=args.image, steps_image=args.steps_image))
     except ValueError as e:

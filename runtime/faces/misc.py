@@ -25,8 +25,13 @@ def compile_cmd(
     steps_image: Annotated[Optional[str], typer.Option(
         help="The image every pipeline step runs (default: the CPU build of --image); needed when --image is "
              "pinned by digest.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace OUT even when it is a file other than this pipeline's package.")] = False,
 ) -> None:
-    """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines)."""
+    """Compile the KFP v2 pipeline `stage_tune_promote` to YAML (upload it to Kubeflow Pipelines).
+
+    OUT ends in .yaml or .yml. An existing OUT is replaced only when it is a package of this pipeline (or with
+    --force); the file is replaced in one rename, so a failed compile leaves it as it was."""
     from runtime.paths import output_file_problem
 
     if out.is_dir():
@@ -34,7 +39,11 @@ def compile_cmd(
     problem = output_file_problem(out)
     if problem:
         usage(f"{out}: {problem}")
-    from pipelines.stage_tune_promote import compile_pipeline
+    from pipelines.stage_tune_promote import compile_pipeline, package_path_problem
+
+    problem = package_path_problem(out, replace=force)
+    if problem:
+        usage(f"{out}: {problem}")
     from runtime.image import split_reference
 
     for flag, ref in (("--image", image), ("--steps-image", steps_image)):

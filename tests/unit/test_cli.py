@@ -453,3 +453,37 @@ def test_stage_help_gives_the_concurrency_range_and_default_without_internal_nam
 
     option = next(p for p in typer.main.get_command(app).commands["stage"].params if p.name == "concurrency")
     assert "1 to 256" in option.help and "4 per CPU" in option.help and "StageOptions" not in option.help
+
+
+def test_compile_refuses_an_output_without_a_yaml_suffix_and_keeps_the_file(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep")
+    res = runner.invoke(app, ["compile", str(notes)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and "must end in .yaml or .yml" in res.output, res.output
+    assert "--image" not in res.output and notes.read_text() == "keep"
+
+
+def test_compile_replaces_its_own_package_but_no_other_yaml_without_force(tmp_path):
+    pytest.importorskip("kfp")
+    manifest = tmp_path / "deploy.yaml"
+    manifest.write_text("apiVersion: v1\nkind: ConfigMap\n")
+    res = runner.invoke(app, ["compile", str(manifest)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and "is not the stage-tune-promote pipeline package" in res.output, res.output
+    assert "--force" in res.output and manifest.read_text() == "apiVersion: v1\nkind: ConfigMap\n"
+    package = tmp_path / "p.yml"
+    assert runner.invoke(app, ["compile", str(package)]).exit_code == 0
+    assert runner.invoke(app, ["compile", str(package), "--image", "r.example/x:2"]).exit_code == 0  # its own
+    assert "r.example/x:2-cpu" in package.read_text()
+    res = runner.invoke(app, ["compile", str(manifest), "--force"])
+    assert res.exit_code == 0, res.output
+    assert "pipelineInfo" in manifest.read_text()
+
+
+def test_a_failed_compile_leaves_the_existing_package_as_it_was(tmp_path):
+    pytest.importorskip("kfp")
+    package = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["compile", str(package)]).exit_code == 0
+    before = package.read_text()
+    res = runner.invoke(app, ["compile", str(package), "--image", "r.example/x@sha256:" + "c" * 64])
+    assert res.exit_code == 2 and "--steps-image" in res.output
+    assert package.read_text() == before
