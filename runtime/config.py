@@ -83,6 +83,12 @@ class ModelRef(_Strict):
         description="The model caches MLA's compressed KV latent (DeepSeek-V2/V3): vLLM's NixlConnector then "
         "accepts a prefill TP larger than the decode TP (the latent is whole on every rank).",
     )
+    context_tokens: int = Field(
+        default=0, ge=0,
+        description="The model's context window, tokens, as `tune` read it from config.json (the length vLLM "
+        "derives from it); 0 when unknown. `promote --max-model-len` is held to it when the model folder cannot "
+        "be read where promote runs.",
+    )
 
     @field_validator("name")
     @classmethod

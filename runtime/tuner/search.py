@@ -188,7 +188,9 @@ class TuneResult:
                                          + "; ".join(err["msg"] for err in e.errors())) from None
 
         return DeploymentSpec(
-            model=model_ref.model_copy(update={"mla": self.model.is_mla, "quantization": self.model.quant_method}),
+            model=model_ref.model_copy(update={
+                "mla": self.model.is_mla, "quantization": self.model.quant_method,
+                "context_tokens": self.model.max_context_tokens or self.model.max_position_embeddings or 0}),
             gpu=self.gpu.name,
             precision=self.precision,
             engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens(max_model_len_tokens)),

@@ -21,18 +21,20 @@ class PromoteValueError(ValueError):
 
 
 def _model_context(spec) -> int | None:  # noqa: ANN001 - a DeploymentSpec
-    """The context window of the champion's model (tokens), from the config.json in its model folder; None when
-    the spec names no folder or its config cannot be read (e.g. a folder mounted on the cluster only)."""
+    """The context window of the champion's model (tokens), from the config.json in its model folder, else the
+    one `tune` recorded in the spec (`model.context_tokens`, read when the folder was readable where tune ran);
+    None when neither is known (a folder mounted on the cluster only, a spec recorded without it)."""
     from runtime.modelfiles.load import load_model_spec
     from runtime.models.spec import ModelConfigError
 
+    recorded = spec.model.context_tokens or None
     if not spec.model.path or not (Path(spec.model.path) / "config.json").is_file():
-        return None
+        return recorded
     try:
         model = load_model_spec(Path(spec.model.path))
     except ModelConfigError:
-        return None
-    return model.max_context_tokens or model.max_position_embeddings or None
+        return recorded
+    return model.max_context_tokens or model.max_position_embeddings or recorded
 
 
 class PromoteRequest(BaseModel):

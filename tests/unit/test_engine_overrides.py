@@ -76,6 +76,19 @@ def test_an_existing_spec_takes_a_max_model_len_override_without_touching_the_re
         with_engine_overrides(spec, max_model_len_tokens=100)
 
 
+def test_promote_holds_max_model_len_to_the_context_tune_recorded_when_the_folder_is_unreadable(
+        llama70b_h100, tmp_path):
+    from runtime.usecases.promote import _model_context
+
+    spec = llama70b_h100.to_deployment_spec(ModelRef(name="m", path=str(tmp_path / "on-the-cluster-only")))
+    assert spec.model.context_tokens == 131072  # tune read it from config.json
+    assert _model_context(spec) == 131072
+    with pytest.raises(ValueError, match=r"> the model's context window \(131072 tokens\)"):
+        with_engine_overrides(spec, max_model_len_tokens=200_000, context_tokens=_model_context(spec))
+    assert _model_context(spec.model_copy(update={"model": spec.model.model_copy(
+        update={"context_tokens": 0})})) is None  # a spec recorded without it: unchecked, as vLLM will check
+
+
 def test_every_flag_pdserve_renders_is_reserved_from_engine_args():
     spec = _spec(precision="fp8", planner=PlannerSpec(mode="off"))
     for gpu, efa in ((True, True), (False, False)):
