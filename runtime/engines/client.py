@@ -20,10 +20,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import httpx
 import orjson
-import yarl
+
+from runtime.engines.h1 import H1Error, H1Pool
 
 PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -72,16 +72,14 @@ def _transport_error(url: str, exc: httpx.HTTPError) -> BackendError:
     return BackendError(url, 502, f"{type(exc).__name__}: {exc}", unreachable=gone)
 
 
-def _aiohttp_error(url: str, exc: BaseException) -> BackendError:
-    """The BackendError of an aiohttp failure, with the same meaning as `_transport_error`'s: a connect
-    timeout, a refused, reset or dropped connection or a body cut short is an unreachable worker; any other
-    timeout (between reads) a 504; any other client error a 502 of a worker that is still there."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return BackendError(url, 502, f"{type(exc).__name__}: connect timed out", unreachable=True)
-    if isinstance(exc, asyncio.TimeoutError):
-        return BackendError(url, 504, f"{type(exc).__name__}: the worker did not answer in time")
-    gone = isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError))
-    return BackendError(url, 502, f"{type(exc).__name__}: {exc}", unreachable=gone)
+def _wire_error(url: str, exc: BaseException) -> BackendError:
+    """The BackendError of a failure of the runtime's own HTTP path (runtime.engines.h1), with the same meaning
+    as `_transport_error`'s: a refused or timed-out connect, a reset or a connection closed before the answer
+    ended is an unreachable worker; a read timeout a 504; an answer that is not HTTP a 502 of a worker that is
+    still there."""
+    if isinstance(exc, H1Error):
+        return BackendError(url, 502, str(exc), unreachable=exc.gone)
+    return BackendError(url, 504, f"{type(exc).__name__}: the worker did not answer in time")
 
 
 def _json_loads(data: bytes | str) -> Any:
@@ -148,13 +146,12 @@ def _chunk_shape_ok(chunk: dict) -> bool:
 
 
 class _ReadDeadline:
-    """The read timeout of one streamed answer: `timeout_s` seconds of waiting for the worker's next bytes, as
-    aiohttp's `sock_read` measures it, with one timer per answer rather than one re-armed on every read
-    (aiohttp cancels and makes its read timer on each received piece, once per streamed token: several per
+    """The read timeout of one answer: `timeout_s` seconds of waiting for the worker's next bytes, with one
+    timer per answer rather than one made and cancelled around every read (once per streamed token: several per
     cent of the runtime's CPU, bench/frontend.py). The timer fires at most once per `timeout_s`; a wait that has
     lasted `timeout_s` by then cancels the waiting task, and that cancellation comes out of `run` as
     asyncio.TimeoutError, as `asyncio.timeout` does (any other cancellation goes on). Time the caller spends
-    between two reads does not count (aiohttp's `sock_read` stops too while its reader is full).
+    between two reads does not count.
 
     Made in the task that reads the answer, which is the task it cancels."""
 
@@ -215,6 +212,24 @@ class _TimedPieces:
         return self._deadline.run(self._pieces.__anext__())
 
 
+class _Pieces:
+    """A response's body pieces (runtime.engines.h1.Response) as an async iterator."""
+
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: Any) -> None:
+        self._resp = resp
+
+    def __aiter__(self) -> "_Pieces":
+        return self
+
+    async def __anext__(self) -> bytes:
+        piece = await self._resp.read_piece()
+        if piece is None:
+            raise StopAsyncIteration
+        return piece
+
+
 class VllmClient:
     """Calls one worker. Share one instance per worker; close it with `aclose` (or `async with`).
 
@@ -223,19 +238,19 @@ class VllmClient:
         timeout_s: read timeout per call (the longest wait for the next bytes of an answer), seconds; the
             connect timeout is 5 s.
         transport: optional httpx transport (tests pass `httpx.MockTransport` or an ASGI app transport);
-            without one the client speaks HTTP with aiohttp.
+            without one the client speaks HTTP/1.1 itself (runtime.engines.h1).
 
-    Why aiohttp: every request crosses the runtime twice (prefill answer, decode stream), and the client's
-    per-call and per-chunk cost is most of the runtime's own CPU per request. aiohttp's HTTP/1.1 client (C
-    parser, no per-call task-group or cancel-scope machinery) costs several times less than httpx's
-    (bench/frontend.py, docs/benchmarks.md "Front door"). httpx stays for injected transports.
+    Why its own HTTP/1.1: every request crosses the runtime twice (prefill answer, decode stream), and the
+    client's per-call and per-chunk cost is most of the runtime's own CPU per request. Keep-alive connections on
+    asyncio protocols with httptools' parser cost less than aiohttp's client, which cost several times less than
+    httpx's (bench/frontend.py, docs/benchmarks.md "Front door"). httpx stays for injected transports.
     """
 
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._http: httpx.AsyncClient | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: H1Pool | None = None
         if transport is not None:
             # No cap on connections: the worker's own scheduler queues what it cannot run, so a pool cap would
             # only hide a second queue here (httpx's default, 100, holds the 101st stream until one ends).
@@ -245,37 +260,14 @@ class VllmClient:
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
                 transport=transport,
             )
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
-        # streamed answers: the read timeout is the answer's _ReadDeadline, not aiohttp's per-read timer
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
-        self._urls: dict[str, yarl.URL] = {}
-
-    def _aiohttp(self) -> aiohttp.ClientSession:
-        """The aiohttp session, made on first use (aiohttp binds it to the running event loop). No cap on
-        connections, for the reason httpx has none above; idle connections are kept for reuse."""
-        if self._session is None:
-            # no cookie jar: workers set none, and the runtime must not carry one request's cookies to another.
-            # No Accept-Encoding: the answers are read as they come (auto_decompress=False), so no worker or
-            # proxy between may be invited to compress them.
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0), cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=self._timeout, auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
-        return self._session
-
-    def _url(self, path: str) -> yarl.URL:
-        """The parsed URL of `path` on this worker (parsed once per path, not once per call)."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = yarl.URL(self.base_url + path)
-        return url
+        else:
+            self._pool = H1Pool(self.base_url, connect_timeout_s=5.0)
 
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        if self._pool is not None:
+            self._pool.close()
 
     async def __aenter__(self) -> "VllmClient":
         return self
@@ -293,11 +285,17 @@ class VllmClient:
             except httpx.HTTPError as exc:
                 raise _transport_error(url, exc) from exc
             return resp.status_code, resp.content
+        deadline = _ReadDeadline(self.timeout_s)
         try:
-            async with self._aiohttp().post(self._url(path), data=data, headers=headers) as resp:
-                return resp.status, await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise _aiohttp_error(url, exc) from exc
+            resp = await deadline.run(self._pool.request("POST", path, headers, data))
+            try:
+                return resp.status, await deadline.run(resp.read())
+            finally:
+                resp.release()
+        except (H1Error, asyncio.TimeoutError) as exc:
+            raise _wire_error(url, exc) from exc
+        finally:
+            deadline.close()
 
     async def _get(self, path: str, timeout_s: float | None = None) -> tuple[int, bytes]:
         """GET `path`: (status, body); `timeout_s` bounds the whole call. Raises BackendError."""
@@ -308,12 +306,15 @@ class VllmClient:
             except httpx.HTTPError as exc:
                 raise _transport_error(url, exc) from exc
             return resp.status_code, resp.content
-        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with self._aiohttp().get(self._url(path), timeout=timeout) as resp:
-                return resp.status, await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise _aiohttp_error(url, exc) from exc
+            async with asyncio.timeout(self.timeout_s if timeout_s is None else timeout_s):
+                resp = await self._pool.request("GET", path, {})
+                try:
+                    return resp.status, await resp.read()
+                finally:
+                    resp.release()
+        except (H1Error, asyncio.TimeoutError) as exc:
+            raise _wire_error(url, exc) from exc
 
     @contextlib.asynccontextmanager
     async def _post_stream(self, path: str, data: bytes, headers: dict[str, str]):
@@ -330,14 +331,13 @@ class VllmClient:
             return
         deadline = _ReadDeadline(self.timeout_s)
         try:
-            request = self._aiohttp().post(self._url(path), data=data, headers=headers, timeout=self._stream_timeout)
-            resp = await deadline.run(request.__aenter__())  # the wait for the answer's head is a read too
+            resp = await deadline.run(self._pool.request("POST", path, headers, data))  # the head is a read too
             try:
-                yield resp.status, _TimedPieces(resp.content.iter_any(), deadline)
+                yield resp.status, _TimedPieces(_Pieces(resp), deadline)
             finally:
-                await request.__aexit__(None, None, None)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise _aiohttp_error(url, exc) from exc
+                resp.release()
+        except (H1Error, asyncio.TimeoutError) as exc:
+            raise _wire_error(url, exc) from exc
         finally:
             deadline.close()
 
@@ -445,7 +445,7 @@ async def _finish_body(pieces: AsyncIterator[bytes]) -> None:
 
     Why: vLLM's server (Starlette's StreamingResponse) writes the end of the body (the last chunk of the chunked
     encoding) after `[DONE]`, in a write of its own; a response released before its body ended cannot be
-    reused, so aiohttp closes its connection, and the next decode leg to that worker opens a new one (a TCP
+    reused, so its connection is closed, and the next decode leg to that worker opens a new one (a TCP
     handshake on its time to first token, the worker's accept, a socket in TIME_WAIT per request). The end
     follows `[DONE]` at once; a server that does not end the body in time loses its connection as before.
     Bytes after `[DONE]` are not read as events."""
@@ -453,7 +453,7 @@ async def _finish_body(pieces: AsyncIterator[bytes]) -> None:
         async with asyncio.timeout(DONE_BODY_END_S):
             async for _ in pieces:
                 pass
-    except (TimeoutError, aiohttp.ClientError, httpx.HTTPError):
+    except (TimeoutError, H1Error, httpx.HTTPError):
         pass
 
 

@@ -1,4 +1,4 @@
-"""Every request shape through the real runtime process and its real worker client (aiohttp), on 127.0.0.1.
+"""Every request shape through the real runtime process and its real worker client (runtime.engines.h1), on 127.0.0.1.
 
 A prefill and a decode engine stand-in (bench/engine_standin.py: vLLM's OpenAI routes and P/D
 `kv_transfer_params` protocol; token i of an answer is "t{i} ", prompt_tokens = the prompt's words) behind

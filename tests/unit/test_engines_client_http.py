@@ -1,5 +1,6 @@
-"""runtime.engines.client's own HTTP path (aiohttp, no injected transport) against a real HTTP server on
-127.0.0.1 (aiohttp.web): the P/D legs parse as on the httpx path, and what the client sends the worker.
+"""runtime.engines.client's own HTTP path (runtime.engines.h1, no injected transport) against real HTTP servers
+on 127.0.0.1 (aiohttp.web, and raw sockets for what a well-behaved server never does): the P/D legs parse as on
+the httpx path, what the client sends the worker, connection reuse, and how each wire failure is reported.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ async def worker():
         await resp.write_eof()
         return resp
 
+    async def big(request: web.Request) -> web.Response:  # far more than the client buffers before pausing
+        return web.json_response({"id": "b", "text": "x" * (3 << 20)})
+
+    async def prefixed(request: web.Request) -> web.Response:
+        seen.append({"path": request.path})
+        return web.json_response({"id": "p", "choices": []})
+
     async def end_after(request: web.Request, delay_s: float) -> web.StreamResponse:
         # as vLLM's server ends a stream: the end of the body in a write of its own after [DONE] (here late)
         seen.append({"peer": request.transport.get_extra_info("peername")})
@@ -79,6 +87,8 @@ async def worker():
     app.router.add_post("/stall-head", stall_head)
     app.router.add_post("/stall-body", stall_body)
     app.router.add_post("/slow", slow)
+    app.router.add_post("/big", big)
+    app.router.add_post("/prefix/v1/completions", prefixed)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -90,7 +100,7 @@ async def worker():
         await runner.cleanup()
 
 
-async def test_prefill_and_stream_over_aiohttp(worker):
+async def test_prefill_and_stream_over_the_runtimes_http(worker):
     url, seen = worker
     async with VllmClient(url) as c:
         kv = await c.prefill(CHAT_PATH, BODY, "rid-1")
@@ -174,3 +184,129 @@ async def test_a_body_that_does_not_end_after_done_is_dropped_not_waited_for(wor
         assert [ch async for ch in c.stream("/end-soon", BODY, "r1")]
     peers = [s["peer"] for s in seen]
     assert len(peers) == 2 and peers[0] != peers[1], peers
+
+
+async def test_a_large_answer_is_read_whole_and_a_base_path_prefixes_every_call(worker):
+    url, seen = worker
+    async with VllmClient(url) as c:
+        answer = await c.post_json("/big", {}, "rid")
+        assert len(answer["text"]) == 3 << 20 and set(answer["text"]) == {"x"}
+    async with VllmClient(url + "/prefix/") as c:
+        assert (await c.post_json("/v1/completions", {}, "rid"))["id"] == "p"
+    assert seen[-1] == {"path": "/prefix/v1/completions"}
+
+
+async def _raw_server(handle) -> tuple[asyncio.AbstractServer, str]:
+    """A TCP server on 127.0.0.1 whose connections `handle(reader, writer, n)` serves (n: the connection's
+    number, from 0)."""
+    count = 0
+
+    async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal count
+        n, count = count, count + 1
+        try:
+            await handle(reader, writer, n)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return head + await reader.readexactly(length)
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{\"ok\": true}"
+
+
+async def test_an_idle_connection_the_worker_closes_as_it_is_reused_is_retried_once_on_a_new_one():
+    """The worker's keep-alive timeout races with a call: it closes the idle connection on which the request
+    was just written, before any byte of an answer. The call goes out again on a new connection; a new
+    connection closed the same way is a worker gone (no second retry)."""
+    requests: list[int] = []
+
+    async def handle(reader, writer, n):
+        await _read_request(reader)
+        requests.append(n)
+        writer.write(OK)
+        await writer.drain()
+        if n == 0:  # keep-alive for one more request, which it drops unanswered
+            await _read_request(reader)
+            requests.append(n)
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        assert await c.post_json("/x", {}, "r1") == {"ok": True}
+        assert await c.post_json("/x", {}, "r2") == {"ok": True}  # conn 0 drops it; conn 1 answers
+    assert requests == [0, 0, 1]
+
+    async def drop(reader, writer, n):
+        await _read_request(reader)
+
+    server, url = await _raw_server(drop)
+    async with server, VllmClient(url) as c:
+        with pytest.raises(BackendError) as ei:
+            await c.post_json("/x", {}, "r")
+    assert ei.value.status_code == 502 and ei.value.unreachable
+
+
+@pytest.mark.parametrize("answer, gone", [
+    (b"SPDY/9 garbage\r\n\r\n", False),  # answered, but not HTTP: the worker is there
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"cut\":", True),  # closed mid-body
+])
+async def test_a_broken_answer_is_a_502_and_only_a_cut_one_is_a_worker_gone(answer, gone):
+    async def handle(reader, writer, n):
+        await _read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        for call in (c.post_json("/x", {}, "r"), _drain(c.stream_events("/x", BODY, "r"))):
+            with pytest.raises(BackendError) as ei:
+                await call
+            assert ei.value.status_code == 502 and ei.value.unreachable is gone, ei.value
+
+
+async def _drain(events) -> None:
+    async for _ in events:
+        pass
+
+
+async def test_a_refused_connection_is_a_worker_gone_and_health_is_false():
+    from runtime.ports import free_port
+
+    async with VllmClient(f"http://127.0.0.1:{free_port()}") as c:
+        with pytest.raises(BackendError) as ei:
+            await c.prefill(CHAT_PATH, BODY, "r")
+        assert ei.value.status_code == 502 and ei.value.unreachable
+        assert await c.healthy() is False
+
+
+async def test_a_call_cancelled_mid_answer_closes_its_connection_and_the_next_call_is_answered():
+    closed = asyncio.Event()
+
+    async def handle(reader, writer, n):
+        await _read_request(reader)
+        if n == 0:  # a stream that never ends; the client's cancel must close the connection
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            await writer.drain()
+            if await reader.read(1) == b"":
+                closed.set()
+            return
+        writer.write(OK)
+        await writer.drain()
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        task = asyncio.create_task(_drain(c.stream_events("/x", BODY, "r")))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(closed.wait(), 2)
+        assert await c.post_json("/x", {}, "r2") == {"ok": True}

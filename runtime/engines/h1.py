@@ -1,0 +1,269 @@
+"""HTTP/1.1 to one worker: keep-alive connections on asyncio protocols, responses parsed by httptools.
+
+Why not a general client: every request crosses the runtime twice (the prefill answer, the decode stream), so
+the worker calls are most of the runtime's own CPU per request (bench/frontend.py, docs/benchmarks.md "Front
+door"). The runtime needs little of HTTP from its workers: POST a JSON body and read the status and the body
+as it arrives, GET a small page; to an address from configuration (http, or https with the system's trust
+store), no proxies, redirects, cookies or compression. A general client (aiohttp, httpx) builds
+request and response objects, header multidicts, a writer task and timers per call for what it must support;
+here a call is one `transport.write` of the request and httptools' callbacks (llhttp, the parser uvicorn
+uses) appending the body's pieces to a deque.
+
+Semantics the callers rely on (runtime/engines/client.py):
+* responses framed by Content-Length or chunked encoding; the response headers are not kept (the runtime
+  reads the status and the body only);
+* a connection is reused when its response ended and both sides keep it alive; one whose response was not
+  read to its end (a cancelled call, an error) is closed, which also tells the worker to stop the request;
+* a request written to a reused idle connection that the worker closes before any byte of the answer (the
+  worker's keep-alive timeout raced with the call) is sent once more on a new connection: no answer byte
+  came, so the worker did not take the request (uvicorn closes only idle connections);
+* `H1Error` for a connection refused, reset or closed before the response ended (`gone` True), or an
+  answer that is not HTTP (`gone` False); timeouts are the caller's (`asyncio.timeout`, `_ReadDeadline`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as _ssl
+import urllib.parse
+from collections import deque
+
+import httptools
+
+#: body bytes a connection buffers before it stops reading from its socket until the caller catches up
+#: (the worker's writes then wait in the kernel's buffers: back-pressure, as aiohttp's reader applies)
+_HIGH_WATER = 1 << 18
+
+
+class H1Error(ConnectionError):
+    """A call failed on the wire. `gone`: the connection could not be made or dropped before the answer
+    ended (the worker looks gone); False when the worker answered something that is not HTTP/1.1."""
+
+    def __init__(self, message: str, *, gone: bool) -> None:
+        super().__init__(message)
+        self.gone = gone
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; one call at a time. The parser's callbacks fill `status` and `pieces`."""
+
+    __slots__ = ("transport", "parser", "status", "pieces", "buffered", "complete", "keep_alive", "closed",
+                 "error", "waiter", "received", "paused", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.error: H1Error | None = None
+        self.waiter: asyncio.Future | None = None
+        self.paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status: int | None = None
+        self.pieces: deque[bytes] = deque()
+        self.buffered = 0
+        self.complete = False
+        self.keep_alive = False
+        self.received = False  # any byte of this call's answer
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.parser is None:  # idle between calls: bytes nobody asked for; the connection is not reusable
+            self.closed = True
+            self.transport.close()
+            return
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(H1Error(f"the worker's answer is not HTTP/1.1: {exc}", gone=False))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            detail = f": {exc}" if exc else ""
+            self._fail(H1Error(f"connection closed before the answer ended{detail}", gone=True))
+
+    # -- httptools callbacks
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.pieces.append(body)
+        self.buffered += len(body)
+        if self.buffered > _HIGH_WATER and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # --
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def _fail(self, error: H1Error) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    async def wait(self) -> None:
+        """Until the parser or the socket has news (head, a body piece, the end, an error)."""
+        if self.error is not None:
+            raise self.error
+        self.waiter = self._loop.create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+        if self.error is not None and not self.complete:
+            raise self.error
+
+    def take(self) -> bytes | None:
+        """The next buffered body piece; None when none is buffered."""
+        if not self.pieces:
+            return None
+        piece = self.pieces.popleft()
+        self.buffered -= len(piece)
+        if self.paused and self.buffered <= _HIGH_WATER // 4:
+            self.paused = False
+            self.transport.resume_reading()
+        return piece
+
+
+class Response:
+    """A response being read: `status`, then the body's pieces with `read_piece` (None at its end)."""
+
+    __slots__ = ("status", "_conn", "_pool")
+
+    def __init__(self, conn: _Connection, pool: "H1Pool") -> None:
+        self._conn, self._pool = conn, pool
+        self.status = conn.status
+
+    async def read_piece(self) -> bytes | None:
+        """The body's next piece as it arrives, None at the end. Raises H1Error."""
+        conn = self._conn
+        while True:
+            piece = conn.take()
+            if piece is not None:
+                return piece
+            if conn.complete:
+                return None
+            await conn.wait()
+
+    async def read(self) -> bytes:
+        """The rest of the body. Raises H1Error."""
+        parts = []
+        while (piece := await self.read_piece()) is not None:
+            parts.append(piece)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Give the connection back: kept for reuse when the answer ended and both sides keep it alive,
+        else closed (an unread answer must not be read by the next call). Idempotent."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._pool._release(conn)
+
+
+class H1Pool:
+    """Keep-alive connections to one `host`:`port`, no cap on their number (the worker's scheduler queues
+    what it cannot run; a cap here would only add a second queue). Made and used on one event loop."""
+
+    def __init__(self, base_url: str, *, connect_timeout_s: float = 5.0) -> None:
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"{base_url!r}: a worker URL is http(s)://HOST[:PORT][/PATH]")
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.connect_timeout_s = connect_timeout_s
+        self._prefix = u.path.rstrip("/")  # a worker behind a path prefix: every call's path goes below it
+        self._ssl = _ssl.create_default_context() if u.scheme == "https" else None
+        self._host_header = u.netloc.rsplit("@", 1)[-1].encode("idna")
+        self._idle: list[_Connection] = []
+        self._closed = False
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(lambda: _Connection(loop), self.host, self.port,
+                                                       ssl=self._ssl)
+        except TimeoutError:
+            raise H1Error(f"connect to {self.host}:{self.port} timed out", gone=True) from None
+        except OSError as exc:
+            raise H1Error(f"cannot connect to {self.host}:{self.port}: {exc}", gone=True) from None
+        return conn
+
+    def _head(self, method: bytes, path: str, headers: dict[str, str], length: int | None) -> bytes:
+        target = (self._prefix + path).encode("ascii")
+        lines = [method + b" " + target + b" HTTP/1.1\r\nHost: " + self._host_header]
+        for k, v in headers.items():
+            lines.append(f"{k}: {v}".encode("latin-1"))
+        if length is not None:
+            lines.append(b"Content-Length: %d" % length)
+        lines.append(b"\r\n")
+        return b"\r\n".join(lines)
+
+    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> Response:
+        """Send one request and wait for the answer's status line and headers. Header names and values must
+        be printable ASCII without CR or LF (the caller's own). Raises H1Error."""
+        if self._closed:
+            raise H1Error("the client is closed", gone=False)
+        data = self._head(method.encode("ascii"), path, headers, None if body is None else len(body))
+        if body:
+            data += body
+        while True:
+            reused = False
+            conn = None
+            while self._idle:
+                c = self._idle.pop()
+                if not c.closed:
+                    conn, reused = c, True
+                    break
+            if conn is None:
+                conn = await self._connect()
+            conn._reset()
+            conn.transport.write(data)
+            try:
+                while conn.status is None:
+                    await conn.wait()
+            except H1Error:
+                conn.transport.close()
+                if reused and not conn.received:  # the worker closed an idle connection as it was reused
+                    continue
+                raise
+            except BaseException:  # cancelled or timed out: the answer is not read, so the connection goes
+                conn.transport.close()
+                raise
+            return Response(conn, self)
+
+    def _release(self, conn: _Connection) -> None:
+        if conn.complete and conn.keep_alive and not conn.closed and not self._closed and conn.error is None:
+            conn.parser = None  # a new one per call (`_reset`); the old one holds a reference to conn
+            self._idle.append(conn)
+        else:
+            conn.closed = True
+            if conn.transport is not None:
+                conn.transport.close()
+
+    def close(self) -> None:
+        """Close the idle connections; calls in flight close theirs when they release them."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.transport.close()
