@@ -34,15 +34,16 @@ _SSE_DONE = b"data: [DONE]\n\n"
 
 
 class _RawBody:
-    """What `PDModel._request_body` reads of FastAPI's `Request`: the body as JSON (all fields)."""
+    """What `PDModel._request_body` reads of FastAPI's `Request`: the body as JSON (all fields), here the object
+    `serve_direct` has parsed already (a shallow copy: the model changes top-level fields only)."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_body",)
 
-    def __init__(self, raw: bytes) -> None:
-        self._raw = raw
+    def __init__(self, body: dict) -> None:
+        self._body = body
 
     async def json(self) -> Any:
-        return orjson.loads(self._raw)
+        return dict(self._body)
 
 
 def _handler_for(app: Any, exc: BaseException) -> Callable | None:
@@ -101,7 +102,7 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
     create = model.create_chat_completion if chat else model.create_completion
     try:
         try:
-            result = await create(request, raw_request=_RawBody(raw), context=context)
+            result = await create(request, raw_request=_RawBody(body), context=context)
         except Exception as exc:  # noqa: BLE001 - answered as the app answers it
             handler = _handler_for(app, exc)
             if handler is None:

@@ -469,9 +469,10 @@ class PDModel(OpenAIGenerativeModel):
         # the validated value decides (pydantic reads "false" as False; the raw JSON string is truthy)
         body["stream"] = bool(getattr(request, "stream", False))
         fields = getattr(type(request), "model_fields", {})
+        values = getattr(request, "__dict__", {})  # not getattr: a deprecated field (max_tokens) warns per read
         for key in _DECIDING_FIELDS:
-            if key in body and key in fields:
-                value = getattr(request, key)
+            if key in body and key in fields and key in values:
+                value = values[key]
                 body[key] = value.model_dump(mode="json", exclude_unset=True) if hasattr(value, "model_dump") else value
         body["model"] = self.name
         return body
