@@ -153,13 +153,14 @@ class _ReadDeadline:
     asyncio.TimeoutError, as `asyncio.timeout` does (any other cancellation goes on). Time the caller spends
     between two reads does not count.
 
-    Made in the task that reads the answer, which is the task it cancels."""
+    It cancels the task waiting now: an answer whose first piece one task reads and whose rest another does
+    (a response streamed by a task of its own) is timed in each."""
 
     __slots__ = ("_loop", "_task", "_timeout_s", "_since", "_handle", "_fired")
 
     def __init__(self, timeout_s: float) -> None:
         self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
+        self._task: asyncio.Task | None = None  # the task of the current wait
         self._timeout_s = timeout_s
         self._since: float | None = None  # loop time the current wait began; None when not waiting
         self._handle: asyncio.TimerHandle | None = None
@@ -167,22 +168,23 @@ class _ReadDeadline:
 
     async def run(self, awaitable: Any) -> Any:
         """`await awaitable` (a wait for the worker) within the read timeout. Raises asyncio.TimeoutError."""
+        self._task = task = asyncio.current_task()
         self._since = now = self._loop.time()
         if self._handle is None:
             self._handle = self._loop.call_at(now + self._timeout_s, self._check)
         try:
             return await awaitable
         except asyncio.CancelledError:
-            if self._fired and self._task.uncancel() == 0:
+            if self._fired and task.uncancel() == 0:
                 raise asyncio.TimeoutError from None
             raise
         finally:
-            self._since = None
+            self._since = self._task = None
 
     def _check(self) -> None:
         self._handle = None
         since = self._since
-        if since is None or self._fired:  # not waiting now: the next wait arms the timer again
+        if since is None or self._fired or self._task is None:  # not waiting: the next wait arms it again
             return
         due = since + self._timeout_s
         if self._loop.time() >= due:

@@ -10,15 +10,19 @@ here a call is one `transport.write` of the request and httptools' callbacks (ll
 uses) appending the body's pieces to a deque.
 
 Semantics the callers rely on (runtime/engines/client.py):
-* responses framed by Content-Length or chunked encoding; the response headers are not kept (the runtime
-  reads the status and the body only);
-* a connection is reused when its response ended and both sides keep it alive; one whose response was not
-  read to its end (a cancelled call, an error) is closed, which also tells the worker to stop the request;
+* responses framed by Content-Length, chunked encoding or the end of the connection (RFC 9112 6.3); interim
+  1xx answers (100 Continue, 103 Early Hints) skipped; the response headers are not kept (the runtime reads the
+  status and the body only); a second answer to one request fails the call and drops the connection;
+* a connection is reused when its response ended, both sides keep it alive and its reading is not paused;
+  one whose response was not read to its end (a cancelled call, an error) is closed, which also tells the
+  worker to stop the request;
 * a request written to a reused idle connection that the worker closes before any byte of the answer (the
   worker's keep-alive timeout raced with the call) is sent once more on a new connection: no answer byte
   came, so the worker did not take the request (uvicorn closes only idle connections);
 * `H1Error` for a connection refused, reset or closed before the response ended (`gone` True), or an
-  answer that is not HTTP (`gone` False); timeouts are the caller's (`asyncio.timeout`, `_ReadDeadline`).
+  answer that is not HTTP, a failed TLS handshake, a request that cannot be written (a path that is not
+  ASCII, a header with CR or LF: nothing is sent) (`gone` False); timeouts are the caller's
+  (`asyncio.timeout`, `_ReadDeadline`).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection; one call at a time. The parser's callbacks fill `status` and `pieces`."""
 
     __slots__ = ("transport", "parser", "status", "pieces", "buffered", "complete", "keep_alive", "closed",
-                 "error", "waiter", "received", "paused", "_loop")
+                 "error", "waiter", "received", "paused", "interim", "framed", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -67,6 +71,8 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.received = False  # any byte of this call's answer
+        self.interim = False  # inside a 1xx answer (103 Early Hints, 100 Continue): not the call's answer
+        self.framed = False  # the answer names its length (Content-Length or Transfer-Encoding)
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -86,17 +92,37 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if exc is None and self.status is not None and not self.framed and not self.complete \
+                and self.error is None and self.parser is not None:
+            # an answer without Content-Length or chunking ends where the connection does (RFC 9112 6.3)
+            self.complete = True
+            self._wake()
+            return
         if not self.complete:
             detail = f": {exc}" if exc else ""
             self._fail(H1Error(f"connection closed before the answer ended{detail}", gone=True))
 
     # -- httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) in (14, 17) and name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer; the call's own follows (RFC 9110 15.2)
+            self.interim, self.framed = True, False
+            return
+        if self.status is not None:  # a second answer to one request: the stream is out of step
+            self._fail(H1Error("the worker answered one request twice", gone=False))
+            self.transport.close()
+            return
+        self.status = status
         self.keep_alive = self.parser.should_keep_alive()
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.complete or self.error is not None:
+            return
         self.pieces.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused:
@@ -105,7 +131,11 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
-        self.complete = True
+        if self.interim:
+            self.interim = False
+            return
+        if self.error is None:
+            self.complete = True
         self._wake()
 
     # --
@@ -205,6 +235,9 @@ class H1Pool:
                                                        ssl=self._ssl)
         except TimeoutError:
             raise H1Error(f"connect to {self.host}:{self.port} timed out", gone=True) from None
+        except _ssl.SSLError as exc:  # a worker that is there but speaks no TLS, or not ours: a configuration fault
+            raise H1Error(f"TLS with {self.host}:{self.port} failed: {exc} (does the worker serve https?)",
+                          gone=False) from None
         except OSError as exc:
             raise H1Error(f"cannot connect to {self.host}:{self.port}: {exc}", gone=True) from None
         return conn
@@ -213,18 +246,25 @@ class H1Pool:
         target = (self._prefix + path).encode("ascii")
         lines = [method + b" " + target + b" HTTP/1.1\r\nHost: " + self._host_header]
         for k, v in headers.items():
-            lines.append(f"{k}: {v}".encode("latin-1"))
+            line = f"{k}: {v}"
+            if "\r" in line or "\n" in line:  # would end the header and start another, or the body
+                raise ValueError(f"header {k!r}: CR or LF in a header")
+            lines.append(line.encode("latin-1"))
         if length is not None:
             lines.append(b"Content-Length: %d" % length)
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
 
     async def request(self, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> Response:
-        """Send one request and wait for the answer's status line and headers. Header names and values must
-        be printable ASCII without CR or LF (the caller's own). Raises H1Error."""
+        """Send one request and wait for the final answer's status line and headers (1xx answers skipped).
+        Raises H1Error (also for a path that is not ASCII or a header that is not Latin-1 or holds CR or LF:
+        nothing is sent)."""
         if self._closed:
             raise H1Error("the client is closed", gone=False)
-        data = self._head(method.encode("ascii"), path, headers, None if body is None else len(body))
+        try:
+            data = self._head(method.encode("ascii"), path, headers, None if body is None else len(body))
+        except (UnicodeEncodeError, ValueError) as exc:  # the caller's own path or header: nothing is sent
+            raise H1Error(f"cannot send the request: {exc}", gone=False) from None
         if body:
             data += body
         while True:
@@ -253,7 +293,8 @@ class H1Pool:
             return Response(conn, self)
 
     def _release(self, conn: _Connection) -> None:
-        if conn.complete and conn.keep_alive and not conn.closed and not self._closed and conn.error is None:
+        if conn.complete and conn.keep_alive and not conn.closed and not self._closed and conn.error is None \
+                and not conn.paused:  # paused: its reading would stay stopped for the next call
             conn.parser = None  # a new one per call (`_reset`); the old one holds a reference to conn
             self._idle.append(conn)
         else:

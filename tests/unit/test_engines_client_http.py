@@ -6,6 +6,7 @@ the httpx path, what the client sends the worker, connection reuse, and how each
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import time
@@ -310,3 +311,111 @@ async def test_a_call_cancelled_mid_answer_closes_its_connection_and_the_next_ca
             await task
         await asyncio.wait_for(closed.wait(), 2)
         assert await c.post_json("/x", {}, "r2") == {"ok": True}
+
+
+def _sse(*datas: bytes) -> bytes:
+    return b"".join(b"data: " + d + b"\n\n" for d in datas)
+
+
+async def test_interim_answers_are_skipped_and_never_shift_a_later_calls_answer():
+    """103 Early Hints (any 1xx) in a write of its own before the answer: the call reads its own answer, and
+    the next call on the connection reads the next one (a 1xx taken as the answer shifts every later call)."""
+    async def handle(reader, writer, n):
+        while True:
+            rid = [line for line in (await _read_request(reader)).split(b"\r\n")
+                   if line.lower().startswith(b"x-request-id")][0].split(b":")[1].strip()
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            body = b'{"rid": "%s"}' % rid
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        assert [(await c.post_json("/x", {}, r))["rid"] for r in ("A", "B", "C")] == ["A", "B", "C"]
+
+
+async def test_a_second_answer_to_one_request_is_not_read_into_the_first_and_drops_the_connection():
+    async def handle(reader, writer, n):
+        await _read_request(reader)
+        writer.write(OK + b"HTTP/1.1 500 Oops\r\nContent-Length: 7\r\n\r\n{\"b\":2}")
+        await writer.drain()
+        if n == 0:
+            await asyncio.sleep(0.2)
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        assert await c._post("/x", b"{}", {}) == (200, b'{"ok": true}')
+        assert await c.post_json("/x", {}, "r2") == {"ok": True}  # on a new connection: no stray answer read
+
+
+async def test_an_answer_without_length_ends_where_the_connection_does():
+    async def handle(reader, writer, n):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{\"ok\": true}")
+        await writer.drain()
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        assert await c.post_json("/x", {}, "r") == {"ok": True}  # not a worker gone
+
+
+async def test_a_connection_left_with_reading_paused_is_not_reused():
+    """A stream's last bytes arrive while more than the high-water mark is buffered (reading paused, answer
+    complete) and the reader stops early: the connection must not serve the next call with reading paused."""
+    big = _sse(b'{"id": "d", "choices": [], "pad": "%s"}' % (b"x" * 400_000), b"[DONE]")
+
+    async def handle(reader, writer, n):
+        while True:
+            request = await _read_request(reader)
+            if b"/big" in request.split(b"\r\n")[0]:
+                answer = _sse(b'{"id": "d", "choices": []}') + big
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+            else:
+                writer.write(OK)
+            await writer.drain()
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url, timeout_s=2) as c:
+        async with contextlib.aclosing(c.stream_events("/big", BODY, "r1")) as events:
+            async for _ in events:
+                await asyncio.sleep(0.3)  # everything arrives meanwhile; then the reader leaves
+                break
+        t0 = time.monotonic()
+        assert await c.post_json("/small", {}, "r2") == {"ok": True}
+        assert time.monotonic() - t0 < 1.0
+
+
+async def test_the_read_timeout_holds_when_another_task_reads_the_rest_of_a_stream():
+    """The first event read in one task, the rest in another (as a response streamed by a task of its own):
+    a worker that stalls is still timed out."""
+    async def handle(reader, writer, n):
+        await _read_request(reader)
+        event = _sse(b'{"id": "d", "choices": []}')
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url, timeout_s=0.3) as c:
+        events = c.stream_events("/x", BODY, "r")
+        await asyncio.create_task(events.__anext__())
+        t0 = time.monotonic()
+        with pytest.raises(BackendError) as ei:
+            await asyncio.wait_for(asyncio.create_task(_drain(events)), 3)
+        assert ei.value.status_code == 504 and time.monotonic() - t0 < 2.0
+        await events.aclose()
+
+
+async def test_https_to_a_plain_worker_and_a_header_with_a_line_break_are_errors_not_a_worker_gone(worker):
+    url, seen = worker
+    async with VllmClient(url.replace("http://", "https://")) as c:
+        with pytest.raises(BackendError) as ei:
+            await c.post_json(CHAT_PATH, BODY, "r")
+        assert ei.value.status_code == 502 and not ei.value.unreachable and "https" in str(ei.value.body)
+    async with VllmClient(url) as c:
+        with pytest.raises(BackendError) as ei:
+            await c.post_json(CHAT_PATH, BODY, "r\r\nX-Injected: 1")
+        assert not ei.value.unreachable and "CR or LF" in str(ei.value.body)
+    assert seen == []  # nothing reached the worker
