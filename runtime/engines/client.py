@@ -200,33 +200,19 @@ class _ReadDeadline:
 
 
 class _TimedPieces:
-    """The pieces of a streamed body, each awaited within the answer's `_ReadDeadline`."""
+    """A response's body pieces (runtime.engines.h1.Response) as an async iterator, each awaited within the
+    answer's `_ReadDeadline`."""
 
-    __slots__ = ("_pieces", "_deadline")
+    __slots__ = ("_resp", "_deadline")
 
-    def __init__(self, pieces: AsyncIterator[bytes], deadline: _ReadDeadline) -> None:
-        self._pieces, self._deadline = pieces, deadline
+    def __init__(self, resp: Any, deadline: _ReadDeadline) -> None:
+        self._resp, self._deadline = resp, deadline
 
     def __aiter__(self) -> "_TimedPieces":
         return self
 
-    def __anext__(self) -> Any:
-        return self._deadline.run(self._pieces.__anext__())
-
-
-class _Pieces:
-    """A response's body pieces (runtime.engines.h1.Response) as an async iterator."""
-
-    __slots__ = ("_resp",)
-
-    def __init__(self, resp: Any) -> None:
-        self._resp = resp
-
-    def __aiter__(self) -> "_Pieces":
-        return self
-
     async def __anext__(self) -> bytes:
-        piece = await self._resp.read_piece()
+        piece = await self._deadline.run(self._resp.read_piece())
         if piece is None:
             raise StopAsyncIteration
         return piece
@@ -279,25 +265,8 @@ class VllmClient:
 
     async def _post(self, path: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         """POST `data` (JSON) to `path`: (status, body). Raises BackendError on transport errors."""
-        url = self.base_url + path
-        headers = {**headers, "Content-Type": "application/json"}
-        if self._http is not None:
-            try:
-                resp = await self._http.post(path, content=data, headers=headers)
-            except httpx.HTTPError as exc:
-                raise _transport_error(url, exc) from exc
-            return resp.status_code, resp.content
-        deadline = _ReadDeadline(self.timeout_s)
-        try:
-            resp = await deadline.run(self._pool.request("POST", path, headers, data))
-            try:
-                return resp.status, await deadline.run(resp.read())
-            finally:
-                resp.release()
-        except (H1Error, asyncio.TimeoutError) as exc:
-            raise _wire_error(url, exc) from exc
-        finally:
-            deadline.close()
+        async with self._post_stream(path, data, headers) as (status, pieces):
+            return status, b"".join([p async for p in pieces])
 
     async def _get(self, path: str, timeout_s: float | None = None) -> tuple[int, bytes]:
         """GET `path`: (status, body); `timeout_s` bounds the whole call. Raises BackendError."""
@@ -335,7 +304,7 @@ class VllmClient:
         try:
             resp = await deadline.run(self._pool.request("POST", path, headers, data))  # the head is a read too
             try:
-                yield resp.status, _TimedPieces(_Pieces(resp), deadline)
+                yield resp.status, _TimedPieces(resp, deadline)
             finally:
                 resp.release()
         except (H1Error, asyncio.TimeoutError) as exc:

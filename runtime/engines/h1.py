@@ -276,8 +276,9 @@ class H1Pool:
                     conn, reused = c, True
                     break
             if conn is None:
-                conn = await self._connect()
-            conn._reset()
+                conn = await self._connect()  # a new connection starts reset
+            else:
+                conn._reset()
             conn.transport.write(data)
             try:
                 while conn.status is None:
