@@ -562,18 +562,29 @@ _MIN_VALUE = {
 }
 
 
+#: upper bounds: the engines index sizes and positions with 32-bit integers, so a larger value is no model
+#: vLLM can serve; the parser counts layers one by one (the deepest published decoders have a few hundred
+#: layers), so an absurd layer count is refused rather than walked for minutes
+_MAX_VALUE = 2**31 - 1
+_MAX_VALUE_BY_KEY = {"num_hidden_layers": 10_000}
+
+
 def _check_numbers(c: dict[str, Any], name: str) -> None:
     """Every numeric field that is present must be a whole number (not a bool, string or fraction) at
-    least its minimum (``_MIN_VALUE``). Raises ModelConfigError naming every offending field."""
+    least its minimum (``_MIN_VALUE``) and at most its maximum (``_MAX_VALUE_BY_KEY``, else
+    ``_MAX_VALUE``). Raises ModelConfigError naming every offending field."""
     bad = []
     for key, least in _MIN_VALUE.items():
         v = c.get(key)
         if v is None:
             continue
+        most = _MAX_VALUE_BY_KEY.get(key, _MAX_VALUE)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
             bad.append(f"{key}={v!r} (must be a whole number)")
         elif v < least:
             bad.append(f"{key}={v!r} (must be >= {least})")
+        elif v > most:
+            bad.append(f"{key}={v!r} (must be <= {most})")
     if bad:
         raise ModelConfigError(f"{name}: invalid config.json field(s): {'; '.join(bad)}")
 

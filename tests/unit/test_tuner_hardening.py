@@ -38,6 +38,9 @@ runner = CliRunner()
     ("hidden_size", 4096.7, "hidden_size=4096.7 (must be a whole number)"),
     ("hidden_size", True, "hidden_size=True (must be a whole number)"),
     ("sliding_window", -128, "sliding_window=-128 (must be >= 0)"),
+    # a layer count the parser would walk for minutes (1e308 layers: forever) is refused at once
+    ("num_hidden_layers", 1e308, "num_hidden_layers=1e+308 (must be <= 10000)"),
+    ("vocab_size", 2**40, f"vocab_size={2**40} (must be <= {2**31 - 1})"),
 ])
 def test_invalid_numbers_are_named(field: str, value: object, says: str) -> None:
     with pytest.raises(ModelConfigError, match=None) as e:
