@@ -32,7 +32,11 @@ sized from empty (runtime.sim.oracles.oracle_gpu_seconds), with
 
 Diagnostics in the same line: GPU-hours per pool for every planner and the oracle;
 ``oracle_hold_1window_sim``, the oracle plan launched a worker start ahead and held one window after,
-replayed on the simulator (a perfect forecast's cost and attainment); ``excess_vs_oracle_gpu_hours``
+replayed on the simulator (a perfect forecast's cost and attainment); ``oracle_reacting_sim``, the oracle
+plan with no foresight beyond the window in progress (each tick asks for the pools the oracle gave the
+current window, ready a worker start later, held one window), replayed: what perfect knowledge of the
+present attains when the fleet must react to a burst (a reference for planners without foresight;
+standing headroom attains more, at its cost); ``excess_vs_oracle_gpu_hours``
 splitting each planner's excess per pool into that start-lag/hold share and its own forecast/headroom
 share; ``pdserve_sla_by_window``, oracle vs planner workers per oracle window.
 """
@@ -580,8 +584,8 @@ SET_PLANNER_KEYS = ("slo_attainment", "slo_attainment_achievable", "gpu_hours", 
 def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
     """Development-set mode: every ``--trace`` and ``--shape`` at every ``--rate-scales``, the same
     defaults for all; per shape and rate each planner's attainment, GPU-hours and their ratio to the
-    sequential oracle's (``vs_oracle``), the oracle's own figures and the oracle launched a worker start
-    ahead (``oracle_hold_1window_sim``)."""
+    sequential oracle's (``vs_oracle``), the oracle's own figures, the oracle launched a worker start
+    ahead (``oracle_hold_1window_sim``) and the oracle reacting with no foresight (``oracle_reacting_sim``)."""
     sets: dict[str, dict] = {}
     skipped: dict[str, str] = {}
     jobs = [(p.stem, lambda k, p=p: load_trace(p, k, a.seed)) for p in a.trace]
@@ -604,6 +608,7 @@ def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
                            "slo_attainment_achievable": full["oracle_slo_attainment_achievable"], "gpu_hours": oracle_h,
                            "at_bound": full["oracle_at_bound"]},
                 "oracle_hold_1window_sim": {key: full["oracle_hold_1window_sim"][key] for key in SET_PLANNER_KEYS},
+                "oracle_reacting_sim": {key: full["oracle_reacting_sim"][key] for key in SET_PLANNER_KEYS},
                 "static_peak_gpu_hours": full["static_peak_gpu_hours"],
                 # --static-equal-cost: [prefill, decode] workers of the static_equal_cost row
                 "static_equal_cost_fleet": [full["static_equal_cost_search"][k] for k in ("prefill", "decode")]
@@ -679,6 +684,10 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
     hold_ctl = hold_controller(plan, oracle_window_s, a.worker_start_s, oracle_window_s)
     hold_res = simulate(trace, profile, fleet, hold_ctl)
     hold = summarize(hold_res, a.ttft_s, a.itl_s, ach)
+    # the no-foresight reference: the window in progress's pools (known in full at its start: a generous
+    # reference, up to one window of foresight), launched now, held one window
+    react = summarize(simulate(trace, profile, fleet, hold_controller(plan, oracle_window_s, 0.0, oracle_window_s)),
+                      a.ttft_s, a.itl_s, ach)
 
     def pd_cfg(mode: str, predictor: str = "burst_quantile", **overrides: object) -> PlannerConfig:
         kw: dict = dict(
@@ -822,6 +831,8 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
         "oracle_gpu_hours_by_pool": {k: round(v, 3) for k, v in oracle_by_pool.items()},
         # the same hold plan replayed on the simulator (start-up lag and carry-over included)
         "oracle_hold_1window_sim": hold,
+        # the oracle plan reacting (no foresight beyond the window in progress), replayed
+        "oracle_reacting_sim": react,
         # per planner and pool: oracle, + what a perfect forecast still costs, + the planner's own excess
         "excess_vs_oracle_gpu_hours": {name: excess_breakdown(r, oracle_by_pool, hold) for name, r in results.items()},
         # per oracle window: [oracle prefill, oracle decode, pdserve_sla mean prefill, mean decode] workers

@@ -78,6 +78,10 @@ def draw(plt, panels: list, key: str, title: str, out: Path) -> None:
         hold = r["oracle_hold_1window_sim"]
         ax.plot(hold["gpu_hours"] / oracle_h, 100 * hold.get(key, hold["slo_attainment"]), "*", color="C3", ms=8,
                 label="oracle, a worker start ahead")
+        react = r.get("oracle_reacting_sim")  # absent from results written before the reference existed
+        if react:
+            ax.plot(react["gpu_hours"] / oracle_h, 100 * react.get(key, react["slo_attainment"]), "P", color="C3",
+                    ms=7, label="oracle, reacting (no foresight)")
         ax.set_title(f"{shape} x{k}", fontsize=9)
         ax.set_xlabel("GPU-hours / oracle")
         ax.set_ylabel("attainment, %")

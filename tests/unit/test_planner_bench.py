@@ -43,6 +43,9 @@ def test_bench_prints_one_json_line_with_all_planners(tmp_path, capsys):
     assert 0 < res["oracle_gpu_hours"] <= res["oracle_hold_1window_gpu_hours"] <= res["static_peak_gpu_hours"]
     assert res["planners"]["static_peak"]["slo_attainment"] >= 0.9
     assert res["oracle_at_bound"] is False  # a small trace: the oracle's plan stays below its search bound
+    # the reacting oracle asks, at every tick, for at most what the one launched a start ahead asks for
+    react, hold = res["oracle_reacting_sim"], res["oracle_hold_1window_sim"]
+    assert 0 < react["gpu_hours"] <= hold["gpu_hours"] and 0.0 <= react["slo_attainment"] <= 1.0
 
 
 def test_oracle_cache_key_includes_the_search_bound(tmp_path, monkeypatch):

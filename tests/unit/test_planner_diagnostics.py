@@ -119,6 +119,10 @@ def test_hold_controller_asks_for_the_plan_maximum_around_each_tick():
     assert at(0.0) == (5, 1)  # windows 0..1
     assert at(90.0) == (5, 2)  # windows 0..2
     assert at(200.0) == (3, 2)  # windows 2..3 (past the plan's end: its last window)
+    # the reacting reference (lead 0): the window in progress and the one before, nothing later
+    react = bench.hold_controller(plan, 60.0, 0.0, 60.0)
+    d = react(TickInput(now_s=90.0, interval_s=30.0, num_requests=0, mean_isl_tokens=0, mean_osl_tokens=0))
+    assert (d.prefill_replicas, d.decode_replicas) == (5, 1)  # windows 0..1, not window 2's decode pool
 
 
 def test_window_counts_average_the_timeline_over_each_window():
