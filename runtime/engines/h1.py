@@ -52,7 +52,7 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection; one call at a time. The parser's callbacks fill `status` and `pieces`."""
 
     __slots__ = ("transport", "parser", "status", "pieces", "buffered", "complete", "keep_alive", "closed",
-                 "error", "waiter", "received", "paused", "interim", "framed", "_loop")
+                 "error", "waiter", "received", "paused", "interim", "framed", "idle_in", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -61,6 +61,7 @@ class _Connection(asyncio.Protocol):
         self.error: H1Error | None = None
         self.waiter: asyncio.Future | None = None
         self.paused = False
+        self.idle_in: dict[_Connection, None] | None = None  # the pool's idle set while it waits there
         self._reset()
 
     def _reset(self) -> None:
@@ -92,6 +93,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.idle_in is not None:  # the worker closed it between calls (its keep-alive timeout): drop it now
+            self.idle_in.pop(self, None)
+            self.idle_in = None
         if exc is None and self.status is not None and not self.framed and not self.complete \
                 and self.error is None and self.parser is not None:
             # an answer without Content-Length or chunking ends where the connection does (RFC 9112 6.3)
@@ -224,7 +228,9 @@ class H1Pool:
         self._prefix = u.path.rstrip("/")  # a worker behind a path prefix: every call's path goes below it
         self._ssl = _ssl.create_default_context() if u.scheme == "https" else None
         self._host_header = u.netloc.rsplit("@", 1)[-1].encode("idna")
-        self._idle: list[_Connection] = []
+        # idle connections, most recently released last (reused first: the least likely to have timed out);
+        # one the worker closes leaves at once (`_Connection.connection_lost`)
+        self._idle: dict[_Connection, None] = {}
         self._closed = False
 
     async def _connect(self) -> _Connection:
@@ -271,7 +277,8 @@ class H1Pool:
             reused = False
             conn = None
             while self._idle:
-                c = self._idle.pop()
+                c, _ = self._idle.popitem()
+                c.idle_in = None
                 if not c.closed:
                     conn, reused = c, True
                     break
@@ -297,7 +304,8 @@ class H1Pool:
         if conn.complete and conn.keep_alive and not conn.closed and not self._closed and conn.error is None \
                 and not conn.paused:  # paused: its reading would stay stopped for the next call
             conn.parser = None  # a new one per call (`_reset`); the old one holds a reference to conn
-            self._idle.append(conn)
+            self._idle[conn] = None
+            conn.idle_in = self._idle
         else:
             conn.closed = True
             if conn.transport is not None:
@@ -306,6 +314,7 @@ class H1Pool:
     def close(self) -> None:
         """Close the idle connections; calls in flight close theirs when they release them."""
         self._closed = True
-        idle, self._idle = self._idle, []
+        idle, self._idle = self._idle, {}
         for conn in idle:
+            conn.idle_in = None
             conn.transport.close()

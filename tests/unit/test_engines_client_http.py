@@ -255,6 +255,32 @@ async def test_an_idle_connection_the_worker_closes_as_it_is_reused_is_retried_o
     assert ei.value.status_code == 502 and ei.value.unreachable
 
 
+async def test_idle_connections_the_worker_closes_leave_the_pool_at_once():
+    """A worker's keep-alive timeout closes idle connections: they must not wait in the pool for a call to pop
+    and discard them (a burst of concurrent calls leaves as many behind), and a call after it connects anew."""
+    closing = asyncio.Event()
+
+    async def handle(reader, writer, n):
+        await _read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        await closing.wait()  # then close, as uvicorn does an idle connection at its keep-alive timeout
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        assert await asyncio.gather(*(c.post_json("/x", {}, f"r{i}") for i in range(5))) == [{"ok": True}] * 5
+        assert len(c._pool._idle) == 5
+        closing.set()
+        for _ in range(100):
+            if not c._pool._idle:
+                break
+            await asyncio.sleep(0.01)
+        assert not c._pool._idle
+        closing.clear()
+        assert await c.post_json("/x", {}, "after") == {"ok": True}
+        assert len(c._pool._idle) == 1
+
+
 @pytest.mark.parametrize("answer, gone", [
     (b"SPDY/9 garbage\r\n\r\n", False),  # answered, but not HTTP: the worker is there
     (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"cut\":", True),  # closed mid-body
