@@ -579,6 +579,45 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 SET_PLANNER_KEYS = ("slo_attainment", "slo_attainment_achievable", "gpu_hours", "ttft_p90_s", "itl_p90_s")
+# the planner's per-shape targets (docs/design/planner.md, "Development set"): attainment at least the
+# sequential oracle's less one point, and 99 % wherever the oracle reaches 99.5 %, at no more than 1.3 x its
+# GPU-hours
+TARGET_POINTS_BELOW_ORACLE, TARGET_FLOOR, TARGET_FLOOR_FROM, TARGET_MAX_VS_ORACLE = 0.01, 0.99, 0.995, 1.3
+
+
+def shapes_summary(sets: dict) -> dict:
+    """Per planner over every shape and rate of a development-set result (``run_shapes``' ``shapes``):
+    ``runs``; ``attainment_met`` and ``cost_met`` (the targets above, each alone) and ``met`` (both);
+    ``at_least_reacting``: runs attaining at least what the oracle reacting with no foresight attains
+    (``oracle_reacting_sim``); ``at_least_static_equal_cost``: runs attaining at least what the best static
+    fleet of the planner's GPUs attains (None where that row never ran); ``missed``: the
+    ``shape xK`` names of the runs that miss a target. Pure."""
+    out: dict[str, dict] = {}
+    for shape, by_rate in sets.items():
+        for k, run in by_rate.items():
+            oracle = run["oracle"]["slo_attainment"]
+            need = max(oracle - TARGET_POINTS_BELOW_ORACLE, TARGET_FLOOR if oracle >= TARGET_FLOOR_FROM else 0.0)
+            react = run["oracle_reacting_sim"]["slo_attainment"]
+            static = run["planners"].get("static_equal_cost")
+            for name, p in run["planners"].items():
+                if name == "static_equal_cost":
+                    continue
+                s = out.setdefault(name, {"runs": 0, "attainment_met": 0, "cost_met": 0, "met": 0,
+                                          "at_least_reacting": 0, "at_least_static_equal_cost": None, "missed": []})
+                # bool(): the figures may be numpy scalars, whose sums json cannot write
+                att = bool(p["slo_attainment"] >= need - 1e-9)
+                cost = bool(p["vs_oracle"] is not None and p["vs_oracle"] <= TARGET_MAX_VS_ORACLE)
+                s["runs"] += 1
+                s["attainment_met"] += att
+                s["cost_met"] += cost
+                s["met"] += att and cost
+                s["at_least_reacting"] += bool(p["slo_attainment"] >= react - 1e-9)
+                if static is not None:
+                    s["at_least_static_equal_cost"] = (s["at_least_static_equal_cost"] or 0) + bool(
+                        p["slo_attainment"] >= static["slo_attainment"] - 1e-9)
+                if not (att and cost):
+                    s["missed"].append(f"{shape} x{k}")
+    return out
 
 
 def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
@@ -620,7 +659,7 @@ def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
         "model": a.model, "gpu": a.gpu, "prefill_tp": a.prefill_tp, "decode_tp": a.decode_tp,
         "slo": {"ttft_s": a.ttft_s, "itl_s": a.itl_s}, "worker_start_s": a.worker_start_s,
         "interval_s": a.interval_s, "prefill_order": a.prefill_order, "seed": a.seed,
-        "rate_scales": a.rate_scales, "shapes": sets, "skipped_planners": skipped,
+        "rate_scales": a.rate_scales, "shapes": sets, "summary": shapes_summary(sets), "skipped_planners": skipped,
         "wall_s": round(time.time() - t_start, 1),
     }
 

@@ -98,3 +98,30 @@ def test_shape_all_names_every_synthetic_shape_once(monkeypatch, capsys):
     capsys.readouterr()
     assert seen["shapes"] == ["poisson_chat"] + [n for n in shapes.shape_names() if n != "poisson_chat"]
     assert len(seen["shapes"]) == 20
+
+
+def test_shapes_summary_counts_each_target_per_planner():
+    bench = load_bench()
+
+    def run(oracle, react, planners, static=None):
+        # numpy scalars, as the simulator's figures are: the summary must still be JSON
+        ps = {n: {"slo_attainment": np.float64(a), "vs_oracle": np.float64(x)} for n, (a, x) in planners.items()}
+        if static is not None:
+            ps["static_equal_cost"] = {"slo_attainment": static, "vs_oracle": 1.0}
+        return {"oracle": {"slo_attainment": oracle}, "oracle_reacting_sim": {"slo_attainment": react}, "planners": ps}
+
+    sets = {
+        # oracle 99.6 %: the 99 % floor applies (not 98.6 %)
+        "a": {"1": run(0.996, 0.95, {"p": (0.9905, 1.2), "q": (0.9895, 1.0)}, static=0.99),
+              # oracle 95 %: one point below it is enough; q attains it but over 1.3 x
+              "5": run(0.95, 0.97, {"p": (0.9401, 1.3), "q": (0.96, 1.31)})},
+    }
+    s = bench.shapes_summary(sets)
+    assert s["p"] == {"runs": 2, "attainment_met": 2, "cost_met": 2, "met": 2, "at_least_reacting": 1,
+                      "at_least_static_equal_cost": 1, "missed": []}
+    assert s["q"] == {"runs": 2, "attainment_met": 1, "cost_met": 1, "met": 0, "at_least_reacting": 1,
+                      "at_least_static_equal_cost": 0, "missed": ["a x1", "a x5"]}
+    assert "static_equal_cost" not in s
+    assert json.loads(json.dumps(s)) == s
+    del sets["a"]["1"]
+    assert bench.shapes_summary(sets)["p"]["at_least_static_equal_cost"] is None  # the row never ran
