@@ -1,4 +1,4 @@
-"""Planner benchmark: replay an Azure-format trace on the fleet simulator with perf-model engines
+"""Planner benchmark: replay a recorded trace or a synthetic shape on the fleet simulator with perf-model engines
 and compare planners. Prints ONE JSON line; ``--out`` also writes it to a file.
 
     .venv/bin/python bench/planner.py --trace DATA/traces/azure2023_conv.csv \
@@ -44,7 +44,6 @@ share; ``pdserve_sla_by_window``, oracle vs planner workers per oracle window.
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import json
 import math
@@ -52,7 +51,6 @@ import pickle
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -72,7 +70,6 @@ from runtime.planner.profiles import build_profile  # noqa: E402
 from runtime.planner.state_machine import PlannerStateMachine  # noqa: E402
 from runtime.planner.types import PlannerConfig, ScalingDecision, TickInput  # noqa: E402
 from runtime.sim import shapes  # noqa: E402
-from runtime.sim.trace import TraceError, parse_mooncake  # noqa: E402
 from runtime.sim.fleet import (  # noqa: E402
     Controller,
     PREFILL_ORDERS,
@@ -144,46 +141,58 @@ def _number_list(option: str, text: str, problems: list[str]) -> list[float]:
         return []
 
 
-def load_azure_trace(path: Path, rate_scale: int, seed: int) -> Trace:
-    """Read ``TIMESTAMP, ContextTokens, GeneratedTokens`` (a UTF-8 file, byte-order mark allowed).
+MAX_TRACE_TOKENS = 10_000_000  # far above any context window: a larger count is a corrupt line
 
-    ``TIMESTAMP`` is ISO 8601 (``2023-11-16 18:15:46.6805900``; Python 3.11's ``fromisoformat`` keeps
-    microseconds of a longer fraction); a UTC offset (``+05:00``, ``Z``) is honoured and a naive timestamp
-    is read as UTC (the Azure traces are recorded in UTC), so arrivals (seconds from the first request)
-    do not depend on the host's time zone. Token counts must be integers in ``[1, 10_000_000]`` (far
-    above any context window; larger values are corrupt rows): the real Azure 2023 conversation trace
-    (the Azure 2023 conversation trace, 19,366 rows) has no zero counts, so a zero is refused like
-    a negative count rather than silently raised to 1.
+
+def load_trace(path: Path, rate_scale: int, seed: int, start_s: float = 0.0,
+               duration_s: float | None = None) -> Trace:
+    """A recorded trace, read by the product's one trace reader (runtime.tracking.traces.read_trace): an
+    Azure-format CSV (``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``: the Azure LLM inference traces),
+    a BurstGPT CSV (``Timestamp`` s, ``Request tokens``, ``Response tokens``), Mooncake JSON lines
+    (``timestamp`` ms, ``input_length``, ``output_length``), the runtime's ``--traffic-log``, or a directory of
+    one format's files merged in time. Arrivals are seconds from the first request; with ``start_s`` /
+    ``duration_s`` only those that arrived in ``[start_s, start_s + duration_s)`` of that clock are kept (an
+    hour of a week-long trace). A request with no prompt (0 input tokens: a failed request in BurstGPT) is
+    left out, as the tuner leaves it out; one with 0 output tokens (it only prefilled) decodes one token, the
+    fleet simulator's least. The requests are then replicated ``rate_scale`` times (:func:`replicate`).
 
     Raises:
-        SystemExit: naming a missing file or column, an empty trace, or the first bad row (line number,
-            column, value).
+        SystemExit: naming the trace, for a missing file, a format error (the reader's message: file, line and
+            column), a trace without arrival times, a token count over ``MAX_TRACE_TOKENS``, or no request in
+            the window.
     """
-    if not path.is_file():
-        raise SystemExit(f"--trace {path}: no such file")
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
-        missing = need - set(reader.fieldnames or [])
-        if missing:
-            raise SystemExit(f"{path}: missing column(s) {sorted(missing)}")
-        ts, isl, osl = [], [], []
-        max_tokens = 10_000_000
-        for row in reader:
-            try:
-                stamp = datetime.fromisoformat(row["TIMESTAMP"].strip())
-                ts.append((stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp())
-                isl.append(int(row["ContextTokens"]))
-                osl.append(int(row["GeneratedTokens"]))
-            except (AttributeError, TypeError, ValueError, OverflowError) as e:  # AttributeError: a short row's None
-                raise SystemExit(f"{path}:{reader.line_num}: bad row {dict(row)}: {e}") from None
-            for col, v in (("ContextTokens", isl[-1]), ("GeneratedTokens", osl[-1])):
-                if not 1 <= v <= max_tokens:
-                    raise SystemExit(f"{path}:{reader.line_num}: {col} must be in [1, {max_tokens}], "
-                                     f"got {v} in {dict(row)}")
-    if not ts:
-        raise SystemExit(f"{path}: the trace holds no requests")
-    return replicate(np.asarray(ts) - min(ts), isl, osl, rate_scale, seed)
+    from runtime.traces.formats import TraceFormatError, merged_times
+    from runtime.tracking.traces import read_trace
+
+    try:
+        files, skipped = read_trace(path)
+        if merged_times(files, str(path)) is None:  # also refuses files of both time kinds
+            raise TraceFormatError(f"{path}: the planner bench replays arrivals, and this trace has no usable "
+                                   "arrival times (timestamp / TIMESTAMP / Timestamp on every line)")
+    except (OSError, TraceFormatError) as e:
+        raise SystemExit(f"--trace: {e}") from None  # the reader's message names the file
+    if skipped:
+        print(f"--trace {path}: left out {len(skipped)} file(s) that are not traces: {', '.join(skipped[:5])}",
+              file=sys.stderr)
+    t = np.concatenate([np.asarray(f.times_s, float) for f in files])
+    isl = np.concatenate([np.asarray(f.isl_tokens, np.int64) for f in files])
+    osl = np.concatenate([np.asarray(f.osl_tokens, np.int64) for f in files])
+    over = np.flatnonzero((isl > MAX_TRACE_TOKENS) | (osl > MAX_TRACE_TOKENS))
+    if len(over):
+        i = int(over[0])
+        raise SystemExit(f"--trace {path}: {len(over)} request(s) with a token count over {MAX_TRACE_TOKENS:,} "
+                         f"(a corrupt line), the first the trace's request {i + 1}: input {isl[i]}, output {osl[i]}")
+    t = t - t.min() if len(t) else t
+    keep = (isl >= 1) & (t >= start_s)
+    if duration_s is not None:
+        keep &= t < start_s + duration_s
+    if not keep.any():
+        where = f" in [{start_s:g}, {start_s + duration_s:g}) s" if duration_s is not None else (
+            f" from {start_s:g} s" if start_s else "")
+        raise SystemExit(f"--trace {path}: no request with a prompt{where} (the trace spans "
+                         f"{(t.max() if len(t) else 0.0):.0f} s from its first request)")
+    t = t[keep]
+    return replicate(t - t.min(), isl[keep], np.maximum(osl[keep], 1), rate_scale, seed)
 
 
 def replicate(arrival_s, isl, osl, rate_scale: int, seed: int) -> Trace:
@@ -199,31 +208,12 @@ def replicate(arrival_s, isl, osl, rate_scale: int, seed: int) -> Trace:
     return Trace(arr[order] - arr[order][0], isl_a[order], osl_a[order])
 
 
-def load_mooncake_trace(path: Path, rate_scale: int, seed: int) -> Trace:
-    """Read a Mooncake JSONL trace (runtime.sim.trace.parse_mooncake: ``timestamp`` ms, ``input_length``,
-    ``output_length``) and replicate it like :func:`load_azure_trace`. An ``output_length`` of 0 (a request
-    that only prefilled) is served as one token: the fleet simulator's requests decode at least once.
-
-    Raises:
-        SystemExit: naming a missing file, an empty trace, or the first bad line (from TraceError).
-    """
-    if not path.is_file():
-        raise SystemExit(f"--trace {path}: no such file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            reqs = parse_mooncake(f)
-    except TraceError as e:
-        raise SystemExit(f"{path}: {e}") from None
-    if not reqs:
-        raise SystemExit(f"{path}: the trace holds no requests")
-    t = [r.arrival_s for r in reqs]
-    return replicate(np.asarray(t) - min(t), [r.input_tokens for r in reqs],
-                     [max(r.output_tokens, 1) for r in reqs], rate_scale, seed)
-
-
-def load_trace(path: Path, rate_scale: int, seed: int) -> Trace:
-    """A Mooncake trace for ``*.jsonl``, else an Azure-format CSV."""
-    return (load_mooncake_trace if path.suffix == ".jsonl" else load_azure_trace)(path, rate_scale, seed)
+def trace_window(a: argparse.Namespace) -> dict:
+    """``{"trace_window_s": [start, duration or None]}`` when ``--trace-start-s`` / ``--trace-duration-s``
+    replay part of each trace, else nothing (a whole trace)."""
+    if a.trace_start_s == 0.0 and a.trace_duration_s is None:
+        return {}
+    return {"trace_window_s": [a.trace_start_s, a.trace_duration_s]}
 
 
 def find_model_config(name: str) -> Path:
@@ -454,7 +444,14 @@ def excess_breakdown(res: dict, oracle_by_pool: dict, hold: dict) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, action="append", default=[],
-                    help="an Azure-format CSV or a Mooncake JSONL trace (*.jsonl); repeatable with --shape")
+                    help="a recorded trace: Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens), BurstGPT "
+                         "CSV (Timestamp, Request tokens, Response tokens), Mooncake JSONL or the runtime's "
+                         "--traffic-log, or a folder of one format's files; repeatable with --shape")
+    ap.add_argument("--trace-start-s", type=float, default=0.0,
+                    help="replay each --trace from this many seconds after its first request (default 0)")
+    ap.add_argument("--trace-duration-s", type=float, default=None,
+                    help="replay this many seconds of each --trace (default: all of it; an hour, 3600, of a "
+                         "week-long trace replays in minutes)")
     ap.add_argument("--shape", action="append", default=[],
                     help="development-set mode: synthetic shapes <arrivals>_<mix> (runtime.sim.shapes; 'dev' for its "
                          "DEFAULT_SHAPES, 'all' for every one), repeatable or a comma list; every --trace joins the "
@@ -462,29 +459,40 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rate-scales", default=None,
                     help="comma list of rate scales (default 1,5,10 with --shape); given, it selects the "
                          "development-set mode for the --trace files alone too")
-    ap.add_argument("--model", default="Llama-3.1-70B")
-    ap.add_argument("--gpu", default="H100-SXM")
-    ap.add_argument("--rate-scale", type=int, default=10)
-    ap.add_argument("--prefill-tp", type=int, default=2)
-    ap.add_argument("--decode-tp", type=int, default=4)
-    ap.add_argument("--ttft-s", type=float, default=2.0)
-    ap.add_argument("--itl-s", type=float, default=0.05)
-    ap.add_argument("--worker-start-s", type=float, default=60.0)
-    ap.add_argument("--interval-s", type=float, default=30.0)
+    ap.add_argument("--model", default="Llama-3.1-70B",
+                    help="model of the simulated engines: a name in the model catalog (runtime/modelfiles), matched "
+                         "as a case-insensitive substring of its config file (default Llama-3.1-70B)")
+    ap.add_argument("--gpu", default="H100-SXM",
+                    help="GPU of the perf model (runtime.perf.gpus; default H100-SXM)")
+    ap.add_argument("--rate-scale", type=int, default=10,
+                    help="one --trace: replay each request this many times with sub-second jitter, so the hour keeps "
+                         "its shape at a larger fleet (default 10)")
+    ap.add_argument("--prefill-tp", type=int, default=2, help="tensor parallelism of a prefill worker (default 2)")
+    ap.add_argument("--decode-tp", type=int, default=4, help="tensor parallelism of a decode worker (default 4)")
+    ap.add_argument("--ttft-s", type=float, default=2.0, help="TTFT target, seconds (default 2)")
+    ap.add_argument("--itl-s", type=float, default=0.05, help="ITL target, seconds (default 0.05)")
+    ap.add_argument("--worker-start-s", type=float, default=60.0,
+                    help="seconds from a scale-up decision until the new worker serves (default 60)")
+    ap.add_argument("--interval-s", type=float, default=30.0,
+                    help="planner tick, seconds, for the pdserve planners (default 30; Dynamo's rows tick at its own "
+                         "defaults)")
     ap.add_argument("--prefill-order", choices=PREFILL_ORDERS, default="length",
                     help="prefill queue order of the simulated cluster, for every planner and the oracles: 'length' "
                          "(prompt-length buckets, what the runtime's default router.prefill_priority=length does) or "
                          "'fcfs' (vLLM's default)")
-    ap.add_argument("--gpu-budget", type=int, default=256)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpu-budget", type=int, default=256, help="most GPUs any planner may hold (default 256)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the synthetic shapes and of the --rate-scale jitter (default 0)")
     ap.add_argument("--warm-start", choices=("oracle_lead", "oracle_first_window"), default="oracle_lead",
                     help="initial fleet of every planner: the oracle plan's maximum over the windows up to the first "
                          "scale-up's readiness plus one held window (default), or the oracle's first window only")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON line to this file")
     ap.add_argument("--oracle-cache", type=Path, default=None,
                     help="folder that keeps each trace's oracle results between runs (keyed by the trace, profile, "
                          "fleet, SLO and the simulator's sources): a rerun pays only for the planners")
-    ap.add_argument("--planners", default="pdserve_sla,pdserve_load,dynamo_sla,dynamo_sla_load,dynamo_planner,static_peak")
+    ap.add_argument("--planners", default="pdserve_sla,pdserve_load,dynamo_sla,dynamo_sla_load,dynamo_planner,static_peak",
+                    help="comma list of planners to replay (default all six base planners; also ablation_<name> "
+                         "and pdserve_sla_<predictor>)")
     ap.add_argument("--dynamo-venv", type=Path, default=DYNAMO_VENV,
                     help="virtualenv with ai-dynamo==1.0.2 for dynamo_planner (skipped when absent)")
     ap.add_argument("--ablations", action="store_true", help="also run every ABLATIONS variant of pdserve_sla")
@@ -546,6 +554,10 @@ def main(argv: list[str] | None = None) -> dict:
         problems.append(f"--sweep-window-hold must hold finite seconds >= 0, got {a.sweep_window_hold}")
     if not 0.0 < a.target_attainment < 1.0:
         problems.append(f"--target-attainment must be in (0, 1), got {a.target_attainment}")
+    if not (np.isfinite(a.trace_start_s) and a.trace_start_s >= 0):
+        problems.append(f"--trace-start-s must be a finite number >= 0, got {a.trace_start_s}")
+    if a.trace_duration_s is not None and not (np.isfinite(a.trace_duration_s) and a.trace_duration_s > 0):
+        problems.append(f"--trace-duration-s must be a finite number > 0, got {a.trace_duration_s}")
     if not a.worker_start_s >= 0:
         problems.append(f"--worker-start-s must be >= 0, got {a.worker_start_s}")
     bad_pred = sorted(set(filter(None, a.extra_predictors.split(","))) - {"constant", "moving_average", "arima"})
@@ -570,7 +582,8 @@ def main(argv: list[str] | None = None) -> dict:
     profile = build_profile(perf, a.prefill_tp, a.decode_tp)
     if not set_mode:
         path = a.trace[0]
-        out = run_trace(a, load_trace(path, a.rate_scale, a.seed), path.name, a.rate_scale, profile, t_start)
+        trace = load_trace(path, a.rate_scale, a.seed, a.trace_start_s, a.trace_duration_s)
+        out = run_trace(a, trace, path.name, a.rate_scale, profile, t_start)
         print_json_line(out, a.out)
         return out
     out = run_shapes(a, profile, t_start)
@@ -627,7 +640,8 @@ def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
     ahead (``oracle_hold_1window_sim``) and the oracle reacting with no foresight (``oracle_reacting_sim``)."""
     sets: dict[str, dict] = {}
     skipped: dict[str, str] = {}
-    jobs = [(p.stem, lambda k, p=p: load_trace(p, k, a.seed)) for p in a.trace]
+    jobs = [(p.stem, lambda k, p=p: load_trace(p, k, a.seed, a.trace_start_s, a.trace_duration_s))
+             for p in a.trace]
     jobs += [(n, lambda k, n=n: shapes.generate(n, k, a.seed)) for n in a.shape]
     for name, make in jobs:
         for k in a.rate_scales:
@@ -659,7 +673,7 @@ def run_shapes(a: argparse.Namespace, profile, t_start: float) -> dict:
         "model": a.model, "gpu": a.gpu, "prefill_tp": a.prefill_tp, "decode_tp": a.decode_tp,
         "slo": {"ttft_s": a.ttft_s, "itl_s": a.itl_s}, "worker_start_s": a.worker_start_s,
         "interval_s": a.interval_s, "prefill_order": a.prefill_order, "seed": a.seed,
-        "rate_scales": a.rate_scales, "shapes": sets, "summary": shapes_summary(sets), "skipped_planners": skipped,
+        "rate_scales": a.rate_scales, **(trace_window(a) if a.trace else {}), "shapes": sets, "summary": shapes_summary(sets), "skipped_planners": skipped,
         "wall_s": round(time.time() - t_start, 1),
     }
 
@@ -841,6 +855,7 @@ def run_trace(a: argparse.Namespace, trace: Trace, trace_name: str, rate_scale: 
     out = {
         "bench": "planner",
         "trace": trace_name,
+        **trace_window(a),
         "model": a.model,
         "gpu": a.gpu,
         "rate_scale": rate_scale,

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from planner import ABLATIONS, find_model_config, load_azure_trace, summarize  # noqa: E402
+from planner import ABLATIONS, find_model_config, load_trace, summarize  # noqa: E402
 
 from runtime.models.spec import ModelSpec  # noqa: E402
 from runtime.paths import print_json_line  # noqa: E402
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg_path = find_model_config("Llama-3.1-70B")
     model = ModelSpec.from_hf_config(json.loads(cfg_path.read_text()), "Llama-3.1-70B")
     profile = build_profile(PerfModel(model, get_gpu("H100-SXM")), PREFILL_TP, DECODE_TP)
-    azure = load_azure_trace(trace_path, 10, 0)
-    prompts = load_azure_trace(trace_path, 1, 0).isl_tokens
+    azure = load_trace(trace_path, 10, 0)
+    prompts = load_trace(trace_path, 1, 0).isl_tokens
 
     def run(trace: Trace, prefill: int, decode: int, overrides: dict) -> list[float]:
         fleet = FleetConfig(prefill_tp=PREFILL_TP, decode_tp=DECODE_TP, interval_s=INTERVAL_S, worker_start_s=START_S,

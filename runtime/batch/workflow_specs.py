@@ -271,7 +271,7 @@ class RetuneCronWorkflowSpec(CommonWorkflowSpec):
         description="How much less (percent) the winner must cost than the champion's deployment to take the "
                     "champion alias (pdserve tune --min-improvement-pct); None: tune's default.")
     traffic_uri: str = Field(description="Recorded traffic, s3://bucket/key ending in .csv (Azure: ContextTokens, "
-                                         "GeneratedTokens) or .jsonl (Mooncake: input_length, output_length), or "
+                                         "GeneratedTokens; BurstGPT: Request tokens, Response tokens) or .jsonl (Mooncake: input_length, output_length), or "
                                          "s3://bucket/prefix/ (every such file under it, e.g. one traffic log "
                                          "per runtime replica, read as one trace).")
     trace_window_h: Optional[float] = Field(

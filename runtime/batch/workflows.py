@@ -12,7 +12,8 @@ runtime/batch/workflow_specs.py, validated offline (runtime/batch/workflow_valid
   a schedule, re-tuning the registered champion's deployment (GPU, precision, SLO, GPU budget, planner mode: the
   champion's unless the spec sets them):
   the model's config.json comes from the FSx for Lustre PVC (mounted read-only at /fsx), the recorded traffic
-  (Azure CSV: ContextTokens, GeneratedTokens; Mooncake JSONL: input_length, output_length) arrives as an Argo S3
+  (Azure CSV: ContextTokens, GeneratedTokens; BurstGPT CSV: Request tokens, Response tokens; Mooncake JSONL:
+  input_length, output_length) arrives as an Argo S3
   input artifact, the winner is registered in MLflow and takes alias champion only when it beats the champion's
   deployment on the same traffic by ``--min-improvement-pct``. Promotion is a separate step unless ``promote`` is
   on: then the workflow is two steps, ``tune`` (which also writes its decision, ``tune --decision-out`` /

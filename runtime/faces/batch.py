@@ -216,7 +216,7 @@ def workflow_cmd(
 def retune_cmd(
     model_name: Annotated[str, typer.Option(help="Served model name = its folder under /fsx/models (org/llama8).")],
     traffic: Annotated[str, typer.Option(
-        help="Recorded traffic, s3://bucket/key.jsonl (the runtime's --traffic-log, Mooncake) or .csv (Azure), or "
+        help="Recorded traffic, s3://bucket/key.jsonl (the runtime's --traffic-log, Mooncake) or .csv (Azure, BurstGPT), or "
              "s3://bucket/prefix/ for every such file under it (one traffic log per runtime replica).")],
     registered_model: Annotated[str, typer.Option(
         help="MLflow registered model whose champion each run re-tunes (`pdserve tune --like`); the winner is "

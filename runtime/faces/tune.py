@@ -52,9 +52,9 @@ def tune(
              f"{TUNE_RATE_DEFAULT:g}.")] = None,
     trace: Annotated[Optional[Path], typer.Option(
         help="Recorded or published traffic to size for instead of --isl/--osl: a .jsonl / .json with input_length "
-             "and output_length per line (Mooncake, the runtime's --traffic-log) or a .csv with ContextTokens and GeneratedTokens columns (Azure "
-             "LLM inference trace), or a directory of such files read as one trace (the --traffic-log files of "
-             "several runtime replicas). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
+             "and output_length per line (Mooncake, the runtime's --traffic-log) or a .csv with ContextTokens and "
+             "GeneratedTokens columns (Azure LLM inference trace) or Request tokens and Response tokens (BurstGPT), or "
+             "a directory of such files read as one trace (the --traffic-log files of several runtime replicas). Prefill is sized with the M/G/1 moments of its prompts, decode with its "
              "contexts (up to 256 evenly spaced requests); its arrival times give the rate unless --rate is "
              "given, and its busiest 60 s raises the planner's max replicas to what that peak needs.")] = None,
     planner: Annotated[Optional[str], typer.Option(

@@ -4,7 +4,9 @@ feeds them here as byte chunks and names).
 
 Formats (docs/benchmarks.md names the public traces in each), chosen by the file name's suffix
 (``READABLE_SUFFIXES``):
-* CSV with ``ContextTokens`` and ``GeneratedTokens`` columns (Azure LLM inference trace 2023, Splitwise);
+* CSV with ``ContextTokens`` and ``GeneratedTokens`` columns (Azure LLM inference traces 2023 and 2024, Splitwise),
+  or with ``Request tokens`` and ``Response tokens`` (BurstGPT, Wang et al. 2024: ChatGPT and GPT-4 traffic of a
+  university's Azure OpenAI service; a failed request has 0 response tokens);
 * JSON lines with ``input_length`` and ``output_length`` (Mooncake FAST'25 trace; the runtime's
   ``--traffic-log``, runtime/server/traffic.py, writes this format with Unix-ms timestamps). The router simulator
   reads Mooncake traces with their ``hash_ids`` prefix blocks (:func:`mooncake_records`); both JSON readers decode
@@ -18,7 +20,8 @@ requests that arrived in the last ``window_s`` before the newest one, and reduce
 ``LengthSample.from_pairs``), the mean and peak arrival rates and the span.
 
 Times: JSON lines ``timestamp`` in milliseconds (Mooncake: from the trace's start; the runtime's traffic log,
-runtime/server/traffic.py: Unix ms); CSV ``TIMESTAMP`` as an ISO 8601 date-time (:func:`parse_csv_timestamp`).
+runtime/server/traffic.py: Unix ms); CSV ``TIMESTAMP`` as an ISO 8601 date-time (:func:`parse_csv_timestamp`);
+BurstGPT's ``Timestamp`` in seconds from the trace's start.
 """
 
 from __future__ import annotations
@@ -82,18 +85,22 @@ class TraceColumns:
 
 
 def length(value: object, name: str, line: int, key: str) -> int:
-    """A token count from a trace field (int, a whole float such as 512.0, or a CSV cell of digits).
+    """A token count from a trace field (int, a whole float such as 512.0, or a CSV cell of digits), >= 0 (a
+    failed request records 0; a negative count is a corrupt line).
 
     Raises:
         TraceFormatError: anything else, naming ``name:line`` and ``key``.
     """
+    n = None
     if type(value) is int:
-        return value
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():  # CSV cells
-        return int(value)
-    if type(value) is float and math.isfinite(value) and value.is_integer():  # 512.0
-        return int(value)
-    raise TraceFormatError(f"{name}:{line}: {key} must be a whole number of tokens, got {value!r}")
+        n = value
+    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():  # CSV cells
+        n = int(value)
+    elif type(value) is float and math.isfinite(value) and value.is_integer():  # 512.0
+        n = int(value)
+    if n is None or n < 0:
+        raise TraceFormatError(f"{name}:{line}: {key} must be a whole number of tokens >= 0, got {value!r}")
+    return n
 
 
 def _line_at(name: str, n: int) -> str:
@@ -211,21 +218,26 @@ def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-CSV_LENGTH_COLUMNS = ("ContextTokens", "GeneratedTokens")
 CSV_TIME_COLUMN = "TIMESTAMP"
+# the CSV formats, tried in order on the header: (input length, output length, arrival time) column names and
+# whether the time is an ISO date-time (Azure) or seconds from the trace's start (BurstGPT's Timestamp)
+CSV_FORMATS = (("Azure", "ContextTokens", "GeneratedTokens", CSV_TIME_COLUMN, True),
+               ("BurstGPT", "Request tokens", "Response tokens", "Timestamp", False))
 
 
 def parse_csv(lines: Iterable[str], name: str) -> TraceColumns:
-    """Columns of an Azure-format CSV trace (``ContextTokens``, ``GeneratedTokens``, optional ``TIMESTAMP``);
-    line 1 is the header.
+    """Columns of a CSV trace; line 1 is the header, which picks the format (``CSV_FORMATS``): Azure
+    (``ContextTokens``, ``GeneratedTokens``, optional ``TIMESTAMP``) or BurstGPT (``Request tokens``,
+    ``Response tokens``, optional ``Timestamp`` in seconds from the trace's start).
 
     Raises:
-        TraceFormatError: a length column missing; a length that is not a whole number or a ``TIMESTAMP``
-            :func:`parse_csv_timestamp` refuses (``name:line`` and the column in the message). Without a
-            ``TIMESTAMP`` column the file has no usable times (``times_s`` None). A file whose TIMESTAMPs mix
-            zone-less and zoned times is refused at the first that differs from the first (zone-less is read as
-            UTC, which would shift the others' arrivals). Anything the csv module refuses
-            (csv.Error: a field over its size limit, ...) is a TraceFormatError naming ``name:line`` too.
+        TraceFormatError: no format's length columns in the header; a length that is not a whole number (or
+            beyond 2**63), a ``TIMESTAMP`` :func:`parse_csv_timestamp` refuses or a ``Timestamp`` that is not a
+            finite number of seconds (``name:line`` and the column in the message). Without the time column the
+            file has no usable times (``times_s`` None). A file whose TIMESTAMPs mix zone-less and zoned times
+            is refused at the first that differs from the first (zone-less is read as UTC, which would shift the
+            others' arrivals). Anything the csv module refuses (csv.Error: a field over its size limit, ...) is
+            a TraceFormatError naming ``name:line`` too.
     """
     reader = csv.reader(lines)
     try:
@@ -237,11 +249,13 @@ def parse_csv(lines: Iterable[str], name: str) -> TraceColumns:
 def _parse_csv_rows(reader, name: str) -> TraceColumns:  # noqa: ANN001 - a csv.reader
     out = TraceColumns(name)
     header = next(reader, None) or []
-    missing = [k for k in CSV_LENGTH_COLUMNS if k not in header]
-    if missing:
-        raise TraceFormatError(f"{name}: missing column(s) {', '.join(missing)}")
-    i_col, o_col = header.index("ContextTokens"), header.index("GeneratedTokens")
-    t_col = header.index(CSV_TIME_COLUMN) if CSV_TIME_COLUMN in header else None
+    fmt = next((f for f in CSV_FORMATS if f[1] in header and f[2] in header), None)
+    if fmt is None:
+        wanted = " or ".join(f"{f[1]!r} and {f[2]!r} ({f[0]})" for f in CSV_FORMATS)
+        raise TraceFormatError(f"{name}: missing column(s): a CSV trace needs {wanted}; the header has {header[:8]}")
+    _, i_name, o_name, t_name, iso = fmt
+    i_col, o_col = header.index(i_name), header.index(o_name)
+    t_col = header.index(t_name) if t_name in header else None
     if t_col is None:
         out.times_s = None
     width = len(header)
@@ -252,21 +266,43 @@ def _parse_csv_rows(reader, name: str) -> TraceColumns:  # noqa: ANN001 - a csv.
         if not row:
             continue
         row += [""] * (width - len(row))
-        out.isl_tokens.append(length(row[i_col], name, n, "ContextTokens"))
-        out.osl_tokens.append(length(row[o_col], name, n, "GeneratedTokens"))
-        if t_col is not None:
-            cell = row[t_col]
-            out.times_s.append(parse_csv_timestamp(cell, name, n, cache))
-            zoned = _ZONE_AT_END.search(cell) is not None
-            if first_time is None:
-                first_time = (cell.strip(), zoned)
-            elif zoned != first_time[1]:  # a zone-less time is read as UTC: beside zoned ones it would be shifted
-                raise TraceFormatError(
-                    f"{name}:{n}: {CSV_TIME_COLUMN} {cell.strip()!r} {'has' if zoned else 'has no'} time zone, but "
-                    f"{first_time[0]!r} (the file's first) {'has' if first_time[1] else 'has none'}: zone-less times "
-                    "are read as UTC, so mixing them with zoned ones would shift arrivals; write every time one way")
+        try:
+            out.isl_tokens.append(length(row[i_col], name, n, i_name))
+            out.osl_tokens.append(length(row[o_col], name, n, o_name))
+        except OverflowError:  # a length beyond 64 bits
+            raise TraceFormatError(f"{name}:{n}: a length beyond 2**63 tokens") from None
+        if t_col is None:
+            continue
+        cell = row[t_col]
+        if not iso:
+            out.times_s.append(_seconds(cell, name, n, t_name))
+            continue
+        out.times_s.append(parse_csv_timestamp(cell, name, n, cache))
+        zoned = _ZONE_AT_END.search(cell) is not None
+        if first_time is None:
+            first_time = (cell.strip(), zoned)
+        elif zoned != first_time[1]:  # a zone-less time is read as UTC: beside zoned ones it would be shifted
+            raise TraceFormatError(
+                f"{name}:{n}: {CSV_TIME_COLUMN} {cell.strip()!r} {'has' if zoned else 'has no'} time zone, but "
+                f"{first_time[0]!r} (the file's first) {'has' if first_time[1] else 'has none'}: zone-less times "
+                "are read as UTC, so mixing them with zoned ones would shift arrivals; write every time one way")
     out._check_times()
     return out
+
+
+def _seconds(cell: str, name: str, line: int, column: str) -> float:
+    """A CSV cell of seconds (BurstGPT's ``Timestamp``: ``5``, ``12.25``).
+
+    Raises:
+        TraceFormatError: not a finite number, naming ``name:line`` and ``column``.
+    """
+    try:
+        t = float(cell)
+    except ValueError:
+        t = math.nan
+    if not math.isfinite(t):
+        raise TraceFormatError(f"{name}:{line}: {column} must be a number of seconds, got {cell!r}")
+    return t
 
 
 _ZONE_AT_END = re.compile(r"(?:Z|[+-]\d{2}:?\d{2})\s*$", re.IGNORECASE)  # a TIMESTAMP's zone (see _ISO)

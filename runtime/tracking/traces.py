@@ -86,7 +86,14 @@ def read_columns(path: Path) -> TraceColumns:
     return parse_trace_text(text_lines(_file_chunks(path), str(path)), str(path), path.name)
 
 
-def _read_trace(path: Path) -> tuple[list[TraceColumns], tuple[str, ...]]:
+def read_trace(path: Path) -> tuple[list[TraceColumns], tuple[str, ...]]:
+    """Every file of a trace (a file, or a directory: :func:`trace_files`) read once into its columns, in
+    ``trace_files`` order, and the directory's files left out for not being trace files (name and reason).
+
+    Raises:
+        FileNotFoundError: no such file or directory.
+        TraceFormatError: as :func:`read_isl_osl`.
+    """
     files, skipped = _trace_listing(Path(path))
     return [read_columns(f) for f in files], skipped
 
@@ -101,7 +108,7 @@ def read_isl_osl(path: Path) -> list[tuple[int, int]]:
             formats.
         FileNotFoundError: no such file or directory.
     """
-    return [p for c in _read_trace(path)[0] for p in zip(c.isl_tokens, c.osl_tokens)]
+    return [p for c in read_trace(path)[0] for p in zip(c.isl_tokens, c.osl_tokens)]
 
 
 def read_arrival_rate(path: Path) -> float | None:
@@ -111,7 +118,8 @@ def read_arrival_rate(path: Path) -> float | None:
     Times: JSONL ``timestamp`` in milliseconds (Mooncake: from the trace's start; the runtime's traffic log:
     Unix ms, so the logs of several runtime replicas, concatenated or as one directory, give the total rate);
     CSV ``TIMESTAMP`` as an ISO date-time (Azure LLM inference trace: ``2023-11-16 18:15:46.6805900``, read as
-    UTC: ``runtime.traces.formats.parse_csv_timestamp``). Lines may be in any order. The mean is what the tuner sizes
+    UTC: ``runtime.traces.formats.parse_csv_timestamp``); BurstGPT's CSV ``Timestamp`` in seconds from its start.
+    Lines may be in any order. The mean is what the tuner sizes
     replica counts for; bursts above it are the planner's to absorb at run time.
 
     Raises:
@@ -119,7 +127,7 @@ def read_arrival_rate(path: Path) -> float | None:
         TraceFormatError: as :func:`read_isl_osl` (the file is read once, lengths and times together), or
             files timed from their own start (Mooncake) mixed with files in Unix time (traffic logs).
     """
-    return mean_rate(merged_times(_read_trace(path)[0], str(path)))
+    return mean_rate(merged_times(read_trace(path)[0], str(path)))
 
 
 def read_peak_rate(path: Path, window_s: float = PEAK_WINDOW_S) -> float | None:
@@ -134,7 +142,7 @@ def read_peak_rate(path: Path, window_s: float = PEAK_WINDOW_S) -> float | None:
     """
     if not window_s > 0:
         raise ValueError(f"window_s must be > 0, got {window_s!r}")
-    return peak_rate(merged_times(_read_trace(path)[0], str(path)), window_s)
+    return peak_rate(merged_times(read_trace(path)[0], str(path)), window_s)
 
 
 def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> LengthSample:
@@ -145,7 +153,7 @@ def load_length_sample(path: Path, max_points: int = DEFAULT_MAX_POINTS) -> Leng
         TraceFormatError: as :func:`read_isl_osl`, or no request with both lengths >= 1 (an empty trace).
         FileNotFoundError: no such file or directory.
     """
-    files, _ = _read_trace(path)
+    files, _ = read_trace(path)
     return reduce_trace(files, str(path), read_rate=False, max_points=max_points).sample
 
 
@@ -164,7 +172,7 @@ def load_trace_workload(path: Path, *, read_rate: bool = True, window_s: float |
             window over a trace without usable arrival times; the message names ``path``.
         OSError: the file cannot be read (FileNotFoundError, IsADirectoryError, ...).
     """
-    files, skipped = _read_trace(path)
+    files, skipped = read_trace(path)
     return reduce_trace(files, str(path), read_rate=read_rate, window_s=window_s, skipped=skipped)
 
 
@@ -212,8 +220,8 @@ def check_traffic_trace_uri(uri: str, fsx_root: str | None = None) -> str:
                              "FSx mount, the only volume the tune step reads)")
     if not uri.endswith("/") and not uri.lower().endswith(READABLE_SUFFIXES):
         raise ValueError(f"traffic_trace_uri {uri!r}: must name a .jsonl / .json (Mooncake, pdserve --traffic-log) "
-                         "or .csv (Azure) trace, or a folder of them ending in '/'; the reader picks the format by "
-                         "the suffix")
+                         "or .csv (Azure, BurstGPT) trace, or a folder of them ending in '/'; the reader picks the "
+                         "format by the suffix")
     return uri
 
 

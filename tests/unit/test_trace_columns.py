@@ -241,3 +241,38 @@ def test_a_csv_mixing_zoned_and_zone_less_times_is_refused_naming_the_line():
     for rows in (["2023-11-16 18:15:00+02:00", "2023-11-16 16:16:00Z"], ["2023-11-16 18:15:00", "2023-11-16 18:16:00"]):
         c = parse_csv([head] + [f"{r},100,10\n" for r in rows], "t.csv")
         assert c.times_s[1] - c.times_s[0] == pytest.approx(60.0)
+
+
+def test_a_burstgpt_csv_is_read_by_its_header_and_feeds_the_tuners_workload(tmp_path):
+    from runtime.tracking.traces import load_trace_workload
+
+    text = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+            "5,ChatGPT,472,18,490,Conversation log\n"
+            "35,GPT-4,1087,0,1087,API log\n"  # a failed request: 0 response tokens
+            "65.5,ChatGPT,30,230,260,Conversation log\n")
+    cols = parse_csv(text.splitlines(keepends=True), "burst.csv")
+    assert list(cols.isl_tokens) == [472, 1087, 30] and list(cols.osl_tokens) == [18, 0, 230]
+    assert list(cols.times_s) == [5.0, 35.0, 65.5] and cols.unix_time() is False
+    (tmp_path / "burst.csv").write_text(text)
+    w = load_trace_workload(tmp_path / "burst.csv")
+    assert (w.isl_tokens, w.osl_tokens) == (251, 124)  # the failed request is left out of the length sample
+    assert w.request_rate_per_s == pytest.approx(2 / 60.5)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("Timestamp,Request tokens,Response tokens\n5,10,-1\n", r"burst.csv:2: Response tokens must be a whole number "
+                                                          r"of tokens >= 0, got '-1'"),
+    ("Timestamp,Request tokens,Response tokens\nnan,10,1\n", r"burst.csv:2: Timestamp must be a number of seconds"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,99999999999999999999,1\n",
+     r"burst.csv:2: a length beyond 2\*\*63"),
+    ("Time,Prompt,Output\n1,2,3\n", r"needs 'ContextTokens' and 'GeneratedTokens' \(Azure\) or 'Request tokens' and "
+                                  r"'Response tokens' \(BurstGPT\); the header has \['Time', 'Prompt', 'Output'\]"),
+])
+def test_bad_csv_lines_are_refused_naming_the_line_and_column(text, needle):
+    with pytest.raises(TraceFormatError, match=needle):
+        parse_csv(text.splitlines(keepends=True), "burst.csv")
+
+
+def test_a_negative_json_length_is_refused():
+    with pytest.raises(TraceFormatError, match=r"t.jsonl:1: input_length must be a whole number of tokens >= 0"):
+        parse_jsonl(['{"timestamp": 0, "input_length": -3, "output_length": 1}\n'], "t.jsonl")
