@@ -230,7 +230,8 @@ def operations_markdown() -> str:
            "## Metrics\n\n",
            _para("Counters carry `_total`; histograms expose `_bucket`, `_sum` and `_count`. The `mode` label of the "
                  "request metrics: `remote` (P/D, KV pulled over NIXL), `local` (prefilled on the decode worker) "
-                 "or `migrated` (continued on another decode worker after its own died)."), "\n"]
+                 "or `migrated` (continued on another decode worker after its own died). The DCGM exporter's come "
+                 "from NVIDIA's dcgm-exporter chart on every GPU node (`infra/k8s/gpu`)."), "\n"]
     metrics = catalog()
     for source in dict.fromkeys(m.source for m in metrics):
         out.append(f"\n### {source}\n\n")

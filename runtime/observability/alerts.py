@@ -223,8 +223,8 @@ def alerts(slo: SloSpec | None = None) -> list[Alert]:
               'sum by (namespace) (increase(argo_workflows_total_count{phase=~"Failed|Error"}[1h])) > 0', "0m",
               "A pipeline or batch workflow failed (staging, tuning, promotion, batch, re-tuning)",
               "An Argo workflow (a Kubeflow pipeline run of stage_tune_promote, or a pdserve batch / re-tune "
-              "workflow) ended Failed or Error in the last hour. Needs the Argo workflow-controllers' metrics "
-              "scraped (port 9090).",
+              "workflow) ended Failed or Error in the last hour. Prometheus scrapes both workflow-controllers "
+              "through the PodMonitors of infra/k8s/prometheus/argo-podmonitors.yaml.",
               ("`kubectl get workflows -n NAMESPACE` and the failed step's pod log.",
                "Staging failures: the S3 source and the FSx mount (space, the marker file); staging is resumable, "
                "so re-running the pipeline continues.")),

@@ -249,8 +249,8 @@ VLLM_METRICS = (
 )
 
 #: Metrics of NVIDIA's DCGM exporter (dcgm-exporter's default counters, etc/default-counters.csv) that the GPU
-#: dashboard uses; the GPU operator's exporter labels them with `gpu`, `UUID`, `Hostname`, `modelName` and,
-#: with pod mapping, `pod`/`namespace`/`container`.
+#: dashboard uses; the exporter (infra/k8s/gpu: NVIDIA's dcgm-exporter chart on every GPU node) labels them with
+#: `gpu`, `UUID`, `Hostname`, `modelName` and, with pod mapping, `pod`/`namespace`/`container`.
 DCGM_METRICS = (
     MetricInfo("DCGM_FI_DEV_GPU_UTIL", "gauge", ("gpu", "UUID", "Hostname"), "GPU utilisation, percent.",
                "DCGM exporter"),
