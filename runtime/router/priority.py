@@ -11,8 +11,9 @@ Pure shortest-first starves long prompts under sustained load (a long prompt wai
 one is queued). So the order key is a deadline, not the bucket alone (:func:`prefill_order_key_s`):
 ``arrival + bucket * aging_s``. A long prompt yields to shorter prompts that arrive up to
 ``bucket * aging_s`` seconds after it, never to later ones, so its extra wait is bounded by that
-time plus the work of those prompts. Planner bench (azure2023_conv x10, bench/planner.py, same
-GPU-hours): SLO attainment FCFS 99.07 %, buckets without aging 99.31 %, aging 1 s/bucket 99.22 %.
+time plus the work of those prompts. What it changes on the planner bench (lower TTFT p90, a little
+less SLO attainment than FCFS on the Azure trace: long prompts wait longer): docs/design/router.md,
+"Prefill priority".
 
 The runtime passes ``round(1000 * key)`` (wall-clock milliseconds) as vLLM's request ``priority``
 (lower runs first: vLLM ``--scheduling-policy priority`` orders the waiting queue by ``(priority,
