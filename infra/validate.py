@@ -1511,6 +1511,7 @@ def product_flows(m: ClusterModel, parsed: dict[str, dict]) -> list[Flow]:
                   Flow(other_runtime, w, "http", False, "another endpoint's runtime has no business here"),
                   Flow(prometheus, w, "nixl", False, "Prometheus needs the metrics port only"),
                   Flow(runtime, w, "nixl", False, "the runtime does not speak NIXL")]
+    flows.append(Flow(prometheus, runtime, "http", True, "Prometheus scrapes the runtime's /metrics (PodMonitor)"))
     flows += [Flow(prefill, decode, "nixl", True, "decode reads KV from prefill over NIXL (side channel)"),
               Flow(decode, prefill, "nixl", True, "prefill and decode exchange NIXL metadata"),
               Flow(stranger, prefill, "nixl", False, "KV blocks are readable only by the endpoint's own workers")]

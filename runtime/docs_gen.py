@@ -219,9 +219,9 @@ def operations_markdown() -> str:
 
     out = [HEADER.format(src="runtime/observability"),
            "# Operations: metrics, dashboards, alerts\n\n",
-           _para("The runtime exports its metrics on the KServe server's `/metrics`; the rendered ServiceMonitor "
-                 "(`pdserve promote`) has the kube-prometheus-stack Prometheus (infra/k8s/prometheus) scrape the "
-                 "runtime and every vLLM worker. The alert rules ship as the PrometheusRule "
+           _para("The runtime exports its metrics on the KServe server's `/metrics`; the objects `pdserve promote` "
+                 "renders have the kube-prometheus-stack Prometheus (infra/k8s/prometheus) scrape the runtime pods "
+                 "(a PodMonitor) and every vLLM worker (a ServiceMonitor). The alert rules ship as the PrometheusRule "
                  f"`infra/k8s/prometheus/{db.RULES_FILE}` and the Grafana dashboards as ConfigMaps generated from "
                  f"`infra/k8s/prometheus/{db.DASHBOARD_DIR}/` (label `{db.SIDECAR_LABEL}`, picked up by Grafana's "
                  "dashboard sidecar). Both are generated from code with `python -m runtime.docs_gen`. Tests: "

@@ -39,6 +39,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "ServingRuntime": ("servingruntimes", True),
     "InferenceService": ("inferenceservices", True),
     "ServiceMonitor": ("servicemonitors", True),
+    "PodMonitor": ("podmonitors", True),
     "Lease": ("leases", True),
 }
 FIELD_MANAGER = "pdserve"

@@ -130,7 +130,7 @@ def promoter_rbac(namespace: str, *, sa_name: str = PROMOTER_NAME,
         {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": MANAGE},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": MANAGE},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ},
-        {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": MANAGE},
+        {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors", "podmonitors"], "verbs": MANAGE},
         # the promote lock (runtime/deploy/lease.py): one Lease per InferenceService
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "delete"]},
     ]

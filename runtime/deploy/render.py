@@ -3,7 +3,7 @@
 Objects, in apply order (see `render_all`):
   ServiceAccounts → Roles/RoleBindings → ClusterServingRuntime `pdserve` → worker Services (headless)
   → worker Deployments, or LeaderWorkerSets for workers spanning nodes (prefill, decode) → PodDisruptionBudgets
-  → ServiceMonitor → InferenceService.
+  → ServiceMonitor (workers) → PodMonitor (runtime) → InferenceService.
 
 The InferenceService's predictor is the pdserve runtime (`python -m runtime.server`, a KServe
 ModelServer with OpenAI routes, router and planner) reading weights/tokenizer from
@@ -303,6 +303,29 @@ def service_monitor(*, name: str, namespace: str, target: ClusterTarget) -> dict
     }
 
 
+def runtime_pod_monitor(*, name: str, namespace: str, target: ClusterTarget) -> dict[str, Any]:
+    """monitoring.coreos.com/v1 PodMonitor scraping `/metrics` of the runtime pods of InferenceService `name` (all
+    revisions): the pdserve_* series the SLO alerts, dashboards and planner panels read. KServe labels the
+    predictor's pods `serving.kserve.io/inferenceservice`; the runtime container declares `target.runtime_port`
+    (Knative renames that port `user-port`, so the endpoint names the number, not a port name)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": f"{name}-runtime",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "pdserve", "app.kubernetes.io/instance": name,
+                       "release": target.prometheus_release_label},
+        },
+        "spec": {
+            "selector": {"matchLabels": {"serving.kserve.io/inferenceservice": name}},
+            "namespaceSelector": {"matchNames": [namespace]},
+            "podMetricsEndpoints": [{"portNumber": target.runtime_port, "path": "/metrics", "interval": "15s",
+                                     "scheme": "http"}],
+        },
+    }
+
+
 def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str, pvc_name: str,
                   revision: str | None, target: ClusterTarget) -> tuple[InstanceType | None, bool]:
     check_name("name (InferenceService)", name, pattern=DNS1035_LABEL)
@@ -407,7 +430,7 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
     Returns:
         list of Kubernetes object dicts (ServiceAccount ×2, Role/RoleBinding ×1–2, ClusterServingRuntime,
         Service ×2, Deployment or LeaderWorkerSet ×2 (a pool with `nodes > 1` is a LeaderWorkerSet of groups
-        of `nodes` pods), PodDisruptionBudget ×2, NetworkPolicy, ServiceMonitor, InferenceService).
+        of `nodes` pods), PodDisruptionBudget ×2, NetworkPolicy, ServiceMonitor, PodMonitor, InferenceService).
 
     Raises:
         ManifestError: bad name/namespace/pvc/image, TP (or a pod's share of a layout) larger than the
@@ -443,6 +466,7 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
     objs.append(workers.worker_network_policy(name=name, namespace=namespace,
                                               monitoring_namespace=target.monitoring_namespace))
     objs.append(service_monitor(name=name, namespace=namespace, target=target))
+    objs.append(runtime_pod_monitor(name=name, namespace=namespace, target=target))
     objs.append(inference_service(spec, name=name, namespace=namespace, pvc_name=pvc_name, image=image,
                                   target=target,
                                   revision=revision, service_account=runtime_sa,

@@ -48,7 +48,7 @@ def test_renders_the_expected_objects_in_apply_order(objs):
     kinds = [o["kind"] for o in objs]
     assert kinds == ["ServiceAccount", "ServiceAccount", "Role", "RoleBinding", "ClusterServingRuntime",
                      "Service", "Service", "Deployment", "Deployment", "PodDisruptionBudget",
-                     "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "InferenceService"]
+                     "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "PodMonitor", "InferenceService"]
     for o in objs:
         if o["kind"] == "ClusterServingRuntime":
             assert "namespace" not in o["metadata"]
@@ -182,6 +182,20 @@ def test_headless_services_pdbs_and_servicemonitor_select_the_worker_pods(objs):
         expr = sm["selector"]["matchExpressions"][0]
         assert svc["metadata"]["labels"][expr["key"]] in expr["values"]
         assert sm["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+
+
+def test_the_runtime_pods_are_scraped_on_the_port_their_container_declares(objs):
+    # KServe puts serving.kserve.io/inferenceservice on the predictor's pods; the runtime's container port is
+    # the ClusterServingRuntime's (its name Knative rewrites, so the monitor names the number)
+    pm = find(objs, "PodMonitor", f"{NAME}-runtime")
+    assert pm["metadata"]["labels"]["release"] == find(objs, "ServiceMonitor")["metadata"]["labels"]["release"]
+    assert pm["spec"]["selector"] == {"matchLabels": {"serving.kserve.io/inferenceservice": NAME}}
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": [NS]}
+    runtime = find(objs, "ClusterServingRuntime")["spec"]["containers"][0]
+    [ep] = pm["spec"]["podMetricsEndpoints"]
+    assert ep["portNumber"] in {p["containerPort"] for p in runtime["ports"]} and ep["path"] == "/metrics"
+    isvc = find(objs, "InferenceService", NAME)  # the pods the selector finds run that runtime
+    assert isvc["spec"]["predictor"]["model"]["runtime"] == find(objs, "ClusterServingRuntime")["metadata"]["name"]
 
 
 def test_runtime_rbac_is_least_privilege(objs):
