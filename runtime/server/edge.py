@@ -26,6 +26,7 @@ layers); what it declines goes on to KServe.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -58,6 +59,15 @@ def _reject_constant(name: str) -> Any:
     raise _Invalid(f"{name} is not a number in JSON (RFC 8259): send a finite number", None)
 
 
+def _finite_float(text: str) -> float:
+    """json's parse_float: a number literal too large for a double (1e400) would read as infinity, which the
+    workers' JSON cannot carry (orjson writes it as null, so the field would silently fall back to its default)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Invalid(f"{text[:40]} is beyond the range of a double (about 1.8e308): send a finite number", None)
+    return value
+
+
 def _check_strings(value: Any, where: str) -> None:
     if isinstance(value, str):
         try:
@@ -87,7 +97,7 @@ def check_body(path: str, raw: bytes) -> tuple[str, str | None] | None:
     except orjson.JSONDecodeError:
         pass
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        body = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except _Invalid as exc:
         return str(exc), exc.param
     except (ValueError, UnicodeDecodeError):

@@ -88,6 +88,11 @@ CASES = [
     ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"top_p":NaN}'), 400, None),
     ("POST", COMP, _raw('{"model":"m","prompt":"x","temperature":-Infinity}'), 400, None),
     ("POST", COMP, _raw('{"model":"m","prompt":"x","frequency_penalty":NaN}'), 400, None),
+    # a literal beyond a double's range reads as infinity, which the workers' JSON would carry as null (the
+    # field's default): refused like Infinity itself
+    ("POST", COMP, _raw('{"model":"m","prompt":"x","temperature":1e400}'), 400, None),
+    ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":-1e400}}'),
+     400, None),
     ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"\\ud800"}]}'), 400,
      "messages[0].content"),
     ("POST", COMP, _raw('{"model":"m","prompt":"a\\udfffb"}'), 400, "prompt"),
