@@ -24,6 +24,7 @@ import httpx
 import orjson
 
 from runtime.engines.h1 import H1Error, H1Pool
+from runtime.redact import redact_userinfo
 
 PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -48,7 +49,7 @@ class BackendError(RuntimeError):
         status_code: HTTP status of the worker's answer; 502 when there was no usable answer, 504 when it
             timed out.
         body: the worker's response body (parsed JSON when possible, else text), or what went wrong.
-        url: the URL called.
+        url: the URL called, its userinfo (credentials) redacted.
         unreachable: True only when the worker process looks gone (connection refused or reset, the
             connection dropped mid-answer): the router then takes it out of the pool and a decode request
             may migrate. A worker that answered (any status, or a malformed body) or was only slow
@@ -56,6 +57,7 @@ class BackendError(RuntimeError):
     """
 
     def __init__(self, url: str, status_code: int, body: Any, *, unreachable: bool = False) -> None:
+        url = redact_userinfo(url)  # logged and shown: never the credentials of a worker URL
         self.url, self.status_code, self.body, self.unreachable = url, status_code, body, unreachable
         super().__init__(f"{url} answered {status_code}: {str(body)[:500]}")
 

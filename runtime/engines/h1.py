@@ -28,6 +28,7 @@ Semantics the callers rely on (runtime/engines/client.py):
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl as _ssl
 import urllib.parse
 from collections import deque
@@ -228,6 +229,12 @@ class H1Pool:
         self._prefix = u.path.rstrip("/")  # a worker behind a path prefix: every call's path goes below it
         self._ssl = _ssl.create_default_context() if u.scheme == "https" else None
         self._host_header = u.netloc.rsplit("@", 1)[-1].encode("idna")
+        # credentials in the URL (http://user:password@host) become HTTP Basic auth, as httpx and browsers send
+        # them (RFC 7617); the Host header and every message name the host alone
+        self._auth = b""
+        if u.username is not None:
+            pair = f"{urllib.parse.unquote(u.username)}:{urllib.parse.unquote(u.password or '')}"
+            self._auth = b"\r\nAuthorization: Basic " + base64.b64encode(pair.encode("utf-8"))
         # idle connections, most recently released last (reused first: the least likely to have timed out);
         # one the worker closes leaves at once (`_Connection.connection_lost`)
         self._idle: dict[_Connection, None] = {}
@@ -250,7 +257,7 @@ class H1Pool:
 
     def _head(self, method: bytes, path: str, headers: dict[str, str], length: int | None) -> bytes:
         target = (self._prefix + path).encode("ascii")
-        lines = [method + b" " + target + b" HTTP/1.1\r\nHost: " + self._host_header]
+        lines = [method + b" " + target + b" HTTP/1.1\r\nHost: " + self._host_header + self._auth]
         for k, v in headers.items():
             line = f"{k}: {v}"
             if "\r" in line or "\n" in line:  # would end the header and start another, or the body

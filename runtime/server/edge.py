@@ -41,7 +41,8 @@ from runtime.server.errors import OPENAI_PREFIX, RETRY_AFTER_S, openai_error_bod
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 _INFER_ROUTE = re.compile(r"^/v[12]/models/[^/]+(/versions/[^/]+)?(:predict|:explain|/infer|/explain)$")
-_MODEL_ROUTE = re.compile(r"^/openai/v1/models/(?P<id>[^/]+)$")
+# a served name may hold '/' (Hugging Face ids: org/model); ASGI's path is already percent-decoded
+_MODEL_ROUTE = re.compile(r"^/openai/v1/models/(?P<id>.+)$")
 _GENERATION_ROUTES = frozenset({f"{OPENAI_PREFIX}v1/completions", f"{OPENAI_PREFIX}v1/chat/completions"})
 
 #: `direct(scope, raw_body, receive, send) -> bool`: serves a generation request itself (True) or declines

@@ -73,6 +73,7 @@ from kserve.protocol.rest.openai.types import (
 
 from runtime.engines.client import CHAT_PATH, COMPLETIONS_PATH, BackendError, VllmClient
 from runtime.engines.vllm_worker import DEFAULT_KV_LEASE_S
+from runtime.redact import redact_userinfo
 from runtime.config import OverloadSpec
 from runtime.router.admission import ServiceTimeEstimate, decide, is_priority
 from runtime.router.priority import vllm_priority
@@ -819,7 +820,7 @@ class PDModel(OpenAIGenerativeModel):
                             worker_err = None if chunk.get("choices") else _stream_error_event(chunk, route.decode_url)
                             if worker_err is not None:  # the worker gave up mid-stream: client told, error
                                 logger.warning("decode worker %s sent an error event mid-stream: %.500s",
-                                               route.decode_url, chunk)
+                                               redact_userinfo(route.decode_url), chunk)
                                 raise worker_err
                             # the worker's own text goes out unless the runtime changes the chunk
                             changed = "kv_transfer_params" in chunk

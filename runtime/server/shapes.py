@@ -60,9 +60,17 @@ def choices_per_prompt(body: dict) -> int:
 def refusal(path: str, body: dict) -> tuple[str, str] | None:
     """(message, param) of a 400 for a shape the runtime does not serve, or None."""
     best_of = body.get("best_of")
-    if best_of is not None and not (isinstance(best_of, int) and best_of <= 1):
-        return ("best_of > 1 is not supported: the workers would return n samples, not the best of best_of; "
-                "request n samples and pick with logprobs instead", "best_of")
+    if best_of is not None:
+        # read as pydantic's lax mode reads an int (1, 1.0, "1"); vLLM's request model no longer has the field,
+        # so nothing else checks it
+        whole = best_of if isinstance(best_of, int) and not isinstance(best_of, bool) else (
+            int(best_of) if isinstance(best_of, float) and best_of.is_integer() else
+            int(best_of.strip()) if isinstance(best_of, str) and best_of.strip().isdigit() else None)
+        if whole is None:
+            return f"best_of must be a whole number, got {str(best_of)[:50]!r}", "best_of"
+        if whole > 1:
+            return ("best_of > 1 is not supported: the workers would return n samples, not the best of best_of; "
+                    "request n samples and pick with logprobs instead", "best_of")
     temperature = body.get("temperature")
     # greedy is temperature 0 only: vLLM raises a temperature in (0, 0.01) to 0.01 (SamplingParams.__post_init__,
     # vllm/sampling_params.py), and refuses a negative one with its own message

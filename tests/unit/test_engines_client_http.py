@@ -6,6 +6,7 @@ the httpx path, what the client sends the worker, connection reuse, and how each
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import json
@@ -120,6 +121,19 @@ async def test_prefill_and_stream_over_the_runtimes_http(worker):
         assert headers["x-request-id"] == "rid-1" and headers["content-type"] == "application/json"
         # the client reads answers as they come (no decompression): it must not invite a compressed one
         assert "accept-encoding" not in headers and "user-agent" not in headers
+
+
+async def test_credentials_in_a_worker_url_are_sent_as_basic_auth_and_never_shown(worker):
+    url, seen = worker
+    host = url.removeprefix("http://")
+    async with VllmClient(f"http://ad%40min:s3%3Acret@{host}") as c:  # percent-encoded '@' and ':'
+        await c.prefill(CHAT_PATH, BODY, "rid-1")
+        with pytest.raises(BackendError) as ei:
+            await c.post_json("/bad", BODY, "rid-2")
+    headers = {k.lower(): v for k, v in seen[0]["headers"].items()}
+    assert headers["authorization"] == "Basic " + base64.b64encode(b"ad@min:s3:cret").decode()
+    assert headers["host"] == host  # the host alone
+    assert "s3" not in str(ei.value) and "s3" not in ei.value.url and ei.value.url.startswith("http://***@")
 
 
 async def test_a_stream_that_stops_sending_is_a_504_after_the_read_timeout(worker):

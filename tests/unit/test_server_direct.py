@@ -181,3 +181,21 @@ async def test_an_unexpected_error_is_a_500_as_on_kserve_routes():
         async with httpx.AsyncClient(transport=transport, base_url="http://rt") as c:
             r = await c.post(CHAT, json=CHAT_BODY)
         assert r.status_code == 500, (direct, r.text)
+
+
+async def test_a_served_name_with_a_slash_is_found_by_the_model_route():
+    """GET /openai/v1/models/{id} for a Hugging Face style name (org/model), as sent and percent-encoded."""
+    from runtime.server.edge import EdgeMiddleware, Served
+
+    async def inner(scope, receive, send):  # anything the edge passes on
+        await send({"type": "http.response.start", "status": 418, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    name = "meta-llama/Llama-3.1-8B"
+    app = EdgeMiddleware(inner, served=Served(name, lambda: True))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rt") as c:
+        for path in (f"/openai/v1/models/{name}", "/openai/v1/models/meta-llama%2FLlama-3.1-8B"):
+            r = await c.get(path)
+            assert r.status_code == 200 and r.json()["id"] == name, (path, r.text)
+        other = await c.get("/openai/v1/models/meta-llama/other")
+        assert other.status_code == 404 and other.json()["error"]["param"] == "model"

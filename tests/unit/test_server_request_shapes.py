@@ -112,6 +112,10 @@ def test_shapes_that_need_the_prompt_computed_locally(path, body, local):
 
 @pytest.mark.parametrize(("path", "body", "param"), [
     (C, {"prompt": "a", "best_of": 2}, "best_of"), (C, {"prompt": "a", "best_of": 1}, None),
+    # read as a lax int, as a client library may send it: 1 in any spelling is served, 2 in any is refused
+    (C, {"prompt": "a", "best_of": "1"}, None), (C, {"prompt": "a", "best_of": 1.0}, None),
+    (C, {"prompt": "a", "best_of": "2"}, "best_of"), (C, {"prompt": "a", "best_of": 2.0}, "best_of"),
+    (C, {"prompt": "a", "best_of": "many"}, "best_of"), (C, {"prompt": "a", "best_of": True}, "best_of"),
     (C, {"prompt": "a", "suffix": "z"}, "suffix"), (C, {"prompt": "a", "suffix": ""}, None),
     (CHAT, {"messages": [], "best_of": 3}, "best_of"), (CHAT, {"messages": [], "n": 2, "temperature": 0}, "n"),
     (CHAT, {"messages": [], "n": 2, "temperature": 0.5}, None), (CHAT, {"messages": [], "n": 2}, None),
