@@ -6,7 +6,7 @@ A real HTTP server on 127.0.0.1 (uvicorn running a bare ASGI app, so that the st
 possible and the front end under test dominates) with the parts of vLLM's OpenAI API a router touches:
 
 * `POST /v1/completions` and `POST /v1/chat/completions`, streaming (SSE, honouring
-  `stream_options.include_usage`) or not. The generated text is deterministic: token i of a request is
+  `stream_options.include_usage` and `continuous_usage_stats`) or not. The generated text is deterministic: token i of a request is
   ``"t{i} "``, so any front end's output can be compared with the direct answer. Tokens are paced one every
   `--token-interval-ms` (the first after one interval too: a prefill of zero cost).
 * vLLM's P/D `kv_transfer_params` protocol (vLLM NixlConnector, examples/online_serving/disaggregated_serving/):
@@ -114,6 +114,8 @@ class EngineStandin:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
         created = int(time.time())
+        options = body.get("stream_options") or {}
+        running = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
         for i in range(n):
             await asyncio.sleep(self.token_interval_s)
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if i == n - 1 else None}
@@ -123,6 +125,9 @@ class EngineStandin:
                 choice["text"], choice["logprobs"] = f"t{i} ", None
             chunk = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": created, "model": self.model, "choices": [choice]}
+            if running:  # vLLM's continuous usage stats: every chunk carries the usage so far
+                chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": i + 1,
+                                  "total_tokens": prompt_tokens + i + 1}
             await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
                         "more_body": True})
         if (body.get("stream_options") or {}).get("include_usage"):

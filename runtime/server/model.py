@@ -59,6 +59,7 @@ from collections.abc import AsyncGenerator, Callable
 from http import HTTPStatus
 from typing import Any
 
+import orjson
 from fastapi import Request
 from kserve.errors import ModelNotReady
 from kserve.protocol.rest.openai import OpenAIGenerativeModel
@@ -789,10 +790,19 @@ class PDModel(OpenAIGenerativeModel):
         num_tokens = 0  # chunks with a generated token sent (content, reasoning or tool call: chunk_progress)
         replayable = True  # no reasoning or tool call sent: a continuation can carry all that was sent
         stream_id = None
-        # Ask the worker for usage (prompt/completion tokens for metrics); hide it if the client did not.
-        client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        base = body if client_wants_usage else {**body, "stream_options": {
-            **(body.get("stream_options") or {}), "include_usage": True}}
+        # Ask the worker for usage on every chunk (vLLM's continuous usage stats): its completion_tokens count
+        # the tokens sent exactly, where chunks do not (vLLM puts several tokens in one chunk when its API
+        # server falls behind the engine, or with speculative decoding), so that a continuation asks for what
+        # is left of max_tokens and the usage the client gets counts every attempt. Hidden where the client
+        # did not ask for it.
+        options = body.get("stream_options") or {}
+        client_wants_usage = bool(options.get("include_usage"))
+        client_wants_running_usage = client_wants_usage and bool(options.get("continuous_usage_stats"))
+        base = body if client_wants_running_usage else {**body, "stream_options": {
+            **options, "include_usage": True, "continuous_usage_stats": True}}
+        prompt_tokens: int | None = None  # the client's prompt, from the first attempt's usage
+        tokens_before = 0  # tokens sent by the attempts before this one
+        attempt_tokens = attempt_chunks = 0  # this attempt's: from its usage, and chunks with a token
         attempt = base
         yielded = False
         first_token = asyncio.Event()
@@ -842,22 +852,30 @@ class PDModel(OpenAIGenerativeModel):
                                 first_s = self.clock() - t0  # what the client sees, NIXL pull included
                                 self._first_token(rid, first_s)
                                 self.metrics.child(self.metrics.ttft, endpoint, mode).observe(first_s)
-                            usage = chunk.get("usage") or usage
-                            if not client_wants_usage:
-                                if "usage" in chunk:
-                                    del chunk["usage"]
-                                    changed = True
-                                if not chunk.get("choices"):
-                                    continue  # the usage-only final chunk the client did not ask for
+                            u = chunk.get("usage")
+                            if u:
+                                u, fixed = _stream_usage(u, prompt_tokens, tokens_before)
+                                prompt_tokens = u["prompt_tokens"] if prompt_tokens is None else prompt_tokens
+                                attempt_tokens = max(attempt_tokens, u["completion_tokens"] - tokens_before)
+                                usage = u
+                                if fixed:  # a continuation's own counts: the client's prompt, every attempt's tokens
+                                    chunk["usage"], changed = u, True
+                            if "usage" in chunk and not (client_wants_running_usage or (
+                                    client_wants_usage and not chunk.get("choices"))):
+                                del chunk["usage"]
+                                changed = True
+                            if not client_wants_usage and not chunk.get("choices"):
+                                continue  # the usage-only final chunk the client did not ask for
                             text, generated, chunk_ok = chunk_progress(chunk)
                             if text:
                                 sent.append(text)
                             if generated:
                                 num_tokens += 1
+                                attempt_chunks += 1
                                 last_s = self.clock() - t0
                             replayable = replayable and chunk_ok
                             yielded = True
-                            text_out = json.dumps(chunk, separators=(",", ":")) if changed else data.decode()
+                            text_out = orjson.dumps(chunk).decode() if changed else data.decode()
                             yield f"data: {text_out}\n\n"
                     ok = True
                     self._note_answer(route.decode_url, None)
@@ -870,7 +888,9 @@ class PDModel(OpenAIGenerativeModel):
                     self.metrics.kv_lease_expiries.inc()
                     logger.warning("request %s: no first token %.0f s before the KV lease ends: the decode worker "
                                    "prefills it locally", rid, self.kv_lease_margin_s)
-                    cont = base if not yielded else continuation_body(path, base, "".join(sent), num_tokens)
+                    tokens_before += max(attempt_tokens, attempt_chunks)
+                    attempt_tokens = attempt_chunks = 0
+                    cont = base if not yielded else continuation_body(path, base, "".join(sent), tokens_before)
                     if cont is None:
                         err = openai_error_body("the inference worker did not answer in time",
                                                 err_type="BackendError", status=int(HTTPStatus.GATEWAY_TIMEOUT))
@@ -885,7 +905,9 @@ class PDModel(OpenAIGenerativeModel):
                     else:  # reasoning or a tool call was sent: a continuation would repeat or lose it
                         self._note_answer(route.decode_url, exc)
                         new = None
-                    cont = continuation_body(path, base, "".join(sent), num_tokens) if new is not None else None
+                    tokens_before += max(attempt_tokens, attempt_chunks)
+                    attempt_tokens = attempt_chunks = 0
+                    cont = continuation_body(path, base, "".join(sent), tokens_before) if new is not None else None
                     if cont is None:
                         if not yielded:  # nothing sent yet: the caller answers with an HTTP error instead
                             raise _StreamFailedEarly(exc) from exc
@@ -902,10 +924,11 @@ class PDModel(OpenAIGenerativeModel):
                 nudger.cancel()
             self._finish(rid, endpoint, route, t0, ok=ok, mode=mode)
         if ok and first_s is not None:
-            itl_s = (last_s - first_s) / (num_tokens - 1) if num_tokens > 1 and last_s is not None else None
+            tokens = tokens_before + max(attempt_tokens, attempt_chunks)  # a chunk may hold several tokens
+            itl_s = (last_s - first_s) / (tokens - 1) if tokens > 1 and last_s is not None else None
             if itl_s is not None:
                 self.metrics.child(self.metrics.itl, endpoint, mode).observe(itl_s)
-            self._observe(usage, arrival_recorded, first_s, self.clock() - t0, num_tokens, itl_s)
+            self._observe(usage, arrival_recorded, first_s, self.clock() - t0, tokens, itl_s)
         yield "data: [DONE]\n\n"
 
     def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None) -> None:
@@ -928,6 +951,21 @@ class PDModel(OpenAIGenerativeModel):
         self.metrics.child(self.metrics.in_flight, endpoint).dec()
 
 
+def _stream_usage(usage: dict, prompt_tokens: int | None, tokens_before: int) -> tuple[dict, bool]:
+    """A decode attempt's usage as the client's request's: its prompt tokens are the first attempt's (a
+    continuation's prompt also holds the text generated before it) and its completion tokens add the
+    `tokens_before` earlier attempts sent. (usage, whether it changed). Pure."""
+    try:
+        p = int(usage.get("prompt_tokens") or 0)
+        c = int(usage.get("completion_tokens") or 0)
+    except (TypeError, ValueError):  # not numbers: passed on as the worker sent them, counted as none
+        return {**usage, "prompt_tokens": prompt_tokens or 0, "completion_tokens": tokens_before}, False
+    if prompt_tokens is None or (prompt_tokens == p and tokens_before == 0):
+        return usage, False
+    c += tokens_before
+    return {**usage, "prompt_tokens": prompt_tokens, "completion_tokens": c, "total_tokens": prompt_tokens + c}, True
+
+
 async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool, n: int = 1,
                          continuous_usage: bool = False) -> AsyncGenerator[str, None]:
     """One SSE stream from the sub-streams of a fan-out (runtime.server.shapes, `n` choices per prompt):
@@ -935,8 +973,9 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
     last usage (its final usage chunk) goes into one final usage chunk (`sum_usage`: each prompt counted
     once) when the client asked for it; with `continuous_usage` a chunk keeps its own usage (its prompt's
     tokens and its choice's tokens so far, as vLLM's continuous usage stats are), else chunks carry none;
-    an error event of any sub-stream ends the whole stream (the others are closed). Closing this closes
-    every sub-stream."""
+    an error event of any sub-stream ends the whole stream (then `[DONE]`; the others are closed), and a
+    sub-stream that raises breaks it off unended (the exception propagates, as from a single stream). Closing
+    this closes every sub-stream."""
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
@@ -944,6 +983,8 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
         try:
             async for event in stream:
                 await queue.put((i, event))
+        except Exception as exc:  # noqa: BLE001 - handed to the merging loop, which raises it there
+            await queue.put((i, exc))  # a sub-stream that broke off must not read as one that finished
         finally:
             await queue.put((i, done))
 
@@ -958,12 +999,15 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
             if event is done:
                 open_streams -= 1
                 continue
+            if isinstance(event, Exception):  # as a single stream does: the client's stream breaks off unended
+                raise event
             data = event[len("data:"):].strip() if event.startswith("data:") else ""
             if not data or data == "[DONE]":
                 continue
             chunk = json.loads(data)
             if chunk.get("error") and not chunk.get("choices"):
-                yield event
+                yield event  # then [DONE], as a single stream ends after its error event
+                yield "data: [DONE]\n\n"
                 return
             chunk_usage = chunk.get("usage") if continuous_usage and chunk.get("choices") else None
             usages[i] = chunk.pop("usage", None) or usages[i]

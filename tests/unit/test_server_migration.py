@@ -256,3 +256,63 @@ async def test_a_stream_that_sent_reasoning_or_tool_calls_is_not_migrated_but_en
     assert w.bodies["d1"] == []
     assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "local", "status": "error"}) == 1
     await model.aclose()
+
+
+# --- token counts from the worker's running usage: chunks holding several tokens, usage across attempts ----
+
+class CoalescingDecoders(TwoDecoders):
+    """Workers that answer as vLLM does with `continuous_usage_stats`: every chunk carries the running usage,
+    and a chunk may hold several tokens (vLLM's API server merges outputs it fell behind on). A token is one
+    word here; d0 sends two chunks of two tokens each, then dies."""
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        assert body["stream_options"]["continuous_usage_stats"] is True  # the runtime always asks for it
+        prompt = len(" ".join(m["content"] for m in body["messages"]).split())
+        pieces = ["The capital", " of France"] if host == "d0" else [" is", " Paris."][:body["max_tokens"]]
+        done, out = 0, []
+        for p in pieces:
+            done += len(p.split())
+            usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+            out.append(f"data: {json.dumps({'id': 'id-' + host, 'choices': [{'index': 0, 'delta': {'content': p}}], 'usage': usage})}\n\n".encode())
+        if host == "d0":
+            return httpx.Response(200, stream=_DyingStream(out))
+        usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        out.append(f"data: {json.dumps({'id': 'id-d1', 'choices': [], 'usage': usage})}\n\n".encode())
+        return httpx.Response(200, content=b"".join(out + [b"data: [DONE]\n\n"]))
+
+
+@pytest.mark.parametrize("running", [False, True])
+async def test_a_continuation_asks_for_the_tokens_left_and_the_usage_counts_every_attempt(running):
+    from kserve.protocol.rest.openai.types import ChatCompletionRequest
+
+    w = CoalescingDecoders()
+    model, _ = _model(w)
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Capital of France?"}],
+                                max_tokens=6, temperature=0, stream=True,
+                                stream_options={"include_usage": True, "continuous_usage_stats": running})
+    events = [e async for e in await model.create_chat_completion(req)]
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "".join(chunk_text(c) for c in chunks) == "The capital of France is Paris."
+    # four tokens in two chunks were sent: the continuation may generate two more, not four
+    assert w.bodies["d1"][0]["max_tokens"] == 2
+    final = chunks[-1]
+    assert final["choices"] == []
+    assert final["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+    running_usage = [c.get("usage") for c in chunks[:-1]]
+    if running:  # the client's running usage: its prompt, and every token so far across both workers
+        assert [u["completion_tokens"] for u in running_usage] == [2, 4, 5, 6]
+        assert {u["prompt_tokens"] for u in running_usage} == {3}
+    else:
+        assert running_usage == [None] * 4
+    await model.aclose()
+
+
+async def test_a_client_that_did_not_ask_for_usage_gets_none_though_the_workers_send_it():
+    w = CoalescingDecoders()
+    model, _ = _model(w)
+    events = [e async for e in await model.create_chat_completion(_chat_request())]
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert all("usage" not in c for c in chunks) and chunks[-1]["choices"]
+    await model.aclose()

@@ -227,3 +227,26 @@ async def test_beam_search_with_n_beams_is_served_whole_by_the_decode_worker(tem
     assert isinstance(out, Completion)
     assert w.hosts() == ["decode"]
     assert w.decode_bodies()[0]["n"] == 2 and "kv_transfer_params" not in w.decode_bodies()[0]
+
+
+async def _sub_stream(*events):
+    for e in events:
+        if isinstance(e, Exception):
+            raise e
+        yield e
+
+
+async def test_a_merged_stream_ends_like_a_single_one_after_an_error_or_a_break():
+    from runtime.server.model import _merge_streams
+
+    ok = 'data: {"id":"a","choices":[{"index":0,"text":"x"}]}\n\n'
+    err = 'data: {"error":{"message":"boom","code":"502"}}\n\n'
+    # an error event: passed on, then [DONE], as a single stream ends
+    out = [e async for e in _merge_streams([_sub_stream(ok, err), _sub_stream(ok, ok, "data: [DONE]\n\n")], False, 2)]
+    assert out[-2:] == [err, "data: [DONE]\n\n"]
+    # a sub-stream that raises: the merged stream breaks off unended, never a complete-looking answer
+    seen: list[str] = []
+    with pytest.raises(RuntimeError, match="cut"):
+        async for e in _merge_streams([_sub_stream(ok, RuntimeError("cut")), _sub_stream(ok, ok)], False, 2):
+            seen.append(e)
+    assert "data: [DONE]\n\n" not in seen
