@@ -128,14 +128,17 @@ class EngineStandin:
             if running:  # vLLM's continuous usage stats: every chunk carries the usage so far
                 chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": i + 1,
                                   "total_tokens": prompt_tokens + i + 1}
-            await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
+            # compact, as vLLM writes its chunks (pydantic's model_dump_json)
+            data = json.dumps(chunk, separators=(",", ":")).encode()
+            await send({"type": "http.response.body", "body": b"data: " + data + b"\n\n",
                         "more_body": True})
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": created, "model": self.model, "choices": [],
                      "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                                "total_tokens": prompt_tokens + n}}
-            await send({"type": "http.response.body", "body": b"data: " + json.dumps(usage).encode() + b"\n\n",
+            data = json.dumps(usage, separators=(",", ":")).encode()
+            await send({"type": "http.response.body", "body": b"data: " + data + b"\n\n",
                         "more_body": True})
         # the end of the body in a write of its own, after [DONE], as vLLM's server (Starlette's StreamingResponse)
         # ends a stream: a client that stops reading at [DONE] leaves the body unfinished

@@ -6,9 +6,9 @@ The continuation is an ordinary request whose prompt ends with what was already 
 * completions: the generated text is appended to a string prompt.
 A chat request that already continued its final assistant message (`continue_final_message`) goes on inside
 that message. `max_tokens` (and `max_completion_tokens`, and `min_tokens` down to 0) shrink by the tokens
-already sent. Token counts come from the stream: vLLM sends one chunk per generated token, except where a
-multi-byte character spans tokens (then fewer chunks than tokens, and the continuation may generate a token
-or two more than asked).
+already sent. The caller counts the tokens sent from the usage the decode worker sends with every chunk (it
+asks for vLLM's `continuous_usage_stats`): a chunk may hold several tokens (vLLM's API server merges the
+outputs it fell behind on; speculative decoding), so chunks are counted only where a worker sends no usage.
 
 Reasoning text (vLLM's `delta.reasoning_content` / `delta.reasoning`) and tool calls (`delta.tool_calls`) are
 generated output too (`choice_has_output`), but a continuation prompt cannot replay them faithfully (chat
@@ -79,7 +79,8 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
         path: worker path ("/v1/chat/completions" or "/v1/completions").
         body: the original request body.
         generated_text: text already streamed to the client.
-        num_generated_tokens: tokens already streamed (chunks with generated output, `chunk_progress`).
+        num_generated_tokens: tokens already streamed (from the worker's running usage; chunks with generated
+            output, `chunk_progress`, where it sends none).
     """
     if int(body.get("n") or 1) != 1 or body.get("echo") or body.get("prompt_logprobs"):
         return None

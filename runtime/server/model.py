@@ -802,7 +802,8 @@ class PDModel(OpenAIGenerativeModel):
             **options, "include_usage": True, "continuous_usage_stats": True}}
         prompt_tokens: int | None = None  # the client's prompt, from the first attempt's usage
         tokens_before = 0  # tokens sent by the attempts before this one
-        attempt_tokens = attempt_chunks = 0  # this attempt's: from its usage, and chunks with a token
+        attempt_usage: dict | None = None  # this attempt's latest usage from the worker
+        attempt_chunks = 0  # this attempt's chunks with a generated token
         attempt = base
         yielded = False
         first_token = asyncio.Event()
@@ -854,16 +855,18 @@ class PDModel(OpenAIGenerativeModel):
                                 self.metrics.child(self.metrics.ttft, endpoint, mode).observe(first_s)
                             u = chunk.get("usage")
                             if u:
-                                u, fixed = _stream_usage(u, prompt_tokens, tokens_before)
-                                prompt_tokens = u["prompt_tokens"] if prompt_tokens is None else prompt_tokens
-                                attempt_tokens = max(attempt_tokens, u["completion_tokens"] - tokens_before)
-                                usage = u
-                                if fixed:  # a continuation's own counts: the client's prompt, every attempt's tokens
-                                    chunk["usage"], changed = u, True
+                                attempt_usage = u
+                                if prompt_tokens is not None and client_wants_usage:
+                                    # a continuation's own counts: the client's prompt, every attempt's tokens
+                                    chunk["usage"], changed = _stream_usage(u, prompt_tokens, tokens_before), True
                             if "usage" in chunk and not (client_wants_running_usage or (
                                     client_wants_usage and not chunk.get("choices"))):
+                                cut = None if changed else _without_trailing_usage(data, chunk)
                                 del chunk["usage"]
-                                changed = True
+                                if cut is None:
+                                    changed = True
+                                else:  # the worker's own text less its usage, not the chunk encoded again
+                                    data = cut
                             if not client_wants_usage and not chunk.get("choices"):
                                 continue  # the usage-only final chunk the client did not ask for
                             text, generated, chunk_ok = chunk_progress(chunk)
@@ -888,8 +891,9 @@ class PDModel(OpenAIGenerativeModel):
                     self.metrics.kv_lease_expiries.inc()
                     logger.warning("request %s: no first token %.0f s before the KV lease ends: the decode worker "
                                    "prefills it locally", rid, self.kv_lease_margin_s)
-                    tokens_before += max(attempt_tokens, attempt_chunks)
-                    attempt_tokens = attempt_chunks = 0
+                    prompt_tokens, tokens_before = _attempt_ends(attempt_usage, attempt_chunks, prompt_tokens,
+                                                                 tokens_before)
+                    attempt_usage, attempt_chunks = None, 0
                     cont = base if not yielded else continuation_body(path, base, "".join(sent), tokens_before)
                     if cont is None:
                         err = openai_error_body("the inference worker did not answer in time",
@@ -905,8 +909,9 @@ class PDModel(OpenAIGenerativeModel):
                     else:  # reasoning or a tool call was sent: a continuation would repeat or lose it
                         self._note_answer(route.decode_url, exc)
                         new = None
-                    tokens_before += max(attempt_tokens, attempt_chunks)
-                    attempt_tokens = attempt_chunks = 0
+                    prompt_tokens, tokens_before = _attempt_ends(attempt_usage, attempt_chunks, prompt_tokens,
+                                                                 tokens_before)
+                    attempt_usage, attempt_chunks = None, 0
                     cont = continuation_body(path, base, "".join(sent), tokens_before) if new is not None else None
                     if cont is None:
                         if not yielded:  # nothing sent yet: the caller answers with an HTTP error instead
@@ -924,7 +929,9 @@ class PDModel(OpenAIGenerativeModel):
                 nudger.cancel()
             self._finish(rid, endpoint, route, t0, ok=ok, mode=mode)
         if ok and first_s is not None:
-            tokens = tokens_before + max(attempt_tokens, attempt_chunks)  # a chunk may hold several tokens
+            tokens = tokens_before + max(_completion_tokens(attempt_usage), attempt_chunks)  # a chunk: 1+ tokens
+            if attempt_usage is not None:
+                usage = _stream_usage(attempt_usage, prompt_tokens, tokens_before) if prompt_tokens else attempt_usage
             itl_s = (last_s - first_s) / (tokens - 1) if tokens > 1 and last_s is not None else None
             if itl_s is not None:
                 self.metrics.child(self.metrics.itl, endpoint, mode).observe(itl_s)
@@ -951,19 +958,42 @@ class PDModel(OpenAIGenerativeModel):
         self.metrics.child(self.metrics.in_flight, endpoint).dec()
 
 
-def _stream_usage(usage: dict, prompt_tokens: int | None, tokens_before: int) -> tuple[dict, bool]:
-    """A decode attempt's usage as the client's request's: its prompt tokens are the first attempt's (a
-    continuation's prompt also holds the text generated before it) and its completion tokens add the
-    `tokens_before` earlier attempts sent. (usage, whether it changed). Pure."""
+def _without_trailing_usage(data: bytes, chunk: dict) -> bytes | None:
+    """`data`, a worker's compact JSON of `chunk`, less its `usage` member when that is the last one (vLLM
+    writes the usage field after the choices), else None. Cutting the bytes spares re-encoding every chunk of
+    every stream whose client did not ask for running usage. Pure."""
+    if next(reversed(chunk)) != "usage" or not data.endswith(b"}"):
+        return None
+    i = data.rfind(b',"usage":')
+    return data[:i] + b"}" if i > 0 else None
+
+
+def _completion_tokens(usage: dict | None) -> int:
+    """A worker usage's completion tokens (0 when absent or not a number). Pure."""
     try:
-        p = int(usage.get("prompt_tokens") or 0)
-        c = int(usage.get("completion_tokens") or 0)
-    except (TypeError, ValueError):  # not numbers: passed on as the worker sent them, counted as none
-        return {**usage, "prompt_tokens": prompt_tokens or 0, "completion_tokens": tokens_before}, False
-    if prompt_tokens is None or (prompt_tokens == p and tokens_before == 0):
-        return usage, False
-    c += tokens_before
-    return {**usage, "prompt_tokens": prompt_tokens, "completion_tokens": c, "total_tokens": prompt_tokens + c}, True
+        return int((usage or {}).get("completion_tokens") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _attempt_ends(usage: dict | None, chunks: int, prompt_tokens: int | None,
+                  tokens_before: int) -> tuple[int | None, int]:
+    """(the client's prompt tokens, the tokens sent so far) once a decode attempt ends that sent `chunks` chunks
+    with a token and last reported `usage` (the first attempt's prompt is the client's). Pure."""
+    if prompt_tokens is None and usage is not None:
+        try:
+            prompt_tokens = int(usage.get("prompt_tokens") or 0) or None
+        except (TypeError, ValueError):
+            prompt_tokens = None
+    return prompt_tokens, tokens_before + max(_completion_tokens(usage), chunks)
+
+
+def _stream_usage(usage: dict, prompt_tokens: int, tokens_before: int) -> dict:
+    """A continuation's usage as the client's request's: the prompt tokens are the first attempt's (a
+    continuation's prompt also holds the text generated before it) and the completion tokens add the
+    `tokens_before` earlier attempts sent. Pure."""
+    c = _completion_tokens(usage) + tokens_before
+    return {**usage, "prompt_tokens": prompt_tokens, "completion_tokens": c, "total_tokens": prompt_tokens + c}
 
 
 async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool, n: int = 1,

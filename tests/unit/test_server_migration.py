@@ -316,3 +316,18 @@ async def test_a_client_that_did_not_ask_for_usage_gets_none_though_the_workers_
     chunks = [json.loads(e[6:]) for e in events[:-1]]
     assert all("usage" not in c for c in chunks) and chunks[-1]["choices"]
     await model.aclose()
+
+
+def test_a_trailing_usage_is_cut_from_the_workers_bytes_and_anything_else_is_left_to_re_encoding():
+    import orjson
+
+    from runtime.server.model import _without_trailing_usage
+
+    usage = b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4,"prompt_tokens_details":null}'
+    data = b'{"id":"x","choices":[{"index":0,"delta":{"content":"say \\"usage\\":"}}],' + usage + b"}"
+    chunk = orjson.loads(data)
+    cut = _without_trailing_usage(data, chunk)
+    assert orjson.loads(cut) == {k: v for k, v in chunk.items() if k != "usage"}
+    for other in (b'{"id":"x","usage":{"a":1},"choices":[]}',  # usage not last
+                  b'{"id": "x", "choices": [], "usage": {"a": 1}}'):  # not compact
+        assert _without_trailing_usage(other, orjson.loads(other)) is None
