@@ -260,6 +260,17 @@ def operations_markdown() -> str:
     out.append(_para("Severities: `critical` (users are hurt now: page), `warning` (users will be hurt, or a safety "
                      "net is in use: act within the working day), `info` (worth a look). Each alert's "
                      "`runbook_url` annotation names its section below.") + "\n\n")
+    from runtime.server.metrics import _ITL_BUCKETS_S, _LATENCY_BUCKETS_S
+
+    slo = al.SloSpec()
+    out.append(_para(f"The committed rules hold the default SLOs (TTFT p90 {slo.ttft_p90_ms / 1000:g} s, ITL p90 "
+                     f"{slo.itl_p90_ms:g} ms) over every InferenceService. For yours, write them with `python -m "
+                     "runtime.observability.alerts --ttft-ms MS --itl-ms MS --out my-alerts.yaml` and apply "
+                     "that file in place of `infra/k8s/prometheus/pdserve-alerts.yaml`: each threshold must be a "
+                     "bucket bound of its histogram (TTFT, s: "
+                     f"{', '.join(f'{b:g}' for b in _LATENCY_BUCKETS_S)}; ITL, s: "
+                     f"{', '.join(f'{b:g}' for b in _ITL_BUCKETS_S)}), since the burn rate counts the requests "
+                     "within it.") + "\n\n")
     rules = al.alerts()
     out.append("| alert | severity | for |\n|---|---|---|\n")
     out += [f"| [{a.name}](#{a.anchor}) | {a.severity} | {a.for_} |\n" for a in rules]
