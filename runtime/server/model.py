@@ -869,6 +869,8 @@ class PDModel(OpenAIGenerativeModel):
                                     data = cut
                             if not client_wants_usage and not chunk.get("choices"):
                                 continue  # the usage-only final chunk the client did not ask for
+                            if yielded and attempt is not base and _role_only(chunk):
+                                continue  # a continuation's opening role delta: the client has had one
                             text, generated, chunk_ok = chunk_progress(chunk)
                             if text:
                                 sent.append(text)
@@ -966,6 +968,18 @@ def _without_trailing_usage(data: bytes, chunk: dict) -> bytes | None:
         return None
     i = data.rfind(b',"usage":')
     return data[:i] + b"}" if i > 0 else None
+
+
+def _role_only(chunk: dict) -> bool:
+    """A chat chunk that only opens the assistant's message (`delta` of a role and empty content, no finish
+    reason, no logprobs), as a continuation's first chunk does. Pure."""
+    choices = chunk.get("choices")
+    if not choices or len(choices) != 1:
+        return False
+    c = choices[0]
+    delta = c.get("delta")
+    return (isinstance(delta, dict) and "role" in delta and not delta.get("content")
+            and set(delta) <= {"role", "content"} and not c.get("finish_reason") and not c.get("logprobs"))
 
 
 def _completion_tokens(usage: dict | None) -> int:

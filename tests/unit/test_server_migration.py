@@ -275,7 +275,8 @@ class CoalescingDecoders(TwoDecoders):
         for p in pieces:
             done += len(p.split())
             usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
-            out.append(f"data: {json.dumps({'id': 'id-' + host, 'choices': [{'index': 0, 'delta': {'content': p}}], 'usage': usage})}\n\n".encode())
+            chunk = {"id": "id-" + host, "choices": [{"index": 0, "delta": {"content": p}}], "usage": usage}
+            out.append(f"data: {json.dumps(chunk)}\n\n".encode())
         if host == "d0":
             return httpx.Response(200, stream=_DyingStream(out))
         usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
@@ -331,3 +332,23 @@ def test_a_trailing_usage_is_cut_from_the_workers_bytes_and_anything_else_is_lef
     for other in (b'{"id":"x","usage":{"a":1},"choices":[]}',  # usage not last
                   b'{"id": "x", "choices": [], "usage": {"a": 1}}'):  # not compact
         assert _without_trailing_usage(other, orjson.loads(other)) is None
+
+
+async def test_a_continued_chat_stream_opens_the_assistant_message_once():
+    class RoleFirst(TwoDecoders):  # each worker opens its stream with a role-only delta, as vLLM does
+        def handler(self, req: httpx.Request) -> httpx.Response:
+            host = req.url.host
+            self.bodies[host].append(json.loads(req.content))
+            opening = {"id": "id-" + host, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+            role = [f"data: {json.dumps(opening)}\n\n".encode()]
+            if host == "d0":
+                return httpx.Response(200, stream=_DyingStream(role + _sse("id-d0", ["The", " capital"])))
+            rest = _sse("id-d1", [" is", " Paris."]) + [b"data: [DONE]\n\n"]
+            return httpx.Response(200, content=b"".join(role + rest))
+
+    model, _ = _model(RoleFirst())
+    events = [e async for e in await model.create_chat_completion(_chat_request())]
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert sum("role" in c["choices"][0]["delta"] for c in chunks) == 1
+    assert "".join(chunk_text(c) for c in chunks) == "The capital is Paris."
+    await model.aclose()
