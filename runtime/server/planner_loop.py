@@ -90,6 +90,33 @@ class WindowStats:
     prompt_arrivals: tuple[tuple[float, float], ...] | None = None  # (arrival_s, prompt tokens) per request
 
 
+def scale_window(w: WindowStats, factor: float) -> WindowStats:
+    """The window of all the runtime replicas' requests, from one replica's that saw 1/`factor` of them (its
+    router's share of the decode workers' requests, `RouterPairing.drain_traffic_share`): counts and the
+    sub-tick peak scaled by `factor`, each prompt arrival repeated ``factor`` times (the fraction by a
+    deterministic stride) within the second after it, as the others' requests of a burst arrive with it.
+    Means, percentiles and the dispersion are the replica's sample of the same traffic: unchanged. Pure.
+
+    Raises:
+        ValueError: `factor` < 1 or not finite.
+    """
+    if not (math.isfinite(factor) and factor >= 1.0):
+        raise ValueError(f"scale_window: factor must be a finite number >= 1, got {factor!r}")
+    arrivals = None
+    if w.prompt_arrivals:
+        whole, frac = int(factor), factor - int(factor)
+        out: list[tuple[float, float]] = []
+        for i, (t, n) in enumerate(w.prompt_arrivals):
+            copies = whole + (1 if math.floor((i + 1) * frac) > math.floor(i * frac) else 0)
+            out += [(t + j / copies, n) for j in range(copies)]
+        arrivals = tuple(sorted(out))
+    return dataclasses.replace(
+        w, num_requests=int(round(w.num_requests * factor)),
+        num_priority_requests=int(round(w.num_priority_requests * factor)),
+        peak_prefill_tokens_per_s=None if w.peak_prefill_tokens_per_s is None else w.peak_prefill_tokens_per_s * factor,
+        prompt_arrivals=arrivals)
+
+
 def peak_tokens_per_s(
     arrival_s: list[float] | np.ndarray,
     tokens: list[int] | np.ndarray,
@@ -362,6 +389,9 @@ class PlannerGauges:
                                     "target replicas", ["pool", "direction"], registry=registry)
         self.leader = g("leader", "1 while this runtime replica's planner actuates (the leader), 0 while it "
                         "only computes and exports its decisions")
+        self.traffic_share = g("traffic_share", "This replica's share of the decode workers' requests over the "
+                               "last tick (1 with one runtime replica); the planner scales its request window by "
+                               "its inverse")
         self.actuations = Counter("pdserve_planner_actuations", "Decisions this replica handed to the actuator",
                                   registry=registry)
         for pool in ("prefill", "decode"):  # every series from the start, so a rate over them is 0, not absent
@@ -459,9 +489,11 @@ class PlannerLoop:
         clock: Callable[[], float] = time.monotonic,
         metrics_deadline_s: float | None = None,
         leader: Callable[[], bool] | None = None,
+        traffic_share: Callable[[], float | None] | None = None,
     ) -> None:
         self.machine = machine
         self.leader = leader
+        self.traffic_share = traffic_share
         self.actuator = actuator
         self.window = window
         self.metrics_urls = metrics_urls
@@ -488,6 +520,10 @@ class PlannerLoop:
         dec = read_pool(self.client, urls.get("decode", []), max(want_d - len(urls.get("decode", [])), 0),
                         deadline_s=self.metrics_deadline_s, in_flight=self._in_flight)
         w = self.window.drain()
+        share = self.traffic_share() if self.traffic_share is not None else None
+        if share is not None and share < 1.0:
+            w = scale_window(w, 1.0 / share)
+        self.gauges.traffic_share.set(1.0 if share is None else share)
         tick = TickInput(  # the rate is over the window actually drained (a late tick covers more time)
             now_s=now_s, interval_s=w.span_s if w.span_s > 0 else self.interval_s, num_requests=w.num_requests,
             num_priority_requests=w.num_priority_requests, mean_isl_tokens=w.mean_isl_tokens,

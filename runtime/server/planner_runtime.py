@@ -376,6 +376,7 @@ def build_planner(
                                   **{"namespace": namespace, **leader_election})
     loop = PlannerLoop(machine, actuator, window, metrics_urls=pool_metrics_urls(pairing),
                        client=httpx.Client(timeout=5.0), registry=registry, interval_s=spec.planner.interval_s,
-                       leader=election.is_leader if election is not None else None)
+                       leader=election.is_leader if election is not None else None,
+                       traffic_share=pairing.drain_traffic_share if isinstance(pairing, RouterPairing) else None)
     return PlannerRuntime(loop, pairing=pairing, local=local, is_healthy=is_healthy, election=election,
                           breakers=breakers, drain_cap_s=spec.planner.drain_cap_s)

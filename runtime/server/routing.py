@@ -122,6 +122,11 @@ def tier_credit_costs(spec: DeploymentSpec, model_config: Mapping | None) -> dic
     return {"prefill_cost": PerfTiming(perf, tp).prefill_s, "tier_load_cost": {m: per_token[m] for m in media}}
 
 
+#: The least share of the traffic a runtime replica is taken to see (the render runs at most 8 replicas; an
+#: uneven balancer may give one less than 1/8 for a while): bounds how far the planner scales up its requests.
+MIN_TRAFFIC_SHARE = 1 / 16
+
+
 class RouterPairing:
     """`runtime.server.pairing.Pairing` over a `Router`.
 
@@ -154,6 +159,9 @@ class RouterPairing:
         self.pool_version = 0
         # running mean of prompt blocks per routed request (BLOCKS_MEAN_WEIGHT); None until the first request
         self.blocks_per_request: float | None = None
+        # this router's and the engines' decode requests summed over the engine-load reads since the last
+        # drain_traffic_share() (its share of the traffic when several runtime replicas share the workers)
+        self._share_own = self._share_engine = 0.0
         for w in workers:
             self._add_to_router(w)
 
@@ -265,7 +273,22 @@ class RouterPairing:
         request). Unknown URLs and prefill-only workers: no-op."""
         w = self.load_of(url)
         if w is not None:
+            if engine_requests is not None and w.can_decode:
+                # the engine counts a request from its arrival there; this router from routing it (its prefill
+                # elsewhere included): never more than all of it
+                self._share_own += w.num_requests
+                self._share_engine += max(float(engine_requests), float(w.num_requests))
             set_external_load(w, engine_requests, 1.0 if self.blocks_per_request is None else self.blocks_per_request)
+
+    def drain_traffic_share(self) -> float | None:
+        """This router's share of the requests the decode workers ran or queued, over the engine-load reads
+        since the last call (`set_engine_load`): with N runtime replicas behind an even balancer about 1/N.
+        At least `MIN_TRAFFIC_SHARE`; None when no read counted a request (nothing to judge by)."""
+        own, engine = self._share_own, self._share_engine
+        self._share_own = self._share_engine = 0.0
+        if engine <= 0:
+            return None
+        return min(1.0, max(own / engine, MIN_TRAFFIC_SHARE))
 
     def mark_up(self, url: str) -> None:
         """Route to a recovered worker again (its index entry as kept while it was down)."""

@@ -257,3 +257,86 @@ def test_a_read_acquire_time_is_written_back_as_micro_time():
     t = dt.datetime(2026, 12, 5, 1, 2, 3, tzinfo=dt.timezone.utc)  # as the client deserialises MicroTime
     assert _as_micro(t) == "2026-12-05T01:02:03.000000Z"
     assert _as_micro("2026-12-05T01:02:03.500000Z") == "2026-12-05T01:02:03.500000Z"
+
+
+# ------------------------------------------------------------------ the leader plans for every replica's traffic
+def test_a_replicas_window_is_scaled_to_all_the_traffic_by_its_share():
+    from runtime.server.planner_loop import RequestWindow, scale_window
+
+    now = [0.0]
+    window = RequestWindow(clock=lambda: now[0])
+    for i in range(10):
+        now[0] = float(i)
+        window.record_arrival(100 + i, priority=i < 2)
+    now[0] = 10.0
+    w = window.drain()
+    two = scale_window(w, 2.0)
+    assert (two.num_requests, two.num_priority_requests) == (20, 4)
+    assert two.peak_prefill_tokens_per_s == pytest.approx(2 * w.peak_prefill_tokens_per_s)
+    assert (two.mean_isl_tokens, two.p90_isl_tokens, two.arrival_dispersion) == (
+        w.mean_isl_tokens, w.p90_isl_tokens, w.arrival_dispersion)
+    # each arrival twice, the copy within the second after it (the others' share of a burst comes with it)
+    assert len(two.prompt_arrivals) == 20
+    assert sorted(n for _, n in two.prompt_arrivals) == sorted(n for _, n in w.prompt_arrivals for _ in range(2))
+    assert all(0 <= t2 - t < 1 for (t, _), (t2, _) in zip(sorted(w.prompt_arrivals * 2), two.prompt_arrivals))
+    half = scale_window(w, 1.5)  # a fraction by a deterministic stride: 15 arrivals of 10
+    assert len(half.prompt_arrivals) == 15 and half.num_requests == 15
+    assert scale_window(w, 1.0) == w
+    with pytest.raises(ValueError, match="factor"):
+        scale_window(w, 0.5)
+
+
+def test_the_routers_share_of_the_decode_workers_requests_is_measured_from_the_engines_gauges():
+    from runtime.config import RouterSpec
+    from runtime.server.routing import MIN_TRAFFIC_SHARE, RouterPairing, WorkerEndpoint
+
+    pairing = RouterPairing(RouterSpec(policy="least_loaded"), 16, [WorkerEndpoint("d0", "decode", "http://d0"),
+                                                             WorkerEndpoint("d1", "decode", "http://d1")])
+    assert pairing.drain_traffic_share() is None  # nothing read yet
+    pairing.load_of("http://d0").num_requests = 2
+    pairing.load_of("http://d1").num_requests = 1
+    pairing.set_engine_load("http://d0", 6)  # the engines run twice as many: two more replicas' worth
+    pairing.set_engine_load("http://d1", 3)
+    pairing.set_engine_load("http://d1", None)  # an unreadable page counts for nothing
+    assert pairing.drain_traffic_share() == pytest.approx(3 / 9)
+    assert pairing.drain_traffic_share() is None  # drained
+    pairing.set_engine_load("http://d0", 1)  # the engine has not seen a request still in its prefill: one replica
+    assert pairing.drain_traffic_share() == 1.0
+    pairing.load_of("http://d0").num_requests = 0
+    pairing.set_engine_load("http://d0", 50)
+    assert pairing.drain_traffic_share() == MIN_TRAFFIC_SHARE
+
+
+def test_the_leader_sizes_for_its_share_scaled_up():
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from runtime.planner.profiles import analytic_profile
+    from runtime.planner.state_machine import PlannerStateMachine
+    from runtime.planner.types import PlannerConfig
+    from runtime.server.actuators import DryRunActuator
+    from runtime.server.planner_loop import PlannerLoop, RequestWindow
+
+    prof = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4,
+                            kv_capacity_tokens=100_000)
+    cfg = PlannerConfig(mode="sla", interval_s=30.0, predictor="constant", allow_aggregated=False,
+                        max_prefill=64, max_decode=64)
+    seen = {}
+    for share in (None, 0.25):
+        now = [0.0]
+        window = RequestWindow(clock=lambda: now[0])
+        registry = CollectorRegistry()
+        machine = PlannerStateMachine(cfg, prof)
+        on_tick = machine.on_tick
+        machine.on_tick = lambda t, on_tick=on_tick, share=share: seen.setdefault(share, t) and on_tick(t)
+        with httpx.Client() as http:
+            loop = PlannerLoop(machine, DryRunActuator(prefill=1, decode=1), window, client=http, registry=registry,
+                               metrics_urls=lambda: {"prefill": [], "decode": []}, traffic_share=lambda s=share: s)
+            for i in range(300):
+                now[0] = i / 10
+                window.record_arrival(1000)
+            now[0] = 30.0
+            loop.tick(now_s=30.0)
+        assert registry.get_sample_value("pdserve_planner_traffic_share") == (share or 1.0)
+    assert seen[0.25].num_requests == 4 * seen[None].num_requests
+    assert len(seen[0.25].prompt_arrivals) == 4 * len(seen[None].prompt_arrivals)
