@@ -20,6 +20,7 @@ clock, the KV-event subscription and the worker health loop:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -162,6 +163,7 @@ class RouterPairing:
         # this router's and the engines' decode requests summed over the engine-load reads since the last
         # drain_traffic_share() (its share of the traffic when several runtime replicas share the workers)
         self._share_own = self._share_engine = 0.0
+        self._share_lock = threading.Lock()  # the planner drains it from its own thread
         for w in workers:
             self._add_to_router(w)
 
@@ -276,16 +278,18 @@ class RouterPairing:
             if engine_requests is not None and w.can_decode:
                 # the engine counts a request from its arrival there; this router from routing it (its prefill
                 # elsewhere included): never more than all of it
-                self._share_own += w.num_requests
-                self._share_engine += max(float(engine_requests), float(w.num_requests))
+                with self._share_lock:
+                    self._share_own += w.num_requests
+                    self._share_engine += max(float(engine_requests), float(w.num_requests))
             set_external_load(w, engine_requests, 1.0 if self.blocks_per_request is None else self.blocks_per_request)
 
     def drain_traffic_share(self) -> float | None:
         """This router's share of the requests the decode workers ran or queued, over the engine-load reads
         since the last call (`set_engine_load`): with N runtime replicas behind an even balancer about 1/N.
         At least `MIN_TRAFFIC_SHARE`; None when no read counted a request (nothing to judge by)."""
-        own, engine = self._share_own, self._share_engine
-        self._share_own = self._share_engine = 0.0
+        with self._share_lock:
+            own, engine = self._share_own, self._share_engine
+            self._share_own = self._share_engine = 0.0
         if engine <= 0:
             return None
         return min(1.0, max(own / engine, MIN_TRAFFIC_SHARE))
