@@ -265,7 +265,8 @@ def operations_markdown() -> str:
     slo = al.SloSpec()
     out.append(_para(f"The committed rules hold the default SLOs (TTFT p90 {slo.ttft_p90_ms / 1000:g} s, ITL p90 "
                      f"{slo.itl_p90_ms:g} ms) over every InferenceService. For yours, write them with `python -m "
-                     "runtime.observability.alerts --ttft-ms MS --itl-ms MS --out my-alerts.yaml` and apply "
+                     "runtime.observability.alerts --ttft-ms MS --itl-ms MS --out my-alerts.yaml` (with "
+                     "`--runbook-base-url` your repository's web address, so the runbook links open) and apply "
                      "that file in place of `infra/k8s/prometheus/pdserve-alerts.yaml`: each threshold must be a "
                      "bucket bound of its histogram (TTFT, s: "
                      f"{', '.join(f'{b:g}' for b in _LATENCY_BUCKETS_S)}; ITL, s: "

@@ -200,3 +200,9 @@ def test_rules_for_other_slos_are_written_by_the_module_and_a_threshold_off_the_
     assert main(["--ttft-ms", "1500"]) == 2
     assert "not a bucket bound of pdserve_ttft_seconds" in capsys.readouterr().err
     assert main(["--itl-ms", "-5"]) == 2
+    linked = tmp_path / "linked.yaml"
+    assert main(["--runbook-base-url", "https://git.example/pdserve/blob/main/", "--out", str(linked)]) == 0
+    urls = {r["annotations"]["runbook_url"] for g in yaml.safe_load(linked.read_text())["spec"]["groups"]
+            for r in g["rules"]}
+    assert urls and all(u.startswith("https://git.example/pdserve/blob/main/docs/operations.md#pdserve") for u in urls)
+    assert main(["--runbook-base-url", "git.example/x"]) == 2
