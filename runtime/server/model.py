@@ -758,12 +758,13 @@ class PDModel(OpenAIGenerativeModel):
     def _observe(self, usage: dict, arrival_recorded: bool, ttft_s: float, total_s: float, osl_tokens: int,
                  itl_s: float | None = None) -> None:
         """Feed the planner's request window and the traffic log (each if any) with one finished request."""
+        prompt_tokens = _count(usage, "prompt_tokens")  # a worker's usage is not trusted to hold numbers
         if self.traffic_log is not None:
-            self.traffic_log.record(int(usage.get("prompt_tokens") or 0), int(osl_tokens), ago_s=total_s)
+            self.traffic_log.record(prompt_tokens, int(osl_tokens), ago_s=total_s)
         if self.observer is None:
             return
         if not arrival_recorded:
-            self.observer.record_arrival(int(usage.get("prompt_tokens") or 0), ago_s=total_s)
+            self.observer.record_arrival(prompt_tokens, ago_s=total_s)
         if itl_s is None and osl_tokens > 1:
             itl_s = (total_s - ttft_s) / (osl_tokens - 1)
         self.observer.record_finish(int(osl_tokens), ttft_s, itl_s)
@@ -804,6 +805,8 @@ class PDModel(OpenAIGenerativeModel):
         tokens_before = 0  # tokens sent by the attempts before this one
         attempt_usage: dict | None = None  # this attempt's latest usage from the worker
         attempt_chunks = 0  # this attempt's chunks with a generated token
+        finished = usage_sent = False  # a finish reason / the final usage chunk went to the client
+        last: dict = {}  # the last chunk sent (its id, object, created, model)
         attempt = base
         yielded = False
         first_token = asyncio.Event()
@@ -856,7 +859,7 @@ class PDModel(OpenAIGenerativeModel):
                             u = chunk.get("usage")
                             if u:
                                 attempt_usage = u
-                                if prompt_tokens is not None and client_wants_usage:
+                                if (prompt_tokens is not None or tokens_before) and client_wants_usage:
                                     # a continuation's own counts: the client's prompt, every attempt's tokens
                                     chunk["usage"], changed = _stream_usage(u, prompt_tokens, tokens_before), True
                             if "usage" in chunk and not (client_wants_running_usage or (
@@ -879,6 +882,12 @@ class PDModel(OpenAIGenerativeModel):
                                 attempt_chunks += 1
                                 last_s = self.clock() - t0
                             replayable = replayable and chunk_ok
+                            choices = chunk.get("choices")
+                            if choices:
+                                finished = finished or bool(choices[0].get("finish_reason"))
+                            else:
+                                usage_sent = usage_sent or "usage" in chunk
+                            last = chunk
                             yielded = True
                             text_out = orjson.dumps(chunk).decode() if changed else data.decode()
                             yield f"data: {text_out}\n\n"
@@ -906,6 +915,14 @@ class PDModel(OpenAIGenerativeModel):
                     kv, decode, attempt, mode = None, self._client(route.decode_url, rid), cont, "local"
                     local_prefill = True
                 except BackendError as exc:
+                    if finished:  # the answer was whole: the worker went away before its [DONE]; end it there
+                        self._note_answer(route.decode_url, exc)
+                        if client_wants_usage and not usage_sent and attempt_usage is not None:
+                            final = {k: last[k] for k in ("id", "object", "created", "model") if k in last}
+                            final.update(choices=[], usage=_stream_usage(attempt_usage, prompt_tokens, tokens_before))
+                            yield f"data: {orjson.dumps(final).decode()}\n\n"
+                        ok = True
+                        break
                     if replayable:
                         new = self._migrate(exc, route, rid)
                     else:  # reasoning or a tool call was sent: a continuation would repeat or lose it
@@ -933,7 +950,7 @@ class PDModel(OpenAIGenerativeModel):
         if ok and first_s is not None:
             tokens = tokens_before + max(_completion_tokens(attempt_usage), attempt_chunks)  # a chunk: 1+ tokens
             if attempt_usage is not None:
-                usage = _stream_usage(attempt_usage, prompt_tokens, tokens_before) if prompt_tokens else attempt_usage
+                usage = _stream_usage(attempt_usage, prompt_tokens, tokens_before)
             itl_s = (last_s - first_s) / (tokens - 1) if tokens > 1 and last_s is not None else None
             if itl_s is not None:
                 self.metrics.child(self.metrics.itl, endpoint, mode).observe(itl_s)
@@ -982,12 +999,17 @@ def _role_only(chunk: dict) -> bool:
             and set(delta) <= {"role", "content"} and not c.get("finish_reason") and not c.get("logprobs"))
 
 
-def _completion_tokens(usage: dict | None) -> int:
-    """A worker usage's completion tokens (0 when absent or not a number). Pure."""
+def _count(usage: dict | None, key: str) -> int:
+    """A worker usage's token count under `key` (0 when absent or not a number). Pure."""
     try:
-        return int((usage or {}).get("completion_tokens") or 0)
+        return int((usage or {}).get(key) or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def _completion_tokens(usage: dict | None) -> int:
+    """A worker usage's completion tokens (0 when absent or not a number). Pure."""
+    return _count(usage, "completion_tokens")
 
 
 def _attempt_ends(usage: dict | None, chunks: int, prompt_tokens: int | None,
@@ -1002,12 +1024,18 @@ def _attempt_ends(usage: dict | None, chunks: int, prompt_tokens: int | None,
     return prompt_tokens, tokens_before + max(_completion_tokens(usage), chunks)
 
 
-def _stream_usage(usage: dict, prompt_tokens: int, tokens_before: int) -> dict:
-    """A continuation's usage as the client's request's: the prompt tokens are the first attempt's (a
-    continuation's prompt also holds the text generated before it) and the completion tokens add the
-    `tokens_before` earlier attempts sent. Pure."""
+def _stream_usage(usage: dict, prompt_tokens: int | None, tokens_before: int) -> dict:
+    """An attempt's usage as the client's request's: the prompt tokens are the first attempt's when known (a
+    continuation's prompt also holds the text generated before it; its prompt details, cached tokens among
+    them, are the continuation's and are left out) and the completion tokens add the `tokens_before` earlier
+    attempts sent. The usage itself when no attempt sent tokens before this one. Pure."""
+    if not tokens_before:  # nothing was generated before this attempt: its prompt is the client's
+        return usage
+    p = _count(usage, "prompt_tokens") if prompt_tokens is None else prompt_tokens
     c = _completion_tokens(usage) + tokens_before
-    return {**usage, "prompt_tokens": prompt_tokens, "completion_tokens": c, "total_tokens": prompt_tokens + c}
+    out = {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
+    out.update(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+    return out
 
 
 async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage: bool, n: int = 1,

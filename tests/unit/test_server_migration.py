@@ -352,3 +352,58 @@ async def test_a_continued_chat_stream_opens_the_assistant_message_once():
     assert sum("role" in c["choices"][0]["delta"] for c in chunks) == 1
     assert "".join(chunk_text(c) for c in chunks) == "The capital is Paris."
     await model.aclose()
+
+
+class FinishesThenDies(TwoDecoders):
+    """d0 sends the whole answer, its finish reason (and, with `final_usage`, the usage-only chunk) and then
+    drops the connection before `data: [DONE]`."""
+
+    def __init__(self, final_usage: bool):
+        super().__init__()
+        self.final_usage = final_usage
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        out = []
+        for k, (text, finish) in enumerate([("Paris", None), (".", "stop")], 1):
+            usage = {"prompt_tokens": 5, "completion_tokens": k, "total_tokens": 5 + k,
+                     "prompt_tokens_details": {"cached_tokens": 4}}
+            out.append({"id": "id-" + host, "choices": [{"index": 0, "delta": {"content": text},
+                                                         "finish_reason": finish}], "usage": usage})
+        if self.final_usage:
+            out.append({"id": "id-" + host, "choices": [], "usage": out[-1]["usage"]})
+        return httpx.Response(200, stream=_DyingStream([f"data: {json.dumps(c)}\n\n".encode() for c in out]))
+
+
+@pytest.mark.parametrize("final_usage", [False, True])
+async def test_a_worker_that_dies_after_the_finish_reason_ends_the_answer_it_gave_not_a_continuation(final_usage):
+    from kserve.protocol.rest.openai.types import ChatCompletionRequest
+
+    w = FinishesThenDies(final_usage)
+    model, reg = _model(w)
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Capital of France?"}],
+                                max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True})
+    events = [e async for e in await model.create_chat_completion(req)]
+    assert events[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "".join(chunk_text(c) for c in chunks) == "Paris."
+    assert [c for c in chunks if "error" in c] == [] and w.bodies["d1"] == []  # no continuation after the end
+    usage = [c["usage"] for c in chunks if not c.get("choices")]
+    assert usage == [{"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                      "prompt_tokens_details": {"cached_tokens": 4}}]  # exactly one, the worker's own
+    assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "local", "status": "ok"}) == 1
+    await model.aclose()
+
+
+def test_a_continuations_usage_is_the_clients_request_whatever_the_worker_reports():
+    from runtime.server.model import _stream_usage
+
+    cont = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11,
+            "prompt_tokens_details": {"cached_tokens": 8}}
+    # the client's prompt, every attempt's tokens, and no cached count of the continuation's longer prompt
+    assert _stream_usage(cont, 5, 4) == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    # a worker that sent no running usage before: the prompt is the continuation's, the tokens still add up
+    assert _stream_usage(cont, None, 4) == {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15}
+    assert _stream_usage(cont, 9, 0) is cont  # nothing generated before: the worker's own usage
+    assert _stream_usage({"prompt_tokens": "x", "completion_tokens": None}, None, 3)["completion_tokens"] == 3
