@@ -95,7 +95,9 @@ def scale_window(w: WindowStats, factor: float) -> WindowStats:
     router's share of the decode workers' requests, `RouterPairing.drain_traffic_share`): counts and the
     sub-tick peak scaled by `factor`, each prompt arrival repeated ``factor`` times (the fraction by a
     deterministic stride) within the second after it, as the others' requests of a burst arrive with it.
-    Means, percentiles and the dispersion are the replica's sample of the same traffic: unchanged. Pure.
+    Means and percentiles are the replica's sample of the same traffic: unchanged; so is the dispersion, which
+    a balancer dealing clumps out across replicas lowers (docs/design/planner.md, "Several runtime
+    replicas"). Pure.
 
     Raises:
         ValueError: `factor` < 1 or not finite.
