@@ -427,6 +427,7 @@ class Router:
         dw = r.decode
         dw.decode_blocks += r.decode_blocks
         pw.num_requests += 1
+        pw.engine_requests += 1  # the prefill leg (the whole request when it prefills where it decodes)
         if dw is not pw:
             dw.num_requests += 1
         if self._track_pending:
@@ -456,6 +457,9 @@ class Router:
         pw = r.prefiller
         pw.prefill_tokens -= r.prefill_tokens
         pw.prefill_work -= r.prefill_work
+        if pw is not r.decode:  # the prefill leg is over; the decode leg goes to its worker now
+            pw.engine_requests -= 1
+            r.decode.engine_requests += 1
         if self._track_pending and self._alive(pw):
             self._pending.remove(pw.worker_id, r.hashes)
 
@@ -474,6 +478,7 @@ class Router:
             self._release_prefill(r)
         r.decode.decode_blocks -= r.decode_blocks
         r.decode.num_requests -= 1
+        r.decode.engine_requests -= 1  # _release_prefill moved it here
         if r.prefill is not None and r.prefill is not r.decode:
             r.prefill.num_requests -= 1
         return True

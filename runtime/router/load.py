@@ -24,6 +24,10 @@ class WorkerLoad:
         prefill_tokens: uncached prompt tokens routed here whose first token has not arrived, tokens.
         decode_blocks: KV blocks (prompt blocks) of requests decoding here that have not completed.
         num_requests: requests that hold any load here.
+        engine_requests: this router's requests the engine itself holds now (counts in its running + waiting
+            gauges): those prefilling on it, and those decoding on it once their decode leg was sent (from
+            routing with a local prefill, from the remote prefill's first token otherwise). A request still
+            prefilling elsewhere is in ``num_requests`` of its decode worker but not here.
         kv_events: whether the worker publishes KV events (else the router learns approximately).
         prefill_work: predicted prefill work queued here (the router's ``prefill_cost`` unit: seconds
             when a performance model is given, else uncached tokens).
@@ -40,6 +44,7 @@ class WorkerLoad:
     prefill_tokens: int = 0
     decode_blocks: int = 0
     num_requests: int = 0
+    engine_requests: int = 0
     kv_events: bool = True
     prefill_work: float = 0.0
     total_prefill_work: float = 0.0
@@ -64,7 +69,8 @@ def set_external_load(w: WorkerLoad, engine_requests: float | None, blocks_per_r
     `engine_requests`: requests the engine itself reports running or waiting (vLLM
     ``vllm:num_requests_running`` + ``vllm:num_requests_waiting``); None when its page could not be read (the
     external share is dropped rather than kept stale). The requests beyond this router's own
-    (``num_requests``) are the other replicas'; each stands for `blocks_per_request` KV blocks (the mean
+    (``engine_requests``: the ones the engine holds, so requests still prefilling elsewhere are not taken for
+    another replica's absence) are the other replicas'; each stands for `blocks_per_request` KV blocks (the mean
     prompt blocks this router charges per request: the other replicas serve the same traffic). The share
     replaces the previous one in ``decode_blocks`` (so the router's own charge and release stay exact), and
     ``num_requests`` is left to the router's own requests. A worker that cannot decode is left as it is: a
@@ -77,7 +83,7 @@ def set_external_load(w: WorkerLoad, engine_requests: float | None, blocks_per_r
         raise ValueError(f"blocks_per_request={blocks_per_request}: expected >= 0")
     if not w.can_decode:
         return
-    external = 0.0 if engine_requests is None else max(0.0, float(engine_requests) - w.num_requests)
+    external = 0.0 if engine_requests is None else max(0.0, float(engine_requests) - w.engine_requests)
     blocks = int(round(external * blocks_per_request))
     w.decode_blocks += blocks - w.external_decode_blocks
     w.external_requests, w.external_decode_blocks = external, blocks

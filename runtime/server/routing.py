@@ -270,17 +270,17 @@ class RouterPairing:
 
     def set_engine_load(self, url: str, engine_requests: float | None) -> None:
         """The engine at `url` reports `engine_requests` running or waiting (None: its page was unreadable):
-        the requests beyond this router's own count as other replicas' load on it, each of the running mean
-        prompt size (runtime.router.load.set_external_load; one block each before this router has routed a
-        request). Unknown URLs and prefill-only workers: no-op."""
+        the requests beyond this router's own on it (`WorkerLoad.engine_requests`) count as other replicas'
+        load on it, each of the running mean prompt size (runtime.router.load.set_external_load; one block
+        each before this router has routed a request). Unknown URLs and prefill-only workers: no-op."""
         w = self.load_of(url)
         if w is not None:
             if engine_requests is not None and w.can_decode:
-                # the engine counts a request from its arrival there; this router from routing it (its prefill
-                # elsewhere included): never more than all of it
+                # the requests this router has on the engine as the engine counts them (a request still
+                # prefilling elsewhere is on neither count); never more than all of it, as the reads race
                 with self._share_lock:
-                    self._share_own += w.num_requests
-                    self._share_engine += max(float(engine_requests), float(w.num_requests))
+                    self._share_own += w.engine_requests
+                    self._share_engine += max(float(engine_requests), float(w.engine_requests))
             set_external_load(w, engine_requests, 1.0 if self.blocks_per_request is None else self.blocks_per_request)
 
     def drain_traffic_share(self) -> float | None:

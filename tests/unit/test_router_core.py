@@ -204,6 +204,8 @@ _ops = st.lists(
         st.tuples(st.just("route"), st.integers(0, 3), st.sampled_from(["kv", "x"])),
         st.tuples(st.just("first"), st.integers(0, 30), st.just("")),
         st.tuples(st.just("done"), st.integers(0, 30), st.just("")),
+        st.tuples(st.just("fallback"), st.integers(0, 30), st.just("")),
+        st.tuples(st.just("migrate"), st.integers(0, 30), st.just("")),
     ),
     max_size=40,
 )
@@ -232,11 +234,35 @@ def test_routing_never_picks_a_worker_outside_the_pool(ops, policy):
             n += 1
         elif op == "first":
             r.on_first_token(f"q{a}")
+        elif op == "fallback":
+            try:
+                r.fallback_local_prefill(f"q{a}", now_s=float(n))
+            except UnknownRequestError:
+                pass
+        elif op == "migrate":
+            try:
+                r.migrate(f"q{a}", now_s=float(n))
+            except (UnknownRequestError, MigrationLimitError, NoWorkersError):
+                pass
         else:
             r.on_complete(f"q{a}")
+        _check_engine_requests(r)
     for i in range(n):
         r.on_complete(f"q{i}")
-    assert all((w.prefill_tokens, w.decode_blocks, w.num_requests) == (0, 0, 0) for w in r.workers.values())
+    assert all((w.prefill_tokens, w.decode_blocks, w.num_requests, w.engine_requests) == (0, 0, 0, 0)
+               for w in r.workers.values())
+
+
+def _check_engine_requests(r: Router) -> None:
+    """Each worker's `engine_requests` is what its engine holds of the router's requests: the ones prefilling
+    on it, and the ones decoding on it once their prefill is done or when it prefills them itself."""
+    expected = {wid: 0 for wid in r.workers}
+    for q in r._requests.values():
+        local = q.prefill is None or q.prefill is q.decode
+        holder = q.decode if local or q.prefill_done else q.prefill
+        if holder.worker_id in expected and r.workers[holder.worker_id] is holder:
+            expected[holder.worker_id] += 1
+    assert {wid: w.engine_requests for wid, w in r.workers.items()} == expected
 
 
 # -- aggregated pools count decode load -----------------------------------------------------------------

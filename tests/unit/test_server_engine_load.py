@@ -1,7 +1,8 @@
 """The other runtime replicas' load, from the workers' gauges (runtime.router.load.set_external_load,
 RouterPairing.set_engine_load, runtime.server.engine_load).
 
-Specification: the requests an engine reports beyond the router's own count as external load of the running
+Specification: the requests an engine reports beyond the router's own on it (as the engine counts them: a
+request still prefilling on another worker is not on its decode engine yet) count as external load of the running
 mean prompt size, folded into `decode_blocks` so that the router's own charge and release stay exact; an
 unreadable page drops the external share; prefill-only workers are left alone; a router that sees another
 replica's requests on a worker sends its next request to the other worker.
@@ -21,13 +22,14 @@ from runtime.server.pairing import RouteRequest
 
 
 def test_external_requests_are_those_beyond_the_routers_own_and_replace_the_previous_share():
-    w = WorkerLoad("d0", "decode", decode_blocks=10, num_requests=2)
+    w = WorkerLoad("d0", "decode", decode_blocks=10, num_requests=3, engine_requests=2)  # one still prefills
     set_external_load(w, 5, 4.0)
-    assert (w.external_requests, w.external_decode_blocks, w.decode_blocks, w.num_requests) == (3, 12, 22, 2)
+    assert (w.external_requests, w.external_decode_blocks, w.decode_blocks, w.num_requests) == (3, 12, 22, 3)
     set_external_load(w, 3, 4.0)  # one external request ended: the share is replaced, not added
     assert (w.external_decode_blocks, w.decode_blocks) == (4, 14)
     w.decode_blocks -= 5  # the router releases one of its own requests: its exact charge comes off
     w.num_requests -= 1
+    w.engine_requests -= 1
     set_external_load(w, None, 4.0)  # unreadable page: no stale external share
     assert (w.external_requests, w.external_decode_blocks, w.decode_blocks) == (0, 0, 5)
     set_external_load(w, 0, 4.0)  # fewer in the engine than the router's own (the gauge lags): none external
