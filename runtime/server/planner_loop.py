@@ -94,7 +94,8 @@ def scale_window(w: WindowStats, factor: float) -> WindowStats:
     """The window of all the runtime replicas' requests, from one replica's that saw 1/`factor` of them (its
     router's share of the decode workers' requests, `RouterPairing.drain_traffic_share`): counts and the
     sub-tick peak scaled by `factor`, each prompt arrival repeated ``factor`` times (the fraction by a
-    deterministic stride) within the second after it, as the others' requests of a burst arrive with it.
+    deterministic stride, so n requests become ``n * int(factor) + floor(n * frac(factor))`` in the counts and
+    in the arrivals alike) within the second after it, as the others' requests of a burst arrive with it.
     Means and percentiles are the replica's sample of the same traffic: unchanged; so is the dispersion, which
     a balancer dealing clumps out across replicas lowers (docs/design/planner.md, "Several runtime
     replicas"). Pure.
@@ -104,17 +105,20 @@ def scale_window(w: WindowStats, factor: float) -> WindowStats:
     """
     if not (math.isfinite(factor) and factor >= 1.0):
         raise ValueError(f"scale_window: factor must be a finite number >= 1, got {factor!r}")
+    whole, frac = int(factor), factor - int(factor)
+
+    def scaled(n: int) -> int:  # the stride below summed over n requests (it telescopes to this)
+        return n * whole + math.floor(n * frac)
+
     arrivals = None
     if w.prompt_arrivals:
-        whole, frac = int(factor), factor - int(factor)
         out: list[tuple[float, float]] = []
         for i, (t, n) in enumerate(w.prompt_arrivals):
             copies = whole + (1 if math.floor((i + 1) * frac) > math.floor(i * frac) else 0)
             out += [(t + j / copies, n) for j in range(copies)]
         arrivals = tuple(sorted(out))
     return dataclasses.replace(
-        w, num_requests=int(round(w.num_requests * factor)),
-        num_priority_requests=int(round(w.num_priority_requests * factor)),
+        w, num_requests=scaled(w.num_requests), num_priority_requests=scaled(w.num_priority_requests),
         peak_prefill_tokens_per_s=None if w.peak_prefill_tokens_per_s is None else w.peak_prefill_tokens_per_s * factor,
         prompt_arrivals=arrivals)
 

@@ -5,6 +5,7 @@ server can run here), the file store, and the planner loop's gating of the actua
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 
 import pytest
@@ -281,6 +282,12 @@ def test_a_replicas_window_is_scaled_to_all_the_traffic_by_its_share():
     assert all(0 <= t2 - t < 1 for (t, _), (t2, _) in zip(sorted(w.prompt_arrivals * 2), two.prompt_arrivals))
     half = scale_window(w, 1.5)  # a fraction by a deterministic stride: 15 arrivals of 10
     assert len(half.prompt_arrivals) == 15 and half.num_requests == 15
+    for n in (1, 3, 5, 7):  # the counts and the arrivals agree for every size and fraction
+        arrivals = tuple((float(i), 100.0) for i in range(n))
+        small = dataclasses.replace(w, num_requests=n, num_priority_requests=n, prompt_arrivals=arrivals)
+        for f in (1.3, 2.5, 3.7, 16.0):
+            s = scale_window(small, f)
+            assert s.num_requests == s.num_priority_requests == len(s.prompt_arrivals)
     assert scale_window(w, 1.0) == w
     with pytest.raises(ValueError, match="factor"):
         scale_window(w, 0.5)
@@ -293,18 +300,45 @@ def test_the_routers_share_of_the_decode_workers_requests_is_measured_from_the_e
     pairing = RouterPairing(RouterSpec(policy="least_loaded"), 16, [WorkerEndpoint("d0", "decode", "http://d0"),
                                                              WorkerEndpoint("d1", "decode", "http://d1")])
     assert pairing.drain_traffic_share() is None  # nothing read yet
-    pairing.load_of("http://d0").num_requests = 2
-    pairing.load_of("http://d1").num_requests = 1
+    pairing.load_of("http://d0").engine_requests = 2
+    pairing.load_of("http://d1").engine_requests = 1
     pairing.set_engine_load("http://d0", 6)  # the engines run twice as many: two more replicas' worth
     pairing.set_engine_load("http://d1", 3)
     pairing.set_engine_load("http://d1", None)  # an unreadable page counts for nothing
     assert pairing.drain_traffic_share() == pytest.approx(3 / 9)
     assert pairing.drain_traffic_share() is None  # drained
-    pairing.set_engine_load("http://d0", 1)  # the engine has not seen a request still in its prefill: one replica
+    pairing.set_engine_load("http://d0", 1)  # a request ended between the gauge's read and the router's count
     assert pairing.drain_traffic_share() == 1.0
-    pairing.load_of("http://d0").num_requests = 0
+    pairing.load_of("http://d0").engine_requests = 0
     pairing.set_engine_load("http://d0", 50)
     assert pairing.drain_traffic_share() == MIN_TRAFFIC_SHARE
+
+
+def test_requests_still_prefilling_elsewhere_count_neither_in_the_share_nor_against_the_other_replicas():
+    """P/D: a decode engine counts a request from its decode leg on, so the router must too: three requests
+    routed, one still prefilling, and the engine runs two of ours and two of another replica's."""
+    from runtime.config import RouterSpec
+    from runtime.server.pairing import RouteRequest
+    from runtime.server.routing import RouterPairing, WorkerEndpoint
+
+    pairing = RouterPairing(RouterSpec(policy="least_loaded", disagg_min_uncached_tokens=0), 16, [
+        WorkerEndpoint("p0", "prefill", "http://p0"), WorkerEndpoint("d0", "decode", "http://d0")])
+    routes = [pairing.choose(RouteRequest(f"r{i}", "/v1/completions", {"prompt": "x"})) for i in range(3)]
+    assert all(r.prefill_url == "http://p0" for r in routes)
+    d0, p0 = pairing.load_of("http://d0"), pairing.load_of("http://p0")
+    assert (d0.num_requests, d0.engine_requests, p0.engine_requests) == (3, 0, 3)
+    pairing.on_first_token("r0", 1.0)
+    pairing.on_first_token("r1", 1.0)
+    assert (d0.engine_requests, p0.engine_requests) == (2, 1)
+    pairing.set_engine_load("http://d0", 4)
+    assert pairing.drain_traffic_share() == pytest.approx(2 / 4)
+    assert d0.external_requests == 2
+    # a failed prefill falls back to the decode worker, which holds the request from then on
+    pairing.on_prefill_failed("r2", 2.0)
+    assert (d0.engine_requests, p0.engine_requests) == (3, 0)
+    for rid in ("r0", "r1", "r2"):
+        pairing.on_complete(rid, 3.0, ok=True)
+    assert (d0.engine_requests, d0.num_requests, p0.engine_requests) == (0, 0, 0)
 
 
 def test_the_leader_sizes_for_its_share_scaled_up():
