@@ -23,6 +23,7 @@ update the predictors from the observed metrics, ``plan_adjustment()`` on both p
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -30,13 +31,20 @@ import tempfile
 from pathlib import Path
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    # no options: --help prints the protocol above, in any interpreter (Dynamo is imported after it)
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                            ).parse_args(argv)
     logging.disable(logging.CRITICAL)  # Dynamo logs every step at INFO; stdout carries the protocol
-    from dynamo.planner.utils.decode_planner import DecodePlanner
-    from dynamo.planner.utils.planner_config import PlannerConfig
-    from dynamo.planner.utils.planner_core import PlannerSharedState, _apply_global_gpu_budget
-    from dynamo.planner.utils.prefill_planner import PrefillPlanner
-    from dynamo.planner.utils.prometheus import Metrics
+    try:
+        from dynamo.planner.utils.decode_planner import DecodePlanner
+        from dynamo.planner.utils.planner_config import PlannerConfig
+        from dynamo.planner.utils.planner_core import PlannerSharedState, _apply_global_gpu_budget
+        from dynamo.planner.utils.prefill_planner import PrefillPlanner
+        from dynamo.planner.utils.prometheus import Metrics
+    except ImportError as exc:
+        raise SystemExit(f"{exc}: this driver runs in the venv with ai-dynamo==1.0.2 that bench/planner_dynamo.py "
+                         "describes (bench/planner.py starts it)") from exc
 
     setup = json.loads(sys.stdin.readline())
     with tempfile.TemporaryDirectory(prefix="dynamo-profile-") as tmp:

@@ -27,7 +27,11 @@ from dataclasses import dataclass
 
 import msgspec
 import zmq
-from dynamo._core import RadixTree, SelectionService  # type: ignore[import-not-found]
+try:
+    from dynamo._core import RadixTree, SelectionService  # type: ignore[import-not-found]
+except ImportError as exc:  # run as a script, or imported where Dynamo is absent: say where it runs
+    raise SystemExit(f"{exc}: bench/router_dynamo_peer.py is bench/router.py's Dynamo peer; it needs "
+                     "ai-dynamo-runtime (run bench/router.py --help for the venv it uses)") from exc
 
 from runtime.kv.events import BlockRemoved, BlockStored, KvEvent
 
