@@ -101,10 +101,10 @@ bench: install  ## run the benchmarks on the public inputs under DATA (make benc
 	$(PY) bench/router.py --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --out bench/results/router.json
 	$(PY) bench/staging.py --size-mb 2048 --repeat 5 --out bench/results/staging.json
 	$(PY) bench/server_pd.py --out bench/results/server_pd.json
-	$(PY) bench/pd_tail.py --out bench/results/pd_tail.json
+	$(PY) bench/pd_tail.py --requests 120 --out bench/results/pd_tail.json
 	$(PY) bench/scale_down.py --out bench/results/scale_down.json
 	$(PY) bench/perf_model_measure_cpu.py --out bench/results/perf_model_measure_cpu.json
-	$(PY) bench/frontend.py --out bench/results/frontend.json
+	$(PY) bench/frontend.py --rates 25,50,100,150,200 --out bench/results/frontend.json
 	$(PY) bench/fleet_scale.py --out bench/results/fleet_scale.json
 	$(PY) bench/replay_dynamo_mocker.py --out bench/results/replay_dynamo_mocker.json
 	$(PY) bench/replay_dynamo_mocker.py --trace $(DATA)/traces/mooncake_synthetic_trace.jsonl --out bench/results/replay_dynamo_mocker_mooncake.json

@@ -26,7 +26,7 @@ Prints ONE JSON line:
   `--added-p99-bound-ms`); `requests_per_cpu_s` at that rate (requests per CPU-second of the front-end
   process: requests/s per core, independent of what else the machine runs); and, at the rate of `--rates`
   nearest half its capacity, added TTFT p50/p99 and added ITL p50/p99 in ms over direct at the same rate;
-* `pdserve_vs_vllm_router_rps_per_core`: the ratio of the two requests_per_cpu_s (issue target ≥ 0.5);
+* `pdserve_vs_vllm_router_rps_per_core`: the ratio of the two requests_per_cpu_s;
 * `pdserve_replicas` (with `--replicas N` > 1; else null): N more runtime processes in front of the same
   stand-ins, each request to the next one in turn (an even balancer, as a Kubernetes Service is), CPU summed
   over the N: the same summary as `pdserve`, `capacity_vs_one` (its sustained rate over one process's) and

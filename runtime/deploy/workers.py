@@ -321,7 +321,7 @@ def worker_pod_spec(spec: DeploymentSpec, role: Role, *, pvc_name: str, image: s
 
 
 #: vLLM's shutdown after SIGTERM (engine core and workers exit, GPU memory freed), seconds, on top of the
-#: drain cap in the grace period: the 60 s the worker pods had before a drain existed.
+#: drain cap in the grace period.
 SHUTDOWN_GRACE_S = 60
 #: A decode pod is drained after this long with no request (two of drain_wait's 1-s polls): a request the
 #: router sent just before the pod left its EndpointSlice has reached the engine by then.

@@ -1,4 +1,4 @@
-"""Worker discovery feeding the runtime's router pool (adapter; issue #7 item 4).
+"""Worker discovery feeding the runtime's router pool (adapter).
 
 `python -m runtime.server --discovery kubernetes --namespace NS --prefill-service P --decode-service D`
 watches the EndpointSlices of the headless worker Services (runtime.deploy.discovery.EndpointSliceDiscovery)

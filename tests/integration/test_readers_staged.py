@@ -1,4 +1,4 @@
-"""Readers of a staged model refuse a folder without a valid staging marker (issue #6):
+"""Readers of a staged model refuse a folder without a valid staging marker:
 
 * the `promote` step (and `pdserve promote`) refuses a champion whose model path is not a verified staged
   copy, before writing anything, against a real sqlite-backed MLflow registry;

@@ -1,4 +1,4 @@
-"""A planner scale-down during streaming loses no request and no token (drain-safe scale-down, issue #35).
+"""A planner scale-down during streaming loses no request and no token (drain-safe scale-down).
 
 Real processes on 127.0.0.1: the fast engine stand-in (bench/engine_standin.py: streams "t0 t1 ..." at a set
 pace and speaks vLLM's P/D kv_transfer_params protocol) as every worker; the runtime's PDModel with the

@@ -1,4 +1,4 @@
-"""Decode-worker death mid-stream, with real processes on 127.0.0.1 (issue #3, item 5).
+"""Decode-worker death mid-stream, with real processes on 127.0.0.1.
 
 The runtime (`python -m runtime.server`, KServe) fronts two decode workers. They are small stand-in HTTP
 servers speaking vLLM's streaming protocol, because the fault — a worker process that exits in the middle of

@@ -1,4 +1,4 @@
-"""The SLO planner inside the running runtime (issue #5, items 2-3), with real processes on 127.0.0.1.
+"""The SLO planner inside the running runtime, with real processes on 127.0.0.1.
 
 `python -m runtime.server --planner dry-run --planner-interval-s 1` fronts one decode worker. The worker is a
 small stand-in HTTP server (no vLLM: the planner reads only /metrics and /health, and the runtime only needs

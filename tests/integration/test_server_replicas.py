@@ -1,4 +1,4 @@
-"""Three runtime replicas in front of the same workers elect one planner leader (issue #36, item 2).
+"""Three runtime replicas in front of the same workers elect one planner leader.
 
 Real processes on 127.0.0.1: a prefill and a decode engine stand-in (bench/engine_standin.py: vLLM's OpenAI
 routes and /metrics gauge names) and three `python -m runtime.server --planner dry-run --leader-election file`

@@ -1,4 +1,4 @@
-"""Load spread across three runtime replicas keeps the balance of one router (issue #36, item 2).
+"""Load spread across three runtime replicas keeps the balance of one router.
 
 Real processes on 127.0.0.1: a prefill and two decode engine stand-ins (bench/engine_standin.py; /metrics
 with vLLM's request gauges, /stats with the decodes each has served) and three

@@ -1,4 +1,4 @@
-"""Burst-aware sizing added for issue #5: the sub-tick peak term, the residual-quantile predictor,
+"""Burst-aware sizing: the sub-tick peak term, the residual-quantile predictor,
 asymmetric scale-down delays, the simulator's peak measurement and Dynamo's load-based layer.
 
 Profile (hand-checkable): prefill 0.1 ms/token, decode step 10 ms + 0.1 ms per sequence, KV 100k

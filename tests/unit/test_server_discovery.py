@@ -1,4 +1,4 @@
-"""Worker discovery feeding the runtime's router pool (issue #7 item 4), at the HTTP transport.
+"""Worker discovery feeding the runtime's router pool, at the HTTP transport.
 
 Specification: the EndpointSlices the API lists, then the watch's ADDED/MODIFIED/DELETED events, make the
 router's pool exactly the ready addresses of the prefill and decode Services — a pod added becomes a

@@ -1,6 +1,6 @@
 """Decode-worker failover (runtime.server.migration + PDModel), workers faked at the HTTP transport.
 
-Specification (issue #3, item 5): when the decode worker dies mid-stream, the request continues on another
+Specification: when the decode worker dies mid-stream, the request continues on another
 decode worker with the text generated so far appended to its prompt and the token budget reduced, up to
 `migration_limit` times; the client sees one uninterrupted stream with one id; beyond the limit (or with no
 other decode worker) the stream ends with an OpenAI error event, never a hang.
