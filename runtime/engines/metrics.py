@@ -4,7 +4,8 @@ Metric names are vLLM's (v1 engine, vllm/v1/metrics/loggers.py and the NIXL conn
 `vllm:nixl_xfer_time_seconds` (histogram, one observation per NIXL KV transfer on the receiving worker),
 `vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total` (counters, tokens),
 `vllm:num_requests_running` / `vllm:num_requests_waiting` (gauges, requests).
-Values are summed over label sets (model_name, engine index), so a multi-engine worker reads as one.
+Counts are summed over label sets (model_name, engine index), so a multi-engine worker reads as one; a
+fraction of each engine's capacity (KV usage) is averaged over them (`sample_mean`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ def sample_sum(text: str, sample_name: str, **label_filter: str) -> float:
             if s.name == sample_name and all(s.labels.get(k) == v for k, v in label_filter.items()):
                 total += float(s.value)
     return total
+
+
+def sample_mean(text: str, sample_name: str) -> float | None:
+    """Mean of every sample named `sample_name` over its label sets; None when absent. For a gauge that is a
+    fraction of each engine's own capacity (``vllm:kv_cache_usage_perc``: one series per engine of a
+    data-parallel worker), where a sum would read two engines at 0.45 as 0.9.
+
+    Raises:
+        ValueError: `text` is not valid exposition format (as `sample_sum`).
+    """
+    values = [float(s.value) for family in _families(text) for s in family.samples if s.name == sample_name]
+    return sum(values) / len(values) if values else None
 
 
 def _families(text: str) -> Iterator:

@@ -59,7 +59,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from runtime.config import DeploymentSpec
-from runtime.engines.metrics import sample_sum
+from runtime.engines.metrics import sample_mean, sample_sum
 from runtime.planner.sla import arrival_dispersion
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, ScalingDecision, TickInput
@@ -304,7 +304,9 @@ def read_pool(
                 raise ValueError("no vllm: metrics on the page (not a vLLM worker, or not up yet)")
             waiting.append(_gauge(sample_sum(text, "vllm:num_requests_waiting"), url, "num_requests_waiting"))
             running.append(_gauge(sample_sum(text, "vllm:num_requests_running"), url, "num_requests_running"))
-            kv.append(min(_gauge(max(sample_sum(text, n) for n in KV_USAGE_NAMES), url, "kv_cache_usage_perc"), 1.0))
+            # one series per engine of a data-parallel worker, each a fraction of that engine's cache: the mean
+            usage = [u for u in (sample_mean(text, n) for n in KV_USAGE_NAMES) if u is not None]
+            kv.append(min(_gauge(max(usage, default=0.0), url, "kv_cache_usage_perc"), 1.0))
             if prefill_time_totals is not None and f"{PREFILL_TIME}_sum" in text and f"{PREFILL_TIME}_count" in text:
                 totals = (sample_sum(text, PREFILL_TIME + "_sum"), sample_sum(text, PREFILL_TIME + "_count"))
                 if all(math.isfinite(v) and v >= 0 for v in totals):

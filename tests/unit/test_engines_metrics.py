@@ -76,3 +76,26 @@ def test_a_parse_error_names_the_line():
     bad_line = len(text.splitlines()) + 1
     with pytest.raises(ValueError, match=rf"metrics text line {bad_line}: .* in 'this is not prometheus'"):
         parse_worker_metrics(text + "this is not prometheus\n")
+
+
+def test_a_data_parallel_workers_kv_usage_is_the_mean_of_its_engines_and_its_requests_the_sum():
+    """Two engines at 45 % of their own caches: the worker is 45 % full (a sum read 0.9 and grew the decode
+    pool every tick in load mode), and it runs 4 + 6 requests."""
+    import httpx
+
+    from runtime.engines.metrics import sample_mean
+    from runtime.server.planner_loop import read_pool
+
+    reg = CollectorRegistry()
+    kv = Gauge("vllm:kv_cache_usage_perc", "kv", ["model_name", "engine"], registry=reg)
+    running = Gauge("vllm:num_requests_running", "r", ["model_name", "engine"], registry=reg)
+    Gauge("vllm:num_requests_waiting", "w", ["model_name", "engine"], registry=reg).labels("m", "0").set(1)
+    for engine, n in (("0", 4), ("1", 6)):
+        kv.labels("m", engine).set(0.45)
+        running.labels("m", engine).set(n)
+    text = generate_latest(reg).decode()
+    assert sample_mean(text, "vllm:kv_cache_usage_perc") == pytest.approx(0.45)
+    assert sample_mean(text, "vllm:gpu_cache_usage_perc") is None
+    with httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, text=text))) as client:
+        obs = read_pool(client, ["http://w0/metrics"], deadline_s=2.0)
+    assert (obs.kv_usage, obs.running_per_worker, obs.queue_per_worker) == (pytest.approx(0.45), 10.0, 1.0)
