@@ -91,14 +91,19 @@ class ExtraWorkersActuator:
         self.inner.close()
 
 
-def pool_metrics_urls(pairing: Pairing) -> Callable[[], dict[str, list[str]]]:
-    """`{"prefill": [...], "decode": [...]}` /metrics URLs of the pairing's current workers (re-read each call)."""
+def pool_metrics_urls(pairing: Pairing, draining: Callable[[], set[str]] | None = None,
+                      ) -> Callable[[], dict[str, list[str]]]:
+    """`{"prefill": [...], "decode": [...]}` /metrics URLs of the pairing's current workers (re-read each call),
+    without the workers `draining()` names (base URLs): a worker that is leaving stays in the pairing until
+    it has finished its requests, but it is no capacity the planner can count on, and its queue is not the
+    pool's."""
 
     def urls() -> dict[str, list[str]]:
         if isinstance(pairing, RouterPairing):
+            leaving = draining() if draining is not None else set()
             out: dict[str, list[str]] = {"prefill": [], "decode": []}
             for w in list(pairing.workers.values()):
-                if w.role in out:
+                if w.role in out and w.url.rstrip("/") not in leaving:
                     out[w.role].append(f"{w.url.rstrip('/')}/metrics")
             return out
         if isinstance(pairing, RoundRobinPairing):
@@ -374,7 +379,8 @@ def build_planner(
     if leader_election is not None:
         election = build_election(interval_s=spec.planner.interval_s,
                                   **{"namespace": namespace, **leader_election})
-    loop = PlannerLoop(machine, actuator, window, metrics_urls=pool_metrics_urls(pairing),
+    leaving = None if local is None else (lambda: {w.base_url.rstrip("/") for _, w in local.draining()})
+    loop = PlannerLoop(machine, actuator, window, metrics_urls=pool_metrics_urls(pairing, leaving),
                        client=httpx.Client(timeout=5.0), registry=registry, interval_s=spec.planner.interval_s,
                        leader=election.is_leader if election is not None else None,
                        traffic_share=pairing.drain_traffic_share if isinstance(pairing, RouterPairing) else None)

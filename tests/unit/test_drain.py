@@ -291,3 +291,62 @@ def test_the_runtime_stops_a_drained_worker_between_ticks(monkeypatch):
         asyncio.run(scenario())
     finally:
         rt.close()
+
+
+def test_a_draining_worker_is_no_ready_capacity_for_the_planner():
+    """While it finishes its requests a leaving worker stays in the pairing (out of the rotation); the planner
+    reads only the workers that stay: two serving decode workers at 8 running / 4 waiting each and one idle
+    leaving worker are 2 ready workers at 8 / 4, not 3 at 5.3 / 2.7."""
+    import asyncio
+
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
+    from runtime.server import planner_runtime
+    from runtime.server.planner_loop import RequestWindow
+
+    made: list[FakeWorker] = []
+
+    def factory(role, index):
+        made.append(FakeWorker(role, 10 + index))
+        return made[-1]
+
+    async def healthy(url: str) -> bool:
+        return True
+
+    def page(req: httpx.Request) -> httpx.Response:
+        idle = bool(made) and str(req.url).startswith(made[0].base_url)
+        return httpx.Response(200, text=f"vllm:num_requests_running {0 if idle else 8}\n"
+                                        f"vllm:num_requests_waiting {0 if idle else 4}\n"
+                                        "vllm:kv_cache_usage_perc 0.5\n")
+
+    pairing = _pairing()
+    breakers = WorkerBreakers(pairing, OverloadSpec())
+    spec = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load", interval_s=3600.0))
+    rt = planner_runtime.build_planner("local", spec=spec, model_config=None, pairing=pairing, window=RequestWindow(),
+                                       registry=CollectorRegistry(), is_healthy=healthy, breakers=breakers,
+                                       max_workers=1, worker_factory=factory)
+    rt.loop.client = httpx.Client(transport=httpx.MockTransport(page))
+    seen = []
+    on_tick = rt.loop.machine.on_tick
+    rt.loop.machine.on_tick = lambda t: (seen.append(t), on_tick(t))[1]
+    act = rt.loop.actuator
+
+    async def scenario() -> None:
+        act.apply(_decision(0, 3))
+        act.apply(_decision(0, 3))  # seen ready
+        await rt.sync_pool()
+        busy = [rid for rid in ("r1", "r2", "r3") if pairing.choose(_req(rid)).decode_url == made[0].base_url]
+        assert busy  # it holds a request, so it drains rather than leaves
+        act.apply(_decision(0, 2))
+        await rt.sync_pool()
+        assert breakers.draining(made[0].base_url) and pairing.load_of(made[0].base_url) is not None
+
+    try:
+        asyncio.run(scenario())
+        rt.loop.tick(100.0)
+    finally:
+        rt.close()
+    dec = seen[-1].decode
+    assert (dec.num_ready, dec.num_starting, dec.queue_per_worker, dec.running_per_worker) == (2, 0, 4.0, 8.0)
