@@ -226,6 +226,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         seen[key] = flag
     if args.leader_election != "off" and args.planner == "off":
         p.error("--leader-election elects the replica whose planner actuates: it needs --planner")
+    fixed_pool = args.router == "fixed" and args.discovery == "static" and args.planner != "local"
+    if args.leader_election != "off" and (fixed_pool or not args.engine_load):
+        # each replica's window holds only its own requests; the leader scales it by its router's share of
+        # the decode workers' requests, which only the router over a dynamic pool or the KV router measures
+        # (runtime.server.app.serve builds a RouterPairing for those) from the engines' gauges
+        p.error("--leader-election: the leading replica plans for every replica's traffic from its share of the "
+                "decode workers' requests, which the KV router measures from the engines' gauges: use --router kv "
+                "(or --discovery kubernetes) and leave the engine-load reads on (no --no-engine-load)")
     if args.leader_election == "kubernetes" and not args.leader_lease:
         p.error("--leader-election kubernetes needs --leader-lease (the Lease's name)")
     if (args.prefill_deployment or args.decode_deployment) and args.planner != "kubernetes":

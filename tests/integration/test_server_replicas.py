@@ -23,6 +23,7 @@ from runtime.engines.metrics import sample_sum
 from runtime.engines.vllm_worker import free_port
 from runtime.paths import REPO_ROOT
 from tests.integration.test_server_planner import QWEN3_0_6B, _stop, _wait_http
+from tests.integration.test_server_replicas_load import _tokenizer
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("kserve")
@@ -57,6 +58,7 @@ def test_one_of_three_replicas_actuates_and_another_takes_over_when_it_dies(tmp_
                                  "--model", "m", "--engine-id", f"w{i}"]) for i, p in enumerate(ports)]
     lease = tmp_path / "planner-leader.json"
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    _tokenizer(tmp_path / "tok")  # the KV router measures each replica's share of the traffic
     spec = DeploymentSpec(model=ModelRef(name="m"), gpu="H100-SXM",
                           prefill=PoolSpec(replicas=1, min_replicas=1, max_replicas=4),
                           decode=PoolSpec(replicas=1, min_replicas=1, max_replicas=4),
@@ -66,7 +68,8 @@ def test_one_of_three_replicas_actuates_and_another_takes_over_when_it_dies(tmp_
                           extra_args=["--planner", "dry-run", "--planner-interval-s", str(INTERVAL_S),
                                       "--deployment-spec", spec.model_dump_json(),
                                       "--model-config", str(tmp_path / "config.json"),
-                                      "--leader-election", "file", "--leader-lease-file", str(lease)])
+                                      "--leader-election", "file", "--leader-lease-file", str(lease),
+                                      "--router", "kv", "--tokenizer-dir", str(tmp_path / "tok")])
            for i in range(3)]
     try:
         for p in ports:

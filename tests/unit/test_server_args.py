@@ -120,13 +120,18 @@ def test_leader_election_needs_a_planner_and_a_lease(tmp_path, capsys):
     from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
     from runtime.server.__main__ import planner_settings
 
+    kv = ["--router", "kv", "--tokenizer-dir", str(tmp_path)]
     for argv, msg in (([*BASE, "--leader-election", "file"], "it needs --planner"),
-                      ([*BASE, "--planner", "dry-run", "--leader-election", "kubernetes"], "needs --leader-lease")):
+                      ([*BASE, *kv, "--planner", "dry-run", "--leader-election", "kubernetes"], "needs --leader-lease"),
+                      # without the share the leader would plan for its own requests alone
+                      ([*BASE, "--planner", "dry-run", "--leader-election", "file"], "use --router kv"),
+                      ([*BASE, *kv, "--planner", "dry-run", "--leader-election", "file", "--no-engine-load"],
+                       "no --no-engine-load")):
         with pytest.raises(SystemExit) as exc:
             parse_args(argv)
         assert exc.value.code == 2 and msg in capsys.readouterr().err
     spec = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load")).model_dump_json()
-    dry = [*BASE, "--planner", "dry-run", "--deployment-spec", spec]
+    dry = [*BASE, *kv, "--planner", "dry-run", "--deployment-spec", spec]
     assert planner_settings(parse_args(dry))["leader_election"] is None
     a = parse_args([*dry, "--leader-election", "file", "--leader-lease-file", str(tmp_path / "l.json")])
     assert planner_settings(a)["leader_election"] == {"kind": "file", "lock_file": tmp_path / "l.json"}
