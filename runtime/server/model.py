@@ -262,8 +262,10 @@ class PDModel(OpenAIGenerativeModel):
         prefill_timeout_s: a remote prefill slower than this counts as failed (local prefill instead), so a
             stuck prefill worker cannot hang requests, seconds.
         observer: optional request window of the planner loop (runtime.server.planner_loop.RequestWindow:
-            `record_arrival(isl_tokens, ago_s=...)`, `record_finish(osl_tokens, ttft_s, itl_s)`, and
-            `record_receipt()` when it has one, called as each request comes in).
+            `record_arrival(isl_tokens, priority=..., ago_s=...)` once per request received, answered or not
+            (shed, failed and abandoned requests are demand too), `record_finish(osl_tokens, ttft_s, itl_s)` per
+            answered request (`ttft_s` None where the runtime cannot see the first token: a non-streamed answer
+            prefilled by its decode worker), and `record_receipt()` when it has one, as each request comes in).
         prefill_nudge_after_s: when set, a request whose decode has not produced its first token this many
             seconds after a remote prefill sends the prefill worker a 1-token request, and again every as many
             seconds until the first token (`pdserve_prefill_nudges_total`). Why: with vLLM's NIXL pull
@@ -501,7 +503,7 @@ class PDModel(OpenAIGenerativeModel):
             err = create_error_response(message, err_type="BadRequestError", status_code=HTTPStatus.BAD_REQUEST)
             err.error.param = param
             return err
-        self._admit(body)
+        self._admit(path, body)
         subs = fan_out(path, body)
         if subs is None:
             return await self._serve(path, endpoint, body, response_type, context)
@@ -539,7 +541,7 @@ class PDModel(OpenAIGenerativeModel):
         prefill worker is in rotation (they prefill locally)."""
         return self.breakers.in_rotation("prefill") or self.breakers.in_rotation("decode")
 
-    def _admit(self, body: dict) -> None:
+    def _admit(self, path: str, body: dict) -> None:
         """Admission control (runtime.router.admission): with `overload.shed_ttft_factor` and a TTFT SLO,
         raise `Overloaded` (429 with Retry-After, counted in `pdserve_requests_shed_total`) when the request's
         predicted TTFT exceeds the bound; priority traffic's bound is `shed_priority_factor` times higher."""
@@ -553,6 +555,13 @@ class PDModel(OpenAIGenerativeModel):
         if d.admit:
             return
         self.metrics.shed.labels("queue_wait", label).inc()
+        # the planner sizes for the demand, shed requests included: unseen, shedding would hide the very load
+        # that calls for more workers
+        receipt = getattr(self.observer, "record_receipt", None)
+        for sub in fan_out(path, body) or [body]:
+            if receipt is not None:
+                receipt()
+            self._record_arrival(sub, None, 0.0)
         raise Overloaded(f"The service is overloaded: this request's predicted time to first token is "
                          f"{d.predicted_ttft_s:.1f} s, over the {d.bound_s:.1f} s it admits; retry after "
                          f"{d.retry_after_s} s.", d.retry_after_s)
@@ -657,6 +666,7 @@ class PDModel(OpenAIGenerativeModel):
                 tries -= 1
                 route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
         except RuntimeError as exc:
+            self._record_arrival(body, None if token_ids is None else len(token_ids), self.clock() - t0)
             self.metrics.child(self.metrics.requests, endpoint, "none", "error").inc()
             if self.breakers.any_open("decode"):  # every decode worker out: a clear 503, never a wait
                 self.metrics.shed.labels("breaker_open", _priority_label(body)).inc()
@@ -666,12 +676,14 @@ class PDModel(OpenAIGenerativeModel):
         self.metrics.child(self.metrics.in_flight, endpoint).inc()  # decremented by _count, which _finish calls once
         self._awaiting[rid] = (len(self._awaiting), self._servers())
         # from here on the route holds router load: released by _finish exactly once, on every path out
-        state = {"route": route, "mode": None, "owner": "serve"}
+        state = {"route": route, "mode": None, "owner": "serve", "arrival": False}
         try:
             return await self._serve_route(path, endpoint, body, response_type, context, rid, t0, token_ids, state)
         finally:
             if state["owner"] == "serve":  # an exception, a cancellation (client gone) or an early return
                 self._finish(rid, endpoint, state["route"], t0, ok=False, mode=state["mode"])
+                if not state["arrival"]:
+                    self._record_arrival(body, None if token_ids is None else len(token_ids), self.clock() - t0)
 
     async def _serve_route(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None,
                            rid: str, t0: float, token_ids: list[int] | None, state: dict) -> Any:
@@ -699,8 +711,9 @@ class PDModel(OpenAIGenerativeModel):
             predicted = route.overlap_blocks * getattr(self.pairing, "block_size_tokens", 0)
             self.metrics.prefix_predicted_tokens.inc(min(predicted, len(token_ids)))
         _set_route_headers(context, route, self._header_key)
-        if token_ids is not None and self.observer is not None:
-            self.observer.record_arrival(len(token_ids), ago_s=self.clock() - t0)
+        if token_ids is not None:
+            self._record_arrival(body, len(token_ids), self.clock() - t0)
+            state["arrival"] = True
         prefill_done_s = None
         if kv is not None:  # the prefill produced the first token; its load is gone
             prefill_done_s = self.clock() - t0
@@ -740,34 +753,47 @@ class PDModel(OpenAIGenerativeModel):
         except ValueError:  # pydantic ValidationError: the worker's 200 is not an OpenAI response
             return _backend_error_response(BackendError(route.decode_url, 502, "not an OpenAI response object"))
         total_s = self.clock() - t0
-        ttft_s = prefill_done_s if (kv is not None and prefill_done_s is not None) else total_s
-        self.metrics.child(self.metrics.ttft, endpoint, mode).observe(ttft_s)
+        # the first token is seen only when a remote prefill made it; otherwise the client got it with the
+        # whole answer (its TTFT), and the split between prefill and decode is unknown: no ITL, and the
+        # planner is told nothing of either
+        ttft_s = prefill_done_s if (kv is not None and prefill_done_s is not None) else None
+        self.metrics.child(self.metrics.ttft, endpoint, mode).observe(total_s if ttft_s is None else ttft_s)
         num_out = (answer.get("usage") or {}).get("completion_tokens") or 0
-        if num_out > 1:
+        if num_out > 1 and ttft_s is not None:
             self.metrics.child(self.metrics.itl, endpoint, mode).observe((total_s - ttft_s) / (num_out - 1))
         state["owner"] = "done"
         self._finish(rid, endpoint, route, t0, ok=True, mode=mode)
         usage = answer.get("usage") or {}
-        self._observe(usage, token_ids is not None, ttft_s, total_s, usage.get("completion_tokens") or 0)
+        self._observe(body, usage, token_ids is not None, ttft_s, total_s, usage.get("completion_tokens") or 0)
         return result
 
     def _decode_start_late(self, kv_at: float) -> bool:
         """A decode leg starting now would start after `kv_lease_s - kv_lease_margin_s` from `kv_at`."""
         return self.clock() - kv_at > self.kv_lease_s - self.kv_lease_margin_s
 
-    def _observe(self, usage: dict, arrival_recorded: bool, ttft_s: float, total_s: float, osl_tokens: int,
-                 itl_s: float | None = None) -> None:
-        """Feed the planner's request window and the traffic log (each if any) with one finished request."""
+    def _observe(self, body: dict, usage: dict, arrival_recorded: bool, ttft_s: float | None, total_s: float,
+                 osl_tokens: int, itl_s: float | None = None) -> None:
+        """Feed the planner's request window and the traffic log (each if any) with one finished request
+        (`ttft_s` None: its first token was not seen, so neither TTFT nor ITL is recorded)."""
         prompt_tokens = _count(usage, "prompt_tokens")  # a worker's usage is not trusted to hold numbers
         if self.traffic_log is not None:
             self.traffic_log.record(prompt_tokens, int(osl_tokens), ago_s=total_s)
         if self.observer is None:
             return
         if not arrival_recorded:
-            self.observer.record_arrival(prompt_tokens, ago_s=total_s)
-        if itl_s is None and osl_tokens > 1:
+            self._record_arrival(body, prompt_tokens, total_s)
+        if itl_s is None and osl_tokens > 1 and ttft_s is not None:
             itl_s = (total_s - ttft_s) / (osl_tokens - 1)
-        self.observer.record_finish(int(osl_tokens), ttft_s, itl_s)
+        self.observer.record_finish(int(osl_tokens), ttft_s, itl_s, total_s)
+
+    def _record_arrival(self, body: dict, prompt_tokens: int | None, ago_s: float) -> None:
+        """One request's arrival `ago_s` seconds ago in the planner's window (if any): `prompt_tokens` (None:
+        unknown, the body's estimate, runtime.server.routing.estimate_prompt_tokens), priority traffic as
+        admission judges it (runtime.router.admission.is_priority of `priority_tokens`)."""
+        if self.observer is None:
+            return
+        n = estimate_prompt_tokens(body) if prompt_tokens is None else prompt_tokens
+        self.observer.record_arrival(n, priority=is_priority(priority_tokens(body, n)), ago_s=ago_s)
 
     def _migrate(self, exc: BackendError, route: Route, rid: str) -> Route | None:
         """After a decode failure: the route to continue on, or None (not a dead worker, or no migration)."""
@@ -947,6 +973,8 @@ class PDModel(OpenAIGenerativeModel):
             if nudger is not None:
                 nudger.cancel()
             self._finish(rid, endpoint, route, t0, ok=ok, mode=mode)
+            if not (ok and first_s is not None) and not arrival_recorded:  # failed or abandoned: still demand
+                self._record_arrival(body, None, self.clock() - t0)
         if ok and first_s is not None:
             tokens = tokens_before + max(_completion_tokens(attempt_usage), attempt_chunks)  # a chunk: 1+ tokens
             if attempt_usage is not None:
@@ -954,7 +982,7 @@ class PDModel(OpenAIGenerativeModel):
             itl_s = (last_s - first_s) / (tokens - 1) if tokens > 1 and last_s is not None else None
             if itl_s is not None:
                 self.metrics.child(self.metrics.itl, endpoint, mode).observe(itl_s)
-            self._observe(usage, arrival_recorded, first_s, self.clock() - t0, tokens, itl_s)
+            self._observe(body, usage, arrival_recorded, first_s, self.clock() - t0, tokens, itl_s)
         yield "data: [DONE]\n\n"
 
     def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None) -> None:

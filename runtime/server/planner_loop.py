@@ -3,8 +3,10 @@ runtime's own request window, run the pure planner (``PlannerStateMachine.on_tic
 decision with an actuator, and export what it saw and decided as Prometheus gauges.
 
 Worker metrics read (vLLM v1 names, vllm/v1/metrics/loggers.py): ``vllm:num_requests_waiting``,
-``vllm:num_requests_running`` (gauges, requests) and ``vllm:kv_cache_usage_perc`` (0-1; older
-releases ``vllm:gpu_cache_usage_perc``). A worker whose ``/metrics`` does not answer with a complete page
+``vllm:num_requests_running`` (gauges, requests, summed over a data-parallel worker's engines) and
+``vllm:kv_cache_usage_perc`` (0-1, each engine's share of its own cache: averaged over the engines; older
+releases ``vllm:gpu_cache_usage_perc``). A worker that is draining (leaving after a scale-down, out of the
+rotation) is not read: it is no capacity to count on. A worker whose ``/metrics`` does not answer with a complete page
 within the read deadline (the whole request, not each network read: see ``fetch_pages``) counts as
 starting, not ready. From the prefill workers also the histogram ``vllm:request_prefill_time_seconds``
 (cumulative ``_sum``/``_count``): the mean prefill time of the requests that finished prefill in the
@@ -42,6 +44,12 @@ times the runtime received the requests (``RequestWindow.record_receipt``): the 
 would leave the end of each window short and drop from the next. The window's requests, each with the
 time it arrived (``record_arrival``'s ``ago_s``) and its prompt length, go to the planner as
 ``TickInput.prompt_arrivals``, which replays them on candidate prefill pools (rule 11).
+
+Every request received is an arrival, answered or not: one that failed, that the client abandoned or that
+admission control shed is demand too (its prompt length estimated from the body when the worker's usage
+never came), or shedding would hide the very load that calls for more workers. The means of TTFT, ITL and
+request duration (receipt to last token) over the answered requests go to the planner as the simulator gives
+them; a non-streamed answer whose decode worker prefilled it shows no first token and gives no TTFT or ITL.
 """
 
 from __future__ import annotations
@@ -88,6 +96,10 @@ class WindowStats:
     span_s: float = 0.0  # seconds the window covered (previous drain to this one)
     arrival_dispersion: float | None = None  # runtime.planner.sla.arrival_dispersion of the receipts
     prompt_arrivals: tuple[tuple[float, float], ...] | None = None  # (arrival_s, prompt tokens) per request
+    # means over the answered requests, seconds (as runtime/sim/fleet.py feeds TickInput's)
+    ttft_mean_s: float | None = None
+    itl_mean_s: float | None = None
+    duration_mean_s: float | None = None  # receipt to last token
 
 
 def scale_window(w: WindowStats, factor: float) -> WindowStats:
@@ -167,6 +179,7 @@ class RequestWindow:
         self._osl: list[int] = []
         self._ttft: list[float] = []
         self._itl: list[float] = []
+        self._duration: list[float] = []
 
     def record_arrival(self, isl_tokens: int, *, priority: bool = False, ago_s: float = 0.0) -> None:
         """One request of ``isl_tokens`` prompt tokens that arrived ``ago_s`` seconds ago (the runtime
@@ -186,10 +199,17 @@ class RequestWindow:
         with self._lock:
             self._receipt_s.append(now_s)
 
-    def record_finish(self, osl_tokens: int, ttft_s: float, itl_s: float | None = None) -> None:
+    def record_finish(self, osl_tokens: int, ttft_s: float | None, itl_s: float | None = None,
+                      duration_s: float | None = None) -> None:
+        """One answered request: `osl_tokens` output tokens, its TTFT and mean ITL in seconds (None: not
+        seen, e.g. a non-streamed answer the decode worker prefilled itself) and its time from receipt to
+        its last token, seconds."""
         with self._lock:
             self._osl.append(int(osl_tokens))
-            self._ttft.append(float(ttft_s))
+            if duration_s is not None:
+                self._duration.append(float(duration_s))
+            if ttft_s is not None:
+                self._ttft.append(float(ttft_s))
             if itl_s is not None:
                 self._itl.append(float(itl_s))
 
@@ -197,8 +217,9 @@ class RequestWindow:
         now_s = self.clock()
         with self._lock:
             isl, osl, ttft, itl, prio = self._isl, self._osl, self._ttft, self._itl, self._prio
+            duration = self._duration
             arrival_s, receipt_s, since_s = self._arrival_s, self._receipt_s, self._since_s
-            self._isl, self._osl, self._ttft, self._itl, self._prio = [], [], [], [], 0
+            self._isl, self._osl, self._ttft, self._itl, self._prio, self._duration = [], [], [], [], 0, []
             self._arrival_s, self._receipt_s, self._since_s = [], [], now_s
         return WindowStats(
             num_requests=len(isl),
@@ -208,6 +229,9 @@ class RequestWindow:
             mean_osl_tokens=float(np.mean(osl)) if osl else 0.0,
             ttft_p90_s=float(np.quantile(ttft, 0.9)) if ttft else None,
             itl_p90_s=float(np.quantile(itl, 0.9)) if itl else None,
+            ttft_mean_s=float(np.mean(ttft)) if ttft else None,
+            itl_mean_s=float(np.mean(itl)) if itl else None,
+            duration_mean_s=float(np.mean(duration)) if duration else None,
             peak_prefill_tokens_per_s=peak_tokens_per_s(arrival_s, isl, since_s, now_s),
             span_s=max(now_s - since_s, 0.0),
             arrival_dispersion=arrival_dispersion(receipt_s or arrival_s, since_s, now_s),
@@ -537,6 +561,8 @@ class PlannerLoop:
             num_priority_requests=w.num_priority_requests, mean_isl_tokens=w.mean_isl_tokens,
             mean_osl_tokens=w.mean_osl_tokens, p90_isl_tokens=w.p90_isl_tokens, prefill=pre, decode=dec,
             observed_ttft_p90_s=w.ttft_p90_s, observed_itl_p90_s=w.itl_p90_s,
+            observed_ttft_mean_s=w.ttft_mean_s, observed_itl_mean_s=w.itl_mean_s,
+            mean_request_duration_s=w.duration_mean_s,
             peak_prefill_tokens_per_s=w.peak_prefill_tokens_per_s,
             observed_prefill_time_mean_s=prefill_time_mean_s, arrival_dispersion=w.arrival_dispersion,
             prompt_arrivals=w.prompt_arrivals,

@@ -235,7 +235,7 @@ async def test_no_admission_control_without_a_factor_or_an_slo():
     model, _ = _model(lambda req: httpx.Response(200, json=_completion("Paris")), slo_ttft_s=1.0)
     model.service.observe(100.0, ahead=0, servers=1)
     model._awaiting.update({f"r{i}": (0, 1) for i in range(50)})
-    model._admit({"messages": [{"role": "user", "content": "x"}]})  # no shed_ttft_factor: admitted
+    model._admit("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})  # no shed_ttft_factor: admitted
 
 
 def test_a_shed_request_is_a_429_with_retry_after_and_an_openai_body():

@@ -93,7 +93,7 @@ async def test_answers_served_from_the_edge_equal_kserve_ones():
     assert taken == [True] and answer[0] == 502  # a chat answer to a completion: not an OpenAI response
 
     def overloaded(model) -> None:
-        def admit(body: dict) -> None:
+        def admit(path: str, body: dict) -> None:
             raise Overloaded("predicted time to first token is 9 s", 3)
         model._admit = admit
 
@@ -168,7 +168,7 @@ def test_no_access_log_detaches_uvicorn_access_logger():
 
 async def test_an_unexpected_error_is_a_500_as_on_kserve_routes():
     def broken(model) -> None:
-        def admit(body: dict) -> None:
+        def admit(path: str, body: dict) -> None:
             raise RuntimeError("a bug")
         model._admit = admit
 

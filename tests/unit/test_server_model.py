@@ -228,6 +228,79 @@ async def test_each_request_is_counted_for_the_arrival_dispersion_when_it_comes_
     assert window.drain().num_requests == 2
 
 
+async def test_the_window_gets_means_and_durations_and_no_ttft_it_did_not_see():
+    """The loop feeds the planner the means the simulator feeds it (TTFT, ITL, request duration); a
+    non-streamed answer prefilled by its decode worker shows no first token, so it gives neither TTFT nor
+    ITL (its whole duration as TTFT and ITL 0 would drag the ITL down and the TTFT up)."""
+    from runtime.server.planner_loop import RequestWindow
+
+    w = FakeWorkers()
+    transport = httpx.MockTransport(w.handler)
+    window = RequestWindow()
+    reg = CollectorRegistry()
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(reg),
+                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    await model.create_chat_completion(_request())  # remote prefill: its TTFT is the prefill's answer
+    stats = window.drain()
+    assert stats.ttft_mean_s is not None and stats.duration_mean_s is not None
+    assert stats.ttft_mean_s <= stats.duration_mean_s and stats.itl_mean_s is not None
+    w.prefill_status = 500  # falls back to a local prefill: the answer comes whole
+    await model.create_chat_completion(_request())
+    stats = window.drain()
+    assert stats.num_requests == 1 and stats.mean_osl_tokens == 2
+    assert (stats.ttft_p90_s, stats.ttft_mean_s, stats.itl_p90_s, stats.itl_mean_s) == (None, None, None, None)
+    assert stats.duration_mean_s is not None
+    # the client's TTFT histogram still counts it (the client saw its first token with the answer), not its ITL
+    assert _metric(reg, "pdserve_ttft_seconds_count", endpoint="chat", mode="local") == 1
+    assert _metric(reg, "pdserve_itl_seconds_count", endpoint="chat", mode="local") == 0
+
+
+async def test_failed_abandoned_and_shed_requests_are_demand_the_window_counts():
+    """Without a tokenizer the prompt length comes from the worker's usage at the end: a request that never
+    got there still arrived (estimated from its body), and so did one admission shed; short prompts count as
+    priority traffic, as admission judges them."""
+    import asyncio
+
+    from runtime.server.errors import Overloaded
+    from runtime.server.planner_loop import RequestWindow
+
+    window = RequestWindow()
+    failing = FakeWorkers(decode_status=400)
+    transport = httpx.MockTransport(failing.handler)
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
+                    metrics=RuntimeMetrics(CollectorRegistry()),
+                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    assert isinstance(await model.create_chat_completion(_request()), ErrorResponse)
+    stats = window.drain()
+    assert stats.num_requests == 1 and stats.num_priority_requests == 1 and stats.mean_isl_tokens > 0
+
+    class Stalls(FakeWorkers):  # the decode leg never answers: the client gives up
+        def handler(self, req):
+            if req.url.host == "decode":
+                raise httpx.ReadTimeout("stalled", request=req)
+            return super().handler(req)
+
+    transport2 = httpx.MockTransport(Stalls().handler)
+    model.client_factory = lambda url: VllmClient(url, transport=transport2)
+    model._clients.clear()
+    gen = await model.create_chat_completion(_request(stream=True))
+    await gen.aclose()  # the client went away before any token
+    assert window.drain().num_requests == 1
+
+    from runtime.config import OverloadSpec
+
+    shedding = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
+                       metrics=RuntimeMetrics(CollectorRegistry()), observer=window, slo_ttft_s=1.0,
+                       overload=OverloadSpec(shed_ttft_factor=1.0, shed_priority_factor=1.0),
+                       client_factory=lambda url: VllmClient(url, transport=transport))
+    shedding.service.observe(5.0, ahead=0, servers=1)  # a first token takes 5 s: over the 1-s bound
+    shedding._awaiting["queued"] = (0, 1)  # one admitted request waits for its first token
+    with pytest.raises(Overloaded):
+        await shedding.create_chat_completion(_request())
+    assert window.drain().num_requests == 1
+    await asyncio.sleep(0)
+
+
 class WaitsForNudge(FakeWorkers):
     """A decode worker that answers only once the prefill worker got a 1-token request (the stall that
     bench/pd_tail.py measures: vLLM's decode waits for the prefill engine's next forward pass)."""

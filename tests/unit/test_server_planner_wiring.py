@@ -192,3 +192,37 @@ def test_pdserve_serve_offers_planner_and_router_and_rejects_unknown_values():
     assert bad.exit_code != 0 and "--planner" in bad.output
     bad = runner.invoke(app, ["serve", "--router", "magic"])
     assert bad.exit_code != 0 and "--router" in bad.output
+
+
+def test_the_loop_feeds_the_planner_the_means_the_simulator_feeds_it():
+    """TTFT, ITL and request-duration means of the answered requests reach TickInput (the SLA planner's
+    backlog and admission-wait terms use the observed mean ITL; without it they fall back to the target)."""
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from runtime.planner.profiles import analytic_profile
+    from runtime.planner.state_machine import PlannerStateMachine
+    from runtime.planner.types import PlannerConfig
+    from runtime.server.actuators import DryRunActuator
+    from runtime.server.planner_loop import PlannerLoop
+
+    prof = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4,
+                            kv_capacity_tokens=100_000)
+    machine = PlannerStateMachine(PlannerConfig(mode="sla", interval_s=30.0, predictor="constant"), prof)
+    seen = []
+    on_tick = machine.on_tick
+    machine.on_tick = lambda t: (seen.append(t), on_tick(t))[1]
+    now = [0.0]
+    window = RequestWindow(clock=lambda: now[0])
+    for ttft, itl, duration in ((0.2, 0.010, 4.0), (0.4, 0.014, 6.0), (None, None, 9.0)):
+        window.record_arrival(100)
+        window.record_finish(400, ttft, itl, duration)
+    now[0] = 30.0
+    with httpx.Client() as http:
+        loop = PlannerLoop(machine, DryRunActuator(prefill=1, decode=1), window, client=http,
+                           registry=CollectorRegistry(), metrics_urls=lambda: {"prefill": [], "decode": []})
+        loop.tick(now_s=30.0)
+    t = seen[0]
+    assert (t.observed_ttft_mean_s, t.observed_itl_mean_s) == (pytest.approx(0.3), pytest.approx(0.012))
+    assert t.mean_request_duration_s == pytest.approx(19.0 / 3)
+    assert t.observed_ttft_p90_s == pytest.approx(0.38)  # the request whose first token was not seen is left out
