@@ -121,7 +121,9 @@ class WorkerBreakers:
         if self.gauge is not None and self._gauged.get(url) is not state:
             self.gauge.labels(role, self.label(wid)).set(int(state))
             self._gauged[url] = state
-        rotate = state is BreakerState.CLOSED and not self.board.draining(url)
+        # a starting worker whose check failed is out of the pairing too: the router would otherwise keep
+        # choosing it (least loaded: nothing runs there) and each request would have to choose again
+        rotate = state is BreakerState.CLOSED and not self.board.draining(url) and url not in self._failed_start
         if self._applied.get(url, True) == rotate and url in self._applied:
             return
         self._applied[url] = rotate
@@ -129,8 +131,9 @@ class WorkerBreakers:
             log.info("worker %s (%s): breaker closed, back in rotation", wid, redact_userinfo(url))
             self.pairing.mark_up(url)
         else:
-            log.warning("worker %s (%s): %s, out of rotation", wid, redact_userinfo(url),
-                        "draining" if self.board.draining(url) else f"breaker {state.name.lower()}")
+            why = ("draining" if self.board.draining(url) else f"breaker {state.name.lower()}"
+                   if state is not BreakerState.CLOSED else "starting (no health check answered yet)")
+            log.warning("worker %s (%s): %s, out of rotation", wid, redact_userinfo(url), why)
             self.pairing.mark_down(url)
 
     def state(self, url: str) -> BreakerState:
@@ -227,10 +230,11 @@ class WorkerBreakers:
         if ok:
             self._seen.add(key)
             self._failed_start.discard(key)
-        elif key not in self._seen:  # still starting: its failed checks do not count
+        elif key not in self._seen:  # still starting: its failed checks do not count against its breaker
             self._failed_start.add(key)
             if probe:
                 self.board.breaker(key).release_probe()
+            self._apply(key, self.board.state(key, now))  # but it leaves the rotation until it answers
             return
         self._apply(key, self.board.record_check(key, now, ok, latency_s, probe=probe))
 

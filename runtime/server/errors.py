@@ -92,12 +92,22 @@ async def _vllm_client_error_handler(request: Request, exc: Exception):
 RETRY_AFTER_S = 5
 
 
+def _not_ready_message(exc: ModelNotReady) -> str:
+    """KServe's "Model with name M is not ready." and the runtime's reason as a sentence, or, without one,
+    that no worker answers yet; then when to retry."""
+    base = f"Model with name {exc.model_name} is not ready."
+    text = str(exc)
+    detail = text[len(base):].strip().rstrip(".") if text.startswith(base) else ""
+    if not detail:
+        return f"{base} No inference worker is answering yet; retry later."
+    return f"{base} {detail[:1].upper()}{detail[1:]}. Retry in {RETRY_AFTER_S} s."
+
+
 async def _model_not_ready_handler(request: Request, exc: ModelNotReady):
     """503 with `Retry-After`; OpenAI-shaped under the OpenAI prefix."""
     headers = {"Retry-After": str(RETRY_AFTER_S)}
     if request.url.path.startswith(OPENAI_PREFIX):
-        body = openai_error_body(f"{exc} No inference worker is answering yet; retry later.",
-                                 err_type="ServiceUnavailableError", status=HTTPStatus.SERVICE_UNAVAILABLE)
+        body = openai_error_body(_not_ready_message(exc), err_type="ServiceUnavailableError", status=HTTPStatus.SERVICE_UNAVAILABLE)
         return JSONResponse(status_code=HTTPStatus.SERVICE_UNAVAILABLE, content=body, headers=headers)
     response = await model_not_ready_handler(request, exc)
     response.headers.update(headers)

@@ -118,17 +118,25 @@ async def test_a_worker_far_slower_than_its_peers_is_taken_out():
     assert b.state("http://127.0.0.1:9002") is BreakerState.OPEN
 
 
-async def test_a_starting_worker_is_spared_and_a_worker_that_leaves_is_forgotten():
+async def test_a_starting_worker_is_spared_out_of_the_rotation_and_a_worker_that_leaves_is_forgotten():
     p, clock, reg = _router_pairing(), Clock(), CollectorRegistry()
     b = WorkerBreakers(p, SPEC, gauge=RuntimeMetrics(reg).breaker_state, clock=clock)
 
+    up = {"9000"}
+
     async def check(url: str) -> bool:
-        return url.endswith("9000")
+        return url[-4:] in up
 
     for _ in range(SPEC.breaker_failures + 1):
         await b.check_round(check)
-    assert _routable(p) == {"w0", "w1"}  # w1 never answered: still starting, not opened
+    # w1 never answered: still starting, its breaker not opened, but the router does not choose it (least
+    # loaded, it would take every request, each then choosing again)
+    assert _routable(p) == {"w0"} and b.state("http://127.0.0.1:9001") is BreakerState.CLOSED
     assert not b.usable("http://127.0.0.1:9001") and b.usable("http://127.0.0.1:9000")
+    assert _gauge(reg, "w1") == 0
+    up.add("9001")  # loaded: its first answer puts it in the rotation
+    await b.check_round(check)
+    assert _routable(p) == {"w0", "w1"} and b.usable("http://127.0.0.1:9001")
     p.remove_worker("w1")
     b.sync()
     assert _gauge(reg, "w1") is None and _gauge(reg, "w0") == 0
@@ -293,3 +301,13 @@ async def test_the_breaker_gauge_follows_state_changes_between_calls():
         await b.check_round(check)
     b.record_call(url, None)
     assert _gauge(reg, "w0") == 0
+
+
+def test_the_503_says_why_in_sentences_and_when_to_retry():
+    from runtime.server.errors import RETRY_AFTER_S, _not_ready_message
+
+    why = _not_ready_message(ModelNotReady("m", "every decode worker is out of rotation (circuit breaker open)"))
+    assert why == ("Model with name m is not ready. Every decode worker is out of rotation (circuit breaker "
+                   f"open). Retry in {RETRY_AFTER_S} s.")
+    assert _not_ready_message(ModelNotReady("m")) == ("Model with name m is not ready. No inference worker is "
+                                                      "answering yet; retry later.")
