@@ -91,6 +91,7 @@ from runtime.server.routing import CHARS_PER_TOKEN, estimate_prompt_tokens
 from runtime.server.shapes import (
     choices_per_prompt,
     fan_out,
+    num_choices,
     merge_answers,
     needs_local_prefill,
     refusal,
@@ -831,7 +832,10 @@ class PDModel(OpenAIGenerativeModel):
         tokens_before = 0  # tokens sent by the attempts before this one
         attempt_usage: dict | None = None  # this attempt's latest usage from the worker
         attempt_chunks = 0  # this attempt's chunks with a generated token
-        finished = usage_sent = False  # a finish reason / the final usage chunk went to the client
+        # every choice's finish reason / the final usage chunk went to the client (a body served whole can
+        # hold several choices: n > 1 or several prompts that need the decode worker's own prefill)
+        finished = usage_sent = False
+        want_choices, finished_choices = num_choices(path, body), set()
         last: dict = {}  # the last chunk sent (its id, object, created, model)
         attempt = base
         yielded = False
@@ -910,7 +914,9 @@ class PDModel(OpenAIGenerativeModel):
                             replayable = replayable and chunk_ok
                             choices = chunk.get("choices")
                             if choices:
-                                finished = finished or bool(choices[0].get("finish_reason"))
+                                finished_choices.update(c.get("index", 0) for c in choices
+                                                        if isinstance(c, dict) and c.get("finish_reason"))
+                                finished = len(finished_choices) >= want_choices
                             else:
                                 usage_sent = usage_sent or "usage" in chunk
                             last = chunk

@@ -57,6 +57,12 @@ def choices_per_prompt(body: dict) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
 
+def num_choices(path: str, body: dict) -> int:
+    """Choices one answer to `body` holds: `n` per prompt, times the prompts of a completions body."""
+    prompts = _prompts(body) if path == COMPLETIONS else None
+    return choices_per_prompt(body) * (len(prompts) if prompts is not None else 1)
+
+
 def refusal(path: str, body: dict) -> tuple[str, str] | None:
     """(message, param) of a 400 for a shape the runtime does not serve, or None."""
     best_of = body.get("best_of")

@@ -407,3 +407,33 @@ def test_a_continuations_usage_is_the_clients_request_whatever_the_worker_report
     assert _stream_usage(cont, None, 4) == {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15}
     assert _stream_usage(cont, 9, 0) is cont  # nothing generated before: the worker's own usage
     assert _stream_usage({"prompt_tokens": "x", "completion_tokens": None}, None, 3)["completion_tokens"] == 3
+
+
+class TwoChoicesThenDies(TwoDecoders):
+    """d0 serves a two-choice stream whole: choice 0 finishes, choice 1 is cut off by the connection's end."""
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        out = [{"id": "c", "object": "text_completion", "choices": [{"index": i, "text": t, "finish_reason": f}]}
+               for i, t, f in ((0, "A", None), (1, "B", None), (0, "", "stop"), (1, "B", None))]
+        return httpx.Response(200, stream=_DyingStream([f"data: {json.dumps(c)}\n\n".encode() for c in out]))
+
+
+async def test_a_stream_of_several_choices_is_answered_only_when_every_choice_finished():
+    """One choice's finish reason is not the end of a stream that holds two: the worker dying before the
+    other's is an error, never a silently cut answer."""
+    from kserve.protocol.rest.openai.types import CompletionRequest
+
+    w = TwoChoicesThenDies()
+    model, reg = _model(w)
+    # beam search is served whole on the decode worker (no fan-out), so one stream holds both choices
+    req = CompletionRequest(model="m", prompt="Capital of France?", max_tokens=12, n=2, use_beam_search=True,
+                            stream=True)
+    events = [e async for e in await model.create_completion(req)]
+    assert events[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "error" in chunks[-1], chunks
+    assert reg.get_sample_value("pdserve_requests_total",
+                                {"endpoint": "completions", "mode": "local", "status": "error"}) == 1
+    await model.aclose()
