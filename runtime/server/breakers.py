@@ -9,8 +9,8 @@ call and health check, acting on the pairing. The one place that decides whether
   failure, so one slow check no longer takes a worker out. Open workers are not checked; a half-open
   worker's check is its probe (one at a time; `breaker_probes` good probes close it, a bad one reopens it).
   A worker that has not yet answered a check since it joined the pool is *starting*: its failed checks do
-  not count (vLLM loads for minutes), it is never a request's decode worker, and it does not make the
-  runtime ready.
+  not count against its breaker (vLLM loads for minutes), but one takes it out of the pairing's rotation
+  until it answers, so it is never a request's decode worker; it does not make the runtime ready.
 * A breaker that leaves CLOSED takes the worker out of the pairing (`mark_down`); one that closes puts it
   back (`mark_up`). Half-open workers get probes only, no client request.
 * A worker a scale-down removes is *draining* (`drain`): out of the rotation whatever its breaker says,

@@ -217,10 +217,11 @@ async def test_shutdown_awaits_the_cancelled_tasks_before_closing_the_planner_an
     assert records == []
 
 
-async def test_a_worker_back_at_the_same_url_is_not_marked_down_while_it_starts():
-    """The breakers' contract: a worker that has not answered a health check since it joined is starting, and
-    its failed checks do not count. A pod that leaves and comes back at the same address gets the same
-    discovered id; it is a new worker."""
+async def test_a_worker_back_at_the_same_url_starts_again_and_joins_the_rotation_at_its_first_answer():
+    """The breakers' contract: a worker that has not answered a health check since it joined is starting: its
+    failed checks do not open its breaker, it is out of the rotation, and its first answer puts it in. A pod
+    that leaves and comes back at the same address gets the same discovered id; it is a new worker."""
+    from runtime.router.breaker import BreakerState
     from runtime.config import OverloadSpec
     from runtime.server.breakers import WorkerBreakers
     from runtime.server.discovery_sync import apply_membership, discovered_id
@@ -240,5 +241,9 @@ async def test_a_worker_back_at_the_same_url_is_not_marked_down_while_it_starts(
     apply_membership(pairing, PoolMembership((), (url,)))
     for _ in range(3):
         await breakers.check_round(is_healthy)
-    assert discovered_id("decode", url) not in pairing.down
+    assert breakers.state(url) is BreakerState.CLOSED  # its failed checks did not count
+    assert discovered_id("decode", url) in pairing.down  # but the router does not choose it
     assert not breakers.serving(url) and not breakers.usable(url)  # starting: not a request's decode worker
+    healthy[url] = True
+    await breakers.check_round(is_healthy)
+    assert discovered_id("decode", url) not in pairing.down and breakers.usable(url)
