@@ -502,13 +502,21 @@ class Router:
         Moves the prefill load to the decode worker and returns the new decision
         (``prefill_worker=None``, ``reason="local_prefill_failed"``). Blocks the failed prefill taught the
         approximate index are forgotten; with ``now_s`` (seconds) an approximate decode worker learns them.
+        A decode worker that left the pool meanwhile (``remove_worker``) is replaced by another decode worker,
+        chosen as a migration chooses one (not counted as one).
 
         Raises:
             UnknownRequestError: when the request is not in flight.
+            NoWorkersError: its decode worker left and no other is in the pool (the request is freed).
         """
         r = self._requests.get(request_id)
         if r is None:
             raise UnknownRequestError(f"request {request_id!r} is not in flight")
+        if not self._alive(r.decode):
+            if r.prefill is not None and not r.prefill_done:
+                self._unlearn(r)
+            return self._reroute(request_id, r, r.excluded, r.hashes, r.num_tokens,
+                                 0.0 if now_s is None else now_s, r.num_migrations, "local_prefill_failed")
         if r.prefill is not None:
             if not r.prefill_done:
                 self._unlearn(r)
@@ -558,15 +566,24 @@ class Router:
                 f"request {request_id!r}: decode worker {failed!r} failed and migration_limit="
                 f"{self.spec.migration_limit} is used up")
         excluded = r.excluded | {failed}
-        candidates = [w for w in self._decoders if w.worker_id not in excluded]
-        if not candidates:
-            self.on_complete(request_id)
-            raise NoWorkersError(f"request {request_id!r}: no decode worker left besides {sorted(excluded)}")
         if token_ids is not None or block_hashes is not None:
             hashes, num_tokens = self._prompt(token_ids, block_hashes, None, cache_salt)
         else:
             hashes, num_tokens = r.hashes, r.num_tokens
+        return self._reroute(request_id, r, excluded, hashes, num_tokens, now_s, r.num_migrations + 1, "migrated")
+
+    def _reroute(self, request_id: str, r: _InFlight, excluded: set[str], hashes: Sequence[Hashable],
+                 num_tokens: int, now_s: float, num_migrations: int, reason: str) -> RouteDecision:
+        """Free in-flight request `r` and charge it again on a decode worker outside `excluded` that prefills
+        it itself (the decode policy's choice).
+
+        Raises:
+            NoWorkersError: no such decode worker (the request is freed).
+        """
+        candidates = [w for w in self._decoders if w.worker_id not in excluded]
         self.on_complete(request_id)
+        if not candidates:
+            raise NoWorkersError(f"request {request_id!r}: no decode worker left besides {sorted(excluded)}")
         overlaps = self._overlaps(hashes, exclude=excluded)
         nb = max(len(hashes), num_tokens // self.block_size_tokens)
         decode_policy = self.decode_policy if self._prefillers else self.aggregated_policy
@@ -575,6 +592,6 @@ class Router:
         uncached = max(0, num_tokens - overlap * self.block_size_tokens)
         work = self.prefill_cost(num_tokens, num_tokens - uncached) if num_tokens > 0 else 0.0
         new = _InFlight(None, self._loads[decode], uncached, nb, work, hashes, num_tokens,
-                        num_migrations=r.num_migrations + 1, excluded=excluded)
+                        num_migrations=num_migrations, excluded=excluded)
         self._charge(request_id, new, now_s)
-        return RouteDecision(request_id, None, decode, overlap, nb, uncached, "migrated")
+        return RouteDecision(request_id, None, decode, overlap, nb, uncached, reason)

@@ -600,7 +600,7 @@ class PDModel(OpenAIGenerativeModel):
                 # given the client's own request, answers it or rejects it in the client's terms
                 logger.info("prefill worker %s rejected request %s: serving it on the decode worker: %.300s",
                             exc.url, rid, exc.body)
-                return self.pairing.on_prefill_failed(rid, self.clock()), None
+                return self._prefill_locally(rid), None
             if 400 <= exc.status_code < 500:
                 logger.warning("prefill worker %s answered %d (a deployment fault): prefilling locally: %.500s",
                                exc.url, exc.status_code, exc.body)
@@ -609,8 +609,19 @@ class PDModel(OpenAIGenerativeModel):
             self._note_answer(route.prefill_url, None)
         if kv is None:  # worker down, 5xx, a deployment-fault 4xx, or a worker without a KV connector
             self.metrics.prefill_fallbacks.inc()
-            return self.pairing.on_prefill_failed(rid, self.clock()), None
+            return self._prefill_locally(rid), None
         return route, kv
+
+    def _prefill_locally(self, rid: str) -> Route:
+        """The route on which the decode worker prefills request `rid` itself (`Pairing.on_prefill_failed`).
+
+        Raises:
+            ModelNotReady: its decode worker left the pool and no other is in it (a 503 with Retry-After).
+        """
+        try:
+            return self.pairing.on_prefill_failed(rid, self.clock())
+        except RuntimeError as exc:  # runtime.router.core.NoWorkersError: the request is freed
+            raise ModelNotReady(self.name, str(exc)) from exc
 
     def _start_nudger(self, route: Route, kv: dict | None, first_token: asyncio.Event) -> asyncio.Task | None:
         """The task that nudges `route`'s prefill worker until `first_token` is set (see `prefill_nudge_after_s`);
@@ -691,7 +702,7 @@ class PDModel(OpenAIGenerativeModel):
         route = state["route"]
         if route.prefill_url is not None and needs_local_prefill(path, body):
             # prompt log-probabilities and beam search need the prompt computed where the answer is made
-            route = dataclasses.replace(self.pairing.on_prefill_failed(rid, self.clock()), reason="local_shape")
+            route = dataclasses.replace(self._prefill_locally(rid), reason="local_shape")
         # The prefill worker starts the handoff's lease when its engine finishes the request, which can be long
         # before its answer arrives here (a starved API server, a slow network): the earliest the lease can
         # have begun is when the prefill request was sent, so the lease bounds count from then.
@@ -703,7 +714,7 @@ class PDModel(OpenAIGenerativeModel):
             self.metrics.kv_lease_expiries.inc()
             logger.warning("request %s: decode leg not started within the KV lease (%.0f s, margin %.0f s): "
                            "prefilling locally", rid, self.kv_lease_s, self.kv_lease_margin_s)
-            route, kv = self.pairing.on_prefill_failed(rid, self.clock()), None
+            route, kv = self._prefill_locally(rid), None
         state["route"] = route
         mode = state["mode"] = "remote" if kv is not None else "local"
         self.metrics.child(self.metrics.routes, route.reason or "none").inc()
@@ -943,7 +954,13 @@ class PDModel(OpenAIGenerativeModel):
                                                 err_type="BackendError", status=int(HTTPStatus.GATEWAY_TIMEOUT))
                         yield f"data: {json.dumps(err)}\n\n"
                         break
-                    route = self.pairing.on_prefill_failed(rid, self.clock())
+                    try:
+                        route = self._prefill_locally(rid)
+                    except ModelNotReady as exc:
+                        err = openai_error_body(str(exc), err_type="ServiceUnavailableError",
+                                                status=int(HTTPStatus.SERVICE_UNAVAILABLE))
+                        yield f"data: {json.dumps(err)}\n\n"
+                        break
                     kv, decode, attempt, mode = None, self._client(route.decode_url, rid), cont, "local"
                     local_prefill = True
                 except BackendError as exc:

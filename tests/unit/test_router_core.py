@@ -411,3 +411,26 @@ def test_a_salted_request_migrates_to_the_worker_holding_its_salted_blocks():
     assert first.decode_worker in ("a", "b") and first.overlap_blocks == n
     moved = r.migrate("q", now_s=1.0, token_ids=PROMPT + [9] * 20, cache_salt="s3cret")
     assert moved.decode_worker == ({"a", "b"} - {first.decode_worker}).pop() and moved.overlap_blocks == n
+
+
+def test_a_failed_prefill_whose_decode_worker_left_the_pool_goes_to_another_decode_worker():
+    r = _router(disagg_min_uncached_tokens=0, migration_limit=0)
+    for w, role in (("p", "prefill"), ("d0", "decode"), ("d1", "decode")):
+        r.add_worker(w, role)
+    first = r.route("q", token_ids=PROMPT, now_s=0.0)
+    assert first.prefill_worker == "p"
+    r.remove_worker(first.decode_worker)  # discovery or a scale-down while the prefill runs
+    d = r.fallback_local_prefill("q", now_s=1.0)  # no migration counted: the limit of 0 does not refuse it
+    other = ({"d0", "d1"} - {first.decode_worker}).pop()
+    assert (d.prefill_worker, d.decode_worker, d.reason) == (None, other, "local_prefill_failed")
+    assert r.workers[other].prefill_tokens == 1024 and r.workers[other].engine_requests == 1
+    assert r.workers["p"].num_requests == 0 and r.workers["p"].prefill_tokens == 0
+    r.on_complete("q")
+    assert all((w.num_requests, w.engine_requests, w.prefill_tokens, w.decode_blocks) == (0, 0, 0, 0)
+               for w in r.workers.values())
+    r.route("q2", token_ids=PROMPT, now_s=2.0)
+    r.remove_worker(other)
+    with pytest.raises(NoWorkersError):  # none left: the request is freed
+        r.fallback_local_prefill("q2", now_s=3.0)
+    with pytest.raises(UnknownRequestError):
+        r.in_flight("q2")

@@ -416,3 +416,38 @@ async def test_text_hidden_in_other_fields_still_counts_for_the_priority():
     assert not isinstance(await model.create_chat_completion(req), ErrorResponse)
     (prefill,) = [b for host, b, _ in workers.calls if host == "prefill"]
     assert prefill["priority"] == 1_007_000  # ~120k tokens: bucket 7, as the same text in a message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_failed_prefill_whose_decode_worker_left_the_pool_is_served_by_another(stream):
+    """Discovery (or a scale-down) removes the request's decode worker while its prefill runs, and the prefill
+    fails: the request is prefilled and answered on the other decode worker, not a plain-text 500."""
+    from runtime.config import RouterSpec
+    from runtime.server.routing import RouterPairing, WorkerEndpoint
+
+    pairing = RouterPairing(RouterSpec(policy="round_robin", disagg_min_uncached_tokens=0), 16, [
+        WorkerEndpoint("p", "prefill", "http://prefill"), WorkerEndpoint("d0", "decode", "http://decode"),
+        WorkerEndpoint("d1", "decode", "http://decode1")])
+    w = FakeWorkers(prefill_status=500)
+    served: list[str] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "prefill":
+            for wid in [i for i, e in pairing.workers.items() if e.role == "decode"][:1]:
+                pairing.remove_worker(wid)  # the first decode worker, the round robin's choice, leaves
+        else:
+            served.append(req.url.host)
+        return w.handler(req)
+
+    transport = httpx.MockTransport(handler)
+    reg = CollectorRegistry()
+    model = PDModel("m", pairing, metrics=RuntimeMetrics(reg),
+                    client_factory=lambda url: VllmClient(url, transport=transport))
+    out = await model.create_chat_completion(_request(stream=stream))
+    if stream:
+        events = [e async for e in out]
+        assert events[-1] == "data: [DONE]\n\n" and not any('"error"' in e for e in events)
+    else:
+        assert isinstance(out, ChatCompletion) and out.choices[0].message.content == "Paris"
+    assert served == ["decode1"]
+    assert all((x.num_requests, x.engine_requests) == (0, 0) for x in pairing.router.workers.values())
