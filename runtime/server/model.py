@@ -972,15 +972,21 @@ class PDModel(OpenAIGenerativeModel):
                             yield f"data: {orjson.dumps(final).decode()}\n\n"
                         ok = True
                         break
-                    if replayable:
-                        new = self._migrate(exc, route, rid)
-                    else:  # reasoning or a tool call was sent: a continuation would repeat or lose it
-                        self._note_answer(route.decode_url, exc)
-                        new = None
                     prompt_tokens, tokens_before = _attempt_ends(attempt_usage, attempt_chunks, prompt_tokens,
                                                                  tokens_before)
                     attempt_usage, attempt_chunks = None, 0
-                    cont = continuation_body(path, base, "".join(sent), tokens_before) if new is not None else None
+                    # nothing sent yet: the request itself goes to another worker, whatever its shape; else a
+                    # continuation of what was sent, where one can carry it (not after reasoning or a tool call,
+                    # which it would repeat or lose; not for token-id prompts, echo or several choices)
+                    cont = base if not yielded else (
+                        continuation_body(path, base, "".join(sent), tokens_before) if replayable else None)
+                    if cont is not None:
+                        new = self._migrate(exc, route, rid)
+                    else:
+                        self._note_answer(route.decode_url, exc)
+                        new = None
+                    if new is None:
+                        cont = None
                     if cont is None:
                         if not yielded:  # nothing sent yet: the caller answers with an HTTP error instead
                             raise _StreamFailedEarly(exc) from exc

@@ -437,3 +437,52 @@ async def test_a_stream_of_several_choices_is_answered_only_when_every_choice_fi
     assert reg.get_sample_value("pdserve_requests_total",
                                 {"endpoint": "completions", "mode": "local", "status": "error"}) == 1
     await model.aclose()
+
+
+class FirstRefuses(TwoDecoders):
+    """d0 refuses the connection (dead before its breaker noticed); d1 streams a completion and its [DONE]."""
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        if host == "d0":
+            raise httpx.ConnectError("connection refused", request=req)
+        chunks = [{"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": t, "finish_reason": f}]}
+                  for t, f in (("Par", None), ("is", "length"))]
+        return httpx.Response(200, content=b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks)
+                              + b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("extra", [{"prompt": [1, 2, 3]}, {"prompt": "x", "echo": True}])
+async def test_a_stream_no_continuation_can_carry_goes_whole_to_another_worker_before_its_first_chunk(extra):
+    """Nothing was sent yet: the request itself moves, whatever its shape (a token-id prompt or echo cannot be
+    continued after text was sent, but they need no continuation here)."""
+    from kserve.protocol.rest.openai.types import CompletionRequest
+
+    w = FirstRefuses()
+    model, reg = _model(w)
+    events = [e async for e in await model.create_completion(
+        CompletionRequest(model="m", max_tokens=2, stream=True, **extra))]
+    assert events[-1] == "data: [DONE]\n\n" and not any('"error"' in e for e in events)
+    assert "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]) == "Paris"
+    assert w.bodies["d1"][0]["prompt"] == extra["prompt"] and w.bodies["d1"][0]["max_tokens"] == 2
+    assert reg.get_sample_value("pdserve_migrations_total") == 1
+    await model.aclose()
+
+
+async def test_a_migration_no_continuation_can_carry_is_not_counted():
+    from kserve.protocol.rest.openai.types import CompletionRequest
+
+    class SendsThenDies(TwoDecoders):
+        def handler(self, req: httpx.Request) -> httpx.Response:
+            self.bodies[req.url.host].append(json.loads(req.content))
+            chunk = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": "Par"}]}
+            return httpx.Response(200, stream=_DyingStream([f"data: {json.dumps(chunk)}\n\n".encode()]))
+
+    w = SendsThenDies()
+    model, reg = _model(w)
+    events = [e async for e in await model.create_completion(
+        CompletionRequest(model="m", prompt=[1, 2, 3], max_tokens=5, stream=True))]
+    assert '"error"' in events[-2] and events[-1] == "data: [DONE]\n\n" and w.bodies["d1"] == []
+    assert (reg.get_sample_value("pdserve_migrations_total") or 0) == 0
+    await model.aclose()
