@@ -41,6 +41,9 @@ from runtime.server.errors import OPENAI_PREFIX, RETRY_AFTER_S, openai_error_bod
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 _INFER_ROUTE = re.compile(r"^/v[12]/models/[^/]+(/versions/[^/]+)?(:predict|:explain|/infer|/explain)$")
+# KServe's v2 model metadata (tensor inputs and outputs): a generative model has none, and KServe's own answer
+# for one is a 500 that breaks the client's connection
+_V2_METADATA_ROUTE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?$")
 # a served name may hold '/' (Hugging Face ids: org/model); ASGI's path is already percent-decoded
 _MODEL_ROUTE = re.compile(r"^/openai/v1/models/(?P<id>.+)$")
 _GENERATION_ROUTES = frozenset({f"{OPENAI_PREFIX}v1/completions", f"{OPENAI_PREFIX}v1/chat/completions"})
@@ -179,7 +182,7 @@ class EdgeMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope["path"], scope["method"]
-        if _INFER_ROUTE.match(path):
+        if _INFER_ROUTE.match(path) or (method == "GET" and _V2_METADATA_ROUTE.match(path)):
             msg = (f"model {self.model_name!r} serves the OpenAI API only: POST {OPENAI_PREFIX}v1/completions "
                    f"or {OPENAI_PREFIX}v1/chat/completions")
             return await _json(send, HTTPStatus.NOT_FOUND, {"error": msg})

@@ -199,3 +199,20 @@ async def test_a_served_name_with_a_slash_is_found_by_the_model_route():
             assert r.status_code == 200 and r.json()["id"] == name, (path, r.text)
         other = await c.get("/openai/v1/models/meta-llama/other")
         assert other.status_code == 404 and other.json()["error"]["param"] == "model"
+
+
+async def test_kserve_v2_model_metadata_is_a_clear_404_not_kserves_500():
+    """KServe's v2 metadata describes tensor inputs a generative model has none of; its own answer is a 500
+    that drops the client's connection. The model's readiness stays KServe's."""
+    from runtime.server.edge import EdgeMiddleware, Served
+
+    async def inner(scope, receive, send):  # anything the edge passes on
+        await send({"type": "http.response.start", "status": 418, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    app = EdgeMiddleware(inner, served=Served("m", lambda: True))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rt") as c:
+        for path in ("/v2/models/m", "/v2/models/m/versions/1"):
+            r = await c.get(path)
+            assert r.status_code == 404 and "serves the OpenAI API only" in r.json()["error"], (path, r.text)
+        assert (await c.get("/v2/models/m/ready")).status_code == 418
