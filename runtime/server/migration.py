@@ -73,7 +73,13 @@ def chunk_progress(chunk: dict[str, Any]) -> tuple[str, bool, bool]:
 
 def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_generated_tokens: int) -> dict | None:
     """The request that continues `body` after `generated_text`; None when it cannot be continued
-    (n > 1, a non-string completion prompt, echo/logprobs of the prompt, or nothing left to generate).
+    (n > 1, a non-string completion prompt, echo/logprobs of the prompt, structured output, or nothing left to
+    generate).
+
+    Structured output (`response_format` other than text, vLLM's `structured_outputs`): the engine's grammar
+    constrains the tokens it generates from the start of the answer, so a continuation would start the
+    grammar again after text that is already inside it (a second JSON object in the middle of the first),
+    and without the grammar nothing holds the rest to the schema; the client gets an error instead.
 
     Args:
         path: worker path ("/v1/chat/completions" or "/v1/completions").
@@ -83,6 +89,10 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
             output, `chunk_progress`, where it sends none).
     """
     if int(body.get("n") or 1) != 1 or body.get("echo") or body.get("prompt_logprobs"):
+        return None
+    fmt = body.get("response_format")
+    if body.get("structured_outputs") is not None or (
+            fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text")):
         return None
     out = copy.deepcopy(body)
     for key in ("max_tokens", "max_completion_tokens"):

@@ -63,6 +63,8 @@ def test_chat_continuation_of_a_continued_final_message_extends_that_message():
     {"prompt": "x", "max_tokens": 5, "n": 2},           # several choices
     {"prompt": "x", "max_tokens": 2},                   # budget used up
     {"prompt": "x", "max_tokens": 9, "echo": True},     # echo would repeat the generated text
+    {"prompt": "x", "max_tokens": 9, "response_format": {"type": "json_object"}},  # the grammar would restart
+    {"prompt": "x", "max_tokens": 9, "structured_outputs": {"regex": "[a-z]+"}},
 ])
 def test_uncontinuable_requests_return_none(body):
     assert continuation_body(COMPL, body, "ab", 2) is None
@@ -486,3 +488,8 @@ async def test_a_migration_no_continuation_can_carry_is_not_counted():
     assert '"error"' in events[-2] and events[-1] == "data: [DONE]\n\n" and w.bodies["d1"] == []
     assert (reg.get_sample_value("pdserve_migrations_total") or 0) == 0
     await model.aclose()
+
+
+def test_a_plain_text_response_format_does_not_stop_a_continuation():
+    out = continuation_body(COMPL, {"prompt": "x", "max_tokens": 9, "response_format": {"type": "text"}}, "ab", 2)
+    assert out is not None and out["prompt"] == "xab" and out["max_tokens"] == 7
