@@ -151,6 +151,16 @@ def _worker_error_param(body: Any) -> str | None:
     return param if isinstance(param, str) and param else None
 
 
+def _worker_error_type(body: Any, status: int) -> str:
+    """The `type` a vLLM/OpenAI error object names (an identifier such as "RateLimitError"), else the error
+    class the OpenAI Python client raises for `status` (openai/_exceptions.py; "BadRequestError" otherwise)."""
+    err = body.get("error") if isinstance(body, dict) else None
+    kind = (err if isinstance(err, dict) else body if isinstance(body, dict) else {}).get("type")
+    if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 64:
+        return kind
+    return {409: "ConflictError", 422: "UnprocessableEntityError", 429: "RateLimitError"}.get(status, "BadRequestError")
+
+
 def _is_client_fault(exc: BackendError) -> bool:
     """The worker rejected the request itself: a 4xx other than 401/403/404/407 whose body is a vLLM/OpenAI
     error object. Any other 4xx (a proxy's HTML page, worker auth, a wrong path) is a deployment fault."""
@@ -164,7 +174,8 @@ def _backend_error_response(exc: BackendError) -> ErrorResponse:
     worker's body is logged, never returned)."""
     known = exc.status_code in HTTPStatus._value2member_map_
     if _is_client_fault(exc):
-        err = create_error_response(message=str(_worker_error_message(exc.body)), err_type="BadRequestError",
+        err = create_error_response(message=str(_worker_error_message(exc.body)),
+                                    err_type=_worker_error_type(exc.body, exc.status_code),
                                     status_code=HTTPStatus(exc.status_code) if known else HTTPStatus.BAD_REQUEST)
         err.error.param = _worker_error_param(exc.body)  # the field the worker named, as vLLM names it
         return err

@@ -251,3 +251,16 @@ async def test_a_tokenizer_that_raises_routes_the_request_on_load_alone():
     assert isinstance(out, ChatCompletion) and out.choices[0].message.content == "ok"
     assert _requests(reg, "ok") == 1
     await model.aclose()
+
+
+@pytest.mark.parametrize(("status", "body", "kind"), [
+    (429, {"error": {"message": "too many requests", "type": "RateLimitError", "code": 429}}, "RateLimitError"),
+    (429, {"object": "error", "message": "too many requests", "code": 429}, "RateLimitError"),
+    (422, {"object": "error", "message": "unprocessable", "code": 422}, "UnprocessableEntityError"),
+    (400, {"error": {"message": "bad", "type": "not an identifier!", "code": 400}}, "BadRequestError")])
+async def test_a_worker_rejection_keeps_its_status_and_error_type(status, body, kind):
+    model, _ = _model(lambda req: httpx.Response(status, json=body))
+    out = await model.create_chat_completion(_request())
+    assert isinstance(out, ErrorResponse)
+    assert (out.error.code, out.error.type) == (str(status), kind)
+    await model.aclose()
