@@ -160,12 +160,13 @@ class WorkerBreakers:
                    for url, (_, r, _) in self._known.items())
 
     def in_rotation(self, role: str) -> int:
-        """Workers of `role` ("prefill" or "decode": decode-capable) whose breaker is closed."""
+        """Workers of `role` ("prefill" or "decode": decode-capable) that take traffic: breaker closed, and not
+        a starting worker whose check failed (`usable`)."""
         self.follow_pool()
         now = self.clock()
         roles = ("prefill",) if role == "prefill" else ("decode", "both")
         return sum(1 for url, (_, r, _) in self._known.items()
-                   if r in roles and self.board.allows_traffic(url, now))
+                   if r in roles and self.board.allows_traffic(url, now) and url not in self._failed_start)
 
     def any_open(self, role: str) -> bool:
         """Whether some worker of `role` (as `in_rotation`) has a breaker that is not closed."""

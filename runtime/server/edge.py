@@ -138,16 +138,18 @@ def _check_fields(path: str, body: Any) -> tuple[str, str | None] | None:
 
 class Served:
     """The model the edge answers for: its OpenAI id, a readiness callable and what to tell the model about
-    an OpenAI request that arrives while it is not ready (`on_unready(raw_body)`; KServe answers it 503), and
+    an OpenAI request that arrives while it is not ready (`on_unready(raw_body, path)`; KServe answers it 503), and
     the server of the generation routes, if any (`direct`, a `DirectServer`)."""
 
     def __init__(self, model_name: str = "", is_ready: Callable[[], bool] = lambda: False,
-                 on_unready: Callable[[bytes], None] = lambda raw: None, direct: DirectServer | None = None) -> None:
+                 on_unready: Callable[[bytes, str], None] = lambda raw, path: None,
+                 direct: DirectServer | None = None) -> None:
         self.model_name, self.is_ready, self.on_unready, self.direct = model_name, is_ready, on_unready, direct
 
 
 def install_edge(app: Any, model_name: str, is_ready: Callable[[], bool],
-                 on_unready: Callable[[bytes], None] = lambda raw: None, direct: DirectServer | None = None) -> None:
+                 on_unready: Callable[[bytes, str], None] = lambda raw, path: None,
+                 direct: DirectServer | None = None) -> None:
     """Put `EdgeMiddleware` in front of `app` (once per app) answering for `model_name` / `is_ready`, serving
     the generation routes with `direct` when given."""
     served = getattr(app.state, "pdserve_served", None)
@@ -214,7 +216,7 @@ class EdgeMiddleware:
                                      status=HTTPStatus.BAD_REQUEST, param=param)
             return await _json(send, HTTPStatus.BAD_REQUEST, body)
         if not self.is_ready():
-            self.served.on_unready(raw)
+            self.served.on_unready(raw, path)
         elif self.served.direct is not None and path in _GENERATION_ROUTES:
             if await self.served.direct(scope, raw, receive, send):
                 return None

@@ -537,16 +537,31 @@ class PDModel(OpenAIGenerativeModel):
         answers = [r.model_dump(mode="json", exclude_unset=True) for r in results]
         return response_type.model_validate(merge_answers(answers, n))
 
-    def count_unready(self, raw_body: bytes) -> None:
-        """A request refused because the model is not ready (runtime.server.edge): counted in
+    def count_unready(self, raw_body: bytes, path: str = "") -> None:
+        """A request refused because the model is not ready (runtime.server.edge; `path` as received): demand
+        the planner's window counts, as it counts a shed one (a generation route's), and counted in
         `pdserve_requests_shed_total{reason="breaker_open"}` when that is because decode breakers are open."""
-        if not self.breakers.any_open("decode"):
-            return
         try:
             body = json.loads(raw_body)
         except ValueError:
             body = None
-        self.metrics.shed.labels("breaker_open", _priority_label(body if isinstance(body, dict) else {})).inc()
+        body = body if isinstance(body, dict) else {}
+        if path.endswith("/completions"):
+            self._record_refused(CHAT_PATH if path.endswith("/chat/completions") else COMPLETIONS_PATH, body)
+        if self.breakers.any_open("decode"):
+            self.metrics.shed.labels("breaker_open", _priority_label(body)).inc()
+
+    def _record_refused(self, path: str, body: dict) -> None:
+        """A request refused before it was served (shed, not ready) in the planner's window: a receipt and an
+        arrival for each request it splits into. Unseen, shedding would hide the very load that calls for
+        more workers."""
+        if self.observer is None:
+            return
+        receipt = getattr(self.observer, "record_receipt", None)
+        for sub in fan_out(path, body) or [body]:
+            if receipt is not None:
+                receipt()
+            self._record_arrival(sub, None, 0.0)
 
     def _servers(self) -> int:
         """Workers in rotation that make the first tokens: the prefill workers, or the decode workers when no
@@ -567,13 +582,7 @@ class PDModel(OpenAIGenerativeModel):
         if d.admit:
             return
         self.metrics.shed.labels("queue_wait", label).inc()
-        # the planner sizes for the demand, shed requests included: unseen, shedding would hide the very load
-        # that calls for more workers
-        receipt = getattr(self.observer, "record_receipt", None)
-        for sub in fan_out(path, body) or [body]:
-            if receipt is not None:
-                receipt()
-            self._record_arrival(sub, None, 0.0)
+        self._record_refused(path, body)  # the planner sizes for the demand, shed requests included
         raise Overloaded(f"The service is overloaded: this request's predicted time to first token is "
                          f"{d.predicted_ttft_s:.1f} s, over the {d.bound_s:.1f} s it admits; retry after "
                          f"{d.retry_after_s} s.", d.retry_after_s)
@@ -672,6 +681,9 @@ class PDModel(OpenAIGenerativeModel):
         if self.tokenizer is not None:  # chat templates of long prompts take seconds: off the event loop
             try:
                 token_ids = await asyncio.to_thread(self.tokenizer.token_ids, path, body)
+            except asyncio.CancelledError:  # the client left while its prompt was tokenized: still demand
+                self._record_arrival(body, None, self.clock() - t0)
+                raise
             except Exception:  # routing knowledge only: a prompt the tokenizer chokes on is routed on load
                 logger.warning("could not tokenize a %s request for routing; routing on load alone", endpoint,
                                exc_info=True)

@@ -133,6 +133,7 @@ async def test_a_starting_worker_is_spared_out_of_the_rotation_and_a_worker_that
     # loaded, it would take every request, each then choosing again)
     assert _routable(p) == {"w0"} and b.state("http://127.0.0.1:9001") is BreakerState.CLOSED
     assert not b.usable("http://127.0.0.1:9001") and b.usable("http://127.0.0.1:9000")
+    assert b.in_rotation("decode") == 1  # admission divides the queue by the workers that serve
     assert _gauge(reg, "w1") == 0
     up.add("9001")  # loaded: its first answer puts it in the rotation
     await b.check_round(check)

@@ -451,3 +451,37 @@ async def test_a_failed_prefill_whose_decode_worker_left_the_pool_is_served_by_a
         assert isinstance(out, ChatCompletion) and out.choices[0].message.content == "Paris"
     assert served == ["decode1"]
     assert all((x.num_requests, x.engine_requests) == (0, 0) for x in pairing.router.workers.values())
+
+
+async def test_requests_refused_while_not_ready_and_clients_gone_during_tokenization_are_demand():
+    import asyncio
+
+    from runtime.server.planner_loop import RequestWindow
+
+    window = RequestWindow()
+    transport = httpx.MockTransport(FakeWorkers().handler)
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
+                    metrics=RuntimeMetrics(CollectorRegistry()), observer=window,
+                    client_factory=lambda url: VllmClient(url, transport=transport))
+    # the edge answers 503 while nothing serves: each request it splits into is an arrival
+    model.count_unready(json.dumps({"model": "m", "prompt": ["a", "b"], "n": 2}).encode(), "/openai/v1/completions")
+    model.count_unready(json.dumps({"model": "m", "messages": []}).encode(), "/openai/v1/chat/completions")
+    model.count_unready(b"not json", "/openai/v1/embeddings")  # not a generation route: not the planner's
+    stats = window.drain()
+    assert stats.num_requests == 5 and len(stats.prompt_arrivals) == 5
+
+    class SlowTokenizer:
+        def token_ids(self, path, body):
+            import time
+
+            time.sleep(0.3)  # a long chat template
+            return [1, 2, 3]
+
+    model.tokenizer = SlowTokenizer()
+    task = asyncio.create_task(model.create_chat_completion(_request()))
+    await asyncio.sleep(0.05)
+    task.cancel()  # the client left while its prompt was tokenized
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert window.drain().num_requests == 1
+    await asyncio.sleep(0.3)  # the tokenizer's thread ends
