@@ -851,7 +851,7 @@ class PDModel(OpenAIGenerativeModel):
         sent: list[str] = []  # content / completion text sent to the client (replayed by a continuation)
         num_tokens = 0  # chunks with a generated token sent (content, reasoning or tool call: chunk_progress)
         replayable = True  # no reasoning or tool call sent: a continuation can carry all that was sent
-        stream_id = None
+        stream_id = stream_created = None  # the first attempt's: one answer's across a migration
         # Ask the worker for usage on every chunk (vLLM's continuous usage stats): its completion_tokens count
         # the tokens sent exactly, where chunks do not (vLLM puts several tokens in one chunk when its API
         # server falls behind the engine, or with speculative decoding), so that a continuation asks for what
@@ -906,6 +906,9 @@ class PDModel(OpenAIGenerativeModel):
                             stream_id = stream_id or chunk.get("id")
                             if stream_id and "id" in chunk and chunk["id"] != stream_id:
                                 chunk["id"], changed = stream_id, True  # one id across a migration
+                            stream_created = stream_created or chunk.get("created")
+                            if stream_created and "created" in chunk and chunk["created"] != stream_created:
+                                chunk["created"], changed = stream_created, True
                             token = (local_prefill or first_s is None) and _is_first_token(chunk)
                             if local_prefill and token:
                                 # this decode worker's own prefill is done (also after a migration)

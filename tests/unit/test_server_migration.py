@@ -92,8 +92,9 @@ class _DyingStream(httpx.AsyncByteStream):
 
 
 def _sse(cid: str, texts: list[str]) -> list[bytes]:
-    return [f"data: {json.dumps({'id': cid, 'choices': [{'index': 0, 'delta': {'content': t}}]})}\n\n".encode()
-            for t in texts]
+    created = 1_700_000_000 + sum(map(ord, cid))  # each worker stamps its own answer
+    return [f"data: {json.dumps({'id': cid, 'created': created, 'choices': [{'index': 0, 'delta': {'content': t}}]})}"
+            "\n\n".encode() for t in texts]
 
 
 class TwoDecoders:
@@ -140,6 +141,7 @@ async def test_stream_continues_on_another_decode_worker_with_generated_text_app
     chunks = [json.loads(e[6:]) for e in events[:-1]]
     assert "".join(chunk_text(c) for c in chunks) == "The capital of France is Paris."
     assert {c["id"] for c in chunks} == {"id-d0"}
+    assert {c["created"] for c in chunks} == {1_700_000_000 + sum(map(ord, "id-d0"))}  # one answer's stamp
     cont = w.bodies["d1"][0]
     assert cont["messages"][-1] == {"role": "assistant", "content": "The capital"}
     assert cont["continue_final_message"] is True and cont["max_tokens"] == 10
