@@ -64,7 +64,7 @@ def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[
         if not text.strip():
             continue
         try:
-            rec = json.loads(text)
+            rec = json.loads(text, parse_constant=_refuse_constant)
         except ValueError as e:
             problems.append(f"line {n}: not JSON ({e})")
             continue
@@ -74,7 +74,6 @@ def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[
         req, errs = _check(rec, n, default_model, seen)
         problems.extend(errs)
         if req is not None:
-            seen[req.custom_id] = n
             out.append(req)
     if problems:
         more = len(problems) - MAX_LISTED_ERRORS
@@ -85,6 +84,11 @@ def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[
     return out
 
 
+def _refuse_constant(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which JSON (RFC 8259) has not: the line could never be sent
+    raise ValueError(f"{name} is not a number in JSON (RFC 8259)")
+
+
 def _check(rec: dict, n: int, default_model: str | None, seen: dict[str, int]) -> tuple[BatchRequest | None, list[str]]:
     errs = []
     cid = rec.get("custom_id")
@@ -92,6 +96,8 @@ def _check(rec: dict, n: int, default_model: str | None, seen: dict[str, int]) -
         errs.append(f"line {n}: custom_id must be a non-empty string")
     elif cid in seen:
         errs.append(f"line {n}: custom_id {cid!r} repeats line {seen[cid]}")
+    if isinstance(cid, str) and cid and cid not in seen:
+        seen[cid] = n  # an invalid line's id is taken too: its duplicate is listed with the other problems
     method = rec.get("method", "POST")
     if method != "POST":
         errs.append(f"line {n}: method must be POST, got {method!r}")
@@ -103,14 +109,14 @@ def _check(rec: dict, n: int, default_model: str | None, seen: dict[str, int]) -
     if not isinstance(body, dict):
         errs.append(f"line {n}: body must be a JSON object")
     else:
-        model = body.get("model", default_model)
+        model = body.get("model") if body.get("model") is not None else default_model
         if not isinstance(model, str) or not model:
             errs.append(f"line {n}: body.model is missing (or pass --model, the served model name)")
         if body.get("stream"):
             errs.append(f"line {n}: body.stream must be false or absent (a batch stores whole responses)")
     if errs:
         return None, errs
-    if "model" not in body:
+    if body.get("model") is None:
         body = {**body, "model": default_model}
     return BatchRequest(custom_id=cid, url=url, body=body, line=n), []
 
@@ -126,7 +132,7 @@ def output_line(custom_id: str, *, status_code: int | None, body: Any = None, re
     response = None if status_code is None else {"status_code": status_code, "request_id": request_id, "body": body}
     err = None
     if status_code is None or not 200 <= status_code < 300 or error:
-        message = error or _error_message(body) or f"HTTP {status_code}"
+        message = error or error_message(body) or f"HTTP {status_code}"
         code = "request_failed" if status_code is None else ("invalid_response" if 200 <= status_code < 300
                                                              else f"http_{status_code}")
         err = {"code": code, "message": message}
@@ -138,7 +144,8 @@ def output_line(custom_id: str, *, status_code: int | None, body: Any = None, re
                            error="the answer holds NaN or Infinity (not JSON); its body was dropped")
 
 
-def _error_message(body: Any) -> str | None:
+def error_message(body: Any) -> str | None:
+    """The message of an OpenAI error object (`{"error": {"message": ...}}`); None for any other body."""
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         msg = body["error"].get("message")
         return msg if isinstance(msg, str) else None

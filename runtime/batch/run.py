@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from runtime.batch.requests import (BatchRequest, not_output_lines, output_line, parse_input, succeeded_lines,
-                                    usage_tokens)
+from runtime.batch.requests import (BatchRequest, error_message, not_output_lines, output_line, parse_input,
+                                    succeeded_lines, usage_tokens)
 from runtime.paths import write_text_atomically
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ class BatchSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     wall_s: float = 0.0
-    not_found: int = 0  # failed with HTTP 404 (a wrong --endpoint base, usually)
+    not_found: int = 0  # failed with HTTP 404 (a wrong --endpoint base, or a model the server does not serve)
+    unknown_model: int = 0  # of those, 404s whose error speaks of the model: a model the server does not serve
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -163,8 +164,8 @@ async def send_all(
     ``endpoint`` must have passed :func:`check_endpoint`; each request goes to ``endpoint + request.url``.
     Retries: transport errors and ``RETRY_STATUSES``, at most ``max_retries`` more tries each, waiting
     ``backoff_s * 2^k`` seconds with jitter (at most 30 s) between them. A request that ends in any httpx
-    error (a body that cannot be decoded included) or a 2xx without a JSON object is written as failed; the
-    run goes on. ``secrets`` (e.g. the API key) are masked in the error text.
+    error (a body that cannot be decoded included), that cannot be sent at all, or a 2xx without a JSON object
+    is written as failed; the run goes on. ``secrets`` (e.g. the API key) are masked in the error text.
     """
     import httpx
     from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
@@ -196,6 +197,8 @@ async def send_all(
                 resp = e.resp
             except httpx.HTTPError as e:  # transport errors after the retries; an undecodable body (DecodingError)
                 resp, error = None, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            except (ValueError, TypeError) as e:  # a body or header that cannot be sent: this line fails alone
+                resp, error = None, f"the request could not be sent: {type(e).__name__}: {e}"
             if resp is not None:
                 status = resp.status_code
                 request_id = resp.headers.get("x-request-id", "")
@@ -265,9 +268,10 @@ def run_batch(
         raise BatchRunError(f"need concurrency >= 1, max_retries >= 0 and timeout_s > 0, got {concurrency}, "
                             f"{max_retries}, {timeout_s}")
     base = check_endpoint(endpoint)
-    if api_key is not None and (not api_key or any(c.isspace() or not c.isprintable() for c in api_key)):
-        raise BatchRunError("the API key is empty or contains whitespace or control characters (a Secret made "
-                            "from a file often ends in a newline)")
+    if api_key is not None and (not api_key or not api_key.isascii()
+                                or any(c.isspace() or not c.isprintable() for c in api_key)):
+        raise BatchRunError("the API key is empty or contains whitespace, control or non-ASCII characters (an HTTP "
+                            "header carries ASCII; a Secret made from a file often ends in a newline)")
     s3_out = output_uri.startswith("s3://")
     for option, uri in (("--input", input_uri), ("--output", output_uri)):
         if not uri.strip():  # a path read as the current folder
@@ -320,11 +324,15 @@ def run_batch(
         if tmpdir is not None:
             _upload(work, output_uri, s3)  # can we write there at all? before any request
         sent = True
-        with out:
-            _run_loop(todo, out, summary, base=base, concurrency=concurrency, max_retries=max_retries,
-                      timeout_s=timeout_s, api_key=api_key, progress=progress, backoff_s=backoff_s,
-                      checkpoint=(lambda: _checkpoint(work, output_uri, s3)) if tmpdir else None,
-                      checkpoint_s=checkpoint_s)
+        try:
+            with out:
+                _run_loop(todo, out, summary, base=base, concurrency=concurrency, max_retries=max_retries,
+                          timeout_s=timeout_s, api_key=api_key, progress=progress, backoff_s=backoff_s,
+                          checkpoint=(lambda: _checkpoint(work, output_uri, s3)) if tmpdir else None,
+                          checkpoint_s=checkpoint_s)
+        except OSError as e:  # the disk filled up, say: the answers written so far are kept for a resumed run
+            raise BatchRunError(f"{output_uri}: cannot write: {e.strerror or e}; the answers written before are "
+                                "kept: free space and run the same command again to send the rest") from None
     finally:
         if tmpdir is not None:
             _finish_upload(tmpdir, work, output_uri, s3, sent)
@@ -395,7 +403,9 @@ def _run_loop(todo: list[BatchRequest], out: Any, summary: BatchSummary, *, base
             summary.completion_tokens += c
         else:
             summary.failed += 1
-            summary.not_found += (rec["response"] or {}).get("status_code") == 404
+            not_found = (rec["response"] or {}).get("status_code") == 404
+            summary.not_found += not_found
+            summary.unknown_model += not_found and _names_a_model(body)
         bar.update(task, advance=1, failed=summary.failed)
         if checkpoint is not None and time.monotonic() - last[0] >= checkpoint_s:
             last[0] = time.monotonic()
@@ -410,6 +420,16 @@ def _run_loop(todo: list[BatchRequest], out: Any, summary: BatchSummary, *, base
                                      secrets=(api_key,) if api_key else ()))
     finally:
         summary.wall_s = time.monotonic() - started
+
+
+def _names_a_model(body: Any) -> bool:
+    """Whether a 404's body speaks of a model: the server's own answer for a model it does not serve (vLLM:
+    `{"error": {"message": "The model ... does not exist."}}`; KServe: `{"error": "Model with name ... does not
+    exist."}`), where a wrong path gets the framework's page (`{"detail": "Not Found"}`).
+    """
+    err = body.get("error") if isinstance(body, dict) else None
+    text = error_message(body) or (err if isinstance(err, str) else "")
+    return "model" in text.lower()
 
 
 def _upload(work: Path, output_uri: str, s3: Any) -> None:

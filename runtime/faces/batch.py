@@ -101,8 +101,16 @@ def run_cmd(
                          "why. The same command retries only those (a 4xx answer fails again until its line is "
                          "fixed; a fixed line needs a new custom_id, resume matches on custom_id)."))
         if summary.succeeded == 0 and summary.not_found == summary.failed:
-            err.print(escape(f"every request got 404: is --endpoint the OpenAI base, e.g. {endpoint.rstrip('/')}"
-                             "/openai?"))
+            if summary.unknown_model == summary.not_found:
+                err.print(escape(f"every request got 404 from the server itself: it does not serve that model; check "
+                                 f"--model or the lines' body.model (GET {endpoint.rstrip('/')}/v1/models lists "
+                                 "the names it serves)"))
+            elif not endpoint.rstrip("/").endswith("/openai"):
+                err.print(escape(f"every request got 404: is --endpoint the OpenAI base, e.g. "
+                                 f"{endpoint.rstrip('/')}/openai?"))
+            else:
+                err.print(escape("every request got 404: is --endpoint the OpenAI base of the server (the path "
+                                 "before /v1)?"))
         raise typer.Exit(1)
 
 

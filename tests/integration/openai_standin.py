@@ -63,7 +63,9 @@ class OpenAIStandin:
         try:
             time.sleep(1.0 if prompt.startswith("slow") else self.delay_s)
             if not h.path.startswith(self.prefix + "/v1/"):
-                status, out = 404, {"error": {"message": f"no route {h.path}"}}
+                status, out = 404, {"detail": "Not Found"}  # the web framework's page for an unknown path
+            elif body.get("model") == "unknown":  # KServe's answer for a model it does not serve
+                status, out = 404, {"error": f"Model with name {body['model']} does not exist."}
             elif prompt == "always-503" or (prompt.startswith("fail-") and tries <= int(prompt.split()[0][5:])):
                 status, out = 503, {"error": {"message": "overloaded"}}
             elif prompt == "bad":

@@ -346,3 +346,34 @@ def test_the_cli_restores_the_callers_sigterm_handler(standin, tmp_path):
         assert res.exit_code == 0 and signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_every_404_says_whether_the_model_or_the_endpoint_is_wrong(standin, tmp_path):
+    inp = _write_batch(tmp_path / "in.jsonl", ["a", "b"])
+    res = runner.invoke(app, ["run", "-i", str(inp), "-o", str(tmp_path / "o.jsonl"), "--endpoint", standin.url,
+                              "--model", "unknown"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 1 and "does not serve that model" in text and "/openai/openai" not in text
+    res = runner.invoke(app, ["run", "-i", str(inp), "-o", str(tmp_path / "o2.jsonl"), "--endpoint",
+                              standin.url.removesuffix("/openai"), "--model", "m"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 1 and f"e.g. {standin.url}?" in text, text
+
+
+def test_a_non_ascii_api_key_is_refused_and_a_full_disk_keeps_the_answers_for_a_rerun(standin, tmp_path,
+                                                                                      monkeypatch):
+    import runtime.batch.run as run_mod
+
+    inp = _write_batch(tmp_path / "in.jsonl", ["a"])
+    monkeypatch.setenv("K", "sk-ключ-1")
+    res = runner.invoke(app, ["run", "-i", str(inp), "-o", str(tmp_path / "o.jsonl"), "--endpoint", standin.url,
+                              "--model", "m", "--api-key-env", "K"])
+    assert res.exit_code == 2 and "non-ASCII" in " ".join(res.output.split()) and "ключ" not in res.output
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_mod, "_run_loop", full)
+    with pytest.raises(BatchRunError, match="cannot write: No space left on device; the answers written before "
+                                            "are kept"):
+        run_batch(str(inp), str(tmp_path / "o3.jsonl"), endpoint=standin.url, model="m", progress=False)

@@ -102,3 +102,20 @@ def test_usage_tokens_read_the_openai_usage_block():
 
 def test_the_allow_list_is_the_openai_batch_endpoints_pdserve_serves():
     assert set(ALLOWED_URLS) == {"/v1/chat/completions", "/v1/completions"}
+
+
+def test_nan_and_infinity_are_refused_with_the_other_problems_and_null_model_takes_the_default():
+    """Python's json reads NaN and Infinity, which JSON has not: such a line could never be sent (it crashed
+    the whole run). An invalid line's custom_id is still taken, so its duplicate is listed at once."""
+    lines = [json.dumps({"custom_id": "a", "url": "/v1/completions", "body": {"model": "m", "temperature": 1}})
+             .replace("1}", "Infinity}"), _line("a"), _line("n", model="m", prompt="p", temperature=float("nan"))]
+    with pytest.raises(BatchInputError) as e:
+        parse_input(lines)
+    msg = str(e.value)
+    assert "line 1: not JSON (Infinity is not a number in JSON" in msg and "line 3: not JSON (NaN" in msg
+    assert "line 2: custom_id 'a' repeats line 1" not in msg  # line 1 has no id to take: it is not JSON
+    dup = [_line("b", prompt="p"), _line("b", model="m", prompt="q")]  # line 1 has no model: invalid
+    with pytest.raises(BatchInputError, match="line 2: custom_id 'b' repeats line 1"):
+        parse_input(dup)
+    reqs = parse_input([_line("c", model=None, prompt="p", url="/v1/completions")], default_model="served")
+    assert reqs[0].body["model"] == "served"
