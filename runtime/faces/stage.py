@@ -33,6 +33,10 @@ def stage(
         "--direct-io/--no-direct-io",
         help="Write downloaded chunks with O_DIRECT where the filesystem supports it (falls back by itself; "
              "--no-direct-io keeps every write in the page cache).")] = True,
+    recheck_sha256: Annotated[bool, typer.Option(
+        "--recheck-sha256",
+        help="Re-hash the published files against their recorded digests before trusting them as unchanged "
+             "(catches a copy corrupted in place; one read of every published byte).")] = False,
     fsx_file_system_id: Annotated[Optional[str], typer.Option(
         help="FSx mode (needs --fsx-path and an s3:// SOURCE): link SOURCE into this FSx for Lustre file system "
              "(data repository association), import and preload it (lfs hsm_restore when lfs is on PATH), then "
@@ -56,7 +60,8 @@ def stage(
     from runtime.staging.s3 import make_client
     from runtime.staging.stage import StageOptions, stage_model
 
-    opts: dict = {"s3_transport": s3_transport, "direct_io": direct_io, "prefer_safetensors": prefer_safetensors}
+    opts: dict = {"s3_transport": s3_transport, "direct_io": direct_io, "prefer_safetensors": prefer_safetensors,
+                  "recheck_sha256": recheck_sha256}
     if concurrency is not None:
         opts["concurrency"] = concurrency
     if include:

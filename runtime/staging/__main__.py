@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "scratch copies and benchmarks only)")
     ap.add_argument("--record-sha256", action="store_true",
                     help="also record each file's whole-file SHA-256 in the manifest (one more pass)")
+    ap.add_argument("--recheck-sha256", action="store_true",
+                    help="re-hash the published files against their recorded digests before trusting them as "
+                    "unchanged (catches a copy corrupted in place; one read of every published byte)")
     ap.add_argument("--fsx-file-system-id", default=None, metavar="FS_ID",
                     help="FSx mode (needs --fsx-path and an s3:// SOURCE): link SOURCE into this FSx for Lustre "
                     "file system, import and preload it, then stage the linked folder into DEST")
@@ -145,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _options(args: argparse.Namespace) -> dict:
     opts: dict = {"s3_transport": args.s3_transport, "direct_io": args.direct_io, "fsync": args.fsync,
-                  "record_sha256": args.record_sha256, "prefer_safetensors": args.prefer_safetensors,
+                  "record_sha256": args.record_sha256, "recheck_sha256": args.recheck_sha256,
+                  "prefer_safetensors": args.prefer_safetensors,
                   "lock_timeout_s": args.lock_timeout_s, "free_space_margin_bytes": args.free_space_margin_mib << 20}
     if args.include:
         opts["include"] = args.include

@@ -282,7 +282,8 @@ class Stager:
         return all((self.dest / f.path).is_file() and (self.dest / f.path).stat().st_size == f.size_bytes for f in m.files)
 
     def _link_unchanged(self, current: Manifest | None, objs: list[SourceObject], staging: Path) -> dict[str, ManifestEntry]:
-        """Hard-link files whose (path, size, ETag) did not change from the published folder."""
+        """Hard-link files whose (path, size, ETag) did not change from the published folder and whose published
+        copy still has its recorded size (with `recheck_sha256`, its recorded digest too)."""
         linked: dict[str, ManifestEntry] = {}
         if current is None:
             return linked
@@ -292,6 +293,8 @@ class Stager:
             src = self.dest / o.rel
             if not e or e.size_bytes != o.size_bytes or e.etag != o.etag or not src.is_file():
                 continue
+            if src.stat().st_size != e.size_bytes:
+                continue  # the published copy was truncated or grew: fetch it again
             if self.opts.record_sha256 and e.sha256 is None:
                 continue  # fetched again so its SHA-256 gets recorded
             if self.opts.recheck_sha256 and digest_mismatch(self.dest, e):

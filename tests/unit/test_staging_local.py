@@ -176,3 +176,34 @@ def test_a_destination_below_a_file_is_a_named_error(src: Path, tmp_path: Path) 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(StagingError, match="is a file, not a folder"):
         _stage(src, tmp_path / "afile" / "sub" / "m")
+
+
+def test_a_truncated_published_file_is_fetched_again_not_linked_into_the_next_version(src: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    _stage(src, dest)
+    p = dest / "model.safetensors"
+    data = p.read_bytes()
+    os.unlink(p)
+    p.write_bytes(data[:5000])  # truncated in place (a full disk, a copy cut short)
+    (src / "config.json").write_text(json.dumps({"hidden_size": 128}))  # and another file changed
+    res = _stage(src, dest)
+    assert res.transfer.files_fetched == 2 and res.files_linked == 1
+    assert p.read_bytes() == (src / "model.safetensors").read_bytes()
+    verify_staged(dest)
+    os.unlink(p)
+    p.write_bytes(data[:5000])  # nothing else changed: the rerun is no "unchanged" either
+    res = _stage(src, dest)
+    assert not res.unchanged and res.transfer.files_fetched == 1
+    verify_staged(dest)
+
+
+def test_the_clis_offer_the_published_files_recheck():
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+    from runtime.staging.__main__ import _options, build_parser
+
+    args = build_parser().parse_args(["SRC", "DEST", "--recheck-sha256"])
+    assert _options(args)["recheck_sha256"] is True
+    res = CliRunner().invoke(app, ["stage", "--help"], env={"COLUMNS": "200"})
+    assert "--recheck-sha256" in res.output
