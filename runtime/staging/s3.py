@@ -69,10 +69,19 @@ def make_client(
 
     Returns:
         botocore S3 client (thread-safe; share it between threads).
+
+    Raises:
+        ValueError: the endpoint URL carries credentials (`user:password@`): requests are signed with the
+            credential chain's keys, and the signed GETs would go to a host named after the userinfo.
     """
+    from urllib.parse import urlsplit
+
     from botocore.config import Config
 
     custom = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if custom and "@" in (urlsplit(custom).netloc or ""):
+        raise ValueError("the S3 endpoint URL must not carry credentials (user:password@): S3 requests are signed "
+                         "with the AWS credential chain's keys (environment, profile, Pod Identity)")
     config = Config(
         s3={"addressing_style": "path"} if custom else {},
         retries={"max_attempts": max_attempts, "mode": "standard"},

@@ -85,3 +85,11 @@ def test_a_bucket_in_another_region_is_read_through_botocore(bucket_region: str 
         assert [o.rel for o in src.list_objects()] == ["config.json"]
         stub.assert_no_pending_responses()
     assert src.transport == transport and src.aligned_chunks == (transport == "http")
+
+
+def test_an_endpoint_url_with_credentials_is_refused_without_showing_them():
+    from runtime.staging.s3 import make_client
+
+    with pytest.raises(ValueError, match="must not carry credentials") as e:
+        make_client("http://user:hunter2@127.0.0.1:8333", transfer_methods=False)
+    assert "hunter2" not in str(e.value)
