@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-from runtime.staging.keys import is_source_marker, relative_path
+from runtime.staging.keys import UnsafeKeyError, is_source_marker, relative_path
 from runtime.staging.manifest import StagingError
 
 
@@ -35,6 +35,9 @@ class SourceObject:
         sha256_hex: the source's own SHA-256 of the content (hf LFS files) or None.
         git_blob_sha1: git blob id of a non-LFS hf file (sha1 of "blob <size>\\0" + content) or None.
         sse_kms: the object is SSE-KMS encrypted (its ETag is not an MD5).
+        unsafe: why its key cannot be a destination path (runtime.staging.keys.relative_path), or None; `rel`
+            is then the key after the prefix as it stands, for the selection only: staging refuses the
+            object if it is selected, and leaves it out otherwise.
     """
 
     key: str
@@ -49,6 +52,7 @@ class SourceObject:
     sha256_hex: str | None = None
     git_blob_sha1: str | None = None
     sse_kms: bool = False
+    unsafe: str | None = None
 
 
 class Source(Protocol):
@@ -201,8 +205,12 @@ class S3Source:
                         continue  # "folder" marker objects
                     if is_source_marker(key, self.prefix):
                         continue  # a staged folder copied to S3: its marker is metadata, written anew
-                    rel = relative_path(key, self.prefix)
-                    out.append(SourceObject(key=key, rel=rel, size_bytes=o["Size"], etag=o["ETag"].strip('"')))
+                    try:
+                        rel, unsafe = relative_path(key, self.prefix), None
+                    except UnsafeKeyError as e:  # refused only if selected: a stray log key must not stop a model
+                        rel, unsafe = key[len(self.prefix):], str(e)
+                    out.append(SourceObject(key=key, rel=rel, size_bytes=o["Size"], etag=o["ETag"].strip('"'),
+                                            unsafe=unsafe))
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             if code in ("NoSuchBucket", "404"):

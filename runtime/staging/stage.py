@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runtime.staging.keys import MAX_NAME_BYTES, check_paths, select_paths
+from runtime.staging.keys import MAX_NAME_BYTES, UnsafeKeyError, check_paths, select_paths
 from runtime.staging.manifest import (
     MARKER_NAME,
     DestinationError,
@@ -137,6 +137,12 @@ def _warn_nested_model(objs: list[SourceObject], uri: str) -> None:
 
 def _select(objs: list[SourceObject], opts: StageOptions, uri: str) -> list[SourceObject]:
     chosen = set(select_paths([o.rel for o in objs], opts.include, opts.exclude, opts.prefer_safetensors))
+    unsafe = [o for o in objs if o.unsafe is not None and o.rel in chosen]
+    if unsafe:
+        raise UnsafeKeyError(unsafe[0].unsafe)
+    for o in objs:
+        if o.unsafe is not None:
+            log.warning("%s (not selected: left out)", o.unsafe)
     out = [o for o in objs if o.rel in chosen]
     if not out:
         found = ", ".join(sorted(o.rel for o in objs)[:10])

@@ -40,8 +40,8 @@ def test_unsafe_key_in_listing_is_rejected_naming_it(tmp_path: Path, bad: str) -
     with Stubber(client) as stub:
         stub.add_response("list_objects_v2", _listing(["m/config.json", bad]), {"Bucket": "models", "Prefix": "m/"})
         dest = tmp_path / "fsx" / "m"
-        with pytest.raises(UnsafeKeyError) as exc:
-            stage_model("s3://models/m", dest, s3_client=client, progress=False)
+        with pytest.raises(UnsafeKeyError) as exc:  # selected (everything is): refused before any byte
+            stage_model("s3://models/m", dest, s3_client=client, progress=False, include=["*"])
         assert repr(bad) in str(exc.value)
     assert not dest.exists()
     assert list((tmp_path / "fsx").iterdir()) == [tmp_path / "fsx" / ".m.pdserve-lock"]
@@ -93,3 +93,24 @@ def test_an_endpoint_url_with_credentials_is_refused_without_showing_them():
     with pytest.raises(ValueError, match="must not carry credentials") as e:
         make_client("http://user:hunter2@127.0.0.1:8333", transfer_methods=False)
     assert "hunter2" not in str(e.value)
+
+
+def test_an_unsafe_key_the_selection_leaves_out_does_not_stop_the_model(tmp_path: Path, caplog) -> None:
+    """AWS S3 keeps `m/runs//events.txt` as written: a stray log key beside the model is no reason to refuse
+    the model's own files, and it is never written."""
+    import logging
+
+    from runtime.staging.sources import S3Source
+    from runtime.staging.stage import StageOptions, _select
+
+    client = make_client("http://127.0.0.1:9", aws_access_key_id="a", aws_secret_access_key="b")
+    with Stubber(client) as stub:
+        stub.add_response("list_objects_v2", _listing(["m/config.json", "m/runs//events.txt"]),
+                          {"Bucket": "models", "Prefix": "m/"})
+        objs = S3Source("s3://models/m", client, transport="botocore").list_objects()
+    with caplog.at_level(logging.WARNING, logger="runtime.staging.stage"):
+        chosen = _select(objs, StageOptions(), "s3://models/m")
+    assert [o.rel for o in chosen] == ["config.json"]
+    assert "'m/runs//events.txt'" in caplog.text and "left out" in caplog.text
+    with pytest.raises(UnsafeKeyError, match="empty path segment"):
+        _select(objs, StageOptions(include=["runs/*", "config.json"]), "s3://models/m")
