@@ -61,9 +61,9 @@ class ClusterTarget(BaseModel):
                                       description="Most runtime replicas (KServe predictor maxReplicas).")
     runtime_rps_target: int = Field(
         default=75, ge=1, description="Requests per second per runtime replica the Knative autoscaler aims at "
-        "(predictor scaleMetric rps). Default: half of the 150 requests per second one runtime process sustained within 50 ms "
-        "of added TTFT p99 (`python bench/frontend.py`, bench/results/frontend.json, 2026-12-06, a shared 2-core "
-        "machine): its one event loop, not its CPU, bounds it.")
+        "(predictor scaleMetric rps). Default: half of the 150 requests per second one runtime process sustains within 50 ms "
+        "of added TTFT p99 with room to spare (`python bench/frontend.py` on a shared 2-core machine: 150 to 200 "
+        "in its runs of 2026-12-06, bench/results/frontend.json): its one event loop, not its CPU, bounds it.")
     run_as_user: int = Field(default=10001, ge=1, description="Non-root UID of every container (image user).")
     monitoring_namespace: str = Field(default="monitoring", description="Namespace Prometheus scrapes from.")
     prometheus_release_label: str = Field(
