@@ -235,16 +235,15 @@ def test_decisions_plus_draining_gpus_stay_within_the_budget(spare, tp_p, tp_d, 
     loop.client.close()
 
 
-def test_the_runtime_stops_a_drained_worker_between_ticks(monkeypatch):
-    import asyncio
-
+def _local_planner():
+    """A local planner runtime over `_pairing()` with breakers, one extra worker at most, its workers
+    `FakeWorker`s (returned as they are made) that pass every health check; its next tick an hour away."""
     from prometheus_client import CollectorRegistry
 
     from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
     from runtime.server import planner_runtime
     from runtime.server.planner_loop import RequestWindow
 
-    monkeypatch.setattr(planner_runtime, "DRAIN_POLL_S", 0.02)
     made: list[FakeWorker] = []
 
     def factory(role, index):
@@ -260,6 +259,16 @@ def test_the_runtime_stops_a_drained_worker_between_ticks(monkeypatch):
     rt = planner_runtime.build_planner("local", spec=spec, model_config=None, pairing=pairing, window=RequestWindow(),
                                        registry=CollectorRegistry(), is_healthy=healthy, breakers=breakers,
                                        max_workers=1, worker_factory=factory)
+    return rt, pairing, breakers, made
+
+
+def test_the_runtime_stops_a_drained_worker_between_ticks(monkeypatch):
+    import asyncio
+
+    from runtime.server import planner_runtime
+
+    monkeypatch.setattr(planner_runtime, "DRAIN_POLL_S", 0.02)
+    rt, pairing, breakers, made = _local_planner()
     act = rt.loop.actuator
 
     async def scenario() -> None:
@@ -300,20 +309,8 @@ def test_a_draining_worker_is_no_ready_capacity_for_the_planner():
     import asyncio
 
     import httpx
-    from prometheus_client import CollectorRegistry
 
-    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
-    from runtime.server import planner_runtime
-    from runtime.server.planner_loop import RequestWindow
-
-    made: list[FakeWorker] = []
-
-    def factory(role, index):
-        made.append(FakeWorker(role, 10 + index))
-        return made[-1]
-
-    async def healthy(url: str) -> bool:
-        return True
+    rt, pairing, breakers, made = _local_planner()
 
     def page(req: httpx.Request) -> httpx.Response:
         idle = bool(made) and str(req.url).startswith(made[0].base_url)
@@ -321,12 +318,6 @@ def test_a_draining_worker_is_no_ready_capacity_for_the_planner():
                                         f"vllm:num_requests_waiting {0 if idle else 4}\n"
                                         "vllm:kv_cache_usage_perc 0.5\n")
 
-    pairing = _pairing()
-    breakers = WorkerBreakers(pairing, OverloadSpec())
-    spec = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load", interval_s=3600.0))
-    rt = planner_runtime.build_planner("local", spec=spec, model_config=None, pairing=pairing, window=RequestWindow(),
-                                       registry=CollectorRegistry(), is_healthy=healthy, breakers=breakers,
-                                       max_workers=1, worker_factory=factory)
     rt.loop.client = httpx.Client(transport=httpx.MockTransport(page))
     seen = []
     on_tick = rt.loop.machine.on_tick
