@@ -91,9 +91,9 @@ from runtime.server.routing import CHARS_PER_TOKEN, estimate_prompt_tokens
 from runtime.server.shapes import (
     choices_per_prompt,
     fan_out,
-    num_choices,
     merge_answers,
     needs_local_prefill,
+    num_choices,
     refusal,
     remap_chunk,
     sum_usage,
