@@ -29,11 +29,13 @@ import yaml
 
 from runtime.config import DeploymentSpec, OverloadSpec, RouterSpec
 from runtime.deploy import rbac, workers
+from runtime.deploy.budget import GpuBudgetError, check_gpu_budget
 from runtime.deploy.errors import ManifestError
 from runtime.deploy.instances import InstanceType, instance_for
 from runtime.deploy.target import (
     DNS1035_LABEL, DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_SUBDOMAIN_CHARS, ClusterTarget, check_name,
 )
+from runtime.engines.engine_args import CREDENTIAL_ARGS
 from runtime.paths import write_text_atomically
 
 RUNTIME_NAME = "pdserve"
@@ -342,6 +344,10 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
         raise ManifestError(f"spec.model.name: {mname!r} starts with '-', which the workers would read as an option")
     if "$" in mname:  # the kubelet expands $(VAR) in container args (Kubernetes: dependent environment variables)
         raise ManifestError(f"spec.model.name: {mname!r} contains '$', which the kubelet expands in container args")
+    secret = [a for a in spec.engine.extra_args if a.split("=", 1)[0].removeprefix("--") in CREDENTIAL_ARGS]
+    if secret:  # a spec made before engine_arg_flags refused them: never into a manifest (named, not shown)
+        raise ManifestError(f"spec.engine.extra_args: {secret[0].split('=', 1)[0]} carries a credential, which "
+                            "must not be written into the manifests; drop it from the spec")
     expanded = [a for a in spec.engine.extra_args if "$" in a]
     if expanded:  # the workers' args, beside AWS credentials a pod may hold in its environment
         raise ManifestError(f"spec.engine.extra_args: {expanded[0]!r} contains '$', which the kubelet expands in "
@@ -357,6 +363,15 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
         if pool.replicas > pool.max_replicas:
             raise ManifestError(f"spec.{role}.replicas: {pool.replicas} is more than spec.{role}.max_replicas "
                                 f"{pool.max_replicas}")
+    # what tune and promote's own overrides refuse, for a spec that reached the registry some other way
+    try:
+        check_gpu_budget(spec)
+    except GpuBudgetError as e:
+        raise ManifestError(f"spec: {e}") from None
+    need = spec.workload.isl_tokens + spec.workload.osl_tokens
+    if spec.engine.max_model_len_tokens is not None and spec.engine.max_model_len_tokens < need:
+        raise ManifestError(f"spec.engine.max_model_len_tokens: {spec.engine.max_model_len_tokens} < the workload's "
+                            f"ISL + OSL ({need} tokens): the requests this configuration is tuned for would be refused")
     ports = {f: getattr(target, f) for f in ("worker_port", "nixl_side_channel_port", "kv_events_port", "runtime_port")}
     for f, port in ports.items():
         if not 1 <= port <= MAX_PORT:

@@ -22,6 +22,11 @@ from functools import lru_cache
 
 from runtime.config import DeploymentSpec, EngineSpec
 
+# vLLM flags whose value is a credential: an engine argument is recorded in the spec, the MLflow run and the
+# rendered manifests, where a secret must never be. The workers load the staged model from the PVC and need
+# no Hub token.
+CREDENTIAL_ARGS = frozenset({"hf-token", "api-key"})
+
 # vLLM flags pdserve derives from the spec (runtime/deploy/workers.py vllm_args, runtime/engines/vllm_worker.py),
 # each with what sets it; tests/unit/test_engine_overrides.py checks that every flag vllm_args renders is here.
 RESERVED: dict[str, str] = {
@@ -86,7 +91,7 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
     `parser`: vLLM's engine-argument parser (default: `vllm_engine_parser()`).
 
     Raises:
-        ValueError: a malformed item; a VALUE holding '$'; a KEY in `RESERVED` (the message names the setting to use); a KEY that is
+        ValueError: a malformed item; a KEY in `CREDENTIAL_ARGS`; a VALUE holding '$'; a KEY in `RESERVED` (the message names the setting to use); a KEY that is
             not an engine argument of the pinned vLLM (the message suggests close ones); a boolean with another
             VALUE; a VALUE vLLM's parser refuses (type, choices, JSON), with vLLM's message; a number outside
             the bounds vLLM's config class declares for that field (`max-num-seqs=0`: `SchedulerConfig.max_num_seqs`
@@ -97,6 +102,9 @@ def engine_arg_flags(items: Iterable[str], parser: argparse.ArgumentParser | Non
     chosen: dict[str, list[str]] = {}
     for item in items:
         key, value = parse_engine_arg(item)
+        if key in CREDENTIAL_ARGS:  # named by its key only: the value is the secret
+            raise ValueError(f"--engine-arg {key}=...: a credential, which would be written into the deployment "
+                             "spec, the MLflow run and the manifests; the workers load the staged model and need none")
         if "$" in value:  # runtime.deploy.render refuses it too: the kubelet expands $(VAR) in container args
             raise ValueError(f"--engine-arg {item!r}: VALUE must not contain '$' (Kubernetes expands $(VAR) in "
                              "the workers' container args)")

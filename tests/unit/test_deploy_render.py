@@ -635,3 +635,20 @@ def test_efa_is_on_by_default_only_where_every_worker_on_a_node_gets_an_interfac
         c = find(render(spec, target=ClusterTarget(instance_type=instance_type, efa=True)), "Deployment",
                  f"{NAME}-decode")["spec"]["template"]["spec"]["containers"][0]
         assert "vpc.amazonaws.com/efa" in c["resources"]["requests"]
+
+
+def test_a_champion_tune_would_refuse_is_not_rendered():
+    """A spec that reached the registry some other way (edited, or from an older pdserve) is held to what tune
+    and promote's own overrides refuse: GPUs over planner.gpu_budget, a max-model-len below the workload, an
+    engine argument that carries a credential (never written into a manifest, nor shown in the error)."""
+    spec = make_spec()  # 3 x TP2 prefill + 2 x TP4 decode = 14 GPUs
+    with pytest.raises(ManifestError, match=r"^spec: the tuned deployment needs 14 GPUs .*gpu_budget is 4 GPUs"):
+        render(spec.model_copy(update={"planner": PlannerSpec(gpu_budget=4)}))
+    short = spec.model_copy(update={"engine": spec.engine.model_copy(update={"max_model_len_tokens": 10})})
+    with pytest.raises(ManifestError, match=r"max_model_len_tokens: 10 < the workload's ISL \+ OSL"):
+        render(short)
+    for args in (["--hf-token=hf_SECRET789"], ["--hf-token", "hf_SECRET789"]):
+        leaky = spec.model_copy(update={"engine": spec.engine.model_copy(update={"extra_args": args})})
+        with pytest.raises(ManifestError, match="--hf-token carries a credential") as e:
+            render(leaky)
+        assert "SECRET" not in str(e.value)

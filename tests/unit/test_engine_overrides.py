@@ -140,3 +140,12 @@ def test_prices_decide_the_tuners_cost_and_the_champions(llama70b_h100):
     champ = evaluate_deployment(perf, spec, SLO, WORKLOAD, 64)
     champ_cheap = evaluate_deployment(perf, spec, SLO, WORKLOAD, 64, prices={"H100-SXM": on_demand / 2})
     assert champ_cheap.usd_per_mtok == pytest.approx(champ.usd_per_mtok / 2)
+
+
+@pytest.mark.parametrize("item", ["hf-token=hf_SECRET789", "api-key=sk-SECRET789"])
+def test_an_engine_argument_that_carries_a_credential_is_refused_without_showing_it(item):
+    from runtime.engines.engine_args import engine_arg_flags
+
+    with pytest.raises(ValueError, match="a credential") as e:
+        engine_arg_flags([item])
+    assert "SECRET" not in str(e.value)
