@@ -107,7 +107,8 @@ async def _model_not_ready_handler(request: Request, exc: ModelNotReady):
     """503 with `Retry-After`; OpenAI-shaped under the OpenAI prefix."""
     headers = {"Retry-After": str(RETRY_AFTER_S)}
     if request.url.path.startswith(OPENAI_PREFIX):
-        body = openai_error_body(_not_ready_message(exc), err_type="ServiceUnavailableError", status=HTTPStatus.SERVICE_UNAVAILABLE)
+        body = openai_error_body(_not_ready_message(exc), err_type="ServiceUnavailableError",
+                                 status=HTTPStatus.SERVICE_UNAVAILABLE)
         return JSONResponse(status_code=HTTPStatus.SERVICE_UNAVAILABLE, content=body, headers=headers)
     response = await model_not_ready_handler(request, exc)
     response.headers.update(headers)

@@ -101,8 +101,7 @@ def needs_local_prefill(path: str, body: dict) -> bool:
     token ids (OverflowError in its output processor)."""
     if body.get("prompt_logprobs") is not None or body.get("use_beam_search"):
         return True
-    prompts = _prompts(body) if path == COMPLETIONS else None
-    if len(prompts or [None]) * choices_per_prompt(body) > MAX_FAN_OUT:
+    if num_choices(path, body) > MAX_FAN_OUT:
         return True
     if not body.get("echo"):
         return False
