@@ -9,8 +9,9 @@ call and health check, acting on the pairing. The one place that decides whether
   failure, so one slow check no longer takes a worker out. Open workers are not checked; a half-open
   worker's check is its probe (one at a time; `breaker_probes` good probes close it, a bad one reopens it).
   A worker that has not yet answered a check since it joined the pool is *starting*: its failed checks do
-  not count against its breaker (vLLM loads for minutes), but one takes it out of the pairing's rotation
-  until it answers, so it is never a request's decode worker; it does not make the runtime ready.
+  not count against its breaker (vLLM loads for minutes), but one takes a decode worker out of the pairing's
+  rotation until it answers, so it is never a request's decode worker (a prefill worker stays in: a request it
+  cannot take is prefilled locally); it does not make the runtime ready.
 * A breaker that leaves CLOSED takes the worker out of the pairing (`mark_down`); one that closes puts it
   back (`mark_up`). Half-open workers get probes only, no client request.
 * A worker a scale-down removes is *draining* (`drain`): out of the rotation whatever its breaker says,
@@ -121,9 +122,12 @@ class WorkerBreakers:
         if self.gauge is not None and self._gauged.get(url) is not state:
             self.gauge.labels(role, self.label(wid)).set(int(state))
             self._gauged[url] = state
-        # a starting worker whose check failed is out of the pairing too: the router would otherwise keep
-        # choosing it (least loaded: nothing runs there) and each request would have to choose again
-        rotate = state is BreakerState.CLOSED and not self.board.draining(url) and url not in self._failed_start
+        # a starting decode worker whose check failed is out of the pairing too: the router would otherwise keep
+        # choosing it (least loaded: nothing runs there) and each request would have to choose again. A starting
+        # prefill worker stays in: a request it cannot take falls back to a local prefill at once, and one that
+        # has just come up serves the first requests rather than waiting for the next check round
+        starting = url in self._failed_start and role != "prefill"
+        rotate = state is BreakerState.CLOSED and not self.board.draining(url) and not starting
         if self._applied.get(url, True) == rotate and url in self._applied:
             return
         self._applied[url] = rotate
