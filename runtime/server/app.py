@@ -28,6 +28,7 @@ from runtime.config import OverloadSpec, RouterSpec
 from runtime.server.breakers import check_loop
 from runtime.engines.kv_events import KvEventSubscriber
 from runtime.server.direct import serve_direct
+from runtime.server.wire import HeadCoalescingProtocol
 from runtime.server.edge import install_edge
 from runtime.server.engine_load import DEFAULT_INTERVAL_S as DEFAULT_ENGINE_LOAD_INTERVAL_S
 from runtime.server.engine_load import engine_load_loop
@@ -170,6 +171,7 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
     )
     rest.config.host = host
     rest.config.access_log = access_log
+    rest.config.http = HeadCoalescingProtocol  # a head goes out with its body's first piece (runtime.server.wire)
     if not access_log:
         # uvicorn's HTTP protocol logs a request whenever "uvicorn.access" has a handler, its own or an
         # ancestor's (KServe's root handler), whatever `config.access_log` says; uvicorn's own logging set-up,
