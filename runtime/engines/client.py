@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -357,11 +357,13 @@ class VllmClient:
                 yield chunk
 
     async def stream_events(
-        self, path: str, body: dict, request_id: str, kv_transfer_params: dict | None = None
+        self, path: str, body: dict, request_id: str, kv_transfer_params: dict | None = None,
+        on_head: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncIterator[tuple[bytes, dict]]:
         """Streaming (decode) call: yields (data, chunk) per SSE event — `data` the event's JSON text as the
         worker sent it (a caller that changes nothing forwards it without encoding it again), `chunk` its
         object — and stops at `data: [DONE]`. Lines other than `data:` ones (comments, `event:`) are skipped.
+        `on_head` (optional) is awaited once the worker's 2xx head is in, before its first event is read.
 
         Raises:
             BackendError: non-2xx status (raised before the first chunk), a broken connection, an event
@@ -375,6 +377,8 @@ class VllmClient:
             if status >= 300:
                 raw = b"".join([p async for p in pieces])
                 raise BackendError(url, status, _error_body(raw))
+            if on_head is not None:
+                await on_head()
             buf = b""
             async for piece in pieces:
                 buf += piece

@@ -8,11 +8,16 @@ the same work once: it validates the body with the same KServe request model, ca
 `PDModel.create_completion` / `create_chat_completion`, and writes the answer with ASGI messages itself, with
 one task per request that cancels the work when the client goes away.
 
-It answers exactly as the KServe route does (same status, headers, body bytes), and it only takes requests
-whose answer cannot differ: a body that is not a JSON object (or not sent as `application/json`), fails
-validation, or names another model, and any request while the model is not ready, go on to KServe (`serve_direct` returns False), whose error
-answers stay the one home of those cases. Exceptions the model raises (`Overloaded`, `ModelNotReady`, ...)
-are answered by the app's own exception handlers (runtime.server.errors), looked up as Starlette does.
+It answers as the KServe route does (same status, headers, body bytes), and it only takes requests whose
+answer cannot differ: a body that is not a JSON object (or not sent as `application/json`), fails validation,
+or names another model, and any request while the model is not ready, go on to KServe (`serve_direct`
+returns False), whose error answers stay the one home of those cases. Exceptions the model raises
+(`Overloaded`, `ModelNotReady`, ...) are answered by the app's own exception handlers (runtime.server.errors),
+looked up as Starlette does. One difference is timing: a stream's 200 head goes out when the decode worker's
+own head arrives (`send_head` in the model's context, `PDModel._stream`), not with the first token, so that
+the client has read it by then; a stream that fails after that and before its first token (its decode
+worker died and no other could take it) ends with an error event, where KServe's route answers an HTTP
+error. KServe's route cannot send the head before its handler returns.
 """
 
 from __future__ import annotations
@@ -98,7 +103,15 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
         sub = Response()
         del sub.headers["content-length"]
         sub.status_code = None
-    context = {"headers": headers, "response": sub}
+    head_sent = False
+
+    async def send_head() -> None:  # a stream's 200 head, once (the model sends it when its decode worker's came)
+        nonlocal head_sent
+        if not head_sent:
+            head_sent = True
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+
+    context = {"headers": headers, "response": sub, "send_head": send_head}
     create = model.create_chat_completion if chat else model.create_completion
     try:
         try:
@@ -109,10 +122,18 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
                 raise
             watcher.cancel()
             response = await handler(Request(scope), exc)
+            if head_sent:  # the stream is open: its error is an event in it, as a worker's later error is
+                await _send_error_event(send, response.body)
+                return True
             await response(scope, receive, send)
             return True
+        if head_sent and not isinstance(result, AsyncGenerator):
+            watcher.cancel()
+            body_err = result.model_dump() if isinstance(result, ErrorResponse) else result
+            await _send_error_event(send, orjson.dumps(body_err, option=orjson.OPT_NON_STR_KEYS))
+            return True
         if isinstance(result, AsyncGenerator):
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send_head()
             last = b""  # the stream's terminating event, sent with the end of the body (one write, not two)
             try:
                 async for chunk in result:
@@ -139,6 +160,13 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
         return True
     finally:
         watcher.cancel()
+
+
+async def _send_error_event(send: Callable, error_json: bytes) -> None:
+    """End an open stream with an error event (the OpenAI error object `error_json`) and `[DONE]`, as the
+    model ends a stream whose worker failed after it began (runtime.server.model `PDModel._stream`)."""
+    await send({"type": "http.response.body", "more_body": False,
+                "body": b"data: " + error_json + b"\n\n" + _SSE_DONE})
 
 
 async def _send_json(send: Callable, result: Any, sub: Any) -> None:

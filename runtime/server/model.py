@@ -55,7 +55,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -757,7 +757,7 @@ class PDModel(OpenAIGenerativeModel):
         decode = self._client(route.decode_url, rid)
         if body.get("stream"):
             gen = self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None,
-                               kv_at + self.kv_lease_s)
+                               kv_at + self.kv_lease_s, (context or {}).get("send_head"))
             state["owner"] = "stream"  # the generator's own finally releases the load from here on
             try:
                 first = await gen.__anext__()
@@ -843,8 +843,24 @@ class PDModel(OpenAIGenerativeModel):
     async def _stream(
         self, decode: VllmClient, path: str, endpoint: str, body: dict, rid: str, kv: dict | None,
         route: Route, t0: float, mode: str, arrival_recorded: bool = False, lease_end: float | None = None,
+        send_head: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncGenerator[str, None]:
+        """The client's stream, from decode workers' streams (a migration continues it on another).
+
+        `send_head` (the edge's, runtime.server.direct; None on KServe's route): sends the client the stream's
+        200 head; awaited when the first decode worker's own 2xx head arrives, so that the client has read
+        the head by the first token (as vLLM's P/D proxy and vllm-router forward the decode worker's head).
+        Until then a failure is an HTTP error (`_StreamFailedEarly`); after it, an error event in the stream.
+        A stream with nothing sent yet goes whole to another worker either way."""
         ok = False
+        head_sent = False
+
+        async def on_head() -> None:
+            nonlocal head_sent
+            if send_head is not None and not head_sent:
+                head_sent = True
+                await send_head()
+
         local_prefill = kv is None  # the router's prefill load ends at the first streamed token
         first_s = last_s = None
         usage: dict = {}
@@ -878,7 +894,7 @@ class PDModel(OpenAIGenerativeModel):
         try:
             while True:
                 try:
-                    async with contextlib.aclosing(decode.stream_events(path, attempt, rid, kv)) as events:
+                    async with contextlib.aclosing(decode.stream_events(path, attempt, rid, kv, on_head)) as events:
                         chunks = events.__aiter__()
                         while True:
                             wait_s = None  # a leg on a handoff must show its first token before the deadline
@@ -1014,7 +1030,7 @@ class PDModel(OpenAIGenerativeModel):
                     if new is None:
                         cont = None
                     if cont is None:
-                        if not yielded:  # nothing sent yet: the caller answers with an HTTP error instead
+                        if not yielded and not head_sent:  # nothing sent: the caller answers an HTTP error
                             raise _StreamFailedEarly(exc) from exc
                         err = _backend_error_response(exc).error
                         body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code),

@@ -216,3 +216,113 @@ async def test_kserve_v2_model_metadata_is_a_clear_404_not_kserves_500():
             r = await c.get(path)
             assert r.status_code == 404 and "serves the OpenAI API only" in r.json()["error"], (path, r.text)
         assert (await c.get("/v2/models/m/ready")).status_code == 418
+
+
+class _HeadThenWait(Workers):
+    """Workers whose decode stream sends its 200 head, then waits for `release` before its first chunk;
+    with `die` True, the stream then breaks instead (the worker died before its first token)."""
+
+    def __init__(self, die: bool = False) -> None:
+        super().__init__()
+        self.release, self.die = asyncio.Event(), die
+
+    async def handler(self, req: httpx.Request) -> httpx.Response:  # type: ignore[override]
+        if req.url.host != "decode" or req.url.path == "/health" or not json.loads(req.content).get("stream"):
+            return super().handler(req)
+        self.calls.append((req.url.host, json.loads(req.content), req.headers.get("x-request-id")))
+        release, die = self.release, self.die
+
+        async def body():
+            await release.wait()
+            if die:
+                raise httpx.ReadError("connection reset")
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": "Paris"}, "finish_reason": "stop"}]}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return httpx.Response(200, content=body())
+
+
+async def _serve_stream(workers: _HeadThenWait) -> tuple[asyncio.Task, list[dict]]:
+    """serve_direct of one streamed chat request, started; the messages it sends land in the list."""
+    model, _ = _model(workers)
+    await model.breakers.check_round(model.worker_healthy)
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()  # the client stays
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [(b"content-type", b"application/json")]}
+    body = json.dumps({**CHAT_BODY, "stream": True}).encode()
+    task = asyncio.create_task(serve_direct(model, FastAPI(), scope, body, receive, send))
+    return task, sent
+
+
+async def _until(predicate, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+async def test_a_streams_head_goes_out_when_the_decode_workers_head_arrives():
+    """The client has the 200 head while the decode worker is still making the first token."""
+    workers = _HeadThenWait()
+    task, sent = await _serve_stream(workers)
+    await _until(lambda: bool(sent))
+    assert sent == [{"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"text/event-stream; charset=utf-8")]}]
+    assert not workers.release.is_set()
+    workers.release.set()
+    assert await asyncio.wait_for(task, 5)
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    assert [m["type"] for m in sent].count("http.response.start") == 1
+    assert b'"Paris"' in body and body.endswith(b"data: [DONE]\n\n") and not sent[-1].get("more_body")
+
+
+async def test_a_stream_whose_only_decode_worker_dies_after_its_head_ends_with_an_error_event():
+    """The head is out: the failure (no other worker to take the request whole) is an event in the stream."""
+    workers = _HeadThenWait(die=True)
+    task, sent = await _serve_stream(workers)
+    await _until(lambda: bool(sent))
+    workers.release.set()
+    assert await asyncio.wait_for(task, 5)
+    assert [m["type"] for m in sent].count("http.response.start") == 1 and sent[0]["status"] == 200
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    events = [e for e in body.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]" and len(events) == 2, body
+    error = json.loads(events[0][len(b"data: "):])["error"]
+    assert int(error["code"]) >= 500 and error["message"], error
+
+
+async def test_an_error_raised_after_the_head_went_out_is_an_event_in_the_stream():
+    """What the app's handlers would answer as an HTTP error ends the open stream as an error event."""
+    model, _ = _model(Workers())
+    await model.breakers.check_round(model.worker_healthy)
+
+    async def create(request, raw_request=None, context=None):
+        await context["send_head"]()
+        raise Overloaded("predicted time to first token is 9 s", 3)
+
+    model.create_chat_completion = create
+    app = FastAPI()
+    install_openai_error_handlers(app)
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
+    body = json.dumps({**CHAT_BODY, "stream": True}).encode()
+    assert await asyncio.wait_for(serve_direct(model, app, scope, body, receive, send), 5)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"] and sent[0]["status"] == 200
+    event, done = [e for e in sent[1]["body"].split(b"\n\n") if e]
+    assert json.loads(event[len(b"data: "):])["error"]["type"] == "OverloadedError" and done == b"data: [DONE]"
