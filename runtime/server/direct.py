@@ -14,10 +14,11 @@ or names another model, and any request while the model is not ready, go on to K
 returns False), whose error answers stay the one home of those cases. Exceptions the model raises
 (`Overloaded`, `ModelNotReady`, ...) are answered by the app's own exception handlers (runtime.server.errors),
 looked up as Starlette does. One difference is timing: a stream's 200 head goes out when the decode worker's
-own head arrives (`send_head` in the model's context, `PDModel._stream`), not with the first token, so that
-the client has read it by then; a stream that fails after that and before its first token (its decode
-worker died and no other could take it) ends with an error event, where KServe's route answers an HTTP
-error. KServe's route cannot send the head before its handler returns.
+own 2xx head arrives (`send_head` in the model's context, `PDModel._stream`), not with the first token, so
+that the client has read it by then. A stream that fails after that and before its first token (the worker
+died and no other could take the request, sent an error event, or passed its read deadline) ends with an
+error event and `[DONE]`, as a failure after the first token does, where KServe's route (which cannot send
+the head before its handler returns) answers an HTTP error; so do the model's exceptions raised after it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import orjson
 from kserve.protocol.rest.openai.types import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from starlette.requests import Request
 from starlette.responses import Response
+from runtime.server.errors import openai_error_body
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +110,10 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
     async def send_head() -> None:  # a stream's 200 head, once (the model sends it when its decode worker's came)
         nonlocal head_sent
         if not head_sent:
-            head_sent = True
+            # sent only once the call returns: a send cancelled while it waits for the client to read (a
+            # deadline in the model) wrote nothing, and the head is still to send
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            head_sent = True
 
     context = {"headers": headers, "response": sub, "send_head": send_head}
     create = model.create_chat_completion if chat else model.create_completion
@@ -119,6 +123,9 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
         except Exception as exc:  # noqa: BLE001 - answered as the app answers it
             handler = _handler_for(app, exc)
             if handler is None:
+                if head_sent:  # the stream is open: end it with a 500 event, then raise on to be logged
+                    await _send_error_event(send, orjson.dumps(openai_error_body(
+                        "internal error", err_type="InternalServerError", status=500)))
                 raise
             watcher.cancel()
             response = await handler(Request(scope), exc)

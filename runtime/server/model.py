@@ -858,8 +858,8 @@ class PDModel(OpenAIGenerativeModel):
         async def on_head() -> None:
             nonlocal head_sent
             if send_head is not None and not head_sent:
+                await send_head()  # a send cancelled (the lease deadline) wrote nothing: not sent
                 head_sent = True
-                await send_head()
 
         local_prefill = kv is None  # the router's prefill load ends at the first streamed token
         first_s = last_s = None

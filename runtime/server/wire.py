@@ -2,14 +2,13 @@
 write with the start of its body.
 
 Why: uvicorn writes the status line and headers to the socket as soon as the app sends
-`http.response.start`, and the body in a second write. The runtime sends the head of a streamed answer
-only once the worker's first chunk is in hand (so that a failure before it is still an HTTP error), so the two
-writes come back to back, and each write to an idle client wakes the client: twice per answer, with the
-client's reading of the head between the runtime's two writes, on the path of the first token
-(bench/frontend.py: about a third of a millisecond of added TTFT on a loopback client). The ASGI
-specification has the server hold the head until the first body message ("The protocol server must not start
-sending the response to the client until it has received at least one Response Body event",
-asgi.readthedocs.io/en/latest/specs/www.html, Response Start); this protocol does so.
+`http.response.start`, and the body in a second write, though most answers send the two back to back: every
+non-streamed answer (a completion, an error, a health check, a metrics page) is a head and one body piece.
+Each write to an idle client wakes it, and a client woken by the head reads it between the two writes: two
+system calls and two wake-ups where one does. The ASGI specification has the server hold the head until the
+first body message ("The protocol server must not start sending the response to the client until it has
+received at least one Response Body event", asgi.readthedocs.io/en/latest/specs/www.html, Response Start);
+this protocol does so. (A stream's head goes out alone, early, by design: runtime.server.direct.)
 
 Semantics: the head is written together with the next write on the connection (the first body piece), or
 at the end of the event loop's current iteration, whichever comes first, so an app that sends its head and

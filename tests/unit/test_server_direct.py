@@ -326,3 +326,82 @@ async def test_an_error_raised_after_the_head_went_out_is_an_event_in_the_stream
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"] and sent[0]["status"] == 200
     event, done = [e for e in sent[1]["body"].split(b"\n\n") if e]
     assert json.loads(event[len(b"data: "):])["error"]["type"] == "OverloadedError" and done == b"data: [DONE]"
+
+
+async def test_a_head_whose_send_the_lease_deadline_cancelled_is_sent_by_the_next_attempt():
+    """The head's send waits for a slow client (uvicorn drains first) past the KV lease deadline: cancelled, it
+    wrote nothing, so the local-prefill attempt that follows still sends the head before its chunks."""
+    from prometheus_client import CollectorRegistry
+
+    from runtime.engines.client import VllmClient
+    from runtime.server.metrics import RuntimeMetrics
+    from runtime.server.model import PDModel
+    from runtime.server.pairing import RoundRobinPairing
+    from tests.unit.test_server_model import KV, _completion
+
+    def chunk(text: str, finish: str | None = None) -> dict:
+        return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/health":
+            return httpx.Response(200)
+        body = json.loads(req.content)
+        if req.url.host == "prefill":
+            return httpx.Response(200, json={**_completion("P"), "kv_transfer_params": KV})
+        if body.get("kv_transfer_params"):  # the handoff's leg: a head, then nothing
+            async def hang():
+                await asyncio.sleep(30)
+                yield b""
+            return httpx.Response(200, content=hang())
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in (chunk("Pa"), chunk("ris", "stop")))
+        return httpx.Response(200, text=text + "data: [DONE]\n\n")
+
+    transport = httpx.MockTransport(handler)
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
+                    metrics=RuntimeMetrics(CollectorRegistry()),
+                    client_factory=lambda url: VllmClient(url, transport=transport), kv_lease_s=0.6,
+                    kv_lease_margin_s=0.1)
+    await model.breakers.check_round(model.worker_healthy)
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            await asyncio.sleep(1.0)  # uvicorn's send waiting for a client that does not read
+        sent.append(message)
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [(b"content-type", b"application/json")]}
+    body = json.dumps({**CHAT_BODY, "stream": True}).encode()
+    assert await asyncio.wait_for(serve_direct(model, FastAPI(), scope, body, receive, send), 10)
+    assert [m["type"] for m in sent][:2] == ["http.response.start", "http.response.body"], sent
+    assert b"ris" in b"".join(m.get("body", b"") for m in sent) and not sent[-1].get("more_body")
+
+
+async def test_an_unexpected_error_after_the_head_ends_the_stream_with_a_500_event():
+    model, _ = _model(Workers())
+    await model.breakers.check_round(model.worker_healthy)
+
+    async def create(request, raw_request=None, context=None):
+        await context["send_head"]()
+        raise RuntimeError("a bug")
+
+    model.create_chat_completion = create
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
+    with pytest.raises(RuntimeError, match="a bug"):  # raised on, for the server to log
+        await serve_direct(model, FastAPI(), scope, json.dumps({**CHAT_BODY, "stream": True}).encode(), receive, send)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"] and not sent[1]["more_body"]
+    event, done = [e for e in sent[1]["body"].split(b"\n\n") if e]
+    assert json.loads(event[len(b"data: "):])["error"]["code"] == "500" and done == b"data: [DONE]"
