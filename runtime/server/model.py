@@ -231,8 +231,18 @@ def priority_tokens(body: dict, prompt_tokens: int | None) -> int:
     JSON characters / `CHARS_PER_TOKEN`. Text a chat template renders from other fields (`tools`, tool-call
     arguments, content parts of other types) counts too, so no body shape makes a long prompt look short;
     a body's JSON is at most a little longer than its text, so honest prompts keep their bucket."""
-    chars = len(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+    chars = _json_chars(body)
     return max(prompt_tokens or 0, estimate_prompt_tokens(body), -(-chars // CHARS_PER_TOKEN))
+
+
+def _json_chars(body: dict) -> int:
+    """Characters of `body` as compact JSON with its text unescaped (`json.dumps(body, ensure_ascii=False,
+    separators=(",", ":"))`). orjson writes that text about 40 x faster (a 40 kB prompt: 2 us against 84);
+    Python's json writes what orjson refuses (an integer beyond 64 bits, a lone surrogate)."""
+    try:
+        return len(orjson.dumps(body).decode())
+    except TypeError:  # orjson.JSONEncodeError is one
+        return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
 
 
 def _priority_label(body: dict) -> str:

@@ -485,3 +485,16 @@ async def test_requests_refused_while_not_ready_and_clients_gone_during_tokeniza
         await task
     assert window.drain().num_requests == 1
     await asyncio.sleep(0.3)  # the tokenizer's thread ends
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "m", "max_tokens": 7,
+     "messages": [{"role": "user", "content": "h\u00e9llo \u4e16\u754c \n \" \\ \u0001"}]},
+    {"model": "m", "prompt": ["a" * 1000, "b"], "seed": 2**70, "stop": None},  # beyond orjson's 64 bits
+    {"model": "m", "prompt": "lone \ud800 surrogate"},  # orjson cannot write it
+    {"model": "m", "prompt": [1, 2, 3], "temperature": 0.5, "logit_bias": {"50256": -100}},
+])
+def test_json_chars_counts_what_pythons_json_writes(body):
+    from runtime.server.model import _json_chars
+
+    assert _json_chars(body) == len(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
