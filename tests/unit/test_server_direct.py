@@ -299,19 +299,16 @@ async def test_a_stream_whose_only_decode_worker_dies_after_its_head_ends_with_a
     assert int(error["code"]) >= 500 and error["message"], error
 
 
-async def test_an_error_raised_after_the_head_went_out_is_an_event_in_the_stream():
-    """What the app's handlers would answer as an HTTP error ends the open stream as an error event."""
+async def _raise_after_head(exc: Exception, app: FastAPI, sent: list[dict]) -> bool:
+    """serve_direct of a stream whose model sends the head, then raises `exc`; the messages land in `sent`."""
     model, _ = _model(Workers())
     await model.breakers.check_round(model.worker_healthy)
 
     async def create(request, raw_request=None, context=None):
         await context["send_head"]()
-        raise Overloaded("predicted time to first token is 9 s", 3)
+        raise exc
 
     model.create_chat_completion = create
-    app = FastAPI()
-    install_openai_error_handlers(app)
-    sent: list[dict] = []
 
     async def receive() -> dict:
         await asyncio.Event().wait()
@@ -322,7 +319,15 @@ async def test_an_error_raised_after_the_head_went_out_is_an_event_in_the_stream
 
     scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
     body = json.dumps({**CHAT_BODY, "stream": True}).encode()
-    assert await asyncio.wait_for(serve_direct(model, app, scope, body, receive, send), 5)
+    return await asyncio.wait_for(serve_direct(model, app, scope, body, receive, send), 5)
+
+
+async def test_an_error_raised_after_the_head_went_out_is_an_event_in_the_stream():
+    """What the app's handlers would answer as an HTTP error ends the open stream as an error event."""
+    app = FastAPI()
+    install_openai_error_handlers(app)
+    sent: list[dict] = []
+    assert await _raise_after_head(Overloaded("predicted time to first token is 9 s", 3), app, sent)
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"] and sent[0]["status"] == 200
     event, done = [e for e in sent[1]["body"].split(b"\n\n") if e]
     assert json.loads(event[len(b"data: "):])["error"]["type"] == "OverloadedError" and done == b"data: [DONE]"
@@ -382,26 +387,9 @@ async def test_a_head_whose_send_the_lease_deadline_cancelled_is_sent_by_the_nex
 
 
 async def test_an_unexpected_error_after_the_head_ends_the_stream_with_a_500_event():
-    model, _ = _model(Workers())
-    await model.breakers.check_round(model.worker_healthy)
-
-    async def create(request, raw_request=None, context=None):
-        await context["send_head"]()
-        raise RuntimeError("a bug")
-
-    model.create_chat_completion = create
     sent: list[dict] = []
-
-    async def receive() -> dict:
-        await asyncio.Event().wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
     with pytest.raises(RuntimeError, match="a bug"):  # raised on, for the server to log
-        await serve_direct(model, FastAPI(), scope, json.dumps({**CHAT_BODY, "stream": True}).encode(), receive, send)
+        await _raise_after_head(RuntimeError("a bug"), FastAPI(), sent)
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"] and not sent[1]["more_body"]
     event, done = [e for e in sent[1]["body"].split(b"\n\n") if e]
     assert json.loads(event[len(b"data: "):])["error"]["code"] == "500" and done == b"data: [DONE]"
