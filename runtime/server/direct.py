@@ -32,6 +32,7 @@ import orjson
 from kserve.protocol.rest.openai.types import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from starlette.requests import Request
 from starlette.responses import Response
+
 from runtime.server.errors import openai_error_body
 
 log = logging.getLogger(__name__)
