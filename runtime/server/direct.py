@@ -67,19 +67,21 @@ def _handler_for(app: Any, exc: BaseException) -> Callable | None:
     return None
 
 
-async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: Callable, send: Callable) -> bool:
+async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: Callable, send: Callable,
+                       parsed: Any = None) -> bool:
     """Serve one generation request (`scope["path"]` ends with ``/completions``) whose body `raw` the edge has
     read whole and checked; False (nothing sent) when it must go on to KServe (see the module docstring).
 
     `model`: the served PDModel (`name`, `ready`, `create_completion`, `create_chat_completion`). `app`: the
-    FastAPI app whose `exception_handlers` answer the model's exceptions.
+    FastAPI app whose `exception_handlers` answer the model's exceptions. `parsed`: `raw` as orjson read it
+    (runtime.server.edge.read_body), or None to read it here.
     """
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
     content_type = headers.get("content-type", "application/json").split(";", 1)[0].strip().lower()
     if content_type != "application/json":  # FastAPI reads other types differently: its answer decides
         return False
     try:
-        body = orjson.loads(raw)
+        body = orjson.loads(raw) if parsed is None else parsed
     except orjson.JSONDecodeError:
         return False
     if not isinstance(body, dict) or body.get("model") != model.name or not model.ready:

@@ -48,9 +48,9 @@ _V2_METADATA_ROUTE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?$")
 _MODEL_ROUTE = re.compile(r"^/openai/v1/models/(?P<id>.+)$")
 _GENERATION_ROUTES = frozenset({f"{OPENAI_PREFIX}v1/completions", f"{OPENAI_PREFIX}v1/chat/completions"})
 
-#: `direct(scope, raw_body, receive, send) -> bool`: serves a generation request itself (True) or declines
-#: it, having sent nothing (False)
-DirectServer = Callable[[dict, bytes, Callable, Callable], Awaitable[bool]]
+#: `direct(scope, raw_body, receive, send, parsed) -> bool`: serves a generation request itself (True) or
+#: declines it, having sent nothing (False); `parsed` is the body as orjson read it, or None (read it again)
+DirectServer = Callable[[dict, bytes, Callable, Callable, Any], Awaitable[bool]]
 
 
 class _Invalid(ValueError):
@@ -91,15 +91,27 @@ def _check_strings(value: Any, where: str) -> None:
 def check_body(path: str, raw: bytes) -> tuple[str, str | None] | None:
     """(message, param) of the 400 for an OpenAI request body `raw` posted to `path`, or None when the edge
     has nothing against it (a body that is not JSON at all is left to the request models' own 400)."""
+    return read_body(path, raw)[1]
+
+
+def read_body(path: str, raw: bytes) -> tuple[Any, tuple[str, str | None] | None]:
+    """(parsed, problem): `problem` as `check_body` gives it; `parsed` the body as orjson read it when orjson
+    read it and its fields pass (what the direct server would read: it need not parse it again), else None."""
     try:
         # orjson takes only strict JSON in UTF-8 (no NaN/Infinity, no lone surrogates, finite numbers): a
         # body it takes and whose fields pass needs none of the checks below. Any other body is read as
         # Python's json reads it (orjson reads integers beyond 64 bits as floats), so that the message
         # quotes what the client sent.
-        if _check_fields(path, orjson.loads(raw)) is None:
-            return None
+        parsed = orjson.loads(raw)
+        if _check_fields(path, parsed) is None:
+            return parsed, None
     except orjson.JSONDecodeError:
         pass
+    return None, _check_slowly(path, raw)
+
+
+def _check_slowly(path: str, raw: bytes) -> tuple[str, str | None] | None:
+    """check_body for a body orjson did not take, or whose fields did not pass, read by Python's json."""
     try:
         body = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except _Invalid as exc:
@@ -209,7 +221,7 @@ class EdgeMiddleware:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         raw = b"".join(chunks)
-        bad = check_body(path, raw)
+        parsed, bad = read_body(path, raw)
         if bad is not None:
             message_text, param = bad
             body = openai_error_body("Invalid request: " + message_text, err_type="BadRequestError",
@@ -218,7 +230,7 @@ class EdgeMiddleware:
         if not self.is_ready():
             self.served.on_unready(raw, path)
         elif self.served.direct is not None and path in _GENERATION_ROUTES:
-            if await self.served.direct(scope, raw, receive, send):
+            if await self.served.direct(scope, raw, receive, send, parsed):
                 return None
         replayed = False
 

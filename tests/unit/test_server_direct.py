@@ -393,3 +393,26 @@ async def test_an_unexpected_error_after_the_head_ends_the_stream_with_a_500_eve
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"] and not sent[1]["more_body"]
     event, done = [e for e in sent[1]["body"].split(b"\n\n") if e]
     assert json.loads(event[len(b"data: "):])["error"]["code"] == "500" and done == b"data: [DONE]"
+
+
+async def test_the_body_the_edge_read_is_not_read_again(monkeypatch):
+    """The edge's checks read the body with orjson; the direct server takes that object, not the bytes again."""
+    import orjson
+
+    import runtime.server.direct as direct
+
+    reads: list[bytes] = []
+
+    class _Counting:
+        JSONDecodeError = orjson.JSONDecodeError
+        OPT_NON_STR_KEYS = orjson.OPT_NON_STR_KEYS
+        dumps = staticmethod(orjson.dumps)
+
+        @staticmethod
+        def loads(raw):
+            reads.append(raw)
+            return orjson.loads(raw)
+
+    monkeypatch.setattr(direct, "orjson", _Counting)
+    answer, taken = await _same(CHAT, json=CHAT_BODY)
+    assert taken == [True] and answer[0] == 200 and reads == []
