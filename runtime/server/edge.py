@@ -53,6 +53,29 @@ _GENERATION_ROUTES = frozenset({f"{OPENAI_PREFIX}v1/completions", f"{OPENAI_PREF
 DirectServer = Callable[[dict, bytes, Callable, Callable, Any], Awaitable[bool]]
 
 
+#: deepest nesting of objects and arrays a request body may have: far beyond any OpenAI request (the JSON
+#: schemas of tools and response formats nest tens of levels), and well within what the runtime's JSON
+#: writers and checks handle (Python's json recurses once per level, to about 1,000)
+MAX_BODY_DEPTH = 128
+_TOO_DEEP = (f"the body nests objects and arrays more than {MAX_BODY_DEPTH} levels deep; send at most "
+             f"{MAX_BODY_DEPTH}", None)
+
+
+def _too_deep(raw: bytes, body: Any) -> bool:
+    """`body`, read from `raw`, nests objects and arrays more than MAX_BODY_DEPTH levels deep. The brackets in
+    `raw` bound the depth from above (one opens each level), so a body with fewer is never walked."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_BODY_DEPTH or not isinstance(body, (dict, list)):
+        return False
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_BODY_DEPTH:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
+    return False
+
+
 class _Invalid(ValueError):
     def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
@@ -103,6 +126,8 @@ def read_body(path: str, raw: bytes) -> tuple[Any, tuple[str, str | None] | None
         # Python's json reads it (orjson reads integers beyond 64 bits as floats), so that the message
         # quotes what the client sent.
         parsed = orjson.loads(raw)
+        if _too_deep(raw, parsed):
+            return None, _TOO_DEEP
         if _check_fields(path, parsed) is None:
             return parsed, None
     except orjson.JSONDecodeError:
@@ -116,8 +141,12 @@ def _check_slowly(path: str, raw: bytes) -> tuple[str, str | None] | None:
         body = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except _Invalid as exc:
         return str(exc), exc.param
+    except RecursionError:  # nested beyond Python's recursion limit (orjson refuses beyond 1,024 levels)
+        return _TOO_DEEP
     except (ValueError, UnicodeDecodeError):
         return None
+    if _too_deep(raw, body):
+        return _TOO_DEEP
     try:
         _check_strings(body, "")
     except _Invalid as exc:

@@ -139,6 +139,12 @@ CASES = [
     ("GET", "/openai/v1/models/nope", None, 404, "model"),
     ("POST", f"/v1/models/{M}:predict", {"instances": [1]}, 404, None),
     ("POST", f"/v2/models/{M}/infer", {"inputs": []}, 404, None),
+    # nested beyond MAX_BODY_DEPTH (128): below orjson's own limit (1,024), at it, and beyond Python's recursion
+    # limit, in a field the request model keeps as it is (an extra field) and in one it checks
+    *[("POST", COMP, _raw('{"model":"m","prompt":"x","extra":' + "[" * d + "]" * d + "}"), 400, None)
+      for d in (129, 1000, 1024, 5000)],
+    ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":'
+                        + '{"a":' * 200 + "1" + "}" * 200 + "}"), 400, None),
 ]
 
 
