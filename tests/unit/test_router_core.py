@@ -5,7 +5,7 @@ names workers currently in the pool, and loads return to zero when every request
 """
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from runtime.config import RouterSpec
@@ -213,6 +213,9 @@ _ops = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(ops=_ops, policy=st.sampled_from(["kv_aware", "round_robin", "random", "least_loaded", "dynamo_cost"]))
+# a failed prefill whose decode worker left, with no other decode worker: NoWorkersError, the request freed
+@example(ops=[("add", "w0", "decode"), ("route", 0, "kv"), ("remove", "w0", ""), ("fallback", 0, "")],
+         policy="kv_aware")
 def test_routing_never_picks_a_worker_outside_the_pool(ops, policy):
     r = Router(RouterSpec(policy=policy, disagg_min_uncached_tokens=0), BS)
     pool: set[str] = set()
@@ -236,9 +239,13 @@ def test_routing_never_picks_a_worker_outside_the_pool(ops, policy):
             r.on_first_token(f"q{a}")
         elif op == "fallback":
             try:
-                r.fallback_local_prefill(f"q{a}", now_s=float(n))
+                d = r.fallback_local_prefill(f"q{a}", now_s=float(n))
             except UnknownRequestError:
                 pass
+            except NoWorkersError:  # its decode worker left, and no other is in the pool: the request is freed
+                assert not any(w.can_decode for w in r.workers.values()) and f"q{a}" not in r._requests
+            else:
+                assert d.decode_worker in pool and d.prefill_worker is None
         elif op == "migrate":
             try:
                 r.migrate(f"q{a}", now_s=float(n))
