@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from runtime import strict_json
+
 #: Paths a batch line may name: the OpenAI Batch API endpoints the pdserve runtime serves (it has no embeddings).
 ALLOWED_URLS = ("/v1/chat/completions", "/v1/completions")
 #: At most this many problems are listed in one BatchInputError.
@@ -64,7 +66,7 @@ def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[
         if not text.strip():
             continue
         try:
-            rec = json.loads(text, parse_constant=_refuse_constant)
+            rec = strict_json.loads(text)
         except ValueError as e:
             problems.append(f"line {n}: not JSON ({e})")
             continue
@@ -82,11 +84,6 @@ def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[
     if not out:
         raise BatchInputError("the batch input has no request (every line is blank)")
     return out
-
-
-def _refuse_constant(name: str) -> Any:
-    # Python's json reads NaN and Infinity, which JSON (RFC 8259) has not: the line could never be sent
-    raise ValueError(f"{name} is not a number in JSON (RFC 8259)")
 
 
 def _check(rec: dict, n: int, default_model: str | None, seen: dict[str, int]) -> tuple[BatchRequest | None, list[str]]:

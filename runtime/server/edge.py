@@ -26,7 +26,6 @@ layers); what it declines goes on to KServe.
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -35,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from runtime import strict_json
 from runtime.server.errors import OPENAI_PREFIX, RETRY_AFTER_S, openai_error_body
 
 #: Chat roles of the OpenAI chat completions API (and vLLM's), the only ones a message may carry.
@@ -82,19 +82,6 @@ class _Invalid(ValueError):
         self.param = param
 
 
-def _reject_constant(name: str) -> Any:
-    raise _Invalid(f"{name} is not a number in JSON (RFC 8259): send a finite number", None)
-
-
-def _finite_float(text: str) -> float:
-    """json's parse_float: a number literal too large for a double (1e400) would read as infinity, which the
-    workers' JSON cannot carry (orjson writes it as null, so the field would silently fall back to its default)."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Invalid(f"{text[:40]} is beyond the range of a double (about 1.8e308): send a finite number", None)
-    return value
-
-
 def _check_strings(value: Any, where: str) -> None:
     if isinstance(value, str):
         try:
@@ -138,9 +125,9 @@ def read_body(path: str, raw: bytes) -> tuple[Any, tuple[str, str | None] | None
 def _check_slowly(path: str, raw: bytes) -> tuple[str, str | None] | None:
     """check_body for a body orjson did not take, or whose fields did not pass, read by Python's json."""
     try:
-        body = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
-    except _Invalid as exc:
-        return str(exc), exc.param
+        body = strict_json.loads(raw)
+    except strict_json.JsonNumberError as exc:
+        return str(exc), None
     except RecursionError:  # nested beyond Python's recursion limit (orjson refuses beyond 1,024 levels)
         return _TOO_DEEP
     except (ValueError, UnicodeDecodeError):

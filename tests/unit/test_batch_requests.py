@@ -119,3 +119,13 @@ def test_nan_and_infinity_are_refused_with_the_other_problems_and_null_model_tak
         parse_input(dup)
     reqs = parse_input([_line("c", model=None, prompt="p", url="/v1/completions")], default_model="served")
     assert reqs[0].body["model"] == "served"
+
+
+def test_a_number_beyond_a_double_is_refused_not_sent_as_infinity():
+    """1e400 reads as infinity in Python's json; forwarded, it would become null (the field's default) or
+    invalid JSON: the batch is refused, the line and the value named."""
+    line = _line("big", model="m", prompt="p").replace('"prompt"', '"temperature": 1e400, "prompt"')
+    with pytest.raises(BatchInputError, match=r"line 1: not JSON \(1e400 is beyond the range of a double"):
+        parse_input([line])
+    ok = _line("fine", model="m", prompt="p").replace('"prompt"', '"temperature": 1e300, "prompt"')
+    assert parse_input([ok])[0].body["temperature"] == 1e300

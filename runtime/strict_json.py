@@ -1,0 +1,39 @@
+"""JSON read as RFC 8259 defines it: the one reader for every client-sent JSON that Python's json parses.
+
+Python's json takes ``NaN``, ``Infinity`` and ``-Infinity``, which JSON has not, and reads a number literal too
+large for a double (``1e400``) as infinity; neither can be forwarded to a worker (orjson writes a non-finite
+float as ``null``, so the field would silently fall back to its default). :func:`loads` refuses both with a
+message that says what to send instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+class JsonNumberError(ValueError):
+    """A value that JSON (RFC 8259) cannot carry as a number: a NaN/Infinity constant or a literal beyond the
+    range of a double. The message names the value (its first 40 characters) and what to send instead."""
+
+
+def reject_constant(name: str) -> Any:
+    """``json.loads``' ``parse_constant``: always raises :class:`JsonNumberError`."""
+    raise JsonNumberError(f"{name} is not a number in JSON (RFC 8259): send a finite number")
+
+
+def finite_float(text: str) -> float:
+    """``json.loads``' ``parse_float``: the literal as a float. Raises :class:`JsonNumberError` when it lies beyond
+    the range of a double (about 1.8e308)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise JsonNumberError(f"{text[:40]} is beyond the range of a double (about 1.8e308): send a finite number")
+    return value
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads(text)`` with only finite numbers. Raises :class:`JsonNumberError` (a ValueError) for a value
+    JSON cannot carry, ``json.JSONDecodeError`` (a ValueError) for text that is not JSON, RecursionError for
+    nesting beyond the interpreter's recursion limit."""
+    return json.loads(text, parse_constant=reject_constant, parse_float=finite_float)
