@@ -1,6 +1,6 @@
 """Rule 9 of runtime.planner.state_machine: the prefill M/M/c term sizes on the rate predictor's forecast
 through the lead time (a ramp is launched for ahead of it), or with ``size_on_tokens`` on the prompt-token
-forecast.
+forecast; decode sizes on the same forecast's level and trend, without its window quantile.
 
 Profile (hand-checkable): prefill 0.1 ms/token; decode step 10 ms + 0.1 ms per sequence; KV 1M tokens.
 """
@@ -56,3 +56,25 @@ def test_a_shift_to_longer_outputs_is_planned_for_at_the_tick_that_shows_it():
         decisions.append(fleet_tick(sm, 30.0 * (i + 1), 20.0, isl=1000.0, osl=osl,
                                     decode={"running_per_worker": 50}).decode_replicas)
     assert decisions[6] > max(decisions[:6]), decisions
+
+
+def test_decode_follows_the_forecast_level_after_a_burst_the_window_quantile_still_holds():
+    # 20 req/s of 1000/200-token requests, two ticks at 80 req/s, then 20 again. The rate predictor's window
+    # quantile holds 80 req/s for the rest of its ten-tick window; the decode pool is sized on the forecast's
+    # level and trend (the window pools of rule 13 hold decode bursts by measurement, off here), so two ticks
+    # after the burst it stands where a planner that never saw the burst stands; prefill's M/M/c term still
+    # sizes on the quantile.
+    kw = dict(decode_band=False, decode_floor=False, decode_scale_down_delay_s=0.0, scale_down_delay_s=0.0,
+              cooldown_s=0.0, queue_floor=False)
+    rates = [20.0] * 6 + [80.0] * 2 + [20.0] * 4
+    prof = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4,
+                            kv_capacity_tokens=100_000)
+
+    def decisions(rs: list[float]) -> list:
+        sm = PlannerStateMachine(cfg(**kw), prof, initial_prefill=2, initial_decode=2)
+        return [fleet_tick(sm, 30.0 * (i + 1), r, decode={"running_per_worker": 50}) for i, r in enumerate(rs)]
+
+    burst, steady = decisions(rates), decisions([20.0] * len(rates))
+    assert max(d.decode_replicas for d in burst[6:8]) > steady[7].decode_replicas  # the burst itself is sized for
+    assert [d.decode_replicas for d in burst[-2:]] == [d.decode_replicas for d in steady[-2:]]
+    assert burst[-1].prefill_replicas > steady[-1].prefill_replicas  # the quantile, on prefill alone
