@@ -53,9 +53,10 @@ def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[
         default_model: served model name for lines whose body names none.
 
     Raises:
-        BatchInputError: any line is not a JSON object, lacks or repeats ``custom_id``, has a method other than
-            POST, a ``url`` outside ``ALLOWED_URLS``, a body that is not an object, no model (and no default),
-            or asks to stream; also an input with no request. All problems (up to ``MAX_LISTED_ERRORS``) are
+        BatchInputError: any line is not a JSON object (not JSON, a number JSON cannot carry such as ``NaN``
+            or ``1e400``, nesting beyond Python's recursion limit), lacks or repeats ``custom_id``, has a method
+            other than POST, a ``url`` outside ``ALLOWED_URLS``, a body that is not an object, no model (and no
+            default), or asks to stream; also an input with no request. All problems (up to ``MAX_LISTED_ERRORS``) are
             listed at once.
     """
     out: list[BatchRequest] = []
@@ -69,6 +70,9 @@ def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[
             rec = strict_json.loads(text)
         except ValueError as e:
             problems.append(f"line {n}: not JSON ({e})")
+            continue
+        except RecursionError:  # Python's json recurses once per level of nesting
+            problems.append(f"line {n}: nested too deeply to read")
             continue
         if not isinstance(rec, dict):
             problems.append(f"line {n}: expected a JSON object, got {type(rec).__name__}")

@@ -85,7 +85,9 @@ Per tick (SLA mode):
    never below the tick's rate), not on its window quantile. Why: decode's bursts are held by
    measurement already (rule 13's window pools: the KV the recent arrivals held, at the SLO quantile),
    and a decode worker is hundreds of sequences, so the quantile on top launched whole workers for
-   ticks the pool absorbs (docs/design/planner.md, "What each rule buys").
+   ticks the pool absorbs (docs/design/planner.md, "What each rule buys"). With ``decode_floor`` off,
+   or ticks that report no ``prompt_arrivals``, that measurement is missing and nothing but the scale-down
+   delay holds decode through a burst.
 10. Release on evidence (with ``measure_burst``, once ticks report ``prompt_arrivals``): until the ticks
    have reported arrivals for a whole predictor window neither pool shrinks nor does a fleet with prefill
    workers turn to aggregated serving (the window pools of 11 and 13 are what a release rests on, and they
@@ -1007,7 +1009,8 @@ def _windows(ticks: deque, short: int) -> list[list]:
 
 def _level(predictor: LoadPredictor, steps_ahead: int) -> float:
     """Rule 9: the predictor's level and upward trend without its window quantile (``burst_quantile``'s
-    ``trend_forecast``); a predictor without one forecasts a level already."""
+    ``trend_forecast``); a predictor without one gives its forecast as it is (``constant``, ``moving_average`` and
+    ``arima`` forecast a level; ``residual_quantile``'s forecast keeps its quantile of past errors)."""
     level = getattr(predictor, "trend_forecast", None)
     return float(level(steps_ahead) if level is not None else predictor.predict(steps_ahead))
 

@@ -5,7 +5,8 @@ KServe parses bodies with Python's `json`, which accepts `NaN`/`Infinity` and lo
 requests then fail deep inside (a 500 with a non-OpenAI body) or are served as something the client did not
 ask for. `EdgeMiddleware` answers them with an OpenAI 400 (`{"error": {"message", "type", "param",
 "code"}}`, runtime.server.errors) naming the field:
-* a JSON constant that is not a number in JSON (`NaN`, `Infinity`, `-Infinity`);
+* a JSON constant that is not a number in JSON (`NaN`, `Infinity`, `-Infinity`), or a number literal beyond
+  the range of a double (`1e400`: Python's json reads it as infinity; runtime.strict_json);
 * a string holding a lone surrogate (not encodable as UTF-8);
 * a completions or chat completions body without a `model` string (OpenAI requires it; KServe would answer
   404 naming a model "None");

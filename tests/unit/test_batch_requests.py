@@ -129,3 +129,11 @@ def test_a_number_beyond_a_double_is_refused_not_sent_as_infinity():
         parse_input([line])
     ok = _line("fine", model="m", prompt="p").replace('"prompt"', '"temperature": 1e300, "prompt"')
     assert parse_input([ok])[0].body["temperature"] == 1e300
+
+
+def test_a_line_nested_beyond_the_recursion_limit_is_a_listed_problem_not_a_crash():
+    deep = '{"custom_id": "d", "url": "/v1/completions", "body": {"model": "m", "prompt": ' + "[" * 100_000 + \
+        "]" * 100_000 + "}}"
+    with pytest.raises(BatchInputError, match="line 2: nested too deeply to read") as e:
+        parse_input([_line("ok", model="m", prompt="p"), deep, _line("x", prompt="p")])
+    assert "line 3: body.model is missing" in str(e.value)  # the other lines are still checked
