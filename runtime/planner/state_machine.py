@@ -79,15 +79,9 @@ Per tick (SLA mode):
    The M/M/c term of (4) still launches on the rate predictor (quantile + trend through the lead
    time).
 9. The M/M/c term of (4) sizes prefill on the rate predictor's forecast (the window quantile with
-   ``burst_quantile``, never below the tick's rate); the staffing term (7) follows a fall within its
-   level window, and the scale-down delay of (5) releases what the quantile holds. Decode is sized on
-   the forecast's level and upward trend through the lead time (``burst_quantile``'s trend forecast,
-   never below the tick's rate), not on its window quantile. Why: decode's bursts are held by
-   measurement already (rule 13's window pools: the KV the recent arrivals held, at the SLO quantile),
-   and a decode worker is hundreds of sequences, so the quantile on top launched whole workers for
-   ticks the pool absorbs (docs/design/planner.md, "What each rule buys"). With ``decode_floor`` off,
-   or ticks that report no ``prompt_arrivals``, that measurement is missing and nothing but the scale-down
-   delay holds decode through a burst.
+   ``burst_quantile``, never below the tick's rate), the same forecast decode is sized on; the
+   staffing term (7) follows a fall within its level window, and the scale-down delay of (5) releases
+   what the quantile holds.
 10. Release on evidence (with ``measure_burst``, once ticks report ``prompt_arrivals``): until the ticks
    have reported arrivals for a whole predictor window neither pool shrinks nor does a fleet with prefill
    workers turn to aggregated serving (the window pools of 11 and 13 are what a release rests on, and they
@@ -734,15 +728,14 @@ class PlannerStateMachine:
         burst = self._update_burst(tick.now_s, rate)
         self._predicted_for_next = self._rate.predict(1)
         plan_rate = max(pred, rate)
-        # rule 9: decode on the forecast's level and trend, not its window quantile
-        plan_rate_d = max(_level(self._rate, 1), _level(self._rate, self.lead_ticks), rate)
+        plan_rate_d = plan_rate
         if cfg.size_on_tokens and self._has_isl:
             # prefill work is tokens/s (rate x ISL), decode work tokens/s (rate x OSL): predict the
             # products, so a burst of long prompts at a steady request rate still scales prefill
             self._ptok.observe(rate * tick.mean_isl_tokens)
             self._dtok.observe(rate * tick.mean_osl_tokens)
             ptok = max(self._ptok.predict(1), self._ptok.predict(self.lead_ticks), rate * tick.mean_isl_tokens)
-            dtok = max(_level(self._dtok, 1), _level(self._dtok, self.lead_ticks), rate * tick.mean_osl_tokens)
+            dtok = max(self._dtok.predict(1), self._dtok.predict(self.lead_ticks), rate * tick.mean_osl_tokens)
             plan_rate = ptok / max(isl, 1.0)
             plan_rate_d = dtok / max(osl, 1.0)
         if burst:
@@ -1005,14 +998,6 @@ def _windows(ticks: deque, short: int) -> list[list]:
     their pools."""
     recent = list(ticks)[-short:]
     return [recent, list(ticks)] if len(ticks) > short else [recent]
-
-
-def _level(predictor: LoadPredictor, steps_ahead: int) -> float:
-    """Rule 9: the predictor's level and upward trend without its window quantile (``burst_quantile``'s
-    ``trend_forecast``); a predictor without one gives its forecast as it is (``constant``, ``moving_average`` and
-    ``arima`` forecast a level; ``residual_quantile``'s forecast keeps its quantile of past errors)."""
-    level = getattr(predictor, "trend_forecast", None)
-    return float(level(steps_ahead) if level is not None else predictor.predict(steps_ahead))
 
 
 def _ewma(old: float, sample: float) -> float:
