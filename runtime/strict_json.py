@@ -1,4 +1,5 @@
-"""JSON read as RFC 8259 defines it: the one reader for every client-sent JSON that Python's json parses.
+"""JSON read as RFC 8259 defines it: the reader for client-sent JSON that is forwarded to a worker (the edge's
+slow path, batch input lines).
 
 Python's json takes ``NaN``, ``Infinity`` and ``-Infinity``, which JSON has not, and reads a number literal too
 large for a double (``1e400``) as infinity; neither can be forwarded to a worker (orjson writes a non-finite

@@ -56,8 +56,8 @@ def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[
         BatchInputError: any line is not a JSON object (not JSON, a number JSON cannot carry such as ``NaN``
             or ``1e400``, nesting beyond Python's recursion limit), lacks or repeats ``custom_id``, has a method
             other than POST, a ``url`` outside ``ALLOWED_URLS``, a body that is not an object, no model (and no
-            default), or asks to stream; also an input with no request. All problems (up to ``MAX_LISTED_ERRORS``) are
-            listed at once.
+            default), or asks to stream; also an input with no request. All problems (up to
+            ``MAX_LISTED_ERRORS``) are listed at once.
     """
     out: list[BatchRequest] = []
     problems: list[str] = []
