@@ -16,7 +16,13 @@ from typing import Any
 
 class JsonNumberError(ValueError):
     """A value that JSON (RFC 8259) cannot carry as a number: a NaN/Infinity constant or a literal beyond the
-    range of a double. The message names the value (its first 40 characters) and what to send instead."""
+    range of a double. The message names the value (its first 40 characters) and what to send instead; ``path``
+    (set by :func:`loads`) is where the first such value stands (``temperature``, ``messages[0].x``; ``""`` at
+    the top level), or None when unknown."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def reject_constant(name: str) -> Any:
@@ -34,7 +40,37 @@ def finite_float(text: str) -> float:
 
 
 def loads(text: str | bytes) -> Any:
-    """``json.loads(text)`` with only finite numbers. Raises :class:`JsonNumberError` (a ValueError) for a value
-    JSON cannot carry, ``json.JSONDecodeError`` (a ValueError) for text that is not JSON, RecursionError for
-    nesting beyond the interpreter's recursion limit."""
-    return json.loads(text, parse_constant=reject_constant, parse_float=finite_float)
+    """``json.loads(text)`` with only finite numbers. Raises :class:`JsonNumberError` (a ValueError, its ``path``
+    where the value stands) for a value JSON cannot carry, ``json.JSONDecodeError`` (a ValueError) for text that
+    is not JSON, RecursionError for nesting beyond the interpreter's recursion limit."""
+    try:
+        return json.loads(text, parse_constant=reject_constant, parse_float=finite_float)
+    except JsonNumberError as exc:
+        exc.path = _bad_number_path(text)
+        raise
+
+
+_BAD = object()  # where a value JSON cannot carry stood, in a second reading of the text
+
+
+def _bad_number_path(text: str | bytes) -> str | None:
+    """Where the first value JSON cannot carry stands in ``text`` (read again with a marker in its place), in
+    the edge's notation (``a.b[0]``); None when the text cannot be read that way."""
+    def mark_float(literal: str) -> Any:
+        value = float(literal)
+        return value if math.isfinite(value) else _BAD
+
+    try:
+        doc = json.loads(text, parse_constant=lambda _: _BAD, parse_float=mark_float)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    while stack:  # depth first, in document order
+        value, where = stack.pop()
+        if value is _BAD:
+            return where
+        if isinstance(value, dict):
+            stack.extend(reversed([(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()]))
+        elif isinstance(value, list):
+            stack.extend(reversed([(v, f"{where}[{i}]") for i, v in enumerate(value)]))
+    return None

@@ -127,8 +127,8 @@ def _check_slowly(path: str, raw: bytes) -> tuple[str, str | None] | None:
     """check_body for a body orjson did not take, or whose fields did not pass, read by Python's json."""
     try:
         body = strict_json.loads(raw)
-    except strict_json.JsonNumberError as exc:
-        return str(exc), None
+    except strict_json.JsonNumberError as exc:  # named where it stands, as the other checks name their field
+        return (f"{exc.path}: {exc}" if exc.path else str(exc)), exc.path or None
     except RecursionError:  # nested beyond Python's recursion limit (orjson refuses beyond 1,024 levels)
         return _TOO_DEEP
     except (ValueError, UnicodeDecodeError):

@@ -82,17 +82,18 @@ def _raw(text: str) -> bytes:
 
 # (method, path, JSON body or raw bytes, expected status, expected param or None)
 CASES = [
-    ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":NaN}'), 400, None),
+    ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":NaN}'), 400,
+     "temperature"),
     ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":Infinity}'),
-     400, None),
-    ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"top_p":NaN}'), 400, None),
-    ("POST", COMP, _raw('{"model":"m","prompt":"x","temperature":-Infinity}'), 400, None),
-    ("POST", COMP, _raw('{"model":"m","prompt":"x","frequency_penalty":NaN}'), 400, None),
+     400, "temperature"),
+    ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"top_p":NaN}'), 400, "top_p"),
+    ("POST", COMP, _raw('{"model":"m","prompt":"x","temperature":-Infinity}'), 400, "temperature"),
+    ("POST", COMP, _raw('{"model":"m","prompt":"x","frequency_penalty":NaN}'), 400, "frequency_penalty"),
     # a literal beyond a double's range reads as infinity, which the workers' JSON would carry as null (the
     # field's default): refused like Infinity itself
-    ("POST", COMP, _raw('{"model":"m","prompt":"x","temperature":1e400}'), 400, None),
+    ("POST", COMP, _raw('{"model":"m","prompt":"x","temperature":1e400}'), 400, "temperature"),
     ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":-1e400}}'),
-     400, None),
+     400, "logit_bias.5"),
     ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"\\ud800"}]}'), 400,
      "messages[0].content"),
     ("POST", COMP, _raw('{"model":"m","prompt":"a\\udfffb"}'), 400, "prompt"),
