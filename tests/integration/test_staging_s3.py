@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import boto3
 import pytest
 
 from runtime.staging.manifest import StagingError, sha256_file, verify_staged
@@ -285,6 +286,8 @@ def test_client_side_errors_are_named_staging_errors(s3_server, tmp_path, monkey
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # boto3's default session keeps the credentials it found first in this process (another test's)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     no_creds = make_client(s3_server.endpoint_url)
     with pytest.raises(StagingError, match=r"s3://models/x.*NoCredentialsError"):
         stage_model("s3://models/x", tmp_path / "m", s3_client=no_creds, progress=False)
