@@ -43,12 +43,14 @@ _SSE_DONE = b"data: [DONE]\n\n"
 
 class _RawBody:
     """What `PDModel._request_body` reads of FastAPI's `Request`: the body as JSON (all fields), here the object
-    `serve_direct` has parsed already (a shallow copy: the model changes top-level fields only)."""
+    `serve_direct` has parsed already (a shallow copy: the model changes top-level fields only), and the
+    headers (names in lower case, as ASGI gives them)."""
 
-    __slots__ = ("_body",)
+    __slots__ = ("_body", "headers")
 
-    def __init__(self, body: dict) -> None:
+    def __init__(self, body: dict, headers: dict[str, str]) -> None:
         self._body = body
+        self.headers = headers
 
     async def json(self) -> Any:
         return dict(self._body)
@@ -122,7 +124,7 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
     create = model.create_chat_completion if chat else model.create_completion
     try:
         try:
-            result = await create(request, raw_request=_RawBody(body), context=context)
+            result = await create(request, raw_request=_RawBody(body, headers), context=context)
         except Exception as exc:  # noqa: BLE001 - answered as the app answers it
             handler = _handler_for(app, exc)
             if handler is None:

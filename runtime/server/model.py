@@ -96,6 +96,7 @@ from runtime.server.shapes import (
     num_choices,
     refusal,
     remap_chunk,
+    response_id,
     sum_usage,
 )
 from runtime.server.tokenize import PromptTokenizer
@@ -109,10 +110,12 @@ _RUNTIME_XARGS = frozenset(_DROPPED_FIELDS) | {"kv_cache_report_mode"}
 # Fields the runtime reads to decide how to serve a request (runtime.server.shapes, migration, the prefill
 # leg): taken as the request model validated them, not as sent. vLLM validates leniently ("2", 2.0 and "true"
 # are read as 2, 2 and True), so a raw "n": "2" would otherwise pass as one choice and be served as two on
-# one KV handoff, and a raw "seed": "3" would give every fanned-out choice the same seed.
+# one KV handoff, and a raw "seed": "3" would give every fanned-out choice the same seed. `prompt` too: vLLM reads
+# [[1, 2], ["3", "4"]] as two token-id prompts, [1.0, 2.0] as one; split as sent, ["3", "4"] would go to one
+# handoff as two text prompts, and [1.0, 2.0] as two prompts.
 _DECIDING_FIELDS = ("n", "best_of", "seed", "temperature", "use_beam_search", "echo", "logprobs", "top_logprobs",
                     "prompt_logprobs", "max_tokens", "max_completion_tokens", "min_tokens", "stream_options",
-                    "add_generation_prompt", "continue_final_message")
+                    "add_generation_prompt", "continue_final_message", "prompt")
 # A worker's 4xx with these statuses is a deployment fault (worker API key, proxy auth, wrong path or served
 # model name), never a mistake of the client's request.
 _DEPLOYMENT_4XX = frozenset({401, 403, 404, 407})
@@ -502,6 +505,11 @@ class PDModel(OpenAIGenerativeModel):
             if key in body and key in fields and key in values:
                 value = values[key]
                 body[key] = value.model_dump(mode="json", exclude_unset=True) if hasattr(value, "model_dump") else value
+        # vLLM names the answer after the client's X-Request-Id header, else its request_id field (shapes.response_id)
+        headers = getattr(raw_request, "headers", None)
+        client_rid = headers.get("x-request-id") if headers is not None else None
+        if client_rid:
+            body["request_id"] = client_rid
         body["model"] = self.name
         return body
 
@@ -547,7 +555,12 @@ class PDModel(OpenAIGenerativeModel):
             return _merge_streams(results, bool(options.get("include_usage")), n,
                                   bool(options.get("include_usage") and options.get("continuous_usage_stats")))
         answers = [r.model_dump(mode="json", exclude_unset=True) for r in results]
-        return response_type.model_validate(merge_answers(answers, n))
+        try:
+            merged = merge_answers(answers, n)
+        except ValueError as exc:  # a worker answered a one-choice request with another number of choices
+            logger.warning("fanned-out %s request: %s", endpoint, exc)
+            return _backend_error_response(BackendError("decode", HTTPStatus.BAD_GATEWAY, str(exc)))
+        return response_type.model_validate(merged)
 
     def count_unready(self, raw_body: bytes, path: str = "") -> None:
         """A request refused because the model is not ready (runtime.server.edge; `path` as received): demand
@@ -795,6 +808,9 @@ class PDModel(OpenAIGenerativeModel):
             if nudger is not None:
                 nudger.cancel()
         answer.pop("kv_transfer_params", None)
+        named = response_id(path, body)
+        if named is not None and "id" in answer:
+            answer["id"] = named
         try:
             result = response_type.model_validate(answer)
         except ValueError:  # pydantic ValidationError: the worker's 200 is not an OpenAI response
@@ -879,7 +895,8 @@ class PDModel(OpenAIGenerativeModel):
         sent: list[str] = []  # content / completion text sent to the client (replayed by a continuation)
         num_tokens = 0  # chunks with a generated token sent (content, reasoning or tool call: chunk_progress)
         replayable = True  # no reasoning or tool call sent: a continuation can carry all that was sent
-        stream_id = stream_created = None  # the first attempt's: one answer's across a migration
+        # the first attempt's (or the client's name for the request): one answer's across a migration
+        stream_id, stream_created = response_id(path, body), None
         # Ask the worker for usage on every chunk (vLLM's continuous usage stats): its completion_tokens count
         # the tokens sent exactly, where chunks do not (vLLM puts several tokens in one chunk when its API
         # server falls behind the engine, or with speculative decoding), so that a continuation asks for what
@@ -899,6 +916,10 @@ class PDModel(OpenAIGenerativeModel):
         finished = usage_sent = False
         want_choices, finished_choices = num_choices(path, body), set()
         last: dict = {}  # the last chunk sent (its id, object, created, model)
+        # the chunk that finished the answer, held back while the client did not ask for usage: the worker
+        # (asked for usage) puts the system_fingerprint on its usage chunk, which follows it
+        held: str | None = None
+        held_chunk: dict = {}
         attempt = base
         yielded = False
         first_token = asyncio.Event()
@@ -966,7 +987,12 @@ class PDModel(OpenAIGenerativeModel):
                                 else:  # the worker's own text less its usage, not the chunk encoded again
                                     data = cut
                             if not client_wants_usage and not chunk.get("choices"):
-                                continue  # the usage-only final chunk the client did not ask for
+                                # the usage-only final chunk the client did not ask for; vLLM stamps its
+                                # system_fingerprint on the finish chunk when no usage chunk follows
+                                fingerprint = chunk.get("system_fingerprint")
+                                if held is not None and fingerprint is not None:
+                                    held = orjson.dumps({**held_chunk, "system_fingerprint": fingerprint}).decode()
+                                continue
                             if yielded and attempt is not base and _role_only(chunk):
                                 continue  # a continuation's opening role delta: the client has had one
                             text, generated, chunk_ok = chunk_progress(chunk)
@@ -987,7 +1013,13 @@ class PDModel(OpenAIGenerativeModel):
                             last = chunk
                             yielded = True
                             text_out = orjson.dumps(chunk).decode() if changed else data.decode()
+                            if finished and not client_wants_usage and held is None:
+                                held, held_chunk = text_out, chunk  # until the usage chunk's fingerprint
+                                continue
                             yield f"data: {text_out}\n\n"
+                    if held is not None:
+                        yield f"data: {held}\n\n"
+                        held = None
                     ok = True
                     self._note_answer(route.decode_url, None)
                     break
@@ -1020,6 +1052,9 @@ class PDModel(OpenAIGenerativeModel):
                 except BackendError as exc:
                     if finished:  # the answer was whole: the worker went away before its [DONE]; end it there
                         self._note_answer(route.decode_url, exc)
+                        if held is not None:
+                            yield f"data: {held}\n\n"
+                            held = None
                         if client_wants_usage and not usage_sent and attempt_usage is not None:
                             final = {k: last[k] for k in ("id", "object", "created", "model") if k in last}
                             final.update(choices=[], usage=_stream_usage(attempt_usage, prompt_tokens, tokens_before))
@@ -1173,14 +1208,19 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     usages: list[dict | None] = [None] * len(streams)  # each sub-stream's latest usage
-    stream_id = created = None
+    stream_id = created = fingerprint = None
     last: dict = {}
+    # without usage for the client, vLLM stamps system_fingerprint on each choice's finish chunk; a sub-stream
+    # (asked for usage) puts it on its usage chunk after that: its finish chunk waits for it here
+    held: dict[int, dict] = {}
     open_streams = len(streams)
     try:
         while open_streams:
             i, event = await queue.get()
             if event is done:
                 open_streams -= 1
+                if i in held:
+                    yield f"data: {json.dumps(held.pop(i), separators=(',', ':'))}\n\n"
                 continue
             if isinstance(event, Exception):  # as a single stream does: the client's stream breaks off unended
                 raise event
@@ -1192,20 +1232,35 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
                 yield event  # then [DONE], as a single stream ends after its error event
                 yield "data: [DONE]\n\n"
                 return
+            fingerprint = chunk.get("system_fingerprint") or fingerprint
             chunk_usage = chunk.get("usage") if continuous_usage and chunk.get("choices") else None
             usages[i] = chunk.pop("usage", None) or usages[i]
             if chunk_usage:
                 chunk["usage"] = chunk_usage
-            if not chunk.get("choices"):
-                continue  # a sub-stream's usage-only chunk: summed into the final one
+            choices = chunk.get("choices")
+            if not choices:  # a sub-stream's usage-only chunk: summed into the final one
+                if i in held:
+                    out = held.pop(i)
+                    if fingerprint is not None:
+                        out["system_fingerprint"] = fingerprint
+                    yield f"data: {json.dumps(out, separators=(',', ':'))}\n\n"
+                continue
+            if len(choices) != 1:  # one prompt, one choice: anything else is not this sub-request's answer
+                raise BackendError("decode", 502, f"sub-stream {i} sent {len(choices)} choices in one chunk")
             stream_id = stream_id or chunk.get("id")
             created = created or chunk.get("created")
             last = chunk
-            yield f"data: {json.dumps(remap_chunk(chunk, i, stream_id), separators=(',', ':'))}\n\n"
+            out = remap_chunk(chunk, i, stream_id, created)
+            if not include_usage and choices[0].get("finish_reason"):
+                held[i] = out
+                continue
+            yield f"data: {json.dumps(out, separators=(',', ':'))}\n\n"
         usage = sum_usage(usages, n)
         if include_usage and usage is not None:
             final = {k: last[k] for k in ("object", "model") if k in last}
             final.update({"id": stream_id, "created": created, "choices": [], "usage": usage})
+            if fingerprint is not None:
+                final["system_fingerprint"] = fingerprint
             yield f"data: {json.dumps(final, separators=(',', ':'))}\n\n"
         yield "data: [DONE]\n\n"
     finally:

@@ -101,13 +101,29 @@ def needs_local_prefill(path: str, body: dict) -> bool:
     token ids (OverflowError in its output processor)."""
     if body.get("prompt_logprobs") is not None or body.get("use_beam_search"):
         return True
-    if num_choices(path, body) > MAX_FAN_OUT:
+    if body.get("prompt_embeds") is not None:  # embeddings, not tokens: `_prompts` cannot split or count them
+        return True
+    if num_choices(path, body) > MAX_FAN_OUT or not _seeds_fan_out(body):
         return True
     if not body.get("echo"):
         return False
     if path == COMPLETIONS:
         return body.get("logprobs") is not None
     return body.get("top_logprobs", 0) is not None
+
+
+#: The range of a request's `seed` (vLLM's request models: a 64-bit signed integer).
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+def _seeds_fan_out(body: dict) -> bool:
+    """Whether the choices' seeds `seed + j` (j < n) can be sent as requests' seeds: each within `SEED_MAX` and
+    none -1, which a request reads as "no seed" (vllm/sampling_params.py `SamplingParams.__post_init__`) where
+    vLLM's parallel sampling seeds that choice with -1 inside the engine. True without a seed or with `n` 1."""
+    seed, n = body.get("seed"), choices_per_prompt(body)
+    if n == 1 or not isinstance(seed, int) or isinstance(seed, bool) or seed == -1:
+        return True
+    return seed + n - 1 <= SEED_MAX and not seed < -1 <= seed + n - 1
 
 
 def fan_out(path: str, body: dict) -> list[dict] | None:
@@ -194,19 +210,36 @@ def merge_answers(answers: list[dict], n: int = 1) -> dict:
     merged = copy.deepcopy(answers[0])
     merged["choices"] = []
     for i, answer in enumerate(answers):
-        for choice in answer.get("choices") or ():
-            merged["choices"].append({**choice, "index": i})
+        choices = answer.get("choices") or []
+        if len(choices) != 1:  # a sub-request is one prompt and one choice: anything else is not its answer
+            raise ValueError(f"sub-answer {i} holds {len(choices)} choices, not 1")
+        merged["choices"].append({**choices[0], "index": i})
+    if merged.get("metrics") is not None:  # one request's engine metrics; vLLM gives none for several choices
+        merged["metrics"] = None
     usage = sum_usage([a.get("usage") for a in answers], n)
     if usage is not None:
         merged["usage"] = usage
     return merged
 
 
-def remap_chunk(chunk: dict, index: int, stream_id: str | None) -> dict:
+def response_id(path: str, body: dict) -> str | None:
+    """The id vLLM gives the answer to `body` when the client named the request: `cmpl-` (completions) or
+    `chatcmpl-` (chat) and its `request_id` (vllm/entrypoints/openai/{completion,chat_completion}/serving.py),
+    else None (the worker's own id stands). The runtime sends each worker leg its own request id, so the
+    worker's answer carries that one."""
+    client_id = body.get("request_id")
+    if not isinstance(client_id, str) or not client_id:
+        return None
+    return f"{'cmpl' if path == COMPLETIONS else 'chatcmpl'}-{client_id}"
+
+
+def remap_chunk(chunk: dict, index: int, stream_id: str | None, created: int | None = None) -> dict:
     """A streamed chunk of sub-request `index`, as a chunk of the merged stream: its choices get `index`,
-    its id the merged stream's id."""
+    its id and `created` the merged stream's (vLLM stamps one id and one creation time on a request's chunks)."""
     out = dict(chunk)
     out["choices"] = [{**c, "index": index} for c in chunk.get("choices") or ()]
     if stream_id is not None and "id" in out:
         out["id"] = stream_id
+    if created is not None and "created" in out:
+        out["created"] = created
     return out

@@ -3,8 +3,9 @@
 Specification: the same PDModel behind KServe's OpenAI routes, once with the edge's direct server and once
 without, gives the same status, headers and body for every kind of answer (a non-streaming answer with its
 route headers, a stream, a worker's error passed through, a 502, a 429 with Retry-After from admission
-control); requests the direct server must not take (another model's name, a body that fails validation, a
-body not sent as JSON) go on to KServe and get KServe's answer; a client that goes away stops the stream.
+control, an answer named after the client's X-Request-Id); requests the direct server must not take
+(another model's name, a body that fails validation, a body not sent as JSON) go on to KServe and get
+KServe's answer; a client that goes away stops the stream.
 """
 
 from __future__ import annotations
@@ -100,6 +101,12 @@ async def test_answers_served_from_the_edge_equal_kserve_ones():
     answer, taken = await _same(CHAT, json=CHAT_BODY, patch=overloaded)
     assert taken == [True] and answer[0] == 429 and ("retry-after", "3") in answer[1]
     assert json.loads(answer[2])["error"]["type"] == "OverloadedError"
+
+
+async def test_the_clients_x_request_id_names_the_answer_on_both_routes():
+    """vLLM names an answer after the client's X-Request-Id header (else its `request_id` field)."""
+    answer, taken = await _same(CHAT, json=CHAT_BODY, headers={"x-request-id": "client-7"})
+    assert taken == [True] and answer[0] == 200 and json.loads(answer[2])["id"] == "chatcmpl-client-7"
 
 
 async def test_what_the_edge_must_not_serve_goes_on_to_kserve():

@@ -9,7 +9,14 @@ Specification:
   the sub-streams' final usage, each prompt counted once;
 * usage details (cached prompt tokens, reasoning tokens) sum the same way, streaming or not;
 * chat `echo` (prompt log-probabilities, `top_logprobs` 0 by default) and beam search are served whole by
-  the decode worker with local prefill: no handoff, no fan-out (beam search's `n` is its beam width).
+  the decode worker with local prefill: no handoff, no fan-out (beam search's `n` is its beam width);
+* prompts are split as vLLM validated them: `[[1, 2], ["3", "4"]]` is two token-id prompts, `[1.0, 2.0]` one;
+* seeded choices whose seeds `seed + j` a request cannot carry (-1 means "no seed"; past 2**63 - 1) are served
+  whole by the decode worker, as the aggregated server seeds them;
+* what vLLM puts on an answer is kept: a fanned-out stream has one `created`, a stream's
+  `system_fingerprint` (on the worker's usage chunk, which the runtime asks for) reaches the client on the
+  finish chunks when it did not ask for usage, on the final usage chunk when it did, and a client's
+  `request_id` names the answer (`cmpl-<id>`), streamed or not.
 """
 
 from __future__ import annotations
@@ -250,3 +257,74 @@ async def test_a_merged_stream_ends_like_a_single_one_after_an_error_or_a_break(
         async for e in _merge_streams([_sub_stream(ok, RuntimeError("cut")), _sub_stream(ok, ok)], False, 2):
             seen.append(e)
     assert "data: [DONE]\n\n" not in seen
+
+
+@pytest.mark.parametrize(("prompt", "sent"), [
+    ([[1, 2], ["3", "4"]], [[1, 2], [3, 4]]),  # two token-id prompts, as vLLM reads them
+    ([["5"], ["6"]], [[5], [6]]),
+    ([1.0, 2.0], [[1, 2]]),  # one token-id prompt
+])
+async def test_prompts_are_split_as_vllm_validated_them(prompt, sent):
+    w = Workers()
+    out = await _complete(_model(w), prompt=prompt, temperature=1)
+    assert isinstance(out, Completion)
+    assert [b["prompt"] for b in w.decode_bodies()] == sent
+    assert [c.index for c in out.choices] == list(range(len(sent)))
+
+
+@pytest.mark.parametrize("seed", [-2, 2**63 - 1])
+async def test_seeds_a_request_cannot_carry_are_served_whole(seed):
+    w = Workers()
+    out = await _complete(_model(w), n=3, seed=seed, temperature=1)
+    assert isinstance(out, Completion) and len(out.choices) == 3
+    assert w.hosts() == ["decode"]  # local prefill on the decode worker: no handoff, no fan-out
+    assert [(b["n"], b["seed"]) for b in w.decode_bodies()] == [(3, seed)]
+
+
+class _Stamped(Workers):
+    """Streams as vLLM 0.28 stamps them: each stream its own `created`; `system_fingerprint` on the usage chunk
+    when usage was asked for, else on the finish chunk (vllm/entrypoints/openai/completion/serving.py)."""
+
+    FINGERPRINT = "vllm-0.28.0-abcd1234"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.streams = 0
+
+    def _stream(self, body: dict, details: dict) -> str:  # type: ignore[override]
+        self.streams += 1
+        include = (body.get("stream_options") or {}).get("include_usage")
+        out = []
+        for part in Workers._stream(body, details).split("\n\n"):
+            if part.startswith("data: {"):
+                c = json.loads(part[len("data: "):])
+                c["created"] = 1000 + self.streams
+                if not c["choices"] or (not include and c["choices"][0].get("finish_reason")):
+                    c["system_fingerprint"] = self.FINGERPRINT
+                part = "data: " + json.dumps(c)
+            out.append(part)
+        return "\n\n".join(out)
+
+
+@pytest.mark.parametrize("fields", [{}, {"prompt": ["a", "b"]}, {"n": 2}])
+@pytest.mark.parametrize("usage", [False, True])
+async def test_streams_keep_one_created_and_the_system_fingerprint(fields, usage):
+    options = {"stream_options": {"include_usage": True}} if usage else {}
+    events = await _events(await _complete(_model(_Stamped()), temperature=1, stream=True, **fields, **options))
+    assert len({e["created"] for e in events}) == 1, events
+    stamped = [e for e in events if e.get("system_fingerprint") == _Stamped.FINGERPRINT]
+    if usage:  # on the final usage chunk, as vLLM's
+        assert stamped == [events[-1]] and events[-1]["choices"] == [] and events[-1]["usage"]
+    else:  # on every choice's finish chunk
+        finishes = [e for e in events if e["choices"] and e["choices"][0].get("finish_reason")]
+        assert stamped == finishes and len(finishes) == (1 if not fields else 2)
+        assert all(e["choices"] for e in events)  # and no usage chunk the client did not ask for
+
+
+@pytest.mark.parametrize("fields", [{}, {"prompt": ["a", "b"]}, {"stream": True}, {"stream": True, "n": 2}])
+async def test_the_clients_request_id_names_the_answer(fields):
+    w = Workers()
+    out = await _complete(_model(w), request_id="client-42", temperature=1, **fields)
+    ids = {e["id"] for e in await _events(out)} if fields.get("stream") else {out.id}
+    assert ids == {"cmpl-client-42"}
+    assert all(b["request_id"] == "client-42" for b in w.decode_bodies())

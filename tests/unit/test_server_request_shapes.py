@@ -13,6 +13,7 @@ from runtime.server.shapes import (
     needs_local_prefill,
     refusal,
     remap_chunk,
+    response_id,
     sum_usage,
 )
 
@@ -96,6 +97,42 @@ def test_usage_details_sum_each_prompts_once_and_every_choices():
 def test_remap_chunk_sets_index_and_id():
     out = remap_chunk({"id": "b", "choices": [{"index": 0, "text": "t"}]}, 3, "a")
     assert out == {"id": "a", "choices": [{"index": 3, "text": "t"}]}
+    out = remap_chunk({"id": "b", "created": 9, "choices": [{"index": 0, "text": "t"}]}, 1, "a", 7)
+    assert out == {"id": "a", "created": 7, "choices": [{"index": 1, "text": "t"}]}  # one creation time
+
+
+def test_merge_answers_refuses_a_sub_answer_that_is_not_one_choice():
+    one = {"id": "a", "choices": [{"index": 0, "text": "x"}]}
+    two = {"id": "b", "choices": [{"index": 0, "text": "y"}, {"index": 1, "text": "z"}]}
+    with pytest.raises(ValueError, match="sub-answer 1 holds 2 choices"):
+        merge_answers([one, two])
+    with pytest.raises(ValueError, match="sub-answer 0 holds 0 choices"):
+        merge_answers([{"id": "a", "choices": []}, one])
+
+
+def test_merged_answers_carry_no_single_requests_engine_metrics():
+    answers = [{"id": "a", "metrics": {"ttft_s": 0.1}, "choices": [{"index": 0, "text": t}]} for t in "xy"]
+    assert merge_answers(answers)["metrics"] is None  # vLLM reports none for several prompts or choices
+
+
+@pytest.mark.parametrize(("body", "fans_out"), [
+    ({"seed": 5, "n": 3}, True), ({"seed": -1, "n": 3}, True), ({"seed": -5, "n": 3}, True),
+    ({"seed": 2**63 - 3, "n": 3}, True),
+    # a choice's seed would be -1 ("no seed" in a request, a real seed in vLLM's parallel sampling)
+    ({"seed": -2, "n": 3}, False), ({"seed": -3, "n": 3}, False),
+    ({"seed": 2**63 - 2, "n": 3}, False),  # past the largest seed a request may carry
+])
+def test_seeded_choices_fan_out_only_when_every_seed_is_a_requests_seed(body, fans_out):
+    subs = fan_out(C, {"prompt": "a", "temperature": 1, **body})
+    assert (subs is not None) is fans_out
+    if subs is not None and body["seed"] != -1:
+        assert [s["seed"] for s in subs] == [body["seed"] + j for j in range(body["n"])]
+
+
+def test_response_id_is_the_clients_request_id():
+    assert response_id(C, {"request_id": "r1"}) == "cmpl-r1"
+    assert response_id(CHAT, {"request_id": "r1"}) == "chatcmpl-r1"
+    assert response_id(C, {}) is None and response_id(C, {"request_id": ""}) is None
 
 
 @pytest.mark.parametrize(("path", "body", "local"), [
@@ -105,6 +142,8 @@ def test_remap_chunk_sets_index_and_id():
     # chat echo asks vLLM for prompt log-probabilities (top_logprobs, default 0) unless top_logprobs is null
     (CHAT, {"messages": [], "echo": True}, True), (CHAT, {"messages": [], "echo": True, "top_logprobs": None}, False),
     (CHAT, {"messages": [], "echo": False}, False),
+    # prompt embeddings: nothing to split or count per prompt; the decode worker takes them whole
+    (C, {"prompt_embeds": ["ZW1i", "ZW1j"]}, True), (C, {"prompt_embeds": None, "prompt": "a"}, False),
 ])
 def test_shapes_that_need_the_prompt_computed_locally(path, body, local):
     assert needs_local_prefill(path, body) is local
