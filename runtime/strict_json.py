@@ -64,13 +64,26 @@ def _bad_number_path(text: str | bytes) -> str | None:
         doc = json.loads(text, parse_constant=lambda _: _BAD, parse_float=mark_float)
     except (ValueError, RecursionError):
         return None
-    stack: list[tuple[Any, str]] = [(doc, "")]
-    while stack:  # depth first, in document order
-        value, where = stack.pop()
+    # depth first in document order, one iterator per open container and the keys that lead to it: memory
+    # grows with the depth, not with the number of values, and the path is spelt only for the value found
+    keys: list[str | int] = []
+    stack = [iter([(None, doc)])]
+    while stack:
+        try:
+            key, value = next(stack[-1])
+        except StopIteration:
+            stack.pop()
+            if keys:
+                keys.pop()
+            continue
         if value is _BAD:
-            return where
+            found = [k for k in keys[1:] + [key] if k is not None] if keys else ([] if key is None else [key])
+            return "".join(f"[{k}]" if isinstance(k, int) else (f".{k}" if i else str(k))
+                           for i, k in enumerate(found))
         if isinstance(value, dict):
-            stack.extend(reversed([(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()]))
+            stack.append(iter(value.items()))
+            keys.append(key)
         elif isinstance(value, list):
-            stack.extend(reversed([(v, f"{where}[{i}]") for i, v in enumerate(value)]))
+            stack.append(iter(enumerate(value)))
+            keys.append(key)
     return None

@@ -78,7 +78,9 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
     FastAPI app whose `exception_handlers` answer the model's exceptions. `parsed`: `raw` as orjson read it
     (runtime.server.edge.read_body), or None to read it here.
     """
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    headers: dict[str, str] = {}
+    for k, v in scope.get("headers", ()):  # a repeated header: its first value, as Starlette's Headers.get
+        headers.setdefault(k.decode("latin-1"), v.decode("latin-1"))
     content_type = headers.get("content-type", "application/json").split(";", 1)[0].strip().lower()
     if content_type != "application/json":  # FastAPI reads other types differently: its answer decides
         return False

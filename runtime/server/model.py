@@ -508,7 +508,7 @@ class PDModel(OpenAIGenerativeModel):
         # vLLM names the answer after the client's X-Request-Id header, else its request_id field (shapes.response_id)
         headers = getattr(raw_request, "headers", None)
         client_rid = headers.get("x-request-id") if headers is not None else None
-        if client_rid:
+        if client_rid is not None:
             body["request_id"] = client_rid
         body["model"] = self.name
         return body
@@ -916,10 +916,10 @@ class PDModel(OpenAIGenerativeModel):
         finished = usage_sent = False
         want_choices, finished_choices = num_choices(path, body), set()
         last: dict = {}  # the last chunk sent (its id, object, created, model)
-        # the chunk that finished the answer, held back while the client did not ask for usage: the worker
-        # (asked for usage) puts the system_fingerprint on its usage chunk, which follows it
-        held: str | None = None
-        held_chunk: dict = {}
+        # the chunks that finish a choice, held back while the client did not ask for usage: vLLM stamps its
+        # system_fingerprint on them then, but the worker (asked for usage) puts it on its usage chunk, which
+        # follows them; (text sent as is, the chunk)
+        held: list[tuple[str, dict]] = []
         attempt = base
         yielded = False
         first_token = asyncio.Event()
@@ -954,7 +954,14 @@ class PDModel(OpenAIGenerativeModel):
                             chunk.pop("kv_transfer_params", None)
                             stream_id = stream_id or chunk.get("id")
                             if stream_id and "id" in chunk and chunk["id"] != stream_id:
-                                chunk["id"], changed = stream_id, True  # one id across a migration
+                                # one id across a migration, or the client's (shapes.response_id): vLLM writes
+                                # "id" first, so the worker's bytes need not be encoded again for it
+                                worker_id = b'{"id":' + orjson.dumps(chunk["id"])
+                                if not changed and isinstance(data, bytes) and data.startswith(worker_id):
+                                    data = b'{"id":' + orjson.dumps(stream_id) + data[len(worker_id):]
+                                    chunk["id"] = stream_id
+                                else:
+                                    chunk["id"], changed = stream_id, True
                             stream_created = stream_created or chunk.get("created")
                             if stream_created and "created" in chunk and chunk["created"] != stream_created:
                                 chunk["created"], changed = stream_created, True
@@ -990,8 +997,9 @@ class PDModel(OpenAIGenerativeModel):
                                 # the usage-only final chunk the client did not ask for; vLLM stamps its
                                 # system_fingerprint on the finish chunk when no usage chunk follows
                                 fingerprint = chunk.get("system_fingerprint")
-                                if held is not None and fingerprint is not None:
-                                    held = orjson.dumps({**held_chunk, "system_fingerprint": fingerprint}).decode()
+                                if fingerprint is not None:
+                                    held = [(orjson.dumps({**c, "system_fingerprint": fingerprint}).decode(), c)
+                                            for _, c in held]
                                 continue
                             if yielded and attempt is not base and _role_only(chunk):
                                 continue  # a continuation's opening role delta: the client has had one
@@ -1013,13 +1021,14 @@ class PDModel(OpenAIGenerativeModel):
                             last = chunk
                             yielded = True
                             text_out = orjson.dumps(chunk).decode() if changed else data.decode()
-                            if finished and not client_wants_usage and held is None:
-                                held, held_chunk = text_out, chunk  # until the usage chunk's fingerprint
+                            if not client_wants_usage and choices and any(
+                                    isinstance(c, dict) and c.get("finish_reason") for c in choices):
+                                held.append((text_out, chunk))  # until the usage chunk's fingerprint
                                 continue
                             yield f"data: {text_out}\n\n"
-                    if held is not None:
-                        yield f"data: {held}\n\n"
-                        held = None
+                    for text_out, _ in held:
+                        yield f"data: {text_out}\n\n"
+                    held = []
                     ok = True
                     self._note_answer(route.decode_url, None)
                     break
@@ -1052,9 +1061,9 @@ class PDModel(OpenAIGenerativeModel):
                 except BackendError as exc:
                     if finished:  # the answer was whole: the worker went away before its [DONE]; end it there
                         self._note_answer(route.decode_url, exc)
-                        if held is not None:
-                            yield f"data: {held}\n\n"
-                            held = None
+                        for text_out, _ in held:
+                            yield f"data: {text_out}\n\n"
+                        held = []
                         if client_wants_usage and not usage_sent and attempt_usage is not None:
                             final = {k: last[k] for k in ("id", "object", "created", "model") if k in last}
                             final.update(choices=[], usage=_stream_usage(attempt_usage, prompt_tokens, tokens_before))
@@ -1079,6 +1088,9 @@ class PDModel(OpenAIGenerativeModel):
                     if cont is None:
                         if not yielded and not head_sent:  # nothing sent: the caller answers an HTTP error
                             raise _StreamFailedEarly(exc) from exc
+                        for text_out, _ in held:  # choices that did finish, then the error
+                            yield f"data: {text_out}\n\n"
+                        held = []
                         err = _backend_error_response(exc).error
                         body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code),
                                                      param=err.param or None)
@@ -1213,6 +1225,12 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
     # without usage for the client, vLLM stamps system_fingerprint on each choice's finish chunk; a sub-stream
     # (asked for usage) puts it on its usage chunk after that: its finish chunk waits for it here
     held: dict[int, dict] = {}
+
+    def release_held() -> list[str]:
+        out = [f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in held.values()]
+        held.clear()
+        return out
+
     open_streams = len(streams)
     try:
         while open_streams:
@@ -1223,12 +1241,16 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
                     yield f"data: {json.dumps(held.pop(i), separators=(',', ':'))}\n\n"
                 continue
             if isinstance(event, Exception):  # as a single stream does: the client's stream breaks off unended
+                for finished_event in release_held():  # the choices that did finish first
+                    yield finished_event
                 raise event
             data = event[len("data:"):].strip() if event.startswith("data:") else ""
             if not data or data == "[DONE]":
                 continue
             chunk = json.loads(data)
             if chunk.get("error") and not chunk.get("choices"):
+                for finished_event in release_held():  # the choices that did finish first
+                    yield finished_event
                 yield event  # then [DONE], as a single stream ends after its error event
                 yield "data: [DONE]\n\n"
                 return
@@ -1241,11 +1263,14 @@ async def _merge_streams(streams: list[AsyncGenerator[str, None]], include_usage
             if not choices:  # a sub-stream's usage-only chunk: summed into the final one
                 if i in held:
                     out = held.pop(i)
-                    if fingerprint is not None:
-                        out["system_fingerprint"] = fingerprint
+                    own = chunk.get("system_fingerprint")  # this sub-stream's worker's
+                    if own is not None:
+                        out["system_fingerprint"] = own
                     yield f"data: {json.dumps(out, separators=(',', ':'))}\n\n"
                 continue
             if len(choices) != 1:  # one prompt, one choice: anything else is not this sub-request's answer
+                for finished_event in release_held():  # the choices that did finish first
+                    yield finished_event
                 raise BackendError("decode", 502, f"sub-stream {i} sent {len(choices)} choices in one chunk")
             stream_id = stream_id or chunk.get("id")
             created = created or chunk.get("created")

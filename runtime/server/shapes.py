@@ -58,9 +58,16 @@ def choices_per_prompt(body: dict) -> int:
 
 
 def num_choices(path: str, body: dict) -> int:
-    """Choices one answer to `body` holds: `n` per prompt, times the prompts of a completions body."""
-    prompts = _prompts(body) if path == COMPLETIONS else None
-    return choices_per_prompt(body) * (len(prompts) if prompts is not None else 1)
+    """Choices one answer to `body` holds: `n` per prompt, times the prompts of a completions body (its
+    `prompt_embeds`, one or a list, and then its prompts, as vLLM's renderer lists them)."""
+    if path != COMPLETIONS:
+        return choices_per_prompt(body)
+    prompts = _prompts(body)
+    embeds = body.get("prompt_embeds")
+    count = 0 if embeds is None else len(embeds) if isinstance(embeds, list) else 1
+    if embeds is None or body.get("prompt") is not None:
+        count += len(prompts) if prompts is not None else 1
+    return choices_per_prompt(body) * max(count, 1)
 
 
 def refusal(path: str, body: dict) -> tuple[str, str] | None:
@@ -228,7 +235,7 @@ def response_id(path: str, body: dict) -> str | None:
     else None (the worker's own id stands). The runtime sends each worker leg its own request id, so the
     worker's answer carries that one."""
     client_id = body.get("request_id")
-    if not isinstance(client_id, str) or not client_id:
+    if not isinstance(client_id, str):
         return None
     return f"{'cmpl' if path == COMPLETIONS else 'chatcmpl'}-{client_id}"
 

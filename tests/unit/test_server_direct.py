@@ -107,6 +107,9 @@ async def test_the_clients_x_request_id_names_the_answer_on_both_routes():
     """vLLM names an answer after the client's X-Request-Id header (else its `request_id` field)."""
     answer, taken = await _same(CHAT, json=CHAT_BODY, headers={"x-request-id": "client-7"})
     assert taken == [True] and answer[0] == 200 and json.loads(answer[2])["id"] == "chatcmpl-client-7"
+    # a repeated header: its first value on both routes (Starlette's Headers.get)
+    answer, taken = await _same(CHAT, json=CHAT_BODY, headers=[("x-request-id", "one"), ("x-request-id", "two")])
+    assert taken == [True] and json.loads(answer[2])["id"] == "chatcmpl-one"
 
 
 async def test_what_the_edge_must_not_serve_goes_on_to_kserve():

@@ -21,6 +21,7 @@ Specification:
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -39,7 +40,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 
 from runtime.engines.client import VllmClient  # noqa: E402
 from runtime.server.metrics import RuntimeMetrics  # noqa: E402
-from runtime.server.model import PDModel  # noqa: E402
+from runtime.server.model import PDModel, _merge_streams  # noqa: E402
 from runtime.server.pairing import RoundRobinPairing  # noqa: E402
 
 KV = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [1], "remote_host": "127.0.0.1",
@@ -244,7 +245,6 @@ async def _sub_stream(*events):
 
 
 async def test_a_merged_stream_ends_like_a_single_one_after_an_error_or_a_break():
-    from runtime.server.model import _merge_streams
 
     ok = 'data: {"id":"a","choices":[{"index":0,"text":"x"}]}\n\n'
     err = 'data: {"error":{"message":"boom","code":"502"}}\n\n'
@@ -328,3 +328,53 @@ async def test_the_clients_request_id_names_the_answer(fields):
     ids = {e["id"] for e in await _events(out)} if fields.get("stream") else {out.id}
     assert ids == {"cmpl-client-42"}
     assert all(b["request_id"] == "client-42" for b in w.decode_bodies())
+
+
+class _TwoChoices(_Stamped):
+    """A stream of `n` choices in one request (served whole by the decode worker), two chunks each,
+    stamped as vLLM 0.28 stamps them."""
+
+    def _stream(self, body: dict, details: dict) -> str:  # type: ignore[override]
+        include = (body.get("stream_options") or {}).get("include_usage")
+        chunks = []
+        for k in (1, 2):
+            for j in range(int(body.get("n") or 1)):
+                c = {"id": "x", "object": "text_completion", "created": 1, "model": "m",
+                     "choices": [{"index": j, "text": "t", "finish_reason": "length" if k == 2 else None}]}
+                if k == 2 and not include:
+                    c["system_fingerprint"] = self.FINGERPRINT
+                chunks.append(c)
+        if include:
+            chunks.append({"id": "x", "object": "text_completion", "created": 1, "model": "m", "choices": [],
+                           "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
+                           "system_fingerprint": self.FINGERPRINT})
+        return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+async def test_a_stream_of_several_choices_served_whole_stamps_every_finish_chunk():
+    w = _TwoChoices()
+    events = await _events(await _complete(_model(w), n=2, seed=2**63 - 1, temperature=1, stream=True))
+    assert w.hosts() == ["decode"]  # served whole
+    finishes = [(e["choices"][0]["index"], e.get("system_fingerprint")) for e in events
+                if e["choices"][0].get("finish_reason")]
+    assert sorted(finishes) == [(0, _Stamped.FINGERPRINT), (1, _Stamped.FINGERPRINT)]
+    assert len(events) == 4 and all(e["choices"] for e in events)
+
+
+async def test_a_merged_stream_keeps_the_choices_that_finished_before_an_error_or_a_break():
+
+    fin = 'data: {"id":"a","created":1,"choices":[{"index":0,"text":"x","finish_reason":"stop"}]}\n\n'
+    err = 'data: {"error":{"message":"boom","code":"502"}}\n\n'
+
+    async def finished_then_waits():  # its usage chunk (and the fingerprint) never comes
+        yield fin
+        await asyncio.Event().wait()
+
+    out = [e async for e in _merge_streams([finished_then_waits(), _sub_stream(err)], False, 1)]
+    assert len(out) == 3 and out[1:] == [err, "data: [DONE]\n\n"]
+    assert json.loads(out[0][len("data: "):])["choices"][0]["finish_reason"] == "stop"
+    seen: list[str] = []
+    with pytest.raises(RuntimeError, match="cut"):
+        async for e in _merge_streams([finished_then_waits(), _sub_stream(RuntimeError("cut"))], False, 1):
+            seen.append(e)
+    assert len(seen) == 1 and '"finish_reason":"stop"' in seen[0]

@@ -11,6 +11,7 @@ from runtime.server.shapes import (
     fan_out,
     merge_answers,
     needs_local_prefill,
+    num_choices,
     refusal,
     remap_chunk,
     response_id,
@@ -132,7 +133,17 @@ def test_seeded_choices_fan_out_only_when_every_seed_is_a_requests_seed(body, fa
 def test_response_id_is_the_clients_request_id():
     assert response_id(C, {"request_id": "r1"}) == "cmpl-r1"
     assert response_id(CHAT, {"request_id": "r1"}) == "chatcmpl-r1"
-    assert response_id(C, {}) is None and response_id(C, {"request_id": ""}) is None
+    assert response_id(C, {}) is None and response_id(C, {"request_id": None}) is None
+    assert response_id(C, {"request_id": ""}) == "cmpl-"  # as vLLM: an empty id is the client's id
+
+
+@pytest.mark.parametrize(("body", "choices"), [
+    ({"prompt": "a", "n": 2}, 2), ({"prompt": ["a", "b"], "n": 3}, 6), ({"prompt_embeds": "ZW1i"}, 1),
+    ({"prompt_embeds": ["ZW1i", "ZW1j"], "n": 2}, 4),
+    ({"prompt_embeds": ["ZW1i"], "prompt": ["a", "b"]}, 3),  # vLLM: the embeddings, then the prompts
+])
+def test_num_choices_counts_every_prompt_and_embedding(body, choices):
+    assert num_choices(C, body) == choices
 
 
 @pytest.mark.parametrize(("path", "body", "local"), [
