@@ -920,6 +920,12 @@ class PDModel(OpenAIGenerativeModel):
         # system_fingerprint on them then, but the worker (asked for usage) puts it on its usage chunk, which
         # follows them; (text sent as is, the chunk)
         held: list[tuple[str, dict]] = []
+
+        def release_held() -> list[str]:
+            out = [f"data: {text}\n\n" for text, _ in held]
+            held.clear()
+            return out
+
         attempt = base
         yielded = False
         first_token = asyncio.Event()
@@ -998,8 +1004,8 @@ class PDModel(OpenAIGenerativeModel):
                                 # system_fingerprint on the finish chunk when no usage chunk follows
                                 fingerprint = chunk.get("system_fingerprint")
                                 if fingerprint is not None:
-                                    held = [(orjson.dumps({**c, "system_fingerprint": fingerprint}).decode(), c)
-                                            for _, c in held]
+                                    held[:] = [(orjson.dumps({**c, "system_fingerprint": fingerprint}).decode(), c)
+                                               for _, c in held]
                                 continue
                             if yielded and attempt is not base and _role_only(chunk):
                                 continue  # a continuation's opening role delta: the client has had one
@@ -1026,9 +1032,8 @@ class PDModel(OpenAIGenerativeModel):
                                 held.append((text_out, chunk))  # until the usage chunk's fingerprint
                                 continue
                             yield f"data: {text_out}\n\n"
-                    for text_out, _ in held:
-                        yield f"data: {text_out}\n\n"
-                    held = []
+                    for finished_event in release_held():
+                        yield finished_event
                     ok = True
                     self._note_answer(route.decode_url, None)
                     break
@@ -1061,9 +1066,8 @@ class PDModel(OpenAIGenerativeModel):
                 except BackendError as exc:
                     if finished:  # the answer was whole: the worker went away before its [DONE]; end it there
                         self._note_answer(route.decode_url, exc)
-                        for text_out, _ in held:
-                            yield f"data: {text_out}\n\n"
-                        held = []
+                        for finished_event in release_held():
+                            yield finished_event
                         if client_wants_usage and not usage_sent and attempt_usage is not None:
                             final = {k: last[k] for k in ("id", "object", "created", "model") if k in last}
                             final.update(choices=[], usage=_stream_usage(attempt_usage, prompt_tokens, tokens_before))
@@ -1088,9 +1092,8 @@ class PDModel(OpenAIGenerativeModel):
                     if cont is None:
                         if not yielded and not head_sent:  # nothing sent: the caller answers an HTTP error
                             raise _StreamFailedEarly(exc) from exc
-                        for text_out, _ in held:  # choices that did finish, then the error
-                            yield f"data: {text_out}\n\n"
-                        held = []
+                        for finished_event in release_held():  # choices that did finish, then the error
+                            yield finished_event
                         err = _backend_error_response(exc).error
                         body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code),
                                                      param=err.param or None)
