@@ -153,6 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-access-log", dest="access_log", action="store_false",
                    help="Turn uvicorn's access log (one line per request) off; the pdserve_* metrics still count "
                         "every request.")
+    p.add_argument("--max-body-bytes", type=int_at_least(1024), default=None,
+                   help="Largest request body the runtime reads, bytes (>= 1024; default 64 MiB); a larger one is "
+                        "answered 413 without being read.")
     p.add_argument("--timeout-s", type=positive_seconds, default=600.0,
                    help="Read timeout of each worker call, seconds (> 0).")
     p.add_argument("--prefill-timeout-s", type=positive_seconds, default=120.0,
@@ -474,6 +477,7 @@ def main(argv: list[str] | None = None) -> None:
         overload=overload,
         slo_ttft_s=None if args.ttft_slo_ms is None else args.ttft_slo_ms / 1000.0,
         access_log=args.access_log,
+        **({} if args.max_body_bytes is None else {"max_body_bytes": args.max_body_bytes}),
         engine_load_interval_s=args.engine_load_interval_s if args.engine_load else None,
         router_costs=router_costs(args),
     )

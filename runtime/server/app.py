@@ -29,7 +29,7 @@ from runtime.server.breakers import check_loop
 from runtime.engines.kv_events import KvEventSubscriber
 from runtime.server.direct import serve_direct
 from runtime.server.wire import HeadCoalescingProtocol
-from runtime.server.edge import install_edge
+from runtime.server.edge import DEFAULT_MAX_BODY_BYTES, install_edge
 from runtime.server.engine_load import DEFAULT_INTERVAL_S as DEFAULT_ENGINE_LOAD_INTERVAL_S
 from runtime.server.engine_load import engine_load_loop
 from runtime.server.errors import install_openai_error_handlers
@@ -127,9 +127,11 @@ def _check_openai_routes(app) -> None:
         )
 
 
-def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int = 8080, access_log: bool = True):
+def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int = 8080, access_log: bool = True,
+                      max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """Register `model` in a KServe ModelServer (gRPC off) and build its REST server bound to `host`;
-    `access_log` False turns uvicorn's access log (one line per request) off.
+    `access_log` False turns uvicorn's access log (one line per request) off; request bodies over
+    `max_body_bytes` bytes are answered 413 (runtime.server.edge).
 
     Returns:
         a `kserve.protocol.rest.server.RESTServer`; `await server.start()` builds the KServe FastAPI app
@@ -150,7 +152,7 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
             super().create_application()
             install_openai_error_handlers(kserve_app)
             install_edge(kserve_app, model.name, lambda: model.ready, model.count_unready,
-                         direct=functools.partial(serve_direct, model, kserve_app))
+                         direct=functools.partial(serve_direct, model, kserve_app), max_body_bytes=max_body_bytes)
             _check_openai_routes(kserve_app)
 
         def _add_middlewares(self, app):
@@ -285,6 +287,7 @@ def serve(
     overload: OverloadSpec | None = None,
     slo_ttft_s: float | None = None,
     access_log: bool = True,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     engine_load_interval_s: float | None = DEFAULT_ENGINE_LOAD_INTERVAL_S,
     router_costs: Mapping[str, Any] | None = None,
 ) -> None:
@@ -306,7 +309,8 @@ def serve(
     and at shutdown, ship what the log gained to ``<prefix><traffic_source>/`` (TrafficShipper; the source
     defaults to $HOSTNAME, the pod name); S3 failures are logged and retried, never fail a request.
     `overload`, `slo_ttft_s`: circuit breakers and admission control (build_model).
-    `access_log`: uvicorn's access log, one line per request (build_rest_server).
+    `access_log`: uvicorn's access log, one line per request (build_rest_server). `max_body_bytes`: the
+    largest request body taken, bytes (larger: 413; runtime.server.edge).
     `engine_load_interval_s`: seconds between reads of the workers' gauges for the other replicas' load
     (run_server; None: off). `router_costs`: the KV-aware router's prefill and KV-tier load costs
     (runtime.server.routing.tier_credit_costs; None: it counts uncached tokens and credits no tier hit).
@@ -372,7 +376,8 @@ def serve(
             extra["breakers"] = model.breakers  # leaving workers drain through the rotation
         planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy,
                                    **extra, **planner)
-    rest = build_rest_server(model, host=host, http_port=http_port, access_log=access_log)
+    rest = build_rest_server(model, host=host, http_port=http_port, access_log=access_log,
+                             max_body_bytes=max_body_bytes)
     # uvicorn handles SIGTERM/SIGINT, shuts down, restores the previous handlers and raises the signal again
     # (uvicorn Server.capture_signals): with the default SIGTERM handler the process would die right there,
     # before any cleanup, leaving the planner's workers (own sessions) running. Make that re-raise an

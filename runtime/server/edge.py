@@ -17,7 +17,12 @@ It also answers, itself:
 * KServe's v1/v2 inference routes (`:predict`, `:explain`, `/infer`): a 404 saying the model serves the
   OpenAI API only (the OpenAI model has no tensor inference; KServe would answer 500);
 * `GET /v2/health/ready` while the model is not ready: 503 with `Retry-After` (KServe's server readiness is
-  always true).
+  always true);
+* a request body larger than `max_body_bytes` (`--max-body-bytes`, DEFAULT_MAX_BODY_BYTES): 413, read no
+  further (a chunked one: up to `_DRAIN_BYTES` more are read and dropped, so that the client reads the
+  answer), on the connection's last answer (uvicorn reads whatever a client sends into memory, and the
+  checks above walk a body on the event loop, so one unbounded body would stall every stream the process
+  serves). A declared `Content-Length` over it is refused before a byte is read, on any route.
 Bodies are read whole only on POSTs under /openai/ (the OpenAI routes take JSON bodies). With a `direct`
 server installed, a checked body posted to `/openai/v1/completions` or `/openai/v1/chat/completions` is
 offered to it first (runtime.server.direct: the same answer without FastAPI's and KServe's per-request
@@ -58,6 +63,11 @@ DirectServer = Callable[[dict, bytes, Callable, Callable, Any], Awaitable[bool]]
 #: schemas of tools and response formats nest tens of levels), and well within what the runtime's JSON
 #: writers and checks handle (Python's json recurses once per level, to about 1,000)
 MAX_BODY_DEPTH = 128
+
+#: largest request body the edge takes by default, bytes (64 MiB): a 128k-token context is under 1 MB as text
+#: or token ids; several base64 images or a `prompt_embeds` tensor of a few thousand positions (2 bytes per
+#: hidden dimension) are what take tens of MB
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 _TOO_DEEP = (f"the body nests objects and arrays more than {MAX_BODY_DEPTH} levels deep; send at most "
              f"{MAX_BODY_DEPTH}", None)
 
@@ -167,26 +177,31 @@ def _check_fields(path: str, body: Any) -> tuple[str, str | None] | None:
 
 class Served:
     """The model the edge answers for: its OpenAI id, a readiness callable and what to tell the model about
-    an OpenAI request that arrives while it is not ready (`on_unready(raw_body, path)`; KServe answers it 503), and
-    the server of the generation routes, if any (`direct`, a `DirectServer`)."""
+    an OpenAI request that arrives while it is not ready (`on_unready(raw_body, path)`; KServe answers it 503),
+    the server of the generation routes, if any (`direct`, a `DirectServer`), and the largest request body
+    taken (`max_body_bytes`)."""
 
     def __init__(self, model_name: str = "", is_ready: Callable[[], bool] = lambda: False,
                  on_unready: Callable[[bytes, str], None] = lambda raw, path: None,
-                 direct: DirectServer | None = None) -> None:
+                 direct: DirectServer | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.model_name, self.is_ready, self.on_unready, self.direct = model_name, is_ready, on_unready, direct
+        self.max_body_bytes = max_body_bytes
 
 
 def install_edge(app: Any, model_name: str, is_ready: Callable[[], bool],
                  on_unready: Callable[[bytes, str], None] = lambda raw, path: None,
-                 direct: DirectServer | None = None) -> None:
+                 direct: DirectServer | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
     """Put `EdgeMiddleware` in front of `app` (once per app) answering for `model_name` / `is_ready`, serving
-    the generation routes with `direct` when given."""
+    the generation routes with `direct` when given and refusing bodies over `max_body_bytes` (bytes, >= 1;
+    ValueError otherwise)."""
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     served = getattr(app.state, "pdserve_served", None)
     if served is None:
         served = app.state.pdserve_served = Served()
         app.add_middleware(EdgeMiddleware, served=served)
     served.model_name, served.is_ready, served.on_unready = model_name, is_ready, on_unready
-    served.direct = direct
+    served.direct, served.max_body_bytes = direct, max_body_bytes
 
 
 class EdgeMiddleware:
@@ -213,6 +228,9 @@ class EdgeMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope["path"], scope["method"]
+        limit = self.served.max_body_bytes
+        if _declared_length(scope) > limit:
+            return await _too_large(send, path, limit)
         if _INFER_ROUTE.match(path) or (method == "GET" and _V2_METADATA_ROUTE.match(path)):
             msg = (f"model {self.model_name!r} serves the OpenAI API only: POST {OPENAI_PREFIX}v1/completions "
                    f"or {OPENAI_PREFIX}v1/chat/completions")
@@ -230,12 +248,18 @@ class EdgeMiddleware:
                                                      "created": self.created, "owned_by": "pdserve"})
         if method != "POST" or not path.startswith(OPENAI_PREFIX):
             return await self.app(scope, receive, send)
-        chunks, more = [], True
+        chunks, more, size = [], True, 0
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return None
-            chunks.append(message.get("body", b""))
+            piece = message.get("body", b"")
+            size += len(piece)
+            if size > limit:  # a chunked body (no Content-Length) grew past it: keep none of it
+                if more:
+                    await _discard_body(receive, _DRAIN_BYTES)
+                return await _too_large(send, path, limit)
+            chunks.append(piece)
             more = message.get("more_body", False)
         raw = b"".join(chunks)
         parsed, bad = read_body(path, raw)
@@ -259,6 +283,45 @@ class EdgeMiddleware:
             return await receive()
 
         return await self.app(scope, replay, send)
+
+
+#: most bytes of a refused chunked body read and dropped before the 413 goes out: a client that is still
+#: sending when the server closes gets a TCP reset, which may discard the answer before the client reads it
+#: (nginx drains the same way, "lingering close"); a body longer still is cut off
+_DRAIN_BYTES = 1024 * 1024
+
+
+async def _discard_body(receive: Callable, budget: int) -> None:
+    """Read and drop the rest of a request body, up to `budget` bytes."""
+    more = True
+    while more and budget > 0:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        budget -= len(message.get("body", b""))
+        more = message.get("more_body", False)
+
+
+def _declared_length(scope: dict) -> int:
+    """The request's `Content-Length`, 0 without one or when it is not a number (uvicorn's parser refuses
+    those before the app sees them)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
+async def _too_large(send: Callable, path: str, limit: int) -> None:
+    """413 for a body over `limit` bytes; `connection: close`, as the rest of the body is never read."""
+    message = (f"Request body too large: this server takes at most {limit} bytes (--max-body-bytes); "
+               "send a smaller request")
+    status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+    content: Any = (openai_error_body(message, err_type="BadRequestError", status=status)
+                    if path.startswith(OPENAI_PREFIX) else {"error": message})
+    await _json(send, status, content, [(b"connection", b"close")])
 
 
 async def _json(send: Callable, status: int, content: Any, headers: list | None = None) -> None:

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
     ("--timeout-s", "-1"), ("--timeout-s", "0"), ("--timeout-s", "nan"), ("--http-port", "70000"),
     ("--http-port", "0"), ("--block-size", "0"), ("--block-size", "x"), ("--prefill-timeout-s", "-5"),
     ("--prefill-nudge-after-s", "inf"), ("--kv-lease-s", "5"), ("--kv-lease-s", "30.5"),
+    ("--max-body-bytes", "1023"), ("--max-body-bytes", "64MiB"),
 ])
 def test_bad_values_are_refused_at_parse_time_naming_the_flag(flag, value, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -37,6 +38,8 @@ def test_good_values_parse_to_numbers():
     assert (a.planner_interval_s, a.planner_max_workers, a.timeout_s, a.http_port, a.block_size,
             a.prefill_timeout_s) == (2.5, 1, 30.0, 65535, 32, 5.0)
     assert a.prefill_nudge_after_s is None
+    assert a.max_body_bytes is None  # the edge's own default (runtime.server.edge.DEFAULT_MAX_BODY_BYTES)
+    assert parse_args([*BASE, "--max-body-bytes", "1048576"]).max_body_bytes == 1048576
 
 
 @pytest.mark.parametrize("flag", ["--prefill-deployment", "--decode-deployment"])
