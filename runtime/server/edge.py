@@ -98,8 +98,8 @@ def _check_strings(value: Any, where: str) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise _Invalid(f"{where or 'body'}: the string holds a lone UTF-16 surrogate, which is not a "
-                           "character: send valid Unicode", where or None) from None
+            raise _Invalid("the string holds a lone UTF-16 surrogate, which is not a character: send valid "
+                           "Unicode", where or None) from None
     elif isinstance(value, dict):
         for k, v in value.items():
             _check_strings(k, where)
@@ -138,7 +138,8 @@ def _check_slowly(path: str, raw: bytes) -> tuple[str, str | None] | None:
     try:
         body = strict_json.loads(raw)
     except strict_json.JsonNumberError as exc:  # named where it stands, as the other checks name their field
-        return (f"{exc.path}: {exc}" if exc.path else str(exc)), exc.path or None
+        where = _cut_path(exc.path)
+        return (f"{where}: {exc}" if where else str(exc)), where or None
     except RecursionError:  # nested beyond Python's recursion limit (orjson refuses beyond 1,024 levels)
         return _TOO_DEEP
     except (ValueError, UnicodeDecodeError):
@@ -148,8 +149,20 @@ def _check_slowly(path: str, raw: bytes) -> tuple[str, str | None] | None:
     try:
         _check_strings(body, "")
     except _Invalid as exc:
-        return str(exc), exc.param
+        where = _cut_path(exc.param)
+        return f"{where or 'body'}: {exc}", where
     return _check_fields(path, body)
+
+
+#: longest field path an error names in full: keys are the client's own strings, of any length
+_MAX_PARAM_CHARS = 100
+
+
+def _cut_path(where: str | None) -> str | None:
+    """A field path for an error's message and `param`, cut to _MAX_PARAM_CHARS characters (ending "...")."""
+    if where is None or len(where) <= _MAX_PARAM_CHARS:
+        return where
+    return where[:_MAX_PARAM_CHARS - 3] + "..."
 
 
 def _check_fields(path: str, body: Any) -> tuple[str, str | None] | None:

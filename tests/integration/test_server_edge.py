@@ -94,6 +94,11 @@ CASES = [
     ("POST", COMP, _raw('{"model":"m","prompt":"x","temperature":1e400}'), 400, "temperature"),
     ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":-1e400}}'),
      400, "logit_bias.5"),
+    # a client's key of any length is named cut to 100 characters
+    ("POST", COMP, _raw('{"model":"m","prompt":"x","extra":{"' + "k" * 5000 + '":NaN}}'), 400,
+     "extra." + "k" * 91 + "..."),
+    ("POST", COMP, _raw('{"model":"m","prompt":"x","extra":{"' + "k" * 5000 + '":"\\ud800"}}'), 400,
+     "extra." + "k" * 91 + "..."),
     ("POST", CHAT, _raw('{"model":"m","messages":[{"role":"user","content":"\\ud800"}]}'), 400,
      "messages[0].content"),
     ("POST", COMP, _raw('{"model":"m","prompt":"a\\udfffb"}'), 400, "prompt"),
