@@ -57,7 +57,6 @@ def runtime_server_args(*, port: int) -> list[str]:
     return ["--host=0.0.0.0", f"--http-port={port}"]
 
 
-POD_NAME_ENV = "POD_NAME"  # the planner's leader-election identity (runtime/server/leader.py reads it)
 MODEL_MOUNT = "/mnt/models"  # where KServe mounts the storageUri in the predictor container
 TRAFFIC_DIR = "/var/run/pdserve/traffic"  # emptyDir of the runtime's traffic log (shipped to S3 from there)
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")  # each optional in the Secret
@@ -211,7 +210,8 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
     autoscaler aiming at `target.runtime_rps_target` requests per second each (`scaleMetric: rps`; KServe's
     Serverless mode runs the Knative Pod Autoscaler, which scales on concurrency or rps, not CPU). Its planner
     elects one leader among them on Lease `rbac.planner_lease_name(name, revision)`, the holder identity being
-    the pod's name (env POD_NAME from the downward API).
+    the pod's host name (its pod name; no downward-API env: Knative refuses `fieldRef` env vars unless the
+    cluster enables `kubernetes.podspec-fieldref`, off by default).
 
     With `target.traffic_upload_uri` the runtime records every finished request (`traffic_args`) in an
     emptyDir and ships it to S3 (credentials: the optional Secret `target.s3_secret` as env, else the IAM role
@@ -247,8 +247,7 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
                 ttft_slo_ms=spec.slo.ttft_p90_ms,
                 leader_lease=rbac.planner_lease_name(name, revision),
             ) + traffic_args(target, name=name),
-            "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()},
-                    {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+            "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()}],
         },
     }
     if target.traffic_upload_uri is not None:  # a writable folder for the log; S3 credentials optional (IAM)

@@ -28,14 +28,18 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from runtime.deploy.lease import _micro_time  # MicroTime text: always 6 fractional digits, as the API wants
-from runtime.deploy.render import POD_NAME_ENV  # the rendered InferenceService sets it (downward API)
 from runtime.planner.leadership import ElectionConfig, LeaderElector, LeaseRecord, Write
 
 log = logging.getLogger(__name__)
 
+#: an identity the operator may set; a pod's host name is its pod name, which the rendered InferenceService
+#: relies on (Knative refuses downward-API `fieldRef` env vars unless `kubernetes.podspec-fieldref` is enabled)
+POD_NAME_ENV = "POD_NAME"
+
 
 def default_identity(environ: dict[str, str] | None = None) -> str:
-    """Holder identity: env POD_NAME (the pod's name), else `<host name>/pid-<pid>` (distinct per process)."""
+    """Holder identity: env POD_NAME when set, else `<host name>/pid-<pid>` (distinct per process; in a pod the
+    host name is the pod's name)."""
     env = os.environ if environ is None else environ
     return env.get(POD_NAME_ENV) or f"{socket.gethostname()}/pid-{os.getpid()}"
 
