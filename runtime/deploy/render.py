@@ -236,8 +236,8 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
             "args": runtime_pool_args(
                 model_name=spec.model.name,
                 namespace=namespace,
-                prefill_service=workers.pool_name(name, "prefill", revision),
-                decode_service=workers.pool_name(name, "decode", revision),
+                prefill_service=workers.service_name(name, "prefill", revision, spec.prefill.nodes > 1),
+                decode_service=workers.service_name(name, "decode", revision, spec.decode.nodes > 1),
                 worker_port=target.worker_port,
                 planner=spec.planner.mode != "off",
                 router=spec.router,
@@ -351,7 +351,8 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
     if expanded:  # the workers' args, beside AWS credentials a pod may hold in its environment
         raise ManifestError(f"spec.engine.extra_args: {expanded[0]!r} contains '$', which the kubelet expands in "
                             "container args")
-    longest = max(workers.pool_name(name, r, revision) for r in ("prefill", "decode"))
+    services = [workers.service_name(name, r, revision, getattr(spec, r).nodes > 1) for r in ("prefill", "decode")]
+    longest = max(services, key=len)
     for derived in (longest, f"{name}-discovery", f"{name}-workers", rbac.planner_role_name(name, revision)):
         check_name(f"name (derived object name {derived!r})", derived, pattern=DNS1035_LABEL)
     for role in ("prefill", "decode"):

@@ -69,6 +69,17 @@ def pool_name(name: str, role: Role, revision: str | None) -> str:
     return f"{name}-{revision}-{role}" if revision else f"{name}-{role}"
 
 
+def service_name(name: str, role: Role, revision: str | None, multinode: bool = False) -> str:
+    """Name of a pool's headless discovery Service: the pool's name, or `<pool>-leaders` for a `multinode`
+    pool. A LeaderWorkerSet's pods take the LeaderWorkerSet's name as their DNS subdomain, and its controller
+    creates a headless Service of that name that publishes not-ready pods, only when none exists: the
+    followers resolve the leader (`LWS_LEADER_ADDRESS`) through it while the leader waits for them, before
+    anything is ready. A pdserve Service of that name (ready leaders only) would take its place and no group
+    would ever start."""
+    pool = pool_name(name, role, revision)
+    return f"{pool}-leaders" if multinode else pool
+
+
 def model_path(target: ClusterTarget, model_name: str) -> str:
     """Path of the staged weights inside a worker: `<fsx_mount_path>/models/<model_name>`."""
     return f"{target.fsx_mount_path.rstrip('/')}/models/{model_name}"
@@ -415,14 +426,16 @@ def worker_workload(spec: DeploymentSpec, role: Role, **kw: Any) -> dict[str, An
 
 def worker_service(role: Role, *, name: str, namespace: str, target: ClusterTarget,
                    revision: str | None, multinode: bool = False) -> dict[str, Any]:
-    """Headless v1 Service of a pool: its EndpointSlices list one address per ready worker, i.e. per worker pod,
-    or, for a `multinode` pool (a LeaderWorkerSet), per leader pod: the only pod of a group serving HTTP."""
+    """Headless v1 Service of a pool (`service_name`): its EndpointSlices list one address per ready worker, i.e.
+    per worker pod, or, for a `multinode` pool (a LeaderWorkerSet), per leader pod: the only pod of a group
+    serving HTTP."""
     lab = labels(name, role, revision)
     selector = dict(lab) | ({WORKER_INDEX_LABEL: "0"} if multinode else {})
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": pool_name(name, role, revision), "namespace": namespace, "labels": dict(lab)},
+        "metadata": {"name": service_name(name, role, revision, multinode), "namespace": namespace,
+                     "labels": dict(lab)},
         "spec": {
             "clusterIP": "None",
             "selector": selector,

@@ -77,9 +77,14 @@ def test_every_multi_node_pool_is_a_leader_worker_set_group_of_its_nodes(tuned, 
             kv = _flag(c["args"], "--kv-transfer-config")
             assert '"backends":["LIBFABRIC"]' in kv and '"kv_connector":"NixlConnector"' in kv
             assert _flag(c["args"], "--nnodes") == str(pool.nodes)
-        # the Service lists the leaders only: the followers serve no HTTP
-        svc = find(objs, "Service", f"dsv3-{role}")
+        # the Service lists the leaders only: the followers serve no HTTP. It does not take the LeaderWorkerSet's
+        # name: the LWS controller creates its own headless Service of that name (publishing not-ready pods, so
+        # that the followers resolve their leader before anything is ready) only when none exists
+        svc = find(objs, "Service", f"dsv3-{role}-leaders")
         assert svc["spec"]["selector"][workers.WORKER_INDEX_LABEL] == "0"
+        assert not [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == f"dsv3-{role}"]
+        runtime_args = find(objs, "InferenceService", "dsv3")["spec"]["predictor"]["model"]["args"]
+        assert f"--{role}-service=dsv3-{role}-leaders" in runtime_args
         follower = _container(w, "worker")
         assert "--headless" in follower["args"] and "readinessProbe" not in follower
         assert "http" not in {p["name"] for p in follower["ports"]}
@@ -211,8 +216,8 @@ def test_promote_applies_waits_for_and_cleans_up_leader_worker_sets(objs):
     assert readiness(live) == (False, "1/2 groups ready, 2 updated")
     live["status"]["readyReplicas"] = 2
     assert readiness(live)[0]
-    assert {o["kind"] for o in _worker_objects(objs) if o["metadata"]["name"] == "dsv3-decode"} == {
-        "LeaderWorkerSet", "Service", "PodDisruptionBudget"}
+    assert {(o["kind"], o["metadata"]["name"]) for o in _worker_objects(objs) if "decode" in o["metadata"]["name"]} == {
+        ("LeaderWorkerSet", "dsv3-decode"), ("Service", "dsv3-decode-leaders"), ("PodDisruptionBudget", "dsv3-decode")}
 
 
 def test_every_layout_flag_is_one_engine_args_may_not_repeat(objs):
