@@ -21,21 +21,28 @@ import argparse
 import time
 from collections.abc import Callable
 
-from runtime.engines.metrics import sample_sum
+from runtime.engines.metrics import readable_gauge, sample_sum
 
 BUSY_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
-def busy_requests(metrics_text: str) -> float:
-    """Requests a vLLM engine is running or queueing, from its /metrics page (Prometheus text)."""
-    return sum(sample_sum(metrics_text, g) for g in BUSY_GAUGES)
+def busy_requests(metrics_text: str) -> float | None:
+    """Requests a vLLM engine is running or queueing, from its /metrics page (Prometheus text); None when a
+    gauge reads NaN, infinite or negative (unreadable: the engine may hold requests).
+
+    Raises:
+        ValueError: `metrics_text` is not Prometheus exposition format.
+    """
+    counts = [readable_gauge(sample_sum(metrics_text, g)) for g in BUSY_GAUGES]
+    return None if None in counts else sum(counts)
 
 
 def wait_drained(read_busy: Callable[[], float | None], *, hold_s: float, cap_s: float, poll_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Poll `read_busy` (requests in the engine; None: unreadable) every `poll_s` seconds until it has read 0
-    for `hold_s` seconds in a row (True), or `cap_s` seconds have passed (False).
+    """Poll `read_busy` (requests in the engine; None, NaN, infinite or negative: unreadable, so busy) every
+    `poll_s` seconds until it has read 0 for `hold_s` seconds in a row (True), or `cap_s` seconds have passed
+    (False).
 
     Raises:
         ValueError: a negative `hold_s` or `cap_s`, or `poll_s` <= 0.
@@ -47,7 +54,7 @@ def wait_drained(read_busy: Callable[[], float | None], *, hold_s: float, cap_s:
     while True:
         now = clock()
         busy = read_busy()
-        if busy is None or busy > 0:
+        if busy is None or readable_gauge(busy) is None or busy > 0:  # NaN > 0 is False: not idle either
             idle_since = None
         elif idle_since is None:
             idle_since = now
@@ -73,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             r = httpx.get(url, timeout=2.0)
             return busy_requests(r.text) if r.status_code == 200 else None
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):  # ValueError: not exposition text; unreadable, so busy
             return None
 
     drained = wait_drained(read, hold_s=args.hold_s, cap_s=args.cap_s)

@@ -8,10 +8,12 @@ asyncio loop and hands each decoded batch to a callback, in arrival order per wo
 Events are incremental, so one lost batch (a slow subscriber overflowing ZMQ's high-water mark) can leave
 the router believing forever in a block the worker evicted. A gap in the sequence numbers (missed batches)
 or a sequence number that does not move forward (the worker restarted: vLLM's publisher counts from 0 again,
-with an empty cache) therefore resynchronises: the batch is handed on with an `AllBlocksCleared` in front,
-so the worker's index entries and hash translations are dropped and rebuilt from the events that follow —
-the router under-reports that worker's cache until then, it never reports a block the worker lacks. Both
-are counted (`SubscriberStats.num_missed_batches`, `num_resyncs`) and logged.
+with an empty cache), and a batch with malformed events (left out by the decoder: one may have been a
+removal) therefore resynchronise: the batch is handed on with an `AllBlocksCleared` in front, so the
+worker's index entries and hash translations are dropped and rebuilt from the events that follow — the
+router under-reports that worker's cache until then, it never reports a block the worker lacks. All are
+counted (`SubscriberStats.num_missed_batches`, `num_invalid_events`, `num_resyncs`) and logged. A message
+that fails to decode at all is counted (`num_decode_errors`) and dropped: the gap it leaves resyncs.
 
 Workers come and go at run time (discovery, runtime/server/discovery_sync.py): `add(worker_id, endpoint)`
 opens a subscription, `remove(worker_id)` closes it at once — once `remove` returns, no further batch of that
@@ -36,10 +38,10 @@ OnBatch = Callable[[str, KvEventBatch], None]
 @dataclass
 class SubscriberStats:
     """Per-worker counters of the current subscriptions: batches received, undecodable frames, malformed
-    events left out of decoded batches, sequence gaps (missed batches), resynchronisations (a gap or a
-    restarted worker; see the module docstring). A removed worker's counters are dropped with its
-    subscription (keys ⊆ subscribed workers); `num_opened`/`num_closed` count subscriptions opened and
-    closed over the subscriber's life."""
+    events left out of decoded batches, sequence gaps (missed batches), resynchronisations (a gap, a
+    restarted worker or malformed events in a batch; see the module docstring). A removed worker's counters
+    are dropped with its subscription (keys ⊆ subscribed workers); `num_opened`/`num_closed` count
+    subscriptions opened and closed over the subscriber's life."""
 
     num_batches: dict[str, int] = field(default_factory=dict)
     num_decode_errors: dict[str, int] = field(default_factory=dict)
@@ -174,14 +176,17 @@ class KvEventSubscriber:
                 frames = await sock.recv_multipart()
                 try:
                     _, seq, batch = decode_multipart(frames)
-                except KvEventDecodeError as exc:
+                except Exception as exc:  # noqa: BLE001 - not only KvEventDecodeError: nothing restarts a reader
+                    # the message is lost like a missed batch: the seq gap it leaves resyncs the worker
                     self.stats.bump(self.stats.num_decode_errors, worker_id)
-                    log.warning("worker %s: undecodable KV-event frame: %s", worker_id, exc)
+                    log.warning("worker %s: undecodable KV-event frame: %s", worker_id,
+                                exc if isinstance(exc, KvEventDecodeError) else repr(exc))
                     continue
                 if batch.num_invalid_events:
                     self.stats.bump(self.stats.num_invalid_events, worker_id, batch.num_invalid_events)
-                    log.warning("worker %s: %d malformed KV event(s) skipped, first: %s", worker_id,
-                                batch.num_invalid_events, batch.first_error)
+                    log.warning("worker %s: %d malformed KV event(s) skipped, first: %s; its index entry is "
+                                "cleared and rebuilt from new events", worker_id, batch.num_invalid_events,
+                                batch.first_error)
                 batch = self._check_seq(worker_id, seq, batch)
                 self.stats.bump(self.stats.num_batches, worker_id)
                 try:
@@ -193,12 +198,14 @@ class KvEventSubscriber:
 
     def _check_seq(self, worker_id: str, seq: int, batch: KvEventBatch) -> KvEventBatch:
         """Track `worker_id`'s sequence number; after a gap or a reset, `batch` with an `AllBlocksCleared`
-        in front (the worker's index entry is rebuilt from here on)."""
+        in front (the worker's index entry is rebuilt from here on). A batch with malformed events is a
+        resync too: the decoder has put the `AllBlocksCleared` in front already (runtime.kv.events)."""
         last = self._last_seq.get(worker_id)
         self._last_seq[worker_id] = seq
         if last is None or seq == last + 1:
-            return batch
-        if seq > last + 1:
+            if not batch.num_invalid_events:
+                return batch
+        elif seq > last + 1:
             self.stats.bump(self.stats.num_missed_batches, worker_id, seq - last - 1)
             log.warning("worker %s: %d KV-event batch(es) missed (seq %d after %d); its index entry is "
                         "cleared and rebuilt from new events", worker_id, seq - last - 1, seq, last)
@@ -206,6 +213,8 @@ class KvEventSubscriber:
             log.warning("worker %s: KV-event seq went back from %d to %d (worker restarted?); its index "
                         "entry is cleared and rebuilt from new events", worker_id, last, seq)
         self.stats.bump(self.stats.num_resyncs, worker_id)
+        if batch.events and isinstance(batch.events[0], AllBlocksCleared):
+            return batch  # cleared first already: one clear is the whole resync
         return replace(batch, events=(AllBlocksCleared(), *batch.events))
 
     async def stop(self) -> None:

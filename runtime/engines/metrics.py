@@ -45,6 +45,13 @@ def sample_sum(text: str, sample_name: str, **label_filter: str) -> float:
     return total
 
 
+def readable_gauge(value: float) -> float | None:
+    """A count or fraction gauge (requests, KV usage) as a reader may use it: `value` when finite and >= 0;
+    None (unreadable) for NaN, an infinity or a negative value, which no engine state can produce: a caller
+    must not take it for a count (NaN compares False both ways, so it would read as idle)."""
+    return value if math.isfinite(value) and value >= 0 else None
+
+
 def sample_mean(text: str, sample_name: str) -> float | None:
     """Mean of every sample named `sample_name` over its label sets; None when absent. For a gauge that is a
     fraction of each engine's own capacity (``vllm:kv_cache_usage_perc``: one series per engine of a

@@ -21,8 +21,11 @@ decode here. ``token_ids`` are all tokens of the stored full blocks (``len(block
   unknown medium and token-less ``BlockStored`` placeholders (``token_ids=[]``, ``block_size=0``: that
   connector's output unless ``self_describing_kv_events`` is set) are skipped.
 * :func:`decode_payload` decodes event by event: a malformed event (also: a token id that is not an int, a
-  block hash that is not an int, bytes or str) is skipped and counted
-  (``KvEventBatch.num_invalid_events``, first reason in ``first_error``), the rest of the batch is kept.
+  block hash that is not an int, bytes or str, a medium that is not a string) is skipped and counted
+  (``KvEventBatch.num_invalid_events``, first reason in ``first_error``), the rest of the batch is kept
+  behind an ``AllBlocksCleared``: the skipped event may have been a removal, and the batch applied as
+  complete would leave an evicted block indexed; cleared, the worker's cache is under-reported until its
+  blocks are stored again (as after a sequence gap, runtime/engines/kv_events.py), never over-reported.
 
 Engine block hashes may be ints or bytes (vLLM ``ExternalBlockHash``) and are kept as received. The
 socket itself belongs to the server adapter (runtime/engines); this module only turns bytes into values.
@@ -78,7 +81,8 @@ class KvEventBatch:
 
     Counters of the events left out of ``events``: ``num_unknown_events`` (kinds this router does not
     know, KV-cache groups other than 0), ``num_skipped_events`` (an unknown medium, token-less
-    placeholders), ``num_invalid_events`` (malformed; ``first_error`` names the first one).
+    placeholders), ``num_invalid_events`` (malformed; ``first_error`` names the first one; the decoder then
+    puts an ``AllBlocksCleared`` first, see :func:`decode_payload`).
     """
 
     ts_s: float
@@ -105,7 +109,10 @@ class _Skipped:
 _SKIPPED = _Skipped()
 
 
-def _other_medium(medium: object) -> bool:
+def _other_medium(medium: object, where: str) -> bool:
+    # type first: a list or map from the wire is unhashable, and the set lookup would raise TypeError
+    if medium is not None and not isinstance(medium, str):
+        raise KvEventDecodeError(f"{where}: medium must be a string, got {type(medium).__name__}")
     return medium is not None and medium not in _KNOWN_MEDIA
 
 
@@ -156,7 +163,7 @@ def _decode_event(raw: object, where: str) -> KvEvent | _Skipped | None:
         tokens = raw[3]
         if tokens is not None and not isinstance(tokens, (list, tuple)):
             raise KvEventDecodeError(f"{where}: BlockStored.token_ids must be a list")
-        if _other_medium(medium) or (tokens is not None and len(tokens) == 0 and raw[1]):
+        if _other_medium(medium, f"{where}.BlockStored") or (tokens is not None and len(tokens) == 0 and raw[1]):
             return _SKIPPED  # offloaded copy or placeholder: not a GPU block the router can hash
         parent = None if raw[2] is None else _hash(raw[2], f"{where}.BlockStored.parent_block_hash")
         block_size = raw[4]
@@ -173,7 +180,7 @@ def _decode_event(raw: object, where: str) -> KvEvent | _Skipped | None:
     if tag == "BlockRemoved":
         if len(raw) < 2:
             raise KvEventDecodeError(f"{where}: BlockRemoved needs block_hashes")
-        if _other_medium(raw[2] if len(raw) > 2 else None):
+        if _other_medium(raw[2] if len(raw) > 2 else None, f"{where}.BlockRemoved"):
             return _SKIPPED
         return BlockRemoved(
             block_hashes=_hashes(raw[1], f"{where}.BlockRemoved.block_hashes"),
@@ -228,7 +235,8 @@ def decode_payload(payload: bytes) -> KvEventBatch:
 
     A malformed event is left out and counted (``num_invalid_events``, ``first_error``); ignored events
     (see :func:`decode_event`) are counted in ``num_unknown_events`` / ``num_skipped_events``; the other
-    events of the batch are kept, in order.
+    events of the batch are kept, in order. When any event was malformed the events start with an
+    ``AllBlocksCleared`` (a left-out ``BlockRemoved`` would otherwise leave an evicted block indexed).
 
     Raises:
         KvEventDecodeError: when the bytes are not msgpack or not ``[ts, [events...], dp_rank?]``.
@@ -259,6 +267,8 @@ def decode_payload(payload: bytes) -> KvEventBatch:
             skipped += 1
         else:
             events.append(ev)  # type: ignore[arg-type]
+    if invalid:
+        events.insert(0, AllBlocksCleared())
     rank = raw[2] if len(raw) > 2 and isinstance(raw[2], int) else None
     return KvEventBatch(ts_s=float(raw[0]), events=tuple(events), data_parallel_rank=rank,
                         num_unknown_events=unknown, num_skipped_events=skipped, num_invalid_events=invalid,

@@ -9,6 +9,7 @@ completes. This is the same bookkeeping as Dynamo's ``ActiveSequences`` (lib/llm
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 ROLES = ("prefill", "decode", "both")
@@ -74,15 +75,18 @@ def set_external_load(w: WorkerLoad, engine_requests: float | None, blocks_per_r
     prompt blocks this router charges per request: the other replicas serve the same traffic). The share
     replaces the previous one in ``decode_blocks`` (so the router's own charge and release stay exact), and
     ``num_requests`` is left to the router's own requests. A worker that cannot decode is left as it is: a
-    prefill engine's queue empties within one prefill, faster than its gauges can be read.
+    prefill engine's queue empties within one prefill, faster than its gauges can be read. A NaN, infinite or
+    negative `engine_requests` is no engine state: it counts as None (an infinite share has no block count).
 
     Raises:
-        ValueError: `blocks_per_request` < 0.
+        ValueError: `blocks_per_request` < 0 or not finite.
     """
-    if blocks_per_request < 0:
-        raise ValueError(f"blocks_per_request={blocks_per_request}: expected >= 0")
+    if not (math.isfinite(blocks_per_request) and blocks_per_request >= 0):
+        raise ValueError(f"blocks_per_request={blocks_per_request}: expected a finite number >= 0")
     if not w.can_decode:
         return
+    if engine_requests is not None and not (math.isfinite(engine_requests) and engine_requests >= 0):
+        engine_requests = None
     external = 0.0 if engine_requests is None else max(0.0, float(engine_requests) - w.engine_requests)
     blocks = int(round(external * blocks_per_request))
     w.decode_blocks += blocks - w.external_decode_blocks

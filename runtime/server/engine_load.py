@@ -28,27 +28,41 @@ DEFAULT_INTERVAL_S = 1.0
 
 
 async def read_engine_load(read_page: Callable[[str], Awaitable[str]], url: str, timeout_s: float) -> float | None:
-    """Requests the engine at `url` runs or queues, from its /metrics page; None when unreadable."""
+    """Requests the engine at `url` runs or queues, from its /metrics page; None when unreadable (no page within
+    `timeout_s` seconds, not exposition text, a NaN, infinite or negative gauge)."""
     try:
-        return busy_requests(await asyncio.wait_for(read_page(url), timeout_s))
+        count = busy_requests(await asyncio.wait_for(read_page(url), timeout_s))
     except Exception as exc:  # noqa: BLE001 - any failure: no reading this round
         log.debug("engine load of %s unreadable: %s", url, exc)
         return None
+    if count is None:
+        log.debug("engine load of %s unreadable: a NaN, infinite or negative request gauge", url)
+    return count
 
 
 async def engine_load_loop(pairing, read_page: Callable[[str], Awaitable[str]], *,
                            interval_s: float = DEFAULT_INTERVAL_S, timeout_s: float = 2.0) -> None:
     """Forever: read every decode-capable worker's load (`pairing.decode_worker_urls()`) concurrently and
-    pass it to `pairing.set_engine_load`; then sleep `interval_s`. Cancel the task to stop.
+    pass it to `pairing.set_engine_load`; then sleep `interval_s` seconds. Cancel the task to stop.
+
+    Nothing is restarted when this task ends, so a round that fails (an unexpected error from the pairing) is
+    logged — once, until a round succeeds again — and the loop goes on with the next round.
 
     Raises:
         ValueError: `interval_s` or `timeout_s` not > 0.
     """
     if not (interval_s > 0 and timeout_s > 0):
         raise ValueError(f"interval_s={interval_s}, timeout_s={timeout_s}: expected seconds > 0")
+    failing = False
     while True:
-        urls = pairing.decode_worker_urls()
-        loads = await asyncio.gather(*(read_engine_load(read_page, u, timeout_s) for u in urls))
-        for url, load in zip(urls, loads):
-            pairing.set_engine_load(url, load)
+        try:
+            urls = pairing.decode_worker_urls()
+            loads = await asyncio.gather(*(read_engine_load(read_page, u, timeout_s) for u in urls))
+            for url, load in zip(urls, loads):
+                pairing.set_engine_load(url, load)
+            failing = False
+        except Exception:  # noqa: BLE001 - one bad round must not end the other replicas' load view for good
+            if not failing:
+                log.exception("engine load round failed; retrying every %.1f s", interval_s)
+            failing = True
         await asyncio.sleep(interval_s)

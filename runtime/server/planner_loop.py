@@ -67,7 +67,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from runtime.config import DeploymentSpec
-from runtime.engines.metrics import sample_mean, sample_sum
+from runtime.engines.metrics import readable_gauge, sample_mean, sample_sum
 from runtime.planner.sla import arrival_dispersion
 from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig, PoolObservation, ScalingDecision, TickInput
@@ -350,7 +350,7 @@ def read_pool(
 
 def _gauge(v: float, url: str, name: str) -> float:
     """A worker's gauge as the planner may use it: NaN, infinite or negative values read as 0 (warned)."""
-    if math.isfinite(v) and v >= 0:
+    if readable_gauge(v) is not None:
         return v
     log.warning("planner: worker %s reports %s = %s; read as 0", redact_userinfo(url), name, v)
     return 0.0

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from runtime.config import DeploymentSpec, RouterSpec
+from runtime.engines.metrics import readable_gauge
 from runtime.kv.events import KvEventBatch
 from runtime.redact import redact_userinfo
 from runtime.router.core import MigrationLimitError, NoWorkersError, Router, UnknownRequestError
@@ -272,7 +273,10 @@ class RouterPairing:
         """The engine at `url` reports `engine_requests` running or waiting (None: its page was unreadable):
         the requests beyond this router's own on it (`WorkerLoad.engine_requests`) count as other replicas'
         load on it, each of the running mean prompt size (runtime.router.load.set_external_load; one block
-        each before this router has routed a request). Unknown URLs and prefill-only workers: no-op."""
+        each before this router has routed a request). Unknown URLs and prefill-only workers: no-op. A NaN,
+        infinite or negative count is taken as unreadable (None): it would corrupt the traffic share."""
+        if engine_requests is not None:
+            engine_requests = readable_gauge(float(engine_requests))
         w = self.load_of(url)
         if w is not None:
             if engine_requests is not None and w.can_decode:

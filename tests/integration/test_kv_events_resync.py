@@ -3,8 +3,10 @@
 Specification: events are incremental, so a lost batch or a restarted worker would leave blocks in the
 router's index that the worker no longer holds. A gap in the sequence numbers, or a sequence number that
 goes back, clears that worker's index entry (and hash translations) before the batch is applied; it is
-counted (`num_missed_batches` for gaps, `num_resyncs` for both). Malformed events inside a batch are
-counted per worker and the rest of the batch still reaches the router.
+counted (`num_missed_batches` for gaps, `num_resyncs` for both). Malformed events inside a batch (also a
+`medium` that is not a string) are counted per worker and resync it the same way (a left-out one may have been
+a removal); the rest of the batch still reaches the router. A message that fails to decode in any way is
+counted and dropped, and the reader goes on (the gap it leaves resyncs the worker).
 """
 
 from __future__ import annotations
@@ -134,6 +136,72 @@ async def test_malformed_and_offloaded_events_are_counted_and_the_rest_applied()
                                       msgspec.msgpack.encode([1.0, [bad, placeholder, good]])])
         await wait_for(lambda: len(rig.got) > n, "the mixed batch")
         assert rig.overlap(A) == {WORKER: 2}
-        assert rig.sub.stats.num_invalid_events[WORKER] == 1
+        assert rig.sub.stats.num_invalid_events[WORKER] == 1 and rig.sub.stats.num_resyncs[WORKER] == 1
+    finally:
+        await rig.close()
+
+
+async def test_a_malformed_removal_resyncs_the_worker_so_the_evicted_block_is_not_credited():
+    rig = _Rig()
+    rig.sub.start()
+    try:
+        seq = await rig.joined()
+        await rig.sent(seq, BlockStored((11, 12), None, A, BS))
+        assert rig.overlap(A) == {WORKER: 2}
+        # the worker evicted block 11; its removal arrives with a hash of a type no engine sends
+        n = len(rig.got)
+        await rig.pub.send_multipart([b"kv-events", (seq + 1).to_bytes(8, "big"), msgspec.msgpack.encode(
+            [2.0, [{"type": "BlockRemoved", "block_hashes": [11.0], "medium": "GPU"}]])])
+        await wait_for(lambda: len(rig.got) > n, "the batch with the malformed removal")
+        assert rig.overlap(A) == {}  # under-reported until stored again, never a block the worker lacks
+        assert rig.sub.stats.num_invalid_events[WORKER] == 1 and rig.sub.stats.num_resyncs[WORKER] == 1
+        assert WORKER not in rig.sub.stats.num_missed_batches  # in sequence: resynced for the bad event alone
+        await rig.sent(seq + 2, BlockStored((21, 22), None, B, BS))
+        assert rig.overlap(B) == {WORKER: 2} and rig.sub.stats.num_resyncs[WORKER] == 1
+    finally:
+        await rig.close()
+
+
+async def test_an_event_with_an_unhashable_medium_does_not_end_the_reader():
+    rig = _Rig()
+    rig.sub.start()
+    try:
+        seq = await rig.joined()
+        await rig.sent(seq, BlockStored((11, 12), None, A, BS))
+        n = len(rig.got)
+        await rig.pub.send_multipart([b"kv-events", (seq + 1).to_bytes(8, "big"), msgspec.msgpack.encode(
+            [2.0, [{"type": "BlockRemoved", "block_hashes": [11], "medium": ["GPU"]}]])])
+        await wait_for(lambda: len(rig.got) > n, "the batch with the list medium")
+        assert rig.sub.stats.num_invalid_events[WORKER] == 1 and rig.overlap(A) == {}
+        await rig.sent(seq + 2, BlockStored((21, 22), None, B, BS))  # the reader is still there
+        assert rig.overlap(B) == {WORKER: 2} and rig.sub.active_workers == (WORKER,)
+        assert not rig.sub._tasks[WORKER].done()
+    finally:
+        await rig.close()
+
+
+async def test_any_failure_to_decode_a_message_is_counted_and_the_reader_goes_on(monkeypatch):
+    import runtime.engines.kv_events as kv_events
+
+    real = kv_events.decode_multipart
+
+    def decode(frames):
+        if frames[2] == b"poison":  # stands for a decoder bug: an exception that is no KvEventDecodeError
+            raise TypeError("unhashable type: 'list'")
+        return real(frames)
+
+    monkeypatch.setattr(kv_events, "decode_multipart", decode)
+    rig = _Rig()
+    rig.sub.start()
+    try:
+        seq = await rig.joined()
+        await rig.sent(seq, BlockStored((11, 12), None, A, BS))
+        await rig.pub.send_multipart([b"kv-events", (seq + 1).to_bytes(8, "big"), b"poison"])
+        await rig.sent(seq + 2, BlockStored((21, 22), None, B, BS))
+        assert rig.sub.stats.num_decode_errors[WORKER] == 1
+        # the dropped message leaves a gap: the worker is resynced, blocks stored before it are not credited
+        assert rig.sub.stats.num_missed_batches[WORKER] == 1 and rig.sub.stats.num_resyncs[WORKER] == 1
+        assert rig.overlap(A) == {} and rig.overlap(B) == {WORKER: 2}
+        assert not rig.sub._tasks[WORKER].done()
     finally:
         await rig.close()

@@ -7,7 +7,7 @@ Specification:
   `runtime.engines.drain_wait` with the drain cap, a prefill pod holding for its KV lease; its grace period
   is the cap plus vLLM's shutdown time; a headless follower has no hook;
 * the preStop wait returns once the engine read no request for the hold time, or at the cap; an unreadable
-  page counts as busy;
+  page counts as busy, and so does a NaN, infinite or negative gauge (NaN > 0 is False: it read as idle);
 * lowering a pool annotates the least loaded pods (by the router's load of their IPs) with
   `controller.kubernetes.io/pod-deletion-cost` before the scale patch, and skips terminating pods; raising it
   annotates nothing.
@@ -16,6 +16,8 @@ Specification:
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace as NS
 
 import pytest
@@ -23,6 +25,7 @@ import pytest
 from runtime.config import EngineSpec, PlannerSpec
 from runtime.deploy.render import find
 from runtime.engines.drain_wait import busy_requests, wait_drained
+from runtime.engines.drain_wait import main as drain_wait_main
 from runtime.planner.types import ScalingDecision
 from runtime.router.load import WorkerLoad
 from runtime.server.actuators import POD_DELETION_COST, REMOVAL_COST, KubernetesActuator
@@ -92,6 +95,43 @@ def test_busy_requests_counts_running_and_waiting():
     page = ('vllm:num_requests_running{model_name="m"} 2.0\nvllm:num_requests_waiting{model_name="m"} 1.0\n'
             'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n')
     assert busy_requests(page) == 3.0 and busy_requests("") == 0.0
+
+
+@pytest.mark.parametrize("running", ["NaN", "+Inf", "-1"])
+def test_a_gauge_no_engine_can_report_is_unreadable_so_the_pod_is_not_taken_for_drained(running):
+    page = f'vllm:num_requests_running{{engine="0"}} {running}\nvllm:num_requests_waiting{{engine="0"}} 1\n'
+    assert busy_requests(page) is None
+    clock = Clock()
+    assert not wait_drained(lambda: float(running), hold_s=2, cap_s=10, clock=clock, sleep=clock.sleep)
+    assert clock.now_s == 10.0
+
+
+def test_the_prestop_command_waits_out_a_nan_gauge_read_over_http(capsys):
+    """`python -m runtime.engines.drain_wait` against a real /metrics page on 127.0.0.1 whose running gauge
+    is NaN while a request waits: with no hold time and no cap, one read decides it, and it must be busy."""
+    page = b'vllm:num_requests_running{engine="0"} NaN\nvllm:num_requests_waiting{engine="0"} 4\n'
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert drain_wait_main(["--port", str(server.server_address[1]), "--hold-s", "0", "--cap-s", "0"]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert capsys.readouterr().out.strip() == "drain cap of 0 s reached"  # "drained" with 4 requests held
 
 
 # ------------------------------------------------------------------------------------------ the actuator

@@ -62,7 +62,7 @@ def test_extra_keys_are_kept_and_other_kv_cache_groups_skipped():
 def test_a_map_event_missing_a_field_is_named():
     payload = msgspec.msgpack.encode([0.0, [{"type": "BlockStored", "block_hashes": [1], "block_size": 2}]])
     batch = decode_payload(payload)  # the event is left out and counted, not the whole batch lost
-    assert batch.events == () and batch.num_invalid_events == 1
+    assert batch.events == (AllBlocksCleared(),) and batch.num_invalid_events == 1
     assert "missing 'token_ids'" in batch.first_error
 
 
@@ -110,7 +110,7 @@ def test_malformed_events_are_named_and_only_they_are_dropped(event, needle):
     with pytest.raises(KvEventDecodeError, match=needle):
         decode_event(event)
     batch = decode_payload(msgspec.msgpack.encode([0.0, [event, ["BlockRemoved", [7], "GPU"]]]))
-    assert batch.events == (BlockRemoved((7,), "GPU"),)
+    assert batch.events == (AllBlocksCleared(), BlockRemoved((7,), "GPU"))  # cleared first: see test_kv_events_robust
     assert batch.num_invalid_events == 1 and needle.split()[-1] in batch.first_error
 
 

@@ -1,8 +1,10 @@
 """KV events that real vLLM sends besides plain GPU BlockStored/BlockRemoved, and bad events in a batch.
 
 Specification:
-* a batch is decoded event by event: a malformed event, an event of an unknown medium and a token-less
-  placeholder (``token_ids=[]``, ``block_size=0``) are left out and counted; GPU events and the offload
+* a batch is decoded event by event: a malformed event (also a ``medium`` that is not a string), an event
+  of an unknown medium and a token-less placeholder (``token_ids=[]``, ``block_size=0``) are left out and
+  counted; a batch with a malformed event starts with ``AllBlocksCleared``, so a left-out removal never leaves
+  the index crediting a block the worker evicted; GPU events and the offload
   tiers' events (``CPU``/``STORAGE``: vLLM's KV offloading connector,
   vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py) are kept with their medium;
 * the applier indexes each medium apart: a CPU-tier removal never drops the GPU copy;
@@ -18,9 +20,11 @@ import pytest
 
 from runtime.kv.apply import KvEventApplier, KvEventError
 from runtime.kv.events import (
+    AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KvEventBatch,
+    KvEventDecodeError,
     decode_event,
     decode_payload,
     encode_payload,
@@ -73,9 +77,33 @@ def test_offloaded_copies_are_kept_with_their_medium_and_unknown_media_skipped()
 def test_a_malformed_event_is_counted_and_named_and_the_rest_kept():
     bad = _stored_map([11], PROMPT[:4], block_size=-1)
     batch = decode_payload(_payload(bad, _stored_map([21], PROMPT[:4])))
-    assert [ev.block_hashes for ev in batch.events] == [(21,)]
+    assert isinstance(batch.events[0], AllBlocksCleared)
+    assert [ev.block_hashes for ev in batch.events[1:]] == [(21,)]
     assert batch.num_invalid_events == 1
     assert "payload.events[0]" in batch.first_error and "block_size" in batch.first_error
+
+
+@pytest.mark.parametrize("medium", [["GPU"], {"tier": "GPU"}, 7])
+def test_a_medium_that_is_not_a_string_makes_the_event_invalid_not_the_decoder_raise(medium):
+    # a list or map is unhashable: looked up among the known media it raised TypeError out of the decoder
+    removed = {"type": "BlockRemoved", "block_hashes": [7], "medium": medium}
+    batch = decode_payload(_payload(_stored_map([11], PROMPT[:4]), removed, {**_stored_map([12], PROMPT[:4]),
+                                                                             "medium": medium}))
+    assert batch.num_invalid_events == 2 and "medium must be a string" in batch.first_error
+    assert batch.events == (AllBlocksCleared(), BlockStored((11,), None, PROMPT[:4], BS, None, "GPU"))
+    with pytest.raises(KvEventDecodeError, match="medium"):
+        decode_event(["BlockRemoved", [7], medium])
+
+
+def test_a_malformed_removal_leaves_no_block_the_worker_evicted_in_the_index():
+    idx, ap = _setup()
+    ap.apply("A", decode_payload(_payload(_stored_map(OURS[:2], PROMPT[:8]))).events)
+    assert idx.match(OURS) == {"A": 2}
+    # the worker evicted both blocks; the removal of the first reaches the router with a hash of the wrong type
+    batch = decode_payload(_payload({"type": "BlockRemoved", "block_hashes": [1.5], "medium": "GPU"},
+                                    {"type": "BlockRemoved", "block_hashes": [OURS[1]], "medium": "GPU"}))
+    ap.apply("A", batch.events)
+    assert batch.num_invalid_events == 1 and idx.match(OURS) == {}
 
 
 def test_empty_token_ids_stay_distinct_from_no_token_ids():

@@ -5,12 +5,16 @@ Specification: the requests an engine reports beyond the router's own on it (as 
 request still prefilling on another worker is not on its decode engine yet) count as external load of the running
 mean prompt size, folded into `decode_blocks` so that the router's own charge and release stay exact; an
 unreadable page drops the external share; prefill-only workers are left alone; a router that sees another
-replica's requests on a worker sends its next request to the other worker.
+replica's requests on a worker sends its next request to the other worker. A NaN, infinite or negative gauge
+is unreadable too: it neither enters the traffic share nor stops the loop, and a round that fails for any
+reason is logged once and the loop goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 
 import pytest
 
@@ -19,6 +23,7 @@ from runtime.router.load import WorkerLoad, set_external_load
 from runtime.server.app import build_router_pairing
 from runtime.server.engine_load import engine_load_loop, read_engine_load
 from runtime.server.pairing import RouteRequest
+from runtime.server.routing import MIN_TRAFFIC_SHARE
 
 
 def test_external_requests_are_those_beyond_the_routers_own_and_replace_the_previous_share():
@@ -93,3 +98,88 @@ async def test_the_loop_reads_every_decode_worker_and_unreadable_pages_count_as_
     assert pairing.load_of("http://d1").external_requests == 0
     with pytest.raises(ValueError):
         await engine_load_loop(pairing, page, interval_s=0)
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1.0])
+def test_a_gauge_no_engine_can_report_drops_the_external_share_like_an_unreadable_page(bad):
+    w = WorkerLoad("d0", "decode", decode_blocks=10, num_requests=2, engine_requests=2)
+    set_external_load(w, 5, 4.0)
+    assert w.decode_blocks == 22
+    set_external_load(w, bad, 4.0)  # +Inf raised OverflowError turning the share into blocks
+    assert (w.external_requests, w.external_decode_blocks, w.decode_blocks) == (0, 0, 10)
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -3.0])
+def test_a_gauge_no_engine_can_report_counts_for_nothing_in_the_traffic_share(bad):
+    pairing = _pairing()
+    pairing.load_of("http://d0").engine_requests = 2
+    pairing.load_of("http://d1").engine_requests = 1
+    pairing.set_engine_load("http://d0", bad)  # an inf made the share own/inf = 0, a NaN made it 1.0
+    pairing.set_engine_load("http://d1", 3)
+    assert pairing.drain_traffic_share() == pytest.approx(1 / 3)
+    assert pairing.load_of("http://d0").external_requests == 0
+
+
+_INF_PAGE = 'vllm:num_requests_running{model_name="m"} +Inf\nvllm:num_requests_waiting{model_name="m"} 0\n'
+_NAN_PAGE = 'vllm:num_requests_running{model_name="m"} NaN\nvllm:num_requests_waiting{model_name="m"} 1\n'
+_THREE = 'vllm:num_requests_running{model_name="m"} 2\nvllm:num_requests_waiting{model_name="m"} 1\n'
+
+
+async def _run_rounds(pairing, page, rounds_done: asyncio.Event) -> asyncio.Task:
+    """Run the loop until `rounds_done` is set or the loop ends on its own; the task, still running or not."""
+    task = asyncio.create_task(engine_load_loop(pairing, page, interval_s=0.001))
+    waiter = asyncio.create_task(rounds_done.wait())
+    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    return task
+
+
+async def test_an_infinite_or_nan_gauge_is_unreadable_and_the_loop_carries_on():
+    pairing = _pairing()
+    rounds, done = [0], asyncio.Event()
+
+    async def page(url: str) -> str:
+        if url == "http://d1":
+            rounds[0] += 1
+            if rounds[0] == 3:
+                done.set()
+        return {"http://d0": _INF_PAGE if rounds[0] % 2 else _NAN_PAGE, "http://d1": _THREE}[url]
+
+    assert await read_engine_load(page, "http://d0", 1.0) is None
+    task = await _run_rounds(pairing, page, done)
+    try:
+        assert not task.done(), task.exception()  # an OverflowError from the +Inf ended it for good
+        assert pairing.load_of("http://d0").external_requests == 0
+        assert pairing.load_of("http://d1").external_requests == 3
+        assert pairing.drain_traffic_share() == MIN_TRAFFIC_SHARE  # none of ours; a NaN read made it 1.0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_round_that_fails_is_logged_once_and_the_loop_goes_on(caplog):
+    pairing = _pairing()
+    real_set, calls, done = pairing.set_engine_load, [0], asyncio.Event()
+
+    def flaky_set(url, load):
+        calls[0] += 1
+        if calls[0] <= 4:  # the first four rounds fail (each at its first worker)
+            raise RuntimeError("pairing bug")
+        real_set(url, load)
+        if calls[0] == 6:
+            done.set()
+
+    pairing.set_engine_load = flaky_set
+
+    async def page(url: str) -> str:
+        return _THREE
+
+    with caplog.at_level(logging.ERROR, logger="runtime.server.engine_load"):
+        task = await _run_rounds(pairing, page, done)
+    try:
+        assert not task.done(), task.exception()
+        assert pairing.load_of("http://d0").external_requests == 3
+        assert len([r for r in caplog.records if r.exc_info and "pairing bug" in str(r.exc_info[1])]) == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
