@@ -82,14 +82,31 @@ MAX_NAME_BYTES = 255  # NAME_MAX of Linux filesystems (ext4, xfs, Lustre)
 PART_SUFFIX_BYTES = len(".pdserve-part")
 
 
+def check_utf8(rel_paths: Sequence[str]) -> None:
+    """Refuse paths that are not valid UTF-8 (a local file's name in another encoding, which Python
+    holds with surrogate escapes): the manifest and the journal keep paths as UTF-8 text.
+
+    Raises:
+        StagingError: naming the first such path, repr-escaped (each undecodable byte shows as
+            ``\\udcXX``).
+    """
+    for rel in rel_paths:
+        try:
+            rel.encode()
+        except UnicodeEncodeError:
+            raise StagingError(f"file name {rel!r} is not valid UTF-8; rename it or leave it out (--exclude)"
+                               ) from None
+
+
 def check_paths(rel_paths: Sequence[str]) -> None:
     """Refuse a selection the stager cannot write, before any byte is fetched.
 
     Raises:
-        StagingError: a file name longer than ``MAX_NAME_BYTES - len(".pdserve-part")`` bytes (its
-            partial file would exceed NAME_MAX), or a path that is both a file and a folder (keys
-            ``a`` and ``a/b``); the message names the paths.
+        StagingError: a path that is not valid UTF-8 (`check_utf8`), a file name longer than
+            ``MAX_NAME_BYTES - len(".pdserve-part")`` bytes (its partial file would exceed NAME_MAX), or
+            a path that is both a file and a folder (keys ``a`` and ``a/b``); the message names the paths.
     """
+    check_utf8(rel_paths)
     limit = MAX_NAME_BYTES - PART_SUFFIX_BYTES
     for rel in rel_paths:
         name = rel.rsplit("/", 1)[-1]

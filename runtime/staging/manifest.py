@@ -30,6 +30,11 @@ class StagingError(RuntimeError):
     """Staging failed or a staged folder is invalid; the message names the key, file or field."""
 
 
+class ChecksumMismatchError(StagingError):
+    """Downloaded bytes differ from the source's checksum or ETag (flipped in transit, damaged on disk, or a
+    bad source); the message names the key and both values."""
+
+
 class DestinationError(StagingError):
     """The destination cannot be staged into as given (a filesystem root, a name too long, inside the source,
     a symbolic link, below a file, or a folder of other files): a bad value, found before anything is copied."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from runtime.staging.keys import UnsafeKeyError, is_source_marker, relative_path
-from runtime.staging.manifest import StagingError
+from runtime.staging.manifest import ChecksumMismatchError, StagingError
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class SourceObject:
         part_size_bytes: upload part size of a multipart S3 object (ETag/checksum "-N"), else None.
         sha256_hex: the source's own SHA-256 of the content (hf LFS files) or None.
         git_blob_sha1: git blob id of a non-LFS hf file (sha1 of "blob <size>\\0" + content) or None.
-        sse_kms: the object is SSE-KMS encrypted (its ETag is not an MD5).
+        sse_kms: the object is encrypted with a KMS key, SSE-KMS or DSSE-KMS (its ETag is not an MD5).
         unsafe: why its key cannot be a destination path (runtime.staging.keys.relative_path), or None; `rel`
             is then the key after the prefix as it stands, for the selection only: staging refuses the
             object if it is selected, and leaves it out otherwise.
@@ -88,7 +88,7 @@ class Source(Protocol):
 class VerifiedBody:
     """Chunks of a response body whose full-object checksum (`kind`: sha256, crc64nvme, crc32c or
     crc32) the transport computes while they are read and checks against the object's S3 checksum
-    at the end (raising `StagingError` on a mismatch). Iterate it once; then `digest()` is that
+    at the end (raising `ChecksumMismatchError` on a mismatch). Iterate it once; then `digest()` is that
     checksum of exactly the bytes yielded (raw bytes), `sha256_hex()` the SHA-256 when kind is sha256."""
 
     def __init__(self, chunks: Iterator[bytes], digest: Any, kind: str = "sha256") -> None:
@@ -155,7 +155,8 @@ def _with_checksums(obj: SourceObject, response: dict) -> SourceObject:
         checksum_crc32c=response.get("ChecksumCRC32C"),
         checksum_crc32=response.get("ChecksumCRC32"),
         checksum_crc64nvme=response.get("ChecksumCRC64NVME"),
-        sse_kms=response.get("ServerSideEncryption") == "aws:kms",
+        # "aws:kms" (SSE-KMS) and "aws:kms:dsse" (DSSE-KMS): S3 gives neither an MD5 ETag
+        sse_kms=(response.get("ServerSideEncryption") or "").startswith("aws:kms"),
     )
 
 
@@ -241,7 +242,11 @@ class S3Source:
         described = _with_checksums(obj, h)
         part_size = None
         sums = (described.checksum_sha256, described.checksum_crc32c, described.checksum_crc32, described.checksum_crc64nvme)
-        if "-" in etag or any(c and "-" in c for c in sums):
+        if obj.size_bytes == 0 and ("-" in etag or any(c and "-" in c for c in sums)):
+            # an empty multipart object has exactly one empty part (every part but the last is at least
+            # 5 MiB): no HEAD needed, and some S3-compatible servers (SeaweedFS) fail HEAD ?partNumber on it
+            part_size = 0
+        elif "-" in etag or any(c and "-" in c for c in sums):
             p1 = self.client.head_object(Bucket=self.bucket, Key=obj.key, PartNumber=1)
             part_size = int(p1["ContentLength"])
         return replace(described, part_size_bytes=part_size)
@@ -291,7 +296,7 @@ class S3Source:
             try:
                 yield from _read_into(body, chunk_bytes)
             except FlexibleChecksumError as e:
-                raise StagingError(
+                raise ChecksumMismatchError(
                     f"object '{obj.key}': {s3_name} mismatch detected by botocore while streaming (corrupted): {e}"
                 ) from e
             finally:
@@ -392,8 +397,8 @@ class S3Source:
                 yield b
             got = base64.b64encode(digest.digest()).decode()
             if got != p.expected:
-                raise StagingError(f"object '{obj.key}': {s3_name} mismatch: downloaded {got}, source says "
-                                   f"{p.expected} (corrupted)")
+                raise ChecksumMismatchError(f"object '{obj.key}': {s3_name} mismatch: downloaded {got}, "
+                                            f"source says {p.expected} (corrupted)")
 
         return described, VerifiedBody(chunks(), digest.digest, kind)
 

@@ -72,7 +72,8 @@ from typing import Callable
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_random
 
-from runtime.staging.manifest import HASH_CHUNK_BYTES, ManifestEntry, StagingError
+from runtime.staging.keys import check_utf8
+from runtime.staging.manifest import HASH_CHUNK_BYTES, ChecksumMismatchError, ManifestEntry, StagingError
 from runtime.staging.sources import Source, SourceObject, VerifiedBody
 from runtime.staging.verify import (FileDigests, Hasher, RangeHasher, assemble, by_range, check, checksum_record,
                                     needs_whole_sha256, plan)
@@ -241,41 +242,47 @@ class TransferEngine:
         pos = start
         hasher: Hasher | RangeHasher | None = RangeHasher(fs.obj, start, end) if fs.by_range else None
         body: object = None
-        for attempt in Retrying(
-            stop=stop_after_attempt(self.max_attempts),
-            wait=wait_exponential(multiplier=self.backoff[0], max=self.backoff[1]) + wait_random(0, self.backoff[0]),
-            retry=retry_if_exception_type(self.source.retryable) if self.source.retryable else lambda _: False,
-            reraise=True,
-            before_sleep=lambda rs, key=fs.obj.key: log.warning(
-                "object '%s' part %d: %s; attempt %d of %d, retrying from byte %d", key, idx,
-                _describe(rs.outcome.exception()), rs.attempt_number, self.max_attempts, pos),
-        ):
-            with attempt:
-                if fs.whole:  # single-part file: one plain GET (checksum in its headers); a retry restarts it
-                    if pos:
-                        self.on_bytes(-pos)
-                        pos = 0
-                    fs.obj, body = self.source.read_whole(fs.obj, self.chunk)
-                    hasher = self._whole_hasher(fs.obj, body)
-                    chunks = iter(body)
-                else:
-                    chunks = self.source.read_range(fs.obj, pos, end, self.chunk)
-                for b in chunks:  # bytes of this part arrive in order, also after a retry
-                    if self._abort.is_set():
-                        raise StagingError("aborted")
-                    n = len(b)
-                    if pos + n > end:
-                        raise StagingError(f"object '{fs.obj.key}': server sent more bytes than the range")
-                    if fs.dfd >= 0 and fs.direct and not (pos | n) & DIRECT_ALIGN:
-                        self._write_direct(fs, b, pos)
+        try:
+            for attempt in Retrying(
+                stop=stop_after_attempt(self.max_attempts),
+                wait=wait_exponential(multiplier=self.backoff[0], max=self.backoff[1])
+                + wait_random(0, self.backoff[0]),
+                retry=retry_if_exception_type(self.source.retryable) if self.source.retryable else lambda _: False,
+                reraise=True,
+                before_sleep=lambda rs, key=fs.obj.key: log.warning(
+                    "object '%s' part %d: %s; attempt %d of %d, retrying from byte %d", key, idx,
+                    _describe(rs.outcome.exception()), rs.attempt_number, self.max_attempts, pos),
+            ):
+                with attempt:
+                    if fs.whole:  # single-part file: one plain GET (checksum in its headers); a retry restarts it
+                        if pos:
+                            self.on_bytes(-pos)
+                            pos = 0
+                        fs.obj, body = self.source.read_whole(fs.obj, self.chunk)
+                        hasher = self._whole_hasher(fs.obj, body)
+                        chunks = iter(body)
                     else:
-                        os.pwrite(fs.fd, b, pos)
-                    if hasher:
-                        hasher.update(b)
-                    pos += n
-                    self.on_bytes(n)
-                if pos != end:
-                    raise StagingError(f"object '{fs.obj.key}': short read at byte {pos} of part {idx}")
+                        chunks = self.source.read_range(fs.obj, pos, end, self.chunk)
+                    for b in chunks:  # bytes of this part arrive in order, also after a retry
+                        if self._abort.is_set():
+                            raise StagingError("aborted")
+                        n = len(b)
+                        if pos + n > end:
+                            raise StagingError(f"object '{fs.obj.key}': server sent more bytes than the range")
+                        if fs.dfd >= 0 and fs.direct and not (pos | n) & DIRECT_ALIGN:
+                            self._write_direct(fs, b, pos)
+                        else:
+                            os.pwrite(fs.fd, b, pos)
+                        if hasher:
+                            hasher.update(b)
+                        pos += n
+                        self.on_bytes(n)
+                    if pos != end:
+                        raise StagingError(f"object '{fs.obj.key}': short read at byte {pos} of part {idx}")
+        except ChecksumMismatchError:
+            if fs.whole and pos:  # `fetch` fetches the file again from byte 0: take back its progress
+                self.on_bytes(-pos)
+            raise
         if fs.whole:
             fs.digests = hasher.result() if hasher else FileDigests(sha256_hex="")
             if isinstance(body, VerifiedBody) and body.kind == plan(fs.obj).kind:
@@ -393,18 +400,22 @@ class TransferEngine:
         )
 
     def _check_uneven_parts(self, fs: _FileState) -> str:
-        """A composite checksum / multipart ETag failed with uniform upload parts assumed: ask the source
-        for the real part sizes; when they differ, re-hash the staged file at those boundaries (one read)
-        and check again. The file's SHA-256 from that pass becomes its manifest record (a deep re-check
-        of the uneven composite would need the sizes too).
+        """A composite checksum / multipart ETag failed with equal upload parts assumed: ask the source
+        for the real part sizes; when they differ from that split, re-hash the staged file at those
+        boundaries (one read) and check again. The file's SHA-256 from that pass becomes its manifest
+        record (a deep re-check of the uneven composite would need the sizes too).
 
         Raises:
-            StagingError: the parts are uniform (the bytes are wrong) or still mismatch.
+            ChecksumMismatchError: the parts are as assumed (the bytes are wrong) or still mismatch.
         """
         obj = fs.obj
         sizes = self.source.part_sizes(obj) if plan(obj).composite and hasattr(self.source, "part_sizes") else []
-        uniform = [obj.part_size_bytes] * (len(sizes) - 1)
-        if not sizes or sum(sizes) != obj.size_bytes or sizes[:-1] == uniform:
+        # the split the digests were made at: parts of the first part's size, the rest in the last; real
+        # parts may differ anywhere, a last part larger than the others included (UploadPartCopy joins)
+        up = obj.part_size_bytes or 0
+        k = -(-obj.size_bytes // up) if up else 0
+        even = [up] * (k - 1) + [obj.size_bytes - up * (k - 1)] if k else []
+        if not sizes or sum(sizes) != obj.size_bytes or sizes == even:
             check(obj, fs.digests)  # raises the original mismatch
         h = Hasher(obj, sha256=True, part_sizes=sizes)
         buf = memoryview(bytearray(HASH_CHUNK_BYTES))
@@ -538,9 +549,11 @@ class TransferEngine:
         resumed part damaged on disk); `stats.files_refetched` counts them.
 
         Raises:
-            StagingError: a checksum/ETag mismatch twice in a row, a changed object, or a part failing
-                after `max_attempts`; names the key. Completed parts stay for the next run.
+            StagingError: a checksum/ETag mismatch twice in a row, a changed object, a part failing
+                after `max_attempts`, or a path that is not valid UTF-8 (a local file's name; before
+                anything is fetched); names the key. Completed parts stay for the next run.
         """
+        check_utf8([o.rel for o in objects])  # journal ids and the manifest (JSON) need the names as text
         jdir = self.staging / JOURNAL_DIR
         jdir.mkdir(parents=True, exist_ok=True)
         verified = load_verified(self.staging)
@@ -582,16 +595,22 @@ class TransferEngine:
             while self._outstanding:
                 kind, fs, idx, res, err = self._done.get()
                 self._outstanding -= 1
-                if (err is not None and kind == "finished" and isinstance(err, StagingError)
-                        and fs.obj.rel not in refetched and not self._abort.is_set()):
-                    # the file's bytes failed the check (_finish removed them and its journal): a bit
-                    # flipped in transit or a resumed part damaged on disk. Fetch it afresh once; a
-                    # second mismatch means the source itself is bad and fails the run.
+                # A single-request file with a full-object checksum is checked while it streams (its
+                # mismatch comes with the "part"); the others when their last part is in ("finished").
+                failed_check = err is not None and (
+                    (kind == "finished" and isinstance(err, StagingError))
+                    or (kind == "part" and fs.whole and isinstance(err, ChecksumMismatchError)))
+                if failed_check and fs.obj.rel not in refetched and not self._abort.is_set():
+                    # the file's bytes failed the check (_finish removed them and its journal; a
+                    # single-request file is truncated by _prepare): a bit flipped in transit or a
+                    # resumed part damaged on disk. Fetch it afresh once; a second mismatch means the
+                    # source itself is bad and fails the run.
                     refetched.add(fs.obj.rel)
                     log.warning("%s; fetching '%s' again", err, fs.obj.rel)
                     self.stats.files_refetched += 1
                     self._close(fs)
-                    self.on_bytes(-fs.obj.size_bytes)
+                    if kind == "finished":  # a failed single GET took back its own progress (_fetch_part)
+                        self.on_bytes(-fs.obj.size_bytes)
                     start(*self._prepare(fs.obj, jdir, whole=fs.whole))
                     continue
                 if err is not None:

@@ -8,7 +8,7 @@ Order of preference (first available wins):
    CRC32C and CRC64NVME need `awscrt` (the boto3[crt] extra); without it they fall through to 3./4.
 2. Source SHA-256 (Hugging Face LFS pointer) or git blob id (sha1 of ``b"blob <size>\\0" + data``).
 3. S3 ETag: MD5 of the bytes for single-part objects; for multipart ``<hex>-<N>`` the MD5 of the
-   concatenated binary MD5s of the parts (not for SSE-KMS objects, whose ETag is not an MD5).
+   concatenated binary MD5s of the parts (not for SSE-KMS or DSSE-KMS objects, whose ETag is not an MD5).
 4. Otherwise only the self-computed SHA-256 is recorded (``verified_by="sha256"``).
 
 Two ways to compute: `Hasher` takes the bytes of a whole file in order (one pass feeds every digest);
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from runtime.staging.manifest import HASH_CHUNK_BYTES, StagingError
+from runtime.staging.manifest import HASH_CHUNK_BYTES, ChecksumMismatchError, StagingError
 from runtime.staging.sources import SourceObject
 
 
@@ -149,7 +149,8 @@ class Hasher:
     caller gets it elsewhere, e.g. from botocore checking a full-object ChecksumSHA256), the plan's
     whole-file digest (MD5 ETag, CRC, git blob sha1) and, for composite checksums / multipart ETags,
     one digest per upload part (split at multiples of the object's `part_size_bytes`, or at the given
-    `part_sizes` when the upload parts differ in size, which S3 allows).
+    `part_sizes` when the upload parts differ in size, which S3 allows). An empty multipart object has
+    one empty upload part (ETag / checksum "-1"), whatever its `part_size_bytes` says.
     """
 
     def __init__(self, obj: SourceObject, *, sha256: bool = True, part_sizes: list[int] | None = None) -> None:
@@ -159,6 +160,7 @@ class Hasher:
         self.part_sizes = list(part_sizes) if (p.composite and part_sizes) else None
         if self.part_sizes:
             self.part = self.part_sizes[0]
+        self.empty_composite = p.composite and obj.size_bytes == 0
         self.sha = hashlib.sha256() if sha256 else None
         self.extra: Any = None
         if p.kind == "git":
@@ -204,6 +206,8 @@ class Hasher:
         hasher was made with `sha256=False`."""
         if self.p_dig is not None and self.in_part:
             self._close_part()
+        if self.empty_composite and not self.parts:  # no byte ever closes the one (empty) part
+            self.parts.append(new_digest(self.plan.kind).digest())
         whole = self.extra.digest() if self.extra is not None else b""
         return FileDigests(sha256_hex=self.sha.hexdigest() if self.sha else "", whole=whole, parts=self.parts)
 
@@ -299,7 +303,9 @@ def checksum_record(obj: SourceObject, verified_by: str) -> tuple[str | None, in
     if p.method != verified_by or p.method in ("sha256", "source-sha256"):
         return None, None
     algo = "git-sha1" if p.kind == "git" else p.kind
-    return f"{algo}:{p.expected}", (obj.part_size_bytes if p.composite else None)
+    # an empty object's one upload part is 0 bytes: not a part size (a manifest's is ≥ 1), and `check`
+    # needs none to re-check it
+    return f"{algo}:{p.expected}", (obj.part_size_bytes or None) if p.composite else None
 
 
 def object_for_record(path: str, size_bytes: int, checksum: str, part_size_bytes: int | None) -> SourceObject:
@@ -337,11 +343,12 @@ def check(obj: SourceObject, d: FileDigests) -> str:
     """Compare digests with the source's checksum/ETag; return what was used (`verified_by`).
 
     Raises:
-        StagingError: naming the key and both values on a mismatch (corrupted or wrong bytes).
+        ChecksumMismatchError: naming the key and both values on a mismatch (corrupted or wrong bytes).
     """
     p = plan(obj)
-    if p.kind is None or (p.composite and obj.part_size_bytes is None):
-        return "sha256"  # nothing to compare with (or part size unknown: not recomputable)
+    # a composite check needs the part size to be recomputed, except an empty object's (one empty part)
+    if p.kind is None or (p.composite and obj.part_size_bytes is None and obj.size_bytes):
+        return "sha256"  # nothing to compare with, or not recomputable
     b64 = p.method.startswith("checksum-")
     if p.composite:
         want, _, n = p.expected.partition("-")
@@ -359,7 +366,7 @@ def check(obj: SourceObject, d: FileDigests) -> str:
         what = {"checksum-sha256": "ChecksumSHA256", "checksum-crc64nvme": "ChecksumCRC64NVME",
                 "checksum-crc32c": "ChecksumCRC32C", "checksum-crc32": "ChecksumCRC32",
                 "source-sha256": "SHA-256", "git-blob-sha1": "git blob sha1", "etag-md5": "ETag (MD5)"}[p.method]
-        raise StagingError(
+        raise ChecksumMismatchError(
             f"object '{obj.key}': {what} mismatch: downloaded {got}, source says {p.expected} (corrupted)"
         )
     return p.method

@@ -168,11 +168,12 @@ def shutdown_sockets(*socks: socket.socket, close: bool = False) -> None:
 
 class FlipProxy:
     """TCP proxy on 127.0.0.1 in front of the S3 server that, in the server→client direction,
-    flips one byte inside `needle` (mode "flip") or drops the connection right after the needle
-    for the first `resets` occurrences (mode "reset")."""
+    flips one byte inside `needle` (mode "flip": every occurrence, or the first `flips`) or drops the
+    connection right after the needle for the first `resets` occurrences (mode "reset")."""
 
-    def __init__(self, upstream_port: int, needle: bytes, mode: str, resets: int = 1) -> None:
+    def __init__(self, upstream_port: int, needle: bytes, mode: str, resets: int = 1, flips: int | None = None) -> None:
         self.upstream_port, self.needle, self.mode, self.resets = upstream_port, needle, mode, resets
+        self.flips = flips
         self.hits = 0
         self.lock = threading.Lock()
         self.sock = socket.socket()
@@ -202,7 +203,8 @@ class FlipProxy:
                     if i >= 0:
                         with self.lock:
                             self.hits += 1
-                            act = self.mode == "flip" or self.hits <= self.resets
+                            limit = self.resets if self.mode == "reset" else self.flips
+                            act = limit is None or self.hits <= limit
                         if act and self.mode == "flip":
                             j = i + len(self.needle) // 2
                             buf = buf[:j] + bytes([buf[j] ^ 0x01]) + buf[j + 1 :]
@@ -305,11 +307,14 @@ def test_record_sha256_on_an_unchanged_source_adds_the_missing_sha256s(s3_client
     assert all(f.sha256 == sha256_file(dest / f.path) for f in again.files)
 
 
+@pytest.mark.parametrize("sizes_mib", [(5, 7, 1), (5, 5, 7)], ids=["middle-larger", "last-larger"])
 @pytest.mark.parametrize("algorithm", ["CRC32", None])
-def test_multipart_objects_with_uneven_part_sizes_are_verified(s3_client, s3_bucket, tmp_path, algorithm) -> None:  # noqa: ANN001
-    """S3 allows upload parts of different sizes (all but the last ≥ 5 MiB): the composite checksum /
-    multipart ETag is checked at the real part boundaries (not reported as corruption)."""
-    parts = [os.urandom(5 * MiB), os.urandom(7 * MiB), os.urandom(MiB)]
+def test_multipart_objects_with_uneven_part_sizes_are_verified(
+        s3_client, s3_bucket, tmp_path, algorithm, sizes_mib) -> None:  # noqa: ANN001
+    """S3 allows upload parts of different sizes (all but the last ≥ 5 MiB; the last may be the largest,
+    e.g. joined by UploadPartCopy): the composite checksum / multipart ETag is checked at the real part
+    boundaries (not reported as corruption)."""
+    parts = [os.urandom(n * MiB) for n in sizes_mib]
     extra = {"ChecksumAlgorithm": algorithm} if algorithm else {}
     up = s3_client.create_multipart_upload(Bucket=s3_bucket, Key="m/w.safetensors", **extra)
     done = []
@@ -326,6 +331,26 @@ def test_multipart_objects_with_uneven_part_sizes_are_verified(s3_client, s3_buc
     assert entry.verified_by == ("checksum-crc32" if algorithm else "etag-md5")
     assert entry.sha256 == hashlib.sha256(b"".join(parts)).hexdigest() == sha256_file(dest / "w.safetensors")
     assert verify_staged(dest) == m
+
+
+@pytest.mark.parametrize("transport", ["http", "botocore"])
+def test_an_empty_multipart_object_is_staged_and_verified(
+        s3_client, s3_bucket, tmp_path, transport) -> None:  # noqa: ANN001
+    """A zero-byte object uploaded as one empty part has a multipart ETag (``md5(md5(b""))-1``): it is
+    checked as one empty part, and the published folder re-verifies."""
+    s3_client.put_object(Bucket=s3_bucket, Key="m/config.json", Body=b"{}")
+    up = s3_client.create_multipart_upload(Bucket=s3_bucket, Key="m/empty.safetensors")
+    r = s3_client.upload_part(Bucket=s3_bucket, Key="m/empty.safetensors", UploadId=up["UploadId"], PartNumber=1,
+                              Body=b"")
+    s3_client.complete_multipart_upload(Bucket=s3_bucket, Key="m/empty.safetensors", UploadId=up["UploadId"],
+                                        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": r["ETag"]}]})
+    dest = tmp_path / "m"
+    m = stage_model(f"s3://{s3_bucket}/m", dest, s3_client=s3_client, progress=False, s3_transport=transport)
+    entry = m.by_path()["empty.safetensors"]
+    assert entry.etag == hashlib.md5(hashlib.md5(b"").digest()).hexdigest() + "-1"
+    assert entry.verified_by == "etag-md5" and entry.size_bytes == 0
+    assert (dest / "empty.safetensors").read_bytes() == b""
+    assert verify_staged(dest, check_digests=True) == m
 
 
 def test_the_local_server_has_volume_slots_for_many_buckets_and_deleted_buckets_free_theirs(s3_server, s3_client) -> None:  # noqa: ANN001

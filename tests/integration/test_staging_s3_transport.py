@@ -191,6 +191,28 @@ def test_bytes_corrupted_on_the_wire_are_detected(s3_server, s3_client, s3_bucke
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(("size", "checksum"), [(400_000, "SHA256"), (400_000, "CRC32"), (3 * MiB, "CRC32")])
+def test_a_file_corrupted_once_on_the_wire_is_fetched_again_in_the_same_run(
+        s3_server, s3_client, s3_bucket, tmp_path, transport, size, checksum) -> None:  # noqa: ANN001
+    """One flip in transit, then clean bytes: the file is fetched once more from scratch and published,
+    whether its full-object checksum is checked while it streams (one request) or after its ranges."""
+    data = os.urandom(size)
+    s3_client.put_object(Bucket=s3_bucket, Key="m/w.safetensors", Body=data, ChecksumAlgorithm=checksum)
+    proxy = FlipProxy(int(s3_server.endpoint_url.rsplit(":", 1)[1]), data[size // 2 : size // 2 + 32], "flip", flips=1)
+    progress: list[int] = []
+    try:
+        src = S3Source(f"s3://{s3_bucket}/m", _proxied_client(s3_server, proxy), transport)
+        eng = TransferEngine(src, tmp_path / "s", part_size_bytes=MiB, max_attempts=1, on_bytes=progress.append)
+        (entry,) = eng.fetch(src.list_objects())
+        assert proxy.hits == 2 and eng.stats.files_refetched == 1
+        assert sha256_file(tmp_path / "s" / "w.safetensors") == hashlib.sha256(data).hexdigest()
+        assert entry.verified_by == f"checksum-{checksum.lower()}"
+        assert sum(progress) == size  # the failed fetch's bytes were taken back
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_connection_dropped_mid_range_resumes_from_the_last_byte(s3_server, s3_client, s3_bucket, tmp_path, transport) -> None:  # noqa: ANN001
     data = os.urandom(3 * MiB)
     s3_client.put_object(Bucket=s3_bucket, Key="m/w.safetensors", Body=data, ChecksumAlgorithm="CRC32")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import re
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from runtime.staging.manifest import MARKER_NAME, StagingError, read_marker, ver
 from runtime.staging.publish import StageLock, sibling
 from runtime.staging.sources import LocalSource, SourceObject
 from runtime.staging.stage import Stager, StageOptions, stage_model
+from runtime.staging.transfer import TransferEngine
 
 
 def _folder(root: Path, fill: bytes, mtime_ns: int = 315_532_800 * 10**9) -> Path:
@@ -105,6 +107,24 @@ def test_names_over_name_max_and_file_folder_clashes_fail_before_fetching(tmp_pa
     assert not sibling(tmp_path / "m", "staging").exists()
     with pytest.raises(StagingError, match="too long"):
         stage_model(str(tmp_path / "src"), tmp_path / ("D" * 240), progress=False)
+
+
+def test_a_local_file_name_that_is_not_utf8_is_a_named_error(tmp_path: Path) -> None:
+    """Linux names are bytes: one that is not UTF-8 (here 0xff) cannot go into the manifest; the error names
+    it (repr-escaped) before anything is written, for the stager and for the transfer engine alone."""
+    src = _folder(tmp_path / "src", b"A")
+    with open(os.path.join(os.fsencode(src), b"tokenizer\xff.json"), "wb") as f:
+        f.write(b"{}")
+    name = repr("tokenizer\udcff.json")
+    with pytest.raises(StagingError, match=re.escape(f"file name {name} is not valid UTF-8")):
+        stage_model(str(src), tmp_path / "m", progress=False)
+    assert not (tmp_path / "m").exists() and not sibling(tmp_path / "m", "staging").exists()
+    with pytest.raises(StagingError, match=re.escape(name)):
+        check_paths(["config.json", "tokenizer\udcff.json"])
+    source = LocalSource(str(src))
+    with pytest.raises(StagingError, match=re.escape(name)):
+        TransferEngine(source, tmp_path / "t").fetch(source.list_objects())
+    assert stage_model(str(src), tmp_path / "m", progress=False, exclude=["tokenizer*"]).files  # left out: fine
 
 
 def test_filesystem_root_is_not_a_destination(tmp_path: Path) -> None:

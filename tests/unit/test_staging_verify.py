@@ -85,3 +85,40 @@ def test_sse_kms_etag_is_not_treated_as_md5(tmp_path: Path) -> None:
     f = tmp_path / "w"
     f.write_bytes(DATA)
     assert check(obj, hash_file(f, obj)) == "sha256"
+
+
+@pytest.mark.parametrize("sse", ["aws:kms", "aws:kms:dsse"])
+def test_kms_and_dsse_kms_objects_are_not_checked_against_their_etag(sse: str) -> None:
+    """S3 gives objects encrypted with a KMS key (SSE-KMS, DSSE-KMS) an ETag that is not an MD5 of the bytes."""
+    from runtime.staging.sources import _with_checksums
+
+    obj = SourceObject(key="k", rel="k", size_bytes=len(DATA), etag=hashlib.md5(b"other").hexdigest())
+    assert plan(_with_checksums(obj, {"ServerSideEncryption": "AES256"})).method == "etag-md5"  # SSE-S3: MD5
+    kms = _with_checksums(obj, {"ServerSideEncryption": sse})
+    assert kms.sse_kms and plan(kms).method == "sha256"
+
+
+def _empty_md5(n: int = 1) -> str:
+    return hashlib.md5(hashlib.md5(b"").digest() * n).hexdigest() + f"-{n}"
+
+
+@pytest.mark.parametrize("part_size_bytes", [0, None])
+@pytest.mark.parametrize("mode", ["etag-md5", "checksum-crc32"])
+def test_an_empty_multipart_object_verifies_as_one_empty_part(
+        tmp_path: Path, part_size_bytes: int | None, mode: str) -> None:
+    """A zero-byte object uploaded as one empty part: ETag ``md5(md5(b""))-1`` (composite CRC likewise);
+    the recorded checksum re-checks without a part size (a manifest's part size is ≥ 1)."""
+    from runtime.staging.verify import checksum_record, object_for_record
+
+    extra = {"checksum_crc32": _b64(_crc32(_crc32(b""))) + "-1"} if mode == "checksum-crc32" else {}
+    obj = SourceObject(key="k", rel="k", size_bytes=0, etag=_empty_md5(), part_size_bytes=part_size_bytes, **extra)
+    f = tmp_path / "empty"
+    f.write_bytes(b"")
+    assert check(obj, hash_file(f, obj)) == mode
+    record, part = checksum_record(obj, mode)
+    assert part is None
+    again = object_for_record("k", 0, record, part)
+    assert check(again, hash_file(f, again)) == mode
+    two = SourceObject(key="k", rel="k", size_bytes=0, etag=_empty_md5(2), part_size_bytes=part_size_bytes)
+    with pytest.raises(StagingError, match="mismatch"):  # one empty part, never two
+        check(two, hash_file(f, two))
