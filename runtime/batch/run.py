@@ -28,7 +28,8 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -116,34 +117,81 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
         raise BatchRunError(str(e).lstrip()) from None
 
 
-def _read_lines(uri: str, s3: Any, *, missing_ok: bool) -> list[str] | None:
-    try:
-        if uri.startswith("s3://"):
-            from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError
+@contextmanager
+def _open_lines(uri: str, s3: Any, *, missing_ok: bool) -> Iterator[Iterator[str] | None]:
+    """The lines of the local or S3 text file ``uri``, read one at a time as the caller iterates (None: absent and
+    ``missing_ok``); the file or S3 body is closed when the block ends.
 
-            bucket, key = split_s3_uri(uri)
-            try:
-                data = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-            except s3.exceptions.NoSuchKey:
-                if missing_ok:
-                    return None
-                raise BatchRunError(f"{uri}: no such object") from None
-            except (BotoConnectionError, HTTPClientError) as e:  # refused, timed out, dropped
-                raise BatchS3UnreachableError(f"{uri}: cannot reach the S3 endpoint: {e}") from None
-            except Exception as e:  # noqa: BLE001 - botocore ClientError (NoSuchBucket, AccessDenied)
-                raise BatchRunError(f"{uri}: cannot read: {e}") from None
-            # the line splitting of a local text file (universal newlines), not str.splitlines, which also
-            # breaks at U+2028 / U+0085 inside JSON strings
-            return io.StringIO(data.decode("utf-8"), newline=None).readlines()
+    Read as ``open(encoding="utf-8")`` reads a local file (universal newlines: '\r\n' and a lone '\r' end a line
+    and become '\n'; a BOM is kept for the caller), for an S3 object too: not ``str.splitlines``, which also
+    breaks at U+2028 / U+0085 inside JSON strings. Never the whole file at once: a batch input may be 200 MB
+    and the runner pod has 1 GiB.
+
+    Raises:
+        BatchRunError: missing (without ``missing_ok``), unreadable or not UTF-8, on opening or while iterating.
+        BatchS3UnreachableError: the S3 endpoint cannot be reached, or the connection drops while reading.
+    """
+    stream = _open_text(uri, s3, missing_ok=missing_ok)
+    if stream is None:
+        yield None
+        return
+    with stream:
+        yield _each_line(stream, uri)
+
+
+def _open_text(uri: str, s3: Any, *, missing_ok: bool) -> io.TextIOWrapper | None:
+    if not uri.startswith("s3://"):
         path = Path(uri)
         if missing_ok and not path.exists():
             return None
-        with path.open(encoding="utf-8") as f:
-            return f.readlines()
+        try:
+            return path.open(encoding="utf-8")
+        except OSError as e:
+            raise BatchRunError(f"{uri}: {e.strerror or e}") from None
+    from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError
+
+    bucket, key = split_s3_uri(uri)
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+    except s3.exceptions.NoSuchKey:
+        if missing_ok:
+            return None
+        raise BatchRunError(f"{uri}: no such object") from None
+    except (BotoConnectionError, HTTPClientError) as e:  # refused, timed out, dropped
+        raise BatchS3UnreachableError(f"{uri}: cannot reach the S3 endpoint: {e}") from None
+    except Exception as e:  # noqa: BLE001 - botocore ClientError (NoSuchBucket, AccessDenied)
+        raise BatchRunError(f"{uri}: cannot read: {e}") from None
+    # the decoding and line splitting of a local text file (io.open is this wrapper over a binary stream)
+    return io.TextIOWrapper(body, encoding="utf-8", newline=None)
+
+
+def _each_line(stream: io.TextIOWrapper, uri: str) -> Iterator[str]:
+    """The lines of ``stream``; an error while reading it (never one of the caller's) becomes a BatchRunError."""
+    try:
+        for line in stream:
+            yield line
     except UnicodeDecodeError as e:
         raise BatchRunError(f"{uri}: not UTF-8 text ({e})") from None
-    except OSError as e:
-        raise BatchRunError(f"{uri}: {e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001 - sorted by _read_error; what it does not know goes up unchanged
+        error = _read_error(uri, e)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _read_error(uri: str, e: Exception) -> BatchRunError | None:
+    if uri.startswith("s3://"):
+        from botocore.exceptions import BotoCoreError, ConnectionError as BotoConnectionError, HTTPClientError
+        from urllib3.exceptions import HTTPError as Urllib3Error
+
+        # before OSError: botocore's read timeout is one too
+        if isinstance(e, (BotoConnectionError, HTTPClientError)):  # the connection dropped or timed out mid-body
+            return BatchS3UnreachableError(f"{uri}: cannot reach the S3 endpoint: {e}")
+        if isinstance(e, (BotoCoreError, Urllib3Error)):  # a body shorter than announced, a failed checksum
+            return BatchRunError(f"{uri}: cannot read: {e}")
+    if isinstance(e, OSError):
+        return BatchRunError(f"{uri}: {e.strerror or e}")
+    return None
 
 
 async def send_all(
@@ -291,8 +339,11 @@ def run_batch(
         from runtime.staging.s3 import make_client
 
         s3 = make_client()
-    requests = parse_input(_read_lines(input_uri, s3, missing_ok=False) or [], default_model=model)
-    existing = _read_lines(output_uri, s3, missing_ok=True) or []
+    with _open_lines(input_uri, s3, missing_ok=False) as lines:
+        # only the parsed requests are kept (every line is checked before the first is sent), never the text
+        requests = parse_input(lines or [], default_model=model)
+    with _open_lines(output_uri, s3, missing_ok=True) as lines:
+        existing = list(lines or [])
     strangers = not_output_lines(existing)
     if strangers:  # resuming rewrites the output with its answered lines only: everything else would be lost
         raise BatchRunError(f"--output {output_uri}: line {strangers[0]} is not a batch output line (custom_id, "
