@@ -58,7 +58,8 @@ def make_client(
         endpoint_url: S3 endpoint; None → AWS (or the AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL
             environment variables, which boto3 reads itself).
         aws_access_key_id / aws_secret_access_key / region_name: explicit credentials; None → the
-            default boto3 chain (env, profile, instance/IRSA role).
+            default boto3 chain (env, profile, instance/IRSA role); the region, None → env AWS_REGION, else
+            AWS_DEFAULT_REGION, else us-east-1.
         max_pool_connections: HTTP connections kept per client (≥ transfer concurrency).
         max_attempts: total attempts per request, botocore "standard" retry mode.
         transfer_methods: True: made by boto3, with its injected `upload_file`/`download_file`
@@ -103,7 +104,11 @@ def make_client(
         endpoint_url=endpoint_url,
         aws_access_key_id=aws_access_key_id,
         aws_secret_access_key=aws_secret_access_key,
-        region_name=region_name or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        # AWS_REGION is what EKS Pod Identity / IRSA and the other AWS SDKs set; botocore reads only
+        # AWS_DEFAULT_REGION. A bucket's requests signed for another region take a redirect each (or fail
+        # where only the regional endpoint is reachable: a VPC endpoint).
+        region_name=(region_name or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+                     or "us-east-1"),
         config=config,
     )
     # botocore retries quietly (DEBUG log only): an endpoint that accepts connections and never answers

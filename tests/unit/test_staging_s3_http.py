@@ -122,3 +122,23 @@ def test_direct_writes_never_share_a_page_with_buffered_ones() -> None:
     from runtime.staging.transfer import DIRECT_ALIGN
 
     assert (DIRECT_ALIGN + 1) % 4096 == 0 and (DIRECT_ALIGN + 1) % mmap.PAGESIZE == 0
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({"AWS_REGION": "eu-west-2", "AWS_DEFAULT_REGION": "ap-south-1"}, "eu-west-2"),
+    ({"AWS_DEFAULT_REGION": "ap-south-1"}, "ap-south-1"),
+    ({}, "us-east-1"),
+])
+def test_the_client_signs_for_the_region_the_pod_is_given(env, want, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EKS Pod Identity / IRSA set AWS_REGION (botocore itself reads only AWS_DEFAULT_REGION)."""
+    from runtime.staging.s3 import make_client
+
+    for k in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    for transfer_methods in (True, False):
+        client = make_client(aws_access_key_id="a", aws_secret_access_key="b", transfer_methods=transfer_methods)
+        assert client.meta.region_name == want
+    assert make_client(region_name="sa-east-1", aws_access_key_id="a",
+                       aws_secret_access_key="b").meta.region_name == "sa-east-1"
