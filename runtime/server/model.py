@@ -207,6 +207,18 @@ def _stream_error_event(chunk: dict, url: str) -> BackendError | None:
     return BackendError(url, status if 400 <= status < 600 else 500, chunk)
 
 
+def _worker_aborted(url: str, choices: Any) -> BackendError | None:
+    """A BackendError for a worker that finished a choice with ``"abort"``, or None. The runtime reads a
+    worker's answer only while its client waits, so the abort is the worker's own: vLLM aborts every request
+    it holds when it shuts down (SIGTERM: at once, or at the end of `--shutdown-timeout`; a drain that reached
+    its cap), and answers them as finished, cut short. Unreachable, as a worker that died: the request
+    continues on another decode worker, never reaches the client as a whole answer."""
+    if not isinstance(choices, list) or not any(
+            isinstance(c, dict) and c.get("finish_reason") == "abort" for c in choices):
+        return None
+    return BackendError(url, 502, "the worker aborted the request (shutting down)", unreachable=True)
+
+
 ROUTE_HEADERS = ("x-pdserve-route", "x-pdserve-prefill-worker", "x-pdserve-decode-worker",
                  "x-pdserve-overlap-blocks")
 
@@ -795,6 +807,9 @@ class PDModel(OpenAIGenerativeModel):
             while True:
                 try:
                     answer = await decode.complete(path, body, rid, kv)
+                    aborted = _worker_aborted(route.decode_url, answer.get("choices"))
+                    if aborted is not None:  # cut short by the worker's shutdown: served again elsewhere
+                        raise aborted
                     self._note_answer(route.decode_url, None)
                     break
                 except BackendError as exc:
@@ -955,8 +970,16 @@ class PDModel(OpenAIGenerativeModel):
                                 logger.warning("decode worker %s sent an error event mid-stream: %.500s",
                                                redact_userinfo(route.decode_url), chunk)
                                 raise worker_err
+                            aborted = _worker_aborted(route.decode_url, chunk.get("choices"))
+                            if aborted is not None:
+                                if not any(chunk_progress(chunk)[:2]):  # vLLM's abort output has no new token
+                                    raise aborted
+                                # text the worker held back (a stop string's prefix) is flushed with it: sent,
+                                # as not finished, before the stream continues elsewhere
+                                chunk["choices"] = [{**c, "finish_reason": None} if isinstance(c, dict) else c
+                                                    for c in chunk["choices"]]
                             # the worker's own text goes out unless the runtime changes the chunk
-                            changed = "kv_transfer_params" in chunk
+                            changed = aborted is not None or "kv_transfer_params" in chunk
                             chunk.pop("kv_transfer_params", None)
                             stream_id = stream_id or chunk.get("id")
                             if stream_id and "id" in chunk and chunk["id"] != stream_id:
@@ -1032,6 +1055,8 @@ class PDModel(OpenAIGenerativeModel):
                                 held.append((text_out, chunk))  # until the usage chunk's fingerprint
                                 continue
                             yield f"data: {text_out}\n\n"
+                            if aborted is not None:
+                                raise aborted
                     for finished_event in release_held():
                         yield finished_event
                     ok = True

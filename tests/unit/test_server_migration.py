@@ -495,3 +495,66 @@ async def test_a_migration_no_continuation_can_carry_is_not_counted():
 def test_a_plain_text_response_format_does_not_stop_a_continuation():
     out = continuation_body(COMPL, {"prompt": "x", "max_tokens": 9, "response_format": {"type": "text"}}, "ab", 2)
     assert out is not None and out["prompt"] == "xab" and out["max_tokens"] == 7
+
+
+# --- a worker that shuts down answers its requests as aborted ----------------------------------------------
+
+class AbortsThenContinues(TwoDecoders):
+    """d0 answers as vLLM 0.28 does when SIGTERM ends its engine (shutdown mode "abort", or the end of
+    `--shutdown-timeout`): the stream's next chunk finishes the choice with "abort" (with `flushed` text held back
+    for a stop string, else none), then `data: [DONE]`, a clean end; a non-streamed request gets a 200 whose
+    choice is cut short with "abort". d1 serves normally."""
+
+    def __init__(self, flushed: str = ""):
+        super().__init__()
+        self.flushed = flushed
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        if not body.get("stream"):
+            text, finish = ("The capital", "abort") if host == "d0" else ("Paris.", "stop")
+            return httpx.Response(200, json={
+                "id": f"id-{host}", "object": "chat.completion", "created": 1_700_000_000, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+        if host == "d0":
+            abort = {"id": "id-d0", "choices": [{"index": 0, "delta": {"content": self.flushed} if self.flushed else {},
+                                                 "finish_reason": "abort"}]}
+            chunks = _sse("id-d0", ["The", " capital"]) + [f"data: {json.dumps(abort)}\n\n".encode(),
+                                                           b"data: [DONE]\n\n"]
+        else:
+            chunks = _sse("id-d1", [" of", " France"]) + [
+                f"data: {json.dumps({'id': 'id-d1', 'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})}"
+                "\n\n".encode(), b"data: [DONE]\n\n"]
+        return httpx.Response(200, content=b"".join(chunks))
+
+
+@pytest.mark.parametrize("flushed", ["", " held"])
+async def test_a_stream_the_worker_aborts_continues_on_another_worker_never_ends_as_aborted(flushed):
+    w = AbortsThenContinues(flushed)
+    model, reg = _model(w)
+    events = [e async for e in await model.create_chat_completion(_chat_request())]
+    assert events[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "".join(chunk_text(c) for c in chunks) == f"The capital{flushed} of France"
+    reasons = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
+    assert reasons.count("stop") == 1 and "abort" not in reasons and reasons[-1] == "stop"
+    assert w.bodies["d1"][0]["messages"][-1] == {"role": "assistant", "content": f"The capital{flushed}"}
+    assert reg.get_sample_value("pdserve_migrations_total") == 1
+    assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "migrated", "status": "ok"}) == 1
+    await model.aclose()
+
+
+async def test_a_non_streamed_answer_the_worker_aborted_is_served_again_by_another_worker():
+    from kserve.protocol.rest.openai.types import ChatCompletionRequest
+
+    w = AbortsThenContinues()
+    model, reg = _model(w)
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Capital of France?"}],
+                                max_tokens=12, temperature=0)
+    answer = (await model.create_chat_completion(req)).model_dump()
+    assert answer["choices"][0]["finish_reason"] == "stop" and answer["choices"][0]["message"]["content"] == "Paris."
+    assert len(w.bodies["d0"]) == 1 and w.bodies["d1"][0]["messages"] == w.bodies["d0"][0]["messages"]
+    assert reg.get_sample_value("pdserve_migrations_total") == 1
+    await model.aclose()
