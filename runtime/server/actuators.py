@@ -181,7 +181,10 @@ class KubernetesActuator:
         return out[0], out[1]
 
     def _name_removals(self, role: Role, k: int) -> list[str]:
-        """Annotate the `k` least loaded pods of `role` with the removal deletion cost; returns their names."""
+        """Annotate the `k` least loaded pods of `role` with the removal deletion cost; returns their names.
+        Any other live pod still marked (a scale-down whose scale PATCH failed, or whose ReplicaSet removed
+        another pod first: a not-ready one goes before any deletion cost) loses its mark first, so that the
+        ReplicaSet never takes a pod that has become busy since it was named."""
         scale = self.api.read_namespaced_deployment_scale(self.names[role], self.namespace)
         selector = getattr(scale.status, "selector", None)
         if not selector:
@@ -194,13 +197,18 @@ class KubernetesActuator:
         pods.sort(key=lambda p: p.metadata.creation_timestamp.timestamp() if p.metadata.creation_timestamp
                   else float("-inf"))
         chosen: list[str] = []
+        cost_path = "/metadata/annotations/" + POD_DELETION_COST.replace("/", "~1")
+        for pod in pods:
+            if (pod.metadata.annotations or {}).get(POD_DELETION_COST) == str(REMOVAL_COST):
+                self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, [{"op": "remove", "path": cost_path}])
+                pod.metadata.annotations = {a: v for a, v in pod.metadata.annotations.items() if a != POD_DELETION_COST}
+                log.info("pod %s/%s (%s): stale %s removed", self.namespace, pod.metadata.name, role, POD_DELETION_COST)
         while pods and len(chosen) < k:
             loads = [self._pod_load(p) for p in pods]
             pod = pods.pop(removal_choice(loads))
             annotations = pod.metadata.annotations
             # client 30 sends pod PATCH bodies as JSON Patch (see apply): add the key, or the map when absent
-            patch = ([{"op": "add", "path": "/metadata/annotations/" + POD_DELETION_COST.replace("/", "~1"),
-                       "value": str(REMOVAL_COST)}] if annotations else
+            patch = ([{"op": "add", "path": cost_path, "value": str(REMOVAL_COST)}] if annotations else
                      [{"op": "add", "path": "/metadata/annotations", "value": {POD_DELETION_COST: str(REMOVAL_COST)}}])
             self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, patch)
             log.info("pod %s/%s (%s) chosen for removal: %s=%d", self.namespace, pod.metadata.name, role,

@@ -190,6 +190,25 @@ def test_a_scale_down_names_the_least_loaded_pods_before_lowering_replicas():
     assert [c[0] for c in apps.calls if c[0] in ("list_pods", "patch_pod")] == []
 
 
+def test_a_stale_removal_mark_is_taken_off_a_pod_that_is_not_named_again():
+    # a scale-down whose scale PATCH failed left d-busy marked; it has become the busiest pod since
+    apps = FakeApps({"m-prefill": 1, "m-decode": 3})
+    cost = str(REMOVAL_COST)
+    pods = {"app=m-decode": [_pod("d-busy", "10.0.0.1", 1, {POD_DELETION_COST: cost, "x": "y"}),
+                             _pod("d-idle", "10.0.0.2", 2), _pod("d-some", "10.0.0.3", 3)]}
+    core = FakeCore(pods, apps.calls)
+    loads = {"10.0.0.1": 9, "10.0.0.2": 0, "10.0.0.3": 2}
+    act = KubernetesActuator(apps, namespace="llm", prefill_deployment="m-prefill", decode_deployment="m-decode",
+                             core_api=core, load_of_ip=lambda ip: WorkerLoad(ip, "decode", num_requests=loads[ip]))
+    act.apply(ScalingDecision(now_s=0, prefill_replicas=1, decode_replicas=2))
+    path = "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost"
+    assert [c for c in apps.calls if c[0] == "patch_pod"] == [
+        ("patch_pod", "d-busy", [{"op": "remove", "path": path}]),
+        ("patch_pod", "d-idle", [{"op": "add", "path": "/metadata/annotations", "value": {POD_DELETION_COST: cost}}]),
+    ]
+    assert apps.replicas["m-decode"] == 2
+
+
 def test_without_the_routers_view_the_newest_pods_are_named():
     apps = FakeApps({"m-prefill": 3, "m-decode": 1})
     core = FakeCore({"app=m-prefill": [_pod("p-new", "ip3", 9), _pod("p-old", "ip1", 1), _pod("p-mid", "ip2", 5)]},
