@@ -200,6 +200,9 @@ class Router:
         self._prefillers: list[WorkerLoad] = []
         self._num_approx = 0
         self._requests: dict[str, _InFlight] = {}
+        # removed workers whose in-flight requests still hold their load (they run on where they were sent):
+        # a worker that comes back under its id (a readiness probe that flapped) takes its load back
+        self._departed: dict[str, WorkerLoad] = {}
 
     # ------------------------------------------------------------------ pool
     def add_worker(self, worker_id: str, role: str, *, kv_events: bool = True,
@@ -213,6 +216,10 @@ class Router:
                 from its own decisions, entries expiring after ``spec.approx_ttl_s``.
             kv_capacity_blocks: the worker's KV capacity; bounds its learned entries (approximate mode).
 
+        A worker that comes back under the id of one removed while requests it was serving are still in
+        flight (discovery saw its readiness flap: those requests run on) takes their load back, so that it is
+        not taken for idle. Its KV index entry starts empty either way.
+
         Raises:
             ValueError: on an unknown role or an id already in the pool.
         """
@@ -220,9 +227,14 @@ class Router:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if worker_id in self._loads:
             raise ValueError(f"worker {worker_id!r} is already in the pool")
-        load = WorkerLoad(worker_id, role, kv_events=kv_events)
-        if self._loads:  # a newcomer starts at the pool's mean cumulative work, not at 0 (no flood)
-            load.total_prefill_work = sum(w.total_prefill_work for w in self._loads.values()) / len(self._loads)
+        self._forget_departed()
+        load = self._departed.pop(worker_id, None)
+        if load is not None and load.role == role:  # back with requests still on it: their load is its load
+            load.kv_events, load.available = kv_events, True
+        else:
+            load = WorkerLoad(worker_id, role, kv_events=kv_events)
+            if self._loads:  # a newcomer starts at the pool's mean cumulative work, not at 0 (no flood)
+                load.total_prefill_work = sum(w.total_prefill_work for w in self._loads.values()) / len(self._loads)
         self._loads[worker_id] = load
         self.index.add_worker(worker_id, approx_capacity_blocks=None if kv_events else kv_capacity_blocks)
         for t in self.tiers.values():
@@ -248,8 +260,18 @@ class Router:
         self._applier.forget_worker(worker_id)
         self._num_approx -= 0 if load.kv_events else 1
         self._rebuild_pools()
-        return [rid for rid, r in self._requests.items()
-                if r.prefill is load or r.decode is load]
+        users = [rid for rid, r in self._requests.items() if r.prefill is load or r.decode is load]
+        self._forget_departed()
+        if users:
+            self._departed[worker_id] = load
+        return users
+
+    def _forget_departed(self) -> None:
+        """Drop the departed workers no in-flight request holds any more."""
+        if not self._departed:
+            return
+        held = {id(w) for r in self._requests.values() for w in (r.prefill, r.decode) if w is not None}
+        self._departed = {k: w for k, w in self._departed.items() if id(w) in held}
 
     def suspend_worker(self, worker_id: str) -> list[str]:
         """Stop choosing a worker that failed a health check, keeping its index entry and load counters.

@@ -60,8 +60,9 @@ def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,
                      subscriber: EventSubscriptions | None = None) -> tuple[list[str], list[str]]:
     """Make the pairing's pool equal `membership` (prefill and decode base URLs).
 
-    Workers that left are removed (their in-flight requests are then migrated or failed by the model);
-    new ones are added with an empty KV index entry. A URL reported in both pools keeps its first role
+    Workers that left are removed (their in-flight requests run on where they are: a stream whose worker
+    is gone fails and migrates in the model; a worker that comes back under its id takes their load back,
+    runtime.router.core.Router.add_worker); new ones are added with an empty KV index entry. A URL reported in both pools keeps its first role
     (prefill) and is logged. With `subscriber`, a new worker with a KV-event endpoint in `membership` is
     subscribed to and routed precisely; a removed one is unsubscribed first; a worker whose endpoint
     changed (appeared, moved, vanished) is removed and added again (empty index entry). An endpoint ZMQ

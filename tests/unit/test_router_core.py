@@ -142,6 +142,23 @@ def test_a_removed_worker_leaves_the_index_and_is_never_chosen():
     assert r.apply_kv_events("a", [], 0.0).num_stored_blocks == 0  # late events of a dead worker: ignored
 
 
+def test_a_worker_back_under_its_id_takes_back_the_load_of_the_requests_still_on_it():
+    # discovery saw the worker's readiness flap: it left and came back while its requests ran on
+    r = _router()
+    r.add_worker("a", "decode")
+    r.add_worker("b", "decode")
+    on_a = [q for q in ("q1", "q2", "q3", "q4") if r.route(q, token_ids=PROMPT, now_s=0.0).decode_worker == "a"]
+    assert on_a and r.remove_worker("a") == on_a
+    r.add_worker("a", "decode")
+    assert r.workers["a"].num_requests == len(on_a) and r.workers["a"].decode_blocks == 64 * len(on_a)
+    for q in ("q1", "q2", "q3", "q4"):
+        r.on_complete(q)
+    assert all((w.decode_blocks, w.num_requests, w.engine_requests) == (0, 0, 0) for w in r.workers.values())
+    r.remove_worker("a")  # nothing in flight on it: back later as a newcomer
+    r.add_worker("a", "decode")
+    assert r.workers["a"].num_requests == 0
+
+
 def test_prefill_failure_moves_the_prefill_to_the_decode_worker():
     r = _router(disagg_min_uncached_tokens=0)
     r.add_worker("p", "prefill")
