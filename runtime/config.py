@@ -209,6 +209,11 @@ class KvOffloadSpec(_Strict):
         return self
 
 
+#: vLLM NIXL `kv_lease_duration` default, seconds (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
+#: base_scheduler.py, 0.28): a prefill worker's lease when `EngineSpec.kv_lease_s` is None.
+DEFAULT_KV_LEASE_S = 30.0
+
+
 class EngineSpec(_Strict):
     """vLLM worker settings that prefill and decode must share (NixlConnector requires it)."""
 
@@ -343,7 +348,8 @@ class PlannerSpec(_Strict):
         default=120.0, gt=0, le=3600,
         description="Longest drain of a worker a scale-down removes, seconds: it takes no new request and is "
         "stopped once its in-flight requests finish, or after this long (streams still running then continue "
-        "on another decode worker); Kubernetes worker pods get it as their preStop wait and grace period.")
+        "on another decode worker); Kubernetes worker pods get it as their preStop wait and grace period. At "
+        "least the prefill workers' KV lease (engine.kv_lease_s), which a draining prefill worker holds for.")
     gpu_budget: int = planner_field("gpu_budget")
     predictor_window_ticks: int = planner_field("predictor_window_ticks")
     window_hold_s: float = planner_field("window_hold_s")
@@ -464,6 +470,17 @@ class DeploymentSpec(_Strict):
         if self.gpu.upper() == "CPU" and self.engine.kv_offload.cpu_gib > 0:
             raise ValueError("engine.kv_offload.cpu_gib > 0 on gpu 'CPU': vLLM 0.28's offloading connector runs on "
                              "CUDA/XPU GPUs only; set it to 0 for CPU workers")
+        return self
+
+    @model_validator(mode="after")
+    def _drain_cap_covers_kv_lease(self) -> "DeploymentSpec":
+        # a prefill worker's drain holds for its KV lease (every handoff it made is read or expired); a cap
+        # below the lease stops it with handoffs still to be read (runtime/deploy/workers.py prestop_command)
+        lease = self.engine.kv_lease_s or DEFAULT_KV_LEASE_S
+        if self.planner.drain_cap_s < lease:
+            raise ValueError(f"planner.drain_cap_s ({self.planner.drain_cap_s:g} s) is below the prefill workers' "
+                             f"KV lease ({lease:g} s, engine.kv_lease_s): a draining prefill worker would stop "
+                             "with KV handoffs still unread; raise drain_cap_s or lower kv_lease_s")
         return self
 
     @model_validator(mode="after")

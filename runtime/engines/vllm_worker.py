@@ -32,7 +32,7 @@ from typing import Literal
 
 import httpx
 
-from runtime.config import EngineSpec
+from runtime.config import DEFAULT_KV_LEASE_S, EngineSpec  # noqa: F401 - DEFAULT_KV_LEASE_S re-exported
 from runtime.engines.vllm_plugin import (
     CPU_ENGINE_IDLE_POLL_US,
     CPU_PROGRESS_DELAY_US,
@@ -61,10 +61,6 @@ logger = logging.getLogger(__name__)
 class WorkerStartError(RuntimeError):
     """The vLLM worker exited or did not become healthy in time; the message ends with its log tail."""
 
-
-#: vLLM NIXL `kv_lease_duration` default, seconds (vllm/distributed/kv_transfer/kv_connector/v1/nixl/
-#: base_scheduler.py, 0.28).
-DEFAULT_KV_LEASE_S = 30.0
 
 
 def nixl_connector_config(engine: EngineSpec, *, cpu: bool = True, backends: list[str] | None = None) -> dict:

@@ -131,3 +131,15 @@ def test_plain_and_org_model_names_are_accepted(name):
 def test_every_top_level_field_has_a_description():
     props = DeploymentSpec.model_json_schema()["properties"]
     assert sorted(k for k, v in props.items() if not v.get("description")) == []
+
+
+def test_a_drain_cap_below_the_kv_lease_is_refused_naming_both():
+    # a draining prefill worker holds for its lease so that every handoff it made is read or expired
+    from runtime.config import DEFAULT_KV_LEASE_S, DeploymentSpec, EngineSpec, ModelRef, PlannerSpec
+
+    with pytest.raises(ValidationError, match=r"drain_cap_s \(20 s\) is below .* KV lease \(30 s"):
+        DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(drain_cap_s=20))
+    with pytest.raises(ValidationError, match=r"KV lease \(90 s"):
+        DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(drain_cap_s=60), engine=EngineSpec(kv_lease_s=90))
+    ok = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(drain_cap_s=12), engine=EngineSpec(kv_lease_s=12))
+    assert ok.planner.drain_cap_s == 12 and DeploymentSpec(model=ModelRef(name="m")).planner.drain_cap_s > DEFAULT_KV_LEASE_S
