@@ -61,14 +61,17 @@ PARAM_DOCS: dict[str, str] = {
     "usd_per_gpu_hour": "GPU=USD strings: your USD per GPU-hour replacing the AWS on-demand price in $/Mtok, for "
                         "the candidates and the champion comparison alike; []: on-demand prices.",
     "model": "The staged model folder (metadata: path, manifest digest).",
-    "metrics": "The winner: prefill_tp, decode_tp, predicted ttft_p90_ms / itl_p90_ms, goodput_per_gpu "
-               "(requests/s per GPU) and num_candidates.",
+    "metrics": "The winner: prefill_tp, decode_tp (tensor-parallel degrees), prefill_worker_gpus, "
+               "decode_worker_gpus (GPUs per worker: tp x dp x pp), predicted ttft_p90_ms / itl_p90_ms, "
+               "goodput_per_gpu (requests/s per GPU) and num_candidates.",
     "table": "Every candidate (prefill TP × decode TP) as a Markdown table.",
     "plot": "Pareto plot of goodput per GPU against TTFT and ITL (HTML with the PNG inline).",
     # promotion
     "champion_version": "Registered model version of the tuning's winner (alias champion), which promote renders.",
-    "prefill_tp": "The winner's prefill tensor-parallel degree (GPUs per prefill worker).",
-    "decode_tp": "The winner's decode tensor-parallel degree (GPUs per decode worker).",
+    "prefill_tp": "The winner's prefill tensor-parallel degree (vLLM --tensor-parallel-size; a worker's GPUs are "
+                  "tp x dp x pp, the metrics' prefill_worker_gpus).",
+    "decode_tp": "The winner's decode tensor-parallel degree (vLLM --tensor-parallel-size; a worker's GPUs are "
+                 "tp x dp x pp, the metrics' decode_worker_gpus).",
     "namespace": "Kubernetes namespace of the InferenceService.",
     "image": "pdserve runtime container image of the ClusterServingRuntime.",
     "pvc_name": "PersistentVolumeClaim of the FSx for Lustre volume, mounted at /fsx in every step.",

@@ -135,11 +135,19 @@ class WorkerPerf:
         return self.perf.kv_bytes_per_token_rank(self.tp) / self.layout.pp
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
-        """KV-cache capacity of the worker, tokens; 0 when the weights do not fit."""
+        """KV-cache capacity of the worker, tokens, all its DP ranks together (the tokens its sequences may hold
+        at once); 0 when the weights do not fit. One sequence lies on one rank: see
+        :meth:`kv_capacity_tokens_per_rank`."""
         if self.layout.pp == 1:
             return self.perf.kv_capacity_tokens(self.tp, gpu_memory_utilization)
         kv = self.memory_breakdown(gpu_memory_utilization).kv_bytes
         return int(kv // self.kv_bytes_per_token_rank()) if kv > 0 else 0
+
+    def kv_capacity_tokens_per_rank(self, gpu_memory_utilization: float = 0.9) -> int:
+        """KV-cache capacity of one DP rank, tokens: the longest sequence the worker can hold (each rank of a
+        data-parallel worker is its own vLLM engine, holding whole sequences, so vLLM checks
+        ``--max-model-len`` against one rank's cache); the worker's capacity for ``dp`` 1."""
+        return self.kv_capacity_tokens(gpu_memory_utilization) // self.layout.dp
 
     def fits(self, gpu_memory_utilization: float = 0.9) -> bool:
         """The weights fit and leave at least one KV block; a stage's GPUs fit in one node unless the stage is

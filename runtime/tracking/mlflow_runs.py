@@ -7,7 +7,9 @@ Layout in MLflow (any tracking URI; tested with the sqlite backend ``sqlite:///.
   spec, ``inherited_from`` when ``tune --like`` took its defaults from a champion; metrics: the winner's, and
   ``champion_*`` / ``challenger_*`` when it was compared with the registered champion);
 * one nested child run per candidate (tag ``mlflow.parentRunId``): params model/gpu/precision/prefill_tp/
-  decode_tp/slo_*; metrics predicted_ttft_ms, predicted_itl_ms, goodput_per_gpu, usd_per_mtok, ...;
+  decode_tp (tensor-parallel degrees)/slo_*, and after a wider search prefill_layout/decode_layout and
+  prefill_worker_gpus/decode_worker_gpus (tp x dp x pp); metrics predicted_ttft_ms, predicted_itl_ms,
+  goodput_per_gpu, usd_per_mtok, ...;
 * parent artifacts: ``pareto.png``, ``pareto.html``, ``candidates.md``, ``profiles/*.json``,
   ``deployment/deployment_spec.json`` (the winner's DeploymentSpec);
 * registered model ``registered_model``: a new version whose source is the parent run's ``deployment``
@@ -222,16 +224,17 @@ def _candidate_params(result: TuneResult, c: Candidate) -> dict[str, str]:
         "model": result.model.name,
         "gpu": result.gpu.name,
         "precision": result.precision,
-        "prefill_tp": str(c.prefill_tp),
-        "decode_tp": str(c.decode_tp),
+        "prefill_tp": str(c.prefill.tp),
+        "decode_tp": str(c.decode.tp),
         "slo_ttft_p90_ms": f"{result.slo.ttft_p90_ms:g}",
         "slo_itl_p90_ms": f"{result.slo.itl_p90_ms:g}",
         "isl_tokens": str(result.workload.isl_tokens),
         "osl_tokens": str(result.workload.osl_tokens),
         "request_rate_per_s": f"{result.workload.request_rate_per_s:g}",
     }
-    if result.parallelism != "tp":  # a wider search: prefill_tp / decode_tp are GPUs per worker, say how
-        params.update(parallelism=result.parallelism, prefill_layout=c.prefill.label, decode_layout=c.decode.label)
+    if result.parallelism != "tp":  # a wider search: the tp degrees alone do not say a worker's layout and GPUs
+        params.update(parallelism=result.parallelism, prefill_layout=c.prefill.label, decode_layout=c.decode.label,
+                      prefill_worker_gpus=str(c.prefill.gpus), decode_worker_gpus=str(c.decode.gpus))
     if result.weight_precision and result.weight_precision != result.precision:  # e.g. MXFP4 weights, bf16 KV
         params["weight_precision"] = result.weight_precision
     return params
@@ -356,7 +359,9 @@ def _comparison_log(cmp: "ChampionComparison", compared_version: str | None
                 metrics[f"{side}_usd_per_mtok"] = float(c.usd_per_mtok)
     if cmp.improvement_pct is not None:
         metrics["champion_improvement_pct"] = float(cmp.improvement_pct)
-    params = {"champion_prefill_tp": str(cmp.champion.prefill_tp), "champion_decode_tp": str(cmp.champion.decode_tp),
+    ch = cmp.champion
+    params = {"champion_prefill_tp": str(ch.prefill.tp), "champion_decode_tp": str(ch.decode.tp),
+              "champion_prefill_layout": ch.prefill.label, "champion_decode_layout": ch.decode.label,
               "champion_metric": cmp.metric or "none"}
     if compared_version is not None:
         params["champion_version"] = str(compared_version)
@@ -384,7 +389,8 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
     pid = parent.info.run_id
     try:
         params = _candidate_params(result, b)
-        params = {k: v for k, v in params.items() if k not in ("prefill_tp", "decode_tp")}
+        params = {k: v for k, v in params.items()
+                  if k not in ("prefill_tp", "decode_tp", "prefill_worker_gpus", "decode_worker_gpus")}
         params["num_candidates"] = str(len(result.candidates))
         if traffic_trace_uri:
             params["traffic_trace_uri"] = traffic_trace_uri
@@ -395,7 +401,8 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
         if gpu_option and gpu_option != result.gpu.name:
             params["gpu_option"] = gpu_option
         metrics = {f"best_{k}": v for k, v in _candidate_metrics(b).items()}
-        metrics.update(best_prefill_tp=float(b.prefill_tp), best_decode_tp=float(b.decode_tp),
+        metrics.update(best_prefill_tp=float(b.prefill.tp), best_decode_tp=float(b.decode.tp),
+                       best_prefill_worker_gpus=float(b.prefill.gpus), best_decode_worker_gpus=float(b.decode.gpus),
                        num_feasible=float(sum(c.feasible for c in result.candidates)))
         tags = {"pdserve.kind": "tuning", "pdserve.winner": b.label}
         if comparison is not None:
@@ -464,7 +471,10 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
                                        f"{now} while this tuning ran; compare again before replacing it")
                 client.set_tag(pid, "pdserve.champion_decision", "kept")
                 client.set_tag(pid, "pdserve.champion_reason", why)
-    tags = {"prefill_tp": str(b.prefill_tp), "decode_tp": str(b.decode_tp), "gpu": result.gpu.name}
+    # prefill_tp / decode_tp: vLLM --tensor-parallel-size of each pool; the layout and GPUs say the rest
+    tags = {"prefill_tp": str(b.prefill.tp), "decode_tp": str(b.decode.tp), "gpu": result.gpu.name,
+            "prefill_layout": b.prefill.label, "decode_layout": b.decode.label,
+            "prefill_worker_gpus": str(b.prefill.gpus), "decode_worker_gpus": str(b.decode.gpus)}
     if gpu_option and gpu_option != result.gpu.name:
         tags[GPU_OPTION_TAG] = gpu_option
     if comparison is not None:

@@ -4,8 +4,10 @@ A scheduled re-tune (``pdserve tune --like NAME --register NAME``) produces a *c
 the new traffic. The *champion* is the DeploymentSpec behind MLflow alias ``champion``. Both are judged on the
 SAME model, workload (mean lengths or trace sample, request rate), SLO and GPU budget, the challenger's:
 
-1. :func:`evaluate_deployment` predicts the champion's deployment as it is written (its prefill/decode TP, its GPU
-   and precision, its replicas) with the tuner's own :func:`runtime.tuner.search.evaluate`. With planner ``off``
+1. :func:`evaluate_deployment` predicts the champion's deployment as it is written (its prefill/decode worker
+   layouts: TP, and PP / DP / EP where set; its GPU and precision, its replicas) with the tuner's own
+   arithmetic (:func:`runtime.tuner.search.evaluate_layout_pair`, :func:`runtime.tuner.search.evaluate` for
+   plain TP), its GPUs those of its workers (``PoolSpec.gpus`` = tp x dp x pp each). With planner ``off``
    its fixed replicas must serve the rate (the workers :func:`evaluate` sizes for it); with planner ``sla`` or
    ``load`` the planner moves each pool within ``[min_replicas, max_replicas]``, so ``max_replicas`` must cover
    what the rate needs and the deployment uses ``max(needed, min_replicas)``. Either way it must fit the budget.
@@ -22,15 +24,18 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from runtime.config import DeploymentSpec, SloSpec, WorkloadSpec
+from runtime.config import DeploymentSpec, PoolSpec, SloSpec, WorkloadSpec
 from runtime.models.spec import ModelSpec
 from runtime.perf.instances import usd_per_gpu_hour
 from runtime.perf.model import PerfModel
-from runtime.tuner.search import Candidate, deployment_perf, evaluate, resolve_gpu
+from runtime.perf.worker import Layout
+from runtime.tuner.search import (TP_CHOICES, Candidate, deployment_perf, evaluate, evaluate_layout_pair,
+                                  node_network, resolve_gpu)
 from runtime.tuner.workload import LengthSample
 
 DEFAULT_MIN_IMPROVEMENT_PCT = 5.0  # `pdserve tune --min-improvement-pct` default, percent
@@ -64,7 +69,8 @@ class ChampionComparison:
 
 def champion_perf(model: ModelSpec, spec: DeploymentSpec, challenger_perf: PerfModel | None = None) -> PerfModel:
     """The performance model of the champion ``spec``'s GPU and precision for ``model`` (the challenger's model),
-    as the tuner builds it (``runtime.tuner.search.deployment_perf``: a quantised checkpoint's own weights).
+    as the tuner builds it (``runtime.tuner.search.deployment_perf``: a quantised checkpoint's own weights; the
+    nodes and their network of the tuner's search, which workers across nodes need).
 
     ``challenger_perf`` is reused when it is a PerfModel of the same model, GPU and precision (so both sides see
     the same calibration).
@@ -74,19 +80,53 @@ def champion_perf(model: ModelSpec, spec: DeploymentSpec, challenger_perf: PerfM
     """
     gpu = resolve_gpu(spec.gpu)
     p = challenger_perf
-    want = deployment_perf(model, gpu, spec.precision)
+    node, net, _ = node_network(gpu, TP_CHOICES)
+    want = deployment_perf(model, gpu, spec.precision, gpus_per_node=node, inter_node_bw_bytes_per_s=net)
     if isinstance(p, PerfModel) and p.model is model and p.gpu.name == gpu.name and (p.precision, p.kv_dtype_bytes) == (
             want.precision, want.kv_dtype_bytes):
         return p
     return want
 
 
-def _cost_per_hour(gpu: str, prefill_tp: int, decode_tp: int, n_p: int, n_d: int,
+def _cost_per_hour(gpu: str, prefill_gpus: int, decode_gpus: int, n_p: int, n_d: int, gpus_per_node: int,
                    prices: Mapping[str, float] | None = None) -> float | None:
-    price_p, price_d = usd_per_gpu_hour(gpu, prefill_tp, prices), usd_per_gpu_hour(gpu, decode_tp, prices)
+    # as the search prices a worker: one across nodes rents whole nodes, at the per-GPU price of a node
+    price_p = usd_per_gpu_hour(gpu, min(prefill_gpus, gpus_per_node), prices)
+    price_d = usd_per_gpu_hour(gpu, min(decode_gpus, gpus_per_node), prices)
     if price_p is None or price_d is None:
         return None
-    return n_p * prefill_tp * price_p + n_d * decode_tp * price_d
+    return n_p * prefill_gpus * price_p + n_d * decode_gpus * price_d
+
+
+def _layout(pool: PoolSpec) -> Layout:
+    return Layout(tp=pool.tp, pp=pool.pp, dp=pool.dp, ep=pool.ep)
+
+
+def _predict(perf: PerfModel, spec: DeploymentSpec, slo: SloSpec, workload: WorkloadSpec,
+             sample: LengthSample | None, prices: Mapping[str, float] | None) -> Candidate:
+    """The tuner's prediction of the spec's two worker layouts (sized for the workload rate)."""
+    pre, dec = _layout(spec.prefill), _layout(spec.decode)
+    gmu = spec.engine.gpu_memory_utilization
+    if pre.plain and dec.plain:
+        return evaluate(perf, pre.tp, dec.tp, slo, workload, gmu, sample, prices)
+    if not isinstance(perf, PerfModel):  # measured profiles (ProfilePerf) hold plain TP only
+        return Candidate(pre.gpus, dec.gpus, feasible=False, prefill_layout=pre, decode_layout=dec,
+                         reason=f"no performance model of the layouts {pre.label} / {dec.label}")
+    cache: dict[tuple[bool, bool], PerfModel] = {}
+
+    def perf_for(lay: Layout) -> PerfModel:
+        # the layout's mapping on the same calibration, as the search's perf_for builds it
+        key = (lay.ep and bool(perf.model.num_experts), lay.dp > 1)
+        if key == (perf.expert_parallel, perf.attention_dp):
+            return perf
+        if key not in cache:
+            p = copy.copy(perf)
+            p.expert_parallel, p.attention_dp = key
+            cache[key] = p
+        return cache[key]
+
+    return evaluate_layout_pair(perf_for, pre, dec, slo, workload, gmu, sample, perf.gpus_per_node,
+                                perf.inter_node_bw_bytes_per_s, prices)
 
 
 def evaluate_deployment(
@@ -98,13 +138,13 @@ def evaluate_deployment(
     sample: LengthSample | None = None,
     prices: Mapping[str, float] | None = None,
 ) -> Candidate:
-    """Predict the deployment ``spec`` (its TP pair and replicas, on ``perf``'s GPU) serving ``workload`` under
-    ``slo`` within ``gpu_budget`` GPUs.
+    """Predict the deployment ``spec`` (its two worker layouts and replicas, on ``perf``'s GPU) serving
+    ``workload`` under ``slo`` within ``gpu_budget`` GPUs.
 
     Args:
         perf: the performance model of ``spec``'s GPU and precision (:func:`champion_perf`).
-        spec: the deployment (``prefill``/``decode`` ``tp``, ``replicas``, ``min_replicas``, ``max_replicas``;
-            ``planner.mode``; ``engine.gpu_memory_utilization``).
+        spec: the deployment (``prefill``/``decode`` ``tp``, ``pp``, ``dp``, ``ep``, ``replicas``,
+            ``min_replicas``, ``max_replicas``; ``planner.mode``; ``engine.gpu_memory_utilization``).
         slo, workload, sample: as :func:`runtime.tuner.search.evaluate` (ms, tokens, requests/s).
         gpu_budget: GPUs the deployment may use (>= 1).
         prices: ``{GPU name: USD per GPU-hour}`` replacing the on-demand prices (give the challenger's tune
@@ -113,18 +153,19 @@ def evaluate_deployment(
     Returns:
         A :class:`Candidate` whose ``prefill_replicas``/``decode_replicas``/``num_gpus`` are what the deployment
         runs for this workload (planner off: its fixed replicas; sla/load: the workers needed, at least
-        ``min_replicas``) and whose ``usd_per_mtok`` prices those; ``ttft_ms`` is the p90 at the workers the
-        rate needs (an upper bound when the deployment runs more). ``feasible`` is False, with ``reason``, when
-        the TP pair misses the SLO or does not fit, when the workers the rate needs exceed the fixed replicas
-        (planner off) or ``max_replicas`` (planner on), or when they exceed ``gpu_budget``.
+        ``min_replicas``; GPUs: workers x ``PoolSpec.gpus``) and whose ``usd_per_mtok`` prices those;
+        ``ttft_ms`` is the p90 at the workers the rate needs (an upper bound when the deployment runs more).
+        ``feasible`` is False, with ``reason``, when the layouts miss the SLO or do not fit, when the workers the
+        rate needs exceed the fixed replicas (planner off) or ``max_replicas`` (planner on), or when they exceed
+        ``gpu_budget``.
 
     Raises:
         ValueError: ``gpu_budget`` < 1.
     """
     if gpu_budget < 1:
         raise ValueError(f"gpu_budget must be >= 1, got {gpu_budget!r}")
-    p_tp, d_tp = spec.prefill.tp, spec.decode.tp
-    c = evaluate(perf, p_tp, d_tp, slo, workload, spec.engine.gpu_memory_utilization, sample, prices)
+    p_gpus, d_gpus = spec.prefill.gpus, spec.decode.gpus
+    c = _predict(perf, spec, slo, workload, sample, prices)
     if not c.feasible:
         return c
     need_p, need_d = c.prefill_replicas, c.decode_replicas
@@ -140,14 +181,15 @@ def evaluate_deployment(
     if need_p > cap_p or need_d > cap_d:
         return replace(c, feasible=False, reason=f"needs {need_p}:{need_d} P:D workers for {rate}, the deployment's "
                                                  f"{bound} are {cap_p}:{cap_d}")
-    gpus = run_p * p_tp + run_d * d_tp
+    gpus = run_p * p_gpus + run_d * d_gpus
     if gpus > gpu_budget:
         return replace(c, feasible=False, reason=f"runs {run_p}:{run_d} P:D workers = {gpus} GPUs for {rate}, over "
                                                  f"the GPU budget {gpu_budget}")
     usd = c.usd_per_mtok
     if usd is not None:  # evaluate() priced the workers it sized; scale to the workers that run
-        sized = _cost_per_hour(perf.gpu.name, p_tp, d_tp, need_p, need_d, prices)
-        running = _cost_per_hour(perf.gpu.name, p_tp, d_tp, run_p, run_d, prices)
+        node = int(getattr(perf, "gpus_per_node", 0) or perf.gpu.num_gpus_per_node)
+        sized = _cost_per_hour(perf.gpu.name, p_gpus, d_gpus, need_p, need_d, node, prices)
+        running = _cost_per_hour(perf.gpu.name, p_gpus, d_gpus, run_p, run_d, node, prices)
         usd = None if not sized or running is None else usd * running / sized
     return replace(c, prefill_replicas=run_p, decode_replicas=run_d, num_gpus=gpus, usd_per_mtok=usd)
 

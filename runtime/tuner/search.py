@@ -3,8 +3,9 @@
 For every pair (prefill TP ``p``, decode TP ``d``) in ``tps x tps``:
 
 1. Rules: ``p`` and ``d`` divide the attention and KV heads (``ModelSpec.tp_divides_heads``); weights +
-   activations + one (p90-length) request's KV fit (``PerfModel.fits``); ``p <= d`` unless the model uses
-   MLA (vLLM NixlConnector refuses prefill TP > decode TP for non-MLA models).
+   activations fit (``PerfModel.fits``) and one (p90-length) request's KV fits one engine of each pool, prefill
+   included (a DP rank of a data-parallel worker is one engine); ``p <= d`` unless the model uses MLA (vLLM
+   NixlConnector refuses prefill TP > decode TP for non-MLA models).
 2. Prefill: service times ``S = prefill_busy_s(isl, p)`` (the engine's occupancy, without the fixed TTFT
    latency that overlaps other requests' prefills) over the workload's prompt lengths (one length: M/D/1 as
    in DistServe, OSDI 2024; a sample or trace: M/G/1 with Pollaczek-Khinchine moments); TTFT p90 = p90 of
@@ -96,12 +97,22 @@ class Candidate:
     decode_replicas: int = 0
     num_gpus: int = 0
     usd_per_mtok: float | None = None
-    kv_capacity_tokens: int = 0  # per decode worker
+    kv_capacity_tokens: int = 0  # per decode worker, all its DP ranks together
     # parallel layouts of the two pools (runtime.perf.worker.Layout); None: plain TP of prefill_tp / decode_tp
     # GPUs. With a layout, prefill_tp / decode_tp are the GPUs of one worker (tp x dp x pp).
     prefill_layout: Layout | None = None
     decode_layout: Layout | None = None
-    prefill_kv_capacity_tokens: int = 0  # per prefill worker (0: not computed)
+    prefill_kv_capacity_tokens: int = 0  # per prefill worker, all its DP ranks together (0: not computed)
+
+    @property
+    def kv_capacity_tokens_per_rank(self) -> int:
+        """KV capacity of one DP rank of a decode worker, tokens: the longest sequence it holds."""
+        return self.kv_capacity_tokens // self.decode.dp
+
+    @property
+    def prefill_kv_capacity_tokens_per_rank(self) -> int:
+        """KV capacity of one DP rank of a prefill worker, tokens (0: not computed)."""
+        return self.prefill_kv_capacity_tokens // self.prefill.dp
 
     @property
     def prefill(self) -> Layout:
@@ -203,10 +214,11 @@ class TuneResult:
     def max_model_len_tokens(self, override: int | None = None) -> int:
         """vLLM ``--max-model-len`` for the winner, tokens: the model's context window (the length vLLM derives
         from its config, ``ModelSpec.max_context_tokens``), capped by the KV capacity of one prefill and one
-        decode worker (vLLM refuses to start when one sequence of that length does not fit); never below the
-        workload's ISL + OSL. Sized from the model, not from the workload's mean: a request longer than the
-        mean must still be served (vLLM allocates KV blocks as a sequence grows, so a long limit costs nothing
-        until a long request comes).
+        decode engine (vLLM refuses to start when one sequence of that length does not fit; an engine is one DP
+        rank of a data-parallel worker, which holds whole sequences); never below the workload's ISL + OSL,
+        which the search's rules keep within both capacities. Sized from the model, not from the workload's mean:
+        a request longer than the mean must still be served (vLLM allocates KV blocks as a sequence grows, so a
+        long limit costs nothing until a long request comes).
 
         ``override`` (the operator's choice, e.g. a shorter limit to refuse long prompts) replaces it when it
         is within the same bounds.
@@ -215,16 +227,16 @@ class TuneResult:
             ValueError: ``override`` is not a positive int, is below the workload's ISL + OSL (the requests
                 the configuration was tuned for would be refused), above the model's context window (vLLM:
                 "User-specified max_model_len ... is greater than the derived max_model_len") or above the KV
-                capacity of one worker (vLLM refuses to start); the message gives the bound.
+                capacity of one engine (vLLM refuses to start); the message gives the bound.
         """
         need = self.workload.isl_tokens + self.workload.osl_tokens
         context = self.model.max_context_tokens or self.model.max_position_embeddings
         want = context or max(need, EngineSpec.model_fields["max_model_len_tokens"].default)
         caps = []
         if self.best.kv_capacity_tokens:
-            caps.append(self.best.kv_capacity_tokens)
+            caps.append(self.best.kv_capacity_tokens_per_rank)
         if self.best.prefill_kv_capacity_tokens:
-            caps.append(self.best.prefill_kv_capacity_tokens)
+            caps.append(self.best.prefill_kv_capacity_tokens_per_rank)
         elif isinstance(self.perf, PerfModel):
             caps.append(self.perf.kv_capacity_tokens(self.best.prefill_tp))
         if override is None:
@@ -238,9 +250,11 @@ class TuneResult:
             raise ValueError(f"max_model_len {override} > the model's context window ({context} tokens): vLLM "
                              "refuses to start")
         if caps and override > min(caps):
+            b = self.best
+            at = (f"prefill TP {b.prefill_tp} / decode TP {b.decode_tp}" if b.plain_tp
+                  else f"prefill {b.prefill.label} / decode {b.decode.label}, per DP rank")
             raise ValueError(f"max_model_len {override} > the KV capacity of one worker ({min(caps)} tokens at "
-                             f"prefill TP {self.best.prefill_tp} / decode TP {self.best.decode_tp}): vLLM refuses "
-                             "to start; use a larger TP or a shorter limit")
+                             f"{at}): vLLM refuses to start; use a larger TP or a shorter limit")
         return override
 
     def markdown_table(self) -> str:
@@ -354,8 +368,14 @@ def evaluate_workers(
     max_ctx = smp.context_quantile(SLO_QUANTILE)
     kv_cap = dw.kv_capacity_tokens(gpu_memory_utilization)
     c = replace(c, kv_capacity_tokens=kv_cap, prefill_kv_capacity_tokens=pw.kv_capacity_tokens(gpu_memory_utilization))
-    if kv_cap < max_ctx:
-        return replace(c, reason=f"KV capacity {kv_cap} tokens < one request ({max_ctx})")
+    # the longest request lies whole on one engine (a DP rank) of each pool, and vLLM refuses to start an engine
+    # whose cache cannot hold --max-model-len (>= that request): the prefill worker holds the prompt's KV until
+    # the decode worker has pulled it, and runs with the same limit
+    for role, w, cap in (("", dw, c.kv_capacity_tokens_per_rank),
+                         ("prefill ", pw, c.prefill_kv_capacity_tokens_per_rank)):
+        if cap < max_ctx:
+            per = " per DP rank" if w.layout.dp > 1 else ""
+            return replace(c, reason=f"{role}KV capacity {cap} tokens{per} < one request ({max_ctx})")
     prefill_tp, decode_tp = pw.gpus, dw.gpus
 
     # prefill: M/G/1 over the sample's prompts (M/D/1 for a single length)
@@ -552,6 +572,8 @@ def layout_arithmetic(perf_for, c: Candidate, workload: WorkloadSpec, gpu_memory
         mb = w.memory_breakdown(gpu_memory_utilization)
         line = (f"{role} {lay.label} ({lay.gpus} GPUs, {lay.nodes(gpus_per_node)} node(s)): per GPU {mb.explain()}; "
                 f"{w.kv_capacity_tokens(gpu_memory_utilization):,} KV tokens per worker")
+        if lay.dp > 1:
+            line += f" ({w.kv_capacity_tokens_per_rank(gpu_memory_utilization):,} per DP rank)"
         if role == "prefill":
             line += f"; prefill of {isl} tokens {w.prefill_time_s(isl) * 1e3:.1f} ms"
         elif c.decode_batch:
@@ -565,7 +587,7 @@ def layout_arithmetic(perf_for, c: Candidate, workload: WorkloadSpec, gpu_memory
     return out
 
 
-def _node(g: GpuSpec, tps: tuple[int, ...]) -> tuple[int, float, str]:
+def node_network(g: GpuSpec, tps: tuple[int, ...]) -> tuple[int, float, str]:
     """(GPUs per node, network bandwidth per GPU bytes/s, instance name) for the search: a node is the largest
     TP degree given (an instance type's GPU count), its network the AWS instance type of that GPU count."""
     node = min(g.num_gpus_per_node, max(tps))
@@ -641,7 +663,7 @@ def tune(
                 raise TuningError(f"{model.name}: its {model.weight_format} weights cannot run on {g.name} in the "
                                   f"pinned vLLM ({fs.source})")
         notes += _precision_notes(model, g, precision, weights, kv)
-        node, net, inst = _node(g, tps)
+        node, net, inst = node_network(g, tps)
         cache: dict[tuple[bool, bool], PerfModel] = {}
 
         def perf_for(layout: Layout) -> PerfModel:

@@ -24,7 +24,7 @@ from runtime.deploy.budget import GpuBudgetError, check_gpu_budget
 from runtime.modelfiles.load import AUTO_PRECISION, check_precision, checkpoint_precision
 from runtime.models.spec import ModelSpec
 from runtime.perf.gpus import GpuSpec
-from runtime.tuner.search import TuneResult
+from runtime.tuner.search import TuneResult, perf_precisions
 from runtime.tuner.workload import LengthSample
 from runtime.usecases.champion import ChampionCheck, ChampionPolicy, check_against_champion
 
@@ -290,12 +290,21 @@ class TuneOutcome:
 def resolve_precision(model: ModelSpec, precision: str | None) -> tuple[str, list[str]]:
     """The precision to tune at: ``precision`` (bf16 or fp8), or with None / ``auto`` the checkpoint's own
     (:func:`runtime.modelfiles.load.checkpoint_precision`); notes say when the checkpoint is quantized to a
-    precision pdserve does not deploy (its weights are then sized wider than they are: conservative)."""
+    format a DeploymentSpec does not name (e.g. MXFP4): vLLM loads it as stored and the search costs its weights
+    in that format (``runtime.tuner.search.perf_precisions``), the precision setting the KV cache; a format the
+    performance model does not know is sized at the precision, wider than it is (conservative)."""
     if precision is not None and precision != AUTO_PRECISION:
         return precision, []
     chosen = checkpoint_precision(model)
-    if model.quant_method and chosen == "bf16":  # e.g. mxfp4 (gpt-oss): vLLM loads it as it is, pdserve sizes bf16
-        return chosen, [f"the checkpoint is quantized as {model.quant_method!r} (config.json quantization_config), "
+    q = model.quant_method
+    if q and chosen == "bf16" and model.weight_format not in ("bf16", "unknown"):  # e.g. mxfp4 (gpt-oss)
+        weights, _ = perf_precisions(model, chosen)
+        return chosen, [f"the checkpoint is quantized as {q!r} (config.json quantization_config), a format a "
+                        f"deployment does not name: it deploys at {chosen}, which sets the KV cache ({chosen}); "
+                        f"vLLM loads the weights as they are stored and the search costs them in their format "
+                        f"({weights}); choose fp8 for an fp8 KV cache"]
+    if q and chosen == "bf16":
+        return chosen, [f"the checkpoint is quantized as {q!r} (config.json quantization_config), "
                         f"which pdserve does not tune for; tuning at {chosen} sizes its weights wider than they are "
                         "(conservative: possibly more TP and less KV capacity than needed); choose the precision "
                         "(bf16 or fp8) to override"]
@@ -537,8 +546,10 @@ def tune(request: TuneRequest, *, metrics: MetricsSink | None = None, table_path
             Path(plot_path).write_text(pareto_html(result, png))
     best = result.best
     if metrics is not None:
-        metrics.log_metric("prefill_tp", best.prefill_tp)
-        metrics.log_metric("decode_tp", best.decode_tp)
+        metrics.log_metric("prefill_tp", best.prefill.tp)
+        metrics.log_metric("decode_tp", best.decode.tp)
+        metrics.log_metric("prefill_worker_gpus", best.prefill.gpus)
+        metrics.log_metric("decode_worker_gpus", best.decode.gpus)
         metrics.log_metric("ttft_p90_ms", best.ttft_ms)
         metrics.log_metric("itl_p90_ms", best.itl_ms)
         metrics.log_metric("goodput_per_gpu", best.goodput_per_gpu)
@@ -550,7 +561,7 @@ class TuneOutputs(NamedTuple):
     """The pipeline tune step's outputs (KFP reads a NamedTuple's fields as output parameters)."""
 
     champion_version: str  # the version alias `champion` names after the step: the winner's, or the kept one's
-    prefill_tp: int
+    prefill_tp: int  # vLLM --tensor-parallel-size of a prefill worker (its GPUs: tp x dp x pp)
     decode_tp: int
 
 
@@ -565,4 +576,4 @@ def kfp_tune_outputs(outcome: TuneOutcome) -> TuneOutputs:
     log.info("registered %s version %s; alias champion names version %s (%s)", d.registered_model,
              d.registered_version, d.champion_version, d.reason)
     best = outcome.result.best
-    return TuneOutputs(outcome.champion_version, int(best.prefill_tp), int(best.decode_tp))
+    return TuneOutputs(outcome.champion_version, int(best.prefill.tp), int(best.decode.tp))

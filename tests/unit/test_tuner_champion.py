@@ -9,7 +9,7 @@ import pytest
 
 from runtime.config import DeploymentSpec, ModelRef, SloSpec, WorkloadSpec
 from runtime.modelfiles.load import load_model_spec
-from runtime.modelfiles.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR, load_catalog_spec
 from runtime.tuner.champion import (DEFAULT_MIN_IMPROVEMENT_PCT, champion_perf, compare_with_champion,
                                     evaluate_deployment)
 from runtime.tuner.search import Candidate, tune
@@ -149,3 +149,37 @@ def test_the_threshold_must_be_a_finite_non_negative_percentage(bad):
 def test_only_a_feasible_winner_can_challenge():
     with pytest.raises(ValueError, match="infeasible"):
         compare_with_champion(_cand(feasible=False, reason="SLO miss"), _cand(), same_gpu=True)
+
+
+# ------------------------------------------------------------------------- champions of other worker layouts
+
+
+@pytest.mark.parametrize("name, gpu, precision, rate", [
+    ("deepseek-v3", "p5.48xlarge", "fp8", 1.0),  # p[TP8 PP2]d[DP16 EP16]: pipeline stages and wide EP across nodes
+    ("qwen3-30b-a3b", "H100-SXM", "bf16", 50.0),  # p[TP1]d[DP4 EP4]: DP-attention decode on one node
+])
+def test_a_champion_of_another_layout_is_predicted_as_its_layouts_and_keeps_the_alias_against_itself(
+        name, gpu, precision, rate):
+    """The champion's pools are evaluated with their own pp / dp / ep and cost their workers' real GPUs
+    (tp x dp x pp each): the winner's own spec as the champion costs what the winner costs, so the alias stays
+    (``min_improvement_pct`` decides, not a mis-read layout)."""
+    m = load_catalog_spec(name)
+    r = tune(m, gpu, SLO, WorkloadSpec(request_rate_per_s=rate), precision=precision, parallelism="all")
+    assert not r.best.plain_tp
+    spec = r.to_deployment_spec(ModelRef(name="x"))
+    for perf in (champion_perf(m, spec, r.perf), champion_perf(m, spec)):  # reused and freshly built
+        old = evaluate_deployment(perf, spec, r.slo, r.workload, 10_000)
+        assert old.feasible, old.reason
+        assert (old.label, old.num_gpus) == (r.best.label, r.best.num_gpus)
+        assert old.usd_per_mtok == pytest.approx(r.best.usd_per_mtok)
+        cmp = compare_with_champion(r.best, old, same_gpu=True)
+        assert cmp.improvement_pct == 0.0 and not cmp.replace
+
+
+def test_a_layout_champion_counts_the_gpus_of_its_workers_against_the_budget():
+    m = load_catalog_spec("qwen3-30b-a3b")
+    r = tune(m, "H100-SXM", SLO, WorkloadSpec(request_rate_per_s=50.0), parallelism="all")
+    spec = r.to_deployment_spec(ModelRef(name="x"))
+    assert spec.decode.dp > 1
+    old = evaluate_deployment(champion_perf(m, spec, r.perf), spec, r.slo, r.workload, r.best.num_gpus - 1)
+    assert not old.feasible and f"= {r.best.num_gpus} GPUs" in old.reason

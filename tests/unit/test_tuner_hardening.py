@@ -171,14 +171,17 @@ def test_cli_register_needs_mlflow_and_a_failed_out_moves_no_champion(tmp_path: 
     assert not db.exists()  # MLflow untouched: no runs, no champion for a command that failed
 
 
-def test_cli_says_an_mxfp4_checkpoint_is_tuned_wider_than_it_is(tmp_path: Path) -> None:
+def test_cli_says_an_mxfp4_checkpoint_is_costed_in_its_own_format(tmp_path: Path) -> None:
     """gpt-oss ships MXFP4 experts; a DeploymentSpec deploys bf16/fp8 only, so the note must not suggest
-    --precision can pick the checkpoint's own format, and must say the sizing is conservative."""
+    --precision can pick the checkpoint's own format, and must say what the search does: the weights costed
+    as stored (fp4), the precision setting the KV cache."""
     res = runner.invoke(app, ["tune", str(MODELS / "openai--gpt-oss-20b_config.json"), "--gpu", "H100-SXM",
                               "--out", str(tmp_path / "g.json")], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
-    assert "quantized as 'mxfp4'" in out and "pdserve does not tune for" in out and "conservative" in out
+    assert "quantized as 'mxfp4'" in out and "sets the KV cache (bf16)" in out
+    assert "the search costs them in their format (fp4)" in out
+    assert "wider than they are" not in out and "does not tune for" not in out
     spec = DeploymentSpec.model_validate_json((tmp_path / "g.json").read_text())
     assert spec.precision == "bf16" and spec.model.quantization == "mxfp4"  # vLLM loads the checkpoint as is
 

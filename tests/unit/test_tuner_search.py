@@ -9,7 +9,7 @@ import pytest
 from runtime.config import DeploymentSpec, ModelRef, SloSpec, WorkloadSpec
 from runtime.modelfiles.load import load_model_spec
 from runtime.models.spec import ModelSpec
-from runtime.modelfiles.catalog import CATALOG_DIR
+from runtime.modelfiles.catalog import CATALOG_DIR, load_catalog_spec
 from runtime.perf.gpus import get_gpu
 from runtime.perf.model import PerfModel
 from runtime.tuner.profiles import PlannerProfiles, build_profiles
@@ -161,3 +161,45 @@ def test_gpu_may_be_given_as_aws_instance_type():
     assert r.gpu.name == "H100-SXM"
     with pytest.raises(KeyError, match="unknown GPU"):
         tune(L8, "x9.huge", SloSpec(), WorkloadSpec())
+
+
+# ----------------------------------------------------------- the longest request fits one engine of each pool
+
+def test_a_prefill_worker_whose_kv_cannot_hold_the_request_is_infeasible():
+    """vLLM refuses to start an engine whose KV cache cannot hold --max-model-len (>= the workload's ISL + OSL),
+    prefill engines included: Qwen3-32B at TP 1 on an H100 holds 24,841 tokens, less than a 30,100-token request,
+    so no p1 candidate may win, and max_model_len stays within the winner's prefill capacity."""
+    m = load_catalog_spec("qwen3-32b")
+    r = tune(m, "H100-SXM", SloSpec(ttft_p90_ms=60000, itl_p90_ms=100),
+             WorkloadSpec(isl_tokens=30000, osl_tokens=100, request_rate_per_s=0.05))
+    p1d2 = next(c for c in r.candidates if (c.prefill_tp, c.decode_tp) == (1, 2))
+    assert not p1d2.feasible and p1d2.reason == "prefill KV capacity 24841 tokens < one request (30100)"
+    assert r.best.prefill_tp > 1
+    for c in r.candidates:
+        if c.feasible:
+            assert c.prefill_kv_capacity_tokens_per_rank >= 30100 and c.kv_capacity_tokens_per_rank >= 30100
+    assert 30100 <= r.max_model_len_tokens() <= r.best.prefill_kv_capacity_tokens_per_rank
+
+
+def test_max_model_len_is_capped_by_one_data_parallel_ranks_kv():
+    """Each DP rank of a data-parallel worker is its own vLLM engine holding whole sequences: --max-model-len
+    must fit one rank's cache (the worker's capacity / dp), not the worker's total."""
+    m = load_catalog_spec("llama-4-maverick")
+    r = tune(m, "p5.48xlarge", SloSpec(), WorkloadSpec(request_rate_per_s=5), parallelism="auto")
+    b = r.best
+    assert b.decode.dp > 1 and b.prefill.dp > 1
+    assert b.kv_capacity_tokens_per_rank == b.kv_capacity_tokens // b.decode.dp
+    cap = min(b.kv_capacity_tokens_per_rank, b.prefill_kv_capacity_tokens_per_rank)
+    assert r.max_model_len_tokens() == cap < (m.max_context_tokens or m.max_position_embeddings)
+    assert r.to_deployment_spec(ModelRef(name="m")).engine.max_model_len_tokens == cap
+    with pytest.raises(ValueError, match="per DP rank"):
+        r.max_model_len_tokens(cap + 1)
+
+
+def test_a_request_longer_than_one_data_parallel_ranks_kv_is_not_served_by_that_worker():
+    """A 120,100-token request exceeds one Llama-4-Maverick DP rank's cache on p5 (about 101k tokens) though the
+    32 ranks together hold about 3.2M: no layout serves it."""
+    m = load_catalog_spec("llama-4-maverick")
+    with pytest.raises(ModelDoesNotFitError, match=r"KV capacity \d+ tokens per DP rank < one request \(120100\)"):
+        tune(m, "p5.48xlarge", SloSpec(ttft_p90_ms=60000, itl_p90_ms=100),
+             WorkloadSpec(isl_tokens=120000, osl_tokens=100, request_rate_per_s=0.1), parallelism="all")
