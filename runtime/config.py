@@ -119,7 +119,7 @@ class WorkloadSpec(_Strict):
 class PoolSpec(_Strict):
     """One worker pool (prefill or decode)."""
 
-    tp: int = Field(default=1, description="Tensor-parallel degree = GPUs per worker.")
+    tp: int = Field(default=1, description="Tensor-parallel degree (a worker holds tp x dp x pp GPUs; `gpus`).")
     replicas: int = Field(default=1, ge=0, description="Number of workers.")
     min_replicas: int = Field(default=1, ge=0, description="Planner lower bound.")
     max_replicas: int = Field(default=8, ge=1, description="Planner upper bound.")
