@@ -74,9 +74,11 @@ async def _model_not_found_handler(request: Request, exc: ModelNotFound):
 
 
 def vllm_client_error_body(exc: Exception) -> dict[str, Any]:
-    """400 body of a vLLM request-model rejection; `param` is the exception's `parameter` when it names one."""
+    """400 body of a vLLM request-model rejection; `param` is the exception's `parameter` when it names one. The
+    message is the exception's text as vLLM's own server writes it (`VLLMValidationError` appends
+    "(parameter=..., value=...)")."""
     param = getattr(exc, "parameter", None)
-    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    message = str(exc)
     return openai_error_body(message or "invalid request", err_type="BadRequestError", status=HTTPStatus.BAD_REQUEST,
                              param=param if isinstance(param, str) else None)
 

@@ -426,3 +426,15 @@ async def test_the_body_the_edge_read_is_not_read_again(monkeypatch):
     monkeypatch.setattr(direct, "orjson", _Counting)
     answer, taken = await _same(CHAT, json=CHAT_BODY)
     assert taken == [True] and answer[0] == 200 and reads == []
+
+
+def test_a_vllm_validation_error_reads_as_vllms_own_server_writes_it():
+    # vLLM's server answers str(exc): the message, then "(parameter=..., value=...)"
+    pytest.importorskip("vllm")
+    from vllm.exceptions import VLLMValidationError
+
+    from runtime.server.errors import vllm_client_error_body
+
+    err = vllm_client_error_body(VLLMValidationError("logprobs must be at most 20.", parameter="logprobs", value=21))
+    assert err["error"]["message"] == "logprobs must be at most 20. (parameter=logprobs, value=21)"
+    assert err["error"]["param"] == "logprobs" and err["error"]["code"] == "400"
