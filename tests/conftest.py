@@ -4,7 +4,7 @@ import importlib.util
 
 pytest_plugins = [
     name
-    for name in ("tests.conftest_s3", "tests.conftest_vllm")
+    for name in ("tests.sigterm", "tests.conftest_s3", "tests.conftest_vllm")
     if importlib.util.find_spec(name) is not None
 ]
 
