@@ -73,6 +73,19 @@ def _burn(metric: str, le: str, factor: float, long_w: str, short_w: str) -> str
             f"and\n{_bad_ratio(metric, le, short_w)} / {budget} > {factor:g}")
 
 
+#: The `job` label of the runtime pods' scrape: prometheus-operator names a PodMonitor's job
+#: "<namespace>/<PodMonitor name>", and runtime.deploy.render names the runtime's "<InferenceService>-runtime".
+_RUNTIME_JOB = ".+/.+-runtime"
+
+
+def _error_ratio(window: str) -> str:
+    """The share of requests that failed by the service's fault: status `error` over `ok` and `error`. Client
+    faults (`client_error`) and abandoned requests (`cancelled`) are in neither, so that neither a client's bad
+    requests nor its impatience pages anyone (runtime.server.metrics.REQUEST_STATUSES)."""
+    return (f'sum(rate(pdserve_requests_total{{status="error"}}[{window}]))\n'
+            f'/ sum(rate(pdserve_requests_total{{status=~"ok|error"}}[{window}]))')
+
+
 def alerts(slo: SloSpec | None = None) -> list[Alert]:
     """Every alert, for the latency SLOs `slo` (default: SloSpec's defaults).
 
@@ -101,13 +114,14 @@ def alerts(slo: SloSpec | None = None) -> list[Alert]:
     out = [
         Alert("PdserveTtftBudgetBurnFast", "pdserve-slo", "critical", _burn(ttft, _le(ttft_s), 5, "1h", "5m"), "2m",
               f"TTFT SLO (p90 <= {ttft_s:g} s) error budget burning at over 5x",
-              f"Over the last hour and the last 5 minutes more than half of the requests took longer than "
-              f"{ttft_s:g} s to their first token; at this rate the month's budget is gone in under 6 days.",
+              f"Over the last hour and the last 5 minutes more than half of the streamed requests (the only ones "
+              f"whose first token the client sees apart from the answer) took longer than {ttft_s:g} s to their "
+              "first token; at this rate the month's budget is gone in under 6 days.",
               slo_actions),
         Alert("PdserveTtftBudgetBurnSlow", "pdserve-slo", "warning", _burn(ttft, _le(ttft_s), 2, "6h", "30m"), "15m",
               f"TTFT SLO (p90 <= {ttft_s:g} s) error budget burning at over 2x",
-              f"Over the last 6 hours and 30 minutes more than 20 % of the requests took longer than {ttft_s:g} s "
-              "to their first token.", slo_actions),
+              f"Over the last 6 hours and 30 minutes more than 20 % of the streamed requests took longer than "
+              f"{ttft_s:g} s to their first token.", slo_actions),
         Alert("PdserveItlBudgetBurnFast", "pdserve-slo", "critical", _burn(itl, _le(itl_s), 5, "1h", "5m"), "2m",
               f"ITL SLO (p90 <= {itl_s:g} s) error budget burning at over 5x",
               f"Over the last hour and the last 5 minutes more than half of the requests had a mean inter-token "
@@ -121,19 +135,29 @@ def alerts(slo: SloSpec | None = None) -> list[Alert]:
               f"above {itl_s:g} s.",
               ("Decode pool: `vllm:num_requests_running` and `vllm:kv_cache_usage_perc` per decode worker.",
                *slo_actions[1:2])),
-        Alert("PdserveErrorRateHigh", "pdserve-errors", "critical",
-              'sum(rate(pdserve_requests_total{status="error"}[5m])) / sum(rate(pdserve_requests_total[5m])) > 0.05',
+        Alert("PdserveErrorRateHigh", "pdserve-errors", "critical", _error_ratio("5m") + " > 0.05",
               "5m", "More than 5 % of requests fail",
-              "Requests end with an error (a worker's 5xx, no decode worker answering, a stream cut off).",
+              "Requests end with an error (a worker's 5xx, no decode worker answering, a stream cut off, a 503 "
+              "while the runtime is not ready). Clients' own faults (status client_error: a worker rejected "
+              "the request) and requests the client left (cancelled) are not counted.",
               ("Serving dashboard: errors by mode; the runtime's log names the failing worker.",
                "Breakers (Serving dashboard): open breakers mean workers failing; check their pods and logs.",
                "No decode worker ready: the runtime answers 503; check the decode Deployment's pods.")),
-        Alert("PdserveErrorRateElevated", "pdserve-errors", "warning",
-              'sum(rate(pdserve_requests_total{status="error"}[15m])) / sum(rate(pdserve_requests_total[15m])) '
-              '> 0.01', "15m", "More than 1 % of requests fail",
-              "A sustained small error rate: one bad worker, or clients sending requests the workers reject.",
+        Alert("PdserveErrorRateElevated", "pdserve-errors", "warning", _error_ratio("15m") + " > 0.01",
+              "15m", "More than 1 % of requests fail",
+              "A sustained small error rate: one bad worker, a worker answering 4xx to requests it should take "
+              "(a deployment fault), or short outages.",
               ("Serving dashboard: errors by mode and endpoint.",
-               "The runtime's log: 4xx from workers are the clients' requests; 5xx and resets are workers.")),
+               "The runtime's log: 5xx, resets and deployment-fault 4xx name the worker.")),
+        Alert("PdserveNotReady", "pdserve-errors", "critical", "max by (namespace, job) (pdserve_ready) == 0", "1m",
+              "No runtime replica of the InferenceService can serve",
+              "Every runtime replica reports not ready: no decode worker is healthy and in rotation (breakers "
+              "open or half-open, or no health check answered), so every request is refused with 503. A new "
+              "InferenceService is not ready either until its decode workers have loaded the model.",
+              ("The decode pods: running, ready, restarting? All failing at once points at a shared cause (a bad "
+               "rollout, the model volume, the node group).",
+               "Breakers (Serving dashboard) and the runtime's log: which workers fail their health checks.",
+               "Roll back the last promotion if it coincides (`pdserve promote` canary).")),
         Alert("PdserveKvTransferFailures", "pdserve-kv", "warning",
               "sum(increase(vllm:nixl_num_failed_transfers_total[10m])) > 0", "0m",
               "NIXL KV transfers are failing",
@@ -207,18 +231,41 @@ def alerts(slo: SloSpec | None = None) -> list[Alert]:
               ("The worker's pod: restarts, OOM kills, its log.",
                "GPU dashboard: XID errors or throttling on its node.")),
         Alert("PdserveAllDecodeBreakersOpen", "pdserve-workers", "critical",
-              'count(pdserve_worker_breaker_state{role="decode"} == 2)\n'
+              # half-open (1) keeps a worker out of rotation as open (2) does, and an open breaker turns half-open
+              # at each probe: counting only 2 would reset the alert whenever a scrape meets a probe
+              'count(pdserve_worker_breaker_state{role="decode"} >= 1)\n'
               '== count(pdserve_worker_breaker_state{role="decode"})', "1m",
-              "Every decode worker's circuit breaker is open",
-              "No decode worker receives traffic: the runtime answers 503 to every request.",
+              "Every decode worker's circuit breaker is open or half-open",
+              "No decode worker receives traffic (an open breaker, or a half-open one probing): the runtime "
+              "answers 503 to every request.",
               ("The decode pods: all failing at once points at a shared cause (a bad rollout, the model volume, "
                "the node group).", "Roll back the last promotion if it coincides (`pdserve promote` canary).")),
-        Alert("PdserveRequestsShed", "pdserve-workers", "info",
+        # warning, not info: shed requests are refused users, and shedding is the safety net that keeps the rest
+        # within the SLO
+        Alert("PdserveRequestsShed", "pdserve-workers", "warning",
               "sum(rate(pdserve_requests_shed_total[5m])) > 0", "10m",
-              "Admission control is shedding requests",
-              "Requests are refused with 429 because their predicted queue wait would break the TTFT SLO.",
+              "Requests are being shed",
+              "Requests are refused to protect the service: 429 (reason queue_wait) because their predicted queue "
+              "wait would break the TTFT SLO, or 503 (reason breaker_open) because every decode worker's breaker "
+              "is open.",
               ("Planner dashboard: is it scaling up? At its GPU budget?",
                "Sustained shedding means capacity is short: raise the budget or the replicas.")),
+        Alert("PdserveRuntimeTargetDown", "pdserve-scrape", "warning", f'up{{job=~"{_RUNTIME_JOB}"}} == 0', "5m",
+              "Prometheus cannot scrape a runtime pod",
+              "A runtime pod's `/metrics` does not answer Prometheus (the PodMonitor `<InferenceService>-runtime` "
+              "of `pdserve promote`): the pod is down or overloaded, and its series, and every pdserve alert "
+              "reading them, are missing for it.",
+              ("The runtime pod: running, restarting, OOM-killed? Its log.",
+               "Prometheus' Targets page: the scrape error (timeout, refused, DNS).")),
+        Alert("PdserveRuntimeUnmonitored", "pdserve-scrape", "critical",
+              f'absent(up{{job=~"{_RUNTIME_JOB}"}} == 1)', "5m",
+              "No runtime pod is scraped: the pdserve alerts are blind",
+              "Prometheus scrapes no runtime pod successfully: every runtime is down, or the PodMonitor or "
+              "Prometheus' selection of it is broken. Either way the other pdserve alerts cannot fire, so an "
+              "outage would go unseen. Where no InferenceService is deployed, remove the PrometheusRule.",
+              ("`kubectl get pods,podmonitors -n NAMESPACE`: runtime pods and the `<name>-runtime` PodMonitor.",
+               "The PodMonitor's `release` label must match the Prometheus' podMonitorSelector "
+               "(infra/k8s/prometheus).")),
         Alert("PdservePipelineFailed", "pdserve-pipelines", "warning",
               'sum by (namespace) (increase(argo_workflows_total_count{phase=~"Failed|Error"}[1h])) > 0', "0m",
               "A pipeline or batch workflow failed (staging, tuning, promotion, batch, re-tuning)",

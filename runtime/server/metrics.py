@@ -26,6 +26,13 @@ _WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 #: The values of the `mode` label (see the module docstring).
 SERVING_MODES = ("remote", "local", "migrated")
+#: The values of `pdserve_requests_total`'s `status` label. `error` is the service's failure, the only one
+#: the error-rate alerts count; a client's own fault (`client_error`: a worker rejected the request it was
+#: sent, 4xx) and a client that left before its answer (`cancelled`) say nothing of the service's health.
+REQUEST_STATUSES = ("ok", "error", "client_error", "cancelled")
+#: The `mode` of a request no worker served: refused while the runtime was not ready or no decode worker could
+#: take it (status `error`: the service is down for it).
+UNSERVED_MODE = "none"
 
 
 class KvIndexCollector:
@@ -34,10 +41,14 @@ class KvIndexCollector:
     the clock those seconds come from), or None while the runtime has no KV-event subscriber (then it exports
     nothing). Families: `pdserve_router_kv_event_batches_total{worker}`,
     `pdserve_router_kv_missed_batches_total{worker}` (sequence gaps: the worker's index entry was cleared and
-    is rebuilt), `pdserve_router_kv_event_age_seconds{worker}` (seconds since its last applied batch)."""
+    is rebuilt), `pdserve_router_kv_event_age_seconds{worker}` (seconds since its last applied batch, or
+    since the worker joined the pool while it has sent none). `label` maps a worker id to the `worker` label:
+    the server sets it to the keyed public id the breaker gauge and the response headers show
+    (runtime.server.model.public_worker_id), since a discovered id is an unkeyed hash of the worker's URL."""
 
     def __init__(self) -> None:
         self.source: Callable[[], tuple[object, Mapping[str, float], Callable[[], float]] | None] = lambda: None
+        self.label: Callable[[str], str] = lambda worker: worker
 
     def describe(self) -> list:
         return self._families()
@@ -49,14 +60,15 @@ class KvIndexCollector:
             return families
         stats, last_s, clock = src
         batches, missed, age = families
+        label = self.label
         for worker, n in sorted(getattr(stats, "num_batches", {}).items()):
-            batches.add_metric([worker], n)
+            batches.add_metric([label(worker)], n)
         gaps = getattr(stats, "num_missed_batches", {})
         for worker in sorted(set(gaps) | set(getattr(stats, "num_batches", {}))):  # 0 for a worker without gaps
-            missed.add_metric([worker], gaps.get(worker, 0))
+            missed.add_metric([label(worker)], gaps.get(worker, 0))
         now = clock()
         for worker, t in sorted(last_s.items()):
-            age.add_metric([worker], max(0.0, now - t))
+            age.add_metric([label(worker)], max(0.0, now - t))
         return families
 
     @staticmethod
@@ -67,7 +79,8 @@ class KvIndexCollector:
             CounterMetricFamily("pdserve_router_kv_missed_batches", "KV-event batches missed (sequence gaps); the "
                                 "worker's index entry was cleared and is rebuilt.", labels=["worker"]),
             GaugeMetricFamily("pdserve_router_kv_event_age_seconds", "Seconds since the last KV-event batch of "
-                              "the worker was applied to the router's index.", labels=["worker"]),
+                              "the worker was applied to the router's index (since it joined the pool while it "
+                              "has sent none).", labels=["worker"]),
         ]
 
 
@@ -75,10 +88,15 @@ class RuntimeMetrics:
     """The runtime's counters and histograms, registered once in `registry`.
 
     Attributes:
-        requests: `pdserve_requests_total{endpoint, mode, status}`; mode in SERVING_MODES.
-        ttft: `pdserve_ttft_seconds{endpoint, mode}`, arrival → first token (streaming: first streamed token
-            as the client sees it; non-streaming remote: prefill answer, which carries the first token;
-            non-streaming local: whole request, an upper bound).
+        requests: `pdserve_requests_total{endpoint, mode, status}`; mode in SERVING_MODES, or UNSERVED_MODE
+            for a request no worker served (refused as not ready); status in REQUEST_STATUSES.
+        ttft: `pdserve_ttft_seconds{endpoint, mode}`, arrival → first streamed token as the client sees it.
+            Streamed requests only: a non-streamed answer reaches the client whole, so its first token is
+            never seen apart from its last (with local prefill the runtime cannot tell them apart; with remote
+            prefill the prefill answer's time is not what the client waited), and mixing either in would make
+            the TTFT SLO measure different things by the share of non-streamed traffic. Their latency is `e2e`.
+        ready: `pdserve_ready`, 1 while the runtime can serve (some decode worker healthy and in rotation: the
+            model's readiness), else 0; read at scrape time from the function the server sets.
         itl: `pdserve_itl_seconds{endpoint, mode}`, mean inter-token latency of one request: (last token − first
             token) / (output tokens − 1); requests with one output token are not observed.
         e2e: `pdserve_request_duration_seconds{endpoint, mode}`, arrival → last byte.
@@ -110,10 +128,17 @@ class RuntimeMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.requests = Counter(
-            "pdserve_requests", "Requests served by the runtime.", ["endpoint", "mode", "status"], registry=registry
+            "pdserve_requests", "Requests the runtime answered, by status: ok; error (the service failed it, or "
+            "refused it with 503 while not ready: mode none); client_error (a worker rejected the client's own "
+            "request, 4xx); cancelled (the client left before its answer). Error-rate alerts count error only.",
+            ["endpoint", "mode", "status"], registry=registry
         )
+        self.ready = Gauge("pdserve_ready", "1 while the runtime can serve (a decode worker healthy and in "
+                           "rotation), else 0.", registry=registry)
         self.ttft = Histogram(
-            "pdserve_ttft_seconds", "Time to first token, seconds.", ["endpoint", "mode"],
+            "pdserve_ttft_seconds", "Time to first streamed token, seconds. Streamed requests only: a non-streamed "
+            "answer shows the client no token before its last (its latency: pdserve_request_duration_seconds).",
+            ["endpoint", "mode"],
             buckets=_LATENCY_BUCKETS_S, registry=registry,
         )
         self.itl = Histogram(

@@ -80,7 +80,7 @@ from runtime.router.admission import ServiceTimeEstimate, decide, is_priority
 from runtime.router.priority import vllm_priority
 from runtime.server.breakers import WorkerBreakers
 from runtime.server.errors import Overloaded, openai_error_body
-from runtime.server.metrics import RuntimeMetrics
+from runtime.server.metrics import UNSERVED_MODE, RuntimeMetrics
 from runtime.server.migration import (
     choice_has_output,
     chunk_progress,
@@ -323,9 +323,9 @@ class PDModel(OpenAIGenerativeModel):
             closed and prefilled locally too (both `pdserve_kv_lease_expiries_total`). A non-streaming leg shows
             no first token: only its start is bounded.
 
-    TTFT (`pdserve_ttft_seconds`): streaming — arrival to the first streamed token, as the client sees it
-    (remote: prefill + NIXL pull + first decode step); non-streaming remote — arrival to the prefill answer,
-    which carries the first token; non-streaming local — the whole request (an upper bound).
+    TTFT (`pdserve_ttft_seconds`): streamed requests only — arrival to the first streamed token, as the client
+    sees it (remote: prefill + NIXL pull + first decode step). A non-streamed client sees no token before the
+    whole answer; the planner is still told a remote prefill's time as its first token.
     """
 
     def __init__(
@@ -379,6 +379,10 @@ class PDModel(OpenAIGenerativeModel):
         self.slo_ttft_s = slo_ttft_s
         self.breakers = WorkerBreakers(pairing, self.overload, gauge=metrics.breaker_state, clock=clock,
                                        label=lambda wid: public_worker_id(wid, self._header_key))
+        # every series naming a worker shows the keyed id the breaker gauge shows, never a discovered id
+        # (an unkeyed hash of the worker's URL); readiness read at scrape time, as it changes between requests
+        metrics.kv_index.label = lambda wid: public_worker_id(wid, self._header_key)
+        metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         self.breakers.sync()
         self.service = ServiceTimeEstimate()  # per-request service time, from first tokens (admission control)
         # request id -> (requests waiting for a first token, servers) when it was admitted; popped at its first
@@ -576,15 +580,20 @@ class PDModel(OpenAIGenerativeModel):
 
     def count_unready(self, raw_body: bytes, path: str = "") -> None:
         """A request refused because the model is not ready (runtime.server.edge; `path` as received): demand
-        the planner's window counts, as it counts a shed one (a generation route's), and counted in
-        `pdserve_requests_shed_total{reason="breaker_open"}` when that is because decode breakers are open."""
+        the planner's window counts, as it counts a shed one (a generation route's), counted in
+        `pdserve_requests_total{mode="none", status="error"}` (a generation route's: the service is down for it,
+        and the error-rate alerts must see it) and in `pdserve_requests_shed_total{reason="breaker_open"}` when
+        that is because decode breakers are open."""
         try:
             body = json.loads(raw_body)
         except ValueError:
             body = None
         body = body if isinstance(body, dict) else {}
         if path.endswith("/completions"):
-            self._record_refused(CHAT_PATH if path.endswith("/chat/completions") else COMPLETIONS_PATH, body)
+            chat = path.endswith("/chat/completions")
+            self._record_refused(CHAT_PATH if chat else COMPLETIONS_PATH, body)
+            self.metrics.child(self.metrics.requests, "chat" if chat else "completions", UNSERVED_MODE,
+                               "error").inc()
         if self.breakers.any_open("decode"):
             self.metrics.shed.labels("breaker_open", _priority_label(body)).inc()
 
@@ -739,7 +748,7 @@ class PDModel(OpenAIGenerativeModel):
                 route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
         except RuntimeError as exc:
             self._record_arrival(body, None if token_ids is None else len(token_ids), self.clock() - t0)
-            self.metrics.child(self.metrics.requests, endpoint, "none", "error").inc()
+            self.metrics.child(self.metrics.requests, endpoint, UNSERVED_MODE, "error").inc()
             if self.breakers.any_open("decode"):  # every decode worker out: a clear 503, never a wait
                 self.metrics.shed.labels("breaker_open", _priority_label(body)).inc()
                 exc = RuntimeError("every decode worker is out of rotation (circuit breaker open or half-open)")
@@ -751,9 +760,13 @@ class PDModel(OpenAIGenerativeModel):
         state = {"route": route, "mode": None, "owner": "serve", "arrival": False}
         try:
             return await self._serve_route(path, endpoint, body, response_type, context, rid, t0, token_ids, state)
+        except asyncio.CancelledError:  # the client left: not the service's failure
+            state["status"] = "cancelled"
+            raise
         finally:
             if state["owner"] == "serve":  # an exception, a cancellation (client gone) or an early return
-                self._finish(rid, endpoint, state["route"], t0, ok=False, mode=state["mode"])
+                self._finish(rid, endpoint, state["route"], t0, ok=False, mode=state["mode"],
+                             status=state.get("status"))
                 if not state["arrival"]:
                     self._record_arrival(body, None if token_ids is None else len(token_ids), self.clock() - t0)
 
@@ -815,6 +828,8 @@ class PDModel(OpenAIGenerativeModel):
                 except BackendError as exc:
                     new = self._migrate(exc, route, rid)
                     if new is None:  # a rejected decode leg's handoff is freed by the decode worker (see above)
+                        if _is_client_fault(exc):  # the client's own request, rejected: not the service's failure
+                            state["status"] = "client_error"
                         return _backend_error_response(exc)
                     route, kv, decode, mode = new, None, self._client(new.decode_url, rid), "migrated"
                     state["route"], state["mode"] = route, mode
@@ -832,10 +847,11 @@ class PDModel(OpenAIGenerativeModel):
             return _backend_error_response(BackendError(route.decode_url, 502, "not an OpenAI response object"))
         total_s = self.clock() - t0
         # the first token is seen only when a remote prefill made it; otherwise the client got it with the
-        # whole answer (its TTFT), and the split between prefill and decode is unknown: no ITL, and the
-        # planner is told nothing of either
+        # whole answer, and the split between prefill and decode is unknown: no ITL, and the planner is told
+        # nothing of either. pdserve_ttft_seconds is not observed for any non-streamed answer: the client sees
+        # no token before the whole answer, so neither the prefill's time (remote) nor the whole request's
+        # (local) is the TTFT the SLO means, and each would skew it differently (runtime.server.metrics).
         ttft_s = prefill_done_s if (kv is not None and prefill_done_s is not None) else None
-        self.metrics.child(self.metrics.ttft, endpoint, mode).observe(total_s if ttft_s is None else ttft_s)
         num_out = (answer.get("usage") or {}).get("completion_tokens") or 0
         if num_out > 1 and ttft_s is not None:
             self.metrics.child(self.metrics.itl, endpoint, mode).observe((total_s - ttft_s) / (num_out - 1))
@@ -896,6 +912,7 @@ class PDModel(OpenAIGenerativeModel):
         Until then a failure is an HTTP error (`_StreamFailedEarly`); after it, an error event in the stream.
         A stream with nothing sent yet goes whole to another worker either way."""
         ok = False
+        status = None  # pdserve_requests_total's status when not "ok"/"error" (RuntimeMetrics.requests)
         head_sent = False
 
         async def on_head() -> None:
@@ -1115,6 +1132,8 @@ class PDModel(OpenAIGenerativeModel):
                     if new is None:
                         cont = None
                     if cont is None:
+                        # the worker rejected the client's own request: counted apart from the service's errors
+                        status = "client_error" if _is_client_fault(exc) else None
                         if not yielded and not head_sent:  # nothing sent: the caller answers an HTTP error
                             raise _StreamFailedEarly(exc) from exc
                         for finished_event in release_held():  # choices that did finish, then the error
@@ -1126,11 +1145,14 @@ class PDModel(OpenAIGenerativeModel):
                         break
                     route, kv, decode, attempt, mode = new, None, self._client(new.decode_url, rid), cont, "migrated"
                     local_prefill = True  # the new decode worker prefills; its load ends at its first token
+        except (asyncio.CancelledError, GeneratorExit):  # the client left (or the stream was closed unread)
+            status = "cancelled"
+            raise
         finally:
             first_token.set()
             if nudger is not None:
                 nudger.cancel()
-            self._finish(rid, endpoint, route, t0, ok=ok, mode=mode)
+            self._finish(rid, endpoint, route, t0, ok=ok, mode=mode, status=None if ok else status)
             if not (ok and first_s is not None) and not arrival_recorded:  # failed or abandoned: still demand
                 self._record_arrival(body, None, self.clock() - t0)
         if ok and first_s is not None:
@@ -1143,7 +1165,8 @@ class PDModel(OpenAIGenerativeModel):
             self._observe(body, usage, arrival_recorded, first_s, self.clock() - t0, tokens, itl_s)
         yield "data: [DONE]\n\n"
 
-    def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None) -> None:
+    def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None,
+                status: str | None = None) -> None:
         """Release the request's router load (``Pairing.on_complete``, once per request) and its worker
         clients, then count it; the releases do not depend on the metrics."""
         self._awaiting.pop(rid, None)
@@ -1153,12 +1176,14 @@ class PDModel(OpenAIGenerativeModel):
             try:
                 self._release(rid)
             finally:
-                self._count(endpoint, route, t0, ok, mode)
+                self._count(endpoint, route, t0, ok, mode, status)
 
-    def _count(self, endpoint: str, route: Route, t0: float, ok: bool, mode: str | None) -> None:
-        """Count one finished request in the request and e2e metrics."""
+    def _count(self, endpoint: str, route: Route, t0: float, ok: bool, mode: str | None,
+               status: str | None = None) -> None:
+        """Count one finished request in the request and e2e metrics (`status`: one of REQUEST_STATUSES that
+        overrides "ok"/"error")."""
         mode = mode or ("remote" if route.prefill_url else "local")
-        self.metrics.child(self.metrics.requests, endpoint, mode, "ok" if ok else "error").inc()
+        self.metrics.child(self.metrics.requests, endpoint, mode, status or ("ok" if ok else "error")).inc()
         self.metrics.child(self.metrics.e2e, endpoint, mode).observe(self.clock() - t0)
         self.metrics.child(self.metrics.in_flight, endpoint).dec()
 

@@ -150,7 +150,9 @@ class RouterPairing:
                  tier_load_cost: Mapping[str, float] | None = None) -> None:
         self.router = Router(spec, block_size_tokens, prefill_cost=prefill_cost, tier_load_cost=tier_load_cost)
         self.block_size_tokens = block_size_tokens
-        self.last_event_s: dict[str, float] = {}  # worker id -> clock() of its last applied KV-event batch
+        # worker id -> clock() of its last applied KV-event batch, or of when it joined the pool (a worker that
+        # publishes KV events): a worker whose publisher never sends one must still age (the stale-index alert)
+        self.last_event_s: dict[str, float] = {}
         self._approx_capacity_blocks = max(1, approx_capacity_tokens // block_size_tokens)
         self.workers = {w.worker_id: w for w in workers}
         self._url_to_id = {w.url.rstrip("/"): w.worker_id for w in workers}
@@ -171,6 +173,8 @@ class RouterPairing:
     def _add_to_router(self, w: WorkerEndpoint) -> None:
         self.router.add_worker(w.worker_id, w.role, kv_events=w.kv_events_endpoint is not None,
                                kv_capacity_blocks=self._approx_capacity_blocks)
+        if w.kv_events_endpoint is not None:
+            self.last_event_s[w.worker_id] = self.clock()
 
     # -- Pairing -----------------------------------------------------------------------------------
     def choose(self, req: RouteRequest) -> Route:

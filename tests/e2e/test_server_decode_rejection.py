@@ -58,7 +58,8 @@ def test_a_decode_rejection_frees_the_prefill_handoff_and_answers_as_aggregated(
     assert (r.status_code, r.json()["error"]["message"], r.json()["error"]["param"]) == (
         agg.status_code, agg.json()["error"]["message"], agg.json()["error"]["param"])
     runtime_after = httpx.get(f"{pd_runtime.url}/metrics", timeout=10).text
-    remote = "pdserve_requests_total", {"mode": "remote", "status": "error"}
+    # the decode worker rejected the client's own request: a client error, not the service's
+    remote = "pdserve_requests_total", {"mode": "remote", "status": "client_error"}
     assert sample_sum(runtime_after, remote[0], **remote[1]) - sample_sum(runtime_before, remote[0], **remote[1]) == 1
     while True:  # the prefill worker's gauges are published by its engine loop: give it up to 2 s
         after = _worker_metrics(prefill)

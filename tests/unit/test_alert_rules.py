@@ -59,6 +59,40 @@ CASES = [
     ({'pdserve_requests_total{endpoint="chat",mode="remote",status="error"}': "0+0.05x60",
       'pdserve_requests_total{endpoint="chat",mode="remote",status="ok"}': "0+99.95x60"}, "40m",
      {"PdserveErrorRateHigh": [], "PdserveErrorRateElevated": []}),
+    # a total outage: every request a 503 at the edge (mode none, status error), every replica not ready; another
+    # InferenceService with one ready replica of two stays silent
+    ({'pdserve_requests_total{endpoint="chat",mode="remote",status="ok"}': "0+10x20 200x40",
+      'pdserve_requests_total{endpoint="chat",mode="none",status="error"}': "0x20 0+10x40",
+      'pdserve_ready{namespace="pdserve",job="pdserve/m-runtime",instance="a"}': "1x20 0x40",
+      'pdserve_ready{namespace="pdserve",job="pdserve/m-runtime",instance="b"}': "1x20 0x40",
+      'pdserve_ready{namespace="pdserve",job="pdserve/n-runtime",instance="c"}': "1x60",
+      'pdserve_ready{namespace="pdserve",job="pdserve/n-runtime",instance="d"}': "0x60"}, "40m",
+     {"PdserveErrorRateHigh": [{}], "PdserveErrorRateElevated": [{}],
+      "PdserveNotReady": [{"namespace": "pdserve", "job": "pdserve/m-runtime"}]}),
+    ({'pdserve_ready{namespace="pdserve",job="pdserve/m-runtime",instance="a"}': "1x60"}, "40m",
+     {"PdserveNotReady": []}),
+    # clients' own faults and cancellations neither page nor dilute the service's errors: 0.6 errors in 10
+    # served requests (6 %) fire the critical alert although 5 more a minute were the clients' faults
+    ({'pdserve_requests_total{endpoint="chat",mode="remote",status="error"}': "0+0.6x60",
+      'pdserve_requests_total{endpoint="chat",mode="remote",status="ok"}': "0+9.4x60",
+      'pdserve_requests_total{endpoint="chat",mode="local",status="client_error"}': "0+3x60",
+      'pdserve_requests_total{endpoint="chat",mode="remote",status="cancelled"}': "0+2x60"}, "40m",
+     {"PdserveErrorRateHigh": [{}], "PdserveErrorRateElevated": [{}]}),
+    ({'pdserve_requests_total{endpoint="chat",mode="remote",status="ok"}': "0+5x60",
+      'pdserve_requests_total{endpoint="chat",mode="local",status="client_error"}': "0+3x60",
+      'pdserve_requests_total{endpoint="chat",mode="remote",status="cancelled"}': "0+2x60"}, "40m",
+     {"PdserveErrorRateHigh": [], "PdserveErrorRateElevated": []}),
+    # scrape targets: one runtime pod of two down (another job's target down is not pdserve's)
+    ({'up{job="pdserve/m-runtime",instance="10.0.0.1:8080"}': "1x10 0x30",
+      'up{job="pdserve/m-runtime",instance="10.0.0.2:8080"}': "1x40",
+      'up{job="monitoring/node-exporter",instance="10.0.1.1:9100"}': "0x40"}, "30m",
+     {"PdserveRuntimeTargetDown": [{"job": "pdserve/m-runtime", "instance": "10.0.0.1:8080"}],
+      "PdserveRuntimeUnmonitored": []}),
+    ({'up{job="pdserve/m-runtime",instance="10.0.0.1:8080"}': "1x10 0x30"}, "30m",
+     {"PdserveRuntimeTargetDown": [{"job": "pdserve/m-runtime", "instance": "10.0.0.1:8080"}],
+      "PdserveRuntimeUnmonitored": [{}]}),
+    ({'up{job="monitoring/node-exporter",instance="10.0.1.1:9100"}': "1x40"}, "30m",  # no runtime target at all
+     {"PdserveRuntimeTargetDown": [], "PdserveRuntimeUnmonitored": [{}]}),
     ({'vllm:nixl_num_failed_transfers_total{model_name="m"}': "0x30 1x30",
       "pdserve_kv_lease_expiries_total": "0x20 1+1x20", "pdserve_kv_late_reads_total": "0x60"}, "35m",
      {"PdserveKvTransferFailures": [{}], "PdserveKvLeaseExpiries": [{}], "PdserveKvLateReads": []}),
@@ -96,9 +130,10 @@ CASES = [
       'pdserve_requests_shed_total{reason="queue_wait",priority="normal"}': "0+5x30"}, "20m",
      {"PdserveWorkerBreakerOpen": [{"role": "decode", "worker": "decode-0"}, {"role": "decode", "worker": "decode-1"}],
       "PdserveAllDecodeBreakersOpen": [{}], "PdserveRequestsShed": [{}]}),
+    # the only decode worker half-open (probing, out of rotation) for 30 minutes: no decode worker serves
     ({'pdserve_worker_breaker_state{role="decode",worker="decode-0"}': "1x30",
       'pdserve_worker_breaker_state{role="prefill",worker="prefill-0"}': "0x30"}, "20m",
-     {"PdserveWorkerBreakerOpen": [], "PdserveAllDecodeBreakersOpen": []}),
+     {"PdserveWorkerBreakerOpen": [], "PdserveAllDecodeBreakersOpen": [{}]}),
     ({'argo_workflows_total_count{namespace="kubeflow",phase="Failed"}': "0x10 1x20",
       'argo_workflows_total_count{namespace="pdserve",phase="Succeeded"}': "0+1x30"}, "15m",
      {"PdservePipelineFailed": [{"namespace": "kubeflow"}]}),
@@ -141,9 +176,9 @@ def test_every_alert_has_a_case_where_it_fires_and_one_where_it_is_silent():
 
 def test_alerts_read_only_catalogued_metrics():
     """Every metric an alert reads is in the catalog, or is Argo's workflow counter."""
-    known = {m.name for m in catalog()} | {"argo_workflows_total_count"}
+    known = {m.name for m in catalog()} | {"argo_workflows_total_count", "up"}  # up: Prometheus' own, per target
     for a in al.alerts():
-        used = set(re.findall(r"\b(?:pdserve_|vllm:|DCGM_|argo_)[A-Za-z0-9_:]*", a.expr))
+        used = set(re.findall(r"\b(?:pdserve_|vllm:|DCGM_|argo_)[A-Za-z0-9_:]*|\bup(?=\{)", a.expr))
         unknown = {m for m in used if m not in known and re.sub(r"_(bucket|count)$", "", m) not in known}
         assert used and not unknown, (a.name, unknown)
 
@@ -206,3 +241,33 @@ def test_rules_for_other_slos_are_written_by_the_module_and_a_threshold_off_the_
             for r in g["rules"]}
     assert urls and all(u.startswith("https://git.example/pdserve/blob/main/docs/operations.md#pdserve") for u in urls)
     assert main(["--runbook-base-url", "git.example/x"]) == 2
+
+
+def _flapping_outage(shift: int, workers: int = 3, samples: int = 180) -> dict[str, str]:
+    """Decode breakers through an outage, one sample per 15 s scrape: closed for 75 s, then open (2) with a
+    half-open probe (1) every fourth scrape, each worker's probe at another phase (`shift` moves them all)."""
+    cycle = (2, 2, 1, 2)
+    return {f'pdserve_worker_breaker_state{{role="decode",worker="decode-{k}"}}':
+            " ".join(["0"] * 5 + [str(cycle[(i + shift + k) % 4]) for i in range(samples - 5)])
+            for k in range(workers)}
+
+
+@needs_promtool
+@pytest.mark.parametrize("shift", range(4))
+def test_all_decode_breakers_alert_fires_through_a_flapping_outage(tmp_path, shift):
+    """Half-open breakers are out of rotation too: PdserveAllDecodeBreakersOpen fires from its `for` after the
+    outage began to the end, whatever scrape meets a probe (an alert on "every breaker == 2" resets at each)."""
+    rule = next(a for a in al.alerts() if a.name == "PdserveAllDecodeBreakersOpen")
+    case = {"interval": "15s",
+            "input_series": [{"series": s, "values": v} for s, v in _flapping_outage(shift).items()],
+            "alert_rule_test": [{"eval_time": f"{m}m", "alertname": rule.name,
+                                 "exp_alerts": [{"exp_labels": {"severity": "critical"}, "exp_annotations": {
+                                     "summary": rule.summary, "description": rule.meaning,
+                                     "runbook_url": f"{al.RUNBOOK_DOC}#{rule.anchor}"}}] if m >= 3 else []}
+                                for m in range(1, 45)]}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rules_file()))
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "15s",
+                                                        "tests": [case]}, sort_keys=False))
+    r = subprocess.run([_promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

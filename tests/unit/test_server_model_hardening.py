@@ -91,7 +91,8 @@ async def test_a_worker_error_event_before_any_token_is_an_http_error():
     out = await model.create_chat_completion(_request(stream=True))
     assert isinstance(out, ErrorResponse)
     assert out.error.code == "400" and out.error.message == "prompt too long for the KV cache"
-    assert _requests(reg, "error") == 1
+    # the worker rejected the client's own request: the client's fault, not the service's error
+    assert _requests(reg, "client_error") == 1 and _requests(reg, "error") == 0
     await model.aclose()
 
 
