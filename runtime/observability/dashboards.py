@@ -124,7 +124,8 @@ KV: list[Panel] = [
 
 GPUS: list[Panel] = [
     ("GPU utilisation", "percent", [("avg by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL)", "{{Hostname}} GPU {{gpu}}")]),
-    ("Frame-buffer memory used", "decmbytes",
+    # DCGM reports frame-buffer memory in MiB: Grafana's "mbytes" (mebibytes), not "decmbytes" (10^6 bytes)
+    ("Frame-buffer memory used", "mbytes",
      [("max by (Hostname, gpu) (DCGM_FI_DEV_FB_USED)", "used {{Hostname}} GPU {{gpu}}"),
       ("max by (Hostname, gpu) (DCGM_FI_DEV_FB_FREE)", "free {{Hostname}} GPU {{gpu}}")]),
     ("GPU temperature", "celsius", [("max by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP)", "{{Hostname}} GPU {{gpu}}")]),

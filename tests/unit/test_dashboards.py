@@ -30,6 +30,13 @@ def test_four_dashboards_with_unique_uids_and_panel_ids():
         assert d["templating"]["list"][0]["name"] == "datasource"
 
 
+def test_dcgm_frame_buffer_panels_read_mebibytes():
+    # DCGM_FI_DEV_FB_USED / _FREE are MiB; Grafana's "decmbytes" would show them 4.9 % low
+    for title, unit, queries in db.GPUS:
+        if any("DCGM_FI_DEV_FB_" in q for q, _ in queries):
+            assert unit == "mbytes", title
+
+
 def test_every_query_reads_catalogued_metrics_only():
     known = {m.name for m in catalog()}
     for uid, title, expr in db.panel_queries():
