@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pids import pid_alive as _alive
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the bench's children through /proc")
 
@@ -32,14 +34,6 @@ def _children(pid: int) -> list[tuple[int, str]]:
         if int(fields[1]) == pid and fields[0] != "Z":
             out.append((int(d.name), name))
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def test_sigterm_to_the_staging_bench_stops_its_s3_server(tmp_path):

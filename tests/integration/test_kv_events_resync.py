@@ -68,6 +68,13 @@ class _Rig:
         await _send(self.pub, seq, *events)
         await wait_for(lambda: len(self.got) > n, f"batch seq={seq}")
 
+    async def sent_raw(self, seq: int, events: list[dict], what: str) -> None:
+        """Publish events as raw msgpack maps (shapes no encoder of ours writes) and wait for the batch."""
+        n = len(self.got)
+        await self.pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"),
+                                       msgspec.msgpack.encode([float(seq), events])])
+        await wait_for(lambda: len(self.got) > n, what)
+
     async def close(self) -> None:
         await self.sub.stop()
         self._close_pub()
@@ -131,10 +138,7 @@ async def test_malformed_and_offloaded_events_are_counted_and_the_rest_applied()
                 "block_size": BS, "lora_id": None, "medium": "GPU", "lora_name": None}
         bad = {**good, "block_hashes": [1.5]}
         placeholder = {**good, "block_hashes": [99], "token_ids": [], "block_size": 0, "medium": "CPU"}
-        n = len(rig.got)
-        await rig.pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"),
-                                      msgspec.msgpack.encode([1.0, [bad, placeholder, good]])])
-        await wait_for(lambda: len(rig.got) > n, "the mixed batch")
+        await rig.sent_raw(seq, [bad, placeholder, good], "the mixed batch")
         assert rig.overlap(A) == {WORKER: 2}
         assert rig.sub.stats.num_invalid_events[WORKER] == 1 and rig.sub.stats.num_resyncs[WORKER] == 1
     finally:
@@ -149,10 +153,8 @@ async def test_a_malformed_removal_resyncs_the_worker_so_the_evicted_block_is_no
         await rig.sent(seq, BlockStored((11, 12), None, A, BS))
         assert rig.overlap(A) == {WORKER: 2}
         # the worker evicted block 11; its removal arrives with a hash of a type no engine sends
-        n = len(rig.got)
-        await rig.pub.send_multipart([b"kv-events", (seq + 1).to_bytes(8, "big"), msgspec.msgpack.encode(
-            [2.0, [{"type": "BlockRemoved", "block_hashes": [11.0], "medium": "GPU"}]])])
-        await wait_for(lambda: len(rig.got) > n, "the batch with the malformed removal")
+        await rig.sent_raw(seq + 1, [{"type": "BlockRemoved", "block_hashes": [11.0], "medium": "GPU"}],
+                           "the batch with the malformed removal")
         assert rig.overlap(A) == {}  # under-reported until stored again, never a block the worker lacks
         assert rig.sub.stats.num_invalid_events[WORKER] == 1 and rig.sub.stats.num_resyncs[WORKER] == 1
         assert WORKER not in rig.sub.stats.num_missed_batches  # in sequence: resynced for the bad event alone
@@ -168,10 +170,8 @@ async def test_an_event_with_an_unhashable_medium_does_not_end_the_reader():
     try:
         seq = await rig.joined()
         await rig.sent(seq, BlockStored((11, 12), None, A, BS))
-        n = len(rig.got)
-        await rig.pub.send_multipart([b"kv-events", (seq + 1).to_bytes(8, "big"), msgspec.msgpack.encode(
-            [2.0, [{"type": "BlockRemoved", "block_hashes": [11], "medium": ["GPU"]}]])])
-        await wait_for(lambda: len(rig.got) > n, "the batch with the list medium")
+        await rig.sent_raw(seq + 1, [{"type": "BlockRemoved", "block_hashes": [11], "medium": ["GPU"]}],
+                           "the batch with the list medium")
         assert rig.sub.stats.num_invalid_events[WORKER] == 1 and rig.overlap(A) == {}
         await rig.sent(seq + 2, BlockStored((21, 22), None, B, BS))  # the reader is still there
         assert rig.overlap(B) == {WORKER: 2} and rig.sub.active_workers == (WORKER,)

@@ -13,6 +13,7 @@ model object or a 404; KServe's tensor inference routes answer 404.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -74,6 +75,38 @@ class RecordingWorker:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(5)
+
+
+@contextlib.asynccontextmanager
+async def _runtime(worker: RecordingWorker, **rest_kw):
+    """The real runtime app on 127.0.0.1 in front of `worker`, ready; yields a client of it. `rest_kw` goes to
+    build_rest_server."""
+    from prometheus_client import CollectorRegistry
+
+    from runtime.server.app import build_model, build_rest_server, run_server
+
+    model = build_model(M, prefill_urls=[], decode_urls=[worker.url], registry=CollectorRegistry())
+    port = _free_port()
+    rest = build_rest_server(model, host="127.0.0.1", http_port=port, **rest_kw)
+    task = asyncio.create_task(run_server(rest, model, health_interval_s=0.2))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            for _ in range(400):
+                try:
+                    if (await c.get("/v2/health/ready")).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("runtime never ready in front of a healthy worker")
+            yield c
+    finally:
+        rest._server.should_exit = True  # uvicorn's own shutdown
+        try:
+            await asyncio.wait_for(task, 10)
+        except BaseException:
+            task.cancel()
 
 
 def _raw(text: str) -> bytes:
@@ -155,110 +188,61 @@ CASES = [
 
 
 async def test_malformed_requests_are_4xx_openai_errors_that_never_reach_a_worker():
-    from prometheus_client import CollectorRegistry
-
-    from runtime.server.app import build_model, build_rest_server, run_server
-
     assert len(CASES) >= 40
     with RecordingWorker() as worker:
-        model = build_model(M, prefill_urls=[], decode_urls=[worker.url], registry=CollectorRegistry())
-        port = _free_port()
-        rest = build_rest_server(model, host="127.0.0.1", http_port=port)
-        task = asyncio.create_task(run_server(rest, model, health_interval_s=0.2))
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
-                for _ in range(400):
-                    try:
-                        if (await c.get("/v2/health/ready")).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    await asyncio.sleep(0.05)
+        async with _runtime(worker) as c:
+            for method, path, body, status, param in CASES:
+                kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(
+                    body, bytes) else {} if body is None else {"json": body}
+                r = await c.request(method, path, **kw)
+                case = (method, path, body)
+                assert r.status_code == status, (case, r.text)
+                assert worker.url.split("//")[1] not in r.text, case
+                err = r.json()["error"]
+                if path.startswith("/openai/"):
+                    assert set(err) == {"message", "type", "param", "code"}, (case, r.text)
+                    assert err["code"] == str(status) and err["message"], case
+                    if param is not None:
+                        assert err["param"] == param, (case, r.text)
                 else:
-                    pytest.fail("runtime never ready in front of a healthy worker")
-                for method, path, body, status, param in CASES:
-                    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(
-                        body, bytes) else {} if body is None else {"json": body}
-                    r = await c.request(method, path, **kw)
-                    case = (method, path, body)
-                    assert r.status_code == status, (case, r.text)
-                    assert worker.url.split("//")[1] not in r.text, case
-                    err = r.json()["error"]
-                    if path.startswith("/openai/"):
-                        assert set(err) == {"message", "type", "param", "code"}, (case, r.text)
-                        assert err["code"] == str(status) and err["message"], case
-                        if param is not None:
-                            assert err["param"] == param, (case, r.text)
-                    else:
-                        assert "OpenAI API only" in err, case
-                one = await c.get(f"/openai/v1/models/{M}")
-                assert one.status_code == 200 and one.json()["id"] == M and one.json()["object"] == "model"
-                assert (await c.get("/v2/health/ready")).status_code == 200
-                assert (await c.get(f"/v1/models/{M}")).status_code == 200
-            assert worker.requests == []
-        finally:
-            rest._server.should_exit = True  # uvicorn's own shutdown
-            try:
-                await asyncio.wait_for(task, 10)
-            except BaseException:
-                task.cancel()
+                    assert "OpenAI API only" in err, case
+            one = await c.get(f"/openai/v1/models/{M}")
+            assert one.status_code == 200 and one.json()["id"] == M and one.json()["object"] == "model"
+            assert (await c.get("/v2/health/ready")).status_code == 200
+            assert (await c.get(f"/v1/models/{M}")).status_code == 200
+        assert worker.requests == []
 
 
 async def test_bodies_over_the_limit_are_413_unread_and_the_server_serves_on():
     """A body over `max_body_bytes` is refused 413 (OpenAI body, `connection: close`) whether it declares its
     length or is sent chunked; a body of exactly the limit passes the edge (here to its own 400); a declared
     length over it is refused on a non-OpenAI route too; nothing reaches the worker; the server stays ready."""
-    from prometheus_client import CollectorRegistry
-
-    from runtime.server.app import build_model, build_rest_server, run_server
-
     limit = 4096
+
+    def body(size: int) -> bytes:  # a request the edge passes and the request model refuses (n)
+        head = b'{"model":"m","prompt":"x","n":2,"temperature":0,"pad":"'
+        return head + b"a" * (size - len(head) - 2) + b'"}'
+
+    async def chunked(data: bytes):
+        for i in range(0, len(data), 1000):
+            yield data[i:i + 1000]
+
     with RecordingWorker() as worker:
-        model = build_model(M, prefill_urls=[], decode_urls=[worker.url], registry=CollectorRegistry())
-        port = _free_port()
-        rest = build_rest_server(model, host="127.0.0.1", http_port=port, max_body_bytes=limit)
-        task = asyncio.create_task(run_server(rest, model, health_interval_s=0.2))
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
-                for _ in range(400):
-                    try:
-                        if (await c.get("/v2/health/ready")).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    await asyncio.sleep(0.05)
-                else:
-                    pytest.fail("runtime never ready in front of a healthy worker")
-
-                def body(size: int) -> bytes:  # a request the edge passes and the request model refuses (n)
-                    head = b'{"model":"m","prompt":"x","n":2,"temperature":0,"pad":"'
-                    return head + b"a" * (size - len(head) - 2) + b'"}'
-
-                at, over = body(limit), body(limit + 1)
-                assert len(at) == limit and len(over) == limit + 1
-                ok = await c.post(COMP, content=at, headers={"content-type": "application/json"})
-                assert ok.status_code == 400 and ok.json()["error"]["param"] == "n", ok.text
-
-                async def chunked(data: bytes):
-                    for i in range(0, len(data), 1000):
-                        yield data[i:i + 1000]
-
-                for content in (over, chunked(over), chunked(b"x" * (10 * limit))):
-                    r = await c.post(COMP, content=content, headers={"content-type": "application/json"})
-                    assert r.status_code == 413, r.text
-                    assert r.headers["connection"] == "close"
-                    err = r.json()["error"]
-                    assert err["code"] == "413" and str(limit) in err["message"] and err["type"], r.text
-                r = await c.post(f"/v2/repository/models/{M}/load", content=b"x" * (limit + 1))
-                assert r.status_code == 413 and str(limit) in r.json()["error"], r.text
-                # the server serves on, on new connections
-                assert (await c.get("/v2/health/ready")).status_code == 200
-                again = await c.post(COMP, content=at, headers={"content-type": "application/json"})
-                assert again.status_code == 400
-            assert worker.requests == []
-        finally:
-            rest._server.should_exit = True  # uvicorn's own shutdown
-            try:
-                await asyncio.wait_for(task, 10)
-            except BaseException:
-                task.cancel()
+        async with _runtime(worker, max_body_bytes=limit) as c:
+            at, over = body(limit), body(limit + 1)
+            assert len(at) == limit and len(over) == limit + 1
+            ok = await c.post(COMP, content=at, headers={"content-type": "application/json"})
+            assert ok.status_code == 400 and ok.json()["error"]["param"] == "n", ok.text
+            for content in (over, chunked(over), chunked(b"x" * (10 * limit))):
+                r = await c.post(COMP, content=content, headers={"content-type": "application/json"})
+                assert r.status_code == 413, r.text
+                assert r.headers["connection"] == "close"
+                err = r.json()["error"]
+                assert err["code"] == "413" and str(limit) in err["message"] and err["type"], r.text
+            r = await c.post(f"/v2/repository/models/{M}/load", content=b"x" * (limit + 1))
+            assert r.status_code == 413 and str(limit) in r.json()["error"], r.text
+            # the server serves on, on new connections
+            assert (await c.get("/v2/health/ready")).status_code == 200
+            again = await c.post(COMP, content=at, headers={"content-type": "application/json"})
+            assert again.status_code == 400
+        assert worker.requests == []

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from runtime.engines.vllm_worker import free_port
+from tests.pids import pid_alive as _alive
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("kserve")
@@ -67,17 +68,6 @@ from runtime.server.__main__ import main
 
 main(sys.argv[2:])
 '''
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped by its new parent) counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pids import pid_alive as _alive
+
 REPO = Path(__file__).resolve().parents[2]
 
 HOLD = '''
@@ -49,14 +51,6 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 30.0) -> No
         assert proc.poll() is None, f"command exited early with {proc.returncode}"
         assert time.monotonic() < deadline, f"{path.name} not written in {timeout_s} s"
         time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_sigterm_runs_the_commands_cleanup_and_stops_its_child_process(tmp_path):

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.pids import pid_alive as _alive
+
 REPO = Path(__file__).resolve().parents[2]
 
 SUITE = '''
@@ -34,14 +36,6 @@ def test_waits(server):
     (OUT / "started").write_text("yes")
     time.sleep(300)
 '''
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_run_stopped_with_sigterm_tears_its_fixtures_down(tmp_path):
