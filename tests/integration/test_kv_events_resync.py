@@ -12,6 +12,7 @@ counted and dropped, and the reader goes on (the gap it leaves resyncs the worke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import msgspec
 import pytest
@@ -80,11 +81,19 @@ class _Rig:
         self._close_pub()
 
 
-async def test_a_missed_batch_clears_the_worker_so_no_phantom_block_survives():
+@contextlib.asynccontextmanager
+async def _started():
+    """A rig whose subscriber has joined: (the rig, the next sequence number to publish); closed on exit."""
     rig = _Rig()
     rig.sub.start()
     try:
-        seq = await rig.joined()
+        yield rig, await rig.joined()
+    finally:
+        await rig.close()
+
+
+async def test_a_missed_batch_clears_the_worker_so_no_phantom_block_survives():
+    async with _started() as (rig, seq):
         await rig.sent(seq, BlockStored((11, 12), None, A, BS))
         assert rig.overlap(A) == {WORKER: 2}
         # seq+1 (BlockRemoved of 11, 12) is lost on the way; the worker recomputes A and evicts it again
@@ -93,29 +102,19 @@ async def test_a_missed_batch_clears_the_worker_so_no_phantom_block_survives():
         assert rig.overlap(A) == {}
         assert rig.sub.stats.num_missed_batches[WORKER] == 1
         assert rig.sub.stats.num_resyncs[WORKER] == 1
-    finally:
-        await rig.close()
 
 
 async def test_a_gap_drops_blocks_stored_before_it_until_they_are_reported_again():
-    rig = _Rig()
-    rig.sub.start()
-    try:
-        seq = await rig.joined()
+    async with _started() as (rig, seq):
         await rig.sent(seq, BlockStored((11, 12), None, A, BS))
         await rig.sent(seq + 5, BlockStored((21, 22), None, B, BS))
         assert rig.overlap(A) == {}  # under-reported: the lost batches may have evicted it
         assert rig.overlap(B) == {WORKER: 2}
         assert rig.sub.stats.num_missed_batches[WORKER] == 4
-    finally:
-        await rig.close()
 
 
 async def test_a_restarted_worker_sequence_reset_drops_its_old_blocks():
-    rig = _Rig()
-    rig.sub.start()
-    try:
-        seq = await rig.joined()
+    async with _started() as (rig, seq):
         await rig.sent(seq, BlockStored((11, 12), None, A, BS))
         assert rig.overlap(A) == {WORKER: 2}
         # vLLM restarts on the same endpoint: its publisher counts from 0 again, its cache is empty
@@ -125,15 +124,10 @@ async def test_a_restarted_worker_sequence_reset_drops_its_old_blocks():
         assert rig.sub.stats.num_resyncs[WORKER] == 1
         await rig.sent(1, BlockRemoved((78,)))  # in sequence again: no further resync
         assert rig.overlap(B) == {WORKER: 1} and rig.sub.stats.num_resyncs[WORKER] == 1
-    finally:
-        await rig.close()
 
 
 async def test_malformed_and_offloaded_events_are_counted_and_the_rest_applied():
-    rig = _Rig()
-    rig.sub.start()
-    try:
-        seq = await rig.joined()
+    async with _started() as (rig, seq):
         good = {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None, "token_ids": list(A),
                 "block_size": BS, "lora_id": None, "medium": "GPU", "lora_name": None}
         bad = {**good, "block_hashes": [1.5]}
@@ -141,15 +135,10 @@ async def test_malformed_and_offloaded_events_are_counted_and_the_rest_applied()
         await rig.sent_raw(seq, [bad, placeholder, good], "the mixed batch")
         assert rig.overlap(A) == {WORKER: 2}
         assert rig.sub.stats.num_invalid_events[WORKER] == 1 and rig.sub.stats.num_resyncs[WORKER] == 1
-    finally:
-        await rig.close()
 
 
 async def test_a_malformed_removal_resyncs_the_worker_so_the_evicted_block_is_not_credited():
-    rig = _Rig()
-    rig.sub.start()
-    try:
-        seq = await rig.joined()
+    async with _started() as (rig, seq):
         await rig.sent(seq, BlockStored((11, 12), None, A, BS))
         assert rig.overlap(A) == {WORKER: 2}
         # the worker evicted block 11; its removal arrives with a hash of a type no engine sends
@@ -160,15 +149,10 @@ async def test_a_malformed_removal_resyncs_the_worker_so_the_evicted_block_is_no
         assert WORKER not in rig.sub.stats.num_missed_batches  # in sequence: resynced for the bad event alone
         await rig.sent(seq + 2, BlockStored((21, 22), None, B, BS))
         assert rig.overlap(B) == {WORKER: 2} and rig.sub.stats.num_resyncs[WORKER] == 1
-    finally:
-        await rig.close()
 
 
 async def test_an_event_with_an_unhashable_medium_does_not_end_the_reader():
-    rig = _Rig()
-    rig.sub.start()
-    try:
-        seq = await rig.joined()
+    async with _started() as (rig, seq):
         await rig.sent(seq, BlockStored((11, 12), None, A, BS))
         await rig.sent_raw(seq + 1, [{"type": "BlockRemoved", "block_hashes": [11], "medium": ["GPU"]}],
                            "the batch with the list medium")
@@ -176,8 +160,6 @@ async def test_an_event_with_an_unhashable_medium_does_not_end_the_reader():
         await rig.sent(seq + 2, BlockStored((21, 22), None, B, BS))  # the reader is still there
         assert rig.overlap(B) == {WORKER: 2} and rig.sub.active_workers == (WORKER,)
         assert not rig.sub._tasks[WORKER].done()
-    finally:
-        await rig.close()
 
 
 async def test_any_failure_to_decode_a_message_is_counted_and_the_reader_goes_on(monkeypatch):
@@ -191,10 +173,7 @@ async def test_any_failure_to_decode_a_message_is_counted_and_the_reader_goes_on
         return real(frames)
 
     monkeypatch.setattr(kv_events, "decode_multipart", decode)
-    rig = _Rig()
-    rig.sub.start()
-    try:
-        seq = await rig.joined()
+    async with _started() as (rig, seq):
         await rig.sent(seq, BlockStored((11, 12), None, A, BS))
         await rig.pub.send_multipart([b"kv-events", (seq + 1).to_bytes(8, "big"), b"poison"])
         await rig.sent(seq + 2, BlockStored((21, 22), None, B, BS))
@@ -203,5 +182,3 @@ async def test_any_failure_to_decode_a_message_is_counted_and_the_reader_goes_on
         assert rig.sub.stats.num_missed_batches[WORKER] == 1 and rig.sub.stats.num_resyncs[WORKER] == 1
         assert rig.overlap(A) == {} and rig.overlap(B) == {WORKER: 2}
         assert not rig.sub._tasks[WORKER].done()
-    finally:
-        await rig.close()
