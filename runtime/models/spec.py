@@ -62,6 +62,12 @@ KNOWN_MODEL_TYPES = frozenset(
 )
 
 
+#: MoE model types whose routed experts have their own width, ``moe_intermediate_size`` (transformers'
+#: Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config, DeepseekV3Config); Mixtral, gpt-oss and Llama 4 size
+#: their experts at ``intermediate_size``
+_OWN_EXPERT_WIDTH_TYPES = frozenset({"qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
+
+
 # ``layer_types`` entries (transformers ``configuration_utils.ALLOWED_ATTN_LAYER_TYPES`` spelling) whose layers
 # this module models: full attention, sliding-window attention (gpt-oss, Qwen2/3 with use_sliding_window) and
 # Llama 4's chunked attention (sized by ``attention_chunk_size``). Any other entry (linear_attention, hybrid,
@@ -213,6 +219,15 @@ class ModelSpec:
             top_k = int(_first(c, "num_experts_per_tok", "experts_per_token"))
             if not 0 < top_k <= num_experts:
                 raise ModelConfigError(f"{name}: num_experts_per_tok={top_k} not in 1..{num_experts}")
+            if c.get("moe_intermediate_size") is None and (
+                    model_type in _OWN_EXPERT_WIDTH_TYPES or "n_routed_experts" in c):
+                # these configs' experts are narrower than the dense FFN (Qwen3-235B: 1,536 against 12,288);
+                # transformers fills a per-class default the checkpoint may not have been trained with, and
+                # intermediate_size would size every expert several times too large
+                raise ModelConfigError(
+                    f"{name}: model_type {model_type!r} needs moe_intermediate_size (the width of one routed "
+                    f"expert); it is absent, and intermediate_size={inter} is the dense layers' width"
+                )
             moe_inter = int(c.get("moe_intermediate_size") or inter)
             dense_inter = inter
             shared, shared_inter = 0, 0

@@ -208,3 +208,17 @@ def test_qwen3_qk_norm_weights_are_counted():
     # q_norm + k_norm: one head_dim RMSNorm weight each per layer (transformers Qwen3Attention)
     assert s.num_params - ModelSpec(**{**s.__dict__, "qk_norm": False, "_counts": {}}).num_params \
         == 2 * s.head_dim * s.num_layers
+
+
+@pytest.mark.parametrize("stem", [QWEN3_MOE, "deepseek-ai--DeepSeek-V3"])
+def test_moe_without_expert_width_is_refused_not_sized_as_the_dense_ffn(stem):
+    c = cfg(stem)
+    del c["moe_intermediate_size"]
+    with pytest.raises(ModelConfigError, match=r"needs moe_intermediate_size.*intermediate_size="):
+        ModelSpec.from_hf_config(c, "m")
+
+
+def test_mixtral_experts_keep_the_dense_width():
+    c = cfg("mistralai--Mixtral-8x7B-v0.1")
+    assert "moe_intermediate_size" not in c
+    assert ModelSpec.from_hf_config(c, "m").moe_intermediate_size == c["intermediate_size"] == 14336
