@@ -225,6 +225,14 @@ class EngineSpec(_Strict):
     )
     block_size_tokens: int = Field(default=16, gt=0, description="KV block size, tokens (vLLM --block-size).")
     max_model_len_tokens: int = Field(default=4096, gt=0, description="vLLM --max-model-len, tokens.")
+    kv_capacity_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="KV cache capacity of one engine (a prefill or a decode worker, one DP rank of a "
+        "data-parallel one; the smaller of the two), tokens, as the tuner's performance model sizes it at "
+        "gpu_memory_utilization; 0: not known. A max_model_len_tokens above it is refused (vLLM does not start "
+        "when one sequence of that length does not fit).",
+    )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM memory fraction.")
     kv_backends: list[str] = Field(
         default_factory=lambda: ["UCX"],

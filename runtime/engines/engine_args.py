@@ -188,8 +188,9 @@ def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | N
 
     Raises:
         ValueError: an item `engine_arg_flags` refuses, or `max_model_len_tokens` not a positive int, below
-            the spec's workload ISL + OSL (the requests it was tuned for would be refused) or above
-            `context_tokens`.
+            the spec's workload ISL + OSL (the requests it was tuned for would be refused), above
+            `context_tokens` or above the KV capacity of one engine the spec records
+            (`engine.kv_capacity_tokens`).
     """
     update: dict = {}
     if max_model_len_tokens is not None:
@@ -203,6 +204,11 @@ def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | N
         if context_tokens and max_model_len_tokens > context_tokens:  # TuneResult.max_model_len_tokens' bound
             raise ValueError(f"max_model_len {max_model_len_tokens} > the model's context window ({context_tokens} "
                              "tokens): vLLM refuses to start")
+        cap = spec.engine.kv_capacity_tokens
+        if cap and max_model_len_tokens > cap:
+            raise ValueError(f"max_model_len {max_model_len_tokens} > the KV capacity of one engine ({cap} tokens, "
+                             "as tune sized it): vLLM refuses to start; re-tune with a larger TP or use a "
+                             "shorter limit")
         update["max_model_len_tokens"] = max_model_len_tokens
     items = list(engine_args)
     if items:

@@ -60,7 +60,8 @@ def promote(
     max_model_len: Annotated[Optional[int], typer.Option(
         "--max-model-len", metavar="TOKENS",
         help="Deploy with this vLLM --max-model-len instead of the champion's: at least its workload's ISL + "
-             "OSL, at most the model's context window (from its folder's config.json, else the one tune recorded).")] = None,
+             "OSL, at most the model's context window (from its folder's config.json, else the one tune recorded) "
+             "and the KV capacity of one engine tune recorded.")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(
         "--engine-arg", metavar="KEY=VALUE",
         help="A vLLM engine argument to deploy with (repeatable), e.g. max-num-seqs=128 or "

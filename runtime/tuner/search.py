@@ -204,7 +204,8 @@ class TuneResult:
                 "context_tokens": self.model.max_context_tokens or self.model.max_position_embeddings or 0}),
             gpu=self.gpu.name,
             precision=self.precision,
-            engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens(max_model_len_tokens)),
+            engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens(max_model_len_tokens),
+                              kv_capacity_tokens=min(self._engine_kv_caps(), default=0)),
             slo=self.slo.model_copy(),
             workload=self.workload.model_copy(),
             prefill=pool("prefill", b.prefill, b.prefill_replicas, peak_p),
@@ -232,13 +233,7 @@ class TuneResult:
         need = self.workload.isl_tokens + self.workload.osl_tokens
         context = self.model.max_context_tokens or self.model.max_position_embeddings
         want = context or max(need, EngineSpec.model_fields["max_model_len_tokens"].default)
-        caps = []
-        if self.best.kv_capacity_tokens:
-            caps.append(self.best.kv_capacity_tokens_per_rank)
-        if self.best.prefill_kv_capacity_tokens:
-            caps.append(self.best.prefill_kv_capacity_tokens_per_rank)
-        elif isinstance(self.perf, PerfModel):
-            caps.append(self.perf.kv_capacity_tokens(self.best.prefill_tp))
+        caps = self._engine_kv_caps()
         if override is None:
             return max(min([want, *caps]), need)
         if isinstance(override, bool) or not isinstance(override, int) or override <= 0:
@@ -256,6 +251,18 @@ class TuneResult:
             raise ValueError(f"max_model_len {override} > the KV capacity of one worker ({min(caps)} tokens at "
                              f"{at}): vLLM refuses to start; use a larger TP or a shorter limit")
         return override
+
+    def _engine_kv_caps(self) -> list[int]:
+        """The KV capacity (tokens) of one decode and of one prefill engine of the winner, where known (one DP
+        rank of a data-parallel worker: a rank holds whole sequences)."""
+        caps = []
+        if self.best.kv_capacity_tokens:
+            caps.append(self.best.kv_capacity_tokens_per_rank)
+        if self.best.prefill_kv_capacity_tokens:
+            caps.append(self.best.prefill_kv_capacity_tokens_per_rank)
+        elif isinstance(self.perf, PerfModel):
+            caps.append(self.perf.kv_capacity_tokens(self.best.prefill_tp))
+        return caps
 
     def markdown_table(self) -> str:
         """All candidates as a GitHub-flavoured Markdown table, winner marked with a star."""

@@ -89,6 +89,18 @@ def test_promote_holds_max_model_len_to_the_context_tune_recorded_when_the_folde
         update={"context_tokens": 0})})) is None  # a spec recorded without it: unchecked, as vLLM will check
 
 
+def test_promote_refuses_a_max_model_len_beyond_the_kv_capacity_tune_recorded(llama70b_h100):
+    spec = llama70b_h100.to_deployment_spec(ModelRef(name="m"))
+    cap = spec.engine.kv_capacity_tokens
+    assert cap == spec.engine.max_model_len_tokens < 131072  # the derived limit is the KV's here
+    assert with_engine_overrides(spec, max_model_len_tokens=cap).engine.max_model_len_tokens == cap
+    with pytest.raises(ValueError, match=rf"> the KV capacity of one engine \({cap} tokens"):
+        with_engine_overrides(spec, max_model_len_tokens=cap + 1, context_tokens=131072)
+    # a spec recorded without it (0): unchecked here, as vLLM will check
+    unknown = spec.model_copy(update={"engine": spec.engine.model_copy(update={"kv_capacity_tokens": 0})})
+    assert with_engine_overrides(unknown, max_model_len_tokens=cap + 1).engine.max_model_len_tokens == cap + 1
+
+
 def test_every_flag_pdserve_renders_is_reserved_from_engine_args():
     spec = _spec(precision="fp8", planner=PlannerSpec(mode="off"))
     for gpu, efa in ((True, True), (False, False)):
