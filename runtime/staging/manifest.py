@@ -99,6 +99,11 @@ class Manifest(BaseModel):
 
     version: int = Field(default=MANIFEST_VERSION, description="Manifest schema version.")
     source: str = Field(description="Source URI, e.g. s3://bucket/prefix/, hf://org/repo, /local/dir.")
+    source_revision: str = Field(
+        default="",
+        description="The commit the source resolved to (hf://: the Hub commit every file was listed and "
+        "downloaded at); empty for S3 and local sources.",
+    )
     created_at: str = Field(
         default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"),
         description="UTC time the model was published (ISO 8601).",

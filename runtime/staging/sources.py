@@ -69,10 +69,13 @@ class Source(Protocol):
     * `read_range(obj, start, end, chunk)` → the bytes [start, end) in chunks of ≤ `chunk` bytes.
       Chunks may be views into one reused buffer (S3): each is valid until the next is requested.
     * `retryable` → exception types worth retrying mid-stream (connection resets, timeouts).
+    * `revision` → after `list_objects()`, the immutable version every file was listed and is read at (hf://:
+      the Hub commit the branch or tag resolved to); "" where the source has none (S3, a local folder).
     """
 
     uri: str
     retryable: tuple[type[BaseException], ...]
+    revision: str
 
     def list_objects(self) -> list[SourceObject]: ...
 
@@ -191,6 +194,7 @@ class S3Source:
         self.aligned_chunks = self._http is not None  # chunks are views of page-aligned (mmap) buffers
         self._tls = threading.local()
         self.retryable = _s3_retryable() + (S3HttpGetter.RETRYABLE if self._http else ())
+        self.revision = ""  # each object is read at the ETag it was listed with (If-Match)
 
     def list_objects(self) -> list[SourceObject]:
         """List the prefix (paginated). Raises StagingError: missing bucket, denied, or empty prefix."""
@@ -420,6 +424,7 @@ class LocalSource(_WholeByRange):
         self.uri = uri
         self.root = Path(uri[7:] if uri.startswith("file://") else uri).expanduser()
         self.retryable: tuple[type[BaseException], ...] = ()
+        self.revision = ""
 
     def check_folder(self) -> None:
         """Raises StagingError: the root is not a folder (a file, or nothing)."""
@@ -477,15 +482,19 @@ class LocalSource(_WholeByRange):
 class HfSource(_WholeByRange):
     """A Hugging Face Hub repo: ``hf://org/name[@revision][/subfolder]`` (huggingface_hub + httpx ranges).
 
-    LFS files are verified against the Hub's sha256, others against their git blob id. Needs the
-    Hub to be reachable (HF_ENDPOINT and HF_TOKEN are honoured by huggingface_hub).
+    The revision (a branch, a tag, or main) is resolved to its commit once, when listing, and every file is
+    listed and downloaded at that commit (`revision`): a push to the branch while staging (or between a run
+    and its resume) cannot mix files of two commits, and the marker records which commit was staged. LFS
+    files are verified against the Hub's sha256, others against their git blob id. Needs the Hub to be
+    reachable (HF_ENDPOINT and HF_TOKEN are honoured by huggingface_hub).
     """
 
     def __init__(self, uri: str) -> None:
         import httpx
 
         self.uri = uri
-        self.repo_id, self.revision, self.prefix = _split_hf_uri(uri)
+        self.repo_id, self.ref, self.prefix = _split_hf_uri(uri)
+        self.revision = ""
         self.retryable = (httpx.TransportError,)
         self._http = httpx.Client(follow_redirects=True, timeout=httpx.Timeout(60.0, connect=10.0))
 
@@ -493,12 +502,16 @@ class HfSource(_WholeByRange):
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
 
+        api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
         try:
-            tree = list(
-                HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).list_repo_tree(self.repo_id, revision=self.revision, recursive=True, path_in_repo=self.prefix or None)
-            )
+            commit = api.model_info(self.repo_id, revision=self.ref).sha
+            if not commit:
+                raise ValueError(f"the Hub named no commit for revision {self.ref!r}")
+            tree = list(api.list_repo_tree(self.repo_id, revision=commit, recursive=True,
+                                           path_in_repo=self.prefix or None))
         except Exception as e:  # noqa: BLE001 - offline, 401, 404: one clear error
             raise StagingError(f"source {self.uri}: cannot list the Hub repo: {type(e).__name__}: {e}") from e
+        self.revision = commit
         out = []
         for f in tree:
             if not isinstance(f, RepoFile):

@@ -225,7 +225,7 @@ class Stager:
             stats, fetched = self._fetch(source, to_fetch, staging, sum(o.size_bytes for o in objs) - sum(
                 e.size_bytes for e in linked.values()))
             by_rel = {**linked, **{e.path: e for e in fetched}}
-            manifest = Manifest(source=self.uri, files=[by_rel[o.rel] for o in sorted(objs, key=lambda o: o.rel)])
+            manifest = Manifest(source=self.uri, source_revision=source.revision, files=[by_rel[o.rel] for o in sorted(objs, key=lambda o: o.rel)])
             self._prune(staging, set(by_rel))
             write_marker(staging, manifest)
             publish(staging, self.dest)

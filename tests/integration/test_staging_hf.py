@@ -1,7 +1,8 @@
 """Specification of the `hf://` source: listing through huggingface_hub's API client, ranged
 downloads from the resolve URL, LFS files verified against the Hub's sha256 and small files
-against their git blob id. The Hub is not reachable from CI, so a minimal Hub (the two HTTP routes
-huggingface_hub and the stager use, with Range support) runs on 127.0.0.1 via HF_ENDPOINT."""
+against their git blob id; the branch or tag is resolved to its commit once and every file is listed and
+downloaded at that commit, which the marker records. The Hub is not reachable from CI, so a minimal Hub (the
+three HTTP routes huggingface_hub and the stager use, with Range support) runs on 127.0.0.1 via HF_ENDPOINT."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ FILES = {
     "README.md": b"# tiny",
 }
 LFS = {"model.safetensors", "pytorch_model.bin"}
+COMMIT = "3f1c0ffee0ddba11c0de5eed0fab1e5deadbeef0"
+REFS = {"main": COMMIT, "v1": COMMIT}  # the Hub serves files at the commit only, never at a moving ref
 
 
 def _blob(data: bytes) -> str:
@@ -41,14 +44,20 @@ class Hub(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802
-        if m := re.match(r"^/api/models/org/tiny/tree/main", self.path):
+        if m := re.match(r"^/api/models/org/tiny/revision/([^/?]+)", self.path):
+            sha = REFS.get(m.group(1))
+            if sha is None:
+                return self._send(404, b'{"error": "Revision Not Found"}', "application/json")
+            self._send(200, json.dumps({"id": "org/tiny", "modelId": "org/tiny", "sha": sha}).encode(),
+                       "application/json")
+        elif m := re.match(rf"^/api/models/org/tiny/tree/{COMMIT}", self.path):
             body = json.dumps([
                 {"type": "file", "oid": _blob(d), "size": len(d), "path": p,
                  **({"lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134}} if p in LFS else {})}
                 for p, d in FILES.items()
             ]).encode()
             self._send(200, body, "application/json")
-        elif m := re.match(r"^/org/tiny/resolve/main/(.+)$", self.path):
+        elif m := re.match(rf"^/org/tiny/resolve/{COMMIT}/(.+)$", self.path):
             data = FILES.get(m.group(1))
             if data is None:
                 return self._send(404, b"not found", "text/plain")
@@ -96,6 +105,14 @@ def test_hf_source_stages_and_verifies_against_hub_hashes(hub, tmp_path: Path) -
     assert by["config.json"].verified_by == "git-blob-sha1"
     assert (tmp_path / "m" / "model.safetensors").read_bytes() == FILES["model.safetensors"]
     verify_staged(tmp_path / "m")
+    assert m.source_revision == COMMIT  # what was staged, whatever main points at later
+
+
+def test_a_tag_is_staged_at_its_commit_and_an_unknown_one_is_refused(hub, tmp_path: Path) -> None:  # noqa: ANN001
+    assert stage_model("hf://org/tiny@v1", tmp_path / "m", progress=False).source_revision == COMMIT
+    with pytest.raises(StagingError, match="cannot list the Hub repo"):
+        stage_model("hf://org/tiny@v2", tmp_path / "n", progress=False)
+    assert not (tmp_path / "n").exists()
 
 
 def test_hf_bytes_not_matching_the_lfs_sha256_are_rejected(hub, tmp_path: Path) -> None:  # noqa: ANN001
