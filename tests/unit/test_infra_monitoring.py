@@ -83,6 +83,11 @@ def test_both_argo_controllers_are_scraped_for_the_pipeline_alert():
         assert ep["scheme"] == "https"  # Argo >= 3.6 serves metrics over TLS unless metricsConfig.secure is false
     config = next(d for d in _docs(K8S / "argo" / "configmap.yaml") if d["kind"] == "ConfigMap")
     assert "secure: false" not in config["data"].get("metricsConfig", "")
+    # the alert groups by the workflow's namespace, a label of the metric itself: without honorLabels Prometheus
+    # moves it to exported_namespace and every failure reads as the controller's namespace
+    assert any("by (namespace)" in a.expr and "argo_workflows_" in a.expr for a in alerts())
+    for m in monitors.values():
+        assert all(ep.get("honorLabels") is True for ep in m["spec"]["podMetricsEndpoints"])
 
 
 def test_prometheus_selects_the_monitors_of_every_namespace():
