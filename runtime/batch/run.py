@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 #: HTTP statuses worth another try (throttled, or a server / gateway that may recover).
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_JSON = {"content-type": "application/json"}
 
 
 class BatchRunError(RuntimeError):
@@ -238,7 +239,7 @@ async def send_all(
                         wait=wait_exponential(multiplier=backoff_s, max=30.0) + wait_random(0, backoff_s),
                         reraise=True):
                     with attempt:
-                        resp = await client.post(endpoint + req.url, json=req.body)
+                        resp = await client.post(endpoint + req.url, content=req.body_json, headers=_JSON)
                         if resp.status_code in RETRY_STATUSES:
                             raise _Retry(resp)
             except _Retry as e:  # retries spent on a retryable status: record the last answer
