@@ -16,7 +16,10 @@ API server is never polled in a tight loop; the wait goes back to `retry_s` once
 Besides the base URL (`http://<pod IP>:<port "http">`) the membership carries, per worker URL, the ZMQ
 endpoint of its vLLM KV-event publisher, `tcp://<pod IP>:<port "kv-events">`, read from the same
 EndpointSlice (the worker Services of runtime/deploy/workers.py expose that named port). A slice without
-the port gives its workers no endpoint: the router then tracks their caches approximately.
+the port gives its workers no endpoint: the router then tracks their caches approximately. A worker with
+data parallelism (vLLM `--data-parallel-size N`) publishes rank r's events on that port + r; its Service
+names those ports too (`kv_events_port_name`: "kv-events-1" … "kv-events-<N-1>"), and the number of
+consecutive rank ports from rank 0 is the worker's DP size (`PoolMembership.dp_size`).
 
 Talks HTTP with an injected `httpx.AsyncClient` (tests use `httpx.MockTransport`); `in_cluster()`
 builds one from the pod's service-account token (re-read on every request: bound tokens rotate) and CA.
@@ -43,6 +46,12 @@ SERVICE_LABEL = "kubernetes.io/service-name"
 KV_EVENTS_PORT_NAME = "kv-events"  # = the worker Services' port name (runtime/deploy/workers.py)
 
 
+def kv_events_port_name(rank: int, base: str = KV_EVENTS_PORT_NAME) -> str:
+    """Name of the worker port of data-parallel rank `rank`'s KV-event publisher: `base` for rank 0 (a worker
+    without data parallelism has only that one), `<base>-<rank>` for the others."""
+    return base if rank == 0 else f"{base}-{rank}"
+
+
 @dataclass(frozen=True)
 class PoolMembership:
     """Ready workers of the two pools.
@@ -50,23 +59,39 @@ class PoolMembership:
     Attributes:
         prefill, decode: base URLs (`http://ip:port`, sorted) of the ready prefill and decode workers.
         kv_events: `(worker URL, "tcp://ip:port")` pairs, sorted by URL: the ZMQ KV-event endpoint of each
-            worker whose EndpointSlice has the KV-event port; workers without one are absent.
+            worker whose EndpointSlice has the KV-event port (of its DP rank 0); workers without one are absent.
+        dp_sizes: `(worker URL, N)` pairs, sorted by URL, of the workers with N > 1 data-parallel ranks (the
+            KV-event ports of ranks 0 … N-1 in their EndpointSlice); the others have one.
     """
 
     prefill: tuple[str, ...]
     decode: tuple[str, ...]
     kv_events: tuple[tuple[str, str], ...] = ()
+    dp_sizes: tuple[tuple[str, int], ...] = ()
 
     def kv_events_endpoint(self, url: str) -> str | None:
         """The KV-event endpoint of the worker at base URL `url` (trailing "/" ignored), or None."""
         url = url.rstrip("/")
         return next((ep for u, ep in self.kv_events if u.rstrip("/") == url), None)
 
+    def dp_size(self, url: str) -> int:
+        """Data-parallel ranks of the worker at base URL `url` (trailing "/" ignored): 1 unless listed."""
+        url = url.rstrip("/")
+        return next((n for u, n in self.dp_sizes if u.rstrip("/") == url), 1)
+
 
 def _port(slice_: dict[str, Any], name: str | None) -> int | None:
     if name is None:
         return None
     return next((p.get("port") for p in slice_.get("ports") or [] if p.get("name") == name), None)
+
+
+def _num_ranks(slice_: dict[str, Any], name: str | None) -> int:
+    """KV-event ports of consecutive DP ranks from rank 0 (`kv_events_port_name`) the slice names."""
+    n = 0
+    while name is not None and _port(slice_, kv_events_port_name(n, name)) is not None:
+        n += 1
+    return n
 
 
 def membership_from_slices(slices: Iterable[dict[str, Any]], *, roles: dict[str, str],
@@ -79,10 +104,12 @@ def membership_from_slices(slices: Iterable[dict[str, Any]], *, roles: dict[str,
         roles: Service name → "prefill" | "decode".
         port_name: the Service port whose number is used in the URL.
         kv_events_port_name: the Service port of the workers' ZMQ KV-event publisher; its number gives
-            each worker's `tcp://ip:port` endpoint (None: report no endpoints).
+            each worker's `tcp://ip:port` endpoint, and the ports of its further DP ranks (`<name>-<r>`) its
+            DP size (None: report no endpoints and DP size 1).
     """
     pools: dict[str, set[str]] = {"prefill": set(), "decode": set()}
     events: dict[str, str] = {}
+    dp_sizes: dict[str, int] = {}
     for s in slices:
         role = roles.get(s.get("metadata", {}).get("labels", {}).get(SERVICE_LABEL, ""))
         if role is None:
@@ -91,6 +118,7 @@ def membership_from_slices(slices: Iterable[dict[str, Any]], *, roles: dict[str,
         if port is None:
             continue
         ev_port = _port(s, kv_events_port_name)
+        num_ranks = _num_ranks(s, kv_events_port_name)
         v6 = s.get("addressType") == "IPv6"
         for ep in s.get("endpoints") or []:
             if (ep.get("conditions") or {}).get("ready") is False:
@@ -101,8 +129,10 @@ def membership_from_slices(slices: Iterable[dict[str, Any]], *, roles: dict[str,
                 pools[role].add(url)
                 if ev_port is not None:
                     events[url] = f"tcp://{host}:{ev_port}"
+                if num_ranks > 1:
+                    dp_sizes[url] = num_ranks
     return PoolMembership(prefill=tuple(sorted(pools["prefill"])), decode=tuple(sorted(pools["decode"])),
-                          kv_events=tuple(sorted(events.items())))
+                          kv_events=tuple(sorted(events.items())), dp_sizes=tuple(sorted(dp_sizes.items())))
 
 
 class StaticDiscovery:

@@ -9,7 +9,8 @@ The InferenceService's predictor is the pdserve runtime (`python -m runtime.serv
 ModelServer with OpenAI routes, router and planner) reading weights/tokenizer from
 `storageUri: pvc://<pvc>/models/<model>` (KServe mounts it at /mnt/models); the runtime finds its
 workers through the EndpointSlices of the headless worker Services (runtime/deploy/discovery.py) and,
-for KV-aware router policies (`--router kv`), their KV-event publishers (port "kv-events") there too.
+for KV-aware router policies (`--router kv`), their KV-event publishers (port "kv-events", and "kv-events-<r>" of
+each further data-parallel rank r) there too.
 
 Bad input (an InferenceService name that is not a DNS-1035 label, a TP larger than the instance's
 GPUs, EFA on an instance without it, replicas over int32 or over max_replicas, a port outside 1..65535 or
@@ -118,7 +119,8 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     `--router=kv`, `--router-spec=<RouterSpec JSON>`, `--block-size=<block_size_tokens>` (must equal the
     workers' vLLM `--block-size`, spec.engine.block_size_tokens) and `--tokenizer-dir=<tokenizer_dir>`
     (the served model folder: the KServe mount of `pvc://<fsx-claim>/models/<model>`, /mnt/models). It
-    subscribes to each discovered worker's KV events at the EndpointSlices' "kv-events" port. With any
+    subscribes to each discovered worker's KV events at the EndpointSlices' "kv-events" port (and those of its
+    further data-parallel ranks, "kv-events-<r>", each request then naming its rank). With any
     `router`, `--prefill-priority=<router.prefill_priority>` (the prefill Deployments' vLLM scheduling
     policy follows the same field, runtime/deploy/workers.py). With `kv_lease_s` (the workers'
     `EngineSpec.kv_lease_s`), `--kv-lease-s`: the runtime bounds its decode legs by the workers' lease.
@@ -382,6 +384,15 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
             raise ManifestError(f"target.{f}: {ports[f]} is also target.{seen[ports[f]]}; a worker's HTTP, NIXL "
                                 "side-channel and KV-event ports must differ (duplicate container/Service ports)")
         seen[ports[f]] = f
+    kv_ranks = max(workers.kv_event_ranks(spec.prefill), workers.kv_event_ranks(spec.decode))
+    last = target.kv_events_port + kv_ranks - 1  # vLLM publishes data-parallel rank r on kv_events_port + r
+    if last > MAX_PORT:
+        raise ManifestError(f"target.kv_events_port: {target.kv_events_port} + {kv_ranks - 1} (the KV-event port of "
+                            f"the last data-parallel rank) is not a TCP port number (1..{MAX_PORT})")
+    for f in ("worker_port", "nixl_side_channel_port"):
+        if target.kv_events_port < ports[f] <= last:
+            raise ManifestError(f"target.{f}: {ports[f]} is the KV-event port of data-parallel rank "
+                                f"{ports[f] - target.kv_events_port} (target.kv_events_port + rank, up to {last})")
     try:
         inst = instance_for(spec.gpu, target.instance_type)
     except KeyError as e:
@@ -471,15 +482,17 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
     ]
     for role in ("prefill", "decode"):
         objs.append(workers.worker_service(role, name=name, namespace=namespace, target=target, revision=revision,
-                                           multinode=getattr(spec, role).nodes > 1))
+                                           multinode=getattr(spec, role).nodes > 1,
+                                           kv_ranks=workers.kv_event_ranks(getattr(spec, role))))
     for role in ("prefill", "decode"):
         objs.append(workers.worker_workload(
             spec, role, name=name, namespace=namespace, image=image, pvc_name=pvc_name, inst=inst, efa=efa,
             target=target, revision=revision, service_account=worker_sa))
     for role in ("prefill", "decode"):
         objs.append(workers.worker_pdb(role, name=name, namespace=namespace, revision=revision))
-    objs.append(workers.worker_network_policy(name=name, namespace=namespace,
-                                              monitoring_namespace=target.monitoring_namespace))
+    objs.append(workers.worker_network_policy(
+        name=name, namespace=namespace, monitoring_namespace=target.monitoring_namespace,
+        kv_ranks=max(workers.kv_event_ranks(spec.prefill), workers.kv_event_ranks(spec.decode))))
     objs.append(service_monitor(name=name, namespace=namespace, target=target))
     objs.append(runtime_pod_monitor(name=name, namespace=namespace, target=target))
     objs.append(inference_service(spec, name=name, namespace=namespace, pvc_name=pvc_name, image=image,

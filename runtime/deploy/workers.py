@@ -20,6 +20,7 @@ import math
 from typing import Any, Literal
 
 from runtime.config import DeploymentSpec, PoolSpec
+from runtime.deploy.discovery import kv_events_port_name
 from runtime.deploy.errors import ManifestError
 from runtime.deploy.instances import InstanceType
 from runtime.deploy.target import ClusterTarget
@@ -165,6 +166,21 @@ def multinode_args(pool: PoolSpec, rank: Rank) -> list[str]:
     return out + (["--headless"] if rank == "follower" else [])
 
 
+def kv_event_ranks(pool: PoolSpec) -> int:
+    """Data-parallel ranks of a pool's worker whose KV-event ports its pods and Service name, the ranks the
+    runtime routes to: vLLM publishes rank r's events on ``kv_events_port`` + r. All ``dp`` ranks of a
+    single-node worker (named ``kv-events``, ``kv-events-1`` … ``kv-events-<dp-1>``; the runtime's discovery
+    reads the worker's DP size from them); 1 for a multi-node worker, whose Service lists the leader pods
+    only while the ranks of the other nodes publish on the followers: its requests carry no rank and vLLM
+    spreads them over all ranks, and the runtime indexes rank 0's events."""
+    return pool.dp if pool.nodes == 1 else 1
+
+
+def kv_event_ports(pool: PoolSpec, target: ClusterTarget) -> list[tuple[str, int]]:
+    """``(port name, number)`` of each KV-event publisher a pool's worker exposes (``kv_event_ranks``)."""
+    return [(kv_events_port_name(r), target.kv_events_port + r) for r in range(kv_event_ranks(pool))]
+
+
 def gpus_per_pod(pool: PoolSpec) -> int:
     """GPUs of one pod of the pool: a worker's tp x dp x pp GPUs over its nodes."""
     return pool.gpus // pool.nodes
@@ -263,7 +279,7 @@ def worker_pod_spec(spec: DeploymentSpec, role: Role, *, pvc_name: str, image: s
         "ports": [
             {"name": http, "containerPort": target.worker_port, "protocol": "TCP"},
             {"name": "nixl", "containerPort": target.nixl_side_channel_port, "protocol": "TCP"},
-            {"name": "kv-events", "containerPort": target.kv_events_port, "protocol": "TCP"},
+            *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in kv_event_ports(pool, target)),
         ],
         "resources": _resources(pool, inst, target, efa, spec.engine.kv_offload.cpu_gib),
         "startupProbe": {
@@ -425,10 +441,11 @@ def worker_workload(spec: DeploymentSpec, role: Role, **kw: Any) -> dict[str, An
 
 
 def worker_service(role: Role, *, name: str, namespace: str, target: ClusterTarget,
-                   revision: str | None, multinode: bool = False) -> dict[str, Any]:
+                   revision: str | None, multinode: bool = False, kv_ranks: int = 1) -> dict[str, Any]:
     """Headless v1 Service of a pool (`service_name`): its EndpointSlices list one address per ready worker, i.e.
     per worker pod, or, for a `multinode` pool (a LeaderWorkerSet), per leader pod: the only pod of a group
-    serving HTTP."""
+    serving HTTP. Ports: "http", "nixl" and the KV-event port of each of `kv_ranks` data-parallel ranks
+    (`kv_event_ranks`)."""
     lab = labels(name, role, revision)
     selector = dict(lab) | ({WORKER_INDEX_LABEL: "0"} if multinode else {})
     return {
@@ -443,8 +460,8 @@ def worker_service(role: Role, *, name: str, namespace: str, target: ClusterTarg
             "ports": [
                 {"name": "http", "port": target.worker_port, "targetPort": "http", "protocol": "TCP"},
                 {"name": "nixl", "port": target.nixl_side_channel_port, "targetPort": "nixl", "protocol": "TCP"},
-                {"name": "kv-events", "port": target.kv_events_port, "targetPort": "kv-events",
-                 "protocol": "TCP"},
+                *({"name": kv_events_port_name(r), "port": target.kv_events_port + r,
+                   "targetPort": kv_events_port_name(r), "protocol": "TCP"} for r in range(kv_ranks)),
             ],
         },
     }
@@ -462,12 +479,14 @@ def worker_pdb(role: Role, *, name: str, namespace: str, revision: str | None) -
     }
 
 
-def worker_network_policy(*, name: str, namespace: str, monitoring_namespace: str) -> dict[str, Any]:
+def worker_network_policy(*, name: str, namespace: str, monitoring_namespace: str,
+                          kv_ranks: int = 1) -> dict[str, Any]:
     """networking.k8s.io/v1 NetworkPolicy: worker pods of `name` (all revisions) accept exactly
     * from each other, any TCP port: the NIXL side channel (port "nixl") and the KV data itself, which NIXL's
       UCX TCP transport sends between ephemeral ports (EFA RDMA traffic does not pass the pod network);
     * from the runtime pods of the InferenceService (KServe labels them `serving.kserve.io/inferenceservice`):
-      ports "http" (requests) and "kv-events" (the KV-aware router's ZMQ subscription);
+      ports "http" (requests) and "kv-events" … "kv-events-<kv_ranks-1>" (the KV-aware router's ZMQ
+      subscription to each data-parallel rank, `kv_event_ranks`);
     * from namespace `monitoring_namespace`: port "http" (Prometheus scrapes /metrics there);
     and nothing else (infra/validate.py check `cluster` proves each flow admitted and the rest denied)."""
     inst = {"app.kubernetes.io/name": APP_LABEL, "app.kubernetes.io/instance": name}
@@ -483,7 +502,8 @@ def worker_network_policy(*, name: str, namespace: str, monitoring_namespace: st
             "ingress": [
                 {"from": [{"podSelector": worker_pods}]},
                 {"from": [{"podSelector": {"matchLabels": {"serving.kserve.io/inferenceservice": name}}}],
-                 "ports": [{"protocol": "TCP", "port": "http"}, {"protocol": "TCP", "port": "kv-events"}]},
+                 "ports": [{"protocol": "TCP", "port": "http"},
+                           *({"protocol": "TCP", "port": kv_events_port_name(r)} for r in range(kv_ranks))]},
                 {"from": [{"namespaceSelector": {"matchLabels": {
                     "kubernetes.io/metadata.name": monitoring_namespace}}}],
                  "ports": [{"protocol": "TCP", "port": "http"}]},

@@ -8,6 +8,8 @@ docs/architecture.md#pd-disaggregation-with-nixl):
 2. decode: the original request plus those `kv_transfer_params`, unchanged; the decode worker pulls the KV
    blocks with NIXL and continues generation. Both calls carry the same `X-Request-Id`.
 Without `kv_transfer_params` a request is served locally (aggregated; also the failover path).
+A call with `dp_rank` carries vLLM's `X-data-parallel-rank` header (`DP_RANK_HEADER`): a worker with data
+parallelism runs it on that engine (rank) instead of choosing one with its own load balancer.
 
 The client never decides where to send a request: its `base_url` is fixed at construction from configuration.
 """
@@ -38,6 +40,9 @@ PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
 #: rather than reused (`_finish_body`); the server ends it in the write after `[DONE]`
 DONE_BODY_END_S = 0.1
 CHAT_PATH = "/v1/chat/completions"
+#: the request header that pins a request to one data-parallel engine of a vLLM server (vLLM 0.28
+#: `OpenAIServing._get_data_parallel_rank`)
+DP_RANK_HEADER = "X-data-parallel-rank"
 COMPLETIONS_PATH = "/v1/completions"
 
 
@@ -220,6 +225,13 @@ class _TimedPieces:
         return piece
 
 
+def _headers(request_id: str, dp_rank: int | None) -> dict[str, str]:
+    """The headers of a call to a worker: its `X-Request-Id` and, with `dp_rank`, `DP_RANK_HEADER`."""
+    if dp_rank is None:
+        return {"X-Request-Id": request_id}
+    return {"X-Request-Id": request_id, DP_RANK_HEADER: str(dp_rank)}
+
+
 class VllmClient:
     """Calls one worker. Share one instance per worker; close it with `aclose` (or `async with`).
 
@@ -314,10 +326,11 @@ class VllmClient:
         finally:
             deadline.close()
 
-    async def post_json(self, path: str, body: dict, request_id: str) -> dict:
-        """POST `body` to `path`, return the JSON answer. Raises BackendError on non-2xx or transport errors."""
+    async def post_json(self, path: str, body: dict, request_id: str, dp_rank: int | None = None) -> dict:
+        """POST `body` to `path`, return the JSON answer. Raises BackendError on non-2xx or transport errors.
+        `dp_rank`: the data-parallel rank to run it on (`DP_RANK_HEADER`); None: the worker chooses."""
         url = self.base_url + path
-        status, raw = await self._post(path, _json_dumps(body), {"X-Request-Id": request_id})
+        status, raw = await self._post(path, _json_dumps(body), _headers(request_id, dp_rank))
         if status >= 300:
             raise BackendError(url, status, _error_body(raw))
         try:
@@ -328,42 +341,48 @@ class VllmClient:
             raise BackendError(url, 502, f"answered {status} with JSON that is not an object")
         return answer
 
-    async def prefill(self, path: str, body: dict, request_id: str) -> dict | None:
-        """Run the prefill step of `body`; returns the `kv_transfer_params` for the decode worker (or None).
+    async def prefill(self, path: str, body: dict, request_id: str, dp_rank: int | None = None) -> dict | None:
+        """Run the prefill step of `body` (on data-parallel rank `dp_rank` when given); returns the
+        `kv_transfer_params` for the decode worker (or None).
 
         Raises:
             BackendError: the worker failed or is unreachable.
         """
-        answer = await self.post_json(path, prefill_body(body), request_id)
+        answer = await self.post_json(path, prefill_body(body), request_id, dp_rank)
         return answer.get("kv_transfer_params")
 
-    async def complete(self, path: str, body: dict, request_id: str, kv_transfer_params: dict | None = None) -> dict:
-        """Non-streaming (decode) call: returns the OpenAI response object as a dict. Raises BackendError."""
+    async def complete(self, path: str, body: dict, request_id: str, kv_transfer_params: dict | None = None,
+                       dp_rank: int | None = None) -> dict:
+        """Non-streaming (decode) call (on data-parallel rank `dp_rank` when given): returns the OpenAI
+        response object as a dict. Raises BackendError."""
         b = decode_body(body, kv_transfer_params)
         b["stream"] = False
         b.pop("stream_options", None)
-        return await self.post_json(path, b, request_id)
+        return await self.post_json(path, b, request_id, dp_rank)
 
     async def stream(
-        self, path: str, body: dict, request_id: str, kv_transfer_params: dict | None = None
+        self, path: str, body: dict, request_id: str, kv_transfer_params: dict | None = None,
+        dp_rank: int | None = None,
     ) -> AsyncIterator[dict]:
         """Streaming (decode) call: yields each SSE chunk's JSON object, stops at `data: [DONE]`.
 
         Raises:
             BackendError: as `stream_events`.
         """
-        async with contextlib.aclosing(self.stream_events(path, body, request_id, kv_transfer_params)) as events:
+        async with contextlib.aclosing(self.stream_events(path, body, request_id, kv_transfer_params,
+                                                          dp_rank=dp_rank)) as events:
             async for _, chunk in events:
                 yield chunk
 
     async def stream_events(
         self, path: str, body: dict, request_id: str, kv_transfer_params: dict | None = None,
-        on_head: Callable[[], Awaitable[None]] | None = None,
+        on_head: Callable[[], Awaitable[None]] | None = None, dp_rank: int | None = None,
     ) -> AsyncIterator[tuple[bytes, dict]]:
         """Streaming (decode) call: yields (data, chunk) per SSE event — `data` the event's JSON text as the
         worker sent it (a caller that changes nothing forwards it without encoding it again), `chunk` its
         object — and stops at `data: [DONE]`. Lines other than `data:` ones (comments, `event:`) are skipped.
         `on_head` (optional) is awaited once the worker's 2xx head is in, before its first event is read.
+        `dp_rank`: the data-parallel rank to run it on (`DP_RANK_HEADER`); None: the worker chooses.
 
         Raises:
             BackendError: non-2xx status (raised before the first chunk), a broken connection, an event
@@ -373,7 +392,7 @@ class VllmClient:
         b = decode_body(body, kv_transfer_params)
         b["stream"] = True
         url = self.base_url + path
-        async with self._post_stream(path, _json_dumps(b), {"X-Request-Id": request_id}) as (status, pieces):
+        async with self._post_stream(path, _json_dumps(b), _headers(request_id, dp_rank)) as (status, pieces):
             if status >= 300:
                 raw = b"".join([p async for p in pieces])
                 raise BackendError(url, status, _error_body(raw))

@@ -19,6 +19,11 @@ Workers come and go at run time (discovery, runtime/server/discovery_sync.py): `
 opens a subscription, `remove(worker_id)` closes it at once — once `remove` returns, no further batch of that
 worker reaches the callback, so a worker dropped from the router index cannot re-enter it through a late
 event.
+
+A worker with data parallelism (`--data-parallel-size N`) publishes one stream per DP rank: rank r's publisher
+binds the configured endpoint's port + r (vLLM's `ZmqEventPublisher.offset_endpoint_port`) and labels its
+batches `data_parallel_rank` r. `rank_endpoint` gives rank r's endpoint; each rank is subscribed under its
+own id (runtime.server.routing `WorkerEndpoint.kv_event_subscriptions`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,26 @@ from runtime.kv.events import AllBlocksCleared, KvEventBatch, KvEventDecodeError
 log = logging.getLogger(__name__)
 
 OnBatch = Callable[[str, KvEventBatch], None]
+
+
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """The KV-event endpoint of data-parallel rank `rank` of a worker whose publisher is configured at
+    `endpoint`: the endpoint itself for rank 0, else its TCP port + `rank` (vLLM 0.28
+    `ZmqEventPublisher.offset_endpoint_port`).
+
+    Raises:
+        ValueError: `rank` < 0, or `rank` > 0 with an endpoint that is not "tcp://host:port" (vLLM offsets
+            only TCP ports; it refuses an ipc endpoint with data parallelism).
+    """
+    if rank < 0:
+        raise ValueError(f"data-parallel rank {rank} < 0")
+    if rank == 0:
+        return endpoint
+    base, sep, port = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not sep or not port.isdigit():
+        raise ValueError(f"KV-event endpoint {endpoint!r}: data-parallel rank {rank} needs a tcp://host:port "
+                         "endpoint (vLLM publishes rank r on the port + r)")
+    return f"{base}:{int(port) + rank}"
 
 
 @dataclass

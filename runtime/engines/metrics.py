@@ -45,6 +45,21 @@ def sample_sum(text: str, sample_name: str, **label_filter: str) -> float:
     return total
 
 
+def sample_sums_by(text: str, sample_name: str, label: str) -> dict[str, float]:
+    """`{label value: sum of the samples named `sample_name` with that value of `label`}` (one parse); samples
+    without the label are left out. E.g. `label="engine"`: vLLM's per-engine (data-parallel rank) series.
+
+    Raises:
+        ValueError: `text` is not valid exposition format (as `sample_sum`).
+    """
+    out: dict[str, float] = {}
+    for family in _families(text):
+        for s in family.samples:
+            if s.name == sample_name and label in s.labels:
+                out[s.labels[label]] = out.get(s.labels[label], 0.0) + float(s.value)
+    return out
+
+
 def readable_gauge(value: float) -> float | None:
     """A count or fraction gauge (requests, KV usage) as a reader may use it: `value` when finite and >= 0;
     None (unreadable) for NaN, an infinity or a negative value, which no engine state can produce: a caller

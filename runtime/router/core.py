@@ -563,7 +563,8 @@ class Router:
                              r.prefill_tokens, "local_prefill_failed")
 
     def migrate(self, request_id: str, *, now_s: float, token_ids: Sequence[int] | None = None,
-                block_hashes: Sequence[Hashable] | None = None, cache_salt: str | None = None) -> RouteDecision:
+                block_hashes: Sequence[Hashable] | None = None, cache_salt: str | None = None,
+                exclude: Iterable[str] = ()) -> RouteDecision:
         """The decode worker died mid-stream: continue on another decode worker (local prefill).
 
         Args:
@@ -572,6 +573,8 @@ class Router:
             token_ids / block_hashes: the continued prompt (original prompt + tokens generated so far);
                 default the original prompt's hashes.
             cache_salt: the request's vLLM ``cache_salt``, with ``token_ids`` (as in :meth:`route`).
+            exclude: further worker ids that died with the decode worker (the other data-parallel ranks
+                of its server), never chosen for this request again.
 
         Raises:
             UnknownRequestError: not in flight.
@@ -587,7 +590,7 @@ class Router:
             raise MigrationLimitError(
                 f"request {request_id!r}: decode worker {failed!r} failed and migration_limit="
                 f"{self.spec.migration_limit} is used up")
-        excluded = r.excluded | {failed}
+        excluded = r.excluded | {failed} | set(exclude)
         if token_ids is not None or block_hashes is not None:
             hashes, num_tokens = self._prompt(token_ids, block_hashes, None, cache_salt)
         else:

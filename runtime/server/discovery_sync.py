@@ -10,7 +10,9 @@ With a KV-event subscriber (the runtime runs `--router kv`), each discovered wor
 carries a KV-event port (`PoolMembership.kv_events`) is added as a KV-event worker and subscribed to
 (`KvEventSubscriber.add`); a worker that leaves is unsubscribed before it leaves the pool (and the router's
 index), so no late event re-adds its blocks. Workers without an endpoint, or without a subscriber, are
-tracked approximately (the router learns their caches from its own decisions).
+tracked approximately (the router learns their caches from its own decisions). A worker with data
+parallelism (`PoolMembership.dp_size` > 1) joins as one router entry per DP rank, each subscribed to its
+rank's publisher (`WorkerEndpoint.kv_event_subscriptions`: the endpoint's port + r).
 
 Worker ids of discovered workers are `"<role>-<12 hex digits of sha256(base URL)>"`: a pod that comes back at
 the same address gets the same id (its old index entry was dropped when it left), and the id, which reaches
@@ -64,9 +66,10 @@ def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,
     is gone fails and migrates in the model; a worker that comes back under its id takes their load back,
     runtime.router.core.Router.add_worker); new ones are added with an empty KV index entry. A URL reported in both pools keeps its first role
     (prefill) and is logged. With `subscriber`, a new worker with a KV-event endpoint in `membership` is
-    subscribed to and routed precisely; a removed one is unsubscribed first; a worker whose endpoint
-    changed (appeared, moved, vanished) is removed and added again (empty index entry). An endpoint ZMQ
-    refuses (malformed) is logged and its worker tracked approximately until the next membership.
+    subscribed to and routed precisely, every DP rank on its own port (`PoolMembership.dp_size`); a removed
+    one is unsubscribed first; a worker whose endpoint or DP size changed (appeared, moved, vanished) is
+    removed and added again (empty index entry). An endpoint ZMQ refuses (malformed) is logged and its
+    worker tracked approximately until the next membership.
 
     Returns:
         (added worker ids, removed worker ids), each sorted.
@@ -79,33 +82,50 @@ def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,
                 log.warning("discovery: %s is in both pools; kept as %s", url, wanted[url])
                 continue
             wanted[url] = role
-    want: dict[str, tuple[str, str, str | None]] = {}
+    want: dict[str, WorkerEndpoint] = {}
     for url, role in wanted.items():
         ep = membership.kv_events_endpoint(url) if subscriber is not None else None
-        want[discovered_id(role, url)] = (role, url, ep)
+        wid = discovered_id(role, url)
+        want[wid] = WorkerEndpoint(wid, role, url, ep, dp_size=membership.dp_size(url))
     removed = sorted(wid for wid, w in pairing.workers.items()
-                     if wid not in want or (subscriber is not None and w.kv_events_endpoint != want[wid][2]))
+                     if wid not in want or w.dp_size != want[wid].dp_size
+                     or (subscriber is not None and w.kv_events_endpoint != want[wid].kv_events_endpoint))
     for wid in removed:
         if subscriber is not None:
-            subscriber.remove(wid)
+            for sid in pairing.workers[wid].rank_ids():
+                subscriber.remove(sid)
         pairing.remove_worker(wid)
     added = []
-    for wid, (role, url, ep) in sorted(want.items()):
+    for wid, w in sorted(want.items()):
         if wid in pairing.workers:
             continue
-        if ep is not None:
-            try:
-                subscriber.add(wid, ep)
-            except ValueError as exc:
-                log.warning("discovery: %s; its cache is tracked approximately", exc)
-                ep = None
-        pairing.add_worker(WorkerEndpoint(wid, role, url, ep))
-        log.info("discovery: worker %s is %s", wid, redact_userinfo(url))
+        if subscriber is not None and w.kv_events_endpoint is not None:
+            w = _subscribe(subscriber, w)
+        pairing.add_worker(w)
+        log.info("discovery: worker %s is %s%s", wid, redact_userinfo(w.url),
+                 f" ({w.dp_size} data-parallel ranks)" if w.dp_size > 1 else "")
         added.append(wid)
     if added or removed:
         log.info("discovery: pool now %d prefill, %d decode (added %s, removed %s)", len(membership.prefill),
                  len(membership.decode), added, removed)
     return added, removed
+
+
+def _subscribe(subscriber: EventSubscriptions, w: WorkerEndpoint) -> WorkerEndpoint:
+    """Subscribe to the KV events of every DP rank of `w`; `w` as given, or, when an endpoint is refused
+    (logged; the ranks subscribed already are unsubscribed again), `w` without its endpoint (tracked
+    approximately)."""
+    done: list[str] = []
+    try:
+        for sid, ep in w.kv_event_subscriptions().items():
+            subscriber.add(sid, ep)
+            done.append(sid)
+    except ValueError as exc:
+        log.warning("discovery: %s; its cache is tracked approximately", exc)
+        for sid in done:
+            subscriber.remove(sid)
+        return WorkerEndpoint(w.worker_id, w.role, w.url, None, dp_size=w.dp_size)
+    return w
 
 
 async def follow_discovery(discovery, pairing: RouterPairing,

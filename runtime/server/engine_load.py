@@ -10,6 +10,9 @@ stops counting as soon as the engines finish its requests.
 
 The view lags the engines by up to `interval_s` plus the read; a page that cannot be read within
 `timeout_s` drops that worker's external share until the next read (never a stale one kept).
+
+A worker with data parallelism (`pairing.dp_size_of(url)` > 1) is read per rank: vLLM labels each engine's
+gauges with `engine` = its DP rank, and the router keeps one load entry per rank.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from runtime.engines.drain_wait import busy_requests
+from runtime.engines.drain_wait import BUSY_GAUGES, busy_requests
+from runtime.engines.metrics import readable_gauge, sample_sums_by
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +31,27 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_S = 1.0
 
 
-async def read_engine_load(read_page: Callable[[str], Awaitable[str]], url: str, timeout_s: float) -> float | None:
+def _rank_requests(text: str, dp_size: int) -> dict[int, float | None]:
+    """`{rank: requests}` of a data-parallel worker's engines (vLLM's gauges labelled `engine` = rank); a rank
+    with an unreadable gauge maps to None."""
+    by_gauge = [sample_sums_by(text, g, "engine") for g in BUSY_GAUGES]
+    out: dict[int, float | None] = {}
+    for r in range(dp_size):
+        counts = [readable_gauge(by_engine.get(str(r), 0.0)) for by_engine in by_gauge]
+        out[r] = None if None in counts else sum(counts)
+    return out
+
+
+async def read_engine_load(read_page: Callable[[str], Awaitable[str]], url: str, timeout_s: float,
+                           dp_size: int = 1) -> float | dict[int, float | None] | None:
     """Requests the engine at `url` runs or queues, from its /metrics page; None when unreadable (no page within
-    `timeout_s` seconds, not exposition text, a NaN, infinite or negative gauge)."""
+    `timeout_s` seconds, not exposition text, a NaN, infinite or negative gauge). With `dp_size` > 1,
+    `{rank: requests or None}` of its engines."""
     try:
-        count = busy_requests(await asyncio.wait_for(read_page(url), timeout_s))
+        text = await asyncio.wait_for(read_page(url), timeout_s)
+        if dp_size > 1:
+            return _rank_requests(text, dp_size)
+        count = busy_requests(text)
     except Exception as exc:  # noqa: BLE001 - any failure: no reading this round
         log.debug("engine load of %s unreadable: %s", url, exc)
         return None
@@ -57,7 +77,8 @@ async def engine_load_loop(pairing, read_page: Callable[[str], Awaitable[str]], 
     while True:
         try:
             urls = pairing.decode_worker_urls()
-            loads = await asyncio.gather(*(read_engine_load(read_page, u, timeout_s) for u in urls))
+            dp_size_of = getattr(pairing, "dp_size_of", lambda url: 1)
+            loads = await asyncio.gather(*(read_engine_load(read_page, u, timeout_s, dp_size_of(u)) for u in urls))
             for url, load in zip(urls, loads):
                 pairing.set_engine_load(url, load)
             failing = False

@@ -656,7 +656,7 @@ class PDModel(OpenAIGenerativeModel):
         try:
             # asyncio.timeout bounds the call in this task (wait_for would run it in a task of its own)
             async with asyncio.timeout(self.prefill_timeout_s):
-                kv = await self._client(route.prefill_url, rid).prefill(path, body, rid)
+                kv = await self._client(route.prefill_url, rid).prefill(path, body, rid, dp_rank=route.prefill_dp_rank)
         except asyncio.TimeoutError:
             kv = None
         except BackendError as exc:
@@ -819,7 +819,7 @@ class PDModel(OpenAIGenerativeModel):
         try:
             while True:
                 try:
-                    answer = await decode.complete(path, body, rid, kv)
+                    answer = await decode.complete(path, body, rid, kv, dp_rank=route.decode_dp_rank)
                     aborted = _worker_aborted(route.decode_url, answer.get("choices"))
                     if aborted is not None:  # cut short by the worker's shutdown: served again elsewhere
                         raise aborted
@@ -965,7 +965,8 @@ class PDModel(OpenAIGenerativeModel):
         try:
             while True:
                 try:
-                    async with contextlib.aclosing(decode.stream_events(path, attempt, rid, kv, on_head)) as events:
+                    leg = decode.stream_events(path, attempt, rid, kv, on_head, dp_rank=route.decode_dp_rank)
+                    async with contextlib.aclosing(leg) as events:
                         chunks = events.__aiter__()
                         while True:
                             wait_s = None  # a leg on a handoff must show its first token before the deadline

@@ -25,6 +25,9 @@ class Route:
         prefill_worker: id of the prefill worker (None when local), e.g. "prefill-0".
         decode_worker: id of the decode worker, e.g. "decode-0".
         overlap_blocks: cached prefix blocks predicted on the worker that prefills (0 when unknown).
+        prefill_dp_rank, decode_dp_rank: the data-parallel rank (engine) of the prefill / decode worker the
+            request is pinned to (vLLM's `X-data-parallel-rank` header); None for a worker without data
+            parallelism, whose API server has one engine.
     """
 
     prefill_url: str | None
@@ -33,6 +36,8 @@ class Route:
     prefill_worker: str | None = None
     decode_worker: str = ""
     overlap_blocks: int = 0
+    prefill_dp_rank: int | None = None
+    decode_dp_rank: int | None = None
 
 
 @dataclass(frozen=True)

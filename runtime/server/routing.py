@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from runtime.config import DeploymentSpec, RouterSpec
+from runtime.engines.kv_events import rank_endpoint
 from runtime.engines.metrics import readable_gauge
 from runtime.kv.events import KvEventBatch
 from runtime.redact import redact_userinfo
@@ -85,14 +86,44 @@ def estimate_prompt_tokens(body: Mapping[str, object]) -> int:
     return tokens + -(-chars // CHARS_PER_TOKEN)
 
 
+def rank_worker_id(worker_id: str, rank: int) -> str:
+    """The router's id of data-parallel rank `rank` of worker `worker_id` (a worker with ``dp_size`` > 1)."""
+    return f"{worker_id}/dp{rank}"
+
+
 @dataclass(frozen=True)
 class WorkerEndpoint:
-    """One configured worker: id, role ("prefill"/"decode"/"both"), base URL, KV-event endpoint or None."""
+    """One configured worker: id, role ("prefill"/"decode"/"both"), base URL, KV-event endpoint or None (of
+    DP rank 0: vLLM publishes rank r on its port + r), and its data-parallel size (vLLM
+    ``--data-parallel-size``: engines behind the one API server, each with its own KV cache)."""
 
     worker_id: str
     role: str
     url: str
     kv_events_endpoint: str | None = None
+    dp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dp_size < 1:
+            raise ValueError(f"worker {self.worker_id!r}: dp_size {self.dp_size} < 1")
+
+    def rank_ids(self) -> dict[str, int | None]:
+        """``{router id: DP rank}`` of the worker's engines: ``{worker_id: None}`` without data parallelism
+        (the request carries no rank), else one ``rank_worker_id`` per rank."""
+        if self.dp_size == 1:
+            return {self.worker_id: None}
+        return {rank_worker_id(self.worker_id, r): r for r in range(self.dp_size)}
+
+    def kv_event_subscriptions(self) -> dict[str, str]:
+        """``{subscription id: endpoint}``: one per DP rank (the router id of the rank, its publisher's
+        endpoint, runtime.engines.kv_events.rank_endpoint); {} without a KV-event endpoint.
+
+        Raises:
+            ValueError: data parallelism with an endpoint vLLM does not offset per rank (not TCP).
+        """
+        if self.kv_events_endpoint is None:
+            return {}
+        return {rid: rank_endpoint(self.kv_events_endpoint, r or 0) for rid, r in self.rank_ids().items()}
 
 
 def tier_credit_costs(spec: DeploymentSpec, model_config: Mapping | None) -> dict:
@@ -132,6 +163,13 @@ MIN_TRAFFIC_SHARE = 1 / 16
 class RouterPairing:
     """`runtime.server.pairing.Pairing` over a `Router`.
 
+    A worker with data parallelism (``WorkerEndpoint.dp_size`` > 1) is one router entry per DP rank
+    (``rank_worker_id``: its own prefix index, load and KV-event subscription, as NVIDIA Dynamo routes to a
+    worker and DP rank); a route to it names the rank (``Route.prefill_dp_rank`` / ``decode_dp_rank``), which
+    the request carries to vLLM as its ``X-data-parallel-rank`` header. Everything keyed by URL (health,
+    drains, the planner's loads) stays per worker: ``mark_down``/``mark_up``/``remove_worker`` act on all its
+    ranks and ``load_of`` sums them. A worker without data parallelism is one entry under its own id.
+
     Args:
         spec: router settings (policy, thresholds).
         block_size_tokens: the workers' `--block-size`.
@@ -150,12 +188,15 @@ class RouterPairing:
                  tier_load_cost: Mapping[str, float] | None = None) -> None:
         self.router = Router(spec, block_size_tokens, prefill_cost=prefill_cost, tier_load_cost=tier_load_cost)
         self.block_size_tokens = block_size_tokens
-        # worker id -> clock() of its last applied KV-event batch, or of when it joined the pool (a worker that
-        # publishes KV events): a worker whose publisher never sends one must still age (the stale-index alert)
+        # subscription (router) id -> clock() of its last applied KV-event batch, or of when it joined the pool
+        # (a worker that publishes KV events): a worker whose publisher never sends one must still age (the
+        # stale-index alert); one entry per DP rank
         self.last_event_s: dict[str, float] = {}
         self._approx_capacity_blocks = max(1, approx_capacity_tokens // block_size_tokens)
         self.workers = {w.worker_id: w for w in workers}
         self._url_to_id = {w.url.rstrip("/"): w.worker_id for w in workers}
+        #: router id -> (worker id, DP rank or None): the router's entries, one per DP rank of a worker
+        self._ranks: dict[str, tuple[str, int | None]] = {}
         self.clock = clock
         self.down: set[str] = set()
         #: moves whenever a worker joins or leaves (add_worker, remove_worker): followers of the pool
@@ -171,10 +212,27 @@ class RouterPairing:
             self._add_to_router(w)
 
     def _add_to_router(self, w: WorkerEndpoint) -> None:
-        self.router.add_worker(w.worker_id, w.role, kv_events=w.kv_events_endpoint is not None,
-                               kv_capacity_blocks=self._approx_capacity_blocks)
-        if w.kv_events_endpoint is not None:
-            self.last_event_s[w.worker_id] = self.clock()
+        ranks = w.rank_ids()
+        if any(rid in self._ranks for rid in ranks):
+            raise ValueError(f"worker {w.worker_id!r}: an id of its DP ranks is already in the pool")
+        for rid, rank in ranks.items():
+            self.router.add_worker(rid, w.role, kv_events=w.kv_events_endpoint is not None,
+                                   kv_capacity_blocks=self._approx_capacity_blocks)
+            self._ranks[rid] = (w.worker_id, rank)
+            if w.kv_events_endpoint is not None:
+                self.last_event_s[rid] = self.clock()
+
+    def _route(self, prefill: str | None, decode: str, reason: str, overlap_blocks: int) -> Route:
+        """The Route of router ids `prefill` (None: local) and `decode`: their workers' URLs and DP ranks."""
+        dw, d_rank = self._ranks[decode]
+        pw, p_rank = self._ranks[prefill] if prefill is not None else (None, None)
+        return Route(None if pw is None else self.workers[pw].url, self.workers[dw].url, reason, prefill, decode,
+                     overlap_blocks, prefill_dp_rank=p_rank, decode_dp_rank=d_rank)
+
+    def _router_ids(self, worker_id: str | None) -> list[str]:
+        """Router ids of a worker's DP ranks ([] for None or an unknown worker)."""
+        w = self.workers.get(worker_id) if worker_id is not None else None
+        return [] if w is None else list(w.rank_ids())
 
     # -- Pairing -----------------------------------------------------------------------------------
     def choose(self, req: RouteRequest) -> Route:
@@ -188,39 +246,50 @@ class RouterPairing:
         mean = self.blocks_per_request
         self.blocks_per_request = float(d.num_prompt_blocks) if mean is None else (
             mean + BLOCKS_MEAN_WEIGHT * (d.num_prompt_blocks - mean))
-        return Route(self._url(d.prefill_worker), self.workers[d.decode_worker].url, d.reason,
-                     d.prefill_worker, d.decode_worker, d.overlap_blocks)
+        return self._route(d.prefill_worker, d.decode_worker, d.reason, d.overlap_blocks)
 
     def on_first_token(self, request_id: str, now_s: float) -> None:
         self.router.on_first_token(request_id)
 
     def on_prefill_failed(self, request_id: str, now_s: float) -> Route:
         d = self.router.fallback_local_prefill(request_id, now_s=now_s)
-        return Route(None, self.workers[d.decode_worker].url, d.reason, None, d.decode_worker, d.overlap_blocks)
+        return self._route(None, d.decode_worker, d.reason, d.overlap_blocks)
 
     def on_complete(self, request_id: str, now_s: float, ok: bool) -> None:
         self.router.on_complete(request_id, ok=ok)
 
     def on_decode_failed(self, request_id: str, now_s: float) -> Route | None:
+        # the decode worker's server is unreachable: none of its DP ranks can continue the request
         try:
-            d = self.router.migrate(request_id, now_s=now_s)
+            failed = self._ranks.get(self.router.in_flight(request_id).decode_worker)
+        except UnknownRequestError:
+            return None
+        try:
+            d = self.router.migrate(request_id, now_s=now_s, exclude=self._router_ids(failed and failed[0]))
         except (MigrationLimitError, NoWorkersError, UnknownRequestError):
             return None
-        return Route(None, self.workers[d.decode_worker].url, d.reason, None, d.decode_worker, d.overlap_blocks)
-
-    def _url(self, worker_id: str | None) -> str | None:
-        return None if worker_id is None else self.workers[worker_id].url
+        return self._route(None, d.decode_worker, d.reason, d.overlap_blocks)
 
     # -- events and health ---------------------------------------------------------------------------
-    def apply_batch(self, worker_id: str, batch: KvEventBatch) -> None:
-        """Apply one worker's KV-event batch to the router index (callback of KvEventSubscriber)."""
+    def apply_batch(self, subscription_id: str, batch: KvEventBatch) -> None:
+        """Apply one KV-event batch to the router index (callback of KvEventSubscriber): `subscription_id` is a
+        key of `kv_event_endpoints` (a worker's id, or its DP rank's id). A batch of a DP rank labelled with
+        another ``data_parallel_rank`` (a publisher on the wrong port) is dropped with a warning: its blocks
+        are never indexed under the wrong rank."""
+        owner = self._ranks.get(subscription_id)
+        rank = None if owner is None else owner[1]
+        if rank is not None and batch.data_parallel_rank is not None and batch.data_parallel_rank != rank:
+            log.warning("KV events of %s carry data_parallel_rank %d: dropped (a publisher on the wrong port?)",
+                        subscription_id, batch.data_parallel_rank)
+            return
         now = self.clock()
-        self.last_event_s[worker_id] = now
-        self.router.apply_kv_events(worker_id, batch.events, now)
+        self.last_event_s[subscription_id] = now
+        self.router.apply_kv_events(subscription_id, batch.events, now)
 
     def kv_event_endpoints(self) -> Mapping[str, str]:
-        """`{worker_id: endpoint}` of the workers that publish KV events."""
-        return {w.worker_id: w.kv_events_endpoint for w in self.workers.values() if w.kv_events_endpoint}
+        """`{subscription id: endpoint}` of the workers that publish KV events, one per DP rank
+        (`WorkerEndpoint.kv_event_subscriptions`)."""
+        return {sid: ep for w in self.workers.values() for sid, ep in w.kv_event_subscriptions().items()}
 
     def mark_down(self, url: str) -> list[str]:
         """Stop routing to the worker at `url` (its index entry is kept); returns its in-flight request ids."""
@@ -229,7 +298,7 @@ class RouterPairing:
             return []
         self.down.add(wid)
         log.warning("worker %s (%s) is down: no longer routed to", wid, redact_userinfo(url))
-        return self.router.suspend_worker(wid)
+        return list(dict.fromkeys(r for rid in self._router_ids(wid) for r in self.router.suspend_worker(rid)))
 
     def add_worker(self, endpoint: WorkerEndpoint) -> None:
         """Add a worker started at run time (e.g. by the planner's local actuator).
@@ -246,21 +315,39 @@ class RouterPairing:
 
     def remove_worker(self, worker_id: str) -> list[str]:
         """Remove a worker for good (scaled down); returns its in-flight request ids. Unknown ids: []."""
-        w = self.workers.pop(worker_id, None)
+        w = self.workers.get(worker_id)
         if w is None:
             return []
+        out: dict[str, None] = {}
+        for rid in self._router_ids(worker_id):
+            self._ranks.pop(rid, None)
+            self.last_event_s.pop(rid, None)
+            out.update(dict.fromkeys(self.router.remove_worker(rid)))
+        del self.workers[worker_id]
         self._url_to_id.pop(w.url.rstrip("/"), None)
         self.down.discard(worker_id)
-        self.last_event_s.pop(worker_id, None)
         self.pool_version += 1
-        return self.router.remove_worker(worker_id)
+        return list(out)
 
     def load_of(self, url: str) -> WorkerLoad | None:
         """The router's in-flight load of the worker at `url` (`num_requests`: requests that decode on it, or
         were prefilled on it and have not completed, so a handoff of its KV may still be unread); None for a
-        worker not in the pool."""
-        wid = self._url_to_id.get(url.rstrip("/"))
-        return None if wid is None else self.router.workers.get(wid)
+        worker not in the pool. A worker with DP ranks: a new WorkerLoad, the sum of its ranks' counters
+        (read it; changing it changes nothing)."""
+        loads = self._rank_loads(url)
+        if len(loads) <= 1:
+            return loads[0] if loads else None
+        total = WorkerLoad(self._url_to_id[url.rstrip("/")], loads[0].role, kv_events=loads[0].kv_events,
+                           available=any(w.available for w in loads))
+        for name in ("prefill_tokens", "decode_blocks", "num_requests", "engine_requests", "prefill_work",
+                     "total_prefill_work", "external_requests", "external_decode_blocks"):
+            setattr(total, name, sum(getattr(w, name) for w in loads))
+        return total
+
+    def _rank_loads(self, url: str) -> list[WorkerLoad]:
+        """The router's WorkerLoad of each DP rank of the worker at `url` (in rank order; [] when unknown)."""
+        loads = self.router.workers
+        return [loads[rid] for rid in self._router_ids(self._url_to_id.get(url.rstrip("/"))) if rid in loads]
 
     def load_of_ip(self, host: str) -> WorkerLoad | None:
         """`load_of` the worker whose URL's host is `host` (a pod IP); None when no worker has it."""
@@ -269,27 +356,52 @@ class RouterPairing:
                 return self.load_of(url)
         return None
 
+    def dp_size_of(self, url: str) -> int:
+        """Data-parallel ranks of the worker at `url` (1 for a worker without data parallelism or not in the
+        pool)."""
+        wid = self._url_to_id.get(url.rstrip("/"))
+        return 1 if wid is None else self.workers[wid].dp_size
+
     def decode_worker_urls(self) -> list[str]:
         """Base URLs of the pool's decode-capable workers (roles "decode" and "both")."""
         return [w.url for w in self.workers.values() if w.role != "prefill"]
 
-    def set_engine_load(self, url: str, engine_requests: float | None) -> None:
+    def set_engine_load(self, url: str, engine_requests: float | Mapping[int, float] | None) -> None:
         """The engine at `url` reports `engine_requests` running or waiting (None: its page was unreadable):
         the requests beyond this router's own on it (`WorkerLoad.engine_requests`) count as other replicas'
         load on it, each of the running mean prompt size (runtime.router.load.set_external_load; one block
         each before this router has routed a request). Unknown URLs and prefill-only workers: no-op. A NaN,
-        infinite or negative count is taken as unreadable (None): it would corrupt the traffic share."""
-        if engine_requests is not None:
-            engine_requests = readable_gauge(float(engine_requests))
-        w = self.load_of(url)
-        if w is not None:
-            if engine_requests is not None and w.can_decode:
-                # the requests this router has on the engine as the engine counts them (a request still
-                # prefilling elsewhere is on neither count); never more than all of it, as the reads race
-                with self._share_lock:
-                    self._share_own += w.engine_requests
-                    self._share_engine += max(float(engine_requests), float(w.engine_requests))
-            set_external_load(w, engine_requests, 1.0 if self.blocks_per_request is None else self.blocks_per_request)
+        infinite or negative count is taken as unreadable (None): it would corrupt the traffic share.
+
+        `engine_requests` of a worker with DP ranks: `{rank: requests}` (vLLM's gauges per ``engine`` label),
+        or the worker's total, whose excess over this router's requests is then spread evenly over its ranks
+        (a rank missing from the mapping counts as unreadable)."""
+        loads = self._rank_loads(url)
+        if not loads:
+            return
+        if isinstance(engine_requests, Mapping):
+            per_rank = [engine_requests.get(r) for r in range(len(loads))]
+            total = None if any(v is None for v in per_rank) else sum(float(v) for v in per_rank)
+        else:
+            total = per_rank = engine_requests
+        if total is not None:
+            total = readable_gauge(float(total))
+        own = sum(w.engine_requests for w in loads)
+        if total is not None and loads[0].can_decode:
+            # the requests this router has on the engine as the engine counts them (a request still
+            # prefilling elsewhere is on neither count); never more than all of it, as the reads race
+            with self._share_lock:
+                self._share_own += own
+                self._share_engine += max(float(total), float(own))
+        blocks = 1.0 if self.blocks_per_request is None else self.blocks_per_request
+        for i, w in enumerate(loads):
+            if isinstance(per_rank, list):
+                n = None if per_rank[i] is None else readable_gauge(float(per_rank[i]))
+            elif total is None or len(loads) == 1:
+                n = total
+            else:  # the worker's excess spread evenly over its ranks
+                n = w.engine_requests + max(0.0, total - own) / len(loads)
+            set_external_load(w, n, blocks)
 
     def drain_traffic_share(self) -> float | None:
         """This router's share of the requests the decode workers ran or queued, over the engine-load reads
@@ -307,6 +419,7 @@ class RouterPairing:
         wid = self._url_to_id.get(url.rstrip("/"))
         if wid is None or wid not in self.down:
             return
-        self.router.resume_worker(wid)
+        for rid in self._router_ids(wid):
+            self.router.resume_worker(rid)
         self.down.discard(wid)
         log.info("worker %s (%s) is back in the pool", wid, redact_userinfo(url))

@@ -36,15 +36,15 @@ async def test_decode_leg_past_the_lease_prefills_locally(pd_workers):
     decode_kv: list = []  # the kv_transfer_params each decode call carried
 
     class DelayedAfterPrefill(VllmClient):
-        async def prefill(self, path, body, request_id):  # noqa: ANN001
-            kv = await super().prefill(path, body, request_id)
+        async def prefill(self, path, body, request_id, dp_rank=None):  # noqa: ANN001
+            kv = await super().prefill(path, body, request_id, dp_rank)
             assert kv is not None  # a real handoff was made
             skew[0] += 60.0  # the decode leg starts 60 s after the prefill answered
             return kv
 
-        async def complete(self, path, body, request_id, kv_transfer_params=None):  # noqa: ANN001
+        async def complete(self, path, body, request_id, kv_transfer_params=None, dp_rank=None):  # noqa: ANN001
             decode_kv.append(kv_transfer_params)
-            return await super().complete(path, body, request_id, kv_transfer_params)
+            return await super().complete(path, body, request_id, kv_transfer_params, dp_rank)
 
     import time
 
