@@ -43,6 +43,7 @@ RESERVED: dict[str, str] = {
     "kv-transfer-config": "engine.kv_backends and engine.kv_lease_s (NIXL P/D transfer)",
     "kv-events-config": "pdserve (the KV-aware router subscribes to the workers' KV events)",
     "scheduling-policy": "router.prefill_priority",
+    "quantization": "the checkpoint's quantization_config and --precision (the tuner sized the weights with them)",
     # a pool's layout (runtime/deploy/workers.py layout_args, multinode_args)
     "pipeline-parallel-size": "the pool's layout (spec prefill.pp / decode.pp)",
     "data-parallel-size": "the pool's layout (spec prefill.dp / decode.dp)",
@@ -57,6 +58,13 @@ RESERVED: dict[str, str] = {
     "distributed-executor-backend": "pdserve (multiprocessing across nodes)",
     "headless": "pdserve (every pod of a multi-node worker but the leader)",
 }
+# `--kv-cache-dtype` values by the bytes per KV element they store (vLLM CacheDType): an engine argument may
+# choose among the encodings of the width the tuner sized the KV cache for (`DeploymentSpec.precision`: fp8 one
+# byte, bf16 two), never another width, which would make the KV capacity the spec records and the planner
+# plans with wrong
+KV_CACHE_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+                        "fp8_inc": 1, "fp8_ds_mla": 1, "fp8_per_token_head": 1, "int8_per_token_head": 1}
+PRECISION_KV_BYTES = {"bf16": 2, "fp8": 1}
 TRUE_WORDS, FALSE_WORDS = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
 
 
@@ -174,6 +182,22 @@ def _bound_problem(parser: argparse.ArgumentParser, dest: str, value: object) ->
     return None
 
 
+def _check_kv_cache_dtype(flags: list[str], precision: str) -> None:
+    """Raises ValueError: a `--kv-cache-dtype` among `flags` whose width is not the one `precision` sizes."""
+    want = PRECISION_KV_BYTES.get(precision)
+    for f in flags:
+        if f.startswith("--kv-cache-dtype="):
+            value = f.split("=", 1)[1]
+            width = KV_CACHE_DTYPE_BYTES.get(value)
+            if width is None:  # 4-bit and mixed encodings: the performance model sizes none of them
+                raise ValueError(f"--engine-arg kv-cache-dtype={value}: the tuner sizes KV caches of 1 or 2 bytes "
+                                 f"per element only ({', '.join(KV_CACHE_DTYPE_BYTES)})")
+            if want is not None and width != want:
+                raise ValueError(f"--engine-arg kv-cache-dtype={value}: the configuration was tuned for precision "
+                                 f"{precision} ({want}-byte KV elements, which size its KV capacity and batch); "
+                                 f"{value} stores {width}-byte ones: choose it with --precision and tune again")
+
+
 def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | None = None,
                           engine_args: Iterable[str] = (),
                           parser: argparse.ArgumentParser | None = None,
@@ -190,7 +214,8 @@ def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | N
         ValueError: an item `engine_arg_flags` refuses, or `max_model_len_tokens` not a positive int, below
             the spec's workload ISL + OSL (the requests it was tuned for would be refused), above
             `context_tokens` or above the KV capacity of one engine the spec records
-            (`engine.kv_capacity_tokens`).
+            (`engine.kv_capacity_tokens`); a `kv-cache-dtype` whose bytes per element are not those the
+            spec's precision sized (`KV_CACHE_DTYPE_BYTES`).
     """
     update: dict = {}
     if max_model_len_tokens is not None:
@@ -214,6 +239,7 @@ def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | N
     if items:
         parser = parser or vllm_engine_parser()
         flags = engine_arg_flags(items, parser)
+        _check_kv_cache_dtype(flags, spec.precision)
         options = {s: a for a in parser._actions for s in a.option_strings}  # noqa: SLF001
         new = {options[f.split("=", 1)[0]].dest for f in flags}
         kept, old, i = [], list(spec.engine.extra_args), 0

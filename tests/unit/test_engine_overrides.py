@@ -161,3 +161,18 @@ def test_an_engine_argument_that_carries_a_credential_is_refused_without_showing
     with pytest.raises(ValueError, match="a credential") as e:
         engine_arg_flags([item])
     assert "SECRET" not in str(e.value)
+
+
+def test_engine_args_cannot_change_what_the_precision_sized():
+    """The tuner sized weights and KV for the spec's precision: quantization is pdserve's, and a KV cache dtype
+    of another width would make the recorded KV capacity (and the planner's batch) wrong."""
+    with pytest.raises(ValueError, match=r"pdserve sets --quantization itself"):
+        with_engine_overrides(_spec(precision="fp8"), engine_args=["quantization=awq"])
+    with pytest.raises(ValueError, match=r"tuned for precision fp8 \(1-byte.*auto stores 2-byte"):
+        with_engine_overrides(_spec(precision="fp8"), engine_args=["kv-cache-dtype=auto"])
+    with pytest.raises(ValueError, match=r"tuned for precision bf16 \(2-byte.*fp8 stores 1-byte"):
+        with_engine_overrides(_spec(), engine_args=["kv-cache-dtype=fp8"])
+    with pytest.raises(ValueError, match=r"sizes KV caches of 1 or 2 bytes"):
+        with_engine_overrides(_spec(precision="fp8"), engine_args=["kv-cache-dtype=nvfp4"])
+    same_width = with_engine_overrides(_spec(precision="fp8"), engine_args=["kv-cache-dtype=fp8_e5m2"])
+    assert same_width.engine.extra_args == ["--kv-cache-dtype=fp8_e5m2"]
