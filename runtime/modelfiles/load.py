@@ -73,6 +73,9 @@ def _modelopt_quant_config(path: Path, name: str) -> dict | None:
     kv = q["quantization"].get("kv_cache_quant_algo")
     if kv is not None:
         out["kv_cache_quant_algo"] = kv
+    exclude = q["quantization"].get("exclude_modules")
+    if exclude is not None:  # the modules kept in 16 bits (vLLM ModelOptFp8Config reads it from here)
+        out["exclude_modules"] = exclude
     return out
 
 

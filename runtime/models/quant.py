@@ -12,13 +12,25 @@ Formats (``WEIGHT_FORMATS``) and how they are recognised, as vLLM 0.28 selects i
   the ``tensor`` or ``channel`` strategy.
 * ``fp8-block``: ``fp8`` with ``weight_block_size`` (DeepSeek-V3/R1: 128 x 128 blocks, one fp32 scale each),
   ModelOpt ``FP8_PB_WO``, compressed-tensors 8-bit float ``block`` strategy.
-* ``mxfp4``: ``quant_method`` ``mxfp4`` (gpt-oss; OCP Microscaling v1.0: 32 FP4 values share one 8-bit
-  exponent), compressed-tensors 4-bit float weights in groups of 32.
+* ``mxfp4``: ``quant_method`` ``mxfp4`` (gpt-oss, experts only; OCP Microscaling v1.0: 32 FP4 values share one
+  8-bit exponent), compressed-tensors 4-bit float weights in groups of 32 (every linear layer not ignored).
 * ``nvfp4``: ModelOpt ``quant_algo`` ``NVFP4`` (vLLM ``modelopt_fp4``; 16 FP4 values share one FP8 scale, plus
   a per-tensor fp32 scale), compressed-tensors 4-bit float weights in groups of 16.
 * ``unknown``: any other method (AWQ, GPTQ, bitsandbytes, a ModelOpt algorithm other than the above, ...).
   The checkpoint's precision cannot be told from its config alone; ``CheckpointPrecision.note`` says so and
-  it is sized as ``bf16`` (its weights are smaller than that, so the sizing is conservative).
+  it is sized as ``bf16`` (its weights are smaller than that, so the sizing is conservative) and costed at the
+  bf16 GEMM rate whatever the deployment precision (vLLM runs AWQ / GPTQ weight-only, Marlin W4A16).
+
+Modules a checkpoint keeps in 16 bits (``CheckpointPrecision.unquantized``), by the key vLLM 0.28 reads for
+each method: ``fp8`` ``ignored_layers`` (else ``modules_to_not_convert``), ``fbgemm_fp8`` and ``mxfp4``
+``modules_to_not_convert``, compressed-tensors ``ignore``, ModelOpt ``exclude_modules`` (``ignore`` /
+``ignored_layers`` as fallbacks). Entries are full module paths (``model.layers.0.self_attn.k_proj``),
+compressed-tensors regexes (``re:...``, matched from the start of the name) or ModelOpt wildcards (``*``);
+``module_unquantized`` matches a name against them.
+
+Block-wise FP8 (``fp8`` with ``weight_block_size``, compressed-tensors ``block`` strategy with
+``block_structure``) records its ``[block_n, block_k]`` in ``CheckpointPrecision.block_size``: vLLM refuses
+tensor-parallel shards that split a block (``runtime.models.spec.ModelSpec.block_quant_problem``).
 
 The KV cache is ``fp8`` when the checkpoint carries calibrated FP8 KV scales (ModelOpt ``kv_cache_quant_algo``
 ``FP8``, compressed-tensors ``kv_cache_scheme`` of 8-bit floats); vLLM uses them with ``--kv-cache-dtype fp8``.
@@ -26,6 +38,8 @@ The KV cache is ``fp8`` when the checkpoint carries calibrated FP8 KV scales (Mo
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +68,10 @@ class CheckpointPrecision:
     kv_cache: str = ""
     method: str = ""
     note: str = ""
+    # block-wise FP8: (block_n, block_k) of the weight blocks; () otherwise
+    block_size: tuple[int, ...] = ()
+    # the modules the config keeps unquantised (names, ``re:`` regexes or ``*`` wildcards), as listed
+    unquantized: tuple[str, ...] = ()
 
     @property
     def quantized(self) -> bool:
@@ -94,12 +112,16 @@ def detect_precision(quant: Any, name: str = "") -> CheckpointPrecision:
     m = method.lower()
     who = f"{name}: " if name else ""
     if m == "fp8":
-        block = quant.get("weight_block_size")
-        return CheckpointPrecision("fp8-block" if block else "fp8", method=method)
+        block = _block(quant.get("weight_block_size"))
+        skip = _names(quant.get("ignored_layers")) or _names(quant.get("modules_to_not_convert"))
+        return CheckpointPrecision("fp8-block" if quant.get("weight_block_size") else "fp8", method=method,
+                                   block_size=block,
+                                   unquantized=skip)
     if m == "fbgemm_fp8":
-        return CheckpointPrecision("fp8", method=method)
+        return CheckpointPrecision("fp8", method=method, unquantized=_names(quant.get("modules_to_not_convert")))
     if m == "mxfp4":
-        return CheckpointPrecision("mxfp4", method=method)
+        return CheckpointPrecision("mxfp4", method=method,
+                                   unquantized=_names(quant.get("modules_to_not_convert")))
     if m in ("modelopt", "modelopt_fp4"):
         algo = str(quant.get("quant_algo") or ("NVFP4" if m == "modelopt_fp4" else "")).upper()
         kv = "fp8" if str(quant.get("kv_cache_quant_algo") or "").upper() == "FP8" else ""
@@ -108,7 +130,9 @@ def detect_precision(quant: Any, name: str = "") -> CheckpointPrecision:
             return CheckpointPrecision("unknown", kv, method, note=(
                 f"{who}ModelOpt quant_algo {algo or '(none)'!r} is not a format pdserve models "
                 f"({', '.join(_MODELOPT_ALGOS)}); sized as bf16, which overstates its weights"))
-        return CheckpointPrecision(fmt, kv, method)
+        skip = (_names(quant.get("exclude_modules")) or _names(quant.get("ignore"))
+                or _names(quant.get("ignored_layers")))
+        return CheckpointPrecision(fmt, kv, method, unquantized=skip)
     if m == "compressed-tensors":
         return _compressed_tensors(quant, method, who)
     return CheckpointPrecision("unknown", method=method, note=(
@@ -124,6 +148,7 @@ def _compressed_tensors(quant: dict, method: str, who: str) -> CheckpointPrecisi
         kv_scheme.get("type") == "float" else ""
     groups = quant.get("config_groups")
     found = set()
+    blocks = set()
     for g in (groups.values() if isinstance(groups, dict) else ()):
         w = g.get("weights") if isinstance(g, dict) else None
         if not isinstance(w, dict):
@@ -131,13 +156,56 @@ def _compressed_tensors(quant: dict, method: str, who: str) -> CheckpointPrecisi
         bits, kind, strategy, size = w.get("num_bits"), w.get("type"), w.get("strategy"), w.get("group_size")
         if kind == "float" and bits == 8:
             found.add("fp8-block" if strategy == "block" else "fp8")
+            if strategy == "block":
+                blocks.add(_block(w.get("block_structure")))
         elif kind == "float" and bits == 4 and size in (16, 32):
             found.add("nvfp4" if size == 16 else "mxfp4")
         else:
             found.add(f"{kind}{bits} {strategy}")
     if len(found) == 1 and next(iter(found)) in BYTES_PER_PARAM:
-        return CheckpointPrecision(next(iter(found)), kv, method)
+        block = next(iter(blocks)) if len(blocks) == 1 else ()
+        return CheckpointPrecision(next(iter(found)), kv, method, block_size=block,
+                                   unquantized=_names(quant.get("ignore")))
     what = ", ".join(sorted(found)) or "no weights scheme"
     return CheckpointPrecision("unknown", kv, method, note=(
         f"{who}compressed-tensors config_groups hold {what}: not one format pdserve models (fp8, fp8 block, "
         "fp4 in groups of 16 or 32); sized as bf16, which overstates its weights"))
+
+
+def _block(v: Any) -> tuple[int, ...]:
+    """``weight_block_size`` / ``block_structure`` as ``(block_n, block_k)``; () when absent or not two
+    positive whole numbers."""
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v):
+        return (int(v[0]), int(v[1]))
+    return ()
+
+
+def _names(v: Any) -> tuple[str, ...]:
+    """A list of module names / patterns as a tuple of strings; () when absent, null or not a list."""
+    if isinstance(v, str):
+        return (v,)
+    if not isinstance(v, (list, tuple)):
+        return ()
+    return tuple(x for x in v if isinstance(x, str) and x)
+
+
+def module_unquantized(name: str, patterns: tuple[str, ...]) -> bool:
+    """True when module ``name`` (a full path, ``model.layers.0.self_attn.k_proj``) is one a checkpoint's
+    ``patterns`` (``CheckpointPrecision.unquantized``) keep in 16 bits: an entry equal to the name or to one of
+    its parent modules (``model.layers.0.mlp`` covers its projections), a compressed-tensors ``re:`` regex
+    matching from the start of the name (vLLM ``_is_equal_or_regex_match``: ``re.match``), or a ModelOpt /
+    gpt-oss wildcard (``model.layers.*.self_attn``, ``fnmatch``), which also covers children."""
+    for p in patterns:
+        if p.startswith("re:"):
+            try:
+                if re.match(p[3:], name):
+                    return True
+            except re.error:
+                continue
+        elif "*" in p or "?" in p:
+            if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*"):
+                return True
+        elif name == p or name.startswith(p + "."):
+            return True
+    return False

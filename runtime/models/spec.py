@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.models.quant import CheckpointPrecision, detect_precision
+from runtime.models.quant import CheckpointPrecision, detect_precision, module_unquantized
 
 # Config keys of architectures whose layers this module cannot count (state-space / hybrid / linear
 # attention). Seeing one is an error naming it rather than a silently wrong parameter count.
@@ -110,6 +110,7 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0
     num_moe_layers: int = 0
     moe_bias: bool = False
+    moe_layer_ids: tuple[int, ...] = ()  # indices of the MoE layers (the others have a dense FFN)
     # MLA
     is_mla: bool = False
     q_lora_rank: int = 0
@@ -128,6 +129,10 @@ class ModelSpec:
     weight_format: str = "bf16"
     kv_cache_format: str = ""
     precision_note: str = ""
+    # block-wise FP8 checkpoints: (block_n, block_k) of the weight blocks, () otherwise; the modules the
+    # quantization config keeps in 16 bits, as it lists them (names, ``re:`` regexes, ``*`` wildcards)
+    weight_block_size: tuple[int, ...] = ()
+    unquantized_modules: tuple[str, ...] = ()
     max_position_embeddings: int = 0  # longest context the model was trained for, tokens; 0 if not given
     # longest context vLLM serves from this config (RoPE scaling applied, see `derived_max_model_len`); 0 if
     # the config gives no max_position_embeddings
@@ -234,20 +239,21 @@ class ModelSpec:
             if model_type.startswith("llama4"):
                 step = int(c.get("interleave_moe_layer_step") or 1)
                 num_moe = layers // step
+                moe_ids = [i for i in range(layers) if (i + 1) % step == 0]
                 dense_inter = int(c.get("intermediate_size_mlp") or inter)
                 shared, shared_inter = 1, inter  # Llama4TextMoe: one shared expert of intermediate_size
             elif "n_routed_experts" in c:  # DeepSeek
                 first_dense = int(c.get("first_k_dense_replace") or 0)
                 freq = int(c.get("moe_layer_freq") or 1)
-                num_moe = sum(1 for i in range(first_dense, layers) if i % freq == 0)
+                moe_ids = [i for i in range(first_dense, layers) if i % freq == 0]
+                num_moe = len(moe_ids)
                 shared = int(c.get("n_shared_experts") or 0)
                 shared_inter = moe_inter
             else:
                 sparse_step = int(c.get("decoder_sparse_step") or 1)
                 dense_only = set(_int_list(c, "mlp_only_layers", name))
-                num_moe = sum(
-                    1 for i in range(layers) if i not in dense_only and (i + 1) % sparse_step == 0
-                )
+                moe_ids = [i for i in range(layers) if i not in dense_only and (i + 1) % sparse_step == 0]
+                num_moe = len(moe_ids)
                 shared_inter = int(c.get("shared_expert_intermediate_size") or 0)
                 shared = 1 if shared_inter else 0
             kw.update(
@@ -257,6 +263,7 @@ class ModelSpec:
                 num_shared_experts=shared,
                 shared_expert_intermediate_size=shared_inter,
                 num_moe_layers=num_moe,
+                moe_layer_ids=tuple(moe_ids),
                 moe_bias=model_type == "gpt_oss",
             )
             inter = dense_inter
@@ -314,7 +321,8 @@ class ModelSpec:
     @property
     def checkpoint_precision(self) -> CheckpointPrecision:
         """What the checkpoint stores (``runtime.models.quant``): weight format, KV scales, note."""
-        return CheckpointPrecision(self.weight_format, self.kv_cache_format, self.quant_method, self.precision_note)
+        return CheckpointPrecision(self.weight_format, self.kv_cache_format, self.quant_method, self.precision_note,
+                                   self.weight_block_size, self.unquantized_modules)
 
     # ------------------------------------------------------------------ parameter counts
     @property
@@ -442,6 +450,142 @@ class ModelSpec:
             return float(self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype_bytes)
         return float(2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * kv_dtype_bytes)
 
+    # ------------------------------------------------------------------ module names and quantisation
+    def _moe_prefix(self) -> str:
+        """The checkpoint's name of a layer's FFN block (``model.layers.{i}.<this>``)."""
+        if self.model_type.startswith("llama4"):
+            return "feed_forward"
+        return "block_sparse_moe" if self.model_type == "mixtral" else "mlp"
+
+    def _is_moe_layer(self, i: int) -> bool:
+        return bool(self.num_experts) and (i in self.moe_layer_ids if self.moe_layer_ids
+                                           else i >= self.num_layers - self.num_moe_layers)
+
+    def linear_modules(self) -> list[tuple[str, int]]:
+        """(checkpoint module name, parameters) of every linear layer outside the routed experts, the embedding
+        and the LM head, as the Hugging Face checkpoints name them (``model.layers.{i}.self_attn.q_proj``, ...;
+        MLA: ``q_a_proj`` / ``q_b_proj`` or ``q_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``, ``o_proj``; a
+        dense FFN's ``gate_proj`` / ``up_proj`` / ``down_proj``; an MoE layer's router ``gate`` (gpt-oss and
+        Llama 4: ``router``) and shared experts). Biases are counted with their layer; norms are not linear."""
+        h, out = self.hidden_size, []
+        b = 1 if self.attention_bias else 0
+        ffn = self._moe_prefix()
+        for i in range(self.num_layers):
+            a = f"model.layers.{i}.self_attn"
+            if self.is_mla:
+                n, qk = self.num_attention_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+                if self.q_lora_rank:
+                    out += [(f"{a}.q_a_proj", h * self.q_lora_rank), (f"{a}.q_b_proj", self.q_lora_rank * n * qk)]
+                else:
+                    out.append((f"{a}.q_proj", h * n * qk))
+                out += [(f"{a}.kv_a_proj_with_mqa", h * (self.kv_lora_rank + self.qk_rope_head_dim)),
+                        (f"{a}.kv_b_proj", self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)),
+                        (f"{a}.o_proj", n * self.v_head_dim * h)]
+            else:
+                q, kv = self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
+                out += [(f"{a}.q_proj", (h + b) * q), (f"{a}.k_proj", (h + b) * kv), (f"{a}.v_proj", (h + b) * kv),
+                        (f"{a}.o_proj", q * h + b * h)]
+            f = f"model.layers.{i}.{ffn}"
+            if not self._is_moe_layer(i):
+                w = self.intermediate_size
+                out += [(f"{f}.gate_proj", h * w), (f"{f}.up_proj", h * w), (f"{f}.down_proj", w * h)]
+                continue
+            router = "router" if self.model_type == "gpt_oss" or self.model_type.startswith("llama4") else "gate"
+            out.append((f"{f}.{router}", h * self.num_experts))
+            if self.num_shared_experts and self.shared_expert_intermediate_size:
+                w = self.num_shared_experts * self.shared_expert_intermediate_size
+                s = f"{f}.shared_experts" if self.model_type.startswith("deepseek") else f"{f}.shared_expert"
+                out += [(f"{s}.gate_proj", h * w), (f"{s}.up_proj", h * w), (f"{s}.down_proj", w * h)]
+        return out
+
+    @property
+    def unquantized_linear_params(self) -> int:
+        """Parameters of the linear layers of :meth:`linear_modules` that the quantization config keeps in 16
+        bits (``unquantized_modules``; e.g. Llama-3.1-405B-FP8 keeps every attention projection and the first
+        and last layers' MLPs in bf16). The routed experts, embedding and LM head are not counted here."""
+        if not self.unquantized_modules:
+            return 0
+        if "u" not in self._counts:
+            self._counts["u"] = sum(n for name, n in self.linear_modules()
+                                    if module_unquantized(name, self.unquantized_modules))
+        return self._counts["u"]
+
+    def block_quant_problem(self, tp: int, expert_parallel: bool = False) -> str:
+        """Why vLLM 0.28 refuses to load this block-quantised checkpoint (``weight_block_size``
+        ``[block_n, block_k]``) with attention / dense tensor parallelism ``tp``, "" when it loads it.
+
+        What vLLM checks, and only that (``quantization/utils/fp8_utils.py`` ``validate_fp8_block_shape`` for
+        linear layers, ``Fp8MoEMethod`` / ``CompressedTensorsW8A8Fp8MoEMethod.create_weights`` for the experts):
+
+        * routed experts: the expert width per rank, ``moe_intermediate_size / tp`` (the whole width with
+          expert parallelism: vLLM's ``FusedMoEParallelConfig`` gives each EP rank whole experts, MoE TP 1), is a
+          multiple of ``block_n``, and, when ``tp > 1``, of ``block_k``;
+        * with ``tp > 1``: every row-parallel layer's input share (attention ``o_proj``: heads x head_dim / tp;
+          ``down_proj`` of dense FFNs and shared experts: width / tp) is a multiple of ``block_k``, and every
+          column-parallel layer's output share a multiple of ``block_n``; ``fp8`` checkpoints skip that check
+          for merged layers (QKV, gate/up: ``MergedColumnParallelLinear._maybe_allow_fp8_block_shape_mismatch``),
+          compressed-tensors ones do not (their config has no ``weight_block_size`` attribute).
+
+        Layers the config keeps unquantised (``unquantized_modules``) are not checked. Attention-DP workers
+        (TP 1 per rank) check the experts only.
+        """
+        _check_tp(tp)
+        if len(self.weight_block_size) != 2:
+            return ""
+        bn, bk = self.weight_block_size
+        merged = self.quant_method.lower() == "compressed-tensors"  # no fp8 mismatch allowance for merged layers
+        checks: list[tuple[str, str, int, str]] = []  # (module name, what, size, "n"/"k")
+        moe = [i for i in range(self.num_layers) if self._is_moe_layer(i)]
+        dense = [i for i in range(self.num_layers) if not self._is_moe_layer(i)]
+        ffn = self._moe_prefix()
+        if moe:
+            w = self.moe_intermediate_size if expert_parallel else self.moe_intermediate_size // tp
+            how = (f"moe_intermediate_size {self.moe_intermediate_size}" if expert_parallel
+                   else f"moe_intermediate_size {self.moe_intermediate_size} / TP {tp}")
+            name = f"model.layers.{moe[0]}.{ffn}.experts"
+            checks.append((name, f"expert width per rank {w} ({how})", w, "n"))
+            if tp > 1:
+                checks.append((name, f"expert down_proj input per rank {w} ({how})", w, "k"))
+        if tp > 1:
+            a = "model.layers.0.self_attn"
+            n = self.num_attention_heads
+            if self.is_mla:
+                qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+                q = "q_b_proj" if self.q_lora_rank else "q_proj"
+                checks += [(f"{a}.{q}", f"{q} output per rank {n * qk // tp}", n * qk // tp, "n"),
+                           (f"{a}.kv_b_proj", f"kv_b_proj output per rank "
+                            f"{n * (self.qk_nope_head_dim + self.v_head_dim) // tp}",
+                            n * (self.qk_nope_head_dim + self.v_head_dim) // tp, "n"),
+                           (f"{a}.o_proj", f"o_proj input per rank {n * self.v_head_dim // tp}",
+                            n * self.v_head_dim // tp, "k")]
+            else:
+                q = n * self.head_dim // tp
+                checks.append((f"{a}.o_proj", f"o_proj input per rank {q} ({n} heads x {self.head_dim} / TP {tp})",
+                               q, "k"))
+                if merged:
+                    kv = self.kv_heads_per_rank(tp) * self.head_dim
+                    checks += [(f"{a}.q_proj", f"q_proj output per rank {q}", q, "n"),
+                               (f"{a}.k_proj", f"k_proj / v_proj output per rank {kv}", kv, "n")]
+            mlps = []
+            if dense:
+                mlps.append((f"model.layers.{dense[0]}.{ffn}", "", self.intermediate_size))
+            if moe and self.num_shared_experts and self.shared_expert_intermediate_size:
+                s = "shared_experts" if self.model_type.startswith("deepseek") else "shared_expert"
+                mlps.append((f"model.layers.{moe[0]}.{ffn}.{s}", "shared expert ",
+                             self.num_shared_experts * self.shared_expert_intermediate_size))
+            for prefix, what, width in mlps:
+                w = width // tp
+                checks.append((f"{prefix}.down_proj", f"{what}down_proj input per rank {w} ({width} / TP {tp})",
+                               w, "k"))
+                if merged:
+                    checks.append((f"{prefix}.gate_proj", f"{what}gate_proj / up_proj output per rank {w}", w, "n"))
+        for name, what, size, dim in checks:
+            block = bn if dim == "n" else bk
+            if size % block and not module_unquantized(name, self.unquantized_modules):
+                return (f"{what} is not a multiple of the {self.weight_format} weight block_{dim} {block} "
+                        f"(weight_block_size [{bn}, {bk}]): vLLM refuses to load it")
+        return ""
+
     def tp_divides_heads(self, tp: int) -> bool:
         """True when vLLM can shard the attention over ``tp`` ranks: ``tp`` divides the attention heads,
         and either divides the KV heads or is a multiple of them (then each KV head is replicated on
@@ -551,7 +695,8 @@ def _precision_fields(quant: Any, name: str) -> dict[str, str]:
     """``weight_format`` / ``kv_cache_format`` / ``precision_note`` of ``quantization_config`` (already checked
     to be an object by ``_quant_method``)."""
     p = detect_precision(quant, name)
-    return {"weight_format": p.weights, "kv_cache_format": p.kv_cache, "precision_note": p.note}
+    return {"weight_format": p.weights, "kv_cache_format": p.kv_cache, "precision_note": p.note,
+            "weight_block_size": p.block_size, "unquantized_modules": p.unquantized}
 
 
 def _needs_dense_ffn(c: dict[str, Any], num_experts: int) -> bool:

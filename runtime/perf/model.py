@@ -4,7 +4,9 @@ Formulas (per TP worker of ``tp`` GPUs, weights and KV sharded Megatron-style):
 
 * weights per rank = ``num_params * weight_bytes / tp`` (weight_bytes: fp32 4, bf16/fp16 2, fp8 1, fp4 0.5625 =
   4 bits + one fp8 scale per 16 values, NVFP4; MXFP4 0.53125), except that 8/4-bit checkpoints keep the
-  embedding and LM head (MXFP4: everything but the experts) in 16 bits, and NVFP4 checkpoints of MLA models
+  embedding, the LM head and the modules their quantization config does not convert
+  (``ModelSpec.unquantized_linear_params``; gpt-oss MXFP4: everything but the experts) in 16 bits, and NVFP4
+  checkpoints of MLA models
   keep the attention projections in FP8 (bytes and GEMM rate; nvidia/DeepSeek-R1-NVFP4-v2 model card); a
   forward pass streams every weight but the untied input embedding (a row lookup).
 * linear FLOPs = ``2 * active matmul params * tokens`` (Kaplan et al. 2020, "Scaling laws", C_forward = 2N);
@@ -81,6 +83,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from runtime.models.quant import module_unquantized
 from runtime.models.spec import ModelSpec
 from runtime.perf.calibration import Efficiency, efficiency_for
 from runtime.perf.collectives import nccl_allreduce_s, nccl_latencies
@@ -289,16 +292,21 @@ class PerfModel:
             self._non_expert_params = m.num_params
         # Which weights are stored at the quantised width: 8/4-bit checkpoints keep the embedding table and
         # the LM head in 16 bits (TensorRT Model Optimizer / TensorRT-LLM exclude ``lm_head`` by default;
-        # embedding lookups are never quantised in vLLM); MXFP4 checkpoints (gpt-oss) quantise only the
-        # expert weights (their config.json ``modules_to_not_convert``: attention, router, embed, lm_head).
+        # embedding lookups are never quantised in vLLM) and the modules their quantization config lists as
+        # not converted (``ModelSpec.unquantized_linear_params``: fp8 ``ignored_layers`` /
+        # ``modules_to_not_convert``, compressed-tensors ``ignore``, ModelOpt ``exclude_modules``; e.g.
+        # Llama-3.1-405B-FP8's attention projections). ``quant_method`` ``mxfp4`` (gpt-oss) quantises only the
+        # experts (vLLM's Mxfp4Config quantises FusedMoE layers only); a compressed-tensors MXFP4 checkpoint
+        # quantises every linear layer its config does not ignore, as NVFP4 ones do.
         embed = m.vocab_size * m.hidden_size
         lm_head = 0 if m.tie_word_embeddings else embed
         self._wide_dtype_bytes = 2.0 if p in ("fp8", "fp4") else self.weight_dtype_bytes
         if p == "fp4" and m.weight_format == "mxfp4":
             self.weight_dtype_bytes = MXFP4_BYTES
+        if p == "fp4" and m.weight_format == "mxfp4" and m.quant_method.lower() == "mxfp4":
             wide_non_expert = self._non_expert_params
         elif p in ("fp8", "fp4"):
-            wide_non_expert = embed + lm_head
+            wide_non_expert = embed + lm_head + m.unquantized_linear_params
         else:
             wide_non_expert = 0
         narrow_non_expert = self._non_expert_params - wide_non_expert
@@ -309,6 +317,9 @@ class PerfModel:
         # DeepSeek's own checkpoint): their bytes and GEMMs are costed at the fp8 width and rate.
         fp8_attn = (m.num_layers * m.attention_params_per_layer
                     if p == "fp4" and m.is_mla and m.weight_format != "mxfp4" else 0)
+        if fp8_attn and m.unquantized_linear_params:  # attention kept in 16 bits is not FP8 (counted as wide)
+            fp8_attn -= sum(n for name, n in m.linear_modules()
+                            if ".self_attn." in name and module_unquantized(name, m.unquantized_modules))
         self._fp8_attention_params = fp8_attn
         attn_extra_bytes = fp8_attn * (WEIGHT_BYTES["fp8"] - self.weight_dtype_bytes)
         self._resident_bytes = (

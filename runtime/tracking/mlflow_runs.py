@@ -4,12 +4,15 @@ Layout in MLflow (any tracking URI; tested with the sqlite backend ``sqlite:///.
 
 * experiment ``experiment`` (created with an explicit artifact location so nothing lands in ``./mlruns``);
 * one parent run per tuning (params: model, gpu, precision, SLO, workload, gpu_budget and planner_mode of the
-  spec, ``inherited_from`` when ``tune --like`` took its defaults from a champion; metrics: the winner's, and
-  ``champion_*`` / ``challenger_*`` when it was compared with the registered champion);
+  spec, ``inherited_from`` when ``tune --like`` took its defaults from a champion; metrics: the winner's
+  (``best_*``, among them ``best_decode_worker_kv_capacity_tokens``, a whole decode worker over all its DP
+  ranks, and ``best_engine_kv_capacity_tokens``, one engine: the smaller of one prefill and one decode DP rank,
+  the DeploymentSpec's ``engine.kv_capacity_tokens``), and ``champion_*`` / ``challenger_*`` when it was
+  compared with the registered champion);
 * one nested child run per candidate (tag ``mlflow.parentRunId``): params model/gpu/precision/prefill_tp/
   decode_tp (tensor-parallel degrees)/slo_*, and after a wider search prefill_layout/decode_layout and
   prefill_worker_gpus/decode_worker_gpus (tp x dp x pp); metrics predicted_ttft_ms, predicted_itl_ms,
-  goodput_per_gpu, usd_per_mtok, ...;
+  goodput_per_gpu, usd_per_mtok, decode_worker_kv_capacity_tokens, prefill_worker_kv_capacity_tokens, ...;
 * parent artifacts: ``pareto.png``, ``pareto.html``, ``candidates.md``, ``profiles/*.json``,
   ``deployment/deployment_spec.json`` (the winner's DeploymentSpec);
 * registered model ``registered_model``: a new version whose source is the parent run's ``deployment``
@@ -251,7 +254,10 @@ def _candidate_metrics(c: Candidate) -> dict[str, float]:
         "prefill_replicas": float(c.prefill_replicas),
         "decode_replicas": float(c.decode_replicas),
         "num_gpus": float(c.num_gpus),
-        "kv_capacity_tokens": float(c.kv_capacity_tokens),
+        # a whole decode / prefill worker, all its DP ranks (DeploymentSpec engine.kv_capacity_tokens is one
+        # engine: the parent run's best_engine_kv_capacity_tokens)
+        "decode_worker_kv_capacity_tokens": float(c.kv_capacity_tokens),
+        "prefill_worker_kv_capacity_tokens": float(c.prefill_kv_capacity_tokens),
         "feasible": 1.0 if c.feasible else 0.0,
     }
     return {k: float(v) for k, v in m.items() if math.isfinite(v)}
@@ -403,7 +409,8 @@ def _log_tuning(result: TuneResult, *, tracking_uri: str, experiment: str, regis
         metrics = {f"best_{k}": v for k, v in _candidate_metrics(b).items()}
         metrics.update(best_prefill_tp=float(b.prefill.tp), best_decode_tp=float(b.decode.tp),
                        best_prefill_worker_gpus=float(b.prefill.gpus), best_decode_worker_gpus=float(b.decode.gpus),
-                       num_feasible=float(sum(c.feasible for c in result.candidates)))
+                       num_feasible=float(sum(c.feasible for c in result.candidates)),
+                       best_engine_kv_capacity_tokens=float(result.engine_kv_capacity_tokens))
         tags = {"pdserve.kind": "tuning", "pdserve.winner": b.label}
         if comparison is not None:
             cp, cm, ct = _comparison_log(comparison, compared_version)

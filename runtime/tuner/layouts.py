@@ -32,7 +32,12 @@ named with its rule:
 5. expert parallelism needs the experts to divide evenly over the EP group (``num_experts % gpus == 0``);
 6. data-parallel attention is searched with expert parallelism only (without it a DP group is just replicas);
 7. tensor parallelism never crosses nodes (every layer's all-reduce would run over the network); a worker
-   spans nodes through pipeline stages or wide EP only.
+   spans nodes through pipeline stages or wide EP only;
+8. block-quantised checkpoints (FP8 ``weight_block_size`` ``[block_n, block_k]``) keep whole blocks on each
+   rank: the expert width per rank (``moe_intermediate_size / TP``, whole with EP) is a multiple of
+   ``block_n`` (and of ``block_k`` when TP > 1), and with TP > 1 each row-parallel layer's input share
+   (``o_proj``, ``down_proj``) a multiple of ``block_k``; vLLM refuses to load other shards
+   (``ModelSpec.block_quant_problem``; Qwen3-235B-A22B-FP8: 1536 / 8 = 192, so no TP 8 without EP).
 
 Pure: no I/O.
 """
@@ -98,11 +103,14 @@ def layouts(model: ModelSpec, tps: tuple[int, ...], parallelism: str, gpus_per_n
 
 
 def layout_problem(model: ModelSpec, layout: Layout, gpus_per_node: int) -> str:
-    """Why ``model`` cannot run in ``layout`` (rules 1, 4-7 of the module docstring), "" when it can."""
+    """Why ``model`` cannot run in ``layout`` (rules 1, 4-8 of the module docstring), "" when it can."""
     if not model.tp_divides_heads(layout.tp):
         return f"TP {layout.tp} does not divide {model.num_attention_heads} attention / {model.num_kv_heads} KV heads"
     if layout.tp > gpus_per_node:
         return f"TP {layout.tp} > {gpus_per_node} GPUs per node (tensor parallelism stays in a node)"
+    block = model.block_quant_problem(layout.tp, expert_parallel=layout.ep and bool(model.num_experts))
+    if block:
+        return f"TP {layout.tp}: {block}"
     if layout.ep and model.num_experts % layout.stage_gpus:
         return f"EP {layout.stage_gpus} does not divide {model.num_experts} experts"
     if layout.dp > 1 and not (layout.ep and model.num_experts):

@@ -2,7 +2,8 @@
 
 For every pair (prefill TP ``p``, decode TP ``d``) in ``tps x tps``:
 
-1. Rules: ``p`` and ``d`` divide the attention and KV heads (``ModelSpec.tp_divides_heads``); weights +
+1. Rules: ``p`` and ``d`` divide the attention and KV heads (``ModelSpec.tp_divides_heads``); a block-FP8
+   checkpoint's shards hold whole blocks (``ModelSpec.block_quant_problem``, vLLM refuses others); weights +
    activations fit (``PerfModel.fits``) and one (p90-length) request's KV fits one engine of each pool, prefill
    included (a DP rank of a data-parallel worker is one engine); ``p <= d`` unless the model uses MLA (vLLM
    NixlConnector refuses prefill TP > decode TP for non-MLA models).
@@ -205,7 +206,7 @@ class TuneResult:
             gpu=self.gpu.name,
             precision=self.precision,
             engine=EngineSpec(max_model_len_tokens=self.max_model_len_tokens(max_model_len_tokens),
-                              kv_capacity_tokens=min(self._engine_kv_caps(), default=0)),
+                              kv_capacity_tokens=self.engine_kv_capacity_tokens),
             slo=self.slo.model_copy(),
             workload=self.workload.model_copy(),
             prefill=pool("prefill", b.prefill, b.prefill_replicas, peak_p),
@@ -251,6 +252,13 @@ class TuneResult:
             raise ValueError(f"max_model_len {override} > the KV capacity of one worker ({min(caps)} tokens at "
                              f"{at}): vLLM refuses to start; use a larger TP or a shorter limit")
         return override
+
+    @property
+    def engine_kv_capacity_tokens(self) -> int:
+        """KV capacity of ONE engine of the winner, tokens: the smaller of one prefill and one decode engine (a
+        DP rank of a data-parallel worker); 0 when unknown. What ``DeploymentSpec.engine.kv_capacity_tokens``
+        records, unlike ``Candidate.kv_capacity_tokens`` (a whole decode worker, all its DP ranks)."""
+        return min(self._engine_kv_caps(), default=0)
 
     def _engine_kv_caps(self) -> list[int]:
         """The KV capacity (tokens) of one decode and of one prefill engine of the winner, where known (one DP
@@ -323,6 +331,9 @@ def evaluate(
                                      f"{m.num_kv_heads} KV heads")
         if tp > perf.gpu.num_gpus_per_node:
             return replace(c, reason=f"TP {tp} > {perf.gpu.num_gpus_per_node} GPUs per node")
+        block = m.block_quant_problem(tp, expert_parallel=getattr(perf, "expert_parallel", False))
+        if block:
+            return replace(c, reason=f"TP {tp}: {block}")
         if not perf.fits(tp, gpu_memory_utilization):
             return replace(c, reason=f"weights do not fit at TP {tp}")
     if prefill_tp > decode_tp and not m.is_mla:
@@ -530,13 +541,20 @@ def perf_precisions(model: ModelSpec, precision: str) -> tuple[str, str | None]:
     The deployment precision (``DeploymentSpec.precision``) sets the KV-cache dtype and, for a 16-bit
     checkpoint, online FP8 quantisation (runtime.deploy.workers.precision_args); a quantised checkpoint
     (``ModelSpec.weight_format`` fp8 / fp8-block / mxfp4 / nvfp4) is loaded as it is stored, whatever the
-    deployment precision, so its weights are costed in their own format. KV None: the PerfModel default.
+    deployment precision, so its weights are costed in their own format. A checkpoint in a format pdserve does
+    not model (``unknown``: AWQ, GPTQ, ...) is loaded as stored too, and vLLM runs it weight-only at the bf16
+    tensor-core rate: its weights are costed as bf16 (``ModelSpec.precision_note``), its KV cache at the
+    deployment precision. KV None: the PerfModel default.
     """
     p = precision.lower()
     fmt = model.weight_format
-    if p == "fp32" or fmt in ("bf16", "unknown"):
+    if p == "fp32" or fmt == "bf16":
         return p, None
     kv = "fp8" if p in ("fp8", "fp4") else p
+    if fmt == "unknown":
+        # AWQ / GPTQ / other methods vLLM loads as stored and runs weight-only (Marlin W4A16: bf16 tensor-core
+        # rate); the deployment precision only sets --kv-cache-dtype. Sized as bf16 (the note says so).
+        return "bf16", (kv if kv != "bf16" else None)
     return PERF_PRECISION[fmt], kv
 
 
@@ -564,6 +582,9 @@ def _precision_notes(model: ModelSpec, g: GpuSpec, precision: str, weights: str,
                else f"weight-only ({fs.kernel}, {fs.compute_precision} GEMM rate)")
         notes.append(f"weights: {fmt} checkpoint ({model.quant_method}), costed at {weights} on {g.name}, {how}; "
                      f"KV cache {kv or weights}")
+    elif fmt == "unknown" and kv:
+        notes.append(f"weights: {model.quant_method or 'unknown'} checkpoint loaded as stored, costed as {weights} "
+                     f"(weight-only kernels run at the bf16 rate); KV cache {kv}")
     return notes
 
 
@@ -718,7 +739,8 @@ def tune(
 
     rated = [c for c in cands if c.reason.startswith("SLO miss")]
     if not rated:
-        allowed = [t for t in tps if model.tp_divides_heads(t) and t <= g.num_gpus_per_node]
+        allowed = [t for t in tps if model.tp_divides_heads(t) and t <= g.num_gpus_per_node
+                   and not model.block_quant_problem(t)]
         big = max(allowed, default=min(tps))  # the arithmetic of the largest TP the rules allow
         mb = pm.memory_breakdown(big, gpu_memory_utilization)
         need = workload.isl_tokens + workload.osl_tokens

@@ -49,3 +49,20 @@ def test_the_pipeline_steps_tp_outputs_are_tp_degrees(tuned):
     decision = TuneDecision("q", "1", None, "1", True, "first version of q")
     out = kfp_tune_outputs(TuneOutcome(r, spec, r.workload, "bf16", decision))
     assert (out.prefill_tp, out.decode_tp) == (spec.prefill.tp, spec.decode.tp) == (r.best.prefill.tp, 1)
+
+
+def test_kv_capacity_metrics_say_whether_they_are_a_worker_or_one_engine(tuned, tmp_path):
+    """The winner's decode worker holds all its DP ranks' KV; the spec's engine.kv_capacity_tokens is one engine
+    (the smaller of one prefill and one decode DP rank): each is recorded under its own name."""
+    from mlflow.tracking import MlflowClient
+
+    r, spec = tuned
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    reg = register_tuning(r, spec, tracking_uri=uri, registered_model="q")
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run_id = client.get_model_version("q", reg.decision.registered_version).run_id
+    metrics = client.get_run(run_id).data.metrics
+    assert "best_kv_capacity_tokens" not in metrics
+    assert metrics["best_decode_worker_kv_capacity_tokens"] == r.best.kv_capacity_tokens
+    assert metrics["best_engine_kv_capacity_tokens"] == spec.engine.kv_capacity_tokens == r.engine_kv_capacity_tokens
+    assert spec.engine.kv_capacity_tokens <= r.best.kv_capacity_tokens // 4  # DP4: one rank of four
