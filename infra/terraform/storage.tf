@@ -181,11 +181,16 @@ resource "aws_fsx_lustre_file_system" "models" {
   tags = { Name = "${var.cluster_name}-models" }
 }
 
-# /models on FSx mirrors s3://<model bucket>/models: staged weights become visible lazily on first read.
+# /s3 on FSx mirrors s3://<model bucket>/models (objects become visible there, their bytes load on first read),
+# so s3://<model bucket>/models/NAME/ is /fsx/s3/NAME in the pods. It stays out of /models, where `pdserve
+# stage` and the pipeline publish staged folders (/fsx/models/NAME, with their .pdserve-staged.json marker): an
+# auto-imported folder there would have no marker, and staging refuses to overwrite it. `pdserve stage
+# --fsx-file-system-id ... --fsx-path /s3/NAME s3://<model bucket>/models/NAME/ /fsx/models/NAME` uses this
+# association (FSx forbids overlapping ones: other buckets need a path outside /s3).
 resource "aws_fsx_data_repository_association" "models" {
   file_system_id                   = aws_fsx_lustre_file_system.models.id
   data_repository_path             = "s3://${aws_s3_bucket.this["models"].bucket}/models"
-  file_system_path                 = "/models"
+  file_system_path                 = "/s3"
   batch_import_meta_data_on_create = true
 
   s3 {

@@ -49,7 +49,13 @@ module "eks" {
     coredns                = {}
     kube-proxy             = {}
     eks-pod-identity-agent = { before_compute = true }
-    vpc-cni                = { before_compute = true }
+    # NetworkPolicy enforcement is off in the VPC CNI unless enabled: without it every NetworkPolicy of
+    # infra/k8s and of `pdserve promote` is accepted but not enforced (AWS EKS user guide,
+    # docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html).
+    vpc-cni = {
+      before_compute       = true
+      configuration_values = jsonencode({ enableNetworkPolicy = "true" })
+    }
     aws-fsx-csi-driver = {
       pod_identity_association = [{
         role_arn        = aws_iam_role.fsx_csi.arn
@@ -74,6 +80,28 @@ module "eks" {
       max_size       = 4
       desired_size   = 2
       labels         = { "pdserve.io/pool" = "system" }
+    }
+  }
+
+  # The GPU nodes Karpenter launches get this security group only (infra/k8s/karpenter/ec2nodeclass.yaml). EFA's
+  # OS-bypass traffic (NIXL over LIBFABRIC between p5 workers) needs a group that allows all traffic to and from
+  # itself, in and out (AWS EC2 user guide, docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html).
+  node_security_group_additional_rules = {
+    ingress_self_all_efa = {
+      description = "Node to node, all protocols (EFA)"
+      protocol    = "-1"
+      from_port   = 0
+      to_port     = 0
+      type        = "ingress"
+      self        = true
+    }
+    egress_self_all_efa = {
+      description = "Node to node, all protocols (EFA)"
+      protocol    = "-1"
+      from_port   = 0
+      to_port     = 0
+      type        = "egress"
+      self        = true
     }
   }
 

@@ -68,7 +68,7 @@ def test_invalid_nodepool_field_is_named(tree):
 
 def test_unpinned_remote_base_is_rejected(tree):
     f = tree / "infra/k8s/kubeflow-pipelines/kustomization.yaml"
-    f.write_text(f.read_text().replace("?ref=2.14.3", "", 1))
+    f.write_text(f.read_text().replace("?ref=2.17.3", "", 1))
     res = by_name(V.run_all(tree, checkov="skip", tools=False))
     assert res["kustomizations"].status == "FAIL" and "not pinned" in res["kustomizations"].detail
 
@@ -422,7 +422,7 @@ def test_a_namespaced_argo_controller_runs_the_batch_workflows():
     assert V.argo_controller_problems(_with_workflow_pods_identity(objs), workflows) == []
     (dep,) = [o for o in objs if o["kind"] == "Deployment"]
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    assert c["image"] == "quay.io/argoproj/workflow-controller:v3.6.7"  # the release KFP 2.14.3 deploys
+    assert c["image"] == "quay.io/argoproj/workflow-controller:v3.6.7"
     assert c["args"][c["args"].index("--managed-namespace") + 1] == "pdserve" and "--namespaced" in c["args"]
     assert {o["kind"] for o in objs} == {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "NetworkPolicy"}
     assert all(o["metadata"]["namespace"] == "pdserve" for o in objs)  # nothing cluster-scoped, no CRDs
