@@ -1630,9 +1630,6 @@ def version_pin_problems(root: Path) -> list[str]:
 
 KSERVE_DIR = "infra/k8s/kserve"
 KOURIER_INGRESS_CLASS = "kourier.ingress.networking.knative.dev"
-# Beyond the workers' startup probe budget, a first rollout waits for Karpenter to launch a GPU node and for the
-# worker and runtime images to be pulled onto it (minutes each on a fresh p5 node with a CUDA image).
-NODE_LAUNCH_AND_PULL_S = 1200
 KNATIVE_DEFAULT_PROGRESS_DEADLINE = "600s"  # config-deployment's default (knative.dev/docs/serving/configuration)
 _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
 
@@ -1660,9 +1657,9 @@ def serving_config_problems(root: Path) -> list[str]:
     """With Kourier installed (net-kourier's kourier.yaml among infra/k8s/kserve's resources), the kustomization
     patches Knative's config-network to ingress-class kourier.ingress.networking.knative.dev and KServe's
     inferenceservice-config `ingress` to disableIstioVirtualHost true (keeping ingressGateway, which KServe
-    requires); config-deployment's progress-deadline covers a first rollout: the workers' startup probe budget
-    (ClusterTarget.worker_startup_timeout_s) plus NODE_LAUNCH_AND_PULL_S."""
-    from runtime.deploy.target import ClusterTarget
+    requires); config-deployment's progress-deadline covers a first rollout (ClusterTarget.rollout_deadline_s:
+    the workers' startup probe budget plus NODE_LAUNCH_AND_PULL_S)."""
+    from runtime.deploy.target import NODE_LAUNCH_AND_PULL_S, ClusterTarget
 
     kdir = root / KSERVE_DIR
     doc = (_yaml_docs(kdir / "kustomization.yaml") or [{}])[0]
@@ -1692,7 +1689,7 @@ def serving_config_problems(root: Path) -> list[str]:
         elif not ingress.get("ingressGateway"):
             out.append(f"{where}: KServe inferenceservice-config `ingress` has no ingressGateway (KServe refuses "
                        "the ingress config)")
-    need = ClusterTarget().worker_startup_timeout_s + NODE_LAUNCH_AND_PULL_S
+    need = ClusterTarget().rollout_deadline_s
     raw = (data("config-deployment", "knative-serving") or {}).get("progress-deadline",
                                                                    KNATIVE_DEFAULT_PROGRESS_DEADLINE)
     have = go_duration_s(raw)

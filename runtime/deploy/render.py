@@ -221,6 +221,10 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
     """
     labels = workers.labels(name, "runtime", revision)
     predictor: dict[str, Any] = {
+        # the runtime is ready once a decode worker is: a revision's rollout takes a GPU node's launch and the
+        # workers' start, beyond Knative's default progress deadline of 600 s (which would fail the revision);
+        # KServe puts a component's annotations on its Knative revision template (Knative >= 1.4)
+        "annotations": {"serving.knative.dev/progress-deadline": f"{target.rollout_deadline_s}s"},
         "serviceAccountName": service_account,
         "minReplicas": target.runtime_min_replicas,
         "maxReplicas": target.runtime_max_replicas,

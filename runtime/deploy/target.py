@@ -21,6 +21,9 @@ DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 MAX_LABEL_CHARS = 63
 MAX_SUBDOMAIN_CHARS = 253
+#: Beyond the workers' startup probe budget, a first rollout waits for Karpenter to launch a GPU node and for the
+#: worker and runtime images to be pulled onto it (minutes each on a fresh p5 node with a CUDA image), seconds.
+NODE_LAUNCH_AND_PULL_S = 1200
 
 
 class ClusterTarget(BaseModel):
@@ -92,6 +95,12 @@ class ClusterTarget(BaseModel):
 
             check_upload_uri(v)
         return v
+
+    @property
+    def rollout_deadline_s(self) -> int:
+        """Seconds a new revision may take to become ready: the runtime is ready once a decode worker is, so
+        the workers' startup probe budget plus `NODE_LAUNCH_AND_PULL_S` (Knative's progress deadline)."""
+        return self.worker_startup_timeout_s + NODE_LAUNCH_AND_PULL_S
 
     @model_validator(mode="after")
     def _runtime_replicas(self) -> "ClusterTarget":

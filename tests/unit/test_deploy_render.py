@@ -654,3 +654,15 @@ def test_a_champion_tune_would_refuse_is_not_rendered():
         with pytest.raises(ManifestError, match="--hf-token carries a credential") as e:
             render(leaky)
         assert "SECRET" not in str(e.value)
+
+
+def test_a_revision_may_take_a_gpu_nodes_launch_and_the_workers_start_to_become_ready():
+    """The runtime reports ready once a decode worker does; Knative fails a revision not ready within its
+    progress deadline (default 600 s), shorter than a worker's startup budget."""
+    from runtime.deploy.render import find, render_all
+
+    target = ClusterTarget(worker_startup_timeout_s=2400)
+    objs = render_all(make_spec(), name=NAME, namespace="pdserve", image="x:1", pvc_name="fsx-claim", target=target)
+    annotations = find(objs, "InferenceService", NAME)["spec"]["predictor"]["annotations"]
+    deadline = annotations["serving.knative.dev/progress-deadline"]
+    assert deadline == f"{target.rollout_deadline_s}s" and target.rollout_deadline_s > 2400
