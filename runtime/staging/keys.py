@@ -35,6 +35,16 @@ included here but dropped by `prefer_safetensors` in folders where a safetensors
 
 LEGACY_WEIGHT_SUFFIXES = (".bin", ".pth", ".pt")
 LEGACY_INDEX_SUFFIX = ".bin.index.json"
+#: files that hold a checkpoint's weights in a format vLLM loads (`--load-format auto`: safetensors, else PyTorch)
+WEIGHT_SUFFIXES = (".safetensors", *LEGACY_WEIGHT_SUFFIXES)
+#: Meta's own checkpoint format beside the Hugging Face one in Meta's Hub repos (`original/consolidated.*.pth`,
+#: params.json): the same weights again, which vLLM does not load
+META_ORIGINAL_FOLDER = "original"
+
+
+def weight_files(rel_paths: Iterable[str]) -> list[str]:
+    """The paths among `rel_paths` that hold model weights (`WEIGHT_SUFFIXES`), sorted."""
+    return sorted(p for p in rel_paths if p.endswith(WEIGHT_SUFFIXES))
 
 
 class UnsafeKeyError(StagingError):
@@ -142,9 +152,10 @@ def select_paths(
         rel_paths: candidate paths relative to the model root.
         include: globs to keep (None → `DEFAULT_INCLUDE`; ["*"] keeps everything).
         exclude: globs to drop (applied after include).
-        prefer_safetensors: in each folder that holds a selected `.safetensors` file, drop the
-            `.bin`/`.pth`/`.pt` weights and `*.bin.index.json` (duplicate PyTorch checkpoints of the same
-            weights). PyTorch weights in other folders (a draft model, an adapter) are kept.
+        prefer_safetensors: in each folder that holds a selected `.safetensors` file, and in its subfolder
+            `original` (Meta's own format of the same weights), drop the `.bin`/`.pth`/`.pt` weights and
+            `*.bin.index.json` (duplicate PyTorch checkpoints of the same weights). PyTorch weights in other
+            folders (a draft model, an adapter) are kept.
 
     Returns:
         The selected paths, sorted.
@@ -157,11 +168,14 @@ def select_paths(
     ]
     if prefer_safetensors:
         with_st = {_folder(p) for p in chosen if p.endswith(".safetensors")}
-        chosen = [
-            p
-            for p in chosen
-            if not (_folder(p) in with_st and (p.endswith(LEGACY_WEIGHT_SUFFIXES) or p.endswith(LEGACY_INDEX_SUFFIX)))
-        ]
+
+        def duplicate(p: str) -> bool:
+            folder = _folder(p)
+            beside = folder in with_st or (PurePosixPath(folder).name == META_ORIGINAL_FOLDER
+                                           and _folder(folder) in with_st)
+            return beside and (p.endswith(LEGACY_WEIGHT_SUFFIXES) or p.endswith(LEGACY_INDEX_SUFFIX))
+
+        chosen = [p for p in chosen if not duplicate(p)]
     return sorted(chosen)
 
 

@@ -22,7 +22,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runtime.staging.keys import MAX_NAME_BYTES, UnsafeKeyError, check_paths, select_paths
+from runtime.staging.keys import (
+    MAX_NAME_BYTES,
+    WEIGHT_SUFFIXES,
+    UnsafeKeyError,
+    check_paths,
+    select_paths,
+    weight_files,
+)
 from runtime.staging.manifest import (
     MARKER_NAME,
     DestinationError,
@@ -149,6 +156,13 @@ def _select(objs: list[SourceObject], opts: StageOptions, uri: str) -> list[Sour
         rule = f"include {opts.include or 'default'}" + (f" minus exclude {opts.exclude}" if opts.exclude else "")
         raise StagingError(f"source {uri}: no file matches {rule} (found: {found})")
     check_paths([o.rel for o in out])
+    if opts.include is None and not weight_files(o.rel for o in out):
+        # the default selection is a servable model folder: without weights vLLM fails only when it starts,
+        # on GPU nodes, after tune and promote have accepted the folder
+        found = ", ".join(sorted(o.rel for o in objs)[:10])
+        raise StagingError(f"source {uri}: no weight file ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}) among "
+                           f"its files (found: {found}); vLLM loads safetensors or PyTorch checkpoints; pass "
+                           "--include to stage other files anyway")
     return out
 
 

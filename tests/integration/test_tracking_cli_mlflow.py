@@ -164,6 +164,7 @@ def test_tune_hides_the_password_of_an_unreachable_mlflow(tmp_path, monkeypatch)
     src = tmp_path / "src"
     src.mkdir()
     (src / "config.json").write_text(LLAMA_70B.read_text())
+    (src / "model.safetensors").write_bytes(b"\0" * 16)
     staged = stage(StageRequest(source_uri=str(src), fsx_root=str(tmp_path / "fsx"), model_name="llama70b")).path
     uri = f"http://alice:S3cretPW@127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(TrackingError) as ei:

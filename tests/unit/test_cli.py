@@ -114,9 +114,10 @@ def test_stage_prints_its_summary_once_and_leaves_concurrency_to_stage_options(t
     src.mkdir()
     (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (src / "tokenizer.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"\0" * 16)
     res = runner.invoke(app, ["stage", str(src), str(tmp_path / "out")], env={"COLUMNS": "300"})
     assert res.exit_code == 0, res.output
-    assert res.output.count("2 files") == 1, res.output
+    assert res.output.count("3 files") == 1, res.output
     assert (tmp_path / "out" / "config.json").read_text() == (src / "config.json").read_text()
     stage_cmd = typer.main.get_command(app).commands["stage"]
     (conc,) = [p for p in stage_cmd.params if p.name == "concurrency"]

@@ -177,6 +177,7 @@ def test_promote_refuses_a_max_model_len_beyond_the_staged_models_context(tmp_pa
     src = tmp_path / "src"
     src.mkdir()
     (src / "config.json").write_text(resolve_model_config(Path("llama-3.1-8b")).read_text())  # 131072 tokens
+    (src / "model.safetensors").write_bytes(b"\0" * 16)
     fsx = tmp_path / "fsx"
     assert runner.invoke(app, ["stage", str(src), str(fsx / "models" / "llama8")]).exit_code == 0
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

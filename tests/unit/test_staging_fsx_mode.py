@@ -132,6 +132,7 @@ def test_without_fsx_options_no_fsx_client_is_made(tmp_path: Path, monkeypatch: 
     src = tmp_path / "src"
     src.mkdir()
     (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"\0" * 16)
     assert main([str(src), str(tmp_path / "out"), "--no-fsync"]) == 0
 
 

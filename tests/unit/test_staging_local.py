@@ -14,6 +14,7 @@ import pytest
 from runtime.staging.manifest import MARKER_NAME, StagingError, verify_staged
 from runtime.staging.publish import StageLock, recover, sibling
 from runtime.staging.stage import Stager, StageOptions, stage_model
+from runtime.staging.keys import select_paths
 
 
 @pytest.fixture
@@ -207,3 +208,28 @@ def test_the_clis_offer_the_published_files_recheck():
     assert _options(args)["recheck_sha256"] is True
     res = CliRunner().invoke(app, ["stage", "--help"], env={"COLUMNS": "200"})
     assert "--recheck-sha256" in res.output
+
+
+def test_a_folder_without_weights_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """The default selection is a servable model: a folder of config and tokenizer only (or weights in a format
+    vLLM does not load) would pass tune and promote and fail only when vLLM starts on the GPU nodes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.gguf").write_bytes(b"\0" * 16)
+    with pytest.raises(StagingError, match=r"no weight file \(\*\.safetensors.*found: config\.json, model\.gguf"):
+        stage_model(str(src), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+    # an explicit selection is the operator's: staged as asked
+    assert stage_model(str(src), tmp_path / "out", progress=False, include=["config.json"]).by_path()
+
+
+def test_metas_original_checkpoint_beside_safetensors_is_left_out() -> None:
+    """Meta's Hub repos hold the weights twice: safetensors at the top and Meta's own format in original/."""
+    keys = ["config.json", "model-00001-of-00002.safetensors", "original/consolidated.00.pth",
+            "original/params.json", "draft/pytorch_model.bin"]
+    chosen = select_paths(keys)
+    assert "original/consolidated.00.pth" not in chosen
+    assert "draft/pytorch_model.bin" in chosen  # another model's weights (a draft, an adapter) are kept
+    assert select_paths(["original/consolidated.00.pth", "config.json"]) == ["config.json",
+                                                                              "original/consolidated.00.pth"]

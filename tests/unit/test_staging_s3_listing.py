@@ -105,12 +105,12 @@ def test_an_unsafe_key_the_selection_leaves_out_does_not_stop_the_model(tmp_path
 
     client = make_client("http://127.0.0.1:9", aws_access_key_id="a", aws_secret_access_key="b")
     with Stubber(client) as stub:
-        stub.add_response("list_objects_v2", _listing(["m/config.json", "m/runs//events.txt"]),
-                          {"Bucket": "models", "Prefix": "m/"})
+        keys = ["m/config.json", "m/model.safetensors", "m/runs//events.txt"]
+        stub.add_response("list_objects_v2", _listing(keys), {"Bucket": "models", "Prefix": "m/"})
         objs = S3Source("s3://models/m", client, transport="botocore").list_objects()
     with caplog.at_level(logging.WARNING, logger="runtime.staging.stage"):
         chosen = _select(objs, StageOptions(), "s3://models/m")
-    assert [o.rel for o in chosen] == ["config.json"]
+    assert [o.rel for o in chosen] == ["config.json", "model.safetensors"]
     assert "'m/runs//events.txt'" in caplog.text and "left out" in caplog.text
     with pytest.raises(UnsafeKeyError, match="empty path segment"):
         _select(objs, StageOptions(include=["runs/*", "config.json"]), "s3://models/m")
