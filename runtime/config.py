@@ -446,7 +446,8 @@ class DeploymentSpec(_Strict):
     """Everything needed to deploy one disaggregated model endpoint."""
 
     model: ModelRef = Field(description="The served model: API name, weights folder, storage URI (ModelRef).")
-    gpu: str = Field(default="H100-SXM", description="GPU catalog name (runtime/perf).")
+    gpu: str = Field(default="H100-SXM", description="GPU catalog name (runtime/perf): the planner sizes pools "
+                     "with its performance model.")
     precision: Precision = Field(default="bf16", description="Weight and KV precision.")
     slo: SloSpec = Field(default_factory=SloSpec, description="Latency SLOs, p90 TTFT and ITL in ms (SloSpec).")
     workload: WorkloadSpec = Field(
@@ -470,6 +471,17 @@ class DeploymentSpec(_Strict):
     overload: OverloadSpec = Field(
         default_factory=OverloadSpec, description="Circuit breakers and load shedding of the runtime (OverloadSpec)."
     )
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        from runtime.perf.gpus import get_gpu  # lazy, like PlannerSpec's predictor check
+
+        try:
+            get_gpu(v)
+        except KeyError as e:  # the planner of the runtime would fail on it only once it starts
+            raise ValueError(e.args[0]) from None
+        return v
 
     @model_validator(mode="after")
     def _kv_offload_on_gpus(self) -> "DeploymentSpec":

@@ -197,7 +197,7 @@ class PlannerConfig:
     predictor: str = setting(
         "burst_quantile",
         "Load predictor name: moving_average, burst_quantile (recommended for SLA mode, what bench/planner.py "
-        "runs), constant or arima (registry runtime.planner.predictors.PREDICTORS).",
+        "runs), residual_quantile, constant or arima (registry runtime.planner.predictors.PREDICTORS).",
     )
     predictor_window_ticks: int = setting(
         10,

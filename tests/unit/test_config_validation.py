@@ -143,3 +143,13 @@ def test_a_drain_cap_below_the_kv_lease_is_refused_naming_both():
         DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(drain_cap_s=60), engine=EngineSpec(kv_lease_s=90))
     ok = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(drain_cap_s=12), engine=EngineSpec(kv_lease_s=12))
     assert ok.planner.drain_cap_s == 12 and DeploymentSpec(model=ModelRef(name="m")).planner.drain_cap_s > DEFAULT_KV_LEASE_S
+
+
+def test_an_unknown_gpu_is_refused_by_the_spec_not_by_the_planner_once_it_runs():
+    from pydantic import ValidationError
+
+    from runtime.config import DeploymentSpec, ModelRef
+
+    with pytest.raises(ValidationError, match=r"unknown GPU 'FOO'; known: .*H100-SXM"):
+        DeploymentSpec(model=ModelRef(name="m"), gpu="FOO")
+    assert DeploymentSpec(model=ModelRef(name="m"), gpu="CPU").gpu == "CPU"
