@@ -207,6 +207,15 @@ def _stream_error_event(chunk: dict, url: str) -> BackendError | None:
     return BackendError(url, status if 400 <= status < 600 else 500, chunk)
 
 
+#: A decode worker's server errors for a request it produced nothing of: vLLM answers 500 once its engine is
+#: gone (a crash; a leg that lands between its engine's shutdown and its HTTP server's closing, as a drained pod
+#: stops), 502/503 say the same of what serves it. Nothing was generated, so the request is served on another
+#: worker as one whose worker is unreachable is (within `RouterSpec.migration_limit`); a worker's bug that
+#: fails every request fails it there too, once. 504 is the runtime's own read timeout: a slow worker, still
+#: generating, is not a failed one.
+_REFUSED_BEFORE_OUTPUT = frozenset({500, 502, 503})
+
+
 def _worker_aborted(url: str, choices: Any) -> BackendError | None:
     """A BackendError for a worker that finished a choice with ``"abort"``, or None. The runtime reads a
     worker's answer only while its client waits, so the abort is the worker's own: vLLM aborts every request
@@ -826,7 +835,8 @@ class PDModel(OpenAIGenerativeModel):
                     self._note_answer(route.decode_url, None)
                     break
                 except BackendError as exc:
-                    new = self._migrate(exc, route, rid)
+                    # nothing of a whole answer reached the client, whatever the worker had done
+                    new = self._migrate(exc, route, rid, started=False)
                     if new is None:  # a rejected decode leg's handoff is freed by the decode worker (see above)
                         if _is_client_fault(exc):  # the client's own request, rejected: not the service's failure
                             state["status"] = "client_error"
@@ -889,10 +899,12 @@ class PDModel(OpenAIGenerativeModel):
         n = estimate_prompt_tokens(body) if prompt_tokens is None else prompt_tokens
         self.observer.record_arrival(n, priority=is_priority(priority_tokens(body, n)), ago_s=ago_s)
 
-    def _migrate(self, exc: BackendError, route: Route, rid: str) -> Route | None:
-        """After a decode failure: the route to continue on, or None (not a dead worker, or no migration)."""
+    def _migrate(self, exc: BackendError, route: Route, rid: str, *, started: bool = True) -> Route | None:
+        """After a decode failure: the route to continue on, or None (no migration: the worker answered, or was
+        only slow, or the request may not move again). `started`: the failed attempt produced output; one that
+        did not and was refused with a server error (`_REFUSED_BEFORE_OUTPUT`) moves like a dead worker's."""
         self._note_answer(route.decode_url, exc)
-        if not exc.unreachable:  # the worker answered, or was only slow: not a dead worker
+        if not (exc.unreachable or (not started and exc.status_code in _REFUSED_BEFORE_OUTPUT)):
             return None
         new = self.pairing.on_decode_failed(rid, self.clock())
         if new is not None:
@@ -1117,6 +1129,7 @@ class PDModel(OpenAIGenerativeModel):
                             yield f"data: {orjson.dumps(final).decode()}\n\n"
                         ok = True
                         break
+                    started = attempt_chunks > 0
                     prompt_tokens, tokens_before = _attempt_ends(attempt_usage, attempt_chunks, prompt_tokens,
                                                                  tokens_before)
                     attempt_usage, attempt_chunks = None, 0
@@ -1126,7 +1139,7 @@ class PDModel(OpenAIGenerativeModel):
                     cont = base if not yielded else (
                         continuation_body(path, base, "".join(sent), tokens_before) if replayable else None)
                     if cont is not None:
-                        new = self._migrate(exc, route, rid)
+                        new = self._migrate(exc, route, rid, started=started)
                     else:
                         self._note_answer(route.decode_url, exc)
                         new = None

@@ -558,3 +558,57 @@ async def test_a_non_streamed_answer_the_worker_aborted_is_served_again_by_anoth
     assert len(w.bodies["d0"]) == 1 and w.bodies["d1"][0]["messages"] == w.bodies["d0"][0]["messages"]
     assert reg.get_sample_value("pdserve_migrations_total") == 1
     await model.aclose()
+
+
+class RefusesThenServes(TwoDecoders):
+    """d0 answers `status` at the door, before any output (vLLM: 500 once its engine is gone, e.g. a leg that
+    lands between a drained pod's engine shutdown and its HTTP server's close); d1 serves normally."""
+
+    def __init__(self, status: int):
+        super().__init__()
+        self.status = status
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        if host == "d0":
+            return httpx.Response(self.status, json={"error": {"message": "EngineCore encountered an issue",
+                                                               "type": "InternalServerError", "code": self.status}})
+        if not body.get("stream"):
+            return httpx.Response(200, json={
+                "id": "id-d1", "object": "chat.completion", "created": 1_700_000_000, "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris."},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+        chunks = _sse("id-d1", ["Paris", "."]) + [
+            f"data: {json.dumps({'id': 'id-d1', 'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})}"
+            "\n\n".encode(), b"data: [DONE]\n\n"]
+        return httpx.Response(200, content=b"".join(chunks))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_worker_that_fails_a_request_before_any_output_is_not_the_clients_answer(stream):
+    w = RefusesThenServes(500)
+    model, reg = _model(w)
+    req = _chat_request().model_copy(update={"stream": stream})
+    if stream:
+        events = [e async for e in await model.create_chat_completion(req)]
+        assert events[-1] == "data: [DONE]\n\n"
+        assert "".join(chunk_text(json.loads(e[6:])) for e in events[:-1]) == "Paris."
+    else:
+        answer = (await model.create_chat_completion(req)).model_dump()
+        assert answer["choices"][0]["message"]["content"] == "Paris."
+    assert len(w.bodies["d0"]) == 1 and w.bodies["d1"][0]["messages"] == w.bodies["d0"][0]["messages"]
+    assert reg.get_sample_value("pdserve_migrations_total") == 1
+    await model.aclose()
+
+
+async def test_a_slow_worker_is_not_failed_over():
+    """504 is the runtime's own read timeout: the worker is still generating, so the request is not served
+    twice; the client gets the error."""
+    w = RefusesThenServes(504)
+    model, reg = _model(w)
+    answer = await model.create_chat_completion(_chat_request().model_copy(update={"stream": False}))
+    assert str(answer.error.code) == "504"
+    assert w.bodies["d1"] == [] and not reg.get_sample_value("pdserve_migrations_total")
+    await model.aclose()
