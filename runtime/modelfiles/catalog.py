@@ -40,6 +40,27 @@ CATALOG: dict[str, str] = {
 }
 
 
+# Hugging Face ids that stand for a catalog model: the Hub's current names of renamed repos (meta-llama's
+# Meta-Llama-3.1-* are Llama-3.1-* today, the old names redirect) and the instruct or refreshed releases whose
+# config.json has the catalog model's architecture (they differ in weights and generation settings only)
+HUB_ALIASES: dict[str, str] = {
+    "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Llama-3.1-405B": "llama-3.1-405b",
+    "meta-llama/Llama-3.1-405B-Instruct": "llama-3.1-405b",
+    "meta-llama/Meta-Llama-3.1-405B-Instruct": "llama-3.1-405b",
+    "mistralai/Mistral-7B-Instruct-v0.1": "mistral-7b",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
+    "mistralai/Mixtral-8x22B-Instruct-v0.1": "mixtral-8x22b",
+    "deepseek-ai/DeepSeek-V3-0324": "deepseek-v3",
+    "deepseek-ai/DeepSeek-R1-0528": "deepseek-r1",
+}
+
+
 @dataclass(frozen=True)
 class CatalogEntry:
     """One catalog model: its short ``name``, Hugging Face ``hf_id`` and the ``path`` of its config file."""
@@ -60,10 +81,14 @@ def catalog_entries() -> list[CatalogEntry]:
 
 
 def find_catalog_entry(name: str) -> CatalogEntry | None:
-    """The entry whose catalog name or Hugging Face id is ``name`` (case-insensitive), else None."""
+    """The entry whose catalog name or Hugging Face id (``CATALOG``, ``HUB_ALIASES``) is ``name``
+    (case-insensitive), else None."""
     key = name.strip().lower()
     for short, hf_id in CATALOG.items():
         if key in (short, hf_id.lower()):
+            return _entry(short)
+    for hf_id, short in HUB_ALIASES.items():
+        if key == hf_id.lower():
             return _entry(short)
     return None
 
@@ -112,7 +137,8 @@ def load_catalog_spec(name: str) -> ModelSpec:
 
 
 def _unknown(name: str) -> str:
-    choices = list(CATALOG) + list(CATALOG.values())
-    close = difflib.get_close_matches(name.strip().lower(), [c.lower() for c in choices], n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    choices = list(CATALOG) + list(CATALOG.values()) + list(HUB_ALIASES)
+    spelled = {c.lower(): c for c in choices}  # suggested as spelled: Hub ids are case-sensitive
+    close = difflib.get_close_matches(name.strip().lower(), list(spelled), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(spelled[c] for c in close)}?" if close else ""
     return f"{name!r} is not a catalog model{hint} (`pdserve models` lists the catalog)"

@@ -65,6 +65,17 @@ def test_an_unknown_name_is_an_error_that_suggests_close_names():
         resolve_model_config("llama-3.1-8")
 
 
+def test_the_hubs_current_and_instruct_ids_stand_for_their_catalog_model():
+    from runtime.modelfiles.catalog import HUB_ALIASES
+
+    assert catalog_path("meta-llama/Llama-3.1-70B") == catalog_path("llama-3.1-70b")  # the repo's name today
+    assert catalog_path("meta-llama/Llama-3.1-8B-Instruct") == catalog_path("llama-3.1-8b")
+    assert all(short in CATALOG for short in HUB_ALIASES.values())
+    # suggestions are spelled as the Hub spells them (ids are case-sensitive there)
+    with pytest.raises(ModelConfigError, match=r"did you mean .*meta-llama/Llama-3\.1-70B"):
+        resolve_model_config("meta-llama/Llama-3.1-70")
+
+
 def test_the_fp8_checkpoint_is_tuned_at_fp8_by_default():
     from runtime.modelfiles.load import checkpoint_precision
 
