@@ -51,6 +51,9 @@ PARAM_DOCS: dict[str, str] = {
     "min_improvement_pct": "The winner takes alias champion when its deployment costs at least this many percent "
                            "less than the champion's on the same workload (GPUs, or $/Mtok across GPU types), or "
                            "when the champion cannot serve it; else it is registered without the alias.",
+    "replace_model": "Register the winner even when the champion of registered_model serves another model (its "
+                     "alias may then move, and the next promote changes the model served behind the same "
+                     "InferenceService); false: the tune step fails and registers nothing.",
     "parallelism": "Worker layouts the tuner searches: tp (tensor parallelism on one node), all (also expert-"
                    "parallel, data-parallel attention and multi-node workers) or auto (all when plain TP has no "
                    "candidate that meets the SLO).",

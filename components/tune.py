@@ -36,6 +36,7 @@ def tune_tp(
     max_model_len_tokens: int = 0,
     engine_args: list = [],  # noqa: B006 - KFP reads the default from the signature; never mutated
     usd_per_gpu_hour: list = [],  # noqa: B006 - as engine_args
+    replace_model: bool = False,
 ) -> NamedTuple("TuneOutputs", champion_version=str, prefill_tp=int, decode_tp=int):
     """Tune the staged model (`model.metadata['path']`) and register the winner; it takes alias `champion` by
     the rule of `pdserve tune --register` (no champion yet, or `min_improvement_pct` cheaper than it).
@@ -47,7 +48,8 @@ def tune_tp(
     `planner_mode` (off, sla, load) is the champion's planner.mode, as `pdserve tune --planner`;
     `trace_window_h` > 0 sizes for the trace's last hours only (`pdserve tune --trace-window-h`); `parallelism`,
     `max_model_len_tokens` (0: derived), `engine_args` and `usd_per_gpu_hour` as `pdserve tune --parallelism`,
-    `--max-model-len`, `--engine-arg` and `--usd-per-gpu-hour`."""
+    `--max-model-len`, `--engine-arg` and `--usd-per-gpu-hour`. The step fails, registering nothing, when the
+    champion of `registered_model` serves another model, unless `replace_model` (`pdserve tune --replace-model`)."""
     from runtime.usecases.tune import TuneRequest, kfp_tune_outputs, tune
 
     return kfp_tune_outputs(tune(TuneRequest(
@@ -58,4 +60,5 @@ def tune_tp(
         fsx_root=fsx_root, planner_mode=planner_mode, trace_window_h=trace_window_h,
         min_improvement_pct=min_improvement_pct, parallelism=parallelism,
         max_model_len_tokens=max_model_len_tokens or None, engine_args=list(engine_args),
-        usd_per_gpu_hour=list(usd_per_gpu_hour)), metrics=metrics, table_path=table.path, plot_path=plot.path))
+        usd_per_gpu_hour=list(usd_per_gpu_hour), replace_model=replace_model), metrics=metrics,
+        table_path=table.path, plot_path=plot.path))

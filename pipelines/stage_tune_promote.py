@@ -21,7 +21,8 @@ promoted runtime runs the SLO planner (an unknown mode fails validate-parameters
 registered model's `champion` alias by the rule of `pdserve tune --register` (runtime/usecases/champion.py):
 when there is no champion yet, when it costs at least `min_improvement_pct` percent less than the champion's
 deployment on the same workload, or when the champion cannot serve it; otherwise it is registered without the
-alias, tune-tp's `champion_version` output names the champion that stays, and promote renders that one.
+alias, tune-tp's `champion_version` output names the champion that stays, and promote renders that one. When
+the champion serves another model, tune-tp fails and registers nothing unless `replace_model` is true.
 
 Workload: by default the mean `isl_tokens`/`osl_tokens` (tokens) at `request_rate_per_s` (requests/s).
 `traffic_trace_uri` sizes for recorded or published traffic instead, as `pdserve tune --trace`: an
@@ -113,6 +114,7 @@ def stage_tune_promote(
     planner_mode: str = "off",  # the champion's SLO planner: off, sla or load (as `pdserve tune --planner`)
     trace_window_h: float = 0.0,  # > 0: size for the trace's last hours only (`pdserve tune --trace-window-h`)
     min_improvement_pct: float = DEFAULT_MIN_IMPROVEMENT_PCT,  # the champion rule (`pdserve tune --register`)
+    replace_model: bool = False,  # register when the champion serves another model (`pdserve tune --replace-model`)
     parallelism: str = "auto",  # tp, auto or all (`pdserve tune --parallelism`)
     max_model_len_tokens: int = 0,  # 0: derived (`pdserve tune --max-model-len`)
     engine_args: list = [],  # noqa: B006 - KEY=VALUE strings (`pdserve tune --engine-arg`); KFP reads the default
@@ -140,7 +142,7 @@ def stage_tune_promote(
         registered_model=registered_model, traffic_trace_uri=traffic_trace_uri, s3_endpoint_url=s3_endpoint_url,
         fsx_root=fsx_root, planner_mode=planner_mode, trace_window_h=trace_window_h,
         min_improvement_pct=min_improvement_pct, parallelism=parallelism, max_model_len_tokens=max_model_len_tokens,
-        engine_args=engine_args, usd_per_gpu_hour=usd_per_gpu_hour,
+        engine_args=engine_args, usd_per_gpu_hour=usd_per_gpu_hour, replace_model=replace_model,
     ).set_display_name("tune-tp")
     # the S3 secret too: traffic_trace_uri may name an s3:// object (optional secret: absent keys are fine)
     _on_cluster(tuned, pvc_name=pvc_name, secrets={MLFLOW_SECRET: _MLFLOW_KEYS, S3_SECRET: _S3_KEYS})

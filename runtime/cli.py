@@ -22,11 +22,12 @@ import typer
 
 from runtime.faces import demo as _demo, misc as _misc, promote as _promote, serve as _serve, stage as _stage
 from runtime.faces import tune as _tune
-from runtime.faces.common import console
+from runtime.faces.common import ReflowGroup, console
 from runtime.procs import install_sigterm_handler
 
 app = typer.Typer(
     name="pdserve",
+    cls=ReflowGroup,  # help text reflows at the terminal's width
     help="Disaggregated (prefill/decode) LLM serving: stage weights, tune TP, promote to KServe, serve.",
     no_args_is_help=True,
     add_completion=False,

@@ -16,7 +16,7 @@ TUNE_OPTIONS = {
     "planner_mode": "--planner", "min_improvement_pct": "--min-improvement-pct", "traffic_trace_uri": "--trace-uri",
     "trace_window_h": "--trace-window-h", "fsx_root": "--fsx-root", "registered_model": "--register",
     "mlflow_tracking_uri": "--mlflow-uri", "parallelism": "--parallelism", "max_model_len_tokens": "--max-model-len",
-    "engine_args": "--engine-arg", "usd_per_gpu_hour": "--usd-per-gpu-hour",
+    "engine_args": "--engine-arg", "usd_per_gpu_hour": "--usd-per-gpu-hour", "replace_model": "--replace-model",
 }
 # TuneRequest fields `pdserve tune` sets otherwise: the MODEL argument (folder and name), AWS_ENDPOINT_URL_S3
 TUNE_WITHOUT_OPTION = frozenset({"model_path", "model_name", "s3_endpoint_url"})

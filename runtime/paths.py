@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +63,44 @@ def output_file_problem(path: Path) -> str | None:
     if parent.exists() and not parent.is_dir():
         return f"{parent} is not a folder"
     return None
+
+
+RECOGNISED_MAX_BYTES = 64 << 20  # a larger file is no output of a pdserve command: never read whole to tell
+
+
+def replace_problem(path: Path, ours: Callable[[str], bool], what: str, *, force: bool = False) -> str | None:
+    """Why a command must not replace the file at ``path`` with its output, or None: the one rule of every
+    option that names a file a command writes (`pdserve compile`, `promote --out`, `tune --out` /
+    `--decision-out`, `batch workflow` / `retune-schedule --out`).
+
+    A missing or empty file may be written, and so may one that ``ours`` (called with the file's text) recognises
+    as ``what``: an earlier output of the same command, which a rerun replaces. Anything else (someone's notes, a
+    values file, another tool's output, a file that cannot be read as UTF-8 text) is refused unless ``force``, so
+    a typo never destroys it; the message ends "pass --force to replace it". A folder or an unwritable parent is
+    :func:`output_file_problem`'s to report.
+    """
+    path = Path(path)
+    if force or not path.is_file():
+        return None
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return None
+        if size <= RECOGNISED_MAX_BYTES and ours(path.read_text(encoding="utf-8")):
+            return None
+    except Exception:  # noqa: BLE001 - unreadable, not UTF-8, not the format ``ours`` parses: not ours
+        pass
+    return f"exists and is not {what}; pass --force to replace it"
+
+
+def json_object_with(*keys: str) -> Callable[[str], bool]:
+    """A recogniser for :func:`replace_problem`: the text is a JSON object holding every one of ``keys``."""
+    def ours(text: str) -> bool:
+        import json
+
+        obj = json.loads(text)
+        return isinstance(obj, dict) and set(keys) <= obj.keys()
+    return ours
 
 
 def overwrites(out: Path, inputs: "list[Path | None]") -> Path | None:

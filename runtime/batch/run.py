@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import stat
 import tempfile
 import time
@@ -54,6 +55,16 @@ class BatchS3UnreachableError(BatchRunError):
     """The S3 endpoint of an input or output could not be reached (connection refused or timed out after
     botocore's retries): nothing was sent, and the same command may succeed later: a failure while running,
     not a bad value."""
+
+
+class BatchInterrupted(Exception):
+    """SIGINT (Ctrl-C) or SIGTERM stopped the run while it sent requests: ``summary`` is what was done so far (every
+    finished answer is in the output, an S3 output uploaded), ``status`` the exit status the signal asks for (128 +
+    its number: 130, 143). Running the same command again sends the rest."""
+
+    def __init__(self, summary: "BatchSummary", status: int) -> None:
+        super().__init__(f"interrupted (exit status {status})")
+        self.summary, self.status = summary, status
 
 
 @dataclass
@@ -306,6 +317,8 @@ def run_batch(
         BatchSummary (``failed`` > 0 when some requests got no 2xx answer; their lines say why).
 
     Raises:
+        BatchInterrupted: SIGINT, or SIGTERM with runtime.procs.install_sigterm_handler, while requests were sent:
+            the summary so far (the finished answers are kept, an S3 output uploaded first).
         BatchRunError: bad endpoint, API key, concurrency or URIs; unreadable input; an output that is not
             writable, holds another batch's answers or lines that are no batch output (requests.not_output_lines)
             (all before any request is sent).
@@ -362,6 +375,7 @@ def run_batch(
     tmpdir = tempfile.TemporaryDirectory(prefix="pdserve-batch-") if s3_out else None
     work = Path(tmpdir.name) / "output.jsonl" if tmpdir else target
     sent = False
+    stopped = None  # the exit status of SIGINT / SIGTERM when one stopped the sending
     try:
         try:
             mode = stat.S_IMODE(work.stat().st_mode) if work.exists() else None
@@ -385,9 +399,17 @@ def run_batch(
         except OSError as e:  # the disk filled up, say: the answers written so far are kept for a resumed run
             raise BatchRunError(f"{output_uri}: cannot write: {e.strerror or e}; the answers written before are "
                                 "kept: free space and run the same command again to send the rest") from None
+        except KeyboardInterrupt:
+            stopped = 128 + signal.SIGINT
+        except SystemExit as e:  # runtime.procs' SIGTERM handler: 128 + SIGTERM
+            if not (isinstance(e.code, int) and e.code > 128):
+                raise
+            stopped = e.code
     finally:
         if tmpdir is not None:
             _finish_upload(tmpdir, work, output_uri, s3, sent)
+    if stopped is not None:
+        raise BatchInterrupted(summary, stopped)
     return summary
 
 

@@ -11,7 +11,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from runtime.faces.common import ReflowGroup
+
 app = typer.Typer(
+    cls=ReflowGroup,  # help text reflows at the terminal's width
     help="Batch work beside the online endpoint: run an OpenAI Batch file against pdserve, or render the Argo "
          "workflows (batch inference, scheduled re-tuning) that do it on the cluster.",
     no_args_is_help=True,
@@ -75,15 +78,19 @@ def run_cmd(
 ) -> None:
     """Send every request of a batch file to the endpoint and write one output line per request.
 
+    Prints a JSON summary line on stdout: requests, resumed (answered by an earlier run, not sent again),
+    succeeded, failed, tokens, wall_s, and "interrupted" (SIGINT or SIGTERM) when a signal stopped the run.
+
     Exit status: 0 when every request got a 2xx answer; 1 when some did not (their output lines carry the error),
     an s3:// output could not be uploaded at the end (the answers are kept in a local file, named) or the S3
-    endpoint could not be reached (nothing sent); 2 for bad
-    options, a malformed input file or an output that is not writable, holds another batch's answers or lines
-    that are no batch output (then nothing is sent and the output is untouched). SIGTERM stops like Ctrl-C, keeping every finished answer.
-    Prints a JSON summary line on stdout."""
+    endpoint could not be reached (nothing sent); 2 for bad options, a malformed input file or an output that is
+    not writable, holds another batch's answers or lines that are no batch output (then nothing is sent and the
+    output is untouched); 130 (Ctrl-C, SIGINT) or 143 (SIGTERM) when a signal stopped the sending: every finished
+    answer is kept in the output (an s3:// one uploaded), the summary line counts what was done, and the same
+    command sends the rest."""
     from runtime.batch.requests import BatchInputError
-    from runtime.batch.run import (BatchRunError, BatchS3UnreachableError, BatchUploadError, api_key_from_env,
-                                   run_batch)
+    from runtime.batch.run import (BatchInterrupted, BatchRunError, BatchS3UnreachableError, BatchUploadError,
+                                   api_key_from_env, run_batch)
 
     try:
         summary = run_batch(input_uri, output_uri, endpoint=endpoint, model=model, concurrency=concurrency,
@@ -95,11 +102,14 @@ def run_cmd(
         _fail(str(e), 1)
     except (BatchInputError, BatchRunError) as e:
         _fail(f"{input_uri}: {e}" if isinstance(e, BatchInputError) else str(e))
+    except BatchInterrupted as e:
+        _interrupted(e, output_uri)
     print(json.dumps(summary.as_dict()))
     if summary.failed:
         err.print(escape(f"{summary.failed} of {summary.requests} request(s) failed; their lines in {output_uri} say "
                          "why. The same command retries only those (a 4xx answer fails again until its line is "
-                         "fixed; a fixed line needs a new custom_id, resume matches on custom_id)."))
+                         "fixed). Answered lines are kept by custom_id: a request changed after it was answered "
+                         "needs a new custom_id, or another output, to be sent again."))
         if summary.succeeded == 0 and summary.not_found == summary.failed:
             if summary.unknown_model == summary.not_found:
                 err.print(escape(f"every request got 404 from the server itself: it does not serve that model; check "
@@ -114,7 +124,22 @@ def run_cmd(
         raise typer.Exit(1)
 
 
-def _emit(build, spec_cls, fields: dict, out: Optional[Path]) -> None:
+def _interrupted(e, output_uri: str) -> None:
+    """`batch run` stopped by a signal (runtime.batch.run.BatchInterrupted): the summary line so far on stdout, what
+    is left and how to resume on stderr; exit 128 + the signal's number."""
+    import signal
+
+    s = e.summary
+    name = signal.Signals(e.status - 128).name if 128 < e.status < 128 + signal.NSIG else f"status {e.status}"
+    print(json.dumps({**s.as_dict(), "interrupted": name}), flush=True)
+    left = s.requests - s.resumed - s.succeeded - s.failed
+    err.print(escape(f"interrupted by {name}: {s.succeeded + s.failed} answer(s) written to {output_uri} in this run "
+                     f"({s.failed} failed), {left} request(s) not answered; the finished answers are kept: run the "
+                     "same command again to send the rest"))
+    raise typer.Exit(e.status)
+
+
+def _emit(build, spec_cls, fields: dict, out: Optional[Path], force: bool) -> None:
     """Validate ``fields`` as ``spec_cls``, build the object, check it against the Argo schema, write YAML."""
     from pydantic import ValidationError
 
@@ -150,8 +175,10 @@ def _emit(build, spec_cls, fields: dict, out: Optional[Path]) -> None:
     if out is None:
         print(text, end="")
         return
+    from runtime.faces.common import check_output_file
     from runtime.paths import write_text_atomically
 
+    check_output_file("--out", out, "workflow", force)  # after the options: a bad one is named first
     try:
         write_text_atomically(out, text)
     except OSError as e:
@@ -180,7 +207,10 @@ Common = {
                                    "copied; default pdserve-s3, used when it exists, else the pod's IAM role); "
                                    "'none' for the pod's IAM role (IRSA / Pod Identity) only."),
     "s3_endpoint_url": typer.Option(help="S3-compatible endpoint (http(s)://host[:port]); default AWS S3."),
-    "out": typer.Option("--out", help="Write the YAML here instead of stdout."),
+    "out": typer.Option("--out", help="Write the YAML here instead of stdout; an existing file is replaced only "
+                                      "when it holds a workflow `pdserve batch` wrote (or with --force)."),
+    "force": typer.Option("--force", help="Replace an existing --out file that is not an earlier output of "
+                                          "`pdserve batch`."),
 }
 
 
@@ -206,6 +236,7 @@ def workflow_cmd(
     s3_secret: Annotated[Optional[str], Common["s3_secret"]] = None,
     s3_endpoint_url: Annotated[Optional[str], Common["s3_endpoint_url"]] = None,
     out: Annotated[Optional[Path], Common["out"]] = None,
+    force: Annotated[bool, Common["force"]] = False,
 ) -> None:
     """Render the Argo Workflow that runs one batch file against the online endpoint (`batch run` in a pod).
 
@@ -217,7 +248,7 @@ def workflow_cmd(
         name=name, input_uri=input_uri, output_uri=output_uri, endpoint=endpoint, model=model,
         concurrency=concurrency, max_retries=max_retries, namespace=namespace, image=image,
         service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
-        s3_secret=_secret(s3_secret, S3_SECRET), s3_endpoint_url=s3_endpoint_url), out)
+        s3_secret=_secret(s3_secret, S3_SECRET), s3_endpoint_url=s3_endpoint_url), out, force)
 
 
 @app.command("retune-schedule")
@@ -289,6 +320,7 @@ def retune_cmd(
              "Identity); name a Secret (e.g. pdserve-s3) for static keys, e.g. with MinIO.")] = None,
     s3_endpoint_url: Annotated[Optional[str], Common["s3_endpoint_url"]] = None,
     out: Annotated[Optional[Path], Common["out"]] = None,
+    force: Annotated[bool, Common["force"]] = False,
 ) -> None:
     """Render the Argo CronWorkflow that re-tunes a staged model for its recorded traffic on a schedule.
 
@@ -314,5 +346,5 @@ def retune_cmd(
         promote_service_account=promote_service_account, promote_traffic_upload=promote_traffic_upload,
         namespace=namespace, image=image,
         service_account=service_account, priority_class_name=_secret(priority_class, BATCH_PRIORITY_CLASS),
-        s3_secret=_secret(s3_secret, None), s3_endpoint_url=s3_endpoint_url), out)
+        s3_secret=_secret(s3_secret, None), s3_endpoint_url=s3_endpoint_url), out, force)
 

@@ -6,14 +6,16 @@ Exit status, the same in every command (`batch` included): 0 success, 1 a failur
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 from rich.console import Console
 from rich.markup import escape
 
-from runtime.paths import state_dir
+from runtime.paths import json_object_with, state_dir
 from runtime.redact import redact_userinfo
 
 RUNTIME, USAGE = 1, 2  # exit statuses: a failure while running, bad usage or a bad value
@@ -75,3 +77,90 @@ def price_options(usd_per_gpu_hour: list[str], price_file: Path | None) -> dict[
     except ValueError as e:
         usage(str(e))
     return prices or None
+
+
+def _yaml_objects(every, some=lambda d: True):
+    """Recognises YAML documents that are all objects passing ``every``, at least one passing ``some``."""
+    def ours(text: str) -> bool:
+        import yaml
+
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        return bool(docs) and all(isinstance(d, dict) and every(d) for d in docs) and any(some(d) for d in docs)
+    return ours
+
+
+def _label(doc: dict, key: str) -> object:
+    return ((doc.get("metadata") or {}).get("labels") or {}).get(key)
+
+
+def _pipeline_package(text: str) -> bool:
+    import yaml
+
+    from pipelines.stage_tune_promote import PIPELINE_NAME
+
+    first = next(yaml.safe_load_all(text), None)
+    return isinstance(first, dict) and (first.get("pipelineInfo") or {}).get("name") == PIPELINE_NAME
+
+
+# what each command writes -> (how its message names it, how an earlier output of it is recognised); `tune --out`:
+# runtime.usecases.tune_model.SPEC_FILE, checked there after what --out must never replace
+OUTPUT_FILES = {
+    "decision": ("a champion decision written by `pdserve tune --decision-out`",
+                 json_object_with("registered_model", "registered_version", "champion_version", "replaced")),
+    "manifests": ("manifests written by `pdserve promote`",
+                  _yaml_objects(lambda d: "kind" in d and "apiVersion" in d,
+                                lambda d: _label(d, "app.kubernetes.io/name") == "pdserve")),
+    "workflow": ("an Argo workflow written by `pdserve batch`",
+                 _yaml_objects(lambda d: str(d.get("apiVersion", "")).startswith("argoproj.io/")
+                               and _label(d, "app.kubernetes.io/part-of") == "pdserve")),
+    "pipeline": ("the stage-tune-promote pipeline package", _pipeline_package),
+}
+
+
+def check_output_file(option: str, path: Path | None, kind: str, force: bool) -> None:
+    """Exit 2 (naming ``option``) when writing ``path`` would replace a file that is not an earlier output of
+    this command (``kind``: a key of ``OUTPUT_FILES``) and ``force`` is not given: the one rule of every command
+    that writes a file (runtime.paths.replace_problem). None: nothing is written."""
+    from runtime.paths import replace_problem
+
+    if path is None:
+        return
+    what, ours = OUTPUT_FILES[kind]
+    problem = replace_problem(path, ours, what, force=force)
+    if problem:
+        usage(f"{option} {path}: {problem}" if option else f"{path}: {problem}")
+
+
+_LIST_ITEM = re.compile(r"\s|[-*•]\s|\d+[.)]\s|\x08")  # an indented line, a list item, typer's \b: kept
+
+
+def reflow_help(text: str | None) -> str | None:
+    """A command's help (its docstring) with the line breaks inside each paragraph removed, so the terminal
+    wraps it at its own width: typer keeps a docstring's single line breaks after the first paragraph, which
+    leaves fragments of lines at 80 or 100 columns. Paragraphs (blank lines between) stay apart, and a line
+    that is indented or starts a list item (``- ``, ``* ``, ``1. ``) keeps its own line."""
+    if not text:
+        return text
+    import inspect
+
+    paragraphs = []
+    for para in re.split(r"\n\s*\n", inspect.cleandoc(text)):
+        lines: list[str] = []
+        for line in para.splitlines():
+            if lines and not _LIST_ITEM.match(line):
+                lines[-1] = f"{lines[-1].rstrip()} {line.strip()}"
+            else:
+                lines.append(line.rstrip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+class ReflowGroup(TyperGroup):
+    """The typer group of `pdserve` and its sub-groups: every command's help is :func:`reflow_help`'d."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = reflow_help(self.help)
+        for command in self.commands.values():
+            if not isinstance(command, ReflowGroup):  # a sub-group reflows its own
+                command.help = reflow_help(command.help)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from runtime.faces.common import DEFAULT_STATE, StateOpt, console, fail, usage
+from runtime.faces.common import DEFAULT_STATE, StateOpt, check_output_file, console, fail, usage
 
 from runtime.image import DEFAULT_IMAGE
 
@@ -41,9 +41,10 @@ def compile_cmd(
         usage(f"{out}: {problem}")
     from pipelines.stage_tune_promote import compile_pipeline, package_path_problem
 
-    problem = package_path_problem(out, replace=force)
+    problem = package_path_problem(out, replace=True)  # its suffix; what it may replace: check_output_file
     if problem:
         usage(f"{out}: {problem}")
+    check_output_file("", out, "pipeline", force)
     from runtime.image import split_reference
 
     for flag, ref in (("--image", image), ("--steps-image", steps_image)):
@@ -65,21 +66,23 @@ def models() -> None:
     """List the built-in model catalog: the names `pdserve tune MODEL` takes, with each model's size.
 
     Columns: parameters and parameters active per token (billions), layers, the longest context vLLM derives
-    from the config (tokens), KV cache per token at bf16 and TP 1 (KiB), and the precision `tune` picks by
-    default (the checkpoint's own)."""
+    from the config (tokens), KV cache per token at bf16 and TP 1 (KiB), and the format the checkpoint stores
+    its weights in (bf16, fp8, fp8-block, mxfp4, nvfp4, or the quantization method of a format pdserve does not
+    model), which `tune` costs the weights in. Without --precision, `tune` deploys a checkpoint with FP8 weights
+    or FP8 KV-cache scales at fp8 and the others at bf16, the KV cache's precision."""
     from runtime.modelfiles.catalog import catalog_entries
     from runtime.modelfiles.load import load_model_spec
-    from runtime.modelfiles.load import checkpoint_precision
 
     from rich import box
 
     # a pipe or file has no width: print every column; a terminal narrower than the table drops the ids
-    out = console if console.is_terminal else Console(width=132)
-    ids = out.width >= 120
+    wide = 140  # the table with the ids
+    out = console if console.is_terminal else Console(width=wide)
+    ids = out.width >= wide
     table = Table(title="pdserve model catalog", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in ("name", "kind", "params\nB", "active\nB", "layers", "context\ntokens", "KV\nKiB/tok", "prec",
+    for c in ("name", "kind", "params\nB", "active\nB", "layers", "context\ntokens", "KV\nKiB/tok", "weights",
               "Hugging Face id")[:None if ids else -1]:
-        table.add_column(c, justify="left" if c in ("name", "kind", "prec", "Hugging Face id") else "right",
+        table.add_column(c, justify="left" if c in ("name", "kind", "weights", "Hugging Face id") else "right",
                          no_wrap=True)
     for e in catalog_entries():
         m = load_model_spec(e.path)
@@ -87,8 +90,16 @@ def models() -> None:
         ctx = m.max_context_tokens
         table.add_row(e.name, kind, f"{m.num_params / 1e9:.1f}", f"{m.num_active_params / 1e9:.1f}",
                       str(m.num_layers), f"{ctx // 1024}k" if ctx >= 1024 else str(ctx or "-"),
-                      f"{m.kv_bytes_per_token(2, 1) / 1024:.0f}", checkpoint_precision(m), *[e.hf_id][:ids])
+                      f"{m.kv_bytes_per_token(2, 1) / 1024:.0f}", checkpoint_weights(m), *[e.hf_id][:ids])
     out.print(table)
+
+
+def checkpoint_weights(model) -> str:  # noqa: ANN001 - a runtime.models.spec.ModelSpec
+    """The format a checkpoint stores its weights in, as `pdserve tune` names it in its weights note
+    (runtime.tuner.search: ``ModelSpec.weight_format``; a format pdserve does not model by its quantization
+    method, e.g. awq)."""
+    fmt = model.weight_format
+    return (model.quant_method or fmt) if fmt == "unknown" else fmt
 
 
 def prepare_model(

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from runtime.image import DEFAULT_IMAGE
-from runtime.faces.common import DEFAULT_STATE, check_engine_options, console, fail, usage
+from runtime.faces.common import DEFAULT_STATE, check_engine_options, check_output_file, console, fail, usage
 
 
 def _sqlite_database(uri: str) -> Path | None:
@@ -30,7 +30,12 @@ def _sqlite_database(uri: str) -> Path | None:
 def promote(
     registered_model: Annotated[str, typer.Argument(help="MLflow registered model name.", metavar="REGISTERED_MODEL")],
     mlflow_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = f"sqlite:///{DEFAULT_STATE / 'mlflow.db'}",
-    out: Annotated[Path, typer.Option(help="Where to write the validated YAML.")] = Path("manifests.yaml"),
+    out: Annotated[Path, typer.Option(help="Where to write the validated YAML; an existing file is replaced only "
+                                           "when it holds manifests `pdserve promote` wrote (or with --force).")
+                   ] = Path("manifests.yaml"),
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an existing --out file that is not an earlier output of `pdserve promote`.")
+    ] = False,
     namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "pdserve",
     image: Annotated[str, typer.Option(help="pdserve runtime image.")] = DEFAULT_IMAGE,
     pvc: Annotated[str, typer.Option(help="FSx for Lustre PVC holding the models.")] = "fsx-claim",
@@ -123,6 +128,7 @@ def promote(
 
     if overwrites(out, [db_file]):  # the registry itself would be replaced by the YAML
         usage(f"--out {out}: is the MLflow database of --mlflow-uri; choose another file")
+    check_output_file("--out", out, "manifests", force)
     from runtime.deploy.errors import ManifestError, RolledBackError
     from runtime.staging.manifest import StagingError
     from runtime.tracking.mlflow_runs import TrackingError

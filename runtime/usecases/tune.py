@@ -86,6 +86,8 @@ class TuneSettings(BaseModel):
     trace_window_h: float = Field(0.0, description="Size only for the trace's last hours; 0: the whole trace.")
     min_improvement_pct: Optional[float] = Field(None, description="Champion rule threshold, percent "
                                                                    "(ChampionPolicy); None: its default.")
+    replace_model: bool = Field(False, description="Register the winner even when the champion serves another "
+                                                   "model (ChampionPolicy.replace_model); false: refused.")
     parallelism: str = Field("auto", description="Worker layouts searched: tp (tensor parallelism on one node), all "
                                                "(also expert / data-parallel attention and multi-node workers) or "
                                                "auto (all when plain TP has no feasible candidate); "
@@ -195,8 +197,8 @@ def check_tune_settings(s: TuneSettings) -> TuneParameters:
     except ValueError as e:
         problems.append(str(e))
     try:
-        parsed["champion_policy"] = (ChampionPolicy() if s.min_improvement_pct is None
-                                     else ChampionPolicy(min_improvement_pct=s.min_improvement_pct))
+        parsed["champion_policy"] = ChampionPolicy(replace_model=s.replace_model, **(
+            {} if s.min_improvement_pct is None else {"min_improvement_pct": s.min_improvement_pct}))
     except ValidationError as e:
         problems.append(pydantic_problems(e))
     try:

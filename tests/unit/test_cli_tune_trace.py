@@ -1,6 +1,7 @@
 """`pdserve tune --trace`: size the deployment for recorded traffic (the re-tuning CronWorkflow's input).
 
-Specification: the trace's ISL/OSL pairs replace --isl/--osl (the spec records their means); a trace of long
+Specification: the trace's ISL/OSL pairs are sized for (the spec records their means), and --isl/--osl given
+with a trace are refused rather than ignored; a trace of long
 prompts needs at least as much prefill as a short one at the same rate; a malformed trace fails before the model
 is read, naming the file, the line and the key; a missing trace names the option.
 """
@@ -34,18 +35,32 @@ def _write_trace(path: Path, pairs: list[tuple[int, int]]) -> Path:
     return path
 
 
-def test_the_spec_records_the_traces_mean_lengths_not_the_isl_osl_options(tmp_path, azure_trace):
+def test_the_spec_records_the_traces_mean_lengths(tmp_path, azure_trace):
     import csv
 
     rows = list(csv.DictReader(azure_trace.open()))
-    spec = _tune(tmp_path, "--trace", str(azure_trace), "--isl", "9999", "--osl", "7")
+    spec = _tune(tmp_path, "--trace", str(azure_trace))
     # the CLI samples up to 256 evenly spaced requests; the recorded means are those of that sample, which for
     # this trace lie close to the whole trace's
     mean_isl = sum(int(r["ContextTokens"]) for r in rows) / len(rows)
     mean_osl = sum(int(r["GeneratedTokens"]) for r in rows) / len(rows)
     assert abs(spec.workload.isl_tokens - mean_isl) / mean_isl < 0.25
     assert abs(spec.workload.osl_tokens - mean_osl) / mean_osl < 0.25
-    assert spec.workload.isl_tokens != 9999 and spec.workload.osl_tokens != 7
+    assert (spec.workload.isl_tokens, spec.workload.osl_tokens) != (3000, 150)  # not tune's defaults
+
+
+@pytest.mark.parametrize("given,named", [(["--isl", "100", "--osl", "5"], "--isl and --osl"),
+                                         (["--osl", "150"], "--osl")])
+@pytest.mark.parametrize("trace_option", ["--trace", "--trace-uri"])
+def test_isl_or_osl_with_a_trace_is_refused_not_ignored(tmp_path, azure_trace, given, named, trace_option):
+    out = tmp_path / "spec.json"
+    trace = str(azure_trace) if trace_option == "--trace" else "s3://bkt1/traffic.jsonl"
+    res = runner.invoke(app, ["tune", str(LLAMA_8B), trace_option, trace, *given, "--out", str(out)],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(f"error: {named}: not with {trace_option}: the trace's recorded lengths are what "
+                                 f"is sized for; drop {named}")
+    assert not out.exists()
 
 
 def test_a_trace_of_long_prompts_gets_at_least_the_prefill_of_a_short_one(tmp_path):
@@ -103,14 +118,11 @@ def test_lengths_must_be_whole_finite_numbers_and_bom_csv_and_upper_case_suffixe
     assert res.exit_code == 2 and "Traceback" not in res.output
 
 
-def test_an_empty_trace_says_so_and_ignored_isl_osl_are_named(tmp_path):
+def test_an_empty_trace_says_so(tmp_path):
     empty = tmp_path / "traffic.jsonl"
     empty.write_text('{"timestamp": 1, "input_length": 0, "output_length": 0, "hash_ids": []}\n')
     res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(empty)])
     assert res.exit_code == 2 and "was any traffic recorded?" in " ".join(res.output.split())
-    _write_trace(empty, [(100, 10)])
-    res = runner.invoke(app, ["tune", str(LLAMA_8B), "--trace", str(empty), "--isl", "500", "--rate", "1"])
-    assert res.exit_code == 0 and "--isl/--osl are ignored with --trace" in " ".join(res.output.split())
 
 
 

@@ -140,3 +140,25 @@ def test_leader_election_needs_a_planner_and_a_lease(tmp_path, capsys):
     assert planner_settings(a)["leader_election"] == {"kind": "file", "lock_file": tmp_path / "l.json"}
     a = parse_args([*dry, "--leader-election", "kubernetes", "--leader-lease", "m-planner-leader"])
     assert planner_settings(a)["leader_election"] == {"kind": "kubernetes", "lease_name": "m-planner-leader"}
+
+
+def test_the_deployment_spec_is_json_text_or_the_path_of_a_file_holding_it(tmp_path):
+    from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
+    from runtime.server.__main__ import deployment_settings
+
+    text = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load", gpu_budget=7)).model_dump_json()
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(text)
+    for value in (text, str(spec_file)):
+        spec, _ = deployment_settings(parse_args([*BASE, "--deployment-spec", value]))
+        assert spec.planner.gpu_budget == 7
+    missing = tmp_path / "none.json"
+    with pytest.raises(SystemExit) as e:
+        deployment_settings(parse_args([*BASE, "--deployment-spec", str(missing)]))
+    assert str(e.value).startswith(f"--deployment-spec {missing}: neither DeploymentSpec JSON text")
+    assert "input_value" not in str(e.value)
+    spec_file.write_text('{"model": {"name": "m"}, "planner": {"gpu_budget": -1}}')
+    with pytest.raises(SystemExit) as e:
+        deployment_settings(parse_args([*BASE, "--deployment-spec", str(spec_file)]))
+    assert str(e.value).startswith(f"--deployment-spec {spec_file}: not a valid DeploymentSpec: planner.gpu_budget: ")
+    assert "\n" not in str(e.value)
