@@ -7,25 +7,11 @@ passes; each setting is broken once and the break is reported."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.scripts import load_script
-
-REPO = Path(__file__).resolve().parents[2]
-V = load_script("infra/validate.py")
-
-
-@pytest.fixture
-def tree(tmp_path):
-    """A copy of infra/, kserve/, pyproject.toml and the vendored CRD schemas to break."""
-    shutil.copytree(REPO / "infra", tmp_path / "infra", ignore=shutil.ignore_patterns(".terraform*", "__pycache__"))
-    shutil.copytree(REPO / "kserve", tmp_path / "kserve")
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(REPO / "runtime/deploy/schemas", tmp_path / "runtime/deploy/schemas")
-    return tmp_path
+from tests.infra_cluster import REPO, V, tree  # noqa: F401 - the fixture is used by name
 
 
 def _edit(tree: Path, rel: str, old: str, new: str) -> None:

@@ -3,11 +3,11 @@ each kind of breakage is reported as a FAIL naming the file and the problem."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.infra_cluster import tree  # noqa: F401 - the fixture is used by name
 from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,16 +22,6 @@ V = load_validator()
 
 def by_name(results):
     return {r.name: r for r in results}
-
-
-@pytest.fixture
-def tree(tmp_path):
-    """A copy of infra/ and kserve/ (and the version pins: pyproject.toml, the vendored CRD schemas) to break."""
-    shutil.copytree(REPO / "infra", tmp_path / "infra", ignore=shutil.ignore_patterns(".terraform*", "__pycache__"))
-    shutil.copytree(REPO / "kserve", tmp_path / "kserve")
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(REPO / "runtime/deploy/schemas", tmp_path / "runtime/deploy/schemas")
-    return tmp_path
 
 
 def test_committed_infrastructure_passes_every_offline_check():
