@@ -195,7 +195,10 @@ def probe_url(isvc: dict[str, Any], *, cluster_local: bool = False) -> str:
             if host and ns:
                 return f"http://{host}.{ns}.svc.cluster.local"
     if cluster_local and (status.get("address") or {}).get("url"):
-        return status["address"]["url"]
+        # its origin only: in Serverless mode KServe has written the v2 inference path of the model into it
+        # (".../v2/models/<name>/infer"), where the OpenAI routes are not
+        u = urlsplit(status["address"]["url"])
+        return f"{u.scheme}://{u.netloc}"
     if status.get("url"):
         return status["url"]
     raise ApplyError(f"{ident(isvc)}: status has no URL to probe")

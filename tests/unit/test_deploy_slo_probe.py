@@ -177,3 +177,6 @@ def test_probe_url_in_cluster_is_the_routes_cluster_local_address():
     del isvc["status"]["components"]
     assert probe_url(isvc) == "http://llama-predictor.pdserve.pdserve.example.com"
     assert probe_url(isvc, cluster_local=True) == "http://llama-predictor.pdserve.svc.cluster.local"
+    # KServe's Serverless mode writes the v2 inference path into the cluster-local address (kserve/kserve#2874)
+    isvc["status"]["address"]["url"] = "http://llama.pdserve.svc.cluster.local/v2/models/llama/infer"
+    assert probe_url(isvc, cluster_local=True) == "http://llama.pdserve.svc.cluster.local"
