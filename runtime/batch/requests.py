@@ -8,14 +8,18 @@ file can choose which server receives a request (a full URL, another path or ``.
 Output (OpenAI "batch output file"): one line per request,
 ``{"id", "custom_id", "response": {"status_code", "request_id", "body"} | null, "error": {"code", "message"} | null}``;
 a request that got an HTTP answer has ``response`` (and ``error`` when the status is not 2xx); one that never got
-an answer (connection refused, timeout) has ``response: null`` and ``error``. Resuming keeps the 2xx lines of an
-earlier output and sends the rest again.
+an answer (connection refused, timeout) has ``response: null`` and ``error``. Each line written by the runner also
+carries ``request_sha256`` (``REQUEST_HASH_KEY``), the hash of the url and body it answers (OpenAI clients ignore
+a key they do not know). Resuming keeps the 2xx lines of an earlier output whose request is unchanged and sends the
+rest again: a line whose hash differs from its input line's request is an answer to another request (the body was
+edited since); a line without the key (written by a runner that did not record it) is kept by ``custom_id`` alone.
 
 Pure: parses lines the caller has read, returns lines for the caller to write.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +31,8 @@ from runtime import strict_json
 ALLOWED_URLS = ("/v1/chat/completions", "/v1/completions")
 #: At most this many problems are listed in one BatchInputError.
 MAX_LISTED_ERRORS = 20
+#: Top-level key of an output line: :func:`request_sha256` of the request the line answers.
+REQUEST_HASH_KEY = "request_sha256"
 
 
 class BatchInputError(ValueError):
@@ -51,6 +57,19 @@ class BatchRequest:
     def body(self) -> dict[str, Any]:
         """The request body, parsed again (a new dict on each call)."""
         return strict_json.loads(self.body_json)
+
+
+def request_sha256(req: BatchRequest) -> str:
+    """SHA-256 (64 lowercase hex digits) of what is asked by ``req``: its url, a newline, then its body as canonical
+    JSON (keys sorted at every level, compact, UTF-8), the model filled in by ``--model`` included.
+
+    Any change to what the server is asked (prompt, ``max_tokens``, model, url) changes the hash; the order of the
+    body's keys does not, so an input rewritten by another JSON writer does not send every request again."""
+    canonical = json.dumps(json.loads(req.body_json), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    h = hashlib.sha256(req.url.encode())
+    h.update(b"\n")
+    h.update(canonical.encode())
+    return h.hexdigest()
 
 
 def parse_input(lines: Iterable[str], default_model: str | None = None) -> list[BatchRequest]:
@@ -140,12 +159,14 @@ def _check(rec: dict, n: int, default_model: str | None, seen: dict[str, int]) -
 
 
 def output_line(custom_id: str, *, status_code: int | None, body: Any = None, request_id: str = "",
-                error: str | None = None) -> str:
+                error: str | None = None, request_hash: str | None = None) -> str:
     """One output line (JSON, newline-terminated) for ``custom_id``.
 
     ``status_code`` None means no HTTP answer (``error`` says why). A non-2xx status also gets an ``error``
     (``error`` or, failing that, the OpenAI error message in ``body``), and so does a 2xx with an ``error`` (an
     answer that is not an OpenAI response). A body JSON cannot hold (NaN, Infinity) is dropped and said so.
+    ``request_hash`` (:func:`request_sha256` of the request answered) is written under ``REQUEST_HASH_KEY``
+    when given, so a resumed run can tell an answer to an edited request from a current one.
     """
     response = None if status_code is None else {"status_code": status_code, "request_id": request_id, "body": body}
     err = None
@@ -155,11 +176,14 @@ def output_line(custom_id: str, *, status_code: int | None, body: Any = None, re
                                                              else f"http_{status_code}")
         err = {"code": code, "message": message}
     rec = {"id": f"batch_req_{request_id or custom_id}", "custom_id": custom_id, "response": response, "error": err}
+    if request_hash is not None:
+        rec[REQUEST_HASH_KEY] = request_hash
     try:
         return json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
     except ValueError:  # NaN / Infinity in the answer: not JSON; keep the line valid, count it as failed
         return output_line(custom_id, status_code=status_code, body=None, request_id=request_id,
-                           error="the answer holds NaN or Infinity (not JSON); its body was dropped")
+                           error="the answer holds NaN or Infinity (not JSON); its body was dropped",
+                           request_hash=request_hash)
 
 
 def error_message(body: Any) -> str | None:
@@ -170,14 +194,25 @@ def error_message(body: Any) -> str | None:
     return None
 
 
-def succeeded_lines(lines: Iterable[str]) -> dict[str, str]:
-    """``{custom_id: line}`` of the output lines whose request succeeded (2xx, an OpenAI body, no error), last one
-    winning.
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A 2xx output line of an earlier run: ``line`` (newline-terminated) and ``request_hash``, the line's
+    ``REQUEST_HASH_KEY`` (None when the line has none, written without it; "" when it is not a string, which
+    matches no request)."""
+
+    line: str
+    request_hash: str | None
+
+
+def succeeded_lines(lines: Iterable[str]) -> dict[str, Answered]:
+    """``{custom_id: Answered}`` of the output lines whose request succeeded (2xx, an OpenAI body, no error), last
+    one winning.
 
     Lines that are not output records (a truncated last line after a crash, a failed request) are left out, so a
-    resumed run sends those requests again.
+    resumed run sends those requests again. Whether an answer still answers its input line is
+    :func:`kept_answers`' question.
     """
-    done: dict[str, str] = {}
+    done: dict[str, Answered] = {}
     for raw in lines:
         try:
             rec = json.loads(raw)
@@ -189,8 +224,33 @@ def succeeded_lines(lines: Iterable[str]) -> dict[str, str]:
         code = resp.get("status_code") if isinstance(resp, dict) else None
         if (type(code) is int and 200 <= code < 300 and rec.get("error") is None
                 and isinstance(resp.get("body"), dict)):
-            done[rec["custom_id"]] = raw if raw.endswith("\n") else raw + "\n"
+            digest = rec.get(REQUEST_HASH_KEY)
+            digest = digest if digest is None or isinstance(digest, str) else ""
+            done[rec["custom_id"]] = Answered(raw if raw.endswith("\n") else raw + "\n", digest)
     return done
+
+
+def kept_answers(done: dict[str, Answered], requests: Iterable[BatchRequest]) -> tuple[dict[str, str], list[str]]:
+    """Split earlier answers (:func:`succeeded_lines`) by whether they still answer ``requests``.
+
+    Returns:
+        ``(kept, changed)``: ``kept`` maps the custom_id of each request whose answer is current to its line, in
+        input order (a line with a hash equal to :func:`request_sha256` of the request, or with no hash at all:
+        such a line is trusted by custom_id alone); ``changed`` lists, in input order, the custom_ids whose line
+        answers another url or body (the input was edited since), to be sent again. Answers whose custom_id is
+        in no request are in neither (the caller refuses such an output).
+    """
+    kept: dict[str, str] = {}
+    changed: list[str] = []
+    for req in requests:
+        ans = done.get(req.custom_id)
+        if ans is None:
+            continue
+        if ans.request_hash is None or ans.request_hash == request_sha256(req):
+            kept[req.custom_id] = ans.line
+        else:
+            changed.append(req.custom_id)
+    return kept, changed
 
 
 def not_output_lines(lines: Iterable[str]) -> list[int]:

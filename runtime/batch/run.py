@@ -5,7 +5,9 @@ sends each request to ``endpoint`` + the line's path (``/v1/chat/completions`` â
 in flight, and writes one output line per request as it completes. Transient failures (connection errors,
 timeouts, HTTP 429/500/502/503/504) are retried with exponential back-off and jitter (tenacity), up to
 ``max_retries`` times. A run that stops part-way (pod evicted, Ctrl-C) leaves the finished lines in the output;
-running the same command again keeps its 2xx lines and sends only the rest.
+running the same command again keeps its 2xx lines and sends only the rest. Each line records the hash of the
+request it answers (``runtime.batch.requests.request_sha256``): a request whose url or body was edited in the input
+since it was answered is sent again and its old line dropped, never kept as the answer to the new request.
 
 Files are local paths or ``s3://bucket/key`` (boto3, the same client and credential chain as staging:
 ``runtime.staging.s3.make_client``). An S3 output is written through a local work file and uploaded every
@@ -36,8 +38,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from runtime.batch.requests import (BatchRequest, error_message, not_output_lines, output_line, parse_input,
-                                    succeeded_lines, usage_tokens)
+from runtime.batch.requests import (BatchRequest, error_message, kept_answers, not_output_lines, output_line,
+                                    parse_input, request_sha256, succeeded_lines, usage_tokens)
 from runtime.paths import write_text_atomically
 
 log = logging.getLogger(__name__)
@@ -69,10 +71,13 @@ class BatchInterrupted(Exception):
 
 @dataclass
 class BatchSummary:
-    """What one run did. ``resumed``: requests already answered (2xx) in an earlier output, not sent again."""
+    """What one run did. ``resumed``: requests already answered (2xx) in an earlier output, not sent again;
+    ``changed``: requests answered (2xx) in an earlier output for another url or body (the input line was edited
+    since), sent again in this run (counted in ``succeeded`` / ``failed`` when answered)."""
 
     requests: int = 0
     resumed: int = 0
+    changed: int = 0
     succeeded: int = 0
     failed: int = 0
     prompt_tokens: int = 0
@@ -219,7 +224,8 @@ async def send_all(
     secrets: tuple[str, ...] = (),
 ) -> None:
     """Send ``requests`` with at most ``concurrency`` in flight; call ``write(line, request, body)`` for each
-    as it completes (``line``: its output line, whose ``error`` is null when it succeeded).
+    as it completes (``line``: its output line, whose ``error`` is null when it succeeded, with the request's
+    hash, ``requests.REQUEST_HASH_KEY``).
 
     ``endpoint`` must have passed :func:`check_endpoint`; each request goes to ``endpoint + request.url``.
     Retries: transport errors and ``RETRY_STATUSES``, at most ``max_retries`` more tries each, waiting
@@ -271,7 +277,8 @@ async def send_all(
             for secret in secrets:
                 if error:
                     error = error.replace(secret, "***")
-            line = output_line(req.custom_id, status_code=status, body=body, request_id=request_id, error=error)
+            line = output_line(req.custom_id, status_code=status, body=body, request_id=request_id, error=error,
+                               request_hash=request_sha256(req))
             write(line, req, body)
 
         async def worker() -> None:
@@ -302,6 +309,11 @@ def run_batch(
     the output (a local output must be a regular file or absent, a symlink is written through; an S3 output is
     uploaded once with the kept lines), and that an existing output belongs to this input (every answered
     custom_id in it is in the input: a resumed output never silently loses answers).
+
+    Resume: an existing output is rewritten with its 2xx lines that still answer their input line (same url and
+    body, by the hash each line records; a line without one is kept by custom_id), one per custom_id, then each
+    new answer is appended. A request edited since its answer is sent again (``BatchSummary.changed``) and its old
+    line is dropped, so the output never holds an answer to a request that is no longer in the input.
 
     Args:
         input_uri / output_uri: local paths or ``s3://bucket/key``; an existing output is resumed.
@@ -369,8 +381,13 @@ def run_batch(
         raise BatchRunError(f"--output {output_uri}: holds answers to {len(foreign)} request(s) that are not in "
                             f"this input (e.g. custom_id {foreign[0]!r}): another batch's output? Choose another "
                             "output; nothing was sent")
-    todo = [r for r in requests if r.custom_id not in done]
-    summary = BatchSummary(requests=len(requests), resumed=len(done))
+    # an answer to an edited request is dropped here, so the rewrite below leaves it out of the output
+    kept, changed = kept_answers(done, requests)
+    todo = [r for r in requests if r.custom_id not in kept]
+    summary = BatchSummary(requests=len(requests), resumed=len(kept), changed=len(changed))
+    if changed:
+        log.info("%d request(s) changed since they were answered (e.g. custom_id %r): sent again",
+                 len(changed), changed[0])
 
     tmpdir = tempfile.TemporaryDirectory(prefix="pdserve-batch-") if s3_out else None
     work = Path(tmpdir.name) / "output.jsonl" if tmpdir else target
@@ -381,7 +398,7 @@ def run_batch(
             mode = stat.S_IMODE(work.stat().st_mode) if work.exists() else None
             # the kept 2xx lines replace the old output atomically (a crash here loses no earlier answer), with
             # the old file's permissions; then each new answer is appended as it comes
-            write_text_atomically(work, "".join(done.values()))
+            write_text_atomically(work, "".join(kept.values()))
             if mode is not None:
                 os.chmod(work, mode)
             out = work.open("a", encoding="utf-8")

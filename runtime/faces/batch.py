@@ -57,7 +57,8 @@ def run_cmd(
     output_uri: Annotated[str, typer.Option(
         "--output", "-o", help="Output JSONL (OpenAI batch output lines: custom_id, response, error): a local path "
                                "or s3://bucket/key. If it exists, its successful lines are kept and only the rest "
-                               "are sent (resume).")],
+                               "are sent (resume); a line whose request was edited in the input since it was "
+                               "answered is sent again and its old answer dropped.")],
     endpoint: Annotated[str, typer.Option(
         help="OpenAI base of the pdserve runtime, WITHOUT /v1: each line's url (/v1/...) is appended to it, so a "
              "line cannot pick another server. Local `pdserve serve`: http://127.0.0.1:8080/openai; in the "
@@ -78,8 +79,9 @@ def run_cmd(
 ) -> None:
     """Send every request of a batch file to the endpoint and write one output line per request.
 
-    Prints a JSON summary line on stdout: requests, resumed (answered by an earlier run, not sent again),
-    succeeded, failed, tokens, wall_s, and "interrupted" (SIGINT or SIGTERM) when a signal stopped the run.
+    Prints a JSON summary line on stdout: requests, resumed (answered by an earlier run, not sent again), changed
+    (answered by an earlier run, but the input line's url or body was edited since: sent again, the old answer
+    dropped), succeeded, failed, tokens, wall_s, and "interrupted" (SIGINT or SIGTERM) when a signal stopped the run.
 
     Exit status: 0 when every request got a 2xx answer; 1 when some did not (their output lines carry the error),
     an s3:// output could not be uploaded at the end (the answers are kept in a local file, named) or the S3
@@ -105,11 +107,13 @@ def run_cmd(
     except BatchInterrupted as e:
         _interrupted(e, output_uri)
     print(json.dumps(summary.as_dict()))
+    if summary.changed:
+        err.print(escape(f"{summary.changed} request(s) had been edited in the input since {output_uri} answered "
+                         "them: sent again, their old answers dropped"))
     if summary.failed:
         err.print(escape(f"{summary.failed} of {summary.requests} request(s) failed; their lines in {output_uri} say "
                          "why. The same command retries only those (a 4xx answer fails again until its line is "
-                         "fixed). Answered lines are kept by custom_id: a request changed after it was answered "
-                         "needs a new custom_id, or another output, to be sent again."))
+                         "fixed)."))
         if summary.succeeded == 0 and summary.not_found == summary.failed:
             if summary.unknown_model == summary.not_found:
                 err.print(escape(f"every request got 404 from the server itself: it does not serve that model; check "

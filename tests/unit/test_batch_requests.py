@@ -2,7 +2,8 @@
 
 Specification: every malformed line is reported at once with its line number and nothing is accepted; a line's
 url is only a path from the allow-list, so a batch file cannot choose the server (full URLs, other paths and
-``..`` are refused); output lines follow OpenAI's batch output shape; resume keeps only 2xx lines.
+``..`` are refused); output lines follow OpenAI's batch output shape; resume keeps only 2xx lines, and of those
+only the ones whose recorded request hash matches the input line (a line without a hash is kept by custom_id).
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import pytest
 
 from runtime.batch.requests import (
     ALLOWED_URLS,
+    REQUEST_HASH_KEY,
     BatchInputError,
+    kept_answers,
     not_output_lines,
     output_line,
     parse_input,
+    request_sha256,
     succeeded_lines,
     usage_tokens,
 )
@@ -85,6 +89,44 @@ def test_resume_keeps_only_the_2xx_lines_and_skips_a_truncated_tail():
     lines = [output_line("a", status_code=200, body={}), output_line("b", status_code=503, body="busy"),
              output_line("c", status_code=None, error="timeout"), output_line("d", status_code=200, body={})[:-9]]
     assert list(succeeded_lines(lines)) == ["a"]
+
+
+def test_the_request_hash_covers_the_url_and_the_body_as_sent():
+    base = parse_input([_line("a", url="/v1/completions", model="m", prompt="p", max_tokens=3)])[0]
+    assert len(request_sha256(base)) == 64 and request_sha256(base) == request_sha256(parse_input([_line(
+        "other-id", url="/v1/completions", model="m", prompt="p", max_tokens=3)])[0])  # not the custom_id
+    edits = [_line("a", url="/v1/completions", model="m", prompt="q", max_tokens=3),
+             _line("a", url="/v1/completions", model="m", prompt="p", max_tokens=4),
+             _line("a", url="/v1/completions", model="n", prompt="p", max_tokens=3),
+             _line("a", url="/v1/chat/completions", model="m", prompt="p", max_tokens=3)]
+    assert len({request_sha256(base)} | {request_sha256(parse_input([e])[0]) for e in edits}) == 5
+    filled = parse_input([_line("a", url="/v1/completions", prompt="p", max_tokens=3)], default_model="m")[0]
+    assert request_sha256(filled) == request_sha256(base)  # the model --model fills in is part of what is sent
+    reordered = json.dumps({"custom_id": "a", "url": "/v1/completions",
+                            "body": {"max_tokens": 3, "prompt": "p", "model": "m"}})
+    assert request_sha256(parse_input([reordered])[0]) == request_sha256(base)  # the body's key order is no change
+
+
+def test_output_lines_carry_the_hash_and_resume_keeps_only_current_answers():
+    reqs = parse_input([_line(c, url="/v1/completions", model="m", prompt=c) for c in "abcde"])
+    h = {r.custom_id: request_sha256(r) for r in reqs}
+    line = output_line("a", status_code=200, body={}, request_hash=h["a"])
+    assert json.loads(line)[REQUEST_HASH_KEY] == h["a"] and REQUEST_HASH_KEY not in json.loads(
+        output_line("a", status_code=200, body={}))
+    nan = json.loads(output_line("a", status_code=200, body={"x": float("nan")}, request_hash=h["a"]))
+    assert nan[REQUEST_HASH_KEY] == h["a"] and nan["error"]["code"] == "invalid_response"
+    lines = [line,
+             output_line("b", status_code=200, body={}, request_hash=h["a"]),  # answers another request
+             output_line("c", status_code=200, body={}),  # no hash: kept by custom_id
+             json.dumps({**json.loads(output_line("d", status_code=200, body={})), REQUEST_HASH_KEY: 7}),
+             output_line("e", status_code=200, body={}, request_hash=h["c"]),  # stale, then the current one
+             output_line("e", status_code=200, body={}, request_hash=h["e"])]
+    done = succeeded_lines(lines)
+    assert done["c"].request_hash is None and done["d"].request_hash == "" and done["e"].request_hash == h["e"]
+    kept, changed = kept_answers(done, reversed(reqs))
+    assert list(kept) == ["e", "c", "a"] and changed == ["d", "b"]
+    assert kept["a"] == line and kept["e"] == lines[-1] and kept["c"] == lines[2]
+    assert kept_answers(done, reqs[:1]) == ({"a": line}, [])  # answers to no request: in neither
 
 
 def test_lines_that_are_no_output_records_are_found_but_a_truncated_tail_is_not():
