@@ -12,8 +12,10 @@ else PATH; `pip install vllm-router` into any venv), vLLM's Rust router in P/D m
 stand-ins (log level warning: neither front end writes a line per request).
 
 An open-loop load generator (Poisson arrivals, streamed chat completions) runs each rate of `--rates` for
-`--duration-s` against each target in turn — direct (the decode stand-in itself, no prefill leg), pdserve,
-vllm_router — so the three see the same machine state. Per target and rate it records TTFT and inter-token
+`--duration-s` against each target in turn — direct (the decode stand-in itself, no prefill leg), direct_pd
+(the load generator makes the P/D legs itself: the prefill call with the runtime's own worker client, then
+the decode stream with the `kv_transfer_params` it returned), pdserve, vllm_router — so all see the same
+machine state. Per target and rate it records TTFT and inter-token
 time (ITL) of every request, errors, and the CPU seconds the front-end process spent (/proc/PID/stat utime +
 stime, all its threads).
 
@@ -25,7 +27,9 @@ Prints ONE JSON line:
   error, ≥ 95 % of the offered requests done in the window + drain, added TTFT p99 over direct ≤
   `--added-p99-bound-ms`); `requests_per_cpu_s` at that rate (requests per CPU-second of the front-end
   process: requests/s per core, independent of what else the machine runs); and, at the rate of `--rates`
-  nearest half its capacity, added TTFT p50/p99 and added ITL p50/p99 in ms over direct at the same rate;
+  nearest half its capacity, added TTFT p50/p99 and added ITL p50/p99 in ms over direct at the same rate,
+  and `added_ttft_over_pd_p50_ms` / `_p99_ms` over direct_pd: the front end's own work on the way to the first
+  token, without the prefill leg that disaggregation costs any client (both front ends make that leg);
 * `pdserve_vs_vllm_router_rps_per_core`: the ratio of the two requests_per_cpu_s;
 * `pdserve_replicas` (with `--replicas N` > 1; else null): N more runtime processes in front of the same
   stand-ins, each request to the next one in turn (an even balancer, as a Kubernetes Service is), CPU summed
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -50,6 +55,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -59,6 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from runtime.paths import print_json_line  # noqa: E402
+from runtime.engines.client import BackendError, VllmClient  # noqa: E402
 from runtime.procs import stop_process  # noqa: E402
 
 MODEL = "standin"
@@ -91,13 +98,19 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> No
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f} s")
 
 
-async def _one(client: httpx.AsyncClient, url: str, max_tokens: int, i: int) -> dict:
+async def _one(client: httpx.AsyncClient, url: str, max_tokens: int, i: int,
+               prefill: VllmClient | None = None) -> dict:
+    """One streamed chat completion to `url`; with `prefill`, the client makes the P/D legs itself: the
+    prefill call (the runtime's own worker client and request, `VllmClient.prefill`) and then the stream to
+    `url` (a decode worker) with the `kv_transfer_params` it returned. TTFT counts from before the first leg."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": f"request {i} says hello to the router"}],
             "max_tokens": max_tokens, "stream": True}
     t0 = time.perf_counter()
     times: list[float] = []
     text: list[str] = []
     try:
+        if prefill is not None:
+            body["kv_transfer_params"] = await prefill.prefill("/v1/chat/completions", body, f"pd-{i}")
         async with client.stream("POST", url, json=body) as r:
             if r.status_code != 200:
                 await r.aread()
@@ -110,7 +123,7 @@ async def _one(client: httpx.AsyncClient, url: str, max_tokens: int, i: int) -> 
                     if piece:
                         times.append(time.perf_counter())
                         text.append(piece)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, BackendError) as exc:
         return {"ok": False, "status": type(exc).__name__}
     if not times:
         return {"ok": False, "status": "no tokens"}
@@ -118,17 +131,29 @@ async def _one(client: httpx.AsyncClient, url: str, max_tokens: int, i: int) -> 
     return {"ok": True, "ttft": times[0] - t0, "itl": itl, "text": "".join(text)}
 
 
-async def _single(url: str, max_tokens: int) -> dict:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as client:
-        return await _one(client, url, max_tokens, 0)
+async def _single(url: str, max_tokens: int, prefill_url: str | None = None) -> dict:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as client, _prefill_client(prefill_url) as pre:
+        return await _one(client, url, max_tokens, 0, pre)
 
 
-async def _run_rate(urls: list[str], rate: float, duration_s: float, max_tokens: int, seed: int) -> list[dict]:
+@contextlib.asynccontextmanager
+async def _prefill_client(url: str | None) -> AsyncIterator[VllmClient | None]:
+    if url is None:
+        yield None
+        return
+    async with VllmClient(url, timeout_s=60.0) as client:
+        yield client
+
+
+async def _run_rate(urls: list[str], rate: float, duration_s: float, max_tokens: int, seed: int,
+                    prefill_url: str | None = None) -> list[dict]:
     """Open loop: Poisson arrivals at `rate` req/s for `duration_s`, request i to `urls[i % len(urls)]` (an even
-    balancer in front of replicas, as a Kubernetes Service is); waits for every request to end."""
+    balancer in front of replicas, as a Kubernetes Service is); waits for every request to end. With
+    `prefill_url` the client makes each request's prefill leg there first (`_one`)."""
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0)) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0)) as client, \
+            _prefill_client(prefill_url) as pre:
         tasks, t, i = [], 0.0, 0
         start = time.perf_counter()
         while True:
@@ -138,7 +163,7 @@ async def _run_rate(urls: list[str], rate: float, duration_s: float, max_tokens:
             delay = start + t - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_one(client, urls[i % len(urls)], max_tokens, i)))
+            tasks.append(asyncio.create_task(_one(client, urls[i % len(urls)], max_tokens, i, pre)))
             i += 1
         return list(await asyncio.gather(*tasks))
 
@@ -213,7 +238,11 @@ def main() -> None:
         prefill, decode = (f"http://127.0.0.1:{ports[r]}" for r in ("prefill", "decode"))
         # name -> (URLs the load is spread over, front-end processes whose CPU is counted)
         targets: dict[str, tuple[list[str], list[subprocess.Popen]]] = {
-            "direct": ([f"{decode}/v1/chat/completions"], [])}
+            "direct": ([f"{decode}/v1/chat/completions"], []),
+            "direct_pd": ([f"{decode}/v1/chat/completions"], [])}
+        # the references whose client makes its prefill leg itself
+        prefill_of = {"direct_pd": prefill}
+        references = {"direct", "direct_pd"}
 
         def runtimes(name: str, n: int) -> None:
             urls, rts = [], []
@@ -240,7 +269,8 @@ def main() -> None:
             targets["vllm_router"] = ([f"http://127.0.0.1:{ports['vllm_router']}/v1/chat/completions"], [vr])
 
         # correctness gate: every front end returns the direct answer
-        answers = [asyncio.run(_single(url, args.max_tokens)) for urls, _ in targets.values() for url in urls]
+        answers = [asyncio.run(_single(url, args.max_tokens, prefill_of.get(name)))
+                   for name, (urls, _) in targets.items() for url in urls]
         outputs_equal = all(a["ok"] for a in answers) and len({a["text"] for a in answers}) == 1
 
         per: dict[str, dict[float, dict]] = {name: {} for name in targets}
@@ -249,20 +279,22 @@ def main() -> None:
             for name in [n for n in targets if n in live]:
                 urls, fronts = targets[name]
                 cpu0 = sum(_cpu_s(p.pid) for p in fronts)
-                res = asyncio.run(_run_rate(urls, rate, args.duration_s, args.max_tokens, seed=k))
+                res = asyncio.run(_run_rate(urls, rate, args.duration_s, args.max_tokens, seed=k,
+                                            prefill_url=prefill_of.get(name)))
                 cpu = (sum(_cpu_s(p.pid) for p in fronts) - cpu0) if fronts else None
                 per[name][rate] = _summary(res, len(res), cpu)
-            for name in list(live - {"direct"}):
+            for name in list(live - references):
                 if not _sustained(per[name][rate], per["direct"][rate], args.added_p99_bound_ms / 1000.0):
                     live.discard(name)
-            if live == {"direct"}:
+            if live == references:
                 break
 
         line: dict = {"bench": "frontend", "outputs_equal": outputs_equal, "rates": rates,
                       "duration_s": args.duration_s, "max_tokens": args.max_tokens,
                       "token_interval_ms": args.token_interval_ms, "added_p99_bound_ms": args.added_p99_bound_ms}
         for name in ("pdserve", "vllm_router"):
-            line[name] = (_front_end_summary(per[name], per["direct"], args.added_p99_bound_ms / 1000.0)
+            line[name] = (_front_end_summary(per[name], per["direct"], args.added_p99_bound_ms / 1000.0,
+                                             per["direct_pd"])
                           if name in targets else None)
         a = line["pdserve"].get("requests_per_cpu_s")
         b = line["vllm_router"].get("requests_per_cpu_s") if router_bin else None
@@ -270,7 +302,8 @@ def main() -> None:
         line["pdserve_vs_vllm_router_rps_per_core_by_rate"] = _ratio_by_rate(per) if router_bin else None
         line["pdserve_replicas"] = None
         if replicas_name:
-            many = _front_end_summary(per[replicas_name], per["direct"], args.added_p99_bound_ms / 1000.0)
+            many = _front_end_summary(per[replicas_name], per["direct"], args.added_p99_bound_ms / 1000.0,
+                                      per["direct_pd"])
             one = line["pdserve"]
             line["pdserve_replicas"] = many | {
                 "replicas": args.replicas,
@@ -304,20 +337,23 @@ def _sustained(s: dict, direct: dict, bound_s: float) -> bool:
             and s["ttft_p99_s"] - direct["ttft_p99_s"] <= bound_s)
 
 
-def _front_end_summary(per: dict[float, dict], direct: dict[float, dict], bound_s: float) -> dict:
+def _front_end_summary(per: dict[float, dict], direct: dict[float, dict], bound_s: float,
+                       direct_pd: dict[float, dict]) -> dict:
     ok = [r for r, s in per.items() if _sustained(s, direct[r], bound_s)]
     if not ok:
         return {"capacity_rps": 0.0}
     cap = max(ok)
     half = min(ok, key=lambda r: abs(r - cap / 2))
-    s, d = per[half], direct[half]
+    s, d, pd = per[half], direct[half], direct_pd[half]
     ms = 1000.0
     return {"capacity_rps": cap, "requests_per_cpu_s": round(per[cap]["requests_per_cpu_s"], 1),
             "at_rps": half,
             "added_ttft_p50_ms": round((s["ttft_p50_s"] - d["ttft_p50_s"]) * ms, 2),
             "added_ttft_p99_ms": round((s["ttft_p99_s"] - d["ttft_p99_s"]) * ms, 2),
             "added_itl_p50_ms": round((s["itl_p50_s"] - d["itl_p50_s"]) * ms, 3),
-            "added_itl_p99_ms": round((s["itl_p99_s"] - d["itl_p99_s"]) * ms, 3)}
+            "added_itl_p99_ms": round((s["itl_p99_s"] - d["itl_p99_s"]) * ms, 3),
+            "added_ttft_over_pd_p50_ms": round((s["ttft_p50_s"] - pd["ttft_p50_s"]) * ms, 2),
+            "added_ttft_over_pd_p99_ms": round((s["ttft_p99_s"] - pd["ttft_p99_s"]) * ms, 2)}
 
 
 if __name__ == "__main__":

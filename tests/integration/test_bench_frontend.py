@@ -26,12 +26,22 @@ def test_frontend_bench_reports_pdserve_against_direct(tmp_path):
     for rate, s in pd.items():
         assert s["errors"] == 0 and s["done"] == s["offered"] == direct[rate]["offered"] > 0
         assert s["cpu_s"] > 0 and s["ttft_p50_s"] > 0
-    # every request through pdserve was one prefill whose kv_transfer_params reached its decode
-    assert line["prefills"] == line["remote_decodes"] == 1 + sum(s["done"] for s in pd.values())
+    # the P/D reference: the client made both legs itself, at the same rates, with the same answers
+    ref = line["per_rate"]["direct_pd"]
+    assert set(ref) == set(direct)
+    for rate, s in ref.items():
+        assert s["errors"] == 0 and s["done"] == s["offered"] == direct[rate]["offered"] > 0
+        assert s["cpu_s"] is None and s["ttft_p50_s"] > 0
+    # every request through pdserve and the P/D reference was one prefill whose kv_transfer_params reached its
+    # decode (plus one correctness answer each)
+    assert line["prefills"] == line["remote_decodes"] == 2 + sum(s["done"] for s in [*pd.values(), *ref.values()])
     summary = line["pdserve"]
     assert summary["capacity_rps"] in (0.0, 4.0, 8.0)
     if summary["capacity_rps"]:
         assert summary["requests_per_cpu_s"] > 0 and summary["at_rps"] in (4.0, 8.0)
+        at = str(summary["at_rps"])
+        over_pd = (pd[at]["ttft_p50_s"] - ref[at]["ttft_p50_s"]) * 1000.0
+        assert summary["added_ttft_over_pd_p50_ms"] == round(over_pd, 2)
 
 
 def test_frontend_bench_refuses_a_missing_router_binary(tmp_path):
@@ -49,8 +59,9 @@ def test_frontend_bench_spreads_load_over_runtime_replicas(tmp_path):
     # both replica processes were started and served: each has its own log and answered the correctness gate
     assert len(list(tmp_path.glob("pdserve_x2-*.log"))) == 2
     one = line["per_rate"]["pdserve"]["6.0"]
-    # 4 correctness answers (direct, pdserve, 2 replicas; direct has no prefill leg) + every request served
-    assert line["prefills"] == line["remote_decodes"] == 3 + one["done"] + many["done"]
+    # 4 correctness answers with a prefill leg (direct_pd, pdserve, 2 replicas; direct has none) + every request
+    ref = line["per_rate"]["direct_pd"]["6.0"]
+    assert line["prefills"] == line["remote_decodes"] == 4 + one["done"] + many["done"] + ref["done"]
     rep = line["pdserve_replicas"]
     assert rep["replicas"] == 2 and set(rep["requests_per_cpu_s_vs_one_by_rate"]) <= {"6.0"}
 
