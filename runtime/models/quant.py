@@ -29,8 +29,9 @@ compressed-tensors regexes (``re:...``, matched from the start of the name) or M
 ``module_unquantized`` matches a name against them.
 
 Block-wise FP8 (``fp8`` with ``weight_block_size``, compressed-tensors ``block`` strategy with
-``block_structure``) records its ``[block_n, block_k]`` in ``CheckpointPrecision.block_size``: vLLM refuses
-tensor-parallel shards that split a block (``runtime.models.spec.ModelSpec.block_quant_problem``).
+``block_structure``, ModelOpt ``FP8_PB_WO`` at vLLM's fixed 128 x 128) records its ``[block_n, block_k]`` in
+``CheckpointPrecision.block_size``: vLLM refuses tensor-parallel shards that split a block
+(``runtime.models.spec.ModelSpec.block_quant_problem``).
 
 The KV cache is ``fp8`` when the checkpoint carries calibrated FP8 KV scales (ModelOpt ``kv_cache_quant_algo``
 ``FP8``, compressed-tensors ``kv_cache_scheme`` of 8-bit floats); vLLM uses them with ``--kv-cache-dtype fp8``.
@@ -56,6 +57,9 @@ PERF_PRECISION = {"bf16": "bf16", "fp8": "fp8", "fp8-block": "fp8", "mxfp4": "fp
                   "unknown": "bf16"}
 
 _MODELOPT_ALGOS = {"FP8": "fp8", "FP8_PB_WO": "fp8-block", "NVFP4": "nvfp4"}
+#: (block_n, block_k) of ModelOpt ``FP8_PB_WO`` weights: vLLM 0.28 ``ModelOptFp8PbWoLinearMethod._WEIGHT_BLOCK_SIZE``
+#: (``quantization/modelopt.py``), a constant; the checkpoint's config does not set it
+MODELOPT_PB_WO_BLOCK = (128, 128)
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,9 @@ def detect_precision(quant: Any, name: str = "") -> CheckpointPrecision:
                 f"({', '.join(_MODELOPT_ALGOS)}); sized as bf16, which overstates its weights"))
         skip = (_names(quant.get("exclude_modules")) or _names(quant.get("ignore"))
                 or _names(quant.get("ignored_layers")))
-        return CheckpointPrecision(fmt, kv, method, unquantized=skip)
+        # FP8_PB_WO: vLLM's ModelOptFp8PbWoLinearMethod fixes its blocks at 128 x 128 whatever the config says
+        block = MODELOPT_PB_WO_BLOCK if algo == "FP8_PB_WO" else ()
+        return CheckpointPrecision(fmt, kv, method, block_size=block, unquantized=skip)
     if m == "compressed-tensors":
         return _compressed_tensors(quant, method, who)
     return CheckpointPrecision("unknown", method=method, note=(

@@ -137,6 +137,9 @@ class ModelSpec:
     # longest context vLLM serves from this config (RoPE scaling applied, see `derived_max_model_len`); 0 if
     # the config gives no max_position_embeddings
     max_context_tokens: int = 0
+    # what precedes ``model.layers.{i}`` in the text model's module names: "language_model." for multimodal
+    # wrappers with a ``text_config`` (Llama 4), "" for text-only checkpoints
+    module_prefix: str = ""
     _counts: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ construction
@@ -149,9 +152,11 @@ class ModelSpec:
             name: model name for messages and MLflow (e.g. ``meta-llama/Llama-3.1-8B``).
 
         Raises:
-            ModelConfigError: naming every missing required field, non-positive value, wrongly typed field
+            ModelConfigError: naming every missing required field (``model_type`` included: transformers and
+                vLLM refuse a config without one), non-positive value, wrongly typed field
                 (e.g. ``tie_word_embeddings`` not a JSON boolean, ``layer_types`` not a list of strings), unknown
-                layer type, or unsupported architecture key (see ``UNSUPPORTED_ARCHITECTURE_KEYS``). Any other
+                layer type, unsupported architecture key (see ``UNSUPPORTED_ARCHITECTURE_KEYS``), or RoPE scaling
+                vLLM cannot build (see ``derived_max_model_len``). Any other
                 failure on a malformed config (a wrong-typed field this parser does not check by name) is
                 also a ModelConfigError naming the model, with the original exception as ``__cause__``.
         """
@@ -178,8 +183,18 @@ class ModelSpec:
                 f"(model_type={c.get('model_type')!r}); only attention+MLP/MoE decoders are modelled"
             )
 
-        model_type = str(c.get("model_type", ""))
-        if model_type and model_type not in KNOWN_MODEL_TYPES:
+        top_type = cfg.get("model_type")
+        if top_type is None:
+            # transformers' AutoConfig refuses such a config ("Should have a `model_type` key"), so vLLM cannot
+            # serve it, and every architecture default below (tied embeddings, qk norms, expert layout) hangs on it
+            raise ModelConfigError(
+                f"{name}: config.json is missing required field model_type (transformers and vLLM refuse a config "
+                f"without it); supported: {', '.join(sorted(KNOWN_MODEL_TYPES))}"
+            )
+        if not isinstance(top_type, str) or not isinstance(c.get("model_type"), str):
+            raise ModelConfigError(f"{name}: field model_type must be a string, got {_short(c.get('model_type'))}")
+        model_type = c["model_type"]
+        if model_type not in KNOWN_MODEL_TYPES:
             raise ModelConfigError(
                 f"{name}: model_type {model_type!r} is not an architecture pdserve models (its layer types, "
                 f"defaults such as tied embeddings, and KV layout are unknown); supported: "
@@ -294,6 +309,10 @@ class ModelSpec:
                 rope_layers = [int((i + 1) % step != 0) for i in range(layers)]
             kw.update(sliding_window_tokens=chunk, num_sliding_layers=sum(1 for x in rope_layers if x))
         quant = cfg.get("quantization_config") or c.get("quantization_config") or {}
+        if isinstance(text, dict):
+            # a multimodal wrapper (Llama4ForConditionalGeneration): vLLM builds the text model under
+            # ``language_model`` and its checkpoint names the weights so, which ignore lists follow
+            kw["module_prefix"] = "language_model."
         return cls(
             name=name,
             model_type=model_type,
@@ -466,12 +485,13 @@ class ModelSpec:
         and the LM head, as the Hugging Face checkpoints name them (``model.layers.{i}.self_attn.q_proj``, ...;
         MLA: ``q_a_proj`` / ``q_b_proj`` or ``q_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``, ``o_proj``; a
         dense FFN's ``gate_proj`` / ``up_proj`` / ``down_proj``; an MoE layer's router ``gate`` (gpt-oss and
-        Llama 4: ``router``) and shared experts). Biases are counted with their layer; norms are not linear."""
+        Llama 4: ``router``) and shared experts), each preceded by ``module_prefix`` (a multimodal wrapper's
+        ``language_model.``). Biases are counted with their layer; norms are not linear."""
         h, out = self.hidden_size, []
         b = 1 if self.attention_bias else 0
         ffn = self._moe_prefix()
         for i in range(self.num_layers):
-            a = f"model.layers.{i}.self_attn"
+            a = f"{self.module_prefix}model.layers.{i}.self_attn"
             if self.is_mla:
                 n, qk = self.num_attention_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
                 if self.q_lora_rank:
@@ -485,7 +505,7 @@ class ModelSpec:
                 q, kv = self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
                 out += [(f"{a}.q_proj", (h + b) * q), (f"{a}.k_proj", (h + b) * kv), (f"{a}.v_proj", (h + b) * kv),
                         (f"{a}.o_proj", q * h + b * h)]
-            f = f"model.layers.{i}.{ffn}"
+            f = f"{self.module_prefix}model.layers.{i}.{ffn}"
             if not self._is_moe_layer(i):
                 w = self.intermediate_size
                 out += [(f"{f}.gate_proj", h * w), (f"{f}.up_proj", h * w), (f"{f}.down_proj", w * h)]
@@ -494,20 +514,37 @@ class ModelSpec:
             out.append((f"{f}.{router}", h * self.num_experts))
             if self.num_shared_experts and self.shared_expert_intermediate_size:
                 w = self.num_shared_experts * self.shared_expert_intermediate_size
-                s = f"{f}.shared_experts" if self.model_type.startswith("deepseek") else f"{f}.shared_expert"
+                s = f"{f}.{self._shared_expert_name()}"
                 out += [(f"{s}.gate_proj", h * w), (f"{s}.up_proj", h * w), (f"{s}.down_proj", w * h)]
         return out
+
+    def _shared_expert_name(self) -> str:
+        return "shared_experts" if self.model_type.startswith("deepseek") else "shared_expert"
+
+    def module_is_unquantized(self, name: str) -> bool:
+        """True when the quantization config keeps module ``name`` (a full path as :meth:`linear_modules` gives
+        it, ``module_prefix`` included) in 16 bits (``runtime.models.quant.module_unquantized``). A ModelOpt
+        entry naming a module (no wildcard) also matches it without a wrapper's ``language_model.`` prefix, as
+        vLLM 0.28's ``ModelOptQuantConfigBase.is_layer_excluded`` matches it (on the name with the prefix
+        removed); the other methods match the full path only (vLLM ``is_layer_skipped``)."""
+        if module_unquantized(name, self.unquantized_modules):
+            return True
+        bare = name.removeprefix(self.module_prefix) if self.module_prefix else name
+        if bare == name or not self.quant_method.lower().startswith("modelopt"):
+            return False
+        plain = tuple(p for p in self.unquantized_modules if not (p.startswith("re:") or "*" in p or "?" in p))
+        return module_unquantized(bare, plain)
 
     @property
     def unquantized_linear_params(self) -> int:
         """Parameters of the linear layers of :meth:`linear_modules` that the quantization config keeps in 16
-        bits (``unquantized_modules``; e.g. Llama-3.1-405B-FP8 keeps every attention projection and the first
-        and last layers' MLPs in bf16). The routed experts, embedding and LM head are not counted here."""
+        bits (``unquantized_modules``, matched by :meth:`module_is_unquantized`; e.g. Llama-3.1-405B-FP8 keeps
+        every attention projection and the first and last layers' MLPs in bf16). The routed experts, embedding
+        and LM head are not counted here."""
         if not self.unquantized_modules:
             return 0
         if "u" not in self._counts:
-            self._counts["u"] = sum(n for name, n in self.linear_modules()
-                                    if module_unquantized(name, self.unquantized_modules))
+            self._counts["u"] = sum(n for name, n in self.linear_modules() if self.module_is_unquantized(name))
         return self._counts["u"]
 
     def block_quant_problem(self, tp: int, expert_parallel: bool = False) -> str:
@@ -526,28 +563,41 @@ class ModelSpec:
           for merged layers (QKV, gate/up: ``MergedColumnParallelLinear._maybe_allow_fp8_block_shape_mismatch``),
           compressed-tensors ones do not (their config has no ``weight_block_size`` attribute).
 
-        Layers the config keeps unquantised (``unquantized_modules``) are not checked. Attention-DP workers
+        ModelOpt ``FP8_PB_WO`` (128 x 128 blocks) is checked as vLLM's ``ModelOptFp8PbWoLinearMethod.create_weights``
+        does, at every ``tp`` including 1: each quantised linear layer's output share (a merged layer's parts
+        summed: QKV, gate/up, MLA ``q_a_proj`` + ``kv_a_proj_with_mqa``) and input share are multiples of 128;
+        its routed experts load through the per-tensor ``ModelOptFp8MoEMethod`` and are not checked.
+
+        Layers the config keeps unquantised (:meth:`module_is_unquantized`) are not checked. Attention-DP workers
         (TP 1 per rank) check the experts only.
+
+        Raises:
+            ValueError: ``tp`` is not an integer >= 1.
         """
         _check_tp(tp)
         if len(self.weight_block_size) != 2:
             return ""
         bn, bk = self.weight_block_size
+        if self.quant_algo == "FP8_PB_WO":
+            if ("pb_wo", tp) not in self._counts:  # walks every layer: the tuner asks once per candidate
+                self._counts[("pb_wo", tp)] = self._pb_wo_problem(tp)
+            return self._counts[("pb_wo", tp)]
         merged = self.quant_method.lower() == "compressed-tensors"  # no fp8 mismatch allowance for merged layers
         checks: list[tuple[str, str, int, str]] = []  # (module name, what, size, "n"/"k")
         moe = [i for i in range(self.num_layers) if self._is_moe_layer(i)]
         dense = [i for i in range(self.num_layers) if not self._is_moe_layer(i)]
         ffn = self._moe_prefix()
+        layer = f"{self.module_prefix}model.layers"
         if moe:
             w = self.moe_intermediate_size if expert_parallel else self.moe_intermediate_size // tp
             how = (f"moe_intermediate_size {self.moe_intermediate_size}" if expert_parallel
                    else f"moe_intermediate_size {self.moe_intermediate_size} / TP {tp}")
-            name = f"model.layers.{moe[0]}.{ffn}.experts"
+            name = f"{layer}.{moe[0]}.{ffn}.experts"
             checks.append((name, f"expert width per rank {w} ({how})", w, "n"))
             if tp > 1:
                 checks.append((name, f"expert down_proj input per rank {w} ({how})", w, "k"))
         if tp > 1:
-            a = "model.layers.0.self_attn"
+            a = f"{layer}.0.self_attn"
             n = self.num_attention_heads
             if self.is_mla:
                 qk = self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -568,10 +618,9 @@ class ModelSpec:
                                (f"{a}.k_proj", f"k_proj / v_proj output per rank {kv}", kv, "n")]
             mlps = []
             if dense:
-                mlps.append((f"model.layers.{dense[0]}.{ffn}", "", self.intermediate_size))
+                mlps.append((f"{layer}.{dense[0]}.{ffn}", "", self.intermediate_size))
             if moe and self.num_shared_experts and self.shared_expert_intermediate_size:
-                s = "shared_experts" if self.model_type.startswith("deepseek") else "shared_expert"
-                mlps.append((f"model.layers.{moe[0]}.{ffn}.{s}", "shared expert ",
+                mlps.append((f"{layer}.{moe[0]}.{ffn}.{self._shared_expert_name()}", "shared expert ",
                              self.num_shared_experts * self.shared_expert_intermediate_size))
             for prefix, what, width in mlps:
                 w = width // tp
@@ -581,9 +630,61 @@ class ModelSpec:
                     checks.append((f"{prefix}.gate_proj", f"{what}gate_proj / up_proj output per rank {w}", w, "n"))
         for name, what, size, dim in checks:
             block = bn if dim == "n" else bk
-            if size % block and not module_unquantized(name, self.unquantized_modules):
+            if size % block and not self.module_is_unquantized(name):
                 return (f"{what} is not a multiple of the {self.weight_format} weight block_{dim} {block} "
                         f"(weight_block_size [{bn}, {bk}]): vLLM refuses to load it")
+        return ""
+
+    def _pb_wo_problem(self, tp: int) -> str:
+        """``block_quant_problem`` for ModelOpt ``FP8_PB_WO``: every quantised linear layer of every layer, as
+        ``ModelOptFp8PbWoLinearMethod.create_weights`` checks its per-rank shape (``output_size_per_partition``
+        summed over a merged layer's parts, ``input_size_per_partition``). Routers are built unquantised by
+        vLLM's MoE models and are not checked."""
+        bn, bk = self.weight_block_size
+        h, n = self.hidden_size, self.num_attention_heads
+        # (shard module suffixes, what, out per rank, in per rank), for attention and for each kind of FFN
+        attn: list[tuple[tuple[str, ...], str, int, int]] = []
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            kv_a = self.kv_lora_rank + self.qk_rope_head_dim
+            if self.q_lora_rank:
+                attn += [(("q_a_proj", "kv_a_proj_with_mqa"), "q_a_proj + kv_a_proj_with_mqa (fused_qkv_a_proj)",
+                          self.q_lora_rank + kv_a, h),
+                         (("q_b_proj",), "q_b_proj", n * qk // tp, self.q_lora_rank)]
+            else:
+                attn += [(("q_proj",), "q_proj", n * qk // tp, h), (("kv_a_proj_with_mqa",), "kv_a_proj_with_mqa",
+                                                                     kv_a, h)]
+            attn += [(("kv_b_proj",), "kv_b_proj", n * (self.qk_nope_head_dim + self.v_head_dim) // tp,
+                      self.kv_lora_rank),
+                     (("o_proj",), "o_proj", h, n * self.v_head_dim // tp)]
+        else:
+            qkv = (n // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
+            attn += [(("q_proj", "k_proj", "v_proj"), "q_proj + k_proj + v_proj (qkv_proj)", qkv, h),
+                     (("o_proj",), "o_proj", h, n * self.head_dim // tp)]
+
+        def mlp(width: int) -> list[tuple[tuple[str, ...], str, int, int]]:
+            return [(("gate_proj", "up_proj"), "gate_proj + up_proj", 2 * width // tp, h),
+                    (("down_proj",), "down_proj", h, width // tp)]
+
+        ffn = self._moe_prefix()
+        shared = self.num_shared_experts * self.shared_expert_intermediate_size
+        for i in range(self.num_layers):
+            base = f"{self.module_prefix}model.layers.{i}"
+            groups = [(f"{base}.self_attn", attn)]
+            if not self._is_moe_layer(i):
+                groups.append((f"{base}.{ffn}", mlp(self.intermediate_size)))
+            elif shared:
+                groups.append((f"{base}.{ffn}.{self._shared_expert_name()}", mlp(shared)))
+            for prefix, checks in groups:
+                for shards, what, out, inp in checks:
+                    if all(self.module_is_unquantized(f"{prefix}.{s}") for s in shards):
+                        continue
+                    for size, dim, block in ((out, "n", bn), (inp, "k", bk)):
+                        if size % block:
+                            side = "output" if dim == "n" else "input"
+                            return (f"{prefix}.{what} {side} per rank {size} (TP {tp}) is not a multiple of the "
+                                    f"ModelOpt FP8_PB_WO weight block_{dim} {block} (blocks [{bn}, {bk}]): "
+                                    "vLLM refuses to load it")
         return ""
 
     def tp_divides_heads(self, tp: int) -> bool:
@@ -766,6 +867,17 @@ def _check_tp(tp: int) -> None:
 
 _UNSCALED_ROPE_TYPES = ("default", "su", "longrope", "llama3")
 
+#: the RoPE types vLLM 0.28 builds (``model_executor/layers/rotary_embedding/__init__.py`` ``get_rope``; any other
+#: is "Unknown RoPE scaling type"), with the legacy spellings it renames first (``transformers_utils/config.py``
+#: ``patch_legacy_rope_type``: ``su`` -> ``longrope``, ``mrope`` -> ``default``)
+KNOWN_ROPE_TYPES = ("default", "linear", "dynamic", "ntk", "yarn", "longrope", "llama3", "deepseek_yarn",
+                    "deepseek_llama_scaling", "proportional", "mllama4", "xdrope", "openpangu", "telechat3-yarn",
+                    "su", "mrope")
+#: the types whose ``get_rope`` branch reads ``factor`` (transformers' rope validation also requires it for
+#: linear, dynamic, yarn and llama3); dynamic NTK may give ``alpha`` instead
+_FACTOR_ROPE_TYPES = ("linear", "dynamic", "ntk", "yarn", "llama3", "deepseek_yarn", "deepseek_llama_scaling",
+                      "telechat3-yarn")
+
 
 def derived_max_model_len(c: dict[str, Any], model_type: str, name: str) -> int:
     """The longest context, tokens, vLLM derives from a (text) config: ``max_position_embeddings``, times the
@@ -774,33 +886,67 @@ def derived_max_model_len(c: dict[str, Any], model_type: str, name: str) -> int:
     is already the extended length) and for Gemma 3. Source: vLLM 0.28 ``vllm/config/model.py``
     ``_get_and_verify_max_len``. 0 when the config has no ``max_position_embeddings``.
 
+    ``rope_scaling`` (or ``rope_parameters``, flat or per layer type) is read for this length only; its other
+    fields (theta, frequency factors, ``mrope_section``, ...) change no size pdserve computes and are not read.
+
     Raises:
-        ModelConfigError: ``rope_scaling`` / ``rope_parameters`` is not an object, or its factor or original
-            length is not a positive number.
+        ModelConfigError: ``rope_scaling`` / ``rope_parameters`` (or one per-layer-type entry) is not an object;
+            its type is not one vLLM builds (``KNOWN_ROPE_TYPES``), or ``rope_type`` and legacy ``type``
+            disagree (vLLM refuses both); a type that needs a ``factor`` has none; the factor or original length
+            is not a positive number.
     """
+    key = "rope_scaling" if c.get("rope_scaling") is not None else "rope_parameters"
+    rope = c.get(key)
     base = int(c.get("max_position_embeddings") or 0)
-    if not base:
-        return 0
-    rope = c.get("rope_scaling") or c.get("rope_parameters")
     if rope is None or "gemma3" in model_type:
         return base
     if not isinstance(rope, dict):
-        raise ModelConfigError(f"{name}: rope_scaling must be a JSON object or null, got {rope!r}")
-    nested = rope and all(isinstance(v, dict) for v in rope.values())  # transformers v5: per layer type
+        raise ModelConfigError(f"{name}: {key} must be a JSON object or null, got {_short(rope)}")
+    # transformers v5 nests one object per layer type (null for a NoPE layer type); vLLM tells the nested form
+    # by its keys (``is_rope_parameters_nested``: all of them layer type names)
+    nested = bool(rope) and all(k in KNOWN_LAYER_TYPES for k in rope)
+    entries = [(f"{key}.{k}", v) for k, v in rope.items() if v is not None] if nested else [(key, rope)]
     factor, limit = 1.0, float(base)
-    for rp in (rope.values() if nested else (rope,)):
-        rope_type = rp.get("rope_type") or rp.get("type") or "default"
+    for where, rp in entries:
+        rope_type = _rope_type(rp, where, name)
+        if rope_type in _FACTOR_ROPE_TYPES and "factor" not in rp and not (rope_type == "dynamic" and "alpha" in rp):
+            raise ModelConfigError(f"{name}: {where} of type {rope_type!r} has no factor (vLLM and transformers "
+                                   "need one to build it)")
         if rope_type in _UNSCALED_ROPE_TYPES:
             continue
         f = rp.get("factor", factor)
         f = 1.0 if f is None else f
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
-            raise ModelConfigError(f"{name}: rope_scaling.factor must be a positive number, got {f!r}")
+            raise ModelConfigError(f"{name}: {where}.factor must be a positive number, got {f!r}")
         factor = float(f)
         if rope_type == "yarn" and rp.get("original_max_position_embeddings") is not None:
             orig = rp["original_max_position_embeddings"]
             if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 0:
-                raise ModelConfigError(f"{name}: rope_scaling.original_max_position_embeddings must be a "
+                raise ModelConfigError(f"{name}: {where}.original_max_position_embeddings must be a "
                                        f"positive integer, got {orig!r}")
             limit = float(orig)
-    return int(limit * factor)
+    return int(limit * factor) if base else 0
+
+
+def _rope_type(rp: Any, where: str, name: str) -> str:
+    """The RoPE type of one ``rope_scaling`` object (``rope_type``, else legacy ``type``, else ``default``).
+
+    Raises:
+        ModelConfigError: ``rp`` is not an object, the type is not a string or not in ``KNOWN_ROPE_TYPES``, or
+            ``rope_type`` and ``type`` name different types (other than vLLM's accepted su/longrope and
+            mrope/default pairs).
+    """
+    if not isinstance(rp, dict):
+        raise ModelConfigError(f"{name}: {where} must be a JSON object, got {_short(rp)}")
+    modern, legacy = rp.get("rope_type"), rp.get("type")
+    if modern is not None and legacy is not None and modern != legacy and (legacy, modern) not in (
+            ("su", "longrope"), ("mrope", "default")):
+        raise ModelConfigError(f"{name}: {where} has rope_type {modern!r} and type {legacy!r}; vLLM refuses "
+                               "a config whose two fields disagree")
+    rope_type = modern if modern is not None else legacy if legacy is not None else "default"
+    if not isinstance(rope_type, str) or rope_type not in KNOWN_ROPE_TYPES:
+        raise ModelConfigError(
+            f"{name}: {where} has RoPE type {_short(rope_type)}, which vLLM cannot build (its factor's effect on "
+            f"the context length is unknown); known: {', '.join(KNOWN_ROPE_TYPES)}"
+        )
+    return rope_type
