@@ -1484,6 +1484,14 @@ def multinode_flows(m: ClusterModel) -> list[Flow]:
                    "a decode DP rank reads KV from the prefill rank's NIXL side channel (base port + rank)"),
               Flow(pods["prefill", "leader"], pods["decode", "worker"], nixl + 8, True,
                    "prefill and decode exchange NIXL metadata with every rank")]
+    # a data-parallel worker over nodes publishes each rank's KV events on the pod that runs it
+    follower = pods["decode", "worker"]
+    ranks = [name for name in follower.ports if name.startswith("kv-events")]
+    if ranks:
+        first = min(ranks, key=follower.ports.__getitem__)
+        flows += [Flow(runtime, follower, first, True,
+                       "the runtime subscribes to the KV events of the DP ranks on a follower pod"),
+                  Flow(stranger, follower, first, False, "a worker's KV events are the runtime's alone")]
     return flows
 
 

@@ -21,6 +21,18 @@ data parallelism (vLLM `--data-parallel-size N`) publishes rank r's events on th
 names those ports too (`kv_events_port_name`: "kv-events-1" … "kv-events-<N-1>"), and the number of
 consecutive rank ports from rank 0 is the worker's DP size (`PoolMembership.dp_size`).
 
+A multi-node worker with data parallelism (a LeaderWorkerSet group, runtime/deploy/workers.py) runs its ranks on
+several pods: vLLM serves HTTP on the leader only, whose API server takes every rank's `X-data-parallel-rank`,
+while each rank's engine publishes on the pod that runs it, at the port + its global rank. Its pool's Service
+lists the leaders (HTTP) and no KV-event port; a second headless Service over every pod of the pool
+(`kv_events_service_name`) names the KV-event ports of all ranks ("kv-events" … "kv-events-<N-1>", each pod
+listed with all of them) and carries the ranks each pod runs as its label `RANKS_PER_POD_LABEL` (L; the
+EndpointSlice controller copies a Service's labels onto its slices). The pods of a group are named by the
+LeaderWorkerSet controller: the leader `<group>`, the pod of node n `<group>-<n>`; rank r runs on node r // L.
+So discovery pairs each ready leader with its pod in that Service (same address), and rank r's endpoint is
+`tcp://<IP of pod <group>[-<r // L>]>:<port "kv-events-<r>">` (`PoolMembership.rank_endpoints`); a rank whose
+pod is not listed (not ready) has none and is tracked approximately.
+
 Talks HTTP with an injected `httpx.AsyncClient` (tests use `httpx.MockTransport`); `in_cluster()`
 builds one from the pod's service-account token (re-read on every request: bound tokens rotate) and CA.
 """
@@ -44,6 +56,16 @@ SERVICE_LABEL = "kubernetes.io/service-name"
 
 
 KV_EVENTS_PORT_NAME = "kv-events"  # = the worker Services' port name (runtime/deploy/workers.py)
+#: label of a pool's KV-event Service (`kv_events_service_name`), copied onto its EndpointSlices: the
+#: data-parallel ranks each pod of a multi-node worker runs (vLLM --data-parallel-size-local)
+RANKS_PER_POD_LABEL = "pdserve.io/dp-ranks-per-pod"
+
+
+def kv_events_service_name(service: str) -> str:
+    """Name of the headless Service over every pod (leaders and followers) of the multi-node pool whose worker
+    Service is `service`: it lists each pod with the KV-event ports of all data-parallel ranks. Discovery
+    watches it beside `service` (no such Service: no slices, nothing changes)."""
+    return f"{service}-kv-events"
 
 
 def kv_events_port_name(rank: int, base: str = KV_EVENTS_PORT_NAME) -> str:
@@ -62,12 +84,17 @@ class PoolMembership:
             worker whose EndpointSlice has the KV-event port (of its DP rank 0); workers without one are absent.
         dp_sizes: `(worker URL, N)` pairs, sorted by URL, of the workers with N > 1 data-parallel ranks (the
             KV-event ports of ranks 0 … N-1 in their EndpointSlice); the others have one.
+        rank_kv_events: `(worker URL, (endpoint of rank 0, …, of rank N-1))` pairs, sorted by URL, of the
+            multi-node workers listed in their pool's KV-event Service (`kv_events_service_name`): each rank's
+            `tcp://ip:port` on the pod that runs it, None for a rank whose pod is not listed. Their
+            `kv_events` entry is rank 0's endpoint (when it has one).
     """
 
     prefill: tuple[str, ...]
     decode: tuple[str, ...]
     kv_events: tuple[tuple[str, str], ...] = ()
     dp_sizes: tuple[tuple[str, int], ...] = ()
+    rank_kv_events: tuple[tuple[str, tuple[str | None, ...]], ...] = ()
 
     def kv_events_endpoint(self, url: str) -> str | None:
         """The KV-event endpoint of the worker at base URL `url` (trailing "/" ignored), or None."""
@@ -78,6 +105,12 @@ class PoolMembership:
         """Data-parallel ranks of the worker at base URL `url` (trailing "/" ignored): 1 unless listed."""
         url = url.rstrip("/")
         return next((n for u, n in self.dp_sizes if u.rstrip("/") == url), 1)
+
+    def rank_endpoints(self, url: str) -> tuple[str | None, ...]:
+        """The KV-event endpoint of each DP rank (`rank_kv_events`) of the worker at base URL `url` (trailing
+        "/" ignored), `dp_size` long; () for a worker whose ranks publish at its endpoint's port + rank."""
+        url = url.rstrip("/")
+        return next((eps for u, eps in self.rank_kv_events if u.rstrip("/") == url), ())
 
 
 def _port(slice_: dict[str, Any], name: str | None) -> int | None:
@@ -94,24 +127,63 @@ def _num_ranks(slice_: dict[str, Any], name: str | None) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class _RankPod:
+    """One ready pod of a pool's KV-event Service: its host (bracketed IPv6), the KV-event port of each
+    rank the Service names, and the ranks per pod its slice's label gives (None: unlabelled)."""
+
+    host: str
+    ports: tuple[int | None, ...]
+    ranks_per_pod: int | None
+
+
+def _ranks_per_pod(slice_: dict[str, Any]) -> int | None:
+    raw = (slice_.get("metadata", {}).get("labels") or {}).get(RANKS_PER_POD_LABEL)
+    return int(raw) if isinstance(raw, str) and raw.isdigit() and int(raw) > 0 else None
+
+
+def _rank_endpoints(leader: str, pods: Mapping[str, _RankPod]) -> tuple[str | None, ...]:
+    """Each rank's endpoint of the worker whose leader pod is named `leader` (see the module docstring)."""
+    head = pods[leader]
+    per_pod = head.ranks_per_pod or len(head.ports)
+    out: list[str | None] = []
+    for r in range(len(head.ports)):
+        pod = pods.get(leader if r < per_pod else f"{leader}-{r // per_pod}")
+        port = pod.ports[r] if pod is not None and r < len(pod.ports) else None
+        out.append(None if port is None else f"tcp://{pod.host}:{port}")
+    return tuple(out)
+
+
 def membership_from_slices(slices: Iterable[dict[str, Any]], *, roles: dict[str, str],
                            port_name: str = "http",
                            kv_events_port_name: str | None = KV_EVENTS_PORT_NAME) -> PoolMembership:
     """Pure: pool membership from EndpointSlice objects.
 
     Args:
-        slices: EndpointSlice dicts (discovery.k8s.io/v1).
+        slices: EndpointSlice dicts (discovery.k8s.io/v1), of the `roles` Services and of their KV-event
+            Services (`kv_events_service_name`; their endpoints' `targetRef.name` is the pod's name).
         roles: Service name → "prefill" | "decode".
         port_name: the Service port whose number is used in the URL.
         kv_events_port_name: the Service port of the workers' ZMQ KV-event publisher; its number gives
             each worker's `tcp://ip:port` endpoint, and the ports of its further DP ranks (`<name>-<r>`) its
-            DP size (None: report no endpoints and DP size 1).
+            DP size (None: report no endpoints and DP size 1). A worker whose pod is also in its pool's
+            KV-event Service takes its DP size and every rank's endpoint from there (`rank_kv_events`).
     """
     pools: dict[str, set[str]] = {"prefill": set(), "decode": set()}
     events: dict[str, str] = {}
     dp_sizes: dict[str, int] = {}
+    hosts: dict[str, tuple[str, str]] = {}  # worker URL -> (role, host)
+    rank_services = {} if kv_events_port_name is None else {kv_events_service_name(s): r for s, r in roles.items()}
+    # role -> pod name -> _RankPod, and role -> host -> pod name, of the KV-event Services' ready pods
+    rank_pods: dict[str, dict[str, _RankPod]] = {"prefill": {}, "decode": {}}
+    pod_at: dict[str, dict[str, str]] = {"prefill": {}, "decode": {}}
     for s in slices:
-        role = roles.get(s.get("metadata", {}).get("labels", {}).get(SERVICE_LABEL, ""))
+        service = s.get("metadata", {}).get("labels", {}).get(SERVICE_LABEL, "")
+        if service in rank_services and service not in roles:
+            _collect_rank_pods(s, kv_events_port_name, rank_pods[rank_services[service]],
+                               pod_at[rank_services[service]])
+            continue
+        role = roles.get(service)
         if role is None:
             continue
         port = _port(s, port_name)
@@ -127,12 +199,40 @@ def membership_from_slices(slices: Iterable[dict[str, Any]], *, roles: dict[str,
                 host = f"[{addr}]" if v6 else addr
                 url = f"http://{host}:{port}"
                 pools[role].add(url)
+                hosts[url] = (role, host)
                 if ev_port is not None:
                     events[url] = f"tcp://{host}:{ev_port}"
                 if num_ranks > 1:
                     dp_sizes[url] = num_ranks
+    rank_events: dict[str, tuple[str | None, ...]] = {}
+    for url, (role, host) in hosts.items():
+        leader = pod_at[role].get(host)
+        if leader is None or not rank_pods[role][leader].ports:
+            continue
+        eps = rank_events[url] = _rank_endpoints(leader, rank_pods[role])
+        if eps[0] is not None:
+            events[url] = eps[0]
+        if len(eps) > 1:
+            dp_sizes[url] = len(eps)
     return PoolMembership(prefill=tuple(sorted(pools["prefill"])), decode=tuple(sorted(pools["decode"])),
-                          kv_events=tuple(sorted(events.items())), dp_sizes=tuple(sorted(dp_sizes.items())))
+                          kv_events=tuple(sorted(events.items())), dp_sizes=tuple(sorted(dp_sizes.items())),
+                          rank_kv_events=tuple(sorted(rank_events.items())))
+
+
+def _collect_rank_pods(slice_: dict[str, Any], port_name: str, pods: dict[str, _RankPod],
+                       pod_at: dict[str, str]) -> None:
+    """Add the ready pods of one slice of a KV-event Service to `pods` (by name) and `pod_at` (host -> name)."""
+    ports = tuple(_port(slice_, kv_events_port_name(r, port_name)) for r in range(_num_ranks(slice_, port_name)))
+    per_pod = _ranks_per_pod(slice_)
+    v6 = slice_.get("addressType") == "IPv6"
+    for ep in slice_.get("endpoints") or []:
+        ref = ep.get("targetRef") or {}
+        name, addrs = ref.get("name"), ep.get("addresses") or []
+        if (ep.get("conditions") or {}).get("ready") is False or not isinstance(name, str) or not addrs:
+            continue
+        host = f"[{addrs[0]}]" if v6 else addrs[0]
+        pods[name] = _RankPod(host, ports, per_pod)
+        pod_at[host] = name
 
 
 class StaticDiscovery:
@@ -186,7 +286,8 @@ class EndpointSliceDiscovery:
     """List + watch the EndpointSlices of the prefill and decode Services in one namespace.
 
     `port_name` names the Services' HTTP port (worker base URLs), `kv_events_port_name` their KV-event
-    port (`PoolMembership.kv_events`; None reports none).
+    port (`PoolMembership.kv_events`; None reports none). The slices of each Service's KV-event Service
+    (`kv_events_service_name`) are watched too.
     """
 
     def __init__(self, *, namespace: str, prefill_service: str, decode_service: str, client: httpx.AsyncClient,
@@ -198,7 +299,9 @@ class EndpointSliceDiscovery:
         self.roles = {prefill_service: "prefill", decode_service: "decode"}
         self.retry_s, self.max_retry_s, self.sleep = retry_s, max_retry_s, sleep
         self.path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
-        self.selector = f"{SERVICE_LABEL} in ({','.join(sorted(self.roles))})"
+        # with the pools' KV-event Services (multi-node workers' ranks on every pod of their groups)
+        services = set(self.roles) | {kv_events_service_name(s) for s in self.roles}
+        self.selector = f"{SERVICE_LABEL} in ({','.join(sorted(services))})"
 
     @classmethod
     def in_cluster(cls, *, namespace: str, prefill_service: str, decode_service: str,

@@ -10,7 +10,8 @@ ModelServer with OpenAI routes, router and planner) reading weights/tokenizer fr
 `storageUri: pvc://<pvc>/models/<model>` (KServe mounts it at /mnt/models); the runtime finds its
 workers through the EndpointSlices of the headless worker Services (runtime/deploy/discovery.py) and,
 for KV-aware router policies (`--router kv`), their KV-event publishers (port "kv-events", and "kv-events-<r>" of
-each further data-parallel rank r) there too.
+each further data-parallel rank r) there too, or, for workers whose ranks run on several nodes, in the
+EndpointSlices of their pool's KV-event Service (runtime/deploy/workers.py `kv_events_service`).
 
 Bad input (an InferenceService name that is not a DNS-1035 label, a TP larger than the instance's
 GPUs, EFA on an instance without it, replicas over int32 or over max_replicas, a port outside 1..65535 or
@@ -31,6 +32,7 @@ import yaml
 from runtime.config import DeploymentSpec, OverloadSpec, RouterSpec
 from runtime.deploy import rbac, workers
 from runtime.deploy.budget import GpuBudgetError, check_gpu_budget
+from runtime.deploy.discovery import kv_events_service_name
 from runtime.deploy.errors import ManifestError
 from runtime.deploy.instances import InstanceType, instance_for
 from runtime.deploy.target import (
@@ -358,6 +360,8 @@ def _check_inputs(spec: DeploymentSpec, *, name: str, namespace: str, image: str
         raise ManifestError(f"spec.engine.extra_args: {expanded[0]!r} contains '$', which the kubelet expands in "
                             "container args")
     services = [workers.service_name(name, r, revision, getattr(spec, r).nodes > 1) for r in ("prefill", "decode")]
+    services += [kv_events_service_name(workers.service_name(name, r, revision, True)) for r in ("prefill", "decode")
+                 if workers.spreads_ranks(getattr(spec, r))]
     longest = max(services, key=len)
     for derived in (longest, f"{name}-discovery", f"{name}-workers", rbac.planner_role_name(name, revision)):
         check_name(f"name (derived object name {derived!r})", derived, pattern=DNS1035_LABEL)
@@ -459,8 +463,10 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
 
     Returns:
         list of Kubernetes object dicts (ServiceAccount ×2, Role/RoleBinding ×1–2, ClusterServingRuntime,
-        Service ×2, Deployment or LeaderWorkerSet ×2 (a pool with `nodes > 1` is a LeaderWorkerSet of groups
-        of `nodes` pods), PodDisruptionBudget ×2, NetworkPolicy, ServiceMonitor, PodMonitor, InferenceService).
+        Service ×2 (and, per pool whose workers run data-parallel ranks on several nodes, its KV-event Service,
+        workers.kv_events_service), Deployment or LeaderWorkerSet ×2 (a pool with `nodes > 1` is a
+        LeaderWorkerSet of groups of `nodes` pods), PodDisruptionBudget ×2, NetworkPolicy, ServiceMonitor,
+        PodMonitor, InferenceService).
 
     Raises:
         ManifestError: bad name/namespace/pvc/image, TP (or a pod's share of a layout) larger than the
@@ -485,9 +491,13 @@ def render_all(spec: DeploymentSpec, *, name: str, namespace: str, image: str, p
         cluster_serving_runtime(image=image, target=target),
     ]
     for role in ("prefill", "decode"):
+        pool = getattr(spec, role)
+        spread = workers.spreads_ranks(pool)
         objs.append(workers.worker_service(role, name=name, namespace=namespace, target=target, revision=revision,
-                                           multinode=getattr(spec, role).nodes > 1,
-                                           kv_ranks=workers.kv_event_ranks(getattr(spec, role))))
+                                           multinode=pool.nodes > 1, kv_ranks=0 if spread else pool.dp))
+        if spread:  # its ranks publish on every pod of a group: the runtime finds them through this Service
+            objs.append(workers.kv_events_service(pool, role, name=name, namespace=namespace, target=target,
+                                                  revision=revision))
     for role in ("prefill", "decode"):
         objs.append(workers.worker_workload(
             spec, role, name=name, namespace=namespace, image=image, pvc_name=pvc_name, inst=inst, efa=efa,

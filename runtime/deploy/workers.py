@@ -20,7 +20,7 @@ import math
 from typing import Any, Literal
 
 from runtime.config import DeploymentSpec, PoolSpec
-from runtime.deploy.discovery import kv_events_port_name
+from runtime.deploy.discovery import RANKS_PER_POD_LABEL, kv_events_port_name, kv_events_service_name
 from runtime.deploy.errors import ManifestError
 from runtime.deploy.instances import InstanceType
 from runtime.deploy.target import ClusterTarget
@@ -167,18 +167,38 @@ def multinode_args(pool: PoolSpec, rank: Rank) -> list[str]:
 
 
 def kv_event_ranks(pool: PoolSpec) -> int:
-    """Data-parallel ranks of a pool's worker whose KV-event ports its pods and Service name, the ranks the
-    runtime routes to: vLLM publishes rank r's events on ``kv_events_port`` + r. All ``dp`` ranks of a
-    single-node worker (named ``kv-events``, ``kv-events-1`` … ``kv-events-<dp-1>``; the runtime's discovery
-    reads the worker's DP size from them); 1 for a multi-node worker, whose Service lists the leader pods
-    only while the ranks of the other nodes publish on the followers: its requests carry no rank and vLLM
-    spreads them over all ranks, and the runtime indexes rank 0's events."""
-    return pool.dp if pool.nodes == 1 else 1
+    """Data-parallel ranks of a pool's worker, each with a KV-event publisher the runtime subscribes to and a
+    rank it routes to: vLLM publishes rank r's events on ``kv_events_port`` + r (r the global rank, on
+    whichever pod runs it), ports named ``kv-events``, ``kv-events-1`` … ``kv-events-<dp-1>``."""
+    return pool.dp
 
 
-def kv_event_ports(pool: PoolSpec, target: ClusterTarget) -> list[tuple[str, int]]:
-    """``(port name, number)`` of each KV-event publisher a pool's worker exposes (``kv_event_ranks``)."""
-    return [(kv_events_port_name(r), target.kv_events_port + r) for r in range(kv_event_ranks(pool))]
+def ranks_per_pod(pool: PoolSpec) -> int:
+    """Data-parallel ranks each pod of a worker runs: all of them on one node; ``dp / nodes`` on each pod of a
+    multi-node worker (``--data-parallel-size-local``), ranks ``n * that`` onwards on the pod of node n (vLLM
+    infers a node's first rank from ``--node-rank``). A worker spanning nodes without data parallelism
+    (pipeline stages) has its one rank, and its one KV-event publisher, on the leader."""
+    return max(1, pool.dp // pool.nodes)
+
+
+def spreads_ranks(pool: PoolSpec) -> bool:
+    """Whether a pool's workers run data-parallel ranks on several pods (multi-node with ``dp`` > 1): then
+    its ranks' KV-event ports are listed by `kv_events_service`, not by its worker Service."""
+    return pool.nodes > 1 and pool.dp > 1
+
+
+def kv_event_ports(pool: PoolSpec, target: ClusterTarget, rank: Rank = "single") -> list[tuple[str, int]]:
+    """``(port name, number)`` of each KV-event publisher one pod of a pool's worker declares: every rank of a
+    single-node worker, the leader's ranks (0 … `ranks_per_pod` - 1) on a leader, and the ranks of all the
+    other nodes on a follower, whose one pod template serves every node of the group (a port of another
+    node's rank is declared but never bound; the NetworkPolicy's named ports resolve on it)."""
+    if rank == "single" or pool.nodes == 1:
+        ranks = range(kv_event_ranks(pool))
+    elif rank == "leader":
+        ranks = range(min(ranks_per_pod(pool), kv_event_ranks(pool)))
+    else:
+        ranks = range(ranks_per_pod(pool), kv_event_ranks(pool))
+    return [(kv_events_port_name(r), target.kv_events_port + r) for r in ranks]
 
 
 def gpus_per_pod(pool: PoolSpec) -> int:
@@ -279,7 +299,7 @@ def worker_pod_spec(spec: DeploymentSpec, role: Role, *, pvc_name: str, image: s
         "ports": [
             {"name": http, "containerPort": target.worker_port, "protocol": "TCP"},
             {"name": "nixl", "containerPort": target.nixl_side_channel_port, "protocol": "TCP"},
-            *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in kv_event_ports(pool, target)),
+            *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in kv_event_ports(pool, target, rank)),
         ],
         "resources": _resources(pool, inst, target, efa, spec.engine.kv_offload.cpu_gib),
         "startupProbe": {
@@ -445,7 +465,7 @@ def worker_service(role: Role, *, name: str, namespace: str, target: ClusterTarg
     """Headless v1 Service of a pool (`service_name`): its EndpointSlices list one address per ready worker, i.e.
     per worker pod, or, for a `multinode` pool (a LeaderWorkerSet), per leader pod: the only pod of a group
     serving HTTP. Ports: "http", "nixl" and the KV-event port of each of `kv_ranks` data-parallel ranks
-    (`kv_event_ranks`)."""
+    (`kv_event_ranks`; 0 for a pool whose ranks run on several pods: `kv_events_service` lists them)."""
     lab = labels(name, role, revision)
     selector = dict(lab) | ({WORKER_INDEX_LABEL: "0"} if multinode else {})
     return {
@@ -463,6 +483,33 @@ def worker_service(role: Role, *, name: str, namespace: str, target: ClusterTarg
                 *({"name": kv_events_port_name(r), "port": target.kv_events_port + r,
                    "targetPort": kv_events_port_name(r), "protocol": "TCP"} for r in range(kv_ranks)),
             ],
+        },
+    }
+
+
+def kv_events_service(pool: PoolSpec, role: Role, *, name: str, namespace: str, target: ClusterTarget,
+                      revision: str | None) -> dict[str, Any]:
+    """Headless v1 Service over every pod (leaders and followers) of a pool whose workers run data-parallel
+    ranks on several pods (`spreads_ranks`), named `discovery.kv_events_service_name` of its worker Service.
+
+    Its EndpointSlices list each ready pod (`targetRef.name`: the LeaderWorkerSet controller names a group's
+    leader `<group>` and the pod of node n `<group>-<n>`) with the KV-event port of every rank, rank r at
+    ``kv_events_port`` + r (numeric target ports: all pods list all ranks, while only the pod of node
+    r // `ranks_per_pod` binds rank r's). Its label `discovery.RANKS_PER_POD_LABEL` (copied onto the slices)
+    gives `ranks_per_pod`, from which the runtime's discovery finds the pod of each rank."""
+    lab = labels(name, role, revision)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": kv_events_service_name(service_name(name, role, revision, multinode=True)),
+                     "namespace": namespace, "labels": dict(lab) | {RANKS_PER_POD_LABEL: str(ranks_per_pod(pool))}},
+        "spec": {
+            "clusterIP": "None",
+            "selector": dict(lab),
+            "publishNotReadyAddresses": False,
+            "ports": [{"name": kv_events_port_name(r), "port": target.kv_events_port + r,
+                       "targetPort": target.kv_events_port + r, "protocol": "TCP"}
+                      for r in range(kv_event_ranks(pool))],
         },
     }
 

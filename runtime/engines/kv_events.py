@@ -23,7 +23,9 @@ event.
 A worker with data parallelism (`--data-parallel-size N`) publishes one stream per DP rank: rank r's publisher
 binds the configured endpoint's port + r (vLLM's `ZmqEventPublisher.offset_endpoint_port`) and labels its
 batches `data_parallel_rank` r. `rank_endpoint` gives rank r's endpoint; each rank is subscribed under its
-own id (runtime.server.routing `WorkerEndpoint.kv_event_subscriptions`).
+own id (runtime.server.routing `WorkerEndpoint.kv_event_subscriptions`). On a worker spanning nodes r is the
+global rank (vLLM's `data_parallel_index`) and the publisher binds on the node that runs the rank, so its host
+is that pod's (runtime/deploy/discovery.py `PoolMembership.rank_endpoints`), its port still the port + r.
 """
 
 from __future__ import annotations

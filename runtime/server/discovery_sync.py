@@ -12,7 +12,8 @@ carries a KV-event port (`PoolMembership.kv_events`) is added as a KV-event work
 index), so no late event re-adds its blocks. Workers without an endpoint, or without a subscriber, are
 tracked approximately (the router learns their caches from its own decisions). A worker with data
 parallelism (`PoolMembership.dp_size` > 1) joins as one router entry per DP rank, each subscribed to its
-rank's publisher (`WorkerEndpoint.kv_event_subscriptions`: the endpoint's port + r).
+rank's publisher (`WorkerEndpoint.kv_event_subscriptions`: the endpoint's port + r, or, for a multi-node
+worker, the rank's endpoint on the pod that runs it, `PoolMembership.rank_endpoints`).
 
 Worker ids of discovered workers are `"<role>-<12 hex digits of sha256(base URL)>"`: a pod that comes back at
 the same address gets the same id (its old index entry was dropped when it left), and the id, which reaches
@@ -66,10 +67,11 @@ def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,
     is gone fails and migrates in the model; a worker that comes back under its id takes their load back,
     runtime.router.core.Router.add_worker); new ones are added with an empty KV index entry. A URL reported in both pools keeps its first role
     (prefill) and is logged. With `subscriber`, a new worker with a KV-event endpoint in `membership` is
-    subscribed to and routed precisely, every DP rank on its own port (`PoolMembership.dp_size`); a removed
-    one is unsubscribed first; a worker whose endpoint or DP size changed (appeared, moved, vanished) is
-    removed and added again (empty index entry). An endpoint ZMQ refuses (malformed) is logged and its
-    worker tracked approximately until the next membership.
+    subscribed to and routed precisely, every DP rank on its own port (`PoolMembership.dp_size`) or at its
+    own endpoint (`PoolMembership.rank_endpoints`); a removed one is unsubscribed first; a worker whose
+    endpoint, rank endpoints or DP size changed (appeared, moved, vanished) is removed and added again (empty
+    index entry). An endpoint ZMQ refuses (malformed) is logged and its worker tracked approximately until
+    the next membership.
 
     Returns:
         (added worker ids, removed worker ids), each sorted.
@@ -86,10 +88,12 @@ def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,
     for url, role in wanted.items():
         ep = membership.kv_events_endpoint(url) if subscriber is not None else None
         wid = discovered_id(role, url)
-        want[wid] = WorkerEndpoint(wid, role, url, ep, dp_size=membership.dp_size(url))
+        ranks = membership.rank_endpoints(url) if subscriber is not None else ()
+        want[wid] = WorkerEndpoint(wid, role, url, ep, dp_size=membership.dp_size(url), rank_endpoints=ranks)
     removed = sorted(wid for wid, w in pairing.workers.items()
                      if wid not in want or w.dp_size != want[wid].dp_size
-                     or (subscriber is not None and w.kv_events_endpoint != want[wid].kv_events_endpoint))
+                     or (subscriber is not None and (w.kv_events_endpoint, w.rank_endpoints)
+                         != (want[wid].kv_events_endpoint, want[wid].rank_endpoints)))
     for wid in removed:
         if subscriber is not None:
             for sid in pairing.workers[wid].rank_ids():
@@ -99,7 +103,7 @@ def apply_membership(pairing: RouterPairing, membership: PoolMembership, *,
     for wid, w in sorted(want.items()):
         if wid in pairing.workers:
             continue
-        if subscriber is not None and w.kv_events_endpoint is not None:
+        if subscriber is not None and w.publishes_kv_events():
             w = _subscribe(subscriber, w)
         pairing.add_worker(w)
         log.info("discovery: worker %s is %s%s", wid, redact_userinfo(w.url),
@@ -124,7 +128,7 @@ def _subscribe(subscriber: EventSubscriptions, w: WorkerEndpoint) -> WorkerEndpo
         log.warning("discovery: %s; its cache is tracked approximately", exc)
         for sid in done:
             subscriber.remove(sid)
-        return WorkerEndpoint(w.worker_id, w.role, w.url, None, dp_size=w.dp_size)
+        return WorkerEndpoint(w.worker_id, w.role, w.url, None, dp_size=w.dp_size)  # no rank_endpoints either
     return w
 
 

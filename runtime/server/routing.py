@@ -95,17 +95,33 @@ def rank_worker_id(worker_id: str, rank: int) -> str:
 class WorkerEndpoint:
     """One configured worker: id, role ("prefill"/"decode"/"both"), base URL, KV-event endpoint or None (of
     DP rank 0: vLLM publishes rank r on its port + r), and its data-parallel size (vLLM
-    ``--data-parallel-size``: engines behind the one API server, each with its own KV cache)."""
+    ``--data-parallel-size``: engines behind the one API server, each with its own KV cache).
+
+    ``rank_endpoints``: a worker whose ranks run on several pods (a multi-node worker: rank r publishes on
+    the pod that runs it) gives each rank's endpoint here, ``dp_size`` long, None for a rank without one (its
+    cache is tracked approximately); () means every rank publishes at ``kv_events_endpoint``'s port + rank.
+
+    Raises:
+        ValueError: ``dp_size`` < 1, or ``rank_endpoints`` neither empty nor ``dp_size`` long.
+    """
 
     worker_id: str
     role: str
     url: str
     kv_events_endpoint: str | None = None
     dp_size: int = 1
+    rank_endpoints: tuple[str | None, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dp_size < 1:
             raise ValueError(f"worker {self.worker_id!r}: dp_size {self.dp_size} < 1")
+        if self.rank_endpoints and len(self.rank_endpoints) != self.dp_size:
+            raise ValueError(f"worker {self.worker_id!r}: {len(self.rank_endpoints)} rank endpoints for "
+                             f"dp_size {self.dp_size}")
+
+    def publishes_kv_events(self) -> bool:
+        """Whether any rank of the worker has a KV-event endpoint."""
+        return self.kv_events_endpoint is not None or any(ep is not None for ep in self.rank_endpoints)
 
     def rank_ids(self) -> dict[str, int | None]:
         """``{router id: DP rank}`` of the worker's engines: ``{worker_id: None}`` without data parallelism
@@ -116,11 +132,14 @@ class WorkerEndpoint:
 
     def kv_event_subscriptions(self) -> dict[str, str]:
         """``{subscription id: endpoint}``: one per DP rank (the router id of the rank, its publisher's
-        endpoint, runtime.engines.kv_events.rank_endpoint); {} without a KV-event endpoint.
+        endpoint: its ``rank_endpoints`` entry, else runtime.engines.kv_events.rank_endpoint); {} without a
+        KV-event endpoint; a rank whose ``rank_endpoints`` entry is None is left out.
 
         Raises:
             ValueError: data parallelism with an endpoint vLLM does not offset per rank (not TCP).
         """
+        if self.rank_endpoints:
+            return {rid: ep for rid, ep in zip(self.rank_ids(), self.rank_endpoints) if ep is not None}
         if self.kv_events_endpoint is None:
             return {}
         return {rid: rank_endpoint(self.kv_events_endpoint, r or 0) for rid, r in self.rank_ids().items()}
@@ -215,11 +234,12 @@ class RouterPairing:
         ranks = w.rank_ids()
         if any(rid in self._ranks for rid in ranks):
             raise ValueError(f"worker {w.worker_id!r}: an id of its DP ranks is already in the pool")
-        for rid, rank in ranks.items():
-            self.router.add_worker(rid, w.role, kv_events=w.kv_events_endpoint is not None,
-                                   kv_capacity_blocks=self._approx_capacity_blocks)
+        for i, (rid, rank) in enumerate(ranks.items()):
+            # a rank of a multi-node worker without an endpoint (its pod not listed) is tracked approximately
+            events = (w.rank_endpoints[i] is not None) if w.rank_endpoints else w.kv_events_endpoint is not None
+            self.router.add_worker(rid, w.role, kv_events=events, kv_capacity_blocks=self._approx_capacity_blocks)
             self._ranks[rid] = (w.worker_id, rank)
-            if w.kv_events_endpoint is not None:
+            if events:
                 self.last_event_s[rid] = self.clock()
 
     def _route(self, prefill: str | None, decode: str, reason: str, overlap_blocks: int) -> Route:

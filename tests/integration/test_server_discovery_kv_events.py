@@ -46,7 +46,8 @@ class QueuedWatchApi:
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         assert request.url.path == PATH
-        assert request.url.params["labelSelector"] == f"kubernetes.io/service-name in ({DECODE},{PREFILL})"
+        assert request.url.params["labelSelector"] == (f"kubernetes.io/service-name in ({DECODE},{DECODE}-kv-events,"
+                                                       f"{PREFILL},{PREFILL}-kv-events)")
         if request.url.params.get("watch") != "1":
             return httpx.Response(200, json={"kind": "EndpointSliceList", "metadata": {"resourceVersion": "10"},
                                              "items": self.slices})

@@ -62,7 +62,10 @@ class FakeApi:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         assert request.url.path == PATH
-        assert request.url.params["labelSelector"] == "kubernetes.io/service-name in (smollm2-decode,smollm2-prefill)"
+        # the pools' Services and their KV-event Services (a multi-node worker's ranks on every pod of its group)
+        assert request.url.params["labelSelector"] == ("kubernetes.io/service-name in (smollm2-decode,"
+                                                       "smollm2-decode-kv-events,smollm2-prefill,"
+                                                       "smollm2-prefill-kv-events)")
         assert request.headers["Authorization"] == "Bearer tok"
         if request.url.params.get("watch") != "1":
             return httpx.Response(200, json={"kind": "EndpointSliceList", "metadata": {"resourceVersion": "10"},

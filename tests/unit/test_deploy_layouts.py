@@ -217,7 +217,8 @@ def test_promote_applies_waits_for_and_cleans_up_leader_worker_sets(objs):
     live["status"]["readyReplicas"] = 2
     assert readiness(live)[0]
     assert {(o["kind"], o["metadata"]["name"]) for o in _worker_objects(objs) if "decode" in o["metadata"]["name"]} == {
-        ("LeaderWorkerSet", "dsv3-decode"), ("Service", "dsv3-decode-leaders"), ("PodDisruptionBudget", "dsv3-decode")}
+        ("LeaderWorkerSet", "dsv3-decode"), ("Service", "dsv3-decode-leaders"), ("PodDisruptionBudget", "dsv3-decode"),
+        ("Service", "dsv3-decode-leaders-kv-events")}  # its DP ranks' KV-event ports on every pod of a group
 
 
 def test_every_layout_flag_is_one_engine_args_may_not_repeat(objs):

@@ -7,7 +7,10 @@ load entry per rank, subscribes to every rank's port, and a route to a DP worker
 request to the worker carries as that header. Health, drains and the planner's loads stay per worker; a
 worker without DP is one entry under its own id, with one port and no header, exactly as before. The
 deployment objects (container and Service ports, NetworkPolicy) open every rank's port, and discovery reads
-a worker's DP size from them.
+a worker's DP size from them. A worker spanning nodes runs its ranks on several pods (vLLM: node n runs ranks
+n * dp/nodes onwards, each publishing at the port + its global rank on that node, while the leader's API server
+takes any rank): a Service over all its pods lists every rank's port, and discovery subscribes to rank r on the
+pod of node r // (dp/nodes) of the worker's group.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import pytest
 
 from runtime.config import DeploymentSpec, ModelRef, PoolSpec, RouterSpec
 from runtime.deploy import workers
-from runtime.deploy.discovery import kv_events_port_name, membership_from_slices, PoolMembership
+from runtime.deploy.discovery import (
+    RANKS_PER_POD_LABEL, PoolMembership, kv_events_port_name, membership_from_slices,
+)
 from runtime.deploy.errors import ManifestError
 from runtime.deploy.render import find, render_all
 from runtime.deploy.target import ClusterTarget
@@ -29,6 +34,7 @@ from runtime.kv.events import BlockStored, KvEventBatch
 from runtime.server.discovery_sync import apply_membership, discovered_id
 from runtime.server.pairing import RouteRequest
 from runtime.server.routing import RouterPairing, WorkerEndpoint, rank_worker_id
+from tests.infra_cluster import V
 from tests.unit.test_deploy_discovery import eps
 
 BS = 16
@@ -306,12 +312,126 @@ def test_a_plain_deployment_keeps_its_single_kv_event_port():
         assert _kv_ports(find(objs, "Service", f"m-{role}")["spec"]["ports"], "port") == {"kv-events": 5557}
 
 
-def test_a_multi_node_dp_worker_exposes_rank_zero_only():
-    # its Service lists the leaders, while the other nodes' ranks publish on the followers
+def _controller_slices(service: dict, pods: dict[str, tuple[str, bool]]) -> dict:
+    """The EndpointSlice the EndpointSlice controller makes of `service` over `pods` (name -> (IP, ready)):
+    the Service's labels copied, its ports with their (numeric) target ports, each pod's targetRef."""
+    meta = service["metadata"]
+    return {"metadata": {"name": f"{meta['name']}-abc", "labels": {**meta.get("labels", {}),
+                                                                  "kubernetes.io/service-name": meta["name"]}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}, "targetRef": {"kind": "Pod", "name": n}}
+                          for n, (ip, ready) in pods.items()],
+            "ports": [{"name": p["name"], "port": p["targetPort"] if isinstance(p["targetPort"], int) else p["port"],
+                       "protocol": "TCP"} for p in service["spec"]["ports"]]}
+
+
+def test_a_multi_node_dp_worker_opens_each_ranks_port_on_the_pod_that_runs_it():
+    # vLLM: node n of a DP16 worker over 2 nodes runs ranks 8n … 8n+7, rank r publishing on kv_events_port + r
+    # on that node; the leader's API server takes any rank's X-data-parallel-rank
     pool = PoolSpec(tp=1, dp=16, ep=True, nodes=2)
-    assert workers.kv_event_ranks(pool) == 1 and workers.kv_event_ranks(PoolSpec(tp=1, dp=8, ep=True)) == 8
+    assert workers.kv_event_ranks(pool) == 16 and workers.ranks_per_pod(pool) == 8
+    assert workers.ranks_per_pod(PoolSpec(tp=8, pp=2, nodes=2)) == 1  # pipeline stages: rank 0 on the leader
     objs = _render(pool)
-    assert _kv_ports(find(objs, "Service", "moe-decode-leaders")["spec"]["ports"], "port") == {"kv-events": 5557}
+    assert _kv_ports(find(objs, "Service", "moe-decode-leaders")["spec"]["ports"], "port") == {}
+    svc = find(objs, "Service", "moe-decode-leaders-kv-events")
+    want = {kv_events_port_name(r): 5557 + r for r in range(16)}
+    assert _kv_ports(svc["spec"]["ports"], "targetPort") == want
+    assert svc["metadata"]["labels"][RANKS_PER_POD_LABEL] == "8"
+    assert svc["spec"]["selector"] == workers.labels("moe", "decode", None)  # leaders and followers
+    lwt = find(objs, "LeaderWorkerSet", "moe-decode")["spec"]["leaderWorkerTemplate"]
+    leader, follower = (lwt[t]["spec"]["containers"][0]["ports"] for t in ("leaderTemplate", "workerTemplate"))
+    assert _kv_ports(leader, "containerPort") == {kv_events_port_name(r): 5557 + r for r in range(8)}
+    assert _kv_ports(follower, "containerPort") == {kv_events_port_name(r): 5557 + r for r in range(8, 16)}
+    # the runtime may open a follower's rank ports (the policy names them; the follower declares them)
+    policy = find(objs, "NetworkPolicy", "moe-workers")["spec"]["ingress"][1]["ports"]
+    assert [p["port"] for p in policy] == ["http", *want]
+    follower_pod = V.NetPod("follower", "pdserve", {**workers.labels("moe", "decode", None),
+                                                    workers.WORKER_INDEX_LABEL: "1"},
+                            {p["name"]: p["containerPort"] for p in follower})
+    runtime = V.NetPod("runtime", "pdserve", {"serving.kserve.io/inferenceservice": "moe"}, {})
+    assert V.flow_admitted(objs, V.Flow(runtime, follower_pod, 5557 + 12, True, "rank 12's KV events"))
+    # what discovery makes of the slices of both Services: every rank on the pod that runs it
+    leaders = _controller_slices(find(objs, "Service", "moe-decode-leaders"), {"moe-decode-0": ("10.0.1.1", True)})
+    all_pods = _controller_slices(svc, {"moe-decode-0": ("10.0.1.1", True), "moe-decode-0-1": ("10.0.2.2", True)})
+    m = membership_from_slices([leaders, all_pods], roles={"moe-decode-leaders": "decode"})
+    url = "http://10.0.1.1:8000"
+    assert m.decode == (url,) and m.dp_size(url) == 16 and m.kv_events_endpoint(url) == "tcp://10.0.1.1:5557"
+    assert m.rank_endpoints(url) == tuple(f"tcp://10.0.{1 if r < 8 else 2}.{1 if r < 8 else 2}:{5557 + r}"
+                                          for r in range(16))
+
+
+def _group_slices(groups: dict[str, tuple[str, str | None]], dp: int, per_pod: str | None = "2") -> list[dict]:
+    """Slices of "dec-leaders" (ready leaders) and "dec-leaders-kv-events" (every pod): `groups` maps a leader
+    pod's name to (its IP, its follower's IP or None when the follower is not ready)."""
+    leaders = eps("l", "dec-leaders", {ip: True for ip, _ in groups.values()})
+    pods = eps("k", "dec-leaders-kv-events", {})
+    for name, (ip, follower) in groups.items():
+        pods["endpoints"].append({"addresses": [ip], "conditions": {"ready": True},
+                                  "targetRef": {"kind": "Pod", "name": name}})
+        if follower is not None:
+            pods["endpoints"].append({"addresses": [follower], "conditions": {"ready": True},
+                                      "targetRef": {"kind": "Pod", "name": f"{name}-1"}})
+    pods["ports"] = [{"name": kv_events_port_name(r), "port": 5557 + r, "protocol": "TCP"} for r in range(dp)]
+    if per_pod is not None:
+        pods["metadata"]["labels"][RANKS_PER_POD_LABEL] = per_pod
+    return [leaders, pods]
+
+
+def test_discovery_finds_each_rank_of_a_multi_node_worker_on_the_pod_that_runs_it():
+    roles = {"dec-leaders": "decode"}
+    m = membership_from_slices(_group_slices({"w-0": ("10.0.1.1", "10.0.2.1"), "w-1": ("10.0.1.2", None)}, 4),
+                               roles=roles)
+    a, b = "http://10.0.1.1:8000", "http://10.0.1.2:8000"
+    assert m.decode == (a, b) and m.dp_size(a) == m.dp_size(b) == 4
+    assert m.rank_endpoints(a) == ("tcp://10.0.1.1:5557", "tcp://10.0.1.1:5558",
+                                   "tcp://10.0.2.1:5559", "tcp://10.0.2.1:5560")
+    # the follower of w-1 is not ready: its ranks have no endpoint (tracked approximately), the leader's have
+    assert m.rank_endpoints(b) == ("tcp://10.0.1.2:5557", "tcp://10.0.1.2:5558", None, None)
+    assert m.kv_events == ((a, "tcp://10.0.1.1:5557"), (b, "tcp://10.0.1.2:5557"))
+    # a slice without the label: every rank on the leader, as on one node
+    m = membership_from_slices(_group_slices({"w-0": ("10.0.1.1", "10.0.2.1")}, 2, per_pod=None), roles=roles)
+    assert m.rank_endpoints(a) == ("tcp://10.0.1.1:5557", "tcp://10.0.1.1:5558")
+    # without a KV-event port name nothing is read from the KV-event Service
+    m = membership_from_slices(_group_slices({"w-0": ("10.0.1.1", "10.0.2.1")}, 4), roles=roles,
+                               kv_events_port_name=None)
+    assert (m.decode, m.kv_events, m.dp_sizes, m.rank_kv_events) == ((a,), (), (), ())
+    # a single-node worker keeps its endpoint's port + rank
+    assert membership_from_slices([_slice_with_ranks("d", "dec", "10.0.1.1", 4)],
+                                  roles={"dec": "decode"}).rank_endpoints(a) == ()
+
+
+async def test_a_multi_node_dp_workers_ranks_are_subscribed_on_their_pods_and_follow_them():
+    pairing = RouterPairing(RouterSpec(policy="kv_aware"), BS, [], clock=lambda: 0.0)
+    sub = KvEventSubscriber({}, pairing.apply_batch)
+    sub.start()  # real SUB sockets; ZMQ connects lazily
+    url = "http://10.0.1.1:8000"
+    wid = discovered_id("decode", url)
+    rid = [rank_worker_id(wid, r) for r in range(4)]
+    try:
+        half = membership_from_slices(_group_slices({"w-0": ("10.0.1.1", None)}, 4), roles={"dec-leaders": "decode"})
+        assert apply_membership(pairing, half, subscriber=sub) == ([wid], [])
+        assert sub.endpoints == {rid[0]: "tcp://10.0.1.1:5557", rid[1]: "tcp://10.0.1.1:5558"}
+        assert [pairing.router.workers[r].kv_events for r in rid] == [True, True, False, False]
+        assert apply_membership(pairing, half, subscriber=sub) == ([], [])  # unchanged: nothing reopened
+        # the follower is listed: the worker is added again with every rank on its pod
+        whole = membership_from_slices(_group_slices({"w-0": ("10.0.1.1", "10.0.2.1")}, 4),
+                                       roles={"dec-leaders": "decode"})
+        assert apply_membership(pairing, whole, subscriber=sub) == ([wid], [wid])
+        assert sub.endpoints == {r: ep for r, ep in zip(rid, whole.rank_endpoints(url))}
+        assert sub.endpoints[rid[3]] == "tcp://10.0.2.1:5560"
+        assert all(pairing.router.workers[r].kv_events for r in rid)
+        assert pairing.kv_event_endpoints() == sub.endpoints
+        assert apply_membership(pairing, PoolMembership((), ()), subscriber=sub) == ([], [wid])
+        assert sub.endpoints == {} and pairing.router.workers == {}
+    finally:
+        await sub.stop()
+
+
+def test_rank_endpoints_must_match_the_dp_size():
+    with pytest.raises(ValueError, match="3 rank endpoints for dp_size 4"):
+        WorkerEndpoint("d0", "decode", "http://10.0.1.1:8000", dp_size=4, rank_endpoints=("tcp://a:1",) * 3)
+    w = WorkerEndpoint("d0", "decode", "http://10.0.1.1:8000", dp_size=2, rank_endpoints=(None, "tcp://b:5558"))
+    assert w.publishes_kv_events() and w.kv_event_subscriptions() == {rank_worker_id("d0", 1): "tcp://b:5558"}
 
 
 @pytest.mark.parametrize("field,port", [("worker_port", 5560), ("nixl_side_channel_port", 5564)])

@@ -98,6 +98,13 @@ def _leaders_only(objs):
         {"key": WORKER_INDEX_LABEL, "operator": "In", "values": ["0"]})
 
 
+def _runtime_rule_for_leader_ranks(objs):
+    rule = next(r for r in _worker_policy(objs)["spec"]["ingress"]
+                if any(p["port"] == "kv-events" for p in r.get("ports") or []))
+    rule["ports"] = [p for p in rule["ports"] if p["port"] == "http" or p["port"] == "kv-events"
+                     or (p["port"].startswith("kv-events-") and int(p["port"].rsplit("-", 1)[1]) < 8)]
+
+
 @pytest.mark.parametrize("edit,expect", [
     (_leaders_only, f"a pod of namespace tenant-other (tenant-other) -> decode worker pod of {V.CHECK_LWS_ISVC} "
                     "(pdserve) port 5600 is admitted, but must be denied"),
@@ -108,6 +115,10 @@ def _leaders_only(objs):
     # the workers' rule narrowed to the named NIXL port: the other DP ranks' side channels are shut
     (lambda objs: _worker_policy(objs)["spec"]["ingress"][0].update(ports=[{"protocol": "TCP", "port": "nixl"}]),
      "port 5609 is denied, but must be admitted"),
+    # the runtime's rule opens the leaders' rank ports only: the ranks on the follower pods publish unheard
+    (_runtime_rule_for_leader_ranks,
+     f"runtime of {V.CHECK_LWS_ISVC} (pdserve) -> decode worker pod of {V.CHECK_LWS_ISVC} (pdserve) port "
+     "kv-events-8 is denied, but must be admitted"),
 ])
 def test_a_broken_policy_for_multi_node_workers_is_reported(model, parsed, edit, expect):
     m = copy.deepcopy(model)
