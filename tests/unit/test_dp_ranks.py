@@ -440,3 +440,51 @@ def test_a_rank_port_that_is_another_worker_port_is_refused(field, port):
         _render(PoolSpec(tp=1, dp=8, ep=True), ClusterTarget(instance_type="p5.48xlarge", **{field: port}))
     with pytest.raises(ManifestError, match="last data-parallel rank"):
         _render(PoolSpec(tp=1, dp=8, ep=True), ClusterTarget(instance_type="p5.48xlarge", kv_events_port=65530))
+
+
+# -- static workers (--prefill-url / --decode-url): the DP size on the command line ------------------------------
+
+def test_a_static_workers_dp_size_makes_one_subscribed_entry_per_rank():
+    from runtime.server.app import build_router_pairing
+
+    pairing = build_router_pairing(RouterSpec(), block_size_tokens=BS,
+                                   prefill_urls=["http://10.0.0.1:8000"], decode_urls=["http://10.0.1.1:8000",
+                                                                                       "http://10.0.1.2:8000"],
+                                   prefill_kv_events=["tcp://10.0.0.1:5557"],
+                                   decode_kv_events=["tcp://10.0.1.1:5557", "tcp://10.0.1.2:5557"],
+                                   decode_dp_sizes=[2])
+    assert pairing.kv_event_endpoints() == {
+        "prefill-0": "tcp://10.0.0.1:5557",
+        rank_worker_id("decode-0", 0): "tcp://10.0.1.1:5557", rank_worker_id("decode-0", 1): "tcp://10.0.1.1:5558",
+        "decode-1": "tcp://10.0.1.2:5557"}
+    # rank 1's events reach rank 1's index entry, and a request with its prefix is pinned to that rank
+    pairing.apply_batch(rank_worker_id("decode-0", 1), _stored(PROMPT, rank=1))
+    route = pairing.choose(_req("r1"))
+    assert (route.decode_url, route.decode_dp_rank) == ("http://10.0.1.1:8000", 1)
+    with pytest.raises(ValueError, match="decode_dp_sizes: 3 sizes for 2 decode workers"):
+        build_router_pairing(RouterSpec(), block_size_tokens=BS, prefill_urls=[], decode_urls=["http://a:1", "http://b:1"],
+                             decode_dp_sizes=[1, 2, 2])
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--decode-dp-size", "2"], "--decode-dp-size routes to each data-parallel rank by its KV cache: it needs "
+                                "--router kv"),
+    (["--router", "kv", "--tokenizer-dir", "/m", "--prefill-dp-size", "2", "--prefill-dp-size", "2"],
+     "--prefill-dp-size is given 2 times for 1 --prefill-url"),
+    (["--router", "kv", "--decode-dp-size", "0"], "--decode-dp-size"),
+])
+def test_static_dp_sizes_are_checked_at_parse_time(extra, message, capsys):
+    from runtime.server.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--model-name", "m", "--prefill-url", "http://p:1", "--decode-url", "http://d:1", *extra])
+    assert message in capsys.readouterr().err
+
+
+def test_kubernetes_discovery_refuses_static_dp_sizes():
+    from runtime.server.__main__ import discovery_settings, parse_args
+
+    args = parse_args(["--model-name", "m", "--discovery", "kubernetes", "--prefill-service", "p",
+                       "--decode-service", "d", "--router", "kv", "--tokenizer-dir", "/m", "--decode-dp-size", "2"])
+    with pytest.raises(SystemExit, match="take.*data-parallel size from its Service"):
+        discovery_settings(args)
