@@ -21,7 +21,9 @@ multi-token-prediction layer (``num_nextn_predict_layers``) is not served by def
 
 from __future__ import annotations
 
+import fnmatch
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +75,13 @@ _OWN_EXPERT_WIDTH_TYPES = frozenset({"qwen2_moe", "qwen3_moe", "deepseek_v2", "d
 # Llama 4's chunked attention (sized by ``attention_chunk_size``). Any other entry (linear_attention, hybrid,
 # ...) is an error naming it rather than a silently wrong KV / FLOP count.
 KNOWN_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+#: one routed expert's weights under ``experts.{e}`` (Qwen-MoE, DeepSeek; Mixtral names them w1 / w3 / w2), and
+#: the tensors gpt-oss and Llama 4 store under ``experts`` with every expert in each
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+MIXTRAL_EXPERT_PROJECTIONS = ("w1", "w3", "w2")
+FUSED_EXPERT_TENSORS = ("gate_up_proj", "down_proj")
 
 
 class ModelConfigError(ValueError):
@@ -155,8 +164,9 @@ class ModelSpec:
             ModelConfigError: naming every missing required field (``model_type`` included: transformers and
                 vLLM refuse a config without one), non-positive value, wrongly typed field
                 (e.g. ``tie_word_embeddings`` not a JSON boolean, ``layer_types`` not a list of strings), unknown
-                layer type, unsupported architecture key (see ``UNSUPPORTED_ARCHITECTURE_KEYS``), or RoPE scaling
-                vLLM cannot build (see ``derived_max_model_len``). Any other
+                layer type, unsupported architecture key (see ``UNSUPPORTED_ARCHITECTURE_KEYS``), RoPE scaling
+                vLLM cannot build (see ``derived_max_model_len``), or a quantization config whose 16-bit routed
+                experts vLLM cannot load (see ``expert_quant_problem``). Any other
                 failure on a malformed config (a wrong-typed field this parser does not check by name) is
                 also a ModelConfigError naming the model, with the original exception as ``__cause__``.
         """
@@ -313,7 +323,7 @@ class ModelSpec:
             # a multimodal wrapper (Llama4ForConditionalGeneration): vLLM builds the text model under
             # ``language_model`` and its checkpoint names the weights so, which ignore lists follow
             kw["module_prefix"] = "language_model."
-        return cls(
+        spec = cls(
             name=name,
             model_type=model_type,
             num_layers=layers,
@@ -336,6 +346,10 @@ class ModelSpec:
             max_context_tokens=derived_max_model_len(c, model_type, name),
             **kw,
         )
+        problem = spec.expert_quant_problem
+        if problem:
+            raise ModelConfigError(problem)
+        return spec
 
     @property
     def checkpoint_precision(self) -> CheckpointPrecision:
@@ -539,13 +553,198 @@ class ModelSpec:
     def unquantized_linear_params(self) -> int:
         """Parameters of the linear layers of :meth:`linear_modules` that the quantization config keeps in 16
         bits (``unquantized_modules``, matched by :meth:`module_is_unquantized`; e.g. Llama-3.1-405B-FP8 keeps
-        every attention projection and the first and last layers' MLPs in bf16). The routed experts, embedding
-        and LM head are not counted here."""
+        every attention projection and the first and last layers' MLPs in bf16). The routed experts (see
+        :attr:`unquantized_expert_params`), embedding and LM head are not counted here."""
         if not self.unquantized_modules:
             return 0
         if "u" not in self._counts:
             self._counts["u"] = sum(n for name, n in self.linear_modules() if self.module_is_unquantized(name))
         return self._counts["u"]
+
+    # ------------------------------------------------------------------ routed experts kept in 16 bits
+    def _fused_experts(self) -> bool:
+        """gpt-oss and Llama 4 checkpoints store each MoE layer's experts as two tensors holding every expert
+        (``experts.gate_up_proj``, ``experts.down_proj``), not one module per expert."""
+        return self.model_type == "gpt_oss" or self.model_type.startswith("llama4")
+
+    def _expert_projections(self) -> tuple[str, ...]:
+        """Names of one expert's weights under ``experts.{e}`` (Mixtral ``w1`` / ``w3`` / ``w2``, Qwen-MoE and
+        DeepSeek ``gate_proj`` / ``up_proj`` / ``down_proj``), or the fused tensors under ``experts``."""
+        if self._fused_experts():
+            return FUSED_EXPERT_TENSORS
+        return MIXTRAL_EXPERT_PROJECTIONS if self.model_type == "mixtral" else EXPERT_PROJECTIONS
+
+    def experts_module(self, layer: int) -> str:
+        """The module that holds MoE layer ``layer``'s routed experts, as vLLM 0.28 prefixes its fused-MoE layer
+        and the checkpoint names its weights' parent: ``{module_prefix}model.layers.{layer}.{mlp | block_sparse_moe
+        | feed_forward}.experts``."""
+        return f"{self.module_prefix}model.layers.{layer}.{self._moe_prefix()}.experts"
+
+    def routed_expert_modules(self, layer: int) -> list[str]:
+        """Checkpoint names of MoE layer ``layer``'s routed-expert weights: ``{experts}.{e}.{projection}`` for every
+        expert ``e`` in ``0 .. num_experts - 1`` and projection (Qwen-MoE / DeepSeek ``gate_proj``, ``up_proj``,
+        ``down_proj``; Mixtral ``w1``, ``w3``, ``w2``), or the two fused tensors ``{experts}.gate_up_proj`` and
+        ``{experts}.down_proj`` of gpt-oss and Llama 4 (``experts`` = :meth:`experts_module`). A DeepSeek-V3 layer
+        has 256 x 3 names: callers walk them once per spec (``_expert_precision`` caches its answer)."""
+        base = self.experts_module(layer)
+        if self._fused_experts():
+            return [f"{base}.{t}" for t in FUSED_EXPERT_TENSORS]
+        projections = self._expert_projections()
+        return [f"{base}.{e}.{p}" for e in range(self.num_experts) for p in projections]
+
+    def _experts_named_by(self, base: str, entry: str) -> list[str]:
+        """The routed-expert weights under ``base`` (:meth:`experts_module`) that the plain (no regex, no
+        wildcard) ignore entry ``entry`` names: itself or its children (``experts.17`` names expert 17's
+        projections), worked out from the name instead of walking every expert."""
+        rest = entry[len(base) + 1:].split(".")
+        projections = self._expert_projections()
+        if self._fused_experts():
+            return [entry] if len(rest) == 1 and rest[0] in projections else []
+        e = rest[0]
+        if not (e.isdigit() and str(int(e)) == e and int(e) < self.num_experts):
+            return []
+        if len(rest) == 1:
+            return [f"{entry}.{p}" for p in projections]
+        return [entry] if len(rest) == 2 and rest[1] in projections else []
+
+    def _expert_patterns(self) -> tuple[tuple[str, ...], tuple[re.Pattern, ...]]:
+        """The ignore entries that can name a routed expert's weight: (plain names, compiled regexes and
+        wildcards). Plain names are kept whole (a layer's experts are matched against them by name); a
+        ModelOpt entry also stands for itself under ``module_prefix`` (:meth:`module_is_unquantized`). A wildcard
+        is dropped when some run of literal characters in it occurs in no expert name (``model.layers.*.self_attn``
+        cannot match ``model.layers.3.mlp.experts.0.down_proj``); digit runs are compared as one digit, so the
+        test holds for every layer and expert number. ``re:`` regexes are kept (what they match cannot be told
+        from their text)."""
+        modelopt = self.quant_method.lower().startswith("modelopt")
+        plain: list[str] = []
+        patterns: list[re.Pattern] = []
+        templates = [_digits_as_zero(n) for n in (
+            [f"{self.experts_module(0)}.{t}" for t in FUSED_EXPERT_TENSORS] if self._fused_experts()
+            else [f"{self.experts_module(0)}.0.{p}" for p in self._expert_projections()])]
+        for p in self.unquantized_modules:
+            if p.startswith("re:"):
+                try:
+                    patterns.append(re.compile(p[3:]))
+                except re.error:
+                    continue  # module_unquantized skips it too
+            elif "*" in p or "?" in p:
+                runs = [_digits_as_zero(r) for r in re.split(r"[*?]", p) if r]
+                if "[" in p or any(all(r in t for r in runs) for t in templates):
+                    patterns += [re.compile(fnmatch.translate(p)), re.compile(fnmatch.translate(p + ".*"))]
+            else:
+                plain.append(p)
+                if modelopt and self.module_prefix:
+                    plain.append(self.module_prefix + p)
+        return tuple(plain), tuple(patterns)
+
+    def _expert_precision(self) -> tuple[tuple[int, ...], str]:
+        """(MoE layers whose routed experts the checkpoint keeps in 16 bits, why vLLM cannot load the checkpoint or
+        ""), computed once per spec: the tuner builds a PerfModel per candidate and each asks."""
+        if "experts16" in self._counts:
+            return self._counts["experts16"]
+        wide: list[int] = []
+        problems: list[tuple[int, str]] = []
+        if self.num_experts and self.unquantized_modules:
+            plain, patterns = self._expert_patterns()
+            for i in (i for i in range(self.num_layers) if self._is_moe_layer(i)):
+                base = self.experts_module(i)
+                total = len(FUSED_EXPERT_TENSORS) if self._fused_experts() else (
+                    self.num_experts * len(self._expert_projections()))
+                kept: set[str] = set()
+                if any(base == p or base.startswith(p + ".") for p in plain):
+                    kept_n = total
+                else:
+                    for p in plain:
+                        if p.startswith(base + "."):
+                            kept.update(self._experts_named_by(base, p))
+                    if patterns:
+                        kept.update(n for n in self.routed_expert_modules(i) if any(rx.match(n) for rx in patterns))
+                    kept_n = len(kept)
+                vllm_wide, why = self._vllm_keeps_experts_wide(base)
+                what = (f"the quantization config keeps {kept_n} of the {total} routed-expert weights of {base} "
+                        "in 16 bits")
+                if 0 < kept_n < total:
+                    first = sorted(kept, key=_natural)[0]
+                    problems.append((i, f"{what} (e.g. {first}), the others quantised; vLLM 0.28 builds a MoE "
+                                        "layer's experts as one fused module of one precision, so some of them "
+                                        "would be loaded at the wrong width"))
+                elif why and vllm_wide is None:
+                    problems.append((i, f"{what}, but {why}"))
+                elif why and vllm_wide != (kept_n == total):
+                    problems.append((i, f"{what}, but {why}: the experts would be loaded at the wrong width"))
+                elif kept_n == total:
+                    wide.append(i)
+        problem = ""
+        if problems:
+            first = problems[0][1]
+            more = f" ({len(problems)} MoE layers like it)" if len(problems) > 1 else ""
+            problem = f"{self.name}: {first}{more}; vLLM cannot load this checkpoint, so it is not sized"
+        self._counts["experts16"] = (tuple(wide), problem)
+        return self._counts["experts16"]
+
+    def _vllm_keeps_experts_wide(self, base: str) -> tuple[bool | None, str]:
+        """Whether vLLM 0.28 builds the fused-MoE layer ``base`` (:meth:`experts_module`) unquantised, and the rule
+        that decides it: (True / False, why) for the methods whose MoE exclusion is modelled, (None, why) when vLLM
+        refuses the layer, (None, "") for the other methods. vLLM picks ONE method per fused-MoE layer, never per
+        expert:
+
+        * ``fp8`` (``Fp8Config.get_quant_method``, ``is_layer_skipped`` in exact mode): unquantised when an ignore
+          entry containing ``experts`` contains ``base`` (``model.layers.3.mlp.experts.17.down_proj`` excludes
+          every expert of layer 3); ``re:`` and ``*`` entries are compared as plain text;
+        * ModelOpt (``ModelOptQuantConfigBase.is_layer_excluded``): that, or an entry that is a substring of
+          ``base`` (also with ``language_model.`` removed), or a wildcard ``fnmatch`` matches ``base`` itself
+          (``model.layers.*.mlp.experts.*`` does not: ``base`` has nothing after ``experts``);
+        * compressed-tensors (``CompressedTensorsMoEMethod.get_moe_method``): unquantised when ``ignore`` (names,
+          ``re:`` regexes) matches expert 0's ``gate_proj``, ``up_proj`` and ``down_proj`` (vLLM asks for those
+          names in every family); vLLM raises when it matches only some of them;
+        * ``mxfp4`` (``Mxfp4Config``): the experts are always quantised.
+        """
+        method = self.quant_method.lower()
+        ignored = self.unquantized_modules
+        exact = next((e for e in ignored if "experts" in e and base in e), "")
+        if method == "fp8":
+            return bool(exact), (f"vLLM's fp8 exclusion {'matches' if exact else 'does not match'} the fused "
+                                 f"layer {base}" + (f" (entry {exact!r})" if exact else ""))
+        if method.startswith("modelopt"):
+            bare = base.removeprefix("language_model.")
+            hit = exact or next((e for e in ignored if e != base and (e in base or e in bare)), "") or next(
+                (e for e in ignored if fnmatch.fnmatchcase(base, e)), "")
+            return bool(hit), (f"vLLM's ModelOpt exclude_modules {'match' if hit else 'do not match'} the fused "
+                               f"layer {base}" + (f" (entry {hit!r})" if hit else ""))
+        if method == "compressed-tensors":
+            names = [f"{base}.0.{p}" for p in EXPERT_PROJECTIONS]
+            flags = [any(_ct_ignores(n, e) for e in ignored) for n in names]
+            if any(flags) and not all(flags):
+                return None, (f"vLLM's compressed-tensors ignore matches only some of {', '.join(names)}, and "
+                              "vLLM refuses that ('All MoE projections need to have same quantization scheme')")
+            return all(flags), (f"vLLM's compressed-tensors ignore {'matches' if all(flags) else 'does not match'} "
+                                f"{names[0]} and its siblings, which decide the whole fused layer")
+        if method == "mxfp4":
+            return False, "vLLM's mxfp4 method quantises every fused-MoE layer"
+        return None, ""
+
+    @property
+    def unquantized_expert_layers(self) -> tuple[int, ...]:
+        """Indices of the MoE layers whose routed experts (all of them: vLLM cannot load fewer, see
+        :meth:`expert_quant_problem`) the quantization config keeps in 16 bits, e.g. ``model.layers.3.mlp.experts``
+        in an fp8 ``ignored_layers``."""
+        return self._expert_precision()[0]
+
+    @property
+    def unquantized_expert_params(self) -> int:
+        """Parameters of the routed experts kept in 16 bits (:attr:`unquantized_expert_layers` x ``num_experts``
+        x one expert's weights and biases), parameters."""
+        return len(self.unquantized_expert_layers) * self.num_experts * self._mlp_params(
+            self.moe_intermediate_size, self.moe_bias)
+
+    @property
+    def expert_quant_problem(self) -> str:
+        """Why vLLM 0.28 cannot load this checkpoint's routed experts, "" when it can. vLLM gives all routed experts
+        of a MoE layer one quantization method (one fused-MoE module, ``_vllm_keeps_experts_wide``), so an ignore
+        list that keeps only some of a layer's experts (or only some of their projections) in 16 bits, or keeps
+        them all while vLLM's own exclusion rule for the method builds the layer quantised (or the reverse),
+        loads weights at the wrong width; ``from_hf_config`` refuses such a config with this message."""
+        return self._expert_precision()[1]
 
     def block_quant_problem(self, tp: int, expert_parallel: bool = False) -> str:
         """Why vLLM 0.28 refuses to load this block-quantised checkpoint (``weight_block_size``
@@ -696,6 +895,27 @@ class ModelSpec:
         if self.num_attention_heads % tp:
             return False
         return self.is_mla or self.num_kv_heads % tp == 0 or tp % self.num_kv_heads == 0
+
+
+def _digits_as_zero(s: str) -> str:
+    """``s`` with every run of digits replaced by one ``0``: a substring of a module name stays a substring of
+    the name so rewritten, whatever the layer and expert numbers."""
+    return re.sub(r"[0-9]+", "0", s)
+
+
+def _natural(name: str) -> list:
+    """Sort key ordering ``experts.2`` before ``experts.10``."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"([0-9]+)", name)]
+
+
+def _ct_ignores(name: str, entry: str) -> bool:
+    """vLLM 0.28 compressed-tensors ``_is_equal_or_regex_match``: ``re:`` entries by ``re.match``, others equal."""
+    if entry.startswith("re:"):
+        try:
+            return re.match(entry[3:], name) is not None
+        except re.error:
+            return False
+    return entry == name
 
 
 def _first(c: dict[str, Any], *keys: str) -> Any:

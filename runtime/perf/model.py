@@ -5,7 +5,8 @@ Formulas (per TP worker of ``tp`` GPUs, weights and KV sharded Megatron-style):
 * weights per rank = ``num_params * weight_bytes / tp`` (weight_bytes: fp32 4, bf16/fp16 2, fp8 1, fp4 0.5625 =
   4 bits + one fp8 scale per 16 values, NVFP4; MXFP4 0.53125), except that 8/4-bit checkpoints keep the
   embedding, the LM head and the modules their quantization config does not convert
-  (``ModelSpec.unquantized_linear_params``; gpt-oss MXFP4: everything but the experts) in 16 bits, and NVFP4
+  (``ModelSpec.unquantized_linear_params``; routed experts whole MoE layers at a time,
+  ``ModelSpec.unquantized_expert_layers``; gpt-oss MXFP4: everything but the experts) in 16 bits, and NVFP4
   checkpoints of MLA models
   keep the attention projections in FP8 (bytes and GEMM rate; nvidia/DeepSeek-R1-NVFP4-v2 model card); a
   forward pass streams every weight but the untied input embedding (a row lookup).
@@ -83,7 +84,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.models.quant import module_unquantized
 from runtime.models.spec import ModelSpec
 from runtime.perf.calibration import Efficiency, efficiency_for
 from runtime.perf.collectives import nccl_allreduce_s, nccl_latencies
@@ -311,6 +311,13 @@ class PerfModel:
             wide_non_expert = 0
         narrow_non_expert = self._non_expert_params - wide_non_expert
         expert_all = m.num_params - self._non_expert_params
+        # routed experts the quantization config keeps in 16 bits: whole MoE layers (vLLM cannot load fewer, and
+        # ModelSpec refuses such a checkpoint), ``ModelSpec.unquantized_expert_layers``, read once per spec
+        wide_layers = len(m.unquantized_expert_layers) if p in ("fp8", "fp4") and m.num_experts else 0
+        wide_expert = wide_layers * m.num_experts * self._expert_params
+        # bytes of one expert's weights summed over the MoE layers (a touched expert is read in every layer)
+        self._expert_bytes_all_layers = self._expert_params * (
+            (m.num_moe_layers_or_zero - wide_layers) * self.weight_dtype_bytes + wide_layers * self._wide_dtype_bytes)
         # NVIDIA's NVFP4 checkpoints of MLA models keep the attention projections out of FP4 (the
         # nvidia/DeepSeek-R1-NVFP4-v2 model card: "compared to nvidia/DeepSeek-R1-FP4, this checkpoint
         # additionally quantizes the wo module in attention layers"; the MLA projections stay FP8 as in
@@ -319,14 +326,15 @@ class PerfModel:
                     if p == "fp4" and m.is_mla and m.weight_format != "mxfp4" else 0)
         if fp8_attn and m.unquantized_linear_params:  # attention kept in 16 bits is not FP8 (counted as wide)
             fp8_attn -= sum(n for name, n in m.linear_modules()
-                            if ".self_attn." in name and module_unquantized(name, m.unquantized_modules))
+                            if ".self_attn." in name and m.module_is_unquantized(name))
         self._fp8_attention_params = fp8_attn
         attn_extra_bytes = fp8_attn * (WEIGHT_BYTES["fp8"] - self.weight_dtype_bytes)
+        self._expert_resident_bytes = (
+            (expert_all - wide_expert) * self.weight_dtype_bytes + wide_expert * self._wide_dtype_bytes)
         self._resident_bytes = (
-            (narrow_non_expert + expert_all) * self.weight_dtype_bytes + wide_non_expert * self._wide_dtype_bytes
-            + attn_extra_bytes
+            narrow_non_expert * self.weight_dtype_bytes + wide_non_expert * self._wide_dtype_bytes
+            + self._expert_resident_bytes + attn_extra_bytes
         )
-        self._expert_resident_bytes = expert_all * self.weight_dtype_bytes
         # Bytes streamed per forward pass besides the experts: the untied input embedding is a row lookup,
         # not a full read.
         untied_embed = 0 if m.tie_word_embeddings else embed
@@ -580,7 +588,7 @@ class PerfModel:
             return 0.0
         k, e = m.num_experts_per_tok, m.num_experts
         distinct = e * (1.0 - (1.0 - k / e) ** tokens)
-        return m.num_moe_layers * distinct * self._expert_params * self.weight_dtype_bytes
+        return distinct * self._expert_bytes_all_layers
 
     def _attended_tokens(self, context_tokens: float) -> float:
         """Tokens one new token attends to, summed over layers: ``context`` on full-attention layers,

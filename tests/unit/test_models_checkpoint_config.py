@@ -166,3 +166,114 @@ def test_modelopt_names_match_without_the_language_model_prefix(tmp_path: Path) 
     m = load_model_spec(folder(tmp_path, "Llama-4-Scout-17B-16E-Instruct-FP8", cfg, quant))
     h = m.hidden_size
     assert m.unquantized_linear_params == h * 40 * 128 + 2 * h * 8 * 128 + 40 * 128 * h
+
+
+# ------------------------------------------------------------------ routed experts in an ignore list
+# vLLM 0.28 builds a MoE layer's routed experts as ONE fused-MoE module with one quantization method (fp8 / ModelOpt
+# ``is_layer_skipped``: an ignore entry naming any expert of layer i excludes all of layer i's experts;
+# compressed-tensors decides on expert 0's projections; mxfp4 always quantises them)
+def qwen3_30b(quant: dict) -> dict:
+    return catalog("Qwen--Qwen3-30B-A3B") | {"quantization_config": quant}  # 48 MoE layers, 128 experts, k 8
+
+
+def fp8(ignored: list[str]) -> dict:
+    return {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": ignored}
+
+
+def ct_fp8(ignore: list[str]) -> dict:
+    """An llm-compressor FP8 (per-channel) compressed-tensors config."""
+    return {"quant_method": "compressed-tensors", "ignore": ignore, "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}
+
+
+QWEN3_30B_EXPERT = 3 * 2048 * 768  # one expert's gate, up and down projections, parameters
+
+
+@pytest.mark.parametrize("cfg, what", [
+    # expert 17's down_proj and experts 10-19 of every layer: 30 of layer 0's 384 expert weights
+    (qwen3_30b(fp8(["model.layers.3.mlp.experts.17.down_proj", r"re:.*mlp\.experts\.1[0-9]\..*"])),
+     "keeps 30 of the 384 routed-expert weights of model.layers.0.mlp.experts in 16 bits"),
+    (qwen3_30b(fp8(["model.layers.3.mlp.experts.17"])),
+     "keeps 3 of the 384 routed-expert weights of model.layers.3.mlp.experts"),
+    (qwen3_30b(ct_fp8([r"re:.*mlp\.experts\.1[0-9]\..*", "lm_head"])), "keeps 30 of the 384"),
+    # every expert kept, but vLLM's ModelOpt fnmatch of the fused layer's own name misses the wildcard
+    (qwen3_30b({"quant_method": "modelopt", "quant_algo": "FP8", "exclude_modules": ["model.layers.*.mlp.experts.*"]}),
+     "ModelOpt exclude_modules do not match the fused layer model.layers.0.mlp.experts"),
+    # Mixtral names its experts' weights w1 / w3 / w2
+    (catalog("mistralai--Mixtral-8x7B-v0.1") | {"quantization_config": fp8(
+        ["model.layers.5.block_sparse_moe.experts.3.w2"])},
+     "keeps 1 of the 24 routed-expert weights of model.layers.5.block_sparse_moe.experts"),
+    # compressed-tensors decides on w1-less gate_proj names of expert 0, which a Mixtral checkpoint does not have
+    (catalog("mistralai--Mixtral-8x7B-v0.1") | {"quantization_config": ct_fp8(
+        [r"re:model\.layers\.5\.block_sparse_moe\.experts\.\d+\.w[123]$"])},
+     "compressed-tensors ignore does not match model.layers.5.block_sparse_moe.experts.0.gate_proj"),
+    # gpt-oss stores fused tensors: one of them kept, or both while vLLM's mxfp4 quantises every MoE layer
+    (catalog("openai--gpt-oss-20b") | {"quantization_config": {
+        "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.mlp.experts.down_proj"]}},
+     "keeps 1 of the 2 routed-expert weights of model.layers.0.mlp.experts"),
+    (catalog("openai--gpt-oss-20b") | {"quantization_config": {
+        "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.2.mlp.experts"]}},
+     "mxfp4 method quantises every fused-MoE layer"),
+])
+def test_an_ignore_list_vllm_cannot_load_for_the_routed_experts_is_refused(cfg: dict, what: str) -> None:
+    with pytest.raises(ModelConfigError, match="vLLM cannot load this checkpoint") as e:
+        ModelSpec.from_hf_config(cfg, "m")
+    assert what in str(e.value)
+
+
+def test_routed_experts_kept_whole_are_charged_at_16_bits() -> None:
+    from runtime.perf.gpus import get_gpu
+    from runtime.perf.model import PerfModel
+
+    h100 = get_gpu("H100-SXM")
+    base = ModelSpec.from_hf_config(qwen3_30b(fp8(["lm_head"])), "q")
+    assert base.unquantized_expert_layers == () and base.unquantized_expert_params == 0
+    # fp8: the entry names layer 3's fused experts (vLLM excludes them); compressed-tensors: a regex over
+    # layers 3 and 7 that matches expert 0's projections (vLLM's test) and every other expert's
+    for quant, layers in [(fp8(["lm_head", "model.layers.3.mlp.experts"]), (3,)),
+                          (ct_fp8(["lm_head", r"re:model\.layers\.(3|7)\.mlp\.experts\..*"]), (3, 7))]:
+        m = ModelSpec.from_hf_config(qwen3_30b(quant), "q")
+        assert m.unquantized_expert_layers == layers
+        assert m.unquantized_expert_params == len(layers) * 128 * QWEN3_30B_EXPERT
+        wide, narrow = PerfModel(m, h100, "fp8"), PerfModel(base, h100, "fp8")
+        # 1 byte more per kept expert weight, resident and (decode of one sequence: its 8 experts) streamed
+        assert wide.weight_bytes_per_rank(1) - narrow.weight_bytes_per_rank(1) == len(layers) * 128 * QWEN3_30B_EXPERT
+        read = [p.decode_breakdown(1, 1024, 1).weights_peak_s * h100.mem_bw_bytes_per_s for p in (wide, narrow)]
+        assert read[0] - read[1] == pytest.approx(len(layers) * 8 * QWEN3_30B_EXPERT)
+        bf16 = [PerfModel(s, h100, "bf16").weight_bytes_per_rank(1) for s in (m, base)]
+        assert bf16[0] == bf16[1]  # a bf16 deployment charges every expert at 16 bits anyway
+
+
+def test_fused_experts_of_llama4_match_with_and_without_the_wrapper_prefix(tmp_path: Path) -> None:
+    # Scout: 48 MoE layers of 16 experts stored as experts.gate_up_proj / experts.down_proj; vLLM's ModelOpt
+    # exclusion also matches an entry against the layer name without language_model.
+    cfg = catalog("meta-llama--Llama-4-Scout-17B-16E-Instruct")
+    expert = 3 * 5120 * 8192
+    for entry in ("language_model.model.layers.3.feed_forward.experts", "model.layers.3.feed_forward.experts"):
+        quant = {"producer": {"name": "modelopt", "version": "0.29.0"},
+                 "quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head", entry]}}
+        m = load_model_spec(folder(tmp_path, entry, cfg, quant))
+        assert (m.unquantized_expert_layers, m.unquantized_expert_params) == ((3,), 16 * expert), entry
+    assert ModelSpec.from_hf_config(catalog("meta-llama--Llama-4-Scout-17B-16E-Instruct"), "s").routed_expert_modules(
+        3) == ["language_model.model.layers.3.feed_forward.experts.gate_up_proj",
+               "language_model.model.layers.3.feed_forward.experts.down_proj"]
+
+
+def test_expert_names_are_walked_once_per_spec_and_not_at_all_when_no_entry_can_match(monkeypatch) -> None:
+    from runtime.perf.gpus import get_gpu
+    from runtime.perf.model import PerfModel
+
+    walks = []
+    real = ModelSpec.routed_expert_modules
+    monkeypatch.setattr(ModelSpec, "routed_expert_modules", lambda self, i: walks.append(i) or real(self, i))
+    ds = catalog("deepseek-ai--DeepSeek-V3")  # 58 MoE layers x 256 experts x 3 projections
+    # names, wildcards and regexes that can name no routed expert's weight: nothing is walked
+    quiet = ModelSpec.from_hf_config(ds | {"quantization_config": fp8(
+        ["lm_head", "model.layers.0.mlp.gate", "model.layers.*.self_attn*", "model.layers.1?.mlp.shared_experts"])},
+        "d")
+    assert quiet.unquantized_expert_layers == () and walks == []
+    m = ModelSpec.from_hf_config(ds | {"quantization_config": ct_fp8([r"re:.*mlp\.gate$", "lm_head"])}, "d")
+    assert len(walks) == 58 and m.unquantized_expert_layers == ()
+    for tp in (1, 2, 4, 8):  # every tuner candidate builds its own PerfModel from the one spec
+        PerfModel(m, get_gpu("H100-SXM"), "fp8").weight_bytes_per_rank(tp)
+    assert len(walks) == 58
