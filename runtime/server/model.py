@@ -954,6 +954,10 @@ class PDModel(OpenAIGenerativeModel):
         prompt_tokens: int | None = None  # the client's prompt, from the first attempt's usage
         tokens_before = 0  # tokens sent by the attempts before this one
         attempt_usage: dict | None = None  # this attempt's latest usage from the worker
+        # its usage as of the last chunk whose output the client got: a token that ends inside a character
+        # (bytes of a UTF-8 sequence, held back by vLLM's detokenizer) comes in a chunk with empty text though
+        # the usage counts it, and a continuation (prompted with the text sent) makes it again
+        attempt_sent_usage: dict | None = None
         attempt_chunks = 0  # this attempt's chunks with a generated token
         # every choice's finish reason / the final usage chunk went to the client (a body served whole can
         # hold several choices: n > 1 or several prompts that need the decode worker's own prefill)
@@ -1068,6 +1072,7 @@ class PDModel(OpenAIGenerativeModel):
                             if generated:
                                 num_tokens += 1
                                 attempt_chunks += 1
+                                attempt_sent_usage = u or attempt_sent_usage
                                 last_s = self.clock() - t0
                             replayable = replayable and chunk_ok
                             choices = chunk.get("choices")
@@ -1101,8 +1106,8 @@ class PDModel(OpenAIGenerativeModel):
                     logger.warning("request %s: no first token %.0f s before the KV lease ends: the decode worker "
                                    "prefills it locally", rid, self.kv_lease_margin_s)
                     prompt_tokens, tokens_before = _attempt_ends(attempt_usage, attempt_chunks, prompt_tokens,
-                                                                 tokens_before)
-                    attempt_usage, attempt_chunks = None, 0
+                                                                 tokens_before, attempt_sent_usage)
+                    attempt_usage, attempt_sent_usage, attempt_chunks = None, None, 0
                     cont = base if not yielded else continuation_body(path, base, "".join(sent), tokens_before)
                     if cont is None:
                         err = openai_error_body("the inference worker did not answer in time",
@@ -1131,8 +1136,8 @@ class PDModel(OpenAIGenerativeModel):
                         break
                     started = attempt_chunks > 0
                     prompt_tokens, tokens_before = _attempt_ends(attempt_usage, attempt_chunks, prompt_tokens,
-                                                                 tokens_before)
-                    attempt_usage, attempt_chunks = None, 0
+                                                                 tokens_before, attempt_sent_usage)
+                    attempt_usage, attempt_sent_usage, attempt_chunks = None, None, 0
                     # nothing sent yet: the request itself goes to another worker, whatever its shape; else a
                     # continuation of what was sent, where one can carry it (not after reasoning or a tool call,
                     # which it would repeat or lose; not for token-id prompts, echo or several choices)
@@ -1238,15 +1243,18 @@ def _completion_tokens(usage: dict | None) -> int:
 
 
 def _attempt_ends(usage: dict | None, chunks: int, prompt_tokens: int | None,
-                  tokens_before: int) -> tuple[int | None, int]:
+                  tokens_before: int, sent_usage: dict | None) -> tuple[int | None, int]:
     """(the client's prompt tokens, the tokens sent so far) once a decode attempt ends that sent `chunks` chunks
-    with a token and last reported `usage` (the first attempt's prompt is the client's). Pure."""
+    with a token, last reported `usage`, and reported `sent_usage` with the last chunk whose output reached the
+    client (the first attempt's prompt is the client's). Tokens counted after that chunk (a character's first
+    bytes, held back by the worker's detokenizer) are not in the text sent, so a continuation makes them again
+    and they are not counted here. Pure."""
     if prompt_tokens is None and usage is not None:
         try:
             prompt_tokens = int(usage.get("prompt_tokens") or 0) or None
         except (TypeError, ValueError):
             prompt_tokens = None
-    return prompt_tokens, tokens_before + max(_completion_tokens(usage), chunks)
+    return prompt_tokens, tokens_before + max(_completion_tokens(sent_usage), chunks)
 
 
 def _stream_usage(usage: dict, prompt_tokens: int | None, tokens_before: int) -> dict:

@@ -314,6 +314,48 @@ async def test_a_continuation_asks_for_the_tokens_left_and_the_usage_counts_ever
     await model.aclose()
 
 
+class SplitCharacterDecoders(TwoDecoders):
+    """Completions workers that answer as vLLM does while a character's bytes span tokens: the tokens that end
+    inside the character come with `text: ""` (vLLM's detokenizer holds their bytes back) though the running
+    usage counts them. One token is one character of "ab🎉cd" here, the emoji two tokens (its first one
+    sent as ""); d0 sends "a", "b" and the emoji's first token, then dies."""
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        if host == "d0":
+            pieces = ["a", "b", ""]
+        else:  # the continuation regenerates from after the text the client has
+            pieces = {"ab": ["", "🎉", "c", "d"]}[body["prompt"][len("Say: "):]][:body["max_tokens"]]
+        out = []
+        for done, p in enumerate(pieces, 1):
+            usage = {"prompt_tokens": 2, "completion_tokens": done, "total_tokens": 2 + done}
+            chunk = {"id": "cmpl-" + host, "choices": [{"index": 0, "text": p}], "usage": usage}
+            out.append(f"data: {json.dumps(chunk)}\n\n".encode())
+        if host == "d0":
+            return httpx.Response(200, stream=_DyingStream(out))
+        usage = {"prompt_tokens": 2, "completion_tokens": len(pieces), "total_tokens": 2 + len(pieces)}
+        out.append(f"data: {json.dumps({'id': 'cmpl-d1', 'choices': [], 'usage': usage})}\n\n".encode())
+        return httpx.Response(200, content=b"".join(out + [b"data: [DONE]\n\n"]))
+
+
+async def test_tokens_whose_text_was_held_back_are_generated_again_not_counted_as_sent():
+    from kserve.protocol.rest.openai.types import CompletionRequest
+
+    w = SplitCharacterDecoders()
+    model, _ = _model(w)
+    req = CompletionRequest(model="m", prompt="Say: ", max_tokens=6, temperature=0, stream=True,
+                            stream_options={"include_usage": True})
+    events = [e async for e in await model.create_completion(req)]
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    # two tokens reached the client as text; the third (half the emoji) did not: the continuation, prompted
+    # with "ab", makes both halves of the emoji again, so its budget is 6 - 2, not 6 - 3
+    assert w.bodies["d1"][0]["max_tokens"] == 4
+    assert "".join(chunk_text(c) for c in chunks) == "ab🎉cd"
+    assert chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8}
+    await model.aclose()
+
+
 async def test_a_client_that_did_not_ask_for_usage_gets_none_though_the_workers_send_it():
     w = CoalescingDecoders()
     model, _ = _model(w)
