@@ -11,7 +11,9 @@ ask for. `EdgeMiddleware` answers them with an OpenAI 400 (`{"error": {"message"
 * a completions or chat completions body without a `model` string (OpenAI requires it; KServe would answer
   404 naming a model "None");
 * `stream` that is not a boolean or null;
-* a chat message that is not an object, or whose `role` is not one of OpenAI's roles (`CHAT_ROLES`).
+* a chat message that is not an object, or whose `role` is not one of OpenAI's roles (`CHAT_ROLES`);
+* a completions or chat completions body sent with a `Content-Type` other than `application/json` (vLLM's
+  message; a request without the header is read as JSON).
 It also answers, itself:
 * `GET /openai/v1/models/{id}`: the OpenAI model object of the served model, or an OpenAI 404;
 * KServe's v1/v2 inference routes (`:predict`, `:explain`, `/infer`): a 404 saying the model serves the
@@ -275,6 +277,13 @@ class EdgeMiddleware:
             chunks.append(piece)
             more = message.get("more_body", False)
         raw = b"".join(chunks)
+        media = _media_type(scope)
+        if media is not None and media != "application/json" and path in _GENERATION_ROUTES:
+            # FastAPI would read such a body as no object at all and answer a validation error that names no
+            # cause; vLLM refuses it with this message. A request without the header is read as JSON.
+            body = openai_error_body("Unsupported Media Type: Only 'application/json' is allowed",
+                                     err_type="BadRequestError", status=HTTPStatus.BAD_REQUEST)
+            return await _json(send, HTTPStatus.BAD_REQUEST, body)
         parsed, bad = read_body(path, raw)
         if bad is not None:
             message_text, param = bad
@@ -313,6 +322,14 @@ async def _discard_body(receive: Callable, budget: int) -> None:
             return
         budget -= len(message.get("body", b""))
         more = message.get("more_body", False)
+
+
+def _media_type(scope: dict) -> str | None:
+    """The request's `Content-Type` without its parameters, in lower case; None without the header."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-type":
+            return value.decode("latin-1").split(";", 1)[0].strip().lower()
+    return None
 
 
 def _declared_length(scope: dict) -> int:

@@ -213,6 +213,20 @@ async def test_malformed_requests_are_4xx_openai_errors_that_never_reach_a_worke
         assert worker.requests == []
 
 
+async def test_a_body_sent_as_another_media_type_is_refused_as_vllm_refuses_it():
+    # what curl -d sends without -H: FastAPI reads it as no object and its error names no cause
+    with RecordingWorker() as worker:
+        async with _runtime(worker) as c:
+            for path, ctype in ((CHAT, "application/x-www-form-urlencoded"), (COMP, "text/plain; charset=utf-8")):
+                body = b'{"model":"m","prompt":"x"}' if path == COMP else b'{"model":"m","messages":[]}'
+                r = await c.post(path, content=body, headers={"content-type": ctype})
+                assert r.status_code == 400, r.text
+                err = r.json()["error"]
+                assert err["message"] == "Unsupported Media Type: Only 'application/json' is allowed", r.text
+                assert err["type"] == "BadRequestError"
+        assert worker.requests == []
+
+
 async def test_bodies_over_the_limit_are_413_unread_and_the_server_serves_on():
     """A body over `max_body_bytes` is refused 413 (OpenAI body, `connection: close`) whether it declares its
     length or is sent chunked; a body of exactly the limit passes the edge (here to its own 400); a declared
