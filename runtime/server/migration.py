@@ -6,7 +6,10 @@ The continuation is an ordinary request whose prompt ends with what was already 
 * completions: the generated text is appended to a string prompt.
 A chat request that already continued its final assistant message (`continue_final_message`) goes on inside
 that message. `max_tokens` (and `max_completion_tokens`, and `min_tokens` down to 0) shrink by the tokens
-already sent. The caller counts the tokens sent from the usage the decode worker sends with every chunk (it
+already sent; a completions request without `max_tokens` had the API's default of 16
+(`COMPLETIONS_DEFAULT_MAX_TOKENS`), which shrinks the same way. A chat request without either has the worker's
+default: the context left after its prompt, which the longer prompt of the continuation shrinks by itself (a
+model whose generation_config.json sets `max_new_tokens` is the exception: vLLM grants each attempt that many). The caller counts the tokens sent from the usage the decode worker sends with every chunk (it
 asks for vLLM's `continuous_usage_stats`): a chunk may hold several tokens (vLLM's API server merges the
 outputs it fell behind on; speculative decoding), so chunks are counted only where a worker sends no usage.
 
@@ -22,6 +25,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+
+#: The budget of a completions request that names no `max_tokens` (or null): OpenAI's documented default for
+#: /v1/completions, and vLLM 0.28's (`CompletionRequest.max_tokens`, `normalize_null_max_tokens`). A
+#: continuation must carry what is left of it, else the next worker grants a fresh 16.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 # delta fields of generated output that a continuation cannot replay (vLLM 0.28 chat chunks)
 _UNREPLAYABLE_DELTA = ("reasoning_content", "reasoning", "tool_calls", "function_call")
@@ -95,6 +103,8 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
             fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text")):
         return None
     out = copy.deepcopy(body)
+    if not path.endswith("chat/completions") and out.get("max_tokens") is None:
+        out["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS  # the budget the first worker applied
     for key in ("max_tokens", "max_completion_tokens"):
         if out.get(key) is not None:
             left = int(out[key]) - num_generated_tokens

@@ -39,6 +39,18 @@ def test_completion_continuation_extends_the_prompt():
     assert c["prompt"] == "The capital of France is Paris" and c["max_tokens"] == 4
 
 
+@pytest.mark.parametrize("budget", [{}, {"max_tokens": None}])
+def test_a_completion_without_max_tokens_continues_with_what_is_left_of_the_default(budget):
+    # vLLM (and OpenAI) give a completions request without max_tokens 16 tokens; a continuation that named none
+    # would get 16 more
+    c = continuation_body(COMPL, {"prompt": "x", **budget}, " a b c d e", 5)
+    assert c["max_tokens"] == 11
+    assert continuation_body(COMPL, {"prompt": "x", **budget}, " a" * 16, 16) is None
+    # a chat request's default is the context left after its prompt, which the continuation's longer prompt
+    # shrinks by itself
+    assert "max_tokens" not in continuation_body(CHAT, {"messages": [{"role": "user", "content": "x"}]}, "ab", 2)
+
+
 def test_continuation_shrinks_min_tokens_by_the_tokens_sent():
     # min_tokens above the shrunk max_tokens would be refused by vLLM (min_tokens must be <= max_tokens)
     c = continuation_body(COMPL, {"prompt": "x", "max_tokens": 12, "min_tokens": 10}, " a b c d e", 5)
