@@ -88,7 +88,8 @@ class RouteDecision(NamedTuple):
         prefill_worker: worker that prefills remotely, or ``None`` = prefill locally on ``decode_worker``.
         decode_worker: worker that decodes (and prefills when ``prefill_worker`` is None).
         overlap_blocks: cached prefix blocks the router predicts on the worker that prefills.
-        num_prompt_blocks: full blocks of the prompt.
+        num_prompt_blocks: full blocks of the prompt, at least 1: the KV blocks its decode worker is charged
+            (`WorkerLoad.decode_blocks`).
         uncached_tokens: prompt tokens the prefilling worker must compute (prediction).
         reason: ``remote``, ``local_no_prefill_pool``, ``local_short``, ``local_prefill_saturated``,
             ``local_prefill_failed`` or ``migrated``.
@@ -104,6 +105,13 @@ class RouteDecision(NamedTuple):
     uncached_tokens: int
     reason: str
     offload_blocks: int = 0
+
+
+def _held_blocks(prompt_blocks: int) -> int:
+    """KV blocks a decoding request is charged on its decode worker: its prompt's full blocks, and at least one
+    (its tokens, prompt and output, sit in one block at least). Charged none, requests with prompts under a block
+    would tie on every decode worker and go wherever the tie-break sends them, all of them to one worker."""
+    return max(1, prompt_blocks)
 
 
 @dataclass(slots=True)
@@ -406,9 +414,9 @@ class Router:
         work = self.prefill_cost(num_tokens, num_tokens - uncached) if num_tokens > 0 else 0.0
         if offload and load_work:  # the loaded part of the overlap (the cap may trim the tier run's tail)
             work += load_work[prefiller] * offload / sum(tier_hits[prefiller].values())
-        self._charge(request_id, _InFlight(loads[prefill] if prefill else None, loads[decode], uncached, nb,
-                                           work, hashes, num_tokens), now_s)
-        return RouteDecision(request_id, prefill, decode, overlap, nb, uncached, reason, offload)
+        self._charge(request_id, _InFlight(loads[prefill] if prefill else None, loads[decode], uncached,
+                                           _held_blocks(nb), work, hashes, num_tokens), now_s)
+        return RouteDecision(request_id, prefill, decode, overlap, _held_blocks(nb), uncached, reason, offload)
 
     def _choose(self, policy, candidates: Sequence[WorkerLoad], overlaps: Mapping[str, int], nb: int,
                 num_tokens: int, load_work: Mapping[str, float] | None):
@@ -616,7 +624,7 @@ class Router:
         overlap = overlaps.get(decode, 0)
         uncached = max(0, num_tokens - overlap * self.block_size_tokens)
         work = self.prefill_cost(num_tokens, num_tokens - uncached) if num_tokens > 0 else 0.0
-        new = _InFlight(None, self._loads[decode], uncached, nb, work, hashes, num_tokens,
+        new = _InFlight(None, self._loads[decode], uncached, _held_blocks(nb), work, hashes, num_tokens,
                         num_migrations=num_migrations, excluded=excluded)
         self._charge(request_id, new, now_s)
-        return RouteDecision(request_id, None, decode, overlap, nb, uncached, reason)
+        return RouteDecision(request_id, None, decode, overlap, _held_blocks(nb), uncached, reason)

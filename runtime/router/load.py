@@ -23,7 +23,8 @@ class WorkerLoad:
         worker_id: the worker's id in the pool.
         role: ``prefill`` (prefill pool), ``decode`` (decode pool) or ``both`` (aggregated worker).
         prefill_tokens: uncached prompt tokens routed here whose first token has not arrived, tokens.
-        decode_blocks: KV blocks (prompt blocks) of requests decoding here that have not completed.
+        decode_blocks: KV blocks (prompt blocks, at least one a request) of requests decoding here that have
+            not completed.
         num_requests: requests that hold any load here.
         engine_requests: this router's requests the engine itself holds now (counts in its running + waiting
             gauges): those prefilling on it, and those decoding on it once their decode leg was sent (from

@@ -458,3 +458,19 @@ def test_a_failed_prefill_whose_decode_worker_left_the_pool_goes_to_another_deco
         r.fallback_local_prefill("q2", now_s=3.0)
     with pytest.raises(UnknownRequestError):
         r.in_flight("q2")
+
+
+def test_prompts_shorter_than_a_block_still_spread_over_the_decode_workers():
+    # a decoding request holds at least one KV block whatever its prompt; counted as none, requests of prompts
+    # under a block tied on every decode worker and all went to the one that had prefilled least so far (one
+    # local prefill, e.g. a migration, tipped every later tie away from its worker)
+    r = _router(disagg_min_uncached_tokens=0)
+    r.add_worker("p", "prefill")
+    r.add_worker("d0", "decode")
+    r.add_worker("d1", "decode")
+    r.workers["d0"].total_prefill_work = 40.0  # what one local prefill on d0 left behind
+    chosen = [r.route(f"q{i}", token_ids=[7, 8, 9], now_s=0.0).decode_worker for i in range(20)]
+    assert sorted((chosen.count("d0"), chosen.count("d1"))) == [10, 10], chosen
+    for i in range(20):
+        r.on_complete(f"q{i}")
+    assert all(w.decode_blocks == 0 and w.num_requests == 0 for w in r.workers.values())
