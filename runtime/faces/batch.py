@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-from runtime.faces.common import ReflowGroup
+from runtime.faces.common import ReflowGroup, make_console
 
 app = typer.Typer(
     cls=ReflowGroup,  # help text reflows at the terminal's width
@@ -22,7 +21,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 @app.callback()
@@ -81,7 +80,9 @@ def run_cmd(
 
     Prints a JSON summary line on stdout: requests, resumed (answered by an earlier run, not sent again), changed
     (answered by an earlier run, but the input line's url or body was edited since: sent again, the old answer
-    dropped), succeeded, failed, tokens, wall_s, and "interrupted" (SIGINT or SIGTERM) when a signal stopped the run.
+    dropped), succeeded, failed, prompt_tokens, completion_tokens, not_found (404s: a wrong --endpoint base or
+    model), unknown_model (of those, the model unknown), wall_s, output_tokens_per_s, and "interrupted" (SIGINT
+    or SIGTERM) when a signal stopped the run.
 
     Exit status: 0 when every request got a 2xx answer; 1 when some did not (their output lines carry the error),
     an s3:// output could not be uploaded at the end (the answers are kept in a local file, named) or the S3

@@ -20,8 +20,18 @@ from runtime.redact import redact_userinfo
 
 RUNTIME, USAGE = 1, 2  # exit statuses: a failure while running, bad usage or a bad value
 
-console = Console()
-err = Console(stderr=True)
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console that wraps text at a terminal's width and, writing to a file or a pipe (a CI log), not at all:
+    rich would cut lines at 80 columns there, paths and error messages mid-word."""
+    c = Console(stderr=stderr)
+    c.soft_wrap = not c.is_terminal
+    return c
+
+
+console = make_console()
+err = make_console(stderr=True)
 
 StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLflow sqlite, FSx stand-in, demo output).")]
 DEFAULT_STATE = state_dir()
