@@ -404,6 +404,7 @@ def stage_model(
             f"{res.manifest.total_bytes / 1e6:.1f} MB; "
             + ("unchanged, nothing fetched" if res.unchanged else
                f"fetched {mb:.1f} MB in {res.wall_s:.1f} s ({mb / max(res.wall_s, 1e-9):.1f} MB/s), "
-               f"resumed {t.bytes_resumed / 1e6:.1f} MB, linked {res.files_linked} unchanged files")
+               f"resumed {t.bytes_resumed / 1e6:.1f} MB, linked {res.files_linked} unchanged files"),
+            soft_wrap=True,  # one line in a log, the path whole; a terminal wraps it where it must
         )
     return res.manifest
