@@ -67,6 +67,13 @@ S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOK
 # 300 s, cuts long streams (a 32k-token completion at 20 ms per token takes ~650 s). Knative refuses a value above
 # config-defaults max-revision-timeout-seconds (600 s by default), which infra/k8s/kserve raises to this value.
 PREDICTOR_TIMEOUT_S = 3600
+# The runtime's drain of its requests in flight at SIGTERM (`--shutdown-grace-s`, runtime/server/app.py), s. Knative
+# sets the pod's terminationGracePeriodSeconds to the revision timeout (PREDICTOR_TIMEOUT_S) and refuses a
+# container `lifecycle`: its own preStop on the runtime container (queue-proxy's /wait-for-drain) holds SIGTERM
+# back until the pod has left the routing and queue-proxy has finished the requests it took, all counted in
+# that one grace period; the kubelet's SIGKILL then comes PREDICTOR_TIMEOUT_S after the deletion, so this drain
+# plus uvicorn's 5-s margin must fit well inside it (tests/unit/test_deploy_render.py).
+RUNTIME_SHUTDOWN_GRACE_S = 900
 TRAFFIC_VOLUME_SIZE = "1Gi"  # ~100 bytes per request: ~10 M requests between shipments before eviction
 
 
@@ -254,7 +261,7 @@ def inference_service(spec: DeploymentSpec, *, name: str, namespace: str, pvc_na
                 overload=spec.overload,
                 ttft_slo_ms=spec.slo.ttft_p90_ms,
                 leader_lease=rbac.planner_lease_name(name, revision),
-            ) + traffic_args(target, name=name),
+            ) + traffic_args(target, name=name) + [f"--shutdown-grace-s={RUNTIME_SHUTDOWN_GRACE_S}"],
             "env": [{"name": SPEC_ENV, "value": spec.model_dump_json()}],
         },
     }

@@ -47,6 +47,17 @@ from pathlib import Path
 SPEC_ENV = "PDSERVE_DEPLOYMENT_SPEC"  # same name as runtime.deploy.render.SPEC_ENV
 
 
+def seconds_at_least_zero(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0 (refuses nan, inf and negatives)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return v
+
+
 def positive_seconds(text: str) -> float:
     """argparse type: a finite number of seconds > 0 (refuses nan, inf, 0 and negatives)."""
     try:
@@ -157,6 +168,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-body-bytes", type=int_at_least(1024), default=None,
                    help="Largest request body the runtime reads, bytes (>= 1024; default 64 MiB); a larger one is "
                         "answered 413 without being read.")
+    p.add_argument("--shutdown-grace-s", type=seconds_at_least_zero, default=900.0,
+                   help="At SIGTERM, seconds the requests in flight get to finish (default 900: a 32k-token "
+                        "stream at ~27 ms per token); those still open then end with an OpenAI error (a stream: "
+                        "an error event and [DONE]). The pod's terminationGracePeriodSeconds must exceed it plus "
+                        "any preStop wait and --shutdown-delay-s.")
+    p.add_argument("--shutdown-delay-s", type=seconds_at_least_zero, default=0.0,
+                   help="At SIGTERM, seconds the runtime keeps accepting requests, /v2/health/ready answering "
+                        "503, before it stops listening: for load balancers that learn of the shutdown from the "
+                        "readiness probe (none is needed behind Knative's queue-proxy, which drains first).")
     p.add_argument("--timeout-s", type=positive_seconds, default=600.0,
                    help="Read timeout of each worker call, seconds (> 0).")
     p.add_argument("--prefill-timeout-s", type=positive_seconds, default=120.0,
@@ -523,6 +543,8 @@ def main(argv: list[str] | None = None) -> None:
         **({} if args.max_body_bytes is None else {"max_body_bytes": args.max_body_bytes}),
         engine_load_interval_s=args.engine_load_interval_s if args.engine_load else None,
         router_costs=router_costs(args),
+        shutdown_grace_s=args.shutdown_grace_s,
+        shutdown_delay_s=args.shutdown_delay_s,
     )
 
 

@@ -8,6 +8,13 @@ vLLM protocol imports fail ("OpenAI endpoints not registered" at INFO), so `buil
 
 Routes: /openai/v1/chat/completions, /openai/v1/completions, /openai/v1/models, KServe's /v1 and /v2 health
 and model routes, /metrics (Prometheus, including pdserve_* from runtime.server.metrics).
+
+Shutdown (SIGTERM, or a first SIGINT): /v2/health/ready answers 503 at once while the listener stays open for
+`shutdown_delay_s` seconds (requests are still served: a load balancer that has not yet seen the pod go keeps
+sending some); then uvicorn stops accepting and waits up to `shutdown_grace_s` seconds for the requests in
+flight. A stream still open then ends with an OpenAI error event (503, "ServiceUnavailableError") and
+`data: [DONE]`, and a request whose answer has not begun gets that error as a 503 JSON answer
+(`ShutdownDrain`); the process exits right after. A second SIGINT stops at once.
 """
 
 from __future__ import annotations
@@ -16,12 +23,15 @@ import asyncio
 import functools
 import gc
 import logging
+import math
 import signal
 import threading
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 from pathlib import Path
 
+import orjson
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from runtime.config import OverloadSpec, RouterSpec
@@ -32,7 +42,7 @@ from runtime.server.wire import HeadCoalescingProtocol
 from runtime.server.edge import DEFAULT_MAX_BODY_BYTES, install_edge
 from runtime.server.engine_load import DEFAULT_INTERVAL_S as DEFAULT_ENGINE_LOAD_INTERVAL_S
 from runtime.server.engine_load import engine_load_loop
-from runtime.server.errors import install_openai_error_handlers
+from runtime.server.errors import install_openai_error_handlers, openai_error_body
 from runtime.server.metrics import RuntimeMetrics
 from runtime.server.model import DEFAULT_KV_LEASE_S, PDModel
 from runtime.server.pairing import Pairing, RoundRobinPairing
@@ -40,6 +50,16 @@ from runtime.server.routing import RouterPairing, WorkerEndpoint
 from runtime.server.tokenize import PromptTokenizer
 
 log = logging.getLogger(__name__)
+
+#: Default drain of the requests in flight at shutdown, seconds: a long stream, a 32k-token completion at up to
+#: ~27 ms per token (a busy decode worker; runtime/deploy/render.py PREDICTOR_TIMEOUT_S sizes the same case at
+#: 20 ms). The process leaves as soon as its last request ends, so a long grace costs nothing when streams
+#: are short.
+DEFAULT_SHUTDOWN_GRACE_S = 900.0
+#: uvicorn's own deadline runs this much past the grace: the streams `ShutdownDrain` ends at the grace are
+#: written out before uvicorn cancels what is left (which would cut a stream without its error event).
+_UVICORN_GRACE_MARGIN_S = 5.0
+_READY_PATH = "/v2/health/ready"
 
 OPENAI_ROUTES = ("/openai/v1/chat/completions", "/openai/v1/completions")
 
@@ -137,20 +157,154 @@ def _check_openai_routes(app) -> None:
         )
 
 
+class _Open:
+    """What `ShutdownDrain` knows of one request in flight: whether its answer began, is a stream (SSE) whose
+    last write ended an event, was ended at the grace, or is complete."""
+
+    __slots__ = ("started", "sse", "at_event_end", "expired", "done")
+
+    def __init__(self) -> None:
+        self.started = self.sse = self.expired = self.done = False
+        self.at_event_end = True
+
+
+class ShutdownDrain:
+    """ASGI middleware state of the runtime's shutdown (see the module docstring): `begin()` turns
+    /v2/health/ready to 503; `expire()` ends every request still in flight (cancels its handler, then
+    answers for it: an error event and `data: [DONE]` closing a stream, a 503 OpenAI error where no answer
+    began). A request whose answer began and that is not a stream at an event boundary is left to uvicorn's
+    own deadline (its body cannot be finished cleanly)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self._open: dict[asyncio.Task, _Open] = {}
+
+    def begin(self) -> None:
+        if not self.draining:
+            self.draining = True
+            log.info("shutting down: /v2/health/ready answers 503; %d request(s) in flight", len(self._open))
+
+    def expire(self) -> None:
+        if self._open:
+            log.warning("shutdown grace over: ending %d request(s) still in flight", len(self._open))
+        for task, st in list(self._open.items()):
+            if not st.done:
+                st.expired = True
+                task.cancel()
+
+
+class _DrainHolder:
+    """The `ShutdownDrain` of the server built last (KServe's FastAPI app, hence its middleware, is one per
+    process)."""
+
+    target: ShutdownDrain | None = None
+
+
+class _DrainMiddleware:
+    """Outermost ASGI middleware of the runtime app: readiness 503 while the drain is draining, and each HTTP
+    request tracked so that `ShutdownDrain.expire()` can end it with an answer."""
+
+    def __init__(self, app: Any, *, holder: _DrainHolder) -> None:
+        self.app, self.holder = app, holder
+
+    async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001 - ASGI callables
+        drain = self.holder.target
+        if scope["type"] != "http" or drain is None:
+            return await self.app(scope, receive, send)
+        if drain.draining and scope["method"] == "GET" and scope["path"] == _READY_PATH:
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"15")]})
+            await send({"type": "http.response.body", "body": b'{"ready":false}'})
+            return None
+        task = asyncio.current_task()
+        st = _Open()
+
+        async def tracked(message: dict) -> None:
+            await send(message)
+            # recorded once written: a send cancelled while it waits on a slow client wrote nothing
+            if message["type"] == "http.response.start":
+                st.started = True
+                ctype = dict(message.get("headers") or ()).get(b"content-type", b"")
+                st.sse = ctype.startswith(b"text/event-stream")
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if body:
+                    st.at_event_end = body.endswith(b"\n\n")
+                if not message.get("more_body", False):
+                    st.done = True
+
+        drain._open[task] = st
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if not st.expired or st.done or (st.started and not (st.sse and st.at_event_end)):
+                raise
+            task.uncancel()  # the cancellation was the grace's end: answer for the handler
+            error = orjson.dumps(openai_error_body(
+                "the server is shutting down; retry the request", err_type="ServiceUnavailableError",
+                status=HTTPStatus.SERVICE_UNAVAILABLE))
+            if st.started:
+                await send({"type": "http.response.body", "more_body": False,
+                            "body": b"data: " + error + b"\n\ndata: [DONE]\n\n"})
+            else:
+                await send({"type": "http.response.start", "status": 503,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(error)).encode())]})
+                await send({"type": "http.response.body", "body": error})
+        finally:
+            drain._open.pop(task, None)
+
+
+def _draining_server(base: type, drain: ShutdownDrain, *, grace_s: float, delay_s: float) -> type:
+    """A subclass of uvicorn Server class `base` that, once told to exit, begins `drain` and keeps serving
+    `delay_s` more seconds, then shuts down with `drain.expire()` due `grace_s` seconds after the listener
+    closes."""
+
+    class _DrainingServer(base):
+        _exit_at: float | None = None
+
+        async def on_tick(self, counter: int) -> bool:
+            stop = await super().on_tick(counter)
+            if not stop or not self.should_exit or self.force_exit:
+                return stop
+            loop = asyncio.get_running_loop()
+            if self._exit_at is None:
+                drain.begin()
+                self._exit_at = loop.time() + delay_s
+            return loop.time() >= self._exit_at
+
+        async def shutdown(self, sockets=None) -> None:  # noqa: ANN001 - uvicorn's signature
+            drain.begin()
+            expiry = asyncio.get_running_loop().call_later(grace_s, drain.expire)
+            try:
+                await super().shutdown(sockets=sockets)
+            finally:
+                expiry.cancel()
+
+    return _DrainingServer
+
+
 def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int = 8080, access_log: bool = True,
-                      max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                      max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                      shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S, shutdown_delay_s: float = 0.0):
     """Register `model` in a KServe ModelServer (gRPC off) and build its REST server bound to `host`;
     `access_log` False turns uvicorn's access log (one line per request) off; request bodies over
-    `max_body_bytes` bytes are answered 413 (runtime.server.edge).
+    `max_body_bytes` bytes are answered 413 (runtime.server.edge). At shutdown readiness answers 503 and
+    requests are still taken for `shutdown_delay_s` seconds, then the requests in flight get `shutdown_grace_s`
+    seconds to finish (module docstring; the server's `drain` attribute is its `ShutdownDrain`).
 
     Returns:
         a `kserve.protocol.rest.server.RESTServer`; `await server.start()` builds the KServe FastAPI app
         (routes, KServe's exception handlers, then the OpenAI-style ones of runtime.server.errors), checks
         the OpenAI routes and serves until SIGINT/SIGTERM.
 
-    Raises (from `start`):
-        OpenAIRoutesMissingError: when KServe did not register the OpenAI routes.
+    Raises:
+        ValueError: a negative or non-finite `shutdown_grace_s` / `shutdown_delay_s`.
+        OpenAIRoutesMissingError (from `start`): when KServe did not register the OpenAI routes.
     """
+    for name, v in (("shutdown_grace_s", shutdown_grace_s), ("shutdown_delay_s", shutdown_delay_s)):
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
     from kserve import ModelServer
     from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
     from kserve.protocol.rest.server import RESTServer
@@ -163,6 +317,12 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
             install_openai_error_handlers(kserve_app)
             install_edge(kserve_app, model.name, lambda: model.ready, model.count_unready,
                          direct=functools.partial(serve_direct, model, kserve_app), max_body_bytes=max_body_bytes)
+            # added last, so outermost: it sees every request, those the edge answers itself included
+            holder = getattr(kserve_app.state, "pdserve_drain", None)
+            if holder is None:  # KServe's app is one per process: one middleware, pointed at each server's drain
+                holder = kserve_app.state.pdserve_drain = _DrainHolder()
+                kserve_app.add_middleware(_DrainMiddleware, holder=holder)
+            holder.target = self.drain
             _check_openai_routes(kserve_app)
 
         def _add_middlewares(self, app):
@@ -172,15 +332,23 @@ def build_rest_server(model: PDModel, *, host: str = "127.0.0.1", http_port: int
             # middleware is not used (uvicorn's access log is).
             return None
 
-    ms = ModelServer(http_port=http_port, enable_grpc=False, workers=1, enable_docs_url=False)
+    grace_period = shutdown_grace_s + _UVICORN_GRACE_MARGIN_S
+    ms = ModelServer(http_port=http_port, enable_grpc=False, workers=1, enable_docs_url=False,
+                     grace_period=grace_period)
     ms.register_model(model)
+    # KServe's default grace (30 s) would cancel streams mid-way, with no error event and no [DONE]
     rest = _RuntimeRESTServer(
         FASTAPI_APP_IMPORT_STRING,
         ms.dataplane,
         ms.model_repository_extension,
         http_port,
         workers=1,
+        grace_period=grace_period,
     )
+    rest.drain = ShutdownDrain()
+    # RESTServer keeps its uvicorn Server in `_server` (KServe's SSL-refreshing subclass): same class, draining
+    rest._server = _draining_server(type(rest._server), rest.drain, grace_s=shutdown_grace_s,
+                                    delay_s=shutdown_delay_s)(rest.config)
     rest.config.host = host
     rest.config.access_log = access_log
     rest.config.http = HeadCoalescingProtocol  # a head goes out with its body's first piece (runtime.server.wire)
@@ -302,6 +470,8 @@ def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     engine_load_interval_s: float | None = DEFAULT_ENGINE_LOAD_INTERVAL_S,
     router_costs: Mapping[str, Any] | None = None,
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+    shutdown_delay_s: float = 0.0,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
@@ -328,10 +498,12 @@ def serve(
     `engine_load_interval_s`: seconds between reads of the workers' gauges for the other replicas' load
     (run_server; None: off). `router_costs`: the KV-aware router's prefill and KV-tier load costs
     (runtime.server.routing.tier_credit_costs; None: it counts uncached tokens and credits no tier hit).
+    `shutdown_delay_s`, `shutdown_grace_s`: at SIGTERM, seconds the listener stays open with readiness 503, then
+    seconds the requests in flight get before they are ended with an error (build_rest_server).
 
     Raises:
-        ValueError: `router_spec` without `tokenizer_dir`, mismatched event endpoints, bad planner settings,
-            `traffic_upload` without `traffic_log` or a bad upload URI / interval.
+        ValueError: a negative shutdown delay or grace, `router_spec` without `tokenizer_dir`, mismatched event
+            endpoints, bad planner settings, `traffic_upload` without `traffic_log` or a bad upload URI / interval.
         OSError: `traffic_log` cannot be opened for appending.
     """
     if traffic_upload is not None and traffic_log is None:
@@ -393,7 +565,8 @@ def serve(
         planner_rt = build_planner(pairing=model.pairing, window=window, is_healthy=model.worker_healthy,
                                    **extra, **planner)
     rest = build_rest_server(model, host=host, http_port=http_port, access_log=access_log,
-                             max_body_bytes=max_body_bytes)
+                             max_body_bytes=max_body_bytes, shutdown_grace_s=shutdown_grace_s,
+                             shutdown_delay_s=shutdown_delay_s)
     # uvicorn handles SIGTERM/SIGINT, shuts down, restores the previous handlers and raises the signal again
     # (uvicorn Server.capture_signals): with the default SIGTERM handler the process would die right there,
     # before any cleanup, leaving the planner's workers (own sessions) running. Make that re-raise an

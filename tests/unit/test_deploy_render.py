@@ -439,8 +439,9 @@ def test_kv_aware_router_policies_run_the_kv_router_with_the_workers_block_size_
     objs = render(spec)
     args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]
     flags = _flags(args)
-    assert args[7:] == ["--prefill-priority=length", "--router=kv", f"--router-spec={flags['--router-spec']}",
-                        "--block-size=32", "--tokenizer-dir=/mnt/models"]
+    router_args = [a for a in args[7:] if not a.startswith("--shutdown-")]  # the drain: its own test
+    assert router_args == ["--prefill-priority=length", "--router=kv", f"--router-spec={flags['--router-spec']}",
+                           "--block-size=32", "--tokenizer-dir=/mnt/models"]
     assert RouterSpec.model_validate_json(flags["--router-spec"]) == spec.router  # the spec's router, verbatim
     for role in ("prefill", "decode"):  # the router hashes blocks of the size the workers cache
         worker_args = container(find(objs, "Deployment", f"{NAME}-{role}"))["args"]
@@ -604,6 +605,25 @@ def test_predictor_timeout_allows_long_streams_and_knative_allows_it():
     kust = yaml.safe_load((root / "kustomization.yaml").read_text())
     grace = [yaml.safe_load(p["patch"]) for p in kust["patches"] if p.get("target", {}).get("name") == "activator"]
     assert grace[0][0]["value"] >= PREDICTOR_TIMEOUT_S
+
+
+def test_the_runtime_drains_its_streams_within_the_grace_knative_gives_its_pod():
+    server_main = pytest.importorskip("runtime.server.__main__")
+    from runtime.deploy.render import PREDICTOR_TIMEOUT_S, RUNTIME_SHUTDOWN_GRACE_S
+
+    objs = render()
+    pred = find(objs, "InferenceService", NAME)["spec"]["predictor"]
+    csr = find(objs, "ClusterServingRuntime", "pdserve")["spec"]["containers"][0]
+    args = server_main.parse_args(csr["args"] + pred["model"]["args"])
+    assert args.shutdown_grace_s == RUNTIME_SHUTDOWN_GRACE_S >= 600  # a long stream finishes at a rollout
+    # Knative makes the pod's terminationGracePeriodSeconds the revision timeout and refuses a container
+    # lifecycle (its own preStop, queue-proxy's /wait-for-drain, holds SIGTERM back until the pod left the
+    # routing): neither may be rendered, or the Knative Service is refused
+    assert "terminationGracePeriodSeconds" not in pred
+    assert "lifecycle" not in pred["model"] and "lifecycle" not in csr
+    # the kubelet's SIGKILL comes PREDICTOR_TIMEOUT_S after the deletion: queue-proxy's drain (30 s with no
+    # request left in it) and the runtime's grace plus uvicorn's 5-s margin fit before it
+    assert pred["timeout"] == PREDICTOR_TIMEOUT_S >= 30 + RUNTIME_SHUTDOWN_GRACE_S + 5 + 60
 
 
 def test_the_runtime_is_told_the_workers_kv_lease_when_the_spec_sets_one():

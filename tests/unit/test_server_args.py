@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
     ("--timeout-s", "-1"), ("--timeout-s", "0"), ("--timeout-s", "nan"), ("--http-port", "70000"),
     ("--http-port", "0"), ("--block-size", "0"), ("--block-size", "x"), ("--prefill-timeout-s", "-5"),
     ("--prefill-nudge-after-s", "inf"), ("--kv-lease-s", "5"), ("--kv-lease-s", "30.5"),
-    ("--max-body-bytes", "1023"), ("--max-body-bytes", "64MiB"),
+    ("--max-body-bytes", "1023"), ("--max-body-bytes", "64MiB"), ("--shutdown-grace-s", "-1"),
+    ("--shutdown-grace-s", "inf"), ("--shutdown-delay-s", "nan"), ("--shutdown-delay-s", "-0.5"),
 ])
 def test_bad_values_are_refused_at_parse_time_naming_the_flag(flag, value, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -40,6 +41,15 @@ def test_good_values_parse_to_numbers():
     assert a.prefill_nudge_after_s is None
     assert a.max_body_bytes is None  # the edge's own default (runtime.server.edge.DEFAULT_MAX_BODY_BYTES)
     assert parse_args([*BASE, "--max-body-bytes", "1048576"]).max_body_bytes == 1048576
+
+
+def test_the_shutdown_drain_defaults_to_a_long_stream_and_takes_zero():
+    a = parse_args(BASE)
+    assert (a.shutdown_grace_s, a.shutdown_delay_s) == (900.0, 0.0)
+    app = pytest.importorskip("runtime.server.app")
+    assert a.shutdown_grace_s == app.DEFAULT_SHUTDOWN_GRACE_S  # the flag's default is serve()'s
+    a = parse_args([*BASE, "--shutdown-grace-s", "0", "--shutdown-delay-s", "5"])
+    assert (a.shutdown_grace_s, a.shutdown_delay_s) == (0.0, 5.0)
 
 
 @pytest.mark.parametrize("flag", ["--prefill-deployment", "--decode-deployment"])
