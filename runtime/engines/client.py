@@ -40,6 +40,8 @@ PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
 #: rather than reused (`_finish_body`); the server ends it in the write after `[DONE]`
 DONE_BODY_END_S = 0.1
 CHAT_PATH = "/v1/chat/completions"
+#: seconds a health check (`VllmClient.healthy`) waits for the worker's answer
+HEALTH_TIMEOUT_S = 2.0
 #: the request header that pins a request to one data-parallel engine of a vLLM server (vLLM 0.28
 #: `OpenAIServing._get_data_parallel_rank`)
 DP_RANK_HEADER = "X-data-parallel-rank"
@@ -56,14 +58,20 @@ class BackendError(RuntimeError):
         body: the worker's response body (parsed JSON when possible, else text), or what went wrong.
         url: the URL called, its userinfo (credentials) redacted.
         unreachable: True only when the worker process looks gone (connection refused or reset, the
-            connection dropped mid-answer): the router then takes it out of the pool and a decode request
-            may migrate. A worker that answered (any status, or a malformed body) or was only slow
-            (timeout) is not unreachable.
+            connection dropped mid-answer, a stream that ended before its `data: [DONE]`, a call abandoned
+            after its worker was judged down and sent nothing for a while): the router then takes it out of
+            the pool and a decode request may migrate. A worker that answered (any status, or a malformed
+            body) or was only slow (timeout) is not unreachable.
+        broken: the worker's stream broke the protocol mid-answer (an event that is not a JSON chunk): what
+            came before it is sound, so a decode request may continue on another worker, but the worker is
+            not known gone (its breaker counts a failure, as for a 5xx, never opens at once).
     """
 
-    def __init__(self, url: str, status_code: int, body: Any, *, unreachable: bool = False) -> None:
+    def __init__(self, url: str, status_code: int, body: Any, *, unreachable: bool = False,
+                 broken: bool = False) -> None:
         url = redact_userinfo(url)  # logged and shown: never the credentials of a worker URL
         self.url, self.status_code, self.body, self.unreachable = url, status_code, body, unreachable
+        self.broken = broken
         super().__init__(f"{url} answered {status_code}: {str(body)[:500]}")
 
 
@@ -265,6 +273,13 @@ class VllmClient:
         else:
             self._pool = H1Pool(self.base_url, connect_timeout_s=5.0)
 
+    def abandon_silent(self, silent_s: float) -> int:
+        """Fail this worker's calls in flight that have received nothing for `silent_s` seconds (their readers
+        get the BackendError of a worker gone: `unreachable`); calls still receiving are left alone. For a
+        worker the runtime has judged down (runtime.server.breakers). Returns the number failed; 0 with an
+        injected httpx transport, whose calls this client cannot see."""
+        return 0 if self._pool is None else self._pool.abandon_silent(silent_s)
+
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()
@@ -385,9 +400,14 @@ class VllmClient:
         `dp_rank`: the data-parallel rank to run it on (`DP_RANK_HEADER`); None: the worker chooses.
 
         Raises:
-            BackendError: non-2xx status (raised before the first chunk), a broken connection, an event
-                that is not a JSON object, or a stream that ends without `data: [DONE]` (a truncated
-                answer must not look complete).
+            BackendError: non-2xx status (raised before the first chunk); a broken connection, or a stream
+                that ends without `data: [DONE]` (a truncated answer must not look complete), both
+                `unreachable`; an event that is not an OpenAI chunk (`broken`).
+
+        Why a clean end without `[DONE]` is a worker gone: vLLM ends every stream it ends itself with
+        `[DONE]` (an error event, a shutdown's aborted choices and a client's disconnect included), so a body
+        that ends without it was cut where its server stopped; a proxy between the runtime and the worker
+        can turn that reset into a cleanly framed end.
         """
         b = decode_body(body, kv_transfer_params)
         b["stream"] = True
@@ -418,7 +438,7 @@ class VllmClient:
                     return
                 if data is not None:
                     yield data, _stream_chunk(url, data)
-        raise BackendError(url, 502, "stream ended without data: [DONE]")
+        raise BackendError(url, 502, "stream ended without data: [DONE]", unreachable=True)
 
     async def metrics_text(self) -> str:
         """GET /metrics (Prometheus text). Raises BackendError."""
@@ -429,9 +449,9 @@ class VllmClient:
         return text
 
     async def healthy(self) -> bool:
-        """True when GET /health answers 200 within 2 s."""
+        """True when GET /health answers 200 within `HEALTH_TIMEOUT_S` seconds."""
         try:
-            return (await self._get("/health", 2.0))[0] == 200
+            return (await self._get("/health", HEALTH_TIMEOUT_S))[0] == 200
         except BackendError:
             return False
 
@@ -466,7 +486,7 @@ def _stream_chunk(url: str, data: bytes) -> dict:
     try:
         chunk = _json_loads(data)
     except ValueError:
-        raise BackendError(url, 502, "stream event is not JSON") from None
+        raise BackendError(url, 502, "stream event is not JSON", broken=True) from None
     if not isinstance(chunk, dict) or not _chunk_shape_ok(chunk):
-        raise BackendError(url, 502, "stream event is not an OpenAI completion chunk")
+        raise BackendError(url, 502, "stream event is not an OpenAI completion chunk", broken=True)
     return chunk

@@ -16,6 +16,9 @@ Semantics the callers rely on (runtime/engines/client.py):
 * a connection is reused when its response ended, both sides keep it alive and its reading is not paused;
   one whose response was not read to its end (a cancelled call, an error) is closed, which also tells the
   worker to stop the request;
+* `H1Pool.abandon_silent` fails the calls in flight that have received nothing for a given time (a worker the
+  runtime has judged down: runtime.server.breakers) as a dropped connection would (`gone` True) and closes
+  their connections; a call whose answer is still arriving, or whose reading is paused, is left alone;
 * a request written to a reused idle connection that the worker closes before any byte of the answer (the
   worker's keep-alive timeout raced with the call) is sent once more on a new connection: no answer byte
   came, so the worker did not take the request (uvicorn closes only idle connections);
@@ -53,7 +56,8 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection; one call at a time. The parser's callbacks fill `status` and `pieces`."""
 
     __slots__ = ("transport", "parser", "status", "pieces", "buffered", "complete", "keep_alive", "closed",
-                 "error", "waiter", "received", "paused", "interim", "framed", "idle_in", "_loop")
+                 "error", "waiter", "received", "paused", "interim", "framed", "idle_in", "last_rx",
+                 "abandoned", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -63,6 +67,10 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future | None = None
         self.paused = False
         self.idle_in: dict[_Connection, None] | None = None  # the pool's idle set while it waits there
+        # loop time of the last bytes received, or of the request's write when none came since: one clock read
+        # per socket read, what `H1Pool.abandon_silent` judges silence by (no timer per call or chunk)
+        self.last_rx = loop.time()
+        self.abandoned = False  # failed by `H1Pool.abandon_silent`: the call is not sent again
         self._reset()
 
     def _reset(self) -> None:
@@ -86,6 +94,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
             return
         self.received = True
+        self.last_rx = self._loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -238,6 +247,7 @@ class H1Pool:
         # idle connections, most recently released last (reused first: the least likely to have timed out);
         # one the worker closes leaves at once (`_Connection.connection_lost`)
         self._idle: dict[_Connection, None] = {}
+        self._busy: set[_Connection] = set()  # connections of calls in flight (`abandon_silent`)
         self._closed = False
 
     async def _connect(self) -> _Connection:
@@ -294,20 +304,27 @@ class H1Pool:
             else:
                 conn._reset()
             conn.transport.write(data)
+            conn.last_rx = conn._loop.time()  # silence counts from the request's write
+            self._busy.add(conn)
             try:
                 while conn.status is None:
                     await conn.wait()
             except H1Error:
+                self._busy.discard(conn)
                 conn.transport.close()
-                if reused and not conn.received:  # the worker closed an idle connection as it was reused
+                # the worker closed an idle connection as it was reused; not a call abandoned as silent, which
+                # would only be sent to the worker judged down once more
+                if reused and not conn.received and not conn.abandoned:
                     continue
                 raise
             except BaseException:  # cancelled or timed out: the answer is not read, so the connection goes
+                self._busy.discard(conn)
                 conn.transport.close()
                 raise
             return Response(conn, self)
 
     def _release(self, conn: _Connection) -> None:
+        self._busy.discard(conn)
         if conn.complete and conn.keep_alive and not conn.closed and not self._closed and conn.error is None \
                 and not conn.paused:  # paused: its reading would stay stopped for the next call
             conn.parser = None  # a new one per call (`_reset`); the old one holds a reference to conn
@@ -317,6 +334,28 @@ class H1Pool:
             conn.closed = True
             if conn.transport is not None:
                 conn.transport.close()
+
+    def abandon_silent(self, silent_s: float) -> int:
+        """Fail every call in flight that has received no byte for `silent_s` seconds or more (counted from
+        its request's write when nothing came since) with `H1Error` (`gone` True: as a worker that dropped
+        the connection) and close its connection, which also tells the worker to stop the request. A call
+        whose reading is paused (its caller has not read what came) or whose answer has ended is left alone.
+        Returns the number of calls failed."""
+        failed = 0
+        for conn in list(self._busy):
+            if conn.paused or conn.complete or conn.error is not None or conn.closed:
+                continue
+            silent = conn._loop.time() - conn.last_rx
+            if silent < silent_s:
+                continue
+            conn.abandoned = True
+            conn._fail(H1Error(f"nothing received from {self.host}:{self.port} for {silent:.1f} s from a worker "
+                               "judged down: the call is abandoned", gone=True))
+            conn.closed = True
+            conn.transport.close()
+            self._busy.discard(conn)
+            failed += 1
+        return failed
 
     def close(self) -> None:
         """Close the idle connections; calls in flight close theirs when they release them."""

@@ -17,6 +17,16 @@ call and health check, acting on the pairing. The one place that decides whether
 * A worker a scale-down removes is *draining* (`drain`): out of the rotation whatever its breaker says,
   until the actuator stops it once `drained` (no request in flight, or the drain cap passed); `undrain`
   takes it back when a scale-up keeps it.
+* A breaker that opens, and every check round while it stays open or half-open, abandons the worker's calls in
+  flight that have received nothing for `silent_s` (`on_down`, runtime.server.model: their readers get a
+  worker-gone error and the request migrates as from a dead worker). A hung worker (it accepts requests and
+  answers nothing, its /health included) would otherwise hold them for the whole read timeout. `silent_s` is
+  the breaker's own evidence window, `breaker_failures` check rounds of at most `CHECK_INTERVAL_S` +
+  `HEALTH_TIMEOUT_S` each (12 s with the defaults): a call silent that long was silent through every failed
+  check that opened the breaker; a stream still producing tokens (a live engine's decode steps take well under
+  a second) is never silent that long, so a breaker opened on a slow but live worker does not cut it. A
+  non-streamed answer shows nothing until it is whole, so one not whole within `silent_s` on a worker judged
+  down is served again elsewhere.
 * `pdserve_worker_breaker_state{role, worker}` shows every worker's state (0 closed, 1 half-open, 2 open).
 * The pool is followed (`sync`) on every check round and whenever the pairing's `pool_version` moves (a
   worker joined or left), not on every request: a request's calls only look the pool up again when it
@@ -33,13 +43,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runtime.config import OverloadSpec
-from runtime.engines.client import BackendError
+from runtime.engines.client import HEALTH_TIMEOUT_S, BackendError
 from runtime.redact import redact_userinfo
 from runtime.router.breaker import BreakerBoard, BreakerState
 
 log = logging.getLogger(__name__)
 
 _UNSYNCED = object()  # no pool version seen yet / the pairing keeps none
+#: seconds between two health-check rounds (`check_loop`'s default, what runtime.server.app runs)
+CHECK_INTERVAL_S = 2.0
 
 
 def pool_workers(pairing: Any) -> dict[str, tuple[str, str, object]]:
@@ -65,18 +77,28 @@ class WorkerBreakers:
         gauge: `RuntimeMetrics.breaker_state` (labels role, worker) or None.
         label: worker id → the `worker` label value (never an address: runtime.server.model.public_worker_id).
         clock: monotonic seconds.
+        on_down: called with (base URL, `silent_s`) when a worker's breaker opens and on every check round
+            while it is open or half-open: abandon the worker's calls silent for `silent_s` seconds (see the
+            module docstring). None: nothing is abandoned.
+        check_interval_s: seconds between check rounds, for `silent_s`.
     """
 
     def __init__(self, pairing: Any, spec: OverloadSpec, *, gauge: Any = None,
-                 label: Callable[[str], str] = str, clock: Callable[[], float] = time.monotonic) -> None:
+                 label: Callable[[str], str] = str, clock: Callable[[], float] = time.monotonic,
+                 on_down: Callable[[str, float], None] | None = None,
+                 check_interval_s: float = CHECK_INTERVAL_S) -> None:
         self.pairing, self.spec, self.gauge, self.label, self.clock = pairing, spec, gauge, label, clock
+        self.on_down = on_down
+        #: seconds without a byte after which a call to a worker judged down is abandoned (module docstring)
+        self.silent_s = spec.breaker_failures * (check_interval_s + HEALTH_TIMEOUT_S)
         self.board = BreakerBoard(spec)
         self._known: dict[str, tuple[str, str, object]] = {}  # URL -> (id, role, identity) as last synced
         self._seen: set[str] = set()  # URLs that answered a health check since they joined
         self._failed_start: set[str] = set()  # starting URLs whose last check failed
         self._applied: dict[str, bool] = {}  # URL -> in the pairing's rotation as last applied
-        # URL -> the state the gauge shows: every call of every request reports its outcome, and a gauge
-        # update (label lookup, lock) per call costs more than the rest of the report
+        # URL -> the state the gauge shows (also without a gauge: its change to OPEN calls `on_down`): every call
+        # of every request reports its outcome, and a gauge update (label lookup, lock) per call costs more than
+        # the rest of the report
         self._gauged: dict[str, BreakerState] = {}
         self._pool_version: object = _UNSYNCED  # the pairing's `pool_version` at the last sync
 
@@ -119,9 +141,12 @@ class WorkerBreakers:
         if entry is None:
             return
         wid, role, _ = entry
-        if self.gauge is not None and self._gauged.get(url) is not state:
-            self.gauge.labels(role, self.label(wid)).set(int(state))
+        if self._gauged.get(url) is not state:
+            if self.gauge is not None:
+                self.gauge.labels(role, self.label(wid)).set(int(state))
             self._gauged[url] = state
+            if state is BreakerState.OPEN:
+                self._down(url)
         # a starting decode worker whose check failed is out of the pairing too: the router would otherwise keep
         # choosing it (least loaded: nothing runs there) and each request would have to choose again. A starting
         # prefill worker stays in: a request it cannot take falls back to a local prefill at once, and one that
@@ -178,6 +203,16 @@ class WorkerBreakers:
         roles = ("prefill",) if role == "prefill" else ("decode", "both")
         return any(r in roles and self.board.state(url, now) is not BreakerState.CLOSED
                    for url, (_, r, _) in self._known.items())
+
+    def _down(self, url: str) -> None:
+        """The worker at `url` is judged down: `on_down` abandons its silent calls (errors logged, never raised:
+        the caller is reporting some other call's outcome)."""
+        if self.on_down is None:
+            return
+        try:
+            self.on_down(url, self.silent_s)
+        except Exception:
+            log.exception("abandoning the silent calls of worker %s failed", redact_userinfo(url))
 
     # -- draining ----------------------------------------------------------------------------------------
     def drain(self, url: str, cap_s: float) -> None:
@@ -251,6 +286,8 @@ class WorkerBreakers:
         async def one(url: str) -> None:
             now = self.clock()
             state = self.board.state(url, now)
+            if state is not BreakerState.CLOSED:  # calls that fell silent since it opened
+                self._down(url)
             if state is BreakerState.OPEN:
                 return
             probe = state is BreakerState.HALF_OPEN
@@ -270,7 +307,7 @@ class WorkerBreakers:
 
 
 async def check_loop(breakers: WorkerBreakers, check: Callable[[str], Awaitable[bool]], *,
-                     interval_s: float = 2.0) -> None:
+                     interval_s: float = CHECK_INTERVAL_S) -> None:
     """Forever: `breakers.check_round(check)` every `interval_s` seconds. Cancel the task to stop."""
     while True:
         await breakers.check_round(check)

@@ -387,7 +387,8 @@ class PDModel(OpenAIGenerativeModel):
             raise ValueError(f"slo_ttft_s={slo_ttft_s}: expected seconds > 0 or None")
         self.slo_ttft_s = slo_ttft_s
         self.breakers = WorkerBreakers(pairing, self.overload, gauge=metrics.breaker_state, clock=clock,
-                                       label=lambda wid: public_worker_id(wid, self._header_key))
+                                       label=lambda wid: public_worker_id(wid, self._header_key),
+                                       on_down=self._abandon_silent)
         # every series naming a worker shows the keyed id the breaker gauge shows, never a discovered id
         # (an unkeyed hash of the worker's URL); readiness read at scrape time, as it changes between requests
         metrics.kv_index.label = lambda wid: public_worker_id(wid, self._header_key)
@@ -418,6 +419,16 @@ class PDModel(OpenAIGenerativeModel):
     def _note_answer(self, url: str, exc: BackendError | None) -> None:
         """Report a worker call's outcome (None: answered) to the worker's breaker (runtime.server.breakers)."""
         self.breakers.record_call(url, exc)
+
+    def _abandon_silent(self, url: str, silent_s: float) -> None:
+        """The worker at `url` is judged down (its breaker opened): its calls in flight silent for `silent_s`
+        seconds fail as a dead worker's would, so that their requests migrate (runtime.server.breakers)."""
+        for key, client in list(self._clients.items()):
+            if key.rstrip("/") == url:
+                n = client.abandon_silent(silent_s)
+                if n:
+                    logger.warning("worker %s judged down: %d call(s) silent for %.0f s or more abandoned",
+                                   redact_userinfo(url), n, silent_s)
 
     def worker_urls(self) -> list[str]:
         """Base URLs of every worker of the pairing's pool (prefill and decode), for health checks."""
@@ -688,15 +699,27 @@ class PDModel(OpenAIGenerativeModel):
         return route, kv
 
     def _prefill_locally(self, rid: str) -> Route:
-        """The route on which the decode worker prefills request `rid` itself (`Pairing.on_prefill_failed`).
+        """The route on which the decode worker prefills request `rid` itself (`Pairing.on_prefill_failed`);
+        when that worker is no longer usable (its breaker opened while the request waited on it: a retry
+        there would wait on a worker judged down), another decode worker's (`Pairing.on_decode_failed`, a
+        migration within `RouterSpec.migration_limit`).
 
         Raises:
-            ModelNotReady: its decode worker left the pool and no other is in it (a 503 with Retry-After).
+            ModelNotReady: its decode worker left the pool, or is out of rotation, and no other can take the
+                request (a 503 with Retry-After).
         """
         try:
-            return self.pairing.on_prefill_failed(rid, self.clock())
+            route = self.pairing.on_prefill_failed(rid, self.clock())
         except RuntimeError as exc:  # runtime.router.core.NoWorkersError: the request is freed
             raise ModelNotReady(self.name, str(exc)) from exc
+        if self.breakers.usable(route.decode_url):
+            return route
+        new = self.pairing.on_decode_failed(rid, self.clock())
+        if new is None:
+            raise ModelNotReady(self.name, "the request's decode worker is out of rotation and no other decode "
+                                "worker can take it")
+        self.metrics.migrations.inc()
+        return new
 
     def _start_nudger(self, route: Route, kv: dict | None, first_token: asyncio.Event) -> asyncio.Task | None:
         """The task that nudges `route`'s prefill worker until `first_token` is set (see `prefill_nudge_after_s`);
@@ -902,9 +925,10 @@ class PDModel(OpenAIGenerativeModel):
     def _migrate(self, exc: BackendError, route: Route, rid: str, *, started: bool = True) -> Route | None:
         """After a decode failure: the route to continue on, or None (no migration: the worker answered, or was
         only slow, or the request may not move again). `started`: the failed attempt produced output; one that
-        did not and was refused with a server error (`_REFUSED_BEFORE_OUTPUT`) moves like a dead worker's."""
+        did not and was refused with a server error (`_REFUSED_BEFORE_OUTPUT`) moves like a dead worker's, and
+        so does one whose stream broke the protocol (`BackendError.broken`: what it sent before is sound)."""
         self._note_answer(route.decode_url, exc)
-        if not (exc.unreachable or (not started and exc.status_code in _REFUSED_BEFORE_OUTPUT)):
+        if not (exc.unreachable or exc.broken or (not started and exc.status_code in _REFUSED_BEFORE_OUTPUT)):
             return None
         new = self.pairing.on_decode_failed(rid, self.clock())
         if new is not None:

@@ -459,3 +459,60 @@ async def test_https_to_a_plain_worker_and_a_header_with_a_line_break_are_errors
             await c.post_json(CHAT_PATH, BODY, "r\r\nX-Injected: 1")
         assert not ei.value.unreachable and "CR or LF" in str(ei.value.body)
     assert seen == []  # nothing reached the worker
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def test_calls_silent_past_the_bound_are_abandoned_as_a_worker_gone_and_a_producing_one_is_not():
+    """`abandon_silent` (a worker judged down): a call whose answer never began and a stream that stopped
+    sending fail as a dropped connection does (502, unreachable), at once, and the hung call is not sent again
+    on a new connection (as a reused connection closed before any byte of an answer would be); a stream still
+    sending events, and a call on a fresh bound, are left alone and end normally."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    requests: list[bytes] = []
+
+    async def handle(reader, writer, n):
+        while True:
+            request = await _read_request(reader)
+            requests.append(request.split(b"\r\n")[0])
+            if b"/ok" in requests[-1]:
+                writer.write(OK)
+            elif b"/hang" in requests[-1]:
+                await asyncio.sleep(30)
+            elif b"/stall" in requests[-1]:
+                writer.write(head + _chunk(_sse(b'{"id": "d", "choices": []}')))
+                await writer.drain()
+                await asyncio.sleep(30)
+            else:  # an event every 0.05 s for 1 s
+                writer.write(head)
+                for _ in range(20):
+                    await asyncio.sleep(0.05)
+                    writer.write(_chunk(_sse(b'{"id": "d", "choices": []}')))
+                writer.write(_chunk(_sse(b"[DONE]")) + b"0\r\n\r\n")
+            await writer.drain()
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        assert await c.post_json("/ok", {}, "o") == {"ok": True}  # the hung call reuses its connection
+        hung = asyncio.create_task(c.post_json("/hang", {}, "h"))
+        stalled_events: list[dict] = []
+
+        async def stalled() -> None:
+            async for _, chunk in c.stream_events("/stall", BODY, "s"):
+                stalled_events.append(chunk)
+
+        stall = asyncio.create_task(stalled())
+        producing = asyncio.create_task(_drain(c.stream_events("/produce", BODY, "p")))
+        await asyncio.sleep(0.4)
+        assert c.abandon_silent(10.0) == 0  # nothing is silent that long
+        t0 = time.monotonic()
+        assert c.abandon_silent(0.3) == 2
+        for task in (hung, stall):
+            with pytest.raises(BackendError) as ei:
+                await asyncio.wait_for(task, 2)
+            assert ei.value.status_code == 502 and ei.value.unreachable, ei.value
+        assert time.monotonic() - t0 < 0.5 and len(stalled_events) == 1
+        await asyncio.wait_for(producing, 3)  # untouched: read to its [DONE]
+    assert requests.count(b"POST /hang HTTP/1.1") == 1

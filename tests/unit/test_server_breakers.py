@@ -312,3 +312,37 @@ def test_the_503_says_why_in_sentences_and_when_to_retry():
                    f"open). Retry in {RETRY_AFTER_S} s.")
     assert _not_ready_message(ModelNotReady("m")) == ("Model with name m is not ready. No inference worker is "
                                                       "answering yet; retry later.")
+
+
+async def test_a_breaker_that_opens_abandons_the_workers_silent_calls_and_again_each_round_it_stays_out():
+    """`on_down` gets the worker and the bound as its breaker opens (a refused call, or k failed checks) and
+    on every check round while it is open or half-open, never while it is closed. The bound is the breaker's
+    evidence window: `breaker_failures` rounds of a check interval plus a health check's timeout."""
+    p, clock = _router_pairing(), Clock()
+    downs: list[tuple[str, float]] = []
+    b = WorkerBreakers(p, SPEC, clock=clock, on_down=lambda url, s: downs.append((url, s)), check_interval_s=2.0)
+    assert b.silent_s == SPEC.breaker_failures * (2.0 + 2.0)
+    w0, w1 = "http://127.0.0.1:9000", "http://127.0.0.1:9001"
+    health = {w0: True, w1: True}
+
+    async def check(url: str) -> bool:
+        return health[url]
+
+    await b.check_round(check)
+    health[w1] = False
+    for _ in range(SPEC.breaker_failures - 1):
+        await b.check_round(check)
+    assert downs == []  # closed: nothing is abandoned
+    await b.check_round(check)
+    assert downs == [(w1, b.silent_s)]  # opened
+    await b.check_round(check)
+    assert downs == [(w1, b.silent_s)] * 2  # open: calls that fell silent since
+    clock.now += SPEC.breaker_cooldown_s
+    health[w1] = True
+    await b.check_round(check)  # half-open: its probe answers
+    await b.check_round(check)
+    assert len(downs) == 4 and b.state(w1) is BreakerState.CLOSED
+    await b.check_round(check)
+    assert len(downs) == 4
+    b.record_call(w0, BackendError(w0, 502, "refused", unreachable=True))
+    assert downs[-1] == (w0, b.silent_s)

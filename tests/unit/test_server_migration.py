@@ -666,3 +666,216 @@ async def test_a_slow_worker_is_not_failed_over():
     assert str(answer.error.code) == "504"
     assert w.bodies["d1"] == [] and not reg.get_sample_value("pdserve_migrations_total")
     await model.aclose()
+
+
+# --- a worker judged down (its breaker opened) holding calls that receive nothing: real loopback servers ---------
+
+
+class LoopbackWorkers:
+    """Raw HTTP workers on 127.0.0.1 (`asyncio.start_server`), each in its `mode`: "ok" streams (or answers
+    whole) `max_tokens` words "w{k} " (k from the number of such words in the prompt, so a continuation goes on
+    where the text sent ends); "hang" reads the request and never answers; "stall" streams 2 words, then
+    nothing; "slow" streams a word every 0.05 s; "prefill" answers a prefill leg with `KV`. `bodies` records
+    each worker's requests."""
+
+    def __init__(self, **modes: str):
+        self.modes = modes
+        self.bodies: dict[str, list[dict]] = {name: [] for name in modes}
+        self.urls: dict[str, str] = {}
+        self._servers: list = []
+
+    async def __aenter__(self) -> "LoopbackWorkers":
+        import asyncio
+
+        for name in self.modes:
+            server = await asyncio.start_server(lambda r, w, n=name: self._serve(n, r, w), "127.0.0.1", 0)
+            self._servers.append(server)
+            self.urls[name] = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for server in self._servers:
+            server.close()
+
+    async def _serve(self, name: str, reader, writer) -> None:
+        import asyncio
+        import re
+
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                self.bodies[name].append(body)
+                mode = self.modes[name]
+                if mode == "hang":
+                    await asyncio.sleep(60)
+                if mode == "prefill":
+                    raw = json.dumps({"id": "p", "choices": [{"index": 0, "text": "w0 "}],
+                                      "kv_transfer_params": KV_PARAMS}).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(raw), raw))
+                    await writer.drain()
+                    continue
+                off = len(re.findall(r"w\d+ ", body.get("prompt", "")))
+                words = [f"w{off + i} " for i in range(body.get("max_tokens", 16))]
+                if not body.get("stream"):
+                    raw = json.dumps({"id": f"id-{name}", "object": "text_completion", "created": 1, "model": "m",
+                                      "choices": [{"index": 0, "text": "".join(words), "finish_reason": "length"}],
+                                      "usage": {"prompt_tokens": 2, "completion_tokens": len(words),
+                                                "total_tokens": 2 + len(words)}}).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(raw), raw))
+                    await writer.drain()
+                    continue
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n")
+                for i, word in enumerate(words):
+                    if mode == "stall" and i == 2:
+                        await asyncio.sleep(60)
+                    if mode == "slow":
+                        await asyncio.sleep(0.05)
+                    last = i == len(words) - 1
+                    event = b"data: " + json.dumps({"id": f"id-{name}", "object": "text_completion", "created": 1,
+                                                    "model": "m", "choices": [{"index": 0, "text": word,
+                                                    "finish_reason": "length" if last else None}]}).encode() + b"\n\n"
+                    writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    await writer.drain()
+                writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+KV_PARAMS = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p",
+             "remote_block_ids": [1], "remote_host": "127.0.0.1", "remote_port": 1}
+
+
+def _loopback_model(w: LoopbackWorkers, prefill: list[str] = (), **kw):
+    from prometheus_client import CollectorRegistry
+
+    from runtime.server.metrics import RuntimeMetrics
+    from runtime.server.model import PDModel
+    from runtime.server.pairing import RoundRobinPairing
+
+    reg = CollectorRegistry()
+    pairing = RoundRobinPairing([w.urls[p] for p in prefill], [w.urls["d0"], w.urls["d1"]])
+    model = PDModel("m", pairing, metrics=RuntimeMetrics(reg), **kw)
+    for url in w.urls.values():
+        model.breakers.record_check(url, True)  # answered a check: not a starting worker
+    return model, reg
+
+
+async def _judge_down(model, url: str) -> None:
+    for _ in range(model.overload.breaker_failures):
+        model.breakers.record_check(url, False)
+
+
+async def _serve_text(model, stream: bool) -> str:
+    from kserve.protocol.rest.openai.types import CompletionRequest
+
+    req = CompletionRequest(model="m", prompt="hello there", max_tokens=6, stream=stream)
+    answer = await model.create_completion(req)
+    if not stream:
+        return answer.choices[0].text
+    events = [e async for e in answer]
+    assert events[-1] == "data: [DONE]\n\n" and not any('"error"' in e for e in events), events
+    return "".join(chunk_text(json.loads(e[6:])) for e in events[:-1])
+
+
+@pytest.mark.parametrize("mode, stream", [("hang", True), ("hang", False), ("stall", True)],
+                         ids=["hung-stream", "hung-whole", "stalled-mid-stream"])
+async def test_calls_silent_on_a_worker_judged_down_move_to_another(mode, stream):
+    """d0 accepts the request and then sends nothing (before its answer, or after two words): once its breaker
+    opens, the call, silent for longer than the bound, is abandoned as a dead worker's and the request moves:
+    whole before any output, as a continuation of the words sent mid-stream. Not after the read timeout."""
+    import asyncio
+
+    async with LoopbackWorkers(d0=mode, d1="ok") as w:
+        model, reg = _loopback_model(w)
+        model.breakers.silent_s = 0.3
+        try:
+            task = asyncio.create_task(_serve_text(model, stream))
+            await asyncio.sleep(0.5)
+            assert len(w.bodies["d0"]) == 1 and not task.done()
+            await _judge_down(model, w.urls["d0"])
+            assert await asyncio.wait_for(task, 5) == "w0 w1 w2 w3 w4 w5 "
+        finally:
+            await model.aclose()
+    assert reg.get_sample_value("pdserve_migrations_total") == 1
+    if mode == "stall":
+        assert w.bodies["d1"][0]["prompt"] == "hello therew0 w1 " and w.bodies["d1"][0]["max_tokens"] == 4
+
+
+async def test_a_stream_still_producing_on_a_worker_judged_down_is_not_cut():
+    import asyncio
+
+    async with LoopbackWorkers(d0="slow", d1="ok") as w:
+        model, reg = _loopback_model(w)
+        model.breakers.silent_s = 0.3
+        try:
+            task = asyncio.create_task(_serve_text(model, True))
+            await asyncio.sleep(0.15)
+            await _judge_down(model, w.urls["d0"])
+            for _ in range(3):
+                await asyncio.sleep(0.1)
+                model._abandon_silent(w.urls["d0"], model.breakers.silent_s)  # as each check round does
+            assert await asyncio.wait_for(task, 5) == "w0 w1 w2 w3 w4 w5 "
+        finally:
+            await model.aclose()
+    assert w.bodies["d1"] == [] and not reg.get_sample_value("pdserve_migrations_total")
+
+
+async def test_the_kv_lease_retry_avoids_a_decode_worker_judged_down():
+    """The decode leg on the handoff shows no first token before the lease's deadline; its worker's breaker
+    opened meanwhile (its call not yet silent for the bound): the retry without the handoff goes to another
+    decode worker, not to the worker judged down again."""
+    import asyncio
+
+    async with LoopbackWorkers(p="prefill", d0="hang", d1="ok") as w:
+        model, reg = _loopback_model(w, prefill=["p"], kv_lease_s=1.5, kv_lease_margin_s=0.5)
+        model.breakers.silent_s = 100.0
+        try:
+            task = asyncio.create_task(_serve_text(model, True))
+            await asyncio.sleep(0.3)
+            assert len(w.bodies["d0"]) == 1
+            await _judge_down(model, w.urls["d0"])
+            assert await asyncio.wait_for(task, 5) == "w0 w1 w2 w3 w4 w5 "
+        finally:
+            await model.aclose()
+    assert len(w.bodies["d0"]) == 1 and "kv_transfer_params" not in w.bodies["d1"][0]
+
+
+@pytest.mark.parametrize("cut, d0_state", [
+    ([], "OPEN"),  # the body ends, cleanly framed, without [DONE]: the worker's server stopped (via a proxy)
+    ([b'data: {"id": "x", "choices": [\n\n', *_sse("id-d0", [" of"]), b"data: [DONE]\n\n"], "CLOSED"),  # not JSON
+    ([b'data: {"id": "x", "choices": 3}\n\n'], "CLOSED"),  # JSON, but not a completion chunk
+], ids=["end-without-done", "invalid-json-event", "not-a-chunk"])
+async def test_a_stream_cut_cleanly_or_broken_mid_answer_continues_on_another_worker(cut, d0_state):
+    """After two tokens d0's stream ends without `data: [DONE]`, or carries an event that is not an OpenAI
+    chunk: the words sent are sound, so the stream continues on d1 as after a reset. A clean end counts as
+    the worker gone (its breaker opens); a broken event as one failure (a request-specific fault must not take
+    every worker out it migrates to)."""
+    from runtime.router.breaker import BreakerState
+
+    w = TwoDecoders()
+    w.handler_d0 = lambda: httpx.Response(200, content=b"".join(_sse("id-d0", ["The", " capital"]) + cut))
+    base = w.handler
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "d0":
+            w.bodies["d0"].append(json.loads(req.content))
+            return w.handler_d0()
+        return base(req)
+
+    w.handler = handler
+    model, reg = _model(w)
+    events = [e async for e in await model.create_chat_completion(_chat_request())]
+    assert events[-1] == "data: [DONE]\n\n" and not any('"error"' in e for e in events), events
+    assert "".join(chunk_text(json.loads(e[6:])) for e in events[:-1]) == "The capital of France is Paris."
+    assert w.bodies["d1"][0]["messages"][-1] == {"role": "assistant", "content": "The capital"}
+    assert reg.get_sample_value("pdserve_migrations_total") == 1
+    assert model.breakers.state("http://d0") is BreakerState[d0_state]
