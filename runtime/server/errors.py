@@ -96,12 +96,13 @@ RETRY_AFTER_S = 5
 
 def _not_ready_message(exc: ModelNotReady) -> str:
     """KServe's "Model with name M is not ready." and the runtime's reason as a sentence, or, without one,
-    that no worker answers yet; then when to retry."""
+    that no worker answers; then when to retry."""
     base = f"Model with name {exc.model_name} is not ready."
     text = str(exc)
     detail = text[len(base):].strip().rstrip(".") if text.startswith(base) else ""
     if not detail:
-        return f"{base} No inference worker is answering yet; retry later."
+        # not "yet": the workers may have answered before and gone (every decode worker died)
+        return f"{base} No inference worker is answering; retry in {RETRY_AFTER_S} s."
     return f"{base} {detail[:1].upper()}{detail[1:]}. Retry in {RETRY_AFTER_S} s."
 
 

@@ -311,7 +311,7 @@ def test_the_503_says_why_in_sentences_and_when_to_retry():
     assert why == ("Model with name m is not ready. Every decode worker is out of rotation (circuit breaker "
                    f"open). Retry in {RETRY_AFTER_S} s.")
     assert _not_ready_message(ModelNotReady("m")) == ("Model with name m is not ready. No inference worker is "
-                                                      "answering yet; retry later.")
+                                                      f"answering; retry in {RETRY_AFTER_S} s.")
 
 
 async def test_a_breaker_that_opens_abandons_the_workers_silent_calls_and_again_each_round_it_stays_out():
