@@ -176,6 +176,11 @@ class PoolSpec(_Strict):
                              "into whole tensor-parallel groups per node (tensor parallelism stays in a node)")
         if self.nodes > 1 and self.pp > 1 and self.pp % self.nodes:
             raise ValueError(f"pp {self.pp} over nodes {self.nodes}: every node must hold whole pipeline stages")
+        if self.nodes > 1 and self.dp > 1 and self.dp % self.nodes:
+            # vLLM starts --data-parallel-size-local ranks on each node, and the runtime finds rank r on the pod
+            # of node r // (dp / nodes)
+            raise ValueError(f"dp {self.dp} over nodes {self.nodes}: every node runs the same number of "
+                             "data-parallel ranks")
         return self
 
 

@@ -153,6 +153,9 @@ class SeaweedServer:
     def _command(self, weed: str) -> list[str]:
         cmd = [
             weed,
+            # its logs beside its data, not in /tmp (weed's default, where they outlive the server); a global
+            # flag, before the command
+            f"-logdir={self.data_dir}",
             "mini",
             f"-dir={self.data_dir / 'data'}",
             "-ip=127.0.0.1",

