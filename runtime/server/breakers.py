@@ -18,7 +18,9 @@ call and health check, acting on the pairing. The one place that decides whether
   until the actuator stops it once `drained` (no request in flight, or the drain cap passed); `undrain`
   takes it back when a scale-up keeps it.
 * A breaker that opens, and every check round while it stays open or half-open, abandons the worker's calls in
-  flight that have received nothing for `silent_s` (`on_down`, runtime.server.model: their readers get a
+  flight that have received nothing for `silent_s`, when the worker's last health check (or probe) failed as
+  well: a breaker opened by 5xx answers, slow checks or one cut stream while /health answers leaves a live
+  worker's queued calls alone (`on_down`, runtime.server.model: their readers get a
   worker-gone error and the request migrates as from a dead worker). A hung worker (it accepts requests and
   answers nothing, its /health included) would otherwise hold them for the whole read timeout. `silent_s` is
   the breaker's own evidence window, `breaker_failures` check rounds of at most `CHECK_INTERVAL_S` +
@@ -94,6 +96,10 @@ class WorkerBreakers:
         self.board = BreakerBoard(spec)
         self._known: dict[str, tuple[str, str, object]] = {}  # URL -> (id, role, identity) as last synced
         self._seen: set[str] = set()  # URLs that answered a health check since they joined
+        # URL -> whether its last health check (or probe) answered: only a worker whose own /health fails has its
+        # silent calls abandoned (`_down`); a breaker opened by 5xx answers, slow checks or one cut stream leaves
+        # a live worker's queued calls alone
+        self._check_ok: dict[str, bool] = {}
         self._failed_start: set[str] = set()  # starting URLs whose last check failed
         self._applied: dict[str, bool] = {}  # URL -> in the pairing's rotation as last applied
         # URL -> the state the gauge shows (also without a gauge: its change to OPEN calls `on_down`): every call
@@ -127,6 +133,7 @@ class WorkerBreakers:
         wid, role, _ = self._known.pop(url)
         self.board.remove(url)
         self._seen.discard(url)
+        self._check_ok.pop(url, None)
         self._failed_start.discard(url)
         self._applied.pop(url, None)
         self._gauged.pop(url, None)
@@ -205,9 +212,9 @@ class WorkerBreakers:
                    for url, (_, r, _) in self._known.items())
 
     def _down(self, url: str) -> None:
-        """The worker at `url` is judged down: `on_down` abandons its silent calls (errors logged, never raised:
-        the caller is reporting some other call's outcome)."""
-        if self.on_down is None:
+        """The worker at `url` is out of the rotation: where its last health check failed too, `on_down` abandons
+        its silent calls (errors logged, never raised: the caller is reporting some other call's outcome)."""
+        if self.on_down is None or self._check_ok.get(url) is not False:
             return
         try:
             self.on_down(url, self.silent_s)
@@ -267,6 +274,7 @@ class WorkerBreakers:
         if key not in self._known:
             return
         now = self.clock()
+        self._check_ok[key] = ok
         if ok:
             self._seen.add(key)
             self._failed_start.discard(key)

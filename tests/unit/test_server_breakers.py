@@ -315,9 +315,9 @@ def test_the_503_says_why_in_sentences_and_when_to_retry():
 
 
 async def test_a_breaker_that_opens_abandons_the_workers_silent_calls_and_again_each_round_it_stays_out():
-    """`on_down` gets the worker and the bound as its breaker opens (a refused call, or k failed checks) and
-    on every check round while it is open or half-open, never while it is closed. The bound is the breaker's
-    evidence window: `breaker_failures` rounds of a check interval plus a health check's timeout."""
+    """`on_down` gets the worker and the bound as its breaker opens on failed health checks and on every check
+    round while it is open or half-open with its last check failed, never while it is closed. The bound is the
+    breaker's evidence window: `breaker_failures` rounds of a check interval plus a health check's timeout."""
     p, clock = _router_pairing(), Clock()
     downs: list[tuple[str, float]] = []
     b = WorkerBreakers(p, SPEC, clock=clock, on_down=lambda url, s: downs.append((url, s)), check_interval_s=2.0)
@@ -339,10 +339,37 @@ async def test_a_breaker_that_opens_abandons_the_workers_silent_calls_and_again_
     assert downs == [(w1, b.silent_s)] * 2  # open: calls that fell silent since
     clock.now += SPEC.breaker_cooldown_s
     health[w1] = True
-    await b.check_round(check)  # half-open: its probe answers
+    await b.check_round(check)  # half-open: its last check failed, then its probe answers
+    await b.check_round(check)  # half-open, its /health answering: a live worker's calls are left alone
+    assert len(downs) == 3 and b.state(w1) is BreakerState.CLOSED
     await b.check_round(check)
-    assert len(downs) == 4 and b.state(w1) is BreakerState.CLOSED
-    await b.check_round(check)
-    assert len(downs) == 4
-    b.record_call(w0, BackendError(w0, 502, "refused", unreachable=True))
-    assert downs[-1] == (w0, b.silent_s)
+    assert len(downs) == 3
+
+
+async def test_a_breaker_opened_while_the_workers_health_answers_abandons_nothing():
+    # 5xx answers, slow checks or one cut stream open a breaker on a live worker: its queued calls (a prefill
+    # waiting in the engine's queue, a decode leg before its first token) are silent but not lost
+    p, clock = _router_pairing(), Clock()
+    downs: list[tuple[str, float]] = []
+    b = WorkerBreakers(p, SPEC, clock=clock, on_down=lambda url, s: downs.append((url, s)), check_interval_s=2.0)
+    w0 = "http://127.0.0.1:9000"
+
+    async def healthy(url: str) -> bool:
+        return True
+
+    await b.check_round(healthy)
+    for _ in range(SPEC.breaker_failures):
+        b.record_call(w0, BackendError(w0, 500, "engine error"))
+    assert b.state(w0) is BreakerState.OPEN
+    b.record_call(w0, BackendError(w0, 502, "stream ended without [DONE]", unreachable=True))
+    await b.check_round(healthy)
+    assert downs == []
+    # its /health then fails (the half-open probe): now its silent calls go
+    clock.now += SPEC.breaker_cooldown_s
+
+    async def failing(url: str) -> bool:
+        return False
+
+    await b.check_round(failing)
+    await b.check_round(failing)
+    assert downs and downs[-1] == (w0, b.silent_s)
