@@ -31,7 +31,8 @@ EndpointSlice controller copies a Service's labels onto its slices). The pods of
 LeaderWorkerSet controller: the leader `<group>`, the pod of node n `<group>-<n>`; rank r runs on node r // L.
 So discovery pairs each ready leader with its pod in that Service (same address), and rank r's endpoint is
 `tcp://<IP of pod <group>[-<r // L>]>:<port "kv-events-<r>">` (`PoolMembership.rank_endpoints`); a rank whose
-pod is not listed (not ready) has none and is tracked approximately.
+pod is not listed (not ready), or whose pod is unknown (a slice without the label: every rank but 0), has none
+and is tracked approximately.
 
 Talks HTTP with an injected `httpx.AsyncClient` (tests use `httpx.MockTransport`); `in_cluster()`
 builds one from the pod's service-account token (re-read on every request: bound tokens rotate) and CA.
@@ -145,10 +146,15 @@ def _ranks_per_pod(slice_: dict[str, Any]) -> int | None:
 def _rank_endpoints(leader: str, pods: Mapping[str, _RankPod]) -> tuple[str | None, ...]:
     """Each rank's endpoint of the worker whose leader pod is named `leader` (see the module docstring)."""
     head = pods[leader]
-    per_pod = head.ranks_per_pod or len(head.ports)
+    # without the label the pod of a rank past 0 is unknown: such ranks get no endpoint (tracked approximately)
+    # rather than one on the leader, where nothing publishes them
+    per_pod = head.ranks_per_pod
     out: list[str | None] = []
     for r in range(len(head.ports)):
-        pod = pods.get(leader if r < per_pod else f"{leader}-{r // per_pod}")
+        if per_pod is None and r > 0:
+            out.append(None)
+            continue
+        pod = pods.get(leader if per_pod is None or r < per_pod else f"{leader}-{r // per_pod}")
         port = pod.ports[r] if pod is not None and r < len(pod.ports) else None
         out.append(None if port is None else f"tcp://{pod.host}:{port}")
     return tuple(out)

@@ -388,9 +388,10 @@ def test_discovery_finds_each_rank_of_a_multi_node_worker_on_the_pod_that_runs_i
     # the follower of w-1 is not ready: its ranks have no endpoint (tracked approximately), the leader's have
     assert m.rank_endpoints(b) == ("tcp://10.0.1.2:5557", "tcp://10.0.1.2:5558", None, None)
     assert m.kv_events == ((a, "tcp://10.0.1.1:5557"), (b, "tcp://10.0.1.2:5557"))
-    # a slice without the label: every rank on the leader, as on one node
+    # a slice without the label: the pods of ranks past 0 are unknown, so they get no endpoint (not the leader's,
+    # where nothing publishes them)
     m = membership_from_slices(_group_slices({"w-0": ("10.0.1.1", "10.0.2.1")}, 2, per_pod=None), roles=roles)
-    assert m.rank_endpoints(a) == ("tcp://10.0.1.1:5557", "tcp://10.0.1.1:5558")
+    assert m.rank_endpoints(a) == ("tcp://10.0.1.1:5557", None)
     # without a KV-event port name nothing is read from the KV-event Service
     m = membership_from_slices(_group_slices({"w-0": ("10.0.1.1", "10.0.2.1")}, 4), roles=roles,
                                kv_events_port_name=None)
