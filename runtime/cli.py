@@ -22,7 +22,7 @@ import typer
 
 from runtime.faces import demo as _demo, misc as _misc, promote as _promote, serve as _serve, stage as _stage
 from runtime.faces import tune as _tune
-from runtime.faces.common import ReflowGroup, console
+from runtime.faces.common import FlagCommand, ReflowGroup, console
 from runtime.procs import install_sigterm_handler
 
 app = typer.Typer(
@@ -91,15 +91,15 @@ def _main(
 
 
 
-app.command()(_demo.demo)
-app.command()(_stage.stage)
-app.command()(_tune.tune)
-app.command()(_promote.promote)
-app.command()(_serve.serve)
-app.command("compile")(_misc.compile_cmd)
-app.command()(_misc.models)
-app.command("prepare-model")(_misc.prepare_model)
-app.command()(_misc.show_summary)
+app.command(cls=FlagCommand)(_demo.demo)
+app.command(cls=FlagCommand)(_stage.stage)
+app.command(cls=FlagCommand)(_tune.tune)
+app.command(cls=FlagCommand)(_promote.promote)
+app.command(cls=FlagCommand)(_serve.serve)
+app.command("compile", cls=FlagCommand)(_misc.compile_cmd)
+app.command(cls=FlagCommand)(_misc.models)
+app.command("prepare-model", cls=FlagCommand)(_misc.prepare_model)
+app.command(cls=FlagCommand)(_misc.show_summary)
 
 
 def _add_batch() -> None:

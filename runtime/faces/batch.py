@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from runtime.faces.common import ReflowGroup, make_console
+from runtime.faces.common import FlagCommand, ReflowGroup, make_console
 
 app = typer.Typer(
     cls=ReflowGroup,  # help text reflows at the terminal's width
@@ -46,7 +46,7 @@ def _fail(msg: str, code: int = 2) -> None:
     fail(msg, code)
 
 
-@app.command("run")
+@app.command("run", cls=FlagCommand)
 def run_cmd(
     input_uri: Annotated[str, typer.Option(
         "--input", "-i", help="OpenAI Batch input file, a local path or s3://bucket/key; one JSON per line: "
@@ -223,7 +223,7 @@ def _secret(value: Optional[str], default: str) -> Optional[str]:
     return None if value is not None and value.lower() == "none" else (value or default)
 
 
-@app.command("workflow")
+@app.command("workflow", cls=FlagCommand)
 def workflow_cmd(
     input_uri: Annotated[str, typer.Option("--input", help="OpenAI Batch input file, s3://bucket/key.")],
     output_uri: Annotated[str, typer.Option("--output", help="Output JSONL, s3://bucket/key (resumed if present).")],
@@ -256,7 +256,7 @@ def workflow_cmd(
         s3_secret=_secret(s3_secret, S3_SECRET), s3_endpoint_url=s3_endpoint_url), out, force)
 
 
-@app.command("retune-schedule")
+@app.command("retune-schedule", cls=FlagCommand)
 def retune_cmd(
     model_name: Annotated[str, typer.Option(help="Served model name = its folder under /fsx/models (org/llama8).")],
     traffic: Annotated[str, typer.Option(

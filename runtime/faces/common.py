@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 from rich.console import Console
 from rich.markup import escape
 
@@ -165,8 +165,28 @@ def reflow_help(text: str | None) -> str | None:
     return "\n\n".join(paragraphs)
 
 
+def plain_flags(params: list) -> list:
+    """``params`` (click parameters, changed in place and returned) with every on/off flag given an empty
+    metavar: typer's rich help prints each option's type, so a flag (``--force``, ``--apply/--no-apply``,
+    ``--help``) would read ``--force <bool>`` as if it took a value; click and argparse show a flag bare. A
+    counting option (``-vvv``) and an option whose metavar is set keep theirs."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and not param.count and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class FlagCommand(TyperCommand):
+    """A `pdserve` command (pass ``cls=FlagCommand`` to ``app.command``): its help shows flags bare
+    (:func:`plain_flags`), ``--help`` included, which click adds only when the parameters are read."""
+
+    def get_params(self, ctx):
+        return plain_flags(super().get_params(ctx))
+
+
 class ReflowGroup(TyperGroup):
-    """The typer group of `pdserve` and its sub-groups: every command's help is :func:`reflow_help`'d."""
+    """The typer group of `pdserve` and its sub-groups: every command's help is :func:`reflow_help`'d, and the
+    group's own flags show bare (:func:`plain_flags`; its commands need ``cls=FlagCommand``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -174,3 +194,6 @@ class ReflowGroup(TyperGroup):
         for command in self.commands.values():
             if not isinstance(command, ReflowGroup):  # a sub-group reflows its own
                 command.help = reflow_help(command.help)
+
+    def get_params(self, ctx):
+        return plain_flags(super().get_params(ctx))
