@@ -409,8 +409,9 @@ def run_batch(
         sent = True
         try:
             with out:
-                _run_loop(todo, out, summary, base=base, concurrency=concurrency, max_retries=max_retries,
-                          timeout_s=timeout_s, api_key=api_key, progress=progress, backoff_s=backoff_s,
+                _run_loop(todo, out, summary, done=len(kept), base=base, concurrency=concurrency,
+                          max_retries=max_retries, timeout_s=timeout_s, api_key=api_key, progress=progress,
+                          backoff_s=backoff_s,
                           checkpoint=(lambda: _checkpoint(work, output_uri, s3)) if tmpdir else None,
                           checkpoint_s=checkpoint_s)
         except OSError as e:  # the disk filled up, say: the answers written so far are kept for a resumed run
@@ -471,15 +472,18 @@ def _finish_upload(tmpdir: Any, work: Path, output_uri: str, s3: Any, sent: bool
     tmpdir.cleanup()
 
 
-def _run_loop(todo: list[BatchRequest], out: Any, summary: BatchSummary, *, base: str, concurrency: int,
-              max_retries: int, timeout_s: float, api_key: str | None, progress: bool, backoff_s: float,
-              checkpoint: Callable[[], None] | None, checkpoint_s: float) -> None:
+def _run_loop(todo: list[BatchRequest], out: Any, summary: BatchSummary, *, done: int, base: str,
+              concurrency: int, max_retries: int, timeout_s: float, api_key: str | None, progress: bool,
+              backoff_s: float, checkpoint: Callable[[], None] | None, checkpoint_s: float) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
                    TimeElapsedColumn(), console=Console(stderr=True), disable=not progress)
-    task = bar.add_task("batch", total=len(todo), failed=0)
+    # the bar counts the whole batch, the answers kept from an earlier run completed from the start (tqdm's
+    # `initial`, a resumed download's bar): a resumed run reads 3/10 rising to 10/10, and one with nothing left
+    # to send 10/10, where counting only the requests sent would restart at 0/7 or read 0/0
+    task = bar.add_task("batch", total=done + len(todo), completed=done, failed=0)
     last = [time.monotonic()]
     started = time.monotonic()
 
