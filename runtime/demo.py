@@ -7,16 +7,23 @@
    worker moving KV cache with NIXL; send three chat requests; read the NIXL transfer count.
 5. Write `.pdserve/demo/summary.json`; every process started here is stopped by its handle (also on
    SIGTERM: `pdserve demo` turns it into SystemExit, see runtime/cli.py `install_sigterm_handler`).
+
+Temporary files of the demo and of every process it starts go to `.pdserve/demo/tmp` (``TMPDIR``), removed
+when the demo ends (SeaweedFS's sockets, in a fixed folder, go when it stops: runtime.staging.seaweed), so a
+run leaves nothing behind in /tmp but TorchInductor's compile cache (see `_demo_tmp`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import io
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -147,6 +154,50 @@ def _env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+#: Longest Unix socket path ZMQ accepts (runtime.engines.vllm_worker.MAX_IPC_PATH_BYTES, not imported: it pulls
+#: in the engine modules) and the name vLLM gives an IPC socket in the temp folder (``/`` + a uuid4).
+_MAX_IPC_PATH_BYTES, _IPC_NAME_BYTES = 107, 37
+def _torch_cache_dir() -> str:
+    """torch's default TorchInductor cache folder (torch._inductor.runtime.cache_dir_utils.default_cache_dir,
+    not imported: it imports torch) in the current temp folder."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+@contextlib.contextmanager
+def _demo_tmp(state: Path) -> Iterator[Path]:
+    """Within the block, the temp folder of this process and of every process it starts is
+    ``<state>/demo/tmp``, emptied first (what a killed run left) and removed at the end; yields it.
+
+    What the demo's pieces leave in the temp folder otherwise: kfp.local's workspace (made in this process)
+    and each step's ``mktemp -d`` folder with its ``ephemeral_component.py``; vLLM's engine IPC sockets and
+    ``vllm_dist_*`` rendezvous files. When ``<state>/demo/tmp`` is too long a path for a Unix socket in it, a fresh
+    folder in the system temp folder stands in (removed at the end as well). TorchInductor's compile cache
+    stays where torch keeps it without this (``$TORCHINDUCTOR_CACHE_DIR``, else ``torchinductor_<user>`` in the
+    system temp folder): a cache shared with `pdserve serve` and kept warm across runs, not a leftover.
+    """
+    tmp = state / "demo" / "tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    if len(os.fsencode(tmp)) + _IPC_NAME_BYTES <= _MAX_IPC_PATH_BYTES:
+        tmp.mkdir(parents=True)
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="pdserve-demo-"))
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or _torch_cache_dir()
+    before = tempfile.tempdir
+    try:
+        with _env({"TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": inductor}):
+            tempfile.tempdir = str(tmp)  # this process: tempfile caches the folder it found first
+            try:
+                yield tmp
+            finally:
+                tempfile.tempdir = before
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 class _StepInputFilter(io.TextIOBase):
     """A stdout for kfp.local's run: every line goes to `log`; the console (`out`) gets all but the body of
     each step's ``Got executor_input:`` record.
@@ -262,6 +313,11 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
         whatever a step raises (each names its step); processes started so far are stopped first.
     """
     state = check_state_dir(settings.state_dir)  # before any import or process: a bad path fails at once
+    with _demo_tmp(state):
+        return _run_demo(settings, state, console or Console())
+
+
+def _run_demo(settings: DemoSettings, state: Path, console: Console) -> dict:
     from pipelines.stage_tune_promote import compile_pipeline, run_local
     from runtime.engines.metrics import nixl_transfer_count
     from runtime.modelfiles.gguf_convert import convert_smollm2
@@ -271,7 +327,6 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict:
     from runtime.staging.seaweed import SeaweedServer
     from runtime.tracking.mlflow_runs import load_champion
 
-    console = console or Console()
     t0 = time.monotonic()
     out_dir = state / "demo"
     mlflow_uri = f"sqlite:///{state / 'mlflow.db'}"

@@ -15,8 +15,10 @@ logged). Source of the behaviour: docs/architecture.md#s3-and-seaweedfs.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -27,6 +29,11 @@ import httpx
 
 from runtime.ports import free_ports
 from runtime.procs import stop_process
+
+#: Where `weed` puts its Unix sockets: a fixed folder in its code, not the temp folder, one socket per listener,
+#: named after the listener's port (``seaweedfs-s3-8333.sock``, ``seaweedfs-s3-grpc-18333.sock``).
+_WEED_SOCKET_DIR = Path("/tmp")
+_WEED_SOCKET = re.compile(r"seaweedfs-[a-z0-9]+(?:-grpc)?-(\d+)\.sock")
 
 PORT_FLAGS: tuple[str, ...] = (
     "master.port",
@@ -232,9 +239,12 @@ class SeaweedServer:
         raise SeaweedError(f"S3 gateway not ready after {self.start_timeout_s:.0f} s")
 
     def stop(self, timeout_s: float = 3.0) -> None:
-        """Stop via the Popen handle: terminate, wait `timeout_s`, then kill (weed may ignore SIGTERM)."""
+        """Stop via the Popen handle: terminate, wait `timeout_s`, then kill (weed may ignore SIGTERM); then
+        remove the Unix sockets it left (`remove_weed_sockets`)."""
         proc, self.proc = self.proc, None
         stop_process(proc, timeout_s)
+        if proc is not None:
+            remove_weed_sockets(self.ports)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -244,3 +254,26 @@ class SeaweedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def remove_weed_sockets(ports: dict[str, int], folder: Path | None = None) -> list[Path]:
+    """Remove the Unix sockets a stopped `weed` server left in ``folder`` (default ``_WEED_SOCKET_DIR``; the
+    sockets of its listeners, ``ports``: SeaweedServer.ports; `weed` unlinks some of them only); returns those
+    removed."""
+    folder = _WEED_SOCKET_DIR if folder is None else folder
+    mine = {str(p) for p in ports.values()}
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        m = _WEED_SOCKET.fullmatch(name)
+        path = folder / name
+        try:
+            if m and m.group(1) in mine and stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()
+                removed.append(path)
+        except OSError:  # gone already, or not ours to remove
+            pass
+    return removed

@@ -5,7 +5,9 @@ is strict JSON (a missing TTFT is null, never a bare NaN)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -57,7 +59,7 @@ def faked_steps(tmp_path, monkeypatch):
     class FakeS3:
         def __init__(self, path):
             seen["s3_dir"] = path
-        endpoint_url, env = "http://127.0.0.1:1", {}
+        endpoint_url, env, ports = "http://127.0.0.1:1", {}, {"s3.port": 1}
 
         def __enter__(self):
             return self
@@ -74,6 +76,7 @@ def faked_steps(tmp_path, monkeypatch):
 
         def __init__(self, spec, model_path, **kwargs):
             seen["deployment_kwargs"] = kwargs
+            seen["deployment_tmp"] = (os.environ.get("TMPDIR"), tempfile.gettempdir())
 
         def __enter__(self):
             return self
@@ -86,7 +89,9 @@ def faked_steps(tmp_path, monkeypatch):
                                  gpu="H100-SXM")
     fakes = {
         "pipelines.stage_tune_promote": dict(compile_pipeline=lambda p: p,
-                                             run_local=lambda **kw: {"manifests": "m.yaml"}),
+                                             run_local=lambda **kw: seen.update(
+                                                 kfp_tmp=(os.environ.get("TMPDIR"), tempfile.gettempdir()))
+                                             or {"manifests": "m.yaml"}),
         "runtime.modelfiles.gguf_convert": dict(convert_smollm2=lambda p: p),
         "runtime.server.launch": dict(LocalDeployment=FakeDeployment),
         "runtime.staging.manifest": dict(verify_staged=lambda p, check_digests: None),
@@ -155,3 +160,60 @@ def test_step_input_filter_drops_only_the_json_body_whatever_the_write_sizes(tmp
                          "    step output",
                          "    [KFP Executor 2026-12-05 10:00:00,001 INFO]: executor input: in the log",
                          "    not json", "    tail"]
+
+
+@pytest.fixture
+def short_dir():
+    """A folder with a short path (pytest's tmp_path is too long for a Unix socket below it)."""
+    import shutil
+
+    d = Path(tempfile.mkdtemp(prefix="pd-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_demo_and_the_processes_it_starts_keep_temporary_files_under_the_state_dir(short_dir, faked_steps,
+                                                                                        monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    state = short_dir / "state"
+    (state / "demo" / "tmp").mkdir(parents=True)
+    (state / "demo" / "tmp" / "left-by-a-killed-run").write_text("x")
+    before = (os.environ.get("TMPDIR"), tempfile.gettempdir())
+    run_demo(DemoSettings(state_dir=state, questions=("q1",)))
+    tmp = str(state.resolve() / "demo" / "tmp")
+    # kfp.local (in this process, and its steps started with this environment) and the workers / runtime
+    assert faked_steps["kfp_tmp"] == (tmp, tmp) and faked_steps["deployment_tmp"] == (tmp, tmp)
+    assert not (state / "demo" / "tmp").exists()  # removed at the end, with what a killed run left
+    assert (os.environ.get("TMPDIR"), tempfile.gettempdir()) == before
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
+def test_the_temporary_folder_is_removed_when_a_step_fails(short_dir, faked_steps, monkeypatch):
+    def fail(p):
+        seen.append(tempfile.gettempdir())
+        if seen[0].startswith(str(short_dir)):  # never into the system temp folder
+            (Path(seen[0]) / "half-done").write_text("x")
+        raise demo.DemoError("the step failed")
+
+    seen: list[str] = []
+
+    monkeypatch.setattr(demo, "_check_slo_feasible", lambda *a: None)
+    monkeypatch.setitem(sys.modules["runtime.modelfiles.gguf_convert"].__dict__, "convert_smollm2", fail)
+    before = tempfile.gettempdir()
+    with pytest.raises(demo.DemoError):
+        run_demo(DemoSettings(state_dir=short_dir / "state"))
+    assert seen == [str(short_dir.resolve() / "state" / "demo" / "tmp")]
+    assert (short_dir / "state" / "demo").is_dir() and not (short_dir / "state" / "demo" / "tmp").exists()
+    assert tempfile.gettempdir() == before
+
+
+def test_a_state_dir_too_long_for_a_socket_path_gets_a_system_temp_folder(tmp_path, monkeypatch):
+    long_state = tmp_path / ("x" * 80)
+    long_state.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with demo._demo_tmp(long_state) as tmp:
+        assert tmp.parent == tmp_path and tmp.name.startswith("pdserve-demo-") and tmp.is_dir()
+        assert os.environ["TMPDIR"] == str(tmp)
+    assert not tmp.exists() and not (long_state / "demo" / "tmp").exists()
