@@ -12,8 +12,10 @@ ask for. `EdgeMiddleware` answers them with an OpenAI 400 (`{"error": {"message"
   404 naming a model "None");
 * `stream` that is not a boolean or null;
 * a chat message that is not an object, or whose `role` is not one of OpenAI's roles (`CHAT_ROLES`);
-* a completions or chat completions body sent with a `Content-Type` other than `application/json` (vLLM's
-  message; a request without the header is read as JSON).
+* a completions or chat completions body sent without `Content-Type: application/json` (another media type,
+  or no header at all): vLLM's own 400 body (`validate_json_request`, answered by its validation handler),
+  `UNSUPPORTED_MEDIA_TYPE`. A body without the header that is not JSON at all gets the request models' 400
+  instead, as FastAPI reads it (as JSON) before vLLM checks the header.
 It also answers, itself:
 * `GET /openai/v1/models/{id}`: the OpenAI model object of the served model, or an OpenAI 404;
 * KServe's v1/v2 inference routes (`:predict`, `:explain`, `/infer`): a 404 saying the model serves the
@@ -43,7 +45,7 @@ from typing import Any
 import orjson
 
 from runtime import strict_json
-from runtime.server.errors import OPENAI_PREFIX, RETRY_AFTER_S, openai_error_body
+from runtime.server.errors import OPENAI_PREFIX, RETRY_AFTER_S, openai_error_body, unknown_model_message
 
 #: Chat roles of the OpenAI chat completions API (and vLLM's), the only ones a message may carry.
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -55,6 +57,13 @@ _V2_METADATA_ROUTE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?$")
 # a served name may hold '/' (Hugging Face ids: org/model); ASGI's path is already percent-decoded
 _MODEL_ROUTE = re.compile(r"^/openai/v1/models/(?P<id>.+)$")
 _GENERATION_ROUTES = frozenset({f"{OPENAI_PREFIX}v1/completions", f"{OPENAI_PREFIX}v1/chat/completions"})
+#: vLLM 0.28's answer to a generation request without `Content-Type: application/json`: its
+#: `validate_json_request` raises FastAPI's RequestValidationError with one error, the string below, and its
+#: validation handler writes "1 validation error:" and the error indented, with the status's phrase as `type`
+#: (vllm/entrypoints/serve/exception_handling/handlers/validation.py)
+UNSUPPORTED_MEDIA_TYPE = openai_error_body(
+    "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+    err_type=HTTPStatus.BAD_REQUEST.phrase, status=HTTPStatus.BAD_REQUEST)
 
 #: `direct(scope, raw_body, receive, send, parsed) -> bool`: serves a generation request itself (True) or
 #: declines it, having sent nothing (False); `parsed` is the body as orjson read it, or None (read it again)
@@ -256,7 +265,7 @@ class EdgeMiddleware:
         found = _MODEL_ROUTE.match(path) if method == "GET" else None
         if found:
             if found["id"] != self.model_name:
-                body = openai_error_body(f"The model {found['id']!r} does not exist", err_type="NotFoundError",
+                body = openai_error_body(unknown_model_message(found["id"]), err_type="NotFoundError",
                                          status=HTTPStatus.NOT_FOUND, param="model")
                 return await _json(send, HTTPStatus.NOT_FOUND, body)
             return await _json(send, HTTPStatus.OK, {"id": self.model_name, "object": "model",
@@ -278,12 +287,11 @@ class EdgeMiddleware:
             more = message.get("more_body", False)
         raw = b"".join(chunks)
         media = _media_type(scope)
-        if media is not None and media != "application/json" and path in _GENERATION_ROUTES:
-            # FastAPI would read such a body as no object at all and answer a validation error that names no
-            # cause; vLLM refuses it with this message. A request without the header is read as JSON.
-            body = openai_error_body("Unsupported Media Type: Only 'application/json' is allowed",
-                                     err_type="BadRequestError", status=HTTPStatus.BAD_REQUEST)
-            return await _json(send, HTTPStatus.BAD_REQUEST, body)
+        if media != "application/json" and path in _GENERATION_ROUTES and (media is not None
+                                                                          or _json_or_empty(raw)):
+            # FastAPI would read another media type as no object at all and answer a validation error that
+            # names no cause, and a body without the header as JSON; vLLM refuses both with this body
+            return await _json(send, HTTPStatus.BAD_REQUEST, UNSUPPORTED_MEDIA_TYPE)
         parsed, bad = read_body(path, raw)
         if bad is not None:
             message_text, param = bad
@@ -325,11 +333,25 @@ async def _discard_body(receive: Callable, budget: int) -> None:
 
 
 def _media_type(scope: dict) -> str | None:
-    """The request's `Content-Type` without its parameters, in lower case; None without the header."""
+    """The request's `Content-Type` before its parameters, in lower case, as vLLM's `validate_json_request`
+    reads it (not stripped: `application/json ;charset=utf-8` is not `application/json` to vLLM); None
+    without the header."""
     for name, value in scope.get("headers") or ():
         if name == b"content-type":
-            return value.decode("latin-1").split(";", 1)[0].strip().lower()
+            return value.decode("latin-1").lower().split(";", 1)[0]
     return None
+
+
+def _json_or_empty(raw: bytes) -> bool:
+    """`raw` is empty or JSON as FastAPI reads a body sent without `Content-Type` (Python's json, which takes
+    `NaN`): FastAPI answers any other such body as invalid JSON before vLLM's media-type check runs."""
+    if not raw:
+        return True
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _declared_length(scope: dict) -> int:

@@ -1,13 +1,15 @@
 """OpenAI-style error bodies for the runtime's /openai routes.
 
 Body shape (OpenAI API reference, "Error codes"; vLLM's ErrorResponse):
-`{"error": {"message": str, "type": str, "param": str | null, "code": str}}`. KServe answers a request
-that fails pydantic validation with FastAPI's 422 `{"detail": [...]}` and an unknown model with its own 404
-`{"error": "..."}`; on paths under the OpenAI prefix these handlers answer in OpenAI's shape instead
-(400 for a malformed request, 404 for an unknown model). vLLM's request models (which KServe's OpenAI types
-are) also reject some requests with `VLLMValidationError` / `VLLMClientError` (vllm/exceptions.py: an empty
-or null prompt, `stream_options` without `stream`, `top_logprobs` without `logprobs`), which are not pydantic
-errors and would reach KServe's generic 500 handler: they get a 400 too, as vLLM's own server answers.
+`{"error": {"message": str, "type": str, "param": str | null, "code": int}}`, `code` the HTTP status as a
+number (vLLM's `ErrorInfo.code`; KServe's own error type writes it as a string). KServe answers a request that
+fails pydantic validation with FastAPI's 422 `{"detail": [...]}` and an unknown model with its own 404
+`{"error": "..."}`; on paths under the OpenAI prefix these handlers answer in OpenAI's shape instead (400 for
+a malformed request, 404 for an unknown model, with vLLM's message). vLLM's request models (which KServe's
+OpenAI types are) also reject some requests with `VLLMValidationError` / `VLLMClientError`
+(vllm/exceptions.py: an empty or null prompt, `stream_options` without `stream`, `top_logprobs` without
+`logprobs`), which are not pydantic errors and would reach KServe's generic 500 handler: they get a 400 too,
+as vLLM's own server answers.
 Other paths keep KServe's behaviour.
 """
 
@@ -27,6 +29,8 @@ from kserve.errors import (
     model_not_found_handler,
     model_not_ready_handler,
 )
+from kserve.protocol.rest.openai.types import Error as _KServeError
+from kserve.protocol.rest.openai.types import ErrorResponse as _KServeErrorResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 try:  # vLLM's client-error base class (vllm/exceptions.py); absent from older vLLM
@@ -38,8 +42,46 @@ OPENAI_PREFIX = "/openai/"
 
 
 def openai_error_body(message: str, *, err_type: str, status: int, param: str | None = None) -> dict[str, Any]:
-    """`{"error": {"message", "type", "param", "code"}}` with `code` the HTTP status as a string."""
-    return {"error": {"message": message, "type": err_type, "param": param, "code": str(int(status))}}
+    """`{"error": {"message": str, "type": str, "param": str | None, "code": int}}`, `code` the HTTP status
+    `status` (e.g. 400) as vLLM's `ErrorInfo` writes it."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": int(status)}}
+
+
+class OpenAIError(_KServeError):
+    """KServe's OpenAI error object with `code` the HTTP status as an int, as vLLM's `ErrorInfo` has it."""
+
+    code: int
+
+
+class OpenAIErrorResponse(_KServeErrorResponse):
+    """An `ErrorResponse` KServe's OpenAI routes answer as an error (they test `isinstance` with KServe's class
+    and answer `model_dump()` with status `int(error.code)`), whose body is vLLM's: `code` an int."""
+
+    error: OpenAIError
+
+
+def create_error_response(message: str, err_type: str = "BadRequestError", param: str | None = None,
+                          status_code: HTTPStatus = HTTPStatus.BAD_REQUEST) -> OpenAIErrorResponse:
+    """KServe's `create_error_response` (kserve.protocol.rest.openai.errors), as vLLM's server writes the
+    object: `code` the int HTTP status `status_code`, `param` None unless given."""
+    return OpenAIErrorResponse(error=OpenAIError(message=message, type=err_type, param=param,
+                                                 code=int(status_code)))
+
+
+#: KServe's message for a model it does not serve (kserve.errors.ModelNotFound), around the model's name.
+_KSERVE_NOT_FOUND = ("Model with name ", " does not exist.")
+
+
+def unknown_model_message(model_name: str | None) -> str:
+    """vLLM's message for a request naming a model it does not serve (OpenAIServingModels' model check)."""
+    return f"The model `{model_name}` does not exist."
+
+
+def _not_found_model_name(exc: ModelNotFound) -> str:
+    """The model name of KServe's `ModelNotFound` (its message is the only place it keeps it)."""
+    text = str(exc)
+    head, tail = _KSERVE_NOT_FOUND
+    return text[len(head):-len(tail)] if text.startswith(head) and text.endswith(tail) else text
 
 
 def _loc_to_param(loc: tuple | list) -> str | None:
@@ -68,7 +110,8 @@ async def _validation_handler(request: Request, exc: RequestValidationError):
 
 async def _model_not_found_handler(request: Request, exc: ModelNotFound):
     if request.url.path.startswith(OPENAI_PREFIX):
-        body = openai_error_body(str(exc), err_type="NotFoundError", status=HTTPStatus.NOT_FOUND, param="model")
+        body = openai_error_body(unknown_model_message(_not_found_model_name(exc)), err_type="NotFoundError",
+                                 status=HTTPStatus.NOT_FOUND, param="model")
         return JSONResponse(status_code=HTTPStatus.NOT_FOUND, content=body)
     return await model_not_found_handler(request, exc)
 

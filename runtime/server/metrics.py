@@ -29,9 +29,11 @@ SERVING_MODES = ("remote", "local", "migrated")
 #: The values of `pdserve_requests_total`'s `status` label. `error` is the service's failure, the only one
 #: the error-rate alerts count; a client's own fault (`client_error`: a worker rejected the request it was
 #: sent, 4xx) and a client that left before its answer (`cancelled`) say nothing of the service's health.
-REQUEST_STATUSES = ("ok", "error", "client_error", "cancelled")
+#: `shed` is a request admission control refused with 429 (mode `none`): the service protecting its SLO,
+#: which the shed alert watches (`pdserve_requests_shed_total`), apart from the error rate.
+REQUEST_STATUSES = ("ok", "error", "client_error", "cancelled", "shed")
 #: The `mode` of a request no worker served: refused while the runtime was not ready or no decode worker could
-#: take it (status `error`: the service is down for it).
+#: take it (status `error`: the service is down for it), or shed by admission control (status `shed`).
 UNSERVED_MODE = "none"
 
 
@@ -89,7 +91,8 @@ class RuntimeMetrics:
 
     Attributes:
         requests: `pdserve_requests_total{endpoint, mode, status}`; mode in SERVING_MODES, or UNSERVED_MODE
-            for a request no worker served (refused as not ready); status in REQUEST_STATUSES.
+            for a request no worker served (refused as not ready, or shed with 429); status in
+            REQUEST_STATUSES.
         ttft: `pdserve_ttft_seconds{endpoint, mode}`, arrival → first streamed token as the client sees it.
             Streamed requests only: a non-streamed answer reaches the client whole, so its first token is
             never seen apart from its last (with local prefill the runtime cannot tell them apart; with remote
@@ -130,7 +133,8 @@ class RuntimeMetrics:
         self.requests = Counter(
             "pdserve_requests", "Requests the runtime answered, by status: ok; error (the service failed it, or "
             "refused it with 503 while not ready: mode none); client_error (a worker rejected the client's own "
-            "request, 4xx); cancelled (the client left before its answer). Error-rate alerts count error only.",
+            "request, 4xx); cancelled (the client left before its answer); shed (refused with 429 by admission "
+            "control: mode none). Error-rate alerts count error only.",
             ["endpoint", "mode", "status"], registry=registry
         )
         self.ready = Gauge("pdserve_ready", "1 while the runtime can serve (a decode worker healthy and in "

@@ -63,7 +63,6 @@ import orjson
 from fastapi import Request
 from kserve.errors import ModelNotReady
 from kserve.protocol.rest.openai import OpenAIGenerativeModel
-from kserve.protocol.rest.openai.errors import create_error_response
 from kserve.protocol.rest.openai.types import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -79,7 +78,7 @@ from runtime.config import OverloadSpec
 from runtime.router.admission import ServiceTimeEstimate, decide, is_priority
 from runtime.router.priority import vllm_priority
 from runtime.server.breakers import WorkerBreakers
-from runtime.server.errors import Overloaded, openai_error_body
+from runtime.server.errors import Overloaded, create_error_response, openai_error_body
 from runtime.server.metrics import UNSERVED_MODE, RuntimeMetrics
 from runtime.server.migration import (
     choice_has_output,
@@ -636,7 +635,8 @@ class PDModel(OpenAIGenerativeModel):
 
     def _admit(self, path: str, body: dict) -> None:
         """Admission control (runtime.router.admission): with `overload.shed_ttft_factor` and a TTFT SLO,
-        raise `Overloaded` (429 with Retry-After, counted in `pdserve_requests_shed_total`) when the request's
+        raise `Overloaded` (429 with Retry-After, counted in `pdserve_requests_shed_total` and in
+        `pdserve_requests_total{mode="none", status="shed"}`) when the request's
         predicted TTFT exceeds the bound; priority traffic's bound is `shed_priority_factor` times higher."""
         factor = self.overload.shed_ttft_factor
         if factor is None or self.slo_ttft_s is None:
@@ -648,6 +648,8 @@ class PDModel(OpenAIGenerativeModel):
         if d.admit:
             return
         self.metrics.shed.labels("queue_wait", label).inc()
+        self.metrics.child(self.metrics.requests, "chat" if path.endswith("/chat/completions") else "completions",
+                           UNSERVED_MODE, "shed").inc()
         self._record_refused(path, body)  # the planner sizes for the demand, shed requests included
         raise Overloaded(f"The service is overloaded: this request's predicted time to first token is "
                          f"{d.predicted_ttft_s:.1f} s, over the {d.bound_s:.1f} s it admits; retry after "

@@ -20,9 +20,10 @@ released blocks for the second choice. So:
   once, whatever `n`, and every choice's generated tokens and completion details (reasoning tokens), as vLLM
   does (vllm/entrypoints/openai/completion/serving.py).
 * `refusal`: shapes no worker serves correctly are refused with a 400 naming the field: `n` > 1 with greedy
-  sampling (as vLLM refuses it, so fanned-out requests answer as the aggregated server does), `best_of` > 1
-  (vLLM's completions server ignores it: the client would silently get `n` samples, not the best of
-  `best_of`) and a non-empty `suffix` (vLLM does not support insertion).
+  sampling (as vLLM refuses it, so fanned-out requests answer as the aggregated server does) and a non-empty
+  `suffix` (vLLM does not support insertion). `best_of` is served as vLLM 0.28 serves it: its request models
+  have no such field and take unknown fields (`extra="allow"`), so any value is ignored and the answer holds
+  `n` samples per prompt; the workers (vLLM) ignore it in the bodies they are sent in turn.
 """
 
 from __future__ import annotations
@@ -72,18 +73,6 @@ def num_choices(path: str, body: dict) -> int:
 
 def refusal(path: str, body: dict) -> tuple[str, str] | None:
     """(message, param) of a 400 for a shape the runtime does not serve, or None."""
-    best_of = body.get("best_of")
-    if best_of is not None:
-        # read as pydantic's lax mode reads an int (1, 1.0, "1"); vLLM's request model no longer has the field,
-        # so nothing else checks it
-        whole = best_of if isinstance(best_of, int) and not isinstance(best_of, bool) else (
-            int(best_of) if isinstance(best_of, float) and best_of.is_integer() else
-            int(best_of.strip()) if isinstance(best_of, str) and best_of.strip().isdigit() else None)
-        if whole is None:
-            return f"best_of must be a whole number, got {str(best_of)[:50]!r}", "best_of"
-        if whole > 1:
-            return ("best_of > 1 is not supported: the workers would return n samples, not the best of best_of; "
-                    "request n samples and pick with logprobs instead", "best_of")
     temperature = body.get("temperature")
     # greedy is temperature 0 only: vLLM raises a temperature in (0, 0.01) to 0.01 (SamplingParams.__post_init__,
     # vllm/sampling_params.py), and refuses a negative one with its own message

@@ -158,11 +158,9 @@ CASES = [
     ("POST", COMP, {"model": M, "prompt": None}, 400, None),
     ("POST", COMP, {"model": M}, 400, None),
     ("POST", COMP, {"model": M, "prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
-    ("POST", COMP, {"model": M, "prompt": "x", "best_of": 3}, 400, "best_of"),
     ("POST", COMP, {"model": M, "prompt": "x", "suffix": "tail"}, 400, "suffix"),
     ("POST", COMP, {"model": M, "prompt": "x", "n": 2, "temperature": 0}, 400, "n"),
     ("POST", CHAT, {"model": M, "messages": MSG, "n": 3, "temperature": 0.0}, 400, "n"),
-    ("POST", CHAT, {"model": M, "messages": MSG, "best_of": 2}, 400, "best_of"),
     ("POST", CHAT, _raw('{"model": '), 400, None),
     ("POST", CHAT, _raw("[1, 2]"), 400, None),
     ("POST", COMP, {"prompt": "x"}, 400, "model"),
@@ -201,7 +199,7 @@ async def test_malformed_requests_are_4xx_openai_errors_that_never_reach_a_worke
                 err = r.json()["error"]
                 if path.startswith("/openai/"):
                     assert set(err) == {"message", "type", "param", "code"}, (case, r.text)
-                    assert err["code"] == str(status) and err["message"], case
+                    assert err["code"] == status and err["message"], case
                     if param is not None:
                         assert err["param"] == param, (case, r.text)
                 else:
@@ -214,16 +212,18 @@ async def test_malformed_requests_are_4xx_openai_errors_that_never_reach_a_worke
 
 
 async def test_a_body_sent_as_another_media_type_is_refused_as_vllm_refuses_it():
-    # what curl -d sends without -H: FastAPI reads it as no object and its error names no cause
+    # what curl -d sends without -H: FastAPI reads it as no object and its error names no cause; a body sent
+    # without the header at all vLLM refuses too
     with RecordingWorker() as worker:
         async with _runtime(worker) as c:
-            for path, ctype in ((CHAT, "application/x-www-form-urlencoded"), (COMP, "text/plain; charset=utf-8")):
+            for path, ctype in ((CHAT, "application/x-www-form-urlencoded"), (COMP, "text/plain; charset=utf-8"),
+                                (COMP, None)):
                 body = b'{"model":"m","prompt":"x"}' if path == COMP else b'{"model":"m","messages":[]}'
-                r = await c.post(path, content=body, headers={"content-type": ctype})
+                r = await c.post(path, content=body, headers={"content-type": ctype} if ctype else {})
                 assert r.status_code == 400, r.text
-                err = r.json()["error"]
-                assert err["message"] == "Unsupported Media Type: Only 'application/json' is allowed", r.text
-                assert err["type"] == "BadRequestError"
+                assert r.json() == {"error": {
+                    "message": "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+                    "type": "Bad Request", "param": None, "code": 400}}, r.text
         assert worker.requests == []
 
 
@@ -252,7 +252,7 @@ async def test_bodies_over_the_limit_are_413_unread_and_the_server_serves_on():
                 assert r.status_code == 413, r.text
                 assert r.headers["connection"] == "close"
                 err = r.json()["error"]
-                assert err["code"] == "413" and str(limit) in err["message"] and err["type"], r.text
+                assert err["code"] == 413 and str(limit) in err["message"] and err["type"], r.text
             r = await c.post(f"/v2/repository/models/{M}/load", content=b"x" * (limit + 1))
             assert r.status_code == 413 and str(limit) in r.json()["error"], r.text
             # the server serves on, on new connections

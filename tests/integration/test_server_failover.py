@@ -131,7 +131,7 @@ def test_decode_worker_dying_mid_stream(tmp_path, second_dies):
         assert cont["continue_final_message"] is True and cont["add_generation_prompt"] is False
         assert cont["max_tokens"] == 10
         if second_dies:
-            assert chunks[-1]["error"]["code"] == "502"
+            assert chunks[-1]["error"]["code"] == 502
             text = "".join(c["choices"][0]["delta"]["content"] for c in chunks[:-1])
             assert text == "The capital" * 2  # both workers' tokens reached the client before the error
         else:

@@ -129,7 +129,7 @@ def test_requests_still_open_at_the_grace_end_get_an_openai_error(tmp_path, deco
         events = streamed["events"]
         assert events[-1] == "[DONE]", (events[-3:], rt._tail())
         err = json.loads(events[-2])["error"]
-        assert err["code"] == "503" and err["type"] == "ServiceUnavailableError", err
+        assert err["code"] == 503 and err["type"] == "ServiceUnavailableError", err
         assert 1 < len(events) - 2 < 300  # some tokens came before the error
         assert plain.get("status") == 503, (plain, rt._tail())
         assert json.loads(plain["body"])["error"]["type"] == "ServiceUnavailableError"

@@ -401,7 +401,7 @@ async def test_an_unexpected_error_after_the_head_ends_the_stream_with_a_500_eve
         await _raise_after_head(RuntimeError("a bug"), FastAPI(), sent)
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"] and not sent[1]["more_body"]
     event, done = [e for e in sent[1]["body"].split(b"\n\n") if e]
-    assert json.loads(event[len(b"data: "):])["error"]["code"] == "500" and done == b"data: [DONE]"
+    assert json.loads(event[len(b"data: "):])["error"]["code"] == 500 and done == b"data: [DONE]"
 
 
 async def test_the_body_the_edge_read_is_not_read_again(monkeypatch):
@@ -436,4 +436,4 @@ def test_a_vllm_validation_error_reads_as_vllms_own_server_writes_it():
 
     err = vllm_client_error_body(VLLMValidationError("logprobs must be at most 20.", parameter="logprobs", value=21))
     assert err["error"]["message"] == "logprobs must be at most 20. (parameter=logprobs, value=21)"
-    assert err["error"]["param"] == "logprobs" and err["error"]["code"] == "400"
+    assert err["error"]["param"] == "logprobs" and err["error"]["code"] == 400

@@ -119,7 +119,7 @@ async def test_prefill_rejecting_the_request_lets_the_decode_worker_answer_in_th
     model, reg = _model(w)
     out = await model.create_chat_completion(_request())
     assert isinstance(out, ErrorResponse)
-    assert out.error.code == "400" and out.error.message == "decode says no"
+    assert out.error.code == 400 and out.error.message == "decode says no"
     assert [c[0] for c in w.calls] == ["prefill", "decode"]
     assert "kv_transfer_params" not in w.calls[1][1]  # the client's request, prefilled on the decode worker
     assert _metric(reg, "pdserve_prefill_fallbacks_total") == 0  # not a worker failure

@@ -116,7 +116,7 @@ async def test_a_decode_worker_answering_200_garbage_is_a_502_and_not_a_dead_wor
 
     model, p = _model(handler)
     out = await model.create_chat_completion(_request())
-    assert isinstance(out, ErrorResponse) and out.error.code == "502"
+    assert isinstance(out, ErrorResponse) and out.error.code == 502
     assert "decode" not in out.error.message  # no worker address or internals in the message
     assert p.unreachable == []
     _released_once(p)
@@ -145,7 +145,7 @@ async def test_a_streaming_request_refused_before_its_first_chunk_is_an_http_err
     model, p = _model(handler, prefill=False)
     out = await model.create_chat_completion(_request(stream=True))
     assert isinstance(out, ErrorResponse), "a 200 stream carrying the error hides the status from the client"
-    assert out.error.code == "400" and out.error.message == "max_tokens too large"
+    assert out.error.code == 400 and out.error.message == "max_tokens too large"
     _released_once(p)
 
 
@@ -160,7 +160,7 @@ async def test_a_broken_stream_after_the_first_chunk_ends_in_an_error_event(tail
     events = [e async for e in gen]
     assert events[-1] == "data: [DONE]\n\n"
     err = json.loads(events[-2][6:])
-    assert "error" in err and str(err["error"]["code"]) == "502", "a truncated answer must not look complete"
+    assert "error" in err and err["error"]["code"] == 502, "a truncated answer must not look complete"
     # vLLM ends every stream it ends itself with [DONE]: a body ended without it was cut where its server
     # stopped (a proxy can turn the reset into a clean end), so its worker's breaker opens as for a reset
     assert p.unreachable == (["http://decode"] if tail == "" else [])
@@ -168,7 +168,7 @@ async def test_a_broken_stream_after_the_first_chunk_ends_in_an_error_event(tail
 
 
 @pytest.mark.parametrize("fault, gone, code", [
-    (httpx.ReadTimeout, False, "504"), (httpx.ConnectError, True, "502"), (httpx.RemoteProtocolError, True, "502")])
+    (httpx.ReadTimeout, False, 504), (httpx.ConnectError, True, 502), (httpx.RemoteProtocolError, True, 502)])
 async def test_only_a_worker_that_looks_gone_is_reported_unreachable(fault, gone, code):
     def handler(req: httpx.Request) -> httpx.Response:
         raise fault("boom", request=req)
@@ -186,7 +186,7 @@ async def test_a_decode_worker_answering_502_itself_is_not_taken_for_dead():
 
     model, p = _model(handler, prefill=False)
     out = await model.create_chat_completion(_request())
-    assert isinstance(out, ErrorResponse) and out.error.code == "502"
+    assert isinstance(out, ErrorResponse) and out.error.code == 502
     assert p.unreachable == []
     _released_once(p)
 
@@ -231,7 +231,7 @@ async def test_a_chunk_of_the_wrong_shape_is_a_502_before_the_first_chunk_and_an
 
     model, p = _model(first, prefill=False)
     out = await model.create_chat_completion(_request(stream=True))
-    assert isinstance(out, ErrorResponse) and out.error.code == "502"
+    assert isinstance(out, ErrorResponse) and out.error.code == 502
     _released_once(p)
 
     def later(req: httpx.Request) -> httpx.Response:
@@ -239,7 +239,7 @@ async def test_a_chunk_of_the_wrong_shape_is_a_502_before_the_first_chunk_and_an
 
     model, p = _model(later, prefill=False)
     events = [e async for e in await model.create_chat_completion(_request(stream=True))]
-    assert events[-1] == "data: [DONE]\n\n" and str(json.loads(events[-2][6:])["error"]["code"]) == "502"
+    assert events[-1] == "data: [DONE]\n\n" and json.loads(events[-2][6:])["error"]["code"] == 502
     _released_once(p)
 
 

@@ -76,7 +76,7 @@ async def test_a_worker_error_event_mid_stream_reaches_the_client_and_counts_as_
     assert events[-1] == "data: [DONE]\n\n"
     assert json.loads(events[0][6:])["choices"][0]["delta"]["content"] == "Par"
     err = json.loads(events[-2][6:])["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["code"] == "500"
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == 500
     assert "10.0.0.7" not in err["message"]  # a worker's 5xx text may name internals
     assert _requests(reg, "error") == 1 and _requests(reg, "ok") == 0
     await model.aclose()
@@ -90,7 +90,7 @@ async def test_a_worker_error_event_before_any_token_is_an_http_error():
     model, reg = _model(handler)
     out = await model.create_chat_completion(_request(stream=True))
     assert isinstance(out, ErrorResponse)
-    assert out.error.code == "400" and out.error.message == "prompt too long for the KV cache"
+    assert out.error.code == 400 and out.error.message == "prompt too long for the KV cache"
     # the worker rejected the client's own request: the client's fault, not the service's error
     assert _requests(reg, "client_error") == 1 and _requests(reg, "error") == 0
     await model.aclose()
@@ -200,7 +200,7 @@ async def test_a_deployment_fault_4xx_of_the_decode_worker_is_a_502_naming_nothi
     for stream in (False, True):
         out = await model.create_chat_completion(_request(stream=stream))
         assert isinstance(out, ErrorResponse)
-        assert out.error.code == "502", out
+        assert out.error.code == 502, out
         assert "gw-internal" not in out.error.message and "m-internal" not in out.error.message
         assert "nginx" not in out.error.message
     await model.aclose()
@@ -213,7 +213,7 @@ async def test_a_worker_rejecting_the_request_passes_its_message_through(body):
     model, _ = _model(lambda req: httpx.Response(400, json=body))
     out = await model.create_chat_completion(_request())
     assert isinstance(out, ErrorResponse)
-    assert out.error.code == "400" and out.error.message == "max_tokens is too large"
+    assert out.error.code == 400 and out.error.message == "max_tokens is too large"
     # the field the worker named, as vLLM names it; none (null, not "") when the worker named none
     assert out.error.param == (body["error"]["param"] if "error" in body else None)
     await model.aclose()
@@ -263,5 +263,5 @@ async def test_a_worker_rejection_keeps_its_status_and_error_type(status, body, 
     model, _ = _model(lambda req: httpx.Response(status, json=body))
     out = await model.create_chat_completion(_request())
     assert isinstance(out, ErrorResponse)
-    assert (out.error.code, out.error.type) == (str(status), kind)
+    assert (out.error.code, out.error.type) == (status, kind)
     await model.aclose()
