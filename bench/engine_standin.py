@@ -1,6 +1,6 @@
 """A fast stand-in for a vLLM OpenAI worker, for measuring what sits in front of the engines.
 
-    python bench/engine_standin.py --port 8101 [--token-interval-ms 5] [--engine-id prefill-0]
+    python bench/engine_standin.py --port 8101 [--token-interval-ms 5] [--engine-id prefill-0] [--stall-after N]
 
 A real HTTP server on 127.0.0.1 (uvicorn running a bare ASGI app, so that the stand-in costs as little CPU as
 possible and the front end under test dominates) with the parts of vLLM's OpenAI API a router touches:
@@ -8,7 +8,12 @@ possible and the front end under test dominates) with the parts of vLLM's OpenAI
 * `POST /v1/completions` and `POST /v1/chat/completions`, streaming (SSE, honouring
   `stream_options.include_usage` and `continuous_usage_stats`) or not. The generated text is deterministic: token i of a request is
   ``"t{i} "``, so any front end's output can be compared with the direct answer. Tokens are paced one every
-  `--token-interval-ms` (the first after one interval too: a prefill of zero cost).
+  `--token-interval-ms` (the first after one interval too: a prefill of zero cost). A prompt (or last message)
+  that ends with ``"t0 t1 ... t{k-1} "`` (a runtime's continuation of a migrated answer) is answered from token k
+  on, as an engine continuing the same text would.
+* `--stall-after N`: a stuck engine. Once it has streamed N tokens (all requests together) it produces nothing
+  more, streamed or not, prefill included: calls in flight and new ones are accepted and never answered further,
+  while `/health` and the other GET routes still answer (a vLLM engine loop hung with its API server alive).
 * vLLM's P/D `kv_transfer_params` protocol (vLLM NixlConnector, examples/online_serving/disaggregated_serving/):
   a request with ``do_remote_decode: true`` answers at once, non-streaming, one token, with
   ``kv_transfer_params`` naming this engine (``remote_engine_id``), made-up block ids and a side channel; a
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
@@ -34,11 +40,22 @@ MAX_MODEL_LEN = 32768
 
 
 class EngineStandin:
-    """The ASGI app. `token_interval_s` paces streamed tokens; `engine_id` names the engine in P/D answers."""
+    """The ASGI app. `token_interval_s` paces streamed tokens; `engine_id` names the engine in P/D answers;
+    `stall_after`: streamed tokens after which the engine is stuck (None: never)."""
 
-    def __init__(self, token_interval_s: float, engine_id: str, model: str) -> None:
+    def __init__(self, token_interval_s: float, engine_id: str, model: str, stall_after: int | None = None) -> None:
         self.token_interval_s, self.engine_id, self.model = token_interval_s, engine_id, model
         self.requests = self.prefills = self.remote_decodes = self.rejected_remote_decodes = self.running = 0
+        self.stall_after, self.streamed = stall_after, 0
+
+    async def _step(self, receive) -> None:
+        """One engine step: a token interval; once the engine is stuck (`stall_after`), until the client goes
+        (then `_Gone`: the request ends, so that the server can stop)."""
+        if self.stall_after is not None and self.streamed >= self.stall_after:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            raise _Gone
+        await asyncio.sleep(self.token_interval_s)
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -81,11 +98,13 @@ class EngineStandin:
         self.requests += 1
         self.running += 1
         try:
-            await self._generate(send, body, chat=path.endswith("chat/completions"))
+            await self._generate(send, receive, body, chat=path.endswith("chat/completions"))
+        except _Gone:
+            pass
         finally:
             self.running -= 1
 
-    async def _generate(self, send, body: dict, chat: bool) -> None:
+    async def _generate(self, send, receive, body: dict, chat: bool) -> None:
         kv = body.get("kv_transfer_params") or {}
         rid = f"cmpl-{self.engine_id}-{self.requests}"
         prompt_tokens = _prompt_tokens(body)
@@ -97,6 +116,7 @@ class EngineStandin:
             return await _json(send, 400, {"error": {"message": message, "type": "BadRequestError", "param": param,
                                                      "code": 400}})
         if kv.get("do_remote_decode"):
+            await self._step(receive)
             self.prefills += 1
             answer = _answer(rid, self.model, chat, "t0 ", "length", prompt_tokens, 1)
             answer["kv_transfer_params"] = {
@@ -107,9 +127,11 @@ class EngineStandin:
         if kv.get("do_remote_prefill"):
             self.remote_decodes += 1
         n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        k = _continued_from(body)
         if not body.get("stream"):
-            await asyncio.sleep(self.token_interval_s * n)
-            return await _json(send, 200, _answer(rid, self.model, chat, "".join(f"t{i} " for i in range(n)),
+            await self._step(receive)
+            await asyncio.sleep(self.token_interval_s * (n - 1))
+            return await _json(send, 200, _answer(rid, self.model, chat, "".join(f"t{k + i} " for i in range(n)),
                                                   "length", prompt_tokens, n))
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
@@ -117,12 +139,14 @@ class EngineStandin:
         options = body.get("stream_options") or {}
         running = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
         for i in range(n):
-            await asyncio.sleep(self.token_interval_s)
+            await self._step(receive)
+            self.streamed += 1
+            word = f"t{k + i} "
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if i == n - 1 else None}
             if chat:
-                choice["delta"] = {"role": "assistant", "content": f"t{i} "} if i == 0 else {"content": f"t{i} "}
+                choice["delta"] = {"role": "assistant", "content": word} if i == 0 else {"content": word}
             else:
-                choice["text"], choice["logprobs"] = f"t{i} ", None
+                choice["text"], choice["logprobs"] = word, None
             chunk = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": created, "model": self.model, "choices": [choice]}
             if running:  # vLLM's continuous usage stats: every chunk carries the usage so far
@@ -146,12 +170,30 @@ class EngineStandin:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+class _Gone(Exception):
+    """The client of a request held by a stuck engine disconnected."""
+
+
 def _prompt_tokens(body: dict) -> int:
     """Whitespace words of the prompt (or of every message): a stand-in's token count."""
     if "messages" in body:
         return sum(len(str(m.get("content") or "").split()) for m in body["messages"]) or 1
     prompt = body.get("prompt") or ""
     return (len(prompt) if isinstance(prompt, list) else len(str(prompt).split())) or 1
+
+
+def _continued_from(body: dict) -> int:
+    """k when the prompt (or the last message) ends with "t0 t1 ... t{k-1} ": the answer goes on from token k."""
+    messages = body.get("messages")
+    if messages:
+        text = str(messages[-1].get("content") or "") if isinstance(messages[-1], dict) else ""
+    else:
+        text = body.get("prompt") if isinstance(body.get("prompt"), str) else ""
+    last = re.search(r"t(\d{1,6}) $", text)
+    if last is None:
+        return 0
+    k = int(last[1]) + 1
+    return k if text.endswith("".join(f"t{i} " for i in range(k))) else 0
 
 
 def _rejection(body: dict, prompt_tokens: int) -> tuple[str, str | None] | None:
@@ -198,10 +240,12 @@ def main() -> None:
     ap.add_argument("--token-interval-ms", type=float, default=5.0, help="time between streamed tokens (ms)")
     ap.add_argument("--engine-id", default="standin", help="engine id in P/D kv_transfer_params answers")
     ap.add_argument("--model", default="standin", help="served model name")
+    ap.add_argument("--stall-after", type=int, default=None, metavar="N",
+                    help="a stuck engine: after N streamed tokens nothing more is generated; /health still answers")
     args = ap.parse_args()
     import uvicorn
 
-    app = EngineStandin(args.token_interval_ms / 1000.0, args.engine_id, args.model)
+    app = EngineStandin(args.token_interval_ms / 1000.0, args.engine_id, args.model, args.stall_after)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, lifespan="on")
 
 

@@ -436,6 +436,13 @@ class OverloadSpec(_Strict):
         description="Recent health-check latencies kept per worker: a worker's median over its last N is its "
         "part of the outlier test's baseline once it has N (a larger N outlasts more odd checks but follows a "
         "pool-wide slow-down more slowly; keep it below 2 x breaker_failures).")
+    breaker_stall_s: float = Field(
+        default=12.0, gt=0,
+        description="Seconds every stream in flight on a worker that has sent its first chunk must receive nothing "
+        "for the worker to be stalled (its engine stopped generating while /health answers): each check round it "
+        "is stalled counts as a failed health check. A queue wait before a first token never counts. Default: the "
+        "breaker's evidence window with the default settings, breaker_failures x (2 s check interval + 2 s health "
+        "timeout), well above a live engine's longest step (a chunked-prefill step on CPU takes seconds).")
     shed_ttft_factor: float | None = Field(
         default=None, gt=0,
         description="Admission control: answer 429 with Retry-After when a request's predicted TTFT (queue "

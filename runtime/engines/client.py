@@ -280,6 +280,12 @@ class VllmClient:
         injected httpx transport, whose calls this client cannot see."""
         return 0 if self._pool is None else self._pool.abandon_silent(silent_s)
 
+    def stall_verdict(self, window_s: float, *, waiting: bool = False) -> bool | None:
+        """Whether this worker's streams in flight show it stalled (runtime.engines.h1.H1Pool.stall_verdict):
+        True (every stream past its first chunk silent for `window_s` seconds), False (one is producing), None
+        (nothing to judge by; always with an injected httpx transport, whose calls this client cannot see)."""
+        return None if self._pool is None else self._pool.stall_verdict(window_s, waiting=waiting)
+
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()

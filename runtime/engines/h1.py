@@ -19,6 +19,8 @@ Semantics the callers rely on (runtime/engines/client.py):
 * `H1Pool.abandon_silent` fails the calls in flight that have received nothing for a given time (a worker the
   runtime has judged down: runtime.server.breakers) as a dropped connection would (`gone` True) and closes
   their connections; a call whose answer is still arriving, or whose reading is paused, is left alone;
+* `H1Pool.stall_verdict` says whether the streams in flight show the worker stalled (every answer that has
+  begun silent for a given time: runtime.server.breakers);
 * a request written to a reused idle connection that the worker closes before any byte of the answer (the
   worker's keep-alive timeout raced with the call) is sent once more on a new connection: no answer byte
   came, so the worker did not take the request (uvicorn closes only idle connections);
@@ -57,7 +59,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("transport", "parser", "status", "pieces", "buffered", "complete", "keep_alive", "closed",
                  "error", "waiter", "received", "paused", "interim", "framed", "idle_in", "last_rx",
-                 "abandoned", "_loop")
+                 "abandoned", "body_rx", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -83,6 +85,9 @@ class _Connection(asyncio.Protocol):
         self.received = False  # any byte of this call's answer
         self.interim = False  # inside a 1xx answer (103 Early Hints, 100 Continue): not the call's answer
         self.framed = False  # the answer names its length (Content-Length or Transfer-Encoding)
+        # a piece of this call's answer body came: a stream past its first chunk (vLLM writes a stream's head as
+        # it takes the request and its first chunk with the first token), what `H1Pool.stall_verdict` judges by
+        self.body_rx = False
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -137,6 +142,7 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self.complete or self.error is not None:
             return
+        self.body_rx = True
         self.pieces.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused:
@@ -356,6 +362,32 @@ class H1Pool:
             self._busy.discard(conn)
             failed += 1
         return failed
+
+    def stall_verdict(self, window_s: float, *, waiting: bool = False) -> bool | None:
+        """Whether the calls in flight show the worker stalled (its engine stopped generating).
+
+        True: some answer in flight has begun (a body piece came: a stream past its first chunk) and every
+        such answer has received nothing for `window_s` seconds or more. False: one of them received a byte
+        within `window_s` seconds, or has its reading paused (the worker produced faster than its caller
+        reads). None: no answer in flight has begun, so there is nothing to judge by: a stream waiting in the
+        engine's queue and a non-streamed answer show nothing until they start or end. With `waiting`, a
+        stream whose head came but no body piece, silent for `window_s` seconds since its head, counts as a
+        silent stream too (never as a producing one): for a worker already judged stalled, whose queue
+        waits no longer get the benefit of the doubt."""
+        silent = False
+        now = None
+        for conn in self._busy:
+            if conn.complete or conn.error is not None or conn.closed:
+                continue
+            if now is None:
+                now = conn._loop.time()
+            if conn.body_rx:
+                if conn.paused or now - conn.last_rx < window_s:
+                    return False
+                silent = True
+            elif waiting and conn.status is not None and now - conn.last_rx >= window_s:
+                silent = True
+        return True if silent else None
 
     def close(self) -> None:
         """Close the idle connections; calls in flight close theirs when they release them."""

@@ -29,6 +29,21 @@ call and health check, acting on the pairing. The one place that decides whether
   a second) is never silent that long, so a breaker opened on a slow but live worker does not cut it. A
   non-streamed answer shows nothing until it is whole, so one not whole within `silent_s` on a worker judged
   down is served again elsewhere.
+* A worker can hang with its /health answering (its engine loop stuck: it accepts requests and streams
+  nothing more). A check round judges each CLOSED worker whose check answered by its streams in flight
+  (`stalled`, runtime.engines.h1.H1Pool.stall_verdict): when at least one of them has sent its first chunk
+  and every such stream has received nothing for `OverloadSpec.breaker_stall_s`, the worker is *stalled*
+  and the round counts a failed check, as if /health had failed; its last check counts as failed, so once
+  the breaker opens `on_down` abandons its calls silent for min(`silent_s`, `breaker_stall_s`) (the stall
+  verdict is the evidence) and their requests migrate as from a dead worker. A live engine streams every
+  running request at each step, so its streams are never all silent that long; a queue wait before the first
+  token (vLLM under load queues new requests, and writes a stream's head before its first chunk) and a
+  non-streamed call show nothing until they start or end, so they neither make nor clear the verdict. A
+  worker that was judged stalled stays suspect until one of its streams produces again: meanwhile its
+  streams waiting for a first chunk for `breaker_stall_s` count as silent too, so an engine still stuck
+  when its breaker closes after the half-open probes (/health answered them) is taken out again by the
+  requests it queues rather than holding them for the read timeout. The log line of a stalled round and of
+  the breaker it opens say "stalled".
 * `pdserve_worker_breaker_state{role, worker}` shows every worker's state (0 closed, 1 half-open, 2 open).
 * The pool is followed (`sync`) on every check round and whenever the pairing's `pool_version` moves (a
   worker joined or left), not on every request: a request's calls only look the pool up again when it
@@ -83,16 +98,25 @@ class WorkerBreakers:
             while it is open or half-open: abandon the worker's calls silent for `silent_s` seconds (see the
             module docstring). None: nothing is abandoned.
         check_interval_s: seconds between check rounds, for `silent_s`.
+        stalled: `(base URL, window seconds, waiting) -> True | False | None`, the worker's streams in flight
+            judged as runtime.engines.h1.H1Pool.stall_verdict does (True: stalled); None: no worker is ever
+            judged stalled.
     """
 
     def __init__(self, pairing: Any, spec: OverloadSpec, *, gauge: Any = None,
                  label: Callable[[str], str] = str, clock: Callable[[], float] = time.monotonic,
                  on_down: Callable[[str, float], None] | None = None,
-                 check_interval_s: float = CHECK_INTERVAL_S) -> None:
+                 check_interval_s: float = CHECK_INTERVAL_S,
+                 stalled: Callable[[str, float, bool], bool | None] | None = None) -> None:
         self.pairing, self.spec, self.gauge, self.label, self.clock = pairing, spec, gauge, label, clock
         self.on_down = on_down
         #: seconds without a byte after which a call to a worker judged down is abandoned (module docstring)
         self.silent_s = spec.breaker_failures * (check_interval_s + HEALTH_TIMEOUT_S)
+        self.stalled = stalled
+        #: seconds every begun stream of a worker is silent for it to be stalled (module docstring)
+        self.stall_s = spec.breaker_stall_s
+        self._suspect: set[str] = set()  # URLs judged stalled and not seen producing since
+        self._stall_failed: set[str] = set()  # URLs whose last check counted as failed for a stall
         self.board = BreakerBoard(spec)
         self._known: dict[str, tuple[str, str, object]] = {}  # URL -> (id, role, identity) as last synced
         self._seen: set[str] = set()  # URLs that answered a health check since they joined
@@ -134,6 +158,8 @@ class WorkerBreakers:
         self.board.remove(url)
         self._seen.discard(url)
         self._check_ok.pop(url, None)
+        self._suspect.discard(url)
+        self._stall_failed.discard(url)
         self._failed_start.discard(url)
         self._applied.pop(url, None)
         self._gauged.pop(url, None)
@@ -169,6 +195,8 @@ class WorkerBreakers:
         else:
             why = ("draining" if self.board.draining(url) else f"breaker {state.name.lower()}"
                    if state is not BreakerState.CLOSED else "starting (no health check answered yet)")
+            if url in self._stall_failed and state is not BreakerState.CLOSED:
+                why += f" (stalled: its streams silent for {self.stall_s:g} s while /health answers)"
             log.warning("worker %s (%s): %s, out of rotation", wid, redact_userinfo(url), why)
             self.pairing.mark_down(url)
 
@@ -216,8 +244,9 @@ class WorkerBreakers:
         its silent calls (errors logged, never raised: the caller is reporting some other call's outcome)."""
         if self.on_down is None or self._check_ok.get(url) is not False:
             return
+        silent_s = min(self.silent_s, self.stall_s) if url in self._stall_failed else self.silent_s
         try:
-            self.on_down(url, self.silent_s)
+            self.on_down(url, silent_s)
         except Exception:
             log.exception("abandoning the silent calls of worker %s failed", redact_userinfo(url))
 
@@ -268,12 +297,21 @@ class WorkerBreakers:
             state = self.board.record_call(key, now, False)
         self._apply(key, state)
 
-    def record_check(self, url: str, ok: bool, latency_s: float | None = None, *, probe: bool = False) -> None:
-        """Outcome of a health check (or, with `probe`, a half-open worker's probe) of the worker at `url`."""
+    def record_check(self, url: str, ok: bool, latency_s: float | None = None, *, probe: bool = False,
+                     stalled: bool = False) -> None:
+        """Outcome of a health check (or, with `probe`, a half-open worker's probe) of the worker at `url`;
+        `stalled`: it answered but the worker is stalled (module docstring), a failed check."""
         key = url.rstrip("/")
         if key not in self._known:
             return
         now = self.clock()
+        if stalled:  # its /health answered: a worker that has started, whose check counts as failed
+            self._seen.add(key)
+            self._failed_start.discard(key)
+            self._stall_failed.add(key)
+            ok = False
+        else:
+            self._stall_failed.discard(key)
         self._check_ok[key] = ok
         if ok:
             self._seen.add(key)
@@ -308,10 +346,33 @@ class WorkerBreakers:
                 if probe:
                     self.board.breaker(url).release_probe()
                 raise
-            self.record_check(url, ok, self.clock() - t0, probe=probe)
+            latency_s = self.clock() - t0
+            stalled = ok and not probe and self._is_stalled(url)
+            self.record_check(url, ok, latency_s, probe=probe, stalled=stalled)
 
         await asyncio.gather(*(one(u) for u in list(self._known)))
         self.sync()
+
+    def _is_stalled(self, url: str) -> bool:
+        """Judge the closed worker at `url` by its streams in flight (module docstring); errors are logged and
+        judge nothing."""
+        if self.stalled is None:
+            return False
+        suspect = url in self._suspect
+        try:
+            verdict = self.stalled(url, self.stall_s, suspect)
+        except Exception:
+            log.exception("judging the streams of worker %s failed", redact_userinfo(url))
+            return False
+        if verdict is False:
+            self._suspect.discard(url)
+        if not verdict:
+            return False
+        self._suspect.add(url)
+        wid = self._known[url][0] if url in self._known else "?"
+        log.warning("worker %s (%s): stalled: /health answers but its streams in flight received nothing for "
+                    "%g s; counted as a failed check", wid, redact_userinfo(url), self.stall_s)
+        return True
 
 
 async def check_loop(breakers: WorkerBreakers, check: Callable[[str], Awaitable[bool]], *,

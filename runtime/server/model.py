@@ -387,7 +387,7 @@ class PDModel(OpenAIGenerativeModel):
         self.slo_ttft_s = slo_ttft_s
         self.breakers = WorkerBreakers(pairing, self.overload, gauge=metrics.breaker_state, clock=clock,
                                        label=lambda wid: public_worker_id(wid, self._header_key),
-                                       on_down=self._abandon_silent)
+                                       on_down=self._abandon_silent, stalled=self._stall_verdict)
         # every series naming a worker shows the keyed id the breaker gauge shows, never a discovered id
         # (an unkeyed hash of the worker's URL); readiness read at scrape time, as it changes between requests
         metrics.kv_index.label = lambda wid: public_worker_id(wid, self._header_key)
@@ -428,6 +428,15 @@ class PDModel(OpenAIGenerativeModel):
                 if n:
                     logger.warning("worker %s judged down: %d call(s) silent for %.0f s or more abandoned",
                                    redact_userinfo(url), n, silent_s)
+
+    def _stall_verdict(self, url: str, window_s: float, waiting: bool) -> bool | None:
+        """Whether the worker at `url` is stalled by its streams in flight (runtime.engines.h1.H1Pool.stall_verdict
+        over its clients: False when one is producing, else True when one is silent, else None)."""
+        verdicts = [client.stall_verdict(window_s, waiting=waiting)
+                    for key, client in list(self._clients.items()) if key.rstrip("/") == url]
+        if False in verdicts:
+            return False
+        return True if True in verdicts else None
 
     def worker_urls(self) -> list[str]:
         """Base URLs of every worker of the pairing's pool (prefill and decode), for health checks."""

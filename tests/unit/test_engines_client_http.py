@@ -516,3 +516,47 @@ async def test_calls_silent_past_the_bound_are_abandoned_as_a_worker_gone_and_a_
         assert time.monotonic() - t0 < 0.5 and len(stalled_events) == 1
         await asyncio.wait_for(producing, 3)  # untouched: read to its [DONE]
     assert requests.count(b"POST /hang HTTP/1.1") == 1
+
+
+async def test_the_stall_verdict_judges_begun_streams_and_counts_queue_waits_only_when_asked():
+    """`stall_verdict`: a hung call (no answer yet) and a stream whose head came but no chunk (a queue wait)
+    give nothing to judge by (None) unless `waiting`; a stream past its first chunk silent for the window makes
+    it True; one more stream still producing makes it False."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    async def handle(reader, writer, n):
+        while True:
+            path = (await _read_request(reader)).split(b"\r\n")[0]
+            if b"/hang" in path:
+                await asyncio.sleep(30)
+            elif b"/queued" in path:
+                writer.write(head)
+                await writer.drain()
+                await asyncio.sleep(30)
+            elif b"/stall" in path:
+                writer.write(head + _chunk(_sse(b'{"id": "d", "choices": []}')))
+                await writer.drain()
+                await asyncio.sleep(30)
+            else:  # an event every 0.05 s for 1 s
+                writer.write(head)
+                for _ in range(20):
+                    await asyncio.sleep(0.05)
+                    writer.write(_chunk(_sse(b'{"id": "d", "choices": []}')))
+                writer.write(_chunk(_sse(b"[DONE]")) + b"0\r\n\r\n")
+                await writer.drain()
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        tasks = [asyncio.create_task(c.post_json("/hang", {}, "h")),
+                 asyncio.create_task(_drain(c.stream_events("/queued", BODY, "q")))]
+        await asyncio.sleep(0.4)
+        assert c.stall_verdict(0.3) is None and c.stall_verdict(0.3, waiting=True) is True
+        tasks.append(asyncio.create_task(_drain(c.stream_events("/stall", BODY, "s"))))
+        await asyncio.sleep(0.4)
+        assert c.stall_verdict(0.3) is True and c.stall_verdict(10.0) is False
+        tasks.append(asyncio.create_task(_drain(c.stream_events("/produce", BODY, "p"))))
+        await asyncio.sleep(0.3)
+        assert c.stall_verdict(0.3) is False and c.stall_verdict(0.3, waiting=True) is False
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

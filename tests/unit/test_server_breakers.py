@@ -258,7 +258,7 @@ def test_a_shed_request_is_a_429_with_retry_after_and_an_openai_body():
     r = TestClient(app).post("/openai/v1/chat/completions", json={})
     assert r.status_code == 429 and r.headers["retry-after"] == "7"
     assert r.json() == {"error": {"message": "The service is overloaded: retry after 7 s.", "type": "OverloadedError",
-                                  "param": None, "code": "429"}}
+                                  "param": None, "code": 429}}
 
 
 async def test_readiness_needs_a_serving_decode_capable_worker():
@@ -373,3 +373,68 @@ async def test_a_breaker_opened_while_the_workers_health_answers_abandons_nothin
     await b.check_round(failing)
     await b.check_round(failing)
     assert downs and downs[-1] == (w0, b.silent_s)
+
+
+async def test_a_stalled_worker_counts_failed_checks_and_stays_suspect_until_a_stream_produces(caplog):
+    """`stalled` judges each closed worker whose /health answered: True (its begun streams all silent for
+    `breaker_stall_s`) is a failed check, so `breaker_failures` such rounds open the breaker, and its silent
+    calls are abandoned after the stall window (the evidence), not the longer health window; None (no begun
+    stream) and False (one producing) are not. A worker judged stalled is asked with `waiting` (its queue waits
+    count) until a verdict of False."""
+    import logging
+
+    p, clock = _router_pairing(), Clock()
+    spec = SPEC.model_copy(update={"breaker_stall_s": 3.0})
+    downs: list[tuple[str, float]] = []
+    asked: list[tuple[str, float, bool]] = []
+    w0, w1 = "http://127.0.0.1:9000", "http://127.0.0.1:9001"
+    verdict: dict[str, bool | None] = {w0: None, w1: None}
+
+    def stalled(url: str, window_s: float, waiting: bool) -> bool | None:
+        asked.append((url, window_s, waiting))
+        return verdict[url]
+
+    b = WorkerBreakers(p, spec, clock=clock, on_down=lambda url, s: downs.append((url, s)), check_interval_s=2.0,
+                       stalled=stalled)
+
+    async def healthy(url: str) -> bool:
+        return True
+
+    caplog.set_level(logging.WARNING, logger="runtime.server.breakers")
+    for _ in range(SPEC.breaker_failures + 1):
+        await b.check_round(healthy)  # nothing to judge by: never a failure
+    verdict[w0] = False
+    await b.check_round(healthy)
+    assert b.state(w0) is BreakerState.CLOSED and b.state(w1) is BreakerState.CLOSED
+    assert {(u, s) for u, s, _ in asked} == {(w0, 3.0), (w1, 3.0)} and not any(wait for _, _, wait in asked)
+    verdict[w1] = True
+    for _ in range(SPEC.breaker_failures - 1):
+        await b.check_round(healthy)
+    assert b.state(w1) is BreakerState.CLOSED and downs == []
+    asked.clear()
+    await b.check_round(healthy)
+    assert b.state(w1) is BreakerState.OPEN and b.state(w0) is BreakerState.CLOSED
+    assert downs == [(w1, 3.0)] and (w1, 3.0, True) in asked  # min(silent_s 12 s, stall window 3 s)
+    assert sum("stalled" in r.getMessage() for r in caplog.records) == SPEC.breaker_failures + 1  # + "opened"
+    # back through the half-open probes (/health answers them): still suspect, so its queue waits count
+    clock.now += SPEC.breaker_cooldown_s
+    verdict[w1] = None
+    for _ in range(SPEC.breaker_probes):
+        await b.check_round(healthy)
+    assert b.state(w1) is BreakerState.CLOSED
+    asked.clear()
+    await b.check_round(healthy)
+    assert (w1, 3.0, True) in asked
+    verdict[w1] = False  # one of its streams produced: no longer suspect
+    await b.check_round(healthy)
+    asked.clear()
+    verdict[w1] = None
+    await b.check_round(healthy)
+    assert (w1, 3.0, False) in asked and b.state(w1) is BreakerState.CLOSED
+
+
+def test_the_stall_window_defaults_to_the_breakers_evidence_window():
+    b = WorkerBreakers(_router_pairing(), OverloadSpec(), check_interval_s=2.0)
+    assert OverloadSpec().breaker_stall_s == b.silent_s == b.stall_s == 12.0
+    with pytest.raises(ValueError):
+        OverloadSpec(breaker_stall_s=0)

@@ -167,7 +167,7 @@ async def test_beyond_the_migration_limit_the_stream_ends_with_an_error_event():
     events = [e async for e in await model.create_chat_completion(_chat_request())]
     assert events[-1] == "data: [DONE]\n\n"
     last = json.loads(events[-2][6:])
-    assert last["error"]["code"] == "502" and "inference worker failed" in last["error"]["message"]
+    assert last["error"]["code"] == 502 and "inference worker failed" in last["error"]["message"]
     assert len(w.bodies["d0"]) == 1 and len(w.bodies["d1"]) == 1
     assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "migrated", "status": "error"}) == 1
 
@@ -268,7 +268,7 @@ async def test_a_stream_that_sent_reasoning_or_tool_calls_is_not_migrated_but_en
     assert events[-1] == "data: [DONE]\n\n"
     chunks = [json.loads(e[6:]) for e in events[:-1]]
     assert [c["choices"][0]["delta"] for c in chunks[:-1]] == deltas  # each sent once, never repeated
-    assert chunks[-1]["error"]["code"] == "502"
+    assert chunks[-1]["error"]["code"] == 502
     assert w.bodies["d1"] == []
     assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "local", "status": "error"}) == 1
     await model.aclose()
@@ -663,7 +663,7 @@ async def test_a_slow_worker_is_not_failed_over():
     w = RefusesThenServes(504)
     model, reg = _model(w)
     answer = await model.create_chat_completion(_chat_request().model_copy(update={"stream": False}))
-    assert str(answer.error.code) == "504"
+    assert answer.error.code == 504
     assert w.bodies["d1"] == [] and not reg.get_sample_value("pdserve_migrations_total")
     await model.aclose()
 
@@ -675,8 +675,9 @@ class LoopbackWorkers:
     """Raw HTTP workers on 127.0.0.1 (`asyncio.start_server`), each in its `mode`: "ok" streams (or answers
     whole) `max_tokens` words "w{k} " (k from the number of such words in the prompt, so a continuation goes on
     where the text sent ends); "hang" reads the request and never answers; "stall" streams 2 words, then
-    nothing; "slow" streams a word every 0.05 s; "prefill" answers a prefill leg with `KV`. `bodies` records
-    each worker's requests."""
+    nothing; "slow" streams a word every 0.05 s; "slower" a word every 0.2 s; "queued" sends a stream's head at
+    once and its first word 1 s later (a queue wait), then the rest at once; "prefill" answers a prefill leg with
+    `KV`. A GET (a health check) is answered 200 in every mode. `bodies` records each worker's POSTs."""
 
     def __init__(self, **modes: str):
         self.modes = modes
@@ -707,6 +708,10 @@ class LoopbackWorkers:
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
                 body = json.loads(await reader.readexactly(length)) if length else {}
+                if head.startswith(b"GET "):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
                 self.bodies[name].append(body)
                 mode = self.modes[name]
                 if mode == "hang":
@@ -736,6 +741,8 @@ class LoopbackWorkers:
                         await asyncio.sleep(60)
                     if mode == "slow":
                         await asyncio.sleep(0.05)
+                    if mode == "slower" or (mode == "queued" and i == 0):
+                        await asyncio.sleep(0.2 if mode == "slower" else 1.0)
                     last = i == len(words) - 1
                     event = b"data: " + json.dumps({"id": f"id-{name}", "object": "text_completion", "created": 1,
                                                     "model": "m", "choices": [{"index": 0, "text": word,
@@ -827,6 +834,117 @@ async def test_a_stream_still_producing_on_a_worker_judged_down_is_not_cut():
         finally:
             await model.aclose()
     assert w.bodies["d1"] == [] and not reg.get_sample_value("pdserve_migrations_total")
+
+
+async def _check_rounds(model, interval_s: float = 0.05) -> None:
+    """The runtime's check loop (runtime.server.app), every `interval_s` seconds."""
+    from runtime.server.breakers import check_loop
+
+    await check_loop(model.breakers, model.worker_healthy, interval_s=interval_s)
+
+
+@pytest.mark.parametrize("mode", ["queued", "slower"], ids=["first-token-after-the-window", "slow-stream"])
+async def test_a_live_worker_is_not_stalled_by_a_queue_wait_or_slow_tokens(mode):
+    """Check rounds with a stall window of 0.5 s: d0's stream waits 1 s for its first word (queued in the engine),
+    or gets a word every 0.2 s: neither is a stall, so d0 stays in rotation and serves the whole answer."""
+    import asyncio
+
+    from runtime.config import OverloadSpec
+    from runtime.router.breaker import BreakerState
+
+    async with LoopbackWorkers(d0=mode, d1="ok") as w:
+        model, reg = _loopback_model(w, overload=OverloadSpec(breaker_stall_s=0.5))
+        checks = asyncio.create_task(_check_rounds(model))
+        try:
+            task = asyncio.create_task(_serve_text(model, True))
+            states = []
+            while not task.done():
+                states.append(model.breakers.state(w.urls["d0"]))
+                await asyncio.sleep(0.05)
+            assert await task == "w0 w1 w2 w3 w4 w5 "
+            assert len(states) > 15 and set(states) == {BreakerState.CLOSED}
+        finally:
+            checks.cancel()
+            await model.aclose()
+    assert len(w.bodies["d0"]) == 1 and w.bodies["d1"] == [] and not reg.get_sample_value("pdserve_migrations_total")
+
+
+def _standin(port: int, *extra: str):
+    import subprocess
+    import sys
+
+    from runtime.paths import REPO_ROOT
+
+    return subprocess.Popen([sys.executable, str(REPO_ROOT / "bench/engine_standin.py"), "--port", str(port),
+                             "--model", "m", "--token-interval-ms", "20", *extra])
+
+
+async def test_a_stalled_worker_whose_health_answers_loses_its_stream_to_another_worker(caplog):
+    """Real processes: d0 (bench/engine_standin.py --stall-after 3) streams 3 tokens and then nothing while its
+    /health answers. With a stall window of 0.5 s, check rounds judge it stalled, its breaker opens and its
+    stream moves to d1 as a continuation: the client gets the whole answer d1 alone gives, in seconds, not
+    after the 60 s read timeout."""
+    import asyncio
+    import logging
+    import subprocess
+    import time
+
+    import httpx
+
+    from runtime.config import OverloadSpec
+    from runtime.engines.vllm_worker import free_port
+    from runtime.router.breaker import BreakerState
+
+    ports = [free_port(), free_port()]
+    procs = [_standin(ports[0], "--stall-after", "3"), _standin(ports[1])]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    w = LoopbackWorkers()
+    w.urls = {"d0": urls[0], "d1": urls[1]}
+    caplog.set_level(logging.WARNING, logger="runtime.server.breakers")
+    try:
+        async with httpx.AsyncClient() as http:
+            for url in urls:
+                for _ in range(200):
+                    try:
+                        if (await http.get(url + "/health")).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    await asyncio.sleep(0.05)
+            model, reg = _loopback_model(w, overload=OverloadSpec(breaker_stall_s=0.5), timeout_s=60.0)
+            checks = asyncio.create_task(_check_rounds(model))
+            try:
+                t0 = time.monotonic()
+                text = await asyncio.wait_for(_serve_standin(model), 20)
+                took = time.monotonic() - t0
+                state = model.breakers.state(urls[0])
+            finally:
+                checks.cancel()
+                await model.aclose()
+            stats = [(await http.get(url + "/stats")).json() for url in urls]
+            healthy = (await http.get(urls[0] + "/health")).status_code
+    finally:
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    assert text == "".join(f"t{i} " for i in range(8))  # d1's own answer to the request: nothing lost or repeated
+    assert took < 10 and state is not BreakerState.CLOSED and healthy == 200
+    assert stats[0]["requests"] == 1 and stats[1]["requests"] == 1
+    assert reg.get_sample_value("pdserve_migrations_total") == 1
+    assert any("stalled" in r.getMessage() for r in caplog.records)
+
+
+async def _serve_standin(model) -> str:
+    from kserve.protocol.rest.openai.types import CompletionRequest
+
+    answer = await model.create_completion(CompletionRequest(model="m", prompt="hello", max_tokens=8, stream=True))
+    events = [e async for e in answer]
+    assert events[-1] == "data: [DONE]\n\n" and not any('"error"' in e for e in events), events
+    return "".join(chunk_text(json.loads(e[6:])) for e in events[:-1])
 
 
 async def test_the_kv_lease_retry_avoids_a_decode_worker_judged_down():
