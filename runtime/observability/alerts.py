@@ -80,8 +80,9 @@ _RUNTIME_JOB = ".+/.+-runtime"
 
 def _error_ratio(window: str) -> str:
     """The share of requests that failed by the service's fault: status `error` over `ok` and `error`. Client
-    faults (`client_error`) and abandoned requests (`cancelled`) are in neither, so that neither a client's bad
-    requests nor its impatience pages anyone (runtime.server.metrics.REQUEST_STATUSES)."""
+    faults (`client_error`), abandoned requests (`cancelled`) and requests admission control shed (`shed`, 429,
+    which PdserveRequestsShed watches) are in neither, so that neither a client's bad requests nor its
+    impatience pages anyone (runtime.server.metrics.REQUEST_STATUSES)."""
     return (f'sum(rate(pdserve_requests_total{{status="error"}}[{window}]))\n'
             f'/ sum(rate(pdserve_requests_total{{status=~"ok|error"}}[{window}]))')
 
@@ -139,7 +140,8 @@ def alerts(slo: SloSpec | None = None) -> list[Alert]:
               "5m", "More than 5 % of requests fail",
               "Requests end with an error (a worker's 5xx, no decode worker answering, a stream cut off, a 503 "
               "while the runtime is not ready). Clients' own faults (status client_error: a worker rejected "
-              "the request) and requests the client left (cancelled) are not counted.",
+              "the request), requests the client left (cancelled) and requests shed with 429 (shed: "
+              "PdserveRequestsShed watches them) are not counted.",
               ("Serving dashboard: errors by mode; the runtime's log names the failing worker.",
                "Breakers (Serving dashboard): open breakers mean workers failing; check their pods and logs.",
                "No decode worker ready: the runtime answers 503; check the decode Deployment's pods.")),

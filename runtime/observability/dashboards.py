@@ -33,13 +33,14 @@ def _q(quantile: float, metric: str, by: str) -> str:
 SERVING: list[Panel] = [
     ("Requests per second by mode and status", "reqps",
      [("sum by (mode, status) (rate(pdserve_requests_total[5m]))", "{{mode}} {{status}}")]),
-    # the error-rate alerts' ratio: clients' own faults (client_error) and abandoned requests (cancelled) apart
-    ("Error ratio (service errors; client errors and cancellations apart)", "percentunit",
+    # the error-rate alerts' ratio: clients' own faults (client_error), abandoned requests (cancelled) and
+    # requests admission control shed (shed, 429) apart
+    ("Error ratio (service errors; client errors, cancellations and sheds apart)", "percentunit",
      # written as 1 - (the rest) so that a service without a single error shows 0, not "no data"
      [('1 - sum(rate(pdserve_requests_total{status="ok"}[5m])) / sum(rate(pdserve_requests_total{status=~"ok|error"}'
        '[5m]))', "errors"),
       ('1 - sum(rate(pdserve_requests_total{status=~"ok|error"}[5m])) / sum(rate(pdserve_requests_total[5m]))',
-       "client errors and cancellations")]),
+       "client errors, cancellations, sheds")]),
     ("Runtime replicas ready", "short", [("sum(pdserve_ready)", "ready"), ("count(pdserve_ready)", "replicas")]),
     ("TTFT p50 / p90 by mode", "s",
      [(_q(0.5, "pdserve_ttft_seconds", "mode"), "p50 {{mode}}"),
