@@ -48,14 +48,16 @@ class EngineStandin:
         self.requests = self.prefills = self.remote_decodes = self.rejected_remote_decodes = self.running = 0
         self.stall_after, self.streamed = stall_after, 0
 
-    async def _step(self, receive) -> None:
-        """One engine step: a token interval; once the engine is stuck (`stall_after`), until the client goes
-        (then `_Gone`: the request ends, so that the server can stop)."""
+    async def _step(self, receive, interval: bool = True) -> None:
+        """One engine step: a token interval (none with `interval` False: a prefill costs nothing); once the
+        engine is stuck (`stall_after`), until the client goes (then `_Gone`: the request ends, so that the
+        server can stop)."""
         if self.stall_after is not None and self.streamed >= self.stall_after:
             while (await receive())["type"] != "http.disconnect":
                 pass
             raise _Gone
-        await asyncio.sleep(self.token_interval_s)
+        if interval:
+            await asyncio.sleep(self.token_interval_s)
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -115,8 +117,8 @@ class EngineStandin:
             message, param = rejection
             return await _json(send, 400, {"error": {"message": message, "type": "BadRequestError", "param": param,
                                                      "code": 400}})
-        if kv.get("do_remote_decode"):
-            await self._step(receive)
+        if kv.get("do_remote_decode"):  # answered at once, as the module docstring says, unless stuck
+            await self._step(receive, interval=False)
             self.prefills += 1
             answer = _answer(rid, self.model, chat, "t0 ", "length", prompt_tokens, 1)
             answer["kv_transfer_params"] = {
