@@ -8,8 +8,8 @@ ask for. `EdgeMiddleware` answers them with an OpenAI 400 (`{"error": {"message"
 * a JSON constant that is not a number in JSON (`NaN`, `Infinity`, `-Infinity`), or a number literal beyond
   the range of a double (`1e400`: Python's json reads it as infinity; runtime.strict_json);
 * a string holding a lone surrogate (not encodable as UTF-8);
-* a completions or chat completions body without a `model` string (OpenAI requires it; KServe would answer
-  404 naming a model "None");
+* a completions or chat completions body whose `model` is neither a string nor null (a body without one, or
+  with null or "", is served by the served model, as vLLM serves it: `_name_served_model`);
 * `stream` that is not a boolean or null;
 * a chat message that is not an object, or whose `role` is not one of OpenAI's roles (`CHAT_ROLES`);
 * a completions or chat completions body sent without `Content-Type: application/json` (another media type,
@@ -181,10 +181,10 @@ def _check_fields(path: str, body: Any) -> tuple[str, str | None] | None:
     messages' roles."""
     if not isinstance(body, dict):
         return None
-    if path in _GENERATION_ROUTES and not isinstance(body.get("model"), str):
-        # KServe would answer 404 "Model with name None does not exist"
-        return ("model is required: name the served model (GET /openai/v1/models lists it), got "
-                f"{json.dumps(body.get('model'))[:50]}"), "model"
+    model = body.get("model")
+    if path in _GENERATION_ROUTES and model is not None and not isinstance(model, str):
+        return ("model must be a string: the served model's name (GET /openai/v1/models lists it), got "
+                f"{json.dumps(model)[:50]}"), "model"
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         return f"stream must be true or false, got {json.dumps(stream)[:50]}", "stream"
@@ -298,6 +298,8 @@ class EdgeMiddleware:
             body = openai_error_body("Invalid request: " + message_text, err_type="BadRequestError",
                                      status=HTTPStatus.BAD_REQUEST, param=param)
             return await _json(send, HTTPStatus.BAD_REQUEST, body)
+        if path in _GENERATION_ROUTES:
+            raw, parsed = _name_served_model(raw, parsed, self.model_name)
         if not self.is_ready():
             self.served.on_unready(raw, path)
         elif self.served.direct is not None and path in _GENERATION_ROUTES:
@@ -330,6 +332,25 @@ async def _discard_body(receive: Callable, budget: int) -> None:
             return
         budget -= len(message.get("body", b""))
         more = message.get("more_body", False)
+
+
+def _name_served_model(raw: bytes, parsed: Any, model_name: str) -> tuple[bytes, Any]:
+    """(raw, parsed) of a generation body, with `model` set to `model_name` where the client left it out,
+    null or empty: vLLM serves such a request with its served model (OpenAIServingModels.check_model), where
+    KServe would answer 404 naming a model "None". `parsed` as `read_body` gives it (None: not read by
+    orjson; the body is read as Python's json reads it); a body that is not a JSON object is left alone."""
+    body = parsed
+    if body is None:
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return raw, parsed
+    if not isinstance(body, dict) or body.get("model") not in (None, ""):
+        return raw, parsed
+    body = {**body, "model": model_name}
+    if parsed is None:  # Python's json writes back what it read (integers beyond 64 bits included)
+        return json.dumps(body).encode(), None
+    return orjson.dumps(body), body
 
 
 def _media_type(scope: dict) -> str | None:

@@ -112,6 +112,21 @@ async def test_the_clients_x_request_id_names_the_answer_on_both_routes():
     assert taken == [True] and json.loads(answer[2])["id"] == "chatcmpl-one"
 
 
+async def test_a_body_without_a_model_is_served_by_the_served_model_as_vllm_serves_it():
+    """vLLM serves a request whose `model` is absent, null or "" with its served model; so does the edge, on
+    both routes (KServe alone would answer 404 naming a model "None")."""
+    for body in ({k: v for k, v in CHAT_BODY.items() if k != "model"}, {**CHAT_BODY, "model": None},
+                 {**CHAT_BODY, "model": ""}):
+        for direct in (True, False):
+            workers, taken = Workers(), []
+            status, _, content = await _ask(direct, taken, CHAT, workers=workers, json=body)
+            assert status == 200 and json.loads(content)["choices"][0]["message"]["content"] == "Paris", content
+            assert taken == ([True] if direct else []) and workers.calls
+            assert all(sent["model"] == "m" for _, sent, _ in workers.calls)
+    status, _, content = await _ask(True, [], CHAT, json={**CHAT_BODY, "model": 7})
+    assert status == 400 and json.loads(content)["error"]["param"] == "model"
+
+
 async def test_what_the_edge_must_not_serve_goes_on_to_kserve():
     for kw in ({"json": {**CHAT_BODY, "model": "other"}},  # KServe's 404
                {"json": {**CHAT_BODY, "max_tokens": "many"}},  # its validation 400
