@@ -69,6 +69,87 @@ def _handler_for(app: Any, exc: BaseException) -> Callable | None:
     return None
 
 
+#: Fields a plain request may hold (`plain_request`), each with the check its value must pass; every value that
+#: passes is one vLLM 0.28's request model (vllm/entrypoints/openai/{chat_completion,completion}/protocol.py)
+#: accepts as it is, or turns into the same value (an int for a float field: `_FLOAT_FIELDS`).
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)
+_FLOAT_FIELDS = frozenset({"temperature", "top_p"})
+_PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int and _INT64[0] <= v <= _INT64[1]
+
+
+def _is_number(v: Any) -> bool:
+    return type(v) is float or _is_int(v)  # the edge has refused NaN and infinities (runtime.strict_json)
+
+
+def _is_stream_options(v: Any) -> bool:
+    return type(v) is dict and all(k in ("include_usage", "continuous_usage_stats") and (x is None or type(x) is bool)
+                                   for k, x in v.items())
+
+
+def _is_messages(v: Any) -> bool:
+    return type(v) is list and bool(v) and all(
+        type(m) is dict and m.get("role") in _PLAIN_ROLES and type(m.get("content")) is str
+        and all(k == "role" or k == "content" or (k == "name" and type(x) is str) for k, x in m.items())
+        for m in v)
+
+
+_COMMON_FIELDS = {"model": lambda v: type(v) is str, "stream": lambda v: v is None or type(v) is bool,
+                  "stream_options": _is_stream_options, "max_tokens": _is_int,
+                  "temperature": lambda v: v is None or _is_number(v), "top_p": lambda v: v is None or _is_number(v),
+                  "user": lambda v: v is None or type(v) is str}
+_PLAIN_FIELDS = {True: {**_COMMON_FIELDS, "messages": _is_messages, "max_completion_tokens": _is_int},
+                 False: {**_COMMON_FIELDS, "prompt": lambda v: type(v) is str and v != ""}}
+_REQUIRED = {True: "messages", False: "prompt"}
+
+
+class _PlainRequest:
+    """A plain request's fields as the request model would hold them, for what `PDModel._request_body` reads of
+    a validated request (runtime.server.model): `stream`, the values (`__dict__`) and the model's
+    `model_fields` (of the class, as pydantic keeps them)."""
+
+    model_fields: dict = {}
+
+    def __init__(self, values: dict) -> None:
+        self.__dict__.update(values)
+        self.__dict__.setdefault("stream", False)
+
+
+class _PlainChat(_PlainRequest):
+    model_fields = ChatCompletionRequest.model_fields
+
+
+class _PlainCompletion(_PlainRequest):
+    model_fields = CompletionRequest.model_fields
+
+
+def plain_request(chat: bool, body: dict) -> _PlainRequest | None:
+    """`body` (a chat completions body when `chat`, else a completions one, as JSON read it) as its validated
+    request, without the request model, when it is *plain*: only the fields of `_PLAIN_FIELDS`, each of the
+    JSON type vLLM's request model takes as it is (chat: non-empty `messages` of system/developer/user/assistant
+    messages with string `content` and at most a string `name`; completions: a non-empty string `prompt`;
+    integer token budgets; `stream_options` only with `stream` true, as vLLM's validator demands); else None
+    (the request model validates it). Such a body passes every validator of the model and keeps its values
+    (tests/unit/test_server_direct_plain.py checks both against the installed vLLM): validating it costs the
+    model's tens of checks and defaults for each of about 90 fields, a large share of a request's time in the
+    runtime, and nothing it could find wrong.
+
+    Returns an object with the validated request's `stream`, field values and `model_fields`.
+    """
+    checks = _PLAIN_FIELDS[chat]
+    for key, value in body.items():
+        check = checks.get(key)
+        if check is None or not check(value):
+            return None
+    if _REQUIRED[chat] not in body or (body.get("stream_options") and body.get("stream") is not True):
+        return None
+    values = {k: float(v) if k in _FLOAT_FIELDS and type(v) is int else v for k, v in body.items()}
+    return (_PlainChat if chat else _PlainCompletion)(values)
+
+
 async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: Callable, send: Callable,
                        parsed: Any = None) -> bool:
     """Serve one generation request (`scope["path"]` ends with ``/completions``) whose body `raw` the edge has
@@ -91,10 +172,12 @@ async def serve_direct(model: Any, app: Any, scope: dict, raw: bytes, receive: C
     if not isinstance(body, dict) or body.get("model") != model.name or not model.ready:
         return False
     chat = scope["path"].endswith("/chat/completions")
-    try:
-        request = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
-    except Exception:  # noqa: BLE001 - pydantic's ValidationError, or vLLM's own errors from its validators
-        return False
+    request = plain_request(chat, body)
+    if request is None:
+        try:
+            request = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
+        except Exception:  # noqa: BLE001 - pydantic's ValidationError, or vLLM's own errors from its validators
+            return False
 
     task = asyncio.current_task()
     gone = False
