@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -397,6 +398,8 @@ class PDModel(OpenAIGenerativeModel):
         # request id -> (requests waiting for a first token, servers) when it was admitted; popped at its first
         # token or its end
         self._awaiting: dict[str, tuple[int, int]] = {}
+        # request id -> its route's accounting, run after its decode leg is sent (`_record_route`)
+        self._deferred: dict[str, Callable[[], None]] = {}
 
     @property
     def ready(self) -> bool:
@@ -833,20 +836,17 @@ class PDModel(OpenAIGenerativeModel):
             route, kv = self._prefill_locally(rid), None
         state["route"] = route
         mode = state["mode"] = "remote" if kv is not None else "local"
-        self.metrics.child(self.metrics.routes, route.reason or "none").inc()
-        if token_ids is not None:
-            self.metrics.prompt_tokens.inc(len(token_ids))
-            predicted = route.overlap_blocks * getattr(self.pairing, "block_size_tokens", 0)
-            self.metrics.prefix_predicted_tokens.inc(min(predicted, len(token_ids)))
         _set_route_headers(context, route, self._header_key)
-        if token_ids is not None:
-            self._record_arrival(body, len(token_ids), self.clock() - t0)
-            state["arrival"] = True
-        prefill_done_s = None
-        if kv is not None:  # the prefill produced the first token; its load is gone
-            prefill_done_s = self.clock() - t0
-            self.pairing.on_first_token(rid, self.clock())
-            self._first_token(rid, prefill_done_s)
+        now = self.clock()
+        # the prefill produced the first token: its load is gone
+        prefill_done_s = now - t0 if kv is not None else None
+        state["arrival"] = state["arrival"] or token_ids is not None
+        # What only records the route runs once the decode leg's request is written, on the event loop's next
+        # turn while the decode worker works, not on the path to the first token; `_finish` runs it first if
+        # it has not run by then.
+        self._deferred[rid] = functools.partial(self._record_route, rid, route, body, token_ids, t0, now,
+                                                prefill_done_s)
+        asyncio.get_running_loop().call_soon(self._run_deferred, rid)
         decode = self._client(route.decode_url, rid)
         if body.get("stream"):
             gen = self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None,
@@ -904,6 +904,31 @@ class PDModel(OpenAIGenerativeModel):
         usage = answer.get("usage") or {}
         self._observe(body, usage, token_ids is not None, ttft_s, total_s, usage.get("completion_tokens") or 0)
         return result
+
+    def _record_route(self, rid: str, route: Route, body: dict, token_ids: list[int] | None, t0: float,
+                      routed_at: float, prefill_done_s: float | None) -> None:
+        """Count request `rid`'s route (`routed_at`: clock when its prefill leg ended) and, with a remote
+        prefill (`prefill_done_s` after arrival), release its prefill load and record its first token."""
+        self.metrics.child(self.metrics.routes, route.reason or "none").inc()
+        if token_ids is not None:
+            self.metrics.prompt_tokens.inc(len(token_ids))
+            predicted = route.overlap_blocks * getattr(self.pairing, "block_size_tokens", 0)
+            self.metrics.prefix_predicted_tokens.inc(min(predicted, len(token_ids)))
+            self._record_arrival(body, len(token_ids), self.clock() - t0)
+        if prefill_done_s is not None:
+            self.pairing.on_first_token(rid, routed_at)
+            self._first_token(rid, prefill_done_s)
+
+    def _run_deferred(self, rid: str) -> None:
+        """Run request `rid`'s deferred work (`_record_route`) once: errors are logged, never raised (it runs
+        as an event-loop callback, or from `_finish`)."""
+        work = self._deferred.pop(rid, None)
+        if work is None:
+            return
+        try:
+            work()
+        except Exception:  # noqa: BLE001 - accounting must not fail the request or the loop
+            logger.exception("recording the route of request %s failed", rid)
 
     def _decode_start_late(self, kv_at: float) -> bool:
         """A decode leg starting now would start after `kv_lease_s - kv_lease_margin_s` from `kv_at`."""
@@ -1223,6 +1248,7 @@ class PDModel(OpenAIGenerativeModel):
                 status: str | None = None) -> None:
         """Release the request's router load (``Pairing.on_complete``, once per request) and its worker
         clients, then count it; the releases do not depend on the metrics."""
+        self._run_deferred(rid)
         self._awaiting.pop(rid, None)
         try:
             self.pairing.on_complete(rid, self.clock(), ok)

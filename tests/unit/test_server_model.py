@@ -500,3 +500,27 @@ def test_json_chars_counts_what_pythons_json_writes(body):
     from runtime.server.model import _json_chars
 
     assert _json_chars(body) == len(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_routes_accounting_waits_until_the_decode_leg_is_sent(stream):
+    """The route's counters, the router's release of the prefill load and the first token's record run once
+    the decode leg's request is written, off the path to the first token; by the request's end they have."""
+    seen = []
+
+    class Recording(FakeWorkers):
+        def handler(self, req: httpx.Request) -> httpx.Response:
+            if req.url.host == "decode":
+                seen.append((sum(s.value for m in reg.collect() if m.name == "pdserve_routes" for s in m.samples
+                                 if s.name == "pdserve_routes_total"), len(model._awaiting)))
+            return super().handler(req)
+
+    w = Recording()
+    model, reg = _model(w)
+    out = await model.create_chat_completion(_request(stream=stream))
+    if stream:
+        assert '"ris"' in "".join([c async for c in out])
+    assert seen == [(0.0, 1)]  # not counted yet, still waiting for its first token
+    assert sum(s.value for m in reg.collect() if m.name == "pdserve_routes" for s in m.samples
+               if s.name == "pdserve_routes_total") == 1.0
+    assert model._awaiting == {} and model._deferred == {}
