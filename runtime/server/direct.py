@@ -4,7 +4,8 @@
 body parsing and request-model validation, KServe's second validation of the same model
 (`CreateCompletionRequestAdapter.validate_python`), a task per request that watches for a client disconnect
 (`with_cancellation`), and Starlette's `StreamingResponse` with a task group per stream. `serve_direct` does
-the same work once: it validates the body with the same KServe request model, calls the same
+the same work once: it validates the body with the same KServe request model (a plain body, whose fields the
+model would keep as they are, is taken as it is: `plain_request`), calls the same
 `PDModel.create_completion` / `create_chat_completion`, and writes the answer with ASGI messages itself, with
 one task per request that cancels the work when the client goes away.
 
