@@ -146,6 +146,10 @@ class ModelSpec:
     # longest context vLLM serves from this config (RoPE scaling applied, see `derived_max_model_len`); 0 if
     # the config gives no max_position_embeddings
     max_context_tokens: int = 0
+    # LongRoPE models (Phi-3 and its kin): the original context, tokens, up to which vLLM keeps the short
+    # factors; a --max-model-len above it makes vLLM apply the long factors to every sequence (see
+    # `longrope_original_tokens`); 0 for other models
+    longrope_original_tokens: int = 0
     # what precedes ``model.layers.{i}`` in the text model's module names: "language_model." for multimodal
     # wrappers with a ``text_config`` (Llama 4), "" for text-only checkpoints
     module_prefix: str = ""
@@ -344,6 +348,7 @@ class ModelSpec:
             **_precision_fields(quant, name),
             max_position_embeddings=int(c.get("max_position_embeddings") or 0),
             max_context_tokens=derived_max_model_len(c, model_type, name),
+            longrope_original_tokens=longrope_original_tokens(c, name),
             **kw,
         )
         problem = spec.expert_quant_problem
@@ -1085,7 +1090,10 @@ def _check_tp(tp: int) -> None:
         raise ValueError(f"tp must be an integer >= 1, got {tp!r}")
 
 
-_UNSCALED_ROPE_TYPES = ("default", "su", "longrope", "llama3")
+#: types whose ``factor`` vLLM does not apply to the context (``_get_and_verify_max_len``): their
+#: ``max_position_embeddings`` is already the extended length. Any other type's ``factor``, ``default`` (and
+#: ``mrope``, which vLLM renames to it) included, multiplies it.
+_UNSCALED_ROPE_TYPES = ("su", "longrope", "llama3")
 
 #: the RoPE types vLLM 0.28 builds (``model_executor/layers/rotary_embedding/__init__.py`` ``get_rope``; any other
 #: is "Unknown RoPE scaling type"), with the legacy spellings it renames first (``transformers_utils/config.py``
@@ -1146,6 +1154,37 @@ def derived_max_model_len(c: dict[str, Any], model_type: str, name: str) -> int:
                                        f"positive integer, got {orig!r}")
             limit = float(orig)
     return int(limit * factor) if base else 0
+
+
+def longrope_original_tokens(c: dict[str, Any], name: str) -> int:
+    """The original context, tokens, of a (text) config with LongRoPE scaling (``longrope``, legacy ``su``):
+    its ``original_max_position_embeddings`` (the config's own, else the RoPE object's); 0 for any other RoPE.
+
+    vLLM 0.28 keeps LongRoPE's short factors only while ``max_model_len`` is at most this length and applies
+    the long factors to every sequence above it, "at the cost of some performance degradation for shorter
+    sequences" (``Phi3LongRoPEScaledRotaryEmbedding``); without ``--max-model-len`` it serves this length
+    (``vllm/config/model.py`` ``_get_and_verify_max_len``).
+
+    Raises:
+        ModelConfigError: as `derived_max_model_len`, or an original length that is not a positive integer.
+    """
+    key = "rope_scaling" if c.get("rope_scaling") is not None else "rope_parameters"
+    rope = c.get(key)
+    if not isinstance(rope, dict):
+        return 0
+    nested = bool(rope) and all(k in KNOWN_LAYER_TYPES for k in rope)
+    entries = [(f"{key}.{k}", v) for k, v in rope.items() if v is not None] if nested else [(key, rope)]
+    for where, rp in entries:
+        if _rope_type(rp, where, name) not in ("longrope", "su"):
+            continue
+        orig = c.get("original_max_position_embeddings", rp.get("original_max_position_embeddings"))
+        if orig is None:
+            return 0
+        if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 0:
+            raise ModelConfigError(f"{name}: original_max_position_embeddings of a LongRoPE model must be a "
+                                   f"positive integer, got {orig!r}")
+        return orig
+    return 0
 
 
 def _rope_type(rp: Any, where: str, name: str) -> str:

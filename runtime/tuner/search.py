@@ -217,7 +217,9 @@ class TuneResult:
         """vLLM ``--max-model-len`` for the winner, tokens: the model's context window (the length vLLM derives
         from its config, ``ModelSpec.max_context_tokens``), capped by the KV capacity of one prefill and one
         decode engine (vLLM refuses to start when one sequence of that length does not fit; an engine is one DP
-        rank of a data-parallel worker, which holds whole sequences); never below the workload's ISL + OSL,
+        rank of a data-parallel worker, which holds whole sequences); for a LongRoPE model whose workload ISL +
+        OSL fits its original context, that context (``ModelSpec.longrope_original_tokens``: vLLM's default, the
+        longest that keeps the short factors for every sequence); never below the workload's ISL + OSL,
         which the search's rules keep within both capacities. Sized from the model, not from the workload's mean:
         a request longer than the mean must still be served (vLLM allocates KV blocks as a sequence grows, so a
         long limit costs nothing until a long request comes).
@@ -234,6 +236,11 @@ class TuneResult:
         need = self.workload.isl_tokens + self.workload.osl_tokens
         context = self.model.max_context_tokens or self.model.max_position_embeddings
         want = context or max(need, EngineSpec.model_fields["max_model_len_tokens"].default)
+        short = self.model.longrope_original_tokens
+        if short and need <= short:
+            # LongRoPE: above its original context vLLM applies the long factors to every sequence, short
+            # ones included (runtime.models.spec.longrope_original_tokens); vLLM's own default is that length
+            want = min(want, short)
         caps = self._engine_kv_caps()
         if override is None:
             return max(min([want, *caps]), need)

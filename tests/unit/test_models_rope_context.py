@@ -59,3 +59,34 @@ def test_the_tuner_accepts_a_workload_that_only_the_scaled_context_holds():
         tune(plain, get_gpu("H100-SXM"), slo, wl)
     with pytest.raises(ContextTooLongError, match=r"context 131072 \(max_position_embeddings 40960 with RoPE"):
         tune(m, get_gpu("H100-SXM"), slo, WorkloadSpec(isl_tokens=130000, osl_tokens=2000, request_rate_per_s=0.2))
+
+
+def test_a_default_rope_with_a_factor_scales_the_context_as_vllm_does():
+    # vLLM 0.28 applies `factor` of every type but su/longrope/llama3, "default" included (and Qwen2-VL's
+    # legacy "mrope", which it renames to default)
+    for rope in ({"rope_type": "default", "factor": 2.0}, {"type": "mrope", "mrope_section": [16, 24, 24],
+                                                           "factor": 2.0}):
+        assert ModelSpec.from_hf_config(_qwen3_8b(rope_scaling=rope), "q").max_context_tokens == 81920, rope
+
+
+LONGROPE = {"type": "su", "rope_type": "longrope", "short_factor": [1.0] * 64, "long_factor": [2.0] * 64}
+
+
+def test_longrope_keeps_its_short_factors_when_the_workload_fits_the_original_context():
+    """vLLM applies LongRoPE's long factors to every sequence once --max-model-len exceeds the original context
+    (Phi3LongRoPEScaledRotaryEmbedding), and serves that context by default: the tuner asks for it when the
+    workload fits, and for the whole context when it does not."""
+    cfg = _qwen3_8b(rope_scaling=LONGROPE, original_max_position_embeddings=4096)
+    m = ModelSpec.from_hf_config(cfg, "phi-like")
+    assert (m.max_context_tokens, m.longrope_original_tokens) == (40960, 4096)
+    inner = _qwen3_8b(rope_scaling=LONGROPE | {"original_max_position_embeddings": 8192})
+    assert ModelSpec.from_hf_config(inner, "p").longrope_original_tokens == 8192  # the RoPE object's own
+    assert ModelSpec.from_hf_config(_qwen3_8b(), "q").longrope_original_tokens == 0
+    slo = SloSpec(ttft_p90_ms=2000, itl_p90_ms=100)
+    short = tune(m, get_gpu("H100-SXM"), slo, WorkloadSpec(isl_tokens=3000, osl_tokens=500, request_rate_per_s=1))
+    assert short.max_model_len_tokens() == 4096
+    assert short.max_model_len_tokens(override=20000) == 20000  # the operator may still ask for more
+    long = tune(m, get_gpu("H100-SXM"), slo, WorkloadSpec(isl_tokens=6000, osl_tokens=500, request_rate_per_s=1))
+    assert long.max_model_len_tokens() > 4096
+    with pytest.raises(ModelConfigError, match="original_max_position_embeddings"):
+        ModelSpec.from_hf_config(_qwen3_8b(rope_scaling=LONGROPE, original_max_position_embeddings="4k"), "p")
