@@ -440,7 +440,9 @@ class OverloadSpec(_Strict):
         default=12.0, gt=0,
         description="Seconds every stream in flight on a worker that has sent its first chunk must receive nothing "
         "for the worker to be stalled (its engine stopped generating while /health answers): each check round it "
-        "is stalled counts as a failed health check. A queue wait before a first token never counts. Default: the "
+        "is stalled counts as a failed health check. A queue wait before a first token never counts, nor does a "
+        "stream that may pause while its engine works (a stream_interval above 1, tools) or one its client does "
+        "not read. Default: the "
         "breaker's evidence window with the default settings, breaker_failures x (2 s check interval + 2 s health "
         "timeout), well above a live engine's longest step (a chunked-prefill step on CPU takes seconds).")
     shed_ttft_factor: float | None = Field(

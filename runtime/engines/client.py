@@ -123,6 +123,15 @@ def _json_dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
+def steady_stream(body: dict) -> bool:
+    """A streamed `body` whose answer vLLM writes a chunk of at every engine step (what a stall verdict,
+    runtime.engines.h1.H1Pool.stall_verdict, judges by): not one with a `stream_interval` above 1 (vLLM 0.28
+    writes a chunk every that many tokens) nor one with `tools` (a tool-call parser holds its deltas back
+    until it has parsed a call)."""
+    interval = body.get("stream_interval")
+    return (interval is None or interval == 1) and not body.get("tools")
+
+
 def prefill_body(body: dict) -> dict:
     """The prefill request for `body`: same fields, one token, no streaming, remote-decode KV params. A
     shallow copy: only top-level fields change, and `body` is left as it is."""
@@ -323,7 +332,7 @@ class VllmClient:
             raise _wire_error(url, exc) from exc
 
     @contextlib.asynccontextmanager
-    async def _post_stream(self, path: str, data: bytes, headers: dict[str, str]):
+    async def _post_stream(self, path: str, data: bytes, headers: dict[str, str], steady: bool = True):
         """POST `data` to `path` and yield (status, pieces): `pieces` an async iterator of the body's bytes as
         they arrive. Raises BackendError on transport errors (also while the body is read)."""
         url = self.base_url + path
@@ -337,7 +346,8 @@ class VllmClient:
             return
         deadline = _ReadDeadline(self.timeout_s)
         try:
-            resp = await deadline.run(self._pool.request("POST", path, headers, data))  # the head is a read too
+            resp = await deadline.run(self._pool.request("POST", path, headers, data,  # the head is a read too
+                                                         steady=steady))
             try:
                 yield resp.status, _TimedPieces(resp, deadline)
             finally:
@@ -418,7 +428,8 @@ class VllmClient:
         b = decode_body(body, kv_transfer_params)
         b["stream"] = True
         url = self.base_url + path
-        async with self._post_stream(path, _json_dumps(b), _headers(request_id, dp_rank)) as (status, pieces):
+        async with self._post_stream(path, _json_dumps(b), _headers(request_id, dp_rank),
+                                     steady=steady_stream(b)) as (status, pieces):
             if status >= 300:
                 raw = b"".join([p async for p in pieces])
                 raise BackendError(url, status, _error_body(raw))

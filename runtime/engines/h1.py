@@ -59,7 +59,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("transport", "parser", "status", "pieces", "buffered", "complete", "keep_alive", "closed",
                  "error", "waiter", "received", "paused", "interim", "framed", "idle_in", "last_rx",
-                 "abandoned", "body_rx", "_loop")
+                 "abandoned", "body_rx", "steady", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -88,6 +88,9 @@ class _Connection(asyncio.Protocol):
         # a piece of this call's answer body came: a stream past its first chunk (vLLM writes a stream's head as
         # it takes the request and its first chunk with the first token), what `H1Pool.stall_verdict` judges by
         self.body_rx = False
+        # its answer streams a piece at every engine step (`H1Pool.request`'s `steady`), so its silence is
+        # evidence of a stalled engine
+        self.steady = True
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -284,10 +287,12 @@ class H1Pool:
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
 
-    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> Response:
+    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes | None = None, *,
+                      steady: bool = True) -> Response:
         """Send one request and wait for the final answer's status line and headers (1xx answers skipped).
-        Raises H1Error (also for a path that is not ASCII or a header that is not Latin-1 or holds CR or LF:
-        nothing is sent)."""
+        `steady` False: its answer may pause for many engine steps while the engine works (`stall_verdict`
+        leaves it out). Raises H1Error (also for a path that is not ASCII or a header that is not Latin-1 or
+        holds CR or LF: nothing is sent)."""
         if self._closed:
             raise H1Error("the client is closed", gone=False)
         try:
@@ -309,6 +314,7 @@ class H1Pool:
                 conn = await self._connect()  # a new connection starts reset
             else:
                 conn._reset()
+            conn.steady = steady
             conn.transport.write(data)
             conn.last_rx = conn._loop.time()  # silence counts from the request's write
             self._busy.add(conn)
@@ -368,21 +374,23 @@ class H1Pool:
 
         True: some answer in flight has begun (a body piece came: a stream past its first chunk) and every
         such answer has received nothing for `window_s` seconds or more. False: one of them received a byte
-        within `window_s` seconds, or has its reading paused (the worker produced faster than its caller
-        reads). None: no answer in flight has begun, so there is nothing to judge by: a stream waiting in the
-        engine's queue and a non-streamed answer show nothing until they start or end. With `waiting`, a
+        within `window_s` seconds. None: no answer in flight has begun, so there is nothing to judge by: a
+        stream waiting in the engine's queue and a non-streamed answer show nothing until they start or end.
+        Left out either way: a call whose reading is paused (its caller reads slower than the worker writes:
+        what the worker does now is not seen) and one sent as not `steady` (an answer that may pause for many
+        steps of a live engine: a client's `stream_interval`, a tool-call parser holding deltas). With `waiting`, a
         stream whose head came but no body piece, silent for `window_s` seconds since its head, counts as a
         silent stream too (never as a producing one): for a worker already judged stalled, whose queue
         waits no longer get the benefit of the doubt."""
         silent = False
         now = None
         for conn in self._busy:
-            if conn.complete or conn.error is not None or conn.closed:
+            if conn.complete or conn.error is not None or conn.closed or conn.paused or not conn.steady:
                 continue
             if now is None:
                 now = conn._loop.time()
             if conn.body_rx:
-                if conn.paused or now - conn.last_rx < window_s:
+                if now - conn.last_rx < window_s:
                     return False
                 silent = True
             elif waiting and conn.status is not None and now - conn.last_rx >= window_s:

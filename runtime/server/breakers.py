@@ -36,7 +36,10 @@ call and health check, acting on the pairing. The one place that decides whether
   and the round counts a failed check, as if /health had failed; its last check counts as failed, so once
   the breaker opens `on_down` abandons its calls silent for min(`silent_s`, `breaker_stall_s`) (the stall
   verdict is the evidence) and their requests migrate as from a dead worker. A live engine streams every
-  running request at each step, so its streams are never all silent that long; a queue wait before the first
+  running request at each step, so its streams are never all silent that long; streams that may pause for
+  many steps of a live engine (a client's `stream_interval` above 1, `tools`: runtime.engines.client
+  .steady_stream) and streams whose client does not read (their reading paused) are left out of the verdict,
+  neither making nor clearing it; a queue wait before the first
   token (vLLM under load queues new requests, and writes a stream's head before its first chunk) and a
   non-streamed call show nothing until they start or end, so they neither make nor clear the verdict. A
   worker that was judged stalled stays suspect until one of its streams produces again: meanwhile its

@@ -518,6 +518,39 @@ async def test_calls_silent_past_the_bound_are_abandoned_as_a_worker_gone_and_a_
     assert requests.count(b"POST /hang HTTP/1.1") == 1
 
 
+async def test_the_stall_verdict_leaves_out_paused_and_unsteady_streams():
+    """A stream its caller does not read (reading paused) says nothing of the engine now, so it cannot hide
+    a stalled one; a stream sent with a `stream_interval` above 1, or with `tools`, may pause for many steps of
+    a live engine, so its silence is no evidence (runtime.engines.client.steady_stream)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    event = _chunk(_sse(b'{"id": "d", "choices": [], "pad": "' + b"x" * 1000 + b'"}'))
+
+    async def handle(reader, writer, n):
+        while True:
+            path = (await _read_request(reader)).split(b"\r\n")[0]
+            writer.write(head + (event * 600 if b"/flood" in path else event))
+            await writer.drain()
+            await asyncio.sleep(30)
+
+    server, url = await _raw_server(handle)
+    async with server, VllmClient(url) as c:
+        unread = c.stream_events("/flood", BODY, "f")
+        await unread.__anext__()  # one event read, then nobody reads: 600 KB arrive, reading pauses
+        tasks = [asyncio.create_task(_drain(c.stream_events("/interval", {**BODY, "stream_interval": 1000}, "i"))),
+                 asyncio.create_task(_drain(c.stream_events("/tools", {**BODY, "tools": [{"type": "function"}]},
+                                                            "t")))]
+        await asyncio.sleep(0.5)
+        assert any(conn.paused for conn in c._pool._busy)
+        assert c.stall_verdict(0.3) is None  # the paused and the unsteady streams judge nothing
+        tasks.append(asyncio.create_task(_drain(c.stream_events("/stall", BODY, "s"))))
+        await asyncio.sleep(0.5)
+        assert c.stall_verdict(0.3) is True  # the silent steady stream is judged, the paused one hides nothing
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await unread.aclose()
+
+
 async def test_the_stall_verdict_judges_begun_streams_and_counts_queue_waits_only_when_asked():
     """`stall_verdict`: a hung call (no answer yet) and a stream whose head came but no chunk (a queue wait)
     give nothing to judge by (None) unless `waiting`; a stream past its first chunk silent for the window makes
