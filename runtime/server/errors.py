@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from kserve.errors import (
     ModelNotFound,
     ModelNotReady,
@@ -189,6 +189,18 @@ async def _http_exception_handler(request: Request, exc: StarletteHTTPException)
     return await http_exception_handler(request, exc)
 
 
+async def _internal_error_handler(request: Request, exc: Exception):
+    """An exception no other handler answers (a runtime bug): under the OpenAI prefix a JSON 500 in OpenAI's
+    shape, as vLLM's server answers one (its `Exception` handler), with a fixed message (the exception's text
+    may name internals, such as a worker's address); elsewhere Starlette's plain 500. Starlette's outermost
+    middleware calls it, then raises the exception on to be logged."""
+    if request.url.path.startswith(OPENAI_PREFIX):
+        body = openai_error_body("internal error", err_type="InternalServerError",
+                                 status=HTTPStatus.INTERNAL_SERVER_ERROR)
+        return JSONResponse(status_code=HTTPStatus.INTERNAL_SERVER_ERROR, content=body)
+    return PlainTextResponse("Internal Server Error", status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
 def install_openai_error_handlers(app: FastAPI) -> None:
     """Register the handlers on `app` (after KServe registered its own, so these win)."""
     app.add_exception_handler(RequestValidationError, _validation_handler)
@@ -196,5 +208,6 @@ def install_openai_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_exception_handler)
     app.add_exception_handler(ModelNotFound, _model_not_found_handler)
     app.add_exception_handler(Overloaded, _overloaded_handler)
+    app.add_exception_handler(Exception, _internal_error_handler)
     if VLLMClientError is not None:
         app.add_exception_handler(VLLMClientError, _vllm_client_error_handler)

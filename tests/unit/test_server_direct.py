@@ -452,3 +452,25 @@ def test_a_vllm_validation_error_reads_as_vllms_own_server_writes_it():
     err = vllm_client_error_body(VLLMValidationError("logprobs must be at most 20.", parameter="logprobs", value=21))
     assert err["error"]["message"] == "logprobs must be at most 20. (parameter=logprobs, value=21)"
     assert err["error"]["param"] == "logprobs" and err["error"]["code"] == 400
+
+
+async def test_a_runtime_bug_is_an_openai_500_on_both_routes():
+    """An exception no handler answers is a JSON 500 in OpenAI's shape under the OpenAI prefix (as vLLM's
+    server answers one), its text not shown, on the edge's route and on KServe's alike."""
+    for direct in (True, False):
+        model, _ = _model(Workers())
+        await model.breakers.check_round(model.worker_healthy)
+
+        async def broken(*args, **kwargs):
+            raise RuntimeError("worker http://10.0.0.7:8000 exploded")
+
+        model.create_chat_completion = broken
+        taken: list[bool] = []
+        app = _app(model, direct, taken)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rt") as c:
+            r = await c.post(CHAT, json=CHAT_BODY)
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json", (direct, r.text)
+        assert r.json() == {"error": {"message": "internal error", "type": "InternalServerError", "param": None,
+                                      "code": 500}}
+        assert taken == []  # the edge's route raised it on (Starlette's outermost middleware answered)
