@@ -963,6 +963,7 @@ class PDModel(OpenAIGenerativeModel):
         only slow, or the request may not move again). `started`: the failed attempt produced output; one that
         did not and was refused with a server error (`_REFUSED_BEFORE_OUTPUT`) moves like a dead worker's, and
         so does one whose stream broke the protocol (`BackendError.broken`: what it sent before is sound)."""
+        self._run_deferred(rid)  # the first route's accounting before the router moves the request
         self._note_answer(route.decode_url, exc)
         if not (exc.unreachable or exc.broken or (not started and exc.status_code in _REFUSED_BEFORE_OUTPUT)):
             return None

@@ -524,3 +524,19 @@ async def test_the_routes_accounting_waits_until_the_decode_leg_is_sent(stream):
     assert sum(s.value for m in reg.collect() if m.name == "pdserve_routes" for s in m.samples
                if s.name == "pdserve_routes_total") == 1.0
     assert model._awaiting == {} and model._deferred == {}
+
+
+def test_a_migration_runs_the_first_routes_accounting_before_the_router_moves_the_request():
+    """A decode leg that fails before the event loop turns (its deferred accounting not run yet) must not
+    have that accounting run after the router moved it: it would release the new route's prefill load."""
+    from runtime.engines.client import BackendError
+
+    model, _ = _model(FakeWorkers())
+    order = []
+    model._deferred["r1"] = lambda: order.append("accounting")
+    model.pairing.on_decode_failed = lambda rid, now: order.append("moved") or None
+    from runtime.server.pairing import Route
+
+    assert model._migrate(BackendError("http://decode", 502, "gone", unreachable=True),
+                          Route("http://prefill", "http://decode", "test", "prefill-0", "decode-0"), "r1") is None
+    assert order == ["accounting", "moved"] and "r1" not in model._deferred
