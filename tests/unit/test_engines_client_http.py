@@ -465,12 +465,30 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+async def _stall_or_produce(writer, path: bytes) -> None:
+    """A stream stand-in's answer to `path`: "/stall" sends the head and one event, then nothing for 30 s;
+    any other path an event every 0.05 s for 1 s, then `[DONE]`."""
+    if b"/stall" in path:
+        writer.write(SSE_HEAD + _chunk(_sse(b'{"id": "d", "choices": []}')))
+        await writer.drain()
+        await asyncio.sleep(30)
+        return
+    writer.write(SSE_HEAD)
+    for _ in range(20):
+        await asyncio.sleep(0.05)
+        writer.write(_chunk(_sse(b'{"id": "d", "choices": []}')))
+    writer.write(_chunk(_sse(b"[DONE]")) + b"0\r\n\r\n")
+    await writer.drain()
+
+
 async def test_calls_silent_past_the_bound_are_abandoned_as_a_worker_gone_and_a_producing_one_is_not():
     """`abandon_silent` (a worker judged down): a call whose answer never began and a stream that stopped
     sending fail as a dropped connection does (502, unreachable), at once, and the hung call is not sent again
     on a new connection (as a reused connection closed before any byte of an answer would be); a stream still
     sending events, and a call on a fresh bound, are left alone and end normally."""
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
     requests: list[bytes] = []
 
     async def handle(reader, writer, n):
@@ -481,16 +499,8 @@ async def test_calls_silent_past_the_bound_are_abandoned_as_a_worker_gone_and_a_
                 writer.write(OK)
             elif b"/hang" in requests[-1]:
                 await asyncio.sleep(30)
-            elif b"/stall" in requests[-1]:
-                writer.write(head + _chunk(_sse(b'{"id": "d", "choices": []}')))
-                await writer.drain()
-                await asyncio.sleep(30)
-            else:  # an event every 0.05 s for 1 s
-                writer.write(head)
-                for _ in range(20):
-                    await asyncio.sleep(0.05)
-                    writer.write(_chunk(_sse(b'{"id": "d", "choices": []}')))
-                writer.write(_chunk(_sse(b"[DONE]")) + b"0\r\n\r\n")
+            else:
+                await _stall_or_produce(writer, requests[-1])
             await writer.drain()
 
     server, url = await _raw_server(handle)
@@ -522,13 +532,12 @@ async def test_the_stall_verdict_leaves_out_paused_and_unsteady_streams():
     """A stream its caller does not read (reading paused) says nothing of the engine now, so it cannot hide
     a stalled one; a stream sent with a `stream_interval` above 1, or with `tools`, may pause for many steps of
     a live engine, so its silence is no evidence (runtime.engines.client.steady_stream)."""
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
     event = _chunk(_sse(b'{"id": "d", "choices": [], "pad": "' + b"x" * 1000 + b'"}'))
 
     async def handle(reader, writer, n):
         while True:
             path = (await _read_request(reader)).split(b"\r\n")[0]
-            writer.write(head + (event * 600 if b"/flood" in path else event))
+            writer.write(SSE_HEAD + (event * 600 if b"/flood" in path else event))
             await writer.drain()
             await asyncio.sleep(30)
 
@@ -555,7 +564,6 @@ async def test_the_stall_verdict_judges_begun_streams_and_counts_queue_waits_onl
     """`stall_verdict`: a hung call (no answer yet) and a stream whose head came but no chunk (a queue wait)
     give nothing to judge by (None) unless `waiting`; a stream past its first chunk silent for the window makes
     it True; one more stream still producing makes it False."""
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
     async def handle(reader, writer, n):
         while True:
@@ -563,20 +571,11 @@ async def test_the_stall_verdict_judges_begun_streams_and_counts_queue_waits_onl
             if b"/hang" in path:
                 await asyncio.sleep(30)
             elif b"/queued" in path:
-                writer.write(head)
+                writer.write(SSE_HEAD)
                 await writer.drain()
                 await asyncio.sleep(30)
-            elif b"/stall" in path:
-                writer.write(head + _chunk(_sse(b'{"id": "d", "choices": []}')))
-                await writer.drain()
-                await asyncio.sleep(30)
-            else:  # an event every 0.05 s for 1 s
-                writer.write(head)
-                for _ in range(20):
-                    await asyncio.sleep(0.05)
-                    writer.write(_chunk(_sse(b'{"id": "d", "choices": []}')))
-                writer.write(_chunk(_sse(b"[DONE]")) + b"0\r\n\r\n")
-                await writer.drain()
+            else:
+                await _stall_or_produce(writer, path)
 
     server, url = await _raw_server(handle)
     async with server, VllmClient(url) as c:

@@ -13,6 +13,7 @@ import json
 import httpx
 import pytest
 
+from runtime.procs import stop_process
 from runtime.server.migration import chunk_progress, continuation_body
 
 
@@ -886,7 +887,6 @@ async def test_a_stalled_worker_whose_health_answers_loses_its_stream_to_another
     after the 60 s read timeout."""
     import asyncio
     import logging
-    import subprocess
     import time
 
     import httpx
@@ -925,12 +925,7 @@ async def test_a_stalled_worker_whose_health_answers_loses_its_stream_to_another
             healthy = (await http.get(urls[0] + "/health")).status_code
     finally:
         for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop_process(proc, 10.0)
     assert text == "".join(f"t{i} " for i in range(8))  # d1's own answer to the request: nothing lost or repeated
     assert took < 10 and state is not BreakerState.CLOSED and healthy == 200
     assert stats[0]["requests"] == 1 and stats[1]["requests"] == 1
