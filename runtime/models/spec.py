@@ -1123,19 +1123,11 @@ def derived_max_model_len(c: dict[str, Any], model_type: str, name: str) -> int:
             disagree (vLLM refuses both); a type that needs a ``factor`` has none; the factor or original length
             is not a positive number.
     """
-    key = "rope_scaling" if c.get("rope_scaling") is not None else "rope_parameters"
-    rope = c.get(key)
     base = int(c.get("max_position_embeddings") or 0)
-    if rope is None or "gemma3" in model_type:
+    if "gemma3" in model_type:
         return base
-    if not isinstance(rope, dict):
-        raise ModelConfigError(f"{name}: {key} must be a JSON object or null, got {_short(rope)}")
-    # transformers v5 nests one object per layer type (null for a NoPE layer type); vLLM tells the nested form
-    # by its keys (``is_rope_parameters_nested``: all of them layer type names)
-    nested = bool(rope) and all(k in KNOWN_LAYER_TYPES for k in rope)
-    entries = [(f"{key}.{k}", v) for k, v in rope.items() if v is not None] if nested else [(key, rope)]
     factor, limit = 1.0, float(base)
-    for where, rp in entries:
+    for where, rp in _rope_entries(c, name):
         rope_type = _rope_type(rp, where, name)
         if rope_type in _FACTOR_ROPE_TYPES and "factor" not in rp and not (rope_type == "dynamic" and "alpha" in rp):
             raise ModelConfigError(f"{name}: {where} of type {rope_type!r} has no factor (vLLM and transformers "
@@ -1168,13 +1160,7 @@ def longrope_original_tokens(c: dict[str, Any], name: str) -> int:
     Raises:
         ModelConfigError: as `derived_max_model_len`, or an original length that is not a positive integer.
     """
-    key = "rope_scaling" if c.get("rope_scaling") is not None else "rope_parameters"
-    rope = c.get(key)
-    if not isinstance(rope, dict):
-        return 0
-    nested = bool(rope) and all(k in KNOWN_LAYER_TYPES for k in rope)
-    entries = [(f"{key}.{k}", v) for k, v in rope.items() if v is not None] if nested else [(key, rope)]
-    for where, rp in entries:
+    for where, rp in _rope_entries(c, name):
         if _rope_type(rp, where, name) not in ("longrope", "su"):
             continue
         orig = c.get("original_max_position_embeddings", rp.get("original_max_position_embeddings"))
@@ -1185,6 +1171,25 @@ def longrope_original_tokens(c: dict[str, Any], name: str) -> int:
                                    f"positive integer, got {orig!r}")
         return orig
     return 0
+
+
+def _rope_entries(c: dict[str, Any], name: str) -> list[tuple[str, Any]]:
+    """(where, RoPE object) of a config's ``rope_scaling`` (or ``rope_parameters``): one entry, or one per
+    layer type in transformers v5's nested form (null entries, NoPE layer types, left out; vLLM tells the
+    nested form by its keys, ``is_rope_parameters_nested``: all of them layer type names); [] without one.
+
+    Raises:
+        ModelConfigError: the field is not an object or null.
+    """
+    key = "rope_scaling" if c.get("rope_scaling") is not None else "rope_parameters"
+    rope = c.get(key)
+    if rope is None:
+        return []
+    if not isinstance(rope, dict):
+        raise ModelConfigError(f"{name}: {key} must be a JSON object or null, got {_short(rope)}")
+    if rope and all(k in KNOWN_LAYER_TYPES for k in rope):
+        return [(f"{key}.{k}", v) for k, v in rope.items() if v is not None]
+    return [(key, rope)]
 
 
 def _rope_type(rp: Any, where: str, name: str) -> str:
