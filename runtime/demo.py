@@ -16,14 +16,11 @@ run leaves nothing behind in /tmp but TorchInductor's compile cache (see `_demo_
 from __future__ import annotations
 
 import contextlib
-import getpass
 import io
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,6 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from runtime.paths import write_text_atomically
+from runtime.procs import scoped_env, temp_folder
 
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_BUCKET = "pdserve-models"
@@ -140,62 +138,17 @@ def _ms(seconds: float | None) -> str:
 
 
 @contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the duration of the block, then restore the previous values."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-#: Longest Unix socket path ZMQ accepts (runtime.engines.vllm_worker.MAX_IPC_PATH_BYTES, not imported: it pulls
-#: in the engine modules) and the name vLLM gives an IPC socket in the temp folder (``/`` + a uuid4).
-_MAX_IPC_PATH_BYTES, _IPC_NAME_BYTES = 107, 37
-def _torch_cache_dir() -> str:
-    """torch's default TorchInductor cache folder (torch._inductor.runtime.cache_dir_utils.default_cache_dir,
-    not imported: it imports torch) in the current temp folder."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid_{os.getuid()}"
-    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
-
-
-@contextlib.contextmanager
 def _demo_tmp(state: Path) -> Iterator[Path]:
     """Within the block, the temp folder of this process and of every process it starts is
-    ``<state>/demo/tmp``, emptied first (what a killed run left) and removed at the end; yields it.
+    ``<state>/demo/tmp`` (runtime.procs.temp_folder: emptied first, what a killed run left, and removed at the
+    end; a fresh folder in the system temp folder where that path is too long for a Unix socket); yields it.
 
     What the demo's pieces leave in the temp folder otherwise: kfp.local's workspace (made in this process)
     and each step's ``mktemp -d`` folder with its ``ephemeral_component.py``; vLLM's engine IPC sockets and
-    ``vllm_dist_*`` rendezvous files. When ``<state>/demo/tmp`` is too long a path for a Unix socket in it, a fresh
-    folder in the system temp folder stands in (removed at the end as well). TorchInductor's compile cache
-    stays where torch keeps it without this (``$TORCHINDUCTOR_CACHE_DIR``, else ``torchinductor_<user>`` in the
-    system temp folder): a cache shared with `pdserve serve` and kept warm across runs, not a leftover.
+    ``vllm_dist_*`` rendezvous files.
     """
-    tmp = state / "demo" / "tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    if len(os.fsencode(tmp)) + _IPC_NAME_BYTES <= _MAX_IPC_PATH_BYTES:
-        tmp.mkdir(parents=True)
-    else:
-        tmp = Path(tempfile.mkdtemp(prefix="pdserve-demo-"))
-    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or _torch_cache_dir()
-    before = tempfile.tempdir
-    try:
-        with _env({"TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": inductor}):
-            tempfile.tempdir = str(tmp)  # this process: tempfile caches the folder it found first
-            try:
-                yield tmp
-            finally:
-                tempfile.tempdir = before
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with temp_folder(state / "demo" / "tmp", prefix="pdserve-demo-") as tmp:
+        yield tmp
 
 
 class _StepInputFilter(io.TextIOBase):
@@ -346,7 +299,7 @@ def _run_demo(settings: DemoSettings, state: Path, console: Console) -> dict:
         console.rule("[bold]3/4 KFP pipeline stage_tune_promote (kfp.local)")
         pipeline_yaml = compile_pipeline(out_dir / "stage_tune_promote.yaml")
         # kfp.local runs each step in a subprocess: it gets the S3 credentials as env, never as parameters.
-        with _env(s3.env), _filtered_stdout(state / "logs" / "kfp-pipeline.log") as kfp_log:
+        with scoped_env(s3.env), _filtered_stdout(state / "logs" / "kfp-pipeline.log") as kfp_log:
             try:
                 outputs = run_local(
                     pipeline_root=state / "kfp",

@@ -3,10 +3,17 @@ SIGTERM into SystemExit so an entry point's `with`/`finally` blocks stop what it
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import os
+import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 # After SIGKILL the kernel still has to tear the process down (free its memory, close its files): wait at
 # least this long, whatever the caller's grace period, before calling it a survivor.
@@ -112,3 +119,61 @@ def install_sigterm_handler() -> object:
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _stop_on_sigterm)
+
+
+@contextlib.contextmanager
+def scoped_env(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore the previous values."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+#: Longest Unix socket path ZMQ accepts (runtime.engines.vllm_worker.MAX_IPC_PATH_BYTES, not imported: it pulls
+#: in the engine modules) and the name vLLM gives an IPC socket in the temp folder (``/`` + a uuid4).
+_MAX_IPC_PATH_BYTES, _IPC_NAME_BYTES = 107, 37
+
+
+def _torch_cache_dir() -> str:
+    """torch's default TorchInductor cache folder (torch._inductor.runtime.cache_dir_utils.default_cache_dir,
+    not imported: it imports torch) in the current temp folder."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+@contextlib.contextmanager
+def temp_folder(tmp: Path, prefix: str = "pdserve-tmp-") -> Iterator[Path]:
+    """Within the block, the temp folder (``TMPDIR``, and ``tempfile``'s cached one) of this process and of every
+    process it starts is ``tmp``, emptied first (what a killed run left) and removed at the end; yields it.
+
+    Where ``tmp`` is too long a path for a vLLM IPC socket in it (a Unix socket path is at most 107 bytes), a
+    fresh folder named ``prefix...`` in the system temp folder stands in (removed at the end as well).
+    TorchInductor's compile cache stays where torch keeps it without this (``$TORCHINDUCTOR_CACHE_DIR``, else
+    ``torchinductor_<user>`` in the system temp folder): a cache kept warm across runs, not a leftover.
+    """
+    shutil.rmtree(tmp, ignore_errors=True)
+    if len(os.fsencode(tmp)) + _IPC_NAME_BYTES <= _MAX_IPC_PATH_BYTES:
+        tmp.mkdir(parents=True)
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or _torch_cache_dir()
+    before = tempfile.tempdir
+    try:
+        with scoped_env({"TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": inductor}):
+            tempfile.tempdir = str(tmp)  # this process: tempfile caches the folder it found first
+            try:
+                yield tmp
+            finally:
+                tempfile.tempdir = before
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

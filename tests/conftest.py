@@ -11,7 +11,19 @@ pytest_plugins = [
 
 import pytest  # noqa: E402
 
+from runtime.procs import temp_folder  # noqa: E402
 from tests import tracegen  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tmpdir(tmp_path_factory):
+    """The temp folder (``TMPDIR``) of the tests and of every process they start, removed at the end
+    (runtime.procs.temp_folder): kfp.local's step folders, vLLM's IPC sockets and the scratch files of the servers
+    the tests start do not pile up in /tmp. A test that gives a subprocess an environment of its own does not
+    pass it on."""
+    with temp_folder(tmp_path_factory.getbasetemp() / "tmp", prefix="pdserve-tests-") as tmp:
+        yield tmp
+
 
 # A production-like trace: ~1 h of chat traffic at 5.5 requests/s with heavy-tailed lengths, written once per
 # session in both public formats (tests/tracegen.py); tests compare readers against AZURE_ROWS.
