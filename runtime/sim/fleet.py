@@ -368,7 +368,9 @@ class FleetSim:
                         self._leave(w, s, c.decode_tp, "decode")
                     n_pool = n_live
             run_sum += len(self.act_idx) / max(n_pool, 1)
-            kv_sum += kv_used / max(n_pool * kv_cap, 1)
+            # vLLM's kv_cache_usage_perc is a share of the blocks, at most 1: where this model admits more
+            # context than the pool holds (it does not preempt), the engine would have preempted instead
+            kv_sum += min(kv_used / max(n_pool * kv_cap, 1), 1.0)
             ready_ct += n_pool
             if not len(self.act_idx) or not n_pool:
                 continue

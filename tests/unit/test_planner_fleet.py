@@ -232,3 +232,16 @@ def test_oracles_give_a_plan_when_every_request_arrives_at_once():
     assert len(plan) == 1 and plan[0][0] >= 1 and total == 0.0  # cost over [0, last arrival] = 0 s
     res, seq_plan = sequential_oracle(tr, PROF, fleet(), ttft_target_s=2.0, itl_target_s=0.05)
     assert len(seq_plan) == 1 and np.all(np.isfinite(res.ttft_s))
+
+
+def test_kv_usage_reported_to_the_planner_is_a_share_of_the_pool_at_most_one():
+    # admitted on their prompts (90 x 1,000 tokens of a 100k-token worker), the contexts grow to 90 x 3,000:
+    # vLLM would preempt; its kv_cache_usage_perc gauge never reads above 1, nor may the simulator's
+    seen = []
+
+    def keep(tick):
+        seen.append(tick.decode.kv_usage)
+        return ScalingDecision(tick.now_s, prefill_replicas=1, decode_replicas=1)
+
+    simulate(trace(np.linspace(0.0, 5.0, 90), isl=1000, osl=2000), PROF, fleet(), keep)
+    assert max(seen) == pytest.approx(1.0, abs=0.05) and all(0.0 <= k <= 1.0 for k in seen)
