@@ -69,7 +69,8 @@ def _version(value: bool) -> None:
 def _main(
     ctx: typer.Context,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also show MLflow's INFO lines and download "
-                                          "bars (hidden by default).")] = False,
+                                          "bars, and vLLM's log lines while --engine-arg is checked (hidden by "
+                                          "default).")] = False,
     _: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                     help="Print pdserve's version and exit.")] = False,
 ) -> None:

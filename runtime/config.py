@@ -115,6 +115,21 @@ class WorkloadSpec(_Strict):
     osl_tokens: int = Field(default=150, gt=0, description="Mean output sequence length, tokens.")
     request_rate_per_s: float = Field(default=10.0, gt=0, allow_inf_nan=False, description="Target request rate, requests/s.")
 
+    def check_max_model_len(self, max_model_len_tokens: object) -> None:
+        """Refuse a vLLM ``--max-model-len`` that is no positive number of tokens or that would refuse the
+        requests this workload describes (below ISL + OSL).
+
+        Raises:
+            ValueError: either, the message naming the bound.
+        """
+        if isinstance(max_model_len_tokens, bool) or not isinstance(max_model_len_tokens, int) \
+                or max_model_len_tokens <= 0:
+            raise ValueError(f"max_model_len must be a positive number of tokens, got {max_model_len_tokens!r}")
+        need = self.isl_tokens + self.osl_tokens
+        if max_model_len_tokens < need:
+            raise ValueError(f"max_model_len {max_model_len_tokens} < the workload's ISL + OSL ({need} tokens): the "
+                             "requests this configuration is tuned for would be refused")
+
 
 class PoolSpec(_Strict):
     """One worker pool (prefill or decode)."""

@@ -18,6 +18,8 @@ from runtime.s3uri import split_s3_object_uri, split_s3_trace_uri
 API_VERSION = "argoproj.io/v1alpha1"
 PROMOTER_SERVICE_ACCOUNT = "pdserve-promoter"  # runtime/deploy/rbac.py PROMOTER_NAME (kserve/promoter-rbac.yaml)
 FSX_PVC = "fsx-claim"  # same claim as pipelines/stage_tune_promote.py FSX_PVC (infra/k8s/storage)
+BATCH_SERVICE_ACCOUNT = "pdserve-batch"  # infra/k8s/batch/serviceaccount.yaml
+MLFLOW_URI = "http://mlflow.mlflow.svc:5000"  # infra/k8s/mlflow/service.yaml, from the steps' pods
 WORK_DIR = "/work"
 S3_SECRET = "pdserve-s3"  # keys: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
 BATCH_PRIORITY_CLASS = "pdserve-batch"  # infra/k8s/batch/priorityclass.yaml
@@ -155,8 +157,8 @@ class CommonWorkflowSpec(BaseModel):
                        description="Container image the steps run, pdserve installed; no step needs a GPU: the CPU "
                                    "build (kserve/Dockerfile.cpu, runtime/image.py) by default.")
     service_account: K8sName = Field(
-        "pdserve-batch", description="spec.serviceAccountName: the pods' service account (it needs Argo's executor "
-                                     "permissions; with IRSA / Pod Identity, also the AWS role).")
+        BATCH_SERVICE_ACCOUNT, description="spec.serviceAccountName: the pods' service account (it needs Argo's "
+                                           "executor permissions; with IRSA / Pod Identity, also the AWS role).")
     priority_class_name: Optional[str] = Field(
         BATCH_PRIORITY_CLASS, description="spec.podPriorityClassName: a PriorityClass lower than the online "
                                           "endpoint's, so batch pods are preempted first (infra/k8s/batch defines "
@@ -285,7 +287,7 @@ class RetuneCronWorkflowSpec(CommonWorkflowSpec):
         None, description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for reading the traffic "
                           "(referenced, never copied); None (default): the pod's IAM role, which infra/terraform "
                           "gives pdserve-batch through EKS Pod Identity (no such Secret exists there).")
-    mlflow_uri: str = Field("http://mlflow.mlflow.svc:5000", description="MLflow tracking server, http(s)://.")
+    mlflow_uri: str = Field(MLFLOW_URI, description="MLflow tracking server, http(s)://.")
     mlflow_secret: Optional[K8sName] = Field(
         MLFLOW_SECRET, description="Secret with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (envFrom); "
                                    "None: no credentials.")

@@ -219,13 +219,7 @@ def with_engine_overrides(spec: DeploymentSpec, *, max_model_len_tokens: int | N
     """
     update: dict = {}
     if max_model_len_tokens is not None:
-        need = spec.workload.isl_tokens + spec.workload.osl_tokens
-        if isinstance(max_model_len_tokens, bool) or not isinstance(max_model_len_tokens, int) \
-                or max_model_len_tokens <= 0:
-            raise ValueError(f"max_model_len must be a positive number of tokens, got {max_model_len_tokens!r}")
-        if max_model_len_tokens < need:
-            raise ValueError(f"max_model_len {max_model_len_tokens} < the workload's ISL + OSL ({need} tokens): the "
-                             "requests this configuration is tuned for would be refused")
+        spec.workload.check_max_model_len(max_model_len_tokens)
         if context_tokens and max_model_len_tokens > context_tokens:  # TuneResult.max_model_len_tokens' bound
             raise ValueError(f"max_model_len {max_model_len_tokens} > the model's context window ({context_tokens} "
                              "tokens): vLLM refuses to start")

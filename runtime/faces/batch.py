@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from runtime.batch.workflow_specs import BATCH_SERVICE_ACCOUNT, FSX_PVC, MLFLOW_URI
 from runtime.faces.common import FlagCommand, ReflowGroup, make_console
 
 app = typer.Typer(
@@ -236,7 +237,7 @@ def workflow_cmd(
     max_retries: Annotated[int, typer.Option(help="Extra tries per request after 429/5xx/connection errors.")] = 3,
     namespace: Annotated[str, Common["namespace"]] = "pdserve",
     image: Annotated[Optional[str], Common["image"]] = None,
-    service_account: Annotated[Optional[str], Common["service_account"]] = None,
+    service_account: Annotated[str, Common["service_account"]] = BATCH_SERVICE_ACCOUNT,
     priority_class: Annotated[Optional[str], Common["priority_class"]] = None,
     s3_secret: Annotated[Optional[str], Common["s3_secret"]] = None,
     s3_endpoint_url: Annotated[Optional[str], Common["s3_endpoint_url"]] = None,
@@ -292,9 +293,9 @@ def retune_cmd(
         "--min-improvement-pct",
         help="How much less (percent) the winner must cost than the champion's deployment to take alias "
              "champion (as `pdserve tune --min-improvement-pct`; default: tune's, 5).")] = None,
-    mlflow_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking server (in-cluster http URL).")] = None,
-    pvc: Annotated[Optional[str], typer.Option(
-        help="FSx for Lustre PVC holding /fsx/models (with --promote also the promoted workers').")] = None,
+    mlflow_uri: Annotated[str, typer.Option(help="MLflow tracking server (in-cluster http URL).")] = MLFLOW_URI,
+    pvc: Annotated[str, typer.Option(
+        help="FSx for Lustre PVC holding /fsx/models (with --promote also the promoted workers').")] = FSX_PVC,
     promote: Annotated[bool, typer.Option(
         "--promote", help="Add a promote step: `pdserve promote <registered-model> --apply --skip-if-live "
                           "--expect-version V` for the version V alias champion names after the tune step: a "
@@ -317,7 +318,7 @@ def retune_cmd(
              "PREFIX<InferenceService>/, what the endpoint ships; otherwise required.")] = None,
     namespace: Annotated[str, Common["namespace"]] = "pdserve",
     image: Annotated[Optional[str], Common["image"]] = None,
-    service_account: Annotated[Optional[str], Common["service_account"]] = None,
+    service_account: Annotated[str, Common["service_account"]] = BATCH_SERVICE_ACCOUNT,
     priority_class: Annotated[Optional[str], Common["priority_class"]] = None,
     s3_secret: Annotated[Optional[str], typer.Option(
         help="Secret holding AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for reading the traffic (referenced, never "

@@ -6,7 +6,12 @@ Exit status, the same in every command (`batch` included): 0 success, 1 a failur
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +19,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from runtime.paths import json_object_with, state_dir
 from runtime.redact import redact_userinfo
@@ -32,6 +38,19 @@ def make_console(stderr: bool = False) -> Console:
 
 console = make_console()
 err = make_console(stderr=True)
+# a table's width in a file or a pipe: wider than any table a command prints, so rich never elides a cell
+PIPE_TABLE_COLUMNS = 1000
+
+
+def print_table(table: Table) -> None:
+    """Print ``table`` on stdout: fitted to a terminal's width, and into a file or a pipe (a CI log) whole, at
+    its natural width with no cell cut: rich would otherwise fit it into 80 columns there and elide numbers
+    ("50.…") that the log is read for."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        Console(width=PIPE_TABLE_COLUMNS).print(table)
+
 
 StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLflow sqlite, FSx stand-in, demo output).")]
 DEFAULT_STATE = state_dir()
@@ -59,12 +78,48 @@ def option_errors(exc, options: dict[str, str]) -> str:
     return pydantic_problems(exc, options)
 
 
-def check_engine_options(max_model_len: int | None, engine_args: list[str]) -> None:
+VLLM_LEVEL_ENV = "VLLM_LOGGING_LEVEL"  # the level vLLM gives its `vllm` logger and handler when first imported
+
+
+def verbose_given(ctx: typer.Context) -> bool:
+    """Whether `pdserve -v` (the root command's --verbose) was given to the command of ``ctx``."""
+    return bool(ctx.find_root().params.get("verbose"))
+
+
+@contextlib.contextmanager
+def vllm_logs_quiet(verbose: bool) -> Iterator[None]:
+    """Within it, vLLM logs errors only, unless ``verbose`` (`pdserve -v`) or VLLM_LOGGING_LEVEL is set: reading
+    vLLM's argument parser (`--engine-arg`) imports vLLM, which logs INFO and WARNING lines about its own
+    platform (Triton, the CPU backend) that say nothing about the command. vLLM configures its logger once,
+    from VLLM_LOGGING_LEVEL, when first imported, so both the variable and the `vllm` logger's level are set;
+    on exit both are as vLLM's defaults would have left them (INFO for a logger configured within). Only for
+    in-process work: a process started within would inherit the variable."""
+    if verbose or VLLM_LEVEL_ENV in os.environ:
+        yield
+        return
+    vllm_log = logging.getLogger("vllm")
+    configured, level = "vllm.logger" in sys.modules, vllm_log.level
+    os.environ[VLLM_LEVEL_ENV] = "ERROR"
+    vllm_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        del os.environ[VLLM_LEVEL_ENV]
+        if configured or "vllm.logger" not in sys.modules:
+            vllm_log.setLevel(level)
+        else:  # configured within, at ERROR: as vLLM's default would have
+            for target in (vllm_log, *vllm_log.handlers):
+                target.setLevel(logging.INFO)
+
+
+def check_engine_options(max_model_len: int | None, engine_args: list[str], verbose: bool = False) -> None:
     """`--max-model-len` and `--engine-arg` of `tune` / `promote`: one error line (exit 2) naming every problem
-    (runtime.usecases.tune.engine_option_problems)."""
+    (runtime.usecases.tune.engine_option_problems); vLLM's own log lines while its parser loads are hidden
+    unless ``verbose`` (:func:`vllm_logs_quiet`)."""
     from runtime.usecases.tune import engine_option_problems
 
-    problems = engine_option_problems(max_model_len, engine_args)
+    with vllm_logs_quiet(verbose):
+        problems = engine_option_problems(max_model_len, engine_args)
     if problems:
         usage("; ".join(problems))
 

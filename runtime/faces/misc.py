@@ -65,11 +65,13 @@ def compile_cmd(
 def models() -> None:
     """List the built-in model catalog: the names `pdserve tune MODEL` takes, with each model's size.
 
-    Columns: parameters and parameters active per token (billions), layers, the longest context vLLM derives
-    from the config (tokens), KV cache per token at bf16 and TP 1 (KiB), and the format the checkpoint stores
-    its weights in (bf16, fp8, fp8-block, mxfp4, nvfp4, or the quantization method of a format pdserve does not
-    model), which `tune` costs the weights in. Without --precision, `tune` deploys a checkpoint with FP8 weights
-    or FP8 KV-cache scales at fp8 and the others at bf16, the KV cache's precision."""
+    Columns: the catalog name, the kind (dense or MoE, +MLA for multi-head latent attention), parameters and
+    parameters active per token (billions), layers, the longest context vLLM derives from the config (tokens),
+    KV cache per token at bf16 and TP 1 (KiB), the format the checkpoint stores its weights in (bf16, fp8,
+    fp8-block, mxfp4, nvfp4, or the quantization method of a format pdserve does not model), which `tune` costs
+    the weights in, and the Hugging Face id, which `tune` takes in place of the name (left out in a terminal
+    narrower than the table). Without --precision, `tune` deploys a checkpoint with FP8 weights or FP8 KV-cache
+    scales at fp8 and the others at bf16, the KV cache's precision."""
     from runtime.modelfiles.catalog import catalog_entries
     from runtime.modelfiles.load import load_model_spec
 

@@ -11,7 +11,8 @@ import typer
 from rich.markup import escape
 
 from runtime.image import DEFAULT_IMAGE
-from runtime.faces.common import DEFAULT_STATE, check_engine_options, check_output_file, console, fail, usage
+from runtime.faces.common import (DEFAULT_STATE, check_engine_options, check_output_file, console, fail, usage,
+                                  verbose_given)
 
 
 def _sqlite_database(uri: str) -> Path | None:
@@ -28,6 +29,7 @@ def _sqlite_database(uri: str) -> Path | None:
 
 
 def promote(
+    ctx: typer.Context,
     registered_model: Annotated[str, typer.Argument(help="MLflow registered model name.", metavar="REGISTERED_MODEL")],
     mlflow_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = f"sqlite:///{DEFAULT_STATE / 'mlflow.db'}",
     out: Annotated[Path, typer.Option(help="Where to write the validated YAML; an existing file is replaced only "
@@ -94,7 +96,7 @@ def promote(
     if skip_if_live and not apply:
         usage("--skip-if-live: only applies with --apply")
     engine_args = list(engine_arg or [])
-    check_engine_options(max_model_len, engine_args)
+    check_engine_options(max_model_len, engine_args, verbose_given(ctx))
     if skip_if_live and (max_model_len is not None or engine_args):
         usage("--skip-if-live: not with --max-model-len / --engine-arg (the live revision of this version would "
               "be kept without them)")

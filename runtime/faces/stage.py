@@ -111,10 +111,11 @@ def stage(
         except Exception as e:  # noqa: BLE001 - botocore: invalid endpoint or region, bad config file, ...
             fail(f"cannot create the S3 client: {e or type(e).__name__}")
     from runtime.staging.manifest import DestinationError
+    from runtime.staging.stage import SourceSelectionError
 
     try:
         stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself
-    except DestinationError as e:  # DEST as given cannot be staged into: a bad value, nothing copied
+    except (DestinationError, SourceSelectionError) as e:  # DEST, or SOURCE's files as selected: a bad value
         usage(str(e))
     except StagingError as e:
         fail(str(e))

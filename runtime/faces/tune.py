@@ -3,6 +3,7 @@ the champion decision and the decision files."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from enum import Enum
 from pathlib import Path
@@ -14,7 +15,7 @@ from rich.table import Table
 
 from runtime.config import PlannerSpec
 from runtime.faces.common import (DEFAULT_STATE, StateOpt, check_output_file, console, err, fail, price_options,
-                                  usage)
+                                  print_table, usage, verbose_given, vllm_logs_quiet)
 from runtime.redact import redact_userinfo
 from runtime.tuner.champion import DEFAULT_MIN_IMPROVEMENT_PCT
 from runtime.usecases.tune_model import (TUNE_GPU_DEFAULT, TUNE_ISL_DEFAULT, TUNE_ITL_MS_DEFAULT, TUNE_OSL_DEFAULT,
@@ -35,6 +36,7 @@ class Parallelism(str, Enum):
 
 
 def tune(
+    ctx: typer.Context,
     model: Annotated[str, typer.Argument(
         help="The model: a catalog name (llama-3.1-70b; `pdserve models` lists them) or Hugging Face id in the "
              "catalog, an HF config.json, or a model folder holding one.", metavar="MODEL")],
@@ -202,8 +204,12 @@ def tune(
         measure=measure, fsx_root=fsx_root, state_dir=state, parallelism=parallelism.value,
         max_model_len_tokens=max_model_len, engine_args=list(engine_arg or []),
         prices=price_options(list(usd_per_gpu_hour or []), price_file))
+    # the use case reads vLLM's parser for --engine-arg; without one no vLLM is imported, and a --measure
+    # worker (refused with --engine-arg) keeps its own log level
+    quiet = vllm_logs_quiet(verbose_given(ctx)) if engine_arg else contextlib.nullcontext()
     try:
-        outcome = tune_model(request, _Report())
+        with quiet:
+            outcome = tune_model(request, _Report())
     except TuneUsageError as e:
         usage(str(e))
     except TuneFailure as e:
@@ -231,7 +237,7 @@ class _Report:
                      else f"batch {r['batch']} ctx {r['context_tokens']}")
             table.add_row(r["kind"], point, f"{r['measured_ms']:.1f}", f"{r['predicted_ms']:.1f}",
                           f"{r['abs_pct_error']:.0f}")
-        console.print(table)
+        print_table(table)
 
     def candidates(self, result, workload, precision: str, slo) -> None:
         table = Table(title=escape(f"{result.model.name} on {result.gpu.name} ({precision}), SLO "
@@ -252,7 +258,7 @@ class _Report:
                           str(c.num_gpus) if c.feasible else "-",
                           "-" if c.usd_per_mtok is None else f"{c.usd_per_mtok:.2f}", key,
                           style="bold green" if best else (None if c.feasible else "dim"))
-        console.print(table)
+        print_table(table)
         for reason, k in reasons.items():
             console.print(escape(f"[{k}] {reason}"), style="dim")
         for note in result.notes:

@@ -49,6 +49,12 @@ from runtime.staging.transfer import TransferEngine, TransferStats
 log = logging.getLogger(__name__)
 
 
+class SourceSelectionError(StagingError):
+    """The source's files, as selected (``include`` / ``exclude``, else the default model-folder selection),
+    are no model to stage: none matches, or none holds weights. A bad value (the source or the globs), found
+    before anything is copied."""
+
+
 class StageOptions(BaseModel):
     """Tuning knobs of `stage_model` (all optional keyword arguments)."""
 
@@ -154,13 +160,13 @@ def _select(objs: list[SourceObject], opts: StageOptions, uri: str) -> list[Sour
     if not out:
         found = ", ".join(sorted(o.rel for o in objs)[:10])
         rule = f"include {opts.include or 'default'}" + (f" minus exclude {opts.exclude}" if opts.exclude else "")
-        raise StagingError(f"source {uri}: no file matches {rule} (found: {found})")
+        raise SourceSelectionError(f"source {uri}: no file matches {rule} (found: {found})")
     check_paths([o.rel for o in out])
     if opts.include is None and not weight_files(o.rel for o in out):
         # the default selection is a servable model folder: without weights vLLM fails only when it starts,
         # on GPU nodes, after tune and promote have accepted the folder
         found = ", ".join(sorted(o.rel for o in objs)[:10])
-        raise StagingError(f"source {uri}: no weight file ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}) among "
+        raise SourceSelectionError(f"source {uri}: no weight file ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}) among "
                            f"its files (found: {found}); vLLM loads safetensors or PyTorch checkpoints; pass "
                            "--include to stage other files anyway")
     return out
@@ -384,9 +390,11 @@ def stage_model(
         The published `Manifest` (key, path, size, ETag, verified checksum and/or SHA-256 per file).
 
     Raises:
-        StagingError: missing bucket, empty prefix, no matching files, unsafe key, checksum mismatch,
-            not enough free space, lock timeout, unknown option — the message names the key/field.
-            The destination is never left half-written.
+        StagingError: missing bucket, empty prefix, unsafe key, checksum mismatch, not enough free space,
+            lock timeout, unknown option — the message names the key/field. The destination is never left
+            half-written.
+        SourceSelectionError: (a StagingError) no file matches the selection, or the default selection holds
+            no weight file; nothing is copied.
     """
     try:
         options = StageOptions(**opts)

@@ -244,11 +244,7 @@ class TuneResult:
         caps = self._engine_kv_caps()
         if override is None:
             return max(min([want, *caps]), need)
-        if isinstance(override, bool) or not isinstance(override, int) or override <= 0:
-            raise ValueError(f"max_model_len must be a positive number of tokens, got {override!r}")
-        if override < need:
-            raise ValueError(f"max_model_len {override} < the workload's ISL + OSL ({need} tokens): the requests "
-                             "this configuration is tuned for would be refused")
+        self.workload.check_max_model_len(override)
         if context and override > context:
             raise ValueError(f"max_model_len {override} > the model's context window ({context} tokens): vLLM "
                              "refuses to start")

@@ -348,6 +348,14 @@ def _checked_values(req: ModelTuneRequest, report: TuneReport, precision, ttft_m
         workload = WorkloadSpec(isl_tokens=isl, osl_tokens=osl, request_rate_per_s=rate)
     except ValidationError as e:
         problems.append(pydantic_problems(e, WORKLOAD_OPTIONS))
+    mml = req.max_model_len_tokens
+    if workload is not None and mml is not None:
+        # known from the workload alone, so refused before the search; the model's context and the KV capacity
+        # need the winner and are checked with it (TuneResult.max_model_len_tokens)
+        try:
+            workload.check_max_model_len(mml)
+        except ValueError as e:
+            problems.append(f"--max-model-len {mml}: {e}")
     try:
         PlannerSpec(gpu_budget=gpu_budget, mode=planner)
     except ValidationError as e:

@@ -156,6 +156,19 @@ def test_stage_refuses_an_empty_source_instead_of_staging_the_current_folder(sou
     assert not (tmp_path / "dest").exists()
 
 
+@pytest.mark.parametrize("extra, problem", [([], "no weight file"), (["--include", "*.gguf"], "no file matches")])
+def test_stage_refuses_a_source_without_weights_as_a_bad_value(extra, problem, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("config.json", "tokenizer.json"):  # a model folder whose weights were never copied
+        (src / name).write_text("{}")
+    res = runner.invoke(app, ["stage", str(src), str(tmp_path / "dest"), *extra], env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and problem in errors[0], res.output
+    assert not (tmp_path / "dest").exists()
+
+
 @pytest.mark.parametrize("args, named", [
     (["", "--expect-version", "1"], "REGISTERED_MODEL: registered model name '': must not be empty"),
     (["org/m"], "REGISTERED_MODEL: registered model name 'org/m': MLflow model names cannot contain"),

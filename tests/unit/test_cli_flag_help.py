@@ -59,3 +59,19 @@ def test_every_command_uses_a_flag_class(entry):
     for param in cmd.get_params(ctx):
         if isinstance(param, TyperOption) and param.is_flag and not param.count:
             assert param.display_type_rich(ctx) == "", param.opts
+
+
+@pytest.mark.parametrize("command, option, field", [
+    (["batch", "retune-schedule"], "--mlflow-uri", "mlflow_uri"),
+    (["batch", "retune-schedule"], "--pvc", "pvc_name"),
+    (["batch", "retune-schedule"], "--service-account", "service_account"),
+    (["batch", "workflow"], "--service-account", "service_account"),
+])
+def test_batch_help_shows_the_default_the_render_applies(command, option, field):
+    from runtime.batch.workflow_specs import BatchInferenceWorkflowSpec, RetuneCronWorkflowSpec
+
+    spec = RetuneCronWorkflowSpec if command[-1] == "retune-schedule" else BatchInferenceWorkflowSpec
+    res = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "300"}, terminal_width=300)
+    assert res.exit_code == 0, res.output
+    line = next(line for line in res.output.splitlines() if re.match(rf"│\s+{option}\s", line))
+    assert f"[default: {spec.model_fields[field].default}]" in line, line

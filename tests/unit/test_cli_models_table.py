@@ -33,3 +33,15 @@ def test_a_format_pdserve_does_not_model_is_named_by_its_method():
         weight_format, quant_method = "unknown", "awq"
 
     assert checkpoint_weights(M()) == "awq"
+
+
+def test_the_help_names_every_column_and_that_tune_takes_the_id():
+    table = runner.invoke(app, ["models"]).output  # a pipe: every column, ids included
+    assert "kind" in table and "Hugging Face id" in table and "meta-llama/Meta-Llama-3.1-8B" in table
+    res = runner.invoke(app, ["models", "--help"], env={"COLUMNS": "300"}, terminal_width=300)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.replace("│", " ").split())
+    for column in ("the catalog name", "the kind (dense or MoE, +MLA", "parameters active per token", "layers",
+                   "KV cache per token", "the format the checkpoint stores its weights in", "the Hugging Face id"):
+        assert column in text, column
+    assert "which `tune` takes in place of the name" in text

@@ -4,7 +4,11 @@ table's $/Mtok, --parallelism all labels pool layouts; the use-case requests car
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from runtime.modelfiles.catalog import CATALOG_DIR
 runner = CliRunner()
 LLAMA_70B = CATALOG_DIR / "meta-llama--Meta-Llama-3.1-70B_config.json"
 DEEPSEEK_V3 = CATALOG_DIR / "deepseek-ai--DeepSeek-V3_config.json"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _winner_usd(output: str) -> float:
@@ -45,6 +50,50 @@ def test_max_model_len_below_the_workload_exits_2_naming_the_option(tmp_path):
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--out", str(out), "--max-model-len", "1000"])
     assert res.exit_code == 2, res.output
     assert "--max-model-len 1000:" in res.output and not out.exists()
+
+
+def test_max_model_len_below_the_workload_is_refused_before_the_search(tmp_path):
+    res = runner.invoke(app, ["tune", "llama-3.1-8b", "--max-model-len", "10"], env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: --max-model-len 10: max_model_len 10 < the workload's ISL + OSL (3150 "
+                                 "tokens)"), res.output
+    assert "winner:" not in res.output and "┏" not in res.output  # no table: nothing was searched
+    trace = tmp_path / "t.jsonl"  # with a trace, its mean lengths are the workload's
+    trace.write_text("".join(f'{{"timestamp": {i * 100}, "input_length": 1000, "output_length": 200}}\n'
+                             for i in range(4)))
+    res = runner.invoke(app, ["tune", "llama-3.1-8b", "--trace", str(trace), "--max-model-len", "1100"],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and "(1200 tokens)" in res.output and "winner:" not in res.output, res.output
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the pinned vLLM")
+def test_engine_arg_shows_pdserves_error_without_vllms_log_lines():
+    # a fresh process: vLLM logs its platform INFO / WARNING lines (Triton, ...) when first imported
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_LOGGING_LEVEL", "COLUMNS")}
+    res = subprocess.run([sys.executable, "-m", "runtime.cli", "tune", "llama-3.1-8b", "--engine-arg", "foo=bar"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
+    assert out.strip() == "error: --engine-arg 'foo=bar': --foo is not an engine argument of the installed vLLM", out
+
+
+def test_vllm_logs_quiet_restores_the_level_and_leaves_verbose_and_the_users_level_alone(monkeypatch):
+    import logging
+
+    from runtime.faces.common import vllm_logs_quiet
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    log = logging.getLogger("vllm")
+    before = log.level
+    with vllm_logs_quiet(False):
+        assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR" and log.level == logging.ERROR
+    assert "VLLM_LOGGING_LEVEL" not in os.environ and log.level == before
+    with vllm_logs_quiet(True):  # pdserve -v
+        assert "VLLM_LOGGING_LEVEL" not in os.environ and log.level == before
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    with vllm_logs_quiet(False):
+        assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG" and log.level == before
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
 
 
 def test_usd_per_gpu_hour_changes_the_tables_usd_per_mtok():
