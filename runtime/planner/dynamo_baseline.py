@@ -116,7 +116,7 @@ class DynamoSlaBaseline:
             p += 1
         elif p > 1 and active < target_tokens * (n_p - 1) / n_p * self.down_sensitivity:
             p -= 1
-        ctx = isl + tick.mean_osl_tokens / 2.0
+        ctx = isl + (tick.mean_osl_tokens or self._osl.predict()) / 2.0
         x_sla = self.prof.decode.max_batch(self.itl_s, ctx, ctx) * ctx  # KV tokens at the ITL target
         kv_tokens = tick.decode.kv_usage * self.prof.decode.kv_capacity_tokens
         n_d = max(tick.decode.num_ready, 1)
@@ -136,10 +136,16 @@ class DynamoSlaBaseline:
         num_req = sum(t.num_requests for t in ticks)
         if num_req:
             isl = sum(t.mean_isl_tokens * t.num_requests for t in ticks) / num_req
-            osl = sum(t.mean_osl_tokens * t.num_requests for t in ticks) / num_req
+            # output lengths are those of the requests that ended (TickInput.mean_osl_tokens; 0: none ended)
+            ended = [t for t in ticks if t.mean_osl_tokens > 0]
+            weight = sum(max(t.num_requests, 1) for t in ended)
+            osl = sum(t.mean_osl_tokens * max(t.num_requests, 1) for t in ended) / weight if ended else None
             self._num_req.observe(num_req)
             self._isl.observe(isl)
-            self._osl.observe(osl)
+            if osl is not None:
+                self._osl.observe(osl)
+            else:
+                osl = self._osl.predict()
             self._update_corrections(ticks, isl, osl)
         predicted_num = self._num_req.predict()
         next_num = predicted_num * (1.0 + self.load_headroom)

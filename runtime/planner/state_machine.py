@@ -172,6 +172,7 @@ Load mode replaces 1 + 3 + 4 by ±1 steps from queue depth, KV usage and observe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -290,6 +291,7 @@ class PlannerStateMachine:
         self._last_now: float | None = None
         self._last_decision: ScalingDecision | None = None  # returned again for a tick at the same now_s
         self._has_isl = False
+        self._last_osl: float | None = None  # the last tick's mean output length with a request ended
         self._queue_floor = 0  # rule 12: prefill workers the observed queue asks for (0: none)
         self._decode_floor = 0  # rule 13: decode workers the observed admission queue and ITL ask for (0: none)
         # rules 11 and 13: the window pools replay the arrivals of the last predictor window and of the last
@@ -659,8 +661,15 @@ class PlannerStateMachine:
         return decision
 
     def _advance(self, tick: TickInput) -> ScalingDecision:
-        """One tick in stages: observe, forecast, size (SLA rules or load steps), decode terms, stabilise."""
+        """One tick in stages: observe, forecast, size (SLA rules or load steps), decode terms, stabilise.
+
+        The output lengths are those of the requests that ended in the window: a tick in which none ended
+        (a first burst, decodes longer than the interval) is sized on the last ones seen."""
         self._observe(tick)
+        if tick.mean_osl_tokens > 0:
+            self._last_osl = tick.mean_osl_tokens
+        elif self._last_osl is not None:
+            tick = dataclasses.replace(tick, mean_osl_tokens=self._last_osl)
         f = self._forecast(tick)
         if self.cfg.mode == "load":
             mode: ServingMode = "disaggregated"
@@ -695,8 +704,9 @@ class PlannerStateMachine:
         self._prio.observe(tick.num_priority_requests / tick.interval_s)
         if tick.num_requests > 0:
             self._isl.observe(tick.mean_isl_tokens)
-            self._osl.observe(tick.mean_osl_tokens)
             self._has_isl = True
+        if tick.mean_osl_tokens > 0:  # 0: no request ended in the window, its output lengths are unknown
+            self._osl.observe(tick.mean_osl_tokens)
         if tick.arrival_dispersion is not None and tick.num_requests >= 2:
             # a flash crowd in one tick moves the EWMA by at most 0.3 x 4 x the reference
             z, ref, prev = tick.arrival_dispersion, cfg.staffing_dispersion_ref, self.arrival_dispersion

@@ -43,8 +43,10 @@ class PoolObservation:
 @dataclass(frozen=True)
 class TickInput:
     """Everything one planner tick sees. ``now_s`` is the tick time (any epoch), ``interval_s``
-    the length of the window the counters cover. ``observed_*`` are None when no request
-    finished in the window. ``p90_isl_tokens`` (optional) is the 90th percentile prompt length of the
+    the length of the window the counters cover. ``num_requests``, ``mean_isl_tokens`` and the
+    prompt fields are of the requests that arrived in the window; ``mean_osl_tokens`` is of those that
+    ended in it (a runtime learns a request's output length only when it ends; 0: none ended). ``observed_*``
+    are None when no request finished in the window (TTFT: none had its first token in it). ``p90_isl_tokens`` (optional) is the 90th percentile prompt length of the
     window's requests; it makes the expected TTFT p90 used for the correction factor comparable.
     ``peak_prefill_tokens_per_s`` (optional) is a high quantile (the adapter's choice; the simulator
     uses the 90th) of the prompt tokens arriving per 1-s bin within the window: sub-tick bursts.

@@ -334,8 +334,6 @@ class FleetSim:
         isl, osl = tr.isl_tokens, tr.osl_tokens
         n_steps = max(1, int(round((t1 - t0) / c.decode_dt_s)))
         dt = (t1 - t0) / n_steps
-        run_sum = kv_sum = 0.0
-        ready_ct = 0
         for k in range(n_steps):
             s, se = t0 + k * dt, t0 + (k + 1) * dt
             pool = [w for w in self.decode if w.ready_s <= s]
@@ -367,11 +365,6 @@ class FleetSim:
                         self.decode.remove(w)
                         self._leave(w, s, c.decode_tp, "decode")
                     n_pool = n_live
-            run_sum += len(self.act_idx) / max(n_pool, 1)
-            # vLLM's kv_cache_usage_perc is a share of the blocks, at most 1: where this model admits more
-            # context than the pool holds (it does not preempt), the engine would have preempted instead
-            kv_sum += min(kv_used / max(n_pool * kv_cap, 1), 1.0)
-            ready_ct += n_pool
             if not len(self.act_idx) or not n_pool:
                 continue
             idx = self.act_idx
@@ -388,14 +381,17 @@ class FleetSim:
             self.finish_s[idx[fin]] = start[fin] + (osl[idx[fin]] - before[fin]) * step
             keep = ~fin
             self.act_idx, self.act_admit, self.act_done = idx[keep], self.act_admit[keep], after[keep]
-        # the queue as vLLM's num_requests_waiting gauge reads at the tick's end, per worker ready then (what
-        # the runtime's planner loop scrapes): a mean over the tick divided among the workers ready at its
-        # end would count a queue the pool held before workers joined it many times over
+        # the gauges as vLLM's num_requests_waiting, num_requests_running and kv_cache_usage_perc read at the
+        # tick's end, per worker ready then: what the runtime's planner loop scrapes once a tick (a mean over
+        # the tick divided among the workers ready at its end would also count a queue the pool held before
+        # workers joined it many times over); KV usage at most 1, as vLLM's gauge: this model admits on prompts
+        # and does not preempt, so contexts can outgrow the pool where vLLM would have preempted
         n_end = sum(1 for w in self.decode if w.ready_s <= t1)
+        kv_end = float(np.sum(isl[self.act_idx] + self.act_done)) if len(self.act_idx) else 0.0
         return {
-            "running_per_worker": run_sum / n_steps,
+            "running_per_worker": len(self.act_idx) / max(n_end, 1),
             "queue_per_worker": len(self.waiting) / max(n_end, 1),
-            "kv_usage": kv_sum / n_steps,
+            "kv_usage": min(kv_end / max(n_end * kv_cap, 1), 1.0),
         }
 
     def _peak_tokens_per_s(self, new: slice, t0: float) -> float:
@@ -429,7 +425,8 @@ class FleetSim:
         stats = self._decode_steps(t, t1, agg_busy)
         ready_p = sum(1 for w in self.prefill if w.ready_s <= t1)
         first_in = (self.first_s >= t) & (self.first_s < t1)
-        fin_in = (self.finish_s >= t) & (self.finish_s < t1) & (tr.osl_tokens > 1)
+        ended = (self.finish_s >= t) & (self.finish_s < t1)
+        fin_in = ended & (tr.osl_tokens > 1)
         ttft = self.first_s[first_in] - arr[first_in]
         itl = (self.finish_s[fin_in] - self.first_s[fin_in]) / (tr.osl_tokens[fin_in] - 1)
         num = bi - new.start
@@ -439,7 +436,8 @@ class FleetSim:
             interval_s=c.interval_s,
             num_requests=num,
             mean_isl_tokens=float(np.mean(tr.isl_tokens[new])) if num else 0.0,
-            mean_osl_tokens=float(np.mean(tr.osl_tokens[new])) if num else 0.0,
+            # the output lengths of the requests that ended in the tick: a runtime learns a request's only then
+            mean_osl_tokens=float(np.mean(tr.osl_tokens[ended])) if np.any(ended) else 0.0,
             num_priority_requests=int(np.sum(tr.priority[new])) if tr.priority is not None else 0,
             p90_isl_tokens=float(np.quantile(tr.isl_tokens[new], 0.9)) if num else None,
             peak_prefill_tokens_per_s=self._peak_tokens_per_s(new, t) if num else None,

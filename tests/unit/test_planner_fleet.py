@@ -245,3 +245,34 @@ def test_kv_usage_reported_to_the_planner_is_a_share_of_the_pool_at_most_one():
 
     simulate(trace(np.linspace(0.0, 5.0, 90), isl=1000, osl=2000), PROF, fleet(), keep)
     assert max(seen) == pytest.approx(1.0, abs=0.05) and all(0.0 <= k <= 1.0 for k in seen)
+
+
+def test_ticks_report_the_output_lengths_of_the_requests_that_ended_in_them():
+    # a runtime learns a request's output length when it ends: the simulator reports what it would see
+    seen = []
+
+    def keep(tick):
+        seen.append((tick.num_requests, tick.mean_osl_tokens))
+        return ScalingDecision(tick.now_s, prefill_replicas=1, decode_replicas=1)
+
+    tr = Trace(np.array([0.0, 1.0, 12.0]), np.array([1000, 1000, 1000]), np.array([11, 3000, 21]))
+    simulate(tr, PROF, fleet(), keep)
+    # ticks of 10 s: [0, 10) the 11-token request ends (the 3,000-token one decodes for ~30 s), [10, 20) the
+    # 21-token one; the long one ends later, in a tick with no arrival
+    assert seen[0] == (2, 11.0) and seen[1] == (1, 21.0)
+    assert any(n == 0 and osl == 3000.0 for n, osl in seen[2:])
+
+
+def test_decode_gauges_are_read_at_the_ticks_end_as_the_runtime_scrapes_them():
+    seen = []
+
+    def keep(tick):
+        seen.append(tick.decode)
+        return ScalingDecision(tick.now_s, prefill_replicas=1, decode_replicas=1)
+
+    # one request done within its first second, one decoding across the whole first tick's end
+    simulate(Trace(np.array([0.0, 5.0]), np.array([1000, 4000]), np.array([11, 3000])), PROF, fleet(), keep)
+    first = seen[0]
+    assert first.running_per_worker == 1.0  # the long one, running at 10 s (a mean over the tick reads less)
+    decoded = (10.0 - 5.4) / 0.0101  # prefilled by 5.4 s (4,000 x 0.1 ms), then 10.1 ms a step at batch 1
+    assert first.kv_usage == pytest.approx((4000 + decoded) / 100_000, rel=0.05)

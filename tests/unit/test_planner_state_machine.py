@@ -283,3 +283,18 @@ def test_back_from_aggregated_below_min_prefill_never_flips_decode_within_its_co
             if last_dir.get("dir") != step:
                 last_dir = {"dir": step, "t": now}
     assert seen[-1][2] == "disaggregated" and seen[-1][:2] == (2, 1)
+
+
+def test_a_tick_in_which_no_request_ended_is_sized_on_the_last_output_lengths_seen():
+    """mean_osl_tokens is of the requests that ended in the window (what a runtime can know): 0 where none
+    ended, which must not read as outputs of no tokens."""
+    seen, held = PlannerStateMachine(cfg(), PROF), PlannerStateMachine(cfg(), PROF)
+    for sm in (seen, held):
+        sm.on_tick(tick(30, 30.0, osl=600))
+    a = seen.on_tick(tick(60, 30.0, osl=600))
+    b = held.on_tick(tick(60, 30.0, osl=0))  # the same traffic; none of its requests ended in this window
+    assert b.predicted_osl_tokens == pytest.approx(600.0)
+    assert (b.prefill_replicas, b.decode_replicas) == (a.prefill_replicas, a.decode_replicas)
+    # with no output length seen yet, the tick's 0 stands (sized for the prompts alone)
+    first = PlannerStateMachine(cfg(), PROF).on_tick(tick(30, 30.0, osl=0))
+    assert first.predicted_osl_tokens == 0.0
