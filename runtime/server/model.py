@@ -310,10 +310,12 @@ class PDModel(OpenAIGenerativeModel):
         prefill_timeout_s: a remote prefill slower than this counts as failed (local prefill instead), so a
             stuck prefill worker cannot hang requests, seconds.
         observer: optional request window of the planner loop (runtime.server.planner_loop.RequestWindow:
-            `record_arrival(isl_tokens, priority=..., ago_s=...)` once per request received, answered or not
-            (shed, failed and abandoned requests are demand too), `record_finish(osl_tokens, ttft_s, itl_s)` per
-            answered request (`ttft_s` None where the runtime cannot see the first token: a non-streamed answer
-            prefilled by its decode worker), and `record_receipt()` when it has one, as each request comes in).
+            `record_arrival(isl_tokens, priority=..., ago_s=..., key=...)` once per request as it comes in,
+            answered or not (shed, failed and abandoned requests are demand too), `correct_arrival(key,
+            isl_tokens)` with the worker's prompt count where the arrival had an estimate,
+            `record_first_token(ttft_s)` when a first token reaches its client (a non-streamed answer: its
+            remote prefill's; none where the decode worker prefilled it) and `record_finish(osl_tokens, itl_s,
+            duration_s)` per answered request).
         prefill_nudge_after_s: when set, a request whose decode has not produced its first token this many
             seconds after a remote prefill sends the prefill worker a 1-token request, and again every as many
             seconds until the first token (`pdserve_prefill_nudges_total`). Why: with vLLM's NIXL pull
@@ -629,15 +631,12 @@ class PDModel(OpenAIGenerativeModel):
             self.metrics.shed.labels("breaker_open", _priority_label(body)).inc()
 
     def _record_refused(self, path: str, body: dict) -> None:
-        """A request refused before it was served (shed, not ready) in the planner's window: a receipt and an
-        arrival for each request it splits into. Unseen, shedding would hide the very load that calls for
+        """A request refused before it was served (shed, not ready) in the planner's window: an arrival for
+        each request it splits into. Unseen, shedding would hide the very load that calls for
         more workers."""
         if self.observer is None:
             return
-        receipt = getattr(self.observer, "record_receipt", None)
         for sub in fan_out(path, body) or [body]:
-            if receipt is not None:
-                receipt()
             self._record_arrival(sub, None, 0.0)
 
     def _servers(self) -> int:
@@ -765,21 +764,20 @@ class PDModel(OpenAIGenerativeModel):
 
     async def _serve(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None = None) -> Any:
         t0 = self.clock()
-        receipt = getattr(self.observer, "record_receipt", None)
-        if receipt is not None:  # the planner's arrival dispersion bins requests by when they came in
-            receipt()
         rid = f"pdserve-{uuid.uuid4().hex}"
         token_ids = None
         if self.tokenizer is not None:  # chat templates of long prompts take seconds: off the event loop
             try:
                 token_ids = await asyncio.to_thread(self.tokenizer.token_ids, path, body)
             except asyncio.CancelledError:  # the client left while its prompt was tokenized: still demand
-                self._record_arrival(body, None, self.clock() - t0)
+                self._record_arrival(body, None, self.clock() - t0, rid)
                 raise
             except Exception:  # routing knowledge only: a prompt the tokenizer chokes on is routed on load
                 logger.warning("could not tokenize a %s request for routing; routing on load alone", endpoint,
                                exc_info=True)
                 token_ids = None
+        # an arrival in the planner's window as it comes in (runtime.server.planner_loop)
+        self._record_arrival(body, None if token_ids is None else len(token_ids), self.clock() - t0, rid)
         try:
             route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
             # a decode worker known dead (health check, refused connection) is not worth a prefill: choose
@@ -793,7 +791,6 @@ class PDModel(OpenAIGenerativeModel):
                 tries -= 1
                 route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
         except RuntimeError as exc:
-            self._record_arrival(body, None if token_ids is None else len(token_ids), self.clock() - t0)
             self.metrics.child(self.metrics.requests, endpoint, UNSERVED_MODE, "error").inc()
             if self.breakers.any_open("decode"):  # every decode worker out: a clear 503, never a wait
                 self.metrics.shed.labels("breaker_open", _priority_label(body)).inc()
@@ -803,7 +800,7 @@ class PDModel(OpenAIGenerativeModel):
         self.metrics.child(self.metrics.in_flight, endpoint).inc()  # decremented by _count, which _finish calls once
         self._awaiting[rid] = (len(self._awaiting), self._servers())
         # from here on the route holds router load: released by _finish exactly once, on every path out
-        state = {"route": route, "mode": None, "owner": "serve", "arrival": False}
+        state = {"route": route, "mode": None, "owner": "serve"}
         try:
             return await self._serve_route(path, endpoint, body, response_type, context, rid, t0, token_ids, state)
         except asyncio.CancelledError:  # the client left: not the service's failure
@@ -813,8 +810,6 @@ class PDModel(OpenAIGenerativeModel):
             if state["owner"] == "serve":  # an exception, a cancellation (client gone) or an early return
                 self._finish(rid, endpoint, state["route"], t0, ok=False, mode=state["mode"],
                              status=state.get("status"))
-                if not state["arrival"]:
-                    self._record_arrival(body, None if token_ids is None else len(token_ids), self.clock() - t0)
 
     async def _serve_route(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None,
                            rid: str, t0: float, token_ids: list[int] | None, state: dict) -> Any:
@@ -840,7 +835,6 @@ class PDModel(OpenAIGenerativeModel):
         now = self.clock()
         # the prefill produced the first token: its load is gone
         prefill_done_s = now - t0 if kv is not None else None
-        state["arrival"] = state["arrival"] or token_ids is not None
         # What only records the route runs once the decode leg's request is written, on the event loop's next
         # turn while the decode worker works, not on the path to the first token; `_finish` runs it first if
         # it has not run by then.
@@ -849,7 +843,7 @@ class PDModel(OpenAIGenerativeModel):
         asyncio.get_running_loop().call_soon(self._run_deferred, rid)
         decode = self._client(route.decode_url, rid)
         if body.get("stream"):
-            gen = self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is not None,
+            gen = self._stream(decode, path, endpoint, body, rid, kv, route, t0, mode, token_ids is None,
                                kv_at + self.kv_lease_s, (context or {}).get("send_head"))
             state["owner"] = "stream"  # the generator's own finally releases the load from here on
             try:
@@ -857,6 +851,8 @@ class PDModel(OpenAIGenerativeModel):
             except _StreamFailedEarly as early:
                 return _backend_error_response(early.exc)
             return _Prepended(first, gen)
+        if prefill_done_s is not None:  # a non-streamed answer's first token: its remote prefill's
+            self._observe_first_token(prefill_done_s)
         first_token = asyncio.Event()
         nudger = self._start_nudger(route, kv, first_token)
         try:
@@ -902,7 +898,7 @@ class PDModel(OpenAIGenerativeModel):
         state["owner"] = "done"
         self._finish(rid, endpoint, route, t0, ok=True, mode=mode)
         usage = answer.get("usage") or {}
-        self._observe(body, usage, token_ids is not None, ttft_s, total_s, usage.get("completion_tokens") or 0)
+        self._observe(rid, usage, token_ids is None, ttft_s, total_s, usage.get("completion_tokens") or 0)
         return result
 
     def _record_route(self, rid: str, route: Route, body: dict, token_ids: list[int] | None, t0: float,
@@ -914,7 +910,6 @@ class PDModel(OpenAIGenerativeModel):
             self.metrics.prompt_tokens.inc(len(token_ids))
             predicted = route.overlap_blocks * getattr(self.pairing, "block_size_tokens", 0)
             self.metrics.prefix_predicted_tokens.inc(min(predicted, len(token_ids)))
-            self._record_arrival(body, len(token_ids), self.clock() - t0)
         if prefill_done_s is not None:
             self.pairing.on_first_token(rid, routed_at)
             self._first_token(rid, prefill_done_s)
@@ -934,29 +929,37 @@ class PDModel(OpenAIGenerativeModel):
         """A decode leg starting now would start after `kv_lease_s - kv_lease_margin_s` from `kv_at`."""
         return self.clock() - kv_at > self.kv_lease_s - self.kv_lease_margin_s
 
-    def _observe(self, body: dict, usage: dict, arrival_recorded: bool, ttft_s: float | None, total_s: float,
+    def _observe(self, rid: str, usage: dict, estimated_isl: bool, ttft_s: float | None, total_s: float,
                  osl_tokens: int, itl_s: float | None = None) -> None:
-        """Feed the planner's request window and the traffic log (each if any) with one finished request
-        (`ttft_s` None: its first token was not seen, so neither TTFT nor ITL is recorded)."""
+        """Feed the planner's request window and the traffic log (each if any) with request `rid`, finished:
+        its worker's prompt count corrects the arrival's estimate (`estimated_isl`: no tokenizer counted it),
+        its output length, ITL (from `ttft_s` when not given; `ttft_s` None: its first token was not seen, no
+        ITL) and duration `total_s`."""
         prompt_tokens = _count(usage, "prompt_tokens")  # a worker's usage is not trusted to hold numbers
         if self.traffic_log is not None:
             self.traffic_log.record(prompt_tokens, int(osl_tokens), ago_s=total_s)
         if self.observer is None:
             return
-        if not arrival_recorded:
-            self._record_arrival(body, prompt_tokens, total_s)
+        if estimated_isl and prompt_tokens > 0:
+            self.observer.correct_arrival(rid, prompt_tokens)
         if itl_s is None and osl_tokens > 1 and ttft_s is not None:
             itl_s = (total_s - ttft_s) / (osl_tokens - 1)
-        self.observer.record_finish(int(osl_tokens), ttft_s, itl_s, total_s)
+        self.observer.record_finish(int(osl_tokens), itl_s, total_s)
 
-    def _record_arrival(self, body: dict, prompt_tokens: int | None, ago_s: float) -> None:
-        """One request's arrival `ago_s` seconds ago in the planner's window (if any): `prompt_tokens` (None:
-        unknown, the body's estimate, runtime.server.routing.estimate_prompt_tokens), priority traffic as
-        admission judges it (runtime.router.admission.is_priority of `priority_tokens`)."""
+    def _observe_first_token(self, ttft_s: float) -> None:
+        """A first token reached its client `ttft_s` seconds after the request arrived: the planner's window."""
+        if self.observer is not None:
+            self.observer.record_first_token(ttft_s)
+
+    def _record_arrival(self, body: dict, prompt_tokens: int | None, ago_s: float, rid: str | None = None) -> None:
+        """One request's arrival `ago_s` seconds ago in the planner's window (if any), named `rid` for its
+        correction: `prompt_tokens` (None: unknown, the body's estimate,
+        runtime.server.routing.estimate_prompt_tokens), priority traffic as admission judges it
+        (runtime.router.admission.is_priority of `priority_tokens`)."""
         if self.observer is None:
             return
         n = estimate_prompt_tokens(body) if prompt_tokens is None else prompt_tokens
-        self.observer.record_arrival(n, priority=is_priority(priority_tokens(body, n)), ago_s=ago_s)
+        self.observer.record_arrival(n, priority=is_priority(priority_tokens(body, n)), ago_s=ago_s, key=rid)
 
     def _migrate(self, exc: BackendError, route: Route, rid: str, *, started: bool = True) -> Route | None:
         """After a decode failure: the route to continue on, or None (no migration: the worker answered, or was
@@ -974,7 +977,7 @@ class PDModel(OpenAIGenerativeModel):
 
     async def _stream(
         self, decode: VllmClient, path: str, endpoint: str, body: dict, rid: str, kv: dict | None,
-        route: Route, t0: float, mode: str, arrival_recorded: bool = False, lease_end: float | None = None,
+        route: Route, t0: float, mode: str, estimated_isl: bool = True, lease_end: float | None = None,
         send_head: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncGenerator[str, None]:
         """The client's stream, from decode workers' streams (a migration continues it on another).
@@ -1102,6 +1105,7 @@ class PDModel(OpenAIGenerativeModel):
                                 first_token.set()
                                 first_s = self.clock() - t0  # what the client sees, NIXL pull included
                                 self._first_token(rid, first_s)
+                                self._observe_first_token(first_s)
                                 self.metrics.child(self.metrics.ttft, endpoint, mode).observe(first_s)
                             u = chunk.get("usage")
                             if u:
@@ -1233,8 +1237,6 @@ class PDModel(OpenAIGenerativeModel):
             if nudger is not None:
                 nudger.cancel()
             self._finish(rid, endpoint, route, t0, ok=ok, mode=mode, status=None if ok else status)
-            if not (ok and first_s is not None) and not arrival_recorded:  # failed or abandoned: still demand
-                self._record_arrival(body, None, self.clock() - t0)
         if ok and first_s is not None:
             tokens = tokens_before + max(_completion_tokens(attempt_usage), attempt_chunks)  # a chunk: 1+ tokens
             if attempt_usage is not None:
@@ -1242,7 +1244,7 @@ class PDModel(OpenAIGenerativeModel):
             itl_s = (last_s - first_s) / (tokens - 1) if tokens > 1 and last_s is not None else None
             if itl_s is not None:
                 self.metrics.child(self.metrics.itl, endpoint, mode).observe(itl_s)
-            self._observe(body, usage, arrival_recorded, first_s, self.clock() - t0, tokens, itl_s)
+            self._observe(rid, usage, estimated_isl, first_s, self.clock() - t0, tokens, itl_s)
         yield "data: [DONE]\n\n"
 
     def _finish(self, rid: str, endpoint: str, route: Route, t0: float, *, ok: bool, mode: str | None = None,

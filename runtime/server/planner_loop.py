@@ -35,21 +35,24 @@ With several runtime replicas only the leader actuates (``PlannerLoop(leader=...
 every replica reads the workers, ticks its own state machine and exports the decision; a follower skips the
 actuator, and its ``applied_replicas``, ``scale_events_total`` and ``actuations_total`` stay unchanged.
 
+Each observation goes into the window in which it happened, as the fleet simulator counts it
+(runtime/sim/fleet.py), so that the planner the benchmarks replay is the one that runs here: a request is an
+arrival when it comes in (its prompt length from the tokenizer, or the body's estimate until its worker's count
+comes back within the same window), its TTFT counts when its first token reaches the client, its output length,
+ITL and duration when it ends. Counted later (after its prefill, or at its end), a burst's arrivals would reach
+the planner only as fast as the prefill pool serves them: a queue that grows would not show in the rate.
 The sub-tick peak handed to the planner (``TickInput.peak_prefill_tokens_per_s``) is computed exactly as
-the fleet simulator does (runtime/sim/fleet.py ``_peak_tokens_per_s``): the prompt tokens arriving in each
-1-s bin of the interval, then their ``PEAK_BIN_QUANTILE`` (0.9) quantile. The arrival dispersion
-(``TickInput.arrival_dispersion``) is runtime.planner.sla.arrival_dispersion, as in the simulator, over the
-times the runtime received the requests (``RequestWindow.record_receipt``): the prompt length, and so
-``record_arrival``, comes only after the remote prefill or at the end of a request, and arrivals recorded that late
-would leave the end of each window short and drop from the next. The window's requests, each with the
-time it arrived (``record_arrival``'s ``ago_s``) and its prompt length, go to the planner as
-``TickInput.prompt_arrivals``, which replays them on candidate prefill pools (rule 11).
+the simulator does (``_peak_tokens_per_s``): the prompt tokens arriving in each 1-s bin of the interval, then
+their ``PEAK_BIN_QUANTILE`` (0.9) quantile; the arrival dispersion (``TickInput.arrival_dispersion``) is
+runtime.planner.sla.arrival_dispersion over the same arrival times. The window's requests, each with the time
+it arrived and its prompt length, go to the planner as ``TickInput.prompt_arrivals``, which replays them on
+candidate prefill pools (rule 11).
 
 Every request received is an arrival, answered or not: one that failed, that the client abandoned or that
-admission control shed is demand too (its prompt length estimated from the body when the worker's usage
-never came), or shedding would hide the very load that calls for more workers. The means of TTFT, ITL and
-request duration (receipt to last token) over the answered requests go to the planner as the simulator gives
-them; a non-streamed answer whose decode worker prefilled it shows no first token and gives no TTFT or ITL.
+admission control shed is demand too, or shedding would hide the very load that calls for more workers. The
+means of TTFT, ITL and request duration (arrival to last token) go to the planner as the simulator gives them;
+a non-streamed answer's TTFT is its remote prefill's answer (the client sees no earlier token), and one whose
+decode worker prefilled it shows no first token and gives no TTFT or ITL.
 """
 
 from __future__ import annotations
@@ -94,12 +97,12 @@ class WindowStats:
     itl_p90_s: float | None
     peak_prefill_tokens_per_s: float | None = None
     span_s: float = 0.0  # seconds the window covered (previous drain to this one)
-    arrival_dispersion: float | None = None  # runtime.planner.sla.arrival_dispersion of the receipts
+    arrival_dispersion: float | None = None  # runtime.planner.sla.arrival_dispersion of the arrivals
     prompt_arrivals: tuple[tuple[float, float], ...] | None = None  # (arrival_s, prompt tokens) per request
     # means over the answered requests, seconds (as runtime/sim/fleet.py feeds TickInput's)
     ttft_mean_s: float | None = None
     itl_mean_s: float | None = None
-    duration_mean_s: float | None = None  # receipt to last token
+    duration_mean_s: float | None = None  # arrival to last token
 
 
 def scale_window(w: WindowStats, factor: float) -> WindowStats:
@@ -163,53 +166,66 @@ def peak_tokens_per_s(
 
 
 class RequestWindow:
-    """Thread-safe request counters the runtime feeds: ``record_receipt`` when a request comes in,
-    ``record_arrival`` once its prompt length is known,
-    ``record_finish`` when it ends. ``drain`` returns and resets them; the window of a drain runs from
-    the previous drain (or creation) to now on ``clock`` (monotonic seconds, injectable)."""
+    """Thread-safe request counters the runtime feeds, each in the window in which it happened, as the fleet
+    simulator counts them (runtime/sim/fleet.py): ``record_arrival`` as a request comes in (its prompt length
+    then known or estimated; ``correct_arrival`` gives the worker's count when it answers within the same
+    window), ``record_first_token`` when the client's first token is sent, ``record_finish`` when it ends.
+    ``drain`` returns and resets them; the window of a drain runs from the previous drain (or creation) to now
+    on ``clock`` (monotonic seconds, injectable)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self.clock = clock
         self._since_s = clock()
         self._arrival_s: list[float] = []
-        self._receipt_s: list[float] = []
         self._isl: list[int] = []
+        self._keyed: dict[str, int] = {}  # key -> index in _isl of the arrivals record_arrival named
         self._prio = 0
         self._osl: list[int] = []
         self._ttft: list[float] = []
         self._itl: list[float] = []
         self._duration: list[float] = []
 
-    def record_arrival(self, isl_tokens: int, *, priority: bool = False, ago_s: float = 0.0) -> None:
-        """One request of ``isl_tokens`` prompt tokens that arrived ``ago_s`` seconds ago (the runtime
-        learns the prompt length after routing or at the end; the peak is binned by arrival time)."""
+    def record_arrival(self, isl_tokens: int, *, priority: bool = False, ago_s: float = 0.0,
+                       key: str | None = None) -> None:
+        """One request of ``isl_tokens`` prompt tokens that arrived ``ago_s`` seconds ago (the time it took to
+        tokenize it; the peak and the dispersion bin it by when it arrived); ``key`` names it for
+        ``correct_arrival``.
+
+        Raises:
+            ValueError: ``isl_tokens`` < 0.
+        """
         if isl_tokens < 0:
             raise ValueError(f"isl_tokens must be >= 0, got {isl_tokens}")
         now_s = self.clock() - max(ago_s, 0.0)
         with self._lock:
+            if key is not None:
+                self._keyed[key] = len(self._isl)
             self._isl.append(int(isl_tokens))
             self._arrival_s.append(now_s)
             self._prio += int(priority)
 
-    def record_receipt(self) -> None:
-        """A request was received now (before routing): the arrival dispersion counts these, binned
-        by the time they happened. Without any receipt in a window it uses the recorded arrivals."""
-        now_s = self.clock()
+    def correct_arrival(self, key: str, isl_tokens: int) -> None:
+        """The prompt length of the arrival recorded with ``key`` is ``isl_tokens`` (the worker's count, where
+        the arrival had an estimate): applied while that arrival is in the window not yet drained."""
         with self._lock:
-            self._receipt_s.append(now_s)
+            i = self._keyed.get(key)
+            if i is not None and isl_tokens >= 0:
+                self._isl[i] = int(isl_tokens)
 
-    def record_finish(self, osl_tokens: int, ttft_s: float | None, itl_s: float | None = None,
-                      duration_s: float | None = None) -> None:
-        """One answered request: `osl_tokens` output tokens, its TTFT and mean ITL in seconds (None: not
-        seen, e.g. a non-streamed answer the decode worker prefilled itself) and its time from receipt to
-        its last token, seconds."""
+    def record_first_token(self, ttft_s: float) -> None:
+        """A request's first token reached its client ``ttft_s`` seconds after it arrived."""
+        with self._lock:
+            self._ttft.append(float(ttft_s))
+
+    def record_finish(self, osl_tokens: int, itl_s: float | None = None, duration_s: float | None = None) -> None:
+        """One answered request: ``osl_tokens`` output tokens, its mean ITL in seconds (None: not seen, e.g. a
+        non-streamed answer the decode worker prefilled itself) and its time from arrival to its last token,
+        seconds."""
         with self._lock:
             self._osl.append(int(osl_tokens))
             if duration_s is not None:
                 self._duration.append(float(duration_s))
-            if ttft_s is not None:
-                self._ttft.append(float(ttft_s))
             if itl_s is not None:
                 self._itl.append(float(itl_s))
 
@@ -218,9 +234,9 @@ class RequestWindow:
         with self._lock:
             isl, osl, ttft, itl, prio = self._isl, self._osl, self._ttft, self._itl, self._prio
             duration = self._duration
-            arrival_s, receipt_s, since_s = self._arrival_s, self._receipt_s, self._since_s
+            arrival_s, since_s = self._arrival_s, self._since_s
             self._isl, self._osl, self._ttft, self._itl, self._prio, self._duration = [], [], [], [], 0, []
-            self._arrival_s, self._receipt_s, self._since_s = [], [], now_s
+            self._arrival_s, self._since_s, self._keyed = [], now_s, {}
         return WindowStats(
             num_requests=len(isl),
             num_priority_requests=prio,
@@ -234,7 +250,7 @@ class RequestWindow:
             duration_mean_s=float(np.mean(duration)) if duration else None,
             peak_prefill_tokens_per_s=peak_tokens_per_s(arrival_s, isl, since_s, now_s),
             span_s=max(now_s - since_s, 0.0),
-            arrival_dispersion=arrival_dispersion(receipt_s or arrival_s, since_s, now_s),
+            arrival_dispersion=arrival_dispersion(arrival_s, since_s, now_s),
             prompt_arrivals=tuple(zip(arrival_s, (float(n) for n in isl))) or None,
         )
 

@@ -99,7 +99,8 @@ def test_planner_loop_tick_decides_applies_and_exports_gauges(servers):
     for i in range(900):  # 30 req/s spread evenly over a 30 s window (so the peak second is the mean)
         now[0] = i / 30
         window.record_arrival(1000)
-        window.record_finish(200, ttft_s=0.3, itl_s=0.02)
+        window.record_first_token(0.3)
+        window.record_finish(200, itl_s=0.02)
     now[0] = 30.0
     registry = CollectorRegistry()
     act = DryRunActuator()
@@ -136,7 +137,8 @@ def test_planner_loop_corrects_prefill_by_the_engines_prefill_time_deltas(server
         for i in range(300):
             now[0] = t0 + i / 10
             window.record_arrival(1000)
-            window.record_finish(200, ttft_s=0.3, itl_s=0.02)
+            window.record_first_token(0.3)
+            window.record_finish(200, itl_s=0.02)
 
     with httpx.Client(timeout=2.0) as client:
         loop = PlannerLoop(machine, DryRunActuator(), window, client=client, registry=registry,
@@ -243,7 +245,8 @@ def test_a_late_tick_plans_on_the_window_it_actually_covered(servers):
     for i in range(900):  # 10 req/s for 90 s: the tick came 60 s late
         now[0] = i / 10
         window.record_arrival(1000)
-        window.record_finish(200, ttft_s=0.3, itl_s=0.02)
+        window.record_first_token(0.3)
+        window.record_finish(200, itl_s=0.02)
     now[0] = 90.0
     seen = []
 
@@ -383,7 +386,8 @@ def test_gauges_show_what_the_actuator_applied_beside_the_decision(servers):
         for i in range(900):  # 30 req/s over 30 s: the planner decides 6 prefill + 2 decode (test above)
             now[0] = i / 30
             window.record_arrival(1000)
-            window.record_finish(200, ttft_s=0.3, itl_s=0.02)
+            window.record_first_token(0.3)
+            window.record_finish(200, itl_s=0.02)
         now[0] = 30.0
 
     registry = CollectorRegistry()

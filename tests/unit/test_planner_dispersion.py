@@ -186,29 +186,14 @@ def test_the_runtime_window_reports_the_dispersion_of_its_arrivals():
     assert stats.arrival_dispersion == pytest.approx(2.1)
 
 
-def test_the_runtime_window_bins_requests_by_receipt_not_by_their_late_recorded_arrival():
+def test_the_runtime_window_bins_requests_by_when_they_arrived():
     now = [0.0]
     w = RequestWindow(clock=lambda: now[0])
-    times = [k * 0.1 for k in range(300)]  # 10 req/s, perfectly regular, over [0, 30)
-    for t in times:
-        now[0] = t
-        w.record_receipt()
-    for t in times:  # each prompt length is known 1.5 s after the request came in
-        if t + 1.5 < 30.0:
-            now[0] = t + 1.5
-            w.record_arrival(500, ago_s=1.5)
+    times = [k * 0.1 + 0.03 for k in range(300)]  # 10 req/s, perfectly regular, over [0, 30)
+    for t in times:  # each recorded once tokenized, 50 ms after it came in
+        now[0] = t + 0.05
+        w.record_arrival(500, ago_s=0.05)
     now[0] = 30.0
     first = w.drain()
-    assert first.num_requests == 285  # the last 1.5 s are recorded in the next window
-    assert first.arrival_dispersion == pytest.approx(0.0)  # 10 receipts in every bin
-    # what the late-recorded arrivals alone would read: the window's last 1.5 s empty
-    recorded = [t for t in times if t + 1.5 < 30.0]
-    assert arrival_dispersion(recorded, 0.0, 30.0) > 0.3
-    # a feeder that records no receipts: the window falls back to the arrivals
-    now[0] = 0.0
-    w2 = RequestWindow(clock=lambda: now[0])
-    for t in recorded:
-        now[0] = t + 1.5
-        w2.record_arrival(500, ago_s=1.5)
-    now[0] = 30.0
-    assert w2.drain().arrival_dispersion == pytest.approx(arrival_dispersion(recorded, 0.0, 30.0))
+    assert first.num_requests == 300
+    assert first.arrival_dispersion == pytest.approx(0.0)  # 10 arrivals in every bin

@@ -10,6 +10,7 @@ Specification:
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -25,6 +26,7 @@ from runtime.engines.metrics import sample_sum  # noqa: E402
 from runtime.server.metrics import RuntimeMetrics  # noqa: E402
 from runtime.server.model import PDModel  # noqa: E402
 from runtime.server.pairing import RoundRobinPairing  # noqa: E402
+from runtime.server.routing import estimate_prompt_tokens  # noqa: E402
 
 KV = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [1], "remote_host": "127.0.0.1",
       "remote_port": 1}
@@ -204,30 +206,36 @@ async def test_finished_requests_feed_the_planner_request_window():
     assert _metric(reg, "pdserve_ttft_seconds_count", endpoint="chat", mode="remote") == 1
 
 
-async def test_each_request_is_counted_for_the_arrival_dispersion_when_it_comes_in():
+async def test_a_request_is_an_arrival_in_the_window_it_came_in_not_when_its_prefill_answers():
+    """The planner's window counts what the fleet simulator counts in a tick: the requests that arrived in it
+    (a burst queued for prefill is demand now), the first tokens sent in it, the requests that ended in it."""
     from runtime.server.planner_loop import RequestWindow
 
-    events: list[str] = []
-
-    class Window(RequestWindow):
-        def record_receipt(self) -> None:
-            events.append("receipt")
-            super().record_receipt()
-
-        def record_arrival(self, isl_tokens: int, **kw) -> None:
-            events.append("arrival")
-            super().record_arrival(isl_tokens, **kw)
-
     w = FakeWorkers()
-    transport = httpx.MockTransport(w.handler)
-    window = Window()
+    at_prefill, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "prefill":  # a prefill worker with a queue
+            at_prefill.set()
+            await release.wait()
+        return w.handler(req)
+
+    transport = httpx.MockTransport(handler)
+    window = RequestWindow()
     model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(CollectorRegistry()),
                     client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
-    await model.create_chat_completion(_request())
-    await model.create_chat_completion(_request())
-    # received before routing (the prompt length, and record_arrival, come only after the worker answered)
-    assert events == ["receipt", "arrival", "receipt", "arrival"]
-    assert window.drain().num_requests == 2
+    task = asyncio.create_task(model.create_chat_completion(_request(stream=True,
+                                                                     stream_options={"include_usage": True})))
+    await asyncio.wait_for(at_prefill.wait(), 5.0)
+    waiting = window.drain()
+    assert waiting.num_requests == 1 and waiting.prompt_arrivals is not None
+    assert waiting.mean_isl_tokens == estimate_prompt_tokens({"messages": [{"role": "user", "content": "capital?"}]})
+    assert waiting.ttft_p90_s is None and waiting.mean_osl_tokens == 0.0  # nothing sent, nothing ended yet
+    release.set()
+    [e async for e in await task]
+    done = window.drain()
+    assert done.num_requests == 0  # counted once, in the window it came in
+    assert done.ttft_p90_s is not None and done.mean_osl_tokens == 2
 
 
 async def test_the_window_gets_means_and_durations_and_no_ttft_it_did_not_see():

@@ -216,7 +216,9 @@ def test_the_loop_feeds_the_planner_the_means_the_simulator_feeds_it():
     window = RequestWindow(clock=lambda: now[0])
     for ttft, itl, duration in ((0.2, 0.010, 4.0), (0.4, 0.014, 6.0), (None, None, 9.0)):
         window.record_arrival(100)
-        window.record_finish(400, ttft, itl, duration)
+        if ttft is not None:
+            window.record_first_token(ttft)
+        window.record_finish(400, itl, duration)
     now[0] = 30.0
     with httpx.Client() as http:
         loop = PlannerLoop(machine, DryRunActuator(prefill=1, decode=1), window, client=http,
