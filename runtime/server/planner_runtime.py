@@ -16,7 +16,8 @@ Kinds (`--planner`):
   (`WorkerBreakers.drain`), its in-flight requests finish (a prefill worker's handoffs are read or expire with
   the requests), then it leaves the pool and is stopped (`LocalActuator.release`), or at the drain cap
   (`PlannerSpec.drain_cap_s`) whatever it holds, its streams then migrating to another decode worker. While a
-  worker drains the pool is synced every `DRAIN_POLL_S` between ticks, so it is stopped soon after it drains.
+  worker drains or starts the pool is synced every `DRAIN_POLL_S` between ticks, so it is stopped soon after it
+  drains, and serves soon after it is ready.
 * `kubernetes`: `KubernetesActuator` patches the `scale` subresource of the prefill/decode Deployments; the
   pool itself follows through worker discovery (runtime.deploy.discovery), not through this module.
 
@@ -179,7 +180,7 @@ class PlannerRuntime:
         if self.election is not None:
             self.election.start()
         while True:
-            await self._sleep_syncing_drains(self.loop.interval_s)
+            await self._sleep_syncing(self.loop.interval_s)
             try:
                 await self.tick()
             except asyncio.CancelledError:
@@ -187,14 +188,22 @@ class PlannerRuntime:
             except Exception:  # keep serving
                 log.exception("planner tick failed")
 
-    async def _sleep_syncing_drains(self, seconds: float) -> None:
-        """Sleep `seconds`; while a local worker drains, sync the pool every `DRAIN_POLL_S` meanwhile, so a
-        drained worker is stopped (and its slot and GPUs freed) within that long, not at the next tick."""
+    async def _sleep_syncing(self, seconds: float) -> None:
+        """Sleep `seconds`; while a local worker drains or starts, sync the pool every `DRAIN_POLL_S` meanwhile,
+        so a drained worker is stopped (and its slot and GPUs freed) and a started one serves within that long
+        of being ready, not at the next tick (the planner, and the simulator it is measured on, count a worker
+        ready from then)."""
         end_s = time.monotonic() + seconds
         while (left_s := end_s - time.monotonic()) > 0:
             await asyncio.sleep(min(DRAIN_POLL_S, left_s))
-            if self.local is not None and self.local.draining() and time.monotonic() < end_s:
+            if self.local is not None and (self.local.draining() or self._joining()) and time.monotonic() < end_s:
                 await self.sync_pool()
+
+    def _joining(self) -> bool:
+        """A live worker of the local actuator is not in the pool yet (starting, or ready since the last sync)."""
+        assert self.local is not None
+        return any(w.alive() and w.base_url.rstrip("/") not in self._ids
+                   for role in ("prefill", "decode") for w in self.local.workers(role))  # type: ignore[arg-type]
 
     async def sync_pool(self) -> None:
         """Add the local actuator's ready workers to the pairing; drain the ones it removes (out of the

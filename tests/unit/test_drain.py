@@ -235,9 +235,10 @@ def test_decisions_plus_draining_gpus_stay_within_the_budget(spare, tp_p, tp_d, 
     loop.client.close()
 
 
-def _local_planner():
+def _local_planner(healthy=None):
     """A local planner runtime over `_pairing()` with breakers, one extra worker at most, its workers
-    `FakeWorker`s (returned as they are made) that pass every health check; its next tick an hour away."""
+    `FakeWorker`s (returned as they are made) that pass every health check (or `healthy(url)`'s); its next tick
+    an hour away."""
     from prometheus_client import CollectorRegistry
 
     from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
@@ -250,14 +251,14 @@ def _local_planner():
         made.append(FakeWorker(role, 10 + index))
         return made[-1]
 
-    async def healthy(url: str) -> bool:
+    async def always(url: str) -> bool:
         return True
 
     pairing = _pairing()
     breakers = WorkerBreakers(pairing, OverloadSpec())
     spec = DeploymentSpec(model=ModelRef(name="m"), planner=PlannerSpec(mode="load", interval_s=3600.0))
     rt = planner_runtime.build_planner("local", spec=spec, model_config=None, pairing=pairing, window=RequestWindow(),
-                                       registry=CollectorRegistry(), is_healthy=healthy, breakers=breakers,
+                                       registry=CollectorRegistry(), is_healthy=healthy or always, breakers=breakers,
                                        max_workers=1, worker_factory=factory)
     return rt, pairing, breakers, made
 
@@ -341,3 +342,42 @@ def test_a_draining_worker_is_no_ready_capacity_for_the_planner():
         rt.close()
     dec = seen[-1].decode
     assert (dec.num_ready, dec.num_starting, dec.queue_per_worker, dec.running_per_worker) == (2, 0, 4.0, 8.0)
+
+
+def test_a_started_worker_serves_once_ready_not_at_the_next_tick(monkeypatch):
+    """The planner counts a worker ready from when it is (and the fleet simulator it is measured on does): the
+    pool takes it between ticks, within DRAIN_POLL_S of its /health answering."""
+    import asyncio
+
+    from runtime.server import planner_runtime
+
+    monkeypatch.setattr(planner_runtime, "DRAIN_POLL_S", 0.02)
+    ready = {"yes": False}
+
+    async def healthy(url: str) -> bool:
+        return ready["yes"]
+
+    rt, pairing, _, made = _local_planner(healthy)
+    act = rt.loop.actuator
+
+    async def scenario() -> None:
+        act.apply(_decision(0, 3))  # one more decode worker: started, its /health not answering yet
+        await rt.sync_pool()
+        url = made[0].base_url
+        assert pairing.load_of(url) is None
+        runner = asyncio.create_task(rt.run())  # its next tick is an hour away
+        await asyncio.sleep(0.1)
+        assert pairing.load_of(url) is None  # still starting
+        ready["yes"] = True
+        for _ in range(100):
+            if pairing.load_of(url) is not None:
+                break
+            await asyncio.sleep(0.02)
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        assert pairing.load_of(url) is not None
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        rt.close()
