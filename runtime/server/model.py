@@ -838,7 +838,7 @@ class PDModel(OpenAIGenerativeModel):
         # What only records the route runs once the decode leg's request is written, on the event loop's next
         # turn while the decode worker works, not on the path to the first token; `_finish` runs it first if
         # it has not run by then.
-        self._deferred[rid] = functools.partial(self._record_route, rid, route, body, token_ids, t0, now,
+        self._deferred[rid] = functools.partial(self._record_route, rid, route, token_ids, now,
                                                 prefill_done_s)
         asyncio.get_running_loop().call_soon(self._run_deferred, rid)
         decode = self._client(route.decode_url, rid)
@@ -901,8 +901,8 @@ class PDModel(OpenAIGenerativeModel):
         self._observe(rid, usage, token_ids is None, ttft_s, total_s, usage.get("completion_tokens") or 0)
         return result
 
-    def _record_route(self, rid: str, route: Route, body: dict, token_ids: list[int] | None, t0: float,
-                      routed_at: float, prefill_done_s: float | None) -> None:
+    def _record_route(self, rid: str, route: Route, token_ids: list[int] | None, routed_at: float,
+                      prefill_done_s: float | None) -> None:
         """Count request `rid`'s route (`routed_at`: clock when its prefill leg ended) and, with a remote
         prefill (`prefill_done_s` after arrival), release its prefill load and record its first token."""
         self.metrics.child(self.metrics.routes, route.reason or "none").inc()
