@@ -197,7 +197,12 @@ class PlannerRuntime:
         while (left_s := end_s - time.monotonic()) > 0:
             await asyncio.sleep(min(DRAIN_POLL_S, left_s))
             if self.local is not None and (self.local.draining() or self._joining()) and time.monotonic() < end_s:
-                await self.sync_pool()
+                try:
+                    await self.sync_pool()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # keep the loop: the tick's own sync retries
+                    log.exception("planner pool sync failed")
 
     def _joining(self) -> bool:
         """A live worker of the local actuator is not in the pool yet (starting, or ready since the last sync)."""
@@ -244,9 +249,9 @@ class PlannerRuntime:
             self._num_added += 1
             endpoint = kv_endpoints.get(url) if self.subscriber is not None else None
             self.pairing.add_worker(WorkerEndpoint(wid, role, url, kv_events_endpoint=endpoint))
+            self._ids[url] = wid  # in the pool: a failed subscription below must not leave it half-added
             if endpoint:
                 self.subscriber.add(wid, endpoint)
-            self._ids[url] = wid
             log.info("planner: worker %s (%s) joined the pool", wid, redact_userinfo(url))
 
     def _leave(self, url: str) -> None:

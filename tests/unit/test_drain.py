@@ -381,3 +381,44 @@ def test_a_started_worker_serves_once_ready_not_at_the_next_tick(monkeypatch):
         asyncio.run(scenario())
     finally:
         rt.close()
+
+
+def test_a_worker_whose_kv_event_subscription_fails_joins_once_and_the_planner_keeps_running(monkeypatch):
+    import asyncio
+
+    from runtime.server import planner_runtime
+
+    monkeypatch.setattr(planner_runtime, "DRAIN_POLL_S", 0.02)
+    rt, pairing, _, made = _local_planner()
+    act = rt.loop.actuator
+
+    class Refusing:  # a KV-event subscriber that cannot connect (KvEventSubscriber.add raises ValueError)
+        removed: list[str] = []
+
+        def add(self, worker_id: str, endpoint: str) -> bool:
+            raise ValueError(f"cannot connect to {endpoint}")
+
+        def remove(self, worker_id: str) -> bool:
+            self.removed.append(worker_id)
+            return False
+
+    rt.subscriber = Refusing()
+
+    async def scenario() -> None:
+        act.apply(_decision(0, 3))
+        made[0].kv_events_endpoint = "tcp://127.0.0.1:1"
+        runner = asyncio.create_task(rt.run())  # its next tick is an hour away: the joins happen between ticks
+        await asyncio.sleep(0.2)
+        assert not runner.done()  # the failed subscription did not end the planner's task
+        url = made[0].base_url
+        assert pairing.load_of(url) is not None  # in the pool once, known to the runtime, so it can leave
+        await rt.sync_pool()  # no "already in the pool" on the next sync
+        act.apply(_decision(0, 2))
+        await rt.sync_pool()
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        rt.close()
