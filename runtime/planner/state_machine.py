@@ -664,12 +664,15 @@ class PlannerStateMachine:
         """One tick in stages: observe, forecast, size (SLA rules or load steps), decode terms, stabilise.
 
         The output lengths are those of the requests that ended in the window: a tick in which none ended
-        (a first burst, decodes longer than the interval) is sized on the last ones seen."""
+        (a first burst, decodes longer than the interval) is sized on the last ones seen, or before any on
+        ``prior_osl_tokens``."""
         self._observe(tick)
         if tick.mean_osl_tokens > 0:
             self._last_osl = tick.mean_osl_tokens
-        elif self._last_osl is not None:
-            tick = dataclasses.replace(tick, mean_osl_tokens=self._last_osl)
+        else:
+            held = self._last_osl if self._last_osl is not None else self.cfg.prior_osl_tokens
+            if held:
+                tick = dataclasses.replace(tick, mean_osl_tokens=held)
         f = self._forecast(tick)
         if self.cfg.mode == "load":
             mode: ServingMode = "disaggregated"

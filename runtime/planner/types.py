@@ -46,8 +46,8 @@ class TickInput:
     the length of the window the counters cover. ``num_requests``, ``mean_isl_tokens`` and the
     prompt fields are of the requests that arrived in the window; ``mean_osl_tokens`` is of those that
     ended in it (a runtime learns a request's output length only when it ends; 0: none ended). ``observed_*``
-    are None when no request finished in the window (TTFT: none had its first token in it). ``p90_isl_tokens`` (optional) is the 90th percentile prompt length of the
-    window's requests; it makes the expected TTFT p90 used for the correction factor comparable.
+    are None when no request finished in the window (TTFT: none had its first token in it). ``p90_isl_tokens``
+    (optional) is the 90th percentile prompt length of the window's requests; it makes the expected TTFT p90 used for the correction factor comparable.
     ``peak_prefill_tokens_per_s`` (optional) is a high quantile (the adapter's choice; the simulator
     uses the 90th) of the prompt tokens arriving per 1-s bin within the window: sub-tick bursts.
     ``observed_ttft_mean_s`` / ``observed_itl_mean_s`` / ``mean_request_duration_s`` (optional): means
@@ -152,7 +152,9 @@ class PlannerConfig:
     ``TickInput.peak_prefill_tokens_per_s``; the spec's arrival dispersion is an EWMA of the
     ``TickInput.arrival_dispersion`` the ticks report.
 
-    The other fields are not in the spec. ``size_on_tokens`` predicts prompt/output token rates
+    The other fields are not in the spec. ``prior_osl_tokens``: the output length, tokens, to plan for until a
+    tick reports the output lengths of requests that ended (``from_spec``: the workload's ``osl_tokens``, what the
+    deployment was tuned for; None: 0 until then). ``size_on_tokens`` predicts prompt/output token rates
     instead of request rates. ``backlog_drain_s``: requests queued for prefill or waiting for decode
     admission when a worker launched now is ready are planned to drain within this time. ``correct_by_prefill_time``: when the tick reports ``observed_prefill_time_mean_s`` the prefill
     service-time correction is observed / profiled prefill time (False: observed / expected TTFT
@@ -191,6 +193,7 @@ class PlannerConfig:
     )
     ttft_target_s: float = 2.0
     itl_target_s: float = 0.05
+    prior_osl_tokens: float | None = None
     interval_s: float = setting(
         30.0,
         "Planner tick interval, seconds.",
@@ -415,6 +418,9 @@ class PlannerConfig:
             raise ValueError(f"planner.prefill_level_window_ticks must be >= 1, got {self.prefill_level_window_ticks}")
         if self.peak_window_ticks is not None and self.peak_window_ticks < 1:
             raise ValueError(f"planner.peak_window_ticks must be >= 1, got {self.peak_window_ticks}")
+        prior = self.prior_osl_tokens
+        if prior is not None and not (math.isfinite(prior) and prior >= 0):
+            raise ValueError(f"prior_osl_tokens must be a finite number >= 0, got {self.prior_osl_tokens}")
         if self.peak_quantile is not None and not 0 < self.peak_quantile <= 1:
             raise ValueError(f"planner.peak_quantile must be in (0, 1], got {self.peak_quantile}")
 
@@ -432,6 +438,7 @@ class PlannerConfig:
             max_decode=spec.decode.max_replicas,
             ttft_target_s=spec.slo.ttft_p90_ms / 1000.0,
             itl_target_s=spec.slo.itl_p90_ms / 1000.0,
+            prior_osl_tokens=float(spec.workload.osl_tokens),
             **{name: getattr(p, name) for name in SPEC_SETTINGS},
         )
         kw.update(overrides)

@@ -295,6 +295,13 @@ def test_a_tick_in_which_no_request_ended_is_sized_on_the_last_output_lengths_se
     b = held.on_tick(tick(60, 30.0, osl=0))  # the same traffic; none of its requests ended in this window
     assert b.predicted_osl_tokens == pytest.approx(600.0)
     assert (b.prefill_replicas, b.decode_replicas) == (a.prefill_replicas, a.decode_replicas)
-    # with no output length seen yet, the tick's 0 stands (sized for the prompts alone)
-    first = PlannerStateMachine(cfg(), PROF).on_tick(tick(30, 30.0, osl=0))
-    assert first.predicted_osl_tokens == 0.0
+    # with no output length seen yet: the prior (from_spec: the workload the deployment was tuned for), else 0
+    cold = PlannerStateMachine(cfg(prior_osl_tokens=600.0), PROF).on_tick(tick(30, 30.0, osl=0))
+    warm = PlannerStateMachine(cfg(), PROF).on_tick(tick(30, 30.0, osl=600))
+    assert cold.predicted_osl_tokens == pytest.approx(600.0)
+    assert (cold.prefill_replicas, cold.decode_replicas) == (warm.prefill_replicas, warm.decode_replicas)
+    assert PlannerStateMachine(cfg(), PROF).on_tick(tick(30, 30.0, osl=0)).predicted_osl_tokens == 0.0
+    spec = DeploymentSpec(model=ModelRef(name="m"))
+    assert PlannerConfig.from_spec(spec).prior_osl_tokens == spec.workload.osl_tokens
+    with pytest.raises(ValueError, match="prior_osl_tokens"):
+        cfg(prior_osl_tokens=-1.0)
