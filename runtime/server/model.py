@@ -765,19 +765,19 @@ class PDModel(OpenAIGenerativeModel):
     async def _serve(self, path: str, endpoint: str, body: dict, response_type: type, context: dict | None = None) -> Any:
         t0 = self.clock()
         rid = f"pdserve-{uuid.uuid4().hex}"
+        # an arrival in the planner's window as it comes in (runtime.server.planner_loop), before a tokenizer
+        # that a burst of long chat templates queues: the body's estimate until the tokenizer or the worker counts
+        self._record_arrival(body, None, 0.0, rid)
         token_ids = None
         if self.tokenizer is not None:  # chat templates of long prompts take seconds: off the event loop
             try:
                 token_ids = await asyncio.to_thread(self.tokenizer.token_ids, path, body)
-            except asyncio.CancelledError:  # the client left while its prompt was tokenized: still demand
-                self._record_arrival(body, None, self.clock() - t0, rid)
-                raise
             except Exception:  # routing knowledge only: a prompt the tokenizer chokes on is routed on load
                 logger.warning("could not tokenize a %s request for routing; routing on load alone", endpoint,
                                exc_info=True)
                 token_ids = None
-        # an arrival in the planner's window as it comes in (runtime.server.planner_loop)
-        self._record_arrival(body, None if token_ids is None else len(token_ids), self.clock() - t0, rid)
+            if token_ids is not None and self.observer is not None:
+                self.observer.correct_arrival(rid, len(token_ids))
         try:
             route = self.pairing.choose(RouteRequest(rid, path, body, token_ids, t0))
             # a decode worker known dead (health check, refused connection) is not worth a prefill: choose

@@ -548,3 +548,36 @@ def test_a_migration_runs_the_first_routes_accounting_before_the_router_moves_th
     assert model._migrate(BackendError("http://decode", 502, "gone", unreachable=True),
                           Route("http://prefill", "http://decode", "test", "prefill-0", "decode-0"), "r1") is None
     assert order == ["accounting", "moved"] and "r1" not in model._deferred
+
+
+async def test_a_request_queued_for_its_tokenizer_is_already_an_arrival_and_gets_its_token_count():
+    import threading
+
+    from runtime.server.planner_loop import RequestWindow
+
+    w = FakeWorkers()
+    transport = httpx.MockTransport(w.handler)
+    go, entered = threading.Event(), threading.Event()
+
+    class SlowTokenizer:  # a long chat template: tokenized off the event loop, seconds later
+        def token_ids(self, path, body):
+            entered.set()
+            go.wait(5.0)
+            return list(range(123))
+
+    window = RequestWindow()
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(CollectorRegistry()),
+                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window,
+                    tokenizer=SlowTokenizer())
+    task = asyncio.create_task(model.create_chat_completion(_request()))
+    while not entered.is_set():
+        await asyncio.sleep(0.01)
+    assert window.drain().num_requests == 1  # counted as it came in, not once tokenized
+    go.set()
+    await task
+    assert window.drain().num_requests == 0
+    # within one window, the tokenizer's count replaces the body's estimate
+    go.set()
+    await model.create_chat_completion(_request())
+    stats = window.drain()
+    assert stats.num_requests == 1 and stats.mean_isl_tokens == 123
