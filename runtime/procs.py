@@ -157,14 +157,15 @@ def temp_folder(tmp: Path, prefix: str = "pdserve-tmp-") -> Iterator[Path]:
     process it starts is ``tmp``, emptied first (what a killed run left) and removed at the end; yields it.
 
     Where ``tmp`` is too long a path for a vLLM IPC socket in it (a Unix socket path is at most 107 bytes), a
-    fresh folder named ``prefix...`` in the system temp folder stands in (removed at the end as well).
+    fresh folder named ``prefix...`` in the system temp folder stands in (removed at the end as well) and ``tmp``
+    is left untouched.
     TorchInductor's compile cache stays where torch keeps it without this (``$TORCHINDUCTOR_CACHE_DIR``, else
     ``torchinductor_<user>`` in the system temp folder): a cache kept warm across runs, not a leftover.
     """
-    shutil.rmtree(tmp, ignore_errors=True)
     if len(os.fsencode(tmp)) + _IPC_NAME_BYTES <= _MAX_IPC_PATH_BYTES:
+        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    else:
+    else:  # ``tmp`` is left as it is: it is not used
         tmp = Path(tempfile.mkdtemp(prefix=prefix))
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or _torch_cache_dir()
     before = tempfile.tempdir

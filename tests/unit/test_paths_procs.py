@@ -86,3 +86,18 @@ def test_stop_process_returns_the_exit_code_of_a_cooperative_child():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_a_temp_folder_too_long_for_a_socket_path_is_left_as_it_is(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from runtime.procs import temp_folder
+
+    wanted = tmp_path / ("x" * 90) / "tmp"
+    wanted.mkdir(parents=True)
+    (wanted / "keep").write_text("a user's file")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with temp_folder(wanted, prefix="pdserve-t-") as used:
+        assert used != wanted and used.name.startswith("pdserve-t-") and os.environ["TMPDIR"] == str(used)
+    assert (wanted / "keep").read_text() == "a user's file" and not used.exists()
