@@ -104,13 +104,17 @@ class DynamoPlannerProcess:
             return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else None
 
         ttft, itl, dur = mean("observed_ttft_mean_s"), mean("observed_itl_mean_s"), mean("mean_request_duration_s")
+        # output lengths are those of the requests that ended (TickInput.mean_osl_tokens; 0: none ended), as
+        # Dynamo's frontend metrics report them: the ticks where some ended, as dynamo_baseline averages them
+        ended = [(t.mean_osl_tokens, max(t.num_requests, 1)) for t in ticks if t.mean_osl_tokens > 0]
+        osl = sum(v * w for v, w in ended) / sum(w for _, w in ended) if ended else None
         last = ticks[-1]
         ans = self._ask({
             "num_p": last.prefill.num_ready + last.prefill.num_starting,
             "num_d": last.decode.num_ready + last.decode.num_starting,
             "num_req": float(n),
             "isl": sum(t.mean_isl_tokens * t.num_requests for t in ticks) / n if n else None,
-            "osl": sum(t.mean_osl_tokens * t.num_requests for t in ticks) / n if n else None,
+            "osl": osl if n else None,
             "ttft_ms": None if ttft is None else ttft * 1000.0,
             "itl_ms": None if itl is None else itl * 1000.0,
             "request_duration_s": dur,
