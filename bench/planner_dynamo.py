@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.planner.dynamo_baseline import ended_osl_mean
 from runtime.planner.types import ScalingDecision, TickInput
 
 DYNAMO_DRIVER = Path(__file__).resolve().parent / "dynamo_planner_driver.py"
@@ -104,10 +105,7 @@ class DynamoPlannerProcess:
             return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else None
 
         ttft, itl, dur = mean("observed_ttft_mean_s"), mean("observed_itl_mean_s"), mean("mean_request_duration_s")
-        # output lengths are those of the requests that ended (TickInput.mean_osl_tokens; 0: none ended), as
-        # Dynamo's frontend metrics report them: the ticks where some ended, as dynamo_baseline averages them
-        ended = [(t.mean_osl_tokens, max(t.num_requests, 1)) for t in ticks if t.mean_osl_tokens > 0]
-        osl = sum(v * w for v, w in ended) / sum(w for _, w in ended) if ended else None
+        osl = ended_osl_mean(ticks)
         last = ticks[-1]
         ans = self._ask({
             "num_p": last.prefill.num_ready + last.prefill.num_starting,

@@ -42,6 +42,14 @@ from runtime.planner.stability import fit_budget
 from runtime.planner.types import ScalingDecision, TickInput
 
 
+
+def ended_osl_mean(ticks: list[TickInput]) -> float | None:
+    """Mean output length, tokens, over an interval of ``ticks``: their ``mean_osl_tokens`` (those of the
+    requests that ended in each; 0: none ended) over the ticks where some ended, weighted by each tick's
+    requests (at least 1), as Dynamo's frontend metrics report output lengths; None where none ended. Pure."""
+    ended = [(t.mean_osl_tokens, max(t.num_requests, 1)) for t in ticks if t.mean_osl_tokens > 0]
+    return sum(v * w for v, w in ended) / sum(w for _, w in ended) if ended else None
+
 class DynamoSlaBaseline:
     """Dynamo SLA planner arithmetic. Times in seconds; ``itl_target_s`` / ``ttft_target_s`` SLOs."""
 
@@ -136,10 +144,7 @@ class DynamoSlaBaseline:
         num_req = sum(t.num_requests for t in ticks)
         if num_req:
             isl = sum(t.mean_isl_tokens * t.num_requests for t in ticks) / num_req
-            # output lengths are those of the requests that ended (TickInput.mean_osl_tokens; 0: none ended)
-            ended = [t for t in ticks if t.mean_osl_tokens > 0]
-            weight = sum(max(t.num_requests, 1) for t in ended)
-            osl = sum(t.mean_osl_tokens * max(t.num_requests, 1) for t in ended) / weight if ended else None
+            osl = ended_osl_mean(ticks)
             self._num_req.observe(num_req)
             self._isl.observe(isl)
             if osl is not None:
