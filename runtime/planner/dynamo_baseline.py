@@ -19,7 +19,8 @@ would add to reach an attainment target the formula misses (the formula sizes pr
 utilisation of the predicted mean). ``bench/planner.py --dynamo-matched`` searches the smallest one
 that meets the benchmark's attainment target.
 
-It acts every ``adjustment_interval_s`` (a multiple of the tick) and returns None in between.
+It acts every ``adjustment_interval_s`` (a multiple of the tick) and returns None in between, and at the
+end of an interval in which no request arrived or none ended (no mean ISL or OSL: Dynamo skips the adjustment).
 
 ``load_scaling=True`` adds Dynamo 1.x's load-based mode on top (``enable_load_scaling``,
 ``planner_core.py`` + ``PrefillPlanner/DecodePlanner.loadbased_plan_adjustment``): the throughput
@@ -142,16 +143,20 @@ class DynamoSlaBaseline:
             return None
         ticks, self._acc, self._window_start = self._acc, [], tick.now_s
         num_req = sum(t.num_requests for t in ticks)
-        if num_req:
-            isl = sum(t.mean_isl_tokens * t.num_requests for t in ticks) / num_req
-            osl = ended_osl_mean(ticks)
-            self._num_req.observe(num_req)
-            self._isl.observe(isl)
-            if osl is not None:
-                self._osl.observe(osl)
-            else:
-                osl = self._osl.predict()
-            self._update_corrections(ticks, isl, osl)
+        osl = ended_osl_mean(ticks)
+        if not num_req or osl is None:
+            # Dynamo skips the adjustment when an interval's metrics hold a NaN (no request arrived, so no mean
+            # ISL; or none ended, so no mean OSL): `Metrics.is_valid` in dynamo/planner/utils/prometheus.py,
+            # checked first in `plan_adjustment`. The fleet stays as it is; the predictors see what was measured.
+            if num_req:
+                self._num_req.observe(num_req)
+                self._isl.observe(sum(t.mean_isl_tokens * t.num_requests for t in ticks) / num_req)
+            return None
+        isl = sum(t.mean_isl_tokens * t.num_requests for t in ticks) / num_req
+        self._num_req.observe(num_req)
+        self._isl.observe(isl)
+        self._osl.observe(osl)
+        self._update_corrections(ticks, isl, osl)
         predicted_num = self._num_req.predict()
         next_num = predicted_num * (1.0 + self.load_headroom)
         next_isl, next_osl = self._isl.predict(), self._osl.predict()

@@ -84,6 +84,21 @@ def test_dynamo_baseline_formula_hand_checked():
     assert d.decode_replicas == math.ceil(6000 / (90 / 0.019)) == 2
 
 
+def test_dynamo_baseline_skips_an_interval_with_no_ended_request_or_no_arrival():
+    # Dynamo's plan_adjustment returns None when the interval's metrics hold a NaN (Metrics.is_valid): requests
+    # that arrived but none ended (no mean OSL), or no request at all; the fleet stays, never the minimum one
+    dyn = DynamoSlaBaseline(PROF, prefill_tp=2, decode_tp=1, ttft_target_s=2.0, itl_target_s=0.05, gpu_budget=64,
+                            adjustment_interval_s=180.0, predictor="constant")
+    for now in (60, 120, 180):  # a first interval in which requests arrive and none ends
+        assert dyn.on_tick(planner_tick(now, 30, osl=0, interval_s=60.0)) is None
+    for now in (240, 300):
+        assert dyn.on_tick(_tick(now, 30)) is None
+    d = dyn.on_tick(_tick(360, 30))  # requests ending: sized as the hand-checked window above
+    assert d is not None and (d.prefill_replicas, d.decode_replicas) == (3, 2)
+    for now in (420, 480, 540):  # an interval with no arrival
+        assert dyn.on_tick(_tick(now, 0)) is None
+
+
 def test_dynamo_baseline_load_headroom_scales_its_predicted_load():
     # the same 30 req/s window as above with 50 % headroom: prefill 45000 tok/s / 10000 per worker -> 5
     # (Dynamo's own formula: 3); decode 9000 tok/s / 4737 per worker -> 2; the reported prediction is the raw one
