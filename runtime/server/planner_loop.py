@@ -7,10 +7,14 @@ Worker metrics read (vLLM v1 names, vllm/v1/metrics/loggers.py): ``vllm:num_requ
 ``vllm:kv_cache_usage_perc`` (0-1, each engine's share of its own cache: averaged over the engines; older
 releases ``vllm:gpu_cache_usage_perc``). A worker that is draining (leaving after a scale-down, out of the
 rotation) is not read: it is no capacity to count on. A worker whose ``/metrics`` does not answer with a complete page
-within the read deadline (the whole request, not each network read: see ``fetch_pages``) counts as
-starting, not ready. From the prefill workers also the histogram ``vllm:request_prefill_time_seconds``
-(cumulative ``_sum``/``_count``): the mean prefill time of the requests that finished prefill in the
-interval (:class:`PrefillTimeMeter`, deltas per worker) goes to the planner as
+within the read deadline (the whole request, not each network read: see ``fetch_pages``), or errors other than
+a refused connection, counts as ready with its last readings for up to ``STALE_READS_MAX`` consecutive failed reads when an earlier read of it
+succeeded (an overloaded worker is the one likely to answer slowly: dropping it would hide load just when it is
+highest, and the simulator always gives the planner every ready worker's gauges); a worker never read, or silent
+for longer, counts as starting, not ready. From the prefill workers also the histogram
+``vllm:request_prefill_time_seconds`` (cumulative ``_sum``/``_count``): the mean prefill time of the requests
+that finished prefill in the interval (:class:`PrefillTimeMeter`, deltas per worker, a worker's baseline kept
+over its failed reads and reset when ``process_start_time_seconds`` shows a new process) goes to the planner as
 ``TickInput.observed_prefill_time_mean_s``; queueing does not enter it, so the SLA correction of the
 prefill service time follows slower engines, not bursts.
 
@@ -82,6 +86,24 @@ log = logging.getLogger(__name__)
 PEAK_BIN_QUANTILE = 0.9  # same quantile as the simulator (runtime/sim/fleet.py)
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREFILL_TIME = "vllm:request_prefill_time_seconds"  # histogram, seconds (vllm/v1/metrics/loggers.py)
+# prometheus_client's process collector (default registry), Unix epoch seconds. vLLM serves it with one API
+# server; with several (--api-server-count > 1, a multiprocess registry) the page lacks it.
+PROCESS_START_TIME = "process_start_time_seconds"
+# Consecutive failed /metrics reads for which a worker read before still counts as ready with its last
+# readings. An overloaded worker misses a deadline or two; past two intervals its old gauges say too little
+# about now, and a worker silent that long is more likely restarting or gone than busy.
+STALE_READS_MAX = 2
+
+
+@dataclass(frozen=True)
+class WorkerReading:
+    """A worker's last successful /metrics read: ``waiting`` and ``running`` (requests) and ``kv_usage``
+    (0-1), and ``failed_reads``, the consecutive failed reads since."""
+
+    waiting: float
+    running: float
+    kv_usage: float
+    failed_reads: int = 0
 
 
 @dataclass(frozen=True)
@@ -323,16 +345,29 @@ def read_pool(
     *,
     deadline_s: float | None = None,
     in_flight: dict[str, threading.Thread] | None = None,
+    last_readings: dict[str, WorkerReading] | None = None,
+    start_times: dict[str, float] | None = None,
 ) -> PoolObservation:
     """Average vLLM gauges over the workers that answer; the others count as starting.
     ``prefill_time_totals``, when given, receives ``url -> (sum_s, count)`` of each answering worker's
-    ``vllm:request_prefill_time_seconds`` histogram (cumulative, as exported).
+    ``vllm:request_prefill_time_seconds`` histogram (cumulative, as exported); ``start_times``, when given,
+    ``url -> process_start_time_seconds`` (Unix epoch seconds) of each answering worker whose page has it.
+
+    ``last_readings`` (url -> :class:`WorkerReading`, kept by the caller across calls, one store per pool)
+    makes a worker that answered an earlier call and fails this one count as ready with its last readings,
+    logged as stale, for up to ``STALE_READS_MAX`` consecutive failed calls; past that, never read, or refusing
+    the connection (no process listens: it exited or is restarting), it counts as starting. The store is updated in place: each answering worker's readings replace its entry, and
+    entries of URLs not in ``metrics_urls`` (workers that left the pool) are dropped. Without it every failed
+    read counts as starting.
 
     The pages are read concurrently by :func:`fetch_pages`, each within ``deadline_s`` seconds for the
     whole request (default: the client's read timeout, else 5 s); a worker slower than that counts as
-    unreadable (starting) for this call. ``in_flight`` is passed on to :func:`fetch_pages`."""
+    unreadable for this call. ``in_flight`` is passed on to :func:`fetch_pages`."""
     if deadline_s is None:
         deadline_s = client.timeout.read or 5.0
+    if last_readings is not None:
+        for url in set(last_readings) - set(metrics_urls):
+            del last_readings[url]
     pages = fetch_pages(client, metrics_urls, deadline_s, in_flight) if metrics_urls else {}
     waiting, running, kv = [], [], []
     for url in metrics_urls:
@@ -342,18 +377,42 @@ def read_pool(
                 raise text
             if "vllm:" not in text:
                 raise ValueError("no vllm: metrics on the page (not a vLLM worker, or not up yet)")
-            waiting.append(_gauge(sample_sum(text, "vllm:num_requests_waiting"), url, "num_requests_waiting"))
-            running.append(_gauge(sample_sum(text, "vllm:num_requests_running"), url, "num_requests_running"))
+            w = _gauge(sample_sum(text, "vllm:num_requests_waiting"), url, "num_requests_waiting")
+            r = _gauge(sample_sum(text, "vllm:num_requests_running"), url, "num_requests_running")
             # one series per engine of a data-parallel worker, each a fraction of that engine's cache: the mean
             usage = [u for u in (sample_mean(text, n) for n in KV_USAGE_NAMES) if u is not None]
-            kv.append(min(_gauge(max(usage, default=0.0), url, "kv_cache_usage_perc"), 1.0))
+            k = min(_gauge(max(usage, default=0.0), url, "kv_cache_usage_perc"), 1.0)
             if prefill_time_totals is not None and f"{PREFILL_TIME}_sum" in text and f"{PREFILL_TIME}_count" in text:
                 totals = (sample_sum(text, PREFILL_TIME + "_sum"), sample_sum(text, PREFILL_TIME + "_count"))
                 if all(math.isfinite(v) and v >= 0 for v in totals):
                     prefill_time_totals[url] = totals
+            if start_times is not None and PROCESS_START_TIME in text:
+                started = sample_mean(text, PROCESS_START_TIME)
+                if started is not None and math.isfinite(started) and started > 0:
+                    start_times[url] = started
         except Exception as e:  # noqa: BLE001 - HTTP errors, timeouts, unparsable pages: unreadable this tick
-            log.warning("planner: worker metrics %s unreadable: %s", redact_userinfo(url),
-                        redact_userinfo(str(e)) or type(e).__name__)
+            why = redact_userinfo(str(e)) or type(e).__name__
+            last = last_readings.get(url) if last_readings is not None else None
+            # a refused connection is no busy worker: nothing listens on its port (it exited or is restarting)
+            gone = isinstance(e, httpx.ConnectError)
+            if last is not None and last.failed_reads < STALE_READS_MAX and not gone:
+                last = last_readings[url] = dataclasses.replace(last, failed_reads=last.failed_reads + 1)
+                log.warning("planner: worker metrics %s unreadable: %s; counted ready with its last readings "
+                            "(stale, failed read %d of at most %d)", redact_userinfo(url), why,
+                            last.failed_reads, STALE_READS_MAX)
+                waiting.append(last.waiting)
+                running.append(last.running)
+                kv.append(last.kv_usage)
+            else:
+                if last is not None:  # silent too long, or gone: starting until it answers again
+                    del last_readings[url]
+                log.warning("planner: worker metrics %s unreadable: %s", redact_userinfo(url), why)
+            continue
+        waiting.append(w)
+        running.append(r)
+        kv.append(k)
+        if last_readings is not None:
+            last_readings[url] = WorkerReading(w, r, k)
     ready = len(waiting)
     return PoolObservation(
         num_ready=ready,
@@ -375,26 +434,37 @@ def _gauge(v: float, url: str, name: str) -> float:
 class PrefillTimeMeter:
     """Mean prefill time (s) per interval from cumulative histogram totals, per worker.
 
-    ``update({url: (sum_s, count)})`` returns the mean over the requests counted since the previous
-    update: sum of the workers' sum deltas / sum of their count deltas; None when no request finished
-    prefill. A worker seen for the first time only sets its baseline (its history predates the
-    interval); a count that went down (the worker restarted) counts from zero. Workers absent from
-    an update are forgotten."""
+    ``update({url: (sum_s, count)}, start_times={url: start_s}, pool=urls)`` returns the mean over the
+    requests counted since each worker's previous read: sum of the workers' sum deltas / sum of their count
+    deltas; None when no request finished prefill. A worker seen for the first time only sets its baseline
+    (its history predates the interval). A worker absent from ``totals`` (its read failed) keeps its baseline,
+    so its next read counts the prefills of the ticks it missed; it is forgotten only when it is not in
+    ``pool`` (the pool's current URLs; None: forget none). A worker restarted counts from zero: its
+    ``process_start_time_seconds`` (``start_times``, Unix epoch seconds) differs from the one its baseline was
+    read with, or either total went down (the only sign where a read lacks the start time)."""
 
     def __init__(self) -> None:
-        self._last: dict[str, tuple[float, float]] = {}
+        self._last: dict[str, tuple[float, float, float | None]] = {}  # url -> (sum_s, count, start_s)
 
-    def update(self, totals: dict[str, tuple[float, float]]) -> float | None:
+    def update(self, totals: dict[str, tuple[float, float]], *, start_times: dict[str, float] | None = None,
+               pool: list[str] | None = None) -> float | None:
+        start_times = start_times or {}
         d_sum = d_count = 0.0
         for url, (s, c) in totals.items():
-            if url not in self._last:
-                continue
-            ps, pc = self._last[url]
-            if c < pc or s < ps:  # counter reset: the worker restarted (either total went down)
-                ps, pc = 0.0, 0.0
-            d_sum += s - ps
-            d_count += c - pc
-        self._last = dict(totals)
+            started = start_times.get(url)
+            if url in self._last:
+                ps, pc, pstarted = self._last[url]
+                # a new process counts from zero: its start time tells even when it already passed the old
+                # totals; a total that went down tells where a read lacks the start time
+                restarted = (started is not None and pstarted is not None and started != pstarted) or c < pc or s < ps
+                if restarted:
+                    ps, pc = 0.0, 0.0
+                d_sum += s - ps
+                d_count += c - pc
+            self._last[url] = (s, c, started)
+        if pool is not None:
+            for url in set(self._last) - set(pool):
+                del self._last[url]
         return d_sum / d_count if d_count > 0 else None
 
 
@@ -554,6 +624,8 @@ class PlannerLoop:
         self.prefill_time = PrefillTimeMeter()
         self.metrics_deadline_s = metrics_deadline_s
         self._in_flight: dict[str, threading.Thread] = {}  # /metrics reads still running past their deadline
+        # each pool's workers' last good /metrics readings, for a worker whose read fails (read_pool)
+        self._last_readings: dict[str, dict[str, WorkerReading]] = {"prefill": {}, "decode": {}}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -562,11 +634,15 @@ class PlannerLoop:
         urls = self.metrics_urls()
         want_p, want_d = self.actuator.current()
         totals: dict[str, tuple[float, float]] = {}
-        pre = read_pool(self.client, urls.get("prefill", []), max(want_p - len(urls.get("prefill", [])), 0),
-                        prefill_time_totals=totals, deadline_s=self.metrics_deadline_s, in_flight=self._in_flight)
-        prefill_time_mean_s = self.prefill_time.update(totals)
-        dec = read_pool(self.client, urls.get("decode", []), max(want_d - len(urls.get("decode", [])), 0),
-                        deadline_s=self.metrics_deadline_s, in_flight=self._in_flight)
+        start_times: dict[str, float] = {}
+        pre_urls, dec_urls = list(urls.get("prefill", [])), list(urls.get("decode", []))
+        pre = read_pool(self.client, pre_urls, max(want_p - len(pre_urls), 0), prefill_time_totals=totals,
+                        deadline_s=self.metrics_deadline_s, in_flight=self._in_flight,
+                        last_readings=self._last_readings["prefill"], start_times=start_times)
+        prefill_time_mean_s = self.prefill_time.update(totals, start_times=start_times, pool=pre_urls)
+        dec = read_pool(self.client, dec_urls, max(want_d - len(dec_urls), 0),
+                        deadline_s=self.metrics_deadline_s, in_flight=self._in_flight,
+                        last_readings=self._last_readings["decode"])
         w = self.window.drain()
         share = self.traffic_share() if self.traffic_share is not None else None
         if share is not None and share < 1.0:

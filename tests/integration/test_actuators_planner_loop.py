@@ -163,7 +163,7 @@ def test_prefill_time_meter_baselines_new_workers_and_survives_restarts():
     assert m.update({"a": (13.0, 110), "b": (99.0, 9)}) == pytest.approx(0.3)  # b: baseline
     # a restarted (count fell): counts from zero; b adds 1 s over 2 requests -> (2 + 1) / (4 + 2)
     assert m.update({"a": (2.0, 4), "b": (100.0, 11)}) == pytest.approx(0.5)
-    assert m.update({"b": (100.0, 11)}) is None  # a forgotten
+    assert m.update({"b": (100.0, 11)}, pool=["b"]) is None  # a left the pool: forgotten
     assert m.update({"a": (5.0, 10), "b": (100.0, 11)}) is None  # a is new again
 
 

@@ -99,3 +99,24 @@ def test_a_data_parallel_workers_kv_usage_is_the_mean_of_its_engines_and_its_req
     with httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, text=text))) as client:
         obs = read_pool(client, ["http://w0/metrics"], deadline_s=2.0)
     assert (obs.kv_usage, obs.running_per_worker, obs.queue_per_worker) == (pytest.approx(0.45), 10.0, 1.0)
+
+
+def test_read_pool_reads_the_process_start_time_prometheus_clients_process_collector_writes():
+    """vLLM serves /metrics from prometheus_client's default registry (one API server), which holds the
+    process collector: ``process_start_time_seconds`` is on the page, and read_pool hands it on per worker
+    for the prefill-time meter to tell a restarted process."""
+    import httpx
+    from prometheus_client import ProcessCollector
+
+    from runtime.server.planner_loop import read_pool
+
+    reg = CollectorRegistry()
+    ProcessCollector(registry=reg)
+    Gauge("vllm:num_requests_waiting", "w", ["model_name", "engine"], registry=reg).labels("m", "0").set(0)
+    text = generate_latest(reg).decode()
+    started = sample_sum(text, "process_start_time_seconds")
+    assert started > 1e9  # Unix epoch seconds (Linux /proc)
+    start_times: dict[str, float] = {}
+    with httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, text=text))) as client:
+        obs = read_pool(client, ["http://w0/metrics"], deadline_s=2.0, start_times=start_times)
+    assert obs.num_ready == 1 and start_times == {"http://w0/metrics": started}
