@@ -7,6 +7,8 @@ Exit status, the same in every command (`batch` included): 0 success, 1 a failur
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
 import os
 import re
@@ -17,9 +19,11 @@ from typing import Annotated
 
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from runtime.paths import json_object_with, state_dir
 from runtime.redact import redact_userinfo
@@ -42,14 +46,104 @@ err = make_console(stderr=True)
 PIPE_TABLE_COLUMNS = 1000
 
 
-def print_table(table: Table) -> None:
-    """Print ``table`` on stdout: fitted to a terminal's width, and into a file or a pipe (a CI log) whole, at
-    its natural width with no cell cut: rich would otherwise fit it into 80 columns there and elide numbers
-    ("50.…") that the log is read for."""
-    if console.is_terminal:
-        console.print(table)
+def print_table(table: Table, out: Console | None = None) -> None:
+    """Print ``table`` on ``out`` (default: stdout's console) with every cell whole; rich's own fitting elides
+    cells ("50.…"), losing the numbers the table is read for.
+
+    Into a file or a pipe (a CI log) the table prints at its natural width. In a terminal narrower than that,
+    the layout is the first that fits (:func:`fitted_table`): the table with its cells wrapped between words,
+    the same with no padding inside its borders, else one record per row (``header: value`` lines). A word
+    (a number, a label such as ``TP8``) is never split while the terminal holds it: a cell wraps only at its
+    spaces, so a reader sees each number as printed, never ``150`` / ``2.7`` on two lines."""
+    out = console if out is None else out
+    if out.is_terminal:
+        out.print(fitted_table(table, out))
     else:
-        Console(width=PIPE_TABLE_COLUMNS).print(table)
+        Console(width=PIPE_TABLE_COLUMNS, file=out.file).print(table)
+
+
+def fitted_table(table: Table, out: Console) -> RenderableType:
+    """``table`` laid out for ``out``'s width (columns) with no cell cut, as :func:`print_table` says; the
+    table itself is not changed."""
+    natural = copy.copy(table)
+    natural.expand = False  # rich measures an expanding table as wide as it is let be
+    if Measurement.get(out, out.options.update_width(PIPE_TABLE_COLUMNS), natural).maximum <= out.width:
+        return table
+    paddings = [table.padding]
+    if table.box is not None and table.box.mid_vertical.strip() and any(table.padding):
+        # only between visible borders: with none, two numbers in adjacent columns would read as one
+        paddings.append((0, 0, 0, 0))
+    for padding in paddings:
+        fitted = _wrapped(table, out, padding)
+        if fitted is not None:
+            return fitted
+    return _records(table, out)
+
+
+def _wrapped(table: Table, out: Console, padding: tuple[int, int, int, int]) -> Table | None:
+    """A copy of ``table`` with ``padding`` whose columns each get at least their longest word, so its cells
+    wrap only between words; None when those words alone are wider than ``out``. rich's own narrowing ignores
+    a column's longest word (it cuts the widest columns first), hence the widths set here."""
+    wide = out.options.update_width(PIPE_TABLE_COLUMNS)
+    fitted = copy.copy(table)
+    fitted.padding, fitted.expand = padding, False
+    fitted.columns = [dataclasses.replace(c, no_wrap=False, overflow="fold") for c in table.columns]
+    spans = []  # (longest word, longest line) of each column's cells, header and footer included
+    for c in fitted.columns:
+        cells = [*([c.header] if table.show_header else []), *c.cells, *([c.footer] if table.show_footer else [])]
+        sizes = [Measurement.get(out, wide, cell) for cell in cells] or [Measurement(0, 0)]
+        if c.width is not None:
+            spans.append((c.width, c.width))
+        else:
+            spans.append((max(m.minimum for m in sizes), max(m.maximum for m in sizes)))
+    # borders and padding: the table's natural width less its columns' contents
+    frame = Measurement.get(out, wide, fitted).maximum - sum(most for _, most in spans)
+    spare = out.width - frame - sum(least for least, _ in spans)
+    if spare < 0:
+        return None
+    widths = [least for least, _ in spans]
+    # the spare width goes first to the columns it makes fit whole: the fewest cells wrap
+    for i in sorted(range(len(spans)), key=lambda i: spans[i][1] - spans[i][0]):
+        grow = min(spare, spans[i][1] - widths[i])
+        widths[i] += grow
+        spare -= grow
+    fitted.columns = [dataclasses.replace(c, width=w, min_width=None, max_width=None)
+                      for c, w in zip(fitted.columns, widths)]
+    return fitted
+
+
+def _records(table: Table, out: Console) -> Group:
+    """``table`` as one block per row: its title, then for each row one ``header: value`` line per non-empty
+    cell (a header's line breaks read as spaces; the value wraps between words), a blank line between rows."""
+
+    def text(cell: RenderableType) -> Text | None:
+        return out.render_str(cell) if isinstance(cell, str) else cell if isinstance(cell, Text) else None
+
+    def label(header: RenderableType) -> str:
+        t = text(header)
+        return " ".join(t.plain.split()) if t is not None else ""
+
+    parts: list[RenderableType] = []
+    if table.title:
+        parts.append(text(table.title) or table.title)
+    labels = [label(c.header) for c in table.columns]
+    for row, cells in zip(table.rows, zip(*(c.cells for c in table.columns))):
+        parts.append(Text())
+        for name, cell in zip(labels, cells):
+            value = text(cell)
+            if value is not None and not value.plain.strip():
+                continue
+            line = Text(overflow="fold")
+            line.append(f"{name}: " if name else "", style=table.header_style or "")
+            if value is None:  # a renderable that is no text: under its header
+                parts.extend([line, cell])
+                continue
+            line.append_text(value)
+            line.stylize(row.style or "")
+            parts.append(line)
+    if table.caption:
+        parts.extend([Text(), text(table.caption) or table.caption])
+    return Group(*parts)
 
 
 StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLflow sqlite, FSx stand-in, demo output).")]

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from runtime.faces.common import DEFAULT_STATE, StateOpt, check_output_file, console, fail, usage
+from runtime.faces.common import DEFAULT_STATE, StateOpt, check_output_file, console, fail, print_table, usage
 
 from runtime.image import DEFAULT_IMAGE
 
@@ -93,7 +93,7 @@ def models() -> None:
         table.add_row(e.name, kind, f"{m.num_params / 1e9:.1f}", f"{m.num_active_params / 1e9:.1f}",
                       str(m.num_layers), f"{ctx // 1024}k" if ctx >= 1024 else str(ctx or "-"),
                       f"{m.kv_bytes_per_token(2, 1) / 1024:.0f}", checkpoint_weights(m), *[e.hf_id][:ids])
-    out.print(table)
+    print_table(table, out)  # in a terminal narrower still, every cell whole (wrapped, else one block per row)
 
 
 def checkpoint_weights(model) -> str:  # noqa: ANN001 - a runtime.models.spec.ModelSpec

@@ -45,3 +45,25 @@ def test_the_help_names_every_column_and_that_tune_takes_the_id():
                    "KV cache per token", "the format the checkpoint stores its weights in", "the Hugging Face id"):
         assert column in text, column
     assert "which `tune` takes in place of the name" in text
+
+
+def test_in_a_narrow_terminal_every_name_and_number_stays_whole(monkeypatch):
+    """A terminal narrower than the table without ids (about 75 columns) gets every cell whole, as
+    `print_table` lays it out, never an elided "…" cell."""
+    import io
+
+    from rich.console import Console
+
+    from runtime.faces import misc
+    from runtime.modelfiles.catalog import catalog_entries
+
+    buf = io.StringIO()
+    monkeypatch.setattr(misc, "console", Console(file=buf, width=50, force_terminal=True, color_system=None))
+    res = runner.invoke(app, ["models"])
+    assert res.exit_code == 0, res.output
+    text = buf.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 50
+    words = set(text.replace("│", " ").split())
+    for e in catalog_entries():
+        assert e.name in words, e.name
+    assert {"mxfp4", "fp8-block", "bf16"} <= words
