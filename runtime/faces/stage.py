@@ -110,12 +110,11 @@ def stage(
             client = make_client(endpoint_url, transfer_methods=False)
         except Exception as e:  # noqa: BLE001 - botocore: invalid endpoint or region, bad config file, ...
             fail(f"cannot create the S3 client: {e or type(e).__name__}")
-    from runtime.staging.manifest import DestinationError
-    from runtime.staging.stage import SourceSelectionError
+    from runtime.staging.stage import BAD_VALUE_ERRORS
 
     try:
         stage_model(source, dest, s3_client=client, progress=True, **opts)  # prints the summary itself
-    except (DestinationError, SourceSelectionError) as e:  # DEST, or SOURCE's files as selected: a bad value
+    except BAD_VALUE_ERRORS as e:
         usage(str(e))
     except StagingError as e:
         fail(str(e))

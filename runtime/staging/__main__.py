@@ -8,10 +8,12 @@ start-up (~0.25 s here). Prints ONE JSON line on stdout when done::
      "fetched_bytes": 1052000, "resumed_bytes": 0, "linked_files": 0, "refetched_files": 0,
      "wall_s": 0.21}
 
-Exit status: 0 staged (or already up to date), 1 staging failed (the message, naming the key or
-option, on stderr; the destination keeps its previous version or stays absent), 2 bad arguments,
-3 staged but the JSON line could not be written (stdout closed or full), 130 interrupted
-(completed parts stay for the next run). Warnings (a file fetched again after a failed check,
+Exit status, as `pdserve stage` gives it for the same case, with the same `error:` line: 0 staged (or
+already up to date), 1 staging failed (the message, naming the key or option, on stderr; the destination
+keeps its previous version or stays absent), 2 bad arguments or a bad value found before anything is
+copied (a SOURCE that is malformed, no folder, or holds no file of the selection or no weights; a DEST
+that cannot be staged into), 3 staged but the JSON line could not be written (stdout closed or full),
+130 interrupted (completed parts stay for the next run). Warnings (a file fetched again after a failed check,
 waiting for another stager's lock) go to stderr.
 
 Credentials come from the default AWS chain (env, profile, Pod Identity / IRSA); they are never
@@ -91,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(the FSx for Lustre mount): concurrent ranged reads, every byte verified, published atomically "
         "with a marker file; re-running on an unchanged source fetches nothing.",
         epilog="Prints one JSON line (path, files, bytes, unchanged, fetched_bytes, resumed_bytes, "
-        "linked_files, refetched_files, wall_s). Exit 0 ok, 1 staging failed, 2 bad arguments, 3 staged but "
-        "the JSON line could not be written, 130 interrupted.",
+        "linked_files, refetched_files, wall_s). Exit 0 ok, 1 staging failed, 2 bad arguments or a bad SOURCE "
+        "or DEST (as `pdserve stage`), 3 staged but the JSON line could not be written, 130 interrupted.",
     )
     ap.add_argument("source", help="s3://bucket/prefix/, hf://org/repo[@rev], file://… or a local folder")
     ap.add_argument("dest", type=_dest, help="model folder to publish, e.g. /fsx/models/<name>")
@@ -199,7 +201,8 @@ def main(argv: list[str] | None = None, *, fsx_client: object = None) -> int:
     from pydantic import ValidationError
 
     from runtime.staging.manifest import StagingError
-    from runtime.staging.stage import StageOptions, Stager
+    from runtime.staging.sources import check_source
+    from runtime.staging.stage import BAD_VALUE_ERRORS, StageOptions, Stager
 
     try:
         options = StageOptions(**_options(args))
@@ -208,6 +211,11 @@ def main(argv: list[str] | None = None, *, fsx_client: object = None) -> int:
         field = str(first["loc"][-1]) if first["loc"] else ""
         ap.print_usage(sys.stderr)
         print(f"error: {OPTION_NAMES.get(field, field)}: {first['msg']}, got {first.get('input')!r}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        check_source(args.source)  # a malformed or missing SOURCE is a bad value, as in `pdserve stage`
+    except StagingError as e:
+        print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     client = None
@@ -240,6 +248,9 @@ def main(argv: list[str] | None = None, *, fsx_client: object = None) -> int:
             return EXIT_FAILED
     try:
         res = Stager(source, args.dest, s3_client=client, options=options, progress=progress).run()
+    except BAD_VALUE_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except StagingError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

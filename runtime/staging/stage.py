@@ -55,6 +55,11 @@ class SourceSelectionError(StagingError):
     before anything is copied."""
 
 
+#: The staging errors that are a bad value given by the user (DEST, or SOURCE's files as selected), found before
+#: anything is copied: exit 2 (usage) in `pdserve stage` and `python -m runtime.staging`; other StagingErrors are 1.
+BAD_VALUE_ERRORS: tuple[type[StagingError], ...] = (DestinationError, SourceSelectionError)
+
+
 class StageOptions(BaseModel):
     """Tuning knobs of `stage_model` (all optional keyword arguments)."""
 

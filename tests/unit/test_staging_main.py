@@ -1,7 +1,8 @@
 """Specification of `python -m runtime.staging`, the stager's one-shot entry point (Jobs, init
 containers, bench/staging.py): one JSON line on success, exit 1 with the error on stderr and the
-destination untouched on a staging failure, exit 2 naming the option on bad arguments. Each check
-runs the module in a fresh interpreter, as a container would."""
+destination untouched on a staging failure, exit 2 naming the option on bad arguments, and for a bad
+SOURCE or DEST the exit status and `error:` line of `pdserve stage`. Each check runs the module in a
+fresh interpreter, as a container would."""
 
 from __future__ import annotations
 
@@ -62,24 +63,46 @@ def test_include_exclude_and_record_sha256(src: Path, tmp_path: Path) -> None:
     assert all(f.sha256 and len(f.sha256) == 64 for f in m.files)
 
 
-def test_staging_failure_exits_1_and_leaves_destination_absent(tmp_path: Path) -> None:
-    empty = tmp_path / "empty"
-    empty.mkdir()
+def _cli_error(*args: str) -> tuple[int, list[str]]:
+    """`pdserve stage ARGS`: its exit status and its `error:` lines."""
+    from typer.testing import CliRunner
+
+    from runtime.cli import app
+
+    res = CliRunner().invoke(app, ["stage", *args], env={"COLUMNS": "1000"})
+    return res.exit_code, [line for line in res.output.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize(("files", "extra", "code", "problem"), [
+    (("config.json", "tokenizer.json"), [], 2, "no weight file"),  # a model folder whose weights were never copied
+    (("config.json", "tokenizer.json"), ["--include", "*.gguf"], 2, "no file matches"),
+    (None, [], 2, "local folder does not exist"),
+    ((), [], 1, "folder holds no files"),  # a staging failure for both
+])
+def test_a_source_without_weights_exits_as_pdserve_stage_does_with_its_message(
+        tmp_path: Path, files: tuple[str, ...] | None, extra: list[str], code: int, problem: str) -> None:
+    src = tmp_path / "src"
+    if files is not None:
+        src.mkdir()
+        for name in files:
+            (src / name).write_text("{}")
     dest = tmp_path / "m"
-    r = _run(str(empty), str(dest))
-    assert r.returncode == 1
-    assert r.stderr.startswith("error: ") and str(empty) in r.stderr
-    assert r.stdout == ""
-    assert not dest.exists()
+    r = _run(str(src), str(dest), *extra)
+    assert r.returncode == code, r.stderr
+    assert r.stdout == "" and not dest.exists()
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: source {src}: ") and problem in lines[0], r.stderr
+    assert _cli_error(str(src), str(dest), *extra) == (code, lines)
 
 
-def test_refuses_a_folder_that_was_not_staged(src: Path, tmp_path: Path) -> None:
+def test_refuses_a_folder_that_was_not_staged_as_pdserve_stage_does(src: Path, tmp_path: Path) -> None:
     dest = tmp_path / "m"
     dest.mkdir()
     (dest / "precious.txt").write_text("keep me")
     r = _run(str(src), str(dest))
-    assert r.returncode == 1 and "not a pdserve-staged folder" in r.stderr
+    assert r.returncode == 2 and "not a pdserve-staged folder" in r.stderr
     assert (dest / "precious.txt").read_text() == "keep me"
+    assert _cli_error(str(src), str(dest)) == (2, r.stderr.splitlines())
 
 
 def test_progress_bar_goes_to_stderr_and_stdout_keeps_one_json_line(src: Path, tmp_path: Path) -> None:
@@ -139,7 +162,7 @@ def test_empty_destination_is_a_usage_error(src: Path) -> None:
 def test_main_in_process_returns_status_and_help_explains_every_option(src: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     assert main([str(src), str(tmp_path / "m"), "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out)["files"] == 2
-    assert main([str(tmp_path / "missing"), str(tmp_path / "m2")]) == 1
+    assert main([str(tmp_path / "missing"), str(tmp_path / "m2")]) == 2
     for action in build_parser()._actions:
         assert action.help, f"{action.dest} has no help text"
 
