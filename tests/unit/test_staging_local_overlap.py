@@ -16,6 +16,6 @@ def test_a_local_destination_inside_or_around_the_source_is_refused(tmp_path: Pa
     src.mkdir()
     (src / "config.json").write_text("{}")
     for dest in (src / "out", src, tmp_path):
-        assert main([str(src), str(dest), "--no-fsync"]) == 1
+        assert main([str(src), str(dest), "--no-fsync"]) == 2  # a bad DEST: a usage error, as in `pdserve stage`
         assert "overlaps the source folder" in capsys.readouterr().err
     assert sorted(p.name for p in src.iterdir()) == ["config.json"]  # nothing written into the source
