@@ -17,7 +17,9 @@ ask for. `EdgeMiddleware` answers them with an OpenAI 400 (`{"error": {"message"
   `UNSUPPORTED_MEDIA_TYPE`. A body without the header that is not JSON at all gets the request models' 400
   instead, as FastAPI reads it (as JSON) before vLLM checks the header.
 It also answers, itself:
-* `GET /openai/v1/models/{id}`: the OpenAI model object of the served model, or an OpenAI 404;
+* `GET /openai/v1/models`: a list of one OpenAI model object, the served model's (KServe's own list gives its
+  model card, whose `owned_by`, `root` and `max_model_len` are empty or null); `GET /openai/v1/models/{id}`: the
+  same object, or an OpenAI 404;
 * KServe's v1/v2 inference routes (`:predict`, `:explain`, `/infer`): a 404 saying the model serves the
   OpenAI API only (the OpenAI model has no tensor inference; KServe would answer 500);
 * `GET /v2/health/ready` while the model is not ready: 503 with `Retry-After` (KServe's server readiness is
@@ -55,6 +57,7 @@ _INFER_ROUTE = re.compile(r"^/v[12]/models/[^/]+(/versions/[^/]+)?(:predict|:exp
 # for one is a 500 that breaks the client's connection
 _V2_METADATA_ROUTE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?$")
 # a served name may hold '/' (Hugging Face ids: org/model); ASGI's path is already percent-decoded
+_MODELS_ROUTE = f"{OPENAI_PREFIX}v1/models"
 _MODEL_ROUTE = re.compile(r"^/openai/v1/models/(?P<id>.+)$")
 _GENERATION_ROUTES = frozenset({f"{OPENAI_PREFIX}v1/completions", f"{OPENAI_PREFIX}v1/chat/completions"})
 #: vLLM 0.28's answer to a generation request without `Content-Type: application/json`: its
@@ -248,6 +251,11 @@ class EdgeMiddleware:
     def is_ready(self) -> bool:
         return self.served.is_ready()
 
+    def model_object(self) -> dict:
+        """The served model as an OpenAI model object (`id`, `object`, `created`, `owned_by`), the same in the
+        list and by id."""
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "pdserve"}
+
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
@@ -262,14 +270,15 @@ class EdgeMiddleware:
         if method == "GET" and path == "/v2/health/ready" and not self.is_ready():
             return await _json(send, HTTPStatus.SERVICE_UNAVAILABLE, {"ready": False},
                                [(b"retry-after", str(RETRY_AFTER_S).encode())])
+        if method == "GET" and path == _MODELS_ROUTE:
+            return await _json(send, HTTPStatus.OK, {"object": "list", "data": [self.model_object()]})
         found = _MODEL_ROUTE.match(path) if method == "GET" else None
         if found:
             if found["id"] != self.model_name:
                 body = openai_error_body(unknown_model_message(found["id"]), err_type="NotFoundError",
                                          status=HTTPStatus.NOT_FOUND, param="model")
                 return await _json(send, HTTPStatus.NOT_FOUND, body)
-            return await _json(send, HTTPStatus.OK, {"id": self.model_name, "object": "model",
-                                                     "created": self.created, "owned_by": "pdserve"})
+            return await _json(send, HTTPStatus.OK, self.model_object())
         if method != "POST" or not path.startswith(OPENAI_PREFIX):
             return await self.app(scope, receive, send)
         chunks, more, size = [], True, 0

@@ -204,6 +204,9 @@ async def test_malformed_requests_are_4xx_openai_errors_that_never_reach_a_worke
                     assert "OpenAI API only" in err, case
             one = await c.get(f"/openai/v1/models/{M}")
             assert one.status_code == 200 and one.json()["id"] == M and one.json()["object"] == "model"
+            listed = await c.get("/openai/v1/models")  # the same object, no null or empty field
+            assert listed.status_code == 200 and listed.json() == {"object": "list", "data": [one.json()]}
+            assert one.json()["owned_by"] == "pdserve" and all(v not in (None, "") for v in one.json().values())
             assert (await c.get("/v2/health/ready")).status_code == 200
             assert (await c.get(f"/v1/models/{M}")).status_code == 200
         assert worker.requests == []
