@@ -22,6 +22,8 @@ It also answers, itself:
   same object, or an OpenAI 404;
 * KServe's v1/v2 inference routes (`:predict`, `:explain`, `/infer`): a 404 saying the model serves the
   OpenAI API only (the OpenAI model has no tensor inference; KServe would answer 500);
+* `POST /openai/v1/embeddings` and `/openai/v1/rerank`: an OpenAI 400 saying the model does not support that
+  API (KServe's answer says so too, with `code` a string);
 * `GET /v2/health/ready` while the model is not ready: 503 with `Retry-After` (KServe's server readiness is
   always true);
 * a request body larger than `max_body_bytes` (`--max-body-bytes`, DEFAULT_MAX_BODY_BYTES): 413, read no
@@ -58,6 +60,8 @@ _INFER_ROUTE = re.compile(r"^/v[12]/models/[^/]+(/versions/[^/]+)?(:predict|:exp
 _V2_METADATA_ROUTE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?$")
 # a served name may hold '/' (Hugging Face ids: org/model); ASGI's path is already percent-decoded
 _MODELS_ROUTE = f"{OPENAI_PREFIX}v1/models"
+#: OpenAI routes KServe registers for encoder models, which a generative model does not serve: path -> API name
+_UNSERVED_OPENAI_ROUTES = {f"{OPENAI_PREFIX}v1/embeddings": "Embeddings", f"{OPENAI_PREFIX}v1/rerank": "Rerank"}
 _MODEL_ROUTE = re.compile(r"^/openai/v1/models/(?P<id>.+)$")
 _GENERATION_ROUTES = frozenset({f"{OPENAI_PREFIX}v1/completions", f"{OPENAI_PREFIX}v1/chat/completions"})
 #: vLLM 0.28's answer to a generation request without `Content-Type: application/json`: its
@@ -267,6 +271,12 @@ class EdgeMiddleware:
             msg = (f"model {self.model_name!r} serves the OpenAI API only: POST {OPENAI_PREFIX}v1/completions "
                    f"or {OPENAI_PREFIX}v1/chat/completions")
             return await _json(send, HTTPStatus.NOT_FOUND, {"error": msg})
+        api = _UNSERVED_OPENAI_ROUTES.get(path) if method == "POST" else None
+        if api is not None:  # KServe's own answer writes `code` as a string ("400") and `param` as ""
+            msg = (f"Model {self.model_name} does not support the {api} API: it serves POST "
+                   f"{OPENAI_PREFIX}v1/completions and {OPENAI_PREFIX}v1/chat/completions")
+            return await _json(send, HTTPStatus.BAD_REQUEST,
+                               openai_error_body(msg, err_type="BadRequestError", status=HTTPStatus.BAD_REQUEST))
         if method == "GET" and path == "/v2/health/ready" and not self.is_ready():
             return await _json(send, HTTPStatus.SERVICE_UNAVAILABLE, {"ready": False},
                                [(b"retry-after", str(RETRY_AFTER_S).encode())])

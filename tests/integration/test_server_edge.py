@@ -172,6 +172,8 @@ CASES = [
     ("PUT", COMP, {"model": M, "prompt": "x"}, 405, None),
     ("DELETE", "/openai/v1/models", None, 405, None),
     ("GET", "/openai/v1/models/nope", None, 404, "model"),
+    ("POST", "/openai/v1/embeddings", {"model": M, "input": "x"}, 400, None),
+    ("POST", "/openai/v1/rerank", {"model": M, "query": "x", "documents": ["y"]}, 400, None),
     ("POST", f"/v1/models/{M}:predict", {"instances": [1]}, 404, None),
     ("POST", f"/v2/models/{M}/infer", {"inputs": []}, 404, None),
     # nested beyond MAX_BODY_DEPTH (128): below orjson's own limit (1,024), at it, and beyond Python's recursion
