@@ -18,6 +18,11 @@ generated output too (`choice_has_output`), but a continuation prompt cannot rep
 templates drop or re-render reasoning, tool calls are parsed from text the client never saw): a stream that
 sent any of them is not continued (`chunk_progress` reports it not replayable), the caller ends it with an error instead of
 sending the client duplicate reasoning and more than `max_tokens` tokens.
+
+A continuation's answer must be the rest of the uninterrupted answer: a request whose shape or sampling no
+continuation reproduces is refused (`NotContinuable`, with the reason the client's error gives; the list is
+`continuation_body`'s), and the caller makes a continuation's chunks the uninterrupted stream's
+(`continuation_chunk`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,16 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # delta fields of generated output that a continuation cannot replay (vLLM 0.28 chat chunks)
 _UNREPLAYABLE_DELTA = ("reasoning_content", "reasoning", "tool_calls", "function_call")
 _UNREPLAYABLE_KEYS = frozenset(_UNREPLAYABLE_DELTA)
+
+#: Why a stream that sent reasoning or a tool call is not continued (the client's error says it).
+UNREPLAYABLE_REASON = "reasoning or a tool call was sent, which a continuation's prompt cannot replay"
+#: Why a stream that sent ids or logprobs of tokens whose text the worker held back is not continued.
+HELD_TOKENS_REASON = ("token ids or logprobs were sent for tokens whose text the worker held back; a "
+                      "continuation would make those tokens again")
+
+
+class NotContinuable(ValueError):
+    """A stream cannot be continued exactly on another worker; the message says why (for the client)."""
 
 
 def _delta(choice: Any) -> dict:
@@ -79,50 +94,173 @@ def chunk_progress(chunk: dict[str, Any]) -> tuple[str, bool, bool]:
     return text, generated, True
 
 
-def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_generated_tokens: int) -> dict | None:
-    """The request that continues `body` after `generated_text`; None when it cannot be continued
-    (n > 1, a non-string completion prompt, echo/logprobs of the prompt, structured output, or nothing left to
-    generate).
+def _flag(value: Any) -> bool:
+    """A request's boolean as vLLM's lenient validation reads it ("true", "1", "yes", "on" are true)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "on", "t", "true", "y", "yes")
+    return bool(value)
 
-    Structured output (`response_format` other than text, vLLM's `structured_outputs`): the engine's grammar
-    constrains the tokens it generates from the start of the answer, so a continuation would start the
-    grammar again after text that is already inside it (a second JSON object in the middle of the first),
-    and without the grammar nothing holds the rest to the schema; the client gets an error instead.
+
+def _nonzero(value: Any, default: float = 0.0) -> bool:
+    """A numeric sampling parameter set off its no-op `default`; one that is not a number counts as set (the
+    worker would refuse it, or read it in a way this module does not)."""
+    if value is None:
+        return False
+    try:
+        return float(value) != default
+    except (TypeError, ValueError):
+        return True
+
+
+def _greedy(temperature: Any) -> bool:
+    """`temperature` makes vLLM sample greedily (0); unset or not a number is not greedy (vLLM's default,
+    or the model's generation config, may sample)."""
+    try:
+        return temperature is not None and float(temperature) == 0.0
+    except (TypeError, ValueError):
+        return False
+
+
+def _refuse_output_dependent_sampling(body: dict[str, Any], generated_text: str) -> None:
+    """Raise `NotContinuable` when a sampling parameter of `body` reads the output generated so far in a way a
+    continuation (whose prompt holds that output) cannot reproduce; see `continuation_body`."""
+    if _nonzero(body.get("frequency_penalty")) or _nonzero(body.get("presence_penalty")):
+        raise NotContinuable("frequency_penalty and presence_penalty count the tokens generated so far, which a "
+                             "continuation's prompt holds and vLLM does not count")
+    if body.get("bad_words"):
+        raise NotContinuable("bad_words are matched against the tokens generated so far, which a continuation's "
+                             "prompt holds and vLLM does not match")
+    if body.get("thinking_token_budget") is not None:
+        raise NotContinuable("thinking_token_budget counts the thinking tokens generated so far, which a "
+                             "continuation's prompt holds")
+    if body.get("repetition_detection"):
+        raise NotContinuable("repetition_detection looks for repeats in the tokens generated so far, which a "
+                             "continuation's prompt holds")
+    if body.get("seed") is not None and not _greedy(body.get("temperature")):
+        raise NotContinuable("seed with sampling: the sampler's random state on the first worker cannot be carried "
+                             "to another, so the rest would not be the seeded answer")
+    if body.get("use_beam_search"):
+        raise NotContinuable("beam search keeps several candidate sequences that a continuation cannot carry")
+    if body.get("vllm_xargs"):
+        raise NotContinuable("vllm_xargs are read by the worker's custom logits processors, which may count the "
+                             "tokens generated so far, which a continuation's prompt holds")
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else [] if stop is None else None
+    if stops is None or not all(isinstance(s, str) for s in stops):
+        raise NotContinuable("stop is not a string or a list of strings")
+    if stops and not _flag(body.get("include_stop_str_in_output")) and max(map(len, stops)) > 1:
+        raise NotContinuable("stop strings of more than one character: vLLM holds back the text that may begin one, "
+                             "so the text sent ends inside a token and the tokens behind it are not known")
+    if any(generated_text.endswith(s[:k]) for s in stops for k in range(1, len(s))):
+        raise NotContinuable("the text sent ends with the beginning of a stop string, which vLLM would not match "
+                             "across the continuation's prompt")
+
+
+def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_generated_tokens: int, *,
+                      prompt_tokens: int | None = None) -> dict:
+    """The request that continues `body` after `generated_text`, a request whose answer is the rest of the
+    uninterrupted answer (greedy: the same tokens); raises `NotContinuable` (its message says why, for the
+    client's error) where no such request exists.
+
+    Migrated exactly (vLLM 0.28's sampler, vllm/v1/sample, and output processing):
+    * `max_tokens` / `max_completion_tokens` (the completions default of 16 when unset) shrink by the tokens
+      sent; `min_tokens` too (down to 0): vLLM counts it over the request's own output tokens, and it also
+      gates stop strings;
+    * `repetition_penalty`: vLLM applies it to the tokens of the prompt and of the output alike, and the
+      continuation's prompt holds both;
+    * `temperature`, `top_p`, `top_k`, `min_p`, `logit_bias`, `allowed_token_ids`, `stop_token_ids`,
+      `ignore_eos`, `logprobs`, `top_logprobs`, `logprob_token_ids`: each step reads only that step's logits;
+      `seed` with `temperature` 0 (greedy: the seed draws nothing);
+    * `stop` when vLLM streams all text at once (`include_stop_str_in_output`, or stop strings of one character)
+      and the text sent does not end with the beginning of a stop string: a stop string found in the rest lies
+      in the continuation's own output, where vLLM looks for it;
+    * `truncate_prompt_tokens` K when the first attempt's prompt (`prompt_tokens`) was shorter than K: nothing
+      was cut, and the continuation goes without it;
+    * chat `continue_final_message`: the text goes on inside the final message (whatever its role).
+    The caller shifts a continuation's completion `logprobs.text_offset` by the characters sent before it and
+    drops its `prompt_token_ids` (`continuation_chunk`).
+
+    Refused (`NotContinuable`):
+    * `n` > 1, `echo`, `prompt_logprobs`: the answer holds more than one generated text, or the prompt;
+    * a completions prompt that is not one string (token ids, embeddings): the text cannot be appended;
+    * structured output (`response_format` other than text, `structured_outputs`): the engine's grammar would
+      start again inside the answer (a second JSON object in the middle of the first), and without it nothing
+      holds the rest to the schema;
+    * `frequency_penalty` / `presence_penalty` not 0: vLLM counts output tokens only, and the earlier output
+      is prompt in the continuation;
+    * `bad_words`: vLLM matches a multi-token bad word's first tokens against the output tokens only;
+    * `seed` with sampling (`temperature` not 0, or unset): the first worker's random state is not carried, so
+      the rest would differ from the seeded answer a client can reproduce;
+    * `thinking_token_budget`, `repetition_detection`, `vllm_xargs` (what a worker's custom logits processors
+      read): they read, or may read, the output so far; beam search (`use_beam_search`): its beams are lost;
+    * `stop` strings of more than one character without `include_stop_str_in_output`: vLLM holds back the
+      text that may begin one, so the text sent ends inside a token and the tokens sent are not known; and any
+      stop string whose beginning ends the text sent (vLLM would not match it across the prompt);
+    * `truncate_prompt_tokens` when the prompt may have been cut (K <= the prompt's tokens, -1, or no usage):
+      vLLM would truncate the continuation's prompt (original prompt + text sent) from a side and at a length
+      that does not keep the same tokens;
+    * chat with `add_generation_prompt` false (and no `continue_final_message`): the model went on after the
+      conversation without an assistant header, which no chat request can render after the text sent; a
+      continued final message whose content is not a string;
+    * nothing left of `max_tokens`.
 
     Args:
         path: worker path ("/v1/chat/completions" or "/v1/completions").
-        body: the original request body.
+        body: the original request body (not changed).
         generated_text: text already streamed to the client.
         num_generated_tokens: tokens already streamed (from the worker's running usage; chunks with generated
             output, `chunk_progress`, where it sends none).
+        prompt_tokens: the client's prompt tokens as the first worker counted them (its usage), None if unknown.
+
+    Raises:
+        NotContinuable: the request's shape cannot be continued exactly.
     """
-    if int(body.get("n") or 1) != 1 or body.get("echo") or body.get("prompt_logprobs"):
-        return None
+    if int(body.get("n") or 1) != 1:
+        raise NotContinuable("several choices")
+    if _flag(body.get("echo")) or body.get("prompt_logprobs") is not None:
+        raise NotContinuable("echo and prompt_logprobs answer with the prompt, which a continuation changes")
     fmt = body.get("response_format")
     if body.get("structured_outputs") is not None or (
             fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text")):
-        return None
+        raise NotContinuable("structured output: the grammar would start again inside the answer")
+    _refuse_output_dependent_sampling(body, generated_text)
     out = copy.deepcopy(body)
-    if not path.endswith("chat/completions") and out.get("max_tokens") is None:
+    chat = path.endswith("chat/completions")
+    if not chat and out.get("max_tokens") is None:
         out["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS  # the budget the first worker applied
     for key in ("max_tokens", "max_completion_tokens"):
         if out.get(key) is not None:
             left = int(out[key]) - num_generated_tokens
             if left <= 0:
-                return None
+                raise NotContinuable(f"no {key} left")
             out[key] = left
     if out.get("min_tokens"):  # vLLM refuses min_tokens > max_tokens: the floor shrinks with the budget
         out["min_tokens"] = max(0, int(out["min_tokens"]) - num_generated_tokens)
-    if path.endswith("chat/completions"):
-        messages = list(out.get("messages") or [])
+    if out.get("truncate_prompt_tokens") is not None:
+        try:
+            limit = int(out["truncate_prompt_tokens"])
+        except (TypeError, ValueError):
+            limit = -1
+        if not (limit > 0 and prompt_tokens is not None and prompt_tokens < limit):
+            raise NotContinuable("truncate_prompt_tokens may have cut the prompt, and the continuation's longer "
+                                 "prompt would be cut elsewhere")
+        # nothing was cut: the continuation's prompt (the same prompt and the text sent) is not cut either
+        del out["truncate_prompt_tokens"]
+        out.pop("truncation_side", None)
+    if chat:
         if not generated_text:
             return out
+        messages = list(out.get("messages") or [])
         last = messages[-1] if messages else None
-        if (out.get("continue_final_message") and isinstance(last, dict) and last.get("role") == "assistant"
-                and isinstance(last.get("content"), str)):
-            # the client's own assistant message was being continued: the text goes on inside it (a second
-            # assistant message would render as a new turn)
+        if _flag(out.get("continue_final_message")):
+            if not (isinstance(last, dict) and isinstance(last.get("content"), str)):
+                raise NotContinuable("the continued final message has no text content to extend")
+            # the client's final message was being continued: the text goes on inside it (a second message
+            # would render as a new turn)
             messages[-1] = {**last, "content": last["content"] + generated_text}
+        elif "add_generation_prompt" in out and not _flag(out["add_generation_prompt"]):
+            raise NotContinuable("add_generation_prompt is false: the model went on after the conversation "
+                                 "without an assistant header, which a continuation cannot render")
         else:
             messages.append({"role": "assistant", "content": generated_text})
         out["messages"] = messages
@@ -133,6 +271,49 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
-        return None
+        raise NotContinuable("the prompt is not one string (token ids or embeddings): the text sent cannot be "
+                             "appended to it")
     out["prompt"] = prompt + generated_text
     return out
+
+
+#: Fields of a streamed chunk (and of its choices) that describe the prompt: the client's request's come with
+#: the first attempt; a continuation's describe its own prompt (the client's prompt and the text sent).
+_PROMPT_FIELDS = ("prompt_token_ids", "prompt_text", "prompt_logprobs")
+
+
+def continuation_chunk(chunk: dict[str, Any], text_before: int) -> bool:
+    """Make a continuation's streamed `chunk` (in place) the uninterrupted answer's: drop the fields that
+    describe the continuation's prompt (`prompt_token_ids`, `prompt_text`, `prompt_logprobs`) and shift each
+    completion choice's `logprobs.text_offset` by `text_before`, the characters (Python `str` length, as vLLM
+    counts them) of text the client got before the continuation began. Returns whether it changed anything."""
+    changed = False
+    for key in _PROMPT_FIELDS:
+        if key in chunk:
+            del chunk[key]
+            changed = True
+    for c in chunk.get("choices") or ():
+        if not isinstance(c, dict):
+            continue
+        for key in _PROMPT_FIELDS:
+            if key in c:
+                del c[key]
+                changed = True
+        lp = c.get("logprobs")
+        offsets = lp.get("text_offset") if isinstance(lp, dict) else None
+        if text_before and isinstance(offsets, list) and offsets:
+            lp["text_offset"] = [o + text_before if isinstance(o, int) else o for o in offsets]
+            changed = True
+    return changed
+
+
+def carries_token_output(chunk: dict[str, Any]) -> bool:
+    """A streamed chunk gives the client per-token output (`token_ids`, or logprobs) for choice 0: with empty
+    text, the worker held its text back (a character's first bytes), and a continuation would make those tokens,
+    and send their ids and logprobs, again."""
+    choices = chunk.get("choices") or ()
+    c = choices[0] if choices else None
+    if not isinstance(c, dict):
+        return False
+    lp = c.get("logprobs")
+    return bool(c.get("token_ids") or (isinstance(lp, dict) and (lp.get("content") or lp.get("tokens"))))

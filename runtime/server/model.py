@@ -15,9 +15,10 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    unreachable opens its circuit breaker (runtime.server.breakers, which every worker call reports to) and
    the request continues on another decode worker (streaming: with the text already sent appended,
    runtime.server.migration) while the pairing allows it; otherwise the client gets an OpenAI error (an error event inside a started stream). A stream that already sent
-   reasoning or tool calls is not migrated (the continuation could not replay them) but ends with an error
-   event. An error event the worker sends inside its stream reaches the client (also when the runtime hides
-   the usage chunk) and the request counts as an error.
+   reasoning or tool calls, or whose request a continuation cannot reproduce exactly (output penalties, stop
+   strings vLLM holds text back for, ...: `continuation_body`), is not migrated but ends with an error event
+   that says why. An error event the worker sends inside its stream reaches the client (also when the runtime
+   hides the usage chunk) and the request counts as an error.
    A decode worker that rejects the decode leg (a 4xx about the request: e.g. `max_tokens` beyond the context,
    `min_tokens` over `max_tokens`, fields the prefill leg does not carry) frees the handoff itself: vLLM 0.28's
    serving layer tells its KV connector, which has the prefill worker release the blocks at once (within 0.2 s
@@ -82,9 +83,14 @@ from runtime.server.breakers import WorkerBreakers
 from runtime.server.errors import Overloaded, create_error_response, openai_error_body
 from runtime.server.metrics import UNSERVED_MODE, RuntimeMetrics
 from runtime.server.migration import (
+    HELD_TOKENS_REASON,
+    UNREPLAYABLE_REASON,
+    NotContinuable,
+    carries_token_output,
     choice_has_output,
     chunk_progress,
     continuation_body,
+    continuation_chunk,
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
 from runtime.server.routing import CHARS_PER_TOKEN, estimate_prompt_tokens
@@ -968,7 +974,7 @@ class PDModel(OpenAIGenerativeModel):
         so does one whose stream broke the protocol (`BackendError.broken`: what it sent before is sound)."""
         self._run_deferred(rid)  # the first route's accounting before the router moves the request
         self._note_answer(route.decode_url, exc)
-        if not (exc.unreachable or exc.broken or (not started and exc.status_code in _REFUSED_BEFORE_OUTPUT)):
+        if not _moves(exc, started):
             return None
         new = self.pairing.on_decode_failed(rid, self.clock())
         if new is not None:
@@ -1003,6 +1009,10 @@ class PDModel(OpenAIGenerativeModel):
         sent: list[str] = []  # content / completion text sent to the client (replayed by a continuation)
         num_tokens = 0  # chunks with a generated token sent (content, reasoning or tool call: chunk_progress)
         replayable = True  # no reasoning or tool call sent: a continuation can carry all that was sent
+        # ids or logprobs of tokens whose text the worker held back went to the client since the last text
+        # (`carries_token_output`): a continuation would send them again
+        held_token_output = False
+        text_before = 0  # characters of text sent before this attempt (its completion text_offset start there)
         # the first attempt's (or the client's name for the request): one answer's across a migration
         stream_id, stream_created = response_id(path, body), None
         # Ask the worker for usage on every chunk (vLLM's continuous usage stats): its completion_tokens count
@@ -1037,6 +1047,19 @@ class PDModel(OpenAIGenerativeModel):
             out = [f"data: {text}\n\n" for text, _ in held]
             held.clear()
             return out
+
+        def continuation() -> tuple[dict | None, str | None]:
+            """(the request that goes on from what the client got, None) or (None, why there is none)."""
+            if not yielded:  # nothing sent: the request itself, whatever its shape
+                return base, None
+            if not replayable:
+                return None, UNREPLAYABLE_REASON
+            if held_token_output:
+                return None, HELD_TOKENS_REASON
+            try:
+                return continuation_body(path, base, "".join(sent), tokens_before, prompt_tokens=prompt_tokens), None
+            except NotContinuable as exc:
+                return None, str(exc)
 
         attempt = base
         yielded = False
@@ -1129,11 +1152,17 @@ class PDModel(OpenAIGenerativeModel):
                                     held[:] = [(orjson.dumps({**c, "system_fingerprint": fingerprint}).decode(), c)
                                                for _, c in held]
                                 continue
-                            if yielded and attempt is not base and _role_only(chunk):
-                                continue  # a continuation's opening role delta: the client has had one
+                            if yielded and attempt is not base:
+                                if _role_only(chunk):
+                                    continue  # a continuation's opening role delta: the client has had one
+                                # its prompt's fields and its own text offsets, as the uninterrupted answer's
+                                changed = continuation_chunk(chunk, text_before) or changed
                             text, generated, chunk_ok = chunk_progress(chunk)
                             if text:
                                 sent.append(text)
+                                held_token_output = False
+                            elif carries_token_output(chunk):
+                                held_token_output = True
                             if generated:
                                 num_tokens += 1
                                 attempt_chunks += 1
@@ -1173,10 +1202,11 @@ class PDModel(OpenAIGenerativeModel):
                     prompt_tokens, tokens_before = _attempt_ends(attempt_usage, attempt_chunks, prompt_tokens,
                                                                  tokens_before, attempt_sent_usage)
                     attempt_usage, attempt_sent_usage, attempt_chunks = None, None, 0
-                    cont = base if not yielded else continuation_body(path, base, "".join(sent), tokens_before)
+                    cont, refusal = continuation()
                     if cont is None:
-                        err = openai_error_body("the inference worker did not answer in time",
-                                                err_type="BackendError", status=int(HTTPStatus.GATEWAY_TIMEOUT))
+                        message = _refused_message("the inference worker did not answer in time", refusal)
+                        err = openai_error_body(message, err_type="BackendError",
+                                                status=int(HTTPStatus.GATEWAY_TIMEOUT))
                         yield f"data: {json.dumps(err)}\n\n"
                         break
                     try:
@@ -1188,6 +1218,7 @@ class PDModel(OpenAIGenerativeModel):
                         break
                     kv, decode, attempt, mode = None, self._client(route.decode_url, rid), cont, "local"
                     local_prefill = True
+                    text_before = sum(map(len, sent))
                 except BackendError as exc:
                     if finished:  # the answer was whole: the worker went away before its [DONE]; end it there
                         self._note_answer(route.decode_url, exc)
@@ -1204,10 +1235,10 @@ class PDModel(OpenAIGenerativeModel):
                                                                  tokens_before, attempt_sent_usage)
                     attempt_usage, attempt_sent_usage, attempt_chunks = None, None, 0
                     # nothing sent yet: the request itself goes to another worker, whatever its shape; else a
-                    # continuation of what was sent, where one can carry it (not after reasoning or a tool call,
-                    # which it would repeat or lose; not for token-id prompts, echo or several choices)
-                    cont = base if not yielded else (
-                        continuation_body(path, base, "".join(sent), tokens_before) if replayable else None)
+                    # continuation of what was sent, where one gives the uninterrupted answer (`continuation`)
+                    cont, refusal = continuation()
+                    if not _moves(exc, started):
+                        refusal = None  # the worker answered: no other would have been asked, whatever the shape
                     if cont is not None:
                         new = self._migrate(exc, route, rid, started=started)
                     else:
@@ -1223,12 +1254,13 @@ class PDModel(OpenAIGenerativeModel):
                         for finished_event in release_held():  # choices that did finish, then the error
                             yield finished_event
                         err = _backend_error_response(exc).error
-                        body_err = openai_error_body(err.message, err_type=err.type, status=int(err.code),
-                                                     param=err.param or None)
+                        body_err = openai_error_body(_refused_message(err.message, refusal), err_type=err.type,
+                                                     status=int(err.code), param=err.param or None)
                         yield f"data: {json.dumps(body_err)}\n\n"
                         break
                     route, kv, decode, attempt, mode = new, None, self._client(new.decode_url, rid), cont, "migrated"
                     local_prefill = True  # the new decode worker prefills; its load ends at its first token
+                    text_before = sum(map(len, sent))
         except (asyncio.CancelledError, GeneratorExit):  # the client left (or the stream was closed unread)
             status = "cancelled"
             raise
@@ -1269,6 +1301,18 @@ class PDModel(OpenAIGenerativeModel):
         self.metrics.child(self.metrics.requests, endpoint, mode, status or ("ok" if ok else "error")).inc()
         self.metrics.child(self.metrics.e2e, endpoint, mode).observe(self.clock() - t0)
         self.metrics.child(self.metrics.in_flight, endpoint).dec()
+
+
+def _moves(exc: BackendError, started: bool) -> bool:
+    """A decode failure after which the request may go on on another worker (`PDModel._migrate`): the worker is
+    gone or broke the protocol, or refused with a server error before any output (`started` False). Pure."""
+    return exc.unreachable or exc.broken or (not started and exc.status_code in _REFUSED_BEFORE_OUTPUT)
+
+
+def _refused_message(message: str, refusal: str | None) -> str:
+    """The client's error `message`, with why the stream did not continue on another worker when `refusal`
+    says (`runtime.server.migration.continuation_body`). Pure."""
+    return message if refusal is None else f"{message}; the stream cannot continue on another worker: {refusal}"
 
 
 def _without_trailing_usage(data: bytes, chunk: dict) -> bytes | None:

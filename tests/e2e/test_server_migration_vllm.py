@@ -6,7 +6,11 @@ Specification:
   continues on the other worker and ends with [DONE]; its text equals the same request's uninterrupted answer
   (no token lost or repeated), and the runtime counts one migration;
 * a runtime whose only decode worker is the own one: the same kill ends the client's stream with an OpenAI
-  error event and no further text, within a bounded time, never a hang.
+  error event and no further text, within a bounded time, never a hang;
+* on the runtime over two workers, a greedy completions stream with `logprobs` cut by the same kill continues
+  with the uninterrupted stream's tokens and `text_offset`s (they go on from the characters sent, not from 0),
+  and one with `frequency_penalty` (which a continuation cannot reproduce) ends with an error event that names
+  it, then [DONE], and is not migrated.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ BODY = {"max_tokens": 64, "temperature": 0,
         "messages": [{"role": "user", "content": "Describe a lighthouse at night in a few sentences."}]}
 CHUNKS_BEFORE_KILL = 6
 STREAM_BOUND_S = 300.0  # the stream must end within this long after the kill
+COMPLETION = {"prompt": "Once upon a time, in a small village", "temperature": 0}
+LOGPROBS = {**COMPLETION, "max_tokens": 64, "logprobs": 1}
+PENALTY = {**COMPLETION, "max_tokens": 200, "frequency_penalty": 1.5, "presence_penalty": 1.0}
 
 
 def _running(base_url: str) -> float:
@@ -67,6 +74,42 @@ async def _read(lines, n: int | None) -> tuple[str, int, bool, list[dict]]:
     return text, chunks, done, errors
 
 
+async def _open_completion(client: httpx.AsyncClient, url: str, model: str, body: dict):
+    """Start a streamed completion; returns the response and its line iterator."""
+    req = client.build_request("POST", f"{url}/v1/completions", json={**body, "model": model, "stream": True})
+    resp = await client.send(req, stream=True)
+    assert resp.status_code == 200, await resp.aread()
+    return resp, resp.aiter_lines()
+
+
+async def _read_completion(lines, n: int | None) -> tuple[list[tuple[str, int, str]], bool, list[dict]]:
+    """Read up to `n` completion chunks with text (all when None): ((text, text_offset, token) per token with
+    logprobs, else (text, -1, "") per chunk), saw [DONE], error events."""
+    tokens, done, errors, chunks = [], False, [], 0
+    async for line in lines:
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            done = True
+            break
+        event = json.loads(data)
+        if "error" in event:
+            errors.append(event)
+            continue
+        for c in event.get("choices") or ():
+            lp = c.get("logprobs") or {}
+            if lp.get("tokens"):
+                tokens += [(c["text"] if i == 0 else "", o, t)
+                           for i, (o, t) in enumerate(zip(lp["text_offset"], lp["tokens"]))]
+            elif c.get("text"):
+                tokens.append((c["text"], -1, ""))
+            chunks += bool(c.get("text"))
+        if n is not None and chunks >= n:
+            break
+    return tokens, done, errors
+
+
 def test_a_stream_continues_on_another_decode_worker_or_ends_with_a_clean_error(pd_workers, deployment_spec,
                                                                                smollm2_dir, tmp_path):
     from runtime.engines.vllm_worker import WorkerProcess
@@ -91,6 +134,16 @@ def test_a_stream_continues_on_another_decode_worker_or_ends_with_a_clean_error(
                          json={**BODY, "model": name}).json()["choices"][0]["message"]["content"]
         assert len(ref) > 40, ref
 
+        async def reference_logprobs():
+            async with httpx.AsyncClient(timeout=httpx.Timeout(STREAM_BOUND_S)) as client:
+                resp, lines = await _open_completion(client, pd_workers.decode.base_url, name, LOGPROBS)
+                out = await _read_completion(lines, None)
+                await resp.aclose()
+                return out[0]
+
+        ref_logprobs = asyncio.run(reference_logprobs())
+        assert len(ref_logprobs) == LOGPROBS["max_tokens"], ref_logprobs
+
         async def scenario():
             async with httpx.AsyncClient(timeout=httpx.Timeout(STREAM_BOUND_S)) as client:
                 for _ in range(2):  # round robin: one of two streams in a row starts on the own worker
@@ -100,23 +153,44 @@ def test_a_stream_continues_on_another_decode_worker_or_ends_with_a_clean_error(
                         break
                     await resp_two.aclose()
                 assert await asyncio.to_thread(_running, own.base_url) >= 1  # the stream is on the own worker
+                opened = []
+                for body in (LOGPROBS, PENALTY):  # each on the own worker too (one of two in a row)
+                    for _ in range(2):
+                        before = await asyncio.to_thread(_running, own.base_url)
+                        resp, lines = await _open_completion(client, f"{two.url}/openai", name, body)
+                        head = await _read_completion(lines, 4)
+                        if await asyncio.to_thread(_running, own.base_url) > before:
+                            opened.append((resp, lines, head))
+                            break
+                        await resp.aclose()
+                assert len(opened) == 2
                 resp_one, lines_one = await _open(client, one.url, name)
                 head_one = await _read(lines_one, CHUNKS_BEFORE_KILL)
                 assert head_two[1] == CHUNKS_BEFORE_KILL and head_one[1] == CHUNKS_BEFORE_KILL
                 os.killpg(own.pid, signal.SIGKILL)  # the worker and its engine processes die at once
-                tail_two, tail_one = await asyncio.wait_for(
-                    asyncio.gather(_read(lines_two, None), _read(lines_one, None)), STREAM_BOUND_S)
-                await resp_two.aclose()
-                await resp_one.aclose()
-                return head_two, tail_two, tail_one
+                tail_two, tail_one, tail_lp, tail_pen = await asyncio.wait_for(asyncio.gather(
+                    _read(lines_two, None), _read(lines_one, None), _read_completion(opened[0][1], None),
+                    _read_completion(opened[1][1], None)), STREAM_BOUND_S)
+                for resp in (resp_two, resp_one, opened[0][0], opened[1][0]):
+                    await resp.aclose()
+                return head_two, tail_two, tail_one, (opened[0][2], tail_lp), (opened[1][2], tail_pen)
 
-        head_two, tail_two, tail_one = asyncio.run(scenario())
+        head_two, tail_two, tail_one, (head_lp, tail_lp), (head_pen, tail_pen) = asyncio.run(scenario())
         own.stop()  # reap it through our handle (nothing left to signal)
         assert tail_two[2] and tail_two[3] == []  # continued to [DONE], no error
         assert head_two[0] + tail_two[0] == ref  # greedy: the same text as the uninterrupted run
         assert tail_one[3] and tail_one[0] == ""  # no worker left: an OpenAI error event, nothing more
         assert "message" in tail_one[3][0]["error"]
-        assert sample_sum(httpx.get(f"{two.url}/metrics", timeout=10).text, "pdserve_migrations_total") == 1
+        # logprobs: the uninterrupted stream's tokens, text and text offsets (offsets go on after the cut)
+        assert tail_lp[1] and tail_lp[2] == []
+        got = head_lp[0] + tail_lp[0]
+        assert "".join(t[0] for t in got) == "".join(t[0] for t in ref_logprobs)
+        assert [t[1:] for t in got] == [t[1:] for t in ref_logprobs]
+        # frequency_penalty: not continued; an error that says why, then [DONE]
+        assert tail_pen[1] and len(tail_pen[2]) == 1, tail_pen
+        assert "frequency_penalty" in tail_pen[2][0]["error"]["message"]
+        # the chat and the logprobs streams moved; the penalized one did not
+        assert sample_sum(httpx.get(f"{two.url}/metrics", timeout=10).text, "pdserve_migrations_total") == 2
     finally:
         two.stop()
         one.stop()

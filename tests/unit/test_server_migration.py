@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from runtime.procs import stop_process
-from runtime.server.migration import chunk_progress, continuation_body
+from runtime.server.migration import NotContinuable, chunk_progress, continuation_body
 
 
 def chunk_text(chunk: dict) -> str:
@@ -46,7 +46,8 @@ def test_a_completion_without_max_tokens_continues_with_what_is_left_of_the_defa
     # would get 16 more
     c = continuation_body(COMPL, {"prompt": "x", **budget}, " a b c d e", 5)
     assert c["max_tokens"] == 11
-    assert continuation_body(COMPL, {"prompt": "x", **budget}, " a" * 16, 16) is None
+    with pytest.raises(NotContinuable, match="max_tokens"):
+        continuation_body(COMPL, {"prompt": "x", **budget}, " a" * 16, 16)
     # a chat request's default is the context left after its prompt, which the continuation's longer prompt
     # shrinks by itself
     assert "max_tokens" not in continuation_body(CHAT, {"messages": [{"role": "user", "content": "x"}]}, "ab", 2)
@@ -79,8 +80,9 @@ def test_chat_continuation_of_a_continued_final_message_extends_that_message():
     {"prompt": "x", "max_tokens": 9, "response_format": {"type": "json_object"}},  # the grammar would restart
     {"prompt": "x", "max_tokens": 9, "structured_outputs": {"regex": "[a-z]+"}},
 ])
-def test_uncontinuable_requests_return_none(body):
-    assert continuation_body(COMPL, body, "ab", 2) is None
+def test_uncontinuable_requests_are_refused(body):
+    with pytest.raises(NotContinuable):
+        continuation_body(COMPL, body, "ab", 2)
 
 
 def test_chunk_text_reads_chat_and_completion_chunks():

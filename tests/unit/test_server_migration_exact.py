@@ -1,0 +1,288 @@
+"""A migrated stream is the uninterrupted answer, or it is refused (runtime.server.migration + PDModel).
+
+Specification: a stream whose decode worker dies mid-answer and continues on another worker gives the client
+exactly what one uninterrupted worker would have sent (text, completion `logprobs.text_offset`, `token_ids`,
+the prompt's `prompt_token_ids` once); a request whose sampling reads the output so far in a way a continuation
+cannot reproduce (penalties over output tokens, bad words, multi-character stop strings vLLM holds text back
+for, a prompt truncation, a chat rendered without a generation prompt) is not continued: the stream ends with
+an OpenAI error event that says why, then `data: [DONE]`, and no other worker is asked.
+Workers are faked at the HTTP transport, as vLLM 0.28 streams (continuous usage on every chunk).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from runtime.server.migration import NotContinuable, continuation_body, continuation_chunk
+
+CHAT = "/v1/chat/completions"
+COMPL = "/v1/completions"
+
+
+# --- the continuation request: exact, or refused with a reason ---------------------------------------------
+
+@pytest.mark.parametrize("extra, why", [
+    ({"frequency_penalty": 1.5}, "frequency_penalty"),
+    ({"presence_penalty": 1.0}, "presence_penalty"),
+    ({"frequency_penalty": "0.5"}, "frequency_penalty"),  # vLLM reads a numeric string as the number
+    ({"bad_words": ["owl"]}, "bad_words"),
+    ({"thinking_token_budget": 10}, "thinking_token_budget"),
+    ({"repetition_detection": {"max_pattern_size": 4, "min_count": 3}}, "repetition_detection"),
+    ({"use_beam_search": True}, "beam search"),
+    ({"vllm_xargs": {"ngram_size": 3}}, "vllm_xargs"),
+    ({"stop": ["owl ."]}, "stop strings of more than one character"),
+    ({"stop": "the end", "include_stop_str_in_output": "false"}, "stop strings of more than one character"),
+    ({"stop": ["wise old"], "include_stop_str_in_output": True}, "beginning of a stop string"),
+    ({"truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),   # the prompt had 4 tokens: it may have been cut
+    ({"truncate_prompt_tokens": -1}, "truncate_prompt_tokens"),  # cut to the context left: not known here
+    ({"seed": 7, "temperature": 0.8}, "seed with sampling"),  # the random state stays on the first worker
+    ({"seed": 7}, "seed with sampling"),  # temperature unset: vLLM's default samples
+])
+def test_sampling_that_reads_the_output_so_far_is_refused_with_its_reason(extra, why):
+    body = {"prompt": "Once upon a time", "max_tokens": 10, **extra}
+    with pytest.raises(NotContinuable, match=why):
+        continuation_body(COMPL, body, " there lived a wise", 4, prompt_tokens=4)
+
+
+@pytest.mark.parametrize("extra", [
+    {"repetition_penalty": 1.3},  # vLLM penalizes prompt and output tokens alike: the continuation's prompt holds both
+    {"frequency_penalty": 0, "presence_penalty": 0.0, "bad_words": [], "vllm_xargs": {}},
+    {"temperature": 0, "top_p": 0.9, "top_k": 5, "min_p": 0.1, "logit_bias": {"5": 2.0}, "stop_token_ids": [7]},
+    {"seed": 7, "temperature": 0},  # greedy: the seed draws nothing
+    {"stop": ["."]},  # one character: vLLM holds nothing back
+    {"stop": ["the end"], "include_stop_str_in_output": True},  # streamed whole; the text sent ends no prefix
+])
+def test_sampling_a_continuation_reproduces_is_continued(extra):
+    body = {"prompt": "Once upon a time", "max_tokens": 10, **extra}
+    out = continuation_body(COMPL, body, " there lived a wise", 4, prompt_tokens=4)
+    assert out["prompt"] == "Once upon a time there lived a wise" and out["max_tokens"] == 6
+    assert {k: out[k] for k in extra} == extra
+
+
+def test_a_prompt_shorter_than_its_truncation_continues_untruncated():
+    body = {"prompt": "Once upon a time", "max_tokens": 10, "truncate_prompt_tokens": 5, "truncation_side": "left"}
+    out = continuation_body(COMPL, body, " there", 1, prompt_tokens=4)
+    # nothing was cut (4 < 5): the continuation (prompt + text sent, 5 tokens) must not be cut either
+    assert "truncate_prompt_tokens" not in out and "truncation_side" not in out
+    with pytest.raises(NotContinuable, match="truncate_prompt_tokens"):  # no usage: the prompt's size unknown
+        continuation_body(COMPL, body, " there", 1, prompt_tokens=None)
+
+
+def test_a_chat_rendered_without_a_generation_prompt_is_refused():
+    body = {"messages": [{"role": "user", "content": "The sea is"}], "add_generation_prompt": False, "max_tokens": 9}
+    with pytest.raises(NotContinuable, match="add_generation_prompt"):
+        continuation_body(CHAT, body, " blue", 1)
+    # nothing sent yet: the request itself
+    assert continuation_body(CHAT, body, "", 0)["messages"] == body["messages"]
+
+
+def test_a_continued_final_message_goes_on_inside_it_whatever_its_role():
+    body = {"messages": [{"role": "user", "content": "The sea is"}], "add_generation_prompt": False,
+            "continue_final_message": True, "max_tokens": 9}
+    out = continuation_body(CHAT, body, " blue", 1)
+    assert out["messages"] == [{"role": "user", "content": "The sea is blue"}]
+    parts = {**body, "messages": [{"role": "user", "content": [{"type": "text", "text": "The sea is"}]}]}
+    with pytest.raises(NotContinuable, match="final message"):
+        continuation_body(CHAT, parts, " blue", 1)
+
+
+def test_a_continuation_chunk_drops_its_prompt_fields_and_shifts_its_text_offsets():
+    chunk = {"id": "x", "prompt_token_ids": [1, 2], "choices": [
+        {"index": 0, "text": " owl", "prompt_token_ids": [1, 2, 3], "token_ids": [9],
+         "logprobs": {"text_offset": [0, 4], "tokens": [" o", "wl"]}}]}
+    assert continuation_chunk(chunk, 20) is True
+    assert chunk == {"id": "x", "choices": [{"index": 0, "text": " owl", "token_ids": [9],
+                                             "logprobs": {"text_offset": [20, 24], "tokens": [" o", "wl"]}}]}
+    plain = {"id": "x", "choices": [{"index": 0, "text": " owl"}]}
+    assert continuation_chunk(plain, 20) is False and plain == {"id": "x", "choices": [{"index": 0, "text": " owl"}]}
+
+
+# --- streams through PDModel: the migrated stream equals the uninterrupted one -------------------------------
+
+pytest.importorskip("kserve")
+
+PROMPT = "Once upon a time"
+ANSWER = [" there", " lived", " a", " wisé", " old", " owl", " who", " loved", " the", " moon", "."]
+
+
+def _token_id(piece: str) -> int:
+    return 1000 + sum(map(ord, piece))
+
+
+class _DyingStream(httpx.AsyncByteStream):
+    def __init__(self, chunks: list[bytes]):
+        self.chunks = chunks
+
+    async def __aiter__(self):
+        for c in self.chunks:
+            yield c
+        raise httpx.ReadError("connection reset by peer")
+
+
+def _event(chunk: dict) -> bytes:
+    return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
+
+
+class GreedyCompletions:
+    """Completions workers that answer as vLLM 0.28 streams one greedy answer (`ANSWER`, one token a chunk): the
+    answer goes on after whatever part of it the prompt already ends with; `logprobs.text_offset` counts the
+    characters of the worker's own output; `return_token_ids` adds the prompt's ids to the first chunk and each
+    token's id. A worker named in `cuts` dies after that many chunks, `extra_d0` chunks sent after d0's last."""
+
+    def __init__(self, cuts: dict[str, int] | None = None, extra_d0: list[dict] = ()):
+        self.cuts, self.extra_d0 = cuts or {}, list(extra_d0)
+        self.bodies: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        self.bodies[host].append(body)
+        prompt = body["prompt"]
+        done = next(i for i in range(len(ANSWER) + 1) if PROMPT + "".join(ANSWER[:i]) == prompt)
+        pieces = ANSWER[done:done + body["max_tokens"]]
+        prompt_ids = [_token_id(p) for p in re.findall(r"\s?[^\s]+", prompt)]
+        out, offset = [], 0
+        for n, piece in enumerate(pieces, 1):
+            choice: dict = {"index": 0, "text": piece, "finish_reason": None}
+            if n == len(pieces):
+                choice["finish_reason"] = "length" if len(pieces) == body["max_tokens"] else "stop"
+            if body.get("logprobs") is not None:
+                choice["logprobs"] = {"text_offset": [offset], "token_logprobs": [-0.25], "tokens": [piece],
+                                      "top_logprobs": [{piece: -0.25}]}
+            if body.get("return_token_ids"):
+                if n == 1:
+                    choice["prompt_token_ids"] = prompt_ids
+                choice["token_ids"] = [_token_id(piece)]
+            offset += len(piece)
+            usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
+            out.append(_event({"id": "cmpl-" + host, "object": "text_completion", "created": 1_700_000_000,
+                               "model": "m", "choices": [choice], "usage": usage}))
+        if host in self.cuts:
+            extra = [_event(c) for c in self.extra_d0] if host == "d0" else []
+            return httpx.Response(200, stream=_DyingStream(out[:self.cuts[host]] + extra))
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(pieces),
+                 "total_tokens": len(prompt_ids) + len(pieces)}
+        out.append(_event({"id": "cmpl-" + host, "object": "text_completion", "created": 1_700_000_000,
+                           "model": "m", "choices": [], "usage": usage}))
+        return httpx.Response(200, content=b"".join(out + [b"data: [DONE]\n\n"]))
+
+
+def _model(workers, n: int = 2):
+    from prometheus_client import CollectorRegistry
+
+    from runtime.engines.client import VllmClient
+    from runtime.server.metrics import RuntimeMetrics
+    from runtime.server.model import PDModel
+    from runtime.server.pairing import RoundRobinPairing
+
+    reg = CollectorRegistry()
+    transport = httpx.MockTransport(workers.handler)
+    model = PDModel("m", RoundRobinPairing([], [f"http://d{i}" for i in range(n)], migration_limit=n - 1),
+                    metrics=RuntimeMetrics(reg), client_factory=lambda url: VllmClient(url, transport=transport))
+    return model, reg
+
+
+async def _complete(workers, n: int = 2, **fields) -> list[dict]:
+    from kserve.protocol.rest.openai.types import CompletionRequest
+
+    model, _ = _model(workers, n)
+    try:
+        events = [e async for e in await model.create_completion(
+            CompletionRequest(model="m", prompt=PROMPT, temperature=0, stream=True, **fields))]
+    finally:
+        await model.aclose()
+    assert events[-1] == "data: [DONE]\n\n"
+    return [json.loads(e[len("data: "):]) for e in events[:-1]]
+
+
+@pytest.mark.parametrize("fields", [
+    {"max_tokens": 9, "logprobs": 1},
+    {"max_tokens": 9, "return_token_ids": True},
+    {"max_tokens": 9, "logprobs": 0, "return_token_ids": True, "stream_options": {"include_usage": True}},
+], ids=["logprobs", "token-ids", "both-and-usage"])
+async def test_a_migrated_completion_stream_equals_the_uninterrupted_one(fields):
+    reference = await _complete(GreedyCompletions(), **fields)
+    w = GreedyCompletions({"d0": 4})
+    migrated = await _complete(w, **fields)
+    assert len(w.bodies["d1"]) == 1 and w.bodies["d1"][0]["prompt"] == PROMPT + "".join(ANSWER[:4])
+    # every chunk as one worker sends it: text offsets go on from the characters sent (not from 0 again), the
+    # prompt's token ids come once (the client's prompt's, not the continuation's), the token ids in order
+    assert migrated == reference
+    offsets = [o for c in migrated for ch in c["choices"] for o in (ch.get("logprobs") or {}).get("text_offset", [])]
+    if "logprobs" in fields:
+        assert offsets == [len("".join(ANSWER[:i])) for i in range(9)]
+    prompt_ids = [ch["prompt_token_ids"] for c in migrated for ch in c["choices"] if "prompt_token_ids" in ch]
+    assert prompt_ids == ([[_token_id(p) for p in ("Once", " upon", " a", " time")]]
+                          if fields.get("return_token_ids") else [])
+
+
+async def test_two_migrations_shift_the_offsets_by_all_the_text_sent():
+    w = GreedyCompletions({"d0": 3, "d1": 2})
+    chunks = await _complete(w, n=3, max_tokens=9, logprobs=1)
+    assert w.bodies["d2"][0]["prompt"] == PROMPT + "".join(ANSWER[:5])
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(ANSWER[:9])
+    offsets = [o for c in chunks for ch in c["choices"] for o in ch["logprobs"]["text_offset"]]
+    assert offsets == [len("".join(ANSWER[:i])) for i in range(9)]
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"frequency_penalty": 1.5, "presence_penalty": 1.0}, "frequency_penalty"),
+    ({"stop": ["the moon"]}, "stop strings"),
+    ({"truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+    ({"min_tokens": 2, "bad_words": ["owl"]}, "bad_words"),
+])
+async def test_a_stream_whose_sampling_reads_the_output_ends_with_an_error_that_says_why(fields, why):
+    w = GreedyCompletions({"d0": 4})
+    chunks = await _complete(w, max_tokens=9, **fields)
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == "".join(ANSWER[:4])  # what d0 sent, no more
+    err = chunks[-1]["error"]
+    assert err["code"] == 502 and why in err["message"] and "cannot continue on another worker" in err["message"]
+    assert w.bodies["d1"] == []
+
+
+async def test_a_prompt_its_truncation_did_not_cut_is_continued_without_it():
+    w = GreedyCompletions({"d0": 4})
+    chunks = await _complete(w, max_tokens=9, truncate_prompt_tokens=5)  # the prompt has 4 tokens
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(ANSWER[:9])
+    assert "truncate_prompt_tokens" not in w.bodies["d1"][0]
+
+
+async def test_ids_of_tokens_whose_text_was_held_back_end_the_stream_rather_than_come_twice():
+    # d0 sends a token's id with empty text (vLLM holds back a character's first bytes), then dies: the
+    # continuation, prompted with the text sent, would make that token again and the client would get its id twice
+    held = {"id": "cmpl-d0", "object": "text_completion", "created": 1_700_000_000, "model": "m",
+            "choices": [{"index": 0, "text": "", "finish_reason": None, "token_ids": [7]}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}}
+    w = GreedyCompletions({"d0": 3}, extra_d0=[held])
+    chunks = await _complete(w, max_tokens=9, return_token_ids=True)
+    assert "held back" in chunks[-1]["error"]["message"] and w.bodies["d1"] == []
+    # without ids or logprobs the held token is simply made again by the continuation
+    w = GreedyCompletions({"d0": 3}, extra_d0=[{**held, "choices": [{"index": 0, "text": "", "finish_reason": None}]}])
+    chunks = await _complete(w, max_tokens=9)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(ANSWER[:9])
+
+
+async def test_a_chat_without_a_generation_prompt_ends_with_an_error_that_says_why():
+    from kserve.protocol.rest.openai.types import ChatCompletionRequest
+
+    class Chat:
+        def __init__(self):
+            self.bodies: dict[str, list[dict]] = {"d0": [], "d1": []}
+
+        def handler(self, req: httpx.Request) -> httpx.Response:
+            self.bodies[req.url.host].append(json.loads(req.content))
+            out = [_event({"id": "c", "choices": [{"index": 0, "delta": {"content": t}}]}) for t in (" blue", " and")]
+            return httpx.Response(200, stream=_DyingStream(out))
+
+    w = Chat()
+    model, _ = _model(w)
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "The sea is"}], max_tokens=9,
+                                temperature=0, stream=True, add_generation_prompt=False)
+    events = [e async for e in await model.create_chat_completion(req)]
+    await model.aclose()
+    assert events[-1] == "data: [DONE]\n\n"
+    err = json.loads(events[-2][6:])["error"]
+    assert "add_generation_prompt" in err["message"] and w.bodies["d1"] == []
