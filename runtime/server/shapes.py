@@ -137,7 +137,10 @@ def fan_out(path: str, body: dict) -> list[dict] | None:
         for j in range(n):
             sub = copy.deepcopy(body)
             if prompts is not None:
-                sub["prompt"] = prompt
+                # an empty prompt goes as a list of one, as it stood in the client's list: vLLM refuses an empty
+                # `prompt` itself (its request model) but tokenizes an empty item of a list, which with a BOS
+                # token is served and without one gets the engine's "The decoder prompt cannot be empty"
+                sub["prompt"] = [prompt] if prompt == "" or prompt == [] else prompt
             sub["n"] = 1
             seed = body.get("seed")
             if isinstance(seed, int) and not isinstance(seed, bool) and seed != -1:  # vLLM: -1 is no seed

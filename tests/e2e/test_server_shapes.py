@@ -170,8 +170,11 @@ def _logprob_rows(answer: dict) -> list[tuple]:
                           "continue_final_message": True}),
     ("completions", {"prompt": PROMPTS[1], "max_tokens": 5, "temperature": 0, "use_beam_search": True, "n": 2}),
     ("completions", {"prompt": PROMPTS[1], "max_tokens": 6, "temperature": 0, "best_of": 3}),
+    # an empty item of a prompt list: served or refused as the aggregated server does (fanned out on its own)
+    ("completions", {"prompt": ["", PROMPTS[1]], "max_tokens": 4, "temperature": 0}),
+    ("completions", {"prompt": [[], [1, 2, 3]], "max_tokens": 4, "temperature": 0}),
 ], ids=["logprobs", "echo", "echo-logprobs", "chat-logprobs", "response-format", "tools", "chat-echo", "beam-n2",
-        "best-of"])
+        "best-of", "empty-in-list", "empty-ids-in-list"])
 def test_shape_gives_the_aggregated_answer(pd_workers, pd_runtime, no_late_reads, path, body):
     raw_agg = httpx.post(f"{pd_workers.decode.base_url}/v1/{path}", json={"model": pd_workers.model_name, **body},
                          timeout=300)

@@ -45,6 +45,13 @@ def test_prompts_and_choices_fan_out_prompt_major_with_seeds_per_choice():
     assert len(chat) == 3 and all("seed" not in s and s["n"] == 1 for s in chat)
 
 
+def test_an_empty_item_of_a_prompt_list_goes_as_a_list_of_one():
+    # vLLM's request model refuses `prompt: ""` itself; as an item of a list it is tokenized (a BOS token, or the
+    # engine's "The decoder prompt cannot be empty"), so a sub-request keeps it in a list of one
+    subs = fan_out(C, {"prompt": ["", "a", [], [5]]})
+    assert [s["prompt"] for s in subs] == [[""], "a", [[]], [5]]
+
+
 def test_fan_out_up_to_the_bound_and_seed_minus_one_stays_unseeded():
     assert len(fan_out(C, {"prompt": "a", "n": MAX_FAN_OUT, "temperature": 1})) == MAX_FAN_OUT
     assert needs_local_prefill(C, {"prompt": "a", "n": MAX_FAN_OUT + 1, "temperature": 1})
