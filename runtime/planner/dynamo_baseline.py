@@ -82,6 +82,7 @@ class DynamoSlaBaseline:
         self._num_req = make_predictor(predictor)
         self._isl = make_predictor(predictor)
         self._osl = make_predictor(predictor)
+        self._seen_nonzero: set[str] = set()  # predictors that have taken a non-zero value (`_feed`)
         self.p_corr = self.d_corr = 1.0
         self._acc: list[TickInput] = []
         self._window_start: float | None = None
@@ -143,19 +144,17 @@ class DynamoSlaBaseline:
             return None
         ticks, self._acc, self._window_start = self._acc, [], tick.now_s
         num_req = sum(t.num_requests for t in ticks)
+        isl = sum(t.mean_isl_tokens * t.num_requests for t in ticks) / num_req if num_req else None
         osl = ended_osl_mean(ticks)
-        if not num_req or osl is None:
-            # Dynamo skips the adjustment when an interval's metrics hold a NaN (no request arrived, so no mean
-            # ISL; or none ended, so no mean OSL): `Metrics.is_valid` in dynamo/planner/utils/prometheus.py,
-            # checked first in `plan_adjustment`. The fleet stays as it is; the predictors see what was measured.
-            if num_req:
-                self._num_req.observe(num_req)
-                self._isl.observe(sum(t.mean_isl_tokens * t.num_requests for t in ticks) / num_req)
+        # Dynamo feeds every interval's means to its predictors, a missing one (NaN) as 0 and zeros before the
+        # first non-zero value skipped (`BasePredictor.add_data_point`, dynamo/planner/utils/load_predictor.py)
+        for name, value in (("num_req", num_req), ("isl", isl), ("osl", osl)):
+            self._feed(name, value or 0.0)
+        if isl is None or osl is None:
+            # and skips the adjustment when the interval's metrics hold a NaN (no request arrived: no mean ISL;
+            # none ended: no mean OSL): `Metrics.is_valid` in dynamo/planner/utils/prometheus.py, checked first
+            # in `plan_adjustment`. The fleet stays as it is.
             return None
-        isl = sum(t.mean_isl_tokens * t.num_requests for t in ticks) / num_req
-        self._num_req.observe(num_req)
-        self._isl.observe(isl)
-        self._osl.observe(osl)
         self._update_corrections(ticks, isl, osl)
         predicted_num = self._num_req.predict()
         next_num = predicted_num * (1.0 + self.load_headroom)
@@ -181,6 +180,14 @@ class DynamoSlaBaseline:
             predicted_isl_tokens=next_isl, predicted_osl_tokens=next_osl,
             ttft_correction=self.p_corr, itl_correction=self.d_corr, reason="dynamo_sla",
         )
+
+    def _feed(self, name: str, value: float) -> None:
+        """Observe ``value`` on the ``name`` predictor as Dynamo's predictors take a data point: zeros before the
+        first non-zero value are skipped."""
+        if value == 0.0 and name not in self._seen_nonzero:
+            return
+        self._seen_nonzero.add(name)
+        {"num_req": self._num_req, "isl": self._isl, "osl": self._osl}[name].observe(value)
 
     def _update_corrections(self, ticks: list[TickInput], isl: float, osl: float) -> None:
         last = ticks[-1]

@@ -95,8 +95,11 @@ def test_dynamo_baseline_skips_an_interval_with_no_ended_request_or_no_arrival()
         assert dyn.on_tick(_tick(now, 30)) is None
     d = dyn.on_tick(_tick(360, 30))  # requests ending: sized as the hand-checked window above
     assert d is not None and (d.prefill_replicas, d.decode_replicas) == (3, 2)
-    for now in (420, 480, 540):  # an interval with no arrival
-        assert dyn.on_tick(_tick(now, 0)) is None
+    for now in (420, 480, 540):  # an interval with no arrival and no request ending
+        assert dyn.on_tick(planner_tick(now, 0, osl=0, interval_s=60.0)) is None
+    # as Dynamo's predictors take them: the missing means as 0 once a value was seen (not before: the first
+    # interval's OSL was skipped), so the constant predictor now forecasts 0 requests of 0 tokens
+    assert (dyn._num_req.predict(), dyn._isl.predict(), dyn._osl.predict()) == (0.0, 0.0, 0.0)
 
 
 def test_dynamo_baseline_load_headroom_scales_its_predicted_load():
