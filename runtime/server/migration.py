@@ -19,10 +19,11 @@ templates drop or re-render reasoning, tool calls are parsed from text the clien
 sent any of them is not continued (`chunk_progress` reports it not replayable), the caller ends it with an error instead of
 sending the client duplicate reasoning and more than `max_tokens` tokens.
 
-A continuation's answer must be the rest of the uninterrupted answer: a request whose shape or sampling no
-continuation reproduces is refused (`NotContinuable`, with the reason the client's error gives; the list is
-`continuation_body`'s), and the caller makes a continuation's chunks the uninterrupted stream's
-(`continuation_chunk`).
+A continuation follows the rules of the uninterrupted request: a request whose shape or sampling reads what a
+continuation changes (its output so far, its prompt) is refused (`NotContinuable`, with the reason the client's
+error gives; the list is `continuation_body`'s), and the caller makes a continuation's chunks the uninterrupted
+stream's (`continuation_chunk`). The continuation is prompted with the text sent, not its tokens, so its tokens
+after the cut can differ from an uninterrupted run's (`continuation_body` says where).
 """
 
 from __future__ import annotations
@@ -158,11 +159,20 @@ def _refuse_output_dependent_sampling(body: dict[str, Any], generated_text: str)
 
 def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_generated_tokens: int, *,
                       prompt_tokens: int | None = None) -> dict:
-    """The request that continues `body` after `generated_text`, a request whose answer is the rest of the
-    uninterrupted answer (greedy: the same tokens); raises `NotContinuable` (its message says why, for the
-    client's error) where no such request exists.
+    """The request that continues `body` after `generated_text`: the same request with the text sent appended to
+    its prompt (completions) or as the assistant's open message (chat), so that a worker goes on from that text;
+    `body` itself when nothing generated was sent. Raises `NotContinuable` (its message says why, for the
+    client's error) where the rest would follow other rules than the uninterrupted answer's (the list below).
 
-    Migrated exactly (vLLM 0.28's sampler, vllm/v1/sample, and output processing):
+    The continuation's prompt holds the text sent, not its tokens: vLLM tokenizes it again. Where the text's
+    last tokens tokenize otherwise inside the longer prompt (a newline and the text after it can merge into one
+    token), where a chat template trims the final message (Llama 3.1's `| trim`), or where a chunk carried
+    several tokens and vLLM held back the last one's incomplete character (the count of tokens sent includes
+    it), the tokens after the cut, and a greedy answer with them, can differ from the uninterrupted ones. An
+    exact continuation needs the token ids (a completions request of the prompt's and the output's ids).
+
+    Carried over, each as the uninterrupted request applies it (vLLM 0.28's sampler, vllm/v1/sample, and
+    output processing):
     * `max_tokens` / `max_completion_tokens` (the completions default of 16 when unset) shrink by the tokens
       sent; `min_tokens` too (down to 0): vLLM counts it over the request's own output tokens, and it also
       gates stop strings;
@@ -202,6 +212,8 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
     * chat with `add_generation_prompt` false (and no `continue_final_message`): the model went on after the
       conversation without an assistant header, which no chat request can render after the text sent; a
       continued final message whose content is not a string;
+    * `include_reasoning` false: the worker made reasoning that the client did not get and that a
+      continuation's prompt would lack;
     * nothing left of `max_tokens`.
 
     Args:
@@ -213,16 +225,23 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
         prompt_tokens: the client's prompt tokens as the first worker counted them (its usage), None if unknown.
 
     Raises:
-        NotContinuable: the request's shape cannot be continued exactly.
+        NotContinuable: the request's shape cannot be continued by the rules of the uninterrupted answer.
     """
     if int(body.get("n") or 1) != 1:
         raise NotContinuable("several choices")
     if _flag(body.get("echo")) or body.get("prompt_logprobs") is not None:
         raise NotContinuable("echo and prompt_logprobs answer with the prompt, which a continuation changes")
+    if not generated_text and num_generated_tokens == 0:
+        # nothing generated reached the client (a role chunk, or empty chunks while vLLM held text back): the
+        # request itself, sent again, is the uninterrupted answer whatever its sampling
+        return copy.deepcopy(body)
     fmt = body.get("response_format")
     if body.get("structured_outputs") is not None or (
             fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text")):
         raise NotContinuable("structured output: the grammar would start again inside the answer")
+    if body.get("include_reasoning") is not None and not _flag(body.get("include_reasoning")):
+        raise NotContinuable("include_reasoning is false: the worker made reasoning the client did not get, and "
+                             "a continuation's prompt would lack it")
     _refuse_output_dependent_sampling(body, generated_text)
     out = copy.deepcopy(body)
     chat = path.endswith("chat/completions")

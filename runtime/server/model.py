@@ -15,7 +15,7 @@ For every /openai/v1/chat/completions or /openai/v1/completions request:
    unreachable opens its circuit breaker (runtime.server.breakers, which every worker call reports to) and
    the request continues on another decode worker (streaming: with the text already sent appended,
    runtime.server.migration) while the pairing allows it; otherwise the client gets an OpenAI error (an error event inside a started stream). A stream that already sent
-   reasoning or tool calls, or whose request a continuation cannot reproduce exactly (output penalties, stop
+   reasoning or tool calls, or whose request a continuation would serve by other rules (output penalties, stop
    strings vLLM holds text back for, ...: `continuation_body`), is not migrated but ends with an error event
    that says why. An error event the worker sends inside its stream reaches the client (also when the runtime
    hides the usage chunk) and the request counts as an error.
@@ -1235,7 +1235,7 @@ class PDModel(OpenAIGenerativeModel):
                                                                  tokens_before, attempt_sent_usage)
                     attempt_usage, attempt_sent_usage, attempt_chunks = None, None, 0
                     # nothing sent yet: the request itself goes to another worker, whatever its shape; else a
-                    # continuation of what was sent, where one gives the uninterrupted answer (`continuation`)
+                    # continuation of what was sent, where one follows the request's rules (`continuation`)
                     cont, refusal = continuation()
                     if not _moves(exc, started):
                         refusal = None  # the worker answered: no other would have been asked, whatever the shape

@@ -63,6 +63,25 @@ def test_sampling_a_continuation_reproduces_is_continued(extra):
     assert {k: out[k] for k in extra} == extra
 
 
+@pytest.mark.parametrize("extra", [
+    {"stop": ["\n\nUser:"]}, {"seed": 3, "temperature": 0.7}, {"frequency_penalty": 1.0},
+    {"response_format": {"type": "json_object"}},
+])
+def test_a_stream_that_sent_nothing_generated_goes_whole_whatever_its_sampling(extra):
+    # a role chunk or empty chunks (vLLM holding text back) were all the client got: the request itself is exact
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, **extra}
+    assert continuation_body(CHAT, body, "", 0) == body
+    with pytest.raises(NotContinuable):  # once something generated was sent, the refusals apply
+        continuation_body(CHAT, body, "Hel", 1)
+
+
+def test_hidden_reasoning_is_refused():
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "include_reasoning": False}
+    with pytest.raises(NotContinuable, match="include_reasoning"):
+        continuation_body(CHAT, body, "Hello", 1)
+    assert continuation_body(CHAT, {**body, "include_reasoning": True}, "Hello", 1)["max_tokens"] == 9
+
+
 def test_a_prompt_shorter_than_its_truncation_continues_untruncated():
     body = {"prompt": "Once upon a time", "max_tokens": 10, "truncate_prompt_tokens": 5, "truncation_side": "left"}
     out = continuation_body(COMPL, body, " there", 1, prompt_tokens=4)
