@@ -11,8 +11,8 @@ start-up (~0.25 s here). Prints ONE JSON line on stdout when done::
 Exit status, as `pdserve stage` gives it for the same case, with the same `error:` line: 0 staged (or
 already up to date), 1 staging failed (the message, naming the key or option, on stderr; the destination
 keeps its previous version or stays absent), 2 bad arguments or a bad value found before anything is
-copied (a SOURCE that is malformed, no folder, or holds no file of the selection or no weights; a DEST
-that cannot be staged into), 3 staged but the JSON line could not be written (stdout closed or full),
+copied (a SOURCE that is malformed, missing or empty, or holds no file of the selection or no weights; a
+DEST that cannot be staged into), 3 staged but the JSON line could not be written (stdout closed or full),
 130 interrupted (completed parts stay for the next run). Warnings (a file fetched again after a failed check,
 waiting for another stager's lock) go to stderr.
 

@@ -35,6 +35,13 @@ class ChecksumMismatchError(StagingError):
     bad source); the message names the key and both values."""
 
 
+class SourceSelectionError(StagingError):
+    """The source, or its files as selected (``include`` / ``exclude``, else the default model-folder
+    selection), is no model to stage: a missing bucket, an empty prefix, folder or repo, no file that the
+    selection takes, or none that holds weights. A bad value (the source or the globs), found before anything is
+    copied."""
+
+
 class DestinationError(StagingError):
     """The destination cannot be staged into as given (a filesystem root, a name too long, inside the source,
     a symbolic link, below a file, or a folder of other files): a bad value, found before anything is copied."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from runtime.staging.keys import UnsafeKeyError, is_source_marker, relative_path
-from runtime.staging.manifest import ChecksumMismatchError, StagingError
+from runtime.staging.manifest import ChecksumMismatchError, SourceSelectionError, StagingError
 
 
 @dataclass(frozen=True)
@@ -219,12 +219,12 @@ class S3Source:
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             if code in ("NoSuchBucket", "404"):
-                raise StagingError(f"source {self.uri}: bucket '{self.bucket}' does not exist") from e
+                raise SourceSelectionError(f"source {self.uri}: bucket '{self.bucket}' does not exist") from e
             raise StagingError(f"source {self.uri}: cannot list objects ({code}): {e}") from e
         except BotoCoreError as e:  # no credentials, invalid bucket name, endpoint unreachable, ...
             raise StagingError(f"source {self.uri}: cannot list objects: {type(e).__name__}: {e}") from e
         if not out:
-            raise StagingError(f"source {self.uri}: no objects under prefix '{self.prefix}' (empty prefix)")
+            raise SourceSelectionError(f"source {self.uri}: no objects under prefix '{self.prefix}' (empty prefix)")
         if self._http is not None:
             try:
                 serves = self._http.serves_bucket()
@@ -445,7 +445,7 @@ class LocalSource(_WholeByRange):
             st = p.stat()
             out.append(SourceObject(key=key, rel=relative_path(key, ""), size_bytes=st.st_size, etag=local_tag(st)))
         if not out:
-            raise StagingError(f"source {self.uri}: folder holds no files")
+            raise SourceSelectionError(f"source {self.uri}: folder holds no files")
         return out
 
     def describe(self, obj: SourceObject) -> SourceObject:
@@ -528,7 +528,7 @@ class HfSource(_WholeByRange):
                 )
             )
         if not out:
-            raise StagingError(f"source {self.uri}: no files")
+            raise SourceSelectionError(f"source {self.uri}: no files")
         return out
 
     def describe(self, obj: SourceObject) -> SourceObject:

@@ -35,6 +35,7 @@ from runtime.staging.manifest import (
     DestinationError,
     Manifest,
     ManifestEntry,
+    SourceSelectionError,
     StagingError,
     fsync_path,
     digest_mismatch,
@@ -49,13 +50,7 @@ from runtime.staging.transfer import TransferEngine, TransferStats
 log = logging.getLogger(__name__)
 
 
-class SourceSelectionError(StagingError):
-    """The source's files, as selected (``include`` / ``exclude``, else the default model-folder selection),
-    are no model to stage: none matches, or none holds weights. A bad value (the source or the globs), found
-    before anything is copied."""
-
-
-#: The staging errors that are a bad value given by the user (DEST, or SOURCE's files as selected), found before
+#: The staging errors that are a bad value given by the user (DEST, or SOURCE or its files as selected), found before
 #: anything is copied: exit 2 (usage) in `pdserve stage` and `python -m runtime.staging`; other StagingErrors are 1.
 BAD_VALUE_ERRORS: tuple[type[StagingError], ...] = (DestinationError, SourceSelectionError)
 

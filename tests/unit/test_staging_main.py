@@ -77,7 +77,7 @@ def _cli_error(*args: str) -> tuple[int, list[str]]:
     (("config.json", "tokenizer.json"), [], 2, "no weight file"),  # a model folder whose weights were never copied
     (("config.json", "tokenizer.json"), ["--include", "*.gguf"], 2, "no file matches"),
     (None, [], 2, "local folder does not exist"),
-    ((), [], 1, "folder holds no files"),  # a staging failure for both
+    ((), [], 2, "folder holds no files"),  # an empty source: nothing to stage, a bad value
 ])
 def test_a_source_without_weights_exits_as_pdserve_stage_does_with_its_message(
         tmp_path: Path, files: tuple[str, ...] | None, extra: list[str], code: int, problem: str) -> None:
