@@ -307,7 +307,13 @@ class RouterSpec(_Strict):
         ge=0,
         description="Prefill locally on the decode worker when the uncached prompt part is shorter (tokens).",
     )
-    migration_limit: int = Field(default=1, ge=0, description="Decode-worker failovers allowed per request.")
+    migration_limit: int = Field(
+        default=1,
+        ge=0,
+        description="Decode-worker failovers allowed per request; 0 ends a request whose decode worker fails with "
+                    "an error (a stream continued after its first tokens is prompted with the text sent, "
+                    "re-tokenized: docs/serving.md).",
+    )
     approx_ttl_s: float = Field(default=120.0, gt=0, description="TTL of learned (approximate) prefix entries, s.")
     decode_weight: float = Field(
         default=0.0,
