@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -16,6 +15,7 @@ from runtime.planner.state_machine import PlannerStateMachine
 from runtime.planner.types import PlannerConfig
 from runtime.server.actuators import DryRunActuator
 from runtime.server.planner_loop import PlannerLoop, RequestWindow, read_pool
+from tests.metrics_worker import MetricsWorker
 
 pytestmark = pytest.mark.integration
 
@@ -41,37 +41,16 @@ vllm:request_prefill_time_seconds_sum{{engine="0",model_name="m"}} {sum}
 """
 
 
-class MetricsServer:
-    """A loopback HTTP server answering /metrics with vLLM-format text; ``set_prefill(sum_s, count)``
-    adds the cumulative prefill-time histogram."""
+class MetricsServer(MetricsWorker):
+    """A worker's /metrics with vLLM's gauges; ``set_prefill(sum_s, count)`` adds the cumulative prefill-time
+    histogram."""
 
     def __init__(self, waiting: float, running: float, kv: float) -> None:
         self.base = VLLM_METRICS.format(waiting=waiting, running=running, kv=kv)
-        self.body = self.base.encode()
-        server = self
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                body = server.body
-                self.send_response(200 if self.path == "/metrics" else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        super().__init__(self.base.encode())
 
     def set_prefill(self, sum_s: float, count: int) -> None:
         self.body = (self.base + PREFILL_HISTOGRAM.format(sum=sum_s, count=count)).encode()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

@@ -9,9 +9,6 @@ of the requests it prefilled meanwhile is counted once it answers again.
 from __future__ import annotations
 
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -22,6 +19,7 @@ from runtime.planner.types import PlannerConfig
 from runtime.server.actuators import DryRunActuator
 from runtime.server import planner_loop
 from runtime.server.planner_loop import PlannerLoop, PrefillTimeMeter, RequestWindow, read_pool
+from tests.metrics_worker import MetricsWorker
 
 PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
 DEADLINE_S = 0.3
@@ -47,46 +45,12 @@ def vllm_page(waiting: float, running: float, kv: float, prefill: tuple[float, f
     return text.encode()
 
 
-class Worker:
-    """A loopback /metrics server. ``mode``: "ok" answers ``body``, "error" answers 503, "slow" holds the
-    answer while ``mode`` stays "slow" (past any read deadline)."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body, self.mode, self.closing = body, "ok", threading.Event()
-        worker = self
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                while worker.mode == "slow" and not worker.closing.wait(0.05):  # until the test moves on
-                    pass
-                body = worker.body if worker.mode == "ok" else b"overloaded\n"
-                self.send_response(200 if worker.mode == "ok" else 503)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.closing.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5)
-
-
 @pytest.fixture
 def workers():
-    made: list[Worker] = []
+    made: list[MetricsWorker] = []
 
-    def make(body: bytes) -> Worker:
-        made.append(Worker(body))
+    def make(body: bytes) -> MetricsWorker:
+        made.append(MetricsWorker(body))
         return made[-1]
 
     yield make
