@@ -41,18 +41,20 @@ def _running(base_url: str) -> float:
     return sample_sum(httpx.get(f"{base_url}/metrics", timeout=10).text, "vllm:num_requests_running")
 
 
-async def _open(client: httpx.AsyncClient, url: str, model: str):
-    """Start a streamed chat; returns the response and its line iterator."""
-    req = client.build_request("POST", f"{url}/openai/v1/chat/completions",
-                               json={**BODY, "model": model, "stream": True})
+async def _open(client: httpx.AsyncClient, url: str, model: str, body: dict = BODY,
+                path: str = "/openai/v1/chat/completions"):
+    """Start a streamed request (default: the chat `BODY` through a runtime); returns the response and its line
+    iterator."""
+    req = client.build_request("POST", f"{url}{path}", json={**body, "model": model, "stream": True})
     resp = await client.send(req, stream=True)
     assert resp.status_code == 200, await resp.aread()
     return resp, resp.aiter_lines()
 
 
-async def _read(lines, n: int | None) -> tuple[str, int, bool, list[dict]]:
-    """Read up to `n` content chunks (all when None): (text, chunks, saw [DONE], error events)."""
-    text, chunks, done, errors = "", 0, False, []
+async def _read_events(lines, n: int | None, take) -> tuple[bool, list[dict]]:
+    """Hand each chunk of the stream to `take`, which returns how many chunks with text it held, until `n` such
+    chunks (all when None): (saw [DONE], error events)."""
+    done, errors, chunks = False, [], 0
     async for line in lines:
         if not line.startswith("data: "):
             continue
@@ -64,49 +66,43 @@ async def _read(lines, n: int | None) -> tuple[str, int, bool, list[dict]]:
         if "error" in event:
             errors.append(event)
             continue
-        for c in event.get("choices") or ():
-            piece = (c.get("delta") or {}).get("content") or ""
-            if piece:
-                text += piece
-                chunks += 1
+        chunks += take(event)
         if n is not None and chunks >= n:
             break
-    return text, chunks, done, errors
+    return done, errors
 
 
-async def _open_completion(client: httpx.AsyncClient, url: str, model: str, body: dict):
-    """Start a streamed completion; returns the response and its line iterator."""
-    req = client.build_request("POST", f"{url}/v1/completions", json={**body, "model": model, "stream": True})
-    resp = await client.send(req, stream=True)
-    assert resp.status_code == 200, await resp.aread()
-    return resp, resp.aiter_lines()
+async def _read(lines, n: int | None) -> tuple[str, int, bool, list[dict]]:
+    """Read up to `n` content chunks (all when None): (text, chunks, saw [DONE], error events)."""
+    pieces: list[str] = []
+
+    def take(event: dict) -> int:
+        new = [p for c in event.get("choices") or () if (p := (c.get("delta") or {}).get("content") or "")]
+        pieces.extend(new)
+        return len(new)
+
+    done, errors = await _read_events(lines, n, take)
+    return "".join(pieces), len(pieces), done, errors
 
 
 async def _read_completion(lines, n: int | None) -> tuple[list[tuple[str, int, str]], bool, list[dict]]:
     """Read up to `n` completion chunks with text (all when None): ((text, text_offset, token) per token with
     logprobs, else (text, -1, "") per chunk), saw [DONE], error events."""
-    tokens, done, errors, chunks = [], False, [], 0
-    async for line in lines:
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):]
-        if data == "[DONE]":
-            done = True
-            break
-        event = json.loads(data)
-        if "error" in event:
-            errors.append(event)
-            continue
+    tokens: list[tuple[str, int, str]] = []
+
+    def take(event: dict) -> int:
+        held = 0
         for c in event.get("choices") or ():
             lp = c.get("logprobs") or {}
             if lp.get("tokens"):
-                tokens += [(c["text"] if i == 0 else "", o, t)
-                           for i, (o, t) in enumerate(zip(lp["text_offset"], lp["tokens"]))]
+                tokens.extend((c["text"] if i == 0 else "", o, t)
+                              for i, (o, t) in enumerate(zip(lp["text_offset"], lp["tokens"])))
             elif c.get("text"):
                 tokens.append((c["text"], -1, ""))
-            chunks += bool(c.get("text"))
-        if n is not None and chunks >= n:
-            break
+            held += bool(c.get("text"))
+        return held
+
+    done, errors = await _read_events(lines, n, take)
     return tokens, done, errors
 
 
@@ -136,7 +132,7 @@ def test_a_stream_continues_on_another_decode_worker_or_ends_with_a_clean_error(
 
         async def reference_logprobs():
             async with httpx.AsyncClient(timeout=httpx.Timeout(STREAM_BOUND_S)) as client:
-                resp, lines = await _open_completion(client, pd_workers.decode.base_url, name, LOGPROBS)
+                resp, lines = await _open(client, pd_workers.decode.base_url, name, LOGPROBS, "/v1/completions")
                 out = await _read_completion(lines, None)
                 await resp.aclose()
                 return out[0]
@@ -157,7 +153,7 @@ def test_a_stream_continues_on_another_decode_worker_or_ends_with_a_clean_error(
                 for body in (LOGPROBS, PENALTY):  # each on the own worker too (one of two in a row)
                     for _ in range(2):
                         before = await asyncio.to_thread(_running, own.base_url)
-                        resp, lines = await _open_completion(client, f"{two.url}/openai", name, body)
+                        resp, lines = await _open(client, two.url, name, body, "/openai/v1/completions")
                         head = await _read_completion(lines, 4)
                         if await asyncio.to_thread(_running, own.base_url) > before:
                             opened.append((resp, lines, head))
