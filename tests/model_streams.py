@@ -1,8 +1,10 @@
-"""Reading a runtime model's streamed answer in tests: the SSE events `PDModel.create_*_completion(stream=True)`
-yields, decoded into the content text."""
+"""Runtime model streams in tests: reading the SSE events `PDModel.create_*_completion(stream=True)` yields into
+the content text (`stream_content`), and a worker's body that breaks mid-stream (`DyingStream`)."""
 
 import json
 from collections.abc import AsyncIterable, Callable
+
+import httpx
 
 
 async def stream_content(events: AsyncIterable, on_piece: Callable[[str], None] | None = None) -> tuple[str, bool]:
@@ -36,3 +38,16 @@ async def stream_content(events: AsyncIterable, on_piece: Callable[[str], None] 
                     if on_piece is not None:
                         on_piece(piece)
     return text, done
+
+
+class DyingStream(httpx.AsyncByteStream):
+    """A worker's streamed body that sends ``chunks`` and then breaks as a dead worker's connection does
+    (``httpx.ReadError``)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self):  # noqa: ANN204
+        for c in self.chunks:
+            yield c
+        raise httpx.ReadError("connection reset by peer")

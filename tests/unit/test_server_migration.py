@@ -95,15 +95,7 @@ def test_chunk_text_reads_chat_and_completion_chunks():
 
 pytest.importorskip("kserve")
 
-
-class _DyingStream(httpx.AsyncByteStream):
-    def __init__(self, chunks: list[bytes]):
-        self.chunks = chunks
-
-    async def __aiter__(self):
-        for c in self.chunks:
-            yield c
-        raise httpx.ReadError("connection reset by peer")
+from tests.model_streams import DyingStream as _DyingStream  # noqa: E402
 
 
 def _sse(cid: str, texts: list[str]) -> list[bytes]:

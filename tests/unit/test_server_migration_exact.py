@@ -124,22 +124,14 @@ def test_a_continuation_chunk_drops_its_prompt_fields_and_shifts_its_text_offset
 
 pytest.importorskip("kserve")
 
+from tests.model_streams import DyingStream as _DyingStream  # noqa: E402
+
 PROMPT = "Once upon a time"
 ANSWER = [" there", " lived", " a", " wisé", " old", " owl", " who", " loved", " the", " moon", "."]
 
 
 def _token_id(piece: str) -> int:
     return 1000 + sum(map(ord, piece))
-
-
-class _DyingStream(httpx.AsyncByteStream):
-    def __init__(self, chunks: list[bytes]):
-        self.chunks = chunks
-
-    async def __aiter__(self):
-        for c in self.chunks:
-            yield c
-        raise httpx.ReadError("connection reset by peer")
 
 
 def _event(chunk: dict) -> bytes:
