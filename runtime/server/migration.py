@@ -3,7 +3,10 @@
 The continuation is an ordinary request whose prompt ends with what was already generated:
 * chat: the generated text becomes a final assistant message, rendered with `continue_final_message=true`
   and `add_generation_prompt=false` (vLLM chat-template options) so the model goes on from inside it;
-* completions: the generated text is appended to a string prompt.
+* completions of one prompt and one choice: the token ids of the prompt and of the output sent (`TokenTrail`,
+  from vLLM's `return_token_ids`, which the caller asks of the decode worker and hides where the client did
+  not ask for them), so the next worker reads the very tokens the first one had;
+* other completions (a worker that returns no ids): the generated text is appended to a string prompt.
 A chat request that already continued its final assistant message (`continue_final_message`) goes on inside
 that message. `max_tokens` (and `max_completion_tokens`, and `min_tokens` down to 0) shrink by the tokens
 already sent; a completions request without `max_tokens` had the API's default of 16
@@ -22,8 +25,9 @@ sending the client duplicate reasoning and more than `max_tokens` tokens.
 A continuation follows the rules of the uninterrupted request: a request whose shape or sampling reads what a
 continuation changes (its output so far, its prompt) is refused (`NotContinuable`, with the reason the client's
 error gives; the list is `continuation_body`'s), and the caller makes a continuation's chunks the uninterrupted
-stream's (`continuation_chunk`). The continuation is prompted with the text sent, not its tokens, so its tokens
-after the cut can differ from an uninterrupted run's (`continuation_body` says where).
+stream's (`continuation_chunk`). A continuation prompted with the text sent (chat, and completions without ids)
+is tokenized again, so its tokens after the cut can differ from an uninterrupted run's (`continuation_body`
+says where); one prompted with the token ids goes on from the same tokens.
 """
 
 from __future__ import annotations
@@ -50,6 +54,63 @@ HELD_TOKENS_REASON = ("token ids or logprobs were sent for tokens whose text the
 
 class NotContinuable(ValueError):
     """A stream cannot be continued exactly on another worker; the message says why (for the client)."""
+
+
+#: Per-choice fields of vLLM's `return_token_ids` in a completions stream chunk. vLLM 0.28 writes both on every
+#: chunk (null when not asked for, and `prompt_token_ids` after the first: `CompletionResponseStreamChoice`).
+_ID_FIELDS = ("prompt_token_ids", "token_ids")
+
+
+def ids_continuable(body: dict[str, Any], num_choices: int) -> bool:
+    """A completions request whose stream can continue from token ids (`TokenTrail`): one choice of one prompt
+    (`num_choices` 1, runtime.server.shapes.num_choices) that is text or token ids, not embeddings, and no `echo`
+    (with `return_token_ids` vLLM 0.28 leaves the echoed prompt's text out of the answer)."""
+    return num_choices == 1 and body.get("prompt_embeds") is None and not flag(body.get("echo"))
+
+
+class TokenTrail:
+    """The token ids of one completions stream, from the chunks of a worker asked for `return_token_ids`: the
+    client's prompt's (the first attempt's first chunk; a continuation's prompt is longer) and every output
+    token sent, in order. `ids()` is the prompt a continuation goes on from; None when a chunk with text came
+    without its ids (a worker or engine that does not return them): the caller continues from text then."""
+
+    __slots__ = ("prompt", "output", "complete")
+
+    def __init__(self) -> None:
+        self.prompt: list[int] | None = None
+        self.output: list[int] = []
+        self.complete = True
+
+    def take(self, chunk: dict[str, Any], hide: bool) -> bool:
+        """Read choice 0's ids from a streamed `chunk` before it is sent; with `hide` (the client did not ask
+        for ids) set each choice's id fields to null, as a worker not asked for them writes them. Returns
+        whether the chunk changed."""
+        changed = False
+        for c in chunk.get("choices") or ():
+            if not isinstance(c, dict):
+                continue
+            if c.get("index", 0) == 0:
+                prompt, ids = c.get("prompt_token_ids"), c.get("token_ids")
+                if self.prompt is None and isinstance(prompt, list):
+                    self.prompt = prompt
+                if isinstance(ids, list):
+                    self.output.extend(ids)
+                elif c.get("text"):
+                    self.complete = False
+            if hide:
+                for key in _ID_FIELDS:
+                    if c.get(key) is not None:
+                        c[key] = None
+                        changed = True
+        return changed
+
+    def sent(self) -> int | None:
+        """Output tokens sent (a held-back character's too), or None when their ids are not all known."""
+        return len(self.output) if self.complete and self.prompt is not None else None
+
+    def ids(self) -> list[int] | None:
+        """The prompt's ids and the output's, or None when they are not all known."""
+        return [*self.prompt, *self.output] if self.sent() is not None else None
 
 
 def _delta(choice: Any) -> dict:
@@ -95,7 +156,7 @@ def chunk_progress(chunk: dict[str, Any]) -> tuple[str, bool, bool]:
     return text, generated, True
 
 
-def _flag(value: Any) -> bool:
+def flag(value: Any) -> bool:
     """A request's boolean as vLLM's lenient validation reads it ("true", "1", "yes", "on" are true)."""
     if isinstance(value, str):
         return value.strip().lower() in ("1", "on", "t", "true", "y", "yes")
@@ -149,7 +210,7 @@ def _refuse_output_dependent_sampling(body: dict[str, Any], generated_text: str)
     stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else [] if stop is None else None
     if stops is None or not all(isinstance(s, str) for s in stops):
         raise NotContinuable("stop is not a string or a list of strings")
-    if stops and not _flag(body.get("include_stop_str_in_output")) and max(map(len, stops)) > 1:
+    if stops and not flag(body.get("include_stop_str_in_output")) and max(map(len, stops)) > 1:
         raise NotContinuable("stop strings of more than one character: vLLM holds back the text that may begin one, "
                              "so the text sent ends inside a token and the tokens behind it are not known")
     if any(generated_text.endswith(s[:k]) for s in stops for k in range(1, len(s))):
@@ -158,18 +219,22 @@ def _refuse_output_dependent_sampling(body: dict[str, Any], generated_text: str)
 
 
 def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_generated_tokens: int, *,
-                      prompt_tokens: int | None = None) -> dict:
-    """The request that continues `body` after `generated_text`: the same request with the text sent appended to
-    its prompt (completions) or as the assistant's open message (chat), so that a worker goes on from that text;
+                      prompt_tokens: int | None = None, token_ids: list[int] | None = None) -> dict:
+    """The request that continues `body` after `generated_text`: the same request prompted with the token ids
+    of its prompt and of the output sent (`token_ids`, completions), else with the text sent appended to its
+    prompt (completions) or as the assistant's open message (chat), so that a worker goes on from there;
     `body` itself when nothing generated was sent. Raises `NotContinuable` (its message says why, for the
     client's error) where the rest would follow other rules than the uninterrupted answer's (the list below).
 
-    The continuation's prompt holds the text sent, not its tokens: vLLM tokenizes it again. Where the text's
-    last tokens tokenize otherwise inside the longer prompt (a newline and the text after it can merge into one
-    token), where a chat template trims the final message (Llama 3.1's `| trim`), or where a chunk carried
-    several tokens and vLLM held back the last one's incomplete character (the count of tokens sent includes
-    it), the tokens after the cut, and a greedy answer with them, can differ from the uninterrupted ones. An
-    exact continuation needs the token ids (a completions request of the prompt's and the output's ids).
+    From `token_ids` the next worker reads the tokens the first one had (the prompt's as that worker read them,
+    after any `truncate_prompt_tokens` cut, which the continuation therefore goes without), and its
+    detokenizer starts from them: a token that ended inside a character, whose text vLLM held back, gets its
+    text with the next one. A prompt of text is tokenized again: where the text's last tokens tokenize
+    otherwise inside the longer prompt (a newline and the text after it can merge into one token), where a chat
+    template trims the final message (Llama 3.1's `| trim`), or where a chunk carried several tokens and vLLM
+    held back the last one's incomplete character (the count of tokens sent includes it), the tokens after the
+    cut, and a greedy answer with them, can differ from the uninterrupted ones (chat, whose API takes no token
+    ids, always continues from text).
 
     Carried over, each as the uninterrupted request applies it (vLLM 0.28's sampler, vllm/v1/sample, and
     output processing):
@@ -185,14 +250,15 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
       and the text sent does not end with the beginning of a stop string: a stop string found in the rest lies
       in the continuation's own output, where vLLM looks for it;
     * `truncate_prompt_tokens` K when the first attempt's prompt (`prompt_tokens`) was shorter than K: nothing
-      was cut, and the continuation goes without it;
+      was cut, and the continuation goes without it (always, from `token_ids`);
     * chat `continue_final_message`: the text goes on inside the final message (whatever its role).
     The caller shifts a continuation's completion `logprobs.text_offset` by the characters sent before it and
     drops its `prompt_token_ids` (`continuation_chunk`).
 
     Refused (`NotContinuable`):
     * `n` > 1, `echo`, `prompt_logprobs`: the answer holds more than one generated text, or the prompt;
-    * a completions prompt that is not one string (token ids, embeddings): the text cannot be appended;
+    * a completions prompt that is not one string (token ids, embeddings) and no `token_ids`: the text cannot be
+      appended;
     * structured output (`response_format` other than text, `structured_outputs`): the engine's grammar would
       start again inside the answer (a second JSON object in the middle of the first), and without it nothing
       holds the rest to the schema;
@@ -206,7 +272,8 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
     * `stop` strings of more than one character without `include_stop_str_in_output`: vLLM holds back the
       text that may begin one, so the text sent ends inside a token and the tokens sent are not known; and any
       stop string whose beginning ends the text sent (vLLM would not match it across the prompt);
-    * `truncate_prompt_tokens` when the prompt may have been cut (K <= the prompt's tokens, -1, or no usage):
+    * `truncate_prompt_tokens` without `token_ids` when the prompt may have been cut (K <= the prompt's
+      tokens, -1, or no usage):
       vLLM would truncate the continuation's prompt (original prompt + text sent) from a side and at a length
       that does not keep the same tokens;
     * chat with `add_generation_prompt` false (and no `continue_final_message`): the model went on after the
@@ -223,13 +290,14 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
         num_generated_tokens: tokens already streamed (from the worker's running usage; chunks with generated
             output, `chunk_progress`, where it sends none).
         prompt_tokens: the client's prompt tokens as the first worker counted them (its usage), None if unknown.
+        token_ids: a completions stream's prompt and output token ids (`TokenTrail.ids`), None if not known.
 
     Raises:
         NotContinuable: the request's shape cannot be continued by the rules of the uninterrupted answer.
     """
     if int(body.get("n") or 1) != 1:
         raise NotContinuable("several choices")
-    if _flag(body.get("echo")) or body.get("prompt_logprobs") is not None:
+    if flag(body.get("echo")) or body.get("prompt_logprobs") is not None:
         raise NotContinuable("echo and prompt_logprobs answer with the prompt, which a continuation changes")
     if not generated_text and num_generated_tokens == 0:
         # nothing generated reached the client (a role chunk, or empty chunks while vLLM held text back): the
@@ -239,13 +307,12 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
     if body.get("structured_outputs") is not None or (
             fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text")):
         raise NotContinuable("structured output: the grammar would start again inside the answer")
-    if body.get("include_reasoning") is not None and not _flag(body.get("include_reasoning")):
+    if body.get("include_reasoning") is not None and not flag(body.get("include_reasoning")):
         raise NotContinuable("include_reasoning is false: the worker made reasoning the client did not get, and "
                              "a continuation's prompt would lack it")
     _refuse_output_dependent_sampling(body, generated_text)
     out = copy.deepcopy(body)
-    chat = path.endswith("chat/completions")
-    if not chat and out.get("max_tokens") is None:
+    if not path.endswith("chat/completions") and out.get("max_tokens") is None:
         out["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS  # the budget the first worker applied
     for key in ("max_tokens", "max_completion_tokens"):
         if out.get(key) is not None:
@@ -255,6 +322,13 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
             out[key] = left
     if out.get("min_tokens"):  # vLLM refuses min_tokens > max_tokens: the floor shrinks with the budget
         out["min_tokens"] = max(0, int(out["min_tokens"]) - num_generated_tokens)
+    chat = path.endswith("chat/completions")
+    if token_ids is not None and not chat:
+        # the ids are the prompt as the first worker read it (cut already, where it was cut)
+        out.pop("truncate_prompt_tokens", None)
+        out.pop("truncation_side", None)
+        out["prompt"] = token_ids
+        return out
     if out.get("truncate_prompt_tokens") is not None:
         try:
             limit = int(out["truncate_prompt_tokens"])
@@ -271,13 +345,13 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
             return out
         messages = list(out.get("messages") or [])
         last = messages[-1] if messages else None
-        if _flag(out.get("continue_final_message")):
+        if flag(out.get("continue_final_message")):
             if not (isinstance(last, dict) and isinstance(last.get("content"), str)):
                 raise NotContinuable("the continued final message has no text content to extend")
             # the client's final message was being continued: the text goes on inside it (a second message
             # would render as a new turn)
             messages[-1] = {**last, "content": last["content"] + generated_text}
-        elif "add_generation_prompt" in out and not _flag(out["add_generation_prompt"]):
+        elif "add_generation_prompt" in out and not flag(out["add_generation_prompt"]):
             raise NotContinuable("add_generation_prompt is false: the model went on after the conversation "
                                  "without an assistant header, which a continuation cannot render")
         else:
@@ -303,9 +377,10 @@ _PROMPT_FIELDS = ("prompt_token_ids", "prompt_text", "prompt_logprobs")
 
 def continuation_chunk(chunk: dict[str, Any], text_before: int) -> bool:
     """Make a continuation's streamed `chunk` (in place) the uninterrupted answer's: drop the fields that
-    describe the continuation's prompt (`prompt_token_ids`, `prompt_text`, `prompt_logprobs`) and shift each
-    completion choice's `logprobs.text_offset` by `text_before`, the characters (Python `str` length, as vLLM
-    counts them) of text the client got before the continuation began. Returns whether it changed anything."""
+    describe the continuation's prompt (`prompt_token_ids`, `prompt_text`, `prompt_logprobs`; a choice's become
+    null, as vLLM writes them on a completions stream's later chunks) and shift each completion choice's
+    `logprobs.text_offset` by `text_before`, the characters (Python `str` length, as vLLM counts them) of text
+    the client got before the continuation began. Returns whether it changed anything."""
     changed = False
     for key in _PROMPT_FIELDS:
         if key in chunk:
@@ -315,8 +390,8 @@ def continuation_chunk(chunk: dict[str, Any], text_before: int) -> bool:
         if not isinstance(c, dict):
             continue
         for key in _PROMPT_FIELDS:
-            if key in c:
-                del c[key]
+            if c.get(key) is not None:
+                c[key] = None
                 changed = True
         lp = c.get("logprobs")
         offsets = lp.get("text_offset") if isinstance(lp, dict) else None

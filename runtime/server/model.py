@@ -86,11 +86,14 @@ from runtime.server.migration import (
     HELD_TOKENS_REASON,
     UNREPLAYABLE_REASON,
     NotContinuable,
+    TokenTrail,
     carries_token_output,
     choice_has_output,
     chunk_progress,
     continuation_body,
     continuation_chunk,
+    flag,
+    ids_continuable,
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
 from runtime.server.routing import CHARS_PER_TOKEN, estimate_prompt_tokens
@@ -1025,6 +1028,14 @@ class PDModel(OpenAIGenerativeModel):
         client_wants_running_usage = client_wants_usage and bool(options.get("continuous_usage_stats"))
         base = body if client_wants_running_usage else {**body, "stream_options": {
             **options, "include_usage": True, "continuous_usage_stats": True}}
+        want_choices, finished_choices = num_choices(path, body), set()
+        # A completions stream of one choice continues from the token ids of its prompt and output, which the
+        # next worker reads as they are (migration.TokenTrail), not from its text tokenized again: the worker is
+        # asked for them, and they are hidden where the client did not ask.
+        trail = TokenTrail() if path == COMPLETIONS_PATH and ids_continuable(body, want_choices) else None
+        hide_ids = trail is not None and not flag(body.get("return_token_ids"))
+        if hide_ids:
+            base = {**base, "return_token_ids": True}
         prompt_tokens: int | None = None  # the client's prompt, from the first attempt's usage
         tokens_before = 0  # tokens sent by the attempts before this one
         attempt_usage: dict | None = None  # this attempt's latest usage from the worker
@@ -1036,7 +1047,6 @@ class PDModel(OpenAIGenerativeModel):
         # every choice's finish reason / the final usage chunk went to the client (a body served whole can
         # hold several choices: n > 1 or several prompts that need the decode worker's own prefill)
         finished = usage_sent = False
-        want_choices, finished_choices = num_choices(path, body), set()
         last: dict = {}  # the last chunk sent (its id, object, created, model)
         # the chunks that finish a choice, held back while the client did not ask for usage: vLLM stamps its
         # system_fingerprint on them then, but the worker (asked for usage) puts it on its usage chunk, which
@@ -1054,10 +1064,12 @@ class PDModel(OpenAIGenerativeModel):
                 return base, None
             if not replayable:
                 return None, UNREPLAYABLE_REASON
-            if held_token_output:
+            ids = trail.ids() if trail is not None else None
+            if held_token_output and ids is None:  # from the ids, the held tokens are not made again
                 return None, HELD_TOKENS_REASON
             try:
-                return continuation_body(path, base, "".join(sent), tokens_before, prompt_tokens=prompt_tokens), None
+                return continuation_body(path, base, "".join(sent), tokens_before, prompt_tokens=prompt_tokens,
+                                         token_ids=ids), None
             except NotContinuable as exc:
                 return None, str(exc)
 
@@ -1152,6 +1164,8 @@ class PDModel(OpenAIGenerativeModel):
                                     held[:] = [(orjson.dumps({**c, "system_fingerprint": fingerprint}).decode(), c)
                                                for _, c in held]
                                 continue
+                            if trail is not None:
+                                changed = trail.take(chunk, hide_ids) or changed
                             if yielded and attempt is not base:
                                 if _role_only(chunk):
                                     continue  # a continuation's opening role delta: the client has had one
@@ -1200,7 +1214,7 @@ class PDModel(OpenAIGenerativeModel):
                     logger.warning("request %s: no first token %.0f s before the KV lease ends: the decode worker "
                                    "prefills it locally", rid, self.kv_lease_margin_s)
                     prompt_tokens, tokens_before = _attempt_ends(attempt_usage, attempt_chunks, prompt_tokens,
-                                                                 tokens_before, attempt_sent_usage)
+                                                                 tokens_before, attempt_sent_usage, trail)
                     attempt_usage, attempt_sent_usage, attempt_chunks = None, None, 0
                     cont, refusal = continuation()
                     if cont is None:
@@ -1232,7 +1246,7 @@ class PDModel(OpenAIGenerativeModel):
                         break
                     started = attempt_chunks > 0
                     prompt_tokens, tokens_before = _attempt_ends(attempt_usage, attempt_chunks, prompt_tokens,
-                                                                 tokens_before, attempt_sent_usage)
+                                                                 tokens_before, attempt_sent_usage, trail)
                     attempt_usage, attempt_sent_usage, attempt_chunks = None, None, 0
                     # nothing sent yet: the request itself goes to another worker, whatever its shape; else a
                     # continuation of what was sent, where one follows the request's rules (`continuation`)
@@ -1351,18 +1365,20 @@ def _completion_tokens(usage: dict | None) -> int:
 
 
 def _attempt_ends(usage: dict | None, chunks: int, prompt_tokens: int | None,
-                  tokens_before: int, sent_usage: dict | None) -> tuple[int | None, int]:
+                  tokens_before: int, sent_usage: dict | None, trail: TokenTrail | None = None) -> tuple[int | None, int]:
     """(the client's prompt tokens, the tokens sent so far) once a decode attempt ends that sent `chunks` chunks
     with a token, last reported `usage`, and reported `sent_usage` with the last chunk whose output reached the
     client (the first attempt's prompt is the client's). Tokens counted after that chunk (a character's first
-    bytes, held back by the worker's detokenizer) are not in the text sent, so a continuation makes them again
-    and they are not counted here. Pure."""
+    bytes, held back by the worker's detokenizer) are not in the text sent, so a continuation from the text
+    makes them again and they are not counted here; one from the stream's token ids (`trail`, when they are all
+    known) reads them, and every id sent counts. Pure."""
     if prompt_tokens is None and usage is not None:
         try:
             prompt_tokens = int(usage.get("prompt_tokens") or 0) or None
         except (TypeError, ValueError):
             prompt_tokens = None
-    return prompt_tokens, tokens_before + max(_completion_tokens(sent_usage), chunks)
+    sent = trail.sent() if trail is not None else None
+    return prompt_tokens, sent if sent is not None else tokens_before + max(_completion_tokens(sent_usage), chunks)
 
 
 def _stream_usage(usage: dict, prompt_tokens: int | None, tokens_before: int) -> dict:

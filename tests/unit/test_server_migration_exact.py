@@ -114,7 +114,8 @@ def test_a_continuation_chunk_drops_its_prompt_fields_and_shifts_its_text_offset
         {"index": 0, "text": " owl", "prompt_token_ids": [1, 2, 3], "token_ids": [9],
          "logprobs": {"text_offset": [0, 4], "tokens": [" o", "wl"]}}]}
     assert continuation_chunk(chunk, 20) is True
-    assert chunk == {"id": "x", "choices": [{"index": 0, "text": " owl", "token_ids": [9],
+    # a choice's prompt ids become null, as vLLM writes them on a completions stream's later chunks
+    assert chunk == {"id": "x", "choices": [{"index": 0, "text": " owl", "prompt_token_ids": None, "token_ids": [9],
                                              "logprobs": {"text_offset": [20, 24], "tokens": [" o", "wl"]}}]}
     plain = {"id": "x", "choices": [{"index": 0, "text": " owl"}]}
     assert continuation_chunk(plain, 20) is False and plain == {"id": "x", "choices": [{"index": 0, "text": " owl"}]}
@@ -127,11 +128,22 @@ pytest.importorskip("kserve")
 from tests.model_streams import DyingStream as _DyingStream  # noqa: E402
 
 PROMPT = "Once upon a time"
-ANSWER = [" there", " lived", " a", " wisé", " old", " owl", " who", " loved", " the", " moon", "."]
+ANSWER = [" there", " lived", " a", " wisé", " old", " owl", "\n", "Who", " loved", " the", " moon", "."]
 
 
 def _token_id(piece: str) -> int:
     return 1000 + sum(map(ord, piece))
+
+
+REFERENCE_IDS = [_token_id(p) for p in ("Once", " upon", " a", " time", *ANSWER)]
+
+
+def _tokenize(text: str) -> list[str]:
+    """The stand-in's tokenizer: words with their leading space; a newline merges with the word after it (as
+    BPE tokenizers merge "\n" and the next word: the answer made them two tokens, text re-read gives one)."""
+    return re.findall(r"\n?[^\s]+|\s?[^\s]+|\n", text)
+
+
 
 
 def _event(chunk: dict) -> bytes:
@@ -140,21 +152,25 @@ def _event(chunk: dict) -> bytes:
 
 class GreedyCompletions:
     """Completions workers that answer as vLLM 0.28 streams one greedy answer (`ANSWER`, one token a chunk): the
-    answer goes on after whatever part of it the prompt already ends with; `logprobs.text_offset` counts the
-    characters of the worker's own output; `return_token_ids` adds the prompt's ids to the first chunk and each
-    token's id. A worker named in `cuts` dies after that many chunks, `extra_d0` chunks sent after d0's last."""
+    answer goes on after whatever part of it the prompt's tokens already end with (a text prompt is tokenized by
+    `_tokenize`, token ids are read as they are; tokens the answer never made end it: "?"); `logprobs.text_offset`
+    counts the characters of the worker's own output; each choice has `prompt_token_ids` (the prompt's ids on
+    the first chunk with `return_token_ids`, else null) and `token_ids` (each token's id with `return_token_ids`,
+    else null; `ids` False: null always, as an engine that does not return ids). A worker named in `cuts` dies
+    after that many chunks, `extra_d0` chunks sent after d0's last."""
 
-    def __init__(self, cuts: dict[str, int] | None = None, extra_d0: list[dict] = ()):
-        self.cuts, self.extra_d0 = cuts or {}, list(extra_d0)
+    def __init__(self, cuts: dict[str, int] | None = None, extra_d0: list[dict] = (), ids: bool = True):
+        self.cuts, self.extra_d0, self.ids = cuts or {}, list(extra_d0), ids
         self.bodies: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
 
     def handler(self, req: httpx.Request) -> httpx.Response:
         host, body = req.url.host, json.loads(req.content)
         self.bodies[host].append(body)
         prompt = body["prompt"]
-        done = next(i for i in range(len(ANSWER) + 1) if PROMPT + "".join(ANSWER[:i]) == prompt)
-        pieces = ANSWER[done:done + body["max_tokens"]]
-        prompt_ids = [_token_id(p) for p in re.findall(r"\s?[^\s]+", prompt)]
+        prompt_ids = prompt if isinstance(prompt, list) else [_token_id(p) for p in _tokenize(prompt)]
+        done = next((i for i in range(len(ANSWER) + 1) if prompt_ids == REFERENCE_IDS[:4 + i]), None)
+        # a prompt that is no prefix of the answer's tokens: greedy decoding goes elsewhere
+        pieces = (ANSWER[done:] if done is not None else ["?"] * len(ANSWER))[:body["max_tokens"]]
         out, offset = [], 0
         for n, piece in enumerate(pieces, 1):
             choice: dict = {"index": 0, "text": piece, "finish_reason": None}
@@ -163,10 +179,9 @@ class GreedyCompletions:
             if body.get("logprobs") is not None:
                 choice["logprobs"] = {"text_offset": [offset], "token_logprobs": [-0.25], "tokens": [piece],
                                       "top_logprobs": [{piece: -0.25}]}
-            if body.get("return_token_ids"):
-                if n == 1:
-                    choice["prompt_token_ids"] = prompt_ids
-                choice["token_ids"] = [_token_id(piece)]
+            ids = self.ids and body.get("return_token_ids")
+            choice["prompt_token_ids"] = prompt_ids if ids and n == 1 else None
+            choice["token_ids"] = [_token_id(piece)] if ids else None
             offset += len(piece)
             usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
             out.append(_event({"id": "cmpl-" + host, "object": "text_completion", "created": 1_700_000_000,
@@ -218,35 +233,70 @@ async def test_a_migrated_completion_stream_equals_the_uninterrupted_one(fields)
     reference = await _complete(GreedyCompletions(), **fields)
     w = GreedyCompletions({"d0": 4})
     migrated = await _complete(w, **fields)
-    assert len(w.bodies["d1"]) == 1 and w.bodies["d1"][0]["prompt"] == PROMPT + "".join(ANSWER[:4])
+    # the next worker reads the prompt's and the output's token ids (asked of every worker, hidden where the
+    # client did not ask for them)
+    assert w.bodies["d0"][0]["return_token_ids"] is True
+    assert len(w.bodies["d1"]) == 1 and w.bodies["d1"][0]["prompt"] == REFERENCE_IDS[:4 + 4]
     # every chunk as one worker sends it: text offsets go on from the characters sent (not from 0 again), the
     # prompt's token ids come once (the client's prompt's, not the continuation's), the token ids in order
     assert migrated == reference
     offsets = [o for c in migrated for ch in c["choices"] for o in (ch.get("logprobs") or {}).get("text_offset", [])]
     if "logprobs" in fields:
         assert offsets == [len("".join(ANSWER[:i])) for i in range(9)]
-    prompt_ids = [ch["prompt_token_ids"] for c in migrated for ch in c["choices"] if "prompt_token_ids" in ch]
-    assert prompt_ids == ([[_token_id(p) for p in ("Once", " upon", " a", " time")]]
-                          if fields.get("return_token_ids") else [])
+    prompt_ids = [ch["prompt_token_ids"] for c in migrated for ch in c["choices"] if ch["prompt_token_ids"]]
+    assert prompt_ids == ([REFERENCE_IDS[:4]] if fields.get("return_token_ids") else [])
+    if not fields.get("return_token_ids"):
+        assert all(ch["token_ids"] is None for c in migrated for ch in c["choices"])
 
 
-async def test_two_migrations_shift_the_offsets_by_all_the_text_sent():
-    w = GreedyCompletions({"d0": 3, "d1": 2})
-    chunks = await _complete(w, n=3, max_tokens=9, logprobs=1)
-    assert w.bodies["d2"][0]["prompt"] == PROMPT + "".join(ANSWER[:5])
-    assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(ANSWER[:9])
-    offsets = [o for c in chunks for ch in c["choices"] for o in ch["logprobs"]["text_offset"]]
-    assert offsets == [len("".join(ANSWER[:i])) for i in range(9)]
+@pytest.mark.parametrize("client_ids", [False, True])
+async def test_a_completion_cut_where_its_text_tokenizes_otherwise_continues_from_the_same_tokens(client_ids):
+    # the answer made "\n" and "Who" as two tokens; the text sent, tokenized again, gives one "\nWho": a
+    # continuation prompted with the text would decode on from other tokens, greedy or not
+    reference = await _complete(GreedyCompletions(), max_tokens=11, return_token_ids=client_ids)
+    assert "".join(c["choices"][0]["text"] for c in reference) == "".join(ANSWER[:11])
+    w = GreedyCompletions({"d0": 8})
+    assert await _complete(w, max_tokens=11, return_token_ids=client_ids) == reference
+    assert w.bodies["d1"][0]["prompt"] == REFERENCE_IDS[:4 + 8] and w.bodies["d1"][0]["max_tokens"] == 3
+    # an engine that returns no ids: the continuation goes on from the text (and here, as documented, elsewhere)
+    w = GreedyCompletions({"d0": 8}, ids=False)
+    chunks = await _complete(w, max_tokens=11)
+    assert w.bodies["d1"][0]["prompt"] == PROMPT + "".join(ANSWER[:8])
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(ANSWER[:8]) + "???"
+
+
+async def test_token_ids_are_not_asked_where_the_answer_holds_the_prompt():
+    # vLLM leaves the echoed prompt's text out where it returns ids
+    from kserve.protocol.rest.openai.types import CompletionRequest
+
+    w = GreedyCompletions()
+    model, _ = _model(w)
+    req = CompletionRequest(model="m", prompt=PROMPT, temperature=0, stream=True, max_tokens=2, echo=True)
+    try:
+        [e async for e in await model.create_completion(req)]
+    finally:
+        await model.aclose()
+    assert w.bodies["d0"] and all("return_token_ids" not in b for b in w.bodies["d0"])
+
+
+@pytest.mark.parametrize("body, choices, ok", [
+    ({"prompt": "a"}, 1, True), ({"prompt": [1, 2]}, 1, True), ({"prompt": "a"}, 2, False),
+    ({"prompt": "a", "echo": "true"}, 1, False), ({"prompt_embeds": "AAAA"}, 1, False),
+])
+def test_ids_continuable(body, choices, ok):
+    from runtime.server.migration import ids_continuable
+
+    assert ids_continuable(body, choices) is ok
 
 
 @pytest.mark.parametrize("fields, why", [
     ({"frequency_penalty": 1.5, "presence_penalty": 1.0}, "frequency_penalty"),
     ({"stop": ["the moon"]}, "stop strings"),
-    ({"truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+    ({"truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),  # from text only: the ids are the cut prompt's
     ({"min_tokens": 2, "bad_words": ["owl"]}, "bad_words"),
 ])
 async def test_a_stream_whose_sampling_reads_the_output_ends_with_an_error_that_says_why(fields, why):
-    w = GreedyCompletions({"d0": 4})
+    w = GreedyCompletions({"d0": 4}, ids="truncate_prompt_tokens" not in fields)
     chunks = await _complete(w, max_tokens=9, **fields)
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == "".join(ANSWER[:4])  # what d0 sent, no more
     err = chunks[-1]["error"]
@@ -254,24 +304,35 @@ async def test_a_stream_whose_sampling_reads_the_output_ends_with_an_error_that_
     assert w.bodies["d1"] == []
 
 
-async def test_a_prompt_its_truncation_did_not_cut_is_continued_without_it():
-    w = GreedyCompletions({"d0": 4})
-    chunks = await _complete(w, max_tokens=9, truncate_prompt_tokens=5)  # the prompt has 4 tokens
-    assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(ANSWER[:9])
-    assert "truncate_prompt_tokens" not in w.bodies["d1"][0]
+@pytest.mark.parametrize("ids, limit", [(False, 5), (True, 5), (True, 3)])
+async def test_a_prompt_its_truncation_did_not_cut_is_continued_without_it(ids, limit):
+    # the prompt has 4 tokens: 5 cut nothing; from ids (the prompt as the worker read it) any cut is kept
+    w = GreedyCompletions({"d0": 4}, ids=ids)
+    await _complete(w, max_tokens=9, truncate_prompt_tokens=limit)
+    assert w.bodies["d1"] and "truncate_prompt_tokens" not in w.bodies["d1"][0]
 
 
-async def test_ids_of_tokens_whose_text_was_held_back_end_the_stream_rather_than_come_twice():
-    # d0 sends a token's id with empty text (vLLM holds back a character's first bytes), then dies: the
-    # continuation, prompted with the text sent, would make that token again and the client would get its id twice
+async def test_output_of_tokens_whose_text_was_held_back_is_never_made_twice():
+    # d0 sends a token's logprobs with empty text (vLLM holds back a character's first bytes), then dies
     held = {"id": "cmpl-d0", "object": "text_completion", "created": 1_700_000_000, "model": "m",
-            "choices": [{"index": 0, "text": "", "finish_reason": None, "token_ids": [7]}],
+            "choices": [{"index": 0, "text": "", "finish_reason": None, "prompt_token_ids": None, "token_ids": [7],
+                         "logprobs": {"text_offset": [17], "token_logprobs": [-0.5], "tokens": ["bytes:\\xc3"],
+                                      "top_logprobs": [{"bytes:\\xc3": -0.5}]}}],
             "usage": {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}}
+    # from the ids: the next worker reads the held token (and makes its text with the next one)
     w = GreedyCompletions({"d0": 3}, extra_d0=[held])
-    chunks = await _complete(w, max_tokens=9, return_token_ids=True)
+    chunks = await _complete(w, max_tokens=9, logprobs=1, stream_options={"include_usage": True})
+    assert w.bodies["d1"][0]["prompt"] == REFERENCE_IDS[:4 + 3] + [7] and w.bodies["d1"][0]["max_tokens"] == 5
+    assert "error" not in chunks[-1]
+    # every token counts once: d0's four (the held one among them) and the continuation's five
+    assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 9, "total_tokens": 13}
+    # from the text, the continuation would make that token again and the client would get its logprobs twice
+    w = GreedyCompletions({"d0": 3}, extra_d0=[held], ids=False)
+    chunks = await _complete(w, max_tokens=9, logprobs=1)
     assert "held back" in chunks[-1]["error"]["message"] and w.bodies["d1"] == []
-    # without ids or logprobs the held token is simply made again by the continuation
-    w = GreedyCompletions({"d0": 3}, extra_d0=[{**held, "choices": [{"index": 0, "text": "", "finish_reason": None}]}])
+    # from the text, without ids or logprobs, the held token is simply made again by the continuation
+    plain = {**held, "choices": [{"index": 0, "text": "", "finish_reason": None}]}
+    w = GreedyCompletions({"d0": 3}, extra_d0=[plain], ids=False)
     chunks = await _complete(w, max_tokens=9)
     assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(ANSWER[:9])
 
