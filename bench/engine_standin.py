@@ -6,7 +6,7 @@ A real HTTP server on 127.0.0.1 (uvicorn running a bare ASGI app, so that the st
 possible and the front end under test dominates) with the parts of vLLM's OpenAI API a router touches:
 
 * `POST /v1/completions` and `POST /v1/chat/completions`, streaming (SSE, honouring
-  `stream_options.include_usage` and `continuous_usage_stats`) or not. The generated text is deterministic: token i of a request is
+  `stream_options.include_usage`, `continuous_usage_stats` and `return_token_ids`) or not. The generated text is deterministic: token i of a request is
   ``"t{i} "``, so any front end's output can be compared with the direct answer. Tokens are paced one every
   `--token-interval-ms` (the first after one interval too: a prefill of zero cost). A prompt (or last message)
   that ends with ``"t0 t1 ... t{k-1} "`` (a runtime's continuation of a migrated answer) is answered from token k
@@ -140,6 +140,10 @@ class EngineStandin:
         created = int(time.time())
         options = body.get("stream_options") or {}
         running = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
+        # vLLM's return_token_ids: the prompt's ids on the first chunk, each chunk's token ids; null when not
+        # asked for, as vLLM writes the fields
+        ids = bool(body.get("return_token_ids"))
+        prompt_ids = list(range(prompt_tokens)) if ids else None
         for i in range(n):
             await self._step(receive)
             self.streamed += 1
@@ -149,8 +153,12 @@ class EngineStandin:
                 choice["delta"] = {"role": "assistant", "content": word} if i == 0 else {"content": word}
             else:
                 choice["text"], choice["logprobs"] = word, None
+                choice["prompt_token_ids"] = prompt_ids if i == 0 else None
+            choice["token_ids"] = [k + i] if ids else None
             chunk = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": created, "model": self.model, "choices": [choice]}
+            if chat and i == 0:
+                chunk["prompt_token_ids"] = prompt_ids
             if running:  # vLLM's continuous usage stats: every chunk carries the usage so far
                 chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": i + 1,
                                   "total_tokens": prompt_tokens + i + 1}

@@ -311,8 +311,8 @@ class RouterSpec(_Strict):
         default=1,
         ge=0,
         description="Decode-worker failovers allowed per request; 0 ends a request whose decode worker fails with "
-                    "an error (a stream continued after its first tokens is prompted with the token ids sent, "
-                    "completions, or the text sent, chat: docs/serving.md).",
+                    "an error (a stream continued after its first tokens goes on from the tokens sent, or ends "
+                    "with an error that says why: docs/serving.md).",
     )
     approx_ttl_s: float = Field(default=120.0, gt=0, description="TTL of learned (approximate) prefix entries, s.")
     decode_weight: float = Field(

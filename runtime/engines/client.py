@@ -372,6 +372,16 @@ class VllmClient:
             raise BackendError(url, 502, f"answered {status} with JSON that is not an object")
         return answer
 
+    async def tokenize(self, body: dict, request_id: str) -> list[int]:
+        """The token ids vLLM's `POST /tokenize` gives for `body` (a chat body: `messages` rendered with the
+        worker's chat template and the body's rendering options). Raises BackendError on a failure or an answer
+        without a list of integer `tokens`."""
+        answer = await self.post_json("/tokenize", body, request_id)
+        tokens = answer.get("tokens")
+        if not (isinstance(tokens, list) and all(type(t) is int for t in tokens)):
+            raise BackendError(self.base_url + "/tokenize", 502, "answered without a list of token ids")
+        return tokens
+
     async def prefill(self, path: str, body: dict, request_id: str, dp_rank: int | None = None) -> dict | None:
         """Run the prefill step of `body` (on data-parallel rank `dp_rank` when given); returns the
         `kv_transfer_params` for the decode worker (or None).

@@ -7,6 +7,9 @@ The continuation is an ordinary request whose prompt ends with what was already 
   from vLLM's `return_token_ids`, which the caller asks of the decode worker and hides where the client did
   not ask for them), so the next worker reads the very tokens the first one had;
 * other completions (a worker that returns no ids): the generated text is appended to a string prompt.
+The chat API takes no token ids: a chat continuation of one choice is sent only once the next worker's
+`/tokenize` of its prompt (`chat_tokenize_body`) gives the prompt's and the output's ids (`TokenTrail`), so it
+goes on from the same tokens too; where the text sent renders or tokenizes otherwise it is refused.
 A chat request that already continued its final assistant message (`continue_final_message`) goes on inside
 that message. `max_tokens` (and `max_completion_tokens`, and `min_tokens` down to 0) shrink by the tokens
 already sent; a completions request without `max_tokens` had the API's default of 16
@@ -25,9 +28,10 @@ sending the client duplicate reasoning and more than `max_tokens` tokens.
 A continuation follows the rules of the uninterrupted request: a request whose shape or sampling reads what a
 continuation changes (its output so far, its prompt) is refused (`NotContinuable`, with the reason the client's
 error gives; the list is `continuation_body`'s), and the caller makes a continuation's chunks the uninterrupted
-stream's (`continuation_chunk`). A continuation prompted with the text sent (chat, and completions without ids)
-is tokenized again, so its tokens after the cut can differ from an uninterrupted run's (`continuation_body`
-says where); one prompted with the token ids goes on from the same tokens.
+stream's (`continuation_chunk`). A continuation prompted with the text sent where the worker returns no ids
+is tokenized again unchecked, so its tokens after the cut can differ from an uninterrupted run's
+(`continuation_body` says where); one prompted with the token ids, or checked against them, goes on from the
+same tokens.
 """
 
 from __future__ import annotations
@@ -56,16 +60,31 @@ class NotContinuable(ValueError):
     """A stream cannot be continued exactly on another worker; the message says why (for the client)."""
 
 
-#: Per-choice fields of vLLM's `return_token_ids` in a completions stream chunk. vLLM 0.28 writes both on every
-#: chunk (null when not asked for, and `prompt_token_ids` after the first: `CompletionResponseStreamChoice`).
+#: Fields of vLLM's `return_token_ids` in a stream chunk: a completions choice's `prompt_token_ids` and
+#: `token_ids` (vLLM 0.28 writes both on every chunk, null when not asked for and `prompt_token_ids` after the
+#: first: `CompletionResponseStreamChoice`), a chat choice's `token_ids` (on every chunk with output), and a
+#: chat chunk's `prompt_token_ids` (on its first, the role chunk: `ChatCompletionStreamResponse`).
 _ID_FIELDS = ("prompt_token_ids", "token_ids")
+
+#: What renders a chat request's prompt, as vLLM's `POST /tokenize` takes it (`TokenizeChatRequest`, 0.28).
+_RENDER_FIELDS = ("messages", "chat_template", "chat_template_kwargs", "tools", "add_special_tokens",
+                  "mm_processor_kwargs", "media_io_kwargs")
 
 
 def ids_continuable(body: dict[str, Any], num_choices: int) -> bool:
-    """A completions request whose stream can continue from token ids (`TokenTrail`): one choice of one prompt
+    """A request whose stream can continue from token ids (`TokenTrail`): one choice of one prompt
     (`num_choices` 1, runtime.server.shapes.num_choices) that is text or token ids, not embeddings, and no `echo`
-    (with `return_token_ids` vLLM 0.28 leaves the echoed prompt's text out of the answer)."""
+    (with `return_token_ids` vLLM 0.28 leaves a completion's echoed prompt text out of the answer)."""
     return num_choices == 1 and body.get("prompt_embeds") is None and not flag(body.get("echo"))
+
+
+def chat_tokenize_body(model: str, continuation: dict[str, Any]) -> dict[str, Any]:
+    """The `POST /tokenize` body that renders a chat `continuation` (`continuation_body`'s) as the worker will:
+    its messages with `continue_final_message` and no generation prompt, and the fields that change the
+    rendering (`_RENDER_FIELDS`)."""
+    out = {k: continuation[k] for k in _RENDER_FIELDS if k in continuation}
+    out.update(model=model, add_generation_prompt=False, continue_final_message=True)
+    return out
 
 
 class TokenTrail:
@@ -82,10 +101,17 @@ class TokenTrail:
         self.complete = True
 
     def take(self, chunk: dict[str, Any], hide: bool) -> bool:
-        """Read choice 0's ids from a streamed `chunk` before it is sent; with `hide` (the client did not ask
-        for ids) set each choice's id fields to null, as a worker not asked for them writes them. Returns
-        whether the chunk changed."""
+        """Read the prompt's ids and choice 0's from a streamed `chunk` (completions or chat) before it is sent;
+        with `hide` (the client did not ask for ids) set the id fields to null, as a worker not asked for them
+        writes them. Returns whether the chunk changed."""
         changed = False
+        prompt = chunk.get("prompt_token_ids")  # a chat stream's first chunk
+        if prompt is not None:
+            if self.prompt is None and isinstance(prompt, list):
+                self.prompt = prompt
+            if hide:
+                chunk["prompt_token_ids"] = None
+                changed = True
         for c in chunk.get("choices") or ():
             if not isinstance(c, dict):
                 continue
@@ -95,7 +121,7 @@ class TokenTrail:
                     self.prompt = prompt
                 if isinstance(ids, list):
                     self.output.extend(ids)
-                elif c.get("text"):
+                elif c.get("text") or (isinstance(c.get("delta"), dict) and c["delta"].get("content")):
                     self.complete = False
             if hide:
                 for key in _ID_FIELDS:

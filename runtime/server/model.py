@@ -88,6 +88,7 @@ from runtime.server.migration import (
     NotContinuable,
     TokenTrail,
     carries_token_output,
+    chat_tokenize_body,
     choice_has_output,
     chunk_progress,
     continuation_body,
@@ -970,19 +971,42 @@ class PDModel(OpenAIGenerativeModel):
         n = estimate_prompt_tokens(body) if prompt_tokens is None else prompt_tokens
         self.observer.record_arrival(n, priority=is_priority(priority_tokens(body, n)), ago_s=ago_s, key=rid)
 
-    def _migrate(self, exc: BackendError, route: Route, rid: str, *, started: bool = True) -> Route | None:
+    def _migrate(self, exc: BackendError, route: Route, rid: str, *, started: bool = True,
+                 count: bool = True) -> Route | None:
         """After a decode failure: the route to continue on, or None (no migration: the worker answered, or was
         only slow, or the request may not move again). `started`: the failed attempt produced output; one that
         did not and was refused with a server error (`_REFUSED_BEFORE_OUTPUT`) moves like a dead worker's, and
-        so does one whose stream broke the protocol (`BackendError.broken`: what it sent before is sound)."""
+        so does one whose stream broke the protocol (`BackendError.broken`: what it sent before is sound).
+        `count`: count the migration here (else the caller counts it once it sends the continuation)."""
         self._run_deferred(rid)  # the first route's accounting before the router moves the request
         self._note_answer(route.decode_url, exc)
         if not _moves(exc, started):
             return None
         new = self.pairing.on_decode_failed(rid, self.clock())
-        if new is not None:
+        if new is not None and count:
             self.metrics.migrations.inc()
         return new
+
+    async def _chat_continuation_refused(self, cont: dict, trail: TokenTrail | None, decode_url: str,
+                                         rid: str) -> str | None:
+        """Why the chat continuation `cont` (prompted with the text sent) may not be sent to the decode worker at
+        `decode_url`, or None. With the ids of the stream's prompt and output known (`trail`), the worker's own
+        rendering of `cont` (`POST /tokenize`) must give exactly those tokens, so that it goes on from the
+        uninterrupted answer's tokens: a chat template that renders the continued message otherwise (trims it,
+        or a header other than the generation prompt's) or text that tokenizes otherwise inside the longer prompt
+        (a newline merged with the word after it) would make another answer. Without the ids (a worker that does
+        not return them) it is sent unchecked (docs/serving.md)."""
+        ids = trail.ids() if trail is not None else None
+        if ids is None or not trail.output:  # nothing generated was sent: the request itself goes again
+            return None
+        try:
+            tokens = await self._client(decode_url, rid).tokenize(chat_tokenize_body(self.name, cont), rid)
+        except BackendError as exc:
+            return f"the next worker could not render the continuation's prompt to check it ({exc})"
+        if tokens != ids:
+            return ("the text sent renders or tokenizes otherwise in a continuation's prompt than the tokens the "
+                    "answer was made of, so the rest would differ")
+        return None
 
     async def _stream(
         self, decode: VllmClient, path: str, endpoint: str, body: dict, rid: str, kv: dict | None,
@@ -1029,10 +1053,11 @@ class PDModel(OpenAIGenerativeModel):
         base = body if client_wants_running_usage else {**body, "stream_options": {
             **options, "include_usage": True, "continuous_usage_stats": True}}
         want_choices, finished_choices = num_choices(path, body), set()
-        # A completions stream of one choice continues from the token ids of its prompt and output, which the
-        # next worker reads as they are (migration.TokenTrail), not from its text tokenized again: the worker is
-        # asked for them, and they are hidden where the client did not ask.
-        trail = TokenTrail() if path == COMPLETIONS_PATH and ids_continuable(body, want_choices) else None
+        # A stream of one choice continues from the token ids of its prompt and output (migration.TokenTrail): a
+        # completion's continuation is prompted with them, a chat continuation is checked against them
+        # (`_chat_continuation_refused`); the worker is asked for them, and they are hidden where the client did
+        # not ask.
+        trail = TokenTrail() if ids_continuable(body, want_choices) else None
         hide_ids = trail is not None and not flag(body.get("return_token_ids"))
         if hide_ids:
             base = {**base, "return_token_ids": True}
@@ -1223,6 +1248,14 @@ class PDModel(OpenAIGenerativeModel):
                                                 status=int(HTTPStatus.GATEWAY_TIMEOUT))
                         yield f"data: {json.dumps(err)}\n\n"
                         break
+                    if path == CHAT_PATH and cont is not base:
+                        refusal = await self._chat_continuation_refused(cont, trail, route.decode_url, rid)
+                        if refusal is not None:
+                            message = _refused_message("the inference worker did not answer in time", refusal)
+                            err = openai_error_body(message, err_type="BackendError",
+                                                    status=int(HTTPStatus.GATEWAY_TIMEOUT))
+                            yield f"data: {json.dumps(err)}\n\n"
+                            break
                     try:
                         route = self._prefill_locally(rid)
                     except ModelNotReady as exc:
@@ -1254,12 +1287,21 @@ class PDModel(OpenAIGenerativeModel):
                     if not _moves(exc, started):
                         refusal = None  # the worker answered: no other would have been asked, whatever the shape
                     if cont is not None:
-                        new = self._migrate(exc, route, rid, started=started)
+                        new = self._migrate(exc, route, rid, started=started, count=False)
                     else:
                         self._note_answer(route.decode_url, exc)
                         new = None
                     if new is None:
                         cont = None
+                    elif path == CHAT_PATH and cont is not base:
+                        refusal = await self._chat_continuation_refused(cont, trail, new.decode_url, rid)
+                        if refusal is not None:
+                            cont = None
+                    if cont is not None:
+                        self.metrics.migrations.inc()
+                        logger.warning("request %s: continues on decode worker %s after %d tokens sent (%s)", rid,
+                                       redact_userinfo(new.decode_url), tokens_before,
+                                       _continued_how(path, cont is base, trail))
                     if cont is None:
                         # the worker rejected the client's own request: counted apart from the service's errors
                         status = "client_error" if _is_client_fault(exc) else None
@@ -1321,6 +1363,16 @@ def _moves(exc: BackendError, started: bool) -> bool:
     """A decode failure after which the request may go on on another worker (`PDModel._migrate`): the worker is
     gone or broke the protocol, or refused with a server error before any output (`started` False). Pure."""
     return exc.unreachable or exc.broken or (not started and exc.status_code in _REFUSED_BEFORE_OUTPUT)
+
+
+def _continued_how(path: str, whole: bool, trail: TokenTrail | None) -> str:
+    """How a migrated stream goes on, for the log: the request sent whole, a continuation from token ids, one
+    checked against them, or one from the text sent, unchecked (a worker that returns no ids). Pure."""
+    if whole:
+        return "the request whole: nothing generated was sent"
+    if trail is None or trail.ids() is None:
+        return "from the text sent, unchecked: the worker returned no token ids"
+    return "from the token ids sent" if path != CHAT_PATH else "from the text sent, checked against the token ids"
 
 
 def _refused_message(message: str, refusal: str | None) -> str:

@@ -5,6 +5,8 @@ Specification:
   when the own worker's whole process group is killed in the middle of a greedy stream, the client's stream
   continues on the other worker and ends with [DONE]; its text equals the same request's uninterrupted answer
   (no token lost or repeated), and the runtime counts one migration;
+  the chat continuation is sent once the other worker's `/tokenize` of it gives the stream's own token ids
+  (the runtime logs how each stream went on);
 * a runtime whose only decode worker is the own one: the same kill ends the client's stream with an OpenAI
   error event and no further text, within a bounded time, never a hang;
 * on the runtime over two workers, a greedy completions stream with `logprobs` cut by the same kill continues
@@ -192,6 +194,9 @@ def test_a_stream_continues_on_another_decode_worker_or_ends_with_a_clean_error(
         assert "frequency_penalty" in tail_pen[2][0]["error"]["message"]
         # the chat and the logprobs streams moved; the penalized one did not
         assert sample_sum(httpx.get(f"{two.url}/metrics", timeout=10).text, "pdserve_migrations_total") == 2
+        # from the worker's own token ids: the completion's prompt, the chat's check of its rendered text
+        log = (tmp_path / "runtime-two.log").read_text()
+        assert "(from the token ids sent)" in log and "(from the text sent, checked against the token ids)" in log
     finally:
         two.stop()
         one.stop()

@@ -358,3 +358,107 @@ async def test_a_chat_without_a_generation_prompt_ends_with_an_error_that_says_w
     assert events[-1] == "data: [DONE]\n\n"
     err = json.loads(events[-2][6:])["error"]
     assert "add_generation_prompt" in err["message"] and w.bodies["d1"] == []
+
+
+# --- chat: continued from the text sent only where the worker renders it into the answer's very tokens --------
+
+HEADER = 7  # the stand-in template's assistant header, one token
+
+
+class GreedyChat:
+    """Chat workers that answer as vLLM 0.28 streams one greedy answer (`ANSWER` after the user's message, one
+    token a chunk; a role chunk first). The template renders the user's message's tokens and `HEADER`, then an
+    assistant message continued (`continue_final_message`) as its text's tokens (`_tokenize`; with `trim`, as
+    Llama 3.1's template, the text stripped first); the answer goes on after whatever part of it the rendered
+    prompt already ends with ("?" once it holds tokens the answer never made). `return_token_ids` puts the
+    prompt's ids on the role chunk and each token's id on its chunk (null otherwise, as vLLM writes them;
+    never with `ids` False). `POST /tokenize` renders as a request would. A worker named in `cuts` dies after
+    that many content chunks."""
+
+    def __init__(self, cuts: dict[str, int] | None = None, ids: bool = True, trim: bool = False):
+        self.cuts, self.ids, self.trim = cuts or {}, ids, trim
+        self.bodies: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
+        self.tokenized: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
+
+    def render(self, body: dict) -> list[int]:
+        user, *rest = body["messages"]
+        ids = [_token_id(p) for p in _tokenize(user["content"])] + [HEADER]
+        if rest:
+            text = rest[0]["content"]
+            ids += [_token_id(p) for p in _tokenize(text.strip() if self.trim else text)]
+        return ids
+
+    def handler(self, req: httpx.Request) -> httpx.Response:
+        host, body = req.url.host, json.loads(req.content)
+        if req.url.path == "/tokenize":
+            self.tokenized[host].append(body)
+            return httpx.Response(200, json={"count": len(self.render(body)), "tokens": self.render(body)})
+        self.bodies[host].append(body)
+        prompt_ids = self.render(body)
+        head = [_token_id(p) for p in _tokenize(PROMPT)] + [HEADER]
+        reference = head + [_token_id(p) for p in ANSWER]
+        done = next((i for i in range(len(ANSWER) + 1) if prompt_ids == reference[:len(head) + i]), None)
+        pieces = (ANSWER[done:] if done is not None else ["?"] * len(ANSWER))[:body["max_tokens"]]
+        ids = self.ids and body.get("return_token_ids")
+        base = {"id": "chatcmpl-" + host, "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "m"}
+        out = [_event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}],
+                       "prompt_token_ids": prompt_ids if ids else None})]
+        for n, piece in enumerate(pieces, 1):
+            finish = ("length" if len(pieces) == body["max_tokens"] else "stop") if n == len(pieces) else None
+            out.append(_event({**base, "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None,
+                                                    "finish_reason": finish,
+                                                    "token_ids": [_token_id(piece)] if ids else None}]}))
+        if host in self.cuts:
+            return httpx.Response(200, stream=_DyingStream(out[:1 + self.cuts[host]]))
+        return httpx.Response(200, content=b"".join(out + [b"data: [DONE]\n\n"]))
+
+
+async def _chat(workers, **fields) -> list[dict]:
+    from kserve.protocol.rest.openai.types import ChatCompletionRequest
+
+    model, _ = _model(workers)
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": PROMPT}], temperature=0,
+                                stream=True, **fields)
+    try:
+        events = [e async for e in await model.create_chat_completion(req)]
+    finally:
+        await model.aclose()
+    assert events[-1] == "data: [DONE]\n\n"
+    return [json.loads(e[len("data: "):]) for e in events[:-1]]
+
+
+def _content(chunks: list[dict]) -> str:
+    return "".join((c["choices"][0].get("delta") or {}).get("content") or "" for c in chunks if c.get("choices"))
+
+
+@pytest.mark.parametrize("client_ids", [False, True])
+async def test_a_chat_continuation_the_next_worker_renders_into_the_same_tokens_is_sent(client_ids):
+    reference = await _chat(GreedyChat(), max_tokens=11, return_token_ids=client_ids)
+    assert _content(reference) == "".join(ANSWER[:11])
+    w = GreedyChat({"d0": 4})
+    assert await _chat(w, max_tokens=11, return_token_ids=client_ids) == reference
+    assert w.bodies["d0"][0]["return_token_ids"] is True
+    # d1 rendered the continuation before it was sent: the prompt's tokens and the four sent
+    assert [len(t["messages"]) for t in w.tokenized["d1"]] == [2] and len(w.bodies["d1"]) == 1
+    assert w.tokenized["d1"][0]["continue_final_message"] is True
+    assert w.bodies["d1"][0]["messages"][-1] == {"role": "assistant", "content": "".join(ANSWER[:4])}
+
+
+@pytest.mark.parametrize("cut, trim", [(8, False), (7, True)], ids=["newline-merges", "template-trims"])
+async def test_a_chat_continuation_that_renders_into_other_tokens_ends_with_an_error_that_says_why(cut, trim):
+    # after "\nWho" the text tokenizes into one token where the answer made two; a template that trims the
+    # message drops the "\n" sent: either way the continuation would go on from other tokens
+    w = GreedyChat({"d0": cut}, trim=trim)
+    chunks = await _chat(w, max_tokens=11)
+    assert _content(chunks[:-1]) == "".join(ANSWER[:cut])
+    err = chunks[-1]["error"]
+    assert "renders or tokenizes otherwise" in err["message"] and "cannot continue on another worker" in err["message"]
+    assert len(w.tokenized["d1"]) == 1 and w.bodies["d1"] == []
+
+
+async def test_a_chat_stream_whose_worker_returns_no_ids_continues_unchecked():
+    w = GreedyChat({"d0": 4}, ids=False)
+    chunks = await _chat(w, max_tokens=11)
+    assert _content(chunks) == "".join(ANSWER[:11])
+    assert w.tokenized["d1"] == [] and len(w.bodies["d1"]) == 1
