@@ -22,6 +22,8 @@ possible and the front end under test dominates) with the parts of vLLM's OpenAI
   prompt tokens + `max_tokens` (or `max_completion_tokens`) over `MAX_MODEL_LEN`, and `min_tokens` over
   `max_tokens`. A rejected request carrying ``do_remote_prefill: true`` is counted (`/stats`
   ``rejected_remote_decodes``): vLLM 0.28's decode worker then tells the prefill worker to free that handoff.
+* `POST /tokenize`: the token ids of a prompt or of a chat continuation (`_render_ids`), for the runtime's check
+  of a chat continuation.
 * `GET /health`, `GET /v1/models`, `GET /metrics` (vLLM v1 gauge names with the requests in flight), and
   `GET /stats` (JSON: requests, prefills, remote decodes, rejected remote decodes) for the bench's checks.
 """
@@ -37,6 +39,9 @@ from typing import Any
 
 #: The context length the stand-in serves (`/v1/models` `max_model_len`), tokens.
 MAX_MODEL_LEN = 32768
+#: Token id of the output token "t{i} " is OUTPUT_ID_BASE + i (`return_token_ids`), apart from any prompt's ids
+#: (0 to the prompt's length - 1), so a continuation prompted with token ids shows where it goes on from.
+OUTPUT_ID_BASE = 1_000_000
 
 
 class EngineStandin:
@@ -85,7 +90,7 @@ class EngineStandin:
                                                "remote_decodes": self.remote_decodes,
                                                "rejected_remote_decodes": self.rejected_remote_decodes})
             return await _json(send, 404, {"error": {"message": f"no route {path}", "code": 404}})
-        if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
+        if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions", "/tokenize"):
             return await _json(send, 404, {"error": {"message": f"no route {method} {path}", "code": 404}})
         raw = b""
         while True:
@@ -97,6 +102,9 @@ class EngineStandin:
             body = json.loads(raw)
         except ValueError:
             return await _json(send, 400, {"error": {"message": "body is not JSON", "code": 400}})
+        if path == "/tokenize":
+            tokens = _render_ids(body)
+            return await _json(send, 200, {"count": len(tokens), "max_model_len": MAX_MODEL_LEN, "tokens": tokens})
         self.requests += 1
         self.running += 1
         try:
@@ -154,7 +162,7 @@ class EngineStandin:
             else:
                 choice["text"], choice["logprobs"] = word, None
                 choice["prompt_token_ids"] = prompt_ids if i == 0 else None
-            choice["token_ids"] = [k + i] if ids else None
+            choice["token_ids"] = [OUTPUT_ID_BASE + k + i] if ids else None
             chunk = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": created, "model": self.model, "choices": [choice]}
             if chat and i == 0:
@@ -192,13 +200,33 @@ def _prompt_tokens(body: dict) -> int:
     return (len(prompt) if isinstance(prompt, list) else len(str(prompt).split())) or 1
 
 
-def _continued_from(body: dict) -> int:
-    """k when the prompt (or the last message) ends with "t0 t1 ... t{k-1} ": the answer goes on from token k."""
+def _render_ids(body: dict) -> list[int]:
+    """The token ids `POST /tokenize` gives `body`: the prompt's (0 to its length - 1, as its streams'
+    `prompt_token_ids`); a chat body continuing a final assistant message ("t0 ... t{k-1} ") has the ids of the
+    messages before it and then those tokens' output ids, as the stream that made them returned them."""
     messages = body.get("messages")
+    if messages and body.get("continue_final_message") and isinstance(messages[-1], dict):
+        words = str(messages[-1].get("content") or "").split()
+        k = _continued_from({"messages": messages})
+        head = list(range(_prompt_tokens({"messages": messages[:-1]})))
+        return head + [OUTPUT_ID_BASE + i for i in range(k)] + [-1] * (len(words) - k)
+    return list(range(_prompt_tokens(body)))
+
+
+def _continued_from(body: dict) -> int:
+    """k when the prompt (or the last message) ends with "t0 t1 ... t{k-1} ", or a prompt of token ids with
+    their ids (`OUTPUT_ID_BASE` + i): the answer goes on from token k."""
+    messages = body.get("messages")
+    prompt = body.get("prompt")
     if messages:
         text = str(messages[-1].get("content") or "") if isinstance(messages[-1], dict) else ""
+    elif isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        k = 0
+        while k < len(prompt) and prompt[len(prompt) - 1 - k] >= OUTPUT_ID_BASE:
+            k += 1
+        return k if prompt[len(prompt) - k:] == [OUTPUT_ID_BASE + i for i in range(k)] else 0
     else:
-        text = body.get("prompt") if isinstance(body.get("prompt"), str) else ""
+        text = prompt if isinstance(prompt, str) else ""
     last = re.search(r"t(\d{1,6}) $", text)
     if last is None:
         return 0
