@@ -78,6 +78,30 @@ def ids_continuable(body: dict[str, Any], num_choices: int) -> bool:
     return num_choices == 1 and body.get("prompt_embeds") is None and not flag(body.get("echo"))
 
 
+# the id members' names as a worker's compact JSON writes them, each followed by its list
+_ID_KEYS = (b'"token_ids":[', b'"prompt_token_ids":[')
+
+
+def ids_nulled(data: bytes, count: int) -> bytes | None:
+    """`data`, a worker's compact JSON of a chunk whose `count` id fields `TokenTrail.take` set to null, with
+    those lists written as null; None when the bytes do not hold exactly `count` of them (encode the chunk
+    then). A member's name follows "{" or ",", and a quote inside a string value is escaped, so only members
+    match. Spares encoding every chunk of every stream again whose client did not ask for ids. Pure."""
+    n = 0
+    for key in _ID_KEYS:
+        start = 0
+        while (i := data.find(key, start)) >= 0:
+            start = i + len(key)
+            if i == 0 or data[i - 1] not in b",{":
+                continue
+            end = data.find(b"]", start)
+            if end < 0:
+                return None
+            data = data[:start - 1] + b"null" + data[end + 1:]
+            n += 1
+    return data if n == count else None
+
+
 def chat_tokenize_body(model: str, continuation: dict[str, Any]) -> dict[str, Any]:
     """The `POST /tokenize` body that renders a chat `continuation` (`continuation_body`'s) as the worker will:
     its messages with `continue_final_message` and no generation prompt, and the fields that change the
@@ -100,18 +124,18 @@ class TokenTrail:
         self.output: list[int] = []
         self.complete = True
 
-    def take(self, chunk: dict[str, Any], hide: bool) -> bool:
+    def take(self, chunk: dict[str, Any], hide: bool) -> int:
         """Read the prompt's ids and choice 0's from a streamed `chunk` (completions or chat) before it is sent;
         with `hide` (the client did not ask for ids) set the id fields to null, as a worker not asked for them
-        writes them. Returns whether the chunk changed."""
-        changed = False
+        writes them. Returns the number of fields it set to null."""
+        changed = 0
         prompt = chunk.get("prompt_token_ids")  # a chat stream's first chunk
         if prompt is not None:
             if self.prompt is None and isinstance(prompt, list):
                 self.prompt = prompt
             if hide:
                 chunk["prompt_token_ids"] = None
-                changed = True
+                changed += 1
         for c in chunk.get("choices") or ():
             if not isinstance(c, dict):
                 continue
@@ -127,7 +151,7 @@ class TokenTrail:
                 for key in _ID_FIELDS:
                     if c.get(key) is not None:
                         c[key] = None
-                        changed = True
+                        changed += 1
         return changed
 
     def sent(self) -> int | None:

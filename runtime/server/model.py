@@ -95,6 +95,7 @@ from runtime.server.migration import (
     continuation_chunk,
     flag,
     ids_continuable,
+    ids_nulled,
 )
 from runtime.server.pairing import Pairing, Route, RouteRequest
 from runtime.server.routing import CHARS_PER_TOKEN, estimate_prompt_tokens
@@ -1190,7 +1191,13 @@ class PDModel(OpenAIGenerativeModel):
                                                for _, c in held]
                                 continue
                             if trail is not None:
-                                changed = trail.take(chunk, hide_ids) or changed
+                                hidden = trail.take(chunk, hide_ids)
+                                if hidden:  # the worker's own text with its ids nulled, not the chunk encoded again
+                                    cut = None if changed or not isinstance(data, bytes) else ids_nulled(data, hidden)
+                                    if cut is None:
+                                        changed = True
+                                    else:
+                                        data = cut
                             if yielded and attempt is not base:
                                 if _role_only(chunk):
                                     continue  # a continuation's opening role delta: the client has had one

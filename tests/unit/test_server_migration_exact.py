@@ -147,7 +147,8 @@ def _tokenize(text: str) -> list[str]:
 
 
 def _event(chunk: dict) -> bytes:
-    return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
+    # compact, as vLLM writes its chunks (pydantic's model_dump_json)
+    return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
 class GreedyCompletions:
@@ -462,3 +463,15 @@ async def test_a_chat_stream_whose_worker_returns_no_ids_continues_unchecked():
     chunks = await _chat(w, max_tokens=11)
     assert _content(chunks) == "".join(ANSWER[:11])
     assert w.tokenized["d1"] == [] and len(w.bodies["d1"]) == 1
+
+
+def test_ids_are_nulled_in_the_workers_bytes_and_only_in_its_id_members():
+    from runtime.server.migration import ids_nulled
+
+    chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": 'say ,"token_ids":[1] and {"token_ids":[2]'},
+                                     "token_ids": [42, 7]}], "prompt_token_ids": [1, 2]}
+    data = json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
+    out = ids_nulled(data, 2)
+    assert json.loads(out) == {**chunk, "choices": [{**chunk["choices"][0], "token_ids": None}],
+                               "prompt_token_ids": None}
+    assert ids_nulled(data, 3) is None  # not the fields the chunk had: encoded again instead
