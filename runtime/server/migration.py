@@ -112,17 +112,22 @@ def chat_tokenize_body(model: str, continuation: dict[str, Any]) -> dict[str, An
 
 
 class TokenTrail:
-    """The token ids of one completions stream, from the chunks of a worker asked for `return_token_ids`: the
-    client's prompt's (the first attempt's first chunk; a continuation's prompt is longer) and every output
-    token sent, in order. `ids()` is the prompt a continuation goes on from; None when a chunk with text came
-    without its ids (a worker or engine that does not return them): the caller continues from text then."""
+    """The token ids of one stream, from the chunks of a worker asked for `return_token_ids`: the client's
+    prompt's (the first attempt's first chunk; a continuation's prompt is longer) and every output token sent,
+    in order. `ids()` is the prompt a continuation goes on from: the prompt's ids and the output's up to the
+    last chunk with text. The tokens after it came with empty text (vLLM holds back the bytes of a character
+    until it is whole) and are left out: a prompt of ids that ends inside a character makes vLLM 0.28's
+    detokenizer send the whole decoded prompt as the continuation's first text, and the next worker makes
+    those tokens again from the same ids. None when a chunk with text came without its ids (a worker or
+    engine that does not return them): the caller continues from text then."""
 
-    __slots__ = ("prompt", "output", "complete")
+    __slots__ = ("prompt", "output", "complete", "held")
 
     def __init__(self) -> None:
         self.prompt: list[int] | None = None
         self.output: list[int] = []
         self.complete = True
+        self.held = 0  # the last output ids, which came with empty text
 
     def take(self, chunk: dict[str, Any], hide: bool) -> int:
         """Read the prompt's ids and choice 0's from a streamed `chunk` (completions or chat) before it is sent;
@@ -143,9 +148,11 @@ class TokenTrail:
                 prompt, ids = c.get("prompt_token_ids"), c.get("token_ids")
                 if self.prompt is None and isinstance(prompt, list):
                     self.prompt = prompt
+                text = c.get("text") or (isinstance(c.get("delta"), dict) and c["delta"].get("content"))
                 if isinstance(ids, list):
                     self.output.extend(ids)
-                elif c.get("text") or (isinstance(c.get("delta"), dict) and c["delta"].get("content")):
+                    self.held = 0 if text else self.held + len(ids)
+                elif text:
                     self.complete = False
             if hide:
                 for key in _ID_FIELDS:
@@ -155,12 +162,14 @@ class TokenTrail:
         return changed
 
     def sent(self) -> int | None:
-        """Output tokens sent (a held-back character's too), or None when their ids are not all known."""
-        return len(self.output) if self.complete and self.prompt is not None else None
+        """Output tokens a continuation goes on after (those up to the last chunk with text), or None when
+        their ids are not all known."""
+        return len(self.output) - self.held if self.complete and self.prompt is not None else None
 
     def ids(self) -> list[int] | None:
-        """The prompt's ids and the output's, or None when they are not all known."""
-        return [*self.prompt, *self.output] if self.sent() is not None else None
+        """The prompt's ids and the output's up to the last chunk with text, or None when not all known."""
+        n = self.sent()
+        return None if n is None else [*self.prompt, *self.output[:n]]
 
 
 def _delta(choice: Any) -> dict:
@@ -277,9 +286,9 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
     client's error) where the rest would follow other rules than the uninterrupted answer's (the list below).
 
     From `token_ids` the next worker reads the tokens the first one had (the prompt's as that worker read them,
-    after any `truncate_prompt_tokens` cut, which the continuation therefore goes without), and its
-    detokenizer starts from them: a token that ended inside a character, whose text vLLM held back, gets its
-    text with the next one. A prompt of text is tokenized again: where the text's last tokens tokenize
+    after any `truncate_prompt_tokens` cut, which the continuation therefore goes without), up to the last
+    text sent (`TokenTrail.ids`: tokens whose text vLLM held back are made again). A prompt of text is
+    tokenized again: where the text's last tokens tokenize
     otherwise inside the longer prompt (a newline and the text after it can merge into one token), where a chat
     template trims the final message (Llama 3.1's `| trim`), or where a chunk carried several tokens and vLLM
     held back the last one's incomplete character (the count of tokens sent includes it), the tokens after the

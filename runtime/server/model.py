@@ -1090,9 +1090,9 @@ class PDModel(OpenAIGenerativeModel):
                 return base, None
             if not replayable:
                 return None, UNREPLAYABLE_REASON
-            ids = trail.ids() if trail is not None else None
-            if held_token_output and ids is None:  # from the ids, the held tokens are not made again
+            if held_token_output:
                 return None, HELD_TOKENS_REASON
+            ids = trail.ids() if trail is not None else None
             try:
                 return continuation_body(path, base, "".join(sent), tokens_before, prompt_tokens=prompt_tokens,
                                          token_ids=ids), None
@@ -1428,9 +1428,9 @@ def _attempt_ends(usage: dict | None, chunks: int, prompt_tokens: int | None,
     """(the client's prompt tokens, the tokens sent so far) once a decode attempt ends that sent `chunks` chunks
     with a token, last reported `usage`, and reported `sent_usage` with the last chunk whose output reached the
     client (the first attempt's prompt is the client's). Tokens counted after that chunk (a character's first
-    bytes, held back by the worker's detokenizer) are not in the text sent, so a continuation from the text
-    makes them again and they are not counted here; one from the stream's token ids (`trail`, when they are all
-    known) reads them, and every id sent counts. Pure."""
+    bytes, held back by the worker's detokenizer) are not in the text sent, so a continuation makes them again
+    and they are not counted here (from the stream's token ids, `trail`, when they are all known, as
+    `TokenTrail.sent` counts them). Pure."""
     if prompt_tokens is None and usage is not None:
         try:
             prompt_tokens = int(usage.get("prompt_tokens") or 0) or None

@@ -314,23 +314,24 @@ async def test_a_prompt_its_truncation_did_not_cut_is_continued_without_it(ids, 
 
 
 async def test_output_of_tokens_whose_text_was_held_back_is_never_made_twice():
-    # d0 sends a token's logprobs with empty text (vLLM holds back a character's first bytes), then dies
+    # d0 sends a token with empty text (vLLM holds back a character's first bytes), then dies
     held = {"id": "cmpl-d0", "object": "text_completion", "created": 1_700_000_000, "model": "m",
-            "choices": [{"index": 0, "text": "", "finish_reason": None, "prompt_token_ids": None, "token_ids": [7],
-                         "logprobs": {"text_offset": [17], "token_logprobs": [-0.5], "tokens": ["bytes:\\xc3"],
-                                      "top_logprobs": [{"bytes:\\xc3": -0.5}]}}],
+            "choices": [{"index": 0, "text": "", "finish_reason": None, "prompt_token_ids": None, "token_ids": [7]}],
             "usage": {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}}
-    # from the ids: the next worker reads the held token (and makes its text with the next one)
+    # from the ids up to the last text sent (a prompt of ids ending inside a character makes vLLM send the whole
+    # decoded prompt as the first text): the next worker makes the held token again, counted once
     w = GreedyCompletions({"d0": 3}, extra_d0=[held])
-    chunks = await _complete(w, max_tokens=9, logprobs=1, stream_options={"include_usage": True})
-    assert w.bodies["d1"][0]["prompt"] == REFERENCE_IDS[:4 + 3] + [7] and w.bodies["d1"][0]["max_tokens"] == 5
-    assert "error" not in chunks[-1]
-    # every token counts once: d0's four (the held one among them) and the continuation's five
+    chunks = await _complete(w, max_tokens=9, stream_options={"include_usage": True})
+    assert w.bodies["d1"][0]["prompt"] == REFERENCE_IDS[:4 + 3] and w.bodies["d1"][0]["max_tokens"] == 6
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "".join(ANSWER[:9])
     assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 9, "total_tokens": 13}
-    # from the text, the continuation would make that token again and the client would get its logprobs twice
-    w = GreedyCompletions({"d0": 3}, extra_d0=[held], ids=False)
-    chunks = await _complete(w, max_tokens=9, logprobs=1)
-    assert "held back" in chunks[-1]["error"]["message"] and w.bodies["d1"] == []
+    # the client got that token's logprobs (or ids): made again, they would come twice; from ids or from text
+    lp = {"text_offset": [17], "token_logprobs": [-0.5], "tokens": ["bytes:\\xc3"], "top_logprobs": [{"x": -0.5}]}
+    with_lp = {**held, "choices": [{**held["choices"][0], "logprobs": lp}]}
+    for ids in (True, False):
+        w = GreedyCompletions({"d0": 3}, extra_d0=[with_lp], ids=ids)
+        chunks = await _complete(w, max_tokens=9, logprobs=1)
+        assert "held back" in chunks[-1]["error"]["message"] and w.bodies["d1"] == []
     # from the text, without ids or logprobs, the held token is simply made again by the continuation
     plain = {**held, "choices": [{"index": 0, "text": "", "finish_reason": None}]}
     w = GreedyCompletions({"d0": 3}, extra_d0=[plain], ids=False)
