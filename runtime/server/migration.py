@@ -133,14 +133,14 @@ class TokenTrail:
         """Read the prompt's ids and choice 0's from a streamed `chunk` (completions or chat) before it is sent;
         with `hide` (the client did not ask for ids) set the id fields to null, as a worker not asked for them
         writes them. Returns the number of fields it set to null."""
-        changed = 0
+        hidden = 0
         prompt = chunk.get("prompt_token_ids")  # a chat stream's first chunk
         if prompt is not None:
             if self.prompt is None and isinstance(prompt, list):
                 self.prompt = prompt
             if hide:
                 chunk["prompt_token_ids"] = None
-                changed += 1
+                hidden += 1
         for c in chunk.get("choices") or ():
             if not isinstance(c, dict):
                 continue
@@ -158,8 +158,8 @@ class TokenTrail:
                 for key in _ID_FIELDS:
                     if c.get(key) is not None:
                         c[key] = None
-                        changed += 1
-        return changed
+                        hidden += 1
+        return hidden
 
     def sent(self) -> int | None:
         """Output tokens a continuation goes on after (those up to the last chunk with text), or None when
@@ -288,12 +288,12 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
     From `token_ids` the next worker reads the tokens the first one had (the prompt's as that worker read them,
     after any `truncate_prompt_tokens` cut, which the continuation therefore goes without), up to the last
     text sent (`TokenTrail.ids`: tokens whose text vLLM held back are made again). A prompt of text is
-    tokenized again: where the text's last tokens tokenize
-    otherwise inside the longer prompt (a newline and the text after it can merge into one token), where a chat
-    template trims the final message (Llama 3.1's `| trim`), or where a chunk carried several tokens and vLLM
-    held back the last one's incomplete character (the count of tokens sent includes it), the tokens after the
-    cut, and a greedy answer with them, can differ from the uninterrupted ones (chat, whose API takes no token
-    ids, always continues from text).
+    tokenized again: where the text's last tokens tokenize otherwise inside the longer prompt (a newline and the
+    text after it can merge into one token), where a chat template trims the final message (Llama 3.1's
+    `| trim`), or where a chunk carried several tokens and vLLM held back the last one's incomplete character
+    (the count of tokens sent includes it), the tokens after the cut, and a greedy answer with them, can differ
+    from the uninterrupted ones (chat, whose API takes no token ids, continues from text, and the caller sends
+    it only where the next worker renders it into the stream's own ids: `PDModel._chat_continuation_refused`).
 
     Carried over, each as the uninterrupted request applies it (vLLM 0.28's sampler, vllm/v1/sample, and
     output processing):
