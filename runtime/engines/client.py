@@ -382,6 +382,15 @@ class VllmClient:
             raise BackendError(self.base_url + "/tokenize", 502, "answered without a list of token ids")
         return tokens
 
+    async def detokenize(self, tokens: list[int], request_id: str) -> str:
+        """The text vLLM's `POST /detokenize` gives `tokens` (bytes of a character cut off at either end read as
+        U+FFFD). Raises BackendError on a failure or an answer without a string `prompt`."""
+        answer = await self.post_json("/detokenize", {"tokens": tokens}, request_id)
+        text = answer.get("prompt")
+        if not isinstance(text, str):
+            raise BackendError(self.base_url + "/detokenize", 502, "answered without the text of the tokens")
+        return text
+
     async def prefill(self, path: str, body: dict, request_id: str, dp_rank: int | None = None) -> dict | None:
         """Run the prefill step of `body` (on data-parallel rank `dp_rank` when given); returns the
         `kv_transfer_params` for the decode worker (or None).

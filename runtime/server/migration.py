@@ -121,13 +121,15 @@ class TokenTrail:
     those tokens again from the same ids. None when a chunk with text came without its ids (a worker or
     engine that does not return them): the caller continues from text then."""
 
-    __slots__ = ("prompt", "output", "complete", "held")
+    __slots__ = ("prompt", "output", "complete", "held", "last_text")
 
     def __init__(self) -> None:
         self.prompt: list[int] | None = None
         self.output: list[int] = []
         self.complete = True
         self.held = 0  # the last output ids, which came with empty text
+        # the ids of the last chunk with text: of several tokens, its last can end inside a character too
+        self.last_text: list[int] = []
 
     def take(self, chunk: dict[str, Any], hide: bool) -> int:
         """Read the prompt's ids and choice 0's from a streamed `chunk` (completions or chat) before it is sent;
@@ -152,6 +154,8 @@ class TokenTrail:
                 if isinstance(ids, list):
                     self.output.extend(ids)
                     self.held = 0 if text else self.held + len(ids)
+                    if text:
+                        self.last_text = ids
                 elif text:
                     self.complete = False
             if hide:
@@ -293,7 +297,7 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
     `| trim`), or where a chunk carried several tokens and vLLM held back the last one's incomplete character
     (the count of tokens sent includes it), the tokens after the cut, and a greedy answer with them, can differ
     from the uninterrupted ones (chat, whose API takes no token ids, continues from text, and the caller sends
-    it only where the next worker renders it into the stream's own ids: `PDModel._chat_continuation_refused`).
+    it only where the next worker renders it into the stream's own ids: `PDModel._continuation_refused`).
 
     Carried over, each as the uninterrupted request applies it (vLLM 0.28's sampler, vllm/v1/sample, and
     output processing):

@@ -988,25 +988,34 @@ class PDModel(OpenAIGenerativeModel):
             self.metrics.migrations.inc()
         return new
 
-    async def _chat_continuation_refused(self, cont: dict, trail: TokenTrail | None, decode_url: str,
-                                         rid: str) -> str | None:
-        """Why the chat continuation `cont` (prompted with the text sent) may not be sent to the decode worker at
-        `decode_url`, or None. With the ids of the stream's prompt and output known (`trail`), the worker's own
-        rendering of `cont` (`POST /tokenize`) must give exactly those tokens, so that it goes on from the
-        uninterrupted answer's tokens: a chat template that renders the continued message otherwise (trims it,
-        or a header other than the generation prompt's) or text that tokenizes otherwise inside the longer prompt
-        (a newline merged with the word after it) would make another answer. Without the ids (a worker that does
-        not return them) it is sent unchecked (docs/serving.md)."""
+    async def _continuation_refused(self, path: str, cont: dict, trail: TokenTrail | None, decode_url: str,
+                                    rid: str) -> str | None:
+        """Why the continuation `cont` may not be sent to the decode worker at `decode_url`, or None; the checks
+        need the stream's prompt and output ids (`trail`), and ask that worker:
+        * chat (prompted with the text sent): the worker's own rendering of `cont` (`POST /tokenize`) must give
+          exactly those ids, so that it goes on from the uninterrupted answer's tokens: a chat template that
+          renders the continued message otherwise (trims it, or a header other than the generation prompt's) or
+          text that tokenizes otherwise inside the longer prompt (a newline merged with the word after it) would
+          make another answer;
+        * completions (prompted with the ids up to the last chunk with text): that chunk, when it held several
+          tokens, must not end inside a character (`POST /detokenize` of its ids ends with U+FFFD: vLLM held the
+          bytes back), else the prompt of ids ends there and vLLM 0.28 sends the whole decoded prompt as the
+          continuation's first text.
+        Without the ids (a worker that does not return them) the continuation is sent unchecked
+        (docs/serving.md)."""
         ids = trail.ids() if trail is not None else None
         if ids is None or not trail.output:  # nothing generated was sent: the request itself goes again
             return None
+        client = self._client(decode_url, rid)
         try:
-            tokens = await self._client(decode_url, rid).tokenize(chat_tokenize_body(self.name, cont), rid)
+            if path == CHAT_PATH:
+                if await client.tokenize(chat_tokenize_body(self.name, cont), rid) != ids:
+                    return ("the text sent renders or tokenizes otherwise in a continuation's prompt than the tokens "
+                            "the answer was made of, so the rest would differ")
+            elif len(trail.last_text) > 1 and (await client.detokenize(trail.last_text, rid)).endswith("\ufffd"):
+                return "the last text sent ends inside a character whose bytes the worker held back"
         except BackendError as exc:
-            return f"the next worker could not render the continuation's prompt to check it ({exc})"
-        if tokens != ids:
-            return ("the text sent renders or tokenizes otherwise in a continuation's prompt than the tokens the "
-                    "answer was made of, so the rest would differ")
+            return f"the next worker could not check the continuation's prompt ({exc})"
         return None
 
     async def _stream(
@@ -1056,7 +1065,7 @@ class PDModel(OpenAIGenerativeModel):
         want_choices, finished_choices = num_choices(path, body), set()
         # A stream of one choice continues from the token ids of its prompt and output (migration.TokenTrail): a
         # completion's continuation is prompted with them, a chat continuation is checked against them
-        # (`_chat_continuation_refused`); the worker is asked for them, and they are hidden where the client did
+        # (`_continuation_refused`); the worker is asked for them, and they are hidden where the client did
         # not ask.
         trail = TokenTrail() if ids_continuable(body, want_choices) else None
         hide_ids = trail is not None and not flag(body.get("return_token_ids"))
@@ -1255,8 +1264,8 @@ class PDModel(OpenAIGenerativeModel):
                                                 status=int(HTTPStatus.GATEWAY_TIMEOUT))
                         yield f"data: {json.dumps(err)}\n\n"
                         break
-                    if path == CHAT_PATH and cont is not base:
-                        refusal = await self._chat_continuation_refused(cont, trail, route.decode_url, rid)
+                    if cont is not base:
+                        refusal = await self._continuation_refused(path, cont, trail, route.decode_url, rid)
                         if refusal is not None:
                             message = _refused_message("the inference worker did not answer in time", refusal)
                             err = openai_error_body(message, err_type="BackendError",
@@ -1300,8 +1309,8 @@ class PDModel(OpenAIGenerativeModel):
                         new = None
                     if new is None:
                         cont = None
-                    elif path == CHAT_PATH and cont is not base:
-                        refusal = await self._chat_continuation_refused(cont, trail, new.decode_url, rid)
+                    elif cont is not base:
+                        refusal = await self._continuation_refused(path, cont, trail, new.decode_url, rid)
                         if refusal is not None:
                             cont = None
                     if cont is not None:
@@ -1423,8 +1432,8 @@ def _completion_tokens(usage: dict | None) -> int:
     return _count(usage, "completion_tokens")
 
 
-def _attempt_ends(usage: dict | None, chunks: int, prompt_tokens: int | None,
-                  tokens_before: int, sent_usage: dict | None, trail: TokenTrail | None = None) -> tuple[int | None, int]:
+def _attempt_ends(usage: dict | None, chunks: int, prompt_tokens: int | None, tokens_before: int,
+                  sent_usage: dict | None, trail: TokenTrail | None = None) -> tuple[int | None, int]:
     """(the client's prompt tokens, the tokens sent so far) once a decode attempt ends that sent `chunks` chunks
     with a token, last reported `usage`, and reported `sent_usage` with the last chunk whose output reached the
     client (the first attempt's prompt is the client's). Tokens counted after that chunk (a character's first

@@ -136,6 +136,7 @@ def _token_id(piece: str) -> int:
 
 
 REFERENCE_IDS = [_token_id(p) for p in ("Once", " upon", " a", " time", *ANSWER)]
+_PIECES = {_token_id(p): p for p in ("Once", " upon", " a", " time", *ANSWER)}
 
 
 def _tokenize(text: str) -> list[str]:
@@ -163,9 +164,13 @@ class GreedyCompletions:
     def __init__(self, cuts: dict[str, int] | None = None, extra_d0: list[dict] = (), ids: bool = True):
         self.cuts, self.extra_d0, self.ids = cuts or {}, list(extra_d0), ids
         self.bodies: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
+        self.detokenized: dict[str, list[list[int]]] = {"d0": [], "d1": [], "d2": []}
 
     def handler(self, req: httpx.Request) -> httpx.Response:
         host, body = req.url.host, json.loads(req.content)
+        if req.url.path == "/detokenize":  # an id it never made is a character's first bytes
+            self.detokenized[host].append(body["tokens"])
+            return httpx.Response(200, json={"prompt": "".join(_PIECES.get(t, "\ufffd") for t in body["tokens"])})
         self.bodies[host].append(body)
         prompt = body["prompt"]
         prompt_ids = prompt if isinstance(prompt, list) else [_token_id(p) for p in _tokenize(prompt)]
@@ -337,6 +342,24 @@ async def test_output_of_tokens_whose_text_was_held_back_is_never_made_twice():
     w = GreedyCompletions({"d0": 3}, extra_d0=[plain], ids=False)
     chunks = await _complete(w, max_tokens=9)
     assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(ANSWER[:9])
+
+
+@pytest.mark.parametrize("last, refused", [([_token_id(" a"), 7], True), ([_token_id(" a"), _token_id(" wisé")], False)],
+                         ids=["ends-inside-a-character", "whole-characters"])
+async def test_a_completion_whose_last_chunk_of_several_tokens_ends_inside_a_character_is_refused(last, refused):
+    # vLLM merged two tokens into d0's last chunk ("a" and, in the first case, a character's first bytes, held
+    # back): from ids ending there, vLLM would send the whole decoded prompt as the continuation's first text
+    both = {"id": "cmpl-d0", "object": "text_completion", "created": 1_700_000_000, "model": "m",
+            "choices": [{"index": 0, "text": " a" if refused else " a wisé", "finish_reason": None,
+                         "prompt_token_ids": None, "token_ids": last}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}}
+    w = GreedyCompletions({"d0": 2}, extra_d0=[both])
+    chunks = await _complete(w, max_tokens=9)
+    assert w.detokenized["d1"] == [last]
+    if refused:
+        assert "ends inside a character" in chunks[-1]["error"]["message"] and w.bodies["d1"] == []
+    else:
+        assert w.bodies["d1"][0]["prompt"] == REFERENCE_IDS[:4 + 4] and "error" not in chunks[-1]
 
 
 async def test_a_chat_without_a_generation_prompt_ends_with_an_error_that_says_why():
