@@ -1386,7 +1386,7 @@ def _continued_how(path: str, whole: bool, trail: TokenTrail | None) -> str:
     checked against them, or one from the text sent, unchecked (a worker that returns no ids). Pure."""
     if whole:
         return "the request whole: nothing generated was sent"
-    if trail is None or trail.ids() is None:
+    if trail is None or trail.sent() is None:
         return "from the text sent, unchecked: the worker returned no token ids"
     return "from the token ids sent" if path != CHAT_PATH else "from the text sent, checked against the token ids"
 
