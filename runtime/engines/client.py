@@ -391,6 +391,24 @@ class VllmClient:
             raise BackendError(self.base_url + "/detokenize", 502, "answered without the text of the tokens")
         return text
 
+    async def max_model_len(self, model: str) -> int | None:
+        """The context length (tokens) vLLM's `GET /v1/models` gives the served model named `model` (its
+        `max_model_len`), or None where the worker names no such model or gives no length. Raises BackendError on
+        a failure."""
+        status, raw = await self._get("/v1/models")
+        if status >= 300:
+            raise BackendError(self.base_url + "/v1/models", status, _error_body(raw))
+        try:
+            cards = _json_loads(raw).get("data")
+        except (ValueError, AttributeError):
+            raise BackendError(self.base_url + "/v1/models", 502, "answered with a body that is not a model list") \
+                from None
+        for card in cards if isinstance(cards, list) else ():
+            if isinstance(card, dict) and card.get("id") == model:
+                n = card.get("max_model_len")
+                return n if type(n) is int and n > 0 else None
+        return None
+
     async def prefill(self, path: str, body: dict, request_id: str, dp_rank: int | None = None) -> dict | None:
         """Run the prefill step of `body` (on data-parallel rank `dp_rank` when given); returns the
         `kv_transfer_params` for the decode worker (or None).

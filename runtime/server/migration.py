@@ -7,9 +7,11 @@ The continuation is an ordinary request whose prompt ends with what was already 
   from vLLM's `return_token_ids`, which the caller asks of the decode worker and hides where the client did
   not ask for them), so the next worker reads the very tokens the first one had;
 * other completions (a worker that returns no ids): the generated text is appended to a string prompt.
-The chat API takes no token ids: a chat continuation of one choice is sent only once the next worker's
+The chat API takes no token ids: a chat continuation of one choice is sent as chat only once the next worker's
 `/tokenize` of its prompt (`chat_tokenize_body`) gives the prompt's and the output's ids (`TokenTrail`), so it
-goes on from the same tokens too; where the text sent renders or tokenizes otherwise it is refused.
+goes on from the same tokens too; where the text sent renders or tokenizes otherwise it goes as a completions
+request of those ids (`chat_as_completion`; its chunks written as chat chunks, `completion_as_chat_chunk`), or,
+where a completion would not keep the request's chat meaning (logprobs, tools, media), it is refused.
 A chat request that already continued its final assistant message (`continue_final_message`) goes on inside
 that message. `max_tokens` (and `max_completion_tokens`, and `min_tokens` down to 0) shrink by the tokens
 already sent; a completions request without `max_tokens` had the API's default of 16
@@ -108,6 +110,93 @@ def chat_tokenize_body(model: str, continuation: dict[str, Any]) -> dict[str, An
     rendering (`_RENDER_FIELDS`)."""
     out = {k: continuation[k] for k in _RENDER_FIELDS if k in continuation}
     out.update(model=model, add_generation_prompt=False, continue_final_message=True)
+    return out
+
+
+#: Chat request fields a completions request of the rendered prompt's ids carries as they are: sampling and
+#: stream options that mean the same in vLLM 0.28's `CompletionRequest` and read only each step's logits or
+#: how the stream is cut (the ones that read the output so far were refused by `continuation_body`).
+_CHAT_AS_COMPLETION_CARRIED = frozenset((
+    "model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "length_penalty", "logit_bias",
+    "allowed_token_ids", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
+    "skip_special_tokens", "spaces_between_special_tokens", "seed", "stream", "stream_options", "stream_interval",
+    "return_token_ids", "priority", "user", "cache_salt", "session_id", "request_id", "kv_transfer_params",
+    "n", "frequency_penalty", "presence_penalty", "bad_words", "use_beam_search"))
+#: Chat request fields that only render the prompt (its ids hold what they did) or count the budget
+#: (`max_tokens` is set from them), dropped from the completions request.
+_CHAT_AS_COMPLETION_DROPPED = frozenset((
+    "messages", "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+    "add_special_tokens", "documents", "reasoning_effort", "include_reasoning", "truncate_prompt_tokens",
+    "truncation_side", "max_tokens", "max_completion_tokens", "return_prompt_text", "return_assistant_tokens_mask",
+    "echo", "response_format"))
+#: Chat request fields `chat_as_completion` refuses on their value, dropped where it does not.
+_CHAT_AS_COMPLETION_CHECKED = frozenset(("tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs"))
+
+
+def chat_as_completion(continuation: dict[str, Any], token_ids: list[int], max_model_len: int | None) -> dict:
+    """A chat `continuation` (`continuation_body`'s) as a `/v1/completions` request prompted with `token_ids`
+    (`TokenTrail.ids`: the chat prompt as the first worker rendered it and the output sent), for a chat stream
+    whose text sent renders otherwise in a chat continuation (a template that trims the continued message, a
+    newline that merges with the word after it): the completions API takes token ids, so the next worker goes
+    on from the very tokens the answer was made of. `PDModel._stream` turns its chunks into chat chunks
+    (`completion_as_chat_chunk`).
+
+    `max_tokens` is what is left of the chat budget (`max_completion_tokens`, else `max_tokens`, as vLLM reads
+    them); with neither, the context left after the prompt (`max_model_len` tokens, the worker's `/v1/models`),
+    which is what a chat request without a budget gets and what the completions API would not give (its
+    default is 16).
+
+    Raises:
+        NotContinuable: a field whose chat meaning a completion does not keep: logprobs (chat and completions
+            write them in other forms), tools the model may call (a completion's text is not parsed for tool
+            calls), a message with other content than text (the completion would lack its media), a field this
+            function does not know, or no budget and no `max_model_len`.
+    """
+    if flag(continuation.get("logprobs")) or continuation.get("top_logprobs") is not None:
+        raise NotContinuable("logprobs: a completion writes them in another form than a chat answer")
+    if continuation.get("tools") and continuation.get("tool_choice") != "none":
+        raise NotContinuable("tools the model may call: a completion's text is not parsed for tool calls")
+    for m in continuation.get("messages") or ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") == "text") for p in content):
+            raise NotContinuable("a message holds media, which a prompt of token ids lacks")
+    known = _CHAT_AS_COMPLETION_CARRIED | _CHAT_AS_COMPLETION_DROPPED | _CHAT_AS_COMPLETION_CHECKED
+    unknown = sorted(k for k, v in continuation.items() if v is not None and v is not False and k not in known)
+    if unknown:
+        raise NotContinuable(f"{', '.join(unknown)}: no completions request is known to keep its chat meaning")
+    budget = continuation.get("max_completion_tokens") or continuation.get("max_tokens")
+    if budget is None:
+        if max_model_len is None:
+            raise NotContinuable("the request names no max_tokens and the next worker's context length is unknown")
+        budget = max_model_len - len(token_ids)
+        if budget <= 0:
+            raise NotContinuable("no context left after the answer so far")
+    out = {k: v for k, v in continuation.items() if k in _CHAT_AS_COMPLETION_CARRIED}
+    out.update(prompt=list(token_ids), max_tokens=int(budget))
+    return out
+
+
+def completion_as_chat_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
+    """A completions stream's `chunk` (a `chat_as_completion` request's) written as vLLM 0.28 writes a chat
+    stream's (`ChatCompletionStreamResponse`, `exclude_unset`): each choice's text as `delta.content`, its
+    `finish_reason`, `stop_reason` once finished, `token_ids`; logprobs null (refused); the prompt's ids left
+    out (the client had the chat prompt's on the first chunk). Members in vLLM's order. Pure."""
+    out: dict[str, Any] = {k: chunk[k] for k in ("id",) if k in chunk}
+    out["object"] = "chat.completion.chunk"
+    out.update({k: chunk[k] for k in ("created", "model") if k in chunk})
+    choices = []
+    for c in chunk.get("choices") or ():
+        if not isinstance(c, dict):
+            continue
+        d: dict[str, Any] = {"index": c.get("index", 0), "delta": {"content": c.get("text") or ""},
+                             "logprobs": None, "finish_reason": c.get("finish_reason")}
+        if c.get("finish_reason") is not None:
+            d["stop_reason"] = c.get("stop_reason")
+        d["token_ids"] = c.get("token_ids")
+        choices.append(d)
+    out["choices"] = choices
+    out.update({k: v for k, v in chunk.items() if k not in ("id", "object", "created", "model", "choices")
+                and k not in _PROMPT_FIELDS})
     return out
 
 
@@ -297,7 +386,8 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
     `| trim`), or where a chunk carried several tokens and vLLM held back the last one's incomplete character
     (the count of tokens sent includes it), the tokens after the cut, and a greedy answer with them, can differ
     from the uninterrupted ones (chat, whose API takes no token ids, continues from text, and the caller sends
-    it only where the next worker renders it into the stream's own ids: `PDModel._continuation_refused`).
+    it only where the next worker renders it into the stream's own ids, else as a completion of those ids:
+    `PDModel._checked_continuation`).
 
     Carried over, each as the uninterrupted request applies it (vLLM 0.28's sampler, vllm/v1/sample, and
     output processing):

@@ -88,9 +88,11 @@ from runtime.server.migration import (
     NotContinuable,
     TokenTrail,
     carries_token_output,
+    chat_as_completion,
     chat_tokenize_body,
     choice_has_output,
     chunk_progress,
+    completion_as_chat_chunk,
     continuation_body,
     continuation_chunk,
     flag,
@@ -988,15 +990,17 @@ class PDModel(OpenAIGenerativeModel):
             self.metrics.migrations.inc()
         return new
 
-    async def _continuation_refused(self, path: str, cont: dict, trail: TokenTrail | None, decode_url: str,
-                                    rid: str) -> str | None:
-        """Why the continuation `cont` may not be sent to the decode worker at `decode_url`, or None; the checks
-        need the stream's prompt and output ids (`trail`), and ask that worker:
+    async def _checked_continuation(self, path: str, cont: dict, trail: TokenTrail | None, decode_url: str,
+                                    rid: str) -> tuple[str, dict | None, str | None]:
+        """The continuation `cont` as it may be sent to the decode worker at `decode_url`: `(path, request, None)`,
+        or `(path, None, why not)`. The checks need the stream's prompt and output ids (`trail`), and ask that
+        worker:
         * chat (prompted with the text sent): the worker's own rendering of `cont` (`POST /tokenize`) must give
-          exactly those ids, so that it goes on from the uninterrupted answer's tokens: a chat template that
-          renders the continued message otherwise (trims it, or a header other than the generation prompt's) or
-          text that tokenizes otherwise inside the longer prompt (a newline merged with the word after it) would
-          make another answer;
+          exactly those ids, so that it goes on from the uninterrupted answer's tokens. Where it renders otherwise
+          (a chat template that trims the continued message, text that tokenizes otherwise inside the longer
+          prompt: a newline merged with the word after it) the continuation goes as a completions request of
+          those ids (`chat_as_completion`, whose chunks `_stream` writes as chat chunks), or, where a completion
+          would not keep the request's chat meaning, not at all;
         * completions (prompted with the ids up to the last chunk with text): that chunk, when it held several
           tokens, must not end inside a character (`POST /detokenize` of its ids ends with U+FFFD: vLLM held the
           bytes back), else the prompt of ids ends there and vLLM 0.28 sends the whole decoded prompt as the
@@ -1005,18 +1009,25 @@ class PDModel(OpenAIGenerativeModel):
         (docs/serving.md)."""
         ids = trail.ids() if trail is not None else None
         if ids is None or not trail.output:  # nothing generated was sent: the request itself goes again
-            return None
+            return path, cont, None
         client = self._client(decode_url, rid)
         try:
             if path == CHAT_PATH:
-                if await client.tokenize(chat_tokenize_body(self.name, cont), rid) != ids:
-                    return ("the text sent renders or tokenizes otherwise in a continuation's prompt than the tokens "
-                            "the answer was made of, so the rest would differ")
-            elif len(trail.last_text) > 1 and (await client.detokenize(trail.last_text, rid)).endswith("\ufffd"):
-                return "the last text sent ends inside a character whose bytes the worker held back"
+                if await client.tokenize(chat_tokenize_body(self.name, cont), rid) == ids:
+                    return path, cont, None
+                has_budget = bool(cont.get("max_completion_tokens")) or cont.get("max_tokens") is not None
+                try:
+                    as_completion = chat_as_completion(
+                        cont, ids, None if has_budget else await client.max_model_len(self.name))
+                except NotContinuable as exc:
+                    return path, None, ("the text sent renders or tokenizes otherwise in a chat continuation's "
+                                        f"prompt than the tokens the answer was made of, and {exc}")
+                return COMPLETIONS_PATH, as_completion, None
+            if len(trail.last_text) > 1 and (await client.detokenize(trail.last_text, rid)).endswith("\ufffd"):
+                return path, None, "the last text sent ends inside a character whose bytes the worker held back"
         except BackendError as exc:
-            return f"the next worker could not check the continuation's prompt ({exc})"
-        return None
+            return path, None, f"the next worker could not check the continuation's prompt ({exc})"
+        return path, cont, None
 
     async def _stream(
         self, decode: VllmClient, path: str, endpoint: str, body: dict, rid: str, kv: dict | None,
@@ -1065,7 +1076,7 @@ class PDModel(OpenAIGenerativeModel):
         want_choices, finished_choices = num_choices(path, body), set()
         # A stream of one choice continues from the token ids of its prompt and output (migration.TokenTrail): a
         # completion's continuation is prompted with them, a chat continuation is checked against them
-        # (`_continuation_refused`); the worker is asked for them, and they are hidden where the client did
+        # (`_checked_continuation`); the worker is asked for them, and they are hidden where the client did
         # not ask.
         trail = TokenTrail() if ids_continuable(body, want_choices) else None
         hide_ids = trail is not None and not flag(body.get("return_token_ids"))
@@ -1108,14 +1119,14 @@ class PDModel(OpenAIGenerativeModel):
             except NotContinuable as exc:
                 return None, str(exc)
 
-        attempt = base
+        attempt, attempt_path = base, path  # a chat continuation may go as a completion (`_checked_continuation`)
         yielded = False
         first_token = asyncio.Event()
         nudger = self._start_nudger(route, kv, first_token)
         try:
             while True:
                 try:
-                    leg = decode.stream_events(path, attempt, rid, kv, on_head, dp_rank=route.decode_dp_rank)
+                    leg = decode.stream_events(attempt_path, attempt, rid, kv, on_head, dp_rank=route.decode_dp_rank)
                     async with contextlib.aclosing(leg) as events:
                         chunks = events.__aiter__()
                         while True:
@@ -1148,6 +1159,8 @@ class PDModel(OpenAIGenerativeModel):
                                                     for c in chunk["choices"]]
                             # the worker's own text goes out unless the runtime changes the chunk
                             changed = aborted is not None or "kv_transfer_params" in chunk
+                            if attempt_path != path:  # a chat continuation's completion: its chunks as chat's
+                                chunk, changed = completion_as_chat_chunk(chunk), True
                             chunk.pop("kv_transfer_params", None)
                             stream_id = stream_id or chunk.get("id")
                             if stream_id and "id" in chunk and chunk["id"] != stream_id:
@@ -1264,9 +1277,11 @@ class PDModel(OpenAIGenerativeModel):
                                                 status=int(HTTPStatus.GATEWAY_TIMEOUT))
                         yield f"data: {json.dumps(err)}\n\n"
                         break
+                    cont_path = path
                     if cont is not base:
-                        refusal = await self._continuation_refused(path, cont, trail, route.decode_url, rid)
-                        if refusal is not None:
+                        cont_path, cont, refusal = await self._checked_continuation(path, cont, trail,
+                                                                                    route.decode_url, rid)
+                        if cont is None:
                             message = _refused_message("the inference worker did not answer in time", refusal)
                             err = openai_error_body(message, err_type="BackendError",
                                                     status=int(HTTPStatus.GATEWAY_TIMEOUT))
@@ -1280,6 +1295,7 @@ class PDModel(OpenAIGenerativeModel):
                         yield f"data: {json.dumps(err)}\n\n"
                         break
                     kv, decode, attempt, mode = None, self._client(route.decode_url, rid), cont, "local"
+                    attempt_path = cont_path
                     local_prefill = True
                     text_before = sum(map(len, sent))
                 except BackendError as exc:
@@ -1307,17 +1323,17 @@ class PDModel(OpenAIGenerativeModel):
                     else:
                         self._note_answer(route.decode_url, exc)
                         new = None
+                    cont_path = path
                     if new is None:
                         cont = None
                     elif cont is not base:
-                        refusal = await self._continuation_refused(path, cont, trail, new.decode_url, rid)
-                        if refusal is not None:
-                            cont = None
+                        cont_path, cont, refusal = await self._checked_continuation(path, cont, trail,
+                                                                                    new.decode_url, rid)
                     if cont is not None:
                         self.metrics.migrations.inc()
                         logger.warning("request %s: continues on decode worker %s after %d tokens sent (%s)", rid,
                                        redact_userinfo(new.decode_url), tokens_before,
-                                       _continued_how(path, cont is base, trail))
+                                       _continued_how(path, cont is base, trail, cont_path != path))
                     if cont is None:
                         # the worker rejected the client's own request: counted apart from the service's errors
                         status = "client_error" if _is_client_fault(exc) else None
@@ -1331,6 +1347,7 @@ class PDModel(OpenAIGenerativeModel):
                         yield f"data: {json.dumps(body_err)}\n\n"
                         break
                     route, kv, decode, attempt, mode = new, None, self._client(new.decode_url, rid), cont, "migrated"
+                    attempt_path = cont_path
                     local_prefill = True  # the new decode worker prefills; its load ends at its first token
                     text_before = sum(map(len, sent))
         except (asyncio.CancelledError, GeneratorExit):  # the client left (or the stream was closed unread)
@@ -1381,11 +1398,14 @@ def _moves(exc: BackendError, started: bool) -> bool:
     return exc.unreachable or exc.broken or (not started and exc.status_code in _REFUSED_BEFORE_OUTPUT)
 
 
-def _continued_how(path: str, whole: bool, trail: TokenTrail | None) -> str:
-    """How a migrated stream goes on, for the log: the request sent whole, a continuation from token ids, one
-    checked against them, or one from the text sent, unchecked (a worker that returns no ids). Pure."""
+def _continued_how(path: str, whole: bool, trail: TokenTrail | None, as_completion: bool = False) -> str:
+    """How a migrated stream goes on, for the log: the request sent whole, a continuation from token ids (a chat
+    one `as_completion`: `PDModel._checked_continuation`), one checked against them, or one from the text sent,
+    unchecked (a worker that returns no ids). Pure."""
     if whole:
         return "the request whole: nothing generated was sent"
+    if as_completion:
+        return "from the token ids sent, as a completion: the text sent renders otherwise in a chat continuation"
     if trail is None or trail.sent() is None:
         return "from the text sent, unchecked: the worker returned no token ids"
     return "from the token ids sent" if path != CHAT_PATH else "from the text sent, checked against the token ids"

@@ -9,6 +9,10 @@ Specification:
   (the runtime logs how each stream went on);
 * a runtime whose only decode worker is the own one: the same kill ends the client's stream with an OpenAI
   error event and no further text, within a bounded time, never a hang;
+* a chat stream cut right after a blank line (a proxy in front of a worker breaks it there): the text sent
+  tokenizes otherwise than the answer's tokens (two newline tokens read back as one), so a chat continuation
+  would go on from other tokens; it goes as a completion of the stream's token ids, and the client's chat stream
+  equals the uninterrupted answer;
 * on the runtime over two workers, a greedy completions stream with `logprobs` cut by the same kill continues
   with the uninterrupted stream's tokens and `text_offset`s (they go on from the characters sent, not from 0;
   the continuation is prompted with the token ids, which the client, not asking for them, never sees),
@@ -39,6 +43,10 @@ STREAM_BOUND_S = 300.0  # the stream must end within this long after the kill
 COMPLETION = {"prompt": "Once upon a time, in a small village", "temperature": 0}
 LOGPROBS = {**COMPLETION, "max_tokens": 200, "logprobs": 1, "ignore_eos": True}
 PENALTY = {**COMPLETION, "max_tokens": 200, "frequency_penalty": 1.5, "presence_penalty": 1.0}
+# an answer of several paragraphs, cut right after the first blank line (SmolLM2 makes it two "\n" tokens, which
+# the text sent tokenizes into one)
+LINES = {"max_tokens": 120, "temperature": 0, "ignore_eos": True, "messages": [
+    {"role": "user", "content": "Write a short letter to a friend with a greeting, a body and a signature."}]}
 
 
 def _running(base_url: str) -> float:
@@ -201,3 +209,39 @@ def test_a_stream_continues_on_another_decode_worker_or_ends_with_a_clean_error(
         two.stop()
         one.stop()
         own.stop()
+
+
+def test_a_chat_cut_right_after_a_blank_line_goes_on_from_the_answers_own_tokens(pd_workers, tmp_path):
+    from runtime.server.launch import RuntimeProcess
+    from tests.cutting_proxy import CuttingProxy
+
+    name, real = pd_workers.model_name, pd_workers.decode.base_url
+    ref = httpx.post(f"{real}/v1/chat/completions", timeout=300,
+                     json={**LINES, "model": name}).json()["choices"][0]["message"]["content"]
+    assert "\n\n" in ref.rstrip("\n"), ref  # a blank line inside the answer to cut after
+
+    async def stream(url: str) -> tuple[str, int, bool, list[dict]]:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(STREAM_BOUND_S)) as client:
+            resp, lines = await _open(client, url, name, LINES)
+            try:
+                return await asyncio.wait_for(_read(lines, None), STREAM_BOUND_S)
+            finally:
+                await resp.aclose()
+
+    with CuttingProxy(real, cut_after="\n\n") as proxy:
+        rt = RuntimeProcess(name, prefill_urls=[], decode_urls=[proxy.url, real], log_path=tmp_path / "runtime.log")
+        try:
+            rt.start()
+            rt.wait_ready(300)
+            for _ in range(2):  # round robin: one of two streams in a row starts behind the proxy
+                text, _, done, errors = asyncio.run(stream(rt.url))
+                if proxy.cuts:
+                    break
+            assert len(proxy.cuts) == 1 and proxy.cuts[0].endswith("\n\n"), proxy.cuts
+            assert done and errors == [], errors
+            assert text == ref  # greedy: the uninterrupted answer, from the tokens it was made of
+            log = (tmp_path / "runtime.log").read_text()
+            assert "(from the token ids sent, as a completion" in log, log[-3000:]
+            assert sample_sum(httpx.get(f"{rt.url}/metrics", timeout=10).text, "pdserve_migrations_total") == 1
+        finally:
+            rt.stop()

@@ -121,6 +121,55 @@ def test_a_continuation_chunk_drops_its_prompt_fields_and_shifts_its_text_offset
     assert continuation_chunk(plain, 20) is False and plain == {"id": "x", "choices": [{"index": 0, "text": " owl"}]}
 
 
+def test_a_chat_continuation_as_a_completion_keeps_sampling_and_drops_what_rendered_the_prompt():
+    from runtime.server.migration import chat_as_completion
+
+    cont = continuation_body(CHAT, {
+        "model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "stream": True,
+        "max_completion_tokens": 10, "max_tokens": 99, "temperature": 0, "top_k": 3, "stop": ["."],
+        "chat_template_kwargs": {"x": 1}, "tools": [{"type": "function"}], "tool_choice": "none",
+        "return_token_ids": True, "logprobs": False, "include_reasoning": True}, "Hello", 2)
+    out = chat_as_completion(cont, [1, 2, 3], None)
+    assert out == {"model": "m", "stream": True, "temperature": 0, "top_k": 3, "stop": ["."],
+                   "return_token_ids": True, "prompt": [1, 2, 3], "max_tokens": 8}  # max_completion_tokens first
+    assert chat_as_completion({**cont, "max_completion_tokens": None, "max_tokens": None}, [1, 2, 3], 10)[
+        "max_tokens"] == 7  # no budget: the context left
+
+
+@pytest.mark.parametrize("extra, why", [
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "media"),
+    ({"tools": [{"type": "function"}], "tool_choice": "auto"}, "tools"),
+    ({"top_logprobs": 0}, "logprobs"),
+    ({"return_tokens_as_token_ids": True, "mm_hashes": ["a"]}, "mm_hashes, return_tokens_as_token_ids"),
+    ({"max_tokens": None}, "context length is unknown"),
+])
+def test_a_chat_continuation_a_completion_would_change_is_refused_with_its_reason(extra, why):
+    from runtime.server.migration import chat_as_completion
+
+    cont = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **extra}
+    with pytest.raises(NotContinuable, match=why):
+        chat_as_completion(cont, [1, 2], None)
+
+
+def test_a_completion_chunk_is_written_as_vllms_chat_chunk():
+    from runtime.server.migration import completion_as_chat_chunk
+
+    usage = {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
+    token = {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m", "choices": [
+        {"index": 0, "text": " owl", "logprobs": None, "finish_reason": None, "stop_reason": None,
+         "prompt_token_ids": [1, 2], "token_ids": [9]}], "usage": usage}
+    out = completion_as_chat_chunk(token)
+    assert list(out) == ["id", "object", "created", "model", "choices", "usage"]
+    assert out["object"] == "chat.completion.chunk" and out["usage"] == usage
+    assert out["choices"] == [{"index": 0, "delta": {"content": " owl"}, "logprobs": None, "finish_reason": None,
+                               "token_ids": [9]}]  # stop_reason only once finished, as vLLM sets it
+    last = completion_as_chat_chunk({**token, "choices": [{**token["choices"][0], "text": "", "token_ids": None,
+                                                            "finish_reason": "stop", "stop_reason": "."}]})
+    assert last["choices"] == [{"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "stop",
+                                "stop_reason": ".", "token_ids": None}]
+    assert completion_as_chat_chunk({**token, "choices": []})["choices"] == []
+
+
 # --- streams through PDModel: the migrated stream equals the uninterrupted one -------------------------------
 
 pytest.importorskip("kserve")
@@ -397,13 +446,46 @@ class GreedyChat:
     Llama 3.1's template, the text stripped first); the answer goes on after whatever part of it the rendered
     prompt already ends with ("?" once it holds tokens the answer never made). `return_token_ids` puts the
     prompt's ids on the role chunk and each token's id on its chunk (null otherwise, as vLLM writes them;
-    never with `ids` False). `POST /tokenize` renders as a request would. A worker named in `cuts` dies after
-    that many content chunks."""
+    never with `ids` False). `POST /tokenize` renders as a request would; `POST /v1/completions` of token ids
+    goes on the same way after them, streamed as vLLM 0.28 streams a completion; a chat request without
+    `max_tokens` gets the context left of `max_model_len` tokens, which `GET /v1/models` gives the served model
+    "m" (with `card`; else it lists no model). A worker named in `cuts` dies after that many content chunks."""
 
-    def __init__(self, cuts: dict[str, int] | None = None, ids: bool = True, trim: bool = False):
-        self.cuts, self.ids, self.trim = cuts or {}, ids, trim
+    max_model_len = 64
+
+    def __init__(self, cuts: dict[str, int] | None = None, ids: bool = True, trim: bool = False, card: bool = True):
+        self.cuts, self.ids, self.trim, self.card = cuts or {}, ids, trim, card
         self.bodies: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
+        self.completions: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
         self.tokenized: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
+
+    def _pieces(self, prompt_ids: list[int], max_tokens: int) -> list[str]:
+        head = [_token_id(p) for p in _tokenize(PROMPT)] + [HEADER]
+        reference = head + [_token_id(p) for p in ANSWER]
+        done = next((i for i in range(len(ANSWER) + 1) if prompt_ids == reference[:len(head) + i]), None)
+        # a prompt that is no prefix of the answer's tokens: greedy decoding goes elsewhere
+        return (ANSWER[done:] if done is not None else ["?"] * len(ANSWER))[:max_tokens]
+
+    def _completion(self, host: str, body: dict) -> httpx.Response:
+        self.completions[host].append(body)
+        prompt_ids = body["prompt"]
+        assert isinstance(prompt_ids, list), prompt_ids
+        pieces = self._pieces(prompt_ids, body["max_tokens"])
+        ids = self.ids and body.get("return_token_ids")
+        out = []
+        for n, piece in enumerate(pieces, 1):
+            finish = ("length" if len(pieces) == body["max_tokens"] else "stop") if n == len(pieces) else None
+            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                      "prompt_token_ids": prompt_ids if ids and n == 1 else None,
+                      "token_ids": [_token_id(piece)] if ids else None}
+            usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
+            out.append(_event({"id": "cmpl-" + host, "object": "text_completion", "created": 1_700_000_001,
+                               "model": "m", "choices": [choice], "usage": usage}))
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(pieces),
+                 "total_tokens": len(prompt_ids) + len(pieces)}
+        out.append(_event({"id": "cmpl-" + host, "object": "text_completion", "created": 1_700_000_001,
+                           "model": "m", "choices": [], "usage": usage}))
+        return httpx.Response(200, content=b"".join(out + [b"data: [DONE]\n\n"]))
 
     def render(self, body: dict) -> list[int]:
         user, *rest = body["messages"]
@@ -414,26 +496,32 @@ class GreedyChat:
         return ids
 
     def handler(self, req: httpx.Request) -> httpx.Response:
-        host, body = req.url.host, json.loads(req.content)
+        host = req.url.host
+        if req.url.path == "/v1/models":
+            card = {"id": "m", "object": "model", "max_model_len": self.max_model_len}
+            return httpx.Response(200, json={"object": "list", "data": [card] if self.card else []})
+        body = json.loads(req.content)
         if req.url.path == "/tokenize":
             self.tokenized[host].append(body)
             return httpx.Response(200, json={"count": len(self.render(body)), "tokens": self.render(body)})
+        if req.url.path == "/v1/completions":
+            return self._completion(host, body)
         self.bodies[host].append(body)
         prompt_ids = self.render(body)
-        head = [_token_id(p) for p in _tokenize(PROMPT)] + [HEADER]
-        reference = head + [_token_id(p) for p in ANSWER]
-        done = next((i for i in range(len(ANSWER) + 1) if prompt_ids == reference[:len(head) + i]), None)
-        pieces = (ANSWER[done:] if done is not None else ["?"] * len(ANSWER))[:body["max_tokens"]]
+        # a chat request without a budget gets the context left after its prompt, as vLLM grants it
+        budget = body.get("max_tokens") or self.max_model_len - len(prompt_ids)
+        pieces = self._pieces(prompt_ids, budget)
         ids = self.ids and body.get("return_token_ids")
         base = {"id": "chatcmpl-" + host, "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "m"}
         out = [_event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}],
                        "prompt_token_ids": prompt_ids if ids else None})]
         for n, piece in enumerate(pieces, 1):
-            finish = ("length" if len(pieces) == body["max_tokens"] else "stop") if n == len(pieces) else None
-            out.append(_event({**base, "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None,
-                                                    "finish_reason": finish,
-                                                    "token_ids": [_token_id(piece)] if ids else None}]}))
+            finish = ("length" if len(pieces) == budget else "stop") if n == len(pieces) else None
+            # vLLM 0.28 writes stop_reason on the finishing chunk only (ChatCompletionResponseStreamChoice)
+            choice = {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish,
+                      **({"stop_reason": None} if finish else {}), "token_ids": [_token_id(piece)] if ids else None}
+            out.append(_event({**base, "choices": [choice]}))
         if host in self.cuts:
             return httpx.Response(200, stream=_DyingStream(out[:1 + self.cuts[host]]))
         return httpx.Response(200, content=b"".join(out + [b"data: [DONE]\n\n"]))
@@ -470,16 +558,45 @@ async def test_a_chat_continuation_the_next_worker_renders_into_the_same_tokens_
     assert w.bodies["d1"][0]["messages"][-1] == {"role": "assistant", "content": "".join(ANSWER[:4])}
 
 
+@pytest.mark.parametrize("client_ids", [False, True])
 @pytest.mark.parametrize("cut, trim", [(8, False), (7, True)], ids=["newline-merges", "template-trims"])
-async def test_a_chat_continuation_that_renders_into_other_tokens_ends_with_an_error_that_says_why(cut, trim):
+async def test_a_chat_continuation_that_renders_into_other_tokens_goes_on_as_a_completion_of_the_ids(
+        cut, trim, client_ids):
     # after "\nWho" the text tokenizes into one token where the answer made two; a template that trims the
-    # message drops the "\n" sent: either way the continuation would go on from other tokens
+    # message drops the "\n" sent: either way a chat continuation would go on from other tokens, so the next
+    # worker gets a completion of the very ids, and the client the uninterrupted chat chunks
+    reference = await _chat(GreedyChat(trim=trim), max_tokens=11, return_token_ids=client_ids)
     w = GreedyChat({"d0": cut}, trim=trim)
-    chunks = await _chat(w, max_tokens=11)
-    assert _content(chunks[:-1]) == "".join(ANSWER[:cut])
+    assert await _chat(w, max_tokens=11, return_token_ids=client_ids) == reference
+    assert len(w.tokenized["d1"]) == 1 and w.bodies["d1"] == []  # checked, then not sent as chat
+    (sent,) = w.completions["d1"]
+    head = [_token_id(p) for p in _tokenize(PROMPT)] + [HEADER]
+    assert sent["prompt"] == head + [_token_id(p) for p in ANSWER[:cut]] and sent["max_tokens"] == 11 - cut
+    assert "messages" not in sent and sent["temperature"] == 0 and sent["return_token_ids"] is True
+
+
+async def test_a_chat_without_a_budget_goes_on_as_a_completion_with_the_context_left():
+    reference = await _chat(GreedyChat())
+    assert _content(reference) == "".join(ANSWER)
+    w = GreedyChat({"d0": 8})
+    assert await _chat(w) == reference
+    (sent,) = w.completions["d1"]  # the chat default, not the completions API's 16
+    assert sent["max_tokens"] == 64 - len(sent["prompt"])
+
+
+@pytest.mark.parametrize("fields, card, why", [
+    ({"max_tokens": 11, "logprobs": True, "top_logprobs": 1}, True, "logprobs"),
+    ({"max_tokens": 11, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, True, "tools"),
+    ({}, False, "context length is unknown"),
+], ids=["logprobs", "tools", "no-budget-no-context"])
+async def test_a_chat_continuation_a_completion_cannot_carry_ends_with_an_error_that_says_why(fields, card, why):
+    w = GreedyChat({"d0": 8}, card=card)
+    chunks = await _chat(w, **fields)
+    assert _content(chunks[:-1]) == "".join(ANSWER[:8])
     err = chunks[-1]["error"]
-    assert "renders or tokenizes otherwise" in err["message"] and "cannot continue on another worker" in err["message"]
-    assert len(w.tokenized["d1"]) == 1 and w.bodies["d1"] == []
+    assert "renders or tokenizes otherwise" in err["message"] and why in err["message"]
+    assert "cannot continue on another worker" in err["message"]
+    assert len(w.tokenized["d1"]) == 1 and w.bodies["d1"] == [] and w.completions["d1"] == []
 
 
 async def test_a_chat_stream_whose_worker_returns_no_ids_continues_unchecked():
