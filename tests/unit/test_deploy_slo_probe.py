@@ -14,7 +14,36 @@ from runtime.config import SloSpec
 from runtime.deploy.slo_probe import MalformedChunk, delta_content, probe
 
 
-def sse_server(first_delay_s: float, gap_s: float, tokens: int, fail_every: int = 0):
+class StepClock:
+    """The probe's clock, moved by the stand-in server: it sets the time a chunk is sent, writes the chunk and
+    waits until the probe has read the clock for it. The probe's TTFT and ITL are then those the test sets,
+    however long the machine pauses either thread (a real clock reads every pause of the probe as latency)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.reads = 0
+        self.cond = threading.Condition()
+
+    def __call__(self) -> float:
+        with self.cond:
+            self.reads += 1
+            self.cond.notify_all()
+            return self.now
+
+    def advance(self, s: float) -> int:
+        """Move the time on by `s` seconds; the count of reads so far, for `wait_read`."""
+        with self.cond:
+            self.now += s
+            return self.reads
+
+    def wait_read(self, reads_before: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.reads > reads_before, timeout=30), "the probe did not read"
+
+
+def sse_server(first_delay_s: float, gap_s: float, tokens: int, fail_every: int = 0,
+               clock: StepClock | None = None):
+    """A chat-completions SSE stand-in; with `clock`, its delays move `clock` instead of passing for real."""
     calls = {"n": 0, "bodies": []}
 
     class H(BaseHTTPRequestHandler):
@@ -33,13 +62,14 @@ def sse_server(first_delay_s: float, gap_s: float, tokens: int, fail_every: int 
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            time.sleep(first_delay_s)
             for i in range(tokens):
-                if i:
-                    time.sleep(gap_s)
+                delay_s = gap_s if i else first_delay_s
+                reads = clock.advance(delay_s) if clock else time.sleep(delay_s)
                 chunk = {"choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
+                if clock:
+                    clock.wait_read(reads)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
@@ -59,13 +89,19 @@ def server(request):
     t.join(timeout=5)
 
 
-@pytest.mark.parametrize("server", [(0.15, 0.03, 6)], indirect=True)
-def test_probe_measures_ttft_and_itl_from_the_stream(server):
-    url, calls = server
-    res = probe(url, model="smollm2", prompts=["a", "b", "c"], max_tokens=6)
+def test_probe_measures_ttft_and_itl_from_the_stream():
+    clock = StepClock()
+    srv, t, calls = sse_server(0.15, 0.03, 6, clock=clock)
+    try:
+        res = probe(f"http://127.0.0.1:{srv.server_address[1]}", model="smollm2", prompts=["a", "b", "c"],
+                    max_tokens=6, clock=clock)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
     assert res.num_requests == 3 and res.num_errors == 0
-    assert 150 <= res.ttft_p90_ms < 150 + 400
-    assert 30 * 0.8 <= res.itl_p90_ms < 30 + 200
+    assert res.ttft_p90_ms == pytest.approx(150)
+    assert res.itl_p90_ms == pytest.approx(30)
     path, body = calls["bodies"][0]
     assert path == "/openai/v1/chat/completions"
     assert body["stream"] is True and body["model"] == "smollm2" and body["max_tokens"] == 6
@@ -140,11 +176,16 @@ def test_chunks_without_content_are_valid_but_carry_no_token():
         delta_content({"choices": [None]})
 
 
-@pytest.mark.parametrize("server", [(0.0, 0.0, 1)], indirect=True)
-def test_single_chunk_responses_leave_itl_unmeasured_and_fail_the_verdict(server):
-    url, _ = server
-    res = probe(url, model="m", prompts=["a", "b"])
-    assert res.num_errors == 0 and res.ttft_p90_ms < 2000
+def test_single_chunk_responses_leave_itl_unmeasured_and_fail_the_verdict():
+    clock = StepClock()
+    srv, t, _ = sse_server(0.5, 0.0, 1, clock=clock)
+    try:
+        res = probe(f"http://127.0.0.1:{srv.server_address[1]}", model="m", prompts=["a", "b"], clock=clock)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
+    assert res.num_errors == 0 and res.ttft_p90_ms == pytest.approx(500)
     assert res.itl_p90_ms is None
     ok, why = res.verdict(SloSpec(ttft_p90_ms=2000, itl_p90_ms=500))
     assert not ok and why.startswith("ITL was not measured: no probe request streamed two or more content chunks")

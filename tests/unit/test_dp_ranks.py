@@ -165,8 +165,11 @@ async def test_the_engine_load_loop_reads_a_dp_workers_gauges_per_engine():
     assert pairing.dp_size_of("http://10.0.1.1:8000") == 2 and pairing.dp_size_of("http://10.0.0.1:8000") == 1
     assert await read_engine_load(page, "http://10.0.1.1:8000", 1.0, dp_size=2) == {0: 3.0, 1: 1.0}
     assert await read_engine_load(page, "http://10.0.1.1:8000", 1.0) == 4.0  # one engine's worth: the sum
+    from tests.unit.test_server_engine_load import _spy_engine_load
+
+    applied = _spy_engine_load(pairing, {"http://10.0.1.1:8000"})
     task = asyncio.create_task(engine_load_loop(pairing, page, interval_s=0.01))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(applied.wait(), 10)  # a round has passed the DP worker's loads on
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     loads = pairing.router.workers

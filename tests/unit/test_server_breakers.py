@@ -104,12 +104,16 @@ async def test_one_failed_or_slow_check_does_not_take_a_worker_out():
 
 
 async def test_a_worker_far_slower_than_its_peers_is_taken_out():
-    p = _router_pairing(3)
-    b = WorkerBreakers(p, OverloadSpec(breaker_failures=2, breaker_latency_floor_s=0.2, breaker_latency_factor=5))
+    p, clock = _router_pairing(3), Clock()
+    b = WorkerBreakers(p, OverloadSpec(breaker_failures=2, breaker_latency_floor_s=0.2, breaker_latency_factor=5),
+                       clock=clock)
 
     async def check(url: str) -> bool:
         if url.endswith("9002"):
-            await asyncio.sleep(0.6)
+            # answers 0.6 s later by the breakers' clock, after its peers' checks (concurrent, answered at
+            # once) have ended: a pause of this process lengthens no check
+            await asyncio.sleep(0)
+            clock.now += 0.6
         return True
 
     for _ in range(4):  # windows fill (3 checks), then two slow checks in a row

@@ -89,8 +89,9 @@ async def test_the_loop_reads_every_decode_worker_and_unreadable_pages_count_as_
 
     assert await read_engine_load(page, "http://d0", 1.0) == 3
     assert await read_engine_load(page, "http://d1", 1.0) is None
+    applied = _spy_engine_load(pairing, {"http://d0", "http://d1"})
     task = asyncio.create_task(engine_load_loop(pairing, page, interval_s=0.01))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(applied.wait(), 10)  # a round has passed its loads on
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert {"http://d0", "http://d1"} <= set(read) and "http://p0" not in read
@@ -123,6 +124,20 @@ def test_a_gauge_no_engine_can_report_counts_for_nothing_in_the_traffic_share(ba
 _INF_PAGE = 'vllm:num_requests_running{model_name="m"} +Inf\nvllm:num_requests_waiting{model_name="m"} 0\n'
 _NAN_PAGE = 'vllm:num_requests_running{model_name="m"} NaN\nvllm:num_requests_waiting{model_name="m"} 1\n'
 _THREE = 'vllm:num_requests_running{model_name="m"} 2\nvllm:num_requests_waiting{model_name="m"} 1\n'
+
+
+def _spy_engine_load(pairing, urls: set[str]) -> asyncio.Event:
+    """An event set once `pairing.set_engine_load` has been called for every one of `urls` (the call made)."""
+    applied, seen, set_engine_load = asyncio.Event(), set(), pairing.set_engine_load
+
+    def spy(url, load):
+        set_engine_load(url, load)
+        seen.add(url)
+        if urls <= seen:
+            applied.set()
+
+    pairing.set_engine_load = spy
+    return applied
 
 
 async def _run_rounds(pairing, page, rounds_done: asyncio.Event) -> asyncio.Task:

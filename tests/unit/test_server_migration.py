@@ -665,13 +665,19 @@ async def test_a_slow_worker_is_not_failed_over():
 
 # --- a worker judged down (its breaker opened) holding calls that receive nothing: real loopback servers ---------
 
+# The silence bound and stall window of the tests below that must tell a live stream from a silent one: longer
+# than any pause a loaded machine gives this process (the stand-in workers run in it too, so a pause silences a
+# producing stream for as long), and the stand-ins' gaps are set from it.
+STALL_S = 2.5
+
 
 class LoopbackWorkers:
     """Raw HTTP workers on 127.0.0.1 (`asyncio.start_server`), each in its `mode`: "ok" streams (or answers
     whole) `max_tokens` words "w{k} " (k from the number of such words in the prompt, so a continuation goes on
     where the text sent ends); "hang" reads the request and never answers; "stall" streams 2 words, then
-    nothing; "slow" streams a word every 0.05 s; "slower" a word every 0.2 s; "queued" sends a stream's head at
-    once and its first word 1 s later (a queue wait), then the rest at once; "prefill" answers a prefill leg with
+    nothing; "slow" streams a word every STALL_S / 5 s; "slower" a word every STALL_S / 4 s; "queued" sends a
+    stream's head at once and its first word STALL_S + 1 s later (a queue wait), then the rest at once; "prefill"
+    answers a prefill leg with
     `KV`. A GET (a health check) is answered 200 in every mode. `bodies` records each worker's POSTs."""
 
     def __init__(self, **modes: str):
@@ -735,9 +741,9 @@ class LoopbackWorkers:
                     if mode == "stall" and i == 2:
                         await asyncio.sleep(60)
                     if mode == "slow":
-                        await asyncio.sleep(0.05)
+                        await asyncio.sleep(STALL_S / 5)
                     if mode == "slower" or (mode == "queued" and i == 0):
-                        await asyncio.sleep(0.2 if mode == "slower" else 1.0)
+                        await asyncio.sleep(STALL_S / 4 if mode == "slower" else STALL_S + 1.0)
                     last = i == len(words) - 1
                     event = b"data: " + json.dumps({"id": f"id-{name}", "object": "text_completion", "created": 1,
                                                     "model": "m", "choices": [{"index": 0, "text": word,
@@ -771,6 +777,17 @@ def _loopback_model(w: LoopbackWorkers, prefill: list[str] = (), **kw):
     return model, reg
 
 
+async def _until(cond, timeout_s: float = 10.0) -> None:
+    """Wait (polling every 10 ms) until `cond()` is true; AssertionError after `timeout_s`."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
 async def _judge_down(model, url: str) -> None:
     for _ in range(model.overload.breaker_failures):
         model.breakers.record_check(url, False)
@@ -801,7 +818,8 @@ async def test_calls_silent_on_a_worker_judged_down_move_to_another(mode, stream
         model.breakers.silent_s = 0.3
         try:
             task = asyncio.create_task(_serve_text(model, stream))
-            await asyncio.sleep(0.5)
+            await _until(lambda: w.bodies["d0"])
+            await asyncio.sleep(0.5)  # silent for longer than the bound (a pause only lengthens it)
             assert len(w.bodies["d0"]) == 1 and not task.done()
             await _judge_down(model, w.urls["d0"])
             assert await asyncio.wait_for(task, 5) == "w0 w1 w2 w3 w4 w5 "
@@ -817,15 +835,15 @@ async def test_a_stream_still_producing_on_a_worker_judged_down_is_not_cut():
 
     async with LoopbackWorkers(d0="slow", d1="ok") as w:
         model, reg = _loopback_model(w)
-        model.breakers.silent_s = 0.3
+        model.breakers.silent_s = STALL_S
         try:
             task = asyncio.create_task(_serve_text(model, True))
-            await asyncio.sleep(0.15)
+            await _until(lambda: w.bodies["d0"])
             await _judge_down(model, w.urls["d0"])
-            for _ in range(3):
+            while not task.done():  # the stream lasts longer than the bound: silence counts from the last word
                 await asyncio.sleep(0.1)
                 model._abandon_silent(w.urls["d0"], model.breakers.silent_s)  # as each check round does
-            assert await asyncio.wait_for(task, 5) == "w0 w1 w2 w3 w4 w5 "
+            assert await asyncio.wait_for(task, 30) == "w0 w1 w2 w3 w4 w5 "
         finally:
             await model.aclose()
     assert w.bodies["d1"] == [] and not reg.get_sample_value("pdserve_migrations_total")
@@ -840,15 +858,16 @@ async def _check_rounds(model, interval_s: float = 0.05) -> None:
 
 @pytest.mark.parametrize("mode", ["queued", "slower"], ids=["first-token-after-the-window", "slow-stream"])
 async def test_a_live_worker_is_not_stalled_by_a_queue_wait_or_slow_tokens(mode):
-    """Check rounds with a stall window of 0.5 s: d0's stream waits 1 s for its first word (queued in the engine),
-    or gets a word every 0.2 s: neither is a stall, so d0 stays in rotation and serves the whole answer."""
+    """Check rounds with a stall window of STALL_S: d0's stream waits 1 s longer for its first word (queued in
+    the engine), or gets a word every STALL_S / 4: neither is a stall, so d0 stays in rotation and serves the
+    whole answer."""
     import asyncio
 
     from runtime.config import OverloadSpec
     from runtime.router.breaker import BreakerState
 
     async with LoopbackWorkers(d0=mode, d1="ok") as w:
-        model, reg = _loopback_model(w, overload=OverloadSpec(breaker_stall_s=0.5))
+        model, reg = _loopback_model(w, overload=OverloadSpec(breaker_stall_s=STALL_S))
         checks = asyncio.create_task(_check_rounds(model))
         try:
             task = asyncio.create_task(_serve_text(model, True))
@@ -943,11 +962,12 @@ async def test_the_kv_lease_retry_avoids_a_decode_worker_judged_down():
     import asyncio
 
     async with LoopbackWorkers(p="prefill", d0="hang", d1="ok") as w:
-        model, reg = _loopback_model(w, prefill=["p"], kv_lease_s=1.5, kv_lease_margin_s=0.5)
+        # the lease's deadline (2.5 s after the handoff) leaves room for a pause before d0 is judged down
+        model, reg = _loopback_model(w, prefill=["p"], kv_lease_s=3.0, kv_lease_margin_s=0.5)
         model.breakers.silent_s = 100.0
         try:
             task = asyncio.create_task(_serve_text(model, True))
-            await asyncio.sleep(0.3)
+            await _until(lambda: w.bodies["d0"])
             assert len(w.bodies["d0"]) == 1
             await _judge_down(model, w.urls["d0"])
             assert await asyncio.wait_for(task, 5) == "w0 w1 w2 w3 w4 w5 "

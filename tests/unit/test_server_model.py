@@ -480,21 +480,27 @@ async def test_requests_refused_while_not_ready_and_clients_gone_during_tokeniza
     stats = window.drain()
     assert stats.num_requests == 5 and len(stats.prompt_arrivals) == 5
 
-    class SlowTokenizer:
-        def token_ids(self, path, body):
-            import time
+    import threading
 
-            time.sleep(0.3)  # a long chat template
+    entered, go, left = threading.Event(), threading.Event(), threading.Event()
+
+    class SlowTokenizer:  # a long chat template: it ends when the test says, after the client has left
+        def token_ids(self, path, body):
+            entered.set()
+            go.wait(10.0)
+            left.set()
             return [1, 2, 3]
 
     model.tokenizer = SlowTokenizer()
     task = asyncio.create_task(model.create_chat_completion(_request()))
-    await asyncio.sleep(0.05)
+    while not entered.is_set():
+        await asyncio.sleep(0.01)
     task.cancel()  # the client left while its prompt was tokenized
     with pytest.raises(asyncio.CancelledError):
         await task
     assert window.drain().num_requests == 1
-    await asyncio.sleep(0.3)  # the tokenizer's thread ends
+    go.set()
+    assert await asyncio.to_thread(left.wait, 10.0)  # the tokenizer's thread ends
 
 
 @pytest.mark.parametrize("body", [
