@@ -864,8 +864,6 @@ class PDModel(OpenAIGenerativeModel):
             except _StreamFailedEarly as early:
                 return _backend_error_response(early.exc)
             return _Prepended(first, gen)
-        if prefill_done_s is not None:  # a non-streamed answer's first token: its remote prefill's
-            self._observe_first_token(prefill_done_s)
         first_token = asyncio.Event()
         nudger = self._start_nudger(route, kv, first_token)
         try:
@@ -905,6 +903,8 @@ class PDModel(OpenAIGenerativeModel):
         # no token before the whole answer, so neither the prefill's time (remote) nor the whole request's
         # (local) is the TTFT the SLO means, and each would skew it differently (runtime.server.metrics).
         ttft_s = prefill_done_s if (kv is not None and prefill_done_s is not None) else None
+        if ttft_s is not None:  # the planner's first token: the remote prefill's, of an answer its client got
+            self._observe_first_token(ttft_s)
         num_out = (answer.get("usage") or {}).get("completion_tokens") or 0
         if num_out > 1 and ttft_s is not None:
             self.metrics.child(self.metrics.itl, endpoint, mode).observe((total_s - ttft_s) / (num_out - 1))

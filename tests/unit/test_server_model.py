@@ -587,3 +587,24 @@ async def test_a_request_queued_for_its_tokenizer_is_already_an_arrival_and_gets
     await model.create_chat_completion(_request())
     stats = window.drain()
     assert stats.num_requests == 1 and stats.mean_isl_tokens == 123
+
+
+async def test_a_remote_prefill_whose_answer_never_reaches_its_client_gives_the_window_no_first_token():
+    """A non-streamed answer's first token is its remote prefill's, once the client has the answer: a decode leg
+    that fails leaves the planner's window without a TTFT sample (the client saw no token), though the request
+    arrived."""
+    from runtime.server.planner_loop import RequestWindow
+
+    window = RequestWindow()
+    w = FakeWorkers(decode_status=400)
+    transport = httpx.MockTransport(w.handler)
+    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
+                    metrics=RuntimeMetrics(CollectorRegistry()),
+                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    assert isinstance(await model.create_chat_completion(_request()), ErrorResponse)
+    assert [c[0] for c in w.calls] == ["prefill", "decode"]  # the prefill answered; the decode leg failed
+    stats = window.drain()
+    assert stats.num_requests == 1 and (stats.ttft_p90_s, stats.ttft_mean_s) == (None, None)
+    w.decode_status = 200
+    await model.create_chat_completion(_request())
+    assert window.drain().ttft_mean_s is not None  # answered: its prefill's first token
