@@ -26,11 +26,23 @@ from runtime.staging.transfer import JOURNAL_DIR
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
 OPTS = {"part_size_bytes": 256 * 1024, "concurrency": 2, "read_chunk_bytes": 64 * 1024}
+# PART_DELAY_S: each part the child fetches takes this much longer, so its transfer lasts seconds (six ranged
+# GETs, two at a time: the stager raises a range to the 5 MiB upload part) and a kill meant for mid-transfer
+# lands there even when this test's process is paused for a second or more on a loaded machine (loopback
+# alone moves the whole model in under a second).
+PART_DELAY_S = 1.0
 CHILD = """
-import json, sys
+import json, sys, time
 from pathlib import Path
+from runtime.staging import transfer
 from runtime.staging.s3 import make_client
 from runtime.staging.stage import stage_model
+_fetch_part = transfer.TransferEngine._fetch_part
+def _slow_fetch_part(self, fs, idx):
+    out = _fetch_part(self, fs, idx)
+    time.sleep(float(sys.argv[4]))
+    return out
+transfer.TransferEngine._fetch_part = _slow_fetch_part
 client = make_client()  # imports boto3: keep start-up out of the kill window
 print("START", flush=True)
 stage_model(sys.argv[1], Path(sys.argv[2]), s3_client=client, progress=False, **json.loads(sys.argv[3]))
@@ -78,7 +90,7 @@ def _start_child(s3_server, uri: str, dest: Path) -> subprocess.Popen:  # noqa: 
 
     env = {**os.environ, **s3_server.env, "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, uri, str(dest), json.dumps(OPTS)],
+        [sys.executable, "-c", CHILD, uri, str(dest), json.dumps(OPTS), str(PART_DELAY_S)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT, text=True,
     )
 
@@ -111,9 +123,15 @@ def _wait_for_journaled_part(dest: Path, proc: subprocess.Popen, timeout_s: floa
 def test_kill9_at_random_points_always_resumes_to_a_verified_model(s3_server, source, tmp_path) -> None:  # noqa: ANN001
     uri, digests = source
     client = s3_server.client()
-    t0 = time.monotonic()
-    Stager(uri, tmp_path / "calibrate", s3_client=client, options=StageOptions(**OPTS)).run()
-    transfer_s = time.monotonic() - t0
+    # the random kills below span a child's whole run, publishing included: time one from its START
+    proc = _start_child(s3_server, uri, tmp_path / "calibrate")
+    try:
+        assert proc.stdout.readline().strip() == "START"
+        t0 = time.monotonic()
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+        transfer_s = time.monotonic() - t0
+    finally:
+        _stop(proc)
     rng = random.Random(20261130)
     resumed_runs = 0
     for run in range(10):
