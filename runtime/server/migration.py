@@ -152,7 +152,7 @@ def chat_as_completion(continuation: dict[str, Any], token_ids: list[int], max_m
             calls), a message with other content than text (the completion would lack its media), a field this
             function does not know, or no budget and no `max_model_len`.
     """
-    if flag(continuation.get("logprobs")) or continuation.get("top_logprobs") is not None:
+    if flag(continuation.get("logprobs")):  # without it vLLM reads no top_logprobs
         raise NotContinuable("logprobs: a completion writes them in another form than a chat answer")
     if continuation.get("tools") and continuation.get("tool_choice") != "none":
         raise NotContinuable("tools the model may call: a completion's text is not parsed for tool calls")
@@ -180,7 +180,9 @@ def completion_as_chat_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
     """A completions stream's `chunk` (a `chat_as_completion` request's) written as vLLM 0.28 writes a chat
     stream's (`ChatCompletionStreamResponse`, `exclude_unset`): each choice's text as `delta.content`, its
     `finish_reason`, `stop_reason` once finished, `token_ids`; logprobs null (refused); the prompt's ids left
-    out (the client had the chat prompt's on the first chunk). Members in vLLM's order. Pure."""
+    out (the client had the chat prompt's on the first chunk); a chunk with choices has a running usage's
+    `completion_tokens_details` (null where the completion has none: the chat stream sets it on every such
+    chunk, the completions stream never). Members in vLLM's order. Pure."""
     out: dict[str, Any] = {k: chunk[k] for k in ("id",) if k in chunk}
     out["object"] = "chat.completion.chunk"
     out.update({k: chunk[k] for k in ("created", "model") if k in chunk})
@@ -197,6 +199,9 @@ def completion_as_chat_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
     out["choices"] = choices
     out.update({k: v for k, v in chunk.items() if k not in ("id", "object", "created", "model", "choices")
                 and k not in _PROMPT_FIELDS})
+    usage = out.get("usage")
+    if choices and isinstance(usage, dict) and "completion_tokens_details" not in usage:
+        out["usage"] = {**usage, "completion_tokens_details": None}
     return out
 
 

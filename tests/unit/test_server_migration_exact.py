@@ -128,7 +128,7 @@ def test_a_chat_continuation_as_a_completion_keeps_sampling_and_drops_what_rende
         "model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "stream": True,
         "max_completion_tokens": 10, "max_tokens": 99, "temperature": 0, "top_k": 3, "stop": ["."],
         "chat_template_kwargs": {"x": 1}, "tools": [{"type": "function"}], "tool_choice": "none",
-        "return_token_ids": True, "logprobs": False, "include_reasoning": True}, "Hello", 2)
+        "return_token_ids": True, "logprobs": False, "top_logprobs": 0, "include_reasoning": True}, "Hello", 2)
     out = chat_as_completion(cont, [1, 2, 3], None)
     assert out == {"model": "m", "stream": True, "temperature": 0, "top_k": 3, "stop": ["."],
                    "return_token_ids": True, "prompt": [1, 2, 3], "max_tokens": 8}  # max_completion_tokens first
@@ -139,7 +139,7 @@ def test_a_chat_continuation_as_a_completion_keeps_sampling_and_drops_what_rende
 @pytest.mark.parametrize("extra, why", [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "media"),
     ({"tools": [{"type": "function"}], "tool_choice": "auto"}, "tools"),
-    ({"top_logprobs": 0}, "logprobs"),
+    ({"logprobs": "true", "top_logprobs": 0}, "logprobs"),
     ({"return_tokens_as_token_ids": True, "mm_hashes": ["a"]}, "mm_hashes, return_tokens_as_token_ids"),
     ({"max_tokens": None}, "context length is unknown"),
 ])
@@ -160,14 +160,16 @@ def test_a_completion_chunk_is_written_as_vllms_chat_chunk():
          "prompt_token_ids": [1, 2], "token_ids": [9]}], "usage": usage}
     out = completion_as_chat_chunk(token)
     assert list(out) == ["id", "object", "created", "model", "choices", "usage"]
-    assert out["object"] == "chat.completion.chunk" and out["usage"] == usage
+    # a running usage as the chat stream writes it: completion_tokens_details set, null without details
+    assert out["object"] == "chat.completion.chunk" and out["usage"] == {**usage, "completion_tokens_details": None}
     assert out["choices"] == [{"index": 0, "delta": {"content": " owl"}, "logprobs": None, "finish_reason": None,
                                "token_ids": [9]}]  # stop_reason only once finished, as vLLM sets it
     last = completion_as_chat_chunk({**token, "choices": [{**token["choices"][0], "text": "", "token_ids": None,
                                                             "finish_reason": "stop", "stop_reason": "."}]})
     assert last["choices"] == [{"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "stop",
                                 "stop_reason": ".", "token_ids": None}]
-    assert completion_as_chat_chunk({**token, "choices": []})["choices"] == []
+    final = completion_as_chat_chunk({**token, "choices": []})  # the usage-only chunk: vLLM drops nulls there
+    assert final["choices"] == [] and final["usage"] == usage
 
 
 # --- streams through PDModel: the migrated stream equals the uninterrupted one -------------------------------
