@@ -129,7 +129,9 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     workers' vLLM `--block-size`, spec.engine.block_size_tokens) and `--tokenizer-dir=<tokenizer_dir>`
     (the served model folder: the KServe mount of `pvc://<fsx-claim>/models/<model>`, /mnt/models). It
     subscribes to each discovered worker's KV events at the EndpointSlices' "kv-events" port (and those of its
-    further data-parallel ranks, "kv-events-<r>", each request then naming its rank). With any
+    further data-parallel ranks, "kv-events-<r>", each request then naming its rank). With another policy and a
+    `router.migration_limit` other than the default, `--router-spec={"migration_limit": N}` (the fixed
+    pairing reads that field of it). With any
     `router`, `--prefill-priority=<router.prefill_priority>` (the prefill Deployments' vLLM scheduling
     policy follows the same field, runtime/deploy/workers.py). With `kv_lease_s` (the workers'
     `EngineSpec.kv_lease_s`), `--kv-lease-s`: the runtime bounds its decode legs by the workers' lease.
@@ -152,6 +154,8 @@ def runtime_pool_args(*, model_name: str, namespace: str, prefill_service: str, 
     if router is not None and uses_kv_router(router):
         args += ["--router=kv", f"--router-spec={router.model_dump_json()}",
                  f"--block-size={block_size_tokens}", f"--tokenizer-dir={tokenizer_dir}"]
+    elif router is not None and router.migration_limit != RouterSpec().migration_limit:
+        args.append(f"--router-spec={json.dumps({'migration_limit': router.migration_limit})}")
     if kv_lease_s is not None:
         args.append(f"--kv-lease-s={kv_lease_s}")
     if overload is not None and overload != OverloadSpec():

@@ -7,7 +7,7 @@ its decode worker. Worker addresses come only from these flags.
 `--router kv` replaces the fixed round-robin pairing with the KV-aware router (runtime.router): it needs
 `--tokenizer-dir` (the served model folder) and takes the workers' KV-event endpoints with
 `--prefill-kv-events` / `--decode-kv-events` (repeatable, in the order of the URLs) and the router settings
-as RouterSpec JSON with `--router-spec`.
+as RouterSpec JSON with `--router-spec` (whose `migration_limit` the fixed pairing takes too).
 
 `--planner dry-run|local|kubernetes` runs the SLO planner (runtime.server.planner_runtime) every
 `--planner-interval-s` inside the runtime and exports its gauges (pdserve_planner_*) on /metrics. Its
@@ -196,7 +196,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "CPU). Default: off.")
     p.add_argument("--router", choices=("fixed", "kv"), default="fixed",
                    help="fixed: round-robin pairing; kv: KV-aware router (runtime.router).")
-    p.add_argument("--router-spec", default="{}", help="RouterSpec as JSON (runtime/config.py), for --router kv.")
+    p.add_argument("--router-spec", default="{}",
+                   help="RouterSpec as JSON (runtime/config.py): all of it with --router kv; with the fixed router "
+                        "its migration_limit (decode-worker failovers per request).")
     p.add_argument("--prefill-priority", choices=("length", "fcfs"), default=None,
                    help="length: prefill requests carry vLLM priorities by prompt length (runtime/router/priority.py; "
                         "the prefill workers must run --scheduling-policy priority); fcfs: the client's request as "
@@ -469,12 +471,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from runtime.config import RouterSpec
 
-    router_spec = None
+    try:
+        spec = RouterSpec.model_validate_json(args.router_spec)
+    except ValidationError as exc:
+        sys.exit(f"--router-spec: {exc}")
+    # the KV-aware router reads all of it; the fixed pairing, its migration_limit
+    router_spec = spec if args.router == "kv" else None
     if args.router == "kv":
-        try:
-            router_spec = RouterSpec.model_validate_json(args.router_spec)
-        except ValidationError as exc:
-            sys.exit(f"--router-spec: {exc}")
         if args.tokenizer_dir is None:
             sys.exit("--tokenizer-dir is required with --router kv")
     from runtime.config import OverloadSpec
@@ -521,6 +524,7 @@ def main(argv: list[str] | None = None) -> None:
         http_port=args.http_port,
         timeout_s=args.timeout_s,
         router_spec=router_spec,
+        migration_limit=spec.migration_limit,
         block_size_tokens=args.block_size,
         tokenizer_dir=args.tokenizer_dir,
         prefill_kv_events=args.prefill_kv_events,

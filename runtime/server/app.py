@@ -448,6 +448,7 @@ def serve(
     http_port: int = 8080,
     timeout_s: float = 600.0,
     router_spec: RouterSpec | None = None,
+    migration_limit: int = 1,
     block_size_tokens: int = 16,
     tokenizer_dir: Path | None = None,
     prefill_kv_events: Sequence[str] = (),
@@ -477,7 +478,9 @@ def serve(
 
     With `router_spec` the KV-aware router pairs workers (tokenizing with `tokenizer_dir`, subscribing to the
     given KV-event endpoints); without it the fixed round-robin pairing does, except when the pool changes at
-    run time (`planner["kind"] == "local"`): then a RouterPairing with the `round_robin` policy does.
+    run time (`planner["kind"] == "local"`, or `discovery`): then a RouterPairing with the `round_robin` policy
+    does. `migration_limit`: decode-worker failovers allowed per request without `router_spec` (with it, its
+    own `migration_limit`).
     `planner` holds the keyword arguments of runtime.server.planner_runtime.build_planner (less pairing,
     window, is_healthy); None runs no planner. `discovery` (namespace, prefill_service, decode_service,
     port_name) takes the pools from the Kubernetes EndpointSlices of those Services (in-cluster credentials)
@@ -513,7 +516,7 @@ def serve(
     kv_router = router_spec is not None
     dynamic_pool = discovery is not None or (planner is not None and planner.get("kind") == "local")
     if router_spec is None and dynamic_pool:
-        router_spec = RouterSpec(policy="round_robin", disagg_min_uncached_tokens=0)
+        router_spec = RouterSpec(policy="round_robin", disagg_min_uncached_tokens=0, migration_limit=migration_limit)
         pairing = build_router_pairing(router_spec, block_size_tokens=block_size_tokens,
                                        prefill_urls=[] if discovery else prefill_urls,
                                        decode_urls=[] if discovery else decode_urls)
@@ -552,7 +555,7 @@ def serve(
         shipper.start(traffic_upload_interval_s)
     model = build_model(model_name, prefill_urls=prefill_urls, decode_urls=decode_urls, pairing=pairing,
                         tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
-                        observer=window, prefill_nudge_after_s=prefill_nudge_after_s,
+                        migration_limit=migration_limit, observer=window, prefill_nudge_after_s=prefill_nudge_after_s,
                         prefill_priority=prefill_priority, traffic_log=traffic, kv_lease_s=kv_lease_s,
                         overload=overload, slo_ttft_s=slo_ttft_s)
     planner_rt = None

@@ -8,6 +8,7 @@ spec may ask for many). Every process is started with Popen and stopped through 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -338,6 +339,8 @@ class LocalDeployment:
             for i in range(num_decode)
         ]
         extra: list[str] = ["--prefill-priority", spec.router.prefill_priority]  # as the prefill workers schedule
+        # the fixed pairing reads the router spec's migration_limit (the KV router, all of it: below)
+        extra += ["--router-spec", json.dumps({"migration_limit": spec.router.migration_limit})]
         if router == "kv":
             extra = ["--router", "kv", "--router-spec", spec.router.model_dump_json(),
                      "--block-size", str(spec.engine.block_size_tokens), "--tokenizer-dir", str(self.model_dir)]

@@ -464,6 +464,14 @@ def test_only_cache_and_load_blind_policies_keep_the_fixed_pairing(policy, kv):
     assert "--prefill-priority=length" in args
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "kv_aware"])
+def test_the_migration_limit_reaches_the_runtime_whatever_the_policy(policy):
+    args = find(render(make_spec(router=RouterSpec(policy=policy, migration_limit=3))), "InferenceService", NAME)[
+        "spec"]["predictor"]["model"]["args"]
+    (spec,) = [a.removeprefix("--router-spec=") for a in args if a.startswith("--router-spec=")]
+    assert RouterSpec.model_validate_json(spec).migration_limit == 3
+
+
 def test_fcfs_prefill_priority_reaches_the_workers_and_the_runtime():
     objs = render(make_spec(router=RouterSpec(policy="round_robin", prefill_priority="fcfs")))
     args = find(objs, "InferenceService", NAME)["spec"]["predictor"]["model"]["args"]

@@ -96,6 +96,22 @@ def test_prefill_priority_defaults_to_the_router_spec_and_a_contradiction_is_ref
         main([*kv, "--prefill-priority", "length"])
 
 
+@pytest.mark.parametrize("router", [[], ["--router", "kv"]])
+def test_the_router_specs_migration_limit_reaches_the_runtime_with_either_router(router, tmp_path, monkeypatch):
+    pytest.importorskip("kserve")
+    import runtime.server.app as app
+    from runtime.server.__main__ import main
+
+    served = {}
+    monkeypatch.setattr(app, "serve", lambda name, **kw: served.update(kw))
+    monkeypatch.setattr(sys, "argv", ["runtime.server"])  # main hides its flags from KServe's parser there
+    main([*BASE, *router, "--tokenizer-dir", str(tmp_path), "--router-spec", '{"migration_limit": 3}'])
+    assert served["migration_limit"] == 3
+    assert (served["router_spec"] is not None) is bool(router)
+    with pytest.raises(SystemExit, match="--router-spec"):  # checked with the fixed router too
+        main([*BASE, "--router-spec", '{"migration_limit": -1}'])
+
+
 def test_a_local_planners_deployment_spec_must_agree_with_the_runtimes_prefill_priority(tmp_path):
     from runtime.config import DeploymentSpec, ModelRef, PlannerSpec
     from runtime.server.__main__ import planner_settings, resolve_prefill_priority
