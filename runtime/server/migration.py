@@ -12,20 +12,21 @@ The chat API takes no token ids: a chat continuation of one choice is sent as ch
 goes on from the same tokens too; where the text sent renders or tokenizes otherwise it goes as a completions
 request of those ids (`chat_as_completion`; its chunks written as chat chunks, `completion_as_chat_chunk`), or,
 where a completion would not keep the request's chat meaning (logprobs, tools, media), it is refused.
-A chat request that already continued its final assistant message (`continue_final_message`) goes on inside
-that message. `max_tokens` (and `max_completion_tokens`, and `min_tokens` down to 0) shrink by the tokens
-already sent; a completions request without `max_tokens` had the API's default of 16
-(`COMPLETIONS_DEFAULT_MAX_TOKENS`), which shrinks the same way. A chat request without either has the worker's
-default: the context left after its prompt, which the longer prompt of the continuation shrinks by itself (a
-model whose generation_config.json sets `max_new_tokens` is the exception: vLLM grants each attempt that many). The caller counts the tokens sent from the usage the decode worker sends with every chunk (it
-asks for vLLM's `continuous_usage_stats`): a chunk may hold several tokens (vLLM's API server merges the
-outputs it fell behind on; speculative decoding), so chunks are counted only where a worker sends no usage.
+A chat request that already continued its final assistant message (`continue_final_message`) goes on inside that
+message. `max_tokens` (and `max_completion_tokens`, and `min_tokens` down to 0) shrink by the tokens already sent;
+a completions request without `max_tokens` had the API's default of 16 (`COMPLETIONS_DEFAULT_MAX_TOKENS`), which
+shrinks the same way. A chat request without either has the worker's default: the context left after its prompt,
+which the longer prompt of the continuation shrinks by itself (a model whose generation_config.json sets
+`max_new_tokens` is the exception: vLLM grants each attempt that many). The caller counts the tokens sent from the
+usage the decode worker sends with every chunk (it asks for vLLM's `continuous_usage_stats`): a chunk may hold
+several tokens (vLLM's API server merges the outputs it fell behind on; speculative decoding), so chunks are
+counted only where a worker sends no usage.
 
 Reasoning text (vLLM's `delta.reasoning_content` / `delta.reasoning`) and tool calls (`delta.tool_calls`) are
-generated output too (`choice_has_output`), but a continuation prompt cannot replay them faithfully (chat
-templates drop or re-render reasoning, tool calls are parsed from text the client never saw): a stream that
-sent any of them is not continued (`chunk_progress` reports it not replayable), the caller ends it with an error instead of
-sending the client duplicate reasoning and more than `max_tokens` tokens.
+generated output too (`choice_has_output`), but a continuation prompt cannot replay them faithfully (chat templates
+drop or re-render reasoning, tool calls are parsed from text the client never saw): a stream that sent any of them
+is not continued (`chunk_progress` reports it not replayable), the caller ends it with an error instead of sending
+the client duplicate reasoning and more than `max_tokens` tokens.
 
 A continuation follows the rules of the uninterrupted request: a request whose shape or sampling reads what a
 continuation changes (its output so far, its prompt) is refused (`NotContinuable`, with the reason the client's

@@ -395,7 +395,8 @@ async def test_output_of_tokens_whose_text_was_held_back_is_never_made_twice():
     assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(ANSWER[:9])
 
 
-@pytest.mark.parametrize("last, refused", [([_token_id(" a"), 7], True), ([_token_id(" a"), _token_id(" wisé")], False)],
+@pytest.mark.parametrize("last, refused", [([_token_id(" a"), 7], True),
+                                           ([_token_id(" a"), _token_id(" wisé")], False)],
                          ids=["ends-inside-a-character", "whole-characters"])
 async def test_a_completion_whose_last_chunk_of_several_tokens_ends_inside_a_character_is_refused(last, refused):
     # vLLM merged two tokens into d0's last chunk ("a" and, in the first case, a character's first bytes, held
