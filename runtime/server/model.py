@@ -1320,6 +1320,8 @@ class PDModel(OpenAIGenerativeModel):
                         refusal = None  # the worker answered: no other would have been asked, whatever the shape
                     if cont is not None:
                         new = self._migrate(exc, route, rid, started=started, count=False)
+                        if new is None and _moves(exc, started):
+                            refusal = NO_WORKER_LEFT_REASON
                     else:
                         self._note_answer(route.decode_url, exc)
                         new = None
@@ -1390,6 +1392,11 @@ class PDModel(OpenAIGenerativeModel):
         self.metrics.child(self.metrics.requests, endpoint, mode, status or ("ok" if ok else "error")).inc()
         self.metrics.child(self.metrics.e2e, endpoint, mode).observe(self.clock() - t0)
         self.metrics.child(self.metrics.in_flight, endpoint).dec()
+
+
+#: Why a stream that could move did not: the pairing gave no other decode worker (`Pairing.on_decode_failed`).
+NO_WORKER_LEFT_REASON = ("no other decode worker may take it (its router.migration_limit is used up, or no other "
+                         "decode worker is up)")
 
 
 def _moves(exc: BackendError, started: bool) -> bool:

@@ -163,6 +163,7 @@ async def test_beyond_the_migration_limit_the_stream_ends_with_an_error_event():
     assert events[-1] == "data: [DONE]\n\n"
     last = json.loads(events[-2][6:])
     assert last["error"]["code"] == 502 and "inference worker failed" in last["error"]["message"]
+    assert "migration_limit is used up" in last["error"]["message"]  # why it moves no more
     assert len(w.bodies["d0"]) == 1 and len(w.bodies["d1"]) == 1
     assert reg.get_sample_value("pdserve_requests_total", {"endpoint": "chat", "mode": "migrated", "status": "error"}) == 1
 
@@ -171,7 +172,7 @@ async def test_zero_migration_limit_never_migrates():
     w = TwoDecoders()
     model, _ = _model(w, limit=0)
     events = [e async for e in await model.create_chat_completion(_chat_request())]
-    assert "error" in json.loads(events[-2][6:])
+    assert "migration_limit is used up" in json.loads(events[-2][6:])["error"]["message"]
     assert w.bodies["d1"] == []
 
 
