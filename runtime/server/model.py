@@ -881,7 +881,10 @@ class PDModel(OpenAIGenerativeModel):
                     if new is None:  # a rejected decode leg's handoff is freed by the decode worker (see above)
                         if _is_client_fault(exc):  # the client's own request, rejected: not the service's failure
                             state["status"] = "client_error"
-                        return _backend_error_response(exc)
+                        err = _backend_error_response(exc)
+                        if _moves(exc, False):  # it could have moved: say why it did not
+                            err.error.message = f"{err.error.message}; {NO_WORKER_LEFT_REASON}"
+                        return err
                     route, kv, decode, mode = new, None, self._client(new.decode_url, rid), "migrated"
                     state["route"], state["mode"] = route, mode
         finally:

@@ -176,6 +176,18 @@ async def test_zero_migration_limit_never_migrates():
     assert w.bodies["d1"] == []
 
 
+async def test_a_non_streamed_answer_that_may_not_move_says_why():
+    from kserve.protocol.rest.openai.types import ChatCompletionRequest, ErrorResponse
+
+    w = TwoDecoders()
+    model, _ = _model(w, limit=0)
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Capital of France?"}], max_tokens=12)
+    err = await model.create_chat_completion(req)
+    assert isinstance(err, ErrorResponse) and "migration_limit is used up" in err.error.message
+    assert w.bodies["d1"] == []
+    await model.aclose()
+
+
 async def test_two_migrations_append_the_text_once():
     class ThreeDecoders(TwoDecoders):
         def handler(self, req: httpx.Request) -> httpx.Response:
