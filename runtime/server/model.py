@@ -1274,22 +1274,16 @@ class PDModel(OpenAIGenerativeModel):
                                                                  tokens_before, attempt_sent_usage, trail)
                     attempt_usage, attempt_sent_usage, attempt_chunks = None, None, 0
                     cont, refusal = continuation()
+                    cont_path = path
+                    if cont is not None and cont is not base:
+                        cont_path, cont, refusal = await self._checked_continuation(path, cont, trail,
+                                                                                    route.decode_url, rid)
                     if cont is None:
                         message = _refused_message("the inference worker did not answer in time", refusal)
                         err = openai_error_body(message, err_type="BackendError",
                                                 status=int(HTTPStatus.GATEWAY_TIMEOUT))
                         yield f"data: {json.dumps(err)}\n\n"
                         break
-                    cont_path = path
-                    if cont is not base:
-                        cont_path, cont, refusal = await self._checked_continuation(path, cont, trail,
-                                                                                    route.decode_url, rid)
-                        if cont is None:
-                            message = _refused_message("the inference worker did not answer in time", refusal)
-                            err = openai_error_body(message, err_type="BackendError",
-                                                    status=int(HTTPStatus.GATEWAY_TIMEOUT))
-                            yield f"data: {json.dumps(err)}\n\n"
-                            break
                     try:
                         route = self._prefill_locally(rid)
                     except ModelNotReady as exc:
