@@ -1392,8 +1392,7 @@ class PDModel(OpenAIGenerativeModel):
 
 
 #: Why a stream that could move did not: the pairing gave no other decode worker (`Pairing.on_decode_failed`).
-NO_WORKER_LEFT_REASON = ("no other decode worker may take it (its router.migration_limit is used up, or no other "
-                         "decode worker is up)")
+NO_WORKER_LEFT_REASON = "no other worker may take it (its router.migration_limit is used up, or none is up)"
 
 
 def _moves(exc: BackendError, started: bool) -> bool:
