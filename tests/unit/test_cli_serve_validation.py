@@ -143,3 +143,32 @@ def test_the_traffic_log_reaches_the_deployment_and_a_folder_is_refused(tmp_path
     res = _serve(tmp_path, "--model-dir", str(_model_dir(tmp_path)), "--traffic-log", str(tmp_path))
     assert res.exit_code == 2 and "--traffic-log" in res.output and "is a folder" in res.output
     assert "entered" not in started
+
+
+def test_a_spec_is_served_with_its_own_router(tmp_path, started):
+    spec = _spec_file(tmp_path, {"model": {"name": "m", "path": str(_model_dir(tmp_path))},
+                                 "router": {"policy": "least_loaded"}})
+    res = _serve(tmp_path, "--spec", str(spec))
+    assert isinstance(res.exception, _Started), res.output
+    # the kv mode passes the spec's whole router (its policy included) to the runtime
+    assert started["router"] == "kv" and started["enable_kv_events"] is True
+    assert started["spec"].router.policy == "least_loaded"
+
+
+def test_without_a_spec_the_pairing_is_fixed_and_a_flag_overrides_the_spec(tmp_path, started):
+    res = _serve(tmp_path, "--model-dir", str(_model_dir(tmp_path)))
+    assert isinstance(res.exception, _Started) and started["router"] == "fixed"
+    spec = _spec_file(tmp_path, {"model": {"name": "m", "path": str(_model_dir(tmp_path))}})
+    res = _serve(tmp_path, "--spec", str(spec), "--router", "fixed")
+    assert isinstance(res.exception, _Started) and started["router"] == "fixed"
+    assert started["enable_kv_events"] is False
+
+
+def test_a_spec_whose_planner_is_not_run_says_so(tmp_path, started):
+    spec = _spec_file(tmp_path, {"model": {"name": "m", "path": str(_model_dir(tmp_path))},
+                                 "planner": {"mode": "sla"}})
+    res = _serve(tmp_path, "--spec", str(spec))
+    assert isinstance(res.exception, _Started)
+    assert "planner (mode sla) does not run" in res.output and "--planner" in res.output, res.output
+    res = _serve(tmp_path, "--spec", str(spec), "--planner", "dry-run")
+    assert "does not run" not in res.output and started["planner"] == "dry-run"
