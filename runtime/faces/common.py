@@ -146,7 +146,8 @@ def _records(table: Table, out: Console) -> Group:
     return Group(*parts)
 
 
-StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLflow sqlite, FSx stand-in, demo output).")]
+StateOpt = Annotated[Path, typer.Option("--state-dir", help="Working state (MLflow sqlite, FSx stand-in, demo output); "
+                                        "default: $PDSERVE_HOME, else .pdserve in the checkout.")]
 DEFAULT_STATE = state_dir()
 
 

@@ -12,11 +12,13 @@ from runtime.usecases.tune_model import SLO_OPTIONS  # demo takes the SLO as tun
 
 def demo(
     state: StateOpt = DEFAULT_STATE,
-    gpu: Annotated[str, typer.Option(help="Target GPU the tuner sizes the deployment for.")] = "H100-SXM",
+    gpu: Annotated[str, typer.Option(help="GPU the tuner sizes the champion's deployment for, a catalog name or an "
+                                          "AWS instance type (as `pdserve tune --gpu`); the demo itself serves on "
+                                          "CPU.")] = "H100-SXM",
     ttft_ms: Annotated[float, typer.Option("--ttft-ms", help="TTFT p90 SLO, ms.")] = 2000.0,
     itl_ms: Annotated[float, typer.Option("--itl-ms", help="ITL p90 SLO, ms.")] = 50.0,
 ) -> None:
-    """Run the main job end to end on the embedded defaults and write <state>/demo/summary.json.
+    """Run the whole path on this machine (stage, tune, promote, serve) and write <state-dir>/demo/summary.json.
 
     Prepares SmolLM2-135M-Instruct, starts SeaweedFS (S3 on 127.0.0.1), runs the KFP pipeline
     stage_tune_promote with kfp.local (MLflow on sqlite), then serves the champion with the pdserve runtime in

@@ -75,7 +75,8 @@ def promote(
              "enable-chunked-prefill=false; checked against the pinned vLLM's parser; it replaces the "
              "champion's engine.extra_args entry of the same argument.")] = None,
 ) -> None:
-    """Render the `champion` version's ClusterServingRuntime, InferenceService and worker pools; validate; write.
+    """Render the `champion` version's ClusterServingRuntime, InferenceService and worker pools; validate; write
+    (with --apply, roll out as a canary).
 
     The InferenceService is named after REGISTERED_MODEL: unchanged when it is a DNS-1035 label of at most
     45 characters, else lower-cased with other characters as '-' plus an 8-hex-digit hash of the name.

@@ -12,14 +12,17 @@ from runtime.faces.common import fail, usage, option_errors
 
 def stage(
     source: Annotated[str, typer.Argument(
-        help="s3://bucket/prefix/, hf://org/repo, or a local folder.", metavar="SOURCE")],
+        help="s3://bucket/prefix/, hf://org/repo (or hf://org/repo@revision), or a local folder.",
+        metavar="SOURCE")],
     dest: Annotated[Path, typer.Argument(
         help="Model folder to publish, e.g. /fsx/models/<name>.", metavar="DEST")],
     endpoint_url: Annotated[Optional[str], typer.Option(help="S3 endpoint (SeaweedFS/MinIO); default AWS.")] = None,
     include: Annotated[Optional[list[str]], typer.Option(
+        metavar="GLOB",
         help="Glob of files to take (repeatable). Default: safetensors + config + tokenizer files (the HF layout); "
              "--include '*' takes everything.")] = None,
-    exclude: Annotated[Optional[list[str]], typer.Option(help="Glob of files to skip (repeatable).")] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option(
+        metavar="GLOB", help="Glob of files to skip (repeatable).")] = None,
     concurrency: Annotated[Optional[int], typer.Option(
         help="Concurrent ranged GETs, 1 to 256 (default: 4 per CPU, within 16..64).")] = None,
     s3_transport: Annotated[str, typer.Option(

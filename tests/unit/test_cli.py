@@ -25,6 +25,26 @@ def test_help_lists_every_command():
         assert cmd in res.output
 
 
+def test_help_states_the_exit_statuses_every_command_uses():
+    from runtime.faces.common import RUNTIME, USAGE
+
+    text = " ".join(runner.invoke(app, ["--help"], env={"COLUMNS": "300"}, terminal_width=300).output.split())
+    assert f"0 success, {RUNTIME} a failure while running, {USAGE} bad usage or a bad value" in text
+
+
+@pytest.mark.parametrize("command", ["demo", "tune", "serve", "show-summary"])
+def test_state_dir_help_names_the_variable_that_sets_its_default(command, tmp_path, monkeypatch):
+    import typer
+
+    from runtime.paths import state_dir
+
+    params = typer.main.get_command(app).commands[command].params
+    state_help = " ".join(next(p.help for p in params if "--state-dir" in p.opts).split())
+    assert "default: $PDSERVE_HOME, else .pdserve in the checkout" in state_help
+    monkeypatch.setenv("PDSERVE_HOME", str(tmp_path))  # what the help says is what sets it
+    assert state_dir() == tmp_path
+
+
 def test_tune_writes_a_valid_deployment_spec(tmp_path):
     out = tmp_path / "spec.json"
     res = runner.invoke(app, ["tune", str(LLAMA_70B), "--gpu", "H100-SXM", "--out", str(out)],
@@ -79,6 +99,25 @@ def test_tune_measure_refuses_to_write_a_deployable_spec(tmp_path):
     assert res.exit_code == 2
     assert "not a deployable GPU spec" in " ".join(res.output.split())  # rich wraps long lines
     assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.parametrize("refused", [["--out", "spec.json"], ["--register", "m"], ["--like", "m"],
+                                     ["--parallelism", "all"], ["--max-model-len", "4096"],
+                                     ["--engine-arg", "max-num-seqs=8"]], ids=lambda r: r[0])
+def test_tune_measure_help_names_every_option_measure_refuses(tmp_path, refused):
+    import typer
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(LLAMA_70B.read_text())
+    (model / "model.safetensors").write_bytes(b"")  # refused before any weight is read
+    value = str(tmp_path / refused[1]) if refused[0] == "--out" else refused[1]
+    res = runner.invoke(app, ["tune", str(model), "--measure", refused[0], value])
+    assert res.exit_code == 2, res.output
+    assert refused[0] in _flat(res.output)
+    tune = typer.main.get_command(app).commands["tune"]
+    measure_help = " ".join(next(p.help for p in tune.params if p.name == "measure").split())
+    assert refused[0] in measure_help
 
 
 def _flat(text: str) -> str:
