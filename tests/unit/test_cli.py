@@ -103,7 +103,8 @@ def test_tune_measure_refuses_to_write_a_deployable_spec(tmp_path):
 
 @pytest.mark.parametrize("refused", [["--out", "spec.json"], ["--register", "m"], ["--like", "m"],
                                      ["--parallelism", "all"], ["--max-model-len", "4096"],
-                                     ["--engine-arg", "max-num-seqs=8"]], ids=lambda r: r[0])
+                                     ["--engine-arg", "max-num-seqs=8"], ["--gpu", "H200-SXM"],
+                                     ["--precision", "fp8"]], ids=lambda r: r[0])
 def test_tune_measure_help_names_every_option_measure_refuses(tmp_path, refused):
     import typer
 
