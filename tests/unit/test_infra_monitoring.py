@@ -96,3 +96,29 @@ def test_prometheus_selects_the_monitors_of_every_namespace():
     spec = _chart(kust, "kube-prometheus-stack")["valuesInline"]["prometheus"]["prometheusSpec"]
     for kind in ("serviceMonitor", "podMonitor"):
         assert spec[f"{kind}SelectorNilUsesHelmValues"] is False and spec[f"{kind}NamespaceSelector"] == {}
+
+
+# the affinity of the nvidia-device-plugin chart's values.yaml (NVIDIA/k8s-device-plugin,
+# deployments/helm/nvidia-device-plugin, 0.17.x): labels that Node Feature Discovery or the GPU operator set
+NVIDIA_DEVICE_PLUGIN_CHART_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    "nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In",
+                               "values": ["true"]}]},
+        {"matchExpressions": [{"key": "feature.node.kubernetes.io/cpu-model.vendor_id", "operator": "In",
+                               "values": ["NVIDIA"]}]},
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}}
+
+
+def test_the_nvidia_device_plugin_runs_on_every_gpu_node():
+    """Without the plugin on a node its GPUs are never advertised: every worker pod stays Pending."""
+    values = _chart(K8S / "gpu" / "kustomization.yaml", "nvidia-device-plugin")["valuesInline"]
+    affinity = values.get("affinity", NVIDIA_DEVICE_PLUGIN_CHART_AFFINITY)  # helm replaces the terms list whole
+    pools = [d for d in _docs(K8S / "karpenter" / "nodepools.yaml") if d["kind"] == "NodePool"]
+    gpu_pools = [p for p in pools if any(t["key"] == "nvidia.com/gpu" for t in p["spec"]["template"]["spec"].get(
+        "taints", []))]
+    assert gpu_pools
+    for pool in gpu_pools:
+        tmpl = pool["spec"]["template"]
+        for taint in tmpl["spec"]["taints"]:
+            assert _tolerates(values["tolerations"], taint), (pool["metadata"]["name"], taint)
+        assert _node_matches(affinity, tmpl["metadata"]["labels"]), pool["metadata"]["name"]
