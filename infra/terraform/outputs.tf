@@ -17,6 +17,8 @@ output "cluster_env" {
     FSX_FILE_SYSTEM_ID=${aws_fsx_lustre_file_system.models.id}
     FSX_DNS_NAME=${aws_fsx_lustre_file_system.models.dns_name}
     FSX_MOUNT_NAME=${aws_fsx_lustre_file_system.models.mount_name}
+    FSX_SUBNET_ID=${module.vpc.private_subnets[0]}
+    FSX_SECURITY_GROUP_ID=${aws_security_group.fsx.id}
     MLFLOW_ARTIFACTS_DESTINATION=s3://${aws_s3_bucket.this["artifacts"].bucket}/mlflow
     MLFLOW_DB_ENDPOINT=${aws_db_instance.mlflow.endpoint}
     MLFLOW_DB_SECRET_ARN=${aws_db_instance.mlflow.master_user_secret[0].secret_arn}

@@ -150,6 +150,13 @@ resource "aws_security_group" "fsx" {
     protocol    = "tcp"
     self        = true
   }
+  ingress {
+    description = "Lustre (1018-1023) between file servers"
+    from_port   = 1018
+    to_port     = 1023
+    protocol    = "tcp"
+    self        = true
+  }
   egress {
     description = "Lustre replies and S3 data repository traffic inside the VPC"
     from_port   = 0

@@ -22,6 +22,8 @@ ATTRIBUTES = {
     "aws_fsx_lustre_file_system.models.id": "fs-0fedcba9876543210",
     "aws_fsx_lustre_file_system.models.dns_name": "fs-0fedcba9876543210.fsx.eu-west-1.amazonaws.com",
     "aws_fsx_lustre_file_system.models.mount_name": "zyxwvuts",
+    "module.vpc.private_subnets[0]": "subnet-0fedcba9876543210",
+    "aws_security_group.fsx.id": "sg-0fedcba9876543210",
     "aws_db_instance.mlflow.endpoint": "acme-prod-mlflow.zzzz.eu-west-1.rds.amazonaws.com:5432",
     "aws_db_instance.mlflow.master_user_secret[0].secret_arn":
         "arn:aws:secretsmanager:eu-west-1:210987654321:secret:rds!db-11111111-2222-3333-4444-555555555555-XyZ",
