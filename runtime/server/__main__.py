@@ -30,6 +30,10 @@ With `--router kv` too, each discovered worker's KV-event endpoint comes from th
 unsubscribes when it goes (`--prefill-kv-events`/`--decode-kv-events` are refused in this mode).
 `--deployment-spec` defaults to the env PDSERVE_DEPLOYMENT_SPEC (set by runtime/deploy/render.py).
 
+`--model-dir` is the folder the workers load: its generation config's `max_new_tokens`, read at start-up
+(runtime.server.generation_defaults, unless the spec's engine.extra_args move or override the workers' generation
+config), is the budget a migrated chat stream without one carries on with (docs/serving.md).
+
 `--require-staged` (passed by the rendered KServe runtime, runtime/deploy/render.py) makes the runtime refuse
 to start unless `--model-dir` and `--tokenizer-dir` (at least one is needed) are staged model folders with a
 valid marker `.pdserve-staged.json` listing files that all exist with their sizes (runtime.staging.manifest
@@ -226,7 +230,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Model's HF config.json for the perf model of the planner and the router's KV-tier credit "
                         "(default <model-dir>/config.json).")
     p.add_argument("--model-dir", type=Path, default=None,
-                   help="Served model folder (planner local: the workers it starts load it; default --tokenizer-dir).")
+                   help="Served model folder, the one the workers load (planner local: the workers it starts "
+                        "load it): its generation config's max_new_tokens bounds a migrated chat stream without a "
+                        "budget (docs/serving.md). For the model's config.json, default --tokenizer-dir.")
     p.add_argument("--planner-max-workers", type=int_at_least(1), default=2,
                    help="planner local: workers it may start beyond the configured ones (>= 1).")
     p.add_argument("--leader-election", choices=("off", "kubernetes", "file"), default="off",
@@ -332,6 +338,28 @@ def deployment_settings(args: argparse.Namespace) -> tuple:
         except (OSError, ValueError) as exc:
             sys.exit(f"--model-config {cfg_path}: {exc}")
     return spec, model_config
+
+
+def chat_default_budget(args: argparse.Namespace) -> int | None:
+    """The budget the decode workers give a chat request that names none besides the context left, from the
+    folder they load (`--model-dir`; a tokenizer folder need not hold their generation config) and the
+    `--deployment-spec`'s engine.extra_args (their vLLM flags; without a spec, vLLM's defaults):
+    runtime.server.generation_defaults. None where it is the context left or not known, and where the spec
+    cannot be read (the planner and the router, which need it, say why)."""
+    import json
+
+    if args.model_dir is None:
+        return None
+    from runtime.server.generation_defaults import chat_default_max_tokens
+
+    worker_args: list = []
+    if args.deployment_spec:
+        try:
+            engine = json.loads(deployment_spec_json(args.deployment_spec)).get("engine") or {}
+            worker_args = list(engine.get("extra_args") or [])
+        except (ValueError, AttributeError, TypeError):
+            return None
+    return chat_default_max_tokens(args.model_dir, worker_args)
 
 
 def router_costs(args: argparse.Namespace) -> dict | None:
@@ -549,6 +577,7 @@ def main(argv: list[str] | None = None) -> None:
         router_costs=router_costs(args),
         shutdown_grace_s=args.shutdown_grace_s,
         shutdown_delay_s=args.shutdown_delay_s,
+        chat_default_max_tokens=chat_default_budget(args),
     )
 
 

@@ -86,6 +86,7 @@ def build_model(
     kv_lease_s: float | None = None,
     overload: OverloadSpec | None = None,
     slo_ttft_s: float | None = None,
+    chat_default_max_tokens: int | None = None,
 ) -> PDModel:
     """The runtime model over the configured worker pools (round-robin pairing unless `pairing` is given).
 
@@ -95,6 +96,7 @@ def build_model(
     tokenizer, else estimated; RouterSpec.prefill_priority "length"). `kv_lease_s`: the prefill workers' KV
     lease, seconds (None: vLLM's default, `DEFAULT_KV_LEASE_S`). `overload`: circuit breakers and admission
     control (None: OverloadSpec's defaults); `slo_ttft_s`: the TTFT SLO admission control protects, seconds.
+    `chat_default_max_tokens`: the workers' budget for a chat request that names none (PDModel).
 
     Raises:
         ValueError: empty `model_name` or no decode URL.
@@ -106,7 +108,7 @@ def build_model(
                    prefill_timeout_s=prefill_timeout_s, observer=observer,
                    prefill_nudge_after_s=prefill_nudge_after_s, prefill_priority=prefill_priority,
                    traffic_log=traffic_log, kv_lease_s=DEFAULT_KV_LEASE_S if kv_lease_s is None else kv_lease_s,
-                   overload=overload, slo_ttft_s=slo_ttft_s)
+                   overload=overload, slo_ttft_s=slo_ttft_s, chat_default_max_tokens=chat_default_max_tokens)
 
 
 def build_router_pairing(
@@ -473,6 +475,7 @@ def serve(
     router_costs: Mapping[str, Any] | None = None,
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
     shutdown_delay_s: float = 0.0,
+    chat_default_max_tokens: int | None = None,
 ) -> None:
     """Run the runtime server until SIGINT/SIGTERM (blocking).
 
@@ -503,6 +506,8 @@ def serve(
     (runtime.server.routing.tier_credit_costs; None: it counts uncached tokens and credits no tier hit).
     `shutdown_delay_s`, `shutdown_grace_s`: at SIGTERM, seconds the listener stays open with readiness 503, then
     seconds the requests in flight get before they are ended with an error (build_rest_server).
+    `chat_default_max_tokens`: the workers' budget for a chat request that names none (PDModel; None: the
+    context left, or not known).
 
     Raises:
         ValueError: a negative shutdown delay or grace, `router_spec` without `tokenizer_dir`, mismatched event
@@ -557,7 +562,7 @@ def serve(
                         tokenizer=tokenizer, timeout_s=timeout_s, prefill_timeout_s=prefill_timeout_s,
                         migration_limit=migration_limit, observer=window, prefill_nudge_after_s=prefill_nudge_after_s,
                         prefill_priority=prefill_priority, traffic_log=traffic, kv_lease_s=kv_lease_s,
-                        overload=overload, slo_ttft_s=slo_ttft_s)
+                        overload=overload, slo_ttft_s=slo_ttft_s, chat_default_max_tokens=chat_default_max_tokens)
     planner_rt = None
     if planner is not None:
         from runtime.server.planner_runtime import build_planner

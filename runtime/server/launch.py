@@ -24,6 +24,7 @@ from runtime.config import DeploymentSpec
 from runtime.engines.vllm_worker import WorkerProcess, WorkerStartError, free_port
 from runtime.paths import REPO_ROOT, state_dir
 from runtime.procs import stop_process
+from runtime.server.generation_defaults import names_generation_flag
 
 
 CPU_PREFILL_NUDGE_AFTER_S = 2.0
@@ -361,6 +362,11 @@ class LocalDeployment:
                       "--model-dir", str(self.model_dir), "--planner-max-workers", str(planner_max_workers)]
             if planner_interval_s is not None:
                 extra += ["--planner-interval-s", str(planner_interval_s)]
+        elif not names_generation_flag(spec.engine.extra_args):
+            # the runtime reads the model's default budget from the folder the workers load (a migrated chat
+            # stream carries on with what is left of it); without the spec it takes the workers to read it
+            # from there too, which flags that move or override their generation config would belie
+            extra += ["--model-dir", str(self.model_dir)]
         self._supervisor: WorkerSupervisor | None = None
         self.runtime = RuntimeProcess(
             name,

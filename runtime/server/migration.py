@@ -16,11 +16,15 @@ A chat request that already continued its final assistant message (`continue_fin
 message. `max_tokens` (and `max_completion_tokens`, and `min_tokens` down to 0) shrink by the tokens already sent;
 a completions request without `max_tokens` had the API's default of 16 (`COMPLETIONS_DEFAULT_MAX_TOKENS`), which
 shrinks the same way. A chat request without either has the worker's default: the context left after its prompt,
-which the longer prompt of the continuation shrinks by itself (a model whose generation_config.json sets
-`max_new_tokens` is the exception: vLLM grants each attempt that many). The caller counts the tokens sent from the
-usage the decode worker sends with every chunk (it asks for vLLM's `continuous_usage_stats`): a chunk may hold
-several tokens (vLLM's API server merges the outputs it fell behind on; speculative decoding), so chunks are
-counted only where a worker sends no usage.
+which the longer prompt of the continuation shrinks by itself, capped by the model's generation config
+`max_new_tokens`, which vLLM grants each attempt whole: the continuation asks for what is left of it where the
+caller knows it (`chat_default_max_tokens`: runtime.server.generation_defaults reads it from the folder the
+workers load); where the caller does not, a continued answer can be longer than the uninterrupted one (and
+so can one that names a budget where the workers' `--override-generation-config`, or a folder their
+`--generation-config` names, sets `max_new_tokens`: vLLM caps every request by it then). The
+caller counts the tokens sent from the usage the decode worker sends with every chunk (it asks for vLLM's
+`continuous_usage_stats`): a chunk may hold several tokens (vLLM's API server merges the outputs it fell
+behind on; speculative decoding), so chunks are counted only where a worker sends no usage.
 
 Reasoning text (vLLM's `delta.reasoning_content` / `delta.reasoning`) and tool calls (`delta.tool_calls`) are
 generated output too (`choice_has_output`), but a continuation prompt cannot replay them faithfully (chat templates
@@ -377,7 +381,8 @@ def _refuse_output_dependent_sampling(body: dict[str, Any], generated_text: str)
 
 
 def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_generated_tokens: int, *,
-                      prompt_tokens: int | None = None, token_ids: list[int] | None = None) -> dict:
+                      prompt_tokens: int | None = None, token_ids: list[int] | None = None,
+                      chat_default_max_tokens: int | None = None) -> dict:
     """The request that continues `body` after `generated_text`: the same request prompted with the token ids
     of its prompt and of the output sent (`token_ids`, completions), else with the text sent appended to its
     prompt (completions) or as the assistant's open message (chat), so that a worker goes on from there;
@@ -397,9 +402,9 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
 
     Carried over, each as the uninterrupted request applies it (vLLM 0.28's sampler, vllm/v1/sample, and
     output processing):
-    * `max_tokens` / `max_completion_tokens` (the completions default of 16 when unset) shrink by the tokens
-      sent; `min_tokens` too (down to 0): vLLM counts it over the request's own output tokens, and it also
-      gates stop strings;
+    * `max_tokens` / `max_completion_tokens` (the completions default of 16 when unset; a chat request's
+      `chat_default_max_tokens` when it names neither) shrink by the tokens sent; `min_tokens` too (down to 0):
+      vLLM counts it over the request's own output tokens, and it also gates stop strings;
     * `repetition_penalty`: vLLM applies it to the tokens of the prompt and of the output alike, and the
       continuation's prompt holds both;
     * `temperature`, `top_p`, `top_k`, `min_p`, `logit_bias`, `allowed_token_ids`, `stop_token_ids`,
@@ -450,6 +455,12 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
             output, `chunk_progress`, where it sends none).
         prompt_tokens: the client's prompt tokens as the first worker counted them (its usage), None if unknown.
         token_ids: a completions stream's prompt and output token ids (`TokenTrail.ids`), None if not known.
+        chat_default_max_tokens: what the workers give a chat request that names neither `max_tokens` nor
+            `max_completion_tokens`, besides the context left after its prompt (the model's generation config
+            `max_new_tokens`: runtime.server.generation_defaults), None where they give the context left or it
+            is not known. Each attempt would get it whole: a continuation asks for what is left of it (vLLM
+            still caps that by the context left, which the continuation's longer prompt shrinks as the
+            uninterrupted answer's output would have).
 
     Raises:
         NotContinuable: the request's shape cannot be continued by the rules of the uninterrupted answer.
@@ -471,8 +482,12 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
                              "a continuation's prompt would lack it")
     _refuse_output_dependent_sampling(body, generated_text)
     out = copy.deepcopy(body)
-    if not path.endswith("chat/completions") and out.get("max_tokens") is None:
+    chat = path.endswith("chat/completions")
+    if not chat and out.get("max_tokens") is None:
         out["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS  # the budget the first worker applied
+    elif (chat and chat_default_max_tokens is not None and out.get("max_tokens") is None
+          and out.get("max_completion_tokens") is None):
+        out["max_tokens"] = chat_default_max_tokens  # the model's default, which the first worker applied
     for key in ("max_tokens", "max_completion_tokens"):
         if out.get(key) is not None:
             left = int(out[key]) - num_generated_tokens
@@ -481,7 +496,6 @@ def continuation_body(path: str, body: dict[str, Any], generated_text: str, num_
             out[key] = left
     if out.get("min_tokens"):  # vLLM refuses min_tokens > max_tokens: the floor shrinks with the budget
         out["min_tokens"] = max(0, int(out["min_tokens"]) - num_generated_tokens)
-    chat = path.endswith("chat/completions")
     if token_ids is not None and not chat:
         # the ids are the prompt as the first worker read it (cut already, where it was cut)
         out.pop("truncate_prompt_tokens", None)

@@ -346,6 +346,11 @@ class PDModel(OpenAIGenerativeModel):
             decode worker prefills locally instead; a streamed decode leg without a first token by then is
             closed and prefilled locally too (both `pdserve_kv_lease_expiries_total`). A non-streaming leg shows
             no first token: only its start is bounded.
+        chat_default_max_tokens: the budget the decode workers give a chat request that names none, besides
+            the context left (the model's generation config `max_new_tokens`,
+            runtime.server.generation_defaults, read at start-up); None where they give the context left or it
+            is not known. A migrated stream's continuation asks for what is left of it
+            (runtime.server.migration.continuation_body).
 
     TTFT (`pdserve_ttft_seconds`): streamed requests only — arrival to the first streamed token, as the client
     sees it (remote: prefill + NIXL pull + first decode step). A non-streamed client sees no token before the
@@ -372,8 +377,10 @@ class PDModel(OpenAIGenerativeModel):
         kv_lease_margin_s: float = DEFAULT_KV_LEASE_MARGIN_S,
         overload: OverloadSpec | None = None,
         slo_ttft_s: float | None = None,
+        chat_default_max_tokens: int | None = None,
     ) -> None:
         super().__init__(name)
+        self.chat_default_max_tokens = chat_default_max_tokens
         if not 0 <= kv_lease_margin_s < kv_lease_s:
             raise ValueError(f"kv_lease_margin_s={kv_lease_margin_s}: expected 0 <= margin < kv_lease_s={kv_lease_s}")
         self.kv_lease_s = kv_lease_s
@@ -1118,7 +1125,7 @@ class PDModel(OpenAIGenerativeModel):
             ids = trail.ids() if trail is not None else None
             try:
                 return continuation_body(path, base, "".join(sent), tokens_before, prompt_tokens=prompt_tokens,
-                                         token_ids=ids), None
+                                         token_ids=ids, chat_default_max_tokens=self.chat_default_max_tokens), None
             except NotContinuable as exc:
                 return None, str(exc)
 

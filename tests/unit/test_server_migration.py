@@ -53,6 +53,22 @@ def test_a_completion_without_max_tokens_continues_with_what_is_left_of_the_defa
     assert "max_tokens" not in continuation_body(CHAT, {"messages": [{"role": "user", "content": "x"}]}, "ab", 2)
 
 
+def test_a_chat_without_a_budget_continues_with_what_is_left_of_the_workers_default():
+    # the model's generation config max_new_tokens: vLLM grants every chat attempt without a budget that many
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    c = continuation_body(CHAT, chat, "ab", 2, chat_default_max_tokens=10)
+    assert c["max_tokens"] == 8 and "max_tokens" not in chat
+    with pytest.raises(NotContinuable, match="max_tokens"):
+        continuation_body(CHAT, chat, "a" * 10, 10, chat_default_max_tokens=10)
+    # a budget the request names is the budget, whatever the default
+    c = continuation_body(CHAT, {**chat, "max_completion_tokens": 30}, "ab", 2, chat_default_max_tokens=10)
+    assert c["max_completion_tokens"] == 28 and "max_tokens" not in c
+    c = continuation_body(CHAT, {**chat, "max_tokens": 30}, "ab", 2, chat_default_max_tokens=10)
+    assert c["max_tokens"] == 28
+    # a completions request always has a budget (16 where it names none): the chat default does not apply
+    assert continuation_body(COMPL, {"prompt": "x"}, "ab", 2, chat_default_max_tokens=10)["max_tokens"] == 14
+
+
 def test_continuation_shrinks_min_tokens_by_the_tokens_sent():
     # min_tokens above the shrunk max_tokens would be refused by vLLM (min_tokens must be <= max_tokens)
     c = continuation_body(COMPL, {"prompt": "x", "max_tokens": 12, "min_tokens": 10}, " a b c d e", 5)

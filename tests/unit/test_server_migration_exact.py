@@ -253,7 +253,7 @@ class GreedyCompletions:
         return httpx.Response(200, content=b"".join(out + [b"data: [DONE]\n\n"]))
 
 
-def _model(workers, n: int = 2):
+def _model(workers, n: int = 2, chat_default_max_tokens: int | None = None):
     from prometheus_client import CollectorRegistry
 
     from runtime.engines.client import VllmClient
@@ -264,7 +264,8 @@ def _model(workers, n: int = 2):
     reg = CollectorRegistry()
     transport = httpx.MockTransport(workers.handler)
     model = PDModel("m", RoundRobinPairing([], [f"http://d{i}" for i in range(n)], migration_limit=n - 1),
-                    metrics=RuntimeMetrics(reg), client_factory=lambda url: VllmClient(url, transport=transport))
+                    metrics=RuntimeMetrics(reg), client_factory=lambda url: VllmClient(url, transport=transport),
+                    chat_default_max_tokens=chat_default_max_tokens)
     return model, reg
 
 
@@ -452,12 +453,16 @@ class GreedyChat:
     never with `ids` False). `POST /tokenize` renders as a request would; `POST /v1/completions` of token ids
     goes on the same way after them, streamed as vLLM 0.28 streams a completion; a chat request without
     `max_tokens` gets the context left of `max_model_len` tokens, which `GET /v1/models` gives the served model
-    "m" (with `card`; else it lists no model). A worker named in `cuts` dies after that many content chunks."""
+    "m" (with `card`; else it lists no model), capped by `max_new_tokens` where it is set (the model's generation
+    config, as vLLM's `get_max_tokens` takes its default). A worker named in `cuts` dies after that many content
+    chunks."""
 
     max_model_len = 64
 
-    def __init__(self, cuts: dict[str, int] | None = None, ids: bool = True, trim: bool = False, card: bool = True):
+    def __init__(self, cuts: dict[str, int] | None = None, ids: bool = True, trim: bool = False, card: bool = True,
+                 max_new_tokens: int | None = None):
         self.cuts, self.ids, self.trim, self.card = cuts or {}, ids, trim, card
+        self.max_new_tokens = max_new_tokens
         self.bodies: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
         self.completions: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
         self.tokenized: dict[str, list[dict]] = {"d0": [], "d1": [], "d2": []}
@@ -511,8 +516,10 @@ class GreedyChat:
             return self._completion(host, body)
         self.bodies[host].append(body)
         prompt_ids = self.render(body)
-        # a chat request without a budget gets the context left after its prompt, as vLLM grants it
-        budget = body.get("max_tokens") or self.max_model_len - len(prompt_ids)
+        # a chat request without a budget gets the context left after its prompt, capped by the model's default,
+        # as vLLM grants it
+        budget = body.get("max_tokens") or min(self.max_model_len - len(prompt_ids),
+                                               self.max_new_tokens or self.max_model_len)
         pieces = self._pieces(prompt_ids, budget)
         ids = self.ids and body.get("return_token_ids")
         base = {"id": "chatcmpl-" + host, "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "m"}
@@ -530,10 +537,10 @@ class GreedyChat:
         return httpx.Response(200, content=b"".join(out + [b"data: [DONE]\n\n"]))
 
 
-async def _chat(workers, **fields) -> list[dict]:
+async def _chat(workers, chat_default_max_tokens: int | None = None, **fields) -> list[dict]:
     from kserve.protocol.rest.openai.types import ChatCompletionRequest
 
-    model, _ = _model(workers)
+    model, _ = _model(workers, chat_default_max_tokens=chat_default_max_tokens)
     req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": PROMPT}], temperature=0,
                                 stream=True, **fields)
     try:
@@ -585,6 +592,35 @@ async def test_a_chat_without_a_budget_goes_on_as_a_completion_with_the_context_
     assert await _chat(w) == reference
     (sent,) = w.completions["d1"]  # the chat default, not the completions API's 16
     assert sent["max_tokens"] == 64 - len(sent["prompt"])
+
+
+@pytest.mark.parametrize("cut", [4, 8], ids=["as-chat", "as-completion"])
+async def test_a_chat_without_a_budget_continues_with_what_is_left_of_the_models_default(tmp_path, cut):
+    # the model's generation_config.json sets max_new_tokens: vLLM gives every chat request without a budget
+    # that many tokens (capped by the context left), a continuation too, so it must ask for what is left
+    from runtime.server.generation_defaults import chat_default_max_tokens
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 10, "temperature": 0.6}))
+    default = chat_default_max_tokens(tmp_path)
+    reference = await _chat(GreedyChat(max_new_tokens=10))
+    assert _content(reference) == "".join(ANSWER[:10])
+    w = GreedyChat({"d0": cut}, max_new_tokens=10)
+    assert await _chat(w, chat_default_max_tokens=default) == reference
+    (sent,) = w.bodies["d1"] or w.completions["d1"]  # cut 8: "\nWho" renders otherwise, so as a completion
+    assert sent["max_tokens"] == 10 - cut and bool(w.completions["d1"]) == (cut == 8)
+
+
+async def test_a_chat_without_a_budget_of_a_model_without_a_default_continues_with_the_context_left(tmp_path):
+    from runtime.server.generation_defaults import chat_default_max_tokens
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6}))
+    default = chat_default_max_tokens(tmp_path)
+    assert default is None
+    reference = await _chat(GreedyChat())
+    w = GreedyChat({"d0": 4})
+    assert await _chat(w, chat_default_max_tokens=default) == reference
+    (sent,) = w.bodies["d1"]  # the worker's own default: the context left after the longer prompt
+    assert "max_tokens" not in sent and "max_completion_tokens" not in sent
 
 
 @pytest.mark.parametrize("fields, card, why", [
