@@ -202,9 +202,13 @@ def test_a_stream_continues_on_another_decode_worker_or_ends_with_a_clean_error(
         assert "frequency_penalty" in tail_pen[2][0]["error"]["message"]
         # the chat and the logprobs streams moved; the penalized one did not
         assert sample_sum(httpx.get(f"{two.url}/metrics", timeout=10).text, "pdserve_migrations_total") == 2
-        # from the worker's own token ids: the completion's prompt, the chat's check of its rendered text
+        # from the worker's own token ids: the completion's prompt, and the chat's check of its rendered text, or
+        # the chat as a completion of those ids where the text sent renders otherwise (which depends on where the
+        # kill cuts the answer: how many chunks the worker made by then)
         log = (tmp_path / "runtime-two.log").read_text()
-        assert "(from the token ids sent)" in log and "(from the text sent, checked against the token ids)" in log
+        assert "(from the token ids sent)" in log, log
+        assert ("(from the text sent, checked against the token ids)" in log
+                or "(from the token ids sent, as a completion: " in log), log
     finally:
         two.stop()
         one.stop()
