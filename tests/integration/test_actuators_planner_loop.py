@@ -19,6 +19,10 @@ from tests.metrics_worker import MetricsWorker
 
 pytestmark = pytest.mark.integration
 
+# Per request to the loopback pages that answer at once: a deadline a stalled CI machine cannot miss (a missed
+# one would count a live worker as starting); waiting it out costs nothing, as no such page is slow.
+LIVE_TIMEOUT_S = 30.0
+
 PROF = analytic_profile(prefill_s_per_token=1e-4, decode_base_s=0.01, decode_s_per_seq=1e-4, kv_capacity_tokens=100_000)
 
 VLLM_METRICS = """# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
@@ -62,7 +66,7 @@ def servers():
 
 
 def test_read_pool_averages_workers_and_counts_dead_ones_as_starting(servers):
-    with httpx.Client(timeout=2.0) as c:
+    with httpx.Client(timeout=LIVE_TIMEOUT_S) as c:
         dead = "http://127.0.0.1:9/metrics"  # discard port: nothing listens
         obs = read_pool(c, [servers[0].url, servers[1].url, dead])
     assert obs.num_ready == 2 and obs.num_starting == 1
@@ -83,7 +87,7 @@ def test_planner_loop_tick_decides_applies_and_exports_gauges(servers):
     now[0] = 30.0
     registry = CollectorRegistry()
     act = DryRunActuator()
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=LIVE_TIMEOUT_S) as client:
         loop = PlannerLoop(PlannerStateMachine(cfg, PROF), act, window, client=client, registry=registry,
                            metrics_urls=lambda: {"prefill": [servers[0].url, servers[1].url], "decode": [servers[2].url]})
         d = loop.tick(now_s=30.0)
@@ -119,7 +123,7 @@ def test_planner_loop_corrects_prefill_by_the_engines_prefill_time_deltas(server
             window.record_first_token(0.3)
             window.record_finish(200, itl_s=0.02)
 
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=LIVE_TIMEOUT_S) as client:
         loop = PlannerLoop(machine, DryRunActuator(), window, client=client, registry=registry,
                            metrics_urls=lambda: {"prefill": [servers[0].url, servers[1].url], "decode": [servers[2].url]})
         fill(0.0)
@@ -149,12 +153,12 @@ def test_prefill_time_meter_baselines_new_workers_and_survives_restarts():
 def test_planner_loop_thread_ticks_on_its_interval(servers):
     cfg = PlannerConfig(mode="sla", interval_s=0.05, predictor="constant", allow_aggregated=False)
     act = DryRunActuator()
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=LIVE_TIMEOUT_S) as client:
         loop = PlannerLoop(PlannerStateMachine(cfg, PROF), act, RequestWindow(), client=client,
                            registry=CollectorRegistry(), metrics_urls=lambda: {"decode": [servers[2].url]})
         loop.start()
         try:
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while len(act.decisions) < 3 and time.monotonic() < deadline:
                 time.sleep(0.02)
         finally:
@@ -192,7 +196,7 @@ def test_read_pool_survives_nan_inf_and_non_vllm_pages(caplog):
     other = MetricsServer(0, 0, 0)
     other.body = b"# HELP up 1 if up\n# TYPE up gauge\nup 1\n"
     try:
-        with httpx.Client(timeout=2.0) as c:
+        with httpx.Client(timeout=LIVE_TIMEOUT_S) as c:
             obs = read_pool(c, [nan_worker.url, other.url])
     finally:
         nan_worker.close()
@@ -208,7 +212,7 @@ def test_prefill_time_needs_both_totals_and_a_restart_is_seen_when_either_drops(
     servers[0].body = (servers[0].base + "# TYPE vllm:request_prefill_time_seconds histogram\n"
                        'vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 10\n').encode()
     totals: dict = {}
-    with httpx.Client(timeout=2.0) as c:
+    with httpx.Client(timeout=LIVE_TIMEOUT_S) as c:
         read_pool(c, [servers[0].url], prefill_time_totals=totals)
     assert totals == {}  # a count without a sum would read as a 0-s prefill time
     meter = PrefillTimeMeter()
@@ -234,7 +238,7 @@ def test_a_late_tick_plans_on_the_window_it_actually_covered(servers):
             seen.append(tick)
             return super().on_tick(tick)
 
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=LIVE_TIMEOUT_S) as client:
         loop = PlannerLoop(Recording(cfg, PROF), DryRunActuator(), window, client=client, registry=CollectorRegistry(),
                            metrics_urls=lambda: {"prefill": [servers[0].url], "decode": [servers[2].url]})
         d = loop.tick(now_s=90.0)
@@ -242,12 +246,24 @@ def test_a_late_tick_plans_on_the_window_it_actually_covered(servers):
     assert d.predicted_rate_per_s == pytest.approx(10.0)
 
 
+# A trickled page takes a minute (one byte every TRICKLE_GAP_S); a read its deadline bounds ends within
+# seconds. The tests' bounds lie between the two: their deadlines plus STALL_S, for a loaded CI machine that
+# pauses the test or its server threads for seconds, and still far below the page's minute.
+TRICKLE_GAP_S = 0.25
+TRICKLE_BYTES = 240
+STALL_S = 15.0
+# Each read's deadline where a page that answers at once is read beside the trickling one: long enough that a
+# stalled machine still reads that page within it (it must count as ready).
+DEADLINE_S = 3.0
+
+
 class TrickleServer:
     """A loopback server that answers every connection one byte at a time, one byte every `gap_s`: the
-    status line and headers too (`headers=True`) or only the body (after complete headers). It hangs up
-    after `num_bytes` trickled bytes (~7.5 s), so an unbounded reader fails the timing, not the session."""
+    status line and headers too (`headers=True`: a padding header longer than the trickle, so they never
+    end) or only the body (after complete headers). It hangs up after `num_bytes` trickled bytes (a minute at
+    the defaults), so an unbounded reader fails the bound, not the session."""
 
-    def __init__(self, gap_s: float = 0.25, *, headers: bool, num_bytes: int = 30) -> None:
+    def __init__(self, gap_s: float = TRICKLE_GAP_S, *, headers: bool, num_bytes: int = TRICKLE_BYTES) -> None:
         import socket
 
         self.gap_s, self.headers, self.num_bytes, self.stop = gap_s, headers, num_bytes, threading.Event()
@@ -272,7 +288,8 @@ class TrickleServer:
 
     def _serve(self, conn) -> None:
         body = VLLM_METRICS.format(waiting=1, running=1, kv=0.1).encode() * 50
-        head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        head = (f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                f"X-Padding: {'x' * self.num_bytes}\r\n\r\n").encode()
         try:
             conn.recv(65536)
             if not self.headers:
@@ -297,21 +314,24 @@ class TrickleServer:
 @pytest.mark.parametrize("headers", [False, True], ids=["body-trickles", "headers-trickle"])
 def test_a_trickling_metrics_endpoint_costs_one_deadline_not_the_tick(servers, headers, caplog):
     slow = TrickleServer(headers=headers)
+    assert slow.num_bytes * slow.gap_s > 3 * DEADLINE_S + STALL_S  # an unbounded read fails every bound below
     try:
-        with httpx.Client(timeout=1.0) as c:  # 1 s per network read; the page takes minutes
+        with httpx.Client(timeout=DEADLINE_S) as c:  # per network read, and read_pool's default per page
             t0 = time.monotonic()
             obs = read_pool(c, [servers[0].url, slow.url])
             took_s = time.monotonic() - t0
-            assert took_s < 3.0
+            assert took_s < DEADLINE_S + STALL_S, took_s
             assert obs.num_ready == 1 and obs.num_starting == 1 and obs.queue_per_worker == pytest.approx(4.0)
             assert f"planner: worker metrics {slow.url} unreadable" in caplog.text
             in_flight: dict = {}
             t0 = time.monotonic()
             for _ in range(3):  # a read still blocked is not started again
-                obs = read_pool(c, [servers[0].url, slow.url], deadline_s=0.5, in_flight=in_flight)
+                obs = read_pool(c, [servers[0].url, slow.url], deadline_s=DEADLINE_S, in_flight=in_flight)
                 assert obs.num_ready == 1 and obs.num_starting == 1
-            assert time.monotonic() - t0 < 4.5
-            assert len(slow.threads) <= 4  # at most one connection per read_pool call
+            assert time.monotonic() - t0 < 3 * DEADLINE_S + STALL_S
+            # at most one connection per read_pool call; the headers never end, so the read of the first of the
+            # three calls is still blocked at the other two, which open none
+            assert len(slow.threads) <= (2 if headers else 4), len(slow.threads)
     finally:
         slow.close()
 
@@ -326,7 +346,7 @@ def test_planner_loop_tick_is_bounded_by_the_metrics_deadline(servers):
                                metrics_urls=lambda: {"prefill": [slow.url], "decode": [servers[2].url]})
             t0 = time.monotonic()
             loop.tick(now_s=0.0)
-            assert time.monotonic() - t0 < 2.5
+            assert time.monotonic() - t0 < 2 * 0.5 + STALL_S  # a deadline per pool, not the page's minute
     finally:
         slow.close()
 
@@ -371,7 +391,7 @@ def test_gauges_show_what_the_actuator_applied_beside_the_decision(servers):
 
     registry = CollectorRegistry()
     act = CappedActuator(cap=4)
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=LIVE_TIMEOUT_S) as client:
         loop = PlannerLoop(PlannerStateMachine(cfg, PROF), act, window, client=client, registry=registry,
                            metrics_urls=lambda: {"prefill": [servers[0].url, servers[1].url], "decode": [servers[2].url]})
         load()
