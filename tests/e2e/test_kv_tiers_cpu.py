@@ -16,6 +16,7 @@ import pytest
 
 from runtime.config import EngineSpec, KvOffloadSpec
 from runtime.engines.vllm_worker import WorkerProcess, WorkerStartError
+from tests.conftest_vllm import WORKER_STARTUP_TIMEOUT_S
 
 pytestmark = pytest.mark.e2e
 
@@ -30,8 +31,9 @@ def test_the_offloading_connector_stops_at_vllm_cpus_platform_check(smollm2_dir:
                       enable_kv_events=True, dtype="float32")
     try:
         w.start()
+        # the check ends the process; a wait that ran out first raises too, and the log checks below then fail
         with pytest.raises(WorkerStartError):
-            w.wait_ready(timeout_s=600)
+            w.wait_ready(timeout_s=WORKER_STARTUP_TIMEOUT_S)
     finally:
         w.stop()
     assert '"kv_connector":"MultiConnector"' in " ".join(w.args)

@@ -43,6 +43,26 @@ def _hits(worker) -> float:
     return sample_sum(httpx.get(worker.metrics_url, timeout=10).text, HITS)
 
 
+def _subscribed(workers: dict, subs: dict, model: str, router: Router, bs: int, timeout_s: float = 120.0) -> None:
+    """Return once each subscription in `subs` has received a batch of its worker's KV events. A SUB socket
+    gets nothing its publisher sent before the subscription reached it (ZMQ's slow joiner), so each worker is
+    sent probe prompts of their own (new blocks, hence BlockStored events) until a batch arrives; the batches
+    read go to `router` like any other."""
+    rng = random.Random(uuid.uuid4().int)
+    pending, deadline = set(subs), time.monotonic() + timeout_s
+    while pending:
+        assert time.monotonic() < deadline, f"no KV event batch from {sorted(pending)} in {timeout_s:.0f} s"
+        for name in pending:
+            _complete(workers[name], model, [rng.randrange(1000, 40000) for _ in range(2 * bs + 1)])
+        probe_end = time.monotonic() + 5.0  # vLLM published the probe's events before it answered
+        while pending and time.monotonic() < probe_end:
+            for name in list(pending):
+                while subs[name].poll(50):
+                    _, _, batch = decode_multipart(subs[name].recv_multipart())
+                    router.apply_kv_events(name, batch.events, time.monotonic())
+                    pending.discard(name)
+
+
 def test_router_routes_a_repeat_to_the_worker_holding_it_and_predicts_its_hits(pd_workers, engine_spec):
     zmq = pytest.importorskip("zmq")
     bs = engine_spec.block_size_tokens
@@ -57,7 +77,7 @@ def test_router_routes_a_repeat_to_the_worker_holding_it_and_predicts_its_hits(p
             s.setsockopt(zmq.SUBSCRIBE, b"")
             s.connect(w.kv_events_endpoint)
             subs[name] = s
-        time.sleep(1.0)  # ZMQ slow joiner: let the subscriptions reach the publishers
+        _subscribed(workers, subs, pd_workers.model_name, router, bs)
 
         rng = random.Random(uuid.uuid4().int)
         num_blocks = 40
@@ -101,7 +121,7 @@ def test_a_salted_prompt_matches_only_under_its_own_salt(pd_workers, engine_spec
     try:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(decode.kv_events_endpoint)
-        time.sleep(1.0)  # ZMQ slow joiner
+        _subscribed({"decode": decode}, {"decode": sub}, pd_workers.model_name, router, bs)
 
         rng = random.Random(uuid.uuid4().int)
         num_blocks, salt = 12, uuid.uuid4().hex

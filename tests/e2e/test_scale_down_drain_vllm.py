@@ -4,8 +4,9 @@ The runtime's model (PDModel, KV-aware router choosing round robin, every reques
 pulled over NIXL) and the local planner's actuator run in this process, over the session's prefill and decode
 workers plus one prefill and one decode worker of this test's own that the actuator starts and removes.
 
-Specification: with greedy streams decoding on the own decode worker and a request prefilled on the own prefill
-worker whose KV lease no decode worker has pulled yet (its decode leg held back after the prefill answered), a
+Specification: with greedy streams in flight on the own decode worker (their client reads a few chunks, then
+holds the rest back until the scale-down has been seen) and a request prefilled on the own prefill worker whose
+KV lease no decode worker has pulled yet (its decode leg held back after the prefill answered), a
 decision back to the session's pair drains both own workers: they take no new request (a request sent during the
 drain is served by the session's pair), stay alive while the router holds a request on them, and are stopped
 only after those requests end. Every stream ends with [DONE] and the text of an uninterrupted greedy run; the
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.e2e
 
 STREAM_PROMPT = "Describe a lighthouse at night in a few sentences."
 HELD_PROMPT = "Explain how bread rises, briefly."
-MAX_TOKENS = 96  # a stream lasts seconds on 2 cores: the scale-down lands mid-stream
+MAX_TOKENS = 96
 CHUNKS_BEFORE_SCALE_DOWN = 4
 # the drain must keep the own workers alive this long; the held decode leg then starts well within vLLM's KV
 # lease (30 s; runtime.engines.vllm_worker.DEFAULT_KV_LEASE_S), so its blocks are read, not expired
@@ -37,9 +38,12 @@ LEASE_EXPIRED = "Releasing expired KV blocks"  # vLLM NixlConnector, prefill sid
 READ_AFTER_RELEASE = "Potentially invalid KV blocks"
 
 
-async def _chat(model, name: str, prompt: str, progress: dict, tag: str) -> tuple[str, bool, float]:
+async def _chat(model, name: str, prompt: str, progress: dict, tag: str,
+                hold: asyncio.Event | None = None) -> tuple[str, bool, float]:
     """A greedy streamed chat through `model`: (text, saw [DONE], monotonic end time); `progress[tag]` counts the
-    content chunks received so far."""
+    content chunks received so far. With `hold`, the stream is read no further after CHUNKS_BEFORE_SCALE_DOWN
+    content chunks until `hold` is set: the request stays in flight in the runtime however fast the worker ends
+    it (a client that stops reading)."""
     from kserve.protocol.rest.openai.types import ChatCompletionRequest
 
     req = ChatCompletionRequest(model=name, messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS,
@@ -50,7 +54,13 @@ async def _chat(model, name: str, prompt: str, progress: dict, tag: str) -> tupl
     def count(_piece: str) -> None:
         progress[tag] += 1
 
-    text, done = await stream_content(gen, count)
+    async def read(events):
+        async for event in events:
+            yield event  # stream_content counts its chunks before it asks for the next event
+            if hold is not None and progress[tag] >= CHUNKS_BEFORE_SCALE_DOWN:
+                await hold.wait()
+
+    text, done = await stream_content(read(gen), count)
     return text, done, time.monotonic()
 
 
@@ -145,14 +155,15 @@ def test_a_scale_down_drains_streams_and_a_pending_kv_lease_before_stopping(pd_w
         progress: dict[str, int] = {}
         tasks: dict[str, asyncio.Task] = {}
         # round robin: of two requests in a row one decodes on the own decode worker, one prefills on the own
-        # prefill worker. Streams until one decodes there and still streams after a few chunks, then held
-        # requests until one was prefilled there (its lease then pending; held briefly, well within the lease)
+        # prefill worker. Streams until one decodes there and still streams after a few chunks (its client then
+        # holds it until the held requests are let go: in flight at the scale-down however fast it decodes), then
+        # held requests until one was prefilled there (its lease then pending; held briefly, well within the lease)
         n = iter(range(100))
 
         async def stream_on_d1() -> None:
             for _ in range(6):
                 tag = f"stream{next(n)}"
-                tasks[tag] = asyncio.create_task(_chat(model, name, STREAM_PROMPT, progress, tag))
+                tasks[tag] = asyncio.create_task(_chat(model, name, STREAM_PROMPT, progress, tag, release))
                 await _until(lambda: tag in legs, 120)
                 if legs[tag][1] == d1:
                     await _until(lambda: progress.get(tag, 0) >= CHUNKS_BEFORE_SCALE_DOWN or tasks[tag].done(), 120)

@@ -8,9 +8,9 @@ streamed or not):
 * the client's status, message and `param` equal those of the aggregated decode worker (no `kv_transfer_params`);
 * a handoff was made: the prefill worker finished one more request and the runtime counts the request as
   mode "remote";
-* within 2 s of the client's answer the prefill worker's `vllm:kv_cache_usage_perc` is back at its level before
-  the request (vLLM 0.28's decode worker tells the prefill worker to free a rejected request's handoff), not
-  held for the 30-s KV lease;
+* within 15 s of the client's answer (half the 30-s KV lease: an engine step on a loaded CPU can take seconds)
+  the prefill worker's `vllm:kv_cache_usage_perc` is back at its level before the request (vLLM 0.28's decode
+  worker tells the prefill worker to free a rejected request's handoff), not held for the lease;
 * control: a handoff nobody reads does show in that gauge, so a held handoff would fail the check above.
 """
 
@@ -29,6 +29,8 @@ pytestmark = pytest.mark.e2e
 # about 1100 tokens, 69 blocks of 16 (about 5 % of a 1-GiB CPU KV cache): a held handoff shows in the gauge
 LONG = " ".join(f"item{i}" for i in range(300))
 USAGE = "vllm:kv_cache_usage_perc"
+# a freed handoff shows in the gauge within this long of the answer; a held one stays for the 30-s lease
+FREED_WITHIN_S = 15.0
 
 
 def _worker_metrics(url: str) -> str:
@@ -61,11 +63,11 @@ def test_a_decode_rejection_frees_the_prefill_handoff_and_answers_as_aggregated(
     # the decode worker rejected the client's own request: a client error, not the service's
     remote = "pdserve_requests_total", {"mode": "remote", "status": "client_error"}
     assert sample_sum(runtime_after, remote[0], **remote[1]) - sample_sum(runtime_before, remote[0], **remote[1]) == 1
-    while True:  # the prefill worker's gauges are published by its engine loop: give it up to 2 s
+    while True:  # the prefill worker's gauges are published by its engine loop, as it steps
         after = _worker_metrics(prefill)
         done = sample_sum(after, "vllm:request_success_total") - sample_sum(before, "vllm:request_success_total")
         freed = sample_sum(after, USAGE) <= sample_sum(before, USAGE)
-        if (done == 1 and freed) or time.monotonic() - answered > 2.0:
+        if (done == 1 and freed) or time.monotonic() - answered > FREED_WITHIN_S:
             break
         time.sleep(0.05)
     print(f"{path} {fields}: prefill requests +{done:.0f}, KV usage {sample_sum(before, USAGE):.4f} -> "
@@ -81,7 +83,7 @@ def test_control_an_unread_handoff_shows_in_the_prefill_workers_kv_usage(pd_work
                    json={"model": pd_workers.model_name, "prompt": f"{LONG} control", "max_tokens": 1,
                          "kv_transfer_params": PREFILL_KV_TRANSFER_PARAMS})
     assert r.json().get("kv_transfer_params")  # a handoff nobody reads: held for the whole lease
-    time.sleep(2.0)  # as long as the test above gives a rejected handoff
+    time.sleep(FREED_WITHIN_S)  # as long as the test above gives a rejected handoff
     held = sample_sum(_worker_metrics(prefill), USAGE)
-    print(f"unread handoff: prefill KV usage {before:.4f} -> {held:.4f} after 2 s")
+    print(f"unread handoff: prefill KV usage {before:.4f} -> {held:.4f} after {FREED_WITHIN_S:.0f} s")
     assert held >= before + 0.03  # its ~69 blocks of the ~1450 in a 1-GiB CPU KV cache

@@ -114,7 +114,9 @@ def test_a_killed_worker_is_taken_out_and_back_in_by_its_breaker(pd_workers, dep
 
         own.start()  # again, on the same port
         own.wait_ready(900)
-        _wait(lambda: _breaker(runtime.url, "decode-1") == 0, 3 * COOLDOWN_S + 30,
+        # a cool-down, then a probe per 2-s check round; a slow first probe of the new worker reopens it for
+        # another cool-down
+        _wait(lambda: _breaker(runtime.url, "decode-1") == 0, 120,
               "the restarted worker's breaker closed by its probes")
         assert "decode-1" in _served_by(runtime.url, name, 4)
         assert httpx.get(f"{runtime.url}/v2/health/ready", timeout=10).status_code == 200

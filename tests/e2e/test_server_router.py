@@ -57,6 +57,19 @@ def _metrics(url: str) -> str:
     return httpx.get(url, timeout=10).text
 
 
+BATCHES = "pdserve_router_kv_event_batches_total"
+
+
+def _wait_for_batches(runtime_url: str, worker: str, before: float, timeout_s: float = 60.0) -> None:
+    """Until the runtime has applied a KV-event batch of `worker` (its `worker` label: the id the response
+    headers show) past `before` batches. A worker publishes a request's events before it answers, on one
+    ordered socket: once the runtime has applied the first, the others are already on their way behind it."""
+    deadline = time.monotonic() + timeout_s
+    while sample_sum(_metrics(f"{runtime_url}/metrics"), BATCHES, worker=worker) <= before:
+        assert time.monotonic() < deadline, f"no KV-event batch of {worker} applied in {timeout_s:.0f} s"
+        time.sleep(0.2)
+
+
 def test_runtime_tokenizes_like_vllm(pd_workers, smollm2_dir):
     from runtime.server.tokenize import PromptTokenizer
 
@@ -77,11 +90,13 @@ def test_repeated_prompt_goes_to_the_worker_holding_it_and_overlap_matches_hits(
     rt, worker_urls = router_runtimes["agg"], router_runtimes["agg_urls"]
     prompt = _unique_prompt(AutoTokenizer.from_pretrained(str(smollm2_dir)))
     body = {"model": pd_workers.model_name, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    batches = _metrics(f"{rt.url}/metrics")
     first = _post(f"{rt.url}/openai/v1/completions", body)
-    owner = worker_urls[int(first.headers["x-pdserve-decode-worker"].split("-")[1])]
+    owner_id = first.headers["x-pdserve-decode-worker"]
+    owner = worker_urls[int(owner_id.split("-")[1])]
     assert first.headers["x-pdserve-overlap-blocks"] == "0"
     num_prompt_tokens = first.json()["usage"]["prompt_tokens"]
-    time.sleep(1.0)  # let the owner's BlockStored events reach the runtime
+    _wait_for_batches(rt.url, owner_id, sample_sum(batches, BATCHES, worker=owner_id))  # its BlockStored events
 
     before = _metrics(f"{owner}/metrics")
     second = _post(f"{rt.url}/openai/v1/completions", body)
@@ -102,11 +117,14 @@ def test_conditional_disaggregation_remote_then_local_once_cached(router_runtime
     prompt = _unique_prompt(AutoTokenizer.from_pretrained(str(smollm2_dir)))
     body = {"model": pd_workers.model_name, "prompt": prompt, "max_tokens": 4, "temperature": 0}
     n0 = nixl_transfer_count(_metrics(pd_workers.decode.metrics_url))
+    batches = _metrics(f"{rt.url}/metrics")
     first = _post(f"{rt.url}/openai/v1/completions", body)
     assert first.headers["x-pdserve-route"] == "remote"
     assert first.headers["x-pdserve-prefill-worker"] == "prefill-0"
     assert nixl_transfer_count(_metrics(pd_workers.decode.metrics_url)) == n0 + 1
-    time.sleep(1.0)
+    # the decode worker's BlockStored events for the blocks it read
+    decode_id = first.headers["x-pdserve-decode-worker"]
+    _wait_for_batches(rt.url, decode_id, sample_sum(batches, BATCHES, worker=decode_id))
     second = _post(f"{rt.url}/openai/v1/completions", body)
     assert second.headers["x-pdserve-route"] == "local_short"
     assert int(second.headers["x-pdserve-overlap-blocks"]) >= first.json()["usage"]["prompt_tokens"] // BLOCK_SIZE - 1
