@@ -42,10 +42,9 @@ def _node_matches(affinity: dict, labels: dict) -> bool:
     return any(all(ops[e["operator"]](e["key"], e.get("values")) for e in t["matchExpressions"]) for t in terms)
 
 
-def test_the_dcgm_exporter_runs_on_every_gpu_node_and_is_scraped():
-    assert any(m.source == "DCGM exporter" for m in catalog())  # what the GPU dashboard reads
-    values = _chart(K8S / "gpu" / "kustomization.yaml", "dcgm-exporter")["valuesInline"]
-    assert values["serviceMonitor"]["enabled"] is True
+def _runs_on_every_gpu_pool(tolerations: list[dict], affinity: dict) -> tuple[list[dict], list[dict]]:
+    """Assert a DaemonSet with these tolerations and node affinity lands on every Karpenter GPU NodePool's nodes
+    (those tainted nvidia.com/gpu); returns (every NodePool, the GPU ones)."""
     pools = [d for d in _docs(K8S / "karpenter" / "nodepools.yaml") if d["kind"] == "NodePool"]
     gpu_pools = [p for p in pools if any(t["key"] == "nvidia.com/gpu" for t in p["spec"]["template"]["spec"].get(
         "taints", []))]
@@ -53,8 +52,16 @@ def test_the_dcgm_exporter_runs_on_every_gpu_node_and_is_scraped():
     for pool in gpu_pools:
         tmpl = pool["spec"]["template"]
         for taint in tmpl["spec"]["taints"]:
-            assert _tolerates(values["tolerations"], taint), (pool["metadata"]["name"], taint)
-        assert _node_matches(values["affinity"], tmpl["metadata"]["labels"]), pool["metadata"]["name"]
+            assert _tolerates(tolerations, taint), (pool["metadata"]["name"], taint)
+        assert _node_matches(affinity, tmpl["metadata"]["labels"]), pool["metadata"]["name"]
+    return pools, gpu_pools
+
+
+def test_the_dcgm_exporter_runs_on_every_gpu_node_and_is_scraped():
+    assert any(m.source == "DCGM exporter" for m in catalog())  # what the GPU dashboard reads
+    values = _chart(K8S / "gpu" / "kustomization.yaml", "dcgm-exporter")["valuesInline"]
+    assert values["serviceMonitor"]["enabled"] is True
+    pools, gpu_pools = _runs_on_every_gpu_pool(values["tolerations"], values["affinity"])
     for pool in pools:
         if pool not in gpu_pools:  # a CPU node has no GPU for the exporter to read: it must not land there
             assert not _node_matches(values["affinity"], pool["spec"]["template"].get("metadata", {}).get(
@@ -113,12 +120,4 @@ def test_the_nvidia_device_plugin_runs_on_every_gpu_node():
     """Without the plugin on a node its GPUs are never advertised: every worker pod stays Pending."""
     values = _chart(K8S / "gpu" / "kustomization.yaml", "nvidia-device-plugin")["valuesInline"]
     affinity = values.get("affinity", NVIDIA_DEVICE_PLUGIN_CHART_AFFINITY)  # helm replaces the terms list whole
-    pools = [d for d in _docs(K8S / "karpenter" / "nodepools.yaml") if d["kind"] == "NodePool"]
-    gpu_pools = [p for p in pools if any(t["key"] == "nvidia.com/gpu" for t in p["spec"]["template"]["spec"].get(
-        "taints", []))]
-    assert gpu_pools
-    for pool in gpu_pools:
-        tmpl = pool["spec"]["template"]
-        for taint in tmpl["spec"]["taints"]:
-            assert _tolerates(values["tolerations"], taint), (pool["metadata"]["name"], taint)
-        assert _node_matches(affinity, tmpl["metadata"]["labels"]), pool["metadata"]["name"]
+    _runs_on_every_gpu_pool(values["tolerations"], affinity)
