@@ -121,6 +121,31 @@ def wait_ready(kube: Kube, objs: list[dict[str, Any]], *, timeout_s: float, poll
         sleep(poll_s)
 
 
+#: kinds whose `spec.replicas` the SLO planner (runtime.server.actuators, through the scale subresource) or an
+#: operator changes after they are applied
+SCALED_KINDS = ("Deployment", "LeaderWorkerSet")
+
+
+def apply_keeping_scale(kube: Kube, obj: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply `obj`; a worker pool (`SCALED_KINDS`) that is live keeps its live `spec.replicas`.
+
+    Why: applying the rendered count again (a revision promoted twice, the previous champion re-applied by a
+    rollback) would undo the planner's scaling at once, removing workers that serve traffic or dropping the
+    capacity it launched for the load. The count is sent as it stands rather than left out: under server-side
+    apply a field its manager stops sending is removed, which would reset the pool to one replica.
+
+    Returns:
+        the live object the API server returns. Raises ApplyError as `Kube.apply`.
+    """
+    if obj["kind"] in SCALED_KINDS and "replicas" in obj.get("spec", {}):
+        meta = obj["metadata"]
+        live = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+        replicas = ((live or {}).get("spec") or {}).get("replicas")
+        if isinstance(replicas, int) and replicas != obj["spec"]["replicas"]:
+            obj = {**obj, "spec": {**obj["spec"], "replicas": replicas}}
+    return kube.apply(obj)
+
+
 def apply_objects(objs: list[dict[str, Any]], *, kube_context: str | None = None, kube: Kube | None = None,
                   wait: bool = True, timeout_s: float = 1800.0, poll_s: float = 5.0,
                   progress: Progress = _noop, clock: Callable[[], float] = time.monotonic,
@@ -147,7 +172,7 @@ def apply_objects(objs: list[dict[str, Any]], *, kube_context: str | None = None
     preflight(kube, objs)
     live = []
     for o in objs:
-        live.append(kube.apply(o))
+        live.append(apply_keeping_scale(kube, o))
         progress(f"applied: {ident(o)}")
     if wait:
         wait_ready(kube, objs, timeout_s=timeout_s, poll_s=poll_s, progress=progress, clock=clock, sleep=sleep)

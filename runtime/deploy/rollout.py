@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from runtime.config import DeploymentSpec, SloSpec
 from runtime.deploy import lease, workers
-from runtime.deploy.apply import Progress, _noop, preflight, wait_ready
+from runtime.deploy.apply import Progress, _noop, apply_keeping_scale, preflight, wait_ready
 from runtime.deploy.errors import ApplyError, ManifestError, RolledBackError
 from runtime.deploy.kube import Kube, ident
 from runtime.deploy.render import SPEC_ENV, find, render_all
@@ -325,7 +325,7 @@ def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, nam
     rest = [o for o in new_objs if o is not isvc]
     try:
         for o in rest:
-            kube.apply(o)
+            apply_keeping_scale(kube, o)
         wait_ready(kube, rest, **waits)
         rec("apply_workers", "ok", objects=len(rest))
         percent = canary_percent if champ is not None else None
@@ -376,7 +376,7 @@ def _rollout_locked(spec: DeploymentSpec, new_objs: list[dict[str, Any]], *, nam
             prev_objs = render_all(champ.spec, name=name, namespace=namespace, image=champ.image,
                                    pvc_name=pvc_name, target=target, revision=champ.revision)
             for o in prev_objs:
-                kube.apply(o)
+                apply_keeping_scale(kube, o)
         except Exception as err:  # noqa: BLE001
             rollback_err = err
         else:

@@ -261,6 +261,23 @@ def test_apply_server_side_applies_every_object_in_order_and_waits(api, kube):
     assert f"/apis/serving.kserve.io/v1beta1/namespaces/{NS}/inferenceservices/{NAME}" == patch_paths[-1]
 
 
+def _scale(api, name: str, replicas: int) -> None:
+    """What the planner's actuator does: the live Deployment's replicas changed through its scale subresource."""
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/{name}"
+    api.store[path]["spec"]["replicas"] = replicas
+
+
+def test_applying_live_workers_again_keeps_the_replicas_the_planner_set(api, kube):
+    apply_objects(objs(), kube=kube, sleep=lambda s: None)
+    _scale(api, f"{NAME}-decode", 5)
+    apply_objects(objs(), kube=kube, sleep=lambda s: None)
+    assert api.live("apps/v1", "Deployment", f"{NAME}-decode")["spec"]["replicas"] == 5
+    # the count is sent as it stands (server-side apply removes a field its manager stops sending)
+    sent = [b for b in api.patches() if b["kind"] == "Deployment" and b["metadata"]["name"] == f"{NAME}-decode"]
+    assert [b["spec"]["replicas"] for b in sent] == [1, 5]
+    assert api.live("apps/v1", "Deployment", f"{NAME}-prefill")["spec"]["replicas"] == 1  # not scaled: as rendered
+
+
 def test_missing_pvc_is_reported_before_anything_is_applied(api, kube):
     api.store.clear()
     with pytest.raises(ApplyError, match=r"pvc_name: PersistentVolumeClaim 'fsx-claim' does not exist in "
@@ -371,6 +388,15 @@ def test_canary_that_misses_the_slo_rolls_back_to_the_previous_champion(api, kub
     assert DeploymentSpec.model_validate_json(env[SPEC_ENV]).decode.tp == 2
     assert api.live("apps/v1", "Deployment", f"{NAME}-v2-decode") is None
     assert api.live("apps/v1", "Deployment", f"{NAME}-v1-decode") is not None
+
+
+def test_a_rollback_keeps_the_replicas_the_planner_gave_the_champion(api, kube):
+    clock = FakeClock()
+    run(kube, clock, ListRecorder(), revision="v1", probe=lambda u: FAST)
+    _scale(api, f"{NAME}-v1-decode", 6)  # the champion's planner scaled its decode pool for the load
+    res = run(kube, clock, ListRecorder(), revision="v2", probe=lambda u: SLOW, s=spec(decode_tp=4))
+    assert res.outcome == "rolled_back"
+    assert api.live("apps/v1", "Deployment", f"{NAME}-v1-decode")["spec"]["replicas"] == 6
 
 
 def test_workers_that_never_get_ready_roll_back(api, kube):
