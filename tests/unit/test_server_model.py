@@ -77,6 +77,13 @@ def _model(workers: FakeWorkers) -> tuple[PDModel, CollectorRegistry]:
     return model, reg
 
 
+def _windowed_model(transport, window, registry=None) -> PDModel:
+    """A one-pair runtime model over `transport` that feeds the planner's request `window`."""
+    return PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
+                   metrics=RuntimeMetrics(CollectorRegistry() if registry is None else registry),
+                   client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+
+
 def _request(**extra) -> ChatCompletionRequest:
     return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "capital?"}], max_tokens=7,
                                  temperature=0, **extra)
@@ -193,8 +200,7 @@ async def test_finished_requests_feed_the_planner_request_window():
     reg = CollectorRegistry()
     transport = httpx.MockTransport(w.handler)
     window = RequestWindow()
-    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(reg),
-                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    model = _windowed_model(transport, window, reg)
     await model.create_chat_completion(_request())
     [e async for e in await model.create_chat_completion(_request(stream=True))]
     stats = window.drain()
@@ -222,8 +228,7 @@ async def test_a_request_is_an_arrival_in_the_window_it_came_in_not_when_its_pre
 
     transport = httpx.MockTransport(handler)
     window = RequestWindow()
-    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(CollectorRegistry()),
-                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    model = _windowed_model(transport, window)
     task = asyncio.create_task(model.create_chat_completion(_request(stream=True,
                                                                      stream_options={"include_usage": True})))
     await asyncio.wait_for(at_prefill.wait(), 5.0)
@@ -248,8 +253,7 @@ async def test_the_window_gets_means_and_durations_and_no_ttft_it_did_not_see():
     transport = httpx.MockTransport(w.handler)
     window = RequestWindow()
     reg = CollectorRegistry()
-    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]), metrics=RuntimeMetrics(reg),
-                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    model = _windowed_model(transport, window, reg)
     await model.create_chat_completion(_request())  # remote prefill: its TTFT is the prefill's answer
     stats = window.drain()
     assert stats.ttft_mean_s is not None and stats.duration_mean_s is not None
@@ -277,9 +281,7 @@ async def test_failed_abandoned_and_shed_requests_are_demand_the_window_counts()
     window = RequestWindow()
     failing = FakeWorkers(decode_status=400)
     transport = httpx.MockTransport(failing.handler)
-    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
-                    metrics=RuntimeMetrics(CollectorRegistry()),
-                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    model = _windowed_model(transport, window)
     assert isinstance(await model.create_chat_completion(_request()), ErrorResponse)
     stats = window.drain()
     assert stats.num_requests == 1 and stats.num_priority_requests == 1 and stats.mean_isl_tokens > 0
@@ -598,9 +600,7 @@ async def test_a_remote_prefill_whose_answer_never_reaches_its_client_gives_the_
     window = RequestWindow()
     w = FakeWorkers(decode_status=400)
     transport = httpx.MockTransport(w.handler)
-    model = PDModel("m", RoundRobinPairing(["http://prefill"], ["http://decode"]),
-                    metrics=RuntimeMetrics(CollectorRegistry()),
-                    client_factory=lambda url: VllmClient(url, transport=transport), observer=window)
+    model = _windowed_model(transport, window)
     assert isinstance(await model.create_chat_completion(_request()), ErrorResponse)
     assert [c[0] for c in w.calls] == ["prefill", "decode"]  # the prefill answered; the decode leg failed
     stats = window.drain()
